@@ -1,0 +1,230 @@
+//! The one attention module: grouped-query attention over a KV cache, with the options
+//! the families need (qkv bias, q/k RMSNorm per head or over the whole projection,
+//! clip_qkv, sliding window, partial RoPE through [`Rope`]). Room for attention sinks
+//! and MLA is left in [`AttnOpts`] rather than in copies of this file.
+
+use crate::config::QkNorm;
+use crate::kernels::{for_each_chunk, matmul, rmsnorm_chunks};
+use crate::math;
+use crate::rope::Rope;
+use crate::tensor::Mat;
+
+#[derive(Clone, Debug)]
+pub struct AttnOpts {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub qk_norm: QkNorm,
+    pub clip_qkv: Option<f32>,
+    /// Attend to at most the last `w` positions (the current one included).
+    pub window: Option<usize>,
+    /// Multiplies q.k (transformers: head_dim ** -0.5).
+    pub scale: f32,
+    pub rms_eps: f32,
+}
+
+pub struct AttnWeights {
+    /// (n_heads*head_dim, hidden)
+    pub wq: Mat,
+    /// (n_kv_heads*head_dim, hidden)
+    pub wk: Mat,
+    /// (n_kv_heads*head_dim, hidden)
+    pub wv: Mat,
+    /// (hidden, n_heads*head_dim)
+    pub wo: Mat,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    /// (head_dim) for QkNorm::PerHead, (n_heads*head_dim) for QkNorm::Full
+    pub q_norm: Option<Vec<f32>>,
+    /// (head_dim) for QkNorm::PerHead, (n_kv_heads*head_dim) for QkNorm::Full
+    pub k_norm: Option<Vec<f32>>,
+}
+
+/// Keys and values of one layer for every position so far: (len, n_kv_heads*head_dim).
+#[derive(Clone, Default)]
+pub struct LayerCache {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl LayerCache {
+    pub fn len(&self, kv_dim: usize) -> usize {
+        self.k.len() / kv_dim
+    }
+
+    pub fn truncate(&mut self, positions: usize, kv_dim: usize) {
+        self.k.truncate(positions * kv_dim);
+        self.v.truncate(positions * kv_dim);
+    }
+}
+
+fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
+    if let Some(b) = b {
+        for row in x.chunks_exact_mut(b.len()) {
+            for (v, bi) in row.iter_mut().zip(b) {
+                *v += bi;
+            }
+        }
+    }
+}
+
+fn norm(x: &mut [f32], w: &Option<Vec<f32>>, eps: f32) {
+    if let Some(w) = w {
+        rmsnorm_chunks(x, w, eps);
+    }
+}
+
+/// Self-attention for `n` new positions starting at absolute position `pos0`.
+/// `x`: (n, hidden) normalised input; `cos`/`sin`: per new position, rotary_dim/2 each;
+/// `out`: (n, hidden). Appends the new keys and values to `cache`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    w: &AttnWeights,
+    o: &AttnOpts,
+    rope: &Rope,
+    x: &[f32],
+    n: usize,
+    pos0: usize,
+    cos: &[Vec<f32>],
+    sin: &[Vec<f32>],
+    cache: &mut LayerCache,
+    out: &mut [f32],
+) {
+    let hd = o.head_dim;
+    let qd = o.n_heads * hd;
+    let kvd = o.n_kv_heads * hd;
+    let mut q = vec![0.0f32; n * qd];
+    let mut k = vec![0.0f32; n * kvd];
+    let mut v = vec![0.0f32; n * kvd];
+    matmul(&w.wq, x, n, &mut q);
+    matmul(&w.wk, x, n, &mut k);
+    matmul(&w.wv, x, n, &mut v);
+    add_bias(&mut q, &w.bq);
+    add_bias(&mut k, &w.bk);
+    add_bias(&mut v, &w.bv);
+    // The norm weight's length says whether it runs per head or over the projection.
+    match o.qk_norm {
+        QkNorm::None => {}
+        QkNorm::PerHead | QkNorm::Full => {
+            norm(&mut q, &w.q_norm, o.rms_eps);
+            norm(&mut k, &w.k_norm, o.rms_eps);
+        }
+    }
+    if let Some(c) = o.clip_qkv {
+        for t in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+            *t = t.clamp(-c, c);
+        }
+    }
+    for i in 0..n {
+        rope.apply(&mut q[i * qd..(i + 1) * qd], hd, &cos[i], &sin[i]);
+        rope.apply(&mut k[i * kvd..(i + 1) * kvd], hd, &cos[i], &sin[i]);
+    }
+    cache.k.extend_from_slice(&k);
+    cache.v.extend_from_slice(&v);
+
+    let group = o.n_heads / o.n_kv_heads;
+    let (ck, cv) = (&cache.k, &cache.v);
+    let mut ctx = vec![0.0f32; n * qd];
+    // One task per (position, head): scores over the visible keys, softmax, weighted values.
+    for_each_chunk(&mut ctx, hd, |idx, dst| {
+        let (i, h) = (idx / o.n_heads, idx % o.n_heads);
+        let p = pos0 + i;
+        let lo = o.window.map_or(0, |wdw| (p + 1).saturating_sub(wdw));
+        let kvh = h / group;
+        let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
+        let mut scores: Vec<f32> = (lo..=p)
+            .map(|j| math::dot(qh, &ck[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * o.scale)
+            .collect();
+        math::softmax(&mut scores);
+        dst.iter_mut().for_each(|d| *d = 0.0);
+        for (s, j) in scores.iter().zip(lo..=p) {
+            let vj = &cv[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+            for (d, vv) in dst.iter_mut().zip(vj) {
+                *d += s * vv;
+            }
+        }
+    });
+    matmul(&w.wo, &ctx, n, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rope::RopeConfig;
+
+    fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
+        let mut s = seed;
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect();
+        Mat::from_f32(rows, cols, &v).unwrap()
+    }
+
+    fn setup(qk: QkNorm, window: Option<usize>) -> (AttnWeights, AttnOpts, Rope) {
+        let (h, nh, nkv, hd) = (10, 4, 2, 6);
+        let nw = |len: usize| Some((0..len).map(|i| 1.0 + i as f32 * 0.05).collect());
+        let w = AttnWeights {
+            wq: mat(nh * hd, h, 1),
+            wk: mat(nkv * hd, h, 2),
+            wv: mat(nkv * hd, h, 3),
+            wo: mat(h, nh * hd, 4),
+            bq: Some(vec![0.1; nh * hd]),
+            bk: None,
+            bv: Some(vec![-0.2; nkv * hd]),
+            q_norm: match qk { QkNorm::None => None, QkNorm::PerHead => nw(hd), QkNorm::Full => nw(nh * hd) },
+            k_norm: match qk { QkNorm::None => None, QkNorm::PerHead => nw(hd), QkNorm::Full => nw(nkv * hd) },
+        };
+        let o = AttnOpts { n_heads: nh, n_kv_heads: nkv, head_dim: hd, qk_norm: qk, clip_qkv: Some(2.0), window, scale: (hd as f32).powf(-0.5), rms_eps: 1e-6 };
+        let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
+        (w, o, rope)
+    }
+
+    fn run(w: &AttnWeights, o: &AttnOpts, rope: &Rope, x: &[f32], n: usize, pos0: usize, cache: &mut LayerCache) -> Vec<f32> {
+        let (mut cs, mut ss) = (vec![], vec![]);
+        for i in 0..n {
+            let (mut c, mut s) = (vec![], vec![]);
+            rope.cos_sin(pos0 + i, &mut c, &mut s);
+            cs.push(c);
+            ss.push(s);
+        }
+        let mut out = vec![0.0; n * 10];
+        attention(w, o, rope, x, n, pos0, &cs, &ss, cache, &mut out);
+        out
+    }
+
+    #[test]
+    fn prefill_equals_incremental_decode_bit_for_bit() {
+        for (qk, window) in [(QkNorm::None, None), (QkNorm::PerHead, Some(3)), (QkNorm::Full, None)] {
+            let (w, o, rope) = setup(qk, window);
+            let n = 9;
+            let x: Vec<f32> = (0..n * 10).map(|i| ((i * 53 % 17) as f32 - 8.0) / 5.0).collect();
+            let mut c1 = LayerCache::default();
+            let all = run(&w, &o, &rope, &x, n, 0, &mut c1);
+            let mut c2 = LayerCache::default();
+            let mut inc = Vec::new();
+            inc.extend(run(&w, &o, &rope, &x[..40], 4, 0, &mut c2));
+            for i in 4..n {
+                inc.extend(run(&w, &o, &rope, &x[i * 10..(i + 1) * 10], 1, i, &mut c2));
+            }
+            assert_eq!(all, inc, "{qk:?}");
+            assert_eq!(c1.k, c2.k);
+        }
+    }
+
+    #[test]
+    fn window_limits_what_is_seen() {
+        // With a window of 1 each position sees only itself, so its output does not
+        // depend on earlier inputs.
+        let (w, o, rope) = setup(QkNorm::None, Some(1));
+        let mut x: Vec<f32> = (0..30).map(|i| i as f32 / 10.0).collect();
+        let a = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
+        x[0] = 5.0;
+        let b = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
+        assert_ne!(a[..10], b[..10]);
+        assert_eq!(a[20..], b[20..]);
+    }
+}

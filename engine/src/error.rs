@@ -1,0 +1,50 @@
+//! One error type for the whole engine. Every failure a user can cause (bad files,
+//! bad ids, unsupported models) ends up here with enough context for one clear line.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: not a valid safetensors file: {msg}")]
+    Safetensors { path: PathBuf, msg: String },
+    #[error("config: {0}")]
+    Config(String),
+    #[error("unsupported model_type {0:?} (supported: mixtral, qwen2_moe, qwen3_moe, olmoe)")]
+    UnknownModelType(String),
+    #[error("tensor {name} is missing from the checkpoint")]
+    MissingTensor { name: String },
+    #[error("tensor {name} has shape {got:?}, expected {want:?}")]
+    Shape { name: String, got: Vec<usize>, want: Vec<usize> },
+    #[error("tensor {name} has dtype {dtype}, which is not supported (use f32, bf16 or f16)")]
+    Dtype { name: String, dtype: String },
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("sequence of {len} tokens exceeds the context limit of {limit}")]
+    ContextOverflow { len: usize, limit: usize },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}

@@ -1,0 +1,209 @@
+//! Scalar math with results that are the same bits on every platform.
+//!
+//! `f32::exp` and friends call the platform's libm, whose last bit differs between
+//! glibc, the wasm32 runtime and GPU drivers. Anything that can decide a token (softmax
+//! in attention and routing, SiLU, sigmoid) uses [`exp`] below instead: only IEEE
+//! add/sub/mul/div/floor and bit manipulation, in a fixed order, so native, wasm32 and a
+//! WGSL port compute the same bits. Table math done once per model (RoPE frequencies)
+//! uses the pure-Rust `libm` crate in f64, which is also identical on every target.
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+// ln 2 split so that k * LN2_HI is exact for |k| < 2^15 (LN2_HI has 9 significant bits).
+const LN2_HI: f32 = 0.693_359_4; // 0x3f31_8000
+const LN2_LO: f32 = -2.121_944_4e-4;
+
+/// e^x in f32, within 2 ulp of the true value, bit-reproducible everywhere.
+///
+/// x = k ln2 + r with |r| <= ln2/2; e^r by a degree-7 Taylor polynomial in Horner form;
+/// the result is scaled by 2^k built from its exponent bits.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > 88.722_83 {
+        return f32::INFINITY;
+    }
+    if x < -87.336_54 {
+        // Below the smallest normal: flush to zero (as a GPU would).
+        return 0.0;
+    }
+    let k = (x * LOG2E + 0.5).floor();
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let k = k as i32; // in [-126, 128]
+    if k > 127 {
+        p * pow2(127) * 2.0
+    } else {
+        p * pow2(k)
+    }
+}
+
+/// 2^k for k in [-126, 127], exactly.
+#[inline]
+fn pow2(k: i32) -> f32 {
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+/// Logistic sigmoid 1 / (1 + e^-x), as torch.sigmoid computes it.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// SiLU (swish): x * sigmoid(x), written as x / (1 + e^-x) like torch.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// Sum of `w[i] * x[i]` in the engine's one reduction order: eight interleaved lane
+/// accumulators (lane = i mod 8), combined pairwise as ((0+4)+(2+6))+((1+5)+(3+7)).
+/// The fixed lane structure lets LLVM vectorize without reassociating, and a GPU
+/// kernel (or any SIMD width that divides 8) can reproduce the same bits.
+#[inline]
+pub fn dot(w: &[f32], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let n = w.len().min(x.len());
+    let mut acc = [0.0f32; 8];
+    let chunks = n / 8;
+    for c in 0..chunks {
+        let wb = &w[c * 8..c * 8 + 8];
+        let xb = &x[c * 8..c * 8 + 8];
+        for l in 0..8 {
+            acc[l] += wb[l] * xb[l];
+        }
+    }
+    for i in chunks * 8..n {
+        acc[i - chunks * 8] += w[i] * x[i];
+    }
+    reduce8(acc)
+}
+
+/// Sum of squares in the same lane order as [`dot`].
+#[inline]
+pub fn sum_sq(x: &[f32]) -> f32 {
+    dot(x, x)
+}
+
+/// Combine eight lane accumulators in the fixed order documented on [`dot`].
+#[inline]
+pub fn reduce8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// In-place softmax with the max subtracted first, sums in index order.
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        // Every entry masked: leave a uniform zero row rather than NaN.
+        x.iter_mut().for_each(|v| *v = 0.0);
+        return;
+    }
+    let mut s = 0.0f32;
+    for v in x.iter_mut() {
+        *v = exp(*v - m);
+        s += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= s;
+    }
+}
+
+/// Index of the largest value; ties go to the lowest index; NaN never wins.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate_over_the_softmax_range() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let got = exp(x) as f64;
+            let want = (x as f64).exp();
+            let rel = ((got - want) / want).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        // 2 ulp of f32 is 2.4e-7 relative.
+        assert!(worst < 2.4e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn exp_edges() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-1000.0), 0.0);
+        assert_eq!(exp(1000.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert!(exp(88.7).is_finite());
+    }
+
+    #[test]
+    fn softmax_survives_large_values() {
+        let mut v = vec![1e30f32, 1e30, -1e30, 0.0];
+        softmax(&mut v);
+        assert_eq!(v, vec![0.5, 0.5, 0.0, 0.0]);
+        let mut v = vec![3.0e38f32, 1.0];
+        softmax(&mut v);
+        assert_eq!(v, vec![1.0, 0.0]);
+        let mut v = vec![f32::NEG_INFINITY; 3];
+        softmax(&mut v);
+        assert!(v.iter().all(|x| *x == 0.0));
+        let mut v = vec![1000.0f32, 999.0];
+        softmax(&mut v);
+        let want = 1.0 / (1.0 + (-1.0f64).exp());
+        assert!((v[0] as f64 - want).abs() < 1e-7);
+        assert!((v.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn dot_order_is_fixed_and_matches_f64_closely() {
+        let w: Vec<f32> = (0..37).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+        let x: Vec<f32> = (0..37).map(|i| ((i * 104729) % 97) as f32 / 40.0 - 1.2).collect();
+        let got = dot(&w, &x);
+        let want: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        assert!((got as f64 - want).abs() < 1e-5);
+        // Reference written out by hand: lanes then the documented combine.
+        let mut lanes = [0.0f32; 8];
+        for i in 0..37 {
+            lanes[i % 8] += w[i] * x[i];
+        }
+        assert_eq!(got.to_bits(), reduce8(lanes).to_bits());
+    }
+
+    #[test]
+    fn silu_and_sigmoid() {
+        assert_eq!(sigmoid(0.0), 0.5);
+        assert_eq!(silu(0.0), 0.0);
+        for &x in &[-20.0f32, -3.0, -0.5, 0.25, 2.0, 15.0] {
+            let want = x as f64 / (1.0 + (-(x as f64)).exp());
+            assert!((silu(x) as f64 - want).abs() <= want.abs() * 3e-7 + 1e-30, "{x}");
+        }
+        assert_eq!(silu(-200.0), -0.0);
+        assert_eq!(sigmoid(200.0), 1.0);
+    }
+
+    #[test]
+    fn argmax_ties_and_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
+    }
+}

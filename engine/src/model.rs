@@ -1,0 +1,290 @@
+//! The decoder-only MoE transformer shared by every supported family:
+//! embedding -> for each layer [RMSNorm -> attention -> residual -> RMSNorm -> MoE block
+//! or dense MLP -> residual] -> final RMSNorm -> lm_head.
+//! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe}.py (v5).
+
+use std::sync::Arc;
+
+use crate::attention::{attention, AttnOpts, AttnWeights, LayerCache};
+use crate::config::{Family, ModelConfig, QkNorm};
+use crate::error::{Error, Result};
+use crate::kernels::{matmul, rmsnorm};
+use crate::moe::{Expert, ExpertSource, MoeBlock, ResidentExperts};
+use crate::rope::Rope;
+use crate::tensor::Mat;
+use crate::weights::TensorStore;
+
+pub enum Ffn {
+    Dense(Expert),
+    Moe(MoeBlock),
+}
+
+pub struct Layer {
+    /// (hidden)
+    pub attn_norm: Vec<f32>,
+    pub attn: AttnWeights,
+    pub attn_opts: AttnOpts,
+    /// (hidden)
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    /// (vocab, hidden)
+    pub embed: Mat,
+    pub layers: Vec<Layer>,
+    /// (hidden)
+    pub final_norm: Vec<f32>,
+    /// (vocab, hidden); the embedding matrix when tied.
+    pub lm_head: Mat,
+    pub rope: Rope,
+    pub experts: Box<dyn ExpertSource>,
+}
+
+/// KV cache and token history of one conversation.
+#[derive(Clone, Default)]
+pub struct Session {
+    pub caches: Vec<LayerCache>,
+    /// Every token fed so far, in order.
+    pub tokens: Vec<u32>,
+}
+
+impl Session {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Forget everything after the first `len` tokens (to reuse a shared prefix).
+    pub fn truncate(&mut self, len: usize, kv_dim: usize) {
+        if len < self.tokens.len() {
+            self.tokens.truncate(len);
+            for c in &mut self.caches {
+                c.truncate(len, kv_dim);
+            }
+        }
+    }
+}
+
+/// Which positions' logits a forward call returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    All,
+    Last,
+}
+
+/// Tensor names of one family's checkpoint.
+struct Names {
+    moe: &'static str,
+    gate: &'static str,
+    up: &'static str,
+    down: &'static str,
+}
+
+impl Names {
+    fn of(f: Family) -> Self {
+        match f {
+            Family::Mixtral => Names { moe: "block_sparse_moe", gate: "w1", up: "w3", down: "w2" },
+            _ => Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj" },
+        }
+    }
+}
+
+fn load_mlp(s: &TensorStore, prefix: &str, n: &Names, hidden: usize, inter: usize) -> Result<Expert> {
+    Ok(Expert {
+        gate: s.mat(&format!("{prefix}.{}.weight", n.gate), inter, hidden)?,
+        up: s.mat(&format!("{prefix}.{}.weight", n.up), inter, hidden)?,
+        down: s.mat(&format!("{prefix}.{}.weight", n.down), hidden, inter)?,
+    })
+}
+
+/// Routed experts of one layer: per-expert tensors (the hub layout), or the fused 3-D
+/// `experts.gate_up_proj` / `experts.down_proj` layout that transformers v5 uses in memory.
+fn load_experts(s: &TensorStore, moe: &str, n: &Names, c: &ModelConfig) -> Result<Vec<Arc<Expert>>> {
+    let (h, i, ne) = (c.hidden, c.expert_intermediate, c.router.n_experts);
+    let fused = format!("{moe}.experts.gate_up_proj");
+    if !s.contains(&format!("{moe}.experts.0.{}.weight", n.gate)) && s.contains(&fused) {
+        let down = format!("{moe}.experts.down_proj");
+        return (0..ne)
+            .map(|e| {
+                let gu = s.mat_in_stack(&fused, e, ne, 2 * i, h)?;
+                Ok(Arc::new(Expert { gate: gu.row_block(0, i)?, up: gu.row_block(i, i)?, down: s.mat_in_stack(&down, e, ne, h, i)? }))
+            })
+            .collect();
+    }
+    (0..ne).map(|e| load_mlp(s, &format!("{moe}.experts.{e}"), n, h, i).map(Arc::new)).collect()
+}
+
+impl Model {
+    /// Builds the model from a checkpoint's tensors, checking every shape.
+    pub fn from_store(cfg: ModelConfig, s: &TensorStore) -> Result<Self> {
+        let c = &cfg;
+        let names = Names::of(c.family);
+        let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
+        let embed = s.mat("model.embed_tokens.weight", c.vocab, h)?;
+        let lm_head = if c.tie_word_embeddings && !s.contains("lm_head.weight") {
+            embed.clone()
+        } else {
+            s.mat("lm_head.weight", c.vocab, h)?
+        };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        let mut experts = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let bias = |proj: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                if c.qkv_bias { s.vector(&format!("{a}.{proj}.bias"), len).map(Some) } else { Ok(None) }
+            };
+            let (qn, kn) = match c.qk_norm {
+                QkNorm::None => (None, None),
+                QkNorm::PerHead => (Some(c.head_dim), Some(c.head_dim)),
+                QkNorm::Full => (Some(qd), Some(kvd)),
+            };
+            let attn = AttnWeights {
+                wq: s.mat(&format!("{a}.q_proj.weight"), qd, h)?,
+                wk: s.mat(&format!("{a}.k_proj.weight"), kvd, h)?,
+                wv: s.mat(&format!("{a}.v_proj.weight"), kvd, h)?,
+                wo: s.mat(&format!("{a}.o_proj.weight"), h, qd)?,
+                bq: bias("q_proj", qd)?,
+                bk: bias("k_proj", kvd)?,
+                bv: bias("v_proj", kvd)?,
+                q_norm: qn.map(|n| s.vector(&format!("{a}.q_norm.weight"), n)).transpose()?,
+                k_norm: kn.map(|n| s.vector(&format!("{a}.k_norm.weight"), n)).transpose()?,
+            };
+            let attn_opts = AttnOpts {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                qk_norm: c.qk_norm,
+                clip_qkv: c.clip_qkv,
+                window: c.sliding_window[l],
+                scale: (c.head_dim as f32).powf(-0.5),
+                rms_eps: c.rms_eps,
+            };
+            let ffn = if c.moe_layers[l] {
+                let moe = format!("{p}.{}", names.moe);
+                experts.push(load_experts(s, &moe, &names, c)?);
+                let shared = match c.shared_expert_intermediate {
+                    Some(si) => Some((
+                        load_mlp(s, &format!("{moe}.shared_expert"), &names, h, si)?,
+                        s.mat(&format!("{moe}.shared_expert_gate.weight"), 1, h)?,
+                    )),
+                    None => None,
+                };
+                Ffn::Moe(MoeBlock { router: s.mat(&format!("{moe}.gate.weight"), c.router.n_experts, h)?, cfg: c.router.clone(), shared })
+            } else {
+                experts.push(Vec::new());
+                Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
+            };
+            layers.push(Layer {
+                attn_norm: s.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                attn,
+                attn_opts,
+                ffn_norm: s.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                ffn,
+            });
+        }
+        Ok(Model {
+            rope: Rope::new(&c.rope),
+            final_norm: s.vector("model.norm.weight", h)?,
+            embed,
+            lm_head,
+            layers,
+            experts: Box::new(ResidentExperts { layers: experts }),
+            cfg,
+        })
+    }
+
+    /// Opens a Hugging Face checkpoint directory (config.json + safetensors).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_dir(dir: &std::path::Path) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        let bytes = std::fs::read(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+        let cfg = ModelConfig::from_json_bytes(&bytes).map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
+        let store = TensorStore::open_dir(dir)?;
+        Model::from_store(cfg, &store)
+    }
+
+    pub fn new_session(&self) -> Session {
+        Session { caches: vec![LayerCache::default(); self.cfg.n_layers], tokens: Vec::new() }
+    }
+
+    /// Feeds `ids` after what `session` already holds and returns logits,
+    /// (n, vocab) for `Logits::All` or (vocab) for `Logits::Last`.
+    pub fn forward(&self, session: &mut Session, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.forward_with(session, ids, which, &mut |_, _, _| {})
+    }
+
+    /// [`Model::forward`], reporting every routed expert use as (layer, expert, positions).
+    pub fn forward_with(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let (n, h) = (ids.len(), c.hidden);
+        if n == 0 {
+            return Err(Error::Invalid("no tokens to process".into()));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        let pos0 = session.tokens.len();
+        if pos0 + n > c.max_positions {
+            return Err(Error::ContextOverflow { len: pos0 + n, limit: c.max_positions });
+        }
+        if session.caches.len() != c.n_layers {
+            session.caches = vec![LayerCache::default(); c.n_layers];
+        }
+
+        let mut x = vec![0.0f32; n * h];
+        for (i, &id) in ids.iter().enumerate() {
+            self.embed.row_into(id as usize, &mut x[i * h..(i + 1) * h]);
+        }
+        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for i in 0..n {
+            let (mut co, mut si) = (Vec::new(), Vec::new());
+            self.rope.cos_sin(pos0 + i, &mut co, &mut si);
+            cos.push(co);
+            sin.push(si);
+        }
+        let mut xn = vec![0.0f32; n * h];
+        let mut y = vec![0.0f32; n * h];
+        for (l, layer) in self.layers.iter().enumerate() {
+            for i in 0..n {
+                rmsnorm(&x[i * h..(i + 1) * h], &layer.attn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
+            }
+            attention(&layer.attn, &layer.attn_opts, &self.rope, &xn, n, pos0, &cos, &sin, &mut session.caches[l], &mut y);
+            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+            for i in 0..n {
+                rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
+            }
+            match &layer.ffn {
+                Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
+                Ffn::Moe(block) => {
+                    block.forward(l, self.experts.as_ref(), &xn, n, &mut y, Some(&mut |e, count| on_use(l, e, count)))?
+                }
+            }
+            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+        }
+        session.tokens.extend_from_slice(ids);
+
+        let rows: Vec<usize> = match which {
+            Logits::All => (0..n).collect(),
+            Logits::Last => vec![n - 1],
+        };
+        let mut hn = vec![0.0f32; rows.len() * h];
+        for (k, &i) in rows.iter().enumerate() {
+            rmsnorm(&x[i * h..(i + 1) * h], &self.final_norm, c.rms_eps, &mut hn[k * h..(k + 1) * h]);
+        }
+        let mut logits = vec![0.0f32; rows.len() * c.vocab];
+        matmul(&self.lm_head, &hn, rows.len(), &mut logits);
+        Ok(logits)
+    }
+}

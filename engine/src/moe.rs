@@ -1,0 +1,250 @@
+//! Mixture-of-Experts: the one routing function every family goes through, expert
+//! weights behind a source trait (resident here; a streaming cache can stand in), and
+//! the MoE block that runs each selected expert once for all positions routed to it.
+
+use std::sync::Arc;
+
+use crate::config::RouterConfig;
+use crate::error::Result;
+use crate::kernels::{matmul, swiglu};
+use crate::math;
+use crate::tensor::Mat;
+
+/// One SwiGLU expert: `down(silu(gate x) * up x)`.
+#[derive(Clone, Debug)]
+pub struct Expert {
+    /// (intermediate, hidden)
+    pub gate: Mat,
+    /// (intermediate, hidden)
+    pub up: Mat,
+    /// (hidden, intermediate)
+    pub down: Mat,
+}
+
+impl Expert {
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        swiglu(&self.gate, &self.up, &self.down, x, n, out)
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.gate.byte_len() + self.up.byte_len() + self.down.byte_len()
+    }
+}
+
+/// Where routed experts come from. The engine asks for an expert only when a position
+/// routes to it; implementations decide whether it is resident, cached or fetched.
+pub trait ExpertSource: Send + Sync {
+    fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>>;
+}
+
+/// All experts held in memory (views into the checkpoint's mapped files).
+pub struct ResidentExperts {
+    /// (layer) -> (expert); empty for dense layers.
+    pub layers: Vec<Vec<Arc<Expert>>>,
+}
+
+impl ExpertSource for ResidentExperts {
+    fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
+        self.layers
+            .get(layer)
+            .and_then(|l| l.get(index))
+            .cloned()
+            .ok_or_else(|| crate::Error::Invalid(format!("no expert {index} in layer {layer}")))
+    }
+}
+
+/// The experts chosen for one position and their mixing weights, best first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// Routes one position from its router logits, as transformers does for these families:
+/// softmax over all experts (float32), the top-k probabilities (ties go to the lower
+/// expert index), optionally renormalised to sum to one.
+pub fn route(logits: &[f32], cfg: &RouterConfig) -> Routing {
+    let mut probs = logits.to_vec();
+    math::softmax(&mut probs);
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    // NaN sorts last; equal values keep ascending index order (stable sort).
+    order.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap_or_else(|| probs[a].is_nan().cmp(&probs[b].is_nan())));
+    order.truncate(cfg.top_k);
+    let mut weights: Vec<f32> = order.iter().map(|&e| probs[e]).collect();
+    if cfg.norm_topk_prob {
+        let sum: f32 = weights.iter().sum();
+        for w in &mut weights {
+            *w /= sum;
+        }
+    }
+    Routing { experts: order, weights }
+}
+
+/// Router, routed experts, and the optional shared expert with its sigmoid gate.
+pub struct MoeBlock {
+    /// (n_experts, hidden)
+    pub router: Mat,
+    pub cfg: RouterConfig,
+    /// Always-on expert added to the routed mix, scaled by sigmoid(shared_gate x).
+    pub shared: Option<(Expert, Mat)>,
+}
+
+/// Counts of expert use, per layer (for placement statistics).
+pub type UsageHook<'a> = &'a mut dyn FnMut(usize, usize);
+
+impl MoeBlock {
+    /// `out = sum over selected experts (ascending expert index) of w * expert(x)`, plus the
+    /// gated shared expert, for `n` positions of `x` ([n, hidden]).
+    pub fn forward(
+        &self,
+        layer: usize,
+        experts: &dyn ExpertSource,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        on_use: Option<UsageHook<'_>>,
+    ) -> Result<()> {
+        let hidden = self.router.cols;
+        let n_exp = self.router.rows;
+        let mut logits = vec![0.0f32; n * n_exp];
+        matmul(&self.router, x, n, &mut logits);
+        let routes: Vec<Routing> = logits.chunks_exact(n_exp).map(|l| route(l, &self.cfg)).collect();
+
+        // Batch-union: expert -> the (position, weight) pairs routed to it.
+        let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
+        for (p, r) in routes.iter().enumerate() {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                users[e].push((p, w));
+            }
+        }
+        out[..n * hidden].iter_mut().for_each(|v| *v = 0.0);
+        let mut on_use = on_use;
+        for (e, list) in users.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            if let Some(hook) = on_use.as_mut() {
+                hook(e, list.len());
+            }
+            let expert = experts.expert(layer, e)?;
+            let m = list.len();
+            let mut xs = vec![0.0f32; m * hidden];
+            for (i, (p, _)) in list.iter().enumerate() {
+                xs[i * hidden..(i + 1) * hidden].copy_from_slice(&x[p * hidden..(p + 1) * hidden]);
+            }
+            let mut ys = vec![0.0f32; m * hidden];
+            expert.forward(&xs, m, &mut ys);
+            for (i, (p, w)) in list.iter().enumerate() {
+                let dst = &mut out[p * hidden..(p + 1) * hidden];
+                for (d, y) in dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]) {
+                    *d += y * w;
+                }
+            }
+        }
+        if let Some((shared, gate)) = &self.shared {
+            let mut s = vec![0.0f32; n * hidden];
+            shared.forward(x, n, &mut s);
+            let mut g = vec![0.0f32; n];
+            matmul(gate, x, n, &mut g);
+            for p in 0..n {
+                let k = math::sigmoid(g[p]);
+                for (d, v) in out[p * hidden..(p + 1) * hidden].iter_mut().zip(&s[p * hidden..(p + 1) * hidden]) {
+                    *d += k * v;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(top_k: usize, norm: bool) -> RouterConfig {
+        RouterConfig { n_experts: 0, top_k, norm_topk_prob: norm }
+    }
+
+    #[test]
+    fn top_k_with_and_without_renormalisation() {
+        let logits = [0.1f32, 2.0, -1.0, 1.5, 0.0];
+        let r = route(&logits, &cfg(2, false));
+        assert_eq!(r.experts, vec![1, 3]);
+        let z: f64 = logits.iter().map(|v| (*v as f64).exp()).sum();
+        assert!((r.weights[0] as f64 - 2f64.exp() / z).abs() < 1e-6);
+        assert!((r.weights[1] as f64 - 1.5f64.exp() / z).abs() < 1e-6);
+        let r = route(&logits, &cfg(2, true));
+        let s = 2f64.exp() + 1.5f64.exp();
+        assert!((r.weights[0] as f64 - 2f64.exp() / s).abs() < 1e-6);
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_index() {
+        let r = route(&[1.0, 3.0, 3.0, 3.0, 0.0], &cfg(2, false));
+        assert_eq!(r.experts, vec![1, 2]);
+        let r = route(&[0.0; 8], &cfg(3, true));
+        assert_eq!(r.experts, vec![0, 1, 2]);
+        assert!(r.weights.iter().all(|w| (*w - 1.0 / 3.0).abs() < 1e-7));
+    }
+
+    #[test]
+    fn large_logits_do_not_overflow() {
+        let r = route(&[1e30, -1e30, 5e29, 1e30], &cfg(2, true));
+        assert_eq!(r.experts, vec![0, 3]);
+        assert_eq!(r.weights, vec![0.5, 0.5]);
+        let r = route(&[f32::NAN, 1.0, 2.0], &cfg(1, false));
+        assert_eq!(r.experts.len(), 1);
+    }
+
+    fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
+        let mut s = seed;
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect();
+        Mat::from_f32(rows, cols, &v).unwrap()
+    }
+
+    #[test]
+    fn block_equals_per_position_reference_and_unions_experts() {
+        let (h, inter, ne) = (6, 5, 4);
+        let experts = ResidentExperts {
+            layers: vec![(0..ne as u64).map(|e| Arc::new(Expert { gate: mat(inter, h, e * 3 + 1), up: mat(inter, h, e * 3 + 2), down: mat(h, inter, e * 3 + 3) })).collect()],
+        };
+        let block = MoeBlock { router: mat(ne, h, 99), cfg: RouterConfig { n_experts: ne, top_k: 2, norm_topk_prob: true }, shared: Some((Expert { gate: mat(3, h, 50), up: mat(3, h, 51), down: mat(h, 3, 52) }, mat(1, h, 53))) };
+        let n = 7;
+        let x: Vec<f32> = (0..n * h).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
+        let mut out = vec![0.0; n * h];
+        let mut uses = 0usize;
+        block.forward(0, &experts, &x, n, &mut out, Some(&mut |_, c| uses += c)).unwrap();
+        assert_eq!(uses, n * 2);
+        for p in 0..n {
+            let xp = &x[p * h..(p + 1) * h];
+            let mut one = vec![0.0; h];
+            block.forward(0, &experts, xp, 1, &mut one, None).unwrap();
+            assert_eq!(one, out[p * h..(p + 1) * h].to_vec(), "position {p} differs between batch and single");
+            // Plain reference in f64.
+            let lg: Vec<f32> = (0..ne).map(|e| { let mut r = vec![0.0; h]; block.router.row_into(e, &mut r); math::dot(&r, xp) }).collect();
+            let rt = route(&lg, &block.cfg);
+            let mut want = vec![0.0f64; h];
+            for (&e, &w) in rt.experts.iter().zip(&rt.weights) {
+                let mut y = vec![0.0; h];
+                experts.expert(0, e).unwrap().forward(xp, 1, &mut y);
+                for i in 0..h { want[i] += (w * y[i]) as f64; }
+            }
+            let (shared, gate) = block.shared.as_ref().unwrap();
+            let mut sy = vec![0.0; h];
+            shared.forward(xp, 1, &mut sy);
+            let mut gr = vec![0.0; h];
+            gate.row_into(0, &mut gr);
+            let g = 1.0 / (1.0 + (-(math::dot(&gr, xp) as f64)).exp());
+            for i in 0..h {
+                want[i] += g * sy[i] as f64;
+                assert!((out[p * h + i] as f64 - want[i]).abs() < 1e-5, "position {p} lane {i}");
+            }
+        }
+    }
+}

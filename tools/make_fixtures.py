@@ -1,0 +1,689 @@
+#!/usr/bin/env python3
+"""Generate the tiny Hugging Face MoE test fixtures under tests/fixtures/.
+
+    python3 tools/make_fixtures.py            # (re)write every case
+    python3 tools/make_fixtures.py mixtral    # only some cases
+
+For each case this writes a real, randomly initialised (but deliberately far from
+trivial) Hugging Face checkpoint saved with `save_pretrained`, a copy of one shared
+byte-level BPE tokenizer (trained here with the `tokenizers` library, with a ChatML
+chat template), and reference outputs computed with Hugging Face `transformers`:
+
+  * logits.bin      raw little-endian f32, row-major [len(ids), vocab_size]: the
+                    teacher-forced logits of reference.json's `ids`;
+  * reference.json  ids, greedy continuation, tokenizer encodings, rendered chat.
+
+The reference is computed from the checkpoint as LOADED BACK from disk in float32
+(bf16/f16 weights upcast), with eager attention, so it corresponds exactly to the
+bytes on disk.
+
+Everything is seeded; re-running with the same python / torch / transformers /
+tokenizers versions reproduces the same bytes. The seed of a case is bumped
+(deterministically) until the model is "comfortable": no near-tie in the greedy
+continuation, no near-tie in the router top-k selection, non-degenerate outputs.
+
+Requires torch, transformers (5.x) and tokenizers; CI never runs this script.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import hashlib
+import importlib
+import io
+import json
+import math
+import platform
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import tokenizers
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+# --------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BPE_VOCAB = 398  # 256 byte symbols + 142 merges; + 3 added special tokens = 401 (prime)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+CORPUS_MODULES = [
+    "argparse", "ast", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib",
+    "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "email", "enum", "fnmatch",
+    "fractions", "functools", "getopt", "gettext", "glob", "gzip", "hashlib", "heapq", "hmac",
+    "html", "http", "imaplib", "inspect", "io", "ipaddress", "json", "locale", "logging", "mailbox",
+    "numbers", "operator", "optparse", "os", "pathlib", "pickle", "pprint", "queue", "quopri",
+    "random", "re", "sched", "secrets", "selectors", "shlex", "shutil", "smtplib", "socket",
+    "statistics", "string", "struct", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
+    "timeit", "token", "tokenize", "traceback", "types", "typing", "unittest", "uuid", "warnings",
+    "wave", "weakref", "zipfile",
+]
+
+# A few fixed lines so that digits and multi-byte UTF-8 sequences also get merges.
+EXTRA_CORPUS = [
+    "Café, crème brûlée, déjà vu, naïve façade, résumé, über, smörgåsbord, El Niño.",
+    "Le café est très bon. Où est la bibliothèque? Élève, été, école, père, mère.",
+    "日本語のテキスト。日本は島国です。東京、大阪、京都。日本語を勉強しています。",
+    "Emoji: 🦀 🚀 🙂 🎉 👍 ❤️ — and a rocket 🚀 next to a crab 🦀.",
+    "In 2024 there were 365 days; 12 months, 52 weeks, 24 hours, 60 minutes, 3.14159.",
+    "Version 1.2.3 was released on 2023-11-05 at 10:45; 1000 users, 250 bugs, 42 answers.",
+]
+
+
+def tokenizer_corpus() -> list[str]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        this = importlib.import_module("this")
+    lines = codecs.decode(this.s, "rot13").splitlines()
+    for name in CORPUS_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:  # pragma: no cover - platform specific modules
+            continue
+        doc = mod.__doc__ or ""
+        lines.extend(doc.splitlines())
+    lines.extend(EXTRA_CORPUS * 4)
+    return [ln for ln in lines if ln.strip()]
+
+
+def train_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(tokenizer_corpus(), trainer=trainer)
+    assert tok.get_vocab_size() == BPE_VOCAB, tok.get_vocab_size()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return tok
+
+
+def make_hf_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+TOKENIZER_TEXTS = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "  two leading spaces,\ta tab\nand a newline\n\n    then four spaces of indent",
+    "Café déjà vu — naïve façade; 日本語のテキスト 🦀🚀 emoji!",
+    "Numbers: 0 7 42 123 4096 65535 3.14159 2024-06-01 +1 -273.15",
+    "def square(x):\n    return x ** 2  # comment\n",
+    "<|im_start|>user\nspecial tokens inline<|im_end|>\n",
+]
+
+CHAT_MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is 2 + 2? Réponds en français, s'il te plaît 🙂"},
+]
+
+# --------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------
+
+SEQ_LEN = 48
+PROMPT_LEN = 8
+NEW_TOKENS = 24
+GAP_REL = 2e-2          # greedy: top1 - top2 >= GAP_REL * logits_std at every step
+ROUTER_GAP_MIN = 1e-2   # router: (k-th - (k+1)-th) router logit >= this, every token, every layer
+MAX_SEED_TRIES = 200
+
+CASES = {
+    "mixtral": dict(
+        model_type="mixtral",
+        dtype=torch.float32,
+        base_seed=1000,
+        vocab_extra=0,
+        shard=None,
+        config=dict(
+            hidden_size=88,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=3,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=56,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            sliding_window=24,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen2_moe": dict(
+        model_type="qwen2_moe",
+        dtype=torch.float32,
+        base_seed=2000,
+        vocab_extra=13,
+        shard="350KB",
+        config=dict(
+            hidden_size=80,
+            num_attention_heads=5,
+            num_key_value_heads=1,
+            num_hidden_layers=3,
+            mlp_only_layers=[1],
+            intermediate_size=48,
+            num_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=40,
+            norm_topk_prob=False,
+            qkv_bias=True,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        dtype=torch.bfloat16,
+        base_seed=3000,
+        vocab_extra=0,
+        shard=None,
+        config=dict(
+            hidden_size=96,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=20,
+            num_hidden_layers=2,
+            num_experts=32,
+            num_experts_per_tok=2,
+            moe_intermediate_size=36,
+            norm_topk_prob=True,
+            max_position_embeddings=128,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
+    "olmoe": dict(
+        model_type="olmoe",
+        dtype=torch.float16,
+        base_seed=4000,
+        vocab_extra=0,
+        shard=None,
+        config=dict(
+            hidden_size=72,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            num_hidden_layers=2,
+            num_experts=24,
+            num_experts_per_tok=3,
+            intermediate_size=40,
+            norm_topk_prob=False,
+            clip_qkv=1.75,  # exactly representable; clips roughly 5-10% of q/k/v entries
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+}
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+# --------------------------------------------------------------------------------------
+# Model construction
+# --------------------------------------------------------------------------------------
+
+
+def build_config(case: dict, tok_vocab: int, special_ids: dict):
+    kw = dict(case["config"])
+    kw.update(
+        vocab_size=tok_vocab + case["vocab_extra"],
+        bos_token_id=None,
+        eos_token_id=special_ids["<|im_end|>"],
+        pad_token_id=None,
+    )
+    return AutoConfig.for_model(case["model_type"], **kw)
+
+
+@torch.no_grad()
+def reinit_(model, cfg, gen: torch.Generator) -> None:
+    """Re-initialise every parameter so that the network is far from trivial."""
+    hidden = cfg.hidden_size
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+
+    def randn(shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        shape = tuple(p.shape)
+        if name.endswith("norm.weight"):  # input/post-attention/final norms, q_norm, k_norm
+            v = 1.0 + 0.3 * randn(shape)
+        elif name.endswith(".bias"):
+            v = 0.1 * randn(shape)
+        elif name.endswith("embed_tokens.weight"):
+            # Tied case: the embedding is also the LM head; keep the logits O(a few).
+            v = (0.35 if tied else 1.0) * randn(shape)
+        elif name.endswith("lm_head.weight"):
+            v = (2.5 / math.sqrt(hidden)) * randn(shape)
+        elif name.endswith("mlp.gate.weight"):  # router [E, H]
+            v = (2.5 / math.sqrt(hidden)) * randn(shape)
+        elif name.endswith("shared_expert_gate.weight"):  # [1, H]
+            v = (1.5 / math.sqrt(hidden)) * randn(shape)
+        elif name.endswith("experts.gate_up_proj"):  # [E, 2I, H]
+            v = (1.2 / math.sqrt(shape[2])) * randn(shape)
+        elif name.endswith("experts.down_proj"):  # [E, H, I]
+            v = (1.2 / math.sqrt(shape[2])) * randn(shape)
+        elif p.dim() == 2:  # nn.Linear [out, in]
+            gain = 1.6 if (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")) else 1.0
+            v = (gain / math.sqrt(shape[1])) * randn(shape)
+        else:
+            raise RuntimeError(f"don't know how to initialise {name} {shape}")
+        p.copy_(v.to(p.dtype))
+
+
+# --------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------
+
+
+class Probes:
+    """Forward hooks recording router decisions (and OLMoE pre-clip q/k/v)."""
+
+    def __init__(self, model):
+        self.handles = []
+        self.router: dict[int, list] = {}
+        self.qkv: list = []
+        for name, mod in model.named_modules():
+            m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.gate", name)
+            if m and type(mod).__name__.endswith("TopKRouter"):
+                layer = int(m.group(1))
+                self.handles.append(mod.register_forward_hook(self._router_hook(layer, mod.top_k)))
+            if re.fullmatch(r"model\.layers\.\d+\.self_attn\.(q_norm|k_norm|v_proj)", name):
+                self.handles.append(mod.register_forward_hook(self._qkv_hook))
+
+    def _router_hook(self, layer, top_k):
+        def hook(_mod, _inp, out):
+            logits, _scores, indices = out
+            self.router.setdefault(layer, []).append((logits.detach().clone(), indices.detach().clone(), top_k))
+
+        return hook
+
+    def _qkv_hook(self, _mod, _inp, out):
+        # OLMoE clamps these outputs in place afterwards, hence the clone.
+        self.qkv.append(out.detach().clone())
+
+    def reset(self):
+        self.router = {}
+        self.qkv = []
+
+    def router_min_gap(self) -> float:
+        gap = math.inf
+        for recs in self.router.values():
+            for logits, _idx, k in recs:
+                srt = torch.sort(logits.float(), dim=-1, descending=True).values
+                gap = min(gap, float((srt[:, k - 1] - srt[:, k]).min()))
+        return gap
+
+    def distinct_experts(self, layer: int) -> int:
+        return len({int(e) for _l, idx, _k in self.router.get(layer, []) for e in idx.flatten()})
+
+    def clip_fraction(self, clip: float) -> float:
+        tot = sum(t.numel() for t in self.qkv)
+        hit = sum(int((t.abs() > clip).sum()) for t in self.qkv)
+        return hit / max(tot, 1)
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+@torch.no_grad()
+def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
+    """Compute the reference quantities; return (results, reasons-for-rejection)."""
+    probes = Probes(model)
+    try:
+        # Teacher-forced.
+        probes.reset()
+        logits = model(torch.tensor([ids])).logits[0].float()
+        router_gap_tf = probes.router_min_gap()
+        distinct_l0 = probes.distinct_experts(0)
+        clip_frac = probes.clip_fraction(cfg.clip_qkv) if getattr(cfg, "clip_qkv", None) else None
+
+        # Greedy with the KV cache (what transformers users get).
+        probes.reset()
+        out = model.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            output_scores=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        new_ids = out.sequences[0, len(prompt):].tolist()
+        raw = torch.stack([s[0].float() for s in out.logits])  # [NEW_TOKENS, V], unprocessed
+        assert len(new_ids) == NEW_TOKENS, new_ids
+        top2 = torch.topk(raw, 2, dim=-1).values
+        min_gap = float((top2[:, 0] - top2[:, 1]).min())
+        raw_argmax = raw.argmax(-1).tolist()
+
+        # Teacher-forced over prompt+new: the uncached logits of every greedy step, plus the
+        # router margins along the whole greedy sequence.
+        probes.reset()
+        full_logits = model(torch.tensor([prompt + new_ids])).logits[0].float()
+        router_gap_greedy = probes.router_min_gap()
+        step_logits = full_logits[len(prompt) - 1 : -1]
+        cache_diff = float((step_logits - raw).abs().max())
+        full_argmax = step_logits.argmax(-1).tolist()
+    finally:
+        probes.close()
+
+    std = float(logits.std())
+    reasons = []
+    if not torch.isfinite(logits).all() or not torch.isfinite(raw).all():
+        reasons.append("non-finite logits")
+    if std < 0.5:
+        reasons.append(f"logits std {std:.3g} too small")
+    if len(set(logits.argmax(-1).tolist())) < 12:
+        reasons.append("teacher-forced argmax degenerate")
+    if len(set(new_ids)) < 10:
+        reasons.append(f"greedy degenerate ({len(set(new_ids))} distinct)")
+    if set(raw_argmax) & bad_new_ids:
+        # (min_new_tokens would have masked an EOS; we want seeds where greedy never wants one.)
+        reasons.append("greedy argmax hits a special / padding id")
+    elif raw_argmax != new_ids:
+        reasons.append("generate() tokens differ from argmax of raw logits")
+    if cache_diff > 1e-3:
+        reasons.append(f"cached vs uncached logits differ by {cache_diff:.3g}")
+    if full_argmax != new_ids:
+        reasons.append("teacher-forced argmax over greedy sequence differs")
+    if min_gap < GAP_REL * std:
+        reasons.append(f"greedy near-tie (gap {min_gap:.3g} < {GAP_REL * std:.3g})")
+    if min(router_gap_tf, router_gap_greedy) < ROUTER_GAP_MIN:
+        reasons.append(f"router near-tie ({min(router_gap_tf, router_gap_greedy):.3g})")
+    if distinct_l0 < 0.6 * cfg.num_experts:
+        reasons.append(f"only {distinct_l0} experts used in layer 0")
+    if clip_frac is not None and not (0.01 <= clip_frac <= 0.3):
+        reasons.append(f"clip fraction {clip_frac:.3g} out of range")
+
+    res = dict(
+        logits=logits,
+        logits_std=std,
+        new_ids=new_ids,
+        min_top2_gap=min_gap,
+        router_min_gap=min(router_gap_tf, router_gap_greedy),
+        distinct_experts_layer0=distinct_l0,
+        clip_fraction=clip_frac,
+        cache_diff=cache_diff,
+    )
+    return res, reasons
+
+
+# --------------------------------------------------------------------------------------
+# Checks on the saved checkpoint
+# --------------------------------------------------------------------------------------
+
+
+def safetensors_names(d: Path) -> dict[str, tuple]:
+    from safetensors import safe_open
+
+    names = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                sl = st.get_slice(k)
+                names[k] = (tuple(sl.get_shape()), sl.get_dtype(), f.name)
+    return names
+
+
+def name_patterns(names) -> list[str]:
+    pats = {re.sub(r"\.\d+\.", ".{i}.", re.sub(r"layers\.\d+\.", "layers.{L}.", k)) for k in names}
+    return sorted(pats)
+
+
+def check_checkpoint(d: Path, case: dict, cfg) -> dict:
+    names = safetensors_names(d)
+    assert not any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in names), "fused expert tensors on disk"
+    n_exp = cfg.num_experts
+    if case["model_type"] == "mixtral":
+        assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in names
+        assert f"model.layers.0.block_sparse_moe.experts.{n_exp - 1}.w2.weight" in names
+    else:
+        assert "model.layers.0.mlp.experts.3.gate_proj.weight" in names
+        assert f"model.layers.0.mlp.experts.{n_exp - 1}.down_proj.weight" in names
+    want = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[DTYPE_NAMES[case["dtype"]]]
+    dtypes = {v[1] for v in names.values()}
+    assert dtypes == {want}, dtypes
+    shards = sorted(f.name for f in d.glob("*.safetensors"))
+    if case["shard"]:
+        assert len(shards) >= 3 and (d / "model.safetensors.index.json").exists(), shards
+    else:
+        assert shards == ["model.safetensors"], shards
+    return dict(names=names, shards=shards)
+
+
+# --------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------
+
+
+def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_ids: dict, log) -> dict:
+    out_dir = FIXTURES / name
+    dtype = case["dtype"]
+
+    g = torch.Generator().manual_seed(case["base_seed"] + 77)
+    ids = torch.randint(0, tok_vocab, (SEQ_LEN,), generator=g).tolist()
+    prompt = torch.randint(0, tok_vocab, (PROMPT_LEN,), generator=g).tolist()
+    bad_new_ids = set(special_ids.values())
+
+    cfg0 = build_config(case, tok_vocab, special_ids)
+    bad_new_ids |= set(range(tok_vocab, cfg0.vocab_size))
+
+    with tempfile.TemporaryDirectory(prefix=f"fixture_{name}_") as tmp:
+        tmp = Path(tmp)
+        for attempt in range(MAX_SEED_TRIES):
+            seed = case["base_seed"] + attempt
+            ckpt = tmp / f"seed{seed}"
+            torch.manual_seed(seed)
+            cfg = build_config(case, tok_vocab, special_ids)
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+            reinit_(model, cfg, torch.Generator().manual_seed(seed))
+            model = model.to(dtype)
+            save_kw = {"max_shard_size": case["shard"]} if case["shard"] else {}
+            model.save_pretrained(ckpt, **save_kw)
+            del model
+
+            loaded = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+            loaded.eval()
+            lcfg = loaded.config
+            res, reasons = evaluate(loaded, lcfg, case, ids, prompt, bad_new_ids)
+            if reasons:
+                log(f"  {name}: seed {seed} rejected: {'; '.join(reasons)}")
+                shutil.rmtree(ckpt)
+                continue
+            log(f"  {name}: seed {seed} accepted")
+            break
+        else:
+            raise RuntimeError(f"{name}: no acceptable seed in {MAX_SEED_TRIES} tries")
+
+        ck = check_checkpoint(ckpt, case, lcfg)
+        extra = sanity_checks(name, loaded, lcfg)
+
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        shutil.copytree(ckpt, out_dir)
+
+    # Tokenizer: save, reload through transformers, and compare against the raw tokenizers lib.
+    hf_tok_template.save_pretrained(out_dir, save_jinja_files=False)
+    tok = AutoTokenizer.from_pretrained(out_dir)
+    raw_tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    tok_refs = []
+    for text in TOKENIZER_TEXTS:
+        enc = tok.encode(text, add_special_tokens=False)
+        assert enc == raw_tok.encode(text, add_special_tokens=False).ids, text
+        assert tok.decode(enc) == text, (text, tok.decode(enc))
+        tok_refs.append({"text": text, "ids": enc})
+    rendered = tok.apply_chat_template(CHAT_MESSAGES, tokenize=False, add_generation_prompt=True)
+    chat_ids = tok.encode(rendered, add_special_tokens=False)
+    assert chat_ids == raw_tok.encode(rendered, add_special_tokens=False).ids
+    tmpl_ids = tok.apply_chat_template(CHAT_MESSAGES, tokenize=True, add_generation_prompt=True)
+    if isinstance(tmpl_ids, dict) or hasattr(tmpl_ids, "keys"):
+        tmpl_ids = tmpl_ids["input_ids"]
+    assert list(tmpl_ids) == chat_ids, (tmpl_ids, chat_ids)
+    expected = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in CHAT_MESSAGES)
+    assert rendered == expected + "<|im_start|>assistant\n", rendered
+
+    logits = res["logits"]
+    assert tuple(logits.shape) == (SEQ_LEN, lcfg.vocab_size)
+    (out_dir / "logits.bin").write_bytes(logits.contiguous().numpy().astype("<f4").tobytes())
+
+    reference = {
+        "model_type": case["model_type"],
+        "dtype_on_disk": DTYPE_NAMES[dtype],
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "vocab_size": lcfg.vocab_size,
+        "ids": ids,
+        "logits_file": "logits.bin",
+        "logits_std": res["logits_std"],
+        "greedy": {
+            "prompt_ids": prompt,
+            "new_ids": res["new_ids"],
+            "min_top2_gap": res["min_top2_gap"],
+        },
+        "tokenizer": tok_refs,
+        "chat": {"messages": CHAT_MESSAGES, "rendered": rendered, "ids": chat_ids},
+        "diagnostics": {
+            "seed": seed,
+            "router_min_topk_logit_gap": res["router_min_gap"],
+            "distinct_experts_layer0": res["distinct_experts_layer0"],
+            "num_experts": lcfg.num_experts,
+            "qkv_clip_fraction": res["clip_fraction"],
+            "hf_cached_vs_uncached_max_abs_logit_diff": res["cache_diff"],
+            "tokenizer_vocab_size": tok_vocab,
+            "python_version": platform.python_version(),
+            "tokenizers_version": tokenizers.__version__,
+            **extra,
+        },
+    }
+    (out_dir / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir())}
+    return dict(
+        name=name,
+        seed=seed,
+        files=files,
+        total=sum(files.values()),
+        logits_std=res["logits_std"],
+        min_top2_gap=res["min_top2_gap"],
+        router_min_gap=res["router_min_gap"],
+        distinct=res["distinct_experts_layer0"],
+        num_experts=lcfg.num_experts,
+        clip_fraction=res["clip_fraction"],
+        patterns=name_patterns(ck["names"]),
+        shards=ck["shards"],
+        config_keys=sorted(json.loads((out_dir / "config.json").read_text()).keys()),
+        new_ids=res["new_ids"],
+        extra=extra,
+    )
+
+
+@torch.no_grad()
+def sanity_checks(name: str, model, cfg) -> dict:
+    """Family-specific checks that the loaded model really exercises what the case is about."""
+    extra = {}
+    rot = model.model.rotary_emb
+    if name == "qwen3_moe":
+        assert cfg.rope_parameters["rope_type"] == "yarn", cfg.rope_parameters
+        assert rot.rope_type == "yarn"
+        hd = cfg.head_dim
+        default_inv = 1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))
+        assert not torch.allclose(rot.inv_freq, default_inv), "yarn inv_freq equals default"
+        assert abs(rot.attention_scaling - (0.1 * math.log(4.0) + 1.0)) < 1e-9, rot.attention_scaling
+        assert model.model.layers[0].self_attn.head_dim == 20
+        extra["yarn_attention_scaling"] = float(rot.attention_scaling)
+        extra["yarn_inv_freq"] = [float(x) for x in rot.inv_freq]
+    if name == "mixtral":
+        assert cfg.sliding_window == 24
+    if name in ("qwen3_moe", "olmoe"):
+        qn = model.model.layers[0].self_attn.q_norm.weight
+        assert float((qn - 1).abs().max()) > 0.1, "q_norm not perturbed"
+    if name == "qwen2_moe":
+        assert type(model.model.layers[1].mlp).__name__ == "Qwen2MoeMLP"
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return extra
+
+
+def main(argv: list[str]) -> int:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:
+        pass
+
+    wanted = argv or list(CASES)
+    for w in wanted:
+        if w not in CASES:
+            print(f"unknown case {w!r}; choose from {list(CASES)}", file=sys.stderr)
+            return 2
+
+    tok = train_tokenizer()
+    again = train_tokenizer()
+    assert tok.to_str() == again.to_str(), "BPE training is not deterministic"
+    tok_vocab = tok.get_vocab_size()
+    special_ids = {s: tok.token_to_id(s) for s in SPECIAL_TOKENS}
+    hf_tok = make_hf_tokenizer(tok)
+
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for name in wanted:
+        print(f"[{name}]", flush=True)
+        summaries.append(make_case(name, CASES[name], hf_tok, tok_vocab, special_ids, lambda s: print(s, flush=True)))
+
+    print()
+    print(f"tokenizer: vocab {tok_vocab} (BPE {BPE_VOCAB} + specials {special_ids})")
+    for s in summaries:
+        print(f"== {s['name']} (seed {s['seed']}) total {s['total']} bytes")
+        for fn, sz in s["files"].items():
+            h = hashlib.sha256((FIXTURES / s["name"] / fn).read_bytes()).hexdigest()[:12]
+            print(f"   {sz:>9}  {fn}  {h}")
+        print(f"   logits_std {s['logits_std']:.4f}  min_top2_gap {s['min_top2_gap']:.4f} "
+              f"(rel {s['min_top2_gap'] / s['logits_std']:.4f})  router_min_gap {s['router_min_gap']:.4f}")
+        print(f"   distinct experts layer0: {s['distinct']}/{s['num_experts']}"
+              + (f"  qkv clip fraction {s['clip_fraction']:.4f}" if s["clip_fraction"] is not None else ""))
+        print(f"   greedy new_ids {s['new_ids']}")
+        print(f"   shards {s['shards']}")
+        print("   tensor patterns:")
+        for p in s["patterns"]:
+            print(f"     {p}")
+        print(f"   config keys: {s['config_keys']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

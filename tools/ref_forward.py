@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Independent from-scratch forward pass over the fixtures (no transformers modelling code).
+
+    python3 tools/ref_forward.py [CASE ...]
+
+Reads config.json + *.safetensors of each tests/fixtures/CASE, runs the model in float32
+with plain torch ops written from the family's math (the same math the Rust engine has to
+implement), and checks it against logits.bin and the greedy continuation in reference.json.
+It is a cross-check of the fixtures and a compact executable spec; it needs torch and
+safetensors only, and CI never needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+
+
+def load_weights(d: Path) -> dict[str, torch.Tensor]:
+    w = {}
+    for f in sorted(d.glob("*.safetensors")):
+        w.update({k: v.float() for k, v in load_file(str(f)).items()})
+    return w
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(cfg, head_dim, n_pos):
+    rp = cfg["rope_parameters"]
+    base = rp["rope_theta"]
+    exps = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    inv = 1.0 / base**exps
+    scale = 1.0
+    if rp["rope_type"] == "yarn":
+        factor = rp["factor"]
+        omax = rp["original_max_position_embeddings"]
+        beta_fast, beta_slow = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return head_dim * math.log(omax / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if rp.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extra = 1 - ramp  # 1 -> keep original frequency, 0 -> divide by factor
+        inv = (inv / factor) * (1 - extra) + inv * extra
+        scale = rp.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    elif rp["rope_type"] != "default":
+        raise NotImplementedError(rp["rope_type"])
+    ang = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)  # [T, head_dim], "rotate_half" layout
+    return (ang.cos() * scale).float(), (ang.sin() * scale).float()
+
+
+def apply_rope(x, cos, sin):  # x [H, T, D]
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin
+
+
+def swiglu(x, g, u, d):
+    return (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ d.T
+
+
+def forward(cfg, w, ids):
+    mt = cfg["model_type"]
+    T = len(ids)
+    H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    eps = cfg["rms_norm_eps"]
+    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts")
+    top_k = cfg["num_experts_per_tok"]
+    window = cfg.get("sliding_window") if (mt == "mixtral" or cfg.get("use_sliding_window")) else None
+    cos, sin = rope_tables(cfg, hd, T)
+
+    qi = torch.arange(T)[:, None]
+    ki = torch.arange(T)[None, :]
+    allowed = ki <= qi
+    if window:
+        allowed &= ki > qi - window
+    mask = torch.zeros(T, T).masked_fill(~allowed, float("-inf"))
+
+    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    for L in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{L}."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        a = p + "self_attn."
+        q = h @ w[a + "q_proj.weight"].T
+        k = h @ w[a + "k_proj.weight"].T
+        v = h @ w[a + "v_proj.weight"].T
+        if a + "q_proj.bias" in w:
+            q, k, v = q + w[a + "q_proj.bias"], k + w[a + "k_proj.bias"], v + w[a + "v_proj.bias"]
+        if mt == "olmoe":  # full-width norms over all heads, then clip
+            q = rms_norm(q, w[a + "q_norm.weight"], eps)
+            k = rms_norm(k, w[a + "k_norm.weight"], eps)
+            c = cfg.get("clip_qkv")
+            if c is not None:
+                q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+        q = q.view(T, nh, hd).transpose(0, 1)
+        k = k.view(T, nkv, hd).transpose(0, 1)
+        v = v.view(T, nkv, hd).transpose(0, 1)
+        if mt == "qwen3_moe":  # per-head norms
+            q = rms_norm(q, w[a + "q_norm.weight"], eps)
+            k = rms_norm(k, w[a + "k_norm.weight"], eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = nh // nkv
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+        s = q @ k.transpose(1, 2) * hd**-0.5 + mask
+        o = (torch.softmax(s, -1) @ v).transpose(0, 1).reshape(T, nh * hd)
+        x = x + o @ w[a + "o_proj.weight"].T
+
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if mt == "mixtral":
+            m, gname = p + "block_sparse_moe.", "gate.weight"
+            proj = lambda e: (m + f"experts.{e}.w1.weight", m + f"experts.{e}.w3.weight", m + f"experts.{e}.w2.weight")
+            renorm = True
+        else:
+            m, gname = p + "mlp.", "gate.weight"
+            proj = lambda e: tuple(m + f"experts.{e}.{n}_proj.weight" for n in ("gate", "up", "down"))
+            renorm = cfg.get("norm_topk_prob", False)
+        if m + gname not in w:  # dense layer (qwen2_moe mlp_only_layers)
+            x = x + swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
+            continue
+        probs = torch.softmax(h @ w[m + gname].T, -1)
+        topv, topi = probs.topk(top_k, -1)
+        if renorm:
+            topv = topv / topv.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for t in range(T):
+            for j in range(top_k):
+                g, u, d = (w[n] for n in proj(int(topi[t, j])))
+                out[t] += topv[t, j] * swiglu(h[t : t + 1], g, u, d)[0]
+        if m + "shared_expert.gate_proj.weight" in w:
+            se = m + "shared_expert."
+            shared = swiglu(h, w[se + "gate_proj.weight"], w[se + "up_proj.weight"], w[se + "down_proj.weight"])
+            out = out + torch.sigmoid(h @ w[m + "shared_expert_gate.weight"].T) * shared
+        x = x + out
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    assert n_exp is not None
+    return x @ head.T
+
+
+def check(name: str) -> bool:
+    d = FIXTURES / name
+    cfg = json.loads((d / "config.json").read_text())
+    ref = json.loads((d / "reference.json").read_text())
+    w = load_weights(d)
+    V = ref["vocab_size"]
+    want = torch.frombuffer(bytearray((d / ref["logits_file"]).read_bytes()), dtype=torch.float32).view(-1, V)
+    with torch.no_grad():
+        got = forward(cfg, w, ref["ids"])
+        diff = float((got - want).abs().max())
+        seq = list(ref["greedy"]["prompt_ids"])
+        for _ in ref["greedy"]["new_ids"]:
+            seq.append(int(forward(cfg, w, seq)[-1].argmax()))
+    new = seq[len(ref["greedy"]["prompt_ids"]):]
+    ok = diff < 1e-3 * ref["logits_std"] and new == ref["greedy"]["new_ids"]
+    print(f"{name:10s} max|logits diff| {diff:.3e} (std {ref['logits_std']:.3f})  "
+          f"greedy {'match' if new == ref['greedy']['new_ids'] else 'MISMATCH'}  -> {'OK' if ok else 'FAIL'}")
+    return ok
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    names = sys.argv[1:] or sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.json").exists())
+    sys.exit(0 if all([check(n) for n in names]) else 1)
