@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod config;
 pub mod error;
+pub mod generate;
 pub mod kernels;
 pub mod math;
 pub mod model;

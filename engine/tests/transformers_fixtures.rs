@@ -1,0 +1,103 @@
+//! The native CPU path against Hugging Face transformers, on the tiny random checkpoints
+//! in tests/fixtures (made by tools/make_fixtures.py; see tests/fixtures/README.md).
+//! Checks: max |logit difference| / std(logits) <= 1e-3, argmax agreement wherever the
+//! reference's top-2 gap exceeds 1e-3, the greedy continuation token for token through
+//! the KV cache, and prefill == token-by-token decode bit for bit.
+
+use std::path::PathBuf;
+
+use colibri_engine::generate::{generate, GenerateOptions};
+use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::{Logits, Model};
+use serde_json::Value;
+
+fn fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+fn check(name: &str) {
+    let dir = fixture_dir(name);
+    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let model = Model::open_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let vocab = model.cfg.vocab;
+    assert_eq!(vocab as u64, reference["vocab_size"].as_u64().unwrap());
+
+    // Teacher-forced logits, all positions in one prefill.
+    let tf_ids = ids(&reference["ids"]);
+    let want: Vec<f32> = std::fs::read(dir.join(reference["logits_file"].as_str().unwrap()))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(want.len(), tf_ids.len() * vocab);
+    let mut session = model.new_session();
+    let got = model.forward(&mut session, &tf_ids, Logits::All).unwrap();
+    let mean = want.iter().map(|v| *v as f64).sum::<f64>() / want.len() as f64;
+    let std = (want.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+    let (mut worst, mut at) = (0.0f64, 0);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let d = (*g as f64 - *w as f64).abs();
+        if d > worst {
+            worst = d;
+            at = i;
+        }
+    }
+    let rel = worst / std;
+    eprintln!("{name}: max |diff| {worst:.3e} at [{}, {}] = {rel:.3e} of std {std:.3}", at / vocab, at % vocab);
+    assert!(rel <= 1e-3, "{name}: max |diff| / std = {rel:.3e} > 1e-3 (at position {}, token {})", at / vocab, at % vocab);
+
+    let mut checked = 0;
+    for p in 0..tf_ids.len() {
+        let w = &want[p * vocab..(p + 1) * vocab];
+        let g = &got[p * vocab..(p + 1) * vocab];
+        let mut sorted = w.to_vec();
+        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        if sorted[0] - sorted[1] > 1e-3 {
+            checked += 1;
+            assert_eq!(colibri_engine::math::argmax(g), colibri_engine::math::argmax(w), "{name}: argmax differs at position {p}");
+        }
+    }
+    assert!(checked > tf_ids.len() / 2, "{name}: too few positions with a clear argmax ({checked})");
+
+    // Token-by-token decode through the KV cache gives the same bits as the prefill.
+    let mut s2 = model.new_session();
+    for (p, &id) in tf_ids.iter().enumerate() {
+        let step = model.forward(&mut s2, &[id], Logits::Last).unwrap();
+        assert!(
+            step.iter().zip(&got[p * vocab..(p + 1) * vocab]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: incremental logits differ from prefill at position {p}"
+        );
+    }
+
+    // Greedy continuation, token for token.
+    let prompt = ids(&reference["greedy"]["prompt_ids"]);
+    let want_new = ids(&reference["greedy"]["new_ids"]);
+    let opts = GenerateOptions { max_new_tokens: want_new.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let mut s3 = model.new_session();
+    let (new, _) = generate(&model, &mut s3, &prompt, &opts, &mut |_| true).unwrap();
+    assert_eq!(new, want_new, "{name}: greedy continuation differs");
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    check("mixtral");
+}
+
+#[test]
+fn qwen2_moe_matches_transformers() {
+    check("qwen2_moe");
+}
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check("qwen3_moe");
+}
+
+#[test]
+fn olmoe_matches_transformers() {
+    check("olmoe");
+}

@@ -1,0 +1,75 @@
+//! Opening a model directory for the native commands: weights, tokenizer, stop ids.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use colibri_engine::config::parse_token_ids;
+use colibri_engine::tokenizer::Tokenizer;
+use colibri_engine::Model;
+
+use crate::{Backend, ModelArgs};
+
+pub struct Loaded {
+    pub model: Model,
+    pub tokenizer: Option<Tokenizer>,
+    /// Ids that end generation: the config's, the generation config's and the tokenizer's eos.
+    pub stop_ids: Vec<u32>,
+}
+
+pub fn setup(args: &ModelArgs) -> Result<()> {
+    if args.backend == Backend::Wgpu {
+        bail!("the wgpu backend is not built into this version of coli yet; use --backend cpu");
+    }
+    if let Some(t) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t.max(1))
+            .build_global()
+            .context("could not start the thread pool")?;
+    }
+    Ok(())
+}
+
+pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
+    setup(args)?;
+    let dir = args.model.as_path();
+    if !dir.is_dir() {
+        bail!("{}: no such model directory", dir.display());
+    }
+    let model = Model::open_dir(dir)?;
+    let tokenizer = if need_tokenizer || dir.join("tokenizer.json").exists() {
+        Some(Tokenizer::from_dir(dir)?)
+    } else {
+        None
+    };
+    let mut stop_ids = model.cfg.eos_token_ids.clone();
+    stop_ids.extend(generation_config_eos(dir));
+    if let Some(t) = &tokenizer {
+        stop_ids.extend(t.eos_token_ids());
+    }
+    stop_ids.sort_unstable();
+    stop_ids.dedup();
+    Ok(Loaded { model, tokenizer, stop_ids })
+}
+
+fn generation_config_eos(dir: &Path) -> Vec<u32> {
+    std::fs::read(dir.join("generation_config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .map(|v| parse_token_ids(v.get("eos_token_id")))
+        .unwrap_or_default()
+}
+
+/// Parses "5,17,3" into token ids.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids: Result<Vec<u32>> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<u32>().with_context(|| format!("--ids: {t:?} is not a token id")))
+        .collect();
+    let ids = ids?;
+    if ids.is_empty() {
+        bail!("--ids: no token ids given");
+    }
+    Ok(ids)
+}

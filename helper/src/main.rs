@@ -1,0 +1,75 @@
+//! `coli`: the colibri command line. Runs models natively, and (in later releases)
+//! converts them and serves them to the browser.
+
+mod chat;
+mod load;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "coli", version, about = "colibri: Mixture-of-Experts models on your own machine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Teacher-forced logits for every position, as raw little-endian f32 [n_ids, vocab].
+    Logits(run::LogitsArgs),
+    /// Generate a continuation of a prompt (token ids or text).
+    Generate(run::GenerateArgs),
+    /// Chat in the terminal with the model's chat template, streaming tokens.
+    Chat(chat::ChatArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Cpu,
+    Wgpu,
+}
+
+/// Options shared by every command that runs a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model directory: a Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: std::path::PathBuf,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    // Library code returns errors; should anything still panic, say so in one line.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("error: internal error{at}: {msg} (please report this)");
+    }));
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Logits(a) => run::logits(a),
+        Command::Generate(a) => run::generate(a),
+        Command::Chat(a) => chat::chat(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! `coli logits` and `coli generate`.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use colibri_engine::generate::{generate as run_generate, GenerateOptions, StopReason};
+use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::tokenizer::DecodeStream;
+use colibri_engine::Logits;
+
+use crate::load::{open, parse_ids};
+use crate::ModelArgs;
+
+#[derive(Args)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Comma-separated token ids, e.g. 5,17,3.
+    #[arg(long)]
+    pub ids: String,
+    /// Output file: raw little-endian f32, row-major [n_ids, vocab].
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+}
+
+pub fn logits(a: LogitsArgs) -> Result<()> {
+    let ids = parse_ids(&a.ids)?;
+    let loaded = open(&a.model, false)?;
+    let mut session = loaded.model.new_session();
+    let logits = loaded.model.forward(&mut session, &ids, Logits::All)?;
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(&a.out, bytes).with_context(|| format!("{}: cannot write", a.out.display()))?;
+    Ok(())
+}
+
+/// Sampling flags shared by `generate` and `chat`.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// 0 is greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches p.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Penalise tokens already in the context (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Random seed; the same seed gives the same tokens.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn config(&self, default_temperature: f32, default_top_p: f32, default_seed: u64) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature.unwrap_or(default_temperature),
+            top_k: self.top_k,
+            top_p: self.top_p.unwrap_or(default_top_p),
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed.unwrap_or(default_seed),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
+    pub ids: Option<String>,
+    /// Prompt as text (tokenized with the model's tokenizer).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long, default_value_t = 32)]
+    pub max_new_tokens: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Keep going past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object: {"ids", "text", "prompt_ids", "finish_reason", timings}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn generate(a: GenerateArgs) -> Result<()> {
+    let ids_arg = a.ids.as_deref().map(parse_ids).transpose()?;
+    let loaded = open(&a.model, a.prompt.is_some())?;
+    let tok = loaded.tokenizer.as_ref();
+    let prompt_ids = match (ids_arg, &a.prompt) {
+        (Some(ids), _) => ids,
+        (None, Some(text)) => {
+            let t = tok.context("this model has no tokenizer.json; use --ids")?;
+            t.encode(text, true)?
+        }
+        (None, None) => bail!("give --ids or --prompt"),
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampler: a.sampling.config(0.0, 1.0, 0),
+        stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
+    };
+    let mut session = loaded.model.new_session();
+    let start = Instant::now();
+    let mut first_token = None;
+    let mut stream = DecodeStream::default();
+    let mut stdout = std::io::stdout().lock();
+    let mut print_err = None;
+    let (ids, reason) = run_generate(&loaded.model, &mut session, &prompt_ids, &opts, &mut |id| {
+        first_token.get_or_insert_with(|| start.elapsed());
+        if !a.json {
+            if let Some(t) = tok {
+                match stream.push(t, id) {
+                    Ok(text) => {
+                        if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+                            return false;
+                        }
+                    }
+                    Err(e) => {
+                        print_err = Some(e);
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    })?;
+    if let Some(e) = print_err {
+        return Err(e.into());
+    }
+    let total = start.elapsed();
+    let text = match tok {
+        Some(t) => t.decode(&ids, true)?,
+        None => String::new(),
+    };
+    if a.json {
+        let ttft = first_token.unwrap_or(total).as_secs_f64();
+        let decode_s = total.as_secs_f64() - ttft;
+        let out = serde_json::json!({
+            "ids": ids,
+            "text": text,
+            "prompt_ids": prompt_ids,
+            "finish_reason": match reason { StopReason::Stop => "stop", StopReason::Length => "length", StopReason::Cancelled => "cancelled" },
+            "ttft_ms": ttft * 1e3,
+            "decode_tokens_per_second": if ids.len() > 1 && decode_s > 0.0 { (ids.len() - 1) as f64 / decode_s } else { 0.0 },
+        });
+        writeln!(stdout, "{out}")?;
+    } else {
+        if let Some(t) = tok {
+            write!(stdout, "{}", stream.finish(t)?)?;
+        } else {
+            write!(stdout, "{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))?;
+        }
+        writeln!(stdout)?;
+    }
+    Ok(())
+}
