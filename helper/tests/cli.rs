@@ -1,0 +1,196 @@
+//! The `coli` command line as scripts use it: real processes, real files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn coli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coli"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+/// A scratch copy of a fixture that a test may damage.
+fn scratch_copy(name: &str, tag: &str) -> PathBuf {
+    let dst = std::env::temp_dir().join(format!("coli-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
+}
+
+fn reference(name: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(fixture(name).join("reference.json")).unwrap()).unwrap()
+}
+
+fn ids_arg(v: &serde_json::Value) -> String {
+    v.as_array().unwrap().iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// Asserts a failed run with exactly one line on stderr, mentioning `needle`.
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {err}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "want one line on stderr, got: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(needle), "stderr {err:?} does not mention {needle:?}");
+}
+
+#[test]
+fn logits_command_writes_the_reference_logits() {
+    let r = reference("olmoe");
+    let out_file = std::env::temp_dir().join(format!("coli-logits-{}.f32", std::process::id()));
+    let out = coli()
+        .args(["logits", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--ids", &ids_arg(&r["ids"]), "--out"])
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Vec<f32> = std::fs::read(&out_file).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let want: Vec<f32> = std::fs::read(fixture("olmoe").join("logits.bin")).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got.len(), want.len());
+    let std = r["logits_std"].as_f64().unwrap();
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+    assert!(worst / std < 1e-3, "{worst}");
+    let _ = std::fs::remove_file(out_file);
+}
+
+#[test]
+fn generate_json_reproduces_the_greedy_reference() {
+    let r = reference("mixtral");
+    let want: Vec<u64> = r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let out = coli()
+        .args(["generate", "--model"])
+        .arg(fixture("mixtral"))
+        .args(["--ids", &ids_arg(&r["greedy"]["prompt_ids"]), "--max-new-tokens", &want.len().to_string(), "--temperature", "0", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+    let got: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(got, want);
+    assert!(v["text"].is_string());
+    assert_eq!(v["finish_reason"], "length");
+}
+
+#[test]
+fn generate_from_text_prompt_is_seeded_and_reproducible() {
+    let run = |seed: &str| {
+        let out = coli()
+            .args(["generate", "--model"])
+            .arg(fixture("qwen3_moe"))
+            .args(["--prompt", "Hello there", "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "0.9", "--seed", seed, "--ignore-eos", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["prompt_ids"], serde_json::json!(reference_ids("qwen3_moe", "Hello there")));
+        v["ids"].clone()
+    };
+    let a = run("7");
+    assert_eq!(a.as_array().unwrap().len(), 12);
+    assert_eq!(a, run("7"));
+    assert_ne!(a, run("8"));
+}
+
+/// The tokenizer's ids for `text` as transformers recorded them, if the fixture has them;
+/// else what the fixture tokenizer gives through the engine.
+fn reference_ids(name: &str, text: &str) -> serde_json::Value {
+    let t = colibri_engine::tokenizer::Tokenizer::from_dir(&fixture(name)).unwrap();
+    serde_json::json!(t.encode(text, true).unwrap())
+}
+
+#[test]
+fn chat_streams_an_answer_per_line_of_input() {
+    use std::io::Write;
+    let mut child = coli()
+        .args(["chat", "--model"])
+        .arg(fixture("qwen3_moe"))
+        .args(["--max-new-tokens", "5", "--temperature", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Hello\nAnd again\n/reset\nHello\n/quit\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let answers: Vec<&str> = text.lines().collect();
+    assert_eq!(answers.len(), 3, "{text:?}");
+    // Greedy, and /reset forgot the first exchange: the same question gives the same answer.
+    assert_eq!(answers[0], answers[2]);
+}
+
+#[test]
+fn missing_model_directory() {
+    let out = coli().args(["logits", "--model", "/nonexistent/model", "--ids", "1", "--out", "/dev/null"]).output().unwrap();
+    assert_clean_failure(&out, "/nonexistent/model");
+}
+
+#[test]
+fn truncated_safetensors() {
+    let dir = scratch_copy("olmoe", "trunc");
+    let f = dir.join("model.safetensors");
+    let len = std::fs::metadata(&f).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    file.set_len(len / 2).unwrap();
+    let out = coli().args(["logits", "--model"]).arg(&dir).args(["--ids", "1,2", "--out", "/dev/null"]).output().unwrap();
+    assert_clean_failure(&out, "truncated");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn missing_shard() {
+    let dir = scratch_copy("qwen2_moe", "shard");
+    std::fs::remove_file(dir.join("model-00003-of-00005.safetensors")).unwrap();
+    let out = coli().args(["logits", "--model"]).arg(&dir).args(["--ids", "1", "--out", "/dev/null"]).output().unwrap();
+    assert_clean_failure(&out, "model-00003-of-00005.safetensors");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(p, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn unknown_model_type() {
+    let dir = scratch_copy("mixtral", "mtype");
+    edit_config(&dir, |v| v["model_type"] = "falcon_mamba".into());
+    let out = coli().args(["generate", "--model"]).arg(&dir).args(["--ids", "1", "--json"]).output().unwrap();
+    assert_clean_failure(&out, "falcon_mamba");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn tensor_with_the_wrong_shape() {
+    let dir = scratch_copy("qwen3_moe", "shape");
+    edit_config(&dir, |v| v["moe_intermediate_size"] = 40.into());
+    let out = coli().args(["logits", "--model"]).arg(&dir).args(["--ids", "1", "--out", "/dev/null"]).output().unwrap();
+    assert_clean_failure(&out, "has shape");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn ids_outside_the_vocabulary() {
+    let out = coli().args(["logits", "--model"]).arg(fixture("olmoe")).args(["--ids", "3,401", "--out", "/dev/null"]).output().unwrap();
+    assert_clean_failure(&out, "401");
+    let out = coli().args(["logits", "--model"]).arg(fixture("olmoe")).args(["--ids", "3,x", "--out", "/dev/null"]).output().unwrap();
+    assert_clean_failure(&out, "\"x\"");
+}
+
+#[test]
+fn wgpu_backend_says_it_is_not_built() {
+    let out = coli().args(["generate", "--model"]).arg(fixture("olmoe")).args(["--ids", "1", "--backend", "wgpu"]).output().unwrap();
+    assert_clean_failure(&out, "wgpu");
+}
