@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod container;
 pub mod error;
 pub mod generate;
 pub mod kernels;

@@ -120,8 +120,24 @@ fn load_experts(s: &TensorStore, moe: &str, n: &Names, c: &ModelConfig) -> Resul
 }
 
 impl Model {
-    /// Builds the model from a checkpoint's tensors, checking every shape.
+    /// Builds the model from a checkpoint's tensors, checking every shape; the routed
+    /// experts stay views into the same tensors.
     pub fn from_store(cfg: ModelConfig, s: &TensorStore) -> Result<Self> {
+        let names = Names::of(cfg.family);
+        let mut experts = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            if cfg.moe_layers[l] {
+                experts.push(load_experts(s, &format!("model.layers.{l}.{}", names.moe), &names, &cfg)?);
+            } else {
+                experts.push(Vec::new());
+            }
+        }
+        Model::from_parts(cfg, s, Box::new(ResidentExperts { layers: experts }))
+    }
+
+    /// Builds the model from its dense tensors (everything but the routed experts, under
+    /// their Hugging Face names) and a source of routed experts.
+    pub fn from_parts(cfg: ModelConfig, s: &TensorStore, experts: Box<dyn ExpertSource>) -> Result<Self> {
         let c = &cfg;
         let names = Names::of(c.family);
         let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
@@ -132,7 +148,6 @@ impl Model {
             s.mat("lm_head.weight", c.vocab, h)?
         };
         let mut layers = Vec::with_capacity(c.n_layers);
-        let mut experts = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
@@ -167,7 +182,6 @@ impl Model {
             };
             let ffn = if c.moe_layers[l] {
                 let moe = format!("{p}.{}", names.moe);
-                experts.push(load_experts(s, &moe, &names, c)?);
                 let shared = match c.shared_expert_intermediate {
                     Some(si) => Some((
                         load_mlp(s, &format!("{moe}.shared_expert"), &names, h, si)?,
@@ -177,7 +191,6 @@ impl Model {
                 };
                 Ffn::Moe(MoeBlock { router: s.mat(&format!("{moe}.gate.weight"), c.router.n_experts, h)?, cfg: c.router.clone(), shared })
             } else {
-                experts.push(Vec::new());
                 Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
             };
             layers.push(Layer {
@@ -194,14 +207,26 @@ impl Model {
             embed,
             lm_head,
             layers,
-            experts: Box::new(ResidentExperts { layers: experts }),
+            experts,
             cfg,
         })
     }
 
-    /// Opens a Hugging Face checkpoint directory (config.json + safetensors).
+    /// Opens a Hugging Face checkpoint directory (config.json + safetensors) or a
+    /// converted colibri directory (colibri.json), keeping every expert once read.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir(dir: &std::path::Path) -> Result<Self> {
+        Self::open_dir_with(dir, None)
+    }
+
+    /// [`Model::open_dir`] with an expert-cache budget in bytes for converted models
+    /// (`None`: unlimited, `Some(0)`: cache nothing). A Hugging Face directory is
+    /// memory-mapped whole and ignores the budget.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_dir_with(dir: &std::path::Path, ram: Option<u64>) -> Result<Self> {
+        if crate::container::is_container(dir) {
+            return crate::container::open_dir(dir, ram);
+        }
         let cfg_path = dir.join("config.json");
         let bytes = std::fs::read(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
         let cfg = ModelConfig::from_json_bytes(&bytes).map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;

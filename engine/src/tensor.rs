@@ -7,19 +7,42 @@ use half::{bf16, f16};
 
 use crate::error::{Error, Result};
 
-/// Element type of stored weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Element type of stored weights: plain floats, or symmetric integer quantization with
+/// one f16 scale per `group` consecutive values of a row (see docs/format.md).
+///
+/// Quantized rows are laid out as `[scales: ceil(cols/group) x f16, zero-padded to a
+/// multiple of 4 bytes][values, zero-padded to a multiple of 4 bytes]`; int8 values are
+/// two's-complement bytes in [-127, 127], int4 values are stored as `q + 8` in a nibble
+/// (element 2j in the low nibble of byte j, element 2j+1 in the high nibble), q in [-8, 7].
+/// Dequantization `q * scale` is exact in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     BF16,
     F16,
+    Int8 { group: u32 },
+    Int4 { group: u32 },
+}
+
+#[inline]
+fn round4(n: usize) -> usize {
+    n.div_ceil(4) * 4
 }
 
 impl DType {
-    pub fn size(self) -> usize {
+    /// Bytes of one stored row of `cols` values (None on overflow or a zero group size).
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
         match self {
-            DType::F32 => 4,
-            DType::BF16 | DType::F16 => 2,
+            DType::F32 => cols.checked_mul(4),
+            DType::BF16 | DType::F16 => cols.checked_mul(2),
+            DType::Int8 { group } | DType::Int4 { group } => {
+                if group == 0 {
+                    return None;
+                }
+                let groups = cols.div_ceil(group as usize);
+                let values = if matches!(self, DType::Int8 { .. }) { cols } else { cols.div_ceil(2) };
+                round4(groups.checked_mul(2)?).checked_add(round4(values))
+            }
         }
     }
 
@@ -33,11 +56,47 @@ impl DType {
         }
     }
 
+    /// Parses a colibri dtype name ("f32", "bf16", "f16", "int8", "int4"); the integer
+    /// types need a group size.
+    pub fn from_name(s: &str, group: Option<u32>) -> Option<Self> {
+        match (s, group) {
+            ("f32", None) => Some(DType::F32),
+            ("bf16", None) => Some(DType::BF16),
+            ("f16", None) => Some(DType::F16),
+            ("int8", Some(g)) if g > 0 => Some(DType::Int8 { group: g }),
+            ("int4", Some(g)) if g > 0 => Some(DType::Int4 { group: g }),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
             DType::F16 => "f16",
+            DType::Int8 { .. } => "int8",
+            DType::Int4 { .. } => "int4",
+        }
+    }
+
+    /// The quantization group size, for the integer types.
+    pub fn group(self) -> Option<u32> {
+        match self {
+            DType::Int8 { group } | DType::Int4 { group } => Some(group),
+            _ => None,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.group().is_some()
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.group() {
+            Some(g) => write!(f, "{}/g{g}", self.name()),
+            None => f.write_str(self.name()),
         }
     }
 }
@@ -92,7 +151,8 @@ impl AsRef<[u8]> for Bytes {
     }
 }
 
-/// Decode little-endian elements of `dtype` into f32 (exact for all three types).
+/// Decode little-endian float elements of `dtype` into f32 (exact for all three types).
+/// Quantized types are decoded a row at a time by [`decode_row`]; here they leave `out` as is.
 pub fn decode_into(dtype: DType, src: &[u8], out: &mut [f32]) {
     match dtype {
         DType::F32 => {
@@ -110,6 +170,36 @@ pub fn decode_into(dtype: DType, src: &[u8], out: &mut [f32]) {
                 *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
             }
         }
+        DType::Int8 { .. } | DType::Int4 { .. } => {}
+    }
+}
+
+/// Decode one stored row (`dtype.row_bytes(cols)` bytes) into `out[..cols]`, exactly.
+#[inline]
+pub fn decode_row(dtype: DType, cols: usize, src: &[u8], out: &mut [f32]) {
+    let (group, int4) = match dtype {
+        DType::Int8 { group } => (group as usize, false),
+        DType::Int4 { group } => (group as usize, true),
+        _ => return decode_into(dtype, src, &mut out[..cols]),
+    };
+    let groups = cols.div_ceil(group);
+    let (scales, q) = src.split_at(round4(groups * 2));
+    for g in 0..groups {
+        let s = f16::from_bits(u16::from_le_bytes([scales[2 * g], scales[2 * g + 1]])).to_f32();
+        let (start, end) = (g * group, ((g + 1) * group).min(cols));
+        let dst = &mut out[start..end];
+        if int4 {
+            for (k, o) in dst.iter_mut().enumerate() {
+                let c = start + k;
+                let b = q[c >> 1];
+                let nib = if c & 1 == 0 { b & 15 } else { b >> 4 };
+                *o = (nib as i32 - 8) as f32 * s;
+            }
+        } else {
+            for (o, &b) in dst.iter_mut().zip(&q[start..end]) {
+                *o = (b as i8) as f32 * s;
+            }
+        }
     }
 }
 
@@ -125,14 +215,13 @@ pub struct Mat {
 
 impl Mat {
     pub fn new(rows: usize, cols: usize, dtype: DType, bytes: Bytes) -> Result<Self> {
-        let want = rows
-            .checked_mul(cols)
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| Error::Invalid("matrix size overflows".into()))?;
+        let want = dtype
+            .row_bytes(cols)
+            .and_then(|rb| rb.checked_mul(rows))
+            .ok_or_else(|| Error::Invalid(format!("matrix [{rows}, {cols}] of {dtype}: size overflows or bad group size")))?;
         if bytes.len() != want {
             return Err(Error::Invalid(format!(
-                "matrix [{rows}, {cols}] of {} needs {want} bytes, got {}",
-                dtype.name(),
+                "matrix [{rows}, {cols}] of {dtype} needs {want} bytes, got {}",
                 bytes.len()
             )));
         }
@@ -147,7 +236,7 @@ impl Mat {
 
     /// Rows `start..start+n` as their own matrix (no copy).
     pub fn row_block(&self, start: usize, n: usize) -> Result<Mat> {
-        let rb = self.cols * self.dtype.size();
+        let rb = self.row_bytes();
         Mat::new(n, self.cols, self.dtype, self.bytes.slice(start * rb, n * rb)?)
     }
 
@@ -155,14 +244,22 @@ impl Mat {
     /// shapes, validated at load time).
     #[inline]
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
-        let rb = self.cols * self.dtype.size();
+        let rb = self.row_bytes();
         let src = &self.bytes.as_ref()[r * rb..(r + 1) * rb];
-        decode_into(self.dtype, src, &mut out[..self.cols]);
+        decode_row(self.dtype, self.cols, src, out);
+    }
+
+    /// Bytes of one stored row (validated by [`Mat::new`]).
+    #[inline]
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.cols).unwrap_or(0)
     }
 
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.rows * self.cols];
-        decode_into(self.dtype, self.bytes.as_ref(), &mut out);
+        for (r, o) in out.chunks_exact_mut(self.cols.max(1)).enumerate().take(self.rows) {
+            self.row_into(r, o);
+        }
         out
     }
 

@@ -95,6 +95,11 @@ impl TensorStore {
         Ok(store)
     }
 
+    /// Adds (or replaces) one tensor.
+    pub fn insert(&mut self, name: String, entry: TensorEntry) {
+        self.tensors.insert(name, entry);
+    }
+
     pub fn get(&self, name: &str) -> Result<&TensorEntry> {
         self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_string() })
     }
