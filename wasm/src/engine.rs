@@ -1,0 +1,343 @@
+//! The engine as JavaScript sees it (inside colibri's worker): load a converted model
+//! from the helper, then logits, tokenization, chat templates and step-wise generation
+//! (one token per call, so the worker can stream tokens and honour a stop request).
+
+use std::sync::Arc;
+
+use colibri_engine::config::parse_token_ids;
+use colibri_engine::container::{model_from_parts, checksum, Manifest};
+use colibri_engine::sampler::{Sampler, SamplerConfig};
+use colibri_engine::tensor::Bytes;
+use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
+use colibri_engine::{Logits, Model, Session};
+use js_sys::Function;
+use serde::Deserialize;
+use wasm_bindgen::prelude::*;
+
+use crate::net::{fetch, js_err};
+use crate::opfs::{estimate, persist, Opfs};
+use crate::tiers::Tiers;
+
+fn err(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+fn now_ms() -> f64 {
+    js_sys::Date::now()
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct LoadOptions {
+    /// RAM tier budget for experts in bytes (default 512 MiB).
+    ram_bytes: Option<u64>,
+    /// Use the persistent OPFS tier (default true).
+    disk: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct GenOptions {
+    max_new_tokens: usize,
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    repetition_penalty: f32,
+    seed: u64,
+    ignore_eos: bool,
+}
+
+impl Default for GenOptions {
+    fn default() -> Self {
+        GenOptions { max_new_tokens: 128, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, seed: 0, ignore_eos: false }
+    }
+}
+
+struct Gen {
+    sampler: Sampler,
+    pending: Vec<u32>,
+    produced: Vec<u32>,
+    max_new: usize,
+    stop: Vec<u32>,
+    done: bool,
+    stream: DecodeStream,
+    text: String,
+}
+
+#[derive(Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Perf {
+    tokens: u64,
+    decode_ms: f64,
+    ttft_ms: Option<f64>,
+    started_ms: f64,
+    /// Routed expert loads (one per expert per layer per step).
+    expert_loads: u64,
+}
+
+#[wasm_bindgen]
+pub struct Engine {
+    model: Model,
+    tok: Tokenizer,
+    stop_ids: Vec<u32>,
+    tiers: Arc<Tiers>,
+    session: Session,
+    gen: Option<Gen>,
+    perf: Perf,
+    /// (layer, expert) -> positions routed since the last take_usage().
+    usage: Vec<Vec<u64>>,
+    persisted: bool,
+}
+
+fn report(cb: &Option<Function>, phase: &str, loaded: f64, total: f64) {
+    if let Some(f) = cb {
+        let o = js_sys::Object::new();
+        let _ = js_sys::Reflect::set(&o, &"phase".into(), &phase.into());
+        let _ = js_sys::Reflect::set(&o, &"loaded".into(), &loaded.into());
+        let _ = js_sys::Reflect::set(&o, &"total".into(), &total.into());
+        let _ = f.call1(&JsValue::NULL, &o);
+    }
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// Loads the converted model at `base` (e.g. "http://127.0.0.1:7878/models/demo/").
+    pub async fn load(base: String, options: JsValue, on_progress: Option<Function>) -> Result<Engine, JsError> {
+        let opts: LoadOptions = if options.is_undefined() || options.is_null() {
+            LoadOptions::default()
+        } else {
+            serde_json::from_str(&js_sys::JSON::stringify(&options).map_err(|e| err(js_err(e)))?.as_string().unwrap_or_default()).map_err(err)?
+        };
+        let base = if base.ends_with('/') { base } else { format!("{base}/") };
+        let manifest_bytes = fetch(&format!("{base}colibri.json"), None, 5).await.map_err(err)?;
+        let m = Manifest::parse(&manifest_bytes).map_err(err)?;
+        let get = |name: &str| format!("{base}{name}");
+        let tok_json = fetch(&get("tokenizer.json"), None, 5).await.map_err(err)?;
+        let tok_cfg = if m.files.iter().any(|f| f == "tokenizer_config.json") { Some(fetch(&get("tokenizer_config.json"), None, 5).await.map_err(err)?) } else { None };
+        let gen_cfg = if m.files.iter().any(|f| f == "generation_config.json") { fetch(&get("generation_config.json"), None, 5).await.ok() } else { None };
+        let mut tok = Tokenizer::from_bytes(&tok_json, tok_cfg.as_deref()).map_err(err)?;
+
+        // Dense weights: fetched in ranges, each retried on failure, with progress.
+        let total = m.dense.length;
+        let mut dense = Vec::with_capacity(total as usize);
+        const CHUNK: u64 = 8 << 20;
+        let data_url = get(&m.data_file);
+        let mut off = 0;
+        report(&on_progress, "dense", 0.0, total as f64);
+        while off < total {
+            let end = (off + CHUNK).min(total);
+            let part = fetch(&data_url, Some((m.dense.offset + off, m.dense.offset + end - 1)), 6).await.map_err(err)?;
+            dense.extend_from_slice(&part);
+            off = end;
+            report(&on_progress, "dense", off as f64, total as f64);
+        }
+
+        let n_experts: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
+        let (opfs, disk_error) = if opts.disk.unwrap_or(true) {
+            let id = base.trim_end_matches('/').rsplit('/').next().unwrap_or("model").to_string();
+            let name = format!("{id}-{:016x}", checksum(&manifest_bytes));
+            match Opfs::open(&name, n_experts).await {
+                Ok(o) => (Some(o), None),
+                Err(e) => (None, Some(format!("browser storage unavailable: {e}"))),
+            }
+        } else {
+            (None, Some("disabled".to_string()))
+        };
+        let persisted = if opfs.is_some() { persist().await } else { false };
+        let tiers = Arc::new(Tiers::new(&m, data_url, opfs, disk_error));
+        let ram = opts.ram_bytes.unwrap_or(512 << 20);
+        let model = model_from_parts(&m, &Bytes::from_vec(dense), tiers.clone(), Some(ram)).map_err(err)?;
+
+        let mut stop_ids = model.cfg.eos_token_ids.clone();
+        if let Some(g) = gen_cfg.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) {
+            stop_ids.extend(parse_token_ids(g.get("eos_token_id")));
+        }
+        tok.add_eos_ids(&stop_ids);
+        stop_ids = tok.eos_token_ids();
+        report(&on_progress, "ready", total as f64, total as f64);
+        let usage = model.cfg.moe_layers.iter().map(|_| vec![0; model.cfg.router.n_experts]).collect();
+        Ok(Engine { session: model.new_session(), model, tok, stop_ids, tiers, gen: None, perf: Perf::default(), usage, persisted })
+    }
+
+    #[wasm_bindgen(js_name = vocabSize)]
+    pub fn vocab_size(&self) -> usize {
+        self.model.cfg.vocab
+    }
+
+    #[wasm_bindgen(js_name = modelInfo)]
+    pub fn model_info(&self) -> String {
+        let c = &self.model.cfg;
+        serde_json::json!({
+            "modelType": c.model_type, "layers": c.n_layers, "experts": c.router.n_experts,
+            "topK": c.router.top_k, "vocab": c.vocab, "moeLayers": c.moe_layers,
+        })
+        .to_string()
+    }
+
+    /// Teacher-forced logits of `ids` from an empty context: [ids.len() * vocab].
+    pub fn logits(&mut self, ids: Vec<u32>) -> Result<Vec<f32>, JsError> {
+        let mut s = self.model.new_session();
+        let usage = &mut self.usage;
+        let loads = &mut self.perf.expert_loads;
+        self.model
+            .forward_with(&mut s, &ids, Logits::All, &mut |l, e, n| {
+                *loads += 1;
+                if let Some(u) = usage.get_mut(l).and_then(|u| u.get_mut(e)) {
+                    *u += n as u64;
+                }
+            })
+            .map_err(err)
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, JsError> {
+        self.tok.encode(text, add_special_tokens).map_err(err)
+    }
+
+    pub fn decode(&self, ids: Vec<u32>) -> Result<String, JsError> {
+        self.tok.decode(&ids, true).map_err(err)
+    }
+
+    /// Renders `messages` ([{role, content}] as JSON) with the chat template and
+    /// tokenizes the result.
+    #[wasm_bindgen(js_name = chatPrompt)]
+    pub fn chat_prompt(&self, messages_json: &str) -> Result<Vec<u32>, JsError> {
+        let msgs: Vec<ChatMessage> = serde_json::from_str(messages_json).map_err(err)?;
+        let text = self.tok.apply_chat_template(&msgs, true).map_err(err)?;
+        self.tok.encode(&text, false).map_err(err)
+    }
+
+    /// Starts generating after `ids`, reusing the cached context for their common prefix
+    /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
+    /// repetitionPenalty, seed, ignoreEos}.
+    pub fn begin(&mut self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
+        let o: GenOptions = if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
+        if ids.is_empty() {
+            return Err(err("the prompt is empty"));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.model.cfg.vocab) {
+            return Err(err(format!("token id {bad} is outside the vocabulary (size {})", self.model.cfg.vocab)));
+        }
+        let sampler = Sampler::new(SamplerConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, repetition_penalty: o.repetition_penalty, seed: o.seed }).map_err(err)?;
+        let common = self.session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        self.session.truncate(common, self.model.cfg.kv_dim());
+        self.gen = Some(Gen {
+            sampler,
+            pending: ids[common..].to_vec(),
+            produced: Vec::new(),
+            max_new: o.max_new_tokens,
+            stop: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
+            done: o.max_new_tokens == 0,
+            stream: DecodeStream::default(),
+            text: String::new(),
+        });
+        self.perf.started_ms = now_ms();
+        self.perf.ttft_ms = None;
+        Ok(())
+    }
+
+    /// Produces the next token, or -1 when generation has ended. After an error (the
+    /// helper went away mid-step) the context is rolled back, so calling again retries.
+    pub fn step(&mut self) -> Result<i32, JsError> {
+        let Some(g) = self.gen.as_mut() else { return Ok(-1) };
+        if g.done {
+            return Ok(-1);
+        }
+        let before = self.session.tokens.len();
+        let t0 = now_ms();
+        let usage = &mut self.usage;
+        let loads = &mut self.perf.expert_loads;
+        let result = self.model.forward_with(&mut self.session, &g.pending, Logits::Last, &mut |l, e, n| {
+            *loads += 1;
+            if let Some(u) = usage.get_mut(l).and_then(|u| u.get_mut(e)) {
+                *u += n as u64;
+            }
+        });
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                let kv = self.model.cfg.kv_dim();
+                self.session.tokens.truncate(before);
+                for c in &mut self.session.caches {
+                    c.truncate(before, kv);
+                }
+                return Err(err(e));
+            }
+        };
+        let id = g.sampler.sample(&logits, &self.session.tokens);
+        g.produced.push(id);
+        g.pending = vec![id];
+        if !g.stop.contains(&id) {
+            g.text.push_str(&g.stream.push(&self.tok, id).map_err(err)?);
+        }
+        if g.stop.contains(&id) || g.produced.len() >= g.max_new {
+            g.done = true;
+            g.text.push_str(&g.stream.finish(&self.tok).map_err(err)?);
+        }
+        let t1 = now_ms();
+        if self.perf.ttft_ms.is_none() {
+            self.perf.ttft_ms = Some(t1 - self.perf.started_ms);
+        } else {
+            self.perf.tokens += 1;
+            self.perf.decode_ms += t1 - t0;
+        }
+        Ok(id as i32)
+    }
+
+    /// Text completed since the last call (never a partial UTF-8 character).
+    #[wasm_bindgen(js_name = takeText)]
+    pub fn take_text(&mut self) -> String {
+        self.gen.as_mut().map(|g| std::mem::take(&mut g.text)).unwrap_or_default()
+    }
+
+    /// Ids produced by the current generation.
+    pub fn produced(&self) -> Vec<u32> {
+        self.gen.as_ref().map(|g| g.produced.clone()).unwrap_or_default()
+    }
+
+    /// Expert-use counts since the last call, as JSON [[layer, expert, count], ...].
+    #[wasm_bindgen(js_name = takeUsage)]
+    pub fn take_usage(&mut self) -> String {
+        let mut out = Vec::new();
+        for (l, row) in self.usage.iter_mut().enumerate() {
+            for (e, c) in row.iter_mut().enumerate() {
+                if *c > 0 {
+                    out.push([l as u64, e as u64, *c]);
+                    *c = 0;
+                }
+            }
+        }
+        serde_json::to_string(&out).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// Engine statistics as JSON (backend, tiers, bytes fetched, tokens/s, TTFT).
+    pub fn stats(&self) -> String {
+        let t = self.tiers.stats.borrow().clone();
+        let loads = self.perf.expert_loads;
+        let ram_hits = loads.saturating_sub(t.disk_hits + t.helper_fetches);
+        serde_json::json!({
+            "backend": "cpu",
+            "tokensPerSecond": if self.perf.decode_ms > 0.0 { self.perf.tokens as f64 * 1000.0 / self.perf.decode_ms } else { 0.0 },
+            "ttftMs": self.perf.ttft_ms,
+            "bytesFetched": t.bytes_fetched,
+            "expertLoads": loads,
+            "tiers": { "gpu": 0, "ram": ram_hits, "disk": t.disk_hits, "helper": t.helper_fetches },
+            "requests": t.requests,
+            "retries": t.retries,
+            "corruptDropped": t.corrupt_dropped,
+            "diskEnabled": t.disk_enabled,
+            "diskError": t.disk_error,
+            "diskExperts": self.tiers.disk_count(),
+            "persisted": self.persisted,
+        })
+        .to_string()
+    }
+
+    /// (usage, quota) of browser storage in bytes, as JSON, or null.
+    #[wasm_bindgen(js_name = storageEstimate)]
+    pub async fn storage_estimate() -> String {
+        match estimate().await {
+            Some((u, q)) => serde_json::json!({"usage": u, "quota": q}).to_string(),
+            None => "null".into(),
+        }
+    }
+}

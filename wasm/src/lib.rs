@@ -1,0 +1,17 @@
+//! colibri-wasm: the engine in a browser worker. A thin wasm-bindgen facade ([`Engine`])
+//! over colibri-engine, plus the browser I/O: fetch and HTTP Range from the helper,
+//! and the persistent OPFS expert tier. Errors cross into JavaScript as `JsError`.
+
+pub mod multipart;
+
+#[cfg(target_arch = "wasm32")]
+mod engine;
+#[cfg(target_arch = "wasm32")]
+mod net;
+#[cfg(target_arch = "wasm32")]
+mod opfs;
+#[cfg(target_arch = "wasm32")]
+mod tiers;
+
+#[cfg(target_arch = "wasm32")]
+pub use engine::Engine;

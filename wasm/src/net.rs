@@ -1,0 +1,106 @@
+//! Talking to the helper from a dedicated worker: async `fetch` (with retries and
+//! backoff) for the manifest, tokenizer and dense weights, and synchronous XHR range
+//! requests for experts, which the synchronous engine asks for in the middle of a step.
+
+use js_sys::{ArrayBuffer, Promise, Uint8Array};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{Headers, RequestInit, Response, WorkerGlobalScope, XmlHttpRequest, XmlHttpRequestResponseType};
+
+use crate::multipart::{boundary, parse_content_range, parse_multipart, Part};
+
+pub fn scope() -> Result<WorkerGlobalScope, String> {
+    js_sys::global().dyn_into::<WorkerGlobalScope>().map_err(|_| "colibri must run in a dedicated Web Worker".to_string())
+}
+
+pub fn js_err(v: JsValue) -> String {
+    v.as_string()
+        .or_else(|| js_sys::Reflect::get(&v, &"message".into()).ok().and_then(|m| m.as_string()))
+        .unwrap_or_else(|| format!("{v:?}"))
+}
+
+/// Resolves after `ms` milliseconds.
+pub async fn sleep(ms: i32) {
+    let p = Promise::new(&mut |resolve, _| {
+        if let Ok(s) = scope() {
+            let _ = s.set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms);
+        }
+    });
+    let _ = JsFuture::from(p).await;
+}
+
+/// GET `url` (optionally bytes a..=b) once.
+async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, String> {
+    let init = RequestInit::new();
+    init.set_method("GET");
+    if let Some((a, b)) = range {
+        let h = Headers::new().map_err(js_err)?;
+        h.set("Range", &format!("bytes={a}-{b}")).map_err(js_err)?;
+        init.set_headers(&h);
+    }
+    let resp: Response = JsFuture::from(scope()?.fetch_with_str_and_init(url, &init))
+        .await
+        .map_err(|e| format!("{url}: the helper is not reachable ({})", js_err(e)))?
+        .dyn_into()
+        .map_err(js_err)?;
+    let status = resp.status();
+    let ok = match range {
+        Some(_) => status == 206,
+        None => status == 200,
+    };
+    if !ok {
+        return Err(format!("{url}: HTTP {status}"));
+    }
+    let buf: ArrayBuffer = JsFuture::from(resp.array_buffer().map_err(js_err)?).await.map_err(js_err)?.dyn_into().map_err(js_err)?;
+    let bytes = Uint8Array::new(&buf).to_vec();
+    if let Some((a, b)) = range {
+        if bytes.len() as u64 != b - a + 1 {
+            return Err(format!("{url}: short range response ({} of {} bytes)", bytes.len(), b - a + 1));
+        }
+    }
+    Ok(bytes)
+}
+
+/// GET with retries and exponential backoff (the helper may be restarting).
+pub async fn fetch(url: &str, range: Option<(u64, u64)>, attempts: u32) -> Result<Vec<u8>, String> {
+    let mut delay = 200;
+    let mut last = String::new();
+    for i in 0..attempts.max(1) {
+        match fetch_once(url, range).await {
+            Ok(b) => return Ok(b),
+            Err(e) => last = e,
+        }
+        if i + 1 < attempts {
+            sleep(delay).await;
+            delay = (delay * 2).min(4000);
+        }
+    }
+    Err(last)
+}
+
+/// One synchronous request for several byte ranges (inclusive ends). The helper answers
+/// a single range with 206 + Content-Range and several with multipart/byteranges.
+pub fn xhr_ranges(url: &str, ranges: &[(u64, u64)]) -> Result<Vec<Part>, String> {
+    let spec = ranges.iter().map(|(a, b)| format!("{a}-{b}")).collect::<Vec<_>>().join(",");
+    let xhr = XmlHttpRequest::new().map_err(js_err)?;
+    xhr.open_with_async("GET", url, false).map_err(js_err)?;
+    xhr.set_request_header("Range", &format!("bytes={spec}")).map_err(js_err)?;
+    xhr.set_response_type(XmlHttpRequestResponseType::Arraybuffer);
+    xhr.send().map_err(|e| format!("{url}: the helper is not reachable ({})", js_err(e)))?;
+    let status = xhr.status().map_err(js_err)?;
+    if status != 206 {
+        return Err(format!("{url}: HTTP {status} for a range request"));
+    }
+    let body: ArrayBuffer = xhr.response().map_err(js_err)?.dyn_into().map_err(|_| format!("{url}: no body"))?;
+    let body = Uint8Array::new(&body).to_vec();
+    let ctype = xhr.get_response_header("Content-Type").ok().flatten().unwrap_or_default();
+    if let Some(b) = boundary(&ctype) {
+        return parse_multipart(&body, &b).map_err(|e| format!("{url}: {e}"));
+    }
+    let cr = xhr.get_response_header("Content-Range").ok().flatten().unwrap_or_default();
+    let (a, b) = parse_content_range(&cr).ok_or_else(|| format!("{url}: 206 without a valid Content-Range"))?;
+    if body.len() as u64 != b - a + 1 {
+        return Err(format!("{url}: short range response ({} of {} bytes)", body.len(), b - a + 1));
+    }
+    Ok(vec![Part { offset: a, data: body }])
+}

@@ -1,0 +1,122 @@
+//! The persistent browser tier: experts kept in the Origin Private File System through
+//! synchronous access handles (dedicated workers only). Two files per model:
+//! `experts.bin`, an append-only log of expert bytes, and `index.bin`, one little-endian
+//! u64 per expert (0 = absent, else 1 + its offset in experts.bin). An entry is written
+//! only after its bytes are flushed, and every read is checksummed by the caller, so a
+//! torn write is never trusted: the expert is fetched again.
+
+use js_sys::Promise;
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{
+    FileSystemDirectoryHandle, FileSystemFileHandle, FileSystemGetDirectoryOptions, FileSystemGetFileOptions,
+    FileSystemReadWriteOptions, FileSystemSyncAccessHandle, WorkerNavigator,
+};
+
+use crate::net::{js_err, scope};
+
+pub struct Opfs {
+    data: FileSystemSyncAccessHandle,
+    index: FileSystemSyncAccessHandle,
+    slots: Vec<u64>,
+    end: u64,
+}
+
+async fn wait<T: JsCast>(p: Promise) -> Result<T, String> {
+    JsFuture::from(p).await.map_err(js_err)?.dyn_into::<T>().map_err(|_| "unexpected OPFS object".to_string())
+}
+
+fn at(offset: u64) -> FileSystemReadWriteOptions {
+    let o = FileSystemReadWriteOptions::new();
+    o.set_at(offset as f64);
+    o
+}
+
+fn navigator() -> Result<WorkerNavigator, String> {
+    Ok(scope()?.navigator())
+}
+
+/// Asks for persistent storage; true if granted.
+pub async fn persist() -> bool {
+    let Ok(nav) = navigator() else { return false };
+    match nav.storage().persist() {
+        Ok(p) => JsFuture::from(p).await.ok().and_then(|v| v.as_bool()).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// (usage, quota) in bytes, if the browser says.
+pub async fn estimate() -> Option<(f64, f64)> {
+    let p = navigator().ok()?.storage().estimate().ok()?;
+    let v: JsValue = JsFuture::from(p).await.ok()?;
+    let get = |k: &str| js_sys::Reflect::get(&v, &k.into()).ok().and_then(|x| x.as_f64());
+    Some((get("usage")?, get("quota")?))
+}
+
+impl Opfs {
+    /// Opens (creating) `colibri/<name>/` with room for `n_experts` index slots.
+    pub async fn open(name: &str, n_experts: usize) -> Result<Opfs, String> {
+        let root: FileSystemDirectoryHandle = wait(navigator()?.storage().get_directory()).await?;
+        let dopts = FileSystemGetDirectoryOptions::new();
+        dopts.set_create(true);
+        let top: FileSystemDirectoryHandle = wait(root.get_directory_handle_with_options("colibri", &dopts)).await?;
+        let dir: FileSystemDirectoryHandle = wait(top.get_directory_handle_with_options(name, &dopts)).await?;
+        let fopts = FileSystemGetFileOptions::new();
+        fopts.set_create(true);
+        let open = |f: &str| dir.get_file_handle_with_options(f, &fopts);
+        let data_h: FileSystemFileHandle = wait(open("experts.bin")).await?;
+        let index_h: FileSystemFileHandle = wait(open("index.bin")).await?;
+        let data: FileSystemSyncAccessHandle = wait(data_h.create_sync_access_handle()).await?;
+        let index: FileSystemSyncAccessHandle = wait(index_h.create_sync_access_handle()).await?;
+        let mut raw = vec![0u8; n_experts * 8];
+        let got = index.read_with_u8_array_and_options(&mut raw, &at(0)).map_err(js_err)? as usize;
+        let n = raw.len();
+        raw[got.min(n)..].iter_mut().for_each(|b| *b = 0);
+        let slots = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        let end = data.get_size().map_err(js_err)? as u64;
+        Ok(Opfs { data, index, slots, end })
+    }
+
+    /// Number of experts stored.
+    pub fn count(&self) -> usize {
+        self.slots.iter().filter(|&&s| s != 0).count()
+    }
+
+    /// Reads expert `expert` into `buf`; false if absent or short.
+    pub fn read(&self, expert: usize, buf: &mut [u8]) -> bool {
+        let Some(&slot) = self.slots.get(expert).filter(|&&s| s != 0) else { return false };
+        matches!(self.data.read_with_u8_array_and_options(buf, &at(slot - 1)), Ok(n) if n as usize == buf.len())
+    }
+
+    /// Appends the (verified) bytes of `expert` and records them in the index.
+    pub fn write(&mut self, expert: usize, bytes: &[u8]) -> Result<(), String> {
+        if expert >= self.slots.len() {
+            return Err(format!("expert slot {expert} out of range"));
+        }
+        let off = self.end;
+        let n = self.data.write_with_u8_array_and_options(bytes, &at(off)).map_err(js_err)? as usize;
+        if n != bytes.len() {
+            return Err("short write to OPFS (storage full?)".into());
+        }
+        self.data.flush().map_err(js_err)?;
+        self.end = off + bytes.len() as u64;
+        self.set_slot(expert, off + 1)
+    }
+
+    /// Drops an entry whose bytes failed their checksum.
+    pub fn forget(&mut self, expert: usize) -> Result<(), String> {
+        self.set_slot(expert, 0)
+    }
+
+    fn set_slot(&mut self, expert: usize, v: u64) -> Result<(), String> {
+        self.index.write_with_u8_array_and_options(&v.to_le_bytes(), &at(expert as u64 * 8)).map_err(js_err)?;
+        self.index.flush().map_err(js_err)?;
+        self.slots[expert] = v;
+        Ok(())
+    }
+
+    pub fn close(&self) {
+        self.data.close();
+        self.index.close();
+    }
+}

@@ -1,0 +1,177 @@
+//! The browser's expert tiers behind the engine's `ByteSource`: the persistent OPFS tier,
+//! then the helper over HTTP Range. (The RAM tier is the engine's own expert cache on top
+//! of this source; the GPU pool sits above that.) Every expert is checked against its
+//! manifest checksum before it is used or stored.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use colibri_engine::container::manifest::parse_checksum;
+use colibri_engine::container::{checksum, ByteSource, Manifest};
+use colibri_engine::{Error, Result};
+use serde::Serialize;
+
+use crate::net::xhr_ranges;
+use crate::opfs::Opfs;
+
+#[derive(Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TierStats {
+    /// Experts served from the browser's disk tier.
+    pub disk_hits: u64,
+    /// Experts fetched from the helper.
+    pub helper_fetches: u64,
+    /// Bytes fetched from the helper for experts.
+    pub bytes_fetched: u64,
+    /// Requests made for experts (several experts can share one).
+    pub requests: u64,
+    /// Fetches repeated after a network error or a bad checksum.
+    pub retries: u64,
+    /// Stored experts that failed their checksum and were fetched again.
+    pub corrupt_dropped: u64,
+    pub disk_enabled: bool,
+    /// Why the disk tier is off, if it is ("quota exceeded", "not available").
+    pub disk_error: Option<String>,
+}
+
+struct Slot {
+    expert: usize,
+    len: usize,
+    xxh3: u64,
+}
+
+pub struct Tiers {
+    data_url: String,
+    slots: HashMap<u64, Slot>,
+    opfs: RefCell<Option<Opfs>>,
+    pub stats: RefCell<TierStats>,
+}
+
+// SAFETY: colibri-wasm is built without threads; the engine's Send + Sync bounds exist
+// for the native build. Nothing here is ever touched from another thread.
+unsafe impl Send for Tiers {}
+unsafe impl Sync for Tiers {}
+
+impl Tiers {
+    pub fn new(m: &Manifest, data_url: String, opfs: Option<Opfs>, disk_error: Option<String>) -> Self {
+        let mut slots = HashMap::new();
+        let mut expert = 0;
+        for layer in &m.experts.layers {
+            for e in &layer.experts {
+                slots.insert(e.offset, Slot { expert, len: e.length as usize, xxh3: parse_checksum(&e.xxh3).unwrap_or(0) });
+                expert += 1;
+            }
+        }
+        let stats = TierStats { disk_enabled: opfs.is_some(), disk_error, ..Default::default() };
+        Tiers { data_url, slots, opfs: RefCell::new(opfs), stats: RefCell::new(stats) }
+    }
+
+    pub fn disk_count(&self) -> usize {
+        self.opfs.borrow().as_ref().map_or(0, |o| o.count())
+    }
+
+    fn from_disk(&self, slot: &Slot, buf: &mut [u8]) -> bool {
+        let mut opfs = self.opfs.borrow_mut();
+        let Some(o) = opfs.as_mut() else { return false };
+        if !o.read(slot.expert, buf) {
+            return false;
+        }
+        if checksum(buf) == slot.xxh3 {
+            return true;
+        }
+        self.stats.borrow_mut().corrupt_dropped += 1;
+        let _ = o.forget(slot.expert);
+        false
+    }
+
+    fn to_disk(&self, slot: &Slot, bytes: &[u8]) {
+        let mut opfs = self.opfs.borrow_mut();
+        if let Some(o) = opfs.as_mut() {
+            if let Err(e) = o.write(slot.expert, bytes) {
+                // A full quota (or any storage failure) degrades to the RAM tier.
+                o.close();
+                *opfs = None;
+                let mut s = self.stats.borrow_mut();
+                s.disk_enabled = false;
+                s.disk_error = Some(format!("browser storage refused a write ({e}); keeping experts in RAM only"));
+            }
+        }
+    }
+
+    /// Fetches `ranges` (offset, len) from the helper in one request, verifying every
+    /// expert among them; retries the unverified remainder a few times.
+    fn fetch(&self, wanted: &[(u64, usize)], out: &mut dyn FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        let mut left: Vec<(u64, usize)> = wanted.to_vec();
+        let mut last = String::new();
+        for attempt in 0..3 {
+            if left.is_empty() {
+                return Ok(());
+            }
+            if attempt > 0 {
+                self.stats.borrow_mut().retries += 1;
+            }
+            let ranges: Vec<(u64, u64)> = left.iter().map(|&(o, l)| (o, o + l as u64 - 1)).collect();
+            self.stats.borrow_mut().requests += 1;
+            let parts = match xhr_ranges(&self.data_url, &ranges) {
+                Ok(p) => p,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            let mut still = Vec::new();
+            for &(off, len) in &left {
+                let part = parts.iter().find(|p| p.offset == off && p.data.len() == len);
+                let ok = match (part, self.slots.get(&off)) {
+                    (Some(p), Some(slot)) if slot.len == len => checksum(&p.data) == slot.xxh3,
+                    (Some(_), _) => true,
+                    (None, _) => false,
+                };
+                match part {
+                    Some(p) if ok => {
+                        let mut s = self.stats.borrow_mut();
+                        if self.slots.contains_key(&off) {
+                            s.helper_fetches += 1;
+                        }
+                        s.bytes_fetched += len as u64;
+                        drop(s);
+                        if let Some(slot) = self.slots.get(&off) {
+                            self.to_disk(slot, &p.data);
+                        }
+                        out(off, &p.data)?;
+                    }
+                    _ => {
+                        last = format!("bytes {off}+{len} failed their checksum or were missing from the response");
+                        still.push((off, len));
+                    }
+                }
+            }
+            left = still;
+        }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!("{}: could not fetch expert bytes from the helper: {last}", self.data_url)))
+        }
+    }
+}
+
+impl ByteSource for Tiers {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if let Some(slot) = self.slots.get(&offset).filter(|s| s.len == buf.len()) {
+            if self.from_disk(slot, buf) {
+                self.stats.borrow_mut().disk_hits += 1;
+                return Ok(());
+            }
+        }
+        let len = buf.len();
+        self.fetch(&[(offset, len)], &mut |_, data| {
+            buf.copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    fn name(&self) -> String {
+        self.data_url.clone()
+    }
+}

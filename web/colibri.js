@@ -1,0 +1,187 @@
+// colibri.js — the browser API of colibri (an ES module served by the helper).
+//
+//   import { load } from "http://127.0.0.1:7878/colibri.js";
+//   const engine = await load({ model: "demo", backend: "auto", onProgress });
+//   await engine.generate({ ids: [5, 17, 3], maxNewTokens: 16, temperature: 0 }); // {ids, text}
+//   await engine.logits({ ids: [5, 17, 3] });                                        // Float32Array
+//   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
+//   engine.stats(); // {backend, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper}, bytesFetched, ...}
+//
+// The engine runs in a dedicated worker; experts stream from the helper into the
+// browser's persistent storage (OPFS), so a reload fetches them from disk, not the helper.
+
+const HERE = new URL(".", import.meta.url);
+
+function makeWorker() {
+  const url = new URL("colibri-worker.js", HERE);
+  if (url.origin === self.location.origin) return new Worker(url, { type: "module" });
+  // A page of another origin cannot start a worker from the helper's origin directly;
+  // a same-origin module that imports it can (the helper answers CORS for allowed origins).
+  const src = `import ${JSON.stringify(url.href)};`;
+  return new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })), { type: "module" });
+}
+
+class Engine {
+  #worker;
+  #next = 1;
+  #pending = new Map();
+  #stats = null;
+  #onProgress;
+  info = null;
+
+  constructor(worker, onProgress) {
+    this.#worker = worker;
+    this.#onProgress = onProgress;
+    worker.onmessage = (ev) => this.#receive(ev.data);
+    worker.onerror = (ev) => {
+      const err = new Error(`colibri worker failed: ${ev.message || "could not start"}`);
+      for (const p of this.#pending.values()) p.reject(err);
+      this.#pending.clear();
+    };
+    this.chat = { completions: { create: (req) => this.#chatCreate(req || {}) } };
+  }
+
+  #receive(m) {
+    if (m.event === "stats") {
+      this.#stats = m.stats;
+      return;
+    }
+    if (m.event === "progress") {
+      if (this.#onProgress) this.#onProgress(m.progress);
+      return;
+    }
+    const p = this.#pending.get(m.id);
+    if (!p) return;
+    if (m.event === "token") {
+      if (p.onToken) p.onToken(m);
+      return;
+    }
+    this.#pending.delete(m.id);
+    if (m.ok) p.resolve(m.result);
+    else p.reject(new Error(m.error));
+  }
+
+  #call(op, args, onToken) {
+    const id = this.#next++;
+    return {
+      id,
+      promise: new Promise((resolve, reject) => {
+        this.#pending.set(id, { resolve, reject, onToken });
+        this.#worker.postMessage({ id, op, args });
+      }),
+    };
+  }
+
+  async _load(helperUrl, model, options) {
+    this.info = await this.#call("load", { helperUrl, model, options }).promise;
+    return this;
+  }
+
+  /** Greedy or sampled continuation of `ids`: resolves to {ids, text}. */
+  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, onToken } = {}) {
+    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos };
+    return this.#call("generate", { ids, options }, onToken).promise;
+  }
+
+  /** Teacher-forced logits for every position: Float32Array [ids.length * vocab]. */
+  async logits({ ids }) {
+    return this.#call("logits", { ids }).promise;
+  }
+
+  async encode(text, { addSpecialTokens = false } = {}) {
+    return this.#call("encode", { text, addSpecialTokens }).promise;
+  }
+
+  async decode(ids) {
+    return this.#call("decode", { ids }).promise;
+  }
+
+  /** Browser storage use: {usage, quota} in bytes, or null. */
+  async storage() {
+    return this.#call("storage", {}).promise;
+  }
+
+  /** The latest statistics reported by the engine (updated after every operation). */
+  stats() {
+    return this.#stats ? structuredClone(this.#stats) : { backend: "cpu", tokensPerSecond: 0, ttftMs: null, tiers: {}, bytesFetched: 0 };
+  }
+
+  terminate() {
+    this.#worker.terminate();
+  }
+
+  #chatCreate(req) {
+    const created = Math.floor(Date.now() / 1000);
+    const cid = `chatcmpl-${Math.random().toString(36).slice(2)}`;
+    const model = req.model || this.model;
+    const run = async (onToken) => {
+      const ids = await this.#call("chatPrompt", { messages: req.messages || [] }).promise;
+      const gen = this.#call("generate", {
+        ids,
+        options: {
+          maxNewTokens: req.max_tokens ?? 256,
+          temperature: req.temperature ?? 1,
+          topP: req.top_p ?? 1,
+          seed: req.seed ?? Math.floor(Math.random() * 2 ** 31),
+        },
+      }, onToken);
+      return { gen, promptTokens: ids.length };
+    };
+    if (!req.stream) {
+      return run(null).then(async ({ gen, promptTokens }) => {
+        const r = await gen.promise;
+        return {
+          id: cid, object: "chat.completion", created, model,
+          choices: [{ index: 0, message: { role: "assistant", content: r.text }, finish_reason: r.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop" }],
+          usage: { prompt_tokens: promptTokens, completion_tokens: r.ids.length, total_tokens: promptTokens + r.ids.length },
+        };
+      });
+    }
+    const self = this;
+    const stream = {
+      async *[Symbol.asyncIterator]() {
+        const queue = [];
+        let wake = null;
+        let finished = false;
+        let failure = null;
+        const push = (x) => { queue.push(x); if (wake) { wake(); wake = null; } };
+        const { gen } = await run((m) => push({ text: m.text }));
+        gen.promise.then((r) => { finished = r; push(null); }, (e) => { failure = e; push(null); });
+        const chunk = (delta, finish_reason = null) => ({ id: cid, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, finish_reason }] });
+        let first = true;
+        try {
+          for (;;) {
+            while (!queue.length) await new Promise((r) => (wake = r));
+            const item = queue.shift();
+            if (item === null) break;
+            if (!item.text) continue;
+            yield chunk(first ? { role: "assistant", content: item.text } : { content: item.text });
+            first = false;
+          }
+          if (failure) throw failure;
+          yield chunk({}, finished.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop");
+        } finally {
+          if (!finished && !failure) self.#worker.postMessage({ op: "cancel", args: { target: gen.id } });
+        }
+      },
+    };
+    return { [Symbol.asyncIterator]: () => stream[Symbol.asyncIterator](), then: (ok) => ok(stream) };
+  }
+}
+
+/**
+ * Loads a model served by a colibri helper.
+ * options: {model = "demo", backend = "auto" | "webgpu" | "cpu", helper (default: this
+ * module's origin), onProgress({phase, loaded, total}), ramBytes, disk = true}
+ */
+export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk } = {}) {
+  if (!["auto", "webgpu", "cpu"].includes(backend)) throw new Error(`unknown backend ${backend}`);
+  if (backend === "webgpu") {
+    throw new Error("the WebGPU backend is not in this build of colibri yet; use backend: \"cpu\" or \"auto\"");
+  }
+  const helperUrl = helper || HERE.origin;
+  const engine = new Engine(makeWorker(), onProgress);
+  engine.model = model;
+  await engine._load(helperUrl, model, { ramBytes, disk });
+  return engine;
+}
