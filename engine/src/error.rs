@@ -39,6 +39,9 @@ pub enum Error {
     Template(String),
     #[error("{0}")]
     Invalid(String),
+    /// The GPU backend: no adapter, a device error, a limit the model does not fit.
+    #[error("gpu: {0}")]
+    Gpu(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

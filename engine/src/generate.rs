@@ -33,18 +33,32 @@ pub fn generate(
     opts: &GenerateOptions,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, StopReason)> {
+    let history = session.tokens.clone();
+    generate_with(&mut |ids| model.forward(session, ids, Logits::Last), &history, prompt, opts, on_token)
+}
+
+/// The generation loop over any backend: `forward(ids)` feeds `ids` after everything
+/// fed so far and returns the last position's logits (the CPU model, the GPU model).
+/// `history` is what was fed before `prompt` (the sampler's repetition penalty sees it).
+pub fn generate_with(
+    forward: &mut dyn FnMut(&[u32]) -> Result<Vec<f32>>,
+    history: &[u32],
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, StopReason)> {
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty".into()));
     }
     let mut sampler = Sampler::new(opts.sampler.clone())?;
     let mut out = Vec::new();
+    let mut seen: Vec<u32> = history.iter().chain(prompt).copied().collect();
+    let mut logits = forward(prompt)?;
     if opts.max_new_tokens == 0 {
-        model.forward(session, prompt, Logits::Last)?;
         return Ok((out, StopReason::Length));
     }
-    let mut logits = model.forward(session, prompt, Logits::Last)?;
     loop {
-        let id = sampler.sample(&logits, &session.tokens);
+        let id = sampler.sample(&logits, &seen);
         out.push(id);
         if !on_token(id) {
             return Ok((out, StopReason::Cancelled));
@@ -55,6 +69,7 @@ pub fn generate(
         if out.len() >= opts.max_new_tokens {
             return Ok((out, StopReason::Length));
         }
-        logits = model.forward(session, &[id], Logits::Last)?;
+        logits = forward(&[id])?;
+        seen.push(id);
     }
 }

@@ -10,6 +10,8 @@ pub mod config;
 pub mod container;
 pub mod error;
 pub mod generate;
+#[cfg(feature = "wgpu")]
+pub mod gpu;
 pub mod kernels;
 pub mod math;
 pub mod model;

@@ -1,0 +1,100 @@
+//! Weights in GPU buffers. A matrix keeps its stored bytes (f32, bf16, f16, or int8/int4
+//! with f16 group scales) and the kernels decode them exactly; a matrix larger than
+//! one storage binding (or one buffer) is split into row blocks, each its own buffer.
+
+use super::recorder::BufRange;
+use super::GpuContext;
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Mat};
+
+/// One row block `[row0, row0 + rows)` of a matrix, in its own buffer.
+#[derive(Clone, Debug)]
+pub struct MatPart {
+    pub row0: usize,
+    pub rows: usize,
+    pub range: BufRange,
+}
+
+/// A `[rows, cols]` weight matrix on the GPU.
+#[derive(Clone, Debug)]
+pub struct GpuMat {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: DType,
+    /// u32 words per stored row (used by the integer types, whose rows are 4-byte aligned).
+    pub row_words: u32,
+    pub parts: Vec<MatPart>,
+}
+
+impl GpuMat {
+    pub fn byte_len(&self) -> u64 {
+        self.parts.iter().map(|p| p.range.size).sum()
+    }
+}
+
+/// Largest number of rows of `row_bytes` each that one block may hold.
+fn rows_per_block(ctx: &GpuContext, row_bytes: usize, rows: usize) -> Result<usize> {
+    let limit = ctx.max_binding();
+    if row_bytes as u64 > limit {
+        return Err(Error::Gpu(format!("one weight row of {row_bytes} bytes exceeds the storage binding limit of {limit} bytes")));
+    }
+    let per = ((limit / row_bytes.max(1) as u64) as usize).max(1);
+    Ok(per.min(rows.max(1)))
+}
+
+/// Copies bytes into a new storage buffer (padded to 4 bytes, as copies require).
+pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+    let size = (bytes.len() as u64).max(4).div_ceil(4) * 4;
+    if size > ctx.limits.max_buffer_size {
+        return Err(Error::Gpu(format!("{label}: {size} bytes exceed the buffer size limit of {}", ctx.limits.max_buffer_size)));
+    }
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    if bytes.len() as u64 == size {
+        ctx.queue.write_buffer(&buffer, 0, bytes);
+    } else {
+        let mut padded = bytes.to_vec();
+        padded.resize(size as usize, 0);
+        ctx.queue.write_buffer(&buffer, 0, &padded);
+    }
+    Ok(buffer)
+}
+
+/// Uploads a matrix in its stored dtype, in row blocks that fit one binding each.
+pub fn upload_mat(ctx: &GpuContext, label: &str, m: &Mat) -> Result<GpuMat> {
+    let row_bytes = m.row_bytes();
+    let row_words = if m.dtype.is_quantized() {
+        if row_bytes % 4 != 0 {
+            return Err(Error::Gpu(format!("{label}: quantized rows of {row_bytes} bytes are not 4-byte aligned")));
+        }
+        (row_bytes / 4) as u32
+    } else {
+        0
+    };
+    let per = rows_per_block(ctx, row_bytes, m.rows)?;
+    let bytes = m.bytes.as_ref();
+    let mut parts = Vec::new();
+    let mut row0 = 0;
+    while row0 < m.rows {
+        let rows = per.min(m.rows - row0);
+        let buffer = upload_bytes(ctx, label, &bytes[row0 * row_bytes..(row0 + rows) * row_bytes])?;
+        parts.push(MatPart { row0, rows, range: BufRange::whole(&buffer) });
+        row0 += rows;
+    }
+    Ok(GpuMat { rows: m.rows, cols: m.cols, dtype: m.dtype, row_words, parts })
+}
+
+/// Uploads an f32 vector (norm weights, biases).
+pub fn upload_f32(ctx: &GpuContext, label: &str, v: &[f32]) -> Result<wgpu::Buffer> {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    upload_bytes(ctx, label, &bytes)
+}
+
+/// Reads little-endian f32s from bytes.
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}

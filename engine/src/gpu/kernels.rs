@@ -1,0 +1,165 @@
+//! The WGSL kernels (one file each in `shaders/`, loaded with `include_str!`) and the
+//! pipeline cache, keyed by (kernel, entry point, overridable constants).
+//!
+//! A kernel file may start with shared preludes (`shaders/common/*.wgsl`, named in its
+//! header's "Preludes:" line): WGSL has no include, so the source given to the device is
+//! the preludes followed by the kernel.
+
+use std::sync::Arc;
+
+use super::GpuContext;
+use crate::error::{Error, Result};
+
+/// Prelude: deterministic arithmetic (opq, det_exp, div_cr, sqrt_cr, reduce8).
+pub const ARITH: &str = include_str!("../../../shaders/common/arith.wgsl");
+/// Prelude: exact weight decoding for every stored dtype (wval).
+pub const WEIGHTS: &str = include_str!("../../../shaders/common/weights.wgsl");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Matmul,
+    Embed,
+    RmsNorm,
+    Rope,
+    Attention,
+    Swiglu,
+    Add,
+    Clamp,
+    MoeAccumulate,
+    GatedAdd,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 10] = [
+        Kernel::Matmul,
+        Kernel::Embed,
+        Kernel::RmsNorm,
+        Kernel::Rope,
+        Kernel::Attention,
+        Kernel::Swiglu,
+        Kernel::Add,
+        Kernel::Clamp,
+        Kernel::MoeAccumulate,
+        Kernel::GatedAdd,
+    ];
+
+    /// File name in shaders/, its preludes, and its text.
+    pub fn parts(self) -> (&'static str, &'static [&'static str], &'static str) {
+        const NONE: &[&str] = &[];
+        const A: &[&str] = &[ARITH];
+        const W: &[&str] = &[WEIGHTS];
+        const AW: &[&str] = &[ARITH, WEIGHTS];
+        match self {
+            Kernel::Matmul => ("matmul.wgsl", AW, include_str!("../../../shaders/matmul.wgsl")),
+            Kernel::Embed => ("embed.wgsl", W, include_str!("../../../shaders/embed.wgsl")),
+            Kernel::RmsNorm => ("rmsnorm.wgsl", A, include_str!("../../../shaders/rmsnorm.wgsl")),
+            Kernel::Rope => ("rope.wgsl", A, include_str!("../../../shaders/rope.wgsl")),
+            Kernel::Attention => ("attention.wgsl", A, include_str!("../../../shaders/attention.wgsl")),
+            Kernel::Swiglu => ("swiglu.wgsl", A, include_str!("../../../shaders/swiglu.wgsl")),
+            Kernel::Add => ("add.wgsl", NONE, include_str!("../../../shaders/add.wgsl")),
+            Kernel::Clamp => ("clamp.wgsl", NONE, include_str!("../../../shaders/clamp.wgsl")),
+            Kernel::MoeAccumulate => ("moe_accumulate.wgsl", A, include_str!("../../../shaders/moe_accumulate.wgsl")),
+            Kernel::GatedAdd => ("gated_add.wgsl", A, include_str!("../../../shaders/gated_add.wgsl")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.parts().0
+    }
+
+    /// The complete WGSL given to the device: preludes, then the kernel.
+    pub fn source(self) -> String {
+        let (_, preludes, body) = self.parts();
+        let mut s = String::new();
+        for p in preludes {
+            s.push_str(p);
+            s.push('\n');
+        }
+        s.push_str(body);
+        s
+    }
+}
+
+/// Pipeline-overridable constants as (name, value) with the value's f64 bits, so the
+/// key can be hashed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    pub kernel: Kernel,
+    pub entry: &'static str,
+    pub constants: Vec<(&'static str, u64)>,
+}
+
+/// A compiled pipeline and the bind group layout derived from its shader.
+pub struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+impl GpuContext {
+    /// The pipeline for `kernel`'s `main` with these constants, compiled once per device.
+    pub fn pipeline(&self, kernel: Kernel, constants: &[(&'static str, f64)]) -> Result<Arc<Pipeline>> {
+        let key = PipelineKey { kernel, entry: "main", constants: constants.iter().map(|(k, v)| (*k, v.to_bits())).collect() };
+        let poisoned = || Error::Gpu("pipeline cache poisoned".into());
+        if let Some(p) = self.pipelines.lock().map_err(|_| poisoned())?.get(&key) {
+            return Ok(p.clone());
+        }
+        let module = {
+            let mut modules = self.modules.lock().map_err(|_| poisoned())?;
+            modules
+                .entry(kernel)
+                .or_insert_with(|| {
+                    self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(kernel.name()),
+                        source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+                    })
+                })
+                .clone()
+        };
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kernel.name()),
+            layout: None,
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions { constants, zero_initialize_workgroup_memory: true },
+            cache: None,
+        });
+        self.take_error().map_err(|e| Error::Gpu(format!("{}: {e}", kernel.name())))?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let p = Arc::new(Pipeline { pipeline, layout });
+        self.pipelines.lock().map_err(|_| poisoned())?.insert(key, p.clone());
+        Ok(p)
+    }
+}
+
+/// The override constants that select a weight decoder (shaders/common/weights.wgsl).
+pub fn dtype_constants(dtype: crate::tensor::DType) -> [(&'static str, f64); 2] {
+    use crate::tensor::DType;
+    let (code, group) = match dtype {
+        DType::F32 => (0, 32),
+        DType::BF16 => (1, 32),
+        DType::F16 => (2, 32),
+        DType::Int8 { group } => (3, group),
+        DType::Int4 { group } => (4, group),
+    };
+    [("DTYPE", code as f64), ("GROUP", group as f64)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registered_kernel_validates_as_assembled() {
+        for k in Kernel::ALL {
+            let src = k.source();
+            let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{}: {}", k.name(), e.emit_to_string(&src)));
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}: {}", k.name(), e.emit_to_string(&src)));
+        }
+        // Every kernel file in shaders/ is registered here.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
+        let files = std::fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "wgsl")).count();
+        assert_eq!(files, Kernel::ALL.len());
+    }
+}

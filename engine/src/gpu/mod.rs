@@ -1,0 +1,177 @@
+//! The wgpu GPU backend: the same forward pass as [`crate::Model::forward`], on Vulkan
+//! natively (Mesa's lavapipe in CI) and on WebGPU in the browser (wasm32).
+//!
+//! - [`GpuContext`]: device, queue, limits, the pipeline cache. [`GpuContext::new`] asks
+//!   for an adapter; [`GpuContext::from_device`] takes a device the caller made (tests).
+//! - [`GpuModel`]: dense weights resident in GPU buffers (split by rows to respect the
+//!   binding limits), routed experts uploaded on first use into an LRU pool, and
+//!   [`GpuModel::forward`] mirroring `Model::forward`.
+//! - Kernels: one WGSL file per kernel in `shaders/` (see [`kernels`]), written so the
+//!   CPU's arithmetic is reproduced: math::dot's lane order, products rounded before
+//!   they are added, math::exp ported literally, correctly rounded division and sqrt in
+//!   integer arithmetic. docs/gpu.md explains the choices and the measured ULPs.
+//! - Routing: router logits are computed on the GPU, read back, and routed on the CPU
+//!   by [`crate::moe::route`], the one routing function.
+//!
+//! Everything that waits on the GPU is `async` (futures without `Send` on wasm32);
+//! native callers use the `*_blocking` wrappers, which poll the device.
+
+pub mod buffers;
+pub mod kernels;
+pub mod model;
+pub mod ops;
+pub mod pool;
+pub mod recorder;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+pub use model::{GpuModel, GpuOptions, GpuSession};
+
+/// Runs a future to completion on native targets (the device is polled inside the
+/// futures this module returns, so no executor is needed beyond this).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    pollster::block_on(f)
+}
+
+/// Device, queue and everything cached per device.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// The limits the device was created with (what buffers and bindings may use).
+    pub limits: wgpu::Limits,
+    /// Adapter name and driver, for reports ("llvmpipe (LLVM 15.0.6, 256 bits)").
+    pub adapter_name: String,
+    pipelines: Mutex<HashMap<kernels::PipelineKey, Arc<kernels::Pipeline>>>,
+    modules: Mutex<HashMap<kernels::Kernel, wgpu::ShaderModule>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    binding_cap: u64,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuContext({})", self.adapter_name)
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+const NO_ADAPTER: &str = "no Vulkan adapter; install mesa-vulkan-drivers";
+#[cfg(target_arch = "wasm32")]
+const NO_ADAPTER: &str = "no WebGPU adapter in this browser";
+
+impl GpuContext {
+    /// Opens the first adapter (Vulkan natively, the browser's WebGPU on wasm32) and a
+    /// device with the adapter's full limits.
+    pub async fn new() -> Result<Self> {
+        #[cfg(not(target_arch = "wasm32"))]
+        let backends = wgpu::Backends::VULKAN;
+        #[cfg(target_arch = "wasm32")]
+        let backends = wgpu::Backends::BROWSER_WEBGPU;
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Gpu(format!("{NO_ADAPTER} ({e})")))?;
+        let info = adapter.get_info();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("colibri"),
+                required_features: wgpu::Features::empty(),
+                required_limits: adapter.limits(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Gpu(format!("cannot open a device on {}: {e}", info.name)))?;
+        Ok(Self::from_device(device, queue, format!("{} ({})", info.name, info.driver_info)))
+    }
+
+    /// Native convenience: [`GpuContext::new`] run to completion.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new_blocking() -> Result<Self> {
+        pollster::block_on(Self::new())
+    }
+
+    /// Wraps a device the caller created (for tests, or an application that owns one).
+    /// Device errors are captured and returned from the next GPU call instead of panicking.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter_name: String) -> Self {
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let limits = device.limits();
+        GpuContext {
+            device,
+            queue,
+            limits,
+            adapter_name,
+            pipelines: Mutex::default(),
+            modules: Mutex::default(),
+            errors,
+            binding_cap: u64::MAX,
+        }
+    }
+
+    /// Pretends storage bindings are at most `bytes` (a multiple of 4) so that tests can
+    /// exercise matrices split into row blocks on any adapter.
+    pub fn set_binding_cap(&mut self, bytes: u64) {
+        self.binding_cap = bytes.max(4) & !3;
+    }
+
+    /// The first device error since the last check, if any.
+    pub fn take_error(&self) -> Result<()> {
+        let mut errs = self.errors.lock().map_err(|_| Error::Gpu("error log poisoned".into()))?;
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let msg = errs.join("; ");
+        errs.clear();
+        Err(Error::Gpu(msg))
+    }
+
+    /// Largest byte range one storage binding may cover (a multiple of 4). Capped at
+    /// 2 GiB so that kernels can index any binding's elements with u32.
+    pub fn max_binding(&self) -> u64 {
+        (self.limits.max_storage_buffer_binding_size as u64)
+            .min(self.limits.max_buffer_size)
+            .min(1 << 31)
+            .min(self.binding_cap)
+            & !3
+    }
+
+    /// A storage buffer for activations: readable, writable, copyable.
+    pub fn storage_buffer(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        let size = bytes.max(4).div_ceil(4) * 4;
+        if size > self.max_binding() {
+            return Err(Error::Gpu(format!(
+                "{label}: {size} bytes exceed this adapter's storage binding limit of {} bytes",
+                self.max_binding()
+            )));
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// Waits for submitted work natively; on the web the browser drives callbacks.
+    pub(crate) fn poll_wait(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")))?;
+        Ok(())
+    }
+}

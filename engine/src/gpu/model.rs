@@ -1,0 +1,355 @@
+//! [`GpuModel`]: the forward pass of [`Model`] on the GPU, step for step the same as
+//! `Model::forward_with` (model.rs), attention::attention and MoeBlock::forward, with
+//! each CPU kernel replaced by its WGSL twin from [`super::ops`].
+//!
+//! Per MoE layer the router logits are read back and routed on the CPU by
+//! [`moe::route`] (one routing function for both backends); the selected experts then
+//! run on the GPU in ascending index order, as the CPU adds them.
+
+use std::sync::{Arc, Mutex};
+
+use super::buffers::{f32s, upload_f32, upload_mat, GpuMat};
+use super::ops::{self, AttnShape};
+use super::pool::{ExpertPool, GpuExpert, PoolStats};
+use super::recorder::Recorder;
+use super::GpuContext;
+use crate::config::QkNorm;
+use crate::error::{Error, Result};
+use crate::model::{Ffn, Logits, Model};
+use crate::moe;
+
+/// Settings of the GPU backend.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Bytes of GPU memory for routed experts. Default: four times the adapter's
+    /// maxBufferSize (1 GiB at WebGPU's default limits), at most 2 GiB.
+    pub expert_pool_bytes: Option<u64>,
+}
+
+struct GpuAttn {
+    wq: GpuMat,
+    wk: GpuMat,
+    wv: GpuMat,
+    wo: GpuMat,
+    bq: Option<wgpu::Buffer>,
+    bk: Option<wgpu::Buffer>,
+    bv: Option<wgpu::Buffer>,
+    /// (weight, width of each normalised chunk)
+    q_norm: Option<(wgpu::Buffer, usize)>,
+    k_norm: Option<(wgpu::Buffer, usize)>,
+}
+
+enum GpuFfn {
+    Dense(GpuExpert),
+    Moe { router: GpuMat, shared: Option<(GpuExpert, GpuMat)> },
+}
+
+struct GpuLayer {
+    attn_norm: wgpu::Buffer,
+    attn: GpuAttn,
+    ffn_norm: wgpu::Buffer,
+    ffn: GpuFfn,
+}
+
+/// A model whose dense weights live in GPU buffers.
+pub struct GpuModel<'m> {
+    pub model: &'m Model,
+    pub ctx: Arc<GpuContext>,
+    embed: GpuMat,
+    lm_head: GpuMat,
+    final_norm: wgpu::Buffer,
+    layers: Vec<GpuLayer>,
+    pool: Mutex<ExpertPool>,
+    /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
+    max_inter: usize,
+}
+
+/// The KV cache (on the GPU) and token history of one conversation.
+pub struct GpuSession {
+    /// Every token fed so far, in order.
+    pub tokens: Vec<u32>,
+    /// Per layer: (keys, values), each (kv_cap, kv_dim).
+    kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    kv_cap: usize,
+}
+
+impl GpuSession {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Forget everything after the first `len` tokens (later positions are overwritten).
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+    }
+}
+
+fn opt_vec(ctx: &GpuContext, label: &str, v: &Option<Vec<f32>>) -> Result<Option<wgpu::Buffer>> {
+    v.as_ref().map(|v| upload_f32(ctx, label, v)).transpose()
+}
+
+fn same_bytes(a: &crate::tensor::Mat, b: &crate::tensor::Mat) -> bool {
+    a.dtype == b.dtype && a.bytes.len() == b.bytes.len() && std::ptr::eq(a.bytes.as_ref().as_ptr(), b.bytes.as_ref().as_ptr())
+}
+
+impl<'m> GpuModel<'m> {
+    /// Uploads the dense weights (embedding, attention, norms, routers, shared experts,
+    /// dense MLPs, lm_head). Routed experts are uploaded when first routed to.
+    pub fn new(model: &'m Model, ctx: Arc<GpuContext>, opts: GpuOptions) -> Result<Self> {
+        let c = &model.cfg;
+        let cx = &*ctx;
+        let embed = upload_mat(cx, "embed", &model.embed)?;
+        let lm_head = if same_bytes(&model.embed, &model.lm_head) { embed.clone() } else { upload_mat(cx, "lm_head", &model.lm_head)? };
+        let mut max_inter = c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for (l, layer) in model.layers.iter().enumerate() {
+            let a = &layer.attn;
+            let p = format!("layer{l}");
+            let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
+                w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
+            };
+            let attn = GpuAttn {
+                wq: upload_mat(cx, &format!("{p}.wq"), &a.wq)?,
+                wk: upload_mat(cx, &format!("{p}.wk"), &a.wk)?,
+                wv: upload_mat(cx, &format!("{p}.wv"), &a.wv)?,
+                wo: upload_mat(cx, &format!("{p}.wo"), &a.wo)?,
+                bq: opt_vec(cx, &format!("{p}.bq"), &a.bq)?,
+                bk: opt_vec(cx, &format!("{p}.bk"), &a.bk)?,
+                bv: opt_vec(cx, &format!("{p}.bv"), &a.bv)?,
+                q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
+                k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
+            };
+            let ffn = match &layer.ffn {
+                Ffn::Dense(mlp) => {
+                    max_inter = max_inter.max(mlp.gate.rows);
+                    GpuFfn::Dense(GpuExpert::upload(cx, &format!("{p}.mlp"), mlp)?)
+                }
+                Ffn::Moe(block) => GpuFfn::Moe {
+                    router: upload_mat(cx, &format!("{p}.router"), &block.router)?,
+                    shared: match &block.shared {
+                        Some((e, gate)) => {
+                            max_inter = max_inter.max(e.gate.rows);
+                            Some((GpuExpert::upload(cx, &format!("{p}.shared"), e)?, upload_mat(cx, &format!("{p}.shared_gate"), gate)?))
+                        }
+                        None => None,
+                    },
+                },
+            };
+            layers.push(GpuLayer {
+                attn_norm: upload_f32(cx, &format!("{p}.attn_norm"), &layer.attn_norm)?,
+                attn,
+                ffn_norm: upload_f32(cx, &format!("{p}.ffn_norm"), &layer.ffn_norm)?,
+                ffn,
+            });
+            // Hand the staged uploads to the device layer by layer rather than all at once.
+            cx.queue.submit([]);
+            cx.take_error()?;
+        }
+        let final_norm = upload_f32(cx, "final_norm", &model.final_norm)?;
+        cx.take_error()?;
+        let budget = opts.expert_pool_bytes.unwrap_or_else(|| (4 * cx.limits.max_buffer_size).min(2 << 30));
+        Ok(GpuModel { model, embed, lm_head, final_norm, layers, pool: Mutex::new(ExpertPool::new(budget)), max_inter, ctx })
+    }
+
+    pub fn new_session(&self) -> GpuSession {
+        GpuSession { tokens: Vec::new(), kv: Vec::new(), kv_cap: 0 }
+    }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.lock().map(|p| p.stats()).unwrap_or_default()
+    }
+
+    /// Feeds `ids` after what `session` holds and returns logits, (n, vocab) for
+    /// `Logits::All` or (vocab) for `Logits::Last`, like `Model::forward`.
+    pub async fn forward(&self, session: &mut GpuSession, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.forward_with(session, ids, which, &mut |_, _, _| {}).await
+    }
+
+    /// Native convenience: [`GpuModel::forward`] run to completion.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_blocking(&self, session: &mut GpuSession, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+        pollster::block_on(self.forward(session, ids, which))
+    }
+
+    /// [`GpuModel::forward`], reporting every routed expert use as (layer, expert, positions).
+    pub async fn forward_with(
+        &self,
+        session: &mut GpuSession,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let c = &self.model.cfg;
+        let ctx = &*self.ctx;
+        let (n, h, qd, kvd, hd) = (ids.len(), c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
+        if n == 0 {
+            return Err(Error::Invalid("no tokens to process".into()));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        let pos0 = session.tokens.len();
+        if pos0 + n > c.max_positions {
+            return Err(Error::ContextOverflow { len: pos0 + n, limit: c.max_positions });
+        }
+        let mut rec = Recorder::new(ctx);
+        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
+
+        let f = 4u64; // bytes per f32
+        let buf = |label: &str, elems: usize| ctx.storage_buffer(label, elems as u64 * f);
+        let x = buf("x", n * h)?;
+        let xn = buf("xn", n * h)?;
+        let y = buf("y", n * h)?;
+        let q = buf("q", n * qd)?;
+        let k = buf("k", n * kvd)?;
+        let v = buf("v", n * kvd)?;
+        let attn_out = buf("attn_out", n * qd)?;
+        let scores = buf("scores", n * c.n_heads * (pos0 + n))?;
+        let (xs, ys, sy) = (buf("xs", n * h)?, buf("ys", n * h)?, buf("shared_out", n * h)?);
+        let (g, u) = (buf("g", n * self.max_inter)?, buf("u", n * self.max_inter)?);
+        let router_logits = buf("router_logits", n * c.router.n_experts)?;
+        let shared_gate = buf("shared_gate", n)?;
+
+        let rope = &self.model.rope;
+        let half = rope.rotary_dim / 2;
+        let mut cs = Vec::with_capacity(n * 2 * half);
+        let (mut co, mut si) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            rope.cos_sin(pos0 + i, &mut co, &mut si);
+            cs.extend_from_slice(&co);
+            cs.extend_from_slice(&si);
+        }
+        let mut cs_data = rec.data_f32(&cs);
+        let ids_data = rec.data(ids);
+        ops::embed(&mut rec, &self.embed, ids_data, n, &x)?;
+
+        for (l, (layer, lw)) in self.model.layers.iter().zip(&self.layers).enumerate() {
+            let o = &layer.attn_opts;
+            let a = &lw.attn;
+            rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
+            ops::rmsnorm(&mut rec, &xn, 0, n, h, &lw.attn_norm, c.rms_eps)?;
+            ops::matmul(&mut rec, &a.wq, &xn, 0, n, &q, 0, qd)?;
+            ops::matmul(&mut rec, &a.wk, &xn, 0, n, &k, 0, kvd)?;
+            ops::matmul(&mut rec, &a.wv, &xn, 0, n, &v, 0, kvd)?;
+            for (t, b, d) in [(&q, &a.bq, qd), (&k, &a.bk, kvd), (&v, &a.bv, kvd)] {
+                if let Some(b) = b {
+                    ops::add(&mut rec, t, 0, b, 0, n * d, d)?;
+                }
+            }
+            for (t, norm, d) in [(&q, &a.q_norm, qd), (&k, &a.k_norm, kvd)] {
+                if let Some((w, width)) = norm {
+                    ops::rmsnorm(&mut rec, t, 0, n * d / width, *width, w, o.rms_eps)?;
+                }
+            }
+            if let Some(clip) = o.clip_qkv {
+                ops::clamp(&mut rec, &q, n * qd, clip)?;
+                ops::clamp(&mut rec, &k, n * kvd, clip)?;
+                ops::clamp(&mut rec, &v, n * kvd, clip)?;
+            }
+            ops::rope(&mut rec, &q, n, o.n_heads, hd, half, cs_data.clone())?;
+            ops::rope(&mut rec, &k, n, o.n_kv_heads, hd, half, cs_data.clone())?;
+            let (kc, vc) = &session.kv[l];
+            rec.copy(&k, 0, kc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
+            rec.copy(&v, 0, vc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
+            let shape = AttnShape { n, n_heads: o.n_heads, n_kv_heads: o.n_kv_heads, head_dim: hd, pos0, window: o.window, scale: o.scale };
+            ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out)?;
+            ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
+            ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
+
+            rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
+            ops::rmsnorm(&mut rec, &xn, 0, n, h, &lw.ffn_norm, c.rms_eps)?;
+            match (&layer.ffn, &lw.ffn) {
+                (_, GpuFfn::Dense(mlp)) => swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &y)?,
+                (Ffn::Moe(block), GpuFfn::Moe { router, shared }) => {
+                    let ne = router.rows;
+                    ops::matmul(&mut rec, router, &xn, 0, n, &router_logits, 0, ne)?;
+                    rec.read(&router_logits, 0, (n * ne) as u64 * f);
+                    let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
+                    cs_data = rec.data_f32(&cs); // the arena went with the old recorder
+                    let logits = f32s(done.first().ok_or_else(|| Error::Gpu("router logits were not read back".into()))?);
+                    // Batch-union: expert -> the (position, weight) pairs routed to it.
+                    let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
+                    for (p, lg) in logits.chunks_exact(ne).enumerate() {
+                        let r = moe::route(lg, &block.cfg);
+                        for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                            users[e].push((p, w));
+                        }
+                    }
+                    rec.clear(&y, 0, (n * h) as u64 * f);
+                    for (e, list) in users.iter().enumerate() {
+                        if list.is_empty() {
+                            continue;
+                        }
+                        on_use(l, e, list.len());
+                        let expert = {
+                            let mut pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+                            pool.get(ctx, l, e, || self.model.experts.expert(l, e))?
+                        };
+                        for (i, (p, _)) in list.iter().enumerate() {
+                            rec.copy(&xn, (p * h) as u64 * f, &xs, (i * h) as u64 * f, h as u64 * f);
+                        }
+                        swiglu_ffn(&mut rec, &expert, &xs, list.len(), &g, &u, &ys)?;
+                        ops::moe_accumulate(&mut rec, &y, &ys, list, h)?;
+                    }
+                    if let Some((mlp, gate)) = shared {
+                        swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &sy)?;
+                        ops::matmul(&mut rec, gate, &xn, 0, n, &shared_gate, 0, 1)?;
+                        ops::gated_add(&mut rec, &y, &sy, &shared_gate, n, h)?;
+                    }
+                }
+                (Ffn::Dense(_), GpuFfn::Moe { .. }) => return Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model"))),
+            }
+            ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
+        }
+
+        let (first, rows) = match which {
+            Logits::All => (0, n),
+            Logits::Last => (n - 1, 1),
+        };
+        let logits = buf("logits", rows * c.vocab)?;
+        rec.copy(&x, (first * h) as u64 * f, &xn, 0, (rows * h) as u64 * f);
+        ops::rmsnorm(&mut rec, &xn, 0, rows, h, &self.final_norm, c.rms_eps)?;
+        ops::matmul(&mut rec, &self.lm_head, &xn, 0, rows, &logits, 0, c.vocab)?;
+        rec.read(&logits, 0, (rows * c.vocab) as u64 * f);
+        let done = rec.submit().await?;
+        session.tokens.extend_from_slice(ids);
+        Ok(f32s(done.first().ok_or_else(|| Error::Gpu("logits were not read back".into()))?))
+    }
+
+    /// Makes the session's KV cache hold `total` positions, keeping the first `keep`.
+    fn ensure_kv(&self, rec: &mut Recorder, s: &mut GpuSession, keep: usize, total: usize) -> Result<()> {
+        let c = &self.model.cfg;
+        if s.kv.len() == c.n_layers && total <= s.kv_cap {
+            return Ok(());
+        }
+        let cap = total.next_power_of_two().max(16).min(c.max_positions).max(total);
+        let bytes = (cap * c.kv_dim()) as u64 * 4;
+        let ctx = rec.ctx();
+        let mut kv = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let (k, v) = (ctx.storage_buffer("k_cache", bytes)?, ctx.storage_buffer("v_cache", bytes)?);
+            if let Some((ok, ov)) = s.kv.get(l) {
+                let keep_bytes = ((keep.min(s.kv_cap) * c.kv_dim()) as u64 * 4).min(ok.size());
+                rec.copy(ok, 0, &k, 0, keep_bytes);
+                rec.copy(ov, 0, &v, 0, keep_bytes);
+            }
+            kv.push((k, v));
+        }
+        s.kv = kv;
+        s.kv_cap = cap;
+        Ok(())
+    }
+}
+
+/// `out = down(silu(gate x) * up x)` for m positions of `x` (Expert::forward).
+fn swiglu_ffn(rec: &mut Recorder, e: &GpuExpert, x: &wgpu::Buffer, m: usize, g: &wgpu::Buffer, u: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<()> {
+    let inter = e.gate.rows;
+    ops::matmul(rec, &e.gate, x, 0, m, g, 0, inter)?;
+    ops::matmul(rec, &e.up, x, 0, m, u, 0, inter)?;
+    ops::swiglu(rec, g, u, m * inter)?;
+    ops::matmul(rec, &e.down, g, 0, m, out, 0, e.down.rows)
+}

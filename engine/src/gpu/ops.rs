@@ -1,0 +1,156 @@
+//! One function per kernel: checks shapes, fills the kernel's parameters and records the
+//! dispatch. Offsets and lengths are in f32 elements. Each has a CPU reference it is
+//! tested against (engine/tests/gpu_kernels.rs).
+
+use super::buffers::GpuMat;
+use super::kernels::{dtype_constants, Kernel};
+use super::recorder::{Bind, Recorder};
+use crate::error::{Error, Result};
+
+fn u32_of(what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Gpu(format!("{what} = {v} does not fit the kernels' 32-bit indices")))
+}
+
+fn groups(threads: usize, per_group: usize) -> u64 {
+    threads.div_ceil(per_group) as u64
+}
+
+/// `y[y_offset + p * y_stride + r] = dot(m[r, :], x[x_offset + p * cols ..])` for p < n
+/// (kernels::matmul; reference order math::dot).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    rec: &mut Recorder,
+    m: &GpuMat,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    n: usize,
+    y: &wgpu::Buffer,
+    y_offset: usize,
+    y_stride: usize,
+) -> Result<()> {
+    let consts = dtype_constants(m.dtype);
+    for part in &m.parts {
+        let params = [
+            u32_of("rows", part.rows)?,
+            u32_of("cols", m.cols)?,
+            u32_of("n", n)?,
+            m.row_words,
+            u32_of("x offset", x_offset)?,
+            u32_of("y offset", y_offset + part.row0)?,
+            u32_of("y stride", y_stride)?,
+        ];
+        rec.dispatch(Kernel::Matmul, &consts, &params, vec![(&part.range).into(), x.into(), y.into()], groups(part.rows, 8))?;
+    }
+    Ok(())
+}
+
+/// `x[i, :] = m[ids[i], :]` for the n ids stored at `ids` (an arena range of u32s).
+pub fn embed(rec: &mut Recorder, m: &GpuMat, ids: Bind, n: usize, x: &wgpu::Buffer) -> Result<()> {
+    let consts = dtype_constants(m.dtype);
+    for part in &m.parts {
+        let params = [
+            u32_of("n", n)?,
+            u32_of("cols", m.cols)?,
+            u32_of("rows", part.rows)?,
+            u32_of("row0", part.row0)?,
+            m.row_words,
+            0,
+        ];
+        rec.dispatch(Kernel::Embed, &consts, &params, vec![(&part.range).into(), ids.clone(), x.into()], groups(n * m.cols, 64))?;
+    }
+    Ok(())
+}
+
+/// In-place RMSNorm of `rows` rows of `width` starting at `x_offset` (kernels::rmsnorm).
+pub fn rmsnorm(rec: &mut Recorder, x: &wgpu::Buffer, x_offset: usize, rows: usize, width: usize, w: &wgpu::Buffer, eps: f32) -> Result<()> {
+    let params = [u32_of("rows", rows)?, u32_of("width", width)?, eps.to_bits(), u32_of("x offset", x_offset)?];
+    rec.dispatch(Kernel::RmsNorm, &[], &params, vec![x.into(), w.into()], rows as u64)
+}
+
+/// In-place RoPE of n positions x heads heads of head_dim, rotating the first 2 * half
+/// values of each head with the per-position [cos.., sin..] table at `cs` (Rope::apply).
+#[allow(clippy::too_many_arguments)]
+pub fn rope(rec: &mut Recorder, x: &wgpu::Buffer, n: usize, heads: usize, head_dim: usize, half: usize, cs: Bind) -> Result<()> {
+    let params = [u32_of("n", n)?, u32_of("heads", heads)?, u32_of("head_dim", head_dim)?, u32_of("half", half)?, 0, 0];
+    rec.dispatch(Kernel::Rope, &[], &params, vec![x.into(), cs], groups(n * heads * half, 64))
+}
+
+/// Shapes of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub pos0: usize,
+    pub window: Option<usize>,
+    pub scale: f32,
+}
+
+/// Causal GQA over the cache for n new positions (the attention part of
+/// attention::attention after the projections). `scores` holds n * n_heads * (pos0 + n) floats.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    rec: &mut Recorder,
+    s: AttnShape,
+    q: &wgpu::Buffer,
+    k_cache: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    scores: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    if s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
+        return Err(Error::Gpu(format!("{} heads do not group over {} kv heads", s.n_heads, s.n_kv_heads)));
+    }
+    let stride = s.pos0 + s.n;
+    if (scores.size() / 4) < (s.n * s.n_heads * stride) as u64 {
+        return Err(Error::Gpu("attention score scratch is too small".into()));
+    }
+    let params = [
+        u32_of("n", s.n)?,
+        u32_of("heads", s.n_heads)?,
+        u32_of("kv heads", s.n_kv_heads)?,
+        u32_of("head_dim", s.head_dim)?,
+        u32_of("pos0", s.pos0)?,
+        u32_of("window", s.window.unwrap_or(0))?,
+        s.scale.to_bits(),
+        u32_of("score stride", stride)?,
+    ];
+    let binds = vec![q.into(), k_cache.into(), v_cache.into(), scores.into(), out.into()];
+    rec.dispatch(Kernel::Attention, &[], &params, binds, (s.n * s.n_heads) as u64)
+}
+
+/// `g[i] = silu(g[i]) * u[i]` for i < len.
+pub fn swiglu(rec: &mut Recorder, g: &wgpu::Buffer, u: &wgpu::Buffer, len: usize) -> Result<()> {
+    rec.dispatch(Kernel::Swiglu, &[], &[u32_of("len", len)?], vec![g.into(), u.into()], groups(len, 64))
+}
+
+/// `y[y_offset + i] += b[b_offset + i % period]` for i < len.
+#[allow(clippy::too_many_arguments)]
+pub fn add(rec: &mut Recorder, y: &wgpu::Buffer, y_offset: usize, b: &wgpu::Buffer, b_offset: usize, len: usize, period: usize) -> Result<()> {
+    let params = [u32_of("len", len)?, u32_of("period", period.max(1))?, u32_of("y offset", y_offset)?, u32_of("b offset", b_offset)?];
+    rec.dispatch(Kernel::Add, &[], &params, vec![y.into(), b.into()], groups(len, 64))
+}
+
+/// `x[i] = clamp(x[i], -c, c)` for i < len.
+pub fn clamp(rec: &mut Recorder, x: &wgpu::Buffer, len: usize, c: f32) -> Result<()> {
+    rec.dispatch(Kernel::Clamp, &[], &[u32_of("len", len)?, c.to_bits()], vec![x.into()], groups(len, 64))
+}
+
+/// `out[dst_i, :] += y[i, :] * w_i` for the m (position, weight) pairs in `routes`.
+pub fn moe_accumulate(rec: &mut Recorder, out: &wgpu::Buffer, y: &wgpu::Buffer, routes: &[(usize, f32)], hidden: usize) -> Result<()> {
+    let mut words = Vec::with_capacity(routes.len() * 2);
+    for &(p, w) in routes {
+        words.push(u32_of("position", p)?);
+        words.push(w.to_bits());
+    }
+    let route = rec.data(&words);
+    let params = [u32_of("m", routes.len())?, u32_of("hidden", hidden)?, 0];
+    rec.dispatch(Kernel::MoeAccumulate, &[], &params, vec![out.into(), y.into(), route], groups(routes.len() * hidden, 64))
+}
+
+/// `out[p, :] += sigmoid(g[p]) * s[p, :]` for p < n.
+pub fn gated_add(rec: &mut Recorder, out: &wgpu::Buffer, s: &wgpu::Buffer, g: &wgpu::Buffer, n: usize, hidden: usize) -> Result<()> {
+    let params = [u32_of("n", n)?, u32_of("hidden", hidden)?];
+    rec.dispatch(Kernel::GatedAdd, &[], &params, vec![out.into(), s.into(), g.into()], groups(n * hidden, 64))
+}

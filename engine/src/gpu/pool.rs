@@ -1,0 +1,115 @@
+//! The GPU expert pool: routed experts uploaded on first use, kept under a byte budget,
+//! least recently used evicted first. Experts come from the model's
+//! [`ExpertSource`](crate::moe::ExpertSource) as `Arc<Expert>`, so the same source that
+//! feeds the CPU path (resident, RAM cache, streamed) feeds the GPU.
+//!
+//! Evicting only drops the pool's handle: buffers still used by recorded or submitted
+//! work stay alive until that work is done (wgpu keeps them), so a pool smaller than
+//! one layer's experts is slow, never wrong.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::buffers::{upload_mat, GpuMat};
+use super::GpuContext;
+use crate::error::Result;
+use crate::moe::Expert;
+
+/// One expert's three matrices on the GPU.
+pub struct GpuExpert {
+    /// (intermediate, hidden)
+    pub gate: GpuMat,
+    /// (intermediate, hidden)
+    pub up: GpuMat,
+    /// (hidden, intermediate)
+    pub down: GpuMat,
+}
+
+impl GpuExpert {
+    pub fn upload(ctx: &GpuContext, label: &str, e: &Expert) -> Result<Self> {
+        Ok(GpuExpert {
+            gate: upload_mat(ctx, &format!("{label}.gate"), &e.gate)?,
+            up: upload_mat(ctx, &format!("{label}.up"), &e.up)?,
+            down: upload_mat(ctx, &format!("{label}.down"), &e.down)?,
+        })
+    }
+
+    pub fn byte_len(&self) -> u64 {
+        self.gate.byte_len() + self.up.byte_len() + self.down.byte_len()
+    }
+}
+
+/// Counters for reports and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub bytes: u64,
+    pub budget: u64,
+}
+
+pub struct ExpertPool {
+    budget: u64,
+    bytes: u64,
+    clock: u64,
+    /// (layer, expert) -> (expert, last use)
+    entries: HashMap<(usize, usize), (Arc<GpuExpert>, u64)>,
+    stats: PoolStats,
+}
+
+impl ExpertPool {
+    pub fn new(budget: u64) -> Self {
+        ExpertPool { budget, bytes: 0, clock: 0, entries: HashMap::new(), stats: PoolStats { budget, ..Default::default() } }
+    }
+
+    /// The expert on the GPU, uploading it (and evicting others) if it is not there.
+    pub fn get(
+        &mut self,
+        ctx: &GpuContext,
+        layer: usize,
+        index: usize,
+        fetch: impl FnOnce() -> Result<Arc<Expert>>,
+    ) -> Result<Arc<GpuExpert>> {
+        self.clock += 1;
+        if let Some((e, used)) = self.entries.get_mut(&(layer, index)) {
+            *used = self.clock;
+            self.stats.hits += 1;
+            return Ok(e.clone());
+        }
+        self.stats.misses += 1;
+        let cpu = fetch()?;
+        let gpu = Arc::new(GpuExpert::upload(ctx, &format!("layer{layer}.expert{index}"), &cpu)?);
+        let size = gpu.byte_len();
+        while self.bytes + size > self.budget && !self.entries.is_empty() {
+            self.evict_oldest();
+        }
+        if size <= self.budget {
+            self.bytes += size;
+            self.entries.insert((layer, index), (gpu.clone(), self.clock));
+        }
+        self.stats.bytes = self.bytes;
+        Ok(gpu)
+    }
+
+    fn evict_oldest(&mut self) {
+        if let Some((&key, _)) = self.entries.iter().min_by_key(|(_, (_, used))| *used) {
+            if let Some((e, _)) = self.entries.remove(&key) {
+                self.bytes -= e.byte_len();
+                self.stats.evictions += 1;
+            }
+        }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        PoolStats { bytes: self.bytes, ..self.stats }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}

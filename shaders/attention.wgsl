@@ -1,0 +1,110 @@
+// attention.wgsl — causal grouped-query attention of n new positions over the KV cache,
+// one workgroup per (position i, head h), as attention::attention computes it:
+//   s_j = dot(q, k_j) * scale             for the visible keys j in [lo, p], p = pos0 + i,
+//                                         lo = p + 1 - window (clamped at 0) or 0
+//   s   = softmax(s)                       max subtracted, det_exp, sum in index order,
+//                                         correctly rounded division
+//   out = sum_j s_j * v_j                  in index order, products rounded (opq)
+// dot uses math::dot's 8-lane order; each sequential sum is done by one thread in the
+// CPU's order, so the result is the CPU's bits.
+//
+// Preludes: common/arith.wgsl.
+// Bindings:
+//   0 P   uniform Params
+//   1 Q   storage read  f32 [n, n_heads * head_dim]      (rotated queries)
+//   2 K   storage read  f32 [pos0 + n, n_kv_heads * head_dim]  key cache
+//   3 V   storage read  f32 [pos0 + n, n_kv_heads * head_dim]  value cache
+//   4 S   storage rw    f32 [n * n_heads, s_stride]      scratch for the scores
+//   5 O   storage rw    f32 [n, n_heads * head_dim]      context
+// Workgroup: 64 threads. Dispatch: n * n_heads workgroups, split (x, y) with groups_x.
+
+struct Params {
+    zero: u32,
+    n: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    pos0: u32,
+    window: u32, // 0: no sliding window
+    scale: f32,
+    s_stride: u32,
+    groups_x: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;
+@group(0) @binding(2) var<storage, read> K: array<f32>;
+@group(0) @binding(3) var<storage, read> V: array<f32>;
+@group(0) @binding(4) var<storage, read_write> S: array<f32>;
+@group(0) @binding(5) var<storage, read_write> O: array<f32>;
+
+var<workgroup> red: array<f32, 64>;
+var<workgroup> total: f32;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let idx = wg.x + wg.y * P.groups_x;
+    if (idx >= P.n * P.n_heads) {
+        return;
+    }
+    let i = idx / P.n_heads;
+    let h = idx % P.n_heads;
+    let hd = P.head_dim;
+    let qd = P.n_heads * hd;
+    let kvd = P.n_kv_heads * hd;
+    let kvh = h / (P.n_heads / P.n_kv_heads);
+    let p = P.pos0 + i;
+    var lo = 0u;
+    if (P.window > 0u && p + 1u > P.window) {
+        lo = p + 1u - P.window;
+    }
+    let len = p + 1u - lo;
+    let qb = i * qd + h * hd;
+    let sb = idx * P.s_stride;
+
+    // Scores, and each thread's running max.
+    var m = bitcast<f32>(0xff800000u); // -inf
+    for (var j = li; j < len; j = j + 64u) {
+        let kb = (lo + j) * kvd + kvh * hd;
+        var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+        for (var d = 0u; d < hd; d = d + 1u) {
+            acc[d & 7u] = acc[d & 7u] + opq(Q[qb + d] * K[kb + d]);
+        }
+        let s = reduce8(acc) * P.scale;
+        S[sb + j] = s;
+        m = max(m, s);
+    }
+    red[li] = m;
+    workgroupBarrier();
+    for (var w = 32u; w > 0u; w = w >> 1u) {
+        if (li < w) {
+            red[li] = max(red[li], red[li + w]);
+        }
+        workgroupBarrier();
+    }
+    let mx = red[0];
+    for (var j = li; j < len; j = j + 64u) {
+        S[sb + j] = det_exp(S[sb + j] - mx);
+    }
+    storageBarrier();
+    if (li == 0u) {
+        var sum = 0.0;
+        for (var j = 0u; j < len; j = j + 1u) {
+            sum = sum + S[sb + j];
+        }
+        total = sum;
+    }
+    workgroupBarrier();
+    let sum = total;
+    for (var j = li; j < len; j = j + 64u) {
+        S[sb + j] = div_cr(S[sb + j], sum);
+    }
+    storageBarrier();
+    for (var d = li; d < hd; d = d + 64u) {
+        var acc = 0.0;
+        for (var j = 0u; j < len; j = j + 1u) {
+            acc = acc + opq(S[sb + j] * V[(lo + j) * kvd + kvh * hd + d]);
+        }
+        O[qb + d] = acc;
+    }
+}

@@ -1,0 +1,75 @@
+// weights.wgsl — shared prelude (not a kernel): exact decoding of stored weight rows.
+//
+// Prepended to kernels that read a weight matrix. The kernel declares
+// `var<storage, read> W: array<u32>` holding one row block of the matrix in its stored
+// bytes (engine/src/tensor.rs, DType), rows laid end to end from byte 0, and passes
+// `cols` and `row_words` (u32 words per stored row; used by the integer types).
+// The element type is a pipeline-overridable constant, so each dtype gets its own
+// specialised pipeline:
+//   DTYPE 0 f32 | 1 bf16 | 2 f16 | 3 int8 | 4 int4, GROUP = quantization group size.
+// Quantized rows: [f16 scales, ceil(cols/GROUP), padded to 4 bytes][values, padded to
+// 4 bytes]; int8 values are two's complement bytes, int4 values are q + 8 in a nibble
+// (element 2j low nibble of byte j). value = f32(q) * f32(scale): exact in f32, the
+// same bits as tensor::decode_row. No shader-f16 needed: f16 is decoded with integers.
+
+override DTYPE: u32 = 0u;
+override GROUP: u32 = 32u;
+
+// IEEE half (16 low bits of h) to f32, exactly, subnormal halves included.
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    var m = h & 0x3ffu;
+    if (e == 0x1fu) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    if (e == 0u) {
+        if (m == 0u) {
+            return bitcast<f32>(sign);
+        }
+        // Subnormal half: normalise (it is a normal f32).
+        var ee = 113u; // 127 - 15 + 1
+        while ((m & 0x400u) == 0u) {
+            m = m << 1u;
+            ee = ee - 1u;
+        }
+        return bitcast<f32>(sign | (ee << 23u) | ((m & 0x3ffu) << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// 16-bit element `e` of the block (little-endian halves of each word).
+fn half_at(e: u32) -> u32 {
+    return (W[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
+}
+
+// Element (r, c) of the row block, decoded to f32 exactly.
+fn wval(r: u32, c: u32, cols: u32, row_words: u32) -> f32 {
+    switch DTYPE {
+        case 1u: {
+            return bitcast<f32>(half_at(r * cols + c) << 16u);
+        }
+        case 2u: {
+            return f16_to_f32(half_at(r * cols + c));
+        }
+        case 3u, 4u: {
+            let base = r * row_words;
+            let groups = (cols + GROUP - 1u) / GROUP;
+            let scale_words = (groups + 1u) / 2u;
+            let g = c / GROUP;
+            let s = f16_to_f32((W[base + (g >> 1u)] >> ((g & 1u) * 16u)) & 0xffffu);
+            var q: i32;
+            if (DTYPE == 3u) {
+                let byte = (W[base + scale_words + (c >> 2u)] >> ((c & 3u) * 8u)) & 0xffu;
+                q = (i32(byte) << 24u) >> 24u;
+            } else {
+                let nib = (W[base + scale_words + (c >> 3u)] >> ((c & 7u) * 4u)) & 0xfu;
+                q = i32(nib) - 8;
+            }
+            return f32(q) * s;
+        }
+        default: {
+            return bitcast<f32>(W[r * cols + c]);
+        }
+    }
+}
