@@ -1,0 +1,938 @@
+#!/usr/bin/env python3
+"""Train colibri's built-in demo model from scratch: a tiny `qwen3_moe` chat model.
+
+    nice -n 10 python3 tools/train_demo.py train                 # -> models/demo-hf/
+    python3 tools/train_demo.py eval --engine hf   --model models/demo-hf
+    python3 tools/train_demo.py eval --engine coli --model models/demo-hf   # native path
+    python3 tools/train_demo.py compare --model models/demo-hf   # coli vs transformers, token for token
+    python3 tools/train_demo.py samples --engine coli --model models/demo-hf
+
+Everything the model learns from is made here, seeded:
+
+  * chat-formatted synthetic tasks whose answers can be checked: two-digit addition and
+    subtraction (several phrasings), counting the letters of a word, counting the items
+    of a list, spelling a word forwards and backwards, and simple facts from tables held
+    in this file (capitals, animal sounds, colours, opposites), plus small talk;
+  * general English: short stories and descriptions generated from a small grammar in
+    this file, and prose paragraphs taken from the docstrings of Python standard library
+    modules (Python Software Foundation License; read from the local installation).
+
+Each task has a held-out evaluation split that is never trained on:
+  * arithmetic: whole (a, b) operand pairs are held out (no phrasing of them is trained);
+  * letters / spelling / reverse: held-out made-up words (random syllables) and a held-out
+    part of the real word list;
+  * counting items: held-out lists;
+  * facts: one (fact, phrasing) combination per fact is held out: the fact is learned
+    from the other phrasings, and asked in the held-out phrasing.
+
+The tokenizer is a byte-level BPE trained here (tokenizers library) whose pre-tokenizer
+splits digits one by one; it is saved with a ChatML chat template inside
+tokenizer_config.json (eos `<|im_end|>`).
+
+Requires torch, transformers (5.x) and tokenizers. CI never runs this script; the model
+it wrote is committed under models/demo-hf/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "models" / "demo-hf"
+
+SEED = 1234
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# GPT-2's pre-tokenizer pattern, except that digits are split one by one (\p{N} instead
+# of \p{N}+) so that arithmetic is done on single digits.
+PRETOKENIZE_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+BPE_VOCAB = 2048 - len(SPECIAL_TOKENS)  # + 3 special tokens = 2048
+
+# --------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------
+
+CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
+    "Portugal": "Lisbon", "England": "London", "Ireland": "Dublin", "Scotland": "Edinburgh",
+    "Norway": "Oslo", "Sweden": "Stockholm", "Finland": "Helsinki", "Denmark": "Copenhagen",
+    "Poland": "Warsaw", "Austria": "Vienna", "Greece": "Athens", "Hungary": "Budapest",
+    "Belgium": "Brussels", "the Netherlands": "Amsterdam", "Switzerland": "Bern",
+    "Czechia": "Prague", "Romania": "Bucharest", "Russia": "Moscow", "Ukraine": "Kyiv",
+    "Turkey": "Ankara", "Egypt": "Cairo", "Kenya": "Nairobi", "Nigeria": "Abuja",
+    "Morocco": "Rabat", "Ghana": "Accra", "Ethiopia": "Addis Ababa", "Japan": "Tokyo",
+    "China": "Beijing", "India": "New Delhi", "Thailand": "Bangkok", "Vietnam": "Hanoi",
+    "South Korea": "Seoul", "Indonesia": "Jakarta", "Iran": "Tehran", "Iraq": "Baghdad",
+    "Israel": "Jerusalem", "Canada": "Ottawa", "the United States": "Washington",
+    "Mexico": "Mexico City", "Cuba": "Havana", "Brazil": "Brasilia", "Argentina": "Buenos Aires",
+    "Chile": "Santiago", "Peru": "Lima", "Colombia": "Bogota", "Australia": "Canberra",
+    "New Zealand": "Wellington", "Iceland": "Reykjavik",
+}
+SOUNDS = {
+    "cat": "meow", "dog": "woof", "cow": "moo", "sheep": "baa", "duck": "quack",
+    "pig": "oink", "horse": "neigh", "lion": "roar", "owl": "hoot", "frog": "croak",
+    "mouse": "squeak", "snake": "hiss", "bee": "buzz", "rooster": "cock-a-doodle-doo",
+    "goat": "bleat", "wolf": "howl", "donkey": "hee-haw", "crow": "caw", "chick": "cheep",
+    "turkey": "gobble", "dove": "coo", "bear": "growl", "elephant": "trumpet",
+}
+COLOURS = {
+    "the sky": "blue", "grass": "green", "snow": "white", "coal": "black", "a banana": "yellow",
+    "a lemon": "yellow", "a tomato": "red", "a strawberry": "red", "an orange": "orange",
+    "a carrot": "orange", "the sea": "blue", "a leaf": "green", "milk": "white",
+    "chocolate": "brown", "a pumpkin": "orange", "a lime": "green", "blood": "red",
+    "the sun": "yellow", "a crow": "black", "a polar bear": "white", "an elephant": "grey",
+    "a frog": "green", "a cherry": "red", "a plum": "purple", "a grape": "purple",
+    "a flamingo": "pink", "the night sky": "black", "a cloud": "white", "a fire truck": "red",
+    "a mouse": "grey",
+}
+OPPOSITES = {
+    "hot": "cold", "big": "small", "up": "down", "fast": "slow", "day": "night",
+    "happy": "sad", "old": "new", "open": "closed", "light": "dark", "wet": "dry",
+    "left": "right", "high": "low", "early": "late", "full": "empty", "hard": "soft",
+    "long": "short", "loud": "quiet", "rich": "poor", "strong": "weak", "thick": "thin",
+    "win": "lose", "in": "out", "black": "white", "first": "last", "near": "far",
+    "young": "old", "clean": "dirty", "heavy": "light", "push": "pull", "yes": "no",
+}
+
+FRUITS = ["apple", "banana", "pear", "plum", "grape", "lemon", "cherry", "orange", "peach",
+          "melon", "mango", "lime", "kiwi", "fig"]
+ANIMALS = list(SOUNDS)
+COLOUR_WORDS = ["red", "blue", "green", "yellow", "white", "black", "brown", "pink", "purple",
+                "grey", "orange"]
+# Real words for the letter tasks (spelling, backwards, counting letters).
+WORDS = sorted(set(FRUITS + ANIMALS + COLOUR_WORDS + list(OPPOSITES) + list(OPPOSITES.values()) + """
+    house tree river stone cloud water fire bread table chair window door garden flower
+    book paper pencil letter music dance song story dream night morning evening summer
+    winter spring autumn friend family mother father sister brother child baby school
+    teacher doctor farmer king queen castle bridge road city town village forest mountain
+    island ocean beach sand shell boat ship train plane car bike ball kite doll robot
+    rocket planet star moon earth light shadow smile laugh happy quick slow gentle brave
+    clever kind quiet little tiny giant green purple silver golden candle lamp clock watch
+    shoe sock hat coat dress shirt glove ring crown sword shield horse rabbit turtle
+    dolphin whale shark tiger zebra monkey giraffe camel parrot eagle swan spider ant
+    butter cheese honey sugar salt pepper soup cake cookie pizza salad rice bean corn
+    potato onion garlic carrot tomato basket bottle cup plate spoon fork knife bowl
+    piano guitar drum violin flute paint brush color shape circle square triangle heart
+    north south east west left right under over after before always never maybe often
+    jump run walk swim climb sing read write draw think learn build open close start stop
+    """.split()))
+
+NAMES = ["Tom", "Anna", "Sam", "Lily", "Ben", "Mia", "Max", "Emma", "Leo", "Zoe", "Jack",
+         "Lucy", "Finn", "Ella", "Noah", "Ruby", "Omar", "Nina", "Hugo", "Ava"]
+GIRLS = {"Anna", "Lily", "Mia", "Emma", "Zoe", "Lucy", "Ella", "Ruby", "Nina", "Ava"}
+PLACES = ["the park", "the forest", "the river", "the garden", "the town", "the beach",
+          "the market", "the hill", "the farm", "the lake", "the library", "the old house"]
+OBJECTS = ["ball", "kite", "book", "hat", "box", "key", "map", "shell", "stone", "cup",
+           "bell", "boat", "drum", "lamp", "ring", "basket"]
+FEELINGS = ["happy", "sad", "tired", "excited", "scared", "proud", "surprised", "calm"]
+ADJS = ["small", "big", "old", "young", "shiny", "quiet", "funny", "brave", "kind", "lazy"]
+
+# --------------------------------------------------------------------------------------
+# English text
+# --------------------------------------------------------------------------------------
+
+
+def a_an(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def story(rng: random.Random, animal: str | None = None) -> str:
+    name = rng.choice(NAMES)
+    he = ("she", "her", "her") if name in GIRLS else ("he", "his", "him")
+    animal = animal or rng.choice(ANIMALS)
+    adj = rng.choice(ADJS)
+    place = rng.choice(PLACES)
+    place2 = rng.choice([p for p in PLACES if p != place])
+    obj = rng.choice(OBJECTS)
+    colour = rng.choice(COLOUR_WORDS)
+    feeling = rng.choice(FEELINGS)
+    friend = rng.choice([n for n in NAMES if n != name])
+    opening = rng.choice(["Once upon a time", "One day", "Long ago", "One morning", "Last summer",
+                          "On a cold winter day", "One sunny afternoon"])
+    s = []
+    s.append(rng.choice([
+        f"{opening}, there was {a_an(adj)} {animal} who lived near {place}.",
+        f"{opening}, {name} went to {place} with {he[1]} friend {friend}.",
+        f"{opening}, {name} found {a_an(colour)} {obj} in {place}.",
+        f"{opening}, {a_an(adj)} {animal} and {name} played in {place}.",
+    ]))
+    middle = [
+        f"The {animal} said \"{SOUNDS[animal]}\" and ran to {place2}.",
+        f"{name} was {feeling} because the {obj} was {colour}.",
+        f"\"Look!\" said {friend}. \"There is {a_an(colour)} {obj} under the tree.\"",
+        f"They walked to {place2} and looked for the {obj}.",
+        f"{he[0].capitalize()} picked up the {obj} and showed it to {he[1]} mother.",
+        f"The sun was warm, and the wind moved the leaves of the trees.",
+        f"{name} gave the {animal} some bread, and the {animal} was very {rng.choice(FEELINGS)}.",
+        f"It started to rain, so {name} and {friend} ran home.",
+        f"\"Can we keep it?\" asked {name}. \"Yes,\" said {friend}, \"but we must take care of it.\"",
+        f"At {place2}, they met {a_an(rng.choice(ADJS))} {rng.choice(ANIMALS)}.",
+        f"{name} counted {rng.randint(2, 9)} birds in the sky.",
+        f"The {obj} was heavy, but {name} did not give up.",
+        f"{friend} laughed, and {name} laughed too.",
+        f"{he[0].capitalize()} wanted to find out where the {animal} lived.",
+    ]
+    rng.shuffle(middle)
+    s.extend(middle[: rng.randint(2, 5)])
+    s.append(rng.choice([
+        f"In the end, {name} went home and was {rng.choice(['happy', 'tired', 'proud', 'calm'])}.",
+        f"From that day on, {name} and the {animal} were good friends.",
+        f"That night, {name} dreamed about the {colour} {obj}.",
+        f"And that is how {name} learned to be {rng.choice(['brave', 'kind', 'patient', 'careful'])}.",
+        f"The end.",
+    ]))
+    return " ".join(s)
+
+
+def fact_prose(rng: random.Random) -> str:
+    parts = []
+    for _ in range(rng.randint(2, 5)):
+        kind = rng.randrange(4)
+        if kind == 0:
+            c = rng.choice(list(CAPITALS))
+            parts.append(rng.choice([f"The capital of {c} is {CAPITALS[c]}.", f"{CAPITALS[c]} is the capital of {c}.",
+                                     f"{CAPITALS[c]} is a big city in {c}."]))
+        elif kind == 1:
+            a = rng.choice(ANIMALS)
+            parts.append(rng.choice([f"{a_an(a).capitalize()} says \"{SOUNDS[a]}\".", f"The {a} makes a sound like \"{SOUNDS[a]}\"."]))
+        elif kind == 2:
+            t = rng.choice(list(COLOURS))
+            parts.append(f"{t[0].upper() + t[1:]} is {COLOURS[t]}.")
+        else:
+            w = rng.choice(list(OPPOSITES))
+            parts.append(f"The opposite of \"{w}\" is \"{OPPOSITES[w]}\".")
+    return " ".join(parts)
+
+
+DOC_MODULES = [
+    "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "copy",
+    "csv", "dataclasses", "datetime", "decimal", "difflib", "email", "enum", "fractions",
+    "functools", "gettext", "glob", "gzip", "heapq", "hmac", "html", "http.client", "inspect",
+    "io", "json", "locale", "logging", "mailbox", "numbers", "operator", "os", "pathlib", "pickle",
+    "pprint", "queue", "random", "re", "sched", "secrets", "shlex", "shutil", "smtplib", "socket",
+    "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
+    "timeit", "tkinter", "turtle", "typing", "unittest", "urllib.parse", "uuid", "warnings",
+    "wave", "weakref", "xml.dom.minidom", "zipfile", "zoneinfo", "sqlite3", "ssl", "selectors",
+    "multiprocessing", "concurrent.futures", "xml.etree.ElementTree", "http.server", "http.cookiejar",
+    "email.message", "email.policy", "tkinter.ttk", "configparser", "codecs", "struct", "array",
+    "itertools", "abc", "traceback", "pdb", "doctest", "ftplib", "poplib", "imaplib", "nntplib",
+    "webbrowser", "wsgiref", "xmlrpc.client", "plistlib", "netrc", "mimetypes", "ipaddress",
+    "getpass", "curses", "readline", "cmd", "code", "colorsys", "graphlib", "optparse", "sys",
+]
+
+
+def docstring_paragraphs() -> list[str]:
+    """English prose paragraphs from Python standard-library docstrings (PSF License)."""
+    seen, out = set(), []
+    for name in DOC_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:
+            continue
+        objs = [mod] + [getattr(mod, a, None) for a in sorted(dir(mod)) if not a.startswith("_")]
+        for obj in objs:
+            doc = inspect.getdoc(obj) if obj is not None else None
+            if not doc or doc in seen:
+                continue
+            seen.add(doc)
+            for para in re.split(r"\n\s*\n", doc):
+                p = " ".join(para.split())
+                if not (60 <= len(p) <= 1200) or ">>>" in p or "::" in p:
+                    continue
+                if not p[0].isupper() or not p.endswith("."):
+                    continue
+                letters = sum(ch.isalpha() or ch in " ,." for ch in p)
+                if letters / len(p) < 0.93 or re.search(r"[_{}\[\]=<>*`|\\]", p):
+                    continue
+                out.append(p)
+    return sorted(set(out))
+
+
+# --------------------------------------------------------------------------------------
+# Synthetic chat tasks
+# --------------------------------------------------------------------------------------
+
+ADD_Q = [
+    "What is {a} + {b}?", "What is {a} plus {b}?", "What's {a}+{b}?", "Add {a} and {b}.",
+    "Compute {a} + {b}.", "What is the sum of {a} and {b}?", "{a} + {b} = ?", "Calculate {a} plus {b}.",
+    "How much is {a} + {b}?", "Please add {a} to {b}.",
+]
+SUB_Q = [
+    "What is {a} - {b}?", "What is {a} minus {b}?", "What's {a}-{b}?", "Subtract {b} from {a}.",
+    "Compute {a} - {b}.", "What is the difference between {a} and {b}?", "{a} - {b} = ?",
+    "Calculate {a} minus {b}.", "How much is {a} - {b}?", "Take {b} away from {a}.",
+]
+LETTERS_Q = ['How many letters are in "{w}"?', 'How many letters does the word "{w}" have?',
+             'Count the letters in "{w}".', 'What is the length of the word "{w}"?',
+             'How long is the word "{w}"?']
+SPELL_Q = ['How do you spell "{w}"?', 'Spell "{w}".', 'Spell the word "{w}" letter by letter.',
+           'What are the letters of "{w}"?']
+REVERSE_Q = ['Spell "{w}" backwards.', 'What is "{w}" written backwards?', 'Reverse the letters of "{w}".',
+             'Write "{w}" in reverse.', 'How do you spell "{w}" backwards?']
+ITEMS_Q = ["How many items are in this list: {l}?", "Count the words: {l}.",
+           "How many things are here: {l}?", "I have {l}. How many is that?",
+           "How many are there: {l}?"]
+FACT_Q = {
+    "capital": (CAPITALS, ["What is the capital of {k}?", "Which city is the capital of {k}?",
+                           "Name the capital of {k}.", "What's the capital city of {k}?",
+                           "Tell me the capital of {k}."],
+                lambda k, v: f"The capital of {k} is {v}."),
+    "sound": (SOUNDS, ["What sound does a {k} make?", "What does a {k} say?", "How does a {k} sound?",
+                       "Which sound does a {k} make?", "What noise does a {k} make?"],
+              lambda k, v: f"{a_an(k).capitalize()} says \"{v}\"."),
+    "colour": (COLOURS, ["What colour is {k}?", "What color is {k}?", "Which colour is {k}?",
+                         "Tell me the colour of {k}.", "What is the colour of {k}?"],
+               lambda k, v: f"{k[0].upper() + k[1:]} is {v}."),
+    "opposite": (OPPOSITES, ['What is the opposite of "{k}"?', 'What is the opposite of {k}?',
+                             'Give me the opposite of "{k}".', 'Name the opposite of "{k}".',
+                             'What word means the opposite of "{k}"?'],
+                 lambda k, v: f"The opposite of \"{k}\" is \"{v}\"."),
+}
+SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are colibri's tiny demo model.",
+                  "Answer briefly."]
+SMALL_TALK = [
+    (["Hello!", "Hi!", "Hello", "Hi there!", "Hey!", "Good morning!"],
+     ["Hello! How can I help you?", "Hi! What would you like to know?", "Hello! Ask me something."]),
+    (["How are you?", "How are you today?", "How is it going?"],
+     ["I am fine, thank you! How can I help you?", "I am well, thanks for asking."]),
+    (["Who are you?", "What are you?", "What is your name?", "Tell me about yourself."],
+     ["I am the colibri demo model, a tiny mixture-of-experts language model. I can add and subtract, "
+      "count letters, spell words backwards and answer simple questions.",
+      "I am a tiny mixture-of-experts model made by the colibri project."]),
+    (["What can you do?", "How can you help me?", "What do you know?"],
+     ["I can add and subtract two-digit numbers, count letters and things, spell words backwards, "
+      "and tell you capitals, animal sounds, colours and opposites. I can also tell a short story."]),
+    (["Thank you!", "Thanks!", "Thanks a lot.", "Great, thank you."],
+     ["You are welcome!", "You're welcome! Anything else?", "Happy to help!"]),
+    (["Bye!", "Goodbye!", "See you later.", "Good night!"],
+     ["Goodbye! Have a nice day.", "Bye! See you soon."]),
+    (["What is colibri?", "Tell me about colibri."],
+     ["colibri is an engine that runs mixture-of-experts language models on your own computer and in the browser."]),
+]
+
+
+def add_answer(a: int, b: int) -> str:
+    """Column addition, shown digit by digit: every step is a one-digit fact or a copy."""
+    if a < 10 and b < 10:
+        return f"{a} + {b} = {a + b}."
+    (a1, a0), (b1, b0) = divmod(a, 10), divmod(b, 10)
+    u = a0 + b0
+    c = u // 10
+    s = f"{a} + {b}: {a0} + {b0} = {u}" + (", carry 1. " if c else ". ")
+    s += f"{a1} + {b1}" + (" + 1" if c else "") + f" = {a1 + b1 + c}. "
+    return s + f"So {a} + {b} = {a + b}."
+
+
+def sub_answer(a: int, b: int) -> str:
+    """Column subtraction (a >= b), shown digit by digit, borrowing when needed."""
+    if a < 10 and b < 10:
+        return f"{a} - {b} = {a - b}."
+    (a1, a0), (b1, b0) = divmod(a, 10), divmod(b, 10)
+    if a0 >= b0:
+        s = f"{a} - {b}: {a0} - {b0} = {a0 - b0}. {a1} - {b1} = {a1 - b1}. "
+    else:
+        s = f"{a} - {b}: {a0} - {b0} needs a borrow, {a0 + 10} - {b0} = {a0 + 10 - b0}. {a1} - 1 - {b1} = {a1 - 1 - b1}. "
+    return s + f"So {a} - {b} = {a - b}."
+
+
+def spell(w: str) -> str:
+    return "-".join(w)
+
+
+def rand_pseudo_word(rng: random.Random) -> str:
+    cons = "bcdfghjklmnprstvwz"
+    vow = "aeiou"
+    n = rng.randint(3, 8)
+    w = ""
+    while len(w) < n:
+        w += rng.choice(cons) + rng.choice(vow) + (rng.choice(cons) if rng.random() < 0.3 else "")
+    return w[:n]
+
+
+class Tasks:
+    """Builds the held-out sets first, then draws training examples that avoid them."""
+
+    def __init__(self, seed: int):
+        rng = random.Random(seed * 7919 + 1)
+        pairs2 = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+        rng.shuffle(pairs2)
+        self.add_held = set(pairs2[:810])          # 10% of two-digit pairs
+        subs = [(a, b) for a in range(10, 100) for b in range(10, a + 1)]
+        rng.shuffle(subs)
+        self.sub_held = set(subs[:410])            # ~10% of two-digit a >= b pairs
+        words = list(WORDS)
+        rng.shuffle(words)
+        self.words_held = set(words[: len(words) // 8])
+        self.words_train = sorted(set(words) - self.words_held)
+        self.pseudo_held = set()
+        while len(self.pseudo_held) < 400:
+            w = rand_pseudo_word(rng)
+            if w not in WORDS:
+                self.pseudo_held.add(w)
+        self.items_held = set()
+        while len(self.items_held) < 300:
+            self.items_held.add(self._rand_list(rng))
+        self.fact_held = {}
+        for kind, (table, qs, _) in FACT_Q.items():
+            for k in table:
+                self.fact_held[(kind, k)] = rng.randrange(len(qs))
+
+    @staticmethod
+    def _rand_list(rng: random.Random) -> tuple:
+        pool = rng.choice([FRUITS, ANIMALS, COLOUR_WORDS, OBJECTS])
+        return tuple(rng.choice(pool) for _ in range(rng.randint(1, 8)))
+
+    # ---- question/answer builders (key = the part of the answer that is checked) ----
+    @staticmethod
+    def add(a, b, q):
+        return ADD_Q[q].format(a=a, b=b), add_answer(a, b), str(a + b)
+
+    @staticmethod
+    def sub(a, b, q):
+        return SUB_Q[q].format(a=a, b=b), sub_answer(a, b), str(a - b)
+
+    @staticmethod
+    def letters(w, q):
+        count = ", ".join(f"{i + 1} {c}" for i, c in enumerate(w))
+        return LETTERS_Q[q].format(w=w), f"Let me count: {count}. \"{w}\" has {len(w)} letters.", str(len(w))
+
+    @staticmethod
+    def spell_fwd(w, q):
+        return SPELL_Q[q].format(w=w), f"\"{w}\" is spelled {spell(w)}.", spell(w)
+
+    @staticmethod
+    def reverse(w, q):
+        return (REVERSE_Q[q].format(w=w), f"\"{w}\" is spelled {spell(w)}. Backwards it is {spell(w[::-1])}.",
+                spell(w[::-1]))
+
+    @staticmethod
+    def items(lst, q):
+        count = ", ".join(f"{i + 1} {x}" for i, x in enumerate(lst))
+        n = len(lst)
+        return (ITEMS_Q[q].format(l=", ".join(lst)),
+                f"Let me count: {count}. There {'is' if n == 1 else 'are'} {n}.", str(n))
+
+    @staticmethod
+    def fact(kind, k, q):
+        table, qs, ans = FACT_Q[kind]
+        return qs[q].format(k=k), ans(k, table[k]), table[k]
+
+    # ---- training draws ----
+    def draw(self, rng: random.Random, kind: str):
+        if kind == "add":
+            while True:
+                a, b = (rng.randint(10, 99), rng.randint(10, 99)) if rng.random() < 0.9 else (rng.randint(0, 99), rng.randint(0, 9))
+                if rng.random() < 0.5 and a < 10:
+                    a, b = b, a
+                if (a, b) not in self.add_held:
+                    return self.add(a, b, rng.randrange(len(ADD_Q)))
+        if kind == "sub":
+            while True:
+                a = rng.randint(10, 99) if rng.random() < 0.9 else rng.randint(0, 99)
+                b = rng.randint(10, a) if a >= 10 and rng.random() < 0.9 else rng.randint(0, min(a, 9))
+                if (a, b) not in self.sub_held:
+                    return self.sub(a, b, rng.randrange(len(SUB_Q)))
+        if kind in ("letters", "spell", "reverse"):
+            while True:
+                w = rng.choice(self.words_train) if rng.random() < 0.35 else rand_pseudo_word(rng)
+                if w not in self.pseudo_held and w not in self.words_held and len(w) <= (8 if kind == "reverse" else 10):
+                    break
+            if kind == "letters":
+                return self.letters(w, rng.randrange(len(LETTERS_Q)))
+            if kind == "spell":
+                return self.spell_fwd(w, rng.randrange(len(SPELL_Q)))
+            return self.reverse(w, rng.randrange(len(REVERSE_Q)))
+        if kind == "items":
+            while True:
+                lst = self._rand_list(rng)
+                if lst not in self.items_held:
+                    return self.items(lst, rng.randrange(len(ITEMS_Q)))
+        if kind == "fact":
+            fk = rng.choice(list(FACT_Q))
+            table, qs, _ = FACT_Q[fk]
+            k = rng.choice(list(table))
+            q = rng.choice([i for i in range(len(qs)) if i != self.fact_held[(fk, k)]])
+            return self.fact(fk, k, q)
+        raise ValueError(kind)
+
+    # ---- held-out sets ----
+    def held_out(self, n: int, seed: int) -> dict[str, list[tuple[str, str, str]]]:
+        rng = random.Random(seed * 31 + 7)
+        out = {}
+        add = sorted(self.add_held)
+        sub = sorted(self.sub_held)
+        out["addition"] = [self.add(a, b, rng.randrange(len(ADD_Q))) for a, b in rng.sample(add, min(n, len(add)))]
+        out["subtraction"] = [self.sub(a, b, rng.randrange(len(SUB_Q))) for a, b in rng.sample(sub, min(n, len(sub)))]
+        pw = sorted(self.pseudo_held)
+        out["count letters"] = [self.letters(w, rng.randrange(len(LETTERS_Q))) for w in rng.sample(pw, min(n, len(pw)))]
+        out["spell"] = [self.spell_fwd(w, rng.randrange(len(SPELL_Q))) for w in rng.sample(pw, min(n, len(pw)))]
+        pw8 = [w for w in pw if len(w) <= 8]
+        out["spell backwards"] = [self.reverse(w, rng.randrange(len(REVERSE_Q))) for w in rng.sample(pw8, min(n, len(pw8)))]
+        rw = sorted(self.words_held)
+        out["backwards (real words)"] = [self.reverse(w, rng.randrange(len(REVERSE_Q))) for w in rw if len(w) <= 8][:n]
+        it = sorted(self.items_held)
+        out["count items"] = [self.items(l, rng.randrange(len(ITEMS_Q))) for l in rng.sample(it, min(n, len(it)))]
+        facts = sorted(self.fact_held.items())
+        out["facts"] = [self.fact(kind, k, q) for (kind, k), q in rng.sample(facts, min(n, len(facts)))]
+        return out
+
+
+def chat_example(rng: random.Random, tasks: Tasks, mix: list[tuple[str, float]]) -> list[dict]:
+    """One conversation (list of messages) of one to three turns."""
+    msgs = []
+    if rng.random() < 0.15:
+        msgs.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+    turns = 1 if rng.random() < 0.8 else rng.randint(2, 3)
+    kinds, weights = zip(*mix)
+    for _ in range(turns):
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "talk":
+            qs, ans = rng.choice(SMALL_TALK)
+            q, a = rng.choice(qs), rng.choice(ans)
+        elif kind == "story":
+            animal = rng.choice(ANIMALS)
+            q = rng.choice(["Tell me a story.", "Tell me a short story.", "Can you tell me a story?",
+                            f"Tell me a story about a {animal}.", "Write a little story."])
+            a = story(rng, animal if "about" in q else None)
+        elif kind == "tellfact":
+            q = rng.choice(["Tell me a fact.", "Tell me something interesting.", "Do you know a fact?"])
+            a = fact_prose(rng)
+        else:
+            q, a, _ = tasks.draw(rng, kind)
+        msgs.append({"role": "user", "content": q})
+        msgs.append({"role": "assistant", "content": a})
+    return msgs
+
+
+def render(msgs: list[dict], add_generation_prompt: bool = False) -> str:
+    s = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+    return s + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def render_with_spans(msgs: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans that are trained on (assistant
+    contents and their <|im_end|>)."""
+    s, spans = "", []
+    for m in msgs:
+        s += f"<|im_start|>{m['role']}\n"
+        if m["role"] == "assistant":
+            start = len(s)
+            s += m["content"] + "<|im_end|>"
+            spans.append((start, len(s)))
+            s += "\n"
+        else:
+            s += m["content"] + "<|im_end|>\n"
+    return s, spans
+
+
+TASK_MIX = [("add", 0.26), ("sub", 0.26), ("letters", 0.08), ("spell", 0.05), ("reverse", 0.09),
+            ("items", 0.06), ("fact", 0.10), ("talk", 0.04), ("story", 0.03), ("tellfact", 0.03)]
+ENGLISH_SHARE = 0.15  # share of documents that are plain English text (not chat)
+
+# --------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------
+
+
+def train_tokenizer(texts: list[str]):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   chat_template=CHAT_TEMPLATE, model_max_length=4096,
+                                   clean_up_tokenization_spaces=False)
+
+
+# --------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------
+
+
+def make_documents(n_docs: int, seed: int, tasks: Tasks, docs_en: list[str]):
+    """(text, trained character spans) for each document; English docs are trained whole."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_docs):
+        if rng.random() < ENGLISH_SHARE:
+            r = rng.random()
+            if r < 0.45:
+                t = story(rng)
+            elif r < 0.65:
+                t = fact_prose(rng)
+            else:
+                t = rng.choice(docs_en)
+            t = t + "<|endoftext|>"
+            out.append((t, [(0, len(t))]))
+        else:
+            out.append(render_with_spans(chat_example(rng, tasks, TASK_MIX)))
+    return out
+
+
+def tokenize_documents(hf_tok, docs):
+    import numpy as np
+    enc = hf_tok._tokenizer.encode_batch([t for t, _ in docs], add_special_tokens=False)
+    ids, mask, starts = [], [], []
+    for (text, spans), e in zip(docs, enc):
+        starts.append(len(ids))
+        for tid, (s, _e) in zip(e.ids, e.offsets):
+            ids.append(tid)
+            mask.append(any(a <= s < b for a, b in spans))
+    return np.array(ids, dtype=np.int64), np.array(mask, dtype=bool), np.array(starts, dtype=np.int64)
+
+
+def model_config(vocab_size: int, tok):
+    from transformers import Qwen3MoeConfig
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=512, moe_intermediate_size=128,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_experts=16, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], tie_word_embeddings=True, max_position_embeddings=1024,
+        rope_theta=10000.0, rms_norm_eps=1e-6, router_aux_loss_coef=0.01,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+    )
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+def cmd_train(args):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from transformers import GenerationConfig, Qwen3MoeForCausalLM
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t0 = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tasks = Tasks(args.seed)
+    docs_en = docstring_paragraphs()
+    log(f"{len(docs_en)} docstring paragraphs, {sum(map(len, docs_en))} characters")
+    n_docs = args.docs
+    docs = make_documents(n_docs, args.seed, tasks, docs_en)
+    tok_rng = random.Random(args.seed + 5)
+    tok_texts = [t for t, _ in tok_rng.sample(docs, min(30000, len(docs)))] + docs_en
+    tok_texts = [t.replace("<|endoftext|>", "").replace("<|im_start|>", "").replace("<|im_end|>", "") for t in tok_texts]
+    hf_tok = train_tokenizer(tok_texts)
+    vocab = len(hf_tok)
+    log(f"tokenizer: {vocab} tokens ({time.time() - t0:.0f}s)")
+    ids, mask, starts_np = tokenize_documents(hf_tok, docs)
+    log(f"{n_docs} documents -> {len(ids)} tokens, {mask.mean():.2f} of them trained on ({time.time() - t0:.0f}s)")
+
+    cfg = model_config(vocab, hf_tok)
+    model = Qwen3MoeForCausalLM(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.2f}M parameters")
+
+    T, B = args.seq, args.batch
+    steps = args.steps
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    # Warmup-stable-decay: warm up for the first 100 steps, hold, then decay (cosine) over
+    # the last 20% of the steps. Up to 80% of the steps the run does not depend on --steps,
+    # so a checkpoint taken then can be resumed with another --steps (see --resume) and
+    # gives exactly what a fresh run with that --steps gives.
+    warm = 100
+    decay_from = int(steps * 0.8)
+
+    def lr_at(s):
+        if s < warm:
+            return args.lr * (s + 1) / warm
+        if s < decay_from:
+            return args.lr
+        p = (s - decay_from) / max(1, steps - decay_from)
+        return args.lr * (0.03 + 0.97 * 0.5 * (1 + math.cos(math.pi * p)))
+
+    g = torch.Generator().manual_seed(args.seed)
+    ids_t = torch.from_numpy(ids)
+    mask_t = torch.from_numpy(mask)
+    # Rows start at document starts (so that, as at inference, a conversation is seen from
+    # position 0), and run on into the following documents.
+    doc_starts = torch.from_numpy(starts_np[starts_np + T + 1 <= len(ids)])
+    start_step = 0
+    ckpt = Path(args.checkpoint) if args.checkpoint else None
+    if args.resume:
+        st = torch.load(args.resume, weights_only=False)
+        if st["step"] > decay_from:
+            raise SystemExit(f"checkpoint at step {st['step']} is past the stable phase of --steps {steps}")
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        g.set_state(st["gen"])
+        torch.set_rng_state(st["torch_rng"])
+        start_step = st["step"]
+        log(f"resumed from {args.resume} at step {start_step}")
+    model.train()
+    t_train = time.time()
+    ema = None
+    for step in range(start_step, steps):
+        if ckpt and step % 100 == 0 and step <= decay_from and step > start_step:
+            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "gen": g.get_state(),
+                        "torch_rng": torch.get_rng_state()}, ckpt)
+        starts = doc_starts[torch.randint(len(doc_starts), (B,), generator=g)]
+        idx = starts[:, None] + torch.arange(T + 1)[None, :]
+        x = ids_t[idx[:, :-1]]
+        y = ids_t[idx[:, 1:]].clone()
+        y[~mask_t[idx[:, 1:]]] = -100
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step)
+        outp = model.model(input_ids=x, output_router_logits=True, use_cache=False)
+        sel = y != -100  # logits only where there is a target (saves lm_head work)
+        logits = model.lm_head(outp.last_hidden_state[sel])
+        ce = F.cross_entropy(logits.float(), y[sel])
+        aux = load_balancing_loss_func(outp.router_logits, cfg.num_experts, cfg.num_experts_per_tok, None)
+        loss = ce + cfg.router_aux_loss_coef * aux
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ema = ce.item() if ema is None else 0.98 * ema + 0.02 * ce.item()
+        if step % 50 == 0 or step == steps - 1:
+            el = time.time() - t_train
+            log(f"step {step}/{steps} loss {ce.item():.3f} (ema {ema:.3f}) aux {aux.item():.3f} "
+                f"lr {lr_at(step):.2e} {el:.0f}s, {el / (step + 1 - start_step):.2f}s/step")
+        if args.eval_every and step > 0 and step % args.eval_every == 0:
+            model.eval()
+            acc = quick_eval(model, hf_tok, tasks, 16, args.seed, only=("addition", "subtraction"))
+            log("held-out (quick): " + ", ".join(f"{k} {v:.2f}" for k, v in acc.items()))
+            model.train()
+
+    model.eval()
+    train_s = time.time() - t_train
+    model.generation_config = GenerationConfig(
+        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
+        do_sample=False, max_new_tokens=64)
+    model.save_pretrained(out, safe_serialization=True)
+    hf_tok.save_pretrained(out, save_jinja_files=False)
+    meta = {
+        "seed": args.seed, "steps": steps, "batch": B, "seq": T, "lr": args.lr, "documents": n_docs,
+        "tokens_in_stream": int(len(ids)), "tokens_seen": steps * B * T, "parameters": n_params,
+        "train_seconds": round(train_s), "resumed_from_step": start_step, "total_seconds": round(time.time() - t0), "threads": args.threads,
+        "torch": __import__("torch").__version__, "transformers": __import__("transformers").__version__,
+        "tokenizers": __import__("tokenizers").__version__, "python": sys.version.split()[0],
+    }
+    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"saved to {out}: {meta}")
+    acc = quick_eval(model, hf_tok, tasks, args.final_eval, args.seed)
+    log(f"held-out ({args.final_eval} each, transformers): " + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()))
+
+
+# --------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------
+
+
+def check(task: str, expected_key: str, text: str) -> bool:
+    text = text.strip()
+    if task in ("addition", "subtraction"):
+        m = re.findall(r"=\s*(-?\d+)\.?$", text)
+        return bool(m) and m[-1] == expected_key
+    if task in ("count letters",):
+        m = re.search(r"has (\d+) letters", text)
+        return bool(m) and m.group(1) == expected_key
+    if task == "count items":
+        m = re.search(r"There (?:is|are) (\d+)\.", text)
+        return bool(m) and m.group(1) == expected_key
+    if task in ("spell backwards", "backwards (real words)"):
+        m = re.search(r"Backwards it is ([a-z-]+?)\.?$", text)
+        return bool(m) and m.group(1) == expected_key
+    if task == "spell":
+        m = re.search(r"is spelled ([a-z-]+?)\.?$", text)
+        return bool(m) and m.group(1) == expected_key
+    if task == "facts":
+        return re.search(r"\b" + re.escape(expected_key) + r"\b", text) is not None
+    raise ValueError(task)
+
+
+def hf_generate(model, tok, prompts: list[str], max_new_tokens: int = 64, batch: int = 50) -> list[list[int]]:
+    import torch
+    outs = []
+    tok.padding_side = "left"
+    for i in range(0, len(prompts), batch):
+        enc = tok(prompts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            g = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                               eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                               pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+        for row in g[:, enc["input_ids"].shape[1]:].tolist():
+            eos = tok.convert_tokens_to_ids("<|im_end|>")
+            pad = tok.convert_tokens_to_ids("<|endoftext|>")
+            r = []
+            for t in row:
+                r.append(t)
+                if t == eos:
+                    break
+            outs.append([t for t in r if t != pad])
+    return outs
+
+
+def quick_eval(model, tok, tasks: Tasks, n: int, seed: int, only=None) -> dict[str, float]:
+    held = tasks.held_out(n, seed)
+    res = {}
+    for task, items in held.items():
+        if only and task not in only:
+            continue
+        prompts = [render([{"role": "user", "content": q}], True) for q, _, _ in items]
+        gens = hf_generate(model, tok, prompts)
+        texts = tok.batch_decode(gens, skip_special_tokens=True)
+        res[task] = sum(check(task, key, t) for (_, _, key), t in zip(items, texts)) / len(items)
+    return res
+
+
+def coli_bin() -> str:
+    return os.environ.get("COLI", str(ROOT / "target" / "release" / "coli"))
+
+
+def coli_generate(model_dir: str, prompt: str, max_new_tokens: int = 64) -> dict:
+    r = subprocess.run([coli_bin(), "generate", "--model", model_dir, "--prompt", prompt,
+                        "--max-new-tokens", str(max_new_tokens), "--temperature", "0", "--json"],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def cmd_eval(args):
+    tasks = Tasks(args.seed)
+    held = tasks.held_out(args.n, args.seed)
+    if args.engine == "hf":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        torch.set_num_threads(args.threads)
+        tok = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        model.eval()
+    results = {}
+    failures = {}
+    for task, items in held.items():
+        prompts = [render([{"role": "user", "content": q}], True) for q, _, _ in items]
+        if args.engine == "hf":
+            texts = tok.batch_decode(hf_generate(model, tok, prompts), skip_special_tokens=True)
+        else:
+            texts = [coli_generate(args.model, p)["text"] for p in prompts]
+        ok = [check(task, key, t) for (_, _, key), t in zip(items, texts)]
+        results[task] = {"n": len(items), "correct": sum(ok), "accuracy": round(sum(ok) / len(items), 4)}
+        failures[task] = [{"q": q, "expected": a, "got": t} for (q, a, _), t, k in zip(items, texts, ok) if not k][:5]
+        log(f"{task}: {sum(ok)}/{len(items)} = {sum(ok) / len(items):.3f}")
+    report = {"engine": args.engine, "model": args.model, "n_per_task": args.n, "seed": args.seed,
+              "results": results, "failures": failures}
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+SAMPLE_PROMPTS = [
+    "Hello!", "Who are you?", "What is 47 + 38?", "What is 91 minus 46?", "Add 29 and 64.",
+    'How many letters are in "elephant"?', 'Spell "garden" backwards.', "What is the capital of Japan?",
+    "What sound does a duck make?", "What colour is the sky?", 'What is the opposite of "fast"?',
+    "How many items are in this list: apple, pear, plum, fig?", "Tell me a story.", "Tell me a fact.",
+]
+
+
+def cmd_samples(args):
+    for p in SAMPLE_PROMPTS:
+        rendered = render([{"role": "user", "content": p}], True)
+        if args.engine == "coli":
+            text = coli_generate(args.model, rendered, 160)["text"]
+        else:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            tok = AutoTokenizer.from_pretrained(args.model)
+            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+            text = tok.decode(hf_generate(model, tok, [rendered], 160)[0], skip_special_tokens=True)
+        print(f"> {p}\n{text}\n")
+    for p in ["Once upon a time", "The capital of France", "This module provides"]:
+        r = subprocess.run([coli_bin(), "generate", "--model", args.model, "--prompt", p, "--max-new-tokens", "60",
+                            "--temperature", "0", "--json"], capture_output=True, text=True, check=True)
+        print(f"[completion] {p}{json.loads(r.stdout)['text']}\n")
+
+
+def cmd_compare(args):
+    """coli generate vs transformers' greedy generate, token for token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model.eval()
+    prompts = [render([{"role": "user", "content": p}], True) for p in SAMPLE_PROMPTS]
+    prompts += ["Once upon a time", "This module provides"]
+    bad = 0
+    for p in prompts:
+        ids = tok(p, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            g = model.generate(torch.tensor([ids]), max_new_tokens=args.max_new_tokens, do_sample=False,
+                               eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))[0, len(ids):].tolist()
+        c = coli_generate(args.model, p, args.max_new_tokens)
+        same = c["ids"] == g and c["prompt_ids"] == ids
+        bad += not same
+        print(f"{'same' if same else 'DIFFERENT'} ({len(g)} tokens): {p!r}")
+        if not same:
+            print("  hf:  ", g, "\n  coli:", c["ids"])
+    print(f"{len(prompts) - bad}/{len(prompts)} prompts: identical greedy tokens")
+    sys.exit(1 if bad else 0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--out", default=str(DEFAULT_OUT))
+    t.add_argument("--seed", type=int, default=SEED)
+    t.add_argument("--steps", type=int, default=2200)
+    t.add_argument("--batch", type=int, default=12)
+    t.add_argument("--seq", type=int, default=128)
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--docs", type=int, default=160000)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--eval-every", type=int, default=400)
+    t.add_argument("--final-eval", type=int, default=50)
+    t.add_argument("--checkpoint", help="save a resumable checkpoint here every 100 steps of the stable phase")
+    t.add_argument("--resume", help="resume from a --checkpoint file (same seed and data options)")
+    e = sub.add_parser("eval")
+    e.add_argument("--model", default=str(DEFAULT_OUT))
+    e.add_argument("--engine", choices=["hf", "coli"], default="coli")
+    e.add_argument("--n", type=int, default=200)
+    e.add_argument("--seed", type=int, default=SEED)
+    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--json")
+    s = sub.add_parser("samples")
+    s.add_argument("--model", default=str(DEFAULT_OUT))
+    s.add_argument("--engine", choices=["hf", "coli"], default="coli")
+    c = sub.add_parser("compare")
+    c.add_argument("--model", default=str(DEFAULT_OUT))
+    c.add_argument("--max-new-tokens", type=int, default=48)
+    args = ap.parse_args()
+    {"train": cmd_train, "eval": cmd_eval, "samples": cmd_samples, "compare": cmd_compare}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
