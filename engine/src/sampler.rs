@@ -43,10 +43,7 @@ impl SamplerConfig {
             )));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(Error::Invalid(format!(
-                "sampler: top_p must be in (0, 1] (1 = off), got {}",
-                self.top_p
-            )));
+            return Err(Error::Invalid(format!("sampler: top_p must be in (0, 1] (1 = off), got {}", self.top_p)));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(Error::Invalid(format!(
@@ -183,9 +180,7 @@ impl Sampler {
 
         let order = &mut self.order;
         order.clear();
-        order.extend(
-            (0..n as u32).filter(|&i| v[i as usize] != f32::NEG_INFINITY),
-        );
+        order.extend((0..n as u32).filter(|&i| v[i as usize] != f32::NEG_INFINITY));
         let k = self.cfg.top_k;
         if k > 0 && k < order.len() {
             // Keep exactly the k largest; the total order puts lower indices first on ties.
