@@ -288,6 +288,33 @@ mod tests {
     }
 
     #[test]
+    fn quantized_matrices_decode_rows_and_blocks() {
+        // 3 rows of 5 values, int4 group 2 and int8 group 4: row layout is scales then values.
+        let dt = DType::Int4 { group: 2 };
+        assert_eq!(dt.row_bytes(5), Some(8 + 4));
+        let mut bytes = Vec::new();
+        for r in 0..3u8 {
+            for g in 0..3u16 {
+                bytes.extend(f16::from_f32(0.5 * (g + 1) as f32).to_bits().to_le_bytes());
+            }
+            bytes.extend([0, 0]);
+            // q = -8, 7, r-8+... as nibbles (u = q + 8), low nibble first.
+            bytes.extend([0xF0, 0x08 | (r << 4), 0x01, 0]);
+        }
+        let m = Mat::new(3, 5, dt, Bytes::from_vec(bytes)).unwrap();
+        let mut row = [0.0; 5];
+        m.row_into(1, &mut row);
+        assert_eq!(row, [-8.0 * 0.5, 7.0 * 0.5, 0.0, (1.0 - 8.0) * 1.0, -7.0 * 1.5]);
+        let block = m.row_block(1, 2).unwrap();
+        assert_eq!(block.to_f32()[..5], row);
+        assert_eq!(m.to_f32()[5..10], row);
+        assert!(Mat::new(3, 5, dt, Bytes::from_vec(vec![0; 35])).is_err());
+        assert!(Mat::new(1, 5, DType::Int8 { group: 0 }, Bytes::from_vec(vec![0; 8])).is_err());
+        let i8m = Mat::new(1, 5, DType::Int8 { group: 4 }, Bytes::from_vec(vec![0x00, 0x40, 0x00, 0x3C, 0x81, 0x7F, 0xFF, 0x01, 3, 0, 0, 0])).unwrap();
+        assert_eq!(i8m.to_f32(), vec![-254.0, 254.0, -2.0, 2.0, 3.0]);
+    }
+
+    #[test]
     fn wrong_size_and_out_of_range_slices_are_errors() {
         assert!(Mat::new(2, 3, DType::F32, Bytes::from_vec(vec![0; 20])).is_err());
         let b = Bytes::from_vec(vec![0; 8]);

@@ -35,7 +35,7 @@ pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
-    let model = Model::open_dir(dir)?;
+    let model = Model::open_dir_with(dir, args.ram)?;
     let tokenizer = if need_tokenizer || dir.join("tokenizer.json").exists() {
         Some(Tokenizer::from_dir(dir)?)
     } else {
@@ -57,6 +57,27 @@ fn generation_config_eos(dir: &Path) -> Vec<u32> {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .map(|v| parse_token_ids(v.get("eos_token_id")))
         .unwrap_or_default()
+}
+
+/// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units).
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(bytes as u64)
 }
 
 /// Parses "5,17,3" into token ids.

@@ -2,6 +2,9 @@
 //! converts them and serves them to the browser.
 
 mod chat;
+mod convert;
+mod doctor;
+mod info;
 mod load;
 mod run;
 
@@ -24,6 +27,12 @@ enum Command {
     Generate(run::GenerateArgs),
     /// Chat in the terminal with the model's chat template, streaming tokens.
     Chat(chat::ChatArgs),
+    /// Convert a Hugging Face checkpoint into a colibri model (quantized, streamable).
+    Convert(convert::ConvertArgs),
+    /// Architecture, size and quantization of a model directory.
+    Info(info::InfoArgs),
+    /// Check this machine and (optionally) a model directory.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -35,9 +44,13 @@ pub enum Backend {
 /// Options shared by every command that runs a model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model directory: a Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json).
+    /// Model directory: a Hugging Face checkpoint (config.json, *.safetensors,
+    /// tokenizer.json) or a converted colibri model (colibri.json).
     #[arg(long)]
     pub model: std::path::PathBuf,
+    /// Expert-cache budget in bytes (suffixes K, M, G, T; 0 caches nothing; default: no limit).
+    #[arg(long, value_parser = load::parse_bytes)]
+    pub ram: Option<u64>,
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
@@ -63,6 +76,9 @@ fn main() -> ExitCode {
         Command::Logits(a) => run::logits(a),
         Command::Generate(a) => run::generate(a),
         Command::Chat(a) => chat::chat(a),
+        Command::Convert(a) => convert::convert(a),
+        Command::Info(a) => info::info(a),
+        Command::Doctor(a) => doctor::doctor(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

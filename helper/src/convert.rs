@@ -1,0 +1,501 @@
+//! `coli convert SRC -o DST`: a Hugging Face checkpoint into a colibri container
+//! (docs/format.md), tensor by tensor and expert by expert with bounded memory.
+//!
+//! Resumable: the layout is fixed before anything is written, so every item has a
+//! deterministic offset in `DST/weights.bin.partial`. After an item's bytes are durable
+//! its checksum is appended to `DST/convert.journal`; a rerun keeps the journaled items
+//! whose bytes still match and redoes the rest, so an interrupted and an uninterrupted
+//! conversion give identical bytes. The manifest is written last: a directory with
+//! `colibri.json` is complete.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use colibri_engine::container::manifest::{self, checksum_hex, DensePlan, ExpertLayerPlan, QuantSummary};
+use colibri_engine::container::quant::quantize_row;
+use colibri_engine::container::{checksum, is_container, MANIFEST_FILE};
+use colibri_engine::tensor::{DType, Mat};
+use colibri_engine::weights::TensorStore;
+use colibri_engine::{Model, ModelConfig};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+
+/// The data file of a container.
+pub const DATA_FILE: &str = "weights.bin";
+const JOURNAL: &str = "convert.journal";
+/// Files kept beside the manifest when the checkpoint has them.
+pub const KEPT_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Quant {
+    Int4,
+    Int8,
+    F16,
+    Bf16,
+    F32,
+}
+
+impl Quant {
+    fn dtype(self, group: u32) -> DType {
+        match self {
+            Quant::Int4 => DType::Int4 { group },
+            Quant::Int8 => DType::Int8 { group },
+            Quant::F16 => DType::F16,
+            Quant::Bf16 => DType::BF16,
+            Quant::F32 => DType::F32,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files).
+    pub src: PathBuf,
+    /// Output directory for the converted model.
+    #[arg(short = 'o', long = "out")]
+    pub out: PathBuf,
+    /// Stored type of the attention, expert and dense-MLP weights.
+    #[arg(long, value_enum, default_value_t = Quant::Int4)]
+    pub quant: Quant,
+    /// Values per f16 scale for int4/int8 (a multiple of 8), along each row.
+    #[arg(long, default_value_t = 64)]
+    pub group_size: u32,
+    /// Token embeddings (default: int8 with --quant int4, else --quant).
+    #[arg(long, value_enum)]
+    pub embed: Option<Quant>,
+    /// Output projection (default: int8 with --quant int4, else --quant).
+    #[arg(long, value_enum)]
+    pub lm_head: Option<Quant>,
+    /// Attention projections q/k/v/o (default: --quant).
+    #[arg(long, value_enum)]
+    pub attn: Option<Quant>,
+    /// Routed experts (default: --quant).
+    #[arg(long, value_enum)]
+    pub experts: Option<Quant>,
+    /// Dense MLP layers and shared experts (default: --quant).
+    #[arg(long, value_enum)]
+    pub mlp: Option<Quant>,
+    /// Replace a finished conversion already in the output directory.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Tensor classes with their own stored type.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Embed,
+    LmHead,
+    Attn,
+    Mlp,
+    /// Norms, biases, routers, gates: always f32.
+    Other,
+}
+
+fn class_of(name: &str, shape: &[usize]) -> Class {
+    if shape.len() != 2 || name.contains("norm") || name.ends_with(".gate.weight") || name.ends_with("shared_expert_gate.weight") {
+        Class::Other
+    } else if name == "lm_head.weight" {
+        Class::LmHead
+    } else if name.ends_with("embed_tokens.weight") {
+        Class::Embed
+    } else if name.contains(".self_attn.") {
+        Class::Attn
+    } else {
+        Class::Mlp
+    }
+}
+
+/// Sort key that orders "layers.2" before "layers.10".
+fn natural_key(s: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut n = c.to_digit(10).unwrap_or(0) as u64;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n.saturating_mul(10).saturating_add(d as u64);
+                chars.next();
+            }
+            out.push((std::mem::take(&mut text), n));
+        } else {
+            text.push(c);
+        }
+    }
+    out.push((text, u64::MAX));
+    out
+}
+
+/// One unit of work: a dense tensor or a routed expert.
+enum Item {
+    /// (source tensor name, stored type); index into the manifest's dense list.
+    Dense { src: String, dtype: DType, index: usize },
+    Expert { layer: usize, moe_index: usize, expert: usize },
+}
+
+struct Job {
+    src_dir: PathBuf,
+    out: PathBuf,
+    store: TensorStore,
+    model: Model,
+    manifest: manifest::Manifest,
+    items: Vec<Item>,
+    /// (offset, length) of each item.
+    ranges: Vec<(u64, u64)>,
+}
+
+fn parse_config(src: &Path) -> Result<(serde_json::Value, ModelConfig)> {
+    let p = src.join("config.json");
+    let bytes = std::fs::read(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| format!("{}: invalid JSON", p.display()))?;
+    let cfg = ModelConfig::from_value(&v).with_context(|| p.display().to_string())?;
+    Ok((v, cfg))
+}
+
+fn plan_job(a: &ConvertArgs) -> Result<Job> {
+    let (config, cfg) = parse_config(&a.src)?;
+    let store = TensorStore::open_dir(&a.src)?;
+    let model = Model::from_store(cfg.clone(), &store)?;
+    let g = a.group_size;
+    let q = |c: Option<Quant>, dflt: Quant| c.unwrap_or(dflt).dtype(g);
+    let small = if a.quant == Quant::Int4 { Quant::Int8 } else { a.quant };
+    let (embed_t, head_t, attn_t, mlp_t, exp_t) =
+        (q(a.embed, small), q(a.lm_head, small), q(a.attn, a.quant), q(a.mlp, a.quant), q(a.experts, a.quant));
+    let target = |c: Class| match c {
+        Class::Embed => embed_t,
+        Class::LmHead => head_t,
+        Class::Attn => attn_t,
+        Class::Mlp => mlp_t,
+        Class::Other => DType::F32,
+    };
+
+    let mut names: Vec<&String> = store.names().filter(|n| !n.contains(".experts.")).collect();
+    names.sort_by_cached_key(|n| natural_key(n));
+    let mut dense: Vec<(String, String, DType, Vec<usize>)> = Vec::new(); // (stored name, source name, dtype, shape)
+    for n in names {
+        let t = store.get(n)?;
+        dense.push((n.clone(), n.clone(), target(class_of(n, &t.shape)), t.shape.clone()));
+    }
+    let embed_name = "model.embed_tokens.weight";
+    if cfg.tie_word_embeddings && !store.contains("lm_head.weight") && head_t != embed_t {
+        let t = store.get(embed_name)?;
+        dense.push(("lm_head.weight".into(), embed_name.into(), head_t, t.shape.clone()));
+    }
+
+    let (h, i) = (cfg.hidden as u64, cfg.expert_intermediate as u64);
+    let moe_layers: Vec<usize> = (0..cfg.n_layers).filter(|&l| cfg.moe_layers[l]).collect();
+    let expert_plans: Vec<ExpertLayerPlan> = moe_layers
+        .iter()
+        .map(|&l| ExpertLayerPlan { layer: l as u32, count: cfg.router.n_experts, parts: [(exp_t, [i, h]), (exp_t, [i, h]), (exp_t, [h, i])] })
+        .collect();
+    let files: Vec<String> = KEPT_FILES.iter().filter(|f| a.src.join(f).is_file()).map(|f| f.to_string()).collect();
+    let mut classes = std::collections::BTreeMap::new();
+    for (k, v) in [("embed", embed_t), ("lm_head", head_t), ("attn", attn_t), ("mlp", mlp_t), ("experts", exp_t), ("other", DType::F32)] {
+        classes.insert(k.to_string(), v.to_string());
+    }
+    let summary = QuantSummary { default: format!("{:?}", a.quant).to_lowercase(), group_size: g, classes };
+    let dense_plans: Vec<DensePlan> =
+        dense.iter().map(|(n, _, dt, shape)| DensePlan { name: n.clone(), dtype: *dt, shape: shape.iter().map(|&d| d as u64).collect() }).collect();
+    let manifest = manifest::plan(DATA_FILE, summary, config, files, &dense_plans, &expert_plans)?;
+
+    let mut items = Vec::new();
+    let mut ranges = Vec::new();
+    for (k, (_, src, dt, _)) in dense.into_iter().enumerate() {
+        let t = &manifest.dense.tensors[k];
+        ranges.push((t.offset, t.length));
+        items.push(Item::Dense { src, dtype: dt, index: k });
+    }
+    for (m, &l) in moe_layers.iter().enumerate() {
+        for (e, x) in manifest.experts.layers[m].experts.iter().enumerate() {
+            ranges.push((x.offset, x.length));
+            items.push(Item::Expert { layer: l, moe_index: m, expert: e });
+        }
+    }
+    Ok(Job { src_dir: a.src.clone(), out: a.out.clone(), store, model, manifest, items, ranges })
+}
+
+/// Rows of `src` from `first` on, stored as `dtype` into `out` (whole rows).
+fn encode_rows(src: &Mat, first: usize, dtype: DType, out: &mut [u8]) -> Result<()> {
+    let rb = dtype.row_bytes(src.cols).context("bad stored type")?;
+    if rb == 0 {
+        return Ok(());
+    }
+    out.par_chunks_mut(rb).enumerate().try_for_each_init(
+        || vec![0.0f32; src.cols],
+        |row, (k, o)| {
+            src.row_into(first + k, row);
+            quantize_row(dtype, row, o)
+        },
+    )?;
+    Ok(())
+}
+
+fn write_at(f: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::write_all_at(f, buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Seek, SeekFrom};
+        let mut f = f;
+        f.seek(SeekFrom::Start(offset))?;
+        f.write_all(buf)
+    }
+}
+
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(f, buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = f;
+        f.seek(SeekFrom::Start(offset))?;
+        f.read_exact(buf)
+    }
+}
+
+impl Job {
+    /// Writes item `k` at its offset; returns its checksum.
+    fn write_item(&self, k: usize, f: &File, progress: &ProgressBar) -> Result<u64> {
+        let (offset, length) = self.ranges[k];
+        match &self.items[k] {
+            Item::Dense { src, dtype, index } => {
+                let t = self.store.get(src)?;
+                let cols = t.shape.last().copied().unwrap_or(1);
+                let rows = if t.shape.is_empty() { 1 } else { t.shape[..t.shape.len() - 1].iter().product() };
+                let mat = Mat::new(rows, cols, t.dtype, t.bytes.clone())?;
+                let rb = dtype.row_bytes(cols).context("bad stored type")?.max(1);
+                let per_chunk = ((8 << 20) / rb).max(1);
+                let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+                let mut buf = Vec::new();
+                let mut r = 0;
+                while r < rows {
+                    let n = per_chunk.min(rows - r);
+                    buf.clear();
+                    buf.resize(n * rb, 0);
+                    encode_rows(&mat, r, *dtype, &mut buf)
+                        .with_context(|| format!("tensor {}", self.manifest.dense.tensors[*index].name))?;
+                    write_at(f, &buf, offset + (r * rb) as u64)?;
+                    hasher.update(&buf);
+                    progress.inc(buf.len() as u64);
+                    r += n;
+                }
+                Ok(hasher.digest())
+            }
+            Item::Expert { layer, moe_index, expert } => {
+                let x = self.model.experts.expert(*layer, *expert)?;
+                let parts = &self.manifest.experts.layers[*moe_index].parts;
+                let mut buf = vec![0u8; length as usize];
+                for (p, m) in parts.iter().zip([&x.gate, &x.up, &x.down]) {
+                    let dst = &mut buf[p.offset as usize..(p.offset + p.length) as usize];
+                    encode_rows(m, 0, p.dtype()?, dst).with_context(|| format!("expert {expert} of layer {layer}, {}", p.name))?;
+                }
+                write_at(f, &buf, offset)?;
+                progress.inc(length);
+                Ok(checksum(&buf))
+            }
+        }
+    }
+
+    /// A fingerprint of what this conversion will write: the layout, the options and the
+    /// source files (names, sizes, modification times) and this program's version.
+    fn fingerprint(&self) -> Result<String> {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&self.manifest.to_json());
+        h.update(env!("CARGO_PKG_VERSION").as_bytes());
+        let mut files: Vec<_> = std::fs::read_dir(&self.src_dir)?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        files.sort();
+        for p in files {
+            if p.extension().is_some_and(|x| x == "safetensors" || x == "json") {
+                let md = std::fs::metadata(&p)?;
+                let mtime = md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+                h.update(format!("{}\0{}\0{}\0", p.display(), md.len(), mtime.as_nanos()).as_bytes());
+            }
+        }
+        Ok(checksum_hex(h.digest()))
+    }
+}
+
+/// Journaled (item, checksum) pairs of a previous run with the same fingerprint.
+fn read_journal(path: &Path, header: &str) -> Vec<(usize, u64)> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let mut lines = text.split_inclusive('\n');
+    if lines.next().map(str::trim_end) != Some(header) {
+        return Vec::new();
+    }
+    lines
+        .filter(|l| l.ends_with('\n'))
+        .filter_map(|l| {
+            let (a, b) = l.trim_end().split_once(' ')?;
+            Some((a.parse().ok()?, manifest::parse_checksum(b)?))
+        })
+        .collect()
+}
+
+fn sync_dir(dir: &Path) {
+    // Makes renames durable on unix; not possible (nor needed) everywhere.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+pub fn convert(a: ConvertArgs) -> Result<()> {
+    if a.group_size == 0 || a.group_size % 8 != 0 || a.group_size > 65536 {
+        bail!("--group-size must be a positive multiple of 8 (at most 65536), got {}", a.group_size);
+    }
+    if !a.src.is_dir() {
+        bail!("{}: no such model directory", a.src.display());
+    }
+    if is_container(&a.src) {
+        bail!("{}: already a converted colibri model", a.src.display());
+    }
+    if is_container(&a.out) {
+        if !a.force {
+            bail!("{}: already holds a converted model (pass --force to replace it)", a.out.display());
+        }
+        for f in [MANIFEST_FILE, DATA_FILE, JOURNAL] {
+            let _ = std::fs::remove_file(a.out.join(f));
+        }
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("{}: cannot create", a.out.display()))?;
+    let start = Instant::now();
+    let mut job = plan_job(&a)?;
+    let header = format!("colibri-convert-journal 1 {}", job.fingerprint()?);
+    let journal_path = job.out.join(JOURNAL);
+    let partial_path = job.out.join(format!("{DATA_FILE}.partial"));
+    let previous = read_journal(&journal_path, &header);
+    if previous.is_empty() {
+        let _ = std::fs::remove_file(&partial_path);
+        let mut j = File::create(&journal_path).with_context(|| format!("{}: cannot create", journal_path.display()))?;
+        writeln!(j, "{header}")?;
+        j.sync_all()?;
+    }
+    let data = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&partial_path)
+        .with_context(|| format!("{}: cannot open", partial_path.display()))?;
+    data.set_len(job.manifest.data_size)?;
+    let mut journal = OpenOptions::new().append(true).open(&journal_path)?;
+
+    // Keep what a previous run finished, if its bytes still check out.
+    let n = job.items.len();
+    let mut sums: Vec<Option<u64>> = vec![None; n];
+    for (k, sum) in previous {
+        if k < n {
+            let (off, len) = job.ranges[k];
+            let mut buf = vec![0u8; len as usize];
+            if read_at(&data, &mut buf, off).is_ok() && checksum(&buf) == sum {
+                sums[k] = Some(sum);
+            }
+        }
+    }
+    let total: u64 = job.ranges.iter().map(|r| r.1).sum();
+    let kept = sums.iter().filter(|s| s.is_some()).count();
+    let progress = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    progress.set_style(
+        ProgressStyle::with_template("{msg:>10} [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    if kept > 0 {
+        eprintln!("resuming: {kept} of {n} items already converted");
+        progress.inc(job.ranges.iter().zip(&sums).filter(|(_, s)| s.is_some()).map(|(r, _)| r.1).sum());
+    }
+    progress.set_message("converting");
+
+    // Test hooks: exit hard after N items of this run (before journaling the Nth), or
+    // sleep after each item so that a test can kill the process midway.
+    let abort_after: Option<usize> = std::env::var("COLI_CONVERT_ABORT_AFTER").ok().and_then(|v| v.parse().ok());
+    let delay = std::env::var("COLI_CONVERT_ITEM_DELAY_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
+    let mut pending: Vec<(usize, u64)> = Vec::new();
+    let (mut pending_bytes, mut last_commit, mut written) = (0u64, Instant::now(), 0usize);
+    let mut commit = |pending: &mut Vec<(usize, u64)>| -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        data.sync_data()?;
+        let mut lines = String::new();
+        for (k, s) in pending.drain(..) {
+            lines.push_str(&format!("{k} {}\n", checksum_hex(s)));
+        }
+        journal.write_all(lines.as_bytes())?;
+        journal.sync_data()?;
+        Ok(())
+    };
+    for k in 0..n {
+        if sums[k].is_some() {
+            continue;
+        }
+        let s = job.write_item(k, &data, &progress)?;
+        sums[k] = Some(s);
+        written += 1;
+        if abort_after == Some(written) {
+            std::process::exit(75);
+        }
+        pending.push((k, s));
+        pending_bytes += job.ranges[k].1;
+        if abort_after.is_some() || pending_bytes >= 64 << 20 || last_commit.elapsed() >= Duration::from_millis(250) {
+            commit(&mut pending)?;
+            (pending_bytes, last_commit) = (0, Instant::now());
+        }
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
+    }
+    commit(&mut pending)?;
+    progress.finish_and_clear();
+
+    // Fill in the checksums; the manifest goes last.
+    let mut k = 0;
+    for t in &mut job.manifest.dense.tensors {
+        t.xxh3 = checksum_hex(sums[k].unwrap_or(0));
+        k += 1;
+    }
+    for l in &mut job.manifest.experts.layers {
+        for e in &mut l.experts {
+            e.xxh3 = checksum_hex(sums[k].unwrap_or(0));
+            k += 1;
+        }
+    }
+    for f in &job.manifest.files {
+        let (from, to) = (job.src_dir.join(f), job.out.join(f));
+        std::fs::copy(&from, &to).with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+    }
+    drop(data);
+    std::fs::rename(&partial_path, job.out.join(DATA_FILE))?;
+    let tmp = job.out.join(format!("{MANIFEST_FILE}.partial"));
+    let mut mf = File::create(&tmp)?;
+    mf.write_all(&job.manifest.to_json())?;
+    mf.sync_all()?;
+    std::fs::rename(&tmp, job.out.join(MANIFEST_FILE))?;
+    sync_dir(&job.out);
+    let _ = std::fs::remove_file(&journal_path);
+    let (dense, experts) = job.manifest.byte_totals();
+    eprintln!(
+        "converted {} to {} in {:.1}s: {} resident + {} in {} experts",
+        a.src.display(),
+        a.out.display(),
+        start.elapsed().as_secs_f64(),
+        crate::info::human(dense),
+        crate::info::human(experts),
+        job.manifest.experts.layers.iter().map(|l| l.experts.len()).sum::<usize>()
+    );
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! `coli doctor [PATH]`: checks of this machine and, given one, of a model directory.
+//! `--checksums` reads every expert of a converted model and verifies its checksum.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use colibri_engine::container::{is_container, open_manifest, ContainerExperts};
+use colibri_engine::tokenizer::Tokenizer;
+use colibri_engine::{Model, ModelConfig};
+use indicatif::{ProgressBar, ProgressDrawTarget};
+
+use crate::info::{human, summarize};
+
+#[derive(Args)]
+pub struct DoctorArgs {
+    /// Model directory to check (Hugging Face checkpoint or converted colibri model).
+    pub path: Option<PathBuf>,
+    /// Verify the checksum of every expert (reads the whole data file).
+    #[arg(long)]
+    pub checksums: bool,
+}
+
+struct Report {
+    failed: usize,
+}
+
+impl Report {
+    fn ok(&self, what: &str, detail: impl std::fmt::Display) {
+        println!("ok    {what:<14} {detail}");
+    }
+
+    fn warn(&self, what: &str, detail: impl std::fmt::Display) {
+        println!("warn  {what:<14} {detail}");
+    }
+
+    fn fail(&mut self, what: &str, detail: impl std::fmt::Display) {
+        println!("FAIL  {what:<14} {detail}");
+        self.failed += 1;
+    }
+
+    fn check<T>(&mut self, what: &str, r: Result<T>, detail: impl Fn(&T) -> String) -> Option<T> {
+        match r {
+            Ok(v) => {
+                self.ok(what, detail(&v));
+                Some(v)
+            }
+            Err(e) => {
+                let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+                self.fail(what, chain.join(": "));
+                None
+            }
+        }
+    }
+}
+
+fn simd_features() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            v.push("avx2");
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            v.push("fma");
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            v.push("avx512f");
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    v.push("neon");
+    v
+}
+
+fn meminfo() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |k: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(k))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:")?))
+}
+
+pub fn doctor(a: DoctorArgs) -> Result<()> {
+    let mut r = Report { failed: 0 };
+    r.ok("coli", format!("{} ({} {})", env!("CARGO_PKG_VERSION"), std::env::consts::OS, std::env::consts::ARCH));
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    r.ok("cpu", format!("{cores} threads available; SIMD: {}", simd_features().join(" ")));
+    match meminfo() {
+        Some((total, avail)) => r.ok("memory", format!("{} total, {} available", human(total), human(avail))),
+        None => r.warn("memory", "unknown on this platform"),
+    }
+
+    if let Some(dir) = &a.path {
+        let summary = r.check("model", summarize(dir), |s| s.format.clone());
+        if let Some(s) = &summary {
+            r.ok("sizes", format!("{} resident, {} streamed, {} per token at most", human(s.resident), human(s.streamed), human(s.per_token())));
+            if let Some((_, avail)) = meminfo() {
+                if s.resident > avail {
+                    r.warn("memory", format!("the resident set ({}) exceeds available memory", human(s.resident)));
+                }
+            }
+        }
+        if dir.join("tokenizer.json").is_file() {
+            r.check("tokenizer", Tokenizer::from_dir(dir).map_err(Into::into), |_| "tokenizer.json loads".into());
+        } else {
+            r.warn("tokenizer", "no tokenizer.json: only --ids prompts will work");
+        }
+        if summary.is_some() {
+            r.check("weights", Model::open_dir_with(dir, Some(0)).map_err(Into::into), |m| {
+                format!("every tensor has the shape its config needs ({} layers)", m.cfg.n_layers)
+            });
+        }
+        if is_container(dir) {
+            if a.checksums {
+                r.check("checksums", verify_experts(dir), |n| format!("all {n} experts and every dense tensor match"));
+            } else {
+                r.ok("checksums", "dense tensors verified (pass --checksums to verify every expert)");
+            }
+        } else if a.checksums {
+            r.warn("checksums", "a Hugging Face checkpoint has no checksums; convert it with coli convert");
+        }
+    }
+    if r.failed > 0 {
+        bail!("{} check(s) failed", r.failed);
+    }
+    Ok(())
+}
+
+fn verify_experts(dir: &std::path::Path) -> Result<usize> {
+    let (m, source) = open_manifest(dir)?;
+    let cfg = ModelConfig::from_value(&m.config)?;
+    let experts = ContainerExperts::new(&m, &cfg, Arc::new(source), Some(0))?;
+    let total: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
+    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    experts.verify_all(&mut |done, _| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    Ok(total)
+}

@@ -1,0 +1,157 @@
+//! `coli info PATH`: what a model directory holds (a Hugging Face checkpoint or a colibri
+//! container): architecture, shape, quantization, resident versus streamed bytes.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use colibri_engine::container::{is_container, open_manifest};
+use colibri_engine::weights::TensorStore;
+use colibri_engine::ModelConfig;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Model directory (Hugging Face checkpoint or converted colibri model).
+    pub path: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Bytes in binary units, e.g. "1.5 GiB".
+pub fn human(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Facts about a model directory, whatever its format.
+pub struct Summary {
+    pub format: String,
+    pub cfg: ModelConfig,
+    pub quant: String,
+    pub resident: u64,
+    pub streamed: u64,
+    pub n_experts_total: u64,
+}
+
+impl Summary {
+    pub fn expert_bytes(&self) -> u64 {
+        self.streamed.checked_div(self.n_experts_total).unwrap_or(0)
+    }
+
+    /// Upper bound on the bytes one decode step touches: the resident set plus top-k
+    /// experts of every MoE layer.
+    pub fn per_token(&self) -> u64 {
+        let moe = self.cfg.moe_layers.iter().filter(|m| **m).count() as u64;
+        self.resident + moe * self.cfg.router.top_k as u64 * self.expert_bytes()
+    }
+}
+
+fn read_config(dir: &Path) -> Result<ModelConfig> {
+    let p = dir.join("config.json");
+    let bytes = std::fs::read(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+    Ok(ModelConfig::from_json_bytes(&bytes).with_context(|| p.display().to_string())?)
+}
+
+pub fn summarize(dir: &Path) -> Result<Summary> {
+    if !dir.is_dir() {
+        bail!("{}: no such model directory", dir.display());
+    }
+    if is_container(dir) {
+        let (m, _) = open_manifest(dir)?;
+        let cfg = ModelConfig::from_value(&m.config).context("colibri.json: config")?;
+        let (resident, streamed) = m.byte_totals();
+        let classes: Vec<String> = m.quant.classes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        return Ok(Summary {
+            format: format!("colibri container v{} ({}, {})", m.version, m.data_file, human(m.data_size)),
+            cfg,
+            quant: format!("{} (group {}): {}", m.quant.default, m.quant.group_size, classes.join(", ")),
+            resident,
+            streamed,
+            n_experts_total: m.experts.layers.iter().map(|l| l.experts.len() as u64).sum(),
+        });
+    }
+    let cfg = read_config(dir)?;
+    let store = TensorStore::open_dir(dir)?;
+    let (mut resident, mut streamed) = (0u64, 0u64);
+    let mut dtypes = BTreeSet::new();
+    for n in store.names() {
+        let t = store.get(n)?;
+        dtypes.insert(t.dtype.name());
+        if n.contains(".experts.") {
+            streamed += t.bytes.len() as u64;
+        } else {
+            resident += t.bytes.len() as u64;
+        }
+    }
+    let moe = cfg.moe_layers.iter().filter(|m| **m).count() as u64;
+    Ok(Summary {
+        format: "Hugging Face checkpoint (safetensors)".into(),
+        quant: format!("none ({})", dtypes.into_iter().collect::<Vec<_>>().join(", ")),
+        resident,
+        streamed,
+        n_experts_total: moe * cfg.router.n_experts as u64,
+        cfg,
+    })
+}
+
+pub fn info(a: InfoArgs) -> Result<()> {
+    let s = summarize(&a.path)?;
+    let c = &s.cfg;
+    let moe = c.moe_layers.iter().filter(|m| **m).count();
+    if a.json {
+        let v = json!({
+            "path": a.path.display().to_string(),
+            "format": s.format,
+            "model_type": c.model_type,
+            "layers": c.n_layers,
+            "moe_layers": moe,
+            "hidden": c.hidden,
+            "heads": c.n_heads,
+            "kv_heads": c.n_kv_heads,
+            "head_dim": c.head_dim,
+            "vocab": c.vocab,
+            "context": c.max_positions,
+            "experts_per_layer": c.router.n_experts,
+            "top_k": c.router.top_k,
+            "expert_intermediate": c.expert_intermediate,
+            "shared_expert_intermediate": c.shared_expert_intermediate,
+            "quantization": s.quant,
+            "resident_bytes": s.resident,
+            "streamed_bytes": s.streamed,
+            "experts": s.n_experts_total,
+            "expert_bytes": s.expert_bytes(),
+            "per_token_bytes": s.per_token(),
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    println!("model         {}", a.path.display());
+    println!("format        {}", s.format);
+    println!(
+        "architecture  {}: {} layers ({moe} MoE), hidden {}, {} heads ({} kv) x {}, vocab {}, context {}",
+        c.model_type, c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, c.max_positions
+    );
+    let shared = c.shared_expert_intermediate.map(|i| format!(", shared expert {i}")).unwrap_or_default();
+    println!(
+        "experts       {} per MoE layer, top-{}, intermediate {}{shared}",
+        c.router.n_experts, c.router.top_k, c.expert_intermediate
+    );
+    println!("quantization  {}", s.quant);
+    println!("resident      {} (embeddings, attention, norms, routers, dense/shared MLPs)", human(s.resident));
+    println!("streamed      {} ({} routed experts of {} each)", human(s.streamed), s.n_experts_total, human(s.expert_bytes()));
+    println!("per token     {} at most (resident + top-{} experts x {moe} layers)", human(s.per_token()), c.router.top_k);
+    Ok(())
+}

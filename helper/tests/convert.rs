@@ -1,0 +1,407 @@
+//! `coli convert` and the colibri container, end to end: every fixture converted to every
+//! stored type and checked against the transformers reference; bit-identical logits for
+//! every `--ram` budget; resume after an abort or SIGKILL gives identical bytes; corrupted
+//! experts and damaged manifests are clear errors.
+//!
+//! Run with `--nocapture` to see the quality table that docs/benchmarks.md records.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use colibri_engine::generate::{generate, GenerateOptions};
+use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::{Logits, Model};
+use serde_json::Value;
+
+const FIXTURES: [&str; 4] = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"];
+
+fn coli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coli"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coli-convert-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn reference(name: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(fixture(name).join("reference.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn convert(src: &Path, dst: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = coli();
+    c.arg("convert").arg(src).arg("-o").arg(dst).args(extra);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn convert_ok(src: &Path, dst: &Path, extra: &[&str]) {
+    let out = convert(src, dst, extra, &[]);
+    assert!(out.status.success(), "convert {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn logits(model: &Model, name: &str) -> Vec<f32> {
+    let mut s = model.new_session();
+    model.forward(&mut s, &ids(&reference(name)["ids"]), Logits::All).unwrap()
+}
+
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let m = x.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
+    let z = x.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln();
+    x.iter().map(|v| *v as f64 - m - z).collect()
+}
+
+fn argmax(x: &[f32]) -> usize {
+    colibri_engine::math::argmax(x)
+}
+
+struct Quality {
+    rel: f64,
+    kl: f64,
+    agree: f64,
+    greedy: usize,
+}
+
+/// Compares logits with the reference: max |diff| / std, mean KL(ref || got), argmax
+/// agreement, and how many greedy tokens match before the first difference.
+fn quality(name: &str, model: &Model, got: &[f32]) -> Quality {
+    let r = reference(name);
+    let want = f32s(&std::fs::read(fixture(name).join("logits.bin")).unwrap());
+    let vocab = model.cfg.vocab;
+    assert_eq!(got.len(), want.len());
+    let std = r["logits_std"].as_f64().unwrap();
+    let worst = got.iter().zip(&want).map(|(a, b)| (*a as f64 - *b as f64).abs()).fold(0.0, f64::max);
+    let (mut kl, mut agree) = (0.0, 0);
+    let n = want.len() / vocab;
+    for p in 0..n {
+        let (w, g) = (&want[p * vocab..(p + 1) * vocab], &got[p * vocab..(p + 1) * vocab]);
+        let (lw, lg) = (log_softmax(w), log_softmax(g));
+        kl += lw.iter().zip(&lg).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+        agree += (argmax(w) == argmax(g)) as usize;
+    }
+    let prompt = ids(&r["greedy"]["prompt_ids"]);
+    let want_new = ids(&r["greedy"]["new_ids"]);
+    let opts = GenerateOptions { max_new_tokens: want_new.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let mut s = model.new_session();
+    let (new, _) = generate(model, &mut s, &prompt, &opts, &mut |_| true).unwrap();
+    let greedy = new.iter().zip(&want_new).take_while(|(a, b)| a == b).count();
+    Quality { rel: worst / std, kl: kl / n as f64, agree: agree as f64 / n as f64, greedy }
+}
+
+#[test]
+fn every_fixture_in_every_type_against_transformers() {
+    let root = scratch("types");
+    let mut table = vec!["| model | --quant | max abs diff / std | mean KL(ref||got) | argmax agreement | greedy tokens matching (of 24) |".to_string(), "|---|---|---|---|---|---|".to_string()];
+    let mut failures = Vec::new();
+    for name in FIXTURES {
+        let hf = Model::open_dir(&fixture(name)).unwrap();
+        let hf_logits = logits(&hf, name);
+        let configs: [(&str, &[&str]); 7] = [
+            ("f32", &["--quant", "f32"]),
+            ("bf16", &["--quant", "bf16"]),
+            ("f16", &["--quant", "f16"]),
+            ("int8", &["--quant", "int8"]),
+            ("int4", &["--quant", "int4"]),
+            ("int4 --group-size 32", &["--quant", "int4", "--group-size", "32"]),
+            ("int4 --attn int8 --mlp int8", &["--quant", "int4", "--attn", "int8", "--mlp", "int8"]),
+        ];
+        for (k, (quant, args)) in configs.into_iter().enumerate() {
+            let dst = root.join(format!("{name}-{k}"));
+            convert_ok(&fixture(name), &dst, args);
+            let model = Model::open_dir(&dst).unwrap_or_else(|e| panic!("{name} {quant}: {e}"));
+            let got = logits(&model, name);
+            let q = quality(name, &model, &got);
+            table.push(format!("| {name} | {quant} | {:.2e} | {:.2e} | {:.0}% | {} |", q.rel, q.kl, q.agree * 100.0, q.greedy));
+            let bits_equal = got.iter().zip(&hf_logits).all(|(a, b)| a.to_bits() == b.to_bits());
+            let lossless = quant == "f32" || (quant == "bf16" && name == "qwen3_moe") || (quant == "f16" && name == "olmoe");
+            // Lossless conversions must reproduce the checkpoint's own path bit for bit (and so
+            // meet the transformers bar); the lossy ones are regression guards a little below
+            // what docs/benchmarks.md records.
+            let ok = match quant {
+                _ if lossless => bits_equal && q.rel <= 1e-3,
+                "f16" => q.rel <= 5e-2 && q.kl < 1e-4 && q.agree >= 0.95,
+                "bf16" => q.rel <= 0.5 && q.kl < 1e-2 && q.agree >= 0.95,
+                "int8" => q.kl < 0.1 && q.agree >= 0.85,
+                _ => q.kl < 3.0 && q.agree >= 0.15,
+            };
+            if !ok {
+                failures.push(format!("{name} {quant}: bits equal {bits_equal}, rel {:.2e}, kl {:.2e}, agreement {}, greedy {}", q.rel, q.kl, q.agree, q.greedy));
+            }
+        }
+    }
+    eprintln!("\n{}\n", table.join("\n"));
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn ram_budget_never_changes_the_bits() {
+    let root = scratch("ram");
+    let dst = root.join("m");
+    convert_ok(&fixture("qwen2_moe"), &dst, &[]);
+    let m: Value = serde_json::from_slice(&std::fs::read(dst.join("colibri.json")).unwrap()).unwrap();
+    let expert = m["experts"]["layers"][0]["experts"][0]["length"].as_u64().unwrap();
+    let mut runs = Vec::new();
+    for ram in [Some(0), Some(expert), Some(expert * 7), None] {
+        let model = Model::open_dir_with(&dst, ram).unwrap();
+        let mut s = model.new_session();
+        let prefill = model.forward(&mut s, &ids(&reference("qwen2_moe")["ids"]), Logits::All).unwrap();
+        // Then a few decode steps, which hit the cache differently.
+        let mut steps = Vec::new();
+        for id in [5u32, 17, 3] {
+            steps.extend(model.forward(&mut s, &[id], Logits::Last).unwrap());
+        }
+        runs.push((ram, prefill, steps));
+    }
+    for (ram, p, s) in &runs[1..] {
+        assert!(p.iter().zip(&runs[0].1).all(|(a, b)| a.to_bits() == b.to_bits()), "prefill differs with --ram {ram:?}");
+        assert!(s.iter().zip(&runs[0].2).all(|(a, b)| a.to_bits() == b.to_bits()), "decode differs with --ram {ram:?}");
+    }
+    // The command line accepts the budget with suffixes and writes the same bytes.
+    let mut files = Vec::new();
+    for ram in ["0", "3K", "1.5M", "2G"] {
+        let out_file = root.join(format!("logits-{ram}.f32"));
+        let out = coli().args(["logits", "--model"]).arg(&dst).args(["--ram", ram, "--ids", "5,17,3,99", "--out"]).arg(&out_file).output().unwrap();
+        assert!(out.status.success(), "--ram {ram}: {}", String::from_utf8_lossy(&out.stderr));
+        files.push(std::fs::read(&out_file).unwrap());
+    }
+    assert!(files.iter().all(|f| f == &files[0]));
+    let out = coli().args(["logits", "--model"]).arg(&dst).args(["--ram", "12Q", "--ids", "5", "--out", "/dev/null"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown unit"));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Every file of two directories, byte for byte.
+fn assert_same_dirs(a: &Path, b: &Path) {
+    let list = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(list(a), list(b));
+    for f in list(a) {
+        assert!(std::fs::read(a.join(&f)).unwrap() == std::fs::read(b.join(&f)).unwrap(), "{f} differs");
+    }
+}
+
+#[test]
+fn resume_after_abort_is_byte_identical() {
+    let root = scratch("resume");
+    let clean = root.join("clean");
+    convert_ok(&fixture("qwen2_moe"), &clean, &["--quant", "int4"]);
+    let total = {
+        let m: Value = serde_json::from_slice(&std::fs::read(clean.join("colibri.json")).unwrap()).unwrap();
+        m["dense"]["tensors"].as_array().unwrap().len() + m["experts"]["layers"].as_array().unwrap().iter().map(|l| l["experts"].as_array().unwrap().len()).sum::<usize>()
+    };
+    for (k, abort) in [1, 7, total / 2, total - 1].into_iter().enumerate() {
+        let dst = root.join(format!("run{k}"));
+        let out = convert(&fixture("qwen2_moe"), &dst, &["--quant", "int4"], &[("COLI_CONVERT_ABORT_AFTER", &abort.to_string())]);
+        assert_eq!(out.status.code(), Some(75), "abort after {abort}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!dst.join("colibri.json").exists() && dst.join("weights.bin.partial").exists());
+        if k == 2 {
+            // Damage a journaled item and an unjournaled one: both must be redone.
+            let mut b = std::fs::read(dst.join("weights.bin.partial")).unwrap();
+            b[0] ^= 0xFF;
+            let n = b.len();
+            b[n - 1] ^= 0x55;
+            std::fs::write(dst.join("weights.bin.partial"), b).unwrap();
+        }
+        if k == 3 {
+            // A second interruption while resuming.
+            let out = convert(&fixture("qwen2_moe"), &dst, &["--quant", "int4"], &[("COLI_CONVERT_ABORT_AFTER", "1")]);
+            assert_eq!(out.status.code(), Some(75));
+        }
+        let out = convert(&fixture("qwen2_moe"), &dst, &["--quant", "int4"], &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        if abort > 1 {
+            assert!(String::from_utf8_lossy(&out.stderr).contains("resuming"), "abort {abort}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert_same_dirs(&clean, &dst);
+    }
+    // Options that change the layout start over instead of mixing bytes.
+    let dst = root.join("other-options");
+    let out = convert(&fixture("qwen2_moe"), &dst, &["--quant", "int8"], &[("COLI_CONVERT_ABORT_AFTER", "5")]);
+    assert_eq!(out.status.code(), Some(75));
+    let out = convert(&fixture("qwen2_moe"), &dst, &["--quant", "int4"], &[]);
+    assert!(out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("resuming"));
+    assert_same_dirs(&clean, &dst);
+    // A finished conversion is not overwritten without --force.
+    let out = convert(&fixture("qwen2_moe"), &dst, &[], &[]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--force"));
+    convert_ok(&fixture("qwen2_moe"), &dst, &["--force"]);
+    assert_same_dirs(&clean, &dst);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn resume_after_sigkill_is_byte_identical() {
+    let root = scratch("sigkill");
+    let clean = root.join("clean");
+    convert_ok(&fixture("mixtral"), &clean, &["--quant", "int8"]);
+    let dst = root.join("killed");
+    let mut child = coli()
+        .arg("convert")
+        .arg(fixture("mixtral"))
+        .arg("-o")
+        .arg(&dst)
+        .args(["--quant", "int8"])
+        .env("COLI_CONVERT_ITEM_DELAY_MS", "40")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let journal = dst.join("convert.journal");
+    let start = std::time::Instant::now();
+    loop {
+        let lines = std::fs::read_to_string(&journal).map(|t| t.lines().count()).unwrap_or(0);
+        if lines >= 3 || start.elapsed().as_secs() > 60 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL on unix
+    child.wait().unwrap();
+    assert!(!dst.join("colibri.json").exists(), "the conversion finished before it could be killed");
+    let out = convert(&fixture("mixtral"), &dst, &["--quant", "int8"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("resuming"));
+    assert_same_dirs(&clean, &dst);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure; stderr: {err}");
+    assert!(!err.contains("panicked") && !err.contains("internal error"), "panic: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "want one line on stderr, got: {err}");
+    assert!(err.contains(needle), "stderr {err:?} does not mention {needle:?}");
+}
+
+fn run_logits(model: &Path) -> Output {
+    let r = reference("olmoe");
+    let ids = ids(&r["ids"]).iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    coli().args(["logits", "--model"]).arg(model).args(["--ids", &ids, "--out", "/dev/null"]).output().unwrap()
+}
+
+#[test]
+fn corruption_is_caught_by_checksums() {
+    let root = scratch("corrupt");
+    let dst = root.join("m");
+    convert_ok(&fixture("olmoe"), &dst, &["--quant", "int8"]);
+    let m: Value = serde_json::from_slice(&std::fs::read(dst.join("colibri.json")).unwrap()).unwrap();
+    let data = dst.join("weights.bin");
+    let clean = std::fs::read(&data).unwrap();
+    let out = coli().args(["doctor"]).arg(&dst).arg("--checksums").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+
+    // One damaged expert: named by layer, index and file, by the loader and by doctor.
+    let e = &m["experts"]["layers"][1]["experts"][3];
+    let mut bad = clean.clone();
+    bad[(e["offset"].as_u64().unwrap() + e["length"].as_u64().unwrap() / 2) as usize] ^= 1;
+    std::fs::write(&data, &bad).unwrap();
+    let model = Model::open_dir_with(&dst, Some(0)).unwrap();
+    let err = model.experts.expert(1, 3).unwrap_err().to_string();
+    assert!(err.contains("checksum mismatch in expert 3 of layer 1") && err.contains("weights.bin"), "{err}");
+    let out = coli().args(["doctor"]).arg(&dst).arg("--checksums").output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("expert 3 of layer 1"), "{}", String::from_utf8_lossy(&out.stdout));
+
+    // Every expert of layer 0 damaged: a forward pass must stop with one clear line.
+    let mut bad = clean.clone();
+    for e in m["experts"]["layers"][0]["experts"].as_array().unwrap() {
+        bad[e["offset"].as_u64().unwrap() as usize + 7] ^= 0x10;
+    }
+    std::fs::write(&data, &bad).unwrap();
+    assert_clean_failure(&run_logits(&dst), "checksum mismatch in expert");
+
+    // A damaged dense tensor is caught when the model opens.
+    let t = &m["dense"]["tensors"][2];
+    let mut bad = clean.clone();
+    bad[t["offset"].as_u64().unwrap() as usize] ^= 0x80;
+    std::fs::write(&data, &bad).unwrap();
+    assert_clean_failure(&run_logits(&dst), &format!("checksum mismatch in dense tensor {}", t["name"].as_str().unwrap()));
+
+    // A truncated data file.
+    std::fs::write(&data, &clean[..clean.len() - 100]).unwrap();
+    assert_clean_failure(&run_logits(&dst), "truncated");
+    std::fs::remove_file(&data).unwrap();
+    assert_clean_failure(&run_logits(&dst), "weights.bin");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn damaged_manifests_are_clear_errors() {
+    let root = scratch("manifest");
+    let dst = root.join("m");
+    convert_ok(&fixture("mixtral"), &dst, &["--quant", "int4"]);
+    let path = dst.join("colibri.json");
+    let good = std::fs::read(&path).unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() / 3].to_vec()),
+        ("empty", Vec::new()),
+        ("garbage", b"\x89PNG\r\n\x1a\n\x00\x00".to_vec()),
+        ("not a manifest", br#"{"hello": "world"}"#.to_vec()),
+        ("future", String::from_utf8(good.clone()).unwrap().replacen("\"version\": 1", "\"version\": 99", 1).into_bytes()),
+        ("lying offsets", String::from_utf8(good.clone()).unwrap().replacen("\"offset\": 4096", "\"offset\": 4095", 1).into_bytes()),
+    ];
+    for (what, bytes) in cases {
+        std::fs::write(&path, &bytes).unwrap();
+        let out = run_logits(&dst);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: accepted");
+        assert!(!err.contains("panicked") && err.trim_end().lines().count() == 1, "{what}: {err}");
+        assert!(err.contains("colibri.json"), "{what}: {err}");
+        let out = coli().arg("info").arg(&dst).output().unwrap();
+        assert!(!out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("panicked"), "{what}: info");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn info_and_doctor_on_both_formats() {
+    let root = scratch("info");
+    let dst = root.join("m");
+    convert_ok(&fixture("qwen3_moe"), &dst, &[]);
+    let info = |p: &Path| -> Value {
+        let out = coli().arg("info").arg(p).arg("--json").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (hf, conv) = (info(&fixture("qwen3_moe")), info(&dst));
+    for v in [&hf, &conv] {
+        assert_eq!(v["model_type"], "qwen3_moe");
+        assert_eq!(v["experts"], 64);
+        assert_eq!(v["top_k"], 2);
+        assert!(v["streamed_bytes"].as_u64().unwrap() > 0 && v["resident_bytes"].as_u64().unwrap() > 0);
+    }
+    assert!(conv["format"].as_str().unwrap().contains("colibri container v1"));
+    assert!(conv["quantization"].as_str().unwrap().contains("experts int4/g64"));
+    // int4 experts take about a quarter of bf16 (plus scales).
+    let (a, b) = (hf["expert_bytes"].as_u64().unwrap() as f64, conv["expert_bytes"].as_u64().unwrap() as f64);
+    assert!(b < a * 0.45, "{a} vs {b}");
+    let text = coli().arg("info").arg(&dst).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("streamed"));
+    for p in [fixture("qwen3_moe"), dst.clone()] {
+        let out = coli().arg("doctor").arg(&p).arg("--checksums").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let out = coli().arg("doctor").output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("cpu"));
+    let out = coli().arg("info").arg(root.join("nope")).output().unwrap();
+    assert_clean_failure(&out, "no such model directory");
+    let _ = std::fs::remove_dir_all(&root);
+}
