@@ -20,6 +20,7 @@ pub mod rope;
 pub mod sampler;
 pub mod tensor;
 pub mod tokenizer;
+pub mod usage;
 pub mod weights;
 
 pub use config::ModelConfig;

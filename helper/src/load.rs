@@ -31,11 +31,17 @@ pub fn setup(args: &ModelArgs) -> Result<()> {
 
 pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
     setup(args)?;
-    let dir = args.model.as_path();
+    let dir = crate::paths::resolve_model(&args.model, None)?;
+    open_dir(&dir, args.ram, need_tokenizer)
+}
+
+/// Opens the model directory `dir` (weights, tokenizer, stop ids) without touching the
+/// thread pool; `ram` is the expert-cache budget in bytes of converted models.
+pub fn open_dir(dir: &Path, ram: Option<u64>, need_tokenizer: bool) -> Result<Loaded> {
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
-    let model = Model::open_dir_with(dir, args.ram)?;
+    let model = Model::open_dir_with(dir, ram)?;
     let tokenizer = if need_tokenizer || dir.join("tokenizer.json").exists() {
         Some(Tokenizer::from_dir(dir)?)
     } else {

@@ -6,7 +6,9 @@ mod convert;
 mod doctor;
 mod info;
 mod load;
+mod paths;
 mod run;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -33,6 +35,14 @@ enum Command {
     Info(info::InfoArgs),
     /// Check this machine and (optionally) a model directory.
     Doctor(doctor::DoctorArgs),
+    /// The localhost helper: model files over HTTP Range, the web app, the OpenAI API.
+    Serve(serve::ServeArgs),
+    /// `coli serve`, then open the chat page in the browser.
+    Web(serve::ServeArgs),
+    /// Run the helper as a background service (systemd user unit / launchd agent).
+    Service(serve::service::ServiceArgs),
+    /// Load test of the helper's Range API against plain reads of the same file (JSON).
+    BenchServe(serve::bench::BenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -79,6 +89,10 @@ fn main() -> ExitCode {
         Command::Convert(a) => convert::convert(a),
         Command::Info(a) => info::info(a),
         Command::Doctor(a) => doctor::doctor(a),
+        Command::Serve(a) => serve::serve(a, false),
+        Command::Web(a) => serve::serve(a, true),
+        Command::Service(a) => serve::service::run(a),
+        Command::BenchServe(a) => serve::bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

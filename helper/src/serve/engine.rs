@@ -1,0 +1,214 @@
+//! The native engine behind the OpenAI endpoints: models loaded on first use and kept,
+//! one generation per model at a time (the others wait in a bounded queue), each run on
+//! the blocking pool and streaming text pieces through a channel. A generation stops
+//! when its client goes away (the channel closes) or the helper shuts down.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use colibri_engine::generate::{generate, GenerateOptions, StopReason};
+use colibri_engine::tokenizer::DecodeStream;
+use tokio::sync::{mpsc, OnceCell, Semaphore};
+
+use super::models::ModelEntry;
+use super::stop::StopMatcher;
+use super::Stats;
+use crate::load::Loaded;
+
+/// A loaded model and its generation queue.
+pub struct Slot {
+    loaded: OnceCell<Arc<Loaded>>,
+    /// Generations allowed at once on this model.
+    running: Arc<Semaphore>,
+    /// Generations admitted (running or waiting).
+    admitted: AtomicUsize,
+}
+
+/// Every model loaded so far.
+pub struct Engines {
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Most generations admitted per model; more get 503.
+    pub max_queue: usize,
+    /// Expert-cache budget in bytes for converted models (None: no limit).
+    ram: Option<u64>,
+}
+
+/// Why a generation could not start.
+#[derive(Debug)]
+pub enum EngineError {
+    Busy,
+    Load(String),
+}
+
+impl Engines {
+    pub fn new(max_queue: usize, ram: Option<u64>) -> Self {
+        Engines { slots: Mutex::new(HashMap::new()), max_queue: max_queue.max(1), ram }
+    }
+
+    fn slot(&self, id: &str) -> Arc<Slot> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                Arc::new(Slot { loaded: OnceCell::new(), running: Arc::new(Semaphore::new(1)), admitted: AtomicUsize::new(0) })
+            })
+            .clone()
+    }
+
+    /// Loads the model (once; a failed load is retried by the next request).
+    pub async fn load(&self, m: &ModelEntry) -> Result<(Arc<Slot>, Arc<Loaded>), EngineError> {
+        let slot = self.slot(&m.id);
+        let (root, ram) = (m.root.clone(), self.ram);
+        let loaded = slot
+            .loaded
+            .get_or_try_init(|| async move {
+                tracing::info!(model = %root.display(), "loading model");
+                match tokio::task::spawn_blocking(move || crate::load::open_dir(&root, ram, true)).await {
+                    Ok(Ok(l)) => Ok(Arc::new(l)),
+                    Ok(Err(e)) => Err(EngineError::Load(format!("{e:#}"))),
+                    Err(e) => Err(EngineError::Load(e.to_string())),
+                }
+            })
+            .await?
+            .clone();
+        Ok((slot, loaded))
+    }
+}
+
+/// A ticket in a model's queue; dropping it leaves the queue.
+pub struct Admission(Arc<Slot>);
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.0.admitted.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Takes a place in the model's queue, or Busy if the queue is full.
+pub fn admit(engines: &Engines, slot: &Arc<Slot>) -> Result<Admission, EngineError> {
+    let n = slot.admitted.fetch_add(1, Ordering::AcqRel);
+    let ticket = Admission(slot.clone());
+    if n >= engines.max_queue {
+        return Err(EngineError::Busy);
+    }
+    Ok(ticket)
+}
+
+/// What a generation sends back, in order: pieces of text, then one Done or Error.
+#[derive(Debug)]
+pub enum Event {
+    Text(String),
+    Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize },
+    Error(String),
+}
+
+/// One generation request, ready to run.
+pub struct Job {
+    pub loaded: Arc<Loaded>,
+    pub prompt: Vec<u32>,
+    pub opts: GenerateOptions,
+    pub stop: Vec<String>,
+    /// Decode the output as a continuation of the prompt (completions) or on its own (chat).
+    pub continue_prompt: bool,
+}
+
+/// Starts `job` once the model is free; events arrive on the returned channel. Dropping
+/// the receiver cancels the generation at its next token.
+pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel(32);
+    tokio::spawn(async move {
+        let running = admission.0.running.clone();
+        let Ok(_permit) = running.acquire_owned().await else { return };
+        if tx.is_closed() || shutdown.load(Ordering::Relaxed) {
+            return;
+        }
+        stats.generations_started.fetch_add(1, Ordering::Relaxed);
+        stats.generations_active.fetch_add(1, Ordering::Relaxed);
+        let st = stats.clone();
+        let cancelled = tokio::task::spawn_blocking(move || run(job, &tx, &st, &shutdown)).await.unwrap_or(true);
+        stats.generations_active.fetch_sub(1, Ordering::Relaxed);
+        let counter = if cancelled { &stats.generations_cancelled } else { &stats.generations_finished };
+        counter.fetch_add(1, Ordering::Relaxed);
+        drop(admission);
+    });
+    rx
+}
+
+/// Runs the generation on this (blocking) thread; returns true if it was cancelled.
+fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> bool {
+    let Job { loaded, prompt, opts, stop, continue_prompt } = job;
+    let Some(tok) = loaded.tokenizer.as_ref() else {
+        let _ = tx.blocking_send(Event::Error("this model has no tokenizer".into()));
+        return false;
+    };
+    let mut decode = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
+    let mut matcher = StopMatcher::new(stop);
+    let mut session = loaded.model.new_session();
+    let mut client_gone = false;
+    let mut shutting_down = false;
+    let mut hit_stop = false;
+    let mut failed = None;
+    let emit = |text: String, client_gone: &mut bool| {
+        if !text.is_empty() && tx.blocking_send(Event::Text(text)).is_err() {
+            *client_gone = true;
+        }
+    };
+    let result = generate(&loaded.model, &mut session, &prompt, &opts, &mut |id| {
+        stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        if tx.is_closed() {
+            client_gone = true;
+            return false;
+        }
+        if shutdown.load(Ordering::Relaxed) {
+            shutting_down = true;
+            return false;
+        }
+        let piece = match decode.push(tok, id) {
+            Ok(p) => p,
+            Err(e) => {
+                failed = Some(e.to_string());
+                return false;
+            }
+        };
+        let (out, stopped) = matcher.push(&piece);
+        emit(out, &mut client_gone);
+        if stopped {
+            hit_stop = true;
+        }
+        !client_gone && !hit_stop
+    });
+    let (ids, reason) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = tx.blocking_send(Event::Error(e.to_string()));
+            return false;
+        }
+    };
+    if let Some(e) = failed {
+        let _ = tx.blocking_send(Event::Error(e));
+        return false;
+    }
+    if client_gone {
+        return true;
+    }
+    if shutting_down {
+        let _ = tx.blocking_send(Event::Error("the helper is shutting down".into()));
+        return true;
+    }
+    if !hit_stop {
+        let tail = decode.finish(tok).unwrap_or_default();
+        let (out, stopped) = matcher.push(&tail);
+        hit_stop = stopped;
+        emit(out, &mut client_gone);
+        if !hit_stop {
+            emit(matcher.finish(), &mut client_gone);
+        }
+    }
+    let finish_reason = match (hit_stop, reason) {
+        (true, _) | (_, StopReason::Stop) => "stop",
+        _ => "length",
+    };
+    let done = Event::Done { finish_reason, prompt_tokens: prompt.len(), completion_tokens: ids.len() };
+    tx.blocking_send(done).is_err()
+}

@@ -1,0 +1,224 @@
+//! The models the helper serves: the `--model` directories and every subdirectory of the
+//! models directory that has a `config.json` (its id is the directory name), with file
+//! lookups confined to each model's directory.
+
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::paths::is_valid_model_id;
+
+/// One servable model: its id and its canonical directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelEntry {
+    pub id: String,
+    pub root: PathBuf,
+}
+
+/// Explicit `--model` directories first; then the models directory, scanned on demand so
+/// that models installed while the helper runs show up.
+#[derive(Debug, Default)]
+pub struct Registry {
+    explicit: Vec<ModelEntry>,
+    models_dir: Option<PathBuf>,
+}
+
+/// Most files listed per model (a checkpoint has a few dozen).
+const MAX_LISTED_FILES: usize = 4096;
+
+impl Registry {
+    /// `models`: resolved model directories (their ids are their directory names).
+    pub fn new(models: &[PathBuf], models_dir: Option<PathBuf>) -> Result<Self> {
+        let mut explicit: Vec<ModelEntry> = Vec::new();
+        for m in models {
+            let root = m.canonicalize().with_context(|| format!("{}: cannot open the model directory", m.display()))?;
+            if !root.join("config.json").is_file() {
+                bail!("{}: not a model directory (no config.json)", m.display());
+            }
+            let id = root.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            if !is_valid_model_id(&id) {
+                bail!("{}: the directory name {id:?} cannot be a model id (use letters, digits, '.', '_', '-')", m.display());
+            }
+            if explicit.iter().any(|e| e.id == id) {
+                bail!("two models are named {id:?}; each --model directory needs its own name");
+            }
+            explicit.push(ModelEntry { id, root });
+        }
+        Ok(Registry { explicit, models_dir })
+    }
+
+    pub fn models_dir(&self) -> Option<&Path> {
+        self.models_dir.as_deref()
+    }
+
+    pub fn get(&self, id: &str) -> Option<ModelEntry> {
+        if let Some(e) = self.explicit.iter().find(|e| e.id == id) {
+            return Some(e.clone());
+        }
+        if !is_valid_model_id(id) {
+            return None;
+        }
+        let dir = self.models_dir.as_ref()?.join(id);
+        let root = dir.canonicalize().ok()?;
+        root.join("config.json").is_file().then(|| ModelEntry { id: id.to_string(), root })
+    }
+
+    /// Every model, explicit ones first, then the models directory by id.
+    pub fn list(&self) -> Vec<ModelEntry> {
+        let mut out = self.explicit.clone();
+        let mut found = Vec::new();
+        if let Some(Ok(rd)) = self.models_dir.as_ref().map(std::fs::read_dir) {
+            for e in rd.flatten() {
+                if let Some(id) = e.file_name().to_str() {
+                    if !out.iter().any(|m| m.id == id) {
+                        if let Some(m) = self.get(id) {
+                            found.push(m);
+                        }
+                    }
+                }
+            }
+        }
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        out.extend(found);
+        out
+    }
+}
+
+/// Why a file request was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PathError {
+    /// Not a plain relative path: `..`, `.`, empty components, backslashes, NUL, too long.
+    Invalid,
+    /// No such file inside the model directory (including symlinks that lead outside).
+    NotFound,
+}
+
+/// Files a client may not fetch: the usage file and its lock and temporary files.
+fn is_private(name: &str) -> bool {
+    name.starts_with("usage.json")
+}
+
+/// Resolves `rel` (already percent-decoded) inside `root` (canonical). Rejects anything
+/// but plain relative components, then canonicalizes and checks that the result is a
+/// regular file under `root`, so neither `..`, absolute paths nor symlinks can escape.
+pub fn resolve_file(root: &Path, rel: &str) -> Result<PathBuf, PathError> {
+    if rel.is_empty() || rel.len() > 1024 || rel.contains('\\') || rel.contains('\0') {
+        return Err(PathError::Invalid);
+    }
+    let mut path = root.to_path_buf();
+    for part in rel.split('/') {
+        let mut comps = Path::new(part).components();
+        match (comps.next(), comps.next()) {
+            (Some(Component::Normal(c)), None) if c == part && !part.starts_with('.') => path.push(c),
+            _ => return Err(PathError::Invalid),
+        }
+    }
+    if path.file_name().and_then(|n| n.to_str()).is_some_and(is_private) {
+        return Err(PathError::NotFound);
+    }
+    let real = path.canonicalize().map_err(|_| PathError::NotFound)?;
+    if !real.starts_with(root) || !real.is_file() {
+        return Err(PathError::NotFound);
+    }
+    Ok(real)
+}
+
+/// Regular files under `root` as (relative path, size), sorted; symlinks are followed
+/// only when they stay inside `root`; hidden and private files are skipped.
+pub fn list_files(root: &Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![(root.to_path_buf(), String::new(), 0usize)];
+    while let Some((dir, prefix, depth)) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
+            if name.starts_with('.') || is_private(&name) {
+                continue;
+            }
+            let rel = format!("{prefix}{name}");
+            let Ok(real) = e.path().canonicalize() else { continue };
+            if !real.starts_with(root) {
+                continue;
+            }
+            if real.is_dir() && depth < 4 {
+                stack.push((real, format!("{rel}/"), depth + 1));
+            } else if let Ok(md) = real.metadata() {
+                if md.is_file() && out.len() < MAX_LISTED_FILES {
+                    out.push((rel, md.len()));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Layer and expert counts from config.json, for bounds checks of usage reports.
+pub fn expert_shape(root: &Path) -> Result<(usize, usize)> {
+    let bytes = std::fs::read(root.join("config.json")).context("config.json")?;
+    let cfg = colibri_engine::ModelConfig::from_json_bytes(&bytes)?;
+    Ok((cfg.n_layers, cfg.router.n_experts))
+}
+
+/// The `/api/models` entry of one model.
+pub fn describe(m: &ModelEntry) -> Value {
+    let raw: Value = std::fs::read(m.root.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    let parsed = std::fs::read(m.root.join("config.json"))
+        .ok()
+        .and_then(|b| colibri_engine::ModelConfig::from_json_bytes(&b).ok());
+    let files = list_files(&m.root);
+    let total: u64 = files.iter().map(|(_, s)| s).sum();
+    let format = if m.root.join(colibri_engine::container::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
+    json!({
+        "id": m.id,
+        "object": "model",
+        "model_type": raw.get("model_type").cloned().unwrap_or(Value::Null),
+        "format": format,
+        "supported": parsed.is_some(),
+        "n_layers": parsed.as_ref().map(|c| c.n_layers),
+        "n_experts": parsed.as_ref().map(|c| c.router.n_experts),
+        "experts_per_token": parsed.as_ref().map(|c| c.router.top_k),
+        "context_length": parsed.as_ref().map(|c| c.max_positions),
+        "size": total,
+        "files": files.iter().map(|(p, s)| json!({"path": p, "size": s, "url": format!("/models/{}/{p}", m.id)})).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name).canonicalize().unwrap()
+    }
+
+    #[test]
+    fn paths_stay_inside_the_model_directory() {
+        let root = fixture("olmoe");
+        assert_eq!(resolve_file(&root, "config.json").unwrap(), root.join("config.json"));
+        for bad in ["", "..", "../olmoe/config.json", "./config.json", "a//b", "/etc/passwd", "config.json/", "a\\b", ".hidden", "x\0"] {
+            assert_eq!(resolve_file(&root, bad), Err(PathError::Invalid), "{bad:?}");
+        }
+        assert_eq!(resolve_file(&root, "missing.bin"), Err(PathError::NotFound));
+        assert_eq!(resolve_file(&root, "usage.json"), Err(PathError::NotFound));
+    }
+
+    #[test]
+    fn registry_finds_explicit_and_installed_models() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        let reg = Registry::new(&[fixtures.join("olmoe")], Some(fixtures.clone())).unwrap();
+        let ids: Vec<String> = reg.list().into_iter().map(|m| m.id).collect();
+        assert_eq!(ids, ["olmoe", "mixtral", "qwen2_moe", "qwen3_moe"]);
+        assert!(reg.get("qwen3_moe").is_some());
+        assert!(reg.get("..").is_none());
+        assert!(reg.get("nope").is_none());
+        let d = describe(&reg.get("olmoe").unwrap());
+        assert_eq!(d["model_type"], "olmoe");
+        assert!(d["files"].as_array().unwrap().iter().any(|f| f["path"] == "model.safetensors"));
+        assert!(Registry::new(&[fixtures.join("olmoe"), fixtures.join("olmoe")], None).is_err());
+    }
+}

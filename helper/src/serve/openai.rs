@@ -1,0 +1,475 @@
+//! The OpenAI-compatible API, served by the native engine: `GET /v1/models`,
+//! `POST /v1/chat/completions` and `POST /v1/completions`, streaming (`stream: true`,
+//! server-sent events of `chat.completion.chunk` / `text_completion` objects ending in
+//! `data: [DONE]`) or not. Errors have OpenAI's shape:
+//! `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! Supported: temperature, top_p, max_tokens / max_completion_tokens, stop (string or
+//! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
+//! top_k, repetition_penalty, ignore_eos. presence/frequency penalties are accepted and
+//! ignored; logprobs, tools and n > 1 are refused with 400.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use colibri_engine::generate::GenerateOptions;
+use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::tokenizer::ChatMessage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::engine::{self, EngineError, Event, Job};
+use super::AppState;
+
+/// Completion tokens when the request names no limit (and the context allows it).
+pub const DEFAULT_MAX_TOKENS: usize = 4096;
+/// Largest request body of the OpenAI endpoints.
+pub const MAX_BODY: usize = 4 << 20;
+
+/// An OpenAI-style error response.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param, code: None }
+    }
+
+    fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    fn server(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), kind: "server_error", param: None, code: None }
+    }
+
+    fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// Any unknown `/v1/...` route.
+pub async fn not_found() -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid("unknown endpoint", None) }.with_code("unknown_url")
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Fields common to both endpoints; unknown fields are ignored, as OpenAI clients send many.
+#[derive(Deserialize, Default)]
+struct Params {
+    model: Option<String>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    stop: Option<StopField>,
+    seed: Option<i64>,
+    n: Option<u64>,
+    logprobs: Option<Value>,
+    top_k: Option<usize>,
+    repetition_penalty: Option<f32>,
+    ignore_eos: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MessageIn {
+    role: String,
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    #[serde(flatten)]
+    params: Params,
+    messages: Option<Vec<MessageIn>>,
+    tools: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct CompletionRequest {
+    #[serde(flatten)]
+    params: Params,
+    prompt: Option<Value>,
+    echo: Option<bool>,
+    suffix: Option<Value>,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(e.body_text(), None) })?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("could not parse the JSON body: {e}"), None))
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(1);
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{:x}{:06x}", now_secs(), COUNTER.fetch_add(1, Ordering::Relaxed) & 0xff_ffff)
+}
+
+/// Everything decided before a generation starts.
+struct Prepared {
+    id: String,
+    model: String,
+    created: u64,
+    stream: bool,
+    include_usage: bool,
+    rx: mpsc::Receiver<Event>,
+}
+
+/// Shared path of both endpoints: look the model up, load it, build the prompt with
+/// `make_prompt`, check limits, queue the generation.
+async fn prepare(
+    state: &Arc<AppState>,
+    p: Params,
+    prefix: &str,
+    continue_prompt: bool,
+    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError>,
+) -> Result<Prepared, ApiError> {
+    let model = p.model.filter(|m| !m.is_empty()).ok_or_else(|| ApiError::invalid("you must provide a model parameter", Some("model")))?;
+    let entry = state.registry.get(&model).ok_or_else(|| {
+        ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid(format!("The model `{model}` does not exist"), Some("model")) }
+            .with_code("model_not_found")
+    })?;
+    if p.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+    }
+    if p.logprobs.as_ref().is_some_and(|v| !v.is_null() && v != &Value::Bool(false)) {
+        return Err(ApiError::invalid("logprobs are not supported", Some("logprobs")));
+    }
+    let stop = match p.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s],
+        Some(StopField::Many(v)) if v.len() <= 16 => v,
+        Some(StopField::Many(_)) => return Err(ApiError::invalid("at most 16 stop sequences", Some("stop"))),
+    };
+    let seed = p.seed.map(|s| s as u64).unwrap_or_else(|| {
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64) ^ COUNTER.fetch_add(1, Ordering::Relaxed)
+    });
+    let sampler = SamplerConfig {
+        temperature: p.temperature.unwrap_or(1.0),
+        top_k: p.top_k.unwrap_or(0),
+        top_p: p.top_p.unwrap_or(1.0),
+        repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
+        seed,
+    };
+    sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
+    let requested = p.max_completion_tokens.or(p.max_tokens);
+    if requested == Some(0) {
+        return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens")));
+    }
+
+    let (slot, loaded) = state.engines.load(&entry).await.map_err(|e| match e {
+        EngineError::Load(msg) => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, format!("could not load model `{model}`: {msg}")),
+        EngineError::Busy => ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "busy"),
+    })?;
+    let prompt = make_prompt(&loaded)?;
+    let cfg = &loaded.model.cfg;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", None));
+    }
+    if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= cfg.vocab) {
+        return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary ({})", cfg.vocab), Some("prompt")));
+    }
+    if prompt.len() >= cfg.max_positions {
+        return Err(ApiError::invalid(
+            format!("the prompt has {} tokens; this model's context is {} tokens", prompt.len(), cfg.max_positions),
+            Some("messages"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let room = cfg.max_positions - prompt.len();
+    let max_new_tokens = requested.map_or(DEFAULT_MAX_TOKENS, |r| r.min(usize::MAX as u64) as usize).min(room);
+    let admission = engine::admit(&state.engines, &slot).map_err(|_| {
+        ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "too many requests for this model are waiting; try again later")
+            .with_code("server_busy")
+    })?;
+    let stop_ids = if p.ignore_eos.unwrap_or(false) { Vec::new() } else { loaded.stop_ids.clone() };
+    let job = Job {
+        loaded: loaded.clone(),
+        prompt,
+        opts: GenerateOptions { max_new_tokens, sampler, stop_ids },
+        stop,
+        continue_prompt,
+    };
+    let rx = engine::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
+    Ok(Prepared {
+        id: new_id(prefix),
+        model,
+        created: now_secs(),
+        stream: p.stream.unwrap_or(false),
+        include_usage: p.stream_options.unwrap_or_default().include_usage,
+        rx,
+    })
+}
+
+fn usage_json(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+}
+
+/// Which endpoint's object shapes to produce.
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+impl Kind {
+    fn chunk(self, p: &Prepared, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+        match self {
+            Kind::Chat => {
+                let mut delta = json!({});
+                if role {
+                    delta["role"] = json!("assistant");
+                }
+                if let Some(t) = text {
+                    delta["content"] = json!(t);
+                }
+                json!({"id": p.id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+            }
+            Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
+                                 "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]}),
+        }
+    }
+
+    fn complete(self, p: &Prepared, text: String, finish: &str, usage: Value) -> Value {
+        match self {
+            Kind::Chat => json!({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.model,
+                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}],
+                                 "usage": usage}),
+            Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
+                                 "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                                 "usage": usage}),
+        }
+    }
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// Streams events as server-sent events. Dropping the body (client gone) drops the
+/// receiver, which stops the generation.
+fn stream_response(kind: Kind, mut p: Prepared) -> Response {
+    let mut rx = std::mem::replace(&mut p.rx, mpsc::channel(1).1);
+    let first = matches!(kind, Kind::Chat).then(|| sse(&kind.chunk(&p, Some(""), true, None)));
+    let stream = async_stream_of(move |out| async move {
+        if let Some(b) = first {
+            out.send(b).await?;
+        }
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Text(t) => out.send(sse(&kind.chunk(&p, Some(&t), false, None))).await?,
+                Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                    out.send(sse(&kind.chunk(&p, None, false, Some(finish_reason)))).await?;
+                    if p.include_usage {
+                        let mut u = kind.chunk(&p, None, false, None);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage_json(prompt_tokens, completion_tokens);
+                        out.send(sse(&u)).await?;
+                    }
+                    out.send(Bytes::from_static(b"data: [DONE]\n\n")).await?;
+                    return Some(());
+                }
+                Event::Error(msg) => {
+                    out.send(sse(&ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, msg).body())).await?;
+                    return Some(());
+                }
+            }
+        }
+        Some(())
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(stream)
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// A body fed by an async producer through a small channel; the producer's sends fail
+/// (and it stops) once the body is dropped.
+fn async_stream_of<F, Fut>(produce: F) -> Body
+where
+    F: FnOnce(Sink) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Option<()>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    tokio::spawn(async move {
+        let _ = produce(Sink(tx)).await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) });
+    Body::from_stream(stream)
+}
+
+/// The producer side of [`async_stream_of`]; `send` is None once the client is gone.
+struct Sink(mpsc::Sender<Bytes>);
+
+impl Sink {
+    async fn send(&self, b: Bytes) -> Option<()> {
+        self.0.send(b).await.ok()
+    }
+}
+
+async fn collect(kind: Kind, mut p: Prepared) -> Response {
+    let mut text = String::new();
+    while let Some(ev) = p.rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                let usage = usage_json(prompt_tokens, completion_tokens);
+                return axum::Json(kind.complete(&p, text, finish_reason, usage)).into_response();
+            }
+            Event::Error(msg) => return ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, msg).into_response(),
+        }
+    }
+    ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "the generation was cancelled").into_response()
+}
+
+fn respond(kind: Kind, p: Prepared) -> impl std::future::Future<Output = Response> {
+    async move {
+        if p.stream {
+            stream_response(kind, p)
+        } else {
+            collect(kind, p).await
+        }
+    }
+}
+
+pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let req: ChatRequest = match parse(body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if req.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
+        return ApiError::invalid("tools are not supported", Some("tools")).into_response();
+    }
+    let messages = match req.messages {
+        Some(m) if !m.is_empty() => m,
+        _ => return ApiError::invalid("messages must be a non-empty list", Some("messages")).into_response(),
+    };
+    let mut turns = Vec::with_capacity(messages.len());
+    for m in messages {
+        let content = match m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
+                if parts.iter().any(|p| p.kind != "text") {
+                    return ApiError::invalid("only text content parts are supported", Some("messages")).into_response();
+                }
+                parts.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("")
+            }
+        };
+        turns.push(ChatMessage { role: m.role, content });
+    }
+    let prepared = prepare(&state, req.params, "chatcmpl", false, |l| {
+        let tok = l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
+        if !tok.has_chat_template() {
+            return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("model")));
+        }
+        let text = tok.apply_chat_template(&turns, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+        tok.encode(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
+    })
+    .await;
+    match prepared {
+        Ok(p) => respond(Kind::Chat, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A completions prompt: text, one text in a list, token ids, or one list of ids.
+fn prompt_ids(v: Option<Value>, l: &crate::load::Loaded) -> Result<Vec<u32>, ApiError> {
+    let bad = || ApiError::invalid("prompt must be a string, a list of token ids, or a list with one of those", Some("prompt"));
+    let v = match v {
+        Some(Value::Array(mut a)) if a.len() == 1 && !a[0].is_number() => a.pop().unwrap_or(Value::Null),
+        Some(v) => v,
+        None => return Err(ApiError::invalid("you must provide a prompt", Some("prompt"))),
+    };
+    match v {
+        Value::String(s) => {
+            let tok = l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer; send token ids", Some("prompt")))?;
+            tok.encode(&s, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
+        }
+        Value::Array(a) => a.iter().map(|x| x.as_u64().filter(|&i| i <= u32::MAX as u64).map(|i| i as u32).ok_or_else(bad)).collect(),
+        _ => Err(bad()),
+    }
+}
+
+pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let req: CompletionRequest = match parse(body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if req.echo == Some(true) {
+        return ApiError::invalid("echo is not supported", Some("echo")).into_response();
+    }
+    if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
+        return ApiError::invalid("suffix is not supported", Some("suffix")).into_response();
+    }
+    let prompt = req.prompt;
+    match prepare(&state, req.params, "cmpl", true, move |l| prompt_ids(prompt, l)).await {
+        Ok(p) => respond(Kind::Text, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> = state
+        .registry
+        .list()
+        .into_iter()
+        .map(|m| json!({"id": m.id, "object": "model", "created": 0, "owned_by": "colibri"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}

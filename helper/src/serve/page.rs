@@ -1,0 +1,52 @@
+//! The web app's files. The chat page, `/colibri.js` and `/widget.js` come with the web
+//! issue: add them to [`ASSETS`] with `include_bytes!("../../../web/...")` so they are
+//! embedded in the binary. Until then `/` is a placeholder page listing the models.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+
+use super::AppState;
+
+/// (URL path without the leading slash, content type, bytes), embedded at compile time.
+/// e.g. `("colibri.js", "text/javascript; charset=utf-8", include_bytes!("../../../web/colibri.js"))`
+pub const ASSETS: &[(&str, &str, &[u8])] = &[];
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+pub async fn index(State(state): State<Arc<AppState>>) -> Response {
+    if let Some((_, ctype, bytes)) = ASSETS.iter().find(|(p, ..)| *p == "index.html") {
+        return ([(header::CONTENT_TYPE, *ctype)], *bytes).into_response();
+    }
+    let models = state.registry.list();
+    let items: String = if models.is_empty() {
+        "<li>none yet: put a model directory under the models directory, or start with <code>coli serve --model DIR</code></li>".into()
+    } else {
+        models
+            .iter()
+            .map(|m| format!("<li><code>{0}</code> (<a href=\"/models/{0}/config.json\">config.json</a>)</li>", escape(&m.id)))
+            .collect()
+    };
+    let dir = state.registry.models_dir().map(|d| escape(&d.display().to_string())).unwrap_or_else(|| "(none)".into());
+    Html(format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>colibri</title>\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"></head>\
+         <body style=\"font-family: system-ui, sans-serif; max-width: 40rem; margin: 3rem auto; line-height: 1.5\">\
+         <h1>colibri</h1><p>The helper is running. The chat page is coming with the web app; \
+         meanwhile the OpenAI-compatible API is at <code>/v1</code> and the model list at \
+         <a href=\"/api/models\">/api/models</a>.</p><h2>Models</h2><ul>{items}</ul>\
+         <p>Models directory: <code>{dir}</code></p></body></html>"
+    ))
+    .into_response()
+}
+
+pub async fn asset(Path(name): Path<String>) -> Response {
+    match ASSETS.iter().find(|(p, ..)| *p == name) {
+        Some((_, ctype, bytes)) => ([(header::CONTENT_TYPE, *ctype)], *bytes).into_response(),
+        None => (StatusCode::NOT_FOUND, format!("{name} is not built into this helper yet\n")).into_response(),
+    }
+}

@@ -1,0 +1,115 @@
+//! `coli serve` and `coli service` as a user runs them: real processes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn coli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coli"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coli-serve-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn get(port: u16, path: &str, host: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+#[cfg(unix)]
+#[test]
+fn serve_prints_its_url_answers_and_stops_on_sigterm() {
+    let data = scratch("serve");
+    let mut child = coli()
+        .args(["serve", "--port", "0", "--model"])
+        .arg(fixture("qwen3_moe"))
+        .arg("--models-dir")
+        .arg(data.join("models"))
+        .env("XDG_DATA_HOME", &data)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let url = first.strip_prefix("colibri is listening on ").unwrap_or_else(|| panic!("{first}"));
+    let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(url, format!("http://127.0.0.1:{port}"));
+
+    let (status, body) = get(port, "/health", &format!("127.0.0.1:{port}"));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = get(port, "/api/models", &format!("localhost:{port}"));
+    assert_eq!(status, 200);
+    assert!(body.contains("\"qwen3_moe\""), "{body}");
+    assert_eq!(get(port, "/health", "attacker.example").0, 403);
+
+    // SIGTERM: a clean exit, promptly.
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "coli serve did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn serve_with_a_bad_model_fails_with_one_line() {
+    let out = coli().args(["serve", "--port", "0", "--model", "no-such-model-anywhere", "--models-dir", "/nonexistent"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: ") && err.contains("no-such-model-anywhere"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn service_install_writes_a_systemd_unit() {
+    let home = scratch("service");
+    let cfg = home.join("config");
+    let empty_path = home.join("bin");
+    std::fs::create_dir_all(&empty_path).unwrap();
+    let run = |args: &[&str]| {
+        coli().args(args).env("HOME", &home).env("XDG_CONFIG_HOME", &cfg).env("PATH", &empty_path).output().unwrap()
+    };
+    let dry = run(&["service", "install", "--dry-run", "--port", "7979", "--allow-origin", "https://a.example"]);
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    let text = String::from_utf8_lossy(&dry.stdout);
+    assert!(text.contains("ExecStart=") && text.contains(" serve --port 7979 --allow-origin https://a.example\n"), "{text}");
+    let unit = cfg.join("systemd/user/colibri.service");
+    assert!(!unit.exists(), "--dry-run writes nothing");
+
+    // No systemctl on PATH: the unit is written all the same, and the output says so.
+    let out = run(&["service", "install", "--port", "7979"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("systemctl is not available"), "{said}");
+    let written = std::fs::read_to_string(&unit).unwrap();
+    assert!(written.contains("Restart=on-failure") && written.contains("serve --port 7979"));
+    let status = run(&["service", "status"]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains("installed"));
+    let out = run(&["service", "uninstall"]);
+    assert!(out.status.success());
+    assert!(!unit.exists());
+    let _ = std::fs::remove_dir_all(&home);
+}
