@@ -117,6 +117,11 @@ impl ContainerExperts {
     /// Reads expert `index` of `layer` from the source and checks its checksum,
     /// bypassing the cache.
     pub fn load(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
+        self.read(layer, index).map(|(x, _)| x)
+    }
+
+    /// [`ContainerExperts::load`], also returning the bytes the expert holds in memory.
+    fn read(&self, layer: usize, index: usize) -> Result<(Arc<Expert>, u64)> {
         let li = self
             .layers
             .get(layer)
@@ -139,7 +144,7 @@ impl ContainerExperts {
             let (dt, rows, cols, off, len) = li.parts[k];
             Mat::new(rows, cols, dt, bytes.slice(off, len)?)
         };
-        Ok(Arc::new(Expert { gate: mat(0)?, up: mat(1)?, down: mat(2)? }))
+        Ok((Arc::new(Expert { gate: mat(0)?, up: mat(1)?, down: mat(2)? }), length as u64))
     }
 
     /// Every expert's checksum, calling `progress(done, total)` along the way; returns the
@@ -176,8 +181,7 @@ impl ExpertSource for ContainerExperts {
             }
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let x = self.load(layer, index)?;
-        let size = x.byte_len() as u64;
+        let (x, size) = self.read(layer, index)?;
         if self.budget.is_some_and(|b| size > b) {
             return Ok(x);
         }
@@ -199,5 +203,100 @@ impl ExpertSource for ContainerExperts {
         lru.map.insert(key, (x.clone(), size, t));
         lru.bytes += size;
         Ok(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::manifest::{checksum_hex, plan, ExpertLayerPlan, QuantSummary};
+    use crate::container::quant::quantize_row;
+    use crate::container::MemorySource;
+
+    fn cfg() -> ModelConfig {
+        ModelConfig::from_json_bytes(
+            br#"{"model_type":"mixtral","hidden_size":8,"intermediate_size":4,"num_hidden_layers":2,
+            "num_attention_heads":2,"vocab_size":10,"num_local_experts":3,"num_experts_per_tok":2}"#,
+        )
+        .unwrap()
+    }
+
+    /// A container of random int8 experts in memory, and the f32 values they decode to.
+    fn container() -> (Manifest, Vec<u8>, Vec<Vec<f32>>) {
+        let dt = DType::Int8 { group: 8 };
+        let layers: Vec<ExpertLayerPlan> = (0..2).map(|l| ExpertLayerPlan { layer: l, count: 3, parts: [(dt, [4, 8]), (dt, [4, 8]), (dt, [8, 4])] }).collect();
+        let mut m = plan("weights.bin", QuantSummary::default(), serde_json::json!({}), vec![], &[], &layers).unwrap();
+        let mut data = vec![0u8; m.data_size as usize];
+        let mut gate_rows = Vec::new();
+        let mut seed = 3u64;
+        for l in &mut m.experts.layers {
+            let parts = l.parts.clone();
+            for e in &mut l.experts {
+                for p in &parts {
+                    let (rows, cols) = (p.shape[0] as usize, p.shape[1] as usize);
+                    let rb = dt.row_bytes(cols).unwrap();
+                    for r in 0..rows {
+                        let row: Vec<f32> = (0..cols)
+                            .map(|_| {
+                                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                            })
+                            .collect();
+                        let at = (e.offset + p.offset) as usize + r * rb;
+                        quantize_row(dt, &row, &mut data[at..at + rb]).unwrap();
+                        if p.name == "gate" && r == 0 {
+                            let mut out = vec![0.0; cols];
+                            crate::tensor::decode_row(dt, cols, &data[at..at + rb], &mut out);
+                            gate_rows.push(out);
+                        }
+                    }
+                }
+                e.xxh3 = checksum_hex(checksum(&data[e.offset as usize..(e.offset + e.length) as usize]));
+            }
+        }
+        (m, data, gate_rows)
+    }
+
+    fn source(data: &[u8]) -> Arc<dyn ByteSource> {
+        Arc::new(MemorySource { bytes: Bytes::from_vec(data.to_vec()), name: "mem".into() })
+    }
+
+    #[test]
+    fn reads_decodes_and_caches_under_the_budget() {
+        let (m, data, gate_rows) = container();
+        let size = m.experts.layers[0].experts[0].length;
+        for (budget, want_misses, want_cached) in [(Some(0), 5, 0), (Some(size), 5, 1), (Some(size * 2), 3, 2), (None, 3, 3)] {
+            let x = ContainerExperts::new(&m, &cfg(), source(&data), budget).unwrap();
+            for (l, e) in [(0, 0), (1, 2), (0, 0), (0, 1), (0, 0)] {
+                let got = x.expert(l, e).unwrap();
+                let mut row = vec![0.0; 8];
+                got.gate.row_into(0, &mut row);
+                assert_eq!(row, gate_rows[l * 3 + e]);
+            }
+            let s = x.stats();
+            assert_eq!((s.misses, s.cached_experts), (want_misses, want_cached), "budget {budget:?}");
+            assert!(s.cached_bytes <= budget.unwrap_or(u64::MAX));
+        }
+    }
+
+    #[test]
+    fn corruption_and_mismatches_are_errors() {
+        let (m, mut data, _) = container();
+        let e = &m.experts.layers[1].experts[2];
+        data[(e.offset + 5) as usize] ^= 4;
+        let x = ContainerExperts::new(&m, &cfg(), source(&data), None).unwrap();
+        let err = x.expert(1, 2).unwrap_err().to_string();
+        assert!(err.contains("mem: checksum mismatch in expert 2 of layer 1"), "{err}");
+        assert!(x.expert(0, 2).is_ok());
+        assert!(x.expert(0, 3).is_err() && x.expert(5, 0).is_err());
+        assert!(x.verify_all(&mut |_, _| {}).is_err());
+        let short = &data[..data.len() - 1];
+        assert!(ContainerExperts::new(&m, &cfg(), source(short), None).unwrap().expert(1, 2).is_err());
+        let mut m2 = m.clone();
+        m2.experts.layers[0].experts.pop();
+        assert!(ContainerExperts::new(&m2, &cfg(), source(&data), None).err().unwrap().to_string().contains("lists 2 experts"));
+        let mut m3 = m.clone();
+        m3.experts.layers.pop();
+        assert!(ContainerExperts::new(&m3, &cfg(), source(&data), None).err().unwrap().to_string().contains("no experts for MoE layer 1"));
     }
 }
