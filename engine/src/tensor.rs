@@ -188,7 +188,18 @@ pub fn decode_row(dtype: DType, cols: usize, src: &[u8], out: &mut [f32]) {
         let s = f16::from_bits(u16::from_le_bytes([scales[2 * g], scales[2 * g + 1]])).to_f32();
         let (start, end) = (g * group, ((g + 1) * group).min(cols));
         let dst = &mut out[start..end];
-        if int4 {
+        if int4 && start % 2 == 0 {
+            // Two values per byte, low nibble first; same arithmetic as the general path.
+            let bytes = &q[start / 2..end.div_ceil(2)];
+            let mut pairs = dst.chunks_exact_mut(2);
+            for (o, &b) in (&mut pairs).zip(bytes) {
+                o[0] = ((b & 15) as i32 - 8) as f32 * s;
+                o[1] = ((b >> 4) as i32 - 8) as f32 * s;
+            }
+            if let [last] = pairs.into_remainder() {
+                *last = ((bytes[bytes.len() - 1] & 15) as i32 - 8) as f32 * s;
+            }
+        } else if int4 {
             for (k, o) in dst.iter_mut().enumerate() {
                 let c = start + k;
                 let b = q[c >> 1];
@@ -312,6 +323,31 @@ mod tests {
         assert!(Mat::new(1, 5, DType::Int8 { group: 0 }, Bytes::from_vec(vec![0; 8])).is_err());
         let i8m = Mat::new(1, 5, DType::Int8 { group: 4 }, Bytes::from_vec(vec![0x00, 0x40, 0x00, 0x3C, 0x81, 0x7F, 0xFF, 0x01, 3, 0, 0, 0])).unwrap();
         assert_eq!(i8m.to_f32(), vec![-254.0, 254.0, -2.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn int4_decode_matches_the_format_formula() {
+        for (group, cols) in [(8usize, 37usize), (3, 10), (64, 96), (2, 1)] {
+            let dt = DType::Int4 { group: group as u32 };
+            let rb = dt.row_bytes(cols).unwrap();
+            let mut seed = 11u32;
+            let bytes: Vec<u8> = (0..rb)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+                    (seed >> 24) as u8 & 0x3B // keep scales finite: clear the f16 exponent's top bit
+                })
+                .collect();
+            let mut out = vec![0.0; cols];
+            decode_row(dt, cols, &bytes, &mut out);
+            let sb = (cols.div_ceil(group) * 2).div_ceil(4) * 4;
+            for (c, o) in out.iter().enumerate() {
+                let g = c / group;
+                let s = f16::from_bits(u16::from_le_bytes([bytes[2 * g], bytes[2 * g + 1]])).to_f32();
+                let b = bytes[sb + c / 2];
+                let q = if c % 2 == 0 { b & 15 } else { b >> 4 } as i32 - 8;
+                assert_eq!(o.to_bits(), (q as f32 * s).to_bits(), "group {group} cols {cols} [{c}]");
+            }
+        }
     }
 
     #[test]
