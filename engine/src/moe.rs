@@ -35,6 +35,17 @@ impl Expert {
 /// routes to it; implementations decide whether it is resident, cached or fetched.
 pub trait ExpertSource: Send + Sync {
     fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>>;
+
+    /// Called once per MoE block with every expert it is about to use (ascending), so a
+    /// source can fetch all of a layer's misses in one request before they are asked for.
+    fn prepare(&self, _layer: usize, _experts: &[usize]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Hit/miss counters of the source's cache, if it has one.
+    fn cache_stats(&self) -> Option<crate::container::CacheStats> {
+        None
+    }
 }
 
 /// All experts held in memory (views into the checkpoint's mapped files).
@@ -118,6 +129,8 @@ impl MoeBlock {
             }
         }
         out[..n * hidden].iter_mut().for_each(|v| *v = 0.0);
+        let used: Vec<usize> = (0..n_exp).filter(|&e| !users[e].is_empty()).collect();
+        experts.prepare(layer, &used)?;
         let mut on_use = on_use;
         for (e, list) in users.iter().enumerate() {
             if list.is_empty() {

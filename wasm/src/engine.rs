@@ -313,7 +313,7 @@ impl Engine {
     pub fn stats(&self) -> String {
         let t = self.tiers.stats.borrow().clone();
         let loads = self.perf.expert_loads;
-        let ram_hits = loads.saturating_sub(t.disk_hits + t.helper_fetches);
+        let ram_hits = self.model.experts.cache_stats().map_or(0, |c| c.hits);
         serde_json::json!({
             "backend": "cpu",
             "tokensPerSecond": if self.perf.decode_ms > 0.0 { self.perf.tokens as f64 * 1000.0 / self.perf.decode_ms } else { 0.0 },

@@ -44,6 +44,8 @@ pub struct Tiers {
     data_url: String,
     slots: HashMap<u64, Slot>,
     opfs: RefCell<Option<Opfs>>,
+    /// Expert bytes fetched (or read from disk) by `prefetch`, waiting for their `read_at`.
+    staged: RefCell<HashMap<u64, Vec<u8>>>,
     pub stats: RefCell<TierStats>,
 }
 
@@ -63,7 +65,7 @@ impl Tiers {
             }
         }
         let stats = TierStats { disk_enabled: opfs.is_some(), disk_error, ..Default::default() };
-        Tiers { data_url, slots, opfs: RefCell::new(opfs), stats: RefCell::new(stats) }
+        Tiers { data_url, slots, opfs: RefCell::new(opfs), staged: RefCell::new(HashMap::new()), stats: RefCell::new(stats) }
     }
 
     pub fn disk_count(&self) -> usize {
@@ -157,7 +159,39 @@ impl Tiers {
 }
 
 impl ByteSource for Tiers {
+    /// A layer's experts: those on disk are read (and verified) now, all the others come
+    /// from the helper in one multi-range request.
+    fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<()> {
+        let mut need = Vec::new();
+        for &(off, len) in ranges {
+            if self.staged.borrow().contains_key(&off) {
+                continue;
+            }
+            if let Some(slot) = self.slots.get(&off).filter(|s| s.len == len) {
+                let mut buf = vec![0u8; len];
+                if self.from_disk(slot, &mut buf) {
+                    self.stats.borrow_mut().disk_hits += 1;
+                    self.staged.borrow_mut().insert(off, buf);
+                    continue;
+                }
+            }
+            need.push((off, len));
+        }
+        if need.is_empty() {
+            return Ok(());
+        }
+        self.fetch(&need, &mut |off, data| {
+            self.staged.borrow_mut().insert(off, data.to_vec());
+            Ok(())
+        })
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let staged = self.staged.borrow_mut().remove(&offset);
+        if let Some(data) = staged.filter(|d| d.len() == buf.len()) {
+            buf.copy_from_slice(&data);
+            return Ok(());
+        }
         if let Some(slot) = self.slots.get(&offset).filter(|s| s.len == buf.len()) {
             if self.from_disk(slot, buf) {
                 self.stats.borrow_mut().disk_hits += 1;

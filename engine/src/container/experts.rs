@@ -166,6 +166,25 @@ impl ContainerExperts {
 }
 
 impl ExpertSource for ContainerExperts {
+    fn prepare(&self, layer: usize, experts: &[usize]) -> Result<()> {
+        let Some(Some(li)) = self.layers.get(layer) else { return Ok(()) };
+        let lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        let misses: Vec<(u64, usize)> = experts
+            .iter()
+            .filter(|&&e| !lru.map.contains_key(&(layer, e)))
+            .filter_map(|&e| li.experts.get(e).map(|&(off, len, _)| (off, len)))
+            .collect();
+        drop(lru);
+        if misses.is_empty() {
+            return Ok(());
+        }
+        self.source.prefetch(&misses)
+    }
+
+    fn cache_stats(&self) -> Option<CacheStats> {
+        Some(self.stats())
+    }
+
     fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
         let key = (layer, index);
         {

@@ -29,6 +29,11 @@ pub trait ByteSource: Send + Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     /// Names the source in error messages (a path or URL).
     fn name(&self) -> String;
+    /// Hint: these (offset, length) ranges are about to be read, each by one `read_at`.
+    /// A remote source can fetch them all in one request; local files ignore it.
+    fn prefetch(&self, _ranges: &[(u64, usize)]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A [`ByteSource`] over bytes already in memory (tests, small models, fetched files).

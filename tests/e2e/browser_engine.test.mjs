@@ -1,0 +1,139 @@
+// The browser engine end to end: a real helper, real Chromium (WebGPU on SwiftShader),
+// the real wasm engine loaded through /colibri.js, compared with the native `coli`.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { tmpdir } from "node:os";
+import { coli, convertedFixture, freePort, startHelper, launchBrowser, copyDir, ARTIFACTS } from "./harness.mjs";
+
+const MODEL = "qwen3_moe";
+const PROMPT = [5, 17, 3, 42, 7, 99, 120, 250];
+const NEW = 12;
+let fx, port, helper, nativeIds, nativeLogits;
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  fx = convertedFixture(MODEL, "int4");
+  const g = JSON.parse(coli(["generate", "--model", fx.path, "--ids", PROMPT.join(","), "--max-new-tokens", String(NEW), "--temperature", "0", "--ignore-eos", "--json"]));
+  nativeIds = g.ids;
+  const out = join(tmpdir(), `colibri-e2e-logits-${process.pid}.f32`);
+  coli(["logits", "--model", fx.path, "--ids", PROMPT.join(","), "--out", out]);
+  nativeLogits = new Float32Array(readFileSync(out).buffer.slice(0));
+  port = await freePort();
+  helper = await startHelper({ modelsDir: fx.modelsDir, port });
+});
+
+after(async () => {
+  if (helper) await helper.stop();
+  if (fx) fx.cleanup();
+});
+
+// Runs in the page: load the engine from the helper and run one greedy generation.
+async function runInPage(page, url, { backend = "cpu", logits = false } = {}) {
+  await page.goto(`${url}/`);
+  return page.evaluate(
+    async ({ model, prompt, n, backend, logits }) => {
+      const { load } = await import("/colibri.js");
+      const engine = await load({ model, backend });
+      const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
+      const l = logits ? Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer)) : null;
+      return { ids: g.ids, text: g.text, logitsBits: l, stats: engine.stats(), hasGpu: !!navigator.gpu };
+    },
+    { model: MODEL, prompt: PROMPT, n: NEW, backend, logits },
+  );
+}
+
+test("the browser engine gives the native CPU path's tokens and logits bit for bit; a reload fetches no expert bytes", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    const first = await runInPage(page, helper.url, { logits: true });
+    assert.ok(first.hasGpu, "WebGPU should be exposed (SwiftShader)");
+    assert.deepEqual(first.ids, nativeIds, "greedy tokens differ from coli generate");
+    const want = Array.from(new Uint32Array(nativeLogits.buffer));
+    assert.equal(first.logitsBits.length, want.length);
+    const diff = first.logitsBits.findIndex((b, i) => b !== want[i]);
+    assert.equal(diff, -1, `logit ${diff} differs from coli logits`);
+    assert.equal(first.stats.backend, "cpu");
+    assert.ok(first.stats.bytesFetched > 0, "a cold start must fetch experts");
+    assert.ok(first.stats.tiers.helper > 0);
+    await page.screenshot({ path: join(ARTIFACTS, "browser-engine.png") });
+
+    // Same profile, new page load: the experts come from the browser's disk tier.
+    const again = await runInPage(page, helper.url);
+    assert.deepEqual(again.ids, nativeIds);
+    assert.equal(again.stats.bytesFetched, 0, `reload fetched ${again.stats.bytesFetched} expert bytes`);
+    assert.equal(again.stats.tiers.helper, 0);
+    assert.ok(again.stats.tiers.disk > 0, "experts should come from OPFS after a reload");
+    writeFileSync(join(ARTIFACTS, "browser-engine-stats.json"), JSON.stringify({ first: first.stats, reload: again.stats }, null, 2));
+  } finally {
+    await browser.close();
+  }
+});
+
+test("a helper killed and restarted mid-generation is recovered from", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${helper.url}/`);
+    await page.evaluate(async (model) => {
+      const { load } = await import("/colibri.js");
+      window.engine = await load({ model, backend: "cpu" });
+    }, MODEL);
+    // Experts are not fetched yet (fresh profile): kill the helper, start generating,
+    // and bring the helper back while the engine is retrying.
+    await helper.stop();
+    const gen = page.evaluate(({ prompt, n }) => window.engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true }), { prompt: PROMPT, n: NEW });
+    await new Promise((r) => setTimeout(r, 1500));
+    helper = await startHelper({ modelsDir: fx.modelsDir, port });
+    const r = await gen;
+    assert.deepEqual(r.ids, nativeIds);
+    const stats = await page.evaluate(() => window.engine.stats());
+    assert.ok(stats.retries > 0 || stats.requests > 0);
+  } finally {
+    await browser.close();
+  }
+});
+
+test("corrupt expert bytes from the helper are refused and never stored", async () => {
+  // A second models directory whose data file has every layer-0 expert damaged.
+  const bad = join(fx.modelsDir, "..", `colibri-e2e-bad-${process.pid}`);
+  copyDir(fx.modelsDir, bad);
+  const manifest = JSON.parse(readFileSync(join(bad, MODEL, "colibri.json"), "utf8"));
+  const dataPath = join(bad, MODEL, manifest.data_file);
+  const data = readFileSync(dataPath);
+  for (const e of manifest.experts.layers[0].experts) data[e.offset + Math.floor(e.length / 2)] ^= 0xff;
+  writeFileSync(dataPath, data);
+
+  const badPort = await freePort();
+  let badHelper = await startHelper({ modelsDir: bad, port: badPort });
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${badHelper.url}/`);
+    const err = await page.evaluate(async ({ model, prompt }) => {
+      const { load } = await import("/colibri.js");
+      window.engine = await load({ model, backend: "cpu" });
+      try {
+        await window.engine.generate({ ids: prompt, maxNewTokens: 2, temperature: 0 });
+        return null;
+      } catch (e) {
+        return String(e.message);
+      }
+    }, { model: MODEL, prompt: PROMPT });
+    assert.ok(err && /checksum/.test(err), `expected a checksum error, got ${err}`);
+    const s1 = await page.evaluate(() => window.engine.stats());
+    assert.equal(s1.diskExperts >= 0, true);
+    // Now the same origin's helper serves the good bytes: nothing corrupt was kept.
+    await badHelper.stop();
+    badHelper = await startHelper({ modelsDir: fx.modelsDir, port: badPort });
+    const r = await page.evaluate(({ prompt, n }) => window.engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true }), { prompt: PROMPT, n: NEW });
+    assert.deepEqual(r.ids, nativeIds);
+    const s2 = await page.evaluate(() => window.engine.stats());
+    assert.equal(s2.corruptDropped, 0, "a corrupt expert had been stored");
+  } finally {
+    await browser.close();
+    await badHelper.stop();
+  }
+});

@@ -1,0 +1,86 @@
+// Shared plumbing for the browser tests: a real `coli serve` on a free loopback port,
+// a converted fixture model, and Debian's Chromium with WebGPU on SwiftShader.
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, cpSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+import net from "node:net";
+import { chromium } from "playwright-core";
+
+export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
+export const COLI = process.env.COLI || join(ROOT, "target/release/coli");
+export const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+export const ARTIFACTS = process.env.E2E_ARTIFACTS || join(ROOT, "target/e2e-artifacts");
+
+export function coli(args, opts = {}) {
+  return execFileSync(COLI, args, { encoding: "utf8", maxBuffer: 1 << 28, ...opts });
+}
+
+/** Converts tests/fixtures/NAME into a fresh temporary models directory as model id NAME. */
+export function convertedFixture(name, quant = "f32") {
+  const dir = mkdtempSync(join(tmpdir(), "colibri-e2e-"));
+  coli(["convert", join(ROOT, "tests/fixtures", name), "-o", join(dir, name), "--quant", quant]);
+  return { modelsDir: dir, path: join(dir, name), cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+export async function freePort() {
+  return new Promise((ok, bad) => {
+    const s = net.createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => ok(port));
+    });
+    s.on("error", bad);
+  });
+}
+
+/** Starts `coli serve` and resolves once /health answers. */
+export async function startHelper({ modelsDir, port, extra = [] }) {
+  const child = spawn(COLI, ["serve", "--port", String(port), "--models-dir", modelsDir, ...extra], { stdio: ["ignore", "pipe", "pipe"] });
+  let log = "";
+  child.stdout.on("data", (d) => (log += d));
+  child.stderr.on("data", (d) => (log += d));
+  const url = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 200; i++) {
+    if (child.exitCode !== null) throw new Error(`coli serve exited: ${log}`);
+    try {
+      const r = await fetch(`${url}/health`);
+      if (r.ok) return { child, url, log: () => log, stop: () => stopChild(child) };
+    } catch (_) {}
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  child.kill("SIGKILL");
+  throw new Error(`coli serve did not come up: ${log}`);
+}
+
+export function stopChild(child, signal = "SIGTERM") {
+  return new Promise((ok) => {
+    if (child.exitCode !== null || child.signalCode) return ok();
+    child.once("exit", () => ok());
+    child.kill(signal);
+  });
+}
+
+export const CHROMIUM_ARGS = [
+  "--no-sandbox",
+  "--enable-unsafe-webgpu",
+  "--enable-features=Vulkan",
+  "--use-vulkan=swiftshader",
+  "--use-webgpu-adapter=swiftshader",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--no-first-run",
+];
+
+/** A persistent browser profile (so OPFS survives a reload) in a temporary directory. */
+export async function launchBrowser() {
+  const profile = mkdtempSync(join(tmpdir(), "colibri-chromium-"));
+  const context = await chromium.launchPersistentContext(profile, { executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS });
+  return { context, close: async () => { await context.close(); rmSync(profile, { recursive: true, force: true }); } };
+}
+
+export function copyDir(src, dst) {
+  cpSync(src, dst, { recursive: true });
+}
