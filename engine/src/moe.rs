@@ -42,6 +42,11 @@ pub trait ExpertSource: Send + Sync {
         Ok(())
     }
 
+    /// The (layer, expert) pairs the source holds in memory right now.
+    fn cached(&self) -> Vec<(usize, usize)> {
+        Vec::new()
+    }
+
     /// Hit/miss counters of the source's cache, if it has one.
     fn cache_stats(&self) -> Option<crate::container::CacheStats> {
         None

@@ -31,7 +31,7 @@ after(async () => {
 
 // Runs in the page: load the engine from the helper and run one greedy generation.
 async function runInPage(page, url, { backend = "cpu", logits = false } = {}) {
-  await page.goto(`${url}/`);
+  await page.goto(`${url}/health`); // a same-origin document without the app, which would load its own engine
   return page.evaluate(
     async ({ model, prompt, n, backend, logits }) => {
       const { load } = await import("/colibri.js");
@@ -57,13 +57,14 @@ test("the browser engine gives the native CPU path's tokens and logits bit for b
     assert.equal(diff, -1, `logit ${diff} differs from coli logits`);
     assert.equal(first.stats.backend, "cpu");
     assert.ok(first.stats.bytesFetched > 0, "a cold start must fetch experts");
+    assert.ok(first.stats.diskEnabled, `disk tier off: ${JSON.stringify(first.stats)}`);
     assert.ok(first.stats.tiers.helper > 0);
     await page.screenshot({ path: join(ARTIFACTS, "browser-engine.png") });
 
     // Same profile, new page load: the experts come from the browser's disk tier.
     const again = await runInPage(page, helper.url);
     assert.deepEqual(again.ids, nativeIds);
-    assert.equal(again.stats.bytesFetched, 0, `reload fetched ${again.stats.bytesFetched} expert bytes`);
+    assert.equal(again.stats.bytesFetched, 0, `reload fetched ${again.stats.bytesFetched} expert bytes: ${JSON.stringify(again.stats)}`);
     assert.equal(again.stats.tiers.helper, 0);
     assert.ok(again.stats.tiers.disk > 0, "experts should come from OPFS after a reload");
     writeFileSync(join(ARTIFACTS, "browser-engine-stats.json"), JSON.stringify({ first: first.stats, reload: again.stats }, null, 2));
@@ -76,7 +77,7 @@ test("a helper killed and restarted mid-generation is recovered from", async () 
   const browser = await launchBrowser();
   try {
     const page = await browser.context.newPage();
-    await page.goto(`${helper.url}/`);
+    await page.goto(`${helper.url}/health`);
     await page.evaluate(async (model) => {
       const { load } = await import("/colibri.js");
       window.engine = await load({ model, backend: "cpu" });
@@ -111,7 +112,7 @@ test("corrupt expert bytes from the helper are refused and never stored", async 
   const browser = await launchBrowser();
   try {
     const page = await browser.context.newPage();
-    await page.goto(`${badHelper.url}/`);
+    await page.goto(`${badHelper.url}/health`);
     const err = await page.evaluate(async ({ model, prompt }) => {
       const { load } = await import("/colibri.js");
       window.engine = await load({ model, backend: "cpu" });

@@ -309,6 +309,35 @@ impl Engine {
         serde_json::to_string(&out).unwrap_or_else(|_| "[]".into())
     }
 
+    /// Where each expert lives now, one byte per (layer, expert), layer-major over all
+    /// layers (dense layers are all 0): 0 = only at the helper, 1 = browser disk (OPFS),
+    /// 2 = RAM, 3 = GPU pool.
+    #[wasm_bindgen(js_name = expertTiers)]
+    pub fn expert_tiers(&self) -> Vec<u8> {
+        let c = &self.model.cfg;
+        let ne = c.router.n_experts;
+        let mut out = vec![0u8; c.n_layers * ne];
+        let disk = self.tiers.disk_mask();
+        let mut g = 0;
+        for l in 0..c.n_layers {
+            if !c.moe_layers[l] {
+                continue;
+            }
+            for e in 0..ne {
+                if disk.get(g).copied().unwrap_or(false) {
+                    out[l * ne + e] = 1;
+                }
+                g += 1;
+            }
+        }
+        for (l, e) in self.model.experts.cached() {
+            if let Some(x) = out.get_mut(l * ne + e) {
+                *x = 2;
+            }
+        }
+        out
+    }
+
     /// Engine statistics as JSON (backend, tiers, bytes fetched, tokens/s, TTFT).
     pub fn stats(&self) -> String {
         let t = self.tiers.stats.borrow().clone();

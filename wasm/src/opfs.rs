@@ -53,6 +53,21 @@ pub async fn estimate() -> Option<(f64, f64)> {
     Some((get("usage")?, get("quota")?))
 }
 
+/// A sync access handle is exclusive: after a reload the previous page's worker may hold
+/// it for a moment longer, so keep asking for a few seconds. (Another tab using the same
+/// model keeps it; then this tab runs on the RAM tier.)
+async fn exclusive(h: &FileSystemFileHandle) -> Result<FileSystemSyncAccessHandle, String> {
+    let mut last = String::new();
+    for _ in 0..30 {
+        match wait::<FileSystemSyncAccessHandle>(h.create_sync_access_handle()).await {
+            Ok(x) => return Ok(x),
+            Err(e) => last = e,
+        }
+        crate::net::sleep(100).await;
+    }
+    Err(last)
+}
+
 impl Opfs {
     /// Opens (creating) `colibri/<name>/` with room for `n_experts` index slots.
     pub async fn open(name: &str, n_experts: usize) -> Result<Opfs, String> {
@@ -66,8 +81,14 @@ impl Opfs {
         let open = |f: &str| dir.get_file_handle_with_options(f, &fopts);
         let data_h: FileSystemFileHandle = wait(open("experts.bin")).await?;
         let index_h: FileSystemFileHandle = wait(open("index.bin")).await?;
-        let data: FileSystemSyncAccessHandle = wait(data_h.create_sync_access_handle()).await?;
-        let index: FileSystemSyncAccessHandle = wait(index_h.create_sync_access_handle()).await?;
+        let data: FileSystemSyncAccessHandle = exclusive(&data_h).await?;
+        let index: FileSystemSyncAccessHandle = match exclusive(&index_h).await {
+            Ok(h) => h,
+            Err(e) => {
+                data.close();
+                return Err(e);
+            }
+        };
         let mut raw = vec![0u8; n_experts * 8];
         let got = index.read_with_u8_array_and_options(&mut raw, &at(0)).map_err(js_err)? as usize;
         let n = raw.len();
@@ -75,6 +96,11 @@ impl Opfs {
         let slots = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
         let end = data.get_size().map_err(js_err)? as u64;
         Ok(Opfs { data, index, slots, end })
+    }
+
+    /// One flag per expert: stored on disk.
+    pub fn mask(&self) -> Vec<bool> {
+        self.slots.iter().map(|&s| s != 0).collect()
     }
 
     /// Number of experts stored.

@@ -68,6 +68,11 @@ impl Tiers {
         Tiers { data_url, slots, opfs: RefCell::new(opfs), staged: RefCell::new(HashMap::new()), stats: RefCell::new(stats) }
     }
 
+    /// Per expert in manifest order: is it in the disk tier?
+    pub fn disk_mask(&self) -> Vec<bool> {
+        self.opfs.borrow().as_ref().map(|o| o.mask()).unwrap_or_default()
+    }
+
     pub fn disk_count(&self) -> usize {
         self.opfs.borrow().as_ref().map_or(0, |o| o.count())
     }

@@ -185,6 +185,10 @@ impl ExpertSource for ContainerExperts {
         Some(self.stats())
     }
 
+    fn cached(&self) -> Vec<(usize, usize)> {
+        self.lru.lock().unwrap_or_else(|e| e.into_inner()).map.keys().copied().collect()
+    }
+
     fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
         let key = (layer, index);
         {

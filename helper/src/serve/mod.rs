@@ -208,6 +208,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/api/usage/{id}", get(usage::get_usage))
         .route("/models/{id}/{*path}", get(files::get_file))
         .route("/{name}", get(page::asset))
+        .route("/pkg/{name}", get(page::pkg_asset))
         .nest("/v1", v1)
         .layer(middleware::from_fn_with_state(state.clone(), security::guard))
         .layer(middleware::from_fn_with_state(state.clone(), log_and_limit))

@@ -1,6 +1,6 @@
-//! The web app's files. The chat page, `/colibri.js` and `/widget.js` come with the web
-//! issue: add them to [`ASSETS`] with `include_bytes!("../../../web/...")` so they are
-//! embedded in the binary. Until then `/` is a placeholder page listing the models.
+//! The web app's files, embedded in the binary by helper/build.rs: everything in web/
+//! (chat page, colibri.js, its worker, widget.js) and the built browser engine in
+//! web/pkg/ (tools/build-web.sh). Without web/index.html, `/` is a page listing the models.
 
 use std::sync::Arc;
 
@@ -10,9 +10,7 @@ use axum::response::{Html, IntoResponse, Response};
 
 use super::AppState;
 
-/// (URL path without the leading slash, content type, bytes), embedded at compile time.
-/// e.g. `("colibri.js", "text/javascript; charset=utf-8", include_bytes!("../../../web/colibri.js"))`
-pub const ASSETS: &[(&str, &str, &[u8])] = &[];
+include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -44,9 +42,23 @@ pub async fn index(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-pub async fn asset(Path(name): Path<String>) -> Response {
+fn serve_asset(name: &str) -> Response {
     match ASSETS.iter().find(|(p, ..)| *p == name) {
-        Some((_, ctype, bytes)) => ([(header::CONTENT_TYPE, *ctype)], *bytes).into_response(),
-        None => (StatusCode::NOT_FOUND, format!("{name} is not built into this helper yet\n")).into_response(),
+        Some((_, ctype, bytes)) => ([(header::CONTENT_TYPE, *ctype), (header::CACHE_CONTROL, "no-cache")], *bytes).into_response(),
+        None if name.starts_with("pkg/") => (
+            StatusCode::NOT_FOUND,
+            "the browser engine is not built into this coli: run tools/build-web.sh, then rebuild coli\n",
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, format!("{name} is not part of this helper\n")).into_response(),
     }
+}
+
+pub async fn asset(Path(name): Path<String>) -> Response {
+    serve_asset(&name)
+}
+
+/// `/pkg/{name}`: the wasm engine and its JavaScript glue.
+pub async fn pkg_asset(Path(name): Path<String>) -> Response {
+    serve_asset(&format!("pkg/{name}"))
 }
