@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
-# colibri's whole test suite: unit and integration tests of every crate, then a check
-# that the engine still compiles for the browser (wasm32-unknown-unknown).
+# colibri's whole test suite:
+#   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen into
+#      web/pkg/), which also proves the engine compiles for wasm32 without threads;
+#   2. every crate's unit and integration tests, GPU kernels included (wgpu on Vulkan:
+#      Mesa lavapipe where there is no GPU; a missing adapter is a failure here);
+#   3. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
+#      real `coli serve`, driven by playwright-core.
+# Needs: rustup target wasm32-unknown-unknown, wasm-bindgen-cli (installed by
+# build-web.sh if missing), mesa-vulkan-drivers, chromium, node + `npm ci` in tests/e2e.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo test --workspace --locked
+echo "== browser engine (wasm32)"
+./tools/build-web.sh
 
-echo "== engine builds for wasm32-unknown-unknown (no threads)"
-cargo check -p colibri-engine --locked --target wasm32-unknown-unknown --no-default-features
-echo "wasm32 check passed"
+echo "== cargo tests"
+COLIBRI_REQUIRE_GPU=1 cargo test --workspace --locked
+
+echo "== browser end-to-end tests"
+if [ ! -d tests/e2e/node_modules/playwright-core ]; then
+  (cd tests/e2e && npm ci --no-audit --no-fund)
+fi
+COLI="$PWD/target/debug/coli" node --test tests/e2e/
