@@ -1,29 +1,56 @@
 // colibri's engine worker: runs the wasm engine (colibri-wasm) off the page's main
 // thread. Messages in: {id, op, args}; out: {id, ok, result|error}, plus events
-// {id, event: "token"|"progress", ...} and a fresh {event: "stats"} after each operation.
+// {id, event: "token"|"progress"|"route", ...} and a fresh {event: "stats"} after each
+// operation and each generated token. Operations run one at a time, in arrival order;
+// "cancel" and "storage" are answered at once.
 import init, { Engine } from "./pkg/colibri_wasm.js";
 
 let engine = null;
 let helper = null;
 let modelId = null;
 const cancelled = new Set();
+// Expert use not yet reported to the helper: "layer,expert" -> routed positions.
+const unreported = new Map();
 
 const post = (m, transfer) => self.postMessage(m, transfer || []);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const stats = () => (engine ? JSON.parse(engine.stats()) : null);
 
+// Moves the engine's usage counts since the last call into `unreported` and returns
+// them as [[layer, expert, n], ...] (what the Brain view draws).
+function takeRoute() {
+  const counts = JSON.parse(engine.takeUsage());
+  for (const [l, e, n] of counts) {
+    const k = `${l},${e}`;
+    unreported.set(k, (unreported.get(k) || 0) + n);
+  }
+  return counts;
+}
+
+// One "route" event per forward pass; `tiers` (one byte per expert, layer-major) only
+// when the engine can tell where each expert lives.
+function postRoute(id, counts) {
+  const m = { id, event: "route", counts };
+  if (typeof engine.expertTiers === "function") m.tiers = engine.expertTiers();
+  post(m);
+}
+
 async function reportUsage() {
   if (!engine) return;
-  const counts = JSON.parse(engine.takeUsage());
-  if (!counts.length) return;
+  takeRoute();
+  if (!unreported.size) return;
+  const counts = [...unreported].map(([k, n]) => [...k.split(",").map(Number), n]);
+  unreported.clear();
   try {
-    await fetch(`${helper}/api/usage`, {
+    const r = await fetch(`${helper}/api/usage`, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ model: modelId, counts }),
     });
+    if (!r.ok && r.status >= 500) throw new Error(String(r.status));
   } catch (_) {
-    // The helper may be gone; usage is best effort.
+    // The helper may be gone: keep the counts for the next report (usage is best effort).
+    for (const [l, e, n] of counts) unreported.set(`${l},${e}`, (unreported.get(`${l},${e}`) || 0) + n);
   }
 }
 
@@ -32,25 +59,37 @@ async function reportUsage() {
 async function generate(id, ids, opts) {
   engine.begin(Uint32Array.from(ids), JSON.stringify(opts || {}));
   let failures = 0;
+  let finishReason = "stop";
   for (;;) {
-    if (cancelled.has(id)) break;
+    if (cancelled.has(id)) {
+      finishReason = "cancelled";
+      break;
+    }
     let t;
     try {
       t = engine.step();
       failures = 0;
     } catch (e) {
+      // A full context window ends the answer; it is not worth retrying.
+      if (/exceeds the context limit/.test(String(e && e.message))) {
+        finishReason = "length";
+        break;
+      }
       if (++failures > 8) throw e;
       post({ event: "stats", stats: stats() });
       await sleep(Math.min(250 * 2 ** failures, 4000));
       continue;
     }
     if (t < 0) break;
+    postRoute(id, takeRoute());
     post({ id, event: "token", token: t, text: engine.takeText() });
+    post({ event: "stats", stats: stats() });
     await sleep(0);
   }
   cancelled.delete(id);
   const out = Array.from(engine.produced());
-  return { ids: out, text: engine.decode(Uint32Array.from(out)) };
+  if (finishReason === "stop" && out.length >= (opts?.maxNewTokens ?? Infinity)) finishReason = "length";
+  return { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason };
 }
 
 const ops = {
@@ -64,6 +103,7 @@ const ops = {
   },
   async logits({ ids }) {
     const out = engine.logits(Uint32Array.from(ids));
+    postRoute(0, takeRoute());
     await reportUsage();
     return out;
   },
@@ -86,20 +126,31 @@ const ops = {
   },
 };
 
-self.onmessage = async (ev) => {
+async function run(id, op, args) {
+  const fn = ops[op];
+  if (!fn) return post({ id, ok: false, error: `unknown operation ${op}` });
+  if (op !== "load" && !engine) return post({ id, ok: false, error: "no model loaded" });
+  // Stats go out before the answer, so engine.stats() is fresh when the call resolves.
+  try {
+    const result = await fn(args || {}, id);
+    post({ event: "stats", stats: stats() });
+    post({ id, ok: true, result }, result instanceof Float32Array ? [result.buffer] : []);
+  } catch (e) {
+    post({ event: "stats", stats: stats() });
+    post({ id, ok: false, error: String(e && e.message ? e.message : e) });
+  }
+}
+
+// The engine does one thing at a time: a generation that yields between tokens must not
+// let a second one begin() under it.
+let queue = Promise.resolve();
+
+self.onmessage = (ev) => {
   const { id, op, args } = ev.data || {};
   if (op === "cancel") {
     cancelled.add(args.target);
     return;
   }
-  const fn = ops[op];
-  if (!fn) return post({ id, ok: false, error: `unknown operation ${op}` });
-  if (op !== "load" && !engine) return post({ id, ok: false, error: "no model loaded" });
-  try {
-    const result = await fn(args || {}, id);
-    post({ id, ok: true, result }, result instanceof Float32Array ? [result.buffer] : []);
-  } catch (e) {
-    post({ id, ok: false, error: String(e && e.message ? e.message : e) });
-  }
-  post({ event: "stats", stats: stats() });
+  if (op === "storage") return void run(id, op, args);
+  queue = queue.then(() => run(id, op, args));
 };

@@ -6,6 +6,8 @@
 //   await engine.logits({ ids: [5, 17, 3] });                                        // Float32Array
 //   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
 //   engine.stats(); // {backend, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper}, bytesFetched, ...}
+//   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
+//   engine.addEventListener("stats", (e) => e.detail);         // fresh stats after every token
 //
 // The engine runs in a dedicated worker; experts stream from the helper into the
 // browser's persistent storage (OPFS), so a reload fetches them from disk, not the helper.
@@ -21,7 +23,7 @@ function makeWorker() {
   return new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })), { type: "module" });
 }
 
-class Engine {
+class Engine extends EventTarget {
   #worker;
   #next = 1;
   #pending = new Map();
@@ -30,6 +32,7 @@ class Engine {
   info = null;
 
   constructor(worker, onProgress) {
+    super();
     this.#worker = worker;
     this.#onProgress = onProgress;
     worker.onmessage = (ev) => this.#receive(ev.data);
@@ -44,12 +47,18 @@ class Engine {
   #receive(m) {
     if (m.event === "stats") {
       this.#stats = m.stats;
+      if (m.stats) this.dispatchEvent(new CustomEvent("stats", { detail: m.stats }));
+      return;
+    }
+    if (m.event === "route") {
+      this.dispatchEvent(new CustomEvent("route", { detail: { counts: m.counts, tiers: m.tiers || null } }));
       return;
     }
     if (m.event === "progress") {
       if (this.#onProgress) this.#onProgress(m.progress);
       return;
     }
+    if (m.stats) this.#stats = m.stats;
     const p = this.#pending.get(m.id);
     if (!p) return;
     if (m.event === "token") {
@@ -61,8 +70,14 @@ class Engine {
     else p.reject(new Error(m.error));
   }
 
-  #call(op, args, onToken) {
+  #call(op, args, onToken, signal) {
     const id = this.#next++;
+    // An aborted generation stops at its next token and resolves with what it produced.
+    if (signal) {
+      const cancel = () => this.#worker.postMessage({ op: "cancel", args: { target: id } });
+      if (signal.aborted) queueMicrotask(cancel);
+      else signal.addEventListener("abort", cancel, { once: true });
+    }
     return {
       id,
       promise: new Promise((resolve, reject) => {
@@ -77,10 +92,11 @@ class Engine {
     return this;
   }
 
-  /** Greedy or sampled continuation of `ids`: resolves to {ids, text}. */
-  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, onToken } = {}) {
+  /** Greedy or sampled continuation of `ids`: resolves to {ids, text}. `signal` (an
+   * AbortSignal) stops it early; it then resolves with the tokens made so far. */
+  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, onToken, signal } = {}) {
     const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos };
-    return this.#call("generate", { ids, options }, onToken).promise;
+    return this.#call("generate", { ids, options }, onToken, signal).promise;
   }
 
   /** Teacher-forced logits for every position: Float32Array [ids.length * vocab]. */
@@ -106,8 +122,12 @@ class Engine {
     return this.#stats ? structuredClone(this.#stats) : { backend: "cpu", tokensPerSecond: 0, ttftMs: null, tiers: {}, bytesFetched: 0 };
   }
 
+  /** Stops the worker (and releases its browser storage handles); pending calls fail. */
   terminate() {
     this.#worker.terminate();
+    const err = new Error("colibri engine terminated");
+    for (const p of this.#pending.values()) p.reject(err);
+    this.#pending.clear();
   }
 
   #chatCreate(req) {
@@ -124,7 +144,7 @@ class Engine {
           topP: req.top_p ?? 1,
           seed: req.seed ?? Math.floor(Math.random() * 2 ** 31),
         },
-      }, onToken);
+      }, onToken, req.signal);
       return { gen, promptTokens: ids.length };
     };
     if (!req.stream) {
@@ -132,7 +152,7 @@ class Engine {
         const r = await gen.promise;
         return {
           id: cid, object: "chat.completion", created, model,
-          choices: [{ index: 0, message: { role: "assistant", content: r.text }, finish_reason: r.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop" }],
+          choices: [{ index: 0, message: { role: "assistant", content: r.text }, finish_reason: finishReason(r, req) }],
           usage: { prompt_tokens: promptTokens, completion_tokens: r.ids.length, total_tokens: promptTokens + r.ids.length },
         };
       });
@@ -159,7 +179,7 @@ class Engine {
             first = false;
           }
           if (failure) throw failure;
-          yield chunk({}, finished.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop");
+          yield chunk({}, finishReason(finished, req));
         } finally {
           if (!finished && !failure) self.#worker.postMessage({ op: "cancel", args: { target: gen.id } });
         }
@@ -167,6 +187,11 @@ class Engine {
     };
     return { [Symbol.asyncIterator]: () => stream[Symbol.asyncIterator](), then: (ok) => ok(stream) };
   }
+}
+
+// OpenAI's finish_reason: "length" when max_tokens or the context window ended the answer.
+function finishReason(r, req) {
+  return r.finishReason === "length" || r.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop";
 }
 
 /**

@@ -1,0 +1,678 @@
+// app.js — the chat page at `/`: model picker, loading, conversations, streaming chat,
+// settings, live stats, browser storage, and the Brain view. Plain DOM, no framework.
+// Model text only ever reaches the page as text nodes (see markdown.js).
+import { load } from "./colibri.js";
+import { renderMarkdown } from "./markdown.js";
+import { BrainView, TIER_NAMES } from "./brain.js";
+import * as store from "./store.js";
+
+const $ = (id) => document.getElementById(id);
+const HELPER = location.origin;
+const START_HINT = "coli serve";
+
+const state = {
+  models: [], // /api/models entries
+  modelId: null,
+  engine: null,
+  info: null, // {layers, experts, topK, moeLayers, ...}
+  loading: false,
+  busy: false,
+  controller: null,
+  conv: null,
+  settings: store.loadSettings(),
+  retryTimer: 0,
+};
+
+const brain = new BrainView($("brain"), $("brain-chart"));
+
+// ---------------------------------------------------------------- small DOM helpers
+
+/** createElement with props; children are Nodes or strings (always text). */
+function h(tag, props = {}, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(props)) {
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (v === true) e.setAttribute(k, "");
+    else if (v !== false && v != null) e.setAttribute(k, String(v));
+  }
+  for (const kid of kids.flat()) if (kid != null && kid !== false) e.append(kid instanceof Node ? kid : String(kid));
+  return e;
+}
+
+const code = (s) => h("code", {}, s);
+
+export function formatBytes(n) {
+  if (n == null || !Number.isFinite(n)) return "—";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (Math.abs(n) >= 1000 && i < units.length - 1) {
+    n /= 1000;
+    i++;
+  }
+  return `${i ? n.toFixed(n < 10 ? 2 : n < 100 ? 1 : 0) : n} ${units[i]}`;
+}
+
+function formatSeconds(s) {
+  if (!Number.isFinite(s) || s < 0) return "";
+  if (s < 1) return "less than a second left";
+  if (s < 90) return `${Math.ceil(s)} s left`;
+  return `${Math.round(s / 60)} min left`;
+}
+
+// ---------------------------------------------------------------- notices
+
+/** Shows (or replaces) the notice `key`; kind: "info" | "warn" | "error". */
+function notice(key, kind, body, actions = []) {
+  dismiss(key);
+  const n = h("div", { class: `notice ${kind}`, "data-notice": key, role: kind === "error" ? "alert" : "status" },
+    h("div", { class: "body" }, body, actions.length ? h("div", { class: "actions" }, actions) : null),
+    h("button", { class: "link-btn", type: "button", "aria-label": "Dismiss this message", onclick: () => dismiss(key) }, "✕"));
+  $("notices").append(n);
+}
+
+function dismiss(key) {
+  document.querySelector(`[data-notice="${key}"]`)?.remove();
+}
+
+function helperDownNotice() {
+  notice("helper", "error", [
+    h("strong", {}, "The colibri helper is not reachable "), `at ${HELPER}. `,
+    "It serves the model files to this page. Start it in a terminal with ", code(START_HINT),
+    " (from a source checkout: ", code("cargo run --release -p colibri-helper -- serve"), "), then retry.",
+  ], [h("button", { class: "btn small-btn", type: "button", onclick: () => start() }, "Retry now")]);
+}
+
+async function helperUp() {
+  try {
+    return (await fetch(`${HELPER}/health`, { cache: "no-store" })).ok;
+  } catch (_) {
+    return false;
+  }
+}
+
+// The helper can stop while the page stays open: say so within a few seconds, and take
+// the message back when it returns.
+const WATCH_MS = 4000;
+async function watchHelper() {
+  if (!document.hidden && document.body.dataset.state !== "offline") {
+    const up = await helperUp();
+    if (!up && !document.querySelector('[data-notice="helper"]')) helperDownNotice();
+    if (up && document.querySelector('[data-notice="helper"]')) dismiss("helper");
+    document.body.dataset.helper = up ? "up" : "down";
+  }
+  setTimeout(watchHelper, WATCH_MS);
+}
+
+// ---------------------------------------------------------------- models and loading
+
+async function fetchModels() {
+  const r = await fetch(`${HELPER}/api/models`, { cache: "no-store" });
+  if (!r.ok) throw new Error(`GET /api/models: HTTP ${r.status}`);
+  const body = await r.json();
+  const list = Array.isArray(body) ? body : Array.isArray(body.data) ? body.data : [];
+  return list.filter((m) => m && typeof m.id === "string");
+}
+
+/** Only converted models (colibri.json) run in the browser. */
+const browserReady = (m) => !m.format || m.format === "colibri";
+
+function renderModelPicker() {
+  const sel = $("model");
+  sel.replaceChildren();
+  for (const m of state.models) {
+    const label = browserReady(m) ? m.id : `${m.id} (convert it to run here)`;
+    sel.append(h("option", { value: m.id, disabled: !browserReady(m) }, label));
+  }
+  if (!state.models.length) sel.append(h("option", { value: "" }, "no models"));
+  sel.value = state.modelId || "";
+  sel.disabled = !state.models.length || state.loading;
+}
+
+async function start() {
+  clearTimeout(state.retryTimer);
+  try {
+    state.models = await fetchModels();
+  } catch (_) {
+    document.body.dataset.state = "offline";
+    helperDownNotice();
+    state.retryTimer = setTimeout(start, 5000);
+    return;
+  }
+  dismiss("helper");
+  const usable = state.models.filter(browserReady);
+  const wanted = new URLSearchParams(location.search).get("model") || state.conv?.model || state.settings.model;
+  const pick = usable.find((m) => m.id === wanted) || usable[0];
+  renderModelPicker();
+  if (!pick) {
+    document.body.dataset.state = "no-model";
+    notice("models", "warn", state.models.length
+      ? ["None of the helper's models is converted for the browser. Convert one with ", code("coli convert SRC -o DST --quant int4"), " into the models directory."]
+      : ["The helper serves no models yet. Put a converted model in its models directory, or start it with ", code("coli serve --model DIR"), "."]);
+    return;
+  }
+  dismiss("models");
+  if (pick.id !== state.modelId || !state.engine) await loadModel(pick.id);
+}
+
+async function loadModel(id) {
+  if (state.busy) stop();
+  if (state.engine) state.engine.terminate();
+  state.engine = null;
+  state.modelId = id;
+  state.loading = true;
+  state.settings.model = id;
+  store.saveSettings(state.settings);
+  document.body.dataset.state = "loading";
+  setComposerEnabled(false);
+  renderModelPicker();
+  dismiss("load");
+  state.modelSize = (state.models.find((m) => m.id === id) || {}).size || 0;
+  const bar = $("progress-bar");
+  $("progress").hidden = false;
+  bar.removeAttribute("value"); // indeterminate until the first byte counts come
+  $("progress-text").textContent = `Starting the engine for ${id}…`;
+  $("progress-eta").textContent = "";
+  const t0 = performance.now();
+  const onProgress = ({ phase, loaded, total }) => {
+    if (phase === "ready") return;
+    const secs = (performance.now() - t0) / 1000;
+    const rate = loaded / Math.max(secs, 1e-3);
+    bar.max = total || 1;
+    bar.value = loaded;
+    $("progress-text").textContent = `Loading ${id}: ${formatBytes(loaded)} of ${formatBytes(total)}`;
+    $("progress-eta").textContent = loaded > 0 && loaded < total ? formatSeconds((total - loaded) / rate) : "";
+  };
+  try {
+    const engine = await load({ model: id, backend: "auto", helper: HELPER, onProgress });
+    if (state.modelId !== id) return engine.terminate(); // another model was picked meanwhile
+    state.engine = engine;
+    state.info = engine.info?.info || {};
+    engine.addEventListener("route", (e) => brain.route(e.detail));
+    engine.addEventListener("stats", (e) => scheduleStats(e.detail));
+    const i = state.info;
+    brain.reset(i.layers || 0, i.experts || 0, i.moeLayers || []);
+    renderLegend();
+    renderStats(engine.stats());
+    document.body.dataset.state = "ready";
+    $("backend").textContent = backendLabel(engine.stats().backend);
+    $("backend").title = backendTitle();
+    refreshStorage();
+    const ds = engine.stats();
+    if (ds.diskEnabled === false && ds.diskError && ds.diskError !== "disabled") {
+      notice("disk", "warn", [`Browser storage is not available (${ds.diskError}), so experts are fetched from the helper again after every reload.`]);
+    }
+  } catch (e) {
+    if (state.modelId !== id) return;
+    document.body.dataset.state = "error";
+    if (!(await helperUp())) helperDownNotice();
+    else notice("load", "error", [h("strong", {}, `Could not load ${id}: `), String(e.message || e)],
+      [h("button", { class: "btn small-btn", type: "button", onclick: () => loadModel(id) }, "Try again")]);
+  } finally {
+    if (state.modelId === id) {
+      state.loading = false;
+      $("progress").hidden = true;
+      renderModelPicker();
+      setComposerEnabled(!!state.engine);
+    }
+  }
+}
+
+const backendLabel = (b) => (b === "webgpu" ? "WebGPU" : "CPU · wasm");
+
+function backendTitle() {
+  return navigator.gpu
+    ? "This browser has WebGPU; this build of colibri runs the model on its WebAssembly CPU backend (backend: auto)."
+    : "No WebGPU in this browser: colibri runs the model on its WebAssembly CPU backend.";
+}
+
+function webgpuNotice() {
+  if (navigator.gpu) return;
+  notice("webgpu", "info", [
+    h("strong", {}, "No WebGPU in this browser. "),
+    "colibri runs the model on its CPU backend (WebAssembly, in a worker): the answers are the same, large models are slower. ",
+    "Chrome, Edge and recent Safari and Firefox have WebGPU.",
+  ]);
+}
+
+// ---------------------------------------------------------------- browser storage
+
+async function storageEstimate() {
+  try {
+    if (state.engine) return await state.engine.storage();
+  } catch (_) {}
+  try {
+    return await navigator.storage.estimate();
+  } catch (_) {
+    return null;
+  }
+}
+
+async function refreshStorage() {
+  const est = await storageEstimate();
+  const box = $("storage");
+  $("clear-cache").disabled = !state.modelId || state.busy;
+  if (!est || !est.quota) {
+    box.textContent = "The browser does not say how much storage it has.";
+    return;
+  }
+  const { usage, quota } = est;
+  const free = quota - usage;
+  const need = state.modelSize || 0;
+  const low = free < Math.max(need, 0.05 * quota) || usage / quota > 0.9;
+  box.replaceChildren(
+    h("div", {}, `${formatBytes(usage)} used of ${formatBytes(quota)} (${((100 * usage) / quota).toFixed(usage / quota < 0.01 ? 2 : 0)}%)`),
+    h("div", { class: `meter${low ? " low" : ""}`, role: "meter", "aria-label": "Browser storage used", "aria-valuemin": 0, "aria-valuemax": quota, "aria-valuenow": usage },
+      h("span", { style: `width:${Math.min(100, (100 * usage) / quota).toFixed(1)}%` })),
+  );
+  const persisted = state.engine?.stats().persisted;
+  $("persisted").textContent = persisted === undefined ? "" : persisted
+    ? "Storage is persistent: the browser will not evict the cached experts on its own."
+    : "Storage is not persistent: the browser may evict cached experts when space runs low.";
+  box.dataset.usage = String(usage);
+  box.dataset.quota = String(quota);
+  if (low) {
+    notice("quota", "warn", [
+      h("strong", {}, "Browser storage is almost full: "), `${formatBytes(usage)} used of ${formatBytes(quota)}. `,
+      "colibri keeps fetched experts there so a reload does not fetch them again; with too little room it fetches them from the helper each time.",
+    ], [h("button", { class: "btn small-btn", type: "button", onclick: clearModelCache }, `Clear ${state.modelId}'s cached experts`)]);
+  } else dismiss("quota");
+}
+
+/**
+ * Deletes this model's expert cache (OPFS `colibri/<model>-<16 hex>`). The worker holds
+ * sync access handles on those files, so the engine is stopped first and loaded again after.
+ */
+async function clearModelCache() {
+  const id = state.modelId;
+  if (!id) return;
+  if (state.busy) stop();
+  $("clear-cache").disabled = true;
+  if (state.engine) state.engine.terminate();
+  state.engine = null;
+  setComposerEnabled(false);
+  const pattern = new RegExp(`^${id.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}-[0-9a-f]{16}$`);
+  let removed = 0;
+  let failure = null;
+  try {
+    const root = await navigator.storage.getDirectory();
+    const top = await root.getDirectoryHandle("colibri").catch(() => null);
+    if (top) {
+      for await (const [name] of top.entries()) {
+        if (!pattern.test(name)) continue;
+        // The terminated worker's handles are released asynchronously: retry briefly.
+        for (let attempt = 0; ; attempt++) {
+          try {
+            await top.removeEntry(name, { recursive: true });
+            removed++;
+            break;
+          } catch (e) {
+            if (attempt >= 20) throw e;
+            await new Promise((r) => setTimeout(r, 100));
+          }
+        }
+      }
+    }
+  } catch (e) {
+    failure = e;
+  }
+  dismiss("quota");
+  if (failure) notice("cache", "error", [`Could not clear ${id}'s cached experts: ${failure.message || failure}`]);
+  else notice("cache", "info", [removed ? `Cleared ${id}'s cached experts from browser storage.` : `${id} had no cached experts in this browser.`]);
+  await loadModel(id);
+}
+
+// ---------------------------------------------------------------- live stats
+
+let statsPending = null;
+function scheduleStats(s) {
+  if (!statsPending) requestAnimationFrame(() => { renderStats(statsPending); statsPending = null; });
+  statsPending = s;
+}
+
+const TIER_LABELS = { gpu: "GPU", ram: "RAM", disk: "Browser disk", helper: "Helper" };
+const TIER_COLORS = { gpu: "hsl(268 80% 60%)", ram: "hsl(152 62% 45%)", disk: "hsl(38 92% 50%)", helper: "hsl(215 14% 55%)" };
+
+function renderStats(s) {
+  if (!s) return;
+  $("stat-tps").textContent = s.tokensPerSecond ? s.tokensPerSecond.toFixed(s.tokensPerSecond < 10 ? 2 : 1) : "—";
+  $("stat-ttft").textContent = s.ttftMs != null ? `${Math.round(s.ttftMs)} ms` : "—";
+  $("stat-bytes").textContent = formatBytes(s.bytesFetched ?? NaN);
+  $("stat-recall").textContent = typeof s.prefetchRecall === "number" ? `${(100 * s.prefetchRecall).toFixed(0)}%` : "—";
+  const tiers = s.tiers || {};
+  const total = s.expertLoads || Object.values(tiers).reduce((a, b) => a + (b || 0), 0);
+  const rows = ["gpu", "ram", "disk", "helper"].map((t) => {
+    const n = tiers[t] || 0;
+    const pct = total ? (100 * n) / total : 0;
+    return h("div", { class: "tier-row", "data-tier": t, title: `${n} of ${total} expert loads` },
+      h("span", {}, h("span", { class: "swatch", style: `background:${TIER_COLORS[t]}` }), TIER_LABELS[t]),
+      h("div", { class: "tier-bar" }, h("span", { style: `width:${pct.toFixed(1)}%;background:${TIER_COLORS[t]}` })),
+      h("span", { class: "pct" }, total ? `${pct.toFixed(0)}%` : "—"));
+  });
+  $("tiers").replaceChildren(...rows);
+}
+
+function renderLegend() {
+  const names = { helper: "only on the helper", disk: "browser disk", ram: "RAM", gpu: "GPU" };
+  $("legend").replaceChildren(...TIER_NAMES.map((t) => h("span", {}, h("span", { class: "swatch", style: `background:${TIER_COLORS[t]}` }), names[t])),
+    h("span", {}, `${state.info?.layers ?? 0} layers × ${state.info?.experts ?? 0} experts, top-${state.info?.topK ?? "?"}`));
+}
+
+// ---------------------------------------------------------------- conversations
+
+function renderConversations() {
+  const list = $("conversations");
+  list.replaceChildren();
+  for (const c of store.listConversations()) {
+    const active = state.conv && c.id === state.conv.id;
+    list.append(h("li", { class: active ? "active" : "", "data-id": c.id },
+      h("button", { class: "open", type: "button", "aria-current": active ? "true" : false, onclick: () => openConversation(c.id) },
+        h("span", {}, c.title), h("small", {}, `${c.model || ""} · ${new Date(c.updated).toLocaleString()}`)),
+      h("button", { class: "link-btn del", type: "button", "aria-label": `Delete conversation ${c.title}`, onclick: () => removeConversation(c.id) }, "✕")));
+  }
+}
+
+function openConversation(id) {
+  if (state.busy) stop();
+  const c = store.getConversation(id);
+  if (!c) return;
+  state.conv = c;
+  store.setActiveId(c.id);
+  renderConversations();
+  renderMessages();
+  closeDrawers();
+  $("prompt").focus();
+}
+
+function newChat() {
+  if (state.busy) stop();
+  state.conv = store.newConversation(state.modelId);
+  store.setActiveId(null);
+  renderConversations();
+  renderMessages();
+  closeDrawers();
+  $("prompt").focus();
+}
+
+function removeConversation(id) {
+  store.deleteConversation(id);
+  if (state.conv?.id === id) newChat();
+  else renderConversations();
+}
+
+function persist(conv) {
+  if (!store.saveConversation(conv)) notice("save", "warn", ["This browser refused to save the conversation (storage full or disabled)."]);
+  store.setActiveId(conv.id);
+  renderConversations();
+}
+
+// ---------------------------------------------------------------- messages
+
+function renderMessages() {
+  const box = $("messages");
+  box.replaceChildren(...(state.conv?.messages || []).map((m, i) => messageView(m, i)));
+  $("empty").hidden = !!state.conv?.messages.length;
+  box.scrollTop = box.scrollHeight;
+}
+
+function fillBubble(bubble, m) {
+  if (m.role === "assistant") bubble.replaceChildren(renderMarkdown(m.content));
+  else bubble.textContent = m.content;
+}
+
+function messageView(m, i) {
+  const msgs = state.conv.messages;
+  const last = i === msgs.length - 1;
+  const bubble = h("div", { class: "bubble" });
+  fillBubble(bubble, m);
+  const meta = h("div", { class: "meta" });
+  const view = h("div", { class: "msg", "data-role": m.role, "data-index": i }, bubble, meta);
+  if (m.stopped) meta.append(h("span", { class: "tag" }, "stopped"));
+  if (m.finish === "length") meta.append(h("span", { class: "tag", title: "The answer reached Max tokens or the model's context window" }, "length limit"));
+  if (m.error) meta.append(h("span", { class: "tag" }, `error: ${m.error}`));
+  const idle = !state.busy;
+  if (m.role === "user" && idle) {
+    meta.append(h("button", { class: "link-btn", type: "button", "aria-label": "Edit this message and resend", onclick: () => editMessage(view, i) }, "Edit"));
+  }
+  if (m.role === "assistant" && idle) {
+    meta.append(h("button", { class: "link-btn", type: "button", "aria-label": "Copy this answer", onclick: () => navigator.clipboard?.writeText(m.content) }, "Copy"));
+    if (last) meta.append(h("button", { class: "link-btn regen", type: "button", "aria-label": "Regenerate this answer", onclick: regenerate }, "Regenerate"));
+  }
+  return view;
+}
+
+function editMessage(view, i) {
+  const m = state.conv.messages[i];
+  const box = h("textarea", { class: "edit-box", "aria-label": "Edit message" });
+  box.value = m.content;
+  const done = () => renderMessages();
+  const resend = () => {
+    const text = box.value.trim();
+    if (!text) return;
+    state.conv.messages = state.conv.messages.slice(0, i);
+    state.conv.messages.push({ role: "user", content: text });
+    persist(state.conv);
+    renderMessages();
+    reply();
+  };
+  box.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      resend();
+    } else if (e.key === "Escape") {
+      e.stopPropagation();
+      done();
+    }
+  });
+  view.replaceChildren(box, h("div", { class: "edit-actions" },
+    h("button", { class: "btn", type: "button", onclick: done }, "Cancel"),
+    h("button", { class: "btn primary", type: "button", onclick: resend }, "Send")));
+  box.focus();
+}
+
+function regenerate() {
+  const msgs = state.conv?.messages;
+  if (state.busy || !msgs?.length || msgs.at(-1).role !== "assistant") return;
+  msgs.pop();
+  persist(state.conv);
+  renderMessages();
+  reply();
+}
+
+function setComposerEnabled(on) {
+  $("prompt").disabled = !on;
+  $("send").disabled = !on;
+}
+
+function setBusy(busy) {
+  state.busy = busy;
+  document.body.dataset.state = busy ? "generating" : state.engine ? "ready" : document.body.dataset.state;
+  $("send").hidden = busy;
+  $("stop").hidden = !busy;
+  $("messages").setAttribute("aria-busy", busy ? "true" : "false");
+  $("clear-cache").disabled = busy || !state.modelId;
+}
+
+function send() {
+  const text = $("prompt").value.trim();
+  if (!text || state.busy || !state.engine) return;
+  if (!state.conv) state.conv = store.newConversation(state.modelId);
+  state.conv.messages.push({ role: "user", content: text });
+  $("prompt").value = "";
+  autoGrow();
+  persist(state.conv);
+  renderMessages();
+  reply();
+}
+
+function samplingRequest() {
+  const s = state.settings;
+  const num = (v, d) => (Number.isFinite(Number(v)) && v !== "" ? Number(v) : d);
+  return {
+    temperature: Math.max(0, num(s.temperature, 0.7)),
+    top_p: Math.min(1, Math.max(0.01, num(s.topP, 1))),
+    max_tokens: Math.max(1, Math.floor(num(s.maxTokens, 256))),
+    seed: s.seed === "" ? Math.floor(Math.random() * 2 ** 31) : Math.max(0, Math.floor(num(s.seed, 0))),
+  };
+}
+
+/** Streams the assistant's answer to the conversation as it stands. */
+async function reply() {
+  const conv = state.conv;
+  const engine = state.engine;
+  if (!conv || !engine || state.busy) return;
+  const messages = [];
+  if (state.settings.system.trim()) messages.push({ role: "system", content: state.settings.system.trim() });
+  for (const m of conv.messages) messages.push({ role: m.role, content: m.content });
+  const msg = { role: "assistant", content: "" };
+  conv.messages.push(msg);
+  conv.model = state.modelId;
+  const controller = new AbortController();
+  state.controller = controller;
+  setBusy(true);
+  renderMessages();
+  let view = $("messages").lastElementChild;
+  view.classList.add("streaming");
+  let frame = 0;
+  const paint = () => {
+    frame = 0;
+    if (state.conv !== conv) return;
+    fillBubble(view.querySelector(".bubble"), msg);
+    const box = $("messages");
+    if (box.scrollHeight - box.scrollTop - box.clientHeight < 160) box.scrollTop = box.scrollHeight;
+  };
+  try {
+    const stream = engine.chat.completions.create({ messages, stream: true, signal: controller.signal, ...samplingRequest() });
+    for await (const chunk of stream) {
+      const c = chunk.choices[0];
+      if (c.delta?.content) {
+        msg.content += c.delta.content;
+        if (!frame) frame = requestAnimationFrame(paint);
+      }
+      if (c.finish_reason) msg.finish = c.finish_reason;
+    }
+  } catch (e) {
+    if (state.engine === engine) {
+      msg.error = String(e.message || e);
+      if (!(await helperUp())) helperDownNotice();
+    } else msg.stopped = true; // the engine was replaced or terminated mid-answer
+  }
+  if (controller.signal.aborted) {
+    msg.stopped = true;
+    delete msg.finish;
+  }
+  if (state.controller === controller) {
+    state.controller = null;
+    setBusy(false);
+  }
+  persist(conv);
+  if (state.conv === conv) {
+    renderMessages();
+    $("prompt").focus();
+  }
+  refreshStorage();
+}
+
+function stop() {
+  if (state.controller) state.controller.abort();
+}
+
+// ---------------------------------------------------------------- settings and layout
+
+function bindSettings() {
+  const s = state.settings;
+  const fields = [["system", "system"], ["temperature", "temperature"], ["top-p", "topP"], ["max-tokens", "maxTokens"], ["seed", "seed"]];
+  for (const [id, key] of fields) {
+    const input = $(id);
+    input.value = s[key];
+    input.addEventListener("change", () => {
+      s[key] = input.type === "number" && input.value !== "" ? Number(input.value) : input.value;
+      if (key === "seed" && input.value === "") s.seed = "";
+      store.saveSettings(s);
+    });
+  }
+}
+
+function autoGrow() {
+  const t = $("prompt");
+  t.style.height = "auto";
+  t.style.height = `${Math.min(t.scrollHeight + 2, window.innerHeight * 0.4)}px`;
+}
+
+const narrow = () => window.matchMedia("(max-width: 1100px)").matches;
+
+function toggleDrawer(which) {
+  const cls = `${which}-open`;
+  const btn = $(`toggle-${which}`);
+  if (which === "panel" && !narrow()) {
+    const closed = document.body.classList.toggle("panel-closed");
+    btn.setAttribute("aria-expanded", String(!closed));
+    return;
+  }
+  const open = !document.body.classList.contains(cls);
+  closeDrawers();
+  document.body.classList.toggle(cls, open);
+  btn.setAttribute("aria-expanded", String(open));
+  $("scrim").hidden = !open;
+  if (open) $(which === "panel" ? "panel" : "sidebar").querySelector("button, input, textarea, summary")?.focus();
+}
+
+function closeDrawers() {
+  for (const w of ["sidebar", "panel"]) {
+    if (document.body.classList.contains(`${w}-open`)) {
+      document.body.classList.remove(`${w}-open`);
+      $(`toggle-${w}`).setAttribute("aria-expanded", "false");
+    }
+  }
+  $("scrim").hidden = true;
+}
+
+function bindUi() {
+  $("composer").addEventListener("submit", (e) => {
+    e.preventDefault();
+    send();
+  });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      send();
+    }
+  });
+  $("prompt").addEventListener("input", autoGrow);
+  $("stop").addEventListener("click", () => {
+    stop();
+    $("prompt").focus();
+  });
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Escape") return;
+    if (state.busy) {
+      e.preventDefault();
+      stop();
+      $("prompt").focus();
+    } else closeDrawers();
+  });
+  $("new-chat").addEventListener("click", newChat);
+  $("model").addEventListener("change", (e) => loadModel(e.target.value));
+  $("clear-cache").addEventListener("click", clearModelCache);
+  $("toggle-sidebar").addEventListener("click", () => toggleDrawer("sidebar"));
+  $("toggle-panel").addEventListener("click", () => toggleDrawer("panel"));
+  $("scrim").addEventListener("click", closeDrawers);
+  for (const b of document.querySelectorAll(".close-drawer")) b.addEventListener("click", closeDrawers);
+  $("toggle-panel").setAttribute("aria-expanded", String(!narrow()));
+  window.addEventListener("resize", () => brain.draw());
+}
+
+// ---------------------------------------------------------------- start
+
+bindSettings();
+bindUi();
+webgpuNotice();
+state.conv = store.getConversation(store.activeId()) || store.newConversation(null);
+renderConversations();
+renderMessages();
+renderStats({ tiers: {} });
+renderLegend();
+brain.draw();
+start();
+setTimeout(watchHelper, WATCH_MS);

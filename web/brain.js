@@ -1,0 +1,186 @@
+// brain.js — the Brain view: which experts the model routes to, and where they live.
+//
+// The grid is layers (rows) x experts (columns). A cell's colour is the tier the expert
+// lives in now (GPU, RAM, browser disk, or only on the helper); its brightness is how
+// often it has been routed in this tab (log scale); a cell flashes when a token uses it.
+// Below, a strip per layer shows that layer's hit rate over the last tokens: the share of
+// its routed experts that were already in the tab (green) or had to be fetched (red).
+//
+// Input: `route({counts, tiers})` events from the engine, one per forward pass, with
+// counts = [[layer, expert, n], ...] and, when the engine reports it, tiers = one byte per
+// expert (layer-major: 0 helper, 1 browser disk, 2 RAM, 3 GPU). Without tiers, an expert
+// is taken to be in RAM once it has been routed in this tab (the RAM tier is large).
+
+export const TIER = { helper: 0, disk: 1, ram: 2, gpu: 3 };
+export const TIER_NAMES = ["helper", "disk", "ram", "gpu"];
+// Hue/saturation per tier; lightness carries the routing count.
+const TIER_HSL = [
+  [215, 14], // helper only: slate
+  [38, 92], // browser disk: amber
+  [152, 62], // RAM: green
+  [268, 80], // GPU: violet
+];
+const HISTORY = 96; // tokens kept in the hit-rate strips
+const FLASH_MS = 700;
+
+export class BrainView {
+  /**
+   * @param {HTMLCanvasElement} grid  the layers x experts canvas
+   * @param {HTMLCanvasElement} chart the per-layer hit-rate strips
+   */
+  constructor(grid, chart) {
+    this.grid = grid;
+    this.chart = chart;
+    this.raf = 0;
+    this.reset(0, 0);
+  }
+
+  /** Sets the model's shape; `moeLayers[l]` false marks a dense layer (drawn empty). */
+  reset(layers, experts, moeLayers = []) {
+    this.layers = layers;
+    this.experts = experts;
+    this.moe = Array.from({ length: layers }, (_, l) => moeLayers[l] !== false);
+    const n = layers * experts;
+    this.count = new Float64Array(n);
+    this.tier = new Uint8Array(n); // TIER.helper until known
+    this.flash = new Float64Array(n); // time of last use
+    this.history = []; // [{rates: Float32Array(layers) (NaN = no MoE), t}]
+    this.steps = 0;
+    this.routed = 0;
+    this.exact = false;
+    this.draw();
+  }
+
+  /** One forward pass: counts [[layer, expert, n], ...], tiers (optional Uint8Array). */
+  route({ counts, tiers }) {
+    if (!this.layers || !counts || !counts.length) return;
+    const now = performance.now();
+    const hits = new Float32Array(this.layers);
+    const uses = new Float32Array(this.layers);
+    for (const [l, e, n] of counts) {
+      if (l >= this.layers || e >= this.experts) continue;
+      const i = l * this.experts + e;
+      uses[l] += 1;
+      // Before this pass: was it already in the tab (RAM/GPU)?
+      if (this.tier[i] >= TIER.ram) hits[l] += 1;
+      this.count[i] += n;
+      this.flash[i] = now;
+      this.routed += n;
+      if (!tiers) this.tier[i] = Math.max(this.tier[i], TIER.ram);
+    }
+    if (tiers && tiers.length === this.tier.length) {
+      this.tier.set(tiers);
+      this.exact = true;
+    }
+    const rates = new Float32Array(this.layers).map((_, l) => (uses[l] ? hits[l] / uses[l] : NaN));
+    this.history.push({ rates, t: now });
+    if (this.history.length > HISTORY) this.history.shift();
+    this.steps += 1;
+    this.grid.dataset.steps = String(this.steps);
+    this.grid.dataset.routed = String(this.routed);
+    this.animate();
+  }
+
+  /** Counts per tier of the experts now, e.g. {helper: 40, disk: 0, ram: 24, gpu: 0}. */
+  tierCounts() {
+    const out = { helper: 0, disk: 0, ram: 0, gpu: 0 };
+    if (this.tier) for (const t of this.tier) out[TIER_NAMES[t]] += 1;
+    return out;
+  }
+
+  animate() {
+    if (this.raf) return;
+    const frame = () => {
+      this.raf = 0;
+      const busy = this.draw();
+      if (busy) this.raf = requestAnimationFrame(frame);
+    };
+    this.raf = requestAnimationFrame(frame);
+  }
+
+  /** Draws both canvases; true while some cell is still flashing. */
+  draw() {
+    const busy = this.drawGrid();
+    this.drawChart();
+    return busy;
+  }
+
+  drawGrid() {
+    const c = this.grid;
+    const ctx = c.getContext("2d");
+    const { layers, experts } = this;
+    const w = c.clientWidth || 320;
+    // Cells are square when they fit; a wide model gets thin columns.
+    const cell = layers && experts ? Math.max(2, Math.min(18, Math.floor(w / experts))) : 10;
+    const gap = cell >= 6 ? 1 : 0;
+    const width = Math.max(1, experts * cell);
+    const height = Math.max(1, layers * cell);
+    if (c.width !== width || c.height !== height) {
+      c.width = width;
+      c.height = height;
+    }
+    ctx.fillStyle = getComputedStyle(c).getPropertyValue("--brain-bg").trim() || "#111";
+    ctx.fillRect(0, 0, width, height);
+    if (!layers) return false;
+    let max = 0;
+    for (const v of this.count) max = Math.max(max, v);
+    const norm = Math.log1p(max || 1);
+    const now = performance.now();
+    let busy = false;
+    for (let l = 0; l < layers; l++) {
+      for (let e = 0; e < experts; e++) {
+        const x = e * cell;
+        const y = l * cell;
+        if (!this.moe[l]) {
+          ctx.fillStyle = "rgba(127,127,127,0.12)";
+          ctx.fillRect(x, y, cell - gap, cell - gap);
+          continue;
+        }
+        const i = l * experts + e;
+        const [h, s] = TIER_HSL[this.tier[i]];
+        const heat = this.count[i] ? Math.log1p(this.count[i]) / norm : 0;
+        const age = now - this.flash[i];
+        const flash = this.flash[i] && age < FLASH_MS ? 1 - age / FLASH_MS : 0;
+        if (flash) busy = true;
+        const light = 16 + heat * 46 + flash * 30;
+        ctx.fillStyle = `hsl(${h} ${s}% ${Math.min(light, 92)}%)`;
+        ctx.fillRect(x, y, cell - gap, cell - gap);
+        if (flash > 0.4 && cell >= 6) {
+          ctx.strokeStyle = `rgba(255,255,255,${flash})`;
+          ctx.lineWidth = 1;
+          ctx.strokeRect(x + 0.5, y + 0.5, cell - gap - 1, cell - gap - 1);
+        }
+      }
+    }
+    return busy;
+  }
+
+  drawChart() {
+    const c = this.chart;
+    if (!c) return;
+    const ctx = c.getContext("2d");
+    const rows = Math.max(1, this.layers);
+    const rowH = Math.max(3, Math.min(12, Math.floor(96 / rows)));
+    const colW = 4;
+    const width = HISTORY * colW;
+    const height = rows * rowH;
+    if (c.width !== width || c.height !== height) {
+      c.width = width;
+      c.height = height;
+    }
+    ctx.fillStyle = getComputedStyle(c).getPropertyValue("--brain-bg").trim() || "#111";
+    ctx.fillRect(0, 0, width, height);
+    const start = HISTORY - this.history.length;
+    this.history.forEach(({ rates }, k) => {
+      for (let l = 0; l < this.layers; l++) {
+        const r = rates[l];
+        if (Number.isNaN(r)) continue;
+        // red (all fetched) -> yellow -> green (all already in the tab)
+        ctx.fillStyle = `hsl(${Math.round(r * 130)} 70% ${38 + r * 10}%)`;
+        ctx.fillRect((start + k) * colW, l * rowH, colW - 1, rowH - 1);
+      }
+    });
+    const avg = this.history.length ? this.history.at(-1).rates.filter((r) => !Number.isNaN(r)) : [];
+    c.dataset.lastHitRate = avg.length ? (avg.reduce((a, b) => a + b, 0) / avg.length).toFixed(3) : "";
+  }
+}
