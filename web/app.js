@@ -193,6 +193,7 @@ async function loadModel(id) {
     engine.addEventListener("stats", (e) => scheduleStats(e.detail));
     const i = state.info;
     brain.reset(i.layers || 0, i.experts || 0, i.moeLayers || []);
+    engine.expertTiers().then((tiers) => brain.route({ counts: [], tiers }), () => {});
     renderLegend();
     renderStats(engine.stats());
     document.body.dataset.state = "ready";
@@ -403,8 +404,14 @@ function removeConversation(id) {
 
 function persist(conv) {
   if (!store.saveConversation(conv)) notice("save", "warn", ["This browser refused to save the conversation (storage full or disabled)."]);
-  store.setActiveId(conv.id);
+  if (state.conv === conv) store.setActiveId(conv.id);
   renderConversations();
+}
+
+// After an answer, the message box gets the focus back unless the user has moved on.
+function refocusPrompt() {
+  const a = document.activeElement;
+  if (!a || a === document.body || a.id === "prompt" || a.id === "stop" || a.id === "send" || a.closest?.(".msg")) $("prompt").focus();
 }
 
 // ---------------------------------------------------------------- messages
@@ -568,8 +575,10 @@ async function reply() {
   }
   persist(conv);
   if (state.conv === conv) {
+    const hadFocus = document.activeElement;
     renderMessages();
-    $("prompt").focus();
+    if (hadFocus && !hadFocus.isConnected) $("prompt").focus();
+    else refocusPrompt();
   }
   refreshStorage();
 }
@@ -622,7 +631,9 @@ function closeDrawers() {
   for (const w of ["sidebar", "panel"]) {
     if (document.body.classList.contains(`${w}-open`)) {
       document.body.classList.remove(`${w}-open`);
-      $(`toggle-${w}`).setAttribute("aria-expanded", "false");
+      const toggle = $(`toggle-${w}`);
+      toggle.setAttribute("aria-expanded", "false");
+      if ($(w).contains(document.activeElement)) toggle.focus();
     }
   }
   $("scrim").hidden = true;

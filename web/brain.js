@@ -4,12 +4,14 @@
 // lives in now (GPU, RAM, browser disk, or only on the helper); its brightness is how
 // often it has been routed in this tab (log scale); a cell flashes when a token uses it.
 // Below, a strip per layer shows that layer's hit rate over the last tokens: the share of
-// its routed experts that were already in the tab (green) or had to be fetched (red).
+// its routed experts that were already in the browser (green: RAM, GPU or browser disk)
+// or had to be fetched from the helper (red).
 //
 // Input: `route({counts, tiers})` events from the engine, one per forward pass, with
-// counts = [[layer, expert, n], ...] and, when the engine reports it, tiers = one byte per
-// expert (layer-major: 0 helper, 1 browser disk, 2 RAM, 3 GPU). Without tiers, an expert
-// is taken to be in RAM once it has been routed in this tab (the RAM tier is large).
+// counts = [[layer, expert, n], ...] and, when the engine reports it (engine.expertTiers()),
+// tiers = one byte per expert (layer-major: 0 helper, 1 browser disk, 2 RAM, 3 GPU).
+// Without tiers, an expert is taken to be in RAM once it has been routed in this tab.
+// A route event with no counts only updates the tiers (sent once after loading).
 
 export const TIER = { helper: 0, disk: 1, ram: 2, gpu: 3 };
 export const TIER_NAMES = ["helper", "disk", "ram", "gpu"];
@@ -53,7 +55,15 @@ export class BrainView {
 
   /** One forward pass: counts [[layer, expert, n], ...], tiers (optional Uint8Array). */
   route({ counts, tiers }) {
-    if (!this.layers || !counts || !counts.length) return;
+    if (!this.layers) return;
+    if (!counts || !counts.length) {
+      if (tiers && tiers.length === this.tier.length) {
+        this.tier.set(tiers);
+        this.exact = true;
+        this.draw();
+      }
+      return;
+    }
     const now = performance.now();
     const hits = new Float32Array(this.layers);
     const uses = new Float32Array(this.layers);
@@ -61,8 +71,8 @@ export class BrainView {
       if (l >= this.layers || e >= this.experts) continue;
       const i = l * this.experts + e;
       uses[l] += 1;
-      // Before this pass: was it already in the tab (RAM/GPU)?
-      if (this.tier[i] >= TIER.ram) hits[l] += 1;
+      // Before this pass: was it already in the browser (disk, RAM or GPU)?
+      if (this.tier[i] >= TIER.disk) hits[l] += 1;
       this.count[i] += n;
       this.flash[i] = now;
       this.routed += n;
@@ -100,6 +110,8 @@ export class BrainView {
 
   /** Draws both canvases; true while some cell is still flashing. */
   draw() {
+    this.grid.dataset.tiers = JSON.stringify(this.tierCounts());
+    this.grid.dataset.exact = String(!!this.exact);
     const busy = this.drawGrid();
     this.drawChart();
     return busy;
@@ -142,7 +154,8 @@ export class BrainView {
         const age = now - this.flash[i];
         const flash = this.flash[i] && age < FLASH_MS ? 1 - age / FLASH_MS : 0;
         if (flash) busy = true;
-        const light = 16 + heat * 46 + flash * 30;
+        // Unrouted experts stay dim but keep their tier's colour readable.
+        const light = (this.tier[i] === TIER.helper ? 18 : 30) + heat * 40 + flash * 30;
         ctx.fillStyle = `hsl(${h} ${s}% ${Math.min(light, 92)}%)`;
         ctx.fillRect(x, y, cell - gap, cell - gap);
         if (flash > 0.4 && cell >= 6) {

@@ -121,6 +121,9 @@ const ops = {
   async decode({ ids }) {
     return engine.decode(Uint32Array.from(ids));
   },
+  async expertTiers() {
+    return typeof engine.expertTiers === "function" ? engine.expertTiers() : null;
+  },
   async storage() {
     return JSON.parse(await Engine.storageEstimate());
   },

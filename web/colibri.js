@@ -8,6 +8,7 @@
 //   engine.stats(); // {backend, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper}, bytesFetched, ...}
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
 //   engine.addEventListener("stats", (e) => e.detail);         // fresh stats after every token
+//   await engine.expertTiers();  // Uint8Array [layers * experts]: 0 helper, 1 disk, 2 RAM, 3 GPU
 //
 // The engine runs in a dedicated worker; experts stream from the helper into the
 // browser's persistent storage (OPFS), so a reload fetches them from disk, not the helper.
@@ -110,6 +111,12 @@ class Engine extends EventTarget {
 
   async decode(ids) {
     return this.#call("decode", { ids }).promise;
+  }
+
+  /** Where each expert lives now: Uint8Array [layers * experts] (0 helper, 1 browser
+   * disk, 2 RAM, 3 GPU), or null when the engine cannot tell. */
+  async expertTiers() {
+    return this.#call("expertTiers", {}).promise;
   }
 
   /** Browser storage use: {usage, quota} in bytes, or null. */
