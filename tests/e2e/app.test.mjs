@@ -200,6 +200,16 @@ test("model text with HTML is shown as text, never run", async () => {
   assert.equal(r.pwned, null);
   await page.locator("#md-probe").screenshot({ path: join(ARTIFACTS, "app-markdown-safety.png") });
 
+  // And ordinary Markdown keeps its structure.
+  const shape = await page.evaluate(async () => {
+    const { renderMarkdown } = await import("/markdown.js");
+    const d = document.createElement("div");
+    d.append(renderMarkdown("# T\n- a\n- b **c**\n  - d\n\n1. x\n\n> q\n\nsee [docs](https://example.com/x) or snake_case_name"));
+    const q = (s) => [...d.querySelectorAll(s)].map((e) => e.textContent);
+    return { h1: q("h1"), li: q("ul > li").length, nested: q("li > ul > li"), ol: q("ol > li"), quote: q("blockquote"), href: d.querySelector("a")?.href, em: q("em") };
+  });
+  assert.deepEqual(shape, { h1: ["T"], li: 3, nested: ["d"], ol: ["x"], quote: ["q"], href: "https://example.com/x", em: [] });
+
   // The same text as a stored answer, through the app's own rendering path.
   await page.evaluate((text) => {
     const now = Date.now();
