@@ -14,8 +14,12 @@ cd "$(dirname "$0")/.."
 echo "== browser engine (wasm32)"
 ./tools/build-web.sh
 
+echo "== engine with the GPU backend (feature wgpu) compiles for wasm32 (WebGPU)"
+cargo check -p colibri-engine --locked --target wasm32-unknown-unknown --no-default-features --features wgpu
+
 echo "== cargo tests"
-COLIBRI_REQUIRE_GPU=1 cargo test --workspace --locked
+# NODEVICE_SELECT: Mesa's device-select layer warns about XDG_RUNTIME_DIR without a display.
+COLIBRI_REQUIRE_GPU=1 NODEVICE_SELECT=1 cargo test --workspace --locked
 
 echo "== browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then

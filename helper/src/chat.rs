@@ -28,6 +28,9 @@ pub struct ChatArgs {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
+    if a.model.backend == crate::Backend::Wgpu {
+        bail!("coli chat runs on the CPU backend for now; --backend wgpu works with `coli logits` and `coli generate`");
+    }
     let loaded = open(&a.model, true)?;
     let Some(tok) = loaded.tokenizer.as_ref() else { bail!("this model has no tokenizer") };
     if !tok.has_chat_template() {

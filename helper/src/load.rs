@@ -7,7 +7,7 @@ use colibri_engine::config::parse_token_ids;
 use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 
-use crate::{Backend, ModelArgs};
+use crate::ModelArgs;
 
 pub struct Loaded {
     pub model: Model,
@@ -17,9 +17,6 @@ pub struct Loaded {
 }
 
 pub fn setup(args: &ModelArgs) -> Result<()> {
-    if args.backend == Backend::Wgpu {
-        bail!("the wgpu backend is not built into this version of coli yet; use --backend cpu");
-    }
     if let Some(t) = args.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(t.max(1))

@@ -1,6 +1,7 @@
 //! `coli`: the colibri command line. Runs models natively, and (in later releases)
 //! converts them and serves them to the browser.
 
+mod backend;
 mod chat;
 mod convert;
 mod doctor;

@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::generate::{generate as run_generate, GenerateOptions, StopReason};
+use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::Logits;
 
+use crate::backend::forward_fn;
 use crate::load::{open, parse_ids};
 use crate::ModelArgs;
 
@@ -28,8 +29,8 @@ pub struct LogitsArgs {
 pub fn logits(a: LogitsArgs) -> Result<()> {
     let ids = parse_ids(&a.ids)?;
     let loaded = open(&a.model, false)?;
-    let mut session = loaded.model.new_session();
-    let logits = loaded.model.forward(&mut session, &ids, Logits::All)?;
+    let mut forward = forward_fn(&loaded.model, a.model.backend)?;
+    let logits = forward(&ids, Logits::All)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&a.out, bytes).with_context(|| format!("{}: cannot write", a.out.display()))?;
     Ok(())
@@ -106,13 +107,13 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         sampler: a.sampling.config(0.0, 1.0, 0),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
     };
-    let mut session = loaded.model.new_session();
+    let mut forward = forward_fn(&loaded.model, a.model.backend)?;
     let start = Instant::now();
     let mut first_token = None;
     let mut stream = DecodeStream::default();
     let mut stdout = std::io::stdout().lock();
     let mut print_err = None;
-    let (ids, reason) = run_generate(&loaded.model, &mut session, &prompt_ids, &opts, &mut |id| {
+    let (ids, reason) = generate_with(&mut |ids| forward(ids, Logits::Last), &[], &prompt_ids, &opts, &mut |id| {
         first_token.get_or_insert_with(|| start.elapsed());
         if !a.json {
             if let Some(t) = tok {

@@ -190,7 +190,9 @@ fn ids_outside_the_vocabulary() {
 }
 
 #[test]
+#[cfg(not(feature = "wgpu"))]
 fn wgpu_backend_says_it_is_not_built() {
     let out = coli().args(["generate", "--model"]).arg(fixture("olmoe")).args(["--ids", "1", "--backend", "wgpu"]).output().unwrap();
     assert_clean_failure(&out, "wgpu");
 }
+// With the feature, helper/tests/gpu_cli.rs runs --backend wgpu against --backend cpu.

@@ -280,6 +280,14 @@ impl<'m> GpuModel<'m> {
                         }
                     }
                     rec.clear(&y, 0, (n * h) as u64 * f);
+                    // Let the source fetch every expert the pool lacks in one request.
+                    let missing: Vec<usize> = {
+                        let pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+                        (0..ne).filter(|&e| !users[e].is_empty() && !pool.contains(l, e)).collect()
+                    };
+                    if !missing.is_empty() {
+                        self.model.experts.prepare(l, &missing)?;
+                    }
                     for (e, list) in users.iter().enumerate() {
                         if list.is_empty() {
                             continue;

@@ -92,6 +92,11 @@ impl ExpertPool {
         Ok(gpu)
     }
 
+    /// Whether the expert is on the GPU now (no upload needed).
+    pub fn contains(&self, layer: usize, index: usize) -> bool {
+        self.entries.contains_key(&(layer, index))
+    }
+
     fn evict_oldest(&mut self) {
         if let Some((&key, _)) = self.entries.iter().min_by_key(|(_, (_, used))| *used) {
             if let Some((e, _)) = self.entries.remove(&key) {

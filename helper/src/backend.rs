@@ -1,0 +1,39 @@
+//! The compute backend behind `--backend cpu|wgpu`: one forward function over one
+//! conversation, so `logits` and `generate` run the same code on either backend.
+
+use anyhow::Result;
+use colibri_engine::{Logits, Model};
+
+use crate::Backend;
+
+/// Feeds ids after everything fed so far and returns their logits.
+pub type Forward<'m> = Box<dyn FnMut(&[u32], Logits) -> colibri_engine::Result<Vec<f32>> + 'm>;
+
+pub fn forward_fn(model: &Model, backend: Backend) -> Result<Forward<'_>> {
+    match backend {
+        Backend::Cpu => {
+            let mut session = model.new_session();
+            Ok(Box::new(move |ids, which| model.forward(&mut session, ids, which)))
+        }
+        Backend::Wgpu => gpu(model),
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn gpu(model: &Model) -> Result<Forward<'_>> {
+    use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions};
+    // Mesa's implicit device-select layer prints "XDG_RUNTIME_DIR is invalid" lines when
+    // no display is around; it only reorders adapters, which wgpu does itself.
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+    let ctx = GpuContext::new_blocking()?;
+    let gpu = GpuModel::new(model, std::sync::Arc::new(ctx), GpuOptions::default())?;
+    let mut session = gpu.new_session();
+    Ok(Box::new(move |ids, which| gpu.forward_blocking(&mut session, ids, which)))
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn gpu(_: &Model) -> Result<Forward<'_>> {
+    anyhow::bail!("this coli was built without the wgpu backend (cargo feature \"wgpu\"); use --backend cpu")
+}

@@ -1,0 +1,111 @@
+//! `--backend wgpu` through real `coli` processes: the same logits bytes and the same
+//! generated ids as `--backend cpu`, on the Hugging Face fixtures and on converted int4
+//! / int8 models whose experts stream from disk (`--ram 0`). Skipped with a printed
+//! reason when there is no Vulkan adapter, unless COLIBRI_REQUIRE_GPU=1.
+#![cfg(feature = "wgpu")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn coli() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_coli"));
+    c.env("NODEVICE_SELECT", "1");
+    c
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+fn ids_arg(name: &str) -> String {
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture(name).join("reference.json")).unwrap()).unwrap();
+    r["ids"].as_array().unwrap().iter().take(20).map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// True when the wgpu backend can run here; otherwise prints why (or fails under
+/// COLIBRI_REQUIRE_GPU=1).
+fn have_gpu() -> bool {
+    let out = coli()
+        .args(["logits", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--ids", "1", "--out", "/dev/null", "--backend", "wgpu"])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        return true;
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no Vulkan adapter; install mesa-vulkan-drivers"), "unexpected failure: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "want one line on stderr, got: {err}");
+    if std::env::var("COLIBRI_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        panic!("COLIBRI_REQUIRE_GPU=1 but: {err}");
+    }
+    eprintln!("skipping: {err}");
+    false
+}
+
+fn logits(model: &Path, ids: &str, backend: &str, extra: &[&str], tag: &str) -> Vec<u8> {
+    let out = std::env::temp_dir().join(format!("coli-gpu-{tag}-{backend}-{}.bin", std::process::id()));
+    ok(
+        coli().args(["logits", "--model"]).arg(model).args(["--ids", ids, "--out"]).arg(&out).args(["--backend", backend]).args(extra).output().unwrap(),
+        &format!("logits {tag} {backend}"),
+    );
+    let bytes = std::fs::read(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    bytes
+}
+
+fn generated_ids(model: &Path, backend: &str, extra: &[&str]) -> serde_json::Value {
+    let out = ok(
+        coli()
+            .args(["generate", "--model"])
+            .arg(model)
+            .args(["--ids", "5,17,3,99", "--max-new-tokens", "12", "--ignore-eos", "--json", "--backend", backend])
+            .args(extra)
+            .output()
+            .unwrap(),
+        &format!("generate {backend}"),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["ids"].clone()
+}
+
+#[test]
+fn wgpu_backend_gives_the_cpu_bytes_on_every_fixture() {
+    if !have_gpu() {
+        return;
+    }
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"] {
+        let ids = ids_arg(name);
+        let cpu = logits(&fixture(name), &ids, "cpu", &[], &format!("hf-{name}"));
+        let gpu = logits(&fixture(name), &ids, "wgpu", &[], &format!("hf-{name}"));
+        assert!(cpu == gpu, "{name}: --backend wgpu logits differ from --backend cpu");
+        assert_eq!(generated_ids(&fixture(name), "wgpu", &[]), generated_ids(&fixture(name), "cpu", &[]), "{name}: generated ids");
+    }
+}
+
+#[test]
+fn wgpu_backend_on_converted_quantized_models_streaming_experts() {
+    if !have_gpu() {
+        return;
+    }
+    for (name, quant) in [("mixtral", "int4"), ("qwen2_moe", "int8"), ("olmoe", "int4")] {
+        let dst = std::env::temp_dir().join(format!("coli-gpu-convert-{name}-{quant}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dst);
+        ok(coli().arg("convert").arg(fixture(name)).arg("-o").arg(&dst).args(["--quant", quant]).output().unwrap(), "convert");
+        let ids = ids_arg(name);
+        let tag = format!("{quant}-{name}");
+        let cpu = logits(&dst, &ids, "cpu", &[], &tag);
+        for ram in ["0", "1G"] {
+            let gpu = logits(&dst, &ids, "wgpu", &["--ram", ram], &tag);
+            assert!(cpu == gpu, "{name} {quant} --ram {ram}: --backend wgpu logits differ from --backend cpu");
+        }
+        assert_eq!(generated_ids(&dst, "wgpu", &["--ram", "0"]), generated_ids(&dst, "cpu", &[]), "{name} {quant}: generated ids");
+        let _ = std::fs::remove_dir_all(&dst);
+    }
+}
