@@ -119,28 +119,43 @@ pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<At
     let (tx, rx) = mpsc::channel(32);
     tokio::spawn(async move {
         let running = admission.0.running.clone();
-        let Ok(_permit) = running.acquire_owned().await else { return };
+        let Ok(permit) = running.acquire_owned().await else { return };
         if tx.is_closed() || shutdown.load(Ordering::Relaxed) {
             return;
         }
         stats.generations_started.fetch_add(1, Ordering::Relaxed);
         stats.generations_active.fetch_add(1, Ordering::Relaxed);
         let st = stats.clone();
-        let cancelled = tokio::task::spawn_blocking(move || run(job, &tx, &st, &shutdown)).await.unwrap_or(true);
-        stats.generations_active.fetch_sub(1, Ordering::Relaxed);
-        let counter = if cancelled { &stats.generations_cancelled } else { &stats.generations_finished };
-        counter.fetch_add(1, Ordering::Relaxed);
-        drop(admission);
+        let ran = tokio::task::spawn_blocking(move || {
+            let (last, cancelled) = run(job, &tx, &st, &shutdown);
+            // Account and free the model before the last event, so that a client that
+            // sees it finds the generation over and the queue free.
+            st.generations_active.fetch_sub(1, Ordering::Relaxed);
+            let counter = if cancelled { &st.generations_cancelled } else { &st.generations_finished };
+            counter.fetch_add(1, Ordering::Relaxed);
+            drop(admission);
+            drop(permit);
+            if let Some(ev) = last {
+                let _ = tx.blocking_send(ev);
+            }
+        })
+        .await;
+        if ran.is_err() {
+            // The engine panicked: the ticket and permit were dropped while unwinding.
+            stats.generations_active.fetch_sub(1, Ordering::Relaxed);
+            stats.generations_cancelled.fetch_add(1, Ordering::Relaxed);
+        }
     });
     rx
 }
 
-/// Runs the generation on this (blocking) thread; returns true if it was cancelled.
-fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> bool {
+/// Runs the generation on this (blocking) thread, sending text as it comes; returns the
+/// last event to send (Done or Error; None if the client is gone) and whether the
+/// generation was cancelled.
+fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> (Option<Event>, bool) {
     let Job { loaded, prompt, opts, stop, continue_prompt } = job;
     let Some(tok) = loaded.tokenizer.as_ref() else {
-        let _ = tx.blocking_send(Event::Error("this model has no tokenizer".into()));
-        return false;
+        return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
     let mut decode = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
     let mut matcher = StopMatcher::new(stop);
@@ -180,21 +195,16 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
     });
     let (ids, reason) = match result {
         Ok(v) => v,
-        Err(e) => {
-            let _ = tx.blocking_send(Event::Error(e.to_string()));
-            return false;
-        }
+        Err(e) => return (Some(Event::Error(e.to_string())), false),
     };
     if let Some(e) = failed {
-        let _ = tx.blocking_send(Event::Error(e));
-        return false;
+        return (Some(Event::Error(e)), false);
     }
     if client_gone {
-        return true;
+        return (None, true);
     }
     if shutting_down {
-        let _ = tx.blocking_send(Event::Error("the helper is shutting down".into()));
-        return true;
+        return (Some(Event::Error("the helper is shutting down".into())), true);
     }
     if !hit_stop {
         let tail = decode.finish(tok).unwrap_or_default();
@@ -209,6 +219,8 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
         (true, _) | (_, StopReason::Stop) => "stop",
         _ => "length",
     };
-    let done = Event::Done { finish_reason, prompt_tokens: prompt.len(), completion_tokens: ids.len() };
-    tx.blocking_send(done).is_err()
+    if client_gone {
+        return (None, true);
+    }
+    (Some(Event::Done { finish_reason, prompt_tokens: prompt.len(), completion_tokens: ids.len() }), false)
 }

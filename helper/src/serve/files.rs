@@ -2,8 +2,9 @@
 //! request semantics, streamed from the file with positioned reads in bounded chunks.
 //!
 //! One request can fetch many experts: a multi-range request (`Range: bytes=a-b,c-d,...`,
-//! up to [`MAX_RANGES`] ranges) is answered with one `multipart/byteranges` body; nearby
-//! ranges are coalesced, so clients must read each part's Content-Range.
+//! up to [`MAX_RANGES`] ranges) is answered with one `multipart/byteranges` body, parts in
+//! ascending offset order; overlapping ranges are merged into one part, so clients read
+//! each part's Content-Range rather than assume the order or shape they asked for.
 
 use std::fs::File;
 use std::path::PathBuf;

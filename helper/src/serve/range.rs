@@ -34,8 +34,10 @@ pub enum RangeRequest {
     TooMany,
 }
 
-/// Ranges closer than this many bytes are merged: a part header costs about as much.
-pub const COALESCE_GAP: u64 = 80;
+/// Ranges are merged only where they overlap (which bounds what a request can make the
+/// server send: never more than the file per request). Adjacent ranges stay separate parts,
+/// so a client that asked for experts one range each gets one part per expert.
+pub const COALESCE_GAP: u64 = 0;
 
 /// Parses a `Range` header value (RFC 9110 14.1.1) for a representation of `len` bytes.
 /// `max_ranges` bounds the number of range-specs accepted.
@@ -122,14 +124,15 @@ fn parse_spec(s: &str) -> Option<Spec> {
     (last >= first).then_some(Spec::From(first, Some(last)))
 }
 
-/// Sorts and merges ranges that overlap or lie less than `gap` bytes apart (RFC 9110
-/// 14.2 lets a server coalesce such ranges; clients read each part's Content-Range).
+/// Sorts the ranges and merges those that overlap or lie less than `gap` bytes apart
+/// (RFC 9110 14.2 lets a server coalesce such ranges; clients read each part's
+/// Content-Range). With `gap` 0, touching ranges stay separate.
 pub fn coalesce(ranges: &mut Vec<ByteRange>, gap: u64) {
     ranges.sort_by_key(|r| (r.start, r.end));
     let mut out: Vec<ByteRange> = Vec::with_capacity(ranges.len());
     for r in ranges.drain(..) {
         match out.last_mut() {
-            Some(prev) if r.start <= prev.end.saturating_add(gap) => prev.end = prev.end.max(r.end),
+            Some(prev) if r.start < prev.end.saturating_add(gap) => prev.end = prev.end.max(r.end),
             _ => out.push(r),
         }
     }
@@ -219,9 +222,12 @@ mod tests {
             parse("bytes=500-599, 0-99,\t1000-1099", 2000),
             RangeRequest::Ranges(vec![r(0, 100), r(500, 600), r(1000, 1100)])
         );
-        // Overlapping and nearly adjacent ranges merge; empty list elements are skipped.
-        assert_eq!(parse("bytes=0-99,,50-149,200-299", 2000), RangeRequest::Ranges(vec![r(0, 300)]));
+        // Overlapping ranges merge, touching ones do not; empty list elements are skipped.
+        assert_eq!(parse("bytes=0-99,,50-149,150-299", 2000), RangeRequest::Ranges(vec![r(0, 150), r(150, 300)]));
         assert_eq!(parse("bytes=0-0,0-0,0-0,-1", 1000), RangeRequest::Ranges(vec![r(0, 1), r(999, 1000)]));
+        let mut v = vec![r(0, 10), r(15, 20), r(20, 30)];
+        coalesce(&mut v, 8);
+        assert_eq!(v, vec![r(0, 30)]);
     }
 
     #[test]
