@@ -25,4 +25,4 @@ echo "== browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then
   (cd tests/e2e && npm ci --no-audit --no-fund)
 fi
-COLI="$PWD/target/debug/coli" node --test tests/e2e/
+COLI="${CARGO_TARGET_DIR:-$PWD/target}/debug/coli" node --test tests/e2e/
