@@ -91,7 +91,17 @@ struct Phase {
     errors: AtomicU64,
 }
 
-fn http_client(addr: SocketAddr, url: &str, file: &File, size: u64, a: &BenchArgs, seed: u64, until: Instant, ph: &Phase) -> Vec<f64> {
+/// What the HTTP clients fetch and check against.
+struct Target<'a> {
+    addr: SocketAddr,
+    url: &'a str,
+    file: &'a File,
+    size: u64,
+    args: &'a BenchArgs,
+}
+
+fn http_client(t: &Target, seed: u64, until: Instant, ph: &Phase) -> Vec<f64> {
+    let (addr, url, file, size, a) = (t.addr, t.url, t.file, t.size, t.args);
     let mut lat = Vec::new();
     let mut rng = Rng(seed | 1);
     let mut conn = None;
@@ -202,7 +212,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// Runs the benchmark and returns its JSON record.
 pub fn bench(a: &BenchArgs) -> Result<Value> {
-    if a.clients == 0 || a.ranges_per_request == 0 || a.range_bytes == 0 || !(a.seconds > 0.0) {
+    if a.clients == 0 || a.ranges_per_request == 0 || a.range_bytes == 0 || a.seconds.is_nan() || a.seconds <= 0.0 {
         bail!("--clients, --ranges-per-request, --range-bytes and --seconds must be positive");
     }
     let tmp = std::env::temp_dir().join(format!("colibri-bench-serve-{}", std::process::id()));
@@ -250,11 +260,14 @@ pub fn bench(a: &BenchArgs) -> Result<Value> {
     let http = Phase::default();
     let start = Instant::now();
     let until = start + dur;
+    let target = Target { addr, url: &url, file: &file, size, args: a };
     let mut lat: Vec<f64> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..a.clients).map(|i| {
-            let (file, http, url) = (&file, &http, &url);
-            s.spawn(move || http_client(addr, url, file, size, a, 0x1234_5678 + i as u64 * 7919, until, http))
-        }).collect();
+        let hs: Vec<_> = (0..a.clients)
+            .map(|i| {
+                let (target, http) = (&target, &http);
+                s.spawn(move || http_client(target, 0x1234_5678 + i as u64 * 7919, until, http))
+            })
+            .collect();
         hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
     });
     let http_secs = start.elapsed().as_secs_f64();

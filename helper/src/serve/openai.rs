@@ -377,13 +377,11 @@ async fn collect(kind: Kind, mut p: Prepared) -> Response {
     ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "the generation was cancelled").into_response()
 }
 
-fn respond(kind: Kind, p: Prepared) -> impl std::future::Future<Output = Response> {
-    async move {
-        if p.stream {
-            stream_response(kind, p)
-        } else {
-            collect(kind, p).await
-        }
+async fn respond(kind: Kind, p: Prepared) -> Response {
+    if p.stream {
+        stream_response(kind, p)
+    } else {
+        collect(kind, p).await
     }
 }
 
