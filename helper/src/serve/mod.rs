@@ -243,6 +243,13 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     for m in &a.models {
         dirs.push(crate::paths::resolve_model(m, models_dir.as_deref())?);
     }
+    if a.models.is_empty() && crate::paths::builtin_demo().join("config.json").is_file() {
+        // A source checkout serves its built-in demo model unless one is installed.
+        let installed = models_dir.as_ref().is_some_and(|d| d.join("demo/config.json").is_file());
+        if !installed {
+            dirs.push(crate::paths::builtin_demo());
+        }
+    }
     let registry = Registry::new(&dirs, models_dir)?;
     let bind_host = host.trim_start_matches('[').trim_end_matches(']');
     let listener = TcpListener::bind((bind_host, a.port)).await.with_context(|| format!("cannot listen on {host}:{}", a.port))?;
