@@ -242,14 +242,16 @@ impl<'c> Recorder<'c> {
     }
 }
 
+type MapResult = std::result::Result<(), wgpu::BufferAsyncError>;
+
 /// The result of a map_async callback, as a future (no executor or channel crate needed).
 #[derive(Clone, Default)]
 struct Oneshot {
-    state: Arc<Mutex<(Option<std::result::Result<(), wgpu::BufferAsyncError>>, Option<Waker>)>>,
+    state: Arc<Mutex<(Option<MapResult>, Option<Waker>)>>,
 }
 
 impl Oneshot {
-    fn send(&self, r: std::result::Result<(), wgpu::BufferAsyncError>) {
+    fn send(&self, r: MapResult) {
         if let Ok(mut s) = self.state.lock() {
             s.0 = Some(r);
             if let Some(w) = s.1.take() {
@@ -260,7 +262,7 @@ impl Oneshot {
 }
 
 impl Future for Oneshot {
-    type Output = std::result::Result<(), wgpu::BufferAsyncError>;
+    type Output = MapResult;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let Ok(mut s) = self.state.lock() else {
