@@ -151,7 +151,7 @@ impl<'m> GpuModel<'m> {
         }
         let final_norm = upload_f32(cx, "final_norm", &model.final_norm)?;
         cx.take_error()?;
-        let budget = opts.expert_pool_bytes.unwrap_or_else(|| (4 * cx.limits.max_buffer_size).min(2 << 30));
+        let budget = opts.expert_pool_bytes.unwrap_or_else(|| cx.limits.max_buffer_size.saturating_mul(4).min(2 << 30));
         Ok(GpuModel { model, embed, lm_head, final_norm, layers, pool: Mutex::new(ExpertPool::new(budget)), max_inter, ctx })
     }
 
