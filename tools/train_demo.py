@@ -649,6 +649,7 @@ def cmd_train(args):
     hf_tok = train_tokenizer(tok_texts)
     vocab = len(hf_tok)
     log(f"tokenizer: {vocab} tokens ({time.time() - t0:.0f}s)")
+    hf_tok.save_pretrained(out, save_jinja_files=False)  # now, before any evaluation sets padding
     ids, mask, starts_np = tokenize_documents(hf_tok, docs)
     log(f"{n_docs} documents -> {len(ids)} tokens, {mask.mean():.2f} of them trained on ({time.time() - t0:.0f}s)")
 
@@ -734,7 +735,6 @@ def cmd_train(args):
         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
         do_sample=False, max_new_tokens=64)
     model.save_pretrained(out, safe_serialization=True)
-    hf_tok.save_pretrained(out, save_jinja_files=False)
     meta = {
         "seed": args.seed, "steps": steps, "batch": B, "seq": T, "lr": args.lr, "documents": n_docs,
         "tokens_in_stream": int(len(ids)), "tokens_seen": steps * B * T, "parameters": n_params,
@@ -907,7 +907,7 @@ def main():
     t = sub.add_parser("train")
     t.add_argument("--out", default=str(DEFAULT_OUT))
     t.add_argument("--seed", type=int, default=SEED)
-    t.add_argument("--steps", type=int, default=2200)
+    t.add_argument("--steps", type=int, default=1400)
     t.add_argument("--batch", type=int, default=12)
     t.add_argument("--seq", type=int, default=128)
     t.add_argument("--lr", type=float, default=3e-3)
