@@ -128,7 +128,12 @@ impl Tiers {
             };
             let mut still = Vec::new();
             for &(off, len) in &left {
-                let part = parts.iter().find(|p| p.offset == off && p.data.len() == len);
+                // Match by containment: a server or CDN may merge adjacent ranges into one part.
+                let part = parts.iter().find_map(|p| {
+                    let start = off.checked_sub(p.offset)? as usize;
+                    p.data.get(start..start + len).map(|data| crate::multipart::Part { offset: off, data: data.to_vec() })
+                });
+                let part = part.as_ref();
                 let ok = match (part, self.slots.get(&off)) {
                     (Some(p), Some(slot)) if slot.len == len => checksum(&p.data) == slot.xxh3,
                     (Some(_), _) => true,
