@@ -239,15 +239,16 @@ function webgpuNotice() {
 
 // ---------------------------------------------------------------- browser storage
 
+// The page's own estimate (same origin, same numbers as the engine's worker) works before
+// a model is loaded too, e.g. when loading failed for want of space.
 async function storageEstimate() {
+  try {
+    if (navigator.storage?.estimate) return await navigator.storage.estimate();
+  } catch (_) {}
   try {
     if (state.engine) return await state.engine.storage();
   } catch (_) {}
-  try {
-    return await navigator.storage.estimate();
-  } catch (_) {
-    return null;
-  }
+  return null;
 }
 
 async function refreshStorage() {
@@ -319,7 +320,9 @@ async function clearModelCache() {
     failure = e;
   }
   dismiss("quota");
-  if (failure) notice("cache", "error", [`Could not clear ${id}'s cached experts: ${failure.message || failure}`]);
+  if (failure?.name === "NoModificationAllowedError") {
+    notice("cache", "error", [`Could not clear ${id}'s cached experts: another colibri tab or window is using them. Close it and try again.`]);
+  } else if (failure) notice("cache", "error", [`Could not clear ${id}'s cached experts: ${failure.message || failure}`]);
   else notice("cache", "info", [removed ? `Cleared ${id}'s cached experts from browser storage.` : `${id} had no cached experts in this browser.`]);
   await loadModel(id);
 }
