@@ -80,7 +80,7 @@ function helperDownNotice() {
   notice("helper", "error", [
     h("strong", {}, "The colibri helper is not reachable "), `at ${HELPER}. `,
     "It serves the model files to this page. Start it in a terminal with ", code(START_HINT),
-    " (from a source checkout: ", code("cargo run --release -p colibri-helper -- serve"), "), then retry.",
+    " (from a source checkout: ", code("./tools/start.sh"), "), then retry.",
   ], [h("button", { class: "btn small-btn", type: "button", onclick: () => start() }, "Retry now")]);
 }
 
