@@ -1,0 +1,42 @@
+// The built-in demo model (models/demo) through the browser path: held-out arithmetic
+// answered correctly at temperature 0, with exactly the native engine's answer.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { tmpdir } from "node:os";
+import { ROOT, coli, freePort, startHelper, launchBrowser } from "./harness.mjs";
+
+// Held-out operand pairs (never in training); see helper/tests/demo_model.rs.
+const CASES = [
+  ["What is 91 minus 46?", 45],
+  ["What is 47 plus 38?", 85],
+];
+
+const rendered = (q) => `<|im_start|>user\n${q}<|im_end|>\n<|im_start|>assistant\n`;
+const finalNumber = (text) => Number(text.trim().replace(/\.$/, "").split("=").pop().trim());
+
+test("the demo model answers held-out arithmetic in the browser exactly as natively", async () => {
+  const empty = mkdtempSync(join(tmpdir(), "colibri-e2e-models-"));
+  const helper = await startHelper({ modelsDir: empty, port: await freePort(), extra: ["--model", join(ROOT, "models/demo")] });
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${helper.url}/health`);
+    for (const [q, want] of CASES) {
+      const native = JSON.parse(coli(["generate", "--model", join(ROOT, "models/demo"), "--prompt", rendered(q), "--max-new-tokens", "64", "--temperature", "0", "--json"]));
+      const web = await page.evaluate(async ({ prompt }) => {
+        const { load } = await import("/colibri.js");
+        window.engine ||= await load({ model: "demo", backend: "cpu" });
+        const ids = await window.engine.encode(prompt, { addSpecialTokens: true });
+        return window.engine.generate({ ids, maxNewTokens: 64, temperature: 0 });
+      }, { prompt: rendered(q) });
+      assert.deepEqual(web.ids, native.ids, `${q}: browser and native tokens differ`);
+      assert.equal(finalNumber(web.text), want, `${q}: answered ${JSON.stringify(web.text)}`);
+    }
+  } finally {
+    await browser.close();
+    await helper.stop();
+    rmSync(empty, { recursive: true, force: true });
+  }
+});
