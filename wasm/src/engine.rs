@@ -170,6 +170,7 @@ impl Engine {
         serde_json::json!({
             "modelType": c.model_type, "layers": c.n_layers, "experts": c.router.n_experts,
             "topK": c.router.top_k, "vocab": c.vocab, "moeLayers": c.moe_layers,
+            "contextLength": c.max_positions,
         })
         .to_string()
     }
@@ -219,14 +220,21 @@ impl Engine {
         }
         let sampler = Sampler::new(SamplerConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, repetition_penalty: o.repetition_penalty, seed: o.seed }).map_err(err)?;
         let common = self.session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        let limit = self.model.cfg.max_positions;
+        if ids.len() > limit {
+            return Err(err(format!("the prompt has {} tokens; the model's context holds {limit}", ids.len())));
+        }
         self.session.truncate(common, self.model.cfg.kv_dim());
+        // Step k feeds the prompt (k = 1) or one token, so k tokens need prompt + k - 1
+        // positions: stop cleanly at the context limit instead of failing a step.
+        let room = limit - ids.len() + 1;
         self.gen = Some(Gen {
             sampler,
             pending: ids[common..].to_vec(),
             produced: Vec::new(),
-            max_new: o.max_new_tokens,
+            max_new: o.max_new_tokens.min(room),
             stop: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
-            done: o.max_new_tokens == 0,
+            done: o.max_new_tokens.min(room) == 0,
             stream: DecodeStream::default(),
             text: String::new(),
         });
