@@ -252,6 +252,20 @@ impl Model {
         which: Logits,
         on_use: &mut dyn FnMut(usize, usize, usize),
     ) -> Result<Vec<f32>> {
+        self.forward_observed(session, ids, which, on_use, &mut |_, _| {})
+    }
+
+    /// [`Model::forward_with`], also showing `on_ffn_input(layer, x)` the normalised
+    /// input of every layer's FFN (n, hidden) before it runs: what a router sees, and what
+    /// a router-lookahead predictor would apply the next layer's router to.
+    pub fn forward_observed(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+        on_ffn_input: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
         if n == 0 {
@@ -290,6 +304,7 @@ impl Model {
             for i in 0..n {
                 rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
             }
+            on_ffn_input(l, &xn);
             match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
                 Ffn::Moe(block) => {

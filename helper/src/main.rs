@@ -8,6 +8,7 @@ mod doctor;
 mod info;
 mod load;
 mod paths;
+mod routing_bench;
 mod run;
 mod serve;
 
@@ -43,6 +44,8 @@ enum Command {
     /// Run the helper as a background service (systemd user unit / launchd agent).
     Service(serve::service::ServiceArgs),
     /// Load test of the helper's Range API against plain reads of the same file (JSON).
+    /// Router-lookahead recall and LRU vs learned-pin hit rates on real decoding (JSON).
+    BenchRouting(routing_bench::RoutingBenchArgs),
     BenchServe(serve::bench::BenchArgs),
 }
 
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         Command::Web(a) => serve::serve(a, true),
         Command::Service(a) => serve::service::run(a),
         Command::BenchServe(a) => serve::bench::run(a),
+        Command::BenchRouting(a) => routing_bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

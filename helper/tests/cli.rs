@@ -196,3 +196,22 @@ fn wgpu_backend_says_it_is_not_built() {
     assert_clean_failure(&out, "wgpu");
 }
 // With the feature, helper/tests/gpu_cli.rs runs --backend wgpu against --backend cpu.
+
+#[test]
+fn bench_routing_reports_lookahead_recall_and_cache_hit_rates() {
+    let out = coli().args(["bench-routing", "--model"]).arg(fixture("qwen3_moe")).args(["--tokens", "6"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON record");
+    let (k, k2) = (v["lookahead"]["recall_top_k"].as_f64().unwrap(), v["lookahead"]["recall_top_2k"].as_f64().unwrap());
+    assert!((0.0..=1.0).contains(&k) && k2 >= k && k2 <= 1.0, "{v}");
+    let caches = v["caches"].as_array().unwrap();
+    assert_eq!(caches.len(), 3);
+    let mut last = 0.0;
+    for c in caches {
+        let lru = c["lru_hit_rate"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&lru) && (0.0..=1.0).contains(&c["pinned_hit_rate"].as_f64().unwrap()));
+        // Caches are listed smallest first; a larger LRU never hits less on the same trace.
+        assert!(lru >= last, "{v}");
+        last = lru;
+    }
+}
