@@ -241,6 +241,21 @@ impl ModelConfig {
         })
     }
 
+    /// Checks `ids` before a forward pass that starts at position `pos0`: not empty,
+    /// inside the vocabulary, and within the context limit.
+    pub fn check_input(&self, ids: &[u32], pos0: usize) -> Result<()> {
+        if ids.is_empty() {
+            return Err(Error::Invalid("no tokens to process".into()));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab: self.vocab });
+        }
+        if pos0 + ids.len() > self.max_positions {
+            return Err(Error::ContextOverflow { len: pos0 + ids.len(), limit: self.max_positions });
+        }
+        Ok(())
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }

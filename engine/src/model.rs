@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::attention::{attention, AttnOpts, AttnWeights, LayerCache};
 use crate::config::{Family, ModelConfig, QkNorm};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::{matmul, rmsnorm};
 use crate::moe::{Expert, ExpertSource, MoeBlock, ResidentExperts};
 use crate::rope::Rope;
@@ -228,8 +228,8 @@ impl Model {
             return crate::container::open_dir(dir, ram);
         }
         let cfg_path = dir.join("config.json");
-        let bytes = std::fs::read(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
-        let cfg = ModelConfig::from_json_bytes(&bytes).map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
+        let bytes = std::fs::read(&cfg_path).map_err(|e| crate::Error::io(&cfg_path, e))?;
+        let cfg = ModelConfig::from_json_bytes(&bytes).map_err(|e| crate::Error::Config(format!("{}: {e}", cfg_path.display())))?;
         let store = TensorStore::open_dir(dir)?;
         Model::from_store(cfg, &store)
     }
@@ -268,16 +268,8 @@ impl Model {
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
-        if n == 0 {
-            return Err(Error::Invalid("no tokens to process".into()));
-        }
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab) {
-            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
-        }
         let pos0 = session.tokens.len();
-        if pos0 + n > c.max_positions {
-            return Err(Error::ContextOverflow { len: pos0 + n, limit: c.max_positions });
-        }
+        c.check_input(ids, pos0)?;
         if session.caches.len() != c.n_layers {
             session.caches = vec![LayerCache::default(); c.n_layers];
         }

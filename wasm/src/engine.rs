@@ -212,18 +212,11 @@ impl Engine {
     /// repetitionPenalty, seed, ignoreEos}.
     pub fn begin(&mut self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
         let o: GenOptions = if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
-        if ids.is_empty() {
-            return Err(err("the prompt is empty"));
-        }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.model.cfg.vocab) {
-            return Err(err(format!("token id {bad} is outside the vocabulary (size {})", self.model.cfg.vocab)));
-        }
+        // Empty, out-of-vocabulary or longer than the context: refused before anything runs.
+        self.model.cfg.check_input(&ids, 0).map_err(err)?;
         let sampler = Sampler::new(SamplerConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, repetition_penalty: o.repetition_penalty, seed: o.seed }).map_err(err)?;
         let common = self.session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         let limit = self.model.cfg.max_positions;
-        if ids.len() > limit {
-            return Err(err(format!("the prompt has {} tokens; the model's context holds {limit}", ids.len())));
-        }
         self.session.truncate(common, self.model.cfg.kv_dim());
         // Step k feeds the prompt (k = 1) or one token, so k tokens need prompt + k - 1
         // positions: stop cleanly at the context limit instead of failing a step.

@@ -186,16 +186,8 @@ impl<'m> GpuModel<'m> {
         let c = &self.model.cfg;
         let ctx = &*self.ctx;
         let (n, h, qd, kvd, hd) = (ids.len(), c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
-        if n == 0 {
-            return Err(Error::Invalid("no tokens to process".into()));
-        }
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab) {
-            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
-        }
         let pos0 = session.tokens.len();
-        if pos0 + n > c.max_positions {
-            return Err(Error::ContextOverflow { len: pos0 + n, limit: c.max_positions });
-        }
+        c.check_input(ids, pos0)?;
         let mut rec = Recorder::new(ctx);
         self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
 
