@@ -91,7 +91,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let mut stream = DecodeStream::default();
         let mut failed = None;
         let (out, _) = generate(&loaded.model, &mut session, &ids[common..], &opts, &mut |id| {
-            if opts_is_stop(&loaded.stop_ids, id) {
+            if loaded.stop_ids.contains(&id) {
                 return true;
             }
             match stream.push(tok, id) {
@@ -117,8 +117,4 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         opts.sampler.seed = opts.sampler.seed.wrapping_add(1);
     }
     Ok(())
-}
-
-fn opts_is_stop(stop: &[u32], id: u32) -> bool {
-    stop.contains(&id)
 }
