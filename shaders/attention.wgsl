@@ -63,7 +63,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let sb = idx * P.s_stride;
 
     // Scores, and each thread's running max.
-    var m = bitcast<f32>(0xff800000u); // -inf
+    var m = f32_bits(0xff800000u); // -inf
     for (var j = li; j < len; j = j + 64u) {
         let kb = (lo + j) * kvd + kvh * hd;
         var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);

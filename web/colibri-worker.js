@@ -67,7 +67,7 @@ async function generate(id, ids, opts) {
     }
     let t;
     try {
-      t = engine.step();
+      t = await engine.step();
       failures = 0;
     } catch (e) {
       // A full context window ends the answer; it is not worth retrying.
@@ -102,7 +102,7 @@ const ops = {
     return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize() };
   },
   async logits({ ids }) {
-    const out = engine.logits(Uint32Array.from(ids));
+    const out = await engine.logits(Uint32Array.from(ids));
     postRoute(0, takeRoute());
     await reportUsage();
     return out;

@@ -27,6 +27,13 @@ fn is_nan_f32(x: f32) -> bool {
 const F32_INF: u32 = 0x7f800000u;
 const F32_NAN: u32 = 0x7fc00000u;
 
+// The f32 with these bits, made at run time: WGSL rejects a constant expression whose
+// value is infinite or NaN (Tint enforces it; naga does not), so inf and NaN are built
+// through P.zero like opq().
+fn f32_bits(bits: u32) -> f32 {
+    return bitcast<f32>(bits ^ P.zero);
+}
+
 // The engine's dot-product lane combine: ((0+4)+(2+6))+((1+5)+(3+7)).
 fn reduce8(a: array<f32, 8>) -> f32 {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
@@ -38,7 +45,7 @@ fn det_exp(x: f32) -> f32 {
         return x;
     }
     if (x > bitcast<f32>(0x42b17217u)) { // 88.72283
-        return bitcast<f32>(F32_INF);
+        return f32_bits(F32_INF);
     }
     if (x < bitcast<f32>(0xc2aeac4fu)) { // -87.33654
         return 0.0;
@@ -73,14 +80,14 @@ fn div_cr(a: f32, b: f32) -> f32 {
     let a_nan = ea == 0xffu && (ba & 0x7fffffu) != 0u;
     let b_nan = eb == 0xffu && (bb & 0x7fffffu) != 0u;
     if (a_nan || b_nan) {
-        return bitcast<f32>(F32_NAN);
+        return f32_bits(F32_NAN);
     }
     let a_inf = ea == 0xffu;
     let b_inf = eb == 0xffu;
     let a_zero = ea == 0u; // subnormals count as zero
     let b_zero = eb == 0u;
     if ((a_inf && b_inf) || (a_zero && b_zero)) {
-        return bitcast<f32>(F32_NAN);
+        return f32_bits(F32_NAN);
     }
     if (a_inf || b_zero) {
         return bitcast<f32>(sign | F32_INF);
@@ -131,7 +138,7 @@ fn sqrt_cr(x: f32) -> f32 {
         return bitcast<f32>(bx & 0x80000000u); // +-0 (and flushed subnormals)
     }
     if ((bx & 0x80000000u) != 0u || is_nan_f32(x)) {
-        return bitcast<f32>(F32_NAN);
+        return f32_bits(F32_NAN);
     }
     if (ex == 0xffu) {
         return x; // +inf

@@ -2,6 +2,8 @@
 //! from the helper, then logits, tokenization, chat templates and step-wise generation
 //! (one token per call, so the worker can stream tokens and honour a stop request).
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use colibri_engine::config::parse_token_ids;
@@ -9,21 +11,19 @@ use colibri_engine::container::{model_from_parts, checksum, Manifest};
 use colibri_engine::sampler::{Sampler, SamplerConfig};
 use colibri_engine::tensor::Bytes;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
-use colibri_engine::{Logits, Model, Session};
-use js_sys::Function;
+use colibri_engine::{Logits, Model};
+use js_sys::{Function, Promise};
+use wasm_bindgen_futures::future_to_promise;
 use serde::Deserialize;
 use wasm_bindgen::prelude::*;
 
-use crate::net::{fetch, js_err};
+use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
+use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::{estimate, persist, Opfs};
 use crate::tiers::Tiers;
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
-}
-
-fn now_ms() -> f64 {
-    js_sys::Date::now()
 }
 
 #[derive(Deserialize, Default)]
@@ -33,6 +33,8 @@ struct LoadOptions {
     ram_bytes: Option<u64>,
     /// Use the persistent OPFS tier (default true).
     disk: Option<bool>,
+    /// "auto" (default: WebGPU if present and measured faster here), "webgpu" or "cpu".
+    backend: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -75,18 +77,45 @@ struct Perf {
     expert_loads: u64,
 }
 
-#[wasm_bindgen]
-pub struct Engine {
-    model: Model,
-    tok: Tokenizer,
-    stop_ids: Vec<u32>,
-    tiers: Arc<Tiers>,
-    session: Session,
+/// What changes while the engine runs. Behind a RefCell because steps are async (on
+/// WebGPU they wait for the device): the worker runs one operation at a time, so a
+/// borrow that fails means the page called in during a step, which is refused.
+struct State {
+    cx: Context,
     gen: Option<Gen>,
     perf: Perf,
     /// (layer, expert) -> positions routed since the last take_usage().
     usage: Vec<Vec<u64>>,
+}
+
+impl State {
+    fn count_use(usage: &mut [Vec<u64>], loads: &mut u64, l: usize, e: usize, n: usize) {
+        *loads += 1;
+        if let Some(u) = usage.get_mut(l).and_then(|u| u.get_mut(e)) {
+            *u += n as u64;
+        }
+    }
+}
+
+#[wasm_bindgen]
+pub struct Engine {
+    model: Rc<Model>,
+    tok: Rc<Tokenizer>,
+    stop_ids: Vec<u32>,
+    tiers: Arc<Tiers>,
+    backend: Backend,
+    /// What `auto` measured, when it chose.
+    auto: Option<AutoChoice>,
+    state: Rc<RefCell<State>>,
     persisted: bool,
+}
+
+const BUSY: &str = "the engine is busy with another operation";
+
+impl Engine {
+    fn state(&self) -> Result<std::cell::RefMut<'_, State>, JsError> {
+        self.state.try_borrow_mut().map_err(|_| JsError::new(BUSY))
+    }
 }
 
 fn report(cb: &Option<Function>, phase: &str, loaded: f64, total: f64) {
@@ -108,6 +137,7 @@ impl Engine {
         } else {
             serde_json::from_str(&js_sys::JSON::stringify(&options).map_err(|e| err(js_err(e)))?.as_string().unwrap_or_default()).map_err(err)?
         };
+        let want = Want::parse(opts.backend.as_deref()).map_err(err)?;
         let base = if base.ends_with('/') { base } else { format!("{base}/") };
         let manifest_bytes = fetch(&format!("{base}colibri.json"), None, 5).await.map_err(err)?;
         let m = Manifest::parse(&manifest_bytes).map_err(err)?;
@@ -146,7 +176,7 @@ impl Engine {
         let persisted = if opfs.is_some() { persist().await } else { false };
         let tiers = Arc::new(Tiers::new(&m, data_url, opfs, disk_error));
         let ram = opts.ram_bytes.unwrap_or(512 << 20);
-        let model = model_from_parts(&m, &Bytes::from_vec(dense), tiers.clone(), Some(ram)).map_err(err)?;
+        let model = Rc::new(model_from_parts(&m, &Bytes::from_vec(dense), tiers.clone(), Some(ram)).map_err(err)?);
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
         if let Some(g) = gen_cfg.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) {
@@ -154,9 +184,31 @@ impl Engine {
         }
         tok.add_eos_ids(&stop_ids);
         stop_ids = tok.eos_token_ids();
+
+        // The compute backend: WebGPU when asked for (an error if the browser has none),
+        // or for `auto` when the browser has it and one decode step measures faster.
+        let (backend, auto) = match want {
+            Want::Cpu => (Backend::Cpu, None),
+            Want::WebGpu => {
+                report(&on_progress, "gpu", 0.0, total as f64);
+                (open_gpu(model.clone()).await.map_err(|e| err(format!("WebGPU backend unavailable: {e}")))?, None)
+            }
+            Want::Auto => match open_gpu(model.clone()).await {
+                Ok(gpu) => {
+                    report(&on_progress, "gpu", 0.0, total as f64);
+                    let probe = tok.encode("Hello there", false).unwrap_or_default();
+                    let v = model.cfg.vocab as u32;
+                    let probe = [probe.first().copied().unwrap_or(0) % v, probe.get(1).copied().unwrap_or(1) % v];
+                    let (b, a) = choose(gpu, &model, probe).await.map_err(err)?;
+                    (b, Some(a))
+                }
+                Err(_) => (Backend::Cpu, None),
+            },
+        };
         report(&on_progress, "ready", total as f64, total as f64);
         let usage = model.cfg.moe_layers.iter().map(|_| vec![0; model.cfg.router.n_experts]).collect();
-        Ok(Engine { session: model.new_session(), model, tok, stop_ids, tiers, gen: None, perf: Perf::default(), usage, persisted })
+        let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default(), usage };
+        Ok(Engine { model, tok: Rc::new(tok), stop_ids, tiers, backend, auto, state: Rc::new(RefCell::new(state)), persisted })
     }
 
     #[wasm_bindgen(js_name = vocabSize)]
@@ -175,19 +227,20 @@ impl Engine {
         .to_string()
     }
 
-    /// Teacher-forced logits of `ids` from an empty context: [ids.len() * vocab].
-    pub fn logits(&mut self, ids: Vec<u32>) -> Result<Vec<f32>, JsError> {
-        let mut s = self.model.new_session();
-        let usage = &mut self.usage;
-        let loads = &mut self.perf.expert_loads;
-        self.model
-            .forward_with(&mut s, &ids, Logits::All, &mut |l, e, n| {
-                *loads += 1;
-                if let Some(u) = usage.get_mut(l).and_then(|u| u.get_mut(e)) {
-                    *u += n as u64;
-                }
-            })
-            .map_err(err)
+    /// Teacher-forced logits of `ids` from an empty context: a promise of a
+    /// Float32Array [ids.len() * vocab].
+    pub fn logits(&self, ids: Vec<u32>) -> Promise {
+        let (model, backend, state) = (self.model.clone(), self.backend.clone(), self.state.clone());
+        future_to_promise(async move {
+            let mut st = state.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+            let mut cx = backend.new_context(&model);
+            let State { usage, perf, .. } = &mut *st;
+            let out = backend
+                .forward(&model, &mut cx, &ids, Logits::All, &mut |l, e, n| State::count_use(usage, &mut perf.expert_loads, l, e, n))
+                .await
+                .map_err(err)?;
+            Ok(js_sys::Float32Array::from(&out[..]).into())
+        })
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, JsError> {
@@ -210,18 +263,19 @@ impl Engine {
     /// Starts generating after `ids`, reusing the cached context for their common prefix
     /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
     /// repetitionPenalty, seed, ignoreEos}.
-    pub fn begin(&mut self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
+    pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
         let o: GenOptions = if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
         // Empty, out-of-vocabulary or longer than the context: refused before anything runs.
         self.model.cfg.check_input(&ids, 0).map_err(err)?;
         let sampler = Sampler::new(SamplerConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, repetition_penalty: o.repetition_penalty, seed: o.seed }).map_err(err)?;
-        let common = self.session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        let mut st = self.state()?;
+        let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         let limit = self.model.cfg.max_positions;
-        self.session.truncate(common, self.model.cfg.kv_dim());
+        st.cx.truncate(common, self.model.cfg.kv_dim());
         // Step k feeds the prompt (k = 1) or one token, so k tokens need prompt + k - 1
         // positions: stop cleanly at the context limit instead of failing a step.
         let room = limit - ids.len() + 1;
-        self.gen = Some(Gen {
+        st.gen = Some(Gen {
             sampler,
             pending: ids[common..].to_vec(),
             produced: Vec::new(),
@@ -231,75 +285,72 @@ impl Engine {
             stream: DecodeStream::default(),
             text: String::new(),
         });
-        self.perf.started_ms = now_ms();
-        self.perf.ttft_ms = None;
+        st.perf.started_ms = now_ms();
+        st.perf.ttft_ms = None;
         Ok(())
     }
 
-    /// Produces the next token, or -1 when generation has ended. After an error (the
+    /// A promise of the next token, or -1 when generation has ended. After an error (the
     /// helper went away mid-step) the context is rolled back, so calling again retries.
-    pub fn step(&mut self) -> Result<i32, JsError> {
-        let Some(g) = self.gen.as_mut() else { return Ok(-1) };
-        if g.done {
-            return Ok(-1);
-        }
-        let before = self.session.tokens.len();
-        let t0 = now_ms();
-        let usage = &mut self.usage;
-        let loads = &mut self.perf.expert_loads;
-        let result = self.model.forward_with(&mut self.session, &g.pending, Logits::Last, &mut |l, e, n| {
-            *loads += 1;
-            if let Some(u) = usage.get_mut(l).and_then(|u| u.get_mut(e)) {
-                *u += n as u64;
+    pub fn step(&self) -> Promise {
+        let (model, backend, state, tok) = (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone());
+        future_to_promise(async move {
+            let mut st = state.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+            let State { cx, gen, perf, usage } = &mut *st;
+            let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
+            if g.done {
+                return Ok((-1).into());
             }
-        });
-        let logits = match result {
-            Ok(l) => l,
-            Err(e) => {
-                let kv = self.model.cfg.kv_dim();
-                self.session.tokens.truncate(before);
-                for c in &mut self.session.caches {
-                    c.truncate(before, kv);
+            let before = cx.tokens().len();
+            let t0 = now_ms();
+            let loads = &mut perf.expert_loads;
+            let result = backend
+                .forward(&model, cx, &g.pending, Logits::Last, &mut |l, e, n| State::count_use(usage, loads, l, e, n))
+                .await;
+            let logits = match result {
+                Ok(l) => l,
+                Err(e) => {
+                    cx.truncate(before, model.cfg.kv_dim());
+                    return Err(err(e).into());
                 }
-                return Err(err(e));
+            };
+            let id = g.sampler.sample(&logits, cx.tokens());
+            g.produced.push(id);
+            g.pending = vec![id];
+            if !g.stop.contains(&id) {
+                g.text.push_str(&g.stream.push(&tok, id).map_err(err)?);
             }
-        };
-        let id = g.sampler.sample(&logits, &self.session.tokens);
-        g.produced.push(id);
-        g.pending = vec![id];
-        if !g.stop.contains(&id) {
-            g.text.push_str(&g.stream.push(&self.tok, id).map_err(err)?);
-        }
-        if g.stop.contains(&id) || g.produced.len() >= g.max_new {
-            g.done = true;
-            g.text.push_str(&g.stream.finish(&self.tok).map_err(err)?);
-        }
-        let t1 = now_ms();
-        if self.perf.ttft_ms.is_none() {
-            self.perf.ttft_ms = Some(t1 - self.perf.started_ms);
-        } else {
-            self.perf.tokens += 1;
-            self.perf.decode_ms += t1 - t0;
-        }
-        Ok(id as i32)
+            if g.stop.contains(&id) || g.produced.len() >= g.max_new {
+                g.done = true;
+                g.text.push_str(&g.stream.finish(&tok).map_err(err)?);
+            }
+            let t1 = now_ms();
+            if perf.ttft_ms.is_none() {
+                perf.ttft_ms = Some(t1 - perf.started_ms);
+            } else {
+                perf.tokens += 1;
+                perf.decode_ms += t1 - t0;
+            }
+            Ok((id as i32).into())
+        })
     }
 
     /// Text completed since the last call (never a partial UTF-8 character).
     #[wasm_bindgen(js_name = takeText)]
-    pub fn take_text(&mut self) -> String {
-        self.gen.as_mut().map(|g| std::mem::take(&mut g.text)).unwrap_or_default()
+    pub fn take_text(&self) -> Result<String, JsError> {
+        Ok(self.state()?.gen.as_mut().map(|g| std::mem::take(&mut g.text)).unwrap_or_default())
     }
 
     /// Ids produced by the current generation.
-    pub fn produced(&self) -> Vec<u32> {
-        self.gen.as_ref().map(|g| g.produced.clone()).unwrap_or_default()
+    pub fn produced(&self) -> Result<Vec<u32>, JsError> {
+        Ok(self.state()?.gen.as_ref().map(|g| g.produced.clone()).unwrap_or_default())
     }
 
     /// Expert-use counts since the last call, as JSON [[layer, expert, count], ...].
     #[wasm_bindgen(js_name = takeUsage)]
-    pub fn take_usage(&mut self) -> String {
+    pub fn take_usage(&self) -> Result<String, JsError> {
         let mut out = Vec::new();
-        for (l, row) in self.usage.iter_mut().enumerate() {
+        for (l, row) in self.state()?.usage.iter_mut().enumerate() {
             for (e, c) in row.iter_mut().enumerate() {
                 if *c > 0 {
                     out.push([l as u64, e as u64, *c]);
@@ -307,7 +358,7 @@ impl Engine {
                 }
             }
         }
-        serde_json::to_string(&out).unwrap_or_else(|_| "[]".into())
+        serde_json::to_string(&out).map_err(err)
     }
 
     /// Where each expert lives now, one byte per (layer, expert), layer-major over all
@@ -336,21 +387,30 @@ impl Engine {
                 *x = 2;
             }
         }
+        for (l, e) in self.backend.pooled() {
+            if let Some(x) = out.get_mut(l * ne + e) {
+                *x = 3;
+            }
+        }
         out
     }
 
     /// Engine statistics as JSON (backend, tiers, bytes fetched, tokens/s, TTFT).
-    pub fn stats(&self) -> String {
+    pub fn stats(&self) -> Result<String, JsError> {
         let t = self.tiers.stats.borrow().clone();
-        let loads = self.perf.expert_loads;
+        let st = self.state.try_borrow().map_err(|_| JsError::new(BUSY))?;
+        let perf = &st.perf;
+        let loads = perf.expert_loads;
         let ram_hits = self.model.experts.cache_stats().map_or(0, |c| c.hits);
-        serde_json::json!({
-            "backend": "cpu",
-            "tokensPerSecond": if self.perf.decode_ms > 0.0 { self.perf.tokens as f64 * 1000.0 / self.perf.decode_ms } else { 0.0 },
-            "ttftMs": self.perf.ttft_ms,
+        Ok(serde_json::json!({
+            "backend": self.backend.name(),
+            "adapter": self.backend.adapter(),
+            "auto": self.auto,
+            "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },
+            "ttftMs": perf.ttft_ms,
             "bytesFetched": t.bytes_fetched,
             "expertLoads": loads,
-            "tiers": { "gpu": 0, "ram": ram_hits, "disk": t.disk_hits, "helper": t.helper_fetches },
+            "tiers": { "gpu": self.backend.gpu_hits(), "ram": ram_hits, "disk": t.disk_hits, "helper": t.helper_fetches },
             "requests": t.requests,
             "retries": t.retries,
             "corruptDropped": t.corrupt_dropped,
@@ -359,7 +419,7 @@ impl Engine {
             "diskExperts": self.tiers.disk_count(),
             "persisted": self.persisted,
         })
-        .to_string()
+        .to_string())
     }
 
     /// (usage, quota) of browser storage in bytes, as JSON, or null.

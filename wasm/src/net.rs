@@ -104,3 +104,16 @@ pub fn xhr_ranges(url: &str, ranges: &[(u64, u64)]) -> Result<Vec<Part>, String>
     }
     Ok(vec![Part { offset: a, data: body }])
 }
+
+/// Milliseconds from the worker's `performance.now()` (sub-millisecond, monotonic), or
+/// `Date.now()` where there is no `performance`.
+pub fn now_ms() -> f64 {
+    use wasm_bindgen::JsCast;
+    let global = js_sys::global();
+    let perf = js_sys::Reflect::get(&global, &"performance".into()).ok().filter(|p| p.is_object());
+    perf.and_then(|p| {
+        let now = js_sys::Reflect::get(&p, &"now".into()).ok()?.dyn_into::<js_sys::Function>().ok()?;
+        now.call0(&p).ok()?.as_f64()
+    })
+    .unwrap_or_else(js_sys::Date::now)
+}

@@ -37,6 +37,17 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     pollster::block_on(f)
 }
 
+/// "llvmpipe (LLVM 15.0.6, 256 bits)" natively; browsers often leave the description
+/// empty (privacy), and then only say whether it is a software fallback adapter.
+fn describe(info: &wgpu::AdapterInfo) -> String {
+    match (info.name.is_empty(), info.driver_info.is_empty()) {
+        (false, false) => format!("{} ({})", info.name, info.driver_info),
+        (false, true) => info.name.clone(),
+        _ if info.device_type == wgpu::DeviceType::Cpu => "WebGPU adapter (software fallback)".to_string(),
+        _ => "WebGPU adapter".to_string(),
+    }
+}
+
 /// Device, queue and everything cached per device.
 pub struct GpuContext {
     pub device: wgpu::Device,
@@ -90,7 +101,7 @@ impl GpuContext {
             })
             .await
             .map_err(|e| Error::Gpu(format!("cannot open a device on {}: {e}", info.name)))?;
-        Ok(Self::from_device(device, queue, format!("{} ({})", info.name, info.driver_info)))
+        Ok(Self::from_device(device, queue, describe(&info)))
     }
 
     /// Native convenience: [`GpuContext::new`] run to completion.

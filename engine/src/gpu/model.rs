@@ -6,6 +6,7 @@
 //! [`moe::route`] (one routing function for both backends); the selected experts then
 //! run on the GPU in ascending index order, as the CPU adds them.
 
+use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
 use super::buffers::{f32s, upload_f32, upload_mat, GpuMat};
@@ -51,9 +52,10 @@ struct GpuLayer {
     ffn: GpuFfn,
 }
 
-/// A model whose dense weights live in GPU buffers.
-pub struct GpuModel<'m> {
-    pub model: &'m Model,
+/// A model whose dense weights live in GPU buffers. `M` is how the CPU model is held:
+/// `&Model` natively, `Rc<Model>` where the GPU model must own it (the browser engine).
+pub struct GpuModel<M: Borrow<Model>> {
+    pub model: M,
     pub ctx: Arc<GpuContext>,
     embed: GpuMat,
     lm_head: GpuMat,
@@ -96,17 +98,18 @@ fn same_bytes(a: &crate::tensor::Mat, b: &crate::tensor::Mat) -> bool {
     a.dtype == b.dtype && a.bytes.len() == b.bytes.len() && std::ptr::eq(a.bytes.as_ref().as_ptr(), b.bytes.as_ref().as_ptr())
 }
 
-impl<'m> GpuModel<'m> {
+impl<M: Borrow<Model>> GpuModel<M> {
     /// Uploads the dense weights (embedding, attention, norms, routers, shared experts,
     /// dense MLPs, lm_head). Routed experts are uploaded when first routed to.
-    pub fn new(model: &'m Model, ctx: Arc<GpuContext>, opts: GpuOptions) -> Result<Self> {
-        let c = &model.cfg;
+    pub fn new(model: M, ctx: Arc<GpuContext>, opts: GpuOptions) -> Result<Self> {
+        let m: &Model = model.borrow();
+        let c = &m.cfg;
         let cx = &*ctx;
-        let embed = upload_mat(cx, "embed", &model.embed)?;
-        let lm_head = if same_bytes(&model.embed, &model.lm_head) { embed.clone() } else { upload_mat(cx, "lm_head", &model.lm_head)? };
+        let embed = upload_mat(cx, "embed", &m.embed)?;
+        let lm_head = if same_bytes(&m.embed, &m.lm_head) { embed.clone() } else { upload_mat(cx, "lm_head", &m.lm_head)? };
         let mut max_inter = c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
-        let mut layers = Vec::with_capacity(model.layers.len());
-        for (l, layer) in model.layers.iter().enumerate() {
+        let mut layers = Vec::with_capacity(m.layers.len());
+        for (l, layer) in m.layers.iter().enumerate() {
             let a = &layer.attn;
             let p = format!("layer{l}");
             let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
@@ -149,10 +152,15 @@ impl<'m> GpuModel<'m> {
             cx.queue.submit([]);
             cx.take_error()?;
         }
-        let final_norm = upload_f32(cx, "final_norm", &model.final_norm)?;
+        let final_norm = upload_f32(cx, "final_norm", &m.final_norm)?;
         cx.take_error()?;
         let budget = opts.expert_pool_bytes.unwrap_or_else(|| cx.limits.max_buffer_size.saturating_mul(4).min(2 << 30));
         Ok(GpuModel { model, embed, lm_head, final_norm, layers, pool: Mutex::new(ExpertPool::new(budget)), max_inter, ctx })
+    }
+
+    /// The CPU model this GPU model mirrors.
+    pub fn m(&self) -> &Model {
+        self.model.borrow()
     }
 
     pub fn new_session(&self) -> GpuSession {
@@ -161,6 +169,11 @@ impl<'m> GpuModel<'m> {
 
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.lock().map(|p| p.stats()).unwrap_or_default()
+    }
+
+    /// (layer, expert) of every routed expert resident in the GPU pool.
+    pub fn pooled(&self) -> Vec<(usize, usize)> {
+        self.pool.lock().map(|p| p.keys()).unwrap_or_default()
     }
 
     /// Feeds `ids` after what `session` holds and returns logits, (n, vocab) for
@@ -183,7 +196,7 @@ impl<'m> GpuModel<'m> {
         which: Logits,
         on_use: &mut dyn FnMut(usize, usize, usize),
     ) -> Result<Vec<f32>> {
-        let c = &self.model.cfg;
+        let c = &self.m().cfg;
         let ctx = &*self.ctx;
         let (n, h, qd, kvd, hd) = (ids.len(), c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let pos0 = session.tokens.len();
@@ -206,7 +219,7 @@ impl<'m> GpuModel<'m> {
         let router_logits = buf("router_logits", n * c.router.n_experts)?;
         let shared_gate = buf("shared_gate", n)?;
 
-        let rope = &self.model.rope;
+        let rope = &self.m().rope;
         let half = rope.rotary_dim / 2;
         let mut cs = Vec::with_capacity(n * 2 * half);
         let (mut co, mut si) = (Vec::new(), Vec::new());
@@ -219,7 +232,7 @@ impl<'m> GpuModel<'m> {
         let ids_data = rec.data(ids);
         ops::embed(&mut rec, &self.embed, ids_data, n, &x)?;
 
-        for (l, (layer, lw)) in self.model.layers.iter().zip(&self.layers).enumerate() {
+        for (l, (layer, lw)) in self.m().layers.iter().zip(&self.layers).enumerate() {
             let o = &layer.attn_opts;
             let a = &lw.attn;
             rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
@@ -278,7 +291,7 @@ impl<'m> GpuModel<'m> {
                         (0..ne).filter(|&e| !users[e].is_empty() && !pool.contains(l, e)).collect()
                     };
                     if !missing.is_empty() {
-                        self.model.experts.prepare(l, &missing)?;
+                        self.m().experts.prepare(l, &missing)?;
                     }
                     for (e, list) in users.iter().enumerate() {
                         if list.is_empty() {
@@ -287,7 +300,7 @@ impl<'m> GpuModel<'m> {
                         on_use(l, e, list.len());
                         let expert = {
                             let mut pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
-                            pool.get(ctx, l, e, || self.model.experts.expert(l, e))?
+                            pool.get(ctx, l, e, || self.m().experts.expert(l, e))?
                         };
                         for (i, (p, _)) in list.iter().enumerate() {
                             rec.copy(&xn, (p * h) as u64 * f, &xs, (i * h) as u64 * f, h as u64 * f);
@@ -322,7 +335,7 @@ impl<'m> GpuModel<'m> {
 
     /// Makes the session's KV cache hold `total` positions, keeping the first `keep`.
     fn ensure_kv(&self, rec: &mut Recorder, s: &mut GpuSession, keep: usize, total: usize) -> Result<()> {
-        let c = &self.model.cfg;
+        let c = &self.m().cfg;
         if s.kv.len() == c.n_layers && total <= s.kv_cap {
             return Ok(());
         }

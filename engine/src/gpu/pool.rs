@@ -97,6 +97,11 @@ impl ExpertPool {
         self.entries.contains_key(&(layer, index))
     }
 
+    /// (layer, expert) of every expert on the GPU now, in no particular order.
+    pub fn keys(&self) -> Vec<(usize, usize)> {
+        self.entries.keys().copied().collect()
+    }
+
     fn evict_oldest(&mut self) {
         if let Some((&key, _)) = self.entries.iter().min_by_key(|(_, (_, used))| *used) {
             if let Some((e, _)) = self.entries.remove(&key) {

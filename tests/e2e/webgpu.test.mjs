@@ -1,0 +1,101 @@
+// The browser engine on WebGPU (SwiftShader in headless Chromium): the same tokens as
+// the native CPU path, logits compared with `coli logits` (ULP report), the GPU expert
+// pool as a tier, and the measured `auto` choice.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { tmpdir } from "node:os";
+import { coli, convertedFixture, freePort, startHelper, launchBrowser, ARTIFACTS } from "./harness.mjs";
+
+const MODEL = "qwen3_moe";
+const PROMPT = [5, 17, 3, 42, 7, 99, 120, 250];
+const NEW = 12;
+let fx, helper, nativeIds, nativeLogits;
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  fx = convertedFixture(MODEL, "int4");
+  const g = JSON.parse(coli(["generate", "--model", fx.path, "--ids", PROMPT.join(","), "--max-new-tokens", String(NEW), "--temperature", "0", "--ignore-eos", "--json"]));
+  nativeIds = g.ids;
+  const out = join(tmpdir(), `colibri-e2e-webgpu-logits-${process.pid}.f32`);
+  coli(["logits", "--model", fx.path, "--ids", PROMPT.join(","), "--out", out]);
+  nativeLogits = new Float32Array(readFileSync(out).buffer.slice(0));
+  helper = await startHelper({ modelsDir: fx.modelsDir, port: await freePort() });
+});
+
+after(async () => {
+  if (helper) await helper.stop();
+  if (fx) fx.cleanup();
+});
+
+// Distance in units in the last place between two f32 bit patterns.
+function ulps(a, b) {
+  const ord = (u) => (u & 0x80000000 ? -(u & 0x7fffffff) : u);
+  return Math.abs(ord(a) - ord(b));
+}
+
+test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logits match coli logits", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${helper.url}/health`);
+    const r = await page.evaluate(
+      async ({ model, prompt, n }) => {
+        const { load } = await import("/colibri.js");
+        const engine = await load({ model, backend: "webgpu" });
+        const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
+        const logits = Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer));
+        return { ids: g.ids, logits, stats: engine.stats(), tiers: Array.from(await engine.expertTiers()) };
+      },
+      { model: MODEL, prompt: PROMPT, n: NEW },
+    );
+    assert.equal(r.stats.backend, "webgpu", JSON.stringify(r.stats));
+    assert.ok(r.stats.adapter, "the adapter is named");
+    assert.deepEqual(r.ids, nativeIds, "greedy tokens on WebGPU differ from coli generate");
+
+    const want = Array.from(new Uint32Array(nativeLogits.buffer));
+    assert.equal(r.logits.length, want.length);
+    const d = r.logits.map((b, i) => ulps(b, want[i]));
+    const report = {
+      adapter: r.stats.adapter,
+      logits: d.length,
+      maxUlp: Math.max(...d),
+      meanUlp: d.reduce((a, b) => a + b, 0) / d.length,
+      differing: d.filter((x) => x > 0).length,
+    };
+    writeFileSync(join(ARTIFACTS, "webgpu-ulp.json"), JSON.stringify({ report, stats: r.stats }, null, 2));
+    console.log("WebGPU vs native CPU logits:", JSON.stringify(report));
+    // The kernels reproduce the CPU's arithmetic (docs/gpu.md): the goal is bit identity.
+    assert.equal(report.maxUlp, 0, `logits differ by up to ${report.maxUlp} ULP on ${report.differing} values`);
+
+    // The GPU pool is a tier: repeated experts were served from it, and the tier map says so.
+    assert.ok(r.stats.tiers.gpu > 0, `no GPU pool hits: ${JSON.stringify(r.stats.tiers)}`);
+    assert.ok(r.tiers.includes(3), "no expert is reported as resident on the GPU");
+  } finally {
+    await browser.close();
+  }
+});
+
+test("backend auto measures WebGPU against the CPU backend and keeps the faster", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${helper.url}/health`);
+    const r = await page.evaluate(
+      async ({ model, prompt, n }) => {
+        const { load } = await import("/colibri.js");
+        const engine = await load({ model, backend: "auto" });
+        const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
+        return { ids: g.ids, stats: engine.stats() };
+      },
+      { model: MODEL, prompt: PROMPT, n: NEW },
+    );
+    const a = r.stats.auto;
+    assert.ok(a && a.webgpuMs > 0 && a.cpuMs >= 0, `auto did not measure: ${JSON.stringify(r.stats)}`);
+    assert.equal(r.stats.backend, a.webgpuMs <= a.cpuMs ? "webgpu" : "cpu");
+    assert.deepEqual(r.ids, nativeIds);
+  } finally {
+    await browser.close();
+  }
+});

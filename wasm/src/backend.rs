@@ -1,0 +1,152 @@
+//! The browser engine's compute backends: the engine's CPU path compiled to wasm, or its
+//! wgpu path on the browser's WebGPU. Both run `colibri_engine`'s one forward pass (the
+//! GPU path mirrors it kernel for kernel), so they produce the same tokens; `auto`
+//! measures both on this machine and keeps the faster.
+
+use std::rc::Rc;
+
+use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession};
+use colibri_engine::{Logits, Model, Result, Session};
+
+use crate::net::now_ms;
+
+/// Which backend the page asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    Auto,
+    WebGpu,
+    Cpu,
+}
+
+impl Want {
+    pub fn parse(s: Option<&str>) -> std::result::Result<Want, String> {
+        match s.unwrap_or("auto") {
+            "auto" => Ok(Want::Auto),
+            "webgpu" => Ok(Want::WebGpu),
+            "cpu" => Ok(Want::Cpu),
+            other => Err(format!("unknown backend {other:?} (auto, webgpu or cpu)")),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub enum Backend {
+    Cpu,
+    Gpu(Rc<GpuModel<Rc<Model>>>),
+}
+
+/// One conversation's context on a backend.
+pub enum Context {
+    Cpu(Session),
+    Gpu(GpuSession),
+}
+
+impl Context {
+    pub fn tokens(&self) -> &[u32] {
+        match self {
+            Context::Cpu(s) => &s.tokens,
+            Context::Gpu(s) => &s.tokens,
+        }
+    }
+
+    /// Forgets everything after the first `len` tokens (a rollback or a new prompt that
+    /// shares a prefix with the previous one).
+    pub fn truncate(&mut self, len: usize, kv_dim: usize) {
+        match self {
+            Context::Cpu(s) => s.truncate(len, kv_dim),
+            Context::Gpu(s) => s.truncate(len),
+        }
+    }
+}
+
+/// What `auto` measured: one decode step on each backend, in milliseconds.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoChoice {
+    pub webgpu_ms: f64,
+    pub cpu_ms: f64,
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Gpu(_) => "webgpu",
+        }
+    }
+
+    pub fn adapter(&self) -> Option<String> {
+        match self {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some(g.ctx.adapter_name.clone()),
+        }
+    }
+
+    pub fn new_context(&self, model: &Model) -> Context {
+        match self {
+            Backend::Cpu => Context::Cpu(model.new_session()),
+            Backend::Gpu(g) => Context::Gpu(g.new_session()),
+        }
+    }
+
+    /// Feeds `ids` after what `cx` holds; `on_use(layer, expert, positions)` per routed expert.
+    pub async fn forward(
+        &self,
+        model: &Model,
+        cx: &mut Context,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        match (self, cx) {
+            (Backend::Cpu, Context::Cpu(s)) => model.forward_with(s, ids, which, on_use),
+            (Backend::Gpu(g), Context::Gpu(s)) => g.forward_with(s, ids, which, on_use).await,
+            _ => Err(colibri_engine::Error::Gpu("a context of one backend was fed to the other".into())),
+        }
+    }
+
+    /// Hits of the GPU expert pool (0 on the CPU backend).
+    pub fn gpu_hits(&self) -> u64 {
+        match self {
+            Backend::Cpu => 0,
+            Backend::Gpu(g) => g.pool_stats().hits,
+        }
+    }
+
+    /// (layer, expert) of the experts in the GPU pool.
+    pub fn pooled(&self) -> Vec<(usize, usize)> {
+        match self {
+            Backend::Cpu => Vec::new(),
+            Backend::Gpu(g) => g.pooled(),
+        }
+    }
+}
+
+/// Opens WebGPU and uploads the dense weights.
+pub async fn open_gpu(model: Rc<Model>) -> Result<Backend> {
+    let ctx = GpuContext::new().await?;
+    Ok(Backend::Gpu(Rc::new(GpuModel::new(model, std::sync::Arc::new(ctx), GpuOptions::default())?)))
+}
+
+/// Times one decode step after a one-token prompt on `b`, best of three (the prompt's
+/// step also compiles pipelines and fetches the experts it routes to: not timed).
+async fn time_step(b: &Backend, model: &Model, probe: [u32; 2]) -> Result<f64> {
+    let mut cx = b.new_context(model);
+    b.forward(model, &mut cx, &probe[..1], Logits::Last, &mut |_, _, _| {}).await?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        cx.truncate(1, model.cfg.kv_dim());
+        let t0 = now_ms();
+        b.forward(model, &mut cx, &probe[1..], Logits::Last, &mut |_, _, _| {}).await?;
+        best = best.min(now_ms() - t0);
+    }
+    Ok(best)
+}
+
+/// `auto`: the faster of WebGPU and the CPU on this machine, measured.
+pub async fn choose(gpu: Backend, model: &Model, probe: [u32; 2]) -> Result<(Backend, AutoChoice)> {
+    let webgpu_ms = time_step(&gpu, model, probe).await?;
+    let cpu_ms = time_step(&Backend::Cpu, model, probe).await?;
+    let choice = AutoChoice { webgpu_ms, cpu_ms };
+    Ok((if webgpu_ms <= cpu_ms { gpu } else { Backend::Cpu }, choice))
+}
