@@ -1,6 +1,6 @@
 //! The GPU backend against the CPU backend on every transformers fixture: identical
 //! greedy tokens (a hard requirement), GPU prefill == GPU token-by-token decode bit for
-//! bit, and a printed ULP report of the teacher-forced logits (run with --nocapture to
+//! bit, the router lookahead changes nothing but is measured, and a printed ULP report of the teacher-forced logits (run with --nocapture to
 //! see it; docs/benchmarks.md records the numbers).
 #![cfg(feature = "wgpu")]
 
@@ -19,12 +19,12 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
-fn check(name: &str, pool_bytes: Option<u64>) {
+fn check(name: &str, pool_bytes: Option<u64>, lookahead: usize) {
     let Some(ctx) = gpu() else { return };
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name);
     let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
     let model = Model::open_dir(&dir).unwrap();
-    let gm = GpuModel::new(&model, ctx, GpuOptions { expert_pool_bytes: pool_bytes }).unwrap();
+    let gm = GpuModel::new(&model, ctx, GpuOptions { expert_pool_bytes: pool_bytes, lookahead }).unwrap();
     let vocab = model.cfg.vocab;
 
     // Teacher-forced logits of every position in one prefill: GPU vs CPU.
@@ -63,30 +63,40 @@ fn check(name: &str, pool_bytes: Option<u64>) {
     let (gpu_new, _) = generate_with(&mut |ids| gm.forward_blocking(&mut gs, ids, Logits::Last), &[], &prompt, &opts, &mut |_| true).unwrap();
     assert_eq!(gpu_new, cpu_new, "{name}: GPU greedy tokens differ from the CPU's");
     assert_eq!(gpu_new, want, "{name}: greedy continuation differs from transformers");
+
+    // The router lookahead only moves fetches earlier; when on, its guesses are counted.
+    let st = gm.lookahead_stats();
+    if lookahead > 0 {
+        eprintln!("lookahead {name} (top {lookahead}): {st:?}, recall {:?}", st.recall());
+        assert!(st.routed > 0 && st.predicted > 0, "{name}: the lookahead never predicted: {st:?}");
+        assert!(st.predicted_hits <= st.routed);
+    } else {
+        assert_eq!(st, Default::default());
+    }
 }
 
 #[test]
 fn mixtral_gpu_matches_cpu() {
-    check("mixtral", None);
+    check("mixtral", None, 0);
 }
 
 #[test]
 fn qwen2_moe_gpu_matches_cpu() {
-    check("qwen2_moe", None);
+    check("qwen2_moe", None, 0);
 }
 
 #[test]
 fn qwen3_moe_gpu_matches_cpu() {
-    check("qwen3_moe", None);
+    check("qwen3_moe", None, 2);
 }
 
 #[test]
 fn olmoe_gpu_matches_cpu() {
-    check("olmoe", None);
+    check("olmoe", None, 0);
 }
 
 #[test]
 fn tiny_expert_pool_evicts_and_stays_exact() {
     // A pool that holds about two experts: constant eviction, same answer.
-    check("olmoe", Some(2 * 3 * 40 * 72 * 2 + 1));
+    check("olmoe", Some(2 * 3 * 40 * 72 * 2 + 1), 4);
 }

@@ -72,6 +72,11 @@ test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logit
     // The GPU pool is a tier: repeated experts were served from it, and the tier map says so.
     assert.ok(r.stats.tiers.gpu > 0, `no GPU pool hits: ${JSON.stringify(r.stats.tiers)}`);
     assert.ok(r.tiers.includes(3), "no expert is reported as resident on the GPU");
+    // The router lookahead guessed next layers' experts and its recall is reported.
+    const p = r.stats.prefetch;
+    assert.ok(p && p.routed > 0 && p.predicted > 0, `no lookahead record: ${JSON.stringify(r.stats)}`);
+    assert.equal(r.stats.prefetchRecall, p.predictedHits / p.routed);
+    assert.ok(p.wastedBytes >= 0);
   } finally {
     await browser.close();
   }

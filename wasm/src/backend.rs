@@ -5,7 +5,7 @@
 
 use std::rc::Rc;
 
-use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession};
+use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession, LookaheadStats};
 use colibri_engine::{Logits, Model, Result, Session};
 
 use crate::net::now_ms;
@@ -113,6 +113,15 @@ impl Backend {
         }
     }
 
+    /// The router lookahead's record (GPU backend only: the CPU backend in a worker
+    /// cannot fetch while it computes, so it does not guess ahead).
+    pub fn lookahead(&self) -> Option<LookaheadStats> {
+        match self {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some(g.lookahead_stats()),
+        }
+    }
+
     /// (layer, expert) of the experts in the GPU pool.
     pub fn pooled(&self) -> Vec<(usize, usize)> {
         match self {
@@ -122,10 +131,12 @@ impl Backend {
     }
 }
 
-/// Opens WebGPU and uploads the dense weights.
+/// Opens WebGPU and uploads the dense weights. The router lookahead prefetches top-k
+/// experts per position for the next layer while the GPU computes the current one.
 pub async fn open_gpu(model: Rc<Model>) -> Result<Backend> {
     let ctx = GpuContext::new().await?;
-    Ok(Backend::Gpu(Rc::new(GpuModel::new(model, std::sync::Arc::new(ctx), GpuOptions::default())?)))
+    let opts = GpuOptions { lookahead: model.cfg.router.top_k, ..Default::default() };
+    Ok(Backend::Gpu(Rc::new(GpuModel::new(model, std::sync::Arc::new(ctx), opts)?)))
 }
 
 /// Times one decode step after a one-token prompt on `b`, best of three (the prompt's

@@ -402,6 +402,7 @@ impl Engine {
         let perf = &st.perf;
         let loads = perf.expert_loads;
         let ram_hits = self.model.experts.cache_stats().map_or(0, |c| c.hits);
+        let ahead = self.backend.lookahead();
         Ok(serde_json::json!({
             "backend": self.backend.name(),
             "adapter": self.backend.adapter(),
@@ -414,6 +415,11 @@ impl Engine {
             "requests": t.requests,
             "retries": t.retries,
             "corruptDropped": t.corrupt_dropped,
+            "prefetchRecall": ahead.and_then(|a| a.recall()),
+            "prefetch": ahead.map(|a| serde_json::json!({
+                "routed": a.routed, "predictedHits": a.predicted_hits, "predicted": a.predicted,
+                "prefetched": a.prefetched, "wastedBytes": t.prefetch_wasted_bytes,
+            })),
             "diskEnabled": t.disk_enabled,
             "diskError": t.disk_error,
             "diskExperts": self.tiers.disk_count(),

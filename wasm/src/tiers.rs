@@ -29,6 +29,8 @@ pub struct TierStats {
     pub retries: u64,
     /// Stored experts that failed their checksum and were fetched again.
     pub corrupt_dropped: u64,
+    /// Bytes staged by a prefetch (router lookahead) and dropped unused.
+    pub prefetch_wasted_bytes: u64,
     pub disk_enabled: bool,
     /// Why the disk tier is off, if it is ("quota exceeded", "not available").
     pub disk_error: Option<String>,
@@ -172,6 +174,15 @@ impl ByteSource for Tiers {
     /// A layer's experts: those on disk are read (and verified) now, all the others come
     /// from the helper in one multi-range request.
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<()> {
+        // Each prefetch names what the next reads will be: bytes staged earlier and not
+        // asked for again were a wrong guess of the router lookahead.
+        {
+            let mut staged = self.staged.borrow_mut();
+            let before: usize = staged.values().map(Vec::len).sum();
+            staged.retain(|off, _| ranges.iter().any(|&(o, _)| o == *off));
+            let after: usize = staged.values().map(Vec::len).sum();
+            self.stats.borrow_mut().prefetch_wasted_bytes += (before - after) as u64;
+        }
         let mut need = Vec::new();
         for &(off, len) in ranges {
             if self.staged.borrow().contains_key(&off) {

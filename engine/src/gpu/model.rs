@@ -25,6 +25,32 @@ pub struct GpuOptions {
     /// Bytes of GPU memory for routed experts. Default: four times the adapter's
     /// maxBufferSize (1 GiB at WebGPU's default limits), at most 2 GiB.
     pub expert_pool_bytes: Option<u64>,
+    /// Router lookahead: after layer L's experts are queued on the GPU, layer L+1's
+    /// router applied to layer L's FFN input names the experts each position will
+    /// likely need next (this many per position; 0 = off), and the expert source
+    /// fetches those missing from the pool while the GPU computes. Outputs never
+    /// depend on it.
+    pub lookahead: usize,
+}
+
+/// How well the router lookahead guessed (see [`GpuOptions::lookahead`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookaheadStats {
+    /// Experts routed to in layers that had a prediction.
+    pub routed: u64,
+    /// Of those, how many had been predicted.
+    pub predicted_hits: u64,
+    /// Experts predicted (per layer, the union over positions).
+    pub predicted: u64,
+    /// Predicted experts that were missing from the pool and handed to the source to fetch.
+    pub prefetched: u64,
+}
+
+impl LookaheadStats {
+    /// Share of the routed experts that had been predicted (None before any prediction).
+    pub fn recall(&self) -> Option<f64> {
+        (self.routed > 0).then(|| self.predicted_hits as f64 / self.routed as f64)
+    }
 }
 
 struct GpuAttn {
@@ -64,6 +90,8 @@ pub struct GpuModel<M: Borrow<Model>> {
     pool: Mutex<ExpertPool>,
     /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
     max_inter: usize,
+    lookahead: usize,
+    ahead_stats: Mutex<LookaheadStats>,
 }
 
 /// The KV cache (on the GPU) and token history of one conversation.
@@ -155,7 +183,18 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let final_norm = upload_f32(cx, "final_norm", &m.final_norm)?;
         cx.take_error()?;
         let budget = opts.expert_pool_bytes.unwrap_or_else(|| cx.limits.max_buffer_size.saturating_mul(4).min(2 << 30));
-        Ok(GpuModel { model, embed, lm_head, final_norm, layers, pool: Mutex::new(ExpertPool::new(budget)), max_inter, ctx })
+        Ok(GpuModel {
+            model,
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+            pool: Mutex::new(ExpertPool::new(budget)),
+            max_inter,
+            lookahead: opts.lookahead,
+            ahead_stats: Mutex::default(),
+            ctx,
+        })
     }
 
     /// The CPU model this GPU model mirrors.
@@ -169,6 +208,26 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.lock().map(|p| p.stats()).unwrap_or_default()
+    }
+
+    pub fn lookahead_stats(&self) -> LookaheadStats {
+        self.ahead_stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// Layer `l + 1`'s router (GPU weights and routing settings) if that layer is MoE
+    /// and the lookahead is on.
+    fn next_router(&self, l: usize) -> Option<(&GpuMat, crate::config::RouterConfig)> {
+        if self.lookahead == 0 {
+            return None;
+        }
+        match (self.m().layers.get(l + 1).map(|x| &x.ffn), self.layers.get(l + 1).map(|x| &x.ffn)) {
+            (Some(Ffn::Moe(block)), Some(GpuFfn::Moe { router, .. })) => {
+                let mut cfg = block.cfg.clone();
+                cfg.top_k = self.lookahead.min(cfg.n_experts);
+                Some((router, cfg))
+            }
+            _ => None,
+        }
     }
 
     /// (layer, expert) of every routed expert resident in the GPU pool.
@@ -217,6 +276,9 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let (xs, ys, sy) = (buf("xs", n * h)?, buf("ys", n * h)?, buf("shared_out", n * h)?);
         let (g, u) = (buf("g", n * self.max_inter)?, buf("u", n * self.max_inter)?);
         let router_logits = buf("router_logits", n * c.router.n_experts)?;
+        let ahead_logits = buf("ahead_logits", n * c.router.n_experts)?;
+        // Layer -> experts the lookahead predicted for it (checked when it routes).
+        let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
         let shared_gate = buf("shared_gate", n)?;
 
         let rope = &self.m().rope;
@@ -273,6 +335,11 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     let ne = router.rows;
                     ops::matmul(&mut rec, router, &xn, 0, n, &router_logits, 0, ne)?;
                     rec.read(&router_logits, 0, (n * ne) as u64 * f);
+                    let next = self.next_router(l);
+                    if let Some((next_router, _)) = next {
+                        ops::matmul(&mut rec, next_router, &xn, 0, n, &ahead_logits, 0, ne)?;
+                        rec.read(&ahead_logits, 0, (n * ne) as u64 * f);
+                    }
                     let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
                     cs_data = rec.data_f32(&cs); // the arena went with the old recorder
                     let logits = f32s(done.first().ok_or_else(|| Error::Gpu("router logits were not read back".into()))?);
@@ -284,6 +351,21 @@ impl<M: Borrow<Model>> GpuModel<M> {
                             users[e].push((p, w));
                         }
                     }
+                    if let Some(guess) = predicted[l].take() {
+                        let routed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
+                        let mut st = self.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
+                        st.routed += routed.len() as u64;
+                        st.predicted_hits += routed.iter().filter(|e| guess.contains(e)).count() as u64;
+                    }
+                    let ahead = match (next, done.get(1)) {
+                        (Some((_, cfg)), Some(bytes)) => {
+                            let mut guess: Vec<usize> = f32s(bytes).chunks_exact(ne).flat_map(|lg| moe::route(lg, &cfg).experts).collect();
+                            guess.sort_unstable();
+                            guess.dedup();
+                            Some(guess)
+                        }
+                        _ => None,
+                    };
                     rec.clear(&y, 0, (n * h) as u64 * f);
                     // Let the source fetch every expert the pool lacks in one request.
                     let missing: Vec<usize> = {
@@ -312,6 +394,25 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &sy)?;
                         ops::matmul(&mut rec, gate, &xn, 0, n, &shared_gate, 0, 1)?;
                         ops::gated_add(&mut rec, &y, &sy, &shared_gate, n, h)?;
+                    }
+                    if let Some(guess) = ahead {
+                        // Hand this layer's work to the GPU, then fetch the next layer's
+                        // likely experts while it computes. A failed prefetch is not an
+                        // error: the next layer fetches what it really needs itself.
+                        std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
+                        cs_data = rec.data_f32(&cs);
+                        let missing: Vec<usize> = {
+                            let pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+                            guess.iter().copied().filter(|&e| !pool.contains(l + 1, e)).collect()
+                        };
+                        if let Ok(mut st) = self.ahead_stats.lock() {
+                            st.predicted += guess.len() as u64;
+                            st.prefetched += missing.len() as u64;
+                        }
+                        if !missing.is_empty() {
+                            let _ = self.m().experts.prepare(l + 1, &missing);
+                        }
+                        predicted[l + 1] = Some(guess);
                     }
                 }
                 (Ffn::Dense(_), GpuFfn::Moe { .. }) => return Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model"))),
