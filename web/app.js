@@ -185,7 +185,11 @@ async function loadModel(id) {
     $("progress-eta").textContent = loaded > 0 && loaded < total ? formatSeconds((total - loaded) / rate) : "";
   };
   try {
-    const engine = await load({ model: id, backend: "auto", helper: HELPER, onProgress });
+    // "auto" measures WebGPU against the CPU backend and keeps the faster; ?backend=webgpu
+    // or ?backend=cpu in the page's URL forces one.
+    const forced = new URLSearchParams(location.search).get("backend");
+    const backend = ["auto", "webgpu", "cpu"].includes(forced) ? forced : navigator.gpu ? "auto" : "cpu";
+    const engine = await load({ model: id, backend, helper: HELPER, onProgress });
     if (state.modelId !== id) return engine.terminate(); // another model was picked meanwhile
     state.engine = engine;
     state.info = engine.info?.info || {};
@@ -198,7 +202,7 @@ async function loadModel(id) {
     renderStats(engine.stats());
     document.body.dataset.state = "ready";
     $("backend").textContent = backendLabel(engine.stats().backend);
-    $("backend").title = backendTitle();
+    $("backend").title = backendTitle(engine.stats());
     refreshStorage();
     const ds = engine.stats();
     if (ds.diskEnabled === false && ds.diskError && ds.diskError !== "disabled") {
@@ -222,10 +226,14 @@ async function loadModel(id) {
 
 const backendLabel = (b) => (b === "webgpu" ? "WebGPU" : "CPU · wasm");
 
-function backendTitle() {
-  return navigator.gpu
-    ? "This browser has WebGPU; this build of colibri runs the model on its WebAssembly CPU backend (backend: auto)."
-    : "No WebGPU in this browser: colibri runs the model on its WebAssembly CPU backend.";
+function backendTitle(s) {
+  const ms = (x) => `${x.toFixed(1)} ms`;
+  const measured = s.auto ? ` One decode step took ${ms(s.auto.webgpuMs)} on WebGPU and ${ms(s.auto.cpuMs)} on the CPU backend.` : "";
+  if (s.backend === "webgpu") return `The model runs on WebGPU (${s.adapter || "GPU"}).${measured}`;
+  if (!navigator.gpu) return "No WebGPU in this browser: colibri runs the model on its WebAssembly CPU backend.";
+  return s.auto
+    ? `This browser has WebGPU, but the WebAssembly CPU backend is faster for this model here, so the model runs there.${measured}`
+    : "This browser has WebGPU, but no WebGPU device could be opened: the model runs on the WebAssembly CPU backend.";
 }
 
 function webgpuNotice() {

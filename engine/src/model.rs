@@ -59,13 +59,12 @@ impl Session {
         self.tokens.is_empty()
     }
 
-    /// Forget everything after the first `len` tokens (to reuse a shared prefix).
+    /// Forget everything after the first `len` tokens (to reuse a shared prefix, or to
+    /// roll back a forward pass that failed after some layers had cached its keys).
     pub fn truncate(&mut self, len: usize, kv_dim: usize) {
-        if len < self.tokens.len() {
-            self.tokens.truncate(len);
-            for c in &mut self.caches {
-                c.truncate(len, kv_dim);
-            }
+        self.tokens.truncate(len);
+        for c in &mut self.caches {
+            c.truncate(len, kv_dim);
         }
     }
 }

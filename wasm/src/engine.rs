@@ -415,6 +415,8 @@ impl Engine {
             "requests": t.requests,
             "retries": t.retries,
             "corruptDropped": t.corrupt_dropped,
+            "diskReadBytes": t.disk_bytes,
+            "diskReadMs": t.disk_ms,
             "prefetchRecall": ahead.and_then(|a| a.recall()),
             "prefetch": ahead.map(|a| serde_json::json!({
                 "routed": a.routed, "predictedHits": a.predicted_hits, "predicted": a.predicted,

@@ -11,7 +11,7 @@ use colibri_engine::container::{checksum, ByteSource, Manifest};
 use colibri_engine::{Error, Result};
 use serde::Serialize;
 
-use crate::net::xhr_ranges;
+use crate::net::{now_ms, xhr_ranges};
 use crate::opfs::Opfs;
 
 #[derive(Clone, Default, Serialize)]
@@ -31,6 +31,9 @@ pub struct TierStats {
     pub corrupt_dropped: u64,
     /// Bytes staged by a prefetch (router lookahead) and dropped unused.
     pub prefetch_wasted_bytes: u64,
+    /// Expert bytes read from the disk tier, and the time those reads took (ms).
+    pub disk_bytes: u64,
+    pub disk_ms: f64,
     pub disk_enabled: bool,
     /// Why the disk tier is off, if it is ("quota exceeded", "not available").
     pub disk_error: Option<String>,
@@ -82,8 +85,14 @@ impl Tiers {
     fn from_disk(&self, slot: &Slot, buf: &mut [u8]) -> bool {
         let mut opfs = self.opfs.borrow_mut();
         let Some(o) = opfs.as_mut() else { return false };
+        let t0 = now_ms();
         if !o.read(slot.expert, buf) {
             return false;
+        }
+        {
+            let mut s = self.stats.borrow_mut();
+            s.disk_bytes += buf.len() as u64;
+            s.disk_ms += now_ms() - t0;
         }
         if checksum(buf) == slot.xxh3 {
             return true;
