@@ -306,8 +306,18 @@ async function clearModelCache() {
   let removed = 0;
   let failure = null;
   try {
-    const root = await navigator.storage.getDirectory();
-    const top = await root.getDirectoryHandle("colibri").catch(() => null);
+    // IndexedDB, the disk tier where OPFS is missing: one database per model version.
+    for (const db of (await indexedDB.databases?.()) || []) {
+      if (!db.name?.startsWith("colibri-") || !pattern.test(db.name.slice(8))) continue;
+      await new Promise((ok, bad) => {
+        const r = indexedDB.deleteDatabase(db.name);
+        r.onsuccess = ok;
+        r.onerror = () => bad(r.error);
+      });
+      removed++;
+    }
+    const root = await navigator.storage?.getDirectory?.();
+    const top = root && (await root.getDirectoryHandle("colibri").catch(() => null));
     if (top) {
       for await (const [name] of top.entries()) {
         if (!pattern.test(name)) continue;

@@ -204,16 +204,17 @@ function finishReason(r, req) {
 /**
  * Loads a model served by a colibri helper.
  * options: {model = "demo", backend = "auto" | "webgpu" | "cpu", helper (default: this
- * module's origin), onProgress({phase, loaded, total}), ramBytes, disk = true}
+ * module's origin), onProgress({phase, loaded, total}), ramBytes, disk = true,
+ * storage = "auto" | "opfs" | "indexeddb" (auto: OPFS where the browser has it)}
  * backend: "webgpu" fails if the browser has no usable WebGPU; "auto" uses WebGPU when
  * the browser has it and one decode step measures faster on it than on the CPU backend
  * (stats().auto holds the two timings); both backends produce the same tokens.
  */
-export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk } = {}) {
+export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk, storage } = {}) {
   if (!["auto", "webgpu", "cpu"].includes(backend)) throw new Error(`unknown backend ${backend}`);
   const helperUrl = helper || HERE.origin;
   const engine = new Engine(makeWorker(), onProgress);
   engine.model = model;
-  await engine._load(helperUrl, model, { ramBytes, disk, backend });
+  await engine._load(helperUrl, model, { ramBytes, disk, storage, backend });
   return engine;
 }

@@ -139,3 +139,35 @@ test("corrupt expert bytes from the helper are refused and never stored", async 
     await badHelper.stop();
   }
 });
+
+test("where OPFS is missing, IndexedDB is the disk tier: same tokens, and a reload fetches no expert bytes", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    const run = async () => {
+      await page.goto(`${helper.url}/health`);
+      return page.evaluate(
+        async ({ model, prompt, n }) => {
+          const { load } = await import("/colibri.js");
+          const engine = await load({ model, backend: "cpu", storage: "indexeddb" });
+          const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
+          const dbs = (await indexedDB.databases()).map((d) => d.name);
+          return { ids: g.ids, stats: engine.stats(), dbs };
+        },
+        { model: MODEL, prompt: PROMPT, n: NEW },
+      );
+    };
+    const first = await run();
+    assert.deepEqual(first.ids, nativeIds);
+    assert.equal(first.stats.diskKind, "indexeddb", JSON.stringify(first.stats));
+    assert.ok(first.stats.diskExperts > 0 && first.stats.tiers.helper > 0);
+    assert.ok(first.dbs.some((n) => n.startsWith(`colibri-${MODEL}-`)), `no expert database: ${first.dbs}`);
+    // Reload: the experts are read back from IndexedDB (asynchronously, steps retried).
+    const again = await run();
+    assert.deepEqual(again.ids, nativeIds);
+    assert.equal(again.stats.bytesFetched, 0, JSON.stringify(again.stats));
+    assert.ok(again.stats.tiers.disk > 0);
+  } finally {
+    await browser.close();
+  }
+});

@@ -9,6 +9,7 @@ use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession, Lookahea
 use colibri_engine::{Logits, Model, Result, Session};
 
 use crate::net::now_ms;
+use crate::tiers::Tiers;
 
 /// Which backend the page asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +106,43 @@ impl Backend {
         }
     }
 
+    /// [`Backend::forward`] over the browser tiers: a step that stopped because experts
+    /// stored in IndexedDB must be read asynchronously is rolled back, the reads are
+    /// awaited, and the step runs again (each retry gets at least one layer further).
+    /// Expert uses are reported once, from the attempt that succeeded.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward_tiered(
+        &self,
+        model: &Model,
+        tiers: &Tiers,
+        cx: &mut Context,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let before = cx.tokens().len();
+        let mut attempts = 0;
+        loop {
+            let mut uses = Vec::new();
+            match self.forward(model, cx, ids, which, &mut |l, e, n| uses.push((l, e, n))).await {
+                Ok(v) => {
+                    for (l, e, n) in uses {
+                        on_use(l, e, n);
+                    }
+                    return Ok(v);
+                }
+                Err(e) => {
+                    cx.truncate(before, model.cfg.kv_dim());
+                    attempts += 1;
+                    if !tiers.has_pending() || attempts > model.cfg.n_layers + 1 {
+                        return Err(e);
+                    }
+                    tiers.load_pending().await?;
+                }
+            }
+        }
+    }
+
     /// Hits of the GPU expert pool (0 on the CPU backend).
     pub fn gpu_hits(&self) -> u64 {
         match self {
@@ -141,23 +179,23 @@ pub async fn open_gpu(model: Rc<Model>) -> Result<Backend> {
 
 /// Times one decode step after a one-token prompt on `b`, best of three (the prompt's
 /// step also compiles pipelines and fetches the experts it routes to: not timed).
-async fn time_step(b: &Backend, model: &Model, probe: [u32; 2]) -> Result<f64> {
+async fn time_step(b: &Backend, model: &Model, tiers: &Tiers, probe: [u32; 2]) -> Result<f64> {
     let mut cx = b.new_context(model);
-    b.forward(model, &mut cx, &probe[..1], Logits::Last, &mut |_, _, _| {}).await?;
+    b.forward_tiered(model, tiers, &mut cx, &probe[..1], Logits::Last, &mut |_, _, _| {}).await?;
     let mut best = f64::INFINITY;
     for _ in 0..3 {
         cx.truncate(1, model.cfg.kv_dim());
         let t0 = now_ms();
-        b.forward(model, &mut cx, &probe[1..], Logits::Last, &mut |_, _, _| {}).await?;
+        b.forward_tiered(model, tiers, &mut cx, &probe[1..], Logits::Last, &mut |_, _, _| {}).await?;
         best = best.min(now_ms() - t0);
     }
     Ok(best)
 }
 
 /// `auto`: the faster of WebGPU and the CPU on this machine, measured.
-pub async fn choose(gpu: Backend, model: &Model, probe: [u32; 2]) -> Result<(Backend, AutoChoice)> {
-    let webgpu_ms = time_step(&gpu, model, probe).await?;
-    let cpu_ms = time_step(&Backend::Cpu, model, probe).await?;
+pub async fn choose(gpu: Backend, model: &Model, tiers: &Tiers, probe: [u32; 2]) -> Result<(Backend, AutoChoice)> {
+    let webgpu_ms = time_step(&gpu, model, tiers, probe).await?;
+    let cpu_ms = time_step(&Backend::Cpu, model, tiers, probe).await?;
     let choice = AutoChoice { webgpu_ms, cpu_ms };
     Ok((if webgpu_ms <= cpu_ms { gpu } else { Backend::Cpu }, choice))
 }

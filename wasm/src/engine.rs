@@ -19,7 +19,8 @@ use wasm_bindgen::prelude::*;
 
 use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
 use crate::net::{fetch, js_err, now_ms};
-use crate::opfs::{estimate, persist, Opfs};
+use crate::disk;
+use crate::opfs::{estimate, persist};
 use crate::tiers::Tiers;
 
 fn err(e: impl std::fmt::Display) -> JsError {
@@ -35,6 +36,8 @@ struct LoadOptions {
     disk: Option<bool>,
     /// "auto" (default: WebGPU if present and measured faster here), "webgpu" or "cpu".
     backend: Option<String>,
+    /// The disk tier: "auto" (default: OPFS, else IndexedDB), "opfs" or "indexeddb".
+    storage: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -163,18 +166,18 @@ impl Engine {
         }
 
         let n_experts: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
-        let (opfs, disk_error) = if opts.disk.unwrap_or(true) {
+        let (disk, disk_error) = if opts.disk.unwrap_or(true) {
             let id = base.trim_end_matches('/').rsplit('/').next().unwrap_or("model").to_string();
             let name = format!("{id}-{:016x}", checksum(&manifest_bytes));
-            match Opfs::open(&name, n_experts).await {
-                Ok(o) => (Some(o), None),
+            match disk::open(opts.storage.as_deref().unwrap_or("auto"), &name, n_experts).await {
+                Ok(d) => (Some(d), None),
                 Err(e) => (None, Some(format!("browser storage unavailable: {e}"))),
             }
         } else {
             (None, Some("disabled".to_string()))
         };
-        let persisted = if opfs.is_some() { persist().await } else { false };
-        let tiers = Arc::new(Tiers::new(&m, data_url, opfs, disk_error));
+        let persisted = if disk.is_some() { persist().await } else { false };
+        let tiers = Arc::new(Tiers::new(&m, data_url, disk, disk_error));
         let ram = opts.ram_bytes.unwrap_or(512 << 20);
         let model = Rc::new(model_from_parts(&m, &Bytes::from_vec(dense), tiers.clone(), Some(ram)).map_err(err)?);
 
@@ -199,7 +202,7 @@ impl Engine {
                     let probe = tok.encode("Hello there", false).unwrap_or_default();
                     let v = model.cfg.vocab as u32;
                     let probe = [probe.first().copied().unwrap_or(0) % v, probe.get(1).copied().unwrap_or(1) % v];
-                    let (b, a) = choose(gpu, &model, probe).await.map_err(err)?;
+                    let (b, a) = choose(gpu, &model, &tiers, probe).await.map_err(err)?;
                     (b, Some(a))
                 }
                 Err(_) => (Backend::Cpu, None),
@@ -230,13 +233,13 @@ impl Engine {
     /// Teacher-forced logits of `ids` from an empty context: a promise of a
     /// Float32Array [ids.len() * vocab].
     pub fn logits(&self, ids: Vec<u32>) -> Promise {
-        let (model, backend, state) = (self.model.clone(), self.backend.clone(), self.state.clone());
+        let (model, backend, state, tiers) = (self.model.clone(), self.backend.clone(), self.state.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = state.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
             let mut cx = backend.new_context(&model);
             let State { usage, perf, .. } = &mut *st;
             let out = backend
-                .forward(&model, &mut cx, &ids, Logits::All, &mut |l, e, n| State::count_use(usage, &mut perf.expert_loads, l, e, n))
+                .forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut |l, e, n| State::count_use(usage, &mut perf.expert_loads, l, e, n))
                 .await
                 .map_err(err)?;
             Ok(js_sys::Float32Array::from(&out[..]).into())
@@ -293,7 +296,8 @@ impl Engine {
     /// A promise of the next token, or -1 when generation has ended. After an error (the
     /// helper went away mid-step) the context is rolled back, so calling again retries.
     pub fn step(&self) -> Promise {
-        let (model, backend, state, tok) = (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone());
+        let (model, backend, state, tok, tiers) =
+            (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = state.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
             let State { cx, gen, perf, usage } = &mut *st;
@@ -305,7 +309,7 @@ impl Engine {
             let t0 = now_ms();
             let loads = &mut perf.expert_loads;
             let result = backend
-                .forward(&model, cx, &g.pending, Logits::Last, &mut |l, e, n| State::count_use(usage, loads, l, e, n))
+                .forward_tiered(&model, &tiers, cx, &g.pending, Logits::Last, &mut |l, e, n| State::count_use(usage, loads, l, e, n))
                 .await;
             let logits = match result {
                 Ok(l) => l,
@@ -362,7 +366,7 @@ impl Engine {
     }
 
     /// Where each expert lives now, one byte per (layer, expert), layer-major over all
-    /// layers (dense layers are all 0): 0 = only at the helper, 1 = browser disk (OPFS),
+    /// layers (dense layers are all 0): 0 = only at the helper, 1 = browser disk (OPFS or IndexedDB),
     /// 2 = RAM, 3 = GPU pool.
     #[wasm_bindgen(js_name = expertTiers)]
     pub fn expert_tiers(&self) -> Vec<u8> {
@@ -423,6 +427,7 @@ impl Engine {
                 "prefetched": a.prefetched, "wastedBytes": t.prefetch_wasted_bytes,
             })),
             "diskEnabled": t.disk_enabled,
+            "diskKind": t.disk_kind,
             "diskError": t.disk_error,
             "diskExperts": self.tiers.disk_count(),
             "persisted": self.persisted,

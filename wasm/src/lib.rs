@@ -7,7 +7,11 @@ pub mod multipart;
 #[cfg(target_arch = "wasm32")]
 mod backend;
 #[cfg(target_arch = "wasm32")]
+mod disk;
+#[cfg(target_arch = "wasm32")]
 mod engine;
+#[cfg(target_arch = "wasm32")]
+mod idb;
 #[cfg(target_arch = "wasm32")]
 mod net;
 #[cfg(target_arch = "wasm32")]

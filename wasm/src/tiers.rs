@@ -12,7 +12,8 @@ use colibri_engine::{Error, Result};
 use serde::Serialize;
 
 use crate::net::{now_ms, xhr_ranges};
-use crate::opfs::Opfs;
+use crate::disk::Disk;
+use crate::idb::{Idb, Read};
 
 #[derive(Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -35,6 +36,8 @@ pub struct TierStats {
     pub disk_bytes: u64,
     pub disk_ms: f64,
     pub disk_enabled: bool,
+    /// "opfs" or "indexeddb" while the disk tier is on.
+    pub disk_kind: Option<&'static str>,
     /// Why the disk tier is off, if it is ("quota exceeded", "not available").
     pub disk_error: Option<String>,
 }
@@ -48,7 +51,8 @@ struct Slot {
 pub struct Tiers {
     data_url: String,
     slots: HashMap<u64, Slot>,
-    opfs: RefCell<Option<Opfs>>,
+    disk: RefCell<Option<Disk>>,
+    n_experts: usize,
     /// Expert bytes fetched (or read from disk) by `prefetch`, waiting for their `read_at`.
     staged: RefCell<HashMap<u64, Vec<u8>>>,
     pub stats: RefCell<TierStats>,
@@ -60,7 +64,7 @@ unsafe impl Send for Tiers {}
 unsafe impl Sync for Tiers {}
 
 impl Tiers {
-    pub fn new(m: &Manifest, data_url: String, opfs: Option<Opfs>, disk_error: Option<String>) -> Self {
+    pub fn new(m: &Manifest, data_url: String, disk: Option<Disk>, disk_error: Option<String>) -> Self {
         let mut slots = HashMap::new();
         let mut expert = 0;
         for layer in &m.experts.layers {
@@ -69,25 +73,48 @@ impl Tiers {
                 expert += 1;
             }
         }
-        let stats = TierStats { disk_enabled: opfs.is_some(), disk_error, ..Default::default() };
-        Tiers { data_url, slots, opfs: RefCell::new(opfs), staged: RefCell::new(HashMap::new()), stats: RefCell::new(stats) }
+        let stats = TierStats { disk_enabled: disk.is_some(), disk_kind: disk.as_ref().map(Disk::kind), disk_error, ..Default::default() };
+        Tiers { data_url, slots, disk: RefCell::new(disk), n_experts: expert, staged: RefCell::new(HashMap::new()), stats: RefCell::new(stats) }
     }
 
     /// Per expert in manifest order: is it in the disk tier?
     pub fn disk_mask(&self) -> Vec<bool> {
-        self.opfs.borrow().as_ref().map(|o| o.mask()).unwrap_or_default()
+        self.disk.borrow().as_ref().map(|d| d.mask(self.n_experts)).unwrap_or_default()
     }
 
     pub fn disk_count(&self) -> usize {
-        self.opfs.borrow().as_ref().map_or(0, |o| o.count())
+        self.disk.borrow().as_ref().map_or(0, |d| d.count())
     }
 
-    fn from_disk(&self, slot: &Slot, buf: &mut [u8]) -> bool {
-        let mut opfs = self.opfs.borrow_mut();
-        let Some(o) = opfs.as_mut() else { return false };
+    /// Whether a step stopped for experts that IndexedDB must read asynchronously.
+    pub fn has_pending(&self) -> bool {
+        matches!(&*self.disk.borrow(), Some(Disk::Idb(i)) if i.has_pending())
+    }
+
+    /// Reads the experts a step stopped for (IndexedDB) so that its retry finds them.
+    pub async fn load_pending(&self) -> Result<()> {
+        let (keys, store) = match &mut *self.disk.borrow_mut() {
+            Some(Disk::Idb(i)) if i.has_pending() => i.take_pending().map_err(Error::Invalid)?,
+            _ => return Ok(()),
+        };
         let t0 = now_ms();
-        if !o.read(slot.expert, buf) {
-            return false;
+        let records = Idb::load(&keys, &store).await.map_err(|e| Error::Invalid(format!("reading experts from IndexedDB: {e}")))?;
+        self.stats.borrow_mut().disk_ms += now_ms() - t0;
+        if let Some(Disk::Idb(i)) = &mut *self.disk.borrow_mut() {
+            i.loaded(records);
+        }
+        Ok(())
+    }
+
+    /// Hit: `buf` holds the verified expert. Pending: stored in IndexedDB, to be read
+    /// asynchronously before the step is retried.
+    fn from_disk(&self, slot: &Slot, buf: &mut [u8]) -> Read {
+        let mut disk = self.disk.borrow_mut();
+        let Some(d) = disk.as_mut() else { return Read::Miss };
+        let t0 = now_ms();
+        match d.read(slot.expert, buf) {
+            Read::Hit => {}
+            other => return other,
         }
         {
             let mut s = self.stats.borrow_mut();
@@ -95,22 +122,23 @@ impl Tiers {
             s.disk_ms += now_ms() - t0;
         }
         if checksum(buf) == slot.xxh3 {
-            return true;
+            return Read::Hit;
         }
         self.stats.borrow_mut().corrupt_dropped += 1;
-        let _ = o.forget(slot.expert);
-        false
+        let _ = d.forget(slot.expert);
+        Read::Miss
     }
 
     fn to_disk(&self, slot: &Slot, bytes: &[u8]) {
-        let mut opfs = self.opfs.borrow_mut();
-        if let Some(o) = opfs.as_mut() {
-            if let Err(e) = o.write(slot.expert, bytes) {
+        let mut disk = self.disk.borrow_mut();
+        if let Some(d) = disk.as_mut() {
+            if let Err(e) = d.write(slot.expert, bytes) {
                 // A full quota (or any storage failure) degrades to the RAM tier.
-                o.close();
-                *opfs = None;
+                d.close();
+                *disk = None;
                 let mut s = self.stats.borrow_mut();
                 s.disk_enabled = false;
+                s.disk_kind = None;
                 s.disk_error = Some(format!("browser storage refused a write ({e}); keeping experts in RAM only"));
             }
         }
@@ -179,6 +207,18 @@ impl Tiers {
     }
 }
 
+impl Tiers {
+    /// The error that stops a step whose experts IndexedDB must read first; the engine
+    /// sees `has_pending`, awaits `load_pending` and retries the step.
+    fn pending_error(&self) -> Result<()> {
+        if self.has_pending() {
+            Err(Error::Invalid("experts are being read from IndexedDB".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
 impl ByteSource for Tiers {
     /// A layer's experts: those on disk are read (and verified) now, all the others come
     /// from the helper in one multi-range request.
@@ -199,21 +239,25 @@ impl ByteSource for Tiers {
             }
             if let Some(slot) = self.slots.get(&off).filter(|s| s.len == len) {
                 let mut buf = vec![0u8; len];
-                if self.from_disk(slot, &mut buf) {
-                    self.stats.borrow_mut().disk_hits += 1;
-                    self.staged.borrow_mut().insert(off, buf);
-                    continue;
+                match self.from_disk(slot, &mut buf) {
+                    Read::Hit => {
+                        self.stats.borrow_mut().disk_hits += 1;
+                        self.staged.borrow_mut().insert(off, buf);
+                        continue;
+                    }
+                    Read::Pending => continue,
+                    Read::Miss => {}
                 }
             }
             need.push((off, len));
         }
-        if need.is_empty() {
-            return Ok(());
+        if !need.is_empty() {
+            self.fetch(&need, &mut |off, data| {
+                self.staged.borrow_mut().insert(off, data.to_vec());
+                Ok(())
+            })?;
         }
-        self.fetch(&need, &mut |off, data| {
-            self.staged.borrow_mut().insert(off, data.to_vec());
-            Ok(())
-        })
+        self.pending_error()
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -223,9 +267,13 @@ impl ByteSource for Tiers {
             return Ok(());
         }
         if let Some(slot) = self.slots.get(&offset).filter(|s| s.len == buf.len()) {
-            if self.from_disk(slot, buf) {
-                self.stats.borrow_mut().disk_hits += 1;
-                return Ok(());
+            match self.from_disk(slot, buf) {
+                Read::Hit => {
+                    self.stats.borrow_mut().disk_hits += 1;
+                    return Ok(());
+                }
+                Read::Pending => return self.pending_error(),
+                Read::Miss => {}
             }
         }
         let len = buf.len();
