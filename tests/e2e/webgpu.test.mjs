@@ -29,27 +29,33 @@ after(async () => {
   if (fx) fx.cleanup();
 });
 
+// Loads the model in a fresh page of `page`'s profile and generates greedily; with
+// `logits`, also the teacher-forced logits of the prompt (as f32 bit patterns).
+async function runInPage(page, backend, logits = false) {
+  await page.goto(`${helper.url}/health`);
+  return page.evaluate(
+    async ({ model, prompt, n, backend, logits }) => {
+      const { load } = await import("/colibri.js");
+      const engine = await load({ model, backend });
+      const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
+      const l = logits ? Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer)) : null;
+      return { ids: g.ids, logits: l, stats: engine.stats(), tiers: Array.from(await engine.expertTiers()) };
+    },
+    { model: MODEL, prompt: PROMPT, n: NEW, backend, logits },
+  );
+}
+
 // Distance in units in the last place between two f32 bit patterns.
 function ulps(a, b) {
   const ord = (u) => (u & 0x80000000 ? -(u & 0x7fffffff) : u);
   return Math.abs(ord(a) - ord(b));
 }
 
-test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logits match coli logits", async () => {
+test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logits match coli logits; a reload fetches nothing", async () => {
   const browser = await launchBrowser();
   try {
     const page = await browser.context.newPage();
-    await page.goto(`${helper.url}/health`);
-    const r = await page.evaluate(
-      async ({ model, prompt, n }) => {
-        const { load } = await import("/colibri.js");
-        const engine = await load({ model, backend: "webgpu" });
-        const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
-        const logits = Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer));
-        return { ids: g.ids, logits, stats: engine.stats(), tiers: Array.from(await engine.expertTiers()) };
-      },
-      { model: MODEL, prompt: PROMPT, n: NEW },
-    );
+    const r = await runInPage(page, "webgpu", true);
     assert.equal(r.stats.backend, "webgpu", JSON.stringify(r.stats));
     assert.ok(r.stats.adapter, "the adapter is named");
     assert.deepEqual(r.ids, nativeIds, "greedy tokens on WebGPU differ from coli generate");
@@ -77,6 +83,12 @@ test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logit
     assert.ok(p && p.routed > 0 && p.predicted > 0, `no lookahead record: ${JSON.stringify(r.stats)}`);
     assert.equal(r.stats.prefetchRecall, p.predictedHits / p.routed);
     assert.ok(p.wastedBytes >= 0);
+
+    // A reload on WebGPU fetches no expert bytes: they come from the browser's disk tier.
+    const again = await runInPage(page, "webgpu");
+    assert.deepEqual(again.ids, nativeIds);
+    assert.equal(again.stats.bytesFetched, 0, JSON.stringify(again.stats));
+    assert.ok(again.stats.tiers.disk > 0);
   } finally {
     await browser.close();
   }
@@ -85,17 +97,7 @@ test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logit
 test("backend auto measures WebGPU against the CPU backend and keeps the faster", async () => {
   const browser = await launchBrowser();
   try {
-    const page = await browser.context.newPage();
-    await page.goto(`${helper.url}/health`);
-    const r = await page.evaluate(
-      async ({ model, prompt, n }) => {
-        const { load } = await import("/colibri.js");
-        const engine = await load({ model, backend: "auto" });
-        const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
-        return { ids: g.ids, stats: engine.stats() };
-      },
-      { model: MODEL, prompt: PROMPT, n: NEW },
-    );
+    const r = await runInPage(await browser.context.newPage(), "auto");
     const a = r.stats.auto;
     assert.ok(a && a.webgpuMs > 0 && a.cpuMs >= 0, `auto did not measure: ${JSON.stringify(r.stats)}`);
     assert.equal(r.stats.backend, a.webgpuMs <= a.cpuMs ? "webgpu" : "cpu");
