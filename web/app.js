@@ -20,8 +20,17 @@ const state = {
   controller: null,
   conv: null,
   settings: store.loadSettings(),
+  // Sampling defaults of the loaded model (its generation_config.json), used where the
+  // settings leave temperature or top-p empty.
+  modelDefaults: { temperature: 0.7, topP: 1 },
   retryTimer: 0,
 };
+
+function showModelDefaults() {
+  const d = state.modelDefaults;
+  $("temperature").placeholder = `model default: ${d.temperature}`;
+  $("top-p").placeholder = `model default: ${d.topP}`;
+}
 
 const brain = new BrainView($("brain"), $("brain-chart"));
 
@@ -193,6 +202,10 @@ async function loadModel(id) {
     if (state.modelId !== id) return engine.terminate(); // another model was picked meanwhile
     state.engine = engine;
     state.info = engine.info?.info || {};
+    // The model's sampling defaults (generation_config.json; greedy where do_sample is
+    // false: the demo model's arithmetic is exact greedily and slips when sampled).
+    state.modelDefaults = { temperature: 0.7, topP: 1, ...(state.info.sampling || {}) };
+    showModelDefaults();
     engine.addEventListener("route", (e) => brain.route(e.detail));
     engine.addEventListener("stats", (e) => scheduleStats(e.detail));
     const i = state.info;
@@ -538,8 +551,8 @@ function samplingRequest() {
   const s = state.settings;
   const num = (v, d) => (Number.isFinite(Number(v)) && v !== "" ? Number(v) : d);
   return {
-    temperature: Math.max(0, num(s.temperature, 0.7)),
-    top_p: Math.min(1, Math.max(0.01, num(s.topP, 1))),
+    temperature: Math.max(0, num(s.temperature, state.modelDefaults.temperature)),
+    top_p: Math.min(1, Math.max(0.01, num(s.topP, state.modelDefaults.topP))),
     max_tokens: Math.max(1, Math.floor(num(s.maxTokens, 256))),
     seed: s.seed === "" ? Math.floor(Math.random() * 2 ** 31) : Math.max(0, Math.floor(num(s.seed, 0))),
   };

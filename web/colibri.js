@@ -147,8 +147,9 @@ class Engine extends EventTarget {
         ids,
         options: {
           maxNewTokens: req.max_tokens ?? 256,
-          temperature: req.temperature ?? 1,
-          topP: req.top_p ?? 1,
+          // Unset: the model's defaults (generation_config.json), else OpenAI's (1, 1).
+          temperature: req.temperature ?? this.info?.info?.sampling?.temperature ?? 1,
+          topP: req.top_p ?? this.info?.info?.sampling?.topP ?? 1,
           seed: req.seed ?? Math.floor(Math.random() * 2 ** 31),
         },
       }, onToken, req.signal);

@@ -10,8 +10,8 @@ const ACTIVE = "colibri.active.v1";
 export const DEFAULT_SETTINGS = Object.freeze({
   model: "",
   system: "",
-  temperature: 0.7,
-  topP: 0.95,
+  temperature: "", // empty: the model's default (generation_config.json)
+  topP: "",
   maxTokens: 256,
   seed: "", // empty: a new random seed for every answer
 });

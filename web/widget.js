@@ -235,7 +235,7 @@ export class ColibriChat extends HTMLElement {
       this.#ui.log.scrollTop = this.#ui.log.scrollHeight;
     };
     try {
-      const stream = this.#engine.chat.completions.create({ messages, stream: true, signal: controller.signal, max_tokens: 256, temperature: 0.7, top_p: 0.95 });
+      const stream = this.#engine.chat.completions.create({ messages, stream: true, signal: controller.signal, max_tokens: 256 });
       for await (const chunk of stream) {
         const d = chunk.choices[0].delta?.content;
         if (d) {

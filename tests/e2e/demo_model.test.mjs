@@ -34,6 +34,15 @@ test("the demo model answers held-out arithmetic in the browser exactly as nativ
       assert.deepEqual(web.ids, native.ids, `${q}: browser and native tokens differ`);
       assert.equal(finalNumber(web.text), want, `${q}: answered ${JSON.stringify(web.text)}`);
     }
+    // The chat API without a temperature uses the model's defaults: the demo's
+    // generation_config.json says do_sample false, so it answers greedily.
+    const [q, want] = CASES[0];
+    const chat = await page.evaluate(async (q) => {
+      const r = await window.engine.chat.completions.create({ messages: [{ role: "user", content: q }], max_tokens: 64 });
+      return { content: r.choices[0].message.content, sampling: window.engine.info.info.sampling };
+    }, q);
+    assert.deepEqual(chat.sampling, { temperature: 0, topP: 1 });
+    assert.equal(finalNumber(chat.content), want, `${q}: the chat API answered ${JSON.stringify(chat.content)}`);
   } finally {
     await browser.close();
     await helper.stop();

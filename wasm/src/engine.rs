@@ -111,6 +111,18 @@ pub struct Engine {
     auto: Option<AutoChoice>,
     state: Rc<RefCell<State>>,
     persisted: bool,
+    /// The model's sampling defaults from generation_config.json (null without one).
+    sampling: serde_json::Value,
+}
+
+/// {temperature, topP} from a generation_config.json: greedy (temperature 0) when it
+/// says `do_sample: false`, as transformers does.
+fn sampling_defaults(g: &serde_json::Value) -> serde_json::Value {
+    let num = |k: &str, d: f64| g.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
+    if g.get("do_sample").and_then(|v| v.as_bool()) == Some(false) {
+        return serde_json::json!({"temperature": 0.0, "topP": 1.0});
+    }
+    serde_json::json!({"temperature": num("temperature", 1.0), "topP": num("top_p", 1.0)})
 }
 
 const BUSY: &str = "the engine is busy with another operation";
@@ -182,8 +194,10 @@ impl Engine {
         let model = Rc::new(model_from_parts(&m, &Bytes::from_vec(dense), tiers.clone(), Some(ram)).map_err(err)?);
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
+        let mut sampling = serde_json::Value::Null;
         if let Some(g) = gen_cfg.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) {
             stop_ids.extend(parse_token_ids(g.get("eos_token_id")));
+            sampling = sampling_defaults(&g);
         }
         tok.add_eos_ids(&stop_ids);
         stop_ids = tok.eos_token_ids();
@@ -211,7 +225,7 @@ impl Engine {
         report(&on_progress, "ready", total as f64, total as f64);
         let usage = model.cfg.moe_layers.iter().map(|_| vec![0; model.cfg.router.n_experts]).collect();
         let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default(), usage };
-        Ok(Engine { model, tok: Rc::new(tok), stop_ids, tiers, backend, auto, state: Rc::new(RefCell::new(state)), persisted })
+        Ok(Engine { model, tok: Rc::new(tok), stop_ids, tiers, backend, auto, state: Rc::new(RefCell::new(state)), persisted, sampling })
     }
 
     #[wasm_bindgen(js_name = vocabSize)]
@@ -225,7 +239,7 @@ impl Engine {
         serde_json::json!({
             "modelType": c.model_type, "layers": c.n_layers, "experts": c.router.n_experts,
             "topK": c.router.top_k, "vocab": c.vocab, "moeLayers": c.moe_layers,
-            "contextLength": c.max_positions,
+            "contextLength": c.max_positions, "sampling": self.sampling,
         })
         .to_string()
     }
