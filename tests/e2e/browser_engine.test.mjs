@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { coli, convertedFixture, freePort, startHelper, launchBrowser, copyDir, ARTIFACTS } from "./harness.mjs";
+import { coli, convertedFixture, freePort, startHelper, launchBrowser, copyDir, generateInPage, ARTIFACTS } from "./harness.mjs";
 
 const MODEL = "qwen3_moe";
 const PROMPT = [5, 17, 3, 42, 7, 99, 120, 250];
@@ -29,20 +29,7 @@ after(async () => {
   if (fx) fx.cleanup();
 });
 
-// Runs in the page: load the engine from the helper and run one greedy generation.
-async function runInPage(page, url, { backend = "cpu", logits = false } = {}) {
-  await page.goto(`${url}/health`); // a same-origin document without the app, which would load its own engine
-  return page.evaluate(
-    async ({ model, prompt, n, backend, logits }) => {
-      const { load } = await import("/colibri.js");
-      const engine = await load({ model, backend });
-      const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
-      const l = logits ? Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer)) : null;
-      return { ids: g.ids, text: g.text, logitsBits: l, stats: engine.stats(), hasGpu: !!navigator.gpu };
-    },
-    { model: MODEL, prompt: PROMPT, n: NEW, backend, logits },
-  );
-}
+const runInPage = (page, url, opts = {}) => generateInPage(page, url, { model: MODEL, prompt: PROMPT, n: NEW, ...opts });
 
 test("the browser engine gives the native CPU path's tokens and logits bit for bit; a reload fetches no expert bytes", async () => {
   const browser = await launchBrowser();
@@ -145,17 +132,9 @@ test("where OPFS is missing, IndexedDB is the disk tier: same tokens, and a relo
   try {
     const page = await browser.context.newPage();
     const run = async () => {
-      await page.goto(`${helper.url}/health`);
-      return page.evaluate(
-        async ({ model, prompt, n }) => {
-          const { load } = await import("/colibri.js");
-          const engine = await load({ model, backend: "cpu", storage: "indexeddb" });
-          const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
-          const dbs = (await indexedDB.databases()).map((d) => d.name);
-          return { ids: g.ids, stats: engine.stats(), dbs };
-        },
-        { model: MODEL, prompt: PROMPT, n: NEW },
-      );
+      const r = await runInPage(page, helper.url, { storage: "indexeddb" });
+      r.dbs = await page.evaluate(async () => (await indexedDB.databases()).map((d) => d.name));
+      return r;
     };
     const first = await run();
     assert.deepEqual(first.ids, nativeIds);

@@ -84,3 +84,21 @@ export async function launchBrowser() {
 export function copyDir(src, dst) {
   cpSync(src, dst, { recursive: true });
 }
+
+/** In a fresh document of the helper at `url` (its /health, so the app does not load an
+ * engine of its own): loads `model` through /colibri.js and generates `n` greedy tokens
+ * after `prompt`; with `logits`, also the prompt's teacher-forced logits as f32 bits. */
+export async function generateInPage(page, url, { model, prompt, n, backend = "cpu", storage = "auto", logits = false }) {
+  await page.goto(`${url}/health`);
+  return page.evaluate(
+    async ({ model, prompt, n, backend, storage, logits }) => {
+      const { load } = await import("/colibri.js");
+      const engine = await load({ model, backend, storage });
+      const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
+      const l = logits ? Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer)) : null;
+      const tiers = Array.from(await engine.expertTiers());
+      return { ids: g.ids, text: g.text, logitsBits: l, stats: engine.stats(), tiers, hasGpu: !!navigator.gpu };
+    },
+    { model, prompt, n, backend, storage, logits },
+  );
+}

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { coli, convertedFixture, freePort, startHelper, launchBrowser, ARTIFACTS } from "./harness.mjs";
+import { coli, convertedFixture, freePort, startHelper, launchBrowser, generateInPage, ARTIFACTS } from "./harness.mjs";
 
 const MODEL = "qwen3_moe";
 const PROMPT = [5, 17, 3, 42, 7, 99, 120, 250];
@@ -29,21 +29,7 @@ after(async () => {
   if (fx) fx.cleanup();
 });
 
-// Loads the model in a fresh page of `page`'s profile and generates greedily; with
-// `logits`, also the teacher-forced logits of the prompt (as f32 bit patterns).
-async function runInPage(page, backend, logits = false) {
-  await page.goto(`${helper.url}/health`);
-  return page.evaluate(
-    async ({ model, prompt, n, backend, logits }) => {
-      const { load } = await import("/colibri.js");
-      const engine = await load({ model, backend });
-      const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
-      const l = logits ? Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer)) : null;
-      return { ids: g.ids, logits: l, stats: engine.stats(), tiers: Array.from(await engine.expertTiers()) };
-    },
-    { model: MODEL, prompt: PROMPT, n: NEW, backend, logits },
-  );
-}
+const runInPage = (page, backend, logits = false) => generateInPage(page, helper.url, { model: MODEL, prompt: PROMPT, n: NEW, backend, logits });
 
 // Distance in units in the last place between two f32 bit patterns.
 function ulps(a, b) {
@@ -61,8 +47,8 @@ test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logit
     assert.deepEqual(r.ids, nativeIds, "greedy tokens on WebGPU differ from coli generate");
 
     const want = Array.from(new Uint32Array(nativeLogits.buffer));
-    assert.equal(r.logits.length, want.length);
-    const d = r.logits.map((b, i) => ulps(b, want[i]));
+    assert.equal(r.logitsBits.length, want.length);
+    const d = r.logitsBits.map((b, i) => ulps(b, want[i]));
     const report = {
       adapter: r.stats.adapter,
       logits: d.length,
