@@ -284,3 +284,33 @@ fn elementwise_kernels_match_cpu() {
     block_on(rec.submit()).unwrap();
     assert_bits("moe_accumulate + gated_add", &read(&ctx, &out, n * h), &want);
 }
+
+#[test]
+fn route_matches_moe_route() {
+    use colibri_engine::config::RouterConfig;
+    use colibri_engine::moe::route;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(23);
+    for (ne, k, norm, scale) in [(7usize, 2usize, true, 3.0f32), (64, 8, false, 12.0), (128, 8, true, 0.5), (16, 16, true, 40.0), (60, 4, false, 200.0)] {
+        let n = 37;
+        let mut logits = rng.vec(n * ne, scale);
+        // Exact ties (ties go to the lower index), a row of equal logits, and a row whose
+        // softmax underflows to zero for all but one expert.
+        logits[ne + 3] = logits[ne + 1];
+        logits[2 * ne..3 * ne].iter_mut().for_each(|v| *v = 0.25);
+        logits[3 * ne] = 150.0;
+        let cfg = RouterConfig { n_experts: ne, top_k: k, norm_topk_prob: norm };
+        let lb = upload_f32(&ctx, "logits", &logits).unwrap();
+        let (probs, out) = (zeros(&ctx, n * ne), zeros(&ctx, n * k * 2));
+        let mut rec = Recorder::new(&ctx);
+        ops::route(&mut rec, &lb, &probs, &out, n, &cfg).unwrap();
+        rec.read(&out, 0, (n * k * 2) as u64 * 4);
+        let got = ops::routes_from(&block_on(rec.submit()).unwrap()[0], k);
+        assert_eq!(got.len(), n);
+        for (p, g) in got.iter().enumerate() {
+            let want = route(&logits[p * ne..(p + 1) * ne], &cfg);
+            assert_eq!(g.experts, want.experts, "experts {ne}x top{k}, position {p}");
+            assert_bits(&format!("weights {ne}x top{k}, position {p}"), &g.weights, &want.weights);
+        }
+    }
+}

@@ -27,10 +27,11 @@ pub enum Kernel {
     Clamp,
     MoeAccumulate,
     GatedAdd,
+    Route,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::Matmul,
         Kernel::Embed,
         Kernel::RmsNorm,
@@ -41,6 +42,7 @@ impl Kernel {
         Kernel::Clamp,
         Kernel::MoeAccumulate,
         Kernel::GatedAdd,
+        Kernel::Route,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -60,6 +62,7 @@ impl Kernel {
             Kernel::Clamp => ("clamp.wgsl", NONE, include_str!("../../../shaders/clamp.wgsl")),
             Kernel::MoeAccumulate => ("moe_accumulate.wgsl", A, include_str!("../../../shaders/moe_accumulate.wgsl")),
             Kernel::GatedAdd => ("gated_add.wgsl", A, include_str!("../../../shaders/gated_add.wgsl")),
+            Kernel::Route => ("route.wgsl", A, include_str!("../../../shaders/route.wgsl")),
         }
     }
 

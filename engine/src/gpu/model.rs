@@ -2,9 +2,10 @@
 //! `Model::forward_with` (model.rs), attention::attention and MoeBlock::forward, with
 //! each CPU kernel replaced by its WGSL twin from [`super::ops`].
 //!
-//! Per MoE layer the router logits are read back and routed on the CPU by
-//! [`moe::route`] (one routing function for both backends); the selected experts then
-//! run on the GPU in ascending index order, as the CPU adds them.
+//! Per MoE layer the router logits are routed on the GPU by route.wgsl (moe::route's
+//! arithmetic and order, bit for bit) and the choices read back, because the host must
+//! fetch and upload missing experts; the selected experts then run on the GPU in
+//! ascending index order, as the CPU adds them.
 
 use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,6 @@ use super::GpuContext;
 use crate::config::QkNorm;
 use crate::error::{Error, Result};
 use crate::model::{Ffn, Logits, Model};
-use crate::moe;
 
 /// Settings of the GPU backend.
 #[derive(Clone, Debug, Default)]
@@ -277,6 +277,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let (g, u) = (buf("g", n * self.max_inter)?, buf("u", n * self.max_inter)?);
         let router_logits = buf("router_logits", n * c.router.n_experts)?;
         let ahead_logits = buf("ahead_logits", n * c.router.n_experts)?;
+        let probs = buf("router_probs", n * c.router.n_experts)?;
+        // (expert, weight bits) per choice; any top-k up to all experts fits.
+        let routes = buf("routes", n * c.router.n_experts * 2)?;
+        let ahead_routes = buf("ahead_routes", n * c.router.n_experts * 2)?;
         // Layer -> experts the lookahead predicted for it (checked when it routes).
         let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
         let shared_gate = buf("shared_gate", n)?;
@@ -333,22 +337,25 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 (_, GpuFfn::Dense(mlp)) => swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &y)?,
                 (Ffn::Moe(block), GpuFfn::Moe { router, shared }) => {
                     let ne = router.rows;
+                    let k = block.cfg.top_k;
                     ops::matmul(&mut rec, router, &xn, 0, n, &router_logits, 0, ne)?;
-                    rec.read(&router_logits, 0, (n * ne) as u64 * f);
+                    ops::route(&mut rec, &router_logits, &probs, &routes, n, &block.cfg)?;
+                    rec.read(&routes, 0, (n * k * 2) as u64 * f);
                     let next = self.next_router(l);
-                    if let Some((next_router, _)) = next {
+                    if let Some((next_router, cfg)) = &next {
                         ops::matmul(&mut rec, next_router, &xn, 0, n, &ahead_logits, 0, ne)?;
-                        rec.read(&ahead_logits, 0, (n * ne) as u64 * f);
+                        ops::route(&mut rec, &ahead_logits, &probs, &ahead_routes, n, cfg)?;
+                        rec.read(&ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
                     }
                     let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
                     cs_data = rec.data_f32(&cs); // the arena went with the old recorder
-                    let logits = f32s(done.first().ok_or_else(|| Error::Gpu("router logits were not read back".into()))?);
+                    let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
                     // Batch-union: expert -> the (position, weight) pairs routed to it.
                     let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
-                    for (p, lg) in logits.chunks_exact(ne).enumerate() {
-                        let r = moe::route(lg, &block.cfg);
+                    for (p, r) in chosen.iter().enumerate() {
                         for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                            users[e].push((p, w));
+                            let list = users.get_mut(e).ok_or_else(|| Error::Gpu(format!("layer {l}: routed to expert {e} of {ne}")))?;
+                            list.push((p, w));
                         }
                     }
                     if let Some(guess) = predicted[l].take() {
@@ -359,7 +366,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     }
                     let ahead = match (next, done.get(1)) {
                         (Some((_, cfg)), Some(bytes)) => {
-                            let mut guess: Vec<usize> = f32s(bytes).chunks_exact(ne).flat_map(|lg| moe::route(lg, &cfg).experts).collect();
+                            let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k).into_iter().flat_map(|r| r.experts).filter(|&e| e < ne).collect();
                             guess.sort_unstable();
                             guess.dedup();
                             Some(guess)

@@ -154,3 +154,32 @@ pub fn gated_add(rec: &mut Recorder, out: &wgpu::Buffer, s: &wgpu::Buffer, g: &w
     let params = [u32_of("n", n)?, u32_of("hidden", hidden)?];
     rec.dispatch(Kernel::GatedAdd, &[], &params, vec![out.into(), s.into(), g.into()], groups(n * hidden, 64))
 }
+
+/// Routes n positions from their router logits (moe::route): `out` receives, per position,
+/// top_k (expert index, weight bits) pairs in moe::route's order; `probs` is scratch
+/// [n, n_experts].
+pub fn route(
+    rec: &mut Recorder,
+    logits: &wgpu::Buffer,
+    probs: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    cfg: &crate::config::RouterConfig,
+) -> Result<()> {
+    if cfg.top_k == 0 || cfg.top_k > cfg.n_experts {
+        return Err(Error::Gpu(format!("route: top_k {} of {} experts", cfg.top_k, cfg.n_experts)));
+    }
+    let params = [u32_of("n", n)?, u32_of("experts", cfg.n_experts)?, u32_of("top_k", cfg.top_k)?, cfg.norm_topk_prob as u32];
+    rec.dispatch(Kernel::Route, &[], &params, vec![logits.into(), probs.into(), out.into()], groups(n, 64))
+}
+
+/// Reads what [`route`] wrote: per position, (experts, weights) as moe::route returns them.
+pub fn routes_from(words: &[u8], top_k: usize) -> Vec<crate::moe::Routing> {
+    let w: Vec<u32> = words.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    w.chunks_exact(2 * top_k.max(1))
+        .map(|c| crate::moe::Routing {
+            experts: c.chunks_exact(2).map(|p| p[0] as usize).collect(),
+            weights: c.chunks_exact(2).map(|p| f32::from_bits(p[1])).collect(),
+        })
+        .collect()
+}
