@@ -13,7 +13,7 @@ fi
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-CARGO_PROFILE_RELEASE_DEBUG=0 cargo build -p colibri-wasm --target wasm32-unknown-unknown --release
+CARGO_PROFILE_RELEASE_DEBUG=0 cargo build -p colibri-wasm --locked --target wasm32-unknown-unknown --release
 wasm-bindgen --target web --no-typescript --out-dir web/pkg \
   "$TARGET_DIR/wasm32-unknown-unknown/release/colibri_wasm.wasm"
 ls -l web/pkg

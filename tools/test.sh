@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # colibri's whole test suite:
 #   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen into
-#      web/pkg/), which also proves the engine compiles for wasm32 without threads;
+#      web/pkg/), which also proves the engine and its WebGPU backend compile for wasm32
+#      without threads;
 #   2. every crate's unit and integration tests, GPU kernels included (wgpu on Vulkan:
 #      Mesa lavapipe where there is no GPU; a missing adapter is a failure here);
 #   3. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
@@ -13,9 +14,6 @@ cd "$(dirname "$0")/.."
 
 echo "== browser engine (wasm32)"
 ./tools/build-web.sh
-
-echo "== engine with the GPU backend (feature wgpu) compiles for wasm32 (WebGPU)"
-cargo check -p colibri-engine --locked --target wasm32-unknown-unknown --no-default-features --features wgpu
 
 echo "== cargo tests"
 # NODEVICE_SELECT: Mesa's device-select layer warns about XDG_RUNTIME_DIR without a display.
