@@ -33,6 +33,8 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let logits = forward(&ids, Logits::All)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&a.out, bytes).with_context(|| format!("{}: cannot write", a.out.display()))?;
+    drop(forward);
+    crate::load::save_usage(&loaded);
     Ok(())
 }
 
@@ -136,6 +138,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         return Err(e.into());
     }
     let total = start.elapsed();
+    drop(forward);
+    crate::load::save_usage(&loaded);
     let text = match tok {
         Some(t) => t.decode(&ids, true)?,
         None => String::new(),

@@ -157,3 +157,37 @@ fn direct_io_is_used_where_allowed_and_falls_back_on_tmpfs() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+fn coli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_coli")).args(args).output().unwrap()
+}
+
+/// A synthetic model with experts many times the budget: `coli bench` decodes through
+/// most of them, and the process's peak RSS (VmHWM) stays within budget + dense weights +
+/// a small constant (the binary, thread stacks, the read window, activations).
+#[test]
+fn peak_rss_stays_within_budget_plus_dense() {
+    let root = scratch(&std::env::temp_dir(), "rss");
+    let (src, dst) = (root.join("hf"), root.join("q"));
+    let out = coli(&["synth", "-o", src.to_str().unwrap(), "--layers", "4", "--experts", "32", "--top-k", "8", "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--vocab", "2000"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = coli(&["convert", src.to_str().unwrap(), "-o", dst.to_str().unwrap(), "--quant", "int4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&src).unwrap();
+    let budget: u64 = 8 << 20;
+    let out = coli(&["bench", "--model", dst.to_str().unwrap(), "--ram", "8M", "--decode-tokens", "24", "--probe-bytes", "4M"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dense = r["model"]["dense_bytes"].as_u64().unwrap();
+    let experts = r["model"]["expert_bytes"].as_u64().unwrap();
+    let peak = r["peak_rss_bytes"].as_u64().unwrap();
+    let constant: u64 = 64 << 20;
+    let touched = r["prefill"]["bytes_read"].as_u64().unwrap() + r["decode"]["bytes_read"].as_u64().unwrap();
+    eprintln!("peak RSS {:.1} MiB; budget 8 MiB, dense {:.1} MiB, experts {:.1} MiB, read {:.1} MiB", peak as f64 / 1048576.0, dense as f64 / 1048576.0, experts as f64 / 1048576.0, touched as f64 / 1048576.0);
+    assert!(experts > budget + constant, "the model is too small to show anything");
+    assert!(touched > budget + constant, "the run did not read enough experts to show anything");
+    assert!(peak <= budget + dense + constant, "peak RSS {peak} > budget {budget} + dense {dense} + {constant}");
+    assert!(r["expert_cache"]["cached_bytes_at_end"].as_u64().unwrap() <= budget);
+    assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_dir_all(&root);
+}
