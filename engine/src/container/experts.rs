@@ -224,9 +224,9 @@ impl ContainerExperts {
         let top_k = cfg.router.top_k;
         #[cfg(not(target_arch = "wasm32"))]
         let pool = if opts.readers > 0 { Some(ReaderPool::new(opts.readers)?) } else { None };
-        // Buffers worth keeping for reuse: the read window plus the lookahead's.
+        // Free buffers kept for reuse: about one read window (each kept buffer is RSS).
         #[cfg(not(target_arch = "wasm32"))]
-        let buffers = BufferPool::new(4 * top_k.max(1) + 2 * opts.readers);
+        let buffers = BufferPool::new(top_k.max(1) + opts.readers);
         let core = Arc::new(Core {
             source,
             layers,
