@@ -249,7 +249,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "dense_bytes": cache.map(|c| c.dense_bytes), "expert_bytes": cache.map(|c| c.expert_bytes)},
         "cache_state": match a.cache { CacheState::Cold => "cold", CacheState::Warm => "warm" },
         "page_cache_evicted": evicted,
-        "expert_cache": {"ram_bytes": cache.and_then(|c| c.ram), "pin_bytes": cache.map(|c| c.pin), "budget_note": cache.map(|c| c.note.clone()),
+        "expert_cache": {"ram_bytes": cache.and_then(|c| c.ram), "pin_bytes": cache.map(|c| c.pin), "budget_note": cache.map(|c| c.describe()),
             "readers": flags.readers, "lookahead": flags.lookahead, "direct_io": end.direct_io,
             "pinned_experts": end.pinned_experts, "cached_bytes_at_end": end.cached_bytes},
         "load_seconds": load_s,

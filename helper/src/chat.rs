@@ -38,6 +38,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     }
     let cfg = &loaded.model.cfg;
     let interactive = std::io::stdin().is_terminal();
+    if let (true, Some(c)) = (interactive, &loaded.cache) {
+        eprintln!("coli: {}", c.describe());
+    }
     eprintln!(
         "colibri: {} with {} layers and {} experts (top {}) from {}. /reset starts over, /quit leaves.",
         cfg.model_type,

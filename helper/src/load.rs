@@ -134,9 +134,24 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
     Ok((opts, setup))
 }
 
+impl CacheSetup {
+    /// One line saying what the expert cache is and why (chat and serve print it; the
+    /// JSON of generate and bench carry it; logits stays silent so that an error is the
+    /// only line on stderr).
+    pub fn describe(&self) -> String {
+        let mut line = format!("expert cache {} ({}", self.ram.map_or("unlimited".into(), human), self.note);
+        if self.pin > 0 {
+            line += &format!(", {} pinned by usage", human(self.pin));
+        }
+        if let Some(n) = &self.direct_note {
+            line += &format!("; --direct: {n}");
+        }
+        line + ")"
+    }
+}
+
 /// Opens the model directory `dir` (weights, tokenizer, stop ids) without touching the
-/// thread pool. For a converted model, sets up the expert cache from `flags` and says on
-/// stderr what budget it chose when it chose one itself.
+/// thread pool. For a converted model, sets up the expert cache from `flags`.
 pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<Loaded> {
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
@@ -144,12 +159,6 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     let (model, cache) = if colibri_engine::container::is_container(dir) {
         let cfg = read_config(dir)?;
         let (opts, setup) = cache_options(dir, flags, cfg)?;
-        if flags.ram.is_none() {
-            eprintln!("coli: expert cache {} ({}; --ram to change)", setup.ram.map_or("unlimited".into(), human), setup.note);
-        }
-        if let Some(n) = &setup.direct_note {
-            eprintln!("coli: --direct: {n}");
-        }
         (Model::open_dir_opts(dir, opts)?, Some(setup))
     } else {
         (Model::open_dir(dir)?, None)

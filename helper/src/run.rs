@@ -154,6 +154,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             "finish_reason": match reason { StopReason::Stop => "stop", StopReason::Length => "length", StopReason::Cancelled => "cancelled" },
             "ttft_ms": ttft * 1e3,
             "decode_tokens_per_second": if ids.len() > 1 && decode_s > 0.0 { (ids.len() - 1) as f64 / decode_s } else { 0.0 },
+            "expert_cache": loaded.cache.as_ref().map(|c| c.describe()),
         });
         writeln!(stdout, "{out}")?;
     } else {
