@@ -223,8 +223,14 @@ impl Model {
     /// memory-mapped whole and ignores the budget.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir_with(dir: &std::path::Path, ram: Option<u64>) -> Result<Self> {
+        Self::open_dir_opts(dir, crate::container::CacheOptions { ram, ..Default::default() })
+    }
+
+    /// [`Model::open_dir`] with every expert-cache option (used by converted models only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_dir_opts(dir: &std::path::Path, opts: crate::container::CacheOptions) -> Result<Self> {
         if crate::container::is_container(dir) {
-            return crate::container::open_dir(dir, ram);
+            return crate::container::open_dir_with(dir, opts);
         }
         let cfg_path = dir.join("config.json");
         let bytes = std::fs::read(&cfg_path).map_err(|e| crate::Error::io(&cfg_path, e))?;
@@ -296,6 +302,11 @@ impl Model {
                 rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
             }
             on_ffn_input(l, &xn);
+            if self.experts.lookahead_enabled() {
+                if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
+                    self.experts.lookahead(l + 1, &next.predict(&xn, n));
+                }
+            }
             match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
                 Ffn::Moe(block) => {

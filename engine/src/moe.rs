@@ -51,6 +51,34 @@ pub trait ExpertSource: Send + Sync {
     fn cache_stats(&self) -> Option<crate::container::CacheStats> {
         None
     }
+
+    /// True if [`ExpertSource::expert`] would answer without waiting for a read (the
+    /// MoE block computes such experts first).
+    fn ready(&self, _layer: usize, _index: usize) -> bool {
+        true
+    }
+
+    /// Whether the model should call [`ExpertSource::lookahead`].
+    fn lookahead_enabled(&self) -> bool {
+        false
+    }
+
+    /// Router lookahead: these experts of `layer` are likely needed by its next step
+    /// (predicted from the previous layer's state); a source may start reading them.
+    fn lookahead(&self, _layer: usize, _experts: &[usize]) {}
+
+    /// `positions` positions were routed to expert `index` of `layer` (usage counting).
+    fn note_use(&self, _layer: usize, _index: usize, _positions: usize) {}
+
+    /// The uses noted since the last call, as (layer, expert, count), for the usage file.
+    fn take_usage(&self) -> Vec<(u64, u64, u64)> {
+        Vec::new()
+    }
+
+    /// A conversation turn ended: a cache may re-pin its hottest experts now.
+    fn end_turn(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// All experts held in memory (views into the checkpoint's mapped files).
@@ -105,6 +133,28 @@ pub struct MoeBlock {
     pub shared: Option<(Expert, Mat)>,
 }
 
+impl MoeBlock {
+    /// Router lookahead: the experts this block's router picks for `x` ([n, hidden]),
+    /// ascending. For several positions, the `top_k` experts most positions pick (ties to
+    /// the lower index), so a prefetch stays bounded however long the prompt.
+    pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
+        let ne = self.router.rows;
+        let mut logits = vec![0.0f32; n * ne];
+        matmul(&self.router, x, n, &mut logits);
+        let mut votes = vec![0usize; ne];
+        for l in logits.chunks_exact(ne) {
+            for e in route(l, &self.cfg).experts {
+                votes[e] += 1;
+            }
+        }
+        let mut order: Vec<usize> = (0..ne).filter(|&e| votes[e] > 0).collect();
+        order.sort_by(|&a, &b| votes[b].cmp(&votes[a]).then(a.cmp(&b)));
+        order.truncate(self.cfg.top_k.max(1));
+        order.sort_unstable();
+        order
+    }
+}
+
 /// Counts of expert use, per layer (for placement statistics).
 pub type UsageHook<'a> = &'a mut dyn FnMut(usize, usize);
 
@@ -137,26 +187,39 @@ impl MoeBlock {
         let used: Vec<usize> = (0..n_exp).filter(|&e| !users[e].is_empty()).collect();
         experts.prepare(layer, &used)?;
         let mut on_use = on_use;
-        for (e, list) in users.iter().enumerate() {
-            if list.is_empty() {
-                continue;
-            }
+        for &e in &used {
             if let Some(hook) = on_use.as_mut() {
-                hook(e, list.len());
+                hook(e, users[e].len());
             }
-            let expert = experts.expert(layer, e)?;
+            experts.note_use(layer, e, users[e].len());
+        }
+        // Experts are computed in whatever order they become available (resident ones
+        // first, then reads as they complete), but summed in ascending expert order, so
+        // the bits never depend on which read finished first.
+        let mut pending: Vec<usize> = (0..used.len()).collect();
+        let mut done: Vec<Option<Vec<f32>>> = vec![None; used.len()];
+        let mut next = 0;
+        while !pending.is_empty() {
+            let pick = pending.iter().position(|&i| experts.ready(layer, used[i])).unwrap_or(0);
+            let i = pending.remove(pick);
+            let list = &users[used[i]];
+            let expert = experts.expert(layer, used[i])?;
             let m = list.len();
             let mut xs = vec![0.0f32; m * hidden];
-            for (i, (p, _)) in list.iter().enumerate() {
-                xs[i * hidden..(i + 1) * hidden].copy_from_slice(&x[p * hidden..(p + 1) * hidden]);
+            for (j, (p, _)) in list.iter().enumerate() {
+                xs[j * hidden..(j + 1) * hidden].copy_from_slice(&x[p * hidden..(p + 1) * hidden]);
             }
             let mut ys = vec![0.0f32; m * hidden];
             expert.forward(&xs, m, &mut ys);
-            for (i, (p, w)) in list.iter().enumerate() {
-                let dst = &mut out[p * hidden..(p + 1) * hidden];
-                for (d, y) in dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]) {
-                    *d += y * w;
+            done[i] = Some(ys);
+            while let Some(ys) = done.get_mut(next).and_then(Option::take) {
+                for (j, (p, w)) in users[used[next]].iter().enumerate() {
+                    let dst = &mut out[p * hidden..(p + 1) * hidden];
+                    for (d, y) in dst.iter_mut().zip(&ys[j * hidden..(j + 1) * hidden]) {
+                        *d += y * w;
+                    }
                 }
+                next += 1;
             }
         }
         if let Some((shared, gate)) = &self.shared {

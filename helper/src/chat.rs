@@ -38,6 +38,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     }
     let cfg = &loaded.model.cfg;
     let interactive = std::io::stdin().is_terminal();
+    if let (true, Some(c)) = (interactive, &loaded.cache) {
+        eprintln!("coli: {}", c.describe());
+    }
     eprintln!(
         "colibri: {} with {} layers and {} experts (top {}) from {}. /reset starts over, /quit leaves.",
         cfg.model_type,
@@ -113,6 +116,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         }
         let answer = tok.decode(&out, true)?;
         history.push(ChatMessage { role: "assistant".into(), content: answer.trim().to_string() });
+        // A turn boundary: re-pin by what was used (with hysteresis), record the uses.
+        loaded.model.experts.end_turn()?;
+        crate::load::save_usage(&loaded);
         // Vary sampling between turns while staying reproducible for a given --seed.
         opts.sampler.seed = opts.sampler.seed.wrapping_add(1);
     }

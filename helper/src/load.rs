@@ -1,10 +1,11 @@
 //! Opening a model directory for the native commands: weights, tokenizer, stop ids.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use colibri_engine::config::parse_token_ids;
 use colibri_engine::tokenizer::Tokenizer;
+use colibri_engine::container::CacheOptions;
 use colibri_engine::Model;
 
 use crate::ModelArgs;
@@ -14,6 +15,79 @@ pub struct Loaded {
     pub tokenizer: Option<Tokenizer>,
     /// Ids that end generation: the config's, the generation config's and the tokenizer's eos.
     pub stop_ids: Vec<u32>,
+    /// The expert cache as set up (converted models only).
+    pub cache: Option<CacheSetup>,
+}
+
+/// Expert-cache flags of the commands that run a model (see [`ModelArgs`]).
+#[derive(Clone, Debug)]
+pub struct CacheFlags {
+    /// None: choose from free memory; u64::MAX: no limit.
+    pub ram: Option<u64>,
+    pub pin: Option<u64>,
+    pub readers: usize,
+    pub lookahead: bool,
+    pub direct: bool,
+}
+
+impl CacheFlags {
+    pub fn from_args(a: &ModelArgs) -> Self {
+        CacheFlags { ram: a.ram, pin: a.pin, readers: a.readers, lookahead: !a.no_lookahead, direct: a.direct }
+    }
+
+    /// What `coli serve` uses: `ram` as given, every other flag at its default.
+    pub fn with_ram(ram: Option<u64>) -> Self {
+        CacheFlags { ram, pin: None, readers: 4, lookahead: true, direct: false }
+    }
+}
+
+/// The expert cache of a converted model as chosen at start-up.
+#[derive(Clone, Debug)]
+pub struct CacheSetup {
+    /// None: no limit.
+    pub ram: Option<u64>,
+    pub pin: u64,
+    /// How the budget was chosen (for the log line and benchmark records).
+    pub note: String,
+    pub dense_bytes: u64,
+    pub expert_bytes: u64,
+    /// Where expert-use counts are merged after a run.
+    pub usage_file: PathBuf,
+    pub model_id: String,
+    /// Why O_DIRECT is off although asked for.
+    pub direct_note: Option<String>,
+}
+
+/// Smallest budget the automatic choice goes down to.
+const AUTO_RAM_FLOOR: u64 = 256 << 20;
+
+/// MemAvailable of /proc/meminfo in bytes (None where there is no such file).
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The automatic budget: half of the available memory minus the dense weights (which are
+/// mapped and will be resident), at least `AUTO_RAM_FLOOR`, at most every expert.
+pub fn auto_ram(available: Option<u64>, dense: u64, experts: u64) -> (u64, String) {
+    match available {
+        Some(avail) => {
+            let b = (avail / 2).saturating_sub(dense).max(AUTO_RAM_FLOOR).min(experts);
+            (b, format!("auto: half of MemAvailable {} minus {} of dense weights, at least {}", human(avail), human(dense), human(AUTO_RAM_FLOOR)))
+        }
+        None => (AUTO_RAM_FLOOR.min(experts), "auto: MemAvailable unknown, the floor".into()),
+    }
+}
+
+pub fn human(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
 }
 
 pub fn setup(args: &ModelArgs) -> Result<()> {
@@ -29,16 +103,66 @@ pub fn setup(args: &ModelArgs) -> Result<()> {
 pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
     setup(args)?;
     let dir = crate::paths::resolve_model(&args.model, None)?;
-    open_dir(&dir, args.ram, need_tokenizer)
+    open_dir(&dir, &CacheFlags::from_args(args), need_tokenizer)
+}
+
+/// Chooses the expert-cache options of the converted model in `dir` from the flags, the
+/// free memory and the model's usage file.
+fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<(CacheOptions, CacheSetup)> {
+    let (m, source) = colibri_engine::container::open_manifest_with(dir, flags.direct)?;
+    let (dense, experts) = m.byte_totals();
+    let (ram, note) = match flags.ram {
+        Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
+        Some(b) => (Some(b), "--ram".to_string()),
+        None => {
+            let (b, note) = auto_ram(mem_available(), dense, experts);
+            (Some(b), note)
+        }
+    };
+    let model_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
+    let usage_file = crate::serve::usage::usage_path(dir, &model_id, fallback.as_deref());
+    let usage = crate::serve::usage::read_usage(&usage_file, cfg.0, cfg.1);
+    let pin = match flags.pin {
+        Some(p) => p,
+        None if usage.total() > 0 => ram.map_or(0, |r| r / 2),
+        None => 0,
+    };
+    let pin = ram.map_or(pin, |r| pin.min(r));
+    let opts = CacheOptions { ram, pin, readers: flags.readers, lookahead: flags.lookahead, direct: flags.direct, usage: Some(usage) };
+    let setup = CacheSetup { ram, pin, note, dense_bytes: dense, expert_bytes: experts, usage_file, model_id, direct_note: source.direct_note.clone() };
+    Ok((opts, setup))
+}
+
+impl CacheSetup {
+    /// One line saying what the expert cache is and why (chat and serve print it; the
+    /// JSON of generate and bench carry it; logits stays silent so that an error is the
+    /// only line on stderr).
+    pub fn describe(&self) -> String {
+        let mut line = format!("expert cache {} ({}", self.ram.map_or("unlimited".into(), human), self.note);
+        if self.pin > 0 {
+            line += &format!(", {} pinned by usage", human(self.pin));
+        }
+        if let Some(n) = &self.direct_note {
+            line += &format!("; --direct: {n}");
+        }
+        line + ")"
+    }
 }
 
 /// Opens the model directory `dir` (weights, tokenizer, stop ids) without touching the
-/// thread pool; `ram` is the expert-cache budget in bytes of converted models.
-pub fn open_dir(dir: &Path, ram: Option<u64>, need_tokenizer: bool) -> Result<Loaded> {
+/// thread pool. For a converted model, sets up the expert cache from `flags`.
+pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<Loaded> {
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
-    let model = Model::open_dir_with(dir, ram)?;
+    let (model, cache) = if colibri_engine::container::is_container(dir) {
+        let cfg = read_config(dir)?;
+        let (opts, setup) = cache_options(dir, flags, cfg)?;
+        (Model::open_dir_opts(dir, opts)?, Some(setup))
+    } else {
+        (Model::open_dir(dir)?, None)
+    };
     let tokenizer = if need_tokenizer || dir.join("tokenizer.json").exists() {
         Some(Tokenizer::from_dir(dir)?)
     } else {
@@ -51,7 +175,30 @@ pub fn open_dir(dir: &Path, ram: Option<u64>, need_tokenizer: bool) -> Result<Lo
     }
     stop_ids.sort_unstable();
     stop_ids.dedup();
-    Ok(Loaded { model, tokenizer, stop_ids })
+    Ok(Loaded { model, tokenizer, stop_ids, cache })
+}
+
+/// (layers, experts per layer) from a converted model's manifest.
+fn read_config(dir: &Path) -> Result<(usize, usize)> {
+    let path = dir.join(colibri_engine::container::MANIFEST_FILE);
+    let bytes = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let m = colibri_engine::container::Manifest::parse(&bytes)?;
+    let cfg = colibri_engine::ModelConfig::from_value(&m.config)?;
+    Ok((cfg.n_layers, cfg.router.n_experts))
+}
+
+/// Merges the expert uses counted since the last call into the model's usage file, so
+/// that the next start pins what this run used most. A failure is only a warning.
+pub fn save_usage(loaded: &Loaded) {
+    let Some(c) = &loaded.cache else { return };
+    let triples = loaded.model.experts.take_usage();
+    if triples.is_empty() {
+        return;
+    }
+    let shape = (loaded.model.cfg.n_layers, loaded.model.cfg.router.n_experts);
+    if let Err(e) = crate::serve::usage::merge_into_file(&c.usage_file, &c.model_id, shape, &triples) {
+        eprintln!("coli: warning: could not record expert usage: {e:#}");
+    }
 }
 
 fn generation_config_eos(dir: &Path) -> Vec<u32> {
@@ -65,6 +212,9 @@ fn generation_config_eos(dir: &Path) -> Vec<u32> {
 /// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units).
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
+    if t.eq_ignore_ascii_case("all") {
+        return Ok(u64::MAX);
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {

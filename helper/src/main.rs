@@ -2,6 +2,7 @@
 //! converts them and serves them to the browser.
 
 mod backend;
+mod bench;
 mod chat;
 mod convert;
 mod doctor;
@@ -11,6 +12,7 @@ mod paths;
 mod routing_bench;
 mod run;
 mod serve;
+mod synth;
 
 use std::process::ExitCode;
 
@@ -43,10 +45,15 @@ enum Command {
     Web(serve::ServeArgs),
     /// Run the helper as a background service (systemd user unit / launchd agent).
     Service(serve::service::ServiceArgs),
-    /// Load test of the helper's Range API against plain reads of the same file (JSON).
+    /// Decode benchmark of one run: tokens/s, TTFT, hit rates per tier, bytes read,
+    /// prefetch recall, peak RSS, disk bandwidth and the I/O lower bound (JSON).
+    Bench(bench::BenchArgs),
     /// Router-lookahead recall and LRU vs learned-pin hit rates on real decoding (JSON).
     BenchRouting(routing_bench::RoutingBenchArgs),
+    /// Load test of the helper's Range API against plain reads of the same file (JSON).
     BenchServe(serve::bench::BenchArgs),
+    /// Write a synthetic OLMoE-shaped checkpoint (HF layout, seeded bf16) for benchmarks.
+    Synth(synth::SynthArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -62,9 +69,24 @@ pub struct ModelArgs {
     /// tokenizer.json) or a converted colibri model (colibri.json).
     #[arg(long)]
     pub model: std::path::PathBuf,
-    /// Expert-cache budget in bytes (suffixes K, M, G, T; 0 caches nothing; default: no limit).
+    /// Expert-cache budget in bytes (suffixes K, M, G, T; 0 caches nothing; "all": no
+    /// limit; default: half of MemAvailable minus the dense weights, at least 256M).
     #[arg(long, value_parser = load::parse_bytes)]
     pub ram: Option<u64>,
+    /// Bytes of the --ram budget for experts pinned by learned usage (usage.json next to
+    /// the model); default: half of --ram when the model has usage counts, else 0.
+    #[arg(long, value_parser = load::parse_bytes)]
+    pub pin: Option<u64>,
+    /// Reader threads that load missing experts while resident ones compute (0: read
+    /// synchronously).
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Do not prefetch the next layer's likely experts (router lookahead).
+    #[arg(long)]
+    pub no_lookahead: bool,
+    /// Read experts with O_DIRECT, bypassing the page cache, where the file system allows.
+    #[arg(long)]
+    pub direct: bool,
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
@@ -98,6 +120,8 @@ fn main() -> ExitCode {
         Command::Service(a) => serve::service::run(a),
         Command::BenchServe(a) => serve::bench::run(a),
         Command::BenchRouting(a) => routing_bench::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Synth(a) => synth::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

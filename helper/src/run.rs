@@ -33,6 +33,8 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let logits = forward(&ids, Logits::All)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&a.out, bytes).with_context(|| format!("{}: cannot write", a.out.display()))?;
+    drop(forward);
+    crate::load::save_usage(&loaded);
     Ok(())
 }
 
@@ -136,6 +138,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         return Err(e.into());
     }
     let total = start.elapsed();
+    drop(forward);
+    crate::load::save_usage(&loaded);
     let text = match tok {
         Some(t) => t.decode(&ids, true)?,
         None => String::new(),
@@ -150,6 +154,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             "finish_reason": match reason { StopReason::Stop => "stop", StopReason::Length => "length", StopReason::Cancelled => "cancelled" },
             "ttft_ms": ttft * 1e3,
             "decode_tokens_per_second": if ids.len() > 1 && decode_s > 0.0 { (ids.len() - 1) as f64 / decode_s } else { 0.0 },
+            "expert_cache": loaded.cache.as_ref().map(|c| c.describe()),
         });
         writeln!(stdout, "{out}")?;
     } else {

@@ -1,17 +1,24 @@
 //! Routed experts read from a container on demand: one read of the expert's byte range,
-//! a checksum check, and a least-recently-used cache under a byte budget. The bytes are
-//! the same whichever way they arrive, so the budget changes speed, never the answer.
+//! a checksum check, and two in-memory tiers under a byte budget (pinned by learned
+//! usage, then least-recently-used). Natively, misses and router-lookahead prefetches
+//! load on a bounded pool of reader threads while the MoE block computes what is
+//! resident. The bytes are the same whichever way and whenever they arrive, so budgets,
+//! pinning, prefetching and read order change speed, never the answer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::manifest::{parse_checksum, ExpertLayer, Manifest};
+#[cfg(not(target_arch = "wasm32"))]
+use super::reader::{BufferPool, LoadSlot, ReaderPool};
+use super::tiers::{plan_repin, Key, Tier, Tiers};
 use super::{checksum, ByteSource};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::moe::{Expert, ExpertSource};
 use crate::tensor::{Bytes, DType, Mat};
+use crate::usage::ExpertUsage;
 
 /// Where one layer's experts are and how to cut them into gate, up and down.
 struct LayerIndex {
@@ -21,37 +28,99 @@ struct LayerIndex {
     experts: Vec<(u64, usize, u64)>,
 }
 
-/// Counters of the expert cache.
+/// How the expert cache behaves. `Default` is what the browser and tests get: no limit,
+/// no pins, synchronous reads, no lookahead.
+#[derive(Clone, Debug, Default)]
+pub struct CacheOptions {
+    /// Bytes of experts kept in memory, both tiers together (None: all, Some(0): none).
+    pub ram: Option<u64>,
+    /// Bytes of that budget reserved for pinned experts (capped at `ram`).
+    pub pin: u64,
+    /// Reader threads for misses and prefetches (0: read synchronously when asked).
+    pub readers: usize,
+    /// Apply layer L+1's router to layer L's FFN input and prefetch the predicted experts.
+    pub lookahead: bool,
+    /// Open the data file with O_DIRECT where the file system allows it.
+    pub direct: bool,
+    /// Expert-use counts of earlier runs: the pin set at start-up and the base of re-pinning.
+    pub usage: Option<ExpertUsage>,
+}
+
+/// Counters of the expert cache. `hits` = `pinned_hits` + `ram_hits`; `misses` were read
+/// from the byte source (`prefetched_hits` of them by a lookahead read started early).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
     pub hits: u64,
+    pub pinned_hits: u64,
+    pub ram_hits: u64,
     pub misses: u64,
+    pub prefetched_hits: u64,
     pub bytes_read: u64,
     pub cached_bytes: u64,
     pub cached_experts: u64,
+    pub pinned_experts: u64,
+    pub pinned_bytes: u64,
+    /// Lookahead: experts truly selected in layers that had a prediction, and how many
+    /// of them were predicted (recall = predicted / selected).
+    pub lookahead_selected: u64,
+    pub lookahead_predicted: u64,
+    /// Reads started by lookahead, their bytes, and the bytes of those nobody used.
+    pub prefetch_reads: u64,
+    pub prefetch_bytes: u64,
+    pub prefetch_wasted_bytes: u64,
+    /// Experts moved into or out of the pinned tier after start-up.
+    pub repinned: u64,
+    /// Whether reads bypass the page cache (O_DIRECT) right now.
+    pub direct_io: bool,
+}
+
+/// The part of the cache that reader threads share: where the bytes are and how to read them.
+struct Core {
+    source: Arc<dyn ByteSource>,
+    /// Indexed by model layer; None for dense layers.
+    layers: Vec<Option<LayerIndex>>,
+    #[cfg(not(target_arch = "wasm32"))]
+    buffers: Arc<BufferPool>,
+    bytes_read: AtomicU64,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+type Slot = Arc<LoadSlot<(Arc<Expert>, u64)>>;
+
+/// A read handed to the reader pool and not yet taken by the MoE block.
+#[cfg(not(target_arch = "wasm32"))]
+struct Staged {
+    slot: Slot,
+    bytes: u64,
+    /// Started by lookahead rather than by the layer that needs it.
+    prefetch: bool,
 }
 
 #[derive(Default)]
-struct Lru {
-    /// key -> (expert, bytes, tick of last use)
-    map: HashMap<(usize, usize), (Arc<Expert>, u64, u64)>,
-    /// tick of last use -> key
-    order: BTreeMap<u64, (usize, usize)>,
-    bytes: u64,
-    tick: u64,
+struct State {
+    tiers: Tiers,
+    #[cfg(not(target_arch = "wasm32"))]
+    staged: HashMap<Key, Staged>,
+    /// Misses of the current layer waiting for a free place in the read window.
+    demand: VecDeque<Key>,
+    /// layer -> experts the lookahead predicted for its next step.
+    predicted: HashMap<usize, Vec<usize>>,
+    /// Earlier runs' counts plus this run's (what pinning goes by).
+    counts: Option<ExpertUsage>,
+    /// This run's counts not yet handed out by `take_usage`.
+    fresh: Option<ExpertUsage>,
+    stats: CacheStats,
 }
 
 /// An [`ExpertSource`] over a container's data file.
 pub struct ContainerExperts {
-    source: Arc<dyn ByteSource>,
-    /// Indexed by model layer; None for dense layers.
-    layers: Vec<Option<LayerIndex>>,
-    /// None: unlimited.
-    budget: Option<u64>,
-    lru: Mutex<Lru>,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    bytes_read: AtomicU64,
+    core: Arc<Core>,
+    opts: CacheOptions,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    top_k: usize,
+    state: Mutex<State>,
+    #[cfg(not(target_arch = "wasm32"))]
+    pool: Option<ReaderPool>,
 }
 
 fn index_layer(l: &ExpertLayer, cfg: &ModelConfig) -> Result<LayerIndex> {
@@ -76,10 +145,64 @@ fn index_layer(l: &ExpertLayer, cfg: &ModelConfig) -> Result<LayerIndex> {
     Ok(LayerIndex { parts, experts })
 }
 
+impl Core {
+    fn span(&self, layer: usize, index: usize) -> Result<(&LayerIndex, u64, usize, u64)> {
+        let li = self
+            .layers
+            .get(layer)
+            .and_then(|l| l.as_ref())
+            .ok_or_else(|| Error::Invalid(format!("layer {layer} has no routed experts")))?;
+        let &(offset, length, want) =
+            li.experts.get(index).ok_or_else(|| Error::Invalid(format!("no expert {index} in layer {layer}")))?;
+        Ok((li, offset, length, want))
+    }
+
+    fn size(&self, key: Key) -> u64 {
+        self.span(key.0, key.1).map(|s| s.2 as u64).unwrap_or(0)
+    }
+
+    /// Reads expert `index` of `layer` and checks its checksum; also returns its bytes.
+    fn read(&self, layer: usize, index: usize) -> Result<(Arc<Expert>, u64)> {
+        let (li, offset, length, want) = self.span(layer, index)?;
+        #[cfg(not(target_arch = "wasm32"))]
+        let bytes = {
+            let mut buf = self.buffers.take(length)?;
+            self.source.read_aligned(offset, buf.full_mut(), length)?;
+            buf.set_len(length);
+            Bytes::new(Arc::new(buf))
+        };
+        #[cfg(target_arch = "wasm32")]
+        let bytes = {
+            let mut buf = vec![0u8; length];
+            self.source.read_at(offset, &mut buf)?;
+            Bytes::from_vec(buf)
+        };
+        self.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
+        if checksum(bytes.as_ref()) != want {
+            return Err(Error::Invalid(format!(
+                "{}: checksum mismatch in expert {index} of layer {layer} (bytes {offset}..{}): the file is corrupted; convert the model again",
+                self.source.name(),
+                offset + length as u64
+            )));
+        }
+        let mat = |k: usize| -> Result<Mat> {
+            let (dt, rows, cols, off, len) = li.parts[k];
+            Mat::new(rows, cols, dt, bytes.slice(off, len)?)
+        };
+        Ok((Arc::new(Expert { gate: mat(0)?, up: mat(1)?, down: mat(2)? }), length as u64))
+    }
+}
+
 impl ContainerExperts {
     /// Indexes the manifest's experts, checking them against the model config.
     /// `budget`: bytes of experts to keep in memory (None = all, Some(0) = none).
     pub fn new(m: &Manifest, cfg: &ModelConfig, source: Arc<dyn ByteSource>, budget: Option<u64>) -> Result<Self> {
+        Self::with_options(m, cfg, source, CacheOptions { ram: budget, ..Default::default() })
+    }
+
+    /// [`ContainerExperts::new`] with every option; pins the hottest experts of
+    /// `opts.usage` that fit `opts.pin` before returning.
+    pub fn with_options(m: &Manifest, cfg: &ModelConfig, source: Arc<dyn ByteSource>, mut opts: CacheOptions) -> Result<Self> {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for (l, &moe) in cfg.moe_layers.iter().enumerate() {
             match (moe, m.expert_layer(l)) {
@@ -92,67 +215,84 @@ impl ContainerExperts {
         if let Some(x) = m.experts.layers.iter().find(|x| x.layer as usize >= cfg.n_layers) {
             return Err(Error::Invalid(format!("colibri.json: experts listed for layer {}, but the model has {} layers", x.layer, cfg.n_layers)));
         }
-        Ok(ContainerExperts {
+        opts.pin = opts.pin.min(opts.ram.unwrap_or(u64::MAX));
+        let (nl, ne) = (cfg.n_layers, cfg.router.n_experts);
+        let counts = match opts.usage.take() {
+            Some(u) if (u.n_layers(), u.n_experts()) == (nl, ne) => u,
+            _ => ExpertUsage::new(nl, ne),
+        };
+        let top_k = cfg.router.top_k;
+        #[cfg(not(target_arch = "wasm32"))]
+        let pool = if opts.readers > 0 { Some(ReaderPool::new(opts.readers)?) } else { None };
+        // Free buffers kept for reuse: about one read window (each kept buffer is RSS).
+        #[cfg(not(target_arch = "wasm32"))]
+        let buffers = BufferPool::new(top_k.max(1) + opts.readers);
+        let core = Arc::new(Core {
             source,
             layers,
-            budget,
-            lru: Mutex::new(Lru::default()),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            #[cfg(not(target_arch = "wasm32"))]
+            buffers,
             bytes_read: AtomicU64::new(0),
-        })
+        });
+        let state = State { counts: Some(counts), fresh: Some(ExpertUsage::new(nl, ne)), ..Default::default() };
+        let x = ContainerExperts {
+            core,
+            opts,
+            top_k,
+            state: Mutex::new(state),
+            #[cfg(not(target_arch = "wasm32"))]
+            pool,
+        };
+        if x.opts.pin > 0 {
+            x.repin()?;
+            x.lock().stats.repinned = 0;
+        }
+        Ok(x)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn has_pool(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn has_pool(&self) -> bool {
+        false
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lru_budget(&self) -> Option<u64> {
+        self.opts.ram.map(|r| r.saturating_sub(self.opts.pin))
     }
 
     pub fn stats(&self) -> CacheStats {
-        let lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
-        CacheStats {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            bytes_read: self.bytes_read.load(Ordering::Relaxed),
-            cached_bytes: lru.bytes,
-            cached_experts: lru.map.len() as u64,
-        }
+        let st = self.lock();
+        let mut s = st.stats;
+        s.hits = s.pinned_hits + s.ram_hits;
+        s.bytes_read = self.core.bytes_read.load(Ordering::Relaxed);
+        s.cached_bytes = st.tiers.lru_bytes + st.tiers.pinned_bytes;
+        s.cached_experts = (st.tiers.lru_len() + st.tiers.pinned.len()) as u64;
+        s.pinned_experts = st.tiers.pinned.len() as u64;
+        s.pinned_bytes = st.tiers.pinned_bytes;
+        s.direct_io = self.core.source.direct();
+        s
     }
 
     /// Reads expert `index` of `layer` from the source and checks its checksum,
     /// bypassing the cache.
     pub fn load(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
-        self.read(layer, index).map(|(x, _)| x)
-    }
-
-    /// [`ContainerExperts::load`], also returning the bytes the expert holds in memory.
-    fn read(&self, layer: usize, index: usize) -> Result<(Arc<Expert>, u64)> {
-        let li = self
-            .layers
-            .get(layer)
-            .and_then(|l| l.as_ref())
-            .ok_or_else(|| Error::Invalid(format!("layer {layer} has no routed experts")))?;
-        let &(offset, length, want) =
-            li.experts.get(index).ok_or_else(|| Error::Invalid(format!("no expert {index} in layer {layer}")))?;
-        let mut buf = vec![0u8; length];
-        self.source.read_at(offset, &mut buf)?;
-        self.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
-        if checksum(&buf) != want {
-            return Err(Error::Invalid(format!(
-                "{}: checksum mismatch in expert {index} of layer {layer} (bytes {offset}..{}): the file is corrupted; convert the model again",
-                self.source.name(),
-                offset + length as u64
-            )));
-        }
-        let bytes = Bytes::from_vec(buf);
-        let mat = |k: usize| -> Result<Mat> {
-            let (dt, rows, cols, off, len) = li.parts[k];
-            Mat::new(rows, cols, dt, bytes.slice(off, len)?)
-        };
-        Ok((Arc::new(Expert { gate: mat(0)?, up: mat(1)?, down: mat(2)? }), length as u64))
+        self.core.read(layer, index).map(|(x, _)| x)
     }
 
     /// Every expert's checksum, calling `progress(done, total)` along the way; returns the
     /// first failure.
     pub fn verify_all(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
-        let total: usize = self.layers.iter().flatten().map(|l| l.experts.len()).sum();
+        let total: usize = self.core.layers.iter().flatten().map(|l| l.experts.len()).sum();
         let mut done = 0;
-        for (l, li) in self.layers.iter().enumerate() {
+        for (l, li) in self.core.layers.iter().enumerate() {
             if let Some(li) = li {
                 for e in 0..li.experts.len() {
                     self.load(l, e)?;
@@ -163,22 +303,179 @@ impl ContainerExperts {
         }
         Ok(())
     }
+
+    /// Moves experts between the pinned and LRU tiers by the usage counts (see
+    /// [`plan_repin`]); returns how many moved. Experts to pin that are not in memory
+    /// are read now.
+    pub fn repin(&self) -> Result<usize> {
+        if self.opts.pin == 0 {
+            return Ok(0);
+        }
+        let (add, drop) = {
+            let st = self.lock();
+            let Some(counts) = st.counts.as_ref() else { return Ok(0) };
+            let pinned: Vec<Key> = st.tiers.pinned.keys().copied().collect();
+            plan_repin(&pinned, counts, &|k| self.core.size(k), self.opts.pin)
+        };
+        let mut loaded = Vec::new();
+        for &k in &add {
+            if !self.lock().tiers.contains(&k) {
+                loaded.push((k, self.core.read(k.0, k.1)?));
+            }
+        }
+        let budget = self.lru_budget();
+        let mut st = self.lock();
+        for k in &drop {
+            if let Some((x, n)) = st.tiers.pinned.remove(k) {
+                st.tiers.pinned_bytes -= n;
+                st.tiers.insert_lru(*k, x, n, budget);
+            }
+        }
+        let mut loaded: HashMap<Key, (Arc<Expert>, u64)> = loaded.into_iter().collect();
+        for k in &add {
+            if let Some((x, n)) = st.tiers.take_lru(k).or_else(|| loaded.remove(k)) {
+                st.tiers.pinned_bytes += n;
+                st.tiers.pinned.insert(*k, (x, n));
+            }
+        }
+        let moved = add.len() + drop.len();
+        st.stats.repinned += moved as u64;
+        Ok(moved)
+    }
+
+    /// Hands misses of the current layer to the readers while the window has room.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn pump(&self, st: &mut State) {
+        let Some(pool) = &self.pool else { return };
+        let window = self.top_k.max(2 * pool.threads());
+        let mut jobs = Vec::new();
+        while st.staged.values().filter(|s| !s.prefetch).count() + jobs.len() < window {
+            let Some(k) = st.demand.pop_front() else { break };
+            if st.tiers.contains(&k) || st.staged.contains_key(&k) {
+                continue;
+            }
+            jobs.push(self.stage(st, k, false));
+        }
+        pool.submit(jobs, true);
+    }
+
+    /// Registers a read of `k` and returns the job that performs it.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn stage(&self, st: &mut State, k: Key, prefetch: bool) -> Box<dyn FnOnce() + Send> {
+        let slot: Slot = Arc::new(LoadSlot::default());
+        st.staged.insert(k, Staged { slot: slot.clone(), bytes: self.core.size(k), prefetch });
+        let core = self.core.clone();
+        Box::new(move || slot.put(core.read(k.0, k.1)))
+    }
+
+    /// Takes the result of a staged read of `k`, if there is one (blocking until it is done).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn take_staged(&self, st: &mut std::sync::MutexGuard<'_, State>, k: Key) -> Option<Slot> {
+        let s = st.staged.remove(&k)?;
+        if s.prefetch {
+            st.stats.prefetched_hits += 1;
+        }
+        self.pump(st);
+        Some(s.slot)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn take_staged(&self, _st: &mut std::sync::MutexGuard<'_, State>, _k: Key) -> Option<()> {
+        None
+    }
 }
 
 impl ExpertSource for ContainerExperts {
     fn prepare(&self, layer: usize, experts: &[usize]) -> Result<()> {
-        let Some(Some(li)) = self.layers.get(layer) else { return Ok(()) };
-        let lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Some(li)) = self.core.layers.get(layer) else { return Ok(()) };
+        let mut st = self.lock();
+        if let Some(pred) = st.predicted.remove(&layer) {
+            st.stats.lookahead_selected += experts.len() as u64;
+            st.stats.lookahead_predicted += experts.iter().filter(|e| pred.contains(e)).count() as u64;
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.pool.is_some() {
+            // Prefetches of this layer that the router did not choose are wasted.
+            let unused: Vec<Key> = st.staged.keys().filter(|k| k.0 == layer && !experts.contains(&k.1)).copied().collect();
+            for k in unused {
+                if let Some(s) = st.staged.remove(&k) {
+                    if s.prefetch {
+                        st.stats.prefetch_wasted_bytes += s.bytes;
+                    }
+                }
+            }
+            st.demand.retain(|k| k.0 != layer);
+            let misses: Vec<Key> = experts.iter().map(|&e| (layer, e)).filter(|k| !st.tiers.contains(k) && !st.staged.contains_key(k)).collect();
+            st.demand.extend(misses);
+            self.pump(&mut st);
+            return Ok(());
+        }
         let misses: Vec<(u64, usize)> = experts
             .iter()
-            .filter(|&&e| !lru.map.contains_key(&(layer, e)))
+            .filter(|&&e| !st.tiers.contains(&(layer, e)))
             .filter_map(|&e| li.experts.get(e).map(|&(off, len, _)| (off, len)))
             .collect();
-        drop(lru);
+        drop(st);
         if misses.is_empty() {
             return Ok(());
         }
-        self.source.prefetch(&misses)
+        self.core.source.prefetch(&misses)
+    }
+
+    fn lookahead_enabled(&self) -> bool {
+        self.opts.lookahead && self.has_pool()
+    }
+
+    fn lookahead(&self, layer: usize, experts: &[usize]) {
+        if !self.lookahead_enabled() || !matches!(self.core.layers.get(layer), Some(Some(_))) {
+            return;
+        }
+        let mut st = self.lock();
+        st.predicted.insert(layer, experts.to_vec());
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(pool) = &self.pool {
+            let mut jobs = Vec::new();
+            for &e in experts {
+                let k = (layer, e);
+                if st.tiers.contains(&k) || st.staged.contains_key(&k) {
+                    continue;
+                }
+                st.stats.prefetch_reads += 1;
+                st.stats.prefetch_bytes += self.core.size(k);
+                jobs.push(self.stage(&mut st, k, true));
+            }
+            pool.submit(jobs, false);
+        }
+    }
+
+    fn ready(&self, layer: usize, index: usize) -> bool {
+        let st = self.lock();
+        let k = (layer, index);
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(s) = st.staged.get(&k) {
+            return s.slot.is_ready();
+        }
+        st.tiers.contains(&k)
+    }
+
+    fn note_use(&self, layer: usize, index: usize, positions: usize) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        for u in [st.counts.as_mut(), st.fresh.as_mut()].into_iter().flatten() {
+            let _ = u.add(layer, index, positions as u64);
+        }
+    }
+
+    fn take_usage(&self) -> Vec<(u64, u64, u64)> {
+        let mut st = self.lock();
+        let Some(f) = st.fresh.as_mut() else { return Vec::new() };
+        let out = f.to_file("").counts;
+        *f = ExpertUsage::new(f.n_layers(), f.n_experts());
+        out
+    }
+
+    fn end_turn(&self) -> Result<()> {
+        self.repin().map(|_| ())
     }
 
     fn cache_stats(&self) -> Option<CacheStats> {
@@ -186,45 +483,35 @@ impl ExpertSource for ContainerExperts {
     }
 
     fn cached(&self) -> Vec<(usize, usize)> {
-        self.lru.lock().unwrap_or_else(|e| e.into_inner()).map.keys().copied().collect()
+        self.lock().tiers.keys()
     }
 
     fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
         let key = (layer, index);
-        {
-            let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
-            let Lru { map, order, tick, .. } = &mut *lru;
-            if let Some((x, _, last)) = map.get_mut(&key) {
-                order.remove(last);
-                *tick += 1;
-                *last = *tick;
-                order.insert(*tick, key);
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(x.clone());
+        let mut st = self.lock();
+        if let Some((x, tier)) = st.tiers.get(key) {
+            match tier {
+                Tier::Pinned => st.stats.pinned_hits += 1,
+                Tier::Ram => st.stats.ram_hits += 1,
             }
-        }
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        let (x, size) = self.read(layer, index)?;
-        if self.budget.is_some_and(|b| size > b) {
             return Ok(x);
         }
-        let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
-        if lru.map.contains_key(&key) {
-            return Ok(x);
-        }
-        if let Some(b) = self.budget {
-            while lru.bytes + size > b {
-                let Some((_, victim)) = lru.order.pop_first() else { break };
-                if let Some((_, n, _)) = lru.map.remove(&victim) {
-                    lru.bytes -= n;
-                }
-            }
-        }
-        lru.tick += 1;
-        let t = lru.tick;
-        lru.order.insert(t, key);
-        lru.map.insert(key, (x.clone(), size, t));
-        lru.bytes += size;
+        st.stats.misses += 1;
+        let staged = self.take_staged(&mut st, key);
+        st.demand.retain(|k| *k != key);
+        drop(st);
+        #[cfg(not(target_arch = "wasm32"))]
+        let (x, size) = match staged {
+            Some(slot) => slot.wait()?,
+            None => self.core.read(layer, index)?,
+        };
+        #[cfg(target_arch = "wasm32")]
+        let (x, size) = {
+            let _ = staged;
+            self.core.read(layer, index)?
+        };
+        let budget = self.lru_budget();
+        self.lock().tiers.insert_lru(key, x.clone(), size, budget);
         Ok(x)
     }
 }

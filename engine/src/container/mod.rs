@@ -8,10 +8,13 @@
 pub mod experts;
 pub mod manifest;
 pub mod quant;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod reader;
+pub mod tiers;
 
 use std::sync::Arc;
 
-pub use experts::{CacheStats, ContainerExperts};
+pub use experts::{CacheOptions, CacheStats, ContainerExperts};
 pub use manifest::{checksum, Manifest};
 
 use crate::config::ModelConfig;
@@ -33,6 +36,17 @@ pub trait ByteSource: Send + Sync {
     /// A remote source can fetch them all in one request; local files ignore it.
     fn prefetch(&self, _ranges: &[(u64, usize)]) -> Result<()> {
         Ok(())
+    }
+    /// Reads the `need` bytes at `offset` into `buf` (`buf` may be longer: a 4 KiB-aligned
+    /// buffer of a length rounded up to 4 KiB, which O_DIRECT reads need; what follows
+    /// the first `need` bytes is unspecified afterwards).
+    fn read_aligned(&self, offset: u64, buf: &mut [u8], need: usize) -> Result<()> {
+        let n = need.min(buf.len());
+        self.read_at(offset, &mut buf[..n])
+    }
+    /// Whether reads bypass the operating system's page cache (O_DIRECT).
+    fn direct(&self) -> bool {
+        false
     }
 }
 
@@ -61,6 +75,11 @@ impl ByteSource for MemorySource {
 pub struct FileSource {
     file: std::fs::File,
     path: std::path::PathBuf,
+    /// A second handle opened with O_DIRECT (`--direct`), while the file system takes it.
+    direct: Option<std::fs::File>,
+    direct_ok: std::sync::atomic::AtomicBool,
+    /// Why O_DIRECT is not in use, when it was asked for.
+    pub direct_note: Option<String>,
     #[cfg(not(any(unix, windows)))]
     lock: std::sync::Mutex<()>,
 }
@@ -68,10 +87,21 @@ pub struct FileSource {
 #[cfg(not(target_arch = "wasm32"))]
 impl FileSource {
     pub fn open(path: &std::path::Path) -> Result<Self> {
+        Self::open_with(path, false)
+    }
+
+    /// Opens `path`; with `direct`, also with O_DIRECT so that expert reads bypass the
+    /// page cache. A file system that refuses O_DIRECT (tmpfs answers EINVAL) leaves
+    /// plain reads in place and says why in `direct_note`.
+    pub fn open_with(path: &std::path::Path, direct: bool) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let (direct, direct_note) = if direct { open_direct(path) } else { (None, None) };
         Ok(FileSource {
             file,
             path: path.to_path_buf(),
+            direct_ok: std::sync::atomic::AtomicBool::new(direct.is_some()),
+            direct,
+            direct_note,
             #[cfg(not(any(unix, windows)))]
             lock: std::sync::Mutex::new(()),
         })
@@ -90,8 +120,67 @@ impl FileSource {
     }
 }
 
+#[cfg(target_os = "linux")]
+fn open_direct(path: &std::path::Path) -> (Option<std::fs::File>, Option<String>) {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => (Some(f), None),
+        Err(e) => (None, Some(format!("O_DIRECT refused ({e}); using buffered reads"))),
+    }
+}
+
+#[cfg(all(not(target_os = "linux"), not(target_arch = "wasm32")))]
+fn open_direct(_: &std::path::Path) -> (Option<std::fs::File>, Option<String>) {
+    (None, Some("O_DIRECT is only supported on Linux; using buffered reads".into()))
+}
+
+/// pread on an O_DIRECT handle until `need` bytes are in (a short read happens at the end
+/// of the file, where the rounded-up length reaches past it).
+#[cfg(target_os = "linux")]
+fn read_direct(f: &std::fs::File, offset: u64, buf: &mut [u8], need: usize) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < need {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 impl ByteSource for FileSource {
+    fn read_aligned(&self, offset: u64, buf: &mut [u8], need: usize) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        if let Some(d) = &self.direct {
+            let aligned = |v: usize| v % reader::ALIGN == 0;
+            if self.direct_ok.load(std::sync::atomic::Ordering::Relaxed)
+                && aligned(offset as usize)
+                && aligned(buf.as_ptr() as usize)
+                && aligned(buf.len())
+                && need <= buf.len()
+            {
+                match read_direct(d, offset, buf, need) {
+                    Ok(()) => return Ok(()),
+                    // Some file systems open with O_DIRECT but refuse the reads: fall back for good.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        self.direct_ok.store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => return Err(Error::io(&self.path, e)),
+                }
+            }
+        }
+        let n = need.min(buf.len());
+        self.read_at(offset, &mut buf[..n])
+    }
+
+    fn direct(&self) -> bool {
+        self.direct.is_some() && self.direct_ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         #[cfg(unix)]
         let r = std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset);
@@ -167,9 +256,14 @@ pub fn dense_store(m: &Manifest, dense: &Bytes, origin: &str) -> Result<TensorSt
 /// `dense` holding the dense region's bytes and `ram` the expert-cache budget in bytes
 /// (`None`: keep every expert once read; `Some(0)`: keep none).
 pub fn model_from_parts(m: &Manifest, dense: &Bytes, source: Arc<dyn ByteSource>, ram: Option<u64>) -> Result<Model> {
+    model_from_parts_with(m, dense, source, CacheOptions { ram, ..Default::default() })
+}
+
+/// [`model_from_parts`] with every expert-cache option.
+pub fn model_from_parts_with(m: &Manifest, dense: &Bytes, source: Arc<dyn ByteSource>, opts: CacheOptions) -> Result<Model> {
     let cfg = ModelConfig::from_value(&m.config).map_err(|e| Error::Config(format!("{MANIFEST_FILE}: {e}")))?;
     let store = dense_store(m, dense, &source.name())?;
-    let experts = ContainerExperts::new(m, &cfg, source, ram)?;
+    let experts = ContainerExperts::with_options(m, &cfg, source, opts)?;
     Model::from_parts(cfg, &store, Box::new(experts))
 }
 
@@ -177,7 +271,13 @@ pub fn model_from_parts(m: &Manifest, dense: &Bytes, source: Arc<dyn ByteSource>
 /// read with pread on demand and cached under the `ram` budget.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn open_dir(dir: &std::path::Path, ram: Option<u64>) -> Result<Model> {
-    let (m, source) = open_manifest(dir)?;
+    open_dir_with(dir, CacheOptions { ram, ..Default::default() })
+}
+
+/// [`open_dir`] with every expert-cache option.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn open_dir_with(dir: &std::path::Path, opts: CacheOptions) -> Result<Model> {
+    let (m, source) = open_manifest_with(dir, opts.direct)?;
     let dense = if m.dense.length == 0 {
         Bytes::from_vec(Vec::new())
     } else {
@@ -186,17 +286,23 @@ pub fn open_dir(dir: &std::path::Path, ram: Option<u64>) -> Result<Model> {
             .map_err(|e| Error::io(dir.join(&m.data_file), e))?;
         Bytes::new(Arc::new(map))
     };
-    model_from_parts(&m, &dense, Arc::new(source), ram)
+    model_from_parts_with(&m, &dense, Arc::new(source), opts)
 }
 
 /// Reads and validates `dir/colibri.json` and opens its data file, checking its size.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn open_manifest(dir: &std::path::Path) -> Result<(Manifest, FileSource)> {
+    open_manifest_with(dir, false)
+}
+
+/// [`open_manifest`], opening the data file with O_DIRECT if `direct` (see [`FileSource::open_with`]).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn open_manifest_with(dir: &std::path::Path, direct: bool) -> Result<(Manifest, FileSource)> {
     let path = dir.join(MANIFEST_FILE);
     let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
     let m = Manifest::parse(&bytes).map_err(|e| Error::Invalid(format!("{}: {}", dir.display(), e)))?;
     let data = dir.join(&m.data_file);
-    let source = FileSource::open(&data)?;
+    let source = FileSource::open_with(&data, direct)?;
     let len = source.len()?;
     if len != m.data_size {
         return Err(Error::Invalid(format!(
@@ -212,4 +318,39 @@ pub fn open_manifest(dir: &std::path::Path) -> Result<(Manifest, FileSource)> {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn is_container(dir: &std::path::Path) -> bool {
     dir.join(MANIFEST_FILE).is_file()
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn direct_falls_back_where_the_file_system_refuses_it() {
+        // procfs refuses O_DIRECT with EINVAL (as tmpfs did before Linux 6.6).
+        let f = FileSource::open_with(std::path::Path::new("/proc/self/status"), true).unwrap();
+        assert!(f.direct_note.as_deref().unwrap_or("").contains("O_DIRECT refused"), "{:?}", f.direct_note);
+        assert!(!f.direct());
+        let mut buf = reader::BufferPool::new(1).take(4).unwrap();
+        f.read_aligned(0, buf.full_mut(), 5).unwrap();
+        buf.set_len(5);
+        assert_eq!(buf.as_ref(), b"Name:");
+    }
+
+    #[test]
+    fn direct_reads_give_the_same_bytes() {
+        let path = std::env::temp_dir().join(format!("colibri-direct-{}", std::process::id()));
+        let data: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let f = FileSource::open_with(&path, true).unwrap();
+        let pool = reader::BufferPool::new(2);
+        for (off, need) in [(0usize, 4096usize), (4096, 5000), (8192, 4196), (100, 10)] {
+            let mut buf = pool.take(need).unwrap();
+            f.read_aligned(off as u64, buf.full_mut(), need).unwrap();
+            buf.set_len(need);
+            assert_eq!(buf.as_ref(), &data[off..off + need], "offset {off}");
+        }
+        let mut buf = pool.take(8192).unwrap();
+        assert!(f.read_aligned(8192, buf.full_mut(), 8192).is_err(), "reading past the end must fail");
+        let _ = std::fs::remove_file(&path);
+    }
 }

@@ -416,8 +416,13 @@ impl<M: Borrow<Model>> GpuModel<M> {
                             st.predicted += guess.len() as u64;
                             st.prefetched += missing.len() as u64;
                         }
-                        if !missing.is_empty() {
-                            let _ = self.m().experts.prepare(l + 1, &missing);
+                        let experts = &self.m().experts;
+                        if !missing.is_empty() && experts.lookahead_enabled() {
+                            // A source with reader threads (native) starts the reads and returns.
+                            experts.lookahead(l + 1, &missing);
+                        } else if !missing.is_empty() {
+                            // Otherwise (the browser) the fetch runs here, while the GPU computes.
+                            let _ = experts.prepare(l + 1, &missing);
                         }
                         predicted[l + 1] = Some(guess);
                     }

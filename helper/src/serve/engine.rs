@@ -64,8 +64,13 @@ impl Engines {
             .loaded
             .get_or_try_init(|| async move {
                 tracing::info!(model = %root.display(), "loading model");
-                match tokio::task::spawn_blocking(move || crate::load::open_dir(&root, ram, true)).await {
-                    Ok(Ok(l)) => Ok(Arc::new(l)),
+                match tokio::task::spawn_blocking(move || crate::load::open_dir(&root, &crate::load::CacheFlags::with_ram(ram), true)).await {
+                    Ok(Ok(l)) => {
+                        if let Some(c) = &l.cache {
+                            tracing::info!("{}", c.describe());
+                        }
+                        Ok(Arc::new(l))
+                    }
                     Ok(Err(e)) => Err(EngineError::Load(format!("{e:#}"))),
                     Err(e) => Err(EngineError::Load(e.to_string())),
                 }

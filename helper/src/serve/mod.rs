@@ -19,7 +19,7 @@ mod range;
 pub mod security;
 pub mod service;
 mod stop;
-mod usage;
+pub(crate) mod usage;
 #[cfg(test)]
 mod tests;
 

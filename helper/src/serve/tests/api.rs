@@ -51,7 +51,7 @@ fn models_and_non_streamed_completions() {
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["usage"], json!({"prompt_tokens": ids.len(), "completion_tokens": n, "total_tokens": ids.len() + n}));
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    let loaded = crate::load::open_dir(&s.model_dir(), None, true).unwrap();
+    let loaded = crate::load::open_dir(&s.model_dir(), &crate::load::CacheFlags::with_ram(None), true).unwrap();
     let tok = loaded.tokenizer.as_ref().unwrap();
     let want = tok.decode(&greedy[..n], true).unwrap();
     let with_prompt = tok.decode(&[&ids[..], &greedy[..n]].concat(), true).unwrap();

@@ -1,0 +1,180 @@
+//! The in-memory tiers of the expert cache: pinned experts (the hottest by learned usage,
+//! never evicted) and a least-recently-used tier for the rest of the budget, plus the
+//! re-pinning rule with hysteresis so that experts do not thrash between the two.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::moe::Expert;
+use crate::usage::ExpertUsage;
+
+pub type Key = (usize, usize);
+
+/// An expert outside the pin set replaces the coldest pinned one only when it has been
+/// used this many times as often (and at least `REPIN_MARGIN` more times).
+pub const REPIN_FACTOR: f64 = 1.25;
+pub const REPIN_MARGIN: u64 = 2;
+
+#[derive(Default)]
+pub struct Tiers {
+    /// key -> (expert, bytes)
+    pub pinned: HashMap<Key, (Arc<Expert>, u64)>,
+    pub pinned_bytes: u64,
+    /// key -> (expert, bytes, tick of last use)
+    lru: HashMap<Key, (Arc<Expert>, u64, u64)>,
+    /// tick of last use -> key
+    order: BTreeMap<u64, Key>,
+    pub lru_bytes: u64,
+    tick: u64,
+}
+
+/// Which tier answered a lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Pinned,
+    Ram,
+}
+
+impl Tiers {
+    pub fn contains(&self, key: &Key) -> bool {
+        self.pinned.contains_key(key) || self.lru.contains_key(key)
+    }
+
+    /// Looks `key` up, marking an LRU entry as just used.
+    pub fn get(&mut self, key: Key) -> Option<(Arc<Expert>, Tier)> {
+        if let Some((x, _)) = self.pinned.get(&key) {
+            return Some((x.clone(), Tier::Pinned));
+        }
+        let (x, _, last) = self.lru.get_mut(&key)?;
+        self.order.remove(last);
+        self.tick += 1;
+        *last = self.tick;
+        self.order.insert(self.tick, key);
+        Some((x.clone(), Tier::Ram))
+    }
+
+    /// Adds an expert to the LRU tier, evicting the least recently used until it fits in
+    /// `budget` bytes (None: no limit). An expert larger than the budget is not kept.
+    pub fn insert_lru(&mut self, key: Key, x: Arc<Expert>, size: u64, budget: Option<u64>) {
+        if self.contains(&key) || budget.is_some_and(|b| size > b) {
+            return;
+        }
+        if let Some(b) = budget {
+            while self.lru_bytes + size > b {
+                let Some((_, victim)) = self.order.pop_first() else { break };
+                if let Some((_, n, _)) = self.lru.remove(&victim) {
+                    self.lru_bytes -= n;
+                }
+            }
+        }
+        self.tick += 1;
+        self.order.insert(self.tick, key);
+        self.lru.insert(key, (x, size, self.tick));
+        self.lru_bytes += size;
+    }
+
+    /// Takes an expert out of the LRU tier (to pin it).
+    pub fn take_lru(&mut self, key: &Key) -> Option<(Arc<Expert>, u64)> {
+        let (x, n, t) = self.lru.remove(key)?;
+        self.order.remove(&t);
+        self.lru_bytes -= n;
+        Some((x, n))
+    }
+
+    pub fn keys(&self) -> Vec<Key> {
+        self.pinned.keys().chain(self.lru.keys()).copied().collect()
+    }
+
+    pub fn lru_len(&self) -> usize {
+        self.lru.len()
+    }
+}
+
+/// The pin set after one re-pinning step: which experts to add and which to drop.
+/// `pinned`: the current set; `counts`: uses so far; `size(key)`: bytes of an expert;
+/// `budget`: bytes the pinned tier may hold. Free room is filled with the hottest
+/// unpinned experts; after that a candidate displaces the coldest pinned expert only if
+/// it beats it by [`REPIN_FACTOR`] and [`REPIN_MARGIN`] (hysteresis).
+pub fn plan_repin(pinned: &[Key], counts: &ExpertUsage, size: &dyn Fn(Key) -> u64, budget: u64) -> (Vec<Key>, Vec<Key>) {
+    let count = |k: Key| counts.get(k.0, k.1);
+    let mut kept: Vec<Key> = pinned.to_vec();
+    // Coldest last, so pop() gives the weakest; ties: the higher key is weaker.
+    kept.sort_by(|a, b| count(*b).cmp(&count(*a)).then(a.cmp(b)));
+    let mut used: u64 = kept.iter().map(|&k| size(k)).sum();
+    let (mut add, mut drop) = (Vec::new(), Vec::new());
+    for (l, e, c) in counts.hottest(usize::MAX) {
+        let k = (l, e);
+        if kept.contains(&k) {
+            continue;
+        }
+        let s = size(k);
+        if s == 0 {
+            continue;
+        }
+        if used + s <= budget {
+            used += s;
+            add.push(k);
+            continue;
+        }
+        let Some(&weak) = kept.last() else { break };
+        let wc = count(weak);
+        if (c as f64) < wc as f64 * REPIN_FACTOR || c < wc.saturating_add(REPIN_MARGIN) || used - size(weak) + s > budget {
+            break; // candidates only get colder from here
+        }
+        kept.pop();
+        used = used - size(weak) + s;
+        drop.push(weak);
+        add.push(k);
+    }
+    (add, drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(triples: &[(u64, u64, u64)]) -> ExpertUsage {
+        let mut u = ExpertUsage::new(2, 4);
+        u.merge_triples(triples).unwrap();
+        u
+    }
+
+    #[test]
+    fn fills_then_swaps_only_past_the_hysteresis() {
+        let size = |_: Key| 10u64;
+        let u = usage(&[(0, 0, 50), (0, 1, 40), (1, 2, 30), (1, 3, 1)]);
+        let (add, drop) = plan_repin(&[], &u, &size, 25);
+        assert_eq!((add, drop), (vec![(0, 0), (0, 1)], vec![]));
+        // (1, 2) at 30 is not 1.25x (0, 1) at 40 (nor x 0,0): nothing changes.
+        let (add, drop) = plan_repin(&[(0, 0), (0, 1)], &u, &size, 25);
+        assert!(add.is_empty() && drop.is_empty());
+        // Once it is clearly hotter, it displaces the coldest pinned expert.
+        let u = usage(&[(0, 0, 50), (0, 1, 40), (1, 2, 51)]);
+        let (add, drop) = plan_repin(&[(0, 0), (0, 1)], &u, &size, 25);
+        assert_eq!((add, drop), (vec![(1, 2)], vec![(0, 1)]));
+        // Within the hysteresis band: no swap even though it is hotter.
+        let u = usage(&[(0, 0, 50), (0, 1, 40), (1, 2, 45)]);
+        assert!(plan_repin(&[(0, 0), (0, 1)], &u, &size, 25).0.is_empty());
+    }
+
+    #[test]
+    fn lru_evicts_least_recent_and_pins_are_separate() {
+        let x = Arc::new(Expert {
+            gate: crate::tensor::Mat::from_f32(1, 1, &[1.0]).unwrap(),
+            up: crate::tensor::Mat::from_f32(1, 1, &[1.0]).unwrap(),
+            down: crate::tensor::Mat::from_f32(1, 1, &[1.0]).unwrap(),
+        });
+        let mut t = Tiers::default();
+        t.insert_lru((0, 0), x.clone(), 4, Some(8));
+        t.insert_lru((0, 1), x.clone(), 4, Some(8));
+        assert!(t.get((0, 0)).is_some());
+        t.insert_lru((0, 2), x.clone(), 4, Some(8));
+        assert!(t.contains(&(0, 0)) && !t.contains(&(0, 1)) && t.contains(&(0, 2)));
+        t.insert_lru((0, 3), x.clone(), 9, Some(8));
+        assert!(!t.contains(&(0, 3)));
+        let (y, n) = t.take_lru(&(0, 0)).unwrap();
+        t.pinned.insert((0, 0), (y, n));
+        assert_eq!(t.get((0, 0)).unwrap().1, Tier::Pinned);
+        assert_eq!((t.lru_bytes, t.lru_len()), (4, 1));
+    }
+}

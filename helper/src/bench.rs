@@ -1,0 +1,274 @@
+//! `coli bench`: one native decoding run, printed as one JSON record: commit, hardware
+//! (cores, memory, load, the model's file system), command line, page-cache state,
+//! prefill and decode tokens/s, time to first token, expert hit rate per tier (pinned /
+//! RAM LRU / disk), bytes read per token, router-lookahead recall and wasted bytes, peak
+//! RSS, and the disk read bandwidth measured in the same run with the I/O lower bound it
+//! implies (missed bytes / bandwidth) next to the decode time.
+//!
+//! Cold = the data file's pages are evicted from the page cache (posix_fadvise
+//! DONTNEED, no root needed) before the model is opened; warm = the whole file is read
+//! through the page cache first. Either way the process starts with an empty expert cache.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use colibri_engine::container::{open_manifest_with, ByteSource, CacheStats};
+use colibri_engine::{math, Logits};
+use serde_json::{json, Value};
+
+use crate::load::{open_dir, parse_bytes, CacheFlags};
+use crate::ModelArgs;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CacheState {
+    Cold,
+    Warm,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt as comma-separated ids (default: `--prompt-tokens` seeded pseudo-random ids).
+    #[arg(long)]
+    pub ids: Option<String>,
+    #[arg(long, default_value_t = 16)]
+    pub prompt_tokens: usize,
+    /// Greedy decode steps after the prompt.
+    #[arg(long, default_value_t = 32)]
+    pub decode_tokens: usize,
+    /// Page-cache state of the model's data file at the start.
+    #[arg(long, value_enum, default_value_t = CacheState::Cold)]
+    pub cache: CacheState,
+    /// Bytes of random experts read (cold, in parallel like the readers) to measure the
+    /// disk bandwidth; 0 skips it.
+    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
+    pub probe_bytes: u64,
+}
+
+fn read_file(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn status_kb(field: &str) -> Option<u64> {
+    let s = read_file("/proc/self/status");
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn meminfo_kb(field: &str) -> Option<u64> {
+    let s = read_file("/proc/meminfo");
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The mount that holds `path`: (device, mount point, file system type), from /proc/mounts.
+fn mount_of(path: &Path) -> Value {
+    let p = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mounts = read_file("/proc/mounts");
+    let best = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3 && p.starts_with(f[1])).then(|| (f[0], f[1], f[2]))
+        })
+        .max_by_key(|m| m.1.len());
+    match best {
+        Some((dev, at, fs)) => json!({"device": dev, "mount": at, "fs": fs}),
+        None => Value::Null,
+    }
+}
+
+fn commit() -> Value {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "HEAD"]) {
+        Some(c) => json!({"id": c, "dirty": git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty())}),
+        None => Value::Null,
+    }
+}
+
+fn hardware(model: &Path) -> Value {
+    let cpu = read_file("/proc/cpuinfo").lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
+    json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "cpu": cpu,
+        "mem_total_bytes": meminfo_kb("MemTotal:").map(|k| k * 1024),
+        "mem_available_bytes": meminfo_kb("MemAvailable:").map(|k| k * 1024),
+        "load_average": read_file("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        "model_storage": mount_of(model),
+    })
+}
+
+/// Drops the file's pages from the page cache (clean pages only; works without root).
+#[cfg(target_os = "linux")]
+fn evict(file: &std::fs::File) -> bool {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: posix_fadvise on a descriptor we own; no memory is involved.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn evict(_: &std::fs::File) -> bool {
+    false
+}
+
+/// Reads the whole file once so that its pages are in the page cache.
+fn warm(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 8 << 20];
+    while f.read(&mut buf)? > 0 {}
+    Ok(())
+}
+
+/// Cold reads of pseudo-random experts, `threads` at a time: (bytes/s, bytes read).
+fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -> Result<(f64, u64)> {
+    let (m, source) = open_manifest_with(dir, flags.direct)?;
+    let spans: Vec<(u64, usize)> = m.experts.layers.iter().flat_map(|l| &l.experts).map(|e| (e.offset, e.length as usize)).collect();
+    if spans.is_empty() || bytes == 0 {
+        return Ok((0.0, 0));
+    }
+    evict(source.file());
+    let mut pick = Vec::new();
+    let (mut total, mut s) = (0u64, 0x2545_F491_4F6C_DD1Du64);
+    while total < bytes && pick.len() < spans.len() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let sp = spans[(s % spans.len() as u64) as usize];
+        if !pick.contains(&sp) {
+            total += sp.1 as u64;
+            pick.push(sp);
+        }
+    }
+    let t = Instant::now();
+    let threads = threads.max(1);
+    let pool = colibri_engine::container::reader::BufferPool::new(threads);
+    std::thread::scope(|sc| -> Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|k| {
+                let (source, pick, pool) = (&source, &pick, &pool);
+                sc.spawn(move || -> Result<()> {
+                    for &(off, len) in pick.iter().skip(k).step_by(threads) {
+                        let mut b = pool.take(len)?;
+                        source.read_aligned(off, b.full_mut(), len)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow::anyhow!("a probe thread failed"))??;
+        }
+        Ok(())
+    })?;
+    Ok((total as f64 / t.elapsed().as_secs_f64().max(1e-9), total))
+}
+
+fn delta(a: &CacheStats, b: &CacheStats) -> Value {
+    let (pin, ram, miss) = (b.pinned_hits - a.pinned_hits, b.ram_hits - a.ram_hits, b.misses - a.misses);
+    let uses = (pin + ram + miss).max(1) as f64;
+    let sel = (b.lookahead_selected - a.lookahead_selected) as f64;
+    json!({
+        "expert_uses": pin + ram + miss,
+        "hit_rate": {"pinned": pin as f64 / uses, "ram_lru": ram as f64 / uses, "disk": miss as f64 / uses},
+        "disk_reads_started_by_prefetch": b.prefetched_hits - a.prefetched_hits,
+        "bytes_read": b.bytes_read - a.bytes_read,
+        "prefetch": {
+            "recall": if sel > 0.0 { Some((b.lookahead_predicted - a.lookahead_predicted) as f64 / sel) } else { None },
+            "reads": b.prefetch_reads - a.prefetch_reads,
+            "bytes": b.prefetch_bytes - a.prefetch_bytes,
+            "wasted_bytes": b.prefetch_wasted_bytes - a.prefetch_wasted_bytes,
+        },
+    })
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    crate::load::setup(&a.model)?;
+    let dir = crate::paths::resolve_model(&a.model.model, None)?;
+    let flags = CacheFlags::from_args(&a.model);
+    let container = colibri_engine::container::is_container(&dir);
+    let (bandwidth, probed) = if container { probe_bandwidth(&dir, &flags, a.probe_bytes, flags.readers)? } else { (0.0, 0) };
+    let mut evicted = false;
+    if container {
+        let (m, source) = open_manifest_with(&dir, false)?;
+        match a.cache {
+            CacheState::Cold => evicted = evict(source.file()),
+            CacheState::Warm => warm(&dir.join(&m.data_file)).context("warming the page cache")?,
+        }
+    }
+    let t_load = Instant::now();
+    let loaded = open_dir(&dir, &flags, false)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let model = &loaded.model;
+    let vocab = model.cfg.vocab as u64;
+    let prompt: Vec<u32> = match &a.ids {
+        Some(s) => crate::load::parse_ids(s)?,
+        None => (0..a.prompt_tokens.max(1) as u64).map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32).collect(),
+    };
+    let zero = CacheStats::default();
+    let stats = || model.experts.cache_stats().unwrap_or_default();
+    let mut session = model.new_session();
+    let t0 = Instant::now();
+    let mut logits = model.forward(&mut session, &prompt, Logits::Last)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let after_prefill = stats();
+    let mut ids = vec![math::argmax(&logits) as u32];
+    let t1 = Instant::now();
+    for _ in 1..a.decode_tokens.max(1) {
+        if session.len() + 1 > model.cfg.max_positions {
+            break;
+        }
+        let next = *ids.last().unwrap_or(&0);
+        logits = model.forward(&mut session, &[next], Logits::Last)?;
+        ids.push(math::argmax(&logits) as u32);
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    let end = stats();
+    let steps = (ids.len() - 1).max(1) as f64;
+    let decode_read = end.bytes_read - after_prefill.bytes_read;
+    let cache = loaded.cache.as_ref();
+    let out = json!({
+        "bench": "decode",
+        "commit": commit(),
+        "hardware": hardware(&dir),
+        "command": std::env::args().collect::<Vec<_>>(),
+        "model": {"path": dir.display().to_string(), "model_type": model.cfg.model_type, "layers": model.cfg.n_layers,
+            "experts_per_layer": model.cfg.router.n_experts, "top_k": model.cfg.router.top_k,
+            "dense_bytes": cache.map(|c| c.dense_bytes), "expert_bytes": cache.map(|c| c.expert_bytes)},
+        "cache_state": match a.cache { CacheState::Cold => "cold", CacheState::Warm => "warm" },
+        "page_cache_evicted": evicted,
+        "expert_cache": {"ram_bytes": cache.and_then(|c| c.ram), "pin_bytes": cache.map(|c| c.pin), "budget_note": cache.map(|c| c.describe()),
+            "readers": flags.readers, "lookahead": flags.lookahead, "direct_io": end.direct_io,
+            "pinned_experts": end.pinned_experts, "cached_bytes_at_end": end.cached_bytes},
+        "load_seconds": load_s,
+        "prompt_tokens": prompt.len(),
+        "decode_tokens": ids.len() - 1,
+        "ttft_ms": prefill_s * 1e3,
+        "prefill_tokens_per_second": prompt.len() as f64 / prefill_s.max(1e-9),
+        "decode_tokens_per_second": (ids.len() - 1) as f64 / decode_s.max(1e-9),
+        "decode_seconds": decode_s,
+        "prefill": delta(&zero, &after_prefill),
+        "decode": delta(&after_prefill, &end),
+        "bytes_read_per_decode_token": decode_read as f64 / steps,
+        "disk": {"probe_bytes": probed, "read_bandwidth_bytes_per_second": bandwidth,
+            "io_lower_bound_decode_seconds": if bandwidth > 0.0 { Some(decode_read as f64 / bandwidth) } else { None },
+            "note": "bandwidth of cold pread of random experts with as many threads as readers; lower bound = bytes read during decode / that bandwidth (page-cache hits can beat it)"},
+        "peak_rss_bytes": status_kb("VmHWM:").map(|k| k * 1024),
+        "rss_bytes": status_kb("VmRSS:").map(|k| k * 1024),
+        "generated_ids": ids,
+    });
+    println!("{out}");
+    Ok(())
+}
