@@ -113,3 +113,52 @@ fn service_install_writes_a_systemd_unit() {
     assert!(!unit.exists());
     let _ = std::fs::remove_dir_all(&home);
 }
+
+fn post(port: u16, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// Native generations in `coli serve` count their expert use into the model's usage
+/// file, as `coli generate` and browser reports do, so the next start pins by it.
+#[cfg(unix)]
+#[test]
+fn serve_records_native_expert_use_in_the_usage_file() {
+    let data = scratch("usage");
+    let models = data.join("models");
+    let out = coli().args(["convert"]).arg(fixture("olmoe")).arg("-o").arg(models.join("olmoe")).args(["--quant", "int8"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut child = coli()
+        .args(["serve", "--port", "0", "--models-dir"])
+        .arg(&models)
+        .env("XDG_DATA_HOME", &data)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let port: u16 = first.rsplit(':').next().unwrap().parse().unwrap();
+    let body = r#"{"model": "olmoe", "prompt": [5, 17, 3, 42], "max_tokens": 4, "temperature": 0, "ignore_eos": true}"#;
+    let (status, text) = post(port, "/v1/completions", body);
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = get(port, "/api/usage/olmoe", &format!("127.0.0.1:{port}"));
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // 4 prompt positions + 3 decode steps, top-k experts in each MoE layer.
+    assert!(v["total"].as_u64().unwrap() >= 7, "{v}");
+    assert!(models.join("olmoe/usage.json").exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&data);
+}

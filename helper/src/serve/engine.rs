@@ -198,6 +198,12 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
         }
         !client_gone && !hit_stop
     });
+    // A turn boundary, as in `coli chat`: re-pin by use (with hysteresis) and merge the
+    // expert uses into the model's usage file, next to what browsers report.
+    if let Err(e) = loaded.model.experts.end_turn() {
+        eprintln!("coli: warning: re-pinning experts: {e}");
+    }
+    crate::load::save_usage(&loaded);
     let (ids, reason) = match result {
         Ok(v) => v,
         Err(e) => return (Some(Event::Error(e.to_string())), false),
