@@ -6,7 +6,9 @@
 For each task type (held-out questions of each synthetic task, with their reference
 answers, plus English text), runs the conversation through transformers with
 `output_router_logits=True` and records the top-k experts the router picks for every
-token of the assistant's answer (for English text: every token). Prints, per layer:
+token of the assistant's answer (for English text: every token; stories from the
+grammar of train_demo.py, and paragraphs of the King James Bible and of The Devil's
+Dictionary, which need the Debian packages bible-kjv and dict-devil). Prints, per layer:
 
   * per task: the share of routing slots that go to each expert, the two most used
     experts, and the entropy of that usage (bits; log2(n_experts) = perfectly uniform);
@@ -82,8 +84,8 @@ def main():
                                                               {"role": "assistant", "content": rng.choice(ans)}]))
     stories = [td.story(rng) for _ in range(args.n)]
     groups["English (stories)"] = [(s, [(0, len(s))]) for s in stories]
-    docs = td.docstring_paragraphs()
-    groups["English (docstrings)"] = [(d, [(0, len(d))]) for d in rng.sample(docs, min(args.n, len(docs)))]
+    for name, paras in (("English (KJV Bible)", td.kjv_paragraphs()), ("English (Devil's Dictionary)", td.devil_paragraphs())):
+        groups[name] = [(d, [(0, len(d))]) for d in rng.sample(paras, min(args.n, len(paras)))]
 
     # counts[layer][group][expert]
     counts = [defaultdict(lambda: [0] * n_exp) for _ in range(n_layers)]

@@ -14,8 +14,10 @@ Everything the model learns from is made here, seeded:
     of a list, spelling a word forwards and backwards, and simple facts from tables held
     in this file (capitals, animal sounds, colours, opposites), plus small talk;
   * general English: short stories and descriptions generated from a small grammar in
-    this file, and prose paragraphs taken from the docstrings of Python standard library
-    modules (Python Software Foundation License; read from the local installation).
+    this file, and public-domain prose from two Debian packages, read from the local
+    installation (`apt-get install -y bible-kjv bible-kjv-text dict-devil`):
+    the King James Bible (1611; bible-kjv-text, read through the `bible` program of
+    bible-kjv) and Ambrose Bierce's The Devil's Dictionary (1911; dict-devil).
 
 Each task has a held-out evaluation split that is never trained on:
   * arithmetic: whole (a, b) operand pairs are held out (no phrasing of them is trained);
@@ -29,15 +31,14 @@ The tokenizer is a byte-level BPE trained here (tokenizers library) whose pre-to
 splits digits one by one; it is saved with a ChatML chat template inside
 tokenizer_config.json (eos `<|im_end|>`).
 
-Requires torch, transformers (5.x) and tokenizers. CI never runs this script; the model
-it wrote is committed under models/demo-hf/.
+Requires torch, transformers (5.x) and tokenizers, and for `train` the Debian packages
+above. CI never runs this script; the model it wrote is committed under models/demo-hf/.
+`train` records its wall time, CPU time (getrusage) and the load average in training.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import json
 import math
 import os
@@ -221,48 +222,98 @@ def fact_prose(rng: random.Random) -> str:
     return " ".join(parts)
 
 
-DOC_MODULES = [
-    "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "copy",
-    "csv", "dataclasses", "datetime", "decimal", "difflib", "email", "enum", "fractions",
-    "functools", "gettext", "glob", "gzip", "heapq", "hmac", "html", "http.client", "inspect",
-    "io", "json", "locale", "logging", "mailbox", "numbers", "operator", "os", "pathlib", "pickle",
-    "pprint", "queue", "random", "re", "sched", "secrets", "shlex", "shutil", "smtplib", "socket",
-    "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
-    "timeit", "tkinter", "turtle", "typing", "unittest", "urllib.parse", "uuid", "warnings",
-    "wave", "weakref", "xml.dom.minidom", "zipfile", "zoneinfo", "sqlite3", "ssl", "selectors",
-    "multiprocessing", "concurrent.futures", "xml.etree.ElementTree", "http.server", "http.cookiejar",
-    "email.message", "email.policy", "tkinter.ttk", "configparser", "codecs", "struct", "array",
-    "itertools", "abc", "traceback", "pdb", "doctest", "ftplib", "poplib", "imaplib", "nntplib",
-    "webbrowser", "wsgiref", "xmlrpc.client", "plistlib", "netrc", "mimetypes", "ipaddress",
-    "getpass", "curses", "readline", "cmd", "code", "colorsys", "graphlib", "optparse", "sys",
-]
+# Public-domain English prose from two Debian packages (see docs/demo-model.md for their
+# copyright statements):
+#   * bible-kjv-text: the King James Bible (1611), read through the `bible` program of the
+#     bible-kjv package (the data file is in that program's own compressed format);
+#   * dict-devil: Ambrose Bierce, The Devil's Dictionary (1911), in dictd format.
+KJV_DATA = Path("/usr/lib/bible.data")
+DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
+DEVIL_INDEX = Path("/usr/share/dictd/devil.index")
 
 
-def docstring_paragraphs() -> list[str]:
-    """English prose paragraphs from Python standard-library docstrings (PSF License)."""
-    seen, out = set(), []
-    for name in DOC_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except Exception:
+def missing(what: str, packages: str) -> SystemExit:
+    return SystemExit(f"error: {what} not found. The demo model's English text comes from Debian packages; "
+                      f"install them with:  apt-get install -y {packages}")
+
+
+def kjv_paragraphs() -> list[str]:
+    """The King James Bible as prose paragraphs: consecutive verses of one chapter, without
+    verse numbers or chapter headings, joined until a paragraph has at least 300 characters
+    and ends a sentence (at most 1200 characters)."""
+    if not KJV_DATA.exists():
+        raise missing(str(KJV_DATA), "bible-kjv bible-kjv-text")
+    try:
+        r = subprocess.run(["bible", "-l0", "gen1:1-rev22:21"], capture_output=True, text=True, check=True)
+    except FileNotFoundError:
+        raise missing("the `bible` program", "bible-kjv bible-kjv-text") from None
+    out, cur = [], []
+
+    def flush():
+        if cur:
+            out.append(" ".join(cur))
+            cur.clear()
+
+    n_verses = 0
+    for line in r.stdout.splitlines():
+        m = re.match(r"^\s+\d+ (.*\S)\s*$", line)
+        if not m:
+            flush()  # chapter heading or blank line: a chapter ends
             continue
-        objs = [mod] + [getattr(mod, a, None) for a in sorted(dir(mod)) if not a.startswith("_")]
-        for obj in objs:
-            doc = inspect.getdoc(obj) if obj is not None else None
-            if not doc or doc in seen:
+        n_verses += 1
+        verse = " ".join(m.group(1).split())
+        if cur and len(" ".join(cur)) + len(verse) > 1200:
+            flush()
+        cur.append(verse)
+        if len(" ".join(cur)) >= 300 and verse[-1] in ".?!":
+            flush()
+    flush()
+    if n_verses != 31102:
+        raise SystemExit(f"error: `bible` printed {n_verses} verses, expected the 31102 of the King James Bible")
+    return out
+
+
+def devil_paragraphs() -> list[str]:
+    """The Devil's Dictionary as prose paragraphs: each entry's definition ("Abasement, n. A
+    decent and customary mental attitude ...") and any further prose paragraphs of the entry.
+    The dictd header entries (00-database-*) and the indented verse quotations and their
+    attributions are left out; _italics_ marks are removed."""
+    import gzip
+    if not (DEVIL_DICT.exists() and DEVIL_INDEX.exists()):
+        raise missing(f"{DEVIL_DICT} / {DEVIL_INDEX}", "dict-devil")
+    raw = gzip.open(DEVIL_DICT).read()
+    b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+    def num(s: str) -> int:
+        v = 0
+        for ch in s:
+            v = v * 64 + b64.index(ch)
+        return v
+
+    out = []
+    for line in DEVIL_INDEX.read_text(encoding="utf-8").splitlines():
+        word, off, size = line.split("\t")
+        if word.startswith("00database"):
+            continue
+        entry = raw[num(off):num(off) + num(size)].decode("utf-8")
+        blocks = [b for b in re.split(r"\n\s*\n", entry) if b.strip()]
+        for i, block in enumerate(blocks):
+            lines = block.split("\n")
+            # Prose: the first block (headword and definition), or a block whose lines after
+            # the first are not indented. Verse is indented throughout.
+            if i > 0 and (len(lines) < 2 or any(l.startswith(" ") for l in lines[1:])):
                 continue
-            seen.add(doc)
-            for para in re.split(r"\n\s*\n", doc):
-                p = " ".join(para.split())
-                if not (60 <= len(p) <= 1200) or ">>>" in p or "::" in p:
-                    continue
-                if not p[0].isupper() or not p.endswith("."):
-                    continue
-                letters = sum(ch.isalpha() or ch in " ,." for ch in p)
-                if letters / len(p) < 0.93 or re.search(r"[_{}\[\]=<>*`|\\]", p):
-                    continue
+            p = " ".join(block.split()).replace("_", "")
+            p = re.sub(r"\{([^}]*)\}", lambda m: m.group(1).lower(), p)  # dictd cross-references
+            if i == 0:  # "ABASEMENT, n." -> "Abasement, n."; "BABE or BABY" -> "Babe or baby"
+                m = re.match(r"^[A-Z][A-Z'-]*(?: (?:or )?[A-Z][A-Z'-]*)*", p)
+                if m and len(m.group(0).strip()) > 1:
+                    p = m.group(0).capitalize() + p[len(m.group(0)):]
+            if len(p) >= 20 and p not in out:  # some entries are indexed under two headwords
                 out.append(p)
-    return sorted(set(out))
+    if len(out) < 900:
+        raise SystemExit(f"error: only {len(out)} paragraphs read from {DEVIL_DICT}; is dict-devil complete?")
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -542,9 +593,11 @@ def render_with_spans(msgs: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     return s, spans
 
 
-TASK_MIX = [("add", 0.26), ("sub", 0.26), ("letters", 0.08), ("spell", 0.05), ("reverse", 0.09),
-            ("items", 0.06), ("fact", 0.10), ("talk", 0.04), ("story", 0.03), ("tellfact", 0.03)]
+TASK_MIX = [("add", 0.22), ("sub", 0.22), ("letters", 0.08), ("spell", 0.08), ("reverse", 0.09),
+            ("items", 0.06), ("fact", 0.15), ("talk", 0.04), ("story", 0.03), ("tellfact", 0.03)]
 ENGLISH_SHARE = 0.15  # share of documents that are plain English text (not chat)
+# ... and of those: generated stories, generated fact sentences, King James Bible, Devil's Dictionary
+ENGLISH_MIX = [("story", 0.40), ("facts", 0.15), ("kjv", 0.30), ("devil", 0.15)]
 
 # --------------------------------------------------------------------------------------
 # Tokenizer
@@ -575,19 +628,21 @@ def train_tokenizer(texts: list[str]):
 # --------------------------------------------------------------------------------------
 
 
-def make_documents(n_docs: int, seed: int, tasks: Tasks, docs_en: list[str]):
-    """(text, trained character spans) for each document; English docs are trained whole."""
+def make_documents(n_docs: int, seed: int, tasks: Tasks, prose: dict[str, list[str]]):
+    """(text, trained character spans) for each document; English docs are trained whole.
+    `prose` holds the paragraphs of the public-domain texts ("kjv", "devil")."""
     rng = random.Random(seed)
+    kinds, weights = zip(*ENGLISH_MIX)
     out = []
     for _ in range(n_docs):
         if rng.random() < ENGLISH_SHARE:
-            r = rng.random()
-            if r < 0.45:
+            kind = rng.choices(kinds, weights)[0]
+            if kind == "story":
                 t = story(rng)
-            elif r < 0.65:
+            elif kind == "facts":
                 t = fact_prose(rng)
             else:
-                t = rng.choice(docs_en)
+                t = rng.choice(prose[kind])
             t = t + "<|endoftext|>"
             out.append((t, [(0, len(t))]))
         else:
@@ -632,18 +687,32 @@ def cmd_train(args):
     from transformers import GenerationConfig, Qwen3MoeForCausalLM
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
+    import resource
+
+    def cpu_seconds() -> float:
+        """CPU time (user + system) of this process, all its threads, and of waited-for children."""
+        r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.time()
+    load_start = os.getloadavg()
+    log(f"load average at start: {load_start}; torch threads {torch.get_num_threads()} "
+        f"(inter-op {torch.get_num_interop_threads()}), {os.cpu_count()} CPUs")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     tasks = Tasks(args.seed)
-    docs_en = docstring_paragraphs()
-    log(f"{len(docs_en)} docstring paragraphs, {sum(map(len, docs_en))} characters")
+    prose = {"kjv": kjv_paragraphs(), "devil": devil_paragraphs()}
+    for k, v in prose.items():
+        log(f"{k}: {len(v)} paragraphs, {sum(map(len, v))} characters")
     n_docs = args.docs
-    docs = make_documents(n_docs, args.seed, tasks, docs_en)
+    docs = make_documents(n_docs, args.seed, tasks, prose)
     tok_rng = random.Random(args.seed + 5)
+    # The tokenizer sees a sample of the documents, plus all of the Devil's Dictionary and
+    # 1000 Bible paragraphs, so that its merges cover general English, not only the tasks.
+    docs_en = prose["devil"] + tok_rng.sample(prose["kjv"], 1000)
     tok_texts = [t for t, _ in tok_rng.sample(docs, min(30000, len(docs)))] + docs_en
     tok_texts = [t.replace("<|endoftext|>", "").replace("<|im_start|>", "").replace("<|im_end|>", "") for t in tok_texts]
     hf_tok = train_tokenizer(tok_texts)
@@ -696,6 +765,8 @@ def cmd_train(args):
         log(f"resumed from {args.resume} at step {start_step}")
     model.train()
     t_train = time.time()
+    cpu_train0 = cpu_seconds()
+    load_samples = []
     ema = None
     for step in range(start_step, steps):
         if ckpt and step % 100 == 0 and step <= decay_from and step > start_step:
@@ -720,6 +791,7 @@ def cmd_train(args):
         opt.step()
         ema = ce.item() if ema is None else 0.98 * ema + 0.02 * ce.item()
         if step % 50 == 0 or step == steps - 1:
+            load_samples.append(os.getloadavg()[0])
             el = time.time() - t_train
             log(f"step {step}/{steps} loss {ce.item():.3f} (ema {ema:.3f}) aux {aux.item():.3f} "
                 f"lr {lr_at(step):.2e} {el:.0f}s, {el / (step + 1 - start_step):.2f}s/step")
@@ -731,14 +803,33 @@ def cmd_train(args):
 
     model.eval()
     train_s = time.time() - t_train
+    train_cpu = cpu_seconds() - cpu_train0
     model.generation_config = GenerationConfig(
         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
         do_sample=False, max_new_tokens=64)
     model.save_pretrained(out, safe_serialization=True)
     meta = {
+        "command": " ".join(["python3", "tools/train_demo.py"] + sys.argv[1:]),
         "seed": args.seed, "steps": steps, "batch": B, "seq": T, "lr": args.lr, "documents": n_docs,
         "tokens_in_stream": int(len(ids)), "tokens_seen": steps * B * T, "parameters": n_params,
-        "train_seconds": round(train_s), "resumed_from_step": start_step, "total_seconds": round(time.time() - t0), "threads": args.threads,
+        "resumed_from_step": start_step,
+        "experts_implementation": cfg._experts_implementation,
+        "time": {
+            "train_wall_seconds": round(train_s),
+            "train_cpu_seconds": round(train_cpu),
+            "total_wall_seconds": round(time.time() - t0),
+            "total_cpu_seconds": round(cpu_seconds()),
+            "idle_2core_estimate_minutes": round(cpu_seconds() / 2 / 60, 1),
+            "note": "total = data, tokenizer and training, before the final held-out check; cpu = getrusage "
+                    "user+sys of the process (all threads) and its children; idle 2-core estimate = cpu / 2",
+            "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
+            "cpus": os.cpu_count(),
+            "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "load_average_1min_during_training": {
+                "min": round(min(load_samples), 2), "max": round(max(load_samples), 2),
+                "mean": round(sum(load_samples) / len(load_samples), 2), "samples": len(load_samples)},
+        },
         "torch": __import__("torch").__version__, "transformers": __import__("transformers").__version__,
         "tokenizers": __import__("tokenizers").__version__, "python": sys.version.split()[0],
     }
@@ -870,7 +961,7 @@ def cmd_samples(args):
             model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
             text = tok.decode(hf_generate(model, tok, [rendered], 160)[0], skip_special_tokens=True)
         print(f"> {p}\n{text}\n")
-    for p in ["Once upon a time", "The capital of France", "This module provides"]:
+    for p in ["Once upon a time", "The capital of France", "In the beginning", "Marriage, n."]:
         r = subprocess.run([coli_bin(), "generate", "--model", args.model, "--prompt", p, "--max-new-tokens", "60",
                             "--temperature", "0", "--json"], capture_output=True, text=True, check=True)
         print(f"[completion] {p}{json.loads(r.stdout)['text']}\n")
@@ -884,7 +975,7 @@ def cmd_compare(args):
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.eval()
     prompts = [render([{"role": "user", "content": p}], True) for p in SAMPLE_PROMPTS]
-    prompts += ["Once upon a time", "This module provides"]
+    prompts += ["Once upon a time", "In the beginning"]
     bad = 0
     for p in prompts:
         ids = tok(p, add_special_tokens=False)["input_ids"]
@@ -907,13 +998,15 @@ def main():
     t = sub.add_parser("train")
     t.add_argument("--out", default=str(DEFAULT_OUT))
     t.add_argument("--seed", type=int, default=SEED)
-    t.add_argument("--steps", type=int, default=1400)
-    t.add_argument("--batch", type=int, default=12)
+    t.add_argument("--steps", type=int, default=6000)
+    t.add_argument("--batch", type=int, default=32)
     t.add_argument("--seq", type=int, default=128)
     t.add_argument("--lr", type=float, default=3e-3)
-    t.add_argument("--docs", type=int, default=160000)
-    t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--eval-every", type=int, default=400)
+    t.add_argument("--docs", type=int, default=300000)
+    t.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: the committed model; with other jobs on the machine, 2 OpenMP threads "
+                        "spin-wait for each other and run several times slower)")
+    t.add_argument("--eval-every", type=int, default=2000)
     t.add_argument("--final-eval", type=int, default=50)
     t.add_argument("--checkpoint", help="save a resumable checkpoint here every 100 steps of the stable phase")
     t.add_argument("--resume", help="resume from a --checkpoint file (same seed and data options)")

@@ -41,9 +41,8 @@ pub fn models_dir() -> Option<PathBuf> {
     data_dir().map(|d| d.join("models"))
 }
 
-/// The built-in demo model in a source checkout (models/demo, trained by
-/// tools/train_demo.py). TODO(demo model issue): once models/demo is committed, this is
-/// what `--model demo` finds on a fresh checkout; until then `demo` resolves only when
+/// The built-in demo model in a source checkout (models/demo, committed; trained by
+/// tools/train_demo.py): what `--model demo` finds on a fresh checkout when no `demo` is
 /// installed in the models directory.
 pub fn builtin_demo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo")
