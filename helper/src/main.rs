@@ -74,8 +74,8 @@ pub struct ModelArgs {
     #[arg(long, value_parser = load::parse_bytes)]
     pub ram: Option<u64>,
     /// Bytes of the --ram budget for experts pinned by learned usage (usage.json next to
-    /// the model); default with usage counts: half of --ram, less if the rest could not
-    /// hold one token's experts; without: 0.
+    /// the model); default with usage counts: a quarter of --ram, less if the rest could
+    /// not hold one token's experts; without: 0.
     #[arg(long, value_parser = load::parse_bytes)]
     pub pin: Option<u64>,
     /// Reader threads that load missing experts while resident ones compute (0: read
