@@ -11,17 +11,29 @@ pub fn for_each_chunk<F>(data: &mut [f32], chunk: usize, f: F)
 where
     F: Fn(usize, &mut [f32]) + Sync + Send,
 {
+    for_each_chunk_if(true, data, chunk, f)
+}
+
+/// [`for_each_chunk`], in parallel only if `parallel` (small jobs cost more to hand out
+/// to threads than to run). Results are the same either way.
+pub fn for_each_chunk_if<F>(parallel: bool, data: &mut [f32], chunk: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync + Send,
+{
     let chunk = chunk.max(1);
     #[cfg(feature = "parallel")]
-    {
+    if parallel {
         use rayon::prelude::*;
         data.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        return;
     }
-    #[cfg(not(feature = "parallel"))]
-    {
-        data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
-    }
+    let _ = parallel;
+    data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
 }
+
+/// Multiply-adds below which a matrix product runs on the calling thread: handing work
+/// to the pool costs microseconds, which small models' matrices do not repay.
+const PARALLEL_MIN_MACS: usize = 1 << 16;
 
 /// Number of threads the parallel kernels may use.
 pub fn threads() -> usize {
@@ -55,13 +67,14 @@ pub fn matmul(w: &Mat, x: &[f32], n: usize, out: &mut [f32]) {
             }
         }
     };
+    let parallel = rows * cols * n >= PARALLEL_MIN_MACS;
     if n == 1 {
-        for_each_chunk(&mut out[..rows], per_task, |b, dst| kernel(b, dst, 1));
+        for_each_chunk_if(parallel, &mut out[..rows], per_task, |b, dst| kernel(b, dst, 1));
         return;
     }
     // Work in [rows, n] then transpose into [n, rows].
     let mut tmp = vec![0.0f32; rows * n];
-    for_each_chunk(&mut tmp, per_task * n, |b, dst| kernel(b, dst, n));
+    for_each_chunk_if(parallel, &mut tmp, per_task * n, |b, dst| kernel(b, dst, n));
     for r in 0..rows {
         for p in 0..n {
             out[p * rows + r] = tmp[r * n + p];
