@@ -45,6 +45,10 @@ pub struct UsageFile {
     /// Sum of all counts (informational; recomputed on load).
     #[serde(default)]
     pub total: u64,
+    /// Which version of the model the counts are for (the xxh3 of its colibri.json, hex):
+    /// a retrained model of the same shape must not inherit the old one's counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
     pub counts: Vec<(u64, u64, u64)>,
 }
 
@@ -124,7 +128,7 @@ impl ExpertUsage {
         self.counts.iter().enumerate().filter(|(_, &c)| c > 0).map(move |(i, &c)| (i / ne, i % ne, c))
     }
 
-    pub fn to_file(&self, model: &str) -> UsageFile {
+    pub fn to_file(&self, model: &str, fingerprint: Option<&str>) -> UsageFile {
         UsageFile {
             format: USAGE_FORMAT.to_string(),
             version: USAGE_VERSION,
@@ -132,12 +136,22 @@ impl ExpertUsage {
             n_layers: self.n_layers,
             n_experts: self.n_experts,
             total: self.total(),
+            fingerprint: fingerprint.map(str::to_string),
             counts: self.nonzero().map(|(l, e, c)| (l as u64, e as u64, c)).collect(),
         }
     }
 
-    /// Reads a usage file back; its shape must be the model's (`n_layers`, `n_experts`).
-    pub fn from_file(f: &UsageFile, n_layers: usize, n_experts: usize) -> Result<Self> {
+    /// Reads a usage file back; its shape must be the model's (`n_layers`, `n_experts`)
+    /// and, when the model has a `fingerprint`, the file must carry the same one.
+    pub fn from_file(f: &UsageFile, n_layers: usize, n_experts: usize, fingerprint: Option<&str>) -> Result<Self> {
+        if let Some(want) = fingerprint {
+            if f.fingerprint.as_deref() != Some(want) {
+                return Err(Error::Invalid(format!(
+                    "usage: the counts are for another version of the model (fingerprint {}; the model's is {want})",
+                    f.fingerprint.as_deref().unwrap_or("none")
+                )));
+            }
+        }
         if f.format != USAGE_FORMAT || f.version != USAGE_VERSION {
             return Err(Error::Invalid(format!(
                 "usage: unknown file format {:?} version {} (want {USAGE_FORMAT:?} version {USAGE_VERSION})",
@@ -155,15 +169,15 @@ impl ExpertUsage {
         Ok(u)
     }
 
-    pub fn to_json_bytes(&self, model: &str) -> Vec<u8> {
+    pub fn to_json_bytes(&self, model: &str, fingerprint: Option<&str>) -> Vec<u8> {
         // Serialising plain numbers and strings cannot fail.
-        serde_json::to_vec_pretty(&self.to_file(model)).unwrap_or_default()
+        serde_json::to_vec_pretty(&self.to_file(model, fingerprint)).unwrap_or_default()
     }
 
-    pub fn from_json_bytes(bytes: &[u8], n_layers: usize, n_experts: usize) -> Result<Self> {
+    pub fn from_json_bytes(bytes: &[u8], n_layers: usize, n_experts: usize, fingerprint: Option<&str>) -> Result<Self> {
         let f: UsageFile = serde_json::from_slice(bytes)
             .map_err(|e| Error::Invalid(format!("usage: not a valid usage file: {e}")))?;
-        Self::from_file(&f, n_layers, n_experts)
+        Self::from_file(&f, n_layers, n_experts, fingerprint)
     }
 }
 
@@ -190,13 +204,17 @@ mod tests {
     fn file_round_trip_keeps_counts_and_checks_shape() {
         let mut u = ExpertUsage::new(3, 5);
         u.merge_triples(&[(2, 4, 10), (0, 0, 1), (1, 2, 10)]).unwrap();
-        let bytes = u.to_json_bytes("demo");
+        let bytes = u.to_json_bytes("demo", Some("00ff"));
         let f: UsageFile = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(f.counts, vec![(0, 0, 1), (1, 2, 10), (2, 4, 10)]);
         assert_eq!(f.total, 21);
-        assert_eq!(ExpertUsage::from_json_bytes(&bytes, 3, 5).unwrap(), u);
-        assert!(ExpertUsage::from_json_bytes(&bytes, 3, 6).is_err());
-        assert!(ExpertUsage::from_json_bytes(b"{}", 3, 5).is_err());
+        assert_eq!(ExpertUsage::from_json_bytes(&bytes, 3, 5, Some("00ff")).unwrap(), u);
+        assert_eq!(ExpertUsage::from_json_bytes(&bytes, 3, 5, None).unwrap(), u);
+        assert!(ExpertUsage::from_json_bytes(&bytes, 3, 6, Some("00ff")).is_err());
+        // Another version of the model, or a file from before fingerprints: not its counts.
+        assert!(ExpertUsage::from_json_bytes(&bytes, 3, 5, Some("0100")).is_err());
+        assert!(ExpertUsage::from_json_bytes(&u.to_json_bytes("demo", None), 3, 5, Some("00ff")).is_err());
+        assert!(ExpertUsage::from_json_bytes(b"{}", 3, 5, None).is_err());
         assert_eq!(u.hottest(2), vec![(1, 2, 10), (2, 4, 10)]);
     }
 

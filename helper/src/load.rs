@@ -53,6 +53,8 @@ pub struct CacheSetup {
     pub expert_bytes: u64,
     /// Where expert-use counts are merged after a run.
     pub usage_file: PathBuf,
+    /// The model version the counts belong to (serve::usage::fingerprint).
+    pub fingerprint: Option<String>,
     pub model_id: String,
     /// Why O_DIRECT is off although asked for.
     pub direct_note: Option<String>,
@@ -132,7 +134,8 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
     let model_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
     let usage_file = crate::serve::usage::usage_path(dir, &model_id, fallback.as_deref());
-    let usage = crate::serve::usage::read_usage(&usage_file, cfg.0, cfg.1);
+    let fingerprint = crate::serve::usage::fingerprint(dir);
+    let usage = crate::serve::usage::read_usage(&usage_file, cfg.0, cfg.1, fingerprint.as_deref());
     let pin = match flags.pin {
         Some(p) => p,
         None if usage.total() > 0 => {
@@ -146,7 +149,17 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
     };
     let pin = ram.map_or(pin, |r| pin.min(r));
     let opts = CacheOptions { ram, pin, readers: flags.readers, lookahead: flags.lookahead, direct: flags.direct, usage: Some(usage) };
-    let setup = CacheSetup { ram, pin, note, dense_bytes: dense, expert_bytes: experts, usage_file, model_id, direct_note: source.direct_note.clone() };
+    let setup = CacheSetup {
+        ram,
+        pin,
+        note,
+        dense_bytes: dense,
+        expert_bytes: experts,
+        usage_file,
+        fingerprint,
+        model_id,
+        direct_note: source.direct_note.clone(),
+    };
     Ok((opts, setup))
 }
 
@@ -212,7 +225,7 @@ pub fn save_usage(loaded: &Loaded) {
         return;
     }
     let shape = (loaded.model.cfg.n_layers, loaded.model.cfg.router.n_experts);
-    if let Err(e) = crate::serve::usage::merge_into_file(&c.usage_file, &c.model_id, shape, &triples) {
+    if let Err(e) = crate::serve::usage::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples) {
         eprintln!("coli: warning: could not record expert usage: {e:#}");
     }
 }

@@ -469,7 +469,7 @@ impl ExpertSource for ContainerExperts {
     fn take_usage(&self) -> Vec<(u64, u64, u64)> {
         let mut st = self.lock();
         let Some(f) = st.fresh.as_mut() else { return Vec::new() };
-        let out = f.to_file("").counts;
+        let out = f.to_file("", None).counts;
         *f = ExpertUsage::new(f.n_layers(), f.n_experts());
         out
     }

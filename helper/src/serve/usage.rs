@@ -27,6 +27,13 @@ pub const MAX_USAGE_BODY: usize = 1 << 20;
 /// Most [layer, expert, count] triples in one report.
 pub const MAX_TRIPLES: usize = 65_536;
 
+/// Which version of the model in `root` usage counts belong to: the xxh3 of its
+/// colibri.json (hex); None for a model without one (a Hugging Face directory).
+pub fn fingerprint(root: &Path) -> Option<String> {
+    let bytes = std::fs::read(root.join(colibri_engine::container::MANIFEST_FILE)).ok()?;
+    Some(format!("{:016x}", colibri_engine::container::checksum(&bytes)))
+}
+
 /// Where the usage file of model `id` in `root` lives; `fallback_dir` is used when
 /// `root` is not writable.
 pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf {
@@ -59,11 +66,12 @@ fn lock(path: &Path) -> Result<Lock> {
     Ok(Lock(f))
 }
 
-/// Reads the usage file, or an empty table if it is missing or for another shape (a
-/// replaced model): old counts of a different model must not be merged.
-pub fn read_usage(path: &Path, n_layers: usize, n_experts: usize) -> ExpertUsage {
+/// Reads the usage file, or an empty table if it is missing or for another shape or
+/// fingerprint (a replaced or retrained model): old counts of a different model must not
+/// be merged.
+pub fn read_usage(path: &Path, n_layers: usize, n_experts: usize, fingerprint: Option<&str>) -> ExpertUsage {
     match std::fs::read(path) {
-        Ok(b) => ExpertUsage::from_json_bytes(&b, n_layers, n_experts).unwrap_or_else(|e| {
+        Ok(b) => ExpertUsage::from_json_bytes(&b, n_layers, n_experts, fingerprint).unwrap_or_else(|e| {
             tracing::warn!(path = %path.display(), "ignoring the usage file: {e}");
             ExpertUsage::new(n_layers, n_experts)
         }),
@@ -72,7 +80,7 @@ pub fn read_usage(path: &Path, n_layers: usize, n_experts: usize) -> ExpertUsage
 }
 
 /// Adds `triples` to the file at `path` under the lock; returns the merged table.
-pub fn merge_into_file(path: &Path, id: &str, shape: (usize, usize), triples: &[(u64, u64, u64)]) -> Result<ExpertUsage> {
+pub fn merge_into_file(path: &Path, id: &str, shape: (usize, usize), fingerprint: Option<&str>, triples: &[(u64, u64, u64)]) -> Result<ExpertUsage> {
     // Validate before touching anything.
     let mut add = ExpertUsage::new(shape.0, shape.1);
     add.merge_triples(triples)?;
@@ -80,12 +88,12 @@ pub fn merge_into_file(path: &Path, id: &str, shape: (usize, usize), triples: &[
         std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     }
     let _lock = lock(path)?;
-    let mut usage = read_usage(path, shape.0, shape.1);
+    let mut usage = read_usage(path, shape.0, shape.1, fingerprint);
     usage.merge(&add)?;
     let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = File::create(&tmp)?;
-        f.write_all(&usage.to_json_bytes(id))?;
+        f.write_all(&usage.to_json_bytes(id, fingerprint))?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     };
@@ -121,7 +129,7 @@ pub async fn post_usage(State(state): State<Arc<AppState>>, body: Result<Bytes, 
         // Bounds first (400), so only I/O problems become 500s.
         ExpertUsage::new(shape.0, shape.1).merge_triples(&report.counts).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
         let path = usage_path(&model.root, &model.id, fallback.as_deref());
-        let u = merge_into_file(&path, &model.id, shape, &report.counts)
+        let u = merge_into_file(&path, &model.id, shape, fingerprint(&model.root).as_deref(), &report.counts)
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
         Ok((path, u))
     })
@@ -144,7 +152,8 @@ pub async fn get_usage(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<
     let result = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, String> {
         let (l, e) = expert_shape(&model.root).map_err(|e| format!("{e:#}"))?;
         let path = usage_path(&model.root, &model.id, fallback.as_deref());
-        Ok(read_usage(&path, l, e).to_json_bytes(&model.id))
+        let fp = fingerprint(&model.root);
+        Ok(read_usage(&path, l, e, fp.as_deref()).to_json_bytes(&model.id, fp.as_deref()))
     })
     .await;
     match result {
@@ -169,18 +178,23 @@ mod tests {
                 let path = &path;
                 s.spawn(move || {
                     for _ in 0..25 {
-                        merge_into_file(path, "m", (2, 3), &[(0, 1, 1), (1, t % 3, 2)]).unwrap();
+                        merge_into_file(path, "m", (2, 3), Some("ab"), &[(0, 1, 1), (1, t % 3, 2)]).unwrap();
                     }
                 });
             }
         });
-        let u = read_usage(&path, 2, 3);
+        let u = read_usage(&path, 2, 3, Some("ab"));
         assert_eq!(u.get(0, 1), 100);
         assert_eq!(u.total(), 300);
-        assert!(merge_into_file(&path, "m", (2, 3), &[(2, 0, 1)]).is_err());
-        assert_eq!(read_usage(&path, 2, 3).total(), 300);
-        // A file for another shape is not merged into.
-        assert_eq!(read_usage(&path, 4, 3).total(), 0);
+        assert!(merge_into_file(&path, "m", (2, 3), Some("ab"), &[(2, 0, 1)]).is_err());
+        assert_eq!(read_usage(&path, 2, 3, Some("ab")).total(), 300);
+        // A file for another shape, or another version of the model, is not merged into:
+        // the retrained model starts from its own counts.
+        assert_eq!(read_usage(&path, 4, 3, Some("ab")).total(), 0);
+        assert_eq!(read_usage(&path, 2, 3, Some("cd")).total(), 0);
+        let u = merge_into_file(&path, "m", (2, 3), Some("cd"), &[(1, 1, 5)]).unwrap();
+        assert_eq!(u.total(), 5);
+        assert_eq!(read_usage(&path, 2, 3, Some("ab")).total(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
