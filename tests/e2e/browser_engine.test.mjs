@@ -150,3 +150,19 @@ test("where OPFS is missing, IndexedDB is the disk tier: same tokens, and a relo
     await browser.close();
   }
 });
+
+test("a second tab on the same model runs on RAM and says why, instead of storing every expert twice", async () => {
+  const browser = await launchBrowser();
+  try {
+    const first = await runInPage(await browser.context.newPage(), helper.url);
+    assert.equal(first.stats.diskKind, "opfs");
+    // The first tab's worker still holds the model's OPFS files.
+    const second = await runInPage(await browser.context.newPage(), helper.url);
+    assert.deepEqual(second.ids, nativeIds);
+    assert.equal(second.stats.diskEnabled, false);
+    assert.equal(second.stats.diskKind, null, "it must not fall back to IndexedDB");
+    assert.match(second.stats.diskError, /another colibri tab or window is using/);
+  } finally {
+    await browser.close();
+  }
+});

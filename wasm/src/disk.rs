@@ -16,6 +16,8 @@ pub async fn open(storage: &str, name: &str, n_experts: usize) -> Result<Disk, S
         "indexeddb" => Idb::open(name).await.map(Disk::Idb),
         "auto" => match Opfs::open(name, n_experts).await {
             Ok(o) => Ok(Disk::Opfs(o)),
+            // OPFS is there but busy: this tab runs on RAM (the error says why).
+            Err(opfs) if opfs.starts_with(crate::opfs::IN_USE) => Err(opfs),
             Err(opfs) => Idb::open(name).await.map(Disk::Idb).map_err(|idb| format!("OPFS: {opfs}; IndexedDB: {idb}")),
         },
         other => Err(format!("unknown storage {other:?} (auto, opfs or indexeddb)")),

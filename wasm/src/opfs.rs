@@ -65,8 +65,12 @@ async fn exclusive(h: &FileSystemFileHandle) -> Result<FileSystemSyncAccessHandl
         }
         crate::net::sleep(100).await;
     }
-    Err(last)
+    Err(format!("{IN_USE} ({last})"))
 }
+
+/// Starts the error of an OPFS tier whose files another tab or window holds open (OPFS
+/// exists here; falling back to IndexedDB would only store every expert twice).
+pub const IN_USE: &str = "another colibri tab or window is using this model's browser storage";
 
 impl Opfs {
     /// Opens (creating) `colibri/<name>/` with room for `n_experts` index slots.
