@@ -127,9 +127,14 @@ fn sampling_defaults(g: &serde_json::Value) -> serde_json::Value {
 
 const BUSY: &str = "the engine is busy with another operation";
 
+/// The state for one operation; a borrow that fails means another one is running.
+fn borrow(state: &RefCell<State>) -> Result<std::cell::RefMut<'_, State>, JsError> {
+    state.try_borrow_mut().map_err(|_| JsError::new(BUSY))
+}
+
 impl Engine {
     fn state(&self) -> Result<std::cell::RefMut<'_, State>, JsError> {
-        self.state.try_borrow_mut().map_err(|_| JsError::new(BUSY))
+        borrow(&self.state)
     }
 }
 
@@ -249,7 +254,7 @@ impl Engine {
     pub fn logits(&self, ids: Vec<u32>) -> Promise {
         let (model, backend, state, tiers) = (self.model.clone(), self.backend.clone(), self.state.clone(), self.tiers.clone());
         future_to_promise(async move {
-            let mut st = state.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+            let mut st = borrow(&state)?;
             let mut cx = backend.new_context(&model);
             let State { usage, perf, .. } = &mut *st;
             let out = backend
@@ -313,7 +318,7 @@ impl Engine {
         let (model, backend, state, tok, tiers) =
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
-            let mut st = state.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+            let mut st = borrow(&state)?;
             let State { cx, gen, perf, usage } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
             if g.done {

@@ -276,11 +276,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let (xs, ys, sy) = (buf("xs", n * h)?, buf("ys", n * h)?, buf("shared_out", n * h)?);
         let (g, u) = (buf("g", n * self.max_inter)?, buf("u", n * self.max_inter)?);
         let router_logits = buf("router_logits", n * c.router.n_experts)?;
-        let ahead_logits = buf("ahead_logits", n * c.router.n_experts)?;
         let probs = buf("router_probs", n * c.router.n_experts)?;
         // (expert, weight bits) per choice; any top-k up to all experts fits.
         let routes = buf("routes", n * c.router.n_experts * 2)?;
-        let ahead_routes = buf("ahead_routes", n * c.router.n_experts * 2)?;
+        let ahead_routes = if self.lookahead > 0 { Some(buf("ahead_routes", n * c.router.n_experts * 2)?) } else { None };
         // Layer -> experts the lookahead predicted for it (checked when it routes).
         let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
         let shared_gate = buf("shared_gate", n)?;
@@ -342,10 +341,11 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     ops::route(&mut rec, &router_logits, &probs, &routes, n, &block.cfg)?;
                     rec.read(&routes, 0, (n * k * 2) as u64 * f);
                     let next = self.next_router(l);
-                    if let Some((next_router, cfg)) = &next {
-                        ops::matmul(&mut rec, next_router, &xn, 0, n, &ahead_logits, 0, ne)?;
-                        ops::route(&mut rec, &ahead_logits, &probs, &ahead_routes, n, cfg)?;
-                        rec.read(&ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
+                    if let (Some((next_router, cfg)), Some(ahead_routes)) = (&next, &ahead_routes) {
+                        // router_logits is free again: this layer's routing has consumed it.
+                        ops::matmul(&mut rec, next_router, &xn, 0, n, &router_logits, 0, ne)?;
+                        ops::route(&mut rec, &router_logits, &probs, ahead_routes, n, cfg)?;
+                        rec.read(ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
                     }
                     let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
                     cs_data = rec.data_f32(&cs); // the arena went with the old recorder
