@@ -52,7 +52,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ids: Vec<u32> = (0..48u64).map(|i| ((i * 2654435761 + 12345) % vocab as u64) as u32).collect();
         let cpu_logits = model.forward(&mut model.new_session(), &ids, Logits::All)?;
         let gpu_logits = gpu.forward_blocking(&mut gpu.new_session(), &ids, Logits::All)?;
-        let d: Vec<u64> = cpu_logits.iter().zip(&gpu_logits).map(|(a, b)| (ordinal(*a) - ordinal(*b)).unsigned_abs()).collect();
+        let d: Vec<u64> =
+            cpu_logits.iter().zip(&gpu_logits).map(|(a, b)| (ordinal(*a) - ordinal(*b)).unsigned_abs()).collect();
         let max_ulp = d.iter().copied().max().unwrap_or(0);
         let mean_ulp = d.iter().sum::<u64>() as f64 / d.len().max(1) as f64;
 

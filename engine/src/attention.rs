@@ -133,9 +133,8 @@ pub fn attention(
         let lo = o.window.map_or(0, |wdw| (p + 1).saturating_sub(wdw));
         let kvh = h / group;
         let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
-        let mut scores: Vec<f32> = (lo..=p)
-            .map(|j| math::dot(qh, &ck[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * o.scale)
-            .collect();
+        let mut scores: Vec<f32> =
+            (lo..=p).map(|j| math::dot(qh, &ck[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * o.scale).collect();
         math::softmax(&mut scores);
         dst.iter_mut().for_each(|d| *d = 0.0);
         for (s, j) in scores.iter().zip(lo..=p) {
@@ -175,15 +174,40 @@ mod tests {
             bq: Some(vec![0.1; nh * hd]),
             bk: None,
             bv: Some(vec![-0.2; nkv * hd]),
-            q_norm: match qk { QkNorm::None => None, QkNorm::PerHead => nw(hd), QkNorm::Full => nw(nh * hd) },
-            k_norm: match qk { QkNorm::None => None, QkNorm::PerHead => nw(hd), QkNorm::Full => nw(nkv * hd) },
+            q_norm: match qk {
+                QkNorm::None => None,
+                QkNorm::PerHead => nw(hd),
+                QkNorm::Full => nw(nh * hd),
+            },
+            k_norm: match qk {
+                QkNorm::None => None,
+                QkNorm::PerHead => nw(hd),
+                QkNorm::Full => nw(nkv * hd),
+            },
         };
-        let o = AttnOpts { n_heads: nh, n_kv_heads: nkv, head_dim: hd, qk_norm: qk, clip_qkv: Some(2.0), window, scale: (hd as f32).powf(-0.5), rms_eps: 1e-6 };
+        let o = AttnOpts {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            qk_norm: qk,
+            clip_qkv: Some(2.0),
+            window,
+            scale: (hd as f32).powf(-0.5),
+            rms_eps: 1e-6,
+        };
         let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
         (w, o, rope)
     }
 
-    fn run(w: &AttnWeights, o: &AttnOpts, rope: &Rope, x: &[f32], n: usize, pos0: usize, cache: &mut LayerCache) -> Vec<f32> {
+    fn run(
+        w: &AttnWeights,
+        o: &AttnOpts,
+        rope: &Rope,
+        x: &[f32],
+        n: usize,
+        pos0: usize,
+        cache: &mut LayerCache,
+    ) -> Vec<f32> {
         let (mut cs, mut ss) = (vec![], vec![]);
         for i in 0..n {
             let (mut c, mut s) = (vec![], vec![]);

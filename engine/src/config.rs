@@ -114,8 +114,8 @@ pub fn parse_token_ids(v: Option<&Value>) -> Vec<u32> {
 
 impl ModelConfig {
     pub fn from_json_bytes(bytes: &[u8]) -> Result<Self> {
-        let v: Value = serde_json::from_slice(bytes)
-            .map_err(|e| Error::Config(format!("config.json is not valid JSON: {e}")))?;
+        let v: Value =
+            serde_json::from_slice(bytes).map_err(|e| Error::Config(format!("config.json is not valid JSON: {e}")))?;
         Self::from_value(&v)
     }
 
@@ -174,11 +174,9 @@ impl ModelConfig {
             Family::Mixtral => (false, QkNorm::None, None),
             Family::Qwen2Moe => (get_bool(v, "qkv_bias").unwrap_or(true), QkNorm::None, None),
             Family::Qwen3Moe => (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::PerHead, None),
-            Family::Olmoe => (
-                get_bool(v, "attention_bias").unwrap_or(false),
-                QkNorm::Full,
-                get_f64(v, "clip_qkv").map(|c| c as f32),
-            ),
+            Family::Olmoe => {
+                (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::Full, get_f64(v, "clip_qkv").map(|c| c as f32))
+            }
         };
 
         let (expert_intermediate, dense_intermediate) = match family {
@@ -186,10 +184,9 @@ impl ModelConfig {
                 let i = need_usize(v, "intermediate_size")?;
                 (i, i)
             }
-            Family::Qwen2Moe | Family::Qwen3Moe => (
-                need_usize(v, "moe_intermediate_size")?,
-                get_usize(v, "intermediate_size").unwrap_or(0),
-            ),
+            Family::Qwen2Moe | Family::Qwen3Moe => {
+                (need_usize(v, "moe_intermediate_size")?, get_usize(v, "intermediate_size").unwrap_or(0))
+            }
         };
         let shared_expert_intermediate = match family {
             Family::Qwen2Moe => get_usize(v, "shared_expert_intermediate_size").filter(|&s| s > 0),

@@ -111,7 +111,11 @@ fn load_experts(s: &TensorStore, moe: &str, n: &Names, c: &ModelConfig) -> Resul
         return (0..ne)
             .map(|e| {
                 let gu = s.mat_in_stack(&fused, e, ne, 2 * i, h)?;
-                Ok(Arc::new(Expert { gate: gu.row_block(0, i)?, up: gu.row_block(i, i)?, down: s.mat_in_stack(&down, e, ne, h, i)? }))
+                Ok(Arc::new(Expert {
+                    gate: gu.row_block(0, i)?,
+                    up: gu.row_block(i, i)?,
+                    down: s.mat_in_stack(&down, e, ne, h, i)?,
+                }))
             })
             .collect();
     }
@@ -151,7 +155,11 @@ impl Model {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
             let bias = |proj: &str, len: usize| -> Result<Option<Vec<f32>>> {
-                if c.qkv_bias { s.vector(&format!("{a}.{proj}.bias"), len).map(Some) } else { Ok(None) }
+                if c.qkv_bias {
+                    s.vector(&format!("{a}.{proj}.bias"), len).map(Some)
+                } else {
+                    Ok(None)
+                }
             };
             let (qn, kn) = match c.qk_norm {
                 QkNorm::None => (None, None),
@@ -188,7 +196,11 @@ impl Model {
                     )),
                     None => None,
                 };
-                Ffn::Moe(MoeBlock { router: s.mat(&format!("{moe}.gate.weight"), c.router.n_experts, h)?, cfg: c.router.clone(), shared })
+                Ffn::Moe(MoeBlock {
+                    router: s.mat(&format!("{moe}.gate.weight"), c.router.n_experts, h)?,
+                    cfg: c.router.clone(),
+                    shared,
+                })
             } else {
                 Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
             };
@@ -234,7 +246,8 @@ impl Model {
         }
         let cfg_path = dir.join("config.json");
         let bytes = std::fs::read(&cfg_path).map_err(|e| crate::Error::io(&cfg_path, e))?;
-        let cfg = ModelConfig::from_json_bytes(&bytes).map_err(|e| crate::Error::Config(format!("{}: {e}", cfg_path.display())))?;
+        let cfg = ModelConfig::from_json_bytes(&bytes)
+            .map_err(|e| crate::Error::Config(format!("{}: {e}", cfg_path.display())))?;
         let store = TensorStore::open_dir(dir)?;
         Model::from_store(cfg, &store)
     }
@@ -296,7 +309,18 @@ impl Model {
             for i in 0..n {
                 rmsnorm(&x[i * h..(i + 1) * h], &layer.attn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
             }
-            attention(&layer.attn, &layer.attn_opts, &self.rope, &xn, n, pos0, &cos, &sin, &mut session.caches[l], &mut y);
+            attention(
+                &layer.attn,
+                &layer.attn_opts,
+                &self.rope,
+                &xn,
+                n,
+                pos0,
+                &cos,
+                &sin,
+                &mut session.caches[l],
+                &mut y,
+            );
             x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
             for i in 0..n {
                 rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
@@ -309,9 +333,14 @@ impl Model {
             }
             match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
-                Ffn::Moe(block) => {
-                    block.forward(l, self.experts.as_ref(), &xn, n, &mut y, Some(&mut |e, count| on_use(l, e, count)))?
-                }
+                Ffn::Moe(block) => block.forward(
+                    l,
+                    self.experts.as_ref(),
+                    &xn,
+                    n,
+                    &mut y,
+                    Some(&mut |e, count| on_use(l, e, count)),
+                )?,
             }
             x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
         }

@@ -112,7 +112,8 @@ pub fn route(logits: &[f32], cfg: &RouterConfig) -> Routing {
     math::softmax(&mut probs);
     let mut order: Vec<usize> = (0..probs.len()).collect();
     // NaN sorts last; equal values keep ascending index order (stable sort).
-    order.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap_or_else(|| probs[a].is_nan().cmp(&probs[b].is_nan())));
+    order
+        .sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap_or_else(|| probs[a].is_nan().cmp(&probs[b].is_nan())));
     order.truncate(cfg.top_k);
     let mut weights: Vec<f32> = order.iter().map(|&e| probs[e]).collect();
     if cfg.norm_topk_prob {
@@ -293,9 +294,21 @@ mod tests {
     fn block_equals_per_position_reference_and_unions_experts() {
         let (h, inter, ne) = (6, 5, 4);
         let experts = ResidentExperts {
-            layers: vec![(0..ne as u64).map(|e| Arc::new(Expert { gate: mat(inter, h, e * 3 + 1), up: mat(inter, h, e * 3 + 2), down: mat(h, inter, e * 3 + 3) })).collect()],
+            layers: vec![(0..ne as u64)
+                .map(|e| {
+                    Arc::new(Expert {
+                        gate: mat(inter, h, e * 3 + 1),
+                        up: mat(inter, h, e * 3 + 2),
+                        down: mat(h, inter, e * 3 + 3),
+                    })
+                })
+                .collect()],
         };
-        let block = MoeBlock { router: mat(ne, h, 99), cfg: RouterConfig { n_experts: ne, top_k: 2, norm_topk_prob: true }, shared: Some((Expert { gate: mat(3, h, 50), up: mat(3, h, 51), down: mat(h, 3, 52) }, mat(1, h, 53))) };
+        let block = MoeBlock {
+            router: mat(ne, h, 99),
+            cfg: RouterConfig { n_experts: ne, top_k: 2, norm_topk_prob: true },
+            shared: Some((Expert { gate: mat(3, h, 50), up: mat(3, h, 51), down: mat(h, 3, 52) }, mat(1, h, 53))),
+        };
         let n = 7;
         let x: Vec<f32> = (0..n * h).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
         let mut out = vec![0.0; n * h];
@@ -308,13 +321,21 @@ mod tests {
             block.forward(0, &experts, xp, 1, &mut one, None).unwrap();
             assert_eq!(one, out[p * h..(p + 1) * h].to_vec(), "position {p} differs between batch and single");
             // Plain reference in f64.
-            let lg: Vec<f32> = (0..ne).map(|e| { let mut r = vec![0.0; h]; block.router.row_into(e, &mut r); math::dot(&r, xp) }).collect();
+            let lg: Vec<f32> = (0..ne)
+                .map(|e| {
+                    let mut r = vec![0.0; h];
+                    block.router.row_into(e, &mut r);
+                    math::dot(&r, xp)
+                })
+                .collect();
             let rt = route(&lg, &block.cfg);
             let mut want = vec![0.0f64; h];
             for (&e, &w) in rt.experts.iter().zip(&rt.weights) {
                 let mut y = vec![0.0; h];
                 experts.expert(0, e).unwrap().forward(xp, 1, &mut y);
-                for i in 0..h { want[i] += (w * y[i]) as f64; }
+                for i in 0..h {
+                    want[i] += (w * y[i]) as f64;
+                }
             }
             let (shared, gate) = block.shared.as_ref().unwrap();
             let mut sy = vec![0.0; h];

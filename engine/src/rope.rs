@@ -10,9 +10,25 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeKind {
     Default,
-    Linear { factor: f32 },
-    Yarn { factor: f64, original_max: usize, beta_fast: f64, beta_slow: f64, attention_factor: Option<f64>, mscale: Option<f64>, mscale_all_dim: Option<f64>, truncate: bool },
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max: usize },
+    Linear {
+        factor: f32,
+    },
+    Yarn {
+        factor: f64,
+        original_max: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: Option<f64>,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        truncate: bool,
+    },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max: usize,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -37,18 +53,13 @@ impl RopeConfig {
             .or_else(|| cfg.get("rope_scaling").filter(|p| p.is_object()))
             .unwrap_or(&empty);
         let theta = num(params, "rope_theta").or_else(|| num(cfg, "rope_theta")).unwrap_or(10000.0);
-        let partial = num(params, "partial_rotary_factor")
-            .or_else(|| num(cfg, "partial_rotary_factor"))
-            .unwrap_or(1.0);
+        let partial = num(params, "partial_rotary_factor").or_else(|| num(cfg, "partial_rotary_factor")).unwrap_or(1.0);
         let rotary_dim = ((head_dim as f64) * partial) as usize;
         if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
             return Err(Error::Config(format!("invalid rotary dimension {rotary_dim} for head_dim {head_dim}")));
         }
-        let rope_type = params
-            .get("rope_type")
-            .or_else(|| params.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
+        let rope_type =
+            params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
         let factor = num(params, "factor");
         let need_factor = || factor.ok_or_else(|| Error::Config(format!("rope type {rope_type:?} needs \"factor\"")));
         let original_max = num(params, "original_max_position_embeddings").map(|x| x as usize);
@@ -113,11 +124,22 @@ impl Rope {
         let inv_freq: Vec<f32> = match &cfg.kind {
             RopeKind::Default => pos_freqs.iter().map(|p| 1.0 / p).collect(),
             RopeKind::Linear { factor } => pos_freqs.iter().map(|p| (1.0 / p) / factor).collect(),
-            RopeKind::Yarn { factor, original_max, beta_fast, beta_slow, attention_factor: af, mscale, mscale_all_dim, truncate } => {
+            RopeKind::Yarn {
+                factor,
+                original_max,
+                beta_fast,
+                beta_slow,
+                attention_factor: af,
+                mscale,
+                mscale_all_dim,
+                truncate,
+            } => {
                 let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * libm::log(scale) + 1.0 };
                 attention_factor = match (af, mscale, mscale_all_dim) {
                     (Some(a), _, _) => *a as f32,
-                    (None, Some(m), Some(ma)) if *m != 0.0 && *ma != 0.0 => (get_mscale(*factor, *m) / get_mscale(*factor, *ma)) as f32,
+                    (None, Some(m), Some(ma)) if *m != 0.0 && *ma != 0.0 => {
+                        (get_mscale(*factor, *m) / get_mscale(*factor, *ma)) as f32
+                    }
                     _ => get_mscale(*factor, 1.0) as f32,
                 };
                 let correction_dim = |rot: f64| {
@@ -248,7 +270,10 @@ mod tests {
     #[test]
     fn yarn_matches_a_hand_computation() {
         // transformers' _compute_yarn_parameters for dim 16, base 10000, factor 4, original 32.
-        let r = rope(json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}}), 16);
+        let r = rope(
+            json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}}),
+            16,
+        );
         let expected_af = 0.1 * 4.0f64.ln() + 1.0;
         assert!((r.attention_factor as f64 - expected_af).abs() < 1e-6);
         let dim = 16.0f64;

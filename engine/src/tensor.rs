@@ -129,10 +129,7 @@ impl Bytes {
     pub fn slice(&self, start: usize, len: usize) -> Result<Bytes> {
         match start.checked_add(len) {
             Some(end) if end <= self.len => Ok(Bytes { owner: self.owner.clone(), start: self.start + start, len }),
-            _ => Err(Error::Invalid(format!(
-                "byte range {start}+{len} is outside a buffer of {} bytes",
-                self.len
-            ))),
+            _ => Err(Error::Invalid(format!("byte range {start}+{len} is outside a buffer of {} bytes", self.len))),
         }
     }
 
@@ -226,10 +223,9 @@ pub struct Mat {
 
 impl Mat {
     pub fn new(rows: usize, cols: usize, dtype: DType, bytes: Bytes) -> Result<Self> {
-        let want = dtype
-            .row_bytes(cols)
-            .and_then(|rb| rb.checked_mul(rows))
-            .ok_or_else(|| Error::Invalid(format!("matrix [{rows}, {cols}] of {dtype}: size overflows or bad group size")))?;
+        let want = dtype.row_bytes(cols).and_then(|rb| rb.checked_mul(rows)).ok_or_else(|| {
+            Error::Invalid(format!("matrix [{rows}, {cols}] of {dtype}: size overflows or bad group size"))
+        })?;
         if bytes.len() != want {
             return Err(Error::Invalid(format!(
                 "matrix [{rows}, {cols}] of {dtype} needs {want} bytes, got {}",
@@ -291,7 +287,12 @@ mod tests {
         let hf: Vec<u8> = vals.iter().flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes()).collect();
         for (dt, b) in [(DType::F32, f32b), (DType::BF16, bf), (DType::F16, hf)] {
             let m = Mat::new(2, 2, dt, Bytes::from_vec(b)).unwrap();
-            assert_eq!(m.to_f32(), vals.iter().map(|v| if dt == DType::BF16 { bf16::from_f32(*v).to_f32() } else { *v }).collect::<Vec<_>>());
+            assert_eq!(
+                m.to_f32(),
+                vals.iter()
+                    .map(|v| if dt == DType::BF16 { bf16::from_f32(*v).to_f32() } else { *v })
+                    .collect::<Vec<_>>()
+            );
             let mut row = [0.0; 2];
             m.row_into(1, &mut row);
             assert_eq!(row[0], 0.0);
@@ -321,7 +322,13 @@ mod tests {
         assert_eq!(m.to_f32()[5..10], row);
         assert!(Mat::new(3, 5, dt, Bytes::from_vec(vec![0; 35])).is_err());
         assert!(Mat::new(1, 5, DType::Int8 { group: 0 }, Bytes::from_vec(vec![0; 8])).is_err());
-        let i8m = Mat::new(1, 5, DType::Int8 { group: 4 }, Bytes::from_vec(vec![0x00, 0x40, 0x00, 0x3C, 0x81, 0x7F, 0xFF, 0x01, 3, 0, 0, 0])).unwrap();
+        let i8m = Mat::new(
+            1,
+            5,
+            DType::Int8 { group: 4 },
+            Bytes::from_vec(vec![0x00, 0x40, 0x00, 0x3C, 0x81, 0x7F, 0xFF, 0x01, 3, 0, 0, 0]),
+        )
+        .unwrap();
         assert_eq!(i8m.to_f32(), vec![-254.0, 254.0, -2.0, 2.0, 3.0]);
     }
 

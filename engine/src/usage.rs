@@ -175,8 +175,8 @@ impl ExpertUsage {
     }
 
     pub fn from_json_bytes(bytes: &[u8], n_layers: usize, n_experts: usize, fingerprint: Option<&str>) -> Result<Self> {
-        let f: UsageFile = serde_json::from_slice(bytes)
-            .map_err(|e| Error::Invalid(format!("usage: not a valid usage file: {e}")))?;
+        let f: UsageFile =
+            serde_json::from_slice(bytes).map_err(|e| Error::Invalid(format!("usage: not a valid usage file: {e}")))?;
         Self::from_file(&f, n_layers, n_experts, fingerprint)
     }
 }

@@ -25,8 +25,12 @@ pub struct TensorStore {
 
 fn describe(e: SafeTensorError) -> String {
     match e {
-        SafeTensorError::MetadataIncompleteBuffer => "the file is truncated (its header describes more data than it holds)".into(),
-        SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => "the file is too short to hold its header (truncated?)".into(),
+        SafeTensorError::MetadataIncompleteBuffer => {
+            "the file is truncated (its header describes more data than it holds)".into()
+        }
+        SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => {
+            "the file is too short to hold its header (truncated?)".into()
+        }
         other => other.to_string(),
     }
 }
@@ -58,7 +62,8 @@ impl TensorStore {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<std::path::PathBuf> = if index.exists() {
             let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
-            let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| Error::Json { path: index.clone(), source: e })?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&text).map_err(|e| Error::Json { path: index.clone(), source: e })?;
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
@@ -68,7 +73,10 @@ impl TensorStore {
             names.dedup();
             for n in &names {
                 if n.contains('/') || n.contains('\\') || n.starts_with('.') {
-                    return Err(Error::Config(format!("{}: shard name {n:?} is not a plain file name", index.display())));
+                    return Err(Error::Config(format!(
+                        "{}: shard name {n:?} is not a plain file name",
+                        index.display()
+                    )));
                 }
             }
             names.into_iter().map(|n| dir.join(n)).collect()

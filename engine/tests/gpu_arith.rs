@@ -6,10 +6,10 @@
 
 mod gpu_common;
 
+use colibri_engine::gpu::block_on;
 use colibri_engine::gpu::buffers::{f32s, upload_f32};
 use colibri_engine::gpu::kernels::ARITH;
 use colibri_engine::gpu::recorder::Recorder;
-use colibri_engine::gpu::block_on;
 use colibri_engine::math;
 use gpu_common::{gpu, ulps, Lcg};
 
@@ -67,19 +67,38 @@ fn division_sqrt_and_exp_are_the_cpu_bits() {
     let mut rng = Lcg(23);
     let n = 1 << 20;
     // Thirds: any normal / any normal, any normal / moderate, moderate / moderate.
-    let mut a: Vec<f32> = (0..n).map(|i| if i % 3 == 2 { normal(&mut rng, 120, 130) } else { normal(&mut rng, 1, 254) }).collect();
-    let mut b: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { normal(&mut rng, 1, 254) } else { normal(&mut rng, 110, 144) }).collect();
+    let mut a: Vec<f32> =
+        (0..n).map(|i| if i % 3 == 2 { normal(&mut rng, 120, 130) } else { normal(&mut rng, 1, 254) }).collect();
+    let mut b: Vec<f32> =
+        (0..n).map(|i| if i % 3 == 0 { normal(&mut rng, 1, 254) } else { normal(&mut rng, 110, 144) }).collect();
     let mut c: Vec<f32> = (0..n).map(|_| rng.next() * 95.0).collect();
-    let specials = [0.0f32, -0.0, 1.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX, f32::MIN_POSITIVE, 3.0, 0.1, 1e-20, 7.0e30];
+    let specials = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        3.0,
+        0.1,
+        1e-20,
+        7.0e30,
+    ];
     for (i, &x) in specials.iter().enumerate() {
         for (j, &y) in specials.iter().enumerate() {
             let k = i * specials.len() + j;
             a[k] = x;
             b[k] = y;
-            c[k] = [0.0, -0.0, 88.72283, 88.72284, -87.33654, -87.33655, f32::NAN, 1e-8, -1e-8, 100.0, -100.0, 0.5, -0.5][j];
+            c[k] =
+                [0.0, -0.0, 88.72283, 88.72284, -87.33654, -87.33655, f32::NAN, 1e-8, -1e-8, 100.0, -100.0, 0.5, -0.5]
+                    [j];
         }
     }
-    let (ab, bb, cb) = (upload_f32(&ctx, "a", &a).unwrap(), upload_f32(&ctx, "b", &b).unwrap(), upload_f32(&ctx, "c", &c).unwrap());
+    let (ab, bb, cb) =
+        (upload_f32(&ctx, "a", &a).unwrap(), upload_f32(&ctx, "b", &b).unwrap(), upload_f32(&ctx, "c", &c).unwrap());
     let out = ctx.storage_buffer("out", 8 * n as u64 * 4).unwrap();
 
     let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -108,7 +127,11 @@ fn division_sqrt_and_exp_are_the_cpu_bits() {
         .enumerate()
         .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
         .collect();
-    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipeline.get_bind_group_layout(0), entries: &entries });
+    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
@@ -141,7 +164,13 @@ fn division_sqrt_and_exp_are_the_cpu_bits() {
             }
         }
         let finite = |v: f32| v.is_finite() && v.abs() >= f32::MIN_POSITIVE;
-        let natives = [(col(3)[i], x / y), (col(4)[i], x.abs().sqrt()), (col(5)[i], 1.0 / x.abs().sqrt()), (col(6)[i], x * y + z), (col(7)[i], x * y + z)];
+        let natives = [
+            (col(3)[i], x / y),
+            (col(4)[i], x.abs().sqrt()),
+            (col(5)[i], 1.0 / x.abs().sqrt()),
+            (col(6)[i], x * y + z),
+            (col(7)[i], x * y + z),
+        ];
         for (k, (g, w)) in natives.into_iter().enumerate() {
             if finite(g) && finite(w) && g != w {
                 native[k] += 1;

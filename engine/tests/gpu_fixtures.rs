@@ -40,7 +40,11 @@ fn check(name: &str, pool_bytes: Option<u64>, lookahead: usize) {
     );
     for p in 0..tf.len() {
         let (g, c) = (&got[p * vocab..(p + 1) * vocab], &cpu[p * vocab..(p + 1) * vocab]);
-        assert_eq!(colibri_engine::math::argmax(g), colibri_engine::math::argmax(c), "{name}: argmax differs at position {p}");
+        assert_eq!(
+            colibri_engine::math::argmax(g),
+            colibri_engine::math::argmax(c),
+            "{name}: argmax differs at position {p}"
+        );
     }
     // The kernels reproduce the CPU's arithmetic: on lavapipe every bit. Another driver
     // may reassociate (WGSL allows it); there the distance is reported and bounded.
@@ -60,7 +64,9 @@ fn check(name: &str, pool_bytes: Option<u64>, lookahead: usize) {
     let opts = GenerateOptions { max_new_tokens: want.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
     let (cpu_new, _) = generate(&model, &mut model.new_session(), &prompt, &opts, &mut |_| true).unwrap();
     let mut gs = gm.new_session();
-    let (gpu_new, _) = generate_with(&mut |ids| gm.forward_blocking(&mut gs, ids, Logits::Last), &[], &prompt, &opts, &mut |_| true).unwrap();
+    let (gpu_new, _) =
+        generate_with(&mut |ids| gm.forward_blocking(&mut gs, ids, Logits::Last), &[], &prompt, &opts, &mut |_| true)
+            .unwrap();
     assert_eq!(gpu_new, cpu_new, "{name}: GPU greedy tokens differ from the CPU's");
     assert_eq!(gpu_new, want, "{name}: greedy continuation differs from transformers");
 

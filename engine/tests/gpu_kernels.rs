@@ -32,7 +32,9 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
     for _ in 0..rows {
         match dtype {
             DType::F32 => bytes.extend((0..cols).flat_map(|_| rng.next().to_le_bytes())),
-            DType::BF16 => bytes.extend((0..cols).flat_map(|_| half::bf16::from_f32(rng.next()).to_bits().to_le_bytes())),
+            DType::BF16 => {
+                bytes.extend((0..cols).flat_map(|_| half::bf16::from_f32(rng.next()).to_bits().to_le_bytes()))
+            }
             DType::F16 => bytes.extend((0..cols).flat_map(|_| {
                 // Any finite half, subnormals included.
                 let mut h = rng.bits() as u16;
@@ -59,7 +61,14 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
     Mat::new(rows, cols, dtype, Bytes::from_vec(bytes)).unwrap()
 }
 
-const DTYPES: [DType; 6] = [DType::F32, DType::BF16, DType::F16, DType::Int8 { group: 32 }, DType::Int4 { group: 32 }, DType::Int4 { group: 7 }];
+const DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::BF16,
+    DType::F16,
+    DType::Int8 { group: 32 },
+    DType::Int4 { group: 32 },
+    DType::Int4 { group: 7 },
+];
 
 fn check_matmul(ctx: &GpuContext, rows: usize, cols: usize, dtype: DType, ns: &[usize], seed: u64) {
     let mut rng = Lcg(seed);
@@ -74,7 +83,11 @@ fn check_matmul(ctx: &GpuContext, rows: usize, cols: usize, dtype: DType, ns: &[
         let mut rec = Recorder::new(ctx);
         ops::matmul(&mut rec, &gm, &xb, 0, n, &yb, 0, rows).unwrap();
         block_on(rec.submit()).unwrap();
-        assert_bits(&format!("matmul {dtype} [{rows}x{cols}] n={n} ({} blocks)", gm.parts.len()), &read(ctx, &yb, n * rows), &want);
+        assert_bits(
+            &format!("matmul {dtype} [{rows}x{cols}] n={n} ({} blocks)", gm.parts.len()),
+            &read(ctx, &yb, n * rows),
+            &want,
+        );
     }
 }
 
@@ -183,7 +196,8 @@ fn attention_ref(s: AttnShape, q: &[f32], kc: &[f32], vc: &[f32]) -> Vec<f32> {
             let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
             let kvh = h / group;
             let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
-            let mut scores: Vec<f32> = (lo..=p).map(|j| math::dot(qh, &kc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * s.scale).collect();
+            let mut scores: Vec<f32> =
+                (lo..=p).map(|j| math::dot(qh, &kc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * s.scale).collect();
             math::softmax(&mut scores);
             let dst = &mut out[i * qd + h * hd..i * qd + (h + 1) * hd];
             for (sc, j) in scores.iter().zip(lo..=p) {
@@ -200,14 +214,32 @@ fn attention_ref(s: AttnShape, q: &[f32], kc: &[f32], vc: &[f32]) -> Vec<f32> {
 fn attention_matches_cpu_with_gqa_and_window() {
     let Some(ctx) = gpu() else { return };
     let mut rng = Lcg(13);
-    for (n, pos0, window, heads, kv_heads, hd) in [(1, 0, None, 4, 2, 22), (7, 0, None, 6, 3, 12), (1, 90, Some(24), 4, 2, 22), (5, 100, None, 5, 1, 16), (3, 70, Some(5), 4, 4, 8)] {
-        let s = AttnShape { n, n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, pos0, window, scale: (hd as f32).powf(-0.5) };
+    for (n, pos0, window, heads, kv_heads, hd) in [
+        (1, 0, None, 4, 2, 22),
+        (7, 0, None, 6, 3, 12),
+        (1, 90, Some(24), 4, 2, 22),
+        (5, 100, None, 5, 1, 16),
+        (3, 70, Some(5), 4, 4, 8),
+    ] {
+        let s = AttnShape {
+            n,
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            head_dim: hd,
+            pos0,
+            window,
+            scale: (hd as f32).powf(-0.5),
+        };
         let total = pos0 + n;
         let q = rng.vec(n * heads * hd, 3.0);
         let kc = rng.vec(total * kv_heads * hd, 3.0);
         let vc = rng.vec(total * kv_heads * hd, 1.0);
         let want = attention_ref(s, &q, &kc, &vc);
-        let (qb, kb, vb) = (upload_f32(&ctx, "q", &q).unwrap(), upload_f32(&ctx, "k", &kc).unwrap(), upload_f32(&ctx, "v", &vc).unwrap());
+        let (qb, kb, vb) = (
+            upload_f32(&ctx, "q", &q).unwrap(),
+            upload_f32(&ctx, "k", &kc).unwrap(),
+            upload_f32(&ctx, "v", &vc).unwrap(),
+        );
         let scores = zeros(&ctx, n * heads * total);
         let out = zeros(&ctx, want.len());
         let mut rec = Recorder::new(&ctx);
@@ -291,7 +323,13 @@ fn route_matches_moe_route() {
     use colibri_engine::moe::route;
     let Some(ctx) = gpu() else { return };
     let mut rng = Lcg(23);
-    for (ne, k, norm, scale) in [(7usize, 2usize, true, 3.0f32), (64, 8, false, 12.0), (128, 8, true, 0.5), (16, 16, true, 40.0), (60, 4, false, 200.0)] {
+    for (ne, k, norm, scale) in [
+        (7usize, 2usize, true, 3.0f32),
+        (64, 8, false, 12.0),
+        (128, 8, true, 0.5),
+        (16, 16, true, 40.0),
+        (60, 4, false, 200.0),
+    ] {
         let n = 37;
         let mut logits = rng.vec(n * ne, scale);
         // Exact ties (ties go to the lower index), a row of equal logits, and a row whose

@@ -23,7 +23,8 @@ fn preludes(src: &str) -> Vec<String> {
 }
 
 fn validate(name: &str, source: &str) {
-    let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+    let module =
+        naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
     naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
@@ -55,7 +56,9 @@ fn every_kernel_validates_with_naga() {
         assert_eq!(body.matches("@compute").count(), 1, "{name}: one kernel per file");
         let mut source = String::new();
         for p in preludes(&body) {
-            source.push_str(&std::fs::read_to_string(dir.join(&p)).unwrap_or_else(|e| panic!("{name}: prelude {p}: {e}")));
+            source.push_str(
+                &std::fs::read_to_string(dir.join(&p)).unwrap_or_else(|e| panic!("{name}: prelude {p}: {e}")),
+            );
             source.push('\n');
         }
         source.push_str(&body);

@@ -48,7 +48,12 @@ fn check(name: &str) {
     }
     let rel = worst / std;
     eprintln!("{name}: max |diff| {worst:.3e} at [{}, {}] = {rel:.3e} of std {std:.3}", at / vocab, at % vocab);
-    assert!(rel <= 1e-3, "{name}: max |diff| / std = {rel:.3e} > 1e-3 (at position {}, token {})", at / vocab, at % vocab);
+    assert!(
+        rel <= 1e-3,
+        "{name}: max |diff| / std = {rel:.3e} > 1e-3 (at position {}, token {})",
+        at / vocab,
+        at % vocab
+    );
 
     let mut checked = 0;
     for p in 0..tf_ids.len() {
@@ -58,7 +63,11 @@ fn check(name: &str) {
         sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
         if sorted[0] - sorted[1] > 1e-3 {
             checked += 1;
-            assert_eq!(colibri_engine::math::argmax(g), colibri_engine::math::argmax(w), "{name}: argmax differs at position {p}");
+            assert_eq!(
+                colibri_engine::math::argmax(g),
+                colibri_engine::math::argmax(w),
+                "{name}: argmax differs at position {p}"
+            );
         }
     }
     assert!(checked > tf_ids.len() / 2, "{name}: too few positions with a clear argmax ({checked})");

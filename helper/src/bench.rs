@@ -93,13 +93,19 @@ fn commit() -> Value {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     match git(&["rev-parse", "HEAD"]) {
-        Some(c) => json!({"id": c, "dirty": git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty())}),
+        Some(c) => {
+            json!({"id": c, "dirty": git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty())})
+        }
         None => Value::Null,
     }
 }
 
 fn hardware(model: &Path) -> Value {
-    let cpu = read_file("/proc/cpuinfo").lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
+    let cpu = read_file("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string());
     json!({
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "cpu": cpu,
@@ -135,7 +141,8 @@ fn warm(path: &Path) -> Result<()> {
 /// Cold reads of pseudo-random experts, `threads` at a time: (bytes/s, bytes read).
 fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -> Result<(f64, u64)> {
     let (m, source) = open_manifest_with(dir, flags.direct)?;
-    let spans: Vec<(u64, usize)> = m.experts.layers.iter().flat_map(|l| &l.experts).map(|e| (e.offset, e.length as usize)).collect();
+    let spans: Vec<(u64, usize)> =
+        m.experts.layers.iter().flat_map(|l| &l.experts).map(|e| (e.offset, e.length as usize)).collect();
     if spans.is_empty() || bytes == 0 {
         return Ok((0.0, 0));
     }
@@ -199,7 +206,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
     let flags = CacheFlags::from_args(&a.model);
     let container = colibri_engine::container::is_container(&dir);
-    let (bandwidth, probed) = if container { probe_bandwidth(&dir, &flags, a.probe_bytes, flags.readers)? } else { (0.0, 0) };
+    let (bandwidth, probed) =
+        if container { probe_bandwidth(&dir, &flags, a.probe_bytes, flags.readers)? } else { (0.0, 0) };
     let mut evicted = false;
     if container {
         let (m, source) = open_manifest_with(&dir, false)?;
@@ -215,7 +223,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let vocab = model.cfg.vocab as u64;
     let prompt: Vec<u32> = match &a.ids {
         Some(s) => crate::load::parse_ids(s)?,
-        None => (0..a.prompt_tokens.max(1) as u64).map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32).collect(),
+        None => (0..a.prompt_tokens.max(1) as u64)
+            .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32)
+            .collect(),
     };
     let zero = CacheStats::default();
     let stats = || model.experts.cache_stats().unwrap_or_default();

@@ -88,7 +88,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let rendered = tok.apply_chat_template(&history, true)?;
         let ids = tok.encode(&rendered, false)?;
         // Reuse the cache for the unchanged prefix; always feed at least one token.
-        let common = session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
+        let common =
+            session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
         session.truncate(common, cfg.kv_dim());
         let start = Instant::now();
         let mut stream = DecodeStream::default();

@@ -107,7 +107,11 @@ enum Class {
 }
 
 fn class_of(name: &str, shape: &[usize]) -> Class {
-    if shape.len() != 2 || name.contains("norm") || name.ends_with(".gate.weight") || name.ends_with("shared_expert_gate.weight") {
+    if shape.len() != 2
+        || name.contains("norm")
+        || name.ends_with(".gate.weight")
+        || name.ends_with("shared_expert_gate.weight")
+    {
         Class::Other
     } else if name == "lm_head.weight" {
         Class::LmHead
@@ -144,8 +148,16 @@ fn natural_key(s: &str) -> Vec<(String, u64)> {
 /// One unit of work: a dense tensor or a routed expert.
 enum Item {
     /// (source tensor name, stored type); index into the manifest's dense list.
-    Dense { src: String, dtype: DType, index: usize },
-    Expert { layer: usize, moe_index: usize, expert: usize },
+    Dense {
+        src: String,
+        dtype: DType,
+        index: usize,
+    },
+    Expert {
+        layer: usize,
+        moe_index: usize,
+        expert: usize,
+    },
 }
 
 struct Job {
@@ -162,7 +174,8 @@ struct Job {
 fn parse_config(src: &Path) -> Result<(serde_json::Value, ModelConfig)> {
     let p = src.join("config.json");
     let bytes = std::fs::read(&p).with_context(|| format!("{}: cannot read", p.display()))?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| format!("{}: invalid JSON", p.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).with_context(|| format!("{}: invalid JSON", p.display()))?;
     let cfg = ModelConfig::from_value(&v).with_context(|| p.display().to_string())?;
     Ok((v, cfg))
 }
@@ -201,16 +214,33 @@ fn plan_job(a: &ConvertArgs) -> Result<Job> {
     let moe_layers: Vec<usize> = (0..cfg.n_layers).filter(|&l| cfg.moe_layers[l]).collect();
     let expert_plans: Vec<ExpertLayerPlan> = moe_layers
         .iter()
-        .map(|&l| ExpertLayerPlan { layer: l as u32, count: cfg.router.n_experts, parts: [(exp_t, [i, h]), (exp_t, [i, h]), (exp_t, [h, i])] })
+        .map(|&l| ExpertLayerPlan {
+            layer: l as u32,
+            count: cfg.router.n_experts,
+            parts: [(exp_t, [i, h]), (exp_t, [i, h]), (exp_t, [h, i])],
+        })
         .collect();
     let files: Vec<String> = KEPT_FILES.iter().filter(|f| a.src.join(f).is_file()).map(|f| f.to_string()).collect();
     let mut classes = std::collections::BTreeMap::new();
-    for (k, v) in [("embed", embed_t), ("lm_head", head_t), ("attn", attn_t), ("mlp", mlp_t), ("experts", exp_t), ("other", DType::F32)] {
+    for (k, v) in [
+        ("embed", embed_t),
+        ("lm_head", head_t),
+        ("attn", attn_t),
+        ("mlp", mlp_t),
+        ("experts", exp_t),
+        ("other", DType::F32),
+    ] {
         classes.insert(k.to_string(), v.to_string());
     }
     let summary = QuantSummary { default: format!("{:?}", a.quant).to_lowercase(), group_size: g, classes };
-    let dense_plans: Vec<DensePlan> =
-        dense.iter().map(|(n, _, dt, shape)| DensePlan { name: n.clone(), dtype: *dt, shape: shape.iter().map(|&d| d as u64).collect() }).collect();
+    let dense_plans: Vec<DensePlan> = dense
+        .iter()
+        .map(|(n, _, dt, shape)| DensePlan {
+            name: n.clone(),
+            dtype: *dt,
+            shape: shape.iter().map(|&d| d as u64).collect(),
+        })
+        .collect();
     let manifest = manifest::plan(DATA_FILE, summary, config, files, &dense_plans, &expert_plans)?;
 
     let mut items = Vec::new();
@@ -307,7 +337,8 @@ impl Job {
                 let mut buf = vec![0u8; length as usize];
                 for (p, m) in parts.iter().zip([&x.gate, &x.up, &x.down]) {
                     let dst = &mut buf[p.offset as usize..(p.offset + p.length) as usize];
-                    encode_rows(m, 0, p.dtype()?, dst).with_context(|| format!("expert {expert} of layer {layer}, {}", p.name))?;
+                    encode_rows(m, 0, p.dtype()?, dst)
+                        .with_context(|| format!("expert {expert} of layer {layer}, {}", p.name))?;
                 }
                 write_at(f, &buf, offset)?;
                 progress.inc(length);
@@ -327,7 +358,8 @@ impl Job {
         for p in files {
             if p.extension().is_some_and(|x| x == "safetensors" || x == "json") {
                 let md = std::fs::metadata(&p)?;
-                let mtime = md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+                let mtime =
+                    md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
                 h.update(format!("{}\0{}\0{}\0", p.display(), md.len(), mtime.as_nanos()).as_bytes());
             }
         }
@@ -385,11 +417,17 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     let previous = read_journal(&journal_path, &header);
     if previous.is_empty() {
         let _ = std::fs::remove_file(&partial_path);
-        let mut j = File::create(&journal_path).with_context(|| format!("{}: cannot create", journal_path.display()))?;
+        let mut j =
+            File::create(&journal_path).with_context(|| format!("{}: cannot create", journal_path.display()))?;
         writeln!(j, "{header}")?;
         j.sync_all()?;
     }
-    let data = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&partial_path)
+    let data = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&partial_path)
         .with_context(|| format!("{}: cannot open", partial_path.display()))?;
     data.set_len(job.manifest.data_size)?;
     let mut journal = OpenOptions::new().append(true).open(&journal_path)?;
@@ -423,7 +461,8 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     // Test hooks: exit hard after N items of this run (before journaling the Nth), or
     // sleep after each item so that a test can kill the process midway.
     let abort_after: Option<usize> = std::env::var("COLI_CONVERT_ABORT_AFTER").ok().and_then(|v| v.parse().ok());
-    let delay = std::env::var("COLI_CONVERT_ITEM_DELAY_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
+    let delay =
+        std::env::var("COLI_CONVERT_ITEM_DELAY_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
     let mut pending: Vec<(usize, u64)> = Vec::new();
     let (mut pending_bytes, mut last_commit, mut written) = (0u64, Instant::now(), 0usize);
     let mut commit = |pending: &mut Vec<(usize, u64)>| -> Result<()> {

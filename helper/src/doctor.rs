@@ -97,7 +97,15 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
     if let Some(dir) = &a.path {
         let summary = r.check("model", summarize(dir), |s| s.format.clone());
         if let Some(s) = &summary {
-            r.ok("sizes", format!("{} resident, {} streamed, {} per token at most", human(s.resident), human(s.streamed), human(s.per_token())));
+            r.ok(
+                "sizes",
+                format!(
+                    "{} resident, {} streamed, {} per token at most",
+                    human(s.resident),
+                    human(s.streamed),
+                    human(s.per_token())
+                ),
+            );
             if let Some((_, avail)) = meminfo() {
                 if s.resident > avail {
                     r.warn("memory", format!("the resident set ({}) exceeds available memory", human(s.resident)));

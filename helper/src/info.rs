@@ -151,7 +151,16 @@ pub fn info(a: InfoArgs) -> Result<()> {
     );
     println!("quantization  {}", s.quant);
     println!("resident      {} (embeddings, attention, norms, routers, dense/shared MLPs)", human(s.resident));
-    println!("streamed      {} ({} routed experts of {} each)", human(s.streamed), s.n_experts_total, human(s.expert_bytes()));
-    println!("per token     {} at most (resident + top-{} experts x {moe} layers)", human(s.per_token()), c.router.top_k);
+    println!(
+        "streamed      {} ({} routed experts of {} each)",
+        human(s.streamed),
+        s.n_experts_total,
+        human(s.expert_bytes())
+    );
+    println!(
+        "per token     {} at most (resident + top-{} experts x {moe} layers)",
+        human(s.per_token()),
+        c.router.top_k
+    );
     Ok(())
 }

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use colibri_engine::config::parse_token_ids;
-use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::container::CacheOptions;
+use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 
 use crate::ModelArgs;
@@ -77,7 +77,15 @@ pub fn auto_ram(available: Option<u64>, dense: u64, experts: u64) -> (u64, Strin
     match available {
         Some(avail) => {
             let b = (avail / 2).saturating_sub(dense).max(AUTO_RAM_FLOOR).min(experts);
-            (b, format!("auto: half of MemAvailable {} minus {} of dense weights, at least {}", human(avail), human(dense), human(AUTO_RAM_FLOOR)))
+            (
+                b,
+                format!(
+                    "auto: half of MemAvailable {} minus {} of dense weights, at least {}",
+                    human(avail),
+                    human(dense),
+                    human(AUTO_RAM_FLOOR)
+                ),
+            )
         }
         None => (AUTO_RAM_FLOOR.min(experts), "auto: MemAvailable unknown, the floor".into()),
     }
@@ -148,7 +156,14 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
         None => 0,
     };
     let pin = ram.map_or(pin, |r| pin.min(r));
-    let opts = CacheOptions { ram, pin, readers: flags.readers, lookahead: flags.lookahead, direct: flags.direct, usage: Some(usage) };
+    let opts = CacheOptions {
+        ram,
+        pin,
+        readers: flags.readers,
+        lookahead: flags.lookahead,
+        direct: flags.direct,
+        usage: Some(usage),
+    };
     let setup = CacheSetup {
         ram,
         pin,
@@ -192,11 +207,8 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     } else {
         (Model::open_dir(dir)?, None)
     };
-    let tokenizer = if need_tokenizer || dir.join("tokenizer.json").exists() {
-        Some(Tokenizer::from_dir(dir)?)
-    } else {
-        None
-    };
+    let tokenizer =
+        if need_tokenizer || dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };
     let mut stop_ids = model.cfg.eos_token_ids.clone();
     stop_ids.extend(generation_config_eos(dir));
     if let Some(t) = &tokenizer {
@@ -225,7 +237,9 @@ pub fn save_usage(loaded: &Loaded) {
         return;
     }
     let shape = (loaded.model.cfg.n_layers, loaded.model.cfg.router.n_experts);
-    if let Err(e) = crate::serve::usage::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples) {
+    if let Err(e) =
+        crate::serve::usage::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples)
+    {
         eprintln!("coli: warning: could not record expert usage: {e:#}");
     }
 }

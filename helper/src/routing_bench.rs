@@ -86,7 +86,8 @@ pub fn run(a: RoutingBenchArgs) -> Result<()> {
         bail!("this model has no MoE layers");
     }
     let wide = RouterConfig { top_k: (c.router.top_k * 2).min(c.router.n_experts), ..c.router.clone() };
-    let (mut hit_k, mut hit_2k, mut truth) = (vec![0usize; c.n_layers], vec![0usize; c.n_layers], vec![0usize; c.n_layers]);
+    let (mut hit_k, mut hit_2k, mut truth) =
+        (vec![0usize; c.n_layers], vec![0usize; c.n_layers], vec![0usize; c.n_layers]);
     let half = PROMPTS.len() / 2;
     let (mut learn, mut measured) = (Vec::new(), Vec::new());
     let mut counts: HashMap<(usize, usize), u64> = HashMap::new();

@@ -60,7 +60,11 @@ impl Spec {
 
 fn specs(a: &SynthArgs) -> Vec<Spec> {
     let (h, i, ne, v) = (a.hidden, a.intermediate, a.experts, a.vocab);
-    let w = |name: String, rows: usize, cols: usize| Spec { name, shape: vec![rows, cols], bound: (3.0 / cols as f32).sqrt() };
+    let w = |name: String, rows: usize, cols: usize| Spec {
+        name,
+        shape: vec![rows, cols],
+        bound: (3.0 / cols as f32).sqrt(),
+    };
     let ones = |name: String, n: usize| Spec { name, shape: vec![n], bound: 0.0 };
     let mut out = vec![Spec { name: "model.embed_tokens.weight".into(), shape: vec![v, h], bound: 1.0 }];
     for l in 0..a.layers {
@@ -143,7 +147,8 @@ fn write_tensor(out: &mut impl Write, s: &Spec, seed: u64) -> std::io::Result<()
             let r = rng.next();
             for (k, b) in chunk.chunks_exact_mut(2).enumerate() {
                 // 16 random bits -> uniform in [-bound, bound); bound 0 means a norm of ones.
-                let v = if s.bound == 0.0 { 1.0 } else { (((r >> (16 * k)) & 0xFFFF) as f32 / 32768.0 - 1.0) * s.bound };
+                let v =
+                    if s.bound == 0.0 { 1.0 } else { (((r >> (16 * k)) & 0xFFFF) as f32 / 32768.0 - 1.0) * s.bound };
                 b.copy_from_slice(&bf16_bits(v).to_le_bytes());
             }
         }
@@ -153,7 +158,14 @@ fn write_tensor(out: &mut impl Write, s: &Spec, seed: u64) -> std::io::Result<()
 }
 
 pub fn run(a: SynthArgs) -> Result<()> {
-    if a.layers == 0 || a.experts == 0 || a.top_k == 0 || a.top_k > a.experts || a.hidden == 0 || a.heads == 0 || a.hidden % a.heads != 0 {
+    if a.layers == 0
+        || a.experts == 0
+        || a.top_k == 0
+        || a.top_k > a.experts
+        || a.hidden == 0
+        || a.heads == 0
+        || a.hidden % a.heads != 0
+    {
         anyhow::bail!("bad shape: need layers, experts, hidden, heads > 0, top_k <= experts, heads dividing hidden");
     }
     if a.out.join("config.json").exists() {
@@ -182,7 +194,10 @@ pub fn run(a: SynthArgs) -> Result<()> {
         let mut header = Map::new();
         let mut off = 0u64;
         for s in shard {
-            header.insert(s.name.clone(), json!({"dtype": "BF16", "shape": s.shape, "data_offsets": [off, off + s.bytes()]}));
+            header.insert(
+                s.name.clone(),
+                json!({"dtype": "BF16", "shape": s.shape, "data_offsets": [off, off + s.bytes()]}),
+            );
             off += s.bytes();
             weight_map.insert(s.name.clone(), json!(file));
         }
@@ -191,7 +206,10 @@ pub fn run(a: SynthArgs) -> Result<()> {
             h.push(b' ');
         }
         let path = a.out.join(&file);
-        let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(&path).with_context(|| format!("{}: cannot create", path.display()))?);
+        let mut w = BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&path).with_context(|| format!("{}: cannot create", path.display()))?,
+        );
         let write = |w: &mut BufWriter<std::fs::File>| -> std::io::Result<()> {
             w.write_all(&(h.len() as u64).to_le_bytes())?;
             w.write_all(&h)?;

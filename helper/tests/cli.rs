@@ -53,8 +53,13 @@ fn logits_command_writes_the_reference_logits() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let got: Vec<f32> = std::fs::read(&out_file).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-    let want: Vec<f32> = std::fs::read(fixture("olmoe").join("logits.bin")).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let got: Vec<f32> =
+        std::fs::read(&out_file).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let want: Vec<f32> = std::fs::read(fixture("olmoe").join("logits.bin"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(got.len(), want.len());
     let std = r["logits_std"].as_f64().unwrap();
     let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
@@ -69,7 +74,15 @@ fn generate_json_reproduces_the_greedy_reference() {
     let out = coli()
         .args(["generate", "--model"])
         .arg(fixture("mixtral"))
-        .args(["--ids", &ids_arg(&r["greedy"]["prompt_ids"]), "--max-new-tokens", &want.len().to_string(), "--temperature", "0", "--json"])
+        .args([
+            "--ids",
+            &ids_arg(&r["greedy"]["prompt_ids"]),
+            "--max-new-tokens",
+            &want.len().to_string(),
+            "--temperature",
+            "0",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -86,7 +99,20 @@ fn generate_from_text_prompt_is_seeded_and_reproducible() {
         let out = coli()
             .args(["generate", "--model"])
             .arg(fixture("qwen3_moe"))
-            .args(["--prompt", "Hello there", "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "0.9", "--seed", seed, "--ignore-eos", "--json"])
+            .args([
+                "--prompt",
+                "Hello there",
+                "--max-new-tokens",
+                "12",
+                "--temperature",
+                "1.0",
+                "--top-p",
+                "0.9",
+                "--seed",
+                seed,
+                "--ignore-eos",
+                "--json",
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -131,7 +157,8 @@ fn chat_streams_an_answer_per_line_of_input() {
 
 #[test]
 fn missing_model_directory() {
-    let out = coli().args(["logits", "--model", "/nonexistent/model", "--ids", "1", "--out", "/dev/null"]).output().unwrap();
+    let out =
+        coli().args(["logits", "--model", "/nonexistent/model", "--ids", "1", "--out", "/dev/null"]).output().unwrap();
     assert_clean_failure(&out, "/nonexistent/model");
 }
 
@@ -142,7 +169,8 @@ fn truncated_safetensors() {
     let len = std::fs::metadata(&f).unwrap().len();
     let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
     file.set_len(len / 2).unwrap();
-    let out = coli().args(["logits", "--model"]).arg(&dir).args(["--ids", "1,2", "--out", "/dev/null"]).output().unwrap();
+    let out =
+        coli().args(["logits", "--model"]).arg(&dir).args(["--ids", "1,2", "--out", "/dev/null"]).output().unwrap();
     assert_clean_failure(&out, "truncated");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -183,23 +211,39 @@ fn tensor_with_the_wrong_shape() {
 
 #[test]
 fn ids_outside_the_vocabulary() {
-    let out = coli().args(["logits", "--model"]).arg(fixture("olmoe")).args(["--ids", "3,401", "--out", "/dev/null"]).output().unwrap();
+    let out = coli()
+        .args(["logits", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--ids", "3,401", "--out", "/dev/null"])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "401");
-    let out = coli().args(["logits", "--model"]).arg(fixture("olmoe")).args(["--ids", "3,x", "--out", "/dev/null"]).output().unwrap();
+    let out = coli()
+        .args(["logits", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--ids", "3,x", "--out", "/dev/null"])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "\"x\"");
 }
 
 #[test]
 #[cfg(not(feature = "wgpu"))]
 fn wgpu_backend_says_it_is_not_built() {
-    let out = coli().args(["generate", "--model"]).arg(fixture("olmoe")).args(["--ids", "1", "--backend", "wgpu"]).output().unwrap();
+    let out = coli()
+        .args(["generate", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--ids", "1", "--backend", "wgpu"])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "wgpu");
 }
 // With the feature, helper/tests/gpu_cli.rs runs --backend wgpu against --backend cpu.
 
 #[test]
 fn bench_routing_reports_lookahead_recall_and_cache_hit_rates() {
-    let out = coli().args(["bench-routing", "--model"]).arg(fixture("qwen3_moe")).args(["--tokens", "6"]).output().unwrap();
+    let out =
+        coli().args(["bench-routing", "--model"]).arg(fixture("qwen3_moe")).args(["--tokens", "6"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON record");
     let (k, k2) = (v["lookahead"]["recall_top_k"].as_f64().unwrap(), v["lookahead"]["recall_top_2k"].as_f64().unwrap());

@@ -126,9 +126,16 @@ fn every_fixture_in_every_type_against_transformers() {
             let model = Model::open_dir(&dst).unwrap_or_else(|e| panic!("{name} {quant}: {e}"));
             let got = logits(&model, name);
             let q = quality(name, &model, &got);
-            table.push(format!("| {name} | {quant} | {:.2e} | {:.2e} | {:.0}% | {} |", q.rel, q.kl, q.agree * 100.0, q.greedy));
+            table.push(format!(
+                "| {name} | {quant} | {:.2e} | {:.2e} | {:.0}% | {} |",
+                q.rel,
+                q.kl,
+                q.agree * 100.0,
+                q.greedy
+            ));
             let bits_equal = got.iter().zip(&hf_logits).all(|(a, b)| a.to_bits() == b.to_bits());
-            let lossless = quant == "f32" || (quant == "bf16" && name == "qwen3_moe") || (quant == "f16" && name == "olmoe");
+            let lossless =
+                quant == "f32" || (quant == "bf16" && name == "qwen3_moe") || (quant == "f16" && name == "olmoe");
             // Lossless conversions must reproduce the checkpoint's own path bit for bit (and so
             // meet the transformers bar); the lossy ones are regression guards a little below
             // what docs/benchmarks.md records.
@@ -140,7 +147,10 @@ fn every_fixture_in_every_type_against_transformers() {
                 _ => q.kl < 3.0 && q.agree >= 0.15,
             };
             if !ok {
-                failures.push(format!("{name} {quant}: bits equal {bits_equal}, rel {:.2e}, kl {:.2e}, agreement {}, greedy {}", q.rel, q.kl, q.agree, q.greedy));
+                failures.push(format!(
+                    "{name} {quant}: bits equal {bits_equal}, rel {:.2e}, kl {:.2e}, agreement {}, greedy {}",
+                    q.rel, q.kl, q.agree, q.greedy
+                ));
             }
         }
     }
@@ -169,19 +179,33 @@ fn ram_budget_never_changes_the_bits() {
         runs.push((ram, prefill, steps));
     }
     for (ram, p, s) in &runs[1..] {
-        assert!(p.iter().zip(&runs[0].1).all(|(a, b)| a.to_bits() == b.to_bits()), "prefill differs with --ram {ram:?}");
+        assert!(
+            p.iter().zip(&runs[0].1).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "prefill differs with --ram {ram:?}"
+        );
         assert!(s.iter().zip(&runs[0].2).all(|(a, b)| a.to_bits() == b.to_bits()), "decode differs with --ram {ram:?}");
     }
     // The command line accepts the budget with suffixes and writes the same bytes.
     let mut files = Vec::new();
     for ram in ["0", "3K", "1.5M", "2G"] {
         let out_file = root.join(format!("logits-{ram}.f32"));
-        let out = coli().args(["logits", "--model"]).arg(&dst).args(["--ram", ram, "--ids", "5,17,3,99", "--out"]).arg(&out_file).output().unwrap();
+        let out = coli()
+            .args(["logits", "--model"])
+            .arg(&dst)
+            .args(["--ram", ram, "--ids", "5,17,3,99", "--out"])
+            .arg(&out_file)
+            .output()
+            .unwrap();
         assert!(out.status.success(), "--ram {ram}: {}", String::from_utf8_lossy(&out.stderr));
         files.push(std::fs::read(&out_file).unwrap());
     }
     assert!(files.iter().all(|f| f == &files[0]));
-    let out = coli().args(["logits", "--model"]).arg(&dst).args(["--ram", "12Q", "--ids", "5", "--out", "/dev/null"]).output().unwrap();
+    let out = coli()
+        .args(["logits", "--model"])
+        .arg(&dst)
+        .args(["--ram", "12Q", "--ids", "5", "--out", "/dev/null"])
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown unit"));
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -189,7 +213,8 @@ fn ram_budget_never_changes_the_bits() {
 /// Every file of two directories, byte for byte.
 fn assert_same_dirs(a: &Path, b: &Path) {
     let list = |d: &Path| {
-        let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let mut v: Vec<String> =
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         v.sort();
         v
     };
@@ -206,11 +231,22 @@ fn resume_after_abort_is_byte_identical() {
     convert_ok(&fixture("qwen2_moe"), &clean, &["--quant", "int4"]);
     let total = {
         let m: Value = serde_json::from_slice(&std::fs::read(clean.join("colibri.json")).unwrap()).unwrap();
-        m["dense"]["tensors"].as_array().unwrap().len() + m["experts"]["layers"].as_array().unwrap().iter().map(|l| l["experts"].as_array().unwrap().len()).sum::<usize>()
+        m["dense"]["tensors"].as_array().unwrap().len()
+            + m["experts"]["layers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["experts"].as_array().unwrap().len())
+                .sum::<usize>()
     };
     for (k, abort) in [1, 7, total / 2, total - 1].into_iter().enumerate() {
         let dst = root.join(format!("run{k}"));
-        let out = convert(&fixture("qwen2_moe"), &dst, &["--quant", "int4"], &[("COLI_CONVERT_ABORT_AFTER", &abort.to_string())]);
+        let out = convert(
+            &fixture("qwen2_moe"),
+            &dst,
+            &["--quant", "int4"],
+            &[("COLI_CONVERT_ABORT_AFTER", &abort.to_string())],
+        );
         assert_eq!(out.status.code(), Some(75), "abort after {abort}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!dst.join("colibri.json").exists() && dst.join("weights.bin.partial").exists());
         if k == 2 {
@@ -229,7 +265,11 @@ fn resume_after_abort_is_byte_identical() {
         let out = convert(&fixture("qwen2_moe"), &dst, &["--quant", "int4"], &[]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         if abort > 1 {
-            assert!(String::from_utf8_lossy(&out.stderr).contains("resuming"), "abort {abort}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("resuming"),
+                "abort {abort}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         assert_same_dirs(&clean, &dst);
     }
@@ -318,7 +358,11 @@ fn corruption_is_caught_by_checksums() {
     assert!(err.contains("checksum mismatch in expert 3 of layer 1") && err.contains("weights.bin"), "{err}");
     let out = coli().args(["doctor"]).arg(&dst).arg("--checksums").output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("expert 3 of layer 1"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("expert 3 of layer 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     // Every expert of layer 0 damaged: a forward pass must stop with one clear line.
     let mut bad = clean.clone();
@@ -333,7 +377,10 @@ fn corruption_is_caught_by_checksums() {
     let mut bad = clean.clone();
     bad[t["offset"].as_u64().unwrap() as usize] ^= 0x80;
     std::fs::write(&data, &bad).unwrap();
-    assert_clean_failure(&run_logits(&dst), &format!("checksum mismatch in dense tensor {}", t["name"].as_str().unwrap()));
+    assert_clean_failure(
+        &run_logits(&dst),
+        &format!("checksum mismatch in dense tensor {}", t["name"].as_str().unwrap()),
+    );
 
     // A truncated data file.
     std::fs::write(&data, &clean[..clean.len() - 100]).unwrap();
@@ -355,8 +402,14 @@ fn damaged_manifests_are_clear_errors() {
         ("empty", Vec::new()),
         ("garbage", b"\x89PNG\r\n\x1a\n\x00\x00".to_vec()),
         ("not a manifest", br#"{"hello": "world"}"#.to_vec()),
-        ("future", String::from_utf8(good.clone()).unwrap().replacen("\"version\": 1", "\"version\": 99", 1).into_bytes()),
-        ("lying offsets", String::from_utf8(good.clone()).unwrap().replacen("\"offset\": 4096", "\"offset\": 4095", 1).into_bytes()),
+        (
+            "future",
+            String::from_utf8(good.clone()).unwrap().replacen("\"version\": 1", "\"version\": 99", 1).into_bytes(),
+        ),
+        (
+            "lying offsets",
+            String::from_utf8(good.clone()).unwrap().replacen("\"offset\": 4096", "\"offset\": 4095", 1).into_bytes(),
+        ),
     ];
     for (what, bytes) in cases {
         std::fs::write(&path, &bytes).unwrap();

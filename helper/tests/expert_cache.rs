@@ -22,7 +22,14 @@ fn scratch(base: &Path, tag: &str) -> PathBuf {
 fn converted(base: &Path, tag: &str) -> PathBuf {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/olmoe");
     let dst = scratch(base, tag);
-    let out = Command::new(env!("CARGO_BIN_EXE_coli")).arg("convert").arg(&src).arg("-o").arg(&dst).args(["--quant", "int4"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .arg("convert")
+        .arg(&src)
+        .arg("-o")
+        .arg(&dst)
+        .args(["--quant", "int4"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     dst
 }
@@ -57,7 +64,12 @@ fn open(dir: &Path, opts: CacheOptions, scrambled: bool) -> (Model, Option<Arc<S
     file.read_at(m.dense.offset, &mut dense).unwrap();
     let file: Arc<dyn ByteSource> = Arc::new(file);
     let (source, s): (Arc<dyn ByteSource>, _) = if scrambled {
-        let s = Arc::new(Scrambled { inner: file, seq: AtomicU64::new(0), log: Mutex::new(Vec::new()), finished: AtomicU64::new(0) });
+        let s = Arc::new(Scrambled {
+            inner: file,
+            seq: AtomicU64::new(0),
+            log: Mutex::new(Vec::new()),
+            finished: AtomicU64::new(0),
+        });
         (s.clone(), Some(s))
     } else {
         (file, None)
@@ -68,7 +80,8 @@ fn open(dir: &Path, opts: CacheOptions, scrambled: bool) -> (Model, Option<Arc<S
 /// Prefill, then greedy-free decode steps on fixed ids (the same work for every config).
 fn run(model: &Model) -> (Vec<u32>, CacheStats) {
     let mut s = model.new_session();
-    let mut bits: Vec<u32> = model.forward(&mut s, &[5, 17, 3, 99, 42, 7], Logits::All).unwrap().iter().map(|v| v.to_bits()).collect();
+    let mut bits: Vec<u32> =
+        model.forward(&mut s, &[5, 17, 3, 99, 42, 7], Logits::All).unwrap().iter().map(|v| v.to_bits()).collect();
     for id in [11u32, 200, 3, 3, 64, 150, 9, 88] {
         bits.extend(model.forward(&mut s, &[id], Logits::Last).unwrap().iter().map(|v| v.to_bits()));
         model.experts.end_turn().unwrap();
@@ -109,7 +122,10 @@ fn bits_do_not_depend_on_budget_readers_prefetch_pinning_direct_or_read_order() 
                         assert!(st.pinned_hits > 0, "{what}: {st:?}");
                     }
                     if lookahead && readers > 0 {
-                        assert!(st.lookahead_selected > 0 && st.lookahead_predicted <= st.lookahead_selected, "{what}: {st:?}");
+                        assert!(
+                            st.lookahead_selected > 0 && st.lookahead_predicted <= st.lookahead_selected,
+                            "{what}: {st:?}"
+                        );
                         assert!(st.prefetch_wasted_bytes <= st.prefetch_bytes, "{what}: {st:?}");
                         if ram == Some(0) {
                             assert!(st.prefetch_reads > 0 && st.prefetched_hits > 0, "{what}: {st:?}");
@@ -169,13 +185,41 @@ fn coli(args: &[&str]) -> std::process::Output {
 fn peak_rss_stays_within_budget_plus_dense() {
     let root = scratch(&std::env::temp_dir(), "rss");
     let (src, dst) = (root.join("hf"), root.join("q"));
-    let out = coli(&["synth", "-o", src.to_str().unwrap(), "--layers", "4", "--experts", "32", "--top-k", "8", "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--vocab", "2000"]);
+    let out = coli(&[
+        "synth",
+        "-o",
+        src.to_str().unwrap(),
+        "--layers",
+        "4",
+        "--experts",
+        "32",
+        "--top-k",
+        "8",
+        "--hidden",
+        "512",
+        "--intermediate",
+        "1024",
+        "--heads",
+        "8",
+        "--vocab",
+        "2000",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = coli(&["convert", src.to_str().unwrap(), "-o", dst.to_str().unwrap(), "--quant", "int4"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     std::fs::remove_dir_all(&src).unwrap();
     let budget: u64 = 8 << 20;
-    let out = coli(&["bench", "--model", dst.to_str().unwrap(), "--ram", "8M", "--decode-tokens", "24", "--probe-bytes", "4M"]);
+    let out = coli(&[
+        "bench",
+        "--model",
+        dst.to_str().unwrap(),
+        "--ram",
+        "8M",
+        "--decode-tokens",
+        "24",
+        "--probe-bytes",
+        "4M",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let dense = r["model"]["dense_bytes"].as_u64().unwrap();
@@ -183,7 +227,13 @@ fn peak_rss_stays_within_budget_plus_dense() {
     let peak = r["peak_rss_bytes"].as_u64().unwrap();
     let constant: u64 = 64 << 20;
     let touched = r["prefill"]["bytes_read"].as_u64().unwrap() + r["decode"]["bytes_read"].as_u64().unwrap();
-    eprintln!("peak RSS {:.1} MiB; budget 8 MiB, dense {:.1} MiB, experts {:.1} MiB, read {:.1} MiB", peak as f64 / 1048576.0, dense as f64 / 1048576.0, experts as f64 / 1048576.0, touched as f64 / 1048576.0);
+    eprintln!(
+        "peak RSS {:.1} MiB; budget 8 MiB, dense {:.1} MiB, experts {:.1} MiB, read {:.1} MiB",
+        peak as f64 / 1048576.0,
+        dense as f64 / 1048576.0,
+        experts as f64 / 1048576.0,
+        touched as f64 / 1048576.0
+    );
     assert!(experts > budget + constant, "the model is too small to show anything");
     assert!(touched > budget + constant, "the run did not read enough experts to show anything");
     assert!(peak <= budget + dense + constant, "peak RSS {peak} > budget {budget} + dense {dense} + {constant}");

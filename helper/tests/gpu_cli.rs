@@ -18,7 +18,8 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn ids_arg(name: &str) -> String {
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture(name).join("reference.json")).unwrap()).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture(name).join("reference.json")).unwrap()).unwrap();
     r["ids"].as_array().unwrap().iter().take(20).map(|x| x.to_string()).collect::<Vec<_>>().join(",")
 }
 
@@ -52,7 +53,15 @@ fn have_gpu() -> bool {
 fn logits(model: &Path, ids: &str, backend: &str, extra: &[&str], tag: &str) -> Vec<u8> {
     let out = std::env::temp_dir().join(format!("coli-gpu-{tag}-{backend}-{}.bin", std::process::id()));
     ok(
-        coli().args(["logits", "--model"]).arg(model).args(["--ids", ids, "--out"]).arg(&out).args(["--backend", backend]).args(extra).output().unwrap(),
+        coli()
+            .args(["logits", "--model"])
+            .arg(model)
+            .args(["--ids", ids, "--out"])
+            .arg(&out)
+            .args(["--backend", backend])
+            .args(extra)
+            .output()
+            .unwrap(),
         &format!("logits {tag} {backend}"),
     );
     let bytes = std::fs::read(&out).unwrap();
@@ -85,7 +94,11 @@ fn wgpu_backend_gives_the_cpu_bytes_on_every_fixture() {
         let cpu = logits(&fixture(name), &ids, "cpu", &[], &format!("hf-{name}"));
         let gpu = logits(&fixture(name), &ids, "wgpu", &[], &format!("hf-{name}"));
         assert!(cpu == gpu, "{name}: --backend wgpu logits differ from --backend cpu");
-        assert_eq!(generated_ids(&fixture(name), "wgpu", &[]), generated_ids(&fixture(name), "cpu", &[]), "{name}: generated ids");
+        assert_eq!(
+            generated_ids(&fixture(name), "wgpu", &[]),
+            generated_ids(&fixture(name), "cpu", &[]),
+            "{name}: generated ids"
+        );
     }
 }
 
@@ -97,7 +110,10 @@ fn wgpu_backend_on_converted_quantized_models_streaming_experts() {
     for (name, quant) in [("mixtral", "int4"), ("qwen2_moe", "int8"), ("olmoe", "int4")] {
         let dst = std::env::temp_dir().join(format!("coli-gpu-convert-{name}-{quant}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dst);
-        ok(coli().arg("convert").arg(fixture(name)).arg("-o").arg(&dst).args(["--quant", quant]).output().unwrap(), "convert");
+        ok(
+            coli().arg("convert").arg(fixture(name)).arg("-o").arg(&dst).args(["--quant", quant]).output().unwrap(),
+            "convert",
+        );
         let ids = ids_arg(name);
         let tag = format!("{quant}-{name}");
         let cpu = logits(&dst, &ids, "cpu", &[], &tag);
@@ -105,7 +121,11 @@ fn wgpu_backend_on_converted_quantized_models_streaming_experts() {
             let gpu = logits(&dst, &ids, "wgpu", &["--ram", ram], &tag);
             assert!(cpu == gpu, "{name} {quant} --ram {ram}: --backend wgpu logits differ from --backend cpu");
         }
-        assert_eq!(generated_ids(&dst, "wgpu", &["--ram", "0"]), generated_ids(&dst, "cpu", &[]), "{name} {quant}: generated ids");
+        assert_eq!(
+            generated_ids(&dst, "wgpu", &["--ram", "0"]),
+            generated_ids(&dst, "cpu", &[]),
+            "{name} {quant}: generated ids"
+        );
         let _ = std::fs::remove_dir_all(&dst);
     }
 }

@@ -25,7 +25,11 @@ fn scratch(tag: &str) -> PathBuf {
 fn request(port: u16, method: &str, path: &str, host: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    let typed = if body.is_empty() { String::new() } else { format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()) };
+    let typed = if body.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len())
+    };
     write!(s, "{head}{typed}\r\n{body}").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
@@ -82,7 +86,10 @@ fn serve_prints_its_url_answers_and_stops_on_sigterm() {
 
 #[test]
 fn serve_with_a_bad_model_fails_with_one_line() {
-    let out = coli().args(["serve", "--port", "0", "--model", "no-such-model-anywhere", "--models-dir", "/nonexistent"]).output().unwrap();
+    let out = coli()
+        .args(["serve", "--port", "0", "--model", "no-such-model-anywhere", "--models-dir", "/nonexistent"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("error: ") && err.contains("no-such-model-anywhere"), "{err}");
@@ -102,7 +109,10 @@ fn service_install_writes_a_systemd_unit() {
     let dry = run(&["service", "install", "--dry-run", "--port", "7979", "--allow-origin", "https://a.example"]);
     assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
     let text = String::from_utf8_lossy(&dry.stdout);
-    assert!(text.contains("ExecStart=") && text.contains(" serve --port 7979 --allow-origin https://a.example\n"), "{text}");
+    assert!(
+        text.contains("ExecStart=") && text.contains(" serve --port 7979 --allow-origin https://a.example\n"),
+        "{text}"
+    );
     let unit = cfg.join("systemd/user/colibri.service");
     assert!(!unit.exists(), "--dry-run writes nothing");
 
@@ -132,7 +142,14 @@ fn post(port: u16, path: &str, body: &str) -> (u16, String) {
 fn serve_records_native_expert_use_in_the_usage_file() {
     let data = scratch("usage");
     let models = data.join("models");
-    let out = coli().args(["convert"]).arg(fixture("olmoe")).arg("-o").arg(models.join("olmoe")).args(["--quant", "int8"]).output().unwrap();
+    let out = coli()
+        .args(["convert"])
+        .arg(fixture("olmoe"))
+        .arg("-o")
+        .arg(models.join("olmoe"))
+        .args(["--quant", "int8"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut child = coli()
         .args(["serve", "--port", "0", "--models-dir"])
@@ -155,7 +172,8 @@ fn serve_records_native_expert_use_in_the_usage_file() {
     // 4 prompt positions + 3 decode steps, top-k experts in each MoE layer.
     assert!(v["total"].as_u64().unwrap() >= 7, "{v}");
     // The counts are tied to this version of the model (the xxh3 of its colibri.json).
-    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(models.join("olmoe/usage.json")).unwrap()).unwrap();
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(models.join("olmoe/usage.json")).unwrap()).unwrap();
     assert_eq!(saved["fingerprint"].as_str().map(str::len), Some(16), "{saved}");
     child.kill().unwrap();
     child.wait().unwrap();

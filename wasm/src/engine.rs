@@ -7,19 +7,19 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use colibri_engine::config::parse_token_ids;
-use colibri_engine::container::{model_from_parts, checksum, Manifest};
+use colibri_engine::container::{checksum, model_from_parts, Manifest};
 use colibri_engine::sampler::{Sampler, SamplerConfig};
 use colibri_engine::tensor::Bytes;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
 use js_sys::{Function, Promise};
-use wasm_bindgen_futures::future_to_promise;
 use serde::Deserialize;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
 
 use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
-use crate::net::{fetch, js_err, now_ms};
 use crate::disk;
+use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::{estimate, persist};
 use crate::tiers::Tiers;
 
@@ -54,7 +54,15 @@ struct GenOptions {
 
 impl Default for GenOptions {
     fn default() -> Self {
-        GenOptions { max_new_tokens: 128, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, seed: 0, ignore_eos: false }
+        GenOptions {
+            max_new_tokens: 128,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+            ignore_eos: false,
+        }
     }
 }
 
@@ -155,7 +163,10 @@ impl Engine {
         let opts: LoadOptions = if options.is_undefined() || options.is_null() {
             LoadOptions::default()
         } else {
-            serde_json::from_str(&js_sys::JSON::stringify(&options).map_err(|e| err(js_err(e)))?.as_string().unwrap_or_default()).map_err(err)?
+            serde_json::from_str(
+                &js_sys::JSON::stringify(&options).map_err(|e| err(js_err(e)))?.as_string().unwrap_or_default(),
+            )
+            .map_err(err)?
         };
         let want = Want::parse(opts.backend.as_deref()).map_err(err)?;
         let base = if base.ends_with('/') { base } else { format!("{base}/") };
@@ -163,8 +174,16 @@ impl Engine {
         let m = Manifest::parse(&manifest_bytes).map_err(err)?;
         let get = |name: &str| format!("{base}{name}");
         let tok_json = fetch(&get("tokenizer.json"), None, 5).await.map_err(err)?;
-        let tok_cfg = if m.files.iter().any(|f| f == "tokenizer_config.json") { Some(fetch(&get("tokenizer_config.json"), None, 5).await.map_err(err)?) } else { None };
-        let gen_cfg = if m.files.iter().any(|f| f == "generation_config.json") { fetch(&get("generation_config.json"), None, 5).await.ok() } else { None };
+        let tok_cfg = if m.files.iter().any(|f| f == "tokenizer_config.json") {
+            Some(fetch(&get("tokenizer_config.json"), None, 5).await.map_err(err)?)
+        } else {
+            None
+        };
+        let gen_cfg = if m.files.iter().any(|f| f == "generation_config.json") {
+            fetch(&get("generation_config.json"), None, 5).await.ok()
+        } else {
+            None
+        };
         let mut tok = Tokenizer::from_bytes(&tok_json, tok_cfg.as_deref()).map_err(err)?;
 
         // Dense weights: fetched in ranges, each retried on failure, with progress.
@@ -176,7 +195,8 @@ impl Engine {
         report(&on_progress, "dense", 0.0, total as f64);
         while off < total {
             let end = (off + CHUNK).min(total);
-            let part = fetch(&data_url, Some((m.dense.offset + off, m.dense.offset + end - 1)), 6).await.map_err(err)?;
+            let part =
+                fetch(&data_url, Some((m.dense.offset + off, m.dense.offset + end - 1)), 6).await.map_err(err)?;
             dense.extend_from_slice(&part);
             off = end;
             report(&on_progress, "dense", off as f64, total as f64);
@@ -230,7 +250,17 @@ impl Engine {
         report(&on_progress, "ready", total as f64, total as f64);
         let usage = model.cfg.moe_layers.iter().map(|_| vec![0; model.cfg.router.n_experts]).collect();
         let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default(), usage };
-        Ok(Engine { model, tok: Rc::new(tok), stop_ids, tiers, backend, auto, state: Rc::new(RefCell::new(state)), persisted, sampling })
+        Ok(Engine {
+            model,
+            tok: Rc::new(tok),
+            stop_ids,
+            tiers,
+            backend,
+            auto,
+            state: Rc::new(RefCell::new(state)),
+            persisted,
+            sampling,
+        })
     }
 
     #[wasm_bindgen(js_name = vocabSize)]
@@ -252,13 +282,16 @@ impl Engine {
     /// Teacher-forced logits of `ids` from an empty context: a promise of a
     /// Float32Array [ids.len() * vocab].
     pub fn logits(&self, ids: Vec<u32>) -> Promise {
-        let (model, backend, state, tiers) = (self.model.clone(), self.backend.clone(), self.state.clone(), self.tiers.clone());
+        let (model, backend, state, tiers) =
+            (self.model.clone(), self.backend.clone(), self.state.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
             let mut cx = backend.new_context(&model);
             let State { usage, perf, .. } = &mut *st;
             let out = backend
-                .forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut |l, e, n| State::count_use(usage, &mut perf.expert_loads, l, e, n))
+                .forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut |l, e, n| {
+                    State::count_use(usage, &mut perf.expert_loads, l, e, n)
+                })
                 .await
                 .map_err(err)?;
             Ok(js_sys::Float32Array::from(&out[..]).into())
@@ -286,10 +319,18 @@ impl Engine {
     /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
     /// repetitionPenalty, seed, ignoreEos}.
     pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
-        let o: GenOptions = if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
+        let o: GenOptions =
+            if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
         // Empty, out-of-vocabulary or longer than the context: refused before anything runs.
         self.model.cfg.check_input(&ids, 0).map_err(err)?;
-        let sampler = Sampler::new(SamplerConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, repetition_penalty: o.repetition_penalty, seed: o.seed }).map_err(err)?;
+        let sampler = Sampler::new(SamplerConfig {
+            temperature: o.temperature,
+            top_k: o.top_k,
+            top_p: o.top_p,
+            repetition_penalty: o.repetition_penalty,
+            seed: o.seed,
+        })
+        .map_err(err)?;
         let mut st = self.state()?;
         let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         let limit = self.model.cfg.max_positions;
@@ -328,7 +369,9 @@ impl Engine {
             let t0 = now_ms();
             let loads = &mut perf.expert_loads;
             let result = backend
-                .forward_tiered(&model, &tiers, cx, &g.pending, Logits::Last, &mut |l, e, n| State::count_use(usage, loads, l, e, n))
+                .forward_tiered(&model, &tiers, cx, &g.pending, Logits::Last, &mut |l, e, n| {
+                    State::count_use(usage, loads, l, e, n)
+                })
                 .await;
             let logits = match result {
                 Ok(l) => l,

@@ -51,7 +51,8 @@ fn done(req: &IdbRequest) -> Promise {
         });
         let r = req.clone();
         let bad = Closure::once_into_js(move |_: web_sys::Event| {
-            let msg = r.error().ok().flatten().map(|e| e.message()).unwrap_or_else(|| "IndexedDB request failed".into());
+            let msg =
+                r.error().ok().flatten().map(|e| e.message()).unwrap_or_else(|| "IndexedDB request failed".into());
             let _ = reject.call1(&JsValue::NULL, &JsValue::from_str(&msg));
         });
         req.set_onsuccess(Some(ok.unchecked_ref()));
@@ -71,7 +72,8 @@ impl Idb {
             }
         });
         req.set_onupgradeneeded(Some(upgrade.unchecked_ref()));
-        let db: IdbDatabase = JsFuture::from(done(&req)).await.map_err(js_err)?.dyn_into().map_err(|_| "not a database")?;
+        let db: IdbDatabase =
+            JsFuture::from(done(&req)).await.map_err(js_err)?.dyn_into().map_err(|_| "not a database")?;
         let store = db.transaction_with_str(STORE).and_then(|t| t.object_store(STORE)).map_err(js_err)?;
         let keys = JsFuture::from(done(&store.get_all_keys().map_err(js_err)?)).await.map_err(js_err)?;
         let stored = js_sys::Array::from(&keys).iter().filter_map(|k| k.as_f64()).map(|k| k as u32).collect();

@@ -82,12 +82,22 @@ mod tests {
         let mut body = Vec::new();
         let chunks: [(u64, &[u8]); 2] = [(10, b"--XYZ\r\n\r\nevil"), (4096, &[0u8, 1, 2, 255])];
         for (off, d) in chunks {
-            body.extend_from_slice(format!("\r\n--{b}\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes {}-{}/9000\r\n\r\n", off, off + d.len() as u64 - 1).as_bytes());
+            body.extend_from_slice(
+                format!(
+                    "\r\n--{b}\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes {}-{}/9000\r\n\r\n",
+                    off,
+                    off + d.len() as u64 - 1
+                )
+                .as_bytes(),
+            );
             body.extend_from_slice(d);
         }
         body.extend_from_slice(format!("\r\n--{b}--\r\n").as_bytes());
         let parts = parse_multipart(&body, b).unwrap();
-        assert_eq!(parts, vec![Part { offset: 10, data: chunks[0].1.to_vec() }, Part { offset: 4096, data: chunks[1].1.to_vec() }]);
+        assert_eq!(
+            parts,
+            vec![Part { offset: 10, data: chunks[0].1.to_vec() }, Part { offset: 4096, data: chunks[1].1.to_vec() }]
+        );
         assert_eq!(boundary("multipart/byteranges; boundary=\"XYZ\""), Some("XYZ".into()));
         assert_eq!(boundary("text/plain; boundary=XYZ"), None);
         // Truncated body: an error, not a panic.

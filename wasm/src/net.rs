@@ -10,7 +10,9 @@ use web_sys::{Headers, RequestInit, Response, WorkerGlobalScope, XmlHttpRequest,
 use crate::multipart::{boundary, parse_content_range, parse_multipart, Part};
 
 pub fn scope() -> Result<WorkerGlobalScope, String> {
-    js_sys::global().dyn_into::<WorkerGlobalScope>().map_err(|_| "colibri must run in a dedicated Web Worker".to_string())
+    js_sys::global()
+        .dyn_into::<WorkerGlobalScope>()
+        .map_err(|_| "colibri must run in a dedicated Web Worker".to_string())
 }
 
 pub fn js_err(v: JsValue) -> String {
@@ -51,7 +53,8 @@ async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Str
     if !ok {
         return Err(format!("{url}: HTTP {status}"));
     }
-    let buf: ArrayBuffer = JsFuture::from(resp.array_buffer().map_err(js_err)?).await.map_err(js_err)?.dyn_into().map_err(js_err)?;
+    let buf: ArrayBuffer =
+        JsFuture::from(resp.array_buffer().map_err(js_err)?).await.map_err(js_err)?.dyn_into().map_err(js_err)?;
     let bytes = Uint8Array::new(&buf).to_vec();
     if let Some((a, b)) = range {
         if bytes.len() as u64 != b - a + 1 {

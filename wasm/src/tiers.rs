@@ -11,9 +11,9 @@ use colibri_engine::container::{checksum, ByteSource, Manifest};
 use colibri_engine::{Error, Result};
 use serde::Serialize;
 
-use crate::net::{now_ms, xhr_ranges};
 use crate::disk::Disk;
 use crate::idb::{Idb, Read};
+use crate::net::{now_ms, xhr_ranges};
 
 #[derive(Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -69,12 +69,27 @@ impl Tiers {
         let mut expert = 0;
         for layer in &m.experts.layers {
             for e in &layer.experts {
-                slots.insert(e.offset, Slot { expert, len: e.length as usize, xxh3: parse_checksum(&e.xxh3).unwrap_or(0) });
+                slots.insert(
+                    e.offset,
+                    Slot { expert, len: e.length as usize, xxh3: parse_checksum(&e.xxh3).unwrap_or(0) },
+                );
                 expert += 1;
             }
         }
-        let stats = TierStats { disk_enabled: disk.is_some(), disk_kind: disk.as_ref().map(Disk::kind), disk_error, ..Default::default() };
-        Tiers { data_url, slots, disk: RefCell::new(disk), n_experts: expert, staged: RefCell::new(HashMap::new()), stats: RefCell::new(stats) }
+        let stats = TierStats {
+            disk_enabled: disk.is_some(),
+            disk_kind: disk.as_ref().map(Disk::kind),
+            disk_error,
+            ..Default::default()
+        };
+        Tiers {
+            data_url,
+            slots,
+            disk: RefCell::new(disk),
+            n_experts: expert,
+            staged: RefCell::new(HashMap::new()),
+            stats: RefCell::new(stats),
+        }
     }
 
     /// Per expert in manifest order: is it in the disk tier?
@@ -98,7 +113,9 @@ impl Tiers {
             _ => return Ok(()),
         };
         let t0 = now_ms();
-        let records = Idb::load(&keys, &store).await.map_err(|e| Error::Invalid(format!("reading experts from IndexedDB: {e}")))?;
+        let records = Idb::load(&keys, &store)
+            .await
+            .map_err(|e| Error::Invalid(format!("reading experts from IndexedDB: {e}")))?;
         self.stats.borrow_mut().disk_ms += now_ms() - t0;
         if let Some(Disk::Idb(i)) = &mut *self.disk.borrow_mut() {
             i.loaded(records);
@@ -170,7 +187,9 @@ impl Tiers {
                 // Match by containment: a server or CDN may merge adjacent ranges into one part.
                 let part = parts.iter().find_map(|p| {
                     let start = off.checked_sub(p.offset)? as usize;
-                    p.data.get(start..start + len).map(|data| crate::multipart::Part { offset: off, data: data.to_vec() })
+                    p.data
+                        .get(start..start + len)
+                        .map(|data| crate::multipart::Part { offset: off, data: data.to_vec() })
                 });
                 let part = part.as_ref();
                 let ok = match (part, self.slots.get(&off)) {

@@ -139,9 +139,14 @@ fn index_layer(l: &ExpertLayer, cfg: &ModelConfig) -> Result<LayerIndex> {
     }
     let n = cfg.router.n_experts;
     if l.experts.len() != n {
-        return Err(Error::Invalid(format!("colibri.json: layer {} lists {} experts, the config says {n}", l.layer, l.experts.len())));
+        return Err(Error::Invalid(format!(
+            "colibri.json: layer {} lists {} experts, the config says {n}",
+            l.layer,
+            l.experts.len()
+        )));
     }
-    let experts = l.experts.iter().map(|e| (e.offset, e.length as usize, parse_checksum(&e.xxh3).unwrap_or(0))).collect();
+    let experts =
+        l.experts.iter().map(|e| (e.offset, e.length as usize, parse_checksum(&e.xxh3).unwrap_or(0))).collect();
     Ok(LayerIndex { parts, experts })
 }
 
@@ -202,18 +207,28 @@ impl ContainerExperts {
 
     /// [`ContainerExperts::new`] with every option; pins the hottest experts of
     /// `opts.usage` that fit `opts.pin` before returning.
-    pub fn with_options(m: &Manifest, cfg: &ModelConfig, source: Arc<dyn ByteSource>, mut opts: CacheOptions) -> Result<Self> {
+    pub fn with_options(
+        m: &Manifest,
+        cfg: &ModelConfig,
+        source: Arc<dyn ByteSource>,
+        mut opts: CacheOptions,
+    ) -> Result<Self> {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for (l, &moe) in cfg.moe_layers.iter().enumerate() {
             match (moe, m.expert_layer(l)) {
                 (true, Some(x)) => layers.push(Some(index_layer(x, cfg)?)),
                 (true, None) => return Err(Error::Invalid(format!("colibri.json: no experts for MoE layer {l}"))),
-                (false, Some(_)) => return Err(Error::Invalid(format!("colibri.json: experts listed for dense layer {l}"))),
+                (false, Some(_)) => {
+                    return Err(Error::Invalid(format!("colibri.json: experts listed for dense layer {l}")))
+                }
                 (false, None) => layers.push(None),
             }
         }
         if let Some(x) = m.experts.layers.iter().find(|x| x.layer as usize >= cfg.n_layers) {
-            return Err(Error::Invalid(format!("colibri.json: experts listed for layer {}, but the model has {} layers", x.layer, cfg.n_layers)));
+            return Err(Error::Invalid(format!(
+                "colibri.json: experts listed for layer {}, but the model has {} layers",
+                x.layer, cfg.n_layers
+            )));
         }
         opts.pin = opts.pin.min(opts.ram.unwrap_or(u64::MAX));
         let (nl, ne) = (cfg.n_layers, cfg.router.n_experts);
@@ -396,7 +411,8 @@ impl ExpertSource for ContainerExperts {
         #[cfg(not(target_arch = "wasm32"))]
         if self.pool.is_some() {
             // Prefetches of this layer that the router did not choose are wasted.
-            let unused: Vec<Key> = st.staged.keys().filter(|k| k.0 == layer && !experts.contains(&k.1)).copied().collect();
+            let unused: Vec<Key> =
+                st.staged.keys().filter(|k| k.0 == layer && !experts.contains(&k.1)).copied().collect();
             for k in unused {
                 if let Some(s) = st.staged.remove(&k) {
                     if s.prefetch {
@@ -405,7 +421,11 @@ impl ExpertSource for ContainerExperts {
                 }
             }
             st.demand.retain(|k| k.0 != layer);
-            let misses: Vec<Key> = experts.iter().map(|&e| (layer, e)).filter(|k| !st.tiers.contains(k) && !st.staged.contains_key(k)).collect();
+            let misses: Vec<Key> = experts
+                .iter()
+                .map(|&e| (layer, e))
+                .filter(|k| !st.tiers.contains(k) && !st.staged.contains_key(k))
+                .collect();
             st.demand.extend(misses);
             self.pump(&mut st);
             return Ok(());
@@ -534,7 +554,9 @@ mod tests {
     /// A container of random int8 experts in memory, and the f32 values they decode to.
     fn container() -> (Manifest, Vec<u8>, Vec<Vec<f32>>) {
         let dt = DType::Int8 { group: 8 };
-        let layers: Vec<ExpertLayerPlan> = (0..2).map(|l| ExpertLayerPlan { layer: l, count: 3, parts: [(dt, [4, 8]), (dt, [4, 8]), (dt, [8, 4])] }).collect();
+        let layers: Vec<ExpertLayerPlan> = (0..2)
+            .map(|l| ExpertLayerPlan { layer: l, count: 3, parts: [(dt, [4, 8]), (dt, [4, 8]), (dt, [8, 4])] })
+            .collect();
         let mut m = plan("weights.bin", QuantSummary::default(), serde_json::json!({}), vec![], &[], &layers).unwrap();
         let mut data = vec![0u8; m.data_size as usize];
         let mut gate_rows = Vec::new();
@@ -575,7 +597,9 @@ mod tests {
     fn reads_decodes_and_caches_under_the_budget() {
         let (m, data, gate_rows) = container();
         let size = m.experts.layers[0].experts[0].length;
-        for (budget, want_misses, want_cached) in [(Some(0), 5, 0), (Some(size), 5, 1), (Some(size * 2), 3, 2), (None, 3, 3)] {
+        for (budget, want_misses, want_cached) in
+            [(Some(0), 5, 0), (Some(size), 5, 1), (Some(size * 2), 3, 2), (None, 3, 3)]
+        {
             let x = ContainerExperts::new(&m, &cfg(), source(&data), budget).unwrap();
             for (l, e) in [(0, 0), (1, 2), (0, 0), (0, 1), (0, 0)] {
                 let got = x.expert(l, e).unwrap();
@@ -604,9 +628,17 @@ mod tests {
         assert!(ContainerExperts::new(&m, &cfg(), source(short), None).unwrap().expert(1, 2).is_err());
         let mut m2 = m.clone();
         m2.experts.layers[0].experts.pop();
-        assert!(ContainerExperts::new(&m2, &cfg(), source(&data), None).err().unwrap().to_string().contains("lists 2 experts"));
+        assert!(ContainerExperts::new(&m2, &cfg(), source(&data), None)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("lists 2 experts"));
         let mut m3 = m.clone();
         m3.experts.layers.pop();
-        assert!(ContainerExperts::new(&m3, &cfg(), source(&data), None).err().unwrap().to_string().contains("no experts for MoE layer 1"));
+        assert!(ContainerExperts::new(&m3, &cfg(), source(&data), None)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("no experts for MoE layer 1"));
     }
 }

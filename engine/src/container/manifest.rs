@@ -138,7 +138,12 @@ fn stored_len(what: &str, dtype: DType, shape: &[u64]) -> Result<u64> {
     let (rows, cols) = match shape {
         [] => (1, 1),
         [n] => (1, *n),
-        [rest @ .., c] => (rest.iter().try_fold(1u64, |a, &b| a.checked_mul(b)).ok_or_else(|| bad(format!("{what}: shape overflows")))?, *c),
+        [rest @ .., c] => (
+            rest.iter()
+                .try_fold(1u64, |a, &b| a.checked_mul(b))
+                .ok_or_else(|| bad(format!("{what}: shape overflows")))?,
+            *c,
+        ),
     };
     if dtype.is_quantized() && shape.len() != 2 {
         return Err(bad(format!("{what}: quantized tensors must be 2-D")));
@@ -172,10 +177,13 @@ impl ExpertPart {
 impl Manifest {
     /// Parses and validates a manifest. Every later read can trust its ranges.
     pub fn parse(bytes: &[u8]) -> Result<Self> {
-        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(format!("not valid JSON ({e}); the file is damaged or truncated")))?;
+        let v: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| bad(format!("not valid JSON ({e}); the file is damaged or truncated")))?;
         match (v.get("format").and_then(|f| f.as_str()), v.get("version").and_then(|f| f.as_u64())) {
             (Some(FORMAT), Some(n)) if n == VERSION as u64 => {}
-            (Some(FORMAT), Some(n)) => return Err(bad(format!("format version {n} is not supported (this coli reads version {VERSION})"))),
+            (Some(FORMAT), Some(n)) => {
+                return Err(bad(format!("format version {n} is not supported (this coli reads version {VERSION})")))
+            }
             _ => return Err(bad("not a colibri manifest (no \"format\": \"colibri\" with a \"version\")")),
         }
         let m: Manifest = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
@@ -204,7 +212,10 @@ impl Manifest {
         for t in &d.tensors {
             let want = stored_len(&t.name, t.dtype()?, &t.shape)?;
             if t.length != want {
-                return Err(bad(format!("{}: length {} but {} of shape {:?} needs {want}", t.name, t.length, t.dtype, t.shape)));
+                return Err(bad(format!(
+                    "{}: length {} but {} of shape {:?} needs {want}",
+                    t.name, t.length, t.dtype, t.shape
+                )));
             }
             within(&t.name, t.offset, t.length, d.offset, d.offset + d.length)?;
             parse_checksum(&t.xxh3).ok_or_else(|| bad(format!("{}: bad checksum {:?}", t.name, t.xxh3)))?;
@@ -304,7 +315,15 @@ pub fn plan(
         at = align(at, TENSOR_ALIGN);
         let length = stored_len(&t.name, t.dtype, &t.shape)?;
         let (dtype, group_size) = dtype_fields(t.dtype);
-        tensors.push(DenseTensor { name: t.name.clone(), dtype, group_size, shape: t.shape.clone(), offset: at, length, xxh3: String::new() });
+        tensors.push(DenseTensor {
+            name: t.name.clone(),
+            dtype,
+            group_size,
+            shape: t.shape.clone(),
+            offset: at,
+            length,
+            xxh3: String::new(),
+        });
         at += length;
     }
     let dense_region = DenseRegion { offset: 0, length: at, tensors };
@@ -357,7 +376,15 @@ mod tests {
                 DensePlan { name: "a".into(), dtype: DType::F32, shape: vec![3] },
                 DensePlan { name: "b".into(), dtype: DType::Int8 { group: 64 }, shape: vec![5, 100] },
             ],
-            &[ExpertLayerPlan { layer: 0, count: 2, parts: [(DType::Int4 { group: 64 }, [4, 10]), (DType::Int4 { group: 64 }, [4, 10]), (DType::Int8 { group: 64 }, [10, 4])] }],
+            &[ExpertLayerPlan {
+                layer: 0,
+                count: 2,
+                parts: [
+                    (DType::Int4 { group: 64 }, [4, 10]),
+                    (DType::Int4 { group: 64 }, [4, 10]),
+                    (DType::Int8 { group: 64 }, [10, 4]),
+                ],
+            }],
         )
         .unwrap();
         for t in &mut m.dense.tensors {

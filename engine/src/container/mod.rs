@@ -58,7 +58,8 @@ pub struct MemorySource {
 
 impl ByteSource for MemorySource {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let start = usize::try_from(offset).map_err(|_| Error::Invalid(format!("{}: offset {offset} too large", self.name)))?;
+        let start =
+            usize::try_from(offset).map_err(|_| Error::Invalid(format!("{}: offset {offset} too large", self.name)))?;
         let src = self.bytes.slice(start, buf.len()).map_err(|e| Error::Invalid(format!("{}: {e}", self.name)))?;
         buf.copy_from_slice(src.as_ref());
         Ok(())
@@ -214,7 +215,10 @@ impl ByteSource for FileSource {
         };
         r.map_err(|e| {
             let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                std::io::Error::new(e.kind(), format!("bytes {offset}+{} are past the end of the file (truncated?)", buf.len()))
+                std::io::Error::new(
+                    e.kind(),
+                    format!("bytes {offset}+{} are past the end of the file (truncated?)", buf.len()),
+                )
             } else {
                 e
             };
@@ -231,7 +235,11 @@ impl ByteSource for FileSource {
 /// (`dense` starts at the region's offset), verifying each tensor's checksum.
 pub fn dense_store(m: &Manifest, dense: &Bytes, origin: &str) -> Result<TensorStore> {
     if dense.len() as u64 != m.dense.length {
-        return Err(Error::Invalid(format!("{origin}: dense region is {} bytes, expected {}", dense.len(), m.dense.length)));
+        return Err(Error::Invalid(format!(
+            "{origin}: dense region is {} bytes, expected {}",
+            dense.len(),
+            m.dense.length
+        )));
     }
     let mut store = TensorStore::default();
     for t in &m.dense.tensors {
@@ -260,7 +268,12 @@ pub fn model_from_parts(m: &Manifest, dense: &Bytes, source: Arc<dyn ByteSource>
 }
 
 /// [`model_from_parts`] with every expert-cache option.
-pub fn model_from_parts_with(m: &Manifest, dense: &Bytes, source: Arc<dyn ByteSource>, opts: CacheOptions) -> Result<Model> {
+pub fn model_from_parts_with(
+    m: &Manifest,
+    dense: &Bytes,
+    source: Arc<dyn ByteSource>,
+    opts: CacheOptions,
+) -> Result<Model> {
     let cfg = ModelConfig::from_value(&m.config).map_err(|e| Error::Config(format!("{MANIFEST_FILE}: {e}")))?;
     let store = dense_store(m, dense, &source.name())?;
     let experts = ContainerExperts::with_options(m, &cfg, source, opts)?;
@@ -282,8 +295,10 @@ pub fn open_dir_with(dir: &std::path::Path, opts: CacheOptions) -> Result<Model>
         Bytes::from_vec(Vec::new())
     } else {
         // SAFETY: read-only map; model files are not expected to change under us.
-        let map = unsafe { memmap2::MmapOptions::new().offset(m.dense.offset).len(m.dense.length as usize).map(source.file()) }
-            .map_err(|e| Error::io(dir.join(&m.data_file), e))?;
+        let map = unsafe {
+            memmap2::MmapOptions::new().offset(m.dense.offset).len(m.dense.length as usize).map(source.file())
+        }
+        .map_err(|e| Error::io(dir.join(&m.data_file), e))?;
         Bytes::new(Arc::new(map))
     };
     model_from_parts_with(&m, &dense, Arc::new(source), opts)

@@ -155,7 +155,9 @@ mod tests {
         let mut s = 5;
         for cols in [1usize, 7, 64, 100, 129] {
             let v: Vec<f32> = (0..cols).map(|_| lcg(&mut s) * 0.1).collect();
-            for (dtype, levels) in [(DType::Int8 { group: 64 }, 127.0), (DType::Int4 { group: 32 }, 7.0), (DType::Int4 { group: 8 }, 7.0)] {
+            for (dtype, levels) in
+                [(DType::Int8 { group: 64 }, 127.0), (DType::Int4 { group: 32 }, 7.0), (DType::Int4 { group: 8 }, 7.0)]
+            {
                 let out = roundtrip(dtype, &v);
                 let g = dtype.group().unwrap() as usize;
                 for (k, (a, b)) in v.iter().zip(&out).enumerate() {
@@ -204,7 +206,8 @@ mod tests {
             quantize_row(dtype, &v, &mut bytes).unwrap();
             let mut out = vec![0.0; v.len()];
             decode_row(dtype, v.len(), &bytes, &mut out);
-            let scales: Vec<f64> = bytes[..8].chunks(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect();
+            let scales: Vec<f64> =
+                bytes[..8].chunks(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect();
             for (k, o) in out.iter().enumerate() {
                 let q = *o as f64 / scales[k / 64];
                 assert_eq!(q, q.round(), "{dtype} [{k}]");

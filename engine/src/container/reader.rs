@@ -73,9 +73,21 @@ impl Drop for AlignedBuf {
 #[cfg(unix)]
 fn raw_alloc(cap: usize) -> Result<*mut u8> {
     // SAFETY: an anonymous private mapping; no file or existing memory is involved.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), cap, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            cap,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
-        return Err(Error::Invalid(format!("cannot map a {cap}-byte expert buffer: {}", std::io::Error::last_os_error())));
+        return Err(Error::Invalid(format!(
+            "cannot map a {cap}-byte expert buffer: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     Ok(p as *mut u8)
 }
@@ -88,7 +100,8 @@ fn raw_free(ptr: *mut u8, cap: usize) {
 
 #[cfg(not(unix))]
 fn raw_alloc(cap: usize) -> Result<*mut u8> {
-    let layout = Layout::from_size_align(cap, ALIGN).map_err(|e| Error::Invalid(format!("buffer of {cap} bytes: {e}")))?;
+    let layout =
+        Layout::from_size_align(cap, ALIGN).map_err(|e| Error::Invalid(format!("buffer of {cap} bytes: {e}")))?;
     // SAFETY: the layout has a non-zero size.
     let ptr = unsafe { alloc_zeroed(layout) };
     if ptr.is_null() {

@@ -95,7 +95,12 @@ impl Tiers {
 /// `budget`: bytes the pinned tier may hold. Free room is filled with the hottest
 /// unpinned experts; after that a candidate displaces the coldest pinned expert only if
 /// it beats it by [`REPIN_FACTOR`] and [`REPIN_MARGIN`] (hysteresis).
-pub fn plan_repin(pinned: &[Key], counts: &ExpertUsage, size: &dyn Fn(Key) -> u64, budget: u64) -> (Vec<Key>, Vec<Key>) {
+pub fn plan_repin(
+    pinned: &[Key],
+    counts: &ExpertUsage,
+    size: &dyn Fn(Key) -> u64,
+    budget: u64,
+) -> (Vec<Key>, Vec<Key>) {
     let count = |k: Key| counts.get(k.0, k.1);
     let mut kept: Vec<Key> = pinned.to_vec();
     // Coldest last, so pop() gives the weakest; ties: the higher key is weaker.
@@ -118,7 +123,10 @@ pub fn plan_repin(pinned: &[Key], counts: &ExpertUsage, size: &dyn Fn(Key) -> u6
         }
         let Some(&weak) = kept.last() else { break };
         let wc = count(weak);
-        if (c as f64) < wc as f64 * REPIN_FACTOR || c < wc.saturating_add(REPIN_MARGIN) || used - size(weak) + s > budget {
+        if (c as f64) < wc as f64 * REPIN_FACTOR
+            || c < wc.saturating_add(REPIN_MARGIN)
+            || used - size(weak) + s > budget
+        {
             break; // candidates only get colder from here
         }
         kept.pop();

@@ -36,7 +36,9 @@ impl GpuMat {
 fn rows_per_block(ctx: &GpuContext, row_bytes: usize, rows: usize) -> Result<usize> {
     let limit = ctx.max_binding();
     if row_bytes as u64 > limit {
-        return Err(Error::Gpu(format!("one weight row of {row_bytes} bytes exceeds the storage binding limit of {limit} bytes")));
+        return Err(Error::Gpu(format!(
+            "one weight row of {row_bytes} bytes exceeds the storage binding limit of {limit} bytes"
+        )));
     }
     let per = ((limit / row_bytes.max(1) as u64) as usize).max(1);
     Ok(per.min(rows.max(1)))
@@ -46,7 +48,10 @@ fn rows_per_block(ctx: &GpuContext, row_bytes: usize, rows: usize) -> Result<usi
 pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
     let size = (bytes.len() as u64).max(4).div_ceil(4) * 4;
     if size > ctx.limits.max_buffer_size {
-        return Err(Error::Gpu(format!("{label}: {size} bytes exceed the buffer size limit of {}", ctx.limits.max_buffer_size)));
+        return Err(Error::Gpu(format!(
+            "{label}: {size} bytes exceed the buffer size limit of {}",
+            ctx.limits.max_buffer_size
+        )));
     }
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),

@@ -101,7 +101,11 @@ pub struct Pipeline {
 impl GpuContext {
     /// The pipeline for `kernel`'s `main` with these constants, compiled once per device.
     pub fn pipeline(&self, kernel: Kernel, constants: &[(&'static str, f64)]) -> Result<Arc<Pipeline>> {
-        let key = PipelineKey { kernel, entry: "main", constants: constants.iter().map(|(k, v)| (*k, v.to_bits())).collect() };
+        let key = PipelineKey {
+            kernel,
+            entry: "main",
+            constants: constants.iter().map(|(k, v)| (*k, v.to_bits())).collect(),
+        };
         let poisoned = || Error::Gpu("pipeline cache poisoned".into());
         if let Some(p) = self.pipelines.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(p.clone());
@@ -155,14 +159,18 @@ mod tests {
     fn every_registered_kernel_validates_as_assembled() {
         for k in Kernel::ALL {
             let src = k.source();
-            let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{}: {}", k.name(), e.emit_to_string(&src)));
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{}: {}", k.name(), e.emit_to_string(&src)));
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{}: {}", k.name(), e.emit_to_string(&src)));
         }
         // Every kernel file in shaders/ is registered here.
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
-        let files = std::fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "wgsl")).count();
+        let files = std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "wgsl"))
+            .count();
         assert_eq!(files, Kernel::ALL.len());
     }
 }

@@ -153,11 +153,7 @@ impl GpuContext {
     /// Largest byte range one storage binding may cover (a multiple of 4). Capped at
     /// 2 GiB so that kernels can index any binding's elements with u32.
     pub fn max_binding(&self) -> u64 {
-        self.limits
-            .max_storage_buffer_binding_size
-            .min(self.limits.max_buffer_size)
-            .min(1 << 31)
-            .min(self.binding_cap)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size).min(1 << 31).min(self.binding_cap)
             & !3
     }
 

@@ -123,7 +123,9 @@ fn opt_vec(ctx: &GpuContext, label: &str, v: &Option<Vec<f32>>) -> Result<Option
 }
 
 fn same_bytes(a: &crate::tensor::Mat, b: &crate::tensor::Mat) -> bool {
-    a.dtype == b.dtype && a.bytes.len() == b.bytes.len() && std::ptr::eq(a.bytes.as_ref().as_ptr(), b.bytes.as_ref().as_ptr())
+    a.dtype == b.dtype
+        && a.bytes.len() == b.bytes.len()
+        && std::ptr::eq(a.bytes.as_ref().as_ptr(), b.bytes.as_ref().as_ptr())
 }
 
 impl<M: Borrow<Model>> GpuModel<M> {
@@ -134,8 +136,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let c = &m.cfg;
         let cx = &*ctx;
         let embed = upload_mat(cx, "embed", &m.embed)?;
-        let lm_head = if same_bytes(&m.embed, &m.lm_head) { embed.clone() } else { upload_mat(cx, "lm_head", &m.lm_head)? };
-        let mut max_inter = c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
+        let lm_head =
+            if same_bytes(&m.embed, &m.lm_head) { embed.clone() } else { upload_mat(cx, "lm_head", &m.lm_head)? };
+        let mut max_inter =
+            c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
         let mut layers = Vec::with_capacity(m.layers.len());
         for (l, layer) in m.layers.iter().enumerate() {
             let a = &layer.attn;
@@ -164,7 +168,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     shared: match &block.shared {
                         Some((e, gate)) => {
                             max_inter = max_inter.max(e.gate.rows);
-                            Some((GpuExpert::upload(cx, &format!("{p}.shared"), e)?, upload_mat(cx, &format!("{p}.shared_gate"), gate)?))
+                            Some((
+                                GpuExpert::upload(cx, &format!("{p}.shared"), e)?,
+                                upload_mat(cx, &format!("{p}.shared_gate"), gate)?,
+                            ))
                         }
                         None => None,
                     },
@@ -279,7 +286,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let probs = buf("router_probs", n * c.router.n_experts)?;
         // (expert, weight bits) per choice; any top-k up to all experts fits.
         let routes = buf("routes", n * c.router.n_experts * 2)?;
-        let ahead_routes = if self.lookahead > 0 { Some(buf("ahead_routes", n * c.router.n_experts * 2)?) } else { None };
+        let ahead_routes =
+            if self.lookahead > 0 { Some(buf("ahead_routes", n * c.router.n_experts * 2)?) } else { None };
         // Layer -> experts the lookahead predicted for it (checked when it routes).
         let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
         let shared_gate = buf("shared_gate", n)?;
@@ -325,7 +333,15 @@ impl<M: Borrow<Model>> GpuModel<M> {
             let (kc, vc) = &session.kv[l];
             rec.copy(&k, 0, kc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
             rec.copy(&v, 0, vc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
-            let shape = AttnShape { n, n_heads: o.n_heads, n_kv_heads: o.n_kv_heads, head_dim: hd, pos0, window: o.window, scale: o.scale };
+            let shape = AttnShape {
+                n,
+                n_heads: o.n_heads,
+                n_kv_heads: o.n_kv_heads,
+                head_dim: hd,
+                pos0,
+                window: o.window,
+                scale: o.scale,
+            };
             ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out)?;
             ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
             ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
@@ -349,24 +365,34 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     }
                     let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
                     cs_data = rec.data_f32(&cs); // the arena went with the old recorder
-                    let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
+                    let chosen = ops::routes_from(
+                        done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?,
+                        k,
+                    );
                     // Batch-union: expert -> the (position, weight) pairs routed to it.
                     let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
                     for (p, r) in chosen.iter().enumerate() {
                         for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                            let list = users.get_mut(e).ok_or_else(|| Error::Gpu(format!("layer {l}: routed to expert {e} of {ne}")))?;
+                            let list = users
+                                .get_mut(e)
+                                .ok_or_else(|| Error::Gpu(format!("layer {l}: routed to expert {e} of {ne}")))?;
                             list.push((p, w));
                         }
                     }
                     if let Some(guess) = predicted[l].take() {
                         let routed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
-                        let mut st = self.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
+                        let mut st =
+                            self.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
                         st.routed += routed.len() as u64;
                         st.predicted_hits += routed.iter().filter(|e| guess.contains(e)).count() as u64;
                     }
                     let ahead = match (next, done.get(1)) {
                         (Some((_, cfg)), Some(bytes)) => {
-                            let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k).into_iter().flat_map(|r| r.experts).filter(|&e| e < ne).collect();
+                            let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k)
+                                .into_iter()
+                                .flat_map(|r| r.experts)
+                                .filter(|&e| e < ne)
+                                .collect();
                             guess.sort_unstable();
                             guess.dedup();
                             Some(guess)
@@ -427,7 +453,9 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         predicted[l + 1] = Some(guess);
                     }
                 }
-                (Ffn::Dense(_), GpuFfn::Moe { .. }) => return Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model"))),
+                (Ffn::Dense(_), GpuFfn::Moe { .. }) => {
+                    return Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model")))
+                }
             }
             ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
         }
@@ -472,7 +500,15 @@ impl<M: Borrow<Model>> GpuModel<M> {
 }
 
 /// `out = down(silu(gate x) * up x)` for m positions of `x` (Expert::forward).
-fn swiglu_ffn(rec: &mut Recorder, e: &GpuExpert, x: &wgpu::Buffer, m: usize, g: &wgpu::Buffer, u: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<()> {
+fn swiglu_ffn(
+    rec: &mut Recorder,
+    e: &GpuExpert,
+    x: &wgpu::Buffer,
+    m: usize,
+    g: &wgpu::Buffer,
+    u: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
     let inter = e.gate.rows;
     ops::matmul(rec, &e.gate, x, 0, m, g, 0, inter)?;
     ops::matmul(rec, &e.up, x, 0, m, u, 0, inter)?;

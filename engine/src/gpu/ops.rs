@@ -39,7 +39,13 @@ pub fn matmul(
             u32_of("y offset", y_offset + part.row0)?,
             u32_of("y stride", y_stride)?,
         ];
-        rec.dispatch(Kernel::Matmul, &consts, &params, vec![(&part.range).into(), x.into(), y.into()], groups(part.rows, 8))?;
+        rec.dispatch(
+            Kernel::Matmul,
+            &consts,
+            &params,
+            vec![(&part.range).into(), x.into(), y.into()],
+            groups(part.rows, 8),
+        )?;
     }
     Ok(())
 }
@@ -56,13 +62,27 @@ pub fn embed(rec: &mut Recorder, m: &GpuMat, ids: Bind, n: usize, x: &wgpu::Buff
             m.row_words,
             0,
         ];
-        rec.dispatch(Kernel::Embed, &consts, &params, vec![(&part.range).into(), ids.clone(), x.into()], groups(n * m.cols, 64))?;
+        rec.dispatch(
+            Kernel::Embed,
+            &consts,
+            &params,
+            vec![(&part.range).into(), ids.clone(), x.into()],
+            groups(n * m.cols, 64),
+        )?;
     }
     Ok(())
 }
 
 /// In-place RMSNorm of `rows` rows of `width` starting at `x_offset` (kernels::rmsnorm).
-pub fn rmsnorm(rec: &mut Recorder, x: &wgpu::Buffer, x_offset: usize, rows: usize, width: usize, w: &wgpu::Buffer, eps: f32) -> Result<()> {
+pub fn rmsnorm(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    rows: usize,
+    width: usize,
+    w: &wgpu::Buffer,
+    eps: f32,
+) -> Result<()> {
     let params = [u32_of("rows", rows)?, u32_of("width", width)?, eps.to_bits(), u32_of("x offset", x_offset)?];
     rec.dispatch(Kernel::RmsNorm, &[], &params, vec![x.into(), w.into()], rows as u64)
 }
@@ -70,7 +90,15 @@ pub fn rmsnorm(rec: &mut Recorder, x: &wgpu::Buffer, x_offset: usize, rows: usiz
 /// In-place RoPE of n positions x heads heads of head_dim, rotating the first 2 * half
 /// values of each head with the per-position [cos.., sin..] table at `cs` (Rope::apply).
 #[allow(clippy::too_many_arguments)]
-pub fn rope(rec: &mut Recorder, x: &wgpu::Buffer, n: usize, heads: usize, head_dim: usize, half: usize, cs: Bind) -> Result<()> {
+pub fn rope(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    n: usize,
+    heads: usize,
+    head_dim: usize,
+    half: usize,
+    cs: Bind,
+) -> Result<()> {
     let params = [u32_of("n", n)?, u32_of("heads", heads)?, u32_of("head_dim", head_dim)?, u32_of("half", half)?, 0, 0];
     rec.dispatch(Kernel::Rope, &[], &params, vec![x.into(), cs], groups(n * heads * half, 64))
 }
@@ -127,8 +155,21 @@ pub fn swiglu(rec: &mut Recorder, g: &wgpu::Buffer, u: &wgpu::Buffer, len: usize
 
 /// `y[y_offset + i] += b[b_offset + i % period]` for i < len.
 #[allow(clippy::too_many_arguments)]
-pub fn add(rec: &mut Recorder, y: &wgpu::Buffer, y_offset: usize, b: &wgpu::Buffer, b_offset: usize, len: usize, period: usize) -> Result<()> {
-    let params = [u32_of("len", len)?, u32_of("period", period.max(1))?, u32_of("y offset", y_offset)?, u32_of("b offset", b_offset)?];
+pub fn add(
+    rec: &mut Recorder,
+    y: &wgpu::Buffer,
+    y_offset: usize,
+    b: &wgpu::Buffer,
+    b_offset: usize,
+    len: usize,
+    period: usize,
+) -> Result<()> {
+    let params = [
+        u32_of("len", len)?,
+        u32_of("period", period.max(1))?,
+        u32_of("y offset", y_offset)?,
+        u32_of("b offset", b_offset)?,
+    ];
     rec.dispatch(Kernel::Add, &[], &params, vec![y.into(), b.into()], groups(len, 64))
 }
 
@@ -138,7 +179,13 @@ pub fn clamp(rec: &mut Recorder, x: &wgpu::Buffer, len: usize, c: f32) -> Result
 }
 
 /// `out[dst_i, :] += y[i, :] * w_i` for the m (position, weight) pairs in `routes`.
-pub fn moe_accumulate(rec: &mut Recorder, out: &wgpu::Buffer, y: &wgpu::Buffer, routes: &[(usize, f32)], hidden: usize) -> Result<()> {
+pub fn moe_accumulate(
+    rec: &mut Recorder,
+    out: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    routes: &[(usize, f32)],
+    hidden: usize,
+) -> Result<()> {
     let mut words = Vec::with_capacity(routes.len() * 2);
     for &(p, w) in routes {
         words.push(u32_of("position", p)?);
@@ -146,11 +193,24 @@ pub fn moe_accumulate(rec: &mut Recorder, out: &wgpu::Buffer, y: &wgpu::Buffer, 
     }
     let route = rec.data(&words);
     let params = [u32_of("m", routes.len())?, u32_of("hidden", hidden)?, 0];
-    rec.dispatch(Kernel::MoeAccumulate, &[], &params, vec![out.into(), y.into(), route], groups(routes.len() * hidden, 64))
+    rec.dispatch(
+        Kernel::MoeAccumulate,
+        &[],
+        &params,
+        vec![out.into(), y.into(), route],
+        groups(routes.len() * hidden, 64),
+    )
 }
 
 /// `out[p, :] += sigmoid(g[p]) * s[p, :]` for p < n.
-pub fn gated_add(rec: &mut Recorder, out: &wgpu::Buffer, s: &wgpu::Buffer, g: &wgpu::Buffer, n: usize, hidden: usize) -> Result<()> {
+pub fn gated_add(
+    rec: &mut Recorder,
+    out: &wgpu::Buffer,
+    s: &wgpu::Buffer,
+    g: &wgpu::Buffer,
+    n: usize,
+    hidden: usize,
+) -> Result<()> {
     let params = [u32_of("n", n)?, u32_of("hidden", hidden)?];
     rec.dispatch(Kernel::GatedAdd, &[], &params, vec![out.into(), s.into(), g.into()], groups(n * hidden, 64))
 }
@@ -169,7 +229,8 @@ pub fn route(
     if cfg.top_k == 0 || cfg.top_k > cfg.n_experts {
         return Err(Error::Gpu(format!("route: top_k {} of {} experts", cfg.top_k, cfg.n_experts)));
     }
-    let params = [u32_of("n", n)?, u32_of("experts", cfg.n_experts)?, u32_of("top_k", cfg.top_k)?, cfg.norm_topk_prob as u32];
+    let params =
+        [u32_of("n", n)?, u32_of("experts", cfg.n_experts)?, u32_of("top_k", cfg.top_k)?, cfg.norm_topk_prob as u32];
     rec.dispatch(Kernel::Route, &[], &params, vec![logits.into(), probs.into(), out.into()], groups(n, 64))
 }
 

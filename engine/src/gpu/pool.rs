@@ -60,7 +60,13 @@ pub struct ExpertPool {
 
 impl ExpertPool {
     pub fn new(budget: u64) -> Self {
-        ExpertPool { budget, bytes: 0, clock: 0, entries: HashMap::new(), stats: PoolStats { budget, ..Default::default() } }
+        ExpertPool {
+            budget,
+            bytes: 0,
+            clock: 0,
+            entries: HashMap::new(),
+            stats: PoolStats { budget, ..Default::default() },
+        }
     }
 
     /// The expert on the GPU, uploading it (and evicting others) if it is not there.

@@ -116,7 +116,10 @@ impl<'c> Recorder<'c> {
         let max = self.ctx.limits.max_compute_workgroups_per_dimension.max(1) as u64;
         let (x, y) = if workgroups <= max { (workgroups, 1) } else { (max, workgroups.div_ceil(max)) };
         if y > max {
-            return Err(Error::Gpu(format!("{}: {workgroups} workgroups are too many for one dispatch", kernel.name())));
+            return Err(Error::Gpu(format!(
+                "{}: {workgroups} workgroups are too many for one dispatch",
+                kernel.name()
+            )));
         }
         if binds.iter().any(|b| matches!(b, Bind::Data { recorder, .. } if *recorder != self.id)) {
             return Err(Error::Gpu(format!("{}: data bound from another recorder", kernel.name())));
@@ -233,7 +236,9 @@ impl<'c> Recorder<'c> {
             s.slice(..).map_async(wgpu::MapMode::Read, move |r| tx.send(r));
             ctx.poll_wait()?;
             done.await.map_err(|e| Error::Gpu(format!("reading back: {e}")))?;
-            let bytes = s.slice(..).get_mapped_range().map_err(|e| Error::Gpu(format!("reading back: {e}")))?[..size as usize].to_vec();
+            let bytes = s.slice(..).get_mapped_range().map_err(|e| Error::Gpu(format!("reading back: {e}")))?
+                [..size as usize]
+                .to_vec();
             s.unmap();
             out.push(bytes);
         }

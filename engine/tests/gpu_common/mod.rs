@@ -55,7 +55,11 @@ pub fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let bad: Vec<usize> = (0..got.len()).filter(|&i| ulps(got[i], want[i]) != 0).collect();
     if !bad.is_empty() {
-        let show: Vec<String> = bad.iter().take(5).map(|&i| format!("[{i}] gpu {:e} cpu {:e} ({} ulp)", got[i], want[i], ulps(got[i], want[i]))).collect();
+        let show: Vec<String> = bad
+            .iter()
+            .take(5)
+            .map(|&i| format!("[{i}] gpu {:e} cpu {:e} ({} ulp)", got[i], want[i], ulps(got[i], want[i])))
+            .collect();
         panic!("{what}: {} of {} values differ: {}", bad.len(), got.len(), show.join(", "));
     }
 }

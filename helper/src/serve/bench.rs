@@ -67,7 +67,8 @@ impl Rng {
 
 fn write_synthetic(path: &std::path::Path, size: u64) -> Result<()> {
     use std::io::Write;
-    let mut f = std::io::BufWriter::new(File::create(path).with_context(|| format!("{}: cannot create", path.display()))?);
+    let mut f =
+        std::io::BufWriter::new(File::create(path).with_context(|| format!("{}: cannot create", path.display()))?);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut left = size;
     let mut buf = vec![0u8; 1 << 20];
@@ -106,10 +107,12 @@ fn http_client(t: &Target, seed: u64, until: Instant, ph: &Phase) -> Vec<f64> {
     let mut rng = Rng(seed | 1);
     let mut conn = None;
     while Instant::now() < until {
-        let ranges: Vec<(u64, u64)> = (0..a.ranges_per_request).map(|_| {
-            let o = rng.offset(size, a.range_bytes);
-            (o, o + a.range_bytes - 1)
-        }).collect();
+        let ranges: Vec<(u64, u64)> = (0..a.ranges_per_request)
+            .map(|_| {
+                let o = rng.offset(size, a.range_bytes);
+                (o, o + a.range_bytes - 1)
+            })
+            .collect();
         let spec: Vec<String> = ranges.iter().map(|(s, e)| format!("{s}-{e}")).collect();
         let header = format!("bytes={}", spec.join(","));
         let t = Instant::now();
@@ -156,11 +159,15 @@ fn check(r: &super::client::Response, ranges: &[(u64, u64)], file: &File, size: 
     };
     let mut covered = 0u64;
     for (cr, data) in &parts {
-        let Some((a, b)) = cr.strip_prefix("bytes ").and_then(|s| s.strip_suffix(&format!("/{size}"))).and_then(|s| s.split_once('-')) else {
+        let Some((a, b)) =
+            cr.strip_prefix("bytes ").and_then(|s| s.strip_suffix(&format!("/{size}"))).and_then(|s| s.split_once('-'))
+        else {
             return false;
         };
         let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) else { return false };
-        if b + 1 - a != data.len() as u64 || (bytes && read_exact_at(file, a, data.len()).ok().as_deref() != Some(data.as_slice())) {
+        if b + 1 - a != data.len() as u64
+            || (bytes && read_exact_at(file, a, data.len()).ok().as_deref() != Some(data.as_slice()))
+        {
             return false;
         }
         covered += data.len() as u64;
@@ -221,7 +228,11 @@ pub fn bench(a: &BenchArgs) -> Result<Value> {
             let dir = crate::paths::resolve_model(m, None)?;
             let name = match &a.file {
                 Some(f) => f.clone(),
-                None => super::models::list_files(&dir.canonicalize()?).into_iter().max_by_key(|(_, s)| *s).map(|(p, _)| p).context("the model directory has no files")?,
+                None => super::models::list_files(&dir.canonicalize()?)
+                    .into_iter()
+                    .max_by_key(|(_, s)| *s)
+                    .map(|(p, _)| p)
+                    .context("the model directory has no files")?,
             };
             (dir, name, false)
         }
@@ -253,7 +264,11 @@ pub fn bench(a: &BenchArgs) -> Result<Value> {
     let addr = bound.addr;
     let id = bound.state.registry.list().first().map(|m| m.id.clone()).context("no model")?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || rt.block_on(super::run(bound, async { let _ = stop_rx.await; })));
+    let server = std::thread::spawn(move || {
+        rt.block_on(super::run(bound, async {
+            let _ = stop_rx.await;
+        }))
+    });
     let url = format!("/models/{id}/{file_name}");
 
     let dur = Duration::from_secs_f64(a.seconds);

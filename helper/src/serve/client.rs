@@ -137,7 +137,13 @@ impl Conn {
         Ok(Some(chunk))
     }
 
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Response> {
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<Response> {
         self.send(method, path, headers, body)?;
         self.read_response(method == "HEAD")
     }
@@ -148,7 +154,13 @@ fn bad(what: &str) -> std::io::Error {
 }
 
 /// One request on a fresh connection.
-pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Response> {
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
     Conn::open(addr)?.request(method, path, headers, body)
 }
 

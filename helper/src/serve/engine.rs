@@ -51,7 +51,11 @@ impl Engines {
         slots
             .entry(id.to_string())
             .or_insert_with(|| {
-                Arc::new(Slot { loaded: OnceCell::new(), running: Arc::new(Semaphore::new(1)), admitted: AtomicUsize::new(0) })
+                Arc::new(Slot {
+                    loaded: OnceCell::new(),
+                    running: Arc::new(Semaphore::new(1)),
+                    admitted: AtomicUsize::new(0),
+                })
             })
             .clone()
     }
@@ -64,7 +68,11 @@ impl Engines {
             .loaded
             .get_or_try_init(|| async move {
                 tracing::info!(model = %root.display(), "loading model");
-                match tokio::task::spawn_blocking(move || crate::load::open_dir(&root, &crate::load::CacheFlags::with_ram(ram), true)).await {
+                match tokio::task::spawn_blocking(move || {
+                    crate::load::open_dir(&root, &crate::load::CacheFlags::with_ram(ram), true)
+                })
+                .await
+                {
                     Ok(Ok(l)) => {
                         if let Some(c) = &l.cache {
                             tracing::info!("{}", c.describe());

@@ -136,7 +136,14 @@ pub async fn get_file(
     respond(&state, &method, &headers, Arc::new(file), &meta, content_type(&path))
 }
 
-fn respond(state: &AppState, method: &Method, h: &HeaderMap, file: Arc<File>, m: &FileMeta, ctype: &'static str) -> Response {
+fn respond(
+    state: &AppState,
+    method: &Method,
+    h: &HeaderMap,
+    file: Arc<File>,
+    m: &FileMeta,
+    ctype: &'static str,
+) -> Response {
     let mut base = HeaderMap::new();
     base.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Ok(v) = HeaderValue::from_str(&m.etag) {
@@ -201,7 +208,8 @@ fn respond(state: &AppState, method: &Method, h: &HeaderMap, file: Arc<File>, m:
         }
         RangeRequest::Ranges(ranges) => {
             let n = state.stats.requests.load(Ordering::Relaxed);
-            let boundary = format!("colibri{:016x}", xxhash_rust::xxh3::xxh3_64(&[m.etag.as_bytes(), &n.to_le_bytes()].concat()));
+            let boundary =
+                format!("colibri{:016x}", xxhash_rust::xxh3::xxh3_64(&[m.etag.as_bytes(), &n.to_le_bytes()].concat()));
             let (segs, len) = multipart_segments(&ranges, m.len, ctype, &boundary);
             if let Ok(v) = HeaderValue::from_str(&format!("multipart/byteranges; boundary={boundary}")) {
                 base.insert(header::CONTENT_TYPE, v);

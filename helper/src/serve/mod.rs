@@ -19,9 +19,9 @@ mod range;
 pub mod security;
 pub mod service;
 mod stop;
-pub(crate) mod usage;
 #[cfg(test)]
 mod tests;
+pub(crate) mod usage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -132,7 +132,13 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(registry: Registry, policy: AccessPolicy, data_dir: Option<PathBuf>, max_queue: usize, ram: Option<u64>) -> Self {
+    pub fn new(
+        registry: Registry,
+        policy: AccessPolicy,
+        data_dir: Option<PathBuf>,
+        max_queue: usize,
+        ram: Option<u64>,
+    ) -> Self {
         AppState {
             registry,
             policy,
@@ -170,7 +176,8 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 
 async fn api_models(State(state): State<Arc<AppState>>) -> Response {
     let s = state.clone();
-    let list = tokio::task::spawn_blocking(move || s.registry.list().iter().map(models::describe).collect::<Vec<_>>()).await;
+    let list =
+        tokio::task::spawn_blocking(move || s.registry.list().iter().map(models::describe).collect::<Vec<_>>()).await;
     match list {
         Ok(data) => axum::Json(json!({"object": "list", "data": data})).into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
@@ -252,7 +259,8 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     }
     let registry = Registry::new(&dirs, models_dir)?;
     let bind_host = host.trim_start_matches('[').trim_end_matches(']');
-    let listener = TcpListener::bind((bind_host, a.port)).await.with_context(|| format!("cannot listen on {host}:{}", a.port))?;
+    let listener =
+        TcpListener::bind((bind_host, a.port)).await.with_context(|| format!("cannot listen on {host}:{}", a.port))?;
     let addr = listener.local_addr()?;
     let mut hosts = a.allow_hosts.clone();
     if a.host.is_some() && !bind_host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
@@ -359,7 +367,10 @@ fn url_of(addr: SocketAddr) -> String {
 pub fn serve(a: ServeArgs, open_browser: bool) -> Result<()> {
     init_logging();
     if let Some(t) = a.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build_global().context("could not start the thread pool")?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t.max(1))
+            .build_global()
+            .context("could not start the thread pool")?;
     }
     let rt = runtime()?;
     rt.block_on(async {

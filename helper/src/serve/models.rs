@@ -38,7 +38,10 @@ impl Registry {
             }
             let id = root.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
             if !is_valid_model_id(&id) {
-                bail!("{}: the directory name {id:?} cannot be a model id (use letters, digits, '.', '_', '-')", m.display());
+                bail!(
+                    "{}: the directory name {id:?} cannot be a model id (use letters, digits, '.', '_', '-')",
+                    m.display()
+                );
             }
             if explicit.iter().any(|e| e.id == id) {
                 bail!("two models are named {id:?}; each --model directory needs its own name");
@@ -172,7 +175,8 @@ pub fn describe(m: &ModelEntry) -> Value {
         .and_then(|b| colibri_engine::ModelConfig::from_json_bytes(&b).ok());
     let files = list_files(&m.root);
     let total: u64 = files.iter().map(|(_, s)| s).sum();
-    let format = if m.root.join(colibri_engine::container::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
+    let format =
+        if m.root.join(colibri_engine::container::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
     json!({
         "id": m.id,
         "object": "model",
@@ -200,7 +204,18 @@ mod tests {
     fn paths_stay_inside_the_model_directory() {
         let root = fixture("olmoe");
         assert_eq!(resolve_file(&root, "config.json").unwrap(), root.join("config.json"));
-        for bad in ["", "..", "../olmoe/config.json", "./config.json", "a//b", "/etc/passwd", "config.json/", "a\\b", ".hidden", "x\0"] {
+        for bad in [
+            "",
+            "..",
+            "../olmoe/config.json",
+            "./config.json",
+            "a//b",
+            "/etc/passwd",
+            "config.json/",
+            "a\\b",
+            ".hidden",
+            "x\0",
+        ] {
             assert_eq!(resolve_file(&root, bad), Err(PathError::Invalid), "{bad:?}");
         }
         assert_eq!(resolve_file(&root, "missing.bin"), Err(PathError::NotFound));

@@ -45,7 +45,13 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param, code: None }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+        }
     }
 
     fn with_code(mut self, code: &'static str) -> Self {
@@ -176,10 +182,16 @@ async fn prepare(
     continue_prompt: bool,
     make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError>,
 ) -> Result<Prepared, ApiError> {
-    let model = p.model.filter(|m| !m.is_empty()).ok_or_else(|| ApiError::invalid("you must provide a model parameter", Some("model")))?;
+    let model = p
+        .model
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid("you must provide a model parameter", Some("model")))?;
     let entry = state.registry.get(&model).ok_or_else(|| {
-        ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid(format!("The model `{model}` does not exist"), Some("model")) }
-            .with_code("model_not_found")
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            ..ApiError::invalid(format!("The model `{model}` does not exist"), Some("model"))
+        }
+        .with_code("model_not_found")
     })?;
     if p.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
@@ -194,7 +206,8 @@ async fn prepare(
         Some(StopField::Many(_)) => return Err(ApiError::invalid("at most 16 stop sequences", Some("stop"))),
     };
     let seed = p.seed.map(|s| s as u64).unwrap_or_else(|| {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64) ^ COUNTER.fetch_add(1, Ordering::Relaxed)
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            ^ COUNTER.fetch_add(1, Ordering::Relaxed)
     });
     let sampler = SamplerConfig {
         temperature: p.temperature.unwrap_or(1.0),
@@ -210,7 +223,9 @@ async fn prepare(
     }
 
     let (slot, loaded) = state.engines.load(&entry).await.map_err(|e| match e {
-        EngineError::Load(msg) => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, format!("could not load model `{model}`: {msg}")),
+        EngineError::Load(msg) => {
+            ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, format!("could not load model `{model}`: {msg}"))
+        }
         EngineError::Busy => ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "busy"),
     })?;
     let prompt = make_prompt(&loaded)?;
@@ -219,7 +234,10 @@ async fn prepare(
         return Err(ApiError::invalid("the prompt is empty", None));
     }
     if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= cfg.vocab) {
-        return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary ({})", cfg.vocab), Some("prompt")));
+        return Err(ApiError::invalid(
+            format!("token id {bad} is outside the vocabulary ({})", cfg.vocab),
+            Some("prompt"),
+        ));
     }
     if prompt.len() >= cfg.max_positions {
         return Err(ApiError::invalid(
@@ -231,8 +249,11 @@ async fn prepare(
     let room = cfg.max_positions - prompt.len();
     let max_new_tokens = requested.map_or(DEFAULT_MAX_TOKENS, |r| r.min(usize::MAX as u64) as usize).min(room);
     let admission = engine::admit(&state.engines, &slot).map_err(|_| {
-        ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "too many requests for this model are waiting; try again later")
-            .with_code("server_busy")
+        ApiError::server(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many requests for this model are waiting; try again later",
+        )
+        .with_code("server_busy")
     })?;
     let stop_ids = if p.ignore_eos.unwrap_or(false) { Vec::new() } else { loaded.stop_ids.clone() };
     let job = Job {
@@ -349,7 +370,11 @@ where
     tokio::spawn(async move {
         let _ = produce(Sink(tx)).await;
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) });
+    let stream =
+        futures_util::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) },
+        );
     Body::from_stream(stream)
 }
 
@@ -404,7 +429,8 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
             Some(Content::Text(t)) => t,
             Some(Content::Parts(parts)) => {
                 if parts.iter().any(|p| p.kind != "text") {
-                    return ApiError::invalid("only text content parts are supported", Some("messages")).into_response();
+                    return ApiError::invalid("only text content parts are supported", Some("messages"))
+                        .into_response();
                 }
                 parts.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("")
             }
@@ -412,11 +438,13 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         turns.push(ChatMessage { role: m.role, content });
     }
     let prepared = prepare(&state, req.params, "chatcmpl", false, |l| {
-        let tok = l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
+        let tok =
+            l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
         if !tok.has_chat_template() {
             return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("model")));
         }
-        let text = tok.apply_chat_template(&turns, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+        let text =
+            tok.apply_chat_template(&turns, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
         tok.encode(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
     })
     .await;
@@ -428,7 +456,9 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
 
 /// A completions prompt: text, one text in a list, token ids, or one list of ids.
 fn prompt_ids(v: Option<Value>, l: &crate::load::Loaded) -> Result<Vec<u32>, ApiError> {
-    let bad = || ApiError::invalid("prompt must be a string, a list of token ids, or a list with one of those", Some("prompt"));
+    let bad = || {
+        ApiError::invalid("prompt must be a string, a list of token ids, or a list with one of those", Some("prompt"))
+    };
     let v = match v {
         Some(Value::Array(mut a)) if a.len() == 1 && !a[0].is_number() => a.pop().unwrap_or(Value::Null),
         Some(v) => v,
@@ -436,10 +466,15 @@ fn prompt_ids(v: Option<Value>, l: &crate::load::Loaded) -> Result<Vec<u32>, Api
     };
     match v {
         Value::String(s) => {
-            let tok = l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer; send token ids", Some("prompt")))?;
+            let tok = l
+                .tokenizer
+                .as_ref()
+                .ok_or_else(|| ApiError::invalid("this model has no tokenizer; send token ids", Some("prompt")))?;
             tok.encode(&s, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
         }
-        Value::Array(a) => a.iter().map(|x| x.as_u64().filter(|&i| i <= u32::MAX as u64).map(|i| i as u32).ok_or_else(bad)).collect(),
+        Value::Array(a) => {
+            a.iter().map(|x| x.as_u64().filter(|&i| i <= u32::MAX as u64).map(|i| i as u32).ok_or_else(bad)).collect()
+        }
         _ => Err(bad()),
     }
 }

@@ -26,7 +26,12 @@ pub async fn index(State(state): State<Arc<AppState>>) -> Response {
     } else {
         models
             .iter()
-            .map(|m| format!("<li><code>{0}</code> (<a href=\"/models/{0}/config.json\">config.json</a>)</li>", escape(&m.id)))
+            .map(|m| {
+                format!(
+                    "<li><code>{0}</code> (<a href=\"/models/{0}/config.json\">config.json</a>)</li>",
+                    escape(&m.id)
+                )
+            })
             .collect()
     };
     let dir = state.registry.models_dir().map(|d| escape(&d.display().to_string())).unwrap_or_else(|| "(none)".into());
@@ -44,7 +49,9 @@ pub async fn index(State(state): State<Arc<AppState>>) -> Response {
 
 fn serve_asset(name: &str) -> Response {
     match ASSETS.iter().find(|(p, ..)| *p == name) {
-        Some((_, ctype, bytes)) => ([(header::CONTENT_TYPE, *ctype), (header::CACHE_CONTROL, "no-cache")], *bytes).into_response(),
+        Some((_, ctype, bytes)) => {
+            ([(header::CONTENT_TYPE, *ctype), (header::CACHE_CONTROL, "no-cache")], *bytes).into_response()
+        }
         None if name.starts_with("pkg/") => (
             StatusCode::NOT_FOUND,
             "the browser engine is not built into this coli: run tools/build-web.sh, then rebuild coli\n",

@@ -208,8 +208,21 @@ mod tests {
     #[test]
     fn invalid_syntax_is_ignored() {
         for v in [
-            "bytes=", "bytes=,", "bytes=5", "bytes=a-b", "bytes=5-4", "bytes=--5", "bytes=1-2-3", "bytes= =1-2",
-            "bytes=0x10-", "bytes=+1-2", "items=0-1", "0-1", "bytes 0-1", "bytes=1 -2", "bytes=0-1,junk",
+            "bytes=",
+            "bytes=,",
+            "bytes=5",
+            "bytes=a-b",
+            "bytes=5-4",
+            "bytes=--5",
+            "bytes=1-2-3",
+            "bytes= =1-2",
+            "bytes=0x10-",
+            "bytes=+1-2",
+            "items=0-1",
+            "0-1",
+            "bytes 0-1",
+            "bytes=1 -2",
+            "bytes=0-1,junk",
         ] {
             assert_eq!(parse(v, 100), RangeRequest::Full, "{v}");
         }
@@ -261,8 +274,12 @@ mod tests {
             }
         }
         assert_eq!(counted, size);
-        assert!(text.starts_with("--B\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes 0-9/1000\r\n\r\n"));
-        assert!(text.contains("\r\n--B\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes 100-149/1000\r\n\r\n"));
+        assert!(
+            text.starts_with("--B\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes 0-9/1000\r\n\r\n")
+        );
+        assert!(text.contains(
+            "\r\n--B\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes 100-149/1000\r\n\r\n"
+        ));
         assert!(text.ends_with("\r\n--B--\r\n"));
     }
 }

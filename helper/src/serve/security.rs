@@ -120,7 +120,9 @@ fn token_list(v: &HeaderValue) -> Option<HeaderValue> {
 pub async fn guard(State(state): State<std::sync::Arc<AppState>>, req: Request, next: Next) -> Response {
     let policy = &state.policy;
     let host_ok = match (req.uri().authority(), req.headers().get(header::HOST)) {
-        (Some(a), h) => policy.host_allowed(a.as_str()) && h.is_none_or(|h| h.to_str().is_ok_and(|h| policy.host_allowed(h))),
+        (Some(a), h) => {
+            policy.host_allowed(a.as_str()) && h.is_none_or(|h| h.to_str().is_ok_and(|h| policy.host_allowed(h)))
+        }
         (None, Some(h)) => h.to_str().is_ok_and(|h| policy.host_allowed(h)),
         (None, None) => false,
     };
@@ -137,7 +139,8 @@ pub async fn guard(State(state): State<std::sync::Arc<AppState>>, req: Request, 
         }
     };
     let cors = origin.filter(|o| policy.cors_allowed(o));
-    let is_preflight = req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let is_preflight =
+        req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
     if is_preflight {
         let Some(origin) = cors else {
             return refuse("forbidden: preflight from an origin that is not allowed\n");
@@ -194,12 +197,35 @@ mod tests {
     #[test]
     fn host_names_and_ports() {
         let p = AccessPolicy::new(7878, &["my.box".into(), "::2".into()], &[]);
-        for ok in ["localhost", "localhost:7878", "LOCALHOST:7878", "127.0.0.1", "127.0.0.1:7878", "[::1]", "[::1]:7878", "my.box:7878", "[::2]"] {
+        for ok in [
+            "localhost",
+            "localhost:7878",
+            "LOCALHOST:7878",
+            "127.0.0.1",
+            "127.0.0.1:7878",
+            "[::1]",
+            "[::1]:7878",
+            "my.box:7878",
+            "[::2]",
+        ] {
             assert!(p.host_allowed(ok), "{ok}");
         }
         for bad in [
-            "", "evil.example", "evil.example:7878", "localhost:80", "127.0.0.1:7879", "127.0.0.2", "localhost.", "[::1", "[::1]x",
-            "localhost:", "localhost:99999", "user@localhost", "localhost:7878:7878", "localhost.evil.example", "0.0.0.0",
+            "",
+            "evil.example",
+            "evil.example:7878",
+            "localhost:80",
+            "127.0.0.1:7879",
+            "127.0.0.2",
+            "localhost.",
+            "[::1",
+            "[::1]x",
+            "localhost:",
+            "localhost:99999",
+            "user@localhost",
+            "localhost:7878:7878",
+            "localhost.evil.example",
+            "0.0.0.0",
         ] {
             assert!(!p.host_allowed(bad), "{bad}");
         }

@@ -99,7 +99,8 @@ fn systemd_word(s: &str) -> String {
 
 /// The systemd user unit that runs `program args`.
 pub fn systemd_unit(program: &Path, args: &[String]) -> String {
-    let cmd: Vec<String> = std::iter::once(program.display().to_string()).chain(args.iter().cloned()).map(|w| systemd_word(&w)).collect();
+    let cmd: Vec<String> =
+        std::iter::once(program.display().to_string()).chain(args.iter().cloned()).map(|w| systemd_word(&w)).collect();
     format!(
         "# Written by `coli service install`; remove with `coli service uninstall`.\n\
          [Unit]\n\
@@ -235,7 +236,8 @@ pub fn run(a: ServiceArgs) -> Result<()> {
                 let _ = Command::new("launchctl").args(["bootout", &target, &p]).status();
                 run_cmd("launchctl", &["bootstrap", &target, &p])?
             } else {
-                run_cmd("systemctl", &["--user", "daemon-reload"])? && run_cmd("systemctl", &["--user", "enable", "--now", SYSTEMD_UNIT])?
+                run_cmd("systemctl", &["--user", "daemon-reload"])?
+                    && run_cmd("systemctl", &["--user", "enable", "--now", SYSTEMD_UNIT])?
             };
             if started {
                 println!("colibri runs in the background now and at every login: http://127.0.0.1:{}", serve.port);
@@ -257,7 +259,9 @@ pub fn run(a: ServiceArgs) -> Result<()> {
             }
             match std::fs::remove_file(&path) {
                 Ok(()) => println!("removed {}", path.display()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => println!("not installed ({} does not exist)", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    println!("not installed ({} does not exist)", path.display())
+                }
                 Err(e) => return Err(e).with_context(|| format!("{}: cannot remove", path.display())),
             }
             if !macos {
@@ -293,7 +297,14 @@ mod tests {
 
     #[test]
     fn systemd_unit_runs_serve_with_quoted_arguments() {
-        let args = vec!["serve".into(), "--model".into(), "/m/my model".into(), "--allow-origin".into(), "https://a.example".into(), "100%$".into()];
+        let args = vec![
+            "serve".into(),
+            "--model".into(),
+            "/m/my model".into(),
+            "--allow-origin".into(),
+            "https://a.example".into(),
+            "100%$".into(),
+        ];
         let unit = systemd_unit(Path::new("/usr/local/bin/coli"), &args);
         assert!(unit.contains("\nExecStart=/usr/local/bin/coli serve --model \"/m/my model\" --allow-origin https://a.example \"100%%$$\"\n"), "{unit}");
         assert!(unit.contains("\nRestart=on-failure\n"));
@@ -304,11 +315,20 @@ mod tests {
 
     #[test]
     fn launchd_plist_escapes_and_logs_under_the_log_dir() {
-        let p = launchd_plist(Path::new("/opt/coli"), &["serve".into(), "--model".into(), "a&b<c>".into()], Path::new("/Users/u/Library/Logs/colibri"));
+        let p = launchd_plist(
+            Path::new("/opt/coli"),
+            &["serve".into(), "--model".into(), "a&b<c>".into()],
+            Path::new("/Users/u/Library/Logs/colibri"),
+        );
         assert!(p.contains("<string>dev.colibri.helper</string>"));
         assert!(p.contains("<string>/opt/coli</string>\n        <string>serve</string>\n        <string>--model</string>\n        <string>a&amp;b&lt;c&gt;</string>\n"), "{p}");
-        assert!(p.contains("<key>StandardOutPath</key>\n    <string>/Users/u/Library/Logs/colibri/helper.log</string>"), "{p}");
-        assert!(p.contains("<key>StandardErrorPath</key>\n    <string>/Users/u/Library/Logs/colibri/helper.err.log</string>"));
+        assert!(
+            p.contains("<key>StandardOutPath</key>\n    <string>/Users/u/Library/Logs/colibri/helper.log</string>"),
+            "{p}"
+        );
+        assert!(p.contains(
+            "<key>StandardErrorPath</key>\n    <string>/Users/u/Library/Logs/colibri/helper.err.log</string>"
+        ));
         assert!(p.contains("<key>RunAtLoad</key>\n    <true/>"));
     }
 
@@ -324,6 +344,9 @@ mod tests {
             allow_origins: vec!["https://x.example".into()],
             ..Default::default()
         };
-        assert_eq!(serve_arguments(&b), ["serve", "--host", "0.0.0.0", "--port", "9000", "--model", "demo", "--allow-origin", "https://x.example"]);
+        assert_eq!(
+            serve_arguments(&b),
+            ["serve", "--host", "0.0.0.0", "--port", "9000", "--model", "demo", "--allow-origin", "https://x.example"]
+        );
     }
 }

@@ -80,7 +80,13 @@ pub fn read_usage(path: &Path, n_layers: usize, n_experts: usize, fingerprint: O
 }
 
 /// Adds `triples` to the file at `path` under the lock; returns the merged table.
-pub fn merge_into_file(path: &Path, id: &str, shape: (usize, usize), fingerprint: Option<&str>, triples: &[(u64, u64, u64)]) -> Result<ExpertUsage> {
+pub fn merge_into_file(
+    path: &Path,
+    id: &str,
+    shape: (usize, usize),
+    fingerprint: Option<&str>,
+    triples: &[(u64, u64, u64)],
+) -> Result<ExpertUsage> {
     // Validate before touching anything.
     let mut add = ExpertUsage::new(shape.0, shape.1);
     add.merge_triples(triples)?;
@@ -108,14 +114,22 @@ fn bad(status: StatusCode, msg: String) -> Response {
     (status, axum::Json(json!({"error": {"message": msg, "type": "invalid_request_error"}}))).into_response()
 }
 
-pub async fn post_usage(State(state): State<Arc<AppState>>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
+pub async fn post_usage(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
     let body = match body {
         Ok(b) => b,
         Err(e) => return bad(e.status(), e.body_text()),
     };
     let report: UsageReport = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return bad(StatusCode::BAD_REQUEST, format!("not a usage report ({{\"model\", \"counts\": [[layer, expert, count], ...]}}): {e}")),
+        Err(e) => {
+            return bad(
+                StatusCode::BAD_REQUEST,
+                format!("not a usage report ({{\"model\", \"counts\": [[layer, expert, count], ...]}}): {e}"),
+            )
+        }
     };
     if report.counts.len() > MAX_TRIPLES {
         return bad(StatusCode::PAYLOAD_TOO_LARGE, format!("at most {MAX_TRIPLES} counts per report"));
@@ -125,9 +139,12 @@ pub async fn post_usage(State(state): State<Arc<AppState>>, body: Result<Bytes, 
     };
     let fallback = state.data_dir.as_ref().map(|d| d.join("usage"));
     let result = tokio::task::spawn_blocking(move || -> Result<(PathBuf, ExpertUsage), (StatusCode, String)> {
-        let shape = expert_shape(&model.root).map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, format!("{}: {e:#}", model.id)))?;
+        let shape = expert_shape(&model.root)
+            .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, format!("{}: {e:#}", model.id)))?;
         // Bounds first (400), so only I/O problems become 500s.
-        ExpertUsage::new(shape.0, shape.1).merge_triples(&report.counts).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+        ExpertUsage::new(shape.0, shape.1)
+            .merge_triples(&report.counts)
+            .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
         let path = usage_path(&model.root, &model.id, fallback.as_deref());
         let u = merge_into_file(&path, &model.id, shape, fingerprint(&model.root).as_deref(), &report.counts)
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;

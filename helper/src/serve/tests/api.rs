@@ -83,7 +83,8 @@ fn streamed_chat_and_completions() {
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0.8, "seed": 7,
                       "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true});
     let mut c = Conn::open(s.addr).unwrap();
-    c.send("POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes()).unwrap();
+    c.send("POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes())
+        .unwrap();
     let (events, done) = read_sse(&mut c);
     assert!(done, "ends with data: [DONE]");
     assert!(events.iter().all(|e| e["object"] == "chat.completion.chunk"));
@@ -103,7 +104,8 @@ fn streamed_chat_and_completions() {
     let v = s.post("/v1/chat/completions", &plain.to_string()).json();
     assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), streamed);
 
-    let body = json!({"model": MODEL, "prompt": "The", "max_tokens": 4, "temperature": 0, "stream": true, "ignore_eos": true});
+    let body =
+        json!({"model": MODEL, "prompt": "The", "max_tokens": 4, "temperature": 0, "stream": true, "ignore_eos": true});
     let mut c = Conn::open(s.addr).unwrap();
     c.send("POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
     let (events, done) = read_sse(&mut c);
@@ -137,14 +139,44 @@ fn bad_requests_get_openai_errors() {
     let s = start("errors", |_| {});
     let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
         ("/v1/chat/completions", "{not json".into(), 400, None),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}]}).to_string(), 400, Some("model")),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}]}).to_string(),
+            400,
+            Some("model"),
+        ),
         ("/v1/chat/completions", json!({"model": MODEL}).to_string(), 400, Some("messages")),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": []}).to_string(), 400, Some("messages")),
-        ("/v1/chat/completions", json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}).to_string(), 404, Some("model")),
-        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}).to_string(), 400, Some("n")),
-        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": -1}).to_string(), 400, None),
-        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).to_string(), 400, Some("max_tokens")),
-        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(), 400, None),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}).to_string(),
+            404,
+            Some("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}).to_string(),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": -1}).to_string(),
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(),
+            400,
+            None,
+        ),
         ("/v1/completions", json!({"model": MODEL}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"model": MODEL, "prompt": [1, 99999]}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"model": MODEL, "prompt": {"a": 1}}).to_string(), 400, Some("prompt")),
@@ -161,7 +193,14 @@ fn bad_requests_get_openai_errors() {
             assert_eq!(e["param"], p, "{body}");
         }
     }
-    assert_eq!(s.post("/v1/chat/completions", &json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}).to_string()).json()["error"]["code"], "model_not_found");
+    assert_eq!(
+        s.post(
+            "/v1/chat/completions",
+            &json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}).to_string()
+        )
+        .json()["error"]["code"],
+        "model_not_found"
+    );
     assert_eq!(s.health()["status"], "ok");
 }
 
@@ -169,7 +208,8 @@ fn bad_requests_get_openai_errors() {
 fn a_client_that_disconnects_stops_its_generation() {
     let s = start("disconnect", |_| {});
     let max = 4000;
-    let body = json!({"model": MODEL, "prompt": "a", "max_tokens": max, "temperature": 0, "stream": true, "ignore_eos": true});
+    let body =
+        json!({"model": MODEL, "prompt": "a", "max_tokens": max, "temperature": 0, "stream": true, "ignore_eos": true});
     let mut c = Conn::open(s.addr).unwrap();
     c.send("POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
     let (status, _) = c.read_head().unwrap();
@@ -197,9 +237,13 @@ fn a_client_that_disconnects_stops_its_generation() {
 #[test]
 fn concurrent_generations_queue_and_overflow_gets_503() {
     let s = start("queue", |a| a.max_queue = 2);
-    let body = json!({"model": MODEL, "prompt": "a", "max_tokens": 300, "temperature": 0, "ignore_eos": true}).to_string();
+    let body =
+        json!({"model": MODEL, "prompt": "a", "max_tokens": 300, "temperature": 0, "ignore_eos": true}).to_string();
     // Warm up (load the model) so the timing below is about generation.
-    assert_eq!(s.post("/v1/completions", &json!({"model": MODEL, "prompt": "a", "max_tokens": 1}).to_string()).status, 200);
+    assert_eq!(
+        s.post("/v1/completions", &json!({"model": MODEL, "prompt": "a", "max_tokens": 1}).to_string()).status,
+        200
+    );
     let statuses: Vec<u16> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..6).map(|_| sc.spawn(|| s.post("/v1/completions", &body).status)).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()

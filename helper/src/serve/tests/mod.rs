@@ -41,7 +41,8 @@ impl TestServer {
     }
 
     pub fn post(&self, path: &str, body: &str) -> Response {
-        client::request(self.addr, "POST", path, &[("Content-Type", "application/json")], body.as_bytes()).expect("request")
+        client::request(self.addr, "POST", path, &[("Content-Type", "application/json")], body.as_bytes())
+            .expect("request")
     }
 
     /// Sends raw bytes on a new connection and reads one response.
@@ -136,7 +137,10 @@ fn health_and_model_list() {
     assert_eq!(olmoe["n_layers"], 2);
     assert_eq!(olmoe["n_experts"], 24);
     let files: Vec<&str> = olmoe["files"].as_array().unwrap().iter().map(|f| f["path"].as_str().unwrap()).collect();
-    assert!(files.contains(&"model.safetensors") && files.contains(&DATA) && files.contains(&"sub/inner.json"), "{files:?}");
+    assert!(
+        files.contains(&"model.safetensors") && files.contains(&DATA) && files.contains(&"sub/inner.json"),
+        "{files:?}"
+    );
     assert!(!files.contains(&"escape.txt"), "a symlink out of the model is not listed");
     let size = olmoe["files"].as_array().unwrap().iter().find(|f| f["path"] == DATA).unwrap()["size"].as_u64();
     assert_eq!(size, Some(DATA_LEN as u64));
@@ -156,7 +160,10 @@ fn oneshot_without_a_socket() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let port = s.addr.port();
     let resp = rt.block_on(async {
-        let req = axum::http::Request::get("/health").header("host", format!("localhost:{port}")).body(axum::body::Body::empty()).unwrap();
+        let req = axum::http::Request::get("/health")
+            .header("host", format!("localhost:{port}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
         super::app(s.state.clone()).oneshot(req).await.unwrap()
     });
     assert_eq!(resp.status(), 200);

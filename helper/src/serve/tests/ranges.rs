@@ -83,7 +83,10 @@ fn multi_range_is_multipart_byteranges() {
     let r = s.get(&url(DATA), &[("Range", "bytes=4096-8191,0-4095")]);
     let b = r.header("content-type").unwrap().split("boundary=").nth(1).unwrap().to_string();
     let parts = client::parse_multipart(&r.body, &b).unwrap();
-    assert_eq!(parts.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(), [format!("bytes 0-4095/{n}"), format!("bytes 4096-8191/{n}")]);
+    assert_eq!(
+        parts.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
+        [format!("bytes 0-4095/{n}"), format!("bytes 4096-8191/{n}")]
+    );
 
     // A layer's experts in one request: 64 ranges of 4 KiB.
     let spec: Vec<String> = (0..64).map(|i| format!("{}-{}", i * 40_000, i * 40_000 + 4095)).collect();

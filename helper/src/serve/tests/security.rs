@@ -9,10 +9,24 @@ const APP: &str = "https://app.example";
 fn hosts_other_than_loopback_are_refused() {
     let s = start("host", |a| a.allow_hosts = vec!["colibri.lan".into()]);
     let port = s.addr.port();
-    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), "localhost".into(), format!("[::1]:{port}"), format!("colibri.lan:{port}")] {
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "localhost".into(),
+        format!("[::1]:{port}"),
+        format!("colibri.lan:{port}"),
+    ] {
         assert_eq!(s.get("/health", &[("Host", &host)]).status, 200, "{host}");
     }
-    for host in ["evil.example", &format!("evil.example:{port}"), "localhost:1", "127.0.0.1.evil.example", "localhost.", "0.0.0.0", ""] {
+    for host in [
+        "evil.example",
+        &format!("evil.example:{port}"),
+        "localhost:1",
+        "127.0.0.1.evil.example",
+        "localhost.",
+        "0.0.0.0",
+        "",
+    ] {
         let r = s.get("/health", &[("Host", host)]);
         assert_eq!(r.status, 403, "{host}");
     }
@@ -41,11 +55,19 @@ fn origins_cors_and_private_network_preflights() {
     assert_eq!(r.header("access-control-allow-origin"), Some(APP));
     assert!(r.header("access-control-expose-headers").unwrap().contains("Content-Range"));
     // Anything else is refused, including look-alikes and null.
-    for o in ["https://evil.example", "https://app.example.evil.example", "http://app.example", "null", &format!("http://127.0.0.1:{}", port + 1)] {
+    for o in [
+        "https://evil.example",
+        "https://app.example.evil.example",
+        "http://app.example",
+        "null",
+        &format!("http://127.0.0.1:{}", port + 1),
+    ] {
         assert_eq!(s.get("/health", &[("Origin", o)]).status, 403, "{o}");
         let r = s.post("/v1/chat/completions", "{}");
         assert_ne!(r.status, 403, "no Origin: not refused");
-        let r = client::request(s.addr, "POST", "/api/usage", &[("Origin", o)], br#"{"model":"olmoe","counts":[[0,0,1]]}"#).unwrap();
+        let r =
+            client::request(s.addr, "POST", "/api/usage", &[("Origin", o)], br#"{"model":"olmoe","counts":[[0,0,1]]}"#)
+                .unwrap();
         assert_eq!(r.status, 403, "{o}");
     }
     assert!(!s.model_dir().join("usage.json").exists(), "refused reports change nothing");
@@ -143,7 +165,10 @@ fn limits_on_bodies_headers_and_hostile_input() {
         let _ = c.read_response(false);
     }
     let mut c = Conn::open(s.addr).unwrap();
-    c.send_raw(format!("POST /api/usage HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 100\r\n\r\n{{\"mo").as_bytes()).unwrap();
+    c.send_raw(
+        format!("POST /api/usage HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 100\r\n\r\n{{\"mo").as_bytes(),
+    )
+    .unwrap();
     drop(c);
     // A client that stops reading a large body mid-way.
     let mut c = Conn::open(s.addr).unwrap();
