@@ -9,6 +9,8 @@ pub mod attention;
 pub mod config;
 pub mod container;
 pub mod error;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod fsio;
 pub mod generate;
 #[cfg(feature = "wgpu")]
 pub mod gpu;

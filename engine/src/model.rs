@@ -245,7 +245,7 @@ impl Model {
             return crate::container::open_dir_with(dir, opts);
         }
         let cfg_path = dir.join("config.json");
-        let bytes = std::fs::read(&cfg_path).map_err(|e| crate::Error::io(&cfg_path, e))?;
+        let bytes = crate::fsio::read_limited(&cfg_path, crate::fsio::MAX_JSON_BYTES)?;
         let cfg = ModelConfig::from_json_bytes(&bytes)
             .map_err(|e| crate::Error::Config(format!("{}: {e}", cfg_path.display())))?;
         let store = TensorStore::open_dir(dir)?;

@@ -95,7 +95,7 @@ impl FileSource {
     /// page cache. A file system that refuses O_DIRECT (tmpfs answers EINVAL) leaves
     /// plain reads in place and says why in `direct_note`.
     pub fn open_with(path: &std::path::Path, direct: bool) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = crate::fsio::open_regular(path)?;
         let (direct, direct_note) = if direct { open_direct(path) } else { (None, None) };
         Ok(FileSource {
             file,
@@ -291,16 +291,17 @@ pub fn open_dir(dir: &std::path::Path, ram: Option<u64>) -> Result<Model> {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn open_dir_with(dir: &std::path::Path, opts: CacheOptions) -> Result<Model> {
     let (m, source) = open_manifest_with(dir, opts.direct)?;
-    let dense = if m.dense.length == 0 {
-        Bytes::from_vec(Vec::new())
-    } else {
-        // SAFETY: read-only map; model files are not expected to change under us.
-        let map = unsafe {
-            memmap2::MmapOptions::new().offset(m.dense.offset).len(m.dense.length as usize).map(source.file())
-        }
-        .map_err(|e| Error::io(dir.join(&m.data_file), e))?;
-        Bytes::new(Arc::new(map))
-    };
+    // The dense region is read into owned memory (it is resident anyway, and every byte
+    // is checksummed at load): a data file truncated or replaced while served gives read
+    // errors on the experts it no longer holds, never a fault on a mapped page.
+    let len = usize::try_from(m.dense.length)
+        .map_err(|_| Error::Invalid(format!("{}: dense region too large", dir.display())))?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len)
+        .map_err(|_| Error::Invalid(format!("{}: cannot allocate {len} bytes for the dense weights", dir.display())))?;
+    buf.resize(len, 0);
+    source.read_at(m.dense.offset, &mut buf)?;
+    let dense = Bytes::from_vec(buf);
     model_from_parts_with(&m, &dense, Arc::new(source), opts)
 }
 
@@ -314,7 +315,7 @@ pub fn open_manifest(dir: &std::path::Path) -> Result<(Manifest, FileSource)> {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn open_manifest_with(dir: &std::path::Path, direct: bool) -> Result<(Manifest, FileSource)> {
     let path = dir.join(MANIFEST_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    let bytes = crate::fsio::read_limited(&path, manifest::MAX_MANIFEST_BYTES)?;
     let m = Manifest::parse(&bytes).map_err(|e| Error::Invalid(format!("{}: {}", dir.display(), e)))?;
     let data = dir.join(&m.data_file);
     let source = FileSource::open_with(&data, direct)?;
