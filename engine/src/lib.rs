@@ -5,24 +5,19 @@
 //! No sockets, no browser APIs: the same code compiles natively and for
 //! wasm32-unknown-unknown; threads are an optional feature (`parallel`).
 
-pub mod attention;
-pub mod config;
-pub mod container;
 pub mod error;
+pub mod experts;
+pub mod format;
 pub mod generate;
 #[cfg(feature = "wgpu")]
 pub mod gpu;
 pub mod kernels;
 pub mod math;
 pub mod model;
-pub mod moe;
-pub mod rope;
 pub mod sampler;
 pub mod tensor;
 pub mod tokenizer;
-pub mod usage;
-pub mod weights;
 
-pub use config::ModelConfig;
 pub use error::{Error, Result};
+pub use model::config::ModelConfig;
 pub use model::{Logits, Model, Session};

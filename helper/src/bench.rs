@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use colibri_engine::container::{open_manifest_with, ByteSource, CacheStats};
+use colibri_engine::experts::cache::CacheStats;
+use colibri_engine::experts::source::{open_manifest_with, ByteSource};
 use colibri_engine::{math, Logits};
 use serde_json::{json, Value};
 
@@ -161,7 +162,7 @@ fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -
     }
     let t = Instant::now();
     let threads = threads.max(1);
-    let pool = colibri_engine::container::reader::BufferPool::new(threads);
+    let pool = colibri_engine::experts::reader::BufferPool::new(threads);
     std::thread::scope(|sc| -> Result<()> {
         let handles: Vec<_> = (0..threads)
             .map(|k| {
@@ -205,7 +206,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     crate::load::setup(&a.model)?;
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
     let flags = CacheFlags::from_args(&a.model);
-    let container = colibri_engine::container::is_container(&dir);
+    let container = colibri_engine::experts::source::is_container(&dir);
     let (bandwidth, probed) =
         if container { probe_bandwidth(&dir, &flags, a.probe_bytes, flags.readers)? } else { (0.0, 0) };
     let mut evicted = false;

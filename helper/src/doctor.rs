@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use colibri_engine::container::{is_container, open_manifest, ContainerExperts};
+use colibri_engine::experts::cache::ContainerExperts;
+use colibri_engine::experts::source::{is_container, open_manifest};
 use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::{Model, ModelConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget};

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::container::{is_container, open_manifest};
-use colibri_engine::weights::TensorStore;
+use colibri_engine::experts::source::{is_container, open_manifest};
+use colibri_engine::format::tensors::TensorStore;
 use colibri_engine::ModelConfig;
 use serde_json::json;
 

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use colibri_engine::config::parse_token_ids;
-use colibri_engine::container::CacheOptions;
+use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 
@@ -129,7 +129,7 @@ pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
 /// Chooses the expert-cache options of the converted model in `dir` from the flags, the
 /// free memory and the model's usage file.
 fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<(CacheOptions, CacheSetup)> {
-    let (m, source) = colibri_engine::container::open_manifest_with(dir, flags.direct)?;
+    let (m, source) = colibri_engine::experts::source::open_manifest_with(dir, flags.direct)?;
     let (dense, experts) = m.byte_totals();
     let (ram, note) = match flags.ram {
         Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
@@ -200,7 +200,7 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
-    let (model, cache) = if colibri_engine::container::is_container(dir) {
+    let (model, cache) = if colibri_engine::experts::source::is_container(dir) {
         let cfg = read_config(dir)?;
         let (opts, setup) = cache_options(dir, flags, cfg)?;
         (Model::open_dir_opts(dir, opts)?, Some(setup))
@@ -221,9 +221,9 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
 
 /// (layers, experts per layer) from a converted model's manifest.
 fn read_config(dir: &Path) -> Result<(usize, usize)> {
-    let path = dir.join(colibri_engine::container::MANIFEST_FILE);
+    let path = dir.join(colibri_engine::experts::source::MANIFEST_FILE);
     let bytes = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let m = colibri_engine::container::Manifest::parse(&bytes)?;
+    let m = colibri_engine::format::manifest::Manifest::parse(&bytes)?;
     let cfg = colibri_engine::ModelConfig::from_value(&m.config)?;
     Ok((cfg.n_layers, cfg.router.n_experts))
 }

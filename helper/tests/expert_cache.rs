@@ -8,9 +8,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use colibri_engine::container::{model_from_parts_with, open_manifest_with, ByteSource, CacheOptions, CacheStats};
+use colibri_engine::experts::cache::{CacheOptions, CacheStats};
+use colibri_engine::experts::source::{model_from_parts_with, open_manifest_with, ByteSource};
+use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::tensor::Bytes;
-use colibri_engine::usage::ExpertUsage;
 use colibri_engine::{Logits, Model};
 
 fn scratch(base: &Path, tag: &str) -> PathBuf {

@@ -8,8 +8,8 @@ use std::rc::Rc;
 use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession, LookaheadStats};
 use colibri_engine::{Logits, Model, Result, Session};
 
+use crate::browser_source::Tiers;
 use crate::net::now_ms;
-use crate::tiers::Tiers;
 
 /// Which backend the page asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

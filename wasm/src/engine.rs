@@ -6,8 +6,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use colibri_engine::config::parse_token_ids;
-use colibri_engine::container::{checksum, model_from_parts, Manifest};
+use colibri_engine::experts::source::model_from_parts;
+use colibri_engine::format::manifest::{checksum, Manifest};
+use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::sampler::{Sampler, SamplerConfig};
 use colibri_engine::tensor::Bytes;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
@@ -18,10 +19,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
+use crate::browser_source::Tiers;
 use crate::disk;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::{estimate, persist};
-use crate::tiers::Tiers;
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())

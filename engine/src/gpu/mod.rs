@@ -11,7 +11,7 @@
 //!   they are added, math::exp ported literally, correctly rounded division and sqrt in
 //!   integer arithmetic. docs/gpu.md explains the choices and the measured ULPs.
 //! - Routing: router logits are computed on the GPU, read back, and routed on the CPU
-//!   by [`crate::moe::route`], the one routing function.
+//!   by [`crate::model::moe::route`], the one routing function.
 //!
 //! Everything that waits on the GPU is `async` (futures without `Send` on wasm32);
 //! native callers use the `*_blocking` wrappers, which poll the device.

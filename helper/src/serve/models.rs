@@ -176,7 +176,7 @@ pub fn describe(m: &ModelEntry) -> Value {
     let files = list_files(&m.root);
     let total: u64 = files.iter().map(|(_, s)| s).sum();
     let format =
-        if m.root.join(colibri_engine::container::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
+        if m.root.join(colibri_engine::experts::source::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
     json!({
         "id": m.id,
         "object": "model",

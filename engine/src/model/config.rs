@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::rope::RopeConfig;
+use crate::model::rope::RopeConfig;
 
 /// Which model family a checkpoint belongs to (Hugging Face `model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::moe::Expert;
-use crate::usage::ExpertUsage;
+use crate::experts::usage::ExpertUsage;
+use crate::model::moe::Expert;
 
 pub type Key = (usize, usize);
 

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use crate::config::RouterConfig;
 use crate::error::Result;
 use crate::kernels::{matmul, swiglu};
 use crate::math;
+use crate::model::config::RouterConfig;
 use crate::tensor::Mat;
 
 /// One SwiGLU expert: `down(silu(gate x) * up x)`.
@@ -48,7 +48,7 @@ pub trait ExpertSource: Send + Sync {
     }
 
     /// Hit/miss counters of the source's cache, if it has one.
-    fn cache_stats(&self) -> Option<crate::container::CacheStats> {
+    fn cache_stats(&self) -> Option<crate::experts::cache::CacheStats> {
         None
     }
 

@@ -5,23 +5,18 @@
 //! Parsing never touches the file system: bytes come through [`ByteSource`], so the
 //! browser can supply HTTP ranges or OPFS reads where the native helper uses pread.
 
-pub mod experts;
-pub mod manifest;
-pub mod quant;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod reader;
-pub mod tiers;
-
 use std::sync::Arc;
 
-pub use experts::{CacheOptions, CacheStats, ContainerExperts};
-pub use manifest::{checksum, Manifest};
+use super::cache::{CacheOptions, ContainerExperts};
+#[cfg(not(target_arch = "wasm32"))]
+use super::reader;
+use crate::format::manifest::{self, checksum, Manifest};
 
-use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::format::tensors::{TensorEntry, TensorStore};
+use crate::model::config::ModelConfig;
 use crate::model::Model;
 use crate::tensor::Bytes;
-use crate::weights::{TensorEntry, TensorStore};
 
 /// Name of the manifest file; its presence marks a directory as a converted model.
 pub const MANIFEST_FILE: &str = "colibri.json";

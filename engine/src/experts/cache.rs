@@ -9,16 +9,16 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::manifest::{parse_checksum, ExpertLayer, Manifest};
+use super::ram_tiers::{plan_repin, Key, Tier, Tiers};
 #[cfg(not(target_arch = "wasm32"))]
 use super::reader::{BufferPool, LoadSlot, ReaderPool};
-use super::tiers::{plan_repin, Key, Tier, Tiers};
-use super::{checksum, ByteSource};
-use crate::config::ModelConfig;
+use super::source::ByteSource;
 use crate::error::{Error, Result};
-use crate::moe::{Expert, ExpertSource};
+use crate::experts::usage::ExpertUsage;
+use crate::format::manifest::{checksum, parse_checksum, ExpertLayer, Manifest};
+use crate::model::config::ModelConfig;
+use crate::model::moe::{Expert, ExpertSource};
 use crate::tensor::{Bytes, DType, Mat};
-use crate::usage::ExpertUsage;
 
 /// Where one layer's experts are and how to cut them into gate, up and down.
 struct LayerIndex {
@@ -539,9 +539,9 @@ impl ExpertSource for ContainerExperts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::manifest::{checksum_hex, plan, ExpertLayerPlan, QuantSummary};
-    use crate::container::quant::quantize_row;
-    use crate::container::MemorySource;
+    use crate::experts::source::MemorySource;
+    use crate::format::manifest::{checksum_hex, plan, ExpertLayerPlan, QuantSummary};
+    use crate::format::quant::quantize_row;
 
     fn cfg() -> ModelConfig {
         ModelConfig::from_json_bytes(

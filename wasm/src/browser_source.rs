@@ -6,8 +6,9 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use colibri_engine::container::manifest::parse_checksum;
-use colibri_engine::container::{checksum, ByteSource, Manifest};
+use colibri_engine::experts::source::ByteSource;
+use colibri_engine::format::manifest::parse_checksum;
+use colibri_engine::format::manifest::{checksum, Manifest};
 use colibri_engine::{Error, Result};
 use serde::Serialize;
 

@@ -5,14 +5,19 @@
 
 use std::sync::Arc;
 
-use crate::attention::{attention, AttnOpts, AttnWeights, LayerCache};
-use crate::config::{Family, ModelConfig, QkNorm};
+pub mod attention;
+pub mod config;
+pub mod moe;
+pub mod rope;
+
 use crate::error::Result;
+use crate::format::tensors::TensorStore;
 use crate::kernels::{matmul, rmsnorm};
-use crate::moe::{Expert, ExpertSource, MoeBlock, ResidentExperts};
-use crate::rope::Rope;
+use crate::model::attention::{attention, AttnOpts, AttnWeights, LayerCache};
+use crate::model::config::{Family, ModelConfig, QkNorm};
+use crate::model::moe::{Expert, ExpertSource, MoeBlock, ResidentExperts};
+use crate::model::rope::Rope;
 use crate::tensor::Mat;
-use crate::weights::TensorStore;
 
 pub enum Ffn {
     Dense(Expert),
@@ -235,14 +240,14 @@ impl Model {
     /// memory-mapped whole and ignores the budget.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir_with(dir: &std::path::Path, ram: Option<u64>) -> Result<Self> {
-        Self::open_dir_opts(dir, crate::container::CacheOptions { ram, ..Default::default() })
+        Self::open_dir_opts(dir, crate::experts::cache::CacheOptions { ram, ..Default::default() })
     }
 
     /// [`Model::open_dir`] with every expert-cache option (used by converted models only).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open_dir_opts(dir: &std::path::Path, opts: crate::container::CacheOptions) -> Result<Self> {
-        if crate::container::is_container(dir) {
-            return crate::container::open_dir_with(dir, opts);
+    pub fn open_dir_opts(dir: &std::path::Path, opts: crate::experts::cache::CacheOptions) -> Result<Self> {
+        if crate::experts::source::is_container(dir) {
+            return crate::experts::source::open_dir_with(dir, opts);
         }
         let cfg_path = dir.join("config.json");
         let bytes = std::fs::read(&cfg_path).map_err(|e| crate::Error::io(&cfg_path, e))?;
