@@ -30,8 +30,8 @@ pub const MAX_TRIPLES: usize = 65_536;
 /// Which version of the model in `root` usage counts belong to: the xxh3 of its
 /// colibri.json (hex); None for a model without one (a Hugging Face directory).
 pub fn fingerprint(root: &Path) -> Option<String> {
-    let bytes = std::fs::read(root.join(colibri_engine::experts::source::MANIFEST_FILE)).ok()?;
-    Some(format!("{:016x}", colibri_engine::format::manifest::checksum(&bytes)))
+    let bytes = std::fs::read(root.join(colibri_engine::format::MANIFEST_FILE)).ok()?;
+    Some(colibri_engine::format::manifest::fingerprint(&bytes))
 }
 
 /// Where the usage file of model `id` in `root` lives; `fallback_dir` is used when
