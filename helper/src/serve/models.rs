@@ -186,10 +186,11 @@ pub fn read_config(root: &Path) -> Result<colibri_engine::ModelConfig> {
 /// Tensor names and shapes that a model directory holds, without reading any weights:
 /// the manifest of a converted model, else the safetensors headers.
 fn tensor_shapes(root: &Path) -> Result<std::collections::HashMap<String, Vec<u64>>> {
-    use colibri_engine::container;
     let mut out = std::collections::HashMap::new();
-    if container::is_container(root) {
-        let (m, _) = container::open_manifest(root)?;
+    if colibri_engine::format::is_container(root) {
+        let dir = colibri_engine::model::open::ModelDir::open(root, false)?;
+        let (c, _) = dir.container().context("not a converted model")?;
+        let m = &c.manifest;
         for t in &m.dense.tensors {
             out.insert(t.name.clone(), t.shape.clone());
         }
@@ -280,8 +281,7 @@ pub fn describe(m: &ModelEntry) -> Value {
     let parsed = checked.as_ref().ok();
     let files = list_files(&m.root);
     let total: u64 = files.iter().map(|(_, s)| s).sum();
-    let format =
-        if m.root.join(colibri_engine::container::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
+    let format = if m.root.join(colibri_engine::format::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
     json!({
         "id": m.id,
         "object": "model",
