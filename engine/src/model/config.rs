@@ -99,7 +99,7 @@ pub mod limits {
     pub const MAX_INTERMEDIATE: usize = 1 << 18;
     pub const MAX_POSITIONS: usize = 1 << 24;
     /// vocab x hidden (the embedding), also a bound for every 2-D weight.
-    pub const MAX_MATRIX: usize = 1 << 36;
+    pub const MAX_MATRIX: u64 = 1 << 36;
 }
 
 fn get_usize(v: &Value, key: &str) -> Option<usize> {
@@ -164,7 +164,13 @@ impl ModelConfig {
         let n_kv_heads =
             bounded("num_key_value_heads", get_usize(v, "num_key_value_heads").unwrap_or(n_heads), n_heads)?;
         let vocab = bounded("vocab_size", need_usize(v, "vocab_size")?, MAX_VOCAB)?;
-        bounded("vocab_size x hidden_size", vocab * hidden, MAX_MATRIX)?;
+        // In u64: on wasm32 a usize product of two bounded sizes can still overflow.
+        if vocab as u64 * hidden as u64 > MAX_MATRIX {
+            return Err(Error::Config(format!(
+                "vocab_size x hidden_size = {} is larger than this engine allows ({MAX_MATRIX})",
+                vocab as u64 * hidden as u64
+            )));
+        }
         if hidden == 0 || n_layers == 0 || n_heads == 0 || n_kv_heads == 0 || vocab == 0 {
             return Err(Error::Config("sizes must be positive".into()));
         }
