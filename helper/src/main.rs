@@ -2,21 +2,15 @@
 //! converts them and serves them to the browser.
 
 mod backend;
-mod bench;
-mod chat;
-mod convert;
-mod doctor;
-mod info;
+mod commands;
 mod load;
 mod paths;
-mod routing_bench;
-mod run;
 mod serve;
-mod synth;
 
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use commands::{bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, service, synth};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "colibri: Mixture-of-Experts models on your own machine")]
@@ -28,9 +22,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Teacher-forced logits for every position, as raw little-endian f32 [n_ids, vocab].
-    Logits(run::LogitsArgs),
+    Logits(generate::LogitsArgs),
     /// Generate a continuation of a prompt (token ids or text).
-    Generate(run::GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// Chat in the terminal with the model's chat template, streaming tokens.
     Chat(chat::ChatArgs),
     /// Convert a Hugging Face checkpoint into a colibri model (quantized, streamable).
@@ -44,14 +38,14 @@ enum Command {
     /// `coli serve`, then open the chat page in the browser.
     Web(serve::ServeArgs),
     /// Run the helper as a background service (systemd user unit / launchd agent).
-    Service(serve::service::ServiceArgs),
+    Service(service::ServiceArgs),
     /// Decode benchmark of one run: tokens/s, TTFT, hit rates per tier, bytes read,
     /// prefetch recall, peak RSS, disk bandwidth and the I/O lower bound (JSON).
     Bench(bench::BenchArgs),
     /// Router-lookahead recall and LRU vs learned-pin hit rates on real decoding (JSON).
-    BenchRouting(routing_bench::RoutingBenchArgs),
+    BenchRouting(bench_routing::RoutingBenchArgs),
     /// Load test of the helper's Range API against plain reads of the same file (JSON).
-    BenchServe(serve::bench::BenchArgs),
+    BenchServe(bench_serve::BenchArgs),
     /// Write a synthetic OLMoE-shaped checkpoint (HF layout, seeded bf16) for benchmarks.
     Synth(synth::SynthArgs),
 }
@@ -110,17 +104,17 @@ fn main() -> ExitCode {
     }));
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Logits(a) => run::logits(a),
-        Command::Generate(a) => run::generate(a),
+        Command::Logits(a) => generate::logits(a),
+        Command::Generate(a) => generate::generate(a),
         Command::Chat(a) => chat::chat(a),
         Command::Convert(a) => convert::convert(a),
         Command::Info(a) => info::info(a),
         Command::Doctor(a) => doctor::doctor(a),
         Command::Serve(a) => serve::serve(a, false),
         Command::Web(a) => serve::serve(a, true),
-        Command::Service(a) => serve::service::run(a),
-        Command::BenchServe(a) => serve::bench::run(a),
-        Command::BenchRouting(a) => routing_bench::run(a),
+        Command::Service(a) => service::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
+        Command::BenchRouting(a) => bench_routing::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Synth(a) => synth::run(a),
     };

@@ -8,16 +8,14 @@
 //! and a graceful shutdown on Ctrl-C / SIGTERM that stops accepting, cancels running
 //! generations and waits briefly for open responses.
 
-pub mod bench;
 pub mod client;
 mod engine;
-mod files;
-mod models;
+pub(crate) mod files;
+pub(crate) mod models;
 mod openai;
 mod page;
 mod range;
 pub mod security;
-pub mod service;
 mod stop;
 #[cfg(test)]
 mod tests;

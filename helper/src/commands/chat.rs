@@ -9,8 +9,8 @@ use clap::Args;
 use colibri_engine::generate::{generate, GenerateOptions};
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 
+use crate::commands::generate::SamplingArgs;
 use crate::load::open;
-use crate::run::SamplingArgs;
 use crate::ModelArgs;
 
 #[derive(Args)]
