@@ -9,7 +9,7 @@
 //! generations and waits briefly for open responses.
 
 pub mod client;
-mod engine;
+mod generation;
 pub(crate) mod files;
 pub(crate) mod models;
 mod openai;
@@ -123,7 +123,7 @@ pub struct AppState {
     /// `<data dir>`: usage files of read-only models go to its `usage/`.
     pub data_dir: Option<PathBuf>,
     pub stats: Arc<Stats>,
-    engines: engine::Engines,
+    engines: generation::Engines,
     /// Set on shutdown; running generations stop at their next token.
     pub shutdown: Arc<AtomicBool>,
     started: Instant,
@@ -143,7 +143,7 @@ impl AppState {
             limits: Limits::default(),
             data_dir,
             stats: Arc::new(Stats::default()),
-            engines: engine::Engines::new(max_queue, ram),
+            engines: generation::Engines::new(max_queue, ram),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
         }
