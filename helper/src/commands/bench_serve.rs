@@ -27,7 +27,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub file: Option<String>,
     /// Size of the synthetic file (K, M, G suffixes).
-    #[arg(long, default_value = "256M", value_parser = crate::load::parse_bytes)]
+    #[arg(long, default_value = "256M", value_parser = crate::flags::parse_bytes)]
     pub size: u64,
     /// Concurrent clients (each one keep-alive connection and one thread).
     #[arg(long, default_value_t = 64)]
@@ -36,7 +36,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
     /// Bytes per range: about one expert.
-    #[arg(long, default_value = "2M", value_parser = crate::load::parse_bytes)]
+    #[arg(long, default_value = "2M", value_parser = crate::flags::parse_bytes)]
     pub range_bytes: u64,
     /// Ranges per request (more than one: multipart/byteranges).
     #[arg(long, default_value_t = 1)]
@@ -334,4 +334,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("{} HTTP requests failed or returned wrong bytes", out["http"]["errors"]);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_load_test_verifies_every_byte() {
+        let a = BenchArgs {
+            model: None,
+            file: None,
+            size: 16 << 20,
+            clients: 4,
+            seconds: 1.0,
+            range_bytes: 256 << 10,
+            ranges_per_request: 3,
+            no_verify: false,
+        };
+        let out = bench(&a).unwrap();
+        assert_eq!(out["http"]["errors"], 0, "{out}");
+        assert!(out["http"]["requests"].as_u64().unwrap() > 0, "{out}");
+        assert!(out["pread"]["gb_per_s"].as_f64().unwrap() > 0.0, "{out}");
+    }
 }
