@@ -24,8 +24,9 @@ function listen(server, port) {
   });
 }
 
-/** Serves `pages` ({"/path": html}; more with setPage) on a free loopback port: pages of another origin. */
-export async function startPageServer(pages = {}, { host = "localhost" } = {}) {
+/** Serves `pages` ({"/path": html}; more with setPage) on a free loopback port: pages of
+ * another origin. `headers` go on every page (e.g. COOP/COEP to make them cross-origin isolated). */
+export async function startPageServer(pages = {}, { host = "localhost", headers = {} } = {}) {
   const port = await freePort();
   const server = http.createServer((req, res) => {
     const body = pages[new URL(req.url, "http://x").pathname];
@@ -33,7 +34,7 @@ export async function startPageServer(pages = {}, { host = "localhost" } = {}) {
       res.writeHead(404, { "Content-Type": "text/plain" }).end("not found\n");
       return;
     }
-    res.writeHead(200, { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store" }).end(body);
+    res.writeHead(200, { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store", ...headers }).end(body);
   });
   await listen(server, port);
   return {
