@@ -4,7 +4,7 @@
 // per measurement and a summary. Not a test (timings are reported, never asserted).
 //
 //   COLI=target/release/coli node tests/e2e/bench.mjs [--model demo] [--tokens 64] [--runs 3]
-//     [--threads 1,2] [--backends cpu,webgpu] [--native cpu,wgpu]
+//     [--threads 1,2] [--backends cpu,webgpu] [--native cpu,wgpu] [--models-dir DIR] [--ids 5,17,3]
 //
 // --threads: the browser CPU backend once per thread count (load({threads})); the
 // helper's pages are cross-origin isolated, so more than one runs the threaded build.
@@ -26,7 +26,7 @@ const RUNS = Number(arg("runs", 3));
 const MODELS_DIR = arg("models-dir", join(ROOT, "models"));
 const THREADS = arg("threads", "").split(",").filter(Boolean).map(Number);
 const BACKENDS = arg("backends", "cpu,webgpu").split(",");
-const NATIVE = arg("native", "cpu,wgpu").split(",");
+const NATIVE = arg("native", "cpu,wgpu").split(",").filter(Boolean);
 const PROMPT_TEXT = "Tell me a short story about a fox who finds a lantern in the forest.";
 
 const sh = (cmd, args) => {
@@ -55,17 +55,19 @@ const emit = (r) => {
 };
 
 const modelArg = MODEL === "demo" ? "demo" : join(MODELS_DIR, MODEL);
-const promptIds = JSON.parse(coli(["generate", "--model", modelArg, "--prompt", PROMPT_TEXT, "--max-new-tokens", "1", "--json"])).prompt_ids;
+// --ids 5,17,3: a prompt of token ids (a synthetic model's tokenizer has no real words).
+const promptIds = arg("ids", null) ? arg("ids").split(",").map(Number) : JSON.parse(coli(["generate", "--model", modelArg, "--prompt", PROMPT_TEXT, "--max-new-tokens", "1", "--json"])).prompt_ids;
+
+// The tokens every run must reproduce: the native CPU path's.
+const reference = JSON.parse(coli(["generate", "--model", modelArg, "--ids", promptIds.join(","), "--max-new-tokens", String(TOKENS), "--ignore-eos", "--json"])).ids;
 
 // Native: the median of RUNS processes (the model is in the page cache after the first).
-let reference = null;
 for (const backend of NATIVE) {
   const runs = [];
   for (let i = 0; i < RUNS; i++) {
     const out = coli(["generate", "--model", modelArg, "--backend", backend, "--ids", promptIds.join(","), "--max-new-tokens", String(TOKENS), "--ignore-eos", "--json"], { env: { ...process.env, NODEVICE_SELECT: "1" } });
     runs.push(JSON.parse(out));
   }
-  reference ||= runs[0].ids;
   emit({
     where: "native",
     backend,
