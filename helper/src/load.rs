@@ -3,8 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use colibri_engine::config::parse_token_ids;
-use colibri_engine::container::CacheOptions;
+use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::experts::source::FileSource;
+use colibri_engine::model::config::parse_token_ids;
+use colibri_engine::model::open::{Container, ModelDir};
 use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 
@@ -126,10 +128,15 @@ pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
     open_dir(&dir, &CacheFlags::from_args(args), need_tokenizer)
 }
 
-/// Chooses the expert-cache options of the converted model in `dir` from the flags, the
-/// free memory and the model's usage file.
-fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<(CacheOptions, CacheSetup)> {
-    let (m, source) = colibri_engine::container::open_manifest_with(dir, flags.direct)?;
+/// Chooses the expert-cache options of the converted model in `dir` (its manifest `c`, its
+/// data file `data`) from the flags, the free memory and the model's usage file.
+fn cache_options(
+    dir: &Path,
+    flags: &CacheFlags,
+    c: &Container,
+    data: &FileSource,
+) -> Result<(CacheOptions, CacheSetup)> {
+    let m = &c.manifest;
     let (dense, experts) = m.byte_totals();
     let (ram, note) = match flags.ram {
         Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
@@ -142,14 +149,15 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
     let model_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
     let usage_file = crate::serve::usage::usage_path(dir, &model_id, fallback.as_deref());
-    let fingerprint = crate::serve::usage::fingerprint(dir);
-    let usage = crate::serve::usage::read_usage(&usage_file, cfg.0, cfg.1, fingerprint.as_deref());
+    let fingerprint = Some(c.fingerprint.clone());
+    let usage =
+        crate::serve::usage::read_usage(&usage_file, c.cfg.n_layers, c.cfg.router.n_experts, fingerprint.as_deref());
     let pin = match flags.pin {
         Some(p) => p,
         None if usage.total() > 0 => {
             let n_experts: u64 = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum();
             let moe_layers = m.experts.layers.iter().filter(|l| !l.experts.is_empty()).count() as u64;
-            let top_k = colibri_engine::ModelConfig::from_value(&m.config).map_or(1, |c| c.router.top_k as u64);
+            let top_k = c.cfg.router.top_k as u64;
             let per_token = experts / n_experts.max(1) * top_k * moe_layers;
             ram.map_or(0, |r| default_pin(r, per_token))
         }
@@ -173,7 +181,7 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
         usage_file,
         fingerprint,
         model_id,
-        direct_note: source.direct_note.clone(),
+        direct_note: data.direct_note.clone(),
     };
     Ok((opts, setup))
 }
@@ -200,13 +208,16 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
-    let (model, cache) = if colibri_engine::container::is_container(dir) {
-        let cfg = read_config(dir)?;
-        let (opts, setup) = cache_options(dir, flags, cfg)?;
-        (Model::open_dir_opts(dir, opts)?, Some(setup))
-    } else {
-        (Model::open_dir(dir)?, None)
+    // colibri.json is parsed and the data file opened here, once.
+    let md = ModelDir::open(dir, flags.direct)?;
+    let (opts, cache) = match md.container() {
+        Some((c, data)) => {
+            let (opts, setup) = cache_options(dir, flags, c, data)?;
+            (opts, Some(setup))
+        }
+        None => (CacheOptions::default(), None),
     };
+    let model = md.load(opts)?;
     let tokenizer =
         if need_tokenizer || dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };
     let mut stop_ids = model.cfg.eos_token_ids.clone();
@@ -217,15 +228,6 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     stop_ids.sort_unstable();
     stop_ids.dedup();
     Ok(Loaded { model, tokenizer, stop_ids, cache })
-}
-
-/// (layers, experts per layer) from a converted model's manifest.
-fn read_config(dir: &Path) -> Result<(usize, usize)> {
-    let path = dir.join(colibri_engine::container::MANIFEST_FILE);
-    let bytes = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let m = colibri_engine::container::Manifest::parse(&bytes)?;
-    let cfg = colibri_engine::ModelConfig::from_value(&m.config)?;
-    Ok((cfg.n_layers, cfg.router.n_experts))
 }
 
 /// Merges the expert uses counted since the last call into the model's usage file, so

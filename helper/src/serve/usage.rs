@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use colibri_engine::usage::{ExpertUsage, UsageReport};
+use colibri_engine::experts::usage::{ExpertUsage, UsageReport};
 use serde_json::json;
 
 use super::models::expert_shape;
@@ -30,8 +30,8 @@ pub const MAX_TRIPLES: usize = 65_536;
 /// Which version of the model in `root` usage counts belong to: the xxh3 of its
 /// colibri.json (hex); None for a model without one (a Hugging Face directory).
 pub fn fingerprint(root: &Path) -> Option<String> {
-    let bytes = std::fs::read(root.join(colibri_engine::container::MANIFEST_FILE)).ok()?;
-    Some(format!("{:016x}", colibri_engine::container::checksum(&bytes)))
+    let bytes = std::fs::read(root.join(colibri_engine::format::MANIFEST_FILE)).ok()?;
+    Some(colibri_engine::format::manifest::fingerprint(&bytes))
 }
 
 /// Where the usage file of model `id` in `root` lives; `fallback_dir` is used when
