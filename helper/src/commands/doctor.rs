@@ -13,7 +13,7 @@ use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
-use crate::info::{human, summarize};
+use crate::commands::info::{human, summarize};
 
 #[derive(Args)]
 pub struct DoctorArgs {
