@@ -76,7 +76,7 @@ const sameBits = (r, what) => {
   assert.equal(diff, -1, `${what}: logit ${diff} differs from coli logits`);
 };
 
-test("the CPU backend on 2 threads (isolated pages) and on 1 (a page that is not isolated) gives the native bits", async () => {
+test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that is not isolated) gives the native bits", async () => {
   const browser = await launchBrowser();
   try {
     const page = await browser.context.newPage();
@@ -86,6 +86,10 @@ test("the CPU backend on 2 threads (isolated pages) and on 1 (a page that is not
     assert.equal(own.stats.threads, 2, JSON.stringify(own.stats));
     assert.match(own.stats.threadsReason, /threads: 2/);
     sameBits(own, "helper page, 2 threads");
+    // More threads than this machine's cores, as asked: still the same bits.
+    const three = await runInPage(page, helper.url, { logits: true, threads: 3 });
+    assert.equal(three.stats.threads, 3, JSON.stringify(three.stats));
+    sameBits(three, "helper page, 3 threads");
     // Asked for one thread: the one-thread build.
     const one = await runInPage(page, helper.url, { logits: true, threads: 1 });
     assert.equal(one.stats.threads, 1);

@@ -96,7 +96,9 @@ export async function startWebFront(helperUrl) {
     }
     try {
       const body = await readFile(join(web, rel));
-      res.writeHead(200, { "Content-Type": TYPES[extname(rel)], "Cache-Control": "no-store", ...cors }).end(req.method === "HEAD" ? undefined : body);
+      // The helper's cross-origin isolation headers (helper/src/serve/isolation.rs), so pages keep their threads.
+      const isolation = { "Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp", "Cross-Origin-Resource-Policy": "cross-origin" };
+      res.writeHead(200, { "Content-Type": TYPES[extname(rel)], "Cache-Control": "no-store", ...isolation, ...cors }).end(req.method === "HEAD" ? undefined : body);
     } catch (_) {
       res.writeHead(404, { "Content-Type": "text/plain", ...cors }).end("not found\n");
     }
