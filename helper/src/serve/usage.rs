@@ -1,17 +1,10 @@
 //! `POST /api/usage` and `GET /api/usage/{id}`: expert-use counts that browsers report,
-//! merged into the model's usage file.
-//!
-//! The file is `usage.json` in the model directory when that directory is writable,
-//! else `<data dir>/usage/<id>.json` (docs/api.md). Every merge takes an advisory lock
-//! (`<file>.lock`, flock), reads, adds, writes a temporary file and renames it over the
-//! old one, so readers never see half a file and concurrent merges lose nothing.
+//! merged into the model's usage file (crate::usage_store, which the native commands
+//! write to as well).
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, StatusCode};
@@ -21,158 +14,12 @@ use serde_json::json;
 
 use super::models::expert_shape;
 use super::AppState;
+use crate::usage_store::{fingerprint, merge_into_file, read_usage, usage_path};
 
 /// Largest request body of a usage report.
 pub const MAX_USAGE_BODY: usize = 1 << 20;
 /// Most [layer, expert, count] triples in one report.
 pub const MAX_TRIPLES: usize = 65_536;
-
-/// Which version of the model in `root` usage counts belong to: the xxh3 of its
-/// colibri.json (hex); None for a model without one (a Hugging Face directory).
-pub fn fingerprint(root: &Path) -> Option<String> {
-    let bytes = std::fs::read(root.join(colibri_engine::format::MANIFEST_FILE)).ok()?;
-    Some(colibri_engine::format::manifest::fingerprint(&bytes))
-}
-
-/// Where the usage file of model `id` in `root` lives; `fallback_dir` is used when
-/// `root` is not writable.
-pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf {
-    let local = root.join("usage.json");
-    let writable = OpenOptions::new().create(true).append(true).open(root.join("usage.json.lock")).is_ok();
-    match fallback_dir {
-        Some(d) if !writable => d.join(format!("{id}.json")),
-        _ => local,
-    }
-}
-
-/// An exclusive advisory lock, released when dropped.
-struct Lock(#[allow(dead_code)] File);
-
-/// How long a merge waits for another process's lock before it gives up.
-pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Takes the lock of the usage file at `path`: `<file>.lock`, readable and writable by
-/// this user only (flock needs no more than read access, so a lock file that others can
-/// open would let any local user stall every merge), waiting at most [`LOCK_TIMEOUT`].
-fn lock(path: &Path) -> Result<Lock> {
-    let lock_path = path.with_extension("json.lock");
-    let mut opts = OpenOptions::new();
-    opts.create(true).append(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let f = opts.open(&lock_path).with_context(|| format!("{}: cannot create the lock file", lock_path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        use std::os::unix::io::AsRawFd;
-        // A lock file left by an older coli may be world-readable: close it to others.
-        if f.metadata().is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
-            let _ = f.set_permissions(std::fs::Permissions::from_mode(0o600));
-        }
-        let deadline = std::time::Instant::now() + LOCK_TIMEOUT;
-        loop {
-            // SAFETY: flock on a file descriptor we own; no memory is involved.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e).context("cannot lock the usage file");
-            }
-            if std::time::Instant::now() >= deadline {
-                anyhow::bail!(
-                    "{}: another process has held the lock for over {} s",
-                    lock_path.display(),
-                    LOCK_TIMEOUT.as_secs()
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-    Ok(Lock(f))
-}
-
-/// Removes temporary usage files (`*.json.tmp.<pid>`) in `dir` that a writer killed
-/// mid-write left behind: those whose process is gone.
-pub fn clean_temp_files(dir: &Path) -> usize {
-    let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
-    let mut removed = 0;
-    for e in rd.flatten().take(10_000) {
-        let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.split_once(".json.tmp.")).map(|(_, p)| p.to_owned()) else {
-            continue;
-        };
-        let Ok(pid) = pid.parse::<u32>() else { continue };
-        if !process_alive(pid) && std::fs::remove_file(e.path()).is_ok() {
-            removed += 1;
-        }
-    }
-    removed
-}
-
-fn process_alive(pid: u32) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    #[cfg(unix)]
-    {
-        let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-        // SAFETY: signal 0 only checks that the process exists.
-        let r = unsafe { libc::kill(pid, 0) };
-        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-    }
-    #[cfg(not(unix))]
-    {
-        true
-    }
-}
-
-/// Reads the usage file, or an empty table if it is missing or for another shape or
-/// fingerprint (a replaced or retrained model): old counts of a different model must not
-/// be merged.
-pub fn read_usage(path: &Path, n_layers: usize, n_experts: usize, fingerprint: Option<&str>) -> ExpertUsage {
-    match colibri_engine::fsio::read_limited(path, colibri_engine::fsio::MAX_JSON_BYTES) {
-        Ok(b) => ExpertUsage::from_json_bytes(&b, n_layers, n_experts, fingerprint).unwrap_or_else(|e| {
-            tracing::warn!(path = %path.display(), "ignoring the usage file: {e}");
-            ExpertUsage::new(n_layers, n_experts)
-        }),
-        Err(_) => ExpertUsage::new(n_layers, n_experts),
-    }
-}
-
-/// Adds `triples` to the file at `path` under the lock; returns the merged table.
-pub fn merge_into_file(
-    path: &Path,
-    id: &str,
-    shape: (usize, usize),
-    fingerprint: Option<&str>,
-    triples: &[(u64, u64, u64)],
-) -> Result<ExpertUsage> {
-    // Validate before touching anything.
-    let mut add = ExpertUsage::new(shape.0, shape.1);
-    add.merge_triples(triples)?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-    }
-    let _lock = lock(path)?;
-    let mut usage = read_usage(path, shape.0, shape.1, fingerprint);
-    usage.merge(&add)?;
-    let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&usage.to_json_bytes(id, fingerprint))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    if let Err(e) = write() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("{}: cannot write", path.display()));
-    }
-    Ok(usage)
-}
 
 fn bad(status: StatusCode, msg: String) -> Response {
     (status, axum::Json(json!({"error": {"message": msg, "type": "invalid_request_error"}}))).into_response()
@@ -241,73 +88,5 @@ pub async fn get_usage(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<
         Ok(Ok(bytes)) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
         Ok(Err(msg)) => bad(StatusCode::UNPROCESSABLE_ENTITY, msg),
         Err(_) => bad(StatusCode::INTERNAL_SERVER_ERROR, "internal error".into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[cfg(unix)]
-    #[test]
-    fn a_held_lock_times_out_instead_of_stalling() {
-        use std::os::unix::io::AsRawFd;
-        let dir = std::env::temp_dir().join(format!("coli-usage-lock-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("usage.json");
-        let other = OpenOptions::new().create(true).append(true).open(dir.join("usage.json.lock")).unwrap();
-        // SAFETY: flock on a descriptor we own (another open file description, as another process would have).
-        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
-        let t = std::time::Instant::now();
-        let e = merge_into_file(&path, "m", (1, 1), None, &[(0, 0, 1)]).unwrap_err();
-        assert!(format!("{e:#}").contains("held the lock"), "{e:#}");
-        assert!(t.elapsed() >= LOCK_TIMEOUT && t.elapsed() < LOCK_TIMEOUT * 3, "{:?}", t.elapsed());
-        drop(other);
-        merge_into_file(&path, "m", (1, 1), None, &[(0, 0, 1)]).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn concurrent_merges_lose_nothing() {
-        let dir = std::env::temp_dir().join(format!("coli-usage-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("usage.json");
-        std::thread::scope(|s| {
-            for t in 0..4u64 {
-                let path = &path;
-                s.spawn(move || {
-                    for _ in 0..25 {
-                        merge_into_file(path, "m", (2, 3), Some("ab"), &[(0, 1, 1), (1, t % 3, 2)]).unwrap();
-                    }
-                });
-            }
-        });
-        let u = read_usage(&path, 2, 3, Some("ab"));
-        assert_eq!(u.get(0, 1), 100);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.join("usage.json.lock")).unwrap().permissions().mode();
-            assert_eq!(mode & 0o077, 0, "the lock file is private: {mode:o}");
-        }
-        // A killed writer's temporary file goes; a live one's stays.
-        std::fs::write(dir.join("usage.json.tmp.999999999"), b"{").unwrap();
-        std::fs::write(dir.join(format!("usage.json.tmp.{}", std::process::id())), b"{").unwrap();
-        assert_eq!(clean_temp_files(&dir), 1);
-        assert!(dir.join(format!("usage.json.tmp.{}", std::process::id())).exists());
-        std::fs::remove_file(dir.join(format!("usage.json.tmp.{}", std::process::id()))).unwrap();
-        assert_eq!(u.total(), 300);
-        assert!(merge_into_file(&path, "m", (2, 3), Some("ab"), &[(2, 0, 1)]).is_err());
-        assert_eq!(read_usage(&path, 2, 3, Some("ab")).total(), 300);
-        // A file for another shape, or another version of the model, is not merged into:
-        // the retrained model starts from its own counts.
-        assert_eq!(read_usage(&path, 4, 3, Some("ab")).total(), 0);
-        assert_eq!(read_usage(&path, 2, 3, Some("cd")).total(), 0);
-        let u = merge_into_file(&path, "m", (2, 3), Some("cd"), &[(1, 1, 5)]).unwrap();
-        assert_eq!(u.total(), 5);
-        assert_eq!(read_usage(&path, 2, 3, Some("ab")).total(), 0);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

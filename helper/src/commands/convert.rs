@@ -578,8 +578,8 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         a.src.display(),
         a.out.display(),
         start.elapsed().as_secs_f64(),
-        crate::info::human(dense),
-        crate::info::human(experts),
+        crate::commands::info::human(dense),
+        crate::commands::info::human(experts),
         job.manifest.experts.layers.iter().map(|l| l.experts.len()).sum::<usize>()
     );
     Ok(())

@@ -21,8 +21,8 @@ use colibri_engine::model::open::ModelDir;
 use colibri_engine::{math, Logits};
 use serde_json::{json, Value};
 
-use crate::load::{open_dir, parse_bytes, CacheFlags};
-use crate::ModelArgs;
+use crate::flags::{init_threads, parse_bytes, parse_ids, ModelArgs};
+use crate::load::{open_dir, CacheFlags};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CacheState {
@@ -206,7 +206,7 @@ fn delta(a: &CacheStats, b: &CacheStats) -> Value {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    crate::load::setup(&a.model)?;
+    init_threads(a.model.threads)?;
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
     let flags = CacheFlags::from_args(&a.model);
     let container = is_container(&dir);
@@ -227,7 +227,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u64;
     let prompt: Vec<u32> = match &a.ids {
-        Some(s) => crate::load::parse_ids(s)?,
+        Some(s) => parse_ids(s)?,
         None => (0..a.prompt_tokens.max(1) as u64)
             .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32)
             .collect(),

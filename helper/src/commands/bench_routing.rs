@@ -18,8 +18,8 @@ use colibri_engine::model::Ffn;
 use colibri_engine::tokenizer::ChatMessage;
 use colibri_engine::{math, Logits};
 
+use crate::flags::ModelArgs;
 use crate::load::open;
-use crate::ModelArgs;
 
 #[derive(Args)]
 pub struct RoutingBenchArgs {
