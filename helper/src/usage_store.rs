@@ -21,10 +21,23 @@ pub fn fingerprint(root: &Path) -> Option<String> {
 }
 
 /// Where the usage file of model `id` in `root` lives; `fallback_dir` is used when
-/// `root` is not writable.
+/// `root` is not writable, or writable by everyone.
 pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf {
     let local = root.join("usage.json");
-    let writable = OpenOptions::new().create(true).append(true).open(root.join("usage.json.lock")).is_ok();
+    // Not in a world-writable directory (o+w): there another user could plant the lock
+    // or the file itself. The fallback directory is created 0700.
+    let private = {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(root).is_ok_and(|m| m.permissions().mode() & 0o002 == 0)
+        }
+        #[cfg(not(unix))]
+        {
+            true
+        }
+    };
+    let writable = private && OpenOptions::new().create(true).append(true).open(root.join("usage.json.lock")).is_ok();
     match fallback_dir {
         Some(d) if !writable => d.join(format!("{}.json", id.replace('/', "--"))),
         _ => local,
@@ -141,7 +154,14 @@ pub fn merge_into_file(
     let mut add = ExpertUsage::new(shape.0, shape.1);
     add.merge_triples(triples)?;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+        let mut b = std::fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            b.mode(0o700);
+        }
+        b.create(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     }
     let _lock = lock(path)?;
     let mut usage = read_usage(path, shape.0, shape.1, fingerprint);
@@ -181,6 +201,23 @@ mod tests {
         assert!(t.elapsed() >= LOCK_TIMEOUT && t.elapsed() < LOCK_TIMEOUT * 3, "{:?}", t.elapsed());
         drop(other);
         merge_into_file(&path, "m", (1, 1), None, &[(0, 0, 1)]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_world_writable_model_directory_keeps_no_usage_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("coli-usage-shared-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fallback = dir.join("fallback");
+        assert_eq!(usage_path(&dir, "m", Some(&fallback)), dir.join("usage.json"));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(usage_path(&dir, "m", Some(&fallback)), fallback.join("m.json"));
+        merge_into_file(&fallback.join("m.json"), "m", (1, 1), None, &[(0, 0, 1)]).unwrap();
+        let mode = std::fs::metadata(&fallback).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
