@@ -190,7 +190,7 @@ impl BrowserSource {
                     let start = off.checked_sub(p.offset)? as usize;
                     p.data
                         .get(start..start + len)
-                        .map(|data| crate::multipart::Part { offset: off, data: data.to_vec() })
+                        .map(|data| colibri_engine::format::byteranges::Part { offset: off, data: data.to_vec() })
                 });
                 let part = part.as_ref();
                 let ok = match (part, self.slots.get(&off)) {

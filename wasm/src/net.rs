@@ -7,7 +7,7 @@ use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{Headers, RequestInit, Response, WorkerGlobalScope, XmlHttpRequest, XmlHttpRequestResponseType};
 
-use crate::multipart::{boundary, parse_content_range, parse_multipart, Part};
+use colibri_engine::format::byteranges::{boundary, parse_content_range, parse_multipart, Part};
 
 pub fn scope() -> Result<WorkerGlobalScope, String> {
     js_sys::global()
