@@ -2,16 +2,18 @@
 # colibri's whole test suite:
 #   0. style gates: cargo fmt --check and cargo clippy -D warnings (lints allowed only in
 #      Cargo.toml's [workspace.lints], each with its reason);
-#   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen into
-#      web/pkg/), which also proves the engine and its WebGPU backend compile for wasm32
-#      without threads;
+#   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen), twice:
+#      web/pkg/ without threads (stable) and web/pkg-threads/ with wasm threads (the
+#      pinned nightly of tools/wasm-threads-toolchain.toml, installed by build-web.sh if
+#      missing), which also proves the engine and its WebGPU backend compile for both;
 #   2. every crate's unit and integration tests; the engine's GPU tests run under the
 #      engine's own `wgpu` feature (wgpu on Vulkan: Mesa lavapipe where there is no GPU;
 #      COLIBRI_REQUIRE_GPU=1 makes a missing adapter a failure, not a skip);
 #   3. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
 #      real `coli serve`, driven by playwright-core.
-# Needs: rustup components rustfmt and clippy, target wasm32-unknown-unknown, wasm-bindgen-cli (installed by
-# build-web.sh if missing), mesa-vulkan-drivers, chromium, node + `npm ci` in tests/e2e.
+# Needs: rustup components rustfmt and clippy, target wasm32-unknown-unknown,
+# wasm-bindgen-cli (installed by build-web.sh if missing), mesa-vulkan-drivers, chromium,
+# node + `npm ci` in tests/e2e.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

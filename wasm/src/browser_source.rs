@@ -59,8 +59,10 @@ pub struct BrowserSource {
     pub stats: RefCell<TierStats>,
 }
 
-// SAFETY: colibri-wasm is built without threads; the engine's Send + Sync bounds exist
-// for the native build. Nothing here is ever touched from another thread.
+// SAFETY: the engine's Send + Sync bounds exist for the native build. In the browser this
+// source is only touched from the engine's worker: the threaded build (feature `threads`)
+// hands the pool's workers weight bytes and activations inside a kernel, never an expert
+// source (experts are fetched before the kernels run), and JS objects cannot cross anyway.
 unsafe impl Send for BrowserSource {}
 unsafe impl Sync for BrowserSource {}
 

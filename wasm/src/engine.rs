@@ -451,6 +451,8 @@ impl Engine {
         let ahead = self.backend.lookahead();
         Ok(serde_json::json!({
             "backend": self.backend.name(),
+            // CPU kernel threads: the pool's workers in the threaded build, else 1.
+            "threads": colibri_engine::kernels::threads(),
             "adapter": self.backend.adapter(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },

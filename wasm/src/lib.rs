@@ -19,3 +19,9 @@ mod opfs;
 
 #[cfg(target_arch = "wasm32")]
 pub use engine::Engine;
+
+/// Starts the engine's CPU thread pool on `n` Web Workers sharing this module's memory
+/// (JavaScript: `await initThreadPool(n)`, once, before the engine computes). Only in the
+/// threaded build (feature `threads`); without a pool the kernels run on the calling thread.
+#[cfg(all(target_arch = "wasm32", feature = "threads"))]
+pub use wasm_bindgen_rayon::init_thread_pool;
