@@ -17,8 +17,12 @@ use crate::commands::info::{human, summarize};
 
 #[derive(Args)]
 pub struct DoctorArgs {
-    /// Model directory to check (Hugging Face checkpoint or converted colibri model).
+    /// Model to check: a directory (Hugging Face checkpoint or converted colibri model) or
+    /// the id of an installed model.
     pub path: Option<PathBuf>,
+    /// The model, as a flag (same as PATH).
+    #[arg(long, conflicts_with = "path")]
+    pub model: Option<PathBuf>,
     /// Verify the checksum of every expert (reads the whole data file).
     #[arg(long)]
     pub checksums: bool,
@@ -92,7 +96,11 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
         None => r.warn("memory", "unknown on this platform"),
     }
 
-    if let Some(dir) = &a.path {
+    let dir = match a.path.or(a.model) {
+        Some(arg) => r.check("model id", crate::paths::resolve_model(&arg, None), |p| p.display().to_string()),
+        None => None,
+    };
+    if let Some(dir) = &dir {
         let summary = r.check("model", summarize(dir), |s| s.format.clone());
         if let Some(s) = &summary {
             r.ok(
