@@ -1,9 +1,7 @@
-//! A multipart/byteranges body as the browser engine parses it (wasm/src/multipart.rs,
-//! included as is): the first line of the input is the Content-Type, the rest the body.
+//! A multipart/byteranges body as the browser engine parses it (format::byteranges):
+//! the first line of the input is the Content-Type, the rest the body.
 #![no_main]
-#[allow(dead_code)]
-#[path = "../../wasm/src/multipart.rs"]
-mod multipart;
+use colibri_engine::format::byteranges as multipart;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
