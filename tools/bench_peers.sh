@@ -23,11 +23,13 @@
 #               missing, then cargo build --release -p colibri-helper)
 #   --colibri-browser-threads  thread counts for colibri's browser engine (default "1": it
 #               is single-threaded until it runs on several workers)
+#   --browser-prompt N, --browser-decode N  prompt and decode tokens of the browser runs
+#               (default 32 and 16: wllama does well under 1 token/s on 2 busy cores)
 #
 # Per repetition and thread count T: membw T, `coli bench --ram all --cache warm --threads T`,
 # llama.cpp T (node-llama-cpp's prebuilt CPU binaries), wllama T, colibri browser (cpu).
-# Each engine run prefills P pseudo-random prompt ids in one batch (P = 128) and then decodes
-# D = 64 tokens greedily after them; it prints two JSON records (phase "prefill" and
+# Each engine run prefills P pseudo-random prompt ids in one batch (P = 128 native, 32 in the
+# browser) and then decodes D tokens greedily after them (64 native, 16 in the browser); it prints two JSON records (phase "prefill" and
 # "decode") on stdout and appends them to records.jsonl: engine, where, threads, phase,
 # tokens_per_second, model_bytes_per_token, bandwidth_bytes_per_second (measured with T
 # threads in the same repetition), bandwidth_share (= tok/s x bytes/token / bandwidth),
@@ -36,14 +38,14 @@
 # to trust it.
 #
 # Installs what it needs from the package registries only: a venv with gguf + numpy (PyPI),
-# tools/bench/node_modules (npm ci: node-llama-cpp 3.22.1 with its linux-x64 prebuilt
+# tools/bench/node_modules (npm install: node-llama-cpp 3.22.1 with its linux-x64 prebuilt
 # binaries, @wllama/wllama, playwright-core). Needs python3, node >= 20, npm, cc, cargo,
 # and Debian's chromium (CHROMIUM=/path overrides /usr/bin/chromium).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="$ROOT/tools/bench"
 
-QUICK=0 REPS="" THREADS="1 2" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1 CB_THREADS="1"
+QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1 CB_THREADS="1"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -54,6 +56,8 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD=0 ;;
     --no-browser) BROWSER=0 ;;
     --colibri-browser-threads) CB_THREADS="$2"; shift ;;
+    --browser-prompt) BPROMPT="$2"; shift ;;
+    --browser-decode) BDECODE="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_peers.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -64,8 +68,9 @@ die() { echo "bench_peers.sh: $*" >&2; exit 1; }
 say() { echo "== $*" >&2; }
 
 LAYERS=16 EXPERTS=16 TOPK=8 HIDDEN=2048 INTER=1024 HEADS=16 VOCAB=50304 PROMPT=128 DECODE=64
-if [ "$QUICK" = 1 ]; then LAYERS=2 PROMPT=32 DECODE=16 REPS="${REPS:-1}"; fi
-REPS="${REPS:-3}"
+BPROMPT_D=32 BDECODE_D=16
+if [ "$QUICK" = 1 ]; then LAYERS=2 PROMPT=32 DECODE=16 BPROMPT_D=16 BDECODE_D=8 REPS="${REPS:-1}"; fi
+REPS="${REPS:-3}" BPROMPT="${BPROMPT:-$BPROMPT_D}" BDECODE="${BDECODE:-$BDECODE_D}"
 SHAPE="olmoe-h${HIDDEN}-l${LAYERS}-e${EXPERTS}-k${TOPK}-i${INTER}-v${VOCAB}"
 MDIR="$WORK/$SHAPE"
 CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
@@ -86,12 +91,14 @@ if [ ! -x "$WORK/venv/bin/python" ] || ! "$WORK/venv/bin/python" -c "import gguf
   python3 -m venv "$WORK/venv"
   "$WORK/venv/bin/pip" install -q "gguf==0.19.0" "numpy>=1.26"
 fi
-if [ ! -f "$BENCH/node_modules/.package-lock.json" ] || [ "$BENCH/package-lock.json" -nt "$BENCH/node_modules/.package-lock.json" ]; then
-  say "npm ci in tools/bench (node-llama-cpp prebuilt CPU binaries, wllama, playwright-core)"
+if [ ! -f "$BENCH/node_modules/.package-lock.json" ] || [ "$BENCH/package.json" -nt "$BENCH/node_modules/.package-lock.json" ]; then
+  say "npm install in tools/bench (node-llama-cpp prebuilt CPU binaries, wllama, playwright-core)"
   # --omit=optional: node-llama-cpp's optional CUDA/Vulkan/other-OS binaries are not
   # wanted; its linux-x64 CPU package is a direct dependency. --ignore-scripts: nothing
-  # may download or build llama.cpp at install time.
-  (cd "$BENCH" && npm ci --omit=optional --ignore-scripts --no-audit --no-fund >&2)
+  # may download or build llama.cpp at install time. `npm install`, not `npm ci`: the
+  # lock cannot list the other-OS optional packages where a registry mirror lacks them,
+  # and npm ci refuses such a lock; the versions are pinned in package.json.
+  (cd "$BENCH" && npm install --omit=optional --ignore-scripts --no-audit --no-fund >&2)
 fi
 [ -f "$BENCH/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/llama-addon.node" ] ||
   die "node-llama-cpp's prebuilt linux-x64 binaries are missing from tools/bench/node_modules"
@@ -171,7 +178,8 @@ run() {
     tail -5 "$log.err" >&2
     return 0
   fi
-  python3 "$BENCH/report.py" record "$log.out" "$ctx" | tee -a "$RECORDS"
+  python3 "$BENCH/report.py" record "$log.out" "$ctx" | tee -a "$RECORDS" ||
+    echo "bench_peers.sh: could not make a record of $log.out" >&2
 }
 
 START=$(date +%s)
@@ -187,10 +195,10 @@ for rep in $(seq 1 "$REPS"); do
       --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
     if [ "$BROWSER" = 1 ]; then
       run wllama "$t" "$GGUF_W" "$rep" -- node "$BENCH/browser.mjs" --engine wllama --gguf "$GGUF" --threads "$t" \
-        --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --vocab "$VOCAB"
+        --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
       if [[ " $CB_THREADS " == *" $t "* ]]; then
         run colibri-browser "$t" "$COLI_W" "$rep" -- node "$BENCH/browser.mjs" --engine colibri --coli "$COLI" \
-          --models-dir "$MODELS" --model int4 --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --vocab "$VOCAB"
+          --models-dir "$MODELS" --model int4 --threads "$t" --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
       fi
     fi
   done

@@ -12,8 +12,8 @@
 // (prompt_ms, predicted_ms). Its API takes text prompts only (token-id arrays fail in
 // 3.13), so it gets P words that make_gguf.py's vocabulary makes exactly P tokens.
 // colibri's browser engine is loaded from a `coli serve` of the converted model with
-// backend "cpu" and a RAM budget above the model's size; a first generation brings every
-// expert it touches into RAM, the second one is measured (stats(): ttftMs, tokensPerSecond).
+// backend "cpu", a RAM budget above the model's size and no OPFS copy; a first pass over
+// the prompt brings every expert it touches into RAM, the second generation is measured (stats(): ttftMs, tokensPerSecond).
 // Both use the prompt ids of `coli bench`: ((i * 0x9E3779B97F4A7C15) >> 17) % vocab.
 import { createServer } from "node:http";
 import { createReadStream, statSync, mkdtempSync, rmSync, readFileSync, existsSync } from "node:fs";
@@ -86,7 +86,7 @@ const TYPES = { ".js": "text/javascript", ".mjs": "text/javascript", ".wasm": "a
 /** A loopback server, cross-origin isolated: the wllama package at /wllama/, the GGUF at /model.gguf. */
 function serveIsolated(gguf) {
   const pkg = resolve(HERE, "node_modules/@wllama/wllama");
-  if (!existsSync(join(pkg, "esm/index.js"))) fail(`${pkg} is missing: run (cd tools/bench && npm ci --omit=optional --ignore-scripts)`);
+  if (!existsSync(join(pkg, "esm/index.js"))) fail(`${pkg} is missing: run (cd tools/bench && npm install --omit=optional --ignore-scripts)`);
   const server = createServer((req, res) => {
     const headers = {
       "Cross-Origin-Opener-Policy": "same-origin",
@@ -199,19 +199,22 @@ async function runColibri() {
     return await withBrowser(async (page) => {
       await page.goto(`${srv.url}/health`);
       const r = await page.evaluate(
-        async ({ model, ids, decode }) => {
+        async ({ model, ids, decode, threads }) => {
           const { load } = await import("/colibri.js");
           const t0 = performance.now();
-          const engine = await load({ model, backend: "cpu", ramBytes: 3 * 2 ** 30 });
+          // disk: false: experts come from the helper straight into RAM (no OPFS copy); threads
+          // is passed for an engine that takes it and ignored by one that does not.
+          const engine = await load({ model, backend: "cpu", ramBytes: 3 * 2 ** 30, disk: false, threads });
           const loadMs = performance.now() - t0;
           const gen = () => engine.generate({ ids, maxNewTokens: decode + 1, temperature: 0, ignoreEos: true });
-          await gen(); // brings the experts it uses into RAM
+          // The prompt's forward pass brings the experts it uses into RAM.
+          await engine.generate({ ids, maxNewTokens: 1, temperature: 0, ignoreEos: true });
           const g = await gen();
           const s = engine.stats();
           engine.terminate?.();
           return { n: g.ids.length, stats: s, loadMs };
         },
-        { model, ids, decode: DECODE },
+        { model, ids, decode: DECODE, threads: THREADS },
       );
       const s = r.stats;
       if (s.backend !== "cpu") throw new Error(`colibri ran on backend ${s.backend}, not cpu`);
@@ -220,6 +223,7 @@ async function runColibri() {
         where: "browser",
         build: "coli serve (web/pkg built into this coli)",
         threads: s.threads ?? 1,
+        requested_threads: THREADS,
         prefill_tokens: ids.length,
         // TTFT = the prompt's forward pass + sampling its first token.
         prefill_seconds: s.ttftMs / 1e3,

@@ -72,7 +72,7 @@ def normalize(raw):
         "prefill": (raw["prefill_tokens"], raw["prefill_seconds"]),
         "decode": (raw["decode_tokens"], raw["decode_seconds"]),
     }
-    keep = ("build", "cpu_variant", "wasm_threads", "multithread", "cross_origin_isolated", "load_ms", "context_threads")
+    keep = ("build", "cpu_variant", "requested_threads", "wasm_threads", "multithread", "cross_origin_isolated", "load_ms", "context_threads")
     extra = {k: raw[k] for k in keep if k in raw}
     return raw["engine"], raw.get("where", "native"), raw["threads"], phases, extra
 
@@ -128,10 +128,12 @@ def summary(path):
     for (where, engine, threads, phase), rs in groups.items():
         if engine == "llama.cpp":
             ref[(threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
-    wref = {}
+    wref, cref = {}, {}
     for (where, engine, threads, phase), rs in groups.items():
         if engine == "wllama":
             wref[(threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
+        if engine == "colibri" and where == "native":
+            cref[(threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
     loads = [float(r["load_average"].split()[0]) for r in runs if r.get("load_average")]
     first = runs[0]
     out = []
@@ -146,9 +148,9 @@ def summary(path):
         out.append(f"- memory read bandwidth, {t} thread(s): median {statistics.median(v):.1f} GB/s (range {min(v):.1f}-{max(v):.1f})")
     out.append("")
     out.append(
-        "| where | engine | threads | phase | tok/s median | range | vs llama.cpp | vs wllama | MB/token | share of bandwidth limit |"
+        "| where | engine | threads | phase | tok/s median | range | vs llama.cpp | vs wllama | vs colibri native | MB/token | share of bandwidth limit |"
     )
-    out.append("|---|---|---:|---|---:|---|---:|---:|---:|---:|")
+    out.append("|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
     order = {"native": 0, "browser": 1}
     eorder = {"llama.cpp": 0, "colibri": 1, "wllama": 2}
     for key in sorted(groups, key=lambda k: (k[3] != "decode", order.get(k[0], 9), k[2], eorder.get(k[1], 9))):
@@ -158,12 +160,13 @@ def summary(path):
         med = statistics.median(v)
         r = ref.get((threads, phase))
         w = wref.get((threads, phase))
+        c = cref.get((threads, phase))
         shares = [x["bandwidth_share"] for x in rs if x.get("bandwidth_share") is not None]
         out.append(
             f"| {where} | {engine} | {threads} | {phase} | {med:.2f} | {min(v):.2f}-{max(v):.2f} | "
-            f"{(med / r) if r else float('nan'):.2f}x | {(med / w) if w else float('nan'):.2f}x | "
+            f"{f'{med / r:.2f}x' if r else '-'} | {f'{med / w:.2f}x' if w else '-'} | {f'{med / c:.2f}x' if c else '-'} | "
             f"{rs[0]['model_bytes_per_token'] / 1e6:.0f} | "
-            f"{(statistics.median(shares) * 100) if shares else float('nan'):.0f}% |"
+            f"{f'{statistics.median(shares) * 100:.0f}%' if shares else '-'} |"
         )
     print("\n".join(out))
 
