@@ -127,6 +127,12 @@ if [ ! -f "$BF16/.complete" ]; then
     --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >&2
   touch "$BF16/.complete"
 fi
+if [ ! -f "$BF16/tokenizer.json" ]; then
+  # coli synth writes no tokenizer; colibri's browser engine loads one (the same
+  # synthetic vocabulary as the GGUF's).
+  "$WORK/venv/bin/python" "$BENCH/make_gguf.py" --tokenizer-json "$BF16/tokenizer.json" --vocab "$VOCAB"
+  rm -f "$INT4/.complete"
+fi
 if [ ! -f "$INT4/.complete" ] || ! "$COLI" info "$INT4" >/dev/null 2>"$OUT/logs/coli-info.err"; then
   [ -f "$INT4/.complete" ] && say "this coli refuses $INT4 ($(head -1 "$OUT/logs/coli-info.err")): converting again"
   say "coli convert --quant int4"

@@ -6,6 +6,7 @@ run the same amount of arithmetic on the same kind of numbers.
 
     python3 tools/bench/make_gguf.py OUT.gguf [--layers 16 --experts 16 --top-k 8 --hidden 2048
         --intermediate 1024 --heads 16 --vocab 50304 --seed 0]
+    python3 tools/bench/make_gguf.py --tokenizer-json DIR/tokenizer.json [--vocab 50304]
 
 Needs the `gguf` and `numpy` PyPI packages. Every matrix is Q4_0 (gguf.quants, llama.cpp's
 reference quantizer: blocks of 32, an f16 scale d = the signed value of largest magnitude
@@ -81,9 +82,34 @@ def vocab(n):
     return tokens, types, merges, n - 1
 
 
+def write_tokenizer_json(path, n):
+    """The same vocabulary as a Hugging Face tokenizer.json (byte-level BPE), for the
+    synthetic colibri checkpoint: colibri's browser engine loads a model's tokenizer."""
+    tokens, _, merges, eos = vocab(n)
+    tok = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": eos, "content": tokens[eos], "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {t: i for i, t in enumerate(tokens)}, "merges": [m.split(" ") for m in merges]},
+    }
+    with open(path, "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
+    p.add_argument("out", nargs="?", help="the GGUF to write (omit with --tokenizer-json to write only that)")
+    p.add_argument("--tokenizer-json", help="also write the vocabulary as a Hugging Face tokenizer.json here")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--top-k", type=int, default=8)
@@ -95,6 +121,12 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     h, ff, ne, v = a.hidden, a.intermediate, a.experts, a.vocab
+    if a.tokenizer_json:
+        write_tokenizer_json(a.tokenizer_json, v)
+    if not a.out:
+        if not a.tokenizer_json:
+            p.error("give the GGUF to write, or --tokenizer-json")
+        return
     for name, n in [("hidden", h), ("intermediate", ff)]:
         if n % 32:
             sys.exit(f"make_gguf.py: --{name} {n} is not a multiple of 32 (Q4_0 blocks)")
