@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # colibri's whole test suite:
-#   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen into
-#      web/pkg/), which also proves the engine and its WebGPU backend compile for wasm32
-#      without threads;
+#   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen), twice:
+#      web/pkg/ without threads (stable) and web/pkg-threads/ with wasm threads (the
+#      pinned nightly of tools/wasm-threads-toolchain.toml, installed by build-web.sh if
+#      missing), which also proves the engine and its WebGPU backend compile for both;
 #   2. every crate's unit and integration tests, GPU kernels included (wgpu on Vulkan:
 #      Mesa lavapipe where there is no GPU; a missing adapter is a failure here);
 #   3. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
