@@ -26,7 +26,7 @@
 #   --browser-prompt N, --browser-decode N  prompt and decode tokens of the browser runs
 #               (default 32 and 16: wllama does well under 1 token/s on 2 busy cores)
 #
-# Per repetition and thread count T: membw T, `coli bench --ram all --cache warm --threads T`,
+# Per repetition and thread count T: membw T, `coli bench --ram all --cache warm --warmup --threads T`,
 # llama.cpp T (node-llama-cpp's prebuilt CPU binaries), wllama T, colibri browser (cpu).
 # Each engine run prefills P pseudo-random prompt ids in one batch (P = 128 native, 32 in the
 # browser) and then decodes D tokens greedily after them (64 native, 16 in the browser); it prints two JSON records (phase "prefill" and
@@ -195,7 +195,7 @@ for rep in $(seq 1 "$REPS"); do
     BW[$t]=$(jget "$bw" read_bytes_per_second)
     python3 -c "import json,sys; r=json.loads(sys.argv[1]); r.update(kind='membw', rep=int(sys.argv[2]), load_average=sys.argv[3]); print(json.dumps(r))" \
       "$bw" "$rep" "$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RECORDS"
-    run colibri-native "$t" "$COLI_W" "$rep" -- "$COLI" bench --model "$INT4" --ram all --cache warm --threads "$t" \
+    run colibri-native "$t" "$COLI_W" "$rep" -- "$COLI" bench --model "$INT4" --ram all --cache warm --warmup --threads "$t" \
       --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
     run llama.cpp "$t" "$GGUF_W" "$rep" -- node "$BENCH/llama_native.mjs" --gguf "$GGUF" --threads "$t" \
       --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
