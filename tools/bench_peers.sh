@@ -19,10 +19,10 @@
 #               ~1.2 GB GGUF for the full shape. A container that this coli refuses (a
 #               format bump) is converted again.
 #   --out DIR   results (default WORK/results-UTC-TIMESTAMP): records.jsonl, summary.md, logs
-#   --no-build  use target/release/coli as it is (default: tools/build-web.sh when web/pkg is
+#   --no-build  use target/release/coli (or $COLI) as it is (default: tools/build-web.sh when web/pkg is
 #               missing, then cargo build --release -p colibri-helper)
-#   --colibri-browser-threads  thread counts for colibri's browser engine (default "1": it
-#               is single-threaded until it runs on several workers)
+#   --colibri-browser-threads  thread counts for colibri's browser engine (default: those of
+#               --threads; more than one runs web/pkg-threads, the wasm-threads build)
 #   --browser-prompt N, --browser-decode N  prompt and decode tokens of the browser runs
 #               (default 32 and 16: wllama does well under 1 token/s on 2 busy cores)
 #
@@ -45,7 +45,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="$ROOT/tools/bench"
 
-QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1 CB_THREADS="1"
+QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -70,7 +70,7 @@ say() { echo "== $*" >&2; }
 LAYERS=16 EXPERTS=16 TOPK=8 HIDDEN=2048 INTER=1024 HEADS=16 VOCAB=50304 PROMPT=128 DECODE=64
 BPROMPT_D=32 BDECODE_D=16
 if [ "$QUICK" = 1 ]; then LAYERS=2 PROMPT=32 DECODE=16 BPROMPT_D=16 BDECODE_D=8 REPS="${REPS:-1}"; fi
-REPS="${REPS:-3}" BPROMPT="${BPROMPT:-$BPROMPT_D}" BDECODE="${BDECODE:-$BDECODE_D}"
+REPS="${REPS:-3}" BPROMPT="${BPROMPT:-$BPROMPT_D}" BDECODE="${BDECODE:-$BDECODE_D}" CB_THREADS="${CB_THREADS:-$THREADS}"
 SHAPE="olmoe-h${HIDDEN}-l${LAYERS}-e${EXPERTS}-k${TOPK}-i${INTER}-v${VOCAB}"
 MDIR="$WORK/$SHAPE"
 CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
@@ -107,9 +107,9 @@ if [ ! -x "$WORK/membw" ] || [ "$BENCH/membw.c" -nt "$WORK/membw" ]; then
 fi
 
 # ---- colibri ---------------------------------------------------------------------------
-COLI="$ROOT/target/release/coli"
+COLI="${COLI:-$ROOT/target/release/coli}"
 if [ "$BUILD" = 1 ]; then
-  if [ "$BROWSER" = 1 ] && [ ! -f "$ROOT/web/pkg/colibri_wasm_bg.wasm" ]; then
+  if [ "$BROWSER" = 1 ] && { [ ! -f "$ROOT/web/pkg/colibri_wasm_bg.wasm" ] || [ ! -f "$ROOT/web/pkg-threads/colibri_wasm_bg.wasm" ]; }; then
     say "building the browser engine (tools/build-web.sh)"
     "$ROOT/tools/build-web.sh" >&2
   fi

@@ -203,7 +203,7 @@ async function runColibri() {
           const { load } = await import("/colibri.js");
           const t0 = performance.now();
           // disk: false: experts come from the helper straight into RAM (no OPFS copy); threads
-          // is passed for an engine that takes it and ignored by one that does not.
+          // above 1 loads the wasm-threads build (the helper's pages are cross-origin isolated).
           const engine = await load({ model, backend: "cpu", ramBytes: 3 * 2 ** 30, disk: false, threads });
           const loadMs = performance.now() - t0;
           const gen = () => engine.generate({ ids, maxNewTokens: decode + 1, temperature: 0, ignoreEos: true });
@@ -222,8 +222,9 @@ async function runColibri() {
         engine: "colibri",
         where: "browser",
         build: "coli serve (web/pkg built into this coli)",
-        threads: s.threads ?? 1,
-        requested_threads: THREADS,
+        threads: THREADS,
+        threads_used: s.threads ?? 1,
+        threads_reason: s.threadsReason ?? null,
         prefill_tokens: ids.length,
         // TTFT = the prompt's forward pass + sampling its first token.
         prefill_seconds: s.ttftMs / 1e3,

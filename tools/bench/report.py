@@ -72,7 +72,7 @@ def normalize(raw):
         "prefill": (raw["prefill_tokens"], raw["prefill_seconds"]),
         "decode": (raw["decode_tokens"], raw["decode_seconds"]),
     }
-    keep = ("build", "cpu_variant", "requested_threads", "wasm_threads", "multithread", "cross_origin_isolated", "load_ms", "context_threads")
+    keep = ("build", "cpu_variant", "threads_used", "threads_reason", "wasm_threads", "multithread", "cross_origin_isolated", "load_ms", "context_threads")
     extra = {k: raw[k] for k in keep if k in raw}
     return raw["engine"], raw.get("where", "native"), raw["threads"], phases, extra
 
@@ -162,6 +162,9 @@ def summary(path):
         w = wref.get((threads, phase))
         c = cref.get((threads, phase))
         shares = [x["bandwidth_share"] for x in rs if x.get("bandwidth_share") is not None]
+        used = sorted(set(x.get("threads_used", threads) for x in rs))
+        if used != [threads]:
+            engine = f"{engine} (ran on {'/'.join(map(str, used))} threads)"
         out.append(
             f"| {where} | {engine} | {threads} | {phase} | {med:.2f} | {min(v):.2f}-{max(v):.2f} | "
             f"{f'{med / r:.2f}x' if r else '-'} | {f'{med / w:.2f}x' if w else '-'} | {f'{med / c:.2f}x' if c else '-'} | "

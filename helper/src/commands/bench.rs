@@ -51,8 +51,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "256M", value_parser = parse_bytes)]
     pub probe_bytes: u64,
     /// Runs the prompt once (untimed, in a throwaway session) before the timed prefill,
-    /// so that the experts it touches are already in the expert cache: with `--ram all`
-    /// the timed prefill and decode then run on resident weights only.
+    /// so that the experts it uses are already in the expert cache: with `--ram all` the
+    /// timed prefill reads no expert it uses (decode may still meet new ones).
     #[arg(long)]
     pub warmup: bool,
 }
