@@ -55,12 +55,11 @@ def weights_colibri(path):
 def normalize(raw):
     """(engine, where, threads, {phase: (tokens, seconds)}, extra) from one engine's JSON."""
     if raw.get("bench") == "decode":  # coli bench
-        dec_tokens = raw["decode_tokens"]
         phases = {
             "prefill": (raw["prompt_tokens"], raw["prompt_tokens"] / raw["prefill_tokens_per_second"]),
-            # coli bench: the first of decode_tokens comes from the prefill's logits; the
-            # other ones are timed steps.
-            "decode": (dec_tokens - 1, raw["decode_seconds"]),
+            # coli bench --decode-tokens N: the first token comes from the prefill's logits,
+            # and its JSON's decode_tokens (N - 1) counts the timed steps.
+            "decode": (raw["decode_tokens"], raw["decode_seconds"]),
         }
         threads = None
         cmd = raw.get("command", [])
