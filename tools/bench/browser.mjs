@@ -199,7 +199,7 @@ async function runColibri() {
     return await withBrowser(async (page) => {
       await page.goto(`${srv.url}/health`);
       const r = await page.evaluate(
-        async ({ model, ids, decode, threads }) => {
+        async ({ model, ids, decode, threads, vocab }) => {
           const { load } = await import("/colibri.js");
           const t0 = performance.now();
           // disk: false: experts come from the helper straight into RAM (no OPFS copy); threads
@@ -207,14 +207,16 @@ async function runColibri() {
           const engine = await load({ model, backend: "cpu", ramBytes: 3 * 2 ** 30, disk: false, threads });
           const loadMs = performance.now() - t0;
           const gen = () => engine.generate({ ids, maxNewTokens: decode + 1, temperature: 0, ignoreEos: true });
-          // The prompt's forward pass brings the experts it uses into RAM.
-          await engine.generate({ ids, maxNewTokens: 1, temperature: 0, ignoreEos: true });
+          // A forward pass over a prompt of the same length brings the experts into RAM. Not
+          // the same ids: the engine would reuse that prompt's KV cache and skip the prefill.
+          const other = ids.map((id) => (id + 1) % vocab);
+          await engine.generate({ ids: other, maxNewTokens: 1, temperature: 0, ignoreEos: true });
           const g = await gen();
           const s = engine.stats();
           engine.terminate?.();
           return { n: g.ids.length, stats: s, loadMs };
         },
-        { model, ids, decode: DECODE, threads: THREADS },
+        { model, ids, decode: DECODE, threads: THREADS, vocab: Number(VOCAB) },
       );
       const s = r.stats;
       if (s.backend !== "cpu") throw new Error(`colibri ran on backend ${s.backend}, not cpu`);
