@@ -212,7 +212,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/api/models", get(api_models))
         .route("/api/usage", post(usage::post_usage).layer(DefaultBodyLimit::max(usage::MAX_USAGE_BODY)))
-        .route("/api/usage/{id}", get(usage::get_usage))
+        .route("/api/usage/{*id}", get(usage::get_usage))
         .route("/models/{id}/{*path}", get(files::get_file))
         .route("/{name}", get(page::asset))
         .route("/pkg/{*path}", get(page::pkg_asset))
