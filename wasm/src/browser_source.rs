@@ -190,9 +190,11 @@ impl BrowserSource {
                 // Match by containment: a server or CDN may merge adjacent ranges into one part.
                 let part = parts.iter().find_map(|p| {
                     let start = off.checked_sub(p.offset)? as usize;
-                    p.data
-                        .get(start..start + len)
-                        .map(|data| crate::multipart::Part { offset: off, data: data.to_vec() })
+                    p.data.get(start..start + len).map(|data| colibri_engine::format::byteranges::Part {
+                        offset: off,
+                        data: data.to_vec(),
+                        complete: p.complete,
+                    })
                 });
                 let part = part.as_ref();
                 let ok = match (part, self.slots.get(&off)) {

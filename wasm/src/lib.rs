@@ -2,8 +2,6 @@
 //! over colibri-engine (CPU or WebGPU backend), plus the browser I/O: fetch and HTTP Range from the helper,
 //! and the persistent OPFS expert tier. Errors cross into JavaScript as `JsError`.
 
-pub mod multipart;
-
 #[cfg(target_arch = "wasm32")]
 mod backend;
 #[cfg(target_arch = "wasm32")]

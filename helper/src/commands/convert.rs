@@ -546,8 +546,8 @@ pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pas
     };
     let by_layer = if partial.is_some() { job.experts_by_layer() } else { Default::default() };
     let mut needed = std::collections::HashSet::new();
-    for k in 0..n {
-        if sums[k].is_some() {
+    for (k, sum) in sums.iter_mut().enumerate() {
+        if sum.is_some() {
             continue;
         }
         if let Some(p) = &partial {
@@ -558,7 +558,7 @@ pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pas
             }
         }
         let s = job.write_item(k, &data, &progress)?;
-        sums[k] = Some(s);
+        *sum = Some(s);
         written += 1;
         if abort_after == Some(written) {
             std::process::exit(75);

@@ -81,13 +81,9 @@ fn simd_features() -> Vec<&'static str> {
     v
 }
 
+/// (MemTotal, MemAvailable) in bytes.
 fn meminfo() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |k: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(k))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
-    };
-    Some((field("MemTotal:")?, field("MemAvailable:")?))
+    Some((crate::sysinfo::meminfo("MemTotal")?, crate::sysinfo::meminfo("MemAvailable")?))
 }
 
 pub fn doctor(a: DoctorArgs) -> Result<()> {

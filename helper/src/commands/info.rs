@@ -70,7 +70,7 @@ impl Summary {
 fn read_config(dir: &Path) -> Result<ModelConfig> {
     let p = dir.join("config.json");
     let bytes = std::fs::read(&p).with_context(|| format!("{}: cannot read", p.display()))?;
-    Ok(ModelConfig::from_json_bytes(&bytes).with_context(|| p.display().to_string())?)
+    ModelConfig::from_json_bytes(&bytes).with_context(|| p.display().to_string())
 }
 
 pub fn summarize(dir: &Path) -> Result<Summary> {
