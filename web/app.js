@@ -8,7 +8,10 @@ import * as store from "./store.js";
 
 const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
-const START_HINT = "coli serve";
+// The command that starts a helper where this page expects it (7878 is coli's default port).
+const PORT = location.port || (location.protocol === "https:" ? "443" : "80");
+const PORT_FLAG = PORT === "7878" ? "" : ` --port ${PORT}`;
+const START_HINT = `coli serve${PORT_FLAG}`;
 
 const state = {
   models: [], // /api/models entries
@@ -89,7 +92,7 @@ function helperDownNotice() {
   notice("helper", "error", [
     h("strong", {}, "The colibri helper is not reachable "), `at ${HELPER}. `,
     "It serves the model files to this page. Start it in a terminal with ", code(START_HINT),
-    " (from a source checkout: ", code("./tools/start.sh"), "), then retry.",
+    " (from a source checkout: ", code(`./tools/start.sh${PORT_FLAG}`), "), then retry.",
   ], [h("button", { class: "btn small-btn", type: "button", onclick: () => start() }, "Retry now")]);
 }
 
@@ -178,19 +181,32 @@ async function loadModel(id) {
   renderModelPicker();
   dismiss("load");
   state.modelSize = (state.models.find((m) => m.id === id) || {}).size || 0;
+  state.examples = [];
+  renderExamples();
   const bar = $("progress-bar");
   $("progress").hidden = false;
   bar.removeAttribute("value"); // indeterminate until the first byte counts come
   $("progress-text").textContent = `Starting the engine for ${id}…`;
   $("progress-eta").textContent = "";
   const t0 = performance.now();
+  $("progress").dataset.phase = "starting";
   const onProgress = ({ phase, loaded, total }) => {
     if (phase === "ready") return;
+    $("progress").dataset.phase = phase;
+    if (phase === "gpu") {
+      // `auto` times one decode step on each backend; no bytes move meanwhile.
+      bar.removeAttribute("value");
+      $("progress-text").textContent = navigator.gpu && new URLSearchParams(location.search).get("backend") !== "webgpu"
+        ? `${id}: measuring WebGPU vs CPU (one step on each, to keep the faster)…`
+        : `${id}: starting WebGPU…`;
+      $("progress-eta").textContent = "";
+      return;
+    }
     const secs = (performance.now() - t0) / 1000;
     const rate = loaded / Math.max(secs, 1e-3);
     bar.max = total || 1;
     bar.value = loaded;
-    $("progress-text").textContent = `Loading ${id}: ${formatBytes(loaded)} of ${formatBytes(total)}`;
+    $("progress-text").textContent = `${id}: fetching weights, ${formatBytes(loaded)} of ${formatBytes(total)}`;
     $("progress-eta").textContent = loaded > 0 && loaded < total ? formatSeconds((total - loaded) / rate) : "";
   };
   try {
@@ -213,6 +229,7 @@ async function loadModel(id) {
     engine.expertTiers().then((tiers) => brain.route({ counts: [], tiers }), () => {});
     renderLegend();
     renderStats(engine.stats());
+    loadExamples(id);
     document.body.dataset.state = "ready";
     $("backend").textContent = backendLabel(engine.stats().backend);
     $("backend").title = backendTitle(engine.stats());
@@ -376,12 +393,13 @@ function renderStats(s) {
   $("stat-ttft").textContent = s.ttftMs != null ? `${Math.round(s.ttftMs)} ms` : "—";
   $("stat-bytes").textContent = formatBytes(s.bytesFetched ?? NaN);
   $("stat-recall").textContent = typeof s.prefetchRecall === "number" ? `${(100 * s.prefetchRecall).toFixed(0)}%` : "—";
+  // Each expert use is counted once, by the tier that served it, so the shares add up to 100%.
   const tiers = s.tiers || {};
-  const total = s.expertLoads || Object.values(tiers).reduce((a, b) => a + (b || 0), 0);
+  const total = ["gpu", "ram", "disk", "helper"].reduce((a, t) => a + (tiers[t] || 0), 0);
   const rows = ["gpu", "ram", "disk", "helper"].map((t) => {
     const n = tiers[t] || 0;
     const pct = total ? (100 * n) / total : 0;
-    return h("div", { class: "tier-row", "data-tier": t, title: `${n} of ${total} expert loads` },
+    return h("div", { class: "tier-row", "data-tier": t, "data-count": n, title: `${n} of ${total} expert uses` },
       h("span", {}, h("span", { class: "swatch", style: `background:${TIER_COLORS[t]}` }), TIER_LABELS[t]),
       h("div", { class: "tier-bar" }, h("span", { style: `width:${pct.toFixed(1)}%;background:${TIER_COLORS[t]}` })),
       h("span", { class: "pct" }, total ? `${pct.toFixed(0)}%` : "—"));
@@ -447,6 +465,39 @@ function persist(conv) {
 function refocusPrompt() {
   const a = document.activeElement;
   if (!a || a === document.body || a.id === "prompt" || a.id === "stop" || a.id === "send" || a.closest?.(".msg")) $("prompt").focus();
+}
+
+// ---------------------------------------------------------------- example prompts
+
+// A model directory may hold examples.json, {"prompts": ["...", ...]}: questions the model
+// answers well, offered on an empty chat (models/demo ships one).
+const MAX_EXAMPLES = 8;
+async function loadExamples(id) {
+  let prompts = [];
+  try {
+    const r = await fetch(`${HELPER}/models/${encodeURIComponent(id)}/examples.json`, { cache: "no-store" });
+    if (r.ok) {
+      const body = await r.json();
+      const list = Array.isArray(body) ? body : body?.prompts;
+      if (Array.isArray(list)) prompts = list.filter((p) => typeof p === "string" && p.trim()).slice(0, MAX_EXAMPLES);
+    }
+  } catch (_) {}
+  if (state.modelId !== id) return;
+  state.examples = prompts;
+  renderExamples();
+}
+
+function renderExamples() {
+  const box = $("examples");
+  box.replaceChildren(...(state.examples || []).map((p) =>
+    h("button", { class: "example", type: "button", onclick: () => useExample(p) }, p)));
+  box.hidden = !box.childElementCount;
+}
+
+function useExample(text) {
+  if (state.busy || !state.engine) return;
+  $("prompt").value = text;
+  send();
 }
 
 // ---------------------------------------------------------------- messages
