@@ -341,18 +341,16 @@ mod tests {
             vals.push(vh);
         }
         let mut out = vec![];
-        for i in 0..n {
+        for (i, qi) in qs.iter().enumerate() {
             let mut ctx = vec![];
-            for h in 0..H {
+            for (h, qh) in qi.iter().enumerate() {
                 let sc: Vec<f64> = (0..=i)
-                    .map(|j| qs[i][h].iter().zip(&keys[j][h]).map(|(a, b)| a * b).sum::<f64>() * o.scale as f64)
+                    .map(|j| qh.iter().zip(&keys[j][h]).map(|(a, b)| a * b).sum::<f64>() * o.scale as f64)
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
                 let z: f64 = e.iter().sum();
-                for d in 0..dv {
-                    ctx.push((0..=i).map(|j| e[j] / z * vals[j][h][d]).sum::<f64>());
-                }
+                ctx.extend((0..dv).map(|d| (0..=i).map(|j| e[j] / z * vals[j][h][d]).sum::<f64>()));
             }
             out.extend(mv(&w.wo, &ctx));
         }
