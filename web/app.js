@@ -420,11 +420,78 @@ function renderConversations() {
   list.replaceChildren();
   for (const c of store.listConversations()) {
     const active = state.conv && c.id === state.conv.id;
-    list.append(h("li", { class: active ? "active" : "", "data-id": c.id },
+    const item = h("li", { class: active ? "active" : "", "data-id": c.id });
+    item.append(
       h("button", { class: "open", type: "button", "aria-current": active ? "true" : false, onclick: () => openConversation(c.id) },
         h("span", {}, c.title), h("small", {}, `${c.model || ""} · ${new Date(c.updated).toLocaleString()}`)),
-      h("button", { class: "link-btn del", type: "button", "aria-label": `Delete conversation ${c.title}`, onclick: () => removeConversation(c.id) }, "✕")));
+      h("button", { class: "link-btn ren", type: "button", "aria-label": `Rename conversation ${c.title}`, title: "Rename", onclick: () => startRename(item, c) }, "✎"),
+      h("button", { class: "link-btn del", type: "button", "aria-label": `Delete conversation ${c.title}`, onclick: () => removeConversation(c.id) }, "✕"));
+    list.append(item);
   }
+  $("export").hidden = !state.conv?.messages.length;
+}
+
+function startRename(item, c) {
+  const box = h("input", { class: "rename-box", type: "text", "aria-label": "Conversation name", maxlength: 120 });
+  box.value = c.customTitle || c.title;
+  let done = false;
+  const finish = (save) => {
+    if (done) return;
+    done = true;
+    if (save) {
+      const conv = state.conv?.id === c.id ? state.conv : c;
+      if (!store.renameConversation(conv, box.value)) notice("save", "warn", ["This browser refused to save the conversation (storage full or disabled)."]);
+    }
+    renderConversations();
+  };
+  box.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") {
+      e.preventDefault();
+      finish(true);
+    } else if (e.key === "Escape") {
+      e.stopPropagation();
+      finish(false);
+    }
+  });
+  box.addEventListener("blur", () => finish(true));
+  item.replaceChildren(box);
+  box.focus();
+  box.select();
+}
+
+/** Downloads the open conversation as `kind` ("json" | "md"). */
+function exportConversation(kind) {
+  const conv = state.conv;
+  if (!conv?.messages.length) return;
+  const text = kind === "json" ? store.conversationJson(conv) : store.conversationMarkdown(conv);
+  const type = kind === "json" ? "application/json" : "text/markdown";
+  const name = `${(conv.title || "chat").replace(/[^\p{L}\p{N}]+/gu, "-").replace(/^-+|-+$/g, "").slice(0, 60) || "chat"}.${kind}`;
+  const url = URL.createObjectURL(new Blob([text], { type: `${type};charset=utf-8` }));
+  const a = h("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+// ---------------------------------------------------------------- theme
+
+const THEMES = ["system", "light", "dark"];
+function applyTheme() {
+  const t = THEMES.includes(state.settings.theme) ? state.settings.theme : "system";
+  if (t === "system") delete document.documentElement.dataset.theme;
+  else document.documentElement.dataset.theme = t;
+  const b = $("theme");
+  b.textContent = { system: "◐ Auto", light: "☀ Light", dark: "☾ Dark" }[t];
+  b.title = t === "system" ? "Theme: as the system (click for light)" : `Theme: ${t} (click for ${t === "light" ? "dark" : "the system's"})`;
+  b.setAttribute("aria-label", `Theme: ${t === "system" ? "as the system" : t}. Change theme`);
+}
+
+function cycleTheme() {
+  const t = THEMES.includes(state.settings.theme) ? state.settings.theme : "system";
+  state.settings.theme = THEMES[(THEMES.indexOf(t) + 1) % THEMES.length];
+  store.saveSettings(state.settings);
+  applyTheme();
 }
 
 function openConversation(id) {
@@ -750,6 +817,9 @@ function bindUi() {
     } else closeDrawers();
   });
   $("new-chat").addEventListener("click", newChat);
+  $("export-json").addEventListener("click", () => exportConversation("json"));
+  $("export-md").addEventListener("click", () => exportConversation("md"));
+  $("theme").addEventListener("click", cycleTheme);
   $("model").addEventListener("change", (e) => loadModel(e.target.value));
   $("clear-cache").addEventListener("click", clearModelCache);
   $("toggle-sidebar").addEventListener("click", () => toggleDrawer("sidebar"));
@@ -764,7 +834,9 @@ function bindUi() {
 
 bindSettings();
 bindUi();
+applyTheme();
 webgpuNotice();
+await store.open({ onError: (e) => notice("save", "warn", [`This browser refused to save the conversation (${e?.name || "storage full or disabled"}).`]) });
 state.conv = store.getConversation(store.activeId()) || store.newConversation(null);
 renderConversations();
 renderMessages();

@@ -371,6 +371,78 @@ test("a page of an origin that is not allowed gets the widget, which says which 
   await page.close();
 });
 
+test("conversations are kept in IndexedDB, renamed, exported as JSON and Markdown, deleted; the theme toggle overrides the system", async () => {
+  const page = await openApp(`?model=${GRID}&backend=cpu`);
+  await page.click("#new-chat");
+  await setSettings(page, { maxTokens: 4 });
+  await page.fill("#prompt", "first words");
+  await page.keyboard.press("Enter");
+  await idle(page);
+
+  // Rename: the list shows the new name, a reload keeps it.
+  await page.click("#conversations li.active .ren");
+  await page.fill("#conversations .rename-box", "My renamed chat");
+  await page.press("#conversations .rename-box", "Enter");
+  assert.equal(await page.textContent("#conversations li.active .open span"), "My renamed chat");
+  await page.reload();
+  await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+  assert.equal(await page.textContent("#conversations li.active .open span"), "My renamed chat");
+
+  // Export: real downloads of the open conversation.
+  const download = async (id) => {
+    const [d] = await Promise.all([page.waitForEvent("download"), page.click(id)]);
+    return { name: d.suggestedFilename(), text: readFileSync(await d.path(), "utf8") };
+  };
+  const md = await download("#export-md");
+  assert.equal(md.name, "My-renamed-chat.md");
+  assert.ok(md.text.startsWith("# My renamed chat\n"), md.text);
+  assert.ok(md.text.includes("**You:**\n\nfirst words\n"), md.text);
+  assert.ok(md.text.includes("**colibri:**"), md.text);
+  const json = await download("#export-json");
+  assert.equal(json.name, "My-renamed-chat.json");
+  const conv = JSON.parse(json.text);
+  assert.equal(conv.title, "My renamed chat");
+  assert.equal(conv.model, GRID);
+  assert.deepEqual(conv.messages.map((m) => m.role), ["user", "assistant"]);
+  assert.equal(conv.messages[0].content, "first words");
+
+  // Theme: system -> light -> dark -> system; the choice survives a reload.
+  const bg = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  const theme = () => page.evaluate(() => document.documentElement.dataset.theme ?? "system");
+  assert.equal(await theme(), "system");
+  await page.click("#theme");
+  assert.equal(await theme(), "light");
+  assert.equal(await bg(), "rgb(247, 247, 245)");
+  await page.click("#theme");
+  assert.equal(await theme(), "dark");
+  assert.equal(await bg(), "rgb(21, 23, 26)");
+  await page.reload();
+  assert.equal(await theme(), "dark");
+  assert.equal(await bg(), "rgb(21, 23, 26)");
+  await page.click("#theme");
+  assert.equal(await theme(), "system");
+
+  // Kept in IndexedDB (not localStorage); deleting removes it there too.
+  const stored = () => page.evaluate(() => new Promise((ok, bad) => {
+    const r = indexedDB.open("colibri-app");
+    r.onerror = () => bad(r.error);
+    r.onsuccess = () => {
+      const g = r.result.transaction("conversations").objectStore("conversations").getAll();
+      g.onsuccess = () => { ok(g.result.map((c) => c.title)); r.result.close(); };
+      g.onerror = () => bad(g.error);
+    };
+  }));
+  assert.ok((await stored()).includes("My renamed chat"));
+  assert.equal(await page.evaluate(() => localStorage.getItem("colibri.conversations.v1")), null);
+  await page.click("#conversations li.active .del");
+  await page.waitForFunction(() => ![...document.querySelectorAll("#conversations .open span")].some((s) => s.textContent === "My renamed chat"));
+  await page.reload();
+  await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+  assert.ok(!(await stored()).includes("My renamed chat"));
+  assert.deepEqual(page.problems, []);
+  await page.close();
+});
+
 test("clearing the model's cached experts empties the browser tier and reloads the model", async () => {
   // The CPU backend: `auto` would fetch a few experts again while it times both backends.
   const page = await openApp(`?model=${GRID}&backend=cpu`);
