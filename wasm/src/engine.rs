@@ -475,6 +475,10 @@ impl Engine {
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },
             "ttftMs": perf.ttft_ms,
+            // What the attention cache holds per token: K and V of every kv head, or
+            // MLA's latent and rotary key (deepseek_v3).
+            "attention": if self.model.cfg.mla.is_some() { "mla" } else { "gqa" },
+            "kvCacheBytesPerToken": self.model.cfg.cache_floats_per_layer() * self.model.cfg.n_layers * 4,
             "bytesFetched": t.bytes_fetched,
             "expertLoads": loads,
             // Each expert use once, by the tier that served it: these add up to expertLoads.
