@@ -19,8 +19,59 @@ pub fn forward_fn(model: &Model, backend: BackendChoice) -> Result<Forward<'_>> 
     }
 }
 
+/// One conversation kept on either backend, for commands that answer turn after turn and
+/// reuse the cache of the unchanged prefix (`coli chat`): its tokens, a truncate, a feed.
+pub enum ChatSession<'m> {
+    Cpu(&'m Model, colibri_engine::Session),
+    #[cfg(feature = "wgpu")]
+    Gpu(Box<colibri_engine::gpu::GpuModel<&'m Model>>, colibri_engine::gpu::GpuSession),
+}
+
+impl<'m> ChatSession<'m> {
+    pub fn new(model: &'m Model, backend: BackendChoice) -> Result<Self> {
+        match backend {
+            BackendChoice::Cpu => Ok(ChatSession::Cpu(model, model.new_session())),
+            #[cfg(feature = "wgpu")]
+            BackendChoice::Wgpu => {
+                let gpu = Box::new(gpu_model(model)?);
+                let session = gpu.new_session();
+                Ok(ChatSession::Gpu(gpu, session))
+            }
+            #[cfg(not(feature = "wgpu"))]
+            BackendChoice::Wgpu => gpu(model).map(|_| unreachable!("gpu() always fails without the feature")),
+        }
+    }
+
+    /// Every token fed so far.
+    pub fn tokens(&self) -> &[u32] {
+        match self {
+            ChatSession::Cpu(_, s) => &s.tokens,
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(_, s) => &s.tokens,
+        }
+    }
+
+    /// Forgets everything after the first `len` tokens.
+    pub fn truncate(&mut self, len: usize) {
+        match self {
+            ChatSession::Cpu(_, s) => s.truncate(len),
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(_, s) => s.truncate(len),
+        }
+    }
+
+    /// Feeds `ids` after everything fed so far; the last position's logits.
+    pub fn forward(&mut self, ids: &[u32]) -> colibri_engine::Result<Vec<f32>> {
+        match self {
+            ChatSession::Cpu(m, s) => m.forward(s, ids, Logits::Last),
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(g, s) => g.forward_blocking(s, ids, Logits::Last),
+        }
+    }
+}
+
 #[cfg(feature = "wgpu")]
-fn gpu(model: &Model) -> Result<Forward<'_>> {
+fn gpu_model(model: &Model) -> Result<colibri_engine::gpu::GpuModel<&Model>> {
     use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions};
     // Mesa's implicit device-select layer prints "XDG_RUNTIME_DIR is invalid" lines when
     // no display is around; it only reorders adapters, which wgpu does itself.
@@ -28,7 +79,12 @@ fn gpu(model: &Model) -> Result<Forward<'_>> {
         std::env::set_var("NODEVICE_SELECT", "1");
     }
     let ctx = GpuContext::new_blocking()?;
-    let gpu = GpuModel::new(model, std::sync::Arc::new(ctx), GpuOptions::default())?;
+    Ok(GpuModel::new(model, std::sync::Arc::new(ctx), GpuOptions::default())?)
+}
+
+#[cfg(feature = "wgpu")]
+fn gpu(model: &Model) -> Result<Forward<'_>> {
+    let gpu = gpu_model(model)?;
     let mut session = gpu.new_session();
     Ok(Box::new(move |ids, which| gpu.forward_blocking(&mut session, ids, which)))
 }

@@ -1,22 +1,31 @@
 //! `coli chat`: a terminal chat that applies the model's chat template, streams tokens,
 //! and reuses the KV cache for the part of the conversation that did not change.
+//!
+//! On a terminal: line editing and a history (rustyline; kept in the data directory),
+//! slash commands (`/help`), Ctrl-C stops an answer and keeps the conversation (at an
+//! empty prompt, a second Ctrl-C leaves, as does Ctrl-D). Piped input is read line by
+//! line with the same commands and no prompt, so scripts see only the answers.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::generate::{generate, GenerateOptions};
+use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 
-use crate::flags::{BackendChoice, ModelArgs, SamplingArgs};
-use crate::load::open;
+use crate::backend::ChatSession;
+use crate::flags::{ModelArgs, SamplingArgs};
+use crate::load::{open, Loaded};
 
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// System prompt placed before the conversation.
+    /// System prompt placed before the conversation (`/system` changes it).
     #[arg(long)]
     pub system: Option<String>,
     /// Most tokens per answer.
@@ -26,10 +35,138 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
 }
 
-pub fn chat(a: ChatArgs) -> Result<()> {
-    if a.model.backend == BackendChoice::Wgpu {
-        bail!("coli chat runs on the CPU backend for now; --backend wgpu works with `coli logits` and `coli generate`");
+const HELP: &str = "\
+/help            this list
+/clear           start a new conversation (the system prompt stays)
+/system [TEXT]   show the system prompt, or set it (the conversation stays)
+/save FILE       write the conversation as JSON ({\"messages\": [{role, content}, ...]})
+/load FILE       continue a conversation saved with /save (or any such JSON)
+/stats           the last answer's speed, the context used, the expert cache
+/quit            leave (also Ctrl-D; Ctrl-C twice at an empty prompt)
+Ctrl-C while the model answers stops the answer and keeps the conversation.
+A message that starts with / is a command; start it with // to send a literal /.";
+
+/// What the user typed: a message for the model, or a command.
+#[derive(Debug, PartialEq)]
+enum Input<'a> {
+    Message(&'a str),
+    Help,
+    Clear,
+    System(Option<&'a str>),
+    Save(&'a str),
+    Load(&'a str),
+    Stats,
+    Quit,
+    Unknown(&'a str),
+    Empty,
+}
+
+fn parse(line: &str) -> Input<'_> {
+    let text = line.trim();
+    if text.is_empty() {
+        return Input::Empty;
     }
+    if text.starts_with("//") {
+        return Input::Message(&text[1..]);
+    }
+    let Some(cmd) = text.strip_prefix('/') else { return Input::Message(text) };
+    let (name, arg) = cmd.split_once(char::is_whitespace).map_or((cmd, ""), |(n, a)| (n, a.trim()));
+    let arg = (!arg.is_empty()).then_some(arg);
+    match (name, arg) {
+        ("help" | "?", _) => Input::Help,
+        ("clear" | "reset" | "new", _) => Input::Clear,
+        ("system", a) => Input::System(a),
+        ("save", Some(f)) => Input::Save(f),
+        ("load", Some(f)) => Input::Load(f),
+        ("stats", _) => Input::Stats,
+        ("quit" | "exit" | "q", _) => Input::Quit,
+        _ => Input::Unknown(name),
+    }
+}
+
+/// The conversation file of `/save` and `/load`: OpenAI's message shape.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
+    messages: Vec<ChatMessage>,
+}
+
+/// Where the lines come from: rustyline on a terminal, plain lines otherwise.
+enum Lines {
+    Editor(Box<rustyline::DefaultEditor>, Option<PathBuf>),
+    Piped(std::io::Lines<std::io::StdinLock<'static>>),
+}
+
+/// One read: a line, Ctrl-C at the prompt, or the end.
+enum Read {
+    Line(String),
+    Interrupted,
+    End,
+}
+
+impl Lines {
+    fn open(interactive: bool) -> Result<Lines> {
+        if !interactive {
+            return Ok(Lines::Piped(std::io::stdin().lock().lines()));
+        }
+        let mut ed = rustyline::DefaultEditor::new().context("cannot set up line editing")?;
+        let file = crate::paths::data_dir().map(|d| d.join("chat_history"));
+        if let Some(f) = &file {
+            let _ = ed.load_history(f);
+        }
+        Ok(Lines::Editor(Box::new(ed), file))
+    }
+
+    fn read(&mut self) -> Result<Read> {
+        match self {
+            Lines::Piped(lines) => Ok(lines.next().transpose()?.map_or(Read::End, Read::Line)),
+            Lines::Editor(ed, _) => match ed.readline("> ") {
+                Ok(line) => {
+                    if !line.trim().is_empty() {
+                        let _ = ed.add_history_entry(line.as_str());
+                    }
+                    Ok(Read::Line(line))
+                }
+                Err(rustyline::error::ReadlineError::Interrupted) => Ok(Read::Interrupted),
+                Err(rustyline::error::ReadlineError::Eof) => Ok(Read::End),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    fn save_history(&mut self) {
+        if let Lines::Editor(ed, Some(f)) = self {
+            if let Some(dir) = f.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let _ = ed.save_history(f);
+        }
+    }
+}
+
+/// Sets `flag` on every Ctrl-C (SIGINT) from now on, instead of ending the process: the
+/// answer being generated stops at its next token. (At a terminal prompt rustyline reads
+/// Ctrl-C itself, as a key.)
+fn catch_ctrl_c(flag: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        rt.block_on(async move {
+            while tokio::signal::ctrl_c().await.is_ok() {
+                flag.store(true, Ordering::SeqCst);
+            }
+        });
+    });
+}
+
+/// The figures `/stats` shows.
+#[derive(Default)]
+struct LastAnswer {
+    tokens: usize,
+    secs: f64,
+    first_token_secs: Option<f64>,
+    reason: Option<StopReason>,
+}
+
+pub fn chat(a: ChatArgs) -> Result<()> {
     let loaded = open(&a.model, true)?;
     let Some(tok) = loaded.tokenizer.as_ref() else { bail!("this model has no tokenizer") };
     if !tok.has_chat_template() {
@@ -41,7 +178,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         eprintln!("coli: {}", c.describe());
     }
     eprintln!(
-        "colibri: {} with {} layers and {} experts (top {}) from {}. /reset starts over, /quit leaves.",
+        "colibri: {} with {} layers and {} experts (top {}) from {}. /help lists the commands.",
         cfg.model_type,
         cfg.n_layers,
         cfg.router.n_experts,
@@ -56,44 +193,103 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         sampler: a.sampling.config(0.7, 0.95, seed),
         stop_ids: loaded.stop_ids.clone(),
     };
-    let mut history: Vec<ChatMessage> = Vec::new();
-    if let Some(s) = &a.system {
-        history.push(ChatMessage { role: "system".into(), content: s.clone() });
-    }
-    let base_len = history.len();
-    let mut session = loaded.model.new_session();
-    let mut stdout = std::io::stdout().lock();
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let stop = Arc::new(AtomicBool::new(false));
+    catch_ctrl_c(stop.clone());
+    let mut system = a.system.clone();
+    let mut turns: Vec<ChatMessage> = Vec::new();
+    let mut session = ChatSession::new(&loaded.model, a.model.backend)?;
+    let mut lines = Lines::open(interactive)?;
+    let mut last = LastAnswer::default();
+    let mut interrupted = false;
     loop {
-        if interactive {
-            write!(stdout, "> ")?;
-            stdout.flush()?;
-        }
-        let Some(line) = lines.next() else { break };
-        let line = line?;
-        let text = line.trim();
-        match text {
-            "" => continue,
-            "/quit" | "/exit" => break,
-            "/reset" => {
-                history.truncate(base_len);
-                session = loaded.model.new_session();
+        let line = match lines.read()? {
+            Read::End => break,
+            Read::Interrupted => {
+                if interrupted {
+                    break;
+                }
+                interrupted = true;
+                eprintln!("(Ctrl-C again, Ctrl-D or /quit leaves)");
                 continue;
             }
-            _ => {}
+            Read::Line(l) => l,
+        };
+        interrupted = false;
+        let text = match parse(&line) {
+            Input::Empty => continue,
+            Input::Quit => break,
+            Input::Help => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            Input::Clear => {
+                turns.clear();
+                eprintln!("(a new conversation)");
+                continue;
+            }
+            Input::System(None) => {
+                eprintln!("system prompt: {}", system.as_deref().unwrap_or("(none)"));
+                continue;
+            }
+            Input::System(Some(s)) => {
+                system = Some(s.to_string());
+                eprintln!("(system prompt set; the conversation stays)");
+                continue;
+            }
+            Input::Save(f) => {
+                match save(Path::new(f), system.as_deref(), &turns) {
+                    Ok(()) => eprintln!("(saved {} messages to {f})", turns.len()),
+                    Err(e) => eprintln!("error: {e:#}"),
+                }
+                continue;
+            }
+            Input::Load(f) => {
+                match load(Path::new(f)) {
+                    Ok((s, t)) => {
+                        if s.is_some() {
+                            system = s;
+                        }
+                        turns = t;
+                        eprintln!("(loaded {} messages from {f})", turns.len());
+                    }
+                    Err(e) => eprintln!("error: {e:#}"),
+                }
+                continue;
+            }
+            Input::Stats => {
+                eprintln!("{}", stats(&loaded, &last, session.tokens().len(), turns.len()));
+                continue;
+            }
+            Input::Unknown(name) => {
+                eprintln!("unknown command /{name}: /help lists them (// sends a literal /)");
+                continue;
+            }
+            Input::Message(t) => t.to_string(),
+        };
+        turns.push(ChatMessage { role: "user".into(), content: text });
+        let mut messages = Vec::with_capacity(turns.len() + 1);
+        if let Some(s) = &system {
+            messages.push(ChatMessage { role: "system".into(), content: s.clone() });
         }
-        history.push(ChatMessage { role: "user".into(), content: text.to_string() });
-        let rendered = tok.apply_chat_template(&history, true)?;
+        messages.extend(turns.iter().cloned());
+        let rendered = tok.apply_chat_template(&messages, true)?;
         let ids = tok.encode(&rendered, false)?;
         // Reuse the cache for the unchanged prefix; always feed at least one token.
         let common =
-            session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
+            session.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
         session.truncate(common);
         let start = Instant::now();
+        let mut first = None;
         let mut stream = DecodeStream::default();
         let mut failed = None;
-        let (out, _) = generate(&loaded.model, &mut session, &ids[common..], &opts, &mut |id| {
+        stop.store(false, Ordering::SeqCst);
+        let mut stdout = std::io::stdout().lock();
+        let fed = session.tokens().to_vec();
+        let (out, reason) = generate_with(&mut |ids| session.forward(ids), &fed, &ids[common..], &opts, &mut |id| {
+            first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+            if stop.load(Ordering::SeqCst) {
+                return false;
+            }
             if loaded.stop_ids.contains(&id) {
                 return true;
             }
@@ -109,18 +305,112 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             return Err(e.into());
         }
         write!(stdout, "{}", stream.finish(tok)?)?;
+        let stopped = stop.swap(false, Ordering::SeqCst);
+        if stopped {
+            write!(stdout, " [stopped]")?;
+        }
         writeln!(stdout)?;
-        let secs = start.elapsed().as_secs_f64();
+        drop(stdout);
+        last = LastAnswer {
+            tokens: out.len(),
+            secs: start.elapsed().as_secs_f64(),
+            first_token_secs: first,
+            reason: Some(reason),
+        };
         if interactive {
-            eprintln!("[{} tokens, {:.1} tokens/s]", out.len(), out.len() as f64 / secs.max(1e-9));
+            eprintln!("[{} tokens, {:.1} tokens/s]", out.len(), out.len() as f64 / last.secs.max(1e-9));
         }
         let answer = tok.decode(&out, true)?;
-        history.push(ChatMessage { role: "assistant".into(), content: answer.trim().to_string() });
+        turns.push(ChatMessage { role: "assistant".into(), content: answer.trim().to_string() });
         // A turn boundary: re-pin by what was used (with hysteresis), record the uses.
         loaded.model.experts.end_turn()?;
         crate::load::save_usage(&loaded);
         // Vary sampling between turns while staying reproducible for a given --seed.
         opts.sampler.seed = opts.sampler.seed.wrapping_add(1);
     }
+    lines.save_history();
     Ok(())
+}
+
+fn save(path: &Path, system: Option<&str>, turns: &[ChatMessage]) -> Result<()> {
+    let mut messages = Vec::with_capacity(turns.len() + 1);
+    if let Some(s) = system {
+        messages.push(ChatMessage { role: "system".into(), content: s.to_string() });
+    }
+    messages.extend(turns.iter().cloned());
+    let json = serde_json::to_string_pretty(&Saved { messages })?;
+    std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// (system prompt, turns) of a saved conversation: `{"messages": [...]}` or a bare array.
+fn load(path: &Path) -> Result<(Option<String>, Vec<ChatMessage>)> {
+    let bytes = colibri_engine::fsio::read_limited(path, colibri_engine::fsio::MAX_JSON_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).with_context(|| format!("{} is not JSON", path.display()))?;
+    let list = if value.is_array() { value } else { value.get("messages").cloned().unwrap_or_default() };
+    let messages: Vec<ChatMessage> = serde_json::from_value(list)
+        .with_context(|| format!("{}: expected {{\"messages\": [{{\"role\", \"content\"}}, ...]}}", path.display()))?;
+    let mut system = None;
+    let mut turns = Vec::new();
+    for m in messages {
+        match m.role.as_str() {
+            "system" => system = Some(m.content),
+            "user" | "assistant" => turns.push(m),
+            other => bail!("{}: a message with role {other:?} (system, user or assistant expected)", path.display()),
+        }
+    }
+    Ok((system, turns))
+}
+
+fn stats(loaded: &Loaded, last: &LastAnswer, context: usize, messages: usize) -> String {
+    let max = loaded.model.cfg.max_positions;
+    let mut s = format!("conversation: {messages} messages, {context} of {max} context tokens in use");
+    match last.reason {
+        None => s.push_str("\nlast answer: none yet"),
+        Some(reason) => {
+            let decode = last.secs - last.first_token_secs.unwrap_or(0.0);
+            let rate = if last.tokens > 1 && decode > 0.0 { (last.tokens - 1) as f64 / decode } else { 0.0 };
+            s.push_str(&format!(
+                "\nlast answer: {} tokens in {:.2} s (first token after {:.2} s, then {rate:.1} tokens/s), ended by {}",
+                last.tokens,
+                last.secs,
+                last.first_token_secs.unwrap_or(0.0),
+                format!("{reason:?}").to_lowercase()
+            ));
+        }
+    }
+    if let Some(c) = &loaded.cache {
+        s.push_str(&format!("\nexpert cache: {}", c.describe()));
+    }
+    if let Some(st) = loaded.model.experts.cache_stats() {
+        s.push_str(&format!("\nexpert reads: {} hits, {} misses", st.hits, st.misses));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_and_messages() {
+        assert_eq!(parse("  hello "), Input::Message("hello"));
+        assert_eq!(parse(""), Input::Empty);
+        assert_eq!(parse("   "), Input::Empty);
+        assert_eq!(parse("/help"), Input::Help);
+        assert_eq!(parse("/clear"), Input::Clear);
+        assert_eq!(parse("/reset"), Input::Clear);
+        assert_eq!(parse("/system"), Input::System(None));
+        assert_eq!(parse("/system  Be brief. "), Input::System(Some("Be brief.")));
+        assert_eq!(parse("/save chat.json"), Input::Save("chat.json"));
+        assert_eq!(parse("/save"), Input::Unknown("save"));
+        assert_eq!(parse("/load a b.json"), Input::Load("a b.json"));
+        assert_eq!(parse("/stats"), Input::Stats);
+        assert_eq!(parse("/quit"), Input::Quit);
+        assert_eq!(parse("/exit"), Input::Quit);
+        assert_eq!(parse("/frobnicate now"), Input::Unknown("frobnicate"));
+        assert_eq!(parse("//etc/passwd is a path"), Input::Message("/etc/passwd is a path"));
+        assert_eq!(parse("//"), Input::Message("/"));
+    }
 }

@@ -1,0 +1,159 @@
+//! `coli chat` as a script drives it (stdin piped: no prompt, the same commands): slash
+//! commands stay out of the conversation, /save and /load round-trip it, Ctrl-C (SIGINT)
+//! stops an answer and keeps the conversation.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+fn coli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coli"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coli-chat-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `coli chat` (greedy) on `model` with `input` piped in: (stdout, stderr).
+fn chat(model: &str, input: &str, extra: &[&str]) -> (String, String) {
+    let mut child = coli()
+        .args(["chat", "--model"])
+        .arg(fixture(model))
+        .args(["--max-new-tokens", "6", "--temperature", "0"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn slash_commands_stay_out_of_the_conversation_and_save_load_round_trips() {
+    let dir = scratch("commands");
+    let file = dir.join("chat.json");
+    let f = file.display().to_string();
+    // Continued in one go...
+    let (plain, _) = chat("qwen3_moe", "Hello\nAnd again\n", &["--system", "Be brief."]);
+    // ...and through /save, /clear, /load: the same last answer.
+    let input = format!(
+        "Hello\n/help\n/frobnicate now\n/system\n/save {f}\n/clear\n/stats\n/load {f}\n/stats\nAnd again\n/quit\nnever read\n"
+    );
+    let (out, err) = chat("qwen3_moe", &input, &["--system", "Be brief."]);
+    let answers: Vec<&str> = out.lines().collect();
+    assert_eq!(answers.len(), 2, "only the two messages reach the model: {out:?}\n{err}");
+    assert_eq!(out, plain, "the loaded conversation continues exactly as the one that was never saved");
+    assert!(err.contains("/save FILE"), "/help lists the commands: {err}");
+    assert!(err.contains("unknown command /frobnicate"), "{err}");
+    assert!(err.contains("system prompt: Be brief."), "{err}");
+    assert!(err.contains("conversation: 0 messages"), "/clear empties it: {err}");
+    assert!(err.contains("conversation: 2 messages"), "/load restores it: {err}");
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let roles: Vec<&str> = saved["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "assistant"]);
+    assert_eq!(saved["messages"][0]["content"], "Be brief.");
+    assert_eq!(saved["messages"][1]["content"], "Hello");
+    assert_eq!(saved["messages"][2]["content"], answers[0].trim());
+
+    // /system changes the prompt for the next answer and keeps the conversation.
+    let (_, err) = chat("qwen3_moe", "Hello\n/system Answer in French.\n/system\n/stats\n", &[]);
+    assert!(err.contains("system prompt: Answer in French.") && err.contains("conversation: 2 messages"), "{err}");
+    // A file that is not a conversation: one line, and the chat goes on.
+    std::fs::write(&file, "[{\"role\": \"tool\", \"content\": \"x\"}]").unwrap();
+    let (out, err) = chat("qwen3_moe", &format!("/load {f}\nHello\n"), &[]);
+    assert!(err.contains("role \"tool\""), "{err}");
+    assert_eq!(out.lines().count(), 1, "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Chunks of a child's pipe, read on a thread.
+fn reader(mut pipe: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 || tx.send(String::from_utf8_lossy(&buf[..n]).into_owned()).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Reads from `rx` into `seen` until `done(seen)` or the deadline.
+fn wait_for(rx: &Receiver<String>, seen: &mut String, done: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done(seen) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out; so far: {seen:?}");
+        if let Ok(chunk) = rx.recv_timeout(left) {
+            seen.push_str(&chunk);
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_the_answer_and_keeps_the_conversation() {
+    // A random model with a long context and long answers (mixtral fixture: about 300
+    // tokens before its end token), so a Ctrl-C sent at the answer's first bytes lands
+    // while it is still being generated; an answer that beat the signal is retried.
+    let mut child: Child = coli()
+        .args(["chat", "--model"])
+        .arg(fixture("mixtral"))
+        .args(["--max-new-tokens", "100000", "--temperature", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let out = reader(child.stdout.take().unwrap());
+    let err = reader(child.stderr.take().unwrap());
+    let (mut seen_out, mut seen_err) = (String::new(), String::new());
+    wait_for(&err, &mut seen_err, |s| s.contains("/help lists the commands"));
+    let mut asked = 0;
+    // /stats (on stderr, after the answer) says how the answer ended.
+    while !seen_err.contains("ended by cancelled") {
+        assert!(asked < 8, "no answer was stopped in {asked} tries: {seen_out:?}");
+        asked += 1;
+        let before = seen_out.len();
+        stdin.write_all(b"Tell me everything\n").unwrap();
+        wait_for(&out, &mut seen_out, |s| s.len() > before);
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        // /stats answers once the answer has ended, stopped or not.
+        stdin.write_all(b"/stats\n").unwrap();
+        let marks = seen_err.matches("conversation:").count();
+        wait_for(&err, &mut seen_err, |s| s.matches("conversation:").count() > marks);
+    }
+    eprintln!("stopped after {asked} question(s)");
+    // Still running, and the stopped answer is part of the conversation.
+    let last = seen_err.rsplit("conversation: ").next().unwrap();
+    assert!(last.starts_with(&format!("{} messages", 2 * asked)), "{seen_err}");
+    stdin.write_all(b"Hello\n").unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}\n{seen_err}");
+    while let Ok(chunk) = out.recv_timeout(Duration::from_secs(5)) {
+        seen_out.push_str(&chunk);
+    }
+    assert_eq!(seen_out.matches(" [stopped]\n").count(), 1, "{seen_out:?}");
+    let after = seen_out.rsplit(" [stopped]").next().unwrap();
+    assert!(after.trim().len() > 1, "an answer after the stopped one: {seen_out:?}");
+}
