@@ -16,6 +16,7 @@ pub mod kernels;
 pub mod math;
 pub mod model;
 pub mod moe;
+pub mod qdot;
 pub mod rope;
 pub mod sampler;
 pub mod tensor;

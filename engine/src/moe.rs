@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::config::RouterConfig;
 use crate::error::Result;
-use crate::kernels::{matmul, swiglu};
+use crate::kernels::{matmul, swiglu, swiglu_many, FfnJob};
 use crate::math;
 use crate::tensor::Mat;
 
@@ -194,25 +194,42 @@ impl MoeBlock {
             }
             experts.note_use(layer, e, users[e].len());
         }
-        // Experts are computed in whatever order they become available (resident ones
-        // first, then reads as they complete), but summed in ascending expert order, so
-        // the bits never depend on which read finished first.
-        let mut pending: Vec<usize> = (0..used.len()).collect();
-        let mut done: Vec<Option<Vec<f32>>> = vec![None; used.len()];
-        let mut next = 0;
-        while !pending.is_empty() {
-            let pick = pending.iter().position(|&i| experts.ready(layer, used[i])).unwrap_or(0);
-            let i = pending.remove(pick);
-            let list = &users[used[i]];
-            let expert = experts.expert(layer, used[i])?;
-            let m = list.len();
-            let mut xs = vec![0.0f32; m * hidden];
+        let gather = |list: &[(usize, f32)]| {
+            let mut xs = vec![0.0f32; list.len() * hidden];
             for (j, (p, _)) in list.iter().enumerate() {
                 xs[j * hidden..(j + 1) * hidden].copy_from_slice(&x[p * hidden..(p + 1) * hidden]);
             }
-            let mut ys = vec![0.0f32; m * hidden];
-            expert.forward(&xs, m, &mut ys);
-            done[i] = Some(ys);
+            xs
+        };
+        // The experts whose bytes are here now, and the shared expert, run together (two
+        // parallel regions for the whole layer); the others in whatever order their reads
+        // complete. The outputs are summed in ascending expert order, so the bits never
+        // depend on which read finished first.
+        let mut done: Vec<Option<Vec<f32>>> = vec![None; used.len()];
+        let ready: Vec<usize> = (0..used.len()).filter(|&i| experts.ready(layer, used[i])).collect();
+        let arcs: Vec<Arc<Expert>> = ready.iter().map(|&i| experts.expert(layer, used[i])).collect::<Result<_>>()?;
+        let xs: Vec<Vec<f32>> = ready.iter().map(|&i| gather(&users[used[i]])).collect();
+        let mut jobs: Vec<FfnJob> = arcs
+            .iter()
+            .zip(&xs)
+            .map(|(e, xe)| FfnJob { gate: &e.gate, up: &e.up, down: &e.down, x: xe, n: xe.len() / hidden })
+            .collect();
+        let mut ys: Vec<Vec<f32>> = xs.iter().map(|xe| vec![0.0f32; xe.len()]).collect();
+        if let Some((shared, _)) = &self.shared {
+            jobs.push(FfnJob { gate: &shared.gate, up: &shared.up, down: &shared.down, x, n });
+            ys.push(vec![0.0f32; n * hidden]);
+        }
+        {
+            let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|v| v.as_mut_slice()).collect();
+            swiglu_many(&jobs, &mut outs);
+        }
+        let shared_out = if self.shared.is_some() { ys.pop() } else { None };
+        for (&i, y) in ready.iter().zip(ys) {
+            done[i] = Some(y);
+        }
+        let mut pending: Vec<usize> = (0..used.len()).filter(|&i| done[i].is_none()).collect();
+        let mut next = 0;
+        loop {
             while let Some(ys) = done.get_mut(next).and_then(Option::take) {
                 for (j, (p, w)) in users[used[next]].iter().enumerate() {
                     let dst = &mut out[p * hidden..(p + 1) * hidden];
@@ -222,10 +239,19 @@ impl MoeBlock {
                 }
                 next += 1;
             }
+            if pending.is_empty() {
+                break;
+            }
+            let pick = pending.iter().position(|&i| experts.ready(layer, used[i])).unwrap_or(0);
+            let i = pending.remove(pick);
+            let list = &users[used[i]];
+            let expert = experts.expert(layer, used[i])?;
+            let xs = gather(list);
+            let mut ys = vec![0.0f32; xs.len()];
+            expert.forward(&xs, list.len(), &mut ys);
+            done[i] = Some(ys);
         }
-        if let Some((shared, gate)) = &self.shared {
-            let mut s = vec![0.0f32; n * hidden];
-            shared.forward(x, n, &mut s);
+        if let (Some((_, gate)), Some(s)) = (&self.shared, shared_out) {
             let mut g = vec![0.0f32; n];
             matmul(gate, x, n, &mut g);
             for p in 0..n {

@@ -391,8 +391,8 @@ fn sync_dir(dir: &Path) {
 }
 
 pub fn convert(a: ConvertArgs) -> Result<()> {
-    if a.group_size == 0 || a.group_size % 8 != 0 || a.group_size > 65536 {
-        bail!("--group-size must be a positive multiple of 8 (at most 65536), got {}", a.group_size);
+    if a.group_size == 0 || a.group_size % 8 != 0 || a.group_size > 1024 {
+        bail!("--group-size must be a positive multiple of 8 (at most 1024), got {}", a.group_size);
     }
     if !a.src.is_dir() {
         bail!("{}: no such model directory", a.src.display());
