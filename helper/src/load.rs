@@ -111,13 +111,49 @@ pub fn human(b: u64) -> String {
 }
 
 pub fn setup(args: &ModelArgs) -> Result<()> {
-    if let Some(t) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global()
-            .context("could not start the thread pool")?;
+    start_threads(args.threads)
+}
+
+/// Starts the compute thread pool with `threads` threads, default [`physical_cores`]
+/// (a second hardware thread on the same core adds little to these kernels). Calling it
+/// again later in the same process keeps the first pool.
+pub fn start_threads(threads: Option<usize>) -> Result<()> {
+    let n = threads.unwrap_or_else(physical_cores).max(1);
+    if rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_err() && threads.is_some() {
+        // A pool exists already (tests running several commands in one process): honour
+        // the request only if it matches.
+        if rayon::current_num_threads() != n {
+            anyhow::bail!(
+                "could not start the thread pool with {n} threads: one with {} runs",
+                rayon::current_num_threads()
+            );
+        }
     }
     Ok(())
+}
+
+/// Physical CPU cores (Linux: distinct (package, core) pairs in sysfs; elsewhere, or
+/// when that is unreadable, the logical CPUs the process may use).
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut cores = std::collections::BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") else { return logical };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !name.strip_prefix("cpu").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(e.path().join("topology").join(f)).ok();
+        if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((pkg.trim().to_string(), core.trim().to_string()));
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
 }
 
 pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {

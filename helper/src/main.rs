@@ -91,7 +91,7 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
-    /// CPU threads (default: all cores).
+    /// CPU threads (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
 }

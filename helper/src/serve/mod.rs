@@ -70,7 +70,7 @@ pub struct ServeArgs {
     /// Generations admitted per model at once (one runs, the rest wait); more get 503.
     #[arg(long, default_value_t = 8)]
     pub max_queue: usize,
-    /// CPU threads for the native engine (default: all cores).
+    /// CPU threads for the native engine (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Expert-cache budget in bytes of the native engine for converted models (K, M, G
@@ -366,12 +366,7 @@ fn url_of(addr: SocketAddr) -> String {
 /// `coli serve` (`open_browser = false`) and `coli web` (true).
 pub fn serve(a: ServeArgs, open_browser: bool) -> Result<()> {
     init_logging();
-    if let Some(t) = a.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global()
-            .context("could not start the thread pool")?;
-    }
+    crate::load::start_threads(a.threads)?;
     let rt = runtime()?;
     rt.block_on(async {
         let bound = bind(&a).await?;
