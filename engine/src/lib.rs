@@ -1,29 +1,33 @@
-//! colibri-engine: the model math of colibri.
+//! colibri-engine: the model math of colibri, in folders that follow the data path.
 //!
-//! Formats (safetensors checkpoints), the Mixture-of-Experts forward pass for the
-//! supported families, the CPU kernels, tokenizer and chat template, and the sampler.
-//! No sockets, no browser APIs: the same code compiles natively and for
-//! wasm32-unknown-unknown; threads are an optional feature (`parallel`).
+//! - [`format`]: what bytes on disk mean: the container manifest and its checksums, the
+//!   quantized encodings, the tensor table of safetensors checkpoints.
+//! - [`experts`]: the expert supply: byte sources (file, memory, the browser's), the native
+//!   reader pool, the in-memory tiers (pinned by usage, LRU), the usage counts.
+//! - [`model`]: config, RoPE, attention, routing and the MoE block, the forward pass, and
+//!   [`model::open`], the one place a model is opened (native directory or browser bytes).
+//! - [`generate`], [`sampler`], [`tokenizer`]: ids in, ids and text out.
+//! - [`gpu`] (feature `wgpu`): the same forward pass on wgpu; [`kernels`], [`math`] and
+//!   [`tensor`]: the CPU arithmetic every backend is checked against.
+//!
+//! Each folder imports only from those above it in this list's order (format, experts,
+//! model), never back. No sockets, no browser APIs: the same code compiles natively and
+//! for wasm32-unknown-unknown; threads are an optional feature (`parallel`).
 
-pub mod attention;
-pub mod config;
-pub mod container;
 pub mod error;
+pub mod experts;
+pub mod format;
 pub mod generate;
 #[cfg(feature = "wgpu")]
 pub mod gpu;
 pub mod kernels;
 pub mod math;
 pub mod model;
-pub mod moe;
 pub mod qdot;
-pub mod rope;
 pub mod sampler;
 pub mod tensor;
 pub mod tokenizer;
-pub mod usage;
-pub mod weights;
 
-pub use config::ModelConfig;
 pub use error::{Error, Result};
+pub use model::config::ModelConfig;
 pub use model::{Logits, Model, Session};

@@ -10,7 +10,7 @@ use colibri_engine::gpu::recorder::Recorder;
 use colibri_engine::gpu::{block_on, GpuContext};
 use colibri_engine::kernels;
 use colibri_engine::math;
-use colibri_engine::rope::{Rope, RopeConfig};
+use colibri_engine::model::rope::{Rope, RopeConfig};
 use colibri_engine::tensor::{Bytes, DType, Mat};
 use gpu_common::{assert_bits, gpu, Lcg};
 
@@ -354,8 +354,8 @@ fn elementwise_kernels_match_cpu() {
 
 #[test]
 fn route_matches_moe_route() {
-    use colibri_engine::config::RouterConfig;
-    use colibri_engine::moe::route;
+    use colibri_engine::model::config::RouterConfig;
+    use colibri_engine::model::moe::route;
     let Some(ctx) = gpu() else { return };
     let mut rng = Lcg(23);
     for (ne, k, norm, scale) in [

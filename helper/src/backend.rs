@@ -4,18 +4,18 @@
 use anyhow::Result;
 use colibri_engine::{Logits, Model};
 
-use crate::Backend;
+use crate::flags::BackendChoice;
 
 /// Feeds ids after everything fed so far and returns their logits.
 pub type Forward<'m> = Box<dyn FnMut(&[u32], Logits) -> colibri_engine::Result<Vec<f32>> + 'm>;
 
-pub fn forward_fn(model: &Model, backend: Backend) -> Result<Forward<'_>> {
+pub fn forward_fn(model: &Model, backend: BackendChoice) -> Result<Forward<'_>> {
     match backend {
-        Backend::Cpu => {
+        BackendChoice::Cpu => {
             let mut session = model.new_session();
             Ok(Box::new(move |ids, which| model.forward(&mut session, ids, which)))
         }
-        Backend::Wgpu => gpu(model),
+        BackendChoice::Wgpu => gpu(model),
     }
 }
 

@@ -2,13 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use colibri_engine::config::parse_token_ids;
-use colibri_engine::container::CacheOptions;
+use anyhow::{bail, Result};
+use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::experts::source::FileSource;
+use colibri_engine::model::config::parse_token_ids;
+use colibri_engine::model::open::{Container, ModelDir};
 use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 
-use crate::ModelArgs;
+use crate::flags::{init_threads, ModelArgs};
 
 pub struct Loaded {
     pub model: Model,
@@ -53,7 +55,7 @@ pub struct CacheSetup {
     pub expert_bytes: u64,
     /// Where expert-use counts are merged after a run.
     pub usage_file: PathBuf,
-    /// The model version the counts belong to (serve::usage::fingerprint).
+    /// The model version the counts belong to (colibri.json's fingerprint).
     pub fingerprint: Option<String>,
     pub model_id: String,
     /// Why O_DIRECT is off although asked for.
@@ -110,62 +112,21 @@ pub fn human(b: u64) -> String {
     }
 }
 
-pub fn setup(args: &ModelArgs) -> Result<()> {
-    start_threads(args.threads)
-}
-
-/// Starts the compute thread pool with `threads` threads, default [`physical_cores`]
-/// (a second hardware thread on the same core adds little to these kernels). Calling it
-/// again later in the same process keeps the first pool.
-pub fn start_threads(threads: Option<usize>) -> Result<()> {
-    let n = threads.unwrap_or_else(physical_cores).max(1);
-    if rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_err() && threads.is_some() {
-        // A pool exists already (tests running several commands in one process): honour
-        // the request only if it matches.
-        if rayon::current_num_threads() != n {
-            anyhow::bail!(
-                "could not start the thread pool with {n} threads: one with {} runs",
-                rayon::current_num_threads()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Physical CPU cores (Linux: distinct (package, core) pairs in sysfs; elsewhere, or
-/// when that is unreadable, the logical CPUs the process may use).
-pub fn physical_cores() -> usize {
-    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let mut cores = std::collections::BTreeSet::new();
-    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") else { return logical };
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if !name.strip_prefix("cpu").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
-            continue;
-        }
-        let read = |f: &str| std::fs::read_to_string(e.path().join("topology").join(f)).ok();
-        if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
-            cores.insert((pkg.trim().to_string(), core.trim().to_string()));
-        }
-    }
-    if cores.is_empty() {
-        logical
-    } else {
-        cores.len().min(logical)
-    }
-}
-
 pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
-    setup(args)?;
+    init_threads(args.threads)?;
     let dir = crate::paths::resolve_model(&args.model, None)?;
     open_dir(&dir, &CacheFlags::from_args(args), need_tokenizer)
 }
 
-/// Chooses the expert-cache options of the converted model in `dir` from the flags, the
-/// free memory and the model's usage file.
-fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<(CacheOptions, CacheSetup)> {
-    let (m, source) = colibri_engine::container::open_manifest_with(dir, flags.direct)?;
+/// Chooses the expert-cache options of the converted model in `dir` (its manifest `c`, its
+/// data file `data`) from the flags, the free memory and the model's usage file.
+fn cache_options(
+    dir: &Path,
+    flags: &CacheFlags,
+    c: &Container,
+    data: &FileSource,
+) -> Result<(CacheOptions, CacheSetup)> {
+    let m = &c.manifest;
     let (dense, experts) = m.byte_totals();
     let (ram, note) = match flags.ram {
         Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
@@ -177,15 +138,16 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
     };
     let model_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
-    let usage_file = crate::serve::usage::usage_path(dir, &model_id, fallback.as_deref());
-    let fingerprint = crate::serve::usage::fingerprint(dir);
-    let usage = crate::serve::usage::read_usage(&usage_file, cfg.0, cfg.1, fingerprint.as_deref());
+    let usage_file = crate::usage_store::usage_path(dir, &model_id, fallback.as_deref());
+    let fingerprint = Some(c.fingerprint.clone());
+    let usage =
+        crate::usage_store::read_usage(&usage_file, c.cfg.n_layers, c.cfg.router.n_experts, fingerprint.as_deref());
     let pin = match flags.pin {
         Some(p) => p,
         None if usage.total() > 0 => {
             let n_experts: u64 = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum();
             let moe_layers = m.experts.layers.iter().filter(|l| !l.experts.is_empty()).count() as u64;
-            let top_k = colibri_engine::ModelConfig::from_value(&m.config).map_or(1, |c| c.router.top_k as u64);
+            let top_k = c.cfg.router.top_k as u64;
             let per_token = experts / n_experts.max(1) * top_k * moe_layers;
             ram.map_or(0, |r| default_pin(r, per_token))
         }
@@ -209,7 +171,7 @@ fn cache_options(dir: &Path, flags: &CacheFlags, cfg: (usize, usize)) -> Result<
         usage_file,
         fingerprint,
         model_id,
-        direct_note: source.direct_note.clone(),
+        direct_note: data.direct_note.clone(),
     };
     Ok((opts, setup))
 }
@@ -236,13 +198,16 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
-    let (model, cache) = if colibri_engine::container::is_container(dir) {
-        let cfg = read_config(dir)?;
-        let (opts, setup) = cache_options(dir, flags, cfg)?;
-        (Model::open_dir_opts(dir, opts)?, Some(setup))
-    } else {
-        (Model::open_dir(dir)?, None)
+    // colibri.json is parsed and the data file opened here, once.
+    let md = ModelDir::open(dir, flags.direct)?;
+    let (opts, cache) = match md.container() {
+        Some((c, data)) => {
+            let (opts, setup) = cache_options(dir, flags, c, data)?;
+            (opts, Some(setup))
+        }
+        None => (CacheOptions::default(), None),
     };
+    let model = md.load(opts)?;
     let tokenizer =
         if need_tokenizer || dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };
     let mut stop_ids = model.cfg.eos_token_ids.clone();
@@ -255,15 +220,6 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     Ok(Loaded { model, tokenizer, stop_ids, cache })
 }
 
-/// (layers, experts per layer) from a converted model's manifest.
-fn read_config(dir: &Path) -> Result<(usize, usize)> {
-    let path = dir.join(colibri_engine::container::MANIFEST_FILE);
-    let bytes = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let m = colibri_engine::container::Manifest::parse(&bytes)?;
-    let cfg = colibri_engine::ModelConfig::from_value(&m.config)?;
-    Ok((cfg.n_layers, cfg.router.n_experts))
-}
-
 /// Merges the expert uses counted since the last call into the model's usage file, so
 /// that the next start pins what this run used most. A failure is only a warning.
 pub fn save_usage(loaded: &Loaded) {
@@ -274,7 +230,7 @@ pub fn save_usage(loaded: &Loaded) {
     }
     let shape = (loaded.model.cfg.n_layers, loaded.model.cfg.router.n_experts);
     if let Err(e) =
-        crate::serve::usage::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples)
+        crate::usage_store::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples)
     {
         eprintln!("coli: warning: could not record expert usage: {e:#}");
     }
@@ -286,45 +242,6 @@ fn generation_config_eos(dir: &Path) -> Vec<u32> {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .map(|v| parse_token_ids(v.get("eos_token_id")))
         .unwrap_or_default()
-}
-
-/// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units).
-pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    if t.eq_ignore_ascii_case("all") {
-        return Ok(u64::MAX);
-    }
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
-    };
-    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count"))?;
-    let bytes = v * (1u64 << shift) as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
-        return Err(format!("{s:?} is out of range"));
-    }
-    Ok(bytes as u64)
-}
-
-/// Parses "5,17,3" into token ids.
-pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
-    let ids: Result<Vec<u32>> = s
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| t.parse::<u32>().with_context(|| format!("--ids: {t:?} is not a token id")))
-        .collect();
-    let ids = ids?;
-    if ids.is_empty() {
-        bail!("--ids: no token ids given");
-    }
-    Ok(ids)
 }
 
 #[cfg(test)]

@@ -1,22 +1,23 @@
-//! `coli`: the colibri command line. Runs models natively, and (in later releases)
-//! converts them and serves them to the browser.
+//! `coli`: the colibri command line. Runs models natively, converts them, and serves them
+//! to the browser and to OpenAI clients.
+//!
+//! Layers, each importing only from those below it: main.rs (the command enum) ->
+//! commands/ (one module per command) -> serve/ (the HTTP server) -> load.rs and
+//! backend.rs (opening a model, the CPU/GPU forward) -> usage_store.rs (the usage file),
+//! flags.rs (flag types shared by commands) and paths.rs.
 
 mod backend;
-mod bench;
-mod chat;
-mod convert;
-mod doctor;
-mod info;
+mod commands;
+mod flags;
 mod load;
 mod paths;
-mod routing_bench;
-mod run;
 mod serve;
-mod synth;
+mod usage_store;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use commands::{bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, logits, service, synth};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "colibri: Mixture-of-Experts models on your own machine")]
@@ -28,9 +29,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Teacher-forced logits for every position, as raw little-endian f32 [n_ids, vocab].
-    Logits(run::LogitsArgs),
+    Logits(logits::LogitsArgs),
     /// Generate a continuation of a prompt (token ids or text).
-    Generate(run::GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// Chat in the terminal with the model's chat template, streaming tokens.
     Chat(chat::ChatArgs),
     /// Convert a Hugging Face checkpoint into a colibri model (quantized, streamable).
@@ -44,56 +45,16 @@ enum Command {
     /// `coli serve`, then open the chat page in the browser.
     Web(serve::ServeArgs),
     /// Run the helper as a background service (systemd user unit / launchd agent).
-    Service(serve::service::ServiceArgs),
+    Service(service::ServiceArgs),
     /// Decode benchmark of one run: tokens/s, TTFT, hit rates per tier, bytes read,
     /// prefetch recall, peak RSS, disk bandwidth and the I/O lower bound (JSON).
     Bench(bench::BenchArgs),
     /// Router-lookahead recall and LRU vs learned-pin hit rates on real decoding (JSON).
-    BenchRouting(routing_bench::RoutingBenchArgs),
+    BenchRouting(bench_routing::RoutingBenchArgs),
     /// Load test of the helper's Range API against plain reads of the same file (JSON).
-    BenchServe(serve::bench::BenchArgs),
+    BenchServe(bench_serve::BenchArgs),
     /// Write a synthetic OLMoE-shaped checkpoint (HF layout, seeded bf16) for benchmarks.
     Synth(synth::SynthArgs),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    Cpu,
-    Wgpu,
-}
-
-/// Options shared by every command that runs a model.
-#[derive(Args, Clone, Debug)]
-pub struct ModelArgs {
-    /// Model directory: a Hugging Face checkpoint (config.json, *.safetensors,
-    /// tokenizer.json) or a converted colibri model (colibri.json).
-    #[arg(long)]
-    pub model: std::path::PathBuf,
-    /// Expert-cache budget in bytes (suffixes K, M, G, T; 0 caches nothing; "all": no
-    /// limit; default: half of MemAvailable minus the dense weights, at least 256M).
-    #[arg(long, value_parser = load::parse_bytes)]
-    pub ram: Option<u64>,
-    /// Bytes of the --ram budget for experts pinned by learned usage (usage.json next to
-    /// the model); default with usage counts: a quarter of --ram, less if the rest could
-    /// not hold one token's experts; without: 0.
-    #[arg(long, value_parser = load::parse_bytes)]
-    pub pin: Option<u64>,
-    /// Reader threads that load missing experts while resident ones compute (0: read
-    /// synchronously).
-    #[arg(long, default_value_t = 4)]
-    pub readers: usize,
-    /// Do not prefetch the next layer's likely experts (router lookahead).
-    #[arg(long)]
-    pub no_lookahead: bool,
-    /// Read experts with O_DIRECT, bypassing the page cache, where the file system allows.
-    #[arg(long)]
-    pub direct: bool,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
-    pub backend: Backend,
-    /// CPU threads (default: the physical cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -110,17 +71,17 @@ fn main() -> ExitCode {
     }));
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Logits(a) => run::logits(a),
-        Command::Generate(a) => run::generate(a),
+        Command::Logits(a) => logits::logits(a),
+        Command::Generate(a) => generate::generate(a),
         Command::Chat(a) => chat::chat(a),
         Command::Convert(a) => convert::convert(a),
         Command::Info(a) => info::info(a),
         Command::Doctor(a) => doctor::doctor(a),
-        Command::Serve(a) => serve::serve(a, false),
-        Command::Web(a) => serve::serve(a, true),
-        Command::Service(a) => serve::service::run(a),
-        Command::BenchServe(a) => serve::bench::run(a),
-        Command::BenchRouting(a) => routing_bench::run(a),
+        Command::Serve(a) => commands::serve::serve(a, false),
+        Command::Web(a) => commands::serve::serve(a, true),
+        Command::Service(a) => service::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
+        Command::BenchRouting(a) => bench_routing::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Synth(a) => synth::run(a),
     };

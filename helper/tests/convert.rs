@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::generate::{generate, GenerateOptions};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
@@ -168,7 +169,7 @@ fn ram_budget_never_changes_the_bits() {
     let expert = m["experts"]["layers"][0]["experts"][0]["length"].as_u64().unwrap();
     let mut runs = Vec::new();
     for ram in [Some(0), Some(expert), Some(expert * 7), None] {
-        let model = Model::open_dir_with(&dst, ram).unwrap();
+        let model = Model::open_dir_with(&dst, CacheOptions::with_ram(ram)).unwrap();
         let mut s = model.new_session();
         let prefill = model.forward(&mut s, &ids(&reference("qwen2_moe")["ids"]), Logits::All).unwrap();
         // Then a few decode steps, which hit the cache differently.
@@ -353,7 +354,7 @@ fn corruption_is_caught_by_checksums() {
     let mut bad = clean.clone();
     bad[(e["offset"].as_u64().unwrap() + e["length"].as_u64().unwrap() / 2) as usize] ^= 1;
     std::fs::write(&data, &bad).unwrap();
-    let model = Model::open_dir_with(&dst, Some(0)).unwrap();
+    let model = Model::open_dir_with(&dst, CacheOptions::with_ram(Some(0))).unwrap();
     let err = model.experts.expert(1, 3).unwrap_err().to_string();
     assert!(err.contains("checksum mismatch in expert 3 of layer 1") && err.contains("weights.bin"), "{err}");
     let out = coli().args(["doctor"]).arg(&dst).arg("--checksums").output().unwrap();

@@ -8,9 +8,11 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use colibri_engine::container::{model_from_parts_with, open_manifest_with, ByteSource, CacheOptions, CacheStats};
+use colibri_engine::experts::cache::{CacheOptions, CacheStats};
+use colibri_engine::experts::source::ByteSource;
+use colibri_engine::experts::usage::ExpertUsage;
+use colibri_engine::model::open::ModelDir;
 use colibri_engine::tensor::Bytes;
-use colibri_engine::usage::ExpertUsage;
 use colibri_engine::{Logits, Model};
 
 fn scratch(base: &Path, tag: &str) -> PathBuf {
@@ -59,7 +61,8 @@ impl ByteSource for Scrambled {
 }
 
 fn open(dir: &Path, opts: CacheOptions, scrambled: bool) -> (Model, Option<Arc<Scrambled>>) {
-    let (m, file) = open_manifest_with(dir, opts.direct).unwrap();
+    let (container, file) = ModelDir::open(dir, opts.direct).unwrap().into_container().unwrap();
+    let m = &container.manifest;
     let mut dense = vec![0u8; m.dense.length as usize];
     file.read_at(m.dense.offset, &mut dense).unwrap();
     let file: Arc<dyn ByteSource> = Arc::new(file);
@@ -74,7 +77,7 @@ fn open(dir: &Path, opts: CacheOptions, scrambled: bool) -> (Model, Option<Arc<S
     } else {
         (file, None)
     };
-    (model_from_parts_with(&m, &Bytes::from_vec(dense), source, opts).unwrap(), s)
+    (container.load(&Bytes::from_vec(dense), source, opts).unwrap(), s)
 }
 
 /// Prefill, then greedy-free decode steps on fixed ids (the same work for every config).
@@ -95,8 +98,8 @@ fn bits_do_not_depend_on_budget_readers_prefetch_pinning_direct_or_read_order() 
     let dir = converted(&tmp, "bits");
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("colibri.json")).unwrap()).unwrap();
     let expert = m["experts"]["layers"][0]["experts"][0]["length"].as_u64().unwrap();
-    let (reference, _) = run(&Model::open_dir_with(&dir, None).unwrap());
-    let cfg = Model::open_dir_with(&dir, Some(0)).unwrap().cfg;
+    let (reference, _) = run(&Model::open_dir_with(&dir, CacheOptions::with_ram(None)).unwrap());
+    let cfg = Model::open_dir_with(&dir, CacheOptions::with_ram(Some(0))).unwrap().cfg;
     // Learned usage that pins a few experts of every layer.
     let mut usage = ExpertUsage::new(cfg.n_layers, cfg.router.n_experts);
     for l in 0..cfg.n_layers {
@@ -157,11 +160,11 @@ fn direct_io_is_used_where_allowed_and_falls_back_on_tmpfs() {
     }
     for (base, kind) in bases {
         let dir = converted(&base, &format!("direct-{kind}"));
-        let (reference, _) = run(&Model::open_dir_with(&dir, None).unwrap());
-        let fs_refuses = open_manifest_with(&dir, true).unwrap().1.direct_note.is_some();
+        let (reference, _) = run(&Model::open_dir_with(&dir, CacheOptions::with_ram(None)).unwrap());
+        let fs_refuses = ModelDir::open(&dir, true).unwrap().container().unwrap().1.direct_note.is_some();
         for readers in [0, 2] {
             let opts = CacheOptions { ram: Some(0), readers, lookahead: true, direct: true, ..Default::default() };
-            let (bits, st) = run(&Model::open_dir_opts(&dir, opts).unwrap());
+            let (bits, st) = run(&Model::open_dir_with(&dir, opts).unwrap());
             assert!(bits == reference, "{kind}: logits differ with --direct");
             assert!(st.bytes_read > 0);
             // tmpfs refused O_DIRECT before Linux 6.6 and takes it since; either way the

@@ -8,8 +8,8 @@ use std::rc::Rc;
 use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession, LookaheadStats};
 use colibri_engine::{Logits, Model, Result, Session};
 
+use crate::browser_source::BrowserSource;
 use crate::net::now_ms;
-use crate::tiers::Tiers;
 
 /// Which backend the page asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +114,7 @@ impl Backend {
     pub async fn forward_tiered(
         &self,
         model: &Model,
-        tiers: &Tiers,
+        tiers: &BrowserSource,
         cx: &mut Context,
         ids: &[u32],
         which: Logits,
@@ -179,7 +179,7 @@ pub async fn open_gpu(model: Rc<Model>) -> Result<Backend> {
 
 /// Times one decode step after a one-token prompt on `b`, best of three (the prompt's
 /// step also compiles pipelines and fetches the experts it routes to: not timed).
-async fn time_step(b: &Backend, model: &Model, tiers: &Tiers, probe: [u32; 2]) -> Result<f64> {
+async fn time_step(b: &Backend, model: &Model, tiers: &BrowserSource, probe: [u32; 2]) -> Result<f64> {
     let mut cx = b.new_context(model);
     b.forward_tiered(model, tiers, &mut cx, &probe[..1], Logits::Last, &mut |_, _, _| {}).await?;
     let mut best = f64::INFINITY;
@@ -193,7 +193,12 @@ async fn time_step(b: &Backend, model: &Model, tiers: &Tiers, probe: [u32; 2]) -
 }
 
 /// `auto`: the faster of WebGPU and the CPU on this machine, measured.
-pub async fn choose(gpu: Backend, model: &Model, tiers: &Tiers, probe: [u32; 2]) -> Result<(Backend, AutoChoice)> {
+pub async fn choose(
+    gpu: Backend,
+    model: &Model,
+    tiers: &BrowserSource,
+    probe: [u32; 2],
+) -> Result<(Backend, AutoChoice)> {
     let webgpu_ms = time_step(&gpu, model, tiers, probe).await?;
     let cpu_ms = time_step(&Backend::Cpu, model, tiers, probe).await?;
     let choice = AutoChoice { webgpu_ms, cpu_ms };

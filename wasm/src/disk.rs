@@ -1,5 +1,5 @@
 //! The browser's persistent expert tier: OPFS (synchronous access handles) where the
-//! browser has it, IndexedDB otherwise. One interface for `Tiers`.
+//! browser has it, IndexedDB otherwise. One interface for `BrowserSource`.
 
 use crate::idb::{Idb, Read};
 use crate::opfs::Opfs;

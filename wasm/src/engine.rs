@@ -6,8 +6,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use colibri_engine::config::parse_token_ids;
-use colibri_engine::container::{checksum, model_from_parts, Manifest};
+use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::model::config::parse_token_ids;
+use colibri_engine::model::open::Container;
 use colibri_engine::sampler::{Sampler, SamplerConfig};
 use colibri_engine::tensor::Bytes;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
@@ -18,10 +19,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
+use crate::browser_source::BrowserSource;
 use crate::disk;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::{estimate, persist};
-use crate::tiers::Tiers;
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
@@ -113,7 +114,7 @@ pub struct Engine {
     model: Rc<Model>,
     tok: Rc<Tokenizer>,
     stop_ids: Vec<u32>,
-    tiers: Arc<Tiers>,
+    tiers: Arc<BrowserSource>,
     backend: Backend,
     /// What `auto` measured, when it chose.
     auto: Option<AutoChoice>,
@@ -171,7 +172,8 @@ impl Engine {
         let want = Want::parse(opts.backend.as_deref()).map_err(err)?;
         let base = if base.ends_with('/') { base } else { format!("{base}/") };
         let manifest_bytes = fetch(&format!("{base}colibri.json"), None, 5).await.map_err(err)?;
-        let m = Manifest::parse(&manifest_bytes).map_err(err)?;
+        let container = Container::parse(&manifest_bytes, &base).map_err(err)?;
+        let m = &container.manifest;
         let get = |name: &str| format!("{base}{name}");
         let tok_json = fetch(&get("tokenizer.json"), None, 5).await.map_err(err)?;
         let tok_cfg = if m.files.iter().any(|f| f == "tokenizer_config.json") {
@@ -205,7 +207,7 @@ impl Engine {
         let n_experts: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
         let (disk, disk_error) = if opts.disk.unwrap_or(true) {
             let id = base.trim_end_matches('/').rsplit('/').next().unwrap_or("model").to_string();
-            let name = format!("{id}-{:016x}", checksum(&manifest_bytes));
+            let name = format!("{id}-{}", container.fingerprint);
             match disk::open(opts.storage.as_deref().unwrap_or("auto"), &name, n_experts).await {
                 Ok(d) => (Some(d), None),
                 Err(e) => (None, Some(format!("browser storage unavailable: {e}"))),
@@ -214,9 +216,11 @@ impl Engine {
             (None, Some("disabled".to_string()))
         };
         let persisted = if disk.is_some() { persist().await } else { false };
-        let tiers = Arc::new(Tiers::new(&m, data_url, disk, disk_error));
+        let tiers = Arc::new(BrowserSource::new(m, data_url, disk, disk_error));
         let ram = opts.ram_bytes.unwrap_or(512 << 20);
-        let model = Rc::new(model_from_parts(&m, &Bytes::from_vec(dense), tiers.clone(), Some(ram)).map_err(err)?);
+        let model = Rc::new(
+            container.load(&Bytes::from_vec(dense), tiers.clone(), CacheOptions::with_ram(Some(ram))).map_err(err)?,
+        );
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
         let mut sampling = serde_json::Value::Null;

@@ -7,6 +7,8 @@ pub mod multipart;
 #[cfg(target_arch = "wasm32")]
 mod backend;
 #[cfg(target_arch = "wasm32")]
+mod browser_source;
+#[cfg(target_arch = "wasm32")]
 mod disk;
 #[cfg(target_arch = "wasm32")]
 mod engine;
@@ -16,8 +18,6 @@ mod idb;
 mod net;
 #[cfg(target_arch = "wasm32")]
 mod opfs;
-#[cfg(target_arch = "wasm32")]
-mod tiers;
 
 #[cfg(target_arch = "wasm32")]
 pub use engine::Engine;

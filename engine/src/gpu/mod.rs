@@ -10,8 +10,10 @@
 //!   CPU's arithmetic is reproduced: math::dot's lane order, products rounded before
 //!   they are added, math::exp ported literally, correctly rounded division and sqrt in
 //!   integer arithmetic. docs/gpu.md explains the choices and the measured ULPs.
-//! - Routing: router logits are computed on the GPU, read back, and routed on the CPU
-//!   by [`crate::moe::route`], the one routing function.
+//! - Routing: router logits are computed and routed on the GPU by route.wgsl, which
+//!   reproduces [`crate::model::moe::route`] (the one routing function) bit for bit; only
+//!   the chosen (expert, weight) pairs are read back, because the host must fetch and
+//!   upload the experts the pool lacks.
 //!
 //! Everything that waits on the GPU is `async` (futures without `Send` on wasm32);
 //! native callers use the `*_blocking` wrappers, which poll the device.

@@ -15,8 +15,8 @@ use super::ops::{self, AttnShape};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::GpuContext;
-use crate::config::QkNorm;
 use crate::error::{Error, Result};
+use crate::model::config::QkNorm;
 use crate::model::{Ffn, Logits, Model};
 
 /// Settings of the GPU backend.
@@ -223,7 +223,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
     /// Layer `l + 1`'s router (GPU weights and routing settings) if that layer is MoE
     /// and the lookahead is on.
-    fn next_router(&self, l: usize) -> Option<(&GpuMat, crate::config::RouterConfig)> {
+    fn next_router(&self, l: usize) -> Option<(&GpuMat, crate::model::config::RouterConfig)> {
         if self.lookahead == 0 {
             return None;
         }

@@ -283,7 +283,7 @@ pub fn route(
     probs: &wgpu::Buffer,
     out: &wgpu::Buffer,
     n: usize,
-    cfg: &crate::config::RouterConfig,
+    cfg: &crate::model::config::RouterConfig,
 ) -> Result<()> {
     if cfg.top_k == 0 || cfg.top_k > cfg.n_experts {
         return Err(Error::Gpu(format!("route: top_k {} of {} experts", cfg.top_k, cfg.n_experts)));
@@ -294,10 +294,10 @@ pub fn route(
 }
 
 /// Reads what [`route`] wrote: per position, (experts, weights) as moe::route returns them.
-pub fn routes_from(words: &[u8], top_k: usize) -> Vec<crate::moe::Routing> {
+pub fn routes_from(words: &[u8], top_k: usize) -> Vec<crate::model::moe::Routing> {
     let w: Vec<u32> = words.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     w.chunks_exact(2 * top_k.max(1))
-        .map(|c| crate::moe::Routing {
+        .map(|c| crate::model::moe::Routing {
             experts: c.chunks_exact(2).map(|p| p[0] as usize).collect(),
             weights: c.chunks_exact(2).map(|p| f32::from_bits(p[1])).collect(),
         })

@@ -1,6 +1,6 @@
 //! The GPU expert pool: routed experts uploaded on first use, kept under a byte budget,
 //! least recently used evicted first. Experts come from the model's
-//! [`ExpertSource`](crate::moe::ExpertSource) as `Arc<Expert>`, so the same source that
+//! [`ExpertSource`](crate::experts::ExpertSource) as `Arc<Expert>`, so the same source that
 //! feeds the CPU path (resident, RAM cache, streamed) feeds the GPU.
 //!
 //! Evicting only drops the pool's handle: buffers still used by recorded or submitted
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::buffers::{upload_mat, GpuMat};
 use super::GpuContext;
 use crate::error::Result;
-use crate::moe::Expert;
+use crate::experts::Expert;
 
 /// One expert's three matrices on the GPU.
 pub struct GpuExpert {

@@ -1,6 +1,7 @@
-//! `coli serve` and `coli web`: the localhost helper. It streams model files (experts) to
-//! the browser over HTTP Range, records which experts the browser used, serves the web
-//! app, and answers the OpenAI API from the native engine. The HTTP API is documented in
+//! The localhost helper's HTTP server (started by `coli serve` / `coli web`, see
+//! crate::commands::serve). It streams model files (experts) to the browser over HTTP
+//! Range, records which experts the browser used, serves the web app, and answers the
+//! OpenAI API from the native engine. The HTTP API is documented in
 //! docs/api.md; the access rules are in [`security`].
 //!
 //! Server plumbing: hyper's HTTP/1 connection driver with a header size limit and a
@@ -8,16 +9,14 @@
 //! and a graceful shutdown on Ctrl-C / SIGTERM that stops accepting, cancels running
 //! generations and waits briefly for open responses.
 
-pub mod bench;
 pub mod client;
-mod engine;
-mod files;
-mod models;
+pub(crate) mod files;
+mod generation;
+pub(crate) mod models;
 mod openai;
 mod page;
 mod range;
 pub mod security;
-pub mod service;
 mod stop;
 #[cfg(test)]
 mod tests;
@@ -75,7 +74,7 @@ pub struct ServeArgs {
     pub threads: Option<usize>,
     /// Expert-cache budget in bytes of the native engine for converted models (K, M, G
     /// suffixes; default: no limit).
-    #[arg(long, value_parser = crate::load::parse_bytes)]
+    #[arg(long, value_parser = crate::flags::parse_bytes)]
     pub ram: Option<u64>,
 }
 
@@ -125,7 +124,7 @@ pub struct AppState {
     /// `<data dir>`: usage files of read-only models go to its `usage/`.
     pub data_dir: Option<PathBuf>,
     pub stats: Arc<Stats>,
-    engines: engine::Engines,
+    engines: generation::Engines,
     /// Set on shutdown; running generations stop at their next token.
     pub shutdown: Arc<AtomicBool>,
     started: Instant,
@@ -145,7 +144,7 @@ impl AppState {
             limits: Limits::default(),
             data_dir,
             stats: Arc::new(Stats::default()),
-            engines: engine::Engines::new(max_queue, ram),
+            engines: generation::Engines::new(max_queue, ram),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
         }
@@ -349,50 +348,4 @@ pub fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
-}
-
-fn url_of(addr: SocketAddr) -> String {
-    if addr.ip().is_unspecified() || addr.ip().is_loopback() {
-        format!("http://127.0.0.1:{}", addr.port())
-    } else {
-        format!("http://{addr}")
-    }
-}
-
-/// `coli serve` (`open_browser = false`) and `coli web` (true).
-pub fn serve(a: ServeArgs, open_browser: bool) -> Result<()> {
-    init_logging();
-    crate::load::start_threads(a.threads)?;
-    let rt = runtime()?;
-    rt.block_on(async {
-        let bound = bind(&a).await?;
-        let url = url_of(bound.addr);
-        let n = bound.state.registry.list().len();
-        println!("colibri is listening on {url}");
-        println!("  {n} model(s); API: {url}/v1 (OpenAI), {url}/api/models; Ctrl-C stops");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        if open_browser {
-            open_url(&url);
-        }
-        run(bound, shutdown_signal()).await
-    })
-}
-
-fn open_url(url: &str) {
-    let opener = if cfg!(target_os = "macos") { "open" } else { "xdg-open" };
-    match std::process::Command::new(opener)
-        .arg(url)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    {
-        Ok(_) => println!("opening {url} in your browser"),
-        Err(_) => println!("open {url} in your browser"),
-    }
 }

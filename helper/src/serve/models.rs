@@ -175,8 +175,7 @@ pub fn describe(m: &ModelEntry) -> Value {
         .and_then(|b| colibri_engine::ModelConfig::from_json_bytes(&b).ok());
     let files = list_files(&m.root);
     let total: u64 = files.iter().map(|(_, s)| s).sum();
-    let format =
-        if m.root.join(colibri_engine::container::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
+    let format = if m.root.join(colibri_engine::format::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
     json!({
         "id": m.id,
         "object": "model",

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::engine::{self, EngineError, Event, Job};
+use super::generation::{self as engine, EngineError, Event, Job};
 use super::AppState;
 
 /// Completion tokens when the request names no limit (and the context allows it).

@@ -220,21 +220,3 @@ fn usage_of_a_read_only_model_goes_to_the_data_dir() {
     }
     assert_eq!(s.get("/api/usage/olmoe", &[]).json()["total"], 3);
 }
-
-#[test]
-fn short_load_test_verifies_every_byte() {
-    let a = super::bench::BenchArgs {
-        model: None,
-        file: None,
-        size: 16 << 20,
-        clients: 4,
-        seconds: 1.0,
-        range_bytes: 256 << 10,
-        ranges_per_request: 3,
-        no_verify: false,
-    };
-    let out = super::bench::bench(&a).unwrap();
-    assert_eq!(out["http"]["errors"], 0, "{out}");
-    assert!(out["http"]["requests"].as_u64().unwrap() > 0, "{out}");
-    assert!(out["pread"]["gb_per_s"].as_f64().unwrap() > 0.0, "{out}");
-}

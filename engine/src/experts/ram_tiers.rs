@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::moe::Expert;
-use crate::usage::ExpertUsage;
+use super::Expert;
+use crate::experts::usage::ExpertUsage;
 
 pub type Key = (usize, usize);
 
@@ -16,7 +16,7 @@ pub const REPIN_FACTOR: f64 = 1.25;
 pub const REPIN_MARGIN: u64 = 2;
 
 #[derive(Default)]
-pub struct Tiers {
+pub struct RamTiers {
     /// key -> (expert, bytes)
     pub pinned: HashMap<Key, (Arc<Expert>, u64)>,
     pub pinned_bytes: u64,
@@ -35,7 +35,7 @@ pub enum Tier {
     Ram,
 }
 
-impl Tiers {
+impl RamTiers {
     pub fn contains(&self, key: &Key) -> bool {
         self.pinned.contains_key(key) || self.lru.contains_key(key)
     }
@@ -140,6 +140,7 @@ pub fn plan_repin(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::Mat;
 
     fn usage(triples: &[(u64, u64, u64)]) -> ExpertUsage {
         let mut u = ExpertUsage::new(2, 4);
@@ -168,11 +169,11 @@ mod tests {
     #[test]
     fn lru_evicts_least_recent_and_pins_are_separate() {
         let x = Arc::new(Expert {
-            gate: crate::tensor::Mat::from_f32(1, 1, &[1.0]).unwrap(),
-            up: crate::tensor::Mat::from_f32(1, 1, &[1.0]).unwrap(),
-            down: crate::tensor::Mat::from_f32(1, 1, &[1.0]).unwrap(),
+            gate: Mat::from_f32(1, 1, &[1.0]).unwrap(),
+            up: Mat::from_f32(1, 1, &[1.0]).unwrap(),
+            down: Mat::from_f32(1, 1, &[1.0]).unwrap(),
         });
-        let mut t = Tiers::default();
+        let mut t = RamTiers::default();
         t.insert_lru((0, 0), x.clone(), 4, Some(8));
         t.insert_lru((0, 1), x.clone(), 4, Some(8));
         assert!(t.get((0, 0)).is_some());

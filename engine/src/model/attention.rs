@@ -3,10 +3,10 @@
 //! clip_qkv, sliding window, partial RoPE through [`Rope`]). Room for attention sinks
 //! and MLA is left in [`AttnOpts`] rather than in copies of this file.
 
-use crate::config::QkNorm;
 use crate::kernels::{for_each_chunk, matmul, matmul_many, rmsnorm_chunks, MatJob};
 use crate::math;
-use crate::rope::Rope;
+use crate::model::config::QkNorm;
+use crate::model::rope::Rope;
 use crate::tensor::Mat;
 
 #[derive(Clone, Debug)]
@@ -152,7 +152,7 @@ pub fn attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rope::RopeConfig;
+    use crate::model::rope::RopeConfig;
 
     fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
         let mut s = seed;

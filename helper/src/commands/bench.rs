@@ -14,12 +14,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use colibri_engine::container::{open_manifest_with, ByteSource, CacheStats};
+use colibri_engine::experts::cache::CacheStats;
+use colibri_engine::experts::source::ByteSource;
+use colibri_engine::format::is_container;
+use colibri_engine::model::open::ModelDir;
 use colibri_engine::{math, Logits};
 use serde_json::{json, Value};
 
-use crate::load::{open_dir, parse_bytes, CacheFlags};
-use crate::ModelArgs;
+use crate::flags::{init_threads, parse_bytes, parse_ids, ModelArgs};
+use crate::load::{open_dir, CacheFlags};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CacheState {
@@ -140,7 +143,8 @@ fn warm(path: &Path) -> Result<()> {
 
 /// Cold reads of pseudo-random experts, `threads` at a time: (bytes/s, bytes read).
 fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -> Result<(f64, u64)> {
-    let (m, source) = open_manifest_with(dir, flags.direct)?;
+    let (c, source) = ModelDir::open(dir, flags.direct)?.into_container()?;
+    let m = &c.manifest;
     let spans: Vec<(u64, usize)> =
         m.experts.layers.iter().flat_map(|l| &l.experts).map(|e| (e.offset, e.length as usize)).collect();
     if spans.is_empty() || bytes == 0 {
@@ -161,7 +165,7 @@ fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -
     }
     let t = Instant::now();
     let threads = threads.max(1);
-    let pool = colibri_engine::container::reader::BufferPool::new(threads);
+    let pool = colibri_engine::experts::reader::BufferPool::new(threads);
     std::thread::scope(|sc| -> Result<()> {
         let handles: Vec<_> = (0..threads)
             .map(|k| {
@@ -202,15 +206,16 @@ fn delta(a: &CacheStats, b: &CacheStats) -> Value {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    crate::load::setup(&a.model)?;
+    init_threads(a.model.threads)?;
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
     let flags = CacheFlags::from_args(&a.model);
-    let container = colibri_engine::container::is_container(&dir);
+    let container = is_container(&dir);
     let (bandwidth, probed) =
         if container { probe_bandwidth(&dir, &flags, a.probe_bytes, flags.readers)? } else { (0.0, 0) };
     let mut evicted = false;
     if container {
-        let (m, source) = open_manifest_with(&dir, false)?;
+        let (c, source) = ModelDir::open(&dir, false)?.into_container()?;
+        let m = &c.manifest;
         match a.cache {
             CacheState::Cold => evicted = evict(source.file()),
             CacheState::Warm => warm(&dir.join(&m.data_file)).context("warming the page cache")?,
@@ -222,7 +227,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u64;
     let prompt: Vec<u32> = match &a.ids {
-        Some(s) => crate::load::parse_ids(s)?,
+        Some(s) => parse_ids(s)?,
         None => (0..a.prompt_tokens.max(1) as u64)
             .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32)
             .collect(),

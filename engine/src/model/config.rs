@@ -5,7 +5,8 @@
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::rope::RopeConfig;
+use crate::experts::cache::ExpertShape;
+use crate::model::rope::RopeConfig;
 
 /// Which model family a checkpoint belongs to (Hugging Face `model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,6 +252,17 @@ impl ModelConfig {
             return Err(Error::ContextOverflow { len: pos0 + ids.len(), limit: self.max_positions });
         }
         Ok(())
+    }
+
+    /// What the expert cache needs of this config: the MoE layers and one expert's shape.
+    pub fn expert_shape(&self) -> ExpertShape {
+        ExpertShape {
+            moe_layers: self.moe_layers.clone(),
+            hidden: self.hidden,
+            intermediate: self.expert_intermediate,
+            n_experts: self.router.n_experts,
+            top_k: self.router.top_k,
+        }
     }
 
     pub fn q_dim(&self) -> usize {

@@ -11,15 +11,15 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::config::RouterConfig;
 use colibri_engine::kernels::matmul;
+use colibri_engine::model::config::RouterConfig;
+use colibri_engine::model::moe::route;
 use colibri_engine::model::Ffn;
-use colibri_engine::moe::route;
 use colibri_engine::tokenizer::ChatMessage;
 use colibri_engine::{math, Logits};
 
+use crate::flags::ModelArgs;
 use crate::load::open;
-use crate::ModelArgs;
 
 #[derive(Args)]
 pub struct RoutingBenchArgs {

@@ -1,4 +1,4 @@
-//! `coli logits` and `coli generate`.
+//! `coli generate`: a continuation of a prompt (token ids or text), as text or JSON.
 
 use std::io::Write;
 use std::time::Instant;
@@ -6,69 +6,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
-use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::Logits;
 
 use crate::backend::forward_fn;
-use crate::load::{open, parse_ids};
-use crate::ModelArgs;
-
-#[derive(Args)]
-pub struct LogitsArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Comma-separated token ids, e.g. 5,17,3.
-    #[arg(long)]
-    pub ids: String,
-    /// Output file: raw little-endian f32, row-major [n_ids, vocab].
-    #[arg(long)]
-    pub out: std::path::PathBuf,
-}
-
-pub fn logits(a: LogitsArgs) -> Result<()> {
-    let ids = parse_ids(&a.ids)?;
-    let loaded = open(&a.model, false)?;
-    let mut forward = forward_fn(&loaded.model, a.model.backend)?;
-    let logits = forward(&ids, Logits::All)?;
-    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(&a.out, bytes).with_context(|| format!("{}: cannot write", a.out.display()))?;
-    drop(forward);
-    crate::load::save_usage(&loaded);
-    Ok(())
-}
-
-/// Sampling flags shared by `generate` and `chat`.
-#[derive(Args, Clone, Debug)]
-pub struct SamplingArgs {
-    /// 0 is greedy.
-    #[arg(long)]
-    pub temperature: Option<f32>,
-    /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches p.
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    /// Penalise tokens already in the context (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
-    /// Random seed; the same seed gives the same tokens.
-    #[arg(long)]
-    pub seed: Option<u64>,
-}
-
-impl SamplingArgs {
-    pub fn config(&self, default_temperature: f32, default_top_p: f32, default_seed: u64) -> SamplerConfig {
-        SamplerConfig {
-            temperature: self.temperature.unwrap_or(default_temperature),
-            top_k: self.top_k,
-            top_p: self.top_p.unwrap_or(default_top_p),
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed.unwrap_or(default_seed),
-        }
-    }
-}
+use crate::flags::{parse_ids, ModelArgs, SamplingArgs};
+use crate::load::open;
 
 #[derive(Args)]
 pub struct GenerateArgs {

@@ -1,27 +1,13 @@
-//! The colibri model container: a directory with `colibri.json` (the manifest), one data
-//! file (dense tensors, then every routed expert in its own 4 KiB-aligned byte range), and
-//! the Hugging Face config and tokenizer files. Specified in docs/format.md.
-//!
-//! Parsing never touches the file system: bytes come through [`ByteSource`], so the
-//! browser can supply HTTP ranges or OPFS reads where the native helper uses pread.
+//! Where expert bytes are read from: [`ByteSource`], the one small interface that a local
+//! file ([`FileSource`], pread, optionally O_DIRECT), bytes in memory ([`MemorySource`]) and
+//! the browser (its disk tier, then HTTP Range fetches from the helper) all implement, so
+//! the expert cache above never touches a file system or a network itself.
 
-pub mod experts;
-pub mod manifest;
-pub mod quant;
 #[cfg(not(target_arch = "wasm32"))]
-pub mod reader;
-pub mod tiers;
+use super::reader;
 
-use std::sync::Arc;
-
-pub use experts::{CacheOptions, CacheStats, ContainerExperts};
-pub use manifest::{checksum, Manifest};
-
-use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::model::Model;
 use crate::tensor::Bytes;
-use crate::weights::{TensorEntry, TensorStore};
 
 /// Name of the manifest file; its presence marks a directory as a converted model.
 pub const MANIFEST_FILE: &str = "colibri.json";
@@ -229,110 +215,6 @@ impl ByteSource for FileSource {
     fn name(&self) -> String {
         self.path.display().to_string()
     }
-}
-
-/// Builds the tensor store of the dense tensors from the bytes of the dense region
-/// (`dense` starts at the region's offset), verifying each tensor's checksum.
-pub fn dense_store(m: &Manifest, dense: &Bytes, origin: &str) -> Result<TensorStore> {
-    if dense.len() as u64 != m.dense.length {
-        return Err(Error::Invalid(format!(
-            "{origin}: dense region is {} bytes, expected {}",
-            dense.len(),
-            m.dense.length
-        )));
-    }
-    let mut store = TensorStore::default();
-    for t in &m.dense.tensors {
-        let start = (t.offset - m.dense.offset) as usize;
-        let bytes = dense.slice(start, t.length as usize)?;
-        let want = manifest::parse_checksum(&t.xxh3).unwrap_or(0);
-        if checksum(bytes.as_ref()) != want {
-            return Err(Error::Invalid(format!(
-                "{origin}: checksum mismatch in dense tensor {} (bytes {}..{}): the file is corrupted; convert the model again",
-                t.name,
-                t.offset,
-                t.offset + t.length
-            )));
-        }
-        let shape = t.shape.iter().map(|&d| d as usize).collect();
-        store.insert(t.name.clone(), TensorEntry { dtype: t.dtype()?, shape, bytes });
-    }
-    Ok(store)
-}
-
-/// A model from a container whose data file is reachable through `source`, with
-/// `dense` holding the dense region's bytes and `ram` the expert-cache budget in bytes
-/// (`None`: keep every expert once read; `Some(0)`: keep none).
-pub fn model_from_parts(m: &Manifest, dense: &Bytes, source: Arc<dyn ByteSource>, ram: Option<u64>) -> Result<Model> {
-    model_from_parts_with(m, dense, source, CacheOptions { ram, ..Default::default() })
-}
-
-/// [`model_from_parts`] with every expert-cache option.
-pub fn model_from_parts_with(
-    m: &Manifest,
-    dense: &Bytes,
-    source: Arc<dyn ByteSource>,
-    opts: CacheOptions,
-) -> Result<Model> {
-    let cfg = ModelConfig::from_value(&m.config).map_err(|e| Error::Config(format!("{MANIFEST_FILE}: {e}")))?;
-    let store = dense_store(m, dense, &source.name())?;
-    let experts = ContainerExperts::with_options(m, &cfg, source, opts)?;
-    Model::from_parts(cfg, &store, Box::new(experts))
-}
-
-/// Opens a converted model directory. The dense region is memory-mapped; experts are
-/// read with pread on demand and cached under the `ram` budget.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn open_dir(dir: &std::path::Path, ram: Option<u64>) -> Result<Model> {
-    open_dir_with(dir, CacheOptions { ram, ..Default::default() })
-}
-
-/// [`open_dir`] with every expert-cache option.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn open_dir_with(dir: &std::path::Path, opts: CacheOptions) -> Result<Model> {
-    let (m, source) = open_manifest_with(dir, opts.direct)?;
-    let dense = if m.dense.length == 0 {
-        Bytes::from_vec(Vec::new())
-    } else {
-        // SAFETY: read-only map; model files are not expected to change under us.
-        let map = unsafe {
-            memmap2::MmapOptions::new().offset(m.dense.offset).len(m.dense.length as usize).map(source.file())
-        }
-        .map_err(|e| Error::io(dir.join(&m.data_file), e))?;
-        Bytes::new(Arc::new(map))
-    };
-    model_from_parts_with(&m, &dense, Arc::new(source), opts)
-}
-
-/// Reads and validates `dir/colibri.json` and opens its data file, checking its size.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn open_manifest(dir: &std::path::Path) -> Result<(Manifest, FileSource)> {
-    open_manifest_with(dir, false)
-}
-
-/// [`open_manifest`], opening the data file with O_DIRECT if `direct` (see [`FileSource::open_with`]).
-#[cfg(not(target_arch = "wasm32"))]
-pub fn open_manifest_with(dir: &std::path::Path, direct: bool) -> Result<(Manifest, FileSource)> {
-    let path = dir.join(MANIFEST_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-    let m = Manifest::parse(&bytes).map_err(|e| Error::Invalid(format!("{}: {}", dir.display(), e)))?;
-    let data = dir.join(&m.data_file);
-    let source = FileSource::open_with(&data, direct)?;
-    let len = source.len()?;
-    if len != m.data_size {
-        return Err(Error::Invalid(format!(
-            "{}: {len} bytes, but the manifest says {} (truncated or from another conversion)",
-            data.display(),
-            m.data_size
-        )));
-    }
-    Ok((m, source))
-}
-
-/// True if `dir` holds a converted colibri model.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn is_container(dir: &std::path::Path) -> bool {
-    dir.join(MANIFEST_FILE).is_file()
 }
 
 #[cfg(all(test, target_os = "linux"))]

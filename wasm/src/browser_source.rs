@@ -6,8 +6,9 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use colibri_engine::container::manifest::parse_checksum;
-use colibri_engine::container::{checksum, ByteSource, Manifest};
+use colibri_engine::experts::source::ByteSource;
+use colibri_engine::format::manifest::parse_checksum;
+use colibri_engine::format::manifest::{checksum, Manifest};
 use colibri_engine::{Error, Result};
 use serde::Serialize;
 
@@ -42,15 +43,15 @@ pub struct TierStats {
     pub disk_error: Option<String>,
 }
 
-struct Slot {
+struct StoredExpert {
     expert: usize,
     len: usize,
     xxh3: u64,
 }
 
-pub struct Tiers {
+pub struct BrowserSource {
     data_url: String,
-    slots: HashMap<u64, Slot>,
+    slots: HashMap<u64, StoredExpert>,
     disk: RefCell<Option<Disk>>,
     n_experts: usize,
     /// Expert bytes fetched (or read from disk) by `prefetch`, waiting for their `read_at`.
@@ -60,10 +61,10 @@ pub struct Tiers {
 
 // SAFETY: colibri-wasm is built without threads; the engine's Send + Sync bounds exist
 // for the native build. Nothing here is ever touched from another thread.
-unsafe impl Send for Tiers {}
-unsafe impl Sync for Tiers {}
+unsafe impl Send for BrowserSource {}
+unsafe impl Sync for BrowserSource {}
 
-impl Tiers {
+impl BrowserSource {
     pub fn new(m: &Manifest, data_url: String, disk: Option<Disk>, disk_error: Option<String>) -> Self {
         let mut slots = HashMap::new();
         let mut expert = 0;
@@ -71,7 +72,7 @@ impl Tiers {
             for e in &layer.experts {
                 slots.insert(
                     e.offset,
-                    Slot { expert, len: e.length as usize, xxh3: parse_checksum(&e.xxh3).unwrap_or(0) },
+                    StoredExpert { expert, len: e.length as usize, xxh3: parse_checksum(&e.xxh3).unwrap_or(0) },
                 );
                 expert += 1;
             }
@@ -82,7 +83,7 @@ impl Tiers {
             disk_error,
             ..Default::default()
         };
-        Tiers {
+        BrowserSource {
             data_url,
             slots,
             disk: RefCell::new(disk),
@@ -125,7 +126,7 @@ impl Tiers {
 
     /// Hit: `buf` holds the verified expert. Pending: stored in IndexedDB, to be read
     /// asynchronously before the step is retried.
-    fn from_disk(&self, slot: &Slot, buf: &mut [u8]) -> Read {
+    fn from_disk(&self, slot: &StoredExpert, buf: &mut [u8]) -> Read {
         let mut disk = self.disk.borrow_mut();
         let Some(d) = disk.as_mut() else { return Read::Miss };
         let t0 = now_ms();
@@ -146,7 +147,7 @@ impl Tiers {
         Read::Miss
     }
 
-    fn to_disk(&self, slot: &Slot, bytes: &[u8]) {
+    fn to_disk(&self, slot: &StoredExpert, bytes: &[u8]) {
         let mut disk = self.disk.borrow_mut();
         if let Some(d) = disk.as_mut() {
             if let Err(e) = d.write(slot.expert, bytes) {
@@ -226,7 +227,7 @@ impl Tiers {
     }
 }
 
-impl Tiers {
+impl BrowserSource {
     /// The error that stops a step whose experts IndexedDB must read first; the engine
     /// sees `has_pending`, awaits `load_pending` and retries the step.
     fn pending_error(&self) -> Result<()> {
@@ -238,7 +239,7 @@ impl Tiers {
     }
 }
 
-impl ByteSource for Tiers {
+impl ByteSource for BrowserSource {
     /// A layer's experts: those on disk are read (and verified) now, all the others come
     /// from the helper in one multi-range request.
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<()> {

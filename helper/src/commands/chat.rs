@@ -9,9 +9,8 @@ use clap::Args;
 use colibri_engine::generate::{generate, GenerateOptions};
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 
+use crate::flags::{BackendChoice, ModelArgs, SamplingArgs};
 use crate::load::open;
-use crate::run::SamplingArgs;
-use crate::ModelArgs;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -28,7 +27,7 @@ pub struct ChatArgs {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    if a.model.backend == crate::Backend::Wgpu {
+    if a.model.backend == BackendChoice::Wgpu {
         bail!("coli chat runs on the CPU backend for now; --backend wgpu works with `coli logits` and `coli generate`");
     }
     let loaded = open(&a.model, true)?;

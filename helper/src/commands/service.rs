@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use super::ServeArgs;
+use crate::serve::ServeArgs;
 
 pub const SYSTEMD_UNIT: &str = "colibri.service";
 pub const LAUNCHD_LABEL: &str = "dev.colibri.helper";
@@ -210,7 +210,7 @@ pub fn run(a: ServiceArgs) -> Result<()> {
     match a.action {
         Action::Install { serve, dry_run } => {
             if let Some(h) = &serve.host {
-                if !super::security::is_loopback_host(h) {
+                if !crate::serve::security::is_loopback_host(h) {
                     eprintln!("warning: the service will listen on {h}, reachable from the network");
                 }
             }

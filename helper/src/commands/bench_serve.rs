@@ -13,9 +13,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::client::{parse_multipart, Conn};
-use super::files::read_exact_at;
-use super::ServeArgs;
+use crate::serve::client::{parse_multipart, Conn};
+use crate::serve::files::read_exact_at;
+use crate::serve::ServeArgs;
 
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
@@ -27,7 +27,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub file: Option<String>,
     /// Size of the synthetic file (K, M, G suffixes).
-    #[arg(long, default_value = "256M", value_parser = crate::load::parse_bytes)]
+    #[arg(long, default_value = "256M", value_parser = crate::flags::parse_bytes)]
     pub size: u64,
     /// Concurrent clients (each one keep-alive connection and one thread).
     #[arg(long, default_value_t = 64)]
@@ -36,7 +36,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
     /// Bytes per range: about one expert.
-    #[arg(long, default_value = "2M", value_parser = crate::load::parse_bytes)]
+    #[arg(long, default_value = "2M", value_parser = crate::flags::parse_bytes)]
     pub range_bytes: u64,
     /// Ranges per request (more than one: multipart/byteranges).
     #[arg(long, default_value_t = 1)]
@@ -146,7 +146,7 @@ fn http_client(t: &Target, seed: u64, until: Instant, ph: &Phase) -> Vec<f64> {
 }
 
 /// The response's status, parts and lengths, and (`bytes`) every byte against the file.
-fn check(r: &super::client::Response, ranges: &[(u64, u64)], file: &File, size: u64, bytes: bool) -> bool {
+fn check(r: &crate::serve::client::Response, ranges: &[(u64, u64)], file: &File, size: u64, bytes: bool) -> bool {
     if r.status != 206 {
         return false;
     }
@@ -228,7 +228,7 @@ pub fn bench(a: &BenchArgs) -> Result<Value> {
             let dir = crate::paths::resolve_model(m, None)?;
             let name = match &a.file {
                 Some(f) => f.clone(),
-                None => super::models::list_files(&dir.canonicalize()?)
+                None => crate::serve::models::list_files(&dir.canonicalize()?)
                     .into_iter()
                     .max_by_key(|(_, s)| *s)
                     .map(|(p, _)| p)
@@ -260,12 +260,12 @@ pub fn bench(a: &BenchArgs) -> Result<Value> {
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let serve = ServeArgs { host: None, port: 0, models: vec![model_dir.clone()], max_queue: 8, ..Default::default() };
-    let bound = rt.block_on(super::bind(&serve))?;
+    let bound = rt.block_on(crate::serve::bind(&serve))?;
     let addr = bound.addr;
     let id = bound.state.registry.list().first().map(|m| m.id.clone()).context("no model")?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = std::thread::spawn(move || {
-        rt.block_on(super::run(bound, async {
+        rt.block_on(crate::serve::run(bound, async {
             let _ = stop_rx.await;
         }))
     });
@@ -334,4 +334,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("{} HTTP requests failed or returned wrong bytes", out["http"]["errors"]);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_load_test_verifies_every_byte() {
+        let a = BenchArgs {
+            model: None,
+            file: None,
+            size: 16 << 20,
+            clients: 4,
+            seconds: 1.0,
+            range_bytes: 256 << 10,
+            ranges_per_request: 3,
+            no_verify: false,
+        };
+        let out = bench(&a).unwrap();
+        assert_eq!(out["http"]["errors"], 0, "{out}");
+        assert!(out["http"]["requests"].as_u64().unwrap() > 0, "{out}");
+        assert!(out["pread"]["gb_per_s"].as_f64().unwrap() > 0.0, "{out}");
+    }
 }

@@ -1,101 +1,15 @@
-//! Mixture-of-Experts: the one routing function every family goes through, expert
-//! weights behind a source trait (resident here; a streaming cache can stand in), and
-//! the MoE block that runs each selected expert once for all positions routed to it.
+//! Mixture-of-Experts: the one routing function every family goes through, and the MoE
+//! block that runs each selected expert once for all positions routed to it. The experts
+//! come from an [`ExpertSource`] (crate::experts): resident, cached or streamed.
 
+use crate::error::Result;
 use std::sync::Arc;
 
-use crate::config::RouterConfig;
-use crate::error::Result;
-use crate::kernels::{matmul, swiglu, swiglu_many, FfnJob};
+use crate::experts::{Expert, ExpertSource};
+use crate::kernels::{matmul, swiglu_many, FfnJob};
 use crate::math;
+use crate::model::config::RouterConfig;
 use crate::tensor::Mat;
-
-/// One SwiGLU expert: `down(silu(gate x) * up x)`.
-#[derive(Clone, Debug)]
-pub struct Expert {
-    /// (intermediate, hidden)
-    pub gate: Mat,
-    /// (intermediate, hidden)
-    pub up: Mat,
-    /// (hidden, intermediate)
-    pub down: Mat,
-}
-
-impl Expert {
-    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        swiglu(&self.gate, &self.up, &self.down, x, n, out)
-    }
-
-    pub fn byte_len(&self) -> usize {
-        self.gate.byte_len() + self.up.byte_len() + self.down.byte_len()
-    }
-}
-
-/// Where routed experts come from. The engine asks for an expert only when a position
-/// routes to it; implementations decide whether it is resident, cached or fetched.
-pub trait ExpertSource: Send + Sync {
-    fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>>;
-
-    /// Called once per MoE block with every expert it is about to use (ascending), so a
-    /// source can fetch all of a layer's misses in one request before they are asked for.
-    fn prepare(&self, _layer: usize, _experts: &[usize]) -> Result<()> {
-        Ok(())
-    }
-
-    /// The (layer, expert) pairs the source holds in memory right now.
-    fn cached(&self) -> Vec<(usize, usize)> {
-        Vec::new()
-    }
-
-    /// Hit/miss counters of the source's cache, if it has one.
-    fn cache_stats(&self) -> Option<crate::container::CacheStats> {
-        None
-    }
-
-    /// True if [`ExpertSource::expert`] would answer without waiting for a read (the
-    /// MoE block computes such experts first).
-    fn ready(&self, _layer: usize, _index: usize) -> bool {
-        true
-    }
-
-    /// Whether the model should call [`ExpertSource::lookahead`].
-    fn lookahead_enabled(&self) -> bool {
-        false
-    }
-
-    /// Router lookahead: these experts of `layer` are likely needed by its next step
-    /// (predicted from the previous layer's state); a source may start reading them.
-    fn lookahead(&self, _layer: usize, _experts: &[usize]) {}
-
-    /// `positions` positions were routed to expert `index` of `layer` (usage counting).
-    fn note_use(&self, _layer: usize, _index: usize, _positions: usize) {}
-
-    /// The uses noted since the last call, as (layer, expert, count), for the usage file.
-    fn take_usage(&self) -> Vec<(u64, u64, u64)> {
-        Vec::new()
-    }
-
-    /// A conversation turn ended: a cache may re-pin its hottest experts now.
-    fn end_turn(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
-/// All experts held in memory (views into the checkpoint's mapped files).
-pub struct ResidentExperts {
-    /// (layer) -> (expert); empty for dense layers.
-    pub layers: Vec<Vec<Arc<Expert>>>,
-}
-
-impl ExpertSource for ResidentExperts {
-    fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
-        self.layers
-            .get(layer)
-            .and_then(|l| l.get(index))
-            .cloned()
-            .ok_or_else(|| crate::Error::Invalid(format!("no expert {index} in layer {layer}")))
-    }
-}
 
 /// The experts chosen for one position and their mixing weights, best first.
 #[derive(Clone, Debug, PartialEq)]
@@ -267,7 +181,10 @@ impl MoeBlock {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::experts::ResidentExperts;
 
     fn cfg(top_k: usize, norm: bool) -> RouterConfig {
         RouterConfig { n_experts: 0, top_k, norm_topk_prob: norm }

@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use colibri_engine::container::manifest::{self, checksum_hex, DensePlan, ExpertLayerPlan, QuantSummary};
-use colibri_engine::container::quant::quantize_row;
-use colibri_engine::container::{checksum, is_container, MANIFEST_FILE};
+use colibri_engine::format::manifest::checksum;
+use colibri_engine::format::manifest::{self, checksum_hex, DensePlan, ExpertLayerPlan, QuantSummary};
+use colibri_engine::format::quant::quantize_row;
+use colibri_engine::format::tensors::TensorStore;
+use colibri_engine::format::{is_container, MANIFEST_FILE};
 use colibri_engine::tensor::{DType, Mat};
-use colibri_engine::weights::TensorStore;
 use colibri_engine::{Model, ModelConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
@@ -532,8 +533,8 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         a.src.display(),
         a.out.display(),
         start.elapsed().as_secs_f64(),
-        crate::info::human(dense),
-        crate::info::human(experts),
+        crate::commands::info::human(dense),
+        crate::commands::info::human(experts),
         job.manifest.experts.layers.iter().map(|l| l.experts.len()).sum::<usize>()
     );
     Ok(())

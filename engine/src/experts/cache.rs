@@ -9,16 +9,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::manifest::{parse_checksum, ExpertLayer, Manifest};
+use super::ram_tiers::{plan_repin, Key, RamTiers, Tier};
 #[cfg(not(target_arch = "wasm32"))]
 use super::reader::{BufferPool, LoadSlot, ReaderPool};
-use super::tiers::{plan_repin, Key, Tier, Tiers};
-use super::{checksum, ByteSource};
-use crate::config::ModelConfig;
+use super::source::ByteSource;
+use super::{Expert, ExpertSource};
 use crate::error::{Error, Result};
-use crate::moe::{Expert, ExpertSource};
+use crate::experts::usage::ExpertUsage;
+use crate::format::manifest::{checksum, parse_checksum, ExpertLayer, Manifest};
 use crate::tensor::{Bytes, DType, Mat};
-use crate::usage::ExpertUsage;
 
 /// Where one layer's experts are and how to cut them into gate, up and down.
 struct LayerIndex {
@@ -26,6 +25,21 @@ struct LayerIndex {
     parts: [(DType, usize, usize, usize, usize); 3],
     /// (offset, length, checksum) per expert.
     experts: Vec<(u64, usize, u64)>,
+}
+
+/// What the expert cache needs to know of the model: which layers have routed experts
+/// and the shape of one expert ([`crate::ModelConfig::expert_shape`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertShape {
+    /// Per model layer: whether it has routed experts.
+    pub moe_layers: Vec<bool>,
+    pub hidden: usize,
+    /// Intermediate size of one routed expert.
+    pub intermediate: usize,
+    /// Routed experts per MoE layer.
+    pub n_experts: usize,
+    /// Experts each position is routed to.
+    pub top_k: usize,
 }
 
 /// How the expert cache behaves. `Default` is what the browser and tests get: no limit,
@@ -44,6 +58,13 @@ pub struct CacheOptions {
     pub direct: bool,
     /// Expert-use counts of earlier runs: the pin set at start-up and the base of re-pinning.
     pub usage: Option<ExpertUsage>,
+}
+
+impl CacheOptions {
+    /// Default options with a budget of `ram` bytes (None: keep every expert once read).
+    pub fn with_ram(ram: Option<u64>) -> Self {
+        CacheOptions { ram, ..Default::default() }
+    }
 }
 
 /// Counters of the expert cache. `hits` = `pinned_hits` + `ram_hits`; `misses` were read
@@ -85,12 +106,12 @@ struct Core {
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-type Slot = Arc<LoadSlot<(Arc<Expert>, u64)>>;
+type ReadSlot = Arc<LoadSlot<(Arc<Expert>, u64)>>;
 
 /// A read handed to the reader pool and not yet taken by the MoE block.
 #[cfg(not(target_arch = "wasm32"))]
 struct Staged {
-    slot: Slot,
+    slot: ReadSlot,
     bytes: u64,
     /// Started by lookahead rather than by the layer that needs it.
     prefetch: bool,
@@ -98,7 +119,7 @@ struct Staged {
 
 #[derive(Default)]
 struct State {
-    tiers: Tiers,
+    tiers: RamTiers,
     #[cfg(not(target_arch = "wasm32"))]
     staged: HashMap<Key, Staged>,
     /// Misses of the current layer waiting for a free place in the read window.
@@ -113,7 +134,7 @@ struct State {
 }
 
 /// An [`ExpertSource`] over a container's data file.
-pub struct ContainerExperts {
+pub struct ExpertCache {
     core: Arc<Core>,
     opts: CacheOptions,
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
@@ -123,8 +144,8 @@ pub struct ContainerExperts {
     pool: Option<ReaderPool>,
 }
 
-fn index_layer(l: &ExpertLayer, cfg: &ModelConfig) -> Result<LayerIndex> {
-    let (h, i) = (cfg.hidden, cfg.expert_intermediate);
+fn index_layer(l: &ExpertLayer, shape: &ExpertShape) -> Result<LayerIndex> {
+    let (h, i) = (shape.hidden, shape.intermediate);
     let want = [[i, h], [i, h], [h, i]];
     let mut parts = [(DType::F32, 0, 0, 0, 0); 3];
     for (k, p) in l.parts.iter().enumerate() {
@@ -137,7 +158,7 @@ fn index_layer(l: &ExpertLayer, cfg: &ModelConfig) -> Result<LayerIndex> {
         }
         parts[k] = (p.dtype()?, shape[0], shape[1], p.offset as usize, p.length as usize);
     }
-    let n = cfg.router.n_experts;
+    let n = shape.n_experts;
     if l.experts.len() != n {
         return Err(Error::Invalid(format!(
             "colibri.json: layer {} lists {} experts, the config says {n}",
@@ -198,25 +219,26 @@ impl Core {
     }
 }
 
-impl ContainerExperts {
+impl ExpertCache {
     /// Indexes the manifest's experts, checking them against the model config.
     /// `budget`: bytes of experts to keep in memory (None = all, Some(0) = none).
-    pub fn new(m: &Manifest, cfg: &ModelConfig, source: Arc<dyn ByteSource>, budget: Option<u64>) -> Result<Self> {
-        Self::with_options(m, cfg, source, CacheOptions { ram: budget, ..Default::default() })
+    pub fn new(m: &Manifest, shape: &ExpertShape, source: Arc<dyn ByteSource>, budget: Option<u64>) -> Result<Self> {
+        Self::with_options(m, shape, source, CacheOptions::with_ram(budget))
     }
 
-    /// [`ContainerExperts::new`] with every option; pins the hottest experts of
+    /// [`ExpertCache::new`] with every option; pins the hottest experts of
     /// `opts.usage` that fit `opts.pin` before returning.
     pub fn with_options(
         m: &Manifest,
-        cfg: &ModelConfig,
+        shape: &ExpertShape,
         source: Arc<dyn ByteSource>,
         mut opts: CacheOptions,
     ) -> Result<Self> {
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for (l, &moe) in cfg.moe_layers.iter().enumerate() {
+        let n_layers = shape.moe_layers.len();
+        let mut layers = Vec::with_capacity(n_layers);
+        for (l, &moe) in shape.moe_layers.iter().enumerate() {
             match (moe, m.expert_layer(l)) {
-                (true, Some(x)) => layers.push(Some(index_layer(x, cfg)?)),
+                (true, Some(x)) => layers.push(Some(index_layer(x, shape)?)),
                 (true, None) => return Err(Error::Invalid(format!("colibri.json: no experts for MoE layer {l}"))),
                 (false, Some(_)) => {
                     return Err(Error::Invalid(format!("colibri.json: experts listed for dense layer {l}")))
@@ -224,19 +246,19 @@ impl ContainerExperts {
                 (false, None) => layers.push(None),
             }
         }
-        if let Some(x) = m.experts.layers.iter().find(|x| x.layer as usize >= cfg.n_layers) {
+        if let Some(x) = m.experts.layers.iter().find(|x| x.layer as usize >= n_layers) {
             return Err(Error::Invalid(format!(
                 "colibri.json: experts listed for layer {}, but the model has {} layers",
-                x.layer, cfg.n_layers
+                x.layer, n_layers
             )));
         }
         opts.pin = opts.pin.min(opts.ram.unwrap_or(u64::MAX));
-        let (nl, ne) = (cfg.n_layers, cfg.router.n_experts);
+        let (nl, ne) = (n_layers, shape.n_experts);
         let counts = match opts.usage.take() {
             Some(u) if (u.n_layers(), u.n_experts()) == (nl, ne) => u,
             _ => ExpertUsage::new(nl, ne),
         };
-        let top_k = cfg.router.top_k;
+        let top_k = shape.top_k;
         #[cfg(not(target_arch = "wasm32"))]
         let pool = if opts.readers > 0 { Some(ReaderPool::new(opts.readers)?) } else { None };
         // Free buffers kept for reuse: about one read window (each kept buffer is RSS).
@@ -250,7 +272,7 @@ impl ContainerExperts {
             bytes_read: AtomicU64::new(0),
         });
         let state = State { counts: Some(counts), fresh: Some(ExpertUsage::new(nl, ne)), ..Default::default() };
-        let x = ContainerExperts {
+        let x = ExpertCache {
             core,
             opts,
             top_k,
@@ -377,7 +399,7 @@ impl ContainerExperts {
     /// Registers a read of `k` and returns the job that performs it.
     #[cfg(not(target_arch = "wasm32"))]
     fn stage(&self, st: &mut State, k: Key, prefetch: bool) -> Box<dyn FnOnce() + Send> {
-        let slot: Slot = Arc::new(LoadSlot::default());
+        let slot: ReadSlot = Arc::new(LoadSlot::default());
         st.staged.insert(k, Staged { slot: slot.clone(), bytes: self.core.size(k), prefetch });
         let core = self.core.clone();
         Box::new(move || slot.put(core.read(k.0, k.1)))
@@ -385,7 +407,7 @@ impl ContainerExperts {
 
     /// Takes the result of a staged read of `k`, if there is one (blocking until it is done).
     #[cfg(not(target_arch = "wasm32"))]
-    fn take_staged(&self, st: &mut std::sync::MutexGuard<'_, State>, k: Key) -> Option<Slot> {
+    fn take_staged(&self, st: &mut std::sync::MutexGuard<'_, State>, k: Key) -> Option<ReadSlot> {
         let s = st.staged.remove(&k)?;
         if s.prefetch {
             st.stats.prefetched_hits += 1;
@@ -400,7 +422,7 @@ impl ContainerExperts {
     }
 }
 
-impl ExpertSource for ContainerExperts {
+impl ExpertSource for ExpertCache {
     fn prepare(&self, layer: usize, experts: &[usize]) -> Result<()> {
         let Some(Some(li)) = self.core.layers.get(layer) else { return Ok(()) };
         let mut st = self.lock();
@@ -539,16 +561,12 @@ impl ExpertSource for ContainerExperts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::manifest::{checksum_hex, plan, ExpertLayerPlan, QuantSummary};
-    use crate::container::quant::quantize_row;
-    use crate::container::MemorySource;
+    use crate::experts::source::MemorySource;
+    use crate::format::manifest::{checksum_hex, plan, ExpertLayerPlan, QuantSummary};
+    use crate::format::quant::quantize_row;
 
-    fn cfg() -> ModelConfig {
-        ModelConfig::from_json_bytes(
-            br#"{"model_type":"mixtral","hidden_size":8,"intermediate_size":4,"num_hidden_layers":2,
-            "num_attention_heads":2,"vocab_size":10,"num_local_experts":3,"num_experts_per_tok":2}"#,
-        )
-        .unwrap()
+    fn cfg() -> ExpertShape {
+        ExpertShape { moe_layers: vec![true; 2], hidden: 8, intermediate: 4, n_experts: 3, top_k: 2 }
     }
 
     /// A container of random int8 experts in memory, and the f32 values they decode to.
@@ -600,7 +618,7 @@ mod tests {
         for (budget, want_misses, want_cached) in
             [(Some(0), 5, 0), (Some(size), 5, 1), (Some(size * 2), 3, 2), (None, 3, 3)]
         {
-            let x = ContainerExperts::new(&m, &cfg(), source(&data), budget).unwrap();
+            let x = ExpertCache::new(&m, &cfg(), source(&data), budget).unwrap();
             for (l, e) in [(0, 0), (1, 2), (0, 0), (0, 1), (0, 0)] {
                 let got = x.expert(l, e).unwrap();
                 let mut row = vec![0.0; 8];
@@ -618,24 +636,24 @@ mod tests {
         let (m, mut data, _) = container();
         let e = &m.experts.layers[1].experts[2];
         data[(e.offset + 5) as usize] ^= 4;
-        let x = ContainerExperts::new(&m, &cfg(), source(&data), None).unwrap();
+        let x = ExpertCache::new(&m, &cfg(), source(&data), None).unwrap();
         let err = x.expert(1, 2).unwrap_err().to_string();
         assert!(err.contains("mem: checksum mismatch in expert 2 of layer 1"), "{err}");
         assert!(x.expert(0, 2).is_ok());
         assert!(x.expert(0, 3).is_err() && x.expert(5, 0).is_err());
         assert!(x.verify_all(&mut |_, _| {}).is_err());
         let short = &data[..data.len() - 1];
-        assert!(ContainerExperts::new(&m, &cfg(), source(short), None).unwrap().expert(1, 2).is_err());
+        assert!(ExpertCache::new(&m, &cfg(), source(short), None).unwrap().expert(1, 2).is_err());
         let mut m2 = m.clone();
         m2.experts.layers[0].experts.pop();
-        assert!(ContainerExperts::new(&m2, &cfg(), source(&data), None)
+        assert!(ExpertCache::new(&m2, &cfg(), source(&data), None)
             .err()
             .unwrap()
             .to_string()
             .contains("lists 2 experts"));
         let mut m3 = m.clone();
         m3.experts.layers.pop();
-        assert!(ContainerExperts::new(&m3, &cfg(), source(&data), None)
+        assert!(ExpertCache::new(&m3, &cfg(), source(&data), None)
             .err()
             .unwrap()
             .to_string()

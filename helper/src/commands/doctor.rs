@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use colibri_engine::container::{is_container, open_manifest, ContainerExperts};
+use colibri_engine::experts::cache::{CacheOptions, ExpertCache};
+use colibri_engine::format::is_container;
+use colibri_engine::model::open::ModelDir;
 use colibri_engine::tokenizer::Tokenizer;
-use colibri_engine::{Model, ModelConfig};
+use colibri_engine::Model;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
-use crate::info::{human, summarize};
+use crate::commands::info::{human, summarize};
 
 #[derive(Args)]
 pub struct DoctorArgs {
@@ -118,7 +120,7 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
             r.warn("tokenizer", "no tokenizer.json: only --ids prompts will work");
         }
         if summary.is_some() {
-            r.check("weights", Model::open_dir_with(dir, Some(0)).map_err(Into::into), |m| {
+            r.check("weights", Model::open_dir_with(dir, CacheOptions::with_ram(Some(0))).map_err(Into::into), |m| {
                 format!("every tensor has the shape its config needs ({} layers)", m.cfg.n_layers)
             });
         }
@@ -139,9 +141,9 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
 }
 
 fn verify_experts(dir: &std::path::Path) -> Result<usize> {
-    let (m, source) = open_manifest(dir)?;
-    let cfg = ModelConfig::from_value(&m.config)?;
-    let experts = ContainerExperts::new(&m, &cfg, Arc::new(source), Some(0))?;
+    let (container, data) = ModelDir::open(dir, false)?.into_container()?;
+    let m = &container.manifest;
+    let experts = ExpertCache::new(m, &container.cfg.expert_shape(), Arc::new(data), Some(0))?;
     let total: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
     let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
     experts.verify_all(&mut |done, _| bar.set_position(done as u64))?;

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::container::{is_container, open_manifest};
-use colibri_engine::weights::TensorStore;
+use colibri_engine::format::is_container;
+use colibri_engine::format::tensors::TensorStore;
+use colibri_engine::model::open::ModelDir;
 use colibri_engine::ModelConfig;
 use serde_json::json;
 
@@ -70,8 +71,8 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
         bail!("{}: no such model directory", dir.display());
     }
     if is_container(dir) {
-        let (m, _) = open_manifest(dir)?;
-        let cfg = ModelConfig::from_value(&m.config).context("colibri.json: config")?;
+        let (c, _) = ModelDir::open(dir, false)?.into_container()?;
+        let (m, cfg) = (&c.manifest, c.cfg.clone());
         let (resident, streamed) = m.byte_totals();
         let classes: Vec<String> = m.quant.classes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         return Ok(Summary {

@@ -118,6 +118,11 @@ pub fn checksum_hex(v: u64) -> String {
     format!("{v:016x}")
 }
 
+/// Which version of a model a manifest describes: the checksum of its bytes, in hex.
+pub fn fingerprint(manifest_bytes: &[u8]) -> String {
+    checksum_hex(checksum(manifest_bytes))
+}
+
 pub fn parse_checksum(s: &str) -> Option<u64> {
     if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
         u64::from_str_radix(s, 16).ok()

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use crate::load::parse_bytes;
+use crate::flags::parse_bytes;
 
 #[derive(Args)]
 pub struct SynthArgs {

@@ -2,17 +2,28 @@
 //! embedding -> for each layer [RMSNorm -> attention -> residual -> RMSNorm -> MoE block
 //! or dense MLP -> residual] -> final RMSNorm -> lm_head.
 //! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe}.py (v5).
+//!
+//! The model sits on top of the file formats (crate::format) and the expert supply
+//! (crate::experts): [`config`] (config.json), [`rope`], [`attention`], [`moe`] (routing
+//! and the MoE block), the forward pass here, and [`open`], where a model is opened.
+
+pub mod attention;
+pub mod config;
+pub mod moe;
+pub mod open;
+pub mod rope;
 
 use std::sync::Arc;
 
-use crate::attention::{attention, AttnOpts, AttnWeights, LayerCache};
-use crate::config::{Family, ModelConfig, QkNorm};
 use crate::error::Result;
+use crate::experts::{Expert, ExpertSource, ResidentExperts};
+use crate::format::tensors::TensorStore;
 use crate::kernels::{matmul, rmsnorm};
-use crate::moe::{Expert, ExpertSource, MoeBlock, ResidentExperts};
-use crate::rope::Rope;
 use crate::tensor::Mat;
-use crate::weights::TensorStore;
+use attention::{attention, AttnOpts, AttnWeights, LayerCache};
+use config::{Family, ModelConfig, QkNorm};
+use moe::MoeBlock;
+use rope::Rope;
 
 pub enum Ffn {
     Dense(Expert),
@@ -227,29 +238,14 @@ impl Model {
     /// converted colibri directory (colibri.json), keeping every expert once read.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir(dir: &std::path::Path) -> Result<Self> {
-        Self::open_dir_with(dir, None)
+        Self::open_dir_with(dir, Default::default())
     }
 
-    /// [`Model::open_dir`] with an expert-cache budget in bytes for converted models
-    /// (`None`: unlimited, `Some(0)`: cache nothing). A Hugging Face directory is
-    /// memory-mapped whole and ignores the budget.
+    /// [`Model::open_dir`] with the expert-cache options of a converted model (a Hugging
+    /// Face directory is memory-mapped whole and ignores them). See [`open::ModelDir`].
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open_dir_with(dir: &std::path::Path, ram: Option<u64>) -> Result<Self> {
-        Self::open_dir_opts(dir, crate::container::CacheOptions { ram, ..Default::default() })
-    }
-
-    /// [`Model::open_dir`] with every expert-cache option (used by converted models only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn open_dir_opts(dir: &std::path::Path, opts: crate::container::CacheOptions) -> Result<Self> {
-        if crate::container::is_container(dir) {
-            return crate::container::open_dir_with(dir, opts);
-        }
-        let cfg_path = dir.join("config.json");
-        let bytes = std::fs::read(&cfg_path).map_err(|e| crate::Error::io(&cfg_path, e))?;
-        let cfg = ModelConfig::from_json_bytes(&bytes)
-            .map_err(|e| crate::Error::Config(format!("{}: {e}", cfg_path.display())))?;
-        let store = TensorStore::open_dir(dir)?;
-        Model::from_store(cfg, &store)
+    pub fn open_dir_with(dir: &std::path::Path, opts: crate::experts::cache::CacheOptions) -> Result<Self> {
+        open::ModelDir::open(dir, opts.direct)?.load(opts)
     }
 
     pub fn new_session(&self) -> Session {

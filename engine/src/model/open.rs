@@ -1,0 +1,158 @@
+//! Opening a model: the one place that turns a converted model's `colibri.json` into a
+//! [`Model`] (natively from a directory, in the browser from fetched bytes), and that
+//! opens a model directory of either kind. The manifest is parsed once, the data file
+//! opened once; the dense region becomes the model's tensors (format), the routed experts
+//! come from an [`ExpertCache`] over a [`ByteSource`] (expert supply).
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::experts::cache::{CacheOptions, ExpertCache};
+use crate::experts::source::ByteSource;
+use crate::format::manifest::{fingerprint, Manifest};
+use crate::format::{dense_store, MANIFEST_FILE};
+use crate::model::config::ModelConfig;
+use crate::model::Model;
+use crate::tensor::Bytes;
+
+/// A converted model's manifest, parsed and checked once, with the config it carries.
+#[derive(Clone, Debug)]
+pub struct Container {
+    pub manifest: Manifest,
+    pub cfg: ModelConfig,
+    /// Which version of the model this is: the xxh3 of colibri.json (hex). Usage counts
+    /// carry it, so a retrained model of the same shape starts its counts over.
+    pub fingerprint: String,
+}
+
+impl Container {
+    /// Parses the bytes of `colibri.json`; `origin` (a directory or URL) names them in errors.
+    pub fn parse(bytes: &[u8], origin: &str) -> Result<Self> {
+        let manifest = Manifest::parse(bytes).map_err(|e| Error::Invalid(format!("{origin}: {e}")))?;
+        let cfg =
+            ModelConfig::from_value(&manifest.config).map_err(|e| Error::Config(format!("{MANIFEST_FILE}: {e}")))?;
+        Ok(Container { manifest, cfg, fingerprint: fingerprint(bytes) })
+    }
+
+    /// The model whose dense region holds `dense` (its bytes, checked against their
+    /// checksums) and whose routed experts are read from `source` and cached as `opts` says.
+    pub fn load(&self, dense: &Bytes, source: Arc<dyn ByteSource>, opts: CacheOptions) -> Result<Model> {
+        let store = dense_store(&self.manifest, dense, &source.name())?;
+        let experts = ExpertCache::with_options(&self.manifest, &self.cfg.expert_shape(), source, opts)?;
+        Model::from_parts(self.cfg.clone(), &store, Box::new(experts))
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use native::ModelDir;
+
+#[cfg(not(target_arch = "wasm32"))]
+mod native {
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use super::Container;
+    use crate::error::{Error, Result};
+    use crate::experts::cache::CacheOptions;
+    use crate::experts::source::FileSource;
+    use crate::format::tensors::TensorStore;
+    use crate::format::MANIFEST_FILE;
+    use crate::model::config::ModelConfig;
+    use crate::model::Model;
+    use crate::tensor::Bytes;
+
+    /// A model directory, opened: a converted model (colibri.json parsed, its data file
+    /// open and of the size the manifest says) or a Hugging Face checkpoint (config.json
+    /// parsed; the safetensors are mapped by [`ModelDir::load`]).
+    pub enum ModelDir {
+        Container { dir: PathBuf, container: Container, data: FileSource },
+        HuggingFace { dir: PathBuf, cfg: ModelConfig },
+    }
+
+    impl ModelDir {
+        /// Opens `dir`; with `direct`, a converted model's data file also with O_DIRECT
+        /// (see [`FileSource::open_with`]).
+        pub fn open(dir: &Path, direct: bool) -> Result<Self> {
+            let path = dir.join(MANIFEST_FILE);
+            if !path.is_file() {
+                let cfg_path = dir.join("config.json");
+                let bytes = std::fs::read(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+                let cfg = ModelConfig::from_json_bytes(&bytes)
+                    .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
+                return Ok(ModelDir::HuggingFace { dir: dir.to_path_buf(), cfg });
+            }
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let container = Container::parse(&bytes, &dir.display().to_string())?;
+            let m = &container.manifest;
+            let data_path = dir.join(&m.data_file);
+            let data = FileSource::open_with(&data_path, direct)?;
+            let len = data.len()?;
+            if len != m.data_size {
+                return Err(Error::Invalid(format!(
+                    "{}: {len} bytes, but the manifest says {} (truncated or from another conversion)",
+                    data_path.display(),
+                    m.data_size
+                )));
+            }
+            Ok(ModelDir::Container { dir: dir.to_path_buf(), container, data })
+        }
+
+        pub fn dir(&self) -> &Path {
+            match self {
+                ModelDir::Container { dir, .. } | ModelDir::HuggingFace { dir, .. } => dir,
+            }
+        }
+
+        pub fn cfg(&self) -> &ModelConfig {
+            match self {
+                ModelDir::Container { container, .. } => &container.cfg,
+                ModelDir::HuggingFace { cfg, .. } => cfg,
+            }
+        }
+
+        /// The parsed manifest and the open data file of a converted model.
+        pub fn container(&self) -> Option<(&Container, &FileSource)> {
+            match self {
+                ModelDir::Container { container, data, .. } => Some((container, data)),
+                ModelDir::HuggingFace { .. } => None,
+            }
+        }
+
+        /// The parsed manifest and the open data file; an error for a Hugging Face checkpoint.
+        pub fn into_container(self) -> Result<(Container, FileSource)> {
+            match self {
+                ModelDir::Container { container, data, .. } => Ok((container, data)),
+                ModelDir::HuggingFace { dir, .. } => Err(Error::Invalid(format!(
+                    "{}: not a converted colibri model (no {MANIFEST_FILE})",
+                    dir.display()
+                ))),
+            }
+        }
+
+        /// Builds the model. A converted model's dense region is memory-mapped and its
+        /// experts read on demand, cached as `opts` says; a Hugging Face checkpoint is
+        /// mapped whole (its experts are resident) and ignores `opts`.
+        pub fn load(self, opts: CacheOptions) -> Result<Model> {
+            match self {
+                ModelDir::HuggingFace { dir, cfg } => Model::from_store(cfg, &TensorStore::open_dir(&dir)?),
+                ModelDir::Container { dir, container, data } => {
+                    let m = &container.manifest;
+                    let dense = if m.dense.length == 0 {
+                        Bytes::from_vec(Vec::new())
+                    } else {
+                        // SAFETY: read-only map; model files are not expected to change under us.
+                        let map = unsafe {
+                            memmap2::MmapOptions::new()
+                                .offset(m.dense.offset)
+                                .len(m.dense.length as usize)
+                                .map(data.file())
+                        }
+                        .map_err(|e| Error::io(dir.join(&m.data_file), e))?;
+                        Bytes::new(Arc::new(map))
+                    };
+                    container.load(&dense, Arc::new(data), opts)
+                }
+            }
+        }
+    }
+}

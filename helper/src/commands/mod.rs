@@ -1,0 +1,16 @@
+//! One module per `coli` command. Each parses its own flags (shared ones come from
+//! crate::flags) and calls down into model loading, the server or the engine; nothing
+//! below imports a command.
+
+pub mod bench;
+pub mod bench_routing;
+pub mod bench_serve;
+pub mod chat;
+pub mod convert;
+pub mod doctor;
+pub mod generate;
+pub mod info;
+pub mod logits;
+pub mod serve;
+pub mod service;
+pub mod synth;

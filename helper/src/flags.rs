@@ -1,0 +1,161 @@
+//! Flag types shared by several commands: the model flags (`--model`, `--ram`, `--backend`,
+//! `--threads`, ...), the sampling flags, and their value parsers. Below the commands and
+//! the server; imports nothing of the helper's own.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use colibri_engine::sampler::SamplerConfig;
+
+/// `--backend`: where the forward pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    Cpu,
+    Wgpu,
+}
+
+/// Options shared by every command that runs a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model directory: a Hugging Face checkpoint (config.json, *.safetensors,
+    /// tokenizer.json) or a converted colibri model (colibri.json).
+    #[arg(long)]
+    pub model: std::path::PathBuf,
+    /// Expert-cache budget in bytes (suffixes K, M, G, T; 0 caches nothing; "all": no
+    /// limit; default: half of MemAvailable minus the dense weights, at least 256M).
+    #[arg(long, value_parser = parse_bytes)]
+    pub ram: Option<u64>,
+    /// Bytes of the --ram budget for experts pinned by learned usage (usage.json next to
+    /// the model); default with usage counts: a quarter of --ram, less if the rest could
+    /// not hold one token's experts; without: 0.
+    #[arg(long, value_parser = parse_bytes)]
+    pub pin: Option<u64>,
+    /// Reader threads that load missing experts while resident ones compute (0: read
+    /// synchronously).
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Do not prefetch the next layer's likely experts (router lookahead).
+    #[arg(long)]
+    pub no_lookahead: bool,
+    /// Read experts with O_DIRECT, bypassing the page cache, where the file system allows.
+    #[arg(long)]
+    pub direct: bool,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    pub backend: BackendChoice,
+    /// CPU threads (default: the physical cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Sampling flags shared by `generate` and `chat`.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// 0 is greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches p.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Penalise tokens already in the context (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Random seed; the same seed gives the same tokens.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn config(&self, default_temperature: f32, default_top_p: f32, default_seed: u64) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature.unwrap_or(default_temperature),
+            top_k: self.top_k,
+            top_p: self.top_p.unwrap_or(default_top_p),
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed.unwrap_or(default_seed),
+        }
+    }
+}
+
+/// Sizes the global CPU thread pool (`--threads`; None: the physical cores). Call once, before any
+/// parallel work.
+pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    let n = threads.unwrap_or_else(physical_cores).max(1);
+    if rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_err()
+        && threads.is_some()
+        && rayon::current_num_threads() != n
+    {
+        // A pool exists already (tests running several commands in one process).
+        anyhow::bail!(
+            "could not start the thread pool with {n} threads: one with {} runs",
+            rayon::current_num_threads()
+        );
+    }
+    Ok(())
+}
+
+/// Physical CPU cores (Linux: distinct (package, core) pairs in sysfs; elsewhere, or
+/// when that is unreadable, the logical CPUs the process may use): a second hardware
+/// thread on a core adds little to these kernels.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut cores = std::collections::BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") else { return logical };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !name.strip_prefix("cpu").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(e.path().join("topology").join(f)).ok();
+        if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((pkg.trim().to_string(), core.trim().to_string()));
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
+
+/// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units).
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("all") {
+        return Ok(u64::MAX);
+    }
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Parses "5,17,3" into token ids.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids: Result<Vec<u32>> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<u32>().with_context(|| format!("--ids: {t:?} is not a token id")))
+        .collect();
+    let ids = ids?;
+    if ids.is_empty() {
+        bail!("--ids: no token ids given");
+    }
+    Ok(ids)
+}
