@@ -93,7 +93,7 @@ unsafe impl Sync for OutPtr {}
 pub fn matmul_many(jobs: &mut [MatJob]) {
     let simd = Simd::active();
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    let mut keys: Vec<(usize, usize, usize, bool)> = Vec::new();
+    let mut keys: Vec<(usize, usize, usize, usize, bool)> = Vec::new();
     let mut act_of = vec![usize::MAX; jobs.len()];
     for (j, job) in jobs.iter().enumerate() {
         let (n, cols) = (job.n, job.w.cols);
@@ -101,7 +101,7 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
         let Some(group) = job.w.dtype.group() else { continue };
         let (group, int4) = (group as usize, matches!(job.w.dtype, DType::Int4 { .. }));
         let split = ActQ::wants_split(int4, group);
-        let key = (job.x.as_ptr() as usize, n * cols, group, split);
+        let key = (job.x.as_ptr() as usize, n, cols, group, split);
         if let Some(k) = keys.iter().position(|k| *k == key) {
             act_of[j] = k;
             continue;

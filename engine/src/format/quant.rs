@@ -8,10 +8,11 @@ use crate::error::{Error, Result};
 use crate::tensor::DType;
 
 /// Candidate ratios `m / scale` tried for each int4 group, where `m` is the group's value
-/// of largest magnitude (sign included). -8 maps `m` onto the one extra negative level;
-/// the others trade clipping of `m` against resolution. The lowest squared error wins
-/// (ties: the first).
-const INT4_RATIOS: [f32; 5] = [-8.0, -7.5, -7.0, 7.0, 7.5];
+/// of largest magnitude (sign included). Negative ratios map `m` onto the negative side
+/// (-8 is the one extra level); the others trade clipping of `m` against resolution. Each
+/// candidate is also refitted once by least squares (scale = sum(x q) / sum(q q) for its
+/// levels q). The lowest squared error wins (ties: the first tried).
+const INT4_RATIOS: [f32; 12] = [-8.0, -7.75, -7.5, -7.25, -7.0, -6.75, -6.5, 6.5, 6.75, 7.0, 7.25, 7.5];
 
 /// Writes `src` (one row of `cols` values) in `dtype`'s row layout into `out`, which must
 /// be exactly `dtype.row_bytes(src.len())` bytes. Padding bytes are written as zeros.
@@ -101,7 +102,8 @@ fn quantize_group_int8(chunk: &[f32], qs: &mut [i8]) -> f16 {
     s
 }
 
-/// Symmetric int4, q in [-8, 7], the scale chosen among [`INT4_RATIOS`].
+/// Symmetric int4, q in [-8, 7], the scale chosen among [`INT4_RATIOS`] and their
+/// least-squares refits.
 fn quantize_group_int4(chunk: &[f32], qs: &mut [i8]) -> f16 {
     let m = chunk.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
     if m == 0.0 {
@@ -110,12 +112,22 @@ fn quantize_group_int4(chunk: &[f32], qs: &mut [i8]) -> f16 {
     }
     let mut best = (f64::INFINITY, f16::ZERO);
     let mut tmp = vec![0i8; qs.len()];
-    for r in INT4_RATIOS {
-        let s = to_scale(m / r);
-        let err = quantize_with(chunk, s.to_f32(), -8.0, 7.0, &mut tmp);
+    let mut consider = |s: f16, tmp: &mut [i8]| {
+        let err = quantize_with(chunk, s.to_f32(), -8.0, 7.0, tmp);
         if err < best.0 {
             best = (err, s);
-            qs.copy_from_slice(&tmp);
+            qs.copy_from_slice(tmp);
+        }
+    };
+    for r in INT4_RATIOS {
+        consider(to_scale(m / r), &mut tmp);
+        // Refit: the scale that minimises the error for these levels.
+        let (xq, qq) = chunk
+            .iter()
+            .zip(tmp.iter())
+            .fold((0.0f64, 0.0f64), |(a, b), (&x, &q)| (a + x as f64 * q as f64, b + (q as f64) * (q as f64)));
+        if qq > 0.0 {
+            consider(to_scale((xq / qq) as f32), &mut tmp);
         }
     }
     best.1

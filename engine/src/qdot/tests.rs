@@ -2,7 +2,7 @@
 //! against a plain f64 dot product of the dequantized values.
 
 use super::*;
-use crate::container::quant::quantize_row;
+use crate::format::quant::quantize_row;
 use crate::tensor::DType;
 
 fn lcg(seed: &mut u64) -> f32 {
