@@ -4,20 +4,24 @@
 //! Layers, each importing only from those below it: main.rs (the command enum) ->
 //! commands/ (one module per command) -> serve/ (the HTTP server) -> load.rs and
 //! backend.rs (opening a model, the CPU/GPU forward) -> usage_store.rs (the usage file),
-//! flags.rs (flag types shared by commands) and paths.rs.
+//! flags.rs (flag types shared by commands), sysinfo.rs (/proc/meminfo) and paths.rs.
 
 mod backend;
 mod commands;
 mod flags;
+mod hub;
 mod load;
 mod paths;
 mod serve;
+mod sysinfo;
 mod usage_store;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use commands::{bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, logits, service, synth};
+use commands::{
+    bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, list, logits, pull, service, synth,
+};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "colibri: Mixture-of-Experts models on your own machine")]
@@ -38,6 +42,13 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Architecture, size and quantization of a model directory.
     Info(info::InfoArgs),
+    /// The installed models (in $COLI_HOME): id, family, quantization, sizes, directory.
+    List(list::ListArgs),
+    /// Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN), verify it and
+    /// convert it shard by shard into the models directory.
+    Pull(pull::PullArgs),
+    /// Delete an installed model.
+    Rm(list::RmArgs),
     /// Check this machine and (optionally) a model directory.
     Doctor(doctor::DoctorArgs),
     /// The localhost helper: model files over HTTP Range, the web app, the OpenAI API.
@@ -77,6 +88,9 @@ fn main() -> ExitCode {
         Command::Convert(a) => convert::convert(a),
         Command::Info(a) => info::info(a),
         Command::Doctor(a) => doctor::doctor(a),
+        Command::List(a) => list::list(a),
+        Command::Rm(a) => list::rm(a),
+        Command::Pull(a) => pull::pull(a),
         Command::Serve(a) => commands::serve::serve(a, false),
         Command::Web(a) => commands::serve::serve(a, true),
         Command::Service(a) => service::run(a),

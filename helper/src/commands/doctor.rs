@@ -17,8 +17,12 @@ use crate::commands::info::{human, summarize};
 
 #[derive(Args)]
 pub struct DoctorArgs {
-    /// Model directory to check (Hugging Face checkpoint or converted colibri model).
+    /// Model to check: a directory (Hugging Face checkpoint or converted colibri model) or
+    /// the id of an installed model.
     pub path: Option<PathBuf>,
+    /// The model, as a flag (same as PATH).
+    #[arg(long, conflicts_with = "path")]
+    pub model: Option<PathBuf>,
     /// Verify the checksum of every expert (reads the whole data file).
     #[arg(long)]
     pub checksums: bool,
@@ -77,13 +81,9 @@ fn simd_features() -> Vec<&'static str> {
     v
 }
 
+/// (MemTotal, MemAvailable) in bytes.
 fn meminfo() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |k: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(k))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
-    };
-    Some((field("MemTotal:")?, field("MemAvailable:")?))
+    Some((crate::sysinfo::meminfo("MemTotal")?, crate::sysinfo::meminfo("MemAvailable")?))
 }
 
 pub fn doctor(a: DoctorArgs) -> Result<()> {
@@ -96,7 +96,11 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
         None => r.warn("memory", "unknown on this platform"),
     }
 
-    if let Some(dir) = &a.path {
+    let dir = match a.path.or(a.model) {
+        Some(arg) => r.check("model id", crate::paths::resolve_model(&arg, None), |p| p.display().to_string()),
+        None => None,
+    };
+    if let Some(dir) = &dir {
         let summary = r.check("model", summarize(dir), |s| s.format.clone());
         if let Some(s) = &summary {
             r.ok(
@@ -125,6 +129,23 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
             });
         }
         if is_container(dir) {
+            use colibri_engine::format::manifest::{Manifest, MAX_MANIFEST_BYTES};
+            use colibri_engine::format::MANIFEST_FILE;
+            let bytes = colibri_engine::fsio::read_limited(&dir.join(MANIFEST_FILE), MAX_MANIFEST_BYTES);
+            match bytes {
+                Ok(b) if !Manifest::has_self_checksum(&b) => r.warn(
+                    "manifest",
+                    "colibri.json has no checksum of its own (converted by an older coli); convert again to add it",
+                ),
+                Ok(b) => {
+                    r.check("manifest", Manifest::parse(&b).map_err(Into::into), |_| {
+                        "colibri.json matches its own checksum (manifest_xxh3)".into()
+                    });
+                }
+                Err(e) => {
+                    r.check::<()>("manifest", Err(e.into()), |_| String::new());
+                }
+            }
             if a.checksums {
                 r.check("checksums", verify_experts(dir), |n| format!("all {n} experts and every dense tensor match"));
             } else {
