@@ -14,6 +14,7 @@
 //! (or `avx2`, `avx512`) forces a path; tests run every available one.
 
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[allow(dead_code)]
 mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -71,8 +72,8 @@ impl Simd {
                 v.push(Simd::Avx512);
             }
         }
-        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        v.push(Simd::Simd128);
+        // The wasm SIMD128 path (qdot/wasm.rs) compiles but has not yet been run against
+        // the reference in a browser, so wasm uses the reference until a test does.
         v
     }
 
