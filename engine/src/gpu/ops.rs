@@ -186,7 +186,7 @@ pub fn attention(
     scores: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Result<()> {
-    if s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
+    if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         return Err(Error::Gpu(format!("{} heads do not group over {} kv heads", s.n_heads, s.n_kv_heads)));
     }
     let stride = s.pos0 + s.n;

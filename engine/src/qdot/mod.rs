@@ -118,7 +118,7 @@ impl ActQ {
 
     /// Whether int4 weights of this group use the nibble-ordered (split) layout.
     pub fn wants_split(int4: bool, group: usize) -> bool {
-        int4 && group % CHUNK == 0
+        int4 && group.is_multiple_of(CHUNK)
     }
 
     /// Quantizes `x` ([n, cols]) per block of `group` columns, reusing the buffers.
@@ -241,7 +241,7 @@ pub fn dot_row_scalar(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 /// be a multiple of [`CHUNK`] (and int4 activations split); others use the reference.
 #[inline]
 pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
-    if a.group % CHUNK != 0 || a.split != int4 {
+    if !a.group.is_multiple_of(CHUNK) || a.split != int4 {
         return dot_row_scalar(int4, row, a, p);
     }
     match simd {

@@ -501,7 +501,7 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
 
 /// One conversion pass: everything, or with `partial` the items whose tensors are there.
 pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pass> {
-    if a.group_size == 0 || a.group_size % 8 != 0 || a.group_size > 1024 {
+    if a.group_size == 0 || !a.group_size.is_multiple_of(8) || a.group_size > 1024 {
         bail!("--group-size must be a positive multiple of 8 (at most 1024), got {}", a.group_size);
     }
     if !a.src.is_dir() {
