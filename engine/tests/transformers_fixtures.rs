@@ -110,3 +110,13 @@ fn qwen3_moe_matches_transformers() {
 fn olmoe_matches_transformers() {
     check("olmoe");
 }
+
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check("deepseek_v3");
+}
+
+#[test]
+fn deepseek_v3_without_q_lora_matches_transformers() {
+    check("deepseek_v3_noqlora");
+}

@@ -69,28 +69,30 @@ fn logits_command_writes_the_reference_logits() {
 
 #[test]
 fn generate_json_reproduces_the_greedy_reference() {
-    let r = reference("mixtral");
-    let want: Vec<u64> = r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
-    let out = coli()
-        .args(["generate", "--model"])
-        .arg(fixture("mixtral"))
-        .args([
-            "--ids",
-            &ids_arg(&r["greedy"]["prompt_ids"]),
-            "--max-new-tokens",
-            &want.len().to_string(),
-            "--temperature",
-            "0",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
-    let got: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
-    assert_eq!(got, want);
-    assert!(v["text"].is_string());
-    assert_eq!(v["finish_reason"], "length");
+    for name in ["mixtral", "deepseek_v3"] {
+        let r = reference(name);
+        let want: Vec<u64> = r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let out = coli()
+            .args(["generate", "--model"])
+            .arg(fixture(name))
+            .args([
+                "--ids",
+                &ids_arg(&r["greedy"]["prompt_ids"]),
+                "--max-new-tokens",
+                &want.len().to_string(),
+                "--temperature",
+                "0",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        let got: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(got, want, "{name}");
+        assert!(v["text"].is_string());
+        assert_eq!(v["finish_reason"], "length");
+    }
 }
 
 #[test]

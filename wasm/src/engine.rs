@@ -324,7 +324,7 @@ impl Engine {
         let mut st = self.state()?;
         let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         let limit = self.model.cfg.max_positions;
-        st.cx.truncate(common, self.model.cfg.kv_dim());
+        st.cx.truncate(common);
         // Step k feeds the prompt (k = 1) or one token, so k tokens need prompt + k - 1
         // positions: stop cleanly at the context limit instead of failing a step.
         let room = limit - ids.len() + 1;
@@ -363,7 +363,7 @@ impl Engine {
             let logits = match result {
                 Ok(l) => l,
                 Err(e) => {
-                    cx.truncate(before, model.cfg.kv_dim());
+                    cx.truncate(before);
                     return Err(err(e).into());
                 }
             };
