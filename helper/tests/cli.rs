@@ -138,23 +138,26 @@ fn reference_ids(name: &str, text: &str) -> serde_json::Value {
 #[test]
 fn chat_streams_an_answer_per_line_of_input() {
     use std::io::Write;
-    let mut child = coli()
-        .args(["chat", "--model"])
-        .arg(fixture("qwen3_moe"))
-        .args(["--max-new-tokens", "5", "--temperature", "0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"Hello\nAnd again\n/reset\nHello\n/quit\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let answers: Vec<&str> = text.lines().collect();
-    assert_eq!(answers.len(), 3, "{text:?}");
-    // Greedy, and /reset forgot the first exchange: the same question gives the same answer.
-    assert_eq!(answers[0], answers[2]);
+    // deepseek_v3: the second turn reuses the MLA latent cache of the first.
+    for name in ["qwen3_moe", "deepseek_v3"] {
+        let mut child = coli()
+            .args(["chat", "--model"])
+            .arg(fixture(name))
+            .args(["--max-new-tokens", "5", "--temperature", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"Hello\nAnd again\n/reset\nHello\n/quit\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let answers: Vec<&str> = text.lines().collect();
+        assert_eq!(answers.len(), 3, "{name}: {text:?}");
+        // Greedy, and /reset forgot the first exchange: the same question gives the same answer.
+        assert_eq!(answers[0], answers[2], "{name}");
+    }
 }
 
 #[test]
@@ -286,6 +289,9 @@ fn bench_warmup_leaves_the_timed_prefill_on_resident_experts() {
     let (cold, warm) = (bench(false), bench(true));
     assert_eq!(cold["warmup"], false);
     assert_eq!(warm["warmup"], true);
+    // Keys and values of 2 kv heads x 20 dims, in 2 layers, f32.
+    assert_eq!(cold["model"]["kv_cache_bytes_per_token"], 2 * (2 * 20) * 2 * 4);
+    assert_eq!(cold["model"]["attention"], "gqa");
     assert!(cold["prefill"]["hit_rate"]["disk"].as_f64().unwrap() > 0.0, "{cold}");
     assert_eq!(warm["prefill"]["hit_rate"]["disk"].as_f64(), Some(0.0), "{warm}");
     let prefetched = warm["prefill"]["prefetch"]["bytes"].as_u64().unwrap();

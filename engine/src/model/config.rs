@@ -31,7 +31,9 @@ impl Family {
             "qwen2_moe" => Family::Qwen2Moe,
             "qwen3_moe" => Family::Qwen3Moe,
             "olmoe" => Family::Olmoe,
-            "deepseek_v3" => Family::DeepseekV3,
+            // Kimi-K2 ships DeepSeek-V3's architecture under its own name (transformers'
+            // kimi_k25 maps a "kimi_k2" text config to deepseek_v3 the same way).
+            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
             other => return Err(Error::UnknownModelType(other.to_string())),
         })
     }

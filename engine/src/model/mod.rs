@@ -81,11 +81,6 @@ impl Session {
             c.truncate(len);
         }
     }
-
-    /// Bytes the attention caches hold.
-    pub fn cache_bytes(&self) -> usize {
-        self.caches.iter().map(|c| (c.k.len() + c.v.len()) * 4).sum()
-    }
 }
 
 /// Which positions' logits a forward call returns.

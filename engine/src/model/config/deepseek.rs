@@ -156,6 +156,54 @@ mod tests {
         assert!(!c.is_mtp_tensor("model.layers.5.enorm.weight"));
     }
 
+    /// The config.json files of the released models (as published; Kimi-K2 under its own
+    /// model_type): what the engine makes of them at full size.
+    #[test]
+    fn released_configs() {
+        let dsv3 = r#"{"architectures":["DeepseekV3ForCausalLM"],"attention_bias":false,"bos_token_id":0,
+            "eos_token_id":1,"ep_size":1,"first_k_dense_replace":3,"hidden_act":"silu","hidden_size":7168,
+            "intermediate_size":18432,"kv_lora_rank":512,"max_position_embeddings":163840,
+            "model_type":"deepseek_v3","moe_intermediate_size":2048,"moe_layer_freq":1,"n_group":8,
+            "n_routed_experts":256,"n_shared_experts":1,"norm_topk_prob":true,"num_attention_heads":128,
+            "num_experts_per_tok":8,"num_hidden_layers":61,"num_key_value_heads":128,"num_nextn_predict_layers":1,
+            "q_lora_rank":1536,"qk_nope_head_dim":128,"qk_rope_head_dim":64,
+            "quantization_config":{"activation_scheme":"dynamic","fmt":"e4m3","quant_method":"fp8",
+                "weight_block_size":[128,128]},
+            "rms_norm_eps":1e-06,"rope_scaling":{"beta_fast":32,"beta_slow":1,"factor":40,"mscale":1.0,
+                "mscale_all_dim":1.0,"original_max_position_embeddings":4096,"type":"yarn"},
+            "rope_theta":10000,"routed_scaling_factor":2.5,"scoring_func":"sigmoid","seq_aux":true,
+            "tie_word_embeddings":false,"topk_group":4,"topk_method":"noaux_tc","torch_dtype":"bfloat16",
+            "v_head_dim":128,"vocab_size":129280}"#;
+        let mut v: Value = serde_json::from_str(dsv3).unwrap();
+        // The FP8 release is refused in one line; a bf16 conversion of it loads.
+        let e = ModelConfig::from_value(&v).unwrap_err().to_string();
+        assert!(e.contains("quantization_config") && e.contains("fp8"), "{e}");
+        v.as_object_mut().unwrap().remove("quantization_config");
+        let c = ModelConfig::from_value(&v).unwrap();
+        assert_eq!(c.cache_floats_per_layer(), 576, "the MLA cache of DeepSeek-V3");
+        assert_eq!(c.moe_layers.iter().filter(|m| **m).count(), 58);
+        assert_eq!((c.router.n_experts, c.router.top_k, c.router.n_group, c.router.topk_group), (256, 8, 8, 4));
+        assert_eq!((c.head_dim, c.rope.rotary_dim, c.mtp_layers), (192, 64, 1));
+        assert!(c.is_mtp_tensor("model.layers.61.shared_head.head.weight"));
+        let ms = 0.1 * 40f64.ln() + 1.0;
+        assert_eq!(c.attn_scale, (192f64.powf(-0.5) * ms * ms) as f32);
+
+        let kimi = r#"{"model_type":"kimi_k2","hidden_size":7168,"intermediate_size":18432,
+            "moe_intermediate_size":2048,"num_hidden_layers":61,"num_attention_heads":64,"num_key_value_heads":64,
+            "n_shared_experts":1,"n_routed_experts":384,"routed_scaling_factor":2.827,"kv_lora_rank":512,
+            "q_lora_rank":1536,"qk_rope_head_dim":64,"v_head_dim":128,"qk_nope_head_dim":128,
+            "topk_method":"noaux_tc","n_group":1,"topk_group":1,"num_experts_per_tok":8,"moe_layer_freq":1,
+            "first_k_dense_replace":1,"norm_topk_prob":true,"scoring_func":"sigmoid",
+            "max_position_embeddings":131072,"rope_theta":50000.0,"rope_scaling":{"beta_fast":1.0,"beta_slow":1.0,
+            "factor":32.0,"mscale":1.0,"mscale_all_dim":1.0,"original_max_position_embeddings":4096,"type":"yarn"},
+            "vocab_size":163840,"num_nextn_predict_layers":0,"hidden_act":"silu","rms_norm_eps":1e-06}"#;
+        let c = ModelConfig::from_json_bytes(kimi.as_bytes()).unwrap();
+        assert_eq!(c.family, super::super::Family::DeepseekV3);
+        assert_eq!(c.cache_floats_per_layer(), 576);
+        assert_eq!((c.router.n_experts, c.router.n_group, c.router.routed_scaling_factor), (384, 1, 2.827));
+        assert_eq!(c.moe_layers.iter().filter(|m| **m).count(), 60);
+    }
+
     #[test]
     fn deepseek_v3_refuses_what_it_does_not_implement() {
         let cases: &[(&str, serde_json::Value, &str)] = &[
