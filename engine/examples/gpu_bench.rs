@@ -62,7 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let opts = GenerateOptions { max_new_tokens: 64, sampler: SamplerConfig::default(), stop_ids: vec![] };
         let run = |forward: &mut dyn FnMut(&[u32]) -> colibri_engine::Result<Vec<f32>>| -> colibri_engine::Result<(Vec<u32>, f64)> {
             let mut first = None;
-            let (out, _) = generate_with(forward, &[], prompt, &opts, &mut |_| {
+            let (out, _) = generate_with(forward, &[], prompt, model.cfg.max_positions, &opts, &mut |_| {
                 first.get_or_insert_with(Instant::now);
                 true
             })?;

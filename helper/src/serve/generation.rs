@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use colibri_engine::generate::{generate, GenerateOptions, StopReason};
+use colibri_engine::generate::{GenerateOptions, Generator, StopReason};
 use colibri_engine::tokenizer::DecodeStream;
+use colibri_engine::Logits;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
 
 use super::models::ModelEntry;
-use super::stop::StopMatcher;
 use super::Stats;
 use crate::load::Loaded;
 
@@ -170,54 +170,39 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
     let Some(tok) = loaded.tokenizer.as_ref() else {
         return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
-    let mut decode = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
-    let mut matcher = StopMatcher::new(stop);
+    let stream = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
+    let mut gen = match Generator::new(&[], &prompt, loaded.model.cfg.max_positions, &opts) {
+        Ok(g) => g.with_text(stream, stop),
+        Err(e) => return (Some(Event::Error(e.to_string())), false),
+    };
     let mut session = loaded.model.new_session();
     let mut client_gone = false;
     let mut shutting_down = false;
-    let mut hit_stop = false;
-    let mut failed = None;
-    let emit = |text: String, client_gone: &mut bool| {
-        if !text.is_empty() && tx.blocking_send(Event::Text(text)).is_err() {
-            *client_gone = true;
+    let mut result = Ok(());
+    while let Some(ids) = gen.input() {
+        let step = loaded.model.forward(&mut session, ids, Logits::Last).and_then(|l| gen.accept(&l, Some(tok)));
+        if let Err(e) = step {
+            result = Err(e);
+            break;
         }
-    };
-    let result = generate(&loaded.model, &mut session, &prompt, &opts, &mut |id| {
         stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
-        if tx.is_closed() {
+        let text = gen.take_text();
+        if tx.is_closed() || (!text.is_empty() && tx.blocking_send(Event::Text(text)).is_err()) {
             client_gone = true;
-            return false;
-        }
-        if shutdown.load(Ordering::Relaxed) {
+            gen.cancel();
+        } else if shutdown.load(Ordering::Relaxed) && gen.finished().is_none() {
             shutting_down = true;
-            return false;
+            gen.cancel();
         }
-        let piece = match decode.push(tok, id) {
-            Ok(p) => p,
-            Err(e) => {
-                failed = Some(e.to_string());
-                return false;
-            }
-        };
-        let (out, stopped) = matcher.push(&piece);
-        emit(out, &mut client_gone);
-        if stopped {
-            hit_stop = true;
-        }
-        !client_gone && !hit_stop
-    });
+    }
     // A turn boundary, as in `coli chat`: re-pin by use (with hysteresis) and merge the
     // expert uses into the model's usage file, next to what browsers report.
     if let Err(e) = loaded.model.experts.end_turn() {
         eprintln!("coli: warning: re-pinning experts: {e}");
     }
     crate::load::save_usage(&loaded);
-    let (ids, reason) = match result {
-        Ok(v) => v,
-        Err(e) => return (Some(Event::Error(e.to_string())), false),
-    };
-    if let Some(e) = failed {
-        return (Some(Event::Error(e)), false);
+    if let Err(e) = result {
+        return (Some(Event::Error(e.to_string())), false);
     }
     if client_gone {
         return (None, true);
@@ -225,21 +210,9 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
     if shutting_down {
         return (Some(Event::Error("the helper is shutting down".into())), true);
     }
-    if !hit_stop {
-        let tail = decode.finish(tok).unwrap_or_default();
-        let (out, stopped) = matcher.push(&tail);
-        hit_stop = stopped;
-        emit(out, &mut client_gone);
-        if !hit_stop {
-            emit(matcher.finish(), &mut client_gone);
-        }
-    }
-    let finish_reason = match (hit_stop, reason) {
-        (true, _) | (_, StopReason::Stop) => "stop",
+    let finish_reason = match gen.finished() {
+        Some(StopReason::Stop) => "stop",
         _ => "length",
     };
-    if client_gone {
-        return (None, true);
-    }
-    (Some(Event::Done { finish_reason, prompt_tokens: prompt.len(), completion_tokens: ids.len() }), false)
+    (Some(Event::Done { finish_reason, prompt_tokens: prompt.len(), completion_tokens: gen.produced().len() }), false)
 }

@@ -17,7 +17,6 @@ mod openai;
 mod page;
 mod range;
 pub mod security;
-mod stop;
 #[cfg(test)]
 mod tests;
 pub(crate) mod usage;

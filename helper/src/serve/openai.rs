@@ -18,7 +18,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use colibri_engine::generate::GenerateOptions;
+use colibri_engine::generate::{context_room, GenerateOptions, SamplingRequest};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -209,14 +209,13 @@ async fn prepare(
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
             ^ COUNTER.fetch_add(1, Ordering::Relaxed)
     });
-    let sampler = SamplerConfig {
-        temperature: p.temperature.unwrap_or(1.0),
-        top_k: p.top_k.unwrap_or(0),
-        top_p: p.top_p.unwrap_or(1.0),
-        repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
-        seed,
+    let request = SamplingRequest {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        repetition_penalty: p.repetition_penalty,
+        seed: Some(seed),
     };
-    sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
     let requested = p.max_completion_tokens.or(p.max_tokens);
     if requested == Some(0) {
         return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens")));
@@ -228,6 +227,9 @@ async fn prepare(
         }
         EngineError::Busy => ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "busy"),
     })?;
+    // The request, then the model's generation_config.json, then OpenAI's defaults.
+    let sampler = loaded.sampling.resolve(&request, &SamplerConfig { temperature: 1.0, ..SamplerConfig::default() });
+    sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
     let prompt = make_prompt(&loaded)?;
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {
@@ -239,14 +241,13 @@ async fn prepare(
             Some("prompt"),
         ));
     }
-    if prompt.len() >= cfg.max_positions {
+    let Some(room) = context_room(prompt.len(), cfg.max_positions) else {
         return Err(ApiError::invalid(
             format!("the prompt has {} tokens; this model's context is {} tokens", prompt.len(), cfg.max_positions),
             Some("messages"),
         )
         .with_code("context_length_exceeded"));
-    }
-    let room = cfg.max_positions - prompt.len();
+    };
     let max_new_tokens = requested.map_or(DEFAULT_MAX_TOKENS, |r| r.min(usize::MAX as u64) as usize).min(room);
     let admission = engine::admit(&state.engines, &slot).map_err(|_| {
         ApiError::server(

@@ -274,3 +274,29 @@ fn shutdown_cancels_running_generations() {
     }
     assert!(!rest.contains("[DONE]"));
 }
+
+#[test]
+fn the_context_limit_matches_the_engine_loop() {
+    let s = start("context", |_| {});
+    // A 16-position context (the model loads on first use, after this edit).
+    let cfg_path = s.model_dir().join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = json!(16);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let ask = |n: usize| {
+        let ids: Vec<u32> = (0..n as u32).map(|i| 5 + i % 50).collect();
+        let body = json!({"model": MODEL, "prompt": ids, "max_tokens": 10, "temperature": 0, "ignore_eos": true});
+        s.post("/v1/completions", &body.to_string())
+    };
+    // k tokens after a p-token prompt need p + k - 1 positions: 16 - 14 + 1 = 3.
+    for (prompt, want) in [(14, 3), (16, 1)] {
+        let r = ask(prompt);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["usage"]["completion_tokens"], want, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+    let r = ask(17);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+}
