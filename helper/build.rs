@@ -1,5 +1,6 @@
-//! Embeds the web app (web/*) and the built browser engine (web/pkg/*, made by
-//! tools/build-web.sh) into the `coli` binary, so the helper is one file to ship.
+//! Embeds the web app (web/*) and the built browser engine (web/pkg/** and
+//! web/pkg-threads/**, made by tools/build-web.sh) into the `coli` binary, so the helper
+//! is one file to ship.
 //! Files that do not exist yet are simply not embedded; the helper then says how to
 //! build them.
 
@@ -21,24 +22,40 @@ fn content_type(name: &str) -> &'static str {
     }
 }
 
+/// Adds the files of `dir` (and, with `deep`, of its subfolders: wasm-bindgen puts
+/// snippets under snippets/NAME/) as (URL path, content type, absolute path).
+fn add_dir(dir: &Path, prefix: &str, deep: bool, entries: &mut Vec<(String, &'static str, std::path::PathBuf)>) {
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut paths: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    paths.sort();
+    for f in paths {
+        let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if name.starts_with('.') {
+            continue;
+        }
+        if f.is_dir() {
+            if deep {
+                add_dir(&f, &format!("{prefix}{name}/"), true, entries);
+            }
+            continue;
+        }
+        if name.ends_with(".d.ts") || name == "package.json" {
+            continue;
+        }
+        let abs = f.canonicalize().unwrap_or(f.clone());
+        entries.push((format!("{prefix}{name}"), content_type(&name), abs));
+    }
+}
+
 fn main() {
     let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let web = Path::new(&manifest).join("../web");
     println!("cargo:rerun-if-changed={}", web.display());
     let mut entries = Vec::new();
-    for (dir, prefix) in [(web.clone(), ""), (web.join("pkg"), "pkg/")] {
-        println!("cargo:rerun-if-changed={}", dir.display());
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
-        let mut files: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect();
-        files.sort();
-        for f in files {
-            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-            if name.starts_with('.') || name.ends_with(".d.ts") || name == "package.json" {
-                continue;
-            }
-            let abs = f.canonicalize().unwrap_or(f.clone());
-            entries.push((format!("{prefix}{name}"), content_type(&name), abs));
-        }
+    add_dir(&web, "", false, &mut entries);
+    for pkg in ["pkg", "pkg-threads"] {
+        add_dir(&web.join(pkg), &format!("{pkg}/"), true, &mut entries);
     }
     let mut out = String::from("/// (URL path without the leading slash, content type, bytes), embedded at build time.\npub const ASSETS: &[(&str, &str, &[u8])] = &[\n");
     for (path, ctype, abs) in &entries {

@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # colibri's whole test suite:
-#   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen into
-#      web/pkg/), which also proves the engine and its WebGPU backend compile for wasm32
-#      without threads;
-#   2. every crate's unit and integration tests, GPU kernels included (wgpu on Vulkan:
-#      Mesa lavapipe where there is no GPU; a missing adapter is a failure here);
+#   0. style gates: cargo fmt --check and cargo clippy -D warnings (lints allowed only in
+#      Cargo.toml's [workspace.lints], each with its reason);
+#   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen), twice:
+#      web/pkg/ without threads (stable) and web/pkg-threads/ with wasm threads (the
+#      pinned nightly of tools/wasm-threads-toolchain.toml, installed by build-web.sh if
+#      missing), which also proves the engine and its WebGPU backend compile for both;
+#   2. every crate's unit and integration tests; the engine's GPU tests run under the
+#      engine's own `wgpu` feature (wgpu on Vulkan: Mesa lavapipe where there is no GPU;
+#      COLIBRI_REQUIRE_GPU=1 makes a missing adapter a failure, not a skip);
 #   3. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
 #      real `coli serve`, driven by playwright-core.
-# Needs: rustup target wasm32-unknown-unknown, wasm-bindgen-cli (installed by
-# build-web.sh if missing), mesa-vulkan-drivers, chromium, node + `npm ci` in tests/e2e.
+# Needs: rustup components rustfmt and clippy, target wasm32-unknown-unknown,
+# wasm-bindgen-cli (installed by build-web.sh if missing), mesa-vulkan-drivers, chromium,
+# node + `npm ci` in tests/e2e.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== style: cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== browser engine (wasm32)"
 ./tools/build-web.sh
 
-echo "== cargo tests"
 # NODEVICE_SELECT: Mesa's device-select layer warns about XDG_RUNTIME_DIR without a display.
-COLIBRI_REQUIRE_GPU=1 NODEVICE_SELECT=1 cargo test --workspace --locked
+export COLIBRI_REQUIRE_GPU=1 NODEVICE_SELECT=1
+echo "== cargo tests: the engine with its wgpu feature (GPU kernels and fixtures on wgpu)"
+cargo test -p colibri-engine --features wgpu --locked
+echo "== cargo tests: helper and wasm crates (the helper's --backend wgpu included)"
+cargo test --workspace --exclude colibri-engine --locked
 
 echo "== browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then

@@ -243,10 +243,11 @@ function backendTitle(s) {
   const ms = (x) => `${x.toFixed(1)} ms`;
   const measured = s.auto ? ` One decode step took ${ms(s.auto.webgpuMs)} on WebGPU and ${ms(s.auto.cpuMs)} on the CPU backend.` : "";
   if (s.backend === "webgpu") return `The model runs on WebGPU (${s.adapter || "GPU"}).${measured}`;
-  if (!navigator.gpu) return "No WebGPU in this browser: colibri runs the model on its WebAssembly CPU backend.";
+  const threads = s.threads > 1 ? ` It computes on ${s.threads} threads.` : ` It computes on one thread${s.threadsReason ? ` (${s.threadsReason})` : ""}.`;
+  if (!navigator.gpu) return `No WebGPU in this browser: colibri runs the model on its WebAssembly CPU backend.${threads}`;
   return s.auto
-    ? `This browser has WebGPU, but the WebAssembly CPU backend is faster for this model here, so the model runs there.${measured}`
-    : "This browser has WebGPU, but no WebGPU device could be opened: the model runs on the WebAssembly CPU backend.";
+    ? `This browser has WebGPU, but the WebAssembly CPU backend is faster for this model here, so the model runs there.${measured}${threads}`
+    : `This browser has WebGPU, but no WebGPU device could be opened: the model runs on the WebAssembly CPU backend.${threads}`;
 }
 
 function webgpuNotice() {

@@ -3,9 +3,16 @@
 // {id, event: "token"|"progress"|"route", ...} and a fresh {event: "stats"} after each
 // operation and each generated token. Operations run one at a time, in arrival order;
 // "cancel" and "storage" are answered at once.
-import init, { Engine } from "./pkg/colibri_wasm.js";
+//
+// Two builds of the engine (tools/build-web.sh): pkg-threads/ runs the CPU kernels on a
+// pool of Web Workers sharing the wasm memory, which needs a SharedArrayBuffer, which the
+// browser grants only where the page is cross-origin isolated (the helper's own pages
+// are); pkg/ runs on this worker alone, anywhere. Both give the same bits.
 
+let wasm = null; // the loaded build's module: {Engine, initThreadPool?}
 let engine = null;
+// How many CPU threads the engine runs on, and why that many (stats().threadsReason).
+let threadsReason = null;
 let helper = null;
 let modelId = null;
 const cancelled = new Set();
@@ -14,7 +21,47 @@ const unreported = new Map();
 
 const post = (m, transfer) => self.postMessage(m, transfer || []);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const stats = () => (engine ? JSON.parse(engine.stats()) : null);
+const stats = () => (engine ? { ...JSON.parse(engine.stats()), threadsReason } : null);
+
+/** Most threads a default pool gets: decode reads every weight once per token, so past a
+ * few cores memory bandwidth, not compute, sets the speed, and each worker costs memory. */
+const MAX_DEFAULT_THREADS = 8;
+
+/** {threads, reason}: what `load({threads})` asked for (default: the logical cores,
+ * capped), and what this page allows. */
+function planThreads(asked) {
+  const cores = Math.max(1, Math.floor(self.navigator?.hardwareConcurrency || 1));
+  let n;
+  let reason;
+  if (asked !== undefined && asked !== null) {
+    if (!Number.isInteger(asked) || asked < 1) throw new Error(`threads must be a whole number >= 1, got ${asked}`);
+    n = asked;
+    reason = `load({threads: ${asked}})`;
+  } else {
+    n = Math.min(cores, MAX_DEFAULT_THREADS);
+    reason = `default: navigator.hardwareConcurrency ${cores}` + (cores > MAX_DEFAULT_THREADS ? `, capped at ${MAX_DEFAULT_THREADS}` : "");
+  }
+  if (n > 1 && !self.crossOriginIsolated) return { threads: 1, reason: "page not cross-origin isolated (no shared memory for worker threads)" };
+  return { threads: n, reason };
+}
+
+/** Loads the engine build for `plan` (the threaded one with its pool started, or the
+ * one-thread one); a threaded build that fails to start falls back to one thread. */
+async function loadWasm(plan) {
+  if (plan.threads > 1) {
+    try {
+      const m = await import("./pkg-threads/colibri_wasm.js");
+      await m.default();
+      await m.initThreadPool(plan.threads);
+      return { m, reason: plan.reason };
+    } catch (e) {
+      plan = { threads: 1, reason: `threaded engine unavailable: ${e && e.message ? e.message : e}` };
+    }
+  }
+  const m = await import("./pkg/colibri_wasm.js");
+  await m.default();
+  return { m, reason: plan.reason };
+}
 
 // Moves the engine's usage counts since the last call into `unreported` and returns
 // them as [[layer, expert, n], ...] (what the Brain view draws).
@@ -94,11 +141,18 @@ async function generate(id, ids, opts) {
 
 const ops = {
   async load({ helperUrl, model, options }) {
-    await init();
+    const { threads, ...engineOptions } = options || {};
+    // One build per worker: a second load reuses it (a thread pool starts only once).
+    if (!wasm) {
+      const got = await loadWasm(planThreads(threads));
+      wasm = got.m;
+      threadsReason = got.reason;
+    }
+    const { Engine } = wasm;
     helper = helperUrl.replace(/\/$/, "");
     modelId = model;
     const onProgress = (p) => post({ event: "progress", progress: p });
-    engine = await Engine.load(`${helper}/models/${encodeURIComponent(model)}/`, options || {}, onProgress);
+    engine = await Engine.load(`${helper}/models/${encodeURIComponent(model)}/`, engineOptions, onProgress);
     return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize() };
   },
   async logits({ ids }) {
@@ -125,7 +179,7 @@ const ops = {
     return typeof engine.expertTiers === "function" ? engine.expertTiers() : null;
   },
   async storage() {
-    return JSON.parse(await Engine.storageEstimate());
+    return JSON.parse(await wasm.Engine.storageEstimate());
   },
 };
 

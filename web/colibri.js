@@ -5,7 +5,7 @@
 //   await engine.generate({ ids: [5, 17, 3], maxNewTokens: 16, temperature: 0 }); // {ids, text}
 //   await engine.logits({ ids: [5, 17, 3] });                                        // Float32Array
 //   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
-//   engine.stats(); // {backend, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper}, bytesFetched, ...}
+//   engine.stats(); // {backend, threads, threadsReason, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper}, bytesFetched, ...}
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
 //   engine.addEventListener("stats", (e) => e.detail);         // fresh stats after every token
 //   await engine.expertTiers();  // Uint8Array [layers * experts]: 0 helper, 1 disk, 2 RAM, 3 GPU
@@ -206,16 +206,21 @@ function finishReason(r, req) {
  * Loads a model served by a colibri helper.
  * options: {model = "demo", backend = "auto" | "webgpu" | "cpu", helper (default: this
  * module's origin), onProgress({phase, loaded, total}), ramBytes, disk = true,
- * storage = "auto" | "opfs" | "indexeddb" (auto: OPFS where the browser has it)}
+ * storage = "auto" | "opfs" | "indexeddb" (auto: OPFS where the browser has it),
+ * threads (CPU threads of the wasm backend; default navigator.hardwareConcurrency, at most
+ * 8)}
+ * threads: more than one needs a cross-origin isolated page (the helper's own pages are;
+ * another site needs COOP same-origin + COEP require-corp); elsewhere the engine runs on
+ * one thread. stats().threads says how many it got, stats().threadsReason why.
  * backend: "webgpu" fails if the browser has no usable WebGPU; "auto" uses WebGPU when
  * the browser has it and one decode step measures faster on it than on the CPU backend
  * (stats().auto holds the two timings); both backends produce the same tokens.
  */
-export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk, storage } = {}) {
+export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk, storage, threads } = {}) {
   if (!["auto", "webgpu", "cpu"].includes(backend)) throw new Error(`unknown backend ${backend}`);
   const helperUrl = helper || HERE.origin;
   const engine = new Engine(makeWorker(), onProgress);
   engine.model = model;
-  await engine._load(helperUrl, model, { ramBytes, disk, storage, backend });
+  await engine._load(helperUrl, model, { ramBytes, disk, storage, backend, threads });
   return engine;
 }

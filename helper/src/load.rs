@@ -68,14 +68,6 @@ pub struct CacheSetup {
 /// Smallest budget the automatic choice goes down to.
 const AUTO_RAM_FLOOR: u64 = 256 << 20;
 
-/// MemAvailable of /proc/meminfo in bytes (None where there is no such file).
-pub fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// The automatic budget: half of the available memory minus the dense weights (which are
 /// mapped and will be resident), at least `AUTO_RAM_FLOOR`, at most every expert.
 pub fn auto_ram(available: Option<u64>, dense: u64, experts: u64) -> (u64, String) {
@@ -135,7 +127,7 @@ fn cache_options(
         Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
         Some(b) => (Some(b), "--ram".to_string()),
         None => {
-            let (b, note) = auto_ram(mem_available(), dense, experts);
+            let (b, note) = auto_ram(crate::sysinfo::meminfo("MemAvailable"), dense, experts);
             (Some(b), note)
         }
     };

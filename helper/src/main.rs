@@ -4,7 +4,7 @@
 //! Layers, each importing only from those below it: main.rs (the command enum) ->
 //! commands/ (one module per command) -> serve/ (the HTTP server) -> load.rs and
 //! backend.rs (opening a model, the CPU/GPU forward) -> usage_store.rs (the usage file),
-//! flags.rs (flag types shared by commands) and paths.rs.
+//! flags.rs (flag types shared by commands), sysinfo.rs (/proc/meminfo) and paths.rs.
 
 mod backend;
 mod commands;
@@ -12,12 +12,15 @@ mod flags;
 mod load;
 mod paths;
 mod serve;
+mod sysinfo;
 mod usage_store;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use commands::{bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, logits, service, synth};
+use commands::{
+    bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, list, logits, service, synth,
+};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "colibri: Mixture-of-Experts models on your own machine")]
@@ -38,6 +41,10 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Architecture, size and quantization of a model directory.
     Info(info::InfoArgs),
+    /// The installed models (in $COLI_HOME): id, family, quantization, sizes, directory.
+    List(list::ListArgs),
+    /// Delete an installed model.
+    Rm(list::RmArgs),
     /// Check this machine and (optionally) a model directory.
     Doctor(doctor::DoctorArgs),
     /// The localhost helper: model files over HTTP Range, the web app, the OpenAI API.
@@ -77,6 +84,8 @@ fn main() -> ExitCode {
         Command::Convert(a) => convert::convert(a),
         Command::Info(a) => info::info(a),
         Command::Doctor(a) => doctor::doctor(a),
+        Command::List(a) => list::list(a),
+        Command::Rm(a) => list::rm(a),
         Command::Serve(a) => commands::serve::serve(a, false),
         Command::Web(a) => commands::serve::serve(a, true),
         Command::Service(a) => service::run(a),

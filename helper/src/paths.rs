@@ -2,8 +2,10 @@
 //!
 //! Data directory (XDG base directories): `$XDG_DATA_HOME/colibri`, else
 //! `~/.local/share/colibri` (on macOS `~/Library/Application Support/colibri`).
-//! Installed models are its `models/` subdirectories: each one with a `config.json` is a
-//! model whose id is the directory name.
+//! Installed models live in the models directory, `$COLI_HOME` when set, else the data
+//! directory's `models/`. A subdirectory with a `config.json` is a model whose id is its
+//! name (`demo`); one without holds the models of one hub owner, `owner/name` (what
+//! `coli pull owner/name` installs).
 
 use std::path::{Path, PathBuf};
 
@@ -36,8 +38,11 @@ pub fn config_home() -> Option<PathBuf> {
     }
 }
 
-/// Default directory of installed models.
+/// The directory of installed models: `$COLI_HOME`, else `<data dir>/models`.
 pub fn models_dir() -> Option<PathBuf> {
+    if let Some(h) = std::env::var_os("COLI_HOME").filter(|h| !h.is_empty()).map(PathBuf::from) {
+        return Some(std::path::absolute(&h).unwrap_or(h));
+    }
     data_dir().map(|d| d.join("models"))
 }
 
@@ -48,17 +53,51 @@ pub fn builtin_demo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo")
 }
 
-/// A model id: a directory name of letters, digits, `.`, `_` and `-`, not starting with
-/// a dot (so never `.` or `..`), at most 128 bytes.
-pub fn is_valid_model_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && !id.starts_with('.')
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+/// One part of a model id: a directory name of letters, digits, `.`, `_` and `-`, not
+/// starting with a dot (so never `.` or `..`), at most 128 bytes.
+fn is_valid_id_part(part: &str) -> bool {
+    !part.is_empty()
+        && part.len() <= 128
+        && !part.starts_with('.')
+        && part.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// What `--model` names: an existing directory, else the id of an installed model in
-/// `models_dir` (default [`models_dir`]), else `demo` for the built-in demo model.
+/// A model id: `name` or `owner/name` (a hub repository), each part a plain directory name.
+pub fn is_valid_model_id(id: &str) -> bool {
+    match id.split_once('/') {
+        None => is_valid_id_part(id),
+        Some((owner, name)) => is_valid_id_part(owner) && is_valid_id_part(name),
+    }
+}
+
+/// Every model installed in `dir` as (id, directory), sorted by id: subdirectories with a
+/// `config.json`, and one level further down for `owner/name` ids.
+pub fn installed_models(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let names = |d: &Path| -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(d) else { return Vec::new() };
+        rd.flatten().filter_map(|e| e.file_name().to_str().map(str::to_owned)).filter(|n| is_valid_id_part(n)).collect()
+    };
+    for owner in names(dir) {
+        let p = dir.join(&owner);
+        if p.join("config.json").is_file() {
+            out.push((owner, p));
+        } else if p.is_dir() {
+            for name in names(&p) {
+                let q = p.join(&name);
+                if q.join("config.json").is_file() {
+                    out.push((format!("{owner}/{name}"), q));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What `--model` names, for every command: an existing directory, else the id of an
+/// installed model in `models_dir` (default [`models_dir`]), else `demo` for the built-in
+/// demo model.
 pub fn resolve_model(arg: &Path, models_dir: Option<&Path>) -> Result<PathBuf> {
     if arg.exists() {
         return Ok(arg.to_path_buf());
@@ -90,7 +129,8 @@ mod tests {
         for ok in ["demo", "qwen3_moe", "Mixtral-8x7B-v0.1", "a.b"] {
             assert!(is_valid_model_id(ok), "{ok}");
         }
-        for bad in ["", ".", "..", ".hidden", "a/b", "a\\b", "a b", "%2e%2e", "é"] {
+        assert!(is_valid_model_id("allenai/OLMoE-1B-7B-0924"));
+        for bad in ["", ".", "..", ".hidden", "a/b/c", "/a", "a/", "a/..", "../a", "a\\b", "a b", "%2e%2e", "é"] {
             assert!(!is_valid_model_id(bad), "{bad}");
         }
     }

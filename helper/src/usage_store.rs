@@ -26,7 +26,7 @@ pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf
     let local = root.join("usage.json");
     let writable = OpenOptions::new().create(true).append(true).open(root.join("usage.json.lock")).is_ok();
     match fallback_dir {
-        Some(d) if !writable => d.join(format!("{id}.json")),
+        Some(d) if !writable => d.join(format!("{}.json", id.replace('/', "--"))),
         _ => local,
     }
 }

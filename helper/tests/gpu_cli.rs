@@ -129,3 +129,31 @@ fn wgpu_backend_on_converted_quantized_models_streaming_experts() {
         let _ = std::fs::remove_dir_all(&dst);
     }
 }
+
+/// `coli generate --backend wgpu` on a converted model records its expert use in the usage
+/// file as the CPU path does: the same tokens route to the same experts, so the counts match.
+#[test]
+fn wgpu_backend_records_expert_usage_like_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let dst = std::env::temp_dir().join(format!("coli-gpu-usage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    ok(
+        coli().arg("convert").arg(fixture("olmoe")).arg("-o").arg(&dst).args(["--quant", "int4"]).output().unwrap(),
+        "convert",
+    );
+    let usage = |backend: &str| -> serde_json::Value {
+        let _ = std::fs::remove_file(dst.join("usage.json"));
+        generated_ids(&dst, backend, &[]);
+        let bytes = std::fs::read(dst.join("usage.json"))
+            .unwrap_or_else(|e| panic!("--backend {backend} wrote no usage file: {e}"));
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    let cpu = usage("cpu");
+    let gpu = usage("wgpu");
+    assert!(cpu["total"].as_u64().unwrap() > 0, "{cpu}");
+    assert_eq!(gpu["total"], cpu["total"]);
+    assert_eq!(gpu["counts"], cpu["counts"]);
+    let _ = std::fs::remove_dir_all(&dst);
+}

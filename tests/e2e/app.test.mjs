@@ -360,6 +360,11 @@ test("without WebGPU the page says that the model runs on the CPU backend", asyn
   assert.match(text, /No WebGPU/);
   assert.match(text, /CPU backend/);
   assert.equal(await page.textContent("#backend"), "CPU · wasm");
+  // The chat page is cross-origin isolated, so the CPU backend gets a thread per core (at most 8).
+  const { isolated, cores } = await page.evaluate(() => ({ isolated: self.crossOriginIsolated, cores: navigator.hardwareConcurrency }));
+  assert.equal(isolated, true);
+  const title = await page.getAttribute("#backend", "title");
+  assert.match(title, cores > 1 ? new RegExp(`computes on ${Math.min(cores, 8)} threads`) : /computes on one thread/);
   await page.screenshot({ path: join(ARTIFACTS, "app-no-webgpu.png") });
   await page.close();
 });

@@ -4,6 +4,10 @@
 // per measurement and a summary. Not a test (timings are reported, never asserted).
 //
 //   COLI=target/release/coli node tests/e2e/bench.mjs [--model demo] [--tokens 64] [--runs 3]
+//     [--threads 1,2] [--backends cpu,webgpu] [--native cpu,wgpu] [--models-dir DIR] [--ids 5,17,3]
+//
+// --threads: the browser CPU backend once per thread count (load({threads})); the
+// helper's pages are cross-origin isolated, so more than one runs the threaded build.
 //
 // Headless Chromium's WebGPU is SwiftShader and native wgpu here is lavapipe: both
 // emulate a GPU on the CPU, so their speeds say nothing about a real GPU.
@@ -20,6 +24,9 @@ const MODEL = arg("model", "demo");
 const TOKENS = Number(arg("tokens", 64));
 const RUNS = Number(arg("runs", 3));
 const MODELS_DIR = arg("models-dir", join(ROOT, "models"));
+const THREADS = arg("threads", "").split(",").filter(Boolean).map(Number);
+const BACKENDS = arg("backends", "cpu,webgpu").split(",");
+const NATIVE = arg("native", "cpu,wgpu").split(",").filter(Boolean);
 const PROMPT_TEXT = "Tell me a short story about a fox who finds a lantern in the forest.";
 
 const sh = (cmd, args) => {
@@ -48,17 +55,19 @@ const emit = (r) => {
 };
 
 const modelArg = MODEL === "demo" ? "demo" : join(MODELS_DIR, MODEL);
-const promptIds = JSON.parse(coli(["generate", "--model", modelArg, "--prompt", PROMPT_TEXT, "--max-new-tokens", "1", "--json"])).prompt_ids;
+// --ids 5,17,3: a prompt of token ids (a synthetic model's tokenizer has no real words).
+const promptIds = arg("ids", null) ? arg("ids").split(",").map(Number) : JSON.parse(coli(["generate", "--model", modelArg, "--prompt", PROMPT_TEXT, "--max-new-tokens", "1", "--json"])).prompt_ids;
+
+// The tokens every run must reproduce: the native CPU path's.
+const reference = JSON.parse(coli(["generate", "--model", modelArg, "--ids", promptIds.join(","), "--max-new-tokens", String(TOKENS), "--ignore-eos", "--json"])).ids;
 
 // Native: the median of RUNS processes (the model is in the page cache after the first).
-let reference = null;
-for (const backend of ["cpu", "wgpu"]) {
+for (const backend of NATIVE) {
   const runs = [];
   for (let i = 0; i < RUNS; i++) {
     const out = coli(["generate", "--model", modelArg, "--backend", backend, "--ids", promptIds.join(","), "--max-new-tokens", String(TOKENS), "--ignore-eos", "--json"], { env: { ...process.env, NODEVICE_SELECT: "1" } });
     runs.push(JSON.parse(out));
   }
-  reference ||= runs[0].ids;
   emit({
     where: "native",
     backend,
@@ -70,7 +79,8 @@ for (const backend of ["cpu", "wgpu"]) {
 
 const helper = await startHelper({ modelsDir: MODELS_DIR, port: await freePort() });
 try {
-  for (const backend of ["cpu", "webgpu"]) {
+  const configs = BACKENDS.flatMap((backend) => (backend === "cpu" && THREADS.length ? THREADS.map((threads) => ({ backend, threads })) : [{ backend }]));
+  for (const { backend, threads } of configs) {
     // A fresh profile: the first load fetches experts from the helper (cold); a reload
     // in the same profile reads them from OPFS (warm).
     const browser = await launchBrowser();
@@ -79,23 +89,25 @@ try {
       for (const cache of ["cold", "warm"]) {
         await page.goto(`${helper.url}/health`);
         const r = await page.evaluate(
-          async ({ model, ids, n, backend }) => {
+          async ({ model, ids, n, backend, threads }) => {
             const { load } = await import("/colibri.js");
             const t0 = performance.now();
-            const engine = await load({ model, backend });
+            const engine = await load({ model, backend, threads });
             const loadMs = performance.now() - t0;
             const g = await engine.generate({ ids, maxNewTokens: n, temperature: 0, ignoreEos: true });
             const s = engine.stats();
             engine.terminate?.();
             return { ids: g.ids, stats: s, loadMs };
           },
-          { model: MODEL, ids: promptIds, n: TOKENS, backend },
+          { model: MODEL, ids: promptIds, n: TOKENS, backend, threads },
         );
         const s = r.stats;
         emit({
           where: "browser",
           backend: s.backend,
           adapter: s.adapter,
+          threads: s.threads,
+          threads_reason: s.threadsReason,
           cache,
           decode_tokens_per_second: s.tokensPerSecond,
           ttft_ms: s.ttftMs,

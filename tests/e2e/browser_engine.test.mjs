@@ -6,11 +6,15 @@ import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
 import { coli, convertedFixture, freePort, startHelper, launchBrowser, copyDir, generateInPage, ARTIFACTS } from "./harness.mjs";
+import { startPageServer } from "./servers.mjs";
 
 const MODEL = "qwen3_moe";
 const PROMPT = [5, 17, 3, 42, 7, 99, 120, 250];
 const NEW = 12;
-let fx, port, helper, nativeIds, nativeLogits;
+// Pages of another origin that use the helper's engine: one plain (a widget host; not
+// cross-origin isolated) and one that isolates itself (COOP + COEP).
+const ISOLATING = { "Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp" };
+let fx, port, helper, nativeIds, nativeLogits, plainSite, isolatedSite;
 
 before(async () => {
   mkdirSync(ARTIFACTS, { recursive: true });
@@ -20,12 +24,16 @@ before(async () => {
   const out = join(tmpdir(), `colibri-e2e-logits-${process.pid}.f32`);
   coli(["logits", "--model", fx.path, "--ids", PROMPT.join(","), "--out", out]);
   nativeLogits = new Float32Array(readFileSync(out).buffer.slice(0));
+  plainSite = await startPageServer({ "/": "<!doctype html><title>plain</title>" });
+  isolatedSite = await startPageServer({ "/": "<!doctype html><title>isolated</title>" }, { headers: ISOLATING });
   port = await freePort();
-  helper = await startHelper({ modelsDir: fx.modelsDir, port });
+  helper = await startHelper({ modelsDir: fx.modelsDir, port, extra: ["--allow-origin", plainSite.origin, "--allow-origin", isolatedSite.origin] });
 });
 
 after(async () => {
   if (helper) await helper.stop();
+  if (plainSite) await plainSite.stop();
+  if (isolatedSite) await isolatedSite.stop();
   if (fx) fx.cleanup();
 });
 
@@ -55,6 +63,49 @@ test("the browser engine gives the native CPU path's tokens and logits bit for b
     assert.equal(again.stats.tiers.helper, 0);
     assert.ok(again.stats.tiers.disk > 0, "experts should come from OPFS after a reload");
     writeFileSync(join(ARTIFACTS, "browser-engine-stats.json"), JSON.stringify({ first: first.stats, reload: again.stats }, null, 2));
+  } finally {
+    await browser.close();
+  }
+});
+
+const sameBits = (r, what) => {
+  assert.deepEqual(r.ids, nativeIds, `${what}: greedy tokens differ from coli generate`);
+  const want = Array.from(new Uint32Array(nativeLogits.buffer));
+  assert.equal(r.logitsBits.length, want.length);
+  const diff = r.logitsBits.findIndex((b, i) => b !== want[i]);
+  assert.equal(diff, -1, `${what}: logit ${diff} differs from coli logits`);
+};
+
+test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that is not isolated) gives the native bits", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    // The helper's own document is cross-origin isolated: the threaded build, a pool of 2.
+    const own = await runInPage(page, helper.url, { logits: true, threads: 2 });
+    assert.equal(own.isolated, true, "the helper's pages must be cross-origin isolated");
+    assert.equal(own.stats.threads, 2, JSON.stringify(own.stats));
+    assert.match(own.stats.threadsReason, /threads: 2/);
+    sameBits(own, "helper page, 2 threads");
+    // More threads than this machine's cores, as asked: still the same bits.
+    const three = await runInPage(page, helper.url, { logits: true, threads: 3 });
+    assert.equal(three.stats.threads, 3, JSON.stringify(three.stats));
+    sameBits(three, "helper page, 3 threads");
+    // Asked for one thread: the one-thread build.
+    const one = await runInPage(page, helper.url, { logits: true, threads: 1 });
+    assert.equal(one.stats.threads, 1);
+    sameBits(one, "helper page, 1 thread");
+    // A page of another origin that is not isolated (the widget's case): one thread, and why.
+    const plain = await runInPage(page, helper.url, { logits: true, threads: 2, pageUrl: `${plainSite.url}/` });
+    assert.equal(plain.isolated, false);
+    assert.equal(plain.stats.threads, 1, JSON.stringify(plain.stats));
+    assert.match(plain.stats.threadsReason, /not cross-origin isolated/);
+    sameBits(plain, "page not isolated, 1 thread");
+    // A page of another origin that isolates itself: the pool's workers start from the
+    // helper's scripts there too (CORS + CORP), 2 threads.
+    const iso = await runInPage(page, helper.url, { logits: true, threads: 2, pageUrl: `${isolatedSite.url}/` });
+    assert.equal(iso.isolated, true);
+    assert.equal(iso.stats.threads, 2, JSON.stringify(iso.stats));
+    sameBits(iso, "isolated page of another origin, 2 threads");
   } finally {
     await browser.close();
   }

@@ -24,8 +24,9 @@ function listen(server, port) {
   });
 }
 
-/** Serves `pages` ({"/path": html}; more with setPage) on a free loopback port: pages of another origin. */
-export async function startPageServer(pages = {}, { host = "localhost" } = {}) {
+/** Serves `pages` ({"/path": html}; more with setPage) on a free loopback port: pages of
+ * another origin. `headers` go on every page (e.g. COOP/COEP to make them cross-origin isolated). */
+export async function startPageServer(pages = {}, { host = "localhost", headers = {} } = {}) {
   const port = await freePort();
   const server = http.createServer((req, res) => {
     const body = pages[new URL(req.url, "http://x").pathname];
@@ -33,7 +34,7 @@ export async function startPageServer(pages = {}, { host = "localhost" } = {}) {
       res.writeHead(404, { "Content-Type": "text/plain" }).end("not found\n");
       return;
     }
-    res.writeHead(200, { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store" }).end(body);
+    res.writeHead(200, { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store", ...headers }).end(body);
   });
   await listen(server, port);
   return {
@@ -95,7 +96,9 @@ export async function startWebFront(helperUrl) {
     }
     try {
       const body = await readFile(join(web, rel));
-      res.writeHead(200, { "Content-Type": TYPES[extname(rel)], "Cache-Control": "no-store", ...cors }).end(req.method === "HEAD" ? undefined : body);
+      // The helper's cross-origin isolation headers (helper/src/serve/isolation.rs), so pages keep their threads.
+      const isolation = { "Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp", "Cross-Origin-Resource-Policy": "cross-origin" };
+      res.writeHead(200, { "Content-Type": TYPES[extname(rel)], "Cache-Control": "no-store", ...isolation, ...cors }).end(req.method === "HEAD" ? undefined : body);
     } catch (_) {
       res.writeHead(404, { "Content-Type": "text/plain", ...cors }).end("not found\n");
     }

@@ -59,8 +59,10 @@ pub struct BrowserSource {
     pub stats: RefCell<TierStats>,
 }
 
-// SAFETY: colibri-wasm is built without threads; the engine's Send + Sync bounds exist
-// for the native build. Nothing here is ever touched from another thread.
+// SAFETY: the engine's Send + Sync bounds exist for the native build. In the browser this
+// source is only touched from the engine's worker: the threaded build (feature `threads`)
+// hands the pool's workers weight bytes and activations inside a kernel, never an expert
+// source (experts are fetched before the kernels run), and JS objects cannot cross anyway.
 unsafe impl Send for BrowserSource {}
 unsafe impl Sync for BrowserSource {}
 
@@ -188,9 +190,11 @@ impl BrowserSource {
                 // Match by containment: a server or CDN may merge adjacent ranges into one part.
                 let part = parts.iter().find_map(|p| {
                     let start = off.checked_sub(p.offset)? as usize;
-                    p.data
-                        .get(start..start + len)
-                        .map(|data| crate::multipart::Part { offset: off, data: data.to_vec() })
+                    p.data.get(start..start + len).map(|data| colibri_engine::format::byteranges::Part {
+                        offset: off,
+                        data: data.to_vec(),
+                        complete: p.complete,
+                    })
                 });
                 let part = part.as_ref();
                 let ok = match (part, self.slots.get(&off)) {

@@ -90,17 +90,6 @@ struct State {
     cx: Context,
     gen: Option<Generator>,
     perf: Perf,
-    /// (layer, expert) -> positions routed since the last take_usage().
-    usage: Vec<Vec<u64>>,
-}
-
-impl State {
-    fn count_use(usage: &mut [Vec<u64>], loads: &mut u64, l: usize, e: usize, n: usize) {
-        *loads += 1;
-        if let Some(u) = usage.get_mut(l).and_then(|u| u.get_mut(e)) {
-            *u += n as u64;
-        }
-    }
 }
 
 #[wasm_bindgen]
@@ -246,8 +235,7 @@ impl Engine {
             },
         };
         report(&on_progress, "ready", total as f64, total as f64);
-        let usage = model.cfg.moe_layers.iter().map(|_| vec![0; model.cfg.router.n_experts]).collect();
-        let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default(), usage };
+        let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default() };
         Ok(Engine {
             model,
             tok: Rc::new(tok),
@@ -286,11 +274,9 @@ impl Engine {
         future_to_promise(async move {
             let mut st = borrow(&state)?;
             let mut cx = backend.new_context(&model);
-            let State { usage, perf, .. } = &mut *st;
+            let loads = &mut st.perf.expert_loads;
             let out = backend
-                .forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut |l, e, n| {
-                    State::count_use(usage, &mut perf.expert_loads, l, e, n)
-                })
+                .forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut |_, _, _| *loads += 1)
                 .await
                 .map_err(err)?;
             Ok(js_sys::Float32Array::from(&out[..]).into())
@@ -355,17 +341,14 @@ impl Engine {
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
-            let State { cx, gen, perf, usage } = &mut *st;
+            let State { cx, gen, perf } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
             let Some(input) = g.input() else { return Ok((-1).into()) };
             let before = cx.tokens().len();
             let t0 = now_ms();
             let loads = &mut perf.expert_loads;
-            let result = backend
-                .forward_tiered(&model, &tiers, cx, input, Logits::Last, &mut |l, e, n| {
-                    State::count_use(usage, loads, l, e, n)
-                })
-                .await;
+            let result =
+                backend.forward_tiered(&model, &tiers, cx, input, Logits::Last, &mut |_, _, _| *loads += 1).await;
             let logits = match result {
                 Ok(l) => l,
                 Err(e) => {
@@ -399,16 +382,9 @@ impl Engine {
     /// Expert-use counts since the last call, as JSON [[layer, expert, count], ...].
     #[wasm_bindgen(js_name = takeUsage)]
     pub fn take_usage(&self) -> Result<String, JsError> {
-        let mut out = Vec::new();
-        for (l, row) in self.state()?.usage.iter_mut().enumerate() {
-            for (e, c) in row.iter_mut().enumerate() {
-                if *c > 0 {
-                    out.push([l as u64, e as u64, *c]);
-                    *c = 0;
-                }
-            }
-        }
-        serde_json::to_string(&out).map_err(err)
+        // The expert source counts every use on either backend (one channel, as natively).
+        let _idle = self.state()?;
+        serde_json::to_string(&self.model.experts.take_usage()).map_err(err)
     }
 
     /// Where each expert lives now, one byte per (layer, expert), layer-major over all
@@ -455,6 +431,8 @@ impl Engine {
         let ahead = self.backend.lookahead();
         Ok(serde_json::json!({
             "backend": self.backend.name(),
+            // CPU kernel threads: the pool's workers in the threaded build, else 1.
+            "threads": colibri_engine::kernels::threads(),
             "adapter": self.backend.adapter(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },

@@ -2,8 +2,6 @@
 //! over colibri-engine (CPU or WebGPU backend), plus the browser I/O: fetch and HTTP Range from the helper,
 //! and the persistent OPFS expert tier. Errors cross into JavaScript as `JsError`.
 
-pub mod multipart;
-
 #[cfg(target_arch = "wasm32")]
 mod backend;
 #[cfg(target_arch = "wasm32")]
@@ -21,3 +19,9 @@ mod opfs;
 
 #[cfg(target_arch = "wasm32")]
 pub use engine::Engine;
+
+/// Starts the engine's CPU thread pool on `n` Web Workers sharing this module's memory
+/// (JavaScript: `await initThreadPool(n)`, once, before the engine computes). Only in the
+/// threaded build (feature `threads`); without a pool the kernels run on the calling thread.
+#[cfg(all(target_arch = "wasm32", feature = "threads"))]
+pub use wasm_bindgen_rayon::init_thread_pool;

@@ -4,6 +4,7 @@
 //! and the tensor table ([`tensors`]) of Hugging Face safetensors checkpoints and of a
 //! container's dense region. Parsing here never touches the file system.
 
+pub mod byteranges;
 pub mod manifest;
 pub mod quant;
 pub mod tensors;

@@ -413,6 +413,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
                             continue;
                         }
                         on_use(l, e, list.len());
+                        // The source counts uses for the usage file, as MoeBlock::forward does.
+                        self.m().experts.note_use(l, e, list.len());
                         let expert = {
                             let mut pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
                             pool.get(ctx, l, e, || self.m().experts.expert(l, e))?

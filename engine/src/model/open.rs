@@ -65,8 +65,8 @@ mod native {
     /// open and of the size the manifest says) or a Hugging Face checkpoint (config.json
     /// parsed; the safetensors are mapped by [`ModelDir::load`]).
     pub enum ModelDir {
-        Container { dir: PathBuf, container: Container, data: FileSource },
-        HuggingFace { dir: PathBuf, cfg: ModelConfig },
+        Container { dir: PathBuf, container: Box<Container>, data: FileSource },
+        HuggingFace { dir: PathBuf, cfg: Box<ModelConfig> },
     }
 
     impl ModelDir {
@@ -79,7 +79,7 @@ mod native {
                 let bytes = std::fs::read(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
                 let cfg = ModelConfig::from_json_bytes(&bytes)
                     .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
-                return Ok(ModelDir::HuggingFace { dir: dir.to_path_buf(), cfg });
+                return Ok(ModelDir::HuggingFace { dir: dir.to_path_buf(), cfg: Box::new(cfg) });
             }
             let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
             let container = Container::parse(&bytes, &dir.display().to_string())?;
@@ -94,7 +94,7 @@ mod native {
                     m.data_size
                 )));
             }
-            Ok(ModelDir::Container { dir: dir.to_path_buf(), container, data })
+            Ok(ModelDir::Container { dir: dir.to_path_buf(), container: Box::new(container), data })
         }
 
         pub fn dir(&self) -> &Path {
@@ -121,7 +121,7 @@ mod native {
         /// The parsed manifest and the open data file; an error for a Hugging Face checkpoint.
         pub fn into_container(self) -> Result<(Container, FileSource)> {
             match self {
-                ModelDir::Container { container, data, .. } => Ok((container, data)),
+                ModelDir::Container { container, data, .. } => Ok((*container, data)),
                 ModelDir::HuggingFace { dir, .. } => Err(Error::Invalid(format!(
                     "{}: not a converted colibri model (no {MANIFEST_FILE})",
                     dir.display()
@@ -134,7 +134,7 @@ mod native {
         /// mapped whole (its experts are resident) and ignores `opts`.
         pub fn load(self, opts: CacheOptions) -> Result<Model> {
             match self {
-                ModelDir::HuggingFace { dir, cfg } => Model::from_store(cfg, &TensorStore::open_dir(&dir)?),
+                ModelDir::HuggingFace { dir, cfg } => Model::from_store(*cfg, &TensorStore::open_dir(&dir)?),
                 ModelDir::Container { dir, container, data } => {
                     let m = &container.manifest;
                     let dense = if m.dense.length == 0 {

@@ -61,12 +61,6 @@ fn status_kb(field: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn meminfo_kb(field: &str) -> Option<u64> {
-    let s = read_file("/proc/meminfo");
-    let line = s.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// The mount that holds `path`: (device, mount point, file system type), from /proc/mounts.
 fn mount_of(path: &Path) -> Value {
     let p = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
@@ -112,8 +106,8 @@ fn hardware(model: &Path) -> Value {
     json!({
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "cpu": cpu,
-        "mem_total_bytes": meminfo_kb("MemTotal:").map(|k| k * 1024),
-        "mem_available_bytes": meminfo_kb("MemAvailable:").map(|k| k * 1024),
+        "mem_total_bytes": crate::sysinfo::meminfo("MemTotal"),
+        "mem_available_bytes": crate::sysinfo::meminfo("MemAvailable"),
         "load_average": read_file("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         "model_storage": mount_of(model),
     })

@@ -13,7 +13,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::serve::client::{parse_multipart, Conn};
+use colibri_engine::format::byteranges::{parse_content_range, parse_multipart, Part};
+
+use crate::serve::client::Conn;
 use crate::serve::files::read_exact_at;
 use crate::serve::ServeArgs;
 
@@ -150,36 +152,31 @@ fn check(r: &crate::serve::client::Response, ranges: &[(u64, u64)], file: &File,
     if r.status != 206 {
         return false;
     }
-    let parts: Vec<(String, Vec<u8>)> = match r.header("content-type").and_then(|t| t.split_once("boundary=")) {
+    let parts: Vec<Part> = match r.header("content-type").and_then(|t| t.split_once("boundary=")) {
+        // The parser checks each part's length against its Content-Range.
         Some((_, b)) => match parse_multipart(&r.body, b) {
-            Some(p) => p,
-            None => return false,
+            Ok(p) => p,
+            Err(_) => return false,
         },
-        None => vec![(r.header("content-range").unwrap_or("").to_string(), r.body.clone())],
+        None => match r.header("content-range").and_then(parse_content_range) {
+            Some((a, b, complete)) if b + 1 - a == r.body.len() as u64 => {
+                vec![Part { offset: a, data: r.body.clone(), complete }]
+            }
+            _ => return false,
+        },
     };
     let mut covered = 0u64;
-    for (cr, data) in &parts {
-        let Some((a, b)) =
-            cr.strip_prefix("bytes ").and_then(|s| s.strip_suffix(&format!("/{size}"))).and_then(|s| s.split_once('-'))
-        else {
-            return false;
-        };
-        let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) else { return false };
-        if b + 1 - a != data.len() as u64
-            || (bytes && read_exact_at(file, a, data.len()).ok().as_deref() != Some(data.as_slice()))
+    for p in &parts {
+        if p.complete != Some(size)
+            || (bytes && read_exact_at(file, p.offset, p.data.len()).ok().as_deref() != Some(p.data.as_slice()))
         {
             return false;
         }
-        covered += data.len() as u64;
+        covered += p.data.len() as u64;
     }
     // Coalesced parts may cover more than asked, never less.
     covered >= ranges.iter().map(|(s, e)| e + 1 - s).max().unwrap_or(0)
-        && ranges.iter().all(|&(s, e)| parts.iter().any(|(cr, _)| part_covers(cr, s, e)))
-}
-
-fn part_covers(cr: &str, s: u64, e: u64) -> bool {
-    let inner = cr.strip_prefix("bytes ").and_then(|x| x.split('/').next()).and_then(|x| x.split_once('-'));
-    matches!(inner.map(|(a, b)| (a.parse::<u64>(), b.parse::<u64>())), Some((Ok(a), Ok(b))) if a <= s && e <= b)
+        && ranges.iter().all(|&(s, e)| parts.iter().any(|p| p.offset <= s && e < p.offset + p.data.len() as u64))
 }
 
 fn pread_client(file: &File, size: u64, a: &BenchArgs, seed: u64, until: Instant, ph: &Phase) {

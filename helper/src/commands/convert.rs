@@ -479,12 +479,12 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         journal.sync_data()?;
         Ok(())
     };
-    for k in 0..n {
-        if sums[k].is_some() {
+    for (k, sum) in sums.iter_mut().enumerate() {
+        if sum.is_some() {
             continue;
         }
         let s = job.write_item(k, &data, &progress)?;
-        sums[k] = Some(s);
+        *sum = Some(s);
         written += 1;
         if abort_after == Some(written) {
             std::process::exit(75);

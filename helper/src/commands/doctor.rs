@@ -17,8 +17,12 @@ use crate::commands::info::{human, summarize};
 
 #[derive(Args)]
 pub struct DoctorArgs {
-    /// Model directory to check (Hugging Face checkpoint or converted colibri model).
+    /// Model to check: a directory (Hugging Face checkpoint or converted colibri model) or
+    /// the id of an installed model.
     pub path: Option<PathBuf>,
+    /// The model, as a flag (same as PATH).
+    #[arg(long, conflicts_with = "path")]
+    pub model: Option<PathBuf>,
     /// Verify the checksum of every expert (reads the whole data file).
     #[arg(long)]
     pub checksums: bool,
@@ -77,13 +81,9 @@ fn simd_features() -> Vec<&'static str> {
     v
 }
 
+/// (MemTotal, MemAvailable) in bytes.
 fn meminfo() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |k: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(k))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
-    };
-    Some((field("MemTotal:")?, field("MemAvailable:")?))
+    Some((crate::sysinfo::meminfo("MemTotal")?, crate::sysinfo::meminfo("MemAvailable")?))
 }
 
 pub fn doctor(a: DoctorArgs) -> Result<()> {
@@ -96,7 +96,11 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
         None => r.warn("memory", "unknown on this platform"),
     }
 
-    if let Some(dir) = &a.path {
+    let dir = match a.path.or(a.model) {
+        Some(arg) => r.check("model id", crate::paths::resolve_model(&arg, None), |p| p.display().to_string()),
+        None => None,
+    };
+    if let Some(dir) = &dir {
         let summary = r.check("model", summarize(dir), |s| s.format.clone());
         if let Some(s) = &summary {
             r.ok(

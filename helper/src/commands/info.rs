@@ -14,8 +14,13 @@ use serde_json::json;
 
 #[derive(Args)]
 pub struct InfoArgs {
-    /// Model directory (Hugging Face checkpoint or converted colibri model).
-    pub path: PathBuf,
+    /// Model: a directory (Hugging Face checkpoint or converted colibri model) or the id of
+    /// an installed model (`coli list`).
+    #[arg(required_unless_present = "model")]
+    pub path: Option<PathBuf>,
+    /// The model, as a flag (same as PATH).
+    #[arg(long, conflicts_with = "path")]
+    pub model: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -42,6 +47,8 @@ pub struct Summary {
     pub format: String,
     pub cfg: ModelConfig,
     pub quant: String,
+    /// The default stored type in a few characters: "int4/g64", "bf16".
+    pub quant_short: String,
     pub resident: u64,
     pub streamed: u64,
     pub n_experts_total: u64,
@@ -63,7 +70,7 @@ impl Summary {
 fn read_config(dir: &Path) -> Result<ModelConfig> {
     let p = dir.join("config.json");
     let bytes = std::fs::read(&p).with_context(|| format!("{}: cannot read", p.display()))?;
-    Ok(ModelConfig::from_json_bytes(&bytes).with_context(|| p.display().to_string())?)
+    ModelConfig::from_json_bytes(&bytes).with_context(|| p.display().to_string())
 }
 
 pub fn summarize(dir: &Path) -> Result<Summary> {
@@ -79,6 +86,10 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
             format: format!("colibri container v{} ({}, {})", m.version, m.data_file, human(m.data_size)),
             cfg,
             quant: format!("{} (group {}): {}", m.quant.default, m.quant.group_size, classes.join(", ")),
+            quant_short: match m.quant.default.as_str() {
+                q @ ("int4" | "int8") => format!("{q}/g{}", m.quant.group_size),
+                q => q.to_string(),
+            },
             resident,
             streamed,
             n_experts_total: m.experts.layers.iter().map(|l| l.experts.len() as u64).sum(),
@@ -98,9 +109,11 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
         }
     }
     let moe = cfg.moe_layers.iter().filter(|m| **m).count() as u64;
+    let dtypes = dtypes.into_iter().collect::<Vec<_>>().join(",");
     Ok(Summary {
         format: "Hugging Face checkpoint (safetensors)".into(),
-        quant: format!("none ({})", dtypes.into_iter().collect::<Vec<_>>().join(", ")),
+        quant: format!("none ({dtypes})"),
+        quant_short: dtypes,
         resident,
         streamed,
         n_experts_total: moe * cfg.router.n_experts as u64,
@@ -109,12 +122,14 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
 }
 
 pub fn info(a: InfoArgs) -> Result<()> {
-    let s = summarize(&a.path)?;
+    let arg = a.path.or(a.model).context("no model given")?;
+    let path = crate::paths::resolve_model(&arg, None)?;
+    let s = summarize(&path)?;
     let c = &s.cfg;
     let moe = c.moe_layers.iter().filter(|m| **m).count();
     if a.json {
         let v = json!({
-            "path": a.path.display().to_string(),
+            "path": path.display().to_string(),
             "format": s.format,
             "model_type": c.model_type,
             "layers": c.n_layers,
@@ -139,7 +154,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
         println!("{v}");
         return Ok(());
     }
-    println!("model         {}", a.path.display());
+    println!("model         {}", path.display());
     println!("format        {}", s.format);
     println!(
         "architecture  {}: {} layers ({moe} MoE), hidden {}, {} heads ({} kv) x {}, vocab {}, context {}",

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod doctor;
 pub mod generate;
 pub mod info;
+pub mod list;
 pub mod logits;
 pub mod serve;
 pub mod service;

@@ -163,31 +163,3 @@ pub fn request(
 ) -> std::io::Result<Response> {
     Conn::open(addr)?.request(method, path, headers, body)
 }
-
-/// Splits a `multipart/byteranges` body into (Content-Range value, bytes) parts.
-pub fn parse_multipart(body: &[u8], boundary: &str) -> Option<Vec<(String, Vec<u8>)>> {
-    let delim = format!("--{boundary}");
-    let mut parts = Vec::new();
-    let mut pos = 0;
-    loop {
-        let start = find(&body[pos..], delim.as_bytes())? + pos + delim.len();
-        if body[start..].starts_with(b"--") {
-            return Some(parts);
-        }
-        let head_end = find(&body[start..], b"\r\n\r\n")? + start;
-        let head = std::str::from_utf8(&body[start..head_end]).ok()?;
-        let range = head
-            .lines()
-            .find_map(|l| l.split_once(':').filter(|(n, _)| n.trim().eq_ignore_ascii_case("content-range")))
-            .map(|(_, v)| v.trim().to_string())?;
-        let (a, b) = range.strip_prefix("bytes ")?.split('/').next()?.split_once('-')?;
-        let len = b.parse::<usize>().ok()? + 1 - a.parse::<usize>().ok()?;
-        let data_start = head_end + 4;
-        parts.push((range, body.get(data_start..data_start + len)?.to_vec()));
-        pos = data_start + len;
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}

@@ -117,7 +117,12 @@ pub async fn get_file(
     method: Method,
     headers: HeaderMap,
 ) -> Response {
-    let Some(model) = state.registry.get(&id) else {
+    // `owner/name` ids arrive percent-encoded (one segment) or as two segments.
+    let found = match state.registry.get(&id) {
+        Some(m) => Some((m, rel)),
+        None => state.registry.split_file_path(&format!("{id}/{rel}")),
+    };
+    let Some((model, rel)) = found else {
         return plain(StatusCode::NOT_FOUND, &format!("no model {id:?}"));
     };
     let opened = tokio::task::spawn_blocking(move || -> Result<(PathBuf, File, FileMeta), PathError> {

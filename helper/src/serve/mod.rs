@@ -12,6 +12,7 @@
 pub mod client;
 pub(crate) mod files;
 mod generation;
+mod isolation;
 pub(crate) mod models;
 mod openai;
 mod page;
@@ -210,12 +211,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/api/models", get(api_models))
         .route("/api/usage", post(usage::post_usage).layer(DefaultBodyLimit::max(usage::MAX_USAGE_BODY)))
-        .route("/api/usage/{id}", get(usage::get_usage))
+        .route("/api/usage/{*id}", get(usage::get_usage))
         .route("/models/{id}/{*path}", get(files::get_file))
         .route("/{name}", get(page::asset))
-        .route("/pkg/{name}", get(page::pkg_asset))
+        .route("/pkg/{*path}", get(page::pkg_asset))
+        .route("/pkg-threads/{*path}", get(page::pkg_threads_asset))
         .nest("/v1", v1)
         .layer(middleware::from_fn_with_state(state.clone(), security::guard))
+        .layer(middleware::from_fn(isolation::headers))
         .layer(middleware::from_fn_with_state(state.clone(), log_and_limit))
         .with_state(state)
 }

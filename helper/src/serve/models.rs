@@ -70,21 +70,26 @@ impl Registry {
     /// Every model, explicit ones first, then the models directory by id.
     pub fn list(&self) -> Vec<ModelEntry> {
         let mut out = self.explicit.clone();
-        let mut found = Vec::new();
-        if let Some(Ok(rd)) = self.models_dir.as_ref().map(std::fs::read_dir) {
-            for e in rd.flatten() {
-                if let Some(id) = e.file_name().to_str() {
-                    if !out.iter().any(|m| m.id == id) {
-                        if let Some(m) = self.get(id) {
-                            found.push(m);
-                        }
-                    }
+        let installed = self.models_dir.as_deref().map(crate::paths::installed_models).unwrap_or_default();
+        for (id, _) in installed {
+            if !out.iter().any(|m| m.id == id) {
+                if let Some(m) = self.get(&id) {
+                    out.push(m);
                 }
             }
         }
-        found.sort_by(|a, b| a.id.cmp(&b.id));
-        out.extend(found);
         out
+    }
+
+    /// The model that a `/models/...` path names and the file path inside it: the first
+    /// segment when it is a model id, else the first two (`owner/name`).
+    pub fn split_file_path(&self, path: &str) -> Option<(ModelEntry, String)> {
+        let (first, rest) = path.split_once('/')?;
+        if let Some(m) = self.get(first) {
+            return Some((m, rest.to_string()));
+        }
+        let (second, rest) = rest.split_once('/')?;
+        self.get(&format!("{first}/{second}")).map(|m| (m, rest.to_string()))
     }
 }
 
@@ -187,7 +192,7 @@ pub fn describe(m: &ModelEntry) -> Value {
         "experts_per_token": parsed.as_ref().map(|c| c.router.top_k),
         "context_length": parsed.as_ref().map(|c| c.max_positions),
         "size": total,
-        "files": files.iter().map(|(p, s)| json!({"path": p, "size": s, "url": format!("/models/{}/{p}", m.id)})).collect::<Vec<_>>(),
+        "files": files.iter().map(|(p, s)| json!({"path": p, "size": s, "url": format!("/models/{}/{p}", m.id.replace('/', "%2F"))})).collect::<Vec<_>>(),
     })
 }
 

@@ -1,6 +1,7 @@
 //! The web app's files, embedded in the binary by helper/build.rs: everything in web/
-//! (chat page, colibri.js, its worker, widget.js) and the built browser engine in
-//! web/pkg/ (tools/build-web.sh). Without web/index.html, `/` is a page listing the models.
+//! (chat page, colibri.js, its worker, widget.js) and the built browser engine
+//! (tools/build-web.sh): web/pkg/ (one thread) and web/pkg-threads/ (wasm threads, for
+//! cross-origin isolated pages). Without web/index.html, `/` is a page listing the models.
 
 use std::sync::Arc;
 
@@ -52,7 +53,7 @@ fn serve_asset(name: &str) -> Response {
         Some((_, ctype, bytes)) => {
             ([(header::CONTENT_TYPE, *ctype), (header::CACHE_CONTROL, "no-cache")], *bytes).into_response()
         }
-        None if name.starts_with("pkg/") => (
+        None if name.starts_with("pkg/") || name.starts_with("pkg-threads/") => (
             StatusCode::NOT_FOUND,
             "the browser engine is not built into this coli: run tools/build-web.sh, then rebuild coli\n",
         )
@@ -65,7 +66,13 @@ pub async fn asset(Path(name): Path<String>) -> Response {
     serve_asset(&name)
 }
 
-/// `/pkg/{name}`: the wasm engine and its JavaScript glue.
-pub async fn pkg_asset(Path(name): Path<String>) -> Response {
-    serve_asset(&format!("pkg/{name}"))
+/// `/pkg/{*path}`: the one-thread wasm engine and its JavaScript glue.
+pub async fn pkg_asset(Path(path): Path<String>) -> Response {
+    serve_asset(&format!("pkg/{path}"))
+}
+
+/// `/pkg-threads/{*path}`: the threaded wasm engine, its glue and the thread pool's worker
+/// script (under snippets/).
+pub async fn pkg_threads_asset(Path(path): Path<String>) -> Response {
+    serve_asset(&format!("pkg-threads/{path}"))
 }

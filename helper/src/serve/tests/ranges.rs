@@ -1,5 +1,7 @@
 //! Model files over HTTP: every Range form, conditional requests, HEAD, streaming.
 
+use colibri_engine::format::byteranges::parse_multipart;
+
 use super::*;
 
 fn url(name: &str) -> String {
@@ -63,13 +65,13 @@ fn multi_range_is_multipart_byteranges() {
     let ctype = r.header("content-type").unwrap();
     let boundary = ctype.strip_prefix("multipart/byteranges; boundary=").expect(ctype);
     assert_eq!(r.header("content-length"), Some(r.body.len().to_string().as_str()));
-    let parts = client::parse_multipart(&r.body, boundary).expect("multipart body");
+    let parts = parse_multipart(&r.body, boundary).expect("multipart body");
     let n = DATA_LEN;
     let want = [(0usize, 10usize), (2_000_000, 2_000_100), (n - 16, n)];
     assert_eq!(parts.len(), 3);
-    for ((cr, bytes), (a, b)) in parts.iter().zip(want) {
-        assert_eq!(cr, &format!("bytes {a}-{}/{n}", b - 1));
-        assert_eq!(bytes, &data[a..b]);
+    for (p, (a, b)) in parts.iter().zip(want) {
+        assert_eq!((p.offset, p.complete), (a as u64, Some(n as u64)));
+        assert_eq!(p.data, &data[a..b]);
     }
     let text = String::from_utf8_lossy(&r.body);
     assert_eq!(text.matches("Content-Type: application/octet-stream\r\n").count(), 3);
@@ -82,20 +84,20 @@ fn multi_range_is_multipart_byteranges() {
     // Touching ranges (experts laid end to end) stay one part each.
     let r = s.get(&url(DATA), &[("Range", "bytes=4096-8191,0-4095")]);
     let b = r.header("content-type").unwrap().split("boundary=").nth(1).unwrap().to_string();
-    let parts = client::parse_multipart(&r.body, &b).unwrap();
+    let parts = parse_multipart(&r.body, &b).unwrap();
     assert_eq!(
-        parts.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
-        [format!("bytes 0-4095/{n}"), format!("bytes 4096-8191/{n}")]
+        parts.iter().map(|p| (p.offset, p.data.len(), p.complete)).collect::<Vec<_>>(),
+        [(0, 4096, Some(n as u64)), (4096, 4096, Some(n as u64))]
     );
 
     // A layer's experts in one request: 64 ranges of 4 KiB.
     let spec: Vec<String> = (0..64).map(|i| format!("{}-{}", i * 40_000, i * 40_000 + 4095)).collect();
     let r = s.get(&url(DATA), &[("Range", &format!("bytes={}", spec.join(",")))]);
     let b = r.header("content-type").unwrap().split("boundary=").nth(1).unwrap().to_string();
-    let parts = client::parse_multipart(&r.body, &b).unwrap();
+    let parts = parse_multipart(&r.body, &b).unwrap();
     assert_eq!(parts.len(), 64);
-    for (i, (_, bytes)) in parts.iter().enumerate() {
-        assert_eq!(bytes, &data[i * 40_000..i * 40_000 + 4096]);
+    for (i, p) in parts.iter().enumerate() {
+        assert_eq!(p.data, &data[i * 40_000..i * 40_000 + 4096]);
     }
 }
 

@@ -95,6 +95,39 @@ fn origins_cors_and_private_network_preflights() {
 }
 
 #[test]
+fn pages_are_cross_origin_isolated_and_files_loadable_from_isolated_pages() {
+    let s = start("isolation", |a| a.allow_origins = vec![APP.into()]);
+    let isolated = |r: &Response, what: &str| {
+        assert_eq!(r.header("cross-origin-opener-policy"), Some("same-origin"), "{what}");
+        assert_eq!(r.header("cross-origin-embedder-policy"), Some("require-corp"), "{what}");
+        assert_eq!(r.header("cross-origin-resource-policy"), Some("cross-origin"), "{what}");
+    };
+    // The chat page (or the model list without one), a document the e2e tests open, the
+    // scripts, the engine's wasm (a missing build answers 404, with the same headers).
+    for path in
+        ["/", "/health", "/colibri.js", "/colibri-worker.js", "/pkg/colibri_wasm.js", "/pkg-threads/colibri_wasm.js"]
+    {
+        let r = s.get(path, &[]);
+        isolated(&r, path);
+    }
+    // Model files for an allowed page of another origin: CORS and CORP together, whole
+    // files and ranges alike.
+    let file = format!("/models/{MODEL}/{DATA}");
+    for range in [None, Some("bytes=0-99")] {
+        let mut h = vec![("Origin", APP)];
+        h.extend(range.map(|r| ("Range", r)));
+        let r = s.get(&file, &h);
+        assert!(r.status == 200 || r.status == 206, "{}", r.status);
+        assert_eq!(r.header("access-control-allow-origin"), Some(APP));
+        isolated(&r, &file);
+    }
+    // Refusals carry them too.
+    let r = s.get(&file, &[("Origin", "https://evil.example")]);
+    assert_eq!(r.status, 403);
+    isolated(&r, "403");
+}
+
+#[test]
 fn no_cors_without_allowed_origins() {
     let s = start("no-origins", |_| {});
     let pre = [("Origin", APP), ("Access-Control-Request-Method", "POST")];

@@ -1,20 +1,24 @@
 //! Parsing HTTP range responses: `Content-Range` and `multipart/byteranges` bodies
 //! (RFC 9110 §14.6), so one request can bring back all of a layer's missing experts.
+//! The one parser of these: the browser's byte source and the helper's test client and
+//! `coli bench-serve` use it.
 
-/// One part of a range response: the absolute offset of its first byte and the bytes.
+/// One part of a range response: the absolute offset of its first byte, the bytes, and
+/// the complete length of the resource its Content-Range names (None for `*`).
 #[derive(Debug, PartialEq)]
 pub struct Part {
     pub offset: u64,
     pub data: Vec<u8>,
+    pub complete: Option<u64>,
 }
 
-/// Parses `bytes a-b/len` (or `bytes a-b/*`) into (a, b) inclusive.
-pub fn parse_content_range(v: &str) -> Option<(u64, u64)> {
+/// Parses `bytes a-b/len` (or `bytes a-b/*`) into (a, b) inclusive and len (None for `*`).
+pub fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
     let v = v.trim().strip_prefix("bytes")?.trim_start();
-    let (range, _len) = v.split_once('/')?;
+    let (range, len) = v.split_once('/')?;
     let (a, b) = range.split_once('-')?;
     let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-    (a <= b).then_some((a, b))
+    (a <= b).then_some((a, b, len.trim().parse().ok()))
 }
 
 /// The boundary parameter of a `multipart/byteranges; boundary=...` content type.
@@ -57,9 +61,12 @@ pub fn parse_multipart(body: &[u8], boundary: &str) -> Result<Vec<Part>, String>
             })
             .ok_or("multipart part without a valid Content-Range")?;
         let start = head_end + 4;
-        let len = (range.1 - range.0 + 1) as usize;
-        let data = body.get(start..start + len).ok_or("multipart part is shorter than its Content-Range")?;
-        parts.push(Part { offset: range.0, data: data.to_vec() });
+        let len = usize::try_from(range.1 - range.0 + 1).map_err(|_| "multipart part too large")?;
+        let data = start
+            .checked_add(len)
+            .and_then(|end| body.get(start..end))
+            .ok_or("multipart part is shorter than its Content-Range")?;
+        parts.push(Part { offset: range.0, data: data.to_vec(), complete: range.2 });
         pos = find(body, delim.as_bytes(), start + len).ok_or("multipart body is missing its closing boundary")?;
     }
 }
@@ -70,8 +77,8 @@ mod tests {
 
     #[test]
     fn content_range_forms() {
-        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0, 9)));
-        assert_eq!(parse_content_range(" bytes 5-5/*"), Some((5, 5)));
+        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0, 9, Some(100))));
+        assert_eq!(parse_content_range(" bytes 5-5/*"), Some((5, 5, None)));
         assert_eq!(parse_content_range("bytes */100"), None);
         assert_eq!(parse_content_range("bytes 9-1/100"), None);
     }
@@ -96,7 +103,10 @@ mod tests {
         let parts = parse_multipart(&body, b).unwrap();
         assert_eq!(
             parts,
-            vec![Part { offset: 10, data: chunks[0].1.to_vec() }, Part { offset: 4096, data: chunks[1].1.to_vec() }]
+            vec![
+                Part { offset: 10, data: chunks[0].1.to_vec(), complete: Some(9000) },
+                Part { offset: 4096, data: chunks[1].1.to_vec(), complete: Some(9000) }
+            ]
         );
         assert_eq!(boundary("multipart/byteranges; boundary=\"XYZ\""), Some("XYZ".into()));
         assert_eq!(boundary("text/plain; boundary=XYZ"), None);
