@@ -9,6 +9,7 @@
 mod backend;
 mod commands;
 mod flags;
+mod hub;
 mod load;
 mod paths;
 mod serve;
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, list, logits, service, synth,
+    bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, list, logits, pull, service, synth,
 };
 
 #[derive(Parser)]
@@ -43,6 +44,9 @@ enum Command {
     Info(info::InfoArgs),
     /// The installed models (in $COLI_HOME): id, family, quantization, sizes, directory.
     List(list::ListArgs),
+    /// Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN), verify it and
+    /// convert it shard by shard into the models directory.
+    Pull(pull::PullArgs),
     /// Delete an installed model.
     Rm(list::RmArgs),
     /// Check this machine and (optionally) a model directory.
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Command::Doctor(a) => doctor::doctor(a),
         Command::List(a) => list::list(a),
         Command::Rm(a) => list::rm(a),
+        Command::Pull(a) => pull::pull(a),
         Command::Serve(a) => commands::serve::serve(a, false),
         Command::Web(a) => commands::serve::serve(a, true),
         Command::Service(a) => service::run(a),

@@ -286,3 +286,36 @@ fn generate_stops_cleanly_at_the_context_limit() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("context"), "{err}");
 }
+
+/// `coli bench --warmup` runs the prompt once before the timed prefill: with `--ram all`
+/// every expert the timed prefill uses is then resident (a run without the warm-up reads
+/// them during the prefill); only the router lookahead may still read a guessed expert.
+#[test]
+fn bench_warmup_leaves_the_timed_prefill_on_resident_experts() {
+    let dir = std::env::temp_dir().join(format!("coli-cli-bench-warmup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out =
+        coli().arg("convert").arg(fixture("qwen3_moe")).arg("-o").arg(&dir).args(["--quant", "int8"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bench = |warmup: bool| {
+        let mut c = coli();
+        c.args(["bench", "--model"]).arg(&dir).args(["--ram", "all", "--cache", "warm", "--probe-bytes", "0"]);
+        c.args(["--prompt-tokens", "12", "--decode-tokens", "3", "--threads", "1"]);
+        if warmup {
+            c.arg("--warmup");
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("one JSON record")
+    };
+    let (cold, warm) = (bench(false), bench(true));
+    assert_eq!(cold["warmup"], false);
+    assert_eq!(warm["warmup"], true);
+    assert!(cold["prefill"]["hit_rate"]["disk"].as_f64().unwrap() > 0.0, "{cold}");
+    assert_eq!(warm["prefill"]["hit_rate"]["disk"].as_f64(), Some(0.0), "{warm}");
+    let prefetched = warm["prefill"]["prefetch"]["bytes"].as_u64().unwrap();
+    assert_eq!(warm["prefill"]["bytes_read"].as_u64(), Some(prefetched), "{warm}");
+    // Same prompt, same greedy tokens whether or not the experts were loaded first.
+    assert_eq!(cold["generated_ids"], warm["generated_ids"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -350,10 +350,14 @@ impl Job {
 
     /// A fingerprint of what this conversion will write: the layout, the options and the
     /// source files (names, sizes, modification times) and this program's version.
-    fn fingerprint(&self) -> Result<String> {
+    fn fingerprint(&self, source_id: Option<&str>) -> Result<String> {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(&self.manifest.to_json());
         h.update(env!("CARGO_PKG_VERSION").as_bytes());
+        if let Some(id) = source_id {
+            h.update(id.as_bytes());
+            return Ok(checksum_hex(h.digest()));
+        }
         let mut files: Vec<_> = std::fs::read_dir(&self.src_dir)?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
         files.sort();
         for p in files {
@@ -366,6 +370,60 @@ impl Job {
         }
         Ok(checksum_hex(h.digest()))
     }
+}
+
+impl Job {
+    /// The source tensors that item `k` reads: a dense tensor, or every tensor of its
+    /// layer's experts that belongs to its expert (`...experts.{e}.*`, or a stacked
+    /// `...experts.gate_up_proj` that holds them all).
+    fn item_tensors(
+        &self,
+        k: usize,
+        experts_by_layer: &std::collections::HashMap<usize, Vec<(Option<usize>, String)>>,
+    ) -> Vec<String> {
+        match &self.items[k] {
+            Item::Dense { src, .. } => vec![src.clone()],
+            Item::Expert { layer, expert, .. } => experts_by_layer
+                .get(layer)
+                .map(|v| v.iter().filter(|(e, _)| e.is_none_or(|e| e == *expert)).map(|(_, n)| n.clone()).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Expert tensors of the checkpoint by layer, with the expert index in their name.
+    fn experts_by_layer(&self) -> std::collections::HashMap<usize, Vec<(Option<usize>, String)>> {
+        let mut out: std::collections::HashMap<usize, Vec<(Option<usize>, String)>> = Default::default();
+        for n in self.store.names() {
+            let Some(rest) = n.strip_prefix("model.layers.") else { continue };
+            let Some((layer, rest)) = rest.split_once('.') else { continue };
+            let (Ok(layer), Some((_, after))) = (layer.parse::<usize>(), rest.split_once("experts.")) else { continue };
+            let expert = after.split('.').next().and_then(|e| e.parse::<usize>().ok());
+            out.entry(layer).or_default().push((expert, n.clone()));
+        }
+        out
+    }
+}
+
+/// A conversion that runs while the checkpoint arrives (`coli pull`): only the items whose
+/// source tensors are all in `available` are written; the others wait for a later pass.
+/// Passes share the journal, so each one resumes the last, and the finished container is
+/// byte-identical to a conversion of the complete checkpoint.
+pub struct Partial<'a> {
+    /// Tensors whose bytes are present (the other shards are placeholders).
+    pub available: &'a std::collections::HashSet<String>,
+    /// Identifies the source instead of file names and times (the shards' sha256).
+    pub source_id: &'a str,
+    /// Items (and checksums) written or verified by an earlier pass of this process; not
+    /// read back again.
+    pub known: &'a mut std::collections::HashMap<usize, u64>,
+}
+
+/// What a conversion pass left to do.
+pub enum Pass {
+    /// The container is complete.
+    Finished,
+    /// These source tensors are still needed by items not yet written.
+    Pending { needed: std::collections::HashSet<String> },
 }
 
 /// Journaled (item, checksum) pairs of a previous run with the same fingerprint.
@@ -392,6 +450,11 @@ fn sync_dir(dir: &Path) {
 }
 
 pub fn convert(a: ConvertArgs) -> Result<()> {
+    convert_pass(&a, None).map(|_| ())
+}
+
+/// One conversion pass: everything, or with `partial` the items whose tensors are there.
+pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pass> {
     if a.group_size == 0 || a.group_size % 8 != 0 || a.group_size > 65536 {
         bail!("--group-size must be a positive multiple of 8 (at most 65536), got {}", a.group_size);
     }
@@ -411,8 +474,8 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("{}: cannot create", a.out.display()))?;
     let start = Instant::now();
-    let mut job = plan_job(&a)?;
-    let header = format!("colibri-convert-journal 1 {}", job.fingerprint()?);
+    let mut job = plan_job(a)?;
+    let header = format!("colibri-convert-journal 1 {}", job.fingerprint(partial.as_ref().map(|p| p.source_id))?);
     let journal_path = job.out.join(JOURNAL);
     let partial_path = job.out.join(format!("{DATA_FILE}.partial"));
     let previous = read_journal(&journal_path, &header);
@@ -437,7 +500,9 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     let n = job.items.len();
     let mut sums: Vec<Option<u64>> = vec![None; n];
     for (k, sum) in previous {
-        if k < n {
+        if partial.as_ref().is_some_and(|p| p.known.get(&k) == Some(&sum)) {
+            sums[k] = Some(sum);
+        } else if k < n {
             let (off, len) = job.ranges[k];
             let mut buf = vec![0u8; len as usize];
             if read_at(&data, &mut buf, off).is_ok() && checksum(&buf) == sum {
@@ -453,7 +518,7 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    if kept > 0 {
+    if kept > 0 && partial.is_none() {
         eprintln!("resuming: {kept} of {n} items already converted");
         progress.inc(job.ranges.iter().zip(&sums).filter(|(_, s)| s.is_some()).map(|(r, _)| r.1).sum());
     }
@@ -479,9 +544,18 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         journal.sync_data()?;
         Ok(())
     };
+    let by_layer = if partial.is_some() { job.experts_by_layer() } else { Default::default() };
+    let mut needed = std::collections::HashSet::new();
     for (k, sum) in sums.iter_mut().enumerate() {
         if sum.is_some() {
             continue;
+        }
+        if let Some(p) = &partial {
+            let tensors = job.item_tensors(k, &by_layer);
+            if !tensors.iter().all(|t| p.available.contains(t)) {
+                needed.extend(tensors);
+                continue;
+            }
         }
         let s = job.write_item(k, &data, &progress)?;
         *sum = Some(s);
@@ -501,6 +575,12 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     }
     commit(&mut pending)?;
     progress.finish_and_clear();
+    if let Some(p) = &mut partial {
+        p.known.extend(sums.iter().enumerate().filter_map(|(k, s)| s.map(|s| (k, s))));
+        if sums.iter().any(Option::is_none) {
+            return Ok(Pass::Pending { needed });
+        }
+    }
 
     // Fill in the checksums; the manifest goes last.
     let mut k = 0;
@@ -537,5 +617,5 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         crate::commands::info::human(experts),
         job.manifest.experts.layers.iter().map(|l| l.experts.len()).sum::<usize>()
     );
-    Ok(())
+    Ok(Pass::Finished)
 }

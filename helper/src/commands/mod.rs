@@ -12,6 +12,7 @@ pub mod generate;
 pub mod info;
 pub mod list;
 pub mod logits;
+pub mod pull;
 pub mod serve;
 pub mod service;
 pub mod synth;

@@ -1,0 +1,414 @@
+//! `coli pull` against a mock Hugging Face hub: a real HTTP server on a loopback port that
+//! serves checkpoint directories in the hub's URL layout (API listing, `resolve` URLs that
+//! redirect LFS files to a CDN path with `X-Linked-Etag` / `X-Linked-Size`, Range), and
+//! injects faults: a connection dropped mid-file, corrupted bytes, a wrong checksum, a slow
+//! link. The installed model must be byte-identical to `coli convert` of the same files.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coli-pull-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn coli(home: &Path, hub: &MockHub) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_coli"));
+    c.env("COLI_HOME", home)
+        .env("XDG_DATA_HOME", home.join("xdg"))
+        .env("HF_ENDPOINT", format!("http://127.0.0.1:{}", hub.port))
+        .env("HF_TOKEN", "secret-token");
+    c
+}
+
+fn ok(out: Output) -> Output {
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// A failed run whose stderr's last line starts with `error:` and mentions `needle`, and
+/// that is the only error line.
+fn assert_one_error(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure; stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(err.trim_end().lines().last().unwrap().starts_with("error:"), "{err}");
+    assert!(errors[0].contains(needle), "{:?} does not mention {needle:?}", errors[0]);
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Default)]
+struct Faults {
+    /// Files whose first full download is cut off halfway.
+    drop_once: HashSet<String>,
+    /// Files served with one flipped byte this many more times.
+    corrupt: HashMap<String, usize>,
+    /// Files whose advertised sha256 is wrong.
+    wrong_sha: HashSet<String>,
+    /// Pause per 16 KiB of CDN body.
+    delay: Option<Duration>,
+}
+
+#[derive(Default)]
+struct Log {
+    /// "METHOD path range auth" per request.
+    requests: Vec<String>,
+    /// Real (not placeholder) shards in the staging directories when a shard was requested.
+    real_shards_seen: Vec<usize>,
+}
+
+#[derive(Clone)]
+struct MockHub {
+    port: u16,
+    repos: Arc<HashMap<String, PathBuf>>,
+    faults: Arc<Mutex<Faults>>,
+    log: Arc<Mutex<Log>>,
+    home: PathBuf,
+}
+
+impl MockHub {
+    fn start(repos: &[(&str, PathBuf)], home: &Path) -> MockHub {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let hub = MockHub {
+            port: listener.local_addr().unwrap().port(),
+            repos: Arc::new(repos.iter().map(|(r, p)| (r.to_string(), p.clone())).collect()),
+            faults: Default::default(),
+            log: Default::default(),
+            home: home.to_path_buf(),
+        };
+        let h = hub.clone();
+        std::thread::spawn(move || {
+            for s in listener.incoming().flatten() {
+                let h = h.clone();
+                std::thread::spawn(move || h.handle(s));
+            }
+        });
+        hub
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.log.lock().unwrap().requests.clone()
+    }
+
+    /// Shards in `<home>/.pull/*/src` whose allocated blocks hold more than half their size.
+    fn real_shards(&self) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        let mut n = 0;
+        for d in std::fs::read_dir(self.home.join(".pull")).into_iter().flatten().flatten() {
+            for f in std::fs::read_dir(d.path().join("src")).into_iter().flatten().flatten() {
+                let name = f.file_name().to_string_lossy().into_owned();
+                let m = f.metadata().unwrap();
+                if name.ends_with(".safetensors") && m.blocks() * 512 > m.len() / 2 {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    fn handle(&self, mut s: TcpStream) {
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        if r.read_line(&mut line).is_err() {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let (method, target) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+        let mut headers = HashMap::new();
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+        }
+        let range = headers.get("range").cloned().unwrap_or_default();
+        let auth = headers.get("authorization").cloned().unwrap_or_default();
+        self.log.lock().unwrap().requests.push(format!("{method} {target} {range} auth={auth}"));
+        let authorized = auth == "Bearer secret-token";
+        let send = |s: &mut TcpStream, status: &str, extra: &str, body: &[u8]| {
+            let head =
+                format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n", body.len());
+            let _ = s.write_all(head.as_bytes());
+            if method != "HEAD" {
+                let _ = s.write_all(body);
+            }
+        };
+        let repo_file = |rest: &str| -> Option<(String, PathBuf)> {
+            let mut it = rest.splitn(3, '/');
+            let repo = format!("{}/{}", it.next()?, it.next()?);
+            Some((repo.clone(), self.repos.get(&repo)?.clone()))
+        };
+
+        if let Some(rest) = target.strip_prefix("/api/models/") {
+            let Some((_, dir)) = repo_file(rest) else { return send(&mut s, "404 Not Found", "", b"no repo") };
+            if !authorized {
+                return send(&mut s, "401 Unauthorized", "", b"token");
+            }
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let siblings: Vec<_> = names.iter().map(|n| serde_json::json!({"rfilename": n})).collect();
+            let body = serde_json::json!({"id": rest, "siblings": siblings}).to_string();
+            return send(&mut s, "200 OK", "Content-Type: application/json\r\n", body.as_bytes());
+        }
+        if let Some(rest) = target.strip_prefix("/cdn/") {
+            let Some((_, dir)) = repo_file(rest) else { return send(&mut s, "404 Not Found", "", b"") };
+            let file = rest.splitn(3, '/').nth(2).unwrap_or("");
+            let Ok(mut bytes) = std::fs::read(dir.join(file)) else { return send(&mut s, "404 Not Found", "", b"") };
+            let total = bytes.len();
+            let start: usize =
+                range.strip_prefix("bytes=").and_then(|r| r.split('-').next()?.parse().ok()).unwrap_or(0);
+            let end: usize = range
+                .strip_prefix("bytes=")
+                .and_then(|r| r.split('-').nth(1)?.parse::<usize>().ok())
+                .map(|e| e + 1)
+                .unwrap_or(total)
+                .min(total);
+            let mut f = self.faults.lock().unwrap();
+            let is_full = range.is_empty();
+            if file.ends_with(".safetensors") && end - start > 4096 {
+                let seen = self.real_shards();
+                self.log.lock().unwrap().real_shards_seen.push(seen);
+            }
+            if is_full && f.corrupt.get(file).is_some_and(|n| *n > 0) {
+                *f.corrupt.get_mut(file).unwrap() -= 1;
+                bytes[total / 2] ^= 0x55;
+            }
+            let cut = is_full && f.drop_once.remove(file);
+            let delay = f.delay;
+            drop(f);
+            let status = if is_full { "200 OK" } else { "206 Partial Content" };
+            let cr =
+                if is_full { String::new() } else { format!("Content-Range: bytes {start}-{}/{total}\r\n", end - 1) };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nAccept-Ranges: bytes\r\n{cr}Connection: close\r\n\r\n",
+                end - start
+            );
+            let _ = s.write_all(head.as_bytes());
+            if method == "HEAD" {
+                return;
+            }
+            let body = &bytes[start..end];
+            let body = if cut { &body[..body.len() / 2] } else { body };
+            for chunk in body.chunks(16 << 10) {
+                if s.write_all(chunk).is_err() {
+                    return;
+                }
+                if let Some(d) = delay {
+                    std::thread::sleep(d);
+                }
+            }
+            if cut {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            return;
+        }
+        // /{owner}/{name}/resolve/{rev}/{file}
+        let mut it = target.trim_start_matches('/').splitn(5, '/');
+        let (owner, name, kw, _rev, file) = (it.next(), it.next(), it.next(), it.next(), it.next());
+        let (Some(owner), Some(name), Some("resolve"), Some(file)) = (owner, name, kw, file) else {
+            return send(&mut s, "404 Not Found", "", b"");
+        };
+        let repo = format!("{owner}/{name}");
+        let Some(dir) = self.repos.get(&repo) else { return send(&mut s, "404 Not Found", "", b"") };
+        if !authorized {
+            return send(&mut s, "401 Unauthorized", "", b"token");
+        }
+        let Ok(bytes) = std::fs::read(dir.join(file)) else { return send(&mut s, "404 Not Found", "", b"") };
+        if file.ends_with(".safetensors") {
+            let sha = if self.faults.lock().unwrap().wrong_sha.contains(file) {
+                sha256_hex(b"something else")
+            } else {
+                sha256_hex(&bytes)
+            };
+            let extra = format!(
+                "Location: http://127.0.0.1:{}/cdn/{repo}/{file}\r\nX-Linked-Etag: \"{sha}\"\r\nX-Linked-Size: {}\r\nETag: \"{sha}\"\r\n",
+                self.port,
+                bytes.len()
+            );
+            return send(&mut s, "302 Found", &extra, b"");
+        }
+        // A small file: its ETag is a git hash on the real hub, not a sha256.
+        send(&mut s, "200 OK", "ETag: \"0123456789abcdef0123456789abcdef01234567\"\r\n", &bytes)
+    }
+}
+
+/// Asserts that two directories hold the same files with the same bytes.
+fn assert_same_dir(got: &Path, want: &Path) {
+    let list = |d: &Path| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(list(got), list(want), "{} vs {}", got.display(), want.display());
+    for f in list(want) {
+        assert!(std::fs::read(got.join(&f)).unwrap() == std::fs::read(want.join(&f)).unwrap(), "{f} differs");
+    }
+}
+
+fn converted(src: &Path, tag: &str) -> PathBuf {
+    let out = scratch(tag).join("model");
+    let o = Command::new(env!("CARGO_BIN_EXE_coli")).arg("convert").arg(src).arg("-o").arg(&out).output().unwrap();
+    ok(o);
+    out
+}
+
+/// A small OLMoE-shaped checkpoint in several shards (with an index), from `coli synth`.
+fn sharded_checkpoint(tag: &str) -> PathBuf {
+    let dir = scratch(tag).join("ckpt");
+    let o = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(["synth", "--layers", "2", "--experts", "8", "--top-k", "2", "--hidden", "64"])
+        .args(["--intermediate", "64", "--heads", "4", "--vocab", "512", "--shard-size", "96K", "-o"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    ok(o);
+    dir
+}
+
+#[test]
+fn pull_matches_convert_through_a_redirect_and_a_dropped_connection() {
+    let home = scratch("basic");
+    let hub = MockHub::start(&[("acme/tiny-moe", fixture("qwen3_moe"))], &home);
+    hub.faults.lock().unwrap().drop_once.insert("model.safetensors".into());
+
+    let no_token = coli(&home, &hub).env_remove("HF_TOKEN").args(["pull", "acme/tiny-moe"]).output().unwrap();
+    assert_one_error(&no_token, "HF_TOKEN");
+
+    let out = ok(coli(&home, &hub).args(["pull", "acme/tiny-moe"]).output().unwrap());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("installed acme/tiny-moe"), "{err}");
+    assert_same_dir(&home.join("acme/tiny-moe"), &converted(&fixture("qwen3_moe"), "basic-ref"));
+    assert!(!home.join(".pull").exists(), "the staging directory is removed");
+
+    let reqs = hub.requests();
+    let resumed = reqs
+        .iter()
+        .any(|r| r.starts_with("GET /cdn/acme/tiny-moe/model.safetensors bytes=") && !r.contains("bytes=0-"));
+    assert!(resumed, "no resumed Range request after the dropped connection: {reqs:#?}");
+    assert!(reqs.iter().filter(|r| r.contains("/cdn/")).all(|r| r.ends_with("auth=")), "the token went to the CDN");
+    assert!(reqs.iter().filter(|r| r.contains("/resolve/")).all(|r| r.ends_with("auth=Bearer secret-token")));
+
+    let list = ok(coli(&home, &hub).args(["list", "--json"]).output().unwrap());
+    let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(v["models"][0]["id"], "acme/tiny-moe");
+    assert_eq!(v["models"][0]["quantization"], "int4/g64");
+
+    let again = coli(&home, &hub).args(["pull", "acme/tiny-moe"]).output().unwrap();
+    assert_one_error(&again, "already installed");
+    for bad in ["tiny-moe", "acme/tiny-moe@a b", "../../etc"] {
+        assert_one_error(&coli(&home, &hub).args(["pull", bad]).output().unwrap(), "not a");
+    }
+    assert_one_error(&coli(&home, &hub).args(["pull", "acme/missing"]).output().unwrap(), "404");
+}
+
+#[test]
+fn pull_converts_shard_by_shard() {
+    let home = scratch("shards");
+    let ckpt = sharded_checkpoint("shards-src");
+    let n_shards = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .count();
+    assert!(n_shards >= 3, "{n_shards} shards");
+    let hub = MockHub::start(&[("acme/synth", ckpt.clone())], &home);
+    ok(coli(&home, &hub).args(["pull", "acme/synth", "--quant", "int8", "--group-size", "32"]).output().unwrap());
+    let want = scratch("shards-ref").join("model");
+    ok(Command::new(env!("CARGO_BIN_EXE_coli"))
+        .arg("convert")
+        .arg(&ckpt)
+        .arg("-o")
+        .arg(&want)
+        .args(["--quant", "int8", "--group-size", "32"])
+        .output()
+        .unwrap());
+    assert_same_dir(&home.join("acme/synth"), &want);
+    let seen = hub.log.lock().unwrap().real_shards_seen.clone();
+    assert_eq!(seen.len(), n_shards, "{seen:?}");
+    assert!(seen.iter().all(|&n| n <= 1), "more than one downloaded shard on disk at once: {seen:?}");
+}
+
+#[test]
+fn a_corrupted_download_is_fetched_again_and_a_wrong_checksum_never_converted() {
+    let home = scratch("corrupt");
+    let hub = MockHub::start(&[("acme/flaky", fixture("olmoe")), ("acme/bad", fixture("olmoe"))], &home);
+    hub.faults.lock().unwrap().corrupt.insert("model.safetensors".into(), 1);
+    let out = ok(coli(&home, &hub).args(["pull", "acme/flaky"]).output().unwrap());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fetching it again"));
+    assert_same_dir(&home.join("acme/flaky"), &converted(&fixture("olmoe"), "corrupt-ref"));
+
+    hub.faults.lock().unwrap().wrong_sha.insert("model.safetensors".into());
+    let before = hub.requests().len();
+    let out = coli(&home, &hub).args(["pull", "acme/bad"]).output().unwrap();
+    assert_one_error(&out, "sha256");
+    let full_gets =
+        hub.requests()[before..].iter().filter(|r| r.starts_with("GET /cdn/acme/bad/model.safetensors  ")).count();
+    assert_eq!(full_gets, 2, "fetched once more after the mismatch, then refused");
+    let staging = home.join(".pull/acme--bad@main");
+    assert!(!staging.join("out").exists(), "a corrupted shard was converted");
+    assert!(!staging.join("src/model.safetensors.part").exists());
+    assert!(!home.join("acme/bad").exists());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_killed_pull_resumes_to_the_same_bytes() {
+    let home = scratch("kill");
+    let ckpt = sharded_checkpoint("kill-src");
+    let hub = MockHub::start(&[("acme/synth", ckpt.clone())], &home);
+    hub.faults.lock().unwrap().delay = Some(Duration::from_millis(40));
+    let mut child = coli(&home, &hub).args(["pull", "acme/synth"]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let src = home.join(".pull/acme--synth@main/src");
+    let t = Instant::now();
+    // Kill it once a shard is converted and the next one is partly downloaded.
+    loop {
+        let names: Vec<String> = std::fs::read_dir(&src)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let converted = names.iter().any(|n| n.ends_with(".converted"));
+        let part = names.iter().any(|n| n.ends_with(".part") && std::fs::metadata(src.join(n)).unwrap().len() > 0);
+        if converted && part {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the pull finished before it could be killed");
+        assert!(t.elapsed() < Duration::from_secs(60), "no progress: {names:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    hub.faults.lock().unwrap().delay = None;
+    let before = hub.requests().len();
+    ok(coli(&home, &hub).args(["pull", "acme/synth"]).output().unwrap());
+    assert_same_dir(&home.join("acme/synth"), &converted(&ckpt, "kill-ref"));
+    let reqs = hub.requests()[before..].to_vec();
+    assert!(reqs.iter().any(|r| r.contains("/cdn/") && r.contains("bytes=") && !r.contains("bytes=0-")), "{reqs:#?}");
+}

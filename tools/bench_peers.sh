@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# colibri side by side with llama.cpp (native CPU) and wllama (llama.cpp in wasm, in the same
+# headless Chromium), on the OLMoE-1B-7B shape with 16 experts (hidden 2048, 16 layers, 16
+# experts, top-8, intermediate 1024, vocab 50304, 16 heads), random weights on both sides:
+#   colibri: `coli synth --experts 16` then `coli convert --quant int4`
+#   peers:   a Q4_0 GGUF of the same shape (tools/bench/make_gguf.py, the `gguf` PyPI package)
+# and the memory read bandwidth (tools/bench/membw.c), all in one run, interleaved, several
+# repetitions. Not a test: nothing is asserted, timings are reported.
+#
+#   tools/bench_peers.sh [--quick] [--reps N] [--threads "1 2"] [--work DIR] [--out DIR]
+#                        [--no-build] [--no-browser] [--colibri-browser-threads "1"]
+#
+#   --quick     2 layers instead of 16, 32 prompt / 16 decode tokens, 1 repetition (a few
+#               minutes once the models exist; for developing this script)
+#   --reps N    repetitions (default 3); each one runs every engine at every thread count
+#   --work DIR  where the models, the Python venv and the membw binary live (default
+#               $COLIBRI_BENCH_WORK or /work/tmp-models/bench; never inside git). Models
+#               are made once and reused: ~4 GB bf16 checkpoint, ~1.1 GB int4 container,
+#               ~1.2 GB GGUF for the full shape. A container that this coli refuses (a
+#               format bump) is converted again.
+#   --out DIR   results (default WORK/results-UTC-TIMESTAMP): records.jsonl, summary.md, logs
+#   --no-build  use target/release/coli (or $COLI) as it is (default: tools/build-web.sh when web/pkg is
+#               missing, then cargo build --release -p colibri-helper)
+#   --colibri-browser-threads  thread counts for colibri's browser engine (default: those of
+#               --threads; more than one runs web/pkg-threads, the wasm-threads build)
+#   --browser-prompt N, --browser-decode N  prompt and decode tokens of the browser runs
+#               (default 32 and 16: wllama does well under 1 token/s on 2 busy cores)
+#
+# Per repetition and thread count T: membw T, `coli bench --ram all --cache warm --warmup --threads T`,
+# llama.cpp T (node-llama-cpp's prebuilt CPU binaries), wllama T, colibri browser (cpu).
+# Each engine run prefills P pseudo-random prompt ids in one batch (P = 128 native, 32 in the
+# browser) and then decodes D tokens greedily after them (64 native, 16 in the browser); it prints two JSON records (phase "prefill" and
+# "decode") on stdout and appends them to records.jsonl: engine, where, threads, phase,
+# tokens_per_second, model_bytes_per_token, bandwidth_bytes_per_second (measured with T
+# threads in the same repetition), bandwidth_share (= tok/s x bytes/token / bandwidth),
+# commit, load_average, cpu_model. summary.md has the medians (the table of
+# docs/benchmarks.md). On a shared machine the load average in every record says how much
+# to trust it.
+#
+# Installs what it needs from the package registries only: a venv with gguf + numpy (PyPI),
+# tools/bench/node_modules (npm install: node-llama-cpp 3.22.1 with its linux-x64 prebuilt
+# binaries, @wllama/wllama, playwright-core). Needs python3, node >= 20, npm, cc, cargo,
+# and Debian's chromium (CHROMIUM=/path overrides /usr/bin/chromium).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BENCH="$ROOT/tools/bench"
+
+QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --reps) REPS="$2"; shift ;;
+    --threads) THREADS="$2"; shift ;;
+    --work) WORK="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    --no-build) BUILD=0 ;;
+    --no-browser) BROWSER=0 ;;
+    --colibri-browser-threads) CB_THREADS="$2"; shift ;;
+    --browser-prompt) BPROMPT="$2"; shift ;;
+    --browser-decode) BDECODE="$2"; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench_peers.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+die() { echo "bench_peers.sh: $*" >&2; exit 1; }
+say() { echo "== $*" >&2; }
+
+LAYERS=16 EXPERTS=16 TOPK=8 HIDDEN=2048 INTER=1024 HEADS=16 VOCAB=50304 PROMPT=128 DECODE=64
+BPROMPT_D=32 BDECODE_D=16
+if [ "$QUICK" = 1 ]; then LAYERS=2 PROMPT=32 DECODE=16 BPROMPT_D=16 BDECODE_D=8 REPS="${REPS:-1}"; fi
+REPS="${REPS:-3}" BPROMPT="${BPROMPT:-$BPROMPT_D}" BDECODE="${BDECODE:-$BDECODE_D}" CB_THREADS="${CB_THREADS:-$THREADS}"
+SHAPE="olmoe-h${HIDDEN}-l${LAYERS}-e${EXPERTS}-k${TOPK}-i${INTER}-v${VOCAB}"
+MDIR="$WORK/$SHAPE"
+CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
+
+for tool in python3 node npm cc cargo git; do
+  command -v "$tool" >/dev/null || die "$tool is not installed"
+done
+[ "$BROWSER" = 0 ] || [ -x "$CHROMIUM" ] || die "no Chromium at $CHROMIUM (apt-get install chromium, or --no-browser)"
+case "$(realpath -m "$WORK")/" in "$ROOT"/*) die "--work $WORK is inside the repository; put the models elsewhere" ;; esac
+mkdir -p "$MDIR"
+OUT="${OUT:-$WORK/results-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT/logs"
+say "work dir $WORK, results in $OUT"
+
+# ---- peers and tools -------------------------------------------------------------------
+if [ ! -x "$WORK/venv/bin/python" ] || ! "$WORK/venv/bin/python" -c "import gguf, numpy" 2>/dev/null; then
+  say "python venv with gguf + numpy (PyPI)"
+  python3 -m venv "$WORK/venv"
+  "$WORK/venv/bin/pip" install -q "gguf==0.19.0" "numpy>=1.26"
+fi
+if [ ! -f "$BENCH/node_modules/.package-lock.json" ] || [ "$BENCH/package.json" -nt "$BENCH/node_modules/.package-lock.json" ]; then
+  say "npm install in tools/bench (node-llama-cpp prebuilt CPU binaries, wllama, playwright-core)"
+  # --omit=optional: node-llama-cpp's optional CUDA/Vulkan/other-OS binaries are not
+  # wanted; its linux-x64 CPU package is a direct dependency. --ignore-scripts: nothing
+  # may download or build llama.cpp at install time. `npm install`, not `npm ci`: the
+  # lock cannot list the other-OS optional packages where a registry mirror lacks them,
+  # and npm ci refuses such a lock; the versions are pinned in package.json.
+  (cd "$BENCH" && npm install --omit=optional --ignore-scripts --no-audit --no-fund >&2)
+fi
+[ -f "$BENCH/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/llama-addon.node" ] ||
+  die "node-llama-cpp's prebuilt linux-x64 binaries are missing from tools/bench/node_modules"
+if [ ! -x "$WORK/membw" ] || [ "$BENCH/membw.c" -nt "$WORK/membw" ]; then
+  cc -O3 -march=native -pthread -o "$WORK/membw" "$BENCH/membw.c" || die "cannot compile tools/bench/membw.c"
+fi
+
+# ---- colibri ---------------------------------------------------------------------------
+COLI="${COLI:-$ROOT/target/release/coli}"
+if [ "$BUILD" = 1 ]; then
+  if [ "$BROWSER" = 1 ] && { [ ! -f "$ROOT/web/pkg/colibri_wasm_bg.wasm" ] || [ ! -f "$ROOT/web/pkg-threads/colibri_wasm_bg.wasm" ]; }; then
+    say "building the browser engine (tools/build-web.sh)"
+    "$ROOT/tools/build-web.sh" >&2
+  fi
+  say "cargo build --release -p colibri-helper"
+  (cd "$ROOT" && cargo build --release -p colibri-helper >&2)
+fi
+[ -x "$COLI" ] || die "$COLI is missing (drop --no-build)"
+
+# ---- models (made once, reused) --------------------------------------------------------
+BF16="$MDIR/bf16" MODELS="$MDIR/models" INT4="$MDIR/models/int4" GGUF="$MDIR/model.gguf"
+if [ ! -f "$BF16/.complete" ]; then
+  say "coli synth ($SHAPE, bf16)"
+  rm -rf "$BF16"
+  "$COLI" synth -o "$BF16" --layers "$LAYERS" --experts "$EXPERTS" --top-k "$TOPK" --hidden "$HIDDEN" \
+    --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >&2
+  touch "$BF16/.complete"
+fi
+if [ ! -f "$BF16/tokenizer.json" ]; then
+  # coli synth writes no tokenizer; colibri's browser engine loads one (the same
+  # synthetic vocabulary as the GGUF's).
+  "$WORK/venv/bin/python" "$BENCH/make_gguf.py" --tokenizer-json "$BF16/tokenizer.json" --vocab "$VOCAB"
+  rm -f "$INT4/.complete"
+fi
+if [ ! -f "$INT4/.complete" ] || ! "$COLI" info "$INT4" >/dev/null 2>"$OUT/logs/coli-info.err"; then
+  [ -f "$INT4/.complete" ] && say "this coli refuses $INT4 ($(head -1 "$OUT/logs/coli-info.err")): converting again"
+  say "coli convert --quant int4"
+  rm -rf "$INT4"
+  mkdir -p "$MODELS"
+  "$COLI" convert "$BF16" -o "$INT4" --quant int4 >&2
+  touch "$INT4/.complete"
+fi
+if [ ! -f "$GGUF.json" ]; then
+  say "Q4_0 GGUF of the same shape (make_gguf.py)"
+  "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$GGUF" --layers "$LAYERS" --experts "$EXPERTS" --top-k "$TOPK" \
+    --hidden "$HIDDEN" --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >"$GGUF.json.tmp"
+  mv "$GGUF.json.tmp" "$GGUF.json"
+fi
+COLI_W=$(python3 "$BENCH/report.py" weights-colibri "$INT4/colibri.json")
+GGUF_W=$(cat "$GGUF.json")
+jget() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+
+# ---- the runs --------------------------------------------------------------------------
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- . ':!tools/bench_peers.sh' ':!tools/bench' || echo -dirty)"
+CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+CORES=$(nproc)
+RECORDS="$OUT/records.jsonl"
+: >"$RECORDS"
+declare -A BW
+
+context() { # threads weights-json rep
+  python3 - "$1" "$2" "$3" "${BW[$1]:-0}" "$SHAPE" "$COMMIT" "$CPU_MODEL" "$CORES" <<'EOF'
+import json, sys
+t, w, rep, bw, shape, commit, cpu, cores = sys.argv[1:]
+w = json.loads(w)
+print(json.dumps({"threads": int(t), "rep": int(rep), "bandwidth_bytes_per_second": float(bw) or None,
+  "bandwidth_threads": int(t), "decode_weight_bytes_per_token": w["decode_weight_bytes_per_token"],
+  "all_weight_bytes": w["all_weight_bytes"], "shape": shape, "commit": commit, "cpu_model": cpu,
+  "cores": int(cores), "load_average": " ".join(open("/proc/loadavg").read().split()[:3])}))
+EOF
+}
+
+# run NAME THREADS WEIGHTS REP -- command...: runs one engine, records its two phases.
+run() {
+  local name="$1" t="$2" w="$3" rep="$4"
+  shift 5
+  local log="$OUT/logs/$name-t$t-r$rep"
+  local ctx
+  ctx=$(context "$t" "$w" "$rep") # load average taken just before the run
+  say "rep $rep: $name, $t thread(s) (load $(cut -d' ' -f1-3 /proc/loadavg))"
+  if ! "$@" >"$log.out" 2>"$log.err"; then
+    echo "bench_peers.sh: $name ($t threads, rep $rep) failed; last lines of $log.err:" >&2
+    tail -5 "$log.err" >&2
+    return 0
+  fi
+  python3 "$BENCH/report.py" record "$log.out" "$ctx" | tee -a "$RECORDS" ||
+    echo "bench_peers.sh: could not make a record of $log.out" >&2
+}
+
+START=$(date +%s)
+for rep in $(seq 1 "$REPS"); do
+  for t in $THREADS; do
+    bw=$("$WORK/membw" "$t" 1024 5)
+    BW[$t]=$(jget "$bw" read_bytes_per_second)
+    python3 -c "import json,sys; r=json.loads(sys.argv[1]); r.update(kind='membw', rep=int(sys.argv[2]), load_average=sys.argv[3]); print(json.dumps(r))" \
+      "$bw" "$rep" "$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RECORDS"
+    run colibri-native "$t" "$COLI_W" "$rep" -- "$COLI" bench --model "$INT4" --ram all --cache warm --warmup --threads "$t" \
+      --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
+    run llama.cpp "$t" "$GGUF_W" "$rep" -- node "$BENCH/llama_native.mjs" --gguf "$GGUF" --threads "$t" \
+      --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
+    if [ "$BROWSER" = 1 ]; then
+      run wllama "$t" "$GGUF_W" "$rep" -- node "$BENCH/browser.mjs" --engine wllama --gguf "$GGUF" --threads "$t" \
+        --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
+      if [[ " $CB_THREADS " == *" $t "* ]]; then
+        run colibri-browser "$t" "$COLI_W" "$rep" -- node "$BENCH/browser.mjs" --engine colibri --coli "$COLI" \
+          --models-dir "$MODELS" --model int4 --threads "$t" --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
+      fi
+    fi
+  done
+done
+
+python3 "$BENCH/report.py" summary "$RECORDS" >"$OUT/summary.md"
+say "done in $(( $(date +%s) - START )) s; records: $RECORDS"
+cat "$OUT/summary.md" >&2
