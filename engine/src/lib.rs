@@ -17,6 +17,8 @@
 pub mod error;
 pub mod experts;
 pub mod format;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod fsio;
 pub mod generate;
 #[cfg(feature = "wgpu")]
 pub mod gpu;

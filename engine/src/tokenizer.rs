@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 mod template;
 use template::{template_env, template_error, TEMPLATE_NAME};
+pub use template::{MAX_RENDERED_BYTES, MAX_TEMPLATE_BYTES, TEMPLATE_FUEL};
 
 /// One chat turn, as transformers' `apply_chat_template` takes it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -85,23 +86,24 @@ impl Tokenizer {
     /// transformers).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_dir(dir: &std::path::Path) -> Result<Self> {
+        use crate::fsio::{read_limited, read_optional, MAX_TOKENIZER_BYTES};
         let tok_path = dir.join("tokenizer.json");
-        let tok_bytes = std::fs::read(&tok_path).map_err(|e| Error::io(&tok_path, e))?;
+        let tok_bytes = read_limited(&tok_path, MAX_TOKENIZER_BYTES)?;
         let cfg_path = dir.join("tokenizer_config.json");
-        let config = match std::fs::read(&cfg_path) {
-            Ok(b) => Some(
+        let config = match read_optional(&cfg_path, MAX_TOKENIZER_BYTES)? {
+            Some(b) => Some(
                 serde_json::from_slice::<serde_json::Value>(&b)
                     .map_err(|source| Error::Json { path: cfg_path.clone(), source })?,
             ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io(&cfg_path, e)),
+            None => None,
         };
         let mut tok = Self::build(&tok_bytes, config.as_ref(), &tok_path.display().to_string())?;
         let jinja_path = dir.join("chat_template.jinja");
-        match std::fs::read_to_string(&jinja_path) {
-            Ok(src) => tok.set_chat_template(&src),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&jinja_path, e)),
+        if let Some(src) = read_optional(&jinja_path, MAX_TEMPLATE_BYTES as u64)? {
+            match String::from_utf8(src) {
+                Ok(src) => tok.set_chat_template(&src),
+                Err(_) => tok.template = ChatTemplate::Broken(format!("{}: not UTF-8 text", jinja_path.display())),
+            }
         }
         Ok(tok)
     }
@@ -159,6 +161,13 @@ impl Tokenizer {
     /// Replaces the chat template. A template that does not compile is kept as an
     /// error that [`Tokenizer::apply_chat_template`] reports.
     pub fn set_chat_template(&mut self, source: &str) {
+        if source.len() > MAX_TEMPLATE_BYTES {
+            self.template = ChatTemplate::Broken(format!(
+                "the template is {} bytes; at most {MAX_TEMPLATE_BYTES} are accepted",
+                source.len()
+            ));
+            return;
+        }
         self.template = match template_env(source) {
             Ok(env) => ChatTemplate::Ready(Box::new(env)),
             Err(e) => ChatTemplate::Broken(e),
@@ -239,7 +248,15 @@ impl Tokenizer {
         ctx.push(("messages".into(), Value::from_iter(messages)));
         ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
         let tmpl = env.get_template(TEMPLATE_NAME).map_err(template_error)?;
-        tmpl.render(Value::from_pairs(ctx)).map_err(template_error)
+        // Fuel (set on the environment) bounds the instructions run; this bounds the output.
+        let mut out = template::CappedWriter::default();
+        match tmpl.render_captured_to(Value::from_pairs(ctx), &mut out) {
+            Ok(_) => String::from_utf8(out.buf).map_err(|_| Error::Template("the template wrote invalid UTF-8".into())),
+            Err(_) if out.overflowed => {
+                Err(Error::Template(format!("the rendered prompt is longer than {MAX_RENDERED_BYTES} bytes")))
+            }
+            Err(e) => Err(template_error(e)),
+        }
     }
 
     /// `apply_chat_template` followed by `encode(.., false)`.

@@ -74,9 +74,20 @@ pub fn is_valid_model_id(id: &str) -> bool {
 /// `config.json`, and one level further down for `owner/name` ids.
 pub fn installed_models(dir: &Path) -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
+    // A directory of symlinks to itself must not take minutes: every entry looked at
+    // (at both levels together) counts against one budget.
+    let budget = std::cell::Cell::new(20_000usize);
     let names = |d: &Path| -> Vec<String> {
         let Ok(rd) = std::fs::read_dir(d) else { return Vec::new() };
-        rd.flatten().filter_map(|e| e.file_name().to_str().map(str::to_owned)).filter(|n| is_valid_id_part(n)).collect()
+        let left = budget.get();
+        let v: Vec<String> = rd
+            .flatten()
+            .take(left)
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|n| is_valid_id_part(n))
+            .collect();
+        budget.set(left.saturating_sub(v.len()));
+        v
     };
     for owner in names(dir) {
         let p = dir.join(&owner);

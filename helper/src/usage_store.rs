@@ -21,10 +21,23 @@ pub fn fingerprint(root: &Path) -> Option<String> {
 }
 
 /// Where the usage file of model `id` in `root` lives; `fallback_dir` is used when
-/// `root` is not writable.
+/// `root` is not writable, or writable by everyone.
 pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf {
     let local = root.join("usage.json");
-    let writable = OpenOptions::new().create(true).append(true).open(root.join("usage.json.lock")).is_ok();
+    // Not in a world-writable directory (o+w): there another user could plant the lock
+    // or the file itself. The fallback directory is created 0700.
+    let private = {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(root).is_ok_and(|m| m.permissions().mode() & 0o002 == 0)
+        }
+        #[cfg(not(unix))]
+        {
+            true
+        }
+    };
+    let writable = private && OpenOptions::new().create(true).append(true).open(root.join("usage.json.lock")).is_ok();
     match fallback_dir {
         Some(d) if !writable => d.join(format!("{}.json", id.replace('/', "--"))),
         _ => local,
@@ -34,29 +47,93 @@ pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf
 /// An exclusive advisory lock, released when dropped.
 struct Lock(#[allow(dead_code)] File);
 
+/// How long a merge waits for another process's lock before it gives up.
+pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Takes the lock of the usage file at `path`: `<file>.lock`, readable and writable by
+/// this user only (flock needs no more than read access, so a lock file that others can
+/// open would let any local user stall every merge), waiting at most [`LOCK_TIMEOUT`].
 fn lock(path: &Path) -> Result<Lock> {
     let lock_path = path.with_extension("json.lock");
-    let f = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&lock_path)
-        .with_context(|| format!("{}: cannot create the lock file", lock_path.display()))?;
+    let mut opts = OpenOptions::new();
+    opts.create(true).append(true);
     #[cfg(unix)]
     {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let f = opts.open(&lock_path).with_context(|| format!("{}: cannot create the lock file", lock_path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
         use std::os::unix::io::AsRawFd;
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("cannot lock the usage file");
+        // A lock file left by an older coli may be world-readable: close it to others.
+        if f.metadata().is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+            let _ = f.set_permissions(std::fs::Permissions::from_mode(0o600));
+        }
+        let deadline = std::time::Instant::now() + LOCK_TIMEOUT;
+        loop {
+            // SAFETY: flock on a file descriptor we own; no memory is involved.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e).context("cannot lock the usage file");
+            }
+            if std::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "{}: another process has held the lock for over {} s",
+                    lock_path.display(),
+                    LOCK_TIMEOUT.as_secs()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
     Ok(Lock(f))
+}
+
+/// Removes temporary usage files (`*.json.tmp.<pid>`) in `dir` that a writer killed
+/// mid-write left behind: those whose process is gone.
+pub fn clean_temp_files(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for e in rd.flatten().take(10_000) {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.split_once(".json.tmp.")).map(|(_, p)| p.to_owned()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if !process_alive(pid) && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+fn process_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+        // SAFETY: signal 0 only checks that the process exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        true
+    }
 }
 
 /// Reads the usage file, or an empty table if it is missing or for another shape or
 /// fingerprint (a replaced or retrained model): old counts of a different model must not
 /// be merged.
 pub fn read_usage(path: &Path, n_layers: usize, n_experts: usize, fingerprint: Option<&str>) -> ExpertUsage {
-    match std::fs::read(path) {
+    match colibri_engine::fsio::read_limited(path, colibri_engine::fsio::MAX_JSON_BYTES) {
         Ok(b) => ExpertUsage::from_json_bytes(&b, n_layers, n_experts, fingerprint).unwrap_or_else(|e| {
             tracing::warn!(path = %path.display(), "ignoring the usage file: {e}");
             ExpertUsage::new(n_layers, n_experts)
@@ -77,7 +154,14 @@ pub fn merge_into_file(
     let mut add = ExpertUsage::new(shape.0, shape.1);
     add.merge_triples(triples)?;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+        let mut b = std::fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            b.mode(0o700);
+        }
+        b.create(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     }
     let _lock = lock(path)?;
     let mut usage = read_usage(path, shape.0, shape.1, fingerprint);
@@ -100,6 +184,43 @@ pub fn merge_into_file(
 mod tests {
     use super::*;
 
+    #[cfg(unix)]
+    #[test]
+    fn a_held_lock_times_out_instead_of_stalling() {
+        use std::os::unix::io::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("coli-usage-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("usage.json");
+        let other = OpenOptions::new().create(true).append(true).open(dir.join("usage.json.lock")).unwrap();
+        // SAFETY: flock on a descriptor we own (another open file description, as another process would have).
+        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let t = std::time::Instant::now();
+        let e = merge_into_file(&path, "m", (1, 1), None, &[(0, 0, 1)]).unwrap_err();
+        assert!(format!("{e:#}").contains("held the lock"), "{e:#}");
+        assert!(t.elapsed() >= LOCK_TIMEOUT && t.elapsed() < LOCK_TIMEOUT * 3, "{:?}", t.elapsed());
+        drop(other);
+        merge_into_file(&path, "m", (1, 1), None, &[(0, 0, 1)]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_world_writable_model_directory_keeps_no_usage_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("coli-usage-shared-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fallback = dir.join("fallback");
+        assert_eq!(usage_path(&dir, "m", Some(&fallback)), dir.join("usage.json"));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(usage_path(&dir, "m", Some(&fallback)), fallback.join("m.json"));
+        merge_into_file(&fallback.join("m.json"), "m", (1, 1), None, &[(0, 0, 1)]).unwrap();
+        let mode = std::fs::metadata(&fallback).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn concurrent_merges_lose_nothing() {
         let dir = std::env::temp_dir().join(format!("coli-usage-{}", std::process::id()));
@@ -118,6 +239,18 @@ mod tests {
         });
         let u = read_usage(&path, 2, 3, Some("ab"));
         assert_eq!(u.get(0, 1), 100);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join("usage.json.lock")).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "the lock file is private: {mode:o}");
+        }
+        // A killed writer's temporary file goes; a live one's stays.
+        std::fs::write(dir.join("usage.json.tmp.999999999"), b"{").unwrap();
+        std::fs::write(dir.join(format!("usage.json.tmp.{}", std::process::id())), b"{").unwrap();
+        assert_eq!(clean_temp_files(&dir), 1);
+        assert!(dir.join(format!("usage.json.tmp.{}", std::process::id())).exists());
+        std::fs::remove_file(dir.join(format!("usage.json.tmp.{}", std::process::id()))).unwrap();
         assert_eq!(u.total(), 300);
         assert!(merge_into_file(&path, "m", (2, 3), Some("ab"), &[(2, 0, 1)]).is_err());
         assert_eq!(read_usage(&path, 2, 3, Some("ab")).total(), 300);

@@ -81,7 +81,7 @@ impl FileSource {
     /// page cache. A file system that refuses O_DIRECT (tmpfs answers EINVAL) leaves
     /// plain reads in place and says why in `direct_note`.
     pub fn open_with(path: &std::path::Path, direct: bool) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = crate::fsio::open_regular(path)?;
         let (direct, direct_note) = if direct { open_direct(path) } else { (None, None) };
         Ok(FileSource {
             file,

@@ -18,6 +18,13 @@ pub const CHECKSUM: &str = "xxh3-64";
 pub const EXPERT_ALIGN: u64 = 4096;
 /// Alignment of every dense tensor and of each part inside an expert.
 pub const TENSOR_ALIGN: u64 = 256;
+/// The manifest's checksum of itself: xxh3-64 (hex) of the compact JSON of every other
+/// field (docs/format.md). Manifests written before it existed have none and still load;
+/// `coli doctor --checksums` says so.
+pub const SELF_CHECKSUM: &str = "manifest_xxh3";
+/// Largest manifest read (a 1024-layer, 4096-expert model needs about 600 MiB of JSON;
+/// real ones are a few MiB).
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Manifest {
@@ -109,6 +116,13 @@ pub struct ExpertEntry {
     pub xxh3: String,
 }
 
+/// xxh3 of the compact JSON of `v` (the manifest without its own checksum). serde_json
+/// parses floats exactly (`float_roundtrip`) and prints the shortest form that reads back
+/// to the same number, so the writer's and the reader's JSON agree byte for byte.
+fn self_checksum(v: &serde_json::Value) -> u64 {
+    checksum(&serde_json::to_vec(v).unwrap_or_default())
+}
+
 /// The engine's checksum of a byte range.
 pub fn checksum(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
@@ -191,13 +205,34 @@ impl Manifest {
             }
             _ => return Err(bad("not a colibri manifest (no \"format\": \"colibri\" with a \"version\")")),
         }
+        let mut v = v;
+        if let Some(obj) = v.as_object_mut() {
+            if let Some(claimed) = obj.remove(SELF_CHECKSUM) {
+                let want = claimed.as_str().and_then(parse_checksum);
+                if want != Some(self_checksum(&serde_json::Value::Object(obj.clone()))) {
+                    return Err(bad(format!(
+                        "its own checksum ({SELF_CHECKSUM}) does not match: the manifest was edited or damaged; convert the model again"
+                    )));
+                }
+            }
+        }
         let m: Manifest = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
         m.validate()?;
         Ok(m)
     }
 
+    /// Whether the manifest in `bytes` carries its own checksum (written by this version
+    /// of the converter or later). [`Manifest::parse`] checks it when it is there.
+    pub fn has_self_checksum(bytes: &[u8]) -> bool {
+        serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|v| v.get(SELF_CHECKSUM).is_some())
+    }
+
+    /// The manifest as written to disk: pretty JSON with its own checksum as the last field.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
+        let Ok(serde_json::Value::Object(mut obj)) = serde_json::to_value(self) else { return Vec::new() };
+        let sum = self_checksum(&serde_json::Value::Object(obj.clone()));
+        obj.insert(SELF_CHECKSUM.into(), checksum_hex(sum).into());
+        let mut v = serde_json::to_vec_pretty(&obj).unwrap_or_default();
         v.push(b'\n');
         v
     }
@@ -243,7 +278,11 @@ impl Manifest {
             if names != ["gate", "up", "down"] {
                 return Err(bad(format!("layer {}: expert parts must be gate, up, down; got {names:?}", l.layer)));
             }
-            let span = l.parts.iter().map(|p| p.offset + p.length).max().unwrap_or(0);
+            let mut span = 0u64;
+            for p in &l.parts {
+                let end = p.offset.checked_add(p.length);
+                span = span.max(end.ok_or_else(|| bad(format!("layer {}: part {} overflows", l.layer, p.name)))?);
+            }
             for p in &l.parts {
                 let what = format!("layer {} expert part {}", l.layer, p.name);
                 let want = stored_len(&what, p.dtype()?, &p.shape)?;
@@ -413,6 +452,34 @@ mod tests {
         assert_eq!(m.data_size, 8192 + l.experts[1].length);
         let back = Manifest::parse(&m.to_json()).unwrap();
         assert_eq!(back, m);
+        assert!(Manifest::has_self_checksum(&m.to_json()));
+    }
+
+    #[test]
+    fn the_manifest_checksum_catches_edits() {
+        let mut m = sample();
+        m.config =
+            serde_json::json!({"model_type": "mixtral", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "x": 0.1});
+        let json = String::from_utf8(m.to_json()).unwrap();
+        assert!(json.contains(SELF_CHECKSUM));
+        let back = Manifest::parse(json.as_bytes()).unwrap();
+        assert_eq!(back, m);
+        // Edits that still pass every other check: a group size, a checksum, a config value.
+        for (from, to) in
+            [("\"group_size\": 64", "\"group_size\": 32"), ("0000000000000002", "0000000000000003"), ("0.1", "0.2")]
+        {
+            assert!(json.contains(from), "{from}");
+            let edited = json.replacen(from, to, 1);
+            let e = Manifest::parse(edited.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains(SELF_CHECKSUM), "{from}: {e}");
+        }
+        // Whitespace does not matter; a manifest without the field still loads.
+        Manifest::parse(json.replace("  ", " ").as_bytes()).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        v.as_object_mut().unwrap().remove(SELF_CHECKSUM);
+        let old = serde_json::to_vec(&v).unwrap();
+        assert!(!Manifest::has_self_checksum(&old));
+        Manifest::parse(&old).unwrap();
     }
 
     #[test]
@@ -448,5 +515,8 @@ mod tests {
         let mut m = sample();
         m.dense.tensors[0].shape = vec![u64::MAX, u64::MAX];
         assert!(Manifest::parse(&m.to_json()).is_err());
+        let mut m = sample();
+        m.experts.layers[0].parts[2].offset = u64::MAX - 1;
+        assert!(Manifest::parse(&m.to_json()).unwrap_err().to_string().contains("overflows"));
     }
 }

@@ -23,6 +23,17 @@ pub struct TensorStore {
     tensors: HashMap<String, TensorEntry>,
 }
 
+/// Checkpoints up to this size are read into memory instead of mapped: half of
+/// MemAvailable, or 4 GiB where that is unknown.
+#[cfg(not(target_arch = "wasm32"))]
+fn owned_read_limit() -> u64 {
+    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
+        let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?.to_owned();
+        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+    });
+    avail.map_or(4 << 30, |kb| kb * 1024 / 2)
+}
+
 fn describe(e: SafeTensorError) -> String {
     match e {
         SafeTensorError::MetadataIncompleteBuffer => {
@@ -46,7 +57,10 @@ impl TensorStore {
             let dtype = DType::from_safetensors(&dtype_name)
                 .ok_or_else(|| Error::Dtype { name: name.clone(), dtype: dtype_name.clone() })?;
             let (s, e) = info.data_offsets;
-            let view = bytes.slice(data_start + s, e - s).map_err(|x| err(x.to_string()))?;
+            let len =
+                e.checked_sub(s).ok_or_else(|| err(format!("tensor {name}: data_offsets end before they start")))?;
+            let start = data_start.checked_add(s).ok_or_else(|| err(format!("tensor {name}: offset overflows")))?;
+            let view = bytes.slice(start, len).map_err(|x| err(x.to_string()))?;
             if self.tensors.contains_key(&name) {
                 return Err(err(format!("tensor {name} appears in more than one shard")));
             }
@@ -61,7 +75,7 @@ impl TensorStore {
     pub fn open_dir(dir: &std::path::Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<std::path::PathBuf> = if index.exists() {
-            let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
+            let text = crate::fsio::read_limited(&index, crate::fsio::MAX_JSON_BYTES)?;
             let v: serde_json::Value =
                 serde_json::from_slice(&text).map_err(|e| Error::Json { path: index.clone(), source: e })?;
             let map = v
@@ -92,13 +106,32 @@ impl TensorStore {
         if files.is_empty() {
             return Err(Error::Invalid(format!("{}: no *.safetensors files found", dir.display())));
         }
-        let mut store = TensorStore::default();
+        let mut opened = Vec::with_capacity(files.len());
+        let mut total = 0u64;
         for f in files {
-            let file = std::fs::File::open(&f).map_err(|e| Error::io(&f, e))?;
-            // SAFETY: the map is read-only. If another process truncates the file while
-            // it is mapped, reads fault; model files are not expected to change under us.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&f, e))?;
-            store.add_file(&f.display().to_string(), Bytes::new(std::sync::Arc::new(map)))?;
+            let file = crate::fsio::open_regular(&f)?;
+            let len = file.metadata().map_err(|e| Error::io(&f, e))?.len();
+            total = total.saturating_add(len);
+            opened.push((f, file, len));
+        }
+        // Read the shards into owned memory when they fit comfortably: a file truncated or
+        // replaced later cannot touch them. Only a checkpoint larger than half the free
+        // memory is memory-mapped (where a truncation under us would fault).
+        let map = total > owned_read_limit();
+        let mut store = TensorStore::default();
+        for (f, file, len) in opened {
+            let bytes = if map {
+                // SAFETY: the map is read-only. If another process truncates the file while
+                // it is mapped, reads fault; only checkpoints too large to read are mapped.
+                let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&f, e))?;
+                Bytes::new(std::sync::Arc::new(map))
+            } else {
+                use std::io::Read;
+                let mut buf = Vec::with_capacity(len as usize);
+                file.take(len).read_to_end(&mut buf).map_err(|e| Error::io(&f, e))?;
+                Bytes::from_vec(buf)
+            };
+            store.add_file(&f.display().to_string(), bytes)?;
         }
         Ok(store)
     }

@@ -82,8 +82,36 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// Upper bounds of the sizes a config.json may claim. Every size is checked against these
+/// before anything is allocated from it, and later against the tensors actually present,
+/// so a damaged or hostile config gives an error, never an allocation of 2^40 bytes.
+/// The largest released MoE models stay far below them (DeepSeek-V3: 61 layers, 7168
+/// hidden, 256 experts, 129280 vocabulary; Qwen3-235B: 94 layers, 128 experts).
+pub mod limits {
+    pub const MAX_LAYERS: usize = 1024;
+    pub const MAX_HIDDEN: usize = 1 << 16;
+    pub const MAX_HEADS: usize = 1024;
+    pub const MAX_HEAD_DIM: usize = 4096;
+    pub const MAX_VOCAB: usize = 1 << 22;
+    pub const MAX_EXPERTS: usize = 1 << 12;
+    /// Layers x experts: the size of a usage table (8 bytes per entry).
+    pub const MAX_LAYER_EXPERTS: usize = 1 << 20;
+    pub const MAX_INTERMEDIATE: usize = 1 << 18;
+    pub const MAX_POSITIONS: usize = 1 << 24;
+    /// vocab x hidden (the embedding), also a bound for every 2-D weight.
+    pub const MAX_MATRIX: u64 = 1 << 36;
+}
+
 fn get_usize(v: &Value, key: &str) -> Option<usize> {
-    v.get(key).and_then(Value::as_u64).map(|x| x as usize)
+    v.get(key).and_then(Value::as_u64).map(|x| usize::try_from(x).unwrap_or(usize::MAX))
+}
+
+/// `value` of `key` is at most `max`.
+fn bounded(key: &str, value: usize, max: usize) -> Result<usize> {
+    if value > max {
+        return Err(Error::Config(format!("{key} = {value} is larger than this engine allows ({max})")));
+    }
+    Ok(value)
 }
 
 fn need_usize(v: &Value, key: &str) -> Result<usize> {
@@ -107,8 +135,10 @@ fn get_bool(v: &Value, key: &str) -> Option<bool> {
 /// Token ids in config.json may be an integer, a list of integers or null.
 pub fn parse_token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        Some(Value::Number(n)) => n.as_u64().and_then(|x| u32::try_from(x).ok()).map(|x| vec![x]).unwrap_or_default(),
+        Some(Value::Array(a)) => {
+            a.iter().filter_map(Value::as_u64).filter_map(|x| u32::try_from(x).ok()).take(1024).collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -127,11 +157,20 @@ impl ModelConfig {
             .ok_or_else(|| Error::Config("missing \"model_type\"".into()))?
             .to_string();
         let family = Family::from_model_type(&model_type)?;
-        let hidden = need_usize(v, "hidden_size")?;
-        let n_layers = need_usize(v, "num_hidden_layers")?;
-        let n_heads = need_usize(v, "num_attention_heads")?;
-        let n_kv_heads = get_usize(v, "num_key_value_heads").unwrap_or(n_heads);
-        let vocab = need_usize(v, "vocab_size")?;
+        use limits::*;
+        let hidden = bounded("hidden_size", need_usize(v, "hidden_size")?, MAX_HIDDEN)?;
+        let n_layers = bounded("num_hidden_layers", need_usize(v, "num_hidden_layers")?, MAX_LAYERS)?;
+        let n_heads = bounded("num_attention_heads", need_usize(v, "num_attention_heads")?, MAX_HEADS)?;
+        let n_kv_heads =
+            bounded("num_key_value_heads", get_usize(v, "num_key_value_heads").unwrap_or(n_heads), n_heads)?;
+        let vocab = bounded("vocab_size", need_usize(v, "vocab_size")?, MAX_VOCAB)?;
+        // In u64: on wasm32 a usize product of two bounded sizes can still overflow.
+        if vocab as u64 * hidden as u64 > MAX_MATRIX {
+            return Err(Error::Config(format!(
+                "vocab_size x hidden_size = {} is larger than this engine allows ({MAX_MATRIX})",
+                vocab as u64 * hidden as u64
+            )));
+        }
         if hidden == 0 || n_layers == 0 || n_heads == 0 || n_kv_heads == 0 || vocab == 0 {
             return Err(Error::Config("sizes must be positive".into()));
         }
@@ -150,17 +189,28 @@ impl ModelConfig {
                 }
                 hidden / n_heads
             }
-            (_, Some(d)) => d,
+            (_, Some(d)) => bounded("head_dim", d, MAX_HEAD_DIM)?,
         };
+        if head_dim == 0 {
+            return Err(Error::Config("head_dim must be positive".into()));
+        }
         if head_dim % 2 != 0 {
             return Err(Error::Config(format!("head_dim {head_dim} must be even for RoPE")));
         }
         let rms_eps = get_f64(v, "rms_norm_eps").unwrap_or(1e-6) as f32;
-        let max_positions = get_usize(v, "max_position_embeddings").unwrap_or(4096);
+        if !(rms_eps.is_finite() && rms_eps >= 0.0) {
+            return Err(Error::Config(format!("rms_norm_eps {rms_eps} must be a finite number >= 0")));
+        }
+        let max_positions =
+            bounded("max_position_embeddings", get_usize(v, "max_position_embeddings").unwrap_or(4096), MAX_POSITIONS)?;
+        if max_positions == 0 {
+            return Err(Error::Config("max_position_embeddings must be positive".into()));
+        }
         let rope = RopeConfig::from_config(v, head_dim, max_positions)?;
 
-        let n_experts = first_usize(v, &["num_local_experts", "num_experts"])?;
-        let top_k = need_usize(v, "num_experts_per_tok")?;
+        let n_experts = bounded("num_experts", first_usize(v, &["num_local_experts", "num_experts"])?, MAX_EXPERTS)?;
+        bounded("num_hidden_layers x num_experts", n_layers * n_experts, MAX_LAYER_EXPERTS)?;
+        let top_k = bounded("num_experts_per_tok", need_usize(v, "num_experts_per_tok")?, n_experts)?;
         if top_k == 0 || top_k > n_experts {
             return Err(Error::Config(format!(
                 "num_experts_per_tok {top_k} must be between 1 and the number of experts {n_experts}"
@@ -193,6 +243,18 @@ impl ModelConfig {
             Family::Qwen2Moe => get_usize(v, "shared_expert_intermediate_size").filter(|&s| s > 0),
             _ => None,
         };
+        bounded("intermediate_size", dense_intermediate, MAX_INTERMEDIATE)?;
+        bounded("moe_intermediate_size", expert_intermediate, MAX_INTERMEDIATE)?;
+        if expert_intermediate == 0 {
+            return Err(Error::Config("the experts' intermediate size must be positive".into()));
+        }
+        if let Some(s) = shared_expert_intermediate {
+            bounded("shared_expert_intermediate_size", s, MAX_INTERMEDIATE)?;
+        }
+        if clip_qkv.is_some_and(|c| !(c.is_finite() && c >= 0.0)) {
+            // f32::clamp(-c, c) panics on NaN or a negative c.
+            return Err(Error::Config("clip_qkv must be a finite number >= 0".into()));
+        }
 
         let moe_layers: Vec<bool> = match family {
             Family::Qwen2Moe | Family::Qwen3Moe => {
@@ -312,6 +374,58 @@ mod tests {
     fn missing_field_is_reported() {
         let e = ModelConfig::from_json_bytes(br#"{"model_type":"mixtral","hidden_size":8}"#).unwrap_err();
         assert!(e.to_string().contains("num_hidden_layers"), "{e}");
+    }
+
+    /// A valid mixtral config with `key` replaced by `value`.
+    fn mutant(key: &str, value: serde_json::Value) -> Result<ModelConfig> {
+        let mut v = serde_json::json!({"model_type":"mixtral","hidden_size":16,"num_hidden_layers":2,
+            "num_attention_heads":2,"num_key_value_heads":1,"vocab_size":10,"num_local_experts":4,
+            "num_experts_per_tok":2,"intermediate_size":8});
+        v[key] = value;
+        ModelConfig::from_value(&v)
+    }
+
+    #[test]
+    fn huge_sizes_are_errors_not_allocations() {
+        mutant("hidden_size", 16.into()).unwrap();
+        for key in [
+            "num_hidden_layers",
+            "hidden_size",
+            "vocab_size",
+            "num_local_experts",
+            "intermediate_size",
+            "max_position_embeddings",
+            "head_dim",
+            "num_attention_heads",
+        ] {
+            for value in [1u64 << 40, u64::MAX, 1 << 31] {
+                let e = mutant(key, value.into()).unwrap_err().to_string();
+                assert!(e.contains("config"), "{key}={value}: {e}");
+            }
+        }
+        assert!(mutant("num_key_value_heads", 4.into()).is_err());
+        assert!(mutant("num_experts_per_tok", 5.into()).is_err());
+        assert!(mutant("clip_qkv", (-1.0).into()).is_ok(), "mixtral ignores clip_qkv");
+        assert!(mutant("rms_norm_eps", (-1.0).into()).is_err());
+        assert!(mutant("max_position_embeddings", 0.into()).is_err());
+        let mut v: serde_json::Value = serde_json::from_str(
+            r#"{"model_type":"olmoe","hidden_size":16,"num_hidden_layers":2,"num_attention_heads":2,
+            "vocab_size":10,"num_experts":4,"num_experts_per_tok":2,"intermediate_size":8}"#,
+        )
+        .unwrap();
+        ModelConfig::from_value(&v).unwrap();
+        v["clip_qkv"] = (-1.0).into();
+        assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("clip_qkv"));
+        // The product of two sizes that pass alone.
+        let mut v = serde_json::json!({"model_type":"mixtral","hidden_size":65536,"num_hidden_layers":2,
+            "num_attention_heads":2,"vocab_size":4194304,"num_local_experts":4,"num_experts_per_tok":2,
+            "intermediate_size":8});
+        assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("vocab_size x hidden_size"));
+        v["vocab_size"] = 1000.into();
+        v["num_hidden_layers"] = 1024.into();
+        v["num_local_experts"] = 4096.into();
+        assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("x num_experts"));
+        assert_eq!(parse_token_ids(Some(&serde_json::json!([1, 1u64 << 40, 2]))), vec![1, 2]);
     }
 
     #[test]

@@ -54,7 +54,7 @@ mod native {
     use super::Container;
     use crate::error::{Error, Result};
     use crate::experts::cache::CacheOptions;
-    use crate::experts::source::FileSource;
+    use crate::experts::source::{ByteSource, FileSource};
     use crate::format::tensors::TensorStore;
     use crate::format::MANIFEST_FILE;
     use crate::model::config::ModelConfig;
@@ -63,7 +63,7 @@ mod native {
 
     /// A model directory, opened: a converted model (colibri.json parsed, its data file
     /// open and of the size the manifest says) or a Hugging Face checkpoint (config.json
-    /// parsed; the safetensors are mapped by [`ModelDir::load`]).
+    /// parsed; the safetensors are read by [`ModelDir::load`]).
     pub enum ModelDir {
         Container { dir: PathBuf, container: Box<Container>, data: FileSource },
         HuggingFace { dir: PathBuf, cfg: Box<ModelConfig> },
@@ -76,12 +76,12 @@ mod native {
             let path = dir.join(MANIFEST_FILE);
             if !path.is_file() {
                 let cfg_path = dir.join("config.json");
-                let bytes = std::fs::read(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+                let bytes = crate::fsio::read_limited(&cfg_path, crate::fsio::MAX_JSON_BYTES)?;
                 let cfg = ModelConfig::from_json_bytes(&bytes)
                     .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
                 return Ok(ModelDir::HuggingFace { dir: dir.to_path_buf(), cfg: Box::new(cfg) });
             }
-            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let bytes = crate::fsio::read_limited(&path, crate::format::manifest::MAX_MANIFEST_BYTES)?;
             let container = Container::parse(&bytes, &dir.display().to_string())?;
             let m = &container.manifest;
             let data_path = dir.join(&m.data_file);
@@ -129,7 +129,7 @@ mod native {
             }
         }
 
-        /// Builds the model. A converted model's dense region is memory-mapped and its
+        /// Builds the model. A converted model's dense region is read into memory and its
         /// experts read on demand, cached as `opts` says; a Hugging Face checkpoint is
         /// mapped whole (its experts are resident) and ignores `opts`.
         pub fn load(self, opts: CacheOptions) -> Result<Model> {
@@ -137,19 +137,19 @@ mod native {
                 ModelDir::HuggingFace { dir, cfg } => Model::from_store(*cfg, &TensorStore::open_dir(&dir)?),
                 ModelDir::Container { dir, container, data } => {
                     let m = &container.manifest;
-                    let dense = if m.dense.length == 0 {
-                        Bytes::from_vec(Vec::new())
-                    } else {
-                        // SAFETY: read-only map; model files are not expected to change under us.
-                        let map = unsafe {
-                            memmap2::MmapOptions::new()
-                                .offset(m.dense.offset)
-                                .len(m.dense.length as usize)
-                                .map(data.file())
-                        }
-                        .map_err(|e| Error::io(dir.join(&m.data_file), e))?;
-                        Bytes::new(Arc::new(map))
-                    };
+                    // The dense region is read into owned memory (it is resident anyway,
+                    // and every byte is checksummed at load): a data file truncated or
+                    // replaced while served gives read errors on the experts it no longer
+                    // holds, never a fault on a mapped page.
+                    let len = usize::try_from(m.dense.length)
+                        .map_err(|_| Error::Invalid(format!("{}: dense region too large", dir.display())))?;
+                    let mut buf = Vec::new();
+                    buf.try_reserve_exact(len).map_err(|_| {
+                        Error::Invalid(format!("{}: cannot allocate {len} bytes for the dense weights", dir.display()))
+                    })?;
+                    buf.resize(len, 0);
+                    data.read_at(m.dense.offset, &mut buf)?;
+                    let dense = Bytes::from_vec(buf);
                     container.load(&dense, Arc::new(data), opts)
                 }
             }

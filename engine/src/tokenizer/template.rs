@@ -9,6 +9,36 @@ use minijinja::{AutoEscape, Environment, ErrorKind};
 use crate::error::Error;
 
 pub(super) const TEMPLATE_NAME: &str = "chat_template";
+/// Largest chat template source accepted (real ones are a few KiB).
+pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
+/// minijinja fuel of one rendering: instructions run before it stops with an error. A
+/// long conversation through a real template takes well under a million; a template
+/// that loops forever stops after about a second.
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+/// Largest rendered prompt (the OpenAI endpoints take 4 MiB bodies).
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
+/// Collects the rendered text, failing once it passes [`MAX_RENDERED_BYTES`].
+#[derive(Default)]
+pub(super) struct CappedWriter {
+    pub buf: Vec<u8>,
+    pub overflowed: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > MAX_RENDERED_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("rendered prompt too long"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 /// Marks the errors that `raise_exception` creates.
 const RAISED: &str = "\u{1}raise_exception:";
 
@@ -30,6 +60,7 @@ pub(super) fn template_env(source: &str) -> std::result::Result<Environment<'sta
         .build()
         .map_err(|e| e.to_string())?;
     env.set_syntax(syntax);
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     minijinja_contrib::add_to_environment(&mut env);

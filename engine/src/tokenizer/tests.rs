@@ -308,3 +308,25 @@ fn shareable_across_threads() {
     send_sync::<DecodeStream>();
     send_sync::<crate::sampler::Sampler>();
 }
+
+#[test]
+fn runaway_templates_stop_with_an_error() {
+    let started = std::time::Instant::now();
+    // Nested loops: 10^10 iterations without fuel.
+    let forever = "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = i %}{% endfor %}{% endfor %}";
+    let e = render(forever, json!({}), &[("user", "a")], false).unwrap_err().to_string();
+    assert!(e.contains("fuel"), "{e}");
+    // Recursion without end.
+    let deep = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+    assert!(render(deep, json!({}), &[("user", "a")], false).is_err());
+    // Output that grows without bound: 100 MB strings, over and over.
+    let big = "{% for i in range(1000) %}{{ 'x' * 100000000 }}{% endfor %}";
+    let e = render(big, json!({}), &[("user", "a")], false).unwrap_err().to_string();
+    assert!(e.contains("longer than"), "{e}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "{:?}", started.elapsed());
+    // A template source over the limit is refused when set, and reported when used.
+    let mut t = Tokenizer::from_bytes(tokenizer_json().as_bytes(), None).unwrap();
+    t.set_chat_template(&"x".repeat(MAX_TEMPLATE_BYTES + 1));
+    let e = t.apply_chat_template(&[ChatMessage::new("user", "a")], true).unwrap_err().to_string();
+    assert!(e.contains("at most"), "{e}");
+}

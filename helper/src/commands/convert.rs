@@ -442,6 +442,50 @@ fn read_journal(path: &Path, header: &str) -> Vec<(usize, u64)> {
         .collect()
 }
 
+/// Refuses an output directory that would destroy data: the source itself, one inside the
+/// source or holding it, or an existing directory with other files in it (unless `force`;
+/// an unfinished conversion, with its journal, is resumed).
+fn check_output_dir(src: &Path, out: &Path, force: bool) -> Result<()> {
+    let src = src.canonicalize().with_context(|| format!("{}: cannot open", src.display()))?;
+    // The output may not exist yet: canonicalize its nearest existing ancestor.
+    let mut existing = out.to_path_buf();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.parent(), existing.file_name()) {
+            (Some(p), Some(n)) => {
+                rest.push(n.to_owned());
+                existing = if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() };
+            }
+            _ => break,
+        }
+    }
+    let mut out_abs = existing.canonicalize().with_context(|| format!("{}: cannot open", out.display()))?;
+    for n in rest.iter().rev() {
+        out_abs.push(n);
+    }
+    if out_abs == src {
+        bail!("{}: the output directory is the source; choose another one with -o", out.display());
+    }
+    if out_abs.starts_with(&src) {
+        bail!("{}: the output directory is inside the source {}; choose another one", out.display(), src.display());
+    }
+    if src.starts_with(&out_abs) {
+        bail!("{}: the output directory holds the source {}; choose another one", out.display(), src.display());
+    }
+    if out_abs.exists() && !out_abs.is_dir() {
+        bail!("{}: exists and is not a directory", out.display());
+    }
+    let resumable = out_abs.join(JOURNAL).is_file() || is_container(&out_abs);
+    let has_files = std::fs::read_dir(&out_abs).map(|mut d| d.next().is_some()).unwrap_or(false);
+    if has_files && !resumable && !force {
+        bail!(
+            "{}: the directory exists and holds other files; choose an empty or new directory (or pass --force to write into it)",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
 fn sync_dir(dir: &Path) {
     // Makes renames durable on unix; not possible (nor needed) everywhere.
     if let Ok(d) = File::open(dir) {
@@ -464,6 +508,7 @@ pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pas
     if is_container(&a.src) {
         bail!("{}: already a converted colibri model", a.src.display());
     }
+    check_output_dir(&a.src, &a.out, a.force)?;
     if is_container(&a.out) {
         if !a.force {
             bail!("{}: already holds a converted model (pass --force to replace it)", a.out.display());

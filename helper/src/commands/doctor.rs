@@ -129,6 +129,23 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
             });
         }
         if is_container(dir) {
+            use colibri_engine::format::manifest::{Manifest, MAX_MANIFEST_BYTES};
+            use colibri_engine::format::MANIFEST_FILE;
+            let bytes = colibri_engine::fsio::read_limited(&dir.join(MANIFEST_FILE), MAX_MANIFEST_BYTES);
+            match bytes {
+                Ok(b) if !Manifest::has_self_checksum(&b) => r.warn(
+                    "manifest",
+                    "colibri.json has no checksum of its own (converted by an older coli); convert again to add it",
+                ),
+                Ok(b) => {
+                    r.check("manifest", Manifest::parse(&b).map_err(Into::into), |_| {
+                        "colibri.json matches its own checksum (manifest_xxh3)".into()
+                    });
+                }
+                Err(e) => {
+                    r.check::<()>("manifest", Err(e.into()), |_| String::new());
+                }
+            }
             if a.checksums {
                 r.check("checksums", verify_experts(dir), |n| format!("all {n} experts and every dense tensor match"));
             } else {

@@ -127,7 +127,7 @@ pub async fn get_file(
     };
     let opened = tokio::task::spawn_blocking(move || -> Result<(PathBuf, File, FileMeta), PathError> {
         let path = resolve_file(&model.root, &rel)?;
-        let file = File::open(&path).map_err(|_| PathError::NotFound)?;
+        let file = colibri_engine::fsio::open_regular(&path).map_err(|_| PathError::NotFound)?;
         let meta = meta_of(&file).map_err(|_| PathError::NotFound)?;
         Ok((path, file, meta))
     })

@@ -78,14 +78,25 @@ pub struct ServeArgs {
     pub ram: Option<u64>,
 }
 
-/// Limits of the server; the defaults suit one user's machine.
+/// Limits of the server; the defaults suit one user's machine (docs/api.md, "Limits").
 #[derive(Clone, Debug)]
 pub struct Limits {
+    /// Open connections. When all are taken, a new connection closes the oldest one
+    /// (after its request in flight, or at once after `evict_grace`), so that clients
+    /// holding connections cannot lock everyone else out.
     pub max_connections: usize,
+    /// Open connections from one IP address; a newer one closes that client's oldest.
+    pub max_connections_per_client: usize,
+    /// How long an evicted connection may take to finish its response.
+    pub evict_grace: Duration,
+    /// Time to receive a whole request body (a body that trickles in is cut off: 408).
+    pub body_timeout: Duration,
     /// Time to produce a response head, for everything but generations.
     pub request_timeout: Duration,
     /// Time to produce a response head (non-streamed: the whole answer) for /v1.
     pub generation_timeout: Duration,
+    /// Time to receive a request's head; it also bounds how long a kept-alive connection
+    /// may sit idle between requests.
     pub header_read_timeout: Duration,
     /// Request line and headers together (more: 431).
     pub max_header_bytes: usize,
@@ -95,6 +106,9 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 256,
+            max_connections_per_client: 128,
+            evict_grace: Duration::from_secs(2),
+            body_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(30),
             generation_timeout: Duration::from_secs(600),
             header_read_timeout: Duration::from_secs(10),
@@ -198,6 +212,76 @@ async fn log_and_limit(State(state): State<Arc<AppState>>, req: Request, next: N
     resp
 }
 
+/// Largest oversized body that is read (and dropped) before its 413 is sent.
+const DRAIN_LIMIT: u64 = 16 << 20;
+
+/// Largest body of a route: OpenAI requests, usage reports; nothing else takes one.
+fn body_limit(path: &str) -> usize {
+    if path.starts_with("/v1/") {
+        openai::MAX_BODY
+    } else if path == "/api/usage" {
+        usage::MAX_USAGE_BODY
+    } else {
+        64 * 1024
+    }
+}
+
+fn json_error(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        axum::Json(
+            json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}}),
+        ),
+    )
+        .into_response()
+}
+
+/// Reads the request body before any handler runs: a Content-Length over the route's
+/// limit is refused without reading a byte (413), a body must arrive whole within
+/// `body_timeout` (else 408), and a chunked one is cut off at the limit (413).
+async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let limit = body_limit(req.uri().path());
+    let declared = req.headers().get(axum::http::header::CONTENT_LENGTH);
+    if let Some(v) = declared {
+        match v.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
+            Some(n) if n > limit as u64 => {
+                let resp = json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is {n} bytes; this endpoint takes at most {limit}"),
+                );
+                // A modest excess is read and dropped (within the body timeout) so that
+                // the client, still sending, gets the 413 rather than a reset connection;
+                // anything larger is answered at once and the connection closed.
+                if n <= DRAIN_LIMIT {
+                    let body = req.into_body();
+                    let _ = tokio::time::timeout(
+                        state.limits.body_timeout,
+                        axum::body::to_bytes(body, DRAIN_LIMIT as usize),
+                    )
+                    .await;
+                }
+                return resp;
+            }
+            Some(_) => {}
+            None => return json_error(StatusCode::BAD_REQUEST, "invalid Content-Length".into()),
+        }
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match tokio::time::timeout(state.limits.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return json_error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is larger than {limit} bytes"))
+        }
+        Err(_) => {
+            return json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {} s", state.limits.body_timeout.as_secs()),
+            )
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
+}
+
 /// The whole HTTP API; tests drive it with `tower::ServiceExt::oneshot` or a socket.
 pub fn app(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
@@ -217,6 +301,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/pkg/{*path}", get(page::pkg_asset))
         .route("/pkg-threads/{*path}", get(page::pkg_threads_asset))
         .nest("/v1", v1)
+        .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), security::guard))
         .layer(middleware::from_fn(isolation::headers))
         .layer(middleware::from_fn_with_state(state.clone(), log_and_limit))
@@ -238,6 +323,9 @@ pub async fn bind(a: &ServeArgs) -> Result<Bound> {
 
 /// [`bind`] with another data directory (usage files of read-only models go to its `usage/`).
 pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound> {
+    for o in &a.allow_origins {
+        security::check_origin_arg(o).map_err(anyhow::Error::msg)?;
+    }
     let host = a.host.clone().unwrap_or_else(|| "127.0.0.1".to_string());
     if !security::is_loopback_host(&host) {
         if a.host.is_none() {
@@ -259,6 +347,12 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         }
     }
     let registry = Registry::new(&dirs, models_dir)?;
+    // Temporary usage files of writers that were killed mid-write.
+    let usage_dirs = registry.list().into_iter().map(|m| m.root).chain(data_dir.as_ref().map(|d| d.join("usage")));
+    let cleaned: usize = usage_dirs.map(|d| crate::usage_store::clean_temp_files(&d)).sum();
+    if cleaned > 0 {
+        tracing::info!("removed {cleaned} temporary usage file(s) left by killed writers");
+    }
     let bind_host = host.trim_start_matches('[').trim_end_matches(']');
     let listener =
         TcpListener::bind((bind_host, a.port)).await.with_context(|| format!("cannot listen on {host}:{}", a.port))?;
@@ -272,24 +366,64 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     Ok(Bound { listener, addr, state })
 }
 
+/// The open connections, oldest first, and how many each client address holds.
+#[derive(Default)]
+struct ConnTable {
+    next_id: u64,
+    open: std::collections::BTreeMap<u64, (std::net::IpAddr, Arc<tokio::sync::Notify>)>,
+    per_client: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+impl ConnTable {
+    /// Registers a connection from `ip`. A client over its share, or a full table, makes
+    /// room: the oldest connection of that client, or else the oldest of all, is told to
+    /// close. Nobody is turned away, so held connections cannot lock anyone out.
+    fn admit(&mut self, ip: std::net::IpAddr, limits: &Limits) -> (u64, Arc<tokio::sync::Notify>) {
+        let mine = self.per_client.get(&ip).copied().unwrap_or(0);
+        let victim = if mine >= limits.max_connections_per_client {
+            self.open.iter().find(|(_, (a, _))| *a == ip).map(|(&id, _)| id)
+        } else if self.open.len() >= limits.max_connections {
+            self.open.keys().next().copied()
+        } else {
+            None
+        };
+        if let Some((_, evict)) = victim.and_then(|id| self.open.remove(&id)) {
+            // It still counts for its client until its task ends.
+            evict.notify_one();
+        }
+        *self.per_client.entry(ip).or_default() += 1;
+        let id = self.next_id;
+        self.next_id += 1;
+        let evict = Arc::new(tokio::sync::Notify::new());
+        self.open.insert(id, (ip, evict.clone()));
+        (id, evict)
+    }
+
+    fn remove(&mut self, id: u64, ip: std::net::IpAddr) {
+        self.open.remove(&id);
+        if let Some(n) = self.per_client.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_client.remove(&ip);
+            }
+        }
+    }
+}
+
 /// Serves until `shutdown` resolves, then stops accepting, cancels generations and waits
 /// up to 5 s for open connections.
 pub async fn run(bound: Bound, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let Bound { listener, state, .. } = bound;
     let router = app(state.clone());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let conn_limit = Arc::new(tokio::sync::Semaphore::new(state.limits.max_connections));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let table = Arc::new(std::sync::Mutex::new(ConnTable::default()));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(state.limits.header_read_timeout)
         .max_header_size(state.limits.max_header_bytes);
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            p = conn_limit.clone().acquire_owned() => p?,
-            _ = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(v) => v,
@@ -302,24 +436,46 @@ pub async fn run(bound: Bound, shutdown: impl std::future::Future<Output = ()>) 
             },
             _ = &mut shutdown => break,
         };
+        let (id, evict) = table.lock().unwrap_or_else(|e| e.into_inner()).admit(peer.ip(), &state.limits);
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
-        let st = state.clone();
+        let conn = http.serve_connection(TokioIo::new(stream), svc);
+        let (st, table, mut stop) = (state.clone(), table.clone(), stop_rx.clone());
         st.stats.connections.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            tokio::pin!(conn);
+            let ended = tokio::select! {
+                r = conn.as_mut() => Some(r),
+                _ = evict.notified() => None,
+                _ = stop.wait_for(|s| *s) => None,
+            };
+            let ended = match ended {
+                Some(r) => r,
+                None => {
+                    // Finish the request in flight, then close; a client that does not
+                    // take its response in time is cut off.
+                    conn.as_mut().graceful_shutdown();
+                    tokio::time::timeout(st.limits.evict_grace, conn.as_mut()).await.unwrap_or(Ok(()))
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
             st.stats.connections.fetch_sub(1, Ordering::Relaxed);
-            drop(permit);
+            table.lock().unwrap_or_else(|e| e.into_inner()).remove(id, peer.ip());
         });
     }
     drop(listener);
     state.shutdown.store(true, Ordering::Relaxed);
     tracing::info!("shutting down: waiting for open connections");
-    if tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await.is_err() {
-        tracing::warn!("some connections did not close in time");
+    let _ = stop_tx.send(true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while state.stats.connections.load(Ordering::Relaxed) > 0 {
+        if Instant::now() >= deadline {
+            tracing::warn!("some connections did not close in time");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }

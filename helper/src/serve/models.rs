@@ -26,6 +26,9 @@ pub struct Registry {
 
 /// Most files listed per model (a checkpoint has a few dozen).
 const MAX_LISTED_FILES: usize = 4096;
+/// Most directory entries looked at while listing one model, or the models directory
+/// (a directory of symlinks to itself must not take minutes).
+const MAX_SCANNED_ENTRIES: usize = 20_000;
 
 impl Registry {
     /// `models`: resolved model directories (their ids are their directory names).
@@ -137,9 +140,16 @@ pub fn resolve_file(root: &Path, rel: &str) -> Result<PathBuf, PathError> {
 pub fn list_files(root: &Path) -> Vec<(String, u64)> {
     let mut out = Vec::new();
     let mut stack = vec![(root.to_path_buf(), String::new(), 0usize)];
+    // Each directory is listed once, however many symlinks lead to it.
+    let mut seen = std::collections::HashSet::from([root.to_path_buf()]);
+    let mut budget = MAX_SCANNED_ENTRIES;
     while let Some((dir, prefix, depth)) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&dir) else { continue };
         for e in rd.flatten() {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
             let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
             if name.starts_with('.') || is_private(&name) {
                 continue;
@@ -149,8 +159,10 @@ pub fn list_files(root: &Path) -> Vec<(String, u64)> {
             if !real.starts_with(root) {
                 continue;
             }
-            if real.is_dir() && depth < 4 {
-                stack.push((real, format!("{rel}/"), depth + 1));
+            if real.is_dir() {
+                if depth < 4 && seen.insert(real.clone()) {
+                    stack.push((real, format!("{rel}/"), depth + 1));
+                }
             } else if let Ok(md) = real.metadata() {
                 if md.is_file() && out.len() < MAX_LISTED_FILES {
                     out.push((rel, md.len()));
@@ -163,21 +175,115 @@ pub fn list_files(root: &Path) -> Vec<(String, u64)> {
 }
 
 /// Layer and expert counts from config.json, for bounds checks of usage reports.
+/// A model that [`check`] finds broken has none.
 pub fn expert_shape(root: &Path) -> Result<(usize, usize)> {
-    let bytes = std::fs::read(root.join("config.json")).context("config.json")?;
-    let cfg = colibri_engine::ModelConfig::from_json_bytes(&bytes)?;
+    let cfg = check(root)?;
     Ok((cfg.n_layers, cfg.router.n_experts))
 }
 
-/// The `/api/models` entry of one model.
+/// The model's config.json, parsed and bounded.
+pub fn read_config(root: &Path) -> Result<colibri_engine::ModelConfig> {
+    let path = root.join("config.json");
+    let bytes = colibri_engine::fsio::read_limited(&path, colibri_engine::fsio::MAX_JSON_BYTES)?;
+    colibri_engine::ModelConfig::from_json_bytes(&bytes).with_context(|| "config.json".to_string())
+}
+
+/// Tensor names and shapes that a model directory holds, without reading any weights:
+/// the manifest of a converted model, else the safetensors headers.
+fn tensor_shapes(root: &Path) -> Result<std::collections::HashMap<String, Vec<u64>>> {
+    let mut out = std::collections::HashMap::new();
+    if colibri_engine::format::is_container(root) {
+        let dir = colibri_engine::model::open::ModelDir::open(root, false)?;
+        let (c, _) = dir.container().context("not a converted model")?;
+        let m = &c.manifest;
+        for t in &m.dense.tensors {
+            out.insert(t.name.clone(), t.shape.clone());
+        }
+        for l in &m.experts.layers {
+            out.insert(format!("experts of layer {}", l.layer), vec![l.experts.len() as u64]);
+        }
+        return Ok(out);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .take(MAX_LISTED_FILES)
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no *.safetensors files and no colibri.json");
+    }
+    for f in files {
+        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let header = safetensors_header(&f).with_context(|| name.clone())?;
+        let obj = header.as_object().context(format!("{name}: the header is not a JSON object"))?;
+        for (k, v) in obj {
+            if k == "__metadata__" {
+                continue;
+            }
+            let shape = v.get("shape").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_u64).collect());
+            out.insert(k.clone(), shape.unwrap_or_default());
+        }
+    }
+    Ok(out)
+}
+
+/// The JSON header of a safetensors file (8-byte little-endian length, then the JSON).
+fn safetensors_header(path: &Path) -> Result<Value> {
+    use std::io::Read;
+    let f = colibri_engine::fsio::open_regular(path)?;
+    let len = f.metadata()?.len();
+    let mut r = f.take(len);
+    let mut n = [0u8; 8];
+    r.read_exact(&mut n).context("too short to hold a header (truncated?)")?;
+    let n = u64::from_le_bytes(n);
+    // The limit of the safetensors crate.
+    if n > 100_000_000 || n + 8 > len {
+        bail!("header length {n} does not fit the file of {len} bytes (truncated?)");
+    }
+    let mut buf = vec![0u8; n as usize];
+    r.read_exact(&mut buf)?;
+    serde_json::from_slice(&buf).context("the header is not valid JSON")
+}
+
+/// Whether the model in `root` can be loaded, as far as that can be told without reading
+/// its weights: config.json within bounds, the manifest (or safetensors headers) valid,
+/// and the sizes of the config matching the tensors actually there. The error is one line.
+pub fn check(root: &Path) -> Result<colibri_engine::ModelConfig> {
+    let cfg = read_config(root)?;
+    let shapes = tensor_shapes(root)?;
+    let want = |name: &str, shape: &[usize]| -> Result<()> {
+        match shapes.get(name) {
+            None => bail!("tensor {name} is missing (config.json says {} layers)", cfg.n_layers),
+            Some(s) if s.iter().map(|&d| d as usize).ne(shape.iter().copied()) => {
+                bail!("tensor {name} has shape {s:?}, config.json implies {shape:?}")
+            }
+            Some(_) => Ok(()),
+        }
+    };
+    want("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
+    want("model.norm.weight", &[cfg.hidden])?;
+    for l in [0, cfg.n_layers - 1] {
+        want(&format!("model.layers.{l}.input_layernorm.weight"), &[cfg.hidden])?;
+        want(&format!("model.layers.{l}.self_attn.q_proj.weight"), &[cfg.q_dim(), cfg.hidden])?;
+    }
+    if shapes.contains_key(&format!("model.layers.{}.input_layernorm.weight", cfg.n_layers)) {
+        bail!("the weights have more layers than config.json's {}", cfg.n_layers);
+    }
+    Ok(cfg)
+}
+
+/// The `/api/models` entry of one model. A model that cannot be loaded is listed with
+/// `"supported": false` and its reason in `"error"`.
 pub fn describe(m: &ModelEntry) -> Value {
-    let raw: Value = std::fs::read(m.root.join("config.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or(Value::Null);
-    let parsed = std::fs::read(m.root.join("config.json"))
-        .ok()
-        .and_then(|b| colibri_engine::ModelConfig::from_json_bytes(&b).ok());
+    let raw: Value =
+        colibri_engine::fsio::read_limited(&m.root.join("config.json"), colibri_engine::fsio::MAX_JSON_BYTES)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+    let checked = check(&m.root).map_err(|e| format!("{e:#}"));
+    let parsed = checked.as_ref().ok();
     let files = list_files(&m.root);
     let total: u64 = files.iter().map(|(_, s)| s).sum();
     let format = if m.root.join(colibri_engine::format::MANIFEST_FILE).is_file() { "colibri" } else { "huggingface" };
@@ -187,10 +293,11 @@ pub fn describe(m: &ModelEntry) -> Value {
         "model_type": raw.get("model_type").cloned().unwrap_or(Value::Null),
         "format": format,
         "supported": parsed.is_some(),
-        "n_layers": parsed.as_ref().map(|c| c.n_layers),
-        "n_experts": parsed.as_ref().map(|c| c.router.n_experts),
-        "experts_per_token": parsed.as_ref().map(|c| c.router.top_k),
-        "context_length": parsed.as_ref().map(|c| c.max_positions),
+        "error": checked.as_ref().err(),
+        "n_layers": parsed.map(|c| c.n_layers),
+        "n_experts": parsed.map(|c| c.router.n_experts),
+        "experts_per_token": parsed.map(|c| c.router.top_k),
+        "context_length": parsed.map(|c| c.max_positions),
         "size": total,
         "files": files.iter().map(|(p, s)| json!({"path": p, "size": s, "url": format!("/models/{}/{p}", m.id.replace('/', "%2F"))})).collect::<Vec<_>>(),
     })
@@ -237,6 +344,8 @@ mod tests {
         assert!(reg.get("nope").is_none());
         let d = describe(&reg.get("olmoe").unwrap());
         assert_eq!(d["model_type"], "olmoe");
+        assert_eq!(d["supported"], true, "{d}");
+        assert!(d["error"].is_null());
         assert!(d["files"].as_array().unwrap().iter().any(|f| f["path"] == "model.safetensors"));
         assert!(Registry::new(&[fixtures.join("olmoe"), fixtures.join("olmoe")], None).is_err());
     }

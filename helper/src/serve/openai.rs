@@ -180,7 +180,7 @@ async fn prepare(
     p: Params,
     prefix: &str,
     continue_prompt: bool,
-    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError>,
+    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError> + Send + 'static,
 ) -> Result<Prepared, ApiError> {
     let model = p
         .model
@@ -222,15 +222,23 @@ async fn prepare(
     }
 
     let (slot, loaded) = state.engines.load(&entry).await.map_err(|e| match e {
-        EngineError::Load(msg) => {
-            ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, format!("could not load model `{model}`: {msg}"))
+        // The model's files are broken: the request cannot be served as it is (422).
+        EngineError::Load(msg) => ApiError {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            ..ApiError::invalid(format!("could not load model `{model}`: {msg}"), Some("model"))
         }
+        .with_code("model_not_loadable"),
         EngineError::Busy => ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "busy"),
     })?;
     // The request, then the model's generation_config.json, then OpenAI's defaults.
     let sampler = loaded.sampling.resolve(&request, &SamplerConfig { temperature: 1.0, ..SamplerConfig::default() });
     sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
-    let prompt = make_prompt(&loaded)?;
+    // Template rendering and tokenizing take CPU time in proportion to the request (up to
+    // MAX_BODY bytes): off the async workers, so /health and file ranges stay quick.
+    let l = loaded.clone();
+    let prompt = tokio::task::spawn_blocking(move || make_prompt(&l))
+        .await
+        .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", None));
@@ -438,7 +446,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         };
         turns.push(ChatMessage { role: m.role, content });
     }
-    let prepared = prepare(&state, req.params, "chatcmpl", false, |l| {
+    let prepared = prepare(&state, req.params, "chatcmpl", false, move |l| {
         let tok =
             l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
         if !tok.has_chat_template() {
@@ -498,12 +506,25 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
     }
 }
 
+/// The models; one that cannot be loaded carries `"colibri": {"error": ...}`.
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
-    let data: Vec<Value> = state
-        .registry
-        .list()
-        .into_iter()
-        .map(|m| json!({"id": m.id, "object": "model", "created": 0, "owned_by": "colibri"}))
-        .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    let s = state.clone();
+    let data = tokio::task::spawn_blocking(move || {
+        s.registry
+            .list()
+            .into_iter()
+            .map(|m| {
+                let mut v = json!({"id": m.id, "object": "model", "created": 0, "owned_by": "colibri"});
+                if let Err(e) = super::models::check(&m.root) {
+                    v["colibri"] = json!({"supported": false, "error": format!("{e:#}")});
+                }
+                v
+            })
+            .collect::<Vec<Value>>()
+    })
+    .await;
+    match data {
+        Ok(data) => axum::Json(json!({"object": "list", "data": data})).into_response(),
+        Err(_) => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response(),
+    }
 }

@@ -98,7 +98,31 @@ impl AccessPolicy {
 }
 
 fn refuse(why: &'static str) -> Response {
-    (StatusCode::FORBIDDEN, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], why).into_response()
+    refuse_with(StatusCode::FORBIDDEN, why)
+}
+
+fn refuse_with(status: StatusCode, why: &'static str) -> Response {
+    let body = serde_json::json!({"error": {"message": why.trim_end(), "type": "forbidden"}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// Checks `--allow-origin` values: an exact `http(s)://host[:port]` origin. `null` (what
+/// sandboxed frames and file:// pages send) would admit any of them, and `*` any page.
+pub fn check_origin_arg(o: &str) -> Result<(), String> {
+    let o = o.trim().trim_end_matches('/');
+    let rest = o.strip_prefix("https://").or_else(|| o.strip_prefix("http://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.contains(['/', '*', ' ', '@', '?', '#']) => Ok(()),
+        _ => Err(format!(
+            "--allow-origin {o:?}: give an exact origin such as https://example.com (not null, *, or a path)"
+        )),
+    }
+}
+
+/// Paths whose answers a page of another site must not get without CORS: model files,
+/// usage counts and the APIs. (`<img src>` and other no-cors requests send no Origin.)
+fn private_path(path: &str) -> bool {
+    path.starts_with("/models/") || path.starts_with("/api/") || path.starts_with("/v1/")
 }
 
 /// Response headers that cross-origin pages may read.
@@ -119,6 +143,10 @@ fn token_list(v: &HeaderValue) -> Option<HeaderValue> {
 /// The middleware: Host check, Origin check, preflights, CORS headers on the way out.
 pub async fn guard(State(state): State<std::sync::Arc<AppState>>, req: Request, next: Next) -> Response {
     let policy = &state.policy;
+    if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
+        state.stats.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return refuse_with(StatusCode::BAD_REQUEST, "bad request: more than one Host header\n");
+    }
     let host_ok = match (req.uri().authority(), req.headers().get(header::HOST)) {
         (Some(a), h) => {
             policy.host_allowed(a.as_str()) && h.is_none_or(|h| h.to_str().is_ok_and(|h| policy.host_allowed(h)))
@@ -138,6 +166,14 @@ pub async fn guard(State(state): State<std::sync::Arc<AppState>>, req: Request, 
             return refuse("forbidden: this origin may not use the helper (see --allow-origin)\n");
         }
     };
+    // A request another site's page made without CORS (an <img>, a no-cors fetch) says
+    // so in Sec-Fetch-Site and carries no allowed Origin: no model bytes, no counts.
+    let fetch_site = req.headers().get("sec-fetch-site").map(|v| v.as_bytes());
+    let foreign = matches!(fetch_site, Some(b"cross-site") | Some(b"same-site"));
+    if foreign && origin.is_none() && private_path(req.uri().path()) {
+        state.stats.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return refuse("forbidden: a request from another site without an allowed Origin (see --allow-origin)\n");
+    }
     let cors = origin.filter(|o| policy.cors_allowed(o));
     let is_preflight =
         req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
@@ -243,6 +279,16 @@ mod tests {
         assert!(!p.cors_allowed("http://127.0.0.1:7878"));
         for bad in ["https://app.example.evil", "https://evil.app.example", "http://app.example", "null", "*", ""] {
             assert!(!p.origin_allowed(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn origin_arguments_must_be_exact_origins() {
+        for ok in ["https://app.example", "http://localhost:8080", "https://x.example/"] {
+            assert!(check_origin_arg(ok).is_ok(), "{ok}");
+        }
+        for bad in ["null", "*", "https://*.example", "app.example", "https://", "https://a.example/path", "file://"] {
+            assert!(check_origin_arg(bad).is_err(), "{bad}");
         }
     }
 

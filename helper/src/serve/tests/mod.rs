@@ -3,6 +3,7 @@
 //! requests). Models are scratch copies of the committed fixtures.
 
 mod api;
+mod hostile;
 mod ranges;
 mod security;
 
@@ -78,11 +79,11 @@ impl Drop for TestServer {
     }
 }
 
-fn fixture(name: &str) -> PathBuf {
+pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
+pub fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
     for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();
@@ -94,6 +95,17 @@ fn copy_dir(src: &Path, dst: &Path) {
 
 /// Starts a server over a scratch models directory; `tweak` adjusts the options.
 pub fn start(tag: &str, tweak: impl FnOnce(&mut ServeArgs)) -> TestServer {
+    start_with(tag, tweak, |_| {}, |_| {})
+}
+
+/// [`start`], also adjusting the server's limits, and preparing the scratch directory
+/// (`prepare(dir)`, with `dir/models/olmoe` in place) before the server starts.
+pub fn start_with(
+    tag: &str,
+    tweak: impl FnOnce(&mut ServeArgs),
+    limits: impl FnOnce(&mut super::Limits),
+    prepare: impl FnOnce(&Path),
+) -> TestServer {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("coli-serve-{tag}-{}-{n}", std::process::id()));
@@ -110,10 +122,12 @@ pub fn start(tag: &str, tweak: impl FnOnce(&mut ServeArgs)) -> TestServer {
         std::os::unix::fs::symlink(dir.join("secret.txt"), model.join("escape.txt")).unwrap();
         std::os::unix::fs::symlink(model.join(DATA), model.join("alias.bin")).unwrap();
     }
+    prepare(&dir);
     let mut args = ServeArgs { port: 0, max_queue: 8, models_dir: Some(dir.join("models")), ..Default::default() };
     tweak(&mut args);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let bound = rt.block_on(super::bind_with(&args, Some(dir.join("data")))).expect("bind");
+    let mut bound = rt.block_on(super::bind_with(&args, Some(dir.join("data")))).expect("bind");
+    limits(&mut Arc::get_mut(&mut bound.state).expect("the state is not shared yet").limits);
     let (addr, state) = (bound.addr, bound.state.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
