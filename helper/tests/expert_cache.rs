@@ -126,15 +126,15 @@ fn bits_do_not_depend_on_budget_readers_prefetch_pinning_direct_or_read_order() 
                     }
                     if lookahead && readers > 0 {
                         assert!(
-                            st.lookahead_selected > 0 && st.lookahead_predicted <= st.lookahead_selected,
+                            st.lookahead.routed > 0 && st.lookahead.predicted_hits <= st.lookahead.routed,
                             "{what}: {st:?}"
                         );
                         assert!(st.prefetch_wasted_bytes <= st.prefetch_bytes, "{what}: {st:?}");
                         if ram == Some(0) {
-                            assert!(st.prefetch_reads > 0 && st.prefetched_hits > 0, "{what}: {st:?}");
+                            assert!(st.lookahead.prefetched > 0 && st.prefetched_hits > 0, "{what}: {st:?}");
                         }
                     } else {
-                        assert_eq!((st.lookahead_selected, st.prefetch_reads), (0, 0), "{what}");
+                        assert_eq!((st.lookahead.routed, st.lookahead.prefetched), (0, 0), "{what}");
                     }
                     if let (Some(s), true) = (src, readers > 0 && ram == Some(0)) {
                         // The reads really did finish out of order.

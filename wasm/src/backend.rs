@@ -5,7 +5,8 @@
 
 use std::rc::Rc;
 
-use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession, LookaheadStats};
+use colibri_engine::experts::LookaheadStats;
+use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession};
 use colibri_engine::{Logits, Model, Result, Session};
 
 use crate::browser_source::BrowserSource;

@@ -13,7 +13,7 @@ use super::ram_tiers::{plan_repin, Key, RamTiers, Tier};
 #[cfg(not(target_arch = "wasm32"))]
 use super::reader::{BufferPool, LoadSlot, ReaderPool};
 use super::source::ByteSource;
-use super::{Expert, ExpertSource};
+use super::{Expert, ExpertSource, LookaheadStats};
 use crate::error::{Error, Result};
 use crate::experts::usage::ExpertUsage;
 use crate::format::manifest::{checksum, parse_checksum, ExpertLayer, Manifest};
@@ -81,12 +81,10 @@ pub struct CacheStats {
     pub cached_experts: u64,
     pub pinned_experts: u64,
     pub pinned_bytes: u64,
-    /// Lookahead: experts truly selected in layers that had a prediction, and how many
-    /// of them were predicted (recall = predicted / selected).
-    pub lookahead_selected: u64,
-    pub lookahead_predicted: u64,
-    /// Reads started by lookahead, their bytes, and the bytes of those nobody used.
-    pub prefetch_reads: u64,
+    /// Lookahead: routed experts in layers that had a prediction, how many of them were
+    /// predicted, and the reads it started (`prefetched`).
+    pub lookahead: LookaheadStats,
+    /// Bytes of the reads started by lookahead, and of those nobody used.
     pub prefetch_bytes: u64,
     pub prefetch_wasted_bytes: u64,
     /// Experts moved into or out of the pinned tier after start-up.
@@ -310,7 +308,7 @@ impl ExpertCache {
         let mut s = st.stats;
         s.hits = s.pinned_hits + s.ram_hits;
         s.bytes_read = self.core.bytes_read.load(Ordering::Relaxed);
-        s.cached_bytes = st.tiers.lru_bytes + st.tiers.pinned_bytes;
+        s.cached_bytes = st.tiers.lru_bytes() + st.tiers.pinned_bytes;
         s.cached_experts = (st.tiers.lru_len() + st.tiers.pinned.len()) as u64;
         s.pinned_experts = st.tiers.pinned.len() as u64;
         s.pinned_bytes = st.tiers.pinned_bytes;
@@ -427,8 +425,8 @@ impl ExpertSource for ExpertCache {
         let Some(Some(li)) = self.core.layers.get(layer) else { return Ok(()) };
         let mut st = self.lock();
         if let Some(pred) = st.predicted.remove(&layer) {
-            st.stats.lookahead_selected += experts.len() as u64;
-            st.stats.lookahead_predicted += experts.iter().filter(|e| pred.contains(e)).count() as u64;
+            st.stats.lookahead.routed += experts.len() as u64;
+            st.stats.lookahead.predicted_hits += experts.iter().filter(|e| pred.contains(e)).count() as u64;
         }
         #[cfg(not(target_arch = "wasm32"))]
         if self.pool.is_some() {
@@ -473,6 +471,7 @@ impl ExpertSource for ExpertCache {
             return;
         }
         let mut st = self.lock();
+        st.stats.lookahead.predicted += experts.len() as u64;
         st.predicted.insert(layer, experts.to_vec());
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(pool) = &self.pool {
@@ -482,7 +481,7 @@ impl ExpertSource for ExpertCache {
                 if st.tiers.contains(&k) || st.staged.contains_key(&k) {
                     continue;
                 }
-                st.stats.prefetch_reads += 1;
+                st.stats.lookahead.prefetched += 1;
                 st.stats.prefetch_bytes += self.core.size(k);
                 jobs.push(self.stage(&mut st, k, true));
             }

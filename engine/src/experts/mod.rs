@@ -5,6 +5,7 @@
 //! them ahead of need, [`ram_tiers`] keeps them (pinned by [`usage`], then LRU).
 
 pub mod cache;
+pub mod lru;
 pub mod ram_tiers;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reader;
@@ -102,5 +103,27 @@ impl ExpertSource for ResidentExperts {
             .and_then(|l| l.get(index))
             .cloned()
             .ok_or_else(|| Error::Invalid(format!("no expert {index} in layer {layer}")))
+    }
+}
+
+/// How well the router lookahead guessed, on either backend (the expert cache's reader
+/// pool natively, the GPU forward's own guess on wgpu).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookaheadStats {
+    /// Experts routed to in layers that had a prediction.
+    pub routed: u64,
+    /// Of those, how many had been predicted.
+    pub predicted_hits: u64,
+    /// Experts predicted (per layer, the union over positions).
+    pub predicted: u64,
+    /// Predicted experts that were missing (from the RAM tiers, or the GPU pool) and
+    /// were handed to a read or fetch.
+    pub prefetched: u64,
+}
+
+impl LookaheadStats {
+    /// Share of the routed experts that had been predicted (None before any prediction).
+    pub fn recall(&self) -> Option<f64> {
+        (self.routed > 0).then(|| self.predicted_hits as f64 / self.routed as f64)
     }
 }

@@ -2,9 +2,10 @@
 //! never evicted) and a least-recently-used tier for the rest of the budget, plus the
 //! re-pinning rule with hysteresis so that experts do not thrash between the two.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::lru::Lru;
 use super::Expert;
 use crate::experts::usage::ExpertUsage;
 
@@ -20,12 +21,7 @@ pub struct RamTiers {
     /// key -> (expert, bytes)
     pub pinned: HashMap<Key, (Arc<Expert>, u64)>,
     pub pinned_bytes: u64,
-    /// key -> (expert, bytes, tick of last use)
-    lru: HashMap<Key, (Arc<Expert>, u64, u64)>,
-    /// tick of last use -> key
-    order: BTreeMap<u64, Key>,
-    pub lru_bytes: u64,
-    tick: u64,
+    lru: Lru<Key, Arc<Expert>>,
 }
 
 /// Which tier answered a lookup.
@@ -37,7 +33,7 @@ pub enum Tier {
 
 impl RamTiers {
     pub fn contains(&self, key: &Key) -> bool {
-        self.pinned.contains_key(key) || self.lru.contains_key(key)
+        self.pinned.contains_key(key) || self.lru.contains(key)
     }
 
     /// Looks `key` up, marking an LRU entry as just used.
@@ -45,12 +41,7 @@ impl RamTiers {
         if let Some((x, _)) = self.pinned.get(&key) {
             return Some((x.clone(), Tier::Pinned));
         }
-        let (x, _, last) = self.lru.get_mut(&key)?;
-        self.order.remove(last);
-        self.tick += 1;
-        *last = self.tick;
-        self.order.insert(self.tick, key);
-        Some((x.clone(), Tier::Ram))
+        self.lru.get(&key).map(|x| (x, Tier::Ram))
     }
 
     /// Adds an expert to the LRU tier, evicting the least recently used until it fits in
@@ -60,25 +51,18 @@ impl RamTiers {
             return;
         }
         if let Some(b) = budget {
-            while self.lru_bytes + size > b {
-                let Some((_, victim)) = self.order.pop_first() else { break };
-                if let Some((_, n, _)) = self.lru.remove(&victim) {
-                    self.lru_bytes -= n;
+            while self.lru.bytes() + size > b {
+                if self.lru.pop_oldest().is_none() {
+                    break;
                 }
             }
         }
-        self.tick += 1;
-        self.order.insert(self.tick, key);
-        self.lru.insert(key, (x, size, self.tick));
-        self.lru_bytes += size;
+        self.lru.insert(key, x, size);
     }
 
     /// Takes an expert out of the LRU tier (to pin it).
     pub fn take_lru(&mut self, key: &Key) -> Option<(Arc<Expert>, u64)> {
-        let (x, n, t) = self.lru.remove(key)?;
-        self.order.remove(&t);
-        self.lru_bytes -= n;
-        Some((x, n))
+        self.lru.remove(key)
     }
 
     pub fn keys(&self) -> Vec<Key> {
@@ -87,6 +71,10 @@ impl RamTiers {
 
     pub fn lru_len(&self) -> usize {
         self.lru.len()
+    }
+
+    pub fn lru_bytes(&self) -> u64 {
+        self.lru.bytes()
     }
 }
 
@@ -184,6 +172,6 @@ mod tests {
         let (y, n) = t.take_lru(&(0, 0)).unwrap();
         t.pinned.insert((0, 0), (y, n));
         assert_eq!(t.get((0, 0)).unwrap().1, Tier::Pinned);
-        assert_eq!((t.lru_bytes, t.lru_len()), (4, 1));
+        assert_eq!((t.lru_bytes(), t.lru_len()), (4, 1));
     }
 }

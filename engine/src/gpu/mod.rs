@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-pub use model::{GpuModel, GpuOptions, GpuSession, LookaheadStats};
+pub use model::{GpuModel, GpuOptions, GpuSession};
 
 /// Runs a future to completion on native targets (the device is polled inside the
 /// futures this module returns, so no executor is needed beyond this).

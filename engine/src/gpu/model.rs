@@ -16,6 +16,7 @@ use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::GpuContext;
 use crate::error::{Error, Result};
+use crate::experts::LookaheadStats;
 use crate::model::config::QkNorm;
 use crate::model::{Ffn, Logits, Model};
 
@@ -31,26 +32,6 @@ pub struct GpuOptions {
     /// fetches those missing from the pool while the GPU computes. Outputs never
     /// depend on it.
     pub lookahead: usize,
-}
-
-/// How well the router lookahead guessed (see [`GpuOptions::lookahead`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LookaheadStats {
-    /// Experts routed to in layers that had a prediction.
-    pub routed: u64,
-    /// Of those, how many had been predicted.
-    pub predicted_hits: u64,
-    /// Experts predicted (per layer, the union over positions).
-    pub predicted: u64,
-    /// Predicted experts that were missing from the pool and handed to the source to fetch.
-    pub prefetched: u64,
-}
-
-impl LookaheadStats {
-    /// Share of the routed experts that had been predicted (None before any prediction).
-    pub fn recall(&self) -> Option<f64> {
-        (self.routed > 0).then(|| self.predicted_hits as f64 / self.routed as f64)
-    }
 }
 
 struct GpuAttn {

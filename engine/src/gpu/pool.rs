@@ -1,5 +1,5 @@
 //! The GPU expert pool: routed experts uploaded on first use, kept under a byte budget,
-//! least recently used evicted first. Experts come from the model's
+//! least recently used evicted first (the expert supply's [`Lru`]). Experts come from the model's
 //! [`ExpertSource`](crate::experts::ExpertSource) as `Arc<Expert>`, so the same source that
 //! feeds the CPU path (resident, RAM cache, streamed) feeds the GPU.
 //!
@@ -7,12 +7,12 @@
 //! work stay alive until that work is done (wgpu keeps them), so a pool smaller than
 //! one layer's experts is slow, never wrong.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::buffers::{upload_mat, GpuMat};
 use super::GpuContext;
 use crate::error::Result;
+use crate::experts::lru::Lru;
 use crate::experts::Expert;
 
 /// One expert's three matrices on the GPU.
@@ -51,22 +51,14 @@ pub struct PoolStats {
 
 pub struct ExpertPool {
     budget: u64,
-    bytes: u64,
-    clock: u64,
-    /// (layer, expert) -> (expert, last use)
-    entries: HashMap<(usize, usize), (Arc<GpuExpert>, u64)>,
+    /// (layer, expert) -> its buffers
+    lru: Lru<(usize, usize), Arc<GpuExpert>>,
     stats: PoolStats,
 }
 
 impl ExpertPool {
     pub fn new(budget: u64) -> Self {
-        ExpertPool {
-            budget,
-            bytes: 0,
-            clock: 0,
-            entries: HashMap::new(),
-            stats: PoolStats { budget, ..Default::default() },
-        }
+        ExpertPool { budget, lru: Lru::default(), stats: PoolStats { budget, ..Default::default() } }
     }
 
     /// The expert on the GPU, uploading it (and evicting others) if it is not there.
@@ -77,55 +69,43 @@ impl ExpertPool {
         index: usize,
         fetch: impl FnOnce() -> Result<Arc<Expert>>,
     ) -> Result<Arc<GpuExpert>> {
-        self.clock += 1;
-        if let Some((e, used)) = self.entries.get_mut(&(layer, index)) {
-            *used = self.clock;
+        if let Some(e) = self.lru.get(&(layer, index)) {
             self.stats.hits += 1;
-            return Ok(e.clone());
+            return Ok(e);
         }
         self.stats.misses += 1;
         let cpu = fetch()?;
         let gpu = Arc::new(GpuExpert::upload(ctx, &format!("layer{layer}.expert{index}"), &cpu)?);
         let size = gpu.byte_len();
-        while self.bytes + size > self.budget && !self.entries.is_empty() {
-            self.evict_oldest();
+        while self.lru.bytes() + size > self.budget && self.lru.pop_oldest().is_some() {
+            self.stats.evictions += 1;
         }
         if size <= self.budget {
-            self.bytes += size;
-            self.entries.insert((layer, index), (gpu.clone(), self.clock));
+            self.lru.insert((layer, index), gpu.clone(), size);
         }
-        self.stats.bytes = self.bytes;
+        self.stats.bytes = self.lru.bytes();
         Ok(gpu)
     }
 
     /// Whether the expert is on the GPU now (no upload needed).
     pub fn contains(&self, layer: usize, index: usize) -> bool {
-        self.entries.contains_key(&(layer, index))
+        self.lru.contains(&(layer, index))
     }
 
     /// (layer, expert) of every expert on the GPU now, in no particular order.
     pub fn keys(&self) -> Vec<(usize, usize)> {
-        self.entries.keys().copied().collect()
-    }
-
-    fn evict_oldest(&mut self) {
-        if let Some((&key, _)) = self.entries.iter().min_by_key(|(_, (_, used))| *used) {
-            if let Some((e, _)) = self.entries.remove(&key) {
-                self.bytes -= e.byte_len();
-                self.stats.evictions += 1;
-            }
-        }
+        self.lru.keys().copied().collect()
     }
 
     pub fn stats(&self) -> PoolStats {
-        PoolStats { bytes: self.bytes, ..self.stats }
+        PoolStats { bytes: self.lru.bytes(), ..self.stats }
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.lru.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.lru.is_empty()
     }
 }

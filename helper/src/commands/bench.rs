@@ -190,15 +190,16 @@ fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -
 fn delta(a: &CacheStats, b: &CacheStats) -> Value {
     let (pin, ram, miss) = (b.pinned_hits - a.pinned_hits, b.ram_hits - a.ram_hits, b.misses - a.misses);
     let uses = (pin + ram + miss).max(1) as f64;
-    let sel = (b.lookahead_selected - a.lookahead_selected) as f64;
+    let (la, lb) = (a.lookahead, b.lookahead);
+    let sel = (lb.routed - la.routed) as f64;
     json!({
         "expert_uses": pin + ram + miss,
         "hit_rate": {"pinned": pin as f64 / uses, "ram_lru": ram as f64 / uses, "disk": miss as f64 / uses},
         "disk_reads_started_by_prefetch": b.prefetched_hits - a.prefetched_hits,
         "bytes_read": b.bytes_read - a.bytes_read,
         "prefetch": {
-            "recall": if sel > 0.0 { Some((b.lookahead_predicted - a.lookahead_predicted) as f64 / sel) } else { None },
-            "reads": b.prefetch_reads - a.prefetch_reads,
+            "recall": if sel > 0.0 { Some((lb.predicted_hits - la.predicted_hits) as f64 / sel) } else { None },
+            "reads": lb.prefetched - la.prefetched,
             "bytes": b.prefetch_bytes - a.prefetch_bytes,
             "wasted_bytes": b.prefetch_wasted_bytes - a.prefetch_wasted_bytes,
         },
