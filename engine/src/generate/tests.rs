@@ -3,11 +3,11 @@
 
 use super::*;
 
+/// The ids a scripted forward pass was fed.
+type Fed = std::rc::Rc<std::cell::RefCell<Vec<u32>>>;
+
 /// A forward pass whose argmax is `script[n]` at the n-th call; records what was fed.
-fn scripted(
-    script: Vec<u32>,
-    vocab: usize,
-) -> (impl FnMut(&[u32]) -> Result<Vec<f32>>, std::rc::Rc<std::cell::RefCell<Vec<u32>>>) {
+fn scripted(script: Vec<u32>, vocab: usize) -> (impl FnMut(&[u32]) -> Result<Vec<f32>>, Fed) {
     let fed = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let f2 = fed.clone();
     let mut step = 0;

@@ -60,31 +60,36 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut print_err = None;
     let max_positions = loaded.model.cfg.max_positions;
-    let mut step = |ids: &[u32]| forward(ids, Logits::Last);
-    let (ids, reason) = generate_with(&mut step, &[], &prompt_ids, max_positions, &opts, &mut |id| {
-        first_token.get_or_insert_with(|| start.elapsed());
-        if !a.json {
-            if let Some(t) = tok {
-                match stream.push(t, id) {
-                    Ok(text) => {
-                        if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+    let (ids, reason) = generate_with(
+        &mut |ids: &[u32]| forward(ids, Logits::Last),
+        &[],
+        &prompt_ids,
+        max_positions,
+        &opts,
+        &mut |id| {
+            first_token.get_or_insert_with(|| start.elapsed());
+            if !a.json {
+                if let Some(t) = tok {
+                    match stream.push(t, id) {
+                        Ok(text) => {
+                            if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+                                return false;
+                            }
+                        }
+                        Err(e) => {
+                            print_err = Some(e);
                             return false;
                         }
                     }
-                    Err(e) => {
-                        print_err = Some(e);
-                        return false;
-                    }
                 }
             }
-        }
-        true
-    })?;
+            true
+        },
+    )?;
     if let Some(e) = print_err {
         return Err(e.into());
     }
     let total = start.elapsed();
-    drop(step);
     drop(forward);
     crate::load::save_usage(&loaded);
     let text = match tok {
