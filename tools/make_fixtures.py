@@ -154,6 +154,10 @@ PROMPT_LEN = 8
 NEW_TOKENS = 24
 GAP_REL = 2e-2          # greedy: top1 - top2 >= GAP_REL * logits_std at every step
 ROUTER_GAP_MIN = 1e-2   # router: (k-th - (k+1)-th) router logit >= this, every token, every layer
+# Sigmoid routers (deepseek_v3) select on sigmoid(logit) + bias, whose slope is at most
+# 1/4: a score margin of 2e-4 is a logit margin of at least 8e-4, still ~50x the f32
+# error of a router logit here.
+ROUTER_SCORE_GAP_MIN = 2e-4
 MAX_SEED_TRIES = 200
 
 CASES = {
@@ -245,6 +249,94 @@ CASES = {
             tie_word_embeddings=False,
         ),
     ),
+    # DeepSeek-V3 / Kimi-K2: MLA with a q LoRA, YaRN with mscale != mscale_all_dim (so both
+    # the cos/sin attention factor and the softmax-scale mscale differ from 1), interleaved
+    # rope, sigmoid router with a random e_score_correction_bias, 4 groups of which 2 are
+    # kept, routed_scaling_factor, two shared experts, one dense first layer, 4 shards.
+    "deepseek_v3": dict(
+        model_type="deepseek_v3",
+        # The reference loop over experts (index_add_ in ascending expert order): the
+        # default grouped_mm kernel on CPU refuses rows whose stride is not 16 bytes.
+        load_kw=dict(experts_implementation="eager"),
+        dtype=torch.bfloat16,
+        base_seed=5000,
+        vocab_extra=7,
+        shard="300KB",
+        config=dict(
+            hidden_size=84,
+            num_attention_heads=3,
+            num_key_value_heads=3,
+            q_lora_rank=44,
+            kv_lora_rank=28,
+            qk_nope_head_dim=12,
+            qk_rope_head_dim=10,
+            v_head_dim=14,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            intermediate_size=52,
+            n_routed_experts=16,
+            n_shared_experts=2,
+            moe_intermediate_size=20,
+            num_experts_per_tok=3,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.7,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+            },
+            rope_interleave=True,
+            num_mtp_layers=0,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # The other MLA variant: plain q_proj (q_lora_rank null), rotate-half rope without
+    # scaling, one group (no group limit, as Kimi-K2), no renormalisation, every layer MoE,
+    # one shared expert, tied embeddings, f16 on disk.
+    "deepseek_v3_noqlora": dict(
+        model_type="deepseek_v3",
+        # The reference loop over experts (index_add_ in ascending expert order): the
+        # default grouped_mm kernel on CPU refuses rows whose stride is not 16 bytes.
+        load_kw=dict(experts_implementation="eager"),
+        dtype=torch.float16,
+        base_seed=6000,
+        vocab_extra=0,
+        shard=None,
+        config=dict(
+            hidden_size=60,
+            num_attention_heads=5,
+            num_key_value_heads=5,
+            q_lora_rank=None,
+            kv_lora_rank=20,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=6,
+            v_head_dim=10,
+            num_hidden_layers=2,
+            first_k_dense_replace=0,
+            intermediate_size=44,
+            n_routed_experts=12,
+            n_shared_experts=1,
+            moe_intermediate_size=18,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            rope_interleave=False,
+            num_mtp_layers=0,
+            tie_word_embeddings=True,
+        ),
+    ),
 }
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -294,11 +386,15 @@ def reinit_(model, cfg, gen: torch.Generator) -> None:
         elif name.endswith("experts.down_proj"):  # [E, H, I]
             v = (1.2 / math.sqrt(shape[2])) * randn(shape)
         elif p.dim() == 2:  # nn.Linear [out, in]
-            gain = 1.6 if (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")) else 1.0
+            qk = ("q_proj.weight", "k_proj.weight", "q_b_proj.weight", "kv_b_proj.weight")
+            gain = 1.6 if name.endswith(qk) else 1.0
             v = (gain / math.sqrt(shape[1])) * randn(shape)
         else:
             raise RuntimeError(f"don't know how to initialise {name} {shape}")
         p.copy_(v.to(p.dtype))
+    for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+        if name.endswith("e_score_correction_bias"):  # deepseek_v3: used for selection only
+            b.copy_((0.15 * randn(tuple(b.shape))).to(b.dtype))
 
 
 # --------------------------------------------------------------------------------------
@@ -313,11 +409,15 @@ class Probes:
         self.handles = []
         self.router: dict[int, list] = {}
         self.qkv: list = []
+        self.sigmoid_gaps: list = []
         for name, mod in model.named_modules():
             m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.gate", name)
             if m and type(mod).__name__.endswith("TopKRouter"):
                 layer = int(m.group(1))
                 self.handles.append(mod.register_forward_hook(self._router_hook(layer, mod.top_k)))
+            if m and type(mod).__name__ == "DeepseekV3TopkRouter":
+                layer = int(m.group(1))
+                self.handles.append(mod.register_forward_hook(self._sigmoid_router_hook(layer, mod)))
             if re.fullmatch(r"model\.layers\.\d+\.self_attn\.(q_norm|k_norm|v_proj)", name):
                 self.handles.append(mod.register_forward_hook(self._qkv_hook))
 
@@ -328,6 +428,31 @@ class Probes:
 
         return hook
 
+    def _sigmoid_router_hook(self, layer, mod):
+        """deepseek_v3: the margins of both selections, on the scores they are made on
+        (sigmoid + correction bias): the topk_group-th vs the next group score, and the
+        top_k-th vs the next expert among the kept groups."""
+
+        def hook(_mod, _inp, out):
+            logits, _w, indices = out
+            choice = logits.detach().float().sigmoid() + mod.e_score_correction_bias.float()
+            ng, tg, k = mod.num_group, mod.topk_group, mod.top_k
+            e = choice.shape[-1]
+            groups = choice.view(-1, ng, e // ng).topk(2, dim=-1)[0].sum(dim=-1)
+            gap = math.inf
+            if tg < ng:
+                gs = torch.sort(groups, dim=-1, descending=True).values
+                gap = min(gap, float((gs[:, tg - 1] - gs[:, tg]).min()))
+            keep = torch.zeros_like(groups).scatter_(1, groups.topk(tg, dim=-1)[1], 1)
+            keep = keep.unsqueeze(-1).expand(-1, ng, e // ng).reshape(-1, e).bool()
+            srt = torch.sort(choice.masked_fill(~keep, -math.inf), dim=-1, descending=True).values
+            if k < tg * (e // ng):
+                gap = min(gap, float((srt[:, k - 1] - srt[:, k]).min()))
+            self.sigmoid_gaps.append(gap)
+            self.router.setdefault(layer, []).append((None, indices.detach().clone(), k))
+
+        return hook
+
     def _qkv_hook(self, _mod, _inp, out):
         # OLMoE clamps these outputs in place afterwards, hence the clone.
         self.qkv.append(out.detach().clone())
@@ -335,11 +460,14 @@ class Probes:
     def reset(self):
         self.router = {}
         self.qkv = []
+        self.sigmoid_gaps = []
 
     def router_min_gap(self) -> float:
-        gap = math.inf
+        gap = min(self.sigmoid_gaps, default=math.inf)
         for recs in self.router.values():
             for logits, _idx, k in recs:
+                if logits is None:
+                    continue
                 srt = torch.sort(logits.float(), dim=-1, descending=True).values
                 gap = min(gap, float((srt[:, k - 1] - srt[:, k]).min()))
         return gap
@@ -357,6 +485,14 @@ class Probes:
             h.remove()
 
 
+def n_experts(cfg) -> int:
+    return getattr(cfg, "num_experts", None) or cfg.n_routed_experts
+
+
+def first_moe_layer(cfg) -> int:
+    return getattr(cfg, "first_k_dense_replace", 0) or 0
+
+
 @torch.no_grad()
 def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
     """Compute the reference quantities; return (results, reasons-for-rejection)."""
@@ -366,7 +502,7 @@ def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
         probes.reset()
         logits = model(torch.tensor([ids])).logits[0].float()
         router_gap_tf = probes.router_min_gap()
-        distinct_l0 = probes.distinct_experts(0)
+        distinct_l0 = probes.distinct_experts(first_moe_layer(cfg))
         clip_frac = probes.clip_fraction(cfg.clip_qkv) if getattr(cfg, "clip_qkv", None) else None
 
         # Greedy with the KV cache (what transformers users get).
@@ -420,10 +556,11 @@ def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
         reasons.append("teacher-forced argmax over greedy sequence differs")
     if min_gap < GAP_REL * std:
         reasons.append(f"greedy near-tie (gap {min_gap:.3g} < {GAP_REL * std:.3g})")
-    if min(router_gap_tf, router_gap_greedy) < ROUTER_GAP_MIN:
+    gap_min = ROUTER_SCORE_GAP_MIN if case["model_type"] == "deepseek_v3" else ROUTER_GAP_MIN
+    if min(router_gap_tf, router_gap_greedy) < gap_min:
         reasons.append(f"router near-tie ({min(router_gap_tf, router_gap_greedy):.3g})")
-    if distinct_l0 < 0.6 * cfg.num_experts:
-        reasons.append(f"only {distinct_l0} experts used in layer 0")
+    if distinct_l0 < 0.6 * n_experts(cfg):
+        reasons.append(f"only {distinct_l0} experts used in layer {first_moe_layer(cfg)}")
     if clip_frac is not None and not (0.01 <= clip_frac <= 0.3):
         reasons.append(f"clip fraction {clip_frac:.3g} out of range")
 
@@ -465,13 +602,14 @@ def name_patterns(names) -> list[str]:
 def check_checkpoint(d: Path, case: dict, cfg) -> dict:
     names = safetensors_names(d)
     assert not any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in names), "fused expert tensors on disk"
-    n_exp = cfg.num_experts
+    n_exp = n_experts(cfg)
+    l0 = first_moe_layer(cfg)
     if case["model_type"] == "mixtral":
         assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in names
         assert f"model.layers.0.block_sparse_moe.experts.{n_exp - 1}.w2.weight" in names
     else:
-        assert "model.layers.0.mlp.experts.3.gate_proj.weight" in names
-        assert f"model.layers.0.mlp.experts.{n_exp - 1}.down_proj.weight" in names
+        assert f"model.layers.{l0}.mlp.experts.3.gate_proj.weight" in names
+        assert f"model.layers.{l0}.mlp.experts.{n_exp - 1}.down_proj.weight" in names
     want = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[DTYPE_NAMES[case["dtype"]]]
     dtypes = {v[1] for v in names.values()}
     assert dtypes == {want}, dtypes
@@ -507,14 +645,16 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
             ckpt = tmp / f"seed{seed}"
             torch.manual_seed(seed)
             cfg = build_config(case, tok_vocab, special_ids)
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", **case.get("load_kw", {}))
             reinit_(model, cfg, torch.Generator().manual_seed(seed))
             model = model.to(dtype)
             save_kw = {"max_shard_size": case["shard"]} if case["shard"] else {}
             model.save_pretrained(ckpt, **save_kw)
             del model
 
-            loaded = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+            loaded = AutoModelForCausalLM.from_pretrained(
+                ckpt, dtype=torch.float32, attn_implementation="eager", **case.get("load_kw", {})
+            )
             loaded.eval()
             lcfg = loaded.config
             res, reasons = evaluate(loaded, lcfg, case, ids, prompt, bad_new_ids)
@@ -577,8 +717,8 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
         "diagnostics": {
             "seed": seed,
             "router_min_topk_logit_gap": res["router_min_gap"],
-            "distinct_experts_layer0": res["distinct_experts_layer0"],
-            "num_experts": lcfg.num_experts,
+            f"distinct_experts_layer{first_moe_layer(lcfg)}": res["distinct_experts_layer0"],
+            "num_experts": n_experts(lcfg),
             "qkv_clip_fraction": res["clip_fraction"],
             "hf_cached_vs_uncached_max_abs_logit_diff": res["cache_diff"],
             "tokenizer_vocab_size": tok_vocab,
@@ -599,7 +739,7 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
         min_top2_gap=res["min_top2_gap"],
         router_min_gap=res["router_min_gap"],
         distinct=res["distinct_experts_layer0"],
-        num_experts=lcfg.num_experts,
+        num_experts=n_experts(lcfg),
         clip_fraction=res["clip_fraction"],
         patterns=name_patterns(ck["names"]),
         shards=ck["shards"],
@@ -629,6 +769,26 @@ def sanity_checks(name: str, model, cfg) -> dict:
     if name in ("qwen3_moe", "olmoe"):
         qn = model.model.layers[0].self_attn.q_norm.weight
         assert float((qn - 1).abs().max()) > 0.1, "q_norm not perturbed"
+    if name.startswith("deepseek_v3"):
+        attn = model.model.layers[0].self_attn
+        qk_head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        moe = model.model.layers[first_moe_layer(cfg)].mlp
+        assert type(moe).__name__ == "DeepseekV3MoE"
+        assert float(moe.gate.e_score_correction_bias.abs().max()) > 0.05, "correction bias not perturbed"
+        assert float((attn.kv_a_layernorm.weight - 1).abs().max()) > 0.1, "kv_a_layernorm not perturbed"
+        if name == "deepseek_v3":
+            assert rot.rope_type == "yarn" and cfg.rope_interleave
+            assert type(model.model.layers[0].mlp).__name__ == "DeepseekV3MLP"
+            assert attn.q_a_proj is not None and attn.q_proj is None
+            m_all = 0.1 * 0.7 * math.log(4.0) + 1.0
+            assert abs(attn.scaling - qk_head**-0.5 * m_all * m_all) < 1e-12, attn.scaling
+            assert abs(rot.attention_scaling - (0.1 * math.log(4.0) + 1.0) / m_all) < 1e-9, rot.attention_scaling
+            extra["yarn_attention_scaling"] = float(rot.attention_scaling)
+        else:
+            assert attn.q_proj is not None and attn.q_a_proj is None and not cfg.rope_interleave
+            assert abs(attn.scaling - qk_head**-0.5) < 1e-12
+            assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        extra["softmax_scale"] = float(attn.scaling)
     if name == "qwen2_moe":
         assert type(model.model.layers[1].mlp).__name__ == "Qwen2MoeMLP"
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

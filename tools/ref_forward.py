@@ -57,7 +57,13 @@ def rope_tables(cfg, head_dim, n_pos):
         ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
         extra = 1 - ramp  # 1 -> keep original frequency, 0 -> divide by factor
         inv = (inv / factor) * (1 - extra) + inv * extra
-        scale = rp.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+        mscale = lambda m: 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+        if rp.get("attention_factor"):
+            scale = rp["attention_factor"]
+        elif rp.get("mscale") and rp.get("mscale_all_dim"):  # deepseek_v3
+            scale = mscale(rp["mscale"]) / mscale(rp["mscale_all_dim"])
+        else:
+            scale = mscale(1.0)
     elif rp["rope_type"] != "default":
         raise NotImplementedError(rp["rope_type"])
     ang = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv[None, :]
@@ -75,13 +81,77 @@ def swiglu(x, g, u, d):
     return (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ d.T
 
 
+def deepseek_attention(cfg, w, a, h, cos, sin, mask):
+    """Multi-head Latent Attention, expanded (no absorption): per head, keys and values from
+    kv_b applied to the normalised latent, plus one rotary key shared by every head."""
+    T = h.shape[0]
+    nh = cfg["num_attention_heads"]
+    dn, dr, dv, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    if cfg.get("q_lora_rank") is None:
+        q = h @ w[a + "q_proj.weight"].T
+    else:  # the latent norms use 1e-6 whatever rms_norm_eps says
+        q = rms_norm(h @ w[a + "q_a_proj.weight"].T, w[a + "q_a_layernorm.weight"], 1e-6) @ w[a + "q_b_proj.weight"].T
+    q = q.view(T, nh, dn + dr).transpose(0, 1)
+    ckv = h @ w[a + "kv_a_proj_with_mqa.weight"].T
+    c = rms_norm(ckv[:, :r], w[a + "kv_a_layernorm.weight"], 1e-6)
+    k_rot = ckv[:, r:][None]  # [1, T, dr]
+    q_rot = q[..., dn:]
+    if cfg.get("rope_interleave", True):  # pairs (0,1), (2,3), ... -> the two halves
+        q_rot = torch.cat([q_rot[..., 0::2], q_rot[..., 1::2]], -1)
+        k_rot = torch.cat([k_rot[..., 0::2], k_rot[..., 1::2]], -1)
+    q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
+    kv = (c @ w[a + "kv_b_proj.weight"].T).view(T, nh, dn + dv).transpose(0, 1)
+    k = torch.cat([kv[..., :dn], k_rot.expand(nh, T, dr)], -1)
+    q = torch.cat([q[..., :dn], q_rot], -1)
+    scale = (dn + dr) ** -0.5
+    rp = cfg.get("rope_parameters") or {}
+    if rp.get("rope_type", "default") != "default" and rp.get("mscale_all_dim"):
+        m = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0 if rp["factor"] > 1 else 1.0
+        scale = scale * m * m
+    s = q @ k.transpose(1, 2) * scale + mask
+    o = (torch.softmax(s, -1) @ kv[..., dn:]).transpose(0, 1).reshape(T, nh * dv)
+    return o @ w[a + "o_proj.weight"].T
+
+
+def deepseek_route(cfg, w, m, h):
+    """Sigmoid scores; selection on scores + e_score_correction_bias within the topk_group
+    groups whose two best selection scores sum highest; weights from the unbiased scores."""
+    n_exp, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    ng, tg = cfg["n_group"], cfg["topk_group"]
+    scores = torch.sigmoid(h @ w[m + "gate.weight"].T)
+    choice = scores + w[m + "gate.e_score_correction_bias"]
+    groups = choice.view(-1, ng, n_exp // ng).topk(2, -1).values.sum(-1)
+    keep = torch.zeros_like(groups).scatter(1, groups.topk(tg, -1).indices, 1.0)
+    keep = keep[:, :, None].expand(-1, ng, n_exp // ng).reshape(-1, n_exp).bool()
+    topi = choice.masked_fill(~keep, float("-inf")).topk(k, -1).indices
+    topv = scores.gather(1, topi)
+    if cfg.get("norm_topk_prob", True):
+        topv = topv / (topv.sum(-1, keepdim=True) + 1e-20)
+    return topv * cfg["routed_scaling_factor"], topi
+
+
+def deepseek_ffn(cfg, w, p, h):
+    m = p + "mlp."
+    if m + "gate.weight" not in w:  # the first_k_dense_replace dense layers
+        return swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
+    topv, topi = deepseek_route(cfg, w, m, h)
+    out = torch.zeros_like(h)
+    for t in range(h.shape[0]):
+        for j in range(topi.shape[1]):
+            e = m + f"experts.{int(topi[t, j])}."
+            g, u, d = (w[e + f"{n}_proj.weight"] for n in ("gate", "up", "down"))
+            out[t] += topv[t, j] * swiglu(h[t : t + 1], g, u, d)[0]
+    se = m + "shared_experts."  # ungated
+    return out + swiglu(h, w[se + "gate_proj.weight"], w[se + "up_proj.weight"], w[se + "down_proj.weight"])
+
+
 def forward(cfg, w, ids):
     mt = cfg["model_type"]
     T = len(ids)
     H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg.get("head_dim") or H // nh
+    hd = cfg.get("head_dim") or H // nh  # deepseek_v3: head_dim is qk_rope_head_dim
     eps = cfg["rms_norm_eps"]
-    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts")
+    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     top_k = cfg["num_experts_per_tok"]
     window = cfg.get("sliding_window") if (mt == "mixtral" or cfg.get("use_sliding_window")) else None
     cos, sin = rope_tables(cfg, hd, T)
@@ -98,6 +168,10 @@ def forward(cfg, w, ids):
         p = f"model.layers.{L}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
         a = p + "self_attn."
+        if mt == "deepseek_v3":
+            x = x + deepseek_attention(cfg, w, a, h, cos, sin, mask)
+            x = x + deepseek_ffn(cfg, w, p, rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
+            continue
         q = h @ w[a + "q_proj.weight"].T
         k = h @ w[a + "k_proj.weight"].T
         v = h @ w[a + "v_proj.weight"].T

@@ -112,3 +112,27 @@ fn tiny_expert_pool_evicts_and_stays_exact() {
     // A pool that holds about two experts: constant eviction, same answer.
     check("olmoe", Some(2 * 3 * 40 * 72 * 2 + 1), 4);
 }
+
+/// deepseek_v3 has no GPU kernels yet (MLA, the sigmoid/group router, ungated shared
+/// experts): the backend refuses it at load with one line that says so, and accepts the
+/// other families. The check needs no adapter; the load needs one.
+#[test]
+fn deepseek_v3_is_refused_with_a_clear_error() {
+    let dir = |n: &str| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(n);
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"] {
+        let model = Model::open_dir(&dir(name)).unwrap();
+        assert_eq!(colibri_engine::gpu::model::unsupported(&model.cfg), None, "{name}");
+    }
+    for name in ["deepseek_v3", "deepseek_v3_noqlora"] {
+        let model = Model::open_dir(&dir(name)).unwrap();
+        let why = colibri_engine::gpu::model::unsupported(&model.cfg).expect("deepseek_v3 must be refused");
+        assert!(
+            why.contains("deepseek_v3 models are not supported on the GPU backend") && why.contains("CPU"),
+            "{why}"
+        );
+        let Some(ctx) = gpu() else { continue };
+        let e = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("GpuModel::new must fail").to_string();
+        assert!(e.contains("Multi-head Latent Attention"), "{e}");
+        assert_eq!(e.lines().count(), 1);
+    }
+}

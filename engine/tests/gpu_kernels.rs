@@ -337,7 +337,7 @@ fn route_matches_moe_route() {
         logits[ne + 3] = logits[ne + 1];
         logits[2 * ne..3 * ne].iter_mut().for_each(|v| *v = 0.25);
         logits[3 * ne] = 150.0;
-        let cfg = RouterConfig { n_experts: ne, top_k: k, norm_topk_prob: norm };
+        let cfg = RouterConfig::softmax(ne, k, norm);
         let lb = upload_f32(&ctx, "logits", &logits).unwrap();
         let (probs, out) = (zeros(&ctx, n * ne), zeros(&ctx, n * k * 2));
         let mut rec = Recorder::new(&ctx);
@@ -346,7 +346,7 @@ fn route_matches_moe_route() {
         let got = ops::routes_from(&block_on(rec.submit()).unwrap()[0], k);
         assert_eq!(got.len(), n);
         for (p, g) in got.iter().enumerate() {
-            let want = route(&logits[p * ne..(p + 1) * ne], &cfg);
+            let want = route(&logits[p * ne..(p + 1) * ne], &cfg, None);
             assert_eq!(g.experts, want.experts, "experts {ne}x top{k}, position {p}");
             assert_bits(&format!("weights {ne}x top{k}, position {p}"), &g.weights, &want.weights);
         }

@@ -82,6 +82,16 @@ fn check(name: &str) {
         );
     }
 
+    // A rollback to a prefix (a chat turn that shares it) and a prefill of the rest give
+    // the same bits again: the cache keeps exactly the prefix's entries.
+    let half = tf_ids.len() / 2;
+    s2.truncate(half);
+    let rest = model.forward(&mut s2, &tf_ids[half..], Logits::All).unwrap();
+    assert!(
+        rest.iter().zip(&got[half * vocab..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{name}: logits after a rollback to position {half} differ from the prefill"
+    );
+
     // Greedy continuation, token for token.
     let prompt = ids(&reference["greedy"]["prompt_ids"]);
     let want_new = ids(&reference["greedy"]["new_ids"]);
@@ -109,4 +119,14 @@ fn qwen3_moe_matches_transformers() {
 #[test]
 fn olmoe_matches_transformers() {
     check("olmoe");
+}
+
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check("deepseek_v3");
+}
+
+#[test]
+fn deepseek_v3_without_q_lora_matches_transformers() {
+    check("deepseek_v3_noqlora");
 }

@@ -69,28 +69,30 @@ fn logits_command_writes_the_reference_logits() {
 
 #[test]
 fn generate_json_reproduces_the_greedy_reference() {
-    let r = reference("mixtral");
-    let want: Vec<u64> = r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
-    let out = coli()
-        .args(["generate", "--model"])
-        .arg(fixture("mixtral"))
-        .args([
-            "--ids",
-            &ids_arg(&r["greedy"]["prompt_ids"]),
-            "--max-new-tokens",
-            &want.len().to_string(),
-            "--temperature",
-            "0",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
-    let got: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
-    assert_eq!(got, want);
-    assert!(v["text"].is_string());
-    assert_eq!(v["finish_reason"], "length");
+    for name in ["mixtral", "deepseek_v3"] {
+        let r = reference(name);
+        let want: Vec<u64> = r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let out = coli()
+            .args(["generate", "--model"])
+            .arg(fixture(name))
+            .args([
+                "--ids",
+                &ids_arg(&r["greedy"]["prompt_ids"]),
+                "--max-new-tokens",
+                &want.len().to_string(),
+                "--temperature",
+                "0",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        let got: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(got, want, "{name}");
+        assert!(v["text"].is_string());
+        assert_eq!(v["finish_reason"], "length");
+    }
 }
 
 #[test]
@@ -136,23 +138,26 @@ fn reference_ids(name: &str, text: &str) -> serde_json::Value {
 #[test]
 fn chat_streams_an_answer_per_line_of_input() {
     use std::io::Write;
-    let mut child = coli()
-        .args(["chat", "--model"])
-        .arg(fixture("qwen3_moe"))
-        .args(["--max-new-tokens", "5", "--temperature", "0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"Hello\nAnd again\n/reset\nHello\n/quit\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let answers: Vec<&str> = text.lines().collect();
-    assert_eq!(answers.len(), 3, "{text:?}");
-    // Greedy, and /reset forgot the first exchange: the same question gives the same answer.
-    assert_eq!(answers[0], answers[2]);
+    // deepseek_v3: the second turn reuses the MLA latent cache of the first.
+    for name in ["qwen3_moe", "deepseek_v3"] {
+        let mut child = coli()
+            .args(["chat", "--model"])
+            .arg(fixture(name))
+            .args(["--max-new-tokens", "5", "--temperature", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"Hello\nAnd again\n/reset\nHello\n/quit\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let answers: Vec<&str> = text.lines().collect();
+        assert_eq!(answers.len(), 3, "{name}: {text:?}");
+        // Greedy, and /reset forgot the first exchange: the same question gives the same answer.
+        assert_eq!(answers[0], answers[2], "{name}");
+    }
 }
 
 #[test]
@@ -311,6 +316,9 @@ fn bench_warmup_leaves_the_timed_prefill_on_resident_experts() {
     let (cold, warm) = (bench(false), bench(true));
     assert_eq!(cold["warmup"], false);
     assert_eq!(warm["warmup"], true);
+    // Keys and values of 2 kv heads x 20 dims, in 2 layers, f32.
+    assert_eq!(cold["model"]["kv_cache_bytes_per_token"], 2 * (2 * 20) * 2 * 4);
+    assert_eq!(cold["model"]["attention"], "gqa");
     assert!(cold["prefill"]["hit_rate"]["disk"].as_f64().unwrap() > 0.0, "{cold}");
     assert_eq!(warm["prefill"]["hit_rate"]["disk"].as_f64(), Some(0.0), "{warm}");
     let prefetched = warm["prefill"]["prefetch"]["bytes"].as_u64().unwrap();

@@ -14,7 +14,7 @@ use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
 use serde_json::Value;
 
-const FIXTURES: [&str; 4] = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"];
+const FIXTURES: [&str; 6] = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora"];
 
 fn coli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coli"))
@@ -135,13 +135,24 @@ fn every_fixture_in_every_type_against_transformers() {
                 q.greedy
             ));
             let bits_equal = got.iter().zip(&hf_logits).all(|(a, b)| a.to_bits() == b.to_bits());
-            let lossless =
-                quant == "f32" || (quant == "bf16" && name == "qwen3_moe") || (quant == "f16" && name == "olmoe");
+            let on_disk = reference(name)["dtype_on_disk"].as_str().unwrap().to_string();
+            let lossless = quant == "f32"
+                || (quant == "bf16" && on_disk == "bfloat16")
+                || (quant == "f16" && on_disk == "float16");
             // Lossless conversions must reproduce the checkpoint's own path bit for bit (and so
             // meet the transformers bar); the lossy ones are regression guards a little below
             // what docs/benchmarks.md records.
+            // deepseek_v3's sigmoid routers choose on scores whose margins in these tiny
+            // random models go down to 2e-4 (tests/fixtures/README.md): rounding bf16 or
+            // int8 weights flips a few expert choices, and each flip moves a position's
+            // logits by O(1). The engine is not the cause: with only the attention weights
+            // rounded to bf16, transformers and the engine agree to 9e-6 of std. Their
+            // gates are the measured numbers (bf16 KL 0.09, int8 KL 0.17-0.37) with margin.
+            let sensitive = name.starts_with("deepseek_v3");
             let ok = match quant {
                 _ if lossless => bits_equal && q.rel <= 1e-3,
+                "bf16" if sensitive => q.kl < 0.2 && q.agree >= 0.9,
+                "int8" if sensitive => q.kl < 0.6 && q.agree >= 0.6,
                 "f16" => q.rel <= 5e-2 && q.kl < 1e-4 && q.agree >= 0.95,
                 "bf16" => q.rel <= 0.5 && q.kl < 1e-2 && q.agree >= 0.95,
                 "int8" => q.kl < 0.1 && q.agree >= 0.85,
@@ -160,18 +171,16 @@ fn every_fixture_in_every_type_against_transformers() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-#[test]
-fn ram_budget_never_changes_the_bits() {
-    let root = scratch("ram");
-    let dst = root.join("m");
-    convert_ok(&fixture("qwen2_moe"), &dst, &[]);
+/// Prefill and decode logits of converted model `dst` (of fixture `name`) are the same
+/// bits under every expert-cache budget, from none to all.
+fn same_bits_for_every_budget(name: &str, dst: &Path) {
     let m: Value = serde_json::from_slice(&std::fs::read(dst.join("colibri.json")).unwrap()).unwrap();
     let expert = m["experts"]["layers"][0]["experts"][0]["length"].as_u64().unwrap();
     let mut runs = Vec::new();
     for ram in [Some(0), Some(expert), Some(expert * 7), None] {
-        let model = Model::open_dir_with(&dst, CacheOptions::with_ram(ram)).unwrap();
+        let model = Model::open_dir_with(dst, CacheOptions::with_ram(ram)).unwrap();
         let mut s = model.new_session();
-        let prefill = model.forward(&mut s, &ids(&reference("qwen2_moe")["ids"]), Logits::All).unwrap();
+        let prefill = model.forward(&mut s, &ids(&reference(name)["ids"]), Logits::All).unwrap();
         // Then a few decode steps, which hit the cache differently.
         let mut steps = Vec::new();
         for id in [5u32, 17, 3] {
@@ -182,9 +191,25 @@ fn ram_budget_never_changes_the_bits() {
     for (ram, p, s) in &runs[1..] {
         assert!(
             p.iter().zip(&runs[0].1).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "prefill differs with --ram {ram:?}"
+            "{name}: prefill differs with --ram {ram:?}"
         );
-        assert!(s.iter().zip(&runs[0].2).all(|(a, b)| a.to_bits() == b.to_bits()), "decode differs with --ram {ram:?}");
+        assert!(
+            s.iter().zip(&runs[0].2).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: decode differs with --ram {ram:?}"
+        );
+    }
+}
+
+#[test]
+fn ram_budget_never_changes_the_bits() {
+    let root = scratch("ram");
+    let dst = root.join("m");
+    convert_ok(&fixture("qwen2_moe"), &dst, &[]);
+    same_bits_for_every_budget("qwen2_moe", &dst);
+    for name in ["deepseek_v3", "deepseek_v3_noqlora"] {
+        let d = root.join(name);
+        convert_ok(&fixture(name), &d, &[]);
+        same_bits_for_every_budget(name, &d);
     }
     // The command line accepts the budget with suffixes and writes the same bytes.
     let mut files = Vec::new();
@@ -457,5 +482,75 @@ fn info_and_doctor_on_both_formats() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("cpu"));
     let out = coli().arg("info").arg(root.join("nope")).output().unwrap();
     assert_clean_failure(&out, "no such model directory");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A copy of fixture `name` (sharded, with an index) with one more shard holding the
+/// tensors of a multi-token-prediction layer after the decoder layers, as DeepSeek-V3
+/// ships its layer 61, and `num_nextn_predict_layers: 1` in config.json.
+fn with_mtp_layer(name: &str, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(dst.join("config.json")).unwrap()).unwrap();
+    let (layers, hidden) = (cfg["num_hidden_layers"].as_u64().unwrap(), cfg["hidden_size"].as_u64().unwrap());
+    cfg["num_nextn_predict_layers"] = 1.into();
+    std::fs::write(dst.join("config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let names =
+        [format!("model.layers.{layers}.input_layernorm.weight"), format!("model.layers.{layers}.enorm.weight")];
+    let mut header = serde_json::Map::new();
+    for (k, n) in names.iter().enumerate() {
+        let at = k as u64 * hidden * 4;
+        header.insert(
+            n.clone(),
+            serde_json::json!({"dtype": "F32", "shape": [hidden], "data_offsets": [at, at + hidden * 4]}),
+        );
+    }
+    let mut h = serde_json::to_vec(&header).unwrap();
+    h.resize(h.len().div_ceil(8) * 8, b' ');
+    let mut file = (h.len() as u64).to_le_bytes().to_vec();
+    file.extend(h);
+    file.extend(std::iter::repeat_n(0u8, (names.len() as u64 * hidden * 4) as usize));
+    std::fs::write(dst.join("mtp.safetensors"), file).unwrap();
+    let index_path = dst.join("model.safetensors.index.json");
+    let mut index: Value = serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    for n in &names {
+        index["weight_map"][n] = "mtp.safetensors".into();
+    }
+    std::fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
+#[test]
+fn deepseek_v3_converts_without_its_mtp_layer_and_reports_its_latent_cache() {
+    let root = scratch("mtp");
+    let (src, dst) = (root.join("hf"), root.join("m"));
+    with_mtp_layer("deepseek_v3", &src);
+    convert_ok(&src, &dst, &["--quant", "bf16"]);
+    let m: Value = serde_json::from_slice(&std::fs::read(dst.join("colibri.json")).unwrap()).unwrap();
+    let dense: Vec<&str> =
+        m["dense"]["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(dense.contains(&"model.layers.2.self_attn.kv_b_proj.weight"));
+    assert!(dense.contains(&"model.layers.1.mlp.gate.e_score_correction_bias"));
+    assert!(dense.contains(&"model.layers.1.mlp.shared_experts.down_proj.weight"));
+    assert!(!dense.iter().any(|n| n.starts_with("model.layers.3.")), "MTP tensors were converted: {dense:?}");
+    // Routed experts only of the MoE layers (1 and 2; layer 0 is dense), 16 each.
+    let layers = m["experts"]["layers"].as_array().unwrap();
+    assert_eq!(layers.iter().map(|l| l["experts"].as_array().unwrap().len()).collect::<Vec<_>>(), [16, 16]);
+    // bf16 is lossless for this bf16 checkpoint: the same bits as the checkpoint itself.
+    let (hf, conv) = (Model::open_dir(&src).unwrap(), Model::open_dir(&dst).unwrap());
+    let (a, b) = (logits(&hf, "deepseek_v3"), logits(&conv, "deepseek_v3"));
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    for p in [&src, &dst] {
+        let out = coli().arg("info").arg(p).arg("--json").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!((&v["model_type"], &v["attention"]), (&Value::from("deepseek_v3"), &Value::from("mla")));
+        // (kv_lora_rank 28 + qk_rope_head_dim 10) floats x 3 layers x 4 bytes.
+        assert_eq!(v["kv_cache_bytes_per_token"], (28 + 10) * 3 * 4);
+    }
+    let text = coli().arg("info").arg(&dst).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("MLA: latent 28 + rope key 10 = 38 floats"));
     let _ = std::fs::remove_dir_all(&root);
 }

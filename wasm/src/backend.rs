@@ -53,9 +53,9 @@ impl Context {
 
     /// Forgets everything after the first `len` tokens (a rollback or a new prompt that
     /// shares a prefix with the previous one).
-    pub fn truncate(&mut self, len: usize, kv_dim: usize) {
+    pub fn truncate(&mut self, len: usize) {
         match self {
-            Context::Cpu(s) => s.truncate(len, kv_dim),
+            Context::Cpu(s) => s.truncate(len),
             Context::Gpu(s) => s.truncate(len),
         }
     }
@@ -133,7 +133,7 @@ impl Backend {
                     return Ok(v);
                 }
                 Err(e) => {
-                    cx.truncate(before, model.cfg.kv_dim());
+                    cx.truncate(before);
                     attempts += 1;
                     if !tiers.has_pending() || attempts > model.cfg.n_layers + 1 {
                         return Err(e);
@@ -185,7 +185,7 @@ async fn time_step(b: &Backend, model: &Model, tiers: &BrowserSource, probe: [u3
     b.forward_tiered(model, tiers, &mut cx, &probe[..1], Logits::Last, &mut |_, _, _| {}).await?;
     let mut best = f64::INFINITY;
     for _ in 0..3 {
-        cx.truncate(1, model.cfg.kv_dim());
+        cx.truncate(1);
         let t0 = now_ms();
         b.forward_tiered(model, tiers, &mut cx, &probe[1..], Logits::Last, &mut |_, _, _| {}).await?;
         best = best.min(now_ms() - t0);

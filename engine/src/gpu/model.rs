@@ -17,8 +17,28 @@ use super::recorder::Recorder;
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
-use crate::model::config::QkNorm;
+use crate::model::attention::AttnWeights;
+use crate::model::config::{ModelConfig, QkNorm, Scoring};
 use crate::model::{Ffn, Logits, Model};
+
+/// Why this backend cannot run a model, if it cannot: the parts of deepseek_v3 that have
+/// no WGSL kernels yet (MLA attention, the sigmoid/group router, ungated shared experts).
+pub fn unsupported(c: &ModelConfig) -> Option<String> {
+    let missing = if c.mla.is_some() {
+        "Multi-head Latent Attention"
+    } else if c.router.scoring != Scoring::Softmax || c.router.correction_bias || c.router.topk_group < c.router.n_group
+    {
+        "the sigmoid / group-limited router"
+    } else if c.shared_expert_intermediate.is_some() && !c.shared_expert_gated {
+        "ungated shared experts"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "{} models are not supported on the GPU backend yet ({missing} has no GPU kernels); use the CPU backend",
+        c.model_type
+    ))
+}
 
 /// Settings of the GPU backend.
 #[derive(Clone, Debug, Default)]
@@ -115,6 +135,9 @@ impl<M: Borrow<Model>> GpuModel<M> {
     pub fn new(model: M, ctx: Arc<GpuContext>, opts: GpuOptions) -> Result<Self> {
         let m: &Model = model.borrow();
         let c = &m.cfg;
+        if let Some(why) = unsupported(c) {
+            return Err(Error::Gpu(why));
+        }
         let cx = &*ctx;
         let embed = upload_mat(cx, "embed", &m.embed)?;
         let lm_head =
@@ -123,7 +146,9 @@ impl<M: Borrow<Model>> GpuModel<M> {
             c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
         let mut layers = Vec::with_capacity(m.layers.len());
         for (l, layer) in m.layers.iter().enumerate() {
-            let a = &layer.attn;
+            let AttnWeights::Gqa(a) = &layer.attn else {
+                return Err(Error::Gpu("MLA attention has no GPU kernels yet".into()));
+            };
             let p = format!("layer{l}");
             let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
                 w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
@@ -147,10 +172,14 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 Ffn::Moe(block) => GpuFfn::Moe {
                     router: upload_mat(cx, &format!("{p}.router"), &block.router)?,
                     shared: match &block.shared {
-                        Some((e, gate)) => {
-                            max_inter = max_inter.max(e.gate.rows);
+                        Some(shared) => {
+                            let gate = shared
+                                .gate
+                                .as_ref()
+                                .ok_or_else(|| Error::Gpu("ungated shared experts have no GPU kernels yet".into()))?;
+                            max_inter = max_inter.max(shared.mlp.gate.rows);
                             Some((
-                                GpuExpert::upload(cx, &format!("{p}.shared"), e)?,
+                                GpuExpert::upload(cx, &format!("{p}.shared"), &shared.mlp)?,
                                 upload_mat(cx, &format!("{p}.shared_gate"), gate)?,
                             ))
                         }

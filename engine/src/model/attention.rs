@@ -1,11 +1,14 @@
 //! The one attention module: grouped-query attention over a KV cache, with the options
 //! the families need (qkv bias, q/k RMSNorm per head or over the whole projection,
-//! clip_qkv, sliding window, partial RoPE through [`Rope`]). Room for attention sinks
-//! and MLA is left in [`AttnOpts`] rather than in copies of this file.
+//! clip_qkv, sliding window, partial RoPE through [`Rope`]), or Multi-head Latent
+//! Attention ([`crate::model::mla`], deepseek_v3) whose cache holds compressed latents.
+//! Room for attention sinks is left in [`AttnOpts`] rather than in copies of this file.
 
+use crate::error::Result;
 use crate::kernels::{for_each_chunk, matmul, rmsnorm_chunks};
 use crate::math;
-use crate::model::config::QkNorm;
+use crate::model::config::{MlaConfig, QkNorm};
+use crate::model::mla::{self, MlaWeights};
 use crate::model::rope::Rope;
 use crate::tensor::Mat;
 
@@ -18,12 +21,23 @@ pub struct AttnOpts {
     pub clip_qkv: Option<f32>,
     /// Attend to at most the last `w` positions (the current one included).
     pub window: Option<usize>,
-    /// Multiplies q.k (transformers: head_dim ** -0.5).
+    /// Multiplies q.k (transformers: head_dim ** -0.5; MLA: times YaRN's mscale^2).
     pub scale: f32,
     pub rms_eps: f32,
+    /// Multi-head Latent Attention's sizes (with [`AttnWeights::Mla`]).
+    pub mla: Option<MlaConfig>,
 }
 
-pub struct AttnWeights {
+/// One layer's attention weights: the variant decides the projections and what the
+/// cache holds.
+pub enum AttnWeights {
+    /// Grouped-query attention: keys and values cached per kv head.
+    Gqa(GqaWeights),
+    /// Multi-head latent attention: a compressed latent and a shared rotary key cached.
+    Mla(MlaWeights),
+}
+
+pub struct GqaWeights {
     /// (n_heads*head_dim, hidden)
     pub wq: Mat,
     /// (n_kv_heads*head_dim, hidden)
@@ -41,22 +55,51 @@ pub struct AttnWeights {
     pub k_norm: Option<Vec<f32>>,
 }
 
-/// Keys and values of one layer for every position so far: (len, n_kv_heads*head_dim).
+/// What one layer caches for every position so far. GQA: keys in `k` and values in `v`,
+/// (len, n_kv_heads*head_dim) each. MLA: the normalised latents in `k` (len,
+/// kv_lora_rank) and the rotated shared keys in `v` (len, qk_rope_head_dim).
 #[derive(Clone, Default)]
 pub struct LayerCache {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+    /// Floats per position in `k` and in `v` (set by the first append).
+    k_width: usize,
+    v_width: usize,
 }
 
 impl LayerCache {
-    pub fn len(&self, kv_dim: usize) -> usize {
-        self.k.len() / kv_dim
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.k.len().checked_div(self.k_width).unwrap_or(0)
     }
 
-    pub fn truncate(&mut self, positions: usize, kv_dim: usize) {
-        self.k.truncate(positions * kv_dim);
-        self.v.truncate(positions * kv_dim);
+    pub fn is_empty(&self) -> bool {
+        self.k.is_empty()
     }
+
+    /// Floats cached per position (both parts).
+    pub fn width(&self) -> usize {
+        self.k_width + self.v_width
+    }
+
+    /// Appends positions: `k` in rows of `k_width` floats, `v` in rows of `v_width`.
+    pub fn append(&mut self, k: &[f32], v: &[f32], k_width: usize, v_width: usize) {
+        self.k_width = k_width;
+        self.v_width = v_width;
+        self.k.extend_from_slice(k);
+        self.v.extend_from_slice(v);
+    }
+
+    /// Keeps the first `positions` positions.
+    pub fn truncate(&mut self, positions: usize) {
+        self.k.truncate(positions * self.k_width);
+        self.v.truncate(positions * self.v_width);
+    }
+}
+
+/// The first position that position `p` attends to.
+pub fn first_visible(p: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (p + 1).saturating_sub(w))
 }
 
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
@@ -77,10 +120,34 @@ fn norm(x: &mut [f32], w: &Option<Vec<f32>>, eps: f32) {
 
 /// Self-attention for `n` new positions starting at absolute position `pos0`.
 /// `x`: (n, hidden) normalised input; `cos`/`sin`: per new position, rotary_dim/2 each;
-/// `out`: (n, hidden). Appends the new keys and values to `cache`.
+/// `out`: (n, hidden). Appends what the variant caches of the new positions to `cache`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     w: &AttnWeights,
+    o: &AttnOpts,
+    rope: &Rope,
+    x: &[f32],
+    n: usize,
+    pos0: usize,
+    cos: &[Vec<f32>],
+    sin: &[Vec<f32>],
+    cache: &mut LayerCache,
+    out: &mut [f32],
+) -> Result<()> {
+    match (w, &o.mla) {
+        (AttnWeights::Gqa(g), None) => {
+            gqa(g, o, rope, x, n, pos0, cos, sin, cache, out);
+            Ok(())
+        }
+        (AttnWeights::Mla(m), Some(mc)) => mla::attention(m, o, mc, rope, x, n, pos0, cos, sin, cache, out),
+        _ => Err(crate::error::Error::Invalid("attention weights and options are of different variants".into())),
+    }
+}
+
+/// Grouped-query attention (every family but deepseek_v3).
+#[allow(clippy::too_many_arguments)]
+fn gqa(
+    w: &GqaWeights,
     o: &AttnOpts,
     rope: &Rope,
     x: &[f32],
@@ -120,8 +187,7 @@ pub fn attention(
         rope.apply(&mut q[i * qd..(i + 1) * qd], hd, &cos[i], &sin[i]);
         rope.apply(&mut k[i * kvd..(i + 1) * kvd], hd, &cos[i], &sin[i]);
     }
-    cache.k.extend_from_slice(&k);
-    cache.v.extend_from_slice(&v);
+    cache.append(&k, &v, kvd, kvd);
 
     let group = o.n_heads / o.n_kv_heads;
     let (ck, cv) = (&cache.k, &cache.v);
@@ -130,7 +196,7 @@ pub fn attention(
     for_each_chunk(&mut ctx, hd, |idx, dst| {
         let (i, h) = (idx / o.n_heads, idx % o.n_heads);
         let p = pos0 + i;
-        let lo = o.window.map_or(0, |wdw| (p + 1).saturating_sub(wdw));
+        let lo = first_visible(p, o.window);
         let kvh = h / group;
         let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
         let mut scores: Vec<f32> =
@@ -166,7 +232,7 @@ mod tests {
     fn setup(qk: QkNorm, window: Option<usize>) -> (AttnWeights, AttnOpts, Rope) {
         let (h, nh, nkv, hd) = (10, 4, 2, 6);
         let nw = |len: usize| Some((0..len).map(|i| 1.0 + i as f32 * 0.05).collect());
-        let w = AttnWeights {
+        let w = AttnWeights::Gqa(GqaWeights {
             wq: mat(nh * hd, h, 1),
             wk: mat(nkv * hd, h, 2),
             wv: mat(nkv * hd, h, 3),
@@ -184,7 +250,7 @@ mod tests {
                 QkNorm::PerHead => nw(hd),
                 QkNorm::Full => nw(nkv * hd),
             },
-        };
+        });
         let o = AttnOpts {
             n_heads: nh,
             n_kv_heads: nkv,
@@ -194,6 +260,7 @@ mod tests {
             window,
             scale: (hd as f32).powf(-0.5),
             rms_eps: 1e-6,
+            mla: None,
         };
         let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
         (w, o, rope)
@@ -216,7 +283,7 @@ mod tests {
             ss.push(s);
         }
         let mut out = vec![0.0; n * 10];
-        attention(w, o, rope, x, n, pos0, &cs, &ss, cache, &mut out);
+        attention(w, o, rope, x, n, pos0, &cs, &ss, cache, &mut out).unwrap();
         out
     }
 

@@ -7,6 +7,9 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::experts::cache::ExpertShape;
 use crate::model::rope::RopeConfig;
+use deepseek::{mla_config, sigmoid_router};
+
+mod deepseek;
 
 /// Which model family a checkpoint belongs to (Hugging Face `model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +18,10 @@ pub enum Family {
     Qwen2Moe,
     Qwen3Moe,
     Olmoe,
+    /// DeepSeek-V3/R1 (and Kimi-K2, which ships the same architecture): MLA attention,
+    /// sigmoid router with correction bias and group-limited top-k, shared experts,
+    /// dense first layers.
+    DeepseekV3,
 }
 
 impl Family {
@@ -24,6 +31,9 @@ impl Family {
             "qwen2_moe" => Family::Qwen2Moe,
             "qwen3_moe" => Family::Qwen3Moe,
             "olmoe" => Family::Olmoe,
+            // Kimi-K2 ships DeepSeek-V3's architecture under its own name (transformers'
+            // kimi_k25 maps a "kimi_k2" text config to deepseek_v3 the same way).
+            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
             other => return Err(Error::UnknownModelType(other.to_string())),
         })
     }
@@ -39,13 +49,74 @@ pub enum QkNorm {
     Full,
 }
 
-/// How router probabilities are turned into the top-k mixing weights.
+/// How a router turns its logits into per-expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scoring {
+    /// softmax over all experts (mixtral, qwen, olmoe).
+    Softmax,
+    /// sigmoid of each logit on its own (deepseek_v3).
+    Sigmoid,
+}
+
+/// How router logits become the top-k experts and their mixing weights: the options of
+/// the one routing function, [`crate::model::moe::route`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterConfig {
     pub n_experts: usize,
     pub top_k: usize,
-    /// Renormalise the k selected probabilities to sum to one.
+    /// Renormalise the k selected scores to sum to one.
     pub norm_topk_prob: bool,
+    pub scoring: Scoring,
+    /// Group-limited selection: the experts form `n_group` equal groups and only the
+    /// `topk_group` groups whose two best selection scores sum highest are candidates.
+    /// 1 and 1 select over all experts.
+    pub n_group: usize,
+    pub topk_group: usize,
+    /// Multiplies the final mixing weights (after renormalisation).
+    pub routed_scaling_factor: f32,
+    /// The layer's router has a per-expert bias added to the scores for the selection
+    /// only, never to the mixing weights (`e_score_correction_bias`).
+    pub correction_bias: bool,
+}
+
+impl RouterConfig {
+    /// The softmax router of mixtral, qwen and olmoe: top-k over all experts.
+    pub fn softmax(n_experts: usize, top_k: usize, norm_topk_prob: bool) -> Self {
+        RouterConfig {
+            n_experts,
+            top_k,
+            norm_topk_prob,
+            scoring: Scoring::Softmax,
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 1.0,
+            correction_bias: false,
+        }
+    }
+}
+
+/// Multi-head Latent Attention (deepseek_v3): queries through an optional low-rank
+/// bottleneck; keys and values of every head expanded from one compressed latent per
+/// position, plus one rotary key shared by all heads. Each head's query and key are
+/// `qk_nope_head_dim` values without position followed by `qk_rope_head_dim` rotated ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    /// None: a plain q_proj; Some(r): q_a_proj (r) -> RMSNorm -> q_b_proj.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// The rotary dimensions come as interleaved pairs (x0, x1), (x2, x3), ... rather than
+    /// as two halves (transformers' `rope_interleave`, true for the released checkpoints).
+    pub rope_interleave: bool,
+}
+
+impl MlaConfig {
+    /// Floats cached per position and layer: the latent and the rotary key.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
 }
 
 /// Everything the forward pass needs to know about a model.
@@ -64,6 +135,11 @@ pub struct ModelConfig {
     pub rope: RopeConfig,
     pub qkv_bias: bool,
     pub qk_norm: QkNorm,
+    /// Multi-head Latent Attention instead of grouped-query attention (deepseek_v3); then
+    /// `head_dim` is the query/key head size (nope + rope) and `n_kv_heads == n_heads`.
+    pub mla: Option<MlaConfig>,
+    /// Multiplies q.k before the softmax: head_dim^-0.5, times YaRN's mscale^2 for MLA.
+    pub attn_scale: f32,
     /// Clamp q, k and v to [-c, c] after projection (olmoe `clip_qkv`).
     pub clip_qkv: Option<f32>,
     /// Per layer: attend only to the last `w` positions (None = full causal attention).
@@ -73,11 +149,19 @@ pub struct ModelConfig {
     pub expert_intermediate: usize,
     /// Intermediate size of the dense MLP used by non-MoE layers.
     pub dense_intermediate: usize,
-    /// Intermediate size of the always-on shared expert, gated by a sigmoid (qwen2_moe).
+    /// Intermediate size of the always-on shared expert (all of deepseek_v3's
+    /// `n_shared_experts` form one MLP of n times the size).
     pub shared_expert_intermediate: Option<usize>,
+    /// The shared expert's output is scaled by sigmoid(shared_expert_gate x) (qwen2_moe);
+    /// otherwise it is added as is (deepseek_v3).
+    pub shared_expert_gated: bool,
     /// Per layer: true if the FFN is a routed MoE block, false for a dense MLP.
     pub moe_layers: Vec<bool>,
     pub tie_word_embeddings: bool,
+    /// Multi-token-prediction layers stored after the decoder layers (DeepSeek-V3's
+    /// layer 61, `num_nextn_predict_layers`): weights that next-token decoding does not
+    /// use (transformers skips them too) and that conversion leaves out.
+    pub mtp_layers: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -157,6 +241,7 @@ impl ModelConfig {
             .ok_or_else(|| Error::Config("missing \"model_type\"".into()))?
             .to_string();
         let family = Family::from_model_type(&model_type)?;
+        refuse_unsupported(v)?;
         use limits::*;
         let hidden = bounded("hidden_size", need_usize(v, "hidden_size")?, MAX_HIDDEN)?;
         let n_layers = bounded("num_hidden_layers", need_usize(v, "num_hidden_layers")?, MAX_LAYERS)?;
@@ -179,8 +264,14 @@ impl ModelConfig {
                 "num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads ({n_kv_heads})"
             )));
         }
-        // olmoe derives head_dim from hidden_size (its k_norm is sized that way).
+        let mla = match family {
+            Family::DeepseekV3 => Some(mla_config(v, n_heads, n_kv_heads)?),
+            _ => None,
+        };
+        // olmoe derives head_dim from hidden_size (its k_norm is sized that way); MLA's
+        // query/key head is the unrotated part followed by the rotated one.
         let head_dim = match (family, get_usize(v, "head_dim")) {
+            _ if mla.is_some() => mla.as_ref().map_or(0, |m| m.qk_nope_head_dim + m.qk_rope_head_dim),
             (Family::Olmoe, _) | (_, None) => {
                 if hidden % n_heads != 0 {
                     return Err(Error::Config(format!(
@@ -194,7 +285,7 @@ impl ModelConfig {
         if head_dim == 0 {
             return Err(Error::Config("head_dim must be positive".into()));
         }
-        if head_dim % 2 != 0 {
+        if mla.is_none() && head_dim % 2 != 0 {
             return Err(Error::Config(format!("head_dim {head_dim} must be even for RoPE")));
         }
         let rms_eps = get_f64(v, "rms_norm_eps").unwrap_or(1e-6) as f32;
@@ -206,9 +297,24 @@ impl ModelConfig {
         if max_positions == 0 {
             return Err(Error::Config("max_position_embeddings must be positive".into()));
         }
-        let rope = RopeConfig::from_config(v, head_dim, max_positions)?;
+        let rope = RopeConfig::from_config(v, mla.as_ref().map_or(head_dim, |m| m.qk_rope_head_dim), max_positions)?;
+        let attn_scale = match &mla {
+            // transformers: qk_head_dim ** -0.5 * mscale * mscale, in float64.
+            Some(_) => {
+                let m = crate::model::rope::softmax_mscale(v)?;
+                (libm::pow(head_dim as f64, -0.5) * m * m) as f32
+            }
+            None => (head_dim as f32).powf(-0.5),
+        };
+        if mla.is_some() && rope.rotary_dim != head_dim - mla.as_ref().map_or(0, |m| m.qk_nope_head_dim) {
+            return Err(Error::Config("partial_rotary_factor is not supported with MLA (deepseek_v3)".into()));
+        }
 
-        let n_experts = bounded("num_experts", first_usize(v, &["num_local_experts", "num_experts"])?, MAX_EXPERTS)?;
+        let n_experts = bounded(
+            "num_experts",
+            first_usize(v, &["num_local_experts", "num_experts", "n_routed_experts"])?,
+            MAX_EXPERTS,
+        )?;
         bounded("num_hidden_layers x num_experts", n_layers * n_experts, MAX_LAYER_EXPERTS)?;
         let top_k = bounded("num_experts_per_tok", need_usize(v, "num_experts_per_tok")?, n_experts)?;
         if top_k == 0 || top_k > n_experts {
@@ -216,13 +322,14 @@ impl ModelConfig {
                 "num_experts_per_tok {top_k} must be between 1 and the number of experts {n_experts}"
             )));
         }
-        let norm_topk_prob = match family {
-            Family::Mixtral => true,
-            _ => get_bool(v, "norm_topk_prob").unwrap_or(false),
+        let router = match family {
+            Family::Mixtral => RouterConfig::softmax(n_experts, top_k, true),
+            Family::DeepseekV3 => sigmoid_router(v, n_experts, top_k)?,
+            _ => RouterConfig::softmax(n_experts, top_k, get_bool(v, "norm_topk_prob").unwrap_or(false)),
         };
 
         let (qkv_bias, qk_norm, clip_qkv) = match family {
-            Family::Mixtral => (false, QkNorm::None, None),
+            Family::Mixtral | Family::DeepseekV3 => (false, QkNorm::None, None),
             Family::Qwen2Moe => (get_bool(v, "qkv_bias").unwrap_or(true), QkNorm::None, None),
             Family::Qwen3Moe => (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::PerHead, None),
             Family::Olmoe => {
@@ -235,12 +342,17 @@ impl ModelConfig {
                 let i = need_usize(v, "intermediate_size")?;
                 (i, i)
             }
-            Family::Qwen2Moe | Family::Qwen3Moe => {
+            Family::Qwen2Moe | Family::Qwen3Moe | Family::DeepseekV3 => {
                 (need_usize(v, "moe_intermediate_size")?, get_usize(v, "intermediate_size").unwrap_or(0))
             }
         };
         let shared_expert_intermediate = match family {
             Family::Qwen2Moe => get_usize(v, "shared_expert_intermediate_size").filter(|&s| s > 0),
+            Family::DeepseekV3 => {
+                let n = optional_usize(v, "n_shared_experts", 1)?;
+                bounded("n_shared_experts", n, MAX_EXPERTS)?;
+                Some(n * expert_intermediate).filter(|&s| s > 0)
+            }
             _ => None,
         };
         bounded("intermediate_size", dense_intermediate, MAX_INTERMEDIATE)?;
@@ -266,6 +378,16 @@ impl ModelConfig {
                     .unwrap_or_default();
                 (0..n_layers).map(|l| !only.contains(&l) && n_experts > 0 && (l + 1) % step == 0).collect()
             }
+            Family::DeepseekV3 => {
+                // transformers ignores moe_layer_freq; DeepSeek's own code reads it. Only
+                // the value on which both agree is accepted.
+                let freq = optional_usize(v, "moe_layer_freq", 1)?;
+                if freq != 1 {
+                    return Err(Error::Config(format!("moe_layer_freq = {freq} is not supported (only 1)")));
+                }
+                let dense = optional_usize(v, "first_k_dense_replace", 3)?;
+                (0..n_layers).map(|l| l >= dense).collect()
+            }
             _ => vec![true; n_layers],
         };
         if moe_layers.iter().any(|m| !m) && dense_intermediate == 0 {
@@ -288,14 +410,25 @@ impl ModelConfig {
             rope,
             qkv_bias,
             qk_norm,
+            mla,
+            attn_scale,
             clip_qkv,
             sliding_window,
-            router: RouterConfig { n_experts, top_k, norm_topk_prob },
+            router,
             expert_intermediate,
             dense_intermediate,
             shared_expert_intermediate,
+            shared_expert_gated: family == Family::Qwen2Moe,
             moe_layers,
             tie_word_embeddings: get_bool(v, "tie_word_embeddings").unwrap_or(false),
+            mtp_layers: match family {
+                Family::DeepseekV3 => bounded(
+                    "num_nextn_predict_layers",
+                    get_usize(v, "num_nextn_predict_layers").unwrap_or(0),
+                    MAX_LAYERS,
+                )?,
+                _ => 0,
+            },
             bos_token_id: parse_token_ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: parse_token_ids(v.get("eos_token_id")),
         })
@@ -333,6 +466,48 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// Whether tensor `name` belongs to a multi-token-prediction layer ([`Self::mtp_layers`]).
+    pub fn is_mtp_tensor(&self, name: &str) -> bool {
+        name.strip_prefix("model.layers.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse::<usize>().ok())
+            .is_some_and(|l| l >= self.n_layers && l < self.n_layers + self.mtp_layers)
+    }
+
+    /// Floats the attention cache holds per token and layer: keys and values of every kv
+    /// head, or MLA's latent and rotary key (576 at DeepSeek-V3's sizes).
+    pub fn cache_floats_per_layer(&self) -> usize {
+        self.mla.as_ref().map_or(2 * self.kv_dim(), MlaConfig::cache_width)
+    }
+}
+
+/// What no family here implements, refused with the field named: quantized checkpoints
+/// (DeepSeek-V3's own release is FP8 with block scales) and activations other than SiLU.
+fn refuse_unsupported(v: &Value) -> Result<()> {
+    if let Some(q) = v.get("quantization_config").filter(|q| !q.is_null()) {
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+        return Err(Error::Config(format!(
+            "quantization_config (quant_method {method:?}) is not supported: convert from a checkpoint in f32, bf16 or f16"
+        )));
+    }
+    match v.get("hidden_act").or_else(|| v.get("hidden_activation")) {
+        None => Ok(()),
+        Some(a) if a.as_str() == Some("silu") => Ok(()),
+        Some(a) => Err(Error::Config(format!("hidden_act {a} is not supported (only \"silu\")"))),
+    }
+}
+
+/// `key` as an integer: `default` when absent (transformers' default), an error naming
+/// the key when null or not an integer.
+fn optional_usize(v: &Value, key: &str, default: usize) -> Result<usize> {
+    match v.get(key) {
+        None => Ok(default),
+        Some(x) => x
+            .as_u64()
+            .map(|x| usize::try_from(x).unwrap_or(usize::MAX))
+            .ok_or_else(|| Error::Config(format!("{key} = {x} is not supported (a non-negative integer is needed)"))),
     }
 }
 

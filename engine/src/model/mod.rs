@@ -1,14 +1,16 @@
 //! The decoder-only MoE transformer shared by every supported family:
 //! embedding -> for each layer [RMSNorm -> attention -> residual -> RMSNorm -> MoE block
 //! or dense MLP -> residual] -> final RMSNorm -> lm_head.
-//! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe}.py (v5).
+//! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe,deepseek_v3}.py (v5).
 //!
 //! The model sits on top of the file formats (crate::format) and the expert supply
-//! (crate::experts): [`config`] (config.json), [`rope`], [`attention`], [`moe`] (routing
-//! and the MoE block), the forward pass here, and [`open`], where a model is opened.
+//! (crate::experts): [`config`] (config.json), [`rope`], [`attention`] (with its MLA
+//! variant in [`mla`]), [`moe`] (routing and the MoE block), the forward pass here, and
+//! [`open`], where a model is opened.
 
 pub mod attention;
 pub mod config;
+pub mod mla;
 pub mod moe;
 pub mod open;
 pub mod rope;
@@ -20,9 +22,10 @@ use crate::experts::{Expert, ExpertSource, ResidentExperts};
 use crate::format::tensors::TensorStore;
 use crate::kernels::{matmul, rmsnorm};
 use crate::tensor::Mat;
-use attention::{attention, AttnOpts, AttnWeights, LayerCache};
+use attention::{attention, AttnOpts, AttnWeights, GqaWeights, LayerCache};
 use config::{Family, ModelConfig, QkNorm};
-use moe::MoeBlock;
+use mla::MlaWeights;
+use moe::{MoeBlock, SharedExpert};
 use rope::Rope;
 
 pub enum Ffn {
@@ -72,10 +75,10 @@ impl Session {
 
     /// Forget everything after the first `len` tokens (to reuse a shared prefix, or to
     /// roll back a forward pass that failed after some layers had cached its keys).
-    pub fn truncate(&mut self, len: usize, kv_dim: usize) {
+    pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
         for c in &mut self.caches {
-            c.truncate(len, kv_dim);
+            c.truncate(len);
         }
     }
 }
@@ -93,13 +96,18 @@ struct Names {
     gate: &'static str,
     up: &'static str,
     down: &'static str,
+    /// The shared expert's module, under the MoE block.
+    shared: &'static str,
 }
 
 impl Names {
     fn of(f: Family) -> Self {
         match f {
-            Family::Mixtral => Names { moe: "block_sparse_moe", gate: "w1", up: "w3", down: "w2" },
-            _ => Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj" },
+            Family::Mixtral => Names { moe: "block_sparse_moe", gate: "w1", up: "w3", down: "w2", shared: "" },
+            Family::DeepseekV3 => {
+                Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts" }
+            }
+            _ => Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_expert" },
         }
     }
 }
@@ -177,16 +185,19 @@ impl Model {
                 QkNorm::PerHead => (Some(c.head_dim), Some(c.head_dim)),
                 QkNorm::Full => (Some(qd), Some(kvd)),
             };
-            let attn = AttnWeights {
-                wq: s.mat(&format!("{a}.q_proj.weight"), qd, h)?,
-                wk: s.mat(&format!("{a}.k_proj.weight"), kvd, h)?,
-                wv: s.mat(&format!("{a}.v_proj.weight"), kvd, h)?,
-                wo: s.mat(&format!("{a}.o_proj.weight"), h, qd)?,
-                bq: bias("q_proj", qd)?,
-                bk: bias("k_proj", kvd)?,
-                bv: bias("v_proj", kvd)?,
-                q_norm: qn.map(|n| s.vector(&format!("{a}.q_norm.weight"), n)).transpose()?,
-                k_norm: kn.map(|n| s.vector(&format!("{a}.k_norm.weight"), n)).transpose()?,
+            let attn = match &c.mla {
+                Some(m) => AttnWeights::Mla(MlaWeights::load(s, &a, h, c.n_heads, m)?),
+                None => AttnWeights::Gqa(GqaWeights {
+                    wq: s.mat(&format!("{a}.q_proj.weight"), qd, h)?,
+                    wk: s.mat(&format!("{a}.k_proj.weight"), kvd, h)?,
+                    wv: s.mat(&format!("{a}.v_proj.weight"), kvd, h)?,
+                    wo: s.mat(&format!("{a}.o_proj.weight"), h, qd)?,
+                    bq: bias("q_proj", qd)?,
+                    bk: bias("k_proj", kvd)?,
+                    bv: bias("v_proj", kvd)?,
+                    q_norm: qn.map(|n| s.vector(&format!("{a}.q_norm.weight"), n)).transpose()?,
+                    k_norm: kn.map(|n| s.vector(&format!("{a}.k_norm.weight"), n)).transpose()?,
+                }),
             };
             let attn_opts = AttnOpts {
                 n_heads: c.n_heads,
@@ -195,21 +206,30 @@ impl Model {
                 qk_norm: c.qk_norm,
                 clip_qkv: c.clip_qkv,
                 window: c.sliding_window[l],
-                scale: (c.head_dim as f32).powf(-0.5),
+                scale: c.attn_scale,
                 rms_eps: c.rms_eps,
+                mla: c.mla.clone(),
             };
             let ffn = if c.moe_layers[l] {
                 let moe = format!("{p}.{}", names.moe);
                 let shared = match c.shared_expert_intermediate {
-                    Some(si) => Some((
-                        load_mlp(s, &format!("{moe}.shared_expert"), &names, h, si)?,
-                        s.mat(&format!("{moe}.shared_expert_gate.weight"), 1, h)?,
-                    )),
+                    Some(si) => Some(SharedExpert {
+                        mlp: load_mlp(s, &format!("{moe}.{}", names.shared), &names, h, si)?,
+                        gate: match c.shared_expert_gated {
+                            true => Some(s.mat(&format!("{moe}.shared_expert_gate.weight"), 1, h)?),
+                            false => None,
+                        },
+                    }),
                     None => None,
                 };
+                let ne = c.router.n_experts;
                 Ffn::Moe(MoeBlock {
-                    router: s.mat(&format!("{moe}.gate.weight"), c.router.n_experts, h)?,
+                    router: s.mat(&format!("{moe}.gate.weight"), ne, h)?,
                     cfg: c.router.clone(),
+                    correction_bias: match c.router.correction_bias {
+                        true => Some(s.vector(&format!("{moe}.gate.e_score_correction_bias"), ne)?),
+                        false => None,
+                    },
                     shared,
                 })
             } else {
@@ -316,7 +336,7 @@ impl Model {
                 &sin,
                 &mut session.caches[l],
                 &mut y,
-            );
+            )?;
             x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
             for i in 0..n {
                 rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::experts::{Expert, ExpertSource};
 use crate::kernels::matmul;
 use crate::math;
-use crate::model::config::RouterConfig;
+use crate::model::config::{RouterConfig, Scoring};
 use crate::tensor::Mat;
 
 /// The experts chosen for one position and their mixing weights, best first.
@@ -16,34 +16,92 @@ pub struct Routing {
     pub weights: Vec<f32>,
 }
 
-/// Routes one position from its router logits, as transformers does for these families:
-/// softmax over all experts (float32), the top-k probabilities (ties go to the lower
-/// expert index), optionally renormalised to sum to one.
-pub fn route(logits: &[f32], cfg: &RouterConfig) -> Routing {
-    let mut probs = logits.to_vec();
-    math::softmax(&mut probs);
-    let mut order: Vec<usize> = (0..probs.len()).collect();
-    // NaN sorts last; equal values keep ascending index order (stable sort).
-    order
-        .sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap_or_else(|| probs[a].is_nan().cmp(&probs[b].is_nan())));
-    order.truncate(cfg.top_k);
-    let mut weights: Vec<f32> = order.iter().map(|&e| probs[e]).collect();
+/// The `k` best of `candidates` by `score`, best first: NaN last, equal scores in the
+/// order of `candidates` (a stable sort).
+fn best(score: &[f32], mut candidates: Vec<usize>, k: usize) -> Vec<usize> {
+    candidates
+        .sort_by(|&a, &b| score[b].partial_cmp(&score[a]).unwrap_or_else(|| score[a].is_nan().cmp(&score[b].is_nan())));
+    candidates.truncate(k);
+    candidates
+}
+
+/// Routes one position from its router logits, as transformers does for every family
+/// (all in float32):
+/// 1. scores: softmax over all experts (mixtral, qwen, olmoe) or the sigmoid of each
+///    logit (deepseek_v3);
+/// 2. selection scores: the scores plus `bias` (deepseek_v3's `e_score_correction_bias`),
+///    which decides the choice only;
+/// 3. with groups (`topk_group < n_group`), only the experts of the `topk_group` groups
+///    whose two best selection scores sum highest are candidates;
+/// 4. the top-k candidates by selection score (ties go to the lower expert index), whose
+///    weights are their scores (without the bias), optionally renormalised to sum to one
+///    (+1e-20 in the sigmoid router's denominator, as transformers), then multiplied by
+///    `routed_scaling_factor`.
+pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routing {
+    let n = logits.len();
+    let mut scores = logits.to_vec();
+    match cfg.scoring {
+        Scoring::Softmax => math::softmax(&mut scores),
+        Scoring::Sigmoid => scores.iter_mut().for_each(|s| *s = math::sigmoid(*s)),
+    }
+    let biased: Vec<f32>;
+    let choice = match bias {
+        Some(b) => {
+            biased = scores.iter().zip(b).map(|(s, b)| s + b).collect();
+            &biased
+        }
+        None => &scores,
+    };
+    let candidates: Vec<usize> = if cfg.n_group > 1 && cfg.topk_group < cfg.n_group && n % cfg.n_group == 0 {
+        let per = n / cfg.n_group;
+        let group_score: Vec<f32> = (0..cfg.n_group)
+            .map(|g| {
+                let top2 = best(choice, (g * per..(g + 1) * per).collect(), 2);
+                top2.iter().map(|&e| choice[e]).sum()
+            })
+            .collect();
+        let mut kept = best(&group_score, (0..cfg.n_group).collect(), cfg.topk_group);
+        kept.sort_unstable();
+        kept.into_iter().flat_map(|g| g * per..(g + 1) * per).collect()
+    } else {
+        (0..n).collect()
+    };
+    let order = best(choice, candidates, cfg.top_k);
+    let mut weights: Vec<f32> = order.iter().map(|&e| scores[e]).collect();
     if cfg.norm_topk_prob {
-        let sum: f32 = weights.iter().sum();
+        let mut sum: f32 = weights.iter().sum();
+        if cfg.scoring == Scoring::Sigmoid {
+            sum += 1e-20;
+        }
         for w in &mut weights {
             *w /= sum;
+        }
+    }
+    if cfg.routed_scaling_factor != 1.0 {
+        for w in &mut weights {
+            *w *= cfg.routed_scaling_factor;
         }
     }
     Routing { experts: order, weights }
 }
 
-/// Router, routed experts, and the optional shared expert with its sigmoid gate.
+/// The always-on expert added to the routed mix.
+pub struct SharedExpert {
+    pub mlp: Expert,
+    /// (1, hidden): the output is scaled by sigmoid(gate x) (qwen2_moe); None: added as
+    /// is (deepseek_v3's `shared_experts`).
+    pub gate: Option<Mat>,
+}
+
+/// Router, routed experts, and the optional shared expert.
 pub struct MoeBlock {
     /// (n_experts, hidden)
     pub router: Mat,
     pub cfg: RouterConfig,
-    /// Always-on expert added to the routed mix, scaled by sigmoid(shared_gate x).
-    pub shared: Option<(Expert, Mat)>,
+    /// (n_experts): added to the router's scores for the selection only
+    /// (`e_score_correction_bias`, when `cfg.correction_bias`).
+    pub correction_bias: Option<Vec<f32>>,
+    pub shared: Option<SharedExpert>,
 }
 
 impl MoeBlock {
@@ -56,7 +114,7 @@ impl MoeBlock {
         matmul(&self.router, x, n, &mut logits);
         let mut votes = vec![0usize; ne];
         for l in logits.chunks_exact(ne) {
-            for e in route(l, &self.cfg).experts {
+            for e in route(l, &self.cfg, self.correction_bias.as_deref()).experts {
                 votes[e] += 1;
             }
         }
@@ -87,7 +145,8 @@ impl MoeBlock {
         let n_exp = self.router.rows;
         let mut logits = vec![0.0f32; n * n_exp];
         matmul(&self.router, x, n, &mut logits);
-        let routes: Vec<Routing> = logits.chunks_exact(n_exp).map(|l| route(l, &self.cfg)).collect();
+        let routes: Vec<Routing> =
+            logits.chunks_exact(n_exp).map(|l| route(l, &self.cfg, self.correction_bias.as_deref())).collect();
 
         // Batch-union: expert -> the (position, weight) pairs routed to it.
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
@@ -135,16 +194,22 @@ impl MoeBlock {
                 next += 1;
             }
         }
-        if let Some((shared, gate)) = &self.shared {
+        if let Some(shared) = &self.shared {
             let mut s = vec![0.0f32; n * hidden];
-            shared.forward(x, n, &mut s);
-            let mut g = vec![0.0f32; n];
-            matmul(gate, x, n, &mut g);
-            for p in 0..n {
-                let k = math::sigmoid(g[p]);
-                for (d, v) in out[p * hidden..(p + 1) * hidden].iter_mut().zip(&s[p * hidden..(p + 1) * hidden]) {
-                    *d += k * v;
+            shared.mlp.forward(x, n, &mut s);
+            match &shared.gate {
+                Some(gate) => {
+                    let mut g = vec![0.0f32; n];
+                    matmul(gate, x, n, &mut g);
+                    for p in 0..n {
+                        let k = math::sigmoid(g[p]);
+                        let dst = &mut out[p * hidden..(p + 1) * hidden];
+                        for (d, v) in dst.iter_mut().zip(&s[p * hidden..(p + 1) * hidden]) {
+                            *d += k * v;
+                        }
+                    }
                 }
+                None => out[..n * hidden].iter_mut().zip(&s).for_each(|(d, v)| *d += v),
             }
         }
         Ok(())
@@ -159,18 +224,18 @@ mod tests {
     use crate::experts::ResidentExperts;
 
     fn cfg(top_k: usize, norm: bool) -> RouterConfig {
-        RouterConfig { n_experts: 0, top_k, norm_topk_prob: norm }
+        RouterConfig::softmax(0, top_k, norm)
     }
 
     #[test]
     fn top_k_with_and_without_renormalisation() {
         let logits = [0.1f32, 2.0, -1.0, 1.5, 0.0];
-        let r = route(&logits, &cfg(2, false));
+        let r = route(&logits, &cfg(2, false), None);
         assert_eq!(r.experts, vec![1, 3]);
         let z: f64 = logits.iter().map(|v| (*v as f64).exp()).sum();
         assert!((r.weights[0] as f64 - 2f64.exp() / z).abs() < 1e-6);
         assert!((r.weights[1] as f64 - 1.5f64.exp() / z).abs() < 1e-6);
-        let r = route(&logits, &cfg(2, true));
+        let r = route(&logits, &cfg(2, true), None);
         let s = 2f64.exp() + 1.5f64.exp();
         assert!((r.weights[0] as f64 - 2f64.exp() / s).abs() < 1e-6);
         assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
@@ -178,20 +243,71 @@ mod tests {
 
     #[test]
     fn ties_go_to_the_lower_index() {
-        let r = route(&[1.0, 3.0, 3.0, 3.0, 0.0], &cfg(2, false));
+        let r = route(&[1.0, 3.0, 3.0, 3.0, 0.0], &cfg(2, false), None);
         assert_eq!(r.experts, vec![1, 2]);
-        let r = route(&[0.0; 8], &cfg(3, true));
+        let r = route(&[0.0; 8], &cfg(3, true), None);
         assert_eq!(r.experts, vec![0, 1, 2]);
         assert!(r.weights.iter().all(|w| (*w - 1.0 / 3.0).abs() < 1e-7));
     }
 
     #[test]
     fn large_logits_do_not_overflow() {
-        let r = route(&[1e30, -1e30, 5e29, 1e30], &cfg(2, true));
+        let r = route(&[1e30, -1e30, 5e29, 1e30], &cfg(2, true), None);
         assert_eq!(r.experts, vec![0, 3]);
         assert_eq!(r.weights, vec![0.5, 0.5]);
-        let r = route(&[f32::NAN, 1.0, 2.0], &cfg(1, false));
+        let r = route(&[f32::NAN, 1.0, 2.0], &cfg(1, false), None);
         assert_eq!(r.experts.len(), 1);
+    }
+
+    fn sigmoid_cfg(n: usize, top_k: usize, n_group: usize, topk_group: usize, norm: bool) -> RouterConfig {
+        RouterConfig {
+            n_experts: n,
+            top_k,
+            norm_topk_prob: norm,
+            scoring: Scoring::Sigmoid,
+            n_group,
+            topk_group,
+            routed_scaling_factor: 2.5,
+            correction_bias: true,
+        }
+    }
+
+    #[test]
+    fn correction_bias_chooses_but_does_not_weigh() {
+        let logits = [0.0f32, 1.0, -1.0, 0.5];
+        let bias = [0.0f32, 0.0, 0.9, 0.0];
+        let r = route(&logits, &sigmoid_cfg(4, 2, 1, 1, false), Some(&bias));
+        // Selection on sigmoid + bias: expert 2 (0.269 + 0.9) then 1 (0.731).
+        assert_eq!(r.experts, vec![2, 1]);
+        // Weights: the unbiased sigmoid scores times routed_scaling_factor.
+        assert_eq!(r.weights, vec![math::sigmoid(-1.0) * 2.5, math::sigmoid(1.0) * 2.5]);
+        let r = route(&logits, &sigmoid_cfg(4, 2, 1, 1, true), Some(&bias));
+        let (a, b) = (math::sigmoid(-1.0), math::sigmoid(1.0));
+        assert_eq!(r.weights, vec![a / (a + b + 1e-20) * 2.5, b / (a + b + 1e-20) * 2.5]);
+        assert!((r.weights.iter().sum::<f32>() - 2.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn groups_limit_the_candidates() {
+        // All logits 0 (score 0.5); the bias sets the selection scores. Groups of two:
+        // g0 = {0.95, 0.0} sums 0.95, g1 = {0.6, 0.6} 1.2, g2 = {0.55, 0.5} 1.05,
+        // g3 = {0.1, 0.1} 0.2. The two best groups are g1 and g2, so expert 0, the best
+        // single expert, is not a candidate.
+        let choice = [0.95f32, 0.0, 0.6, 0.6, 0.55, 0.5, 0.1, 0.1];
+        let bias: Vec<f32> = choice.iter().map(|c| c - 0.5).collect();
+        let r = route(&[0.0; 8], &sigmoid_cfg(8, 3, 4, 2, true), Some(&bias));
+        assert_eq!(r.experts, vec![2, 3, 4]);
+        let w = 0.5 / (1.5 + 1e-20) * 2.5;
+        assert_eq!(r.weights, vec![w; 3]);
+        // Without the group limit expert 0 wins.
+        let r = route(&[0.0; 8], &sigmoid_cfg(8, 3, 4, 4, true), Some(&bias));
+        assert_eq!(r.experts, vec![0, 2, 3]);
+        // A group score is its best two, not its best one nor its sum: g1 = {0.7, 0.2, 0.2}
+        // (0.9) beats g0 = {0.8, 0.05, 0.05} (0.85) though g0 holds the best expert.
+        let choice = [0.8f32, 0.05, 0.05, 0.7, 0.2, 0.2];
+        let bias: Vec<f32> = choice.iter().map(|c| c - 0.5).collect();
+        let r = route(&[0.0; 6], &sigmoid_cfg(6, 1, 2, 1, false), Some(&bias));
+        assert_eq!(r.experts, vec![3]);
     }
 
     fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
@@ -221,8 +337,12 @@ mod tests {
         };
         let block = MoeBlock {
             router: mat(ne, h, 99),
-            cfg: RouterConfig { n_experts: ne, top_k: 2, norm_topk_prob: true },
-            shared: Some((Expert { gate: mat(3, h, 50), up: mat(3, h, 51), down: mat(h, 3, 52) }, mat(1, h, 53))),
+            cfg: RouterConfig::softmax(ne, 2, true),
+            correction_bias: None,
+            shared: Some(SharedExpert {
+                mlp: Expert { gate: mat(3, h, 50), up: mat(3, h, 51), down: mat(h, 3, 52) },
+                gate: Some(mat(1, h, 53)),
+            }),
         };
         let n = 7;
         let x: Vec<f32> = (0..n * h).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
@@ -243,7 +363,7 @@ mod tests {
                     math::dot(&r, xp)
                 })
                 .collect();
-            let rt = route(&lg, &block.cfg);
+            let rt = route(&lg, &block.cfg, None);
             let mut want = vec![0.0f64; h];
             for (&e, &w) in rt.experts.iter().zip(&rt.weights) {
                 let mut y = vec![0.0; h];
@@ -252,11 +372,11 @@ mod tests {
                     want[i] += (w * y[i]) as f64;
                 }
             }
-            let (shared, gate) = block.shared.as_ref().unwrap();
+            let shared = block.shared.as_ref().unwrap();
             let mut sy = vec![0.0; h];
-            shared.forward(xp, 1, &mut sy);
+            shared.mlp.forward(xp, 1, &mut sy);
             let mut gr = vec![0.0; h];
-            gate.row_into(0, &mut gr);
+            shared.gate.as_ref().unwrap().row_into(0, &mut gr);
             let g = 1.0 / (1.0 + (-(math::dot(&gr, xp) as f64)).exp());
             for i in 0..h {
                 want[i] += g * sy[i] as f64;

@@ -43,15 +43,32 @@ fn num(v: &Value, key: &str) -> Option<f64> {
     v.get(key).and_then(Value::as_f64)
 }
 
+/// The rope parameters object: `rope_parameters` (v5), else `rope_scaling` (v4).
+fn rope_params(cfg: &Value) -> Option<&Value> {
+    cfg.get("rope_parameters").filter(|p| p.is_object()).or_else(|| cfg.get("rope_scaling").filter(|p| p.is_object()))
+}
+
+/// The extra softmax-scale factor of deepseek_v3's attention (transformers'
+/// `yarn_apply_mscale`): with a rope type other than default and a non-zero
+/// `mscale_all_dim`, q.k is scaled by mscale^2 on top of head_dim^-0.5, where
+/// mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (1 when factor <= 1). 1 otherwise.
+pub fn softmax_mscale(cfg: &Value) -> Result<f64> {
+    let Some(params) = rope_params(cfg) else { return Ok(1.0) };
+    let rope_type = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let all_dim = num(params, "mscale_all_dim").unwrap_or(0.0);
+    if rope_type == "default" || all_dim == 0.0 {
+        return Ok(1.0);
+    }
+    let factor = num(params, "factor")
+        .ok_or_else(|| Error::Config("rope parameters with mscale_all_dim need \"factor\"".into()))?;
+    Ok(if factor <= 1.0 { 1.0 } else { 0.1 * all_dim * libm::log(factor) + 1.0 })
+}
+
 impl RopeConfig {
     /// Reads `rope_parameters` (v5), else `rope_theta` + `rope_scaling` (v4).
     pub fn from_config(cfg: &Value, head_dim: usize, max_positions: usize) -> Result<Self> {
         let empty = Value::Object(Default::default());
-        let params = cfg
-            .get("rope_parameters")
-            .filter(|p| p.is_object())
-            .or_else(|| cfg.get("rope_scaling").filter(|p| p.is_object()))
-            .unwrap_or(&empty);
+        let params = rope_params(cfg).unwrap_or(&empty);
         let theta = num(params, "rope_theta").or_else(|| num(cfg, "rope_theta")).unwrap_or(10000.0);
         let partial = num(params, "partial_rotary_factor").or_else(|| num(cfg, "partial_rotary_factor")).unwrap_or(1.0);
         let rotary_dim = ((head_dim as f64) * partial) as usize;
@@ -205,7 +222,8 @@ impl Rope {
     }
 
     /// Rotate every head of `x` (heads of `head_dim` values laid end to end) in place,
-    /// in the "rotate_half" layout: pairs (i, i + rotary_dim/2).
+    /// in the "rotate_half" layout: pairs (i, i + rotary_dim/2). The interleaved layout
+    /// (pairs (2i, 2i + 1)) is this after [`deinterleave`].
     pub fn apply(&self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
         let half = self.rotary_dim / 2;
         for head in x.chunks_exact_mut(head_dim) {
@@ -218,6 +236,17 @@ impl Rope {
             }
         }
     }
+}
+
+/// Reorders `x` from interleaved pairs (x0, x1, x2, x3, ...) to halves (x0, x2, ..., x1,
+/// x3, ...), so that [`Rope::apply`] rotates the pairs DeepSeek rotates. transformers'
+/// `apply_rotary_pos_emb_interleave` returns its result in this order too, for q and k
+/// alike, so every dot product between them is unchanged.
+pub fn deinterleave(x: &mut [f32], scratch: &mut Vec<f32>) {
+    scratch.clear();
+    scratch.extend(x.iter().step_by(2));
+    scratch.extend(x.iter().skip(1).step_by(2));
+    x.copy_from_slice(scratch);
 }
 
 #[cfg(test)]
@@ -298,6 +327,40 @@ mod tests {
         r.apply(&mut x, 8, &c, &s);
         assert_eq!(&x[4..], &[1.0; 4]);
         assert_ne!(x[0], 1.0);
+    }
+
+    #[test]
+    fn interleaved_pairs_rotate_together() {
+        // After deinterleave, apply rotates (x0, x1) by the first frequency, (x2, x3) by
+        // the second: transformers' apply_rotary_pos_emb_interleave.
+        let r = rope(json!({}), 4);
+        let (mut c, mut s) = (vec![], vec![]);
+        r.cos_sin(5, &mut c, &mut s);
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut y = x.to_vec();
+        deinterleave(&mut y, &mut Vec::new());
+        assert_eq!(y, [1.0, 3.0, 2.0, 4.0]);
+        r.apply(&mut y, 4, &c, &s);
+        for i in 0..2 {
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            assert_eq!(y[i], a * c[i] - b * s[i]);
+            assert_eq!(y[i + 2], b * c[i] + a * s[i]);
+        }
+    }
+
+    #[test]
+    fn deepseek_mscale() {
+        let yarn = |m: f64| {
+            json!({"rope_scaling": {"type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": m,
+                "original_max_position_embeddings": 4096}})
+        };
+        let m = softmax_mscale(&yarn(1.0)).unwrap();
+        assert_eq!(m, 0.1 * 40f64.ln() + 1.0);
+        assert_eq!(softmax_mscale(&yarn(0.0)).unwrap(), 1.0);
+        assert_eq!(softmax_mscale(&json!({"rope_theta": 10000.0})).unwrap(), 1.0);
+        // DeepSeek-V3's own numbers: mscale == mscale_all_dim leaves cos/sin unscaled.
+        let r = rope(yarn(1.0), 64);
+        assert_eq!(r.attention_factor, 1.0);
     }
 
     #[test]

@@ -116,7 +116,8 @@ pub fn run(a: RoutingBenchArgs) -> Result<()> {
                     if let Some(Ffn::Moe(block)) = model.layers.get(l + 1).map(|x| &x.ffn) {
                         let mut r = vec![0.0f32; block.router.rows];
                         matmul(&block.router, xn, 1, &mut r);
-                        predicted[l + 1] = Some((route(&r, &block.cfg).experts, route(&r, &wide).experts));
+                        let bias = block.correction_bias.as_deref();
+                        predicted[l + 1] = Some((route(&r, &block.cfg, bias).experts, route(&r, &wide, bias).experts));
                     }
                 },
             )?;

@@ -93,7 +93,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         // Reuse the cache for the unchanged prefix; always feed at least one token.
         let common =
             session.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
-        session.truncate(common, cfg.kv_dim());
+        session.truncate(common);
         let start = Instant::now();
         let mut stream = DecodeStream::default();
         let mut failed = None;

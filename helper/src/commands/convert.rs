@@ -198,7 +198,7 @@ fn plan_job(a: &ConvertArgs) -> Result<Job> {
         Class::Other => DType::F32,
     };
 
-    let mut names: Vec<&String> = store.names().filter(|n| !n.contains(".experts.")).collect();
+    let mut names: Vec<&String> = store.names().filter(|n| !n.contains(".experts.") && !cfg.is_mtp_tensor(n)).collect();
     names.sort_by_cached_key(|n| natural_key(n));
     let mut dense: Vec<(String, String, DType, Vec<usize>)> = Vec::new(); // (stored name, source name, dtype, shape)
     for n in names {
@@ -396,7 +396,10 @@ impl Job {
         for n in self.store.names() {
             let Some(rest) = n.strip_prefix("model.layers.") else { continue };
             let Some((layer, rest)) = rest.split_once('.') else { continue };
-            let (Ok(layer), Some((_, after))) = (layer.parse::<usize>(), rest.split_once("experts.")) else { continue };
+            // ".experts.", not "experts.": deepseek_v3's "mlp.shared_experts.*" are dense.
+            let (Ok(layer), Some((_, after))) = (layer.parse::<usize>(), rest.split_once(".experts.")) else {
+                continue;
+            };
             let expert = after.split('.').next().and_then(|e| e.parse::<usize>().ok());
             out.entry(layer).or_default().push((expert, n.clone()));
         }

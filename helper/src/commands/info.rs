@@ -144,6 +144,8 @@ pub fn info(a: InfoArgs) -> Result<()> {
             "top_k": c.router.top_k,
             "expert_intermediate": c.expert_intermediate,
             "shared_expert_intermediate": c.shared_expert_intermediate,
+            "attention": if c.mla.is_some() { "mla" } else { "gqa" },
+            "kv_cache_bytes_per_token": c.cache_floats_per_layer() * c.n_layers * 4,
             "quantization": s.quant,
             "resident_bytes": s.resident,
             "streamed_bytes": s.streamed,
@@ -160,6 +162,14 @@ pub fn info(a: InfoArgs) -> Result<()> {
         "architecture  {}: {} layers ({moe} MoE), hidden {}, {} heads ({} kv) x {}, vocab {}, context {}",
         c.model_type, c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, c.max_positions
     );
+    let kv = c.cache_floats_per_layer();
+    match &c.mla {
+        Some(m) => println!(
+            "attention     MLA: latent {} + rope key {} = {kv} floats cached per token and layer",
+            m.kv_lora_rank, m.qk_rope_head_dim
+        ),
+        None => println!("attention     GQA: {kv} floats cached per token and layer"),
+    }
     let shared = c.shared_expert_intermediate.map(|i| format!(", shared expert {i}")).unwrap_or_default();
     println!(
         "experts       {} per MoE layer, top-{}, intermediate {}{shared}",

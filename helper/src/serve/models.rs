@@ -266,9 +266,15 @@ pub fn check(root: &Path) -> Result<colibri_engine::ModelConfig> {
     want("model.norm.weight", &[cfg.hidden])?;
     for l in [0, cfg.n_layers - 1] {
         want(&format!("model.layers.{l}.input_layernorm.weight"), &[cfg.hidden])?;
-        want(&format!("model.layers.{l}.self_attn.q_proj.weight"), &[cfg.q_dim(), cfg.hidden])?;
+        match &cfg.mla {
+            Some(m) => want(
+                &format!("model.layers.{l}.self_attn.kv_a_proj_with_mqa.weight"),
+                &[m.kv_lora_rank + m.qk_rope_head_dim, cfg.hidden],
+            )?,
+            None => want(&format!("model.layers.{l}.self_attn.q_proj.weight"), &[cfg.q_dim(), cfg.hidden])?,
+        }
     }
-    if shapes.contains_key(&format!("model.layers.{}.input_layernorm.weight", cfg.n_layers)) {
+    if shapes.contains_key(&format!("model.layers.{}.input_layernorm.weight", cfg.n_layers + cfg.mtp_layers)) {
         bail!("the weights have more layers than config.json's {}", cfg.n_layers);
     }
     Ok(cfg)
@@ -338,7 +344,11 @@ mod tests {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
         let reg = Registry::new(&[fixtures.join("olmoe")], Some(fixtures.clone())).unwrap();
         let ids: Vec<String> = reg.list().into_iter().map(|m| m.id).collect();
-        assert_eq!(ids, ["olmoe", "mixtral", "qwen2_moe", "qwen3_moe"]);
+        assert_eq!(ids, ["olmoe", "deepseek_v3", "deepseek_v3_noqlora", "mixtral", "qwen2_moe", "qwen3_moe"]);
+        for mla in ["deepseek_v3", "deepseek_v3_noqlora"] {
+            let d = describe(&reg.get(mla).unwrap());
+            assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("deepseek_v3")), "{d}");
+        }
         assert!(reg.get("qwen3_moe").is_some());
         assert!(reg.get("..").is_none());
         assert!(reg.get("nope").is_none());

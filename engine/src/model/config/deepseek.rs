@@ -1,0 +1,239 @@
+//! The deepseek_v3 parts of config.json: MLA sizes and the sigmoid / group-limited
+//! router. Absent fields take transformers' defaults (`DeepseekV3Config`); what the
+//! engine does not implement is refused with the field named.
+
+use serde_json::Value;
+
+use super::{bounded, get_bool, limits, need_usize, optional_usize, MlaConfig, RouterConfig, Scoring};
+use crate::error::{Error, Result};
+
+/// MLA sizes of a deepseek_v3 config.json. Every size must be present (`q_lora_rank` may
+/// be null: a plain q_proj).
+pub(super) fn mla_config(v: &Value, n_heads: usize, n_kv_heads: usize) -> Result<MlaConfig> {
+    use limits::*;
+    if n_kv_heads != n_heads {
+        return Err(Error::Config(format!(
+            "num_key_value_heads ({n_kv_heads}) must equal num_attention_heads ({n_heads}) for MLA attention"
+        )));
+    }
+    if get_bool(v, "attention_bias").unwrap_or(false) {
+        return Err(Error::Config("attention_bias = true is not supported for deepseek_v3".into()));
+    }
+    let q_lora_rank = match v.get("q_lora_rank") {
+        Some(Value::Null) => None,
+        _ => Some(bounded("q_lora_rank", need_usize(v, "q_lora_rank")?, MAX_HIDDEN)?),
+    };
+    let m = MlaConfig {
+        q_lora_rank,
+        kv_lora_rank: bounded("kv_lora_rank", need_usize(v, "kv_lora_rank")?, MAX_HIDDEN)?,
+        qk_nope_head_dim: bounded("qk_nope_head_dim", need_usize(v, "qk_nope_head_dim")?, MAX_HEAD_DIM)?,
+        qk_rope_head_dim: bounded("qk_rope_head_dim", need_usize(v, "qk_rope_head_dim")?, MAX_HEAD_DIM)?,
+        v_head_dim: bounded("v_head_dim", need_usize(v, "v_head_dim")?, MAX_HEAD_DIM)?,
+        rope_interleave: match v.get("rope_interleave") {
+            None | Some(Value::Null) => true,
+            Some(b) => b.as_bool().ok_or_else(|| Error::Config(format!("rope_interleave = {b} is not a boolean")))?,
+        },
+    };
+    if q_lora_rank == Some(0) || m.kv_lora_rank == 0 || m.v_head_dim == 0 {
+        return Err(Error::Config("q_lora_rank, kv_lora_rank and v_head_dim must be positive".into()));
+    }
+    if m.qk_rope_head_dim == 0 || m.qk_rope_head_dim % 2 != 0 {
+        return Err(Error::Config(format!("qk_rope_head_dim {} must be even and positive", m.qk_rope_head_dim)));
+    }
+    Ok(m)
+}
+
+/// deepseek_v3's router: sigmoid scores, a correction bias for the selection, groups,
+/// a scaling factor. Absent fields take transformers' defaults.
+pub(super) fn sigmoid_router(v: &Value, n_experts: usize, top_k: usize) -> Result<RouterConfig> {
+    match v.get("scoring_func").and_then(Value::as_str) {
+        None | Some("sigmoid") => {}
+        Some(other) => {
+            return Err(Error::Config(format!(
+                "scoring_func {other:?} is not supported for deepseek_v3 (only \"sigmoid\")"
+            )))
+        }
+    }
+    match v.get("topk_method").and_then(Value::as_str) {
+        None | Some("noaux_tc") => {}
+        Some(other) => {
+            return Err(Error::Config(format!(
+                "topk_method {other:?} is not supported for deepseek_v3 (only \"noaux_tc\")"
+            )))
+        }
+    }
+    let n_group = optional_usize(v, "n_group", 8)?;
+    let topk_group = optional_usize(v, "topk_group", 4)?;
+    if n_group == 0 || n_experts % n_group != 0 || n_experts / n_group < 2 {
+        return Err(Error::Config(format!(
+            "n_group = {n_group} must divide the {n_experts} routed experts into groups of at least 2"
+        )));
+    }
+    if topk_group == 0 || topk_group > n_group || top_k > topk_group * (n_experts / n_group) {
+        return Err(Error::Config(format!(
+            "topk_group = {topk_group} must be between 1 and n_group ({n_group}) and keep at least num_experts_per_tok ({top_k}) experts"
+        )));
+    }
+    let scale = match v.get("routed_scaling_factor") {
+        None => 2.5,
+        Some(x) => x.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
+            Error::Config(format!("routed_scaling_factor = {x} is not supported (a positive number is needed)"))
+        })?,
+    };
+    Ok(RouterConfig {
+        n_experts,
+        top_k,
+        norm_topk_prob: get_bool(v, "norm_topk_prob").unwrap_or(true),
+        scoring: Scoring::Sigmoid,
+        n_group,
+        topk_group,
+        routed_scaling_factor: scale as f32,
+        correction_bias: true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ModelConfig;
+    use super::*;
+
+    /// A valid deepseek_v3 config (the shape of DeepSeek-V3's config.json, small) with
+    /// `key` replaced by `value` (null removes it).
+    fn deepseek(key: &str, value: serde_json::Value) -> Result<ModelConfig> {
+        let mut v = serde_json::json!({"model_type":"deepseek_v3","hidden_size":64,"num_hidden_layers":4,
+            "num_attention_heads":4,"num_key_value_heads":4,"vocab_size":100,"n_routed_experts":16,
+            "num_experts_per_tok":4,"moe_intermediate_size":8,"intermediate_size":24,"n_shared_experts":1,
+            "first_k_dense_replace":1,"moe_layer_freq":1,"n_group":4,"topk_group":2,"topk_method":"noaux_tc",
+            "scoring_func":"sigmoid","routed_scaling_factor":2.5,"norm_topk_prob":true,"q_lora_rank":24,
+            "kv_lora_rank":16,"qk_nope_head_dim":8,"qk_rope_head_dim":4,"v_head_dim":6,"hidden_act":"silu",
+            "max_position_embeddings":1024,"rope_theta":10000,
+            "rope_scaling":{"type":"yarn","factor":40,"beta_fast":32,"beta_slow":1,"mscale":1.0,
+                "mscale_all_dim":1.0,"original_max_position_embeddings":64}});
+        if value.is_null() {
+            v.as_object_mut().unwrap().remove(key);
+        } else {
+            v[key] = value;
+        }
+        ModelConfig::from_value(&v)
+    }
+
+    #[test]
+    fn deepseek_v3_options() {
+        let c = deepseek("q_lora_rank", 24.into()).unwrap();
+        let m = c.mla.as_ref().unwrap();
+        assert_eq!((m.q_lora_rank, m.kv_lora_rank, m.cache_width()), (Some(24), 16, 20));
+        assert!(m.rope_interleave);
+        assert_eq!(c.head_dim, 12);
+        assert_eq!(c.rope.rotary_dim, 4);
+        assert_eq!(c.moe_layers, vec![false, true, true, true]);
+        assert_eq!((c.shared_expert_intermediate, c.shared_expert_gated), (Some(8), false));
+        let r = &c.router;
+        assert_eq!((r.scoring, r.n_group, r.topk_group, r.correction_bias), (Scoring::Sigmoid, 4, 2, true));
+        assert_eq!((r.routed_scaling_factor, r.norm_topk_prob), (2.5, true));
+        // Softmax scale: 12^-0.5 * (0.1 ln 40 + 1)^2.
+        let ms = 0.1 * 40f64.ln() + 1.0;
+        assert_eq!(c.attn_scale, (12f64.powf(-0.5) * ms * ms) as f32);
+        assert_eq!(c.cache_floats_per_layer(), 20);
+        // q_lora_rank null: a plain q_proj; absent fields take transformers' defaults.
+        let mut j: serde_json::Value = serde_json::from_str(
+            r#"{"model_type":"deepseek_v3","hidden_size":64,"num_hidden_layers":4,
+            "num_attention_heads":4,"vocab_size":100,"n_routed_experts":16,"num_experts_per_tok":4,
+            "moe_intermediate_size":8,"intermediate_size":24,"kv_lora_rank":16,"qk_nope_head_dim":8,
+            "qk_rope_head_dim":4,"v_head_dim":6}"#,
+        )
+        .unwrap();
+        j["q_lora_rank"] = serde_json::Value::Null;
+        let c = ModelConfig::from_value(&j).unwrap();
+        assert_eq!(c.mla.as_ref().unwrap().q_lora_rank, None);
+        assert_eq!(c.moe_layers, vec![false, false, false, true], "first_k_dense_replace defaults to 3");
+        assert_eq!((c.router.n_group, c.router.topk_group, c.router.routed_scaling_factor), (8, 4, 2.5));
+        assert_eq!(c.attn_scale, (12f32).powf(-0.5), "no rope scaling: no mscale");
+        // A multi-token-prediction layer after the decoder layers is recognised.
+        j["num_nextn_predict_layers"] = 1.into();
+        let c = ModelConfig::from_value(&j).unwrap();
+        assert!(c.is_mtp_tensor("model.layers.4.enorm.weight"));
+        assert!(!c.is_mtp_tensor("model.layers.3.input_layernorm.weight"));
+        assert!(!c.is_mtp_tensor("model.layers.5.enorm.weight"));
+    }
+
+    /// The config.json files of the released models (as published; Kimi-K2 under its own
+    /// model_type): what the engine makes of them at full size.
+    #[test]
+    fn released_configs() {
+        let dsv3 = r#"{"architectures":["DeepseekV3ForCausalLM"],"attention_bias":false,"bos_token_id":0,
+            "eos_token_id":1,"ep_size":1,"first_k_dense_replace":3,"hidden_act":"silu","hidden_size":7168,
+            "intermediate_size":18432,"kv_lora_rank":512,"max_position_embeddings":163840,
+            "model_type":"deepseek_v3","moe_intermediate_size":2048,"moe_layer_freq":1,"n_group":8,
+            "n_routed_experts":256,"n_shared_experts":1,"norm_topk_prob":true,"num_attention_heads":128,
+            "num_experts_per_tok":8,"num_hidden_layers":61,"num_key_value_heads":128,"num_nextn_predict_layers":1,
+            "q_lora_rank":1536,"qk_nope_head_dim":128,"qk_rope_head_dim":64,
+            "quantization_config":{"activation_scheme":"dynamic","fmt":"e4m3","quant_method":"fp8",
+                "weight_block_size":[128,128]},
+            "rms_norm_eps":1e-06,"rope_scaling":{"beta_fast":32,"beta_slow":1,"factor":40,"mscale":1.0,
+                "mscale_all_dim":1.0,"original_max_position_embeddings":4096,"type":"yarn"},
+            "rope_theta":10000,"routed_scaling_factor":2.5,"scoring_func":"sigmoid","seq_aux":true,
+            "tie_word_embeddings":false,"topk_group":4,"topk_method":"noaux_tc","torch_dtype":"bfloat16",
+            "v_head_dim":128,"vocab_size":129280}"#;
+        let mut v: Value = serde_json::from_str(dsv3).unwrap();
+        // The FP8 release is refused in one line; a bf16 conversion of it loads.
+        let e = ModelConfig::from_value(&v).unwrap_err().to_string();
+        assert!(e.contains("quantization_config") && e.contains("fp8"), "{e}");
+        v.as_object_mut().unwrap().remove("quantization_config");
+        let c = ModelConfig::from_value(&v).unwrap();
+        assert_eq!(c.cache_floats_per_layer(), 576, "the MLA cache of DeepSeek-V3");
+        assert_eq!(c.moe_layers.iter().filter(|m| **m).count(), 58);
+        assert_eq!((c.router.n_experts, c.router.top_k, c.router.n_group, c.router.topk_group), (256, 8, 8, 4));
+        assert_eq!((c.head_dim, c.rope.rotary_dim, c.mtp_layers), (192, 64, 1));
+        assert!(c.is_mtp_tensor("model.layers.61.shared_head.head.weight"));
+        let ms = 0.1 * 40f64.ln() + 1.0;
+        assert_eq!(c.attn_scale, (192f64.powf(-0.5) * ms * ms) as f32);
+
+        let kimi = r#"{"model_type":"kimi_k2","hidden_size":7168,"intermediate_size":18432,
+            "moe_intermediate_size":2048,"num_hidden_layers":61,"num_attention_heads":64,"num_key_value_heads":64,
+            "n_shared_experts":1,"n_routed_experts":384,"routed_scaling_factor":2.827,"kv_lora_rank":512,
+            "q_lora_rank":1536,"qk_rope_head_dim":64,"v_head_dim":128,"qk_nope_head_dim":128,
+            "topk_method":"noaux_tc","n_group":1,"topk_group":1,"num_experts_per_tok":8,"moe_layer_freq":1,
+            "first_k_dense_replace":1,"norm_topk_prob":true,"scoring_func":"sigmoid",
+            "max_position_embeddings":131072,"rope_theta":50000.0,"rope_scaling":{"beta_fast":1.0,"beta_slow":1.0,
+            "factor":32.0,"mscale":1.0,"mscale_all_dim":1.0,"original_max_position_embeddings":4096,"type":"yarn"},
+            "vocab_size":163840,"num_nextn_predict_layers":0,"hidden_act":"silu","rms_norm_eps":1e-06}"#;
+        let c = ModelConfig::from_json_bytes(kimi.as_bytes()).unwrap();
+        assert_eq!(c.family, super::super::Family::DeepseekV3);
+        assert_eq!(c.cache_floats_per_layer(), 576);
+        assert_eq!((c.router.n_experts, c.router.n_group, c.router.routed_scaling_factor), (384, 1, 2.827));
+        assert_eq!(c.moe_layers.iter().filter(|m| **m).count(), 60);
+    }
+
+    #[test]
+    fn deepseek_v3_refuses_what_it_does_not_implement() {
+        let cases: &[(&str, serde_json::Value, &str)] = &[
+            ("scoring_func", "softmax".into(), "scoring_func"),
+            ("topk_method", "greedy".into(), "topk_method"),
+            ("moe_layer_freq", 2.into(), "moe_layer_freq"),
+            ("n_group", 3.into(), "n_group"),
+            ("n_group", 16.into(), "n_group"),
+            ("topk_group", 5.into(), "topk_group"),
+            ("topk_group", 0.into(), "topk_group"),
+            ("num_experts_per_tok", 9.into(), "topk_group"),
+            ("num_key_value_heads", 2.into(), "num_key_value_heads"),
+            ("attention_bias", true.into(), "attention_bias"),
+            ("qk_rope_head_dim", 5.into(), "qk_rope_head_dim"),
+            ("kv_lora_rank", 0.into(), "kv_lora_rank"),
+            ("kv_lora_rank", serde_json::Value::Null, "kv_lora_rank"),
+            ("v_head_dim", serde_json::Value::Null, "v_head_dim"),
+            ("routed_scaling_factor", (-1.0).into(), "routed_scaling_factor"),
+            ("first_k_dense_replace", "two".into(), "first_k_dense_replace"),
+            ("hidden_act", "gelu".into(), "hidden_act"),
+            ("quantization_config", serde_json::json!({"quant_method": "fp8"}), "quantization_config"),
+            ("rope_interleave", "yes".into(), "rope_interleave"),
+            ("partial_rotary_factor", 0.5.into(), "partial_rotary_factor"),
+        ];
+        for (key, value, named) in cases {
+            let e = deepseek(key, value.clone()).unwrap_err().to_string();
+            assert!(e.contains(named), "{key} = {value}: {e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        let c = deepseek("n_group", serde_json::Value::Null).unwrap();
+        assert_eq!(c.router.n_group, 8, "an absent n_group is transformers' default");
+    }
+}

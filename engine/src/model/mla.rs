@@ -1,0 +1,398 @@
+//! Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2): the MLA variant of the one
+//! attention module ([`crate::model::attention`]).
+//! Reference: transformers' `DeepseekV3Attention` (modeling_deepseek_v3.py, v5).
+//!
+//! transformers, per position (H heads; dn = qk_nope_head_dim, dr = qk_rope_head_dim,
+//! dv = v_head_dim, r = kv_lora_rank):
+//! ```text
+//! q          = q_b(RMSNorm(q_a(x)))  or  q_proj(x)         (H, dn + dr)
+//! [c, k_rot] = kv_a_proj_with_mqa(x);  c = RMSNorm(c)      (r), (dr) shared by all heads
+//! q_rot, k_rot rotated (interleaved pairs if rope_interleave)
+//! [k_nope_h, v_h] = kv_b(c)                                (H, dn + dv)
+//! score_h(i, j) = scale * (q_nope_h(i) . k_nope_h(j) + q_rot_h(i) . k_rot(j))
+//! out = o_proj(concat_h sum_j softmax_j(score_h(i, j)) v_h(j))
+//! ```
+//! Here the cache holds only `c` and `k_rot` (r + dr floats per position and layer: 576
+//! for DeepSeek-V3) and the key/value up-projections are absorbed:
+//! `q_nope_h . (W_uk_h c) = (W_uk_h^T q_nope_h) . c` and
+//! `sum_j p_j (W_uv_h c_j) = W_uv_h (sum_j p_j c_j)`, where W_uk_h and W_uv_h are head h's
+//! rows of kv_b. Every position's numbers depend only on that position and the cache, so a
+//! prefill gives the bits of token-by-token decoding.
+
+use crate::error::{Error, Result};
+use crate::format::tensors::TensorStore;
+use crate::kernels::{for_each_chunk, matmul, rmsnorm_chunks};
+use crate::math;
+use crate::model::attention::{first_visible, AttnOpts, LayerCache};
+use crate::model::config::MlaConfig;
+use crate::model::rope::{deinterleave, Rope};
+use crate::tensor::Mat;
+
+/// transformers builds q_a_layernorm and kv_a_layernorm with the default epsilon, not
+/// the config's `rms_norm_eps`.
+const LATENT_NORM_EPS: f32 = 1e-6;
+
+/// How the queries are projected.
+pub enum QueryProj {
+    /// (H*(dn+dr), hidden)
+    Plain(Mat),
+    /// q_a_proj (q_lora_rank, hidden) -> RMSNorm (q_lora_rank) -> q_b_proj (H*(dn+dr), q_lora_rank)
+    LowRank { a: Mat, norm: Vec<f32>, b: Mat },
+}
+
+pub struct MlaWeights {
+    pub q: QueryProj,
+    /// kv_a_proj_with_mqa: (r + dr, hidden)
+    pub kv_a: Mat,
+    /// kv_a_layernorm: (r)
+    pub kv_norm: Vec<f32>,
+    /// kv_b_proj: (H*(dn+dv), r); per head, dn key rows then dv value rows.
+    pub kv_b: Mat,
+    /// Per head: its dn key rows of kv_b (W_uk_h, (dn, r)) and dv value rows (W_uv_h,
+    /// (dv, r)), views into kv_b's bytes.
+    pub uk: Vec<Mat>,
+    pub uv: Vec<Mat>,
+    /// o_proj: (hidden, H*dv)
+    pub wo: Mat,
+}
+
+impl MlaWeights {
+    /// Loads `{prefix}.q_proj` or `q_a_proj`/`q_a_layernorm`/`q_b_proj`,
+    /// `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`, checking every shape.
+    pub fn load(s: &TensorStore, prefix: &str, hidden: usize, n_heads: usize, m: &MlaConfig) -> Result<Self> {
+        let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
+        let w = |name: &str, rows: usize, cols: usize| s.mat(&format!("{prefix}.{name}.weight"), rows, cols);
+        let qd = n_heads * (dn + dr);
+        let q = match m.q_lora_rank {
+            None => QueryProj::Plain(w("q_proj", qd, hidden)?),
+            Some(rq) => QueryProj::LowRank {
+                a: w("q_a_proj", rq, hidden)?,
+                norm: s.vector(&format!("{prefix}.q_a_layernorm.weight"), rq)?,
+                b: w("q_b_proj", qd, rq)?,
+            },
+        };
+        let kv_b = w("kv_b_proj", n_heads * (dn + dv), r)?;
+        let uk = (0..n_heads).map(|h| kv_b.row_block(h * (dn + dv), dn)).collect::<Result<_>>()?;
+        let uv = (0..n_heads).map(|h| kv_b.row_block(h * (dn + dv) + dn, dv)).collect::<Result<_>>()?;
+        Ok(MlaWeights {
+            q,
+            kv_a: w("kv_a_proj_with_mqa", r + dr, hidden)?,
+            kv_norm: s.vector(&format!("{prefix}.kv_a_layernorm.weight"), r)?,
+            kv_b,
+            uk,
+            uv,
+            wo: w("o_proj", hidden, n_heads * dv)?,
+        })
+    }
+}
+
+/// Rotates `x` (dr values) in place, de-interleaving first when the checkpoint pairs
+/// neighbouring dimensions.
+fn rotate(rope: &Rope, x: &mut [f32], interleave: bool, cos: &[f32], sin: &[f32], scratch: &mut Vec<f32>) {
+    if interleave {
+        deinterleave(x, scratch);
+    }
+    rope.apply(x, x.len(), cos, sin);
+}
+
+/// MLA for `n` new positions from absolute position `pos0` (see the module header).
+/// `x`: (n, hidden) normalised input; `out`: (n, hidden). Appends each position's latent
+/// and rotated key to `cache`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    w: &MlaWeights,
+    o: &AttnOpts,
+    m: &MlaConfig,
+    rope: &Rope,
+    x: &[f32],
+    n: usize,
+    pos0: usize,
+    cos: &[Vec<f32>],
+    sin: &[Vec<f32>],
+    cache: &mut LayerCache,
+    out: &mut [f32],
+) -> Result<()> {
+    let nh = o.n_heads;
+    let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
+    let dq = dn + dr;
+    if cos.len() < n || sin.len() < n || rope.rotary_dim != dr {
+        return Err(Error::Invalid(format!(
+            "MLA: rope tables for {} positions of {} dims",
+            cos.len(),
+            rope.rotary_dim
+        )));
+    }
+
+    // Queries: (n, H, dn + dr).
+    let mut q = vec![0.0f32; n * nh * dq];
+    match &w.q {
+        QueryProj::Plain(wq) => matmul(wq, x, n, &mut q),
+        QueryProj::LowRank { a, norm, b } => {
+            let mut qa = vec![0.0f32; n * a.rows];
+            matmul(a, x, n, &mut qa);
+            rmsnorm_chunks(&mut qa, norm, LATENT_NORM_EPS);
+            matmul(b, &qa, n, &mut q);
+        }
+    }
+    // The compressed latent and the shared rotary key: (n, r + dr).
+    let mut ckv = vec![0.0f32; n * (r + dr)];
+    matmul(&w.kv_a, x, n, &mut ckv);
+    let mut scratch = Vec::with_capacity(dr);
+    let mut latent = Vec::with_capacity(n * r);
+    let mut k_rot = Vec::with_capacity(n * dr);
+    for i in 0..n {
+        let row = &mut ckv[i * (r + dr)..(i + 1) * (r + dr)];
+        let (c, kr) = row.split_at_mut(r);
+        rmsnorm_chunks(c, &w.kv_norm, LATENT_NORM_EPS);
+        rotate(rope, kr, m.rope_interleave, &cos[i], &sin[i], &mut scratch);
+        latent.extend_from_slice(c);
+        k_rot.extend_from_slice(kr);
+        for h in 0..nh {
+            let qr = &mut q[(i * nh + h) * dq + dn..(i * nh + h + 1) * dq];
+            rotate(rope, qr, m.rope_interleave, &cos[i], &sin[i], &mut scratch);
+        }
+    }
+    cache.append(&latent, &k_rot, r, dr);
+
+    // Absorbed queries, (H, n, r): q_lat = W_uk_h^T q_nope_h, summed over the dn rows of
+    // W_uk_h in ascending order (a fixed order that a GPU kernel can reproduce).
+    let mut q_lat = vec![0.0f32; nh * n * r];
+    for_each_chunk(&mut q_lat, n * r, |h, dst| {
+        let mut row = vec![0.0f32; r];
+        for d in 0..dn {
+            w.uk[h].row_into(d, &mut row);
+            for i in 0..n {
+                let qv = q[(i * nh + h) * dq + d];
+                for (t, u) in dst[i * r..(i + 1) * r].iter_mut().zip(&row) {
+                    *t += qv * u;
+                }
+            }
+        }
+    });
+
+    // One task per (head, position): scores over the visible positions, softmax, and the
+    // probability-weighted sum of their latents.
+    let (cl, ckr) = (&cache.k, &cache.v);
+    let mut ctx_lat = vec![0.0f32; nh * n * r];
+    for_each_chunk(&mut ctx_lat, r, |idx, dst| {
+        let (h, i) = (idx / n, idx % n);
+        let p = pos0 + i;
+        let lo = first_visible(p, o.window);
+        let ql = &q_lat[(h * n + i) * r..(h * n + i + 1) * r];
+        let qr = &q[(i * nh + h) * dq + dn..(i * nh + h + 1) * dq];
+        let mut scores: Vec<f32> = (lo..=p)
+            .map(|j| (math::dot(ql, &cl[j * r..(j + 1) * r]) + math::dot(qr, &ckr[j * dr..(j + 1) * dr])) * o.scale)
+            .collect();
+        math::softmax(&mut scores);
+        for (s, j) in scores.iter().zip(lo..=p) {
+            for (d, c) in dst.iter_mut().zip(&cl[j * r..(j + 1) * r]) {
+                *d += s * c;
+            }
+        }
+    });
+
+    // Values: v_h = W_uv_h ctx_lat_h, laid out (n, H*dv) for o_proj.
+    let mut v = vec![0.0f32; n * nh * dv];
+    let mut vh = vec![0.0f32; n * dv];
+    for h in 0..nh {
+        matmul(&w.uv[h], &ctx_lat[h * n * r..(h + 1) * n * r], n, &mut vh);
+        for i in 0..n {
+            v[(i * nh + h) * dv..(i * nh + h + 1) * dv].copy_from_slice(&vh[i * dv..(i + 1) * dv]);
+        }
+    }
+    matmul(&w.wo, &v, n, out);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::QkNorm;
+    use crate::model::rope::RopeConfig;
+
+    fn rand(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
+        Mat::from_f32(rows, cols, &rand(rows * cols, seed)).unwrap()
+    }
+
+    const H: usize = 3;
+    const HIDDEN: usize = 14;
+
+    fn setup(q_lora: Option<usize>, interleave: bool) -> (MlaWeights, AttnOpts, MlaConfig, Rope) {
+        let m = MlaConfig {
+            q_lora_rank: q_lora,
+            kv_lora_rank: 7,
+            qk_nope_head_dim: 5,
+            qk_rope_head_dim: 4,
+            v_head_dim: 6,
+            rope_interleave: interleave,
+        };
+        let (dn, dr, dv, r) = (5, 4, 6, 7);
+        let q = match q_lora {
+            None => QueryProj::Plain(mat(H * (dn + dr), HIDDEN, 1)),
+            Some(rq) => QueryProj::LowRank {
+                a: mat(rq, HIDDEN, 2),
+                norm: rand(rq, 3).iter().map(|v| 1.0 + v).collect(),
+                b: mat(H * (dn + dr), rq, 4),
+            },
+        };
+        let kv_b = mat(H * (dn + dv), r, 5);
+        let w = MlaWeights {
+            q,
+            kv_a: mat(r + dr, HIDDEN, 6),
+            kv_norm: rand(r, 7).iter().map(|v| 1.0 + v).collect(),
+            uk: (0..H).map(|h| kv_b.row_block(h * (dn + dv), dn).unwrap()).collect(),
+            uv: (0..H).map(|h| kv_b.row_block(h * (dn + dv) + dn, dv).unwrap()).collect(),
+            kv_b,
+            wo: mat(HIDDEN, H * dv, 8),
+        };
+        let o = AttnOpts {
+            n_heads: H,
+            n_kv_heads: H,
+            head_dim: dn + dr,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            window: None,
+            scale: 0.3,
+            rms_eps: 1e-5,
+            mla: Some(m.clone()),
+        };
+        let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), dr, 64).unwrap());
+        (w, o, m, rope)
+    }
+
+    fn run(s: &(MlaWeights, AttnOpts, MlaConfig, Rope), x: &[f32], pos0: usize, cache: &mut LayerCache) -> Vec<f32> {
+        let n = x.len() / HIDDEN;
+        let (mut cs, mut ss) = (vec![], vec![]);
+        for i in 0..n {
+            let (mut c, mut sn) = (vec![], vec![]);
+            s.3.cos_sin(pos0 + i, &mut c, &mut sn);
+            cs.push(c);
+            ss.push(sn);
+        }
+        let mut out = vec![0.0; n * HIDDEN];
+        attention(&s.0, &s.1, &s.2, &s.3, x, n, pos0, &cs, &ss, cache, &mut out).unwrap();
+        out
+    }
+
+    /// The formula of the module header, without absorption, in f64: keys and values
+    /// expanded per head from the latents.
+    fn reference(s: &(MlaWeights, AttnOpts, MlaConfig, Rope), x: &[f32]) -> Vec<f64> {
+        let (w, o, m, rope) = s;
+        let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
+        let n = x.len() / HIDDEN;
+        let mv = |a: &Mat, v: &[f64]| -> Vec<f64> {
+            let mut row = vec![0.0; a.cols];
+            (0..a.rows)
+                .map(|k| {
+                    a.row_into(k, &mut row);
+                    row.iter().zip(v).map(|(a, b)| *a as f64 * b).sum()
+                })
+                .collect()
+        };
+        let norm = |v: &[f64], wt: &[f32]| -> Vec<f64> {
+            let ms = v.iter().map(|a| a * a).sum::<f64>() / v.len() as f64;
+            v.iter().zip(wt).map(|(a, w)| a / (ms + 1e-6).sqrt() * *w as f64).collect()
+        };
+        // Rotation of interleaved or half-split pairs, in f64.
+        let rot = |v: &[f64], p: usize| -> Vec<f64> {
+            let half = dr / 2;
+            let pair = |i: usize| if m.rope_interleave { (2 * i, 2 * i + 1) } else { (i, i + half) };
+            let mut outv = vec![0.0; dr];
+            for i in 0..half {
+                let th = p as f64 * rope.inv_freq[i] as f64;
+                let (a, b) = pair(i);
+                // Output in the de-interleaved order, as transformers returns it.
+                outv[i] = v[a] * th.cos() - v[b] * th.sin();
+                outv[i + half] = v[b] * th.cos() + v[a] * th.sin();
+            }
+            outv
+        };
+        let (mut qs, mut keys, mut vals) = (vec![], vec![], vec![]);
+        for i in 0..n {
+            let xi: Vec<f64> = x[i * HIDDEN..(i + 1) * HIDDEN].iter().map(|v| *v as f64).collect();
+            let q = match &w.q {
+                QueryProj::Plain(wq) => mv(wq, &xi),
+                QueryProj::LowRank { a, norm: nw, b } => mv(b, &norm(&mv(a, &xi), nw)),
+            };
+            let ckv = mv(&w.kv_a, &xi);
+            let c = norm(&ckv[..r], &w.kv_norm);
+            let kr = rot(&ckv[r..], i);
+            let kv = mv(&w.kv_b, &c);
+            let (mut qh, mut kh, mut vh) = (vec![], vec![], vec![]);
+            for h in 0..H {
+                let qq = &q[h * (dn + dr)..(h + 1) * (dn + dr)];
+                qh.push([qq[..dn].to_vec(), rot(&qq[dn..], i)].concat());
+                let kvh = &kv[h * (dn + dv)..(h + 1) * (dn + dv)];
+                kh.push([kvh[..dn].to_vec(), kr.clone()].concat());
+                vh.push(kvh[dn..].to_vec());
+            }
+            qs.push(qh);
+            keys.push(kh);
+            vals.push(vh);
+        }
+        let mut out = vec![];
+        for (i, qi) in qs.iter().enumerate() {
+            let mut ctx = vec![];
+            for (h, qh) in qi.iter().enumerate() {
+                let sc: Vec<f64> = (0..=i)
+                    .map(|j| qh.iter().zip(&keys[j][h]).map(|(a, b)| a * b).sum::<f64>() * o.scale as f64)
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                ctx.extend((0..dv).map(|d| (0..=i).map(|j| e[j] / z * vals[j][h][d]).sum::<f64>()));
+            }
+            out.extend(mv(&w.wo, &ctx));
+        }
+        out
+    }
+
+    #[test]
+    fn absorbed_latent_attention_matches_the_expanded_formula() {
+        for (q_lora, interleave) in [(Some(6), true), (None, false), (None, true)] {
+            let s = setup(q_lora, interleave);
+            let n = 6;
+            let x = rand(n * HIDDEN, 11).iter().map(|v| v * 4.0).collect::<Vec<_>>();
+            let mut cache = LayerCache::default();
+            let got = run(&s, &x, 0, &mut cache);
+            let want = reference(&s, &x);
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()), "{q_lora:?} {interleave}: [{k}] {g} vs {w}");
+            }
+            // Only the latent and the rotary key are cached.
+            assert_eq!(cache.k.len(), n * 7);
+            assert_eq!(cache.v.len(), n * 4);
+        }
+    }
+
+    #[test]
+    fn prefill_equals_incremental_decode_bit_for_bit() {
+        let s = setup(Some(6), true);
+        let n = 7;
+        let x = rand(n * HIDDEN, 12).iter().map(|v| v * 4.0).collect::<Vec<_>>();
+        let mut c1 = LayerCache::default();
+        let all = run(&s, &x, 0, &mut c1);
+        let mut c2 = LayerCache::default();
+        let mut inc = run(&s, &x[..3 * HIDDEN], 0, &mut c2);
+        for i in 3..n {
+            inc.extend(run(&s, &x[i * HIDDEN..(i + 1) * HIDDEN], i, &mut c2));
+        }
+        assert_eq!(all, inc);
+        assert_eq!(c1.k, c2.k);
+        assert_eq!(c1.v, c2.v);
+        // A rollback keeps exactly the first positions' latents.
+        c1.truncate(3);
+        assert_eq!(c1.k, c2.k[..3 * 7].to_vec());
+        assert_eq!(c1.v.len(), 3 * 4);
+    }
+}
