@@ -72,7 +72,7 @@ impl RopeConfig {
         let theta = num(params, "rope_theta").or_else(|| num(cfg, "rope_theta")).unwrap_or(10000.0);
         let partial = num(params, "partial_rotary_factor").or_else(|| num(cfg, "partial_rotary_factor")).unwrap_or(1.0);
         let rotary_dim = ((head_dim as f64) * partial) as usize;
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(Error::Config(format!("invalid rotary dimension {rotary_dim} for head_dim {head_dim}")));
         }
         let rope_type =
