@@ -61,7 +61,12 @@ fn check(name: &str, pool_bytes: Option<u64>, lookahead: usize) {
     // Greedy continuation: the same tokens as the CPU path and the reference.
     let prompt = ids(&reference["greedy"]["prompt_ids"]);
     let want = ids(&reference["greedy"]["new_ids"]);
-    let opts = GenerateOptions { max_new_tokens: want.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let opts = GenerateOptions {
+        max_new_tokens: want.len(),
+        sampler: SamplerConfig::default(),
+        stop_ids: vec![],
+        logprobs: None,
+    };
     let (cpu_new, _) = generate(&model, &mut model.new_session(), &prompt, &opts, &mut |_| true).unwrap();
     let mut gs = gm.new_session();
     let (gpu_new, _) = generate_with(

@@ -7,6 +7,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::generate::choose::{self, Chooser};
+use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::{GenerateOptions, Generator, SamplingDefaults, SamplingRequest};
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
@@ -55,6 +57,10 @@ struct GenOptions {
     ignore_eos: bool,
     /// Stop strings: the text ends before the first one.
     stop: Vec<String>,
+    /// Record each token's log-probability (taken with `takeLogprobs`).
+    logprobs: bool,
+    /// Alternatives per token with `logprobs` (0 to 20).
+    top_logprobs: usize,
 }
 
 impl Default for GenOptions {
@@ -68,6 +74,8 @@ impl Default for GenOptions {
             seed: 0,
             ignore_eos: false,
             stop: Vec::new(),
+            logprobs: false,
+            top_logprobs: 0,
         }
     }
 }
@@ -363,6 +371,7 @@ impl Engine {
             max_new_tokens: o.max_new_tokens,
             sampler: self.defaults.resolve(&req, &SamplerConfig::default()),
             stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
+            logprobs: o.logprobs.then_some(o.top_logprobs),
         };
         let mut st = self.state()?;
         let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
@@ -418,6 +427,44 @@ impl Engine {
     #[wasm_bindgen(js_name = takeText)]
     pub fn take_text(&self) -> Result<String, JsError> {
         Ok(self.state()?.gen.as_mut().map(|g| g.take_text()).unwrap_or_default())
+    }
+
+    /// Log-probabilities of the tokens produced since the last call, as JSON in the shape
+    /// of OpenAI's chat `logprobs.content` ([{token, logprob, bytes, top_logprobs}]).
+    #[wasm_bindgen(js_name = takeLogprobs)]
+    pub fn take_logprobs(&self) -> Result<String, JsError> {
+        let entries = self.state()?.gen.as_mut().map(|g| g.take_logprobs()).unwrap_or_default();
+        let v: Vec<serde_json::Value> = entries.iter().map(|t| chat_entry(&self.tok, t)).collect();
+        serde_json::to_string(&v).map_err(err)
+    }
+
+    /// Scores `options` (a JSON list of strings) as answers to `prompt` (one user message
+    /// through the chat template, or with `raw` the text as it is), generating nothing:
+    /// a promise of the JSON of `coli choose --json` (without its timing).
+    pub fn choose(&self, prompt: String, options_json: &str, raw: bool) -> Result<Promise, JsError> {
+        let options: Vec<String> = serde_json::from_str(options_json).map_err(err)?;
+        if options.iter().any(|o| o.is_empty()) {
+            return Err(JsError::new("an option is empty"));
+        }
+        let ids = choose::encode_prompt(&self.tok, &prompt, raw).map_err(err)?;
+        let option_ids = choose::encode_options(&self.tok, &options).map_err(err)?;
+        let mut c = Chooser::new(ids, option_ids, self.model.cfg.max_positions).map_err(err)?;
+        let (model, backend, state, tiers) =
+            (self.model.clone(), self.backend.clone(), self.state.clone(), self.tiers.clone());
+        Ok(future_to_promise(async move {
+            let mut st = borrow(&state)?;
+            // A context of its own: the conversation's cached prefix stays as it was.
+            let mut cx = backend.new_context(&model);
+            while let Some(s) = c.step() {
+                cx.truncate(s.keep);
+                let map = tier_map(&model, &tiers, &backend);
+                let mut on_use = count_use(&mut st.perf, &map, model.cfg.router.n_experts);
+                let logits =
+                    backend.forward_tiered(&model, &tiers, &mut cx, s.ids, s.which, &mut on_use).await.map_err(err)?;
+                c.accept(&logits).map_err(err)?;
+            }
+            Ok(c.finish().to_json(&options).to_string().into())
+        }))
     }
 
     /// Ids produced by the current generation.

@@ -4,7 +4,9 @@
 //! stop string, the token budget or the context limit. The caller owns the forward pass,
 //! so the same loop drives the CPU model, the GPU model and the browser's async steps.
 
+pub mod choose;
 pub mod defaults;
+pub mod logprobs;
 pub mod stop;
 
 use crate::error::{Error, Result};
@@ -13,6 +15,7 @@ use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 pub use defaults::{SamplingDefaults, SamplingRequest};
+pub use logprobs::TokenLogprob;
 pub use stop::StopMatcher;
 
 #[derive(Clone, Debug, Default)]
@@ -21,6 +24,9 @@ pub struct GenerateOptions {
     pub sampler: SamplerConfig,
     /// Generation ends after emitting one of these (the id is included in the output).
     pub stop_ids: Vec<u32>,
+    /// Record each produced token's log-probability with this many alternatives
+    /// (None: off). Stop ids get no entry: they are not part of the text.
+    pub logprobs: Option<usize>,
 }
 
 /// Why generation ended.
@@ -73,6 +79,10 @@ pub struct Generator {
     produced: Vec<u32>,
     finished: Option<StopReason>,
     text: Option<TextOut>,
+    /// Alternatives per logprob entry (None: no logprobs).
+    top_logprobs: Option<usize>,
+    /// Entries not yet taken.
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl Generator {
@@ -95,6 +105,8 @@ impl Generator {
             produced: Vec::new(),
             finished: (max_new == 0).then_some(StopReason::Length),
             text: None,
+            top_logprobs: opts.logprobs.map(|n| n.min(logprobs::MAX_TOP_LOGPROBS)),
+            logprobs: Vec::new(),
         })
     }
 
@@ -121,11 +133,14 @@ impl Generator {
             return Err(Error::Invalid("the generation has finished".into()));
         }
         let id = self.sampler.sample(logits, &self.seen);
+        let is_stop = self.stop_ids.contains(&id);
+        if let (Some(n), false) = (self.top_logprobs, is_stop) {
+            self.logprobs.push(logprobs::token_logprob(logits, id, n));
+        }
         self.produced.push(id);
         self.seen.push(id);
         self.pending.clear();
         self.pending.push(id);
-        let is_stop = self.stop_ids.contains(&id);
         if let (Some(t), Some(tok)) = (self.text.as_mut(), tok) {
             if !is_stop {
                 let piece = t.stream.push(tok, id)?;
@@ -173,6 +188,12 @@ impl Generator {
     /// The token budget after the context limit.
     pub fn max_new_tokens(&self) -> usize {
         self.max_new
+    }
+
+    /// Log-probability entries of the tokens produced since the last call (with
+    /// `logprobs` set; else empty).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
     }
 
     /// Text that became final since the last call (with text output; else empty).

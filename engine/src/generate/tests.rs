@@ -22,7 +22,7 @@ fn scripted(script: Vec<u32>, vocab: usize) -> (impl FnMut(&[u32]) -> Result<Vec
 }
 
 fn opts(max_new_tokens: usize, stop_ids: Vec<u32>) -> GenerateOptions {
-    GenerateOptions { max_new_tokens, sampler: SamplerConfig::default(), stop_ids }
+    GenerateOptions { max_new_tokens, sampler: SamplerConfig::default(), stop_ids, logprobs: None }
 }
 
 #[test]
@@ -71,7 +71,7 @@ fn budget_stop_ids_and_cancel() {
 fn the_repetition_penalty_sees_history_prompt_and_output() {
     // Logits favour 3 then 2; with a strong penalty, ids already seen lose.
     let cfg = SamplerConfig { repetition_penalty: 100.0, ..SamplerConfig::default() };
-    let o = GenerateOptions { max_new_tokens: 2, sampler: cfg, stop_ids: vec![] };
+    let o = GenerateOptions { max_new_tokens: 2, sampler: cfg, stop_ids: vec![], logprobs: None };
     let mut g = Generator::new(&[3], &[0], 100, &o).unwrap();
     let row = [0.0f32, 0.5, 1.0, 2.0];
     assert_eq!(g.input(), Some(&[0u32][..]));

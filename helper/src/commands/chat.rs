@@ -59,6 +59,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             SamplerConfig { temperature: 0.7, top_p: 0.95, seed, ..SamplerConfig::default() },
         ),
         stop_ids: loaded.stop_ids.clone(),
+        logprobs: None,
     };
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {

@@ -52,6 +52,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         sampler: a.sampling.config(&loaded.sampling, SamplerConfig::default()),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
+        logprobs: None,
     };
     let mut forward = forward_fn(&loaded.model, a.model.backend)?;
     let start = Instant::now();

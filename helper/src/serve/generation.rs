@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use colibri_engine::generate::{GenerateOptions, Generator, StopReason};
+use colibri_engine::generate::logprobs::sequence_logprobs;
+use colibri_engine::generate::{GenerateOptions, Generator, StopReason, TokenLogprob};
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::Logits;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
@@ -108,10 +109,31 @@ pub fn admit(engines: &Engines, slot: &Arc<Slot>) -> Result<Admission, EngineErr
     Ok(ticket)
 }
 
-/// What a generation sends back, in order: pieces of text, then one Done or Error.
+/// Runs `f` on the blocking pool once the model is free (the queue generations wait in);
+/// None if the engine panicked.
+pub async fn run_exclusive<T: Send + 'static>(
+    admission: Admission,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let running = admission.0.running.clone();
+    let permit = running.acquire_owned().await.ok()?;
+    tokio::task::spawn_blocking(move || {
+        let r = f();
+        drop(permit);
+        drop(admission);
+        r
+    })
+    .await
+    .ok()
+}
+
+/// What a generation sends back, in order: the prompt's log-probabilities (echo with
+/// logprobs only), pieces of text with the log-probabilities of the tokens produced since
+/// the last piece (logprobs only; the text may then be empty), then one Done or Error.
 #[derive(Debug)]
 pub enum Event {
-    Text(String),
+    Prompt(Vec<TokenLogprob>),
+    Text(String, Vec<TokenLogprob>),
     Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize },
     Error(String),
 }
@@ -124,6 +146,9 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Decode the output as a continuation of the prompt (completions) or on its own (chat).
     pub continue_prompt: bool,
+    /// Also the prompt's teacher-forced log-probabilities with this many alternatives
+    /// (completions with echo and logprobs); the prompt runs even when no token is asked.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Starts `job` once the model is free; events arrive on the returned channel. Dropping
@@ -166,7 +191,7 @@ pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<At
 /// last event to send (Done or Error; None if the client is gone) and whether the
 /// generation was cancelled.
 fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> (Option<Event>, bool) {
-    let Job { loaded, prompt, opts, stop, continue_prompt } = job;
+    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs } = job;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
@@ -179,15 +204,40 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
     let mut client_gone = false;
     let mut shutting_down = false;
     let mut result = Ok(());
+    // Echo with logprobs: the prompt once with every position's logits; its last row
+    // gives the first token.
+    let mut first_row = None;
+    if let Some(n) = prompt_logprobs {
+        let vocab = loaded.model.cfg.vocab;
+        match loaded.model.forward(&mut session, &prompt, Logits::All) {
+            Ok(rows) => {
+                if tx.blocking_send(Event::Prompt(sequence_logprobs(&rows, &prompt, vocab, n))).is_err() {
+                    client_gone = true;
+                    gen.cancel();
+                }
+                first_row = Some(rows[rows.len() - vocab..].to_vec());
+            }
+            Err(e) => {
+                result = Err(e);
+                gen.cancel();
+            }
+        }
+    }
+    let with_logprobs = opts.logprobs.is_some();
     while let Some(ids) = gen.input() {
-        let step = loaded.model.forward(&mut session, ids, Logits::Last).and_then(|l| gen.accept(&l, Some(tok)));
-        if let Err(e) = step {
+        let logits = match first_row.take() {
+            Some(row) => Ok(row),
+            None => loaded.model.forward(&mut session, ids, Logits::Last),
+        };
+        if let Err(e) = logits.and_then(|l| gen.accept(&l, Some(tok))) {
             result = Err(e);
             break;
         }
         stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
         let text = gen.take_text();
-        if tx.is_closed() || (!text.is_empty() && tx.blocking_send(Event::Text(text)).is_err()) {
+        let lps = gen.take_logprobs();
+        let send = !text.is_empty() || (with_logprobs && !lps.is_empty());
+        if tx.is_closed() || (send && tx.blocking_send(Event::Text(text, lps)).is_err()) {
             client_gone = true;
             gen.cancel();
         } else if shutdown.load(Ordering::Relaxed) && gen.finished().is_none() {

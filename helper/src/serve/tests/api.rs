@@ -6,14 +6,14 @@ use serde_json::{json, Value};
 
 use super::*;
 
-fn reference_continuation() -> (Vec<u32>, Vec<u32>) {
+pub(super) fn reference_continuation() -> (Vec<u32>, Vec<u32>) {
     let r: Value = serde_json::from_slice(&std::fs::read(fixture(MODEL).join("reference.json")).unwrap()).unwrap();
     let ids = |v: &Value| v.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
     (ids(&r["greedy"]["prompt_ids"]), ids(&r["greedy"]["new_ids"]))
 }
 
 /// Reads a server-sent-event stream to its end: the JSON events and whether [DONE] came.
-fn read_sse(c: &mut Conn) -> (Vec<Value>, bool) {
+pub(super) fn read_sse(c: &mut Conn) -> (Vec<Value>, bool) {
     let (status, headers) = c.read_head().unwrap();
     assert_eq!(status, 200);
     assert!(headers.iter().any(|(n, v)| n == "content-type" && v.starts_with("text/event-stream")));
