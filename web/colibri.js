@@ -157,6 +157,9 @@ class Engine extends EventTarget {
   }
 
   #chatCreate(req) {
+    // Structured output is not built yet: refused (as the helper's API does), never ignored.
+    const rf = req.response_format;
+    if (rf && rf.type !== "text") throw new Error(`response_format type ${JSON.stringify(rf.type)} is not supported yet (no structured output)`);
     const created = Math.floor(Date.now() / 1000);
     const cid = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const model = req.model || this.model;

@@ -1,5 +1,6 @@
 // Logprobs and option scoring through the browser engine, checked against the helper's
-// native API and `coli choose` on the built-in demo model: the same numbers, to the bit.
+// native API and `coli choose` on the built-in demo model: the same numbers, to the bit;
+// response_format (no structured output yet) refused by both.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -45,7 +46,13 @@ test("logprobs and choose in the browser equal the helper's API and coli choose"
       const chunks = [];
       for await (const c of engine.chat.completions.create({ ...req, stream: true })) chunks.push(c);
       const choice = await engine.choose({ prompt: q, options });
-      return { plain, chunks, choice };
+      let refused = null;
+      try {
+        await engine.chat.completions.create({ ...req, response_format: { type: "json_object" } });
+      } catch (e) {
+        refused = String(e.message);
+      }
+      return { plain, chunks, choice, refused };
     }, { req, options: OPTIONS, q: Q });
     assert.equal(web.plain.choices[0].message.content, native.choices[0].message.content);
     assert.deepEqual(web.plain.choices[0].logprobs, native.choices[0].logprobs, "browser and helper logprobs differ");
@@ -55,6 +62,11 @@ test("logprobs and choose in the browser equal the helper's API and coli choose"
       assert.deepEqual(web.choice[k], nativeChoice[k], `choose: ${k} differs between the browser and the helper`);
     }
     assert.equal(web.choice.tokensRead, nativeChoice.tokens_read);
+    // No structured output yet: response_format json is refused by both, not ignored.
+    assert.match(web.refused || "", /response_format/);
+    const r = await fetch(`${helper.url}/v1/chat/completions`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ ...req, response_format: { type: "json_object" } }) });
+    assert.equal(r.status, 400);
+    assert.equal((await r.json()).error.param, "response_format");
   } finally {
     await browser.close();
     await helper.stop();

@@ -8,7 +8,8 @@
 //! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
 //! top_k, repetition_penalty, ignore_eos; logprobs / top_logprobs (chat) and logprobs +
 //! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
-//! presence/frequency penalties are accepted and ignored; tools and n > 1 are refused
+//! presence/frequency penalties are accepted and ignored; tools, n > 1 and a
+//! response_format other than text (no structured output yet) are refused
 //! with 400.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,6 +111,7 @@ struct Params {
     n: Option<u64>,
     logprobs: Option<Value>,
     top_logprobs: Option<Value>,
+    response_format: Option<Value>,
     top_k: Option<usize>,
     repetition_penalty: Option<f32>,
     ignore_eos: Option<bool>,
@@ -200,6 +202,26 @@ fn top_count(v: &Value, param: &'static str) -> Result<usize, ApiError> {
     })
 }
 
+/// `response_format`: plain text is what every answer is; anything else (`json_object`,
+/// `json_schema`) needs constrained decoding, which colibri does not have yet: refused,
+/// never silently ignored.
+fn check_response_format(v: Option<&Value>) -> Result<(), ApiError> {
+    let kind = match v {
+        None | Some(Value::Null) => return Ok(()),
+        Some(v) => v.get("type").and_then(Value::as_str),
+    };
+    match kind {
+        Some("text") => Ok(()),
+        Some(t) => Err(ApiError::invalid(
+            format!(
+                "response_format type `{t}` is not supported yet (no structured output); leave response_format out or use {{\"type\": \"text\"}}"
+            ),
+            Some("response_format"),
+        )),
+        None => Err(ApiError::invalid("response_format must be an object with a type", Some("response_format"))),
+    }
+}
+
 /// Chat: `logprobs` (bool) and `top_logprobs` (0..=20, needs logprobs).
 fn chat_logprobs(p: &Params) -> Result<Option<usize>, ApiError> {
     let on = match &p.logprobs {
@@ -276,6 +298,7 @@ async fn prepare(
     if p.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
     }
+    check_response_format(p.response_format.as_ref())?;
     let stop = match p.stop {
         None => Vec::new(),
         Some(StopField::One(s)) => vec![s],

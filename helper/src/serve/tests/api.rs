@@ -72,8 +72,12 @@ fn models_and_non_streamed_completions() {
     // Same seed and settings, same answer (content parts give the same prompt).
     let again = json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}], "max_tokens": 5, "temperature": 0, "seed": 1});
     assert_eq!(s.post("/v1/chat/completions", &again.to_string()).json()["choices"], v["choices"]);
+    // response_format text is plain text: the same answer.
+    let mut text = again.clone();
+    text["response_format"] = json!({"type": "text"});
+    assert_eq!(s.post("/v1/chat/completions", &text.to_string()).json()["choices"], v["choices"]);
     let h = s.health();
-    assert_eq!(h["generations"]["finished"], 3);
+    assert_eq!(h["generations"]["finished"], 4);
     assert_eq!(h["generations"]["active"], 0);
 }
 
@@ -176,6 +180,24 @@ fn bad_requests_get_openai_errors() {
             json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(),
             400,
             None,
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "response_format": "json"}).to_string(),
+            400,
+            Some("response_format"),
         ),
         ("/v1/completions", json!({"model": MODEL}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"model": MODEL, "prompt": [1, 99999]}).to_string(), 400, Some("prompt")),
