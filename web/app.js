@@ -8,7 +8,10 @@ import * as store from "./store.js";
 
 const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
-const START_HINT = "coli serve";
+// The command that starts a helper where this page expects it (7878 is coli's default port).
+const PORT = location.port || (location.protocol === "https:" ? "443" : "80");
+const PORT_FLAG = PORT === "7878" ? "" : ` --port ${PORT}`;
+const START_HINT = `coli serve${PORT_FLAG}`;
 
 const state = {
   models: [], // /api/models entries
@@ -89,7 +92,7 @@ function helperDownNotice() {
   notice("helper", "error", [
     h("strong", {}, "The colibri helper is not reachable "), `at ${HELPER}. `,
     "It serves the model files to this page. Start it in a terminal with ", code(START_HINT),
-    " (from a source checkout: ", code("./tools/start.sh"), "), then retry.",
+    " (from a source checkout: ", code(`./tools/start.sh${PORT_FLAG}`), "), then retry.",
   ], [h("button", { class: "btn small-btn", type: "button", onclick: () => start() }, "Retry now")]);
 }
 
@@ -178,19 +181,32 @@ async function loadModel(id) {
   renderModelPicker();
   dismiss("load");
   state.modelSize = (state.models.find((m) => m.id === id) || {}).size || 0;
+  state.examples = [];
+  renderExamples();
   const bar = $("progress-bar");
   $("progress").hidden = false;
   bar.removeAttribute("value"); // indeterminate until the first byte counts come
   $("progress-text").textContent = `Starting the engine for ${id}…`;
   $("progress-eta").textContent = "";
   const t0 = performance.now();
+  $("progress").dataset.phase = "starting";
   const onProgress = ({ phase, loaded, total }) => {
     if (phase === "ready") return;
+    $("progress").dataset.phase = phase;
+    if (phase === "gpu") {
+      // `auto` times one decode step on each backend; no bytes move meanwhile.
+      bar.removeAttribute("value");
+      $("progress-text").textContent = navigator.gpu && new URLSearchParams(location.search).get("backend") !== "webgpu"
+        ? `${id}: measuring WebGPU vs CPU (one step on each, to keep the faster)…`
+        : `${id}: starting WebGPU…`;
+      $("progress-eta").textContent = "";
+      return;
+    }
     const secs = (performance.now() - t0) / 1000;
     const rate = loaded / Math.max(secs, 1e-3);
     bar.max = total || 1;
     bar.value = loaded;
-    $("progress-text").textContent = `Loading ${id}: ${formatBytes(loaded)} of ${formatBytes(total)}`;
+    $("progress-text").textContent = `${id}: fetching weights, ${formatBytes(loaded)} of ${formatBytes(total)}`;
     $("progress-eta").textContent = loaded > 0 && loaded < total ? formatSeconds((total - loaded) / rate) : "";
   };
   try {
@@ -213,6 +229,7 @@ async function loadModel(id) {
     engine.expertTiers().then((tiers) => brain.route({ counts: [], tiers }), () => {});
     renderLegend();
     renderStats(engine.stats());
+    loadExamples(id);
     document.body.dataset.state = "ready";
     $("backend").textContent = backendLabel(engine.stats().backend);
     $("backend").title = backendTitle(engine.stats());
@@ -376,12 +393,13 @@ function renderStats(s) {
   $("stat-ttft").textContent = s.ttftMs != null ? `${Math.round(s.ttftMs)} ms` : "—";
   $("stat-bytes").textContent = formatBytes(s.bytesFetched ?? NaN);
   $("stat-recall").textContent = typeof s.prefetchRecall === "number" ? `${(100 * s.prefetchRecall).toFixed(0)}%` : "—";
+  // Each expert use is counted once, by the tier that served it, so the shares add up to 100%.
   const tiers = s.tiers || {};
-  const total = s.expertLoads || Object.values(tiers).reduce((a, b) => a + (b || 0), 0);
+  const total = ["gpu", "ram", "disk", "helper"].reduce((a, t) => a + (tiers[t] || 0), 0);
   const rows = ["gpu", "ram", "disk", "helper"].map((t) => {
     const n = tiers[t] || 0;
     const pct = total ? (100 * n) / total : 0;
-    return h("div", { class: "tier-row", "data-tier": t, title: `${n} of ${total} expert loads` },
+    return h("div", { class: "tier-row", "data-tier": t, "data-count": n, title: `${n} of ${total} expert uses` },
       h("span", {}, h("span", { class: "swatch", style: `background:${TIER_COLORS[t]}` }), TIER_LABELS[t]),
       h("div", { class: "tier-bar" }, h("span", { style: `width:${pct.toFixed(1)}%;background:${TIER_COLORS[t]}` })),
       h("span", { class: "pct" }, total ? `${pct.toFixed(0)}%` : "—"));
@@ -402,11 +420,78 @@ function renderConversations() {
   list.replaceChildren();
   for (const c of store.listConversations()) {
     const active = state.conv && c.id === state.conv.id;
-    list.append(h("li", { class: active ? "active" : "", "data-id": c.id },
+    const item = h("li", { class: active ? "active" : "", "data-id": c.id });
+    item.append(
       h("button", { class: "open", type: "button", "aria-current": active ? "true" : false, onclick: () => openConversation(c.id) },
         h("span", {}, c.title), h("small", {}, `${c.model || ""} · ${new Date(c.updated).toLocaleString()}`)),
-      h("button", { class: "link-btn del", type: "button", "aria-label": `Delete conversation ${c.title}`, onclick: () => removeConversation(c.id) }, "✕")));
+      h("button", { class: "link-btn ren", type: "button", "aria-label": `Rename conversation ${c.title}`, title: "Rename", onclick: () => startRename(item, c) }, "✎"),
+      h("button", { class: "link-btn del", type: "button", "aria-label": `Delete conversation ${c.title}`, onclick: () => removeConversation(c.id) }, "✕"));
+    list.append(item);
   }
+  $("export").hidden = !state.conv?.messages.length;
+}
+
+function startRename(item, c) {
+  const box = h("input", { class: "rename-box", type: "text", "aria-label": "Conversation name", maxlength: 120 });
+  box.value = c.customTitle || c.title;
+  let done = false;
+  const finish = (save) => {
+    if (done) return;
+    done = true;
+    if (save) {
+      const conv = state.conv?.id === c.id ? state.conv : c;
+      if (!store.renameConversation(conv, box.value)) notice("save", "warn", ["This browser refused to save the conversation (storage full or disabled)."]);
+    }
+    renderConversations();
+  };
+  box.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") {
+      e.preventDefault();
+      finish(true);
+    } else if (e.key === "Escape") {
+      e.stopPropagation();
+      finish(false);
+    }
+  });
+  box.addEventListener("blur", () => finish(true));
+  item.replaceChildren(box);
+  box.focus();
+  box.select();
+}
+
+/** Downloads the open conversation as `kind` ("json" | "md"). */
+function exportConversation(kind) {
+  const conv = state.conv;
+  if (!conv?.messages.length) return;
+  const text = kind === "json" ? store.conversationJson(conv) : store.conversationMarkdown(conv);
+  const type = kind === "json" ? "application/json" : "text/markdown";
+  const name = `${(conv.title || "chat").replace(/[^\p{L}\p{N}]+/gu, "-").replace(/^-+|-+$/g, "").slice(0, 60) || "chat"}.${kind}`;
+  const url = URL.createObjectURL(new Blob([text], { type: `${type};charset=utf-8` }));
+  const a = h("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+// ---------------------------------------------------------------- theme
+
+const THEMES = ["system", "light", "dark"];
+function applyTheme() {
+  const t = THEMES.includes(state.settings.theme) ? state.settings.theme : "system";
+  if (t === "system") delete document.documentElement.dataset.theme;
+  else document.documentElement.dataset.theme = t;
+  const b = $("theme");
+  b.textContent = { system: "◐ Auto", light: "☀ Light", dark: "☾ Dark" }[t];
+  b.title = t === "system" ? "Theme: as the system (click for light)" : `Theme: ${t} (click for ${t === "light" ? "dark" : "the system's"})`;
+  b.setAttribute("aria-label", `Theme: ${t === "system" ? "as the system" : t}. Change theme`);
+}
+
+function cycleTheme() {
+  const t = THEMES.includes(state.settings.theme) ? state.settings.theme : "system";
+  state.settings.theme = THEMES[(THEMES.indexOf(t) + 1) % THEMES.length];
+  store.saveSettings(state.settings);
+  applyTheme();
 }
 
 function openConversation(id) {
@@ -447,6 +532,39 @@ function persist(conv) {
 function refocusPrompt() {
   const a = document.activeElement;
   if (!a || a === document.body || a.id === "prompt" || a.id === "stop" || a.id === "send" || a.closest?.(".msg")) $("prompt").focus();
+}
+
+// ---------------------------------------------------------------- example prompts
+
+// A model directory may hold examples.json, {"prompts": ["...", ...]}: questions the model
+// answers well, offered on an empty chat (models/demo ships one).
+const MAX_EXAMPLES = 8;
+async function loadExamples(id) {
+  let prompts = [];
+  try {
+    const r = await fetch(`${HELPER}/models/${encodeURIComponent(id)}/examples.json`, { cache: "no-store" });
+    if (r.ok) {
+      const body = await r.json();
+      const list = Array.isArray(body) ? body : body?.prompts;
+      if (Array.isArray(list)) prompts = list.filter((p) => typeof p === "string" && p.trim()).slice(0, MAX_EXAMPLES);
+    }
+  } catch (_) {}
+  if (state.modelId !== id) return;
+  state.examples = prompts;
+  renderExamples();
+}
+
+function renderExamples() {
+  const box = $("examples");
+  box.replaceChildren(...(state.examples || []).map((p) =>
+    h("button", { class: "example", type: "button", onclick: () => useExample(p) }, p)));
+  box.hidden = !box.childElementCount;
+}
+
+function useExample(text) {
+  if (state.busy || !state.engine) return;
+  $("prompt").value = text;
+  send();
 }
 
 // ---------------------------------------------------------------- messages
@@ -699,6 +817,9 @@ function bindUi() {
     } else closeDrawers();
   });
   $("new-chat").addEventListener("click", newChat);
+  $("export-json").addEventListener("click", () => exportConversation("json"));
+  $("export-md").addEventListener("click", () => exportConversation("md"));
+  $("theme").addEventListener("click", cycleTheme);
   $("model").addEventListener("change", (e) => loadModel(e.target.value));
   $("clear-cache").addEventListener("click", clearModelCache);
   $("toggle-sidebar").addEventListener("click", () => toggleDrawer("sidebar"));
@@ -713,7 +834,9 @@ function bindUi() {
 
 bindSettings();
 bindUi();
+applyTheme();
 webgpuNotice();
+await store.open({ onError: (e) => notice("save", "warn", [`This browser refused to save the conversation (${e?.name || "storage full or disabled"}).`]) });
 state.conv = store.getConversation(store.activeId()) || store.newConversation(null);
 renderConversations();
 renderMessages();

@@ -5,7 +5,7 @@
 //   await engine.generate({ ids: [5, 17, 3], maxNewTokens: 16, temperature: 0 }); // {ids, text}
 //   await engine.logits({ ids: [5, 17, 3] });                                        // Float32Array
 //   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
-//   engine.stats(); // {backend, threads, threadsReason, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper}, bytesFetched, ...}
+//   engine.stats(); // {backend, threads, threadsReason, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper} (expert uses by the tier that served them), bytesFetched, ...}
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
 //   engine.addEventListener("stats", (e) => e.detail);         // fresh stats after every token
 //   await engine.expertTiers();  // Uint8Array [layers * experts]: 0 helper, 1 disk, 2 RAM, 3 GPU

@@ -1,7 +1,11 @@
-// store.js — conversations and settings kept in this browser (localStorage).
+// store.js — conversations and settings kept in this browser: conversations in IndexedDB
+// (database "colibri-app", one record per conversation; localStorage where IndexedDB is
+// unavailable), settings and the open conversation's id in localStorage.
 //
-// A conversation: {id, title, model, created, updated, messages: [{role, content, stopped?}]}.
+// A conversation: {id, title, customTitle?, model, created, updated, messages: [{role, content, stopped?}]}.
 // Everything stays on this machine; nothing is sent anywhere but to the local engine.
+// `await open()` once before the rest: it reads every conversation into memory, so the
+// functions below answer synchronously and write through to IndexedDB.
 
 const CONVERSATIONS = "colibri.conversations.v1";
 const SETTINGS = "colibri.settings.v1";
@@ -14,6 +18,7 @@ export const DEFAULT_SETTINGS = Object.freeze({
   topP: "",
   maxTokens: 256,
   seed: "", // empty: a new random seed for every answer
+  theme: "system", // "system" | "light" | "dark"
 });
 
 function read(key, fallback) {
@@ -43,14 +48,79 @@ export function saveSettings(s) {
   return write(SETTINGS, s);
 }
 
+const DB_NAME = "colibri-app";
+const DB_STORE = "conversations";
+const cache = new Map(); // id -> conversation
+let db = null; // IDBDatabase, or null: localStorage
+let onWriteError = () => {};
+
+const valid = (c) => c && typeof c.id === "string" && Array.isArray(c.messages);
+
+function request(r) {
+  return new Promise((ok, bad) => {
+    r.onsuccess = () => ok(r.result);
+    r.onerror = () => bad(r.error);
+  });
+}
+
+/** Opens the conversation store; `onError(e)` hears of writes the browser refused later. */
+export async function open({ onError } = {}) {
+  if (onError) onWriteError = onError;
+  cache.clear();
+  try {
+    const r = indexedDB.open(DB_NAME, 1);
+    r.onupgradeneeded = () => r.result.createObjectStore(DB_STORE, { keyPath: "id" });
+    db = await request(r);
+    for (const c of await request(db.transaction(DB_STORE).objectStore(DB_STORE).getAll())) if (valid(c)) cache.set(c.id, c);
+  } catch (_) {
+    db = null;
+  }
+  // Conversations of the localStorage era (or of a browser without IndexedDB).
+  const old = read(CONVERSATIONS, null);
+  if (Array.isArray(old)) {
+    const added = old.filter((c) => valid(c) && !cache.has(c.id));
+    for (const c of added) cache.set(c.id, c);
+    if (db && (await Promise.all(added.map(put))).every(Boolean)) localStorage.removeItem(CONVERSATIONS);
+  }
+}
+
+/** Writes one conversation to IndexedDB (a promise of success), or, without IndexedDB,
+ * all of them to localStorage (success at once). */
+function put(conv) {
+  if (!db) return write(CONVERSATIONS, [...cache.values()]);
+  return new Promise((ok) => {
+    try {
+      const t = db.transaction(DB_STORE, "readwrite");
+      t.objectStore(DB_STORE).put(structuredClone(conv));
+      t.oncomplete = () => ok(true);
+      t.onerror = t.onabort = () => {
+        onWriteError(t.error);
+        ok(false);
+      };
+    } catch (e) {
+      onWriteError(e);
+      ok(false);
+    }
+  });
+}
+
+function remove(id) {
+  if (!db) return write(CONVERSATIONS, [...cache.values()]);
+  try {
+    db.transaction(DB_STORE, "readwrite").objectStore(DB_STORE).delete(id);
+  } catch (e) {
+    onWriteError(e);
+  }
+  return true;
+}
+
 /** All conversations, most recently updated first. */
 export function listConversations() {
-  const all = read(CONVERSATIONS, []);
-  return (Array.isArray(all) ? all : []).filter((c) => c && c.id && Array.isArray(c.messages)).sort((a, b) => b.updated - a.updated);
+  return [...cache.values()].sort((a, b) => b.updated - a.updated);
 }
 
 export function getConversation(id) {
-  return listConversations().find((c) => c.id === id) || null;
+  return cache.get(id) || null;
 }
 
 export function newConversation(model) {
@@ -66,16 +136,47 @@ export function titleOf(conv) {
   return t.length > 48 ? `${t.slice(0, 47)}…` : t || "New chat";
 }
 
+/** Stores `conv`. False when the browser refused at once; a refusal that comes later
+ * goes to open()'s onError. */
 export function saveConversation(conv) {
   conv.updated = Date.now();
-  conv.title = titleOf(conv);
-  const all = listConversations().filter((c) => c.id !== conv.id);
-  all.unshift(conv);
-  return write(CONVERSATIONS, all);
+  conv.title = conv.customTitle || titleOf(conv);
+  cache.set(conv.id, conv);
+  return put(conv) !== false;
+}
+
+/** Gives `conv` a title of the user's own (empty: back to the first message's). */
+export function renameConversation(conv, title) {
+  const t = title.replace(/\s+/g, " ").trim().slice(0, 120);
+  if (t) conv.customTitle = t;
+  else delete conv.customTitle;
+  conv.title = conv.customTitle || titleOf(conv);
+  cache.set(conv.id, conv);
+  return put(conv) !== false;
+}
+
+/** The conversation as Markdown: a title, then each turn under who said it. */
+export function conversationMarkdown(conv) {
+  const who = { user: "You", assistant: "colibri", system: "System" };
+  const when = new Date(conv.created || Date.now()).toISOString().replace("T", " ").slice(0, 16);
+  const out = [`# ${conv.title || titleOf(conv)}`, "", `*${conv.model || "no model"} · ${when} UTC*`, ""];
+  for (const m of conv.messages) {
+    out.push(`**${who[m.role] || m.role}:**`, "", m.content || "", "");
+    if (m.stopped) out.push("*(stopped)*", "");
+  }
+  return `${out.join("\n").trimEnd()}\n`;
+}
+
+/** The conversation as JSON (the stored object, messages in OpenAI's {role, content} shape). */
+export function conversationJson(conv) {
+  const { id, title, model, created, updated } = conv;
+  const messages = conv.messages.map(({ role, content, ...rest }) => ({ role, content, ...rest }));
+  return `${JSON.stringify({ id, title, model, created, updated, messages }, null, 2)}\n`;
 }
 
 export function deleteConversation(id) {
-  write(CONVERSATIONS, listConversations().filter((c) => c.id !== id));
+  cache.delete(id);
+  remove(id);
   if (activeId() === id) setActiveId(null);
 }
 

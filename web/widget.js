@@ -6,11 +6,20 @@
 // Attributes: model (default "demo"), helper (the helper's URL; default: where this script
 // came from), placeholder, theme ("light" | "dark"; default: the system's), system (a
 // system prompt). A page of another origin must be allowed by the helper:
-// `coli serve --allow-origin https://your.site` (see docs/widget.md).
+// `coli serve --allow-origin https://your.site` (see docs/widget.md). The helper serves
+// this file and markdown.js to every origin, so that on a page it refuses the widget can
+// say which flag to add; a copy of both files on the page's own site can also say that
+// the helper is not running.
 // Events (bubbling, composed): "colibri-ready" {model}, "colibri-error" {message}.
 // Nothing of the model's text is parsed as HTML (markdown.js builds text nodes).
 
 const SCRIPT_ORIGIN = new URL(import.meta.url).origin;
+const DEFAULT_PORT = "7878";
+
+// Markdown from the file next to this one; plain text if it cannot be loaded.
+const markdown = import(new URL("./markdown.js", import.meta.url).href).catch(() => ({
+  renderMarkdown: (text) => document.createTextNode(text),
+}));
 
 const STYLE = `
 :host { display: block; height: 480px; min-height: 240px; --bg: #fff; --fg: #1c1d1f; --muted: #6a6e74; --border: #dcdcd8;
@@ -27,7 +36,10 @@ const STYLE = `
 .box { height: 100%; display: flex; flex-direction: column; background: var(--bg); border: 1px solid var(--border); border-radius: 12px; overflow: hidden; }
 .head { display: flex; align-items: center; gap: 0.5rem; padding: 0.45rem 0.75rem; border-bottom: 1px solid var(--border); font-weight: 600; }
 .dot { width: 10px; height: 10px; border-radius: 50%; background: var(--accent); }
+:host([data-state="error"]) .dot { background: var(--err); }
 .status { margin-left: auto; font-weight: 400; font-size: 0.78rem; color: var(--muted); }
+button.new { font: inherit; font-size: 0.78rem; font-weight: 400; color: var(--fg); background: transparent; border: 1px solid var(--border); border-radius: 6px; padding: 0.1rem 0.5rem; cursor: pointer; }
+.error button { font: inherit; font-size: 0.8rem; margin-top: 0.4rem; border: 1px solid var(--err); background: transparent; color: var(--fg); border-radius: 6px; padding: 0.1rem 0.6rem; cursor: pointer; }
 progress { width: 100%; height: 4px; display: block; accent-color: var(--accent); border: 0; }
 .log { flex: 1; overflow-y: auto; padding: 0.7rem; }
 .msg { margin-bottom: 0.6rem; display: flex; flex-direction: column; }
@@ -63,7 +75,7 @@ function h(tag, props = {}, ...kids) {
     else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
     else e.setAttribute(k, String(v));
   }
-  for (const kid of kids.flat()) if (kid != null) e.append(kid instanceof Node ? kid : String(kid));
+  for (const kid of kids.flat(Infinity)) if (kid != null) e.append(kid instanceof Node ? kid : String(kid));
   return e;
 }
 
@@ -123,11 +135,14 @@ export class ColibriChat extends HTMLElement {
     const form = h("form", {}, input, button);
     const status = h("span", { class: "status", role: "status" }, "");
     const title = h("span", {}, "colibri");
+    const fresh = h("button", { class: "new", type: "button", part: "new-chat", "aria-label": "Start a new chat", title: "Start a new chat (the model forgets this conversation)" }, "New chat");
+    fresh.disabled = true;
+    fresh.addEventListener("click", () => this.newChat());
     const progress = h("progress", { max: "1", "aria-label": "Model loading progress" });
     const log = h("div", { class: "log", role: "log", "aria-live": "polite", "aria-label": "Messages" });
     const errors = h("div", {});
     root.append(h("style", {}, STYLE), h("div", { class: "box", part: "box" },
-      h("div", { class: "head", part: "header" }, h("span", { class: "dot", "aria-hidden": "true" }), title, status), progress, errors, log, form));
+      h("div", { class: "head", part: "header" }, h("span", { class: "dot", "aria-hidden": "true" }), title, status, fresh), progress, errors, log, form));
     form.addEventListener("submit", (e) => {
       e.preventDefault();
       if (this.#controller) this.#controller.abort();
@@ -145,7 +160,15 @@ export class ColibriChat extends HTMLElement {
       input.style.height = "auto";
       input.style.height = `${input.scrollHeight + 2}px`;
     });
-    this.#ui = { input, button, status, title, progress, log, errors };
+    this.#ui = { input, button, fresh, status, title, progress, log, errors };
+  }
+
+  /** Forgets the conversation (stopping an answer in progress) and empties the box. */
+  newChat() {
+    this.#controller?.abort();
+    this.#messages = [];
+    this.#ui?.log.replaceChildren();
+    this.#ui?.input.focus();
   }
 
   #setState(s, text) {
@@ -158,13 +181,16 @@ export class ColibriChat extends HTMLElement {
     this.#ui.button.classList.toggle("stop", s === "generating");
     this.#ui.button.setAttribute("aria-label", s === "generating" ? "Stop generating" : "Send message");
     this.#ui.progress.hidden = s !== "loading";
+    this.#ui.fresh.disabled = !ready;
   }
 
-  #fail(parts) {
+  #fail(parts, retry = false) {
     this.#setState("error", "unavailable");
-    const box = h("div", { class: "error", role: "alert" }, parts);
+    const box = h("div", { class: "error", role: "alert" }, h("div", {}, parts));
+    const message = box.textContent;
+    if (retry) box.append(h("button", { type: "button", onclick: () => this.#start() }, "Try again"));
     this.#ui.errors.replaceChildren(box);
-    this.dispatchEvent(new CustomEvent("colibri-error", { bubbles: true, composed: true, detail: { message: box.textContent } }));
+    this.dispatchEvent(new CustomEvent("colibri-error", { bubbles: true, composed: true, detail: { message } }));
   }
 
   async #start() {
@@ -175,19 +201,37 @@ export class ColibriChat extends HTMLElement {
     this.#ui.title.textContent = `colibri · ${model}`;
     this.#ui.progress.removeAttribute("value");
     this.#setState("loading", "connecting…");
-    let api;
+    // The model list is behind the helper's origin allowlist: reading it proves that the
+    // helper runs and allows this page, before anything heavier is fetched.
+    let models;
     try {
-      [api, this.#markdown] = await Promise.all([import(`${helper}/colibri.js`), import(`${helper}/markdown.js`)]);
+      const r = await fetch(`${helper}/api/models`, { cache: "no-store" });
+      if (!r.ok) throw new Error(`HTTP ${r.status}`);
+      const body = await r.json();
+      models = (Array.isArray(body?.data) ? body.data : []).map((m) => m.id);
     } catch (_) {
       if (gen === this.#generation) await this.#explainUnreachable(helper);
       return;
     }
+    if (gen !== this.#generation) return;
+    if (!models.includes(model)) {
+      this.#fail([`The colibri helper at ${helper} has no model "${model}". `,
+        models.length ? ["It serves: ", models.join(", "), "."] : "It serves no models yet."]);
+      return;
+    }
     try {
-      const onProgress = ({ loaded, total }) => {
-        if (gen !== this.#generation || !total) return;
-        this.#ui.progress.max = total;
-        this.#ui.progress.value = loaded;
-        this.#setState("loading", `loading ${Math.round((100 * loaded) / total)}%`);
+      const [api, md] = await Promise.all([import(`${helper}/colibri.js`), markdown]);
+      this.#markdown = md;
+      const onProgress = ({ phase, loaded, total }) => {
+        if (gen !== this.#generation) return;
+        if (phase === "gpu") {
+          this.#ui.progress.removeAttribute("value");
+          this.#setState("loading", "measuring WebGPU vs CPU…");
+        } else if (total) {
+          this.#ui.progress.max = total;
+          this.#ui.progress.value = loaded;
+          this.#setState("loading", `fetching weights ${Math.round((100 * loaded) / total)}%`);
+        }
       };
       const engine = await api.load({ model, helper, onProgress });
       if (gen !== this.#generation) return engine.terminate();
@@ -196,20 +240,24 @@ export class ColibriChat extends HTMLElement {
       this.dispatchEvent(new CustomEvent("colibri-ready", { bubbles: true, composed: true, detail: { model } }));
     } catch (e) {
       if (gen !== this.#generation) return;
-      this.#fail([`Could not load the model "${model}" from ${helper}: ${e.message || e}`]);
+      this.#fail([`Could not load the model "${model}" from ${helper}: ${e.message || e}`], true);
     }
   }
 
-  // The import failed: either nothing answers at `helper`, or the helper refused this
-  // page's origin. A no-cors request tells them apart (it carries no Origin, so a running
-  // helper answers it, opaquely).
+  // The model list could not be read: either nothing answers at `helper`, or the helper
+  // refused this page's origin. A no-cors request tells them apart (it carries no Origin,
+  // so a running helper answers it, opaquely).
   async #explainUnreachable(helper) {
     const origin = location.origin;
     const running = await fetch(`${helper}/health`, { mode: "no-cors", cache: "no-store" }).then(() => true, () => false);
-    const cmd = h("code", {}, `coli serve --allow-origin ${origin}`);
+    const url = new URL(helper);
+    const port = url.port && url.port !== DEFAULT_PORT ? ` --port ${url.port}` : "";
+    const cmd = h("code", {}, `coli serve${port} --allow-origin ${origin}`);
     this.#fail(running
-      ? ["The colibri helper at ", helper, " does not allow this page's origin (", origin, "). Restart it with ", cmd, "."]
-      : ["The colibri helper is not reachable at ", helper, ". Start it with ", cmd, "."]);
+      ? ["This site is not allowed: start coli with ", h("code", {}, `--allow-origin ${origin}`), ". The colibri helper at ", helper,
+        " refuses pages of ", origin, "; stop it and start it again with ", cmd, "."]
+      : ["The colibri helper is not running at ", helper, ". Start it with ", cmd,
+        " (from a source checkout: ", h("code", {}, `./tools/start.sh${port} --allow-origin ${origin}`), "), then try again."], true);
   }
 
   async #send() {
@@ -217,7 +265,8 @@ export class ColibriChat extends HTMLElement {
     if (!text || !this.#engine || this.#controller) return;
     this.#ui.input.value = "";
     this.#ui.input.style.height = "auto";
-    this.#messages.push({ role: "user", content: text });
+    const conversation = this.#messages; // "New chat" replaces it; this answer stays with it
+    conversation.push({ role: "user", content: text });
     this.#append("user", text);
     const reply = { role: "assistant", content: "" };
     const view = this.#append("assistant", "");
@@ -227,7 +276,7 @@ export class ColibriChat extends HTMLElement {
     const messages = [];
     const system = this.getAttribute("system");
     if (system) messages.push({ role: "system", content: system });
-    messages.push(...this.#messages);
+    messages.push(...conversation);
     let frame = 0;
     const paint = () => {
       frame = 0;
@@ -247,7 +296,7 @@ export class ColibriChat extends HTMLElement {
       view.meta.textContent = `error: ${e.message || e}`;
     }
     if (controller.signal.aborted) view.meta.textContent = "stopped";
-    this.#messages.push(reply);
+    conversation.push(reply);
     paint();
     this.#controller = null;
     if (this.#engine) this.#setState("ready", "");

@@ -179,3 +179,77 @@ fn serve_records_native_expert_use_in_the_usage_file() {
     child.wait().unwrap();
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// Copies the files of `src` (one level) into `dst`.
+fn copy_model(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        if e.path().is_file() {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn doctor_checks_the_machine_and_takes_model_ids() {
+    let data = scratch("doctor");
+    let home = data.join("models");
+    copy_model(&fixture("qwen3_moe"), &home.join("tiny"));
+    let doctor = |args: &[&str]| {
+        let out = coli().arg("doctor").args(args).env("COLI_HOME", &home).env("RUST_LOG", "warn").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success(), text, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let mut child = coli()
+        .args(["serve", "--port", "0"])
+        .env("COLI_HOME", &home)
+        .env("XDG_DATA_HOME", &data)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let port = first.rsplit(':').next().unwrap().to_string();
+
+    // An installed model by its id, as every other command takes it; `info` too.
+    let (ok, text, err) = doctor(&["tiny", "--port", &port]);
+    assert!(ok, "{text}{err}");
+    let line = |what: &str| {
+        text.lines()
+            .find(|l| l.get(6..).is_some_and(|r| r.starts_with(what)))
+            .unwrap_or_else(|| panic!("no {what}: {text}"))
+    };
+    assert!(line("model id").ends_with(&home.join("tiny").display().to_string()), "{text}");
+    assert!(
+        line("helper").starts_with("ok") && line("helper").contains(&format!("answers at http://127.0.0.1:{port}")),
+        "{text}"
+    );
+    assert!(
+        line("models").starts_with("ok") && line("models").contains("1 installed") && line("models").contains("tiny"),
+        "{text}"
+    );
+    assert!(line("disk").starts_with("ok") && line("disk").contains("free at"), "{text}");
+    // Built with or without the browser engine / a Vulkan driver: either way it says which.
+    assert!(line("web engine").contains("built in") || line("web engine").contains("tools/build-web.sh"), "{text}");
+    assert!(line("vulkan").contains("--backend wgpu"), "{text}");
+    let info = coli().args(["info", "tiny", "--json"]).env("COLI_HOME", &home).output().unwrap();
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    // No helper on that port any more: a warning with the command that starts one there.
+    let (ok, text, _) = doctor(&["--port", &port]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!("none on http://127.0.0.1:{port}: start one with `coli serve --port {port}`")),
+        "{text}"
+    );
+    // An id that is not installed: one clear failure.
+    let (ok, text, _) = doctor(&["no-such-model", "--port", &port]);
+    assert!(!ok && text.contains("FAIL  model id"), "{text}");
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -6,7 +6,7 @@
 // from disk, for working on the page without rebuilding `coli`.
 import { test, before, after, afterEach } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ROOT, coli, convertedFixture, freePort, startHelper, launchBrowser, ARTIFACTS } from "./harness.mjs";
 import { startPageServer, startWebFront } from "./servers.mjs";
@@ -15,11 +15,24 @@ const LONG = "olmoe"; // 4096-token context: room for long answers
 const GRID = "qwen3_moe"; // 32 experts x 2 layers: a busier Brain view
 let fx, helper, front, base, browser, allowed, denied;
 
+// docs/widget.md's snippet, fallback text included (shown only while the element is not
+// defined, i.e. when widget.js could not be loaded at all).
+const FALLBACK = "The chat needs the colibri helper on your computer";
 const widgetPage = (src, attrs = "") => `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>a site that embeds colibri</title>
 <style>body{font-family:system-ui,sans-serif;max-width:42rem;margin:2rem auto;padding:0 1rem;background:#f4f1ea} colibri-chat{height:420px}</style>
 <script type="module" src="${src}"></script></head>
 <body><h1>My page</h1><p>This page is served from another origin and embeds the colibri widget.</p>
-<colibri-chat ${attrs}></colibri-chat></body></html>`;
+<colibri-chat ${attrs}>${FALLBACK}: see <a href="https://example.invalid/colibri">how to start it</a>.</colibri-chat></body></html>`;
+
+// Whether the element's own (light DOM) content is rendered: boxes of its text on screen.
+const fallbackShown = (page) => page.evaluate(() => {
+  const range = document.createRange();
+  range.selectNodeContents(document.querySelector("colibri-chat"));
+  return [...range.getClientRects()].some((r) => r.width > 0 && r.height > 0);
+});
+
+const widgetState = (page, state, timeout = 60_000) =>
+  page.waitForFunction((s) => document.querySelector("colibri-chat")?.dataset.state === s, state, { timeout });
 
 before(async () => {
   mkdirSync(ARTIFACTS, { recursive: true });
@@ -243,60 +256,190 @@ test("model text with HTML is shown as text, never run", async () => {
   await page.close();
 });
 
-test("the widget answers on a page of an allowed origin", async () => {
+test("the widget answers on a page of an allowed origin; New chat forgets the conversation", async () => {
   allowed.setPage("/", widgetPage(`${base}/widget.js`, `model="${GRID}" placeholder="Ask the widget" theme="dark"`));
-  allowed.setPage("/down", widgetPage(`${base}/widget.js`, `model="${GRID}" helper="http://127.0.0.1:${await freePort()}"`));
   const page = await newPage();
   const problems = [];
   page.on("pageerror", (e) => problems.push(String(e)));
+  // Records the conversations the widget hands its engine's worker (what the model sees).
+  await page.addInitScript(() => {
+    window.__prompts = [];
+    const post = Worker.prototype.postMessage;
+    Worker.prototype.postMessage = function (m, ...rest) {
+      if (m?.op === "chatPrompt") window.__prompts.push(m.args.messages.map((x) => x.content));
+      return post.call(this, m, ...rest);
+    };
+  });
   await page.setViewportSize({ width: 900, height: 760 });
   await page.goto(`${allowed.url}/`);
-  await page.waitForFunction(() => document.querySelector("colibri-chat")?.dataset.state === "ready", null, { timeout: 120_000 });
+  await widgetState(page, "ready", 120_000);
   assert.equal(await page.getAttribute("colibri-chat textarea", "placeholder"), "Ask the widget");
+  assert.equal(await fallbackShown(page), false, "the fallback text hides once the widget runs");
+  const answered = (n) => page.waitForFunction((n) => {
+    const w = document.querySelector("colibri-chat");
+    const a = w.shadowRoot.querySelectorAll('.msg[data-role="assistant"] .bubble');
+    return w.dataset.state === "ready" && a.length === n && a[n - 1].textContent.length > 0;
+  }, n, { timeout: 120_000 });
   await page.fill("colibri-chat textarea", "Hello from another site");
   await page.press("colibri-chat textarea", "Enter");
-  await page.waitForFunction(() => {
-    const w = document.querySelector("colibri-chat");
-    const a = w.shadowRoot.querySelector('.msg[data-role="assistant"] .bubble');
-    return w.dataset.state === "ready" && a && a.textContent.length > 0;
-  }, null, { timeout: 120_000 });
+  await answered(1);
   await page.screenshot({ path: join(ARTIFACTS, "app-widget.png") });
-  assert.deepEqual(problems, []);
 
-  // A helper that is not running: the widget says how to start it.
-  await page.goto(`${allowed.url}/down`);
-  await page.waitForFunction(() => document.querySelector("colibri-chat")?.dataset.state === "error", null, { timeout: 60_000 });
-  const msg = await page.textContent("colibri-chat .error");
-  assert.match(msg, /not reachable/);
-  assert.ok(msg.includes(`coli serve --allow-origin ${allowed.origin}`), msg);
+  // New chat: the box empties, and the next question is sent without the old turns.
+  await page.click("colibri-chat button.new");
+  assert.equal(await page.evaluate(() => document.querySelector("colibri-chat").shadowRoot.querySelectorAll(".msg").length), 0);
+  await page.fill("colibri-chat textarea", "A second question");
+  await page.press("colibri-chat textarea", "Enter");
+  await answered(1);
+  const roles = await page.evaluate(() => [...document.querySelector("colibri-chat").shadowRoot.querySelectorAll(".msg")].map((m) => m.dataset.role));
+  assert.deepEqual(roles, ["user", "assistant"]);
+  assert.deepEqual(await page.evaluate(() => window.__prompts), [["Hello from another site"], ["A second question"]]);
+  assert.deepEqual(problems, []);
   await page.close();
 });
 
-test("a page of an origin that is not allowed is refused", async (t) => {
+test("the widget says when the helper is not running, with the command that starts it", async () => {
+  const deadPort = await freePort();
+  const dead = `http://127.0.0.1:${deadPort}`;
+  // The site hosts its own copy of the widget (docs/widget.md), so it runs without the helper.
+  allowed.setPage("/widget.js", readFileSync(join(ROOT, "web/widget.js")), "text/javascript");
+  allowed.setPage("/markdown.js", readFileSync(join(ROOT, "web/markdown.js")), "text/javascript");
+  allowed.setPage("/down", widgetPage("/widget.js", `model="${GRID}" helper="${dead}"`));
+  // The snippet that loads widget.js from the helper itself: nothing can run, the
+  // element's fallback text is what visitors see.
+  allowed.setPage("/down-script", widgetPage(`${dead}/widget.js`, `model="${GRID}"`));
+  const page = await newPage();
+  const problems = [];
+  page.on("pageerror", (e) => problems.push(String(e)));
+  let message = null;
+  await page.exposeFunction("__error", (m) => (message = m));
+  await page.addInitScript(() => document.addEventListener("colibri-error", (e) => window.__error(e.detail.message)));
+  await page.goto(`${allowed.url}/down`);
+  await widgetState(page, "error");
+  const msg = await page.textContent("colibri-chat .error");
+  assert.match(msg, new RegExp(`helper is not running at ${dead.replace(/\./g, "\\.")}`), msg);
+  assert.ok(msg.includes(`coli serve --port ${deadPort} --allow-origin ${allowed.origin}`), msg);
+  assert.ok(message && message.includes("is not running"), `colibri-error event: ${message}`);
+  assert.equal(await fallbackShown(page), false);
+  await page.screenshot({ path: join(ARTIFACTS, "app-widget-down.png") });
+
+  // The helper starts on that port: "Try again" loads the model.
+  const late = await startHelper({ modelsDir: fx.modelsDir, port: deadPort, extra: ["--allow-origin", allowed.origin] });
+  try {
+    await page.click("colibri-chat .error button");
+    await widgetState(page, "ready", 120_000);
+    assert.equal(await page.$("colibri-chat .error"), null);
+  } finally {
+    await page.close();
+    await late.stop();
+  }
+
+  const page2 = await newPage();
+  await page2.goto(`${allowed.url}/down-script`);
+  await page2.waitForTimeout(1000);
+  assert.equal(await page2.evaluate(() => !!customElements.get("colibri-chat")), false);
+  assert.equal(await fallbackShown(page2), true, "the element's fallback text shows");
+  assert.ok((await page2.textContent("colibri-chat")).includes(FALLBACK));
+  assert.deepEqual(problems, []);
+});
+
+test("a page of an origin that is not allowed gets the widget, which says which flag to add", async () => {
   denied.setPage("/", widgetPage(`${base}/widget.js`, `model="${GRID}"`));
-  // The helper refuses the origin outright.
+  // The helper refuses the origin everything but the widget's own code.
   const api = await fetch(`${base}/api/models`, { headers: { Origin: denied.origin } });
   assert.equal(api.status, 403);
   assert.equal(api.headers.get("access-control-allow-origin"), null);
+  const widget = await fetch(`${base}/widget.js`, { headers: { Origin: denied.origin } });
+  assert.equal(widget.status, 200);
+  assert.equal(widget.headers.get("access-control-allow-origin"), "*");
   const page = await newPage();
+  const problems = [];
+  page.on("pageerror", (e) => problems.push(String(e)));
   await page.goto(`${denied.url}/`);
-  const widgetServed = (await fetch(`${base}/widget.js`, { headers: { Origin: denied.origin } })).ok;
-  if (widgetServed) {
-    await page.waitForFunction(() => document.querySelector("colibri-chat")?.dataset.state === "error", null, { timeout: 60_000 });
-    const msg = await page.textContent("colibri-chat .error");
-    assert.match(msg, /does not allow this page's origin/);
-    assert.ok(msg.includes(`coli serve --allow-origin ${denied.origin}`), msg);
-  } else {
-    // The helper refuses even the widget's script to this origin, so the widget cannot
-    // say why: the element stays an empty unknown element.
-    t.diagnostic("the helper refuses /widget.js to other origins; the widget can explain the refusal once /widget.js is public");
-    await page.waitForTimeout(1500);
-    assert.equal(await page.evaluate(() => !!customElements.get("colibri-chat")), false);
-  }
-  // Either way the page cannot read anything from the helper.
+  await widgetState(page, "error");
+  const msg = await page.textContent("colibri-chat .error");
+  assert.ok(msg.includes(`This site is not allowed: start coli with --allow-origin ${denied.origin}`), msg);
+  const port = new URL(base).port;
+  assert.ok(msg.includes(`coli serve${port === "7878" ? "" : ` --port ${port}`} --allow-origin ${denied.origin}`), msg);
+  // The page still cannot read anything from the helper.
   const read = await page.evaluate((u) => fetch(`${u}/api/models`).then(() => "read", () => "refused"), base);
   assert.equal(read, "refused");
+  const file = await page.evaluate((u) => fetch(`${u}/models/${"qwen3_moe"}/colibri.json`).then(() => "read", () => "refused"), base);
+  assert.equal(file, "refused");
+  assert.deepEqual(problems, []);
   await page.screenshot({ path: join(ARTIFACTS, "app-widget-refused.png") });
+  await page.close();
+});
+
+test("conversations are kept in IndexedDB, renamed, exported as JSON and Markdown, deleted; the theme toggle overrides the system", async () => {
+  const page = await openApp(`?model=${GRID}&backend=cpu`);
+  await page.click("#new-chat");
+  await setSettings(page, { maxTokens: 4 });
+  await page.fill("#prompt", "first words");
+  await page.keyboard.press("Enter");
+  await idle(page);
+
+  // Rename: the list shows the new name, a reload keeps it.
+  await page.click("#conversations li.active .ren");
+  await page.fill("#conversations .rename-box", "My renamed chat");
+  await page.press("#conversations .rename-box", "Enter");
+  assert.equal(await page.textContent("#conversations li.active .open span"), "My renamed chat");
+  await page.reload();
+  await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+  assert.equal(await page.textContent("#conversations li.active .open span"), "My renamed chat");
+
+  // Export: real downloads of the open conversation.
+  const download = async (id) => {
+    const [d] = await Promise.all([page.waitForEvent("download"), page.click(id)]);
+    return { name: d.suggestedFilename(), text: readFileSync(await d.path(), "utf8") };
+  };
+  const md = await download("#export-md");
+  assert.equal(md.name, "My-renamed-chat.md");
+  assert.ok(md.text.startsWith("# My renamed chat\n"), md.text);
+  assert.ok(md.text.includes("**You:**\n\nfirst words\n"), md.text);
+  assert.ok(md.text.includes("**colibri:**"), md.text);
+  const json = await download("#export-json");
+  assert.equal(json.name, "My-renamed-chat.json");
+  const conv = JSON.parse(json.text);
+  assert.equal(conv.title, "My renamed chat");
+  assert.equal(conv.model, GRID);
+  assert.deepEqual(conv.messages.map((m) => m.role), ["user", "assistant"]);
+  assert.equal(conv.messages[0].content, "first words");
+
+  // Theme: system -> light -> dark -> system; the choice survives a reload.
+  const bg = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  const theme = () => page.evaluate(() => document.documentElement.dataset.theme ?? "system");
+  assert.equal(await theme(), "system");
+  await page.click("#theme");
+  assert.equal(await theme(), "light");
+  assert.equal(await bg(), "rgb(247, 247, 245)");
+  await page.click("#theme");
+  assert.equal(await theme(), "dark");
+  assert.equal(await bg(), "rgb(21, 23, 26)");
+  await page.reload();
+  assert.equal(await theme(), "dark");
+  assert.equal(await bg(), "rgb(21, 23, 26)");
+  await page.click("#theme");
+  assert.equal(await theme(), "system");
+
+  // Kept in IndexedDB (not localStorage); deleting removes it there too.
+  const stored = () => page.evaluate(() => new Promise((ok, bad) => {
+    const r = indexedDB.open("colibri-app");
+    r.onerror = () => bad(r.error);
+    r.onsuccess = () => {
+      const g = r.result.transaction("conversations").objectStore("conversations").getAll();
+      g.onsuccess = () => { ok(g.result.map((c) => c.title)); r.result.close(); };
+      g.onerror = () => bad(g.error);
+    };
+  }));
+  assert.ok((await stored()).includes("My renamed chat"));
+  assert.equal(await page.evaluate(() => localStorage.getItem("colibri.conversations.v1")), null);
+  await page.click("#conversations li.active .del");
+  await page.waitForFunction(() => ![...document.querySelectorAll("#conversations .open span")].some((s) => s.textContent === "My renamed chat"));
+  await page.reload();
+  await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+  assert.ok(!(await stored()).includes("My renamed chat"));
+  assert.deepEqual(page.problems, []);
   await page.close();
 });
 
@@ -399,7 +542,10 @@ test("the page says so when the helper goes away, and how to start it", async ()
     await page.waitForSelector('[data-notice="helper"]', { timeout: 30_000 });
     const text = await page.textContent('[data-notice="helper"]');
     assert.match(text, /not reachable/);
-    assert.match(text, /coli serve/);
+    // The command that starts a helper where this page looks for one: its port.
+    const pagePort = new URL(page.url()).port;
+    assert.ok(text.includes(`coli serve --port ${pagePort}`), text);
+    assert.ok(text.includes(`./tools/start.sh --port ${pagePort}`), text);
     await page.screenshot({ path: join(ARTIFACTS, "app-helper-down.png") });
     own = await startHelper({ modelsDir: fx.modelsDir, port });
     await page.waitForSelector('[data-notice="helper"]', { state: "detached", timeout: 30_000 });

@@ -2,7 +2,7 @@
 // answered correctly at temperature 0, with exactly the native engine's answer.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
 import { ROOT, coli, freePort, startHelper, launchBrowser } from "./harness.mjs";
@@ -44,6 +44,60 @@ test("the demo model answers held-out arithmetic in the browser exactly as nativ
     }, q);
     assert.deepEqual(chat.sampling, { temperature: 0, topP: 1 });
     assert.equal(finalNumber(chat.content), want, `${q}: the chat API answered ${JSON.stringify(chat.content)}`);
+  } finally {
+    await browser.close();
+    await helper.stop();
+    rmSync(empty, { recursive: true, force: true });
+  }
+});
+
+test("the chat page with the demo: named loading phases, its example prompts, tier shares that add up to 100%", async () => {
+  const empty = mkdtempSync(join(tmpdir(), "colibri-e2e-models-"));
+  const helper = await startHelper({ modelsDir: empty, port: await freePort(), extra: ["--model", join(ROOT, "models/demo")] });
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    const problems = [];
+    page.on("pageerror", (e) => problems.push(String(e)));
+    // Every text the loading line shows, in order.
+    await page.addInitScript(() => {
+      window.__phases = [];
+      document.addEventListener("DOMContentLoaded", () => {
+        const t = document.getElementById("progress-text");
+        new MutationObserver(() => window.__phases.push(t.textContent)).observe(t, { childList: true, characterData: true, subtree: true });
+      });
+    });
+    await page.goto(`${helper.url}/?model=demo`);
+    await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+    const phases = await page.evaluate(() => window.__phases);
+    assert.ok(phases.some((p) => p.startsWith("demo: fetching weights")), JSON.stringify(phases));
+    if (await page.evaluate(() => !!navigator.gpu)) {
+      // `auto` times both backends after the weights came: named, not "0 B of ...".
+      assert.match(phases.at(-1), /measuring WebGPU vs CPU/, JSON.stringify(phases));
+    }
+
+    // The empty chat offers models/demo/examples.json; one click asks one.
+    const want = JSON.parse(readFileSync(join(ROOT, "models/demo/examples.json"), "utf8")).prompts;
+    await page.waitForSelector("#examples .example");
+    assert.deepEqual(await page.$$eval("#examples .example", (b) => b.map((x) => x.textContent)), want);
+    await page.click(`#examples .example >> nth=0`);
+    await page.waitForFunction(() => document.body.dataset.state === "ready" && document.querySelector('.msg[data-role="assistant"] .bubble')?.textContent.length > 0 && !document.querySelector(".msg.streaming"), null, { timeout: 120_000 });
+    const [question, answer] = await page.$$eval(".msg .bubble", (b) => b.map((x) => x.textContent));
+    assert.equal(question, want[0]);
+    assert.match(answer, /So 47 \+ 38 = 85\./, answer);
+    assert.equal(await page.isVisible("#empty"), false);
+
+    // Each expert use counted once, by the tier that served it: the shares add up.
+    const rows = await page.$$eval(".tier-row", (r) => r.map((x) => ({ n: Number(x.dataset.count), pct: Number(x.querySelector(".pct").textContent.replace("%", "")) })));
+    const uses = rows.reduce((a, r) => a + r.n, 0);
+    const pct = rows.reduce((a, r) => a + r.pct, 0);
+    assert.ok(uses > 0, JSON.stringify(rows));
+    assert.ok(Math.abs(pct - 100) <= 2, `tier shares add up to ${pct}%: ${JSON.stringify(rows)}`);
+
+    // A new chat shows the examples again.
+    await page.click("#new-chat");
+    await page.waitForSelector("#examples .example", { state: "visible" });
+    assert.deepEqual(problems, []);
   } finally {
     await browser.close();
     await helper.stop();

@@ -24,24 +24,31 @@ function listen(server, port) {
   });
 }
 
-/** Serves `pages` ({"/path": html}; more with setPage) on a free loopback port: pages of
- * another origin. `headers` go on every page (e.g. COOP/COEP to make them cross-origin isolated). */
+/** Serves `pages` ({"/path": html}; more with setPage, whose optional third argument is
+ * the content type) on a free loopback port: pages of another origin. `headers` go on
+ * every page (e.g. COOP/COEP to make them cross-origin isolated). */
 export async function startPageServer(pages = {}, { host = "localhost", headers = {} } = {}) {
   const port = await freePort();
+  const types = {};
   const server = http.createServer((req, res) => {
-    const body = pages[new URL(req.url, "http://x").pathname];
+    const path = new URL(req.url, "http://x").pathname;
+    const body = pages[path];
     if (body === undefined) {
       res.writeHead(404, { "Content-Type": "text/plain" }).end("not found\n");
       return;
     }
-    res.writeHead(200, { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store", ...headers }).end(body);
+    const type = types[path] || "text/html; charset=utf-8";
+    res.writeHead(200, { "Content-Type": type, "Cache-Control": "no-store", ...headers }).end(body);
   });
   await listen(server, port);
   return {
     url: `http://${host}:${port}`,
     origin: `http://${host}:${port}`,
     port,
-    setPage: (path, html) => (pages[path] = html),
+    setPage: (path, body, type) => {
+      pages[path] = body;
+      if (type) types[path] = type;
+    },
     stop: () => new Promise((ok) => { server.closeAllConnections(); server.close(() => ok()); }),
   };
 }

@@ -87,6 +87,51 @@ struct Perf {
     started_ms: f64,
     /// Routed expert loads (one per expert per layer per step).
     expert_loads: u64,
+    /// The same loads by the tier that served them, indexed like [`tier_map`]'s bytes:
+    /// [helper, browser disk, RAM, GPU]. They add up to `expert_loads`.
+    tier_uses: [u64; 4],
+}
+
+/// Where each expert lives now, one byte per (layer, expert), layer-major over all layers
+/// (dense layers are all 0): 0 = only at the helper, 1 = browser disk, 2 = RAM, 3 = GPU pool.
+fn tier_map(model: &Model, tiers: &BrowserSource, backend: &Backend) -> Vec<u8> {
+    let c = &model.cfg;
+    let ne = c.router.n_experts;
+    let mut out = vec![0u8; c.n_layers * ne];
+    let disk = tiers.disk_mask();
+    let mut g = 0;
+    for l in 0..c.n_layers {
+        if !c.moe_layers[l] {
+            continue;
+        }
+        for e in 0..ne {
+            if disk.get(g).copied().unwrap_or(false) {
+                out[l * ne + e] = 1;
+            }
+            g += 1;
+        }
+    }
+    for (l, e) in model.experts.cached() {
+        if let Some(x) = out.get_mut(l * ne + e) {
+            *x = 2;
+        }
+    }
+    for (l, e) in backend.pooled() {
+        if let Some(x) = out.get_mut(l * ne + e) {
+            *x = 3;
+        }
+    }
+    out
+}
+
+/// A forward pass's expert-use callback: counts each use once, by the tier the expert was
+/// in when the pass began (`map`, from [`tier_map`]): that tier served it.
+fn count_use<'a>(perf: &'a mut Perf, map: &'a [u8], n_experts: usize) -> impl FnMut(usize, usize, usize) + 'a {
+    move |l, e, _| {
+        perf.expert_loads += 1;
+        let t = map.get(l * n_experts + e).copied().unwrap_or(0) as usize;
+        perf.tier_uses[t.min(3)] += 1;
+    }
 }
 
 /// What changes while the engine runs. Behind a RefCell because steps are async (on
@@ -279,11 +324,10 @@ impl Engine {
         future_to_promise(async move {
             let mut st = borrow(&state)?;
             let mut cx = backend.new_context(&model);
-            let loads = &mut st.perf.expert_loads;
-            let out = backend
-                .forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut |_, _, _| *loads += 1)
-                .await
-                .map_err(err)?;
+            let map = tier_map(&model, &tiers, &backend);
+            let mut on_use = count_use(&mut st.perf, &map, model.cfg.router.n_experts);
+            let out =
+                backend.forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut on_use).await.map_err(err)?;
             Ok(js_sys::Float32Array::from(&out[..]).into())
         })
     }
@@ -357,9 +401,11 @@ impl Engine {
             }
             let before = cx.tokens().len();
             let t0 = now_ms();
-            let loads = &mut perf.expert_loads;
-            let result =
-                backend.forward_tiered(&model, &tiers, cx, &g.pending, Logits::Last, &mut |_, _, _| *loads += 1).await;
+            let map = tier_map(&model, &tiers, &backend);
+            let result = {
+                let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
+                backend.forward_tiered(&model, &tiers, cx, &g.pending, Logits::Last, &mut on_use).await
+            };
             let logits = match result {
                 Ok(l) => l,
                 Err(e) => {
@@ -407,38 +453,10 @@ impl Engine {
         serde_json::to_string(&self.model.experts.take_usage()).map_err(err)
     }
 
-    /// Where each expert lives now, one byte per (layer, expert), layer-major over all
-    /// layers (dense layers are all 0): 0 = only at the helper, 1 = browser disk (OPFS or IndexedDB),
-    /// 2 = RAM, 3 = GPU pool.
+    /// Where each expert lives now (see [`tier_map`]; the browser disk is OPFS or IndexedDB).
     #[wasm_bindgen(js_name = expertTiers)]
     pub fn expert_tiers(&self) -> Vec<u8> {
-        let c = &self.model.cfg;
-        let ne = c.router.n_experts;
-        let mut out = vec![0u8; c.n_layers * ne];
-        let disk = self.tiers.disk_mask();
-        let mut g = 0;
-        for l in 0..c.n_layers {
-            if !c.moe_layers[l] {
-                continue;
-            }
-            for e in 0..ne {
-                if disk.get(g).copied().unwrap_or(false) {
-                    out[l * ne + e] = 1;
-                }
-                g += 1;
-            }
-        }
-        for (l, e) in self.model.experts.cached() {
-            if let Some(x) = out.get_mut(l * ne + e) {
-                *x = 2;
-            }
-        }
-        for (l, e) in self.backend.pooled() {
-            if let Some(x) = out.get_mut(l * ne + e) {
-                *x = 3;
-            }
-        }
-        out
+        tier_map(&self.model, &self.tiers, &self.backend)
     }
 
     /// Engine statistics as JSON (backend, tiers, bytes fetched, tokens/s, TTFT).
@@ -447,7 +465,7 @@ impl Engine {
         let st = self.state.try_borrow().map_err(|_| JsError::new(BUSY))?;
         let perf = &st.perf;
         let loads = perf.expert_loads;
-        let ram_hits = self.model.experts.cache_stats().map_or(0, |c| c.hits);
+        let [helper, disk, ram, gpu] = perf.tier_uses;
         let ahead = self.backend.lookahead();
         Ok(serde_json::json!({
             "backend": self.backend.name(),
@@ -463,7 +481,15 @@ impl Engine {
             "kvCacheBytesPerToken": self.model.cfg.cache_floats_per_layer() * self.model.cfg.n_layers * 4,
             "bytesFetched": t.bytes_fetched,
             "expertLoads": loads,
-            "tiers": { "gpu": self.backend.gpu_hits(), "ram": ram_hits, "disk": t.disk_hits, "helper": t.helper_fetches },
+            // Each expert use once, by the tier that served it: these add up to expertLoads.
+            "tiers": { "gpu": gpu, "ram": ram, "disk": disk, "helper": helper },
+            // The tiers' own event counters (prefetches and retried steps included).
+            "tierEvents": {
+                "gpuPoolHits": self.backend.gpu_hits(),
+                "ramHits": self.model.experts.cache_stats().map_or(0, |c| c.hits),
+                "diskHits": t.disk_hits,
+                "helperFetches": t.helper_fetches,
+            },
             "requests": t.requests,
             "retries": t.retries,
             "corruptDropped": t.corrupt_dropped,

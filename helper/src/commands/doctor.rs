@@ -1,4 +1,6 @@
-//! `coli doctor [PATH]`: checks of this machine and, given one, of a model directory.
+//! `coli doctor [MODEL]`: checks of what a user needs on this machine (the browser engine
+//! built into this coli, a Vulkan adapter, a helper on the default port, installed
+//! models, free disk) and, given one, of a model (a directory or an installed id).
 //! `--checksums` reads every expert of a converted model and verifies its checksum.
 
 use std::path::PathBuf;
@@ -13,6 +15,7 @@ use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
+use crate::commands::doctor_machine as machine;
 use crate::commands::info::{human, summarize};
 
 #[derive(Args)]
@@ -26,18 +29,24 @@ pub struct DoctorArgs {
     /// Verify the checksum of every expert (reads the whole data file).
     #[arg(long)]
     pub checksums: bool,
+    /// The port where a running helper is looked for.
+    #[arg(long, default_value_t = 7878)]
+    pub port: u16,
+    /// Directory of installed models (default: $XDG_DATA_HOME/colibri/models).
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
 }
 
-struct Report {
+pub(crate) struct Report {
     failed: usize,
 }
 
 impl Report {
-    fn ok(&self, what: &str, detail: impl std::fmt::Display) {
+    pub(crate) fn ok(&self, what: &str, detail: impl std::fmt::Display) {
         println!("ok    {what:<14} {detail}");
     }
 
-    fn warn(&self, what: &str, detail: impl std::fmt::Display) {
+    pub(crate) fn warn(&self, what: &str, detail: impl std::fmt::Display) {
         println!("warn  {what:<14} {detail}");
     }
 
@@ -95,9 +104,17 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
         Some((total, avail)) => r.ok("memory", format!("{} total, {} available", human(total), human(avail))),
         None => r.warn("memory", "unknown on this platform"),
     }
+    let models_dir = a.models_dir.clone().or_else(crate::paths::models_dir);
+    machine::web_engine(&mut r);
+    machine::gpu(&mut r);
+    machine::helper(&mut r, a.port);
+    machine::models(&mut r, models_dir.as_deref());
+    machine::disk(&mut r, models_dir.as_deref());
 
     let dir = match a.path.or(a.model) {
-        Some(arg) => r.check("model id", crate::paths::resolve_model(&arg, None), |p| p.display().to_string()),
+        Some(arg) => {
+            r.check("model id", crate::paths::resolve_model(&arg, models_dir.as_deref()), |p| p.display().to_string())
+        }
         None => None,
     };
     if let Some(dir) = &dir {

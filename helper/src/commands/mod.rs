@@ -8,6 +8,7 @@ pub mod bench_serve;
 pub mod chat;
 pub mod convert;
 pub mod doctor;
+mod doctor_machine;
 pub mod generate;
 pub mod info;
 pub mod list;

@@ -41,6 +41,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 pub use models::Registry;
+pub use page::embedded_engine;
 use security::AccessPolicy;
 
 /// Options of `coli serve` (and `coli web`, `coli service install`).

@@ -13,6 +13,12 @@ use super::AppState;
 
 include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
+/// Bytes of the browser engine builds embedded in this binary: (one-thread, threaded).
+pub fn embedded_engine() -> (Option<u64>, Option<u64>) {
+    let size = |name: &str| ASSETS.iter().find(|(p, ..)| *p == name).map(|(_, _, b)| b.len() as u64);
+    (size("pkg/colibri_wasm_bg.wasm"), size("pkg-threads/colibri_wasm_bg.wasm"))
+}
+
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }

@@ -9,6 +9,12 @@
 //!   with 403, so a random page can neither read model files nor start generations.
 //! - CORS and Private Network Access preflights are answered for `--allow-origin`
 //!   origins only, never with `*`.
+//! - One exception: the widget's own code ([`PUBLIC_ASSETS`]: `/widget.js` and the module it
+//!   imports before it knows whether it is allowed) is served to every origin with
+//!   `Access-Control-Allow-Origin: *`, so that on a page the helper refuses the widget can
+//!   still run and say which `--allow-origin` to add. It is the same code for everyone and
+//!   carries nothing of the user's: model files, usage counts and the APIs stay behind the
+//!   allowlist.
 
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -125,6 +131,45 @@ fn private_path(path: &str) -> bool {
     path.starts_with("/models/") || path.starts_with("/api/") || path.starts_with("/v1/")
 }
 
+/// Files every origin may load (with `Access-Control-Allow-Origin: *`): the widget and
+/// what it imports before it has checked that the helper allows the page.
+pub const PUBLIC_ASSETS: &[&str] = &["/widget.js", "/markdown.js"];
+
+fn public_asset(req: &Request) -> bool {
+    let method_ok = match *req.method() {
+        Method::GET | Method::HEAD => true,
+        Method::OPTIONS => {
+            let asked = req.headers().get(header::ACCESS_CONTROL_REQUEST_METHOD).map(|v| v.as_bytes());
+            matches!(asked, Some(b"GET") | Some(b"HEAD"))
+        }
+        _ => false,
+    };
+    method_ok && PUBLIC_ASSETS.contains(&req.uri().path())
+}
+
+/// A public asset for an origin that is not allowed: `*`, no credentials, GET and HEAD
+/// only (a preflight, e.g. Chrome's Private Network Access one, is answered the same way).
+async fn serve_public(req: Request, next: Next) -> Response {
+    let is_preflight = req.method() == Method::OPTIONS;
+    let mut resp = if is_preflight {
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        let h = r.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, HEAD"));
+        let pna = HeaderName::from_static("access-control-request-private-network");
+        if req.headers().get(&pna).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")) {
+            h.insert(HeaderName::from_static("access-control-allow-private-network"), HeaderValue::from_static("true"));
+        }
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        r
+    } else {
+        next.run(req).await
+    };
+    let h = resp.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    h.append(header::VARY, HeaderValue::from_static("Origin"));
+    resp
+}
+
 /// Response headers that cross-origin pages may read.
 const EXPOSED: &str = "Content-Range, Content-Length, Accept-Ranges, ETag, Last-Modified";
 
@@ -161,6 +206,7 @@ pub async fn guard(State(state): State<std::sync::Arc<AppState>>, req: Request, 
     let origin = match req.headers().get(header::ORIGIN).map(|o| o.to_str().map(str::to_owned)) {
         None => None,
         Some(Ok(o)) if policy.origin_allowed(&o) => Some(o),
+        Some(_) if public_asset(&req) => return serve_public(req, next).await,
         Some(_) => {
             state.stats.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return refuse("forbidden: this origin may not use the helper (see --allow-origin)\n");

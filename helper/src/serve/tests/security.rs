@@ -128,6 +128,53 @@ fn pages_are_cross_origin_isolated_and_files_loadable_from_isolated_pages() {
 }
 
 #[test]
+fn the_widget_code_loads_on_every_origin_and_nothing_else_does() {
+    let s = start("public", |a| a.allow_origins = vec![APP.into()]);
+    for o in ["https://evil.example", "null", "http://localhost:1"] {
+        for path in ["/widget.js", "/markdown.js"] {
+            let r = s.get(path, &[("Origin", o)]);
+            // 200 with the web app built in, 404 (same headers) in a build without web/.
+            assert!(r.status == 200 || r.status == 404, "{path} {o}: {}", r.status);
+            assert_eq!(r.header("access-control-allow-origin"), Some("*"), "{path} {o}");
+            assert_eq!(r.header("access-control-allow-credentials"), None);
+            assert!(r.header("vary").unwrap().contains("Origin"));
+        }
+        // A preflight (Private Network Access) for the widget: GET only, no other method.
+        let pre = [
+            ("Origin", o),
+            ("Access-Control-Request-Method", "GET"),
+            ("Access-Control-Request-Private-Network", "true"),
+        ];
+        let r = client::request(s.addr, "OPTIONS", "/widget.js", &pre, b"").unwrap();
+        assert_eq!(r.status, 204);
+        assert_eq!(r.header("access-control-allow-origin"), Some("*"));
+        assert_eq!(r.header("access-control-allow-methods"), Some("GET, HEAD"));
+        assert_eq!(r.header("access-control-allow-private-network"), Some("true"));
+        let pre = [("Origin", o), ("Access-Control-Request-Method", "POST")];
+        assert_eq!(client::request(s.addr, "OPTIONS", "/widget.js", &pre, b"").unwrap().status, 403);
+        // Not a way in: a POST to the widget's path, the rest of the app, the model, the API.
+        let r = client::request(s.addr, "POST", "/widget.js", &[("Origin", o)], b"{}").unwrap();
+        assert_eq!(r.status, 403, "POST /widget.js {o}");
+        for path in
+            ["/colibri.js", "/", "/health", "/api/models", &format!("/models/{MODEL}/config.json"), "/v1/models"]
+        {
+            let r = s.get(path, &[("Origin", o)]);
+            assert_eq!(r.status, 403, "{path} {o}");
+            assert_eq!(r.header("access-control-allow-origin"), None, "{path} {o}");
+        }
+        let r =
+            client::request(s.addr, "POST", "/api/usage", &[("Origin", o)], br#"{"model":"olmoe","counts":[[0,0,1]]}"#)
+                .unwrap();
+        assert_eq!(r.status, 403);
+    }
+    // An allowed origin still gets its own origin back, not *.
+    let r = s.get("/widget.js", &[("Origin", APP)]);
+    assert_eq!(r.header("access-control-allow-origin"), Some(APP));
+    // DNS rebinding stays refused for the public files too.
+    assert_eq!(s.get("/widget.js", &[("Host", "evil.example")]).status, 403);
+}
+
+#[test]
 fn no_cors_without_allowed_origins() {
     let s = start("no-origins", |_| {});
     let pre = [("Origin", APP), ("Access-Control-Request-Method", "POST")];
