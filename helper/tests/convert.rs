@@ -149,7 +149,7 @@ fn every_fixture_in_every_type_against_transformers() {
             // logits by O(1). The engine is not the cause: with only the attention weights
             // rounded to bf16, transformers and the engine agree to 9e-6 of std. Their
             // gates are the measured numbers (bf16 KL 0.09, int8 KL 0.17-0.37) with margin.
-            let sensitive = name.starts_with("deepseek_v3") || name == "glm4_moe";
+            let sensitive = name.starts_with("deepseek_v3");
             let ok = match quant {
                 _ if lossless => bits_equal && q.rel <= 1e-3,
                 "bf16" if sensitive => q.kl < 0.2 && q.agree >= 0.9,
