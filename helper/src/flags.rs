@@ -42,7 +42,7 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
-    /// CPU threads (default: all cores).
+    /// CPU threads (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
 }
@@ -79,16 +79,46 @@ impl SamplingArgs {
     }
 }
 
-/// Sizes the global CPU thread pool (`--threads`; None: all cores). Call once, before any
+/// Sizes the global CPU thread pool (`--threads`; None: the physical cores). Call once, before any
 /// parallel work.
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
-    if let Some(t) = threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global()
-            .context("could not start the thread pool")?;
+    let n = threads.unwrap_or_else(physical_cores).max(1);
+    if rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_err()
+        && threads.is_some()
+        && rayon::current_num_threads() != n
+    {
+        // A pool exists already (tests running several commands in one process).
+        anyhow::bail!(
+            "could not start the thread pool with {n} threads: one with {} runs",
+            rayon::current_num_threads()
+        );
     }
     Ok(())
+}
+
+/// Physical CPU cores (Linux: distinct (package, core) pairs in sysfs; elsewhere, or
+/// when that is unreadable, the logical CPUs the process may use): a second hardware
+/// thread on a core adds little to these kernels.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut cores = std::collections::BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") else { return logical };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !name.strip_prefix("cpu").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(e.path().join("topology").join(f)).ok();
+        if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((pkg.trim().to_string(), core.trim().to_string()));
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
 }
 
 /// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units).

@@ -421,9 +421,11 @@ fn corruption_is_caught_by_checksums() {
 fn damaged_manifests_are_clear_errors() {
     let root = scratch("manifest");
     let dst = root.join("m");
-    convert_ok(&fixture("mixtral"), &dst, &["--quant", "int4"]);
+    // Group 64: the layout below has an expert part at offset 4096.
+    convert_ok(&fixture("mixtral"), &dst, &["--quant", "int4", "--group-size", "64"]);
     let path = dst.join("colibri.json");
     let good = std::fs::read(&path).unwrap();
+    assert!(String::from_utf8_lossy(&good).contains("\"offset\": 4096"), "the layout this test edits changed");
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("truncated", good[..good.len() / 3].to_vec()),
         ("empty", Vec::new()),
@@ -469,7 +471,7 @@ fn info_and_doctor_on_both_formats() {
         assert!(v["streamed_bytes"].as_u64().unwrap() > 0 && v["resident_bytes"].as_u64().unwrap() > 0);
     }
     assert!(conv["format"].as_str().unwrap().contains("colibri container v1"));
-    assert!(conv["quantization"].as_str().unwrap().contains("experts int4/g64"));
+    assert!(conv["quantization"].as_str().unwrap().contains("experts int4/g32"));
     // int4 experts take about a quarter of bf16 (plus scales).
     let (a, b) = (hf["expert_bytes"].as_u64().unwrap() as f64, conv["expert_bytes"].as_u64().unwrap() as f64);
     assert!(b < a * 0.45, "{a} vs {b}");

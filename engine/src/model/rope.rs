@@ -85,7 +85,7 @@ impl RopeConfig {
             .or_else(|| num(cfg, "partial_rotary_factor"))
             .unwrap_or(default_partial);
         let rotary_dim = ((head_dim as f64) * partial) as usize;
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(Error::Config(format!("invalid rotary dimension {rotary_dim} for head_dim {head_dim}")));
         }
         let rope_type =

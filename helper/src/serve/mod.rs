@@ -71,7 +71,7 @@ pub struct ServeArgs {
     /// Generations admitted per model at once (one runs, the rest wait); more get 503.
     #[arg(long, default_value_t = 8)]
     pub max_queue: usize,
-    /// CPU threads for the native engine (default: all cores).
+    /// CPU threads for the native engine (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Expert-cache budget in bytes of the native engine for converted models (K, M, G

@@ -38,7 +38,7 @@ pub(super) fn mla_config(v: &Value, n_heads: usize, n_kv_heads: usize) -> Result
     if q_lora_rank == Some(0) || m.kv_lora_rank == 0 || m.v_head_dim == 0 {
         return Err(Error::Config("q_lora_rank, kv_lora_rank and v_head_dim must be positive".into()));
     }
-    if m.qk_rope_head_dim == 0 || m.qk_rope_head_dim % 2 != 0 {
+    if m.qk_rope_head_dim == 0 || !m.qk_rope_head_dim.is_multiple_of(2) {
         return Err(Error::Config(format!("qk_rope_head_dim {} must be even and positive", m.qk_rope_head_dim)));
     }
     Ok(m)
@@ -71,7 +71,7 @@ pub(super) fn sigmoid_router(
     }
     let n_group = optional_usize(v, "n_group", defaults.0)?;
     let topk_group = optional_usize(v, "topk_group", defaults.1)?;
-    if n_group == 0 || n_experts % n_group != 0 || n_experts / n_group < 2 {
+    if n_group == 0 || !n_experts.is_multiple_of(n_group) || n_experts / n_group < 2 {
         return Err(Error::Config(format!(
             "n_group = {n_group} must divide the {n_experts} routed experts into groups of at least 2"
         )));
