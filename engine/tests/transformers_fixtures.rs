@@ -95,7 +95,12 @@ fn check(name: &str) {
     // Greedy continuation, token for token.
     let prompt = ids(&reference["greedy"]["prompt_ids"]);
     let want_new = ids(&reference["greedy"]["new_ids"]);
-    let opts = GenerateOptions { max_new_tokens: want_new.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let opts = GenerateOptions {
+        max_new_tokens: want_new.len(),
+        sampler: SamplerConfig::default(),
+        stop_ids: vec![],
+        logprobs: None,
+    };
     let mut s3 = model.new_session();
     let (new, _) = generate(&model, &mut s3, &prompt, &opts, &mut |_| true).unwrap();
     assert_eq!(new, want_new, "{name}: greedy continuation differs");

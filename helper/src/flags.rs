@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use colibri_engine::generate::{SamplingDefaults, SamplingRequest};
 use colibri_engine::sampler::SamplerConfig;
 
 /// `--backend`: where the forward pass runs.
@@ -54,28 +55,31 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
+    #[arg(long)]
+    pub top_k: Option<usize>,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches p.
     #[arg(long)]
     pub top_p: Option<f32>,
     /// Penalise tokens already in the context (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
     /// Random seed; the same seed gives the same tokens.
     #[arg(long)]
     pub seed: Option<u64>,
 }
 
 impl SamplingArgs {
-    pub fn config(&self, default_temperature: f32, default_top_p: f32, default_seed: u64) -> SamplerConfig {
-        SamplerConfig {
-            temperature: self.temperature.unwrap_or(default_temperature),
+    /// The sampler: these flags, else the model's generation_config.json, else `fallback`
+    /// (the command's own defaults; its seed when --seed is absent).
+    pub fn config(&self, model: &SamplingDefaults, fallback: SamplerConfig) -> SamplerConfig {
+        let req = SamplingRequest {
+            temperature: self.temperature,
             top_k: self.top_k,
-            top_p: self.top_p.unwrap_or(default_top_p),
+            top_p: self.top_p,
             repetition_penalty: self.repetition_penalty,
-            seed: self.seed.unwrap_or(default_seed),
-        }
+            seed: self.seed,
+        };
+        model.resolve(&req, &fallback)
     }
 }
 

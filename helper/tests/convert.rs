@@ -98,7 +98,12 @@ fn quality(name: &str, model: &Model, got: &[f32]) -> Quality {
     }
     let prompt = ids(&r["greedy"]["prompt_ids"]);
     let want_new = ids(&r["greedy"]["new_ids"]);
-    let opts = GenerateOptions { max_new_tokens: want_new.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let opts = GenerateOptions {
+        max_new_tokens: want_new.len(),
+        sampler: SamplerConfig::default(),
+        stop_ids: vec![],
+        logprobs: None,
+    };
     let mut s = model.new_session();
     let (new, _) = generate(model, &mut s, &prompt, &opts, &mut |_| true).unwrap();
     let greedy = new.iter().zip(&want_new).take_while(|(a, b)| a == b).count();

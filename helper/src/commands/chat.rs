@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use colibri_engine::generate::{generate, GenerateOptions};
+use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 
 use crate::flags::{BackendChoice, ModelArgs, SamplingArgs};
@@ -53,8 +54,12 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     });
     let mut opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        sampler: a.sampling.config(0.7, 0.95, seed),
+        sampler: a.sampling.config(
+            &loaded.sampling,
+            SamplerConfig { temperature: 0.7, top_p: 0.95, seed, ..SamplerConfig::default() },
+        ),
         stop_ids: loaded.stop_ids.clone(),
+        logprobs: None,
     };
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
+use colibri_engine::generate::{generate_with, GenerateOptions};
+use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::Logits;
 
@@ -49,8 +50,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     };
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        sampler: a.sampling.config(0.0, 1.0, 0),
+        sampler: a.sampling.config(&loaded.sampling, SamplerConfig::default()),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
+        logprobs: None,
     };
     let mut forward = forward_fn(&loaded.model, a.model.backend)?;
     let start = Instant::now();
@@ -58,25 +60,33 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let mut stream = DecodeStream::default();
     let mut stdout = std::io::stdout().lock();
     let mut print_err = None;
-    let (ids, reason) = generate_with(&mut |ids| forward(ids, Logits::Last), &[], &prompt_ids, &opts, &mut |id| {
-        first_token.get_or_insert_with(|| start.elapsed());
-        if !a.json {
-            if let Some(t) = tok {
-                match stream.push(t, id) {
-                    Ok(text) => {
-                        if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+    let max_positions = loaded.model.cfg.max_positions;
+    let (ids, reason) = generate_with(
+        &mut |ids: &[u32]| forward(ids, Logits::Last),
+        &[],
+        &prompt_ids,
+        max_positions,
+        &opts,
+        &mut |id| {
+            first_token.get_or_insert_with(|| start.elapsed());
+            if !a.json {
+                if let Some(t) = tok {
+                    match stream.push(t, id) {
+                        Ok(text) => {
+                            if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+                                return false;
+                            }
+                        }
+                        Err(e) => {
+                            print_err = Some(e);
                             return false;
                         }
                     }
-                    Err(e) => {
-                        print_err = Some(e);
-                        return false;
-                    }
                 }
             }
-        }
-        true
-    })?;
+            true
+        },
+    )?;
     if let Some(e) = print_err {
         return Err(e.into());
     }
@@ -94,7 +104,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             "ids": ids,
             "text": text,
             "prompt_ids": prompt_ids,
-            "finish_reason": match reason { StopReason::Stop => "stop", StopReason::Length => "length", StopReason::Cancelled => "cancelled" },
+            "finish_reason": reason.as_str(),
             "ttft_ms": ttft * 1e3,
             "decode_tokens_per_second": if ids.len() > 1 && decode_s > 0.0 { (ids.len() - 1) as f64 / decode_s } else { 0.0 },
             "expert_cache": loaded.cache.as_ref().map(|c| c.describe()),

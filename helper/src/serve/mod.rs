@@ -9,6 +9,7 @@
 //! and a graceful shutdown on Ctrl-C / SIGTERM that stops accepting, cancels running
 //! generations and waits briefly for open responses.
 
+mod choose;
 pub mod client;
 pub(crate) mod files;
 mod generation;
@@ -18,7 +19,6 @@ mod openai;
 mod page;
 mod range;
 pub mod security;
-mod stop;
 #[cfg(test)]
 mod tests;
 pub(crate) mod usage;
@@ -290,6 +290,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/models", get(openai::list_models))
         .route("/chat/completions", post(openai::chat_completions))
         .route("/completions", post(openai::completions))
+        .route("/choose", post(choose::choose))
         .fallback(openai::not_found)
         .layer(DefaultBodyLimit::max(openai::MAX_BODY));
     Router::new()
