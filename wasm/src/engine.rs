@@ -498,6 +498,8 @@ impl Engine {
             "backend": self.backend.name(),
             // CPU kernel threads: the pool's workers in the threaded build, else 1.
             "threads": colibri_engine::kernels::threads(),
+            // The integer dot-product path of the CPU kernels ("simd128" or "scalar").
+            "simd": colibri_engine::qdot::Simd::active().name(),
             "adapter": self.backend.adapter(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },

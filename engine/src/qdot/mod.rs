@@ -72,8 +72,10 @@ impl Simd {
                 v.push(Simd::Avx512);
             }
         }
-        // The wasm SIMD128 path (qdot/wasm.rs) compiles but has not yet been run against
-        // the reference in a browser, so wasm uses the reference until a test does.
+        // wasm SIMD128 is decided when the module is built (+simd128 in .cargo/config.toml
+        // and build-web.sh); the browser tests check its bits against the native path's.
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        v.push(Simd::Simd128);
         v
     }
 
