@@ -128,6 +128,8 @@ fn deepseek_v3_is_refused_with_a_clear_error() {
         let model = Model::open_dir(&dir(name)).unwrap();
         assert_eq!(colibri_engine::gpu::model::unsupported(&model.cfg), None, "{name}");
     }
+    let router = colibri_engine::gpu::model::unsupported(&Model::open_dir(&dir("glm4_moe")).unwrap().cfg);
+    assert!(router.is_some_and(|w| w.contains("glm4_moe") && w.contains("sigmoid / group-limited router")));
     for name in ["deepseek_v3", "deepseek_v3_noqlora"] {
         let model = Model::open_dir(&dir(name)).unwrap();
         let why = colibri_engine::gpu::model::unsupported(&model.cfg).expect("deepseek_v3 must be refused");

@@ -132,6 +132,11 @@ fn deepseek_v3_matches_transformers() {
 }
 
 #[test]
+fn glm4_moe_matches_transformers() {
+    check("glm4_moe");
+}
+
+#[test]
 fn deepseek_v3_without_q_lora_matches_transformers() {
     check("deepseek_v3_noqlora");
 }

@@ -107,3 +107,42 @@ fn choose_refuses_bad_options_in_one_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     }
 }
+
+#[test]
+fn generate_logprobs_match_a_log_softmax_of_coli_logits() {
+    let prompt = [5u32, 17, 3, 42];
+    let ids: Vec<String> = prompt.iter().map(|i| i.to_string()).collect();
+    let out = coli()
+        .args(["generate", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--ids", &ids.join(","), "--max-new-tokens", "4", "--temperature", "0", "--ignore-eos"])
+        .args(["--json", "--logprobs", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let new: Vec<u32> = v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let lps = v["logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), new.len());
+    let all: Vec<u32> = prompt.iter().chain(&new).copied().collect();
+    let rows = logits(&all, 99);
+    let vocab = rows.len() / all.len();
+    for (k, (&id, e)) in new.iter().zip(lps).enumerate() {
+        let row = &rows[(prompt.len() - 1 + k) * vocab..][..vocab];
+        let want = log_softmax_at(row, id);
+        let got = e["logprob"].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-9, "token {k}: {got} vs {want}");
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+    }
+    // Without --json the flag is refused.
+    let out = coli()
+        .args(["generate", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--ids", "5,17", "--logprobs", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

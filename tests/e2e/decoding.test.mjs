@@ -45,6 +45,8 @@ test("logprobs and choose in the browser equal the helper's API and coli choose"
       const plain = await engine.chat.completions.create(req);
       const chunks = [];
       for await (const c of engine.chat.completions.create({ ...req, stream: true })) chunks.push(c);
+      const ids = await engine.encode(`<|im_start|>user\n${q}<|im_end|>\n<|im_start|>assistant\n`, { addSpecialTokens: true });
+      const gen = await engine.generate({ ids, maxNewTokens: 24, temperature: 0, logprobs: true, topLogprobs: 3 });
       const choice = await engine.choose({ prompt: q, options });
       let refused = null;
       try {
@@ -52,7 +54,7 @@ test("logprobs and choose in the browser equal the helper's API and coli choose"
       } catch (e) {
         refused = String(e.message);
       }
-      return { plain, chunks, choice, refused };
+      return { plain, chunks, choice, refused, gen };
     }, { req, options: OPTIONS, q: Q });
     assert.equal(web.plain.choices[0].message.content, native.choices[0].message.content);
     assert.deepEqual(web.plain.choices[0].logprobs, native.choices[0].logprobs, "browser and helper logprobs differ");
@@ -62,6 +64,12 @@ test("logprobs and choose in the browser equal the helper's API and coli choose"
       assert.deepEqual(web.choice[k], nativeChoice[k], `choose: ${k} differs between the browser and the helper`);
     }
     assert.equal(web.choice.tokensRead, nativeChoice.tokens_read);
+    // coli generate --logprobs: the same entries as the browser's generate({logprobs}).
+    const rendered = `<|im_start|>user\n${Q}<|im_end|>\n<|im_start|>assistant\n`;
+    const cliGen = JSON.parse(coli(["generate", "--model", DEMO, "--prompt", rendered, "--max-new-tokens", "24", "--temperature", "0", "--json", "--logprobs", "3"]));
+    assert.deepEqual(web.gen.ids, cliGen.ids);
+    assert.ok(cliGen.logprobs.length > 0);
+    assert.deepEqual(web.gen.logprobs, cliGen.logprobs, "coli generate --logprobs and the browser differ");
     // No structured output yet: response_format json is refused by both, not ignored.
     assert.match(web.refused || "", /response_format/);
     const r = await fetch(`${helper.url}/v1/chat/completions`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ ...req, response_format: { type: "json_object" } }) });
