@@ -337,6 +337,40 @@ CASES = {
             tie_word_embeddings=True,
         ),
     ),
+    # GLM-4.5's shape: GQA with q/k/v biases and per-head q/k norms, partial rotary (half
+    # of each head), the deepseek_v3 sigmoid router with bias (one group, as GLM-4.5),
+    # routed_scaling_factor, one shared expert, one dense first layer.
+    "glm4_moe": dict(
+        model_type="glm4_moe",
+        dtype=torch.float32,
+        base_seed=7000,
+        vocab_extra=3,
+        shard=None,
+        load_kw=dict(experts_implementation="eager"),
+        config=dict(
+            hidden_size=76,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=20,
+            partial_rotary_factor=0.5,
+            attention_bias=True,
+            use_qk_norm=True,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            intermediate_size=46,
+            n_routed_experts=12,
+            n_shared_experts=1,
+            moe_intermediate_size=22,
+            num_experts_per_tok=3,
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=1.8,
+            norm_topk_prob=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            num_mtp_layers=0,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -415,7 +449,7 @@ class Probes:
             if m and type(mod).__name__.endswith("TopKRouter"):
                 layer = int(m.group(1))
                 self.handles.append(mod.register_forward_hook(self._router_hook(layer, mod.top_k)))
-            if m and type(mod).__name__ == "DeepseekV3TopkRouter":
+            if m and type(mod).__name__ in ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter"):
                 layer = int(m.group(1))
                 self.handles.append(mod.register_forward_hook(self._sigmoid_router_hook(layer, mod)))
             if re.fullmatch(r"model\.layers\.\d+\.self_attn\.(q_norm|k_norm|v_proj)", name):
@@ -556,7 +590,7 @@ def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
         reasons.append("teacher-forced argmax over greedy sequence differs")
     if min_gap < GAP_REL * std:
         reasons.append(f"greedy near-tie (gap {min_gap:.3g} < {GAP_REL * std:.3g})")
-    gap_min = ROUTER_SCORE_GAP_MIN if case["model_type"] == "deepseek_v3" else ROUTER_GAP_MIN
+    gap_min = ROUTER_SCORE_GAP_MIN if case["model_type"] in ("deepseek_v3", "glm4_moe") else ROUTER_GAP_MIN
     if min(router_gap_tf, router_gap_greedy) < gap_min:
         reasons.append(f"router near-tie ({min(router_gap_tf, router_gap_greedy):.3g})")
     if distinct_l0 < 0.6 * n_experts(cfg):
@@ -789,6 +823,12 @@ def sanity_checks(name: str, model, cfg) -> dict:
             assert abs(attn.scaling - qk_head**-0.5) < 1e-12
             assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         extra["softmax_scale"] = float(attn.scaling)
+    if name == "glm4_moe":
+        attn = model.model.layers[0].self_attn
+        assert attn.use_qk_norm and attn.q_proj.bias is not None and attn.o_proj.bias is None
+        assert rot.inv_freq.numel() == cfg.head_dim // 4, "partial rotary: a quarter of head_dim frequencies"
+        assert type(model.model.layers[0].mlp).__name__ == "Glm4MoeMLP"
+        assert float(model.model.layers[1].mlp.gate.e_score_correction_bias.abs().max()) > 0.05
     if name == "qwen2_moe":
         assert type(model.model.layers[1].mlp).__name__ == "Qwen2MoeMLP"
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -154,7 +154,10 @@ def forward(cfg, w, ids):
     n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     top_k = cfg["num_experts_per_tok"]
     window = cfg.get("sliding_window") if (mt == "mixtral" or cfg.get("use_sliding_window")) else None
-    cos, sin = rope_tables(cfg, hd, T)
+    # Partial rotary (glm4_moe): only the first rotary_dim values of each head turn.
+    partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or cfg.get("partial_rotary_factor")
+    rot_dim = int(hd * (partial or (0.5 if mt == "glm4_moe" else 1.0)))
+    cos, sin = rope_tables(cfg, rot_dim, T)
 
     qi = torch.arange(T)[:, None]
     ki = torch.arange(T)[None, :]
@@ -186,10 +189,11 @@ def forward(cfg, w, ids):
         q = q.view(T, nh, hd).transpose(0, 1)
         k = k.view(T, nkv, hd).transpose(0, 1)
         v = v.view(T, nkv, hd).transpose(0, 1)
-        if mt == "qwen3_moe":  # per-head norms
+        if mt in ("qwen3_moe", "glm4_moe") and a + "q_norm.weight" in w:  # per-head norms
             q = rms_norm(q, w[a + "q_norm.weight"], eps)
             k = rms_norm(k, w[a + "k_norm.weight"], eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = torch.cat([apply_rope(q[..., :rot_dim], cos, sin), q[..., rot_dim:]], -1)
+        k = torch.cat([apply_rope(k[..., :rot_dim], cos, sin), k[..., rot_dim:]], -1)
         rep = nh // nkv
         k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
         s = q @ k.transpose(1, 2) * hd**-0.5 + mask
@@ -197,6 +201,9 @@ def forward(cfg, w, ids):
         x = x + o @ w[a + "o_proj.weight"].T
 
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if mt == "glm4_moe":  # deepseek_v3's MoE block: sigmoid router, shared experts
+            x = x + deepseek_ffn(cfg, w, p, h)
+            continue
         if mt == "mixtral":
             m, gname = p + "block_sparse_moe.", "gate.weight"
             proj = lambda e: (m + f"experts.{e}.w1.weight", m + f"experts.{e}.w3.weight", m + f"experts.{e}.w2.weight")

@@ -107,6 +107,7 @@ async function generate(id, ids, opts) {
   engine.begin(Uint32Array.from(ids), JSON.stringify(opts || {}));
   let failures = 0;
   let finishReason = "stop";
+  const logprobs = opts && opts.logprobs ? [] : null;
   for (;;) {
     if (cancelled.has(id)) {
       finishReason = "cancelled";
@@ -129,14 +130,18 @@ async function generate(id, ids, opts) {
     }
     if (t < 0) break;
     postRoute(id, takeRoute());
-    post({ id, event: "token", token: t, text: engine.takeText() });
+    const lp = logprobs ? JSON.parse(engine.takeLogprobs()) : undefined;
+    if (lp) logprobs.push(...lp);
+    post({ id, event: "token", token: t, text: engine.takeText(), logprobs: lp });
     post({ event: "stats", stats: stats() });
     await sleep(0);
   }
   cancelled.delete(id);
   const out = Array.from(engine.produced());
   if (finishReason === "stop" && out.length >= (opts?.maxNewTokens ?? Infinity)) finishReason = "length";
-  return { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason };
+  const r = { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason };
+  if (logprobs) r.logprobs = logprobs;
+  return r;
 }
 
 const ops = {
@@ -163,6 +168,12 @@ const ops = {
   },
   async generate({ ids, options }, id) {
     const r = await generate(id, ids, options);
+    await reportUsage();
+    return r;
+  },
+  async choose({ prompt, options, raw }) {
+    const r = JSON.parse(await engine.choose(String(prompt), JSON.stringify(options), !!raw));
+    postRoute(0, takeRoute());
     await reportUsage();
     return r;
   },

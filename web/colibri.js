@@ -4,6 +4,7 @@
 //   const engine = await load({ model: "demo", backend: "auto", onProgress });
 //   await engine.generate({ ids: [5, 17, 3], maxNewTokens: 16, temperature: 0 }); // {ids, text}
 //   await engine.logits({ ids: [5, 17, 3] });                                        // Float32Array
+//   await engine.choose({ prompt: "Merge it?", options: ["yes", "no"] });             // {probabilities, entropy, choice, ...}
 //   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
 //   engine.stats(); // {backend, threads, threadsReason, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper} (expert uses by the tier that served them), bytesFetched, ...}
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
@@ -94,10 +95,28 @@ class Engine extends EventTarget {
   }
 
   /** Greedy or sampled continuation of `ids`: resolves to {ids, text}. `signal` (an
-   * AbortSignal) stops it early; it then resolves with the tokens made so far. */
-  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, onToken, signal } = {}) {
-    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos };
+   * AbortSignal) stops it early; it then resolves with the tokens made so far.
+   * `logprobs: true` adds `logprobs`: per token (stop tokens excepted)
+   * {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} with `topLogprobs`
+   * (0 to 20) alternatives, as OpenAI's chat `logprobs.content` (the same numbers as the
+   * helper's API); onToken then sees each token's entries as `logprobs`. */
+  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, onToken, signal } = {}) {
+    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs };
     return this.#call("generate", { ids, options }, onToken, signal).promise;
+  }
+
+  /** Option scoring: the probability of each of `options` as the answer to `prompt` (one
+   * user message through the chat template; `raw: true` scores right after the text as it
+   * is), generating nothing. Resolves to {options, probabilities, logprobs, entropy,
+   * index, choice, optionTokens, promptTokens, tokensRead}: the same numbers as
+   * `coli choose` and POST /v1/choose. */
+  async choose({ prompt, options, raw = false } = {}) {
+    if (typeof prompt !== "string" || !Array.isArray(options)) throw new Error("choose needs {prompt: string, options: [strings]}");
+    const r = await this.#call("choose", { prompt, options, raw }).promise;
+    return {
+      options: r.options, probabilities: r.probabilities, logprobs: r.logprobs, entropy: r.entropy, index: r.index, choice: r.choice,
+      optionTokens: r.option_tokens, promptTokens: r.prompt_tokens, tokensRead: r.tokens_read,
+    };
   }
 
   /** Teacher-forced logits for every position: Float32Array [ids.length * vocab]. */
@@ -138,6 +157,9 @@ class Engine extends EventTarget {
   }
 
   #chatCreate(req) {
+    // Structured output is not built yet: refused (as the helper's API does), never ignored.
+    const rf = req.response_format;
+    if (rf && rf.type !== "text") throw new Error(`response_format type ${JSON.stringify(rf.type)} is not supported yet (no structured output)`);
     const created = Math.floor(Date.now() / 1000);
     const cid = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const model = req.model || this.model;
@@ -151,6 +173,8 @@ class Engine extends EventTarget {
           temperature: req.temperature ?? this.info?.info?.sampling?.temperature ?? 1,
           topP: req.top_p ?? this.info?.info?.sampling?.topP ?? 1,
           seed: req.seed ?? Math.floor(Math.random() * 2 ** 31),
+          logprobs: !!req.logprobs,
+          topLogprobs: req.top_logprobs ?? 0,
         },
       }, onToken, req.signal);
       return { gen, promptTokens: ids.length };
@@ -160,7 +184,7 @@ class Engine extends EventTarget {
         const r = await gen.promise;
         return {
           id: cid, object: "chat.completion", created, model,
-          choices: [{ index: 0, message: { role: "assistant", content: r.text }, finish_reason: finishReason(r, req) }],
+          choices: [{ index: 0, message: { role: "assistant", content: r.text }, logprobs: r.logprobs ? { content: r.logprobs, refusal: null } : null, finish_reason: finishReason(r, req) }],
           usage: { prompt_tokens: promptTokens, completion_tokens: r.ids.length, total_tokens: promptTokens + r.ids.length },
         };
       });
@@ -173,17 +197,18 @@ class Engine extends EventTarget {
         let finished = false;
         let failure = null;
         const push = (x) => { queue.push(x); if (wake) { wake(); wake = null; } };
-        const { gen } = await run((m) => push({ text: m.text }));
+        const { gen } = await run((m) => push({ text: m.text, logprobs: m.logprobs }));
         gen.promise.then((r) => { finished = r; push(null); }, (e) => { failure = e; push(null); });
-        const chunk = (delta, finish_reason = null) => ({ id: cid, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, finish_reason }] });
+        const chunk = (delta, finish_reason = null, logprobs = null) => ({ id: cid, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, logprobs, finish_reason }] });
         let first = true;
         try {
           for (;;) {
             while (!queue.length) await new Promise((r) => (wake = r));
             const item = queue.shift();
             if (item === null) break;
-            if (!item.text) continue;
-            yield chunk(first ? { role: "assistant", content: item.text } : { content: item.text });
+            const lp = item.logprobs ? { content: item.logprobs, refusal: null } : null;
+            if (!item.text && !lp) continue;
+            yield chunk(first ? { role: "assistant", content: item.text } : { content: item.text }, null, lp);
             first = false;
           }
           if (failure) throw failure;

@@ -59,10 +59,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
         // Decode speed: 8-token prompt, 64 greedy tokens, timed after the first token.
         let prompt = &ids[..8];
-        let opts = GenerateOptions { max_new_tokens: 64, sampler: SamplerConfig::default(), stop_ids: vec![] };
+        let opts =
+            GenerateOptions { max_new_tokens: 64, sampler: SamplerConfig::default(), stop_ids: vec![], logprobs: None };
         let run = |forward: &mut dyn FnMut(&[u32]) -> colibri_engine::Result<Vec<f32>>| -> colibri_engine::Result<(Vec<u32>, f64)> {
             let mut first = None;
-            let (out, _) = generate_with(forward, &[], prompt, &opts, &mut |_| {
+            let (out, _) = generate_with(forward, &[], prompt, model.cfg.max_positions, &opts, &mut |_| {
                 first.get_or_insert_with(Instant::now);
                 true
             })?;

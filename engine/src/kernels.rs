@@ -2,8 +2,11 @@
 //! call of [`math::dot`] in its fixed reduction order, so the result does not depend on
 //! thread count, batch size or which rows run where: prefill and decode agree bit for bit.
 
+use std::cell::RefCell;
+
 use crate::math;
-use crate::tensor::Mat;
+use crate::qdot::{self, ActQ, Simd};
+use crate::tensor::{DType, Mat};
 
 /// Runs `f(chunk_index, chunk)` over `data.chunks_mut(chunk)`, on all cores when the
 /// `parallel` feature is on.
@@ -47,37 +50,139 @@ pub fn threads() -> usize {
     }
 }
 
+/// One product of a batch handed to [`matmul_many`]: `out[p, r] = sum_c w[r, c] * x[p, c]`.
+pub struct MatJob<'a> {
+    pub w: &'a Mat,
+    /// [n, w.cols]
+    pub x: &'a [f32],
+    pub n: usize,
+    /// [n, w.rows]
+    pub out: &'a mut [f32],
+}
+
 /// `out[p, r] = sum_c w[r, c] * x[p, c]` for `p < n`: x is `[n, w.cols]`, out `[n, w.rows]`.
-/// Each weight row is decoded once and applied to all `n` positions.
+///
+/// Float weights (f32, bf16, f16): each row is decoded once and [`math::dot`] applies it
+/// to every position. Integer weights (int8, int4): the positions are quantized once and
+/// every output is one [`qdot::dot_row`] (integer sums in the order of docs/kernels.md).
+/// Either way an output depends only on its row and its position: not on thread count,
+/// batch size, SIMD path or which rows run where.
 pub fn matmul(w: &Mat, x: &[f32], n: usize, out: &mut [f32]) {
-    let (rows, cols) = (w.rows, w.cols);
-    debug_assert!(x.len() >= n * cols && out.len() >= n * rows);
-    if n == 0 || rows == 0 {
-        return;
+    matmul_many(&mut [MatJob { w, x, n, out }]);
+}
+
+thread_local! {
+    /// Quantized activations, reused from call to call (no allocation on the hot path).
+    static ACTS: RefCell<Vec<ActQ>> = const { RefCell::new(Vec::new()) };
+    /// One decoded float row per thread.
+    static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Output pointer shared by the tasks of one [`matmul_many`] region.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks of a region write disjoint elements (distinct (job, row) pairs) of
+// outputs that outlive the region, and nothing reads them until it ends.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// Several independent products in one parallel region (one hand-off to the thread pool
+/// instead of one per matrix): rows of all jobs are cut into tasks of similar cost. Jobs
+/// that read the same `x` with the same quantization share one quantized copy of it.
+pub fn matmul_many(jobs: &mut [MatJob]) {
+    let simd = Simd::active();
+    let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    let mut keys: Vec<(usize, usize, usize, usize, bool)> = Vec::new();
+    let mut act_of = vec![usize::MAX; jobs.len()];
+    for (j, job) in jobs.iter().enumerate() {
+        let (n, cols) = (job.n, job.w.cols);
+        assert!(job.x.len() >= n * cols && job.out.len() >= n * job.w.rows, "matmul shapes");
+        let Some(group) = job.w.dtype.group() else { continue };
+        let (group, int4) = (group as usize, matches!(job.w.dtype, DType::Int4 { .. }));
+        let split = ActQ::wants_split(int4, group);
+        let key = (job.x.as_ptr() as usize, n, cols, group, split);
+        if let Some(k) = keys.iter().position(|k| *k == key) {
+            act_of[j] = k;
+            continue;
+        }
+        if acts.len() <= keys.len() {
+            acts.push(ActQ::default());
+        }
+        acts[keys.len()].quantize(&job.x[..n * cols], n, cols, group, split);
+        act_of[j] = keys.len();
+        keys.push(key);
     }
-    // Rows per task: enough work per task to amortise scheduling, enough tasks to balance.
-    let per_task = (rows / (threads() * 4)).max(1).min(256);
-    let kernel = |block: usize, dst: &mut [f32], stride: usize| {
-        let mut row = vec![0.0f32; cols];
-        let first = block * per_task;
-        for k in 0..dst.len() / stride {
-            w.row_into(first + k, &mut row);
-            for p in 0..n {
-                dst[k * stride + p] = math::dot(&row, &x[p * cols..(p + 1) * cols]);
+    let outs: Vec<OutPtr> = jobs.iter_mut().map(|j| OutPtr(j.out.as_mut_ptr())).collect();
+    let macs: usize = jobs.iter().map(|j| j.w.rows * j.w.cols * j.n).sum();
+    let run = |j: usize, r0: usize, r1: usize| {
+        let job = &jobs[j];
+        let act = acts.get(act_of[j]);
+        // SAFETY: OutPtr's contract; rows r0..r1 of job j belong to this task alone.
+        unsafe { rows_into(simd, job.w, job.x, job.n, act, r0, r1, outs[j].0) }
+    };
+    let threads = threads();
+    if threads <= 1 || macs < PARALLEL_MIN_MACS {
+        for (j, job) in jobs.iter().enumerate() {
+            run(j, 0, job.w.rows);
+        }
+    } else {
+        // About four tasks per thread, none tiny.
+        let task_macs = (macs / (threads * 4)).max(1 << 14);
+        let mut tasks = Vec::new();
+        for (j, job) in jobs.iter().enumerate() {
+            let per = (task_macs / (job.w.cols * job.n).max(1)).max(1);
+            tasks.extend((0..job.w.rows).step_by(per).map(|r0| (j, r0, (r0 + per).min(job.w.rows))));
+        }
+        for_each_task(&tasks, |&(j, r0, r1)| run(j, r0, r1));
+    }
+    ACTS.with(|a| *a.borrow_mut() = acts);
+}
+
+/// Runs `f` on every task, on the thread pool when the `parallel` feature is on.
+fn for_each_task<T: Sync, F: Fn(&T) + Sync + Send>(tasks: &[T], f: F) {
+    #[cfg(feature = "parallel")]
+    {
+        use rayon::prelude::*;
+        tasks.par_iter().for_each(f);
+    }
+    #[cfg(not(feature = "parallel"))]
+    tasks.iter().for_each(f);
+}
+
+/// Rows `r0..r1` of `w` times the `n` positions, written to `out[p * w.rows + r]`.
+///
+/// SAFETY (caller): `out` points at `n * w.rows` writable f32s that no one else touches
+/// at these rows; `x` holds `n * w.cols` values; `act` is `x` quantized for `w` when `w`
+/// is an integer type.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<&ActQ>, r0: usize, r1: usize, out: *mut f32) {
+    let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
+    let bytes = w.bytes.as_ref();
+    let put = |p: usize, r: usize, v: f32| {
+        // SAFETY: p < n and r < rows, inside the caller's `n * rows` elements.
+        unsafe { *out.add(p * rows + r) = v }
+    };
+    match (w.dtype, act) {
+        (DType::Int8 { .. } | DType::Int4 { .. }, Some(a)) => {
+            let int4 = matches!(w.dtype, DType::Int4 { .. });
+            for r in r0..r1 {
+                let row = &bytes[r * rb..(r + 1) * rb];
+                for p in 0..n {
+                    put(p, r, qdot::dot_row(simd, int4, row, a, p));
+                }
             }
         }
-    };
-    let parallel = rows * cols * n >= PARALLEL_MIN_MACS;
-    if n == 1 {
-        for_each_chunk_if(parallel, &mut out[..rows], per_task, |b, dst| kernel(b, dst, 1));
-        return;
-    }
-    // Work in [rows, n] then transpose into [n, rows].
-    let mut tmp = vec![0.0f32; rows * n];
-    for_each_chunk_if(parallel, &mut tmp, per_task * n, |b, dst| kernel(b, dst, n));
-    for r in 0..rows {
-        for p in 0..n {
-            out[p * rows + r] = tmp[r * n + p];
+        _ => {
+            let mut buf = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));
+            buf.resize(cols, 0.0);
+            for r in r0..r1 {
+                w.row_into(r, &mut buf);
+                for p in 0..n {
+                    put(p, r, math::dot(&buf, &x[p * cols..(p + 1) * cols]));
+                }
+            }
+            ROW.with(|b| *b.borrow_mut() = buf);
         }
     }
 }
@@ -108,15 +213,47 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
 
 /// SwiGLU feed-forward `down(silu(gate(x)) * up(x))` for `n` positions.
 pub fn swiglu(gate: &Mat, up: &Mat, down: &Mat, x: &[f32], n: usize, out: &mut [f32]) {
-    let inter = gate.rows;
-    let mut g = vec![0.0f32; n * inter];
-    let mut u = vec![0.0f32; n * inter];
-    matmul(gate, x, n, &mut g);
-    matmul(up, x, n, &mut u);
-    for (gi, ui) in g.iter_mut().zip(&u) {
-        *gi = math::silu(*gi) * ui;
+    swiglu_many(&[FfnJob { gate, up, down, x, n }], &mut [out]);
+}
+
+/// One SwiGLU feed-forward of a batch handed to [`swiglu_many`].
+pub struct FfnJob<'a> {
+    /// (inter, hidden)
+    pub gate: &'a Mat,
+    /// (inter, hidden)
+    pub up: &'a Mat,
+    /// (hidden, inter)
+    pub down: &'a Mat,
+    /// [n, hidden]
+    pub x: &'a [f32],
+    pub n: usize,
+}
+
+/// Several SwiGLU feed-forwards (the experts of one MoE layer) in two parallel regions:
+/// every gate and up product together, then every down product. `outs[k]` is
+/// `[jobs[k].n, hidden]`; each result is the same bits as [`swiglu`] alone.
+pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
+    let mut g: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0.0f32; j.n * j.gate.rows]).collect();
+    let mut u: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0.0f32; j.n * j.up.rows]).collect();
+    let mut first: Vec<MatJob> = Vec::with_capacity(2 * jobs.len());
+    for ((j, gi), ui) in jobs.iter().zip(g.iter_mut()).zip(u.iter_mut()) {
+        first.push(MatJob { w: j.gate, x: j.x, n: j.n, out: gi });
+        first.push(MatJob { w: j.up, x: j.x, n: j.n, out: ui });
     }
-    matmul(down, &g, n, out);
+    matmul_many(&mut first);
+    drop(first);
+    for (gi, ui) in g.iter_mut().zip(&u) {
+        for (a, b) in gi.iter_mut().zip(ui) {
+            *a = math::silu(*a) * b;
+        }
+    }
+    let mut second: Vec<MatJob> = jobs
+        .iter()
+        .zip(&g)
+        .zip(outs.iter_mut())
+        .map(|((j, gi), o)| MatJob { w: j.down, x: gi, n: j.n, out: o })
+        .collect();
+    matmul_many(&mut second);
 }
 
 #[cfg(test)]

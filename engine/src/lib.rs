@@ -25,6 +25,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod math;
 pub mod model;
+pub mod qdot;
 pub mod sampler;
 pub mod tensor;
 pub mod tokenizer;

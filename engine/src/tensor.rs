@@ -226,6 +226,15 @@ impl Mat {
         let want = dtype.row_bytes(cols).and_then(|rb| rb.checked_mul(rows)).ok_or_else(|| {
             Error::Invalid(format!("matrix [{rows}, {cols}] of {dtype}: size overflows or bad group size"))
         })?;
+        if let Some(g) = dtype.group() {
+            if g as usize > crate::qdot::MAX_GROUP {
+                return Err(Error::Invalid(format!(
+                    "matrix [{rows}, {cols}] of {dtype}: quantization groups above {} values are not supported \
+                     (re-run coli convert with a smaller --group-size)",
+                    crate::qdot::MAX_GROUP
+                )));
+            }
+        }
         if bytes.len() != want {
             return Err(Error::Invalid(format!(
                 "matrix [{rows}, {cols}] of {dtype} needs {want} bytes, got {}",

@@ -61,12 +61,23 @@ fn check(name: &str, pool_bytes: Option<u64>, lookahead: usize) {
     // Greedy continuation: the same tokens as the CPU path and the reference.
     let prompt = ids(&reference["greedy"]["prompt_ids"]);
     let want = ids(&reference["greedy"]["new_ids"]);
-    let opts = GenerateOptions { max_new_tokens: want.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let opts = GenerateOptions {
+        max_new_tokens: want.len(),
+        sampler: SamplerConfig::default(),
+        stop_ids: vec![],
+        logprobs: None,
+    };
     let (cpu_new, _) = generate(&model, &mut model.new_session(), &prompt, &opts, &mut |_| true).unwrap();
     let mut gs = gm.new_session();
-    let (gpu_new, _) =
-        generate_with(&mut |ids| gm.forward_blocking(&mut gs, ids, Logits::Last), &[], &prompt, &opts, &mut |_| true)
-            .unwrap();
+    let (gpu_new, _) = generate_with(
+        &mut |ids| gm.forward_blocking(&mut gs, ids, Logits::Last),
+        &[],
+        &prompt,
+        model.cfg.max_positions,
+        &opts,
+        &mut |_| true,
+    )
+    .unwrap();
     assert_eq!(gpu_new, cpu_new, "{name}: GPU greedy tokens differ from the CPU's");
     assert_eq!(gpu_new, want, "{name}: greedy continuation differs from transformers");
 
@@ -117,6 +128,8 @@ fn deepseek_v3_is_refused_with_a_clear_error() {
         let model = Model::open_dir(&dir(name)).unwrap();
         assert_eq!(colibri_engine::gpu::model::unsupported(&model.cfg), None, "{name}");
     }
+    let router = colibri_engine::gpu::model::unsupported(&Model::open_dir(&dir("glm4_moe")).unwrap().cfg);
+    assert!(router.is_some_and(|w| w.contains("glm4_moe") && w.contains("sigmoid / group-limited router")));
     for name in ["deepseek_v3", "deepseek_v3_noqlora"] {
         let model = Model::open_dir(&dir(name)).unwrap();
         let why = colibri_engine::gpu::model::unsupported(&model.cfg).expect("deepseek_v3 must be refused");

@@ -61,13 +61,16 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
     Mat::new(rows, cols, dtype, Bytes::from_vec(bytes)).unwrap()
 }
 
-const DTYPES: [DType; 6] = [
+const DTYPES: [DType; 9] = [
     DType::F32,
     DType::BF16,
     DType::F16,
     DType::Int8 { group: 32 },
     DType::Int4 { group: 32 },
     DType::Int4 { group: 7 },
+    DType::Int8 { group: 64 },
+    DType::Int4 { group: 64 },
+    DType::Int8 { group: 3 },
 ];
 
 fn check_matmul(ctx: &GpuContext, rows: usize, cols: usize, dtype: DType, ns: &[usize], seed: u64) {
@@ -100,12 +103,44 @@ fn matmul_every_dtype_and_batch_size() {
     }
 }
 
+/// Integer matmul on activations with zero blocks, huge and tiny values, and a NaN row:
+/// the CPU's bits (NaN where the CPU has NaN).
+#[test]
+fn qmatmul_edge_activations() {
+    let Some(ctx) = gpu() else { return };
+    let (rows, cols, n) = (19, 100, 5);
+    for dtype in [DType::Int4 { group: 32 }, DType::Int8 { group: 32 }] {
+        let mut rng = Lcg(77);
+        let m = random_mat(rows, cols, dtype, &mut rng);
+        let gm = upload_mat(&ctx, "w", &m).unwrap();
+        let mut x = rng.vec(n * cols, 2.0);
+        x[..40].iter_mut().for_each(|v| *v = 0.0); // position 0: one zero block, part of the next
+        x[cols + 7] = 3.0e38;
+        x[cols + 8] = -1.0e-30;
+        x[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e-25); // tiny (below 2^-64 in places)
+        x[3 * cols + 99] = f32::NAN;
+        x[4 * cols + 50] = 0.5;
+        let mut want = vec![0.0; n * rows];
+        kernels::matmul(&m, &x, n, &mut want);
+        let xb = upload_f32(&ctx, "x", &x).unwrap();
+        let yb = zeros(&ctx, n * rows);
+        let mut rec = Recorder::new(&ctx);
+        ops::matmul(&mut rec, &gm, &xb, 0, n, &yb, 0, rows).unwrap();
+        block_on(rec.submit()).unwrap();
+        let got = read(&ctx, &yb, n * rows);
+        assert!(want[3 * rows..4 * rows].iter().all(|v| v.is_nan()), "{dtype}: a NaN input makes its row NaN");
+        assert!(got[3 * rows..4 * rows].iter().all(|v| v.is_nan()), "{dtype}: GPU row with NaN input");
+        let keep = |v: &[f32]| -> Vec<f32> { v.iter().map(|f| if f.is_nan() { 0.0 } else { *f }).collect() };
+        assert_bits(&format!("qmatmul {dtype} edge activations"), &keep(&got), &keep(&want));
+    }
+}
+
 #[test]
 fn matmul_split_into_row_blocks() {
     let Some(_) = gpu() else { return };
     let mut ctx = GpuContext::new_blocking().unwrap();
     ctx.set_binding_cap(1024); // 10 rows of 24 f32 per block
-    for dt in [DType::F32, DType::F16, DType::Int4 { group: 8 }] {
+    for dt in [DType::F32, DType::F16, DType::Int4 { group: 8 }, DType::Int8 { group: 8 }] {
         check_matmul(&ctx, 53, 24, dt, &[1, 4], 3);
     }
     let gm = upload_mat(&ctx, "w", &random_mat(53, 24, DType::F32, &mut Lcg(3))).unwrap();

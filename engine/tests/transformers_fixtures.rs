@@ -95,7 +95,12 @@ fn check(name: &str) {
     // Greedy continuation, token for token.
     let prompt = ids(&reference["greedy"]["prompt_ids"]);
     let want_new = ids(&reference["greedy"]["new_ids"]);
-    let opts = GenerateOptions { max_new_tokens: want_new.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let opts = GenerateOptions {
+        max_new_tokens: want_new.len(),
+        sampler: SamplerConfig::default(),
+        stop_ids: vec![],
+        logprobs: None,
+    };
     let mut s3 = model.new_session();
     let (new, _) = generate(&model, &mut s3, &prompt, &opts, &mut |_| true).unwrap();
     assert_eq!(new, want_new, "{name}: greedy continuation differs");
@@ -124,6 +129,11 @@ fn olmoe_matches_transformers() {
 #[test]
 fn deepseek_v3_matches_transformers() {
     check("deepseek_v3");
+}
+
+#[test]
+fn glm4_moe_matches_transformers() {
+    check("glm4_moe");
 }
 
 #[test]

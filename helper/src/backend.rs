@@ -70,6 +70,39 @@ impl<'m> ChatSession<'m> {
     }
 }
 
+/// Truncates the conversation to its first `keep` tokens, then feeds ids after them.
+pub type ForwardKeep<'m> = Box<dyn FnMut(usize, &[u32], Logits) -> colibri_engine::Result<Vec<f32>> + 'm>;
+
+/// [`forward_fn`] whose conversation can be cut back: reuses a shared prefix's keys
+/// and values (option scoring).
+pub fn forward_keep_fn(model: &Model, backend: BackendChoice) -> Result<ForwardKeep<'_>> {
+    match backend {
+        BackendChoice::Cpu => {
+            let mut session = model.new_session();
+            Ok(Box::new(move |keep, ids, which| {
+                session.truncate(keep);
+                model.forward(&mut session, ids, which)
+            }))
+        }
+        BackendChoice::Wgpu => gpu_keep(model),
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn gpu_keep(model: &Model) -> Result<ForwardKeep<'_>> {
+    let gpu = gpu_model(model)?;
+    let mut session = gpu.new_session();
+    Ok(Box::new(move |keep, ids, which| {
+        session.truncate(keep);
+        gpu.forward_blocking(&mut session, ids, which)
+    }))
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn gpu_keep(_: &Model) -> Result<ForwardKeep<'_>> {
+    anyhow::bail!("this coli was built without the wgpu backend (cargo feature \"wgpu\"); use --backend cpu")
+}
+
 #[cfg(feature = "wgpu")]
 fn gpu_model(model: &Model) -> Result<colibri_engine::gpu::GpuModel<&Model>> {
     use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions};

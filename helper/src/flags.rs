@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use colibri_engine::generate::{SamplingDefaults, SamplingRequest};
 use colibri_engine::sampler::SamplerConfig;
 
 /// `--backend`: where the forward pass runs.
@@ -42,7 +43,7 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
-    /// CPU threads (default: all cores).
+    /// CPU threads (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
 }
@@ -54,41 +55,74 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
+    #[arg(long)]
+    pub top_k: Option<usize>,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches p.
     #[arg(long)]
     pub top_p: Option<f32>,
     /// Penalise tokens already in the context (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
     /// Random seed; the same seed gives the same tokens.
     #[arg(long)]
     pub seed: Option<u64>,
 }
 
 impl SamplingArgs {
-    pub fn config(&self, default_temperature: f32, default_top_p: f32, default_seed: u64) -> SamplerConfig {
-        SamplerConfig {
-            temperature: self.temperature.unwrap_or(default_temperature),
+    /// The sampler: these flags, else the model's generation_config.json, else `fallback`
+    /// (the command's own defaults; its seed when --seed is absent).
+    pub fn config(&self, model: &SamplingDefaults, fallback: SamplerConfig) -> SamplerConfig {
+        let req = SamplingRequest {
+            temperature: self.temperature,
             top_k: self.top_k,
-            top_p: self.top_p.unwrap_or(default_top_p),
+            top_p: self.top_p,
             repetition_penalty: self.repetition_penalty,
-            seed: self.seed.unwrap_or(default_seed),
-        }
+            seed: self.seed,
+        };
+        model.resolve(&req, &fallback)
     }
 }
 
-/// Sizes the global CPU thread pool (`--threads`; None: all cores). Call once, before any
+/// Sizes the global CPU thread pool (`--threads`; None: the physical cores). Call once, before any
 /// parallel work.
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
-    if let Some(t) = threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global()
-            .context("could not start the thread pool")?;
+    let n = threads.unwrap_or_else(physical_cores).max(1);
+    if rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_err()
+        && threads.is_some()
+        && rayon::current_num_threads() != n
+    {
+        // A pool exists already (tests running several commands in one process).
+        anyhow::bail!(
+            "could not start the thread pool with {n} threads: one with {} runs",
+            rayon::current_num_threads()
+        );
     }
     Ok(())
+}
+
+/// Physical CPU cores (Linux: distinct (package, core) pairs in sysfs; elsewhere, or
+/// when that is unreadable, the logical CPUs the process may use): a second hardware
+/// thread on a core adds little to these kernels.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut cores = std::collections::BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") else { return logical };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !name.strip_prefix("cpu").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(e.path().join("topology").join(f)).ok();
+        if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((pkg.trim().to_string(), core.trim().to_string()));
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
 }
 
 /// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units).

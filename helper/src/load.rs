@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::experts::source::FileSource;
+use colibri_engine::generate::SamplingDefaults;
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::{Container, ModelDir};
 use colibri_engine::tokenizer::Tokenizer;
@@ -19,6 +20,8 @@ pub struct Loaded {
     pub stop_ids: Vec<u32>,
     /// The expert cache as set up (converted models only).
     pub cache: Option<CacheSetup>,
+    /// Sampling defaults from generation_config.json (none without one).
+    pub sampling: SamplingDefaults,
 }
 
 /// Expert-cache flags of the commands that run a model (see [`ModelArgs`]).
@@ -203,13 +206,17 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     let tokenizer =
         if need_tokenizer || dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };
     let mut stop_ids = model.cfg.eos_token_ids.clone();
-    stop_ids.extend(generation_config_eos(dir));
+    let gen_cfg = std::fs::read(dir.join("generation_config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    stop_ids.extend(gen_cfg.as_ref().map(|g| parse_token_ids(g.get("eos_token_id"))).unwrap_or_default());
+    let sampling = gen_cfg.as_ref().map(SamplingDefaults::from_generation_config).unwrap_or_default();
     if let Some(t) = &tokenizer {
         stop_ids.extend(t.eos_token_ids());
     }
     stop_ids.sort_unstable();
     stop_ids.dedup();
-    Ok(Loaded { model, tokenizer, stop_ids, cache })
+    Ok(Loaded { model, tokenizer, stop_ids, cache, sampling })
 }
 
 /// Merges the expert uses counted since the last call into the model's usage file, so
@@ -226,14 +233,6 @@ pub fn save_usage(loaded: &Loaded) {
     {
         eprintln!("coli: warning: could not record expert usage: {e:#}");
     }
-}
-
-fn generation_config_eos(dir: &Path) -> Vec<u32> {
-    std::fs::read(dir.join("generation_config.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .map(|v| parse_token_ids(v.get("eos_token_id")))
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

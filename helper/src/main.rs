@@ -20,7 +20,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    bench, bench_routing, bench_serve, chat, convert, doctor, generate, info, list, logits, pull, service, synth,
+    bench, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, pull, service,
+    synth,
 };
 
 #[derive(Parser)]
@@ -38,6 +39,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Chat in the terminal with the model's chat template, streaming tokens.
     Chat(chat::ChatArgs),
+    /// Score fixed answers to a prompt (their probabilities), generating nothing.
+    Choose(choose::ChooseArgs),
     /// Convert a Hugging Face checkpoint into a colibri model (quantized, streamable).
     Convert(convert::ConvertArgs),
     /// Architecture, size and quantization of a model directory.
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Logits(a) => logits::logits(a),
         Command::Generate(a) => generate::generate(a),
         Command::Chat(a) => chat::chat(a),
+        Command::Choose(a) => choose::choose(a),
         Command::Convert(a) => convert::convert(a),
         Command::Info(a) => info::info(a),
         Command::Doctor(a) => doctor::doctor(a),

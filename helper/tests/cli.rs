@@ -265,6 +265,33 @@ fn bench_routing_reports_lookahead_recall_and_cache_hit_rates() {
     }
 }
 
+#[test]
+fn generate_stops_cleanly_at_the_context_limit() {
+    // qwen3_moe's context is 128 positions: after a 126-token prompt, k tokens need
+    // 126 + k - 1 positions, so exactly 3 fit (the last one is never fed).
+    let ids: Vec<String> = (0..126).map(|i| ((i * 37 + 5) % 300).to_string()).collect();
+    let run = |ids: &[String]| {
+        coli()
+            .args(["generate", "--model"])
+            .arg(fixture("qwen3_moe"))
+            .args(["--ids", &ids.join(","), "--max-new-tokens", "10", "--ignore-eos", "--json"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&ids);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ids"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["finish_reason"], "length");
+    // A prompt longer than the context is refused with one line, before any step.
+    let long: Vec<String> = (0..129).map(|i| (i % 300).to_string()).collect();
+    let out = run(&long);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("context"), "{err}");
+}
+
 /// `coli bench --warmup` runs the prompt once before the timed prefill: with `--ram all`
 /// every expert the timed prefill uses is then resident (a run without the warm-up reads
 /// them during the prefill); only the router lookahead may still read a guessed expert.

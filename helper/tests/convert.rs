@@ -14,7 +14,8 @@ use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
 use serde_json::Value;
 
-const FIXTURES: [&str; 6] = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora"];
+const FIXTURES: [&str; 7] =
+    ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe"];
 
 fn coli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coli"))
@@ -97,7 +98,12 @@ fn quality(name: &str, model: &Model, got: &[f32]) -> Quality {
     }
     let prompt = ids(&r["greedy"]["prompt_ids"]);
     let want_new = ids(&r["greedy"]["new_ids"]);
-    let opts = GenerateOptions { max_new_tokens: want_new.len(), sampler: SamplerConfig::default(), stop_ids: vec![] };
+    let opts = GenerateOptions {
+        max_new_tokens: want_new.len(),
+        sampler: SamplerConfig::default(),
+        stop_ids: vec![],
+        logprobs: None,
+    };
     let mut s = model.new_session();
     let (new, _) = generate(model, &mut s, &prompt, &opts, &mut |_| true).unwrap();
     let greedy = new.iter().zip(&want_new).take_while(|(a, b)| a == b).count();
@@ -206,7 +212,7 @@ fn ram_budget_never_changes_the_bits() {
     let dst = root.join("m");
     convert_ok(&fixture("qwen2_moe"), &dst, &[]);
     same_bits_for_every_budget("qwen2_moe", &dst);
-    for name in ["deepseek_v3", "deepseek_v3_noqlora"] {
+    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe"] {
         let d = root.join(name);
         convert_ok(&fixture(name), &d, &[]);
         same_bits_for_every_budget(name, &d);
@@ -420,9 +426,11 @@ fn corruption_is_caught_by_checksums() {
 fn damaged_manifests_are_clear_errors() {
     let root = scratch("manifest");
     let dst = root.join("m");
-    convert_ok(&fixture("mixtral"), &dst, &["--quant", "int4"]);
+    // Group 64: the layout below has an expert part at offset 4096.
+    convert_ok(&fixture("mixtral"), &dst, &["--quant", "int4", "--group-size", "64"]);
     let path = dst.join("colibri.json");
     let good = std::fs::read(&path).unwrap();
+    assert!(String::from_utf8_lossy(&good).contains("\"offset\": 4096"), "the layout this test edits changed");
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("truncated", good[..good.len() / 3].to_vec()),
         ("empty", Vec::new()),
@@ -468,7 +476,7 @@ fn info_and_doctor_on_both_formats() {
         assert!(v["streamed_bytes"].as_u64().unwrap() > 0 && v["resident_bytes"].as_u64().unwrap() > 0);
     }
     assert!(conv["format"].as_str().unwrap().contains("colibri container v1"));
-    assert!(conv["quantization"].as_str().unwrap().contains("experts int4/g64"));
+    assert!(conv["quantization"].as_str().unwrap().contains("experts int4/g32"));
     // int4 experts take about a quarter of bf16 (plus scales).
     let (a, b) = (hf["expert_bytes"].as_u64().unwrap() as f64, conv["expert_bytes"].as_u64().unwrap() as f64);
     assert!(b < a * 0.45, "{a} vs {b}");

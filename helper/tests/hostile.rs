@@ -166,7 +166,11 @@ fn convert_refuses_outputs_that_would_destroy_data() {
     assert!(text.contains("manifest_xxh3"));
     let out = run(coli().args(["doctor", "--checksums"]).arg(&other), Duration::from_secs(60));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let edited = text.replacen("\"group_size\": 64", "\"group_size\": 32", 1);
+    // An edit that keeps the JSON valid: the first tensor's group size (whatever the
+    // convert default is) doubled.
+    let gs = text.split("\"group_size\": ").nth(1).and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next()).unwrap();
+    let doubled = 2 * gs.parse::<u32>().unwrap();
+    let edited = text.replacen(&format!("\"group_size\": {gs}"), &format!("\"group_size\": {doubled}"), 1);
     assert_ne!(edited, text);
     std::fs::write(&m, edited).unwrap();
     let out = run(

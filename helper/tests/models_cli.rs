@@ -68,7 +68,7 @@ fn list_shows_every_installed_model_and_rm_removes_one() {
     let by_id = |id: &str| models.iter().find(|m| m["id"] == id).unwrap().clone();
     let conv = by_id("mix-int4");
     assert_eq!(conv["family"], "mixtral");
-    assert_eq!(conv["quantization"], "int4/g64");
+    assert_eq!(conv["quantization"], "int4/g32");
     let on_disk = std::fs::metadata(home.join("mix-int4/weights.bin")).unwrap().len();
     assert!(conv["size"].as_u64().unwrap() > on_disk);
     let (resident, streamed) = (conv["resident_bytes"].as_u64().unwrap(), conv["streamed_bytes"].as_u64().unwrap());
@@ -79,7 +79,7 @@ fn list_shows_every_installed_model_and_rm_removes_one() {
 
     let table = ok(coli(&home).arg("list").output().unwrap());
     assert!(table.starts_with("ID "), "{table}");
-    assert!(table.contains("acme/tiny-moe") && table.contains("int4/g64") && table.contains("mixtral"), "{table}");
+    assert!(table.contains("acme/tiny-moe") && table.contains("int4/g32") && table.contains("mixtral"), "{table}");
 
     let out = coli(&home).args(["rm", "acme/tiny-moe"]).output().unwrap();
     assert!(out.status.success());

@@ -317,7 +317,7 @@ fn pull_matches_convert_through_a_redirect_and_a_dropped_connection() {
     let list = ok(coli(&home, &hub).args(["list", "--json"]).output().unwrap());
     let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
     assert_eq!(v["models"][0]["id"], "acme/tiny-moe");
-    assert_eq!(v["models"][0]["quantization"], "int4/g64");
+    assert_eq!(v["models"][0]["quantization"], "int4/g32");
 
     let again = coli(&home, &hub).args(["pull", "acme/tiny-moe"]).output().unwrap();
     assert_one_error(&again, "already installed");

@@ -43,6 +43,23 @@ fn half_at(e: u32) -> u32 {
     return (W[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
 }
 
+// Integer value q of element (r, c) of an int8 (DTYPE 3) or int4 (DTYPE 4) row block.
+fn wint(r: u32, c: u32, cols: u32, row_words: u32) -> i32 {
+    let groups = (cols + GROUP - 1u) / GROUP;
+    let vbase = r * row_words + (groups + 1u) / 2u;
+    if (DTYPE == 3u) {
+        let byte = (W[vbase + (c >> 2u)] >> ((c & 3u) * 8u)) & 0xffu;
+        return (i32(byte) << 24u) >> 24u;
+    }
+    let nib = (W[vbase + (c >> 3u)] >> ((c & 7u) * 4u)) & 0xfu;
+    return i32(nib) - 8;
+}
+
+// f16 scale of group g of row r of an int8/int4 row block, as f32 (exact).
+fn wscale(r: u32, g: u32, cols: u32, row_words: u32) -> f32 {
+    return f16_to_f32((W[r * row_words + (g >> 1u)] >> ((g & 1u) * 16u)) & 0xffffu);
+}
+
 // Element (r, c) of the row block, decoded to f32 exactly.
 fn wval(r: u32, c: u32, cols: u32, row_words: u32) -> f32 {
     switch DTYPE {
@@ -53,20 +70,7 @@ fn wval(r: u32, c: u32, cols: u32, row_words: u32) -> f32 {
             return f16_to_f32(half_at(r * cols + c));
         }
         case 3u, 4u: {
-            let base = r * row_words;
-            let groups = (cols + GROUP - 1u) / GROUP;
-            let scale_words = (groups + 1u) / 2u;
-            let g = c / GROUP;
-            let s = f16_to_f32((W[base + (g >> 1u)] >> ((g & 1u) * 16u)) & 0xffffu);
-            var q: i32;
-            if (DTYPE == 3u) {
-                let byte = (W[base + scale_words + (c >> 2u)] >> ((c & 3u) * 8u)) & 0xffu;
-                q = (i32(byte) << 24u) >> 24u;
-            } else {
-                let nib = (W[base + scale_words + (c >> 3u)] >> ((c & 7u) * 4u)) & 0xfu;
-                q = i32(nib) - 8;
-            }
-            return f32(q) * s;
+            return f32(wint(r, c, cols, row_words)) * wscale(r, c / GROUP, cols, row_words);
         }
         default: {
             return bitcast<f32>(W[r * cols + c]);

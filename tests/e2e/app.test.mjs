@@ -378,12 +378,26 @@ test("conversations are kept in IndexedDB, renamed, exported as JSON and Markdow
   await page.fill("#prompt", "first words");
   await page.keyboard.press("Enter");
   await idle(page);
+  const stored = () => page.evaluate(() => new Promise((ok, bad) => {
+    const r = indexedDB.open("colibri-app");
+    r.onerror = () => bad(r.error);
+    r.onsuccess = () => {
+      const g = r.result.transaction("conversations").objectStore("conversations").getAll();
+      g.onsuccess = () => { ok(g.result.map((c) => c.title)); r.result.close(); };
+      g.onerror = () => bad(g.error);
+    };
+  }));
 
   // Rename: the list shows the new name, a reload keeps it.
   await page.click("#conversations li.active .ren");
   await page.fill("#conversations .rename-box", "My renamed chat");
   await page.press("#conversations .rename-box", "Enter");
   assert.equal(await page.textContent("#conversations li.active .open span"), "My renamed chat");
+  // The write to IndexedDB is asynchronous: a reload before it commits would lose it.
+  for (let t0 = Date.now(); !(await stored()).includes("My renamed chat"); ) {
+    assert.ok(Date.now() - t0 < 30_000, "the renamed conversation never reached IndexedDB");
+    await new Promise((r) => setTimeout(r, 50));
+  }
   await page.reload();
   await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
   assert.equal(await page.textContent("#conversations li.active .open span"), "My renamed chat");
@@ -423,15 +437,6 @@ test("conversations are kept in IndexedDB, renamed, exported as JSON and Markdow
   assert.equal(await theme(), "system");
 
   // Kept in IndexedDB (not localStorage); deleting removes it there too.
-  const stored = () => page.evaluate(() => new Promise((ok, bad) => {
-    const r = indexedDB.open("colibri-app");
-    r.onerror = () => bad(r.error);
-    r.onsuccess = () => {
-      const g = r.result.transaction("conversations").objectStore("conversations").getAll();
-      g.onsuccess = () => { ok(g.result.map((c) => c.title)); r.result.close(); };
-      g.onerror = () => bad(g.error);
-    };
-  }));
   assert.ok((await stored()).includes("My renamed chat"));
   assert.equal(await page.evaluate(() => localStorage.getItem("colibri.conversations.v1")), null);
   await page.click("#conversations li.active .del");

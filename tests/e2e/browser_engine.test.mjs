@@ -85,6 +85,8 @@ test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that 
     assert.equal(own.isolated, true, "the helper's pages must be cross-origin isolated");
     assert.equal(own.stats.threads, 2, JSON.stringify(own.stats));
     assert.match(own.stats.threadsReason, /threads: 2/);
+    // The integer kernels' wasm SIMD128 path, checked to the bit against native AVX2/512.
+    assert.equal(own.stats.simd, "simd128", JSON.stringify(own.stats));
     sameBits(own, "helper page, 2 threads");
     // More threads than this machine's cores, as asked: still the same bits.
     const three = await runInPage(page, helper.url, { logits: true, threads: 3 });
@@ -93,6 +95,7 @@ test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that 
     // Asked for one thread: the one-thread build.
     const one = await runInPage(page, helper.url, { logits: true, threads: 1 });
     assert.equal(one.stats.threads, 1);
+    assert.equal(one.stats.simd, "simd128", JSON.stringify(one.stats));
     sameBits(one, "helper page, 1 thread");
     // A page of another origin that is not isolated (the widget's case): one thread, and why.
     const plain = await runInPage(page, helper.url, { logits: true, threads: 2, pageUrl: `${plainSite.url}/` });

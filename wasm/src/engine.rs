@@ -7,9 +7,12 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::generate::choose::{self, Chooser};
+use colibri_engine::generate::logprobs::chat_entry;
+use colibri_engine::generate::{GenerateOptions, Generator, SamplingDefaults, SamplingRequest};
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
-use colibri_engine::sampler::{Sampler, SamplerConfig};
+use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tensor::Bytes;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
@@ -45,37 +48,36 @@ struct LoadOptions {
 #[serde(rename_all = "camelCase", default)]
 struct GenOptions {
     max_new_tokens: usize,
-    temperature: f32,
-    top_k: usize,
-    top_p: f32,
-    repetition_penalty: f32,
+    /// Sampling settings; absent ones come from generation_config.json, else greedy.
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    repetition_penalty: Option<f32>,
     seed: u64,
     ignore_eos: bool,
+    /// Stop strings: the text ends before the first one.
+    stop: Vec<String>,
+    /// Record each token's log-probability (taken with `takeLogprobs`).
+    logprobs: bool,
+    /// Alternatives per token with `logprobs` (0 to 20).
+    top_logprobs: usize,
 }
 
 impl Default for GenOptions {
     fn default() -> Self {
         GenOptions {
             max_new_tokens: 128,
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            repetition_penalty: 1.0,
+            temperature: None,
+            top_k: None,
+            top_p: None,
+            repetition_penalty: None,
             seed: 0,
             ignore_eos: false,
+            stop: Vec::new(),
+            logprobs: false,
+            top_logprobs: 0,
         }
     }
-}
-
-struct Gen {
-    sampler: Sampler,
-    pending: Vec<u32>,
-    produced: Vec<u32>,
-    max_new: usize,
-    stop: Vec<u32>,
-    done: bool,
-    stream: DecodeStream,
-    text: String,
 }
 
 #[derive(Default, serde::Serialize)]
@@ -139,7 +141,7 @@ fn count_use<'a>(perf: &'a mut Perf, map: &'a [u8], n_experts: usize) -> impl Fn
 /// borrow that fails means the page called in during a step, which is refused.
 struct State {
     cx: Context,
-    gen: Option<Gen>,
+    gen: Option<Generator>,
     perf: Perf,
 }
 
@@ -154,18 +156,16 @@ pub struct Engine {
     auto: Option<AutoChoice>,
     state: Rc<RefCell<State>>,
     persisted: bool,
-    /// The model's sampling defaults from generation_config.json (null without one).
+    /// The model's sampling defaults from generation_config.json.
+    defaults: SamplingDefaults,
+    /// The same as JSON {temperature, topP} for the page (null without the file).
     sampling: serde_json::Value,
 }
 
-/// {temperature, topP} from a generation_config.json: greedy (temperature 0) when it
-/// says `do_sample: false`, as transformers does.
-fn sampling_defaults(g: &serde_json::Value) -> serde_json::Value {
-    let num = |k: &str, d: f64| g.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
-    if g.get("do_sample").and_then(|v| v.as_bool()) == Some(false) {
-        return serde_json::json!({"temperature": 0.0, "topP": 1.0});
-    }
-    serde_json::json!({"temperature": num("temperature", 1.0), "topP": num("top_p", 1.0)})
+/// {temperature, topP} for the page: greedy where generation_config.json says
+/// `do_sample: false`, else its values, else 1.
+fn sampling_json(d: &SamplingDefaults) -> serde_json::Value {
+    serde_json::json!({"temperature": d.temperature.unwrap_or(1.0), "topP": d.top_p.unwrap_or(1.0)})
 }
 
 const BUSY: &str = "the engine is busy with another operation";
@@ -258,9 +258,11 @@ impl Engine {
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
         let mut sampling = serde_json::Value::Null;
+        let mut defaults = SamplingDefaults::default();
         if let Some(g) = gen_cfg.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) {
             stop_ids.extend(parse_token_ids(g.get("eos_token_id")));
-            sampling = sampling_defaults(&g);
+            defaults = SamplingDefaults::from_generation_config(&g);
+            sampling = sampling_json(&defaults);
         }
         tok.add_eos_ids(&stop_ids);
         stop_ids = tok.eos_token_ids();
@@ -296,6 +298,7 @@ impl Engine {
             auto,
             state: Rc::new(RefCell::new(state)),
             persisted,
+            defaults,
             sampling,
         })
     }
@@ -357,31 +360,28 @@ impl Engine {
             if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
         // Empty, out-of-vocabulary or longer than the context: refused before anything runs.
         self.model.cfg.check_input(&ids, 0).map_err(err)?;
-        let sampler = Sampler::new(SamplerConfig {
+        let req = SamplingRequest {
             temperature: o.temperature,
             top_k: o.top_k,
             top_p: o.top_p,
             repetition_penalty: o.repetition_penalty,
-            seed: o.seed,
-        })
-        .map_err(err)?;
+            seed: Some(o.seed),
+        };
+        let opts = GenerateOptions {
+            max_new_tokens: o.max_new_tokens,
+            sampler: self.defaults.resolve(&req, &SamplerConfig::default()),
+            stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
+            logprobs: o.logprobs.then_some(o.top_logprobs),
+        };
         let mut st = self.state()?;
         let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
-        let limit = self.model.cfg.max_positions;
+        // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
+        // for k tokens) and refuses a prompt longer than the context.
+        let gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
+            .map_err(err)?
+            .with_text(DecodeStream::default(), o.stop);
         st.cx.truncate(common);
-        // Step k feeds the prompt (k = 1) or one token, so k tokens need prompt + k - 1
-        // positions: stop cleanly at the context limit instead of failing a step.
-        let room = limit - ids.len() + 1;
-        st.gen = Some(Gen {
-            sampler,
-            pending: ids[common..].to_vec(),
-            produced: Vec::new(),
-            max_new: o.max_new_tokens.min(room),
-            stop: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
-            done: o.max_new_tokens.min(room) == 0,
-            stream: DecodeStream::default(),
-            text: String::new(),
-        });
+        st.gen = Some(gen);
         st.perf.started_ms = now_ms();
         st.perf.ttft_ms = None;
         Ok(())
@@ -396,15 +396,13 @@ impl Engine {
             let mut st = borrow(&state)?;
             let State { cx, gen, perf } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
-            if g.done {
-                return Ok((-1).into());
-            }
+            let Some(input) = g.input() else { return Ok((-1).into()) };
             let before = cx.tokens().len();
             let t0 = now_ms();
             let map = tier_map(&model, &tiers, &backend);
             let result = {
                 let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
-                backend.forward_tiered(&model, &tiers, cx, &g.pending, Logits::Last, &mut on_use).await
+                backend.forward_tiered(&model, &tiers, cx, input, Logits::Last, &mut on_use).await
             };
             let logits = match result {
                 Ok(l) => l,
@@ -413,16 +411,7 @@ impl Engine {
                     return Err(err(e).into());
                 }
             };
-            let id = g.sampler.sample(&logits, cx.tokens());
-            g.produced.push(id);
-            g.pending = vec![id];
-            if !g.stop.contains(&id) {
-                g.text.push_str(&g.stream.push(&tok, id).map_err(err)?);
-            }
-            if g.stop.contains(&id) || g.produced.len() >= g.max_new {
-                g.done = true;
-                g.text.push_str(&g.stream.finish(&tok).map_err(err)?);
-            }
+            let id = g.accept(&logits, Some(&tok)).map_err(err)?;
             let t1 = now_ms();
             if perf.ttft_ms.is_none() {
                 perf.ttft_ms = Some(t1 - perf.started_ms);
@@ -437,12 +426,50 @@ impl Engine {
     /// Text completed since the last call (never a partial UTF-8 character).
     #[wasm_bindgen(js_name = takeText)]
     pub fn take_text(&self) -> Result<String, JsError> {
-        Ok(self.state()?.gen.as_mut().map(|g| std::mem::take(&mut g.text)).unwrap_or_default())
+        Ok(self.state()?.gen.as_mut().map(|g| g.take_text()).unwrap_or_default())
+    }
+
+    /// Log-probabilities of the tokens produced since the last call, as JSON in the shape
+    /// of OpenAI's chat `logprobs.content` ([{token, logprob, bytes, top_logprobs}]).
+    #[wasm_bindgen(js_name = takeLogprobs)]
+    pub fn take_logprobs(&self) -> Result<String, JsError> {
+        let entries = self.state()?.gen.as_mut().map(|g| g.take_logprobs()).unwrap_or_default();
+        let v: Vec<serde_json::Value> = entries.iter().map(|t| chat_entry(&self.tok, t)).collect();
+        serde_json::to_string(&v).map_err(err)
+    }
+
+    /// Scores `options` (a JSON list of strings) as answers to `prompt` (one user message
+    /// through the chat template, or with `raw` the text as it is), generating nothing:
+    /// a promise of the JSON of `coli choose --json` (without its timing).
+    pub fn choose(&self, prompt: String, options_json: &str, raw: bool) -> Result<Promise, JsError> {
+        let options: Vec<String> = serde_json::from_str(options_json).map_err(err)?;
+        if options.iter().any(|o| o.is_empty()) {
+            return Err(JsError::new("an option is empty"));
+        }
+        let ids = choose::encode_prompt(&self.tok, &prompt, raw).map_err(err)?;
+        let option_ids = choose::encode_options(&self.tok, &options).map_err(err)?;
+        let mut c = Chooser::new(ids, option_ids, self.model.cfg.max_positions).map_err(err)?;
+        let (model, backend, state, tiers) =
+            (self.model.clone(), self.backend.clone(), self.state.clone(), self.tiers.clone());
+        Ok(future_to_promise(async move {
+            let mut st = borrow(&state)?;
+            // A context of its own: the conversation's cached prefix stays as it was.
+            let mut cx = backend.new_context(&model);
+            while let Some(s) = c.step() {
+                cx.truncate(s.keep);
+                let map = tier_map(&model, &tiers, &backend);
+                let mut on_use = count_use(&mut st.perf, &map, model.cfg.router.n_experts);
+                let logits =
+                    backend.forward_tiered(&model, &tiers, &mut cx, s.ids, s.which, &mut on_use).await.map_err(err)?;
+                c.accept(&logits).map_err(err)?;
+            }
+            Ok(c.finish().to_json(&options).to_string().into())
+        }))
     }
 
     /// Ids produced by the current generation.
     pub fn produced(&self) -> Result<Vec<u32>, JsError> {
-        Ok(self.state()?.gen.as_ref().map(|g| g.produced.clone()).unwrap_or_default())
+        Ok(self.state()?.gen.as_ref().map(|g| g.produced().to_vec()).unwrap_or_default())
     }
 
     /// Expert-use counts since the last call, as JSON [[layer, expert, count], ...].
@@ -471,6 +498,8 @@ impl Engine {
             "backend": self.backend.name(),
             // CPU kernel threads: the pool's workers in the threaded build, else 1.
             "threads": colibri_engine::kernels::threads(),
+            // The integer dot-product path of the CPU kernels ("simd128" or "scalar").
+            "simd": colibri_engine::qdot::Simd::active().name(),
             "adapter": self.backend.adapter(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },

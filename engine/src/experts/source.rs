@@ -143,7 +143,7 @@ impl ByteSource for FileSource {
     fn read_aligned(&self, offset: u64, buf: &mut [u8], need: usize) -> Result<()> {
         #[cfg(target_os = "linux")]
         if let Some(d) = &self.direct {
-            let aligned = |v: usize| v % reader::ALIGN == 0;
+            let aligned = |v: usize| v.is_multiple_of(reader::ALIGN);
             if self.direct_ok.load(std::sync::atomic::Ordering::Relaxed)
                 && aligned(offset as usize)
                 && aligned(buf.as_ptr() as usize)

@@ -8,10 +8,11 @@ use crate::error::{Error, Result};
 use crate::tensor::DType;
 
 /// Candidate ratios `m / scale` tried for each int4 group, where `m` is the group's value
-/// of largest magnitude (sign included). -8 maps `m` onto the one extra negative level;
-/// the others trade clipping of `m` against resolution. The lowest squared error wins
-/// (ties: the first).
-const INT4_RATIOS: [f32; 5] = [-8.0, -7.5, -7.0, 7.0, 7.5];
+/// of largest magnitude (sign included). Negative ratios map `m` onto the negative side
+/// (-8 is the one extra level); the others trade clipping of `m` against resolution. Each
+/// candidate is also refitted once by least squares (scale = sum(x q) / sum(q q) for its
+/// levels q). The lowest squared error wins (ties: the first tried).
+const INT4_RATIOS: [f32; 12] = [-8.0, -7.75, -7.5, -7.25, -7.0, -6.75, -6.5, 6.5, 6.75, 7.0, 7.25, 7.5];
 
 /// Writes `src` (one row of `cols` values) in `dtype`'s row layout into `out`, which must
 /// be exactly `dtype.row_bytes(src.len())` bytes. Padding bytes are written as zeros.
@@ -101,7 +102,8 @@ fn quantize_group_int8(chunk: &[f32], qs: &mut [i8]) -> f16 {
     s
 }
 
-/// Symmetric int4, q in [-8, 7], the scale chosen among [`INT4_RATIOS`].
+/// Symmetric int4, q in [-8, 7], the scale chosen among [`INT4_RATIOS`] and their
+/// least-squares refits.
 fn quantize_group_int4(chunk: &[f32], qs: &mut [i8]) -> f16 {
     let m = chunk.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
     if m == 0.0 {
@@ -110,12 +112,22 @@ fn quantize_group_int4(chunk: &[f32], qs: &mut [i8]) -> f16 {
     }
     let mut best = (f64::INFINITY, f16::ZERO);
     let mut tmp = vec![0i8; qs.len()];
-    for r in INT4_RATIOS {
-        let s = to_scale(m / r);
-        let err = quantize_with(chunk, s.to_f32(), -8.0, 7.0, &mut tmp);
+    let mut consider = |s: f16, tmp: &mut [i8]| {
+        let err = quantize_with(chunk, s.to_f32(), -8.0, 7.0, tmp);
         if err < best.0 {
             best = (err, s);
-            qs.copy_from_slice(&tmp);
+            qs.copy_from_slice(tmp);
+        }
+    };
+    for r in INT4_RATIOS {
+        consider(to_scale(m / r), &mut tmp);
+        // Refit: the scale that minimises the error for these levels.
+        let (xq, qq) = chunk
+            .iter()
+            .zip(tmp.iter())
+            .fold((0.0f64, 0.0f64), |(a, b), (&x, &q)| (a + x as f64 * q as f64, b + (q as f64) * (q as f64)));
+        if qq > 0.0 {
+            consider(to_scale((xq / qq) as f32), &mut tmp);
         }
     }
     best.1
@@ -160,10 +172,28 @@ mod tests {
             {
                 let out = roundtrip(dtype, &v);
                 let g = dtype.group().unwrap() as usize;
-                for (k, (a, b)) in v.iter().zip(&out).enumerate() {
-                    let chunk = &v[k / g * g..((k / g + 1) * g).min(cols)];
-                    let amax = chunk.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-                    assert!((a - b).abs() <= amax / levels * 0.51 + 1e-6, "{dtype} cols {cols} [{k}]: {a} vs {b}");
+                if levels == 127.0 {
+                    for (k, (a, b)) in v.iter().zip(&out).enumerate() {
+                        let chunk = &v[k / g * g..((k / g + 1) * g).min(cols)];
+                        let amax = chunk.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                        assert!((a - b).abs() <= amax / levels * 0.51 + 1e-6, "{dtype} cols {cols} [{k}]: {a} vs {b}");
+                    }
+                    continue;
+                }
+                // int4: each group's squared error is at most that of plain rounding with
+                // scale max/7 (one of the candidates the search tries).
+                for (c0, (chunk, got)) in v.chunks(g).zip(out.chunks(g)).enumerate() {
+                    let m = chunk.iter().fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+                    let sc = f16::from_f32(m / 7.0).to_f32();
+                    let plain: f64 = chunk
+                        .iter()
+                        .map(|&x| {
+                            let q = if sc == 0.0 { 0.0 } else { (x / sc).round().clamp(-8.0, 7.0) };
+                            (x as f64 - (q * sc) as f64).powi(2)
+                        })
+                        .sum();
+                    let err: f64 = chunk.iter().zip(got).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+                    assert!(err <= plain * (1.0 + 1e-9) + 1e-18, "{dtype} cols {cols} group {c0}: {err} > {plain}");
                 }
             }
         }

@@ -73,7 +73,7 @@ pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu:
 pub fn upload_mat(ctx: &GpuContext, label: &str, m: &Mat) -> Result<GpuMat> {
     let row_bytes = m.row_bytes();
     let row_words = if m.dtype.is_quantized() {
-        if row_bytes % 4 != 0 {
+        if !row_bytes.is_multiple_of(4) {
             return Err(Error::Gpu(format!("{label}: quantized rows of {row_bytes} bytes are not 4-byte aligned")));
         }
         (row_bytes / 4) as u32

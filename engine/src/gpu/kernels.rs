@@ -18,6 +18,8 @@ pub const WEIGHTS: &str = include_str!("../../../shaders/common/weights.wgsl");
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Matmul,
+    QuantizeAct,
+    QMatmul,
     Embed,
     RmsNorm,
     Rope,
@@ -31,8 +33,10 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::Matmul,
+        Kernel::QuantizeAct,
+        Kernel::QMatmul,
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Rope,
@@ -53,6 +57,8 @@ impl Kernel {
         const AW: &[&str] = &[ARITH, WEIGHTS];
         match self {
             Kernel::Matmul => ("matmul.wgsl", AW, include_str!("../../../shaders/matmul.wgsl")),
+            Kernel::QuantizeAct => ("quantize_act.wgsl", A, include_str!("../../../shaders/quantize_act.wgsl")),
+            Kernel::QMatmul => ("qmatmul.wgsl", AW, include_str!("../../../shaders/qmatmul.wgsl")),
             Kernel::Embed => ("embed.wgsl", W, include_str!("../../../shaders/embed.wgsl")),
             Kernel::RmsNorm => ("rmsnorm.wgsl", A, include_str!("../../../shaders/rmsnorm.wgsl")),
             Kernel::Rope => ("rope.wgsl", A, include_str!("../../../shaders/rope.wgsl")),

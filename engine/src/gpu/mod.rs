@@ -62,6 +62,8 @@ pub struct GpuContext {
     modules: Mutex<HashMap<kernels::Kernel, wgpu::ShaderModule>>,
     errors: Arc<Mutex<Vec<String>>>,
     binding_cap: u64,
+    /// Quantized activations of the integer matmuls (quantize_act.wgsl), grown on demand.
+    act_scratch: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -132,6 +134,7 @@ impl GpuContext {
             modules: Mutex::default(),
             errors,
             binding_cap: u64::MAX,
+            act_scratch: Mutex::default(),
         }
     }
 
@@ -174,6 +177,20 @@ impl GpuContext {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         }))
+    }
+
+    /// A storage buffer of at least `bytes` for quantized activations, shared by every
+    /// integer matmul: each one quantizes and then reads it, and the queue runs them in
+    /// order, so no two uses overlap.
+    pub(crate) fn act_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
+        let mut slot = self.act_scratch.lock().map_err(|_| Error::Gpu("activation scratch poisoned".into()))?;
+        if let Some(b) = slot.as_ref().filter(|b| b.size() >= bytes) {
+            return Ok(b.clone());
+        }
+        let size = bytes.max(256).next_power_of_two().min(self.max_binding()).max(bytes);
+        let b = self.storage_buffer("quantized activations", size)?;
+        *slot = Some(b.clone());
+        Ok(b)
     }
 
     /// Waits for submitted work natively; on the web the browser drives callbacks.

@@ -29,6 +29,9 @@ pub fn matmul(
     y_stride: usize,
 ) -> Result<()> {
     let consts = dtype_constants(m.dtype);
+    if let Some(group) = m.dtype.group() {
+        return qmatmul(rec, m, group as usize, x, x_offset, n, y, y_offset, y_stride);
+    }
     for part in &m.parts {
         let params = [
             u32_of("rows", part.rows)?,
@@ -44,6 +47,62 @@ pub fn matmul(
             &consts,
             &params,
             vec![(&part.range).into(), x.into(), y.into()],
+            groups(part.rows, 8),
+        )?;
+    }
+    Ok(())
+}
+
+/// [`matmul`] for int8/int4 weights: the n positions are quantized once
+/// (quantize_act.wgsl), then every row block runs the integer kernel (qmatmul.wgsl);
+/// the same bits as kernels::matmul (qdot::dot_row_scalar).
+#[allow(clippy::too_many_arguments)]
+fn qmatmul(
+    rec: &mut Recorder,
+    m: &GpuMat,
+    group: usize,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    n: usize,
+    y: &wgpu::Buffer,
+    y_offset: usize,
+    y_stride: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let blocks = m.cols.div_ceil(group);
+    let q_words = blocks * group.div_ceil(4);
+    let d_offset = n * q_words;
+    let words = d_offset + n * blocks;
+    let act = rec.ctx().act_buffer(words as u64 * 4)?;
+    let params = [
+        u32_of("n", n)?,
+        u32_of("cols", m.cols)?,
+        u32_of("group", group)?,
+        u32_of("blocks", blocks)?,
+        u32_of("x offset", x_offset)?,
+        u32_of("quantized words", q_words)?,
+        u32_of("scale offset", d_offset)?,
+    ];
+    rec.dispatch(Kernel::QuantizeAct, &[], &params, vec![x.into(), (&act).into()], (n * blocks) as u64)?;
+    let consts = dtype_constants(m.dtype);
+    for part in &m.parts {
+        let params = [
+            u32_of("rows", part.rows)?,
+            u32_of("cols", m.cols)?,
+            u32_of("n", n)?,
+            m.row_words,
+            u32_of("quantized words", q_words)?,
+            u32_of("scale offset", d_offset)?,
+            u32_of("y offset", y_offset + part.row0)?,
+            u32_of("y stride", y_stride)?,
+        ];
+        rec.dispatch(
+            Kernel::QMatmul,
+            &consts,
+            &params,
+            vec![(&part.range).into(), (&act).into(), y.into()],
             groups(part.rows, 8),
         )?;
     }
@@ -127,7 +186,7 @@ pub fn attention(
     scores: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Result<()> {
-    if s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
+    if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         return Err(Error::Gpu(format!("{} heads do not group over {} kv heads", s.n_heads, s.n_kv_heads)));
     }
     let stride = s.pos0 + s.n;

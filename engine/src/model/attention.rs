@@ -5,7 +5,7 @@
 //! Room for attention sinks is left in [`AttnOpts`] rather than in copies of this file.
 
 use crate::error::Result;
-use crate::kernels::{for_each_chunk, matmul, rmsnorm_chunks};
+use crate::kernels::{for_each_chunk, matmul, matmul_many, rmsnorm_chunks, MatJob};
 use crate::math;
 use crate::model::config::{MlaConfig, QkNorm};
 use crate::model::mla::{self, MlaWeights};
@@ -164,9 +164,11 @@ fn gqa(
     let mut q = vec![0.0f32; n * qd];
     let mut k = vec![0.0f32; n * kvd];
     let mut v = vec![0.0f32; n * kvd];
-    matmul(&w.wq, x, n, &mut q);
-    matmul(&w.wk, x, n, &mut k);
-    matmul(&w.wv, x, n, &mut v);
+    matmul_many(&mut [
+        MatJob { w: &w.wq, x, n, out: &mut q },
+        MatJob { w: &w.wk, x, n, out: &mut k },
+        MatJob { w: &w.wv, x, n, out: &mut v },
+    ]);
     add_bias(&mut q, &w.bq);
     add_bias(&mut k, &w.bk);
     add_bias(&mut v, &w.bv);

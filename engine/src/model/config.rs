@@ -22,6 +22,9 @@ pub enum Family {
     /// sigmoid router with correction bias and group-limited top-k, shared experts,
     /// dense first layers.
     DeepseekV3,
+    /// GLM-4.5/4.6: GQA with q/k/v biases and optional per-head q/k norms, partial
+    /// RoPE, deepseek_v3's router, shared experts and dense first layers.
+    Glm4Moe,
 }
 
 impl Family {
@@ -34,6 +37,7 @@ impl Family {
             // Kimi-K2 ships DeepSeek-V3's architecture under its own name (transformers'
             // kimi_k25 maps a "kimi_k2" text config to deepseek_v3 the same way).
             "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
+            "glm4_moe" => Family::Glm4Moe,
             other => return Err(Error::UnknownModelType(other.to_string())),
         })
     }
@@ -297,7 +301,15 @@ impl ModelConfig {
         if max_positions == 0 {
             return Err(Error::Config("max_position_embeddings must be positive".into()));
         }
-        let rope = RopeConfig::from_config(v, mla.as_ref().map_or(head_dim, |m| m.qk_rope_head_dim), max_positions)?;
+        // glm4_moe rotates half of each head unless told otherwise (transformers sets
+        // partial_rotary_factor 0.5 by default).
+        let default_partial = if family == Family::Glm4Moe { 0.5 } else { 1.0 };
+        let rope = RopeConfig::from_config_with_partial(
+            v,
+            mla.as_ref().map_or(head_dim, |m| m.qk_rope_head_dim),
+            max_positions,
+            default_partial,
+        )?;
         let attn_scale = match &mla {
             // transformers: qk_head_dim ** -0.5 * mscale * mscale, in float64.
             Some(_) => {
@@ -324,12 +336,19 @@ impl ModelConfig {
         }
         let router = match family {
             Family::Mixtral => RouterConfig::softmax(n_experts, top_k, true),
-            Family::DeepseekV3 => sigmoid_router(v, n_experts, top_k)?,
+            // transformers' defaults for absent fields differ between the two.
+            Family::DeepseekV3 => sigmoid_router(v, n_experts, top_k, (8, 4, 2.5))?,
+            Family::Glm4Moe => sigmoid_router(v, n_experts, top_k, (1, 1, 1.0))?,
             _ => RouterConfig::softmax(n_experts, top_k, get_bool(v, "norm_topk_prob").unwrap_or(false)),
         };
 
         let (qkv_bias, qk_norm, clip_qkv) = match family {
             Family::Mixtral | Family::DeepseekV3 => (false, QkNorm::None, None),
+            Family::Glm4Moe => (
+                get_bool(v, "attention_bias").unwrap_or(false),
+                if get_bool(v, "use_qk_norm").unwrap_or(false) { QkNorm::PerHead } else { QkNorm::None },
+                None,
+            ),
             Family::Qwen2Moe => (get_bool(v, "qkv_bias").unwrap_or(true), QkNorm::None, None),
             Family::Qwen3Moe => (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::PerHead, None),
             Family::Olmoe => {
@@ -342,13 +361,13 @@ impl ModelConfig {
                 let i = need_usize(v, "intermediate_size")?;
                 (i, i)
             }
-            Family::Qwen2Moe | Family::Qwen3Moe | Family::DeepseekV3 => {
+            Family::Qwen2Moe | Family::Qwen3Moe | Family::DeepseekV3 | Family::Glm4Moe => {
                 (need_usize(v, "moe_intermediate_size")?, get_usize(v, "intermediate_size").unwrap_or(0))
             }
         };
         let shared_expert_intermediate = match family {
             Family::Qwen2Moe => get_usize(v, "shared_expert_intermediate_size").filter(|&s| s > 0),
-            Family::DeepseekV3 => {
+            Family::DeepseekV3 | Family::Glm4Moe => {
                 let n = optional_usize(v, "n_shared_experts", 1)?;
                 bounded("n_shared_experts", n, MAX_EXPERTS)?;
                 Some(n * expert_intermediate).filter(|&s| s > 0)
@@ -378,14 +397,14 @@ impl ModelConfig {
                     .unwrap_or_default();
                 (0..n_layers).map(|l| !only.contains(&l) && n_experts > 0 && (l + 1) % step == 0).collect()
             }
-            Family::DeepseekV3 => {
+            Family::DeepseekV3 | Family::Glm4Moe => {
                 // transformers ignores moe_layer_freq; DeepSeek's own code reads it. Only
                 // the value on which both agree is accepted.
                 let freq = optional_usize(v, "moe_layer_freq", 1)?;
                 if freq != 1 {
                     return Err(Error::Config(format!("moe_layer_freq = {freq} is not supported (only 1)")));
                 }
-                let dense = optional_usize(v, "first_k_dense_replace", 3)?;
+                let dense = optional_usize(v, "first_k_dense_replace", if family == Family::Glm4Moe { 1 } else { 3 })?;
                 (0..n_layers).map(|l| l >= dense).collect()
             }
             _ => vec![true; n_layers],
@@ -422,7 +441,7 @@ impl ModelConfig {
             moe_layers,
             tie_word_embeddings: get_bool(v, "tie_word_embeddings").unwrap_or(false),
             mtp_layers: match family {
-                Family::DeepseekV3 => bounded(
+                Family::DeepseekV3 | Family::Glm4Moe => bounded(
                     "num_nextn_predict_layers",
                     get_usize(v, "num_nextn_predict_layers").unwrap_or(0),
                     MAX_LAYERS,

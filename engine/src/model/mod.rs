@@ -1,7 +1,7 @@
 //! The decoder-only MoE transformer shared by every supported family:
 //! embedding -> for each layer [RMSNorm -> attention -> residual -> RMSNorm -> MoE block
 //! or dense MLP -> residual] -> final RMSNorm -> lm_head.
-//! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe,deepseek_v3}.py (v5).
+//! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe,deepseek_v3,glm4_moe}.py (v5).
 //!
 //! The model sits on top of the file formats (crate::format) and the expert supply
 //! (crate::experts): [`config`] (config.json), [`rope`], [`attention`] (with its MLA
@@ -104,7 +104,7 @@ impl Names {
     fn of(f: Family) -> Self {
         match f {
             Family::Mixtral => Names { moe: "block_sparse_moe", gate: "w1", up: "w3", down: "w2", shared: "" },
-            Family::DeepseekV3 => {
+            Family::DeepseekV3 | Family::Glm4Moe => {
                 Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts" }
             }
             _ => Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_expert" },

@@ -3,8 +3,10 @@
 //! come from an [`ExpertSource`] (crate::experts): resident, cached or streamed.
 
 use crate::error::Result;
+use std::sync::Arc;
+
 use crate::experts::{Expert, ExpertSource};
-use crate::kernels::matmul;
+use crate::kernels::{matmul, swiglu_many, FfnJob};
 use crate::math;
 use crate::model::config::{RouterConfig, Scoring};
 use crate::tensor::Mat;
@@ -52,7 +54,7 @@ pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routin
         }
         None => &scores,
     };
-    let candidates: Vec<usize> = if cfg.n_group > 1 && cfg.topk_group < cfg.n_group && n % cfg.n_group == 0 {
+    let candidates: Vec<usize> = if cfg.n_group > 1 && cfg.topk_group < cfg.n_group && n.is_multiple_of(cfg.n_group) {
         let per = n / cfg.n_group;
         let group_score: Vec<f32> = (0..cfg.n_group)
             .map(|g| {
@@ -165,25 +167,43 @@ impl MoeBlock {
             }
             experts.note_use(layer, e, users[e].len());
         }
-        // Experts are computed in whatever order they become available (resident ones
-        // first, then reads as they complete), but summed in ascending expert order, so
-        // the bits never depend on which read finished first.
-        let mut pending: Vec<usize> = (0..used.len()).collect();
-        let mut done: Vec<Option<Vec<f32>>> = vec![None; used.len()];
-        let mut next = 0;
-        while !pending.is_empty() {
-            let pick = pending.iter().position(|&i| experts.ready(layer, used[i])).unwrap_or(0);
-            let i = pending.remove(pick);
-            let list = &users[used[i]];
-            let expert = experts.expert(layer, used[i])?;
-            let m = list.len();
-            let mut xs = vec![0.0f32; m * hidden];
+        let gather = |list: &[(usize, f32)]| {
+            let mut xs = vec![0.0f32; list.len() * hidden];
             for (j, (p, _)) in list.iter().enumerate() {
                 xs[j * hidden..(j + 1) * hidden].copy_from_slice(&x[p * hidden..(p + 1) * hidden]);
             }
-            let mut ys = vec![0.0f32; m * hidden];
-            expert.forward(&xs, m, &mut ys);
-            done[i] = Some(ys);
+            xs
+        };
+        // The experts whose bytes are here now, and the shared expert, run together (two
+        // parallel regions for the whole layer); the others in whatever order their reads
+        // complete. The outputs are summed in ascending expert order, so the bits never
+        // depend on which read finished first.
+        let mut done: Vec<Option<Vec<f32>>> = vec![None; used.len()];
+        let ready: Vec<usize> = (0..used.len()).filter(|&i| experts.ready(layer, used[i])).collect();
+        let arcs: Vec<Arc<Expert>> = ready.iter().map(|&i| experts.expert(layer, used[i])).collect::<Result<_>>()?;
+        let xs: Vec<Vec<f32>> = ready.iter().map(|&i| gather(&users[used[i]])).collect();
+        let mut jobs: Vec<FfnJob> = arcs
+            .iter()
+            .zip(&xs)
+            .map(|(e, xe)| FfnJob { gate: &e.gate, up: &e.up, down: &e.down, x: xe, n: xe.len() / hidden })
+            .collect();
+        let mut ys: Vec<Vec<f32>> = xs.iter().map(|xe| vec![0.0f32; xe.len()]).collect();
+        if let Some(shared) = &self.shared {
+            let m = &shared.mlp;
+            jobs.push(FfnJob { gate: &m.gate, up: &m.up, down: &m.down, x, n });
+            ys.push(vec![0.0f32; n * hidden]);
+        }
+        {
+            let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|v| v.as_mut_slice()).collect();
+            swiglu_many(&jobs, &mut outs);
+        }
+        let shared_out = if self.shared.is_some() { ys.pop() } else { None };
+        for (&i, y) in ready.iter().zip(ys) {
+            done[i] = Some(y);
+        }
+        let mut pending: Vec<usize> = (0..used.len()).filter(|&i| done[i].is_none()).collect();
+        let mut next = 0;
+        loop {
             while let Some(ys) = done.get_mut(next).and_then(Option::take) {
                 for (j, (p, w)) in users[used[next]].iter().enumerate() {
                     let dst = &mut out[p * hidden..(p + 1) * hidden];
@@ -193,10 +213,19 @@ impl MoeBlock {
                 }
                 next += 1;
             }
+            if pending.is_empty() {
+                break;
+            }
+            let pick = pending.iter().position(|&i| experts.ready(layer, used[i])).unwrap_or(0);
+            let i = pending.remove(pick);
+            let list = &users[used[i]];
+            let expert = experts.expert(layer, used[i])?;
+            let xs = gather(list);
+            let mut ys = vec![0.0f32; xs.len()];
+            expert.forward(&xs, list.len(), &mut ys);
+            done[i] = Some(ys);
         }
-        if let Some(shared) = &self.shared {
-            let mut s = vec![0.0f32; n * hidden];
-            shared.mlp.forward(x, n, &mut s);
+        if let (Some(shared), Some(s)) = (&self.shared, shared_out) {
             match &shared.gate {
                 Some(gate) => {
                     let mut g = vec![0.0f32; n];

@@ -67,12 +67,25 @@ pub fn softmax_mscale(cfg: &Value) -> Result<f64> {
 impl RopeConfig {
     /// Reads `rope_parameters` (v5), else `rope_theta` + `rope_scaling` (v4).
     pub fn from_config(cfg: &Value, head_dim: usize, max_positions: usize) -> Result<Self> {
+        Self::from_config_with_partial(cfg, head_dim, max_positions, 1.0)
+    }
+
+    /// [`RopeConfig::from_config`] for a family whose `partial_rotary_factor` defaults to
+    /// `default_partial` when the config does not give one.
+    pub fn from_config_with_partial(
+        cfg: &Value,
+        head_dim: usize,
+        max_positions: usize,
+        default_partial: f64,
+    ) -> Result<Self> {
         let empty = Value::Object(Default::default());
         let params = rope_params(cfg).unwrap_or(&empty);
         let theta = num(params, "rope_theta").or_else(|| num(cfg, "rope_theta")).unwrap_or(10000.0);
-        let partial = num(params, "partial_rotary_factor").or_else(|| num(cfg, "partial_rotary_factor")).unwrap_or(1.0);
+        let partial = num(params, "partial_rotary_factor")
+            .or_else(|| num(cfg, "partial_rotary_factor"))
+            .unwrap_or(default_partial);
         let rotary_dim = ((head_dim as f64) * partial) as usize;
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(Error::Config(format!("invalid rotary dimension {rotary_dim} for head_dim {head_dim}")));
         }
         let rope_type =

@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
+use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 
 use crate::backend::ChatSession;
@@ -190,8 +191,12 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     });
     let mut opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        sampler: a.sampling.config(0.7, 0.95, seed),
+        sampler: a.sampling.config(
+            &loaded.sampling,
+            SamplerConfig { temperature: 0.7, top_p: 0.95, seed, ..SamplerConfig::default() },
+        ),
         stop_ids: loaded.stop_ids.clone(),
+        logprobs: None,
     };
     let stop = Arc::new(AtomicBool::new(false));
     catch_ctrl_c(stop.clone());
@@ -285,22 +290,29 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         stop.store(false, Ordering::SeqCst);
         let mut stdout = std::io::stdout().lock();
         let fed = session.tokens().to_vec();
-        let (out, reason) = generate_with(&mut |ids| session.forward(ids), &fed, &ids[common..], &opts, &mut |id| {
-            first.get_or_insert_with(|| start.elapsed().as_secs_f64());
-            if stop.load(Ordering::SeqCst) {
-                return false;
-            }
-            if loaded.stop_ids.contains(&id) {
-                return true;
-            }
-            match stream.push(tok, id) {
-                Ok(t) => write!(stdout, "{t}").and_then(|_| stdout.flush()).is_ok(),
-                Err(e) => {
-                    failed = Some(e);
-                    false
+        let (out, reason) = generate_with(
+            &mut |ids| session.forward(ids),
+            &fed,
+            &ids[common..],
+            cfg.max_positions,
+            &opts,
+            &mut |id| {
+                first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+                if stop.load(Ordering::SeqCst) {
+                    return false;
                 }
-            }
-        })?;
+                if loaded.stop_ids.contains(&id) {
+                    return true;
+                }
+                match stream.push(tok, id) {
+                    Ok(t) => write!(stdout, "{t}").and_then(|_| stdout.flush()).is_ok(),
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                }
+            },
+        )?;
         if let Some(e) = failed {
             return Err(e.into());
         }
@@ -376,7 +388,7 @@ fn stats(loaded: &Loaded, last: &LastAnswer, context: usize, messages: usize) ->
                 last.tokens,
                 last.secs,
                 last.first_token_secs.unwrap_or(0.0),
-                format!("{reason:?}").to_lowercase()
+                reason.as_str()
             ));
         }
     }

@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
+use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
+use colibri_engine::generate::{generate_with, GenerateOptions};
+use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::Logits;
 
@@ -33,11 +35,15 @@ pub struct GenerateArgs {
     /// Print one JSON object: {"ids", "text", "prompt_ids", "finish_reason", timings}.
     #[arg(long)]
     pub json: bool,
+    /// With --json: also "logprobs", each produced token's log-probability with this many
+    /// alternatives (0 to 20), as the API's chat `logprobs.content` (stop ids excepted).
+    #[arg(long, requires = "json", value_parser = clap::value_parser!(u8).range(0..=20))]
+    pub logprobs: Option<u8>,
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
     let ids_arg = a.ids.as_deref().map(parse_ids).transpose()?;
-    let loaded = open(&a.model, a.prompt.is_some())?;
+    let loaded = open(&a.model, a.prompt.is_some() || a.logprobs.is_some())?;
     let tok = loaded.tokenizer.as_ref();
     let prompt_ids = match (ids_arg, &a.prompt) {
         (Some(ids), _) => ids,
@@ -49,8 +55,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     };
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        sampler: a.sampling.config(0.0, 1.0, 0),
+        sampler: a.sampling.config(&loaded.sampling, SamplerConfig::default()),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
+        logprobs: None,
     };
     let mut forward = forward_fn(&loaded.model, a.model.backend)?;
     let start = Instant::now();
@@ -58,25 +65,45 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let mut stream = DecodeStream::default();
     let mut stdout = std::io::stdout().lock();
     let mut print_err = None;
-    let (ids, reason) = generate_with(&mut |ids| forward(ids, Logits::Last), &[], &prompt_ids, &opts, &mut |id| {
-        first_token.get_or_insert_with(|| start.elapsed());
-        if !a.json {
-            if let Some(t) = tok {
-                match stream.push(t, id) {
-                    Ok(text) => {
-                        if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+    let max_positions = loaded.model.cfg.max_positions;
+    // --logprobs: the last row, kept until its token is known (the engine's computation).
+    let last_row = std::cell::RefCell::new(Vec::new());
+    let mut logprobs = Vec::new();
+    let (ids, reason) = generate_with(
+        &mut |ids: &[u32]| {
+            let row = forward(ids, Logits::Last)?;
+            if a.logprobs.is_some() {
+                last_row.borrow_mut().clone_from(&row);
+            }
+            Ok(row)
+        },
+        &[],
+        &prompt_ids,
+        max_positions,
+        &opts,
+        &mut |id| {
+            first_token.get_or_insert_with(|| start.elapsed());
+            if let (Some(n), false) = (a.logprobs, opts.stop_ids.contains(&id)) {
+                logprobs.push(token_logprob(&last_row.borrow(), id, n as usize));
+            }
+            if !a.json {
+                if let Some(t) = tok {
+                    match stream.push(t, id) {
+                        Ok(text) => {
+                            if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+                                return false;
+                            }
+                        }
+                        Err(e) => {
+                            print_err = Some(e);
                             return false;
                         }
                     }
-                    Err(e) => {
-                        print_err = Some(e);
-                        return false;
-                    }
                 }
             }
-        }
-        true
-    })?;
+            true
+        },
+    )?;
     if let Some(e) = print_err {
         return Err(e.into());
     }
@@ -90,15 +117,18 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     if a.json {
         let ttft = first_token.unwrap_or(total).as_secs_f64();
         let decode_s = total.as_secs_f64() - ttft;
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "ids": ids,
             "text": text,
             "prompt_ids": prompt_ids,
-            "finish_reason": match reason { StopReason::Stop => "stop", StopReason::Length => "length", StopReason::Cancelled => "cancelled" },
+            "finish_reason": reason.as_str(),
             "ttft_ms": ttft * 1e3,
             "decode_tokens_per_second": if ids.len() > 1 && decode_s > 0.0 { (ids.len() - 1) as f64 / decode_s } else { 0.0 },
             "expert_cache": loaded.cache.as_ref().map(|c| c.describe()),
         });
+        if let (Some(t), true) = (tok, a.logprobs.is_some()) {
+            out["logprobs"] = logprobs.iter().map(|l| chat_entry(t, l)).collect();
+        }
         writeln!(stdout, "{out}")?;
     } else {
         if let Some(t) = tok {

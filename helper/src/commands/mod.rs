@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_routing;
 pub mod bench_serve;
 pub mod chat;
+pub mod choose;
 pub mod convert;
 pub mod doctor;
 mod doctor_machine;

@@ -34,7 +34,7 @@ pub struct PullArgs {
     #[arg(long, value_enum, default_value_t = Quant::Int4)]
     pub quant: Quant,
     /// Values per f16 scale for int4/int8 (as `coli convert`).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 32)]
     pub group_size: u32,
     /// Replace an installed model of the same id.
     #[arg(long)]

@@ -164,7 +164,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
         || a.top_k > a.experts
         || a.hidden == 0
         || a.heads == 0
-        || a.hidden % a.heads != 0
+        || !a.hidden.is_multiple_of(a.heads)
     {
         anyhow::bail!("bad shape: need layers, experts, hidden, heads > 0, top_k <= experts, heads dividing hidden");
     }

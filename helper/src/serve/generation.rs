@@ -7,12 +7,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use colibri_engine::generate::{generate, GenerateOptions, StopReason};
+use colibri_engine::generate::logprobs::sequence_logprobs;
+use colibri_engine::generate::{GenerateOptions, Generator, StopReason, TokenLogprob};
 use colibri_engine::tokenizer::DecodeStream;
+use colibri_engine::Logits;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
 
 use super::models::ModelEntry;
-use super::stop::StopMatcher;
 use super::Stats;
 use crate::load::Loaded;
 
@@ -108,10 +109,31 @@ pub fn admit(engines: &Engines, slot: &Arc<Slot>) -> Result<Admission, EngineErr
     Ok(ticket)
 }
 
-/// What a generation sends back, in order: pieces of text, then one Done or Error.
+/// Runs `f` on the blocking pool once the model is free (the queue generations wait in);
+/// None if the engine panicked.
+pub async fn run_exclusive<T: Send + 'static>(
+    admission: Admission,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let running = admission.0.running.clone();
+    let permit = running.acquire_owned().await.ok()?;
+    tokio::task::spawn_blocking(move || {
+        let r = f();
+        drop(permit);
+        drop(admission);
+        r
+    })
+    .await
+    .ok()
+}
+
+/// What a generation sends back, in order: the prompt's log-probabilities (echo with
+/// logprobs only), pieces of text with the log-probabilities of the tokens produced since
+/// the last piece (logprobs only; the text may then be empty), then one Done or Error.
 #[derive(Debug)]
 pub enum Event {
-    Text(String),
+    Prompt(Vec<TokenLogprob>),
+    Text(String, Vec<TokenLogprob>),
     Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize },
     Error(String),
 }
@@ -124,6 +146,9 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Decode the output as a continuation of the prompt (completions) or on its own (chat).
     pub continue_prompt: bool,
+    /// Also the prompt's teacher-forced log-probabilities with this many alternatives
+    /// (completions with echo and logprobs); the prompt runs even when no token is asked.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Starts `job` once the model is free; events arrive on the returned channel. Dropping
@@ -166,58 +191,68 @@ pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<At
 /// last event to send (Done or Error; None if the client is gone) and whether the
 /// generation was cancelled.
 fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> (Option<Event>, bool) {
-    let Job { loaded, prompt, opts, stop, continue_prompt } = job;
+    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs } = job;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
-    let mut decode = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
-    let mut matcher = StopMatcher::new(stop);
+    let stream = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
+    let mut gen = match Generator::new(&[], &prompt, loaded.model.cfg.max_positions, &opts) {
+        Ok(g) => g.with_text(stream, stop),
+        Err(e) => return (Some(Event::Error(e.to_string())), false),
+    };
     let mut session = loaded.model.new_session();
     let mut client_gone = false;
     let mut shutting_down = false;
-    let mut hit_stop = false;
-    let mut failed = None;
-    let emit = |text: String, client_gone: &mut bool| {
-        if !text.is_empty() && tx.blocking_send(Event::Text(text)).is_err() {
-            *client_gone = true;
-        }
-    };
-    let result = generate(&loaded.model, &mut session, &prompt, &opts, &mut |id| {
-        stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
-        if tx.is_closed() {
-            client_gone = true;
-            return false;
-        }
-        if shutdown.load(Ordering::Relaxed) {
-            shutting_down = true;
-            return false;
-        }
-        let piece = match decode.push(tok, id) {
-            Ok(p) => p,
-            Err(e) => {
-                failed = Some(e.to_string());
-                return false;
+    let mut result = Ok(());
+    // Echo with logprobs: the prompt once with every position's logits; its last row
+    // gives the first token.
+    let mut first_row = None;
+    if let Some(n) = prompt_logprobs {
+        let vocab = loaded.model.cfg.vocab;
+        match loaded.model.forward(&mut session, &prompt, Logits::All) {
+            Ok(rows) => {
+                if tx.blocking_send(Event::Prompt(sequence_logprobs(&rows, &prompt, vocab, n))).is_err() {
+                    client_gone = true;
+                    gen.cancel();
+                }
+                first_row = Some(rows[rows.len() - vocab..].to_vec());
             }
-        };
-        let (out, stopped) = matcher.push(&piece);
-        emit(out, &mut client_gone);
-        if stopped {
-            hit_stop = true;
+            Err(e) => {
+                result = Err(e);
+                gen.cancel();
+            }
         }
-        !client_gone && !hit_stop
-    });
+    }
+    let with_logprobs = opts.logprobs.is_some();
+    while let Some(ids) = gen.input() {
+        let logits = match first_row.take() {
+            Some(row) => Ok(row),
+            None => loaded.model.forward(&mut session, ids, Logits::Last),
+        };
+        if let Err(e) = logits.and_then(|l| gen.accept(&l, Some(tok))) {
+            result = Err(e);
+            break;
+        }
+        stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        let text = gen.take_text();
+        let lps = gen.take_logprobs();
+        let send = !text.is_empty() || (with_logprobs && !lps.is_empty());
+        if tx.is_closed() || (send && tx.blocking_send(Event::Text(text, lps)).is_err()) {
+            client_gone = true;
+            gen.cancel();
+        } else if shutdown.load(Ordering::Relaxed) && gen.finished().is_none() {
+            shutting_down = true;
+            gen.cancel();
+        }
+    }
     // A turn boundary, as in `coli chat`: re-pin by use (with hysteresis) and merge the
     // expert uses into the model's usage file, next to what browsers report.
     if let Err(e) = loaded.model.experts.end_turn() {
         eprintln!("coli: warning: re-pinning experts: {e}");
     }
     crate::load::save_usage(&loaded);
-    let (ids, reason) = match result {
-        Ok(v) => v,
-        Err(e) => return (Some(Event::Error(e.to_string())), false),
-    };
-    if let Some(e) = failed {
-        return (Some(Event::Error(e)), false);
+    if let Err(e) = result {
+        return (Some(Event::Error(e.to_string())), false);
     }
     if client_gone {
         return (None, true);
@@ -225,21 +260,9 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
     if shutting_down {
         return (Some(Event::Error("the helper is shutting down".into())), true);
     }
-    if !hit_stop {
-        let tail = decode.finish(tok).unwrap_or_default();
-        let (out, stopped) = matcher.push(&tail);
-        hit_stop = stopped;
-        emit(out, &mut client_gone);
-        if !hit_stop {
-            emit(matcher.finish(), &mut client_gone);
-        }
-    }
-    let finish_reason = match (hit_stop, reason) {
-        (true, _) | (_, StopReason::Stop) => "stop",
+    let finish_reason = match gen.finished() {
+        Some(StopReason::Stop) => "stop",
         _ => "length",
     };
-    if client_gone {
-        return (None, true);
-    }
-    (Some(Event::Done { finish_reason, prompt_tokens: prompt.len(), completion_tokens: ids.len() }), false)
+    (Some(Event::Done { finish_reason, prompt_tokens: prompt.len(), completion_tokens: gen.produced().len() }), false)
 }

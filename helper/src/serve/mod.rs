@@ -9,6 +9,7 @@
 //! and a graceful shutdown on Ctrl-C / SIGTERM that stops accepting, cancels running
 //! generations and waits briefly for open responses.
 
+mod choose;
 pub mod client;
 pub(crate) mod files;
 mod generation;
@@ -18,7 +19,6 @@ mod openai;
 mod page;
 mod range;
 pub mod security;
-mod stop;
 #[cfg(test)]
 mod tests;
 pub(crate) mod usage;
@@ -71,7 +71,7 @@ pub struct ServeArgs {
     /// Generations admitted per model at once (one runs, the rest wait); more get 503.
     #[arg(long, default_value_t = 8)]
     pub max_queue: usize,
-    /// CPU threads for the native engine (default: all cores).
+    /// CPU threads for the native engine (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Expert-cache budget in bytes of the native engine for converted models (K, M, G
@@ -290,6 +290,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/models", get(openai::list_models))
         .route("/chat/completions", post(openai::chat_completions))
         .route("/completions", post(openai::completions))
+        .route("/choose", post(choose::choose))
         .fallback(openai::not_found)
         .layer(DefaultBodyLimit::max(openai::MAX_BODY));
     Router::new()

@@ -344,7 +344,10 @@ mod tests {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
         let reg = Registry::new(&[fixtures.join("olmoe")], Some(fixtures.clone())).unwrap();
         let ids: Vec<String> = reg.list().into_iter().map(|m| m.id).collect();
-        assert_eq!(ids, ["olmoe", "deepseek_v3", "deepseek_v3_noqlora", "mixtral", "qwen2_moe", "qwen3_moe"]);
+        assert_eq!(
+            ids,
+            ["olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "mixtral", "qwen2_moe", "qwen3_moe"]
+        );
         for mla in ["deepseek_v3", "deepseek_v3_noqlora"] {
             let d = describe(&reg.get(mla).unwrap());
             assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("deepseek_v3")), "{d}");

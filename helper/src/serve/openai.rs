@@ -6,8 +6,11 @@
 //!
 //! Supported: temperature, top_p, max_tokens / max_completion_tokens, stop (string or
 //! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
-//! top_k, repetition_penalty, ignore_eos. presence/frequency penalties are accepted and
-//! ignored; logprobs, tools and n > 1 are refused with 400.
+//! top_k, repetition_penalty, ignore_eos; logprobs / top_logprobs (chat) and logprobs +
+//! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
+//! presence/frequency penalties are accepted and ignored; tools, n > 1 and a
+//! response_format other than text (no structured output yet) are refused
+//! with 400.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +21,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use colibri_engine::generate::GenerateOptions;
+use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs, MAX_TOP_LOGPROBS};
+use colibri_engine::generate::{context_room, GenerateOptions, SamplingRequest, TokenLogprob};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -54,12 +58,12 @@ impl ApiError {
         }
     }
 
-    fn with_code(mut self, code: &'static str) -> Self {
+    pub(super) fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
     }
 
-    fn server(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn server(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError { status, message: message.into(), kind: "server_error", param: None, code: None }
     }
 
@@ -106,6 +110,8 @@ struct Params {
     seed: Option<i64>,
     n: Option<u64>,
     logprobs: Option<Value>,
+    top_logprobs: Option<Value>,
+    response_format: Option<Value>,
     top_k: Option<usize>,
     repetition_penalty: Option<f32>,
     ignore_eos: Option<bool>,
@@ -171,19 +177,83 @@ struct Prepared {
     stream: bool,
     include_usage: bool,
     rx: mpsc::Receiver<Event>,
+    loaded: Arc<crate::load::Loaded>,
+    /// Whether the response carries logprobs.
+    logprobs: bool,
+    /// Completions with echo: the prompt's ids and text, returned before the completion.
+    echo: Option<(Vec<u32>, String)>,
 }
 
-/// Shared path of both endpoints: look the model up, load it, build the prompt with
-/// `make_prompt`, check limits, queue the generation.
-async fn prepare(
-    state: &Arc<AppState>,
-    p: Params,
-    prefix: &str,
+/// What an endpoint asks of [`prepare`] beyond the common parameters.
+#[derive(Default)]
+struct Extras {
+    /// Decode the output as a continuation of the prompt (completions).
     continue_prompt: bool,
-    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError> + Send + 'static,
-) -> Result<Prepared, ApiError> {
-    let model = p
-        .model
+    /// Log-probabilities with this many alternatives per token.
+    logprobs: Option<usize>,
+    /// Return the prompt (and its logprobs, with `logprobs`) before the completion.
+    echo: bool,
+}
+
+/// A whole number in 0..=MAX_TOP_LOGPROBS, or a 400 naming `param`.
+fn top_count(v: &Value, param: &'static str) -> Result<usize, ApiError> {
+    v.as_u64().filter(|&n| n as usize <= MAX_TOP_LOGPROBS).map(|n| n as usize).ok_or_else(|| {
+        ApiError::invalid(format!("{param} must be an integer between 0 and {MAX_TOP_LOGPROBS}"), Some(param))
+    })
+}
+
+/// `response_format`: plain text is what every answer is; anything else (`json_object`,
+/// `json_schema`) needs constrained decoding, which colibri does not have yet: refused,
+/// never silently ignored.
+fn check_response_format(v: Option<&Value>) -> Result<(), ApiError> {
+    let kind = match v {
+        None | Some(Value::Null) => return Ok(()),
+        Some(v) => v.get("type").and_then(Value::as_str),
+    };
+    match kind {
+        Some("text") => Ok(()),
+        Some(t) => Err(ApiError::invalid(
+            format!(
+                "response_format type `{t}` is not supported yet (no structured output); leave response_format out or use {{\"type\": \"text\"}}"
+            ),
+            Some("response_format"),
+        )),
+        None => Err(ApiError::invalid("response_format must be an object with a type", Some("response_format"))),
+    }
+}
+
+/// Chat: `logprobs` (bool) and `top_logprobs` (0..=20, needs logprobs).
+fn chat_logprobs(p: &Params) -> Result<Option<usize>, ApiError> {
+    let on = match &p.logprobs {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid("logprobs must be a boolean", Some("logprobs"))),
+    };
+    let top = match &p.top_logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(top_count(v, "top_logprobs")?),
+    };
+    match (on, top) {
+        (false, Some(_)) => Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
+        (false, None) => Ok(None),
+        (true, n) => Ok(Some(n.unwrap_or(0))),
+    }
+}
+
+/// Completions: `logprobs` is the number of alternatives (0..=20).
+fn completion_logprobs_param(p: &Params) -> Result<Option<usize>, ApiError> {
+    match &p.logprobs {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => top_count(v, "logprobs").map(Some),
+    }
+}
+
+/// Looks the requested model up and loads it (once): its id, queue and engine.
+pub(super) async fn load_model(
+    state: &Arc<AppState>,
+    model: Option<String>,
+) -> Result<(String, Arc<engine::Slot>, Arc<crate::load::Loaded>), ApiError> {
+    let model = model
         .filter(|m| !m.is_empty())
         .ok_or_else(|| ApiError::invalid("you must provide a model parameter", Some("model")))?;
     let entry = state.registry.get(&model).ok_or_else(|| {
@@ -193,12 +263,42 @@ async fn prepare(
         }
         .with_code("model_not_found")
     })?;
+    let (slot, loaded) = state.engines.load(&entry).await.map_err(|e| match e {
+        // The model's files are broken: the request cannot be served as it is (422).
+        EngineError::Load(msg) => ApiError {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            ..ApiError::invalid(format!("could not load model `{model}`: {msg}"), Some("model"))
+        }
+        .with_code("model_not_loadable"),
+        EngineError::Busy => ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "busy"),
+    })?;
+    Ok((model, slot, loaded))
+}
+
+/// A place in the model's queue, or 503.
+pub(super) fn admit(state: &AppState, slot: &Arc<engine::Slot>) -> Result<engine::Admission, ApiError> {
+    engine::admit(&state.engines, slot).map_err(|_| {
+        ApiError::server(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many requests for this model are waiting; try again later",
+        )
+        .with_code("server_busy")
+    })
+}
+
+/// Shared path of both endpoints: look the model up, load it, build the prompt with
+/// `make_prompt`, check limits, queue the generation.
+async fn prepare(
+    state: &Arc<AppState>,
+    p: Params,
+    prefix: &str,
+    extras: Extras,
+    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError> + Send + 'static,
+) -> Result<Prepared, ApiError> {
     if p.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
     }
-    if p.logprobs.as_ref().is_some_and(|v| !v.is_null() && v != &Value::Bool(false)) {
-        return Err(ApiError::invalid("logprobs are not supported", Some("logprobs")));
-    }
+    check_response_format(p.response_format.as_ref())?;
     let stop = match p.stop {
         None => Vec::new(),
         Some(StopField::One(s)) => vec![s],
@@ -209,28 +309,23 @@ async fn prepare(
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
             ^ COUNTER.fetch_add(1, Ordering::Relaxed)
     });
-    let sampler = SamplerConfig {
-        temperature: p.temperature.unwrap_or(1.0),
-        top_k: p.top_k.unwrap_or(0),
-        top_p: p.top_p.unwrap_or(1.0),
-        repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
-        seed,
+    let request = SamplingRequest {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        repetition_penalty: p.repetition_penalty,
+        seed: Some(seed),
     };
-    sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
     let requested = p.max_completion_tokens.or(p.max_tokens);
-    if requested == Some(0) {
+    // max_tokens 0 with echo scores the prompt alone.
+    if requested == Some(0) && !extras.echo {
         return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens")));
     }
 
-    let (slot, loaded) = state.engines.load(&entry).await.map_err(|e| match e {
-        // The model's files are broken: the request cannot be served as it is (422).
-        EngineError::Load(msg) => ApiError {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            ..ApiError::invalid(format!("could not load model `{model}`: {msg}"), Some("model"))
-        }
-        .with_code("model_not_loadable"),
-        EngineError::Busy => ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "busy"),
-    })?;
+    let (model, slot, loaded) = load_model(state, p.model).await?;
+    // The request, then the model's generation_config.json, then OpenAI's defaults.
+    let sampler = loaded.sampling.resolve(&request, &SamplerConfig { temperature: 1.0, ..SamplerConfig::default() });
+    sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
     // Template rendering and tokenizing take CPU time in proportion to the request (up to
     // MAX_BODY bytes): off the async workers, so /health and file ranges stay quick.
     let l = loaded.clone();
@@ -247,29 +342,35 @@ async fn prepare(
             Some("prompt"),
         ));
     }
-    if prompt.len() >= cfg.max_positions {
+    let Some(room) = context_room(prompt.len(), cfg.max_positions) else {
         return Err(ApiError::invalid(
             format!("the prompt has {} tokens; this model's context is {} tokens", prompt.len(), cfg.max_positions),
             Some("messages"),
         )
         .with_code("context_length_exceeded"));
-    }
-    let room = cfg.max_positions - prompt.len();
+    };
     let max_new_tokens = requested.map_or(DEFAULT_MAX_TOKENS, |r| r.min(usize::MAX as u64) as usize).min(room);
-    let admission = engine::admit(&state.engines, &slot).map_err(|_| {
-        ApiError::server(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many requests for this model are waiting; try again later",
-        )
-        .with_code("server_busy")
-    })?;
+    let admission = admit(state, &slot)?;
     let stop_ids = if p.ignore_eos.unwrap_or(false) { Vec::new() } else { loaded.stop_ids.clone() };
+    let echo = if extras.echo {
+        let (l, ids) = (loaded.clone(), prompt.clone());
+        let text = tokio::task::spawn_blocking(move || match &l.tokenizer {
+            Some(t) => t.decode(&ids, false).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt"))),
+            None => Ok(String::new()),
+        })
+        .await
+        .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be decoded"))??;
+        Some((prompt.clone(), text))
+    } else {
+        None
+    };
     let job = Job {
         loaded: loaded.clone(),
         prompt,
-        opts: GenerateOptions { max_new_tokens, sampler, stop_ids },
+        opts: GenerateOptions { max_new_tokens, sampler, stop_ids, logprobs: extras.logprobs },
         stop,
-        continue_prompt,
+        continue_prompt: extras.continue_prompt,
+        prompt_logprobs: extras.logprobs.filter(|_| extras.echo),
     };
     let rx = engine::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
     Ok(Prepared {
@@ -279,6 +380,9 @@ async fn prepare(
         stream: p.stream.unwrap_or(false),
         include_usage: p.stream_options.unwrap_or_default().include_usage,
         rx,
+        loaded,
+        logprobs: extras.logprobs.is_some(),
+        echo,
     })
 }
 
@@ -293,8 +397,49 @@ enum Kind {
     Text,
 }
 
+/// Renders log-probability entries in the endpoint's shape; counts text offsets
+/// (characters of the returned text) across the chunks of a stream.
+struct Logprobs {
+    kind: Kind,
+    offset: usize,
+}
+
+impl Logprobs {
+    /// `entries`: (id, its logprob; None for the first prompt token under echo).
+    fn render(&mut self, p: &Prepared, entries: &[(u32, Option<&TokenLogprob>)]) -> Value {
+        let Some(tok) = p.loaded.tokenizer.as_ref().filter(|_| p.logprobs) else { return Value::Null };
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = entries.iter().filter_map(|(_, t)| t.map(|t| chat_entry(tok, t))).collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Text => {
+                let v = completion_logprobs(tok, entries, self.offset);
+                if let (Some(last), Some(text)) =
+                    (v["text_offset"].as_array().and_then(|a| a.last()), v["tokens"].as_array().and_then(|a| a.last()))
+                {
+                    self.offset = last.as_u64().unwrap_or(0) as usize + text.as_str().map_or(0, |t| t.chars().count());
+                }
+                v
+            }
+        }
+    }
+
+    fn generated(&mut self, p: &Prepared, lps: &[TokenLogprob]) -> Value {
+        let entries: Vec<(u32, Option<&TokenLogprob>)> = lps.iter().map(|t| (t.id, Some(t))).collect();
+        self.render(p, &entries)
+    }
+
+    /// The prompt under echo: its first token has no logprob.
+    fn prompt(&mut self, p: &Prepared, ids: &[u32], lps: &[TokenLogprob]) -> Value {
+        let entries: Vec<(u32, Option<&TokenLogprob>)> =
+            ids.iter().enumerate().map(|(i, &id)| (id, i.checked_sub(1).and_then(|j| lps.get(j)))).collect();
+        self.render(p, &entries)
+    }
+}
+
 impl Kind {
-    fn chunk(self, p: &Prepared, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+    fn chunk(self, p: &Prepared, text: Option<&str>, role: bool, finish: Option<&str>, logprobs: Value) -> Value {
         match self {
             Kind::Chat => {
                 let mut delta = json!({});
@@ -305,20 +450,20 @@ impl Kind {
                     delta["content"] = json!(t);
                 }
                 json!({"id": p.id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
-                       "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+                       "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
             }
             Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
-                                 "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]}),
+                                 "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]}),
         }
     }
 
-    fn complete(self, p: &Prepared, text: String, finish: &str, usage: Value) -> Value {
+    fn complete(self, p: &Prepared, text: String, finish: &str, usage: Value, logprobs: Value) -> Value {
         match self {
             Kind::Chat => json!({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.model,
-                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}],
+                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}],
                                  "usage": usage}),
             Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
-                                 "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                                 "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
                                  "usage": usage}),
         }
     }
@@ -332,18 +477,32 @@ fn sse(v: &Value) -> Bytes {
 /// receiver, which stops the generation.
 fn stream_response(kind: Kind, mut p: Prepared) -> Response {
     let mut rx = std::mem::replace(&mut p.rx, mpsc::channel(1).1);
-    let first = matches!(kind, Kind::Chat).then(|| sse(&kind.chunk(&p, Some(""), true, None)));
+    let first = matches!(kind, Kind::Chat).then(|| sse(&kind.chunk(&p, Some(""), true, None, Value::Null)));
     let stream = async_stream_of(move |out| async move {
         if let Some(b) = first {
             out.send(b).await?;
         }
+        let mut lp = Logprobs { kind, offset: 0 };
+        let echo = p.echo.take();
+        // Echo without logprobs: the prompt's text first (with logprobs it comes with them).
+        if let (Some((_, text)), false) = (&echo, p.logprobs) {
+            out.send(sse(&kind.chunk(&p, Some(text), false, None, Value::Null))).await?;
+        }
         while let Some(ev) = rx.recv().await {
             match ev {
-                Event::Text(t) => out.send(sse(&kind.chunk(&p, Some(&t), false, None))).await?,
+                Event::Prompt(lps) => {
+                    let (ids, text) = echo.as_ref().map(|(i, t)| (i.as_slice(), t.as_str())).unwrap_or_default();
+                    let v = lp.prompt(&p, ids, &lps);
+                    out.send(sse(&kind.chunk(&p, Some(text), false, None, v))).await?
+                }
+                Event::Text(t, lps) => {
+                    let v = lp.generated(&p, &lps);
+                    out.send(sse(&kind.chunk(&p, Some(&t), false, None, v))).await?
+                }
                 Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
-                    out.send(sse(&kind.chunk(&p, None, false, Some(finish_reason)))).await?;
+                    out.send(sse(&kind.chunk(&p, None, false, Some(finish_reason), Value::Null))).await?;
                     if p.include_usage {
-                        let mut u = kind.chunk(&p, None, false, None);
+                        let mut u = kind.chunk(&p, None, false, None, Value::Null);
                         u["choices"] = json!([]);
                         u["usage"] = usage_json(prompt_tokens, completion_tokens);
                         out.send(sse(&u)).await?;
@@ -396,13 +555,33 @@ impl Sink {
 }
 
 async fn collect(kind: Kind, mut p: Prepared) -> Response {
-    let mut text = String::new();
+    let (mut text, prompt_ids) = match p.echo.take() {
+        Some((ids, t)) => (t, ids),
+        None => (String::new(), Vec::new()),
+    };
+    let mut prompt_lps = Vec::new();
+    let mut lps = Vec::new();
     while let Some(ev) = p.rx.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Prompt(l) => prompt_lps = l,
+            Event::Text(t, l) => {
+                text.push_str(&t);
+                lps.extend(l);
+            }
             Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
                 let usage = usage_json(prompt_tokens, completion_tokens);
-                return axum::Json(kind.complete(&p, text, finish_reason, usage)).into_response();
+                let mut entries: Vec<(u32, Option<&TokenLogprob>)> = Vec::new();
+                if !prompt_ids.is_empty() {
+                    entries.extend(
+                        prompt_ids
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &id)| (id, i.checked_sub(1).and_then(|j| prompt_lps.get(j)))),
+                    );
+                }
+                entries.extend(lps.iter().map(|t| (t.id, Some(t))));
+                let v = Logprobs { kind, offset: 0 }.render(&p, &entries);
+                return axum::Json(kind.complete(&p, text, finish_reason, usage, v)).into_response();
             }
             Event::Error(msg) => return ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, msg).into_response(),
         }
@@ -445,7 +624,12 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         };
         turns.push(ChatMessage { role: m.role, content });
     }
-    let prepared = prepare(&state, req.params, "chatcmpl", false, move |l| {
+    let logprobs = match chat_logprobs(&req.params) {
+        Ok(n) => n,
+        Err(e) => return e.into_response(),
+    };
+    let extras = Extras { logprobs, ..Extras::default() };
+    let prepared = prepare(&state, req.params, "chatcmpl", extras, move |l| {
         let tok =
             l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
         if !tok.has_chat_template() {
@@ -492,14 +676,16 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    if req.echo == Some(true) {
-        return ApiError::invalid("echo is not supported", Some("echo")).into_response();
-    }
     if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
         return ApiError::invalid("suffix is not supported", Some("suffix")).into_response();
     }
+    let logprobs = match completion_logprobs_param(&req.params) {
+        Ok(n) => n,
+        Err(e) => return e.into_response(),
+    };
+    let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true) };
     let prompt = req.prompt;
-    match prepare(&state, req.params, "cmpl", true, move |l| prompt_ids(prompt, l)).await {
+    match prepare(&state, req.params, "cmpl", extras, move |l| prompt_ids(prompt, l)).await {
         Ok(p) => respond(Kind::Text, p).await,
         Err(e) => e.into_response(),
     }

@@ -1,6 +1,7 @@
 //! The deepseek_v3 parts of config.json: MLA sizes and the sigmoid / group-limited
-//! router. Absent fields take transformers' defaults (`DeepseekV3Config`); what the
-//! engine does not implement is refused with the field named.
+//! router (which glm4_moe shares). Absent fields take transformers' defaults
+//! (`DeepseekV3Config`, `Glm4MoeConfig`); what the engine does not implement is refused
+//! with the field named.
 
 use serde_json::Value;
 
@@ -37,20 +38,26 @@ pub(super) fn mla_config(v: &Value, n_heads: usize, n_kv_heads: usize) -> Result
     if q_lora_rank == Some(0) || m.kv_lora_rank == 0 || m.v_head_dim == 0 {
         return Err(Error::Config("q_lora_rank, kv_lora_rank and v_head_dim must be positive".into()));
     }
-    if m.qk_rope_head_dim == 0 || m.qk_rope_head_dim % 2 != 0 {
+    if m.qk_rope_head_dim == 0 || !m.qk_rope_head_dim.is_multiple_of(2) {
         return Err(Error::Config(format!("qk_rope_head_dim {} must be even and positive", m.qk_rope_head_dim)));
     }
     Ok(m)
 }
 
-/// deepseek_v3's router: sigmoid scores, a correction bias for the selection, groups,
-/// a scaling factor. Absent fields take transformers' defaults.
-pub(super) fn sigmoid_router(v: &Value, n_experts: usize, top_k: usize) -> Result<RouterConfig> {
+/// deepseek_v3's router (glm4_moe's too): sigmoid scores, a correction bias for the
+/// selection, groups, a scaling factor. Absent fields take `defaults`, the family's
+/// transformers defaults of (n_group, topk_group, routed_scaling_factor).
+pub(super) fn sigmoid_router(
+    v: &Value,
+    n_experts: usize,
+    top_k: usize,
+    defaults: (usize, usize, f64),
+) -> Result<RouterConfig> {
     match v.get("scoring_func").and_then(Value::as_str) {
         None | Some("sigmoid") => {}
         Some(other) => {
             return Err(Error::Config(format!(
-                "scoring_func {other:?} is not supported for deepseek_v3 (only \"sigmoid\")"
+                "scoring_func {other:?} is not supported for this router (only \"sigmoid\")"
             )))
         }
     }
@@ -58,13 +65,13 @@ pub(super) fn sigmoid_router(v: &Value, n_experts: usize, top_k: usize) -> Resul
         None | Some("noaux_tc") => {}
         Some(other) => {
             return Err(Error::Config(format!(
-                "topk_method {other:?} is not supported for deepseek_v3 (only \"noaux_tc\")"
+                "topk_method {other:?} is not supported for this router (only \"noaux_tc\")"
             )))
         }
     }
-    let n_group = optional_usize(v, "n_group", 8)?;
-    let topk_group = optional_usize(v, "topk_group", 4)?;
-    if n_group == 0 || n_experts % n_group != 0 || n_experts / n_group < 2 {
+    let n_group = optional_usize(v, "n_group", defaults.0)?;
+    let topk_group = optional_usize(v, "topk_group", defaults.1)?;
+    if n_group == 0 || !n_experts.is_multiple_of(n_group) || n_experts / n_group < 2 {
         return Err(Error::Config(format!(
             "n_group = {n_group} must divide the {n_experts} routed experts into groups of at least 2"
         )));
@@ -75,7 +82,7 @@ pub(super) fn sigmoid_router(v: &Value, n_experts: usize, top_k: usize) -> Resul
         )));
     }
     let scale = match v.get("routed_scaling_factor") {
-        None => 2.5,
+        None => defaults.2,
         Some(x) => x.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
             Error::Config(format!("routed_scaling_factor = {x} is not supported (a positive number is needed)"))
         })?,
@@ -202,6 +209,41 @@ mod tests {
         assert_eq!(c.cache_floats_per_layer(), 576);
         assert_eq!((c.router.n_experts, c.router.n_group, c.router.routed_scaling_factor), (384, 1, 2.827));
         assert_eq!(c.moe_layers.iter().filter(|m| **m).count(), 60);
+    }
+
+    /// GLM-4.5's config.json: GQA with biases and q/k norms, half of each head rotated,
+    /// the sigmoid router with one group.
+    #[test]
+    fn glm4_moe_released_config() {
+        let glm = r#"{"architectures":["Glm4MoeForCausalLM"],"attention_bias":true,"attention_dropout":0.0,
+            "pad_token_id":151329,"eos_token_id":[151329,151336,151338],"head_dim":128,"hidden_act":"silu",
+            "hidden_size":5120,"partial_rotary_factor":0.5,"initializer_range":0.02,"intermediate_size":12288,
+            "max_position_embeddings":131072,"model_type":"glm4_moe","moe_intermediate_size":1536,
+            "norm_topk_prob":true,"num_attention_heads":96,"n_group":1,"topk_group":1,"n_routed_experts":160,
+            "n_shared_experts":1,"routed_scaling_factor":2.5,"num_experts_per_tok":8,"first_k_dense_replace":3,
+            "num_hidden_layers":92,"num_key_value_heads":8,"rms_norm_eps":1e-05,"rope_scaling":null,
+            "rope_theta":1000000,"num_nextn_predict_layers":1,"tie_word_embeddings":false,"torch_dtype":"bfloat16",
+            "use_cache":true,"use_qk_norm":true,"vocab_size":151552}"#;
+        let mut v: Value = serde_json::from_str(glm).unwrap();
+        let c = ModelConfig::from_value(&v).unwrap();
+        assert_eq!(c.family, super::super::Family::Glm4Moe);
+        assert!(c.mla.is_none() && c.qkv_bias);
+        assert_eq!(c.qk_norm, super::super::QkNorm::PerHead);
+        assert_eq!((c.head_dim, c.rope.rotary_dim), (128, 64));
+        assert_eq!(c.cache_floats_per_layer(), 2 * 8 * 128);
+        assert_eq!(c.moe_layers.iter().filter(|m| **m).count(), 89);
+        assert_eq!((c.router.scoring, c.router.n_group, c.router.routed_scaling_factor), (Scoring::Sigmoid, 1, 2.5));
+        assert_eq!((c.shared_expert_intermediate, c.shared_expert_gated, c.mtp_layers), (Some(1536), false, 1));
+        assert_eq!(c.attn_scale, 128f32.powf(-0.5));
+        // Absent: transformers' glm4_moe defaults (half rotary, one group, scale 1, one dense layer).
+        for key in ["partial_rotary_factor", "n_group", "topk_group", "routed_scaling_factor", "first_k_dense_replace"]
+        {
+            v.as_object_mut().unwrap().remove(key);
+        }
+        let c = ModelConfig::from_value(&v).unwrap();
+        assert_eq!(c.rope.rotary_dim, 64);
+        assert_eq!((c.router.n_group, c.router.topk_group, c.router.routed_scaling_factor), (1, 1, 1.0));
+        assert_eq!(c.moe_layers.iter().filter(|m| **m).count(), 91);
     }
 
     #[test]

@@ -6,14 +6,14 @@ use serde_json::{json, Value};
 
 use super::*;
 
-fn reference_continuation() -> (Vec<u32>, Vec<u32>) {
+pub(super) fn reference_continuation() -> (Vec<u32>, Vec<u32>) {
     let r: Value = serde_json::from_slice(&std::fs::read(fixture(MODEL).join("reference.json")).unwrap()).unwrap();
     let ids = |v: &Value| v.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
     (ids(&r["greedy"]["prompt_ids"]), ids(&r["greedy"]["new_ids"]))
 }
 
 /// Reads a server-sent-event stream to its end: the JSON events and whether [DONE] came.
-fn read_sse(c: &mut Conn) -> (Vec<Value>, bool) {
+pub(super) fn read_sse(c: &mut Conn) -> (Vec<Value>, bool) {
     let (status, headers) = c.read_head().unwrap();
     assert_eq!(status, 200);
     assert!(headers.iter().any(|(n, v)| n == "content-type" && v.starts_with("text/event-stream")));
@@ -72,8 +72,12 @@ fn models_and_non_streamed_completions() {
     // Same seed and settings, same answer (content parts give the same prompt).
     let again = json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}], "max_tokens": 5, "temperature": 0, "seed": 1});
     assert_eq!(s.post("/v1/chat/completions", &again.to_string()).json()["choices"], v["choices"]);
+    // response_format text is plain text: the same answer.
+    let mut text = again.clone();
+    text["response_format"] = json!({"type": "text"});
+    assert_eq!(s.post("/v1/chat/completions", &text.to_string()).json()["choices"], v["choices"]);
     let h = s.health();
-    assert_eq!(h["generations"]["finished"], 3);
+    assert_eq!(h["generations"]["finished"], 4);
     assert_eq!(h["generations"]["active"], 0);
 }
 
@@ -177,6 +181,24 @@ fn bad_requests_get_openai_errors() {
             400,
             None,
         ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "response_format": "json"}).to_string(),
+            400,
+            Some("response_format"),
+        ),
         ("/v1/completions", json!({"model": MODEL}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"model": MODEL, "prompt": [1, 99999]}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"model": MODEL, "prompt": {"a": 1}}).to_string(), 400, Some("prompt")),
@@ -273,4 +295,30 @@ fn shutdown_cancels_running_generations() {
         rest.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(!rest.contains("[DONE]"));
+}
+
+#[test]
+fn the_context_limit_matches_the_engine_loop() {
+    let s = start("context", |_| {});
+    // A 16-position context (the model loads on first use, after this edit).
+    let cfg_path = s.model_dir().join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = json!(16);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let ask = |n: usize| {
+        let ids: Vec<u32> = (0..n as u32).map(|i| 5 + i % 50).collect();
+        let body = json!({"model": MODEL, "prompt": ids, "max_tokens": 10, "temperature": 0, "ignore_eos": true});
+        s.post("/v1/completions", &body.to_string())
+    };
+    // k tokens after a p-token prompt need p + k - 1 positions: 16 - 14 + 1 = 3.
+    for (prompt, want) in [(14, 3), (16, 1)] {
+        let r = ask(prompt);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["usage"]["completion_tokens"], want, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+    let r = ask(17);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
 }

@@ -4,6 +4,7 @@
 
 mod api;
 mod hostile;
+mod logprobs;
 mod ranges;
 mod security;
 

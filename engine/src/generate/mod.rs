@@ -1,0 +1,245 @@
+//! The generation loop, once for every surface (`coli generate` / `coli chat`, the OpenAI
+//! server, the browser engine): a step-wise [`Generator`] says which ids to feed next and
+//! turns the logits of the last fed position into the next token, ending at a stop id, a
+//! stop string, the token budget or the context limit. The caller owns the forward pass,
+//! so the same loop drives the CPU model, the GPU model and the browser's async steps.
+
+pub mod choose;
+pub mod defaults;
+pub mod logprobs;
+pub mod stop;
+
+use crate::error::{Error, Result};
+use crate::model::{Logits, Model, Session};
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::tokenizer::{DecodeStream, Tokenizer};
+
+pub use defaults::{SamplingDefaults, SamplingRequest};
+pub use logprobs::TokenLogprob;
+pub use stop::StopMatcher;
+
+#[derive(Clone, Debug, Default)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampler: SamplerConfig,
+    /// Generation ends after emitting one of these (the id is included in the output).
+    pub stop_ids: Vec<u32>,
+    /// Record each produced token's log-probability with this many alternatives
+    /// (None: off). Stop ids get no entry: they are not part of the text.
+    pub logprobs: Option<usize>,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// A stop id or a stop string was produced.
+    Stop,
+    /// `max_new_tokens` were produced, or the context is full.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+impl StopReason {
+    /// OpenAI's `finish_reason` (a cancelled generation reports what it was cut at).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Stop => "stop",
+            StopReason::Length => "length",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Most tokens a generation can produce after `used` context positions: the k-th token
+/// is sampled from the logits of position used + k - 2, so k tokens need used + k - 1
+/// positions (the last token is never fed). None when `used` itself does not fit.
+pub fn context_room(used: usize, max_positions: usize) -> Option<usize> {
+    (used <= max_positions).then(|| max_positions - used + 1)
+}
+
+/// Text output with stop strings: decoded pieces, held back while they could still start
+/// a stop string.
+struct TextOut {
+    stream: DecodeStream,
+    stops: StopMatcher,
+    out: String,
+}
+
+/// One generation, step by step: feed [`Generator::input`] to the model, hand the last
+/// position's logits to [`Generator::accept`], until [`Generator::finished`].
+pub struct Generator {
+    sampler: Sampler,
+    stop_ids: Vec<u32>,
+    /// The token budget after the context limit.
+    max_new: usize,
+    /// Everything in the context (history, prompt, produced): the repetition penalty's view.
+    seen: Vec<u32>,
+    pending: Vec<u32>,
+    produced: Vec<u32>,
+    finished: Option<StopReason>,
+    text: Option<TextOut>,
+    /// Alternatives per logprob entry (None: no logprobs).
+    top_logprobs: Option<usize>,
+    /// Entries not yet taken.
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl Generator {
+    /// A generation that feeds `prompt` after the `history` already in the context.
+    /// Refuses an empty prompt and a context that cannot hold history + prompt.
+    pub fn new(history: &[u32], prompt: &[u32], max_positions: usize, opts: &GenerateOptions) -> Result<Self> {
+        if prompt.is_empty() {
+            return Err(Error::Invalid("the prompt is empty".into()));
+        }
+        let used = history.len() + prompt.len();
+        let room =
+            context_room(used, max_positions).ok_or(Error::ContextOverflow { len: used, limit: max_positions })?;
+        let max_new = opts.max_new_tokens.min(room);
+        Ok(Generator {
+            sampler: Sampler::new(opts.sampler.clone())?,
+            stop_ids: opts.stop_ids.clone(),
+            max_new,
+            seen: history.iter().chain(prompt).copied().collect(),
+            pending: prompt.to_vec(),
+            produced: Vec::new(),
+            finished: (max_new == 0).then_some(StopReason::Length),
+            text: None,
+            top_logprobs: opts.logprobs.map(|n| n.min(logprobs::MAX_TOP_LOGPROBS)),
+            logprobs: Vec::new(),
+        })
+    }
+
+    /// Also produce text: `stream` decodes the produced ids (stop ids are not decoded),
+    /// and generation ends at the first of `stop_strings`, which is not part of the text.
+    pub fn with_text(mut self, stream: DecodeStream, stop_strings: Vec<String>) -> Self {
+        self.text = Some(TextOut { stream, stops: StopMatcher::new(stop_strings), out: String::new() });
+        self
+    }
+
+    /// The ids to feed next (the prompt, then each sampled token); None once finished.
+    pub fn input(&self) -> Option<&[u32]> {
+        if self.finished.is_some() {
+            None
+        } else {
+            Some(&self.pending)
+        }
+    }
+
+    /// Samples the next token from `logits` (the last fed position's row). With text
+    /// output, `tok` decodes it; a decoding error ends nothing and is returned.
+    pub fn accept(&mut self, logits: &[f32], tok: Option<&Tokenizer>) -> Result<u32> {
+        if self.finished.is_some() {
+            return Err(Error::Invalid("the generation has finished".into()));
+        }
+        let id = self.sampler.sample(logits, &self.seen);
+        let is_stop = self.stop_ids.contains(&id);
+        if let (Some(n), false) = (self.top_logprobs, is_stop) {
+            self.logprobs.push(logprobs::token_logprob(logits, id, n));
+        }
+        self.produced.push(id);
+        self.seen.push(id);
+        self.pending.clear();
+        self.pending.push(id);
+        if let (Some(t), Some(tok)) = (self.text.as_mut(), tok) {
+            if !is_stop {
+                let piece = t.stream.push(tok, id)?;
+                let (out, hit) = t.stops.push(&piece);
+                t.out.push_str(&out);
+                if hit {
+                    self.finished = Some(StopReason::Stop);
+                    return Ok(id);
+                }
+            }
+        }
+        if is_stop {
+            self.finished = Some(StopReason::Stop);
+        } else if self.produced.len() >= self.max_new {
+            self.finished = Some(StopReason::Length);
+        }
+        if self.finished.is_some() {
+            if let (Some(t), Some(tok)) = (self.text.as_mut(), tok) {
+                // The held-back tail: an incomplete character, a possible stop-string start.
+                let tail = t.stream.finish(tok)?;
+                let (out, hit) = t.stops.push(&tail);
+                t.out.push_str(&out);
+                if !hit {
+                    t.out.push_str(&t.stops.finish());
+                }
+            }
+        }
+        Ok(id)
+    }
+
+    /// Ends the generation now (a client went away, the caller's stop button).
+    pub fn cancel(&mut self) {
+        self.finished.get_or_insert(StopReason::Cancelled);
+    }
+
+    pub fn finished(&self) -> Option<StopReason> {
+        self.finished
+    }
+
+    /// The ids produced so far.
+    pub fn produced(&self) -> &[u32] {
+        &self.produced
+    }
+
+    /// The token budget after the context limit.
+    pub fn max_new_tokens(&self) -> usize {
+        self.max_new
+    }
+
+    /// Log-probability entries of the tokens produced since the last call (with
+    /// `logprobs` set; else empty).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
+    }
+
+    /// Text that became final since the last call (with text output; else empty).
+    pub fn take_text(&mut self) -> String {
+        self.text.as_mut().map(|t| std::mem::take(&mut t.out)).unwrap_or_default()
+    }
+}
+
+/// Feeds `prompt` after what `session` holds and generates up to `max_new_tokens`, or as
+/// many as the model's context allows. `on_token` sees each new id as soon as it is
+/// sampled and returns false to stop.
+pub fn generate(
+    model: &Model,
+    session: &mut Session,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, StopReason)> {
+    let history = session.tokens.clone();
+    let max_positions = model.cfg.max_positions;
+    generate_with(&mut |ids| model.forward(session, ids, Logits::Last), &history, prompt, max_positions, opts, on_token)
+}
+
+/// [`generate`] over any backend: `forward(ids)` feeds `ids` after everything fed so far
+/// and returns the last position's logits (the CPU model, the GPU model). `history` is
+/// what was fed before `prompt`; `max_positions` the context limit.
+pub fn generate_with(
+    forward: &mut dyn FnMut(&[u32]) -> Result<Vec<f32>>,
+    history: &[u32],
+    prompt: &[u32],
+    max_positions: usize,
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, StopReason)> {
+    let mut g = Generator::new(history, prompt, max_positions, opts)?;
+    while let Some(ids) = g.input() {
+        let logits = forward(ids)?;
+        let id = g.accept(&logits, None)?;
+        if !on_token(id) {
+            g.cancel();
+            return Ok((g.produced, StopReason::Cancelled));
+        }
+    }
+    let reason = g.finished.unwrap_or(StopReason::Length);
+    Ok((g.produced, reason))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,82 @@
+//! The generation loop against a scripted model: logits chosen per step, so the budget,
+//! context limit, stop ids and stop strings are checked without weights.
+
+use super::*;
+
+/// The ids a scripted forward pass was fed.
+type Fed = std::rc::Rc<std::cell::RefCell<Vec<u32>>>;
+
+/// A forward pass whose argmax is `script[n]` at the n-th call; records what was fed.
+fn scripted(script: Vec<u32>, vocab: usize) -> (impl FnMut(&[u32]) -> Result<Vec<f32>>, Fed) {
+    let fed = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let f2 = fed.clone();
+    let mut step = 0;
+    let forward = move |ids: &[u32]| {
+        f2.borrow_mut().extend_from_slice(ids);
+        let mut row = vec![0.0f32; vocab];
+        row[script[step.min(script.len() - 1)] as usize] = 1.0;
+        step += 1;
+        Ok(row)
+    };
+    (forward, fed)
+}
+
+fn opts(max_new_tokens: usize, stop_ids: Vec<u32>) -> GenerateOptions {
+    GenerateOptions { max_new_tokens, sampler: SamplerConfig::default(), stop_ids, logprobs: None }
+}
+
+#[test]
+fn the_context_limit_allows_exactly_what_fits() {
+    // 8 positions, 3 history + 3 prompt: tokens 1 and 2 come from positions 5 and 6
+    // (0-based), token 3 would need position 7's logits from feeding token 2 at 6... the
+    // k-th token needs used + k - 1 positions: 6 + 3 - 1 = 8 fits, a 4th does not.
+    let limit = 8;
+    let (mut fwd, fed) = scripted(vec![4, 5, 6, 7, 8], 10);
+    let (out, why) = generate_with(&mut fwd, &[1, 1, 1], &[2, 2, 2], limit, &opts(100, vec![]), &mut |_| true).unwrap();
+    assert_eq!(out, [4, 5, 6]);
+    assert_eq!(why, StopReason::Length);
+    // Everything fed fits in the context: 3 history + the prompt + two fed tokens = 8.
+    assert_eq!(3 + fed.borrow().len(), limit);
+    // A prompt that fills the context still gives one token; one more does not fit.
+    let (mut fwd, _) = scripted(vec![4], 10);
+    let (out, _) = generate_with(&mut fwd, &[], &[1; 8], limit, &opts(5, vec![]), &mut |_| true).unwrap();
+    assert_eq!(out, [4]);
+    let (mut fwd, _) = scripted(vec![4], 10);
+    let e = generate_with(&mut fwd, &[1], &[1; 8], limit, &opts(5, vec![]), &mut |_| true).unwrap_err();
+    assert!(matches!(e, Error::ContextOverflow { len: 9, limit: 8 }), "{e}");
+    assert_eq!(context_room(6, 8), Some(3));
+    assert_eq!(context_room(9, 8), None);
+}
+
+#[test]
+fn budget_stop_ids_and_cancel() {
+    let (mut fwd, fed) = scripted(vec![4, 5, 6, 7], 10);
+    let (out, why) = generate_with(&mut fwd, &[], &[1], 100, &opts(2, vec![]), &mut |_| true).unwrap();
+    assert_eq!((out.as_slice(), why), (&[4, 5][..], StopReason::Length));
+    assert_eq!(*fed.borrow(), [1, 4], "the last token is never fed");
+    let (mut fwd, _) = scripted(vec![4, 5, 6, 7], 10);
+    let (out, why) = generate_with(&mut fwd, &[], &[1], 100, &opts(9, vec![6]), &mut |_| true).unwrap();
+    assert_eq!((out.as_slice(), why), (&[4, 5, 6][..], StopReason::Stop));
+    let (mut fwd, _) = scripted(vec![4, 5, 6, 7], 10);
+    let (out, why) = generate_with(&mut fwd, &[], &[1], 100, &opts(9, vec![]), &mut |id| id != 5).unwrap();
+    assert_eq!((out.as_slice(), why), (&[4, 5][..], StopReason::Cancelled));
+    let (mut fwd, fed) = scripted(vec![4], 10);
+    let (out, why) = generate_with(&mut fwd, &[], &[1], 100, &opts(0, vec![]), &mut |_| true).unwrap();
+    assert!(out.is_empty() && why == StopReason::Length && fed.borrow().is_empty());
+    let e = generate_with(&mut fwd, &[], &[], 100, &opts(3, vec![]), &mut |_| true).unwrap_err();
+    assert!(matches!(e, Error::Invalid(_)));
+}
+
+#[test]
+fn the_repetition_penalty_sees_history_prompt_and_output() {
+    // Logits favour 3 then 2; with a strong penalty, ids already seen lose.
+    let cfg = SamplerConfig { repetition_penalty: 100.0, ..SamplerConfig::default() };
+    let o = GenerateOptions { max_new_tokens: 2, sampler: cfg, stop_ids: vec![], logprobs: None };
+    let mut g = Generator::new(&[3], &[0], 100, &o).unwrap();
+    let row = [0.0f32, 0.5, 1.0, 2.0];
+    assert_eq!(g.input(), Some(&[0u32][..]));
+    assert_eq!(g.accept(&row, None).unwrap(), 2, "3 is in the history");
+    assert_eq!(g.accept(&row, None).unwrap(), 1, "2 was produced");
+    assert_eq!(g.finished(), Some(StopReason::Length));
+    assert!(g.input().is_none() && g.accept(&row, None).is_err());
+}

@@ -1,0 +1,274 @@
+//! Quantized dot products with integer inner loops (numerics: docs/kernels.md).
+//!
+//! For a weight row stored int8 or int4 with group G and an f32 activation row x:
+//! - x is quantized once per matrix call, block b = columns [bG, min((b+1)G, cols)):
+//!   amax = max |x_i|; d_b = amax / 127, q_i = clamp(round_ties_even(x_i * (127 / amax)),
+//!   -127, 127) ([`ActQ::quantize`]);
+//! - isum_b = sum q_i * w_i in i32: exact in any order and SIMD width;
+//! - y = reduce8(acc) with acc[b mod 8] += (ws_b * d_b) * f32(isum_b), blocks in increasing
+//!   order, every product rounded on its own (no FMA).
+//!
+//! [`dot_row_scalar`] is the reference; the SIMD paths (x86-64 AVX2 and AVX-512 VNNI,
+//! wasm SIMD128) only change how the integer sums are formed, so they give its bits by
+//! construction, as does the WGSL twin (shaders/qmatmul.wgsl). `COLIBRI_SIMD=scalar`
+//! (or `avx2`, `avx512`) forces a path; tests run every available one.
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[allow(dead_code)]
+mod wasm;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+use crate::math::reduce8;
+
+/// Largest quantization group the integer kernels accept: |isum_b| <= 127 * 127 * G must
+/// stay below 2^24 so that f32(isum_b) is exact (127 * 127 * 1024 < 2^24).
+pub const MAX_GROUP: usize = 1024;
+
+/// Values per SIMD chunk: groups that are a multiple of it take the fast paths, and int4
+/// activations are stored per chunk in nibble order ([`ActQ::split`]).
+pub const CHUNK: usize = 32;
+
+/// Blocks whose max |x| is below 2^-64 count as zero: this keeps 127 / amax finite and
+/// every later product a normal f32, which GPUs (that may flush subnormals) need to agree.
+const TINY_BITS: u32 = 0x1f80_0000;
+
+/// Which implementation computes the integer sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Simd {
+    Scalar,
+    Avx2,
+    Avx512,
+    Simd128,
+}
+
+impl Simd {
+    pub fn name(self) -> &'static str {
+        match self {
+            Simd::Scalar => "scalar",
+            Simd::Avx2 => "avx2",
+            Simd::Avx512 => "avx512",
+            Simd::Simd128 => "simd128",
+        }
+    }
+
+    /// Every path this machine can run, the reference first.
+    pub fn available() -> Vec<Simd> {
+        #[allow(unused_mut)]
+        let mut v = vec![Simd::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::has_avx2() {
+                v.push(Simd::Avx2);
+            }
+            if x86::has_avx512() {
+                v.push(Simd::Avx512);
+            }
+        }
+        // wasm SIMD128 is decided when the module is built (+simd128 in .cargo/config.toml
+        // and build-web.sh); the browser tests check its bits against the native path's.
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        v.push(Simd::Simd128);
+        v
+    }
+
+    /// The path the kernels use: the last (fastest) available one, unless the environment
+    /// variable `COLIBRI_SIMD` names another available path.
+    pub fn active() -> Simd {
+        static ACTIVE: OnceLock<Simd> = OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let avail = Simd::available();
+            let best = *avail.last().unwrap_or(&Simd::Scalar);
+            match std::env::var("COLIBRI_SIMD") {
+                Ok(want) => avail.into_iter().find(|s| s.name() == want.trim()).unwrap_or(Simd::Scalar),
+                Err(_) => best,
+            }
+        })
+    }
+}
+
+/// Activations of `n` positions quantized per block for one weight layout.
+#[derive(Clone, Debug, Default)]
+pub struct ActQ {
+    pub n: usize,
+    pub cols: usize,
+    pub group: usize,
+    pub blocks: usize,
+    /// Each 32-value chunk of a block holds its even-indexed values, then its odd-indexed
+    /// ones: the order of the low and high nibbles of 16 int4 bytes.
+    pub split: bool,
+    /// [n, blocks * group] int8 values, zero beyond `cols`.
+    pub q: Vec<i8>,
+    /// [n, dstride] block scales d_b, zero past the last block.
+    pub d: Vec<f32>,
+    /// [n, dstride] sum of the block's q (int4 stores w + 8: isum = sum (w+8) q - 8 sum).
+    pub s: Vec<i32>,
+}
+
+impl ActQ {
+    /// Entries per position in `d` and `s`: the blocks rounded up to 8 (SIMD loads).
+    pub fn dstride(&self) -> usize {
+        self.blocks.div_ceil(8) * 8
+    }
+
+    /// Whether int4 weights of this group use the nibble-ordered (split) layout.
+    pub fn wants_split(int4: bool, group: usize) -> bool {
+        int4 && group.is_multiple_of(CHUNK)
+    }
+
+    /// Quantizes `x` ([n, cols]) per block of `group` columns, reusing the buffers.
+    pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize, group: usize, split: bool) {
+        let blocks = cols.div_ceil(group.max(1));
+        *self = ActQ {
+            n,
+            cols,
+            group,
+            blocks,
+            split,
+            q: std::mem::take(&mut self.q),
+            d: std::mem::take(&mut self.d),
+            s: std::mem::take(&mut self.s),
+        };
+        let (qs, ds) = (blocks * group, self.dstride());
+        self.q.clear();
+        self.q.resize(n * qs, 0);
+        self.d.clear();
+        self.d.resize(n * ds, 0.0);
+        self.s.clear();
+        self.s.resize(n * ds, 0);
+        for p in 0..n {
+            let xr = &x[p * cols..(p + 1) * cols];
+            for b in 0..blocks {
+                let src = &xr[b * group..((b + 1) * group).min(cols)];
+                let dst = &mut self.q[p * qs + b * group..p * qs + (b + 1) * group];
+                let (d, s) = quantize_block(src, dst, split);
+                self.d[p * ds + b] = d;
+                self.s[p * ds + b] = s;
+            }
+        }
+    }
+
+    #[inline]
+    pub fn qrow(&self, p: usize) -> &[i8] {
+        let qs = self.blocks * self.group;
+        &self.q[p * qs..(p + 1) * qs]
+    }
+
+    #[inline]
+    pub fn drow(&self, p: usize) -> &[f32] {
+        let ds = self.dstride();
+        &self.d[p * ds..(p + 1) * ds]
+    }
+
+    #[inline]
+    pub fn srow(&self, p: usize) -> &[i32] {
+        let ds = self.dstride();
+        &self.s[p * ds..(p + 1) * ds]
+    }
+}
+
+/// Where value `i` of a block is stored in the split (nibble) order.
+#[inline]
+fn split_index(i: usize) -> usize {
+    (i & !31) + ((i & 31) >> 1) + (i & 1) * 16
+}
+
+/// Quantizes one block into `dst` (zeroed first); returns (d_b, sum of q). A block holding
+/// NaN or an infinity gets d_b = NaN, so every output of its position is NaN.
+pub fn quantize_block(x: &[f32], dst: &mut [i8], split: bool) -> (f32, i32) {
+    dst.iter_mut().for_each(|v| *v = 0);
+    let amax_bits = x.iter().map(|v| v.to_bits() & 0x7fff_ffff).max().unwrap_or(0);
+    if amax_bits >= 0x7f80_0000 {
+        return (f32::NAN, 0);
+    }
+    if amax_bits < TINY_BITS {
+        return (0.0, 0);
+    }
+    let amax = f32::from_bits(amax_bits);
+    let (inv, d) = (127.0 / amax, amax / 127.0);
+    let mut sum = 0i32;
+    for (i, &v) in x.iter().enumerate() {
+        let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
+        dst[if split { split_index(i) } else { i }] = q as i8;
+        sum += q;
+    }
+    (d, sum)
+}
+
+/// Rounds up to a multiple of 4 (the row layout's padding).
+#[inline]
+fn round4(n: usize) -> usize {
+    n.div_ceil(4) * 4
+}
+
+/// The f16 scale of block `b` of a stored row.
+#[inline]
+fn scale(row: &[u8], b: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([row[2 * b], row[2 * b + 1]])).to_f32()
+}
+
+/// The reference: one stored int4/int8 row (`dtype.row_bytes(cols)` bytes) times
+/// position `p` of `a`, in the documented order.
+pub fn dot_row_scalar(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let (cols, g) = (a.cols, a.group);
+    let vals = &row[round4(a.blocks * 2)..];
+    let (q, d) = (a.qrow(p), a.drow(p));
+    let mut acc = [0.0f32; 8];
+    for b in 0..a.blocks {
+        let c0 = b * g;
+        let mut isum = 0i32;
+        for c in c0..(c0 + g).min(cols) {
+            let w = if int4 {
+                let byte = vals[c >> 1];
+                (if c & 1 == 0 { byte & 15 } else { byte >> 4 }) as i32 - 8
+            } else {
+                vals[c] as i8 as i32
+            };
+            let i = c - c0;
+            isum += w * q[c0 + if a.split { split_index(i) } else { i }] as i32;
+        }
+        acc[b % 8] += (scale(row, b) * d[b]) * isum as f32;
+    }
+    reduce8(acc)
+}
+
+/// One row times one position with the chosen path. The fast paths need the group to
+/// be a multiple of [`CHUNK`] (and int4 activations split); others use the reference.
+#[inline]
+pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
+    if !a.group.is_multiple_of(CHUNK) || a.split != int4 {
+        return dot_row_scalar(int4, row, a, p);
+    }
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Simd::Avx2/Avx512 are only produced by Simd::available() after the CPU
+        // reported the features; the row and activation shapes are checked by the callers
+        // (row.len() == row_bytes(cols), a quantized for this group and cols).
+        Simd::Avx2 => unsafe { x86::dot_row_avx2(int4, row, a, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Simd::Avx512 => unsafe { x86::dot_row_avx512(int4, row, a, p) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Simd::Simd128 => wasm::dot_row_simd128(int4, row, a, p),
+        _ => dot_row_scalar(int4, row, a, p),
+    }
+}
+
+/// Bytes `[at, at + N)` of `src`, zero-filled past its end (the last chunk of a row).
+#[inline]
+#[allow(dead_code)]
+fn padded<const N: usize>(src: &[u8], at: usize) -> [u8; N] {
+    let mut buf = [0u8; N];
+    if at < src.len() {
+        let k = (src.len() - at).min(N);
+        buf[..k].copy_from_slice(&src[at..at + k]);
+    }
+    buf
+}
