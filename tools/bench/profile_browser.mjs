@@ -4,7 +4,7 @@
 // names), most first. A developer tool, not a benchmark: timings are whatever the machine gives.
 //
 //   node tools/bench/profile_browser.mjs --coli target/release/coli --models-dir DIR --model NAME
-//        [--threads 1] [--prompt-tokens 32] [--decode-tokens 4] [--top 25] [--trace OUT.json]
+//        [--threads 1] [--prompt-tokens 32] [--decode-tokens 4] [--vocab 50304] [--top 25] [--trace OUT.json]
 //
 // The model is loaded (backend "cpu", RAM budget 3 GiB, no OPFS) and warmed by one pass over a
 // prompt of the same length; only the measured generation is traced.
@@ -54,7 +54,8 @@ try {
       await new Promise((r) => setTimeout(r, 100));
     }
   }
-  const vocab = 50304;
+  // Prompt ids as `coli bench` makes them, below the model's vocabulary size.
+  const vocab = Number(arg("vocab", 50304));
   const ids = Array.from({ length: prompt }, (_, i) => Number((((BigInt(i) * 0x9e3779b97f4a7c15n) & 0xffffffffffffffffn) >> 17n) % BigInt(vocab)));
   await page.evaluate(
     async ({ model, ids, threads, vocab }) => {
