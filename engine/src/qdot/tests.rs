@@ -75,6 +75,19 @@ fn every_path_gives_the_reference_bits() {
                         checked += 1;
                     }
                 }
+                // Many positions per row pass (prepared rows on x86): the same bits.
+                for &s in &paths {
+                    let mut scratch = vec![0xAAu8; 7];
+                    for p0 in [0usize, 1] {
+                        let mut out = vec![0.0f32; n - p0];
+                        dot_row_many(s, int4, row, &a, p0, &mut out, &mut scratch);
+                        for (i, got) in out.iter().enumerate() {
+                            let want = dot_row_scalar(int4, row, &a, p0 + i);
+                            assert_eq!(got.to_bits(), want.to_bits(), "{} many {dtype} cols {cols} row {r}", s.name());
+                            checked += 1;
+                        }
+                    }
+                }
             }
         }
     }
