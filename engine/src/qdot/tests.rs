@@ -151,3 +151,17 @@ fn non_finite_activations_make_that_position_nan() {
         assert!(dot_row(s, true, &w, &a, 1).is_nan(), "{}", s.name());
     }
 }
+
+#[test]
+fn quantize_rounds_half_to_even_like_the_definition() {
+    // Every multiple of 1/8 in [-130, 130] as x * (127 / amax) with amax = 127: the
+    // fast rounding must equal round_ties_even (then the clamp).
+    for k in -1040..=1040 {
+        let y = k as f32 / 8.0;
+        let x = [y, 127.0];
+        let mut q2 = [0i8; 2];
+        quantize_block(&x, &mut q2, false);
+        let want = y.round_ties_even().clamp(-127.0, 127.0) as i8;
+        assert_eq!(q2[0], want, "{y}");
+    }
+}
