@@ -58,6 +58,9 @@ struct Sizes {
     cfg: ModelConfig,
     /// Dense weights: always in memory.
     resident: u64,
+    /// Of those, the token embeddings: one row per token is read, not the matrix (0 when
+    /// the output projection shares them).
+    embed: u64,
     /// Routed experts: cached under --ram, else read from disk.
     streamed: u64,
     n_experts: u64,
@@ -85,8 +88,8 @@ impl Sizes {
 }
 
 /// Bytes `coli convert`'s defaults store for the model of `cfg` with `params` parameters
-/// in all: (resident, one expert).
-fn converted_sizes(cfg: &ModelConfig, params: u64) -> Result<(u64, u64)> {
+/// in all: (resident, one expert, the token embeddings).
+fn converted_sizes(cfg: &ModelConfig, params: u64) -> Result<(u64, u64, u64)> {
     let (h, i) = (cfg.hidden, cfg.expert_intermediate);
     let int4 = DType::Int4 { group: 32 };
     let row = |dt: DType, cols: usize| dt.row_bytes(cols).context("row size");
@@ -98,7 +101,8 @@ fn converted_sizes(cfg: &ModelConfig, params: u64) -> Result<(u64, u64)> {
     let rest = params.saturating_sub(expert_params + router_params);
     // int8 with groups of 32: one byte per value plus an f16 scale per 32.
     let int8_per_1024 = row(DType::Int8 { group: 32 }, 1024)? as u64;
-    Ok((rest * int8_per_1024 / 1024 + router_params * 4, expert))
+    let embed = if cfg.tie_word_embeddings { 0 } else { (cfg.vocab * row(DType::Int8 { group: 32 }, h)?) as u64 };
+    Ok((rest * int8_per_1024 / 1024 + router_params * 4, expert, embed))
 }
 
 fn read_config(bytes: &[u8], what: &str) -> Result<ModelConfig> {
@@ -119,6 +123,11 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
         let md = ModelDir::open(dir, true)?;
         let (c, _) = md.container().context("not a converted model")?;
         let (resident, streamed) = c.manifest.byte_totals();
+        let lm_head = c.manifest.dense.tensors.iter().any(|t| t.name == "lm_head.weight");
+        let embed = match c.manifest.dense.tensors.iter().find(|t| t.name == "model.embed_tokens.weight") {
+            Some(t) if lm_head => t.length,
+            _ => 0,
+        };
         let n_experts = c.manifest.experts.layers.iter().map(|l| l.experts.len() as u64).sum();
         let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
         let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
@@ -136,6 +145,7 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
             location,
             cfg,
             resident,
+            embed,
             streamed,
             n_experts,
             estimated: false,
@@ -152,12 +162,13 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
             params += store.get(n)?.shape.iter().map(|&d| d as u64).product::<u64>();
         }
     }
-    let (resident, expert) = converted_sizes(&cfg, params)?;
+    let (resident, expert, embed) = converted_sizes(&cfg, params)?;
     let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
     Ok(Sizes {
         source: "checkpoint",
         location,
         resident,
+        embed,
         streamed: expert * n_experts,
         n_experts,
         cfg,
@@ -187,12 +198,13 @@ fn hub_sizes(spec: &str) -> Result<Sizes> {
         Err(_) => hub.stat(repo, rev, "model.safetensors").with_context(|| format!("{location}: no safetensors"))?.size,
     };
     let params = total / source_width(&raw);
-    let (resident, expert) = converted_sizes(&cfg, params)?;
+    let (resident, expert, embed) = converted_sizes(&cfg, params)?;
     let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
     Ok(Sizes {
         source: "hub",
         location,
         resident,
+        embed,
         streamed: expert * n_experts,
         n_experts,
         cfg,
@@ -253,12 +265,12 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     let compute = crate::probe::matvec_bandwidth(Duration::from_millis(300))?;
     let gpu = adapter();
 
-    // What a token costs: every resident matrix and top-k experts per MoE layer pass
-    // through the kernels; with a cache smaller than the experts, a share of a token's
-    // experts (uniform routing: 1 - cached / all) is read from disk.
+    // What a token costs: every resident matrix but the embeddings and top-k experts per
+    // MoE layer pass through the kernels; with a cache smaller than the experts, a share
+    // of a token's experts (uniform routing: 1 - cached / all) is read from disk.
     let cached = ram.unwrap_or(u64::MAX).min(s.streamed);
     let miss_share = 1.0 - cached as f64 / s.streamed.max(1) as f64;
-    let compute_s = (s.resident + per_token) as f64 / compute.max(1.0);
+    let compute_s = (s.resident - s.embed.min(s.resident) + per_token) as f64 / compute.max(1.0);
     let read_s = disk.as_ref().map(|(bw, _)| per_token as f64 * miss_share / bw.max(1.0));
     let warm_tps = 1.0 / compute_s;
     let steady_tps = read_s.map(|r| 1.0 / (compute_s + r));
@@ -300,7 +312,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             "estimate": {
                 "warm_tokens_per_second": warm_tps,
                 "steady_tokens_per_second": steady_tps,
-                "note": "native CPU decode, one position: (resident + one token's experts) / CPU kernel bandwidth, plus the uncached share of that token's experts / disk bandwidth (uniform routing, the worst case; learned pins do better)",
+                "note": "native CPU decode, one position: (resident but the embeddings + one token's experts) / CPU kernel bandwidth, plus the uncached share of that token's experts / disk bandwidth (uniform routing, the worst case; learned pins do better)",
             },
         });
         println!("{v}");
@@ -375,11 +387,19 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_moe");
         let cfg = read_config(&std::fs::read(dir.join("config.json")).unwrap(), "fixture").unwrap();
         let (h, i) = (cfg.hidden, cfg.expert_intermediate);
-        let (_, expert) = converted_sizes(&cfg, 0).unwrap();
+        let (_, expert, embed) = converted_sizes(&cfg, 0).unwrap();
         // Three int4 matrices: per row, the f16 scales of 32 values and the packed values.
         let row = |cols: usize| (cols / 32 * 2).next_multiple_of(4) + (cols / 2).next_multiple_of(4);
         assert_eq!(expert as usize, 2 * i * row(h) + h * row(i));
-        let (resident, _) = converted_sizes(&cfg, 1 << 30).unwrap();
+        assert_eq!(
+            embed as usize,
+            if cfg.tie_word_embeddings {
+                0
+            } else {
+                cfg.vocab * ((h / 32 * 2).next_multiple_of(4) + h.next_multiple_of(4))
+            }
+        );
+        let (resident, _, _) = converted_sizes(&cfg, 1 << 30).unwrap();
         assert!(resident > 1 << 30, "int8 with f16 scales is more than a byte per value");
     }
 }
