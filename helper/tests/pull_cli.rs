@@ -457,3 +457,39 @@ fn plan_reads_only_config_and_index_and_estimates_what_pull_installs() {
     let missing = coli(&home, &hub).args(["plan", "acme/nope"]).output().unwrap();
     assert_one_error(&missing, "acme/nope");
 }
+
+#[test]
+fn the_readme_table_is_what_plan_says() {
+    let home = scratch("readme");
+    let cfgs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hub-configs");
+    let repos = [
+        ("allenai/OLMoE-1B-7B-0924", "olmoe-1b-7b"),
+        ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
+        ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+    ];
+    let served: Vec<(&str, PathBuf)> = repos.iter().map(|(r, d)| (*r, cfgs.join(d))).collect();
+    let hub = MockHub::start(&served, &home);
+    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let gib = |b: &serde_json::Value| format!("{:.1} GiB", b.as_u64().unwrap() as f64 / (1u64 << 30) as f64);
+    for (repo, _) in repos {
+        let out = ok(coli(&home, &hub).args(["plan", repo, "--json", "--probe-bytes", "0"]).output().unwrap());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let container =
+            serde_json::json!(v["resident_bytes"].as_u64().unwrap() + v["streamed_bytes"].as_u64().unwrap());
+        let per_token =
+            format!("{:.2} GiB", v["experts_per_token_bytes"].as_u64().unwrap() as f64 / (1u64 << 30) as f64);
+        let per_token = if per_token.starts_with("0.") { per_token } else { gib(&v["experts_per_token_bytes"]) };
+        let row = format!(
+            "| {repo} | {} | {} | {} | {} (top-{} of {}, {} layers) | {} + one source shard |",
+            v["model_type"].as_str().unwrap(),
+            gib(&v["resident_bytes"]),
+            gib(&v["streamed_bytes"]),
+            per_token,
+            v["top_k"],
+            v["experts_per_layer"],
+            v["moe_layers"],
+            gib(&container)
+        );
+        assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+    }
+}
