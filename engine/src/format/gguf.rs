@@ -422,7 +422,7 @@ impl Gguf {
             let rel = c.u64(&what)?;
             infos.push((name, ty, ne, rel));
         }
-        let data_start = (c.pos as u64).div_ceil(alignment).checked_mul(alignment).unwrap_or(u64::MAX);
+        let data_start = (c.pos as u64).div_ceil(alignment).saturating_mul(alignment);
         let file_len = bytes.len() as u64;
         if data_start > file_len && n_tensors > 0 {
             return Err(c.err("the tensor data section starts past the end of the file (truncated?)"));

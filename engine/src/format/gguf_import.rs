@@ -119,8 +119,11 @@ fn meta_f64(g: &Gguf, key: &str) -> Result<Option<f64>> {
     }
 }
 
-/// Hugging Face name, expert index and expert part of a GGUF tensor of layer `l`.
-fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<(String, Option<(Option<usize>, usize)>)> {
+/// An expert tensor: the expert (None: all of them, stacked) and the part (gate, up, down).
+type ExpertPart = (Option<usize>, usize);
+
+/// Hugging Face name, or expert index and part, of a GGUF tensor of layer `l`.
+fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<(String, Option<ExpertPart>)> {
     let p = format!("model.layers.{l}");
     let plain = |s: &str| Some((format!("{p}.{s}"), None));
     match rest {
@@ -180,7 +183,6 @@ pub fn import(g: &Gguf) -> Result<Imported> {
     let mut tensors = Vec::new();
     let mut types = BTreeMap::new();
     let mut expert_ff = None;
-    let vocab;
     for (i, t) in g.tensors.iter().enumerate() {
         if !is_supported(t.ty) {
             return Err(err(format!(
@@ -259,10 +261,10 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             }
         }
     }
-    match g.tensor("token_embd.weight") {
-        Some(t) if t.ne.len() == 2 => vocab = t.ne[1],
+    let vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.ne.len() == 2 => t.ne[1],
         _ => return Err(err("no 2-D token_embd.weight".into())),
-    }
+    };
     let expert_ff = expert_ff.ok_or_else(|| err("no expert tensors (blk.N.ffn_gate_exps.weight)".into()))?;
 
     // config.json.
@@ -369,13 +371,14 @@ pub fn tensor(g: &Gguf, file: &Bytes, p: &Planned, want: Option<DType>) -> Resul
     let rows: usize = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
     let src_rb = t.ty.bytes_for(cols as u64).ok_or_else(|| err(format!("tensor {}: bad row length", t.name)))? as usize;
     let len = rows.checked_mul(src_rb).ok_or_else(|| err(format!("tensor {}: too large", t.name)))?;
-    let start = (t.offset as usize).checked_add(p.expert.unwrap_or(0).checked_mul(len).unwrap_or(usize::MAX));
-    let src = file.slice(start.unwrap_or(usize::MAX), len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
+    let start =
+        usize::try_from(t.offset).unwrap_or(usize::MAX).saturating_add(p.expert.unwrap_or(0).saturating_mul(len));
+    let src = file.slice(start, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
     let dtype = want.unwrap_or_else(|| keep_dtype(t.ty));
     let order: Option<Vec<usize>> = match p.unpermute_heads {
         None => None,
         Some(heads) => {
-            if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+            if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
                 return Err(err(format!("tensor {}: {rows} rows do not split into {heads} rope heads", t.name)));
             }
             Some((0..rows).map(|r| gguf_row(r, rows / heads)).collect())
