@@ -160,6 +160,11 @@ pub fn import(g: &Gguf) -> Result<Imported> {
     let a = ARCHES.iter().find(|a| a.gguf == name).ok_or_else(|| {
         err(format!("architecture {name:?} is not supported (colibri converts {known}; deepseek2, glm4moe and qwen2moe GGUFs are not read yet: convert the Hugging Face checkpoint)"))
     })?;
+    if let Some(n) = meta_u64(g, "split.count")?.filter(|&n| n > 1) {
+        return Err(err(format!(
+            "this file is one of {n} parts of a split GGUF; merge them first (llama-gguf-split --merge FIRST_PART OUT.gguf)"
+        )));
+    }
     let key = |k: &str| format!("{name}.{k}");
     let need = |k: &str| meta_u64(g, &key(k))?.ok_or_else(|| err(format!("no {}", key(k))));
     let n_layers = need("block_count")? as usize;

@@ -124,6 +124,9 @@ fn unknown_arch_and_unknown_tensors_are_refused() {
         .tensor("blk.0.mystery.weight", &[4], 0, vec![0; 16]);
     let e = import(&Gguf::parse(&w.bytes(), "x").unwrap()).err().unwrap().to_string();
     assert!(e.contains("blk.0.mystery.weight is not part of a olmoe model"), "{e}");
+    let w = Writer::new().string("general.architecture", "olmoe").u32("split.count", 3);
+    let e = import(&Gguf::parse(&w.bytes(), "x").unwrap()).err().unwrap().to_string();
+    assert!(e.contains("one of 3 parts of a split GGUF"), "{e}");
     let w = Writer::new()
         .string("general.architecture", "olmoe")
         .u32("olmoe.block_count", 1)
