@@ -8,6 +8,7 @@ pub mod bench_serve;
 pub mod chat;
 pub mod choose;
 pub mod convert;
+pub mod convert_gguf;
 pub mod doctor;
 pub(crate) mod doctor_machine;
 pub mod generate;

@@ -182,8 +182,8 @@ pub fn pull(a: PullArgs) -> Result<()> {
     }
     let args = ConvertArgs {
         src: src.clone(),
-        out: out.clone(),
-        quant: a.quant,
+        out: Some(out.clone()),
+        quant: Some(a.quant),
         group_size: a.group_size,
         embed: None,
         lm_head: None,
