@@ -83,6 +83,8 @@ pub struct Planned {
     pub expert: Option<usize>,
     /// Rope permutation to undo: the number of heads the rows were permuted with.
     pub unpermute_heads: Option<usize>,
+    /// For a routed expert's matrix: (layer, expert, part), part 0/1/2 = gate/up/down.
+    pub expert_of: Option<(usize, usize, usize)>,
 }
 
 /// A GGUF file read as a Hugging Face checkpoint.
@@ -206,7 +208,14 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             _ => None,
         };
         if let Some(hf) = global {
-            tensors.push(Planned { name: hf.into(), shape, src: i, expert: None, unpermute_heads: None });
+            tensors.push(Planned {
+                name: hf.into(),
+                shape,
+                src: i,
+                expert: None,
+                unpermute_heads: None,
+                expert_of: None,
+            });
             continue;
         }
         let unknown = || err(format!("tensor {} is not part of a {name} model as colibri knows it", t.name));
@@ -227,7 +236,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     "attn_k.weight" if a.permuted => Some(kv_heads as usize),
                     _ => None,
                 };
-                tensors.push(Planned { name: hf, shape, src: i, expert: None, unpermute_heads });
+                tensors.push(Planned { name: hf, shape, src: i, expert: None, unpermute_heads, expert_of: None });
             }
             Some((Some(e), part)) => {
                 if shape.len() != 2 || e as u64 >= n_experts {
@@ -242,6 +251,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     src: i,
                     expert: None,
                     unpermute_heads: None,
+                    expert_of: Some((l, e, part)),
                 });
             }
             Some((None, part)) => {
@@ -261,6 +271,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                         src: i,
                         expert: Some(e),
                         unpermute_heads: None,
+                        expert_of: Some((l, e, part)),
                     });
                 }
             }
