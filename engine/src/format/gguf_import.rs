@@ -377,6 +377,19 @@ pub fn keep_dtype(ty: GgmlType) -> DType {
     }
 }
 
+/// True if `dtype` can hold the values of a `ty` tensor exactly and [`tensor`] writes
+/// them directly (MXFP4 into int8: when its scales fit f16, else re-quantized).
+pub fn stores_exactly(ty: GgmlType, dtype: DType) -> bool {
+    let g32 = dtype.group() == Some(32);
+    match (ty.id, dtype) {
+        (_, DType::F32) => true,
+        (q::F16, DType::F16) | (q::BF16, DType::BF16) => true,
+        (q::Q8_0 | q::Q4_0 | q::MXFP4, DType::Int8 { .. }) => g32,
+        (q::Q4_0, DType::Int4 { .. }) => g32,
+        _ => false,
+    }
+}
+
 /// The values of `p` stored as `want` (or, with None, as [`keep_dtype`]); exact
 /// whenever `want` can hold the GGUF values (F32 from anything, the same float type,
 /// Q8_0 / Q4_0 / MXFP4 into int8 or int4 with group 32 as their scales allow), else

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use colibri_engine::format::gguf::Gguf;
-use colibri_engine::format::gguf_import::{import, keep_dtype, tensor, Planned};
+use colibri_engine::format::gguf_import::{import, keep_dtype, stores_exactly, tensor, Planned};
 use colibri_engine::format::tensors::{TensorEntry, TensorStore};
 use colibri_engine::tensor::{Bytes, DType, Mat};
 use serde_json::{json, Value};
@@ -74,9 +74,13 @@ impl Lazy {
         &self.parsed.imported.tensors[k]
     }
 
+    /// Tensor `k` as `dtype` where that is exact; otherwise its exact f32 values, which the
+    /// writer quantizes (in parallel, with the same function `tensor` would use).
     fn convert(&self, k: usize, dtype: DType) -> Result<Mat> {
         let p = self.planned(k);
-        let e = tensor(&self.parsed.gguf, &self.parsed.file, p, Some(dtype))?;
+        let ty = self.parsed.gguf.tensors[p.src].ty;
+        let want = if stores_exactly(ty, dtype) { dtype } else { DType::F32 };
+        let e = tensor(&self.parsed.gguf, &self.parsed.file, p, Some(want))?;
         let cols = *p.shape.last().unwrap_or(&1);
         let rows = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
         Ok(Mat::new(rows, cols, e.dtype, e.bytes)?)
