@@ -461,7 +461,7 @@ fn plan_reads_only_config_and_index_and_estimates_what_pull_installs() {
 #[test]
 fn the_readme_table_is_what_plan_says() {
     let home = scratch("readme");
-    let cfgs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hub-configs");
+    let cfgs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/hub-configs");
     let repos = [
         ("allenai/OLMoE-1B-7B-0924", "olmoe-1b-7b"),
         ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
