@@ -127,7 +127,7 @@ fn cache_options(
         Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
         Some(b) => (Some(b), "--ram".to_string()),
         None => {
-            let (b, note) = auto_ram(crate::sysinfo::meminfo("MemAvailable"), dense, experts);
+            let (b, note) = auto_ram(colibri_engine::fsio::meminfo("MemAvailable"), dense, experts);
             (Some(b), note)
         }
     };
