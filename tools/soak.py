@@ -15,6 +15,8 @@ model, then N clients (default 64) send requests for a fixed time (default 10 mi
             requests cut off mid-head; each must get a 4xx (or a closed connection
             where HTTP gives the server no other answer), never a 5xx other than 503
   health    GET /health and /api/models
+  big_prompt  (--big-prompts N clients) 4 MiB prompts to tokenize, as in issue #14's
+            load test: /health and ranges must stay quick meanwhile
 
 It prints one JSON record (counts, errors, latency percentiles per kind, the server's RSS
 at the start and the end) and a Markdown table, and exits non-zero on any wrong byte,
@@ -97,7 +99,9 @@ class Client:
         # A chatter sends generations (streamed chats, some cut off, and completions); the
         # others fetch ranges, send malformed requests and poll /health. Generations run
         # one at a time per model, so a chatter spends most of its time in them.
-        if chatter:
+        if chatter == "big":
+            self.kinds = ["big_prompt"]
+        elif chatter:
             self.kinds = ["chat"] * 3 + ["complete"]
         else:
             self.kinds = ["range"] * 60 + ["bad"] * 25 + ["health"] * 15
@@ -259,6 +263,15 @@ class Client:
             self.stats.error("complete", f"status {resp.status}: {data[:200]!r}")
         return resp.status
 
+    def big_prompt(self):
+        """A prompt of the largest body /v1 takes (4 MiB of text to tokenize), which the
+        demo model refuses as longer than its context: load on the tokenizer, not the model."""
+        resp = self.request("POST", "/v1/completions", BIG_PROMPT, {"Content-Type": "application/json"})
+        data = resp.read()
+        if resp.status not in (200, 400, 503):
+            self.stats.error("big_prompt", f"status {resp.status}: {data[:200]!r}")
+        return resp.status
+
     def health(self):
         path = self.rng.choice(["/health", "/health", "/api/models"])
         resp = self.request("GET", path)
@@ -351,6 +364,12 @@ class Client:
         return status
 
 
+# 4 MiB less a little: the largest /v1 body (openai::MAX_BODY).
+BIG_PROMPT = json.dumps(
+    {"model": "demo", "prompt": "And the earth was without form, and void. " * ((4 * 1024 * 1024 - 1024) // 43), "max_tokens": 1}
+).encode()
+
+
 def parse_content_range(v):
     # "bytes A-B/LEN"
     unit, rest = v.split(" ", 1)
@@ -400,6 +419,9 @@ def main():
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--chatters", type=int, default=8, help="how many of the clients send generations")
+    ap.add_argument(
+        "--big-prompts", type=int, default=0, help="how many of the clients send maximum-size prompts (4 MiB) instead"
+    )
     ap.add_argument("--threads", type=int, default=1, help="the server's engine threads")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rss-growth-mib", type=float, default=64, help="largest RSS growth that passes")
@@ -436,10 +458,18 @@ def main():
         warm.range()
         warm.drop()
         rss_start = rss_kib(server.pid)
+        load_start = os.getloadavg()
         stats = Stats()
         deadline = time.monotonic() + a.minutes * 60
         clients = [
-            Client(port, files, stats, random.Random(a.seed * 1000 + i), deadline, chatter=i < a.chatters)
+            Client(
+                port,
+                files,
+                stats,
+                random.Random(a.seed * 1000 + i),
+                deadline,
+                chatter="big" if i < a.big_prompts else i < a.big_prompts + a.chatters,
+            )
             for i in range(a.clients)
         ]
         threads = [threading.Thread(target=c.run, daemon=True) for c in clients]
@@ -509,7 +539,9 @@ def main():
         "rss_kib": {"start": rss_start, "end": rss_end, "peak": rss_peak, "samples": samples[:: max(1, len(samples) // 20)]},
         "server_alive": alive,
         "health_at_end": health,
+        "load_avg_at_start": load_start,
         "load_avg_at_end": os.getloadavg(),
+        "cpus": os.cpu_count(),
     }
     print(json.dumps(record, indent=1))
     print()
