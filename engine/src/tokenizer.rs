@@ -109,6 +109,11 @@ impl Tokenizer {
     }
 
     fn build(tokenizer_json: &[u8], config: Option<&serde_json::Value>, label: &str) -> Result<Self> {
+        // The JSON syntax is checked first: tokenizers 0.22 panics (an `expect` in its
+        // decoder's Deserialize) on a syntax error inside the "decoder" object, found by
+        // fuzzing (fuzz/fuzz_targets/tokenizer.rs).
+        serde_json::from_slice::<serde::de::IgnoredAny>(tokenizer_json)
+            .map_err(|e| Error::Tokenizer(format!("{label}: not a valid tokenizer.json: {e}")))?;
         let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| Error::Tokenizer(format!("{label}: not a valid tokenizer.json: {e}")))?;
         let vocab_size = inner.get_vocab(true).values().map(|&id| id as usize + 1).max().unwrap_or(0);
