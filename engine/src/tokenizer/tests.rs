@@ -332,7 +332,7 @@ fn runaway_templates_stop_with_an_error() {
 }
 
 /// Fuzzing found that a syntax error inside tokenizer.json's "decoder" object made the
-/// tokenizers crate panic; it is an error now. (fuzz/artifacts/tokenizer/crash-6326af87...)
+/// tokenizers crate panic (fuzz/artifacts/tokenizer/crash-6326af87...); it is an error now.
 #[test]
 fn a_syntax_error_in_the_decoder_is_an_error_not_a_panic() {
     let good = tokenizer_json();
@@ -341,6 +341,8 @@ fn a_syntax_error_in_the_decoder_is_an_error_not_a_panic() {
         good.replacen("\"decoder\":{", "\"decoder\":{\"t\u{1}\":1,", 1),
         good.replacen("\"decoder\":{", "\"decoder\":{\"type\": ", 1),
         good[..good.find("\"decoder\":{").unwrap() + 14].to_string(),
+        // A lone surrogate escape (fuzz/artifacts/tokenizer/crash-cce3747a...).
+        good.replacen("\"decoder\":{", "\"decoder\":{\"t\\udc00\":1,", 1),
     ] {
         let e = Tokenizer::from_bytes(bad.as_bytes(), None).err().expect("an error");
         assert!(e.to_string().contains("not a valid tokenizer.json"), "{e}");
