@@ -21,7 +21,7 @@ SECS=${SECONDS_PER_TARGET:-30}
 CARGO_FUZZ_VERSION=0.13.2
 NIGHTLY=$(sed -n 's/^channel = "\(.*\)"/\1/p' tools/wasm-threads-toolchain.toml)
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(config safetensors_header manifest range_header multipart usage_body chat_template tokenizer)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(config safetensors_header manifest range_header multipart usage_body chat_template tokenizer gguf)
 
 rustup toolchain list | grep -q "^$NIGHTLY" || rustup toolchain install "$NIGHTLY" --profile minimal
 if ! command -v cargo-fuzz >/dev/null || [ "$(cargo-fuzz --version | awk '{print $2}')" != "$CARGO_FUZZ_VERSION" ]; then
@@ -39,6 +39,7 @@ for f in tests/fixtures/*/model.safetensors; do
   head -c 65536 "$f" > "$C/safetensors_header/$(basename "$(dirname "$f")")"
 done
 seed manifest models/demo/colibri.json
+for f in tests/fixtures/gguf/*.gguf; do seed gguf "$f"; done
 for f in tests/fixtures/*/tokenizer.json; do seed tokenizer "$f"; done
 mkdir -p "$C/chat_template" "$C/range_header" "$C/multipart" "$C/usage_body"
 for f in tests/fixtures/*/tokenizer_config.json models/demo/tokenizer_config.json; do

@@ -333,7 +333,10 @@ async function clearModelCache() {
   if (state.engine) state.engine.terminate();
   state.engine = null;
   setComposerEnabled(false);
-  const pattern = new RegExp(`^${id.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}-[0-9a-f]{16}$`);
+  // The engine's storage name (wasm/src/engine.rs storage_name): the URL path segment
+  // of the id with other characters than [A-Za-z0-9._-] as "_", then the fingerprint.
+  const key = encodeURIComponent(id).replace(/[^A-Za-z0-9._-]/g, "_").replace(/^\.+/, "");
+  const pattern = new RegExp(`^${key.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}-[0-9a-f]{16}$`);
   let removed = 0;
   let failure = null;
   try {

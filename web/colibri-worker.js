@@ -7,7 +7,8 @@
 // Two builds of the engine (tools/build-web.sh): pkg-threads/ runs the CPU kernels on a
 // pool of Web Workers sharing the wasm memory, which needs a SharedArrayBuffer, which the
 // browser grants only where the page is cross-origin isolated (the helper's own pages
-// are); pkg/ runs on this worker alone, anywhere. Both give the same bits.
+// are), and WebAssembly relaxed SIMD (Chromium-based browsers; checked before loading);
+// pkg/ runs on this worker alone, anywhere. Both give the same bits.
 
 let wasm = null; // the loaded build's module: {Engine, initThreadPool?}
 let engine = null;
@@ -45,9 +46,26 @@ function planThreads(asked) {
   return { threads: n, reason };
 }
 
+/** A module whose one function uses `i32x4.relaxed_dot_i8x16_i7x16_add_s`: it validates
+ * where the browser has WebAssembly relaxed SIMD, which the threaded build is compiled with. */
+function hasRelaxedSimd() {
+  const v128 = [0xfd, 0x0c, ...new Array(16).fill(0)];
+  const body = [0, ...v128, ...v128, ...v128, 0xfd, 0x93, 0x02, 0x0b];
+  const code = [1, body.length, ...body];
+  const bytes = [0, 0x61, 0x73, 0x6d, 1, 0, 0, 0, 1, 5, 1, 0x60, 0, 1, 0x7b, 3, 2, 1, 0, 10, code.length, ...code];
+  try {
+    return WebAssembly.validate(new Uint8Array(bytes));
+  } catch {
+    return false;
+  }
+}
+
 /** Loads the engine build for `plan` (the threaded one with its pool started, or the
  * one-thread one); a threaded build that fails to start falls back to one thread. */
 async function loadWasm(plan) {
+  if (plan.threads > 1 && !hasRelaxedSimd()) {
+    plan = { threads: 1, reason: "this browser lacks WebAssembly relaxed SIMD, which the threaded engine uses" };
+  }
   if (plan.threads > 1) {
     try {
       const m = await import("./pkg-threads/colibri_wasm.js");
@@ -83,7 +101,7 @@ function postRoute(id, counts) {
 }
 
 async function reportUsage() {
-  if (!engine) return;
+  if (!engine || modelId === null) return;
   takeRoute();
   if (!unreported.size) return;
   const counts = [...unreported].map(([k, n]) => [...k.split(",").map(Number), n]);
@@ -99,6 +117,30 @@ async function reportUsage() {
     // The helper may be gone: keep the counts for the next report (usage is best effort).
     for (const [l, e, n] of counts) unreported.set(`${l},${e}`, (unreported.get(`${l},${e}`) || 0) + n);
   }
+}
+
+// Whether the server of the model at `base` answers a request for two ranges with
+// multipart/byteranges (nginx, Apache, Caddy, the helper) or with the whole file or only
+// one range (S3, GCS, many CDNs): asked with a request for two bytes of colibri.json
+// (aborted before the body if it is the whole file), once per page origin and model
+// base; the answer is kept in the Cache API so that a reload asks nothing.
+async function probeMultiRange(base) {
+  const key = `${base}colibri.json?colibri-multirange-probe`;
+  const cache = self.caches ? await self.caches.open("colibri-hosts").catch(() => null) : null;
+  const known = cache ? await cache.match(key).catch(() => null) : null;
+  if (known) return (await known.text()) === "multipart";
+  const abort = new AbortController();
+  let answer = "single";
+  try {
+    const r = await fetch(`${base}colibri.json`, { headers: { Range: "bytes=0-0,2-2" }, cache: "no-store", signal: abort.signal });
+    if (r.status === 206 && /^multipart\/byteranges/i.test(r.headers.get("Content-Type") || "")) answer = "multipart";
+  } catch (_) {
+    return false; // unreachable now: the load itself will say why; ask again next time
+  } finally {
+    abort.abort();
+  }
+  if (cache) await cache.put(key, new Response(answer)).catch(() => {});
+  return answer === "multipart";
 }
 
 // One step at a time so tokens stream out and a "cancel" message can get in between.
@@ -146,7 +188,7 @@ async function generate(id, ids, opts) {
 
 const ops = {
   async load({ helperUrl, model, options }) {
-    const { threads, ...engineOptions } = options || {};
+    const { threads, modelUrl, multiRange, ...engineOptions } = options || {};
     // One build per worker: a second load reuses it (a thread pool starts only once).
     if (!wasm) {
       const got = await loadWasm(planThreads(threads));
@@ -155,9 +197,13 @@ const ops = {
     }
     const { Engine } = wasm;
     helper = helperUrl.replace(/\/$/, "");
-    modelId = model;
+    // A model on a static host has no helper to learn its usage: nothing is reported.
+    modelId = modelUrl ? null : model;
+    const base = modelUrl || `${helper}/models/${encodeURIComponent(model)}/`;
+    // The helper answers several ranges in one request; another server is asked once.
+    engineOptions.multiRange = modelUrl ? (typeof multiRange === "boolean" ? multiRange : await probeMultiRange(base)) : true;
     const onProgress = (p) => post({ event: "progress", progress: p });
-    engine = await Engine.load(`${helper}/models/${encodeURIComponent(model)}/`, engineOptions, onProgress);
+    engine = await Engine.load(base, engineOptions, onProgress);
     return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize() };
   },
   async logits({ ids }) {

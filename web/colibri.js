@@ -10,6 +10,7 @@
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
 //   engine.addEventListener("stats", (e) => e.detail);         // fresh stats after every token
 //   await engine.expertTiers();  // Uint8Array [layers * experts]: 0 helper, 1 disk, 2 RAM, 3 GPU
+//   await load({ model: "https://static.host/models/x/" });  // a converted model on any Range + CORS server
 //
 // The engine runs in a dedicated worker; experts stream from the helper into the
 // browser's persistent storage (OPFS), so a reload fetches them from disk, not the helper.
@@ -237,15 +238,32 @@ function finishReason(r, req) {
  * threads: more than one needs a cross-origin isolated page (the helper's own pages are;
  * another site needs COOP same-origin + COEP require-corp); elsewhere the engine runs on
  * one thread. stats().threads says how many it got, stats().threadsReason why.
+ * model: the id of one of the helper's models, or the URL of a converted model directory
+ * on any static HTTP server with Range support and CORS (docs/hosting.md), e.g.
+ * "https://static.host/models/x/"; such a model needs no helper at all (no usage is
+ * reported). multiRange (hosted models): whether the server answers a request for
+ * several ranges with multipart/byteranges; unset, it is asked once per page origin and
+ * the answer is remembered (Cache API); false fetches one range per request.
  * backend: "webgpu" fails if the browser has no usable WebGPU; "auto" uses WebGPU when
  * the browser has it and one decode step measures faster on it than on the CPU backend
  * (stats().auto holds the two timings); both backends produce the same tokens.
  */
-export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk, storage, threads } = {}) {
+export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk, storage, threads, multiRange } = {}) {
   if (!["auto", "webgpu", "cpu"].includes(backend)) throw new Error(`unknown backend ${backend}`);
   const helperUrl = helper || HERE.origin;
   const engine = new Engine(makeWorker(), onProgress);
   engine.model = model;
-  await engine._load(helperUrl, model, { ramBytes, disk, storage, backend, threads });
+  await engine._load(helperUrl, model, { ramBytes, disk, storage, backend, threads, multiRange, modelUrl: hostedModelUrl(model) });
   return engine;
+}
+
+/** The base URL (ending in "/") of a model directory on any HTTP server, when `model` is
+ * a URL ("https://host/models/x/") or a path ("/models/x/", "./x/", "../x/"; relative to
+ * the page); null for the id of a helper's model ("demo", "acme/tiny-moe"). */
+export function hostedModelUrl(model) {
+  if (typeof model !== "string") return null;
+  if (!/^(https?:\/\/|\/|\.\.?\/)/i.test(model)) return null;
+  const u = new URL(model, self.location.href);
+  if (!u.pathname.endsWith("/")) u.pathname += "/";
+  return u.href;
 }

@@ -143,6 +143,22 @@ impl Hub {
         Ok(RemoteFile { path: path.to_string(), size, sha256 })
     }
 
+    /// A small file (config.json, the safetensors index) whole, at most `limit` bytes.
+    pub fn read_small(&self, repo: &str, rev: &str, path: &str, limit: u64) -> Result<Vec<u8>> {
+        let url = self.resolve_url(repo, rev, path);
+        let r = self.get(&self.agent, &url).call().with_context(|| format!("cannot reach {}", self.endpoint))?;
+        let status = r.status().as_u16();
+        if status != 200 {
+            return Err(status_error(path, status));
+        }
+        let mut buf = Vec::new();
+        r.into_body().into_with_config().limit(limit + 1).reader().read_to_end(&mut buf)?;
+        if buf.len() as u64 > limit {
+            bail!("{path}: larger than {limit} bytes");
+        }
+        Ok(buf)
+    }
+
     /// Bytes `start..start+len` of a file (a safetensors header, say).
     pub fn read_range(&self, repo: &str, rev: &str, path: &str, start: u64, len: u64) -> Result<Vec<u8>> {
         let url = self.resolve_url(repo, rev, path);

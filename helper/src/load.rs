@@ -98,6 +98,32 @@ pub fn default_pin(ram: u64, per_token: u64) -> u64 {
     (ram / 4).min(ram.saturating_sub(per_token))
 }
 
+/// The expert-cache budget for `--ram` (None: automatic; u64::MAX: "all"): (None for no
+/// limit, or the budget; how it was chosen). `available`: MemAvailable; `dense` and
+/// `experts`: the model's resident and streamed bytes.
+pub fn choose_ram(flag: Option<u64>, available: Option<u64>, dense: u64, experts: u64) -> (Option<u64>, String) {
+    match flag {
+        Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
+        Some(b) => (Some(b), "--ram".to_string()),
+        None => {
+            let (b, note) = auto_ram(available, dense, experts);
+            (Some(b), note)
+        }
+    }
+}
+
+/// The pin budget for `--pin` (None: automatic): [`default_pin`] of the budget when the
+/// model has learned usage counts, else 0; never more than the budget. `per_token`: the
+/// bytes of one token's experts (top-k of every MoE layer).
+pub fn choose_pin(flag: Option<u64>, ram: Option<u64>, per_token: u64, has_usage: bool) -> u64 {
+    let pin = match flag {
+        Some(p) => p,
+        None if has_usage => ram.map_or(0, |r| default_pin(r, per_token)),
+        None => 0,
+    };
+    ram.map_or(pin, |r| pin.min(r))
+}
+
 pub fn human(b: u64) -> String {
     let b = b as f64;
     if b >= (1u64 << 30) as f64 {
@@ -123,32 +149,17 @@ fn cache_options(
 ) -> Result<(CacheOptions, CacheSetup)> {
     let m = &c.manifest;
     let (dense, experts) = m.byte_totals();
-    let (ram, note) = match flags.ram {
-        Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
-        Some(b) => (Some(b), "--ram".to_string()),
-        None => {
-            let (b, note) = auto_ram(colibri_engine::fsio::meminfo("MemAvailable"), dense, experts);
-            (Some(b), note)
-        }
-    };
+    let (ram, note) = choose_ram(flags.ram, colibri_engine::fsio::meminfo("MemAvailable"), dense, experts);
     let model_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
     let usage_file = crate::usage_store::usage_path(dir, &model_id, fallback.as_deref());
     let fingerprint = Some(c.fingerprint.clone());
     let usage =
         crate::usage_store::read_usage(&usage_file, c.cfg.n_layers, c.cfg.router.n_experts, fingerprint.as_deref());
-    let pin = match flags.pin {
-        Some(p) => p,
-        None if usage.total() > 0 => {
-            let n_experts: u64 = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum();
-            let moe_layers = m.experts.layers.iter().filter(|l| !l.experts.is_empty()).count() as u64;
-            let top_k = c.cfg.router.top_k as u64;
-            let per_token = experts / n_experts.max(1) * top_k * moe_layers;
-            ram.map_or(0, |r| default_pin(r, per_token))
-        }
-        None => 0,
-    };
-    let pin = ram.map_or(pin, |r| pin.min(r));
+    let n_experts: u64 = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum();
+    let moe_layers = m.experts.layers.iter().filter(|l| !l.experts.is_empty()).count() as u64;
+    let per_token = experts / n_experts.max(1) * c.cfg.router.top_k as u64 * moe_layers;
+    let pin = choose_pin(flags.pin, ram, per_token, usage.total() > 0);
     let opts = CacheOptions {
         ram,
         pin,

@@ -13,6 +13,7 @@ mod flags;
 mod hub;
 mod load;
 mod paths;
+mod probe;
 mod serve;
 mod usage_store;
 
@@ -20,8 +21,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    bench, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, pull, service,
-    synth,
+    bench, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, plan, pull,
+    service, synth,
 };
 
 #[derive(Parser)]
@@ -52,6 +53,9 @@ enum Command {
     Pull(pull::PullArgs),
     /// Delete an installed model.
     Rm(list::RmArgs),
+    /// What running a model here would look like (an installed id, a directory or a hub
+    /// repository): resident/streamed split, the --ram and --pin chosen, tokens/s estimate.
+    Plan(plan::PlanArgs),
     /// Check this machine and (optionally) a model directory.
     Doctor(doctor::DoctorArgs),
     /// The localhost helper: model files over HTTP Range, the web app, the OpenAI API.
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
         Command::Doctor(a) => doctor::doctor(a),
         Command::List(a) => list::list(a),
         Command::Rm(a) => list::rm(a),
+        Command::Plan(a) => plan::plan(a),
         Command::Pull(a) => pull::pull(a),
         Command::Serve(a) => commands::serve::serve(a, false),
         Command::Web(a) => commands::serve::serve(a, true),

@@ -81,17 +81,45 @@ fn list_shows_every_installed_model_and_rm_removes_one() {
     assert!(table.starts_with("ID "), "{table}");
     assert!(table.contains("acme/tiny-moe") && table.contains("int4/g32") && table.contains("mixtral"), "{table}");
 
-    let out = coli(&home).args(["rm", "acme/tiny-moe"]).output().unwrap();
+    // Without a terminal to ask on, rm deletes nothing unless told --yes.
+    assert_clean_failure(&coli(&home).args(["rm", "acme/tiny-moe"]).output().unwrap(), "--yes");
+    assert!(home.join("acme/tiny-moe/config.json").is_file());
+    let out = coli(&home).args(["rm", "--yes", "acme/tiny-moe"]).output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("removed acme/tiny-moe"));
     assert!(!home.join("acme").exists(), "the empty owner directory goes too");
-    assert_clean_failure(&coli(&home).args(["rm", "acme/tiny-moe"]).output().unwrap(), "no installed model");
-    assert_clean_failure(&coli(&home).args(["rm", "../olmoe"]).output().unwrap(), "is not a model id");
+    assert_clean_failure(&coli(&home).args(["rm", "-y", "acme/tiny-moe"]).output().unwrap(), "no installed model");
+    assert_clean_failure(&coli(&home).args(["rm", "-y", "../olmoe"]).output().unwrap(), "is not a model id");
     assert!(home.join("olmoe/config.json").is_file());
 
     let empty = scratch("list-empty");
     let text = ok(coli(&empty).arg("list").output().unwrap());
     assert!(text.contains("no models installed"), "{text}");
+}
+
+#[test]
+fn rm_never_deletes_outside_the_models_directory() {
+    let home = scratch("rm-links");
+    let outside = scratch("rm-outside");
+    copy_dir(&fixture("olmoe"), &outside.join("olmoe"));
+    // A model linked into the models directory: rm removes the link, not the model.
+    std::os::unix::fs::symlink(outside.join("olmoe"), home.join("linked")).unwrap();
+    // An owner directory linked to elsewhere: nothing is deleted through it.
+    std::os::unix::fs::symlink(&outside, home.join("elsewhere")).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(coli(&home).args(["list", "--json"]).output().unwrap())).unwrap();
+    let ids: Vec<&str> = v["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["elsewhere/olmoe", "linked"]);
+
+    assert_clean_failure(
+        &coli(&home).args(["rm", "--yes", "elsewhere/olmoe"]).output().unwrap(),
+        "outside the models directory",
+    );
+    assert!(outside.join("olmoe/config.json").is_file());
+    let out = coli(&home).args(["rm", "--yes", "linked"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::symlink_metadata(home.join("linked")).is_err(), "the link is gone");
+    assert!(outside.join("olmoe/config.json").is_file(), "its target stays");
 }
 
 #[test]

@@ -412,3 +412,84 @@ fn a_killed_pull_resumes_to_the_same_bytes() {
     let reqs = hub.requests()[before..].to_vec();
     assert!(reqs.iter().any(|r| r.contains("/cdn/") && r.contains("bytes=") && !r.contains("bytes=0-")), "{reqs:#?}");
 }
+
+fn plan_json(home: &Path, hub: &MockHub, model: &str) -> serde_json::Value {
+    let out = ok(coli(home, hub).args(["plan", model, "--json", "--probe-bytes", "4M"]).output().unwrap());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn plan_reads_only_config_and_index_and_estimates_what_pull_installs() {
+    let home = scratch("plan");
+    let hub = MockHub::start(&[("acme/sharded", sharded_checkpoint("plan-src"))], &home);
+    let before = plan_json(&home, &hub, "acme/sharded");
+    let reqs = hub.requests();
+    assert!(
+        reqs.iter().all(|r| r.contains("/config.json ") || r.contains("/model.safetensors.index.json ")),
+        "plan read more than the config and the index: {reqs:?}"
+    );
+    assert_eq!(before["source"], "hub");
+    assert_eq!(before["estimated_sizes"], true);
+    assert!(before["machine"]["disk_read_bytes_per_second"].as_f64().unwrap() > 0.0, "{before}");
+    assert!(before["machine"]["cpu_int4_matvec_bytes_per_second"].as_f64().unwrap() > 0.0);
+    assert!(before["estimate"]["warm_tokens_per_second"].as_f64().unwrap() > 0.0);
+
+    ok(coli(&home, &hub).args(["pull", "acme/sharded"]).output().unwrap());
+    let after = plan_json(&home, &hub, "acme/sharded");
+    assert_eq!(after["source"], "converted");
+    assert_eq!(after["estimated_sizes"], false);
+    // The estimate is the installed model's: experts to the byte, dense weights closely.
+    assert_eq!(before["expert_bytes"], after["expert_bytes"], "{before}\n{after}");
+    assert_eq!(before["streamed_bytes"], after["streamed_bytes"]);
+    let (est, real) = (before["resident_bytes"].as_f64().unwrap(), after["resident_bytes"].as_f64().unwrap());
+    assert!((est - real).abs() / real < 0.1, "resident estimate {est} vs installed {real}");
+    // The --ram and --pin of the native commands: with --ram given, the pin is 0 until
+    // usage is learned, and a --pin beyond --ram is cut to it.
+    let fixed = ok(coli(&home, &hub)
+        .args(["plan", "acme/sharded", "--json", "--probe-bytes", "0", "--ram", "1M", "--pin", "2M"])
+        .output()
+        .unwrap());
+    let fixed: serde_json::Value = serde_json::from_slice(&fixed.stdout).unwrap();
+    assert_eq!(fixed["ram"], 1 << 20);
+    assert_eq!(fixed["pin"], 1 << 20);
+    assert!(fixed["machine"]["disk_read_bytes_per_second"].is_null());
+
+    let missing = coli(&home, &hub).args(["plan", "acme/nope"]).output().unwrap();
+    assert_one_error(&missing, "acme/nope");
+}
+
+#[test]
+fn the_readme_table_is_what_plan_says() {
+    let home = scratch("readme");
+    let cfgs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/hub-configs");
+    let repos = [
+        ("allenai/OLMoE-1B-7B-0924", "olmoe-1b-7b"),
+        ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
+        ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+    ];
+    let served: Vec<(&str, PathBuf)> = repos.iter().map(|(r, d)| (*r, cfgs.join(d))).collect();
+    let hub = MockHub::start(&served, &home);
+    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let gib = |b: &serde_json::Value| format!("{:.1} GiB", b.as_u64().unwrap() as f64 / (1u64 << 30) as f64);
+    for (repo, _) in repos {
+        let out = ok(coli(&home, &hub).args(["plan", repo, "--json", "--probe-bytes", "0"]).output().unwrap());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let container =
+            serde_json::json!(v["resident_bytes"].as_u64().unwrap() + v["streamed_bytes"].as_u64().unwrap());
+        let per_token =
+            format!("{:.2} GiB", v["experts_per_token_bytes"].as_u64().unwrap() as f64 / (1u64 << 30) as f64);
+        let per_token = if per_token.starts_with("0.") { per_token } else { gib(&v["experts_per_token_bytes"]) };
+        let row = format!(
+            "| {repo} | {} | {} | {} | {} (top-{} of {}, {} layers) | {} + one source shard |",
+            v["model_type"].as_str().unwrap(),
+            gib(&v["resident_bytes"]),
+            gib(&v["streamed_bytes"]),
+            per_token,
+            v["top_k"],
+            v["experts_per_layer"],
+            v["moe_layers"],
+            gib(&container)
+        );
+        assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+    }
+}

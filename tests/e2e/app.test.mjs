@@ -168,6 +168,44 @@ test("a message streams an answer token by token; the Brain view and the stats f
   await page.close();
 });
 
+test("the model picker switches to another of the helper's models; the choice is remembered", async () => {
+  const page = await openApp(`?backend=cpu&model=${GRID}`);
+  // The Brain view has one cell per (layer, expert): 2 x 32 for GRID, 2 x 24 for LONG.
+  const cells = async () => Object.values(JSON.parse((await page.getAttribute("#brain", "data-tiers")) || "{}")).reduce((a, b) => a + b, 0);
+  await page.waitForFunction(() => document.getElementById("brain").dataset.tiers, null, { timeout: 10_000 });
+  assert.equal(await cells(), 64);
+  await page.selectOption("#model", LONG);
+  await page.waitForFunction(() => document.body.dataset.state === "loading", null, { timeout: 10_000 }).catch(() => {});
+  await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+  assert.equal(await page.inputValue("#model"), LONG);
+  await page.waitForFunction(() => JSON.parse(document.getElementById("brain").dataset.tiers || "{}").helper !== undefined, null, { timeout: 10_000 });
+  for (let t0 = Date.now(); (await cells()) !== 48; ) {
+    assert.ok(Date.now() - t0 < 10_000, `the Brain view should show ${LONG}'s 2 x 24 experts, has ${await cells()} cells`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  await page.click("#new-chat");
+  await setSettings(page, { maxTokens: 4 });
+  await page.fill("#prompt", "which model?");
+  await page.keyboard.press("Enter");
+  await idle(page);
+  assert.ok((await page.textContent('.msg[data-role="assistant"] .bubble')).length > 0);
+  const models = await page.evaluate(() => new Promise((ok, bad) => {
+    const r = indexedDB.open("colibri-app");
+    r.onerror = () => bad(r.error);
+    r.onsuccess = () => {
+      const g = r.result.transaction("conversations").objectStore("conversations").getAll();
+      g.onsuccess = () => { ok(g.result.filter((c) => c.title === "which model?").map((c) => c.model)); r.result.close(); };
+      g.onerror = () => bad(g.error);
+    };
+  }));
+  assert.deepEqual(models, [LONG], "the conversation records the model it was had with");
+  // Without ?model, a new page opens the model picked last.
+  await page.goto(`${base}/?backend=cpu`);
+  await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+  assert.equal(await page.inputValue("#model"), LONG);
+  assert.deepEqual(page.problems, []);
+});
+
 test("Esc stops an answer mid-way", async () => {
   const page = await openApp(`?model=${LONG}`);
   await page.click("#new-chat");

@@ -85,8 +85,9 @@ test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that 
     assert.equal(own.isolated, true, "the helper's pages must be cross-origin isolated");
     assert.equal(own.stats.threads, 2, JSON.stringify(own.stats));
     assert.match(own.stats.threadsReason, /threads: 2/);
-    // The integer kernels' wasm SIMD128 path, checked to the bit against native AVX2/512.
-    assert.equal(own.stats.simd, "simd128", JSON.stringify(own.stats));
+    // The integer kernels' wasm SIMD128 path with relaxed SIMD's int4 dot (the threaded
+    // build), checked to the bit against native AVX2/512.
+    assert.equal(own.stats.simd, "simd128+relaxed", JSON.stringify(own.stats));
     sameBits(own, "helper page, 2 threads");
     // More threads than this machine's cores, as asked: still the same bits.
     const three = await runInPage(page, helper.url, { logits: true, threads: 3 });

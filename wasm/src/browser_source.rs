@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use colibri_engine::experts::source::ByteSource;
+use colibri_engine::format::byteranges::Part;
 use colibri_engine::format::manifest::parse_checksum;
 use colibri_engine::format::manifest::{checksum, Manifest};
 use colibri_engine::{Error, Result};
@@ -51,6 +52,9 @@ struct StoredExpert {
 
 pub struct BrowserSource {
     data_url: String,
+    /// The server answers several ranges in one request (multipart/byteranges); if not
+    /// (S3, GCS, many CDNs answer with the whole file), one range per request.
+    multi_range: bool,
     slots: HashMap<u64, StoredExpert>,
     disk: RefCell<Option<Disk>>,
     n_experts: usize,
@@ -67,7 +71,13 @@ unsafe impl Send for BrowserSource {}
 unsafe impl Sync for BrowserSource {}
 
 impl BrowserSource {
-    pub fn new(m: &Manifest, data_url: String, disk: Option<Disk>, disk_error: Option<String>) -> Self {
+    pub fn new(
+        m: &Manifest,
+        data_url: String,
+        multi_range: bool,
+        disk: Option<Disk>,
+        disk_error: Option<String>,
+    ) -> Self {
         let mut slots = HashMap::new();
         let mut expert = 0;
         for layer in &m.experts.layers {
@@ -87,12 +97,17 @@ impl BrowserSource {
         };
         BrowserSource {
             data_url,
+            multi_range,
             slots,
             disk: RefCell::new(disk),
             n_experts: expert,
             staged: RefCell::new(HashMap::new()),
             stats: RefCell::new(stats),
         }
+    }
+
+    pub fn multi_range(&self) -> bool {
+        self.multi_range
     }
 
     /// Per expert in manifest order: is it in the disk tier?
@@ -177,8 +192,7 @@ impl BrowserSource {
                 self.stats.borrow_mut().retries += 1;
             }
             let ranges: Vec<(u64, u64)> = left.iter().map(|&(o, l)| (o, o + l as u64 - 1)).collect();
-            self.stats.borrow_mut().requests += 1;
-            let parts = match xhr_ranges(&self.data_url, &ranges) {
+            let parts = match self.request(&ranges) {
                 Ok(p) => p,
                 Err(e) => {
                     last = e;
@@ -190,7 +204,7 @@ impl BrowserSource {
                 // Match by containment: a server or CDN may merge adjacent ranges into one part.
                 let part = parts.iter().find_map(|p| {
                     let start = off.checked_sub(p.offset)? as usize;
-                    p.data.get(start..start + len).map(|data| colibri_engine::format::byteranges::Part {
+                    p.data.get(start..start + len).map(|data| Part {
                         offset: off,
                         data: data.to_vec(),
                         complete: p.complete,
@@ -232,6 +246,21 @@ impl BrowserSource {
 }
 
 impl BrowserSource {
+    /// The bytes of `ranges` (inclusive ends): one request, or one per range where the
+    /// server cannot answer several at once.
+    fn request(&self, ranges: &[(u64, u64)]) -> std::result::Result<Vec<Part>, String> {
+        if self.multi_range || ranges.len() < 2 {
+            self.stats.borrow_mut().requests += 1;
+            return xhr_ranges(&self.data_url, ranges);
+        }
+        let mut parts = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            self.stats.borrow_mut().requests += 1;
+            parts.extend(xhr_ranges(&self.data_url, std::slice::from_ref(r))?);
+        }
+        Ok(parts)
+    }
+
     /// The error that stops a step whose experts IndexedDB must read first; the engine
     /// sees `has_pending`, awaits `load_pending` and retries the step.
     fn pending_error(&self) -> Result<()> {

@@ -24,6 +24,7 @@ use wasm_bindgen_futures::future_to_promise;
 use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
 use crate::browser_source::BrowserSource;
 use crate::disk;
+use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::{estimate, persist};
 
@@ -42,6 +43,9 @@ struct LoadOptions {
     backend: Option<String>,
     /// The disk tier: "auto" (default: OPFS, else IndexedDB), "opfs" or "indexeddb".
     storage: Option<String>,
+    /// Whether the server answers several ranges in one request (default true, as the
+    /// helper does; the worker asks a static host first).
+    multi_range: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -240,8 +244,7 @@ impl Engine {
 
         let n_experts: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
         let (disk, disk_error) = if opts.disk.unwrap_or(true) {
-            let id = base.trim_end_matches('/').rsplit('/').next().unwrap_or("model").to_string();
-            let name = format!("{id}-{}", container.fingerprint);
+            let name = storage_name(&base, &container.fingerprint);
             match disk::open(opts.storage.as_deref().unwrap_or("auto"), &name, n_experts).await {
                 Ok(d) => (Some(d), None),
                 Err(e) => (None, Some(format!("browser storage unavailable: {e}"))),
@@ -250,7 +253,7 @@ impl Engine {
             (None, Some("disabled".to_string()))
         };
         let persisted = if disk.is_some() { persist().await } else { false };
-        let tiers = Arc::new(BrowserSource::new(m, data_url, disk, disk_error));
+        let tiers = Arc::new(BrowserSource::new(m, data_url, opts.multi_range.unwrap_or(true), disk, disk_error));
         let ram = opts.ram_bytes.unwrap_or(512 << 20);
         let model = Rc::new(
             container.load(&Bytes::from_vec(dense), tiers.clone(), CacheOptions::with_ram(Some(ram))).map_err(err)?,
@@ -520,6 +523,9 @@ impl Engine {
                 "helperFetches": t.helper_fetches,
             },
             "requests": t.requests,
+            // Whether expert requests ask for several ranges at once (false on a static
+            // host that cannot answer them: one range per request).
+            "multiRange": self.tiers.multi_range(),
             "retries": t.retries,
             "corruptDropped": t.corrupt_dropped,
             "diskReadBytes": t.disk_bytes,

@@ -12,6 +12,7 @@ mod disk;
 mod engine;
 #[cfg(target_arch = "wasm32")]
 mod idb;
+mod names;
 #[cfg(target_arch = "wasm32")]
 mod net;
 #[cfg(target_arch = "wasm32")]

@@ -31,6 +31,15 @@ pub async fn sleep(ms: i32) {
     let _ = JsFuture::from(p).await;
 }
 
+/// A request that got no answer the page may read: the server is down, or (a model on
+/// another origin) it does not send CORS headers; the browser does not say which.
+fn unreachable(url: &str, e: JsValue) -> String {
+    format!(
+        "{url}: no answer ({}): the helper or the model's server is not reachable, or it does not allow this page's origin (CORS, see docs/hosting.md)",
+        js_err(e)
+    )
+}
+
 /// GET `url` (optionally bytes a..=b) once.
 async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, String> {
     let init = RequestInit::new();
@@ -42,7 +51,7 @@ async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Str
     }
     let resp: Response = JsFuture::from(scope()?.fetch_with_str_and_init(url, &init))
         .await
-        .map_err(|e| format!("{url}: the helper is not reachable ({})", js_err(e)))?
+        .map_err(|e| unreachable(url, e))?
         .dyn_into()
         .map_err(js_err)?;
     let status = resp.status();
@@ -89,7 +98,7 @@ pub fn xhr_ranges(url: &str, ranges: &[(u64, u64)]) -> Result<Vec<Part>, String>
     xhr.open_with_async("GET", url, false).map_err(js_err)?;
     xhr.set_request_header("Range", &format!("bytes={spec}")).map_err(js_err)?;
     xhr.set_response_type(XmlHttpRequestResponseType::Arraybuffer);
-    xhr.send().map_err(|e| format!("{url}: the helper is not reachable ({})", js_err(e)))?;
+    xhr.send().map_err(|e| unreachable(url, e))?;
     let status = xhr.status().map_err(js_err)?;
     if status != 206 {
         return Err(format!("{url}: HTTP {status} for a range request"));

@@ -46,6 +46,11 @@ pub struct Manifest {
     pub files: Vec<String>,
     pub dense: DenseRegion,
     pub experts: ExpertRegion,
+    /// Where the weights came from when not a Hugging Face checkpoint (optional): for a
+    /// GGUF import `{"format": "gguf", "file", "gguf_version", "architecture",
+    /// "tensor_types": {ggml type: count}}` (docs/gguf.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -403,6 +408,7 @@ pub fn plan(
         files,
         dense: dense_region,
         experts: ExpertRegion { offset: x0, length: at - x0, alignment: EXPERT_ALIGN, layers },
+        source: None,
     })
 }
 

@@ -5,6 +5,10 @@
 //! container's dense region. Parsing here never touches the file system.
 
 pub mod byteranges;
+pub mod gguf;
+pub mod gguf_import;
+pub mod gguf_quant;
+pub mod gguf_tokenizer;
 pub mod manifest;
 pub mod quant;
 pub mod tensors;

@@ -132,6 +132,24 @@ impl TensorStore {
         Ok(store)
     }
 
+    /// The bytes of one file: read into memory when it is at most half the free memory
+    /// (a file truncated later cannot touch them), else memory-mapped.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_or_map(path: &std::path::Path) -> Result<Bytes> {
+        let file = crate::fsio::open_regular(path)?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len > owned_read_limit() {
+            // SAFETY: read-only map; a truncation by another process while mapped faults,
+            // as for the large safetensors checkpoints above.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+            return Ok(Bytes::new(std::sync::Arc::new(map)));
+        }
+        use std::io::Read;
+        let mut buf = Vec::with_capacity(len as usize);
+        file.take(len).read_to_end(&mut buf).map_err(|e| Error::io(path, e))?;
+        Ok(Bytes::from_vec(buf))
+    }
+
     /// Adds (or replaces) one tensor.
     pub fn insert(&mut self, name: String, entry: TensorEntry) {
         self.tensors.insert(name, entry);

@@ -16,7 +16,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use colibri_engine::experts::cache::CacheStats;
-use colibri_engine::experts::source::ByteSource;
 use colibri_engine::format::is_container;
 use colibri_engine::model::open::ModelDir;
 use colibri_engine::{math, Logits};
@@ -119,19 +118,6 @@ fn hardware(model: &Path) -> Value {
     })
 }
 
-/// Drops the file's pages from the page cache (clean pages only; works without root).
-#[cfg(target_os = "linux")]
-fn evict(file: &std::fs::File) -> bool {
-    use std::os::unix::io::AsRawFd;
-    // SAFETY: posix_fadvise on a descriptor we own; no memory is involved.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) == 0 }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn evict(_: &std::fs::File) -> bool {
-    false
-}
-
 /// Reads the whole file once so that its pages are in the page cache.
 fn warm(path: &Path) -> Result<()> {
     use std::io::Read;
@@ -141,50 +127,11 @@ fn warm(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Cold reads of pseudo-random experts, `threads` at a time: (bytes/s, bytes read).
+/// Cold reads of pseudo-random experts of the converted model in `dir`, `threads` at a
+/// time: (bytes/s, bytes read).
 fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -> Result<(f64, u64)> {
     let (c, source) = ModelDir::open(dir, flags.direct)?.into_container()?;
-    let m = &c.manifest;
-    let spans: Vec<(u64, usize)> =
-        m.experts.layers.iter().flat_map(|l| &l.experts).map(|e| (e.offset, e.length as usize)).collect();
-    if spans.is_empty() || bytes == 0 {
-        return Ok((0.0, 0));
-    }
-    evict(source.file());
-    let mut pick = Vec::new();
-    let (mut total, mut s) = (0u64, 0x2545_F491_4F6C_DD1Du64);
-    while total < bytes && pick.len() < spans.len() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        let sp = spans[(s % spans.len() as u64) as usize];
-        if !pick.contains(&sp) {
-            total += sp.1 as u64;
-            pick.push(sp);
-        }
-    }
-    let t = Instant::now();
-    let threads = threads.max(1);
-    let pool = colibri_engine::experts::reader::BufferPool::new(threads);
-    std::thread::scope(|sc| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|k| {
-                let (source, pick, pool) = (&source, &pick, &pool);
-                sc.spawn(move || -> Result<()> {
-                    for &(off, len) in pick.iter().skip(k).step_by(threads) {
-                        let mut b = pool.take(len)?;
-                        source.read_aligned(off, b.full_mut(), len)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("a probe thread failed"))??;
-        }
-        Ok(())
-    })?;
-    Ok((total as f64 / t.elapsed().as_secs_f64().max(1e-9), total))
+    crate::probe::expert_reads(&c.manifest, &source, bytes, threads)
 }
 
 fn delta(a: &CacheStats, b: &CacheStats) -> Value {
@@ -218,7 +165,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let (c, source) = ModelDir::open(&dir, false)?.into_container()?;
         let m = &c.manifest;
         match a.cache {
-            CacheState::Cold => evicted = evict(source.file()),
+            CacheState::Cold => evicted = crate::probe::evict(source.file()),
             CacheState::Warm => warm(&dir.join(&m.data_file)).context("warming the page cache")?,
         }
     }

@@ -1,5 +1,6 @@
-//! `coli convert SRC -o DST`: a Hugging Face checkpoint into a colibri container
-//! (docs/format.md), tensor by tensor and expert by expert with bounded memory.
+//! `coli convert SRC -o DST`: a Hugging Face checkpoint (or a GGUF file: convert_gguf.rs)
+//! into a colibri container (docs/format.md), tensor by tensor and expert by expert with
+//! bounded memory.
 //!
 //! Resumable: the layout is fixed before anything is written, so every item has a
 //! deterministic offset in `DST/weights.bin.partial`. After an item's bytes are durable
@@ -20,6 +21,8 @@ use colibri_engine::format::manifest::{self, checksum_hex, DensePlan, ExpertLaye
 use colibri_engine::format::quant::quantize_row;
 use colibri_engine::format::tensors::TensorStore;
 use colibri_engine::format::{is_container, MANIFEST_FILE};
+
+use super::convert_gguf;
 use colibri_engine::tensor::{DType, Mat};
 use colibri_engine::{Model, ModelConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -65,14 +68,17 @@ impl Quant {
 
 #[derive(Args)]
 pub struct ConvertArgs {
-    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files).
+    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files), or
+    /// a GGUF file (llama.cpp's format; docs/gguf.md).
     pub src: PathBuf,
-    /// Output directory for the converted model.
+    /// Output directory for the converted model (for a GGUF, default: beside it, named
+    /// after the file without .gguf).
     #[arg(short = 'o', long = "out")]
-    pub out: PathBuf,
-    /// Stored type of the attention, expert and dense-MLP weights.
-    #[arg(long, value_enum, default_value_t = Quant::Int4)]
-    pub quant: Quant,
+    pub out: Option<PathBuf>,
+    /// Stored type of the attention, expert and dense-MLP weights (default int4; for a
+    /// GGUF, default: each tensor in the type that keeps its GGUF values, docs/gguf.md).
+    #[arg(long, value_enum)]
+    pub quant: Option<Quant>,
     /// Values per f16 scale for int4/int8 (a multiple of 8, at most 1024), along each row.
     #[arg(long, default_value_t = 32)]
     pub group_size: u32,
@@ -163,6 +169,8 @@ enum Item {
 
 struct Job {
     src_dir: PathBuf,
+    /// Files written beside the manifest instead of copied from the source (GGUF).
+    generated: Vec<(String, Vec<u8>)>,
     out: PathBuf,
     store: TensorStore,
     model: Model,
@@ -181,61 +189,113 @@ fn parse_config(src: &Path) -> Result<(serde_json::Value, ModelConfig)> {
     Ok((v, cfg))
 }
 
-fn plan_job(a: &ConvertArgs) -> Result<Job> {
-    let (config, cfg) = parse_config(&a.src)?;
-    let store = TensorStore::open_dir(&a.src)?;
-    let model = Model::from_store(cfg.clone(), &store)?;
+fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     let g = a.group_size;
-    let q = |c: Option<Quant>, dflt: Quant| c.unwrap_or(dflt).dtype(g);
-    let small = if a.quant == Quant::Int4 { Quant::Int8 } else { a.quant };
+    let gguf = convert_gguf::is_gguf(&a.src);
+    // A GGUF without --quant keeps each tensor's own type where it can (None below).
+    let keep = gguf && a.quant.is_none();
+    let quant = a.quant.unwrap_or(Quant::Int4);
+    let q = |c: Option<Quant>, dflt: Quant| match c {
+        Some(c) => Some(c.dtype(g)),
+        None if keep => None,
+        None => Some(dflt.dtype(g)),
+    };
+    let small = if quant == Quant::Int4 { Quant::Int8 } else { quant };
     // With int4, only the routed experts (the bulk of the bytes) are int4 by default: int8
     // attention and dense MLP cut the demo model's KL by a third (docs/benchmarks.md).
     let (embed_t, head_t, attn_t, mlp_t, exp_t) =
-        (q(a.embed, small), q(a.lm_head, small), q(a.attn, small), q(a.mlp, small), q(a.experts, a.quant));
+        (q(a.embed, small), q(a.lm_head, small), q(a.attn, small), q(a.mlp, small), q(a.experts, quant));
     let target = |c: Class| match c {
         Class::Embed => embed_t,
         Class::LmHead => head_t,
         Class::Attn => attn_t,
         Class::Mlp => mlp_t,
-        Class::Other => DType::F32,
+        Class::Other => Some(DType::F32),
     };
+    let (config, cfg, store, generated, source) =
+        if gguf {
+            let src = convert_gguf::open(&a.src, |name, shape| {
+                if name.contains(".experts.") {
+                    exp_t
+                } else {
+                    target(class_of(name, shape))
+                }
+            })?;
+            let cfg = ModelConfig::from_value(&src.config).with_context(|| format!("{}: config", a.src.display()))?;
+            (src.config, cfg, src.store, src.files, Some(src.provenance))
+        } else {
+            let (config, cfg) = parse_config(&a.src)?;
+            (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None)
+        };
+    let model = Model::from_store(cfg.clone(), &store)?;
 
     let mut names: Vec<&String> = store.names().filter(|n| !n.contains(".experts.") && !cfg.is_mtp_tensor(n)).collect();
     names.sort_by_cached_key(|n| natural_key(n));
     let mut dense: Vec<(String, String, DType, Vec<usize>)> = Vec::new(); // (stored name, source name, dtype, shape)
     for n in names {
         let t = store.get(n)?;
-        dense.push((n.clone(), n.clone(), target(class_of(n, &t.shape)), t.shape.clone()));
+        dense.push((n.clone(), n.clone(), target(class_of(n, &t.shape)).unwrap_or(t.dtype), t.shape.clone()));
     }
     let embed_name = "model.embed_tokens.weight";
     if cfg.tie_word_embeddings && !store.contains("lm_head.weight") && head_t != embed_t {
         let t = store.get(embed_name)?;
-        dense.push(("lm_head.weight".into(), embed_name.into(), head_t, t.shape.clone()));
+        dense.push(("lm_head.weight".into(), embed_name.into(), head_t.unwrap_or(t.dtype), t.shape.clone()));
     }
 
     let (h, i) = (cfg.hidden as u64, cfg.expert_intermediate as u64);
     let moe_layers: Vec<usize> = (0..cfg.n_layers).filter(|&l| cfg.moe_layers[l]).collect();
     let expert_plans: Vec<ExpertLayerPlan> = moe_layers
         .iter()
-        .map(|&l| ExpertLayerPlan {
-            layer: l as u32,
-            count: cfg.router.n_experts,
-            parts: [(exp_t, [i, h]), (exp_t, [i, h]), (exp_t, [h, i])],
+        .map(|&l| {
+            // Without a target (a GGUF kept as is) each part keeps its stored type.
+            let x = model.experts.expert(l, 0)?;
+            let t = |m: &Mat| exp_t.unwrap_or(m.dtype);
+            Ok(ExpertLayerPlan {
+                layer: l as u32,
+                count: cfg.router.n_experts,
+                parts: [(t(&x.gate), [i, h]), (t(&x.up), [i, h]), (t(&x.down), [h, i])],
+            })
         })
-        .collect();
-    let files: Vec<String> = KEPT_FILES.iter().filter(|f| a.src.join(f).is_file()).map(|f| f.to_string()).collect();
+        .collect::<Result<_>>()?;
+    let files: Vec<String> = if gguf {
+        generated.iter().map(|(n, _)| n.clone()).collect()
+    } else {
+        KEPT_FILES.iter().filter(|f| a.src.join(f).is_file()).map(|f| f.to_string()).collect()
+    };
     let mut classes = std::collections::BTreeMap::new();
-    for (k, v) in [
-        ("embed", embed_t),
-        ("lm_head", head_t),
-        ("attn", attn_t),
-        ("mlp", mlp_t),
-        ("experts", exp_t),
-        ("other", DType::F32),
-    ] {
-        classes.insert(k.to_string(), v.to_string());
+    if keep {
+        // The types really stored, per class ("f16+int8/g32" where a class mixes them).
+        let mut seen: std::collections::BTreeMap<&str, std::collections::BTreeSet<String>> = Default::default();
+        for (n, _, dt, shape) in &dense {
+            let c = match class_of(n, shape) {
+                Class::Embed => "embed",
+                Class::LmHead => "lm_head",
+                Class::Attn => "attn",
+                Class::Mlp => "mlp",
+                Class::Other => "other",
+            };
+            seen.entry(c).or_default().insert(dt.to_string());
+        }
+        for l in &expert_plans {
+            seen.entry("experts").or_default().extend(l.parts.iter().map(|p| p.0.to_string()));
+        }
+        for (k, v) in seen {
+            classes.insert(k.to_string(), v.into_iter().collect::<Vec<_>>().join("+"));
+        }
+    } else {
+        for (k, v) in [
+            ("embed", embed_t),
+            ("lm_head", head_t),
+            ("attn", attn_t),
+            ("mlp", mlp_t),
+            ("experts", exp_t),
+            ("other", Some(DType::F32)),
+        ] {
+            classes.insert(k.to_string(), v.map(|v| v.to_string()).unwrap_or_default());
+        }
     }
-    let summary = QuantSummary { default: format!("{:?}", a.quant).to_lowercase(), group_size: g, classes };
+    let default = if keep { "gguf".to_string() } else { format!("{quant:?}").to_lowercase() };
+    let summary = QuantSummary { default, group_size: g, classes };
     let dense_plans: Vec<DensePlan> = dense
         .iter()
         .map(|(n, _, dt, shape)| DensePlan {
@@ -244,7 +304,8 @@ fn plan_job(a: &ConvertArgs) -> Result<Job> {
             shape: shape.iter().map(|&d| d as u64).collect(),
         })
         .collect();
-    let manifest = manifest::plan(DATA_FILE, summary, config, files, &dense_plans, &expert_plans)?;
+    let mut manifest = manifest::plan(DATA_FILE, summary, config, files, &dense_plans, &expert_plans)?;
+    manifest.source = source;
 
     let mut items = Vec::new();
     let mut ranges = Vec::new();
@@ -259,13 +320,20 @@ fn plan_job(a: &ConvertArgs) -> Result<Job> {
             items.push(Item::Expert { layer: l, moe_index: m, expert: e });
         }
     }
-    Ok(Job { src_dir: a.src.clone(), out: a.out.clone(), store, model, manifest, items, ranges })
+    Ok(Job { src_dir: a.src.clone(), generated, out: out.to_path_buf(), store, model, manifest, items, ranges })
 }
 
-/// Rows of `src` from `first` on, stored as `dtype` into `out` (whole rows).
+/// Rows of `src` from `first` on, stored as `dtype` into `out` (whole rows); rows already
+/// in `dtype` are copied as they are.
 fn encode_rows(src: &Mat, first: usize, dtype: DType, out: &mut [u8]) -> Result<()> {
     let rb = dtype.row_bytes(src.cols).context("bad stored type")?;
     if rb == 0 {
+        return Ok(());
+    }
+    if src.dtype == dtype {
+        let from = first.checked_mul(rb).context("row offset overflows")?;
+        let bytes = src.bytes.as_ref().get(from..from + out.len()).context("rows outside the tensor")?;
+        out.copy_from_slice(bytes);
         return Ok(());
     }
     out.par_chunks_mut(rb).enumerate().try_for_each_init(
@@ -360,10 +428,14 @@ impl Job {
             h.update(id.as_bytes());
             return Ok(checksum_hex(h.digest()));
         }
-        let mut files: Vec<_> = std::fs::read_dir(&self.src_dir)?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        let mut files: Vec<_> = if self.src_dir.is_file() {
+            vec![self.src_dir.clone()]
+        } else {
+            std::fs::read_dir(&self.src_dir)?.filter_map(|e| e.ok()).map(|e| e.path()).collect()
+        };
         files.sort();
         for p in files {
-            if p.extension().is_some_and(|x| x == "safetensors" || x == "json") {
+            if p.extension().is_some_and(|x| x == "safetensors" || x == "json") || p == self.src_dir {
                 let md = std::fs::metadata(&p)?;
                 let mtime =
                     md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
@@ -507,24 +579,30 @@ pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pas
     if a.group_size == 0 || !a.group_size.is_multiple_of(8) || a.group_size > 1024 {
         bail!("--group-size must be a positive multiple of 8 (at most 1024), got {}", a.group_size);
     }
-    if !a.src.is_dir() {
-        bail!("{}: no such model directory", a.src.display());
+    let gguf = convert_gguf::is_gguf(&a.src);
+    if !a.src.is_dir() && !gguf {
+        bail!("{}: no such model directory or GGUF file", a.src.display());
     }
     if is_container(&a.src) {
         bail!("{}: already a converted colibri model", a.src.display());
     }
-    check_output_dir(&a.src, &a.out, a.force)?;
-    if is_container(&a.out) {
+    let out = match (&a.out, gguf) {
+        (Some(o), _) => o.clone(),
+        (None, true) => a.src.with_extension(""),
+        (None, false) => bail!("no output directory: pass -o DIR"),
+    };
+    check_output_dir(&a.src, &out, a.force)?;
+    if is_container(&out) {
         if !a.force {
-            bail!("{}: already holds a converted model (pass --force to replace it)", a.out.display());
+            bail!("{}: already holds a converted model (pass --force to replace it)", out.display());
         }
         for f in [MANIFEST_FILE, DATA_FILE, JOURNAL] {
-            let _ = std::fs::remove_file(a.out.join(f));
+            let _ = std::fs::remove_file(out.join(f));
         }
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("{}: cannot create", a.out.display()))?;
+    std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create", out.display()))?;
     let start = Instant::now();
-    let mut job = plan_job(a)?;
+    let mut job = plan_job(a, &out)?;
     let header = format!("colibri-convert-journal 1 {}", job.fingerprint(partial.as_ref().map(|p| p.source_id))?);
     let journal_path = job.out.join(JOURNAL);
     let partial_path = job.out.join(format!("{DATA_FILE}.partial"));
@@ -645,7 +723,12 @@ pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pas
         }
     }
     for f in &job.manifest.files {
-        let (from, to) = (job.src_dir.join(f), job.out.join(f));
+        let to = job.out.join(f);
+        if let Some((_, bytes)) = job.generated.iter().find(|(n, _)| n == f) {
+            std::fs::write(&to, bytes).with_context(|| format!("{}: cannot write", to.display()))?;
+            continue;
+        }
+        let from = job.src_dir.join(f);
         std::fs::copy(&from, &to).with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
     }
     drop(data);
@@ -661,7 +744,7 @@ pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pas
     eprintln!(
         "converted {} to {} in {:.1}s: {} resident + {} in {} experts",
         a.src.display(),
-        a.out.display(),
+        out.display(),
         start.elapsed().as_secs_f64(),
         crate::commands::info::human(dense),
         crate::commands::info::human(experts),

@@ -28,21 +28,26 @@ pub fn web_engine(r: &mut Report) {
     }
 }
 
-/// A Vulkan adapter for `--backend wgpu`.
-pub fn gpu(r: &mut Report) {
+/// The Vulkan adapter `--backend wgpu` would use: its name, or why there is none.
+pub fn adapter() -> std::result::Result<String, String> {
     #[cfg(feature = "wgpu")]
     {
         // As in crate::backend: Mesa's device-select layer only reorders adapters.
         if std::env::var_os("NODEVICE_SELECT").is_none() {
             std::env::set_var("NODEVICE_SELECT", "1");
         }
-        match colibri_engine::gpu::GpuContext::new_blocking() {
-            Ok(ctx) => r.ok("vulkan", format!("{} (--backend wgpu works)", ctx.adapter_name)),
-            Err(e) => r.warn("vulkan", format!("{e}: --backend wgpu will not work; the CPU backend does")),
-        }
+        colibri_engine::gpu::GpuContext::new_blocking().map(|ctx| ctx.adapter_name).map_err(|e| e.to_string())
     }
     #[cfg(not(feature = "wgpu"))]
-    r.warn("vulkan", "this coli was built without the wgpu feature: --backend wgpu is not available");
+    Err("this coli was built without the wgpu feature: --backend wgpu is not available".into())
+}
+
+/// A Vulkan adapter for `--backend wgpu`.
+pub fn gpu(r: &mut Report) {
+    match adapter() {
+        Ok(name) => r.ok("vulkan", format!("{name} (--backend wgpu works)")),
+        Err(e) => r.warn("vulkan", format!("{e}: --backend wgpu will not work; the CPU backend does")),
+    }
 }
 
 /// A helper answering `/health` on 127.0.0.1:`port` (what the chat page and the widget use).

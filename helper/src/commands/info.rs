@@ -73,7 +73,38 @@ fn read_config(dir: &Path) -> Result<ModelConfig> {
     ModelConfig::from_json_bytes(&bytes).with_context(|| p.display().to_string())
 }
 
+/// A GGUF file, read as `coli convert` would convert it.
+fn summarize_gguf(path: &Path) -> Result<Summary> {
+    let p = super::convert_gguf::parse(path)?;
+    let cfg = ModelConfig::from_value(&p.imported.config).with_context(|| path.display().to_string())?;
+    let (mut resident, mut streamed) = (0u64, 0u64);
+    for t in &p.gguf.tensors {
+        if t.name.contains("_exps.") || t.name.starts_with("blk.") && t.name.matches('.').count() == 4 {
+            streamed += t.size;
+        } else {
+            resident += t.size;
+        }
+    }
+    let types: Vec<String> = p.imported.source_types.iter().map(|(k, n)| format!("{k} x {n}")).collect();
+    let moe = cfg.moe_layers.iter().filter(|m| **m).count() as u64;
+    Ok(Summary {
+        format: format!(
+            "GGUF v{} (llama.cpp architecture {}; `coli convert` makes a colibri model of it)",
+            p.gguf.version, p.imported.arch
+        ),
+        quant: format!("GGUF tensors {}", types.join(", ")),
+        quant_short: "gguf".into(),
+        resident,
+        streamed,
+        n_experts_total: moe * cfg.router.n_experts as u64,
+        cfg,
+    })
+}
+
 pub fn summarize(dir: &Path) -> Result<Summary> {
+    if super::convert_gguf::is_gguf(dir) {
+        return summarize_gguf(dir);
+    }
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
@@ -83,7 +114,12 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
         let (resident, streamed) = m.byte_totals();
         let classes: Vec<String> = m.quant.classes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         return Ok(Summary {
-            format: format!("colibri container v{} ({}, {})", m.version, m.data_file, human(m.data_size)),
+            format: match super::convert_gguf::describe_source(m.source.as_ref()) {
+                Some(src) => {
+                    format!("colibri container v{} ({}, {}), {src}", m.version, m.data_file, human(m.data_size))
+                }
+                None => format!("colibri container v{} ({}, {})", m.version, m.data_file, human(m.data_size)),
+            },
             cfg,
             quant: format!("{} (group {}): {}", m.quant.default, m.quant.group_size, classes.join(", ")),
             quant_short: match m.quant.default.as_str() {

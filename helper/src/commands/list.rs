@@ -22,6 +22,9 @@ pub struct ListArgs {
 pub struct RmArgs {
     /// Id of the installed model to delete (see `coli list`).
     pub id: String,
+    /// Delete without asking (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 /// Bytes of the regular files under `dir` (not following symlinks).
@@ -104,12 +107,56 @@ pub fn rm(a: RmArgs) -> Result<()> {
     if !path.join("config.json").is_file() {
         bail!("{}: no installed model of that id in {}", a.id, dir.display());
     }
-    let size = disk_size(&path);
-    std::fs::remove_dir_all(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+    // A model linked into the models directory: the link goes, what it points to stays.
+    let is_link = std::fs::symlink_metadata(&path).map(|m| m.file_type().is_symlink()).unwrap_or(false);
+    let target = if is_link { path.clone() } else { inside(&dir, &path)? };
+    let size = if is_link { 0 } else { disk_size(&target) };
+    let what = if is_link {
+        format!("the link {} (its target stays)", path.display())
+    } else {
+        format!("{} ({})", target.display(), human(size))
+    };
+    if !a.yes && !confirm(&format!("delete {} = {what}?", a.id))? {
+        bail!("{} kept", a.id);
+    }
+    if is_link {
+        std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+    } else {
+        std::fs::remove_dir_all(&target).with_context(|| format!("cannot remove {}", target.display()))?;
+    }
     if let Some((owner, _)) = a.id.split_once('/') {
         // Drops the owner's directory once its last model is gone (fails harmlessly if not).
         let _ = std::fs::remove_dir(dir.join(owner));
     }
     eprintln!("removed {} ({} freed)", a.id, human(size));
     Ok(())
+}
+
+/// `path` with every link resolved, if that is strictly inside the models directory `dir`
+/// (an owner directory linked to elsewhere is not deleted through).
+fn inside(dir: &Path, path: &Path) -> Result<PathBuf> {
+    let home = dir.canonicalize().with_context(|| format!("cannot resolve {}", dir.display()))?;
+    let real = path.canonicalize().with_context(|| format!("cannot resolve {}", path.display()))?;
+    if real == home || !real.starts_with(&home) {
+        bail!(
+            "{} resolves to {}, outside the models directory {}: not deleting it",
+            path.display(),
+            real.display(),
+            home.display()
+        );
+    }
+    Ok(real)
+}
+
+/// Asks on the terminal; without one, refuses (scripts pass --yes).
+fn confirm(question: &str) -> Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        bail!("{question} stdin is not a terminal: pass --yes to delete without asking");
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(matches!(line.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }

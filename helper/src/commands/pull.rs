@@ -43,9 +43,9 @@ pub struct PullArgs {
 
 /// Largest safetensors header accepted (the format's own limit is 100 MB).
 const MAX_HEADER: u64 = 100 << 20;
-const INDEX: &str = "model.safetensors.index.json";
+pub(crate) const INDEX: &str = "model.safetensors.index.json";
 
-fn parse_repo(s: &str) -> Result<(&str, &str)> {
+pub(crate) fn parse_repo(s: &str) -> Result<(&str, &str)> {
     let (repo, rev) = s.split_once('@').unwrap_or((s, "main"));
     if !repo.contains('/') || !is_valid_model_id(repo) {
         bail!("{repo:?} is not a hub repository id (OWNER/NAME, e.g. allenai/OLMoE-1B-7B-0924)");
@@ -182,8 +182,8 @@ pub fn pull(a: PullArgs) -> Result<()> {
     }
     let args = ConvertArgs {
         src: src.clone(),
-        out: out.clone(),
-        quant: a.quant,
+        out: Some(out.clone()),
+        quant: Some(a.quant),
         group_size: a.group_size,
         embed: None,
         lm_head: None,

@@ -1,0 +1,97 @@
+//! Decoding checked against gguf-py's `gguf.quants.dequantize` (an independent numpy
+//! implementation): tests/fixtures/gguf/dequant.json holds random blocks of every type
+//! (tools/make_gguf_fixtures.py) and the f32 bits gguf-py gives for them.
+
+use super::*;
+use crate::tensor::{decode_row, DType};
+
+const VECTORS: &str = include_str!("../../../tests/fixtures/gguf/dequant.json");
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+}
+
+fn case(name: &str) -> (GgmlType, Vec<u8>, Vec<u32>) {
+    let v: serde_json::Value = serde_json::from_str(VECTORS).unwrap();
+    let c = &v[name];
+    let ty = GgmlType::from_id(c["type_id"].as_u64().unwrap() as u32).unwrap();
+    assert_eq!(ty.name, name);
+    let bits = c["f32_bits"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    (ty, hex(c["bytes"].as_str().unwrap()), bits)
+}
+
+fn assert_bits(name: &str, got: &[f32], want: &[u32]) {
+    assert_eq!(got.len(), want.len(), "{name}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), *w, "{name}: value {i}: got {g}, gguf-py {}", f32::from_bits(*w));
+    }
+}
+
+#[test]
+fn every_supported_type_matches_gguf_py_bit_for_bit() {
+    for name in ["F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"] {
+        let (ty, bytes, want) = case(name);
+        let mut out = vec![f32::NAN; want.len()];
+        dequantize(ty, &bytes, &mut out).unwrap();
+        assert_bits(name, &out, &want);
+        assert!(out.iter().any(|v| *v != 0.0), "{name}: all zero");
+    }
+}
+
+#[test]
+fn wrong_sizes_and_unsupported_types_are_errors() {
+    let (ty, bytes, want) = case("Q4_K");
+    let mut out = vec![0.0; want.len() - 1];
+    assert!(dequantize(ty, &bytes, &mut out).is_err());
+    let mut out = vec![0.0; want.len()];
+    assert!(dequantize(ty, &bytes[1..], &mut out).is_err());
+    let e = dequantize(GgmlType::by_name("IQ2_XXS").unwrap(), &[0; 66], &mut [0.0; 256]).unwrap_err().to_string();
+    assert!(e.contains("IQ2_XXS") && e.contains("Q6_K"), "{e}");
+}
+
+#[test]
+fn q8_0_and_q4_0_repack_into_colibri_rows_exactly() {
+    for (name, dtype) in [("Q8_0", DType::Int8 { group: 32 }), ("Q4_0", DType::Int4 { group: 32 })] {
+        let (ty, bytes, want) = case(name);
+        let cols = want.len();
+        let mut row = vec![0xAAu8; dtype.row_bytes(cols).unwrap()];
+        repack_row(ty.id, cols, &bytes, &mut row);
+        let mut out = vec![f32::NAN; cols];
+        decode_row(dtype, cols, &row, &mut out);
+        assert_bits(name, &out, &want);
+    }
+}
+
+#[test]
+fn q4_0_and_mxfp4_widen_to_int8_exactly() {
+    let dtype = DType::Int8 { group: 32 };
+    let (ty, bytes, want) = case("Q4_0");
+    let mut row = vec![0u8; dtype.row_bytes(want.len()).unwrap()];
+    assert!(to_int8_row(ty.id, want.len(), &bytes, &mut row));
+    let mut out = vec![f32::NAN; want.len()];
+    decode_row(dtype, want.len(), &row, &mut out);
+    assert_bits("Q4_0 as int8", &out, &want);
+
+    // The fixture's MXFP4 exponents (0, 1: f32 subnormals) do not fit f16: refused.
+    let (ty, bytes, want) = case("MXFP4");
+    assert!(!to_int8_row(ty.id, want.len(), &bytes, &mut row));
+    // Exponents 104..=143 do; 2^-7 and 2^15 here, every nibble value.
+    let mut block = vec![121u8];
+    block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    block.push(143);
+    block.extend((0..16u8).map(|j| (j << 4) | (j ^ 5)));
+    let mut want = vec![0.0f32; 64];
+    dequantize(ty, &block, &mut want).unwrap();
+    let mut row = vec![0u8; dtype.row_bytes(64).unwrap()];
+    assert!(to_int8_row(ty.id, 64, &block, &mut row));
+    let mut out = vec![f32::NAN; 64];
+    decode_row(dtype, 64, &row, &mut out);
+    assert_eq!(
+        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(want[7], 12.0 * 2f32.powi(-7));
+    assert_eq!(want[32], 6.0 * 2f32.powi(15));
+    block[17] = 144; // 2^16 overflows f16
+    assert!(!to_int8_row(ty.id, 64, &block, &mut row));
+}

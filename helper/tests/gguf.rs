@@ -1,0 +1,297 @@
+//! `coli convert model.gguf` end to end, on GGUF files made by llama.cpp's own
+//! convert_hf_to_gguf.py from the committed Hugging Face fixtures
+//! (tools/make_gguf_fixtures.py):
+//! - lossless sources (F16/F32) give byte-identical weights and bit-identical logits to
+//!   `coli convert` of the safetensors checkpoint;
+//! - Q8_0 / Q4_0 tensors keep gguf-py's dequantized values exactly (sha256 of every tensor);
+//! - the tokenizer rebuilt from the metadata tokenizes and renders the chat template like
+//!   the original tokenizer.json;
+//! - damaged and hostile GGUFs are one line on stderr from `coli convert` and `coli info`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use colibri_engine::tensor::{decode_row, DType};
+use colibri_engine::tokenizer::{ChatMessage, Tokenizer};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn coli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coli"))
+}
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn gguf(name: &str) -> PathBuf {
+    fixtures().join("gguf").join(format!("{name}.gguf"))
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coli-gguf-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(args: &[&std::ffi::OsStr]) -> Output {
+    coli().args(args).output().unwrap()
+}
+
+fn ok(out: Output) -> Output {
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn convert(src: &Path, dst: &Path, extra: &[&str]) {
+    let mut c = coli();
+    c.arg("convert").arg(src).arg("-o").arg(dst).args(extra);
+    ok(c.output().unwrap());
+}
+
+fn logits(model: &Path, ids: &str) -> Vec<u8> {
+    let out = model.join("logits.f32");
+    ok(coli().args(["logits", "--model"]).arg(model).args(["--ids", ids, "--out"]).arg(&out).output().unwrap());
+    std::fs::read(out).unwrap()
+}
+
+/// A copy of a fixture checkpoint without the config keys llama.cpp's GGUF does not carry.
+fn checkpoint_without(family: &str, keys: &[&str], dir: &Path) -> PathBuf {
+    let src = fixtures().join(family);
+    let dst = dir.join(format!("{family}-hf"));
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    for k in keys {
+        cfg.as_object_mut().unwrap().remove(*k);
+    }
+    std::fs::write(dst.join("config.json"), serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    dst
+}
+
+fn reference_ids(family: &str) -> String {
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(family).join("reference.json")).unwrap()).unwrap();
+    r["ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// llama.cpp's f16 GGUF of a checkpoint, converted as is, equals the checkpoint converted
+/// to f16: the same weights.bin bytes and bit-identical logits. llama.cpp's GGUF does not
+/// record olmoe's clip_qkv (convert_hf_to_gguf's OlmoeModel drops it) nor mixtral's
+/// sliding_window, so the checkpoint is compared without them.
+fn lossless(name: &str, family: &str, dropped: &[&str]) {
+    let dir = scratch(name);
+    let hf = checkpoint_without(family, dropped, &dir);
+    let (a, b) = (dir.join("from-gguf"), dir.join("from-hf"));
+    convert(&gguf(name), &a, &[]);
+    convert(&hf, &b, &["--quant", "f16"]);
+    let (wa, wb) = (std::fs::read(a.join("weights.bin")).unwrap(), std::fs::read(b.join("weights.bin")).unwrap());
+    assert!(wa == wb, "{name}: weights.bin differs ({} vs {} bytes)", wa.len(), wb.len());
+    let ids = reference_ids(family);
+    let (la, lb) = (logits(&a, &ids), logits(&b, &ids));
+    assert!(la == lb && !la.is_empty(), "{name}: logits differ");
+    let info = String::from_utf8(ok(run(&["info".as_ref(), a.as_os_str()])).stdout).unwrap();
+    assert!(info.contains(&format!("converted from GGUF {name}.gguf")), "{info}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn olmoe_f16_gguf_equals_the_checkpoint() {
+    lossless("olmoe-f16", "olmoe", &["clip_qkv"]);
+}
+
+#[test]
+fn mixtral_f16_gguf_equals_the_checkpoint() {
+    lossless("mixtral-f16", "mixtral", &["sliding_window"]);
+}
+
+/// The Hugging Face name of a qwen3moe GGUF tensor, or the expert part for stacked ones.
+fn hf_name(gguf_name: &str) -> Result<String, (usize, &'static str)> {
+    let map = [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("output.weight", "lm_head.weight"),
+    ];
+    if let Some((_, h)) = map.iter().find(|(g, _)| *g == gguf_name) {
+        return Ok(h.to_string());
+    }
+    let rest = gguf_name.strip_prefix("blk.").unwrap();
+    let (l, rest) = rest.split_once('.').unwrap();
+    let l: usize = l.parse().unwrap();
+    for (part, g) in [("gate", "ffn_gate_exps.weight"), ("up", "ffn_up_exps.weight"), ("down", "ffn_down_exps.weight")]
+    {
+        if rest == g {
+            return Err((l, part));
+        }
+    }
+    let suffix = match rest {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "attn_q.weight" => "self_attn.q_proj.weight",
+        "attn_k.weight" => "self_attn.k_proj.weight",
+        "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_output.weight" => "self_attn.o_proj.weight",
+        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+        "attn_k_norm.weight" => "self_attn.k_norm.weight",
+        "ffn_gate_inp.weight" => "mlp.gate.weight",
+        other => panic!("unexpected {other}"),
+    };
+    Ok(format!("model.layers.{l}.{suffix}"))
+}
+
+fn dtype(v: &Value) -> DType {
+    DType::from_name(v["dtype"].as_str().unwrap(), v["group_size"].as_u64().map(|g| g as u32)).unwrap()
+}
+
+/// Decodes `rows` rows of `cols` values at `offset` of the data file into `out` (LE f32).
+fn decode(data: &[u8], dt: DType, offset: usize, rows: usize, cols: usize, out: &mut Vec<u8>) {
+    let rb = dt.row_bytes(cols).unwrap();
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        decode_row(dt, cols, &data[offset + r * rb..offset + (r + 1) * rb], &mut row);
+        out.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+}
+
+#[test]
+fn q8_0_and_q4_0_values_are_kept_exactly() {
+    let dir = scratch("q");
+    let out = dir.join("q3");
+    convert(&gguf("qwen3moe-q4_0-q8_0"), &out, &[]);
+    let m: Value = serde_json::from_slice(&std::fs::read(out.join("colibri.json")).unwrap()).unwrap();
+    let data = std::fs::read(out.join("weights.bin")).unwrap();
+    let refs: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("gguf/qwen3moe-q4_0-q8_0.ref.json")).unwrap()).unwrap();
+    let mut kinds = std::collections::BTreeSet::new();
+    for (name, r) in refs.as_object().unwrap() {
+        let mut values = Vec::new();
+        match hf_name(name) {
+            Ok(hf) => {
+                let t = m["dense"]["tensors"].as_array().unwrap().iter().find(|t| t["name"] == hf.as_str()).unwrap();
+                let shape: Vec<usize> =
+                    t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+                let cols = *shape.last().unwrap();
+                let rows = shape.iter().product::<usize>() / cols;
+                decode(&data, dtype(t), t["offset"].as_u64().unwrap() as usize, rows, cols, &mut values);
+                kinds.insert((r["type"].as_str().unwrap().to_string(), dtype(t).to_string()));
+            }
+            Err((l, part)) => {
+                let layer = m["experts"]["layers"].as_array().unwrap().iter().find(|x| x["layer"] == l).unwrap();
+                let p = layer["parts"].as_array().unwrap().iter().find(|p| p["name"] == part).unwrap();
+                let (rows, cols) = (p["shape"][0].as_u64().unwrap() as usize, p["shape"][1].as_u64().unwrap() as usize);
+                for e in layer["experts"].as_array().unwrap() {
+                    let at = (e["offset"].as_u64().unwrap() + p["offset"].as_u64().unwrap()) as usize;
+                    decode(&data, dtype(p), at, rows, cols, &mut values);
+                }
+                kinds.insert((r["type"].as_str().unwrap().to_string(), dtype(p).to_string()));
+            }
+        }
+        let sum = format!("{:x}", Sha256::digest(&values));
+        assert_eq!(sum, r["sha256"].as_str().unwrap(), "{name} ({}): values differ from gguf-py's", r["type"]);
+    }
+    let kinds: Vec<_> = kinds.into_iter().map(|(a, b)| format!("{a}->{b}")).collect();
+    assert_eq!(kinds, ["F16->f16", "F32->f32", "Q4_0->int4/g32", "Q8_0->int8/g32"]);
+    // An explicit int8 keeps Q4_0 and Q8_0 exactly too (the same scales, wider integers);
+    // and the model runs.
+    let out8 = dir.join("q3-int8");
+    convert(&gguf("qwen3moe-q4_0-q8_0"), &out8, &["--quant", "int8"]);
+    let l = logits(&out8, "1,2,3");
+    assert_eq!(l.len(), 3 * 401 * 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_tokenizer_from_metadata_matches_tokenizer_json() {
+    let dir = scratch("tok");
+    let out = dir.join("o");
+    convert(&gguf("olmoe-f16"), &out, &[]);
+    let ours = Tokenizer::from_dir(&out).unwrap();
+    let orig = Tokenizer::from_dir(&fixtures().join("olmoe")).unwrap();
+    let r: Value = serde_json::from_slice(&std::fs::read(fixtures().join("olmoe/reference.json")).unwrap()).unwrap();
+    let mut texts: Vec<String> =
+        r["tokenizer"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap().to_string()).collect();
+    texts.push("<|im_start|>user\nhi<|im_end|> <|endoftext|>  \n\t 12345 don't WE'LL ünïcödé 🦙".into());
+    for t in &texts {
+        let (a, b) = (ours.encode(t, true).unwrap(), orig.encode(t, true).unwrap());
+        assert_eq!(a, b, "{t:?}");
+        assert_eq!(ours.decode(&a, false).unwrap(), orig.decode(&b, false).unwrap());
+    }
+    for (i, t) in r["tokenizer"].as_array().unwrap().iter().enumerate() {
+        let want: Vec<u32> = t["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(ours.encode(texts[i].as_str(), false).unwrap(), want, "transformers' ids");
+    }
+    let msgs: Vec<ChatMessage> = r["chat"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    assert_eq!(ours.apply_chat_template(&msgs, true).unwrap(), r["chat"]["rendered"].as_str().unwrap());
+    assert_eq!(ours.eos_token_ids(), orig.eos_token_ids());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `coli convert` and `coli info` on `bytes` and returns the one stderr line.
+fn refused(bytes: &[u8], dir: &Path, tag: &str) -> String {
+    let f = dir.join(format!("{tag}.gguf"));
+    std::fs::write(&f, bytes).unwrap();
+    let mut lines = Vec::new();
+    for args in [
+        vec!["convert".as_ref(), f.as_os_str(), "-o".as_ref(), dir.join(tag).as_os_str()],
+        vec!["info".as_ref(), f.as_os_str()],
+    ] {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+        assert!(!out.status.success(), "{tag}: {args:?} succeeded");
+        assert_eq!(err.lines().count(), 1, "{tag}: {args:?}: {err}");
+        assert!(!err.contains("panicked"), "{tag}: {err}");
+        lines.push(err);
+    }
+    assert!(!dir.join(tag).join("colibri.json").exists());
+    lines.join(" | ")
+}
+
+#[test]
+fn damaged_and_hostile_ggufs_are_one_line_errors() {
+    let dir = scratch("bad");
+    let good = std::fs::read(gguf("qwen3moe-q4_0-q8_0")).unwrap();
+    let e = refused(&good[..good.len() / 2], &dir, "truncated");
+    assert!(e.contains("runs past the end of the file"), "{e}");
+    for n in [0, 3, 10, 30, 100, 1000] {
+        let e = refused(&good[..n], &dir, &format!("header{n}"));
+        assert!(e.contains("truncated") || e.contains("too short") || e.contains("more than the file"), "{e}");
+    }
+    let mut b = good.clone();
+    b[..4].copy_from_slice(b"GGUG");
+    let e = refused(&b, &dir, "magic");
+    assert!(e.contains("magic"), "{e}");
+    let mut b = good.clone();
+    b[4..8].copy_from_slice(&1u32.to_le_bytes());
+    assert!(refused(&b, &dir, "v1").contains("version 1"));
+    let mut b = good.clone();
+    b[8..16].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    assert!(refused(&b, &dir, "count").contains("tensor count"));
+    let mut b = good.clone();
+    b[16..24].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    assert!(refused(&b, &dir, "kv").contains("metadata count"));
+    // Every tensor offset moved past the end of the file (the last u64 of each entry).
+    let mut b = good.clone();
+    let g = colibri_engine::format::gguf::Gguf::parse(&good, "x").unwrap();
+    let name = g.tensors[3].name.as_bytes();
+    let at = good.windows(name.len()).position(|w| w == name).unwrap();
+    let n_dims = u32::from_le_bytes(good[at + name.len()..at + name.len() + 4].try_into().unwrap()) as usize;
+    let off_at = at + name.len() + 4 + 8 * n_dims + 4;
+    b[off_at..off_at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let e = refused(&b, &dir, "offset");
+    assert!(e.contains(&format!("tensor {}", g.tensors[3].name)) && e.contains("runs past the end"), "{e}");
+    // A well-formed GGUF of an architecture colibri does not run.
+    let mut b = good.clone();
+    let arch = good.windows(8).position(|w| w == b"qwen3moe").unwrap();
+    b[arch..arch + 8].copy_from_slice(b"qwen9moe");
+    assert!(refused(&b, &dir, "arch").contains("\"qwen9moe\" is not supported"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

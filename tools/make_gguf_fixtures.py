@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Writes the GGUF test fixtures under tests/fixtures/gguf/ (run once; CI needs no Python).
+
+1. GGUF files made by llama.cpp's own converter (convert_hf_to_gguf.py, from a llama.cpp
+   checkout given with --llama-cpp) from the committed tiny Hugging Face fixtures, so the
+   tensor names, shapes, permutations and metadata are exactly what llama.cpp writes:
+     olmoe-f16.gguf           --outtype f16 (olmoe arch, NEOX rope, no permutation)
+     mixtral-f16.gguf         --outtype f16 (llama arch: q/k rows permuted for rope)
+     qwen3moe-q4_0-q8_0.gguf  --outtype f32, then re-quantized with gguf.quants (llama.cpp's
+                              converter writes no Q4_0): experts and output Q4_0, attention
+                              and embeddings Q8_0, rows of 36 (not a multiple of 32) F16
+   The fixtures' sizes are deliberately not multiples of 32, so some tensors stay F16.
+   The fixtures' tokenizer is a plain GPT-2 byte-level BPE that llama.cpp's pre-tokenizer
+   table does not know by hash, so the script declares it "gpt-2" (what it is).
+2. <name>.ref.json beside each GGUF: for every tensor, the sha256 of its values
+   dequantized by gguf.quants (float32, little-endian, GGUF's row-major order).
+3. dequant.json: random blocks of every tensor type colibri reads, with the values
+   gguf.quants.dequantize gives (float32 bit patterns), for the Rust unit tests.
+
+Usage: pip install gguf torch transformers sentencepiece
+       python3 tools/make_gguf_fixtures.py --llama-cpp /path/to/llama.cpp
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "fixtures" / "gguf"
+
+
+WRAPPER = """
+import runpy, sys
+sys.path.insert(0, sys.argv[1])
+import conversion.base as base  # llama.cpp's converter package (uses llama.cpp's gguf-py)
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+script = sys.argv[1] + "/convert_hf_to_gguf.py"
+sys.argv = [script] + sys.argv[2:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def run_llama_cpp_convert(llama_cpp: Path, src: Path, out: Path, outtype: str) -> None:
+    cmd = [sys.executable, "-c", WRAPPER, str(llama_cpp), str(src), "--outfile", str(out), "--outtype", outtype]
+    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def requantize(src: Path, dst: Path, pick) -> None:
+    """Copies a GGUF, re-quantizing every F32 weight of 2+ dimensions to `pick(name)` with
+    gguf.quants, like llama-quantize with a per-tensor type: a row length the block size
+    does not divide falls back to F16 (as llama.cpp does); norms and routers stay F32."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1])
+        else:
+            w.add_key_value(f.name, f.contents(), vt)
+    for t in r.tensors:
+        data = np.array(t.data)
+        shape = [int(x) for x in reversed(t.shape)]  # numpy order
+        qtype = t.tensor_type
+        if qtype == gguf.GGMLQuantizationType.F32 and len(shape) >= 2 and "ffn_gate_inp" not in t.name:
+            qtype = pick(t.name)
+            if shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] != 0:
+                qtype = gguf.GGMLQuantizationType.F16
+        if qtype != t.tensor_type:
+            data = gguf.quants.quantize(data.reshape(shape).astype(np.float32), qtype)
+            w.add_tensor(t.name, data, raw_dtype=qtype)
+        else:
+            w.add_tensor(t.name, data.reshape(shape), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def reference(path: Path) -> None:
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    out = {}
+    for t in r.tensors:
+        v = gguf.quants.dequantize(np.array(t.data), t.tensor_type).astype("<f4")
+        out[t.name] = {
+            "type": t.tensor_type.name,
+            "shape": [int(x) for x in t.shape],
+            "sha256": hashlib.sha256(v.tobytes()).hexdigest(),
+        }
+    path.with_suffix(".ref.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+
+
+def dequant_vectors() -> None:
+    """Random blocks (finite f16 scales, every quant bit pattern) and their dequantized values."""
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(16)
+    cases = {}
+    for qt in [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]:
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        n_blocks = 3
+        raw = rng.integers(0, 256, size=n_blocks * size, dtype=np.uint8)
+        if qt == Q.F32:
+            raw = rng.standard_normal(n_blocks * block).astype("<f4").view(np.uint8)
+        elif qt == Q.F16:
+            raw = (rng.standard_normal(n_blocks * block) * 3).astype("<f2").view(np.uint8)
+        elif qt == Q.BF16:
+            f = rng.standard_normal(n_blocks * block).astype("<f4").view("<u4")
+            raw = (f >> 16).astype("<u2").view(np.uint8)
+        else:
+            raw = raw.reshape(n_blocks, size)
+            # f16 scale fields: finite values of either sign, one of them zero / subnormal.
+            def f16(vals):
+                return np.array(vals, dtype="<f2").view(np.uint8)
+            scale_at = {Q.Q4_0: [0], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [size - 2]}
+            for b in range(n_blocks):
+                for off in scale_at.get(qt, []):
+                    val = [0.0123, -0.75, 3.0e-6][b] * (1 + off)
+                    raw[b, off : off + 2] = f16([val])
+            if qt == Q.Q8_0:
+                raw[0, 2] = 0x80  # -128
+            if qt == Q.MXFP4:
+                raw[:, 0] = [0, 1, 121][:n_blocks]  # e8m0 exponents: the two subnormal cases and 2^-7
+            raw = raw.reshape(-1)
+        vals = gguf.quants.dequantize(raw, qt).astype("<f4").reshape(-1)
+        cases[qt.name] = {
+            "type_id": int(qt),
+            "bytes": raw.tobytes().hex(),
+            "f32_bits": [int(x) for x in vals.view("<u4")],
+        }
+    (OUT / "dequant.json").write_text(json.dumps(cases) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-cpp", required=True, type=Path, help="a llama.cpp checkout")
+    a = ap.parse_args()
+    import gguf
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    fx = ROOT / "tests" / "fixtures"
+    run_llama_cpp_convert(a.llama_cpp, fx / "olmoe", OUT / "olmoe-f16.gguf", "f16")
+    run_llama_cpp_convert(a.llama_cpp, fx / "mixtral", OUT / "mixtral-f16.gguf", "f16")
+    Q = gguf.GGMLQuantizationType
+    with tempfile.TemporaryDirectory() as d:
+        f32 = Path(d) / "qwen3moe-f32.gguf"
+        run_llama_cpp_convert(a.llama_cpp, fx / "qwen3_moe", f32, "f32")
+        # Experts and the output in Q4_0, attention and embeddings in Q8_0.
+        requantize(f32, OUT / "qwen3moe-q4_0-q8_0.gguf", lambda n: Q.Q4_0 if "exps" in n or n == "output.weight" else Q.Q8_0)
+    for name in ["olmoe-f16", "mixtral-f16", "qwen3moe-q4_0-q8_0"]:
+        reference(OUT / f"{name}.gguf")
+    dequant_vectors()
+    for p in sorted(OUT.iterdir()):
+        print(f"{p.stat().st_size:>9}  {p.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
