@@ -5,7 +5,7 @@
 #   web/pkg/          one thread, stable Rust: pages that are not cross-origin isolated
 #                     (a widget on another site) cannot share wasm memory between workers;
 #   web/pkg-threads/  wasm threads (atomics, shared memory, the engine's rayon pool on Web
-#                     Workers via wasm-bindgen-rayon): the pinned nightly of
+#                     Workers via wasm-bindgen-rayon) and relaxed SIMD: the pinned nightly of
 #                     tools/wasm-threads-toolchain.toml, std rebuilt with -Z build-std.
 # COLIBRI_WEB_THREADS=0 skips the threaded build (the engine then runs on one thread).
 set -euo pipefail
@@ -45,7 +45,7 @@ echo "== threaded engine ($NIGHTLY, -Z build-std) -> web/pkg-threads/"
 # and the thread-local-storage exports wasm-bindgen's thread support looks for; a shared
 # memory must declare a maximum: 4 GiB, the wasm32 limit, as the one-thread build may grow to.
 LINK="--shared-memory --import-memory --max-memory=4294967296 --export=__wasm_init_tls --export=__tls_size --export=__tls_align --export=__tls_base"
-RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128$(printf -- ' -C link-arg=%s' $LINK)" \
+RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128,+relaxed-simd$(printf -- ' -C link-arg=%s' $LINK)" \
   CARGO_PROFILE_RELEASE_DEBUG=0 cargo "+$NIGHTLY" build -p colibri-wasm --features threads --locked \
   --target wasm32-unknown-unknown --release -Z build-std=panic_abort,std --target-dir "$TARGET_DIR/wasm-threads"
 rm -rf web/pkg-threads

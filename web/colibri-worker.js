@@ -7,7 +7,8 @@
 // Two builds of the engine (tools/build-web.sh): pkg-threads/ runs the CPU kernels on a
 // pool of Web Workers sharing the wasm memory, which needs a SharedArrayBuffer, which the
 // browser grants only where the page is cross-origin isolated (the helper's own pages
-// are); pkg/ runs on this worker alone, anywhere. Both give the same bits.
+// are), and WebAssembly relaxed SIMD (Chromium-based browsers; checked before loading);
+// pkg/ runs on this worker alone, anywhere. Both give the same bits.
 
 let wasm = null; // the loaded build's module: {Engine, initThreadPool?}
 let engine = null;
@@ -45,10 +46,31 @@ function planThreads(asked) {
   return { threads: n, reason };
 }
 
-/** Loads the engine build for `plan` (the threaded one with its pool started, or the
- * one-thread one); a threaded build that fails to start falls back to one thread. */
+/** A module whose one function uses `i32x4.relaxed_dot_i8x16_i7x16_add_s`: it validates
+ * where the browser has WebAssembly relaxed SIMD, which the threaded build is compiled with. */
+function hasRelaxedSimd() {
+  const v128 = [0xfd, 0x0c, ...new Array(16).fill(0)];
+  const body = [0, ...v128, ...v128, ...v128, 0xfd, 0x93, 0x02, 0x0b];
+  const code = [1, body.length, ...body];
+  const bytes = [0, 0x61, 0x73, 0x6d, 1, 0, 0, 0, 1, 5, 1, 0x60, 0, 1, 0x7b, 3, 2, 1, 0, 10, code.length, ...code];
+  try {
+    return WebAssembly.validate(new Uint8Array(bytes));
+  } catch {
+    return false;
+  }
+}
+
+/** Loads the engine build for `plan`: the threaded one (wasm threads and relaxed SIMD,
+ * whose int4 kernel is the faster one) wherever the page and the browser allow it, even
+ * for one thread; else the one-thread build. A threaded build that fails to start falls
+ * back to the one-thread build. */
 async function loadWasm(plan) {
-  if (plan.threads > 1) {
+  let threaded = self.crossOriginIsolated === true;
+  if (threaded && !hasRelaxedSimd()) {
+    threaded = false;
+    if (plan.threads > 1) plan = { threads: 1, reason: "this browser lacks WebAssembly relaxed SIMD, which the threaded engine uses" };
+  }
+  if (threaded) {
     try {
       const m = await import("./pkg-threads/colibri_wasm.js");
       await m.default();

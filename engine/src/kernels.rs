@@ -76,6 +76,8 @@ thread_local! {
     static ACTS: RefCell<Vec<ActQ>> = const { RefCell::new(Vec::new()) };
     /// One decoded float row per thread.
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// One integer row made ready for many positions (qdot::dot_row_many), per thread.
+    static PREP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Output pointer shared by the tasks of one [`matmul_many`] region.
@@ -166,12 +168,21 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<&ActQ>
     match (w.dtype, act) {
         (DType::Int8 { .. } | DType::Int4 { .. }, Some(a)) => {
             let int4 = matches!(w.dtype, DType::Int4 { .. });
+            if n == 1 {
+                for r in r0..r1 {
+                    put(0, r, qdot::dot_row(simd, int4, &bytes[r * rb..(r + 1) * rb], a, 0));
+                }
+                return;
+            }
+            let mut prep = PREP.with(|b| std::mem::take(&mut *b.borrow_mut()));
+            let mut col = vec![0.0f32; n];
             for r in r0..r1 {
-                let row = &bytes[r * rb..(r + 1) * rb];
-                for p in 0..n {
-                    put(p, r, qdot::dot_row(simd, int4, row, a, p));
+                qdot::dot_row_many(simd, int4, &bytes[r * rb..(r + 1) * rb], a, 0, &mut col, &mut prep);
+                for (p, v) in col.iter().enumerate() {
+                    put(p, r, *v);
                 }
             }
+            PREP.with(|b| *b.borrow_mut() = prep);
         }
         _ => {
             let mut buf = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));

@@ -75,6 +75,19 @@ fn every_path_gives_the_reference_bits() {
                         checked += 1;
                     }
                 }
+                // Many positions per row pass (prepared rows on x86): the same bits.
+                for &s in &paths {
+                    let mut scratch = vec![0xAAu8; 7];
+                    for p0 in [0usize, 1] {
+                        let mut out = vec![0.0f32; n - p0];
+                        dot_row_many(s, int4, row, &a, p0, &mut out, &mut scratch);
+                        for (i, got) in out.iter().enumerate() {
+                            let want = dot_row_scalar(int4, row, &a, p0 + i);
+                            assert_eq!(got.to_bits(), want.to_bits(), "{} many {dtype} cols {cols} row {r}", s.name());
+                            checked += 1;
+                        }
+                    }
+                }
             }
         }
     }
@@ -136,5 +149,19 @@ fn non_finite_activations_make_that_position_nan() {
     for s in Simd::available() {
         assert!(dot_row(s, true, &w, &a, 0).is_finite(), "{}", s.name());
         assert!(dot_row(s, true, &w, &a, 1).is_nan(), "{}", s.name());
+    }
+}
+
+#[test]
+fn quantize_rounds_half_to_even_like_the_definition() {
+    // Every multiple of 1/8 in [-130, 130] as x * (127 / amax) with amax = 127: the
+    // fast rounding must equal round_ties_even (then the clamp).
+    for k in -1040..=1040 {
+        let y = k as f32 / 8.0;
+        let x = [y, 127.0];
+        let mut q2 = [0i8; 2];
+        quantize_block(&x, &mut q2, false);
+        let want = y.round_ties_even().clamp(-127.0, 127.0) as i8;
+        assert_eq!(q2[0], want, "{y}");
     }
 }

@@ -1,5 +1,7 @@
 //! wasm SIMD128 path of [`super::dot_row`]: values widened to i16 and summed with
-//! `i32x4.dot_i16x8_s` (exact), the float combination as in the reference.
+//! `i32x4.dot_i16x8_s` (exact), or int4 nibbles times int8 activations with relaxed SIMD's
+//! `i32x4.relaxed_dot_i8x16_i7x16_add_s` where the build enables it (exact for nibbles);
+//! the float combination as in the reference.
 
 use core::arch::wasm32::*;
 
@@ -34,6 +36,24 @@ fn dot16(acc: v128, wl: v128, wh: v128, x: v128) -> v128 {
     i32x4_add(acc, i32x4_add(a, b))
 }
 
+/// acc + the products of 16 nibble values `w` (0..=15) and 16 int8 values `x`.
+///
+/// With relaxed SIMD (the threaded build): `i32x4.relaxed_dot_i8x16_i7x16_add_s`, 16
+/// products in one instruction. Its result is only implementation-defined when the second
+/// operand has its top bit set or the 16-bit pair sums overflow; nibbles are at most 15,
+/// so a pair sums to at most 2 * 15 * 127: the exact integer sum on every engine.
+#[inline(always)]
+fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
+    #[cfg(target_feature = "relaxed-simd")]
+    {
+        i32x4_relaxed_dot_i8x16_i7x16_add(x, w, acc)
+    }
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    {
+        dot16(acc, u16x8_extend_low_u8x16(w), u16x8_extend_high_u8x16(w), x)
+    }
+}
+
 pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     let (g, blocks) = (a.group, a.blocks);
     let vals = &row[round4(blocks * 2)..];
@@ -49,8 +69,8 @@ pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
                 let bytes = load16(vals, c / 2);
                 let lo = v128_and(bytes, low4);
                 let hi = u8x16_shr(bytes, 4);
-                sum = dot16(sum, u16x8_extend_low_u8x16(lo), u16x8_extend_high_u8x16(lo), x0);
-                sum = dot16(sum, u16x8_extend_low_u8x16(hi), u16x8_extend_high_u8x16(hi), x1);
+                sum = nibbles16(sum, lo, x0);
+                sum = nibbles16(sum, hi, x1);
             } else {
                 let (w0, w1) = (load16(vals, c), load16(vals, c + 16));
                 sum = dot16(sum, i16x8_extend_low_i8x16(w0), i16x8_extend_high_i8x16(w0), x0);

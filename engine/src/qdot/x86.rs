@@ -24,14 +24,26 @@ pub fn has_avx512() -> bool {
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn dot_row_avx2(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract; the body reads only inside `row` and `a`.
-    unsafe { body::<false>(int4, row, a, p) }
+    unsafe {
+        if int4 {
+            body::<false, true>(row, a, p)
+        } else {
+            body::<false, false>(row, a, p)
+        }
+    }
 }
 
 /// SAFETY (caller): AVX-512 F/VL/BW/VNNI, AVX2 and F16C present; shapes as above.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract; the body reads only inside `row` and `a`.
-    unsafe { body::<true>(int4, row, a, p) }
+    unsafe {
+        if int4 {
+            body::<true, true>(row, a, p)
+        } else {
+            body::<true, false>(row, a, p)
+        }
+    }
 }
 
 /// acc + the eight 4-product sums of unsigned `w` times signed `x` (32 pairs).
@@ -66,58 +78,182 @@ unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
     }
 }
 
+/// The products of the 32 stored values at column `c` of `vals` (int4: 16 bytes of
+/// nibbles in split order; int8: 32 bytes) with the activations `x`, added to `sum`.
+/// `CHECKED`: the bytes may run past `vals` (read through a zero-padded copy).
 #[inline(always)]
-unsafe fn body<const VNNI: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
-    let (g, blocks) = (a.group, a.blocks);
-    let sb = round4(blocks * 2);
-    let vals = &row[sb..];
-    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
-    let chunks = g / CHUNK;
-    // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s` (padded to a
-    // multiple of 8), `row` (scales, or a zero-padded copy past the end), or `vals`
-    // (checked against its length, else a zero-padded copy).
+unsafe fn stored_chunk<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
+    vals: &[u8],
+    sum: __m256i,
+    c: usize,
+    x: __m256i,
+) -> __m256i {
+    // SAFETY: unchecked loads only where the caller ensured the bytes are inside `vals`.
+    unsafe {
+        if INT4 {
+            let at = c / 2;
+            let bytes = if !CHECKED || at + 16 <= vals.len() {
+                _mm_loadu_si128(vals.as_ptr().add(at) as *const __m128i)
+            } else {
+                let buf = padded::<16>(vals, at);
+                _mm_loadu_si128(buf.as_ptr() as *const __m128i)
+            };
+            // Low nibbles are the even values, high the odd: the split order of q.
+            let both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+            dot_u8i8::<VNNI>(sum, _mm256_and_si256(both, _mm256_set1_epi8(0x0f)), x)
+        } else {
+            let w = if !CHECKED || c + 32 <= vals.len() {
+                _mm256_loadu_si256(vals.as_ptr().add(c) as *const __m256i)
+            } else {
+                let buf = padded::<32>(vals, c);
+                _mm256_loadu_si256(buf.as_ptr() as *const __m256i)
+            };
+            // w * x = |w| * (x with w's sign).
+            dot_u8i8::<VNNI>(sum, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+        }
+    }
+}
+
+/// One stored row times position `p`, the weights decoded on the fly.
+#[inline(always)]
+unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let vals = &row[round4(a.blocks * 2)..];
+    // Columns whose stored bytes lie inside `vals`: their chunks need no bounds check.
+    let inside = if INT4 { vals.len() * 2 } else { vals.len() };
+    // SAFETY: `combine` calls the unchecked chunk only for columns c + 32 <= inside, the
+    // checked one elsewhere.
+    unsafe {
+        combine(
+            row,
+            a,
+            p,
+            if INT4 { Some(3) } else { None },
+            inside,
+            |sum, c, x| stored_chunk::<VNNI, INT4, false>(vals, sum, c, x),
+            |sum, c, x| stored_chunk::<VNNI, INT4, true>(vals, sum, c, x),
+        )
+    }
+}
+
+/// Makes a row ready for many positions: `u` = the unsigned values w + bias in the order
+/// of the activations (int4: nibbles in split chunks, bias 8; int8: w ^ 0x80 = w + 128),
+/// `blocks * group` bytes, zero past the row's end (where the activations are zero too).
+///
+/// SAFETY (caller): AVX2 present; `row` is one stored row for `a`'s cols/group; int8 only
+/// with VNNI (w + 128 times x can overflow `vpmaddubsw`'s pair sums).
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn prepare(int4: bool, row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
+    let n = a.blocks * a.group;
+    let vals = &row[round4(a.blocks * 2)..];
+    u.clear();
+    u.resize(n, 0);
+    // SAFETY: stores are inside `u` (n is a multiple of CHUNK: the group is); loads inside
+    // `vals` or a zero-padded copy.
     unsafe {
         let low4 = _mm_set1_epi8(0x0f);
+        let mut c = 0;
+        while c < n {
+            let v = if int4 {
+                let at = c / 2;
+                let bytes = if at + 16 <= vals.len() {
+                    _mm_loadu_si128(vals.as_ptr().add(at) as *const __m128i)
+                } else {
+                    let buf = padded::<16>(vals, at);
+                    _mm_loadu_si128(buf.as_ptr() as *const __m128i)
+                };
+                let lo = _mm_and_si128(bytes, low4);
+                let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+                _mm256_set_m128i(hi, lo)
+            } else if c + 32 <= vals.len() {
+                let w = _mm256_loadu_si256(vals.as_ptr().add(c) as *const __m256i);
+                _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+            } else {
+                // Past the end: u = 0 (the activations there are zero).
+                let buf = padded::<32>(vals, c);
+                let w = _mm256_loadu_si256(buf.as_ptr() as *const __m256i);
+                let k = vals.len().saturating_sub(c).min(32);
+                let keep = _mm256_cmpgt_epi8(
+                    _mm256_set1_epi8(k as i8),
+                    _mm256_setr_epi8(
+                        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                        26, 27, 28, 29, 30, 31,
+                    ),
+                );
+                _mm256_and_si256(keep, _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
+            };
+            _mm256_storeu_si256(u.as_mut_ptr().add(c) as *mut __m256i, v);
+            c += CHUNK;
+        }
+    }
+}
+
+/// A prepared row ([`prepare`]) times position `p`: the same integer sums as [`body`],
+/// so the same bits.
+///
+/// SAFETY (caller): AVX2 and F16C present (and AVX-512 VNNI for `VNNI`); `u` prepared from
+/// `row` for `a`'s layout.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot_prepared_avx2(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p: usize) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe { prepared::<false>(int4, u, row, a, p) }
+}
+
+/// SAFETY (caller): as [`dot_prepared_avx2`], with AVX-512 F/VL/BW/VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub unsafe fn dot_prepared_avx512(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p: usize) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe { prepared::<true>(int4, u, row, a, p) }
+}
+
+#[inline(always)]
+unsafe fn prepared<const VNNI: bool>(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p: usize) -> f32 {
+    debug_assert!(u.len() >= a.blocks * a.group, "prepared row too short");
+    // SAFETY: c + 32 <= blocks * group <= u.len() for every chunk `combine` asks for.
+    unsafe {
+        let chunk = |sum: __m256i, c: usize, x: __m256i| {
+            dot_u8i8::<VNNI>(sum, _mm256_loadu_si256(u.as_ptr().add(c) as *const __m256i), x)
+        };
+        combine(row, a, p, Some(if int4 { 3 } else { 7 }), usize::MAX, chunk, chunk)
+    }
+}
+
+/// The block loop shared by every x86 path: `fast(sum, c, x)` (for columns with
+/// c + 32 <= `fast_until`) or `checked` adds the products of the 32 values at column c
+/// (activations x) to `sum`; the block sums, less `sum q << shift` where the weights carry
+/// a bias of 2^shift, are combined in the reference's float order.
+#[inline(always)]
+unsafe fn combine<F: Fn(__m256i, usize, __m256i) -> __m256i, G: Fn(__m256i, usize, __m256i) -> __m256i>(
+    row: &[u8],
+    a: &ActQ,
+    p: usize,
+    shift: Option<i32>,
+    fast_until: usize,
+    fast: F,
+    checked: G,
+) -> f32 {
+    let (g, blocks) = (a.group, a.blocks);
+    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s` (padded to a
+    // multiple of 8), or `row`'s scales (or a zero-padded copy of the last ones).
+    unsafe {
         let mut acc = _mm256_setzero_ps();
         let mut b0 = 0;
         while b0 < blocks {
             let nb = (blocks - b0).min(8);
-            let mut v = [_mm256_setzero_si256(); 8];
-            for (j, vj) in v.iter_mut().enumerate().take(nb) {
-                let b = b0 + j;
-                let mut sum = _mm256_setzero_si256();
-                for k in 0..chunks {
-                    let c = b * g + k * CHUNK;
-                    let x = _mm256_loadu_si256(q.as_ptr().add(c) as *const __m256i);
-                    if int4 {
-                        let at = c / 2;
-                        let bytes = if at + 16 <= vals.len() {
-                            _mm_loadu_si128(vals.as_ptr().add(at) as *const __m128i)
-                        } else {
-                            let buf = padded::<16>(vals, at);
-                            _mm_loadu_si128(buf.as_ptr() as *const __m128i)
-                        };
-                        let lo = _mm_and_si128(bytes, low4);
-                        let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
-                        // Low nibbles are the even values, high the odd: the split order of q.
-                        sum = dot_u8i8::<VNNI>(sum, _mm256_set_m128i(hi, lo), x);
-                    } else {
-                        let w = if c + 32 <= vals.len() {
-                            _mm256_loadu_si256(vals.as_ptr().add(c) as *const __m256i)
-                        } else {
-                            let buf = padded::<32>(vals, c);
-                            _mm256_loadu_si256(buf.as_ptr() as *const __m256i)
-                        };
-                        // w * x = |w| * (x with w's sign).
-                        sum = dot_u8i8::<VNNI>(sum, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-                    }
+            let c0 = b0 * g;
+            let mut isum = if nb == 8 && c0 + 8 * g <= fast_until {
+                match g / CHUNK {
+                    1 => sums8::<1, _>(q, c0, &fast),
+                    2 => sums8::<2, _>(q, c0, &fast),
+                    4 => sums8::<4, _>(q, c0, &fast),
+                    _ => sums_any(q, g, c0, nb, &fast),
                 }
-                *vj = sum;
-            }
-            let mut isum = hsum8(&v);
-            if int4 {
+            } else {
+                sums_any(q, g, c0, nb, &checked)
+            };
+            if let Some(sh) = shift {
                 let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
-                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(s8, 3));
+                isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, _mm_cvtsi32_si128(sh)));
             }
             let f = _mm256_cvtepi32_ps(isum);
             let ws = if nb == 8 {
@@ -135,5 +271,44 @@ unsafe fn body<const VNNI: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> 
         let mut lanes = [0.0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
         reduce8(lanes)
+    }
+}
+
+/// Integer sums of the eight blocks from column `c0`, `CH` chunks each, unrolled so that
+/// the eight sums stay in registers: lane j of the result is block j.
+#[inline(always)]
+unsafe fn sums8<const CH: usize, F: Fn(__m256i, usize, __m256i) -> __m256i>(q: &[i8], c0: usize, chunk: &F) -> __m256i {
+    // SAFETY: the caller's block range is inside `q`; `chunk` keeps its own contract.
+    unsafe {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (j, vj) in v.iter_mut().enumerate() {
+            for k in 0..CH {
+                let c = c0 + (j * CH + k) * CHUNK;
+                *vj = chunk(*vj, c, _mm256_loadu_si256(q.as_ptr().add(c) as *const __m256i));
+            }
+        }
+        hsum8(&v)
+    }
+}
+
+/// [`sums8`] for `nb` <= 8 blocks of any multiple of [`CHUNK`] (lanes past `nb` are zero).
+#[inline(always)]
+unsafe fn sums_any<F: Fn(__m256i, usize, __m256i) -> __m256i>(
+    q: &[i8],
+    g: usize,
+    c0: usize,
+    nb: usize,
+    chunk: &F,
+) -> __m256i {
+    // SAFETY: as in sums8.
+    unsafe {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (j, vj) in v.iter_mut().enumerate().take(nb) {
+            for k in 0..g / CHUNK {
+                let c = c0 + j * g + k * CHUNK;
+                *vj = chunk(*vj, c, _mm256_loadu_si256(q.as_ptr().add(c) as *const __m256i));
+            }
+        }
+        hsum8(&v)
     }
 }
