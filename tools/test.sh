@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # colibri's whole test suite:
-#   0. style gates: cargo fmt --check and cargo clippy -D warnings (lints allowed only in
+#   0. style gates: cargo fmt --check and cargo clippy -D warnings, native and wasm32 (lints allowed only in
 #      Cargo.toml's [workspace.lints], each with its reason);
 #   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen), twice:
 #      web/pkg/ without threads (stable) and web/pkg-threads/ with wasm threads (the
@@ -25,6 +25,8 @@ cd "$(dirname "$0")/.."
 echo "== style: cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The browser engine as the browser gets it (wasm32: other cfgs, other code paths).
+cargo clippy -p colibri-wasm --target wasm32-unknown-unknown --all-targets --locked -- -D warnings
 
 echo "== browser engine (wasm32)"
 ./tools/build-web.sh

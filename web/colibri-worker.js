@@ -60,13 +60,17 @@ function hasRelaxedSimd() {
   }
 }
 
-/** Loads the engine build for `plan` (the threaded one with its pool started, or the
- * one-thread one); a threaded build that fails to start falls back to one thread. */
+/** Loads the engine build for `plan`: the threaded one (wasm threads and relaxed SIMD,
+ * whose int4 kernel is the faster one) wherever the page and the browser allow it, even
+ * for one thread; else the one-thread build. A threaded build that fails to start falls
+ * back to the one-thread build. */
 async function loadWasm(plan) {
-  if (plan.threads > 1 && !hasRelaxedSimd()) {
-    plan = { threads: 1, reason: "this browser lacks WebAssembly relaxed SIMD, which the threaded engine uses" };
+  let threaded = self.crossOriginIsolated === true;
+  if (threaded && !hasRelaxedSimd()) {
+    threaded = false;
+    if (plan.threads > 1) plan = { threads: 1, reason: "this browser lacks WebAssembly relaxed SIMD, which the threaded engine uses" };
   }
-  if (plan.threads > 1) {
+  if (threaded) {
     try {
       const m = await import("./pkg-threads/colibri_wasm.js");
       await m.default();

@@ -93,16 +93,18 @@ test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that 
     const three = await runInPage(page, helper.url, { logits: true, threads: 3 });
     assert.equal(three.stats.threads, 3, JSON.stringify(three.stats));
     sameBits(three, "helper page, 3 threads");
-    // Asked for one thread: the one-thread build.
+    // Asked for one thread on an isolated page: the threaded build (relaxed SIMD), a pool of 1.
     const one = await runInPage(page, helper.url, { logits: true, threads: 1 });
     assert.equal(one.stats.threads, 1);
-    assert.equal(one.stats.simd, "simd128", JSON.stringify(one.stats));
+    assert.equal(one.stats.simd, "simd128+relaxed", JSON.stringify(one.stats));
     sameBits(one, "helper page, 1 thread");
     // A page of another origin that is not isolated (the widget's case): one thread, and why.
     const plain = await runInPage(page, helper.url, { logits: true, threads: 2, pageUrl: `${plainSite.url}/` });
     assert.equal(plain.isolated, false);
     assert.equal(plain.stats.threads, 1, JSON.stringify(plain.stats));
     assert.match(plain.stats.threadsReason, /not cross-origin isolated/);
+    // ...on the one-thread build (plain SIMD128, no relaxed SIMD): the same bits too.
+    assert.equal(plain.stats.simd, "simd128", JSON.stringify(plain.stats));
     sameBits(plain, "page not isolated, 1 thread");
     // A page of another origin that isolates itself: the pool's workers start from the
     // helper's scripts there too (CORS + CORP), 2 threads.

@@ -83,6 +83,8 @@ pub struct Planned {
     pub expert: Option<usize>,
     /// Rope permutation to undo: the number of heads the rows were permuted with.
     pub unpermute_heads: Option<usize>,
+    /// For a routed expert's matrix: (layer, expert, part), part 0/1/2 = gate/up/down.
+    pub expert_of: Option<(usize, usize, usize)>,
 }
 
 /// A GGUF file read as a Hugging Face checkpoint.
@@ -206,7 +208,14 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             _ => None,
         };
         if let Some(hf) = global {
-            tensors.push(Planned { name: hf.into(), shape, src: i, expert: None, unpermute_heads: None });
+            tensors.push(Planned {
+                name: hf.into(),
+                shape,
+                src: i,
+                expert: None,
+                unpermute_heads: None,
+                expert_of: None,
+            });
             continue;
         }
         let unknown = || err(format!("tensor {} is not part of a {name} model as colibri knows it", t.name));
@@ -227,7 +236,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     "attn_k.weight" if a.permuted => Some(kv_heads as usize),
                     _ => None,
                 };
-                tensors.push(Planned { name: hf, shape, src: i, expert: None, unpermute_heads });
+                tensors.push(Planned { name: hf, shape, src: i, expert: None, unpermute_heads, expert_of: None });
             }
             Some((Some(e), part)) => {
                 if shape.len() != 2 || e as u64 >= n_experts {
@@ -242,6 +251,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     src: i,
                     expert: None,
                     unpermute_heads: None,
+                    expert_of: Some((l, e, part)),
                 });
             }
             Some((None, part)) => {
@@ -261,6 +271,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                         src: i,
                         expert: Some(e),
                         unpermute_heads: None,
+                        expert_of: Some((l, e, part)),
                     });
                 }
             }
@@ -363,6 +374,19 @@ pub fn keep_dtype(ty: GgmlType) -> DType {
         q::BF16 => DType::BF16,
         q::Q4_0 => DType::Int4 { group: 32 },
         _ => DType::Int8 { group: 32 },
+    }
+}
+
+/// True if `dtype` can hold the values of a `ty` tensor exactly and [`tensor`] writes
+/// them directly (MXFP4 into int8: when its scales fit f16, else re-quantized).
+pub fn stores_exactly(ty: GgmlType, dtype: DType) -> bool {
+    let g32 = dtype.group() == Some(32);
+    match (ty.id, dtype) {
+        (_, DType::F32) => true,
+        (q::F16, DType::F16) | (q::BF16, DType::BF16) => true,
+        (q::Q8_0 | q::Q4_0 | q::MXFP4, DType::Int8 { .. }) => g32,
+        (q::Q4_0, DType::Int4 { .. }) => g32,
+        _ => false,
     }
 }
 

@@ -157,3 +157,43 @@ pub fn tokenizer_files(g: &Gguf, context: Option<u64>) -> Result<(Vec<u8>, Vec<u
     let to_vec = |v: &Json| serde_json::to_vec_pretty(v).map_err(|e| err(e.to_string()));
     Ok((to_vec(&tokenizer)?, to_vec(&Json::Object(cfg))?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::gguf::tests::{gstr, Writer};
+
+    fn strings(k: &str, v: &[&str]) -> (String, u32, Vec<u8>) {
+        let mut b = 8u32.to_le_bytes().to_vec();
+        b.extend((v.len() as u64).to_le_bytes());
+        for s in v {
+            b.extend(gstr(s));
+        }
+        (k.into(), 9, b)
+    }
+
+    /// "123 45" with merges for "12", "123", "Ġ4", "Ġ45" and "45": each pre-tokenizer
+    /// splits digits and spaces its own way before the merges apply.
+    fn encode(pre: &str) -> Result<Vec<u32>> {
+        let mut w = Writer::new().string("tokenizer.ggml.model", "gpt2").string("tokenizer.ggml.pre", pre);
+        w.kv.push(strings("tokenizer.ggml.tokens", &["1", "2", "3", "4", "5", "Ġ", "12", "123", "45", "Ġ4", "Ġ45"]));
+        w.kv.push(strings("tokenizer.ggml.merges", &["1 2", "12 3", "Ġ 4", "Ġ4 5", "4 5"]));
+        let bytes = w.bytes();
+        let g = Gguf::parse(&bytes, "t.gguf")?;
+        let (tok, cfg) = tokenizer_files(&g, Some(64))?;
+        let t = crate::tokenizer::Tokenizer::from_bytes(&tok, Some(&cfg))?;
+        t.encode("123 45", false)
+    }
+
+    #[test]
+    fn pre_tokenizers_split_digits_like_llama_cpp() {
+        // GPT-2: digit runs whole, " 45" keeps its space.
+        assert_eq!(encode("gpt-2").unwrap(), vec![7, 10]);
+        // Qwen2: one digit at a time.
+        assert_eq!(encode("qwen2").unwrap(), vec![0, 1, 2, 5, 3, 4]);
+        // Llama 3: runs of up to three digits, the space on its own.
+        assert_eq!(encode("llama-bpe").unwrap(), vec![7, 5, 8]);
+        let e = encode("made-up").unwrap_err().to_string();
+        assert!(e.contains("\"made-up\""), "{e}");
+    }
+}

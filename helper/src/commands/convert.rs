@@ -174,6 +174,9 @@ struct Job {
     out: PathBuf,
     store: TensorStore,
     model: Model,
+    /// A GGUF source converts its tensors on demand; `store` and `model` are then stubs
+    /// with the planned types and shapes.
+    gguf: Option<convert_gguf::Lazy>,
     manifest: manifest::Manifest,
     items: Vec<Item>,
     /// (offset, length) of each item.
@@ -212,7 +215,7 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         Class::Mlp => mlp_t,
         Class::Other => Some(DType::F32),
     };
-    let (config, cfg, store, generated, source) =
+    let (config, cfg, store, generated, source, lazy) =
         if gguf {
             let src = convert_gguf::open(&a.src, |name, shape| {
                 if name.contains(".experts.") {
@@ -222,10 +225,10 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
                 }
             })?;
             let cfg = ModelConfig::from_value(&src.config).with_context(|| format!("{}: config", a.src.display()))?;
-            (src.config, cfg, src.store, src.files, Some(src.provenance))
+            (src.config, cfg, src.stub, src.files, Some(src.provenance), Some(src.lazy))
         } else {
             let (config, cfg) = parse_config(&a.src)?;
-            (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None)
+            (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None, None)
         };
     let model = Model::from_store(cfg.clone(), &store)?;
 
@@ -320,7 +323,17 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
             items.push(Item::Expert { layer: l, moe_index: m, expert: e });
         }
     }
-    Ok(Job { src_dir: a.src.clone(), generated, out: out.to_path_buf(), store, model, manifest, items, ranges })
+    Ok(Job {
+        src_dir: a.src.clone(),
+        generated,
+        out: out.to_path_buf(),
+        store,
+        model,
+        gguf: lazy,
+        manifest,
+        items,
+        ranges,
+    })
 }
 
 /// Rows of `src` from `first` on, stored as `dtype` into `out` (whole rows); rows already
@@ -380,10 +393,16 @@ impl Job {
         let (offset, length) = self.ranges[k];
         match &self.items[k] {
             Item::Dense { src, dtype, index } => {
-                let t = self.store.get(src)?;
-                let cols = t.shape.last().copied().unwrap_or(1);
-                let rows = if t.shape.is_empty() { 1 } else { t.shape[..t.shape.len() - 1].iter().product() };
-                let mat = Mat::new(rows, cols, t.dtype, t.bytes.clone())?;
+                let mat = match &self.gguf {
+                    Some(g) => g.mat(src, *dtype)?,
+                    None => {
+                        let t = self.store.get(src)?;
+                        let cols = t.shape.last().copied().unwrap_or(1);
+                        let rows = if t.shape.is_empty() { 1 } else { t.shape[..t.shape.len() - 1].iter().product() };
+                        Mat::new(rows, cols, t.dtype, t.bytes.clone())?
+                    }
+                };
+                let (rows, cols) = (mat.rows, mat.cols);
                 let rb = dtype.row_bytes(cols).context("bad stored type")?.max(1);
                 let per_chunk = ((8 << 20) / rb).max(1);
                 let mut hasher = xxhash_rust::xxh3::Xxh3::new();
@@ -403,10 +422,16 @@ impl Job {
                 Ok(hasher.digest())
             }
             Item::Expert { layer, moe_index, expert } => {
-                let x = self.model.experts.expert(*layer, *expert)?;
                 let parts = &self.manifest.experts.layers[*moe_index].parts;
+                let mats = match &self.gguf {
+                    Some(g) => g.expert(*layer, *expert, [parts[0].dtype()?, parts[1].dtype()?, parts[2].dtype()?])?,
+                    None => {
+                        let x = self.model.experts.expert(*layer, *expert)?;
+                        [x.gate.clone(), x.up.clone(), x.down.clone()]
+                    }
+                };
                 let mut buf = vec![0u8; length as usize];
-                for (p, m) in parts.iter().zip([&x.gate, &x.up, &x.down]) {
+                for (p, m) in parts.iter().zip(&mats) {
                     let dst = &mut buf[p.offset as usize..(p.offset + p.length) as usize];
                     encode_rows(m, 0, p.dtype()?, dst)
                         .with_context(|| format!("expert {expert} of layer {layer}, {}", p.name))?;

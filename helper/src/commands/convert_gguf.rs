@@ -4,15 +4,14 @@
 //! the container can hold the GGUF values), and config.json / tokenizer files are made
 //! from the metadata. See docs/gguf.md.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use colibri_engine::format::gguf::Gguf;
-use colibri_engine::format::gguf_import::{import, tensor};
-use colibri_engine::format::tensors::TensorStore;
-use colibri_engine::tensor::{Bytes, DType};
-use rayon::prelude::*;
+use colibri_engine::format::gguf_import::{import, keep_dtype, stores_exactly, tensor, Planned};
+use colibri_engine::format::tensors::{TensorEntry, TensorStore};
+use colibri_engine::tensor::{Bytes, DType, Mat};
 use serde_json::{json, Value};
 
 /// True if `path` is a file that starts with GGUF's magic (or is named *.gguf).
@@ -48,51 +47,110 @@ pub fn parse(path: &Path) -> Result<Parsed> {
     Ok(Parsed { gguf, file, imported })
 }
 
-/// A GGUF ready to convert: tensors under Hugging Face names in their stored types.
+/// A GGUF ready to convert. Nothing is converted up front: `stub` has every tensor
+/// under its Hugging Face name with the stored type and shape the conversion will write,
+/// backed by zero pages (never touched but for norms), so the planner and
+/// `Model::from_store` check the model as for a checkpoint; `lazy` converts one tensor or
+/// expert at a time while the container is written, so memory stays bounded.
 pub struct Source {
     pub config: Value,
-    pub store: TensorStore,
+    pub stub: TensorStore,
+    pub lazy: Lazy,
     /// config.json, tokenizer.json, tokenizer_config.json.
     pub files: Vec<(String, Vec<u8>)>,
     /// What the manifest records about the source (`source` in colibri.json).
     pub provenance: Value,
 }
 
-/// Opens `path` and converts every tensor to `target(name, shape)` (None: the type that
-/// keeps the GGUF values, see `gguf_import::keep_dtype`).
-pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType> + Sync) -> Result<Source> {
-    let p = parse(path)?;
-    let origin = path.display().to_string();
-    let entries = p
-        .imported
-        .tensors
-        .par_iter()
-        .map(|t| {
-            tensor(&p.gguf, &p.file, t, target(&t.name, &t.shape))
-                .map(|e| (t.name.clone(), e))
-                .with_context(|| origin.clone())
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut store = TensorStore::default();
-    for (name, e) in entries {
-        store.insert(name, e);
+/// Converts tensors of a parsed GGUF on demand.
+pub struct Lazy {
+    parsed: Parsed,
+    by_name: HashMap<String, usize>,
+    experts: HashMap<(usize, usize, usize), usize>,
+}
+
+impl Lazy {
+    fn planned(&self, k: usize) -> &Planned {
+        &self.parsed.imported.tensors[k]
     }
-    let im = p.imported;
+
+    /// Tensor `k` as `dtype` where that is exact; otherwise its exact f32 values, which the
+    /// writer quantizes (in parallel, with the same function `tensor` would use).
+    fn convert(&self, k: usize, dtype: DType) -> Result<Mat> {
+        let p = self.planned(k);
+        let ty = self.parsed.gguf.tensors[p.src].ty;
+        let want = if stores_exactly(ty, dtype) { dtype } else { DType::F32 };
+        let e = tensor(&self.parsed.gguf, &self.parsed.file, p, Some(want))?;
+        let cols = *p.shape.last().unwrap_or(&1);
+        let rows = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
+        Ok(Mat::new(rows, cols, e.dtype, e.bytes)?)
+    }
+
+    /// Tensor `name` (a Hugging Face name) stored as `dtype`.
+    pub fn mat(&self, name: &str, dtype: DType) -> Result<Mat> {
+        let k = *self.by_name.get(name).with_context(|| format!("GGUF: no tensor for {name}"))?;
+        self.convert(k, dtype)
+    }
+
+    /// Gate, up and down of one routed expert, stored as `dtypes`.
+    pub fn expert(&self, layer: usize, expert: usize, dtypes: [DType; 3]) -> Result<[Mat; 3]> {
+        let part = |i: usize| -> Result<Mat> {
+            let k = *self
+                .experts
+                .get(&(layer, expert, i))
+                .with_context(|| format!("GGUF: expert {expert} of layer {layer} is missing"))?;
+            self.convert(k, dtypes[i])
+        };
+        Ok([part(0)?, part(1)?, part(2)?])
+    }
+}
+
+/// Opens `path`; `target(name, shape)` is the stored type of each tensor (None: the type
+/// that keeps the GGUF values, `gguf_import::keep_dtype`).
+pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Result<Source> {
+    let parsed = parse(path)?;
+    let mut plan = Vec::with_capacity(parsed.imported.tensors.len());
+    let mut largest = 0usize;
+    for p in &parsed.imported.tensors {
+        let ty = parsed.gguf.tensors[p.src].ty;
+        let dtype = target(&p.name, &p.shape).unwrap_or_else(|| keep_dtype(ty));
+        let cols = *p.shape.last().unwrap_or(&1);
+        let rows: usize = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
+        let len = dtype
+            .row_bytes(cols)
+            .and_then(|rb| rb.checked_mul(rows))
+            .with_context(|| format!("{}: tensor {} is too large", path.display(), p.name))?;
+        largest = largest.max(len);
+        plan.push((dtype, len));
+    }
+    // One zeroed allocation (untouched pages cost no memory) behind every stub.
+    let zeros = Bytes::from_vec(vec![0u8; largest]);
+    let mut stub = TensorStore::default();
+    let (mut by_name, mut experts) = (HashMap::new(), HashMap::new());
+    for (k, (p, (dtype, len))) in parsed.imported.tensors.iter().zip(plan).enumerate() {
+        stub.insert(p.name.clone(), TensorEntry { dtype, shape: p.shape.clone(), bytes: zeros.slice(0, len)? });
+        by_name.insert(p.name.clone(), k);
+        if let Some(x) = p.expert_of {
+            experts.insert(x, k);
+        }
+    }
+    let im = &parsed.imported;
     let mut config_json = serde_json::to_vec_pretty(&im.config)?;
     config_json.push(b'\n');
     let files = vec![
         ("config.json".to_string(), config_json),
-        ("tokenizer.json".to_string(), im.tokenizer_json),
-        ("tokenizer_config.json".to_string(), im.tokenizer_config),
+        ("tokenizer.json".to_string(), im.tokenizer_json.clone()),
+        ("tokenizer_config.json".to_string(), im.tokenizer_config.clone()),
     ];
     let provenance = json!({
         "format": "gguf",
         "file": path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        "gguf_version": p.gguf.version,
+        "gguf_version": parsed.gguf.version,
         "architecture": im.arch,
         "tensor_types": im.source_types,
     });
-    Ok(Source { config: im.config, store, files, provenance })
+    let config = im.config.clone();
+    Ok(Source { config, stub, lazy: Lazy { parsed, by_name, experts }, files, provenance })
 }
 
 /// One line about a container's GGUF origin, e.g. "converted from GGUF x.gguf (qwen3moe;
