@@ -341,7 +341,7 @@ impl ByteSource for BrowserSource {
     }
 
     /// Every expert this source hands out was checked as it came from the helper
-    /// (`fetch`) or from the disk tier (`from_disk`).
+    /// (`fetch`) or from the disk tier (`read_disk`).
     fn checks_expert(&self, offset: u64, len: usize) -> bool {
         self.slots.get(&offset).is_some_and(|s| s.len == len)
     }
