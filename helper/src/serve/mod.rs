@@ -124,6 +124,9 @@ impl Default for Limits {
     }
 }
 
+/// Prompts prepared (template rendered, text tokenized) at once; see [`AppState`].
+pub const PROMPTS_AT_ONCE: usize = 2;
+
 /// Counters shown by `/health`.
 #[derive(Default)]
 pub struct Stats {
@@ -146,6 +149,9 @@ pub struct AppState {
     pub data_dir: Option<PathBuf>,
     pub stats: Arc<Stats>,
     engines: generation::Engines,
+    /// Prompts rendered and tokenized at once (each can take a few hundred MB for a
+    /// maximum-size body); more wait their turn.
+    prompts: Arc<tokio::sync::Semaphore>,
     /// Set on shutdown; running generations stop at their next token.
     pub shutdown: Arc<AtomicBool>,
     started: Instant,
@@ -166,6 +172,7 @@ impl AppState {
             data_dir,
             stats: Arc::new(Stats::default()),
             engines: generation::Engines::new(max_queue, ram),
+            prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS_AT_ONCE)),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
         }

@@ -328,10 +328,16 @@ async fn prepare(
     sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
     // Template rendering and tokenizing take CPU time in proportion to the request (up to
     // MAX_BODY bytes): off the async workers, so /health and file ranges stay quick.
+    // At most PROMPTS_AT_ONCE at a time, which bounds their memory.
     let l = loaded.clone();
-    let prompt = tokio::task::spawn_blocking(move || make_prompt(&l))
-        .await
-        .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
+    let turn = state.prompts.clone().acquire_owned().await;
+    let prompt = tokio::task::spawn_blocking(move || {
+        let r = make_prompt(&l);
+        drop(turn);
+        r
+    })
+    .await
+    .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", None));
