@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # colibri's whole test suite:
-#   0. style gates: cargo fmt --check and cargo clippy -D warnings (lints allowed only in
+#   0. style gates: cargo fmt --check and cargo clippy -D warnings, native and wasm32 (lints allowed only in
 #      Cargo.toml's [workspace.lints], each with its reason);
 #   1. the browser engine (colibri-wasm for wasm32-unknown-unknown + wasm-bindgen), twice:
 #      web/pkg/ without threads (stable) and web/pkg-threads/ with wasm threads (the
@@ -9,17 +9,24 @@
 #   2. every crate's unit and integration tests; the engine's GPU tests run under the
 #      engine's own `wgpu` feature (wgpu on Vulkan: Mesa lavapipe where there is no GPU;
 #      COLIBRI_REQUIRE_GPU=1 makes a missing adapter a failure, not a skip);
-#   3. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
+#   3. a short fuzz run of every parser that reads bytes from outside (tools/fuzz.sh:
+#      cargo-fuzz on the pinned nightly, FUZZ_SECONDS per target, default 30; about 4
+#      min of build and 4.5 min of fuzzing (9 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
+#      so CI tries the same inputs each run; FUZZ_SECONDS=0 leaves it out);
+#   4. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
 #      real `coli serve`, driven by playwright-core.
 # Needs: rustup components rustfmt and clippy, target wasm32-unknown-unknown,
-# wasm-bindgen-cli (installed by build-web.sh if missing), mesa-vulkan-drivers, chromium,
-# node + `npm ci` in tests/e2e.
+# wasm-bindgen-cli (installed by build-web.sh if missing), cargo-fuzz and the pinned
+# nightly (installed by fuzz.sh if missing), mesa-vulkan-drivers, chromium, node +
+# `npm ci` in tests/e2e.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== style: cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The browser engine as the browser gets it (wasm32: other cfgs, other code paths).
+cargo clippy -p colibri-wasm --target wasm32-unknown-unknown --all-targets --locked -- -D warnings
 
 echo "== browser engine (wasm32)"
 ./tools/build-web.sh
@@ -30,6 +37,14 @@ echo "== cargo tests: the engine with its wgpu feature (GPU kernels and fixtures
 cargo test -p colibri-engine --features wgpu --locked
 echo "== cargo tests: helper and wasm crates (the helper's --backend wgpu included)"
 cargo test --workspace --exclude colibri-engine --locked
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+if [ "$FUZZ_SECONDS" != 0 ]; then
+  echo "== fuzz: every target for ${FUZZ_SECONDS} s (tools/fuzz.sh)"
+  SECONDS_PER_TARGET=$FUZZ_SECONDS FUZZ_SEED=${FUZZ_SEED:-1} ./tools/fuzz.sh
+else
+  echo "== fuzz: left out (FUZZ_SECONDS=0)"
+fi
 
 echo "== browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then

@@ -143,7 +143,7 @@ impl BrowserSource {
 
     /// Hit: `buf` holds the verified expert. Pending: stored in IndexedDB, to be read
     /// asynchronously before the step is retried.
-    fn from_disk(&self, slot: &StoredExpert, buf: &mut [u8]) -> Read {
+    fn read_disk(&self, slot: &StoredExpert, buf: &mut [u8]) -> Read {
         let mut disk = self.disk.borrow_mut();
         let Some(d) = disk.as_mut() else { return Read::Miss };
         let t0 = now_ms();
@@ -292,7 +292,7 @@ impl ByteSource for BrowserSource {
             }
             if let Some(slot) = self.slots.get(&off).filter(|s| s.len == len) {
                 let mut buf = vec![0u8; len];
-                match self.from_disk(slot, &mut buf) {
+                match self.read_disk(slot, &mut buf) {
                     Read::Hit => {
                         self.stats.borrow_mut().disk_hits += 1;
                         self.staged.borrow_mut().insert(off, buf);
@@ -320,7 +320,7 @@ impl ByteSource for BrowserSource {
             return Ok(());
         }
         if let Some(slot) = self.slots.get(&offset).filter(|s| s.len == buf.len()) {
-            match self.from_disk(slot, buf) {
+            match self.read_disk(slot, buf) {
                 Read::Hit => {
                     self.stats.borrow_mut().disk_hits += 1;
                     return Ok(());
@@ -338,5 +338,11 @@ impl ByteSource for BrowserSource {
 
     fn name(&self) -> String {
         self.data_url.clone()
+    }
+
+    /// Every expert this source hands out was checked as it came from the helper
+    /// (`fetch`) or from the disk tier (`read_disk`).
+    fn checks_expert(&self, offset: u64, len: usize) -> bool {
+        self.slots.get(&offset).is_some_and(|s| s.len == len)
     }
 }

@@ -67,7 +67,7 @@ impl Idb {
         let req = factory.open_with_u32(&format!("colibri-{name}"), 1).map_err(js_err)?;
         let r = req.clone();
         let upgrade = Closure::once_into_js(move |_: web_sys::Event| {
-            if let Ok(db) = r.result().and_then(|d| d.dyn_into::<IdbDatabase>().map_err(JsValue::from)) {
+            if let Ok(db) = r.result().and_then(|d| d.dyn_into::<IdbDatabase>()) {
                 let _ = db.create_object_store(STORE);
             }
         });

@@ -5,7 +5,8 @@
 //! docs/api.md; the access rules are in [`security`].
 //!
 //! Server plumbing: hyper's HTTP/1 connection driver with a header size limit and a
-//! header read timeout, a cap on open connections, per-request timeouts and body limits,
+//! header read timeout, a write timeout on every connection (tokio-io-timeout), a cap on
+//! open connections, per-request timeouts and body limits,
 //! and a graceful shutdown on Ctrl-C / SIGTERM that stops accepting, cancels running
 //! generations and waits briefly for open responses.
 
@@ -93,6 +94,9 @@ pub struct Limits {
     pub evict_grace: Duration,
     /// Time to receive a whole request body (a body that trickles in is cut off: 408).
     pub body_timeout: Duration,
+    /// Longest time a response may stall because the client takes none of its bytes;
+    /// then the connection is closed (and a generation streaming to it cancelled).
+    pub write_timeout: Duration,
     /// Time to produce a response head, for everything but generations.
     pub request_timeout: Duration,
     /// Time to produce a response head (non-streamed: the whole answer) for /v1.
@@ -111,6 +115,7 @@ impl Default for Limits {
             max_connections_per_client: 128,
             evict_grace: Duration::from_secs(2),
             body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(30),
             generation_timeout: Duration::from_secs(600),
             header_read_timeout: Duration::from_secs(10),
@@ -442,7 +447,12 @@ pub async fn run(bound: Bound, shutdown: impl std::future::Future<Output = ()>) 
         let (id, evict) = table.lock().unwrap_or_else(|e| e.into_inner()).admit(peer.ip(), &state.limits);
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = http.serve_connection(TokioIo::new(stream), svc);
+        // A client that stops reading must not hold its connection (and a generation
+        // streaming to it) forever: a write that makes no progress for write_timeout
+        // fails, which ends the connection.
+        let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+        io.set_write_timeout(Some(state.limits.write_timeout));
+        let conn = http.serve_connection(TokioIo::new(Box::pin(io)), svc);
         let (st, table, mut stop) = (state.clone(), table.clone(), stop_rx.clone());
         st.stats.connections.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {

@@ -488,7 +488,7 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
         if let (Some((_, text)), false) = (&echo, p.logprobs) {
             out.send(sse(&kind.chunk(&p, Some(text), false, None, Value::Null))).await?;
         }
-        while let Some(ev) = rx.recv().await {
+        while let Some(ev) = out.next(&mut rx).await {
             match ev {
                 Event::Prompt(lps) => {
                     let (ids, text) = echo.as_ref().map(|(i, t)| (i.as_slice(), t.as_str())).unwrap_or_default();
@@ -551,6 +551,16 @@ struct Sink(mpsc::Sender<Bytes>);
 impl Sink {
     async fn send(&self, b: Bytes) -> Option<()> {
         self.0.send(b).await.ok()
+    }
+
+    /// The next event of `rx`, or None as soon as the client is gone (the body dropped),
+    /// even while no event comes: dropping `rx` then takes a generation that still waits
+    /// for the model out of the queue, and stops a running one at its next token.
+    async fn next<T>(&self, rx: &mut mpsc::Receiver<T>) -> Option<T> {
+        tokio::select! {
+            ev = rx.recv() => ev,
+            _ = self.0.closed() => None,
+        }
     }
 }
 
