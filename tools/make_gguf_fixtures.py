@@ -14,7 +14,11 @@
    table does not know by hash, so the script declares it "gpt-2" (what it is).
 2. <name>.ref.json beside each GGUF: for every tensor, the sha256 of its values
    dequantized by gguf.quants (float32, little-endian, GGUF's row-major order).
-3. dequant.json: random blocks of every tensor type colibri reads, with the values
+3. spm-tokenizer.gguf / .ref.json: a SentencePiece BPE vocabulary (tokenizer.ggml.model
+   "llama", as llama.cpp writes Mixtral's and Llama 2's) trained here on the repository's
+   docs, its metadata written as llama.cpp's converter does (pieces, scores, token types),
+   and the ids the sentencepiece library itself gives for a few texts.
+4. dequant.json: random blocks of every tensor type colibri reads, with the values
    gguf.quants.dequantize gives (float32 bit patterns), for the Rust unit tests.
 
 Usage: pip install gguf torch transformers sentencepiece
@@ -146,6 +150,60 @@ def dequant_vectors() -> None:
     (OUT / "dequant.json").write_text(json.dumps(cases) + "\n")
 
 
+SPM_TEXTS = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "  two leading spaces,\ta tab\nand a newline\n\n    then four spaces",
+    "Café déjà vu: naïve façade, 12345 and 3.14159; ünïcödé 🦙 (byte fallback)",
+    "coli convert model.gguf -o DIR --quant int4",
+]
+
+
+def spm_tokenizer() -> None:
+    import gguf
+    import sentencepiece as spm
+
+    with tempfile.TemporaryDirectory() as d:
+        corpus = Path(d) / "corpus.txt"
+        corpus.write_text((ROOT / "README.md").read_text() + (ROOT / "docs" / "format.md").read_text())
+        spm.SentencePieceTrainer.train(
+            input=str(corpus), model_prefix=f"{d}/tiny", vocab_size=400, model_type="bpe", byte_fallback=True,
+            character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, split_digits=True,
+            allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+            normalization_rule_name="identity", minloglevel=2,
+        )
+        sp = spm.SentencePieceProcessor(model_file=f"{d}/tiny.model")
+    # Token types as llama.cpp's _create_vocab_sentencepiece assigns them.
+    types = []
+    for i in range(sp.get_piece_size()):
+        t = gguf.TokenType.NORMAL
+        if sp.is_unknown(i):
+            t = gguf.TokenType.UNKNOWN
+        elif sp.is_control(i):
+            t = gguf.TokenType.CONTROL
+        elif sp.is_unused(i):
+            t = gguf.TokenType.UNUSED
+        elif sp.is_byte(i):
+            t = gguf.TokenType.BYTE
+        types.append(t)
+    w = gguf.GGUFWriter(OUT / "spm-tokenizer.gguf", "llama")
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([sp.id_to_piece(i).encode() for i in range(sp.get_piece_size())])
+    w.add_token_scores([sp.get_score(i) for i in range(sp.get_piece_size())])
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref = [{"text": t, "ids": sp.encode(t)} for t in SPM_TEXTS]
+    (OUT / "spm-tokenizer.ref.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, type=Path, help="a llama.cpp checkout")
@@ -164,6 +222,7 @@ def main() -> None:
         requantize(f32, OUT / "qwen3moe-q4_0-q8_0.gguf", lambda n: Q.Q4_0 if "exps" in n or n == "output.weight" else Q.Q8_0)
     for name in ["olmoe-f16", "mixtral-f16", "qwen3moe-q4_0-q8_0"]:
         reference(OUT / f"{name}.gguf")
+    spm_tokenizer()
     dequant_vectors()
     for p in sorted(OUT.iterdir()):
         print(f"{p.stat().st_size:>9}  {p.relative_to(ROOT)}")

@@ -9,11 +9,16 @@
 #   2. every crate's unit and integration tests; the engine's GPU tests run under the
 #      engine's own `wgpu` feature (wgpu on Vulkan: Mesa lavapipe where there is no GPU;
 #      COLIBRI_REQUIRE_GPU=1 makes a missing adapter a failure, not a skip);
-#   3. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
+#   3. a short fuzz run of every parser that reads bytes from outside (tools/fuzz.sh:
+#      cargo-fuzz on the pinned nightly, FUZZ_SECONDS per target, default 30; about 4
+#      min of build and 4.5 min of fuzzing (9 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
+#      so CI tries the same inputs each run; FUZZ_SECONDS=0 leaves it out);
+#   4. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
 #      real `coli serve`, driven by playwright-core.
 # Needs: rustup components rustfmt and clippy, target wasm32-unknown-unknown,
-# wasm-bindgen-cli (installed by build-web.sh if missing), mesa-vulkan-drivers, chromium,
-# node + `npm ci` in tests/e2e.
+# wasm-bindgen-cli (installed by build-web.sh if missing), cargo-fuzz and the pinned
+# nightly (installed by fuzz.sh if missing), mesa-vulkan-drivers, chromium, node +
+# `npm ci` in tests/e2e.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +37,14 @@ echo "== cargo tests: the engine with its wgpu feature (GPU kernels and fixtures
 cargo test -p colibri-engine --features wgpu --locked
 echo "== cargo tests: helper and wasm crates (the helper's --backend wgpu included)"
 cargo test --workspace --exclude colibri-engine --locked
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+if [ "$FUZZ_SECONDS" != 0 ]; then
+  echo "== fuzz: every target for ${FUZZ_SECONDS} s (tools/fuzz.sh)"
+  SECONDS_PER_TARGET=$FUZZ_SECONDS FUZZ_SEED=${FUZZ_SEED:-1} ./tools/fuzz.sh
+else
+  echo "== fuzz: left out (FUZZ_SECONDS=0)"
+fi
 
 echo "== browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then

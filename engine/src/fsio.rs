@@ -67,6 +67,21 @@ pub fn read_text(path: &Path, max: u64) -> Result<String> {
         .map_err(|_| Error::io(path, std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text")))
 }
 
+/// A field of /proc/meminfo ("MemTotal", "MemAvailable") in bytes; None where there is
+/// no such file (not Linux, wasm) or field. The one reader of it: the automatic
+/// expert-cache budget, `coli doctor`, `coli bench` and the map-or-read choice for
+/// safetensors all use this.
+pub fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text, field)
+}
+
+fn parse_meminfo(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.strip_prefix(field).is_some_and(|rest| rest.starts_with(':')))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
@@ -87,5 +102,15 @@ mod tests {
         assert_eq!(read_limited(&f, 10).unwrap(), b"0123456789");
         assert!(read_limited(&f, 9).unwrap_err().to_string().contains("larger than 9"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn meminfo_fields_in_bytes() {
+        let text = "MemTotal:       16318644 kB\nMemFree:          1000 kB\nMemAvailable:    8000000 kB\n";
+        assert_eq!(parse_meminfo(text, "MemTotal"), Some(16318644 * 1024));
+        assert_eq!(parse_meminfo(text, "MemAvailable"), Some(8000000 * 1024));
+        assert_eq!(parse_meminfo(text, "Mem"), None);
+        assert_eq!(parse_meminfo(text, "SwapTotal"), None);
+        assert_eq!(parse_meminfo("MemTotal: 99999999999999999999 kB", "MemTotal"), None);
     }
 }

@@ -149,7 +149,7 @@ fn cache_options(
 ) -> Result<(CacheOptions, CacheSetup)> {
     let m = &c.manifest;
     let (dense, experts) = m.byte_totals();
-    let (ram, note) = choose_ram(flags.ram, crate::sysinfo::meminfo("MemAvailable"), dense, experts);
+    let (ram, note) = choose_ram(flags.ram, colibri_engine::fsio::meminfo("MemAvailable"), dense, experts);
     let model_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
     let usage_file = crate::usage_store::usage_path(dir, &model_id, fallback.as_deref());

@@ -4,7 +4,8 @@
 //! Layers, each importing only from those below it: main.rs (the command enum) ->
 //! commands/ (one module per command) -> serve/ (the HTTP server) -> load.rs and
 //! backend.rs (opening a model, the CPU/GPU forward) -> usage_store.rs (the usage file),
-//! flags.rs (flag types shared by commands), sysinfo.rs (/proc/meminfo) and paths.rs.
+//! flags.rs (flag types shared by commands) and paths.rs; /proc/meminfo is read by
+//! the engine's fsio::meminfo.
 
 mod backend;
 mod commands;
@@ -14,7 +15,6 @@ mod load;
 mod paths;
 mod probe;
 mod serve;
-mod sysinfo;
 mod usage_store;
 
 use std::process::ExitCode;

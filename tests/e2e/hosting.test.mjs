@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { mkdtempSync, mkdirSync, symlinkSync, writeFileSync, rmSync, existsSync, cpSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { ROOT, coli, convertedFixture, freePort, startHelper, launchBrowser, generateInPage } from "./harness.mjs";
+import { ROOT, ARTIFACTS, coli, convertedFixture, freePort, startHelper, launchBrowser, generateInPage } from "./harness.mjs";
 import { startNginx, readableByAll } from "./nginx.mjs";
 
 const MODEL = "qwen3_moe";
@@ -17,6 +17,7 @@ const NEW = 12;
 let fx, root, nginx, helper, nativeIds;
 
 before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
   if (!existsSync(join(ROOT, "web/pkg/colibri_wasm.js"))) throw new Error("web/pkg is missing: run tools/build-web.sh");
   fx = convertedFixture(MODEL, "int4");
   nativeIds = JSON.parse(coli(["generate", "--model", fx.path, "--ids", PROMPT.join(","), "--max-new-tokens", String(NEW), "--temperature", "0", "--ignore-eos", "--json"])).ids;
@@ -68,6 +69,13 @@ test("a page of coli serve loads a model from nginx (another origin, CORS): coli
     assert.deepEqual(again.ids, nativeIds);
     assert.equal(again.stats.bytesFetched, 0, JSON.stringify(again.stats));
     assert.deepEqual(nginx.requests().slice(seen), [], "the reload made requests to nginx");
+    const count = (f) => cold.filter(f).length;
+    writeFileSync(join(ARTIFACTS, "hosting-nginx.json"), JSON.stringify({
+      cold: { requests: cold.length, options: count((r) => r.method === "OPTIONS"), multiRange: experts.length, bytes: cold.reduce((a, r) => a + (r.bytes || 0), 0) },
+      reload: { requests: nginx.requests().length - seen },
+      stats: { first: first.stats, reload: again.stats },
+      log: cold,
+    }, null, 2));
   } finally {
     await browser.close();
   }

@@ -339,4 +339,10 @@ impl ByteSource for BrowserSource {
     fn name(&self) -> String {
         self.data_url.clone()
     }
+
+    /// Every expert this source hands out was checked as it came from the helper
+    /// (`fetch`) or from the disk tier (`read_disk`).
+    fn checks_expert(&self, offset: u64, len: usize) -> bool {
+        self.slots.get(&offset).is_some_and(|s| s.len == len)
+    }
 }

@@ -202,7 +202,7 @@ impl Core {
             Bytes::from_vec(buf)
         };
         self.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
-        if checksum(bytes.as_ref()) != want {
+        if !self.source.checks_expert(offset, length) && checksum(bytes.as_ref()) != want {
             return Err(Error::Invalid(format!(
                 "{}: checksum mismatch in expert {index} of layer {layer} (bytes {offset}..{}): the file is corrupted; convert the model again",
                 self.source.name(),
@@ -657,5 +657,33 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("no experts for MoE layer 1"));
+    }
+
+    /// A source that checks experts itself (the browser's) claims it; then the cache does
+    /// not hash them again, so whatever such a source hands out is what the cache uses.
+    #[test]
+    fn a_source_that_checks_experts_is_not_hashed_twice() {
+        struct Checked(MemorySource, (u64, usize));
+        impl ByteSource for Checked {
+            fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+                self.0.read_at(offset, buf)
+            }
+            fn name(&self) -> String {
+                self.0.name()
+            }
+            fn checks_expert(&self, offset: u64, len: usize) -> bool {
+                (offset, len) == self.1
+            }
+        }
+        let (m, mut data, _) = container();
+        let e = &m.experts.layers[1].experts[2];
+        data[(e.offset + 5) as usize] ^= 4;
+        let e0 = &m.experts.layers[0].experts[0];
+        data[(e0.offset + 5) as usize] ^= 4;
+        let mem = MemorySource { bytes: Bytes::from_vec(data), name: "mem".into() };
+        let x = ExpertCache::new(&m, &cfg(), Arc::new(Checked(mem, (e.offset, e.length as usize))), None).unwrap();
+        assert!(x.expert(1, 2).is_ok(), "the source's own check is trusted");
+        let err = x.expert(0, 0).unwrap_err().to_string();
+        assert!(err.contains("checksum mismatch in expert 0 of layer 0"), "{err}");
     }
 }

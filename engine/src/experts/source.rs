@@ -34,6 +34,13 @@ pub trait ByteSource: Send + Sync {
     fn direct(&self) -> bool {
         false
     }
+    /// Whether the bytes this source hands out for the expert at (`offset`, `len`) were
+    /// already checked against the manifest's checksum (the browser source checks each
+    /// expert as it arrives from the helper or its disk tier), so that the expert cache
+    /// does not hash them a second time.
+    fn checks_expert(&self, _offset: u64, _len: usize) -> bool {
+        false
+    }
 }
 
 /// A [`ByteSource`] over bytes already in memory (tests, small models, fetched files).

@@ -5,7 +5,11 @@
 //! `tokenizer.ggml.model` "gpt2" (byte-level BPE: tokens, merges, token types) is read;
 //! its `tokenizer.ggml.pre` names llama.cpp's pre-tokenizer, mapped here to the same
 //! regex (llama.cpp's src/llama-vocab.cpp); an unknown one is refused rather than guessed.
-//! SentencePiece vocabularies ("llama") are refused for now.
+//! "llama" (SentencePiece BPE: pieces, scores, token types; Mixtral, Llama 2) becomes the
+//! tokenizer.json of Mixtral's own (legacy) Llama tokenizer: a prepend-U+2581 normalizer,
+//! BPE with byte fallback, merges derived from the scores.
+
+use std::collections::HashMap;
 
 use serde_json::{json, Map, Value as Json};
 
@@ -13,6 +17,7 @@ use super::gguf::{Array, Gguf, Value};
 use crate::error::{Error, Result};
 
 /// llama.cpp's token types (llama_token_type).
+const UNKNOWN: i64 = 2;
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 
@@ -70,15 +75,37 @@ fn pre_tokenizer(pre: &str) -> Result<(Json, bool)> {
     })
 }
 
+/// Merges of a SentencePiece BPE vocabulary, derived as transformers'
+/// SentencePieceExtractor does for Llama's tokenizer.json: every split of a piece into two
+/// pieces of the vocabulary, highest score of the merged piece first; ties in the order
+/// of the merged piece's id, then the ids of its halves.
+fn spm_merges(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
+    let mut id: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        id.insert(t.as_str(), i); // a repeated piece keeps its last id, as a Python dict does
+    }
+    let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
+    for (i, piece) in tokens.iter().enumerate() {
+        for (at, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(at);
+            if let (Some(&a), Some(&b)) = (id.get(l), id.get(r)) {
+                merges.push((scores[i], i, a, b));
+            }
+        }
+    }
+    merges.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)).then(x.3.cmp(&y.3)));
+    merges.into_iter().map(|(_, _, a, b)| (tokens[a].clone(), tokens[b].clone())).collect()
+}
+
 /// `tokenizer.json` and `tokenizer_config.json` for the GGUF's vocabulary; `context` is
 /// the model's context length (the config's `model_max_length`).
 pub fn tokenizer_files(g: &Gguf, context: Option<u64>) -> Result<(Vec<u8>, Vec<u8>)> {
     let model = g.get("tokenizer.ggml.model").and_then(Value::as_str).ok_or_else(|| {
         err("no tokenizer.ggml.model: the file has no tokenizer (colibri needs one to run the model)".into())
     })?;
-    if model != "gpt2" {
+    if model != "gpt2" && model != "llama" {
         return Err(err(format!(
-            "tokenizer.ggml.model {model:?} is not supported yet (only \"gpt2\" byte-level BPE); convert the Hugging Face checkpoint instead"
+            "tokenizer.ggml.model {model:?} is not supported (colibri reads \"gpt2\" byte-level BPE and \"llama\" SentencePiece BPE); convert the Hugging Face checkpoint instead"
         )));
     }
     let tokens = strings(g, "tokenizer.ggml.tokens")?.ok_or_else(|| err("no tokenizer.ggml.tokens".into()))?;
@@ -91,14 +118,36 @@ pub fn tokenizer_files(g: &Gguf, context: Option<u64>) -> Result<(Vec<u8>, Vec<u
     if types.len() != n {
         return Err(err(format!("{} token types for {n} tokens", types.len())));
     }
-    let merges = strings(g, "tokenizer.ggml.merges")?.unwrap_or(&[]);
-    for m in merges {
-        if m.split(' ').count() != 2 {
-            return Err(err(format!("merge {m:?} is not two tokens separated by one space")));
+    let spm = model == "llama";
+    let merges: Vec<Json> = if spm {
+        let scores = match g.get("tokenizer.ggml.scores") {
+            Some(Value::Array(Array::F32(v))) if v.len() == n => v,
+            _ => return Err(err(format!("a SentencePiece vocabulary needs tokenizer.ggml.scores: {n} f32"))),
+        };
+        spm_merges(tokens, scores).into_iter().map(|(a, b)| json!([a, b])).collect()
+    } else {
+        let merges = strings(g, "tokenizer.ggml.merges")?.unwrap_or(&[]);
+        for m in merges {
+            if m.split(' ').count() != 2 {
+                return Err(err(format!("merge {m:?} is not two tokens separated by one space")));
+            }
         }
-    }
-    let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
-    let (pre_tok, ignore_merges) = pre_tokenizer(pre)?;
+        merges.iter().map(|m| json!(m)).collect()
+    };
+    // SentencePiece: spaces become U+2581 and, with add_space_prefix (SentencePiece's
+    // add_dummy_prefix, default on), one is prepended even before leading spaces, as
+    // sentencepiece and llama.cpp do (a Metaspace pre-tokenizer would not add it there).
+    let (normalizer, pre_tok, ignore_merges) = if spm {
+        let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
+        let norm = match g.get("tokenizer.ggml.add_space_prefix") {
+            Some(Value::Bool(false)) => replace,
+            _ => json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u{2581}"}, replace]}),
+        };
+        (norm, Json::Null, false)
+    } else {
+        let (p, i) = pre_tokenizer(g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default"))?;
+        (Json::Null, p, i)
+    };
 
     let mut vocab = Map::new();
     let mut added = Vec::new();
@@ -107,9 +156,9 @@ pub fn tokenizer_files(g: &Gguf, context: Option<u64>) -> Result<(Vec<u8>, Vec<u
         if !vocab.contains_key(tok) {
             vocab.insert(tok.clone(), json!(id));
         }
-        if ty == CONTROL || ty == USER_DEFINED {
+        if ty == CONTROL || ty == USER_DEFINED || ty == UNKNOWN {
             added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
-                              "normalized": ty == USER_DEFINED, "special": ty == CONTROL}));
+                              "normalized": ty == USER_DEFINED, "special": ty != USER_DEFINED}));
         }
     }
     let bos = token_id(g, "tokenizer.ggml.bos_token_id", n)?;
@@ -127,12 +176,27 @@ pub fn tokenizer_files(g: &Gguf, context: Option<u64>) -> Result<(Vec<u8>, Vec<u
         }
         _ => Json::Null,
     };
+    let unk = if spm {
+        let id = token_id(g, "tokenizer.ggml.unknown_token_id", n)?
+            .or_else(|| types.iter().position(|&t| t == UNKNOWN).map(|i| i as u32));
+        id.map(|i| json!(tokens[i as usize]))
+    } else {
+        None
+    };
+    let decoder = if spm {
+        json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})
+    } else {
+        json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true})
+    };
     let tokenizer = json!({
         "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": added, "normalizer": null, "pre_tokenizer": pre_tok, "post_processor": post,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+        "added_tokens": added, "normalizer": normalizer, "pre_tokenizer": pre_tok, "post_processor": post,
+        "decoder": decoder,
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": spm, "byte_fallback": spm,
                   "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
     });
     let mut cfg = Map::new();
@@ -195,5 +259,28 @@ mod tests {
         assert_eq!(encode("llama-bpe").unwrap(), vec![7, 5, 8]);
         let e = encode("made-up").unwrap_err().to_string();
         assert!(e.contains("\"made-up\""), "{e}");
+    }
+
+    /// A SentencePiece BPE vocabulary as llama.cpp stores it (tools/make_gguf_fixtures.py
+    /// trains one): the rebuilt tokenizer gives the sentencepiece library's own ids, with
+    /// byte fallback for characters outside the vocabulary, BOS added, and decodes back.
+    #[test]
+    fn sentencepiece_vocabulary_encodes_like_sentencepiece() {
+        let dir = format!("{}/../tests/fixtures/gguf", env!("CARGO_MANIFEST_DIR"));
+        let bytes = std::fs::read(format!("{dir}/spm-tokenizer.gguf")).unwrap();
+        let g = Gguf::parse(&bytes, "spm").unwrap();
+        let (tok, cfg) = tokenizer_files(&g, None).unwrap();
+        let t = crate::tokenizer::Tokenizer::from_bytes(&tok, Some(&cfg)).unwrap();
+        let refs: Json =
+            serde_json::from_slice(&std::fs::read(format!("{dir}/spm-tokenizer.ref.json")).unwrap()).unwrap();
+        for r in refs.as_array().unwrap() {
+            let text = r["text"].as_str().unwrap();
+            let want: Vec<u32> = r["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+            assert_eq!(t.encode(text, false).unwrap(), want, "{text:?}");
+            let mut with_bos = vec![1];
+            with_bos.extend(&want);
+            assert_eq!(t.encode(text, true).unwrap(), with_bos, "{text:?}");
+            assert_eq!(t.decode(&want, false).unwrap(), text);
+        }
     }
 }

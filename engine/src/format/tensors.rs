@@ -27,11 +27,7 @@ pub struct TensorStore {
 /// MemAvailable, or 4 GiB where that is unknown.
 #[cfg(not(target_arch = "wasm32"))]
 fn owned_read_limit() -> u64 {
-    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
-        let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?.to_owned();
-        line.split_whitespace().nth(1)?.parse::<u64>().ok()
-    });
-    avail.map_or(4 << 30, |kb| kb * 1024 / 2)
+    crate::fsio::meminfo("MemAvailable").map_or(4 << 30, |b| b / 2)
 }
 
 fn describe(e: SafeTensorError) -> String {

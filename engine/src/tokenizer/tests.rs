@@ -330,3 +330,21 @@ fn runaway_templates_stop_with_an_error() {
     let e = t.apply_chat_template(&[ChatMessage::new("user", "a")], true).unwrap_err().to_string();
     assert!(e.contains("at most"), "{e}");
 }
+
+/// Fuzzing found that a syntax error inside tokenizer.json's "decoder" object made the
+/// tokenizers crate panic (fuzz/artifacts/tokenizer/crash-6326af87...); it is an error now.
+#[test]
+fn a_syntax_error_in_the_decoder_is_an_error_not_a_panic() {
+    let good = tokenizer_json();
+    assert!(good.contains("\"decoder\":{"));
+    for bad in [
+        good.replacen("\"decoder\":{", "\"decoder\":{\"t\u{1}\":1,", 1),
+        good.replacen("\"decoder\":{", "\"decoder\":{\"type\": ", 1),
+        good[..good.find("\"decoder\":{").unwrap() + 14].to_string(),
+        // A lone surrogate escape (fuzz/artifacts/tokenizer/crash-cce3747a...).
+        good.replacen("\"decoder\":{", "\"decoder\":{\"t\\udc00\":1,", 1),
+    ] {
+        let Err(e) = Tokenizer::from_bytes(bad.as_bytes(), None) else { panic!("accepted: {bad}") };
+        assert!(e.to_string().contains("not a valid tokenizer.json"), "{e}");
+    }
+}

@@ -111,8 +111,8 @@ fn hardware(model: &Path) -> Value {
     json!({
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "cpu": cpu,
-        "mem_total_bytes": crate::sysinfo::meminfo("MemTotal"),
-        "mem_available_bytes": crate::sysinfo::meminfo("MemAvailable"),
+        "mem_total_bytes": colibri_engine::fsio::meminfo("MemTotal"),
+        "mem_available_bytes": colibri_engine::fsio::meminfo("MemAvailable"),
         "load_average": read_file("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         "model_storage": mount_of(model),
     })

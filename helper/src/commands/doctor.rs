@@ -92,7 +92,7 @@ fn simd_features() -> Vec<&'static str> {
 
 /// (MemTotal, MemAvailable) in bytes.
 fn meminfo() -> Option<(u64, u64)> {
-    Some((crate::sysinfo::meminfo("MemTotal")?, crate::sysinfo::meminfo("MemAvailable")?))
+    Some((colibri_engine::fsio::meminfo("MemTotal")?, colibri_engine::fsio::meminfo("MemAvailable")?))
 }
 
 pub fn doctor(a: DoctorArgs) -> Result<()> {

@@ -255,8 +255,8 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         bail!("{}: no routed experts (not a Mixture-of-Experts model)", a.model);
     }
     let threads = rayon::current_num_threads();
-    let available = crate::sysinfo::meminfo("MemAvailable");
-    let total_mem = crate::sysinfo::meminfo("MemTotal");
+    let available = colibri_engine::fsio::meminfo("MemAvailable");
+    let total_mem = colibri_engine::fsio::meminfo("MemTotal");
     let (ram, ram_note) = choose_ram(a.ram, available, s.resident, s.streamed);
     let per_token = s.experts_per_token();
     let pin = choose_pin(a.pin, ram, per_token, s.has_usage);

@@ -157,7 +157,13 @@ pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<At
     let (tx, rx) = mpsc::channel(32);
     tokio::spawn(async move {
         let running = admission.0.running.clone();
-        let Ok(permit) = running.acquire_owned().await else { return };
+        // A client that leaves while its generation waits for the model frees its place
+        // in the queue at once (not when the generation's turn comes).
+        let permit = tokio::select! {
+            p = running.acquire_owned() => p,
+            _ = tx.closed() => return,
+        };
+        let Ok(permit) = permit else { return };
         if tx.is_closed() || shutdown.load(Ordering::Relaxed) {
             return;
         }

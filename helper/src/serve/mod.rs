@@ -5,7 +5,8 @@
 //! docs/api.md; the access rules are in [`security`].
 //!
 //! Server plumbing: hyper's HTTP/1 connection driver with a header size limit and a
-//! header read timeout, a cap on open connections, per-request timeouts and body limits,
+//! header read timeout, a write timeout on every connection (tokio-io-timeout), a cap on
+//! open connections, per-request timeouts and body limits,
 //! and a graceful shutdown on Ctrl-C / SIGTERM that stops accepting, cancels running
 //! generations and waits briefly for open responses.
 
@@ -93,6 +94,9 @@ pub struct Limits {
     pub evict_grace: Duration,
     /// Time to receive a whole request body (a body that trickles in is cut off: 408).
     pub body_timeout: Duration,
+    /// Longest time a response may stall because the client takes none of its bytes;
+    /// then the connection is closed (and a generation streaming to it cancelled).
+    pub write_timeout: Duration,
     /// Time to produce a response head, for everything but generations.
     pub request_timeout: Duration,
     /// Time to produce a response head (non-streamed: the whole answer) for /v1.
@@ -111,6 +115,7 @@ impl Default for Limits {
             max_connections_per_client: 128,
             evict_grace: Duration::from_secs(2),
             body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(30),
             generation_timeout: Duration::from_secs(600),
             header_read_timeout: Duration::from_secs(10),
@@ -118,6 +123,9 @@ impl Default for Limits {
         }
     }
 }
+
+/// Prompts prepared (template rendered, text tokenized) at once; see [`AppState`].
+pub const PROMPTS_AT_ONCE: usize = 2;
 
 /// Counters shown by `/health`.
 #[derive(Default)]
@@ -141,6 +149,9 @@ pub struct AppState {
     pub data_dir: Option<PathBuf>,
     pub stats: Arc<Stats>,
     engines: generation::Engines,
+    /// Prompts rendered and tokenized at once (each can take a few hundred MB for a
+    /// maximum-size body); more wait their turn.
+    prompts: Arc<tokio::sync::Semaphore>,
     /// Set on shutdown; running generations stop at their next token.
     pub shutdown: Arc<AtomicBool>,
     started: Instant,
@@ -161,6 +172,7 @@ impl AppState {
             data_dir,
             stats: Arc::new(Stats::default()),
             engines: generation::Engines::new(max_queue, ram),
+            prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS_AT_ONCE)),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
         }
@@ -442,7 +454,12 @@ pub async fn run(bound: Bound, shutdown: impl std::future::Future<Output = ()>) 
         let (id, evict) = table.lock().unwrap_or_else(|e| e.into_inner()).admit(peer.ip(), &state.limits);
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = http.serve_connection(TokioIo::new(stream), svc);
+        // A client that stops reading must not hold its connection (and a generation
+        // streaming to it) forever: a write that makes no progress for write_timeout
+        // fails, which ends the connection.
+        let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+        io.set_write_timeout(Some(state.limits.write_timeout));
+        let conn = http.serve_connection(TokioIo::new(Box::pin(io)), svc);
         let (st, table, mut stop) = (state.clone(), table.clone(), stop_rx.clone());
         st.stats.connections.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {

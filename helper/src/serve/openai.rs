@@ -328,10 +328,16 @@ async fn prepare(
     sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
     // Template rendering and tokenizing take CPU time in proportion to the request (up to
     // MAX_BODY bytes): off the async workers, so /health and file ranges stay quick.
+    // At most PROMPTS_AT_ONCE at a time, which bounds their memory.
     let l = loaded.clone();
-    let prompt = tokio::task::spawn_blocking(move || make_prompt(&l))
-        .await
-        .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
+    let turn = state.prompts.clone().acquire_owned().await;
+    let prompt = tokio::task::spawn_blocking(move || {
+        let r = make_prompt(&l);
+        drop(turn);
+        r
+    })
+    .await
+    .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", None));
@@ -488,7 +494,7 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
         if let (Some((_, text)), false) = (&echo, p.logprobs) {
             out.send(sse(&kind.chunk(&p, Some(text), false, None, Value::Null))).await?;
         }
-        while let Some(ev) = rx.recv().await {
+        while let Some(ev) = out.next(&mut rx).await {
             match ev {
                 Event::Prompt(lps) => {
                     let (ids, text) = echo.as_ref().map(|(i, t)| (i.as_slice(), t.as_str())).unwrap_or_default();
@@ -551,6 +557,16 @@ struct Sink(mpsc::Sender<Bytes>);
 impl Sink {
     async fn send(&self, b: Bytes) -> Option<()> {
         self.0.send(b).await.ok()
+    }
+
+    /// The next event of `rx`, or None as soon as the client is gone (the body dropped),
+    /// even while no event comes: dropping `rx` then takes a generation that still waits
+    /// for the model out of the queue, and stops a running one at its next token.
+    async fn next<T>(&self, rx: &mut mpsc::Receiver<T>) -> Option<T> {
+        tokio::select! {
+            ev = rx.recv() => ev,
+            _ = self.0.closed() => None,
+        }
     }
 }
 

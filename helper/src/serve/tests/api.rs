@@ -276,6 +276,57 @@ fn concurrent_generations_queue_and_overflow_gets_503() {
     assert_eq!(s.health()["generations"]["active"], 0);
 }
 
+/// A client that leaves while its generation waits in the queue frees its place at once,
+/// so the next client is admitted instead of refused with 503.
+#[test]
+fn a_client_that_leaves_the_queue_frees_its_place() {
+    let s = start("queue-leave", |a| a.max_queue = 2);
+    let warm = json!({"model": MODEL, "prompt": "a", "max_tokens": 1}).to_string();
+    assert_eq!(s.post("/v1/completions", &warm).status, 200);
+    let long = json!({"model": MODEL, "prompt": "a", "max_tokens": 4000, "temperature": 0, "stream": true, "ignore_eos": true});
+    // A runs; B waits behind it, then hangs up.
+    let mut a = Conn::open(s.addr).unwrap();
+    a.send("POST", "/v1/completions", &[], long.to_string().as_bytes()).unwrap();
+    assert_eq!(a.read_head().unwrap().0, 200);
+    a.read_chunk().unwrap();
+    let mut b = Conn::open(s.addr).unwrap();
+    b.send("POST", "/v1/completions", &[], long.to_string().as_bytes()).unwrap();
+    assert_eq!(b.read_head().unwrap().0, 200);
+    b.stream().shutdown(std::net::Shutdown::Both).unwrap();
+    drop(b);
+    // C is admitted (the queue holds A and C), not refused; B never started.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut c = loop {
+        let mut c = Conn::open(s.addr).unwrap();
+        c.send("POST", "/v1/completions", &[], long.to_string().as_bytes()).unwrap();
+        let (status, _) = c.read_head().unwrap();
+        if status == 200 {
+            break c;
+        }
+        assert_eq!(status, 503);
+        assert!(Instant::now() < deadline, "B's place in the queue was never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    a.stream().shutdown(std::net::Shutdown::Both).unwrap();
+    drop(a);
+    // C runs once A is gone.
+    let first = c.read_chunk().unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).starts_with("data: "));
+    c.stream().shutdown(std::net::Shutdown::Both).unwrap();
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = s.health();
+        if h["generations"]["active"] == 0 && h["generations"]["cancelled"] == 2 {
+            // A and C ran and were cancelled; B never started.
+            assert_eq!(h["generations"]["started"], 3, "{h}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{h}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn shutdown_cancels_running_generations() {
     let s = start("shutdown", |_| {});

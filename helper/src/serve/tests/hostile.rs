@@ -178,6 +178,46 @@ fn slow_and_greedy_clients_cannot_lock_others_out() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
+/// A client that asks for more than the socket buffers hold and then stops reading: the
+/// server's writes stall, and after `write_timeout` the connection is closed instead of
+/// being held (with its file, or its generation) forever.
+#[test]
+fn a_client_that_stops_reading_is_cut_off_by_the_write_timeout() {
+    let s = start_with("stalled", |_| {}, |l| l.write_timeout = Duration::from_secs(1), |_| {});
+    let host = format!("127.0.0.1:{}", s.addr.port());
+    // Ten pipelined requests for the whole 3 MiB file: far more than loopback buffers take.
+    let n = 10;
+    let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+    let req = format!("GET /models/{MODEL}/{DATA} HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    c.write_all(req.repeat(n).as_bytes()).unwrap();
+    // Not reading for well over the write timeout.
+    std::thread::sleep(Duration::from_secs(4));
+    let t = Instant::now();
+    loop {
+        let open = s.health()["connections"].as_u64().unwrap();
+        // The /health request's own connection is the only one left.
+        if open == 1 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the stalled connection is still open ({open} open)");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // What the client can still read is what was buffered, then the end of the stream.
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut got, mut buf) = (0usize, vec![0u8; 1 << 16]);
+    let ended = loop {
+        match c.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    assert!(ended, "the connection was not closed (read {got} bytes, then a read timed out)");
+    assert!(got < n * DATA_LEN, "all {got} bytes arrived: the writes never stalled");
+    assert_eq!(s.get("/health", &[]).status, 200);
+}
+
 /// The demo model (a converted container with a tokenizer) under `models/demo`.
 fn with_demo(dir: &Path) {
     copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo"), &dir.join("models/demo"));
