@@ -221,17 +221,21 @@ pub struct Mat {
     pub bytes: Bytes,
 }
 
+/// Largest quantization group a matrix may have: the integer kernels (crate::qdot) need
+/// |isum_b| <= 127 * 127 * G below 2^24 so that f32(isum_b) is exact (127 * 127 * 1024 < 2^24).
+pub const MAX_GROUP: usize = 1024;
+
 impl Mat {
     pub fn new(rows: usize, cols: usize, dtype: DType, bytes: Bytes) -> Result<Self> {
         let want = dtype.row_bytes(cols).and_then(|rb| rb.checked_mul(rows)).ok_or_else(|| {
             Error::Invalid(format!("matrix [{rows}, {cols}] of {dtype}: size overflows or bad group size"))
         })?;
         if let Some(g) = dtype.group() {
-            if g as usize > crate::qdot::MAX_GROUP {
+            if g as usize > MAX_GROUP {
                 return Err(Error::Invalid(format!(
                     "matrix [{rows}, {cols}] of {dtype}: quantization groups above {} values are not supported \
                      (re-run coli convert with a smaller --group-size)",
-                    crate::qdot::MAX_GROUP
+                    MAX_GROUP
                 )));
             }
         }

@@ -379,16 +379,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?,
                         k,
                     );
-                    // Batch-union: expert -> the (position, weight) pairs routed to it.
-                    let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
-                    for (p, r) in chosen.iter().enumerate() {
-                        for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                            let list = users
-                                .get_mut(e)
-                                .ok_or_else(|| Error::Gpu(format!("layer {l}: routed to expert {e} of {ne}")))?;
-                            list.push((p, w));
-                        }
-                    }
+                    let users = crate::model::moe::batch_union(&chosen, ne)
+                        .map_err(|e| Error::Gpu(format!("layer {l}: {e}")))?;
                     if let Some(guess) = predicted[l].take() {
                         let routed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
                         let mut st =

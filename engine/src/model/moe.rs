@@ -2,7 +2,7 @@
 //! block that runs each selected expert once for all positions routed to it. The experts
 //! come from an [`ExpertSource`] (crate::experts): resident, cached or streamed.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 
 use crate::experts::{Expert, ExpertSource};
@@ -87,6 +87,20 @@ pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routin
     Routing { experts: order, weights }
 }
 
+/// Batch-union: for each of `n_experts` experts, the (position, weight) pairs routed to it,
+/// positions ascending (the CPU and GPU forwards both group a batch this way).
+pub fn batch_union(routes: &[Routing], n_experts: usize) -> Result<Vec<Vec<(usize, f32)>>> {
+    let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_experts];
+    for (p, r) in routes.iter().enumerate() {
+        for (&e, &w) in r.experts.iter().zip(&r.weights) {
+            let list =
+                users.get_mut(e).ok_or_else(|| Error::Invalid(format!("routed to expert {e} of {n_experts}")))?;
+            list.push((p, w));
+        }
+    }
+    Ok(users)
+}
+
 /// The always-on expert added to the routed mix.
 pub struct SharedExpert {
     pub mlp: Expert,
@@ -150,13 +164,7 @@ impl MoeBlock {
         let routes: Vec<Routing> =
             logits.chunks_exact(n_exp).map(|l| route(l, &self.cfg, self.correction_bias.as_deref())).collect();
 
-        // Batch-union: expert -> the (position, weight) pairs routed to it.
-        let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
-        for (p, r) in routes.iter().enumerate() {
-            for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                users[e].push((p, w));
-            }
-        }
+        let users = batch_union(&routes, n_exp)?;
         out[..n * hidden].iter_mut().for_each(|v| *v = 0.0);
         let used: Vec<usize> = (0..n_exp).filter(|&e| !users[e].is_empty()).collect();
         experts.prepare(layer, &used)?;

@@ -28,9 +28,8 @@ use half::f16;
 
 use crate::math::reduce8;
 
-/// Largest quantization group the integer kernels accept: |isum_b| <= 127 * 127 * G must
-/// stay below 2^24 so that f32(isum_b) is exact (127 * 127 * 1024 < 2^24).
-pub const MAX_GROUP: usize = 1024;
+/// Largest quantization group the integer kernels accept (defined with the stored types).
+pub use crate::tensor::MAX_GROUP;
 
 /// Values per SIMD chunk: groups that are a multiple of it take the fast paths, and int4
 /// activations are stored per chunk in nibble order ([`ActQ::split`]).
