@@ -207,7 +207,7 @@ for rep in $(seq 1 "$REPS"); do
         --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
       if [[ " $CB_THREADS " == *" $t "* ]]; then
         run colibri-browser "$t" "$COLI_W" "$rep" -- node "$BENCH/browser.mjs" --engine colibri --coli "$COLI" \
-          --models-dir "$MODELS" --model int4 --threads "$t" --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
+          --models-dir "$MODELS" --model "$(basename "$INT4")" --threads "$t" --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
       fi
     fi
   done
