@@ -87,6 +87,24 @@ impl Sizes {
     }
 }
 
+/// The sizes `coli convert`'s defaults would give a model of `params` parameters.
+fn estimated_sizes(source: &'static str, location: String, cfg: ModelConfig, params: u64) -> Result<Sizes> {
+    let (resident, expert, embed) = converted_sizes(&cfg, params)?;
+    let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
+    Ok(Sizes {
+        source,
+        location,
+        resident,
+        embed,
+        streamed: expert * n_experts,
+        n_experts,
+        cfg,
+        estimated: true,
+        has_usage: false,
+        data: None,
+    })
+}
+
 /// Bytes `coli convert`'s defaults store for the model of `cfg` with `params` parameters
 /// in all: (resident, one expert, the token embeddings).
 fn converted_sizes(cfg: &ModelConfig, params: u64) -> Result<(u64, u64, u64)> {
@@ -162,20 +180,7 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
             params += store.get(n)?.shape.iter().map(|&d| d as u64).product::<u64>();
         }
     }
-    let (resident, expert, embed) = converted_sizes(&cfg, params)?;
-    let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
-    Ok(Sizes {
-        source: "checkpoint",
-        location,
-        resident,
-        embed,
-        streamed: expert * n_experts,
-        n_experts,
-        cfg,
-        estimated: true,
-        has_usage: false,
-        data: None,
-    })
+    estimated_sizes("checkpoint", location, cfg, params)
 }
 
 /// A hub repository from its config.json and safetensors index (or the size of its one
@@ -198,20 +203,7 @@ fn hub_sizes(spec: &str) -> Result<Sizes> {
         Err(_) => hub.stat(repo, rev, "model.safetensors").with_context(|| format!("{location}: no safetensors"))?.size,
     };
     let params = total / source_width(&raw);
-    let (resident, expert, embed) = converted_sizes(&cfg, params)?;
-    let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
-    Ok(Sizes {
-        source: "hub",
-        location,
-        resident,
-        embed,
-        streamed: expert * n_experts,
-        n_experts,
-        cfg,
-        estimated: true,
-        has_usage: false,
-        data: None,
-    })
+    estimated_sizes("hub", location, cfg, params)
 }
 
 /// MODEL as a directory or installed id, else as a hub repository.
