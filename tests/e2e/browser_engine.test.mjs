@@ -117,6 +117,36 @@ test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that 
   }
 });
 
+test("both wasm builds' dot-product paths give the scalar reference's bits (kernelSelfCheck)", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${helper.url}/`);
+    const got = await page.evaluate(async () => {
+      const out = { isolated: self.crossOriginIsolated };
+      for (const pkg of ["pkg", "pkg-threads"]) {
+        const m = await import(`/${pkg}/colibri_wasm.js`);
+        await m.default();
+        try {
+          out[pkg] = m.kernelSelfCheck();
+        } catch (e) {
+          out[pkg] = String(e.message || e);
+        }
+      }
+      return out;
+    });
+    assert.equal(got.isolated, true);
+    // Each build compares its SIMD128 path (relaxed int4 dot in pkg-threads) and the
+    // scalar reference on every shape: at least two paths' worth of products agreed.
+    for (const pkg of ["pkg", "pkg-threads"]) {
+      assert.equal(typeof got[pkg], "number", `${pkg}: ${got[pkg]}`);
+      assert.ok(got[pkg] >= 3200, `${pkg}: ${got[pkg]} products checked`);
+    }
+  } finally {
+    await browser.close();
+  }
+});
+
 test("a helper killed and restarted mid-generation is recovered from", async () => {
   const browser = await launchBrowser();
   try {

@@ -26,3 +26,13 @@ pub use engine::Engine;
 /// threaded build (feature `threads`); without a pool the kernels run on the calling thread.
 #[cfg(all(target_arch = "wasm32", feature = "threads"))]
 pub use wasm_bindgen_rayon::init_thread_pool;
+
+/// Compares every dot-product path this build runs (wasm SIMD128, relaxed SIMD in the
+/// threaded build) with the scalar reference, bit for bit, on rows with edge cases
+/// (JavaScript: `kernelSelfCheck()` returns how many products agreed, or throws the first
+/// difference). The browser tests call it on both builds.
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen::prelude::wasm_bindgen(js_name = kernelSelfCheck)]
+pub fn kernel_self_check() -> Result<u32, wasm_bindgen::JsError> {
+    colibri_engine::qdot::check::check_paths().map(|n| n as u32).map_err(|e| wasm_bindgen::JsError::new(&e))
+}

@@ -19,6 +19,7 @@ mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub mod check;
 #[cfg(test)]
 mod tests;
 

@@ -1,97 +1,15 @@
 //! Every available path against the scalar reference, bit for bit, and the reference
 //! against a plain f64 dot product of the dequantized values.
 
+use super::check::{check_paths, lcg, weights};
 use super::*;
-use crate::format::quant::quantize_row;
 use crate::tensor::DType;
-
-fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-}
-
-/// Random rows with some edge cases mixed in: zero blocks, one huge value, tiny values.
-fn activations(n: usize, cols: usize, group: usize, seed: &mut u64) -> Vec<f32> {
-    let mut x: Vec<f32> = (0..n * cols).map(|_| lcg(seed) * 3.0).collect();
-    for p in 0..n {
-        let row = &mut x[p * cols..(p + 1) * cols];
-        match p % 4 {
-            1 => row[..group.min(cols)].iter_mut().for_each(|v| *v = 0.0),
-            2 => row[cols / 2] = 3.0e38,
-            3 => row.iter_mut().step_by(3).for_each(|v| *v *= 1e-30),
-            _ => {}
-        }
-    }
-    x
-}
-
-fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
-    let rb = dtype.row_bytes(cols).unwrap();
-    let mut out = vec![0u8; rows * rb];
-    for r in 0..rows {
-        let mut row: Vec<f32> = (0..cols).map(|_| lcg(seed)).collect();
-        if r == 1 {
-            // Full-scale values: int8 +-127 and int4 -8 and 7.
-            row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 1.0 } else { -1.0 });
-        }
-        quantize_row(dtype, &row, &mut out[r * rb..(r + 1) * rb]).unwrap();
-    }
-    if rows > 2 && dtype.name() == "int8" {
-        // -127 everywhere but the scales (valid container values at the extreme).
-        let sb = round4(cols.div_ceil(dtype.group().unwrap() as usize) * 2);
-        out[2 * rb + sb..2 * rb + sb + cols].iter_mut().for_each(|b| *b = 0x81);
-    }
-    out
-}
 
 #[test]
 fn every_path_gives_the_reference_bits() {
-    let paths = Simd::available();
-    let mut seed = 5u64;
-    let mut checked = 0;
-    for &(group, cols) in
-        &[(32usize, 32usize), (32, 100), (64, 2048), (64, 96), (128, 260), (32, 8 * 32 * 3 + 31), (8, 37), (3, 10)]
-    {
-        for dtype in [DType::Int4 { group: group as u32 }, DType::Int8 { group: group as u32 }] {
-            let int4 = dtype.name() == "int4";
-            let (rows, n) = (5, 6);
-            let w = weights(dtype, rows, cols, &mut seed);
-            let x = activations(n, cols, group, &mut seed);
-            let mut a = ActQ::default();
-            a.quantize(&x, n, cols, group, ActQ::wants_split(int4, group));
-            let rb = dtype.row_bytes(cols).unwrap();
-            for r in 0..rows {
-                let row = &w[r * rb..(r + 1) * rb];
-                for p in 0..n {
-                    let want = dot_row_scalar(int4, row, &a, p);
-                    for &s in &paths {
-                        let got = dot_row(s, int4, row, &a, p);
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "{} {dtype} cols {cols} row {r} pos {p}: {got} vs {want}",
-                            s.name()
-                        );
-                        checked += 1;
-                    }
-                }
-                // Many positions per row pass (prepared rows on x86): the same bits.
-                for &s in &paths {
-                    let mut scratch = vec![0xAAu8; 7];
-                    for p0 in [0usize, 1] {
-                        let mut out = vec![0.0f32; n - p0];
-                        dot_row_many(s, int4, row, &a, p0, &mut out, &mut scratch);
-                        for (i, got) in out.iter().enumerate() {
-                            let want = dot_row_scalar(int4, row, &a, p0 + i);
-                            assert_eq!(got.to_bits(), want.to_bits(), "{} many {dtype} cols {cols} row {r}", s.name());
-                            checked += 1;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    assert!(checked > 0);
+    let checked = check_paths().unwrap();
+    // 10 shapes x 2 types x 5 rows x 16 products per path, the reference included.
+    assert!(checked >= 1600 * Simd::available().len(), "{checked}");
 }
 
 #[test]

@@ -1,0 +1,138 @@
+//! Every available path against the scalar reference, bit for bit, on random rows with
+//! the edge cases mixed in. The native tests run it, and the browser builds export it
+//! (`kernelSelfCheck`), so the wasm SIMD paths are checked where they run.
+
+use super::{dot_row, dot_row_many, dot_row_scalar, round4, ActQ, Simd};
+use crate::format::quant::quantize_row;
+use crate::tensor::DType;
+
+/// A deterministic uniform value in [-1, 1).
+pub fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// Random rows with some edge cases mixed in: zero blocks, one huge value, tiny values.
+pub fn activations(n: usize, cols: usize, group: usize, seed: &mut u64) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n * cols).map(|_| lcg(seed) * 3.0).collect();
+    for p in 0..n {
+        let row = &mut x[p * cols..(p + 1) * cols];
+        match p % 4 {
+            1 => row[..group.min(cols)].iter_mut().for_each(|v| *v = 0.0),
+            2 => row[cols / 2] = 3.0e38,
+            3 => row.iter_mut().step_by(3).for_each(|v| *v *= 1e-30),
+            _ => {}
+        }
+    }
+    x
+}
+
+/// f16 scales a stored row may hold besides ordinary ones: zeros, subnormals, the largest
+/// finite value, infinities and NaNs (the last two only make that row NaN).
+const ODD_SCALES: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x83ff, 0x0200, 0x7bff, 0xfbff, 0x7c00, 0xfe01];
+
+/// `rows` stored rows of `dtype`: random, then full scale (row 1), int8 -127 everywhere
+/// (row 2), odd finite scales (row 3), odd scales with infinities and NaNs (row 4).
+pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+    let Some(rb) = dtype.row_bytes(cols) else { return Vec::new() };
+    let blocks = dtype.group().map_or(1, |g| cols.div_ceil(g.max(1) as usize));
+    let mut out = vec![0u8; rows * rb];
+    for r in 0..rows {
+        let mut row: Vec<f32> = (0..cols).map(|_| lcg(seed)).collect();
+        if r == 1 {
+            // Full-scale values: int8 +-127 and int4 -8 and 7.
+            row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 1.0 } else { -1.0 });
+        }
+        let dst = &mut out[r * rb..(r + 1) * rb];
+        if quantize_row(dtype, &row, dst).is_err() {
+            return Vec::new();
+        }
+        if r == 2 && dtype.name() == "int8" {
+            // -127 everywhere but the scales (valid container values at the extreme).
+            dst[round4(blocks * 2)..round4(blocks * 2) + cols].iter_mut().for_each(|b| *b = 0x81);
+        }
+        if r == 3 || r == 4 {
+            let odd = if r == 3 { &ODD_SCALES[..7] } else { &ODD_SCALES[..] };
+            for b in 0..blocks {
+                if b % 3 != 1 {
+                    let h = odd[(b / 3 + r) % odd.len()];
+                    dst[2 * b..2 * b + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Equal bits, or both NaN (NaN payloads are not portable across instruction sets).
+fn same(got: f32, want: f32) -> bool {
+    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
+}
+
+/// Every available path (one position at a time and many at once) against
+/// [`dot_row_scalar`] over shapes covering partial blocks, partial vectors of blocks and
+/// groups the fast paths do not take. Returns how many products were compared, or the
+/// first difference.
+pub fn check_paths() -> Result<usize, String> {
+    let paths = Simd::available();
+    let mut seed = 5u64;
+    let mut checked = 0;
+    let shapes: [(usize, usize); 10] = [
+        (32, 32),
+        (32, 100),
+        (32, 224),
+        (64, 2048),
+        (64, 96),
+        (128, 260),
+        (32, 8 * 32 * 3 + 31),
+        (32, 1000),
+        (8, 37),
+        (3, 10),
+    ];
+    for (group, cols) in shapes {
+        for dtype in [DType::Int4 { group: group as u32 }, DType::Int8 { group: group as u32 }] {
+            let int4 = dtype.name() == "int4";
+            let (rows, n) = (5, 6);
+            let w = weights(dtype, rows, cols, &mut seed);
+            let rb = dtype.row_bytes(cols).ok_or_else(|| format!("no row layout for {dtype}"))?;
+            if w.len() != rows * rb {
+                return Err(format!("could not make {dtype} rows of {cols}"));
+            }
+            let x = activations(n, cols, group, &mut seed);
+            let mut a = ActQ::default();
+            a.quantize(&x, n, cols, group, ActQ::wants_split(int4, group));
+            for r in 0..rows {
+                let row = &w[r * rb..(r + 1) * rb];
+                for &s in &paths {
+                    for p in 0..n {
+                        let (got, want) = (dot_row(s, int4, row, &a, p), dot_row_scalar(int4, row, &a, p));
+                        if !same(got, want) {
+                            return Err(format!(
+                                "{} {dtype} cols {cols} row {r} pos {p}: {got:e} vs {want:e}",
+                                s.name()
+                            ));
+                        }
+                        checked += 1;
+                    }
+                    let mut scratch = vec![0xAAu8; 7];
+                    for p0 in [0usize, 1] {
+                        let mut out = vec![0.0f32; n - p0];
+                        dot_row_many(s, int4, row, &a, p0, &mut out, &mut scratch);
+                        for (i, &got) in out.iter().enumerate() {
+                            let want = dot_row_scalar(int4, row, &a, p0 + i);
+                            if !same(got, want) {
+                                return Err(format!(
+                                    "{} many {dtype} cols {cols} row {r} pos {}: {got:e} vs {want:e}",
+                                    s.name(),
+                                    p0 + i
+                                ));
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(checked)
+}
