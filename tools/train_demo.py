@@ -440,6 +440,18 @@ CANNOT_Q = [
     "Who invented the {thing}?", "Is it going to rain tomorrow?", "What is the price of a {thing}?",
 ]
 CANNOT_HELD = set(range(3, len(CANNOT_Q), 6))  # 7 of the 44 templates: never trained
+# Stage 3: more out-of-scope questions (all trained; the held-out ones above stay unseen).
+CANNOT_Q2 = [
+    "Write a song about {topic}.", "Who is the king of {country}?", "What is the currency of {country}?",
+    "What language do they speak in {country}?", "How do I learn {lang}?", "What is {a} squared?",
+    "Count to {a} in {lang}.", "What will happen tomorrow?", "Give me a recipe for {food}.",
+    "Can you order {food} for me?", "Where is the nearest {thing} shop?", "What is the speed of light?",
+    "Why is the sky blue?", "How does a {thing} work?", "Tell me the news about {topic}.",
+    "What is your favourite {thing}?", "Do you have feelings?", "Can you see me?", "Send a message to my mother.",
+    "Write an essay about {topic}.", "Convert {a} miles to kilometres.", "How many days are in a year?",
+    "Who painted the Mona Lisa?", "Open the window.", "Translate this into {lang}: good morning.",
+]
+STAGE3 = {"cannot": 0.0}  # set by `train --focus-words`: share of out-of-scope questions from CANNOT_Q2
 
 
 def cannot_question(rng: random.Random, template: str) -> str:
@@ -504,7 +516,11 @@ def _t(templates: list[str], q) -> str:
 class Tasks:
     """Builds the held-out sets first, then draws training examples that avoid them."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, real_words: float = 0.35):
+        # Share of the letter tasks (count, spell, backwards) asked about a real word rather
+        # than a made-up one (stage 3 raises it: a real word without quotes is one token
+        # whose letters the model has to learn word by word).
+        self.real_words = real_words
         rng = random.Random(seed * 7919 + 1)
         pairs2 = [(a, b) for a in range(10, 100) for b in range(10, 100)]
         rng.shuffle(pairs2)
@@ -593,7 +609,7 @@ class Tasks:
                     return self.sub(a, b, phr(SUB_Q, SUB_Q2))
         if kind in ("letters", "spell", "reverse"):
             while True:
-                w = rng.choice(self.words_train) if rng.random() < 0.35 else rand_pseudo_word(rng)
+                w = rng.choice(self.words_train) if rng.random() < self.real_words else rand_pseudo_word(rng)
                 if w not in self.pseudo_held and w not in self.words_held and len(w) <= (8 if kind == "reverse" else 10):
                     break
             if kind == "letters":
@@ -615,6 +631,8 @@ class Tasks:
             q = rng.choice([i for i in range(len(qs)) if i != self.fact_held[(fk, k)]])
             return self.fact(fk, k, q)
         if kind == "cannot":
+            if STAGE3["cannot"] and rng.random() < STAGE3["cannot"]:
+                return cannot_question(rng, rng.choice(CANNOT_Q2)), CANNOT_ANSWER, CANNOT_ANSWER
             t = rng.choice([q for i, q in enumerate(CANNOT_Q) if i not in CANNOT_HELD])
             return cannot_question(rng, t), CANNOT_ANSWER, CANNOT_ANSWER
         raise ValueError(kind)
@@ -760,6 +778,11 @@ CONV_TASK_MIX = [("add", 0.19), ("sub", 0.19), ("letters", 0.07), ("spell", 0.08
                  ("items", 0.06), ("fact", 0.14), ("talk", 0.05), ("story", 0.03), ("tellfact", 0.03),
                  ("cannot", 0.06)]
 CONV_ENGLISH_SHARE = 0.2  # of documents; conversations are longer, so about 7% of the tokens
+# Stage 3 (`train --init STAGE2 --focus-words`): more letter tasks on real words, more
+# out-of-scope questions.
+FOCUS_TASK_MIX = [("add", 0.13), ("sub", 0.13), ("letters", 0.12), ("spell", 0.14), ("reverse", 0.16),
+                  ("items", 0.05), ("fact", 0.11), ("talk", 0.04), ("story", 0.02), ("tellfact", 0.02),
+                  ("cannot", 0.08)]
 
 # --------------------------------------------------------------------------------------
 # Tokenizer
@@ -790,16 +813,17 @@ def train_tokenizer(texts: list[str]):
 # --------------------------------------------------------------------------------------
 
 
-def make_documents(n_docs: int, seed: int, tasks: Tasks, prose: dict[str, list[str]], stage: int = 1):
+def make_documents(n_docs: int, seed: int, tasks: Tasks, prose: dict[str, list[str]], stage: int = 1,
+                   focus: bool = False):
     """(text, trained character spans) for each document; English docs are trained whole.
     `prose` holds the paragraphs of the public-domain texts ("kjv", "devil"). Stage 2 makes
     multi-turn conversations (and draws from another seed than stage 1)."""
-    rng = random.Random(seed if stage == 1 else seed * 1000003 + 2)
+    rng = random.Random(seed if stage == 1 else seed * 1000003 + 2 + focus)
     kinds, weights = zip(*ENGLISH_MIX)
     out = []
     for _ in range(n_docs):
         if stage == 2 and rng.random() >= CONV_ENGLISH_SHARE:
-            out.append(render_with_spans(conversation(rng, tasks, CONV_TASK_MIX)))
+            out.append(render_with_spans(conversation(rng, tasks, FOCUS_TASK_MIX if focus else CONV_TASK_MIX)))
         elif stage == 2 or rng.random() < ENGLISH_SHARE:
             kind = rng.choices(kinds, weights)[0]
             if kind == "story":
@@ -868,13 +892,16 @@ def cmd_train(args):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    tasks = Tasks(args.seed)
+    if args.focus_words and not args.init:
+        raise SystemExit("--focus-words is for a later stage: give --init")
+    tasks = Tasks(args.seed, real_words=0.7 if args.focus_words else 0.35)
+    STAGE3["cannot"] = 0.5 if args.focus_words else 0.0
     prose = {"kjv": kjv_paragraphs(), "devil": devil_paragraphs()}
     for k, v in prose.items():
         log(f"{k}: {len(v)} paragraphs, {sum(map(len, v))} characters")
     n_docs = args.docs
     stage = 2 if args.init else 1
-    docs = make_documents(n_docs, args.seed, tasks, prose, stage)
+    docs = make_documents(n_docs, args.seed, tasks, prose, stage, args.focus_words)
     if args.init:
         # Stage 2: continue from a stage-1 model, with its tokenizer (copied byte for byte).
         import shutil
@@ -999,7 +1026,7 @@ def cmd_train(args):
         "tokens_in_stream": int(len(ids)), "tokens_seen": steps * B * T, "parameters": n_params,
         "resumed_from_step": start_step,
         "experts_implementation": getattr(cfg, "_experts_implementation", None),
-        "stage": stage, "init": args.init, "stage1": init_meta,
+        "stage": stage + bool(args.focus_words), "init": args.init, "previous_stage": init_meta,
         "time": {
             "train_wall_seconds": round(train_s),
             "train_cpu_seconds": round(train_cpu),
@@ -1223,6 +1250,9 @@ def main():
     t.add_argument("--init", help="stage 2: continue training this stage-1 model (and keep its tokenizer) on "
                                   "multi-turn conversations; see docs/demo-model.md")
     t.add_argument("--warmup", type=int, default=100)
+    t.add_argument("--focus-words", action="store_true",
+                   help="stage 3: letter tasks on real words 70%% of the time, more of them and more "
+                        "out-of-scope questions")
     e = sub.add_parser("eval")
     e.add_argument("--model", default=str(DEFAULT_OUT))
     e.add_argument("--engine", choices=["hf", "coli"], default="coli")

@@ -227,8 +227,9 @@ const ops = {
     await reportUsage();
     return r;
   },
-  async chatPrompt({ messages }) {
-    return Array.from(engine.chatPrompt(JSON.stringify(messages)));
+  // {ids, dropped}: the oldest turns that do not fit the context are dropped (fit_chat).
+  async chatPrompt({ messages, maxTokens, truncate = true }) {
+    return JSON.parse(engine.chatPrompt(JSON.stringify(messages), maxTokens ?? undefined, !!truncate));
   },
   async encode({ text, addSpecialTokens }) {
     return Array.from(engine.encode(text, !!addSpecialTokens));

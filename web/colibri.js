@@ -165,7 +165,9 @@ class Engine extends EventTarget {
     const cid = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const model = req.model || this.model;
     const run = async (onToken) => {
-      const ids = await this.#call("chatPrompt", { messages: req.messages || [] }).promise;
+      // The oldest turns that do not fit the context are dropped (as the helper's API does,
+      // with the same engine function); truncation: "disabled" refuses instead.
+      const { ids, dropped } = await this.#call("chatPrompt", { messages: req.messages || [], maxTokens: req.max_tokens ?? 256, truncate: req.truncation !== "disabled" }).promise;
       const gen = this.#call("generate", {
         ids,
         options: {
@@ -178,16 +180,16 @@ class Engine extends EventTarget {
           topLogprobs: req.top_logprobs ?? 0,
         },
       }, onToken, req.signal);
-      return { gen, promptTokens: ids.length };
+      return { gen, promptTokens: ids.length, dropped };
     };
     if (!req.stream) {
-      return run(null).then(async ({ gen, promptTokens }) => {
+      return run(null).then(async ({ gen, promptTokens, dropped }) => {
         const r = await gen.promise;
-        return {
+        return withDropped({
           id: cid, object: "chat.completion", created, model,
           choices: [{ index: 0, message: { role: "assistant", content: r.text }, logprobs: r.logprobs ? { content: r.logprobs, refusal: null } : null, finish_reason: finishReason(r, req) }],
           usage: { prompt_tokens: promptTokens, completion_tokens: r.ids.length, total_tokens: promptTokens + r.ids.length },
-        };
+        }, dropped);
       });
     }
     const self = this;
@@ -198,7 +200,7 @@ class Engine extends EventTarget {
         let finished = false;
         let failure = null;
         const push = (x) => { queue.push(x); if (wake) { wake(); wake = null; } };
-        const { gen } = await run((m) => push({ text: m.text, logprobs: m.logprobs }));
+        const { gen, dropped } = await run((m) => push({ text: m.text, logprobs: m.logprobs }));
         gen.promise.then((r) => { finished = r; push(null); }, (e) => { failure = e; push(null); });
         const chunk = (delta, finish_reason = null, logprobs = null) => ({ id: cid, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, logprobs, finish_reason }] });
         let first = true;
@@ -209,10 +211,11 @@ class Engine extends EventTarget {
             if (item === null) break;
             const lp = item.logprobs ? { content: item.logprobs, refusal: null } : null;
             if (!item.text && !lp) continue;
-            yield chunk(first ? { role: "assistant", content: item.text } : { content: item.text }, null, lp);
+            yield first ? withDropped(chunk({ role: "assistant", content: item.text }, null, lp), dropped) : chunk({ content: item.text }, null, lp);
             first = false;
           }
           if (failure) throw failure;
+          if (first && dropped > 0) yield withDropped(chunk({ role: "assistant", content: "" }), dropped);
           yield chunk({}, finishReason(finished, req));
         } finally {
           if (!finished && !failure) self.#worker.postMessage({ op: "cancel", args: { target: gen.id } });
@@ -221,6 +224,13 @@ class Engine extends EventTarget {
     };
     return { [Symbol.asyncIterator]: () => stream[Symbol.asyncIterator](), then: (ok) => ok(stream) };
   }
+}
+
+// colibri's extension, as the helper's API has it: how many of the oldest messages were
+// left out to fit the context (absent when none were).
+function withDropped(obj, dropped) {
+  if (dropped > 0) obj.dropped_messages = dropped;
+  return obj;
 }
 
 // OpenAI's finish_reason: "length" when max_tokens or the context window ended the answer.

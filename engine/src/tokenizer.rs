@@ -10,7 +10,9 @@ use minijinja::Environment;
 
 use crate::error::{Error, Result};
 
+mod fit;
 mod template;
+pub use fit::{answer_reserve, fit_chat, FittedChat};
 use template::{template_env, template_error, TEMPLATE_NAME};
 pub use template::{MAX_RENDERED_BYTES, MAX_TEMPLATE_BYTES, TEMPLATE_FUEL};
 

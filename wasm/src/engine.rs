@@ -14,7 +14,7 @@ use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tensor::Bytes;
-use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
+use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
 use js_sys::{Function, Promise};
 use serde::Deserialize;
@@ -347,12 +347,22 @@ impl Engine {
     }
 
     /// Renders `messages` ([{role, content}] as JSON) with the chat template and
-    /// tokenizes the result.
+    /// tokenizes the result. The oldest turns that would leave less than `max_tokens` (at
+    /// most a quarter of the context) for the answer are dropped, as the helper's API does
+    /// (the same `fit_chat`); `truncate` false keeps them (an overflow is then refused when
+    /// generation starts). JSON: {"ids": [...], "dropped": messages left out}.
     #[wasm_bindgen(js_name = chatPrompt)]
-    pub fn chat_prompt(&self, messages_json: &str) -> Result<Vec<u32>, JsError> {
+    pub fn chat_prompt(&self, messages_json: &str, max_tokens: Option<u32>, truncate: bool) -> Result<String, JsError> {
         let msgs: Vec<ChatMessage> = serde_json::from_str(messages_json).map_err(err)?;
-        let text = self.tok.apply_chat_template(&msgs, true).map_err(err)?;
-        self.tok.encode(&text, false).map_err(err)
+        let ctx = self.model.cfg.max_positions;
+        let (ids, dropped) = if truncate {
+            let f =
+                fit_chat(&self.tok, &msgs, ctx, answer_reserve(max_tokens.map(|t| t as usize), ctx)).map_err(err)?;
+            (f.ids, f.dropped)
+        } else {
+            (self.tok.encode_chat(&msgs, true).map_err(err)?, 0)
+        };
+        Ok(serde_json::json!({"ids": ids, "dropped": dropped}).to_string())
     }
 
     /// Starts generating after `ids`, reusing the cached context for their common prefix

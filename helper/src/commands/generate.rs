@@ -8,7 +8,7 @@ use clap::Args;
 use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
 use colibri_engine::generate::{generate_with, GenerateOptions};
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::tokenizer::DecodeStream;
+use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 use colibri_engine::Logits;
 
 use crate::backend::forward_fn;
@@ -22,9 +22,17 @@ pub struct GenerateArgs {
     /// Prompt as comma-separated token ids.
     #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
     pub ids: Option<String>,
-    /// Prompt as text (tokenized with the model's tokenizer).
+    /// Prompt as text, tokenized with the model's tokenizer and continued as it is (raw
+    /// completion: no chat template) unless --chat is given.
     #[arg(long)]
     pub prompt: Option<String>,
+    /// Treat --prompt as one user message: apply the model's chat template (as `coli chat`
+    /// and the API do) and answer it.
+    #[arg(long, requires = "prompt")]
+    pub chat: bool,
+    /// With --chat: a system prompt placed before the message.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
     #[command(flatten)]
@@ -47,6 +55,15 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let tok = loaded.tokenizer.as_ref();
     let prompt_ids = match (ids_arg, &a.prompt) {
         (Some(ids), _) => ids,
+        (None, Some(text)) if a.chat => {
+            let t = tok.context("this model has no tokenizer.json; use --ids")?;
+            if !t.has_chat_template() {
+                bail!("this model has no chat template; leave out --chat to continue the prompt as raw text");
+            }
+            let mut messages: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage::new("system", s)).collect();
+            messages.push(ChatMessage::new("user", text));
+            t.encode_chat(&messages, true)?
+        }
         (None, Some(text)) => {
             let t = tok.context("this model has no tokenizer.json; use --ids")?;
             t.encode(text, true)?

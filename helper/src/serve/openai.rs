@@ -8,6 +8,9 @@
 //! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
 //! top_k, repetition_penalty, ignore_eos; logprobs / top_logprobs (chat) and logprobs +
 //! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
+//! A chat that would overflow the context loses its oldest turns (`truncation: "auto"`,
+//! the default; the response says how many messages in `dropped_messages`); `"disabled"`
+//! answers 400 `context_length_exceeded` instead.
 //! presence/frequency penalties are accepted and ignored; tools, n > 1 and a
 //! response_format other than text (no structured output yet) are refused
 //! with 400.
@@ -24,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs, MAX_TOP_LOGPROBS};
 use colibri_engine::generate::{context_room, GenerateOptions, SamplingRequest, TokenLogprob};
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::tokenizer::ChatMessage;
+use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -143,6 +146,9 @@ struct ChatRequest {
     params: Params,
     messages: Option<Vec<MessageIn>>,
     tools: Option<Value>,
+    /// "auto" (default): drop the oldest turns that do not fit the context; "disabled":
+    /// answer 400 `context_length_exceeded` instead (the names of OpenAI's Responses API).
+    truncation: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +188,8 @@ struct Prepared {
     logprobs: bool,
     /// Completions with echo: the prompt's ids and text, returned before the completion.
     echo: Option<(Vec<u32>, String)>,
+    /// Chat: how many of the oldest messages were left out to fit the context.
+    dropped_messages: usize,
 }
 
 /// What an endpoint asks of [`prepare`] beyond the common parameters.
@@ -293,7 +301,7 @@ async fn prepare(
     p: Params,
     prefix: &str,
     extras: Extras,
-    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError> + Send + 'static,
+    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<(Vec<u32>, usize), ApiError> + Send + 'static,
 ) -> Result<Prepared, ApiError> {
     if p.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
@@ -331,7 +339,7 @@ async fn prepare(
     // At most PROMPTS_AT_ONCE at a time, which bounds their memory.
     let l = loaded.clone();
     let turn = state.prompts.clone().acquire_owned().await;
-    let prompt = tokio::task::spawn_blocking(move || {
+    let (prompt, dropped_messages) = tokio::task::spawn_blocking(move || {
         let r = make_prompt(&l);
         drop(turn);
         r
@@ -389,6 +397,7 @@ async fn prepare(
         loaded,
         logprobs: extras.logprobs.is_some(),
         echo,
+        dropped_messages,
     })
 }
 
@@ -455,8 +464,12 @@ impl Kind {
                 if let Some(t) = text {
                     delta["content"] = json!(t);
                 }
-                json!({"id": p.id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
-                       "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+                let mut v = json!({"id": p.id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]});
+                if role {
+                    add_dropped(&mut v, p);
+                }
+                v
             }
             Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
                                  "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]}),
@@ -465,13 +478,25 @@ impl Kind {
 
     fn complete(self, p: &Prepared, text: String, finish: &str, usage: Value, logprobs: Value) -> Value {
         match self {
-            Kind::Chat => json!({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.model,
+            Kind::Chat => {
+                let mut v = json!({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.model,
                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}],
-                                 "usage": usage}),
+                                 "usage": usage});
+                add_dropped(&mut v, p);
+                v
+            }
             Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
                                  "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
                                  "usage": usage}),
         }
+    }
+}
+
+/// colibri's extension: `dropped_messages` when the oldest turns were left out to fit the
+/// context (absent when nothing was).
+fn add_dropped(v: &mut Value, p: &Prepared) {
+    if p.dropped_messages > 0 {
+        v["dropped_messages"] = json!(p.dropped_messages);
     }
 }
 
@@ -645,15 +670,34 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         Err(e) => return e.into_response(),
     };
     let extras = Extras { logprobs, ..Extras::default() };
+    let truncate = match req.truncation.as_deref() {
+        None | Some("auto") => true,
+        Some("disabled") => false,
+        Some(_) => {
+            return ApiError::invalid("truncation must be \"auto\" or \"disabled\"", Some("truncation")).into_response()
+        }
+    };
+    let max_tokens =
+        req.params.max_completion_tokens.or(req.params.max_tokens).map(|t| t.min(usize::MAX as u64) as usize);
     let prepared = prepare(&state, req.params, "chatcmpl", extras, move |l| {
         let tok =
             l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
         if !tok.has_chat_template() {
             return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("model")));
         }
-        let text =
-            tok.apply_chat_template(&turns, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-        tok.encode(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
+        let invalid = |e: colibri_engine::Error| ApiError::invalid(e.to_string(), Some("messages"));
+        if !truncate {
+            return Ok((tok.encode_chat(&turns, true).map_err(invalid)?, 0));
+        }
+        // The one trimming rule of every surface (colibri_engine::tokenizer::fit_chat).
+        let ctx = l.model.cfg.max_positions;
+        match fit_chat(tok, &turns, ctx, answer_reserve(max_tokens, ctx)) {
+            Ok(f) => Ok((f.ids, f.dropped)),
+            Err(e @ colibri_engine::Error::ContextOverflow { .. }) => {
+                Err(invalid(e).with_code("context_length_exceeded"))
+            }
+            Err(e) => Err(invalid(e)),
+        }
     })
     .await;
     match prepared {
@@ -701,7 +745,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
     };
     let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true) };
     let prompt = req.prompt;
-    match prepare(&state, req.params, "cmpl", extras, move |l| prompt_ids(prompt, l)).await {
+    match prepare(&state, req.params, "cmpl", extras, move |l| Ok((prompt_ids(prompt, l)?, 0))).await {
         Ok(p) => respond(Kind::Text, p).await,
         Err(e) => e.into_response(),
     }

@@ -3,6 +3,7 @@
 //! requests). Models are scratch copies of the committed fixtures.
 
 mod api;
+mod context;
 mod hostile;
 mod logprobs;
 mod ranges;
