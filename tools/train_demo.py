@@ -1183,6 +1183,7 @@ SAMPLE_PROMPTS = [
     'How many letters are in "elephant"?', 'Spell "garden" backwards.', "What is the capital of Japan?",
     "What sound does a duck make?", "What colour is the sky?", 'What is the opposite of "fast"?',
     "How many items are in this list: apple, pear, plum, fig?", "Tell me a story.", "Tell me a fact.",
+    "Spell river backwards.", "What is the weather like today?",
 ]
 
 
