@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { mkdtempSync, mkdirSync, readdirSync, copyFileSync, readFileSync, writeFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { ROOT, coli, freePort, startHelper, launchBrowser } from "./harness.mjs";
+import { ARTIFACTS, ROOT, coli, freePort, startHelper, launchBrowser } from "./harness.mjs";
 
 const CTX = 200;
 const SUMS = [[23, 45], [31, 27], [56, 18], [64, 29], [47, 38]];
@@ -101,6 +101,8 @@ test("the chat page marks the turns that no longer fit and keeps answering", asy
   assert.match(note, /no longer fit the model's context \(200 tokens\)/, note);
   const dimmed = await page.$$eval(".msg.out-of-context", (m) => m.map((x) => x.dataset.role));
   assert.ok(dimmed.length >= 2 && dimmed.length % 2 === 0 && dimmed[0] === "user", JSON.stringify(dimmed));
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.screenshot({ path: join(ARTIFACTS, "app-context.png") });
   // The note sits where the context begins: right after the last dimmed message.
   assert.equal(await page.evaluate(() => document.querySelector(".context-note").previousElementSibling.classList.contains("out-of-context")), true);
   assert.deepEqual(problems, []);

@@ -28,7 +28,7 @@ pub struct GenerateArgs {
     pub prompt: Option<String>,
     /// Treat --prompt as one user message: apply the model's chat template (as `coli chat`
     /// and the API do) and answer it.
-    #[arg(long, requires = "prompt")]
+    #[arg(long)]
     pub chat: bool,
     /// With --chat: a system prompt placed before the message.
     #[arg(long, requires = "chat")]
@@ -54,6 +54,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let loaded = open(&a.model, a.prompt.is_some() || a.logprobs.is_some())?;
     let tok = loaded.tokenizer.as_ref();
     let prompt_ids = match (ids_arg, &a.prompt) {
+        (Some(_), _) if a.chat => bail!("--chat applies the chat template to --prompt; it cannot be used with --ids"),
         (Some(ids), _) => ids,
         (None, Some(text)) if a.chat => {
             let t = tok.context("this model has no tokenizer.json; use --ids")?;
