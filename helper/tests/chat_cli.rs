@@ -206,6 +206,6 @@ fn a_conversation_past_the_context_drops_its_oldest_turns() {
         .and_then(|t| t.split(' ').next())
         .and_then(|n| n.parse().ok())
         .expect("/stats names the conversation's length");
-    assert!(held < 12 && held % 2 == 0, "{stderr}");
+    assert!(held < 12 && held.is_multiple_of(2), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

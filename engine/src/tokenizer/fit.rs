@@ -164,7 +164,7 @@ mod tests {
                         let f = got.unwrap_or_else(|e| panic!("max {max} reserve {reserve}: {e}"));
                         assert_eq!((f.dropped, &f.ids), (dropped, &ids), "max {max} reserve {reserve}");
                         assert_eq!(f.ids[..6], tok.encode_chat(&msgs[..1], false).unwrap()[..6], "system prompt kept");
-                        assert!(f.dropped % 2 == 0, "whole turns go");
+                        assert!(f.dropped.is_multiple_of(2), "whole turns go");
                         trimmed += (f.dropped > 0) as usize;
                     }
                     None => assert!(

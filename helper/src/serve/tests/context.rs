@@ -69,7 +69,7 @@ fn a_chat_longer_than_the_context_loses_its_oldest_turns() {
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     let dropped = v["dropped_messages"].as_u64().expect("dropped_messages") as usize;
-    assert!(dropped >= 2 && dropped % 2 == 0 && dropped < 16, "{v}");
+    assert!(dropped >= 2 && dropped.is_multiple_of(2) && dropped < 16, "{v}");
     let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
     assert!(prompt + 40 <= CTX + 1, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
