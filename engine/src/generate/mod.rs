@@ -163,7 +163,7 @@ impl Generator {
     /// truncates its cache to what it held before plus that many.
     pub fn accept_rows(&mut self, rows: &[f32], tok: Option<&Tokenizer>) -> Result<usize> {
         let n = self.drafts + 1;
-        if rows.is_empty() || rows.len() % n != 0 {
+        if rows.is_empty() || !rows.len().is_multiple_of(n) {
             return Err(Error::Invalid(format!("accept_rows: {} values are not {n} rows", rows.len())));
         }
         let vocab = rows.len() / n;
@@ -338,11 +338,14 @@ pub fn drive(
     Ok((g.produced, reason))
 }
 
+/// A forward pass that first cuts the context back: `(keep, ids, which)`.
+pub type ForwardKeep<'a> = dyn FnMut(usize, &[u32], Logits) -> Result<Vec<f32>> + 'a;
+
 /// Runs `g` to its end with drafts verified in one pass ([`Generator::with_speculation`]).
 /// `forward(keep, ids, which)` cuts the context back to its first `keep` positions, then
 /// feeds `ids` after them; `history` is how many positions it held before `g` began.
 pub fn drive_speculative(
-    forward: &mut dyn FnMut(usize, &[u32], Logits) -> Result<Vec<f32>>,
+    forward: &mut ForwardKeep<'_>,
     history: usize,
     g: &mut Generator,
     on_token: &mut dyn FnMut(u32) -> bool,

@@ -28,11 +28,7 @@ enum Spelling {
 fn spelling(d: &DecoderWrapper, found: &mut Option<Spelling>) {
     match d {
         DecoderWrapper::ByteLevel(_) => *found = Some(Spelling::ByteLevel),
-        DecoderWrapper::ByteFallback(_) => {
-            if found.is_none() {
-                *found = Some(Spelling::Pieces { space: '\u{2581}' })
-            }
-        }
+        DecoderWrapper::ByteFallback(_) if found.is_none() => *found = Some(Spelling::Pieces { space: '\u{2581}' }),
         DecoderWrapper::Metaspace(m) => *found = Some(Spelling::Pieces { space: m.get_replacement() }),
         DecoderWrapper::Replace(r) => {
             // The pattern field is private: read it from the serialised form.
@@ -82,11 +78,8 @@ pub fn token_bytes(tok: &tokenizers::Tokenizer, n: usize) -> Result<Vec<Vec<u8>>
         }
         let Some(name) = tok.id_to_token(id) else { continue };
         *piece = match how {
-            Spelling::ByteLevel => match name.chars().map(byte_level_byte).collect::<Option<Vec<u8>>>() {
-                Some(b) => b,
-                // A piece that is not byte-level text cannot be spelled: never allowed.
-                None => Vec::new(),
-            },
+            // A piece that is not byte-level text cannot be spelled: empty, never allowed.
+            Spelling::ByteLevel => name.chars().map(byte_level_byte).collect::<Option<Vec<u8>>>().unwrap_or_default(),
             Spelling::Pieces { space } => {
                 let hex = name.strip_prefix("<0x").and_then(|s| s.strip_suffix('>'));
                 match hex.filter(|h| h.len() == 2).and_then(|h| u8::from_str_radix(h, 16).ok()) {
