@@ -222,9 +222,44 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
+/// How a gated feed-forward combines its gate value g and up value u.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// silu(g) * u (every family but gpt_oss).
+    Silu,
+    /// gpt_oss (transformers' `GptOssExperts._apply_gate`): g clamped above at `limit`,
+    /// u to [-limit, limit], then (u + 1) * (g * sigmoid(alpha * g)).
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl Activation {
+    #[inline]
+    pub fn apply(self, g: f32, u: f32) -> f32 {
+        match self {
+            Activation::Silu => math::silu(g) * u,
+            Activation::ClampedSwiglu { alpha, limit } => {
+                let g = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                (u + 1.0) * (g * math::sigmoid(g * alpha))
+            }
+        }
+    }
+}
+
+/// Biases of a feed-forward: added to the gate, up and down products.
+#[derive(Clone, Copy)]
+pub struct FfnBias<'a> {
+    /// (inter)
+    pub gate: &'a [f32],
+    /// (inter)
+    pub up: &'a [f32],
+    /// (hidden)
+    pub down: &'a [f32],
+}
+
 /// SwiGLU feed-forward `down(silu(gate(x)) * up(x))` for `n` positions.
 pub fn swiglu(gate: &Mat, up: &Mat, down: &Mat, x: &[f32], n: usize, out: &mut [f32]) {
-    swiglu_many(&[FfnJob { gate, up, down, x, n }], &mut [out]);
+    swiglu_many(&[FfnJob { gate, up, down, x, n, act: Activation::Silu, bias: None }], &mut [out]);
 }
 
 /// One SwiGLU feed-forward of a batch handed to [`swiglu_many`].
@@ -238,6 +273,15 @@ pub struct FfnJob<'a> {
     /// [n, hidden]
     pub x: &'a [f32],
     pub n: usize,
+    pub act: Activation,
+    pub bias: Option<FfnBias<'a>>,
+}
+
+/// Adds `b` to every `b.len()`-sized row of `y`.
+fn add_rows(y: &mut [f32], b: &[f32]) {
+    for row in y.chunks_exact_mut(b.len().max(1)) {
+        row.iter_mut().zip(b).for_each(|(v, bi)| *v += bi);
+    }
 }
 
 /// Several SwiGLU feed-forwards (the experts of one MoE layer) in two parallel regions:
@@ -253,9 +297,13 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
     }
     matmul_many(&mut first);
     drop(first);
-    for (gi, ui) in g.iter_mut().zip(&u) {
-        for (a, b) in gi.iter_mut().zip(ui) {
-            *a = math::silu(*a) * b;
+    for ((gi, ui), j) in g.iter_mut().zip(u.iter_mut()).zip(jobs) {
+        if let Some(b) = &j.bias {
+            add_rows(gi, b.gate);
+            add_rows(ui, b.up);
+        }
+        for (a, b) in gi.iter_mut().zip(ui.iter()) {
+            *a = j.act.apply(*a, *b);
         }
     }
     let mut second: Vec<MatJob> = jobs
@@ -265,6 +313,12 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
         .map(|((j, gi), o)| MatJob { w: j.down, x: gi, n: j.n, out: o })
         .collect();
     matmul_many(&mut second);
+    drop(second);
+    for (j, o) in jobs.iter().zip(outs.iter_mut()) {
+        if let Some(b) = &j.bias {
+            add_rows(&mut o[..j.n * b.down.len()], b.down);
+        }
+    }
 }
 
 #[cfg(test)]

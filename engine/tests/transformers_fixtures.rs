@@ -140,3 +140,8 @@ fn glm4_moe_matches_transformers() {
 fn deepseek_v3_without_q_lora_matches_transformers() {
     check("deepseek_v3_noqlora");
 }
+
+#[test]
+fn gpt_oss_matches_transformers() {
+    check("gpt_oss");
+}

@@ -14,8 +14,8 @@ use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
 use serde_json::Value;
 
-const FIXTURES: [&str; 7] =
-    ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe"];
+const FIXTURES: [&str; 8] =
+    ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss"];
 
 fn coli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coli"))
@@ -212,7 +212,7 @@ fn ram_budget_never_changes_the_bits() {
     let dst = root.join("m");
     convert_ok(&fixture("qwen2_moe"), &dst, &[]);
     same_bits_for_every_budget("qwen2_moe", &dst);
-    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe"] {
+    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss"] {
         let d = root.join(name);
         convert_ok(&fixture(name), &d, &[]);
         same_bits_for_every_budget(name, &d);

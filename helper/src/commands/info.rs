@@ -138,7 +138,7 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
     for n in store.names() {
         let t = store.get(n)?;
         dtypes.insert(t.dtype.name());
-        if n.contains(".experts.") {
+        if colibri_engine::format::tensors::is_routed_expert_weight(n) {
             streamed += t.bytes.len() as u64;
         } else {
             resident += t.bytes.len() as u64;
