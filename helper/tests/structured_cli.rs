@@ -136,4 +136,18 @@ fn speculation_changes_passes_not_tokens() {
             assert!(plain.get("speculation").is_none());
         }
     }
+    // Under a constraint too: each drawn token is masked after the accepted drafts.
+    let schema = scratch(
+        "spec-schema.json",
+        r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "u": {"enum": ["apples", "pears"]}}, "required": ["n", "u"], "additionalProperties": false}"#,
+    );
+    let run = |extra: &[&str]| {
+        let args =
+            ["--json-schema", schema.to_str().unwrap(), "--temperature", "1", "--seed", "9", "--max-new-tokens", "40"];
+        json_out(&generate(&models[0], &[&args[..], extra].concat()))
+    };
+    let (plain, fast) = (run(&[]), run(&["--speculate", "4"]));
+    assert_eq!(plain["ids"], fast["ids"]);
+    assert_eq!(fast["finish_reason"], "stop");
+    assert!(fast["speculation"]["drafted"].as_u64().unwrap() > 0, "{fast}");
 }
