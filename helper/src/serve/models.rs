@@ -346,7 +346,7 @@ mod tests {
         let ids: Vec<String> = reg.list().into_iter().map(|m| m.id).collect();
         assert_eq!(
             ids,
-            ["olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "mixtral", "qwen2_moe", "qwen3_moe"]
+            ["olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe"]
         );
         for mla in ["deepseek_v3", "deepseek_v3_noqlora"] {
             let d = describe(&reg.get(mla).unwrap());
