@@ -168,14 +168,15 @@ test("a message streams an answer token by token; the Brain view and the stats f
   // Copy says what happened: "Copied" (the answer is on the clipboard), then "Copy" again;
   // "Copy failed" when the page may not write the clipboard.
   await browser.context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
+  const copyLabel = (want) => page.waitForFunction((w) => document.querySelector('.msg[data-role="assistant"] .copy').textContent === w, want, { timeout: 5_000 });
   await page.click('.msg[data-role="assistant"] .copy');
-  assert.equal(await page.textContent('.msg[data-role="assistant"] .copy'), "Copied");
+  await copyLabel("Copied");
   assert.equal(await page.evaluate(() => navigator.clipboard.readText()), await page.textContent('.msg[data-role="assistant"] .bubble'));
-  await page.waitForFunction(() => document.querySelector('.msg[data-role="assistant"] .copy').textContent === "Copy", null, { timeout: 5_000 });
+  await copyLabel("Copy");
   await browser.context.clearPermissions();
   await page.evaluate(() => { navigator.clipboard.writeText = () => Promise.reject(new Error("denied")); });
   await page.click('.msg[data-role="assistant"] .copy');
-  assert.equal(await page.textContent('.msg[data-role="assistant"] .copy'), "Copy failed");
+  await copyLabel("Copy failed");
   assert.deepEqual(page.problems, []);
   await page.close();
 });
