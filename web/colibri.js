@@ -100,9 +100,14 @@ class Engine extends EventTarget {
    * `logprobs: true` adds `logprobs`: per token (stop tokens excepted)
    * {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} with `topLogprobs`
    * (0 to 20) alternatives, as OpenAI's chat `logprobs.content` (the same numbers as the
-   * helper's API); onToken then sees each token's entries as `logprobs`. */
-  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, onToken, signal } = {}) {
-    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs };
+   * helper's API); onToken then sees each token's entries as `logprobs`.
+   * Structured output (one of): `jsonSchema` (an object: the text is JSON valid under it),
+   * `grammar` (GBNF as llama.cpp takes it, or llguidance's Lark), `regex`. The result's
+   * `finishReason` is "stop" once the output is complete, "length" when maxNewTokens ran
+   * out first (the text is then a cut-off prefix). A grammar the library cannot compile
+   * rejects the call with its message. */
+  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, onToken, signal } = {}) {
+    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex };
     return this.#call("generate", { ids, options }, onToken, signal).promise;
   }
 
@@ -158,9 +163,8 @@ class Engine extends EventTarget {
   }
 
   #chatCreate(req) {
-    // Structured output is not built yet: refused (as the helper's API does), never ignored.
-    const rf = req.response_format;
-    if (rf && rf.type !== "text") throw new Error(`response_format type ${JSON.stringify(rf.type)} is not supported yet (no structured output)`);
+    // Function calling is the helper's (POST /v1/chat/completions): refused here, never ignored.
+    if (Array.isArray(req.tools) && req.tools.length) throw new Error("tools are not supported by the browser engine; use the helper's /v1/chat/completions");
     const created = Math.floor(Date.now() / 1000);
     const cid = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const model = req.model || this.model;
@@ -176,6 +180,8 @@ class Engine extends EventTarget {
           seed: req.seed ?? Math.floor(Math.random() * 2 ** 31),
           logprobs: !!req.logprobs,
           topLogprobs: req.top_logprobs ?? 0,
+          // json_object / json_schema: enforced token by token, as the helper does.
+          responseFormat: req.response_format ?? undefined,
         },
       }, onToken, req.signal);
       return { gen, promptTokens: ids.length };
@@ -225,7 +231,8 @@ class Engine extends EventTarget {
 
 // OpenAI's finish_reason: "length" when max_tokens or the context window ended the answer.
 function finishReason(r, req) {
-  return r.finishReason === "length" || r.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop";
+  if (r.finishReason === "stop" || r.finishReason === "length") return r.finishReason;
+  return r.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop";
 }
 
 /**

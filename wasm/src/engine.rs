@@ -9,7 +9,7 @@ use std::sync::Arc;
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::logprobs::chat_entry;
-use colibri_engine::generate::{GenerateOptions, Generator, SamplingDefaults, SamplingRequest};
+use colibri_engine::generate::{Constraint, GenerateOptions, Generator, Grammar, SamplingDefaults, SamplingRequest};
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
@@ -65,6 +65,34 @@ struct GenOptions {
     logprobs: bool,
     /// Alternatives per token with `logprobs` (0 to 20).
     top_logprobs: usize,
+    /// Structured output (one at most): a JSON Schema, a GBNF or Lark grammar, a
+    /// regular expression, or OpenAI's `response_format`.
+    json_schema: Option<serde_json::Value>,
+    grammar: Option<String>,
+    regex: Option<String>,
+    response_format: Option<serde_json::Value>,
+}
+
+impl GenOptions {
+    fn grammar(&self) -> Result<Option<Grammar>, JsError> {
+        let mut all = Vec::new();
+        if let Some(s) = &self.json_schema {
+            all.push(Grammar::json_schema(s.clone()));
+        }
+        if let Some(g) = &self.grammar {
+            all.push(Grammar::from_text(g));
+        }
+        if let Some(r) = &self.regex {
+            all.push(Grammar::Regex(r.clone()));
+        }
+        if let Some(f) = &self.response_format {
+            all.extend(Grammar::from_response_format(f).map_err(|e| JsError::new(&e))?);
+        }
+        if all.len() > 1 {
+            return Err(JsError::new("give one of jsonSchema, grammar, regex, response_format"));
+        }
+        Ok(all.pop())
+    }
 }
 
 impl Default for GenOptions {
@@ -80,6 +108,10 @@ impl Default for GenOptions {
             stop: Vec::new(),
             logprobs: false,
             top_logprobs: 0,
+            json_schema: None,
+            grammar: None,
+            regex: None,
+            response_format: None,
         }
     }
 }
@@ -357,7 +389,9 @@ impl Engine {
 
     /// Starts generating after `ids`, reusing the cached context for their common prefix
     /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
-    /// repetitionPenalty, seed, ignoreEos}.
+    /// repetitionPenalty, seed, ignoreEos, stop, logprobs, topLogprobs, and for structured
+    /// output one of jsonSchema, grammar (GBNF or Lark), regex, responseFormat (OpenAI's)}.
+    /// A grammar the library refuses is an error here, before anything runs.
     pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
         let o: GenOptions =
             if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
@@ -380,9 +414,12 @@ impl Engine {
         let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
-        let gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
+        let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
             .map_err(err)?
-            .with_text(DecodeStream::default(), o.stop);
+            .with_text(DecodeStream::default(), o.stop.clone());
+        if let Some(g) = o.grammar()? {
+            gen = gen.with_constraint(Constraint::new(&self.tok, &g).map_err(err)?);
+        }
         st.cx.truncate(common);
         st.gen = Some(gen);
         st.perf.started_ms = now_ms();
@@ -468,6 +505,14 @@ impl Engine {
             }
             Ok(c.finish().to_json(&options).to_string().into())
         }))
+    }
+
+    /// Why the current generation ended: "stop", "length", "cancelled", or "" while it
+    /// runs (or before any).
+    #[wasm_bindgen(js_name = finishReason)]
+    pub fn finish_reason(&self) -> Result<String, JsError> {
+        let st = self.state()?;
+        Ok(st.gen.as_ref().and_then(|g| g.finished()).map_or("", |r| r.as_str()).to_string())
     }
 
     /// Ids produced by the current generation.

@@ -7,6 +7,7 @@ mod hostile;
 mod logprobs;
 mod ranges;
 mod security;
+mod structured;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
