@@ -105,9 +105,12 @@ class Engine extends EventTarget {
    * `grammar` (GBNF as llama.cpp takes it, or llguidance's Lark), `regex`. The result's
    * `finishReason` is "stop" once the output is complete, "length" when maxNewTokens ran
    * out first (the text is then a cut-off prefix). A grammar the library cannot compile
-   * rejects the call with its message. */
-  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, onToken, signal } = {}) {
-    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex };
+   * rejects the call with its message. `speculate: N` drafts up to N tokens per step
+   * from the context (prompt lookup) and checks them in one forward pass: the same tokens,
+   * fewer passes; stats().speculation reports {forwards, drafted, accepted, produced,
+   * acceptanceRate, tokensPerForward}. */
+  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, speculate = 0, onToken, signal } = {}) {
+    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex, speculate };
     return this.#call("generate", { ids, options }, onToken, signal).promise;
   }
 

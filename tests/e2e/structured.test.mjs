@@ -11,6 +11,7 @@ import { tmpdir } from "node:os";
 import { ROOT, coli, freePort, startHelper, launchBrowser } from "./harness.mjs";
 
 const DEMO = join(ROOT, "models/demo");
+const REPEAT = "one two three four five one two three four five one two three";
 const SCHEMA = {
   type: "object",
   additionalProperties: false,
@@ -54,7 +55,7 @@ test("generate({jsonSchema}) validates and equals coli generate --json-schema to
 
     const page = await browser.context.newPage();
     await page.goto(`${helper.url}/health`);
-    const web = await page.evaluate(async ({ prompt, runs, schema, chatReq }) => {
+    const web = await page.evaluate(async ({ prompt, runs, schema, chatReq, REPEAT }) => {
       const { load } = await import("/colibri.js");
       const engine = await load({ model: "demo", backend: "cpu" });
       const ids = await engine.encode(prompt, { addSpecialTokens: true });
@@ -68,8 +69,13 @@ test("generate({jsonSchema}) validates and equals coli generate --json-schema to
         refused = String(e.message);
       }
       const cut = await engine.generate({ ids, maxNewTokens: 3, jsonSchema: schema });
-      return { gens, chat, refused, cut };
-    }, { prompt, runs, schema: SCHEMA, chatReq });
+      // Speculation from prompt lookup: the same tokens as without.
+      const rep = await engine.encode(REPEAT, { addSpecialTokens: true });
+      const plain = await engine.generate({ ids: rep, maxNewTokens: 40, ignoreEos: true });
+      const spec = await engine.generate({ ids: rep, maxNewTokens: 40, ignoreEos: true, speculate: 4 });
+      const specStats = engine.stats().speculation;
+      return { gens, chat, refused, cut, plain, spec, specStats };
+    }, { prompt, runs, schema: SCHEMA, chatReq, REPEAT });
 
     for (const [i, r] of runs.entries()) {
       const g = web.gens[i];
@@ -87,6 +93,15 @@ test("generate({jsonSchema}) validates and equals coli generate --json-schema to
     assert.match(web.refused || "", /frobnicate/);
     assert.equal(web.cut.finishReason, "length");
     assert.throws(() => JSON.parse(web.cut.text));
+    assert.deepEqual(web.spec.ids, web.plain.ids, "speculation changed the tokens");
+    const cliSpec = JSON.parse(coli(["generate", "--model", DEMO, "--prompt", REPEAT, "--max-new-tokens", "40", "--ignore-eos", "--speculate", "4", "--json"]));
+    assert.deepEqual(web.spec.ids, cliSpec.ids);
+    const s = cliSpec.speculation;
+    assert.deepEqual(
+      [web.specStats.forwards, web.specStats.drafted, web.specStats.accepted, web.specStats.produced],
+      [s.forwards, s.drafted, s.accepted, s.produced],
+      "the browser and coli generate speculate alike",
+    );
   } finally {
     await browser.close();
     await helper.stop();

@@ -71,6 +71,8 @@ struct GenOptions {
     grammar: Option<String>,
     regex: Option<String>,
     response_format: Option<serde_json::Value>,
+    /// Speculative decoding from prompt lookup: most draft tokens per step (0: off).
+    speculate: usize,
 }
 
 impl GenOptions {
@@ -112,6 +114,7 @@ impl Default for GenOptions {
             grammar: None,
             regex: None,
             response_format: None,
+            speculate: 0,
         }
     }
 }
@@ -420,6 +423,9 @@ impl Engine {
         if let Some(g) = o.grammar()? {
             gen = gen.with_constraint(Constraint::new(&self.tok, &g).map_err(err)?);
         }
+        if o.speculate > 0 {
+            gen = gen.with_speculation(o.speculate);
+        }
         st.cx.truncate(common);
         st.gen = Some(gen);
         st.perf.started_ms = now_ms();
@@ -440,9 +446,12 @@ impl Engine {
             let before = cx.tokens().len();
             let t0 = now_ms();
             let map = tier_map(&model, &tiers, &backend);
+            // Speculation: the last token and its drafts in one pass, every row kept.
+            let rows = g.rows_needed();
+            let which = if rows > 1 { Logits::All } else { Logits::Last };
             let result = {
                 let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
-                backend.forward_tiered(&model, &tiers, cx, input, Logits::Last, &mut on_use).await
+                backend.forward_tiered(&model, &tiers, cx, input, which, &mut on_use).await
             };
             let logits = match result {
                 Ok(l) => l,
@@ -451,12 +460,22 @@ impl Engine {
                     return Err(err(e).into());
                 }
             };
-            let id = g.accept(&logits, Some(&tok)).map_err(err)?;
+            let produced = g.produced().len();
+            let id = if g.is_speculative() {
+                let n = rows * model.cfg.vocab;
+                let last = logits.get(logits.len().saturating_sub(n)..).unwrap_or_default();
+                let kept = g.accept_rows(last, Some(&tok)).map_err(err)?;
+                // Rejected drafts leave the context.
+                cx.truncate(before + kept);
+                g.produced().last().copied().unwrap_or(0)
+            } else {
+                g.accept(&logits, Some(&tok)).map_err(err)?
+            };
             let t1 = now_ms();
             if perf.ttft_ms.is_none() {
                 perf.ttft_ms = Some(t1 - perf.started_ms);
             } else {
-                perf.tokens += 1;
+                perf.tokens += (g.produced().len() - produced) as u64;
                 perf.decode_ms += t1 - t0;
             }
             Ok((id as i32).into())
@@ -551,6 +570,12 @@ impl Engine {
             "adapter": self.backend.adapter(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },
+            // The last generation's speculation (generate({speculate})), else null.
+            "speculation": st.gen.as_ref().filter(|g| g.is_speculative()).map(|g| {
+                let s = g.spec_stats();
+                serde_json::json!({"forwards": s.forwards, "drafted": s.drafted, "accepted": s.accepted,
+                    "produced": s.produced, "acceptanceRate": s.acceptance_rate(), "tokensPerForward": s.tokens_per_forward()})
+            }),
             "ttftMs": perf.ttft_ms,
             // What the attention cache holds per token: K and V of every kv head, or
             // MLA's latent and rotary key (deepseek_v3).

@@ -147,6 +147,12 @@ impl Generator {
         self
     }
 
+    /// Whether drafts are proposed ([`Generator::with_speculation`]): feed with every
+    /// position's logits and use [`Generator::accept_rows`].
+    pub fn is_speculative(&self) -> bool {
+        self.max_draft > 0
+    }
+
     /// How many logits rows (the last fed positions) [`Generator::accept_rows`] takes.
     pub fn rows_needed(&self) -> usize {
         self.drafts + 1
