@@ -145,3 +145,10 @@ fn deepseek_v3_without_q_lora_matches_transformers() {
 fn gpt_oss_matches_transformers() {
     check("gpt_oss");
 }
+
+/// The released layout: experts as MXFP4 blocks + e8m0 scales, computed in that format
+/// (qdot::mxfp4, int16 activations); transformers dequantizes them on load.
+#[test]
+fn gpt_oss_mxfp4_matches_transformers() {
+    check("gpt_oss_mxfp4");
+}

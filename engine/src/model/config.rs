@@ -268,7 +268,7 @@ impl ModelConfig {
             .ok_or_else(|| Error::Config("missing \"model_type\"".into()))?
             .to_string();
         let family = Family::from_model_type(&model_type)?;
-        refuse_unsupported(v)?;
+        refuse_unsupported(v, family)?;
         use limits::*;
         let hidden = bounded("hidden_size", need_usize(v, "hidden_size")?, MAX_HIDDEN)?;
         let n_layers = bounded("num_hidden_layers", need_usize(v, "num_hidden_layers")?, MAX_LAYERS)?;
@@ -547,13 +547,17 @@ impl ModelConfig {
 }
 
 /// What no family here implements, refused with the field named: quantized checkpoints
-/// (DeepSeek-V3's own release is FP8 with block scales) and activations other than SiLU.
-fn refuse_unsupported(v: &Value) -> Result<()> {
+/// (DeepSeek-V3's own release is FP8 with block scales) but gpt_oss's MXFP4 experts, and
+/// activations other than SiLU.
+fn refuse_unsupported(v: &Value, family: Family) -> Result<()> {
     if let Some(q) = v.get("quantization_config").filter(|q| !q.is_null()) {
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
-        return Err(Error::Config(format!(
-            "quantization_config (quant_method {method:?}) is not supported: convert from a checkpoint in f32, bf16 or f16"
-        )));
+        // gpt_oss's MXFP4 experts (*_blocks / *_scales) are read as they are (model/gpt_oss.rs).
+        if !(family == Family::GptOss && method == "mxfp4") {
+            return Err(Error::Config(format!(
+                "quantization_config (quant_method {method:?}) is not supported: convert from a checkpoint in f32, bf16 or f16"
+            )));
+        }
     }
     match v.get("hidden_act").or_else(|| v.get("hidden_activation")) {
         None => Ok(()),

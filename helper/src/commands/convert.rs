@@ -91,7 +91,8 @@ pub struct ConvertArgs {
     /// Attention projections q/k/v/o (default: int8 with --quant int4, else --quant).
     #[arg(long, value_enum)]
     pub attn: Option<Quant>,
-    /// Routed experts (default: --quant).
+    /// Routed experts (default: --quant; an MXFP4 checkpoint's experts stay MXFP4 unless
+    /// --experts or --quant is given).
     #[arg(long, value_enum)]
     pub experts: Option<Quant>,
     /// Dense MLP layers and shared experts (default: int8 with --quant int4, else --quant).
@@ -232,6 +233,14 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None, None)
     };
     let model = Model::from_store(cfg.clone(), &store)?;
+    // A checkpoint whose routed experts are MXFP4 (gpt-oss) keeps them in that format,
+    // bytes unchanged, unless --experts or --quant asks for another type.
+    let first_moe = (0..cfg.n_layers).find(|&l| cfg.moe_layers[l]);
+    let mxfp4_experts = match first_moe {
+        Some(l) if !gguf => model.experts.expert(l, 0)?.gate.dtype == DType::Mxfp4,
+        _ => false,
+    };
+    let exp_t = if mxfp4_experts && a.experts.is_none() && a.quant.is_none() { Some(DType::Mxfp4) } else { exp_t };
 
     let mut names: Vec<&String> =
         store.names().filter(|n| !is_routed_expert_weight(n) && !cfg.is_mtp_tensor(n)).collect();
