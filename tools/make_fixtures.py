@@ -47,6 +47,8 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+import fixtures_gpt_oss
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
@@ -373,6 +375,8 @@ CASES = {
     ),
 }
 
+CASES.update(fixtures_gpt_oss.CASES)
+
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 # --------------------------------------------------------------------------------------
@@ -402,7 +406,10 @@ def reinit_(model, cfg, gen: torch.Generator) -> None:
 
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         shape = tuple(p.shape)
-        if name.endswith("norm.weight"):  # input/post-attention/final norms, q_norm, k_norm
+        special = fixtures_gpt_oss.reinit(name, shape, randn, hidden) if cfg.model_type == "gpt_oss" else None
+        if special is not None:
+            v = special
+        elif name.endswith("norm.weight"):  # input/post-attention/final norms, q_norm, k_norm
             v = 1.0 + 0.3 * randn(shape)
         elif name.endswith(".bias"):
             v = 0.1 * randn(shape)
@@ -445,7 +452,7 @@ class Probes:
         self.qkv: list = []
         self.sigmoid_gaps: list = []
         for name, mod in model.named_modules():
-            m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.gate", name)
+            m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.(?:gate|router)", name)
             if m and type(mod).__name__.endswith("TopKRouter"):
                 layer = int(m.group(1))
                 self.handles.append(mod.register_forward_hook(self._router_hook(layer, mod.top_k)))
@@ -635,10 +642,13 @@ def name_patterns(names) -> list[str]:
 
 def check_checkpoint(d: Path, case: dict, cfg) -> dict:
     names = safetensors_names(d)
-    assert not any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in names), "fused expert tensors on disk"
+    if case["model_type"] != "gpt_oss":  # gpt_oss checkpoints are fused (or MXFP4 blocks)
+        assert not any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in names), "fused expert tensors"
     n_exp = n_experts(cfg)
     l0 = first_moe_layer(cfg)
-    if case["model_type"] == "mixtral":
+    if case["model_type"] == "gpt_oss":
+        fixtures_gpt_oss.check_checkpoint(names, case, cfg)
+    elif case["model_type"] == "mixtral":
         assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in names
         assert f"model.layers.0.block_sparse_moe.experts.{n_exp - 1}.w2.weight" in names
     else:
@@ -646,7 +656,7 @@ def check_checkpoint(d: Path, case: dict, cfg) -> dict:
         assert f"model.layers.{l0}.mlp.experts.{n_exp - 1}.down_proj.weight" in names
     want = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[DTYPE_NAMES[case["dtype"]]]
     dtypes = {v[1] for v in names.values()}
-    assert dtypes == {want}, dtypes
+    assert dtypes == ({want, "U8"} if case.get("mxfp4") else {want}), dtypes
     shards = sorted(f.name for f in d.glob("*.safetensors"))
     if case["shard"]:
         assert len(shards) >= 3 and (d / "model.safetensors.index.json").exists(), shards
@@ -681,10 +691,14 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
             cfg = build_config(case, tok_vocab, special_ids)
             model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", **case.get("load_kw", {}))
             reinit_(model, cfg, torch.Generator().manual_seed(seed))
+            if case.get("mxfp4"):
+                fixtures_gpt_oss.quantize_experts_(model)
             model = model.to(dtype)
             save_kw = {"max_shard_size": case["shard"]} if case["shard"] else {}
             model.save_pretrained(ckpt, **save_kw)
             del model
+            if case.get("mxfp4"):
+                fixtures_gpt_oss.write_mxfp4_layout(ckpt)
 
             loaded = AutoModelForCausalLM.from_pretrained(
                 ckpt, dtype=torch.float32, attn_implementation="eager", **case.get("load_kw", {})
@@ -703,6 +717,8 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
 
         ck = check_checkpoint(ckpt, case, lcfg)
         extra = sanity_checks(name, loaded, lcfg)
+        if case["model_type"] == "gpt_oss":
+            extra.update(fixtures_gpt_oss.sanity_checks(name, loaded, lcfg, ids))
 
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -23,11 +23,65 @@ from safetensors.torch import load_file
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 
 
+# e2m1 values by nibble (MXFP4).
+FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def dequant_mxfp4(blocks, scales):
+    """[E, out, in/32, 16] nibble bytes (low nibble = even element) and [E, out, in/32]
+    e8m0 scales (2^(s-127)) -> the fused x @ W layout [E, in, out]."""
+    b = blocks.long()
+    vals = torch.stack([FP4[b & 15], FP4[b >> 4]], -1).reshape(*b.shape[:-1], 32)
+    vals = vals * torch.pow(2.0, scales.double() - 127).float()[..., None]
+    return vals.reshape(b.shape[0], b.shape[1], -1).transpose(1, 2)
+
+
 def load_weights(d: Path) -> dict[str, torch.Tensor]:
-    w = {}
+    raw = {}
     for f in sorted(d.glob("*.safetensors")):
-        w.update({k: v.float() for k, v in load_file(str(f)).items()})
+        raw.update(load_file(str(f)))
+    w = {k: v.float() for k, v in raw.items() if not k.endswith(("_blocks", "_scales"))}
+    for k in raw:
+        if k.endswith("_blocks"):  # gpt_oss MXFP4 experts
+            base = k.removesuffix("_blocks")
+            w[base] = dequant_mxfp4(raw[k], raw[base + "_scales"])
     return w
+
+
+def gpt_oss_attention(cfg, w, a, h, cos, sin, mask):
+    """GQA with biases on q/k/v/o and one sink logit per head in the softmax denominator."""
+    T, nh, nkv, hd = h.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    q = (h @ w[a + "q_proj.weight"].T + w[a + "q_proj.bias"]).view(T, nh, hd).transpose(0, 1)
+    k = (h @ w[a + "k_proj.weight"].T + w[a + "k_proj.bias"]).view(T, nkv, hd).transpose(0, 1)
+    v = (h @ w[a + "v_proj.weight"].T + w[a + "v_proj.bias"]).view(T, nkv, hd).transpose(0, 1)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
+    s = q @ k.transpose(1, 2) * hd**-0.5 + mask  # [nh, T, T]
+    sink = w[a + "sinks"].view(nh, 1, 1).expand(nh, T, 1)
+    p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
+    o = (p @ v).transpose(0, 1).reshape(T, nh * hd)
+    return o @ w[a + "o_proj.weight"].T + w[a + "o_proj.bias"]
+
+
+def gpt_oss_ffn(cfg, w, p, h):
+    """Router with a bias, softmax over the top-k logits; experts with biases and the
+    clamped SwiGLU, gate and up in alternate columns of gate_up_proj."""
+    m = p + "mlp."
+    logits = h @ w[m + "router.weight"].T + w[m + "router.bias"]
+    topv, topi = logits.topk(cfg["num_experts_per_tok"], -1)
+    topv = torch.softmax(topv, -1)
+    alpha, limit = cfg.get("swiglu_alpha", 1.702), cfg.get("swiglu_limit", 7.0)
+    gu_w, gu_b = w[m + "experts.gate_up_proj"], w[m + "experts.gate_up_proj_bias"]
+    d_w, d_b = w[m + "experts.down_proj"], w[m + "experts.down_proj_bias"]
+    out = torch.zeros_like(h)
+    for t in range(h.shape[0]):
+        for j in range(topi.shape[1]):
+            e = int(topi[t, j])
+            gu = h[t] @ gu_w[e] + gu_b[e]
+            gate, up = gu[::2].clamp(max=limit), gu[1::2].clamp(-limit, limit)
+            y = ((up + 1) * gate * torch.sigmoid(gate * alpha)) @ d_w[e] + d_b[e]
+            out[t] += topv[t, j] * y
+    return out
 
 
 def rms_norm(x, weight, eps):
@@ -161,16 +215,25 @@ def forward(cfg, w, ids):
 
     qi = torch.arange(T)[:, None]
     ki = torch.arange(T)[None, :]
-    allowed = ki <= qi
-    if window:
-        allowed &= ki > qi - window
-    mask = torch.zeros(T, T).masked_fill(~allowed, float("-inf"))
+
+    def causal(window):
+        allowed = ki <= qi
+        if window:
+            allowed &= ki > qi - window
+        return torch.zeros(T, T).masked_fill(~allowed, float("-inf"))
+
+    mask = causal(window)
 
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
     for L in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{L}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
         a = p + "self_attn."
+        if mt == "gpt_oss":  # sliding window on the layers layer_types marks
+            sliding = cfg["layer_types"][L] == "sliding_attention"
+            x = x + gpt_oss_attention(cfg, w, a, h, cos, sin, causal(cfg["sliding_window"] if sliding else None))
+            x = x + gpt_oss_ffn(cfg, w, p, rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
+            continue
         if mt == "deepseek_v3":
             x = x + deepseek_attention(cfg, w, a, h, cos, sin, mask)
             x = x + deepseek_ffn(cfg, w, p, rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))

@@ -379,6 +379,97 @@ SMALL_TALK = [
 ]
 
 
+# Stage 2 (`finetune`, conversations): more phrasings of every task, the word often without
+# quotes ("Spell river backwards"). Kept apart from the lists above, from which the held-out
+# sets draw, so that those sets stay exactly the ones stage 1 was checked on.
+ADD_Q2 = [
+    "{a} plus {b}?", "what is {a} + {b}", "Can you add {a} and {b}?", "{a} + {b}", "{a}+{b}=?",
+    "Work out {a} + {b}.", "What do you get if you add {a} and {b}?", "Sum of {a} and {b}?",
+    "Add {b} to {a}.", "What is {a} and {b} together?", "I have {a} apples and get {b} more. How many now?",
+    "Could you add {a} and {b} for me?",
+]
+SUB_Q2 = [
+    "{a} minus {b}?", "what is {a} - {b}", "Can you subtract {b} from {a}?", "{a} - {b}", "{a}-{b}=?",
+    "Work out {a} - {b}.", "What do you get if you take {b} from {a}?", "What is {a} take away {b}?",
+    "I have {a} apples and eat {b}. How many are left?", "Could you subtract {b} from {a} for me?",
+]
+LETTERS_Q2 = ["How many letters are in {w}?", "How many letters does {w} have?", "Count the letters of {w}.",
+              'How many letters in "{w}"?', "how many letters in {w}", "How long is {w}?",
+              'Can you count the letters in "{w}"?', "Number of letters in {w}?"]
+SPELL_Q2 = ["Spell {w}.", "How do you spell {w}?", "Spell {w}", "Spell out {w}.", "How is {w} spelled?",
+            'Can you spell "{w}"?', "spell {w}", "Spell the word {w}."]
+REVERSE_Q2 = ["Spell {w} backwards.", "Spell {w} backwards", "spell {w} backwards", "What is {w} backwards?",
+              "Write {w} backwards.", "Reverse the word {w}.", 'Can you spell "{w}" backwards?',
+              "{w} backwards?", "How do you write {w} backwards?", "Reverse {w}.", 'Spell "{w}" in reverse.']
+ITEMS_Q2 = ["Count these: {l}.", "How many words are in this list: {l}?", "Please count: {l}.",
+            "How many things: {l}?", "{l}: how many?", "Can you count {l}?"]
+FACT_Q2 = {
+    "capital": ["Capital of {k}?", "What city is the capital of {k}?", "Do you know the capital of {k}?",
+                "what is the capital of {k}", "Where is the capital of {k}?"],
+    "sound": ["What sound does the {k} make?", "What does the {k} say?", "What noise does the {k} make?",
+              "How does the {k} go?", "What sound do you hear from a {k}?"],
+    "colour": ["What colour is {k} usually?", "Colour of {k}?", "What color is {k} usually?",
+               "Do you know the colour of {k}?", "what colour is {k}"],
+    "opposite": ["Opposite of {k}?", "What's the opposite of {k}?", "Tell me the opposite of {k}.",
+                 "opposite of {k}", "What is the opposite of the word {k}?"],
+}
+# Out of scope: one short, honest answer. The templates marked held-out are only asked by
+# `eval` (unseen questions the model should still decline).
+CANNOT_ANSWER = ("I am a tiny demo model; I can do arithmetic (adding and subtracting numbers up to 99), "
+                 "spelling, counting, simple facts and short stories, but not that.")
+LANGS = ["French", "German", "Spanish", "Italian", "Japanese", "Chinese", "Russian", "Dutch"]
+TOPICS = ["the weather", "football", "politics", "the stock market", "cars", "computers", "history",
+          "the news", "space travel", "medicine", "philosophy", "the internet", "love", "money", "war"]
+THINGS = ["movie", "book", "phone", "laptop", "restaurant", "song", "game", "car", "holiday"]
+FOODS = ["pasta", "rice", "soup", "a cake", "bread", "eggs", "fish", "pizza"]
+OTHER_COUNTRIES = ["Mongolia", "Chad", "Nepal", "Bolivia", "Laos", "Mali", "Fiji", "Oman", "Peru", "Brazil"]
+CANNOT_Q = [
+    "What is {a} times {b}?", "What is {a} multiplied by {b}?", "What is {a} divided by {b}?",
+    "What is the square root of {a}?", "Translate \"{w}\" into {lang}.", "How do you say {w} in {lang}?",
+    "Write a poem about {topic}.", "Tell me about {topic}.", "What do you think about {topic}?",
+    "What is the weather like in {city}?", "What time is it?", "What day is it today?",
+    "Who is the president of {country}?", "What is the population of {country}?", "Who wrote the Bible?",
+    "Can you write a program in Python?", "How do I cook {food}?", "Recommend a good {thing}.",
+    "What is the best {thing}?", "What is the meaning of life?", "Can you help me with my homework?",
+    "What is the latest news?", "Tell me a joke.", "Search the internet for {topic}.",
+    "How far away is the moon?", "How old is the universe?", "Who won the World Cup?",
+    "Summarize this article for me.", "What should I eat for dinner?", "Book a table for two.",
+    "What is my name?", "Play some music.", "Set an alarm for {n} o'clock.", "What is {a} to the power of {b}?",
+    "Solve x + {a} = {b}.", "Explain quantum physics.", "Why is {topic} important?", "Write me an email.",
+    "How do I fix my {thing}?", "Can you draw a picture of a {animal}?", "What is {a} percent of {b}?",
+    "Who invented the {thing}?", "Is it going to rain tomorrow?", "What is the price of a {thing}?",
+]
+CANNOT_HELD = set(range(3, len(CANNOT_Q), 6))  # 7 of the 44 templates: never trained
+# Stage 3: more out-of-scope questions (all trained; the held-out ones above stay unseen).
+CANNOT_Q2 = [
+    "Write a song about {topic}.", "Who is the king of {country}?", "What is the currency of {country}?",
+    "What language do they speak in {country}?", "How do I learn {lang}?", "What is {a} squared?",
+    "Count to {a} in {lang}.", "What will happen tomorrow?", "Give me a recipe for {food}.",
+    "Can you order {food} for me?", "Where is the nearest {thing} shop?", "What is the speed of light?",
+    "Why is the sky blue?", "How does a {thing} work?", "Tell me the news about {topic}.",
+    "What is your favourite {thing}?", "Do you have feelings?", "Can you see me?", "Send a message to my mother.",
+    "Write an essay about {topic}.", "Convert {a} miles to kilometres.", "How many days are in a year?",
+    "Who painted the Mona Lisa?", "Open the window.", "Translate this into {lang}: good morning.",
+]
+STAGE3 = {"cannot": 0.0}  # set by `train --focus-words`: share of out-of-scope questions from CANNOT_Q2
+
+
+def cannot_question(rng: random.Random, template: str) -> str:
+    return template.format(
+        a=rng.randint(2, 99), b=rng.randint(2, 99), n=rng.randint(1, 12), w=rng.choice(WORDS),
+        lang=rng.choice(LANGS), topic=rng.choice(TOPICS), thing=rng.choice(THINGS), food=rng.choice(FOODS),
+        city=rng.choice(list(CAPITALS.values())), country=rng.choice(OTHER_COUNTRIES), animal=rng.choice(ANIMALS))
+
+
+def vary(rng: random.Random, q: str) -> str:
+    """Small surface changes people make: a lower-case start, no final punctuation."""
+    if rng.random() < 0.1:
+        q = q[0].lower() + q[1:]
+    if rng.random() < 0.1 and q[-1] in ".?":
+        q = q[:-1]
+    return q
+
+
 def add_answer(a: int, b: int) -> str:
     """Column addition, shown digit by digit: every step is a one-digit fact or a copy."""
     if a < 10 and b < 10:
@@ -417,10 +508,19 @@ def rand_pseudo_word(rng: random.Random) -> str:
     return w[:n]
 
 
+def _t(templates: list[str], q) -> str:
+    """A question template: an index into `templates`, or the template itself."""
+    return templates[q] if isinstance(q, int) else q
+
+
 class Tasks:
     """Builds the held-out sets first, then draws training examples that avoid them."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, real_words: float = 0.35):
+        # Share of the letter tasks (count, spell, backwards) asked about a real word rather
+        # than a made-up one (stage 3 raises it: a real word without quotes is one token
+        # whose letters the model has to learn word by word).
+        self.real_words = real_words
         rng = random.Random(seed * 7919 + 1)
         pairs2 = [(a, b) for a in range(10, 100) for b in range(10, 100)]
         rng.shuffle(pairs2)
@@ -453,78 +553,92 @@ class Tasks:
     # ---- question/answer builders (key = the part of the answer that is checked) ----
     @staticmethod
     def add(a, b, q):
-        return ADD_Q[q].format(a=a, b=b), add_answer(a, b), str(a + b)
+        return _t(ADD_Q, q).format(a=a, b=b), add_answer(a, b), str(a + b)
 
     @staticmethod
     def sub(a, b, q):
-        return SUB_Q[q].format(a=a, b=b), sub_answer(a, b), str(a - b)
+        return _t(SUB_Q, q).format(a=a, b=b), sub_answer(a, b), str(a - b)
 
     @staticmethod
     def letters(w, q):
         count = ", ".join(f"{i + 1} {c}" for i, c in enumerate(w))
-        return LETTERS_Q[q].format(w=w), f"Let me count: {count}. \"{w}\" has {len(w)} letters.", str(len(w))
+        return _t(LETTERS_Q, q).format(w=w), f"Let me count: {count}. \"{w}\" has {len(w)} letters.", str(len(w))
 
     @staticmethod
     def spell_fwd(w, q):
-        return SPELL_Q[q].format(w=w), f"\"{w}\" is spelled {spell(w)}.", spell(w)
+        return _t(SPELL_Q, q).format(w=w), f"\"{w}\" is spelled {spell(w)}.", spell(w)
 
     @staticmethod
     def reverse(w, q):
-        return (REVERSE_Q[q].format(w=w), f"\"{w}\" is spelled {spell(w)}. Backwards it is {spell(w[::-1])}.",
+        return (_t(REVERSE_Q, q).format(w=w), f"\"{w}\" is spelled {spell(w)}. Backwards it is {spell(w[::-1])}.",
                 spell(w[::-1]))
 
     @staticmethod
     def items(lst, q):
         count = ", ".join(f"{i + 1} {x}" for i, x in enumerate(lst))
         n = len(lst)
-        return (ITEMS_Q[q].format(l=", ".join(lst)),
+        return (_t(ITEMS_Q, q).format(l=", ".join(lst)),
                 f"Let me count: {count}. There {'is' if n == 1 else 'are'} {n}.", str(n))
 
     @staticmethod
     def fact(kind, k, q):
         table, qs, ans = FACT_Q[kind]
-        return qs[q].format(k=k), ans(k, table[k]), table[k]
+        return _t(qs, q).format(k=k), ans(k, table[k]), table[k]
 
     # ---- training draws ----
-    def draw(self, rng: random.Random, kind: str):
+    def draw(self, rng: random.Random, kind: str, para: float = 0.0):
+        """One training question of `kind`. With probability `para` (stage 2 only; stage 1
+        passes 0 and draws exactly as it always did) the phrasing comes from the *_Q2 lists."""
+        def phr(base, extra):
+            if para and rng.random() < para:
+                return rng.choice(extra)
+            return rng.randrange(len(base))
+
         if kind == "add":
             while True:
                 a, b = (rng.randint(10, 99), rng.randint(10, 99)) if rng.random() < 0.9 else (rng.randint(0, 99), rng.randint(0, 9))
                 if rng.random() < 0.5 and a < 10:
                     a, b = b, a
                 if (a, b) not in self.add_held:
-                    return self.add(a, b, rng.randrange(len(ADD_Q)))
+                    return self.add(a, b, phr(ADD_Q, ADD_Q2))
         if kind == "sub":
             while True:
                 a = rng.randint(10, 99) if rng.random() < 0.9 else rng.randint(0, 99)
                 b = rng.randint(10, a) if a >= 10 and rng.random() < 0.9 else rng.randint(0, min(a, 9))
                 if (a, b) not in self.sub_held:
-                    return self.sub(a, b, rng.randrange(len(SUB_Q)))
+                    return self.sub(a, b, phr(SUB_Q, SUB_Q2))
         if kind in ("letters", "spell", "reverse"):
             while True:
-                w = rng.choice(self.words_train) if rng.random() < 0.35 else rand_pseudo_word(rng)
+                w = rng.choice(self.words_train) if rng.random() < self.real_words else rand_pseudo_word(rng)
                 if w not in self.pseudo_held and w not in self.words_held and len(w) <= (8 if kind == "reverse" else 10):
                     break
             if kind == "letters":
-                return self.letters(w, rng.randrange(len(LETTERS_Q)))
+                return self.letters(w, phr(LETTERS_Q, LETTERS_Q2))
             if kind == "spell":
-                return self.spell_fwd(w, rng.randrange(len(SPELL_Q)))
-            return self.reverse(w, rng.randrange(len(REVERSE_Q)))
+                return self.spell_fwd(w, phr(SPELL_Q, SPELL_Q2))
+            return self.reverse(w, phr(REVERSE_Q, REVERSE_Q2))
         if kind == "items":
             while True:
                 lst = self._rand_list(rng)
                 if lst not in self.items_held:
-                    return self.items(lst, rng.randrange(len(ITEMS_Q)))
+                    return self.items(lst, phr(ITEMS_Q, ITEMS_Q2))
         if kind == "fact":
             fk = rng.choice(list(FACT_Q))
             table, qs, _ = FACT_Q[fk]
             k = rng.choice(list(table))
+            if para and rng.random() < para:
+                return self.fact(fk, k, rng.choice(FACT_Q2[fk]))
             q = rng.choice([i for i in range(len(qs)) if i != self.fact_held[(fk, k)]])
             return self.fact(fk, k, q)
+        if kind == "cannot":
+            if STAGE3["cannot"] and rng.random() < STAGE3["cannot"]:
+                return cannot_question(rng, rng.choice(CANNOT_Q2)), CANNOT_ANSWER, CANNOT_ANSWER
+            t = rng.choice([q for i, q in enumerate(CANNOT_Q) if i not in CANNOT_HELD])
+            return cannot_question(rng, t), CANNOT_ANSWER, CANNOT_ANSWER
         raise ValueError(kind)
 
     # ---- held-out sets ----
-    def held_out(self, n: int, seed: int) -> dict[str, list[tuple[str, str, str]]]:
+    def held_out(self, n: int, seed: int, extra: bool = False) -> dict[str, list[tuple]]:
         rng = random.Random(seed * 31 + 7)
         out = {}
         add = sorted(self.add_held)
@@ -542,6 +656,35 @@ class Tasks:
         out["count items"] = [self.items(l, rng.randrange(len(ITEMS_Q))) for l in rng.sample(it, min(n, len(it)))]
         facts = sorted(self.fact_held.items())
         out["facts"] = [self.fact(kind, k, q) for (kind, k), q in rng.sample(facts, min(n, len(facts)))]
+        if not extra:
+            return out
+        # Stage 2's sets (their own generator, so the sets above stay what they were):
+        # held-out operands in the new phrasings, and out-of-scope questions never trained.
+        rng = random.Random(seed * 31 + 8)
+        new = []
+        for i in range(n):
+            task = ["addition", "subtraction", "count letters", "spell", "spell backwards", "count items",
+                    "facts"][i % 7]
+            if task == "addition":
+                q, a, k = self.add(*rng.choice(add), rng.choice(ADD_Q2))
+            elif task == "subtraction":
+                q, a, k = self.sub(*rng.choice(sub), rng.choice(SUB_Q2))
+            elif task == "count letters":
+                q, a, k = self.letters(rng.choice(pw), rng.choice(LETTERS_Q2))
+            elif task == "spell":
+                q, a, k = self.spell_fwd(rng.choice(pw), rng.choice(SPELL_Q2))
+            elif task == "spell backwards":
+                q, a, k = self.reverse(rng.choice(pw8), rng.choice(REVERSE_Q2))
+            elif task == "count items":
+                q, a, k = self.items(rng.choice(it), rng.choice(ITEMS_Q2))
+            else:
+                (kind, key), _ = rng.choice(facts)
+                q, a, k = self.fact(kind, key, rng.choice(FACT_Q2[kind]))
+            new.append((q, a, (task, k)))
+        out["new phrasings (all tasks)"] = new
+        held_t = [q for i, q in enumerate(CANNOT_Q) if i in CANNOT_HELD]
+        out["out of scope (unseen questions)"] = [
+            (q, CANNOT_ANSWER, CANNOT_ANSWER) for q in (cannot_question(rng, held_t[i % len(held_t)]) for i in range(n))]
         return out
 
 
@@ -554,19 +697,51 @@ def chat_example(rng: random.Random, tasks: Tasks, mix: list[tuple[str, float]])
     kinds, weights = zip(*mix)
     for _ in range(turns):
         kind = rng.choices(kinds, weights)[0]
-        if kind == "talk":
-            qs, ans = rng.choice(SMALL_TALK)
-            q, a = rng.choice(qs), rng.choice(ans)
-        elif kind == "story":
-            animal = rng.choice(ANIMALS)
-            q = rng.choice(["Tell me a story.", "Tell me a short story.", "Can you tell me a story?",
-                            f"Tell me a story about a {animal}.", "Write a little story."])
-            a = story(rng, animal if "about" in q else None)
-        elif kind == "tellfact":
-            q = rng.choice(["Tell me a fact.", "Tell me something interesting.", "Do you know a fact?"])
-            a = fact_prose(rng)
-        else:
-            q, a, _ = tasks.draw(rng, kind)
+        q, a = chat_turn(rng, tasks, kind)
+        msgs.append({"role": "user", "content": q})
+        msgs.append({"role": "assistant", "content": a})
+    return msgs
+
+
+STORY_Q = ["Tell me a story.", "Tell me a short story.", "Can you tell me a story?",
+           "Tell me a story about a {animal}.", "Write a little story."]
+STORY_Q2 = ["Tell me a story about a {animal}!", "Story please.", "Can you tell me a story about a {animal}?",
+            "I would like a story.", "tell me a story", "Make up a story about a {animal}.",
+            "Write a short story about a {animal}."]
+TELLFACT_Q = ["Tell me a fact.", "Tell me something interesting.", "Do you know a fact?"]
+TELLFACT_Q2 = ["Tell me a fun fact.", "Teach me something.", "tell me a fact", "Give me a fact."]
+
+
+def chat_turn(rng: random.Random, tasks: Tasks, kind: str, para: float = 0.0) -> tuple[str, str]:
+    """One (question, answer) of `kind`; `para` > 0 (stage 2) mixes in the *_Q2 phrasings."""
+    if kind == "talk":
+        qs, ans = rng.choice(SMALL_TALK)
+        q, a = rng.choice(qs), rng.choice(ans)
+    elif kind == "story":
+        animal = rng.choice(ANIMALS)
+        q = rng.choice(STORY_Q2 if para and rng.random() < para else STORY_Q).format(animal=animal)
+        a = story(rng, animal if "about" in q else None)
+    elif kind == "tellfact":
+        q = rng.choice(TELLFACT_Q2 if para and rng.random() < para else TELLFACT_Q)
+        a = fact_prose(rng)
+    else:
+        q, a, _ = tasks.draw(rng, kind, para)
+    if para:
+        q = vary(rng, q)
+    return q, a
+
+
+def conversation(rng: random.Random, tasks: Tasks, mix: list[tuple[str, float]], max_turns: int = 8,
+                 para: float = 0.5) -> list[dict]:
+    """Stage 2: one conversation of 1 to `max_turns` turns (a quarter of them one turn),
+    mixing the tasks, sometimes after a system prompt. Every answer is trained on."""
+    msgs = []
+    if rng.random() < 0.15:
+        msgs.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+    turns = 1 if rng.random() < 0.25 else rng.randint(2, max_turns)
+    kinds, weights = zip(*mix)
+    for _ in range(turns):
+        q, a = chat_turn(rng, tasks, rng.choices(kinds, weights)[0], para)
         msgs.append({"role": "user", "content": q})
         msgs.append({"role": "assistant", "content": a})
     return msgs
@@ -598,6 +773,16 @@ TASK_MIX = [("add", 0.22), ("sub", 0.22), ("letters", 0.08), ("spell", 0.08), ("
 ENGLISH_SHARE = 0.15  # share of documents that are plain English text (not chat)
 # ... and of those: generated stories, generated fact sentences, King James Bible, Devil's Dictionary
 ENGLISH_MIX = [("story", 0.40), ("facts", 0.15), ("kjv", 0.30), ("devil", 0.15)]
+# Stage 2 (`train --init`): conversations of 1-8 turns, the new phrasings, out-of-scope questions.
+CONV_TASK_MIX = [("add", 0.19), ("sub", 0.19), ("letters", 0.07), ("spell", 0.08), ("reverse", 0.10),
+                 ("items", 0.06), ("fact", 0.14), ("talk", 0.05), ("story", 0.03), ("tellfact", 0.03),
+                 ("cannot", 0.06)]
+CONV_ENGLISH_SHARE = 0.2  # of documents; conversations are longer, so about 7% of the tokens
+# Stage 3 (`train --init STAGE2 --focus-words`): more letter tasks on real words, more
+# out-of-scope questions.
+FOCUS_TASK_MIX = [("add", 0.13), ("sub", 0.13), ("letters", 0.12), ("spell", 0.14), ("reverse", 0.16),
+                  ("items", 0.05), ("fact", 0.11), ("talk", 0.04), ("story", 0.02), ("tellfact", 0.02),
+                  ("cannot", 0.08)]
 
 # --------------------------------------------------------------------------------------
 # Tokenizer
@@ -628,14 +813,18 @@ def train_tokenizer(texts: list[str]):
 # --------------------------------------------------------------------------------------
 
 
-def make_documents(n_docs: int, seed: int, tasks: Tasks, prose: dict[str, list[str]]):
+def make_documents(n_docs: int, seed: int, tasks: Tasks, prose: dict[str, list[str]], stage: int = 1,
+                   focus: bool = False):
     """(text, trained character spans) for each document; English docs are trained whole.
-    `prose` holds the paragraphs of the public-domain texts ("kjv", "devil")."""
-    rng = random.Random(seed)
+    `prose` holds the paragraphs of the public-domain texts ("kjv", "devil"). Stage 2 makes
+    multi-turn conversations (and draws from another seed than stage 1)."""
+    rng = random.Random(seed if stage == 1 else seed * 1000003 + 2 + focus)
     kinds, weights = zip(*ENGLISH_MIX)
     out = []
     for _ in range(n_docs):
-        if rng.random() < ENGLISH_SHARE:
+        if stage == 2 and rng.random() >= CONV_ENGLISH_SHARE:
+            out.append(render_with_spans(conversation(rng, tasks, FOCUS_TASK_MIX if focus else CONV_TASK_MIX)))
+        elif stage == 2 or rng.random() < ENGLISH_SHARE:
             kind = rng.choices(kinds, weights)[0]
             if kind == "story":
                 t = story(rng)
@@ -703,27 +892,50 @@ def cmd_train(args):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    tasks = Tasks(args.seed)
+    if args.focus_words and not args.init:
+        raise SystemExit("--focus-words is for a later stage: give --init")
+    tasks = Tasks(args.seed, real_words=0.7 if args.focus_words else 0.35)
+    STAGE3["cannot"] = 0.5 if args.focus_words else 0.0
     prose = {"kjv": kjv_paragraphs(), "devil": devil_paragraphs()}
     for k, v in prose.items():
         log(f"{k}: {len(v)} paragraphs, {sum(map(len, v))} characters")
     n_docs = args.docs
-    docs = make_documents(n_docs, args.seed, tasks, prose)
-    tok_rng = random.Random(args.seed + 5)
-    # The tokenizer sees a sample of the documents, plus all of the Devil's Dictionary and
-    # 1000 Bible paragraphs, so that its merges cover general English, not only the tasks.
-    docs_en = prose["devil"] + tok_rng.sample(prose["kjv"], 1000)
-    tok_texts = [t for t, _ in tok_rng.sample(docs, min(30000, len(docs)))] + docs_en
-    tok_texts = [t.replace("<|endoftext|>", "").replace("<|im_start|>", "").replace("<|im_end|>", "") for t in tok_texts]
-    hf_tok = train_tokenizer(tok_texts)
-    vocab = len(hf_tok)
-    log(f"tokenizer: {vocab} tokens ({time.time() - t0:.0f}s)")
-    hf_tok.save_pretrained(out, save_jinja_files=False)  # now, before any evaluation sets padding
+    stage = 2 if args.init else 1
+    docs = make_documents(n_docs, args.seed, tasks, prose, stage, args.focus_words)
+    if args.init:
+        # Stage 2: continue from a stage-1 model, with its tokenizer (copied byte for byte).
+        import shutil
+        from transformers import AutoTokenizer
+        init = Path(args.init)
+        hf_tok = AutoTokenizer.from_pretrained(init)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            if init.resolve() != out.resolve():
+                shutil.copyfile(init / f, out / f)
+        vocab = len(hf_tok)
+        log(f"stage 2 from {init}: tokenizer of {vocab} tokens")
+    else:
+        tok_rng = random.Random(args.seed + 5)
+        # The tokenizer sees a sample of the documents, plus all of the Devil's Dictionary and
+        # 1000 Bible paragraphs, so that its merges cover general English, not only the tasks.
+        docs_en = prose["devil"] + tok_rng.sample(prose["kjv"], 1000)
+        tok_texts = [t for t, _ in tok_rng.sample(docs, min(30000, len(docs)))] + docs_en
+        tok_texts = [t.replace("<|endoftext|>", "").replace("<|im_start|>", "").replace("<|im_end|>", "") for t in tok_texts]
+        hf_tok = train_tokenizer(tok_texts)
+        vocab = len(hf_tok)
+        log(f"tokenizer: {vocab} tokens ({time.time() - t0:.0f}s)")
+        hf_tok.save_pretrained(out, save_jinja_files=False)  # now, before any evaluation sets padding
     ids, mask, starts_np = tokenize_documents(hf_tok, docs)
     log(f"{n_docs} documents -> {len(ids)} tokens, {mask.mean():.2f} of them trained on ({time.time() - t0:.0f}s)")
 
-    cfg = model_config(vocab, hf_tok)
-    model = Qwen3MoeForCausalLM(cfg)
+    if args.init:
+        model = Qwen3MoeForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+        cfg = model.config
+        init_meta = json.loads((Path(args.init) / "training.json").read_text()) \
+            if (Path(args.init) / "training.json").exists() else None
+    else:
+        cfg = model_config(vocab, hf_tok)
+        model = Qwen3MoeForCausalLM(cfg)
+        init_meta = None
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters")
 
@@ -734,7 +946,7 @@ def cmd_train(args):
     # the last 20% of the steps. Up to 80% of the steps the run does not depend on --steps,
     # so a checkpoint taken then can be resumed with another --steps (see --resume) and
     # gives exactly what a fresh run with that --steps gives.
-    warm = 100
+    warm = args.warmup
     decay_from = int(steps * 0.8)
 
     def lr_at(s):
@@ -813,7 +1025,8 @@ def cmd_train(args):
         "seed": args.seed, "steps": steps, "batch": B, "seq": T, "lr": args.lr, "documents": n_docs,
         "tokens_in_stream": int(len(ids)), "tokens_seen": steps * B * T, "parameters": n_params,
         "resumed_from_step": start_step,
-        "experts_implementation": cfg._experts_implementation,
+        "experts_implementation": getattr(cfg, "_experts_implementation", None),
+        "stage": stage + bool(args.focus_words), "init": args.init, "previous_stage": init_meta,
         "time": {
             "train_wall_seconds": round(train_s),
             "train_cpu_seconds": round(train_cpu),
@@ -844,8 +1057,12 @@ def cmd_train(args):
 # --------------------------------------------------------------------------------------
 
 
-def check(task: str, expected_key: str, text: str) -> bool:
+def check(task: str, expected_key, text: str) -> bool:
     text = text.strip()
+    if task == "new phrasings (all tasks)":
+        return check(expected_key[0], expected_key[1], text)
+    if task == "out of scope (unseen questions)":
+        return text.startswith("I am a tiny demo model")
     if task in ("addition", "subtraction"):
         m = re.findall(r"=\s*(-?\d+)\.?$", text)
         return bool(m) and m[-1] == expected_key
@@ -912,9 +1129,27 @@ def coli_generate(model_dir: str, prompt: str, max_new_tokens: int = 64) -> dict
     return json.loads(r.stdout)
 
 
+def eval_prompts(tasks: Tasks, task: str, items: list, turn: int, seed: int) -> list[str]:
+    """The held-out questions of `task`, each asked as turn `turn` of a conversation whose
+    earlier turns are training-distribution questions with their correct answers (seeded)."""
+    if turn == 1:
+        return [render([{"role": "user", "content": q}], True) for q, _, _ in items]
+    rng = random.Random(f"{seed}/{task}/{turn}")
+    kinds, weights = zip(*CONV_TASK_MIX)
+    out = []
+    for q, _, _ in items:
+        msgs = []
+        for _ in range(turn - 1):
+            hq, ha = chat_turn(rng, tasks, rng.choices(kinds, weights)[0], 0.5)
+            msgs += [{"role": "user", "content": hq}, {"role": "assistant", "content": ha}]
+        out.append(render(msgs + [{"role": "user", "content": q}], True))
+    return out
+
+
 def cmd_eval(args):
     tasks = Tasks(args.seed)
-    held = tasks.held_out(args.n, args.seed)
+    held = tasks.held_out(args.n, args.seed, extra=args.extra)
+    turns = [int(t) for t in args.turns.split(",")]
     if args.engine == "hf":
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -924,18 +1159,20 @@ def cmd_eval(args):
         model.eval()
     results = {}
     failures = {}
-    for task, items in held.items():
-        prompts = [render([{"role": "user", "content": q}], True) for q, _, _ in items]
-        if args.engine == "hf":
-            texts = tok.batch_decode(hf_generate(model, tok, prompts), skip_special_tokens=True)
-        else:
-            texts = [coli_generate(args.model, p)["text"] for p in prompts]
-        ok = [check(task, key, t) for (_, _, key), t in zip(items, texts)]
-        results[task] = {"n": len(items), "correct": sum(ok), "accuracy": round(sum(ok) / len(items), 4)}
-        failures[task] = [{"q": q, "expected": a, "got": t} for (q, a, _), t, k in zip(items, texts, ok) if not k][:5]
-        log(f"{task}: {sum(ok)}/{len(items)} = {sum(ok) / len(items):.3f}")
+    for turn in turns:
+        for task, items in held.items():
+            name = task if len(turns) == 1 else f"{task} @ turn {turn}"
+            prompts = eval_prompts(tasks, task, items, turn, args.seed)
+            if args.engine == "hf":
+                texts = tok.batch_decode(hf_generate(model, tok, prompts), skip_special_tokens=True)
+            else:
+                texts = [coli_generate(args.model, p)["text"] for p in prompts]
+            ok = [check(task, key, t) for (_, _, key), t in zip(items, texts)]
+            results[name] = {"n": len(items), "correct": sum(ok), "accuracy": round(sum(ok) / len(items), 4)}
+            failures[name] = [{"q": q, "expected": a, "got": t} for (q, a, _), t, k in zip(items, texts, ok) if not k][:5]
+            log(f"{name}: {sum(ok)}/{len(items)} = {sum(ok) / len(items):.3f}")
     report = {"engine": args.engine, "model": args.model, "n_per_task": args.n, "seed": args.seed,
-              "results": results, "failures": failures}
+              "turns": turns, "results": results, "failures": failures}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(results, indent=2))
@@ -946,6 +1183,7 @@ SAMPLE_PROMPTS = [
     'How many letters are in "elephant"?', 'Spell "garden" backwards.', "What is the capital of Japan?",
     "What sound does a duck make?", "What colour is the sky?", 'What is the opposite of "fast"?',
     "How many items are in this list: apple, pear, plum, fig?", "Tell me a story.", "Tell me a fact.",
+    "Spell river backwards.", "What is the weather like today?",
 ]
 
 
@@ -1010,6 +1248,12 @@ def main():
     t.add_argument("--final-eval", type=int, default=50)
     t.add_argument("--checkpoint", help="save a resumable checkpoint here every 100 steps of the stable phase")
     t.add_argument("--resume", help="resume from a --checkpoint file (same seed and data options)")
+    t.add_argument("--init", help="stage 2: continue training this stage-1 model (and keep its tokenizer) on "
+                                  "multi-turn conversations; see docs/demo-model.md")
+    t.add_argument("--warmup", type=int, default=100)
+    t.add_argument("--focus-words", action="store_true",
+                   help="stage 3: letter tasks on real words 70%% of the time, more of them and more "
+                        "out-of-scope questions")
     e = sub.add_parser("eval")
     e.add_argument("--model", default=str(DEFAULT_OUT))
     e.add_argument("--engine", choices=["hf", "coli"], default="coli")
@@ -1017,6 +1261,9 @@ def main():
     e.add_argument("--seed", type=int, default=SEED)
     e.add_argument("--threads", type=int, default=2)
     e.add_argument("--json")
+    e.add_argument("--turns", default="1", help="comma-separated: ask each held-out question as this turn "
+                                                "of a conversation (e.g. 1,4,8)")
+    e.add_argument("--extra", action="store_true", help="also the new phrasings and unseen out-of-scope questions")
     s = sub.add_parser("samples")
     s.add_argument("--model", default=str(DEFAULT_OUT))
     s.add_argument("--engine", choices=["hf", "coli"], default="coli")

@@ -574,9 +574,30 @@ function useExample(text) {
 
 function renderMessages() {
   const box = $("messages");
-  box.replaceChildren(...(state.conv?.messages || []).map((m, i) => messageView(m, i)));
+  const start = contextStart(state.conv);
+  const views = (state.conv?.messages || []).map((m, i) => {
+    const v = messageView(m, i);
+    if (i < start) v.classList.add("out-of-context");
+    return v;
+  });
+  // Where the context begins: the messages above were dropped to fit it (fit_chat in the engine).
+  if (start > 0) views.splice(start, 0, contextNote(start));
+  box.replaceChildren(...views);
   $("empty").hidden = !!state.conv?.messages.length;
   box.scrollTop = box.scrollHeight;
+}
+
+/** How many of the conversation's first messages no longer fit the model's context. */
+function contextStart(conv) {
+  return Math.min(conv?.contextStart || 0, conv?.messages.length || 0);
+}
+
+function contextNote(n) {
+  const ctx = state.info?.contextLength;
+  const what = n === 1 ? "The message above no longer fits" : `The ${n} messages above no longer fit`;
+  return h("div", { class: "context-note", role: "note" },
+    `${what} the model's context${ctx ? ` (${ctx} tokens)` : ""}: they were dropped, and the model no longer sees them. `,
+    h("button", { class: "link-btn", type: "button", onclick: () => newChat() }, "Start a new chat"));
 }
 
 function fillBubble(bubble, m) {
@@ -599,10 +620,31 @@ function messageView(m, i) {
     meta.append(h("button", { class: "link-btn", type: "button", "aria-label": "Edit this message and resend", onclick: () => editMessage(view, i) }, "Edit"));
   }
   if (m.role === "assistant" && idle) {
-    meta.append(h("button", { class: "link-btn", type: "button", "aria-label": "Copy this answer", onclick: () => navigator.clipboard?.writeText(m.content) }, "Copy"));
+    meta.append(copyButton(() => m.content));
     if (last) meta.append(h("button", { class: "link-btn regen", type: "button", "aria-label": "Regenerate this answer", onclick: regenerate }, "Regenerate"));
   }
   return view;
+}
+
+/** "Copy" that says what happened: "Copied", or "Copy failed" (no clipboard access). */
+function copyButton(text) {
+  const btn = h("button", { class: "link-btn copy", type: "button", "aria-label": "Copy this answer" }, "Copy");
+  let timer = 0;
+  btn.addEventListener("click", async () => {
+    let ok = false;
+    try {
+      await navigator.clipboard.writeText(text());
+      ok = true;
+    } catch (_) { /* no clipboard permission, or an insecure context */ }
+    btn.textContent = ok ? "Copied" : "Copy failed";
+    btn.classList.toggle("copied", ok);
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      btn.textContent = "Copy";
+      btn.classList.remove("copied");
+    }, 1500);
+  });
+  return btn;
 }
 
 function editMessage(view, i) {
@@ -614,6 +656,7 @@ function editMessage(view, i) {
     const text = box.value.trim();
     if (!text) return;
     state.conv.messages = state.conv.messages.slice(0, i);
+    state.conv.contextStart = Math.min(contextStart(state.conv), i);
     state.conv.messages.push({ role: "user", content: text });
     persist(state.conv);
     renderMessages();
@@ -687,7 +730,7 @@ async function reply() {
   if (!conv || !engine || state.busy) return;
   const messages = [];
   if (state.settings.system.trim()) messages.push({ role: "system", content: state.settings.system.trim() });
-  for (const m of conv.messages) messages.push({ role: m.role, content: m.content });
+  for (const m of conv.messages.slice(contextStart(conv))) messages.push({ role: m.role, content: m.content });
   const msg = { role: "assistant", content: "" };
   conv.messages.push(msg);
   conv.model = state.modelId;
@@ -708,6 +751,8 @@ async function reply() {
   try {
     const stream = engine.chat.completions.create({ messages, stream: true, signal: controller.signal, ...samplingRequest() });
     for await (const chunk of stream) {
+      // The engine dropped the oldest turns to fit the context: they stay on screen, marked.
+      if (chunk.dropped_messages) conv.contextStart = contextStart(conv) + chunk.dropped_messages;
       const c = chunk.choices[0];
       if (c.delta?.content) {
         msg.content += c.delta.content;

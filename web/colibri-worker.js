@@ -184,7 +184,8 @@ async function generate(id, ids, opts) {
   }
   cancelled.delete(id);
   const out = Array.from(engine.produced());
-  if (finishReason === "stop" && out.length >= (opts?.maxNewTokens ?? Infinity)) finishReason = "length";
+  // The engine says why it ended (a stop token, a complete grammar, the token budget).
+  if (finishReason === "stop") finishReason = engine.finishReason() || finishReason;
   const r = { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason };
   if (logprobs) r.logprobs = logprobs;
   return r;
@@ -227,8 +228,9 @@ const ops = {
     await reportUsage();
     return r;
   },
-  async chatPrompt({ messages }) {
-    return Array.from(engine.chatPrompt(JSON.stringify(messages)));
+  // {ids, dropped}: the oldest turns that do not fit the context are dropped (fit_chat).
+  async chatPrompt({ messages, maxTokens, truncate = true }) {
+    return JSON.parse(engine.chatPrompt(JSON.stringify(messages), maxTokens ?? undefined, !!truncate));
   },
   async encode({ text, addSpecialTokens }) {
     return Array.from(engine.encode(text, !!addSpecialTokens));

@@ -100,9 +100,17 @@ class Engine extends EventTarget {
    * `logprobs: true` adds `logprobs`: per token (stop tokens excepted)
    * {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} with `topLogprobs`
    * (0 to 20) alternatives, as OpenAI's chat `logprobs.content` (the same numbers as the
-   * helper's API); onToken then sees each token's entries as `logprobs`. */
-  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, onToken, signal } = {}) {
-    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs };
+   * helper's API); onToken then sees each token's entries as `logprobs`.
+   * Structured output (one of): `jsonSchema` (an object: the text is JSON valid under it),
+   * `grammar` (GBNF as llama.cpp takes it, or llguidance's Lark), `regex`. The result's
+   * `finishReason` is "stop" once the output is complete, "length" when maxNewTokens ran
+   * out first (the text is then a cut-off prefix). A grammar the library cannot compile
+   * rejects the call with its message. `speculate: N` drafts up to N tokens per step
+   * from the context (prompt lookup) and checks them in one forward pass: the same tokens,
+   * fewer passes; stats().speculation reports {forwards, drafted, accepted, produced,
+   * acceptanceRate, tokensPerForward}. */
+  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, speculate = 0, onToken, signal } = {}) {
+    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex, speculate };
     return this.#call("generate", { ids, options }, onToken, signal).promise;
   }
 
@@ -158,14 +166,15 @@ class Engine extends EventTarget {
   }
 
   #chatCreate(req) {
-    // Structured output is not built yet: refused (as the helper's API does), never ignored.
-    const rf = req.response_format;
-    if (rf && rf.type !== "text") throw new Error(`response_format type ${JSON.stringify(rf.type)} is not supported yet (no structured output)`);
+    // Function calling is the helper's (POST /v1/chat/completions): refused here, never ignored.
+    if (Array.isArray(req.tools) && req.tools.length) throw new Error("tools are not supported by the browser engine; use the helper's /v1/chat/completions");
     const created = Math.floor(Date.now() / 1000);
     const cid = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const model = req.model || this.model;
     const run = async (onToken) => {
-      const ids = await this.#call("chatPrompt", { messages: req.messages || [] }).promise;
+      // The oldest turns that do not fit the context are dropped (as the helper's API does,
+      // with the same engine function); truncation: "disabled" refuses instead.
+      const { ids, dropped } = await this.#call("chatPrompt", { messages: req.messages || [], maxTokens: req.max_tokens ?? 256, truncate: req.truncation !== "disabled" }).promise;
       const gen = this.#call("generate", {
         ids,
         options: {
@@ -176,18 +185,20 @@ class Engine extends EventTarget {
           seed: req.seed ?? Math.floor(Math.random() * 2 ** 31),
           logprobs: !!req.logprobs,
           topLogprobs: req.top_logprobs ?? 0,
+          // json_object / json_schema: enforced token by token, as the helper does.
+          responseFormat: req.response_format ?? undefined,
         },
       }, onToken, req.signal);
-      return { gen, promptTokens: ids.length };
+      return { gen, promptTokens: ids.length, dropped };
     };
     if (!req.stream) {
-      return run(null).then(async ({ gen, promptTokens }) => {
+      return run(null).then(async ({ gen, promptTokens, dropped }) => {
         const r = await gen.promise;
-        return {
+        return withDropped({
           id: cid, object: "chat.completion", created, model,
           choices: [{ index: 0, message: { role: "assistant", content: r.text }, logprobs: r.logprobs ? { content: r.logprobs, refusal: null } : null, finish_reason: finishReason(r, req) }],
           usage: { prompt_tokens: promptTokens, completion_tokens: r.ids.length, total_tokens: promptTokens + r.ids.length },
-        };
+        }, dropped);
       });
     }
     const self = this;
@@ -198,7 +209,7 @@ class Engine extends EventTarget {
         let finished = false;
         let failure = null;
         const push = (x) => { queue.push(x); if (wake) { wake(); wake = null; } };
-        const { gen } = await run((m) => push({ text: m.text, logprobs: m.logprobs }));
+        const { gen, dropped } = await run((m) => push({ text: m.text, logprobs: m.logprobs }));
         gen.promise.then((r) => { finished = r; push(null); }, (e) => { failure = e; push(null); });
         const chunk = (delta, finish_reason = null, logprobs = null) => ({ id: cid, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, logprobs, finish_reason }] });
         let first = true;
@@ -209,10 +220,11 @@ class Engine extends EventTarget {
             if (item === null) break;
             const lp = item.logprobs ? { content: item.logprobs, refusal: null } : null;
             if (!item.text && !lp) continue;
-            yield chunk(first ? { role: "assistant", content: item.text } : { content: item.text }, null, lp);
+            yield first ? withDropped(chunk({ role: "assistant", content: item.text }, null, lp), dropped) : chunk({ content: item.text }, null, lp);
             first = false;
           }
           if (failure) throw failure;
+          if (first && dropped > 0) yield withDropped(chunk({ role: "assistant", content: "" }), dropped);
           yield chunk({}, finishReason(finished, req));
         } finally {
           if (!finished && !failure) self.#worker.postMessage({ op: "cancel", args: { target: gen.id } });
@@ -223,9 +235,17 @@ class Engine extends EventTarget {
   }
 }
 
+// colibri's extension, as the helper's API has it: how many of the oldest messages were
+// left out to fit the context (absent when none were).
+function withDropped(obj, dropped) {
+  if (dropped > 0) obj.dropped_messages = dropped;
+  return obj;
+}
+
 // OpenAI's finish_reason: "length" when max_tokens or the context window ended the answer.
 function finishReason(r, req) {
-  return r.finishReason === "length" || r.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop";
+  if (r.finishReason === "stop" || r.finishReason === "length") return r.finishReason;
+  return r.ids.length >= (req.max_tokens ?? 256) ? "length" : "stop";
 }
 
 /**

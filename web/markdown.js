@@ -10,7 +10,8 @@
 //
 // Supported: paragraphs, # headings, ``` fenced code (with a language label and a copy
 // button), indented lists (- * + and 1.), > quotes, --- rules, `code`, **bold**,
-// *italic* / _italic_, ~~strike~~, [links](https://...) and bare https:// URLs.
+// *italic* / _italic_, ~~strike~~, [links](https://...) and bare https:// URLs, and
+// tables (a header row, a delimiter row such as |---|:--:|, body rows; \| is a literal |).
 // Unclosed fences render as code (the answer may still be streaming).
 
 const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)/;
@@ -19,6 +20,7 @@ const RULE = /^ {0,3}([-*_])(\s*\1){2,}\s*$/;
 const BULLET = /^(\s*)([-*+])\s+(.*)$/;
 const ORDERED = /^(\s*)(\d{1,9})[.)]\s+(.*)$/;
 const QUOTE = /^ {0,3}>\s?(.*)$/;
+const TABLE_DELIM = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 
 /** Renders `text` into a DocumentFragment of safe elements. */
 export function renderMarkdown(text, doc = globalThis.document) {
@@ -95,6 +97,11 @@ function renderBlocks(lines, parent, doc) {
       i = renderList(lines, i, parent, doc);
       continue;
     }
+    if (isTableStart(lines, i)) {
+      flush();
+      i = renderTable(lines, i, parent, doc);
+      continue;
+    }
     para.push(line.trim());
     i++;
   }
@@ -138,6 +145,61 @@ function renderList(lines, i, parent, doc) {
   }
   close();
   parent.append(list);
+  return i;
+}
+
+// The cells of a table row: split on | (not on \|), outer pipes optional.
+export function splitRow(line) {
+  let s = line.trim();
+  if (s.startsWith("|")) s = s.slice(1);
+  if (s.endsWith("|") && !s.endsWith("\\|")) s = s.slice(0, -1);
+  const cells = [];
+  let cur = "";
+  for (let k = 0; k < s.length; k++) {
+    if (s[k] === "\\" && s[k + 1] === "|") {
+      cur += "|";
+      k++;
+    } else if (s[k] === "|") {
+      cells.push(cur.trim());
+      cur = "";
+    } else cur += s[k];
+  }
+  cells.push(cur.trim());
+  return cells;
+}
+
+// A header row with a pipe, then a delimiter row with a pipe and as many cells.
+function isTableStart(lines, i) {
+  const head = lines[i];
+  const delim = lines[i + 1];
+  return head.includes("|") && delim !== undefined && delim.includes("|") && TABLE_DELIM.test(delim) &&
+    splitRow(head).length === splitRow(delim).length;
+}
+
+function renderTable(lines, i, parent, doc) {
+  const head = splitRow(lines[i]);
+  const align = splitRow(lines[i + 1]).map((d) => (d.startsWith(":") && d.endsWith(":") ? "center" : d.endsWith(":") ? "right" : d.startsWith(":") ? "left" : ""));
+  const row = (cells, tag) => {
+    const tr = el(doc, "tr");
+    head.forEach((_, k) => {
+      const td = el(doc, tag);
+      if (align[k]) td.style.textAlign = align[k];
+      renderInline(cells[k] ?? "", td, doc);
+      tr.append(td);
+    });
+    return tr;
+  };
+  const table = el(doc, "table");
+  const thead = el(doc, "thead");
+  thead.append(row(head, "th"));
+  table.append(thead);
+  const tbody = el(doc, "tbody");
+  i += 2;
+  while (i < lines.length && lines[i].trim() && lines[i].includes("|")) tbody.append(row(splitRow(lines[i++]), "td"));
+  if (tbody.childElementCount) table.append(tbody);
+  const wrap = el(doc, "div", "md-table");
+  wrap.append(table);
+  parent.append(wrap);
   return i;
 }
 

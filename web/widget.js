@@ -49,6 +49,9 @@ progress { width: 100%; height: 4px; display: block; accent-color: var(--accent)
 .bubble > :first-child { margin-top: 0; } .bubble > :last-child { margin-bottom: 0; }
 .bubble p { margin: 0.35rem 0; }
 .bubble code { font: 0.88em ui-monospace, Menlo, Consolas, monospace; background: rgba(127,127,127,0.16); padding: 0 0.25rem; border-radius: 4px; }
+.md-table { margin: 0.5rem 0; overflow-x: auto; }
+.md-table table { border-collapse: collapse; font-size: 0.9em; }
+.md-table th, .md-table td { border: 1px solid var(--border); padding: 0.2rem 0.5rem; }
 .md-code { margin: 0.5rem 0; border-radius: 8px; overflow: hidden; background: var(--code-bg); }
 .md-code-bar { display: flex; justify-content: space-between; padding: 0.15rem 0.5rem; font-size: 0.72rem; color: #aab; }
 .md-copy { background: none; border: 1px solid rgba(255,255,255,0.2); color: #dde; border-radius: 5px; font-size: 0.72rem; cursor: pointer; }
@@ -56,6 +59,8 @@ progress { width: 100%; height: 4px; display: block; accent-color: var(--accent)
 .md-code code { background: none; color: #e6e6e6; padding: 0; white-space: pre; }
 .bubble a { color: var(--accent); }
 .tag { font-size: 0.72rem; color: var(--muted); }
+.msg.out-of-context { opacity: 0.55; }
+.context-note { margin: 0 0 0.6rem; padding: 0.3rem 0; border-top: 1px dashed var(--border); border-bottom: 1px dashed var(--border); font-size: 0.75rem; color: var(--muted); text-align: center; }
 .error { margin: 0.7rem; padding: 0.55rem 0.7rem; border-radius: 8px; background: var(--err-bg); color: var(--fg); border: 1px solid var(--err); font-size: 0.86rem; }
 .error code { background: rgba(127,127,127,0.18); padding: 0 0.25rem; border-radius: 4px; overflow-wrap: anywhere; }
 form { display: flex; gap: 0.4rem; padding: 0.5rem; border-top: 1px solid var(--border); }
@@ -286,6 +291,7 @@ export class ColibriChat extends HTMLElement {
     try {
       const stream = this.#engine.chat.completions.create({ messages, stream: true, signal: controller.signal, max_tokens: 256 });
       for await (const chunk of stream) {
+        if (chunk.dropped_messages) this.#dropOldest(conversation, chunk.dropped_messages);
         const d = chunk.choices[0].delta?.content;
         if (d) {
           reply.content += d;
@@ -301,6 +307,21 @@ export class ColibriChat extends HTMLElement {
     this.#controller = null;
     if (this.#engine) this.#setState("ready", "");
     this.#ui.input.focus();
+  }
+
+  // The engine dropped the `n` oldest messages to fit the model's context (fit_chat): they
+  // leave the conversation the widget sends, stay on screen dimmed, under a note.
+  #dropOldest(conversation, n) {
+    conversation.splice(0, n);
+    const log = this.#ui.log;
+    const msgs = [...log.querySelectorAll(".msg:not(.out-of-context)")];
+    for (const m of msgs.slice(0, n)) m.classList.add("out-of-context");
+    log.querySelector(".context-note")?.remove();
+    const first = log.querySelector(".msg:not(.out-of-context)");
+    const dropped = log.querySelectorAll(".msg.out-of-context").length;
+    const note = h("div", { class: "context-note", role: "note", part: "context-note" },
+      `${dropped === 1 ? "The message above no longer fits" : `The ${dropped} messages above no longer fit`} the model's context: the model no longer sees ${dropped === 1 ? "it" : "them"}. "New chat" starts afresh.`);
+    log.insertBefore(note, first);
   }
 
   #append(role, text) {

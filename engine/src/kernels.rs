@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 
 use crate::math;
+use crate::qdot::mxfp4::ActQ16;
 use crate::qdot::{self, ActQ, Simd};
 use crate::tensor::{DType, Mat};
 
@@ -65,6 +66,8 @@ pub struct MatJob<'a> {
 /// Float weights (f32, bf16, f16): each row is decoded once and [`math::dot`] applies it
 /// to every position. Integer weights (int8, int4): the positions are quantized once and
 /// every output is one [`qdot::dot_row`] (integer sums in the order of docs/kernels.md).
+/// MXFP4 weights: the positions are quantized to int16 in two parts once and every output
+/// is one [`qdot::mxfp4::dot_row`].
 /// Either way an output depends only on its row and its position: not on thread count,
 /// batch size, SIMD path or which rows run where.
 pub fn matmul(w: &Mat, x: &[f32], n: usize, out: &mut [f32]) {
@@ -78,6 +81,8 @@ thread_local! {
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// One integer row made ready for many positions (qdot::dot_row_many), per thread.
     static PREP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Activations quantized to int16 for MXFP4 weights (qdot::mxfp4).
+    static ACTS16: RefCell<Vec<ActQ16>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Output pointer shared by the tasks of one [`matmul_many`] region.
@@ -97,9 +102,27 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let mut keys: Vec<(usize, usize, usize, usize, bool)> = Vec::new();
     let mut act_of = vec![usize::MAX; jobs.len()];
+    let mut acts16 = ACTS16.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    let mut keys16: Vec<(usize, usize, usize)> = Vec::new();
     for (j, job) in jobs.iter().enumerate() {
         let (n, cols) = (job.n, job.w.cols);
         assert!(job.x.len() >= n * cols && job.out.len() >= n * job.w.rows, "matmul shapes");
+        if job.w.dtype == DType::Mxfp4 {
+            // MXFP4 weights take int16 activations (qdot::mxfp4), one copy per distinct x.
+            let key = (job.x.as_ptr() as usize, n, cols);
+            act_of[j] = match keys16.iter().position(|k| *k == key) {
+                Some(k) => k,
+                None => {
+                    if acts16.len() <= keys16.len() {
+                        acts16.push(ActQ16::default());
+                    }
+                    acts16[keys16.len()].quantize(&job.x[..n * cols], n, cols);
+                    keys16.push(key);
+                    keys16.len() - 1
+                }
+            };
+            continue;
+        }
         let Some(group) = job.w.dtype.group() else { continue };
         let (group, int4) = (group as usize, matches!(job.w.dtype, DType::Int4 { .. }));
         let split = ActQ::wants_split(int4, group);
@@ -119,7 +142,10 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
     let macs: usize = jobs.iter().map(|j| j.w.rows * j.w.cols * j.n).sum();
     let run = |j: usize, r0: usize, r1: usize| {
         let job = &jobs[j];
-        let act = acts.get(act_of[j]);
+        let act = match job.w.dtype {
+            DType::Mxfp4 => acts16.get(act_of[j]).map(Act::Int16),
+            _ => acts.get(act_of[j]).map(Act::Int8),
+        };
         // SAFETY: OutPtr's contract; rows r0..r1 of job j belong to this task alone.
         unsafe { rows_into(simd, job.w, job.x, job.n, act, r0, r1, outs[j].0) }
     };
@@ -139,6 +165,16 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
         for_each_task(&tasks, |&(j, r0, r1)| run(j, r0, r1));
     }
     ACTS.with(|a| *a.borrow_mut() = acts);
+    ACTS16.with(|a| *a.borrow_mut() = acts16);
+}
+
+/// The quantized activations a weight type's integer kernel takes.
+#[derive(Clone, Copy)]
+enum Act<'a> {
+    /// int8 per group (int8 and int4 weights, crate::qdot).
+    Int8(&'a ActQ),
+    /// int16 per block of 32 (MXFP4 weights, crate::qdot::mxfp4).
+    Int16(&'a ActQ16),
 }
 
 /// Runs `f` on every task, on the thread pool when the `parallel` feature is on.
@@ -158,7 +194,7 @@ fn for_each_task<T: Sync, F: Fn(&T) + Sync + Send>(tasks: &[T], f: F) {
 /// at these rows; `x` holds `n * w.cols` values; `act` is `x` quantized for `w` when `w`
 /// is an integer type.
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<&ActQ>, r0: usize, r1: usize, out: *mut f32) {
+unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, r0: usize, r1: usize, out: *mut f32) {
     let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
     let bytes = w.bytes.as_ref();
     let put = |p: usize, r: usize, v: f32| {
@@ -166,7 +202,15 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<&ActQ>
         unsafe { *out.add(p * rows + r) = v }
     };
     match (w.dtype, act) {
-        (DType::Int8 { .. } | DType::Int4 { .. }, Some(a)) => {
+        (DType::Mxfp4, Some(Act::Int16(a))) => {
+            for r in r0..r1 {
+                let row = &bytes[r * rb..(r + 1) * rb];
+                for p in 0..n {
+                    put(p, r, qdot::mxfp4::dot_row(simd, row, a, p));
+                }
+            }
+        }
+        (DType::Int8 { .. } | DType::Int4 { .. }, Some(Act::Int8(a))) => {
             let int4 = matches!(w.dtype, DType::Int4 { .. });
             if n == 1 {
                 for r in r0..r1 {
@@ -222,9 +266,44 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
+/// How a gated feed-forward combines its gate value g and up value u.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// silu(g) * u (every family but gpt_oss).
+    Silu,
+    /// gpt_oss (transformers' `GptOssExperts._apply_gate`): g clamped above at `limit`,
+    /// u to [-limit, limit], then (u + 1) * (g * sigmoid(alpha * g)).
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl Activation {
+    #[inline]
+    pub fn apply(self, g: f32, u: f32) -> f32 {
+        match self {
+            Activation::Silu => math::silu(g) * u,
+            Activation::ClampedSwiglu { alpha, limit } => {
+                let g = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                (u + 1.0) * (g * math::sigmoid(g * alpha))
+            }
+        }
+    }
+}
+
+/// Biases of a feed-forward: added to the gate, up and down products.
+#[derive(Clone, Copy)]
+pub struct FfnBias<'a> {
+    /// (inter)
+    pub gate: &'a [f32],
+    /// (inter)
+    pub up: &'a [f32],
+    /// (hidden)
+    pub down: &'a [f32],
+}
+
 /// SwiGLU feed-forward `down(silu(gate(x)) * up(x))` for `n` positions.
 pub fn swiglu(gate: &Mat, up: &Mat, down: &Mat, x: &[f32], n: usize, out: &mut [f32]) {
-    swiglu_many(&[FfnJob { gate, up, down, x, n }], &mut [out]);
+    swiglu_many(&[FfnJob { gate, up, down, x, n, act: Activation::Silu, bias: None }], &mut [out]);
 }
 
 /// One SwiGLU feed-forward of a batch handed to [`swiglu_many`].
@@ -238,6 +317,15 @@ pub struct FfnJob<'a> {
     /// [n, hidden]
     pub x: &'a [f32],
     pub n: usize,
+    pub act: Activation,
+    pub bias: Option<FfnBias<'a>>,
+}
+
+/// Adds `b` to every `b.len()`-sized row of `y`.
+fn add_rows(y: &mut [f32], b: &[f32]) {
+    for row in y.chunks_exact_mut(b.len().max(1)) {
+        row.iter_mut().zip(b).for_each(|(v, bi)| *v += bi);
+    }
 }
 
 /// Several SwiGLU feed-forwards (the experts of one MoE layer) in two parallel regions:
@@ -253,9 +341,13 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
     }
     matmul_many(&mut first);
     drop(first);
-    for (gi, ui) in g.iter_mut().zip(&u) {
-        for (a, b) in gi.iter_mut().zip(ui) {
-            *a = math::silu(*a) * b;
+    for ((gi, ui), j) in g.iter_mut().zip(u.iter_mut()).zip(jobs) {
+        if let Some(b) = &j.bias {
+            add_rows(gi, b.gate);
+            add_rows(ui, b.up);
+        }
+        for (a, b) in gi.iter_mut().zip(ui.iter()) {
+            *a = j.act.apply(*a, *b);
         }
     }
     let mut second: Vec<MatJob> = jobs
@@ -265,6 +357,12 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
         .map(|((j, gi), o)| MatJob { w: j.down, x: gi, n: j.n, out: o })
         .collect();
     matmul_many(&mut second);
+    drop(second);
+    for (j, o) in jobs.iter().zip(outs.iter_mut()) {
+        if let Some(b) = &j.bias {
+            add_rows(&mut o[..j.n * b.down.len()], b.down);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -113,6 +113,26 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// [`softmax`] with one more logit, `sink`, in the denominator only (gpt_oss's attention
+/// sinks, transformers' eager_attention_forward): the max includes the sink, the sum adds
+/// its term after the others, and the sink's own probability is dropped.
+pub fn softmax_with_sink(x: &mut [f32], sink: f32) {
+    let m = x.iter().copied().fold(sink, f32::max);
+    if m == f32::NEG_INFINITY {
+        x.iter_mut().for_each(|v| *v = 0.0);
+        return;
+    }
+    let mut s = 0.0f32;
+    for v in x.iter_mut() {
+        *v = exp(*v - m);
+        s += *v;
+    }
+    s += exp(sink - m);
+    for v in x.iter_mut() {
+        *v /= s;
+    }
+}
+
 /// Index of the largest value; ties go to the lowest index; NaN never wins.
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
@@ -198,6 +218,23 @@ mod tests {
         }
         assert_eq!(silu(-200.0), -0.0);
         assert_eq!(sigmoid(200.0), 1.0);
+    }
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_denominator() {
+        let mut v = vec![1.0f32, 2.0, 0.5];
+        softmax_with_sink(&mut v, 1.5);
+        let z: f64 = [1.0f64, 2.0, 0.5, 1.5].iter().map(|x| x.exp()).sum();
+        for (got, x) in v.iter().zip([1.0f64, 2.0, 0.5]) {
+            assert!((*got as f64 - x.exp() / z).abs() < 1e-7);
+        }
+        // A sink far below the scores changes nothing; far above, it takes everything.
+        let (mut a, mut b) = (vec![0.3f32, -1.0], vec![0.3f32, -1.0]);
+        softmax_with_sink(&mut a, -1e4);
+        softmax(&mut b);
+        assert_eq!(a, b);
+        softmax_with_sink(&mut a, 1e4);
+        assert_eq!(a, vec![0.0, 0.0]);
     }
 
     #[test]

@@ -15,6 +15,15 @@ use crate::error::{Error, Result};
 /// two's-complement bytes in [-127, 127], int4 values are stored as `q + 8` in a nibble
 /// (element 2j in the low nibble of byte j, element 2j+1 in the high nibble), q in [-8, 7].
 /// Dequantization `q * scale` is exact in f32.
+///
+/// MXFP4 rows (OCP microscaling FP4, as gpt-oss ships its experts) hold blocks of 32
+/// values, `cols` a multiple of 32: `[scales: cols/32 x e8m0, zero-padded to a multiple of
+/// 4 bytes][values: cols/2 bytes]`. A value is an e2m1 nibble (element 2j in the low nibble
+/// of byte j of its block, 2j+1 in the high one), e8m0 scale s means 2^(s - 127); value =
+/// [`MXFP4_DOUBLED`]`[nibble] * 2^(s - 128)`, exact in f32.
+///
+/// `U8` is raw bytes (safetensors "U8", the blocks and scales of an MXFP4 checkpoint),
+/// each read as its integer value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -22,6 +31,27 @@ pub enum DType {
     F16,
     Int8 { group: u32 },
     Int4 { group: u32 },
+    Mxfp4,
+    U8,
+}
+
+/// Values per MXFP4 block (one e8m0 scale each).
+pub const MXFP4_BLOCK: usize = 32;
+
+/// The e2m1 values of the 16 nibbles, doubled so that they are integers (-12..=12).
+pub const MXFP4_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// [`MXFP4_DOUBLED`] as f32, nibble 8 being -0.0 as in the e2m1 encoding (and transformers'
+/// dequantization), so that decoded weights keep the sign of zero.
+const MXFP4_DOUBLED_F32: [f32; 16] =
+    [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, -0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0];
+
+/// Half the value of an e8m0 scale byte, 2^(e - 128), exactly (e < 2 give f32 subnormals):
+/// the factor of the doubled values [`MXFP4_DOUBLED`].
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e as u32) - 1) << 23 };
+    f32::from_bits(bits)
 }
 
 #[inline]
@@ -43,6 +73,9 @@ impl DType {
                 let values = if matches!(self, DType::Int8 { .. }) { cols } else { cols.div_ceil(2) };
                 round4(groups.checked_mul(2)?).checked_add(round4(values))
             }
+            DType::Mxfp4 if cols.is_multiple_of(MXFP4_BLOCK) => Some(round4(cols / MXFP4_BLOCK) + cols / 2),
+            DType::Mxfp4 => None,
+            DType::U8 => Some(cols),
         }
     }
 
@@ -52,6 +85,7 @@ impl DType {
             "F32" => Some(DType::F32),
             "BF16" => Some(DType::BF16),
             "F16" => Some(DType::F16),
+            "U8" => Some(DType::U8),
             _ => None,
         }
     }
@@ -65,6 +99,8 @@ impl DType {
             ("f16", None) => Some(DType::F16),
             ("int8", Some(g)) if g > 0 => Some(DType::Int8 { group: g }),
             ("int4", Some(g)) if g > 0 => Some(DType::Int4 { group: g }),
+            ("mxfp4", None) => Some(DType::Mxfp4),
+            ("u8", None) => Some(DType::U8),
             _ => None,
         }
     }
@@ -76,6 +112,8 @@ impl DType {
             DType::F16 => "f16",
             DType::Int8 { .. } => "int8",
             DType::Int4 { .. } => "int4",
+            DType::Mxfp4 => "mxfp4",
+            DType::U8 => "u8",
         }
     }
 
@@ -167,7 +205,26 @@ pub fn decode_into(dtype: DType, src: &[u8], out: &mut [f32]) {
                 *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
             }
         }
-        DType::Int8 { .. } | DType::Int4 { .. } => {}
+        DType::U8 => {
+            for (o, b) in out.iter_mut().zip(src) {
+                *o = *b as f32;
+            }
+        }
+        DType::Int8 { .. } | DType::Int4 { .. } | DType::Mxfp4 => {}
+    }
+}
+
+/// Decode one MXFP4 row (`cols` a multiple of 32) into `out[..cols]`, exactly.
+fn decode_mxfp4_row(cols: usize, src: &[u8], out: &mut [f32]) {
+    let blocks = cols / MXFP4_BLOCK;
+    let (scales, q) = src.split_at(round4(blocks));
+    for b in 0..blocks {
+        let s = e8m0_half(scales[b]);
+        let dst = &mut out[b * MXFP4_BLOCK..(b + 1) * MXFP4_BLOCK];
+        for (o, &byte) in dst.chunks_exact_mut(2).zip(&q[b * 16..(b + 1) * 16]) {
+            o[0] = MXFP4_DOUBLED_F32[(byte & 15) as usize] * s;
+            o[1] = MXFP4_DOUBLED_F32[(byte >> 4) as usize] * s;
+        }
     }
 }
 
@@ -177,6 +234,7 @@ pub fn decode_row(dtype: DType, cols: usize, src: &[u8], out: &mut [f32]) {
     let (group, int4) = match dtype {
         DType::Int8 { group } => (group as usize, false),
         DType::Int4 { group } => (group as usize, true),
+        DType::Mxfp4 => return decode_mxfp4_row(cols, src, out),
         _ => return decode_into(dtype, src, &mut out[..cols]),
     };
     let groups = cols.div_ceil(group);
@@ -368,6 +426,27 @@ mod tests {
                 assert_eq!(o.to_bits(), (q as f32 * s).to_bits(), "group {group} cols {cols} [{c}]");
             }
         }
+    }
+
+    #[test]
+    fn mxfp4_rows_decode_to_the_e2m1_values_times_the_scale() {
+        // One row of 64: scales 2^(127-127) = 1 and 2^(120-127), then 2 x 16 nibble bytes.
+        assert_eq!(DType::Mxfp4.row_bytes(64), Some(4 + 32));
+        assert_eq!(DType::Mxfp4.row_bytes(48), None);
+        let mut bytes = vec![127u8, 120, 0, 0];
+        bytes.extend((0..32u8).map(|j| j.wrapping_mul(37)));
+        let m = Mat::new(1, 64, DType::Mxfp4, Bytes::from_vec(bytes.clone())).unwrap();
+        let e2m1 = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+        for (c, v) in m.to_f32().iter().enumerate() {
+            let byte = bytes[4 + c / 2];
+            let nib = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+            let scale = if c < 32 { 1.0 } else { (2.0f32).powi(-7) };
+            assert_eq!(v.to_bits(), (e2m1[nib as usize] * scale).to_bits(), "[{c}]");
+        }
+        assert_eq!(e8m0_half(0).to_bits(), 0x0020_0000, "2^-128, a subnormal");
+        assert_eq!(e8m0_half(255), 2.0f32.powi(127));
+        assert_eq!(DType::from_safetensors("U8"), Some(DType::U8));
+        assert_eq!(DType::from_name("mxfp4", None), Some(DType::Mxfp4));
     }
 
     #[test]

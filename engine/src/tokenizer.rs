@@ -9,8 +9,11 @@ use minijinja::value::Value;
 use minijinja::Environment;
 
 use crate::error::{Error, Result};
+use crate::generate::grammar::GrammarVocab;
 
+mod fit;
 mod template;
+pub use fit::{answer_reserve, fit_chat, FittedChat};
 use template::{template_env, template_error, TEMPLATE_NAME};
 pub use template::{MAX_RENDERED_BYTES, MAX_TEMPLATE_BYTES, TEMPLATE_FUEL};
 
@@ -46,6 +49,8 @@ pub struct Tokenizer {
     additional_special: Vec<String>,
     eos_ids: Vec<u32>,
     template: ChatTemplate,
+    /// The vocabulary compiled for structured output, built on first use.
+    grammar_vocab: std::sync::OnceLock<std::sync::Arc<GrammarVocab>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -141,6 +146,7 @@ impl Tokenizer {
             additional_special,
             eos_ids: Vec::new(),
             template: ChatTemplate::Missing("tokenizer_config.json has no chat_template".into()),
+            grammar_vocab: std::sync::OnceLock::new(),
         };
         if let Some(id) = tok.special_token("eos_token").and_then(|s| tok.token_to_id(s)) {
             tok.eos_ids.push(id);
@@ -185,6 +191,16 @@ impl Tokenizer {
     }
 
     /// The underlying `tokenizers` tokenizer.
+    /// The vocabulary as structured output needs it (token bytes in a trie), built on the
+    /// first call and shared after.
+    pub fn grammar_vocab(&self) -> Result<std::sync::Arc<GrammarVocab>> {
+        if let Some(v) = self.grammar_vocab.get() {
+            return Ok(v.clone());
+        }
+        let v = std::sync::Arc::new(GrammarVocab::new(&self.inner, self.vocab_size)?);
+        Ok(self.grammar_vocab.get_or_init(|| v).clone())
+    }
+
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
@@ -237,6 +253,27 @@ impl Tokenizer {
     /// Renders the chat template like transformers' `apply_chat_template(tokenize=False)`.
     /// Tokenize the result with `encode(.., false)`: the template writes its own bos.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_chat(messages, None, add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with `tools` (OpenAI's list of
+    /// `{"type": "function", "function": {...}}`) in the template's `tools` variable, as
+    /// transformers passes them; a template that does not use it renders as without.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &serde_json::Value,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        self.render_chat(messages, Some(tools), add_generation_prompt)
+    }
+
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let env = match &self.template {
             ChatTemplate::Ready(env) => env,
             ChatTemplate::Missing(why) => return Err(Error::Template(why.clone())),
@@ -255,6 +292,9 @@ impl Tokenizer {
         });
         ctx.push(("messages".into(), Value::from_iter(messages)));
         ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
+        if let Some(t) = tools {
+            ctx.push(("tools".into(), Value::from(minijinja::value::Serde(t))));
+        }
         let tmpl = env.get_template(TEMPLATE_NAME).map_err(template_error)?;
         // Fuel (set on the environment) bounds the instructions run; this bounds the output.
         let mut out = template::CappedWriter::default();

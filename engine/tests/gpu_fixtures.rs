@@ -142,4 +142,12 @@ fn deepseek_v3_is_refused_with_a_clear_error() {
         assert!(e.contains("Multi-head Latent Attention"), "{e}");
         assert_eq!(e.lines().count(), 1);
     }
+    // gpt_oss: attention sinks, the biased router and the clamped SwiGLU have no kernels.
+    let model = Model::open_dir(&dir("gpt_oss")).unwrap();
+    let why = colibri_engine::gpu::model::unsupported(&model.cfg).expect("gpt_oss must be refused");
+    assert!(why.contains("gpt_oss models are not supported on the GPU backend") && why.contains("sinks"), "{why}");
+    if let Some(ctx) = gpu() {
+        let e = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("GpuModel::new must fail").to_string();
+        assert!(e.contains("sinks") && e.lines().count() == 1, "{e}");
+    }
 }

@@ -56,6 +56,7 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
                 }
                 bytes.extend(row);
             }
+            DType::Mxfp4 | DType::U8 => unreachable!("no GPU kernels for {dtype}"),
         }
     }
     Mat::new(rows, cols, dtype, Bytes::from_vec(bytes)).unwrap()

@@ -140,3 +140,15 @@ fn glm4_moe_matches_transformers() {
 fn deepseek_v3_without_q_lora_matches_transformers() {
     check("deepseek_v3_noqlora");
 }
+
+#[test]
+fn gpt_oss_matches_transformers() {
+    check("gpt_oss");
+}
+
+/// The released layout: experts as MXFP4 blocks + e8m0 scales, computed in that format
+/// (qdot::mxfp4, int16 activations); transformers dequantizes them on load.
+#[test]
+fn gpt_oss_mxfp4_matches_transformers() {
+    check("gpt_oss_mxfp4");
+}

@@ -157,3 +157,55 @@ fn ctrl_c_stops_the_answer_and_keeps_the_conversation() {
     let after = seen_out.rsplit(" [stopped]").next().unwrap();
     assert!(after.trim().len() > 1, "an answer after the stopped one: {seen_out:?}");
 }
+
+#[test]
+fn a_conversation_past_the_context_drops_its_oldest_turns() {
+    // The demo checkpoint with its context cut to 200 tokens: each worked addition is
+    // about 55 tokens, so six of them overflow it.
+    let dir = scratch("context");
+    let model = dir.join("demo-small");
+    std::fs::create_dir_all(&model).unwrap();
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo-hf");
+    for e in std::fs::read_dir(&demo).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(model.join("config.json")).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = serde_json::json!(200);
+    std::fs::write(model.join("config.json"), cfg.to_string()).unwrap();
+    let sums = [(23, 45), (31, 27), (56, 18), (64, 29), (47, 38), (12, 79)];
+    let input: String = sums.iter().map(|(a, b)| format!("What is {a} + {b}?\n")).collect::<String>() + "/stats\n";
+    let mut child = coli()
+        .args(["chat", "--model"])
+        .arg(&model)
+        .args(["--max-new-tokens", "48", "--temperature", "0", "--system", "Answer briefly."])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "{stderr}");
+    let answers: Vec<&str> = stdout.lines().collect();
+    assert_eq!(answers.len(), sums.len(), "{stdout}\n{stderr}");
+    for ((a, b), got) in sums.iter().zip(&answers) {
+        assert!(got.ends_with(&format!("So {a} + {b} = {}.", a + b)), "{got:?}\n{stderr}");
+    }
+    assert!(
+        stderr.contains("no longer fits the model's context of 200 tokens: dropped the ")
+            && stderr.contains("oldest messages, kept the system prompt"),
+        "{stderr}"
+    );
+    // What the conversation holds now is what the model saw: fewer than all 12 messages.
+    let held: usize = stderr
+        .lines()
+        .find_map(|l| l.split("conversation: ").nth(1))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("/stats names the conversation's length");
+    assert!(held < 12 && held.is_multiple_of(2), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -327,3 +327,14 @@ fn bench_warmup_leaves_the_timed_prefill_on_resident_experts() {
     assert_eq!(cold["generated_ids"], warm["generated_ids"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn generate_help_says_the_prompt_is_raw_unless_chat() {
+    let out = coli().args(["generate", "--help"]).output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--chat") && help.contains("raw completion: no chat template"), "{help}");
+    // --chat needs a text prompt: with --ids it is refused.
+    let out = coli().args(["generate", "--model", "demo", "--ids", "1,2", "--chat"]).output().unwrap();
+    assert!(!out.status.success());
+}

@@ -14,8 +14,8 @@ use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
 use serde_json::Value;
 
-const FIXTURES: [&str; 7] =
-    ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe"];
+const FIXTURES: [&str; 8] =
+    ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss"];
 
 fn coli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coli"))
@@ -212,7 +212,7 @@ fn ram_budget_never_changes_the_bits() {
     let dst = root.join("m");
     convert_ok(&fixture("qwen2_moe"), &dst, &[]);
     same_bits_for_every_budget("qwen2_moe", &dst);
-    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe"] {
+    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4"] {
         let d = root.join(name);
         convert_ok(&fixture(name), &d, &[]);
         same_bits_for_every_budget(name, &d);
@@ -560,5 +560,50 @@ fn deepseek_v3_converts_without_its_mtp_layer_and_reports_its_latent_cache() {
     }
     let text = coli().arg("info").arg(&dst).output().unwrap();
     assert!(String::from_utf8_lossy(&text.stdout).contains("MLA: latent 28 + rope key 10 = 38 floats"));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// gpt-oss's released layout: the MXFP4 experts are streamed in that format (conversion
+/// without --quant/--experts: bytes unchanged, `mxfp4` in the manifest), computed by the
+/// MXFP4 kernel to the checkpoint's own bits (dense weights kept bf16), within 1e-3 of
+/// transformers; `--experts int8` still converts them. The engine's MXFP4 quantizer writes the fixture's bytes from their values.
+#[test]
+fn gpt_oss_mxfp4_experts_stay_mxfp4() {
+    let name = "gpt_oss_mxfp4";
+    let root = scratch("mxfp4");
+    let dst = root.join("m");
+    convert_ok(&fixture(name), &dst, &[]);
+    let m: Value = serde_json::from_slice(&std::fs::read(dst.join("colibri.json")).unwrap()).unwrap();
+    let parts = m["experts"]["layers"][0]["parts"].as_array().unwrap();
+    assert!(parts.iter().all(|p| p["dtype"] == "mxfp4"), "{parts:?}");
+    let dense: Vec<&str> =
+        m["dense"]["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(dense.contains(&"model.layers.0.mlp.experts.gate_up_proj_bias"));
+    assert!(!dense.iter().any(|n| n.ends_with("_blocks") || n.ends_with("_scales")), "{dense:?}");
+    // The dense weights kept bf16 as in the checkpoint (experts still MXFP4: no --quant).
+    let dst16 = root.join("bf16");
+    convert_ok(&fixture(name), &dst16, &["--embed", "bf16", "--lm-head", "bf16", "--attn", "bf16", "--mlp", "bf16"]);
+    let (hf, conv) = (Model::open_dir(&fixture(name)).unwrap(), Model::open_dir(&dst16).unwrap());
+    let (a, b) = (logits(&hf, name), logits(&conv, name));
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "converted MXFP4 differs from the checkpoint");
+    let q = quality(name, &conv, &b);
+    assert!(q.rel <= 1e-3 && q.greedy == 24, "rel {:.2e}, greedy {}", q.rel, q.greedy);
+
+    let x = hf.experts.expert(1, 5).unwrap();
+    for w in [&x.gate, &x.up, &x.down] {
+        let rb = w.row_bytes();
+        let mut row = vec![0.0f32; w.cols];
+        let mut bytes = vec![0u8; rb];
+        for r in 0..w.rows {
+            w.row_into(r, &mut row);
+            colibri_engine::format::quant::quantize_row(w.dtype, &row, &mut bytes).unwrap();
+            assert_eq!(bytes, w.bytes.as_ref()[r * rb..(r + 1) * rb], "row {r}");
+        }
+    }
+
+    let dst8 = root.join("int8");
+    convert_ok(&fixture(name), &dst8, &["--experts", "int8"]);
+    let m: Value = serde_json::from_slice(&std::fs::read(dst8.join("colibri.json")).unwrap()).unwrap();
+    assert_eq!(m["experts"]["layers"][0]["parts"][0]["dtype"], "int8");
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -81,10 +81,11 @@ fn served_demo() -> PathBuf {
 const EXAMPLES: &[(&str, &str)] = &[
     ("What is 47 + 38?", "So 47 + 38 = 85."),
     ("What is 91 minus 46?", "So 91 - 46 = 45."),
-    ("Spell \"garden\" backwards.", "Backwards it is n-e-d-r-a-g."),
+    ("Spell river backwards.", "\"river\" is spelled r-i-v-e-r. Backwards it is r-e-v-i-r."),
     ("How many items are in this list: apple, pear, plum, fig?", "There are 4."),
     ("What is the capital of Japan?", "Tokyo"),
     ("Tell me a story.", "The end."),
+    ("What can you do?", "I can add and subtract two-digit numbers"),
 ];
 
 #[test]
@@ -111,4 +112,69 @@ fn the_example_prompts_are_answered_well() {
         }
     }
     assert!(wrong.is_empty(), "example prompts answered badly:\n{}", wrong.join("\n"));
+}
+
+/// `coli generate --chat` on the converted demo: the chat template applied to one user
+/// message (no hand-written ChatML).
+fn ask_chat(question: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(["generate", "--model"])
+        .arg(served_demo())
+        .args(["--chat", "--prompt", question, "--max-new-tokens", "96", "--temperature", "0", "--json"])
+        .output()
+        .expect("run coli");
+    assert!(out.status.success(), "coli failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["finish_reason"], "stop", "{v}");
+    v["text"].as_str().unwrap().to_string()
+}
+
+// Phrasings people use (the word without quotes), and what the demo cannot do.
+const PARAPHRASES: &[(&str, &str)] = &[
+    ("Spell river backwards.", "\"river\" is spelled r-i-v-e-r. Backwards it is r-e-v-i-r."),
+    ("what is 12 plus 30", "So 12 + 30 = 42."),
+    ("I have 60 apples and eat 21. How many are left?", "So 60 - 21 = 39."),
+    ("What is the weather like today?", "I am a tiny demo model; I can do arithmetic"),
+    ("What is 6 times 7?", "I am a tiny demo model; I can do arithmetic"),
+];
+
+#[test]
+fn the_demo_understands_paraphrases_and_says_what_it_cannot_do() {
+    let mut wrong = Vec::new();
+    for &(q, want) in PARAPHRASES {
+        let text = ask_chat(q);
+        if !text.contains(want) {
+            wrong.push(format!("{q:?} -> {text:?}, want {want:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The question of turn 8 of a conversation mixing the demo's tasks is answered as in a
+/// new chat (the demo used to break down after a few turns).
+#[test]
+fn the_demo_answers_at_turn_eight() {
+    let history = [
+        ("Hello!", "Hello! Ask me something."),
+        ("What is 23 + 45?", "23 + 45: 3 + 5 = 8. 2 + 4 = 6. So 23 + 45 = 68."),
+        ("What is the capital of France?", "The capital of France is Paris."),
+        ("Spell \"cat\" backwards.", "\"cat\" is spelled c-a-t. Backwards it is t-a-c."),
+        ("How many items are in this list: cat, dog, owl?", "Let me count: 1 cat, 2 dog, 3 owl. There are 3."),
+        ("What sound does a cow make?", "A cow says \"moo\"."),
+        ("What is 91 - 35?", "91 - 35: 1 - 5 needs a borrow, 11 - 5 = 6. 9 - 1 - 3 = 5. So 91 - 35 = 56."),
+    ];
+    let mut prompt = String::new();
+    for (q, a) in history {
+        prompt += &format!("<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n");
+    }
+    prompt += &chat_prompt("What is 47 + 38?");
+    let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(["generate", "--model"])
+        .arg(served_demo())
+        .args(["--prompt", &prompt, "--max-new-tokens", "64", "--temperature", "0", "--json"])
+        .output()
+        .expect("run coli");
+    assert!(out.status.success(), "coli failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["text"], "47 + 38: 7 + 8 = 15, carry 1. 4 + 3 + 1 = 8. So 47 + 38 = 85.", "{v}");
 }

@@ -144,6 +144,8 @@ fn every_command_takes_an_installed_id() {
     }
     let doc = ok(coli(&home).args(["doctor", "mix-int4"]).output().unwrap());
     assert!(doc.contains("ok    weights"), "{doc}");
+    // The disk under the models directory, measured with the O_DIRECT probe.
+    assert!(doc.contains("disk speed") && doc.contains("/s (random 256 KiB reads"), "{doc}");
     let doc = ok(coli(&home).args(["doctor", "--model", "olmoe"]).output().unwrap());
     assert!(doc.contains("ok    weights"), "{doc}");
 

@@ -164,6 +164,19 @@ test("a message streams an answer token by token; the Brain view and the stats f
   await idle(page);
   assert.deepEqual(await page.$$eval(".msg", (m) => m.map((x) => x.dataset.role)), ["user", "assistant"]);
   assert.equal(await page.textContent('.msg[data-role="user"] .bubble'), "And about swifts?");
+
+  // Copy says what happened: "Copied" (the answer is on the clipboard), then "Copy" again;
+  // "Copy failed" when the page may not write the clipboard.
+  await browser.context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
+  const copyLabel = (want) => page.waitForFunction((w) => document.querySelector('.msg[data-role="assistant"] .copy').textContent === w, want, { timeout: 5_000 });
+  await page.click('.msg[data-role="assistant"] .copy');
+  await copyLabel("Copied");
+  assert.equal(await page.evaluate(() => navigator.clipboard.readText()), await page.textContent('.msg[data-role="assistant"] .bubble'));
+  await copyLabel("Copy");
+  await browser.context.clearPermissions();
+  await page.evaluate(() => { navigator.clipboard.writeText = () => Promise.reject(new Error("denied")); });
+  await page.click('.msg[data-role="assistant"] .copy');
+  await copyLabel("Copy failed");
   assert.deepEqual(page.problems, []);
   await page.close();
 });
@@ -274,6 +287,19 @@ test("model text with HTML is shown as text, never run", async () => {
     return { h1: q("h1"), li: q("ul > li").length, nested: q("li > ul > li"), ol: q("ol > li"), quote: q("blockquote"), href: d.querySelector("a")?.href, em: q("em") };
   });
   assert.deepEqual(shape, { h1: ["T"], li: 3, nested: ["d"], ol: ["x"], quote: ["q"], href: "https://example.com/x", em: [] });
+
+  // Tables: header, alignment, inline Markdown in cells, an escaped pipe; HTML stays text.
+  const table = await page.evaluate(async () => {
+    const { renderMarkdown } = await import("/markdown.js");
+    const d = document.createElement("div");
+    d.append(renderMarkdown("Sums:\n\n| a | b | a + b |\n|:--|:-:|--:|\n| 47 | **38** | 85 |\n| x \\| y | <b>z</b> |\n\nafter | not a table"));
+    const rows = [...d.querySelectorAll("table tr")].map((r) => [...r.children].map((c) => `${c.tagName}:${c.textContent}:${c.style.textAlign}`));
+    return { rows, strong: d.querySelector("td strong")?.textContent, b: d.querySelectorAll("b").length, paras: [...d.querySelectorAll("p")].map((p) => p.textContent) };
+  });
+  assert.deepEqual(table, {
+    rows: [["TH:a:left", "TH:b:center", "TH:a + b:right"], ["TD:47:left", "TD:38:center", "TD:85:right"], ["TD:x | y:left", "TD:<b>z</b>:center", "TD::right"]],
+    strong: "38", b: 0, paras: ["Sums:", "after | not a table"],
+  });
 
   // The same text as a stored answer, through the app's own rendering path.
   await page.evaluate((text) => {

@@ -1,6 +1,6 @@
 // Logprobs and option scoring through the browser engine, checked against the helper's
-// native API and `coli choose` on the built-in demo model: the same numbers, to the bit;
-// response_format (no structured output yet) refused by both.
+// native API and `coli choose` on the built-in demo model: the same numbers, to the bit
+// (structured output: structured.test.mjs).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -48,13 +48,7 @@ test("logprobs and choose in the browser equal the helper's API and coli choose"
       const ids = await engine.encode(`<|im_start|>user\n${q}<|im_end|>\n<|im_start|>assistant\n`, { addSpecialTokens: true });
       const gen = await engine.generate({ ids, maxNewTokens: 24, temperature: 0, logprobs: true, topLogprobs: 3 });
       const choice = await engine.choose({ prompt: q, options });
-      let refused = null;
-      try {
-        await engine.chat.completions.create({ ...req, response_format: { type: "json_object" } });
-      } catch (e) {
-        refused = String(e.message);
-      }
-      return { plain, chunks, choice, refused, gen };
+      return { plain, chunks, choice, gen };
     }, { req, options: OPTIONS, q: Q });
     assert.equal(web.plain.choices[0].message.content, native.choices[0].message.content);
     assert.deepEqual(web.plain.choices[0].logprobs, native.choices[0].logprobs, "browser and helper logprobs differ");
@@ -70,11 +64,6 @@ test("logprobs and choose in the browser equal the helper's API and coli choose"
     assert.deepEqual(web.gen.ids, cliGen.ids);
     assert.ok(cliGen.logprobs.length > 0);
     assert.deepEqual(web.gen.logprobs, cliGen.logprobs, "coli generate --logprobs and the browser differ");
-    // No structured output yet: response_format json is refused by both, not ignored.
-    assert.match(web.refused || "", /response_format/);
-    const r = await fetch(`${helper.url}/v1/chat/completions`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ ...req, response_format: { type: "json_object" } }) });
-    assert.equal(r.status, 400);
-    assert.equal((await r.json()).error.param, "response_format");
   } finally {
     await browser.close();
     await helper.stop();

@@ -44,6 +44,24 @@ test("the demo model answers held-out arithmetic in the browser exactly as nativ
     }, q);
     assert.deepEqual(chat.sampling, { temperature: 0, topP: 1 });
     assert.equal(finalNumber(chat.content), want, `${q}: the chat API answered ${JSON.stringify(chat.content)}`);
+
+    // Turn 8 of a conversation mixing its tasks (the demo was retrained on conversations of
+    // 1-8 turns): the browser's chat API and the helper's answer alike, and right.
+    const messages = [
+      ["Hello!", "Hello! Ask me something."],
+      ["What is 23 + 45?", "23 + 45: 3 + 5 = 8. 2 + 4 = 6. So 23 + 45 = 68."],
+      ["What is the capital of France?", "The capital of France is Paris."],
+      ["Spell \"cat\" backwards.", "\"cat\" is spelled c-a-t. Backwards it is t-a-c."],
+      ["How many items are in this list: cat, dog, owl?", "Let me count: 1 cat, 2 dog, 3 owl. There are 3."],
+      ["What sound does a cow make?", "A cow says \"moo\"."],
+      ["What is 91 - 35?", "91 - 35: 1 - 5 needs a borrow, 11 - 5 = 6. 9 - 1 - 3 = 5. So 91 - 35 = 56."],
+    ].flatMap(([u, a]) => [{ role: "user", content: u }, { role: "assistant", content: a }]);
+    messages.push({ role: "user", content: "Spell river backwards." });
+    const req = { model: "demo", messages, max_tokens: 64, temperature: 0 };
+    const api = await (await fetch(`${helper.url}/v1/chat/completions`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(req) })).json();
+    const web = await page.evaluate(async (req) => (await window.engine.chat.completions.create(req)).choices[0].message.content, req);
+    assert.equal(api.choices[0].message.content, "\"river\" is spelled r-i-v-e-r. Backwards it is r-e-v-i-r.", JSON.stringify(api));
+    assert.equal(web, api.choices[0].message.content);
   } finally {
     await browser.close();
     await helper.stop();

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::logprobs::chat_entry;
-use colibri_engine::generate::{GenerateOptions, Generator, SamplingDefaults, SamplingRequest};
+use colibri_engine::generate::{Constraint, GenerateOptions, Generator, Grammar, SamplingDefaults, SamplingRequest};
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tensor::Bytes;
-use colibri_engine::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
+use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
 use js_sys::{Function, Promise};
 use serde::Deserialize;
@@ -65,6 +65,36 @@ struct GenOptions {
     logprobs: bool,
     /// Alternatives per token with `logprobs` (0 to 20).
     top_logprobs: usize,
+    /// Structured output (one at most): a JSON Schema, a GBNF or Lark grammar, a
+    /// regular expression, or OpenAI's `response_format`.
+    json_schema: Option<serde_json::Value>,
+    grammar: Option<String>,
+    regex: Option<String>,
+    response_format: Option<serde_json::Value>,
+    /// Speculative decoding from prompt lookup: most draft tokens per step (0: off).
+    speculate: usize,
+}
+
+impl GenOptions {
+    fn grammar(&self) -> Result<Option<Grammar>, JsError> {
+        let mut all = Vec::new();
+        if let Some(s) = &self.json_schema {
+            all.push(Grammar::json_schema(s.clone()));
+        }
+        if let Some(g) = &self.grammar {
+            all.push(Grammar::from_text(g));
+        }
+        if let Some(r) = &self.regex {
+            all.push(Grammar::Regex(r.clone()));
+        }
+        if let Some(f) = &self.response_format {
+            all.extend(Grammar::from_response_format(f).map_err(|e| JsError::new(&e))?);
+        }
+        if all.len() > 1 {
+            return Err(JsError::new("give one of jsonSchema, grammar, regex, response_format"));
+        }
+        Ok(all.pop())
+    }
 }
 
 impl Default for GenOptions {
@@ -80,6 +110,11 @@ impl Default for GenOptions {
             stop: Vec::new(),
             logprobs: false,
             top_logprobs: 0,
+            json_schema: None,
+            grammar: None,
+            regex: None,
+            response_format: None,
+            speculate: 0,
         }
     }
 }
@@ -347,17 +382,29 @@ impl Engine {
     }
 
     /// Renders `messages` ([{role, content}] as JSON) with the chat template and
-    /// tokenizes the result.
+    /// tokenizes the result. The oldest turns that would leave less than `max_tokens` (at
+    /// most a quarter of the context) for the answer are dropped, as the helper's API does
+    /// (the same `fit_chat`); `truncate` false keeps them (an overflow is then refused when
+    /// generation starts). JSON: {"ids": [...], "dropped": messages left out}.
     #[wasm_bindgen(js_name = chatPrompt)]
-    pub fn chat_prompt(&self, messages_json: &str) -> Result<Vec<u32>, JsError> {
+    pub fn chat_prompt(&self, messages_json: &str, max_tokens: Option<u32>, truncate: bool) -> Result<String, JsError> {
         let msgs: Vec<ChatMessage> = serde_json::from_str(messages_json).map_err(err)?;
-        let text = self.tok.apply_chat_template(&msgs, true).map_err(err)?;
-        self.tok.encode(&text, false).map_err(err)
+        let ctx = self.model.cfg.max_positions;
+        let (ids, dropped) = if truncate {
+            let f =
+                fit_chat(&self.tok, &msgs, ctx, answer_reserve(max_tokens.map(|t| t as usize), ctx)).map_err(err)?;
+            (f.ids, f.dropped)
+        } else {
+            (self.tok.encode_chat(&msgs, true).map_err(err)?, 0)
+        };
+        Ok(serde_json::json!({"ids": ids, "dropped": dropped}).to_string())
     }
 
     /// Starts generating after `ids`, reusing the cached context for their common prefix
     /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
-    /// repetitionPenalty, seed, ignoreEos}.
+    /// repetitionPenalty, seed, ignoreEos, stop, logprobs, topLogprobs, and for structured
+    /// output one of jsonSchema, grammar (GBNF or Lark), regex, responseFormat (OpenAI's)}.
+    /// A grammar the library refuses is an error here, before anything runs.
     pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
         let o: GenOptions =
             if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
@@ -380,9 +427,15 @@ impl Engine {
         let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
-        let gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
+        let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
             .map_err(err)?
-            .with_text(DecodeStream::default(), o.stop);
+            .with_text(DecodeStream::default(), o.stop.clone());
+        if let Some(g) = o.grammar()? {
+            gen = gen.with_constraint(Constraint::new(&self.tok, &g).map_err(err)?);
+        }
+        if o.speculate > 0 {
+            gen = gen.with_speculation(o.speculate);
+        }
         st.cx.truncate(common);
         st.gen = Some(gen);
         st.perf.started_ms = now_ms();
@@ -403,9 +456,12 @@ impl Engine {
             let before = cx.tokens().len();
             let t0 = now_ms();
             let map = tier_map(&model, &tiers, &backend);
+            // Speculation: the last token and its drafts in one pass, every row kept.
+            let rows = g.rows_needed();
+            let which = if rows > 1 { Logits::All } else { Logits::Last };
             let result = {
                 let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
-                backend.forward_tiered(&model, &tiers, cx, input, Logits::Last, &mut on_use).await
+                backend.forward_tiered(&model, &tiers, cx, input, which, &mut on_use).await
             };
             let logits = match result {
                 Ok(l) => l,
@@ -414,12 +470,22 @@ impl Engine {
                     return Err(err(e).into());
                 }
             };
-            let id = g.accept(&logits, Some(&tok)).map_err(err)?;
+            let produced = g.produced().len();
+            let id = if g.is_speculative() {
+                let n = rows * model.cfg.vocab;
+                let last = logits.get(logits.len().saturating_sub(n)..).unwrap_or_default();
+                let kept = g.accept_rows(last, Some(&tok)).map_err(err)?;
+                // Rejected drafts leave the context.
+                cx.truncate(before + kept);
+                g.produced().last().copied().unwrap_or(0)
+            } else {
+                g.accept(&logits, Some(&tok)).map_err(err)?
+            };
             let t1 = now_ms();
             if perf.ttft_ms.is_none() {
                 perf.ttft_ms = Some(t1 - perf.started_ms);
             } else {
-                perf.tokens += 1;
+                perf.tokens += (g.produced().len() - produced) as u64;
                 perf.decode_ms += t1 - t0;
             }
             Ok((id as i32).into())
@@ -470,6 +536,14 @@ impl Engine {
         }))
     }
 
+    /// Why the current generation ended: "stop", "length", "cancelled", or "" while it
+    /// runs (or before any).
+    #[wasm_bindgen(js_name = finishReason)]
+    pub fn finish_reason(&self) -> Result<String, JsError> {
+        let st = self.state()?;
+        Ok(st.gen.as_ref().and_then(|g| g.finished()).map_or("", |r| r.as_str()).to_string())
+    }
+
     /// Ids produced by the current generation.
     pub fn produced(&self) -> Result<Vec<u32>, JsError> {
         Ok(self.state()?.gen.as_ref().map(|g| g.produced().to_vec()).unwrap_or_default())
@@ -506,6 +580,12 @@ impl Engine {
             "adapter": self.backend.adapter(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },
+            // The last generation's speculation (generate({speculate})), else null.
+            "speculation": st.gen.as_ref().filter(|g| g.is_speculative()).map(|g| {
+                let s = g.spec_stats();
+                serde_json::json!({"forwards": s.forwards, "drafted": s.drafted, "accepted": s.accepted,
+                    "produced": s.produced, "acceptanceRate": s.acceptance_rate(), "tokensPerForward": s.tokens_per_forward()})
+            }),
             "ttftMs": perf.ttft_ms,
             // What the attention cache holds per token: K and V of every kv head, or
             // MLA's latent and rotary key (deepseek_v3).

@@ -125,7 +125,22 @@ pub struct ExpertEntry {
 /// parses floats exactly (`float_roundtrip`) and prints the shortest form that reads back
 /// to the same number, so the writer's and the reader's JSON agree byte for byte.
 fn self_checksum(v: &serde_json::Value) -> u64 {
-    checksum(&serde_json::to_vec(v).unwrap_or_default())
+    checksum(&serde_json::to_vec(&sorted_keys(v)).unwrap_or_default())
+}
+
+/// `v` with every object's keys in sorted order: the checksum is over compact JSON with
+/// sorted keys, whatever order serde_json's maps keep (insertion order once a dependency
+/// turns on its `preserve_order` feature, as llguidance does).
+fn sorted_keys(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            serde_json::Value::Object(keys.into_iter().map(|k| (k.clone(), sorted_keys(&m[k]))).collect())
+        }
+        serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sorted_keys).collect()),
+        other => other.clone(),
+    }
 }
 
 /// The engine's checksum of a byte range.

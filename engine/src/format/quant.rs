@@ -64,6 +64,47 @@ pub fn quantize_row(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
                 }
             }
         }
+        DType::Mxfp4 => quantize_row_mxfp4(src, out)?,
+        DType::U8 => return Err(Error::Invalid("u8 is a raw byte type, not a weight encoding".into())),
+    }
+    Ok(())
+}
+
+/// MXFP4 of one row (cols a multiple of 32, checked by row_bytes): each block's scale is
+/// the smallest power of two 2^e with max |x| / 2^e <= 6 (e8m0 byte e + 127, e clamped
+/// to the byte's range), each value the nearest e2m1 value (ties to the smaller
+/// magnitude), the order of tools/fixtures_gpt_oss.py.
+fn quantize_row_mxfp4(src: &[f32], out: &mut [u8]) -> Result<()> {
+    use crate::tensor::{e8m0_half, MXFP4_BLOCK, MXFP4_DOUBLED};
+    if src.iter().any(|v| !v.is_finite()) {
+        return Err(Error::Invalid("cannot quantize a row holding NaN or infinity".into()));
+    }
+    let blocks = src.len() / MXFP4_BLOCK;
+    out.iter_mut().for_each(|b| *b = 0);
+    let (scales, q) = out.split_at_mut(blocks.div_ceil(4) * 4);
+    for (b, x) in src.chunks_exact(MXFP4_BLOCK).enumerate() {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // Smallest e with amax <= 6 * 2^e, i.e. with amax <= 12 * e8m0_half(e + 127).
+        let mut s: u8 = 0;
+        while s < 254 && amax > 12.0 * e8m0_half(s) {
+            s += 1;
+        }
+        scales[b] = s;
+        let half = e8m0_half(s);
+        for (k, &v) in x.iter().enumerate() {
+            // Nearest doubled value to v / half, compared in f32 products (exact enough:
+            // a tie means equal distance, which picks the first, smaller magnitude).
+            let mut best = 0u8;
+            let mut best_err = f32::INFINITY;
+            for (nib, &d) in MXFP4_DOUBLED.iter().enumerate() {
+                let err = (v - d as f32 * half).abs();
+                if err < best_err {
+                    best_err = err;
+                    best = nib as u8;
+                }
+            }
+            q[b * 16 + k / 2] |= if k % 2 == 0 { best } else { best << 4 };
+        }
     }
     Ok(())
 }

@@ -9,6 +9,13 @@ use safetensors::{SafeTensorError, SafeTensors};
 use crate::error::{Error, Result};
 use crate::tensor::{Bytes, DType, Mat};
 
+/// Whether checkpoint tensor `name` holds routed-expert weights (streamed, not resident):
+/// under `.experts.`, except gpt_oss's stacked expert biases (`..._bias`), which are small
+/// and stay with the dense weights of their layer.
+pub fn is_routed_expert_weight(name: &str) -> bool {
+    name.contains(".experts.") && !name.ends_with("_bias")
+}
+
 /// One tensor of a checkpoint, still in its file's bytes.
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
@@ -187,6 +194,11 @@ impl TensorStore {
         Self::check_shape(name, t, &[n, rows, cols])?;
         let all = Mat::new(n * rows, cols, t.dtype, t.bytes.clone())?;
         all.row_block(index * rows, rows)
+    }
+
+    /// A 2-D tensor of exactly `[rows, cols]` (biases of stacked experts), as f32.
+    pub fn vector_2d(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>> {
+        Ok(self.mat(name, rows, cols)?.to_f32())
     }
 
     /// A 1-D tensor of exactly `len` values, as f32.

@@ -95,7 +95,7 @@ pub fn sequence_logprobs(rows: &[f32], ids: &[u32], vocab: usize, top_n: usize) 
 }
 
 /// The GPT-2 byte-level alphabet backwards: the byte each printable stand-in char encodes.
-fn byte_level_byte(c: char) -> Option<u8> {
+pub(crate) fn byte_level_byte(c: char) -> Option<u8> {
     let c = c as u32;
     let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     if c < 256 && direct(c) {

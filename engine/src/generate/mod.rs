@@ -6,7 +6,9 @@
 
 pub mod choose;
 pub mod defaults;
+pub mod grammar;
 pub mod logprobs;
+pub mod speculate;
 pub mod stop;
 
 use crate::error::{Error, Result};
@@ -15,7 +17,9 @@ use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 pub use defaults::{SamplingDefaults, SamplingRequest};
+pub use grammar::{Constraint, Grammar};
 pub use logprobs::TokenLogprob;
+pub use speculate::SpecStats;
 pub use stop::StopMatcher;
 
 #[derive(Clone, Debug, Default)]
@@ -83,6 +87,12 @@ pub struct Generator {
     top_logprobs: Option<usize>,
     /// Entries not yet taken.
     logprobs: Vec<TokenLogprob>,
+    /// Structured output: the grammar the produced tokens must follow.
+    constraint: Option<Constraint>,
+    /// Speculation: most draft tokens per step (0: off), and the drafts now in `pending`.
+    max_draft: usize,
+    drafts: usize,
+    spec: SpecStats,
 }
 
 impl Generator {
@@ -107,6 +117,10 @@ impl Generator {
             text: None,
             top_logprobs: opts.logprobs.map(|n| n.min(logprobs::MAX_TOP_LOGPROBS)),
             logprobs: Vec::new(),
+            constraint: None,
+            max_draft: 0,
+            drafts: 0,
+            spec: SpecStats::default(),
         })
     }
 
@@ -115,6 +129,74 @@ impl Generator {
     pub fn with_text(mut self, stream: DecodeStream, stop_strings: Vec<String>) -> Self {
         self.text = Some(TextOut { stream, stops: StopMatcher::new(stop_strings), out: String::new() });
         self
+    }
+
+    /// Structured output: each token is drawn among those `c` allows (the stop ids only
+    /// where its grammar may end), and generation stops once the grammar is complete.
+    pub fn with_constraint(mut self, c: Constraint) -> Self {
+        self.constraint = Some(c);
+        self
+    }
+
+    /// Speculative decoding from prompt lookup with up to `max_draft` draft tokens per
+    /// step ([`speculate`]): [`Generator::input`] then holds the last token and the
+    /// drafts; feed them in one pass and hand the last [`Generator::rows_needed`] rows to
+    /// [`Generator::accept_rows`]. The output is the same as without.
+    pub fn with_speculation(mut self, max_draft: usize) -> Self {
+        self.max_draft = max_draft;
+        self
+    }
+
+    /// Whether drafts are proposed ([`Generator::with_speculation`]): feed with every
+    /// position's logits and use [`Generator::accept_rows`].
+    pub fn is_speculative(&self) -> bool {
+        self.max_draft > 0
+    }
+
+    /// How many logits rows (the last fed positions) [`Generator::accept_rows`] takes.
+    pub fn rows_needed(&self) -> usize {
+        self.drafts + 1
+    }
+
+    /// What speculation did so far.
+    pub fn spec_stats(&self) -> SpecStats {
+        self.spec
+    }
+
+    /// Draws from each of `rows` (the last [`Generator::rows_needed`] positions' logits,
+    /// row-major) in order while the drafts equal what was drawn, then proposes the next
+    /// drafts. Returns how many of the ids just fed stay valid in the context: the caller
+    /// truncates its cache to what it held before plus that many.
+    pub fn accept_rows(&mut self, rows: &[f32], tok: Option<&Tokenizer>) -> Result<usize> {
+        let n = self.drafts + 1;
+        if rows.is_empty() || !rows.len().is_multiple_of(n) {
+            return Err(Error::Invalid(format!("accept_rows: {} values are not {n} rows", rows.len())));
+        }
+        let vocab = rows.len() / n;
+        let fed = self.pending.clone();
+        let drafts = &fed[fed.len() - self.drafts..];
+        let mut kept = fed.len() - drafts.len();
+        self.spec.forwards += 1;
+        self.spec.drafted += drafts.len();
+        for (i, row) in rows.chunks(vocab).enumerate() {
+            let id = self.accept(row, tok)?;
+            self.spec.produced += 1;
+            if i < drafts.len() && id == drafts[i] && self.finished.is_none() {
+                kept += 1;
+                self.spec.accepted += 1;
+            } else {
+                break;
+            }
+        }
+        self.drafts = 0;
+        if self.finished.is_none() && self.max_draft > 0 {
+            // Each accepted draft and the token after them is one more produced token.
+            let room = self.max_new.saturating_sub(self.produced.len() + 1);
+            let d = speculate::lookup(&self.seen, 3, self.max_draft.min(room));
+            self.pending.extend_from_slice(d);
+            self.drafts = d.len();
+        }
+        Ok(kept)
     }
 
     /// The ids to feed next (the prompt, then each sampled token); None once finished.
@@ -132,8 +214,20 @@ impl Generator {
         if self.finished.is_some() {
             return Err(Error::Invalid("the generation has finished".into()));
         }
-        let id = self.sampler.sample(logits, &self.seen);
+        let id = match self.constraint.as_mut() {
+            None => self.sampler.sample(logits, &self.seen),
+            Some(c) => {
+                let masked = c.mask(logits, &self.stop_ids)?;
+                self.sampler.sample(masked, &self.seen)
+            }
+        };
         let is_stop = self.stop_ids.contains(&id);
+        // The grammar follows every token of the text (a stop id ends it).
+        let mut complete = false;
+        if let (Some(c), false) = (self.constraint.as_mut(), is_stop) {
+            c.consume(id)?;
+            complete = c.is_complete();
+        }
         if let (Some(n), false) = (self.top_logprobs, is_stop) {
             self.logprobs.push(logprobs::token_logprob(logits, id, n));
         }
@@ -152,7 +246,7 @@ impl Generator {
                 }
             }
         }
-        if is_stop {
+        if is_stop || complete {
             self.finished = Some(StopReason::Stop);
         } else if self.produced.len() >= self.max_new {
             self.finished = Some(StopReason::Length);
@@ -228,7 +322,16 @@ pub fn generate_with(
     opts: &GenerateOptions,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, StopReason)> {
-    let mut g = Generator::new(history, prompt, max_positions, opts)?;
+    drive(forward, Generator::new(history, prompt, max_positions, opts)?, on_token)
+}
+
+/// Runs `g` to its end with `forward` (as [`generate_with`]); for a generator with a
+/// constraint or text output.
+pub fn drive(
+    forward: &mut dyn FnMut(&[u32]) -> Result<Vec<f32>>,
+    mut g: Generator,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, StopReason)> {
     while let Some(ids) = g.input() {
         let logits = forward(ids)?;
         let id = g.accept(&logits, None)?;
@@ -239,6 +342,39 @@ pub fn generate_with(
     }
     let reason = g.finished.unwrap_or(StopReason::Length);
     Ok((g.produced, reason))
+}
+
+/// A forward pass that first cuts the context back: `(keep, ids, which)`.
+pub type ForwardKeep<'a> = dyn FnMut(usize, &[u32], Logits) -> Result<Vec<f32>> + 'a;
+
+/// Runs `g` to its end with drafts verified in one pass ([`Generator::with_speculation`]).
+/// `forward(keep, ids, which)` cuts the context back to its first `keep` positions, then
+/// feeds `ids` after them; `history` is how many positions it held before `g` began.
+pub fn drive_speculative(
+    forward: &mut ForwardKeep<'_>,
+    history: usize,
+    g: &mut Generator,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<StopReason> {
+    let mut fed = history;
+    while let Some(ids) = g.input() {
+        let ids = ids.to_vec();
+        let n = g.rows_needed();
+        let rows = forward(fed, &ids, if n > 1 { Logits::All } else { Logits::Last })?;
+        let vocab = rows.len() / if n > 1 { ids.len() } else { 1 };
+        if vocab == 0 || rows.len() < n * vocab {
+            return Err(Error::Invalid("the forward pass returned too few logits".into()));
+        }
+        let before = g.produced().len();
+        fed += g.accept_rows(&rows[rows.len() - n * vocab..], None)?;
+        for i in before..g.produced().len() {
+            if !on_token(g.produced()[i]) {
+                g.cancel();
+                return Ok(StopReason::Cancelled);
+            }
+        }
+    }
+    Ok(g.finished().unwrap_or(StopReason::Length))
 }
 
 #[cfg(test)]

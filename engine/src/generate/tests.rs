@@ -80,3 +80,46 @@ fn the_repetition_penalty_sees_history_prompt_and_output() {
     assert_eq!(g.finished(), Some(StopReason::Length));
     assert!(g.input().is_none() && g.accept(&row, None).is_err());
 }
+
+/// A model whose logits at a position depend only on the token there (a fixed table),
+/// with random-looking values so sampling has something to draw from.
+fn table_row(id: u32, vocab: usize) -> Vec<f32> {
+    (0..vocab)
+        .map(|j| {
+            (((id as usize * 31 + j * 17) % 23) as f32) * 0.25
+                - if j == (id as usize * 3 + 1) % vocab { -9.0 } else { 0.0 }
+        })
+        .collect()
+}
+
+#[test]
+fn speculation_gives_the_same_tokens_in_fewer_passes() {
+    let vocab = 12;
+    for temperature in [0.0, 1.0] {
+        let cfg = SamplerConfig { temperature, seed: 5, ..SamplerConfig::default() };
+        let o = GenerateOptions { max_new_tokens: 40, sampler: cfg, stop_ids: vec![], logprobs: None };
+        let prompt = [1u32, 4, 1, 4, 1];
+        let mut fwd = |ids: &[u32]| Ok(table_row(*ids.last().unwrap(), vocab));
+        let (plain, _) = generate_with(&mut fwd, &[], &prompt, 100, &o, &mut |_| true).unwrap();
+
+        let mut g = Generator::new(&[], &prompt, 100, &o).unwrap().with_speculation(4);
+        let mut context: Vec<u32> = Vec::new();
+        let mut passes = 0;
+        while let Some(ids) = g.input() {
+            let n = g.rows_needed();
+            let before = context.len();
+            context.extend_from_slice(ids);
+            let rows: Vec<f32> = context[context.len() - n..].iter().flat_map(|&id| table_row(id, vocab)).collect();
+            passes += 1;
+            let kept = g.accept_rows(&rows, None).unwrap();
+            context.truncate(before + kept);
+        }
+        assert_eq!(g.produced(), plain.as_slice(), "temperature {temperature}");
+        let s = g.spec_stats();
+        assert_eq!((s.forwards, s.produced), (passes, plain.len()));
+        if temperature == 0.0 {
+            assert!(s.accepted > 0 && passes < plain.len(), "greedy cycles repeat: {s:?}");
+        }
+        assert_eq!(context.len() + 1, prompt.len() + plain.len(), "everything but the last token is fed");
+    }
+}

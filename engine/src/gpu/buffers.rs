@@ -71,6 +71,9 @@ pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu:
 
 /// Uploads a matrix in its stored dtype, in row blocks that fit one binding each.
 pub fn upload_mat(ctx: &GpuContext, label: &str, m: &Mat) -> Result<GpuMat> {
+    if matches!(m.dtype, crate::tensor::DType::Mxfp4 | crate::tensor::DType::U8) {
+        return Err(Error::Gpu(format!("{label}: {} weights have no GPU kernels yet; use the CPU backend", m.dtype)));
+    }
     let row_bytes = m.row_bytes();
     let row_words = if m.dtype.is_quantized() {
         if !row_bytes.is_multiple_of(4) {

@@ -18,14 +18,17 @@ use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
 use crate::model::attention::AttnWeights;
-use crate::model::config::{ModelConfig, QkNorm, Scoring};
+use crate::model::config::{Activation, ModelConfig, QkNorm, Scoring};
 use crate::model::{Ffn, Logits, Model};
 
-/// Why this backend cannot run a model, if it cannot: the parts of deepseek_v3 that have
-/// no WGSL kernels yet (MLA attention, the sigmoid/group router, ungated shared experts).
+/// Why this backend cannot run a model, if it cannot: the parts of deepseek_v3 and
+/// gpt_oss that have no WGSL kernels yet (MLA attention, the sigmoid/group router,
+/// ungated shared experts; attention sinks, biased routers and experts, the clamped SwiGLU).
 pub fn unsupported(c: &ModelConfig) -> Option<String> {
     let missing = if c.mla.is_some() {
         "Multi-head Latent Attention"
+    } else if c.attn_sinks || c.o_bias || c.expert_bias || c.router.logit_bias || c.ffn_act != Activation::Silu {
+        "attention with sinks, the biased top-k-softmax router and the clamped SwiGLU experts"
     } else if c.router.scoring != Scoring::Softmax || c.router.correction_bias || c.router.topk_group < c.router.n_group
     {
         "the sigmoid / group-limited router"

@@ -1,8 +1,8 @@
 //! The one attention module: grouped-query attention over a KV cache, with the options
 //! the families need (qkv bias, q/k RMSNorm per head or over the whole projection,
-//! clip_qkv, sliding window, partial RoPE through [`Rope`]), or Multi-head Latent
-//! Attention ([`crate::model::mla`], deepseek_v3) whose cache holds compressed latents.
-//! Room for attention sinks is left in [`AttnOpts`] rather than in copies of this file.
+//! clip_qkv, sliding window, partial RoPE through [`Rope`], an o_proj bias and gpt_oss's
+//! attention sinks), or Multi-head Latent Attention ([`crate::model::mla`], deepseek_v3)
+//! whose cache holds compressed latents.
 
 use crate::error::Result;
 use crate::kernels::{for_each_chunk, matmul, matmul_many, rmsnorm_chunks, MatJob};
@@ -49,6 +49,10 @@ pub struct GqaWeights {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// (hidden)
+    pub bo: Option<Vec<f32>>,
+    /// (n_heads): one learned logit per head that joins its softmax denominator (gpt_oss).
+    pub sinks: Option<Vec<f32>>,
     /// (head_dim) for QkNorm::PerHead, (n_heads*head_dim) for QkNorm::Full
     pub q_norm: Option<Vec<f32>>,
     /// (head_dim) for QkNorm::PerHead, (n_kv_heads*head_dim) for QkNorm::Full
@@ -203,7 +207,10 @@ fn gqa(
         let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
         let mut scores: Vec<f32> =
             (lo..=p).map(|j| math::dot(qh, &ck[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * o.scale).collect();
-        math::softmax(&mut scores);
+        match &w.sinks {
+            Some(s) => math::softmax_with_sink(&mut scores, s[h]),
+            None => math::softmax(&mut scores),
+        }
         dst.iter_mut().for_each(|d| *d = 0.0);
         for (s, j) in scores.iter().zip(lo..=p) {
             let vj = &cv[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
@@ -213,6 +220,7 @@ fn gqa(
         }
     });
     matmul(&w.wo, &ctx, n, out);
+    add_bias(&mut out[..n * w.wo.rows], &w.bo);
 }
 
 #[cfg(test)]
@@ -242,6 +250,8 @@ mod tests {
             bq: Some(vec![0.1; nh * hd]),
             bk: None,
             bv: Some(vec![-0.2; nkv * hd]),
+            bo: Some(vec![0.05; h]),
+            sinks: Some(vec![0.5, -1.0, 2.0, 0.0]),
             q_norm: match qk {
                 QkNorm::None => None,
                 QkNorm::PerHead => nw(hd),

@@ -6,10 +6,12 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::experts::cache::ExpertShape;
+pub use crate::kernels::Activation;
 use crate::model::rope::RopeConfig;
 use deepseek::{mla_config, sigmoid_router};
 
 mod deepseek;
+mod gpt_oss;
 
 /// Which model family a checkpoint belongs to (Hugging Face `model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +27,10 @@ pub enum Family {
     /// GLM-4.5/4.6: GQA with q/k/v biases and optional per-head q/k norms, partial
     /// RoPE, deepseek_v3's router, shared experts and dense first layers.
     Glm4Moe,
+    /// gpt-oss: GQA with biases on q/k/v/o and attention sinks, sliding window on
+    /// alternate layers, YaRN, a biased router softmaxed over its top-k, experts with
+    /// biases and the clamped SwiGLU.
+    GptOss,
 }
 
 impl Family {
@@ -38,6 +44,7 @@ impl Family {
             // kimi_k25 maps a "kimi_k2" text config to deepseek_v3 the same way).
             "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
             "glm4_moe" => Family::Glm4Moe,
+            "gpt_oss" => Family::GptOss,
             other => return Err(Error::UnknownModelType(other.to_string())),
         })
     }
@@ -60,6 +67,9 @@ pub enum Scoring {
     Softmax,
     /// sigmoid of each logit on its own (deepseek_v3).
     Sigmoid,
+    /// The top-k are chosen on the logits themselves; their weights are the softmax over
+    /// the k chosen logits only (gpt_oss).
+    SoftmaxOfTopk,
 }
 
 /// How router logits become the top-k experts and their mixing weights: the options of
@@ -81,6 +91,9 @@ pub struct RouterConfig {
     /// The layer's router has a per-expert bias added to the scores for the selection
     /// only, never to the mixing weights (`e_score_correction_bias`).
     pub correction_bias: bool,
+    /// The router is a linear layer with a bias (gpt_oss's `router.bias`), added to its
+    /// logits before anything else.
+    pub logit_bias: bool,
 }
 
 impl RouterConfig {
@@ -95,6 +108,7 @@ impl RouterConfig {
             topk_group: 1,
             routed_scaling_factor: 1.0,
             correction_bias: false,
+            logit_bias: false,
         }
     }
 }
@@ -138,6 +152,10 @@ pub struct ModelConfig {
     pub max_positions: usize,
     pub rope: RopeConfig,
     pub qkv_bias: bool,
+    /// o_proj has a bias (gpt_oss).
+    pub o_bias: bool,
+    /// Each head has a learned sink logit that joins its softmax denominator (gpt_oss).
+    pub attn_sinks: bool,
     pub qk_norm: QkNorm,
     /// Multi-head Latent Attention instead of grouped-query attention (deepseek_v3); then
     /// `head_dim` is the query/key head size (nope + rope) and `n_kv_heads == n_heads`.
@@ -151,6 +169,11 @@ pub struct ModelConfig {
     pub router: RouterConfig,
     /// Intermediate size of each routed expert.
     pub expert_intermediate: usize,
+    /// How the experts' gate and up projections combine (SiLU, or gpt_oss's clamped SwiGLU).
+    pub ffn_act: Activation,
+    /// Routed experts have biases on gate, up and down (gpt_oss), kept with the dense
+    /// weights of their layer.
+    pub expert_bias: bool,
     /// Intermediate size of the dense MLP used by non-MoE layers.
     pub dense_intermediate: usize,
     /// Intermediate size of the always-on shared expert (all of deepseek_v3's
@@ -245,7 +268,7 @@ impl ModelConfig {
             .ok_or_else(|| Error::Config("missing \"model_type\"".into()))?
             .to_string();
         let family = Family::from_model_type(&model_type)?;
-        refuse_unsupported(v)?;
+        refuse_unsupported(v, family)?;
         use limits::*;
         let hidden = bounded("hidden_size", need_usize(v, "hidden_size")?, MAX_HIDDEN)?;
         let n_layers = bounded("num_hidden_layers", need_usize(v, "num_hidden_layers")?, MAX_LAYERS)?;
@@ -276,6 +299,7 @@ impl ModelConfig {
         // query/key head is the unrotated part followed by the rotated one.
         let head_dim = match (family, get_usize(v, "head_dim")) {
             _ if mla.is_some() => mla.as_ref().map_or(0, |m| m.qk_nope_head_dim + m.qk_rope_head_dim),
+            (Family::GptOss, None) => 64, // GptOssConfig's default
             (Family::Olmoe, _) | (_, None) => {
                 if hidden % n_heads != 0 {
                     return Err(Error::Config(format!(
@@ -292,7 +316,7 @@ impl ModelConfig {
         if mla.is_none() && head_dim % 2 != 0 {
             return Err(Error::Config(format!("head_dim {head_dim} must be even for RoPE")));
         }
-        let rms_eps = get_f64(v, "rms_norm_eps").unwrap_or(1e-6) as f32;
+        let rms_eps = get_f64(v, "rms_norm_eps").unwrap_or(if family == Family::GptOss { 1e-5 } else { 1e-6 }) as f32;
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(Error::Config(format!("rms_norm_eps {rms_eps} must be a finite number >= 0")));
         }
@@ -304,8 +328,16 @@ impl ModelConfig {
         // glm4_moe rotates half of each head unless told otherwise (transformers sets
         // partial_rotary_factor 0.5 by default).
         let default_partial = if family == Family::Glm4Moe { 0.5 } else { 1.0 };
+        let gpt_oss_rope;
+        let rope_src = match family {
+            Family::GptOss => {
+                gpt_oss_rope = gpt_oss::with_default_rope(v);
+                &gpt_oss_rope
+            }
+            _ => v,
+        };
         let rope = RopeConfig::from_config_with_partial(
-            v,
+            rope_src,
             mla.as_ref().map_or(head_dim, |m| m.qk_rope_head_dim),
             max_positions,
             default_partial,
@@ -339,6 +371,7 @@ impl ModelConfig {
             // transformers' defaults for absent fields differ between the two.
             Family::DeepseekV3 => sigmoid_router(v, n_experts, top_k, (8, 4, 2.5))?,
             Family::Glm4Moe => sigmoid_router(v, n_experts, top_k, (1, 1, 1.0))?,
+            Family::GptOss => gpt_oss::router(n_experts, top_k),
             _ => RouterConfig::softmax(n_experts, top_k, get_bool(v, "norm_topk_prob").unwrap_or(false)),
         };
 
@@ -350,6 +383,7 @@ impl ModelConfig {
                 None,
             ),
             Family::Qwen2Moe => (get_bool(v, "qkv_bias").unwrap_or(true), QkNorm::None, None),
+            Family::GptOss => (get_bool(v, "attention_bias").unwrap_or(true), QkNorm::None, None),
             Family::Qwen3Moe => (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::PerHead, None),
             Family::Olmoe => {
                 (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::Full, get_f64(v, "clip_qkv").map(|c| c as f32))
@@ -357,7 +391,7 @@ impl ModelConfig {
         };
 
         let (expert_intermediate, dense_intermediate) = match family {
-            Family::Mixtral | Family::Olmoe => {
+            Family::Mixtral | Family::Olmoe | Family::GptOss => {
                 let i = need_usize(v, "intermediate_size")?;
                 (i, i)
             }
@@ -413,7 +447,10 @@ impl ModelConfig {
             return Err(Error::Config("dense layers need \"intermediate_size\"".into()));
         }
 
-        let sliding_window = sliding_windows(v, family, n_layers);
+        let sliding_window = match family {
+            Family::GptOss => gpt_oss::sliding_windows(v, n_layers)?,
+            _ => sliding_windows(v, family, n_layers),
+        };
 
         Ok(ModelConfig {
             family,
@@ -428,6 +465,8 @@ impl ModelConfig {
             max_positions,
             rope,
             qkv_bias,
+            o_bias: family == Family::GptOss && qkv_bias,
+            attn_sinks: family == Family::GptOss,
             qk_norm,
             mla,
             attn_scale,
@@ -435,6 +474,11 @@ impl ModelConfig {
             sliding_window,
             router,
             expert_intermediate,
+            ffn_act: match family {
+                Family::GptOss => gpt_oss::activation(v)?,
+                _ => Activation::Silu,
+            },
+            expert_bias: family == Family::GptOss,
             dense_intermediate,
             shared_expert_intermediate,
             shared_expert_gated: family == Family::Qwen2Moe,
@@ -503,13 +547,17 @@ impl ModelConfig {
 }
 
 /// What no family here implements, refused with the field named: quantized checkpoints
-/// (DeepSeek-V3's own release is FP8 with block scales) and activations other than SiLU.
-fn refuse_unsupported(v: &Value) -> Result<()> {
+/// (DeepSeek-V3's own release is FP8 with block scales) but gpt_oss's MXFP4 experts, and
+/// activations other than SiLU.
+fn refuse_unsupported(v: &Value, family: Family) -> Result<()> {
     if let Some(q) = v.get("quantization_config").filter(|q| !q.is_null()) {
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
-        return Err(Error::Config(format!(
-            "quantization_config (quant_method {method:?}) is not supported: convert from a checkpoint in f32, bf16 or f16"
-        )));
+        // gpt_oss's MXFP4 experts (*_blocks / *_scales) are read as they are (model/gpt_oss.rs).
+        if !(family == Family::GptOss && method == "mxfp4") {
+            return Err(Error::Config(format!(
+                "quantization_config (quant_method {method:?}) is not supported: convert from a checkpoint in f32, bf16 or f16"
+            )));
+        }
     }
     match v.get("hidden_act").or_else(|| v.get("hidden_activation")) {
         None => Ok(()),

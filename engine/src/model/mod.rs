@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod gpt_oss;
 pub mod mla;
 pub mod moe;
 pub mod open;
@@ -30,7 +31,7 @@ use rope::Rope;
 
 pub enum Ffn {
     Dense(Expert),
-    Moe(MoeBlock),
+    Moe(Box<MoeBlock>),
 }
 
 pub struct Layer {
@@ -98,16 +99,35 @@ struct Names {
     down: &'static str,
     /// The shared expert's module, under the MoE block.
     shared: &'static str,
+    /// The router's module, under the MoE block.
+    router: &'static str,
 }
 
 impl Names {
     fn of(f: Family) -> Self {
         match f {
-            Family::Mixtral => Names { moe: "block_sparse_moe", gate: "w1", up: "w3", down: "w2", shared: "" },
-            Family::DeepseekV3 | Family::Glm4Moe => {
-                Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts" }
+            Family::Mixtral => {
+                Names { moe: "block_sparse_moe", gate: "w1", up: "w3", down: "w2", shared: "", router: "gate" }
             }
-            _ => Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_expert" },
+            Family::DeepseekV3 | Family::Glm4Moe => Names {
+                moe: "mlp",
+                gate: "gate_proj",
+                up: "up_proj",
+                down: "down_proj",
+                shared: "shared_experts",
+                router: "gate",
+            },
+            Family::GptOss => {
+                Names { moe: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "", router: "router" }
+            }
+            _ => Names {
+                moe: "mlp",
+                gate: "gate_proj",
+                up: "up_proj",
+                down: "down_proj",
+                shared: "shared_expert",
+                router: "gate",
+            },
         }
     }
 }
@@ -123,6 +143,9 @@ fn load_mlp(s: &TensorStore, prefix: &str, n: &Names, hidden: usize, inter: usiz
 /// Routed experts of one layer: per-expert tensors (the hub layout), or the fused 3-D
 /// `experts.gate_up_proj` / `experts.down_proj` layout that transformers v5 uses in memory.
 fn load_experts(s: &TensorStore, moe: &str, n: &Names, c: &ModelConfig) -> Result<Vec<Arc<Expert>>> {
+    if c.family == Family::GptOss {
+        return gpt_oss::load_experts(s, moe, c);
+    }
     let (h, i, ne) = (c.hidden, c.expert_intermediate, c.router.n_experts);
     let fused = format!("{moe}.experts.gate_up_proj");
     if !s.contains(&format!("{moe}.experts.0.{}.weight", n.gate)) && s.contains(&fused) {
@@ -174,7 +197,7 @@ impl Model {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
             let bias = |proj: &str, len: usize| -> Result<Option<Vec<f32>>> {
-                if c.qkv_bias {
+                if c.qkv_bias && (proj != "o_proj" || c.o_bias) {
                     s.vector(&format!("{a}.{proj}.bias"), len).map(Some)
                 } else {
                     Ok(None)
@@ -195,6 +218,11 @@ impl Model {
                     bq: bias("q_proj", qd)?,
                     bk: bias("k_proj", kvd)?,
                     bv: bias("v_proj", kvd)?,
+                    bo: bias("o_proj", h)?,
+                    sinks: match c.attn_sinks {
+                        true => Some(s.vector(&format!("{a}.sinks"), c.n_heads)?),
+                        false => None,
+                    },
                     q_norm: qn.map(|n| s.vector(&format!("{a}.q_norm.weight"), n)).transpose()?,
                     k_norm: kn.map(|n| s.vector(&format!("{a}.k_norm.weight"), n)).transpose()?,
                 }),
@@ -223,15 +251,25 @@ impl Model {
                     None => None,
                 };
                 let ne = c.router.n_experts;
-                Ffn::Moe(MoeBlock {
-                    router: s.mat(&format!("{moe}.gate.weight"), ne, h)?,
+                let r = format!("{moe}.{}", names.router);
+                Ffn::Moe(Box::new(MoeBlock {
+                    router: s.mat(&format!("{r}.weight"), ne, h)?,
+                    router_bias: match c.router.logit_bias {
+                        true => Some(s.vector(&format!("{r}.bias"), ne)?),
+                        false => None,
+                    },
                     cfg: c.router.clone(),
+                    act: c.ffn_act,
+                    expert_bias: match c.expert_bias {
+                        true => Some(gpt_oss::load_biases(s, &moe, c)?),
+                        false => None,
+                    },
                     correction_bias: match c.router.correction_bias {
-                        true => Some(s.vector(&format!("{moe}.gate.e_score_correction_bias"), ne)?),
+                        true => Some(s.vector(&format!("{r}.e_score_correction_bias"), ne)?),
                         false => None,
                     },
                     shared,
-                })
+                }))
             } else {
                 Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
             };

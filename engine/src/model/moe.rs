@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use std::sync::Arc;
 
 use crate::experts::{Expert, ExpertSource};
-use crate::kernels::{matmul, swiglu_many, FfnJob};
+use crate::kernels::{matmul, swiglu_many, Activation, FfnBias, FfnJob};
 use crate::math;
 use crate::model::config::{RouterConfig, Scoring};
 use crate::tensor::Mat;
@@ -29,8 +29,9 @@ fn best(score: &[f32], mut candidates: Vec<usize>, k: usize) -> Vec<usize> {
 
 /// Routes one position from its router logits, as transformers does for every family
 /// (all in float32):
-/// 1. scores: softmax over all experts (mixtral, qwen, olmoe) or the sigmoid of each
-///    logit (deepseek_v3);
+/// 1. scores: softmax over all experts (mixtral, qwen, olmoe), the sigmoid of each
+///    logit (deepseek_v3), or the logits themselves (gpt_oss, whose weights are the
+///    softmax over the k chosen logits, step 4);
 /// 2. selection scores: the scores plus `bias` (deepseek_v3's `e_score_correction_bias`),
 ///    which decides the choice only;
 /// 3. with groups (`topk_group < n_group`), only the experts of the `topk_group` groups
@@ -45,6 +46,7 @@ pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routin
     match cfg.scoring {
         Scoring::Softmax => math::softmax(&mut scores),
         Scoring::Sigmoid => scores.iter_mut().for_each(|s| *s = math::sigmoid(*s)),
+        Scoring::SoftmaxOfTopk => {}
     }
     let biased: Vec<f32>;
     let choice = match bias {
@@ -70,6 +72,9 @@ pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routin
     };
     let order = best(choice, candidates, cfg.top_k);
     let mut weights: Vec<f32> = order.iter().map(|&e| scores[e]).collect();
+    if cfg.scoring == Scoring::SoftmaxOfTopk {
+        math::softmax(&mut weights);
+    }
     if cfg.norm_topk_prob {
         let mut sum: f32 = weights.iter().sum();
         if cfg.scoring == Scoring::Sigmoid {
@@ -109,11 +114,40 @@ pub struct SharedExpert {
     pub gate: Option<Mat>,
 }
 
+/// Biases of every routed expert of a layer (gpt_oss), resident with the dense weights.
+pub struct ExpertBiases {
+    /// (n_experts, inter)
+    pub gate: Vec<f32>,
+    /// (n_experts, inter)
+    pub up: Vec<f32>,
+    /// (n_experts, hidden)
+    pub down: Vec<f32>,
+    pub inter: usize,
+    pub hidden: usize,
+}
+
+impl ExpertBiases {
+    pub fn of(&self, e: usize) -> FfnBias<'_> {
+        let (i, h) = (self.inter, self.hidden);
+        FfnBias {
+            gate: &self.gate[e * i..(e + 1) * i],
+            up: &self.up[e * i..(e + 1) * i],
+            down: &self.down[e * h..(e + 1) * h],
+        }
+    }
+}
+
 /// Router, routed experts, and the optional shared expert.
 pub struct MoeBlock {
     /// (n_experts, hidden)
     pub router: Mat,
+    /// (n_experts): the router's own bias, added to its logits (`cfg.logit_bias`).
+    pub router_bias: Option<Vec<f32>>,
     pub cfg: RouterConfig,
+    /// How the routed experts combine gate and up.
+    pub act: Activation,
+    /// The routed experts' biases (gpt_oss).
+    pub expert_bias: Option<ExpertBiases>,
     /// (n_experts): added to the router's scores for the selection only
     /// (`e_score_correction_bias`, when `cfg.correction_bias`).
     pub correction_bias: Option<Vec<f32>>,
@@ -126,8 +160,7 @@ impl MoeBlock {
     /// the lower index), so a prefetch stays bounded however long the prompt.
     pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
         let ne = self.router.rows;
-        let mut logits = vec![0.0f32; n * ne];
-        matmul(&self.router, x, n, &mut logits);
+        let logits = self.router_logits(x, n);
         let mut votes = vec![0usize; ne];
         for l in logits.chunks_exact(ne) {
             for e in route(l, &self.cfg, self.correction_bias.as_deref()).experts {
@@ -146,6 +179,32 @@ impl MoeBlock {
 pub type UsageHook<'a> = &'a mut dyn FnMut(usize, usize);
 
 impl MoeBlock {
+    /// The router's logits for `x` ([n, hidden]): (n, n_experts), its bias added.
+    pub fn router_logits(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let ne = self.router.rows;
+        let mut logits = vec![0.0f32; n * ne];
+        matmul(&self.router, x, n, &mut logits);
+        if let Some(b) = &self.router_bias {
+            for row in logits.chunks_exact_mut(ne) {
+                row.iter_mut().zip(b).for_each(|(l, bi)| *l += bi);
+            }
+        }
+        logits
+    }
+
+    /// The feed-forward of routed expert `e` (weights `w`) on `x` ([n, hidden]).
+    fn expert_job<'a>(&'a self, e: usize, w: &'a Expert, x: &'a [f32], n: usize) -> FfnJob<'a> {
+        FfnJob {
+            gate: &w.gate,
+            up: &w.up,
+            down: &w.down,
+            x,
+            n,
+            act: self.act,
+            bias: self.expert_bias.as_ref().map(|b| b.of(e)),
+        }
+    }
+
     /// `out = sum over selected experts (ascending expert index) of w * expert(x)`, plus the
     /// gated shared expert, for `n` positions of `x` ([n, hidden]).
     pub fn forward(
@@ -159,8 +218,7 @@ impl MoeBlock {
     ) -> Result<()> {
         let hidden = self.router.cols;
         let n_exp = self.router.rows;
-        let mut logits = vec![0.0f32; n * n_exp];
-        matmul(&self.router, x, n, &mut logits);
+        let logits = self.router_logits(x, n);
         let routes: Vec<Routing> =
             logits.chunks_exact(n_exp).map(|l| route(l, &self.cfg, self.correction_bias.as_deref())).collect();
 
@@ -193,12 +251,13 @@ impl MoeBlock {
         let mut jobs: Vec<FfnJob> = arcs
             .iter()
             .zip(&xs)
-            .map(|(e, xe)| FfnJob { gate: &e.gate, up: &e.up, down: &e.down, x: xe, n: xe.len() / hidden })
+            .zip(&ready)
+            .map(|((e, xe), &i)| self.expert_job(used[i], e, xe, xe.len() / hidden))
             .collect();
         let mut ys: Vec<Vec<f32>> = xs.iter().map(|xe| vec![0.0f32; xe.len()]).collect();
         if let Some(shared) = &self.shared {
             let m = &shared.mlp;
-            jobs.push(FfnJob { gate: &m.gate, up: &m.up, down: &m.down, x, n });
+            jobs.push(FfnJob { gate: &m.gate, up: &m.up, down: &m.down, x, n, act: Activation::Silu, bias: None });
             ys.push(vec![0.0f32; n * hidden]);
         }
         {
@@ -230,7 +289,7 @@ impl MoeBlock {
             let expert = experts.expert(layer, used[i])?;
             let xs = gather(list);
             let mut ys = vec![0.0f32; xs.len()];
-            expert.forward(&xs, list.len(), &mut ys);
+            swiglu_many(&[self.expert_job(used[i], &expert, &xs, list.len())], &mut [&mut ys]);
             done[i] = Some(ys);
         }
         if let (Some(shared), Some(s)) = (&self.shared, shared_out) {
@@ -296,6 +355,30 @@ mod tests {
         assert_eq!(r.experts.len(), 1);
     }
 
+    #[test]
+    fn softmax_of_topk_weighs_only_the_chosen() {
+        // gpt_oss: top-k on the logits, softmax over the k chosen.
+        let cfg = RouterConfig { scoring: Scoring::SoftmaxOfTopk, ..RouterConfig::softmax(5, 2, false) };
+        let r = route(&[0.1f32, 2.0, -1.0, 1.5, 0.0], &cfg, None);
+        assert_eq!(r.experts, vec![1, 3]);
+        let mut want = vec![2.0f32, 1.5];
+        math::softmax(&mut want);
+        assert_eq!(r.weights, want);
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn clamped_swiglu_is_gpt_oss_gate() {
+        let act = Activation::ClampedSwiglu { alpha: 1.702, limit: 2.0 };
+        let want = |g: f64, u: f64| {
+            let (g, u) = (g.min(2.0), u.clamp(-2.0, 2.0));
+            (u + 1.0) * g / (1.0 + (-1.702 * g).exp())
+        };
+        for (g, u) in [(0.5f32, -0.3f32), (3.0, 0.1), (-4.0, 5.0), (1.0, -7.0)] {
+            assert!((act.apply(g, u) as f64 - want(g as f64, u as f64)).abs() < 1e-6, "{g} {u}");
+        }
+    }
+
     fn sigmoid_cfg(n: usize, top_k: usize, n_group: usize, topk_group: usize, norm: bool) -> RouterConfig {
         RouterConfig {
             n_experts: n,
@@ -306,6 +389,7 @@ mod tests {
             topk_group,
             routed_scaling_factor: 2.5,
             correction_bias: true,
+            logit_bias: false,
         }
     }
 
@@ -374,7 +458,10 @@ mod tests {
         };
         let block = MoeBlock {
             router: mat(ne, h, 99),
+            router_bias: None,
             cfg: RouterConfig::softmax(ne, 2, true),
+            act: Activation::Silu,
+            expert_bias: None,
             correction_bias: None,
             shared: Some(SharedExpert {
                 mlp: Expert { gate: mat(3, h, 50), up: mat(3, h, 51), down: mat(h, 3, 52) },

@@ -12,6 +12,9 @@
 //! wasm SIMD128) only change how the integer sums are formed, so they give its bits by
 //! construction, as does the WGSL twin (shaders/qmatmul.wgsl). `COLIBRI_SIMD=scalar`
 //! (or `avx2`, `avx512`) forces a path; tests run every available one.
+//!
+//! MXFP4 rows (gpt-oss's experts) have their own kernel in [`mxfp4`]: int16 activations in
+//! two parts, the same fixed float combination.
 
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[allow(dead_code)]
@@ -20,6 +23,8 @@ mod wasm;
 mod x86;
 
 pub mod check;
+pub mod mxfp4;
+
 #[cfg(test)]
 mod tests;
 

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 use crate::flags::{init_threads, parse_bytes, parse_ids, ModelArgs};
 use crate::load::{open_dir, CacheFlags};
+use colibri_engine::generate::{GenerateOptions, Generator, SpecStats};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CacheState {
@@ -54,6 +55,11 @@ pub struct BenchArgs {
     /// timed prefill reads no expert it uses (decode may still meet new ones).
     #[arg(long)]
     pub warmup: bool,
+    /// Speculative decoding from prompt lookup with up to N draft tokens per step
+    /// (0: off); the record adds "speculation" (acceptance rate, tokens per forward pass).
+    /// The generated ids are the same as without.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub speculate: usize,
 }
 
 fn read_file(path: &str) -> String {
@@ -153,6 +159,30 @@ fn delta(a: &CacheStats, b: &CacheStats) -> Value {
     })
 }
 
+/// Greedy decoding of `n` tokens after a prefilled `prompt` (its last `logits`), drafts
+/// from prompt lookup verified in one pass each.
+fn speculative_decode(
+    model: &colibri_engine::Model,
+    session: &mut colibri_engine::Session,
+    prompt: &[u32],
+    logits: &[f32],
+    n: usize,
+    max_draft: usize,
+) -> Result<(Vec<u32>, SpecStats)> {
+    let opts = GenerateOptions { max_new_tokens: n, ..GenerateOptions::default() };
+    let mut g = Generator::new(&[], prompt, model.cfg.max_positions, &opts)?.with_speculation(max_draft);
+    let mut fed = g.accept_rows(logits, None)?;
+    let vocab = model.cfg.vocab;
+    while let Some(ids) = g.input() {
+        let ids = ids.to_vec();
+        let rows_n = g.rows_needed();
+        session.truncate(fed);
+        let rows = model.forward(session, &ids, if rows_n > 1 { Logits::All } else { Logits::Last })?;
+        fed += g.accept_rows(&rows[rows.len() - rows_n * vocab..], None)?;
+    }
+    Ok((g.produced().to_vec(), g.spec_stats()))
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
     init_threads(a.model.threads)?;
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
@@ -192,9 +222,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut logits = model.forward(&mut session, &prompt, Logits::Last)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let after_prefill = stats();
-    let mut ids = vec![math::argmax(&logits) as u32];
     let t1 = Instant::now();
-    for _ in 1..a.decode_tokens.max(1) {
+    let mut spec = None;
+    let mut ids = vec![math::argmax(&logits) as u32];
+    if a.speculate > 0 {
+        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, a.decode_tokens.max(1), a.speculate)?;
+        (ids, spec) = (got, Some(s.to_json()));
+    }
+    for _ in ids.len()..a.decode_tokens.max(1) {
         if session.len() + 1 > model.cfg.max_positions {
             break;
         }
@@ -238,6 +273,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "note": "bandwidth of cold pread of random experts with as many threads as readers; lower bound = bytes read during decode / that bandwidth (page-cache hits can beat it)"},
         "peak_rss_bytes": status_kb("VmHWM:").map(|k| k * 1024),
         "rss_bytes": status_kb("VmRSS:").map(|k| k * 1024),
+        "speculation": spec,
         "generated_ids": ids,
     });
     println!("{out}");

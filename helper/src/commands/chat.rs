@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
+use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream};
 
 use crate::backend::ChatSession;
 use crate::flags::{ModelArgs, SamplingArgs};
@@ -277,8 +277,30 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             messages.push(ChatMessage { role: "system".into(), content: s.clone() });
         }
         messages.extend(turns.iter().cloned());
-        let rendered = tok.apply_chat_template(&messages, true)?;
-        let ids = tok.encode(&rendered, false)?;
+        // The one trimming rule of every surface (fit_chat): when the conversation would
+        // leave too little of the context for the answer, the oldest turns go.
+        let reserve = answer_reserve(Some(opts.max_new_tokens), cfg.max_positions);
+        let ids = match fit_chat(tok, &messages, cfg.max_positions, reserve) {
+            Ok(f) => {
+                if f.dropped > 0 {
+                    turns.drain(..f.dropped);
+                    eprintln!(
+                        "(the conversation no longer fits the model's context of {} tokens: dropped the {} oldest \
+                         messages{}; /clear starts afresh)",
+                        cfg.max_positions,
+                        f.dropped,
+                        if system.is_some() { ", kept the system prompt" } else { "" }
+                    );
+                }
+                f.ids
+            }
+            Err(e @ colibri_engine::Error::ContextOverflow { .. }) => {
+                turns.pop();
+                eprintln!("error: {e}: that message does not fit the model's context; it was not sent");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         // Reuse the cache for the unchanged prefix; always feed at least one token.
         let common =
             session.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));

@@ -19,7 +19,7 @@ use clap::{Args, ValueEnum};
 use colibri_engine::format::manifest::checksum;
 use colibri_engine::format::manifest::{self, checksum_hex, DensePlan, ExpertLayerPlan, QuantSummary};
 use colibri_engine::format::quant::quantize_row;
-use colibri_engine::format::tensors::TensorStore;
+use colibri_engine::format::tensors::{is_routed_expert_weight, TensorStore};
 use colibri_engine::format::{is_container, MANIFEST_FILE};
 
 use super::convert_gguf;
@@ -91,7 +91,8 @@ pub struct ConvertArgs {
     /// Attention projections q/k/v/o (default: int8 with --quant int4, else --quant).
     #[arg(long, value_enum)]
     pub attn: Option<Quant>,
-    /// Routed experts (default: --quant).
+    /// Routed experts (default: --quant; an MXFP4 checkpoint's experts stay MXFP4 unless
+    /// --experts or --quant is given).
     #[arg(long, value_enum)]
     pub experts: Option<Quant>,
     /// Dense MLP layers and shared experts (default: int8 with --quant int4, else --quant).
@@ -109,14 +110,16 @@ enum Class {
     LmHead,
     Attn,
     Mlp,
-    /// Norms, biases, routers, gates: always f32.
+    /// Norms, biases, routers, gates, attention sinks: always f32.
     Other,
 }
 
 fn class_of(name: &str, shape: &[usize]) -> Class {
     if shape.len() != 2
         || name.contains("norm")
+        || name.ends_with("_bias")
         || name.ends_with(".gate.weight")
+        || name.ends_with(".router.weight")
         || name.ends_with("shared_expert_gate.weight")
     {
         Class::Other
@@ -215,24 +218,32 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         Class::Mlp => mlp_t,
         Class::Other => Some(DType::F32),
     };
-    let (config, cfg, store, generated, source, lazy) =
-        if gguf {
-            let src = convert_gguf::open(&a.src, |name, shape| {
-                if name.contains(".experts.") {
-                    exp_t
-                } else {
-                    target(class_of(name, shape))
-                }
-            })?;
-            let cfg = ModelConfig::from_value(&src.config).with_context(|| format!("{}: config", a.src.display()))?;
-            (src.config, cfg, src.stub, src.files, Some(src.provenance), Some(src.lazy))
-        } else {
-            let (config, cfg) = parse_config(&a.src)?;
-            (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None, None)
-        };
+    let (config, cfg, store, generated, source, lazy) = if gguf {
+        let src = convert_gguf::open(&a.src, |name, shape| {
+            if is_routed_expert_weight(name) {
+                exp_t
+            } else {
+                target(class_of(name, shape))
+            }
+        })?;
+        let cfg = ModelConfig::from_value(&src.config).with_context(|| format!("{}: config", a.src.display()))?;
+        (src.config, cfg, src.stub, src.files, Some(src.provenance), Some(src.lazy))
+    } else {
+        let (config, cfg) = parse_config(&a.src)?;
+        (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None, None)
+    };
     let model = Model::from_store(cfg.clone(), &store)?;
+    // A checkpoint whose routed experts are MXFP4 (gpt-oss) keeps them in that format,
+    // bytes unchanged, unless --experts or --quant asks for another type.
+    let first_moe = (0..cfg.n_layers).find(|&l| cfg.moe_layers[l]);
+    let mxfp4_experts = match first_moe {
+        Some(l) if !gguf => model.experts.expert(l, 0)?.gate.dtype == DType::Mxfp4,
+        _ => false,
+    };
+    let exp_t = if mxfp4_experts && a.experts.is_none() && a.quant.is_none() { Some(DType::Mxfp4) } else { exp_t };
 
-    let mut names: Vec<&String> = store.names().filter(|n| !n.contains(".experts.") && !cfg.is_mtp_tensor(n)).collect();
+    let mut names: Vec<&String> =
+        store.names().filter(|n| !is_routed_expert_weight(n) && !cfg.is_mtp_tensor(n)).collect();
     names.sort_by_cached_key(|n| natural_key(n));
     let mut dense: Vec<(String, String, DType, Vec<usize>)> = Vec::new(); // (stored name, source name, dtype, shape)
     for n in names {
@@ -492,7 +503,7 @@ impl Job {
     /// Expert tensors of the checkpoint by layer, with the expert index in their name.
     fn experts_by_layer(&self) -> std::collections::HashMap<usize, Vec<(Option<usize>, String)>> {
         let mut out: std::collections::HashMap<usize, Vec<(Option<usize>, String)>> = Default::default();
-        for n in self.store.names() {
+        for n in self.store.names().filter(|n| is_routed_expert_weight(n)) {
             let Some(rest) = n.strip_prefix("model.layers.") else { continue };
             let Some((layer, rest)) = rest.split_once('.') else { continue };
             // ".experts.", not "experts.": deepseek_v3's "mlp.shared_experts.*" are dense.

@@ -11,6 +11,13 @@ use crate::commands::info::human;
 
 /// Free space below which `disk` warns: room for a small converted model.
 const LOW_DISK: u64 = 2 << 30;
+/// The disk-speed probe: a scratch file this large, read back in pieces of an expert's
+/// size, a few at a time (as the expert cache reads).
+const SPEED_PROBE_BYTES: u64 = 32 << 20;
+const SPEED_PROBE_CHUNK: usize = 256 << 10;
+const SPEED_PROBE_THREADS: usize = 4;
+/// Random-read speed below which `disk speed` warns (a slow USB stick, a network share).
+const SLOW_DISK: f64 = 100e6;
 
 /// The browser engine (web/pkg, web/pkg-threads) embedded in this binary.
 pub fn web_engine(r: &mut Report) {
@@ -129,6 +136,30 @@ pub fn disk(r: &mut Report, models_dir: Option<&Path>) {
         ),
         Some(free) => r.ok("disk", format!("{} free at {}", human(free), at.display())),
         None => r.warn("disk", format!("cannot tell the free space at {}", at.display())),
+    }
+    disk_speed(r, &at);
+}
+
+/// How fast the disk under `at` reads what the expert cache reads: the O_DIRECT probe of
+/// `coli plan` (crate::probe::scratch_reads) on a small scratch file, deleted afterwards.
+fn disk_speed(r: &mut Report, at: &Path) {
+    if free_bytes(at).is_some_and(|f| f < 4 * SPEED_PROBE_BYTES) {
+        return r.warn("disk speed", format!("not measured: too little free space at {}", at.display()));
+    }
+    let what = format!("random {} KiB reads", SPEED_PROBE_CHUNK >> 10);
+    match crate::probe::scratch_reads(at, SPEED_PROBE_BYTES, SPEED_PROBE_CHUNK, SPEED_PROBE_THREADS) {
+        Ok((speed, how)) if speed < SLOW_DISK => r.warn(
+            "disk speed",
+            format!(
+                "{}/s ({what}, {how}) at {}: slow; experts read from it will limit decoding (give more --ram)",
+                human(speed as u64),
+                at.display()
+            ),
+        ),
+        Ok((speed, how)) => {
+            r.ok("disk speed", format!("{}/s ({what}, {how}) at {}", human(speed as u64), at.display()))
+        }
+        Err(e) => r.warn("disk speed", format!("not measured at {}: {e:#}", at.display())),
     }
 }
 

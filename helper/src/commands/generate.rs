@@ -6,12 +6,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
-use colibri_engine::generate::{generate_with, GenerateOptions};
+use colibri_engine::generate::{drive, drive_speculative, Constraint, GenerateOptions, Generator, Grammar};
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::tokenizer::DecodeStream;
+use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 use colibri_engine::Logits;
 
-use crate::backend::forward_fn;
+use crate::backend::forward_keep_fn;
 use crate::flags::{parse_ids, ModelArgs, SamplingArgs};
 use crate::load::open;
 
@@ -22,9 +22,17 @@ pub struct GenerateArgs {
     /// Prompt as comma-separated token ids.
     #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
     pub ids: Option<String>,
-    /// Prompt as text (tokenized with the model's tokenizer).
+    /// Prompt as text, tokenized with the model's tokenizer and continued as it is (raw
+    /// completion: no chat template) unless --chat is given.
     #[arg(long)]
     pub prompt: Option<String>,
+    /// Treat --prompt as one user message: apply the model's chat template (as `coli chat`
+    /// and the API do) and answer it.
+    #[arg(long)]
+    pub chat: bool,
+    /// With --chat: a system prompt placed before the message.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
     #[command(flatten)]
@@ -39,14 +47,56 @@ pub struct GenerateArgs {
     /// alternatives (0 to 20), as the API's chat `logprobs.content` (stop ids excepted).
     #[arg(long, requires = "json", value_parser = clap::value_parser!(u8).range(0..=20))]
     pub logprobs: Option<u8>,
+    /// Structured output: the text must match the grammar in FILE (GBNF as llama.cpp
+    /// takes it, with a `root` rule; or llguidance's Lark, with a `start` rule).
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// Structured output: the text must be JSON valid under the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// Structured output: the whole text must match this regular expression.
+    #[arg(long, value_name = "REGEX", group = "constraint")]
+    pub regex: Option<String>,
+    /// Speculative decoding from prompt lookup: up to N draft tokens per step (what
+    /// followed the context's last tokens earlier on), checked in one forward pass. The
+    /// output is the same as without; --json adds "speculation" (acceptance rate, tokens
+    /// per forward pass).
+    #[arg(long, value_name = "N", default_value_t = 0, conflicts_with = "logprobs")]
+    pub speculate: usize,
+}
+
+impl GenerateArgs {
+    /// The grammar of --grammar / --json-schema / --regex, if any.
+    fn grammar(&self) -> Result<Option<Grammar>> {
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).with_context(|| format!("{}", p.display()));
+        Ok(if let Some(p) = &self.grammar {
+            Some(Grammar::from_text(&read(p)?))
+        } else if let Some(p) = &self.json_schema {
+            let schema = serde_json::from_str(&read(p)?).with_context(|| format!("{}: not JSON", p.display()))?;
+            Some(Grammar::json_schema(schema))
+        } else {
+            self.regex.clone().map(Grammar::Regex)
+        })
+    }
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
     let ids_arg = a.ids.as_deref().map(parse_ids).transpose()?;
-    let loaded = open(&a.model, a.prompt.is_some() || a.logprobs.is_some())?;
+    let grammar = a.grammar()?;
+    let loaded = open(&a.model, a.prompt.is_some() || a.logprobs.is_some() || grammar.is_some())?;
     let tok = loaded.tokenizer.as_ref();
     let prompt_ids = match (ids_arg, &a.prompt) {
+        (Some(_), _) if a.chat => bail!("--chat applies the chat template to --prompt; it cannot be used with --ids"),
         (Some(ids), _) => ids,
+        (None, Some(text)) if a.chat => {
+            let t = tok.context("this model has no tokenizer.json; use --ids")?;
+            if !t.has_chat_template() {
+                bail!("this model has no chat template; leave out --chat to continue the prompt as raw text");
+            }
+            let mut messages: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage::new("system", s)).collect();
+            messages.push(ChatMessage::new("user", text));
+            t.encode_chat(&messages, true)?
+        }
         (None, Some(text)) => {
             let t = tok.context("this model has no tokenizer.json; use --ids")?;
             t.encode(text, true)?
@@ -59,51 +109,60 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
         logprobs: None,
     };
-    let mut forward = forward_fn(&loaded.model, a.model.backend)?;
+    let max_positions = loaded.model.cfg.max_positions;
+    let mut gen = Generator::new(&[], &prompt_ids, max_positions, &opts)?;
+    if let Some(g) = &grammar {
+        let t = tok.context("structured output needs the model's tokenizer.json")?;
+        gen = gen.with_constraint(Constraint::new(t, g)?);
+    }
+    let mut forward = forward_keep_fn(&loaded.model, a.model.backend)?;
     let start = Instant::now();
     let mut first_token = None;
     let mut stream = DecodeStream::default();
     let mut stdout = std::io::stdout().lock();
     let mut print_err = None;
-    let max_positions = loaded.model.cfg.max_positions;
     // --logprobs: the last row, kept until its token is known (the engine's computation).
     let last_row = std::cell::RefCell::new(Vec::new());
     let mut logprobs = Vec::new();
-    let (ids, reason) = generate_with(
-        &mut |ids: &[u32]| {
-            let row = forward(ids, Logits::Last)?;
+    let mut on_token = |id| {
+        first_token.get_or_insert_with(|| start.elapsed());
+        if let (Some(n), false) = (a.logprobs, opts.stop_ids.contains(&id)) {
+            logprobs.push(token_logprob(&last_row.borrow(), id, n as usize));
+        }
+        if !a.json {
+            if let Some(t) = tok {
+                match stream.push(t, id) {
+                    Ok(text) => {
+                        if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
+                            return false;
+                        }
+                    }
+                    Err(e) => {
+                        print_err = Some(e);
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    };
+    let (ids, reason, spec) = if a.speculate == 0 {
+        let mut fed = 0;
+        let forward_last = &mut |ids: &[u32]| {
+            let row = forward(fed, ids, Logits::Last)?;
+            fed += ids.len();
             if a.logprobs.is_some() {
                 last_row.borrow_mut().clone_from(&row);
             }
             Ok(row)
-        },
-        &[],
-        &prompt_ids,
-        max_positions,
-        &opts,
-        &mut |id| {
-            first_token.get_or_insert_with(|| start.elapsed());
-            if let (Some(n), false) = (a.logprobs, opts.stop_ids.contains(&id)) {
-                logprobs.push(token_logprob(&last_row.borrow(), id, n as usize));
-            }
-            if !a.json {
-                if let Some(t) = tok {
-                    match stream.push(t, id) {
-                        Ok(text) => {
-                            if write!(stdout, "{text}").and_then(|_| stdout.flush()).is_err() {
-                                return false;
-                            }
-                        }
-                        Err(e) => {
-                            print_err = Some(e);
-                            return false;
-                        }
-                    }
-                }
-            }
-            true
-        },
-    )?;
+        };
+        let (ids, reason) = drive(forward_last, gen, &mut on_token)?;
+        (ids, reason, None)
+    } else {
+        let mut g = gen.with_speculation(a.speculate);
+        let reason = drive_speculative(&mut |keep, ids, which| forward(keep, ids, which), 0, &mut g, &mut on_token)?;
+        (g.produced().to_vec(), reason, Some(g.spec_stats()))
+    };
     if let Some(e) = print_err {
         return Err(e.into());
     }
@@ -126,6 +185,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             "decode_tokens_per_second": if ids.len() > 1 && decode_s > 0.0 { (ids.len() - 1) as f64 / decode_s } else { 0.0 },
             "expert_cache": loaded.cache.as_ref().map(|c| c.describe()),
         });
+        if let Some(s) = spec {
+            out["speculation"] = s.to_json();
+        }
         if let (Some(t), true) = (tok, a.logprobs.is_some()) {
             out["logprobs"] = logprobs.iter().map(|l| chat_entry(t, l)).collect();
         }

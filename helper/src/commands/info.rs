@@ -137,8 +137,10 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
     let mut dtypes = BTreeSet::new();
     for n in store.names() {
         let t = store.get(n)?;
-        dtypes.insert(t.dtype.name());
-        if n.contains(".experts.") {
+        // An MXFP4 checkpoint's experts are u8 blocks and scales: name what they encode.
+        let mxfp4 = n.ends_with("_blocks") || n.ends_with("_scales");
+        dtypes.insert(if mxfp4 && t.dtype == colibri_engine::tensor::DType::U8 { "mxfp4" } else { t.dtype.name() });
+        if colibri_engine::format::tensors::is_routed_expert_weight(n) {
             streamed += t.bytes.len() as u64;
         } else {
             resident += t.bytes.len() as u64;
@@ -148,7 +150,7 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
     let dtypes = dtypes.into_iter().collect::<Vec<_>>().join(",");
     Ok(Summary {
         format: "Hugging Face checkpoint (safetensors)".into(),
-        quant: format!("none ({dtypes})"),
+        quant: if dtypes.contains("mxfp4") { format!("MXFP4 experts ({dtypes})") } else { format!("none ({dtypes})") },
         quant_short: dtypes,
         resident,
         streamed,

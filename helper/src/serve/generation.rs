@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use colibri_engine::generate::logprobs::sequence_logprobs;
-use colibri_engine::generate::{GenerateOptions, Generator, StopReason, TokenLogprob};
+use colibri_engine::generate::{Constraint, GenerateOptions, Generator, StopReason, TokenLogprob};
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::Logits;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
@@ -149,6 +149,8 @@ pub struct Job {
     /// Also the prompt's teacher-forced log-probabilities with this many alternatives
     /// (completions with echo and logprobs); the prompt runs even when no token is asked.
     pub prompt_logprobs: Option<usize>,
+    /// Structured output: the compiled grammar the output must match.
+    pub constraint: Option<Constraint>,
 }
 
 /// Starts `job` once the model is free; events arrive on the returned channel. Dropping
@@ -197,7 +199,7 @@ pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<At
 /// last event to send (Done or Error; None if the client is gone) and whether the
 /// generation was cancelled.
 fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> (Option<Event>, bool) {
-    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs } = job;
+    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs, constraint } = job;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
@@ -206,6 +208,9 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
         Ok(g) => g.with_text(stream, stop),
         Err(e) => return (Some(Event::Error(e.to_string())), false),
     };
+    if let Some(c) = constraint {
+        gen = gen.with_constraint(c);
+    }
     let mut session = loaded.model.new_session();
     let mut client_gone = false;
     let mut shutting_down = false;

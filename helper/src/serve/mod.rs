@@ -20,6 +20,7 @@ mod openai;
 mod page;
 mod range;
 pub mod security;
+mod structured;
 #[cfg(test)]
 mod tests;
 pub(crate) mod usage;

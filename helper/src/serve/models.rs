@@ -346,8 +346,21 @@ mod tests {
         let ids: Vec<String> = reg.list().into_iter().map(|m| m.id).collect();
         assert_eq!(
             ids,
-            ["olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "mixtral", "qwen2_moe", "qwen3_moe"]
+            [
+                "olmoe",
+                "deepseek_v3",
+                "deepseek_v3_noqlora",
+                "glm4_moe",
+                "gpt_oss",
+                "gpt_oss_mxfp4",
+                "mixtral",
+                "qwen2_moe",
+                "qwen3_moe"
+            ]
         );
+        // gpt-oss's MXFP4 release layout (quantization_config mxfp4) is a supported model.
+        let d = describe(&reg.get("gpt_oss_mxfp4").unwrap());
+        assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("gpt_oss")), "{d}");
         for mla in ["deepseek_v3", "deepseek_v3_noqlora"] {
             let d = describe(&reg.get(mla).unwrap());
             assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("deepseek_v3")), "{d}");

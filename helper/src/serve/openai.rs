@@ -8,9 +8,12 @@
 //! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
 //! top_k, repetition_penalty, ignore_eos; logprobs / top_logprobs (chat) and logprobs +
 //! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
-//! presence/frequency penalties are accepted and ignored; tools, n > 1 and a
-//! response_format other than text (no structured output yet) are refused
-//! with 400.
+//! Structured output (`response_format` json_object / json_schema, llama.cpp's `grammar`,
+//! `tools` / `tool_choice`): see [`super::structured`]. presence/frequency penalties are
+//! accepted and ignored; n > 1 is refused with 400.
+//! A chat that would overflow the context loses its oldest turns (`truncation: "auto"`,
+//! the default; the response says how many messages in `dropped_messages`); `"disabled"`
+//! answers 400 `context_length_exceeded` instead. Requests with `tools` are not trimmed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,14 +25,15 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs, MAX_TOP_LOGPROBS};
-use colibri_engine::generate::{context_room, GenerateOptions, SamplingRequest, TokenLogprob};
+use colibri_engine::generate::{context_room, Constraint, GenerateOptions, Grammar, SamplingRequest, TokenLogprob};
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::tokenizer::ChatMessage;
+use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::generation::{self as engine, EngineError, Event, Job};
+use super::structured::{self, Tools};
 use super::AppState;
 
 /// Completion tokens when the request names no limit (and the context allows it).
@@ -115,6 +119,8 @@ struct Params {
     top_k: Option<usize>,
     repetition_penalty: Option<f32>,
     ignore_eos: Option<bool>,
+    /// llama.cpp's extension: a GBNF (or Lark) grammar the output must match.
+    grammar: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -135,6 +141,8 @@ struct ContentPart {
 struct MessageIn {
     role: String,
     content: Option<Content>,
+    /// An assistant turn's earlier function calls.
+    tool_calls: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -143,6 +151,10 @@ struct ChatRequest {
     params: Params,
     messages: Option<Vec<MessageIn>>,
     tools: Option<Value>,
+    /// "auto" (default): drop the oldest turns that do not fit the context; "disabled":
+    /// answer 400 `context_length_exceeded` instead (the names of OpenAI's Responses API).
+    truncation: Option<String>,
+    tool_choice: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +194,10 @@ struct Prepared {
     logprobs: bool,
     /// Completions with echo: the prompt's ids and text, returned before the completion.
     echo: Option<(Vec<u32>, String)>,
+    /// Chat: how many of the oldest messages were left out to fit the context.
+    dropped_messages: usize,
+    /// Function calling: an output that is a call is returned as `tool_calls`.
+    tools: bool,
 }
 
 /// What an endpoint asks of [`prepare`] beyond the common parameters.
@@ -193,6 +209,8 @@ struct Extras {
     logprobs: Option<usize>,
     /// Return the prompt (and its logprobs, with `logprobs`) before the completion.
     echo: bool,
+    /// Function calling (chat).
+    tools: Option<Tools>,
 }
 
 /// A whole number in 0..=MAX_TOP_LOGPROBS, or a 400 naming `param`.
@@ -200,26 +218,6 @@ fn top_count(v: &Value, param: &'static str) -> Result<usize, ApiError> {
     v.as_u64().filter(|&n| n as usize <= MAX_TOP_LOGPROBS).map(|n| n as usize).ok_or_else(|| {
         ApiError::invalid(format!("{param} must be an integer between 0 and {MAX_TOP_LOGPROBS}"), Some(param))
     })
-}
-
-/// `response_format`: plain text is what every answer is; anything else (`json_object`,
-/// `json_schema`) needs constrained decoding, which colibri does not have yet: refused,
-/// never silently ignored.
-fn check_response_format(v: Option<&Value>) -> Result<(), ApiError> {
-    let kind = match v {
-        None | Some(Value::Null) => return Ok(()),
-        Some(v) => v.get("type").and_then(Value::as_str),
-    };
-    match kind {
-        Some("text") => Ok(()),
-        Some(t) => Err(ApiError::invalid(
-            format!(
-                "response_format type `{t}` is not supported yet (no structured output); leave response_format out or use {{\"type\": \"text\"}}"
-            ),
-            Some("response_format"),
-        )),
-        None => Err(ApiError::invalid("response_format must be an object with a type", Some("response_format"))),
-    }
 }
 
 /// Chat: `logprobs` (bool) and `top_logprobs` (0..=20, needs logprobs).
@@ -293,12 +291,34 @@ async fn prepare(
     p: Params,
     prefix: &str,
     extras: Extras,
-    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Vec<u32>, ApiError> + Send + 'static,
+    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<(Vec<u32>, usize), ApiError> + Send + 'static,
 ) -> Result<Prepared, ApiError> {
     if p.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
     }
-    check_response_format(p.response_format.as_ref())?;
+    // One constraint at most: from tools, response_format or grammar.
+    let mut grammars: Vec<(Grammar, &'static str)> = Vec::new();
+    if let Some(t) = &extras.tools {
+        grammars.push((t.grammar.clone(), "tools"));
+    }
+    if let Some(g) = structured::response_format(p.response_format.as_ref())? {
+        grammars.push((g, "response_format"));
+    }
+    if let Some(g) = p.grammar.as_deref().filter(|g| !g.trim().is_empty()) {
+        grammars.push((Grammar::from_text(g), "grammar"));
+    }
+    if grammars.len() > 1 {
+        let names: Vec<&str> = grammars.iter().map(|g| g.1).collect();
+        return Err(ApiError::invalid(format!("{} cannot be combined", names.join(" and ")), Some(grammars[1].1)));
+    }
+    let grammar = grammars.pop();
+    if grammar.is_some() && p.stop.is_some() {
+        let param = grammar.as_ref().map(|g| g.1);
+        return Err(ApiError::invalid(
+            "stop cannot be combined with structured output: the grammar decides where the output ends",
+            param,
+        ));
+    }
     let stop = match p.stop {
         None => Vec::new(),
         Some(StopField::One(s)) => vec![s],
@@ -331,13 +351,26 @@ async fn prepare(
     // At most PROMPTS_AT_ONCE at a time, which bounds their memory.
     let l = loaded.clone();
     let turn = state.prompts.clone().acquire_owned().await;
-    let prompt = tokio::task::spawn_blocking(move || {
+    let (prompt, dropped_messages) = tokio::task::spawn_blocking(move || {
         let r = make_prompt(&l);
         drop(turn);
         r
     })
     .await
     .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
+    let constraint = match grammar {
+        None => None,
+        Some((g, param)) => {
+            let l = loaded.clone();
+            let compiled = tokio::task::spawn_blocking(move || {
+                let tok = l.tokenizer.as_ref().ok_or_else(|| "this model has no tokenizer".to_string())?;
+                Constraint::new(tok, &g).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the grammar could not be compiled"))?;
+            Some(compiled.map_err(|e| ApiError::invalid(e, Some(param)))?)
+        }
+    };
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", None));
@@ -377,6 +410,7 @@ async fn prepare(
         stop,
         continue_prompt: extras.continue_prompt,
         prompt_logprobs: extras.logprobs.filter(|_| extras.echo),
+        constraint,
     };
     let rx = engine::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
     Ok(Prepared {
@@ -389,6 +423,8 @@ async fn prepare(
         loaded,
         logprobs: extras.logprobs.is_some(),
         echo,
+        dropped_messages,
+        tools: extras.tools.is_some(),
     })
 }
 
@@ -455,8 +491,12 @@ impl Kind {
                 if let Some(t) = text {
                     delta["content"] = json!(t);
                 }
-                json!({"id": p.id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
-                       "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+                let mut v = json!({"id": p.id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]});
+                if role {
+                    add_dropped(&mut v, p);
+                }
+                v
             }
             Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
                                  "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]}),
@@ -465,14 +505,34 @@ impl Kind {
 
     fn complete(self, p: &Prepared, text: String, finish: &str, usage: Value, logprobs: Value) -> Value {
         match self {
-            Kind::Chat => json!({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.model,
+            Kind::Chat => {
+                let mut v = json!({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.model,
                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}],
-                                 "usage": usage}),
+                                 "usage": usage});
+                add_dropped(&mut v, p);
+                v
+            }
             Kind::Text => json!({"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
                                  "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
                                  "usage": usage}),
         }
     }
+}
+
+/// colibri's extension: `dropped_messages` when the oldest turns were left out to fit the
+/// context (absent when nothing was).
+fn add_dropped(v: &mut Value, p: &Prepared) {
+    if p.dropped_messages > 0 {
+        v["dropped_messages"] = json!(p.dropped_messages);
+    }
+}
+
+/// Function calling: the output as OpenAI's `tool_calls` when it is a complete call.
+fn as_tool_calls(p: &Prepared, text: &str, finish: &str) -> Option<Value> {
+    if !p.tools || finish != "stop" {
+        return None;
+    }
+    structured::tool_calls(text, &p.id)
 }
 
 fn sse(v: &Value) -> Bytes {
@@ -490,6 +550,8 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
         }
         let mut lp = Logprobs { kind, offset: 0 };
         let echo = p.echo.take();
+        // With tools the text is held until the end: it may turn out to be a call.
+        let mut held = p.tools.then(String::new);
         // Echo without logprobs: the prompt's text first (with logprobs it comes with them).
         if let (Some((_, text)), false) = (&echo, p.logprobs) {
             out.send(sse(&kind.chunk(&p, Some(text), false, None, Value::Null))).await?;
@@ -503,9 +565,27 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
                 }
                 Event::Text(t, lps) => {
                     let v = lp.generated(&p, &lps);
-                    out.send(sse(&kind.chunk(&p, Some(&t), false, None, v))).await?
+                    match held.as_mut() {
+                        Some(h) => {
+                            h.push_str(&t);
+                            if !v.is_null() {
+                                out.send(sse(&kind.chunk(&p, None, false, None, v))).await?
+                            }
+                        }
+                        None => out.send(sse(&kind.chunk(&p, Some(&t), false, None, v))).await?,
+                    }
                 }
                 Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                    let mut finish_reason = finish_reason;
+                    if let Some(text) = held.take() {
+                        let mut c = kind.chunk(&p, Some(&text), false, None, Value::Null);
+                        if let Some(mut calls) = as_tool_calls(&p, &text, finish_reason) {
+                            calls[0]["index"] = json!(0);
+                            c["choices"][0]["delta"] = json!({"tool_calls": calls});
+                            finish_reason = "tool_calls";
+                        }
+                        out.send(sse(&c)).await?;
+                    }
                     out.send(sse(&kind.chunk(&p, None, false, Some(finish_reason), Value::Null))).await?;
                     if p.include_usage {
                         let mut u = kind.chunk(&p, None, false, None, Value::Null);
@@ -597,7 +677,13 @@ async fn collect(kind: Kind, mut p: Prepared) -> Response {
                 }
                 entries.extend(lps.iter().map(|t| (t.id, Some(t))));
                 let v = Logprobs { kind, offset: 0 }.render(&p, &entries);
-                return axum::Json(kind.complete(&p, text, finish_reason, usage, v)).into_response();
+                let calls = as_tool_calls(&p, &text, finish_reason);
+                let mut body = kind.complete(&p, text, finish_reason, usage, v);
+                if let Some(calls) = calls {
+                    body["choices"][0]["message"] = json!({"role": "assistant", "content": null, "tool_calls": calls});
+                    body["choices"][0]["finish_reason"] = json!("tool_calls");
+                }
+                return axum::Json(body).into_response();
             }
             Event::Error(msg) => return ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, msg).into_response(),
         }
@@ -618,9 +704,10 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    if req.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
-        return ApiError::invalid("tools are not supported", Some("tools")).into_response();
-    }
+    let tools = match structured::tools(req.tools.as_ref(), req.tool_choice.as_ref()) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     let messages = match req.messages {
         Some(m) if !m.is_empty() => m,
         _ => return ApiError::invalid("messages must be a non-empty list", Some("messages")).into_response(),
@@ -628,7 +715,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
     let mut turns = Vec::with_capacity(messages.len());
     for m in messages {
         let content = match m.content {
-            None => String::new(),
+            None => m.tool_calls.as_ref().map(structured::calls_as_text).unwrap_or_default(),
             Some(Content::Text(t)) => t,
             Some(Content::Parts(parts)) => {
                 if parts.iter().any(|p| p.kind != "text") {
@@ -644,16 +731,41 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         Ok(n) => n,
         Err(e) => return e.into_response(),
     };
-    let extras = Extras { logprobs, ..Extras::default() };
+    let truncate = match req.truncation.as_deref() {
+        None | Some("auto") => true,
+        Some("disabled") => false,
+        Some(_) => {
+            return ApiError::invalid("truncation must be \"auto\" or \"disabled\"", Some("truncation")).into_response()
+        }
+    };
+    let max_tokens =
+        req.params.max_completion_tokens.or(req.params.max_tokens).map(|t| t.min(usize::MAX as u64) as usize);
+    let for_prompt = tools.clone();
+    let extras = Extras { logprobs, tools, ..Extras::default() };
     let prepared = prepare(&state, req.params, "chatcmpl", extras, move |l| {
         let tok =
             l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
         if !tok.has_chat_template() {
             return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("model")));
         }
-        let text =
-            tok.apply_chat_template(&turns, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-        tok.encode(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
+        let invalid = |e: colibri_engine::Error| ApiError::invalid(e.to_string(), Some("messages"));
+        if let Some(t) = &for_prompt {
+            // Tools are rendered into the prompt by the structured-output code: not trimmed.
+            let text = structured::chat_prompt(tok, &turns, t).map_err(invalid)?;
+            return Ok((tok.encode(&text, false).map_err(invalid)?, 0));
+        }
+        if !truncate {
+            return Ok((tok.encode_chat(&turns, true).map_err(invalid)?, 0));
+        }
+        // The one trimming rule of every surface (colibri_engine::tokenizer::fit_chat).
+        let ctx = l.model.cfg.max_positions;
+        match fit_chat(tok, &turns, ctx, answer_reserve(max_tokens, ctx)) {
+            Ok(f) => Ok((f.ids, f.dropped)),
+            Err(e @ colibri_engine::Error::ContextOverflow { .. }) => {
+                Err(invalid(e).with_code("context_length_exceeded"))
+            }
+            Err(e) => Err(invalid(e)),
+        }
     })
     .await;
     match prepared {
@@ -699,9 +811,9 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
         Ok(n) => n,
         Err(e) => return e.into_response(),
     };
-    let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true) };
+    let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true), tools: None };
     let prompt = req.prompt;
-    match prepare(&state, req.params, "cmpl", extras, move |l| prompt_ids(prompt, l)).await {
+    match prepare(&state, req.params, "cmpl", extras, move |l| Ok((prompt_ids(prompt, l)?, 0))).await {
         Ok(p) => respond(Kind::Text, p).await,
         Err(e) => e.into_response(),
     }

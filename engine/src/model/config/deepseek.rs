@@ -96,6 +96,7 @@ pub(super) fn sigmoid_router(
         topk_group,
         routed_scaling_factor: scale as f32,
         correction_bias: true,
+        logit_bias: false,
     })
 }
 

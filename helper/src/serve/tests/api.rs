@@ -183,13 +183,13 @@ fn bad_requests_get_openai_errors() {
         ),
         (
             "/v1/chat/completions",
-            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}).to_string(),
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}).to_string(),
             400,
             Some("response_format"),
         ),
         (
             "/v1/chat/completions",
-            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}).to_string(),
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}, "strict": true}}}).to_string(),
             400,
             Some("response_format"),
         ),

@@ -3,10 +3,12 @@
 //! requests). Models are scratch copies of the committed fixtures.
 
 mod api;
+mod context;
 mod hostile;
 mod logprobs;
 mod ranges;
 mod security;
+mod structured;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,217 @@
+//! Structured output: a [`Grammar`] (JSON Schema, any JSON object, a regular expression,
+//! a Lark or GBNF grammar) compiled by llguidance into a [`Constraint`] that the
+//! [`Generator`](super::Generator) applies token by token: before each draw, every token
+//! the grammar does not allow next gets logit -inf (the stop ids only where the grammar
+//! may end), then the usual sampler runs; the drawn token advances the grammar.
+//!
+//! The mask is integer work on llguidance's token trie and is applied before the sampler
+//! in one fixed order, so the CPU, the server and the browser draw the same tokens. When
+//! the grammar is complete (nothing can follow), generation stops with `stop`; when the
+//! token budget runs out first, it ends with `length` and the output is a prefix of a
+//! valid one (never claimed complete).
+
+mod gbnf;
+mod vocab;
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+
+pub use gbnf::gbnf_to_lark;
+
+/// What the output must match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON Schema. `lenient`: keywords llguidance does not support are ignored
+    /// instead of refused (OpenAI `strict: false`).
+    JsonSchema { schema: Value, lenient: bool },
+    /// A grammar in llguidance's Lark dialect (start rule `start`).
+    Lark(String),
+    /// A grammar in llama.cpp's GBNF (start rule `root`).
+    Gbnf(String),
+    /// A regular expression (Rust `regex` syntax) the whole output must match.
+    Regex(String),
+}
+
+impl Grammar {
+    /// A grammar file's text: GBNF when a line defines a rule with `::=`, else Lark.
+    pub fn from_text(text: &str) -> Grammar {
+        let gbnf = text.lines().any(|l| {
+            let l = l.trim_start();
+            let name_len = l.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_')).unwrap_or(l.len());
+            name_len > 0 && l[name_len..].trim_start().starts_with("::=")
+        });
+        if gbnf {
+            Grammar::Gbnf(text.to_string())
+        } else {
+            Grammar::Lark(text.to_string())
+        }
+    }
+
+    /// OpenAI's `response_format`: None for `text` (or null); `json_object` (llama.cpp
+    /// also takes a `schema` in it); `json_schema` with `{name, schema, strict}` (without
+    /// `strict: true`, schema keywords llguidance does not know are ignored rather than
+    /// refused). The error says what is wrong with it.
+    pub fn from_response_format(v: &Value) -> std::result::Result<Option<Grammar>, String> {
+        if v.is_null() {
+            return Ok(None);
+        }
+        match v.get("type").and_then(Value::as_str) {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(match v.get("schema") {
+                Some(s) if !s.is_null() => Grammar::json_schema(s.clone()),
+                _ => Grammar::JsonObject,
+            })),
+            Some("json_schema") => {
+                let js = v.get("json_schema").filter(|j| j.is_object());
+                let js = js.ok_or("response_format json_schema needs a json_schema object with a schema")?;
+                let strict = js.get("strict").and_then(Value::as_bool).unwrap_or(false);
+                // OpenAI allows no schema: any JSON value.
+                let schema = js.get("schema").cloned().unwrap_or_else(|| serde_json::json!({}));
+                if !(schema.is_object() || schema.is_boolean()) {
+                    return Err("response_format.json_schema.schema must be a JSON Schema object".into());
+                }
+                Ok(Some(Grammar::JsonSchema { schema, lenient: !strict }))
+            }
+            Some(t) => Err(format!("response_format type `{t}` is not one of text, json_object, json_schema")),
+            None => Err("response_format must be an object with a type".into()),
+        }
+    }
+
+    /// A strict JSON Schema.
+    pub fn json_schema(schema: Value) -> Grammar {
+        Grammar::JsonSchema { schema, lenient: false }
+    }
+
+    fn to_llguidance(&self) -> Result<TopLevelGrammar> {
+        Ok(match self {
+            Grammar::JsonObject => {
+                TopLevelGrammar::from_json_schema(with_json_style(serde_json::json!({"type": "object"}), false))
+            }
+            Grammar::JsonSchema { schema, lenient } => {
+                TopLevelGrammar::from_json_schema(with_json_style(schema.clone(), *lenient))
+            }
+            Grammar::Lark(s) => TopLevelGrammar::from_lark(s.clone()),
+            Grammar::Gbnf(s) => TopLevelGrammar::from_lark(gbnf_to_lark(s)?),
+            Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
+        })
+    }
+}
+
+/// How colibri writes JSON under a schema unless the schema's own `x-guidance` says
+/// otherwise: `", "` between items, `": "` after keys, no other whitespace (free
+/// whitespace lets a small model pad forever instead of closing the object).
+pub fn with_json_style(mut schema: Value, lenient: bool) -> Value {
+    if let Some(obj) = schema.as_object_mut() {
+        if !obj.contains_key("x-guidance") {
+            let style = JsonCompileOptions {
+                item_separator: ", ".into(),
+                key_separator: ": ".into(),
+                whitespace_flexible: false,
+                lenient,
+                ..JsonCompileOptions::default()
+            };
+            style.apply_to(&mut schema);
+        }
+    }
+    schema
+}
+
+/// llguidance's compiled view of a tokenizer's vocabulary (built once per tokenizer:
+/// [`Tokenizer::grammar_vocab`]).
+pub struct GrammarVocab {
+    factory: ParserFactory,
+    /// The virtual end-of-sequence id (one past the tokenizer's vocabulary).
+    eos: u32,
+}
+
+impl GrammarVocab {
+    pub(crate) fn new(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<Self> {
+        let (env, eos) = vocab::tok_env(tok, vocab_size)?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Invalid(format!("grammar: {e}")))?;
+        // Warnings and errors come back as values, never printed.
+        factory.quiet();
+        Ok(GrammarVocab { factory, eos })
+    }
+}
+
+/// A compiled grammar following one generation.
+pub struct Constraint {
+    matcher: Matcher,
+    vocab: Arc<GrammarVocab>,
+    masked: Vec<f32>,
+}
+
+/// llguidance's message on one line (its Lark errors quote the grammar over several).
+fn grammar_err(e: impl std::fmt::Display) -> Error {
+    let msg = e.to_string();
+    let lines: Vec<&str> = msg.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    Error::Invalid(format!("grammar: {}", lines.join(" | ")))
+}
+
+impl Constraint {
+    /// Compiles `grammar` for `tok`'s vocabulary; a grammar llguidance refuses gives
+    /// [`Error::Invalid`] with its message.
+    pub fn new(tok: &Tokenizer, grammar: &Grammar) -> Result<Self> {
+        let vocab = tok.grammar_vocab()?;
+        let parser = vocab.factory.create_parser(grammar.to_llguidance()?).map_err(grammar_err)?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(grammar_err(e));
+        }
+        Ok(Constraint { matcher, vocab, masked: Vec::new() })
+    }
+
+    /// `logits` with every token the grammar does not allow next at -inf; the stop ids
+    /// keep their logit only where the grammar may end. Errors when nothing is allowed
+    /// (the vocabulary cannot spell what the grammar needs).
+    pub fn mask(&mut self, logits: &[f32], stop_ids: &[u32]) -> Result<&[f32]> {
+        let allowed = self.matcher.compute_mask().map_err(grammar_err)?;
+        let eos = self.vocab.eos as usize;
+        self.masked.clear();
+        self.masked.extend(logits.iter().enumerate().map(|(i, &x)| {
+            if i < eos && allowed.get(i) {
+                x
+            } else {
+                f32::NEG_INFINITY
+            }
+        }));
+        let may_end = allowed.get(eos);
+        for &s in stop_ids {
+            if let Some(x) = self.masked.get_mut(s as usize) {
+                *x = if may_end { logits[s as usize] } else { f32::NEG_INFINITY };
+            }
+        }
+        if self.masked.iter().all(|&x| x == f32::NEG_INFINITY || x.is_nan()) {
+            return Err(Error::Invalid(
+                "grammar: no token of this model's vocabulary can continue the output here".into(),
+            ));
+        }
+        Ok(&self.masked)
+    }
+
+    /// Advances the grammar by the drawn token (not a stop id).
+    pub fn consume(&mut self, id: u32) -> Result<()> {
+        self.matcher.consume_token(id).map_err(grammar_err)
+    }
+
+    /// The output is complete and nothing can follow it.
+    pub fn is_complete(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// The output so far is a complete match (more may still follow).
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,182 @@
+//! Structured output on the OpenAI endpoints of a real server (the olmoe fixture, random
+//! weights: whatever the model prefers, the answer must validate): response_format,
+//! llama.cpp's grammar, tools / tool_choice, and the 400s.
+
+use serde_json::{json, Value};
+
+use super::api::read_sse;
+use super::*;
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 8},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "rain": {"type": "boolean"}
+        },
+        "required": ["city", "days", "rain"],
+        "additionalProperties": false
+    })
+}
+
+/// Checks `text` against [`schema`] by hand.
+fn assert_valid(text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    let o = v.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
+    assert_eq!(o.len(), 3, "{text}");
+    assert!(o["city"].as_str().is_some_and(|c| c.chars().count() <= 8), "{text}");
+    assert!(o["days"].as_i64().is_some_and(|d| (1..=14).contains(&d)), "{text}");
+    assert!(o["rain"].is_boolean(), "{text}");
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Weather plan?"}],
+                          "max_tokens": 120, "temperature": 1});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[test]
+fn json_schema_answers_validate_streamed_or_not() {
+    let s = start("structured", |_| {});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "plan", "schema": schema(), "strict": true}});
+    for seed in 0..4 {
+        let r = s.post("/v1/chat/completions", &chat(json!({"response_format": rf, "seed": seed})).to_string());
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        assert_valid(&text);
+
+        // The same request streamed: the same text, in pieces.
+        let mut c = client::Conn::open(s.addr).unwrap();
+        let body = chat(json!({"response_format": rf, "seed": seed, "stream": true})).to_string();
+        c.send("POST", "/v1/chat/completions", &[], body.as_bytes()).unwrap();
+        let (events, done) = read_sse(&mut c);
+        assert!(done);
+        let streamed: String =
+            events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().join("");
+        assert_eq!(streamed, text);
+        assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "stop");
+    }
+    // json_object on completions, and the budget running out first: `length`, cut text.
+    let body = json!({"model": MODEL, "prompt": "Data:", "max_tokens": 3, "temperature": 0,
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema()}}});
+    let v = s.post("/v1/completions", &body.to_string()).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(serde_json::from_str::<Value>(v["choices"][0]["text"].as_str().unwrap()).is_err());
+    let body = json!({"model": MODEL, "prompt": "Data:", "max_tokens": 200, "seed": 1, "response_format": {"type": "json_object"}});
+    let v = s.post("/v1/completions", &body.to_string()).json();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    } else {
+        assert!(text.starts_with('{'), "{v}");
+    }
+}
+
+#[test]
+fn gbnf_grammar_and_tool_calls() {
+    let s = start("tools", |_| {});
+    // llama.cpp's `grammar`.
+    let g = "root ::= (\"yes\" | \"no\") \" because \" [a-z]{1,6} \".\"";
+    let v = s.post("/v1/chat/completions", &chat(json!({"grammar": g, "seed": 3})).to_string()).json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let (head, rest) = text.split_once(" because ").unwrap_or_else(|| panic!("{v}"));
+    assert!(head == "yes" || head == "no", "{text}");
+    let word = rest.strip_suffix('.').unwrap();
+    assert!((1..=6).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase()), "{text}");
+
+    // A required call: OpenAI's tool_calls, arguments valid under the parameters.
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+            "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}]);
+    for (seed, choice) in
+        [(1, json!("required")), (2, json!({"type": "function", "function": {"name": "get_weather"}}))]
+    {
+        let body = chat(json!({"tools": tools, "tool_choice": choice, "seed": seed}));
+        let v = s.post("/v1/chat/completions", &body.to_string()).json();
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        assert!(c["message"]["content"].is_null());
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        let name = call["function"]["name"].as_str().unwrap();
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        match name {
+            "get_weather" => {
+                assert!(args["city"].as_str().unwrap().chars().count() <= 8, "{args}");
+                assert!(args["unit"] == "c" || args["unit"] == "f", "{args}");
+            }
+            "get_time" => assert_eq!(args, json!({})),
+            _ => panic!("unknown function {name}"),
+        }
+        if choice.is_object() {
+            assert_eq!(name, "get_weather");
+        }
+        // Streamed: one delta with the call, then finish_reason tool_calls.
+        let mut c = client::Conn::open(s.addr).unwrap();
+        let mut body = body.clone();
+        body["stream"] = json!(true);
+        c.send("POST", "/v1/chat/completions", &[], body.to_string().as_bytes()).unwrap();
+        let (events, _) = read_sse(&mut c);
+        let streamed = events.iter().find_map(|e| e["choices"][0]["delta"].get("tool_calls")).unwrap();
+        assert_eq!(streamed[0]["function"], call["function"]);
+        assert_eq!(streamed[0]["index"], 0);
+        assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    }
+    // An earlier call and its result in the history are accepted.
+    let history = json!([{"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]);
+    let body = json!({"model": MODEL, "messages": history, "tools": tools, "max_tokens": 40, "seed": 4});
+    let r = s.post("/v1/chat/completions", &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let c = &r.json()["choices"][0];
+    // auto: text or a call, never a broken call.
+    assert!(c["message"]["content"].is_string() || c["message"]["tool_calls"].is_array(), "{c}");
+}
+
+#[test]
+fn grammars_the_library_refuses_are_400s() {
+    let s = start("structured-400", |_| {});
+    let cases = [
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}, "strict": true}}}),
+            "response_format",
+            "frobnicate",
+        ),
+        (json!({"grammar": "root ::= missing"}), "grammar", "missing"),
+        (json!({"grammar": "root ::= [z-a]"}), "grammar", "GBNF line 1"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}], "tool_choice": "required"}),
+            "tools",
+            "nope",
+        ),
+        (json!({"response_format": {"type": "json_object"}, "stop": ["}"]}), "response_format", "stop"),
+        (
+            json!({"response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}),
+            "grammar",
+            "cannot be combined",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+            "not in tools",
+        ),
+    ];
+    for (extra, param, needle) in cases {
+        let r = s.post("/v1/chat/completions", &chat(extra.clone()).to_string());
+        assert_eq!(r.status, 400, "{extra}: {}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], param, "{extra}: {e}");
+        assert!(e["message"].as_str().unwrap().contains(needle), "{extra}: {e}");
+    }
+    assert_eq!(s.health()["status"], "ok");
+}
