@@ -97,20 +97,8 @@ pub fn reduce8(a: [f32; 8]) -> f32 {
 
 /// In-place softmax with the max subtracted first, sums in index order.
 pub fn softmax(x: &mut [f32]) {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if m == f32::NEG_INFINITY {
-        // Every entry masked: leave a uniform zero row rather than NaN.
-        x.iter_mut().for_each(|v| *v = 0.0);
-        return;
-    }
-    let mut s = 0.0f32;
-    for v in x.iter_mut() {
-        *v = exp(*v - m);
-        s += *v;
-    }
-    for v in x.iter_mut() {
-        *v /= s;
-    }
+    // exp(-inf - m) adds +0.0 to a positive sum: the bits of the plain softmax.
+    softmax_with_sink(x, f32::NEG_INFINITY);
 }
 
 /// [`softmax`] with one more logit, `sink`, in the denominator only (gpt_oss's attention
@@ -119,6 +107,7 @@ pub fn softmax(x: &mut [f32]) {
 pub fn softmax_with_sink(x: &mut [f32], sink: f32) {
     let m = x.iter().copied().fold(sink, f32::max);
     if m == f32::NEG_INFINITY {
+        // Every entry masked: leave a uniform zero row rather than NaN.
         x.iter_mut().for_each(|v| *v = 0.0);
         return;
     }

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { coli, convertedFixture, freePort, startHelper, launchBrowser, copyDir, generateInPage, ARTIFACTS } from "./harness.mjs";
+import { coli, convertedFixture, freePort, startHelper, launchBrowser, copyDir, generateInPage, ARTIFACTS, assertSameBits } from "./harness.mjs";
 import { startPageServer } from "./servers.mjs";
 
 const MODEL = "qwen3_moe";
@@ -68,13 +68,7 @@ test("the browser engine gives the native CPU path's tokens and logits bit for b
   }
 });
 
-const sameBits = (r, what) => {
-  assert.deepEqual(r.ids, nativeIds, `${what}: greedy tokens differ from coli generate`);
-  const want = Array.from(new Uint32Array(nativeLogits.buffer));
-  assert.equal(r.logitsBits.length, want.length);
-  const diff = r.logitsBits.findIndex((b, i) => b !== want[i]);
-  assert.equal(diff, -1, `${what}: logit ${diff} differs from coli logits`);
-};
+const sameBits = (r, what) => assertSameBits(r, nativeIds, nativeLogits, what);
 
 test("the CPU backend on 2 and 3 threads (isolated pages) and on 1 (a page that is not isolated) gives the native bits", async () => {
   const browser = await launchBrowser();

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { readFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { coli, convertedFixture, freePort, startHelper, launchBrowser, generateInPage, ARTIFACTS } from "./harness.mjs";
+import { coli, convertedFixture, freePort, startHelper, launchBrowser, generateInPage, ARTIFACTS, assertSameBits } from "./harness.mjs";
 
 const MODEL = "deepseek_v3";
 const PROMPT = [5, 17, 3, 42, 7, 99, 120, 250];
@@ -30,13 +30,7 @@ after(async () => {
   if (fx) fx.cleanup();
 });
 
-const sameBits = (r, what) => {
-  assert.deepEqual(r.ids, nativeIds, `${what}: greedy tokens differ from coli generate`);
-  const want = Array.from(new Uint32Array(nativeLogits.buffer));
-  assert.equal(r.logitsBits.length, want.length);
-  const diff = r.logitsBits.findIndex((b, i) => b !== want[i]);
-  assert.equal(diff, -1, `${what}: logit ${diff} differs from coli logits`);
-};
+const sameBits = (r, what) => assertSameBits(r, nativeIds, nativeLogits, what);
 
 test("deepseek_v3 on the browser's CPU backend: the native bits on 1 and 2 threads; webgpu refused, auto on the CPU", async () => {
   const browser = await launchBrowser();

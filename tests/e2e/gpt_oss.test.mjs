@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { readFileSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { coli, ROOT, freePort, startHelper, launchBrowser, generateInPage, ARTIFACTS } from "./harness.mjs";
+import { coli, ROOT, freePort, startHelper, launchBrowser, generateInPage, ARTIFACTS, assertSameBits } from "./harness.mjs";
 
 const MODEL = "gpt_oss_mxfp4";
 // Longer than the fixture's sliding window (7), so the window decides some rows.
@@ -37,13 +37,7 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-const sameBits = (r, what) => {
-  assert.deepEqual(r.ids, nativeIds, `${what}: greedy tokens differ from coli generate`);
-  const want = Array.from(new Uint32Array(nativeLogits.buffer));
-  assert.equal(r.logitsBits.length, want.length);
-  const diff = r.logitsBits.findIndex((b, i) => b !== want[i]);
-  assert.equal(diff, -1, `${what}: logit ${diff} differs from coli logits`);
-};
+const sameBits = (r, what) => assertSameBits(r, nativeIds, nativeLogits, what);
 
 test("gpt_oss with MXFP4 experts on the browser's CPU backend: the native bits on 1 and 2 threads; webgpu refused, auto on the CPU", async () => {
   const browser = await launchBrowser();

@@ -1,3 +1,4 @@
+import assert from "node:assert/strict";
 // Shared plumbing for the browser tests: a real `coli serve` on a free loopback port,
 // a converted fixture model, and Debian's Chromium with WebGPU on SwiftShader.
 import { spawn, execFileSync } from "node:child_process";
@@ -104,4 +105,13 @@ export async function generateInPage(page, url, { model, prompt, n, backend = "c
     },
     { model, prompt, n, backend, storage, logits, threads, helper: pageUrl ? url : "" },
   );
+}
+
+/** Asserts a page run (generateInPage with logits) has the native ids and logit bits. */
+export function assertSameBits(r, nativeIds, nativeLogits, what) {
+  assert.deepEqual(r.ids, nativeIds, `${what}: greedy tokens differ from coli generate`);
+  const want = Array.from(new Uint32Array(nativeLogits.buffer));
+  assert.equal(r.logitsBits.length, want.length);
+  const diff = r.logitsBits.findIndex((b, i) => b !== want[i]);
+  assert.equal(diff, -1, `${what}: logit ${diff} differs from coli logits`);
 }
