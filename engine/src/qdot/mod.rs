@@ -16,11 +16,11 @@
 //! MXFP4 rows (gpt-oss's experts) have their own kernel in [`mxfp4`]: int16 activations in
 //! two parts, the same fixed float combination.
 
+#[cfg(target_arch = "x86_64")]
+mod tile;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[allow(dead_code)]
 mod wasm;
-#[cfg(target_arch = "x86_64")]
-mod tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

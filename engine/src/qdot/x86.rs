@@ -115,7 +115,8 @@ unsafe fn stored_chunk<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
 }
 
 /// One stored row times position `p`, the weights decoded on the fly. int4 rows with the
-/// activations' pair layout ([`ActQ::pair`]) take [`pairs8`] for whole runs of 8 blocks.
+/// activations' pair layout ([`ActQ::pair`]) run their whole runs of 8 blocks in
+/// [`paired_runs`] first.
 #[inline(always)]
 unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let vals = &row[round4(a.blocks * 2)..];
@@ -124,37 +125,70 @@ unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usiz
     let q = a.qrow(p);
     let g = a.group;
     let fast = |sum, c, x| stored_chunk::<VNNI, INT4, false>(vals, sum, c, x);
-    // SAFETY: `combine` calls the run closure only for whole runs of columns with
-    // c + 8 * group <= inside, the checked chunk elsewhere; the pair layout has the
-    // length checked here.
+    // SAFETY: the runs given to `paired_runs` and `combine`'s run closure end at or before
+    // `inside` (c + 8 * group <= inside); the pair layout's length is checked here.
     unsafe {
-        let paired = INT4 && a.qp.len() == a.n * a.dstride() * g;
+        let (mut start, mut acc) = (0, _mm256_setzero_ps());
+        if INT4 && a.qp.len() == a.n * a.dstride() * g {
+            let runs = (a.blocks / 8).min(inside / (8 * g));
+            let qp = a.qp.as_ptr().add(p * a.dstride() * g);
+            acc = match g / CHUNK {
+                1 => paired_runs::<VNNI, 1>(row, vals, qp, a, p, runs),
+                2 => paired_runs::<VNNI, 2>(row, vals, qp, a, p, runs),
+                4 => paired_runs::<VNNI, 4>(row, vals, qp, a, p, runs),
+                _ => paired_runs::<VNNI, 0>(row, vals, qp, a, p, runs),
+            };
+            start = runs * 8;
+        }
         combine(
             row,
             a,
             p,
+            (start, acc),
             if INT4 { Some(3) } else { None },
             inside,
-            |c0| {
-                if paired {
-                    let qp = a.qp.as_ptr().add(p * a.dstride() * g + c0);
-                    // Constant chunk counts so the common groups' loops unroll.
-                    match g / CHUNK {
-                        1 => pairs8::<VNNI>(vals, qp, c0, g, 1),
-                        2 => pairs8::<VNNI>(vals, qp, c0, g, 2),
-                        n => pairs8::<VNNI>(vals, qp, c0, g, n),
-                    }
-                } else {
-                    match g / CHUNK {
-                        1 => sums8::<1, _>(q, c0, &fast),
-                        2 => sums8::<2, _>(q, c0, &fast),
-                        4 => sums8::<4, _>(q, c0, &fast),
-                        _ => sums_any(q, g, c0, 8, &fast),
-                    }
-                }
+            |c0| match g / CHUNK {
+                1 => sums8::<1, _>(q, c0, &fast),
+                2 => sums8::<2, _>(q, c0, &fast),
+                4 => sums8::<4, _>(q, c0, &fast),
+                _ => sums_any(q, g, c0, 8, &fast),
             },
             |sum, c, x| stored_chunk::<VNNI, INT4, true>(vals, sum, c, x),
         )
+    }
+}
+
+/// The first `runs` runs of eight int4 blocks of a row times position `p` (pair layout
+/// `qp`), combined in the reference's order into the eight accumulator lanes. `CH` is
+/// group / 32 (0: read it from the group).
+///
+/// SAFETY (caller): the runs' bytes are inside `vals` (8 * group * runs <= 2 * vals.len()),
+/// `qp` holds the pair layout of position p, `row` holds the runs' scales.
+#[inline(always)]
+unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    qp: *const i8,
+    a: &ActQ,
+    p: usize,
+    runs: usize,
+) -> __m256 {
+    let g = a.group;
+    let ch = if CH == 0 { g / CHUNK } else { CH };
+    let (d, s) = (a.drow(p).as_ptr(), a.srow(p).as_ptr());
+    // SAFETY: the caller's contract; d and s hold dstride >= 8 * runs entries.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let three = _mm_cvtsi32_si128(3);
+        for r in 0..runs {
+            let isum = pairs8::<VNNI>(vals, qp.add(r * 8 * g), r * 8 * g, g, ch);
+            let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
+            let isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, three));
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let dv = _mm256_loadu_ps(d.add(8 * r));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+        }
+        acc
     }
 }
 
@@ -190,7 +224,8 @@ unsafe fn pairs8<const VNNI: bool>(vals: &[u8], qp: *const i8, c0: usize, g: usi
     }
 }
 
-/// The block loop shared by every x86 path: `run(c0)` gives the eight integer sums of the
+/// The block loop shared by every x86 path, from block `start` (a multiple of 8) with the
+/// accumulator lanes `acc0` of the blocks before it: `run(c0)` gives the eight integer sums of the
 /// whole run of blocks starting at column c0 (when c0 + 8 * group <= `fast_until`), and
 /// `checked(sum, c, x)` adds the products of the 32 values at column c (activations x) to
 /// `sum` elsewhere; the block sums, less `sum q << shift` where the weights carry a bias of
@@ -200,6 +235,7 @@ unsafe fn combine<R: Fn(usize) -> __m256i, G: Fn(__m256i, usize, __m256i) -> __m
     row: &[u8],
     a: &ActQ,
     p: usize,
+    (start, acc0): (usize, __m256),
     shift: Option<i32>,
     fast_until: usize,
     run: R,
@@ -210,16 +246,12 @@ unsafe fn combine<R: Fn(usize) -> __m256i, G: Fn(__m256i, usize, __m256i) -> __m
     // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s` (padded to a
     // multiple of 8), or `row`'s scales (or a zero-padded copy of the last ones).
     unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut b0 = 0;
+        let mut acc = acc0;
+        let mut b0 = start;
         while b0 < blocks {
             let nb = (blocks - b0).min(8);
             let c0 = b0 * g;
-            let mut isum = if nb == 8 && c0 + 8 * g <= fast_until {
-                run(c0)
-            } else {
-                sums_any(q, g, c0, nb, &checked)
-            };
+            let mut isum = if nb == 8 && c0 + 8 * g <= fast_until { run(c0) } else { sums_any(q, g, c0, nb, &checked) };
             if let Some(sh) = shift {
                 let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
                 isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, _mm_cvtsi32_si128(sh)));
