@@ -116,14 +116,10 @@ fn scales4(row: &[u8], b: usize) -> v128 {
     let sign = i32x4_shl(v128_and(h, i32x4_splat(0x8000)), 16);
     let em = v128_and(h, i32x4_splat(0x7fff));
     let finite = f32x4_mul(i32x4_shl(em, 13), f32x4_splat(f32::from_bits(0x7780_0000)));
-    let is_special = i32x4_ge(em, i32x4_splat(0x7c00));
-    if !v128_any_true(is_special) {
-        // Every real row: four finite scales, half the instructions of the general case.
-        return v128_or(sign, finite);
-    }
     let man = i32x4_shl(v128_and(em, i32x4_splat(0x3ff)), 13);
     let quiet = v128_and(v128_not(i32x4_eq(man, i32x4_splat(0))), i32x4_splat(0x40_0000));
     let special = v128_or(v128_or(i32x4_splat(0x7f80_0000), man), quiet);
+    let is_special = i32x4_ge(em, i32x4_splat(0x7c00));
     v128_or(sign, v128_bitselect(special, finite, is_special))
 }
 
