@@ -14,8 +14,18 @@ use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
 use serde_json::Value;
 
-const FIXTURES: [&str; 8] =
-    ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss"];
+const FIXTURES: [&str; 10] = [
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "deepseek_v3",
+    "deepseek_v3_noqlora",
+    "glm4_moe",
+    "gpt_oss",
+    "qwen3_next",
+    "qwen3_next_f32",
+];
 
 fn coli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coli"))
@@ -212,7 +222,7 @@ fn ram_budget_never_changes_the_bits() {
     let dst = root.join("m");
     convert_ok(&fixture("qwen2_moe"), &dst, &[]);
     same_bits_for_every_budget("qwen2_moe", &dst);
-    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4"] {
+    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "qwen3_next"] {
         let d = root.join(name);
         convert_ok(&fixture(name), &d, &[]);
         same_bits_for_every_budget(name, &d);

@@ -355,7 +355,9 @@ mod tests {
                 "gpt_oss_mxfp4",
                 "mixtral",
                 "qwen2_moe",
-                "qwen3_moe"
+                "qwen3_moe",
+                "qwen3_next",
+                "qwen3_next_f32"
             ]
         );
         // gpt-oss's MXFP4 release layout (quantization_config mxfp4) is a supported model.
@@ -365,6 +367,8 @@ mod tests {
             let d = describe(&reg.get(mla).unwrap());
             assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("deepseek_v3")), "{d}");
         }
+        let d = describe(&reg.get("qwen3_next").unwrap());
+        assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("qwen3_next")), "{d}");
         assert!(reg.get("qwen3_moe").is_some());
         assert!(reg.get("..").is_none());
         assert!(reg.get("nope").is_none());
