@@ -73,6 +73,13 @@ pub fn serve_arguments(a: &ServeArgs) -> Vec<String> {
     if let Some(r) = a.ram {
         v.extend(["--ram".into(), r.to_string()]);
     }
+    if a.speculate > 0 {
+        v.extend(["--speculate".into(), a.speculate.to_string()]);
+    }
+    if let Some(d) = &a.draft {
+        let s = if d.exists() { abs(d) } else { d.display().to_string() };
+        v.extend(["--draft".into(), s]);
+    }
     v
 }
 
