@@ -246,6 +246,18 @@ pub fn save_usage(loaded: &Loaded) {
     }
 }
 
+/// The draft model of `--draft` (a directory or an installed id) for speculative decoding
+/// of `target`: refused in one line unless both have a tokenizer and it is the same.
+pub fn open_draft(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<Loaded> {
+    let dir = crate::paths::resolve_model(spec, None).with_context(|| "--draft")?;
+    let draft = open_dir(&dir, flags, true).with_context(|| format!("--draft {}", dir.display()))?;
+    let (Some(t), Some(d)) = (&target.tokenizer, &draft.tokenizer) else {
+        bail!("--draft needs the model's tokenizer.json");
+    };
+    colibri_engine::generate::check_same_tokenizer(t, d).with_context(|| format!("--draft {}", dir.display()))?;
+    Ok(draft)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,16 +270,4 @@ mod tests {
         assert_eq!(default_pin(300, 425), 0);
         assert_eq!(default_pin(0, 0), 0);
     }
-}
-
-/// The draft model of `--draft` (a directory or an installed id) for speculative decoding
-/// of `target`: refused in one line unless both have a tokenizer and it is the same.
-pub fn open_draft(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<Loaded> {
-    let dir = crate::paths::resolve_model(spec, None).with_context(|| "--draft")?;
-    let draft = open_dir(&dir, flags, true).with_context(|| format!("--draft {}", dir.display()))?;
-    let (Some(t), Some(d)) = (&target.tokenizer, &draft.tokenizer) else {
-        bail!("--draft needs the model's tokenizer.json");
-    };
-    colibri_engine::generate::check_same_tokenizer(t, d).with_context(|| format!("--draft {}", dir.display()))?;
-    Ok(draft)
 }

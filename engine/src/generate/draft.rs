@@ -87,8 +87,11 @@ pub fn check_same_tokenizer(target: &Tokenizer, draft: &Tokenizer) -> Result<()>
 mod tests {
     use super::*;
 
+    /// What a draft model was fed: (keep, ids) per call.
+    type Calls = std::rc::Rc<std::cell::RefCell<Vec<(usize, Vec<u32>)>>>;
+
     /// A draft "model" whose next token after `id` is `(id + 1) % 7`, recording its calls.
-    fn counting(calls: std::rc::Rc<std::cell::RefCell<Vec<(usize, Vec<u32>)>>>) -> Box<ForwardKeep<'static>> {
+    fn counting(calls: Calls) -> Box<ForwardKeep<'static>> {
         Box::new(move |keep, ids, _| {
             calls.borrow_mut().push((keep, ids.to_vec()));
             let mut row = vec![0.0f32; 7];

@@ -23,6 +23,8 @@ pub struct ServiceArgs {
     pub action: Action,
 }
 
+// Install carries the serve options; the enum is parsed once per process.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Action {
     /// Write the unit and start it now and at every login.
