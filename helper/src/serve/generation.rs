@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use colibri_engine::generate::logprobs::sequence_logprobs;
-use colibri_engine::generate::{Constraint, GenerateOptions, Generator, StopReason, TokenLogprob};
+use colibri_engine::generate::{
+    Constraint, Drafter, GenerateOptions, Generator, ModelDrafter, StopReason, TokenLogprob,
+};
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::Logits;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
@@ -17,9 +19,21 @@ use super::models::ModelEntry;
 use super::Stats;
 use crate::load::Loaded;
 
+/// Speculative decoding of every generation (`coli serve --speculate N [--draft DIR]`; off
+/// by default): up to `max_draft` drafts per step from prompt lookup, or from `draft`, a
+/// smaller model of the same tokenizer. The output is the same as without.
+#[derive(Clone, Default)]
+pub struct Speculation {
+    pub max_draft: usize,
+    pub draft: Option<Arc<Loaded>>,
+}
+
 /// A loaded model and its generation queue.
 pub struct Slot {
     loaded: OnceCell<Arc<Loaded>>,
+    /// The speculation its generations use (decided once: the draft only where the
+    /// tokenizers agree).
+    speculation: std::sync::OnceLock<Option<Speculation>>,
     /// Generations allowed at once on this model.
     running: Arc<Semaphore>,
     /// Generations admitted (running or waiting).
@@ -33,6 +47,7 @@ pub struct Engines {
     pub max_queue: usize,
     /// Expert-cache budget in bytes for converted models (None: no limit).
     ram: Option<u64>,
+    speculation: Speculation,
 }
 
 /// Why a generation could not start.
@@ -43,8 +58,34 @@ pub enum EngineError {
 }
 
 impl Engines {
-    pub fn new(max_queue: usize, ram: Option<u64>) -> Self {
-        Engines { slots: Mutex::new(HashMap::new()), max_queue: max_queue.max(1), ram }
+    pub fn new(max_queue: usize, ram: Option<u64>, speculation: Speculation) -> Self {
+        Engines { slots: Mutex::new(HashMap::new()), max_queue: max_queue.max(1), ram, speculation }
+    }
+
+    /// The speculation of `slot`'s generations (None: off). A draft whose tokenizer is not
+    /// the model's is left out for that model (prompt lookup instead), with a warning.
+    pub fn speculation(&self, slot: &Slot, loaded: &Loaded) -> Option<Speculation> {
+        let s = &self.speculation;
+        slot.speculation
+            .get_or_init(|| {
+                if s.max_draft == 0 {
+                    return None;
+                }
+                let same = |d: &Loaded| match (&loaded.tokenizer, &d.tokenizer) {
+                    (Some(t), Some(dt)) => {
+                        colibri_engine::generate::check_same_tokenizer(t, dt).map_err(|e| e.to_string())
+                    }
+                    _ => Err("no tokenizer".into()),
+                };
+                match s.draft.as_deref().map(same) {
+                    Some(Err(e)) => {
+                        tracing::warn!("--draft is not used for this model: {e}; prompt lookup instead");
+                        Some(Speculation { max_draft: s.max_draft, draft: None })
+                    }
+                    _ => Some(s.clone()),
+                }
+            })
+            .clone()
     }
 
     fn slot(&self, id: &str) -> Arc<Slot> {
@@ -54,6 +95,7 @@ impl Engines {
             .or_insert_with(|| {
                 Arc::new(Slot {
                     loaded: OnceCell::new(),
+                    speculation: std::sync::OnceLock::new(),
                     running: Arc::new(Semaphore::new(1)),
                     admitted: AtomicUsize::new(0),
                 })
@@ -151,6 +193,8 @@ pub struct Job {
     pub prompt_logprobs: Option<usize>,
     /// Structured output: the compiled grammar the output must match.
     pub constraint: Option<Constraint>,
+    /// Speculative decoding (None: off).
+    pub speculation: Option<Speculation>,
 }
 
 /// Starts `job` once the model is free; events arrive on the returned channel. Dropping
@@ -199,7 +243,7 @@ pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<At
 /// last event to send (Done or Error; None if the client is gone) and whether the
 /// generation was cancelled.
 fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> (Option<Event>, bool) {
-    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs, constraint } = job;
+    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs, constraint, speculation } = job;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
@@ -210,6 +254,21 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
     };
     if let Some(c) = constraint {
         gen = gen.with_constraint(c);
+    }
+    let mut drafter = None;
+    match speculation {
+        Some(Speculation { max_draft, draft: Some(d) }) => {
+            gen = gen.with_external_drafts(max_draft);
+            let (mut ds, vocab, max_positions) =
+                (d.model.new_session(), loaded.model.cfg.vocab, d.model.cfg.max_positions);
+            let forward = Box::new(move |keep, ids: &[u32], which| {
+                ds.truncate(keep);
+                d.model.forward(&mut ds, ids, which)
+            });
+            drafter = Some(ModelDrafter::new(forward, max_positions, vocab));
+        }
+        Some(Speculation { max_draft, draft: None }) => gen = gen.with_speculation(max_draft),
+        None => {}
     }
     let mut session = loaded.model.new_session();
     let mut client_gone = false;
@@ -235,16 +294,38 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
         }
     }
     let with_logprobs = opts.logprobs.is_some();
-    while let Some(ids) = gen.input() {
-        let logits = match first_row.take() {
-            Some(row) => Ok(row),
-            None => loaded.model.forward(&mut session, ids, Logits::Last),
+    let vocab = loaded.model.cfg.vocab;
+    loop {
+        if let (Some(d), k @ 1.., None) = (drafter.as_mut(), gen.draft_room(), &first_row) {
+            if let Err(e) = d.propose(gen.context(), k).and_then(|drafts| gen.push_drafts(&drafts)) {
+                result = Err(e);
+                break;
+            }
+        }
+        let Some(ids) = gen.input() else { break };
+        let before = gen.produced().len();
+        let step = if gen.is_speculative() {
+            // Drafts: every fed position's logits, the rejected drafts cut off after.
+            let n = gen.rows_needed();
+            let rows = match first_row.take() {
+                Some(row) => Ok(row),
+                None => loaded.model.forward(&mut session, ids, if n > 1 { Logits::All } else { Logits::Last }),
+            };
+            let fed = session.len() - ids.len();
+            rows.and_then(|r| gen.accept_rows(&r[r.len().saturating_sub(n * vocab)..], Some(tok)))
+                .map(|kept| session.truncate(fed + kept))
+        } else {
+            let logits = match first_row.take() {
+                Some(row) => Ok(row),
+                None => loaded.model.forward(&mut session, ids, Logits::Last),
+            };
+            logits.and_then(|l| gen.accept(&l, Some(tok))).map(|_| ())
         };
-        if let Err(e) = logits.and_then(|l| gen.accept(&l, Some(tok))) {
+        if let Err(e) = step {
             result = Err(e);
             break;
         }
-        stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        stats.tokens_generated.fetch_add((gen.produced().len() - before) as u64, Ordering::Relaxed);
         let text = gen.take_text();
         let lps = gen.take_logprobs();
         let send = !text.is_empty() || (with_logprobs && !lps.is_empty());
@@ -255,6 +336,12 @@ fn run(job: Job, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool)
             shutting_down = true;
             gen.cancel();
         }
+    }
+    if gen.is_speculative() {
+        let sp = gen.spec_stats();
+        stats.spec_forwards.fetch_add(sp.forwards as u64, Ordering::Relaxed);
+        stats.spec_drafted.fetch_add(sp.drafted as u64, Ordering::Relaxed);
+        stats.spec_accepted.fetch_add(sp.accepted as u64, Ordering::Relaxed);
     }
     // A turn boundary, as in `coli chat`: re-pin by use (with hysteresis) and merge the
     // expert uses into the model's usage file, next to what browsers report.

@@ -8,6 +8,7 @@ mod hostile;
 mod logprobs;
 mod ranges;
 mod security;
+mod speculation;
 mod structured;
 
 use std::net::SocketAddr;
