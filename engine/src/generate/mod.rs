@@ -8,6 +8,7 @@ pub mod choose;
 pub mod defaults;
 pub mod grammar;
 pub mod logprobs;
+pub mod reuse;
 pub mod speculate;
 pub mod stop;
 
@@ -19,6 +20,7 @@ use crate::tokenizer::{DecodeStream, Tokenizer};
 pub use defaults::{SamplingDefaults, SamplingRequest};
 pub use grammar::{Constraint, Grammar};
 pub use logprobs::TokenLogprob;
+pub use reuse::{keepable, reusable, reuse, Context, ContextPool};
 pub use speculate::SpecStats;
 pub use stop::StopMatcher;
 

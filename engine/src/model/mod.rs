@@ -82,6 +82,11 @@ impl Session {
             c.truncate(len);
         }
     }
+
+    /// Bytes held: every layer's cache and the ids.
+    pub fn bytes(&self) -> usize {
+        4 * (self.tokens.len() + self.caches.iter().map(|c| c.k.len() + c.v.len()).sum::<usize>())
+    }
 }
 
 /// Which positions' logits a forward call returns.

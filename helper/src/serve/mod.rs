@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// suffixes; default: no limit).
     #[arg(long, value_parser = crate::flags::parse_bytes)]
     pub ram: Option<u64>,
+    /// Conversation caches kept per model, in memory and on disk under `<data dir>/kv/`,
+    /// for requests that extend an earlier conversation (K, M, G suffixes; default 1G;
+    /// 0 keeps none).
+    #[arg(long, value_parser = crate::flags::parse_bytes)]
+    pub kv_cache: Option<u64>,
 }
 
 /// Limits of the server; the defaults suit one user's machine (docs/api.md, "Limits").
@@ -140,6 +145,8 @@ pub struct Stats {
     pub generations_cancelled: AtomicU64,
     pub generations_active: AtomicUsize,
     pub tokens_generated: AtomicU64,
+    /// Prompt tokens not fed again: their cache was left by an earlier request.
+    pub prompt_tokens_cached: AtomicU64,
 }
 
 pub struct AppState {
@@ -166,13 +173,14 @@ impl AppState {
         max_queue: usize,
         ram: Option<u64>,
     ) -> Self {
+        let kv_dir = data_dir.as_ref().map(|d| d.join("kv"));
         AppState {
             registry,
             policy,
             limits: Limits::default(),
             data_dir,
             stats: Arc::new(Stats::default()),
-            engines: generation::Engines::new(max_queue, ram),
+            engines: generation::Engines::new(max_queue, ram, kv_dir),
             prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS_AT_ONCE)),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
@@ -197,6 +205,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
             "cancelled": n(&s.generations_cancelled),
             "active": s.generations_active.load(Ordering::Relaxed),
             "tokens": n(&s.tokens_generated),
+            "cached_prompt_tokens": n(&s.prompt_tokens_cached),
         },
     }))
     .into_response()
@@ -378,7 +387,11 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         hosts.push(host.clone());
     }
     let policy = AccessPolicy::new(addr.port(), &hosts, &a.allow_origins);
-    let state = Arc::new(AppState::new(registry, policy, data_dir, a.max_queue, a.ram));
+    let mut state = AppState::new(registry, policy, data_dir, a.max_queue, a.ram);
+    if let Some(b) = a.kv_cache {
+        state.engines.kv.bytes = usize::try_from(b).unwrap_or(usize::MAX);
+    }
+    let state = Arc::new(state);
     Ok(Bound { listener, addr, state })
 }
 
