@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use colibri_engine::generate::logprobs::sequence_logprobs;
-use colibri_engine::generate::{Constraint, ContextPool, GenerateOptions, Generator, StopReason, TokenLogprob};
+use colibri_engine::generate::{
+    Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter, StopReason, TokenLogprob,
+};
 use colibri_engine::model::config::ModelConfig;
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::{Logits, Session};
@@ -22,9 +24,21 @@ use super::Stats;
 use crate::kv_store::KvStore;
 use crate::load::Loaded;
 
+/// Speculative decoding of every generation (`coli serve --speculate N [--draft DIR]`; off
+/// by default): up to `max_draft` drafts per step from prompt lookup, or from `draft`, a
+/// smaller model of the same tokenizer. The output is the same as without.
+#[derive(Clone, Default)]
+pub struct Speculation {
+    pub max_draft: usize,
+    pub draft: Option<Arc<Loaded>>,
+}
+
 /// A loaded model and its generation queue.
 pub struct Slot {
     loaded: OnceCell<Arc<Loaded>>,
+    /// The speculation its generations use (decided once: the draft only where the
+    /// tokenizers agree).
+    speculation: std::sync::OnceLock<Option<Speculation>>,
     /// Generations allowed at once on this model.
     running: Arc<Semaphore>,
     /// Generations admitted (running or waiting).
@@ -61,6 +75,7 @@ pub struct Engines {
     pub kv: KvBudget,
     /// Where they are written (`<data dir>/kv`); None: memory only.
     kv_dir: Option<PathBuf>,
+    speculation: Speculation,
 }
 
 /// Why a generation could not start.
@@ -71,8 +86,41 @@ pub enum EngineError {
 }
 
 impl Engines {
-    pub fn new(max_queue: usize, ram: Option<u64>, kv_dir: Option<PathBuf>) -> Self {
-        Engines { slots: Mutex::new(HashMap::new()), max_queue: max_queue.max(1), ram, kv: KvBudget::default(), kv_dir }
+    pub fn new(max_queue: usize, ram: Option<u64>, speculation: Speculation, kv_dir: Option<PathBuf>) -> Self {
+        Engines {
+            slots: Mutex::new(HashMap::new()),
+            max_queue: max_queue.max(1),
+            ram,
+            speculation,
+            kv: KvBudget::default(),
+            kv_dir,
+        }
+    }
+
+    /// The speculation of `slot`'s generations (None: off). A draft whose tokenizer is not
+    /// the model's is left out for that model (prompt lookup instead), with a warning.
+    pub fn speculation(&self, slot: &Slot, loaded: &Loaded) -> Option<Speculation> {
+        let s = &self.speculation;
+        slot.speculation
+            .get_or_init(|| {
+                if s.max_draft == 0 {
+                    return None;
+                }
+                let same = |d: &Loaded| match (&loaded.tokenizer, &d.tokenizer) {
+                    (Some(t), Some(dt)) => {
+                        colibri_engine::generate::check_same_tokenizer(t, dt).map_err(|e| e.to_string())
+                    }
+                    _ => Err("no tokenizer".into()),
+                };
+                match s.draft.as_deref().map(same) {
+                    Some(Err(e)) => {
+                        tracing::warn!("--draft is not used for this model: {e}; prompt lookup instead");
+                        Some(Speculation { max_draft: s.max_draft, draft: None })
+                    }
+                    _ => Some(s.clone()),
+                }
+            })
+            .clone()
     }
 
     fn slot(&self, id: &str) -> Arc<Slot> {
@@ -82,6 +130,7 @@ impl Engines {
             .or_insert_with(|| {
                 Arc::new(Slot {
                     loaded: OnceCell::new(),
+                    speculation: std::sync::OnceLock::new(),
                     running: Arc::new(Semaphore::new(1)),
                     admitted: AtomicUsize::new(0),
                     contexts: Mutex::new(ContextPool::new(self.kv.conversations, self.kv.bytes)),
@@ -198,6 +247,8 @@ pub struct Job {
     pub prompt_logprobs: Option<usize>,
     /// Structured output: the compiled grammar the output must match.
     pub constraint: Option<Constraint>,
+    /// Speculative decoding (None: off).
+    pub speculation: Option<Speculation>,
 }
 
 /// Starts `job` once the model is free; events arrive on the returned channel. Dropping
@@ -280,7 +331,7 @@ impl Kv<'_> {
 /// generation was cancelled. The conversation's cache comes from `kv` (the longest prefix
 /// of the prompt some earlier request left, in memory or on disk) and goes back there.
 fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> (Option<Event>, bool) {
-    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs, constraint } = job;
+    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs, constraint, speculation } = job;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
@@ -298,6 +349,21 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
     };
     if let Some(c) = constraint {
         gen = gen.with_constraint(c);
+    }
+    let mut drafter = None;
+    match speculation {
+        Some(Speculation { max_draft, draft: Some(d) }) => {
+            gen = gen.with_external_drafts(max_draft);
+            let (mut ds, vocab, max_positions) =
+                (d.model.new_session(), loaded.model.cfg.vocab, d.model.cfg.max_positions);
+            let forward = Box::new(move |keep, ids: &[u32], which| {
+                ds.truncate(keep);
+                d.model.forward(&mut ds, ids, which)
+            });
+            drafter = Some(ModelDrafter::new(forward, max_positions, vocab));
+        }
+        Some(Speculation { max_draft, draft: None }) => gen = gen.with_speculation(max_draft),
+        None => {}
     }
     let mut client_gone = false;
     let mut shutting_down = false;
@@ -322,16 +388,38 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         }
     }
     let with_logprobs = opts.logprobs.is_some();
-    while let Some(ids) = gen.input() {
-        let logits = match first_row.take() {
-            Some(row) => Ok(row),
-            None => loaded.model.forward(&mut session, ids, Logits::Last),
+    let vocab = loaded.model.cfg.vocab;
+    loop {
+        if let (Some(d), k @ 1.., None) = (drafter.as_mut(), gen.draft_room(), &first_row) {
+            if let Err(e) = d.propose(gen.context(), k).and_then(|drafts| gen.push_drafts(&drafts)) {
+                result = Err(e);
+                break;
+            }
+        }
+        let Some(ids) = gen.input() else { break };
+        let before = gen.produced().len();
+        let step = if gen.is_speculative() {
+            // Drafts: every fed position's logits, the rejected drafts cut off after.
+            let n = gen.rows_needed();
+            let rows = match first_row.take() {
+                Some(row) => Ok(row),
+                None => loaded.model.forward(&mut session, ids, if n > 1 { Logits::All } else { Logits::Last }),
+            };
+            let fed = session.len() - ids.len();
+            rows.and_then(|r| gen.accept_rows(&r[r.len().saturating_sub(n * vocab)..], Some(tok)))
+                .map(|kept| session.truncate(fed + kept))
+        } else {
+            let logits = match first_row.take() {
+                Some(row) => Ok(row),
+                None => loaded.model.forward(&mut session, ids, Logits::Last),
+            };
+            logits.and_then(|l| gen.accept(&l, Some(tok))).map(|_| ())
         };
-        if let Err(e) = logits.and_then(|l| gen.accept(&l, Some(tok))) {
+        if let Err(e) = step {
             result = Err(e);
             break;
         }
-        stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        stats.tokens_generated.fetch_add((gen.produced().len() - before) as u64, Ordering::Relaxed);
         let text = gen.take_text();
         let lps = gen.take_logprobs();
         let send = !text.is_empty() || (with_logprobs && !lps.is_empty());
@@ -342,6 +430,12 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
             shutting_down = true;
             gen.cancel();
         }
+    }
+    if gen.is_speculative() {
+        let sp = gen.spec_stats();
+        stats.spec_forwards.fetch_add(sp.forwards as u64, Ordering::Relaxed);
+        stats.spec_drafted.fetch_add(sp.drafted as u64, Ordering::Relaxed);
+        stats.spec_accepted.fetch_add(sp.accepted as u64, Ordering::Relaxed);
     }
     // A turn boundary, as in `coli chat`: re-pin by use (with hysteresis) and merge the
     // expert uses into the model's usage file, next to what browsers report.

@@ -9,6 +9,7 @@ mod kv;
 mod logprobs;
 mod ranges;
 mod security;
+mod speculation;
 mod structured;
 
 use std::net::SocketAddr;
