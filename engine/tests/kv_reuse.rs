@@ -1,11 +1,13 @@
 //! Prefix reuse (generate::reuse) gives exactly the output of a fresh run: tokens and
 //! every logit bit, greedy and seeded sampling, on the fixture families with a plain KV
 //! cache, a sliding window (mixtral: 24, gpt_oss: 7 on alternate layers) and MLA latents
-//! (deepseek_v3), for a prompt that extends the cached conversation, one that diverges
-//! mid-way, one that is shorter (the cache cut back), and through a ContextPool.
+//! (deepseek_v3) and a recurrent state (qwen3_next's Gated DeltaNet layers), for a prompt
+//! that extends the cached conversation, one that diverges mid-way, one that is shorter
+//! (the cache cut back), through a ContextPool, and through a cache file (format::kv).
 
 use std::path::PathBuf;
 
+use colibri_engine::format::kv;
 use colibri_engine::generate::{generate_with, reuse, ContextPool, GenerateOptions};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model, Session};
@@ -119,6 +121,36 @@ fn reuse_is_bit_identical_mla() {
 }
 
 #[test]
+fn reuse_is_bit_identical_recurrent_state() {
+    check("qwen3_next");
+}
+
+/// A conversation written to a cache file and read back continues as a fresh run would.
+#[test]
+fn a_cache_file_continues_bit_identically() {
+    for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"] {
+        let model = open(name);
+        let o = options(true);
+        let first: Vec<u32> = (3..15).collect();
+        let mut s = model.new_session();
+        let (out, _, _) = turn(&model, &mut s, &first, &o);
+        let bytes = kv::encode(&s, "fp").unwrap();
+        let mut back = kv::decode(&bytes, "fp", &model.cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(back.tokens, s.tokens);
+        assert_eq!(back.bytes(), s.bytes(), "{name}");
+        let next: Vec<u32> = first.iter().chain(&out).chain(&[7, 8, 9]).copied().collect();
+        let (got, rows, kept) = turn(&model, &mut back, &next, &o);
+        assert_eq!(kept, first.len() + out.len() - 1);
+        let (want, f_rows) = fresh(&model, &next, &o);
+        assert_eq!(got, want, "{name}");
+        same_bits(&format!("{name} from a file"), &rows, &f_rows);
+        // Another model's shape is refused.
+        let other = open(if name == "qwen3_moe" { "mixtral" } else { "qwen3_moe" });
+        assert!(kv::decode(&bytes, "fp", &other.cfg).is_err(), "{name} read as another model");
+    }
+}
+
+#[test]
 fn a_pool_serves_two_conversations_bit_identically() {
     let model = open("qwen3_moe");
     let o = options(true);
@@ -133,7 +165,7 @@ fn a_pool_serves_two_conversations_bit_identically() {
         pool.put(s);
     }
     assert_eq!(pool.len(), 2);
-    let bytes_per_token = model.cfg.cache_floats_per_layer() * model.cfg.n_layers * 4 + 4;
+    let bytes_per_token = model.cfg.kv_cache_bytes_per_token() + 4;
     assert_eq!(pool.bytes(), bytes_per_token * (a.len() + b.len() + 2 * (o.max_new_tokens - 1)));
     for (ids, out) in [&a, &b].into_iter().zip(&answers) {
         let next: Vec<u32> = ids.iter().chain(out).chain(&[60, 61]).copied().collect();

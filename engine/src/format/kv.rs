@@ -9,8 +9,10 @@
 //! b"COLIKV01"                 magic, 8 bytes
 //! u32 header_len              then header_len bytes of JSON:
 //!   {"fingerprint": "<model fingerprint>", "layers": L, "tokens": [ids...],
-//!    "widths": [[k_width, v_width], ... one pair per layer]}
-//! per layer: k (tokens * k_width f32), then v (tokens * v_width f32)
+//!    "widths": [[k_width, v_width], ... one pair per layer],
+//!    "states": [[conv, s], ... one pair per layer]}   (absent: no recurrent layer)
+//! per layer: k (tokens * k_width f32), then v (tokens * v_width f32), then a
+//!   linear-attention layer's recurrent state: conv (conv f32), then s (s f32)
 //! u64 xxh3-64 of every byte before it
 //! ```
 
@@ -20,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::format::manifest::checksum;
 use crate::model::attention::LayerCache;
 use crate::model::config::ModelConfig;
+use crate::model::deltanet::DeltaState;
 use crate::model::Session;
 
 pub const MAGIC: &[u8; 8] = b"COLIKV01";
@@ -38,31 +41,47 @@ pub struct KvHeader {
     pub tokens: Vec<u32>,
     /// Floats per position of each layer's two parts.
     pub widths: Vec<(usize, usize)>,
+    /// Floats of each layer's recurrent state (conv inputs, delta-rule matrices); (0, 0)
+    /// for attention layers; empty when the model has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<(usize, usize)>,
 }
 
 fn bad(what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("KV cache file: {what}"))
 }
 
-/// The file's bytes for `s`, whose model has `fingerprint`.
+/// The file's bytes for `s`, whose model has `fingerprint` (the ids its caches hold).
 pub fn encode(s: &Session, fingerprint: &str) -> Result<Vec<u8>> {
-    let n = s.tokens.len();
+    // After a cut that a recurrent state could not follow, the caches hold fewer ids.
+    let n = s.cached_len();
     let mut widths = Vec::with_capacity(s.caches.len());
+    let mut states = Vec::with_capacity(s.caches.len());
     for (l, c) in s.caches.iter().enumerate() {
         if c.len() != n && !(n == 0 && c.is_empty()) {
             return Err(bad(format!("layer {l} caches {} positions for {n} ids", c.len())));
         }
         widths.push((c.k.len().checked_div(n).unwrap_or(0), c.v.len().checked_div(n).unwrap_or(0)));
+        states.push(c.recurrent.as_ref().map_or((0, 0), |r| (r.conv.len(), r.s.len())));
     }
-    let header =
-        KvHeader { fingerprint: fingerprint.to_string(), layers: s.caches.len(), tokens: s.tokens.clone(), widths };
+    if states.iter().all(|&st| st == (0, 0)) {
+        states.clear();
+    }
+    let header = KvHeader {
+        fingerprint: fingerprint.to_string(),
+        layers: s.caches.len(),
+        tokens: s.tokens[..n].to_vec(),
+        widths,
+        states,
+    };
     let json = serde_json::to_vec(&header).map_err(bad)?;
     let mut out = Vec::with_capacity(PREFIX_LEN + json.len() + s.bytes() + 8);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(json.len() as u32).to_le_bytes());
     out.extend_from_slice(&json);
     for c in &s.caches {
-        for x in c.k.iter().chain(&c.v) {
+        let state = c.recurrent.as_ref().map(|r| r.conv.iter().chain(&r.s));
+        for x in c.k.iter().chain(&c.v).chain(state.into_iter().flatten()) {
             out.extend_from_slice(&x.to_le_bytes());
         }
     }
@@ -118,11 +137,26 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
         return Err(bad(format!("token id {bad_id} outside the vocabulary")));
     }
     let per_layer = cfg.cache_floats_per_layer();
+    // What each layer must hold: (floats per position, recurrent state's (conv, s)).
+    let want = |l: usize| match &cfg.linear_attn {
+        Some(la) if la.layers.get(l) == Some(&true) => {
+            (0, ((la.conv_kernel - 1) * la.conv_dim(), la.n_v_heads * la.k_head_dim * la.v_head_dim))
+        }
+        _ => (per_layer, (0, 0)),
+    };
+    if !(h.states.is_empty() || h.states.len() == h.layers) {
+        return Err(bad(format!("{} recurrent states for {} layers", h.states.len(), h.layers)));
+    }
     let mut floats = &body[PREFIX_LEN + header_len(bytes)?..];
     let mut caches = Vec::with_capacity(h.layers);
     for (l, &(kw, vw)) in h.widths.iter().enumerate() {
-        if n > 0 && kw + vw != per_layer {
-            return Err(bad(format!("layer {l} holds {} floats per position; the model {per_layer}", kw + vw)));
+        let state = h.states.get(l).copied().unwrap_or((0, 0));
+        let (w, st) = want(l);
+        if n > 0 && (kw + vw != w || state != st) {
+            return Err(bad(format!(
+                "layer {l} holds {} floats per position and a state of {state:?}; the model {w} and {st:?}",
+                kw + vw
+            )));
         }
         let mut take = |count: usize| -> Result<Vec<f32>> {
             let len = count.checked_mul(4).filter(|&b| b <= floats.len()).ok_or_else(|| bad("truncated floats"))?;
@@ -135,6 +169,13 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
         let mut c = LayerCache::default();
         if n > 0 {
             c.append(&k, &v, kw, vw);
+        }
+        if n > 0 && st != (0, 0) {
+            let mut r = DeltaState::default();
+            r.conv = take(st.0)?;
+            r.s = take(st.1)?;
+            r.pos = n;
+            c.recurrent = Some(Box::new(r));
         }
         caches.push(c);
     }

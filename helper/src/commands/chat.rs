@@ -269,7 +269,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
                 eprintln!("{}", stats(&loaded, &last, session.tokens().len(), turns.len()));
                 eprintln!(
                     "KV cache: {} bytes per token; the last prompt reused {last_cached} cached tokens",
-                    cfg.cache_floats_per_layer() * cfg.n_layers * 4
+                    cfg.kv_cache_bytes_per_token()
                 );
                 continue;
             }
