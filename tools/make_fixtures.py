@@ -48,6 +48,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 import fixtures_gpt_oss
+import fixtures_qwen3_next
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -376,6 +377,7 @@ CASES = {
 }
 
 CASES.update(fixtures_gpt_oss.CASES)
+CASES.update(fixtures_qwen3_next.CASES)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -406,7 +408,9 @@ def reinit_(model, cfg, gen: torch.Generator) -> None:
 
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         shape = tuple(p.shape)
-        special = fixtures_gpt_oss.reinit(name, shape, randn, hidden) if cfg.model_type == "gpt_oss" else None
+        special = {"gpt_oss": fixtures_gpt_oss.reinit, "qwen3_next": fixtures_qwen3_next.reinit}.get(
+            cfg.model_type, lambda *_: None
+        )(name, shape, randn, hidden)
         if special is not None:
             v = special
         elif name.endswith("norm.weight"):  # input/post-attention/final norms, q_norm, k_norm
@@ -610,6 +614,7 @@ def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
         logits_std=std,
         new_ids=new_ids,
         min_top2_gap=min_gap,
+        decode_logits=raw,
         router_min_gap=min(router_gap_tf, router_gap_greedy),
         distinct_experts_layer0=distinct_l0,
         clip_fraction=clip_frac,
@@ -719,6 +724,8 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
         extra = sanity_checks(name, loaded, lcfg)
         if case["model_type"] == "gpt_oss":
             extra.update(fixtures_gpt_oss.sanity_checks(name, loaded, lcfg, ids))
+        if case["model_type"] == "qwen3_next":
+            extra.update(fixtures_qwen3_next.sanity_checks(name, loaded, lcfg, ids))
 
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -747,6 +754,13 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
     logits = res["logits"]
     assert tuple(logits.shape) == (SEQ_LEN, lcfg.vocab_size)
     (out_dir / "logits.bin").write_bytes(logits.contiguous().numpy().astype("<f4").tobytes())
+    greedy = {"prompt_ids": prompt, "new_ids": res["new_ids"], "min_top2_gap": res["min_top2_gap"]}
+    if case.get("decode_logits"):
+        # transformers' logits of every greedy step through its cache: row i predicts new_ids[i].
+        dec = res["decode_logits"]
+        assert tuple(dec.shape) == (NEW_TOKENS, lcfg.vocab_size)
+        (out_dir / "decode_logits.bin").write_bytes(dec.contiguous().numpy().astype("<f4").tobytes())
+        greedy["logits_file"] = "decode_logits.bin"
 
     reference = {
         "model_type": case["model_type"],
@@ -757,11 +771,7 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
         "ids": ids,
         "logits_file": "logits.bin",
         "logits_std": res["logits_std"],
-        "greedy": {
-            "prompt_ids": prompt,
-            "new_ids": res["new_ids"],
-            "min_top2_gap": res["min_top2_gap"],
-        },
+        "greedy": greedy,
         "tokenizer": tok_refs,
         "chat": {"messages": CHAT_MESSAGES, "rendered": rendered, "ids": chat_ids},
         "diagnostics": {

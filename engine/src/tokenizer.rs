@@ -13,7 +13,7 @@ use crate::generate::grammar::GrammarVocab;
 
 mod fit;
 mod template;
-pub use fit::{answer_reserve, fit_chat, FittedChat};
+pub use fit::{answer_reserve, fit_chat, fit_rendered, FittedChat};
 use template::{template_env, template_error, TEMPLATE_NAME};
 pub use template::{MAX_RENDERED_BYTES, MAX_TEMPLATE_BYTES, TEMPLATE_FUEL};
 

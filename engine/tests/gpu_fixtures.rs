@@ -150,4 +150,15 @@ fn deepseek_v3_is_refused_with_a_clear_error() {
         let e = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("GpuModel::new must fail").to_string();
         assert!(e.contains("sinks") && e.lines().count() == 1, "{e}");
     }
+    // qwen3_next: Gated DeltaNet, the attention output gate and its norms have no kernels.
+    let model = Model::open_dir(&dir("qwen3_next")).unwrap();
+    let why = colibri_engine::gpu::model::unsupported(&model.cfg).expect("qwen3_next must be refused");
+    assert!(
+        why.contains("qwen3_next models are not supported on the GPU backend") && why.contains("DeltaNet"),
+        "{why}"
+    );
+    if let Some(ctx) = gpu() {
+        let e = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("GpuModel::new must fail").to_string();
+        assert!(e.contains("DeltaNet") && e.lines().count() == 1, "{e}");
+    }
 }

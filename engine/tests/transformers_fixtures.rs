@@ -104,6 +104,34 @@ fn check(name: &str) {
     let mut s3 = model.new_session();
     let (new, _) = generate(&model, &mut s3, &prompt, &opts, &mut |_| true).unwrap();
     assert_eq!(new, want_new, "{name}: greedy continuation differs");
+
+    // transformers' logits of each greedy step through its own cache (qwen3_next: the
+    // chunked delta rule in the prefill, the recurrent one per step), against the
+    // prompt's prefill and then one decode step per token.
+    if let Some(file) = reference["greedy"]["logits_file"].as_str() {
+        let want = read_f32(&dir.join(file));
+        assert_eq!(want.len(), want_new.len() * vocab);
+        let mut s4 = model.new_session();
+        let mut got = model.forward(&mut s4, &prompt, Logits::Last).unwrap();
+        let mut worst = 0.0f64;
+        for (i, row) in want.chunks_exact(vocab).enumerate() {
+            worst = worst.max(max_rel(&got, row));
+            got = model.forward(&mut s4, &want_new[i..i + 1], Logits::Last).unwrap();
+        }
+        eprintln!("{name}: decode steps max |diff| / std {worst:.3e}");
+        assert!(worst <= 1e-3, "{name}: decode-step logits: max |diff| / std = {worst:.3e} > 1e-3");
+    }
+}
+
+fn read_f32(path: &std::path::Path) -> Vec<f32> {
+    std::fs::read(path).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// max |got - want| / std(want).
+fn max_rel(got: &[f32], want: &[f32]) -> f64 {
+    let mean = want.iter().map(|v| *v as f64).sum::<f64>() / want.len() as f64;
+    let std = (want.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+    got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).fold(0.0, f64::max) / std
 }
 
 #[test]
@@ -151,4 +179,18 @@ fn gpt_oss_matches_transformers() {
 #[test]
 fn gpt_oss_mxfp4_matches_transformers() {
     check("gpt_oss_mxfp4");
+}
+
+/// qwen3_next: Gated DeltaNet layers around a gated full-attention layer, zero-centred
+/// norms, partial rotary, a shared expert with its gate; bf16 in 4 shards.
+#[test]
+fn qwen3_next_matches_transformers() {
+    check("qwen3_next");
+}
+
+/// qwen3_next with full attention first, attention biases, one value head per key head,
+/// a 2-tap conv, no top-k renormalisation, tied embeddings; f32.
+#[test]
+fn qwen3_next_f32_matches_transformers() {
+    check("qwen3_next_f32");
 }

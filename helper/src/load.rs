@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::experts::source::FileSource;
 use colibri_engine::generate::SamplingDefaults;
@@ -244,6 +244,18 @@ pub fn save_usage(loaded: &Loaded) {
     {
         eprintln!("coli: warning: could not record expert usage: {e:#}");
     }
+}
+
+/// The draft model of `--draft` (a directory or an installed id) for speculative decoding
+/// of `target`: refused in one line unless both have a tokenizer and it is the same.
+pub fn open_draft(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<Loaded> {
+    let dir = crate::paths::resolve_model(spec, None).with_context(|| "--draft")?;
+    let draft = open_dir(&dir, flags, true).with_context(|| format!("--draft {}", dir.display()))?;
+    let (Some(t), Some(d)) = (&target.tokenizer, &draft.tokenizer) else {
+        bail!("--draft needs the model's tokenizer.json");
+    };
+    colibri_engine::generate::check_same_tokenizer(t, d).with_context(|| format!("--draft {}", dir.display()))?;
+    Ok(draft)
 }
 
 #[cfg(test)]

@@ -69,7 +69,7 @@ fn logits_command_writes_the_reference_logits() {
 
 #[test]
 fn generate_json_reproduces_the_greedy_reference() {
-    for name in ["mixtral", "deepseek_v3"] {
+    for name in ["mixtral", "deepseek_v3", "qwen3_next"] {
         let r = reference(name);
         let want: Vec<u64> = r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
         let out = coli()
@@ -138,8 +138,9 @@ fn reference_ids(name: &str, text: &str) -> serde_json::Value {
 #[test]
 fn chat_streams_an_answer_per_line_of_input() {
     use std::io::Write;
-    // deepseek_v3: the second turn reuses the MLA latent cache of the first.
-    for name in ["qwen3_moe", "deepseek_v3"] {
+    // deepseek_v3: the second turn reuses the MLA latent cache of the first; qwen3_next:
+    // its recurrent state.
+    for name in ["qwen3_moe", "deepseek_v3", "qwen3_next"] {
         let mut child = coli()
             .args(["chat", "--model"])
             .arg(fixture(name))

@@ -14,8 +14,18 @@ use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
 use serde_json::Value;
 
-const FIXTURES: [&str; 8] =
-    ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss"];
+const FIXTURES: [&str; 10] = [
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "deepseek_v3",
+    "deepseek_v3_noqlora",
+    "glm4_moe",
+    "gpt_oss",
+    "qwen3_next",
+    "qwen3_next_f32",
+];
 
 fn coli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coli"))
@@ -155,10 +165,18 @@ fn every_fixture_in_every_type_against_transformers() {
             // rounded to bf16, transformers and the engine agree to 9e-6 of std. Their
             // gates are the measured numbers (bf16 KL 0.09, int8 KL 0.17-0.37) with margin.
             let sensitive = name.starts_with("deepseek_v3");
+            // qwen3_next's tiny random models are as touchy: transformers itself, given
+            // the fixture's weights rounded to int8 (groups of 64), moves to KL 0.14 with
+            // 69% argmax agreement (embeddings alone: KL 0.09), so its gates are also the
+            // measured numbers (int8 KL 0.23 / 0.07 at 73% agreement; f16 of the f32 case
+            // 6.0e-2 of std at KL 5e-5) with margin.
+            let touchy = name.starts_with("qwen3_next");
             let ok = match quant {
                 _ if lossless => bits_equal && q.rel <= 1e-3,
                 "bf16" if sensitive => q.kl < 0.2 && q.agree >= 0.9,
                 "int8" if sensitive => q.kl < 0.6 && q.agree >= 0.6,
+                "f16" if touchy => q.rel <= 0.1 && q.kl < 1e-4 && q.agree >= 0.95,
+                "int8" if touchy => q.kl < 0.4 && q.agree >= 0.65,
                 "f16" => q.rel <= 5e-2 && q.kl < 1e-4 && q.agree >= 0.95,
                 "bf16" => q.rel <= 0.5 && q.kl < 1e-2 && q.agree >= 0.95,
                 "int8" => q.kl < 0.1 && q.agree >= 0.85,
@@ -212,7 +230,7 @@ fn ram_budget_never_changes_the_bits() {
     let dst = root.join("m");
     convert_ok(&fixture("qwen2_moe"), &dst, &[]);
     same_bits_for_every_budget("qwen2_moe", &dst);
-    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4"] {
+    for name in ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "qwen3_next"] {
         let d = root.join(name);
         convert_ok(&fixture(name), &d, &[]);
         same_bits_for_every_budget(name, &d);

@@ -175,3 +175,30 @@ fn wgpu_backend_records_expert_usage_like_cpu() {
     assert_eq!(gpu["counts"], cpu["counts"]);
     let _ = std::fs::remove_dir_all(&dst);
 }
+
+/// `coli chat --backend wgpu` (offered in its --help): the same answers as the CPU, turn
+/// after turn (the second turn reuses the first one's keys and values on the GPU).
+#[test]
+fn chat_on_wgpu_answers_like_the_cpu() {
+    use std::io::Write;
+    if !have_gpu() {
+        return;
+    }
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo");
+    let answers = |backend: &str| {
+        let mut child = coli()
+            .args(["chat", "--model"])
+            .arg(&demo)
+            .args(["--max-new-tokens", "40", "--temperature", "0", "--backend", backend])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"What is 47 + 38?\nSpell \"garden\" backwards.\n/quit\n").unwrap();
+        String::from_utf8(ok(child.wait_with_output().unwrap(), backend).stdout).unwrap()
+    };
+    let cpu = answers("cpu");
+    assert!(cpu.contains("So 47 + 38 = 85.") && cpu.contains("n-e-d-r-a-g"), "{cpu}");
+    assert_eq!(answers("wgpu"), cpu);
+}

@@ -588,9 +588,11 @@ impl Engine {
             }),
             "ttftMs": perf.ttft_ms,
             // What the attention cache holds per token: K and V of every kv head, or
-            // MLA's latent and rotary key (deepseek_v3).
-            "attention": if self.model.cfg.mla.is_some() { "mla" } else { "gqa" },
-            "kvCacheBytesPerToken": self.model.cfg.cache_floats_per_layer() * self.model.cfg.n_layers * 4,
+            // MLA's latent and rotary key (deepseek_v3); qwen3_next's linear layers keep
+            // a fixed-size recurrent state instead.
+            "attention": self.model.cfg.attention_kind(),
+            "kvCacheBytesPerToken": self.model.cfg.kv_cache_bytes_per_token(),
+            "recurrentStateBytes": self.model.cfg.recurrent_state_bytes(),
             "bytesFetched": t.bytes_fetched,
             "expertLoads": loads,
             // Each expert use once, by the tier that served it: these add up to expertLoads.

@@ -6,8 +6,10 @@
 
 pub mod choose;
 pub mod defaults;
+pub mod draft;
 pub mod grammar;
 pub mod logprobs;
+pub mod reuse;
 pub mod speculate;
 pub mod stop;
 
@@ -17,8 +19,10 @@ use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 pub use defaults::{SamplingDefaults, SamplingRequest};
+pub use draft::{check_same_tokenizer, Drafter, ModelDrafter};
 pub use grammar::{Constraint, Grammar};
 pub use logprobs::TokenLogprob;
+pub use reuse::{keepable, reusable, reuse, Context, ContextPool};
 pub use speculate::SpecStats;
 pub use stop::StopMatcher;
 
@@ -91,6 +95,8 @@ pub struct Generator {
     constraint: Option<Constraint>,
     /// Speculation: most draft tokens per step (0: off), and the drafts now in `pending`.
     max_draft: usize,
+    /// Drafts come from the caller ([`Generator::push_drafts`]), not from prompt lookup.
+    external_drafts: bool,
     drafts: usize,
     spec: SpecStats,
 }
@@ -119,6 +125,7 @@ impl Generator {
             logprobs: Vec::new(),
             constraint: None,
             max_draft: 0,
+            external_drafts: false,
             drafts: 0,
             spec: SpecStats::default(),
         })
@@ -145,6 +152,46 @@ impl Generator {
     pub fn with_speculation(mut self, max_draft: usize) -> Self {
         self.max_draft = max_draft;
         self
+    }
+
+    /// Speculative decoding with up to `max_draft` drafts per step that the caller proposes
+    /// ([`Generator::draft_room`], [`Generator::push_drafts`]; a [`Drafter`] with
+    /// [`drive_drafted`]) instead of prompt lookup. The output is the same as without.
+    pub fn with_external_drafts(mut self, max_draft: usize) -> Self {
+        self.max_draft = max_draft;
+        self.external_drafts = max_draft > 0;
+        self
+    }
+
+    /// How many drafts [`Generator::push_drafts`] takes now: none while drafts wait to be
+    /// verified or the prompt is still to be fed (its pass returns the last row only),
+    /// else up to the most per step, within the token budget (k drafts and the token
+    /// after them are k + 1 produced tokens).
+    pub fn draft_room(&self) -> usize {
+        if !self.external_drafts || self.finished.is_some() || self.drafts > 0 || self.produced.is_empty() {
+            return 0;
+        }
+        self.max_draft.min(self.max_new.saturating_sub(self.produced.len() + 1))
+    }
+
+    /// Everything in the context so far (history, prompt, produced): what drafts follow.
+    pub fn context(&self) -> &[u32] {
+        &self.seen
+    }
+
+    /// Appends draft tokens to [`Generator::input`] (at most [`Generator::draft_room`]);
+    /// drafts after a stop id are left out (nothing follows a stop).
+    pub fn push_drafts(&mut self, drafts: &[u32]) -> Result<()> {
+        if drafts.len() > self.draft_room() {
+            return Err(Error::Invalid(format!("{} drafts, room for {}", drafts.len(), self.draft_room())));
+        }
+        let drafts = match drafts.iter().position(|d| self.stop_ids.contains(d)) {
+            Some(i) => &drafts[..=i],
+            None => drafts,
+        };
+        self.pending.extend_from_slice(drafts);
+        self.drafts = drafts.len();
+        Ok(())
     }
 
     /// Whether drafts are proposed ([`Generator::with_speculation`]): feed with every
@@ -181,15 +228,17 @@ impl Generator {
         for (i, row) in rows.chunks(vocab).enumerate() {
             let id = self.accept(row, tok)?;
             self.spec.produced += 1;
-            if i < drafts.len() && id == drafts[i] && self.finished.is_none() {
+            if i < drafts.len() && id == drafts[i] {
                 kept += 1;
                 self.spec.accepted += 1;
-            } else {
-                break;
+                if self.finished.is_none() {
+                    continue;
+                }
             }
+            break;
         }
         self.drafts = 0;
-        if self.finished.is_none() && self.max_draft > 0 {
+        if self.finished.is_none() && self.max_draft > 0 && !self.external_drafts {
             // Each accepted draft and the token after them is one more produced token.
             let room = self.max_new.saturating_sub(self.produced.len() + 1);
             let d = speculate::lookup(&self.seen, 3, self.max_draft.min(room));
@@ -356,8 +405,25 @@ pub fn drive_speculative(
     g: &mut Generator,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<StopReason> {
+    drive_drafted(forward, history, g, None, on_token)
+}
+
+/// [`drive_speculative`] where `drafter` proposes the drafts before each pass (for a
+/// generator [`Generator::with_external_drafts`]; None: prompt lookup's own drafts).
+pub fn drive_drafted(
+    forward: &mut ForwardKeep<'_>,
+    history: usize,
+    g: &mut Generator,
+    mut drafter: Option<&mut dyn Drafter>,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<StopReason> {
     let mut fed = history;
-    while let Some(ids) = g.input() {
+    loop {
+        if let (Some(d), k @ 1..) = (drafter.as_deref_mut(), g.draft_room()) {
+            let drafts = d.propose(g.context(), k)?;
+            g.push_drafts(&drafts[..drafts.len().min(k)])?;
+        }
+        let Some(ids) = g.input() else { break };
         let ids = ids.to_vec();
         let n = g.rows_needed();
         let rows = forward(fed, &ids, if n > 1 { Logits::All } else { Logits::Last })?;

@@ -123,3 +123,57 @@ fn speculation_gives_the_same_tokens_in_fewer_passes() {
         assert_eq!(context.len() + 1, prompt.len() + plain.len(), "everything but the last token is fed");
     }
 }
+
+/// Drafts from a drafter that knows the model ([`table_row`]'s argmax) or one that is
+/// wrong for greedy decoding: the same tokens as plain decoding, greedy and sampled.
+#[test]
+fn drafts_from_a_drafter_give_the_same_tokens() {
+    let vocab = 12;
+    struct Table(usize, bool);
+    impl Drafter for Table {
+        fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>> {
+            let mut out = Vec::new();
+            let mut last = *context.last().unwrap();
+            for _ in 0..k {
+                last = if self.1 { crate::math::argmax(&table_row(last, self.0)) as u32 } else { (last * 3 + 2) % 12 };
+                out.push(last);
+            }
+            Ok(out)
+        }
+    }
+    for temperature in [0.0, 1.0] {
+        let cfg = SamplerConfig { temperature, seed: 9, ..SamplerConfig::default() };
+        let o = GenerateOptions { max_new_tokens: 30, sampler: cfg, stop_ids: vec![], logprobs: None };
+        let prompt = [2u32, 7, 3];
+        let mut fwd = |ids: &[u32]| Ok(table_row(*ids.last().unwrap(), vocab));
+        let (plain, _) = generate_with(&mut fwd, &[5], &prompt, 100, &o, &mut |_| true).unwrap();
+        for knows in [true, false] {
+            let mut context: Vec<u32> = vec![5];
+            let mut forward = |keep: usize, ids: &[u32], which: Logits| {
+                context.truncate(keep);
+                context.extend_from_slice(ids);
+                let rows = if which == Logits::All { ids } else { &ids[ids.len() - 1..] };
+                Ok(rows.iter().flat_map(|&id| table_row(id, vocab)).collect())
+            };
+            let mut g = Generator::new(&[5], &prompt, 100, &o).unwrap().with_external_drafts(4);
+            let mut seen = Vec::new();
+            let why = drive_drafted(&mut forward, 1, &mut g, Some(&mut Table(vocab, knows)), &mut |id| {
+                seen.push(id);
+                true
+            })
+            .unwrap();
+            assert_eq!((g.produced(), why), (plain.as_slice(), StopReason::Length), "t {temperature} knows {knows}");
+            assert_eq!(seen, plain, "on_token sees every token once, in order");
+            let s = g.spec_stats();
+            assert_eq!(s.produced, plain.len());
+            if knows && temperature == 0.0 {
+                assert_eq!(s.accepted, s.drafted, "{s:?}");
+                assert!(s.forwards <= plain.len().div_ceil(5) + 1, "{s:?}");
+            }
+            if !knows && temperature == 0.0 {
+                // Its first draft is never the argmax (3 id + 1).
+                assert_eq!((s.accepted, s.forwards), (0, plain.len()), "{s:?}");
+            }
+        }
+    }
+}

@@ -21,12 +21,15 @@ use crate::model::attention::AttnWeights;
 use crate::model::config::{Activation, ModelConfig, QkNorm, Scoring};
 use crate::model::{Ffn, Logits, Model};
 
-/// Why this backend cannot run a model, if it cannot: the parts of deepseek_v3 and
-/// gpt_oss that have no WGSL kernels yet (MLA attention, the sigmoid/group router,
-/// ungated shared experts; attention sinks, biased routers and experts, the clamped SwiGLU).
+/// Why this backend cannot run a model, if it cannot: the parts of deepseek_v3, gpt_oss
+/// and qwen3_next that have no WGSL kernels yet (MLA attention, the sigmoid/group router,
+/// ungated shared experts; attention sinks, biased routers and experts, the clamped
+/// SwiGLU; Gated DeltaNet, the attention output gate, zero-centred norms).
 pub fn unsupported(c: &ModelConfig) -> Option<String> {
     let missing = if c.mla.is_some() {
         "Multi-head Latent Attention"
+    } else if c.linear_attn.is_some() || c.attn_output_gate || c.norm_plus_one {
+        "Gated DeltaNet linear attention"
     } else if c.attn_sinks || c.o_bias || c.expert_bias || c.router.logit_bias || c.ffn_act != Activation::Silu {
         "attention with sinks, the biased top-k-softmax router and the clamped SwiGLU experts"
     } else if c.router.scoring != Scoring::Softmax || c.router.correction_bias || c.router.topk_group < c.router.n_group
@@ -119,6 +122,25 @@ impl GpuSession {
     /// Forget everything after the first `len` tokens (later positions are overwritten).
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
+    }
+
+    /// Bytes held: the cache buffers (their whole capacity) and the ids.
+    pub fn bytes(&self) -> usize {
+        4 * self.tokens.len() + self.kv.iter().map(|(k, v)| (k.size() + v.size()) as usize).sum::<usize>()
+    }
+}
+
+impl crate::generate::Context for GpuSession {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn truncate(&mut self, len: usize) {
+        GpuSession::truncate(self, len)
+    }
+
+    fn bytes(&self) -> usize {
+        GpuSession::bytes(self)
     }
 }
 

@@ -1,13 +1,16 @@
 //! The one attention module: grouped-query attention over a KV cache, with the options
 //! the families need (qkv bias, q/k RMSNorm per head or over the whole projection,
 //! clip_qkv, sliding window, partial RoPE through [`Rope`], an o_proj bias and gpt_oss's
-//! attention sinks), or Multi-head Latent Attention ([`crate::model::mla`], deepseek_v3)
-//! whose cache holds compressed latents.
+//! attention sinks, qwen3_next's sigmoid output gate), or Multi-head Latent Attention
+//! ([`crate::model::mla`], deepseek_v3) whose cache holds compressed latents, or Gated
+//! DeltaNet linear attention ([`crate::model::deltanet`], qwen3_next) whose recurrent
+//! state replaces the cache.
 
 use crate::error::Result;
 use crate::kernels::{for_each_chunk, matmul, matmul_many, rmsnorm_chunks, MatJob};
 use crate::math;
 use crate::model::config::{MlaConfig, QkNorm};
+use crate::model::deltanet::{DeltaNetWeights, DeltaState};
 use crate::model::mla::{self, MlaWeights};
 use crate::model::rope::Rope;
 use crate::tensor::Mat;
@@ -26,6 +29,9 @@ pub struct AttnOpts {
     pub rms_eps: f32,
     /// Multi-head Latent Attention's sizes (with [`AttnWeights::Mla`]).
     pub mla: Option<MlaConfig>,
+    /// wq yields per head the query and then as many gate values; the output of the
+    /// head is multiplied by sigmoid(gate) before wo (qwen3_next).
+    pub output_gate: bool,
 }
 
 /// One layer's attention weights: the variant decides the projections and what the
@@ -35,10 +41,13 @@ pub enum AttnWeights {
     Gqa(GqaWeights),
     /// Multi-head latent attention: a compressed latent and a shared rotary key cached.
     Mla(MlaWeights),
+    /// Gated DeltaNet linear attention: a recurrent state instead of a cache.
+    Linear(Box<DeltaNetWeights>),
 }
 
 pub struct GqaWeights {
-    /// (n_heads*head_dim, hidden)
+    /// (n_heads*head_dim, hidden); (n_heads*2*head_dim, hidden) with an output gate:
+    /// per head the query rows, then the gate rows.
     pub wq: Mat,
     /// (n_kv_heads*head_dim, hidden)
     pub wk: Mat,
@@ -46,6 +55,7 @@ pub struct GqaWeights {
     pub wv: Mat,
     /// (hidden, n_heads*head_dim)
     pub wo: Mat,
+    /// As many as wq has rows.
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
@@ -61,7 +71,8 @@ pub struct GqaWeights {
 
 /// What one layer caches for every position so far. GQA: keys in `k` and values in `v`,
 /// (len, n_kv_heads*head_dim) each. MLA: the normalised latents in `k` (len,
-/// kv_lora_rank) and the rotated shared keys in `v` (len, qk_rope_head_dim).
+/// kv_lora_rank) and the rotated shared keys in `v` (len, qk_rope_head_dim). Gated
+/// DeltaNet: nothing per position, the recurrent state in `recurrent`.
 #[derive(Clone, Default)]
 pub struct LayerCache {
     pub k: Vec<f32>,
@@ -69,16 +80,21 @@ pub struct LayerCache {
     /// Floats per position in `k` and in `v` (set by the first append).
     k_width: usize,
     v_width: usize,
+    /// A linear-attention layer's state (None for attention layers).
+    pub recurrent: Option<Box<DeltaState>>,
 }
 
 impl LayerCache {
     /// Positions cached.
     pub fn len(&self) -> usize {
-        self.k.len().checked_div(self.k_width).unwrap_or(0)
+        match &self.recurrent {
+            Some(r) => r.pos,
+            None => self.k.len().checked_div(self.k_width).unwrap_or(0),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.k.is_empty()
+        self.len() == 0
     }
 
     /// Floats cached per position (both parts).
@@ -94,10 +110,14 @@ impl LayerCache {
         self.v.extend_from_slice(v);
     }
 
-    /// Keeps the first `positions` positions.
+    /// Keeps the first `positions` positions. A recurrent state may keep fewer (see
+    /// [`DeltaState::rewind`]); [`LayerCache::len`] says how many.
     pub fn truncate(&mut self, positions: usize) {
         self.k.truncate(positions * self.k_width);
         self.v.truncate(positions * self.v_width);
+        if let Some(r) = &mut self.recurrent {
+            r.rewind(positions);
+        }
     }
 }
 
@@ -144,6 +164,10 @@ pub fn attention(
             Ok(())
         }
         (AttnWeights::Mla(m), Some(mc)) => mla::attention(m, o, mc, rope, x, n, pos0, cos, sin, cache, out),
+        (AttnWeights::Linear(d), None) => {
+            d.forward(x, n, cache.recurrent.get_or_insert_with(Default::default), out);
+            Ok(())
+        }
         _ => Err(crate::error::Error::Invalid("attention weights and options are of different variants".into())),
     }
 }
@@ -165,7 +189,7 @@ fn gqa(
     let hd = o.head_dim;
     let qd = o.n_heads * hd;
     let kvd = o.n_kv_heads * hd;
-    let mut q = vec![0.0f32; n * qd];
+    let mut q = vec![0.0f32; n * w.wq.rows];
     let mut k = vec![0.0f32; n * kvd];
     let mut v = vec![0.0f32; n * kvd];
     matmul_many(&mut [
@@ -174,6 +198,7 @@ fn gqa(
         MatJob { w: &w.wv, x, n, out: &mut v },
     ]);
     add_bias(&mut q, &w.bq);
+    let gate = if o.output_gate { Some(split_gate(&mut q, n, o.n_heads, hd)) } else { None };
     add_bias(&mut k, &w.bk);
     add_bias(&mut v, &w.bv);
     // The norm weight's length says whether it runs per head or over the projection.
@@ -219,8 +244,25 @@ fn gqa(
             }
         }
     });
+    if let Some(g) = gate {
+        // transformers: attn_output * torch.sigmoid(gate)
+        ctx.iter_mut().zip(&g).for_each(|(c, g)| *c *= math::sigmoid(*g));
+    }
     matmul(&w.wo, &ctx, n, out);
     add_bias(&mut out[..n * w.wo.rows], &w.bo);
+}
+
+/// Takes `q` (n, n_heads * 2 * head_dim), per head the query then the gate, apart: `q`
+/// keeps the queries (n, n_heads * head_dim), the gates are returned in the same layout.
+fn split_gate(q: &mut Vec<f32>, n: usize, n_heads: usize, hd: usize) -> Vec<f32> {
+    let mut query = Vec::with_capacity(n * n_heads * hd);
+    let mut gate = Vec::with_capacity(n * n_heads * hd);
+    for head in q.chunks_exact(2 * hd) {
+        query.extend_from_slice(&head[..hd]);
+        gate.extend_from_slice(&head[hd..]);
+    }
+    *q = query;
+    gate
 }
 
 #[cfg(test)]
@@ -273,6 +315,7 @@ mod tests {
             scale: (hd as f32).powf(-0.5),
             rms_eps: 1e-6,
             mla: None,
+            output_gate: false,
         };
         let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
         (w, o, rope)

@@ -12,6 +12,9 @@ use deepseek::{mla_config, sigmoid_router};
 
 mod deepseek;
 mod gpt_oss;
+mod qwen3_next;
+
+pub use qwen3_next::LinearAttnConfig;
 
 /// Which model family a checkpoint belongs to (Hugging Face `model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +34,11 @@ pub enum Family {
     /// alternate layers, YaRN, a biased router softmaxed over its top-k, experts with
     /// biases and the clamped SwiGLU.
     GptOss,
+    /// Qwen3-Next: Gated DeltaNet linear-attention layers (a recurrent state instead of a
+    /// KV cache) between full-attention layers whose q_proj also yields an output gate,
+    /// per-head q/k norms, partial RoPE; zero-centred RMSNorms (scale 1 + w); the softmax
+    /// router and a shared expert with a sigmoid gate (qwen2_moe's MoE).
+    Qwen3Next,
 }
 
 impl Family {
@@ -45,6 +53,7 @@ impl Family {
             "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
             "glm4_moe" => Family::Glm4Moe,
             "gpt_oss" => Family::GptOss,
+            "qwen3_next" => Family::Qwen3Next,
             other => return Err(Error::UnknownModelType(other.to_string())),
         })
     }
@@ -157,6 +166,14 @@ pub struct ModelConfig {
     /// Each head has a learned sink logit that joins its softmax denominator (gpt_oss).
     pub attn_sinks: bool,
     pub qk_norm: QkNorm,
+    /// q_proj yields, per head, the query and then an output gate of the same size; the
+    /// attention output is multiplied by sigmoid(gate) before o_proj (qwen3_next).
+    pub attn_output_gate: bool,
+    /// Every RMSNorm weight w of the checkpoint scales by 1 + w (qwen3_next's zero-centred
+    /// norms: input, post-attention, final and q/k norms); added once at load.
+    pub norm_plus_one: bool,
+    /// Gated DeltaNet sizes and which layers use it instead of attention (qwen3_next).
+    pub linear_attn: Option<LinearAttnConfig>,
     /// Multi-head Latent Attention instead of grouped-query attention (deepseek_v3); then
     /// `head_dim` is the query/key head size (nope + rope) and `n_kv_heads == n_heads`.
     pub mla: Option<MlaConfig>,
@@ -299,7 +316,8 @@ impl ModelConfig {
         // query/key head is the unrotated part followed by the rotated one.
         let head_dim = match (family, get_usize(v, "head_dim")) {
             _ if mla.is_some() => mla.as_ref().map_or(0, |m| m.qk_nope_head_dim + m.qk_rope_head_dim),
-            (Family::GptOss, None) => 64, // GptOssConfig's default
+            (Family::GptOss, None) => 64,     // GptOssConfig's default
+            (Family::Qwen3Next, None) => 256, // Qwen3NextConfig's default
             (Family::Olmoe, _) | (_, None) => {
                 if hidden % n_heads != 0 {
                     return Err(Error::Config(format!(
@@ -327,7 +345,11 @@ impl ModelConfig {
         }
         // glm4_moe rotates half of each head unless told otherwise (transformers sets
         // partial_rotary_factor 0.5 by default).
-        let default_partial = if family == Family::Glm4Moe { 0.5 } else { 1.0 };
+        let default_partial = match family {
+            Family::Glm4Moe => 0.5,
+            Family::Qwen3Next => 0.25,
+            _ => 1.0,
+        };
         let gpt_oss_rope;
         let rope_src = match family {
             Family::GptOss => {
@@ -372,6 +394,7 @@ impl ModelConfig {
             Family::DeepseekV3 => sigmoid_router(v, n_experts, top_k, (8, 4, 2.5))?,
             Family::Glm4Moe => sigmoid_router(v, n_experts, top_k, (1, 1, 1.0))?,
             Family::GptOss => gpt_oss::router(n_experts, top_k),
+            Family::Qwen3Next => RouterConfig::softmax(n_experts, top_k, get_bool(v, "norm_topk_prob").unwrap_or(true)),
             _ => RouterConfig::softmax(n_experts, top_k, get_bool(v, "norm_topk_prob").unwrap_or(false)),
         };
 
@@ -384,7 +407,9 @@ impl ModelConfig {
             ),
             Family::Qwen2Moe => (get_bool(v, "qkv_bias").unwrap_or(true), QkNorm::None, None),
             Family::GptOss => (get_bool(v, "attention_bias").unwrap_or(true), QkNorm::None, None),
-            Family::Qwen3Moe => (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::PerHead, None),
+            Family::Qwen3Moe | Family::Qwen3Next => {
+                (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::PerHead, None)
+            }
             Family::Olmoe => {
                 (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::Full, get_f64(v, "clip_qkv").map(|c| c as f32))
             }
@@ -395,12 +420,13 @@ impl ModelConfig {
                 let i = need_usize(v, "intermediate_size")?;
                 (i, i)
             }
-            Family::Qwen2Moe | Family::Qwen3Moe | Family::DeepseekV3 | Family::Glm4Moe => {
+            Family::Qwen2Moe | Family::Qwen3Moe | Family::Qwen3Next | Family::DeepseekV3 | Family::Glm4Moe => {
                 (need_usize(v, "moe_intermediate_size")?, get_usize(v, "intermediate_size").unwrap_or(0))
             }
         };
         let shared_expert_intermediate = match family {
             Family::Qwen2Moe => get_usize(v, "shared_expert_intermediate_size").filter(|&s| s > 0),
+            Family::Qwen3Next => Some(optional_usize(v, "shared_expert_intermediate_size", 512)?).filter(|&s| s > 0),
             Family::DeepseekV3 | Family::Glm4Moe => {
                 let n = optional_usize(v, "n_shared_experts", 1)?;
                 bounded("n_shared_experts", n, MAX_EXPERTS)?;
@@ -422,7 +448,7 @@ impl ModelConfig {
         }
 
         let moe_layers: Vec<bool> = match family {
-            Family::Qwen2Moe | Family::Qwen3Moe => {
+            Family::Qwen2Moe | Family::Qwen3Moe | Family::Qwen3Next => {
                 let step = get_usize(v, "decoder_sparse_step").unwrap_or(1).max(1);
                 let only: Vec<usize> = v
                     .get("mlp_only_layers")
@@ -465,9 +491,16 @@ impl ModelConfig {
             max_positions,
             rope,
             qkv_bias,
-            o_bias: family == Family::GptOss && qkv_bias,
+            // qwen3_next's attention_bias puts a bias on o_proj too.
+            o_bias: matches!(family, Family::GptOss | Family::Qwen3Next) && qkv_bias,
             attn_sinks: family == Family::GptOss,
             qk_norm,
+            attn_output_gate: family == Family::Qwen3Next,
+            norm_plus_one: family == Family::Qwen3Next,
+            linear_attn: match family {
+                Family::Qwen3Next => Some(qwen3_next::linear_config(v, n_layers)?),
+                _ => None,
+            },
             mla,
             attn_scale,
             clip_qkv,
@@ -481,7 +514,7 @@ impl ModelConfig {
             expert_bias: family == Family::GptOss,
             dense_intermediate,
             shared_expert_intermediate,
-            shared_expert_gated: family == Family::Qwen2Moe,
+            shared_expert_gated: matches!(family, Family::Qwen2Moe | Family::Qwen3Next),
             moe_layers,
             tie_word_embeddings: get_bool(v, "tie_word_embeddings").unwrap_or(false),
             mtp_layers: match family {
@@ -533,6 +566,11 @@ impl ModelConfig {
 
     /// Whether tensor `name` belongs to a multi-token-prediction layer ([`Self::mtp_layers`]).
     pub fn is_mtp_tensor(&self, name: &str) -> bool {
+        // qwen3_next keeps its multi-token-prediction module under "mtp." (transformers
+        // ignores those keys on load).
+        if self.family == Family::Qwen3Next && name.starts_with("mtp.") {
+            return true;
+        }
         name.strip_prefix("model.layers.")
             .and_then(|r| r.split('.').next())
             .and_then(|l| l.parse::<usize>().ok())
@@ -543,6 +581,31 @@ impl ModelConfig {
     /// head, or MLA's latent and rotary key (576 at DeepSeek-V3's sizes).
     pub fn cache_floats_per_layer(&self) -> usize {
         self.mla.as_ref().map_or(2 * self.kv_dim(), MlaConfig::cache_width)
+    }
+
+    /// Layers with an attention cache: all but the linear-attention ones.
+    pub fn attention_layers(&self) -> usize {
+        self.linear_attn.as_ref().map_or(self.n_layers, |la| la.layers.iter().filter(|l| !**l).count())
+    }
+
+    /// Bytes the attention caches grow by per token (f32).
+    pub fn kv_cache_bytes_per_token(&self) -> usize {
+        self.cache_floats_per_layer() * self.attention_layers() * 4
+    }
+
+    /// Bytes of the linear-attention layers' recurrent state, whatever the length (f32).
+    pub fn recurrent_state_bytes(&self) -> usize {
+        self.linear_attn.as_ref().map_or(0, |la| la.state_floats() * (self.n_layers - self.attention_layers()) * 4)
+    }
+
+    /// What the attention layers are: "gqa", "mla" (deepseek_v3), or "gqa+deltanet"
+    /// (qwen3_next: Gated DeltaNet layers with a recurrent state between GQA layers).
+    pub fn attention_kind(&self) -> &'static str {
+        match (&self.mla, &self.linear_attn) {
+            (Some(_), _) => "mla",
+            (None, Some(_)) => "gqa+deltanet",
+            (None, None) => "gqa",
+        }
     }
 }
 

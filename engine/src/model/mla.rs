@@ -265,6 +265,7 @@ mod tests {
             scale: 0.3,
             rms_eps: 1e-5,
             mla: Some(m.clone()),
+            output_gate: false,
         };
         let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), dr, 64).unwrap());
         (w, o, m, rope)

@@ -1,15 +1,17 @@
 //! The decoder-only MoE transformer shared by every supported family:
 //! embedding -> for each layer [RMSNorm -> attention -> residual -> RMSNorm -> MoE block
 //! or dense MLP -> residual] -> final RMSNorm -> lm_head.
-//! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe,deepseek_v3,glm4_moe}.py (v5).
+//! Reference: transformers' modeling_{mixtral,qwen2_moe,qwen3_moe,olmoe,deepseek_v3,glm4_moe,
+//! gpt_oss,qwen3_next}.py (v5).
 //!
 //! The model sits on top of the file formats (crate::format) and the expert supply
 //! (crate::experts): [`config`] (config.json), [`rope`], [`attention`] (with its MLA
-//! variant in [`mla`]), [`moe`] (routing and the MoE block), the forward pass here, and
-//! [`open`], where a model is opened.
+//! variant in [`mla`] and the Gated DeltaNet linear attention in [`deltanet`]), [`moe`]
+//! (routing and the MoE block), the forward pass here, and [`open`], where a model is opened.
 
 pub mod attention;
 pub mod config;
+pub mod deltanet;
 pub mod gpt_oss;
 pub mod mla;
 pub mod moe;
@@ -25,6 +27,7 @@ use crate::kernels::{matmul, rmsnorm};
 use crate::tensor::Mat;
 use attention::{attention, AttnOpts, AttnWeights, GqaWeights, LayerCache};
 use config::{Family, ModelConfig, QkNorm};
+use deltanet::DeltaNetWeights;
 use mla::MlaWeights;
 use moe::{MoeBlock, SharedExpert};
 use rope::Rope;
@@ -61,7 +64,9 @@ pub struct Model {
 #[derive(Clone, Default)]
 pub struct Session {
     pub caches: Vec<LayerCache>,
-    /// Every token fed so far, in order.
+    /// Every token fed so far, in order. After a [`Session::truncate`] that a recurrent
+    /// layer could not follow exactly, the last of them are not in the caches yet: the
+    /// next forward pass feeds them again first ([`Session::cached_len`]).
     pub tokens: Vec<u32>,
 }
 
@@ -76,11 +81,32 @@ impl Session {
 
     /// Forget everything after the first `len` tokens (to reuse a shared prefix, or to
     /// roll back a forward pass that failed after some layers had cached its keys).
+    /// A linear-attention layer's state may only go back to an earlier point (see
+    /// [`deltanet::DeltaState::rewind`]); then every cache goes back there and the next
+    /// forward pass recomputes the tokens between, which gives the same bits.
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
         for c in &mut self.caches {
             c.truncate(len);
         }
+        let held = self.cached_len();
+        if held < self.tokens.len() {
+            for c in &mut self.caches {
+                c.truncate(held);
+            }
+        }
+    }
+
+    /// Tokens whose effect the caches hold: all of [`Session::tokens`] but after a
+    /// truncation that a recurrent state could not follow exactly.
+    pub fn cached_len(&self) -> usize {
+        self.caches.iter().filter(|c| c.recurrent.is_some()).map(LayerCache::len).fold(self.tokens.len(), usize::min)
+    }
+
+    /// Bytes held: every layer's cache (and recurrent state) and the ids.
+    pub fn bytes(&self) -> usize {
+        let state = |c: &LayerCache| c.recurrent.as_ref().map_or(0, |r| r.conv.len() + r.s.len());
+        4 * (self.tokens.len() + self.caches.iter().map(|c| c.k.len() + c.v.len() + state(c)).sum::<usize>())
     }
 }
 
@@ -186,6 +212,16 @@ impl Model {
         let c = &cfg;
         let names = Names::of(c.family);
         let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
+        // The q projection's rows: the queries, and as many gate values with an output gate.
+        let qw = if c.attn_output_gate { 2 * qd } else { qd };
+        // RMSNorm weights, plus one where the checkpoint stores them zero-centred.
+        let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
+            let mut w = s.vector(name, len)?;
+            if c.norm_plus_one {
+                w.iter_mut().for_each(|x| *x += 1.0);
+            }
+            Ok(w)
+        };
         let embed = s.mat("model.embed_tokens.weight", c.vocab, h)?;
         let lm_head = if c.tie_word_embeddings && !s.contains("lm_head.weight") {
             embed.clone()
@@ -196,6 +232,7 @@ impl Model {
         for l in 0..c.n_layers {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
+            let linear = c.linear_attn.as_ref().filter(|la| la.layers[l]);
             let bias = |proj: &str, len: usize| -> Result<Option<Vec<f32>>> {
                 if c.qkv_bias && (proj != "o_proj" || c.o_bias) {
                     s.vector(&format!("{a}.{proj}.bias"), len).map(Some)
@@ -208,14 +245,15 @@ impl Model {
                 QkNorm::PerHead => (Some(c.head_dim), Some(c.head_dim)),
                 QkNorm::Full => (Some(qd), Some(kvd)),
             };
-            let attn = match &c.mla {
-                Some(m) => AttnWeights::Mla(MlaWeights::load(s, &a, h, c.n_heads, m)?),
-                None => AttnWeights::Gqa(GqaWeights {
-                    wq: s.mat(&format!("{a}.q_proj.weight"), qd, h)?,
+            let attn = match (&c.mla, linear) {
+                (_, Some(la)) => AttnWeights::Linear(Box::new(DeltaNetWeights::load(s, &p, h, la, c.rms_eps)?)),
+                (Some(m), None) => AttnWeights::Mla(MlaWeights::load(s, &a, h, c.n_heads, m)?),
+                (None, None) => AttnWeights::Gqa(GqaWeights {
+                    wq: s.mat(&format!("{a}.q_proj.weight"), qw, h)?,
                     wk: s.mat(&format!("{a}.k_proj.weight"), kvd, h)?,
                     wv: s.mat(&format!("{a}.v_proj.weight"), kvd, h)?,
                     wo: s.mat(&format!("{a}.o_proj.weight"), h, qd)?,
-                    bq: bias("q_proj", qd)?,
+                    bq: bias("q_proj", qw)?,
                     bk: bias("k_proj", kvd)?,
                     bv: bias("v_proj", kvd)?,
                     bo: bias("o_proj", h)?,
@@ -223,8 +261,8 @@ impl Model {
                         true => Some(s.vector(&format!("{a}.sinks"), c.n_heads)?),
                         false => None,
                     },
-                    q_norm: qn.map(|n| s.vector(&format!("{a}.q_norm.weight"), n)).transpose()?,
-                    k_norm: kn.map(|n| s.vector(&format!("{a}.k_norm.weight"), n)).transpose()?,
+                    q_norm: qn.map(|n| norm(&format!("{a}.q_norm.weight"), n)).transpose()?,
+                    k_norm: kn.map(|n| norm(&format!("{a}.k_norm.weight"), n)).transpose()?,
                 }),
             };
             let attn_opts = AttnOpts {
@@ -236,7 +274,8 @@ impl Model {
                 window: c.sliding_window[l],
                 scale: c.attn_scale,
                 rms_eps: c.rms_eps,
-                mla: c.mla.clone(),
+                mla: if linear.is_some() { None } else { c.mla.clone() },
+                output_gate: c.attn_output_gate,
             };
             let ffn = if c.moe_layers[l] {
                 let moe = format!("{p}.{}", names.moe);
@@ -274,16 +313,16 @@ impl Model {
                 Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
             };
             layers.push(Layer {
-                attn_norm: s.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
                 attn,
                 attn_opts,
-                ffn_norm: s.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                ffn_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 ffn,
             });
         }
         Ok(Model {
             rope: Rope::new(&c.rope),
-            final_norm: s.vector("model.norm.weight", h)?,
+            final_norm: norm("model.norm.weight", h)?,
             embed,
             lm_head,
             layers,
@@ -340,6 +379,23 @@ impl Model {
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
+        let held = session.cached_len();
+        if held < session.tokens.len() {
+            // A recurrent state went back further than the session's tokens: feed the
+            // tokens in between again, with these, and return these ones' logits.
+            c.check_input(ids, session.tokens.len())?;
+            let again = session.tokens.len() - held;
+            let all: Vec<u32> = session.tokens[held..].iter().chain(ids).copied().collect();
+            session.tokens.truncate(held);
+            return match self.forward_observed(session, &all, which, on_use, on_ffn_input) {
+                Ok(logits) if which == Logits::All => Ok(logits[again * c.vocab..].to_vec()),
+                Ok(logits) => Ok(logits),
+                Err(e) => {
+                    session.truncate(held);
+                    Err(e)
+                }
+            };
+        }
         let pos0 = session.tokens.len();
         c.check_input(ids, pos0)?;
         if session.caches.len() != c.n_layers {

@@ -39,6 +39,18 @@ fn leaves_room(len: usize, reserve: usize, max_positions: usize) -> bool {
 /// fewest turns that make it fit are dropped. [`Error::ContextOverflow`] when the system
 /// messages and the last turn alone are longer than the context.
 pub fn fit_chat(tok: &Tokenizer, messages: &[ChatMessage], max_positions: usize, reserve: usize) -> Result<FittedChat> {
+    fit_rendered(messages, max_positions, reserve, &|kept| tok.encode_chat(kept, true))
+}
+
+/// [`fit_chat`] with another rendering: `render` turns the kept messages into the prompt's
+/// ids (the OpenAI server renders `tools` into the prompt this way). The same rule: the
+/// leading system messages and the last turn stay, whole turns go from the front.
+pub fn fit_rendered(
+    messages: &[ChatMessage],
+    max_positions: usize,
+    reserve: usize,
+    render: &dyn Fn(&[ChatMessage]) -> Result<Vec<u32>>,
+) -> Result<FittedChat> {
     let system = messages.iter().take_while(|m| m.role == "system").count();
     // Where each droppable turn starts (after the system messages): the first message, and
     // every later user message. Dropping k turns drops messages[system..starts[k]].
@@ -50,7 +62,7 @@ pub fn fit_chat(tok: &Tokenizer, messages: &[ChatMessage], max_positions: usize,
     let most = starts.len().saturating_sub(2);
     let render = |k: usize| -> Result<Vec<u32>> {
         let kept: Vec<ChatMessage> = messages[..system].iter().chain(&messages[starts[k]..]).cloned().collect();
-        tok.encode_chat(&kept, true)
+        render(&kept)
     };
     let whole = render(0)?;
     if leaves_room(whole.len(), reserve, max_positions) {

@@ -23,7 +23,11 @@ use serde_json::{json, Value};
 
 use crate::flags::{init_threads, parse_bytes, parse_ids, ModelArgs};
 use crate::load::{open_dir, CacheFlags};
-use colibri_engine::generate::{GenerateOptions, Generator, SpecStats};
+use colibri_engine::generate::{Drafter, GenerateOptions, Generator, ModelDrafter, SpecStats};
+
+use crate::backend::forward_keep_fn;
+use crate::flags::BackendChoice;
+use crate::load::open_draft;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CacheState {
@@ -60,6 +64,16 @@ pub struct BenchArgs {
     /// The generated ids are the same as without.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub speculate: usize,
+    /// Also time a second chat turn of N new tokens after the first turn's prompt and
+    /// answer: its first token with the first turn's cache kept (generate::reuse) and
+    /// from an empty cache (record field `second_turn`).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub second_turn: usize,
+    /// Speculative decoding with drafts from a smaller model of the same tokenizer (a
+    /// directory or an installed id), --speculate N per step (4 if not given); the record
+    /// adds "speculation" with the draft's load time. The generated ids are the same.
+    #[arg(long, value_name = "DIR")]
+    pub draft: Option<std::path::PathBuf>,
 }
 
 fn read_file(path: &str) -> String {
@@ -160,7 +174,7 @@ fn delta(a: &CacheStats, b: &CacheStats) -> Value {
 }
 
 /// Greedy decoding of `n` tokens after a prefilled `prompt` (its last `logits`), drafts
-/// from prompt lookup verified in one pass each.
+/// from prompt lookup (or `drafter`) verified in one pass each.
 fn speculative_decode(
     model: &colibri_engine::Model,
     session: &mut colibri_engine::Session,
@@ -168,12 +182,19 @@ fn speculative_decode(
     logits: &[f32],
     n: usize,
     max_draft: usize,
+    mut drafter: Option<&mut dyn Drafter>,
 ) -> Result<(Vec<u32>, SpecStats)> {
     let opts = GenerateOptions { max_new_tokens: n, ..GenerateOptions::default() };
-    let mut g = Generator::new(&[], prompt, model.cfg.max_positions, &opts)?.with_speculation(max_draft);
+    let g = Generator::new(&[], prompt, model.cfg.max_positions, &opts)?;
+    let mut g = if drafter.is_some() { g.with_external_drafts(max_draft) } else { g.with_speculation(max_draft) };
     let mut fed = g.accept_rows(logits, None)?;
     let vocab = model.cfg.vocab;
-    while let Some(ids) = g.input() {
+    loop {
+        if let (Some(d), k @ 1..) = (drafter.as_deref_mut(), g.draft_room()) {
+            let drafts = d.propose(g.context(), k)?;
+            g.push_drafts(&drafts)?;
+        }
+        let Some(ids) = g.input() else { break };
         let ids = ids.to_vec();
         let rows_n = g.rows_needed();
         session.truncate(fed);
@@ -181,6 +202,31 @@ fn speculative_decode(
         fed += g.accept_rows(&rows[rows.len() - rows_n * vocab..], None)?;
     }
     Ok((g.produced().to_vec(), g.spec_stats()))
+}
+
+/// A second chat turn: the first turn's `prompt` and `answer`, then `n` new ids. Times its
+/// first token with the cache of the first turn kept and from an empty one.
+fn second_turn(
+    model: &colibri_engine::Model,
+    session: &mut colibri_engine::Session,
+    prompt: &[u32],
+    answer: &[u32],
+    n: usize,
+) -> Result<serde_json::Value> {
+    let vocab = model.cfg.vocab as u64;
+    let mut ids: Vec<u32> = prompt.iter().chain(answer).copied().collect();
+    ids.extend((0..n as u64).map(|i| ((i.wrapping_mul(0xD1B5_4A32_D192_ED03) >> 19) % vocab) as u32));
+    let t = Instant::now();
+    let kept = colibri_engine::generate::reuse(session, &ids);
+    let reused = model.forward(session, &ids[kept..], Logits::Last)?;
+    let reused_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let fresh = model.forward(&mut model.new_session(), &ids, Logits::Last)?;
+    let fresh_s = t.elapsed().as_secs_f64();
+    let same = reused.iter().zip(&fresh).all(|(a, b)| a.to_bits() == b.to_bits());
+    Ok(json!({"prompt_tokens": ids.len(), "cached_tokens": kept, "ttft_ms_reused": reused_s * 1e3,
+        "ttft_ms_fresh": fresh_s * 1e3, "speedup": fresh_s / reused_s.max(1e-9), "same_logits_bits": same,
+        "kv_cache_bytes": session.bytes()}))
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -200,8 +246,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     let t_load = Instant::now();
-    let loaded = open_dir(&dir, &flags, false)?;
+    let loaded = open_dir(&dir, &flags, a.draft.is_some())?;
     let load_s = t_load.elapsed().as_secs_f64();
+    let t_draft = Instant::now();
+    let draft = a.draft.as_deref().map(|d| open_draft(d, &loaded, &flags)).transpose()?;
+    let draft_load_s = t_draft.elapsed().as_secs_f64();
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u64;
     let prompt: Vec<u32> = match &a.ids {
@@ -225,8 +274,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let t1 = Instant::now();
     let mut spec = None;
     let mut ids = vec![math::argmax(&logits) as u32];
-    if a.speculate > 0 {
-        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, a.decode_tokens.max(1), a.speculate)?;
+    if let Some(d) = &draft {
+        let max_draft = if a.speculate == 0 { super::generate::DEFAULT_DRAFT } else { a.speculate };
+        let fwd = forward_keep_fn(&d.model, BackendChoice::Cpu)?;
+        let mut drafter = ModelDrafter::new(fwd, d.model.cfg.max_positions, model.cfg.vocab);
+        let n = a.decode_tokens.max(1);
+        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, n, max_draft, Some(&mut drafter))?;
+        let mut j = s.to_json();
+        j["draft"] = json!({"path": a.draft.as_ref().map(|p| p.display().to_string()), "load_seconds": draft_load_s,
+            "max_draft": max_draft, "model_bytes": d.cache.as_ref().map(|c| c.dense_bytes + c.expert_bytes)});
+        (ids, spec) = (got, Some(j));
+    } else if a.speculate > 0 {
+        let n = a.decode_tokens.max(1);
+        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, n, a.speculate, None)?;
         (ids, spec) = (got, Some(s.to_json()));
     }
     for _ in ids.len()..a.decode_tokens.max(1) {
@@ -239,6 +299,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let decode_s = t1.elapsed().as_secs_f64();
     let end = stats();
+    let second =
+        if a.second_turn > 0 { Some(second_turn(model, &mut session, &prompt, &ids, a.second_turn)?) } else { None };
     let steps = (ids.len() - 1).max(1) as f64;
     let decode_read = end.bytes_read - after_prefill.bytes_read;
     let cache = loaded.cache.as_ref();
@@ -250,8 +312,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "model": {"path": dir.display().to_string(), "model_type": model.cfg.model_type, "layers": model.cfg.n_layers,
             "experts_per_layer": model.cfg.router.n_experts, "top_k": model.cfg.router.top_k,
             "dense_bytes": cache.map(|c| c.dense_bytes), "expert_bytes": cache.map(|c| c.expert_bytes),
-            "attention": if model.cfg.mla.is_some() { "mla" } else { "gqa" },
-            "kv_cache_bytes_per_token": model.cfg.cache_floats_per_layer() * model.cfg.n_layers * 4},
+            "attention": model.cfg.attention_kind(),
+            "kv_cache_bytes_per_token": model.cfg.kv_cache_bytes_per_token(),
+            "recurrent_state_bytes": model.cfg.recurrent_state_bytes()},
         "cache_state": match a.cache { CacheState::Cold => "cold", CacheState::Warm => "warm" },
         "warmup": a.warmup,
         "page_cache_evicted": evicted,
@@ -271,6 +334,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "disk": {"probe_bytes": probed, "read_bandwidth_bytes_per_second": bandwidth,
             "io_lower_bound_decode_seconds": if bandwidth > 0.0 { Some(decode_read as f64 / bandwidth) } else { None },
             "note": "bandwidth of cold pread of random experts with as many threads as readers; lower bound = bytes read during decode / that bandwidth (page-cache hits can beat it)"},
+        "second_turn": second,
         "peak_rss_bytes": status_kb("VmHWM:").map(|k| k * 1024),
         "rss_bytes": status_kb("VmRSS:").map(|k| k * 1024),
         "speculation": spec,

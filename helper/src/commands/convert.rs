@@ -121,13 +121,15 @@ fn class_of(name: &str, shape: &[usize]) -> Class {
         || name.ends_with(".gate.weight")
         || name.ends_with(".router.weight")
         || name.ends_with("shared_expert_gate.weight")
+        // Gated DeltaNet's beta/decay projection: small, and it sets every step's decay.
+        || name.ends_with("linear_attn.in_proj_ba.weight")
     {
         Class::Other
     } else if name == "lm_head.weight" {
         Class::LmHead
     } else if name.ends_with("embed_tokens.weight") {
         Class::Embed
-    } else if name.contains(".self_attn.") {
+    } else if name.contains(".self_attn.") || name.contains(".linear_attn.") {
         Class::Attn
     } else {
         Class::Mlp

@@ -6,14 +6,19 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
-use colibri_engine::generate::{drive, drive_speculative, Constraint, GenerateOptions, Generator, Grammar};
+use colibri_engine::generate::{
+    drive, drive_drafted, drive_speculative, Constraint, GenerateOptions, Generator, Grammar, ModelDrafter,
+};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 use colibri_engine::Logits;
 
 use crate::backend::forward_keep_fn;
 use crate::flags::{parse_ids, ModelArgs, SamplingArgs};
-use crate::load::open;
+use crate::load::{open, open_draft, CacheFlags};
+
+/// Draft tokens per step with --draft when --speculate is not given.
+pub const DEFAULT_DRAFT: usize = 4;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -63,6 +68,12 @@ pub struct GenerateArgs {
     /// per forward pass).
     #[arg(long, value_name = "N", default_value_t = 0, conflicts_with = "logprobs")]
     pub speculate: usize,
+    /// Speculative decoding with drafts from a smaller model of the same tokenizer (a
+    /// directory or an installed id; another tokenizer is refused): it proposes
+    /// --speculate N tokens per step (4 if not given) greedily, the model checks them in
+    /// one forward pass. The output is the same as without.
+    #[arg(long, value_name = "DIR", conflicts_with = "logprobs")]
+    pub draft: Option<std::path::PathBuf>,
 }
 
 impl GenerateArgs {
@@ -83,7 +94,8 @@ impl GenerateArgs {
 pub fn generate(a: GenerateArgs) -> Result<()> {
     let ids_arg = a.ids.as_deref().map(parse_ids).transpose()?;
     let grammar = a.grammar()?;
-    let loaded = open(&a.model, a.prompt.is_some() || a.logprobs.is_some() || grammar.is_some())?;
+    let loaded = open(&a.model, a.prompt.is_some() || a.logprobs.is_some() || grammar.is_some() || a.draft.is_some())?;
+    let draft = a.draft.as_deref().map(|d| open_draft(d, &loaded, &CacheFlags::from_args(&a.model))).transpose()?;
     let tok = loaded.tokenizer.as_ref();
     let prompt_ids = match (ids_arg, &a.prompt) {
         (Some(_), _) if a.chat => bail!("--chat applies the chat template to --prompt; it cannot be used with --ids"),
@@ -146,7 +158,22 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         }
         true
     };
-    let (ids, reason, spec) = if a.speculate == 0 {
+    let (ids, reason, spec) = if let Some(d) = &draft {
+        let mut drafter = ModelDrafter::new(
+            forward_keep_fn(&d.model, a.model.backend)?,
+            d.model.cfg.max_positions,
+            loaded.model.cfg.vocab,
+        );
+        let mut g = gen.with_external_drafts(if a.speculate == 0 { DEFAULT_DRAFT } else { a.speculate });
+        let reason = drive_drafted(
+            &mut |keep, ids, which| forward(keep, ids, which),
+            0,
+            &mut g,
+            Some(&mut drafter),
+            &mut on_token,
+        )?;
+        (g.produced().to_vec(), reason, Some(g.spec_stats()))
+    } else if a.speculate == 0 {
         let mut fed = 0;
         let forward_last = &mut |ids: &[u32]| {
             let row = forward(fed, ids, Logits::Last)?;

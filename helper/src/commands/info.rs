@@ -182,8 +182,9 @@ pub fn info(a: InfoArgs) -> Result<()> {
             "top_k": c.router.top_k,
             "expert_intermediate": c.expert_intermediate,
             "shared_expert_intermediate": c.shared_expert_intermediate,
-            "attention": if c.mla.is_some() { "mla" } else { "gqa" },
-            "kv_cache_bytes_per_token": c.cache_floats_per_layer() * c.n_layers * 4,
+            "attention": c.attention_kind(),
+            "kv_cache_bytes_per_token": c.kv_cache_bytes_per_token(),
+            "recurrent_state_bytes": c.recurrent_state_bytes(),
             "quantization": s.quant,
             "resident_bytes": s.resident,
             "streamed_bytes": s.streamed,
@@ -206,7 +207,20 @@ pub fn info(a: InfoArgs) -> Result<()> {
             "attention     MLA: latent {} + rope key {} = {kv} floats cached per token and layer",
             m.kv_lora_rank, m.qk_rope_head_dim
         ),
+        None if c.linear_attn.is_some() => println!(
+            "attention     GQA on {} of {} layers: {kv} floats cached per token and attention layer",
+            c.attention_layers(),
+            c.n_layers
+        ),
         None => println!("attention     GQA: {kv} floats cached per token and layer"),
+    }
+    if let Some(la) = &c.linear_attn {
+        println!(
+            "linear attn   Gated DeltaNet on {} of {} layers: {} floats of recurrent state each, whatever the length",
+            c.n_layers - c.attention_layers(),
+            c.n_layers,
+            la.state_floats()
+        );
     }
     let shared = c.shared_expert_intermediate.map(|i| format!(", shared expert {i}")).unwrap_or_default();
     println!(

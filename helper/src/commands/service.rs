@@ -23,6 +23,8 @@ pub struct ServiceArgs {
     pub action: Action,
 }
 
+// Install carries the serve options; the enum is parsed once per process.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Action {
     /// Write the unit and start it now and at every login.
@@ -72,6 +74,13 @@ pub fn serve_arguments(a: &ServeArgs) -> Vec<String> {
     }
     if let Some(r) = a.ram {
         v.extend(["--ram".into(), r.to_string()]);
+    }
+    if a.speculate > 0 {
+        v.extend(["--speculate".into(), a.speculate.to_string()]);
+    }
+    if let Some(d) = &a.draft {
+        let s = if d.exists() { abs(d) } else { d.display().to_string() };
+        v.extend(["--draft".into(), s]);
     }
     v
 }

@@ -80,6 +80,21 @@ pub struct ServeArgs {
     /// suffixes; default: no limit).
     #[arg(long, value_parser = crate::flags::parse_bytes)]
     pub ram: Option<u64>,
+    /// Conversation caches kept per model, in memory and on disk under `<data dir>/kv/`,
+    /// for requests that extend an earlier conversation (K, M, G suffixes; default 1G;
+    /// 0 keeps none).
+    #[arg(long, value_parser = crate::flags::parse_bytes)]
+    pub kv_cache: Option<u64>,
+    /// Speculative decoding of the API's generations: up to N draft tokens per step from
+    /// prompt lookup (or --draft), checked in one forward pass. The output is the same as
+    /// without (greedy and sampled); 0 (the default) is off.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub speculate: usize,
+    /// Drafts from this smaller model of the same tokenizer (a directory or an installed
+    /// id), --speculate N per step (4 if not given), for the served models whose tokenizer
+    /// it shares (the others use prompt lookup).
+    #[arg(long, value_name = "DIR")]
+    pub draft: Option<PathBuf>,
 }
 
 /// Limits of the server; the defaults suit one user's machine (docs/api.md, "Limits").
@@ -140,6 +155,12 @@ pub struct Stats {
     pub generations_cancelled: AtomicU64,
     pub generations_active: AtomicUsize,
     pub tokens_generated: AtomicU64,
+    /// Prompt tokens not fed again: their cache was left by an earlier request.
+    pub prompt_tokens_cached: AtomicU64,
+    /// Speculative decoding (`--speculate`): verifying passes, drafts fed, drafts kept.
+    pub spec_forwards: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
 }
 
 pub struct AppState {
@@ -165,14 +186,16 @@ impl AppState {
         data_dir: Option<PathBuf>,
         max_queue: usize,
         ram: Option<u64>,
+        speculation: generation::Speculation,
     ) -> Self {
+        let kv_dir = data_dir.as_ref().map(|d| d.join("kv"));
         AppState {
             registry,
             policy,
             limits: Limits::default(),
             data_dir,
             stats: Arc::new(Stats::default()),
-            engines: generation::Engines::new(max_queue, ram),
+            engines: generation::Engines::new(max_queue, ram, speculation, kv_dir),
             prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS_AT_ONCE)),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
@@ -197,6 +220,8 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
             "cancelled": n(&s.generations_cancelled),
             "active": s.generations_active.load(Ordering::Relaxed),
             "tokens": n(&s.tokens_generated),
+            "cached_prompt_tokens": n(&s.prompt_tokens_cached),
+            "speculation": {"forwards": n(&s.spec_forwards), "drafted": n(&s.spec_drafted), "accepted": n(&s.spec_accepted)},
         },
     }))
     .into_response()
@@ -351,6 +376,8 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         eprintln!("warning: listening on {host}; other machines on the network can reach this helper");
     }
     let models_dir = a.models_dir.clone().or_else(crate::paths::models_dir);
+    let draft_dir = a.draft.as_ref().map(|d| crate::paths::resolve_model(d, models_dir.as_deref()));
+    let draft_dir = draft_dir.transpose().context("--draft")?;
     let mut dirs = Vec::new();
     for m in &a.models {
         dirs.push(crate::paths::resolve_model(m, models_dir.as_deref())?);
@@ -378,7 +405,25 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         hosts.push(host.clone());
     }
     let policy = AccessPolicy::new(addr.port(), &hosts, &a.allow_origins);
-    let state = Arc::new(AppState::new(registry, policy, data_dir, a.max_queue, a.ram));
+    // The draft model is opened now, so that a wrong --draft stops the start-up.
+    let draft = match draft_dir {
+        Some(dir) => {
+            let flags = crate::load::CacheFlags::with_ram(a.ram);
+            let l = tokio::task::spawn_blocking(move || crate::load::open_dir(&dir, &flags, true)).await?;
+            Some(Arc::new(l.context("--draft")?))
+        }
+        None => None,
+    };
+    let max_draft = match (a.speculate, &draft) {
+        (0, Some(_)) => crate::commands::generate::DEFAULT_DRAFT,
+        (n, _) => n,
+    };
+    let speculation = generation::Speculation { max_draft, draft };
+    let mut state = AppState::new(registry, policy, data_dir, a.max_queue, a.ram, speculation);
+    if let Some(b) = a.kv_cache {
+        state.engines.kv.bytes = usize::try_from(b).unwrap_or(usize::MAX);
+    }
+    let state = Arc::new(state);
     Ok(Bound { listener, addr, state })
 }
 

@@ -266,12 +266,21 @@ pub fn check(root: &Path) -> Result<colibri_engine::ModelConfig> {
     want("model.norm.weight", &[cfg.hidden])?;
     for l in [0, cfg.n_layers - 1] {
         want(&format!("model.layers.{l}.input_layernorm.weight"), &[cfg.hidden])?;
-        match &cfg.mla {
-            Some(m) => want(
+        let linear = cfg.linear_attn.as_ref().filter(|la| la.layers[l]);
+        match (&cfg.mla, linear) {
+            (_, Some(la)) => want(
+                &format!("model.layers.{l}.linear_attn.in_proj_qkvz.weight"),
+                &[2 * la.key_dim() + 2 * la.value_dim(), cfg.hidden],
+            )?,
+            (Some(m), None) => want(
                 &format!("model.layers.{l}.self_attn.kv_a_proj_with_mqa.weight"),
                 &[m.kv_lora_rank + m.qk_rope_head_dim, cfg.hidden],
             )?,
-            None => want(&format!("model.layers.{l}.self_attn.q_proj.weight"), &[cfg.q_dim(), cfg.hidden])?,
+            (None, None) => {
+                // With an output gate, q_proj also yields a gate per query value.
+                let q = if cfg.attn_output_gate { 2 * cfg.q_dim() } else { cfg.q_dim() };
+                want(&format!("model.layers.{l}.self_attn.q_proj.weight"), &[q, cfg.hidden])?
+            }
         }
     }
     if shapes.contains_key(&format!("model.layers.{}.input_layernorm.weight", cfg.n_layers + cfg.mtp_layers)) {
@@ -355,7 +364,9 @@ mod tests {
                 "gpt_oss_mxfp4",
                 "mixtral",
                 "qwen2_moe",
-                "qwen3_moe"
+                "qwen3_moe",
+                "qwen3_next",
+                "qwen3_next_f32"
             ]
         );
         // gpt-oss's MXFP4 release layout (quantization_config mxfp4) is a supported model.
@@ -364,6 +375,11 @@ mod tests {
         for mla in ["deepseek_v3", "deepseek_v3_noqlora"] {
             let d = describe(&reg.get(mla).unwrap());
             assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("deepseek_v3")), "{d}");
+        }
+        // Linear layers (qwen3_next: last layer) and gated full attention (qwen3_next_f32: first).
+        for hybrid in ["qwen3_next", "qwen3_next_f32"] {
+            let d = describe(&reg.get(hybrid).unwrap());
+            assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("qwen3_next")), "{d}");
         }
         assert!(reg.get("qwen3_moe").is_some());
         assert!(reg.get("..").is_none());

@@ -13,7 +13,8 @@
 //! accepted and ignored; n > 1 is refused with 400.
 //! A chat that would overflow the context loses its oldest turns (`truncation: "auto"`,
 //! the default; the response says how many messages in `dropped_messages`); `"disabled"`
-//! answers 400 `context_length_exceeded` instead. Requests with `tools` are not trimmed.
+//! answers 400 `context_length_exceeded` instead. With `tools`, the prompt that is fitted
+//! is the one with the tools rendered in (they stay; turns go).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs, MAX_TOP_LOGPROBS};
 use colibri_engine::generate::{context_room, Constraint, GenerateOptions, Grammar, SamplingRequest, TokenLogprob};
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage};
+use colibri_engine::tokenizer::{answer_reserve, fit_rendered, ChatMessage};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -411,6 +412,7 @@ async fn prepare(
         continue_prompt: extras.continue_prompt,
         prompt_logprobs: extras.logprobs.filter(|_| extras.echo),
         constraint,
+        speculation: state.engines.speculation(&slot, &loaded),
     };
     let rx = engine::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
     Ok(Prepared {
@@ -428,8 +430,11 @@ async fn prepare(
     })
 }
 
-fn usage_json(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+/// OpenAI's usage object; `cached`: prompt tokens whose cache an earlier request left.
+fn usage_json(prompt_tokens: usize, cached: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Which endpoint's object shapes to produce.
@@ -575,7 +580,7 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
                         None => out.send(sse(&kind.chunk(&p, Some(&t), false, None, v))).await?,
                     }
                 }
-                Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
                     let mut finish_reason = finish_reason;
                     if let Some(text) = held.take() {
                         let mut c = kind.chunk(&p, Some(&text), false, None, Value::Null);
@@ -590,7 +595,7 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
                     if p.include_usage {
                         let mut u = kind.chunk(&p, None, false, None, Value::Null);
                         u["choices"] = json!([]);
-                        u["usage"] = usage_json(prompt_tokens, completion_tokens);
+                        u["usage"] = usage_json(prompt_tokens, cached_tokens, completion_tokens);
                         out.send(sse(&u)).await?;
                     }
                     out.send(Bytes::from_static(b"data: [DONE]\n\n")).await?;
@@ -664,8 +669,8 @@ async fn collect(kind: Kind, mut p: Prepared) -> Response {
                 text.push_str(&t);
                 lps.extend(l);
             }
-            Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
-                let usage = usage_json(prompt_tokens, completion_tokens);
+            Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
+                let usage = usage_json(prompt_tokens, cached_tokens, completion_tokens);
                 let mut entries: Vec<(u32, Option<&TokenLogprob>)> = Vec::new();
                 if !prompt_ids.is_empty() {
                     entries.extend(
@@ -749,17 +754,17 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
             return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("model")));
         }
         let invalid = |e: colibri_engine::Error| ApiError::invalid(e.to_string(), Some("messages"));
-        if let Some(t) = &for_prompt {
-            // Tools are rendered into the prompt by the structured-output code: not trimmed.
-            let text = structured::chat_prompt(tok, &turns, t).map_err(invalid)?;
-            return Ok((tok.encode(&text, false).map_err(invalid)?, 0));
-        }
+        // Tools are rendered into the prompt by the structured-output code.
+        let render = |kept: &[ChatMessage]| match &for_prompt {
+            Some(t) => tok.encode(&structured::chat_prompt(tok, kept, t)?, false),
+            None => tok.encode_chat(kept, true),
+        };
         if !truncate {
-            return Ok((tok.encode_chat(&turns, true).map_err(invalid)?, 0));
+            return Ok((render(&turns).map_err(invalid)?, 0));
         }
         // The one trimming rule of every surface (colibri_engine::tokenizer::fit_chat).
         let ctx = l.model.cfg.max_positions;
-        match fit_chat(tok, &turns, ctx, answer_reserve(max_tokens, ctx)) {
+        match fit_rendered(&turns, ctx, answer_reserve(max_tokens, ctx), &render) {
             Ok(f) => Ok((f.ids, f.dropped)),
             Err(e @ colibri_engine::Error::ContextOverflow { .. }) => {
                 Err(invalid(e).with_code("context_length_exceeded"))

@@ -1,5 +1,6 @@
 //! A chat longer than the context: the oldest turns go (the engine's `fit_chat`), the
-//! response says how many (`dropped_messages`), `truncation: "disabled"` refuses instead.
+//! response says how many (`dropped_messages`), `truncation: "disabled"` refuses instead;
+//! with `tools` the same, on the prompt with the tools rendered in.
 //! Served model: the demo checkpoint (models/demo-hf) with its context cut to 200 tokens.
 
 use std::path::Path;
@@ -12,10 +13,15 @@ use super::*;
 const CTX: usize = 200;
 
 fn with_small_demo(dir: &Path) {
+    demo_with_context(dir, CTX);
+}
+
+/// models/demo-small: the demo checkpoint with a context of `ctx` tokens.
+fn demo_with_context(dir: &Path, ctx: usize) {
     let m = dir.join("models/demo-small");
     copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo-hf"), &m);
     let mut cfg: Value = serde_json::from_slice(&std::fs::read(m.join("config.json")).unwrap()).unwrap();
-    cfg["max_position_embeddings"] = json!(CTX);
+    cfg["max_position_embeddings"] = json!(ctx);
     std::fs::write(m.join("config.json"), cfg.to_string()).unwrap();
 }
 
@@ -109,6 +115,50 @@ fn a_chat_longer_than_the_context_loses_its_oldest_turns() {
     let mut b = base.clone();
     b["messages"] = json!([{"role": "user", "content": "Spell river backwards. ".repeat(60)}]);
     let r = ask(b);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+}
+
+#[test]
+fn a_chat_with_tools_is_trimmed_with_its_tools_rendered_in() {
+    // The tools are described in the system message (about 160 tokens): a larger context.
+    const CTX: usize = 400;
+    let s = start_with("context-tools", |_| {}, |_| {}, |d| demo_with_context(d, CTX));
+    let tools = json!([{"type": "function", "function": {"name": "add", "description": "Adds two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"], "additionalProperties": false}}}]);
+    let mut b = json!({"model": "demo-small", "temperature": 0, "max_tokens": 40, "tools": tools,
+                       "tool_choice": "required", "messages": conversation(8)});
+    let r = s.post("/v1/chat/completions", &b.to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let dropped = v["dropped_messages"].as_u64().expect("dropped_messages") as usize;
+    assert!(dropped >= 2 && dropped.is_multiple_of(2) && dropped < 16, "{v}");
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(prompt + 40 <= CTX + 1, "{v}");
+    // The call is constrained (the tiny demo knows no tools: its numbers run to max_tokens).
+    let c = &v["choices"][0];
+    assert!(
+        c["message"]["content"].as_str().is_some_and(|t| t.starts_with(r#"{"name": "add""#))
+            || c["finish_reason"] == "tool_calls",
+        "{v}"
+    );
+    // The prompt is the kept turns with the tools rendered in, and the fewest turns went.
+    let loaded =
+        crate::load::open_dir(&s.dir.join("models/demo-small"), &crate::load::CacheFlags::with_ram(None), true)
+            .unwrap();
+    let tok = loaded.tokenizer.as_ref().unwrap();
+    let t = crate::serve::structured::tools(Some(&b["tools"]), Some(&b["tool_choice"])).unwrap().unwrap();
+    let msgs: Vec<colibri_engine::tokenizer::ChatMessage> = serde_json::from_value(json!(conversation(8))).unwrap();
+    let len = |d: usize| {
+        let kept = [&msgs[..1], &msgs[1 + d..]].concat();
+        tok.encode(&crate::serve::structured::chat_prompt(tok, &kept, &t).unwrap(), false).unwrap().len()
+    };
+    assert_eq!(len(dropped), prompt);
+    assert!(len(dropped - 2) + 40 > CTX + 1);
+    // truncation: "disabled" still refuses.
+    b["truncation"] = json!("disabled");
+    let r = s.post("/v1/chat/completions", &b.to_string());
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
 }

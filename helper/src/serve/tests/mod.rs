@@ -5,9 +5,11 @@
 mod api;
 mod context;
 mod hostile;
+mod kv;
 mod logprobs;
 mod ranges;
 mod security;
+mod speculation;
 mod structured;
 
 use std::net::SocketAddr;
