@@ -151,6 +151,8 @@ async function probeMultiRange(base) {
 // A failed step (helper restarting) is rolled back by the engine and retried with backoff.
 async function generate(id, ids, opts) {
   engine.begin(Uint32Array.from(ids), JSON.stringify(opts || {}));
+  // Prompt tokens whose cache the previous generation left (not fed again).
+  const cachedTokens = JSON.parse(engine.stats()).cachedTokens;
   let failures = 0;
   let finishReason = "stop";
   const logprobs = opts && opts.logprobs ? [] : null;
@@ -186,7 +188,7 @@ async function generate(id, ids, opts) {
   const out = Array.from(engine.produced());
   // The engine says why it ended (a stop token, a complete grammar, the token budget).
   if (finishReason === "stop") finishReason = engine.finishReason() || finishReason;
-  const r = { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason };
+  const r = { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason, cachedTokens };
   if (logprobs) r.logprobs = logprobs;
   return r;
 }

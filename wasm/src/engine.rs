@@ -9,7 +9,9 @@ use std::sync::Arc;
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::logprobs::chat_entry;
-use colibri_engine::generate::{Constraint, GenerateOptions, Generator, Grammar, SamplingDefaults, SamplingRequest};
+use colibri_engine::generate::{
+    keepable, Constraint, GenerateOptions, Generator, Grammar, SamplingDefaults, SamplingRequest,
+};
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
@@ -131,6 +133,9 @@ struct Perf {
     /// The same loads by the tier that served them, indexed like [`tier_map`]'s bytes:
     /// [helper, browser disk, RAM, GPU]. They add up to `expert_loads`.
     tier_uses: [u64; 4],
+    /// The last generation's prompt, and how many of its tokens the cache already held.
+    prompt_tokens: u64,
+    cached_tokens: u64,
 }
 
 /// Where each expert lives now, one byte per (layer, expert), layer-major over all layers
@@ -424,7 +429,7 @@ impl Engine {
             logprobs: o.logprobs.then_some(o.top_logprobs),
         };
         let mut st = self.state()?;
-        let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        let common = keepable(&st.cx, &ids);
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
         let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
@@ -436,7 +441,10 @@ impl Engine {
         if o.speculate > 0 {
             gen = gen.with_speculation(o.speculate);
         }
+        // The cache of the prompt's prefix that the last generation left stays.
         st.cx.truncate(common);
+        st.perf.cached_tokens = common as u64;
+        st.perf.prompt_tokens = ids.len() as u64;
         st.gen = Some(gen);
         st.perf.started_ms = now_ms();
         st.perf.ttft_ms = None;
@@ -593,6 +601,12 @@ impl Engine {
             "attention": self.model.cfg.attention_kind(),
             "kvCacheBytesPerToken": self.model.cfg.kv_cache_bytes_per_token(),
             "recurrentStateBytes": self.model.cfg.recurrent_state_bytes(),
+            // The conversation's cache kept between generations: the last prompt's tokens,
+            // how many of them it already held (not fed again), and its size now.
+            "promptTokens": perf.prompt_tokens,
+            "cachedTokens": perf.cached_tokens,
+            "kvCacheTokens": st.cx.tokens().len(),
+            "kvCacheBytes": colibri_engine::generate::Context::bytes(&st.cx),
             "bytesFetched": t.bytes_fetched,
             "expertLoads": loads,
             // Each expert use once, by the tier that served it: these add up to expertLoads.
