@@ -1,6 +1,7 @@
 // The browser engine keeps the conversation's cache between calls in one tab: a second
 // turn whose ids extend the first feeds only its new tokens (stats().cachedTokens) and
-// still gives the native CPU path's tokens, as a fresh `coli generate` of the whole turn.
+// still gives the native CPU path's tokens, as a fresh `coli generate` of the whole turn;
+// after a reload the cache comes back from OPFS, and a corrupt stored cache is refused.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { coli, convertedFixture, freePort, startHelper, launchBrowser } from "./harness.mjs";
@@ -26,7 +27,7 @@ after(async () => {
   if (fx) fx.cleanup();
 });
 
-test("a second turn in the tab reuses the cache and gives the native tokens", async () => {
+test("a second turn reuses the cache (in the tab, and from OPFS after a reload) and gives the native tokens", async () => {
   const browser = await launchBrowser();
   try {
     const page = await browser.context.newPage();
@@ -57,6 +58,40 @@ test("a second turn in the tab reuses the cache and gives the native tokens", as
     assert.ok(r.afterSecond.kvCacheBytes >= r.afterSecond.kvCacheTokens * r.afterSecond.kvCacheBytesPerToken);
     assert.deepEqual(r.c.ids, native([...PROMPT.slice(0, 3), 1, 2]), "diverging turn: tokens differ");
     assert.equal(r.afterThird.cachedTokens, 3);
+
+    // A reload (a restart of the tab): the cache comes back from OPFS, so the next turn of
+    // the last conversation feeds only its new tokens, with the native tokens.
+    const third = [...PROMPT.slice(0, 3), 1, 2, ...r.c.ids, 30, 31];
+    const want = native(third);
+    const turnAfterLoad = async () => {
+      await page.goto(`${helper.url}/health`);
+      return page.evaluate(
+        async ({ model, ids, n }) => {
+          const { load } = await import("/colibri.js");
+          const engine = await load({ model, backend: "cpu" });
+          return engine.generate({ ids, maxNewTokens: n, temperature: 0, ignoreEos: true });
+        },
+        { model: MODEL, ids: third, n: NEW },
+      );
+    };
+    const restored = await turnAfterLoad();
+    assert.equal(restored.cachedTokens, 5 + NEW - 1, "the whole stored conversation is reused after a reload");
+    assert.deepEqual(restored.ids, want, "after a reload: tokens differ from a fresh coli generate");
+
+    // A corrupt stored cache is refused (never used): nothing cached, the same tokens.
+    await page.evaluate(async () => {
+      const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("colibri-kv");
+      for await (const [name, handle] of dir.entries()) {
+        const bytes = new Uint8Array(await (await handle.getFile()).arrayBuffer());
+        bytes[bytes.length >> 1] ^= 0x20;
+        const w = await (await dir.getFileHandle(name)).createWritable();
+        await w.write(bytes);
+        await w.close();
+      }
+    });
+    const refused = await turnAfterLoad();
+    assert.equal(refused.cachedTokens, 0, "a corrupt stored cache must not be used");
+    assert.deepEqual(refused.ids, want);
   } finally {
     await browser.close();
   }

@@ -29,6 +29,7 @@ use crate::disk;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::{estimate, persist};
+use colibri_engine::format::kv;
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
@@ -204,6 +205,10 @@ pub struct Engine {
     defaults: SamplingDefaults,
     /// The same as JSON {temperature, topP} for the page (null without the file).
     sampling: serde_json::Value,
+    /// The model's fingerprint (colibri.json's xxh3) and where the worker keeps the
+    /// conversation's cache in browser storage.
+    fingerprint: String,
+    cache_name: String,
 }
 
 /// {temperature, topP} for the page: greedy where generation_config.json says
@@ -343,6 +348,8 @@ impl Engine {
             persisted,
             defaults,
             sampling,
+            cache_name: format!("{}.kv", storage_name(&base, &container.fingerprint)),
+            fingerprint: container.fingerprint.clone(),
         })
     }
 
@@ -449,6 +456,42 @@ impl Engine {
         st.perf.started_ms = now_ms();
         st.perf.ttft_ms = None;
         Ok(())
+    }
+
+    /// The conversation's cache as a KV cache file (`colibri_engine::format::kv`: the ids,
+    /// every layer's cache, the model's fingerprint, a checksum) for browser storage;
+    /// undefined when empty or on WebGPU (whose cache lives in GPU buffers).
+    #[wasm_bindgen(js_name = exportCache)]
+    pub fn export_cache(&self) -> Result<Option<Vec<u8>>, JsError> {
+        match &self.state()?.cx {
+            Context::Cpu(s) if !s.tokens.is_empty() => Ok(Some(kv::encode(s, &self.fingerprint).map_err(err)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Adopts a KV cache file read back from browser storage when it keeps more of `ids`
+    /// (the next prompt) than the cache in memory does; returns how many ids it keeps (0:
+    /// not adopted). A file of another model, corrupt or truncated, is an error and is
+    /// never used.
+    #[wasm_bindgen(js_name = importCache)]
+    pub fn import_cache(&self, bytes: &[u8], ids: Vec<u32>) -> Result<u32, JsError> {
+        let mut st = self.state()?;
+        if !matches!(st.cx, Context::Cpu(_)) {
+            return Ok(0);
+        }
+        let s = kv::decode(bytes, &self.fingerprint, &self.model.cfg).map_err(err)?;
+        let kept = keepable(&s, &ids);
+        if kept <= keepable(&st.cx, &ids) {
+            return Ok(0);
+        }
+        st.cx = Context::Cpu(s);
+        Ok(kept as u32)
+    }
+
+    /// The file name of this model's conversation cache in browser storage.
+    #[wasm_bindgen(js_name = cacheName)]
+    pub fn cache_name(&self) -> String {
+        self.cache_name.clone()
     }
 
     /// A promise of the next token, or -1 when generation has ended. After an error (the
