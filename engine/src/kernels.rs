@@ -135,6 +135,11 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
             acts.push(ActQ::default());
         }
         acts[keys.len()].quantize(&job.x[..n * cols], n, cols, group, split);
+        if n >= qdot::PREPARE_MIN {
+            acts[keys.len()].interleave();
+        } else if int4 && simd.pairs() {
+            acts[keys.len()].pair();
+        }
         act_of[j] = keys.len();
         keys.push(key);
     }
