@@ -126,7 +126,7 @@ pub fn check_paths() -> Result<usize, String> {
                         let mut out = vec![0.0f32; n - p0];
                         dot_row_many(s, int4, row, a, p0, &mut out, &mut scratch);
                         for (i, &got) in out.iter().enumerate() {
-                            let want = dot_row_scalar(int4, row, &a, p0 + i);
+                            let want = dot_row_scalar(int4, row, a, p0 + i);
                             if !same(got, want) {
                                 return Err(format!(
                                     "{} many {dtype} cols {cols} row {r} pos {}: {got:e} vs {want:e}",
