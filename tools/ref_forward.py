@@ -199,8 +199,89 @@ def deepseek_ffn(cfg, w, p, h):
     return out + swiglu(h, w[se + "gate_proj.weight"], w[se + "up_proj.weight"], w[se + "down_proj.weight"])
 
 
+def qwen3_next_forward(cfg, w, ids):
+    """Qwen3-Next: zero-centred norms (scale 1 + w); Gated DeltaNet layers (causal conv,
+    L2-normalised q/k, the delta rule token by token) and gated full-attention layers
+    (query + sigmoid output gate per head, per-head q/k norms, partial rotary);
+    qwen2_moe's MoE (softmax router, sigmoid-gated shared expert)."""
+    T = len(ids)
+    H, nh, nkv, hd, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rms_norm_eps"]
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
+    r = nv // nk
+    rot = int(hd * cfg["rope_parameters"].get("partial_rotary_factor", 0.25))
+    cos, sin = rope_tables(cfg, rot, T)
+    mask = torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    norm = lambda x, n: rms_norm(x, 1.0 + w[n], eps)
+    l2 = lambda x: x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    for L, kind in enumerate(cfg["layer_types"]):
+        p = f"model.layers.{L}."
+        h = norm(x, p + "input_layernorm.weight")
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            qkvz = (h @ w[a + "in_proj_qkvz.weight"].T).view(T, nk, 2 * dk + 2 * r * dv)
+            ba = (h @ w[a + "in_proj_ba.weight"].T).view(T, nk, 2 * r)
+            q, k, v, z = qkvz.split([dk, dk, r * dv, r * dv], -1)
+            b, av = ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
+            mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)  # [T, C]
+            cw = w[a + "conv1d.weight"][:, 0, :]  # [C, K]
+            padded = torch.cat([torch.zeros(K - 1, mixed.shape[1]), mixed])
+            conv = torch.stack([(padded[t : t + K].T * cw).sum(-1) for t in range(T)])
+            mixed = torch.nn.functional.silu(conv)
+            q = l2(mixed[:, : nk * dk].view(T, nk, dk)).repeat_interleave(r, 1) * dk**-0.5
+            k = l2(mixed[:, nk * dk : 2 * nk * dk].view(T, nk, dk)).repeat_interleave(r, 1)
+            v = mixed[:, 2 * nk * dk :].view(T, nv, dv)
+            beta = torch.sigmoid(b)
+            decay = torch.exp(-w[a + "A_log"].exp() * torch.nn.functional.softplus(av + w[a + "dt_bias"]))
+            S = torch.zeros(nv, dk, dv)
+            o = torch.zeros(T, nv, dv)
+            for t in range(T):
+                S = S * decay[t][:, None, None]
+                err = (v[t] - torch.einsum("hkv,hk->hv", S, k[t])) * beta[t][:, None]
+                S = S + torch.einsum("hk,hv->hkv", k[t], err)
+                o[t] = torch.einsum("hkv,hk->hv", S, q[t])
+            o = rms_norm(o, w[a + "norm.weight"], eps) * torch.nn.functional.silu(z.reshape(T, nv, dv))
+            x = x + o.reshape(T, nv * dv) @ w[a + "out_proj.weight"].T
+        else:
+            a = p + "self_attn."
+            bias = lambda n: w.get(a + n + ".bias", 0.0)
+            qg = (h @ w[a + "q_proj.weight"].T + bias("q_proj")).view(T, nh, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nh * hd)
+            k = (h @ w[a + "k_proj.weight"].T + bias("k_proj")).view(T, nkv, hd)
+            v = (h @ w[a + "v_proj.weight"].T + bias("v_proj")).view(T, nkv, hd).transpose(0, 1)
+            q = norm(q, a + "q_norm.weight").transpose(0, 1)
+            k = norm(k, a + "k_norm.weight").transpose(0, 1)
+            q = torch.cat([apply_rope(q[..., :rot], cos, sin), q[..., rot:]], -1)
+            k = torch.cat([apply_rope(k[..., :rot], cos, sin), k[..., rot:]], -1)
+            k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
+            att = torch.softmax(q @ k.transpose(1, 2) * hd**-0.5 + mask, -1) @ v
+            o = att.transpose(0, 1).reshape(T, nh * hd) * torch.sigmoid(gate)
+            x = x + o @ w[a + "o_proj.weight"].T + bias("o_proj")
+        h = norm(x, p + "post_attention_layernorm.weight")
+        m = p + "mlp."
+        if m + "gate.weight" not in w:  # dense layer (mlp_only_layers)
+            x = x + swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
+            continue
+        topv, topi = torch.softmax(h @ w[m + "gate.weight"].T, -1).topk(cfg["num_experts_per_tok"], -1)
+        if cfg.get("norm_topk_prob", True):
+            topv = topv / topv.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for t in range(T):
+            for j in range(topi.shape[1]):
+                g, u, d = (w[m + f"experts.{int(topi[t, j])}.{n}_proj.weight"] for n in ("gate", "up", "down"))
+                out[t] += topv[t, j] * swiglu(h[t : t + 1], g, u, d)[0]
+        se = m + "shared_expert."
+        shared = swiglu(h, w[se + "gate_proj.weight"], w[se + "up_proj.weight"], w[se + "down_proj.weight"])
+        x = x + out + torch.sigmoid(h @ w[m + "shared_expert_gate.weight"].T) * shared
+    x = norm(x, "model.norm.weight")
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+
+
 def forward(cfg, w, ids):
     mt = cfg["model_type"]
+    if mt == "qwen3_next":
+        return qwen3_next_forward(cfg, w, ids)
     T = len(ids)
     H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or H // nh  # deepseek_v3: head_dim is qk_rope_head_dim

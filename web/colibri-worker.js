@@ -147,10 +147,52 @@ async function probeMultiRange(base) {
   return answer === "multipart";
 }
 
+// The conversation's cache in OPFS (CPU backend, with the disk tier on): written after
+// every generation, read back by the first generation after a load (a reload, a new tab)
+// so that a conversation continues without prefilling it again. The engine checks the
+// file (checksum, fingerprint, shapes); one it refuses is removed with one warning.
+let kvStore = false;
+let kvChecked = false;
+const kvDir = async () => (await navigator.storage.getDirectory()).getDirectoryHandle("colibri-kv", { create: true });
+
+async function restoreCache(ids) {
+  if (!kvStore || kvChecked) return;
+  kvChecked = true;
+  let dir, file;
+  try {
+    dir = await kvDir();
+    file = await (await dir.getFileHandle(engine.cacheName())).getFile();
+  } catch (_) {
+    return; // no storage, or nothing stored yet
+  }
+  try {
+    engine.importCache(new Uint8Array(await file.arrayBuffer()), Uint32Array.from(ids));
+  } catch (e) {
+    console.warn(`colibri: ignoring the stored conversation cache: ${e && e.message}`);
+    await dir.removeEntry(engine.cacheName()).catch(() => {});
+  }
+}
+
+async function saveCache() {
+  if (!kvStore) return;
+  try {
+    const bytes = engine.exportCache();
+    if (!bytes) return;
+    const w = await (await (await kvDir()).getFileHandle(engine.cacheName(), { create: true })).createWritable();
+    await w.write(bytes);
+    await w.close();
+  } catch (_) {
+    // Best effort: the cache in memory still serves this tab.
+  }
+}
+
 // One step at a time so tokens stream out and a "cancel" message can get in between.
 // A failed step (helper restarting) is rolled back by the engine and retried with backoff.
 async function generate(id, ids, opts) {
+  await restoreCache(ids);
   engine.begin(Uint32Array.from(ids), JSON.stringify(opts || {}));
+  // Prompt tokens whose cache the previous generation left (not fed again).
+  const cachedTokens = JSON.parse(engine.stats()).cachedTokens;
   let failures = 0;
   let finishReason = "stop";
   const logprobs = opts && opts.logprobs ? [] : null;
@@ -186,7 +228,8 @@ async function generate(id, ids, opts) {
   const out = Array.from(engine.produced());
   // The engine says why it ended (a stop token, a complete grammar, the token budget).
   if (finishReason === "stop") finishReason = engine.finishReason() || finishReason;
-  const r = { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason };
+  const r = { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason, cachedTokens };
+  await saveCache();
   if (logprobs) r.logprobs = logprobs;
   return r;
 }
@@ -209,6 +252,8 @@ const ops = {
     engineOptions.multiRange = modelUrl ? (typeof multiRange === "boolean" ? multiRange : await probeMultiRange(base)) : true;
     const onProgress = (p) => post({ event: "progress", progress: p });
     engine = await Engine.load(base, engineOptions, onProgress);
+    kvStore = engineOptions.disk !== false;
+    kvChecked = false;
     return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize() };
   },
   async logits({ ids }) {

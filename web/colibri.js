@@ -108,7 +108,10 @@ class Engine extends EventTarget {
    * rejects the call with its message. `speculate: N` drafts up to N tokens per step
    * from the context (prompt lookup) and checks them in one forward pass: the same tokens,
    * fewer passes; stats().speculation reports {forwards, drafted, accepted, produced,
-   * acceptanceRate, tokensPerForward}. */
+   * acceptanceRate, tokensPerForward}. The tab keeps the conversation's cache between calls:
+   * ids that start with the previous call's prompt and answer feed only the rest (the
+   * same tokens as a fresh run); the result's `cachedTokens` and stats().cachedTokens say
+   * how many prompt tokens were not fed again. */
   async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, speculate = 0, onToken, signal } = {}) {
     const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex, speculate };
     return this.#call("generate", { ids, options }, onToken, signal).promise;
@@ -197,7 +200,7 @@ class Engine extends EventTarget {
         return withDropped({
           id: cid, object: "chat.completion", created, model,
           choices: [{ index: 0, message: { role: "assistant", content: r.text }, logprobs: r.logprobs ? { content: r.logprobs, refusal: null } : null, finish_reason: finishReason(r, req) }],
-          usage: { prompt_tokens: promptTokens, completion_tokens: r.ids.length, total_tokens: promptTokens + r.ids.length },
+          usage: usage(promptTokens, r),
         }, dropped);
       });
     }
@@ -209,7 +212,7 @@ class Engine extends EventTarget {
         let finished = false;
         let failure = null;
         const push = (x) => { queue.push(x); if (wake) { wake(); wake = null; } };
-        const { gen, dropped } = await run((m) => push({ text: m.text, logprobs: m.logprobs }));
+        const { gen, dropped, promptTokens } = await run((m) => push({ text: m.text, logprobs: m.logprobs }));
         gen.promise.then((r) => { finished = r; push(null); }, (e) => { failure = e; push(null); });
         const chunk = (delta, finish_reason = null, logprobs = null) => ({ id: cid, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, logprobs, finish_reason }] });
         let first = true;
@@ -226,6 +229,7 @@ class Engine extends EventTarget {
           if (failure) throw failure;
           if (first && dropped > 0) yield withDropped(chunk({ role: "assistant", content: "" }), dropped);
           yield chunk({}, finishReason(finished, req));
+          if (req.stream_options?.include_usage) yield { ...chunk({}), choices: [], usage: usage(promptTokens, finished) };
         } finally {
           if (!finished && !failure) self.#worker.postMessage({ op: "cancel", args: { target: gen.id } });
         }
@@ -233,6 +237,15 @@ class Engine extends EventTarget {
     };
     return { [Symbol.asyncIterator]: () => stream[Symbol.asyncIterator](), then: (ok) => ok(stream) };
   }
+}
+
+// OpenAI's usage object of generation result `r`: cached_tokens are the prompt tokens
+// whose cache the previous generation in this tab left (not fed again).
+function usage(promptTokens, r) {
+  return {
+    prompt_tokens: promptTokens, completion_tokens: r.ids.length, total_tokens: promptTokens + r.ids.length,
+    prompt_tokens_details: { cached_tokens: r.cachedTokens ?? 0 },
+  };
 }
 
 // colibri's extension, as the helper's API has it: how many of the oldest messages were

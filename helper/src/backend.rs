@@ -60,6 +60,27 @@ impl<'m> ChatSession<'m> {
         }
     }
 
+    /// The CPU conversation (its cache can be written to disk); None on the GPU.
+    pub fn cpu(&self) -> Option<&colibri_engine::Session> {
+        match self {
+            ChatSession::Cpu(_, s) => Some(s),
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(..) => None,
+        }
+    }
+
+    /// Replaces the CPU conversation with `s` (a cache read from disk); false on the GPU.
+    pub fn restore(&mut self, s: colibri_engine::Session) -> bool {
+        match self {
+            ChatSession::Cpu(_, cur) => {
+                *cur = s;
+                true
+            }
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(..) => false,
+        }
+    }
+
     /// Feeds `ids` after everything fed so far; the last position's logits.
     pub fn forward(&mut self, ids: &[u32]) -> colibri_engine::Result<Vec<f32>> {
         match self {
@@ -67,6 +88,20 @@ impl<'m> ChatSession<'m> {
             #[cfg(feature = "wgpu")]
             ChatSession::Gpu(g, s) => g.forward_blocking(s, ids, Logits::Last),
         }
+    }
+}
+
+impl colibri_engine::generate::Context for ChatSession<'_> {
+    fn tokens(&self) -> &[u32] {
+        ChatSession::tokens(self)
+    }
+
+    fn truncate(&mut self, len: usize) {
+        ChatSession::truncate(self, len)
+    }
+
+    fn bytes(&self) -> usize {
+        self.cpu().map_or(4 * self.tokens().len(), colibri_engine::Session::bytes)
     }
 }
 

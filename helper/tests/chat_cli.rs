@@ -23,9 +23,21 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
-/// Runs `coli chat` (greedy) on `model` with `input` piped in: (stdout, stderr).
+/// Runs `coli chat` (greedy) on `model` with `input` piped in: (stdout, stderr). Its data
+/// directory (where conversation caches go) is a fresh scratch one.
 fn chat(model: &str, input: &str, extra: &[&str]) -> (String, String) {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let data = scratch(&format!("data-{n}"));
+    let r = chat_in(&data, model, input, extra);
+    let _ = std::fs::remove_dir_all(&data);
+    r
+}
+
+/// [`chat`] with the data directory `data` (`$XDG_DATA_HOME`).
+fn chat_in(data: &std::path::Path, model: &str, input: &str, extra: &[&str]) -> (String, String) {
     let mut child = coli()
+        .env("XDG_DATA_HOME", data)
         .args(["chat", "--model"])
         .arg(fixture(model))
         .args(["--max-new-tokens", "6", "--temperature", "0"])
@@ -78,6 +90,85 @@ fn slash_commands_stay_out_of_the_conversation_and_save_load_round_trips() {
     let (out, err) = chat("qwen3_moe", &format!("/load {f}\nHello\n"), &[]);
     assert!(err.contains("role \"tool\""), "{err}");
     assert_eq!(out.lines().count(), 1, "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The number in "(restored the cache of N tokens ...)" and in /stats' "reused N cached
+/// tokens", from stderr.
+fn numbers_after(err: &str, marker: &str) -> Vec<usize> {
+    err.match_indices(marker)
+        .filter_map(|(i, _)| err[i + marker.len()..].split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_conversation_continues_after_a_restart_from_its_cache_on_disk() {
+    let dir = scratch("kv-restart");
+    let (data, fresh) = (dir.join("data"), dir.join("fresh"));
+    let f = dir.join("chat.json").display().to_string();
+    let sys = ["--system", "Be brief."];
+    // Uninterrupted: two turns in one run (the second reuses the first's cache in memory).
+    let (plain, err) = chat_in(
+        &fresh,
+        "qwen3_moe",
+        "Hello
+And again
+/stats
+",
+        &sys,
+    );
+    let in_memory = numbers_after(&err, "the last prompt reused ");
+    assert!(in_memory.len() == 1 && in_memory[0] > 0, "{err}");
+    // One turn, saved; a new process loads the conversation and finds its cache on disk.
+    let (first, _) = chat_in(
+        &data,
+        "qwen3_moe",
+        &format!(
+            "Hello
+/save {f}
+"
+        ),
+        &sys,
+    );
+    let files: Vec<_> = std::fs::read_dir(data.join("colibri/kv")).unwrap().collect();
+    assert_eq!(files.len(), 1, "one model's directory of caches");
+    let (second, err) = chat_in(
+        &data,
+        "qwen3_moe",
+        &format!(
+            "/load {f}
+And again
+/stats
+"
+        ),
+        &sys,
+    );
+    assert_eq!(format!("{first}{second}"), plain, "the same answers as without the restart");
+    assert_eq!(numbers_after(&err, "restored the cache of "), in_memory, "zero re-prefill: {err}");
+    assert_eq!(numbers_after(&err, "the last prompt reused "), in_memory, "{err}");
+    // A corrupt cache file: one warning line, not used, the same answer.
+    for model_dir in std::fs::read_dir(data.join("colibri/kv")).unwrap() {
+        for file in std::fs::read_dir(model_dir.unwrap().path()).unwrap() {
+            let p = file.unwrap().path();
+            let len = std::fs::metadata(&p).unwrap().len();
+            std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len - 3).unwrap();
+        }
+    }
+    let (again, err) = chat_in(
+        &data,
+        "qwen3_moe",
+        &format!(
+            "/load {f}
+And again
+/stats
+"
+        ),
+        &sys,
+    );
+    assert_eq!(again, second);
+    assert_eq!(err.matches("warning: ignoring the KV cache file").count(), 1, "{err}");
+    assert!(!err.contains("restored the cache"), "{err}");
+    assert_eq!(numbers_after(&err, "the last prompt reused "), [0], "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

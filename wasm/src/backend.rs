@@ -61,6 +61,23 @@ impl Context {
     }
 }
 
+impl colibri_engine::generate::Context for Context {
+    fn tokens(&self) -> &[u32] {
+        Context::tokens(self)
+    }
+
+    fn truncate(&mut self, len: usize) {
+        Context::truncate(self, len)
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Context::Cpu(s) => s.bytes(),
+            Context::Gpu(s) => s.bytes(),
+        }
+    }
+}
+
 /// What `auto` measured: one decode step on each backend, in milliseconds.
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]

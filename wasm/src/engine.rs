@@ -9,7 +9,9 @@ use std::sync::Arc;
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::logprobs::chat_entry;
-use colibri_engine::generate::{Constraint, GenerateOptions, Generator, Grammar, SamplingDefaults, SamplingRequest};
+use colibri_engine::generate::{
+    keepable, Constraint, GenerateOptions, Generator, Grammar, SamplingDefaults, SamplingRequest,
+};
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
@@ -27,6 +29,7 @@ use crate::disk;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::{estimate, persist};
+use colibri_engine::format::kv;
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
@@ -131,6 +134,9 @@ struct Perf {
     /// The same loads by the tier that served them, indexed like [`tier_map`]'s bytes:
     /// [helper, browser disk, RAM, GPU]. They add up to `expert_loads`.
     tier_uses: [u64; 4],
+    /// The last generation's prompt, and how many of its tokens the cache already held.
+    prompt_tokens: u64,
+    cached_tokens: u64,
 }
 
 /// Where each expert lives now, one byte per (layer, expert), layer-major over all layers
@@ -199,6 +205,10 @@ pub struct Engine {
     defaults: SamplingDefaults,
     /// The same as JSON {temperature, topP} for the page (null without the file).
     sampling: serde_json::Value,
+    /// The model's fingerprint (colibri.json's xxh3) and where the worker keeps the
+    /// conversation's cache in browser storage.
+    fingerprint: String,
+    cache_name: String,
 }
 
 /// {temperature, topP} for the page: greedy where generation_config.json says
@@ -338,6 +348,8 @@ impl Engine {
             persisted,
             defaults,
             sampling,
+            cache_name: format!("{}.kv", storage_name(&base, &container.fingerprint)),
+            fingerprint: container.fingerprint.clone(),
         })
     }
 
@@ -424,7 +436,7 @@ impl Engine {
             logprobs: o.logprobs.then_some(o.top_logprobs),
         };
         let mut st = self.state()?;
-        let common = st.cx.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        let common = keepable(&st.cx, &ids);
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
         let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
@@ -436,11 +448,50 @@ impl Engine {
         if o.speculate > 0 {
             gen = gen.with_speculation(o.speculate);
         }
+        // The cache of the prompt's prefix that the last generation left stays.
         st.cx.truncate(common);
+        st.perf.cached_tokens = common as u64;
+        st.perf.prompt_tokens = ids.len() as u64;
         st.gen = Some(gen);
         st.perf.started_ms = now_ms();
         st.perf.ttft_ms = None;
         Ok(())
+    }
+
+    /// The conversation's cache as a KV cache file (`colibri_engine::format::kv`: the ids,
+    /// every layer's cache, the model's fingerprint, a checksum) for browser storage;
+    /// undefined when empty or on WebGPU (whose cache lives in GPU buffers).
+    #[wasm_bindgen(js_name = exportCache)]
+    pub fn export_cache(&self) -> Result<Option<Vec<u8>>, JsError> {
+        match &self.state()?.cx {
+            Context::Cpu(s) if !s.tokens.is_empty() => Ok(Some(kv::encode(s, &self.fingerprint).map_err(err)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Adopts a KV cache file read back from browser storage when it keeps more of `ids`
+    /// (the next prompt) than the cache in memory does; returns how many ids it keeps (0:
+    /// not adopted). A file of another model, corrupt or truncated, is an error and is
+    /// never used.
+    #[wasm_bindgen(js_name = importCache)]
+    pub fn import_cache(&self, bytes: &[u8], ids: Vec<u32>) -> Result<u32, JsError> {
+        let mut st = self.state()?;
+        if !matches!(st.cx, Context::Cpu(_)) {
+            return Ok(0);
+        }
+        let s = kv::decode(bytes, &self.fingerprint, &self.model.cfg).map_err(err)?;
+        let kept = keepable(&s, &ids);
+        if kept <= keepable(&st.cx, &ids) {
+            return Ok(0);
+        }
+        st.cx = Context::Cpu(s);
+        Ok(kept as u32)
+    }
+
+    /// The file name of this model's conversation cache in browser storage.
+    #[wasm_bindgen(js_name = cacheName)]
+    pub fn cache_name(&self) -> String {
+        self.cache_name.clone()
     }
 
     /// A promise of the next token, or -1 when generation has ended. After an error (the
@@ -593,6 +644,12 @@ impl Engine {
             "attention": self.model.cfg.attention_kind(),
             "kvCacheBytesPerToken": self.model.cfg.kv_cache_bytes_per_token(),
             "recurrentStateBytes": self.model.cfg.recurrent_state_bytes(),
+            // The conversation's cache kept between generations: the last prompt's tokens,
+            // how many of them it already held (not fed again), and its size now.
+            "promptTokens": perf.prompt_tokens,
+            "cachedTokens": perf.cached_tokens,
+            "kvCacheTokens": st.cx.tokens().len(),
+            "kvCacheBytes": colibri_engine::generate::Context::bytes(&st.cx),
             "bytesFetched": t.bytes_fetched,
             "expertLoads": loads,
             // Each expert use once, by the tier that served it: these add up to expertLoads.

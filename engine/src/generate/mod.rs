@@ -9,6 +9,7 @@ pub mod defaults;
 pub mod draft;
 pub mod grammar;
 pub mod logprobs;
+pub mod reuse;
 pub mod speculate;
 pub mod stop;
 
@@ -21,6 +22,7 @@ pub use defaults::{SamplingDefaults, SamplingRequest};
 pub use draft::{check_same_tokenizer, Drafter, ModelDrafter};
 pub use grammar::{Constraint, Grammar};
 pub use logprobs::TokenLogprob;
+pub use reuse::{keepable, reusable, reuse, Context, ContextPool};
 pub use speculate::SpecStats;
 pub use stop::StopMatcher;
 

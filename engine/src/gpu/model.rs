@@ -123,6 +123,25 @@ impl GpuSession {
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
     }
+
+    /// Bytes held: the cache buffers (their whole capacity) and the ids.
+    pub fn bytes(&self) -> usize {
+        4 * self.tokens.len() + self.kv.iter().map(|(k, v)| (k.size() + v.size()) as usize).sum::<usize>()
+    }
+}
+
+impl crate::generate::Context for GpuSession {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn truncate(&mut self, len: usize) {
+        GpuSession::truncate(self, len)
+    }
+
+    fn bytes(&self) -> usize {
+        GpuSession::bytes(self)
+    }
 }
 
 fn opt_vec(ctx: &GpuContext, label: &str, v: &Option<Vec<f32>>) -> Result<Option<wgpu::Buffer>> {

@@ -206,6 +206,7 @@ impl DeltaNetWeights {
         let mut o = vec![0.0f32; nv * n * dv];
         let head = |h: usize, sh: &mut [f32], oh: &mut [f32]| {
             let g = h / r;
+            let mut scratch = vec![0.0f32; 2 * dv];
             for t in 0..n {
                 let m = &mixed[t * cd..(t + 1) * cd];
                 let q = &m[g * dk..(g + 1) * dk];
@@ -213,7 +214,7 @@ impl DeltaNetWeights {
                 let v = &m[2 * kd + h * dv..2 * kd + (h + 1) * dv];
                 let (dec, b) = (decay[t * nv + h], beta[t * nv + h]);
                 let ot = &mut oh[t * dv..(t + 1) * dv];
-                delta_step(sh, q, k, v, dec, b, ot);
+                delta_step(sh, q, k, v, dec, b, ot, &mut scratch);
             }
         };
         let per_head = dk * dv;
@@ -274,12 +275,23 @@ fn softplus(x: f32) -> f32 {
 
 /// One step of the gated delta rule for one value head: `s` (dk, dv) decays, reads its
 /// prediction of `v` at `k`, writes `beta` times the error, then answers `q` into `o`.
-/// Each sum runs over the key dimension in ascending order.
+/// Each sum runs over the key dimension in ascending order. `scratch`: 2 * dv floats.
+#[allow(clippy::too_many_arguments)]
 #[inline]
-fn delta_step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], decay: f32, beta: f32, o: &mut [f32]) {
+fn delta_step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    o: &mut [f32],
+    scratch: &mut [f32],
+) {
     let dv = v.len();
+    let (mem, delta) = scratch.split_at_mut(dv);
     // kv_mem = (S * decay)^T k
-    let mut mem = vec![0.0f32; dv];
+    mem.iter_mut().for_each(|m| *m = 0.0);
     for (row, &ki) in s.chunks_exact_mut(dv).zip(k) {
         for (sv, m) in row.iter_mut().zip(mem.iter_mut()) {
             *sv *= decay;
@@ -287,10 +299,12 @@ fn delta_step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], decay: f32, beta: 
         }
     }
     // delta = (v - kv_mem) * beta; S += k delta^T; o = S^T q
-    let delta: Vec<f32> = v.iter().zip(&mem).map(|(vv, m)| (vv - m) * beta).collect();
+    for ((d, vv), m) in delta.iter_mut().zip(v).zip(mem.iter()) {
+        *d = (vv - m) * beta;
+    }
     o.iter_mut().for_each(|x| *x = 0.0);
     for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
-        for ((sv, d), ov) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+        for ((sv, d), ov) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
             *sv += ki * d;
             *ov += *sv * qi;
         }
@@ -386,7 +400,7 @@ mod tests {
             let (q, k, v) = (rand_vec(dk, 10 + step, 1.0), rand_vec(dk, 20 + step, 1.0), rand_vec(dv, 30 + step, 1.0));
             let (decay, beta) = (0.8f32, 0.6f32);
             let mut o = vec![0.0; dv];
-            delta_step(&mut s, &q, &k, &v, decay, beta, &mut o);
+            delta_step(&mut s, &q, &k, &v, decay, beta, &mut o, &mut [0.0; 10]);
             s64.iter_mut().for_each(|x| *x *= decay as f64);
             let mem: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| s64[i * dv + j] * k[i] as f64).sum()).collect();
             for i in 0..dk {

@@ -102,6 +102,12 @@ impl Session {
     pub fn cached_len(&self) -> usize {
         self.caches.iter().filter(|c| c.recurrent.is_some()).map(LayerCache::len).fold(self.tokens.len(), usize::min)
     }
+
+    /// Bytes held: every layer's cache (and recurrent state) and the ids.
+    pub fn bytes(&self) -> usize {
+        let state = |c: &LayerCache| c.recurrent.as_ref().map_or(0, |r| r.conv.len() + r.s.len());
+        4 * (self.tokens.len() + self.caches.iter().map(|c| c.k.len() + c.v.len() + state(c)).sum::<usize>())
+    }
 }
 
 /// Which positions' logits a forward call returns.

@@ -77,13 +77,14 @@ pub fn check_paths() -> Result<usize, String> {
     let paths = Simd::available();
     let mut seed = 5u64;
     let mut checked = 0;
-    let shapes: [(usize, usize); 10] = [
+    let shapes: [(usize, usize); 11] = [
         (32, 32),
         (32, 100),
         (32, 224),
         (64, 2048),
         (64, 96),
         (128, 260),
+        (128, 1024 + 64),
         (32, 8 * 32 * 3 + 31),
         (32, 1000),
         (8, 37),
@@ -92,7 +93,7 @@ pub fn check_paths() -> Result<usize, String> {
     for (group, cols) in shapes {
         for dtype in [DType::Int4 { group: group as u32 }, DType::Int8 { group: group as u32 }] {
             let int4 = dtype.name() == "int4";
-            let (rows, n) = (5, 6);
+            let (rows, n) = (5, 9);
             let w = weights(dtype, rows, cols, &mut seed);
             let rb = dtype.row_bytes(cols).ok_or_else(|| format!("no row layout for {dtype}"))?;
             if w.len() != rows * rb {
@@ -101,11 +102,17 @@ pub fn check_paths() -> Result<usize, String> {
             let x = activations(n, cols, group, &mut seed);
             let mut a = ActQ::default();
             a.quantize(&x, n, cols, group, ActQ::wants_split(int4, group));
+            // The many-position kernels read the interleaved copy where there is one.
+            let mut ai = a.clone();
+            ai.interleave();
+            // The one-position x86 int4 kernel reads the pair layout where there is one.
+            let mut ap = a.clone();
+            ap.pair();
             for r in 0..rows {
                 let row = &w[r * rb..(r + 1) * rb];
                 for &s in &paths {
-                    for p in 0..n {
-                        let (got, want) = (dot_row(s, int4, row, &a, p), dot_row_scalar(int4, row, &a, p));
+                    for (p, a) in (0..n).map(|p| (p, &a)).chain((0..n).map(|p| (p, &ap))) {
+                        let (got, want) = (dot_row(s, int4, row, a, p), dot_row_scalar(int4, row, a, p));
                         if !same(got, want) {
                             return Err(format!(
                                 "{} {dtype} cols {cols} row {r} pos {p}: {got:e} vs {want:e}",
@@ -115,11 +122,11 @@ pub fn check_paths() -> Result<usize, String> {
                         checked += 1;
                     }
                     let mut scratch = vec![0xAAu8; 7];
-                    for p0 in [0usize, 1] {
+                    for (p0, a) in [(0usize, &a), (1, &a), (0, &ai), (1, &ai), (3, &ai)] {
                         let mut out = vec![0.0f32; n - p0];
-                        dot_row_many(s, int4, row, &a, p0, &mut out, &mut scratch);
+                        dot_row_many(s, int4, row, a, p0, &mut out, &mut scratch);
                         for (i, &got) in out.iter().enumerate() {
-                            let want = dot_row_scalar(int4, row, &a, p0 + i);
+                            let want = dot_row_scalar(int4, row, a, p0 + i);
                             if !same(got, want) {
                                 return Err(format!(
                                     "{} many {dtype} cols {cols} row {r} pos {}: {got:e} vs {want:e}",

@@ -16,6 +16,8 @@
 //! MXFP4 rows (gpt-oss's experts) have their own kernel in [`mxfp4`]: int16 activations in
 //! two parts, the same fixed float combination.
 
+#[cfg(target_arch = "x86_64")]
+mod tile;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[allow(dead_code)]
 mod wasm;
@@ -63,6 +65,11 @@ impl Simd {
             Simd::Simd128 if cfg!(target_feature = "relaxed-simd") => "simd128+relaxed",
             Simd::Simd128 => "simd128",
         }
+    }
+
+    /// Whether the one-position int4 kernel reads the pair layout ([`ActQ::pair`]).
+    pub fn pairs(self) -> bool {
+        matches!(self, Simd::Avx2 | Simd::Avx512)
     }
 
     /// Every path this machine can run, the reference first.
@@ -116,6 +123,15 @@ pub struct ActQ {
     pub d: Vec<f32>,
     /// [n, dstride] sum of the block's q (int4 stores w + 8: isum = sum (w+8) q - 8 sum).
     pub s: Vec<i32>,
+    /// Empty, or after [`ActQ::interleave`]: `q` in the interleaved layout of the
+    /// many-position kernel, [n, dstride * group] (lane j of each 32-byte vector holds four
+    /// values of block j of a run of eight; zero past the last block).
+    pub qi: Vec<i8>,
+    /// Empty, or after [`ActQ::pair`] (int4, split): `q` in the pair layout of the x86
+    /// one-position kernel, [n, dstride * group]: per run of eight blocks, for i < 4 and
+    /// each chunk m, 64 bytes: the even values of chunk m of block i, those of block i + 4,
+    /// then the odd values of both.
+    pub qp: Vec<i8>,
 }
 
 impl ActQ {
@@ -141,7 +157,11 @@ impl ActQ {
             q: std::mem::take(&mut self.q),
             d: std::mem::take(&mut self.d),
             s: std::mem::take(&mut self.s),
+            qi: std::mem::take(&mut self.qi),
+            qp: std::mem::take(&mut self.qp),
         };
+        self.qi.clear();
+        self.qp.clear();
         let (qs, ds) = (blocks * group, self.dstride());
         self.q.clear();
         self.q.resize(n * qs, 0);
@@ -157,6 +177,62 @@ impl ActQ {
                 let (d, s) = quantize_block(src, dst, split);
                 self.d[p * ds + b] = d;
                 self.s[p * ds + b] = s;
+            }
+        }
+    }
+
+    /// Builds [`ActQ::qi`] (for groups that are a multiple of [`CHUNK`]; otherwise leaves
+    /// it empty): for each run of eight blocks and each chunk m of their blocks, eight
+    /// 32-byte vectors, lane j of vector k = values 4k..4k + 4 of chunk m of block j.
+    pub fn interleave(&mut self) {
+        self.qi.clear();
+        let g = self.group;
+        if g == 0 || !g.is_multiple_of(CHUNK) {
+            return;
+        }
+        let (ds, qs) = (self.dstride(), self.blocks * g);
+        self.qi.resize(self.n * ds * g, 0);
+        for p in 0..self.n {
+            let (src, dst) = (&self.q[p * qs..(p + 1) * qs], &mut self.qi[p * ds * g..(p + 1) * ds * g]);
+            for b0 in (0..self.blocks).step_by(8) {
+                for m in 0..g / CHUNK {
+                    let out = &mut dst[b0 * g + m * 8 * CHUNK..][..8 * CHUNK];
+                    for j in 0..8.min(self.blocks - b0) {
+                        let chunk = &src[(b0 + j) * g + m * CHUNK..][..CHUNK];
+                        for k in 0..8 {
+                            out[k * 32 + j * 4..k * 32 + j * 4 + 4].copy_from_slice(&chunk[k * 4..k * 4 + 4]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds [`ActQ::qp`] for split (int4) activations whose group is a multiple of
+    /// [`CHUNK`]; otherwise leaves it empty.
+    pub fn pair(&mut self) {
+        self.qp.clear();
+        let g = self.group;
+        if !self.split || g == 0 || !g.is_multiple_of(CHUNK) {
+            return;
+        }
+        let (ds, qs, ch) = (self.dstride(), self.blocks * g, g / CHUNK);
+        self.qp.resize(self.n * ds * g, 0);
+        for p in 0..self.n {
+            let (src, dst) = (&self.q[p * qs..(p + 1) * qs], &mut self.qp[p * ds * g..(p + 1) * ds * g]);
+            for b0 in (0..self.blocks).step_by(8) {
+                for i in 0..4 {
+                    for m in 0..ch {
+                        let out = &mut dst[b0 * g + (i * ch + m) * 64..][..64];
+                        for (half, b) in [(0, b0 + i), (16, b0 + i + 4)] {
+                            if b < self.blocks {
+                                let chunk = &src[b * g + m * CHUNK..][..CHUNK];
+                                out[half..half + 16].copy_from_slice(&chunk[..16]);
+                                out[32 + half..32 + half + 16].copy_from_slice(&chunk[16..]);
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -271,35 +347,34 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     }
 }
 
-/// Positions from which a row is first made ready ([`x86::prepare`]: its values unpacked
-/// once) and then applied to each position, instead of being decoded once per position.
+/// Positions from which a row is first made ready ([`tile::prepare`]: its values unpacked
+/// and interleaved once) and then applied to the positions four at a time, instead of
+/// being decoded once per position.
 pub const PREPARE_MIN: usize = 3;
 
 /// One row times positions `p0..p0 + out.len()`: `out[i]` has the bits of
-/// `dot_row(simd, int4, row, a, p0 + i)`. With [`PREPARE_MIN`] or more positions the x86
-/// paths unpack the row once into `scratch` (int4 on AVX2 and AVX-512; int8 on AVX-512,
-/// whose `vpdpbusd` takes w + 128 without overflow) and run a plain u8 x i8 product per
-/// position; the integer block sums are the same, so are the bits.
+/// `dot_row(simd, int4, row, a, p0 + i)`. With [`PREPARE_MIN`] or more positions and
+/// interleaved activations ([`ActQ::interleave`]), the x86 paths prepare the row once into
+/// `scratch` (int4 on AVX2 and AVX-512; int8 on AVX-512, whose `vpdpbusd` takes w + 128
+/// without overflow) and run [`tile::dot_many`]; the integer block sums are the same, so
+/// are the bits.
 pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
     if out.len() >= PREPARE_MIN
         && a.group.is_multiple_of(CHUNK)
         && a.split == int4
+        && a.qi.len() == a.n * a.dstride() * a.group
+        && p0 + out.len() <= a.n
         && (simd == Simd::Avx512 || (simd == Simd::Avx2 && int4))
     {
         // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported the
         // features (int8 only with AVX-512 VNNI, checked above); `row` is one stored row for
-        // `a` (callers' contract, as for dot_row); `scratch` is prepared from this row
+        // `a` (callers' contract, as for dot_row); `a` is interleaved (its length checked
+        // above) and the positions are inside it; `scratch` is prepared from this row
         // before any position reads it.
         unsafe {
-            x86::prepare(int4, row, a, scratch);
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = if simd == Simd::Avx512 {
-                    x86::dot_prepared_avx512(int4, scratch, row, a, p0 + i)
-                } else {
-                    x86::dot_prepared_avx2(int4, scratch, row, a, p0 + i)
-                };
-            }
+            tile::prepare(int4, row, a, scratch);
+            tile::dot_many(simd == Simd::Avx512, int4, scratch, row, a, p0, out);
         }
         return;
     }

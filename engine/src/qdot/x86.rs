@@ -48,7 +48,7 @@ pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
 
 /// acc + the eight 4-product sums of unsigned `w` times signed `x` (32 pairs).
 #[inline(always)]
-unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+pub(super) unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     // SAFETY: only reached from the target_feature functions above.
     unsafe {
         if VNNI {
@@ -114,121 +114,131 @@ unsafe fn stored_chunk<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
     }
 }
 
-/// One stored row times position `p`, the weights decoded on the fly.
+/// One stored row times position `p`, the weights decoded on the fly. int4 rows with the
+/// activations' pair layout ([`ActQ::pair`]) run their whole runs of 8 blocks in
+/// [`paired_runs`] first.
 #[inline(always)]
 unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let vals = &row[round4(a.blocks * 2)..];
     // Columns whose stored bytes lie inside `vals`: their chunks need no bounds check.
     let inside = if INT4 { vals.len() * 2 } else { vals.len() };
-    // SAFETY: `combine` calls the unchecked chunk only for columns c + 32 <= inside, the
-    // checked one elsewhere.
+    let q = a.qrow(p);
+    let g = a.group;
+    let fast = |sum, c, x| stored_chunk::<VNNI, INT4, false>(vals, sum, c, x);
+    // SAFETY: the runs given to `paired_runs` and `combine`'s run closure end at or before
+    // `inside` (c + 8 * group <= inside); the pair layout's length is checked here.
     unsafe {
+        let (mut start, mut acc) = (0, _mm256_setzero_ps());
+        if INT4 && a.qp.len() == a.n * a.dstride() * g {
+            let runs = (a.blocks / 8).min(inside / (8 * g));
+            let qp = a.qp.as_ptr().add(p * a.dstride() * g);
+            acc = match g / CHUNK {
+                1 => paired_runs::<VNNI, 1>(row, vals, qp, a, p, runs),
+                2 => paired_runs::<VNNI, 2>(row, vals, qp, a, p, runs),
+                4 => paired_runs::<VNNI, 4>(row, vals, qp, a, p, runs),
+                _ => paired_runs::<VNNI, 0>(row, vals, qp, a, p, runs),
+            };
+            start = runs * 8;
+        }
         combine(
             row,
             a,
             p,
+            (start, acc),
             if INT4 { Some(3) } else { None },
             inside,
-            |sum, c, x| stored_chunk::<VNNI, INT4, false>(vals, sum, c, x),
+            |c0| match g / CHUNK {
+                1 => sums8::<1, _>(q, c0, &fast),
+                2 => sums8::<2, _>(q, c0, &fast),
+                4 => sums8::<4, _>(q, c0, &fast),
+                _ => sums_any(q, g, c0, 8, &fast),
+            },
             |sum, c, x| stored_chunk::<VNNI, INT4, true>(vals, sum, c, x),
         )
     }
 }
 
-/// Makes a row ready for many positions: `u` = the unsigned values w + bias in the order
-/// of the activations (int4: nibbles in split chunks, bias 8; int8: w ^ 0x80 = w + 128),
-/// `blocks * group` bytes, zero past the row's end (where the activations are zero too).
+/// The first `runs` runs of eight int4 blocks of a row times position `p` (pair layout
+/// `qp`), combined in the reference's order into the eight accumulator lanes. `CH` is
+/// group / 32 (0: read it from the group).
 ///
-/// SAFETY (caller): AVX2 present; `row` is one stored row for `a`'s cols/group; int8 only
-/// with VNNI (w + 128 times x can overflow `vpmaddubsw`'s pair sums).
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn prepare(int4: bool, row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
-    let n = a.blocks * a.group;
-    let vals = &row[round4(a.blocks * 2)..];
-    u.clear();
-    u.resize(n, 0);
-    // SAFETY: stores are inside `u` (n is a multiple of CHUNK: the group is); loads inside
-    // `vals` or a zero-padded copy.
+/// SAFETY (caller): the runs' bytes are inside `vals` (8 * group * runs <= 2 * vals.len()),
+/// `qp` holds the pair layout of position p, `row` holds the runs' scales.
+#[inline(always)]
+unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    qp: *const i8,
+    a: &ActQ,
+    p: usize,
+    runs: usize,
+) -> __m256 {
+    let g = a.group;
+    let ch = if CH == 0 { g / CHUNK } else { CH };
+    let (d, s) = (a.drow(p).as_ptr(), a.srow(p).as_ptr());
+    // SAFETY: the caller's contract; d and s hold dstride >= 8 * runs entries.
     unsafe {
-        let low4 = _mm_set1_epi8(0x0f);
-        let mut c = 0;
-        while c < n {
-            let v = if int4 {
-                let at = c / 2;
-                let bytes = if at + 16 <= vals.len() {
-                    _mm_loadu_si128(vals.as_ptr().add(at) as *const __m128i)
-                } else {
-                    let buf = padded::<16>(vals, at);
-                    _mm_loadu_si128(buf.as_ptr() as *const __m128i)
-                };
-                let lo = _mm_and_si128(bytes, low4);
-                let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
-                _mm256_set_m128i(hi, lo)
-            } else if c + 32 <= vals.len() {
-                let w = _mm256_loadu_si256(vals.as_ptr().add(c) as *const __m256i);
-                _mm256_xor_si256(w, _mm256_set1_epi8(-128))
-            } else {
-                // Past the end: u = 0 (the activations there are zero).
-                let buf = padded::<32>(vals, c);
-                let w = _mm256_loadu_si256(buf.as_ptr() as *const __m256i);
-                let k = vals.len().saturating_sub(c).min(32);
-                let keep = _mm256_cmpgt_epi8(
-                    _mm256_set1_epi8(k as i8),
-                    _mm256_setr_epi8(
-                        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
-                        26, 27, 28, 29, 30, 31,
-                    ),
-                );
-                _mm256_and_si256(keep, _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
-            };
-            _mm256_storeu_si256(u.as_mut_ptr().add(c) as *mut __m256i, v);
-            c += CHUNK;
+        let mut acc = _mm256_setzero_ps();
+        let three = _mm_cvtsi32_si128(3);
+        for r in 0..runs {
+            let isum = pairs8::<VNNI>(vals, qp.add(r * 8 * g), r * 8 * g, g, ch);
+            let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
+            let isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, three));
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let dv = _mm256_loadu_ps(d.add(8 * r));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
         }
+        acc
     }
 }
 
-/// A prepared row ([`prepare`]) times position `p`: the same integer sums as [`body`],
-/// so the same bits.
-///
-/// SAFETY (caller): AVX2 and F16C present (and AVX-512 VNNI for `VNNI`); `u` prepared from
-/// `row` for `a`'s layout.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn dot_prepared_avx2(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p: usize) -> f32 {
-    // SAFETY: the caller's contract.
-    unsafe { prepared::<false>(int4, u, row, a, p) }
-}
-
-/// SAFETY (caller): as [`dot_prepared_avx2`], with AVX-512 F/VL/BW/VNNI.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-pub unsafe fn dot_prepared_avx512(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p: usize) -> f32 {
-    // SAFETY: the caller's contract.
-    unsafe { prepared::<true>(int4, u, row, a, p) }
-}
-
+/// The eight block sums of the int4 run at column `c0`, blocks paired (i, i + 4) in one
+/// vector: the 16 nibble bytes of block i's chunk and of block i + 4's in one load, their
+/// low nibbles times the pair layout's even values and their high nibbles times the odd
+/// ones, so lanes 0-3 carry block i and lanes 4-7 block i + 4, and three `vphaddd` give
+/// the eight sums in block order (lane j = block j). Exact integer sums: the bits of
+/// [`sums8`]. `ch` = group / 32.
 #[inline(always)]
-unsafe fn prepared<const VNNI: bool>(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p: usize) -> f32 {
-    debug_assert!(u.len() >= a.blocks * a.group, "prepared row too short");
-    // SAFETY: c + 32 <= blocks * group <= u.len() for every chunk `combine` asks for.
+unsafe fn pairs8<const VNNI: bool>(vals: &[u8], qp: *const i8, c0: usize, g: usize, ch: usize) -> __m256i {
+    // SAFETY: the caller's run is inside `vals` (c0 + 8 * g <= 2 * vals.len()) and the
+    // pair layout holds 8 * g values from `qp`.
     unsafe {
-        let chunk = |sum: __m256i, c: usize, x: __m256i| {
-            dot_u8i8::<VNNI>(sum, _mm256_loadu_si256(u.as_ptr().add(c) as *const __m256i), x)
-        };
-        combine(row, a, p, Some(if int4 { 3 } else { 7 }), usize::MAX, chunk, chunk)
+        let low4 = _mm256_set1_epi8(0x0f);
+        let mut v = [_mm256_setzero_si256(); 4];
+        for (i, vi) in v.iter_mut().enumerate() {
+            for m in 0..ch {
+                let lo_at = ((c0 + i * g) >> 1) + m * 16;
+                let hi_at = lo_at + 2 * g;
+                let x = _mm256_loadu2_m128i(
+                    vals.as_ptr().add(hi_at) as *const __m128i,
+                    vals.as_ptr().add(lo_at) as *const __m128i,
+                );
+                let q = qp.add((i * ch + m) * 64);
+                let even = _mm256_loadu_si256(q as *const __m256i);
+                let odd = _mm256_loadu_si256(q.add(32) as *const __m256i);
+                *vi = dot_u8i8::<VNNI>(*vi, _mm256_and_si256(x, low4), even);
+                *vi = dot_u8i8::<VNNI>(*vi, _mm256_and_si256(_mm256_srli_epi16(x, 4), low4), odd);
+            }
+        }
+        _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
     }
 }
 
-/// The block loop shared by every x86 path: `fast(sum, c, x)` (for columns with
-/// c + 32 <= `fast_until`) or `checked` adds the products of the 32 values at column c
-/// (activations x) to `sum`; the block sums, less `sum q << shift` where the weights carry
-/// a bias of 2^shift, are combined in the reference's float order.
+/// The block loop shared by every x86 path, from block `start` (a multiple of 8) with the
+/// accumulator lanes `acc0` of the blocks before it: `run(c0)` gives the eight integer sums of the
+/// whole run of blocks starting at column c0 (when c0 + 8 * group <= `fast_until`), and
+/// `checked(sum, c, x)` adds the products of the 32 values at column c (activations x) to
+/// `sum` elsewhere; the block sums, less `sum q << shift` where the weights carry a bias of
+/// 2^shift, are combined in the reference's float order.
 #[inline(always)]
-unsafe fn combine<F: Fn(__m256i, usize, __m256i) -> __m256i, G: Fn(__m256i, usize, __m256i) -> __m256i>(
+unsafe fn combine<R: Fn(usize) -> __m256i, G: Fn(__m256i, usize, __m256i) -> __m256i>(
     row: &[u8],
     a: &ActQ,
     p: usize,
+    (start, acc0): (usize, __m256),
     shift: Option<i32>,
     fast_until: usize,
-    fast: F,
+    run: R,
     checked: G,
 ) -> f32 {
     let (g, blocks) = (a.group, a.blocks);
@@ -236,21 +246,12 @@ unsafe fn combine<F: Fn(__m256i, usize, __m256i) -> __m256i, G: Fn(__m256i, usiz
     // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s` (padded to a
     // multiple of 8), or `row`'s scales (or a zero-padded copy of the last ones).
     unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut b0 = 0;
+        let mut acc = acc0;
+        let mut b0 = start;
         while b0 < blocks {
             let nb = (blocks - b0).min(8);
             let c0 = b0 * g;
-            let mut isum = if nb == 8 && c0 + 8 * g <= fast_until {
-                match g / CHUNK {
-                    1 => sums8::<1, _>(q, c0, &fast),
-                    2 => sums8::<2, _>(q, c0, &fast),
-                    4 => sums8::<4, _>(q, c0, &fast),
-                    _ => sums_any(q, g, c0, nb, &fast),
-                }
-            } else {
-                sums_any(q, g, c0, nb, &checked)
-            };
+            let mut isum = if nb == 8 && c0 + 8 * g <= fast_until { run(c0) } else { sums_any(q, g, c0, nb, &checked) };
             if let Some(sh) = shift {
                 let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
                 isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, _mm_cvtsi32_si128(sh)));

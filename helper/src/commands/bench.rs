@@ -64,6 +64,11 @@ pub struct BenchArgs {
     /// The generated ids are the same as without.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub speculate: usize,
+    /// Also time a second chat turn of N new tokens after the first turn's prompt and
+    /// answer: its first token with the first turn's cache kept (generate::reuse) and
+    /// from an empty cache (record field `second_turn`).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub second_turn: usize,
     /// Speculative decoding with drafts from a smaller model of the same tokenizer (a
     /// directory or an installed id), --speculate N per step (4 if not given); the record
     /// adds "speculation" with the draft's load time. The generated ids are the same.
@@ -199,6 +204,31 @@ fn speculative_decode(
     Ok((g.produced().to_vec(), g.spec_stats()))
 }
 
+/// A second chat turn: the first turn's `prompt` and `answer`, then `n` new ids. Times its
+/// first token with the cache of the first turn kept and from an empty one.
+fn second_turn(
+    model: &colibri_engine::Model,
+    session: &mut colibri_engine::Session,
+    prompt: &[u32],
+    answer: &[u32],
+    n: usize,
+) -> Result<serde_json::Value> {
+    let vocab = model.cfg.vocab as u64;
+    let mut ids: Vec<u32> = prompt.iter().chain(answer).copied().collect();
+    ids.extend((0..n as u64).map(|i| ((i.wrapping_mul(0xD1B5_4A32_D192_ED03) >> 19) % vocab) as u32));
+    let t = Instant::now();
+    let kept = colibri_engine::generate::reuse(session, &ids);
+    let reused = model.forward(session, &ids[kept..], Logits::Last)?;
+    let reused_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let fresh = model.forward(&mut model.new_session(), &ids, Logits::Last)?;
+    let fresh_s = t.elapsed().as_secs_f64();
+    let same = reused.iter().zip(&fresh).all(|(a, b)| a.to_bits() == b.to_bits());
+    Ok(json!({"prompt_tokens": ids.len(), "cached_tokens": kept, "ttft_ms_reused": reused_s * 1e3,
+        "ttft_ms_fresh": fresh_s * 1e3, "speedup": fresh_s / reused_s.max(1e-9), "same_logits_bits": same,
+        "kv_cache_bytes": session.bytes()}))
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
     init_threads(a.model.threads)?;
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
@@ -269,6 +299,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let decode_s = t1.elapsed().as_secs_f64();
     let end = stats();
+    let second =
+        if a.second_turn > 0 { Some(second_turn(model, &mut session, &prompt, &ids, a.second_turn)?) } else { None };
     let steps = (ids.len() - 1).max(1) as f64;
     let decode_read = end.bytes_read - after_prefill.bytes_read;
     let cache = loaded.cache.as_ref();
@@ -302,6 +334,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "disk": {"probe_bytes": probed, "read_bandwidth_bytes_per_second": bandwidth,
             "io_lower_bound_decode_seconds": if bandwidth > 0.0 { Some(decode_read as f64 / bandwidth) } else { None },
             "note": "bandwidth of cold pread of random experts with as many threads as readers; lower bound = bytes read during decode / that bandwidth (page-cache hits can beat it)"},
+        "second_turn": second,
         "peak_rss_bytes": status_kb("VmHWM:").map(|k| k * 1024),
         "rss_bytes": status_kb("VmRSS:").map(|k| k * 1024),
         "speculation": spec,

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::generate::{generate_with, GenerateOptions, StopReason};
+use colibri_engine::generate::{generate_with, reuse, GenerateOptions, StopReason};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream};
 
@@ -203,6 +203,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let mut system = a.system.clone();
     let mut turns: Vec<ChatMessage> = Vec::new();
     let mut session = ChatSession::new(&loaded.model, a.model.backend)?;
+    // The conversation's cache on disk after every turn, found again after a restart.
+    let root = crate::paths::resolve_model(&a.model.model, None)?;
+    let store = crate::kv_store::KvStore::in_data_dir(&root, 8, 1 << 30);
+    let mut last_cached = 0;
     let mut lines = Lines::open(interactive)?;
     let mut last = LastAnswer::default();
     let mut interrupted = false;
@@ -263,6 +267,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             }
             Input::Stats => {
                 eprintln!("{}", stats(&loaded, &last, session.tokens().len(), turns.len()));
+                eprintln!(
+                    "KV cache: {} bytes per token; the last prompt reused {last_cached} cached tokens",
+                    cfg.kv_cache_bytes_per_token()
+                );
                 continue;
             }
             Input::Unknown(name) => {
@@ -301,10 +309,16 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             }
             Err(e) => return Err(e.into()),
         };
-        // Reuse the cache for the unchanged prefix; always feed at least one token.
-        let common =
-            session.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
-        session.truncate(common);
+        // Reuse the cache for the unchanged prefix (always feeding at least one token), or
+        // a longer one written by an earlier run (after a restart and /load).
+        let mut common = reuse(&mut session, &ids);
+        if let Some((s, kept)) = store.as_ref().and_then(|st| st.find(cfg, &ids, common)) {
+            if session.restore(s) {
+                eprintln!("(restored the cache of {kept} tokens of this conversation from disk)");
+                common = kept;
+            }
+        }
+        last_cached = common;
         let start = Instant::now();
         let mut first = None;
         let mut stream = DecodeStream::default();
@@ -356,6 +370,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         }
         let answer = tok.decode(&out, true)?;
         turns.push(ChatMessage { role: "assistant".into(), content: answer.trim().to_string() });
+        if let (Some(st), Some(s)) = (&store, session.cpu()) {
+            st.save(s);
+        }
         // A turn boundary: re-pin by what was used (with hysteresis), record the uses.
         loaded.model.experts.end_turn()?;
         crate::load::save_usage(&loaded);

@@ -207,6 +207,11 @@ pub fn info(a: InfoArgs) -> Result<()> {
             "attention     MLA: latent {} + rope key {} = {kv} floats cached per token and layer",
             m.kv_lora_rank, m.qk_rope_head_dim
         ),
+        None if c.linear_attn.is_some() => println!(
+            "attention     GQA on {} of {} layers: {kv} floats cached per token and attention layer",
+            c.attention_layers(),
+            c.n_layers
+        ),
         None => println!("attention     GQA: {kv} floats cached per token and layer"),
     }
     if let Some(la) = &c.linear_attn {

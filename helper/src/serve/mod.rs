@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// suffixes; default: no limit).
     #[arg(long, value_parser = crate::flags::parse_bytes)]
     pub ram: Option<u64>,
+    /// Conversation caches kept per model, in memory and on disk under `<data dir>/kv/`,
+    /// for requests that extend an earlier conversation (K, M, G suffixes; default 1G;
+    /// 0 keeps none).
+    #[arg(long, value_parser = crate::flags::parse_bytes)]
+    pub kv_cache: Option<u64>,
     /// Speculative decoding of the API's generations: up to N draft tokens per step from
     /// prompt lookup (or --draft), checked in one forward pass. The output is the same as
     /// without (greedy and sampled); 0 (the default) is off.
@@ -150,6 +155,8 @@ pub struct Stats {
     pub generations_cancelled: AtomicU64,
     pub generations_active: AtomicUsize,
     pub tokens_generated: AtomicU64,
+    /// Prompt tokens not fed again: their cache was left by an earlier request.
+    pub prompt_tokens_cached: AtomicU64,
     /// Speculative decoding (`--speculate`): verifying passes, drafts fed, drafts kept.
     pub spec_forwards: AtomicU64,
     pub spec_drafted: AtomicU64,
@@ -181,13 +188,14 @@ impl AppState {
         ram: Option<u64>,
         speculation: generation::Speculation,
     ) -> Self {
+        let kv_dir = data_dir.as_ref().map(|d| d.join("kv"));
         AppState {
             registry,
             policy,
             limits: Limits::default(),
             data_dir,
             stats: Arc::new(Stats::default()),
-            engines: generation::Engines::new(max_queue, ram, speculation),
+            engines: generation::Engines::new(max_queue, ram, speculation, kv_dir),
             prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS_AT_ONCE)),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
@@ -212,6 +220,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
             "cancelled": n(&s.generations_cancelled),
             "active": s.generations_active.load(Ordering::Relaxed),
             "tokens": n(&s.tokens_generated),
+            "cached_prompt_tokens": n(&s.prompt_tokens_cached),
             "speculation": {"forwards": n(&s.spec_forwards), "drafted": n(&s.spec_drafted), "accepted": n(&s.spec_accepted)},
         },
     }))
@@ -410,7 +419,11 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         (n, _) => n,
     };
     let speculation = generation::Speculation { max_draft, draft };
-    let state = Arc::new(AppState::new(registry, policy, data_dir, a.max_queue, a.ram, speculation));
+    let mut state = AppState::new(registry, policy, data_dir, a.max_queue, a.ram, speculation);
+    if let Some(b) = a.kv_cache {
+        state.engines.kv.bytes = usize::try_from(b).unwrap_or(usize::MAX);
+    }
+    let state = Arc::new(state);
     Ok(Bound { listener, addr, state })
 }
 

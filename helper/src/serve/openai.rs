@@ -430,8 +430,11 @@ async fn prepare(
     })
 }
 
-fn usage_json(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+/// OpenAI's usage object; `cached`: prompt tokens whose cache an earlier request left.
+fn usage_json(prompt_tokens: usize, cached: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Which endpoint's object shapes to produce.
@@ -577,7 +580,7 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
                         None => out.send(sse(&kind.chunk(&p, Some(&t), false, None, v))).await?,
                     }
                 }
-                Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
                     let mut finish_reason = finish_reason;
                     if let Some(text) = held.take() {
                         let mut c = kind.chunk(&p, Some(&text), false, None, Value::Null);
@@ -592,7 +595,7 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
                     if p.include_usage {
                         let mut u = kind.chunk(&p, None, false, None, Value::Null);
                         u["choices"] = json!([]);
-                        u["usage"] = usage_json(prompt_tokens, completion_tokens);
+                        u["usage"] = usage_json(prompt_tokens, cached_tokens, completion_tokens);
                         out.send(sse(&u)).await?;
                     }
                     out.send(Bytes::from_static(b"data: [DONE]\n\n")).await?;
@@ -666,8 +669,8 @@ async fn collect(kind: Kind, mut p: Prepared) -> Response {
                 text.push_str(&t);
                 lps.extend(l);
             }
-            Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
-                let usage = usage_json(prompt_tokens, completion_tokens);
+            Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
+                let usage = usage_json(prompt_tokens, cached_tokens, completion_tokens);
                 let mut entries: Vec<(u32, Option<&TokenLogprob>)> = Vec::new();
                 if !prompt_ids.is_empty() {
                     entries.extend(

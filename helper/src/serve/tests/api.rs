@@ -49,7 +49,11 @@ fn models_and_non_streamed_completions() {
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["object"], "text_completion");
-    assert_eq!(v["usage"], json!({"prompt_tokens": ids.len(), "completion_tokens": n, "total_tokens": ids.len() + n}));
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": ids.len(), "completion_tokens": n, "total_tokens": ids.len() + n,
+               "prompt_tokens_details": {"cached_tokens": 0}})
+    );
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     let loaded = crate::load::open_dir(&s.model_dir(), &crate::load::CacheFlags::with_ram(None), true).unwrap();
     let tok = loaded.tokenizer.as_ref().unwrap();

@@ -5,6 +5,7 @@
 mod api;
 mod context;
 mod hostile;
+mod kv;
 mod logprobs;
 mod ranges;
 mod security;

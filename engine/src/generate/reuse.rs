@@ -1,0 +1,256 @@
+//! Prefix reuse: a conversation's context (its KV cache, or MLA's latents, with the token
+//! ids it holds) is kept after a request, and a later request whose ids start with the
+//! same tokens keeps the cache of that common prefix and feeds only the rest.
+//!
+//! The output is exactly that of a fresh run: the engine's batched forward gives bit for
+//! bit the logits of token-by-token decoding, so where the prompt is split between an
+//! earlier request and this one changes no bit; the generator still sees the whole prompt
+//! (`Generator::new(&ids[..kept], &ids[kept..], ..)`), so the repetition penalty and the
+//! sampler's random stream are those of a fresh run too.
+//!
+//! One rule for every surface: [`reusable`] (how much of a context a prompt can keep) and
+//! [`ContextPool`] (the conversations a server keeps, least recently used out first, by
+//! bytes). `coli chat` and the browser keep their one conversation with [`reuse`].
+
+use crate::model::Session;
+
+/// A conversation's context on some backend: the ids it holds and a way to cut it back.
+pub trait Context {
+    /// Every id fed so far, in order.
+    fn tokens(&self) -> &[u32];
+    /// Forgets everything after the first `len` ids.
+    fn truncate(&mut self, len: usize);
+    /// The longest prefix of at most `len` ids this context can be cut back to: `len`
+    /// for a KV cache; a recurrent state cannot go back, so all or nothing there.
+    fn keepable(&self, len: usize) -> usize {
+        len
+    }
+    /// Bytes the context holds (its cache and ids).
+    fn bytes(&self) -> usize;
+}
+
+impl Context for Session {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn truncate(&mut self, len: usize) {
+        Session::truncate(self, len)
+    }
+
+    fn bytes(&self) -> usize {
+        Session::bytes(self)
+    }
+}
+
+/// How many of `ids` a context holding `cached` keeps: their longest common prefix, but
+/// at least one id is left to feed (its logits give the first new token).
+pub fn reusable(cached: &[u32], ids: &[u32]) -> usize {
+    cached.iter().zip(ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1))
+}
+
+/// How many ids of `ids` the context `cx` can keep ([`reusable`], [`Context::keepable`]).
+pub fn keepable<C: Context + ?Sized>(cx: &C, ids: &[u32]) -> usize {
+    cx.keepable(reusable(cx.tokens(), ids))
+}
+
+/// Cuts `cx` back to what `ids` can reuse ([`keepable`]) and returns how many ids it
+/// kept: feed `ids[kept..]` after them.
+pub fn reuse<C: Context + ?Sized>(cx: &mut C, ids: &[u32]) -> usize {
+    let kept = keepable(cx, ids);
+    cx.truncate(kept);
+    kept
+}
+
+/// The conversations a server keeps between requests, bounded by count and by bytes; the
+/// least recently used go first.
+pub struct ContextPool<C> {
+    entries: Vec<Entry<C>>,
+    max_entries: usize,
+    max_bytes: usize,
+    clock: u64,
+}
+
+struct Entry<C> {
+    cx: C,
+    bytes: usize,
+    used: u64,
+}
+
+impl<C: Context + Clone> ContextPool<C> {
+    /// A pool of at most `max_entries` contexts and `max_bytes` bytes (0: keeps nothing).
+    pub fn new(max_entries: usize, max_bytes: usize) -> Self {
+        ContextPool { entries: Vec::new(), max_entries, max_bytes, clock: 0 }
+    }
+
+    /// The context that shares the longest prefix with `ids`, cut back to it, and how many
+    /// ids it kept; None when no context shares a single id. A context that `ids` extends
+    /// is taken out (it is put back when the request ends); one that diverges is copied,
+    /// so the conversation it holds stays for its own next turn.
+    pub fn take(&mut self, ids: &[u32]) -> Option<(C, usize)> {
+        let (i, kept) = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, e.cx.keepable(reusable(e.cx.tokens(), ids))))
+            .max_by_key(|&(i, kept)| (kept, self.entries[i].used))?;
+        if kept == 0 {
+            return None;
+        }
+        self.clock += 1;
+        let mut cx = if kept == self.entries[i].cx.tokens().len() {
+            self.entries.swap_remove(i).cx
+        } else {
+            self.entries[i].used = self.clock;
+            self.entries[i].cx.clone()
+        };
+        cx.truncate(kept);
+        Some((cx, kept))
+    }
+
+    /// Keeps `cx` for later requests. Contexts it extends are dropped (it serves every
+    /// request they would); then the least recently used go while over a bound. A context
+    /// larger than the whole byte budget is not kept.
+    pub fn put(&mut self, cx: C) {
+        let bytes = cx.bytes();
+        if cx.tokens().is_empty() || bytes > self.max_bytes || self.max_entries == 0 {
+            return;
+        }
+        let t = cx.tokens();
+        self.entries.retain(|e| !t.starts_with(e.cx.tokens()));
+        self.clock += 1;
+        self.entries.push(Entry { cx, bytes, used: self.clock });
+        while self.entries.len() > self.max_entries || self.bytes() > self.max_bytes {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) else {
+                break;
+            };
+            self.entries.swap_remove(oldest);
+        }
+    }
+
+    /// Bytes held by the kept contexts.
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.bytes).sum()
+    }
+
+    /// Contexts kept.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Every kept context, most recently used first (to write them out).
+    pub fn contexts(&self) -> Vec<&C> {
+        let mut v: Vec<&Entry<C>> = self.entries.iter().collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.used));
+        v.into_iter().map(|e| &e.cx).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A context of ids only; `recurrent` ones cannot be cut back.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Ids {
+        ids: Vec<u32>,
+        recurrent: bool,
+    }
+
+    impl Context for Ids {
+        fn tokens(&self) -> &[u32] {
+            &self.ids
+        }
+        fn truncate(&mut self, len: usize) {
+            self.ids.truncate(len)
+        }
+        fn keepable(&self, len: usize) -> usize {
+            if self.recurrent && len < self.ids.len() {
+                0
+            } else {
+                len
+            }
+        }
+        fn bytes(&self) -> usize {
+            self.ids.len() * 100
+        }
+    }
+
+    fn ids(v: &[u32]) -> Ids {
+        Ids { ids: v.to_vec(), recurrent: false }
+    }
+
+    #[test]
+    fn the_common_prefix_leaves_one_id_to_feed() {
+        assert_eq!(reusable(&[1, 2, 3], &[1, 2, 3, 4]), 3);
+        assert_eq!(reusable(&[1, 2, 3], &[1, 2, 3]), 2, "the same prompt again feeds its last id");
+        assert_eq!(reusable(&[1, 2, 3], &[1, 9, 3, 4]), 1);
+        assert_eq!(reusable(&[1, 2, 3, 4, 5], &[1, 2]), 1, "a shorter prompt cuts the cache back");
+        assert_eq!(reusable(&[], &[1]), 0);
+        assert_eq!(reusable(&[1], &[]), 0);
+        let mut c = ids(&[1, 2, 3, 4]);
+        assert_eq!(reuse(&mut c, &[1, 2, 7]), 2);
+        assert_eq!(c.ids, [1, 2]);
+        let mut r = Ids { ids: vec![1, 2, 3, 4], recurrent: true };
+        assert_eq!(reuse(&mut r, &[1, 2, 3, 4, 5]), 4, "a recurrent state extended");
+        assert_eq!(reuse(&mut r, &[1, 2, 7]), 0, "a recurrent state cannot go back: all or nothing");
+        assert!(r.ids.is_empty());
+    }
+
+    #[test]
+    fn the_pool_takes_the_longest_prefix_and_copies_a_diverging_one() {
+        let mut p = ContextPool::new(4, 10_000);
+        p.put(ids(&[1, 2, 3, 4]));
+        p.put(ids(&[1, 2, 9]));
+        assert_eq!(p.len(), 2);
+        // Extends [1 2 3 4]: taken out whole.
+        let (c, kept) = p.take(&[1, 2, 3, 4, 5, 6]).unwrap();
+        assert_eq!((c.ids.as_slice(), kept), (&[1, 2, 3, 4][..], 4));
+        assert_eq!(p.len(), 1);
+        p.put(ids(&[1, 2, 3, 4, 5, 6, 7]));
+        // Diverges after [1 2 3]: a copy cut back, the original stays.
+        let (c, kept) = p.take(&[1, 2, 3, 8]).unwrap();
+        assert_eq!((c.ids.as_slice(), kept), (&[1, 2, 3][..], 3));
+        assert_eq!(p.len(), 2);
+        assert!(p.contexts().iter().any(|c| c.ids == [1, 2, 3, 4, 5, 6, 7]));
+        assert!(p.take(&[5, 6]).is_none(), "nothing shared");
+        // A recurrent state that would have to go back is not offered.
+        let mut q = ContextPool::new(4, 10_000);
+        q.put(Ids { ids: vec![1, 2, 3], recurrent: true });
+        assert!(q.take(&[1, 2, 5]).is_none());
+        assert_eq!(q.take(&[1, 2, 3, 5]).map(|(_, k)| k), Some(3));
+    }
+
+    #[test]
+    fn the_pool_is_bounded_by_count_and_bytes_least_recent_out() {
+        let mut p = ContextPool::new(2, 10_000);
+        p.put(ids(&[1]));
+        p.put(ids(&[2]));
+        p.put(ids(&[3]));
+        assert_eq!(p.len(), 2);
+        assert!(p.take(&[1, 5]).is_none(), "the oldest went");
+        // Bytes: 100 per id, budget 500.
+        let mut p = ContextPool::new(8, 500);
+        p.put(ids(&[1, 1]));
+        p.put(ids(&[2, 2]));
+        // Using [1 1] makes [2 2] the least recent.
+        let (c, _) = p.take(&[1, 1, 5]).unwrap();
+        p.put(c);
+        p.put(ids(&[3, 3]));
+        assert!(p.bytes() <= 500);
+        assert!(p.take(&[2, 2, 5]).is_none(), "the least recently used went");
+        assert!(p.take(&[1, 1, 5]).is_some());
+        p.put(ids(&[7; 6]));
+        assert!(p.take(&[7, 7]).is_none(), "larger than the whole budget: not kept");
+        // A context that extends others replaces them.
+        let mut p = ContextPool::new(8, 10_000);
+        p.put(ids(&[1, 2]));
+        p.put(ids(&[1, 2, 3]));
+        assert_eq!(p.len(), 1);
+        assert!(ContextPool::<Ids>::new(0, 0).is_empty());
+    }
+}

@@ -1,0 +1,220 @@
+//! Conversation caches on disk, so that a conversation continues after a restart with
+//! nothing prefilled again: `<data dir>/kv/<model fingerprint>/<xxh3 of the ids>.kv`, one
+//! file per conversation in the format of `colibri_engine::format::kv` (checksummed, with
+//! the model's fingerprint and the ids). Written after every turn (`coli serve`, `coli
+//! chat`), read when a prompt extends a file's ids further than the caches in memory do.
+//! A stale or corrupt file is ignored with one warning line and removed, never trusted.
+//! Bounded by count and bytes; the least recently written go first.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use colibri_engine::format::kv;
+use colibri_engine::format::manifest::{checksum, checksum_hex};
+use colibri_engine::generate::reusable;
+use colibri_engine::model::config::ModelConfig;
+use colibri_engine::Session;
+
+pub struct KvStore {
+    dir: PathBuf,
+    fingerprint: String,
+    /// Most files and bytes kept for this model.
+    max_files: usize,
+    max_bytes: u64,
+}
+
+/// Which version of the model in `root` a cache belongs to: the fingerprint of its
+/// colibri.json, else (a Hugging Face directory) the xxh3 of config.json with the name,
+/// size and modification time of every safetensors file.
+pub fn model_fingerprint(root: &Path) -> Option<String> {
+    if let Some(f) = crate::usage_store::fingerprint(root) {
+        return Some(f);
+    }
+    let mut data = std::fs::read(root.join("config.json")).ok()?;
+    let mut files: Vec<_> = std::fs::read_dir(root)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        .collect();
+    files.sort_by_key(|e| e.file_name());
+    for e in files {
+        let m = e.metadata().ok()?;
+        let mtime = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        data.extend_from_slice(e.file_name().to_string_lossy().as_bytes());
+        data.extend_from_slice(&m.len().to_le_bytes());
+        data.extend_from_slice(&mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
+    }
+    Some(checksum_hex(checksum(&data)))
+}
+
+impl KvStore {
+    /// The store of the model in `root` under `base` (`<data dir>/kv`); None when the
+    /// model has no fingerprint.
+    pub fn new(base: &Path, root: &Path, max_files: usize, max_bytes: u64) -> Option<Self> {
+        let fingerprint = model_fingerprint(root)?;
+        Some(KvStore { dir: base.join(&fingerprint), fingerprint, max_files, max_bytes })
+    }
+
+    /// [`KvStore::new`] under the data directory's `kv/`.
+    pub fn in_data_dir(root: &Path, max_files: usize, max_bytes: u64) -> Option<Self> {
+        Self::new(&crate::paths::data_dir()?.join("kv"), root, max_files, max_bytes)
+    }
+
+    fn files(&self) -> Vec<(PathBuf, std::fs::Metadata)> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        rd.filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "kv"))
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?)))
+            .collect()
+    }
+
+    fn header(path: &Path) -> colibri_engine::Result<kv::KvHeader> {
+        let io = |e: std::io::Error| colibri_engine::Error::Invalid(format!("{}: {e}", path.display()));
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut prefix = [0u8; kv::PREFIX_LEN];
+        f.read_exact(&mut prefix).map_err(io)?;
+        let n = kv::header_len(&prefix)?;
+        let mut bytes = prefix.to_vec();
+        bytes.resize(kv::PREFIX_LEN + n, 0);
+        f.read_exact(&mut bytes[kv::PREFIX_LEN..]).map_err(io)?;
+        kv::read_header(&bytes)
+    }
+
+    /// Warns once about a file that cannot be used and removes it.
+    fn drop_bad(path: &Path, e: impl std::fmt::Display) {
+        eprintln!("coli: warning: ignoring the KV cache file {}: {e}", path.display());
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// The cache on disk that keeps more of `ids` than `better_than` tokens, checked and
+    /// cut back to what `ids` reuses: (session, tokens kept). None when no file does.
+    pub fn find(&self, cfg: &ModelConfig, ids: &[u32], better_than: usize) -> Option<(Session, usize)> {
+        let mut best: Option<(PathBuf, usize)> = None;
+        for (path, _) in self.files() {
+            match Self::header(&path) {
+                Ok(h) if h.fingerprint == self.fingerprint => {
+                    let kept = reusable(&h.tokens, ids);
+                    if kept > better_than && best.as_ref().is_none_or(|b| kept > b.1) {
+                        best = Some((path, kept));
+                    }
+                }
+                Ok(_) => Self::drop_bad(&path, "made by another model"),
+                Err(e) => Self::drop_bad(&path, e),
+            }
+        }
+        let (path, kept) = best?;
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                Self::drop_bad(&path, e);
+                return None;
+            }
+        };
+        match kv::decode(&bytes, &self.fingerprint, cfg) {
+            Ok(mut s) => {
+                s.truncate(kept);
+                Some((s, kept))
+            }
+            Err(e) => {
+                Self::drop_bad(&path, e);
+                None
+            }
+        }
+    }
+
+    /// Writes `s` (atomically: a temporary file renamed), removes the files whose ids it
+    /// extends, then the oldest while over a bound. Errors are one warning line.
+    pub fn save(&self, s: &Session) {
+        if s.tokens.is_empty() || self.max_files == 0 || s.bytes() as u64 > self.max_bytes {
+            return;
+        }
+        if let Err(e) = self.write(s) {
+            eprintln!("coli: warning: could not write the KV cache to {}: {e}", self.dir.display());
+        }
+    }
+
+    fn write(&self, s: &Session) -> std::io::Result<()> {
+        let bytes = kv::encode(s, &self.fingerprint).map_err(std::io::Error::other)?;
+        std::fs::create_dir_all(&self.dir)?;
+        let ids: Vec<u8> = s.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let path = self.dir.join(format!("{}.kv", checksum_hex(checksum(&ids))));
+        let tmp = path.with_extension(format!("kv.tmp.{}", std::process::id()));
+        std::fs::write(&tmp, &bytes)?;
+        std::fs::rename(&tmp, &path)?;
+        let mut files = self.files();
+        files.retain(|(p, m)| {
+            let subsumed = *p != path && Self::header(p).is_ok_and(|h| s.tokens.starts_with(&h.tokens));
+            if subsumed {
+                let _ = std::fs::remove_file(p);
+            }
+            !subsumed && m.is_file()
+        });
+        // Newest first; keep while within both bounds.
+        files.sort_by_key(|(_, m)| std::cmp::Reverse(m.modified().ok()));
+        let mut total = 0u64;
+        for (i, (p, m)) in files.iter().enumerate() {
+            total += m.len();
+            if *p != path && (i >= self.max_files || total > self.max_bytes) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use colibri_engine::Model;
+
+    fn fixture() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_moe")
+    }
+
+    #[test]
+    fn a_saved_cache_is_found_and_a_bad_one_is_ignored() {
+        let base = std::env::temp_dir().join(format!("coli-kv-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let model = Model::open_dir(&fixture()).unwrap();
+        let store = KvStore::new(&base, &fixture(), 4, 1 << 30).unwrap();
+        let mut s = model.new_session();
+        model.forward(&mut s, &[1, 2, 3, 4, 5], colibri_engine::Logits::Last).unwrap();
+        store.save(&s);
+        let (back, kept) = store.find(&model.cfg, &[1, 2, 3, 4, 5, 6], 0).unwrap();
+        assert_eq!((back.tokens.as_slice(), kept), (&[1, 2, 3, 4, 5][..], 5));
+        assert_eq!(back.caches[0].k, s.caches[0].k);
+        assert!(store.find(&model.cfg, &[1, 2, 3, 4, 5, 6], 5).is_none(), "no better than memory");
+        assert!(store.find(&model.cfg, &[9, 9], 0).is_none());
+        // A longer conversation replaces the file it extends.
+        model.forward(&mut s, &[6, 7], colibri_engine::Logits::Last).unwrap();
+        store.save(&s);
+        assert_eq!(store.files().len(), 1);
+        // A flipped byte, a truncated file, another model: each ignored and removed.
+        let path = store.files()[0].0.clone();
+        let good = std::fs::read(&path).unwrap();
+        let mut flipped = good.clone();
+        let at = flipped.len() / 2;
+        flipped[at] ^= 1;
+        for bad in [flipped, good[..good.len() - 100].to_vec()] {
+            std::fs::write(&path, &bad).unwrap();
+            assert!(store.find(&model.cfg, &[1, 2, 3, 4, 5, 6, 7, 8], 0).is_none());
+            assert!(!path.exists(), "a bad file is removed");
+        }
+        std::fs::write(&path, &good).unwrap();
+        let other = KvStore { fingerprint: "0123".into(), ..KvStore::new(&base, &fixture(), 4, 1 << 30).unwrap() };
+        assert!(other.find(&model.cfg, &[1, 2, 3, 4, 5, 6, 7, 8], 0).is_none(), "another model's file");
+        assert!(!path.exists());
+        // Bounded: two files at most.
+        let small = KvStore::new(&base, &fixture(), 2, 1 << 30).unwrap();
+        for first in [10, 11, 12] {
+            let mut s = model.new_session();
+            model.forward(&mut s, &[first, 1], colibri_engine::Logits::Last).unwrap();
+            small.save(&s);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(small.files().len(), 2);
+        assert!(small.find(&model.cfg, &[10, 1, 5], 0).is_none(), "the oldest went");
+        assert!(small.find(&model.cfg, &[12, 1, 5], 0).is_some());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
