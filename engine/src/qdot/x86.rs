@@ -231,6 +231,7 @@ unsafe fn pairs8<const VNNI: bool>(vals: &[u8], qp: *const i8, c0: usize, g: usi
 /// `sum` elsewhere; the block sums, less `sum q << shift` where the weights carry a bias of
 /// 2^shift, are combined in the reference's float order.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn combine<R: Fn(usize) -> __m256i, G: Fn(__m256i, usize, __m256i) -> __m256i>(
     row: &[u8],
     a: &ActQ,
