@@ -6,6 +6,7 @@
     python3 tools/train_demo.py eval --engine coli --model models/demo-hf   # native path
     python3 tools/train_demo.py compare --model models/demo-hf   # coli vs transformers, token for token
     python3 tools/train_demo.py samples --engine coli --model models/demo-hf
+    python3 tools/train_demo.py fingerprint   # hash of the generated data (31791b0f... for seed 1234)
 
 Everything the model learns from is made here, seeded:
 
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # use it as `train_demo.Tasks`, `train_demo.render`, ...
 from demo_train.common import *  # noqa: E402,F401,F403
 from demo_train.evaluate import *  # noqa: E402,F401,F403
+from demo_train.fingerprint import cmd_fingerprint  # noqa: E402
 from demo_train.prose import *  # noqa: E402,F401,F403
 from demo_train.questions import *  # noqa: E402,F401,F403
 from demo_train.tables import *  # noqa: E402,F401,F403
@@ -95,8 +97,13 @@ def main():
     c = sub.add_parser("compare")
     c.add_argument("--model", default=str(DEFAULT_OUT))
     c.add_argument("--max-new-tokens", type=int, default=48)
+    f = sub.add_parser("fingerprint", help="hash of the generated data for a seed (unchanged by refactorings)")
+    f.add_argument("--seed", type=int, default=SEED)
+    f.add_argument("--docs", type=int, default=3000)
     args = ap.parse_args()
-    {"train": cmd_train, "eval": cmd_eval, "samples": cmd_samples, "compare": cmd_compare}[args.cmd](args)
+    commands = {"train": cmd_train, "eval": cmd_eval, "samples": cmd_samples, "compare": cmd_compare,
+                "fingerprint": cmd_fingerprint}
+    commands[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ pub fn matmul(w: &Mat, x: &[f32], n: usize, out: &mut [f32]) {
 thread_local! {
     /// Quantized activations, reused from call to call (no allocation on the hot path).
     static ACTS: RefCell<Vec<ActQ>> = const { RefCell::new(Vec::new()) };
-    /// One decoded float row per thread.
+    /// One decoded float row per thread (integer weights: [OUT_ROWS, n] outputs).
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// One integer row made ready for many positions (qdot::dot_row_many), per thread.
     static PREP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -193,6 +193,10 @@ fn for_each_task<T: Sync, F: Fn(&T) + Sync + Send>(tasks: &[T], f: F) {
     tasks.iter().for_each(f);
 }
 
+/// Rows computed before their outputs are written, position by position (16 f32 = one
+/// cache line per position).
+const OUT_ROWS: usize = 16;
+
 /// Rows `r0..r1` of `w` times the `n` positions, written to `out[p * w.rows + r]`.
 ///
 /// SAFETY (caller): `out` points at `n * w.rows` writable f32s that no one else touches
@@ -224,13 +228,23 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
                 return;
             }
             let mut prep = PREP.with(|b| std::mem::take(&mut *b.borrow_mut()));
-            let mut col = vec![0.0f32; n];
-            for r in r0..r1 {
-                qdot::dot_row_many(simd, int4, &bytes[r * rb..(r + 1) * rb], a, 0, &mut col, &mut prep);
-                for (p, v) in col.iter().enumerate() {
-                    put(p, r, *v);
+            let mut cols = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));
+            // Rows in groups of OUT_ROWS, each written out position by position as one
+            // contiguous run (a row at a time would store one value per cache line).
+            cols.resize(OUT_ROWS * n, 0.0);
+            for g0 in (r0..r1).step_by(OUT_ROWS) {
+                let g1 = (g0 + OUT_ROWS).min(r1);
+                for (k, r) in (g0..g1).enumerate() {
+                    let col = &mut cols[k * n..(k + 1) * n];
+                    qdot::dot_row_many(simd, int4, &bytes[r * rb..(r + 1) * rb], a, 0, col, &mut prep);
+                }
+                for p in 0..n {
+                    for (k, r) in (g0..g1).enumerate() {
+                        put(p, r, cols[k * n + p]);
+                    }
                 }
             }
+            ROW.with(|b| *b.borrow_mut() = cols);
             PREP.with(|b| *b.borrow_mut() = prep);
         }
         _ => {
@@ -395,6 +409,36 @@ mod tests {
                 assert_eq!(out[p * rows + r].to_bits(), single[r].to_bits());
                 let naive: f64 = (0..cols).map(|c| w[r * cols + c] as f64 * x[p * cols + c] as f64).sum();
                 assert!((out[p * rows + r] as f64 - naive).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn integer_matmul_is_batch_invariant() {
+        // Rows in several output groups (OUT_ROWS) and a partial one; 1, 2 (one position at
+        // a time) and 3+ positions (rows made ready once): every output has the bits of
+        // the same position alone.
+        let mut s = 11u64;
+        let (rows, cols) = (37, 96);
+        for dtype in [DType::Int4 { group: 32 }, DType::Int8 { group: 32 }] {
+            let rb = dtype.row_bytes(cols).unwrap();
+            let mut bytes = vec![0u8; rows * rb];
+            for r in 0..rows {
+                let w: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
+                crate::format::quant::quantize_row(dtype, &w, &mut bytes[r * rb..(r + 1) * rb]).unwrap();
+            }
+            let m = Mat::new(rows, cols, dtype, crate::tensor::Bytes::from_vec(bytes)).unwrap();
+            for n in [2, 3, 9] {
+                let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
+                let mut out = vec![0.0; n * rows];
+                matmul(&m, &x, n, &mut out);
+                for p in 0..n {
+                    let mut single = vec![0.0; rows];
+                    matmul(&m, &x[p * cols..(p + 1) * cols], 1, &mut single);
+                    for r in 0..rows {
+                        assert_eq!(out[p * rows + r].to_bits(), single[r].to_bits(), "{dtype} n {n} p {p} r {r}");
+                    }
+                }
             }
         }
     }

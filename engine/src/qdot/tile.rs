@@ -11,6 +11,7 @@
 
 use std::arch::x86_64::*;
 
+use super::x86::dot_u8i8;
 use super::{padded, round4, ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -30,8 +31,10 @@ pub unsafe fn prepare(int4: bool, row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
     let n = a.dstride() * g;
     let vals = &row[round4(a.blocks * 2)..];
     let stored = a.blocks * g;
-    u.clear();
-    u.resize(n, 0);
+    // Every byte of u[..n] is written below (no zero fill needed).
+    if u.len() < n {
+        u.resize(n, 0);
+    }
     // SAFETY: loads are inside `vals` or a zero-padded copy; stores inside `u` (n is a
     // multiple of 8 blocks * group, and every run writes 8 * group bytes).
     unsafe {
@@ -177,28 +180,38 @@ unsafe fn tile<const VNNI: bool, const P: usize>(
     unsafe {
         let sh = _mm_cvtsi32_si128(shift);
         let mut acc = [_mm256_setzero_ps(); P];
-        let qi: [*const u8; P] = std::array::from_fn(|i| a.qi.as_ptr().add((p0 + i) * ds * g) as *const u8);
+        // Plain loops, not closures: a closure is not compiled with this function's target
+        // features, and its intrinsics would become calls.
+        let mut qi = [a.qi.as_ptr() as *const u8; P];
+        for (i, q) in qi.iter_mut().enumerate() {
+            *q = a.qi.as_ptr().add((p0 + i) * ds * g) as *const u8;
+        }
         let mut b0 = 0;
         while b0 < a.blocks {
             let nb = (a.blocks - b0).min(8);
-            let mut isum: [__m256i; P] = std::array::from_fn(|i| {
+            let mut isum = [_mm256_setzero_si256(); P];
+            for (i, v) in isum.iter_mut().enumerate() {
                 let s8 = _mm256_loadu_si256(a.srow(p0 + i).as_ptr().add(b0) as *const __m256i);
-                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sll_epi32(s8, sh))
-            });
+                *v = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sll_epi32(s8, sh));
+            }
             let base = b0 * g;
+            // Two sums per position (even and odd vectors: a run is 8 * group bytes, an even
+            // number of vectors) so that twice as many products are in flight.
+            let mut odd = [_mm256_setzero_si256(); P];
             let mut v = 0;
             while v < run {
-                let w = _mm256_loadu_si256(u.as_ptr().add(base + v) as *const __m256i);
+                let w0 = _mm256_loadu_si256(u.as_ptr().add(base + v) as *const __m256i);
+                let w1 = _mm256_loadu_si256(u.as_ptr().add(base + v + 32) as *const __m256i);
                 for i in 0..P {
-                    let x = _mm256_loadu_si256(qi[i].add(base + v) as *const __m256i);
-                    isum[i] = if VNNI {
-                        _mm256_dpbusd_epi32(isum[i], w, x)
-                    } else {
-                        let pairs = _mm256_maddubs_epi16(w, x);
-                        _mm256_add_epi32(isum[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-                    };
+                    let x0 = _mm256_loadu_si256(qi[i].add(base + v) as *const __m256i);
+                    let x1 = _mm256_loadu_si256(qi[i].add(base + v + 32) as *const __m256i);
+                    isum[i] = dot_u8i8::<VNNI>(isum[i], w0, x0);
+                    odd[i] = dot_u8i8::<VNNI>(odd[i], w1, x1);
                 }
-                v += 32;
+                v += 64;
+            }
+            for i in 0..P {
+                isum[i] = _mm256_add_epi32(isum[i], odd[i]);
             }
             let ws = if nb == 8 {
                 _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * b0) as *const __m128i))

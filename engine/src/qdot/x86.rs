@@ -48,7 +48,7 @@ pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
 
 /// acc + the eight 4-product sums of unsigned `w` times signed `x` (32 pairs).
 #[inline(always)]
-unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+pub(super) unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     // SAFETY: only reached from the target_feature functions above.
     unsafe {
         if VNNI {

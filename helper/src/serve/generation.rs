@@ -401,13 +401,14 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         let step = if gen.is_speculative() {
             // Drafts: every fed position's logits, the rejected drafts cut off after.
             let n = gen.rows_needed();
+            // Where `ids` start in the context (the echo pass fed the prompt already).
+            let start = session.len() - if first_row.is_some() { ids.len().min(session.len()) } else { 0 };
             let rows = match first_row.take() {
                 Some(row) => Ok(row),
                 None => loaded.model.forward(&mut session, ids, if n > 1 { Logits::All } else { Logits::Last }),
             };
-            let fed = session.len() - ids.len();
             rows.and_then(|r| gen.accept_rows(&r[r.len().saturating_sub(n * vocab)..], Some(tok)))
-                .map(|kept| session.truncate(fed + kept))
+                .map(|kept| session.truncate(start + kept))
         } else {
             let logits = match first_row.take() {
                 Some(row) => Ok(row),

@@ -77,6 +77,22 @@ fn answers_are_the_same_with_speculation_on() {
             assert_eq!(streamed, want_streamed, "{b}");
         }
     }
+    // Completions, with the prompt echoed and scored (the prompt's pass gives the first row).
+    for b in [
+        json!({"model": "demo", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "logprobs": 2, "echo": true}),
+        json!({"model": "demo", "prompt": "one two three one two three one two", "max_tokens": 24, "temperature": 0.7, "seed": 1}),
+    ] {
+        let body = |s: &TestServer| {
+            let r = s.post("/v1/completions", &b.to_string());
+            assert_eq!(r.status, 200, "{}", r.text());
+            let mut v = r.json();
+            v["choices"][0].take()
+        };
+        let want = body(&plain);
+        for s in [&lookup, &draft] {
+            assert_eq!(body(s), want, "{b}");
+        }
+    }
     let spec = |s: &TestServer| s.health()["generations"]["speculation"].clone();
     assert_eq!(spec(&plain), json!({"forwards": 0, "drafted": 0, "accepted": 0}));
     for s in [&lookup, &draft] {
