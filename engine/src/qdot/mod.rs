@@ -356,7 +356,8 @@ pub const PREPARE_MIN: usize = 3;
 /// `dot_row(simd, int4, row, a, p0 + i)`. With [`PREPARE_MIN`] or more positions and
 /// interleaved activations ([`ActQ::interleave`]), the x86 paths prepare the row once into
 /// `scratch` (int4 on AVX2 and AVX-512; int8 on AVX-512, whose `vpdpbusd` takes w + 128
-/// without overflow) and run [`tile::dot_many`]; the integer block sums are the same, so
+/// without overflow) and run [`tile::dot_many`], and wasm SIMD128 does the same for int4
+/// (`wasm::prepare_int4`, `wasm::dot_many_int4`); the integer block sums are the same, so
 /// are the bits.
 pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
@@ -376,6 +377,19 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
             tile::prepare(int4, row, a, scratch);
             tile::dot_many(simd == Simd::Avx512, int4, scratch, row, a, p0, out);
         }
+        return;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if out.len() >= PREPARE_MIN
+        && int4
+        && simd == Simd::Simd128
+        && a.split
+        && a.group.is_multiple_of(CHUNK)
+        && a.qi.len() == a.n * a.dstride() * a.group
+        && p0 + out.len() <= a.n
+    {
+        wasm::prepare_int4(row, a, scratch);
+        wasm::dot_many_int4(scratch, row, a, p0, out);
         return;
     }
     let _ = &scratch;

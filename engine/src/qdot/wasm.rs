@@ -62,6 +62,25 @@ fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
     }
 }
 
+/// acc + the products of 16 nibble values `w` and 16 int8 values `x`, lane k getting the
+/// four products of bytes 4k..4k + 4 (the interleaved layout keeps one block per 4-byte
+/// word). Relaxed SIMD's dot does exactly that; the widening `i32x4.dot_i16x8_s` pairs
+/// bytes (2k, 2k + 1), so its pair sums are added word by word with two shuffles.
+#[inline(always)]
+fn words16(acc: v128, w: v128, x: v128) -> v128 {
+    #[cfg(target_feature = "relaxed-simd")]
+    {
+        nibbles16(acc, w, x)
+    }
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    {
+        let lo = i32x4_dot_i16x8(u16x8_extend_low_u8x16(w), i16x8_extend_low_i8x16(x));
+        let hi = i32x4_dot_i16x8(u16x8_extend_high_u8x16(w), i16x8_extend_high_i8x16(x));
+        let words = i32x4_add(i32x4_shuffle::<0, 2, 4, 6>(lo, hi), i32x4_shuffle::<1, 3, 5, 7>(lo, hi));
+        i32x4_add(acc, words)
+    }
+}
+
 pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // Rows whose values fill whole chunks (every shape of a real model) skip the
     // per-load bounds checks.
@@ -116,10 +135,14 @@ fn scales4(row: &[u8], b: usize) -> v128 {
     let sign = i32x4_shl(v128_and(h, i32x4_splat(0x8000)), 16);
     let em = v128_and(h, i32x4_splat(0x7fff));
     let finite = f32x4_mul(i32x4_shl(em, 13), f32x4_splat(f32::from_bits(0x7780_0000)));
+    let is_special = i32x4_ge(em, i32x4_splat(0x7c00));
+    if !v128_any_true(is_special) {
+        // Every real row: four finite scales, half the instructions of the general case.
+        return v128_or(sign, finite);
+    }
     let man = i32x4_shl(v128_and(em, i32x4_splat(0x3ff)), 13);
     let quiet = v128_and(v128_not(i32x4_eq(man, i32x4_splat(0))), i32x4_splat(0x40_0000));
     let special = v128_or(v128_or(i32x4_splat(0x7f80_0000), man), quiet);
-    let is_special = i32x4_ge(em, i32x4_splat(0x7c00));
     v128_or(sign, v128_bitselect(special, finite, is_special))
 }
 
@@ -171,4 +194,152 @@ fn body<const INT4: bool, const CHECKED: bool>(row: &[u8], a: &ActQ, p: usize) -
         out[b % 8] += (scale(row, b) * d[b]) * isum as f32;
     }
     reduce8(out)
+}
+
+/// Makes an int4 row ready for many positions (relaxed SIMD builds): the nibble values
+/// 0..15 in the interleaved layout of [`ActQ::interleave`] (the x86 `tile::prepare`
+/// layout): per run of eight blocks and chunk m, eight 32-byte vectors whose 4-byte lane j
+/// holds four split-order values of block j. Zero past the row's last value and block.
+pub fn prepare_int4(row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
+    let g = a.group;
+    let n = a.dstride() * g;
+    let vals = &row[round4(a.blocks * 2)..];
+    let stored = a.blocks * g;
+    if u.len() < n {
+        u.resize(n, 0);
+    }
+    let low4 = u8x16_splat(15);
+    for b0 in (0..a.dstride()).step_by(8) {
+        for m in 0..g / CHUNK {
+            // Split-order values of chunk m of each block: even (lo) then odd (hi).
+            let mut lo = [u8x16_splat(0); 8];
+            let mut hi = [u8x16_splat(0); 8];
+            for j in 0..8 {
+                let c = (b0 + j) * g + m * CHUNK;
+                if c < stored {
+                    let bytes = load16::<true>(vals, c / 2);
+                    lo[j] = v128_and(bytes, low4);
+                    hi[j] = u8x16_shr(bytes, 4);
+                }
+            }
+            let dst = &mut u[b0 * g + m * 8 * CHUNK..][..8 * CHUNK];
+            // Vector k (k < 4: words of lo, else of hi): low half blocks 0-3, high 4-7.
+            for (half, src) in [(0usize, &lo), (4, &hi)] {
+                let t0 = transpose4(src[0], src[1], src[2], src[3]);
+                let t1 = transpose4(src[4], src[5], src[6], src[7]);
+                for k in 0..4 {
+                    let at = (half + k) * 32;
+                    // SAFETY: `dst` holds 8 * 32 bytes; at + 32 <= 256; unaligned stores.
+                    unsafe {
+                        v128_store(dst.as_mut_ptr().add(at) as *mut v128, t0[k]);
+                        v128_store(dst.as_mut_ptr().add(at + 16) as *mut v128, t1[k]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// 4 x 4 transpose of 32-bit lanes: lane j of out[k] = lane k of r_j.
+#[inline(always)]
+fn transpose4(r0: v128, r1: v128, r2: v128, r3: v128) -> [v128; 4] {
+    let t0 = i32x4_shuffle::<0, 4, 1, 5>(r0, r1);
+    let t1 = i32x4_shuffle::<2, 6, 3, 7>(r0, r1);
+    let t2 = i32x4_shuffle::<0, 4, 1, 5>(r2, r3);
+    let t3 = i32x4_shuffle::<2, 6, 3, 7>(r2, r3);
+    [
+        i32x4_shuffle::<0, 1, 4, 5>(t0, t2),
+        i32x4_shuffle::<2, 3, 6, 7>(t0, t2),
+        i32x4_shuffle::<0, 1, 4, 5>(t1, t3),
+        i32x4_shuffle::<2, 3, 6, 7>(t1, t3),
+    ]
+}
+
+/// A row prepared by [`prepare_int4`] times positions `p0..p0 + out.len()` (interleaved
+/// activations), four at a time: each dot ([`words16`]) adds four products of block j into
+/// lane j, so a run of eight blocks ends with its sums in two vectors (blocks 0-3, 4-7), which
+/// are exactly acc[0] and acc[1] of [`body`]: the reference's bits.
+pub fn dot_many_int4(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    let mut i = 0;
+    while i < out.len() {
+        let k = (out.len() - i).min(4);
+        let o = &mut out[i..i + k];
+        match k {
+            4 => tile::<4>(u, row, a, p0 + i, o),
+            3 => tile::<3>(u, row, a, p0 + i, o),
+            2 => tile::<2>(u, row, a, p0 + i, o),
+            _ => tile::<1>(u, row, a, p0 + i, o),
+        }
+        i += k;
+    }
+}
+
+#[inline(always)]
+fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    let (g, ds) = (a.group, a.dstride());
+    let run = 8 * g;
+    assert!(u.len() >= ds * g && a.qi.len() >= (p0 + P) * ds * g && out.len() >= P, "prepared shapes");
+    let mut qi = [a.qi.as_ptr(); P];
+    for (i, q) in qi.iter_mut().enumerate() {
+        // SAFETY: inside a.qi (asserted above).
+        *q = unsafe { a.qi.as_ptr().add((p0 + i) * ds * g) };
+    }
+    let mut acc = [[f32x4_splat(0.0); 2]; P];
+    let mut b0 = 0;
+    while b0 < a.blocks {
+        let nb = (a.blocks - b0).min(8);
+        let mut lo = [i32x4_splat(0); P];
+        let mut hi = [i32x4_splat(0); P];
+        for i in 0..P {
+            let s = &a.srow(p0 + i)[b0..b0 + 8];
+            // SAFETY: `s` holds 8 i32 (bounds-checked slice).
+            let (s0, s1) =
+                unsafe { (v128_load(s.as_ptr() as *const v128), v128_load(s.as_ptr().add(4) as *const v128)) };
+            lo[i] = i32x4_neg(i32x4_shl(s0, 3));
+            hi[i] = i32x4_neg(i32x4_shl(s1, 3));
+        }
+        let base = b0 * g;
+        let mut v = 0;
+        while v < run {
+            // SAFETY: base + v + 32 <= ds * g <= u.len() and the same for each position's
+            // interleaved activations (asserted above).
+            unsafe {
+                let w0 = v128_load(u.as_ptr().add(base + v) as *const v128);
+                let w1 = v128_load(u.as_ptr().add(base + v + 16) as *const v128);
+                for i in 0..P {
+                    let x0 = v128_load(qi[i].add(base + v) as *const v128);
+                    let x1 = v128_load(qi[i].add(base + v + 16) as *const v128);
+                    lo[i] = words16(lo[i], w0, x0);
+                    hi[i] = words16(hi[i], w1, x1);
+                }
+            }
+            v += 32;
+        }
+        let (ws0, ws1) = if nb == 8 {
+            (scales4(row, b0), scales4(row, b0 + 4))
+        } else {
+            // Past the last block the scales are zero (not the next values' bytes).
+            let mut buf = [0u8; 16];
+            buf[..2 * nb].copy_from_slice(&row[2 * b0..2 * (b0 + nb)]);
+            (scales4(&buf, 0), scales4(&buf, 4))
+        };
+        for i in 0..P {
+            let d = &a.drow(p0 + i)[b0..b0 + 8];
+            // SAFETY: `d` holds 8 f32 (bounds-checked slice).
+            let (d0, d1) =
+                unsafe { (v128_load(d.as_ptr() as *const v128), v128_load(d.as_ptr().add(4) as *const v128)) };
+            acc[i][0] = f32x4_add(acc[i][0], f32x4_mul(f32x4_mul(ws0, d0), f32x4_convert_i32x4(lo[i])));
+            acc[i][1] = f32x4_add(acc[i][1], f32x4_mul(f32x4_mul(ws1, d1), f32x4_convert_i32x4(hi[i])));
+        }
+        b0 += 8;
+    }
+    for i in 0..P {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 f32; v128.store has no alignment requirement.
+        unsafe {
+            v128_store(lanes.as_mut_ptr() as *mut v128, acc[i][0]);
+            v128_store(lanes.as_mut_ptr().add(4) as *mut v128, acc[i][1]);
+        }
+        out[i] = reduce8(lanes);
+    }
 }
