@@ -21,7 +21,7 @@ SECS=${SECONDS_PER_TARGET:-30}
 CARGO_FUZZ_VERSION=0.13.2
 NIGHTLY=$(sed -n 's/^channel = "\(.*\)"/\1/p' tools/wasm-threads-toolchain.toml)
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(config safetensors_header manifest range_header multipart usage_body chat_template tokenizer gguf)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(config safetensors_header manifest range_header multipart usage_body chat_template tokenizer gguf kv_cache)
 
 rustup toolchain list | grep -q "^$NIGHTLY" || rustup toolchain install "$NIGHTLY" --profile minimal
 if ! command -v cargo-fuzz >/dev/null || [ "$(cargo-fuzz --version | awk '{print $2}')" != "$CARGO_FUZZ_VERSION" ]; then

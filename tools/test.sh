@@ -11,7 +11,7 @@
 #      COLIBRI_REQUIRE_GPU=1 makes a missing adapter a failure, not a skip);
 #   3. a short fuzz run of every parser that reads bytes from outside (tools/fuzz.sh:
 #      cargo-fuzz on the pinned nightly, FUZZ_SECONDS per target, default 30; about 4
-#      min of build and 4.5 min of fuzzing (9 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
+#      min of build and 5 min of fuzzing (10 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
 #      so CI tries the same inputs each run; FUZZ_SECONDS=0 leaves it out);
 #   4. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
 #      real `coli serve`, driven by playwright-core.

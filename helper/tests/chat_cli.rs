@@ -204,7 +204,10 @@ fn ctrl_c_stops_the_answer_and_keeps_the_conversation() {
     // A random model with a long context and long answers (mixtral fixture: about 300
     // tokens before its end token), so a Ctrl-C sent at the answer's first bytes lands
     // while it is still being generated; an answer that beat the signal is retried.
+    // Its own data directory: a conversation cache another run left must not answer here.
+    let data = scratch("ctrl-c-data");
     let mut child: Child = coli()
+        .env("XDG_DATA_HOME", &data)
         .args(["chat", "--model"])
         .arg(fixture("mixtral"))
         .args(["--max-new-tokens", "100000", "--temperature", "0"])
@@ -247,6 +250,7 @@ fn ctrl_c_stops_the_answer_and_keeps_the_conversation() {
     assert_eq!(seen_out.matches(" [stopped]\n").count(), 1, "{seen_out:?}");
     let after = seen_out.rsplit(" [stopped]").next().unwrap();
     assert!(after.trim().len() > 1, "an answer after the stopped one: {seen_out:?}");
+    let _ = std::fs::remove_dir_all(&data);
 }
 
 #[test]
@@ -268,6 +272,7 @@ fn a_conversation_past_the_context_drops_its_oldest_turns() {
     let sums = [(23, 45), (31, 27), (56, 18), (64, 29), (47, 38), (12, 79)];
     let input: String = sums.iter().map(|(a, b)| format!("What is {a} + {b}?\n")).collect::<String>() + "/stats\n";
     let mut child = coli()
+        .env("XDG_DATA_HOME", dir.join("data"))
         .args(["chat", "--model"])
         .arg(&model)
         .args(["--max-new-tokens", "48", "--temperature", "0", "--system", "Answer briefly."])

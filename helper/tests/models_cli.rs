@@ -162,6 +162,25 @@ fn every_command_takes_an_installed_id() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL  model id"));
 }
 
+/// `demo` with nothing installed is the checkout's built-in demo (models/demo) for every
+/// command, `info` and `doctor` included (they once refused the id the others took).
+#[test]
+fn the_built_in_demo_id_works_everywhere() {
+    let home = scratch("demo-id");
+    let demo = std::fs::canonicalize(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo")).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(coli(&home).args(["info", "demo", "--json"]).output().unwrap())).unwrap();
+    let path = std::fs::canonicalize(v["path"].as_str().unwrap()).unwrap();
+    assert_eq!(path, demo, "{v}");
+    let doc = ok(coli(&home).args(["doctor", "demo"]).output().unwrap());
+    assert!(doc.contains("ok    weights") && doc.contains("ok    tokenizer"), "{doc}");
+    let gen = ok(coli(&home)
+        .args(["generate", "--model", "demo", "--chat", "--prompt", "What is 7 plus 5?", "--temperature", "0"])
+        .output()
+        .unwrap());
+    assert!(gen.contains("12"), "{gen}");
+}
+
 fn get(port: u16, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").unwrap();

@@ -14,8 +14,14 @@ export const COLI = process.env.COLI || join(ROOT, "target/release/coli");
 export const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 export const ARTIFACTS = process.env.E2E_ARTIFACTS || join(ROOT, "target/e2e-artifacts");
 
+// The helpers' data directory (KV caches on disk, usage of read-only models): one per test
+// process, so that no run finds what an earlier run (or another worktree) left there.
+export const DATA_HOME = mkdtempSync(join(tmpdir(), "colibri-e2e-data-"));
+process.on("exit", () => rmSync(DATA_HOME, { recursive: true, force: true }));
+const ENV = { ...process.env, XDG_DATA_HOME: DATA_HOME };
+
 export function coli(args, opts = {}) {
-  return execFileSync(COLI, args, { encoding: "utf8", maxBuffer: 1 << 28, ...opts });
+  return execFileSync(COLI, args, { encoding: "utf8", maxBuffer: 1 << 28, env: ENV, ...opts });
 }
 
 /** Converts tests/fixtures/NAME into a fresh temporary models directory as model id NAME. */
@@ -38,7 +44,7 @@ export async function freePort() {
 
 /** Starts `coli serve` and resolves once /health answers. */
 export async function startHelper({ modelsDir, port, extra = [] }) {
-  const child = spawn(COLI, ["serve", "--port", String(port), "--models-dir", modelsDir, ...extra], { stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(COLI, ["serve", "--port", String(port), "--models-dir", modelsDir, ...extra], { stdio: ["ignore", "pipe", "pipe"], env: ENV });
   let log = "";
   child.stdout.on("data", (d) => (log += d));
   child.stderr.on("data", (d) => (log += d));
