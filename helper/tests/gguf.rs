@@ -349,5 +349,13 @@ fn damaged_and_hostile_ggufs_are_one_line_errors() {
     let arch = good.windows(8).position(|w| w == b"qwen3moe").unwrap();
     b[arch..arch + 8].copy_from_slice(b"qwen9moe");
     assert!(refused(&b, &dir, "arch").contains("\"qwen9moe\" is not supported"));
+    // A deepseek2 file whose router is a softmax (DeepSeek-V2's): expert_gating_func 2 -> 1.
+    let mut b = std::fs::read(gguf("deepseek2-f16")).unwrap();
+    let key = b"deepseek2.expert_gating_func";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(&b[at..at + 8], &[4, 0, 0, 0, 2, 0, 0, 0], "a u32 2 follows the key");
+    b[at + 4] = 1;
+    let e = refused(&b, &dir, "softmax");
+    assert!(e.contains("expert_gating_func is 1") && e.contains("sigmoid router"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -93,8 +93,9 @@ pub(super) fn config(g: &Gguf, a: &Arch, f: &Facts, context: Option<u64>) -> Res
             // (DeepSeek-V2 / V2.5); colibri runs the sigmoid router of V3 only.
             let gating = meta_u64(g, &key("expert_gating_func"))?;
             if gating != Some(GATING_SIGMOID) && !(a.model_type == "glm4_moe" && gating.is_none()) {
+                let is = gating.map_or("absent (softmax for llama.cpp)".to_string(), |v| v.to_string());
                 return Err(err(format!(
-                    "{} is {gating:?}: colibri runs the sigmoid router ({GATING_SIGMOID}) of DeepSeek-V3 / GLM-4.5 only (a softmax router is DeepSeek-V2's)",
+                    "{} is {is}: colibri runs the sigmoid router ({GATING_SIGMOID}) of DeepSeek-V3 / GLM-4.5 only, not DeepSeek-V2's softmax router",
                     key("expert_gating_func")
                 )));
             }

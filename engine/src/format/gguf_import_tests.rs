@@ -79,6 +79,68 @@ fn deepseek2_kv_b_is_put_back_together() {
     same_as_checkpoint("deepseek2-kv_b-f16", "deepseek_v3_noqlora", 98);
 }
 
+/// Q8_0 rows of `cols` values: f16 scale then 32 int8 per block, from a counter.
+fn q8_0_rows(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut x = seed;
+    for _ in 0..rows * cols / 32 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        out.extend(half::f16::from_f32(0.01 + (x >> 20) as f32 * 1e-5).to_le_bytes());
+        for _ in 0..32 {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            out.push((x >> 16) as u8);
+        }
+    }
+    out
+}
+
+/// kv_b_proj from quantized halves (real DeepSeek GGUFs: rows of 128/512 values, whole
+/// Q8_0 blocks, unlike the fixtures): f32 gives the halves' exact values in kv_b_proj's
+/// order; the kept type is int8/g32, re-quantized from them (not exact, so never claimed).
+#[test]
+fn kv_b_from_quantized_halves() {
+    use crate::format::gguf::tests::Writer;
+    let (heads, lora, nope, vd) = (2usize, 32usize, 32usize, 3usize);
+    let w = Writer::new()
+        .tensor(
+            "blk.0.attn_k_b.weight",
+            &[nope as u64, lora as u64, heads as u64],
+            q::Q8_0,
+            q8_0_rows(heads * lora, nope, 1),
+        )
+        .tensor(
+            "blk.0.attn_v_b.weight",
+            &[lora as u64, vd as u64, heads as u64],
+            q::Q8_0,
+            q8_0_rows(heads * vd, lora, 2),
+        );
+    let bytes = w.bytes();
+    let g = Gguf::parse(&bytes, "x").unwrap();
+    let file = Bytes::from_vec(bytes);
+    assert!(kv_b_planned(&g, 0, 0, 1, 3).is_err(), "3 heads do not split 2-head halves");
+    let p = kv_b_planned(&g, 0, 0, 1, heads).unwrap();
+    assert_eq!(p.shape, vec![heads * (nope + vd), lora]);
+    let (k, v) = (decode_all(&file, &g.tensors[0]).unwrap(), decode_all(&file, &g.tensors[1]).unwrap());
+    let mut want = Vec::new();
+    for h in 0..heads {
+        for j in 0..nope {
+            want.extend((0..lora).map(|c| k[(h * lora + c) * nope + j]));
+        }
+        want.extend_from_slice(&v[h * vd * lora..(h + 1) * vd * lora]);
+    }
+    let got = f32s(&tensor(&g, &file, &p, Some(DType::F32)).unwrap());
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()) && got.len() == want.len());
+    let int8 = DType::Int8 { group: 32 };
+    assert_eq!(keep_dtype_for(&g, &p), int8);
+    assert!(!stores_exactly_for(&g, &p, int8) && stores_exactly_for(&g, &p, DType::F32));
+    let kept = tensor(&g, &file, &p, None).unwrap();
+    let mut row = vec![0u8; int8.row_bytes(lora).unwrap()];
+    for (r, vals) in want.chunks(lora).enumerate() {
+        quantize_row(int8, vals, &mut row).unwrap();
+        assert_eq!(&kept.bytes.as_ref()[r * row.len()..(r + 1) * row.len()], &row[..], "row {r}");
+    }
+}
+
 /// The config keys a GGUF carries equal the checkpoint's, and the config loads.
 fn same_config(name: &str, hf: &str, keys: &[&str]) -> Json {
     let (g, _) = fixture(name);
