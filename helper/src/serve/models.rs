@@ -31,15 +31,27 @@ const MAX_LISTED_FILES: usize = 4096;
 const MAX_SCANNED_ENTRIES: usize = 20_000;
 
 impl Registry {
-    /// `models`: resolved model directories (their ids are their directory names).
+    /// `models`: resolved model directories. A directory inside the models directory keeps
+    /// its installed id (`owner/name` included, as `coli pull` installs it); others are
+    /// named by their directory name.
     pub fn new(models: &[PathBuf], models_dir: Option<PathBuf>) -> Result<Self> {
         let mut explicit: Vec<ModelEntry> = Vec::new();
+        let installed_root = models_dir.as_ref().and_then(|d| d.canonicalize().ok());
         for m in models {
             let root = m.canonicalize().with_context(|| format!("{}: cannot open the model directory", m.display()))?;
             if !root.join("config.json").is_file() {
                 bail!("{}: not a model directory (no config.json)", m.display());
             }
-            let id = root.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            let installed_id = installed_root
+                .as_ref()
+                .and_then(|base| root.strip_prefix(base).ok())
+                .and_then(|rel| rel.iter().map(|c| c.to_str()).collect::<Option<Vec<_>>>())
+                .map(|parts| parts.join("/"))
+                .filter(|id| is_valid_model_id(id));
+            let id = match installed_id {
+                Some(id) => id,
+                None => root.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string(),
+            };
             if !is_valid_model_id(&id) {
                 bail!(
                     "{}: the directory name {id:?} cannot be a model id (use letters, digits, '.', '_', '-')",
@@ -390,5 +402,23 @@ mod tests {
         assert!(d["error"].is_null());
         assert!(d["files"].as_array().unwrap().iter().any(|f| f["path"] == "model.safetensors"));
         assert!(Registry::new(&[fixtures.join("olmoe"), fixtures.join("olmoe")], None).is_err());
+    }
+
+    #[test]
+    fn an_installed_owner_name_model_keeps_its_id() {
+        // `coli serve --model acme/tiny-moe` used to serve it as "tiny-moe" (and list it a
+        // second time as "acme/tiny-moe" from the models directory).
+        let dir = std::env::temp_dir().join(format!("colibri-registry-{}", std::process::id()));
+        let model = dir.join("acme").join("tiny-moe");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("config.json"), "{}").unwrap();
+        let reg = Registry::new(std::slice::from_ref(&model), Some(dir.clone())).unwrap();
+        let ids: Vec<String> = reg.list().into_iter().map(|m| m.id).collect();
+        assert_eq!(ids, ["acme/tiny-moe"]);
+        assert!(reg.get("acme/tiny-moe").is_some());
+        // Outside the models directory a model is named by its directory.
+        let reg = Registry::new(&[model], None).unwrap();
+        assert_eq!(reg.list()[0].id, "tiny-moe");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
