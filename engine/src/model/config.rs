@@ -641,6 +641,26 @@ fn optional_usize(v: &Value, key: &str, default: usize) -> Result<usize> {
     }
 }
 
+/// `layer_types` when present: one entry per layer, each one of `kinds`' names mapped to
+/// its value; None when absent or null (the family's default applies); an error naming
+/// the entry otherwise.
+fn layer_types<T: Copy>(v: &Value, n_layers: usize, kinds: &[(&str, T)]) -> Result<Option<Vec<T>>> {
+    let Some(types) = v.get("layer_types").filter(|t| !t.is_null()) else { return Ok(None) };
+    let types = types
+        .as_array()
+        .filter(|t| t.len() == n_layers)
+        .ok_or_else(|| Error::Config(format!("layer_types must list one type for each of the {n_layers} layers")))?;
+    let known = || kinds.iter().map(|(k, _)| format!("{k:?}")).collect::<Vec<_>>().join(" and ");
+    types
+        .iter()
+        .map(|t| match kinds.iter().find(|(k, _)| t.as_str() == Some(k)) {
+            Some((_, value)) => Ok(*value),
+            None => Err(Error::Config(format!("layer_types entry {t} is not supported (only {})", known()))),
+        })
+        .collect::<Result<Vec<T>>>()
+        .map(Some)
+}
+
 /// Per-layer sliding windows. Mixtral applies `sliding_window` to every layer when it is
 /// set; the Qwen families only when `use_sliding_window` is on, following `layer_types`
 /// when the config lists them (else layers from `max_window_layers` on).

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{get_f64, get_usize, Activation, RouterConfig, Scoring};
+use super::{get_f64, get_usize, layer_types, Activation, RouterConfig, Scoring};
 use crate::error::{Error, Result};
 
 /// The experts' clamped SwiGLU: `swiglu_alpha` (default 1.702) and `swiglu_limit` (7.0).
@@ -37,23 +37,9 @@ pub(super) fn sliding_windows(v: &Value, n_layers: usize) -> Result<Vec<Option<u
             Some(_) => get_usize(v, "sliding_window"),
         },
     };
-    let Some(types) = v.get("layer_types").filter(|t| !t.is_null()) else {
-        return Ok((0..n_layers).map(|l| if l % 2 == 0 { window } else { None }).collect());
-    };
-    let types = types
-        .as_array()
-        .filter(|t| t.len() == n_layers)
-        .ok_or_else(|| Error::Config(format!("layer_types must list one type for each of the {n_layers} layers")))?;
-    types
-        .iter()
-        .map(|t| match t.as_str() {
-            Some("full_attention") => Ok(None),
-            Some("sliding_attention") => Ok(window),
-            _ => Err(Error::Config(format!(
-                "layer_types entry {t} is not supported (only \"full_attention\" and \"sliding_attention\")"
-            ))),
-        })
-        .collect()
+    let kinds = [("full_attention", None), ("sliding_attention", window)];
+    Ok(layer_types(v, n_layers, &kinds)?
+        .unwrap_or_else(|| (0..n_layers).map(|l| if l % 2 == 0 { window } else { None }).collect()))
 }
 
 /// `v` with transformers' default rope for gpt_oss (YaRN, factor 32 over 4096 positions,

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{bounded, limits, optional_usize};
+use super::{bounded, layer_types, limits, optional_usize};
 use crate::error::{Error, Result};
 
 /// Gated DeltaNet (qwen3_next's linear attention): per layer a recurrent state of
@@ -72,29 +72,16 @@ pub(super) fn linear_config(v: &Value, n_layers: usize) -> Result<LinearAttnConf
 }
 
 fn layer_kinds(v: &Value, n_layers: usize) -> Result<Vec<bool>> {
-    let Some(types) = v.get("layer_types").filter(|t| !t.is_null()) else {
-        let every = optional_usize(v, "full_attention_interval", 4)?;
-        if every == 0 {
-            return Err(Error::Config(
-                "full_attention_interval = 0 is not supported (a positive integer is needed)".into(),
-            ));
-        }
-        return Ok((0..n_layers).map(|l| !(l + 1).is_multiple_of(every)).collect());
-    };
-    let types = types
-        .as_array()
-        .filter(|t| t.len() == n_layers)
-        .ok_or_else(|| Error::Config(format!("layer_types must list one type for each of the {n_layers} layers")))?;
-    types
-        .iter()
-        .map(|t| match t.as_str() {
-            Some("linear_attention") => Ok(true),
-            Some("full_attention") => Ok(false),
-            _ => Err(Error::Config(format!(
-                "layer_types entry {t} is not supported (only \"linear_attention\" and \"full_attention\")"
-            ))),
-        })
-        .collect()
+    if let Some(kinds) = layer_types(v, n_layers, &[("linear_attention", true), ("full_attention", false)])? {
+        return Ok(kinds);
+    }
+    let every = optional_usize(v, "full_attention_interval", 4)?;
+    if every == 0 {
+        return Err(Error::Config(
+            "full_attention_interval = 0 is not supported (a positive integer is needed)".into(),
+        ));
+    }
+    Ok((0..n_layers).map(|l| !(l + 1).is_multiple_of(every)).collect())
 }
 
 #[cfg(test)]
