@@ -9,13 +9,16 @@
 //!   order, every product rounded on its own (no FMA).
 //!
 //! [`dot_row_scalar`] is the reference; the SIMD paths (x86-64 AVX2 and AVX-512 VNNI,
-//! wasm SIMD128) only change how the integer sums are formed, so they give its bits by
-//! construction, as does the WGSL twin (shaders/qmatmul.wgsl). `COLIBRI_SIMD=scalar`
-//! (or `avx2`, `avx512`) forces a path; tests run every available one.
+//! aarch64 NEON with or without dotprod, wasm SIMD128) only change how the integer sums are
+//! formed, so they give its bits by construction, as does the WGSL twin
+//! (shaders/qmatmul.wgsl). `COLIBRI_SIMD=scalar` (or `avx2`, `avx512`, `neon`,
+//! `neon+dotprod`) forces a path; tests run every available one.
 //!
 //! MXFP4 rows (gpt-oss's experts) have their own kernel in [`mxfp4`]: int16 activations in
 //! two parts, the same fixed float combination.
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -53,6 +56,8 @@ pub enum Simd {
     Scalar,
     Avx2,
     Avx512,
+    Neon,
+    NeonDot,
     Simd128,
 }
 
@@ -62,6 +67,8 @@ impl Simd {
             Simd::Scalar => "scalar",
             Simd::Avx2 => "avx2",
             Simd::Avx512 => "avx512",
+            Simd::Neon => "neon",
+            Simd::NeonDot => "neon+dotprod",
             Simd::Simd128 if cfg!(target_feature = "relaxed-simd") => "simd128+relaxed",
             Simd::Simd128 => "simd128",
         }
@@ -83,6 +90,14 @@ impl Simd {
             }
             if x86::has_avx512() {
                 v.push(Simd::Avx512);
+            }
+        }
+        // NEON is part of aarch64's baseline; dotprod (sdot) is detected.
+        #[cfg(target_arch = "aarch64")]
+        {
+            v.push(Simd::Neon);
+            if neon::has_dotprod() {
+                v.push(Simd::NeonDot);
             }
         }
         // wasm SIMD128 is decided when the module is built (+simd128 in .cargo/config.toml
@@ -364,6 +379,13 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Simd::Avx512 => unsafe { x86::dot_row_avx512(int4, row, a, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: without dotprod nothing beyond aarch64's baseline NEON is used.
+        Simd::Neon => unsafe { neon::dot_row_neon(false, int4, row, a, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: Simd::NeonDot is only produced by Simd::available() after the CPU
+        // reported dotprod.
+        Simd::NeonDot => unsafe { neon::dot_row_neon(true, int4, row, a, p) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Simd::Simd128 => wasm::dot_row_simd128(int4, row, a, p),
         _ => dot_row_scalar(int4, row, a, p),
