@@ -3,7 +3,10 @@
 //   s_j = dot(q, k_j) * scale             for the visible keys j in [lo, p], p = pos0 + i,
 //                                         lo = p + 1 - window (clamped at 0) or 0
 //   s   = softmax(s)                       max subtracted, det_exp, sum in index order,
-//                                         correctly rounded division
+//                                         correctly rounded division; with sinks
+//                                         (gpt_oss) the head's sink logit joins the max
+//                                         and adds its term to the sum after the others
+//                                         (math::softmax_with_sink)
 //   out = sum_j s_j * v_j                  in index order, products rounded (opq)
 // dot uses math::dot's 8-lane order; each sequential sum is done by one thread in the
 // CPU's order, so the result is the CPU's bits.
@@ -16,6 +19,7 @@
 //   3 V   storage read  f32 [pos0 + n, n_kv_heads * head_dim]  value cache
 //   4 S   storage rw    f32 [n * n_heads, s_stride]      scratch for the scores
 //   5 O   storage rw    f32 [n, n_heads * head_dim]      context
+//   6 SK  storage read  f32 [n_heads]                    sink logits (read when sinks = 1)
 // Workgroup: 64 threads. Dispatch: n * n_heads workgroups, split (x, y) with groups_x.
 
 struct Params {
@@ -28,6 +32,7 @@ struct Params {
     window: u32, // 0: no sliding window
     scale: f32,
     s_stride: u32,
+    sinks: u32,
     groups_x: u32,
 }
 
@@ -37,6 +42,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> V: array<f32>;
 @group(0) @binding(4) var<storage, read_write> S: array<f32>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
+@group(0) @binding(6) var<storage, read> SK: array<f32>;
 
 var<workgroup> red: array<f32, 64>;
 var<workgroup> total: f32;
@@ -82,7 +88,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         }
         workgroupBarrier();
     }
-    let mx = red[0];
+    var mx = red[0];
+    if (P.sinks != 0u && SK[h] > mx) {
+        mx = SK[h];
+    }
     for (var j = li; j < len; j = j + 64u) {
         S[sb + j] = det_exp(S[sb + j] - mx);
     }
@@ -91,6 +100,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         var sum = 0.0;
         for (var j = 0u; j < len; j = j + 1u) {
             sum = sum + S[sb + j];
+        }
+        if (P.sinks != 0u) {
+            sum = sum + det_exp(SK[h] - mx);
         }
         total = sum;
     }

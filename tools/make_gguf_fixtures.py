@@ -10,6 +10,17 @@
                               converter writes no Q4_0): experts and output Q4_0, attention
                               and embeddings Q8_0, rows of 36 (not a multiple of 32) F16
    The fixtures' sizes are deliberately not multiples of 32, so some tensors stay F16.
+     qwen2moe-f16.gguf        --outtype f16 (shared expert and its sigmoid gate, q/k/v biases; the
+                              fixture's dense layer 1 under llama.cpp's dense FFN names: PATCHES)
+     glm4moe-f16.gguf         --outtype f16 (partial rotary, biases, q/k norms, dense layer 0,
+                              exp_probs_b correction bias, shared expert)
+     deepseek2-f16.gguf       --outtype f16 from deepseek_v3 (MLA with q LoRA, kv_b_proj split
+                              into attn_k_b (transposed per head) and attn_v_b as llama.cpp
+                              writes it now)
+     deepseek2-kv_b-f16.gguf  --outtype f16 from deepseek_v3_noqlora (plain q_proj, kv_b_proj
+                              whole as attn_kv_b, as llama.cpp wrote it before the split)
+   None of the newer families' fixture sizes is a multiple of 32, so they have no quantized
+   variant (llama.cpp would leave every tensor F16); qwen3moe's covers Q8_0/Q4_0.
    The fixtures' tokenizer is a plain GPT-2 byte-level BPE that llama.cpp's pre-tokenizer
    table does not know by hash, so the script declares it "gpt-2" (what it is).
 2. <name>.ref.json beside each GGUF: for every tensor, the sha256 of its values
@@ -23,6 +34,10 @@
 
 Usage: pip install gguf torch transformers sentencepiece
        python3 tools/make_gguf_fixtures.py --llama-cpp /path/to/llama.cpp
+A llama.cpp checkout, or the copy llama-cpp-python's source package vendors
+(`pip download llama-cpp-python --no-deps --no-binary llama-cpp-python`, then
+vendor/llama.cpp of the unpacked archive; the qwen2moe, glm4moe and deepseek2 fixtures
+were made with 0.3.36's).
 """
 
 import argparse
@@ -44,17 +59,54 @@ WRAPPER = """
 import runpy, sys
 sys.path.insert(0, sys.argv[1])
 import conversion.base as base  # llama.cpp's converter package (uses llama.cpp's gguf-py)
+import gguf
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+exec(sys.argv[2])
 script = sys.argv[1] + "/convert_hf_to_gguf.py"
-sys.argv = [script] + sys.argv[2:]
+sys.argv = [script] + sys.argv[3:]
 runpy.run_path(script, run_name="__main__")
 """
 
+# Patches applied to llama.cpp's converter for one fixture (the third argument of WRAPPER).
+PATCHES = {
+    # The qwen2_moe fixture has a dense layer (mlp_only_layers [1]); llama.cpp's qwen2moe
+    # architecture has none (the released Qwen1.5/Qwen2 MoE checkpoints use none), so its
+    # tensor map gets the names llama.cpp gives dense FFNs everywhere else.
+    "qwen2moe": "gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN2MOE] += "
+    "[gguf.MODEL_TENSOR.FFN_GATE, gguf.MODEL_TENSOR.FFN_UP, gguf.MODEL_TENSOR.FFN_DOWN]",
+    # GLM's vocabulary writer needs GLM's special tokens ([gMASK], <sop>); the fixture has
+    # the shared GPT-2 tokenizer, written as any other BPE vocabulary.
+    "glm4moe": "import conversion.glm as glm\n"
+    "glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()",
+    # llama.cpp before the MLA split (mid 2025) wrote kv_b_proj whole as attn_kv_b; this
+    # skips the split, giving the older layout that published deepseek2 GGUFs still have.
+    "deepseek2-kv_b": "import conversion.deepseek as ds\n"
+    "_split = ds.DeepseekV2Model.modify_tensors\n"
+    "def _whole(self, data, name, bid):\n"
+    "    if name.endswith('kv_b_proj.weight'):\n"
+    "        return base.TextModel.modify_tensors(self, data, name, bid)\n"
+    "    return _split(self, data, name, bid)\n"
+    "ds.DeepseekV2Model.modify_tensors = _whole",
+}
 
-def run_llama_cpp_convert(llama_cpp: Path, src: Path, out: Path, outtype: str) -> None:
-    cmd = [sys.executable, "-c", WRAPPER, str(llama_cpp), str(src), "--outfile", str(out), "--outtype", outtype]
+
+def run_llama_cpp_convert(llama_cpp: Path, src: Path, out: Path, outtype: str, patch: str = "") -> None:
+    cmd = [sys.executable, "-c", WRAPPER, str(llama_cpp), PATCHES.get(patch, ""), str(src), "--outfile", str(out)]
+    cmd += ["--outtype", outtype]
     env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def with_config(src: Path, dst: Path, **changes) -> Path:
+    """A copy of checkpoint `src` (weights linked) whose config.json has `changes`."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f.resolve())
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
 
 
 def requantize(src: Path, dst: Path, pick) -> None:
@@ -220,7 +272,26 @@ def main() -> None:
         run_llama_cpp_convert(a.llama_cpp, fx / "qwen3_moe", f32, "f32")
         # Experts and the output in Q4_0, attention and embeddings in Q8_0.
         requantize(f32, OUT / "qwen3moe-q4_0-q8_0.gguf", lambda n: Q.Q4_0 if "exps" in n or n == "output.weight" else Q.Q8_0)
-    for name in ["olmoe-f16", "mixtral-f16", "qwen3moe-q4_0-q8_0"]:
+    run_llama_cpp_convert(a.llama_cpp, fx / "qwen2_moe", OUT / "qwen2moe-f16.gguf", "f16", "qwen2moe")
+    run_llama_cpp_convert(a.llama_cpp, fx / "glm4_moe", OUT / "glm4moe-f16.gguf", "f16", "glm4moe")
+    with tempfile.TemporaryDirectory() as d:
+        # The released DeepSeek-V3 / Kimi-K2 config.json say how they route; transformers
+        # does not keep these keys, and without scoring_func llama.cpp would write no
+        # expert_gating_func (and then route deepseek2 with a softmax, as DeepSeek-V2).
+        routing = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+        v3 = with_config(fx / "deepseek_v3", Path(d) / "deepseek_v3", **routing)
+        run_llama_cpp_convert(a.llama_cpp, v3, OUT / "deepseek2-f16.gguf", "f16")
+        lite = with_config(fx / "deepseek_v3_noqlora", Path(d) / "deepseek_v3_noqlora", **routing)
+        run_llama_cpp_convert(a.llama_cpp, lite, OUT / "deepseek2-kv_b-f16.gguf", "f16", "deepseek2-kv_b")
+    for name in [
+        "olmoe-f16",
+        "mixtral-f16",
+        "qwen3moe-q4_0-q8_0",
+        "qwen2moe-f16",
+        "glm4moe-f16",
+        "deepseek2-f16",
+        "deepseek2-kv_b-f16",
+    ]:
         reference(OUT / f"{name}.gguf")
     spm_tokenizer()
     dequant_vectors()

@@ -56,8 +56,9 @@ fn logits(model: &Path, ids: &str) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
-/// A copy of a fixture checkpoint without the config keys llama.cpp's GGUF does not carry.
-fn checkpoint_without(family: &str, keys: &[&str], dir: &Path) -> PathBuf {
+/// A copy of a fixture checkpoint whose config.json is changed by `edit` (to what
+/// llama.cpp's GGUF of it says where the two differ).
+fn checkpoint_with(family: &str, dir: &Path, edit: impl Fn(&mut serde_json::Map<String, Value>)) -> PathBuf {
     let src = fixtures().join(family);
     let dst = dir.join(format!("{family}-hf"));
     std::fs::create_dir_all(&dst).unwrap();
@@ -66,9 +67,7 @@ fn checkpoint_without(family: &str, keys: &[&str], dir: &Path) -> PathBuf {
         std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
     }
     let mut cfg: Value = serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
-    for k in keys {
-        cfg.as_object_mut().unwrap().remove(*k);
-    }
+    edit(cfg.as_object_mut().unwrap());
     std::fs::write(dst.join("config.json"), serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
     dst
 }
@@ -79,13 +78,30 @@ fn reference_ids(family: &str) -> String {
     r["ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
 }
 
+/// The greedy continuation of the fixture's reference prompt (`reference.json`).
+fn greedy(model: &Path, family: &str) -> Vec<u64> {
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(family).join("reference.json")).unwrap()).unwrap();
+    let g = &r["greedy"];
+    let prompt: Vec<String> = g["prompt_ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
+    let n = g["new_ids"].as_array().unwrap().len().to_string();
+    let out = ok(coli()
+        .args(["generate", "--model"])
+        .arg(model)
+        .args(["--ids", &prompt.join(","), "--max-new-tokens", &n, "--temperature", "0", "--json"])
+        .output()
+        .unwrap());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
 /// llama.cpp's f16 GGUF of a checkpoint, converted as is, equals the checkpoint converted
-/// to f16: the same weights.bin bytes and bit-identical logits. llama.cpp's GGUF does not
-/// record olmoe's clip_qkv (convert_hf_to_gguf's OlmoeModel drops it) nor mixtral's
-/// sliding_window, so the checkpoint is compared without them.
-fn lossless(name: &str, family: &str, dropped: &[&str]) {
+/// to f16: the same weights.bin bytes, bit-identical logits and the same greedy tokens.
+/// The checkpoint's config is first changed by `edit` where llama.cpp's GGUF says less
+/// or otherwise (see each test).
+fn lossless(name: &str, family: &str, edit: impl Fn(&mut serde_json::Map<String, Value>)) -> Vec<u64> {
     let dir = scratch(name);
-    let hf = checkpoint_without(family, dropped, &dir);
+    let hf = checkpoint_with(family, &dir, edit);
     let (a, b) = (dir.join("from-gguf"), dir.join("from-hf"));
     convert(&gguf(name), &a, &[]);
     convert(&hf, &b, &["--quant", "f16"]);
@@ -94,19 +110,59 @@ fn lossless(name: &str, family: &str, dropped: &[&str]) {
     let ids = reference_ids(family);
     let (la, lb) = (logits(&a, &ids), logits(&b, &ids));
     assert!(la == lb && !la.is_empty(), "{name}: logits differ");
+    let (ga, gb) = (greedy(&a, family), greedy(&b, family));
+    assert!(ga == gb && !ga.is_empty(), "{name}: greedy {ga:?} vs {gb:?}");
     let info = String::from_utf8(ok(run(&["info".as_ref(), a.as_os_str()])).stdout).unwrap();
     assert!(info.contains(&format!("converted from GGUF {name}.gguf")), "{info}");
     let _ = std::fs::remove_dir_all(&dir);
+    ga
+}
+
+/// The fixture's own greedy ids (transformers, f32): f16 weights keep them here.
+fn reference_greedy(family: &str) -> Vec<u64> {
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(family).join("reference.json")).unwrap()).unwrap();
+    r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
 }
 
 #[test]
 fn olmoe_f16_gguf_equals_the_checkpoint() {
-    lossless("olmoe-f16", "olmoe", &["clip_qkv"]);
+    // convert_hf_to_gguf's OlmoeModel does not write clip_qkv.
+    lossless("olmoe-f16", "olmoe", |c| {
+        c.remove("clip_qkv");
+    });
 }
 
 #[test]
 fn mixtral_f16_gguf_equals_the_checkpoint() {
-    lossless("mixtral-f16", "mixtral", &["sliding_window"]);
+    // llama.cpp's GGUF does not record mixtral's sliding_window.
+    lossless("mixtral-f16", "mixtral", |c| {
+        c.remove("sliding_window");
+    });
+}
+
+#[test]
+fn qwen2moe_f16_gguf_equals_the_checkpoint() {
+    let ids = lossless("qwen2moe-f16", "qwen2_moe", |_| {});
+    assert_eq!(ids, reference_greedy("qwen2_moe"));
+}
+
+#[test]
+fn glm4moe_f16_gguf_equals_the_checkpoint() {
+    let ids = lossless("glm4moe-f16", "glm4_moe", |_| {});
+    assert_eq!(ids, reference_greedy("glm4_moe"));
+}
+
+/// llama.cpp's deepseek2 has one YaRN mscale (the fixture's mscale 1.0 != mscale_all_dim
+/// 0.7 is not expressible: the GGUF means mscale = mscale_all_dim, as in the released
+/// checkpoints) and always rotates interleaved pairs (deepseek_v3_noqlora has
+/// `rope_interleave: false`): the checkpoints are compared with what the GGUFs mean.
+#[test]
+fn deepseek2_f16_ggufs_equal_the_checkpoints() {
+    lossless("deepseek2-f16", "deepseek_v3", |c| c["rope_parameters"]["mscale"] = serde_json::json!(0.7));
+    lossless("deepseek2-kv_b-f16", "deepseek_v3_noqlora", |c| {
+        c.insert("rope_interleave".into(), true.into());
+    });
 }
 
 /// The Hugging Face name of a qwen3moe GGUF tensor, or the expert part for stacked ones.
@@ -293,5 +349,13 @@ fn damaged_and_hostile_ggufs_are_one_line_errors() {
     let arch = good.windows(8).position(|w| w == b"qwen3moe").unwrap();
     b[arch..arch + 8].copy_from_slice(b"qwen9moe");
     assert!(refused(&b, &dir, "arch").contains("\"qwen9moe\" is not supported"));
+    // A deepseek2 file whose router is a softmax (DeepSeek-V2's): expert_gating_func 2 -> 1.
+    let mut b = std::fs::read(gguf("deepseek2-f16")).unwrap();
+    let key = b"deepseek2.expert_gating_func";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(&b[at..at + 8], &[4, 0, 0, 0, 2, 0, 0, 0], "a u32 2 follows the key");
+    b[at + 4] = 1;
+    let e = refused(&b, &dir, "softmax");
+    assert!(e.contains("expert_gating_func is 1") && e.contains("sigmoid router"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -107,7 +107,7 @@ fn wgpu_backend_gives_the_cpu_bytes_on_every_fixture() {
     if !have_gpu() {
         return;
     }
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss_mxfp4"] {
         let ids = ids_arg(name);
         let cpu = logits(&fixture(name), &ids, "cpu", &[], &format!("hf-{name}"));
         let gpu = logits(&fixture(name), &ids, "wgpu", &[], &format!("hf-{name}"));

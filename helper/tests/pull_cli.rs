@@ -239,7 +239,7 @@ impl MockHub {
             return send(&mut s, "401 Unauthorized", "", b"token");
         }
         let Ok(bytes) = std::fs::read(dir.join(file)) else { return send(&mut s, "404 Not Found", "", b"") };
-        if file.ends_with(".safetensors") {
+        if file.ends_with(".safetensors") || file.ends_with(".gguf") {
             let sha = if self.faults.lock().unwrap().wrong_sha.contains(file) {
                 sha256_hex(b"something else")
             } else {
@@ -411,6 +411,76 @@ fn a_killed_pull_resumes_to_the_same_bytes() {
     assert_same_dir(&home.join("acme/synth"), &converted(&ckpt, "kill-ref"));
     let reqs = hub.requests()[before..].to_vec();
     assert!(reqs.iter().any(|r| r.contains("/cdn/") && r.contains("bytes=") && !r.contains("bytes=0-")), "{reqs:#?}");
+}
+
+/// A repository of GGUF files, as the hub's *-GGUF repositories are: two quantizations of a
+/// model (here two fixtures under such names), a multimodal projector and a split GGUF.
+fn gguf_repo(tag: &str) -> PathBuf {
+    let dir = scratch(tag).join("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let g = fixture("gguf");
+    std::fs::copy(g.join("qwen3moe-q4_0-q8_0.gguf"), dir.join("Tiny-MoE-Q4_0.gguf")).unwrap();
+    std::fs::copy(g.join("qwen2moe-f16.gguf"), dir.join("Tiny-MoE-F16.gguf")).unwrap();
+    std::fs::copy(g.join("glm4moe-f16.gguf"), dir.join("mmproj-Tiny-MoE-F16.gguf")).unwrap();
+    std::fs::write(dir.join("Big-Q8_0-00001-of-00002.gguf"), b"GGUF").unwrap();
+    std::fs::write(dir.join("README.md"), b"# Tiny-MoE GGUF\n").unwrap();
+    dir
+}
+
+#[test]
+fn pull_of_a_gguf_repository_matches_convert_of_the_file() {
+    let home = scratch("gguf");
+    let repo = gguf_repo("gguf-src");
+    let hub = MockHub::start(&[("acme/Tiny-MoE-GGUF", repo.clone()), ("acme/bad-GGUF", repo.clone())], &home);
+    let pull = |args: &[&str]| coli(&home, &hub).arg("pull").args(args).output().unwrap();
+    // Several GGUFs: one must be chosen (the projector is not a candidate).
+    let out = pull(&["acme/Tiny-MoE-GGUF"]);
+    assert_one_error(&out, "holds 3 GGUF files");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("mmproj"));
+    assert_one_error(&pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Tiny"]), "matches 2");
+    assert_one_error(&pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Q2_K"]), "no GGUF file");
+    assert_one_error(&pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Big"]), "split in 2");
+
+    // By quant tag, through a redirect to the CDN, resuming after a dropped connection.
+    hub.faults.lock().unwrap().drop_once.insert("Tiny-MoE-Q4_0.gguf".into());
+    let out = ok(pull(&["acme/Tiny-MoE-GGUF", "--gguf", "q4_0"]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("installed acme/Tiny-MoE-GGUF"));
+    let want = scratch("gguf-ref").join("Tiny-MoE-Q4_0.gguf");
+    std::fs::copy(repo.join("Tiny-MoE-Q4_0.gguf"), &want).unwrap();
+    assert_same_dir(&home.join("acme/Tiny-MoE-GGUF"), &converted(&want, "gguf-ref-out"));
+    assert!(!home.join(".pull").exists(), "the staging directory (and the GGUF) is removed");
+    let reqs = hub.requests();
+    let resumed = reqs
+        .iter()
+        .any(|r| r.starts_with("GET /cdn/acme/Tiny-MoE-GGUF/Tiny-MoE-Q4_0.gguf bytes=") && !r.contains("bytes=0-"));
+    assert!(resumed, "no resumed Range request after the dropped connection: {reqs:#?}");
+    assert!(reqs.iter().filter(|r| r.contains("/cdn/")).all(|r| r.ends_with("auth=")), "the token went to the CDN");
+    let list = ok(coli(&home, &hub).args(["list", "--json"]).output().unwrap());
+    let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(
+        (v["models"][0]["id"].as_str(), v["models"][0]["family"].as_str()),
+        (Some("acme/Tiny-MoE-GGUF"), Some("qwen3_moe"))
+    );
+
+    // --quant converts as `coli convert --quant` would; a wrong checksum is never converted.
+    let out = ok(pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Tiny-MoE-F16.gguf", "--quant", "int8", "--force"]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("installed"));
+    let want = scratch("gguf-ref8").join("Tiny-MoE-F16.gguf");
+    std::fs::copy(repo.join("Tiny-MoE-F16.gguf"), &want).unwrap();
+    let out8 = scratch("gguf-ref8-out").join("model");
+    ok(Command::new(env!("CARGO_BIN_EXE_coli"))
+        .arg("convert")
+        .arg(&want)
+        .arg("-o")
+        .arg(&out8)
+        .args(["--quant", "int8"])
+        .output()
+        .unwrap());
+    assert_same_dir(&home.join("acme/Tiny-MoE-GGUF"), &out8);
+    hub.faults.lock().unwrap().wrong_sha.insert("Tiny-MoE-F16.gguf".into());
+    assert_one_error(&pull(&["acme/bad-GGUF", "--gguf", "F16"]), "sha256");
+    assert!(!home.join(".pull/acme--bad-GGUF@main/out").exists(), "a corrupted GGUF was converted");
+    assert!(!home.join("acme/bad-GGUF").exists());
 }
 
 fn plan_json(home: &Path, hub: &MockHub, model: &str) -> serde_json::Value {

@@ -7,7 +7,7 @@ use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{Headers, RequestInit, Response, WorkerGlobalScope, XmlHttpRequest, XmlHttpRequestResponseType};
 
-use colibri_engine::format::byteranges::{boundary, parse_content_range, parse_multipart, Part};
+use colibri_engine::format::byteranges::{boundary, parse_content_range, parse_multipart, range_len, Part};
 
 pub fn scope() -> Result<WorkerGlobalScope, String> {
     js_sys::global()
@@ -112,8 +112,8 @@ pub fn xhr_ranges(url: &str, ranges: &[(u64, u64)]) -> Result<Vec<Part>, String>
     let cr = xhr.get_response_header("Content-Range").ok().flatten().unwrap_or_default();
     let (a, b, complete) =
         parse_content_range(&cr).ok_or_else(|| format!("{url}: 206 without a valid Content-Range"))?;
-    if body.len() as u64 != b - a + 1 {
-        return Err(format!("{url}: short range response ({} of {} bytes)", body.len(), b - a + 1));
+    if body.len() as u64 != range_len(a, b) {
+        return Err(format!("{url}: short range response ({} of {} bytes)", body.len(), range_len(a, b)));
     }
     Ok(vec![Part { offset: a, data: body, complete }])
 }

@@ -13,12 +13,19 @@ pub struct Part {
 }
 
 /// Parses `bytes a-b/len` (or `bytes a-b/*`) into (a, b) inclusive and len (None for `*`).
+/// A range whose length does not fit in u64 (`0-18446744073709551615`) is refused, so
+/// callers can take `b - a + 1` without overflow (`range_len`).
 pub fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
     let v = v.trim().strip_prefix("bytes")?.trim_start();
     let (range, len) = v.split_once('/')?;
     let (a, b) = range.split_once('-')?;
-    let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-    (a <= b).then_some((a, b, len.trim().parse().ok()))
+    let (a, b): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    (a <= b && b - a < u64::MAX).then_some((a, b, len.trim().parse().ok()))
+}
+
+/// The number of bytes of the inclusive range `a..=b` that `parse_content_range` returned.
+pub fn range_len(a: u64, b: u64) -> u64 {
+    b - a + 1
 }
 
 /// The boundary parameter of a `multipart/byteranges; boundary=...` content type.
@@ -61,7 +68,7 @@ pub fn parse_multipart(body: &[u8], boundary: &str) -> Result<Vec<Part>, String>
             })
             .ok_or("multipart part without a valid Content-Range")?;
         let start = head_end + 4;
-        let len = usize::try_from(range.1 - range.0 + 1).map_err(|_| "multipart part too large")?;
+        let len = usize::try_from(range_len(range.0, range.1)).map_err(|_| "multipart part too large")?;
         let data = start
             .checked_add(len)
             .and_then(|end| body.get(start..end))
@@ -81,6 +88,11 @@ mod tests {
         assert_eq!(parse_content_range(" bytes 5-5/*"), Some((5, 5, None)));
         assert_eq!(parse_content_range("bytes */100"), None);
         assert_eq!(parse_content_range("bytes 9-1/100"), None);
+        // The whole u64 range has no length that fits: refused (was an overflow panic in
+        // parse_multipart, found by the multipart fuzz target in CI).
+        assert_eq!(parse_content_range("bytes 0-18446744073709551615/*"), None);
+        assert_eq!(parse_content_range("bytes 1-18446744073709551615/*"), Some((1, u64::MAX, None)));
+        assert_eq!(range_len(1, u64::MAX), u64::MAX);
     }
 
     #[test]
@@ -112,5 +124,8 @@ mod tests {
         assert_eq!(boundary("text/plain; boundary=XYZ"), None);
         // Truncated body: an error, not a panic.
         assert!(parse_multipart(&body[..body.len() - 20], b).is_err());
+        // A part claiming every byte of u64: an error, not an overflow.
+        let huge = b"--b\r\nContent-Range: bytes 0-18446744073709551615/*\r\n\r\nab\r\n--b--";
+        assert!(parse_multipart(huge, "b").is_err());
     }
 }

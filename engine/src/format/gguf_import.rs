@@ -1,18 +1,21 @@
-//! A GGUF model as a Hugging Face checkpoint: the `config.json` its metadata describes,
-//! its tensors under Hugging Face names (llama.cpp's conversions undone), and its
-//! tokenizer ([`super::gguf_tokenizer`]). `coli convert model.gguf` writes a normal
-//! colibri container from this (docs/gguf.md).
+//! A GGUF model as a Hugging Face checkpoint: the `config.json` its metadata describes
+//! ([`super::gguf_config`]), its tensors under Hugging Face names (llama.cpp's
+//! conversions undone), and its tokenizer ([`super::gguf_tokenizer`]). `coli convert
+//! model.gguf` writes a normal colibri container from this (docs/gguf.md).
 //!
 //! Architectures (llama.cpp name -> `model_type`): `qwen3moe` -> qwen3_moe, `olmoe` ->
-//! olmoe, `llama` with experts -> mixtral. Tensor names follow gguf-py's
-//! tensor_mapping.py; for `llama`, convert_hf_to_gguf.py permuted the rows of q_proj and
-//! k_proj (`permute(w, n_head)`: within each head, interleaved pairs instead of two
-//! halves) and they are permuted back here. qwen3moe and olmoe use NEOX rope (two halves,
-//! as Hugging Face) and were not permuted.
+//! olmoe, `llama` with experts -> mixtral, `qwen2moe` -> qwen2_moe, `glm4moe` -> glm4_moe,
+//! `deepseek2` -> deepseek_v3. Tensor names follow gguf-py's tensor_mapping.py; for
+//! `llama`, convert_hf_to_gguf.py permuted the rows of q_proj and k_proj (`permute(w,
+//! n_head)`: within each head, interleaved pairs instead of two halves) and they are
+//! permuted back here. The others use NEOX rope (two halves, as Hugging Face) or, for
+//! deepseek2, interleaved pairs in both, and were not permuted. deepseek2's kv_b_proj is
+//! stored whole (`attn_kv_b`, older files) or split per head into `attn_k_b` (each head's
+//! key block transposed) and `attn_v_b` (newer files); the split is put back together.
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 
 use super::gguf::{GgmlType, Gguf, TensorInfo, Value};
 use super::gguf_quant::{self as q, dequantize, is_supported, repack_row, supported_names, to_int8_row};
@@ -22,42 +25,67 @@ use crate::error::{Error, Result};
 use crate::tensor::{Bytes, DType};
 
 /// What differs between the supported architectures.
-struct Arch {
-    gguf: &'static str,
-    model_type: &'static str,
-    class: &'static str,
+pub(super) struct Arch {
+    pub gguf: &'static str,
+    pub model_type: &'static str,
+    pub class: &'static str,
     /// Hugging Face module holding the router and experts.
     moe: &'static str,
     /// Hugging Face names of an expert's gate, up and down projections.
     expert_names: [&'static str; 3],
     /// The config key for the expert count.
-    experts_key: &'static str,
+    pub experts_key: &'static str,
     /// Whether q/k rows were permuted for rope by convert_hf_to_gguf.
     permuted: bool,
-    /// norm_topk_prob: llama.cpp hard-codes it per architecture (it is not in the file).
-    norm_topk: Option<bool>,
+    /// norm_topk_prob where llama.cpp hard-codes it per architecture (not in the file).
+    pub norm_topk: Option<bool>,
+    /// Hugging Face module of the shared expert(s) (`ffn_*_shexp`), if the family has one.
+    shared: Option<&'static str>,
+    /// Biases on q/k/v (`attn_{q,k,v}.bias`) are part of the family.
+    qkv_bias: bool,
+    /// Per-head or full q/k norms (`attn_{q,k}_norm`) are part of the family.
+    qk_norm: bool,
+    /// Dense FFN layers (`ffn_{gate,up,down}`) and the sigmoid router's correction bias
+    /// (`exp_probs_b`) are part of the family: (dense, correction bias).
+    dense: bool,
+    score_bias: bool,
+    /// Multi-head latent attention (deepseek2) instead of q/k/v projections.
+    mla: bool,
 }
+
+const BASE: Arch = Arch {
+    gguf: "",
+    model_type: "",
+    class: "",
+    moe: "mlp",
+    expert_names: ["gate_proj", "up_proj", "down_proj"],
+    experts_key: "num_experts",
+    permuted: false,
+    norm_topk: None,
+    shared: None,
+    qkv_bias: false,
+    qk_norm: false,
+    dense: false,
+    score_bias: false,
+    mla: false,
+};
 
 const ARCHES: &[Arch] = &[
     Arch {
         gguf: "qwen3moe",
         model_type: "qwen3_moe",
         class: "Qwen3MoeForCausalLM",
-        moe: "mlp",
-        expert_names: ["gate_proj", "up_proj", "down_proj"],
-        experts_key: "num_experts",
-        permuted: false,
         norm_topk: Some(true),
+        qk_norm: true,
+        ..BASE
     },
     Arch {
         gguf: "olmoe",
         model_type: "olmoe",
         class: "OlmoeForCausalLM",
-        moe: "mlp",
-        expert_names: ["gate_proj", "up_proj", "down_proj"],
-        experts_key: "num_experts",
-        permuted: false,
         norm_topk: Some(false),
+        qk_norm: true,
+        ..BASE
     },
     Arch {
         gguf: "llama",
@@ -67,9 +95,51 @@ const ARCHES: &[Arch] = &[
         expert_names: ["w1", "w3", "w2"],
         experts_key: "num_local_experts",
         permuted: true,
-        norm_topk: None,
+        ..BASE
+    },
+    // llama.cpp's qwen2moe graph never renormalises the top-k weights.
+    Arch {
+        gguf: "qwen2moe",
+        model_type: "qwen2_moe",
+        class: "Qwen2MoeForCausalLM",
+        norm_topk: Some(false),
+        shared: Some("shared_expert"),
+        qkv_bias: true,
+        dense: true,
+        ..BASE
+    },
+    Arch {
+        gguf: "glm4moe",
+        model_type: "glm4_moe",
+        class: "Glm4MoeForCausalLM",
+        experts_key: "n_routed_experts",
+        shared: Some("shared_experts"),
+        qkv_bias: true,
+        qk_norm: true,
+        dense: true,
+        score_bias: true,
+        ..BASE
+    },
+    Arch {
+        gguf: "deepseek2",
+        model_type: "deepseek_v3",
+        class: "DeepseekV3ForCausalLM",
+        experts_key: "n_routed_experts",
+        shared: Some("shared_experts"),
+        dense: true,
+        score_bias: true,
+        mla: true,
+        ..BASE
     },
 ];
+
+/// deepseek2's kv_b_proj split as newer llama.cpp writes it: `src` of the [`Planned`]
+/// is `attn_k_b` (`[heads, kv_lora_rank, qk_nope_head_dim]`: each head's key rows
+/// transposed), `v_src` is `attn_v_b` (`[heads, v_head_dim, kv_lora_rank]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSplit {
+    pub v_src: usize,
+}
 
 /// One Hugging Face tensor and where its values are in the GGUF.
 #[derive(Clone, Debug)]
@@ -85,6 +155,14 @@ pub struct Planned {
     pub unpermute_heads: Option<usize>,
     /// For a routed expert's matrix: (layer, expert, part), part 0/1/2 = gate/up/down.
     pub expert_of: Option<(usize, usize, usize)>,
+    /// deepseek2's kv_b_proj put back together from `attn_k_b` and `attn_v_b`.
+    pub kv_split: Option<KvSplit>,
+}
+
+impl Planned {
+    fn plain(name: String, shape: Vec<usize>, src: usize) -> Self {
+        Planned { name, shape, src, expert: None, unpermute_heads: None, expert_of: None, kv_split: None }
+    }
 }
 
 /// A GGUF file read as a Hugging Face checkpoint.
@@ -98,11 +176,11 @@ pub struct Imported {
     pub source_types: BTreeMap<String, usize>,
 }
 
-fn err(msg: String) -> Error {
+pub(super) fn err(msg: String) -> Error {
     Error::Invalid(format!("GGUF: {msg}"))
 }
 
-fn meta_u64(g: &Gguf, key: &str) -> Result<Option<u64>> {
+pub(super) fn meta_u64(g: &Gguf, key: &str) -> Result<Option<u64>> {
     match g.get(key) {
         None => Ok(None),
         Some(v) => match v.as_i64() {
@@ -112,46 +190,104 @@ fn meta_u64(g: &Gguf, key: &str) -> Result<Option<u64>> {
     }
 }
 
-fn meta_f64(g: &Gguf, key: &str) -> Result<Option<f64>> {
+/// An f32 as its shortest decimal (1e-6, not 9.99999997e-7), as config.json has it.
+pub(super) fn short(x: f32) -> f64 {
+    format!("{x}").parse().unwrap_or(x as f64)
+}
+
+pub(super) fn meta_f64(g: &Gguf, key: &str) -> Result<Option<f64>> {
     match g.get(key) {
         None => Ok(None),
-        // An f32 as its shortest decimal (1e-6, not 9.99999997e-7), as config.json has it.
-        Some(Value::F32(x)) => Ok(Some(format!("{x}").parse().unwrap_or(*x as f64))),
+        Some(Value::F32(x)) => Ok(Some(short(*x))),
         Some(v) => v.as_f64().map(Some).ok_or_else(|| err(format!("{key} is {v:?}, not a number"))),
     }
 }
 
-/// An expert tensor: the expert (None: all of them, stacked) and the part (gate, up, down).
-type ExpertPart = (Option<usize>, usize);
+/// What a GGUF tensor of one layer is.
+enum Role {
+    /// A Hugging Face tensor of its own.
+    Plain(String),
+    /// A routed expert matrix: the expert (None: all of them, stacked) and the part
+    /// (gate, up, down).
+    Experts(Option<usize>, usize),
+    /// deepseek2's split kv_b_proj: the key half (`attn_k_b`) or the value half.
+    KeyB,
+    ValueB,
+}
 
-/// Hugging Face name, or expert index and part, of a GGUF tensor of layer `l`.
-fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<(String, Option<ExpertPart>)> {
+/// The role of GGUF tensor `rest` (its name after `blk.N.`) of layer `l`, or None if it
+/// is not part of the architecture.
+fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<Role> {
     let p = format!("model.layers.{l}");
-    let plain = |s: &str| Some((format!("{p}.{s}"), None));
+    let plain = |s: &str| Some(Role::Plain(format!("{p}.{s}")));
+    let attn = |s: &str| if a.mla { None } else { plain(&format!("self_attn.{s}")) };
+    let mla = |s: &str| if a.mla { plain(&format!("self_attn.{s}")) } else { None };
+    let shared = |s: &str| a.shared.and_then(|m| plain(&format!("mlp.{m}.{s}")));
+    let if_ = |on: bool, s: &str| if on { plain(s) } else { None };
     match rest {
         "attn_norm.weight" => plain("input_layernorm.weight"),
         "ffn_norm.weight" => plain("post_attention_layernorm.weight"),
-        "attn_q.weight" => plain("self_attn.q_proj.weight"),
-        "attn_k.weight" => plain("self_attn.k_proj.weight"),
-        "attn_v.weight" => plain("self_attn.v_proj.weight"),
+        // glm4moe names the norm before the FFN after Hugging Face's module.
+        "post_attention_norm.weight" if a.gguf == "glm4moe" => plain("post_attention_layernorm.weight"),
+        "attn_q.weight" if a.mla => plain("self_attn.q_proj.weight"),
+        "attn_q.weight" => attn("q_proj.weight"),
+        "attn_k.weight" => attn("k_proj.weight"),
+        "attn_v.weight" => attn("v_proj.weight"),
         "attn_output.weight" => plain("self_attn.o_proj.weight"),
-        "attn_q_norm.weight" => plain("self_attn.q_norm.weight"),
-        "attn_k_norm.weight" => plain("self_attn.k_norm.weight"),
-        "ffn_gate_inp.weight" => Some((format!("{p}.{}.gate.weight", a.moe), None)),
-        "ffn_gate_exps.weight" => Some((String::new(), Some((None, 0)))),
-        "ffn_up_exps.weight" => Some((String::new(), Some((None, 1)))),
-        "ffn_down_exps.weight" => Some((String::new(), Some((None, 2)))),
-        _ => {
+        "attn_q.bias" if a.qkv_bias => attn("q_proj.bias"),
+        "attn_k.bias" if a.qkv_bias => attn("k_proj.bias"),
+        "attn_v.bias" if a.qkv_bias => attn("v_proj.bias"),
+        "attn_q_norm.weight" if a.qk_norm => attn("q_norm.weight"),
+        "attn_k_norm.weight" if a.qk_norm => attn("k_norm.weight"),
+        "attn_q_a.weight" => mla("q_a_proj.weight"),
+        "attn_q_a_norm.weight" => mla("q_a_layernorm.weight"),
+        "attn_q_b.weight" => mla("q_b_proj.weight"),
+        "attn_kv_a_mqa.weight" => mla("kv_a_proj_with_mqa.weight"),
+        "attn_kv_a_norm.weight" => mla("kv_a_layernorm.weight"),
+        "attn_kv_b.weight" => mla("kv_b_proj.weight"),
+        "attn_k_b.weight" if a.mla => Some(Role::KeyB),
+        "attn_v_b.weight" if a.mla => Some(Role::ValueB),
+        "ffn_gate_inp.weight" => plain(&format!("{}.gate.weight", a.moe)),
+        "exp_probs_b.bias" => if_(a.score_bias, "mlp.gate.e_score_correction_bias"),
+        "ffn_gate_exps.weight" => Some(Role::Experts(None, 0)),
+        "ffn_up_exps.weight" => Some(Role::Experts(None, 1)),
+        "ffn_down_exps.weight" => Some(Role::Experts(None, 2)),
+        "ffn_gate_shexp.weight" => shared("gate_proj.weight"),
+        "ffn_up_shexp.weight" => shared("up_proj.weight"),
+        "ffn_down_shexp.weight" => shared("down_proj.weight"),
+        "ffn_gate_inp_shexp.weight" if a.gguf == "qwen2moe" => plain("mlp.shared_expert_gate.weight"),
+        "ffn_gate.weight" => if_(a.dense, "mlp.gate_proj.weight"),
+        "ffn_up.weight" => if_(a.dense, "mlp.up_proj.weight"),
+        "ffn_down.weight" => if_(a.dense, "mlp.down_proj.weight"),
+        _ if a.gguf == "llama" => {
             // Older llama.cpp files store Mixtral's experts one by one: ffn_gate.E.weight.
             let (kind, e) = rest.strip_suffix(".weight")?.split_once('.')?;
             let part = ["ffn_gate", "ffn_up", "ffn_down"].iter().position(|k| *k == kind)?;
-            Some((String::new(), Some((Some(e.parse().ok()?), part))))
+            Some(Role::Experts(Some(e.parse().ok()?), part))
         }
+        _ => None,
     }
 }
 
 fn expert_name(a: &Arch, l: usize, e: usize, part: usize) -> String {
     format!("model.layers.{l}.{}.experts.{e}.{}.weight", a.moe, a.expert_names[part])
+}
+
+/// What the tensors say about the model, for config.json.
+#[derive(Default)]
+pub(super) struct Facts {
+    /// Layers of the main stack (without llama.cpp's appended MTP / NextN layers).
+    pub n_layers: usize,
+    pub vocab: usize,
+    /// Rows of one routed expert's gate projection.
+    pub expert_ff: usize,
+    /// Rows of the shared expert's gate projection (0: none).
+    pub shared_ff: usize,
+    /// Layers with a router (`ffn_gate_inp`).
+    pub moe_layers: Vec<usize>,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    pub tied: bool,
 }
 
 /// Reads the architecture, config, tokenizer and tensor map of a parsed GGUF.
@@ -160,7 +296,9 @@ pub fn import(g: &Gguf) -> Result<Imported> {
         g.get("general.architecture").and_then(Value::as_str).ok_or_else(|| err("no general.architecture".into()))?;
     let known = ARCHES.iter().map(|a| a.gguf).collect::<Vec<_>>().join(", ");
     let a = ARCHES.iter().find(|a| a.gguf == name).ok_or_else(|| {
-        err(format!("architecture {name:?} is not supported (colibri converts {known}; deepseek2, glm4moe and qwen2moe GGUFs are not read yet: convert the Hugging Face checkpoint)"))
+        err(format!(
+            "architecture {name:?} is not supported (colibri converts {known}: Mixture-of-Experts models it runs)"
+        ))
     })?;
     if let Some(n) = meta_u64(g, "split.count")?.filter(|&n| n > 1) {
         return Err(err(format!(
@@ -169,10 +307,15 @@ pub fn import(g: &Gguf) -> Result<Imported> {
     }
     let key = |k: &str| format!("{name}.{k}");
     let need = |k: &str| meta_u64(g, &key(k))?.ok_or_else(|| err(format!("no {}", key(k))));
-    let n_layers = need("block_count")? as usize;
-    let hidden = need("embedding_length")?;
+    let n_blocks = need("block_count")? as usize;
+    // glm4moe and deepseek2 files may end with MTP (NextN) layers that colibri does not
+    // run; they are left out, as `coli convert` leaves them out of a checkpoint.
+    let nextn = meta_u64(g, &key("nextn_predict_layers"))?.unwrap_or(0) as usize;
+    let n_layers = n_blocks
+        .checked_sub(nextn)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| err(format!("{} ({nextn}) leaves no layers of {n_blocks}", key("nextn_predict_layers"))))?;
     let heads = need("attention.head_count")?;
-    let kv_heads = meta_u64(g, &key("attention.head_count_kv"))?.unwrap_or(heads);
     let n_experts = meta_u64(g, &key("expert_count"))?.unwrap_or(0);
     let used = meta_u64(g, &key("expert_used_count"))?.unwrap_or(0);
     if n_experts == 0 || used == 0 {
@@ -181,15 +324,14 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             key("expert_count")
         )));
     }
-    if heads == 0 || hidden % heads != 0 && g.get(&key("attention.key_length")).is_none() {
-        return Err(err(format!("{} does not divide {}", key("attention.head_count"), key("embedding_length"))));
-    }
-    let head_dim = meta_u64(g, &key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
+    let kv_heads = meta_u64(g, &key("attention.head_count_kv"))?.unwrap_or(heads);
 
     // Tensors.
     let mut tensors = Vec::new();
     let mut types = BTreeMap::new();
-    let mut expert_ff = None;
+    let mut facts = Facts { n_layers, ..Facts::default() };
+    // deepseek2's split kv_b_proj, per layer: (attn_k_b, attn_v_b, attn_kv_b present).
+    let mut kv_b: BTreeMap<usize, (Option<usize>, Option<usize>, bool)> = BTreeMap::new();
     for (i, t) in g.tensors.iter().enumerate() {
         if !is_supported(t.ty) {
             return Err(err(format!(
@@ -208,14 +350,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             _ => None,
         };
         if let Some(hf) = global {
-            tensors.push(Planned {
-                name: hf.into(),
-                shape,
-                src: i,
-                expert: None,
-                unpermute_heads: None,
-                expert_of: None,
-            });
+            tensors.push(Planned::plain(hf.into(), shape, i));
             continue;
         }
         let unknown = || err(format!("tensor {} is not part of a {name} model as colibri knows it", t.name));
@@ -225,134 +360,104 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             .and_then(|r| r.split_once('.'))
             .and_then(|(l, rest)| Some((l.parse::<usize>().ok()?, rest)))
             .ok_or_else(unknown)?;
-        if l >= n_layers {
-            return Err(err(format!("tensor {} is in layer {l}, but {} is {n_layers}", t.name, key("block_count"))));
+        if l >= n_blocks {
+            return Err(err(format!("tensor {} is in layer {l}, but {} is {n_blocks}", t.name, key("block_count"))));
         }
-        let (hf, expert) = map_layer(a, l, rest).ok_or_else(unknown)?;
-        match expert {
-            None => {
+        if l >= n_layers {
+            continue; // an MTP layer
+        }
+        match map_layer(a, l, rest).ok_or_else(unknown)? {
+            Role::Plain(hf) => {
                 let unpermute_heads = match rest {
                     "attn_q.weight" if a.permuted => Some(heads as usize),
                     "attn_k.weight" if a.permuted => Some(kv_heads as usize),
                     _ => None,
                 };
-                tensors.push(Planned { name: hf, shape, src: i, expert: None, unpermute_heads, expert_of: None });
+                match rest {
+                    "ffn_gate_inp.weight" => facts.moe_layers.push(l),
+                    "ffn_gate_shexp.weight" if shape.len() == 2 => facts.shared_ff = shape[0],
+                    "attn_q.bias" => facts.qkv_bias = true,
+                    "attn_q_norm.weight" => facts.qk_norm = true,
+                    "attn_kv_b.weight" => kv_b.entry(l).or_default().2 = true,
+                    _ => {}
+                }
+                tensors.push(Planned { unpermute_heads, ..Planned::plain(hf, shape, i) });
             }
-            Some((Some(e), part)) => {
+            Role::KeyB => kv_b.entry(l).or_default().0 = Some(i),
+            Role::ValueB => kv_b.entry(l).or_default().1 = Some(i),
+            Role::Experts(Some(e), part) => {
                 if shape.len() != 2 || e as u64 >= n_experts {
                     return Err(unknown());
                 }
-                if part == 0 {
-                    expert_ff.get_or_insert(shape[0]);
+                if part == 0 && facts.expert_ff == 0 {
+                    facts.expert_ff = shape[0];
                 }
                 tensors.push(Planned {
-                    name: expert_name(a, l, e, part),
-                    shape,
-                    src: i,
-                    expert: None,
-                    unpermute_heads: None,
                     expert_of: Some((l, e, part)),
+                    ..Planned::plain(expert_name(a, l, e, part), shape, i)
                 });
             }
-            Some((None, part)) => {
+            Role::Experts(None, part) => {
                 if shape.len() != 3 || shape[0] as u64 != n_experts {
                     return Err(err(format!(
                         "tensor {} has shape {shape:?}, expected {n_experts} stacked experts",
                         t.name
                     )));
                 }
-                if part == 0 {
-                    expert_ff.get_or_insert(shape[1]);
+                if part == 0 && facts.expert_ff == 0 {
+                    facts.expert_ff = shape[1];
                 }
                 for e in 0..shape[0] {
                     tensors.push(Planned {
-                        name: expert_name(a, l, e, part),
-                        shape: shape[1..].to_vec(),
-                        src: i,
                         expert: Some(e),
-                        unpermute_heads: None,
                         expert_of: Some((l, e, part)),
+                        ..Planned::plain(expert_name(a, l, e, part), shape[1..].to_vec(), i)
                     });
                 }
             }
         }
     }
-    let vocab = match g.tensor("token_embd.weight") {
-        Some(t) if t.ne.len() == 2 => t.ne[1],
+    for (l, parts) in kv_b {
+        match parts {
+            (_, _, true) => {} // kv_b_proj whole (a file may hold the split copy too)
+            (Some(k), Some(v), false) => tensors.push(kv_b_planned(g, l, k, v, heads as usize)?),
+            _ => {
+                return Err(err(format!(
+                    "layer {l} has one of blk.{l}.attn_k_b.weight and blk.{l}.attn_v_b.weight only"
+                )))
+            }
+        }
+    }
+    facts.vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.ne.len() == 2 => t.ne[1] as usize,
         _ => return Err(err("no 2-D token_embd.weight".into())),
     };
-    let expert_ff = expert_ff.ok_or_else(|| err("no expert tensors (blk.N.ffn_gate_exps.weight)".into()))?;
-
-    // config.json.
+    if facts.expert_ff == 0 {
+        return Err(err("no expert tensors (blk.N.ffn_gate_exps.weight)".into()));
+    }
+    facts.tied = g.tensor("output.weight").is_none();
     let context = meta_u64(g, &key("context_length"))?;
-    let mut c = json!({
-        "architectures": [a.class],
-        "model_type": a.model_type,
-        "hidden_size": hidden,
-        "num_hidden_layers": n_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "vocab_size": vocab,
-        "hidden_act": "silu",
-        "rms_norm_eps": meta_f64(g, &key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
-        "rope_theta": meta_f64(g, &key("rope.freq_base"))?.unwrap_or(10000.0),
-        "max_position_embeddings": context.unwrap_or(4096),
-        "num_experts_per_tok": used,
-        "tie_word_embeddings": g.tensor("output.weight").is_none(),
-        "attention_bias": false,
-    });
-    let obj = c.as_object_mut().ok_or_else(|| err("config".into()))?;
-    obj.insert(a.experts_key.into(), json!(n_experts));
-    match a.model_type {
-        "mixtral" => {
-            obj.insert("intermediate_size".into(), json!(expert_ff));
-            obj.insert("sliding_window".into(), Json::Null);
-        }
-        "olmoe" => {
-            obj.insert("intermediate_size".into(), json!(expert_ff));
-        }
-        _ => {
-            obj.insert("moe_intermediate_size".into(), json!(expert_ff));
-            let ff = meta_u64(g, &key("feed_forward_length"))?.unwrap_or(expert_ff as u64);
-            obj.insert("intermediate_size".into(), json!(ff));
-            obj.insert("decoder_sparse_step".into(), json!(1));
-            obj.insert("mlp_only_layers".into(), json!([]));
-        }
-    }
-    if let Some(n) = a.norm_topk {
-        obj.insert("norm_topk_prob".into(), json!(n));
-    }
-    if let Some(clip) = meta_f64(g, &key("attention.clamp_kqv"))? {
-        obj.insert("clip_qkv".into(), json!(clip));
-    }
-    match g.get(&key("rope.scaling.type")).and_then(Value::as_str) {
-        None | Some("none") => {}
-        Some(kind @ ("yarn" | "linear")) => {
-            let factor = meta_f64(g, &key("rope.scaling.factor"))?
-                .ok_or_else(|| err(format!("{kind} rope scaling without {}", key("rope.scaling.factor"))))?;
-            let mut s = json!({"rope_type": kind, "factor": factor});
-            if let Some(o) = meta_u64(g, &key("rope.scaling.original_context_length"))? {
-                s["original_max_position_embeddings"] = json!(o);
-            }
-            if let Some(f) = meta_f64(g, &key("rope.scaling.attn_factor"))? {
-                s["attention_factor"] = json!(f);
-            }
-            obj.insert("rope_scaling".into(), s);
-        }
-        Some(other) => return Err(err(format!("rope scaling {other:?} is not supported"))),
-    }
-    let n_tokens = match g.get("tokenizer.ggml.tokens") {
-        Some(Value::Array(t)) => t.len(),
-        _ => 0,
-    };
-    for (k, gk) in [("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")] {
-        if let Some(id) = meta_u64(g, gk).ok().flatten().filter(|&id| (id as usize) < n_tokens) {
-            obj.insert(k.into(), json!(id));
-        }
-    }
+    let config = super::gguf_config::config(g, a, &facts, context)?;
     let (tokenizer_json, tokenizer_config) = super::gguf_tokenizer::tokenizer_files(g, context)?;
-    Ok(Imported { arch: name.to_string(), config: c, tokenizer_json, tokenizer_config, tensors, source_types: types })
+    Ok(Imported { arch: name.to_string(), config, tokenizer_json, tokenizer_config, tensors, source_types: types })
+}
+
+/// kv_b_proj (`[heads * (qk_nope + v_head_dim), kv_lora_rank]`) of layer `l` from
+/// `attn_k_b` (`[heads, kv_lora_rank, qk_nope]`) and `attn_v_b` (`[heads, v_head_dim,
+/// kv_lora_rank]`): per head, the transposed key block, then the value block.
+fn kv_b_planned(g: &Gguf, l: usize, k: usize, v: usize, heads: usize) -> Result<Planned> {
+    let (ks, vs) = (g.tensors[k].shape(), g.tensors[v].shape());
+    let bad = || {
+        err(format!(
+            "blk.{l}.attn_k_b.weight {ks:?} and attn_v_b.weight {vs:?} do not split a kv_b_proj of {heads} heads"
+        ))
+    };
+    if ks.len() != 3 || vs.len() != 3 || ks[0] != heads || vs[0] != heads || ks[1] != vs[2] {
+        return Err(bad());
+    }
+    let rows = ks[2].checked_add(vs[1]).and_then(|r| r.checked_mul(heads)).ok_or_else(bad)?;
+    let name = format!("model.layers.{l}.self_attn.kv_b_proj.weight");
+    Ok(Planned { kv_split: Some(KvSplit { v_src: v }), ..Planned::plain(name, vec![rows, ks[1]], k) })
 }
 
 /// The GGUF row order of Hugging Face row `r` of a matrix whose rows were permuted for
@@ -390,11 +495,86 @@ pub fn stores_exactly(ty: GgmlType, dtype: DType) -> bool {
     }
 }
 
-/// The values of `p` stored as `want` (or, with None, as [`keep_dtype`]); exact
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty.id, q::F32 | q::F16 | q::BF16)
+}
+
+/// [`keep_dtype`] for a planned tensor: a kv_b_proj put back together from quantized
+/// halves is re-quantized to int8 with group 32 (its rows are the halves' columns, so no
+/// block survives); from float halves it keeps their type (f32 if they differ).
+pub fn keep_dtype_for(g: &Gguf, p: &Planned) -> DType {
+    let ty = g.tensors[p.src].ty;
+    match p.kv_split {
+        None => keep_dtype(ty),
+        Some(s) => {
+            let vty = g.tensors[s.v_src].ty;
+            match (is_float(ty) && is_float(vty), ty == vty) {
+                (true, true) => keep_dtype(ty),
+                (true, false) => DType::F32,
+                _ => DType::Int8 { group: 32 },
+            }
+        }
+    }
+}
+
+/// [`stores_exactly`] for a planned tensor (a put-together kv_b_proj: f32, or the float
+/// type both halves have).
+pub fn stores_exactly_for(g: &Gguf, p: &Planned, dtype: DType) -> bool {
+    let ty = g.tensors[p.src].ty;
+    match p.kv_split {
+        None => stores_exactly(ty, dtype),
+        Some(s) => {
+            let vty = g.tensors[s.v_src].ty;
+            dtype == DType::F32 || (ty == vty && is_float(ty) && dtype == keep_dtype(ty))
+        }
+    }
+}
+
+/// Every value of GGUF tensor `t` as f32; the slice is checked against the file before
+/// anything is allocated.
+fn decode_all(file: &Bytes, t: &TensorInfo) -> Result<Vec<f32>> {
+    let too_large = || err(format!("tensor {}: too large", t.name));
+    let n = t.ne.iter().try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?)).ok_or_else(too_large)?;
+    let len = t.ty.bytes_for(n as u64).and_then(|b| usize::try_from(b).ok()).ok_or_else(too_large)?;
+    let start = usize::try_from(t.offset).unwrap_or(usize::MAX);
+    let src = file.slice(start, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
+    let mut out = vec![0f32; n];
+    dequantize(t.ty, src.as_ref(), &mut out).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
+    Ok(out)
+}
+
+/// kv_b_proj from `attn_k_b` and `attn_v_b` ([`kv_b_planned`] checked their shapes):
+/// head h's rows are column j of its key block for each j < qk_nope, then its value rows.
+fn kv_b_tensor(g: &Gguf, file: &Bytes, p: &Planned, split: KvSplit, want: Option<DType>) -> Result<TensorEntry> {
+    let (kt, vt) = (&g.tensors[p.src], &g.tensors[split.v_src]);
+    let (ks, vs) = (kt.shape(), vt.shape());
+    let (heads, lora, nope, vd) = (ks[0], ks[1], ks[2], vs[1]);
+    let (k, v) = (decode_all(file, kt)?, decode_all(file, vt)?);
+    let dtype = want.unwrap_or_else(|| keep_dtype_for(g, p));
+    let out_rb = dtype.row_bytes(lora).ok_or_else(|| err(format!("tensor {}: bad stored type", kt.name)))?;
+    let mut out = vec![0u8; heads * (nope + vd) * out_rb];
+    let mut rows = out.chunks_exact_mut(out_rb.max(1));
+    let mut row = vec![0f32; lora];
+    for h in 0..heads {
+        for j in 0..nope + vd {
+            for (c, x) in row.iter_mut().enumerate() {
+                *x = if j < nope { k[(h * lora + c) * nope + j] } else { v[(h * vd + j - nope) * lora + c] };
+            }
+            let o = rows.next().ok_or_else(|| err(format!("tensor {}: bad shape", kt.name)))?;
+            quantize_row(dtype, &row, o).map_err(|e| err(format!("tensor {}: {e}", kt.name)))?;
+        }
+    }
+    Ok(TensorEntry { dtype, shape: p.shape.clone(), bytes: Bytes::from_vec(out) })
+}
+
+/// The values of `p` stored as `want` (or, with None, as [`keep_dtype_for`]); exact
 /// whenever `want` can hold the GGUF values (F32 from anything, the same float type,
 /// Q8_0 / Q4_0 / MXFP4 into int8 or int4 with group 32 as their scales allow), else
 /// decoded to f32 and quantized as `coli convert` quantizes safetensors.
 pub fn tensor(g: &Gguf, file: &Bytes, p: &Planned, want: Option<DType>) -> Result<TensorEntry> {
+    if let Some(split) = p.kv_split {
+        return kv_b_tensor(g, file, p, split, want);
+    }
     let t: &TensorInfo = &g.tensors[p.src];
     let cols = *p.shape.last().unwrap_or(&1);
     let rows: usize = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };

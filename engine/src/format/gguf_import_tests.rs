@@ -1,5 +1,6 @@
 use super::*;
 use crate::format::tensors::TensorStore;
+use serde_json::json;
 
 fn fixture(name: &str) -> (Gguf, Bytes) {
     let path = format!("{}/../tests/fixtures/gguf/{name}.gguf", env!("CARGO_MANIFEST_DIR"));
@@ -50,6 +51,150 @@ fn mixtral_q_and_k_rows_are_unpermuted() {
     let q = im.tensors.iter().find(|p| p.name == "model.layers.0.self_attn.q_proj.weight").unwrap();
     let k = im.tensors.iter().find(|p| p.name == "model.layers.0.self_attn.k_proj.weight").unwrap();
     assert_eq!((q.unpermute_heads, k.unpermute_heads), (Some(4), Some(2)));
+}
+
+#[test]
+fn qwen2moe_f16_maps_every_tensor_back() {
+    // Shared expert and its gate, q/k/v biases, the dense layer 1.
+    same_as_checkpoint("qwen2moe-f16", "qwen2_moe", 138);
+}
+
+#[test]
+fn glm4moe_f16_maps_every_tensor_back() {
+    // Biases, q/k norms, post_attention_norm, exp_probs_b, shared expert, dense layer 0.
+    same_as_checkpoint("glm4moe-f16", "glm4_moe", 121);
+}
+
+#[test]
+fn deepseek2_kv_b_is_put_back_together() {
+    // attn_k_b (each head's key block transposed) + attn_v_b -> kv_b_proj.
+    same_as_checkpoint("deepseek2-f16", "deepseek_v3", 139);
+    let (g, _) = fixture("deepseek2-f16");
+    let im = import(&g).unwrap();
+    let kv = im.tensors.iter().find(|p| p.name == "model.layers.1.self_attn.kv_b_proj.weight").unwrap();
+    assert_eq!((kv.shape.clone(), kv.kv_split.is_some()), (vec![78, 28], true));
+    assert_eq!(keep_dtype_for(&g, kv), DType::F16);
+    assert!(stores_exactly_for(&g, kv, DType::F16) && !stores_exactly_for(&g, kv, DType::Int8 { group: 32 }));
+    // The older layout: kv_b_proj whole (attn_kv_b), a plain q_proj.
+    same_as_checkpoint("deepseek2-kv_b-f16", "deepseek_v3_noqlora", 98);
+}
+
+/// Q8_0 rows of `cols` values: f16 scale then 32 int8 per block, from a counter.
+fn q8_0_rows(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut x = seed;
+    for _ in 0..rows * cols / 32 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        out.extend(half::f16::from_f32(0.01 + (x >> 20) as f32 * 1e-5).to_le_bytes());
+        for _ in 0..32 {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            out.push((x >> 16) as u8);
+        }
+    }
+    out
+}
+
+/// kv_b_proj from quantized halves (real DeepSeek GGUFs: rows of 128/512 values, whole
+/// Q8_0 blocks, unlike the fixtures): f32 gives the halves' exact values in kv_b_proj's
+/// order; the kept type is int8/g32, re-quantized from them (not exact, so never claimed).
+#[test]
+fn kv_b_from_quantized_halves() {
+    use crate::format::gguf::tests::Writer;
+    let (heads, lora, nope, vd) = (2usize, 32usize, 32usize, 3usize);
+    let w = Writer::new()
+        .tensor(
+            "blk.0.attn_k_b.weight",
+            &[nope as u64, lora as u64, heads as u64],
+            q::Q8_0,
+            q8_0_rows(heads * lora, nope, 1),
+        )
+        .tensor(
+            "blk.0.attn_v_b.weight",
+            &[lora as u64, vd as u64, heads as u64],
+            q::Q8_0,
+            q8_0_rows(heads * vd, lora, 2),
+        );
+    let bytes = w.bytes();
+    let g = Gguf::parse(&bytes, "x").unwrap();
+    let file = Bytes::from_vec(bytes);
+    assert!(kv_b_planned(&g, 0, 0, 1, 3).is_err(), "3 heads do not split 2-head halves");
+    let p = kv_b_planned(&g, 0, 0, 1, heads).unwrap();
+    assert_eq!(p.shape, vec![heads * (nope + vd), lora]);
+    let (k, v) = (decode_all(&file, &g.tensors[0]).unwrap(), decode_all(&file, &g.tensors[1]).unwrap());
+    let mut want = Vec::new();
+    for h in 0..heads {
+        for j in 0..nope {
+            want.extend((0..lora).map(|c| k[(h * lora + c) * nope + j]));
+        }
+        want.extend_from_slice(&v[h * vd * lora..(h + 1) * vd * lora]);
+    }
+    let got = f32s(&tensor(&g, &file, &p, Some(DType::F32)).unwrap());
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()) && got.len() == want.len());
+    let int8 = DType::Int8 { group: 32 };
+    assert_eq!(keep_dtype_for(&g, &p), int8);
+    assert!(!stores_exactly_for(&g, &p, int8) && stores_exactly_for(&g, &p, DType::F32));
+    let kept = tensor(&g, &file, &p, None).unwrap();
+    let mut row = vec![0u8; int8.row_bytes(lora).unwrap()];
+    for (r, vals) in want.chunks(lora).enumerate() {
+        quantize_row(int8, vals, &mut row).unwrap();
+        assert_eq!(&kept.bytes.as_ref()[r * row.len()..(r + 1) * row.len()], &row[..], "row {r}");
+    }
+}
+
+/// The config keys a GGUF carries equal the checkpoint's, and the config loads.
+fn same_config(name: &str, hf: &str, keys: &[&str]) -> Json {
+    let (g, _) = fixture(name);
+    let c = import(&g).unwrap().config;
+    let path = format!("{}/../tests/fixtures/{hf}/config.json", env!("CARGO_MANIFEST_DIR"));
+    let want: Json = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    for k in keys {
+        assert_eq!(c[*k], want[*k], "{name}: {k}");
+    }
+    crate::ModelConfig::from_value(&c).unwrap();
+    c
+}
+
+#[test]
+fn config_of_the_newer_families() {
+    let common = [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        "num_experts_per_tok",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "eos_token_id",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+    ];
+    let moe = ["n_routed_experts", "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group"];
+    let c = same_config("qwen2moe-f16", "qwen2_moe", &common);
+    let c2 = same_config(
+        "qwen2moe-f16",
+        "qwen2_moe",
+        &["num_experts", "shared_expert_intermediate_size", "mlp_only_layers", "qkv_bias", "num_key_value_heads"],
+    );
+    assert_eq!((c["mlp_only_layers"].clone(), c2["qkv_bias"].as_bool()), (json!([1]), Some(true)));
+    let keys: Vec<&str> = common.iter().chain(&moe).copied().collect();
+    let c = same_config("glm4moe-f16", "glm4_moe", &keys);
+    same_config("glm4moe-f16", "glm4_moe", &["routed_scaling_factor", "head_dim", "use_qk_norm", "attention_bias"]);
+    assert_eq!(c["partial_rotary_factor"], json!(0.5));
+    let mla =
+        ["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_key_value_heads"];
+    let c = same_config("deepseek2-f16", "deepseek_v3", &keys);
+    same_config("deepseek2-f16", "deepseek_v3", &mla);
+    same_config("deepseek2-f16", "deepseek_v3", &["routed_scaling_factor"]);
+    // llama.cpp has one mscale (yarn_log_multiplier = 0.1 x mscale_all_dim): mscale equals it.
+    let r = &c["rope_scaling"];
+    assert_eq!((r["factor"].as_f64(), r["original_max_position_embeddings"].as_u64()), (Some(4.0), Some(64)));
+    assert_eq!((r["mscale"].as_f64(), r["mscale_all_dim"].as_f64()), (Some(0.7), Some(0.7)));
+    assert_eq!((c["rope_interleave"].as_bool(), c["scoring_func"].as_str()), (Some(true), Some("sigmoid")));
+    let c = same_config("deepseek2-kv_b-f16", "deepseek_v3_noqlora", &keys);
+    same_config("deepseek2-kv_b-f16", "deepseek_v3_noqlora", &mla);
+    assert_eq!((c["q_lora_rank"].clone(), c.get("rope_scaling")), (Json::Null, None));
 }
 
 #[test]
@@ -111,9 +256,9 @@ fn q8_0_and_q4_0_keep_their_values() {
 #[test]
 fn unknown_arch_and_unknown_tensors_are_refused() {
     use crate::format::gguf::tests::Writer;
-    let w = Writer::new().string("general.architecture", "deepseek2");
+    let w = Writer::new().string("general.architecture", "gemma3");
     let e = import(&Gguf::parse(&w.bytes(), "x").unwrap()).err().unwrap().to_string();
-    assert!(e.contains("\"deepseek2\" is not supported"), "{e}");
+    assert!(e.contains("\"gemma3\" is not supported"), "{e}");
     let w = Writer::new()
         .string("general.architecture", "olmoe")
         .u32("olmoe.block_count", 1)
@@ -137,8 +282,9 @@ fn unknown_arch_and_unknown_tensors_are_refused() {
 }
 
 /// Random damage to real files (bit flips and overwritten bytes in the header, random
-/// truncations): parsing, mapping, the tokenizer and tensor conversion return errors or
-/// values, never panic; a poor man's fuzz run that needs no nightly (fuzz/ has the real one).
+/// truncations): parsing, mapping (deepseek2's kv_b put together included), the tokenizer
+/// and tensor conversion return errors or values, never panic; a poor man's fuzz run that
+/// needs no nightly (fuzz/ has the real one).
 #[test]
 fn damaged_files_never_panic() {
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -149,7 +295,7 @@ fn damaged_files_never_panic() {
         seed
     };
     let (mut parsed, mut imported) = (0, 0);
-    for name in ["olmoe-f16", "mixtral-f16", "qwen3moe-q4_0-q8_0"] {
+    for name in ["olmoe-f16", "mixtral-f16", "qwen3moe-q4_0-q8_0", "deepseek2-f16", "glm4moe-f16"] {
         let (g, file) = fixture(name);
         let header = g.data_start as usize;
         for i in 0..300 {

@@ -27,6 +27,14 @@ const QWEN2: &str =
 /// Llama 3's (LLAMA_VOCAB_PRE_TYPE_LLAMA3): numbers in runs of up to three digits.
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// DeepSeek-V3's three splits in turn (LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM; DeepSeek-V3's
+/// tokenizer.json): digit runs of up to three, runs of CJK ideographs and kana, then the rest.
+const DEEPSEEK3: [&str; 3] = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
 fn err(msg: String) -> Error {
     Error::Tokenizer(format!("GGUF metadata: {msg}"))
 }
@@ -55,21 +63,27 @@ fn token_id(g: &Gguf, key: &str, n: usize) -> Result<Option<u32>> {
 fn pre_tokenizer(pre: &str) -> Result<(Json, bool)> {
     let byte_level =
         |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
-    let split = |re: &str| {
-        json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false},
-            byte_level(false)
-        ]})
+    let splits = |res: &[&str]| {
+        let mut seq: Vec<Json> = res
+            .iter()
+            .map(|re| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false}))
+            .collect();
+        seq.push(byte_level(false));
+        json!({"type": "Sequence", "pretokenizers": seq})
     };
+    let split = |re: &str| splits(&[re]);
     Ok(match pre {
         // GPT-2's own regex, which ByteLevel applies itself ("olmo" is llama.cpp's name for
         // the same expression).
         "default" | "gpt-2" | "gpt2" | "olmo" => (byte_level(true), false),
         "qwen2" => (split(QWEN2), false),
         "llama-bpe" | "llama3" => (split(LLAMA3), true),
+        // GLM-4.5's (LLAMA_VOCAB_PRE_TYPE_CHATGLM4 with ignore_merges): Llama 3's regex.
+        "glm4" | "glm5" => (split(LLAMA3), true),
+        "deepseek-v3" => (splits(&DEEPSEEK3), false),
         other => {
             return Err(err(format!(
-                "tokenizer.ggml.pre {other:?} is a pre-tokenizer colibri does not know (known: gpt-2, olmo, qwen2, llama-bpe)"
+                "tokenizer.ggml.pre {other:?} is a pre-tokenizer colibri does not know (known: gpt-2, olmo, qwen2, llama-bpe, glm4, deepseek-v3)"
             )))
         }
     })
@@ -257,6 +271,9 @@ mod tests {
         assert_eq!(encode("qwen2").unwrap(), vec![0, 1, 2, 5, 3, 4]);
         // Llama 3: runs of up to three digits, the space on its own.
         assert_eq!(encode("llama-bpe").unwrap(), vec![7, 5, 8]);
+        assert_eq!(encode("glm4").unwrap(), vec![7, 5, 8]);
+        // DeepSeek-V3: digit runs of up to three split off first.
+        assert_eq!(encode("deepseek-v3").unwrap(), vec![7, 5, 8]);
         let e = encode("made-up").unwrap_err().to_string();
         assert!(e.contains("\"made-up\""), "{e}");
     }

@@ -6,6 +6,7 @@
 
 pub mod byteranges;
 pub mod gguf;
+pub mod gguf_config;
 pub mod gguf_import;
 pub mod gguf_quant;
 pub mod gguf_tokenizer;

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 
-use colibri_engine::format::byteranges::{parse_content_range, parse_multipart, Part};
+use colibri_engine::format::byteranges::{parse_content_range, parse_multipart, range_len, Part};
 
 use crate::serve::client::Conn;
 use crate::serve::files::read_exact_at;
@@ -159,7 +159,7 @@ fn check(r: &crate::serve::client::Response, ranges: &[(u64, u64)], file: &File,
             Err(_) => return false,
         },
         None => match r.header("content-range").and_then(parse_content_range) {
-            Some((a, b, complete)) if b + 1 - a == r.body.len() as u64 => {
+            Some((a, b, complete)) if range_len(a, b) == r.body.len() as u64 => {
                 vec![Part { offset: a, data: r.body.clone(), complete }]
             }
             _ => return false,

@@ -234,7 +234,10 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         let (config, cfg) = parse_config(&a.src)?;
         (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None, None)
     };
-    let model = Model::from_store(cfg.clone(), &store)?;
+    let model = match Model::from_store(cfg.clone(), &store) {
+        Err(e) if gguf => bail!("{}: the GGUF lacks a tensor of this model: {e}", a.src.display()),
+        m => m?,
+    };
     // A checkpoint whose routed experts are MXFP4 (gpt-oss) keeps them in that format,
     // bytes unchanged, unless --experts or --quant asks for another type.
     let first_moe = (0..cfg.n_layers).find(|&l| cfg.moe_layers[l]);

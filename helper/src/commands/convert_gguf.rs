@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use colibri_engine::format::gguf::Gguf;
-use colibri_engine::format::gguf_import::{import, keep_dtype, stores_exactly, tensor, Planned};
+use colibri_engine::format::gguf_import::{import, keep_dtype_for, stores_exactly_for, tensor, Planned};
 use colibri_engine::format::tensors::{TensorEntry, TensorStore};
 use colibri_engine::tensor::{Bytes, DType, Mat};
 use serde_json::{json, Value};
@@ -78,8 +78,7 @@ impl Lazy {
     /// writer quantizes (in parallel, with the same function `tensor` would use).
     fn convert(&self, k: usize, dtype: DType) -> Result<Mat> {
         let p = self.planned(k);
-        let ty = self.parsed.gguf.tensors[p.src].ty;
-        let want = if stores_exactly(ty, dtype) { dtype } else { DType::F32 };
+        let want = if stores_exactly_for(&self.parsed.gguf, p, dtype) { dtype } else { DType::F32 };
         let e = tensor(&self.parsed.gguf, &self.parsed.file, p, Some(want))?;
         let cols = *p.shape.last().unwrap_or(&1);
         let rows = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
@@ -106,14 +105,13 @@ impl Lazy {
 }
 
 /// Opens `path`; `target(name, shape)` is the stored type of each tensor (None: the type
-/// that keeps the GGUF values, `gguf_import::keep_dtype`).
+/// that keeps the GGUF values, `gguf_import::keep_dtype_for`).
 pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Result<Source> {
     let parsed = parse(path)?;
     let mut plan = Vec::with_capacity(parsed.imported.tensors.len());
     let mut largest = 0usize;
     for p in &parsed.imported.tensors {
-        let ty = parsed.gguf.tensors[p.src].ty;
-        let dtype = target(&p.name, &p.shape).unwrap_or_else(|| keep_dtype(ty));
+        let dtype = target(&p.name, &p.shape).unwrap_or_else(|| keep_dtype_for(&parsed.gguf, p));
         let cols = *p.shape.last().unwrap_or(&1);
         let rows: usize = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
         let len = dtype

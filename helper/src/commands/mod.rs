@@ -17,6 +17,7 @@ pub mod list;
 pub mod logits;
 pub mod plan;
 pub mod pull;
+pub mod pull_gguf;
 pub mod serve;
 pub mod service;
 pub mod synth;

@@ -11,6 +11,10 @@
 //! is the container plus about one shard. Markers record each shard's state
 //! (`.NAME.verified`, `.NAME.converted`) and the conversion journals what it wrote, so a pull
 //! killed at any point resumes, and gives the same bytes as `coli convert` of the files.
+//!
+//! A repository of GGUF files instead (llama.cpp's format) is pulled by
+//! [`super::pull_gguf`]: one chosen file, downloaded and converted as `coli convert
+//! FILE.gguf` converts it.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -30,15 +34,20 @@ pub struct PullArgs {
     /// A Hugging Face model repository, OWNER/NAME, optionally @REVISION (branch, tag or
     /// commit; default main).
     pub repo: String,
-    /// Stored type of the attention, expert and dense-MLP weights (as `coli convert`).
-    #[arg(long, value_enum, default_value_t = Quant::Int4)]
-    pub quant: Quant,
+    /// Stored type of the attention, expert and dense-MLP weights (as `coli convert`);
+    /// default int4 for safetensors, while a GGUF keeps its own types where it can.
+    #[arg(long, value_enum)]
+    pub quant: Option<Quant>,
     /// Values per f16 scale for int4/int8 (as `coli convert`).
     #[arg(long, default_value_t = 32)]
     pub group_size: u32,
     /// Replace an installed model of the same id.
     #[arg(long)]
     pub force: bool,
+    /// For a repository of GGUF files: which one, by file name or a part of it such as
+    /// its quantization (`--gguf Q4_K_M`). Needed when the repository holds several.
+    #[arg(long)]
+    pub gguf: Option<String>,
 }
 
 /// Largest safetensors header accepted (the format's own limit is 100 MB).
@@ -102,11 +111,11 @@ fn write_placeholder(path: &Path, header: &[u8], size: u64) -> Result<()> {
     Ok(())
 }
 
-fn marker(src: &Path, name: &str, state: &str) -> PathBuf {
+pub(crate) fn marker(src: &Path, name: &str, state: &str) -> PathBuf {
     src.join(format!(".{name}.{state}"))
 }
 
-fn touch(p: &Path) -> Result<()> {
+pub(crate) fn touch(p: &Path) -> Result<()> {
     File::create(p).with_context(|| format!("{}: cannot create", p.display()))?.sync_all()?;
     Ok(())
 }
@@ -126,14 +135,16 @@ pub fn pull(a: PullArgs) -> Result<()> {
     let hub = Hub::from_env();
     let listed = hub.list_files(repo, rev)?;
     let names: Vec<String> = listed.iter().map(|f| f.path.clone()).filter(|p| wanted(p)).collect();
+    let has_safetensors = names.iter().any(|n| n.ends_with(".safetensors"));
+    let staging = models.join(".pull").join(format!("{}@{}", repo.replace('/', "--"), rev.replace('/', "--")));
+    if a.gguf.is_some() || (!has_safetensors && listed.iter().any(|f| super::pull_gguf::is_gguf_name(&f.path))) {
+        return super::pull_gguf::pull_gguf(&hub, repo, rev, &listed, &a, &staging, &dest);
+    }
     if !names.iter().any(|n| n == "config.json") {
         bail!("{repo}@{rev} has no config.json: not a transformers model repository");
     }
-    if !names.iter().any(|n| n.ends_with(".safetensors")) {
-        if listed.iter().any(|f| f.path.ends_with(".gguf")) {
-            bail!("{repo}@{rev} holds only GGUF weights, which coli pull cannot import yet");
-        }
-        bail!("{repo}@{rev} has no *.safetensors weights");
+    if !has_safetensors {
+        bail!("{repo}@{rev} has no *.safetensors weights (nor *.gguf files)");
     }
     let files: Vec<RemoteFile> = names.iter().map(|n| hub.stat(repo, rev, n)).collect::<Result<_>>()?;
     let (shards, small): (Vec<&RemoteFile>, Vec<&RemoteFile>) =
@@ -149,7 +160,6 @@ pub fn pull(a: PullArgs) -> Result<()> {
         human(largest)
     );
 
-    let staging = models.join(".pull").join(format!("{}@{}", repo.replace('/', "--"), rev.replace('/', "--")));
     let (src, out) = (staging.join("src"), staging.join("out"));
     std::fs::create_dir_all(&src).with_context(|| format!("{}: cannot create", src.display()))?;
     for f in &small {
@@ -183,7 +193,7 @@ pub fn pull(a: PullArgs) -> Result<()> {
     let args = ConvertArgs {
         src: src.clone(),
         out: Some(out.clone()),
-        quant: Some(a.quant),
+        quant: Some(a.quant.unwrap_or(Quant::Int4)),
         group_size: a.group_size,
         embed: None,
         lm_head: None,
@@ -231,15 +241,22 @@ pub fn pull(a: PullArgs) -> Result<()> {
         i += 1;
     }
 
+    install(repo, &out, &staging, &dest)
+}
+
+/// Moves the converted model `out` to `dest` and removes the staging directory.
+pub(crate) fn install(repo: &str, out: &Path, staging: &Path, dest: &Path) -> Result<()> {
     if dest.exists() {
-        std::fs::remove_dir_all(&dest).with_context(|| format!("cannot replace {}", dest.display()))?;
+        std::fs::remove_dir_all(dest).with_context(|| format!("cannot replace {}", dest.display()))?;
     }
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::rename(&out, &dest).with_context(|| format!("cannot move the model into {}", dest.display()))?;
-    std::fs::remove_dir_all(&staging).with_context(|| format!("cannot remove {}", staging.display()))?;
-    let _ = std::fs::remove_dir(models.join(".pull"));
+    std::fs::rename(out, dest).with_context(|| format!("cannot move the model into {}", dest.display()))?;
+    std::fs::remove_dir_all(staging).with_context(|| format!("cannot remove {}", staging.display()))?;
+    if let Some(pulls) = staging.parent() {
+        let _ = std::fs::remove_dir(pulls);
+    }
     eprintln!("installed {repo} in {} (coli chat --model {repo})", dest.display());
     Ok(())
 }
