@@ -1,5 +1,8 @@
-// swiglu.wgsl — the SwiGLU gate, in place: G[i] = silu(G[i]) * U[i], with
-// silu(x) = x / (1 + e^-x) as math::silu computes it (det_exp, correctly rounded division).
+// swiglu.wgsl — the SwiGLU gate, in place, as kernels::Activation::apply computes it:
+//   clamped = 0: G[i] = silu(G[i]) * U[i], silu(x) = x / (1 + e^-x) (math::silu: det_exp,
+//                correctly rounded division);
+//   clamped = 1 (gpt_oss): g = min(G[i], limit), u = clamp(U[i], -limit, limit),
+//                G[i] = (u + 1) * (g * sigmoid(g * alpha)), each product rounded (opq).
 //
 // Preludes: common/arith.wgsl.
 // Bindings:
@@ -12,6 +15,9 @@
 struct Params {
     zero: u32,
     len: u32,
+    clamped: u32,
+    alpha: f32,
+    limit: f32,
     groups_x: u32,
 }
 
@@ -25,5 +31,12 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     if (t >= P.len) {
         return;
     }
-    G[t] = det_silu(G[t]) * U[t];
+    if (P.clamped == 0u) {
+        G[t] = det_silu(G[t]) * U[t];
+        return;
+    }
+    // f32::min and f32::clamp: a NaN gate becomes the limit, a NaN up stays NaN.
+    let g = select(P.limit, G[t], G[t] < P.limit);
+    let u = select(select(U[t], P.limit, U[t] > P.limit), -P.limit, U[t] < -P.limit);
+    G[t] = opq(u + 1.0) * opq(g * det_sigmoid(opq(g * P.alpha)));
 }

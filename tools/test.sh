@@ -9,6 +9,7 @@
 #   2. every crate's unit and integration tests; the engine's GPU tests run under the
 #      engine's own `wgpu` feature (wgpu on Vulkan: Mesa lavapipe where there is no GPU;
 #      COLIBRI_REQUIRE_GPU=1 makes a missing adapter a failure, not a skip);
+#   2b. the aarch64 NEON kernels cross-built and tested under qemu-aarch64 (AARCH64=0 skips);
 #   3. a short fuzz run of every parser that reads bytes from outside (tools/fuzz.sh:
 #      cargo-fuzz on the pinned nightly, FUZZ_SECONDS per target, default 30; about 4
 #      min of build and 5 min of fuzzing (10 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
@@ -37,6 +38,21 @@ echo "== cargo tests: the engine with its wgpu feature (GPU kernels and fixtures
 cargo test -p colibri-engine --features wgpu --locked
 echo "== cargo tests: helper and wasm crates (the helper's --backend wgpu included)"
 cargo test --workspace --exclude colibri-engine --locked
+
+# The aarch64 NEON kernels, without an ARM machine: the engine's kernel tests cross-built
+# and run under qemu-user with `-cpu max` (NEON and dotprod: every path against the
+# reference, bit for bit), and clippy for that target. AARCH64=0 leaves it out; needs the
+# rust target aarch64-unknown-linux-gnu, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and
+# qemu-user (.ci/run installs them).
+if [ "${AARCH64:-1}" != 0 ]; then
+  echo "== aarch64: NEON kernel tests under qemu-aarch64, clippy"
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max"
+  cargo clippy -p colibri-engine --all-targets --target aarch64-unknown-linux-gnu --locked -- -D warnings
+  cargo test -p colibri-engine --lib --target aarch64-unknown-linux-gnu --locked -- qdot kernels
+else
+  echo "== aarch64: left out (AARCH64=0)"
+fi
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 if [ "$FUZZ_SECONDS" != 0 ]; then

@@ -416,8 +416,8 @@ mod tests {
     #[test]
     fn integer_matmul_is_batch_invariant() {
         // Rows in several output groups (OUT_ROWS) and a partial one; 1, 2 (one position at
-        // a time) and 3+ positions (rows made ready once): every output has the bits of
-        // the same position alone.
+        // a time), 3+ positions (rows made ready once) and 20 (activations quantized on
+        // the thread pool): every output has the bits of the same position alone.
         let mut s = 11u64;
         let (rows, cols) = (37, 96);
         for dtype in [DType::Int4 { group: 32 }, DType::Int8 { group: 32 }] {
@@ -428,7 +428,7 @@ mod tests {
                 crate::format::quant::quantize_row(dtype, &w, &mut bytes[r * rb..(r + 1) * rb]).unwrap();
             }
             let m = Mat::new(rows, cols, dtype, crate::tensor::Bytes::from_vec(bytes)).unwrap();
-            for n in [2, 3, 9] {
+            for n in [2, 3, 9, 20] {
                 let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
                 let mut out = vec![0.0; n * rows];
                 matmul(&m, &x, n, &mut out);

@@ -8,7 +8,7 @@ use colibri_engine::gpu::buffers::{f32s, upload_f32, upload_mat};
 use colibri_engine::gpu::ops::{self, AttnShape};
 use colibri_engine::gpu::recorder::Recorder;
 use colibri_engine::gpu::{block_on, GpuContext};
-use colibri_engine::kernels;
+use colibri_engine::kernels::{self, Activation};
 use colibri_engine::math;
 use colibri_engine::model::rope::{Rope, RopeConfig};
 use colibri_engine::tensor::{Bytes, DType, Mat};
@@ -56,7 +56,17 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
                 }
                 bytes.extend(row);
             }
-            DType::Mxfp4 | DType::U8 => unreachable!("no GPU kernels for {dtype}"),
+            DType::Mxfp4 => {
+                // e8m0 scales around 2^-5 (normal f32 products), random nibbles.
+                let blocks = cols / 32;
+                let mut row: Vec<u8> = (0..blocks).map(|_| 118 + (rng.bits() % 10) as u8).collect();
+                row.resize(blocks.div_ceil(4) * 4, 0);
+                while row.len() < rb {
+                    row.push(rng.bits() as u8);
+                }
+                bytes.extend(row);
+            }
+            DType::U8 => unreachable!("no GPU kernels for {dtype}"),
         }
     }
     Mat::new(rows, cols, dtype, Bytes::from_vec(bytes)).unwrap()
@@ -134,6 +144,39 @@ fn qmatmul_edge_activations() {
         let keep = |v: &[f32]| -> Vec<f32> { v.iter().map(|f| if f.is_nan() { 0.0 } else { *f }).collect() };
         assert_bits(&format!("qmatmul {dtype} edge activations"), &keep(&got), &keep(&want));
     }
+}
+
+/// MXFP4 weights (gpt_oss's experts) against qdot::mxfp4: every batch size, several
+/// blocks per lane, and activations with zero, tiny, huge and NaN blocks.
+#[test]
+fn mxfp4_matmul_matches_cpu() {
+    let Some(ctx) = gpu() else { return };
+    for (rows, cols) in [(37usize, 32usize), (9, 320), (21, 96)] {
+        check_matmul(&ctx, rows, cols, DType::Mxfp4, &[1, 3, 8, 11, 17], 40 + cols as u64);
+    }
+    let (rows, cols, n) = (19, 128, 5);
+    let mut rng = Lcg(78);
+    let m = random_mat(rows, cols, DType::Mxfp4, &mut rng);
+    let gm = upload_mat(&ctx, "w", &m).unwrap();
+    let mut x = rng.vec(n * cols, 2.0);
+    x[..40].iter_mut().for_each(|v| *v = 0.0); // position 0: one zero block, part of the next
+    x[cols + 7] = 3.0e38;
+    x[cols + 8] = -1.0e-30;
+    x[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e-25); // tiny (below 2^-64 in places)
+    x[3 * cols + 99] = f32::NAN;
+    x[4 * cols + 50] = 0.5;
+    let mut want = vec![0.0; n * rows];
+    kernels::matmul(&m, &x, n, &mut want);
+    let xb = upload_f32(&ctx, "x", &x).unwrap();
+    let yb = zeros(&ctx, n * rows);
+    let mut rec = Recorder::new(&ctx);
+    ops::matmul(&mut rec, &gm, &xb, 0, n, &yb, 0, rows).unwrap();
+    block_on(rec.submit()).unwrap();
+    let got = read(&ctx, &yb, n * rows);
+    assert!(want[3 * rows..4 * rows].iter().all(|v| v.is_nan()), "a NaN input makes its row NaN");
+    assert!(got[3 * rows..4 * rows].iter().all(|v| v.is_nan()), "GPU row with NaN input");
+    let keep = |v: &[f32]| -> Vec<f32> { v.iter().map(|f| if f.is_nan() { 0.0 } else { *f }).collect() };
+    assert_bits("mxfp4 edge activations", &keep(&got), &keep(&want));
 }
 
 #[test]
@@ -222,7 +265,7 @@ fn rope_matches_cpu() {
 }
 
 /// attention::attention after the projections, written out as the CPU runs it.
-fn attention_ref(s: AttnShape, q: &[f32], kc: &[f32], vc: &[f32]) -> Vec<f32> {
+fn attention_ref(s: AttnShape, q: &[f32], kc: &[f32], vc: &[f32], sinks: Option<&[f32]>) -> Vec<f32> {
     let (hd, qd, kvd) = (s.head_dim, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     let group = s.n_heads / s.n_kv_heads;
     let mut out = vec![0.0f32; s.n * qd];
@@ -234,7 +277,10 @@ fn attention_ref(s: AttnShape, q: &[f32], kc: &[f32], vc: &[f32]) -> Vec<f32> {
             let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
             let mut scores: Vec<f32> =
                 (lo..=p).map(|j| math::dot(qh, &kc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * s.scale).collect();
-            math::softmax(&mut scores);
+            match sinks {
+                Some(sk) => math::softmax_with_sink(&mut scores, sk[h]),
+                None => math::softmax(&mut scores),
+            }
             let dst = &mut out[i * qd + h * hd..i * qd + (h + 1) * hd];
             for (sc, j) in scores.iter().zip(lo..=p) {
                 for (d, vv) in dst.iter_mut().zip(&vc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) {
@@ -250,12 +296,15 @@ fn attention_ref(s: AttnShape, q: &[f32], kc: &[f32], vc: &[f32]) -> Vec<f32> {
 fn attention_matches_cpu_with_gqa_and_window() {
     let Some(ctx) = gpu() else { return };
     let mut rng = Lcg(13);
-    for (n, pos0, window, heads, kv_heads, hd) in [
-        (1, 0, None, 4, 2, 22),
-        (7, 0, None, 6, 3, 12),
-        (1, 90, Some(24), 4, 2, 22),
-        (5, 100, None, 5, 1, 16),
-        (3, 70, Some(5), 4, 4, 8),
+    for (n, pos0, window, heads, kv_heads, hd, with_sinks) in [
+        (1, 0, None, 4, 2, 22, false),
+        (7, 0, None, 6, 3, 12, false),
+        (1, 90, Some(24), 4, 2, 22, false),
+        (5, 100, None, 5, 1, 16, false),
+        (3, 70, Some(5), 4, 4, 8, false),
+        // gpt_oss: sink logits, on a windowed and a full layer.
+        (9, 0, Some(7), 6, 2, 14, true),
+        (2, 40, None, 6, 2, 14, true),
     ] {
         let s = AttnShape {
             n,
@@ -265,12 +314,17 @@ fn attention_matches_cpu_with_gqa_and_window() {
             pos0,
             window,
             scale: (hd as f32).powf(-0.5),
+            mla: None,
         };
         let total = pos0 + n;
         let q = rng.vec(n * heads * hd, 3.0);
         let kc = rng.vec(total * kv_heads * hd, 3.0);
         let vc = rng.vec(total * kv_heads * hd, 1.0);
-        let want = attention_ref(s, &q, &kc, &vc);
+        // Sinks from far below to far above the scores.
+        let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 4.0 - 8.0).collect();
+        let sinks = with_sinks.then_some(&sinks[..]);
+        let want = attention_ref(s, &q, &kc, &vc, sinks);
+        let sink_buf = sinks.map(|v| upload_f32(&ctx, "sinks", v).unwrap());
         let (qb, kb, vb) = (
             upload_f32(&ctx, "q", &q).unwrap(),
             upload_f32(&ctx, "k", &kc).unwrap(),
@@ -279,7 +333,7 @@ fn attention_matches_cpu_with_gqa_and_window() {
         let scores = zeros(&ctx, n * heads * total);
         let out = zeros(&ctx, want.len());
         let mut rec = Recorder::new(&ctx);
-        ops::attention(&mut rec, s, &qb, &kb, &vb, &scores, &out).unwrap();
+        ops::attention(&mut rec, s, &qb, &kb, &vb, &scores, &out, sink_buf.as_ref()).unwrap();
         block_on(rec.submit()).unwrap();
         assert_bits(&format!("attention {s:?}"), &read(&ctx, &out, want.len()), &want);
     }
@@ -292,13 +346,16 @@ fn swiglu_gate_matches_cpu() {
     // Wide range: exp under/overflow edges, large |x|, tiny x.
     let mut g: Vec<f32> = rng.vec(5000, 30.0);
     g.extend([0.0, -0.0, 88.0, -88.0, 90.0, -90.0, 1e-30, -1e-30, 200.0, -200.0, 87.33, -87.34]);
-    let u: Vec<f32> = rng.vec(g.len(), 2.0);
-    let want: Vec<f32> = g.iter().zip(&u).map(|(g, u)| math::silu(*g) * u).collect();
-    let (gb, ub) = (upload_f32(&ctx, "g", &g).unwrap(), upload_f32(&ctx, "u", &u).unwrap());
-    let mut rec = Recorder::new(&ctx);
-    ops::swiglu(&mut rec, &gb, &ub, g.len()).unwrap();
-    block_on(rec.submit()).unwrap();
-    assert_bits("swiglu", &read(&ctx, &gb, g.len()), &want);
+    let mut u: Vec<f32> = rng.vec(g.len(), 2.0);
+    u[..40].iter_mut().for_each(|v| *v *= 3.0); // beyond the clamp limit
+    for act in [Activation::Silu, Activation::ClampedSwiglu { alpha: 1.702, limit: 2.0 }] {
+        let want: Vec<f32> = g.iter().zip(&u).map(|(g, u)| act.apply(*g, *u)).collect();
+        let (gb, ub) = (upload_f32(&ctx, "g", &g).unwrap(), upload_f32(&ctx, "u", &u).unwrap());
+        let mut rec = Recorder::new(&ctx);
+        ops::swiglu(&mut rec, &gb, &ub, g.len(), act).unwrap();
+        block_on(rec.submit()).unwrap();
+        assert_bits(&format!("swiglu {act:?}"), &read(&ctx, &gb, g.len()), &want);
+    }
 }
 
 #[test]
@@ -355,17 +412,29 @@ fn elementwise_kernels_match_cpu() {
 
 #[test]
 fn route_matches_moe_route() {
-    use colibri_engine::model::config::RouterConfig;
+    use colibri_engine::model::config::{RouterConfig, Scoring};
     use colibri_engine::model::moe::route;
     let Some(ctx) = gpu() else { return };
     let mut rng = Lcg(23);
-    for (ne, k, norm, scale) in [
-        (7usize, 2usize, true, 3.0f32),
-        (64, 8, false, 12.0),
-        (128, 8, true, 0.5),
-        (16, 16, true, 40.0),
-        (60, 4, false, 200.0),
-    ] {
+    // (experts, top_k, renormalise, logit scale, scoring, groups, kept groups, scaling, bias)
+    let cases = [
+        (7usize, 2usize, true, 3.0f32, Scoring::Softmax, 1usize, 1usize, 1.0f32, false),
+        (64, 8, false, 12.0, Scoring::Softmax, 1, 1, 1.0, false),
+        (128, 8, true, 0.5, Scoring::Softmax, 1, 1, 1.0, false),
+        (16, 16, true, 40.0, Scoring::Softmax, 1, 1, 1.0, false),
+        (60, 4, false, 200.0, Scoring::Softmax, 1, 1, 1.0, false),
+        // glm4_moe / deepseek_v3: sigmoid scores, correction bias, groups, scaling.
+        (12, 3, true, 3.0, Scoring::Sigmoid, 1, 1, 1.8, true),
+        (64, 8, true, 4.0, Scoring::Sigmoid, 8, 4, 2.5, true),
+        (32, 6, false, 2.0, Scoring::Sigmoid, 4, 2, 1.0, true),
+        (24, 4, true, 6.0, Scoring::Sigmoid, 8, 3, 1.0, false),
+        (9, 2, true, 1.0, Scoring::Sigmoid, 9, 4, 1.0, true),
+        // gpt_oss: top-k of the logits, softmax over the chosen.
+        (8, 3, false, 5.0, Scoring::SoftmaxOfTopk, 1, 1, 1.0, false),
+        // (Not so wide that a weight falls below 2^-126: arith.wgsl flushes subnormals.)
+        (32, 4, false, 40.0, Scoring::SoftmaxOfTopk, 1, 1, 1.0, false),
+    ];
+    for (ne, k, norm, scale, scoring, n_group, topk_group, rsf, has_bias) in cases {
         let n = 37;
         let mut logits = rng.vec(n * ne, scale);
         // Exact ties (ties go to the lower index), a row of equal logits, and a row whose
@@ -373,18 +442,28 @@ fn route_matches_moe_route() {
         logits[ne + 3] = logits[ne + 1];
         logits[2 * ne..3 * ne].iter_mut().for_each(|v| *v = 0.25);
         logits[3 * ne] = 150.0;
-        let cfg = RouterConfig::softmax(ne, k, norm);
+        let cfg = RouterConfig {
+            scoring,
+            n_group,
+            topk_group,
+            routed_scaling_factor: rsf,
+            correction_bias: has_bias,
+            ..RouterConfig::softmax(ne, k, norm)
+        };
+        let bias = rng.vec(ne, 0.2);
+        let bias_buf = upload_f32(&ctx, "bias", &bias).unwrap();
         let lb = upload_f32(&ctx, "logits", &logits).unwrap();
         let (probs, out) = (zeros(&ctx, n * ne), zeros(&ctx, n * k * 2));
         let mut rec = Recorder::new(&ctx);
-        ops::route(&mut rec, &lb, &probs, &out, n, &cfg).unwrap();
+        ops::route(&mut rec, &lb, &probs, &out, n, &cfg, has_bias.then_some(&bias_buf)).unwrap();
         rec.read(&out, 0, (n * k * 2) as u64 * 4);
         let got = ops::routes_from(&block_on(rec.submit()).unwrap()[0], k);
         assert_eq!(got.len(), n);
+        let what = format!("{ne}x top{k} {scoring:?} groups {topk_group}/{n_group}");
         for (p, g) in got.iter().enumerate() {
-            let want = route(&logits[p * ne..(p + 1) * ne], &cfg, None);
-            assert_eq!(g.experts, want.experts, "experts {ne}x top{k}, position {p}");
-            assert_bits(&format!("weights {ne}x top{k}, position {p}"), &g.weights, &want.weights);
+            let want = route(&logits[p * ne..(p + 1) * ne], &cfg, has_bias.then_some(&bias[..]));
+            assert_eq!(g.experts, want.experts, "experts {what}, position {p}");
+            assert_bits(&format!("weights {what}, position {p}"), &g.weights, &want.weights);
         }
     }
 }

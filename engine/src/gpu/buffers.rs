@@ -1,5 +1,5 @@
-//! Weights in GPU buffers. A matrix keeps its stored bytes (f32, bf16, f16, or int8/int4
-//! with f16 group scales) and the kernels decode them exactly; a matrix larger than
+//! Weights in GPU buffers. A matrix keeps its stored bytes (f32, bf16, f16, int8/int4
+//! with f16 group scales, or MXFP4) and the kernels decode them exactly; a matrix larger than
 //! one storage binding (or one buffer) is split into row blocks, each its own buffer.
 
 use super::recorder::BufRange;
@@ -71,11 +71,11 @@ pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu:
 
 /// Uploads a matrix in its stored dtype, in row blocks that fit one binding each.
 pub fn upload_mat(ctx: &GpuContext, label: &str, m: &Mat) -> Result<GpuMat> {
-    if matches!(m.dtype, crate::tensor::DType::Mxfp4 | crate::tensor::DType::U8) {
-        return Err(Error::Gpu(format!("{label}: {} weights have no GPU kernels yet; use the CPU backend", m.dtype)));
+    if m.dtype == DType::U8 {
+        return Err(Error::Gpu(format!("{label}: {} weights have no GPU kernels; use the CPU backend", m.dtype)));
     }
     let row_bytes = m.row_bytes();
-    let row_words = if m.dtype.is_quantized() {
+    let row_words = if m.dtype.is_quantized() || m.dtype == DType::Mxfp4 {
         if !row_bytes.is_multiple_of(4) {
             return Err(Error::Gpu(format!("{label}: quantized rows of {row_bytes} bytes are not 4-byte aligned")));
         }

@@ -30,10 +30,13 @@ pub enum Kernel {
     MoeAccumulate,
     GatedAdd,
     Route,
+    QuantizeAct16,
+    Mxfp4Matmul,
+    MlaAbsorb,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -47,6 +50,9 @@ impl Kernel {
         Kernel::MoeAccumulate,
         Kernel::GatedAdd,
         Kernel::Route,
+        Kernel::QuantizeAct16,
+        Kernel::Mxfp4Matmul,
+        Kernel::MlaAbsorb,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -69,6 +75,9 @@ impl Kernel {
             Kernel::MoeAccumulate => ("moe_accumulate.wgsl", A, include_str!("../../../shaders/moe_accumulate.wgsl")),
             Kernel::GatedAdd => ("gated_add.wgsl", A, include_str!("../../../shaders/gated_add.wgsl")),
             Kernel::Route => ("route.wgsl", A, include_str!("../../../shaders/route.wgsl")),
+            Kernel::QuantizeAct16 => ("quantize_act16.wgsl", A, include_str!("../../../shaders/quantize_act16.wgsl")),
+            Kernel::Mxfp4Matmul => ("mxfp4_matmul.wgsl", A, include_str!("../../../shaders/mxfp4_matmul.wgsl")),
+            Kernel::MlaAbsorb => ("mla_absorb.wgsl", AW, include_str!("../../../shaders/mla_absorb.wgsl")),
         }
     }
 

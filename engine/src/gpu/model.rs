@@ -3,7 +3,7 @@
 //! each CPU kernel replaced by its WGSL twin from [`super::ops`].
 //!
 //! Per MoE layer the router logits are routed on the GPU by route.wgsl (moe::route's
-//! arithmetic and order, bit for bit) and the choices read back, because the host must
+//! arithmetic and order for every scoring rule, bit for bit) and the choices read back, because the host must
 //! fetch and upload missing experts; the selected experts then run on the GPU in
 //! ascending index order, as the CPU adds them.
 
@@ -11,6 +11,7 @@ use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
 use super::buffers::{f32s, upload_f32, upload_mat, GpuMat};
+use super::mla::{GpuMla, MlaScratch};
 use super::ops::{self, AttnShape};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
@@ -18,25 +19,14 @@ use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
 use crate::model::attention::AttnWeights;
-use crate::model::config::{Activation, ModelConfig, QkNorm, Scoring};
+use crate::model::config::{Activation, ModelConfig, QkNorm};
 use crate::model::{Ffn, Logits, Model};
 
-/// Why this backend cannot run a model, if it cannot: the parts of deepseek_v3, gpt_oss
-/// and qwen3_next that have no WGSL kernels yet (MLA attention, the sigmoid/group router,
-/// ungated shared experts; attention sinks, biased routers and experts, the clamped
-/// SwiGLU; Gated DeltaNet, the attention output gate, zero-centred norms).
+/// Why this backend cannot run a model, if it cannot: the parts of qwen3_next that have
+/// no WGSL kernels yet (Gated DeltaNet, the attention output gate, zero-centred norms).
 pub fn unsupported(c: &ModelConfig) -> Option<String> {
-    let missing = if c.mla.is_some() {
-        "Multi-head Latent Attention"
-    } else if c.linear_attn.is_some() || c.attn_output_gate || c.norm_plus_one {
+    let missing = if c.linear_attn.is_some() || c.attn_output_gate || c.norm_plus_one {
         "Gated DeltaNet linear attention"
-    } else if c.attn_sinks || c.o_bias || c.expert_bias || c.router.logit_bias || c.ffn_act != Activation::Silu {
-        "attention with sinks, the biased top-k-softmax router and the clamped SwiGLU experts"
-    } else if c.router.scoring != Scoring::Softmax || c.router.correction_bias || c.router.topk_group < c.router.n_group
-    {
-        "the sigmoid / group-limited router"
-    } else if c.shared_expert_intermediate.is_some() && !c.shared_expert_gated {
-        "ungated shared experts"
     } else {
         return None;
     };
@@ -60,7 +50,13 @@ pub struct GpuOptions {
     pub lookahead: usize,
 }
 
-struct GpuAttn {
+/// One layer's attention weights on the GPU, by variant (attention::AttnWeights).
+enum GpuAttn {
+    Gqa(Box<GpuGqa>),
+    Mla(Box<GpuMla>),
+}
+
+struct GpuGqa {
     wq: GpuMat,
     wk: GpuMat,
     wv: GpuMat,
@@ -68,14 +64,71 @@ struct GpuAttn {
     bq: Option<wgpu::Buffer>,
     bk: Option<wgpu::Buffer>,
     bv: Option<wgpu::Buffer>,
+    /// (hidden): o_proj's bias (gpt_oss)
+    bo: Option<wgpu::Buffer>,
+    /// (n_heads): sink logits (gpt_oss)
+    sinks: Option<wgpu::Buffer>,
     /// (weight, width of each normalised chunk)
     q_norm: Option<(wgpu::Buffer, usize)>,
     k_norm: Option<(wgpu::Buffer, usize)>,
 }
 
+/// A MoE layer's router: its weights, its own bias (added to the logits) and the
+/// selection bias (`e_score_correction_bias`).
+struct GpuRouter {
+    w: GpuMat,
+    bias: Option<wgpu::Buffer>,
+    correction: Option<wgpu::Buffer>,
+}
+
+impl GpuRouter {
+    /// Routes the n positions of `xn` (MoeBlock::router_logits, then moe::route) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &self,
+        rec: &mut Recorder,
+        xn: &wgpu::Buffer,
+        n: usize,
+        logits: &wgpu::Buffer,
+        probs: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        cfg: &crate::model::config::RouterConfig,
+    ) -> Result<()> {
+        let ne = self.w.rows;
+        ops::matmul(rec, &self.w, xn, 0, n, logits, 0, ne)?;
+        if let Some(b) = &self.bias {
+            ops::add(rec, logits, 0, b, 0, n * ne, ne)?;
+        }
+        ops::route(rec, logits, probs, out, n, cfg, self.correction.as_ref())
+    }
+}
+
 enum GpuFfn {
     Dense(GpuExpert),
-    Moe { router: GpuMat, shared: Option<(GpuExpert, GpuMat)> },
+    Moe(Box<GpuMoe>),
+}
+
+/// A MoE layer's resident parts; the routed experts live in the pool.
+struct GpuMoe {
+    router: GpuRouter,
+    biases: Option<ExpertBiases>,
+    /// The shared expert with its sigmoid gate (qwen2_moe) or without (added as is).
+    shared: Option<(GpuExpert, Option<GpuMat>)>,
+}
+
+/// Every routed expert's biases of one layer (gpt_oss), resident like the dense weights:
+/// gate and up (n_experts, inter), down (n_experts, hidden).
+struct ExpertBiases {
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    down: wgpu::Buffer,
+}
+
+/// The biases of routed expert `e` of a layer (rows e of [`ExpertBiases`]).
+#[derive(Clone, Copy)]
+struct FfnBias<'a> {
+    b: &'a ExpertBiases,
+    e: usize,
 }
 
 struct GpuLayer {
@@ -171,46 +224,57 @@ impl<M: Borrow<Model>> GpuModel<M> {
             c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
         let mut layers = Vec::with_capacity(m.layers.len());
         for (l, layer) in m.layers.iter().enumerate() {
-            let AttnWeights::Gqa(a) = &layer.attn else {
-                return Err(Error::Gpu("MLA attention has no GPU kernels yet".into()));
-            };
             let p = format!("layer{l}");
-            let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
-                w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
-            };
-            let attn = GpuAttn {
-                wq: upload_mat(cx, &format!("{p}.wq"), &a.wq)?,
-                wk: upload_mat(cx, &format!("{p}.wk"), &a.wk)?,
-                wv: upload_mat(cx, &format!("{p}.wv"), &a.wv)?,
-                wo: upload_mat(cx, &format!("{p}.wo"), &a.wo)?,
-                bq: opt_vec(cx, &format!("{p}.bq"), &a.bq)?,
-                bk: opt_vec(cx, &format!("{p}.bk"), &a.bk)?,
-                bv: opt_vec(cx, &format!("{p}.bv"), &a.bv)?,
-                q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
-                k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
+            let attn = match (&layer.attn, &layer.attn_opts.mla) {
+                (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(cx, &p, w, m, c.n_heads)?)),
+                (AttnWeights::Gqa(a), None) => {
+                    let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
+                        w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
+                    };
+                    GpuAttn::Gqa(Box::new(GpuGqa {
+                        wq: upload_mat(cx, &format!("{p}.wq"), &a.wq)?,
+                        wk: upload_mat(cx, &format!("{p}.wk"), &a.wk)?,
+                        wv: upload_mat(cx, &format!("{p}.wv"), &a.wv)?,
+                        wo: upload_mat(cx, &format!("{p}.wo"), &a.wo)?,
+                        bq: opt_vec(cx, &format!("{p}.bq"), &a.bq)?,
+                        bk: opt_vec(cx, &format!("{p}.bk"), &a.bk)?,
+                        bv: opt_vec(cx, &format!("{p}.bv"), &a.bv)?,
+                        bo: opt_vec(cx, &format!("{p}.bo"), &a.bo)?,
+                        sinks: opt_vec(cx, &format!("{p}.sinks"), &a.sinks)?,
+                        q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
+                        k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
+                    }))
+                }
+                _ => return Err(Error::Gpu(format!("layer {l}: linear attention has no GPU kernels yet"))),
             };
             let ffn = match &layer.ffn {
                 Ffn::Dense(mlp) => {
                     max_inter = max_inter.max(mlp.gate.rows);
                     GpuFfn::Dense(GpuExpert::upload(cx, &format!("{p}.mlp"), mlp)?)
                 }
-                Ffn::Moe(block) => GpuFfn::Moe {
-                    router: upload_mat(cx, &format!("{p}.router"), &block.router)?,
+                Ffn::Moe(block) => GpuFfn::Moe(Box::new(GpuMoe {
+                    router: GpuRouter {
+                        w: upload_mat(cx, &format!("{p}.router"), &block.router)?,
+                        bias: opt_vec(cx, &format!("{p}.router_bias"), &block.router_bias)?,
+                        correction: opt_vec(cx, &format!("{p}.correction_bias"), &block.correction_bias)?,
+                    },
+                    biases: match &block.expert_bias {
+                        Some(b) => Some(ExpertBiases {
+                            gate: upload_f32(cx, &format!("{p}.experts.gate_bias"), &b.gate)?,
+                            up: upload_f32(cx, &format!("{p}.experts.up_bias"), &b.up)?,
+                            down: upload_f32(cx, &format!("{p}.experts.down_bias"), &b.down)?,
+                        }),
+                        None => None,
+                    },
                     shared: match &block.shared {
                         Some(shared) => {
-                            let gate = shared
-                                .gate
-                                .as_ref()
-                                .ok_or_else(|| Error::Gpu("ungated shared experts have no GPU kernels yet".into()))?;
                             max_inter = max_inter.max(shared.mlp.gate.rows);
-                            Some((
-                                GpuExpert::upload(cx, &format!("{p}.shared"), &shared.mlp)?,
-                                upload_mat(cx, &format!("{p}.shared_gate"), gate)?,
-                            ))
+                            let gate = shared.gate.as_ref().map(|g| upload_mat(cx, &format!("{p}.shared_gate"), g));
+                            Some((GpuExpert::upload(cx, &format!("{p}.shared"), &shared.mlp)?, gate.transpose()?))
                         }
                         None => None,
                     },
-                },
+                })),
             };
             layers.push(GpuLayer {
                 attn_norm: upload_f32(cx, &format!("{p}.attn_norm"), &layer.attn_norm)?,
@@ -258,15 +322,18 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
     /// Layer `l + 1`'s router (GPU weights and routing settings) if that layer is MoE
     /// and the lookahead is on.
-    fn next_router(&self, l: usize) -> Option<(&GpuMat, crate::model::config::RouterConfig)> {
+    fn next_router(&self, l: usize) -> Option<(&GpuRouter, crate::model::config::RouterConfig)> {
         if self.lookahead == 0 {
             return None;
         }
         match (self.m().layers.get(l + 1).map(|x| &x.ffn), self.layers.get(l + 1).map(|x| &x.ffn)) {
-            (Some(Ffn::Moe(block)), Some(GpuFfn::Moe { router, .. })) => {
+            (Some(Ffn::Moe(block)), Some(GpuFfn::Moe(moe))) => {
                 let mut cfg = block.cfg.clone();
-                cfg.top_k = self.lookahead.min(cfg.n_experts);
-                Some((router, cfg))
+                // Group-limited routing has topk_group groups' experts to choose from.
+                let grouped = cfg.n_group > 1 && cfg.topk_group < cfg.n_group;
+                let candidates = if grouped { cfg.topk_group * (cfg.n_experts / cfg.n_group) } else { cfg.n_experts };
+                cfg.top_k = self.lookahead.min(candidates).max(1);
+                Some((&moe.router, cfg))
             }
             _ => None,
         }
@@ -326,6 +393,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         // Layer -> experts the lookahead predicted for it (checked when it routes).
         let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
         let shared_gate = buf("shared_gate", n)?;
+        let mla_scratch = c.mla.as_ref().map(|m| MlaScratch::new(ctx, m, c.n_heads, n)).transpose()?;
 
         let rope = &self.m().rope;
         let half = rope.rotary_dim / 2;
@@ -342,60 +410,71 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
         for (l, (layer, lw)) in self.m().layers.iter().zip(&self.layers).enumerate() {
             let o = &layer.attn_opts;
-            let a = &lw.attn;
             rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
             ops::rmsnorm(&mut rec, &xn, 0, n, h, &lw.attn_norm, c.rms_eps)?;
-            ops::matmul(&mut rec, &a.wq, &xn, 0, n, &q, 0, qd)?;
-            ops::matmul(&mut rec, &a.wk, &xn, 0, n, &k, 0, kvd)?;
-            ops::matmul(&mut rec, &a.wv, &xn, 0, n, &v, 0, kvd)?;
-            for (t, b, d) in [(&q, &a.bq, qd), (&k, &a.bk, kvd), (&v, &a.bv, kvd)] {
-                if let Some(b) = b {
-                    ops::add(&mut rec, t, 0, b, 0, n * d, d)?;
+            match &lw.attn {
+                GpuAttn::Mla(mla) => {
+                    let scratch = mla_scratch.as_ref().ok_or_else(|| Error::Gpu("MLA scratch missing".into()))?;
+                    let cache = &session.kv[l].0;
+                    mla.forward(&mut rec, scratch, &xn, n, pos0, o, cache, &scores, cs_data.clone(), &y)?;
+                }
+                GpuAttn::Gqa(a) => {
+                    ops::matmul(&mut rec, &a.wq, &xn, 0, n, &q, 0, qd)?;
+                    ops::matmul(&mut rec, &a.wk, &xn, 0, n, &k, 0, kvd)?;
+                    ops::matmul(&mut rec, &a.wv, &xn, 0, n, &v, 0, kvd)?;
+                    for (t, b, d) in [(&q, &a.bq, qd), (&k, &a.bk, kvd), (&v, &a.bv, kvd)] {
+                        if let Some(b) = b {
+                            ops::add(&mut rec, t, 0, b, 0, n * d, d)?;
+                        }
+                    }
+                    for (t, norm, d) in [(&q, &a.q_norm, qd), (&k, &a.k_norm, kvd)] {
+                        if let Some((w, width)) = norm {
+                            ops::rmsnorm(&mut rec, t, 0, n * d / width, *width, w, o.rms_eps)?;
+                        }
+                    }
+                    if let Some(clip) = o.clip_qkv {
+                        ops::clamp(&mut rec, &q, n * qd, clip)?;
+                        ops::clamp(&mut rec, &k, n * kvd, clip)?;
+                        ops::clamp(&mut rec, &v, n * kvd, clip)?;
+                    }
+                    ops::rope(&mut rec, &q, n, o.n_heads, hd, half, cs_data.clone())?;
+                    ops::rope(&mut rec, &k, n, o.n_kv_heads, hd, half, cs_data.clone())?;
+                    let (kc, vc) = &session.kv[l];
+                    rec.copy(&k, 0, kc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
+                    rec.copy(&v, 0, vc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
+                    let shape = AttnShape {
+                        n,
+                        n_heads: o.n_heads,
+                        n_kv_heads: o.n_kv_heads,
+                        head_dim: hd,
+                        pos0,
+                        window: o.window,
+                        scale: o.scale,
+                        mla: None,
+                    };
+                    ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out, a.sinks.as_ref())?;
+                    ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
+                    if let Some(bo) = &a.bo {
+                        ops::add(&mut rec, &y, 0, bo, 0, n * h, h)?;
+                    }
                 }
             }
-            for (t, norm, d) in [(&q, &a.q_norm, qd), (&k, &a.k_norm, kvd)] {
-                if let Some((w, width)) = norm {
-                    ops::rmsnorm(&mut rec, t, 0, n * d / width, *width, w, o.rms_eps)?;
-                }
-            }
-            if let Some(clip) = o.clip_qkv {
-                ops::clamp(&mut rec, &q, n * qd, clip)?;
-                ops::clamp(&mut rec, &k, n * kvd, clip)?;
-                ops::clamp(&mut rec, &v, n * kvd, clip)?;
-            }
-            ops::rope(&mut rec, &q, n, o.n_heads, hd, half, cs_data.clone())?;
-            ops::rope(&mut rec, &k, n, o.n_kv_heads, hd, half, cs_data.clone())?;
-            let (kc, vc) = &session.kv[l];
-            rec.copy(&k, 0, kc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
-            rec.copy(&v, 0, vc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
-            let shape = AttnShape {
-                n,
-                n_heads: o.n_heads,
-                n_kv_heads: o.n_kv_heads,
-                head_dim: hd,
-                pos0,
-                window: o.window,
-                scale: o.scale,
-            };
-            ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out)?;
-            ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
             ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
 
             rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
             ops::rmsnorm(&mut rec, &xn, 0, n, h, &lw.ffn_norm, c.rms_eps)?;
             match (&layer.ffn, &lw.ffn) {
-                (_, GpuFfn::Dense(mlp)) => swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &y)?,
-                (Ffn::Moe(block), GpuFfn::Moe { router, shared }) => {
-                    let ne = router.rows;
+                (_, GpuFfn::Dense(mlp)) => swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &y, Activation::Silu, None)?,
+                (Ffn::Moe(block), GpuFfn::Moe(moe)) => {
+                    let GpuMoe { router, biases, shared } = &**moe;
+                    let ne = router.w.rows;
                     let k = block.cfg.top_k;
-                    ops::matmul(&mut rec, router, &xn, 0, n, &router_logits, 0, ne)?;
-                    ops::route(&mut rec, &router_logits, &probs, &routes, n, &block.cfg)?;
+                    router.route(&mut rec, &xn, n, &router_logits, &probs, &routes, &block.cfg)?;
                     rec.read(&routes, 0, (n * k * 2) as u64 * f);
                     let next = self.next_router(l);
                     if let (Some((next_router, cfg)), Some(ahead_routes)) = (&next, &ahead_routes) {
                         // router_logits is free again: this layer's routing has consumed it.
-                        ops::matmul(&mut rec, next_router, &xn, 0, n, &router_logits, 0, ne)?;
-                        ops::route(&mut rec, &router_logits, &probs, ahead_routes, n, cfg)?;
+                        next_router.route(&mut rec, &xn, n, &router_logits, &probs, ahead_routes, cfg)?;
                         rec.read(ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
                     }
                     let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
@@ -449,13 +528,19 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         for (i, (p, _)) in list.iter().enumerate() {
                             rec.copy(&xn, (p * h) as u64 * f, &xs, (i * h) as u64 * f, h as u64 * f);
                         }
-                        swiglu_ffn(&mut rec, &expert, &xs, list.len(), &g, &u, &ys)?;
+                        let bias = biases.as_ref().map(|b| FfnBias { b, e });
+                        swiglu_ffn(&mut rec, &expert, &xs, list.len(), &g, &u, &ys, block.act, bias)?;
                         ops::moe_accumulate(&mut rec, &y, &ys, list, h)?;
                     }
                     if let Some((mlp, gate)) = shared {
-                        swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &sy)?;
-                        ops::matmul(&mut rec, gate, &xn, 0, n, &shared_gate, 0, 1)?;
-                        ops::gated_add(&mut rec, &y, &sy, &shared_gate, n, h)?;
+                        swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &sy, Activation::Silu, None)?;
+                        match gate {
+                            Some(gate) => {
+                                ops::matmul(&mut rec, gate, &xn, 0, n, &shared_gate, 0, 1)?;
+                                ops::gated_add(&mut rec, &y, &sy, &shared_gate, n, h)?;
+                            }
+                            None => ops::add(&mut rec, &y, 0, &sy, 0, n * h, n * h)?,
+                        }
                     }
                     if let Some(guess) = ahead {
                         // Hand this layer's work to the GPU, then fetch the next layer's
@@ -482,7 +567,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         predicted[l + 1] = Some(guess);
                     }
                 }
-                (Ffn::Dense(_), GpuFfn::Moe { .. }) => {
+                (Ffn::Dense(_), GpuFfn::Moe(_)) => {
                     return Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model")))
                 }
             }
@@ -510,15 +595,20 @@ impl<M: Borrow<Model>> GpuModel<M> {
             return Ok(());
         }
         let cap = total.next_power_of_two().max(16).min(c.max_positions).max(total);
-        let bytes = (cap * c.kv_dim()) as u64 * 4;
         let ctx = rec.ctx();
         let mut kv = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let (k, v) = (ctx.storage_buffer("k_cache", bytes)?, ctx.storage_buffer("v_cache", bytes)?);
+        for (l, layer) in self.layers.iter().enumerate() {
+            // Floats per position: GQA keys and values; MLA [latent, rotary key] (no values).
+            let (kw, vw) = match (&layer.attn, &c.mla) {
+                (GpuAttn::Mla(_), Some(m)) => (m.cache_width(), 0),
+                _ => (c.kv_dim(), c.kv_dim()),
+            };
+            let bytes = |w: usize| (cap * w).max(1) as u64 * 4;
+            let (k, v) = (ctx.storage_buffer("k_cache", bytes(kw))?, ctx.storage_buffer("v_cache", bytes(vw))?);
             if let Some((ok, ov)) = s.kv.get(l) {
-                let keep_bytes = ((keep.min(s.kv_cap) * c.kv_dim()) as u64 * 4).min(ok.size());
-                rec.copy(ok, 0, &k, 0, keep_bytes);
-                rec.copy(ov, 0, &v, 0, keep_bytes);
+                let kept = keep.min(s.kv_cap) as u64 * 4;
+                rec.copy(ok, 0, &k, 0, (kept * kw as u64).min(ok.size()));
+                rec.copy(ov, 0, &v, 0, (kept * vw as u64).min(ov.size()));
             }
             kv.push((k, v));
         }
@@ -528,7 +618,9 @@ impl<M: Borrow<Model>> GpuModel<M> {
     }
 }
 
-/// `out = down(silu(gate x) * up x)` for m positions of `x` (Expert::forward).
+/// `out = down(act(gate x, up x))` for m positions of `x`, with the expert's biases
+/// added after each product when it has them (kernels::swiglu_many).
+#[allow(clippy::too_many_arguments)]
 fn swiglu_ffn(
     rec: &mut Recorder,
     e: &GpuExpert,
@@ -537,10 +629,20 @@ fn swiglu_ffn(
     g: &wgpu::Buffer,
     u: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    act: Activation,
+    bias: Option<FfnBias>,
 ) -> Result<()> {
-    let inter = e.gate.rows;
+    let (inter, hidden) = (e.gate.rows, e.down.rows);
     ops::matmul(rec, &e.gate, x, 0, m, g, 0, inter)?;
     ops::matmul(rec, &e.up, x, 0, m, u, 0, inter)?;
-    ops::swiglu(rec, g, u, m * inter)?;
-    ops::matmul(rec, &e.down, g, 0, m, out, 0, e.down.rows)
+    if let Some(FfnBias { b, e }) = bias {
+        ops::add(rec, g, 0, &b.gate, e * inter, m * inter, inter)?;
+        ops::add(rec, u, 0, &b.up, e * inter, m * inter, inter)?;
+    }
+    ops::swiglu(rec, g, u, m * inter, act)?;
+    ops::matmul(rec, &e.down, g, 0, m, out, 0, hidden)?;
+    if let Some(FfnBias { b, e }) = bias {
+        ops::add(rec, out, 0, &b.down, e * hidden, m * hidden, hidden)?;
+    }
+    Ok(())
 }

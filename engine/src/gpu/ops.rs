@@ -28,6 +28,9 @@ pub fn matmul(
     y_offset: usize,
     y_stride: usize,
 ) -> Result<()> {
+    if m.dtype == crate::tensor::DType::Mxfp4 {
+        return mxfp4_matmul(rec, m, x, x_offset, n, y, y_offset, y_stride);
+    }
     let consts = dtype_constants(m.dtype);
     if let Some(group) = m.dtype.group() {
         return qmatmul(rec, m, group as usize, x, x_offset, n, y, y_offset, y_stride);
@@ -109,8 +112,66 @@ fn qmatmul(
     Ok(())
 }
 
+/// [`matmul`] for MXFP4 weights: the n positions are quantized once to two int16 parts
+/// per block of 32 (quantize_act16.wgsl), then every row block runs the integer kernel
+/// (mxfp4_matmul.wgsl); the same bits as kernels::matmul (qdot::mxfp4::dot_row_scalar).
+#[allow(clippy::too_many_arguments)]
+fn mxfp4_matmul(
+    rec: &mut Recorder,
+    m: &GpuMat,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    n: usize,
+    y: &wgpu::Buffer,
+    y_offset: usize,
+    y_stride: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if !m.cols.is_multiple_of(crate::tensor::MXFP4_BLOCK) {
+        return Err(Error::Gpu(format!("MXFP4 matrix with {} columns (not whole blocks of 32)", m.cols)));
+    }
+    let blocks = m.cols / crate::tensor::MXFP4_BLOCK;
+    let q_words = blocks * 32;
+    let d_offset = n * q_words;
+    let act = rec.ctx().act_buffer((d_offset + n * blocks) as u64 * 4)?;
+    let params = [
+        u32_of("n", n)?,
+        u32_of("cols", m.cols)?,
+        u32_of("blocks", blocks)?,
+        u32_of("x offset", x_offset)?,
+        u32_of("quantized words", q_words)?,
+        u32_of("scale offset", d_offset)?,
+    ];
+    rec.dispatch(Kernel::QuantizeAct16, &[], &params, vec![x.into(), (&act).into()], groups(n * blocks, 64))?;
+    for part in &m.parts {
+        let params = [
+            u32_of("rows", part.rows)?,
+            u32_of("cols", m.cols)?,
+            u32_of("n", n)?,
+            m.row_words,
+            u32_of("quantized words", q_words)?,
+            u32_of("scale offset", d_offset)?,
+            u32_of("y offset", y_offset + part.row0)?,
+            u32_of("y stride", y_stride)?,
+        ];
+        rec.dispatch(
+            Kernel::Mxfp4Matmul,
+            &[],
+            &params,
+            vec![(&part.range).into(), (&act).into(), y.into()],
+            groups(part.rows, 8),
+        )?;
+    }
+    Ok(())
+}
+
 /// `x[i, :] = m[ids[i], :]` for the n ids stored at `ids` (an arena range of u32s).
 pub fn embed(rec: &mut Recorder, m: &GpuMat, ids: Bind, n: usize, x: &wgpu::Buffer) -> Result<()> {
+    if m.dtype == crate::tensor::DType::Mxfp4 {
+        return Err(Error::Gpu("an MXFP4 embedding has no GPU kernel; use the CPU backend".into()));
+    }
     let consts = dtype_constants(m.dtype);
     for part in &m.parts {
         let params = [
@@ -142,7 +203,28 @@ pub fn rmsnorm(
     w: &wgpu::Buffer,
     eps: f32,
 ) -> Result<()> {
-    let params = [u32_of("rows", rows)?, u32_of("width", width)?, eps.to_bits(), u32_of("x offset", x_offset)?];
+    rmsnorm_strided(rec, x, x_offset, rows, width, width, w, eps)
+}
+
+/// [`rmsnorm`] of rows that start `stride` floats apart (the first `width` of each).
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_strided(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    rows: usize,
+    width: usize,
+    stride: usize,
+    w: &wgpu::Buffer,
+    eps: f32,
+) -> Result<()> {
+    let params = [
+        u32_of("rows", rows)?,
+        u32_of("width", width)?,
+        eps.to_bits(),
+        u32_of("x offset", x_offset)?,
+        u32_of("row stride", stride)?,
+    ];
     rec.dispatch(Kernel::RmsNorm, &[], &params, vec![x.into(), w.into()], rows as u64)
 }
 
@@ -158,7 +240,30 @@ pub fn rope(
     half: usize,
     cs: Bind,
 ) -> Result<()> {
-    let params = [u32_of("n", n)?, u32_of("heads", heads)?, u32_of("head_dim", head_dim)?, u32_of("half", half)?, 0, 0];
+    rope_at(rec, x, 0, n, heads, head_dim, half, cs)
+}
+
+/// [`rope`] of the heads laid out from `x_offset` on, `head_dim` apart, rotating the
+/// 2 * half values at the start of each.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_at(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    n: usize,
+    heads: usize,
+    head_dim: usize,
+    half: usize,
+    cs: Bind,
+) -> Result<()> {
+    let params = [
+        u32_of("n", n)?,
+        u32_of("heads", heads)?,
+        u32_of("head_dim", head_dim)?,
+        u32_of("half", half)?,
+        u32_of("x offset", x_offset)?,
+        0,
+    ];
     rec.dispatch(Kernel::Rope, &[], &params, vec![x.into(), cs], groups(n * heads * half, 64))
 }
 
@@ -172,10 +277,15 @@ pub struct AttnShape {
     pub pos0: usize,
     pub window: Option<usize>,
     pub scale: f32,
+    /// MLA (kv_lora_rank, qk_rope_head_dim): one kv head whose cache row is [latent,
+    /// rotary key] (K and V the same buffer, head_dim their sum), the latent as the value,
+    /// the context written head-major [n_heads, n, kv_lora_rank] (mla::attention).
+    pub mla: Option<(usize, usize)>,
 }
 
 /// Causal GQA over the cache for n new positions (the attention part of
-/// attention::attention after the projections). `scores` holds n * n_heads * (pos0 + n) floats.
+/// attention::attention after the projections). `scores` holds n * n_heads * (pos0 + n)
+/// floats; `sinks` (n_heads), if given, are gpt_oss's per-head sink logits.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     rec: &mut Recorder,
@@ -185,10 +295,16 @@ pub fn attention(
     v_cache: &wgpu::Buffer,
     scores: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    sinks: Option<&wgpu::Buffer>,
 ) -> Result<()> {
     if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         return Err(Error::Gpu(format!("{} heads do not group over {} kv heads", s.n_heads, s.n_kv_heads)));
     }
+    let (split, k_stride, v_dim) = match s.mla {
+        Some((r, dr)) if r + dr == s.head_dim && s.n_kv_heads == 1 => (r, r + dr, r),
+        Some(_) => return Err(Error::Gpu("MLA attention: head_dim must be latent + rotary with one kv head".into())),
+        None => (0, s.n_kv_heads * s.head_dim, s.head_dim),
+    };
     let stride = s.pos0 + s.n;
     if (scores.size() / 4) < (s.n * s.n_heads * stride) as u64 {
         return Err(Error::Gpu("attention score scratch is too small".into()));
@@ -202,14 +318,64 @@ pub fn attention(
         u32_of("window", s.window.unwrap_or(0))?,
         s.scale.to_bits(),
         u32_of("score stride", stride)?,
+        sinks.is_some() as u32,
+        u32_of("split", split)?,
+        u32_of("k stride", k_stride)?,
+        u32_of("v dim", v_dim)?,
+        u32_of("v stride", k_stride)?,
+        s.mla.is_some() as u32,
     ];
-    let binds = vec![q.into(), k_cache.into(), v_cache.into(), scores.into(), out.into()];
+    // Without sinks the queries stand in for the (unread) binding.
+    let binds = vec![q.into(), k_cache.into(), v_cache.into(), scores.into(), out.into(), sinks.unwrap_or(q).into()];
     rec.dispatch(Kernel::Attention, &[], &params, binds, (s.n * s.n_heads) as u64)
 }
 
-/// `g[i] = silu(g[i]) * u[i]` for i < len.
-pub fn swiglu(rec: &mut Recorder, g: &wgpu::Buffer, u: &wgpu::Buffer, len: usize) -> Result<()> {
-    rec.dispatch(Kernel::Swiglu, &[], &[u32_of("len", len)?], vec![g.into(), u.into()], groups(len, 64))
+/// MLA's absorbed queries (mla_absorb.wgsl): `qc` [n, n_heads, r + dr] from the queries
+/// `q` [n, n_heads, dn + dr] and kv_b_proj [n_heads * head_rows, r] (one row block).
+#[allow(clippy::too_many_arguments)]
+pub fn mla_absorb(
+    rec: &mut Recorder,
+    kv_b: &GpuMat,
+    q: &wgpu::Buffer,
+    qc: &wgpu::Buffer,
+    n: usize,
+    n_heads: usize,
+    dn: usize,
+    dr: usize,
+    head_rows: usize,
+) -> Result<()> {
+    let [part] = &kv_b.parts[..] else {
+        return Err(Error::Gpu("MLA: kv_b_proj must fit one storage binding".into()));
+    };
+    let r = kv_b.cols;
+    let params = [
+        u32_of("n", n)?,
+        u32_of("heads", n_heads)?,
+        u32_of("dn", dn)?,
+        u32_of("dr", dr)?,
+        u32_of("r", r)?,
+        u32_of("head rows", head_rows)?,
+        kv_b.row_words,
+    ];
+    let binds = vec![(&part.range).into(), q.into(), qc.into()];
+    rec.dispatch(Kernel::MlaAbsorb, &dtype_constants(kv_b.dtype), &params, binds, groups(n * n_heads * (r + dr), 64))
+}
+
+/// `g[i] = act(g[i], u[i])` for i < len (kernels::Activation::apply).
+pub fn swiglu(
+    rec: &mut Recorder,
+    g: &wgpu::Buffer,
+    u: &wgpu::Buffer,
+    len: usize,
+    act: crate::kernels::Activation,
+) -> Result<()> {
+    use crate::kernels::Activation;
+    let (clamped, alpha, limit) = match act {
+        Activation::Silu => (0, 0.0f32, 0.0f32),
+        Activation::ClampedSwiglu { alpha, limit } => (1, alpha, limit),
+    };
+    let params = [u32_of("len", len)?, clamped, alpha.to_bits(), limit.to_bits()];
+    rec.dispatch(Kernel::Swiglu, &[], &params, vec![g.into(), u.into()], groups(len, 64))
 }
 
 /// `y[y_offset + i] += b[b_offset + i % period]` for i < len.
@@ -274,8 +440,9 @@ pub fn gated_add(
     rec.dispatch(Kernel::GatedAdd, &[], &params, vec![out.into(), s.into(), g.into()], groups(n * hidden, 64))
 }
 
-/// Routes n positions from their router logits (moe::route): `out` receives, per position,
-/// top_k (expert index, weight bits) pairs in moe::route's order; `probs` is scratch
+/// Routes n positions from their router logits (moe::route, every scoring rule, the
+/// selection bias `bias` and group-limited top-k): `out` receives, per position, top_k
+/// (expert index, weight bits) pairs in moe::route's order; `probs` is scratch
 /// [n, n_experts].
 pub fn route(
     rec: &mut Recorder,
@@ -284,13 +451,38 @@ pub fn route(
     out: &wgpu::Buffer,
     n: usize,
     cfg: &crate::model::config::RouterConfig,
+    bias: Option<&wgpu::Buffer>,
 ) -> Result<()> {
+    use crate::model::config::Scoring;
     if cfg.top_k == 0 || cfg.top_k > cfg.n_experts {
         return Err(Error::Gpu(format!("route: top_k {} of {} experts", cfg.top_k, cfg.n_experts)));
     }
-    let params =
-        [u32_of("n", n)?, u32_of("experts", cfg.n_experts)?, u32_of("top_k", cfg.top_k)?, cfg.norm_topk_prob as u32];
-    rec.dispatch(Kernel::Route, &[], &params, vec![logits.into(), probs.into(), out.into()], groups(n, 64))
+    let grouped = cfg.n_group > 1 && cfg.topk_group < cfg.n_group && cfg.n_experts.is_multiple_of(cfg.n_group);
+    if grouped && (cfg.n_group > 32 || cfg.topk_group * (cfg.n_experts / cfg.n_group) < cfg.top_k) {
+        return Err(Error::Gpu(format!(
+            "route: {} groups keeping {} for top_k {} of {} experts has no GPU kernel (at most 32 groups, enough candidates)",
+            cfg.n_group, cfg.topk_group, cfg.top_k, cfg.n_experts
+        )));
+    }
+    let scoring = match cfg.scoring {
+        Scoring::Softmax => 0,
+        Scoring::Sigmoid => 1,
+        Scoring::SoftmaxOfTopk => 2,
+    };
+    let params = [
+        u32_of("n", n)?,
+        u32_of("experts", cfg.n_experts)?,
+        u32_of("top_k", cfg.top_k)?,
+        cfg.norm_topk_prob as u32,
+        scoring,
+        bias.is_some() as u32,
+        u32_of("n_group", cfg.n_group)?,
+        u32_of("topk_group", cfg.topk_group)?,
+        cfg.routed_scaling_factor.to_bits(),
+    ];
+    // Without a bias the logits stand in for the (unread) binding.
+    let binds = vec![logits.into(), probs.into(), out.into(), bias.unwrap_or(logits).into()];
+    rec.dispatch(Kernel::Route, &[], &params, binds, groups(n, 64))
 }
 
 /// Reads what [`route`] wrote: per position, (experts, weights) as moe::route returns them.

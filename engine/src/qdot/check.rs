@@ -17,10 +17,12 @@ pub fn activations(n: usize, cols: usize, group: usize, seed: &mut u64) -> Vec<f
     let mut x: Vec<f32> = (0..n * cols).map(|_| lcg(seed) * 3.0).collect();
     for p in 0..n {
         let row = &mut x[p * cols..(p + 1) * cols];
-        match p % 4 {
+        match p % 5 {
             1 => row[..group.min(cols)].iter_mut().for_each(|v| *v = 0.0),
             2 => row[cols / 2] = 3.0e38,
             3 => row.iter_mut().step_by(3).for_each(|v| *v *= 1e-30),
+            // Every value 127 after quantization: the largest integer sums a block can have.
+            4 => row.iter_mut().for_each(|v| *v = 2.0),
             _ => {}
         }
     }
@@ -32,7 +34,9 @@ pub fn activations(n: usize, cols: usize, group: usize, seed: &mut u64) -> Vec<f
 const ODD_SCALES: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x83ff, 0x0200, 0x7bff, 0xfbff, 0x7c00, 0xfe01];
 
 /// `rows` stored rows of `dtype`: random, then full scale (row 1), int8 -127 everywhere
-/// (row 2), odd finite scales (row 3), odd scales with infinities and NaNs (row 4).
+/// (row 2), odd finite scales (row 3), odd scales with infinities and NaNs (row 4), every
+/// value at its largest stored code (row 5: int4 nibble 15, int8 127; with an activation row
+/// of 127s the largest sums any kernel's narrow accumulators must hold).
 pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
     let Some(rb) = dtype.row_bytes(cols) else { return Vec::new() };
     let blocks = dtype.group().map_or(1, |g| cols.div_ceil(g.max(1) as usize));
@@ -50,6 +54,10 @@ pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8
         if r == 2 && dtype.name() == "int8" {
             // -127 everywhere but the scales (valid container values at the extreme).
             dst[round4(blocks * 2)..round4(blocks * 2) + cols].iter_mut().for_each(|b| *b = 0x81);
+        }
+        if r == 5 {
+            let v = if dtype.name() == "int8" { 0x7f } else { 0xff };
+            dst[round4(blocks * 2)..].iter_mut().for_each(|b| *b = v);
         }
         if r == 3 || r == 4 {
             let odd = if r == 3 { &ODD_SCALES[..7] } else { &ODD_SCALES[..] };
@@ -93,7 +101,7 @@ pub fn check_paths() -> Result<usize, String> {
     for (group, cols) in shapes {
         for dtype in [DType::Int4 { group: group as u32 }, DType::Int8 { group: group as u32 }] {
             let int4 = dtype.name() == "int4";
-            let (rows, n) = (5, 9);
+            let (rows, n) = (6, 9);
             let w = weights(dtype, rows, cols, &mut seed);
             let rb = dtype.row_bytes(cols).ok_or_else(|| format!("no row layout for {dtype}"))?;
             if w.len() != rows * rb {

@@ -9,13 +9,16 @@
 //!   order, every product rounded on its own (no FMA).
 //!
 //! [`dot_row_scalar`] is the reference; the SIMD paths (x86-64 AVX2 and AVX-512 VNNI,
-//! wasm SIMD128) only change how the integer sums are formed, so they give its bits by
-//! construction, as does the WGSL twin (shaders/qmatmul.wgsl). `COLIBRI_SIMD=scalar`
-//! (or `avx2`, `avx512`) forces a path; tests run every available one.
+//! aarch64 NEON with or without dotprod, wasm SIMD128) only change how the integer sums are
+//! formed, so they give its bits by construction, as does the WGSL twin
+//! (shaders/qmatmul.wgsl). `COLIBRI_SIMD=scalar` (or `avx2`, `avx512`, `neon`,
+//! `neon+dotprod`) forces a path; tests run every available one.
 //!
 //! MXFP4 rows (gpt-oss's experts) have their own kernel in [`mxfp4`]: int16 activations in
 //! two parts, the same fixed float combination.
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -53,6 +56,8 @@ pub enum Simd {
     Scalar,
     Avx2,
     Avx512,
+    Neon,
+    NeonDot,
     Simd128,
 }
 
@@ -62,6 +67,8 @@ impl Simd {
             Simd::Scalar => "scalar",
             Simd::Avx2 => "avx2",
             Simd::Avx512 => "avx512",
+            Simd::Neon => "neon",
+            Simd::NeonDot => "neon+dotprod",
             Simd::Simd128 if cfg!(target_feature = "relaxed-simd") => "simd128+relaxed",
             Simd::Simd128 => "simd128",
         }
@@ -85,6 +92,14 @@ impl Simd {
                 v.push(Simd::Avx512);
             }
         }
+        // NEON is part of aarch64's baseline; dotprod (sdot) is detected.
+        #[cfg(target_arch = "aarch64")]
+        {
+            v.push(Simd::Neon);
+            if neon::has_dotprod() {
+                v.push(Simd::NeonDot);
+            }
+        }
         // wasm SIMD128 is decided when the module is built (+simd128 in .cargo/config.toml
         // and build-web.sh); the browser tests check its bits against the native path's.
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -106,6 +121,11 @@ impl Simd {
         })
     }
 }
+
+/// Positions from which [`ActQ::quantize`] and [`ActQ::interleave`] share the positions
+/// among the thread pool (each position is computed alone: the same bytes either way).
+#[cfg(feature = "parallel")]
+const PARALLEL_POSITIONS: usize = 16;
 
 /// Activations of `n` positions quantized per block for one weight layout.
 #[derive(Clone, Debug, Default)]
@@ -169,16 +189,25 @@ impl ActQ {
         self.d.resize(n * ds, 0.0);
         self.s.clear();
         self.s.resize(n * ds, 0);
-        for p in 0..n {
+        if qs == 0 {
+            return;
+        }
+        let one = |p: usize, q: &mut [i8], d: &mut [f32], s: &mut [i32]| {
             let xr = &x[p * cols..(p + 1) * cols];
             for b in 0..blocks {
                 let src = &xr[b * group..((b + 1) * group).min(cols)];
-                let dst = &mut self.q[p * qs + b * group..p * qs + (b + 1) * group];
-                let (d, s) = quantize_block(src, dst, split);
-                self.d[p * ds + b] = d;
-                self.s[p * ds + b] = s;
+                (d[b], s[b]) = quantize_block(src, &mut q[b * group..(b + 1) * group], split);
             }
+        };
+        #[cfg(feature = "parallel")]
+        if n >= PARALLEL_POSITIONS && rayon::current_num_threads() > 1 {
+            use rayon::prelude::*;
+            let parts = self.q.par_chunks_mut(qs).zip(self.d.par_chunks_mut(ds)).zip(self.s.par_chunks_mut(ds));
+            parts.enumerate().for_each(|(p, ((q, d), s))| one(p, q, d, s));
+            return;
         }
+        let parts = self.q.chunks_mut(qs).zip(self.d.chunks_mut(ds)).zip(self.s.chunks_mut(ds));
+        parts.enumerate().for_each(|(p, ((q, d), s))| one(p, q, d, s));
     }
 
     /// Builds [`ActQ::qi`] (for groups that are a multiple of [`CHUNK`]; otherwise leaves
@@ -190,14 +219,16 @@ impl ActQ {
         if g == 0 || !g.is_multiple_of(CHUNK) {
             return;
         }
-        let (ds, qs) = (self.dstride(), self.blocks * g);
+        let (ds, qs, blocks) = (self.dstride(), self.blocks * g, self.blocks);
+        if qs == 0 {
+            return;
+        }
         self.qi.resize(self.n * ds * g, 0);
-        for p in 0..self.n {
-            let (src, dst) = (&self.q[p * qs..(p + 1) * qs], &mut self.qi[p * ds * g..(p + 1) * ds * g]);
-            for b0 in (0..self.blocks).step_by(8) {
+        let one = |src: &[i8], dst: &mut [i8]| {
+            for b0 in (0..blocks).step_by(8) {
                 for m in 0..g / CHUNK {
                     let out = &mut dst[b0 * g + m * 8 * CHUNK..][..8 * CHUNK];
-                    for j in 0..8.min(self.blocks - b0) {
+                    for j in 0..8.min(blocks - b0) {
                         let chunk = &src[(b0 + j) * g + m * CHUNK..][..CHUNK];
                         for k in 0..8 {
                             out[k * 32 + j * 4..k * 32 + j * 4 + 4].copy_from_slice(&chunk[k * 4..k * 4 + 4]);
@@ -205,7 +236,14 @@ impl ActQ {
                     }
                 }
             }
+        };
+        #[cfg(feature = "parallel")]
+        if self.n >= PARALLEL_POSITIONS && rayon::current_num_threads() > 1 {
+            use rayon::prelude::*;
+            self.q.par_chunks(qs).zip(self.qi.par_chunks_mut(ds * g)).for_each(|(src, dst)| one(src, dst));
+            return;
         }
+        self.q.chunks(qs).zip(self.qi.chunks_mut(ds * g)).for_each(|(src, dst)| one(src, dst));
     }
 
     /// Builds [`ActQ::qp`] for split (int4) activations whose group is a multiple of
@@ -341,6 +379,13 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Simd::Avx512 => unsafe { x86::dot_row_avx512(int4, row, a, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: without dotprod nothing beyond aarch64's baseline NEON is used.
+        Simd::Neon => unsafe { neon::dot_row_neon(false, int4, row, a, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: Simd::NeonDot is only produced by Simd::available() after the CPU
+        // reported dotprod.
+        Simd::NeonDot => unsafe { neon::dot_row_neon(true, int4, row, a, p) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Simd::Simd128 => wasm::dot_row_simd128(int4, row, a, p),
         _ => dot_row_scalar(int4, row, a, p),

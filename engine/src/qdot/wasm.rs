@@ -64,21 +64,16 @@ fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
 
 /// acc + the products of 16 nibble values `w` and 16 int8 values `x`, lane k getting the
 /// four products of bytes 4k..4k + 4 (the interleaved layout keeps one block per 4-byte
-/// word). Relaxed SIMD's dot does exactly that; the widening `i32x4.dot_i16x8_s` pairs
-/// bytes (2k, 2k + 1), so its pair sums are added word by word with two shuffles.
+/// word), for builds without relaxed SIMD: the widening `i32x4.dot_i16x8_s` pairs bytes
+/// (2k, 2k + 1), so its pair sums are added word by word with two shuffles. (Relaxed
+/// builds sum i16 pairs in [`tile`] instead.)
+#[cfg(not(target_feature = "relaxed-simd"))]
 #[inline(always)]
 fn words16(acc: v128, w: v128, x: v128) -> v128 {
-    #[cfg(target_feature = "relaxed-simd")]
-    {
-        nibbles16(acc, w, x)
-    }
-    #[cfg(not(target_feature = "relaxed-simd"))]
-    {
-        let lo = i32x4_dot_i16x8(u16x8_extend_low_u8x16(w), i16x8_extend_low_i8x16(x));
-        let hi = i32x4_dot_i16x8(u16x8_extend_high_u8x16(w), i16x8_extend_high_i8x16(x));
-        let words = i32x4_add(i32x4_shuffle::<0, 2, 4, 6>(lo, hi), i32x4_shuffle::<1, 3, 5, 7>(lo, hi));
-        i32x4_add(acc, words)
-    }
+    let lo = i32x4_dot_i16x8(u16x8_extend_low_u8x16(w), i16x8_extend_low_i8x16(x));
+    let hi = i32x4_dot_i16x8(u16x8_extend_high_u8x16(w), i16x8_extend_high_i8x16(x));
+    let words = i32x4_add(i32x4_shuffle::<0, 2, 4, 6>(lo, hi), i32x4_shuffle::<1, 3, 5, 7>(lo, hi));
+    i32x4_add(acc, words)
 }
 
 pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
@@ -99,6 +94,28 @@ pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 #[inline(always)]
 fn block_lanes<const INT4: bool, const CHECKED: bool>(vals: &[u8], q: &[i8], b: usize, g: usize) -> v128 {
     let mut sum = i32x4_splat(0);
+    #[cfg(target_feature = "relaxed-simd")]
+    if INT4 {
+        // Relaxed SIMD: i16 pair sums (`i16x8.relaxed_dot_i8x16_i7x16_s`, one `pmaddubsw`
+        // on x86) of up to four chunks, widened once: a pair is at most 2 * 15 * 127 = 3810,
+        // a chunk adds two pairs per lane, four chunks at most 30480 < 2^15, so nothing
+        // saturates and the sums are the exact integers of the path below.
+        let chunks = g / CHUNK;
+        let mut k = 0;
+        while k < chunks {
+            let mut pairs = i16x8_splat(0);
+            for m in k..(k + 4).min(chunks) {
+                let c = b * g + m * CHUNK;
+                let (x0, x1) = (load_q::<CHECKED>(q, c), load_q::<CHECKED>(q, c + 16));
+                let bytes = load16::<CHECKED>(vals, c / 2);
+                pairs = i16x8_add(pairs, i16x8_relaxed_dot_i8x16_i7x16(x0, v128_and(bytes, u8x16_splat(15))));
+                pairs = i16x8_add(pairs, i16x8_relaxed_dot_i8x16_i7x16(x1, u8x16_shr(bytes, 4)));
+            }
+            sum = i32x4_add(sum, i32x4_extadd_pairwise_i16x8(pairs));
+            k += 4;
+        }
+        return sum;
+    }
     for k in 0..g / CHUNK {
         let c = b * g + k * CHUNK;
         let (x0, x1) = (load_q::<CHECKED>(q, c), load_q::<CHECKED>(q, c + 16));
@@ -256,7 +273,7 @@ fn transpose4(r0: v128, r1: v128, r2: v128, r3: v128) -> [v128; 4] {
 }
 
 /// A row prepared by [`prepare_int4`] times positions `p0..p0 + out.len()` (interleaved
-/// activations), four at a time: each dot ([`words16`]) adds four products of block j into
+/// activations), four at a time: each step adds four products of block j into
 /// lane j, so a run of eight blocks ends with its sums in two vectors (blocks 0-3, 4-7), which
 /// are exactly acc[0] and acc[1] of [`body`]: the reference's bits.
 pub fn dot_many_int4(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
@@ -300,6 +317,36 @@ fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f3
         }
         let base = b0 * g;
         let mut v = 0;
+        #[cfg(target_feature = "relaxed-simd")]
+        while v < run {
+            // i16 pair sums of up to eight steps, widened once (a step adds one pair of at
+            // most 2 * 15 * 127 = 3810 per lane, eight at most 30480 < 2^15: exact, as in
+            // `block_lanes`); pairs (2k, 2k + 1) belong to word k, so the widening pairwise
+            // add gives each block's lane its four products per step.
+            let end = (v + 8 * 32).min(run);
+            let mut lo16 = [i16x8_splat(0); P];
+            let mut hi16 = [i16x8_splat(0); P];
+            while v < end {
+                // SAFETY: base + v + 32 <= ds * g <= u.len() and the same for each position's
+                // interleaved activations (asserted above).
+                unsafe {
+                    let w0 = v128_load(u.as_ptr().add(base + v) as *const v128);
+                    let w1 = v128_load(u.as_ptr().add(base + v + 16) as *const v128);
+                    for i in 0..P {
+                        let x0 = v128_load(qi[i].add(base + v) as *const v128);
+                        let x1 = v128_load(qi[i].add(base + v + 16) as *const v128);
+                        lo16[i] = i16x8_add(lo16[i], i16x8_relaxed_dot_i8x16_i7x16(x0, w0));
+                        hi16[i] = i16x8_add(hi16[i], i16x8_relaxed_dot_i8x16_i7x16(x1, w1));
+                    }
+                }
+                v += 32;
+            }
+            for i in 0..P {
+                lo[i] = i32x4_add(lo[i], i32x4_extadd_pairwise_i16x8(lo16[i]));
+                hi[i] = i32x4_add(hi[i], i32x4_extadd_pairwise_i16x8(hi16[i]));
+            }
+        }
+        #[cfg(not(target_feature = "relaxed-simd"))]
         while v < run {
             // SAFETY: base + v + 32 <= ds * g <= u.len() and the same for each position's
             // interleaved activations (asserted above).

@@ -1,0 +1,180 @@
+//! aarch64 NEON path of [`super::dot_row`]: the integer block sums with `sdot` (the dotprod
+//! extension: four products per 32-bit lane, detected at run time) or, on cores without
+//! it, widening `smull` products accumulated pairwise (`sadalp`); the float combination as
+//! in the reference, four blocks per float32x4 (lane l of the first accumulator is
+//! acc[8k + l], of the second acc[8k + 4 + l]: the reference's order), separate multiplies
+//! and adds (no `fmla`), so the bits are the reference's.
+//!
+//! `sdot` is written with `asm!`: Rust's `vdotq_s32` is not stable yet (rust#117224).
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use super::{round4, scale, ActQ, CHUNK};
+use crate::math::reduce8;
+
+pub fn has_dotprod() -> bool {
+    std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
+/// acc lane k + the four products of bytes 4k..4k + 4 of `a` and `b` (signed).
+///
+/// # Safety
+/// The CPU must have the dotprod extension (callers are `#[target_feature(enable =
+/// "dotprod")]` functions reached only after [`has_dotprod`]).
+#[inline(always)]
+unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    // SAFETY: register-only instruction; the caller guarantees the extension.
+    unsafe {
+        asm!(
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
+/// acc + the 16 products of `a` and `b` spread over the four lanes (which products land
+/// in which lane differs from [`sdot`]; only the sum of the lanes is used). A product is
+/// at most 127 * 128 in magnitude, so the i16 products and the pairwise i32 sums are exact.
+#[inline(always)]
+fn mull(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    // SAFETY: NEON is part of the aarch64 baseline; register-only intrinsics.
+    unsafe {
+        let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+        let hi = vmull_high_s8(a, b);
+        vpadalq_s16(vpadalq_s16(acc, lo), hi)
+    }
+}
+
+/// One row times one position (see [`super::dot_row`]); rows and activations that do not
+/// hold every block's values (a last partial block) use the reference.
+///
+/// # Safety
+/// `dotprod` only where [`has_dotprod`] said so.
+pub unsafe fn dot_row_neon(dotprod: bool, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let (g, blocks) = (a.group, a.blocks);
+    let need = if int4 { blocks * g / 2 } else { blocks * g };
+    let inside = row.len() >= round4(blocks * 2) + need
+        && a.qrow(p).len() >= blocks * g
+        && a.drow(p).len() >= blocks.div_ceil(4) * 4
+        && a.srow(p).len() >= blocks.div_ceil(4) * 4;
+    if !inside || g == 0 || !g.is_multiple_of(CHUNK) {
+        return super::dot_row_scalar(int4, row, a, p);
+    }
+    match (dotprod, int4) {
+        // SAFETY: `dotprod` only with the extension (the caller's contract); the shapes
+        // were checked above.
+        (true, true) => unsafe { body_dot::<true>(row, a, p) },
+        // SAFETY: as above.
+        (true, false) => unsafe { body_dot::<false>(row, a, p) },
+        // SAFETY: the shapes were checked above.
+        (false, true) => unsafe { body::<true, false>(row, a, p) },
+        // SAFETY: as above.
+        (false, false) => unsafe { body::<false, false>(row, a, p) },
+    }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn body_dot<const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+    // SAFETY: the caller's contract (dotprod present, shapes checked).
+    unsafe { body::<INT4, true>(row, a, p) }
+}
+
+/// The integer sum of block `b` (int4: without the -8 correction) as four partial lanes.
+///
+/// # Safety
+/// `vals` holds the block's stored values and `q` its activations; `DOT` needs dotprod.
+#[inline(always)]
+unsafe fn block_lanes<const INT4: bool, const DOT: bool>(vals: &[u8], q: &[i8], b: usize, g: usize) -> int32x4_t {
+    // SAFETY: every load below is inside `vals` / `q` (the caller checked the shapes).
+    unsafe {
+        let mut sum = vdupq_n_s32(0);
+        for k in 0..g / CHUNK {
+            let c = b * g + k * CHUNK;
+            let (x0, x1) = (vld1q_s8(q.as_ptr().add(c)), vld1q_s8(q.as_ptr().add(c + 16)));
+            let (w0, w1) = if INT4 {
+                // Low nibbles pair with the chunk's even values (x0), high with the odd (x1).
+                let bytes = vld1q_u8(vals.as_ptr().add(c / 2));
+                (vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(15))), vreinterpretq_s8_u8(vshrq_n_u8::<4>(bytes)))
+            } else {
+                (vld1q_s8(vals.as_ptr().add(c) as *const i8), vld1q_s8(vals.as_ptr().add(c + 16) as *const i8))
+            };
+            sum = if DOT { sdot(sdot(sum, w0, x0), w1, x1) } else { mull(mull(sum, w0, x0), w1, x1) };
+        }
+        sum
+    }
+}
+
+/// The f16 scales of blocks `b..b + 4` of a stored row as f32, the bits of the reference's
+/// conversion: exponent and mantissa shifted into place and multiplied by 2^112 (exact for
+/// normal and subnormal values; aarch64 Linux keeps subnormals), infinities and NaNs
+/// (exponent 31) given f32's all-ones exponent, NaNs their quiet bit.
+#[inline(always)]
+fn scales4(row: &[u8], b: usize) -> float32x4_t {
+    let bytes = &row[2 * b..2 * b + 8];
+    // SAFETY: `bytes` holds the 8 bytes read (bounds-checked slice); NEON is baseline.
+    unsafe {
+        let h = vmovl_u16(vreinterpret_u16_u8(vld1_u8(bytes.as_ptr())));
+        let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
+        let em = vandq_u32(h, vdupq_n_u32(0x7fff));
+        let finite = vmulq_f32(vreinterpretq_f32_u32(vshlq_n_u32::<13>(em)), vdupq_n_f32(f32::from_bits(0x7780_0000)));
+        let is_special = vcgeq_u32(em, vdupq_n_u32(0x7c00));
+        if vmaxvq_u32(is_special) == 0 {
+            return vreinterpretq_f32_u32(vorrq_u32(sign, vreinterpretq_u32_f32(finite)));
+        }
+        let man = vshlq_n_u32::<13>(vandq_u32(em, vdupq_n_u32(0x3ff)));
+        let quiet = vandq_u32(vmvnq_u32(vceqq_u32(man, vdupq_n_u32(0))), vdupq_n_u32(0x40_0000));
+        let special = vorrq_u32(vorrq_u32(vdupq_n_u32(0x7f80_0000), man), quiet);
+        vreinterpretq_f32_u32(vorrq_u32(sign, vbslq_u32(is_special, special, vreinterpretq_u32_f32(finite))))
+    }
+}
+
+/// Four blocks per step: their integer sums gathered into one vector by two pairwise adds,
+/// then (ws_b * d_b) * f32(isum_b) for the four at once, added to acc lanes b mod 8; the
+/// blocks after the last multiple of four one at a time (as the wasm path does).
+///
+/// # Safety
+/// The shapes checked by [`dot_row_neon`]; `DOT` needs dotprod.
+#[inline(always)]
+unsafe fn body<const INT4: bool, const DOT: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let (g, blocks) = (a.group, a.blocks);
+    let vals = &row[round4(blocks * 2)..];
+    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    let full = blocks / 4 * 4;
+    let mut out = [0.0f32; 8];
+    // SAFETY: block loads inside `vals` / `q` (caller), `d` and `s` hold whole fours of
+    // blocks (checked by dot_row_neon), `out` holds 8 f32.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        let mut b = 0;
+        while b < full {
+            let s0 = block_lanes::<INT4, DOT>(vals, q, b, g);
+            let s1 = block_lanes::<INT4, DOT>(vals, q, b + 1, g);
+            let s2 = block_lanes::<INT4, DOT>(vals, q, b + 2, g);
+            let s3 = block_lanes::<INT4, DOT>(vals, q, b + 3, g);
+            let mut isum = vpaddq_s32(vpaddq_s32(s0, s1), vpaddq_s32(s2, s3));
+            if INT4 {
+                isum = vsubq_s32(isum, vshlq_n_s32::<3>(vld1q_s32(s.as_ptr().add(b))));
+            }
+            let db = vld1q_f32(d.as_ptr().add(b));
+            let prod = vmulq_f32(vmulq_f32(scales4(row, b), db), vcvtq_f32_s32(isum));
+            let k = (b / 4) & 1;
+            acc[k] = vaddq_f32(acc[k], prod);
+            b += 4;
+        }
+        vst1q_f32(out.as_mut_ptr(), acc[0]);
+        vst1q_f32(out.as_mut_ptr().add(4), acc[1]);
+        for b in full..blocks {
+            let mut isum = vaddvq_s32(block_lanes::<INT4, DOT>(vals, q, b, g));
+            if INT4 {
+                isum -= 8 * s[b];
+            }
+            out[b % 8] += (scale(row, b) * d[b]) * isum as f32;
+        }
+    }
+    reduce8(out)
+}
