@@ -1,7 +1,10 @@
 // attention.wgsl — causal grouped-query attention of n new positions over the KV cache,
 // one workgroup per (position i, head h), as attention::attention computes it:
 //   s_j = dot(q, k_j) * scale             for the visible keys j in [lo, p], p = pos0 + i,
-//                                         lo = p + 1 - window (clamped at 0) or 0
+//                                         lo = p + 1 - window (clamped at 0) or 0;
+//                                         with split > 0 (MLA, mla::attention):
+//                                         (dot(q[..split], k_j[..split])
+//                                          + dot(q[split..], k_j[split..])) * scale
 //   s   = softmax(s)                       max subtracted, det_exp, sum in index order,
 //                                         correctly rounded division; with sinks
 //                                         (gpt_oss) the head's sink logit joins the max
@@ -9,16 +12,20 @@
 //                                         (math::softmax_with_sink)
 //   out = sum_j s_j * v_j                  in index order, products rounded (opq)
 // dot uses math::dot's 8-lane order; each sequential sum is done by one thread in the
-// CPU's order, so the result is the CPU's bits.
+// CPU's order, so the result is the CPU's bits. GQA: k_stride = v_stride = n_kv_heads *
+// head_dim, v_dim = head_dim. MLA: one kv head whose key row is [latent, rotary key]
+// (head_dim = kv_lora_rank + qk_rope_head_dim = k_stride) and whose value is the latent
+// (v_dim = kv_lora_rank, v_stride = k_stride, V = K), context written head-major.
 //
 // Preludes: common/arith.wgsl.
 // Bindings:
 //   0 P   uniform Params
 //   1 Q   storage read  f32 [n, n_heads * head_dim]      (rotated queries)
-//   2 K   storage read  f32 [pos0 + n, n_kv_heads * head_dim]  key cache
-//   3 V   storage read  f32 [pos0 + n, n_kv_heads * head_dim]  value cache
+//   2 K   storage read  f32 [pos0 + n, k_stride]         key cache
+//   3 V   storage read  f32 [pos0 + n, v_stride]         value cache
 //   4 S   storage rw    f32 [n * n_heads, s_stride]      scratch for the scores
-//   5 O   storage rw    f32 [n, n_heads * head_dim]      context
+//   5 O   storage rw    f32 [n, n_heads * v_dim]         context ([n_heads, n, v_dim]
+//                                                        when o_head_major = 1)
 //   6 SK  storage read  f32 [n_heads]                    sink logits (read when sinks = 1)
 // Workgroup: 64 threads. Dispatch: n * n_heads workgroups, split (x, y) with groups_x.
 
@@ -33,6 +40,11 @@ struct Params {
     scale: f32,
     s_stride: u32,
     sinks: u32,
+    split: u32, // 0: one dot product over head_dim
+    k_stride: u32,
+    v_dim: u32,
+    v_stride: u32,
+    o_head_major: u32,
     groups_x: u32,
 }
 
@@ -57,7 +69,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let h = idx % P.n_heads;
     let hd = P.head_dim;
     let qd = P.n_heads * hd;
-    let kvd = P.n_kv_heads * hd;
+
     let kvh = h / (P.n_heads / P.n_kv_heads);
     let p = P.pos0 + i;
     var lo = 0u;
@@ -66,17 +78,33 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     let len = p + 1u - lo;
     let qb = i * qd + h * hd;
+    var ob = i * P.n_heads * P.v_dim + h * P.v_dim;
+    if (P.o_head_major != 0u) {
+        ob = (h * P.n + i) * P.v_dim;
+    }
     let sb = idx * P.s_stride;
 
     // Scores, and each thread's running max.
     var m = f32_bits(0xff800000u); // -inf
     for (var j = li; j < len; j = j + 64u) {
-        let kb = (lo + j) * kvd + kvh * hd;
+        let kb = (lo + j) * P.k_stride + kvh * hd;
         var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        for (var d = 0u; d < hd; d = d + 1u) {
-            acc[d & 7u] = acc[d & 7u] + opq(Q[qb + d] * K[kb + d]);
+        var s = 0.0;
+        if (P.split == 0u) {
+            for (var d = 0u; d < hd; d = d + 1u) {
+                acc[d & 7u] = acc[d & 7u] + opq(Q[qb + d] * K[kb + d]);
+            }
+            s = reduce8(acc) * P.scale;
+        } else {
+            var acc2 = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+            for (var d = 0u; d < P.split; d = d + 1u) {
+                acc[d & 7u] = acc[d & 7u] + opq(Q[qb + d] * K[kb + d]);
+            }
+            for (var d = P.split; d < hd; d = d + 1u) {
+                acc2[(d - P.split) & 7u] = acc2[(d - P.split) & 7u] + opq(Q[qb + d] * K[kb + d]);
+            }
+            s = (reduce8(acc) + reduce8(acc2)) * P.scale;
         }
-        let s = reduce8(acc) * P.scale;
         S[sb + j] = s;
         m = max(m, s);
     }
@@ -112,11 +140,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         S[sb + j] = div_cr(S[sb + j], sum);
     }
     storageBarrier();
-    for (var d = li; d < hd; d = d + 64u) {
+    for (var d = li; d < P.v_dim; d = d + 64u) {
         var acc = 0.0;
         for (var j = 0u; j < len; j = j + 1u) {
-            acc = acc + opq(S[sb + j] * V[(lo + j) * kvd + kvh * hd + d]);
+            acc = acc + opq(S[sb + j] * V[(lo + j) * P.v_stride + kvh * P.v_dim + d]);
         }
-        O[qb + d] = acc;
+        O[ob + d] = acc;
     }
 }

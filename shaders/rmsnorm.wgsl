@@ -9,7 +9,9 @@
 // Preludes: common/arith.wgsl.
 // Bindings:
 //   0 P   uniform Params
-//   1 X   storage rw    f32 [x_offset + rows * width]
+//   1 X   storage rw    f32 [x_offset + rows * stride]: row k is the width floats at
+//                             x_offset + k * stride (MLA normalises the latent part of
+//                             each cache row)
 //   2 NW  storage read  f32 [width]   norm weight
 // Workgroup: 64 threads per row (8 accumulate, 64 scale).
 // Dispatch: rows workgroups, split (x, y) with groups_x.
@@ -20,6 +22,7 @@ struct Params {
     width: u32,
     eps: f32,
     x_offset: u32,
+    stride: u32, // floats from one row's start to the next (width when packed)
     groups_x: u32,
 }
 
@@ -36,7 +39,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     if (row >= P.rows) {
         return;
     }
-    let base = P.x_offset + row * P.width;
+    let base = P.x_offset + row * P.stride;
     if (li < 8u) {
         var acc = 0.0;
         for (var c = li; c < P.width; c = c + 8u) {

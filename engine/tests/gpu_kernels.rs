@@ -314,6 +314,7 @@ fn attention_matches_cpu_with_gqa_and_window() {
             pos0,
             window,
             scale: (hd as f32).powf(-0.5),
+            mla: None,
         };
         let total = pos0 + n;
         let q = rng.vec(n * heads * hd, 3.0);

@@ -32,10 +32,11 @@ pub enum Kernel {
     Route,
     QuantizeAct16,
     Mxfp4Matmul,
+    MlaAbsorb,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -51,6 +52,7 @@ impl Kernel {
         Kernel::Route,
         Kernel::QuantizeAct16,
         Kernel::Mxfp4Matmul,
+        Kernel::MlaAbsorb,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -75,6 +77,7 @@ impl Kernel {
             Kernel::Route => ("route.wgsl", A, include_str!("../../../shaders/route.wgsl")),
             Kernel::QuantizeAct16 => ("quantize_act16.wgsl", A, include_str!("../../../shaders/quantize_act16.wgsl")),
             Kernel::Mxfp4Matmul => ("mxfp4_matmul.wgsl", A, include_str!("../../../shaders/mxfp4_matmul.wgsl")),
+            Kernel::MlaAbsorb => ("mla_absorb.wgsl", AW, include_str!("../../../shaders/mla_absorb.wgsl")),
         }
     }
 

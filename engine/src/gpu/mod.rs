@@ -20,6 +20,7 @@
 
 pub mod buffers;
 pub mod kernels;
+mod mla;
 pub mod model;
 pub mod ops;
 pub mod pool;

@@ -11,6 +11,7 @@ use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
 use super::buffers::{f32s, upload_f32, upload_mat, GpuMat};
+use super::mla::{GpuMla, MlaScratch};
 use super::ops::{self, AttnShape};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
@@ -21,13 +22,10 @@ use crate::model::attention::AttnWeights;
 use crate::model::config::{Activation, ModelConfig, QkNorm};
 use crate::model::{Ffn, Logits, Model};
 
-/// Why this backend cannot run a model, if it cannot: the parts of deepseek_v3 and
-/// qwen3_next that have no WGSL kernels yet (MLA attention; Gated DeltaNet, the attention
-/// output gate, zero-centred norms).
+/// Why this backend cannot run a model, if it cannot: the parts of qwen3_next that have
+/// no WGSL kernels yet (Gated DeltaNet, the attention output gate, zero-centred norms).
 pub fn unsupported(c: &ModelConfig) -> Option<String> {
-    let missing = if c.mla.is_some() {
-        "Multi-head Latent Attention"
-    } else if c.linear_attn.is_some() || c.attn_output_gate || c.norm_plus_one {
+    let missing = if c.linear_attn.is_some() || c.attn_output_gate || c.norm_plus_one {
         "Gated DeltaNet linear attention"
     } else {
         return None;
@@ -52,7 +50,13 @@ pub struct GpuOptions {
     pub lookahead: usize,
 }
 
-struct GpuAttn {
+/// One layer's attention weights on the GPU, by variant (attention::AttnWeights).
+enum GpuAttn {
+    Gqa(Box<GpuGqa>),
+    Mla(Box<GpuMla>),
+}
+
+struct GpuGqa {
     wq: GpuMat,
     wk: GpuMat,
     wv: GpuMat,
@@ -220,25 +224,28 @@ impl<M: Borrow<Model>> GpuModel<M> {
             c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
         let mut layers = Vec::with_capacity(m.layers.len());
         for (l, layer) in m.layers.iter().enumerate() {
-            let AttnWeights::Gqa(a) = &layer.attn else {
-                return Err(Error::Gpu("MLA attention has no GPU kernels yet".into()));
-            };
             let p = format!("layer{l}");
-            let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
-                w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
-            };
-            let attn = GpuAttn {
-                wq: upload_mat(cx, &format!("{p}.wq"), &a.wq)?,
-                wk: upload_mat(cx, &format!("{p}.wk"), &a.wk)?,
-                wv: upload_mat(cx, &format!("{p}.wv"), &a.wv)?,
-                wo: upload_mat(cx, &format!("{p}.wo"), &a.wo)?,
-                bq: opt_vec(cx, &format!("{p}.bq"), &a.bq)?,
-                bk: opt_vec(cx, &format!("{p}.bk"), &a.bk)?,
-                bv: opt_vec(cx, &format!("{p}.bv"), &a.bv)?,
-                bo: opt_vec(cx, &format!("{p}.bo"), &a.bo)?,
-                sinks: opt_vec(cx, &format!("{p}.sinks"), &a.sinks)?,
-                q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
-                k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
+            let attn = match (&layer.attn, &layer.attn_opts.mla) {
+                (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(cx, &p, w, m, c.n_heads)?)),
+                (AttnWeights::Gqa(a), None) => {
+                    let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
+                        w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
+                    };
+                    GpuAttn::Gqa(Box::new(GpuGqa {
+                        wq: upload_mat(cx, &format!("{p}.wq"), &a.wq)?,
+                        wk: upload_mat(cx, &format!("{p}.wk"), &a.wk)?,
+                        wv: upload_mat(cx, &format!("{p}.wv"), &a.wv)?,
+                        wo: upload_mat(cx, &format!("{p}.wo"), &a.wo)?,
+                        bq: opt_vec(cx, &format!("{p}.bq"), &a.bq)?,
+                        bk: opt_vec(cx, &format!("{p}.bk"), &a.bk)?,
+                        bv: opt_vec(cx, &format!("{p}.bv"), &a.bv)?,
+                        bo: opt_vec(cx, &format!("{p}.bo"), &a.bo)?,
+                        sinks: opt_vec(cx, &format!("{p}.sinks"), &a.sinks)?,
+                        q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
+                        k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
+                    }))
+                }
+                _ => return Err(Error::Gpu(format!("layer {l}: linear attention has no GPU kernels yet"))),
             };
             let ffn = match &layer.ffn {
                 Ffn::Dense(mlp) => {
@@ -399,6 +406,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         // Layer -> experts the lookahead predicted for it (checked when it routes).
         let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
         let shared_gate = buf("shared_gate", n)?;
+        let mla_scratch = c.mla.as_ref().map(|m| MlaScratch::new(ctx, m, c.n_heads, n)).transpose()?;
 
         let rope = &self.m().rope;
         let half = rope.rotary_dim / 2;
@@ -415,45 +423,54 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
         for (l, (layer, lw)) in self.m().layers.iter().zip(&self.layers).enumerate() {
             let o = &layer.attn_opts;
-            let a = &lw.attn;
             rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
             ops::rmsnorm(&mut rec, &xn, 0, n, h, &lw.attn_norm, c.rms_eps)?;
-            ops::matmul(&mut rec, &a.wq, &xn, 0, n, &q, 0, qd)?;
-            ops::matmul(&mut rec, &a.wk, &xn, 0, n, &k, 0, kvd)?;
-            ops::matmul(&mut rec, &a.wv, &xn, 0, n, &v, 0, kvd)?;
-            for (t, b, d) in [(&q, &a.bq, qd), (&k, &a.bk, kvd), (&v, &a.bv, kvd)] {
-                if let Some(b) = b {
-                    ops::add(&mut rec, t, 0, b, 0, n * d, d)?;
+            match &lw.attn {
+                GpuAttn::Mla(mla) => {
+                    let scratch = mla_scratch.as_ref().ok_or_else(|| Error::Gpu("MLA scratch missing".into()))?;
+                    let cache = &session.kv[l].0;
+                    mla.forward(&mut rec, scratch, &xn, n, pos0, o, cache, &scores, cs_data.clone(), &y)?;
                 }
-            }
-            for (t, norm, d) in [(&q, &a.q_norm, qd), (&k, &a.k_norm, kvd)] {
-                if let Some((w, width)) = norm {
-                    ops::rmsnorm(&mut rec, t, 0, n * d / width, *width, w, o.rms_eps)?;
+                GpuAttn::Gqa(a) => {
+                    ops::matmul(&mut rec, &a.wq, &xn, 0, n, &q, 0, qd)?;
+                    ops::matmul(&mut rec, &a.wk, &xn, 0, n, &k, 0, kvd)?;
+                    ops::matmul(&mut rec, &a.wv, &xn, 0, n, &v, 0, kvd)?;
+                    for (t, b, d) in [(&q, &a.bq, qd), (&k, &a.bk, kvd), (&v, &a.bv, kvd)] {
+                        if let Some(b) = b {
+                            ops::add(&mut rec, t, 0, b, 0, n * d, d)?;
+                        }
+                    }
+                    for (t, norm, d) in [(&q, &a.q_norm, qd), (&k, &a.k_norm, kvd)] {
+                        if let Some((w, width)) = norm {
+                            ops::rmsnorm(&mut rec, t, 0, n * d / width, *width, w, o.rms_eps)?;
+                        }
+                    }
+                    if let Some(clip) = o.clip_qkv {
+                        ops::clamp(&mut rec, &q, n * qd, clip)?;
+                        ops::clamp(&mut rec, &k, n * kvd, clip)?;
+                        ops::clamp(&mut rec, &v, n * kvd, clip)?;
+                    }
+                    ops::rope(&mut rec, &q, n, o.n_heads, hd, half, cs_data.clone())?;
+                    ops::rope(&mut rec, &k, n, o.n_kv_heads, hd, half, cs_data.clone())?;
+                    let (kc, vc) = &session.kv[l];
+                    rec.copy(&k, 0, kc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
+                    rec.copy(&v, 0, vc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
+                    let shape = AttnShape {
+                        n,
+                        n_heads: o.n_heads,
+                        n_kv_heads: o.n_kv_heads,
+                        head_dim: hd,
+                        pos0,
+                        window: o.window,
+                        scale: o.scale,
+                        mla: None,
+                    };
+                    ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out, a.sinks.as_ref())?;
+                    ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
+                    if let Some(bo) = &a.bo {
+                        ops::add(&mut rec, &y, 0, bo, 0, n * h, h)?;
+                    }
                 }
-            }
-            if let Some(clip) = o.clip_qkv {
-                ops::clamp(&mut rec, &q, n * qd, clip)?;
-                ops::clamp(&mut rec, &k, n * kvd, clip)?;
-                ops::clamp(&mut rec, &v, n * kvd, clip)?;
-            }
-            ops::rope(&mut rec, &q, n, o.n_heads, hd, half, cs_data.clone())?;
-            ops::rope(&mut rec, &k, n, o.n_kv_heads, hd, half, cs_data.clone())?;
-            let (kc, vc) = &session.kv[l];
-            rec.copy(&k, 0, kc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
-            rec.copy(&v, 0, vc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
-            let shape = AttnShape {
-                n,
-                n_heads: o.n_heads,
-                n_kv_heads: o.n_kv_heads,
-                head_dim: hd,
-                pos0,
-                window: o.window,
-                scale: o.scale,
-            };
-            ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out, a.sinks.as_ref())?;
-            ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
-            if let Some(bo) = &a.bo {
-                ops::add(&mut rec, &y, 0, bo, 0, n * h, h)?;
             }
             ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
 
@@ -591,15 +608,20 @@ impl<M: Borrow<Model>> GpuModel<M> {
             return Ok(());
         }
         let cap = total.next_power_of_two().max(16).min(c.max_positions).max(total);
-        let bytes = (cap * c.kv_dim()) as u64 * 4;
         let ctx = rec.ctx();
         let mut kv = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let (k, v) = (ctx.storage_buffer("k_cache", bytes)?, ctx.storage_buffer("v_cache", bytes)?);
+        for (l, layer) in self.layers.iter().enumerate() {
+            // Floats per position: GQA keys and values; MLA [latent, rotary key] (no values).
+            let (kw, vw) = match (&layer.attn, &c.mla) {
+                (GpuAttn::Mla(_), Some(m)) => (m.cache_width(), 0),
+                _ => (c.kv_dim(), c.kv_dim()),
+            };
+            let bytes = |w: usize| (cap * w).max(1) as u64 * 4;
+            let (k, v) = (ctx.storage_buffer("k_cache", bytes(kw))?, ctx.storage_buffer("v_cache", bytes(vw))?);
             if let Some((ok, ov)) = s.kv.get(l) {
-                let keep_bytes = ((keep.min(s.kv_cap) * c.kv_dim()) as u64 * 4).min(ok.size());
-                rec.copy(ok, 0, &k, 0, keep_bytes);
-                rec.copy(ov, 0, &v, 0, keep_bytes);
+                let kept = keep.min(s.kv_cap) as u64 * 4;
+                rec.copy(ok, 0, &k, 0, (kept * kw as u64).min(ok.size()));
+                rec.copy(ov, 0, &v, 0, (kept * vw as u64).min(ov.size()));
             }
             kv.push((k, v));
         }

@@ -203,7 +203,28 @@ pub fn rmsnorm(
     w: &wgpu::Buffer,
     eps: f32,
 ) -> Result<()> {
-    let params = [u32_of("rows", rows)?, u32_of("width", width)?, eps.to_bits(), u32_of("x offset", x_offset)?];
+    rmsnorm_strided(rec, x, x_offset, rows, width, width, w, eps)
+}
+
+/// [`rmsnorm`] of rows that start `stride` floats apart (the first `width` of each).
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_strided(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    rows: usize,
+    width: usize,
+    stride: usize,
+    w: &wgpu::Buffer,
+    eps: f32,
+) -> Result<()> {
+    let params = [
+        u32_of("rows", rows)?,
+        u32_of("width", width)?,
+        eps.to_bits(),
+        u32_of("x offset", x_offset)?,
+        u32_of("row stride", stride)?,
+    ];
     rec.dispatch(Kernel::RmsNorm, &[], &params, vec![x.into(), w.into()], rows as u64)
 }
 
@@ -219,7 +240,30 @@ pub fn rope(
     half: usize,
     cs: Bind,
 ) -> Result<()> {
-    let params = [u32_of("n", n)?, u32_of("heads", heads)?, u32_of("head_dim", head_dim)?, u32_of("half", half)?, 0, 0];
+    rope_at(rec, x, 0, n, heads, head_dim, half, cs)
+}
+
+/// [`rope`] of the heads laid out from `x_offset` on, `head_dim` apart, rotating the
+/// 2 * half values at the start of each.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_at(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    n: usize,
+    heads: usize,
+    head_dim: usize,
+    half: usize,
+    cs: Bind,
+) -> Result<()> {
+    let params = [
+        u32_of("n", n)?,
+        u32_of("heads", heads)?,
+        u32_of("head_dim", head_dim)?,
+        u32_of("half", half)?,
+        u32_of("x offset", x_offset)?,
+        0,
+    ];
     rec.dispatch(Kernel::Rope, &[], &params, vec![x.into(), cs], groups(n * heads * half, 64))
 }
 
@@ -233,6 +277,10 @@ pub struct AttnShape {
     pub pos0: usize,
     pub window: Option<usize>,
     pub scale: f32,
+    /// MLA (kv_lora_rank, qk_rope_head_dim): one kv head whose cache row is [latent,
+    /// rotary key] (K and V the same buffer, head_dim their sum), the latent as the value,
+    /// the context written head-major [n_heads, n, kv_lora_rank] (mla::attention).
+    pub mla: Option<(usize, usize)>,
 }
 
 /// Causal GQA over the cache for n new positions (the attention part of
@@ -252,6 +300,11 @@ pub fn attention(
     if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         return Err(Error::Gpu(format!("{} heads do not group over {} kv heads", s.n_heads, s.n_kv_heads)));
     }
+    let (split, k_stride, v_dim) = match s.mla {
+        Some((r, dr)) if r + dr == s.head_dim && s.n_kv_heads == 1 => (r, r + dr, r),
+        Some(_) => return Err(Error::Gpu("MLA attention: head_dim must be latent + rotary with one kv head".into())),
+        None => (0, s.n_kv_heads * s.head_dim, s.head_dim),
+    };
     let stride = s.pos0 + s.n;
     if (scores.size() / 4) < (s.n * s.n_heads * stride) as u64 {
         return Err(Error::Gpu("attention score scratch is too small".into()));
@@ -266,10 +319,46 @@ pub fn attention(
         s.scale.to_bits(),
         u32_of("score stride", stride)?,
         sinks.is_some() as u32,
+        u32_of("split", split)?,
+        u32_of("k stride", k_stride)?,
+        u32_of("v dim", v_dim)?,
+        u32_of("v stride", k_stride)?,
+        s.mla.is_some() as u32,
     ];
     // Without sinks the queries stand in for the (unread) binding.
     let binds = vec![q.into(), k_cache.into(), v_cache.into(), scores.into(), out.into(), sinks.unwrap_or(q).into()];
     rec.dispatch(Kernel::Attention, &[], &params, binds, (s.n * s.n_heads) as u64)
+}
+
+/// MLA's absorbed queries (mla_absorb.wgsl): `qc` [n, n_heads, r + dr] from the queries
+/// `q` [n, n_heads, dn + dr] and kv_b_proj [n_heads * head_rows, r] (one row block).
+#[allow(clippy::too_many_arguments)]
+pub fn mla_absorb(
+    rec: &mut Recorder,
+    kv_b: &GpuMat,
+    q: &wgpu::Buffer,
+    qc: &wgpu::Buffer,
+    n: usize,
+    n_heads: usize,
+    dn: usize,
+    dr: usize,
+    head_rows: usize,
+) -> Result<()> {
+    let [part] = &kv_b.parts[..] else {
+        return Err(Error::Gpu("MLA: kv_b_proj must fit one storage binding".into()));
+    };
+    let r = kv_b.cols;
+    let params = [
+        u32_of("n", n)?,
+        u32_of("heads", n_heads)?,
+        u32_of("dn", dn)?,
+        u32_of("dr", dr)?,
+        u32_of("r", r)?,
+        u32_of("head rows", head_rows)?,
+        kv_b.row_words,
+    ];
+    let binds = vec![(&part.range).into(), q.into(), qc.into()];
+    rec.dispatch(Kernel::MlaAbsorb, &dtype_constants(kv_b.dtype), &params, binds, groups(n * n_heads * (r + dr), 64))
 }
 
 /// `g[i] = act(g[i], u[i])` for i < len (kernels::Activation::apply).
