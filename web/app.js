@@ -1,7 +1,7 @@
 // app.js — the chat page at `/`: model picker, loading, conversations, streaming chat,
 // settings, live stats, browser storage, and the Brain view. Plain DOM, no framework.
 // Model text only ever reaches the page as text nodes (see markdown.js).
-import { load } from "./colibri.js";
+import { load, requestPersistentStorage } from "./colibri.js";
 import { renderMarkdown } from "./markdown.js";
 import { BrainView, TIER_NAMES } from "./brain.js";
 import * as store from "./store.js";
@@ -307,10 +307,19 @@ async function refreshStorage() {
     h("div", { class: `meter${low ? " low" : ""}`, role: "meter", "aria-label": "Browser storage used", "aria-valuemin": 0, "aria-valuemax": quota, "aria-valuenow": usage },
       h("span", { style: `width:${Math.min(100, (100 * usage) / quota).toFixed(1)}%` })),
   );
-  const persisted = state.engine?.stats().persisted;
-  $("persisted").textContent = persisted === undefined ? "" : persisted
+  // This model's share: its disk tier's budget (evicting the least recently used unpinned
+  // experts beyond it), or why this tab has none (another tab holds the model's storage).
+  const s = state.engine?.stats();
+  $("disk-tier").textContent = !s ? "" : s.diskEnabled && s.diskBudget
+    ? `${state.modelId}: ${formatBytes(s.diskStoredBytes || 0)} of experts stored, at most ${formatBytes(s.diskBudget)}` +
+      (s.diskEvictions ? ` (${s.diskEvictions} evicted to stay under it)` : "") + "."
+    : s.diskEnabled ? "" : s.diskError || "";
+  // Persistence is asked for only when the user says so (the button), never on load.
+  const persisted = navigator.storage?.persisted ? await navigator.storage.persisted().catch(() => false) : false;
+  $("persisted").textContent = persisted
     ? "Storage is persistent: the browser will not evict the cached experts on its own."
     : "Storage is not persistent: the browser may evict cached experts when space runs low.";
+  $("persist").hidden = persisted || !navigator.storage?.persist;
   box.dataset.usage = String(usage);
   box.dataset.quota = String(quota);
   if (low) {
@@ -870,6 +879,11 @@ function bindUi() {
   $("theme").addEventListener("click", cycleTheme);
   $("model").addEventListener("change", (e) => loadModel(e.target.value));
   $("clear-cache").addEventListener("click", clearModelCache);
+  $("persist").addEventListener("click", async () => {
+    const r = await requestPersistentStorage();
+    if (!r.persisted) notice("persist", "info", "The browser did not grant persistent storage (it decides, for example by how much this site is used); cached experts may be evicted when space runs low.");
+    refreshStorage();
+  });
   $("toggle-sidebar").addEventListener("click", () => toggleDrawer("sidebar"));
   $("toggle-panel").addEventListener("click", () => toggleDrawer("panel"));
   $("scrim").addEventListener("click", closeDrawers);

@@ -104,9 +104,23 @@ function postRoute(id, counts) {
   post(m);
 }
 
+// The end of a turn (a generation, a scoring, a logits call): the use is reported (to the
+// helper, or kept in this browser's storage for a model without one), and the engine
+// re-pins its RAM and disk tiers by the learned counts (the native rule and hysteresis).
+async function endTurn() {
+  await reportUsage();
+  try {
+    engine.endTurn();
+  } catch (e) {
+    // Best effort: an expert to pin that could not be read now is pinned at a later turn.
+  }
+  if (modelId === null) await saveLocalUsage();
+}
+
 async function reportUsage() {
-  if (!engine || modelId === null) return;
+  if (!engine) return;
   takeRoute();
+  if (modelId === null) return unreported.clear();
   if (!unreported.size) return;
   const counts = [...unreported].map(([k, n]) => [...k.split(",").map(Number), n]);
   unreported.clear();
@@ -145,6 +159,95 @@ async function probeMultiRange(base) {
   }
   if (cache) await cache.put(key, new Response(answer)).catch(() => {});
   return answer === "multipart";
+}
+
+// Learned usage of a model without a helper (a static host): kept in OPFS as a usage file
+// (the helper's format, docs/api.md), `colibri-usage/<storage name>.json`.
+const usageDir = async () => (await navigator.storage.getDirectory()).getDirectoryHandle("colibri-usage", { create: true });
+
+async function readLocalUsage(name) {
+  try {
+    return await (await (await (await usageDir()).getFileHandle(`${name}.json`)).getFile()).text();
+  } catch (_) {
+    return null; // nothing learned yet, or no storage
+  }
+}
+
+async function saveLocalUsage() {
+  if (!kvStore) return;
+  try {
+    const w = await (await (await usageDir()).getFileHandle(`${engine.storageName()}.json`, { create: true })).createWritable();
+    await w.write(engine.usageFile());
+    await w.close();
+  } catch (_) {
+    // Best effort: the counts in memory still pin this tab's experts.
+  }
+}
+
+// The model's browser storage is one tab's at a time (OPFS sync access handles are
+// exclusive): the worker that uses it holds the Web Lock "colibri-storage:<storage name>".
+// A tab that finds it held runs on RAM and waits for it (storageHandoff "wait", the
+// default: it takes the storage when the other tab closes), or takes it over ("takeover":
+// the other tab closes its files, runs on RAM and waits to get it back).
+let lockGen = 0;
+let heldLock = null; // releases the lock this worker holds
+
+function postStats() {
+  try {
+    post({ event: "stats", stats: stats() });
+  } catch (_) {
+    // The engine is mid-step; the step's own stats follow.
+  }
+}
+
+/** Requests `name` with `opts`; resolves with a release function once held, or null if
+ * not granted (ifAvailable). `onLost` runs if another tab steals it. */
+function requestLock(name, opts, onLost) {
+  return new Promise((granted) => {
+    let release;
+    const held = new Promise((r) => (release = r));
+    navigator.locks
+      .request(name, opts, (lock) => {
+        if (!lock) return granted(null);
+        granted(release);
+        return held;
+      })
+      .catch((e) => {
+        if (e && e.name === "AbortError") onLost();
+      });
+  });
+}
+
+async function attachUnderLock(gen, name, how) {
+  const onLost = () => {
+    if (gen !== lockGen) return;
+    engine.detachDisk("another colibri tab took this model's browser storage over; this tab runs on RAM and takes it back when that tab closes");
+    postStats();
+    attachUnderLock(gen, name, "wait");
+  };
+  const opts = how === "takeover" ? { steal: true } : how === "try" ? { ifAvailable: true } : {};
+  const release = await requestLock(name, opts, onLost);
+  if (gen !== lockGen) return release && release();
+  if (!release) {
+    engine.detachDisk("another colibri tab or window is using this model's browser storage: this tab runs on RAM and takes the storage when that tab closes");
+    postStats();
+    return void attachUnderLock(gen, name, "wait");
+  }
+  const why = await engine.attachDisk();
+  if (why) release();
+  else heldLock = release;
+  postStats();
+}
+
+async function attachStorage({ disk, storage, storageHandoff }) {
+  const gen = ++lockGen;
+  if (heldLock) heldLock();
+  heldLock = null;
+  if (disk === false) return;
+  if (storage === "indexeddb" || !self.navigator.locks) return void (await engine.attachDisk());
+  const how = storageHandoff === "takeover" ? "takeover" : "try";
+  if (storageHandoff !== undefined && !["wait", "takeover"].includes(storageHandoff)) throw new Error(`storageHandoff must be "wait" or "takeover", got ${storageHandoff}`);
+  await attachUnderLock(gen, `colibri-storage:${engine.storageName()}`, how);
 }
 
 // The conversation's cache in OPFS (CPU backend, with the disk tier on): written after
@@ -236,7 +339,7 @@ async function generate(id, ids, opts) {
 
 const ops = {
   async load({ helperUrl, model, options }) {
-    const { threads, modelUrl, multiRange, ...engineOptions } = options || {};
+    const { threads, modelUrl, multiRange, storageHandoff, ...engineOptions } = options || {};
     // One build per worker: a second load reuses it (a thread pool starts only once).
     if (!wasm) {
       const got = await loadWasm(planThreads(threads));
@@ -251,26 +354,52 @@ const ops = {
     // The helper answers several ranges in one request; another server is asked once.
     engineOptions.multiRange = modelUrl ? (typeof multiRange === "boolean" ? multiRange : await probeMultiRange(base)) : true;
     const onProgress = (p) => post({ event: "progress", progress: p });
-    engine = await Engine.load(base, engineOptions, onProgress);
+    // Learned usage: the helper's (GET /api/usage/{id}), else this browser's own.
+    const usageFor = async (name) => {
+      if (modelId === null) return readLocalUsage(name);
+      try {
+        const r = await fetch(`${helper}/api/usage/${encodeURIComponent(model)}`);
+        return r.ok ? await r.text() : null;
+      } catch (_) {
+        return null; // usage is best effort: no pins this time
+      }
+    };
+    // A second load in this worker: the first engine's storage is closed and its lock freed.
+    if (engine) {
+      engine.detachDisk("replaced by another load");
+      engine.free();
+      engine = null;
+      lockGen++;
+      if (heldLock) heldLock();
+      heldLock = null;
+    }
+    engine = await Engine.load(base, engineOptions, onProgress, usageFor);
     kvStore = engineOptions.disk !== false;
     kvChecked = false;
+    await attachStorage({ ...engineOptions, storageHandoff });
+    // The learned pins, now that the disk tier is open (or waited for): read once, kept.
+    try {
+      engine.endTurn();
+    } catch (_) {
+      // An expert that could not be read now is pinned at a later turn.
+    }
     return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize() };
   },
   async logits({ ids }) {
     const out = await engine.logits(Uint32Array.from(ids));
     postRoute(0, takeRoute());
-    await reportUsage();
+    await endTurn();
     return out;
   },
   async generate({ ids, options }, id) {
     const r = await generate(id, ids, options);
-    await reportUsage();
+    await endTurn();
     return r;
   },
   async choose({ prompt, options, raw }) {
     const r = JSON.parse(await engine.choose(String(prompt), JSON.stringify(options), !!raw));
     postRoute(0, takeRoute());
-    await reportUsage();
+    await endTurn();
     return r;
   },
   // {ids, dropped}: the oldest turns that do not fit the context are dropped (fit_chat).

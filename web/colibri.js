@@ -267,7 +267,16 @@ function finishReason(r, req) {
  * module's origin), onProgress({phase, loaded, total}), ramBytes, disk = true,
  * storage = "auto" | "opfs" | "indexeddb" (auto: OPFS where the browser has it),
  * threads (CPU threads of the wasm backend; default navigator.hardwareConcurrency, at most
- * 8)}
+ * 8), pinBytes (of ramBytes, kept for the experts pinned by learned usage; default a
+ * quarter when the model has usage), diskBytes (the most this model's experts may take in
+ * browser storage; default half the origin's quota, navigator.storage.estimate(); the
+ * least recently used unpinned experts are evicted to stay under it), storageHandoff =
+ * "wait" | "takeover" (when another tab uses this model's browser storage: run on RAM and
+ * take the storage when that tab closes, or take it over now)}
+ * Learned placement: the helper's usage counts of the model (GET /api/usage/{id}; for a
+ * model on a static host, this browser's own, kept in OPFS) pin the hottest experts in RAM
+ * and in browser storage at load, and they are re-pinned at each turn's end with the
+ * native engine's rule and hysteresis; stats().hitRates and stats().pins report them.
  * threads: more than one needs a cross-origin isolated page (the helper's own pages are;
  * another site needs COOP same-origin + COEP require-corp); elsewhere the engine runs on
  * one thread. stats().threads says how many it got, stats().threadsReason why.
@@ -281,13 +290,27 @@ function finishReason(r, req) {
  * the browser has it and one decode step measures faster on it than on the CPU backend
  * (stats().auto holds the two timings); both backends produce the same tokens.
  */
-export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, disk, storage, threads, multiRange } = {}) {
+export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, threads, multiRange } = {}) {
   if (!["auto", "webgpu", "cpu"].includes(backend)) throw new Error(`unknown backend ${backend}`);
   const helperUrl = helper || HERE.origin;
   const engine = new Engine(makeWorker(), onProgress);
   engine.model = model;
-  await engine._load(helperUrl, model, { ramBytes, disk, storage, backend, threads, multiRange, modelUrl: hostedModelUrl(model) });
+  await engine._load(helperUrl, model, { ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, backend, threads, multiRange, modelUrl: hostedModelUrl(model) });
   return engine;
+}
+
+/**
+ * Asks the browser to keep this origin's storage (the cached experts) from being evicted
+ * when space runs low: navigator.storage.persist(). Call it from the page on the user's
+ * request (a button): browsers grant it more readily after a user gesture, and the user
+ * should decide. Resolves to {persisted, usage, quota} (persisted: whether it is granted
+ * now); the engine's stats().persisted follows at its next update.
+ */
+export async function requestPersistentStorage() {
+  const s = navigator.storage;
+  const persisted = s?.persist ? await s.persist().catch(() => false) : false;
+  const est = s?.estimate ? await s.estimate().catch(() => null) : null;
+  return { persisted, usage: est?.usage ?? null, quota: est?.quota ?? null };
 }
 
 /** The base URL (ending in "/") of a model directory on any HTTP server, when `model` is

@@ -28,7 +28,7 @@ pub fn exp(x: f32) -> f32 {
         // Below the smallest normal: flush to zero (as a GPU would).
         return 0.0;
     }
-    let k = (x * LOG2E + 0.5).floor();
+    let k = floor_small(x * LOG2E + 0.5);
     let r = (x - k * LN2_HI) - k * LN2_LO;
     let p = 1.0
         + r * (1.0
@@ -40,6 +40,15 @@ pub fn exp(x: f32) -> f32 {
     } else {
         p * pow2(k)
     }
+}
+
+/// floor(y) for |y| < 2^31, exactly: truncation toward zero, minus one where that went up.
+/// The same value as `f32::floor`, which on baseline x86-64 (no SSE4.1 `roundss`) is a
+/// libm call: it was 1.5% of a prefill, inside the elementwise SiLU.
+#[inline]
+fn floor_small(y: f32) -> f32 {
+    let t = y as i32;
+    (t - ((t as f32) > y) as i32) as f32
 }
 
 /// 2^k for k in [-126, 127], exactly.
@@ -195,6 +204,25 @@ mod tests {
             lanes[i % 8] += w[i] * x[i];
         }
         assert_eq!(got.to_bits(), reduce8(lanes).to_bits());
+    }
+
+    #[test]
+    fn floor_small_is_floor() {
+        // exp's argument is x * log2(e) + 0.5 with x inside its guards: |y| < 129. Every
+        // f32 step near the integers and halves of that range, plus random values.
+        let mut vals = vec![0.0f32, 0.5, -0.5, 1.0, -1.0, 127.99999, -126.00001, 128.5, -127.5, 1e-30, -1e-30];
+        for i in -130i32..=130 {
+            let v = i as f32;
+            vals.extend([v, v + 0.5, v.next_up(), v.next_down(), (v + 0.5).next_up(), (v + 0.5).next_down()]);
+        }
+        let mut seed = 3u32;
+        vals.extend((0..10_000).map(|_| {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 260.0 - 130.0
+        }));
+        for y in vals {
+            assert_eq!(floor_small(y), y.floor(), "{y}");
+        }
     }
 
     #[test]

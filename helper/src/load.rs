@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::experts::ram_tiers::default_pin;
 use colibri_engine::experts::source::FileSource;
 use colibri_engine::generate::SamplingDefaults;
 use colibri_engine::model::config::parse_token_ids;
@@ -86,16 +87,6 @@ pub fn auto_ram(available: Option<u64>, dense: u64, experts: u64) -> (u64, Strin
         }
         None => (AUTO_RAM_FLOOR.min(experts), "auto: MemAvailable unknown, the floor".into()),
     }
-}
-
-/// The default pin budget when the model has usage counts: a quarter of `ram`, and never
-/// so much that the LRU part cannot hold one token's experts (`per_token`: top-k of every
-/// MoE layer). Measured (docs/benchmarks.md): on the demo model, pins learned from other
-/// chats lowered the disk share of expert loads a little at a quarter of the budget
-/// (0.310 -> 0.305, mean of 8 runs) and raised it at half (0.351); on the OLMoE-shaped
-/// model half pinned left an LRU smaller than a token's working set, which hit nothing.
-pub fn default_pin(ram: u64, per_token: u64) -> u64 {
-    (ram / 4).min(ram.saturating_sub(per_token))
 }
 
 /// The expert-cache budget for `--ram` (None: automatic; u64::MAX: "all"): (None for no
@@ -256,18 +247,4 @@ pub fn open_draft(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<Lo
     };
     colibri_engine::generate::check_same_tokenizer(t, d).with_context(|| format!("--draft {}", dir.display()))?;
     Ok(draft)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_pin_leaves_the_lru_one_token_of_experts() {
-        assert_eq!(default_pin(1000, 100), 250);
-        assert_eq!(default_pin(512, 425), 87);
-        assert_eq!(default_pin(512, 100), 128);
-        assert_eq!(default_pin(300, 425), 0);
-        assert_eq!(default_pin(0, 0), 0);
-    }
 }

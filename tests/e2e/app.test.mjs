@@ -148,10 +148,11 @@ test("a message streams an answer token by token; the Brain view and the stats f
   assert.ok(titles.includes("Tell me about **hummingbirds**"), `conversation list: ${titles}`);
   assert.equal(await page.textContent('.msg[data-role="user"] .bubble'), "Tell me about **hummingbirds**");
   assert.equal(await page.textContent('.msg[data-role="assistant"] .bubble'), answer);
-  // The experts used before the reload are now on the browser's disk, and the grid says so.
+  // The experts used before the reload are now in the browser, and the grid says so: on
+  // its disk, and those the helper learned pinned in RAM at load.
   await page.waitForFunction(() => document.getElementById("brain").dataset.exact === "true", null, { timeout: 10_000 });
   const tiers = JSON.parse(await page.getAttribute("#brain", "data-tiers"));
-  assert.ok(tiers.disk > 0, `experts on the browser disk after a reload: ${JSON.stringify(tiers)}`);
+  assert.ok(tiers.disk + tiers.ram > 0, `experts in the browser after a reload: ${JSON.stringify(tiers)}`);
   await page.screenshot({ path: join(ARTIFACTS, "app-reloaded.png") });
 
   // Regenerate replaces the answer; Edit resends a changed question.
@@ -526,16 +527,23 @@ test("clearing the model's cached experts empties the browser tier and reloads t
     for await (const [name, h] of top.entries()) {
       const d = await top.getDirectoryHandle(name);
       const f = await (await d.getFileHandle("experts.bin")).getFile().catch(() => null);
-      out.push({ name, bytes: f ? f.size : -1, kind: h.kind });
+      out.push({ name, bytes: f ? f.size : -1, modified: f ? f.lastModified : 0, kind: h.kind });
     }
     return out;
   });
+  const cleared = Date.now();
   await page.click("#clear-cache");
   await page.waitForSelector('[data-notice="cache"]', { timeout: 60_000 });
   assert.match(await page.textContent('[data-notice="cache"]'), /Cleared/);
   await page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+  // The reload pins the experts the helper learned (GET /api/usage) and stores them again,
+  // in a new file: nothing else.
+  const learned = await (await fetch(`${helper.url}/api/usage/${GRID}`)).json();
+  const manifest = JSON.parse(readFileSync(join(fx.modelsDir, GRID, "colibri.json"), "utf8"));
+  const pinned = learned.counts.length * manifest.experts.layers[0].experts[0].length;
   const after = (await dirs()).filter((d) => d.name.startsWith(`${GRID}-`));
-  assert.ok(after.length <= 1 && after.every((d) => d.bytes <= 0), `the model's expert file should be empty again: ${JSON.stringify(after)}`);
+  assert.ok(after.length <= 1 && after.every((d) => d.bytes <= 0 || (d.bytes <= pinned && d.modified >= cleared - 1000)),
+    `the model's expert file should hold only the learned pins, written after the clear: ${JSON.stringify({ after, pinned, cleared })}`);
   assert.match(await page.textContent("#storage"), /used of/);
   await page.screenshot({ path: join(ARTIFACTS, "app-cleared.png") });
   await page.close();
@@ -560,6 +568,14 @@ test("low browser storage is shown with usage and quota, and offers to clear the
   assert.match(text, /used of/);
   assert.match(await page.textContent('[data-notice="quota"] button'), new RegExp(`Clear ${GRID}`));
   assert.match(await page.getAttribute("#storage .meter", "class"), /low/);
+  // This model's share of it (the disk tier's budget), and persistence only when asked:
+  // a button, which calls navigator.storage.persist(); then either granted (the button
+  // goes) or a notice says the browser declined.
+  await page.waitForFunction(() => /at most/.test(document.getElementById("disk-tier").textContent), null, { timeout: 30_000 });
+  assert.equal(await page.evaluate(() => navigator.storage.persisted()), false, "nothing asked for persistence on load");
+  assert.equal(await page.isVisible("#persist"), true);
+  await page.click("#persist");
+  await page.waitForFunction(() => document.getElementById("persist").hidden || document.querySelector('[data-notice="persist"]'), null, { timeout: 30_000 });
   await page.screenshot({ path: join(ARTIFACTS, "app-quota-low.png") });
 });
 

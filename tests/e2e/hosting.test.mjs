@@ -69,6 +69,9 @@ test("a page of coli serve loads a model from nginx (another origin, CORS): coli
     assert.deepEqual(again.ids, nativeIds);
     assert.equal(again.stats.bytesFetched, 0, JSON.stringify(again.stats));
     assert.deepEqual(nginx.requests().slice(seen), [], "the reload made requests to nginx");
+    // No helper learns this model's usage: the tab kept its own (OPFS) and pinned by it.
+    assert.equal(first.stats.pins.ramBudget, 0, "nothing learned at the first load: no pin budget (as natively)");
+    assert.ok(again.stats.learnedUses > 0 && again.stats.pins.ramExperts > 0, JSON.stringify(again.stats.pins));
     const count = (f) => cold.filter(f).length;
     writeFileSync(join(ARTIFACTS, "hosting-nginx.json"), JSON.stringify({
       cold: { requests: cold.length, options: count((r) => r.method === "OPTIONS"), multiRange: experts.length, bytes: cold.reduce((a, r) => a + (r.bytes || 0), 0) },

@@ -5,7 +5,9 @@
 
 use std::rc::Rc;
 
+use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::experts::LookaheadStats;
+use colibri_engine::gpu::pool::PoolStats;
 use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession};
 use colibri_engine::{Logits, Model, Result, Session};
 
@@ -175,6 +177,23 @@ impl Backend {
         match self {
             Backend::Cpu => None,
             Backend::Gpu(g) => Some(g.lookahead_stats()),
+        }
+    }
+
+    /// Re-pins the GPU pool by learned usage (nothing on the CPU backend); `size` gives an
+    /// expert's bytes. Returns how many moved.
+    pub fn repin(&self, counts: &ExpertUsage, size: &dyn Fn((usize, usize)) -> u64) -> Result<usize> {
+        match self {
+            Backend::Cpu => Ok(0),
+            Backend::Gpu(g) => g.repin(counts, size),
+        }
+    }
+
+    /// The GPU pool's counters (None on the CPU backend).
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        match self {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some(g.pool_stats()),
         }
     }
 

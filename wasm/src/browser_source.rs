@@ -6,14 +6,16 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use colibri_engine::experts::ram_tiers::{plan_repin, Key};
 use colibri_engine::experts::source::ByteSource;
+use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::format::byteranges::Part;
 use colibri_engine::format::manifest::parse_checksum;
 use colibri_engine::format::manifest::{checksum, Manifest};
 use colibri_engine::{Error, Result};
 use serde::Serialize;
 
-use crate::disk::Disk;
+use crate::disk::{Disk, Store};
 use crate::idb::{Idb, Read};
 use crate::net::{now_ms, xhr_ranges};
 
@@ -38,10 +40,28 @@ pub struct TierStats {
     pub disk_bytes: u64,
     pub disk_ms: f64,
     pub disk_enabled: bool,
+    /// Experts evicted from the disk tier to stay under its budget, evicted experts
+    /// fetched again, and experts not stored because pinned ones filled the budget.
+    pub disk_evictions: u64,
+    pub disk_refetches: u64,
+    pub disk_skipped: u64,
+    /// Experts moved into or out of the disk tier's pin set after it opened.
+    pub disk_repinned: u64,
     /// "opfs" or "indexeddb" while the disk tier is on.
     pub disk_kind: Option<&'static str>,
     /// Why the disk tier is off, if it is ("quota exceeded", "not available").
     pub disk_error: Option<String>,
+}
+
+/// The disk tier's budget (None: none), the expert bytes it holds, its files' bytes, and
+/// the experts (and bytes) of its pin set that it holds.
+#[derive(Clone, Copy)]
+pub struct DiskUsage {
+    pub budget: Option<u64>,
+    pub stored: u64,
+    pub file: u64,
+    pub pinned: usize,
+    pub pinned_bytes: u64,
 }
 
 struct StoredExpert {
@@ -56,7 +76,13 @@ pub struct BrowserSource {
     /// (S3, GCS, many CDNs answer with the whole file), one range per request.
     multi_range: bool,
     slots: HashMap<u64, StoredExpert>,
+    /// (layer, expert) -> the expert's number in manifest order
+    numbers: HashMap<Key, usize>,
+    /// (expert in manifest order) -> its bytes
+    lens: Vec<u64>,
     disk: RefCell<Option<Disk>>,
+    /// The disk tier's pin set (kept across a hand-off between tabs).
+    disk_pins: RefCell<Vec<Key>>,
     n_experts: usize,
     /// Expert bytes fetched (or read from disk) by `prefetch`, waiting for their `read_at`.
     staged: RefCell<HashMap<u64, Vec<u8>>>,
@@ -71,35 +97,33 @@ unsafe impl Send for BrowserSource {}
 unsafe impl Sync for BrowserSource {}
 
 impl BrowserSource {
-    pub fn new(
-        m: &Manifest,
-        data_url: String,
-        multi_range: bool,
-        disk: Option<Disk>,
-        disk_error: Option<String>,
-    ) -> Self {
+    /// The tiers of the model `m` without a disk tier ([`BrowserSource::attach`] adds it;
+    /// `disk_error` says why there is none until then).
+    pub fn new(m: &Manifest, data_url: String, multi_range: bool, disk_error: Option<String>) -> Self {
         let mut slots = HashMap::new();
+        let mut numbers = HashMap::new();
+        let mut lens = Vec::new();
         let mut expert = 0;
         for layer in &m.experts.layers {
-            for e in &layer.experts {
+            for (i, e) in layer.experts.iter().enumerate() {
                 slots.insert(
                     e.offset,
                     StoredExpert { expert, len: e.length as usize, xxh3: parse_checksum(&e.xxh3).unwrap_or(0) },
                 );
+                numbers.insert((layer.layer as usize, i), expert);
+                lens.push(e.length);
                 expert += 1;
             }
         }
-        let stats = TierStats {
-            disk_enabled: disk.is_some(),
-            disk_kind: disk.as_ref().map(Disk::kind),
-            disk_error,
-            ..Default::default()
-        };
+        let stats = TierStats { disk_error, ..Default::default() };
         BrowserSource {
             data_url,
             multi_range,
             slots,
-            disk: RefCell::new(disk),
+            numbers,
+            lens,
+            disk: RefCell::new(None),
+            disk_pins: RefCell::new(Vec::new()),
             n_experts: expert,
             staged: RefCell::new(HashMap::new()),
             stats: RefCell::new(stats),
@@ -108,6 +132,75 @@ impl BrowserSource {
 
     pub fn multi_range(&self) -> bool {
         self.multi_range
+    }
+
+    /// Bytes of each expert, in manifest order (what the disk tier stores).
+    pub fn expert_lens(&self) -> &[u64] {
+        &self.lens
+    }
+
+    /// Bytes of expert `key` (layer, expert); 0 if there is none.
+    pub fn expert_len(&self, key: Key) -> u64 {
+        self.numbers.get(&key).map_or(0, |&e| self.lens[e])
+    }
+
+    /// Turns the disk tier on (this tab holds the model's browser storage now).
+    pub fn attach(&self, d: Disk) {
+        let mut s = self.stats.borrow_mut();
+        s.disk_enabled = true;
+        s.disk_kind = Some(d.kind());
+        s.disk_error = None;
+        drop(s);
+        let mut d = d;
+        let pins: Vec<usize> = self.disk_pins.borrow().iter().filter_map(|k| self.numbers.get(k).copied()).collect();
+        d.policy.set_pinned(&pins);
+        if let Some(old) = self.disk.borrow_mut().replace(d) {
+            old.close();
+        }
+    }
+
+    /// Turns the disk tier off, closing its files (another tab takes the storage over,
+    /// or waits for it); `why` is what `stats().diskError` says.
+    pub fn detach(&self, why: String) {
+        if let Some(d) = self.disk.borrow_mut().take() {
+            d.close();
+        }
+        let mut s = self.stats.borrow_mut();
+        s.disk_enabled = false;
+        s.disk_kind = None;
+        s.disk_error = Some(why);
+    }
+
+    /// Re-pins the disk tier at a turn end: the hottest experts by `counts` that fit half
+    /// its budget are never evicted, chosen with the engine's rule and hysteresis
+    /// ([`plan_repin`], as the RAM tier); returns how many moved. No budget, no pins.
+    pub fn repin_disk(&self, counts: &ExpertUsage) -> usize {
+        let mut disk = self.disk.borrow_mut();
+        let Some(d) = disk.as_mut() else { return 0 };
+        let Some(budget) = d.policy.budget() else { return 0 };
+        let mut pins = self.disk_pins.borrow_mut();
+        let size = |k: Key| self.numbers.get(&k).map_or(0, |&e| self.lens[e]);
+        let (add, drop) = plan_repin(&pins, counts, &size, budget / 2);
+        pins.retain(|k| !drop.contains(k));
+        pins.extend(&add);
+        let numbers: Vec<usize> = pins.iter().filter_map(|k| self.numbers.get(k).copied()).collect();
+        d.policy.set_pinned(&numbers);
+        self.stats.borrow_mut().disk_repinned += (add.len() + drop.len()) as u64;
+        add.len() + drop.len()
+    }
+
+    /// What the disk tier holds; None while it is off.
+    pub fn disk_usage(&self) -> Option<DiskUsage> {
+        let disk = self.disk.borrow();
+        let d = disk.as_ref()?;
+        let (pinned, pinned_bytes) = d.policy.pinned_stored();
+        Some(DiskUsage {
+            budget: d.policy.budget(),
+            stored: d.policy.stored_bytes(),
+            file: d.file_bytes(),
+            pinned,
+            pinned_bytes,
+        })
     }
 
     /// Per expert in manifest order: is it in the disk tier?
@@ -121,13 +214,13 @@ impl BrowserSource {
 
     /// Whether a step stopped for experts that IndexedDB must read asynchronously.
     pub fn has_pending(&self) -> bool {
-        matches!(&*self.disk.borrow(), Some(Disk::Idb(i)) if i.has_pending())
+        matches!(&*self.disk.borrow(), Some(Disk { store: Store::Idb(i), .. }) if i.has_pending())
     }
 
     /// Reads the experts a step stopped for (IndexedDB) so that its retry finds them.
     pub async fn load_pending(&self) -> Result<()> {
         let (keys, store) = match &mut *self.disk.borrow_mut() {
-            Some(Disk::Idb(i)) if i.has_pending() => i.take_pending().map_err(Error::Invalid)?,
+            Some(Disk { store: Store::Idb(i), .. }) if i.has_pending() => i.take_pending().map_err(Error::Invalid)?,
             _ => return Ok(()),
         };
         let t0 = now_ms();
@@ -135,7 +228,7 @@ impl BrowserSource {
             .await
             .map_err(|e| Error::Invalid(format!("reading experts from IndexedDB: {e}")))?;
         self.stats.borrow_mut().disk_ms += now_ms() - t0;
-        if let Some(Disk::Idb(i)) = &mut *self.disk.borrow_mut() {
+        if let Some(Disk { store: Store::Idb(i), .. }) = &mut *self.disk.borrow_mut() {
             i.loaded(records);
         }
         Ok(())
@@ -166,8 +259,17 @@ impl BrowserSource {
 
     fn to_disk(&self, slot: &StoredExpert, bytes: &[u8]) {
         let mut disk = self.disk.borrow_mut();
-        if let Some(d) = disk.as_mut() {
-            if let Err(e) = d.write(slot.expert, bytes) {
+        let Some(d) = disk.as_mut() else { return };
+        if d.policy.take_evicted(slot.expert) {
+            self.stats.borrow_mut().disk_refetches += 1;
+        }
+        match d.write(slot.expert, bytes) {
+            Ok(r) => {
+                let mut s = self.stats.borrow_mut();
+                s.disk_evictions += r.evicted;
+                s.disk_skipped += r.skipped as u64;
+            }
+            Err(e) => {
                 // A full quota (or any storage failure) degrades to the RAM tier.
                 d.close();
                 *disk = None;

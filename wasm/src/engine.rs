@@ -2,11 +2,13 @@
 //! from the helper, then logits, tokenization, chat templates and step-wise generation
 //! (one token per call, so the worker can stream tokens and honour a stop request).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
 use colibri_engine::experts::cache::CacheOptions;
+use colibri_engine::experts::ram_tiers::default_pin;
+use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::{
@@ -25,11 +27,16 @@ use wasm_bindgen_futures::future_to_promise;
 
 use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
 use crate::browser_source::BrowserSource;
-use crate::disk;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
-use crate::opfs::{estimate, persist};
+use crate::opfs::estimate;
 use colibri_engine::format::kv;
+
+/// The share of the origin's storage quota that a model's disk tier may fill by default.
+const DISK_SHARE: f64 = 0.5;
+
+mod tiers;
+use tiers::{count_use, learned_usage, tier_map};
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
@@ -40,8 +47,14 @@ fn err(e: impl std::fmt::Display) -> JsError {
 struct LoadOptions {
     /// RAM tier budget for experts in bytes (default 512 MiB).
     ram_bytes: Option<u64>,
-    /// Use the persistent OPFS tier (default true).
+    /// Bytes of the RAM tier kept for the experts pinned by learned usage (default: a
+    /// quarter of it when the model has usage, as natively; `default_pin`).
+    pin_bytes: Option<u64>,
+    /// Use the persistent OPFS tier (default true; the worker attaches it).
     disk: Option<bool>,
+    /// Bytes the disk tier may hold for this model (default: [`DISK_SHARE`] of the
+    /// origin's quota, `navigator.storage.estimate()`).
+    disk_bytes: Option<u64>,
     /// "auto" (default: WebGPU if present and measured faster here), "webgpu" or "cpu".
     backend: Option<String>,
     /// The disk tier: "auto" (default: OPFS, else IndexedDB), "opfs" or "indexeddb".
@@ -139,48 +152,6 @@ struct Perf {
     cached_tokens: u64,
 }
 
-/// Where each expert lives now, one byte per (layer, expert), layer-major over all layers
-/// (dense layers are all 0): 0 = only at the helper, 1 = browser disk, 2 = RAM, 3 = GPU pool.
-fn tier_map(model: &Model, tiers: &BrowserSource, backend: &Backend) -> Vec<u8> {
-    let c = &model.cfg;
-    let ne = c.router.n_experts;
-    let mut out = vec![0u8; c.n_layers * ne];
-    let disk = tiers.disk_mask();
-    let mut g = 0;
-    for l in 0..c.n_layers {
-        if !c.moe_layers[l] {
-            continue;
-        }
-        for e in 0..ne {
-            if disk.get(g).copied().unwrap_or(false) {
-                out[l * ne + e] = 1;
-            }
-            g += 1;
-        }
-    }
-    for (l, e) in model.experts.cached() {
-        if let Some(x) = out.get_mut(l * ne + e) {
-            *x = 2;
-        }
-    }
-    for (l, e) in backend.pooled() {
-        if let Some(x) = out.get_mut(l * ne + e) {
-            *x = 3;
-        }
-    }
-    out
-}
-
-/// A forward pass's expert-use callback: counts each use once, by the tier the expert was
-/// in when the pass began (`map`, from [`tier_map`]): that tier served it.
-fn count_use<'a>(perf: &'a mut Perf, map: &'a [u8], n_experts: usize) -> impl FnMut(usize, usize, usize) + 'a {
-    move |l, e, _| {
-        perf.expert_loads += 1;
-        let t = map.get(l * n_experts + e).copied().unwrap_or(0) as usize;
-        perf.tier_uses[t.min(3)] += 1;
-    }
-}
-
 /// What changes while the engine runs. Behind a RefCell because steps are async (on
 /// WebGPU they wait for the device): the worker runs one operation at a time, so a
 /// borrow that fails means the page called in during a step, which is refused.
@@ -200,7 +171,19 @@ pub struct Engine {
     /// What `auto` measured, when it chose.
     auto: Option<AutoChoice>,
     state: Rc<RefCell<State>>,
-    persisted: bool,
+    /// Whether the browser granted persistent storage (asked by the page, not here).
+    persisted: Rc<Cell<bool>>,
+    /// Learned expert use: the counts the model came with (the helper's, or this
+    /// browser's) plus every use since; the disk tier's pins and the usage file go by it.
+    learned: Rc<RefCell<ExpertUsage>>,
+    /// The usage the model came with could not be used (another model version...).
+    usage_error: Option<String>,
+    /// The RAM tier's pin budget.
+    pin_bytes: u64,
+    /// The disk tier: "auto", "opfs" or "indexeddb", and its budget (None: the default share).
+    storage: String,
+    disk_bytes: Option<u64>,
+    storage_name: String,
     /// The model's sampling defaults from generation_config.json.
     defaults: SamplingDefaults,
     /// The same as JSON {temperature, topP} for the page (null without the file).
@@ -243,7 +226,16 @@ fn report(cb: &Option<Function>, phase: &str, loaded: f64, total: f64) {
 #[wasm_bindgen]
 impl Engine {
     /// Loads the converted model at `base` (e.g. "http://127.0.0.1:7878/models/demo/").
-    pub async fn load(base: String, options: JsValue, on_progress: Option<Function>) -> Result<Engine, JsError> {
+    /// `usage_for(storageName)`: a promise of the model's learned usage file (JSON text,
+    /// docs/api.md) or null; the hottest experts in it are pinned in the RAM tier now.
+    /// The disk tier is not opened here: the worker calls `attachDisk` once it holds the
+    /// model's storage (Web Locks).
+    pub async fn load(
+        base: String,
+        options: JsValue,
+        on_progress: Option<Function>,
+        usage_for: Option<Function>,
+    ) -> Result<Engine, JsError> {
         let opts: LoadOptions = if options.is_undefined() || options.is_null() {
             LoadOptions::default()
         } else {
@@ -287,22 +279,36 @@ impl Engine {
             report(&on_progress, "dense", off as f64, total as f64);
         }
 
-        let n_experts: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
-        let (disk, disk_error) = if opts.disk.unwrap_or(true) {
-            let name = storage_name(&base, &container.fingerprint);
-            match disk::open(opts.storage.as_deref().unwrap_or("auto"), &name, n_experts).await {
-                Ok(d) => (Some(d), None),
-                Err(e) => (None, Some(format!("browser storage unavailable: {e}"))),
-            }
-        } else {
-            (None, Some("disabled".to_string()))
+        let name = storage_name(&base, &container.fingerprint);
+        let disk_error = if opts.disk.unwrap_or(true) { "not opened yet" } else { "disabled" };
+        let tiers =
+            Arc::new(BrowserSource::new(m, data_url, opts.multi_range.unwrap_or(true), Some(disk_error.into())));
+
+        // Learned usage: the hottest experts are pinned in the RAM tier, as natively.
+        let (nl, ne) = (container.cfg.n_layers, container.cfg.router.n_experts);
+        let (usage, usage_error) = match learned_usage(usage_for.as_ref(), &name).await {
+            Ok(None) => (ExpertUsage::new(nl, ne), None),
+            Ok(Some(f)) => match ExpertUsage::from_file(&f, nl, ne, Some(&container.fingerprint)) {
+                Ok(u) => (u, None),
+                Err(e) => (ExpertUsage::new(nl, ne), Some(e.to_string())),
+            },
+            Err(e) => (ExpertUsage::new(nl, ne), Some(e)),
         };
-        let persisted = if disk.is_some() { persist().await } else { false };
-        let tiers = Arc::new(BrowserSource::new(m, data_url, opts.multi_range.unwrap_or(true), disk, disk_error));
         let ram = opts.ram_bytes.unwrap_or(512 << 20);
-        let model = Rc::new(
-            container.load(&Bytes::from_vec(dense), tiers.clone(), CacheOptions::with_ram(Some(ram))).map_err(err)?,
-        );
+        let (_, expert_bytes) = m.byte_totals();
+        let n_experts = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum::<u64>().max(1);
+        let moe_layers = m.experts.layers.iter().filter(|l| !l.experts.is_empty()).count() as u64;
+        let per_token = expert_bytes / n_experts * container.cfg.router.top_k as u64 * moe_layers;
+        let pin_bytes = match opts.pin_bytes {
+            Some(p) => p.min(ram),
+            None if usage.total() > 0 => default_pin(ram, per_token),
+            None => 0,
+        };
+        // The counts are learned now and pinned by the worker's first `endTurn`, after the
+        // disk tier is attached, so that the pinned experts are stored there too.
+        let cache = CacheOptions { ram: Some(ram), pin: pin_bytes, ..Default::default() };
+        let model = Rc::new(container.load(&Bytes::from_vec(dense), tiers.clone(), cache).map_err(err)?);
+        model.experts.learn(&usage);
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
         let mut sampling = serde_json::Value::Null;
@@ -345,7 +351,13 @@ impl Engine {
             backend,
             auto,
             state: Rc::new(RefCell::new(state)),
-            persisted,
+            persisted: Rc::new(Cell::new(false)),
+            learned: Rc::new(RefCell::new(usage)),
+            usage_error,
+            pin_bytes,
+            storage: opts.storage.unwrap_or_else(|| "auto".into()),
+            disk_bytes: opts.disk_bytes,
+            storage_name: name,
             defaults,
             sampling,
             cache_name: format!("{}.kv", storage_name(&base, &container.fingerprint)),
@@ -600,20 +612,6 @@ impl Engine {
         Ok(self.state()?.gen.as_ref().map(|g| g.produced().to_vec()).unwrap_or_default())
     }
 
-    /// Expert-use counts since the last call, as JSON [[layer, expert, count], ...].
-    #[wasm_bindgen(js_name = takeUsage)]
-    pub fn take_usage(&self) -> Result<String, JsError> {
-        // The expert source counts every use on either backend (one channel, as natively).
-        let _idle = self.state()?;
-        serde_json::to_string(&self.model.experts.take_usage()).map_err(err)
-    }
-
-    /// Where each expert lives now (see [`tier_map`]; the browser disk is OPFS or IndexedDB).
-    #[wasm_bindgen(js_name = expertTiers)]
-    pub fn expert_tiers(&self) -> Vec<u8> {
-        tier_map(&self.model, &self.tiers, &self.backend)
-    }
-
     /// Engine statistics as JSON (backend, tiers, bytes fetched, tokens/s, TTFT).
     pub fn stats(&self) -> Result<String, JsError> {
         let t = self.tiers.stats.borrow().clone();
@@ -622,7 +620,11 @@ impl Engine {
         let loads = perf.expert_loads;
         let [helper, disk, ram, gpu] = perf.tier_uses;
         let ahead = self.backend.lookahead();
-        Ok(serde_json::json!({
+        let cache = self.model.experts.cache_stats().unwrap_or_default();
+        let rate = |n: u64| if loads > 0 { n as f64 / loads as f64 } else { 0.0 };
+        let disk_usage = self.tiers.disk_usage();
+        let pool = self.backend.pool_stats();
+        let mut out = serde_json::json!({
             "backend": self.backend.name(),
             // CPU kernel threads: the pool's workers in the threaded build, else 1.
             "threads": colibri_engine::kernels::threads(),
@@ -678,9 +680,39 @@ impl Engine {
             "diskKind": t.disk_kind,
             "diskError": t.disk_error,
             "diskExperts": self.tiers.disk_count(),
-            "persisted": self.persisted,
-        })
-        .to_string())
+            "persisted": self.persisted.get(),
+        });
+        // Learned placement and the managed disk tier (a second object: one json! of all
+        // of it is past the macro's recursion limit).
+        let placement = serde_json::json!({
+            // The same as shares of expertLoads: each tier's hit rate.
+            "hitRates": { "gpu": rate(gpu), "ram": rate(ram), "disk": rate(disk), "helper": rate(helper) },
+            // Experts pinned by learned usage: in the RAM tier (its pin budget, what it
+            // holds, its hits) and in the disk tier (never evicted); moves at turn ends.
+            "pins": {
+                "ramBudget": self.pin_bytes, "ramExperts": cache.pinned_experts, "ramBytes": cache.pinned_bytes,
+                "ramHits": cache.pinned_hits, "ramRepinned": cache.repinned,
+                "diskExperts": disk_usage.map(|d| d.pinned), "diskBytes": disk_usage.map(|d| d.pinned_bytes),
+                "diskRepinned": t.disk_repinned,
+                "gpuExperts": pool.map(|p| p.pinned), "gpuBytes": pool.map(|p| p.pinned_bytes),
+                "gpuRepinned": pool.map(|p| p.repinned),
+            },
+            "learnedUses": self.learned.borrow().total(),
+            "usageError": self.usage_error,
+            // The managed disk tier: its budget (null: none), the expert bytes it holds and
+            // its files' size; experts evicted to stay under the budget, evicted ones
+            // fetched again, and ones not stored because pinned experts filled it.
+            "diskBudget": disk_usage.and_then(|d| d.budget),
+            "diskStoredBytes": disk_usage.map(|d| d.stored),
+            "diskFileBytes": disk_usage.map(|d| d.file),
+            "diskEvictions": t.disk_evictions,
+            "diskRefetches": t.disk_refetches,
+            "diskSkipped": t.disk_skipped,
+        });
+        if let (Some(o), serde_json::Value::Object(p)) = (out.as_object_mut(), placement) {
+            o.extend(p);
+        }
+        Ok(out.to_string())
     }
 
     /// (usage, quota) of browser storage in bytes, as JSON, or null.

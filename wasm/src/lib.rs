@@ -6,6 +6,9 @@
 mod backend;
 #[cfg(target_arch = "wasm32")]
 mod browser_source;
+// The disk tier's policy: pure, so its tests run natively.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+mod budget;
 #[cfg(target_arch = "wasm32")]
 mod disk;
 #[cfg(target_arch = "wasm32")]

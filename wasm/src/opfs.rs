@@ -1,9 +1,11 @@
 //! The persistent browser tier: experts kept in the Origin Private File System through
 //! synchronous access handles (dedicated workers only). Two files per model:
-//! `experts.bin`, an append-only log of expert bytes, and `index.bin`, one little-endian
-//! u64 per expert (0 = absent, else 1 + its offset in experts.bin). An entry is written
-//! only after its bytes are flushed, and every read is checksummed by the caller, so a
-//! torn write is never trusted: the expert is fetched again.
+//! `experts.bin`, the expert bytes, and `index.bin`, one little-endian u64 per expert
+//! (0 = absent, else 1 + its offset in experts.bin). The ranges of evicted experts are
+//! reused ([`Extents`]) and a freed tail is cut off the file. An entry is cleared before
+//! its range is reused and written only after the new bytes are flushed, and every read
+//! is checksummed by the caller, so a torn write is never trusted: the expert is fetched
+//! again.
 
 use js_sys::Promise;
 use wasm_bindgen::{JsCast, JsValue};
@@ -13,13 +15,16 @@ use web_sys::{
     FileSystemReadWriteOptions, FileSystemSyncAccessHandle, WorkerNavigator,
 };
 
+use crate::budget::Extents;
 use crate::net::{js_err, scope};
 
 pub struct Opfs {
     data: FileSystemSyncAccessHandle,
     index: FileSystemSyncAccessHandle,
     slots: Vec<u64>,
-    end: u64,
+    /// (expert) -> its bytes
+    lens: Vec<u64>,
+    space: Extents,
 }
 
 async fn wait<T: JsCast>(p: Promise) -> Result<T, String> {
@@ -36,10 +41,11 @@ fn navigator() -> Result<WorkerNavigator, String> {
     Ok(scope()?.navigator())
 }
 
-/// Asks for persistent storage; true if granted.
-pub async fn persist() -> bool {
+/// Whether the browser has granted persistent storage to this origin (asked for by the
+/// page, with the user's consent: `navigator.storage.persist()`).
+pub async fn persisted() -> bool {
     let Ok(nav) = navigator() else { return false };
-    match nav.storage().persist() {
+    match nav.storage().persisted() {
         Ok(p) => JsFuture::from(p).await.ok().and_then(|v| v.as_bool()).unwrap_or(false),
         Err(_) => false,
     }
@@ -73,8 +79,9 @@ async fn exclusive(h: &FileSystemFileHandle) -> Result<FileSystemSyncAccessHandl
 pub const IN_USE: &str = "another colibri tab or window is using this model's browser storage";
 
 impl Opfs {
-    /// Opens (creating) `colibri/<name>/` with room for `n_experts` index slots.
-    pub async fn open(name: &str, n_experts: usize) -> Result<Opfs, String> {
+    /// Opens (creating) `colibri/<name>/` for experts of `lens` bytes each.
+    pub async fn open(name: &str, lens: &[u64]) -> Result<Opfs, String> {
+        let n_experts = lens.len();
         let root: FileSystemDirectoryHandle = wait(navigator()?.storage().get_directory()).await?;
         let dopts = FileSystemGetDirectoryOptions::new();
         dopts.set_create(true);
@@ -97,9 +104,20 @@ impl Opfs {
         let got = index.read_with_u8_array_and_options(&mut raw, &at(0)).map_err(js_err)? as usize;
         let n = raw.len();
         raw[got.min(n)..].iter_mut().for_each(|b| *b = 0);
-        let slots = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-        let end = data.get_size().map_err(js_err)? as u64;
-        Ok(Opfs { data, index, slots, end })
+        let mut slots: Vec<u64> =
+            raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        // An entry past the end of the file (a torn write) is dropped here; one that
+        // overlaps another is caught by the checksum of the read.
+        let size = data.get_size().map_err(js_err)? as u64;
+        for (s, &len) in slots.iter_mut().zip(lens) {
+            if *s != 0 && *s - 1 + len > size {
+                *s = 0;
+            }
+        }
+        let used: Vec<(u64, u64)> =
+            slots.iter().zip(lens).filter(|(s, _)| **s != 0).map(|(s, &l)| (s - 1, l)).collect();
+        let space = Extents::from_used(&used);
+        Ok(Opfs { data, index, slots, lens: lens.to_vec(), space })
     }
 
     /// One flag per expert: stored on disk.
@@ -118,24 +136,45 @@ impl Opfs {
         matches!(self.data.read_with_u8_array_and_options(buf, &at(slot - 1)), Ok(n) if n as usize == buf.len())
     }
 
-    /// Appends the (verified) bytes of `expert` and records them in the index.
+    /// Bytes of the expert file (stored experts and the free ranges between them).
+    pub fn file_bytes(&self) -> u64 {
+        self.space.end()
+    }
+
+    /// Writes the (verified) bytes of `expert` into free space and records them in the index.
     pub fn write(&mut self, expert: usize, bytes: &[u8]) -> Result<(), String> {
-        if expert >= self.slots.len() {
-            return Err(format!("expert slot {expert} out of range"));
+        if self.lens.get(expert) != Some(&(bytes.len() as u64)) {
+            return Err(format!("expert slot {expert} out of range or of another size"));
         }
-        let off = self.end;
-        let n = self.data.write_with_u8_array_and_options(bytes, &at(off)).map_err(js_err)? as usize;
+        if self.slots[expert] != 0 {
+            return Ok(());
+        }
+        let off = self.space.alloc(bytes.len() as u64);
+        let n = match self.data.write_with_u8_array_and_options(bytes, &at(off)) {
+            Ok(n) => n as usize,
+            Err(e) => {
+                self.space.release(off, bytes.len() as u64);
+                return Err(js_err(e));
+            }
+        };
         if n != bytes.len() {
+            self.space.release(off, bytes.len() as u64);
             return Err("short write to OPFS (storage full?)".into());
         }
         self.data.flush().map_err(js_err)?;
-        self.end = off + bytes.len() as u64;
         self.set_slot(expert, off + 1)
     }
 
-    /// Drops an entry whose bytes failed their checksum.
+    /// Drops an entry (evicted, or its bytes failed their checksum); its range is free.
     pub fn forget(&mut self, expert: usize) -> Result<(), String> {
-        self.set_slot(expert, 0)
+        let Some(&slot) = self.slots.get(expert).filter(|&&s| s != 0) else { return Ok(()) };
+        self.set_slot(expert, 0)?;
+        let end = self.space.end();
+        self.space.release(slot - 1, self.lens[expert]);
+        if self.space.end() < end {
+            self.data.truncate_with_f64(self.space.end() as f64).map_err(js_err)?;
+        }
+        Ok(())
     }
 
     fn set_slot(&mut self, expert: usize, v: u64) -> Result<(), String> {

@@ -519,6 +519,13 @@ impl ExpertSource for ExpertCache {
         self.repin().map(|_| ())
     }
 
+    fn learn(&self, usage: &ExpertUsage) {
+        if let Some(c) = self.lock().counts.as_mut() {
+            // Another shape is not this model's usage: ignored.
+            let _ = c.merge(usage);
+        }
+    }
+
     fn cache_stats(&self) -> Option<CacheStats> {
         Some(self.stats())
     }
@@ -685,5 +692,28 @@ mod tests {
         assert!(x.expert(1, 2).is_ok(), "the source's own check is trusted");
         let err = x.expert(0, 0).unwrap_err().to_string();
         assert!(err.contains("checksum mismatch in expert 0 of layer 0"), "{err}");
+    }
+
+    /// Counts learned after construction (the browser reads them once its disk tier is
+    /// open) pin at the next turn end, and are not handed out again as this run's use.
+    #[test]
+    fn learned_counts_pin_at_the_next_turn_end() {
+        let (m, data, _) = container();
+        let size = m.experts.layers[0].experts[0].length;
+        let opts = CacheOptions { ram: Some(size * 4), pin: size * 2, ..Default::default() };
+        let x = ExpertCache::with_options(&m, &cfg(), source(&data), opts).unwrap();
+        assert_eq!(x.stats().pinned_experts, 0);
+        let mut u = ExpertUsage::new(2, 3);
+        u.merge_triples(&[(1, 2, 9), (0, 1, 5), (0, 0, 1)]).unwrap();
+        x.learn(&u);
+        x.learn(&ExpertUsage::new(3, 3)); // another shape: ignored
+        assert!(x.take_usage().is_empty());
+        x.end_turn().unwrap();
+        let mut pinned = x.cached();
+        pinned.sort_unstable();
+        assert_eq!(pinned, vec![(0, 1), (1, 2)]);
+        assert_eq!((x.stats().pinned_experts, x.stats().misses), (2, 0));
+        x.expert(1, 2).unwrap();
+        assert_eq!(x.stats().pinned_hits, 1);
     }
 }

@@ -84,6 +84,10 @@ pub trait ExpertSource: Send + Sync {
         Vec::new()
     }
 
+    /// Adds earlier runs' counts to what pinning goes by (not reported again by
+    /// [`ExpertSource::take_usage`]); the next [`ExpertSource::end_turn`] pins by them.
+    fn learn(&self, _usage: &usage::ExpertUsage) {}
+
     /// A conversation turn ended: a cache may re-pin its hottest experts now.
     fn end_turn(&self) -> Result<()> {
         Ok(())

@@ -45,9 +45,9 @@ pub(super) struct Arch {
     qkv_bias: bool,
     /// Per-head or full q/k norms (`attn_{q,k}_norm`) are part of the family.
     qk_norm: bool,
-    /// Dense FFN layers (`ffn_{gate,up,down}`) and the sigmoid router's correction bias
-    /// (`exp_probs_b`) are part of the family: (dense, correction bias).
+    /// Dense FFN layers (`ffn_{gate,up,down}`) are part of the family.
     dense: bool,
+    /// The sigmoid router's correction bias (`exp_probs_b`) is part of the family.
     score_bias: bool,
     /// Multi-head latent attention (deepseek2) instead of q/k/v projections.
     mla: bool,

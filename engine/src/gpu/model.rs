@@ -339,6 +339,19 @@ impl<M: Borrow<Model>> GpuModel<M> {
         }
     }
 
+    /// Re-pins the GPU pool by learned usage `counts` (a quarter of the pool, at turn
+    /// ends, with the RAM tier's hysteresis): pinned experts are never evicted. `size`
+    /// gives an expert's bytes. Returns how many moved.
+    pub fn repin(
+        &self,
+        counts: &crate::experts::usage::ExpertUsage,
+        size: &dyn Fn((usize, usize)) -> u64,
+    ) -> Result<usize> {
+        let mut pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+        let budget = pool.stats().budget / 4;
+        pool.repin(&self.ctx, counts, budget, size, &|(l, e)| self.m().experts.expert(l, e))
+    }
+
     /// (layer, expert) of every routed expert resident in the GPU pool.
     pub fn pooled(&self) -> Vec<(usize, usize)> {
         self.pool.lock().map(|p| p.keys()).unwrap_or_default()
