@@ -19,7 +19,8 @@
 # Needs: rustup components rustfmt and clippy, target wasm32-unknown-unknown,
 # wasm-bindgen-cli (installed by build-web.sh if missing), cargo-fuzz and the pinned
 # nightly (installed by fuzz.sh if missing), mesa-vulkan-drivers, chromium, node +
-# `npm ci` in tests/e2e.
+# `npm ci` in tests/e2e; for step 2b the rust target aarch64-unknown-linux-gnu,
+# gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
