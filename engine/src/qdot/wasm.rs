@@ -96,7 +96,7 @@ fn block_lanes<const INT4: bool, const CHECKED: bool>(vals: &[u8], q: &[i8], b: 
     let mut sum = i32x4_splat(0);
     #[cfg(target_feature = "relaxed-simd")]
     if INT4 {
-        // Relaxed SIMD: i16 pair sums (`i16x8.relaxed_dot_i8x16_i7x16_s`, one `pmaddubsw`
+        // Relaxed SIMD: i16 pair sums (`i16x8.relaxed_dot_i8x16_i7x16_s`, can be one `pmaddubsw`
         // on x86) of up to four chunks, widened once: a pair is at most 2 * 15 * 127 = 3810,
         // a chunk adds two pairs per lane, four chunks at most 30480 < 2^15, so nothing
         // saturates and the sums are the exact integers of the path below.
