@@ -153,35 +153,52 @@ fn tiny_expert_pool_evicts_and_stays_exact() {
     check("olmoe", Some(2 * 3 * 40 * 72 * 2 + 1), 4);
 }
 
-/// qwen3_next has no GPU kernels yet (Gated DeltaNet): the backend refuses it at load
-/// with one line that says so, and accepts the other families. The check needs no
-/// adapter; the load needs one.
+/// Gated DeltaNet layers (causal conv, q/k L2 norm, the gated delta rule, gated RMSNorm)
+/// between gated full-attention layers (output gate, partial RoPE, per-head q/k norm of
+/// zero-centred weights), a dense layer, the softmax router and a gated shared expert;
+/// bf16 in four shards.
 #[test]
-fn qwen3_next_is_refused_with_a_clear_error() {
-    let dir = |n: &str| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(n);
-    for name in [
-        "mixtral",
-        "qwen2_moe",
-        "qwen3_moe",
-        "olmoe",
-        "glm4_moe",
-        "gpt_oss",
-        "gpt_oss_mxfp4",
-        "deepseek_v3",
-        "deepseek_v3_noqlora",
-    ] {
-        let model = Model::open_dir(&dir(name)).unwrap();
-        assert_eq!(colibri_engine::gpu::model::unsupported(&model.cfg), None, "{name}");
-    }
-    // qwen3_next: Gated DeltaNet, the attention output gate and its norms have no kernels.
-    let model = Model::open_dir(&dir("qwen3_next")).unwrap();
-    let why = colibri_engine::gpu::model::unsupported(&model.cfg).expect("qwen3_next must be refused");
-    assert!(
-        why.contains("qwen3_next models are not supported on the GPU backend") && why.contains("DeltaNet"),
-        "{why}"
-    );
-    if let Some(ctx) = gpu() {
-        let e = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("GpuModel::new must fail").to_string();
-        assert!(e.contains("DeltaNet") && e.lines().count() == 1, "{e}");
-    }
+fn qwen3_next_gpu_matches_cpu() {
+    check("qwen3_next", None, 2);
+}
+
+/// qwen3_next in f32.
+#[test]
+fn qwen3_next_f32_gpu_matches_cpu() {
+    check("qwen3_next_f32", None, 0);
+}
+
+/// The recurrent state on the GPU follows the CPU's through a multi-token call (which
+/// snapshots), a decode step, truncations that rewind to the snapshot and to the start,
+/// and the refeed that follows: every returned logit the CPU's bits.
+#[test]
+fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
+    let Some(ctx) = gpu() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_next");
+    let model = Model::open_dir(&dir).unwrap();
+    let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
+    let ids: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % model.cfg.vocab as u32).collect();
+    let (mut cs, mut gs) = (model.new_session(), gm.new_session());
+    let mut step = |what: &str, keep: Option<usize>, feed: &[u32], which: Logits| {
+        if let Some(k) = keep {
+            cs.truncate(k);
+            gs.truncate(k);
+            assert_eq!(gs.cached_len(), cs.cached_len(), "{what}: positions held after truncate({k})");
+            assert_eq!(gs.tokens, cs.tokens, "{what}");
+        }
+        let want = model.forward(&mut cs, feed, which).unwrap();
+        let got = gm.forward_blocking(&mut gs, feed, which).unwrap();
+        assert_bits(what, &got, &want);
+        assert_eq!(gs.tokens, cs.tokens, "{what}");
+    };
+    step("prompt", None, &ids[..8], Logits::Last);
+    step("a second multi-token call (snapshot at 8)", None, &ids[8..12], Logits::All);
+    step("a decode step", None, &ids[12..13], Logits::Last);
+    // Back to 10: the state rewinds to its snapshot at 8 and refeeds 2 tokens.
+    step("after truncate(10)", Some(10), &ids[13..16], Logits::All);
+    step("a decode step after the refeed", None, &ids[16..17], Logits::Last);
+    // Back to 5: no snapshot that early, so from the start.
+    step("after truncate(5)", Some(5), &ids[17..20], Logits::Last);
+    assert_eq!(gs.cached_len(), 8);
+    assert!(gs.bytes() > 4 * 8, "the recurrent state counts in the session's bytes");
 }

@@ -85,29 +85,12 @@ fn generated_ids(model: &Path, backend: &str, extra: &[&str]) -> serde_json::Val
 }
 
 #[test]
-fn wgpu_backend_refuses_qwen3_next_in_one_line() {
-    if !have_gpu() {
-        return;
-    }
-    let out = coli()
-        .args(["logits", "--model"])
-        .arg(fixture("qwen3_next"))
-        .args(["--ids", "1,2", "--out", "/dev/null", "--backend", "wgpu"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("qwen3_next models are not supported on the GPU backend yet"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "want one line on stderr, got: {err}");
-    assert!(!err.contains("panicked"));
-}
-
-#[test]
 fn wgpu_backend_gives_the_cpu_bytes_on_every_fixture() {
     if !have_gpu() {
         return;
     }
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss_mxfp4", "deepseek_v3"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss_mxfp4", "deepseek_v3", "qwen3_next"]
+    {
         let ids = ids_arg(name);
         let cpu = logits(&fixture(name), &ids, "cpu", &[], &format!("hf-{name}"));
         let gpu = logits(&fixture(name), &ids, "wgpu", &[], &format!("hf-{name}"));
@@ -125,7 +108,7 @@ fn wgpu_backend_on_converted_quantized_models_streaming_experts() {
     if !have_gpu() {
         return;
     }
-    for (name, quant) in [("mixtral", "int4"), ("qwen2_moe", "int8"), ("olmoe", "int4")] {
+    for (name, quant) in [("mixtral", "int4"), ("qwen2_moe", "int8"), ("olmoe", "int4"), ("qwen3_next", "int4")] {
         let dst = std::env::temp_dir().join(format!("coli-gpu-convert-{name}-{quant}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dst);
         ok(

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 // Shared plumbing for the browser tests: a real `coli serve` on a free loopback port,
 // a converted fixture model, and Debian's Chromium with WebGPU on SwiftShader.
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, cpSync, rmSync } from "node:fs";
+import { mkdtempSync, cpSync, rmSync, mkdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -120,4 +120,42 @@ export function assertSameBits(r, nativeIds, nativeLogits, what) {
   assert.equal(r.logitsBits.length, want.length);
   const diff = r.logitsBits.findIndex((b, i) => b !== want[i]);
   assert.equal(diff, -1, `${what}: logit ${diff} differs from coli logits`);
+}
+
+/** The native run a browser test must reproduce, and a helper serving its model: converts
+ * tests/fixtures/`model` (with `--quant quant`, or `convertArgs` instead), has
+ * `coli generate` make `n` greedy tokens after `prompt` and `coli logits` the prompt's
+ * teacher-forced logits, then starts `coli serve` over the converted model. `run(page,
+ * opts)` generates the same in a page (generateInPage), `sameBits(r, what)` checks a run
+ * against the native bits (assertSameBits), `stop()` ends the helper and removes the files. */
+export async function nativeReference({ model, prompt, n, quant = "int8", convertArgs }) {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  const dir = mkdtempSync(join(tmpdir(), "colibri-e2e-"));
+  const path = join(dir, model);
+  coli(["convert", join(ROOT, "tests/fixtures", model), "-o", path, ...(convertArgs ?? ["--quant", quant])]);
+  const g = JSON.parse(coli(["generate", "--model", path, "--ids", prompt.join(","), "--max-new-tokens", String(n), "--temperature", "0", "--ignore-eos", "--json"]));
+  const scratch = mkdtempSync(join(tmpdir(), "colibri-e2e-logits-"));
+  const out = join(scratch, "logits.f32");
+  coli(["logits", "--model", path, "--ids", prompt.join(","), "--out", out]);
+  const logits = new Float32Array(readFileSync(out).buffer.slice(0));
+  rmSync(scratch, { recursive: true, force: true });
+  let helper;
+  try {
+    helper = await startHelper({ modelsDir: dir, port: await freePort() });
+  } catch (e) {
+    rmSync(dir, { recursive: true, force: true });
+    throw e;
+  }
+  return {
+    path,
+    ids: g.ids,
+    logits,
+    helper,
+    run: (page, opts) => generateInPage(page, helper.url, { model, prompt, n, ...opts }),
+    sameBits: (r, what) => assertSameBits(r, g.ids, logits, what),
+    stop: async () => {
+      await helper.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
 }

@@ -33,10 +33,15 @@ pub enum Kernel {
     QuantizeAct16,
     Mxfp4Matmul,
     MlaAbsorb,
+    GateMul,
+    L2Norm,
+    DeltaNetConv,
+    DeltaNetGates,
+    DeltaRule,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -53,6 +58,11 @@ impl Kernel {
         Kernel::QuantizeAct16,
         Kernel::Mxfp4Matmul,
         Kernel::MlaAbsorb,
+        Kernel::GateMul,
+        Kernel::L2Norm,
+        Kernel::DeltaNetConv,
+        Kernel::DeltaNetGates,
+        Kernel::DeltaRule,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -78,6 +88,11 @@ impl Kernel {
             Kernel::QuantizeAct16 => ("quantize_act16.wgsl", A, include_str!("../../../shaders/quantize_act16.wgsl")),
             Kernel::Mxfp4Matmul => ("mxfp4_matmul.wgsl", A, include_str!("../../../shaders/mxfp4_matmul.wgsl")),
             Kernel::MlaAbsorb => ("mla_absorb.wgsl", AW, include_str!("../../../shaders/mla_absorb.wgsl")),
+            Kernel::GateMul => ("gate_mul.wgsl", A, include_str!("../../../shaders/gate_mul.wgsl")),
+            Kernel::L2Norm => ("l2norm.wgsl", A, include_str!("../../../shaders/l2norm.wgsl")),
+            Kernel::DeltaNetConv => ("deltanet_conv.wgsl", A, include_str!("../../../shaders/deltanet_conv.wgsl")),
+            Kernel::DeltaNetGates => ("deltanet_gates.wgsl", A, include_str!("../../../shaders/deltanet_gates.wgsl")),
+            Kernel::DeltaRule => ("delta_rule.wgsl", A, include_str!("../../../shaders/delta_rule.wgsl")),
         }
     }
 

@@ -19,6 +19,7 @@
 //! native callers use the `*_blocking` wrappers, which poll the device.
 
 pub mod buffers;
+pub mod deltanet;
 pub mod kernels;
 mod mla;
 pub mod model;

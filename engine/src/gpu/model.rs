@@ -11,30 +11,17 @@ use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
 use super::buffers::{f32s, upload_f32, upload_mat, GpuMat};
+use super::deltanet::{gather_rows, DeltaScratch, GpuDeltaNet, GpuDeltaState};
 use super::mla::{GpuMla, MlaScratch};
-use super::ops::{self, AttnShape};
+use super::ops::{self, AttnShape, GateAct};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
 use crate::model::attention::AttnWeights;
-use crate::model::config::{Activation, ModelConfig, QkNorm};
+use crate::model::config::{Activation, QkNorm};
 use crate::model::{Ffn, Logits, Model};
-
-/// Why this backend cannot run a model, if it cannot: the parts of qwen3_next that have
-/// no WGSL kernels yet (Gated DeltaNet, the attention output gate, zero-centred norms).
-pub fn unsupported(c: &ModelConfig) -> Option<String> {
-    let missing = if c.linear_attn.is_some() || c.attn_output_gate || c.norm_plus_one {
-        "Gated DeltaNet linear attention"
-    } else {
-        return None;
-    };
-    Some(format!(
-        "{} models are not supported on the GPU backend yet ({missing} has no GPU kernels); use the CPU backend",
-        c.model_type
-    ))
-}
 
 /// Settings of the GPU backend.
 #[derive(Clone, Debug, Default)]
@@ -54,6 +41,7 @@ pub struct GpuOptions {
 enum GpuAttn {
     Gqa(Box<GpuGqa>),
     Mla(Box<GpuMla>),
+    Linear(Box<GpuDeltaNet>),
 }
 
 struct GpuGqa {
@@ -71,6 +59,9 @@ struct GpuGqa {
     /// (weight, width of each normalised chunk)
     q_norm: Option<(wgpu::Buffer, usize)>,
     k_norm: Option<(wgpu::Buffer, usize)>,
+    /// The output gate's rows of q_proj (n_heads*head_dim, hidden) and their bias
+    /// (qwen3_next): the heads' outputs are multiplied by sigmoid(gate x) before wo.
+    gate: Option<(GpuMat, Option<wgpu::Buffer>)>,
 }
 
 /// A MoE layer's router: its weights, its own bias (added to the logits) and the
@@ -156,11 +147,16 @@ pub struct GpuModel<M: Borrow<Model>> {
 
 /// The KV cache (on the GPU) and token history of one conversation.
 pub struct GpuSession {
-    /// Every token fed so far, in order.
+    /// Every token fed so far, in order. After a truncation that a recurrent state could
+    /// not follow exactly, the last of them are not in the state yet: the next forward
+    /// pass feeds them again first (as `Session` does on the CPU).
     pub tokens: Vec<u32>,
     /// Per layer: (keys, values), each (kv_cap, kv_dim).
     kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     kv_cap: usize,
+    /// Per layer: a linear-attention layer's recurrent state (None for attention layers).
+    recurrent: Vec<Option<GpuDeltaState>>,
+    ctx: Arc<GpuContext>,
 }
 
 impl GpuSession {
@@ -173,13 +169,32 @@ impl GpuSession {
     }
 
     /// Forget everything after the first `len` tokens (later positions are overwritten).
+    /// A recurrent state may only go back to a snapshot (see `Session::truncate`); then
+    /// the next forward pass recomputes the tokens between, which gives the same bits.
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
+        for st in self.recurrent.iter_mut().flatten() {
+            st.rewind(&self.ctx, len);
+        }
+        let held = self.cached_len();
+        if held < self.tokens.len() {
+            for st in self.recurrent.iter_mut().flatten() {
+                st.rewind(&self.ctx, held);
+            }
+        }
     }
 
-    /// Bytes held: the cache buffers (their whole capacity) and the ids.
+    /// Tokens whose effect the caches hold: all of `tokens` but after a truncation that a
+    /// recurrent state could not follow exactly.
+    pub fn cached_len(&self) -> usize {
+        self.recurrent.iter().flatten().map(|st| st.pos).fold(self.tokens.len(), usize::min)
+    }
+
+    /// Bytes held: the cache buffers (their whole capacity), the recurrent states and the ids.
     pub fn bytes(&self) -> usize {
-        4 * self.tokens.len() + self.kv.iter().map(|(k, v)| (k.size() + v.size()) as usize).sum::<usize>()
+        4 * self.tokens.len()
+            + self.kv.iter().map(|(k, v)| (k.size() + v.size()) as usize).sum::<usize>()
+            + self.recurrent.iter().flatten().map(GpuDeltaState::bytes).sum::<usize>()
     }
 }
 
@@ -213,9 +228,6 @@ impl<M: Borrow<Model>> GpuModel<M> {
     pub fn new(model: M, ctx: Arc<GpuContext>, opts: GpuOptions) -> Result<Self> {
         let m: &Model = model.borrow();
         let c = &m.cfg;
-        if let Some(why) = unsupported(c) {
-            return Err(Error::Gpu(why));
-        }
         let cx = &*ctx;
         let embed = upload_mat(cx, "embed", &m.embed)?;
         let lm_head =
@@ -227,25 +239,49 @@ impl<M: Borrow<Model>> GpuModel<M> {
             let p = format!("layer{l}");
             let attn = match (&layer.attn, &layer.attn_opts.mla) {
                 (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(cx, &p, w, m, c.n_heads)?)),
+                (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(GpuDeltaNet::upload(cx, &p, d)?)),
                 (AttnWeights::Gqa(a), None) => {
                     let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
                         w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
                     };
+                    let o = &layer.attn_opts;
+                    let (wq, bq, gate) = if o.output_gate {
+                        // q_proj yields per head the query rows, then the gate rows.
+                        let hd = o.head_dim;
+                        let rows = |first: usize| {
+                            (0..o.n_heads).flat_map(move |h| 2 * h * hd + first..2 * h * hd + first + hd)
+                        };
+                        let pick = |b: &Option<Vec<f32>>, first: usize| {
+                            b.as_ref()
+                                .map(|b| rows(first).map(|r| b.get(r).copied().unwrap_or(0.0)).collect::<Vec<f32>>())
+                        };
+                        let wq = upload_mat(cx, &format!("{p}.wq"), &gather_rows(&a.wq, rows(0))?)?;
+                        let wg = upload_mat(cx, &format!("{p}.wgate"), &gather_rows(&a.wq, rows(hd))?)?;
+                        let bg = opt_vec(cx, &format!("{p}.bgate"), &pick(&a.bq, hd))?;
+                        (wq, opt_vec(cx, &format!("{p}.bq"), &pick(&a.bq, 0))?, Some((wg, bg)))
+                    } else {
+                        (upload_mat(cx, &format!("{p}.wq"), &a.wq)?, opt_vec(cx, &format!("{p}.bq"), &a.bq)?, None)
+                    };
                     GpuAttn::Gqa(Box::new(GpuGqa {
-                        wq: upload_mat(cx, &format!("{p}.wq"), &a.wq)?,
+                        wq,
                         wk: upload_mat(cx, &format!("{p}.wk"), &a.wk)?,
                         wv: upload_mat(cx, &format!("{p}.wv"), &a.wv)?,
                         wo: upload_mat(cx, &format!("{p}.wo"), &a.wo)?,
-                        bq: opt_vec(cx, &format!("{p}.bq"), &a.bq)?,
+                        bq,
                         bk: opt_vec(cx, &format!("{p}.bk"), &a.bk)?,
                         bv: opt_vec(cx, &format!("{p}.bv"), &a.bv)?,
                         bo: opt_vec(cx, &format!("{p}.bo"), &a.bo)?,
                         sinks: opt_vec(cx, &format!("{p}.sinks"), &a.sinks)?,
                         q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
                         k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
+                        gate,
                     }))
                 }
-                _ => return Err(Error::Gpu(format!("layer {l}: linear attention has no GPU kernels yet"))),
+                _ => {
+                    return Err(Error::Gpu(format!(
+                        "layer {l}: attention weights and options are of different variants"
+                    )))
+                }
             };
             let ffn = match &layer.ffn {
                 Ffn::Dense(mlp) => {
@@ -309,7 +345,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
     }
 
     pub fn new_session(&self) -> GpuSession {
-        GpuSession { tokens: Vec::new(), kv: Vec::new(), kv_cap: 0 }
+        GpuSession { tokens: Vec::new(), kv: Vec::new(), kv_cap: 0, recurrent: Vec::new(), ctx: self.ctx.clone() }
     }
 
     pub fn pool_stats(&self) -> PoolStats {
@@ -378,12 +414,58 @@ impl<M: Borrow<Model>> GpuModel<M> {
         on_use: &mut dyn FnMut(usize, usize, usize),
     ) -> Result<Vec<f32>> {
         let c = &self.m().cfg;
+        let held = session.cached_len();
+        if held < session.tokens.len() {
+            // A recurrent state went back further than the session's tokens: feed the
+            // tokens in between again, with these, and return these ones' logits
+            // (Model::forward_observed).
+            c.check_input(ids, session.tokens.len())?;
+            let again = session.tokens.len() - held;
+            let all: Vec<u32> = session.tokens[held..].iter().chain(ids).copied().collect();
+            session.tokens.truncate(held);
+            return match self.forward_fed(session, &all, which, on_use).await {
+                Ok(logits) if which == Logits::All => Ok(logits[again * c.vocab..].to_vec()),
+                Ok(logits) => Ok(logits),
+                Err(e) => {
+                    session.truncate(held);
+                    Err(e)
+                }
+            };
+        }
+        self.forward_fed(session, ids, which, on_use).await
+    }
+
+    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens.
+    async fn forward_fed(
+        &self,
+        session: &mut GpuSession,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let c = &self.m().cfg;
         let ctx = &*self.ctx;
         let (n, h, qd, kvd, hd) = (ids.len(), c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let pos0 = session.tokens.len();
         c.check_input(ids, pos0)?;
         let mut rec = Recorder::new(ctx);
         self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
+        if session.recurrent.len() != self.layers.len() {
+            session.recurrent = self
+                .layers
+                .iter()
+                .map(|lw| match &lw.attn {
+                    GpuAttn::Linear(d) => GpuDeltaState::new(ctx, &d.cfg).map(Some),
+                    _ => Ok(None),
+                })
+                .collect::<Result<_>>()?;
+        }
+        if n > 1 {
+            // As DeltaNetWeights::forward: a multi-token call may be rolled back to here.
+            for st in session.recurrent.iter_mut().flatten() {
+                st.snapshot(ctx)?;
+            }
+        }
 
         let f = 4u64; // bytes per f32
         let buf = |label: &str, elems: usize| ctx.storage_buffer(label, elems as u64 * f);
@@ -407,6 +489,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
         let shared_gate = buf("shared_gate", n)?;
         let mla_scratch = c.mla.as_ref().map(|m| MlaScratch::new(ctx, m, c.n_heads, n)).transpose()?;
+        let delta_scratch = c.linear_attn.as_ref().map(|la| DeltaScratch::new(ctx, la, n)).transpose()?;
+        let attn_gate = if c.attn_output_gate { Some(buf("attn_gate", n * qd)?) } else { None };
 
         let rope = &self.m().rope;
         let half = rope.rotary_dim / 2;
@@ -431,8 +515,29 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     let cache = &session.kv[l].0;
                     mla.forward(&mut rec, scratch, &xn, n, pos0, o, cache, &scores, cs_data.clone(), &y)?;
                 }
+                GpuAttn::Linear(d) => {
+                    let scratch =
+                        delta_scratch.as_ref().ok_or_else(|| Error::Gpu("DeltaNet scratch missing".into()))?;
+                    let state = session
+                        .recurrent
+                        .get_mut(l)
+                        .and_then(Option::as_mut)
+                        .ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))?;
+                    d.forward(&mut rec, scratch, &xn, n, state, &y)?;
+                }
                 GpuAttn::Gqa(a) => {
                     ops::matmul(&mut rec, &a.wq, &xn, 0, n, &q, 0, qd)?;
+                    let gate = match (&a.gate, &attn_gate) {
+                        (Some((wg, bg)), Some(gb)) => {
+                            ops::matmul(&mut rec, wg, &xn, 0, n, gb, 0, qd)?;
+                            if let Some(b) = bg {
+                                ops::add(&mut rec, gb, 0, b, 0, n * qd, qd)?;
+                            }
+                            Some(gb)
+                        }
+                        (None, _) => None,
+                        (Some(_), None) => return Err(Error::Gpu("attention gate scratch missing".into())),
+                    };
                     ops::matmul(&mut rec, &a.wk, &xn, 0, n, &k, 0, kvd)?;
                     ops::matmul(&mut rec, &a.wv, &xn, 0, n, &v, 0, kvd)?;
                     for (t, b, d) in [(&q, &a.bq, qd), (&k, &a.bk, kvd), (&v, &a.bv, kvd)] {
@@ -466,6 +571,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         mla: None,
                     };
                     ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out, a.sinks.as_ref())?;
+                    if let Some(gb) = gate {
+                        // transformers: attn_output * torch.sigmoid(gate)
+                        ops::gate_mul(&mut rec, &attn_out, gb, n * qd, GateAct::Sigmoid)?;
+                    }
                     ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
                     if let Some(bo) = &a.bo {
                         ops::add(&mut rec, &y, 0, bo, 0, n * h, h)?;
@@ -614,6 +723,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
             // Floats per position: GQA keys and values; MLA [latent, rotary key] (no values).
             let (kw, vw) = match (&layer.attn, &c.mla) {
                 (GpuAttn::Mla(_), Some(m)) => (m.cache_width(), 0),
+                (GpuAttn::Linear(_), _) => (0, 0),
                 _ => (c.kv_dim(), c.kv_dim()),
             };
             let bytes = |w: usize| (cap * w).max(1) as u64 * 4;

@@ -7,11 +7,11 @@ use super::kernels::{dtype_constants, Kernel};
 use super::recorder::{Bind, Recorder};
 use crate::error::{Error, Result};
 
-fn u32_of(what: &str, v: usize) -> Result<u32> {
+pub(crate) fn u32_of(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Gpu(format!("{what} = {v} does not fit the kernels' 32-bit indices")))
 }
 
-fn groups(threads: usize, per_group: usize) -> u64 {
+pub(crate) fn groups(threads: usize, per_group: usize) -> u64 {
     threads.div_ceil(per_group) as u64
 }
 
@@ -494,4 +494,19 @@ pub fn routes_from(words: &[u8], top_k: usize) -> Vec<crate::model::moe::Routing
             weights: c.chunks_exact(2).map(|p| f32::from_bits(p[1])).collect(),
         })
         .collect()
+}
+
+/// Which activation [`gate_mul`] applies to the gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateAct {
+    /// math::sigmoid (qwen3_next's attention output gate).
+    Sigmoid,
+    /// math::silu (Gated DeltaNet's gated RMSNorm).
+    Silu,
+}
+
+/// `x[i] = x[i] * act(g[i])` for i < len (gate_mul.wgsl).
+pub fn gate_mul(rec: &mut Recorder, x: &wgpu::Buffer, g: &wgpu::Buffer, len: usize, act: GateAct) -> Result<()> {
+    let params = [u32_of("len", len)?, (act == GateAct::Silu) as u32];
+    rec.dispatch(Kernel::GateMul, &[], &params, vec![x.into(), g.into()], groups(len, 64))
 }

@@ -265,7 +265,7 @@ impl DeltaNetWeights {
 /// softplus(x) = log(1 + e^x), x itself above 20 (torch's threshold); `libm` so every
 /// target gives the same bits.
 #[inline]
-fn softplus(x: f32) -> f32 {
+pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
