@@ -90,9 +90,7 @@ fn deltanet_gates_match_cpu_over_a_wide_range() {
         a.push(-110.0 + 140.0 * i as f32 / (1 << 16) as f32);
     }
     for x in [-1.0f32, -0.5, 0.0, 0.5, 19.999, 20.0, 20.001, -16.6, -17.0, -87.0, -88.0] {
-        for h in 0..heads {
-            a.push(x - dt[h]);
-        }
+        a.extend(dt.iter().map(|d| x - d));
     }
     a.extend(rng.vec(4096, 8.0));
     let n = a.len().div_ceil(heads);

@@ -63,7 +63,7 @@ impl GpuDeltaNet {
     pub fn upload(ctx: &GpuContext, label: &str, w: &DeltaNetWeights) -> Result<Self> {
         let c = &w.cfg;
         let (nk, dk, dv) = (c.n_k_heads, c.k_head_dim, c.v_head_dim);
-        if nk == 0 || c.n_v_heads % nk != 0 || c.conv_kernel == 0 {
+        if nk == 0 || !c.n_v_heads.is_multiple_of(nk) || c.conv_kernel == 0 {
             return Err(Error::Gpu(format!(
                 "{label}: linear attention with {} key heads, {} value heads and a conv of {} has no GPU kernel",
                 nk, c.n_v_heads, c.conv_kernel
