@@ -39,6 +39,8 @@ test("qwen3_next in the browser: the native bits on the CPU backend (1 and 2 thr
     const gpu = await run({ backend: "webgpu", logits: true });
     assert.equal(gpu.stats.backend, "webgpu", JSON.stringify(gpu.stats));
     ref.sameBits(gpu, "webgpu");
+    // Speed on SwiftShader (software WebGPU): for the record, not a gate.
+    console.log("qwen3_next decode tokens/s:", JSON.stringify({ webgpu: gpu.stats.tokensPerSecond, cpu1: one.stats.tokensPerSecond, cpu2: two.stats.tokensPerSecond, adapter: gpu.stats.adapter }));
 
     const auto = await run({ backend: "auto", logits: true });
     assert.equal(auto.stats.backend, "cpu", JSON.stringify(auto.stats));
