@@ -33,7 +33,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::generation::{self as engine, EngineError, Event, Job};
+use super::generation::{self as engine, EngineError, Event, Job, Speculation};
 use super::structured::{self, Tools};
 use super::AppState;
 
@@ -122,6 +122,8 @@ struct Params {
     ignore_eos: Option<bool>,
     /// llama.cpp's extension: a GBNF (or Lark) grammar the output must match.
     grammar: Option<String>,
+    /// colibri's extension: speculative decoding for this request (see [`Speculation::for_request`]).
+    speculate: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -390,6 +392,8 @@ async fn prepare(
         .with_code("context_length_exceeded"));
     };
     let max_new_tokens = requested.map_or(DEFAULT_MAX_TOKENS, |r| r.min(usize::MAX as u64) as usize).min(room);
+    let speculation = Speculation::for_request(state.engines.speculation(&slot, &loaded), p.speculate.as_ref())
+        .map_err(|e| ApiError::invalid(e, Some("speculate")))?;
     let admission = admit(state, &slot)?;
     let stop_ids = if p.ignore_eos.unwrap_or(false) { Vec::new() } else { loaded.stop_ids.clone() };
     let echo = if extras.echo {
@@ -412,7 +416,7 @@ async fn prepare(
         continue_prompt: extras.continue_prompt,
         prompt_logprobs: extras.logprobs.filter(|_| extras.echo),
         constraint,
-        speculation: state.engines.speculation(&slot, &loaded),
+        speculation,
     };
     let rx = engine::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
     Ok(Prepared {
