@@ -6,6 +6,7 @@
 //! output is exactly the output without.
 
 use std::cell::RefCell;
+use std::ops::Deref;
 use std::rc::Rc;
 
 use super::Drafter;
@@ -45,19 +46,20 @@ pub fn forward_recording(
     Ok(logits)
 }
 
-/// Greedy drafts from `model`'s MTP layer, with the layer's own KV cache.
-pub struct MtpDrafter<'m> {
-    model: &'m Model,
+/// Greedy drafts from `model`'s MTP layer, with the layer's own KV cache. `M` is how the
+/// drafter holds the model (`&Model`, or `Rc<Model>` in the browser engine).
+pub struct MtpDrafter<M> {
+    model: M,
     log: HiddenLog,
     cache: LayerCache,
     /// The context whose MTP positions `cache` holds: position i read ctx[..=i + 1].
     ctx: Vec<u32>,
 }
 
-impl<'m> MtpDrafter<'m> {
+impl<M: Deref<Target = Model>> MtpDrafter<M> {
     /// A drafter for `model` (an error if it has no MTP layer); the target's forward
     /// passes must record into [`MtpDrafter::log`].
-    pub fn new(model: &'m Model) -> Result<Self> {
+    pub fn new(model: M) -> Result<Self> {
         if !model.has_mtp() {
             return Err(Error::Invalid(
                 "this model has no MTP layer (num_nextn_predict_layers is 0, or it was converted without it)".into(),
@@ -71,7 +73,7 @@ impl<'m> MtpDrafter<'m> {
     }
 }
 
-impl Drafter for MtpDrafter<'_> {
+impl<M: Deref<Target = Model>> Drafter for MtpDrafter<M> {
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>> {
         let (h, len, max) = (self.model.cfg.hidden, context.len(), self.model.cfg.max_positions);
         // Position i reads h_i and t_{i+1}: the context's last token is not fed yet, so

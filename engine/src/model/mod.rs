@@ -396,7 +396,18 @@ impl Model {
     /// [`Model::forward`], also returning every fed position's last hidden state after the
     /// final norm, (n, hidden): what a multi-token-prediction head reads ([`mtp`]).
     pub fn forward_hidden(&self, session: &mut Session, ids: &[u32], which: Logits) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.forward_full(session, ids, which, &mut |_, _, _| {}, &mut |_, _| {}, true)
+        self.forward_hidden_with(session, ids, which, &mut |_, _, _| {})
+    }
+
+    /// [`Model::forward_hidden`], reporting every routed expert use as [`Model::forward_with`].
+    pub fn forward_hidden_with(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.forward_full(session, ids, which, on_use, &mut |_, _| {}, true)
     }
 
     /// The forward pass: logits of `which` rows, and with `hidden` every position's
