@@ -321,6 +321,17 @@ fn q8_0_and_q4_0_values_are_kept_exactly() {
     convert(&gguf("qwen3moe-q4_0-q8_0"), &out8, &["--quant", "int8"]);
     let l = logits(&out8, "1,2,3");
     assert_eq!(l.len(), 3 * 401 * 4);
+    // `coli info` says which GGUF tensors were re-quantized rather than kept.
+    let info = |d: &Path| String::from_utf8(ok(run(&["info".as_ref(), d.as_os_str()])).stdout).unwrap();
+    assert!(info(&out).contains("every tensor's values kept exactly"), "{}", info(&out));
+    let out4 = dir.join("q3-int4");
+    convert(&gguf("qwen3moe-q4_0-q8_0"), &out4, &["--quant", "int4", "--attn", "int4"]);
+    let i4 = info(&out4);
+    // int4 holds Q4_0 exactly, not Q8_0 (but the embeddings, int8 by default) nor F16.
+    let (_, requantized) = i4.split_once("re-quantized, not kept exactly: ").expect(&i4);
+    assert!(requantized.starts_with("F16 x 4, Q8_0 x 6)"), "{i4}");
+    let f = info(&gguf("qwen3moe-q4_0-q8_0"));
+    assert!(f.contains("`coli convert` keeps every value exactly"), "{f}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -433,3 +433,13 @@ fn qwen3next_maps_every_tensor_back() {
     let c = same_config("qwen3next-bf16", "qwen3_next", &keys);
     assert_eq!(c["partial_rotary_factor"], json!(0.25));
 }
+
+/// Without --quant every GGUF type is stored exactly but the K-quants (asymmetric or
+/// two-level scales the container lacks), which `coli info` then names.
+#[test]
+fn only_k_quants_are_not_kept_exactly() {
+    for name in ["F32", "F16", "BF16", "Q4_0", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"] {
+        let ty = crate::format::gguf::GgmlType::by_name(name).unwrap();
+        assert_eq!(stores_exactly(ty, keep_dtype(ty)), !name.ends_with("_K"), "{name}");
+    }
+}

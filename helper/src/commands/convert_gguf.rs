@@ -161,8 +161,14 @@ pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Re
     let parsed = parse(path)?;
     let mut plan = Vec::with_capacity(parsed.imported.tensors.len());
     let mut largest = 0usize;
+    // GGUF tensors whose values the stored type cannot hold (decoded and re-quantized).
+    let mut requantized: BTreeMap<String, std::collections::BTreeSet<usize>> = BTreeMap::new();
     for p in &parsed.imported.tensors {
         let dtype = target(&p.name, &p.shape).unwrap_or_else(|| keep_dtype_for(&parsed.gguf, p));
+        if !stores_exactly_for(&parsed.gguf, p, dtype) {
+            let ty = parsed.gguf.tensors[p.src].ty.name.to_string();
+            requantized.entry(ty).or_default().insert(p.src);
+        }
         let cols = *p.shape.last().unwrap_or(&1);
         let rows: usize = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
         let len = dtype
@@ -202,23 +208,49 @@ pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Re
     if parsed.gguf.parts > 1 {
         provenance["parts"] = json!(parsed.gguf.parts);
     }
+    if !requantized.is_empty() {
+        let counts: BTreeMap<&String, usize> = requantized.iter().map(|(k, v)| (k, v.len())).collect();
+        provenance["requantized"] = json!(counts);
+    }
     let config = im.config.clone();
     Ok(Source { config, stub, lazy: Lazy { parsed, by_name, experts }, files, provenance })
 }
 
 /// One line about a container's GGUF origin, e.g. "converted from GGUF x.gguf (qwen3moe;
-/// tensors Q4_0 x 10, F32 x 7)", or None for other sources.
+/// tensors Q4_K x 10, F32 x 7; re-quantized, not kept exactly: Q4_K x 10)", or None for
+/// other sources.
 pub fn describe_source(source: Option<&Value>) -> Option<String> {
     let s = source?;
     if s.get("format")?.as_str()? != "gguf" {
         return None;
     }
-    let types: BTreeMap<String, u64> = serde_json::from_value(s.get("tensor_types")?.clone()).ok()?;
-    let types: Vec<String> = types.iter().map(|(k, n)| format!("{k} x {n}")).collect();
+    let counts = |k: &str| -> Option<String> {
+        let m: BTreeMap<String, u64> = serde_json::from_value(s.get(k)?.clone()).ok()?;
+        Some(m.iter().map(|(k, n)| format!("{k} x {n}")).collect::<Vec<_>>().join(", "))
+    };
+    let requantized = match counts("requantized") {
+        Some(r) => format!("; re-quantized, not kept exactly: {r}"),
+        None => "; every tensor's values kept exactly".into(),
+    };
     Some(format!(
-        "converted from GGUF {} ({}; tensors {})",
+        "converted from GGUF {} ({}; tensors {}{requantized})",
         s.get("file").and_then(Value::as_str).unwrap_or("?"),
         s.get("architecture").and_then(Value::as_str).unwrap_or("?"),
-        types.join(", ")
+        counts("tensor_types")?,
     ))
+}
+
+/// The GGUF types of `g` that a conversion without `--quant` cannot keep exactly (the
+/// K-quants: re-quantized to int8 with group 32), for `coli info FILE.gguf`.
+pub fn converted_types(p: &Parsed) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = p
+        .imported
+        .tensors
+        .iter()
+        .filter(|t| !stores_exactly_for(&p.gguf, t, keep_dtype_for(&p.gguf, t)))
+        .map(|t| p.gguf.tensors[t.src].ty.name)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
