@@ -172,7 +172,8 @@ fn load_mlp(s: &TensorStore, prefix: &str, n: &Names, hidden: usize, inter: usiz
 /// Routed experts of one layer: per-expert tensors (the hub layout), or the fused 3-D
 /// `experts.gate_up_proj` / `experts.down_proj` layout that transformers v5 uses in memory.
 fn load_experts(s: &TensorStore, moe: &str, n: &Names, c: &ModelConfig) -> Result<Vec<Arc<Expert>>> {
-    if c.family == Family::GptOss {
+    // gpt_oss's fused checkpoint tensors; per-expert ones (a GGUF import) load as any family's.
+    if c.family == Family::GptOss && !s.contains(&format!("{moe}.experts.0.{}.weight", n.gate)) {
         return gpt_oss::load_experts(s, moe, c);
     }
     let (h, i, ne) = (c.hidden, c.expert_intermediate, c.router.n_experts);

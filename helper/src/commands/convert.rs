@@ -475,14 +475,16 @@ impl Job {
             h.update(id.as_bytes());
             return Ok(checksum_hex(h.digest()));
         }
-        let mut files: Vec<_> = if self.src_dir.is_file() {
+        let mut files: Vec<_> = if let Some(g) = &self.gguf {
+            g.paths().to_vec()
+        } else if self.src_dir.is_file() {
             vec![self.src_dir.clone()]
         } else {
             std::fs::read_dir(&self.src_dir)?.filter_map(|e| e.ok()).map(|e| e.path()).collect()
         };
         files.sort();
         for p in files {
-            if p.extension().is_some_and(|x| x == "safetensors" || x == "json") || p == self.src_dir {
+            if p.extension().is_some_and(|x| x == "safetensors" || x == "json") || self.gguf.is_some() {
                 let md = std::fs::metadata(&p)?;
                 let mtime =
                     md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
