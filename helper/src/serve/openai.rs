@@ -6,7 +6,8 @@
 //!
 //! Supported: temperature, top_p, max_tokens / max_completion_tokens, stop (string or
 //! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
-//! top_k, repetition_penalty, ignore_eos; logprobs / top_logprobs (chat) and logprobs +
+//! top_k, repetition_penalty, ignore_eos; colibri's `speculate` (speculative decoding per
+//! request, within `coli serve --speculate`); logprobs / top_logprobs (chat) and logprobs +
 //! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
 //! Structured output (`response_format` json_object / json_schema, llama.cpp's `grammar`,
 //! `tools` / `tool_choice`): see [`super::structured`]. presence/frequency penalties are
