@@ -19,6 +19,16 @@
                               writes it now)
      deepseek2-kv_b-f16.gguf  --outtype f16 from deepseek_v3_noqlora (plain q_proj, kv_b_proj
                               whole as attn_kv_b, as llama.cpp wrote it before the split)
+ deepseek2-kv_b-split-0000N-of-00003.gguf  the same, split into three files by gguf-py's writer
+                              (--split-max-tensors 12), as llama-gguf-split splits
+     gpt-oss-mxfp4.gguf       --outtype bf16 from gpt_oss_mxfp4 (MXFP4 experts repacked into ggml's
+                              block layout by GptOssModel.repack_mxfp4, gate and up split,
+                              expert / router / o_proj biases, attention sinks, YaRN, sliding
+                              window)
+     qwen3next-bf16.gguf      --outtype bf16 from qwen3_next (Gated DeltaNet ssm_* tensors, in_proj_qkvz
+                              regrouped into attn_qkv + attn_gate, ssm_a = -exp(A_log) and norms
+                              + 1 computed in bf16 by the converter; the dense layer: PATCHES;
+                              --no-mtp)
    None of the newer families' fixture sizes is a multiple of 32, so they have no quantized
    variant (llama.cpp would leave every tensor F16); qwen3moe's covers Q8_0/Q4_0.
    The fixtures' tokenizer is a plain GPT-2 byte-level BPE that llama.cpp's pre-tokenizer
@@ -80,6 +90,9 @@ PATCHES = {
     "glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()",
     # llama.cpp before the MLA split (mid 2025) wrote kv_b_proj whole as attn_kv_b; this
     # skips the split, giving the older layout that published deepseek2 GGUFs still have.
+    # Like qwen2_moe's, the qwen3_next fixture has a dense layer (mlp_only_layers [2]).
+    "qwen3next": "gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN3NEXT] += "
+    "[gguf.MODEL_TENSOR.FFN_GATE, gguf.MODEL_TENSOR.FFN_UP, gguf.MODEL_TENSOR.FFN_DOWN]",
     "deepseek2-kv_b": "import conversion.deepseek as ds\n"
     "_split = ds.DeepseekV2Model.modify_tensors\n"
     "def _whole(self, data, name, bid):\n"
@@ -90,9 +103,11 @@ PATCHES = {
 }
 
 
-def run_llama_cpp_convert(llama_cpp: Path, src: Path, out: Path, outtype: str, patch: str = "") -> None:
+def run_llama_cpp_convert(
+    llama_cpp: Path, src: Path, out: Path, outtype: str, patch: str = "", extra: tuple = ()
+) -> None:
     cmd = [sys.executable, "-c", WRAPPER, str(llama_cpp), PATCHES.get(patch, ""), str(src), "--outfile", str(out)]
-    cmd += ["--outtype", outtype]
+    cmd += ["--outtype", outtype, *extra]
     env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
@@ -283,6 +298,15 @@ def main() -> None:
         run_llama_cpp_convert(a.llama_cpp, v3, OUT / "deepseek2-f16.gguf", "f16")
         lite = with_config(fx / "deepseek_v3_noqlora", Path(d) / "deepseek_v3_noqlora", **routing)
         run_llama_cpp_convert(a.llama_cpp, lite, OUT / "deepseek2-kv_b-f16.gguf", "f16", "deepseek2-kv_b")
+        # The same GGUF split into three files as llama.cpp splits (gguf-py's writer with
+        # --split-max-tensors: split.no / split.count / split.tensors.count, metadata in
+        # the first part), named deepseek2-kv_b-split-0000N-of-00003.gguf.
+        run_llama_cpp_convert(
+            a.llama_cpp, lite, OUT / "deepseek2-kv_b-split.gguf", "f16", "deepseek2-kv_b", ("--split-max-tensors", "12")
+        )
+    run_llama_cpp_convert(a.llama_cpp, fx / "gpt_oss_mxfp4", OUT / "gpt-oss-mxfp4.gguf", "bf16")
+    # The fixture has no MTP layer (Qwen3-Next's config does not say how many it has).
+    run_llama_cpp_convert(a.llama_cpp, fx / "qwen3_next", OUT / "qwen3next-bf16.gguf", "bf16", "qwen3next", ("--no-mtp",))
     for name in [
         "olmoe-f16",
         "mixtral-f16",
@@ -291,6 +315,8 @@ def main() -> None:
         "glm4moe-f16",
         "deepseek2-f16",
         "deepseek2-kv_b-f16",
+        "gpt-oss-mxfp4",
+        "qwen3next-bf16",
     ]:
         reference(OUT / f"{name}.gguf")
     spm_tokenizer()

@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(t.offset + t.size <= data.len() as u64);
     }
     let Ok(im) = import(&g) else { return };
-    let file = Bytes::from_vec(data.to_vec());
+    let file = [Bytes::from_vec(data.to_vec())];
     for p in im.tensors.iter().take(64) {
         if p.shape.iter().product::<usize>() <= 1 << 16 {
             let _ = tensor(&g, &file, p, None);

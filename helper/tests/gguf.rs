@@ -100,11 +100,21 @@ fn greedy(model: &Path, family: &str) -> Vec<u64> {
 /// The checkpoint's config is first changed by `edit` where llama.cpp's GGUF says less
 /// or otherwise (see each test).
 fn lossless(name: &str, family: &str, edit: impl Fn(&mut serde_json::Map<String, Value>)) -> Vec<u64> {
+    lossless_as(name, family, &["--quant", "f16"], edit)
+}
+
+/// [`lossless`] with the checkpoint converted with `hf_args`.
+fn lossless_as(
+    name: &str,
+    family: &str,
+    hf_args: &[&str],
+    edit: impl Fn(&mut serde_json::Map<String, Value>),
+) -> Vec<u64> {
     let dir = scratch(name);
     let hf = checkpoint_with(family, &dir, edit);
     let (a, b) = (dir.join("from-gguf"), dir.join("from-hf"));
     convert(&gguf(name), &a, &[]);
-    convert(&hf, &b, &["--quant", "f16"]);
+    convert(&hf, &b, hf_args);
     let (wa, wb) = (std::fs::read(a.join("weights.bin")).unwrap(), std::fs::read(b.join("weights.bin")).unwrap());
     assert!(wa == wb, "{name}: weights.bin differs ({} vs {} bytes)", wa.len(), wb.len());
     let ids = reference_ids(family);
@@ -163,6 +173,60 @@ fn deepseek2_f16_ggufs_equal_the_checkpoints() {
     lossless("deepseek2-kv_b-f16", "deepseek_v3_noqlora", |c| {
         c.insert("rope_interleave".into(), true.into());
     });
+}
+
+/// gpt-oss: llama.cpp's bf16 GGUF of the MXFP4 checkpoint keeps the MXFP4 experts (in
+/// ggml's block layout, moved back here nibble for nibble) and the bf16 weights, so it
+/// equals the checkpoint converted with MXFP4 experts (no --quant) and bf16 dense weights.
+/// llama.cpp's gpt-oss has the clamped SwiGLU's limit 7.0 as a constant (the fixture's
+/// is 2.0) and rounds YaRN's correction range outward (transformers' `truncate: true`):
+/// the checkpoint is compared with what the GGUF means.
+#[test]
+fn gpt_oss_mxfp4_gguf_equals_the_checkpoint() {
+    let bf16 = ["--embed", "bf16", "--lm-head", "bf16", "--attn", "bf16"];
+    lossless_as("gpt-oss-mxfp4", "gpt_oss_mxfp4", &bf16, |c| {
+        c.insert("swiglu_limit".into(), 7.0.into());
+        c["rope_parameters"]["truncate"] = true.into();
+    });
+    // The experts really are MXFP4 in the container, not widened.
+    let dir = scratch("gpt-oss-kinds");
+    convert(&gguf("gpt-oss-mxfp4"), &dir.join("o"), &[]);
+    let m: Value = serde_json::from_slice(&std::fs::read(dir.join("o/colibri.json")).unwrap()).unwrap();
+    for p in m["experts"]["layers"][0]["parts"].as_array().unwrap() {
+        assert_eq!(p["dtype"], "mxfp4", "{p}");
+    }
+    let info = String::from_utf8(ok(run(&["info".as_ref(), dir.join("o").as_os_str()])).stdout).unwrap();
+    assert!(info.contains("gpt-oss; tensors BF16 x 14, F32 x 37, MXFP4 x 9"), "{info}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// qwen3next: llama.cpp's converter stores the norms plus one (undone exactly: f32 sums of
+/// bf16 weights) and `ssm_a` = -exp(A_log) computed by torch, so A_log = ln(-ssm_a) is
+/// the checkpoint's only within the last bits (weights.bin differs there); the engine's
+/// -exp(A_log) maps both to the same f32 on this fixture, so the logits are bit-identical,
+/// and the greedy tokens are the checkpoint's and transformers'.
+#[test]
+fn qwen3next_gguf_runs_as_the_checkpoint() {
+    let dir = scratch("qwen3next");
+    let (a, b) = (dir.join("from-gguf"), dir.join("from-hf"));
+    convert(&gguf("qwen3next-bf16"), &a, &[]);
+    convert(&fixtures().join("qwen3_next"), &b, &["--quant", "bf16"]);
+    let ids = reference_ids("qwen3_next");
+    let f32s =
+        |v: Vec<u8>| -> Vec<f32> { v.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let (la, lb) = (f32s(logits(&a, &ids)), f32s(logits(&b, &ids)));
+    assert_eq!(la.len(), lb.len());
+    let mean = lb.iter().sum::<f32>() / lb.len() as f32;
+    let std = (lb.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / lb.len() as f32).sqrt();
+    let max = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    eprintln!("qwen3next GGUF vs checkpoint: max |logit diff| {max:e}, logit std {std:e}");
+    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()), "max |diff| {max} vs std {std}");
+    let (ga, gb) = (greedy(&a, "qwen3_next"), greedy(&b, "qwen3_next"));
+    assert_eq!(ga, gb);
+    assert_eq!(ga, reference_greedy("qwen3_next"));
+    let info = String::from_utf8(ok(run(&["info".as_ref(), a.as_os_str()])).stdout).unwrap();
+    assert!(info.contains("converted from GGUF qwen3next-bf16.gguf (qwen3next;"), "{info}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The Hugging Face name of a qwen3moe GGUF tensor, or the expert part for stacked ones.
@@ -257,6 +321,17 @@ fn q8_0_and_q4_0_values_are_kept_exactly() {
     convert(&gguf("qwen3moe-q4_0-q8_0"), &out8, &["--quant", "int8"]);
     let l = logits(&out8, "1,2,3");
     assert_eq!(l.len(), 3 * 401 * 4);
+    // `coli info` says which GGUF tensors were re-quantized rather than kept.
+    let info = |d: &Path| String::from_utf8(ok(run(&["info".as_ref(), d.as_os_str()])).stdout).unwrap();
+    assert!(info(&out).contains("every tensor's values kept exactly"), "{}", info(&out));
+    let out4 = dir.join("q3-int4");
+    convert(&gguf("qwen3moe-q4_0-q8_0"), &out4, &["--quant", "int4", "--attn", "int4"]);
+    let i4 = info(&out4);
+    // int4 holds Q4_0 exactly, not Q8_0 (but the embeddings, int8 by default) nor F16.
+    let (_, requantized) = i4.split_once("re-quantized, not kept exactly: ").expect(&i4);
+    assert!(requantized.starts_with("F16 x 4, Q8_0 x 6)"), "{i4}");
+    let f = info(&gguf("qwen3moe-q4_0-q8_0"));
+    assert!(f.contains("`coli convert` keeps every value exactly"), "{f}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -357,5 +432,50 @@ fn damaged_and_hostile_ggufs_are_one_line_errors() {
     b[at + 4] = 1;
     let e = refused(&b, &dir, "softmax");
     assert!(e.contains("expert_gating_func is 1") && e.contains("sigmoid router"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A split GGUF (three files written by llama.cpp's converter with --split-max-tensors, as
+/// gguf-split names and lays them out) converts from its first part to exactly what the
+/// same GGUF in one file converts to; a missing, damaged or wrongly named part, or a part
+/// other than the first, is one line.
+#[test]
+fn a_split_gguf_converts_like_the_whole_file() {
+    let dir = scratch("split");
+    let part = |i: usize| gguf(&format!("deepseek2-kv_b-split-{i:05}-of-00003"));
+    let (a, b) = (dir.join("from-split"), dir.join("from-one"));
+    convert(&part(1), &a, &[]);
+    convert(&gguf("deepseek2-kv_b-f16"), &b, &[]);
+    let (wa, wb) = (std::fs::read(a.join("weights.bin")).unwrap(), std::fs::read(b.join("weights.bin")).unwrap());
+    assert!(wa == wb && !wa.is_empty(), "weights.bin differs");
+    let info = String::from_utf8(ok(run(&["info".as_ref(), part(1).as_os_str()])).stdout).unwrap();
+    assert!(info.contains("deepseek2"), "{info}");
+    let e = refused(&std::fs::read(part(2)).unwrap(), &dir, "x-00002-of-00003");
+    assert!(e.contains("part 2 of a split GGUF of 3 parts: convert the first part"), "{e}");
+    // The first part alone, beside the second: the third is missing.
+    let lone = dir.join("lone");
+    std::fs::create_dir_all(&lone).unwrap();
+    for i in 1..=2 {
+        std::fs::copy(part(i), lone.join(format!("m-{i:05}-of-00003.gguf"))).unwrap();
+    }
+    let first = lone.join("m-00001-of-00003.gguf");
+    let out = run(&["convert".as_ref(), first.as_os_str(), "-o".as_ref(), dir.join("lone-out").as_os_str()]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.trim_end().lines().count() == 1, "{e}");
+    assert!(e.contains("part 3 of 3 of this split GGUF is missing") && e.contains("m-00003-of-00003.gguf"), "{e}");
+    // A truncated part is refused by its own name; a part from another split by its number.
+    let third = std::fs::read(part(3)).unwrap();
+    std::fs::write(lone.join("m-00003-of-00003.gguf"), &third[..third.len() - 100]).unwrap();
+    let out = run(&["convert".as_ref(), first.as_os_str(), "-o".as_ref(), dir.join("lone-out").as_os_str()]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("m-00003-of-00003.gguf") && e.contains("runs past the end"), "{e}");
+    std::fs::copy(part(2), lone.join("m-00003-of-00003.gguf")).unwrap();
+    let out = run(&["convert".as_ref(), first.as_os_str(), "-o".as_ref(), dir.join("lone-out").as_os_str()]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("says it is part 2 of 3, expected part 3 of 3"), "{e}");
+    // The first part under another name: its siblings cannot be found.
+    let e = refused(&std::fs::read(part(1)).unwrap(), &dir, "renamed");
+    assert!(e.contains("not named NAME-00001-of-00003.gguf"), "{e}");
+    assert!(!dir.join("lone-out/colibri.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

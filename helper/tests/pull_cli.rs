@@ -422,7 +422,10 @@ fn gguf_repo(tag: &str) -> PathBuf {
     std::fs::copy(g.join("qwen3moe-q4_0-q8_0.gguf"), dir.join("Tiny-MoE-Q4_0.gguf")).unwrap();
     std::fs::copy(g.join("qwen2moe-f16.gguf"), dir.join("Tiny-MoE-F16.gguf")).unwrap();
     std::fs::copy(g.join("glm4moe-f16.gguf"), dir.join("mmproj-Tiny-MoE-F16.gguf")).unwrap();
-    std::fs::write(dir.join("Big-Q8_0-00001-of-00002.gguf"), b"GGUF").unwrap();
+    for i in 1..=3 {
+        let part = format!("deepseek2-kv_b-split-{i:05}-of-00003.gguf");
+        std::fs::copy(g.join(part), dir.join(format!("Big-Q8_0-{i:05}-of-00003.gguf"))).unwrap();
+    }
     std::fs::write(dir.join("README.md"), b"# Tiny-MoE GGUF\n").unwrap();
     dir
 }
@@ -439,7 +442,37 @@ fn pull_of_a_gguf_repository_matches_convert_of_the_file() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("mmproj"));
     assert_one_error(&pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Tiny"]), "matches 2");
     assert_one_error(&pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Q2_K"]), "no GGUF file");
-    assert_one_error(&pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Big"]), "split in 2");
+
+    // A split GGUF: every part downloaded (one resumed after a dropped connection) and
+    // checked, the result what `coli convert` of the first part makes; a repository that
+    // lacks a part is refused before anything is downloaded.
+    hub.faults.lock().unwrap().drop_once.insert("Big-Q8_0-00002-of-00003.gguf".into());
+    let out = ok(pull(&["acme/Tiny-MoE-GGUF", "--gguf", "Big"]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(part 3 of 3)"));
+    let local = scratch("gguf-split-ref");
+    for i in 1..=3 {
+        let part = format!("Big-Q8_0-{i:05}-of-00003.gguf");
+        std::fs::copy(repo.join(&part), local.join(&part)).unwrap();
+    }
+    assert_same_dir(
+        &home.join("acme/Tiny-MoE-GGUF"),
+        &converted(&local.join("Big-Q8_0-00001-of-00003.gguf"), "gguf-split-out"),
+    );
+    let reqs = hub.requests();
+    let resumed = reqs.iter().any(|r| r.contains("Big-Q8_0-00002-of-00003.gguf bytes=") && !r.contains("bytes=0-"));
+    assert!(resumed, "no resumed Range request for part 2: {reqs:#?}");
+    ok(coli(&home, &hub).args(["rm", "acme/Tiny-MoE-GGUF", "--yes"]).output().unwrap());
+    let gap = scratch("gguf-gap").join("repo");
+    std::fs::create_dir_all(&gap).unwrap();
+    for i in 1..=2 {
+        let part = format!("Big-Q8_0-{i:05}-of-00003.gguf");
+        std::fs::copy(repo.join(&part), gap.join(&part)).unwrap();
+    }
+    let gap_hub = MockHub::start(&[("acme/gap-GGUF", gap)], &home);
+    let before = gap_hub.requests().len();
+    let out = coli(&home, &gap_hub).args(["pull", "acme/gap-GGUF"]).output().unwrap();
+    assert_one_error(&out, "lacks part 3 of 3");
+    assert!(!gap_hub.requests()[before..].iter().any(|r| r.contains("/cdn/")), "a part was downloaded");
 
     // By quant tag, through a redirect to the CDN, resuming after a dropped connection.
     hub.faults.lock().unwrap().drop_once.insert("Tiny-MoE-Q4_0.gguf".into());

@@ -207,6 +207,8 @@ pub struct TensorInfo {
     pub ne: Vec<u64>,
     pub offset: u64,
     pub size: u64,
+    /// The file of a split GGUF that holds it ([`Gguf::join`]; 0 in a single file).
+    pub part: usize,
 }
 
 impl TensorInfo {
@@ -223,8 +225,10 @@ pub struct Gguf {
     pub alignment: u64,
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
-    /// Absolute offset of the tensor data section.
+    /// Absolute offset of the tensor data section (of the first file).
     pub data_start: u64,
+    /// Files the tensors are in: 1, or a split GGUF's part count once [`Gguf::join`]ed.
+    pub parts: usize,
 }
 
 /// True if `bytes` starts like a GGUF file.
@@ -456,9 +460,72 @@ impl Gguf {
                     )))
                 }
             }
-            tensors.push(TensorInfo { name, ty, ne, offset: data_start + rel, size });
+            tensors.push(TensorInfo { name, ty, ne, offset: data_start + rel, size, part: 0 });
         }
-        Ok(Gguf { version, alignment, metadata, tensors, data_start })
+        Ok(Gguf { version, alignment, metadata, tensors, data_start, parts: 1 })
+    }
+
+    /// `(split.no, split.count)` of this file: `(0, 1)` for a file that is not part of a
+    /// split GGUF (llama.cpp's gguf-split, `NAME-00001-of-00003.gguf`).
+    pub fn split(&self, origin: &str) -> Result<(usize, usize)> {
+        let get = |k: &str| match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_i64()
+                .filter(|&x| (0..=u16::MAX as i64).contains(&x))
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| Error::Invalid(format!("{origin}: {k} is {v:?}, not a small non-negative integer"))),
+        };
+        match (get("split.no")?, get("split.count")?) {
+            (None, None | Some(0 | 1)) => Ok((0, 1)),
+            (Some(no), Some(n)) if no < n => Ok((no, n)),
+            (no, n) => Err(Error::Invalid(format!("{origin}: split.no {no:?} of split.count {n:?} is not a part"))),
+        }
+    }
+
+    /// The parts of a split GGUF, in order, as one GGUF: the first part's metadata and every
+    /// part's tensors (each tensor remembers its part; its range was checked against that
+    /// file by [`Gguf::parse`]). Each part must say it is part i of `parts.len()`, tensor
+    /// names must be unique across parts, and their number must be the first part's
+    /// `split.tensors.count`.
+    pub fn join(parts: Vec<(Gguf, String)>) -> Result<Gguf> {
+        let n = parts.len();
+        let mut it = parts.into_iter();
+        let (mut first, origin) = it.next().ok_or_else(|| Error::Invalid("a split GGUF of no parts".into()))?;
+        if first.split(&origin)? != (0, n) {
+            return Err(Error::Invalid(format!("{origin}: not the first of {n} parts of a split GGUF")));
+        }
+        let want = match first.get("split.tensors.count").and_then(Value::as_i64) {
+            Some(c) if c >= 0 => c as u64,
+            _ => return Err(Error::Invalid(format!("{origin}: a split GGUF without split.tensors.count"))),
+        };
+        let mut names: std::collections::HashSet<String> = first.tensors.iter().map(|t| t.name.clone()).collect();
+        for (i, (g, origin)) in it.enumerate() {
+            let i = i + 1;
+            let (no, count) = g.split(&origin)?;
+            if (no, count) != (i, n) {
+                return Err(Error::Invalid(format!(
+                    "{origin}: says it is part {} of {count}, expected part {} of {n}",
+                    no + 1,
+                    i + 1
+                )));
+            }
+            for mut t in g.tensors {
+                if !names.insert(t.name.clone()) {
+                    return Err(Error::Invalid(format!("{origin}: tensor {} is in two parts", t.name)));
+                }
+                t.part = i;
+                first.tensors.push(t);
+            }
+        }
+        if first.tensors.len() as u64 != want {
+            return Err(Error::Invalid(format!(
+                "{origin}: the {n} parts hold {} tensors, split.tensors.count says {want}",
+                first.tensors.len()
+            )));
+        }
+        first.parts = n;
+        Ok(first)
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {

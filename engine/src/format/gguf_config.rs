@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value as Json};
 
-use super::gguf::{Gguf, Value};
+use super::gguf::{Array, Gguf, Value};
 use super::gguf_import::{err, meta_f64, meta_u64, short, Arch, Facts};
 use crate::error::Result;
 
@@ -115,6 +115,8 @@ pub(super) fn config(g: &Gguf, a: &Arch, f: &Facts, context: Option<u64>) -> Res
                 mla(g, name, obj, heads)?;
             }
         }
+        "gpt_oss" => gpt_oss(g, name, obj, f)?,
+        "qwen3_next" => qwen3_next(g, name, obj, f, head_dim, dense_ff)?,
         _ => return Err(err(format!("no config for {}", a.model_type))),
     }
     if let Some(n) = a.norm_topk {
@@ -137,6 +139,95 @@ pub(super) fn config(g: &Gguf, a: &Arch, f: &Facts, context: Option<u64>) -> Res
 }
 
 type Obj = serde_json::Map<String, Json>;
+
+/// qwen3next: the Gated DeltaNet sizes from `ssm.*` (`conv_kernel`, `state_size` = key
+/// head dim, `group_count` = key heads, `time_step_rank` = value heads, `inner_size` =
+/// value heads x value head dim: llama.cpp itself assumes the two head dims equal, this
+/// does not), the linear layers from `attention.recurrent_layers` (else every
+/// `full_attention_interval`-th layer, default 4, is full attention), partial rotary from
+/// `rope.dimension_count`, layers without a router dense (`mlp_only_layers`).
+fn qwen3_next(g: &Gguf, name: &str, obj: &mut Obj, f: &Facts, head_dim: u64, dense_ff: u64) -> Result<()> {
+    let key = |k: &str| format!("{name}.{k}");
+    let need = |k: &str| meta_u64(g, &key(k))?.ok_or_else(|| err(format!("no {}", key(k))));
+    obj.insert("moe_intermediate_size".into(), json!(f.expert_ff));
+    obj.insert("intermediate_size".into(), json!(dense_ff));
+    obj.insert("shared_expert_intermediate_size".into(), json!(f.shared_ff));
+    obj.insert("decoder_sparse_step".into(), json!(1));
+    let dense: Vec<usize> = (0..f.n_layers).filter(|l| !f.moe_layers.contains(l)).collect();
+    obj.insert("mlp_only_layers".into(), json!(dense));
+    let (kernel, hk, nk, nv, inner) = (
+        need("ssm.conv_kernel")?,
+        need("ssm.state_size")?,
+        need("ssm.group_count")?,
+        need("ssm.time_step_rank")?,
+        need("ssm.inner_size")?,
+    );
+    if nv == 0 || inner % nv != 0 {
+        return Err(err(format!(
+            "{} {inner} is not a multiple of {} {nv}",
+            key("ssm.inner_size"),
+            key("ssm.time_step_rank")
+        )));
+    }
+    obj.insert("linear_conv_kernel_dim".into(), json!(kernel));
+    obj.insert("linear_key_head_dim".into(), json!(hk));
+    obj.insert("linear_num_key_heads".into(), json!(nk));
+    obj.insert("linear_num_value_heads".into(), json!(nv));
+    obj.insert("linear_value_head_dim".into(), json!(inner / nv));
+    let n = f.n_layers;
+    let recurrent_key = key("attention.recurrent_layers");
+    let linear: Vec<bool> = match g.get(&recurrent_key) {
+        Some(Value::Array(Array::Bool(v))) if v.len() >= n => v[..n].to_vec(),
+        Some(_) => return Err(err(format!("{recurrent_key} is not {n} bools"))),
+        None => {
+            let every = meta_u64(g, &key("full_attention_interval"))?.unwrap_or(4).max(1);
+            (0..n as u64).map(|l| (l + 1) % every != 0).collect()
+        }
+    };
+    let kinds: Vec<&str> = linear.iter().map(|&r| if r { "linear_attention" } else { "full_attention" }).collect();
+    obj.insert("layer_types".into(), json!(kinds));
+    let rot = meta_u64(g, &key("rope.dimension_count"))?.unwrap_or(head_dim / 4);
+    if rot == 0 || rot > head_dim || rot % 2 != 0 {
+        return Err(err(format!("{} = {rot} for head_dim {head_dim}", key("rope.dimension_count"))));
+    }
+    obj.insert("partial_rotary_factor".into(), json!(rot as f64 / head_dim as f64));
+    obj.insert("attention_bias".into(), json!(false));
+    Ok(())
+}
+
+/// gpt-oss: what llama.cpp's `openai-moe` graph does. The clamped SwiGLU's alpha 1.702 and
+/// limit 7.0 are constants there (GptOssConfig's defaults, the released models' values);
+/// `attention.sliding_window` on the layers that `attention.sliding_window_pattern` marks
+/// (an array of bools per layer, or every n-th layer full; default 2: the even layers
+/// slide, as the released models); YaRN from `rope.scaling.*`, where llama.cpp rounds the
+/// correction range outward (transformers' `truncate: true`), or no scaling at all.
+fn gpt_oss(g: &Gguf, name: &str, obj: &mut Obj, f: &Facts) -> Result<()> {
+    let key = |k: &str| format!("{name}.{k}");
+    obj.insert("intermediate_size".into(), json!(f.expert_ff));
+    obj.insert("attention_bias".into(), json!(f.qkv_bias));
+    obj.insert("swiglu_alpha".into(), json!(1.702));
+    obj.insert("swiglu_limit".into(), json!(7.0));
+    let window = meta_u64(g, &key("attention.sliding_window"))?.filter(|&w| w > 0);
+    obj.insert("sliding_window".into(), json!(window));
+    let n = f.n_layers;
+    let pattern_key = key("attention.sliding_window_pattern");
+    let sliding: Vec<bool> = match g.get(&pattern_key) {
+        Some(Value::Array(Array::Bool(v))) if v.len() >= n => v[..n].to_vec(),
+        Some(Value::Array(_)) => return Err(err(format!("{pattern_key} is not {n} bools"))),
+        _ => {
+            let p = meta_u64(g, &pattern_key)?.unwrap_or(2);
+            (0..n as u64).map(|l| p == 0 || l % p < p - 1).collect()
+        }
+    };
+    let kinds: Vec<&str> =
+        sliding.iter().map(|&s| if s && window.is_some() { "sliding_attention" } else { "full_attention" }).collect();
+    obj.insert("layer_types".into(), json!(kinds));
+    if g.get(&key("rope.scaling.type")).is_none() {
+        // Without rope.scaling llama.cpp rotates plainly (GptOssConfig would default to YaRN).
+        obj.insert("rope_scaling".into(), json!({"rope_type": "default"}));
+    }
+    Ok(())
+}
 
 /// deepseek2's MLA sizes. llama.cpp writes the attention as MQA over the latent
 /// (`key_length` = kv_lora_rank + rope dims, one kv head) and the real per-head sizes as

@@ -17,12 +17,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value as Json;
 
-use super::gguf::{GgmlType, Gguf, TensorInfo, Value};
-use super::gguf_quant::{self as q, dequantize, is_supported, repack_row, supported_names, to_int8_row};
-use super::quant::quantize_row;
-use super::tensors::TensorEntry;
+use super::gguf::{Gguf, Value};
+use super::gguf_quant::{is_supported, supported_names};
+pub use super::gguf_tensor::{keep_dtype, keep_dtype_for, stores_exactly, stores_exactly_for, tensor};
 use crate::error::{Error, Result};
-use crate::tensor::{Bytes, DType};
 
 /// What differs between the supported architectures.
 pub(super) struct Arch {
@@ -51,6 +49,13 @@ pub(super) struct Arch {
     score_bias: bool,
     /// Multi-head latent attention (deepseek2) instead of q/k/v projections.
     mla: bool,
+    /// The router's module under `moe` (`ffn_gate_inp`).
+    router: &'static str,
+    /// gpt-oss: biases on the router, the routed experts and o_proj, attention sinks.
+    oai: bool,
+    /// qwen3next: Gated DeltaNet layers (`ssm_*`), gated attention, zero-centred norms
+    /// stored with the 1 added.
+    next: bool,
 }
 
 const BASE: Arch = Arch {
@@ -68,6 +73,9 @@ const BASE: Arch = Arch {
     dense: false,
     score_bias: false,
     mla: false,
+    router: "gate",
+    oai: false,
+    next: false,
 };
 
 const ARCHES: &[Arch] = &[
@@ -131,6 +139,30 @@ const ARCHES: &[Arch] = &[
         mla: true,
         ..BASE
     },
+    // gpt-oss: the experts' gate and up are separate tensors (convert_hf_to_gguf split the
+    // alternating rows of gate_up_proj), MXFP4 in released files.
+    Arch {
+        gguf: "gpt-oss",
+        model_type: "gpt_oss",
+        class: "GptOssForCausalLM",
+        experts_key: "num_local_experts",
+        qkv_bias: true,
+        router: "router",
+        oai: true,
+        ..BASE
+    },
+    // qwen3next: llama.cpp's graph renormalises the top-k weights (as Qwen3-Next does).
+    Arch {
+        gguf: "qwen3next",
+        model_type: "qwen3_next",
+        class: "Qwen3NextForCausalLM",
+        norm_topk: Some(true),
+        shared: Some("shared_expert"),
+        qk_norm: true,
+        dense: true,
+        next: true,
+        ..BASE
+    },
 ];
 
 /// deepseek2's kv_b_proj split as newer llama.cpp writes it: `src` of the [`Planned`]
@@ -157,11 +189,49 @@ pub struct Planned {
     pub expert_of: Option<(usize, usize, usize)>,
     /// deepseek2's kv_b_proj put back together from `attn_k_b` and `attn_v_b`.
     pub kv_split: Option<KvSplit>,
+    /// gpt-oss's `gate_up_proj_bias` (`[experts, 2 * inter]`): row e alternates row e of
+    /// `src` (`ffn_gate_exps.bias`) and of this tensor (`ffn_up_exps.bias`), as
+    /// transformers keeps them.
+    pub interleave: Option<usize>,
+    /// qwen3next's `in_proj_qkvz` from `attn_qkv` (`src`) and `attn_gate`.
+    pub qkvz: Option<Qkvz>,
+    /// Values to map back (qwen3next's norms and `ssm_a`).
+    pub values: Option<ValueMap>,
+}
+
+/// qwen3next's `in_proj_qkvz` ([`super::gguf_tensor`] reassembles the rows): `groups` key
+/// heads of `hk` rows of q and of k each, `vpk` value (and gate) rows per key head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Qkvz {
+    pub gate: usize,
+    pub groups: usize,
+    pub hk: usize,
+    pub vpk: usize,
+}
+
+/// What convert_hf_to_gguf did to a tensor's values, undone on import.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueMap {
+    /// qwen3next's RMSNorm weights (zero-centred in Hugging Face) were stored plus one.
+    MinusOne,
+    /// qwen3next's `A_log` was stored as `ssm_a` = -exp(A_log).
+    LogNeg,
 }
 
 impl Planned {
     fn plain(name: String, shape: Vec<usize>, src: usize) -> Self {
-        Planned { name, shape, src, expert: None, unpermute_heads: None, expert_of: None, kv_split: None }
+        Planned {
+            name,
+            shape,
+            src,
+            expert: None,
+            unpermute_heads: None,
+            expert_of: None,
+            kv_split: None,
+            interleave: None,
+            qkvz: None,
+            values: None,
+        }
     }
 }
 
@@ -213,6 +283,10 @@ enum Role {
     /// deepseek2's split kv_b_proj: the key half (`attn_k_b`) or the value half.
     KeyB,
     ValueB,
+    /// gpt-oss's gate (0) or up (1) expert biases, interleaved into `gate_up_proj_bias`.
+    GateUpBias(usize),
+    /// qwen3next's `attn_qkv` (0) or `attn_gate` (1), reassembled into `in_proj_qkvz`.
+    Qkvz(usize),
 }
 
 /// The role of GGUF tensor `rest` (its name after `blk.N.`) of layer `l`, or None if it
@@ -227,8 +301,10 @@ fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<Role> {
     match rest {
         "attn_norm.weight" => plain("input_layernorm.weight"),
         "ffn_norm.weight" => plain("post_attention_layernorm.weight"),
-        // glm4moe names the norm before the FFN after Hugging Face's module.
-        "post_attention_norm.weight" if a.gguf == "glm4moe" => plain("post_attention_layernorm.weight"),
+        // glm4moe and gpt-oss name the norm before the FFN after Hugging Face's module.
+        "post_attention_norm.weight" if a.gguf == "glm4moe" || a.oai || a.next => {
+            plain("post_attention_layernorm.weight")
+        }
         "attn_q.weight" if a.mla => plain("self_attn.q_proj.weight"),
         "attn_q.weight" => attn("q_proj.weight"),
         "attn_k.weight" => attn("k_proj.weight"),
@@ -237,6 +313,12 @@ fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<Role> {
         "attn_q.bias" if a.qkv_bias => attn("q_proj.bias"),
         "attn_k.bias" if a.qkv_bias => attn("k_proj.bias"),
         "attn_v.bias" if a.qkv_bias => attn("v_proj.bias"),
+        "attn_output.bias" if a.oai => attn("o_proj.bias"),
+        "attn_sinks.weight" if a.oai => attn("sinks"),
+        "ffn_gate_inp.bias" if a.oai => plain(&format!("{}.{}.bias", a.moe, a.router)),
+        "ffn_gate_exps.bias" if a.oai => Some(Role::GateUpBias(0)),
+        "ffn_up_exps.bias" if a.oai => Some(Role::GateUpBias(1)),
+        "ffn_down_exps.bias" if a.oai => plain(&format!("{}.experts.down_proj_bias", a.moe)),
         "attn_q_norm.weight" if a.qk_norm => attn("q_norm.weight"),
         "attn_k_norm.weight" if a.qk_norm => attn("k_norm.weight"),
         "attn_q_a.weight" => mla("q_a_proj.weight"),
@@ -247,7 +329,7 @@ fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<Role> {
         "attn_kv_b.weight" => mla("kv_b_proj.weight"),
         "attn_k_b.weight" if a.mla => Some(Role::KeyB),
         "attn_v_b.weight" if a.mla => Some(Role::ValueB),
-        "ffn_gate_inp.weight" => plain(&format!("{}.gate.weight", a.moe)),
+        "ffn_gate_inp.weight" => plain(&format!("{}.{}.weight", a.moe, a.router)),
         "exp_probs_b.bias" => if_(a.score_bias, "mlp.gate.e_score_correction_bias"),
         "ffn_gate_exps.weight" => Some(Role::Experts(None, 0)),
         "ffn_up_exps.weight" => Some(Role::Experts(None, 1)),
@@ -255,7 +337,15 @@ fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<Role> {
         "ffn_gate_shexp.weight" => shared("gate_proj.weight"),
         "ffn_up_shexp.weight" => shared("up_proj.weight"),
         "ffn_down_shexp.weight" => shared("down_proj.weight"),
-        "ffn_gate_inp_shexp.weight" if a.gguf == "qwen2moe" => plain("mlp.shared_expert_gate.weight"),
+        "ffn_gate_inp_shexp.weight" if a.gguf == "qwen2moe" || a.next => plain("mlp.shared_expert_gate.weight"),
+        "attn_qkv.weight" if a.next => Some(Role::Qkvz(0)),
+        "attn_gate.weight" if a.next => Some(Role::Qkvz(1)),
+        "ssm_conv1d.weight" if a.next => plain("linear_attn.conv1d.weight"),
+        "ssm_dt.bias" if a.next => plain("linear_attn.dt_bias"),
+        "ssm_a" if a.next => plain("linear_attn.A_log"),
+        "ssm_ba.weight" if a.next => plain("linear_attn.in_proj_ba.weight"),
+        "ssm_norm.weight" if a.next => plain("linear_attn.norm.weight"),
+        "ssm_out.weight" if a.next => plain("linear_attn.out_proj.weight"),
         "ffn_gate.weight" => if_(a.dense, "mlp.gate_proj.weight"),
         "ffn_up.weight" => if_(a.dense, "mlp.up_proj.weight"),
         "ffn_down.weight" => if_(a.dense, "mlp.down_proj.weight"),
@@ -300,9 +390,10 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             "architecture {name:?} is not supported (colibri converts {known}: Mixture-of-Experts models it runs)"
         ))
     })?;
-    if let Some(n) = meta_u64(g, "split.count")?.filter(|&n| n > 1) {
+    let (_, n_parts) = g.split("the file")?;
+    if n_parts != g.parts {
         return Err(err(format!(
-            "this file is one of {n} parts of a split GGUF; merge them first (llama-gguf-split --merge FIRST_PART OUT.gguf)"
+            "this file is one of {n_parts} parts of a split GGUF: convert the first part (NAME-00001-of-{n_parts:05}.gguf) with the others beside it"
         )));
     }
     let key = |k: &str| format!("{name}.{k}");
@@ -332,6 +423,10 @@ pub fn import(g: &Gguf) -> Result<Imported> {
     let mut facts = Facts { n_layers, ..Facts::default() };
     // deepseek2's split kv_b_proj, per layer: (attn_k_b, attn_v_b, attn_kv_b present).
     let mut kv_b: BTreeMap<usize, (Option<usize>, Option<usize>, bool)> = BTreeMap::new();
+    // gpt-oss's expert biases, per layer: (ffn_gate_exps.bias, ffn_up_exps.bias).
+    let mut gate_up_b: BTreeMap<usize, [Option<usize>; 2]> = BTreeMap::new();
+    // qwen3next's linear attention input, per layer: (attn_qkv, attn_gate).
+    let mut qkvz: BTreeMap<usize, [Option<usize>; 2]> = BTreeMap::new();
     for (i, t) in g.tensors.iter().enumerate() {
         if !is_supported(t.ty) {
             return Err(err(format!(
@@ -350,7 +445,8 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             _ => None,
         };
         if let Some(hf) = global {
-            tensors.push(Planned::plain(hf.into(), shape, i));
+            let values = (a.next && t.name == "output_norm.weight").then_some(ValueMap::MinusOne);
+            tensors.push(Planned { values, ..Planned::plain(hf.into(), shape, i) });
             continue;
         }
         let unknown = || err(format!("tensor {} is not part of a {name} model as colibri knows it", t.name));
@@ -381,10 +477,26 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     "attn_kv_b.weight" => kv_b.entry(l).or_default().2 = true,
                     _ => {}
                 }
-                tensors.push(Planned { unpermute_heads, ..Planned::plain(hf, shape, i) });
+                let values = match rest {
+                    "attn_norm.weight" | "post_attention_norm.weight" | "attn_q_norm.weight" | "attn_k_norm.weight"
+                        if a.next =>
+                    {
+                        Some(ValueMap::MinusOne)
+                    }
+                    "ssm_a" => Some(ValueMap::LogNeg),
+                    _ => None,
+                };
+                // convert_hf_to_gguf squeezed the conv1d weight's [channels, 1, kernel].
+                let shape = match rest {
+                    "ssm_conv1d.weight" if shape.len() == 2 => vec![shape[0], 1, shape[1]],
+                    _ => shape,
+                };
+                tensors.push(Planned { unpermute_heads, values, ..Planned::plain(hf, shape, i) });
             }
+            Role::Qkvz(part) => qkvz.entry(l).or_default()[part] = Some(i),
             Role::KeyB => kv_b.entry(l).or_default().0 = Some(i),
             Role::ValueB => kv_b.entry(l).or_default().1 = Some(i),
+            Role::GateUpBias(part) => gate_up_b.entry(l).or_default()[part] = Some(i),
             Role::Experts(Some(e), part) => {
                 if shape.len() != 2 || e as u64 >= n_experts {
                     return Err(unknown());
@@ -428,6 +540,12 @@ pub fn import(g: &Gguf) -> Result<Imported> {
             }
         }
     }
+    for (l, parts) in gate_up_b {
+        tensors.push(gate_up_bias_planned(g, a, l, parts)?);
+    }
+    for (l, parts) in qkvz {
+        tensors.push(qkvz_planned(g, name, l, parts)?);
+    }
     facts.vocab = match g.tensor("token_embd.weight") {
         Some(t) if t.ne.len() == 2 => t.ne[1] as usize,
         _ => return Err(err("no 2-D token_embd.weight".into())),
@@ -460,168 +578,50 @@ fn kv_b_planned(g: &Gguf, l: usize, k: usize, v: usize, heads: usize) -> Result<
     Ok(Planned { kv_split: Some(KvSplit { v_src: v }), ..Planned::plain(name, vec![rows, ks[1]], k) })
 }
 
-/// The GGUF row order of Hugging Face row `r` of a matrix whose rows were permuted for
-/// rope with `heads` heads of `hd` rows (convert_hf_to_gguf's `permute`: row
-/// `h*hd + j*hd/2 + i` went to `h*hd + 2*i + j`).
-fn gguf_row(r: usize, hd: usize) -> usize {
-    let (h, rem) = (r / hd, r % hd);
-    let (j, i) = (rem / (hd / 2), rem % (hd / 2));
-    h * hd + 2 * i + j
-}
-
-/// The stored type that keeps the values of a GGUF tensor of type `ty` exactly, where
-/// colibri's container has one; K-quants (asymmetric or with 8-bit sub-scales) become
-/// int8 with group 32, re-quantized from their exact f32 values.
-pub fn keep_dtype(ty: GgmlType) -> DType {
-    match ty.id {
-        q::F32 => DType::F32,
-        q::F16 => DType::F16,
-        q::BF16 => DType::BF16,
-        q::Q4_0 => DType::Int4 { group: 32 },
-        _ => DType::Int8 { group: 32 },
+/// qwen3next's `in_proj_qkvz` of layer `l` (`[2 * key_dim + 2 * value_dim, hidden]`) from
+/// `attn_qkv` (`[2 * key_dim + value_dim, hidden]`) and `attn_gate` (`[value_dim, hidden]`),
+/// with the head sizes from `ssm.*`: `state_size` (key head dim), `group_count` (key
+/// heads), `inner_size` (value_dim).
+fn qkvz_planned(g: &Gguf, name: &str, l: usize, parts: [Option<usize>; 2]) -> Result<Planned> {
+    let [Some(qkv), Some(gate)] = parts else {
+        return Err(err(format!("layer {l} has one of blk.{l}.attn_qkv.weight and blk.{l}.attn_gate.weight only")));
+    };
+    let need = |k: &str| meta_u64(g, &format!("{name}.{k}"))?.ok_or_else(|| err(format!("no {name}.{k}")));
+    let (hk, groups, inner) =
+        (need("ssm.state_size")? as usize, need("ssm.group_count")? as usize, need("ssm.inner_size")? as usize);
+    let (qs, zs) = (g.tensors[qkv].shape(), g.tensors[gate].shape());
+    let bad = || {
+        err(format!("blk.{l}.attn_qkv.weight {qs:?} and attn_gate.weight {zs:?} do not fit ssm.state_size {hk}, ssm.group_count {groups}, ssm.inner_size {inner}"))
+    };
+    if groups == 0 || !inner.is_multiple_of(groups) || qs.len() != 2 || zs.len() != 2 || qs[1] != zs[1] {
+        return Err(bad());
     }
-}
-
-/// True if `dtype` can hold the values of a `ty` tensor exactly and [`tensor`] writes
-/// them directly (MXFP4 into int8: when its scales fit f16, else re-quantized).
-pub fn stores_exactly(ty: GgmlType, dtype: DType) -> bool {
-    let g32 = dtype.group() == Some(32);
-    match (ty.id, dtype) {
-        (_, DType::F32) => true,
-        (q::F16, DType::F16) | (q::BF16, DType::BF16) => true,
-        (q::Q8_0 | q::Q4_0 | q::MXFP4, DType::Int8 { .. }) => g32,
-        (q::Q4_0, DType::Int4 { .. }) => g32,
-        _ => false,
+    let key_dim = hk.checked_mul(groups).ok_or_else(bad)?;
+    if qs[0] != 2 * key_dim + inner || zs[0] != inner {
+        return Err(bad());
     }
+    let x = Qkvz { gate, groups, hk, vpk: inner / groups };
+    let hf = format!("model.layers.{l}.linear_attn.in_proj_qkvz.weight");
+    Ok(Planned { qkvz: Some(x), ..Planned::plain(hf, vec![2 * key_dim + 2 * inner, qs[1]], qkv) })
 }
 
-fn is_float(ty: GgmlType) -> bool {
-    matches!(ty.id, q::F32 | q::F16 | q::BF16)
-}
-
-/// [`keep_dtype`] for a planned tensor: a kv_b_proj put back together from quantized
-/// halves is re-quantized to int8 with group 32 (its rows are the halves' columns, so no
-/// block survives); from float halves it keeps their type (f32 if they differ).
-pub fn keep_dtype_for(g: &Gguf, p: &Planned) -> DType {
-    let ty = g.tensors[p.src].ty;
-    match p.kv_split {
-        None => keep_dtype(ty),
-        Some(s) => {
-            let vty = g.tensors[s.v_src].ty;
-            match (is_float(ty) && is_float(vty), ty == vty) {
-                (true, true) => keep_dtype(ty),
-                (true, false) => DType::F32,
-                _ => DType::Int8 { group: 32 },
-            }
-        }
-    }
-}
-
-/// [`stores_exactly`] for a planned tensor (a put-together kv_b_proj: f32, or the float
-/// type both halves have).
-pub fn stores_exactly_for(g: &Gguf, p: &Planned, dtype: DType) -> bool {
-    let ty = g.tensors[p.src].ty;
-    match p.kv_split {
-        None => stores_exactly(ty, dtype),
-        Some(s) => {
-            let vty = g.tensors[s.v_src].ty;
-            dtype == DType::F32 || (ty == vty && is_float(ty) && dtype == keep_dtype(ty))
-        }
-    }
-}
-
-/// Every value of GGUF tensor `t` as f32; the slice is checked against the file before
-/// anything is allocated.
-fn decode_all(file: &Bytes, t: &TensorInfo) -> Result<Vec<f32>> {
-    let too_large = || err(format!("tensor {}: too large", t.name));
-    let n = t.ne.iter().try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?)).ok_or_else(too_large)?;
-    let len = t.ty.bytes_for(n as u64).and_then(|b| usize::try_from(b).ok()).ok_or_else(too_large)?;
-    let start = usize::try_from(t.offset).unwrap_or(usize::MAX);
-    let src = file.slice(start, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
-    let mut out = vec![0f32; n];
-    dequantize(t.ty, src.as_ref(), &mut out).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
-    Ok(out)
-}
-
-/// kv_b_proj from `attn_k_b` and `attn_v_b` ([`kv_b_planned`] checked their shapes):
-/// head h's rows are column j of its key block for each j < qk_nope, then its value rows.
-fn kv_b_tensor(g: &Gguf, file: &Bytes, p: &Planned, split: KvSplit, want: Option<DType>) -> Result<TensorEntry> {
-    let (kt, vt) = (&g.tensors[p.src], &g.tensors[split.v_src]);
-    let (ks, vs) = (kt.shape(), vt.shape());
-    let (heads, lora, nope, vd) = (ks[0], ks[1], ks[2], vs[1]);
-    let (k, v) = (decode_all(file, kt)?, decode_all(file, vt)?);
-    let dtype = want.unwrap_or_else(|| keep_dtype_for(g, p));
-    let out_rb = dtype.row_bytes(lora).ok_or_else(|| err(format!("tensor {}: bad stored type", kt.name)))?;
-    let mut out = vec![0u8; heads * (nope + vd) * out_rb];
-    let mut rows = out.chunks_exact_mut(out_rb.max(1));
-    let mut row = vec![0f32; lora];
-    for h in 0..heads {
-        for j in 0..nope + vd {
-            for (c, x) in row.iter_mut().enumerate() {
-                *x = if j < nope { k[(h * lora + c) * nope + j] } else { v[(h * vd + j - nope) * lora + c] };
-            }
-            let o = rows.next().ok_or_else(|| err(format!("tensor {}: bad shape", kt.name)))?;
-            quantize_row(dtype, &row, o).map_err(|e| err(format!("tensor {}: {e}", kt.name)))?;
-        }
-    }
-    Ok(TensorEntry { dtype, shape: p.shape.clone(), bytes: Bytes::from_vec(out) })
-}
-
-/// The values of `p` stored as `want` (or, with None, as [`keep_dtype_for`]); exact
-/// whenever `want` can hold the GGUF values (F32 from anything, the same float type,
-/// Q8_0 / Q4_0 / MXFP4 into int8 or int4 with group 32 as their scales allow), else
-/// decoded to f32 and quantized as `coli convert` quantizes safetensors.
-pub fn tensor(g: &Gguf, file: &Bytes, p: &Planned, want: Option<DType>) -> Result<TensorEntry> {
-    if let Some(split) = p.kv_split {
-        return kv_b_tensor(g, file, p, split, want);
-    }
-    let t: &TensorInfo = &g.tensors[p.src];
-    let cols = *p.shape.last().unwrap_or(&1);
-    let rows: usize = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
-    let src_rb = t.ty.bytes_for(cols as u64).ok_or_else(|| err(format!("tensor {}: bad row length", t.name)))? as usize;
-    let len = rows.checked_mul(src_rb).ok_or_else(|| err(format!("tensor {}: too large", t.name)))?;
-    let start =
-        usize::try_from(t.offset).unwrap_or(usize::MAX).saturating_add(p.expert.unwrap_or(0).saturating_mul(len));
-    let src = file.slice(start, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
-    let dtype = want.unwrap_or_else(|| keep_dtype(t.ty));
-    let order: Option<Vec<usize>> = match p.unpermute_heads {
-        None => None,
-        Some(heads) => {
-            if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
-                return Err(err(format!("tensor {}: {rows} rows do not split into {heads} rope heads", t.name)));
-            }
-            Some((0..rows).map(|r| gguf_row(r, rows / heads)).collect())
+/// gpt-oss's `gate_up_proj_bias` of layer `l` from `ffn_gate_exps.bias` and
+/// `ffn_up_exps.bias` (both `[experts, inter]`).
+fn gate_up_bias_planned(g: &Gguf, a: &Arch, l: usize, parts: [Option<usize>; 2]) -> Result<Planned> {
+    let [Some(gate), Some(up)] = parts else {
+        return Err(err(format!("layer {l} has one of blk.{l}.ffn_gate_exps.bias and blk.{l}.ffn_up_exps.bias only")));
+    };
+    let (gs, us) = (g.tensors[gate].shape(), g.tensors[up].shape());
+    let cols = match gs.as_slice() {
+        [_, c] if gs == us => c.checked_mul(2).ok_or_else(|| err(format!("blk.{l}.ffn_gate_exps.bias: too large")))?,
+        _ => {
+            return Err(err(format!(
+                "blk.{l}.ffn_gate_exps.bias {gs:?} and ffn_up_exps.bias {us:?} are not two [experts, inter] tensors"
+            )))
         }
     };
-    let same_float = matches!((t.ty.id, dtype), (q::F32, DType::F32) | (q::F16, DType::F16) | (q::BF16, DType::BF16));
-    if same_float && order.is_none() {
-        return Ok(TensorEntry { dtype, shape: p.shape.clone(), bytes: src });
-    }
-    let out_rb = dtype.row_bytes(cols).ok_or_else(|| err(format!("tensor {}: bad stored type", t.name)))?;
-    let mut out = vec![0u8; rows * out_rb];
-    let mut vals = vec![0f32; cols];
-    let g32 = |d: DType| d.group() == Some(32);
-    for (r, o) in out.chunks_exact_mut(out_rb.max(1)).enumerate() {
-        let sr = order.as_ref().map_or(r, |v| v[r]);
-        let s = &src.as_ref()[sr * src_rb..(sr + 1) * src_rb];
-        let done = match (t.ty.id, dtype) {
-            _ if same_float => {
-                o.copy_from_slice(s);
-                true
-            }
-            (q::Q8_0, DType::Int8 { .. }) | (q::Q4_0, DType::Int4 { .. }) if g32(dtype) => {
-                repack_row(t.ty.id, cols, s, o);
-                true
-            }
-            (q::Q4_0 | q::MXFP4, DType::Int8 { .. }) if g32(dtype) => to_int8_row(t.ty.id, cols, s, o),
-            _ => false,
-        };
-        if !done {
-            dequantize(t.ty, s, &mut vals).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
-            quantize_row(dtype, &vals, o).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
-        }
-    }
-    Ok(TensorEntry { dtype, shape: p.shape.clone(), bytes: Bytes::from_vec(out) })
+    let name = format!("model.layers.{l}.{}.experts.gate_up_proj_bias", a.moe);
+    Ok(Planned { interleave: Some(up), ..Planned::plain(name, vec![gs[0], cols], gate) })
 }
 
 #[cfg(test)]

@@ -1,11 +1,16 @@
 use super::*;
-use crate::format::tensors::TensorStore;
+use crate::format::gguf_quant as q;
+use crate::format::gguf_tensor::decode_all;
+use crate::format::quant::quantize_row;
+use crate::format::tensors::{TensorEntry, TensorStore};
+use crate::tensor::{Bytes, DType};
 use serde_json::json;
 
-fn fixture(name: &str) -> (Gguf, Bytes) {
+/// A fixture GGUF and its bytes (as the one file of `tensor`'s `files`).
+fn fixture(name: &str) -> (Gguf, [Bytes; 1]) {
     let path = format!("{}/../tests/fixtures/gguf/{name}.gguf", env!("CARGO_MANIFEST_DIR"));
     let bytes = std::fs::read(&path).unwrap();
-    (Gguf::parse(&bytes, &path).unwrap(), Bytes::from_vec(bytes))
+    (Gguf::parse(&bytes, &path).unwrap(), [Bytes::from_vec(bytes)])
 }
 
 fn hf(family: &str) -> TensorStore {
@@ -116,7 +121,7 @@ fn kv_b_from_quantized_halves() {
         );
     let bytes = w.bytes();
     let g = Gguf::parse(&bytes, "x").unwrap();
-    let file = Bytes::from_vec(bytes);
+    let file = [Bytes::from_vec(bytes)];
     assert!(kv_b_planned(&g, 0, 0, 1, 3).is_err(), "3 heads do not split 2-head halves");
     let p = kv_b_planned(&g, 0, 0, 1, heads).unwrap();
     assert_eq!(p.shape, vec![heads * (nope + vd), lora]);
@@ -269,9 +274,13 @@ fn unknown_arch_and_unknown_tensors_are_refused() {
         .tensor("blk.0.mystery.weight", &[4], 0, vec![0; 16]);
     let e = import(&Gguf::parse(&w.bytes(), "x").unwrap()).err().unwrap().to_string();
     assert!(e.contains("blk.0.mystery.weight is not part of a olmoe model"), "{e}");
-    let w = Writer::new().string("general.architecture", "olmoe").u32("split.count", 3);
+    // The first part of a split GGUF, not joined with the others (Gguf::join).
+    let w = Writer::new().string("general.architecture", "olmoe").u32("split.no", 0).u32("split.count", 3);
     let e = import(&Gguf::parse(&w.bytes(), "x").unwrap()).err().unwrap().to_string();
     assert!(e.contains("one of 3 parts of a split GGUF"), "{e}");
+    let w = Writer::new().string("general.architecture", "olmoe").u32("split.count", 3);
+    let e = import(&Gguf::parse(&w.bytes(), "x").unwrap()).err().unwrap().to_string();
+    assert!(e.contains("split.no None of split.count Some(3) is not a part"), "{e}");
     let w = Writer::new()
         .string("general.architecture", "olmoe")
         .u32("olmoe.block_count", 1)
@@ -299,7 +308,7 @@ fn damaged_files_never_panic() {
         let (g, file) = fixture(name);
         let header = g.data_start as usize;
         for i in 0..300 {
-            let mut b = file.as_ref().to_vec();
+            let mut b = file[0].as_ref().to_vec();
             for _ in 0..1 + next() % 4 {
                 let at = (next() as usize) % header;
                 match next() % 3 {
@@ -315,7 +324,7 @@ fn damaged_files_never_panic() {
             parsed += 1;
             let Ok(im) = import(&g) else { continue };
             imported += 1;
-            let bytes = Bytes::from_vec(b);
+            let bytes = [Bytes::from_vec(b)];
             for p in im.tensors.iter().filter(|p| p.shape.iter().product::<usize>() < 1 << 20).take(40) {
                 let _ = tensor(&g, &bytes, p, None);
                 let _ = tensor(&g, &bytes, p, Some(DType::Int4 { group: 32 }));
@@ -324,4 +333,113 @@ fn damaged_files_never_panic() {
     }
     // Most damage lands in strings and values that still parse: the test reaches mapping.
     assert!(parsed > 50 && imported > 20, "parsed {parsed}, imported {imported}");
+}
+
+/// gpt-oss: every tensor of llama.cpp's GGUF of the MXFP4 checkpoint is the checkpoint's;
+/// the MXFP4 experts come back byte for byte as the engine's MXFP4 rows (the same bytes
+/// `model/gpt_oss.rs` makes of `*_blocks` / `*_scales`), gate_up_proj_bias re-interleaved.
+#[test]
+fn gpt_oss_mxfp4_experts_are_kept_byte_for_byte() {
+    let (g, file) = fixture("gpt-oss-mxfp4");
+    let im = import(&g).unwrap();
+    let st = hf("gpt_oss_mxfp4");
+    let path = format!("{}/../tests/fixtures/gpt_oss_mxfp4/config.json", env!("CARGO_MANIFEST_DIR"));
+    let cfg = crate::ModelConfig::from_value(&serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()).unwrap();
+    let mut experts = std::collections::HashMap::new();
+    let (mut dense, mut parts) = (0, 0);
+    for p in &im.tensors {
+        let got = tensor(&g, &file, p, None).unwrap();
+        if let Some((l, e, part)) = p.expert_of {
+            assert_eq!(got.dtype, DType::Mxfp4, "{}", p.name);
+            let x = experts.entry(l).or_insert_with(|| {
+                crate::model::gpt_oss::load_experts(&st, &format!("model.layers.{l}.mlp"), &cfg).unwrap()
+            });
+            let want = [&x[e].gate, &x[e].up, &x[e].down][part];
+            assert_eq!((want.dtype, want.rows, want.cols), (DType::Mxfp4, p.shape[0], p.shape[1]), "{}", p.name);
+            assert!(got.bytes.as_ref() == want.bytes.as_ref(), "{}: MXFP4 bytes differ", p.name);
+            parts += 1;
+            continue;
+        }
+        let want = st.get(&p.name).unwrap_or_else(|_| panic!("{} not in the checkpoint", p.name));
+        assert_eq!(p.shape, want.shape, "{}", p.name);
+        let (a, b) = (f32s(&got), f32s(want));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len(), "{}", p.name);
+        dense += 1;
+    }
+    // 3 layers x 8 experts x 3 parts; every checkpoint tensor but the 12 blocks/scales.
+    assert_eq!((parts, dense), (72, st.names().count() - 12));
+    let c =
+        same_config("gpt-oss-mxfp4", "gpt_oss_mxfp4", &["hidden_size", "head_dim", "sliding_window", "layer_types"]);
+    assert_eq!((c["num_local_experts"].as_u64(), c["intermediate_size"].as_u64()), (Some(8), Some(32)));
+    assert_eq!((c["swiglu_limit"].as_f64(), c["attention_bias"].as_bool()), (Some(7.0), Some(true)));
+    let r = &c["rope_scaling"];
+    assert_eq!(
+        (r["rope_type"].as_str(), r["factor"].as_f64(), r["beta_fast"].as_f64()),
+        (Some("yarn"), Some(8.0), Some(32.0))
+    );
+}
+
+/// qwen3next: every tensor of llama.cpp's bf16 GGUF maps back to the checkpoint's:
+/// `in_proj_qkvz` re-grouped from `attn_qkv` + `attn_gate` and the squeezed conv1d bit for
+/// bit; the norms (stored + 1, rounded to bf16 by the converter) within that rounding;
+/// `A_log` from `ssm_a` = -exp(A_log) (computed in bf16) within its rounding.
+#[test]
+fn qwen3next_maps_every_tensor_back() {
+    let (g, file) = fixture("qwen3next-bf16");
+    let im = import(&g).unwrap();
+    let st = hf("qwen3_next");
+    assert_eq!(im.tensors.len(), st.names().count());
+    let mut mapped = std::collections::BTreeMap::new();
+    for p in &im.tensors {
+        let want = st.get(&p.name).unwrap_or_else(|_| panic!("{} not in the checkpoint", p.name));
+        assert_eq!(p.shape, want.shape, "{}", p.name);
+        let (got, want) = (f32s(&tensor(&g, &file, p, None).unwrap()), f32s(want));
+        let kind = match p.values {
+            Some(ValueMap::MinusOne) => {
+                // bf16(w + 1) - 1: within half a bf16 step of numbers below 4.
+                assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1.0 / 128.0), "{}", p.name);
+                "norm"
+            }
+            Some(ValueMap::LogNeg) => {
+                let close = got.iter().zip(&want).all(|(a, b)| (a.exp() / b.exp() - 1.0).abs() <= 1.0 / 128.0);
+                assert!(close, "{}: {got:?} vs {want:?}", p.name);
+                "A_log"
+            }
+            None => {
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{} differs", p.name);
+                "exact"
+            }
+        };
+        *mapped.entry(kind).or_insert(0) += 1;
+    }
+    // 4 layers: 2 norms each (+ q/k norms of the attention layer) and the final norm;
+    // A_log of the 3 linear layers.
+    assert_eq!((mapped["norm"], mapped["A_log"]), (4 * 2 + 2 + 1, 3));
+    let keys = [
+        "layer_types",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_value_head_dim",
+        "mlp_only_layers",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "intermediate_size",
+        "num_experts",
+        "head_dim",
+        "norm_topk_prob",
+    ];
+    let c = same_config("qwen3next-bf16", "qwen3_next", &keys);
+    assert_eq!(c["partial_rotary_factor"], json!(0.25));
+}
+
+/// Without --quant every GGUF type is stored exactly but the K-quants (asymmetric or
+/// two-level scales the container lacks), which `coli info` then names.
+#[test]
+fn only_k_quants_are_not_kept_exactly() {
+    for name in ["F32", "F16", "BF16", "Q4_0", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"] {
+        let ty = crate::format::gguf::GgmlType::by_name(name).unwrap();
+        assert_eq!(stores_exactly(ty, keep_dtype(ty)), !name.ends_with("_K"), "{name}");
+    }
 }

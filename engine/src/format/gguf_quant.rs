@@ -196,6 +196,24 @@ pub fn repack_row(ty: u32, cols: usize, src: &[u8], out: &mut [u8]) {
     }
 }
 
+/// One row of ggml MXFP4 (`cols` a multiple of 32: blocks of one e8m0 byte and 16 bytes
+/// holding value j in the low and value j+16 in the high nibble of byte j) as a colibri
+/// MXFP4 row (tensor.rs: the block scales, padded to 4 bytes, then value 2k in the low and
+/// 2k+1 in the high nibble of byte k): the same scale bytes and the same nibbles, moved.
+pub fn mxfp4_row(cols: usize, src: &[u8], out: &mut [u8]) {
+    let groups = cols / 32;
+    let values = pad4(groups);
+    out.fill(0);
+    for g in 0..groups {
+        let b = &src[17 * g..17 * g + 17];
+        out[g] = b[0];
+        let nib = |v: usize| if v < 16 { b[1 + v] & 0xF } else { b[1 + v - 16] >> 4 };
+        for k in 0..16 {
+            out[values + 16 * g + k] = nib(2 * k) | (nib(2 * k + 1) << 4);
+        }
+    }
+}
+
 /// One row of Q4_0 or MXFP4 as a colibri int8 row with group 32, if that is exact: Q4_0's
 /// integers are in [-8, 7]; MXFP4's are the doubled E2M1 values (|q| <= 12) with the scale
 /// 2^(e-128), exact in f16 for e in 104..=143. Returns false (leaving `out` unspecified)

@@ -27,6 +27,20 @@ const QWEN2: &str =
 /// Llama 3's (LLAMA_VOCAB_PRE_TYPE_LLAMA3): numbers in runs of up to three digits.
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// o200k's (LLAMA_VOCAB_PRE_TYPE_GPT4O: gpt-oss, GPT-4o; the regex of their
+/// tokenizer.json): cased words with their contractions, digit runs of up to three.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Kimi-K2's (LLAMA_VOCAB_PRE_TYPE_KIMI_K2; the `pat_str` of its tokenization_kimi.py,
+/// which llama.cpp hand-codes): o200k's with runs of Han first and Han taken out of the
+/// letter classes.
+const KIMI_K2: &str = concat!(
+    r"[\p{Han}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
+
 /// DeepSeek-V3's three splits in turn (LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM; DeepSeek-V3's
 /// tokenizer.json): digit runs of up to three, runs of CJK ideographs and kana, then the rest.
 const DEEPSEEK3: [&str; 3] = [
@@ -81,9 +95,11 @@ fn pre_tokenizer(pre: &str) -> Result<(Json, bool)> {
         // GLM-4.5's (LLAMA_VOCAB_PRE_TYPE_CHATGLM4 with ignore_merges): Llama 3's regex.
         "glm4" | "glm5" => (split(LLAMA3), true),
         "deepseek-v3" => (splits(&DEEPSEEK3), false),
+        "gpt-4o" => (split(GPT4O), false),
+        "kimi-k2" => (split(KIMI_K2), false),
         other => {
             return Err(err(format!(
-                "tokenizer.ggml.pre {other:?} is a pre-tokenizer colibri does not know (known: gpt-2, olmo, qwen2, llama-bpe, glm4, deepseek-v3)"
+                "tokenizer.ggml.pre {other:?} is a pre-tokenizer colibri does not know (known: gpt-2, olmo, qwen2, llama-bpe, glm4, deepseek-v3, gpt-4o, kimi-k2)"
             )))
         }
     })
@@ -274,6 +290,9 @@ mod tests {
         assert_eq!(encode("glm4").unwrap(), vec![7, 5, 8]);
         // DeepSeek-V3: digit runs of up to three split off first.
         assert_eq!(encode("deepseek-v3").unwrap(), vec![7, 5, 8]);
+        // o200k (gpt-oss): runs of up to three, the space on its own (the regex compiles).
+        assert_eq!(encode("gpt-4o").unwrap(), vec![7, 5, 8]);
+        assert_eq!(encode("kimi-k2").unwrap(), vec![7, 5, 8]);
         let e = encode("made-up").unwrap_err().to_string();
         assert!(e.contains("\"made-up\""), "{e}");
     }

@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod gguf_config;
 pub mod gguf_import;
 pub mod gguf_quant;
+pub mod gguf_tensor;
 pub mod gguf_tokenizer;
 pub mod kv;
 pub mod manifest;

@@ -5,9 +5,9 @@
 //! from the metadata. See docs/gguf.md.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use colibri_engine::format::gguf::Gguf;
 use colibri_engine::format::gguf_import::{import, keep_dtype_for, stores_exactly_for, tensor, Planned};
 use colibri_engine::format::tensors::{TensorEntry, TensorStore};
@@ -35,16 +35,62 @@ fn file_bytes(path: &Path) -> Result<Bytes> {
 /// A parsed GGUF with its metadata mapped (no tensor converted yet).
 pub struct Parsed {
     pub gguf: Gguf,
-    pub file: Bytes,
+    /// Its file, or a split GGUF's parts in order.
+    pub files: Vec<Bytes>,
+    pub paths: Vec<PathBuf>,
     pub imported: colibri_engine::format::gguf_import::Imported,
 }
 
+/// The file names of all parts of a split GGUF whose part `path` is (llama.cpp's
+/// `NAME-00001-of-00003.gguf`, the names gguf-split writes), or None if `path` is not
+/// named as a part.
+pub fn split_paths(path: &Path, parts: usize) -> Option<Vec<PathBuf>> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".gguf").or_else(|| name.strip_suffix(".GGUF"))?;
+    let (rest, of) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = rest.rsplit_once('-')?;
+    let five = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if !five(no) || !five(of) || of.parse::<usize>().ok()? != parts {
+        return None;
+    }
+    let ext = &name[stem.len()..];
+    Some((1..=parts).map(|i| path.with_file_name(format!("{prefix}-{i:05}-of-{parts:05}{ext}"))).collect())
+}
+
+/// Parses `path`; a split GGUF (`split.count` > 1) is named by its first part and read
+/// with the others from beside it, each bounded by its own file, a missing one refused.
 pub fn parse(path: &Path) -> Result<Parsed> {
     let file = file_bytes(path)?;
     let origin = path.display().to_string();
     let gguf = Gguf::parse(file.as_ref(), &origin)?;
+    let (no, n) = gguf.split(&origin)?;
+    let (gguf, files, paths) = if n > 1 {
+        let paths = split_paths(path, n).with_context(|| {
+            format!("{origin}: part {} of a split GGUF of {n} parts, but not named NAME-{:05}-of-{n:05}.gguf as gguf-split names them", no + 1, no + 1)
+        })?;
+        if no != 0 {
+            bail!(
+                "{origin}: part {} of a split GGUF of {n} parts: convert the first part, {}",
+                no + 1,
+                paths[0].display()
+            );
+        }
+        let (mut parts, mut files) = (vec![(gguf, origin.clone())], vec![file]);
+        for p in &paths[1..] {
+            if !p.is_file() {
+                bail!("{origin}: part {} of {n} of this split GGUF is missing: {}", parts.len() + 1, p.display());
+            }
+            let f = file_bytes(p)?;
+            let o = p.display().to_string();
+            parts.push((Gguf::parse(f.as_ref(), &o)?, o));
+            files.push(f);
+        }
+        (Gguf::join(parts)?, files, paths)
+    } else {
+        (gguf, vec![file], vec![path.to_path_buf()])
+    };
     let imported = import(&gguf).with_context(|| origin.clone())?;
-    Ok(Parsed { gguf, file, imported })
+    Ok(Parsed { gguf, files, paths, imported })
 }
 
 /// A GGUF ready to convert. Nothing is converted up front: `stub` has every tensor
@@ -79,10 +125,15 @@ impl Lazy {
     fn convert(&self, k: usize, dtype: DType) -> Result<Mat> {
         let p = self.planned(k);
         let want = if stores_exactly_for(&self.parsed.gguf, p, dtype) { dtype } else { DType::F32 };
-        let e = tensor(&self.parsed.gguf, &self.parsed.file, p, Some(want))?;
+        let e = tensor(&self.parsed.gguf, &self.parsed.files, p, Some(want))?;
         let cols = *p.shape.last().unwrap_or(&1);
         let rows = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
         Ok(Mat::new(rows, cols, e.dtype, e.bytes)?)
+    }
+
+    /// The GGUF file, or every part of a split GGUF.
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.parsed.paths
     }
 
     /// Tensor `name` (a Hugging Face name) stored as `dtype`.
@@ -110,8 +161,14 @@ pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Re
     let parsed = parse(path)?;
     let mut plan = Vec::with_capacity(parsed.imported.tensors.len());
     let mut largest = 0usize;
+    // GGUF tensors whose values the stored type cannot hold (decoded and re-quantized).
+    let mut requantized: BTreeMap<String, std::collections::BTreeSet<usize>> = BTreeMap::new();
     for p in &parsed.imported.tensors {
         let dtype = target(&p.name, &p.shape).unwrap_or_else(|| keep_dtype_for(&parsed.gguf, p));
+        if !stores_exactly_for(&parsed.gguf, p, dtype) {
+            let ty = parsed.gguf.tensors[p.src].ty.name.to_string();
+            requantized.entry(ty).or_default().insert(p.src);
+        }
         let cols = *p.shape.last().unwrap_or(&1);
         let rows: usize = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
         let len = dtype
@@ -147,23 +204,53 @@ pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Re
         "architecture": im.arch,
         "tensor_types": im.source_types,
     });
+    let mut provenance = provenance;
+    if parsed.gguf.parts > 1 {
+        provenance["parts"] = json!(parsed.gguf.parts);
+    }
+    if !requantized.is_empty() {
+        let counts: BTreeMap<&String, usize> = requantized.iter().map(|(k, v)| (k, v.len())).collect();
+        provenance["requantized"] = json!(counts);
+    }
     let config = im.config.clone();
     Ok(Source { config, stub, lazy: Lazy { parsed, by_name, experts }, files, provenance })
 }
 
 /// One line about a container's GGUF origin, e.g. "converted from GGUF x.gguf (qwen3moe;
-/// tensors Q4_0 x 10, F32 x 7)", or None for other sources.
+/// tensors Q4_K x 10, F32 x 7; re-quantized, not kept exactly: Q4_K x 10)", or None for
+/// other sources.
 pub fn describe_source(source: Option<&Value>) -> Option<String> {
     let s = source?;
     if s.get("format")?.as_str()? != "gguf" {
         return None;
     }
-    let types: BTreeMap<String, u64> = serde_json::from_value(s.get("tensor_types")?.clone()).ok()?;
-    let types: Vec<String> = types.iter().map(|(k, n)| format!("{k} x {n}")).collect();
+    let counts = |k: &str| -> Option<String> {
+        let m: BTreeMap<String, u64> = serde_json::from_value(s.get(k)?.clone()).ok()?;
+        Some(m.iter().map(|(k, n)| format!("{k} x {n}")).collect::<Vec<_>>().join(", "))
+    };
+    let requantized = match counts("requantized") {
+        Some(r) => format!("; re-quantized, not kept exactly: {r}"),
+        None => "; every tensor's values kept exactly".into(),
+    };
     Some(format!(
-        "converted from GGUF {} ({}; tensors {})",
+        "converted from GGUF {} ({}; tensors {}{requantized})",
         s.get("file").and_then(Value::as_str).unwrap_or("?"),
         s.get("architecture").and_then(Value::as_str).unwrap_or("?"),
-        types.join(", ")
+        counts("tensor_types")?,
     ))
+}
+
+/// The GGUF types of `g` that a conversion without `--quant` cannot keep exactly (the
+/// K-quants: re-quantized to int8 with group 32), for `coli info FILE.gguf`.
+pub fn converted_types(p: &Parsed) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = p
+        .imported
+        .tensors
+        .iter()
+        .filter(|t| !stores_exactly_for(&p.gguf, t, keep_dtype_for(&p.gguf, t)))
+        .map(|t| p.gguf.tensors[t.src].ty.name)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }

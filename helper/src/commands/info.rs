@@ -92,7 +92,14 @@ fn summarize_gguf(path: &Path) -> Result<Summary> {
             "GGUF v{} (llama.cpp architecture {}; `coli convert` makes a colibri model of it)",
             p.gguf.version, p.imported.arch
         ),
-        quant: format!("GGUF tensors {}", types.join(", ")),
+        quant: match super::convert_gguf::converted_types(&p).as_slice() {
+            [] => format!("GGUF tensors {}; `coli convert` keeps every value exactly", types.join(", ")),
+            conv => format!(
+                "GGUF tensors {}; `coli convert` keeps every value exactly but those of {} (re-quantized to int8/g32: the container has no such format)",
+                types.join(", "),
+                conv.join(", ")
+            ),
+        },
         quant_short: "gguf".into(),
         resident,
         streamed,

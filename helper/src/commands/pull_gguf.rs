@@ -1,10 +1,12 @@
 //! `coli pull` of a repository of GGUF files (llama.cpp's format, e.g.
-//! `Qwen/Qwen3-30B-A3B-GGUF`): one file is chosen (`--gguf NAME_OR_TAG`, or the only one),
+//! `Qwen/Qwen3-30B-A3B-GGUF`): one GGUF is chosen (`--gguf NAME_OR_TAG`, or the only one),
 //! downloaded into `<models>/.pull/<owner>--<name>@<rev>/src` (resuming its `.part`,
 //! size and sha256 checked against the hub, fetched again once if corrupted), then
 //! converted exactly as `coli convert FILE.gguf -o DIR` converts it (the conversion's
-//! journal lets a killed run resume), and installed. A GGUF is one file, so the disk
-//! needed is the file plus the container; the file is deleted once installed.
+//! journal lets a killed run resume), and installed. A split GGUF
+//! (`NAME-00001-of-00003.gguf`) is all of its parts, each downloaded and checked the same
+//! way. The disk needed is the GGUF plus the container; the files are deleted once
+//! installed.
 
 use std::path::Path;
 
@@ -35,16 +37,32 @@ fn split_part(path: &str) -> Option<(u32, u32)> {
     Some((part.parse().ok()?, of.parse().ok()?))
 }
 
+/// Every file of the GGUF that `path` is: `path` itself, or all parts of its split, which
+/// must all be in `files`.
+fn parts_of(repo: &str, path: &str, files: &[&str]) -> Result<Vec<String>> {
+    let Some((_, n)) = split_part(path).filter(|&(_, n)| n > 1) else {
+        return Ok(vec![path.to_string()]);
+    };
+    // "-NNNNN-of-NNNNN.gguf" is 20 ASCII bytes (split_part checked the digits).
+    let (prefix, ext) = (&path[..path.len() - 20], &path[path.len() - 5..]);
+    let parts: Vec<String> = (1..=n).map(|i| format!("{prefix}-{i:05}-of-{n:05}{ext}")).collect();
+    if let Some((i, p)) = parts.iter().enumerate().find(|(_, p)| !files.contains(&p.as_str())) {
+        bail!("{repo} lacks part {} of {n} of the split GGUF {path}: no {p}", i + 1);
+    }
+    Ok(parts)
+}
+
 /// The GGUF file to pull: `want` as a file name (or path in the repository), else the one
-/// file whose name contains it (case-insensitively: a quant tag such as Q4_K_M); with no
-/// `want`, the repository's only GGUF.
-fn choose<'a>(repo: &str, files: &[&'a str], want: Option<&str>) -> Result<&'a str> {
+/// GGUF whose name contains it (case-insensitively: a quant tag such as Q4_K_M; a split
+/// GGUF counts once, by its first part); with no `want`, the repository's only GGUF.
+fn choose<'a>(repo: &str, all: &[&'a str], want: Option<&str>) -> Result<&'a str> {
+    let files: Vec<&'a str> = all.iter().copied().filter(|f| split_part(f).is_none_or(|(no, _)| no == 1)).collect();
     let list = || files.join(", ");
     if files.is_empty() {
         bail!("{repo} has no *.gguf files");
     }
     let Some(want) = want else {
-        if let [one] = files {
+        if let [one] = files.as_slice() {
             return Ok(one);
         }
         bail!(
@@ -54,7 +72,7 @@ fn choose<'a>(repo: &str, files: &[&'a str], want: Option<&str>) -> Result<&'a s
         );
     };
     let base = |f: &str| f.rsplit('/').next().unwrap_or(f).to_string();
-    if let Some(f) = files.iter().find(|f| **f == want || base(f) == want) {
+    if let Some(f) = all.iter().find(|f| **f == want || base(f) == want) {
         return Ok(f);
     }
     let w = want.to_ascii_lowercase();
@@ -83,29 +101,32 @@ pub fn pull_gguf(
     dest: &Path,
 ) -> Result<()> {
     let files: Vec<&str> = listed.iter().map(|f| f.path.as_str()).filter(|p| is_gguf_name(p)).collect();
-    let path = choose(repo, &files, a.gguf.as_deref())?;
-    if let Some((_, parts)) = split_part(path).filter(|&(_, n)| n > 1) {
-        bail!(
-            "{path} is one part of a GGUF split in {parts}: coli pull reads single-file GGUFs (download the parts, merge them with llama-gguf-split --merge, then coli convert the result)"
-        );
-    }
-    // The local name is the file's own (it is what `coli info` reports as the source).
-    let name = path.rsplit('/').next().unwrap_or(path);
-    if name.is_empty() || name.starts_with('.') || name.contains('\\') {
-        bail!("{path}: not a usable file name");
-    }
-    let f = hub.stat(repo, rev, path)?;
-    eprintln!("pulling {path} of {repo}@{rev} from {}: {}", hub.endpoint(), human(f.size));
+    let chosen = choose(repo, &files, a.gguf.as_deref())?;
+    let paths = parts_of(repo, chosen, &files)?;
     let src = staging.join("src");
     let out = staging.join("out");
     std::fs::create_dir_all(&src).with_context(|| format!("{}: cannot create", src.display()))?;
-    let local = src.join(name);
-    let verified = marker(&src, name, "verified");
-    if !verified.exists() || std::fs::metadata(&local).map(|m| m.len()).ok() != Some(f.size) {
-        let _ = std::fs::remove_file(&verified);
-        hub.download(repo, rev, &f, &local)?;
-        touch(&verified)?;
+    let mut first = None;
+    for (i, path) in paths.iter().enumerate() {
+        // The local name is the file's own (it is what `coli info` reports as the source).
+        let name = path.rsplit('/').next().unwrap_or(path);
+        if name.is_empty() || name.starts_with('.') || name.contains('\\') {
+            bail!("{path}: not a usable file name");
+        }
+        let f = hub.stat(repo, rev, path)?;
+        let of = if paths.len() > 1 { format!(" (part {} of {})", i + 1, paths.len()) } else { String::new() };
+        eprintln!("pulling {path}{of} of {repo}@{rev} from {}: {}", hub.endpoint(), human(f.size));
+        let local = src.join(name);
+        let verified = marker(&src, name, "verified");
+        if !verified.exists() || std::fs::metadata(&local).map(|m| m.len()).ok() != Some(f.size) {
+            let _ = std::fs::remove_file(&verified);
+            hub.download(repo, rev, &f, &local)?;
+            touch(&verified)?;
+        }
+        first.get_or_insert(local);
     }
+    let (Some(local), Some(name)) = (first, paths.first()) else { bail!("{repo}: no GGUF file chosen") };
+    let name = name.rsplit('/').next().unwrap_or(name);
     let args = ConvertArgs {
         src: local,
         out: Some(out.clone()),
@@ -140,5 +161,14 @@ mod tests {
         assert!(is_gguf_name("a/B.GGUF") && !is_gguf_name("mmproj-F16.gguf") && !is_gguf_name("x.bin"));
         assert_eq!(split_part("Big-Q4_K_M-00002-of-00003.gguf"), Some((2, 3)));
         assert_eq!(split_part("Big-Q4_K_M.gguf"), None);
+        // A split GGUF is one choice, by any part's exact name or a part of its name.
+        let files = ["d/Big-Q4_K_M-00001-of-00002.gguf", "d/Big-Q4_K_M-00002-of-00002.gguf", "Big-Q8_0.gguf"];
+        assert_eq!(choose("r", &files, Some("q4_k_m")).unwrap(), files[0]);
+        assert_eq!(choose("r", &files, Some("Big-Q4_K_M-00002-of-00002.gguf")).unwrap(), files[1]);
+        assert!(choose("r", &files, None).unwrap_err().to_string().contains("holds 2 GGUF files"));
+        assert_eq!(parts_of("r", files[1], &files).unwrap(), files[..2]);
+        assert_eq!(parts_of("r", files[2], &files).unwrap(), [files[2]]);
+        let e = parts_of("r", files[0], &files[..1]).unwrap_err().to_string();
+        assert!(e.contains("lacks part 2 of 2") && e.contains("d/Big-Q4_K_M-00002-of-00002.gguf"), "{e}");
     }
 }
