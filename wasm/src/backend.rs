@@ -104,6 +104,14 @@ impl Backend {
         }
     }
 
+    /// Whether the WebGPU integer matmuls use dot4I8Packed (None on the CPU backend).
+    pub fn dp4a(&self) -> Option<bool> {
+        match self {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some(g.ctx.dp4a()),
+        }
+    }
+
     pub fn new_context(&self, model: &Model) -> Context {
         match self {
             Backend::Cpu => Context::Cpu(model.new_session()),

@@ -669,6 +669,9 @@ impl Engine {
             // The integer dot-product path of the CPU kernels ("simd128" or "scalar").
             "simd": colibri_engine::qdot::Simd::active().name(),
             "adapter": self.backend.adapter(),
+            // WebGPU: whether the integer matmuls use WGSL's dot4I8Packed (the browser has
+            // packed_4x8_integer_dot_product); null on the CPU backend.
+            "dp4a": self.backend.dp4a(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },
             // The last generation's speculation (generate({speculate})), else null.
