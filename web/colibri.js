@@ -108,12 +108,15 @@ class Engine extends EventTarget {
    * rejects the call with its message. `speculate: N` drafts up to N tokens per step
    * from the context (prompt lookup) and checks them in one forward pass: the same tokens,
    * fewer passes; stats().speculation reports {forwards, drafted, accepted, produced,
-   * acceptanceRate, tokensPerForward}. The tab keeps the conversation's cache between calls:
+   * acceptanceRate, tokensPerForward}. `draft: "mtp"` takes the drafts from the model's
+   * own multi-token-prediction layer instead (DeepSeek-V3 / GLM-4.5 checkpoints that have
+   * one; the cpu backend; `speculate` per step, 1 if 0; the conversation's cache is then
+   * not reused). The tab keeps the conversation's cache between calls:
    * ids that start with the previous call's prompt and answer feed only the rest (the
    * same tokens as a fresh run); the result's `cachedTokens` and stats().cachedTokens say
    * how many prompt tokens were not fed again. */
-  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, speculate = 0, onToken, signal } = {}) {
-    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex, speculate };
+  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, speculate = 0, draft, onToken, signal } = {}) {
+    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex, speculate, draft };
     return this.#call("generate", { ids, options }, onToken, signal).promise;
   }
 

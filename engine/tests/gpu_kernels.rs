@@ -12,7 +12,7 @@ use colibri_engine::kernels::{self, Activation};
 use colibri_engine::math;
 use colibri_engine::model::rope::{Rope, RopeConfig};
 use colibri_engine::tensor::{Bytes, DType, Mat};
-use gpu_common::{assert_bits, gpu, Lcg};
+use gpu_common::{assert_bits, gpu, gpu_without_dp4a, Lcg};
 
 fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
     let mut rec = Recorder::new(ctx);
@@ -114,16 +114,42 @@ fn matmul_every_dtype_and_batch_size() {
     }
 }
 
+/// The integer matmuls with and without dot4I8Packed (naga implements the extension, so
+/// natively [`gpu`] uses qmatmul_dp4a.wgsl for whole-word groups): both give the CPU's bits.
+#[test]
+fn qmatmul_with_and_without_dp4a() {
+    let (Some(dp4a), Some(plain)) = (gpu(), gpu_without_dp4a()) else { return };
+    if std::env::var("COLIBRI_GPU_DP4A").is_err() {
+        assert!(dp4a.dp4a(), "naga implements packed_4x8_integer_dot_product");
+    }
+    assert!(!plain.dp4a());
+    let dtypes = [
+        DType::Int8 { group: 32 },
+        DType::Int4 { group: 32 },
+        DType::Int4 { group: 16 },
+        DType::Int8 { group: 4 },
+        DType::Int4 { group: 8 },
+    ];
+    for ctx in [&dp4a, &plain] {
+        for (i, dt) in dtypes.into_iter().enumerate() {
+            check_matmul(ctx, 37, 29, dt, &[1, 3, 8, 11], 60 + i as u64);
+            check_matmul(ctx, 21, 330, dt, &[1, 2, 9], 70 + i as u64);
+        }
+    }
+}
+
 /// Integer matmul on activations with zero blocks, huge and tiny values, and a NaN row:
 /// the CPU's bits (NaN where the CPU has NaN).
 #[test]
 fn qmatmul_edge_activations() {
-    let Some(ctx) = gpu() else { return };
+    let (Some(dp4a), Some(plain)) = (gpu(), gpu_without_dp4a()) else { return };
     let (rows, cols, n) = (19, 100, 5);
-    for dtype in [DType::Int4 { group: 32 }, DType::Int8 { group: 32 }] {
+    for (ctx, dtype) in
+        [&dp4a, &plain].into_iter().flat_map(|c| [(c, DType::Int4 { group: 32 }), (c, DType::Int8 { group: 32 })])
+    {
         let mut rng = Lcg(77);
         let m = random_mat(rows, cols, dtype, &mut rng);
-        let gm = upload_mat(&ctx, "w", &m).unwrap();
+        let gm = upload_mat(ctx, "w", &m).unwrap();
         let mut x = rng.vec(n * cols, 2.0);
         x[..40].iter_mut().for_each(|v| *v = 0.0); // position 0: one zero block, part of the next
         x[cols + 7] = 3.0e38;
@@ -133,16 +159,16 @@ fn qmatmul_edge_activations() {
         x[4 * cols + 50] = 0.5;
         let mut want = vec![0.0; n * rows];
         kernels::matmul(&m, &x, n, &mut want);
-        let xb = upload_f32(&ctx, "x", &x).unwrap();
-        let yb = zeros(&ctx, n * rows);
-        let mut rec = Recorder::new(&ctx);
+        let xb = upload_f32(ctx, "x", &x).unwrap();
+        let yb = zeros(ctx, n * rows);
+        let mut rec = Recorder::new(ctx);
         ops::matmul(&mut rec, &gm, &xb, 0, n, &yb, 0, rows).unwrap();
         block_on(rec.submit()).unwrap();
-        let got = read(&ctx, &yb, n * rows);
+        let got = read(ctx, &yb, n * rows);
         assert!(want[3 * rows..4 * rows].iter().all(|v| v.is_nan()), "{dtype}: a NaN input makes its row NaN");
         assert!(got[3 * rows..4 * rows].iter().all(|v| v.is_nan()), "{dtype}: GPU row with NaN input");
         let keep = |v: &[f32]| -> Vec<f32> { v.iter().map(|f| if f.is_nan() { 0.0 } else { *f }).collect() };
-        assert_bits(&format!("qmatmul {dtype} edge activations"), &keep(&got), &keep(&want));
+        assert_bits(&format!("qmatmul {dtype} edge activations (dp4a {})", ctx.dp4a()), &keep(&got), &keep(&want));
     }
 }
 

@@ -237,9 +237,43 @@ pub fn save_usage(loaded: &Loaded) {
     }
 }
 
+/// What `--draft` names: the model's own multi-token-prediction layer (`mtp`), or a
+/// smaller model of the same tokenizer.
+pub enum Draft {
+    Mtp,
+    Model(Box<Loaded>),
+}
+
+/// `--draft mtp`: the model's MTP layer rather than a draft model (a directory named `mtp`
+/// is `./mtp`).
+pub fn is_mtp(spec: &Path) -> bool {
+    spec.as_os_str() == "mtp"
+}
+
+/// Refuses `--draft mtp` for a model without an MTP layer, in one line.
+pub fn check_mtp(target: &Loaded) -> Result<()> {
+    if !target.model.has_mtp() {
+        bail!(
+            "--draft mtp: this model has no MTP layer (its config.json has no num_nextn_predict_layers, or it was converted before colibri kept MTP layers: convert it again)"
+        );
+    }
+    Ok(())
+}
+
+/// The draft of `--draft` (`mtp`, a directory or an installed id) for speculative decoding
+/// of `target`: a draft model is refused in one line unless both have a tokenizer and it
+/// is the same.
+pub fn open_draft(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<Draft> {
+    if is_mtp(spec) {
+        check_mtp(target)?;
+        return Ok(Draft::Mtp);
+    }
+    open_draft_model(spec, target, flags).map(|d| Draft::Model(Box::new(d)))
+}
+
 /// The draft model of `--draft` (a directory or an installed id) for speculative decoding
 /// of `target`: refused in one line unless both have a tokenizer and it is the same.
-pub fn open_draft(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<Loaded> {
+fn open_draft_model(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<Loaded> {
     let dir = crate::paths::resolve_model(spec, None).with_context(|| "--draft")?;
     let draft = open_dir(&dir, flags, true).with_context(|| format!("--draft {}", dir.display()))?;
     let (Some(t), Some(d)) = (&target.tokenizer, &draft.tokenizer) else {

@@ -44,6 +44,9 @@ test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logit
     const r = await runInPage(page, "webgpu", true);
     assert.equal(r.stats.backend, "webgpu", JSON.stringify(r.stats));
     assert.ok(r.stats.adapter, "the adapter is named");
+    // Chromium implements WGSL's packed_4x8_integer_dot_product (SwiftShader included), so the
+    // integer matmuls run qmatmul_dp4a.wgsl, and the bit checks below cover it.
+    assert.equal(r.stats.dp4a, true, "WebGPU integer matmuls use dot4I8Packed");
     assert.deepEqual(r.ids, nativeIds, "greedy tokens on WebGPU differ from coli generate");
 
     const want = Array.from(new Uint32Array(nativeLogits.buffer));
@@ -51,6 +54,7 @@ test("backend webgpu: stats say webgpu, greedy tokens equal coli generate, logit
     const d = r.logitsBits.map((b, i) => ulps(b, want[i]));
     const report = {
       adapter: r.stats.adapter,
+      dp4a: r.stats.dp4a,
       logits: d.length,
       maxUlp: Math.max(...d),
       meanUlp: d.reduce((a, b) => a + b, 0) / d.length,

@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::experts::LookaheadStats;
+use colibri_engine::generate::HiddenLog;
 use colibri_engine::gpu::pool::PoolStats;
 use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession};
 use colibri_engine::{Logits, Model, Result, Session};
@@ -103,6 +104,14 @@ impl Backend {
         }
     }
 
+    /// Whether the WebGPU integer matmuls use dot4I8Packed (None on the CPU backend).
+    pub fn dp4a(&self) -> Option<bool> {
+        match self {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some(g.ctx.dp4a()),
+        }
+    }
+
     pub fn new_context(&self, model: &Model) -> Context {
         match self {
             Backend::Cpu => Context::Cpu(model.new_session()),
@@ -110,7 +119,8 @@ impl Backend {
         }
     }
 
-    /// Feeds `ids` after what `cx` holds; `on_use(layer, expert, positions)` per routed expert.
+    /// Feeds `ids` after what `cx` holds; `on_use(layer, expert, positions)` per routed
+    /// expert; with `log`, records the hidden states for MTP drafts (CPU backend only).
     pub async fn forward(
         &self,
         model: &Model,
@@ -118,10 +128,20 @@ impl Backend {
         ids: &[u32],
         which: Logits,
         on_use: &mut dyn FnMut(usize, usize, usize),
+        log: Option<&HiddenLog>,
     ) -> Result<Vec<f32>> {
-        match (self, cx) {
-            (Backend::Cpu, Context::Cpu(s)) => model.forward_with(s, ids, which, on_use),
-            (Backend::Gpu(g), Context::Gpu(s)) => g.forward_with(s, ids, which, on_use).await,
+        match (self, cx, log) {
+            (Backend::Cpu, Context::Cpu(s), None) => model.forward_with(s, ids, which, on_use),
+            (Backend::Cpu, Context::Cpu(s), Some(log)) => {
+                let keep = s.tokens.len();
+                let (logits, hidden) = model.forward_hidden_with(s, ids, which, on_use)?;
+                log.record(keep, model.cfg.hidden, &hidden);
+                Ok(logits)
+            }
+            (Backend::Gpu(g), Context::Gpu(s), None) => g.forward_with(s, ids, which, on_use).await,
+            (Backend::Gpu(_), _, Some(_)) => {
+                Err(colibri_engine::Error::Invalid("MTP drafts run on the cpu backend".into()))
+            }
             _ => Err(colibri_engine::Error::Gpu("a context of one backend was fed to the other".into())),
         }
     }
@@ -139,12 +159,13 @@ impl Backend {
         ids: &[u32],
         which: Logits,
         on_use: &mut dyn FnMut(usize, usize, usize),
+        log: Option<&HiddenLog>,
     ) -> Result<Vec<f32>> {
         let before = cx.tokens().len();
         let mut attempts = 0;
         loop {
             let mut uses = Vec::new();
-            match self.forward(model, cx, ids, which, &mut |l, e, n| uses.push((l, e, n))).await {
+            match self.forward(model, cx, ids, which, &mut |l, e, n| uses.push((l, e, n)), log).await {
                 Ok(v) => {
                     for (l, e, n) in uses {
                         on_use(l, e, n);
@@ -218,12 +239,12 @@ pub async fn open_gpu(model: Rc<Model>) -> Result<Backend> {
 /// step also compiles pipelines and fetches the experts it routes to: not timed).
 async fn time_step(b: &Backend, model: &Model, tiers: &BrowserSource, probe: [u32; 2]) -> Result<f64> {
     let mut cx = b.new_context(model);
-    b.forward_tiered(model, tiers, &mut cx, &probe[..1], Logits::Last, &mut |_, _, _| {}).await?;
+    b.forward_tiered(model, tiers, &mut cx, &probe[..1], Logits::Last, &mut |_, _, _| {}, None).await?;
     let mut best = f64::INFINITY;
     for _ in 0..3 {
         cx.truncate(1);
         let t0 = now_ms();
-        b.forward_tiered(model, tiers, &mut cx, &probe[1..], Logits::Last, &mut |_, _, _| {}).await?;
+        b.forward_tiered(model, tiers, &mut cx, &probe[1..], Logits::Last, &mut |_, _, _| {}, None).await?;
         best = best.min(now_ms() - t0);
     }
     Ok(best)

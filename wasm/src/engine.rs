@@ -12,7 +12,7 @@ use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::{
-    keepable, Constraint, GenerateOptions, Generator, Grammar, SamplingDefaults, SamplingRequest,
+    keepable, Constraint, Drafter, GenerateOptions, Generator, Grammar, MtpDrafter, SamplingDefaults, SamplingRequest,
 };
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
@@ -89,6 +89,9 @@ struct GenOptions {
     response_format: Option<serde_json::Value>,
     /// Speculative decoding from prompt lookup: most draft tokens per step (0: off).
     speculate: usize,
+    /// "mtp": the drafts come from the model's own MTP layer (CPU backend), `speculate`
+    /// per step (1 if 0).
+    draft: Option<String>,
 }
 
 impl GenOptions {
@@ -131,6 +134,7 @@ impl Default for GenOptions {
             regex: None,
             response_format: None,
             speculate: 0,
+            draft: None,
         }
     }
 }
@@ -159,6 +163,8 @@ struct State {
     cx: Context,
     gen: Option<Generator>,
     perf: Perf,
+    /// The generation's MTP drafter (generate({draft: "mtp"})).
+    mtp: Option<MtpDrafter<Rc<Model>>>,
 }
 
 #[wasm_bindgen]
@@ -342,7 +348,7 @@ impl Engine {
             },
         };
         report(&on_progress, "ready", total as f64, total as f64);
-        let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default() };
+        let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default(), mtp: None };
         Ok(Engine {
             model,
             tok: Rc::new(tok),
@@ -391,8 +397,10 @@ impl Engine {
             let mut cx = backend.new_context(&model);
             let map = tier_map(&model, &tiers, &backend);
             let mut on_use = count_use(&mut st.perf, &map, model.cfg.router.n_experts);
-            let out =
-                backend.forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut on_use).await.map_err(err)?;
+            let out = backend
+                .forward_tiered(&model, &tiers, &mut cx, &ids, Logits::All, &mut on_use, None)
+                .await
+                .map_err(err)?;
             Ok(js_sys::Float32Array::from(&out[..]).into())
         })
     }
@@ -447,8 +455,17 @@ impl Engine {
             stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
             logprobs: o.logprobs.then_some(o.top_logprobs),
         };
+        let mtp = match o.draft.as_deref() {
+            None => None,
+            Some("mtp") if !matches!(self.backend, Backend::Cpu) => {
+                return Err(JsError::new("draft: \"mtp\" runs on the cpu backend (load({backend: \"cpu\"}))"))
+            }
+            Some("mtp") => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
+            Some(d) => return Err(JsError::new(&format!("draft: {d:?} is not a draft source (\"mtp\")"))),
+        };
         let mut st = self.state()?;
-        let common = keepable(&st.cx, &ids);
+        // MTP drafts read every position's hidden state: the cache is not reused then.
+        let common = if mtp.is_some() { 0 } else { keepable(&st.cx, &ids) };
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
         let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
@@ -457,9 +474,12 @@ impl Engine {
         if let Some(g) = o.grammar()? {
             gen = gen.with_constraint(Constraint::new(&self.tok, &g).map_err(err)?);
         }
-        if o.speculate > 0 {
+        if mtp.is_some() {
+            gen = gen.with_external_drafts(o.speculate.max(1));
+        } else if o.speculate > 0 {
             gen = gen.with_speculation(o.speculate);
         }
+        st.mtp = mtp;
         // The cache of the prompt's prefix that the last generation left stays.
         st.cx.truncate(common);
         st.perf.cached_tokens = common as u64;
@@ -513,8 +533,23 @@ impl Engine {
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
-            let State { cx, gen, perf } = &mut *st;
+            let State { cx, gen, perf, mtp } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
+            if let (Some(d), k @ 1..) = (mtp.as_mut(), g.draft_room()) {
+                // The MTP layer's experts may still be on their way (the browser tiers).
+                let mut attempts = 0;
+                let drafts = loop {
+                    match d.propose(g.context(), k) {
+                        Ok(x) => break x,
+                        Err(_) if tiers.has_pending() && attempts < 4 => {
+                            attempts += 1;
+                            tiers.load_pending().await.map_err(err)?;
+                        }
+                        Err(e) => return Err(err(e).into()),
+                    }
+                };
+                g.push_drafts(&drafts).map_err(err)?;
+            }
             let Some(input) = g.input() else { return Ok((-1).into()) };
             let before = cx.tokens().len();
             let t0 = now_ms();
@@ -524,7 +559,8 @@ impl Engine {
             let which = if rows > 1 { Logits::All } else { Logits::Last };
             let result = {
                 let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
-                backend.forward_tiered(&model, &tiers, cx, input, which, &mut on_use).await
+                let log = mtp.as_ref().map(|d| d.log());
+                backend.forward_tiered(&model, &tiers, cx, input, which, &mut on_use, log.as_ref()).await
             };
             let logits = match result {
                 Ok(l) => l,
@@ -591,8 +627,10 @@ impl Engine {
                 cx.truncate(s.keep);
                 let map = tier_map(&model, &tiers, &backend);
                 let mut on_use = count_use(&mut st.perf, &map, model.cfg.router.n_experts);
-                let logits =
-                    backend.forward_tiered(&model, &tiers, &mut cx, s.ids, s.which, &mut on_use).await.map_err(err)?;
+                let logits = backend
+                    .forward_tiered(&model, &tiers, &mut cx, s.ids, s.which, &mut on_use, None)
+                    .await
+                    .map_err(err)?;
                 c.accept(&logits).map_err(err)?;
             }
             Ok(c.finish().to_json(&options).to_string().into())
@@ -631,6 +669,9 @@ impl Engine {
             // The integer dot-product path of the CPU kernels ("simd128" or "scalar").
             "simd": colibri_engine::qdot::Simd::active().name(),
             "adapter": self.backend.adapter(),
+            // WebGPU: whether the integer matmuls use WGSL's dot4I8Packed (the browser has
+            // packed_4x8_integer_dot_product); null on the CPU backend.
+            "dp4a": self.backend.dp4a(),
             "auto": self.auto,
             "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },
             // The last generation's speculation (generate({speculate})), else null.

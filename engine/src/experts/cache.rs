@@ -40,6 +40,9 @@ pub struct ExpertShape {
     pub n_experts: usize,
     /// Experts each position is routed to.
     pub top_k: usize,
+    /// Multi-token-prediction layers with routed experts after the decoder stack (layer
+    /// indices `moe_layers.len()..`): read like the others, not counted in usage.
+    pub mtp_layers: usize,
 }
 
 /// How the expert cache behaves. `Default` is what the browser and tests get: no limit,
@@ -232,9 +235,11 @@ impl ExpertCache {
         source: Arc<dyn ByteSource>,
         mut opts: CacheOptions,
     ) -> Result<Self> {
-        let n_layers = shape.moe_layers.len();
+        let counted = shape.moe_layers.len();
+        let n_layers = counted + shape.mtp_layers;
         let mut layers = Vec::with_capacity(n_layers);
-        for (l, &moe) in shape.moe_layers.iter().enumerate() {
+        let all = shape.moe_layers.iter().copied().chain(std::iter::repeat_n(true, shape.mtp_layers));
+        for (l, moe) in all.enumerate() {
             match (moe, m.expert_layer(l)) {
                 (true, Some(x)) => layers.push(Some(index_layer(x, shape)?)),
                 (true, None) => return Err(Error::Invalid(format!("colibri.json: no experts for MoE layer {l}"))),
@@ -251,7 +256,7 @@ impl ExpertCache {
             )));
         }
         opts.pin = opts.pin.min(opts.ram.unwrap_or(u64::MAX));
-        let (nl, ne) = (n_layers, shape.n_experts);
+        let (nl, ne) = (counted, shape.n_experts);
         let counts = match opts.usage.take() {
             Some(u) if (u.n_layers(), u.n_experts()) == (nl, ne) => u,
             _ => ExpertUsage::new(nl, ne),
@@ -572,7 +577,7 @@ mod tests {
     use crate::format::quant::quantize_row;
 
     fn cfg() -> ExpertShape {
-        ExpertShape { moe_layers: vec![true; 2], hidden: 8, intermediate: 4, n_experts: 3, top_k: 2 }
+        ExpertShape { moe_layers: vec![true; 2], hidden: 8, intermediate: 4, n_experts: 3, top_k: 2, mtp_layers: 0 }
     }
 
     /// A container of random int8 experts in memory, and the f32 values they decode to.

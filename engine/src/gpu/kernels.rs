@@ -20,6 +20,7 @@ pub enum Kernel {
     Matmul,
     QuantizeAct,
     QMatmul,
+    QMatmulDp4a,
     Embed,
     RmsNorm,
     Rope,
@@ -36,10 +37,11 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
+        Kernel::QMatmulDp4a,
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Rope,
@@ -65,6 +67,7 @@ impl Kernel {
             Kernel::Matmul => ("matmul.wgsl", AW, include_str!("../../../shaders/matmul.wgsl")),
             Kernel::QuantizeAct => ("quantize_act.wgsl", A, include_str!("../../../shaders/quantize_act.wgsl")),
             Kernel::QMatmul => ("qmatmul.wgsl", AW, include_str!("../../../shaders/qmatmul.wgsl")),
+            Kernel::QMatmulDp4a => ("qmatmul_dp4a.wgsl", AW, include_str!("../../../shaders/qmatmul_dp4a.wgsl")),
             Kernel::Embed => ("embed.wgsl", W, include_str!("../../../shaders/embed.wgsl")),
             Kernel::RmsNorm => ("rmsnorm.wgsl", A, include_str!("../../../shaders/rmsnorm.wgsl")),
             Kernel::Rope => ("rope.wgsl", A, include_str!("../../../shaders/rope.wgsl")),

@@ -65,6 +65,9 @@ pub struct GpuContext {
     binding_cap: u64,
     /// Quantized activations of the integer matmuls (quantize_act.wgsl), grown on demand.
     act_scratch: Mutex<Option<wgpu::Buffer>>,
+    /// Whether the integer matmuls use dot4I8Packed (qmatmul_dp4a.wgsl): the WGSL
+    /// implementation has the packed_4x8_integer_dot_product extension.
+    dp4a: bool,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -77,6 +80,17 @@ impl std::fmt::Debug for GpuContext {
 const NO_ADAPTER: &str = "no Vulkan adapter; install mesa-vulkan-drivers";
 #[cfg(target_arch = "wasm32")]
 const NO_ADAPTER: &str = "no WebGPU adapter in this browser";
+
+/// `COLIBRI_GPU_DP4A=0` keeps the integer matmuls on plain i32 arithmetic
+/// (qmatmul.wgsl) even where dot4I8Packed exists (to compare the two; both give the same
+/// bits).
+fn dp4a_allowed() -> bool {
+    #[cfg(not(target_arch = "wasm32"))]
+    if std::env::var("COLIBRI_GPU_DP4A").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    true
+}
 
 impl GpuContext {
     /// Opens the first adapter (Vulkan natively, the browser's WebGPU on wasm32) and a
@@ -106,7 +120,10 @@ impl GpuContext {
             })
             .await
             .map_err(|e| Error::Gpu(format!("cannot open a device on {}: {e}", info.name)))?;
-        Ok(Self::from_device(device, queue, describe(&info)))
+        let mut ctx = Self::from_device(device, queue, describe(&info));
+        ctx.dp4a = instance.wgsl_language_features().contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct)
+            && dp4a_allowed();
+        Ok(ctx)
     }
 
     /// Native convenience: [`GpuContext::new`] run to completion.
@@ -136,7 +153,23 @@ impl GpuContext {
             errors,
             binding_cap: u64::MAX,
             act_scratch: Mutex::default(),
+            // Natively the shader compiler is naga, which implements the extension (DP4a
+            // where the Vulkan device has it, a polyfill elsewhere); in a browser only
+            // [`GpuContext::new`] can ask.
+            dp4a: cfg!(not(target_arch = "wasm32")) && dp4a_allowed(),
         }
+    }
+
+    /// Whether the integer matmuls use dot4I8Packed (qmatmul_dp4a.wgsl).
+    pub fn dp4a(&self) -> bool {
+        self.dp4a
+    }
+
+    /// Uses (or stops using) dot4I8Packed in the integer matmuls, so that tests can run
+    /// both kernels. Turning it on where the WGSL implementation lacks the extension makes
+    /// the integer matmuls fail with the shader compiler's error.
+    pub fn set_dp4a(&mut self, on: bool) {
+        self.dp4a = on;
     }
 
     /// Pretends storage bindings are at most `bytes` (a multiple of 4) so that tests can

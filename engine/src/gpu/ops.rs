@@ -90,6 +90,9 @@ fn qmatmul(
     ];
     rec.dispatch(Kernel::QuantizeAct, &[], &params, vec![x.into(), (&act).into()], (n * blocks) as u64)?;
     let consts = dtype_constants(m.dtype);
+    // dot4I8Packed needs every block to start on a word: int8 groups of 4k, int4 of 8k.
+    let word = if matches!(m.dtype, crate::tensor::DType::Int4 { .. }) { 8 } else { 4 };
+    let kernel = if rec.ctx().dp4a() && group.is_multiple_of(word) { Kernel::QMatmulDp4a } else { Kernel::QMatmul };
     for part in &m.parts {
         let params = [
             u32_of("rows", part.rows)?,
@@ -102,7 +105,7 @@ fn qmatmul(
             u32_of("y stride", y_stride)?,
         ];
         rec.dispatch(
-            Kernel::QMatmul,
+            kernel,
             &consts,
             &params,
             vec![(&part.range).into(), (&act).into(), y.into()],

@@ -553,6 +553,7 @@ impl ModelConfig {
             intermediate: self.expert_intermediate,
             n_experts: self.router.n_experts,
             top_k: self.router.top_k,
+            mtp_layers: 0,
         }
     }
 

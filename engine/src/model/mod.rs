@@ -15,6 +15,7 @@ pub mod deltanet;
 pub mod gpt_oss;
 pub mod mla;
 pub mod moe;
+pub mod mtp;
 pub mod open;
 pub mod rope;
 
@@ -58,6 +59,8 @@ pub struct Model {
     pub lm_head: Mat,
     pub rope: Rope,
     pub experts: Box<dyn ExpertSource>,
+    /// The multi-token-prediction layer, where the checkpoint has one ([`mtp`]).
+    pub mtp: Option<mtp::MtpHead>,
 }
 
 /// KV cache and token history of one conversation.
@@ -191,6 +194,113 @@ fn load_experts(s: &TensorStore, moe: &str, n: &Names, c: &ModelConfig) -> Resul
     (0..ne).map(|e| load_mlp(s, &format!("{moe}.experts.{e}"), n, h, i).map(Arc::new)).collect()
 }
 
+/// An RMSNorm weight, plus one where the checkpoint stores them zero-centred.
+fn load_norm(c: &ModelConfig, s: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>> {
+    let mut w = s.vector(name, len)?;
+    if c.norm_plus_one {
+        w.iter_mut().for_each(|x| *x += 1.0);
+    }
+    Ok(w)
+}
+
+/// Decoder layer `l` (`model.layers.{l}`), with a routed MoE block if `moe`.
+fn load_layer(c: &ModelConfig, s: &TensorStore, l: usize, moe: bool) -> Result<Layer> {
+    let names = Names::of(c.family);
+    let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
+    // The q projection's rows: the queries, and as many gate values with an output gate.
+    let qw = if c.attn_output_gate { 2 * qd } else { qd };
+    let norm = |name: &str, len: usize| load_norm(c, s, name, len);
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    let linear = c.linear_attn.as_ref().filter(|la| la.layers.get(l).copied().unwrap_or(false));
+    let bias = |proj: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if c.qkv_bias && (proj != "o_proj" || c.o_bias) {
+            s.vector(&format!("{a}.{proj}.bias"), len).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let (qn, kn) = match c.qk_norm {
+        QkNorm::None => (None, None),
+        QkNorm::PerHead => (Some(c.head_dim), Some(c.head_dim)),
+        QkNorm::Full => (Some(qd), Some(kvd)),
+    };
+    let attn = match (&c.mla, linear) {
+        (_, Some(la)) => AttnWeights::Linear(Box::new(DeltaNetWeights::load(s, &p, h, la, c.rms_eps)?)),
+        (Some(m), None) => AttnWeights::Mla(MlaWeights::load(s, &a, h, c.n_heads, m)?),
+        (None, None) => AttnWeights::Gqa(GqaWeights {
+            wq: s.mat(&format!("{a}.q_proj.weight"), qw, h)?,
+            wk: s.mat(&format!("{a}.k_proj.weight"), kvd, h)?,
+            wv: s.mat(&format!("{a}.v_proj.weight"), kvd, h)?,
+            wo: s.mat(&format!("{a}.o_proj.weight"), h, qd)?,
+            bq: bias("q_proj", qw)?,
+            bk: bias("k_proj", kvd)?,
+            bv: bias("v_proj", kvd)?,
+            bo: bias("o_proj", h)?,
+            sinks: match c.attn_sinks {
+                true => Some(s.vector(&format!("{a}.sinks"), c.n_heads)?),
+                false => None,
+            },
+            q_norm: qn.map(|n| norm(&format!("{a}.q_norm.weight"), n)).transpose()?,
+            k_norm: kn.map(|n| norm(&format!("{a}.k_norm.weight"), n)).transpose()?,
+        }),
+    };
+    let attn_opts = AttnOpts {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+        qk_norm: c.qk_norm,
+        clip_qkv: c.clip_qkv,
+        window: c.sliding_window.get(l).copied().flatten(),
+        scale: c.attn_scale,
+        rms_eps: c.rms_eps,
+        mla: if linear.is_some() { None } else { c.mla.clone() },
+        output_gate: c.attn_output_gate,
+    };
+    let ffn = if moe {
+        let moe = format!("{p}.{}", names.moe);
+        let shared = match c.shared_expert_intermediate {
+            Some(si) => Some(SharedExpert {
+                mlp: load_mlp(s, &format!("{moe}.{}", names.shared), &names, h, si)?,
+                gate: match c.shared_expert_gated {
+                    true => Some(s.mat(&format!("{moe}.shared_expert_gate.weight"), 1, h)?),
+                    false => None,
+                },
+            }),
+            None => None,
+        };
+        let ne = c.router.n_experts;
+        let r = format!("{moe}.{}", names.router);
+        Ffn::Moe(Box::new(MoeBlock {
+            router: s.mat(&format!("{r}.weight"), ne, h)?,
+            router_bias: match c.router.logit_bias {
+                true => Some(s.vector(&format!("{r}.bias"), ne)?),
+                false => None,
+            },
+            cfg: c.router.clone(),
+            act: c.ffn_act,
+            expert_bias: match c.expert_bias {
+                true => Some(gpt_oss::load_biases(s, &moe, c)?),
+                false => None,
+            },
+            correction_bias: match c.router.correction_bias {
+                true => Some(s.vector(&format!("{r}.e_score_correction_bias"), ne)?),
+                false => None,
+            },
+            shared,
+        }))
+    } else {
+        Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
+    };
+    Ok(Layer {
+        attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+        attn,
+        attn_opts,
+        ffn_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+        ffn,
+    })
+}
+
 impl Model {
     /// Builds the model from a checkpoint's tensors, checking every shape; the routed
     /// experts stay views into the same tensors.
@@ -204,126 +314,29 @@ impl Model {
                 experts.push(Vec::new());
             }
         }
+        if mtp::present(&cfg, s) && mtp::is_moe(&cfg, s) {
+            experts.push(load_experts(s, &format!("model.layers.{}.{}", cfg.n_layers, names.moe), &names, &cfg)?);
+        }
         Model::from_parts(cfg, s, Box::new(ResidentExperts { layers: experts }))
     }
 
     /// Builds the model from its dense tensors (everything but the routed experts, under
-    /// their Hugging Face names) and a source of routed experts.
+    /// their Hugging Face names) and a source of routed experts. A multi-token-prediction
+    /// layer ([`mtp::MtpHead`]) is loaded where its tensors are present.
     pub fn from_parts(cfg: ModelConfig, s: &TensorStore, experts: Box<dyn ExpertSource>) -> Result<Self> {
         let c = &cfg;
-        let names = Names::of(c.family);
-        let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
-        // The q projection's rows: the queries, and as many gate values with an output gate.
-        let qw = if c.attn_output_gate { 2 * qd } else { qd };
-        // RMSNorm weights, plus one where the checkpoint stores them zero-centred.
-        let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let mut w = s.vector(name, len)?;
-            if c.norm_plus_one {
-                w.iter_mut().for_each(|x| *x += 1.0);
-            }
-            Ok(w)
-        };
+        let h = c.hidden;
         let embed = s.mat("model.embed_tokens.weight", c.vocab, h)?;
         let lm_head = if c.tie_word_embeddings && !s.contains("lm_head.weight") {
             embed.clone()
         } else {
             s.mat("lm_head.weight", c.vocab, h)?
         };
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let p = format!("model.layers.{l}");
-            let a = format!("{p}.self_attn");
-            let linear = c.linear_attn.as_ref().filter(|la| la.layers[l]);
-            let bias = |proj: &str, len: usize| -> Result<Option<Vec<f32>>> {
-                if c.qkv_bias && (proj != "o_proj" || c.o_bias) {
-                    s.vector(&format!("{a}.{proj}.bias"), len).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-            let (qn, kn) = match c.qk_norm {
-                QkNorm::None => (None, None),
-                QkNorm::PerHead => (Some(c.head_dim), Some(c.head_dim)),
-                QkNorm::Full => (Some(qd), Some(kvd)),
-            };
-            let attn = match (&c.mla, linear) {
-                (_, Some(la)) => AttnWeights::Linear(Box::new(DeltaNetWeights::load(s, &p, h, la, c.rms_eps)?)),
-                (Some(m), None) => AttnWeights::Mla(MlaWeights::load(s, &a, h, c.n_heads, m)?),
-                (None, None) => AttnWeights::Gqa(GqaWeights {
-                    wq: s.mat(&format!("{a}.q_proj.weight"), qw, h)?,
-                    wk: s.mat(&format!("{a}.k_proj.weight"), kvd, h)?,
-                    wv: s.mat(&format!("{a}.v_proj.weight"), kvd, h)?,
-                    wo: s.mat(&format!("{a}.o_proj.weight"), h, qd)?,
-                    bq: bias("q_proj", qw)?,
-                    bk: bias("k_proj", kvd)?,
-                    bv: bias("v_proj", kvd)?,
-                    bo: bias("o_proj", h)?,
-                    sinks: match c.attn_sinks {
-                        true => Some(s.vector(&format!("{a}.sinks"), c.n_heads)?),
-                        false => None,
-                    },
-                    q_norm: qn.map(|n| norm(&format!("{a}.q_norm.weight"), n)).transpose()?,
-                    k_norm: kn.map(|n| norm(&format!("{a}.k_norm.weight"), n)).transpose()?,
-                }),
-            };
-            let attn_opts = AttnOpts {
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-                qk_norm: c.qk_norm,
-                clip_qkv: c.clip_qkv,
-                window: c.sliding_window[l],
-                scale: c.attn_scale,
-                rms_eps: c.rms_eps,
-                mla: if linear.is_some() { None } else { c.mla.clone() },
-                output_gate: c.attn_output_gate,
-            };
-            let ffn = if c.moe_layers[l] {
-                let moe = format!("{p}.{}", names.moe);
-                let shared = match c.shared_expert_intermediate {
-                    Some(si) => Some(SharedExpert {
-                        mlp: load_mlp(s, &format!("{moe}.{}", names.shared), &names, h, si)?,
-                        gate: match c.shared_expert_gated {
-                            true => Some(s.mat(&format!("{moe}.shared_expert_gate.weight"), 1, h)?),
-                            false => None,
-                        },
-                    }),
-                    None => None,
-                };
-                let ne = c.router.n_experts;
-                let r = format!("{moe}.{}", names.router);
-                Ffn::Moe(Box::new(MoeBlock {
-                    router: s.mat(&format!("{r}.weight"), ne, h)?,
-                    router_bias: match c.router.logit_bias {
-                        true => Some(s.vector(&format!("{r}.bias"), ne)?),
-                        false => None,
-                    },
-                    cfg: c.router.clone(),
-                    act: c.ffn_act,
-                    expert_bias: match c.expert_bias {
-                        true => Some(gpt_oss::load_biases(s, &moe, c)?),
-                        false => None,
-                    },
-                    correction_bias: match c.router.correction_bias {
-                        true => Some(s.vector(&format!("{r}.e_score_correction_bias"), ne)?),
-                        false => None,
-                    },
-                    shared,
-                }))
-            } else {
-                Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
-            };
-            layers.push(Layer {
-                attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                attn,
-                attn_opts,
-                ffn_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                ffn,
-            });
-        }
+        let layers = (0..c.n_layers).map(|l| load_layer(c, s, l, c.moe_layers[l])).collect::<Result<Vec<_>>>()?;
         Ok(Model {
             rope: Rope::new(&c.rope),
-            final_norm: norm("model.norm.weight", h)?,
+            final_norm: load_norm(c, s, "model.norm.weight", h)?,
+            mtp: mtp::MtpHead::load(c, s)?,
             embed,
             lm_head,
             layers,
@@ -378,6 +391,37 @@ impl Model {
         on_use: &mut dyn FnMut(usize, usize, usize),
         on_ffn_input: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<Vec<f32>> {
+        self.forward_full(session, ids, which, on_use, on_ffn_input, false).map(|(logits, _)| logits)
+    }
+
+    /// [`Model::forward`], also returning every fed position's last hidden state after the
+    /// final norm, (n, hidden): what a multi-token-prediction head reads ([`mtp`]).
+    pub fn forward_hidden(&self, session: &mut Session, ids: &[u32], which: Logits) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.forward_hidden_with(session, ids, which, &mut |_, _, _| {})
+    }
+
+    /// [`Model::forward_hidden`], reporting every routed expert use as [`Model::forward_with`].
+    pub fn forward_hidden_with(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.forward_full(session, ids, which, on_use, &mut |_, _| {}, true)
+    }
+
+    /// The forward pass: logits of `which` rows, and with `hidden` every position's
+    /// final-normed state (else an empty vector).
+    fn forward_full(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+        on_ffn_input: &mut dyn FnMut(usize, &[f32]),
+        hidden: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
         let held = session.cached_len();
@@ -388,9 +432,14 @@ impl Model {
             let again = session.tokens.len() - held;
             let all: Vec<u32> = session.tokens[held..].iter().chain(ids).copied().collect();
             session.tokens.truncate(held);
-            return match self.forward_observed(session, &all, which, on_use, on_ffn_input) {
-                Ok(logits) if which == Logits::All => Ok(logits[again * c.vocab..].to_vec()),
-                Ok(logits) => Ok(logits),
+            return match self.forward_full(session, &all, which, on_use, on_ffn_input, hidden) {
+                Ok((logits, hs)) => {
+                    let hs = if hidden { hs[again * h..].to_vec() } else { hs };
+                    match which {
+                        Logits::All => Ok((logits[again * c.vocab..].to_vec(), hs)),
+                        Logits::Last => Ok((logits, hs)),
+                    }
+                }
                 Err(e) => {
                     session.truncate(held);
                     Err(e)
@@ -407,6 +456,29 @@ impl Model {
         for (i, &id) in ids.iter().enumerate() {
             self.embed.row_into(id as usize, &mut x[i * h..(i + 1) * h]);
         }
+        let (cos, sin) = self.rope_rows(pos0, n);
+        let mut xn = vec![0.0f32; n * h];
+        let mut y = vec![0.0f32; n * h];
+        for (l, layer) in self.layers.iter().enumerate() {
+            let step = LayerStep { n, pos0, cos: &cos, sin: &sin };
+            self.layer_forward(l, layer, &step, &mut session.caches[l], &mut x, &mut xn, &mut y, on_use, on_ffn_input)?;
+        }
+        session.tokens.extend_from_slice(ids);
+
+        // The final norm over the rows whose logits are asked for (every row with `hidden`).
+        let first = if hidden || which == Logits::All { 0 } else { n - 1 };
+        let mut hn = vec![0.0f32; (n - first) * h];
+        for (k, i) in (first..n).enumerate() {
+            rmsnorm(&x[i * h..(i + 1) * h], &self.final_norm, c.rms_eps, &mut hn[k * h..(k + 1) * h]);
+        }
+        let rows = if which == Logits::All { n } else { 1 };
+        let mut logits = vec![0.0f32; rows * c.vocab];
+        matmul(&self.lm_head, &hn[hn.len() - rows * h..], rows, &mut logits);
+        Ok((logits, if hidden { hn } else { Vec::new() }))
+    }
+
+    /// RoPE's cos and sin of positions pos0.., one vector each per position.
+    fn rope_rows(&self, pos0: usize, n: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for i in 0..n {
             let (mut co, mut si) = (Vec::new(), Vec::new());
@@ -414,59 +486,55 @@ impl Model {
             cos.push(co);
             sin.push(si);
         }
-        let mut xn = vec![0.0f32; n * h];
-        let mut y = vec![0.0f32; n * h];
-        for (l, layer) in self.layers.iter().enumerate() {
-            for i in 0..n {
-                rmsnorm(&x[i * h..(i + 1) * h], &layer.attn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
-            }
-            attention(
-                &layer.attn,
-                &layer.attn_opts,
-                &self.rope,
-                &xn,
-                n,
-                pos0,
-                &cos,
-                &sin,
-                &mut session.caches[l],
-                &mut y,
-            )?;
-            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
-            for i in 0..n {
-                rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
-            }
-            on_ffn_input(l, &xn);
-            if self.experts.lookahead_enabled() {
-                if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
-                    self.experts.lookahead(l + 1, &next.predict(&xn, n));
-                }
-            }
-            match &layer.ffn {
-                Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
-                Ffn::Moe(block) => block.forward(
-                    l,
-                    self.experts.as_ref(),
-                    &xn,
-                    n,
-                    &mut y,
-                    Some(&mut |e, count| on_use(l, e, count)),
-                )?,
-            }
-            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
-        }
-        session.tokens.extend_from_slice(ids);
-
-        let rows: Vec<usize> = match which {
-            Logits::All => (0..n).collect(),
-            Logits::Last => vec![n - 1],
-        };
-        let mut hn = vec![0.0f32; rows.len() * h];
-        for (k, &i) in rows.iter().enumerate() {
-            rmsnorm(&x[i * h..(i + 1) * h], &self.final_norm, c.rms_eps, &mut hn[k * h..(k + 1) * h]);
-        }
-        let mut logits = vec![0.0f32; rows.len() * c.vocab];
-        matmul(&self.lm_head, &hn, rows.len(), &mut logits);
-        Ok(logits)
+        (cos, sin)
     }
+
+    /// One decoder layer (index `l`: whose routed experts it reads) over the residual
+    /// stream `x` (n, hidden), in place: norm -> attention -> residual -> norm -> FFN ->
+    /// residual. `xn` and `y` are scratch of the same size.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(
+        &self,
+        l: usize,
+        layer: &Layer,
+        step: &LayerStep<'_>,
+        cache: &mut LayerCache,
+        x: &mut [f32],
+        xn: &mut [f32],
+        y: &mut [f32],
+        on_use: &mut dyn FnMut(usize, usize, usize),
+        on_ffn_input: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        let (c, n, h) = (&self.cfg, step.n, self.cfg.hidden);
+        for i in 0..n {
+            rmsnorm(&x[i * h..(i + 1) * h], &layer.attn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
+        }
+        attention(&layer.attn, &layer.attn_opts, &self.rope, xn, n, step.pos0, step.cos, step.sin, cache, y)?;
+        x.iter_mut().zip(y.iter()).for_each(|(a, b)| *a += b);
+        for i in 0..n {
+            rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
+        }
+        on_ffn_input(l, xn);
+        if self.experts.lookahead_enabled() {
+            if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
+                self.experts.lookahead(l + 1, &next.predict(xn, n));
+            }
+        }
+        match &layer.ffn {
+            Ffn::Dense(mlp) => mlp.forward(xn, n, y),
+            Ffn::Moe(block) => {
+                block.forward(l, self.experts.as_ref(), xn, n, y, Some(&mut |e, count| on_use(l, e, count)))?
+            }
+        }
+        x.iter_mut().zip(y.iter()).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+}
+
+/// Where a batch of positions sits: how many, the first position, RoPE's cos and sin.
+struct LayerStep<'a> {
+    n: usize,
+    pos0: usize,
+    cos: &'a [Vec<f32>],
+    sin: &'a [Vec<f32>],
 }

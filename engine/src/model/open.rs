@@ -34,11 +34,21 @@ impl Container {
         Ok(Container { manifest, cfg, fingerprint: fingerprint(bytes) })
     }
 
+    /// The shape of the routed experts: the config's, plus the MTP layer where this
+    /// container holds its experts (containers converted before colibri kept MTP have none).
+    pub fn expert_shape(&self) -> crate::experts::cache::ExpertShape {
+        let mut shape = self.cfg.expert_shape();
+        let n = self.cfg.n_layers;
+        shape.mtp_layers =
+            (n..n + self.cfg.mtp_layers).take_while(|&l| self.manifest.expert_layer(l).is_some()).count();
+        shape
+    }
+
     /// The model whose dense region holds `dense` (its bytes, checked against their
     /// checksums) and whose routed experts are read from `source` and cached as `opts` says.
     pub fn load(&self, dense: &Bytes, source: Arc<dyn ByteSource>, opts: CacheOptions) -> Result<Model> {
         let store = dense_store(&self.manifest, dense, &source.name())?;
-        let experts = ExpertCache::with_options(&self.manifest, &self.cfg.expert_shape(), source, opts)?;
+        let experts = ExpertCache::with_options(&self.manifest, &self.expert_shape(), source, opts)?;
         Model::from_parts(self.cfg.clone(), &store, Box::new(experts))
     }
 }

@@ -19,6 +19,8 @@
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_tile;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -401,9 +403,10 @@ pub const PREPARE_MIN: usize = 3;
 /// `dot_row(simd, int4, row, a, p0 + i)`. With [`PREPARE_MIN`] or more positions and
 /// interleaved activations ([`ActQ::interleave`]), the x86 paths prepare the row once into
 /// `scratch` (int4 on AVX2 and AVX-512; int8 on AVX-512, whose `vpdpbusd` takes w + 128
-/// without overflow) and run [`tile::dot_many`], and wasm SIMD128 does the same for int4
-/// (`wasm::prepare_int4`, `wasm::dot_many_int4`); the integer block sums are the same, so
-/// are the bits.
+/// without overflow) and run [`tile::dot_many`]; wasm SIMD128 does the same for int4
+/// (`wasm::prepare_int4`, `wasm::dot_many_int4`) and aarch64 NEON for int4 and int8
+/// (`neon_tile`: `sdot` on the interleaved halves); the integer block sums are the same,
+/// so are the bits.
 pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
     if out.len() >= PREPARE_MIN
@@ -422,6 +425,17 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
             tile::prepare(int4, row, a, scratch);
             tile::dot_many(simd == Simd::Avx512, int4, scratch, row, a, p0, out);
         }
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if out.len() >= PREPARE_MIN
+        && matches!(simd, Simd::Neon | Simd::NeonDot)
+        && neon_tile::fits(int4, row, a, p0, out.len())
+    {
+        neon_tile::prepare(int4, row, a, scratch);
+        // SAFETY: Simd::NeonDot is only produced by Simd::available() after the CPU
+        // reported dotprod; the shapes were checked by `fits`.
+        unsafe { neon_tile::dot_many(simd == Simd::NeonDot, int4, scratch, row, a, p0, out) };
         return;
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]

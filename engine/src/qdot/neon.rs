@@ -23,7 +23,7 @@ pub fn has_dotprod() -> bool {
 /// The CPU must have the dotprod extension (callers are `#[target_feature(enable =
 /// "dotprod")]` functions reached only after [`has_dotprod`]).
 #[inline(always)]
-unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     // SAFETY: register-only instruction; the caller guarantees the extension.
     unsafe {
         asm!(
@@ -114,7 +114,7 @@ unsafe fn block_lanes<const INT4: bool, const DOT: bool>(vals: &[u8], q: &[i8], 
 /// normal and subnormal values; aarch64 Linux keeps subnormals), infinities and NaNs
 /// (exponent 31) given f32's all-ones exponent, NaNs their quiet bit.
 #[inline(always)]
-fn scales4(row: &[u8], b: usize) -> float32x4_t {
+pub(super) fn scales4(row: &[u8], b: usize) -> float32x4_t {
     let bytes = &row[2 * b..2 * b + 8];
     // SAFETY: `bytes` holds the 8 bytes read (bounds-checked slice); NEON is baseline.
     unsafe {

@@ -22,6 +22,19 @@ pub fn gpu() -> Option<Arc<GpuContext>> {
     }
 }
 
+/// A second context whose integer matmuls use plain i32 arithmetic (qmatmul.wgsl) where
+/// [`gpu`]'s use dot4I8Packed (qmatmul_dp4a.wgsl), so that tests compare both with the CPU.
+pub fn gpu_without_dp4a() -> Option<Arc<GpuContext>> {
+    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        gpu()?;
+        let mut c = GpuContext::new_blocking().ok()?;
+        c.set_dp4a(false);
+        Some(Arc::new(c))
+    })
+    .clone()
+}
+
 /// Position of x on the number line of f32s (+0 and -0 both at 0).
 pub fn ordinal(x: f32) -> i64 {
     let b = x.to_bits();

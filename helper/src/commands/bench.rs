@@ -23,11 +23,13 @@ use serde_json::{json, Value};
 
 use crate::flags::{init_threads, parse_bytes, parse_ids, ModelArgs};
 use crate::load::{open_dir, CacheFlags};
-use colibri_engine::generate::{Drafter, GenerateOptions, Generator, ModelDrafter, SpecStats};
+use colibri_engine::generate::{
+    forward_recording, Drafter, GenerateOptions, Generator, HiddenLog, ModelDrafter, MtpDrafter, SpecStats,
+};
 
 use crate::backend::forward_keep_fn;
 use crate::flags::BackendChoice;
-use crate::load::open_draft;
+use crate::load::{open_draft, Draft};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CacheState {
@@ -70,9 +72,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub second_turn: usize,
     /// Speculative decoding with drafts from a smaller model of the same tokenizer (a
-    /// directory or an installed id), --speculate N per step (4 if not given); the record
-    /// adds "speculation" with the draft's load time. The generated ids are the same.
-    #[arg(long, value_name = "DIR")]
+    /// directory or an installed id), or with `mtp` from the model's own MTP layer,
+    /// --speculate N per step (4 for a model, 1 for mtp, if not given); the record adds
+    /// "speculation" with the draft's load time. The generated ids are the same.
+    #[arg(long, value_name = "DIR|mtp")]
     pub draft: Option<std::path::PathBuf>,
 }
 
@@ -174,7 +177,9 @@ fn delta(a: &CacheStats, b: &CacheStats) -> Value {
 }
 
 /// Greedy decoding of `n` tokens after a prefilled `prompt` (its last `logits`), drafts
-/// from prompt lookup (or `drafter`) verified in one pass each.
+/// from prompt lookup (or `drafter`) verified in one pass each; with `log`, every pass
+/// records its hidden states there (for an MTP drafter).
+#[allow(clippy::too_many_arguments)]
 fn speculative_decode(
     model: &colibri_engine::Model,
     session: &mut colibri_engine::Session,
@@ -183,6 +188,7 @@ fn speculative_decode(
     n: usize,
     max_draft: usize,
     mut drafter: Option<&mut dyn Drafter>,
+    log: Option<&HiddenLog>,
 ) -> Result<(Vec<u32>, SpecStats)> {
     let opts = GenerateOptions { max_new_tokens: n, ..GenerateOptions::default() };
     let g = Generator::new(&[], prompt, model.cfg.max_positions, &opts)?;
@@ -197,8 +203,14 @@ fn speculative_decode(
         let Some(ids) = g.input() else { break };
         let ids = ids.to_vec();
         let rows_n = g.rows_needed();
-        session.truncate(fed);
-        let rows = model.forward(session, &ids, if rows_n > 1 { Logits::All } else { Logits::Last })?;
+        let which = if rows_n > 1 { Logits::All } else { Logits::Last };
+        let rows = match log {
+            Some(log) => forward_recording(model, session, log, fed, &ids, which)?,
+            None => {
+                session.truncate(fed);
+                model.forward(session, &ids, which)?
+            }
+        };
         fed += g.accept_rows(&rows[rows.len() - rows_n * vocab..], None)?;
     }
     Ok((g.produced().to_vec(), g.spec_stats()))
@@ -267,26 +279,43 @@ pub fn run(a: BenchArgs) -> Result<()> {
         CacheStats::default()
     };
     let mut session = model.new_session();
+    // --draft mtp: the MTP layer reads the hidden states of every pass, the prompt's too.
+    let mut mtp = match &draft {
+        Some(Draft::Mtp) => Some(MtpDrafter::new(model)?),
+        _ => None,
+    };
+    let log = mtp.as_ref().map(|m| m.log());
     let t0 = Instant::now();
-    let mut logits = model.forward(&mut session, &prompt, Logits::Last)?;
+    let mut logits = match &log {
+        Some(log) => forward_recording(model, &mut session, log, 0, &prompt, Logits::Last)?,
+        None => model.forward(&mut session, &prompt, Logits::Last)?,
+    };
     let prefill_s = t0.elapsed().as_secs_f64();
     let after_prefill = stats();
     let t1 = Instant::now();
     let mut spec = None;
     let mut ids = vec![math::argmax(&logits) as u32];
-    if let Some(d) = &draft {
-        let max_draft = if a.speculate == 0 { super::generate::DEFAULT_DRAFT } else { a.speculate };
+    if let Some(m) = mtp.as_mut() {
+        let max_draft = super::generate::max_draft(a.speculate, true);
+        let n = a.decode_tokens.max(1);
+        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, n, max_draft, Some(m), log.as_ref())?;
+        let mut j = s.to_json();
+        j["draft"] = json!({"path": "mtp", "max_draft": max_draft});
+        (ids, spec) = (got, Some(j));
+    } else if let Some(Draft::Model(d)) = &draft {
+        let max_draft = super::generate::max_draft(a.speculate, false);
         let fwd = forward_keep_fn(&d.model, BackendChoice::Cpu)?;
         let mut drafter = ModelDrafter::new(fwd, d.model.cfg.max_positions, model.cfg.vocab);
         let n = a.decode_tokens.max(1);
-        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, n, max_draft, Some(&mut drafter))?;
+        let (got, s) =
+            speculative_decode(model, &mut session, &prompt, &logits, n, max_draft, Some(&mut drafter), None)?;
         let mut j = s.to_json();
         j["draft"] = json!({"path": a.draft.as_ref().map(|p| p.display().to_string()), "load_seconds": draft_load_s,
             "max_draft": max_draft, "model_bytes": d.cache.as_ref().map(|c| c.dense_bytes + c.expert_bytes)});
         (ids, spec) = (got, Some(j));
     } else if a.speculate > 0 {
         let n = a.decode_tokens.max(1);
-        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, n, a.speculate, None)?;
+        let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, n, a.speculate, None, None)?;
         (ids, spec) = (got, Some(s.to_json()));
     }
     for _ in ids.len()..a.decode_tokens.max(1) {

@@ -125,7 +125,7 @@ fn class_of(name: &str, shape: &[usize]) -> Class {
         || name.ends_with("linear_attn.in_proj_ba.weight")
     {
         Class::Other
-    } else if name == "lm_head.weight" {
+    } else if name == "lm_head.weight" || name.ends_with(".shared_head.head.weight") {
         Class::LmHead
     } else if name.ends_with("embed_tokens.weight") {
         Class::Embed
@@ -247,8 +247,11 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     };
     let exp_t = if mxfp4_experts && a.experts.is_none() && a.quant.is_none() { Some(DType::Mxfp4) } else { exp_t };
 
+    // The first MTP layer is kept where the engine runs it (`--draft mtp`); others are left out.
+    let mtp = format!("model.layers.{}.", cfg.n_layers);
+    let keep_mtp = |n: &str| model.has_mtp() && n.starts_with(&mtp);
     let mut names: Vec<&String> =
-        store.names().filter(|n| !is_routed_expert_weight(n) && !cfg.is_mtp_tensor(n)).collect();
+        store.names().filter(|n| !is_routed_expert_weight(n) && (!cfg.is_mtp_tensor(n) || keep_mtp(n))).collect();
     names.sort_by_cached_key(|n| natural_key(n));
     let mut dense: Vec<(String, String, DType, Vec<usize>)> = Vec::new(); // (stored name, source name, dtype, shape)
     for n in names {
@@ -262,7 +265,10 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     }
 
     let (h, i) = (cfg.hidden as u64, cfg.expert_intermediate as u64);
-    let moe_layers: Vec<usize> = (0..cfg.n_layers).filter(|&l| cfg.moe_layers[l]).collect();
+    let mut moe_layers: Vec<usize> = (0..cfg.n_layers).filter(|&l| cfg.moe_layers[l]).collect();
+    if model.mtp.as_ref().is_some_and(|m| matches!(m.layer.ffn, colibri_engine::model::Ffn::Moe(_))) {
+        moe_layers.push(cfg.n_layers);
+    }
     let expert_plans: Vec<ExpertLayerPlan> = moe_layers
         .iter()
         .map(|&l| {

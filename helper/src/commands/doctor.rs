@@ -181,7 +181,7 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
 fn verify_experts(dir: &std::path::Path) -> Result<usize> {
     let (container, data) = ModelDir::open(dir, false)?.into_container()?;
     let m = &container.manifest;
-    let experts = ExpertCache::new(m, &container.cfg.expert_shape(), Arc::new(data), Some(0))?;
+    let experts = ExpertCache::new(m, &container.expert_shape(), Arc::new(data), Some(0))?;
     let total: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
     let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
     experts.verify_all(&mut |done, _| bar.set_position(done as u64))?;

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use colibri_engine::generate::logprobs::sequence_logprobs;
 use colibri_engine::generate::{
-    Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter, StopReason, TokenLogprob,
+    forward_recording, Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter, MtpDrafter,
+    StopReason, TokenLogprob,
 };
 use colibri_engine::model::config::ModelConfig;
 use colibri_engine::tokenizer::DecodeStream;
@@ -24,13 +25,41 @@ use super::Stats;
 use crate::kv_store::KvStore;
 use crate::load::Loaded;
 
-/// Speculative decoding of every generation (`coli serve --speculate N [--draft DIR]`; off
-/// by default): up to `max_draft` drafts per step from prompt lookup, or from `draft`, a
-/// smaller model of the same tokenizer. The output is the same as without.
+/// Speculative decoding of every generation (`coli serve --speculate N [--draft DIR|mtp]`;
+/// off by default): up to `max_draft` drafts per step from prompt lookup, from `draft`, a
+/// smaller model of the same tokenizer, or with `mtp` from the model's own MTP layer. The
+/// output is the same as without.
 #[derive(Clone, Default)]
 pub struct Speculation {
     pub max_draft: usize,
     pub draft: Option<Arc<Loaded>>,
+    pub mtp: bool,
+}
+
+impl Speculation {
+    /// The speculation of one request: `speculate` is the request's extension field (absent
+    /// or null: the server's; `false` or 0: off; `true`: the server's; N: up to N drafts per
+    /// step, within the server's `--speculate`). `server` is the model's (None: off). Err:
+    /// why the request cannot have it (a 400 naming `speculate`).
+    pub fn for_request(
+        server: Option<Speculation>,
+        speculate: Option<&serde_json::Value>,
+    ) -> Result<Option<Self>, String> {
+        use serde_json::Value;
+        let limit = server.as_ref().map_or(0, |s| s.max_draft);
+        let n = match speculate {
+            None | Some(Value::Null) | Some(Value::Bool(true)) => return Ok(server),
+            Some(Value::Bool(false)) => 0,
+            Some(v) => v.as_u64().ok_or("speculate must be a boolean or a whole number of draft tokens")?,
+        };
+        match (n, server) {
+            (0, _) => Ok(None),
+            (n, Some(s)) if n <= limit as u64 => Ok(Some(Speculation { max_draft: n as usize, ..s })),
+            (n, _) => Err(format!(
+                "speculate: {n} draft tokens per step, but this server allows at most {limit} (coli serve --speculate N)"
+            )),
+        }
+    }
 }
 
 /// A loaded model and its generation queue.
@@ -112,10 +141,15 @@ impl Engines {
                     }
                     _ => Err("no tokenizer".into()),
                 };
+                let lookup = Speculation { max_draft: s.max_draft, draft: None, mtp: false };
+                if s.mtp && !loaded.model.has_mtp() {
+                    tracing::warn!("--draft mtp: this model has no MTP layer; prompt lookup instead");
+                    return Some(lookup);
+                }
                 match s.draft.as_deref().map(same) {
                     Some(Err(e)) => {
                         tracing::warn!("--draft is not used for this model: {e}; prompt lookup instead");
-                        Some(Speculation { max_draft: s.max_draft, draft: None })
+                        Some(lookup)
                     }
                     _ => Some(s.clone()),
                 }
@@ -336,10 +370,24 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         return (Some(Event::Error("this model has no tokenizer".into())), false);
     };
     let stream = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
+    // MTP drafts read the hidden state of every position (a reused cache has none).
+    let mtp = speculation.as_ref().is_some_and(|s| s.mtp);
+    let mtp_drafter = if mtp { Some(MtpDrafter::new(&loaded.model)) } else { None }.transpose();
+    let mtp_drafter = match mtp_drafter {
+        Ok(d) => d,
+        Err(e) => return (Some(Event::Error(e.to_string())), false),
+    };
+    let log = mtp_drafter.as_ref().map(|d| d.log());
+    // A forward pass after what `session` holds (recording the hidden states for MTP).
+    let model = &loaded.model;
+    let forward = |session: &mut Session, ids: &[u32], which: Logits| match &log {
+        Some(log) => forward_recording(model, session, log, session.len(), ids, which),
+        None => model.forward(session, ids, which),
+    };
     // Echo with logprobs needs every prompt position's logits: nothing is reused then.
     let taken = match prompt_logprobs {
-        None => kv.take(&loaded.model.cfg, &prompt),
-        Some(_) => None,
+        None if !mtp => kv.take(&loaded.model.cfg, &prompt),
+        _ => None,
     };
     let (mut session, cached) = taken.unwrap_or_else(|| (loaded.model.new_session(), 0));
     let (history, fresh) = prompt.split_at(cached);
@@ -350,9 +398,13 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
     if let Some(c) = constraint {
         gen = gen.with_constraint(c);
     }
-    let mut drafter = None;
+    let mut drafter: Option<Box<dyn Drafter + '_>> = None;
     match speculation {
-        Some(Speculation { max_draft, draft: Some(d) }) => {
+        Some(Speculation { max_draft, mtp: true, .. }) => {
+            gen = gen.with_external_drafts(max_draft);
+            drafter = mtp_drafter.map(|d| Box::new(d) as Box<dyn Drafter>);
+        }
+        Some(Speculation { max_draft, draft: Some(d), .. }) => {
             gen = gen.with_external_drafts(max_draft);
             let (mut ds, vocab, max_positions) =
                 (d.model.new_session(), loaded.model.cfg.vocab, d.model.cfg.max_positions);
@@ -360,9 +412,9 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
                 ds.truncate(keep);
                 d.model.forward(&mut ds, ids, which)
             });
-            drafter = Some(ModelDrafter::new(forward, max_positions, vocab));
+            drafter = Some(Box::new(ModelDrafter::new(forward, max_positions, vocab)));
         }
-        Some(Speculation { max_draft, draft: None }) => gen = gen.with_speculation(max_draft),
+        Some(Speculation { max_draft, draft: None, .. }) => gen = gen.with_speculation(max_draft),
         None => {}
     }
     let mut client_gone = false;
@@ -373,7 +425,7 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
     let mut first_row = None;
     if let Some(n) = prompt_logprobs {
         let vocab = loaded.model.cfg.vocab;
-        match loaded.model.forward(&mut session, &prompt, Logits::All) {
+        match forward(&mut session, &prompt, Logits::All) {
             Ok(rows) => {
                 if tx.blocking_send(Event::Prompt(sequence_logprobs(&rows, &prompt, vocab, n))).is_err() {
                     client_gone = true;
@@ -405,14 +457,14 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
             let start = session.len() - if first_row.is_some() { ids.len().min(session.len()) } else { 0 };
             let rows = match first_row.take() {
                 Some(row) => Ok(row),
-                None => loaded.model.forward(&mut session, ids, if n > 1 { Logits::All } else { Logits::Last }),
+                None => forward(&mut session, ids, if n > 1 { Logits::All } else { Logits::Last }),
             };
             rows.and_then(|r| gen.accept_rows(&r[r.len().saturating_sub(n * vocab)..], Some(tok)))
                 .map(|kept| session.truncate(start + kept))
         } else {
             let logits = match first_row.take() {
                 Some(row) => Ok(row),
-                None => loaded.model.forward(&mut session, ids, Logits::Last),
+                None => forward(&mut session, ids, Logits::Last),
             };
             logits.and_then(|l| gen.accept(&l, Some(tok))).map(|_| ())
         };

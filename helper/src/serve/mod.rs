@@ -92,8 +92,9 @@ pub struct ServeArgs {
     pub speculate: usize,
     /// Drafts from this smaller model of the same tokenizer (a directory or an installed
     /// id), --speculate N per step (4 if not given), for the served models whose tokenizer
-    /// it shares (the others use prompt lookup).
-    #[arg(long, value_name = "DIR")]
+    /// it shares (the others use prompt lookup); `mtp`: from each model's own MTP layer
+    /// (1 per step if not given; models without one use prompt lookup).
+    #[arg(long, value_name = "DIR|mtp")]
     pub draft: Option<PathBuf>,
 }
 
@@ -376,7 +377,8 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         eprintln!("warning: listening on {host}; other machines on the network can reach this helper");
     }
     let models_dir = a.models_dir.clone().or_else(crate::paths::models_dir);
-    let draft_dir = a.draft.as_ref().map(|d| crate::paths::resolve_model(d, models_dir.as_deref()));
+    let mtp = a.draft.as_deref().is_some_and(crate::load::is_mtp);
+    let draft_dir = a.draft.as_ref().filter(|_| !mtp).map(|d| crate::paths::resolve_model(d, models_dir.as_deref()));
     let draft_dir = draft_dir.transpose().context("--draft")?;
     let mut dirs = Vec::new();
     for m in &a.models {
@@ -414,11 +416,11 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         }
         None => None,
     };
-    let max_draft = match (a.speculate, &draft) {
-        (0, Some(_)) => crate::commands::generate::DEFAULT_DRAFT,
+    let max_draft = match (a.speculate, draft.is_some() || mtp) {
+        (0, true) => crate::commands::generate::max_draft(0, mtp),
         (n, _) => n,
     };
-    let speculation = generation::Speculation { max_draft, draft };
+    let speculation = generation::Speculation { max_draft, draft, mtp };
     let mut state = AppState::new(registry, policy, data_dir, a.max_queue, a.ram, speculation);
     if let Some(b) = a.kv_cache {
         state.engines.kv.bytes = usize::try_from(b).unwrap_or(usize::MAX);

@@ -370,8 +370,10 @@ mod tests {
             [
                 "olmoe",
                 "deepseek_v3",
+                "deepseek_v3_mtp",
                 "deepseek_v3_noqlora",
                 "glm4_moe",
+                "glm4_moe_mtp",
                 "gpt_oss",
                 "gpt_oss_mxfp4",
                 "mixtral",
@@ -384,7 +386,7 @@ mod tests {
         // gpt-oss's MXFP4 release layout (quantization_config mxfp4) is a supported model.
         let d = describe(&reg.get("gpt_oss_mxfp4").unwrap());
         assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("gpt_oss")), "{d}");
-        for mla in ["deepseek_v3", "deepseek_v3_noqlora"] {
+        for mla in ["deepseek_v3", "deepseek_v3_noqlora", "deepseek_v3_mtp"] {
             let d = describe(&reg.get(mla).unwrap());
             assert_eq!((&d["supported"], &d["model_type"]), (&json!(true), &json!("deepseek_v3")), "{d}");
         }

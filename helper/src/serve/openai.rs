@@ -6,7 +6,8 @@
 //!
 //! Supported: temperature, top_p, max_tokens / max_completion_tokens, stop (string or
 //! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
-//! top_k, repetition_penalty, ignore_eos; logprobs / top_logprobs (chat) and logprobs +
+//! top_k, repetition_penalty, ignore_eos; colibri's `speculate` (speculative decoding per
+//! request, within `coli serve --speculate`); logprobs / top_logprobs (chat) and logprobs +
 //! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
 //! Structured output (`response_format` json_object / json_schema, llama.cpp's `grammar`,
 //! `tools` / `tool_choice`): see [`super::structured`]. presence/frequency penalties are
@@ -33,7 +34,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::generation::{self as engine, EngineError, Event, Job};
+use super::generation::{self as engine, EngineError, Event, Job, Speculation};
 use super::structured::{self, Tools};
 use super::AppState;
 
@@ -122,6 +123,8 @@ struct Params {
     ignore_eos: Option<bool>,
     /// llama.cpp's extension: a GBNF (or Lark) grammar the output must match.
     grammar: Option<String>,
+    /// colibri's extension: speculative decoding for this request (see [`Speculation::for_request`]).
+    speculate: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -390,6 +393,8 @@ async fn prepare(
         .with_code("context_length_exceeded"));
     };
     let max_new_tokens = requested.map_or(DEFAULT_MAX_TOKENS, |r| r.min(usize::MAX as u64) as usize).min(room);
+    let speculation = Speculation::for_request(state.engines.speculation(&slot, &loaded), p.speculate.as_ref())
+        .map_err(|e| ApiError::invalid(e, Some("speculate")))?;
     let admission = admit(state, &slot)?;
     let stop_ids = if p.ignore_eos.unwrap_or(false) { Vec::new() } else { loaded.stop_ids.clone() };
     let echo = if extras.echo {
@@ -412,7 +417,7 @@ async fn prepare(
         continue_prompt: extras.continue_prompt,
         prompt_logprobs: extras.logprobs.filter(|_| extras.echo),
         constraint,
-        speculation: state.engines.speculation(&slot, &loaded),
+        speculation,
     };
     let rx = engine::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
     Ok(Prepared {

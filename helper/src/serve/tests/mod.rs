@@ -7,6 +7,7 @@ mod context;
 mod hostile;
 mod kv;
 mod logprobs;
+mod mtp;
 mod ranges;
 mod security;
 mod speculation;
