@@ -25,8 +25,10 @@ where
     F: Fn(usize, &mut [f32]) + Sync + Send,
 {
     let chunk = chunk.max(1);
+    // One thread: no hand-off to the pool (its one worker would run it while this thread
+    // sleeps: two context switches for nothing).
     #[cfg(feature = "parallel")]
-    if parallel {
+    if parallel && threads() > 1 {
         use rayon::prelude::*;
         data.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
         return;

@@ -322,8 +322,11 @@ fn bench_warmup_leaves_the_timed_prefill_on_resident_experts() {
     assert_eq!(cold["model"]["attention"], "gqa");
     assert!(cold["prefill"]["hit_rate"]["disk"].as_f64().unwrap() > 0.0, "{cold}");
     assert_eq!(warm["prefill"]["hit_rate"]["disk"].as_f64(), Some(0.0), "{warm}");
+    // Only the lookahead reads during a warm prefill; a read it started may still be in
+    // flight when the prefill ends (counted in its bytes, not yet in bytes_read).
     let prefetched = warm["prefill"]["prefetch"]["bytes"].as_u64().unwrap();
-    assert_eq!(warm["prefill"]["bytes_read"].as_u64(), Some(prefetched), "{warm}");
+    let read = warm["prefill"]["bytes_read"].as_u64().unwrap();
+    assert!(read <= prefetched, "{warm}");
     // Same prompt, same greedy tokens whether or not the experts were loaded first.
     assert_eq!(cold["generated_ids"], warm["generated_ids"]);
     let _ = std::fs::remove_dir_all(&dir);

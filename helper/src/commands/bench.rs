@@ -21,7 +21,7 @@ use colibri_engine::model::open::ModelDir;
 use colibri_engine::{math, Logits};
 use serde_json::{json, Value};
 
-use crate::flags::{init_threads, parse_bytes, parse_ids, ModelArgs};
+use crate::flags::{init_threads, on_pool, parse_bytes, parse_ids, ModelArgs};
 use crate::load::{open_dir, CacheFlags};
 use colibri_engine::generate::{
     forward_recording, Drafter, GenerateOptions, Generator, HiddenLog, ModelDrafter, MtpDrafter, SpecStats,
@@ -243,6 +243,10 @@ fn second_turn(
 
 pub fn run(a: BenchArgs) -> Result<()> {
     init_threads(a.model.threads)?;
+    on_pool(|| run_inner(a))
+}
+
+fn run_inner(a: BenchArgs) -> Result<()> {
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
     let flags = CacheFlags::from_args(&a.model);
     let container = is_container(&dir);

@@ -32,6 +32,11 @@ pub struct ChooseArgs {
 }
 
 pub fn choose(a: ChooseArgs) -> Result<()> {
+    crate::flags::init_threads(a.model.threads)?;
+    crate::flags::on_pool(|| choose_inner(a))
+}
+
+fn choose_inner(a: ChooseArgs) -> Result<()> {
     let options: Vec<String> = a.options.split('|').map(str::to_string).collect();
     if options.iter().any(|o| o.is_empty()) {
         bail!("--options: an empty option (separate options with |)");

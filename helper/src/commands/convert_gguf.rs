@@ -208,10 +208,10 @@ pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Re
     if parsed.gguf.parts > 1 {
         provenance["parts"] = json!(parsed.gguf.parts);
     }
-    if !requantized.is_empty() {
-        let counts: BTreeMap<&String, usize> = requantized.iter().map(|(k, v)| (k, v.len())).collect();
-        provenance["requantized"] = json!(counts);
-    }
+    // Always written (empty: nothing re-quantized), so that a container from before this
+    // record says nothing rather than "kept exactly".
+    let counts: BTreeMap<&String, usize> = requantized.iter().map(|(k, v)| (k, v.len())).collect();
+    provenance["requantized"] = json!(counts);
     let config = im.config.clone();
     Ok(Source { config, stub, lazy: Lazy { parsed, by_name, experts }, files, provenance })
 }
@@ -229,8 +229,9 @@ pub fn describe_source(source: Option<&Value>) -> Option<String> {
         Some(m.iter().map(|(k, n)| format!("{k} x {n}")).collect::<Vec<_>>().join(", "))
     };
     let requantized = match counts("requantized") {
+        Some(r) if r.is_empty() => "; every tensor's values kept exactly".into(),
         Some(r) => format!("; re-quantized, not kept exactly: {r}"),
-        None => "; every tensor's values kept exactly".into(),
+        None => String::new(),
     };
     Some(format!(
         "converted from GGUF {} ({}; tensors {}{requantized})",
@@ -253,4 +254,26 @@ pub fn converted_types(p: &Parsed) -> Vec<&'static str> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_source_says_what_was_requantized() {
+        let base = json!({"format": "gguf", "file": "m.gguf", "architecture": "qwen3moe",
+            "tensor_types": {"Q4_K": 3, "F32": 2}});
+        // A container from before `requantized` was recorded: no claim either way.
+        assert_eq!(
+            describe_source(Some(&base)).unwrap(),
+            "converted from GGUF m.gguf (qwen3moe; tensors F32 x 2, Q4_K x 3)"
+        );
+        let mut v = base.clone();
+        v["requantized"] = json!({});
+        assert!(describe_source(Some(&v)).unwrap().ends_with("; every tensor's values kept exactly)"));
+        v["requantized"] = json!({"Q4_K": 3});
+        assert!(describe_source(Some(&v)).unwrap().ends_with("; re-quantized, not kept exactly: Q4_K x 3)"));
+        assert_eq!(describe_source(Some(&json!({"format": "safetensors"}))), None);
+    }
 }

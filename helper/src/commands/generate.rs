@@ -106,6 +106,11 @@ impl GenerateArgs {
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
+    crate::flags::init_threads(a.model.threads)?;
+    crate::flags::on_pool(|| generate_inner(a))
+}
+
+fn generate_inner(a: GenerateArgs) -> Result<()> {
     let ids_arg = a.ids.as_deref().map(parse_ids).transpose()?;
     let grammar = a.grammar()?;
     let loaded = open(&a.model, a.prompt.is_some() || a.logprobs.is_some() || grammar.is_some() || a.draft.is_some())?;

@@ -22,6 +22,11 @@ pub struct LogitsArgs {
 }
 
 pub fn logits(a: LogitsArgs) -> Result<()> {
+    crate::flags::init_threads(a.model.threads)?;
+    crate::flags::on_pool(|| logits_inner(a))
+}
+
+fn logits_inner(a: LogitsArgs) -> Result<()> {
     let ids = parse_ids(&a.ids)?;
     let loaded = open(&a.model, false)?;
     let mut forward = forward_fn(&loaded.model, a.model.backend)?;
