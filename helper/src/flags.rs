@@ -86,8 +86,8 @@ impl SamplingArgs {
 /// Runs a one-shot computing command on a thread of the CPU pool (after [`init_threads`])
 /// when the pool has more than one: every parallel region of the kernels then starts on a
 /// worker, which takes part in it, instead of being injected from a thread that sleeps until
-/// the workers are done (two wake-ups per region, ~80 regions per decode step). Measured
-/// under load (docs/benchmarks.md): +10% decode and +9% prefill at 2 threads. Not for the
+/// the workers are done (wake-ups per region; a decode step has a few regions per layer).
+/// Measured under load (docs/benchmarks.md): +10% decode and +9% prefill at 2 threads. Not for the
 /// server, whose generation threads wait for requests (each would hold a worker).
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_num_threads() > 1 {
