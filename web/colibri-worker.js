@@ -385,6 +385,14 @@ const ops = {
     }
     return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize() };
   },
+  // A draft model for generate({draft: "model"}), in this worker's engine (its own tiers).
+  async loadDraft({ model, modelUrl, options }) {
+    const { multiRange, ...draftOptions } = options || {};
+    const base = modelUrl || `${helper}/models/${encodeURIComponent(model)}/`;
+    draftOptions.multiRange = modelUrl ? (typeof multiRange === "boolean" ? multiRange : await probeMultiRange(base)) : true;
+    const onProgress = (p) => post({ event: "progress", progress: p });
+    return JSON.parse(await engine.loadDraft(base, String(model), JSON.stringify(draftOptions), onProgress));
+  },
   async logits({ ids }) {
     const out = await engine.logits(Uint32Array.from(ids));
     postRoute(0, takeRoute());

@@ -5,6 +5,7 @@
 //   await engine.generate({ ids: [5, 17, 3], maxNewTokens: 16, temperature: 0 }); // {ids, text}
 //   await engine.logits({ ids: [5, 17, 3] });                                        // Float32Array
 //   await engine.choose({ prompt: "Merge it?", options: ["yes", "no"] });             // {probabilities, entropy, choice, ...}
+//   await engine.loadDraft("tiny"); await engine.generate({ ids, draft: "model" });  // speculative: the same tokens
 //   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
 //   engine.stats(); // {backend, threads, threadsReason, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper} (expert uses by the tier that served them), bytesFetched, ...}
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
@@ -111,13 +112,29 @@ class Engine extends EventTarget {
    * acceptanceRate, tokensPerForward}. `draft: "mtp"` takes the drafts from the model's
    * own multi-token-prediction layer instead (DeepSeek-V3 / GLM-4.5 checkpoints that have
    * one; the cpu backend; `speculate` per step, 1 if 0; the conversation's cache is then
-   * not reused). The tab keeps the conversation's cache between calls:
+   * not reused). `draft: "model"` takes them from the draft model (`load({draft})` or
+   * `loadDraft`; `speculate` per step, 4 if 0), on either backend: the same tokens as
+   * `coli generate --draft DIR`. The tab keeps the conversation's cache between calls:
    * ids that start with the previous call's prompt and answer feed only the rest (the
    * same tokens as a fresh run); the result's `cachedTokens` and stats().cachedTokens say
    * how many prompt tokens were not fed again. */
   async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, seed = 0, ignoreEos = false, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, speculate = 0, draft, onToken, signal } = {}) {
     const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, seed, ignoreEos, logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex, speculate, draft };
     return this.#call("generate", { ids, options }, onToken, signal).promise;
+  }
+
+  /** Loads a draft model for `generate({draft: "model"})`: a smaller model of the same
+   * tokenizer (an id of the helper's models or a URL, as load()'s `model`), given as its
+   * name or as {model, ramBytes (its RAM tier for experts, default 256 MiB), multiRange}.
+   * It gets weights and expert tiers of its own (RAM, then the helper or host; no disk
+   * tier) and runs on the cpu backend whatever the model's backend. A draft with another
+   * tokenizer is refused with `coli generate --draft`'s message. Replaces an earlier one;
+   * resolves to what stats().draft reports: {model, backend, modelType, layers, experts,
+   * vocab, contextLength, bytesFetched, helperFetches, ramHits}. */
+  async loadDraft(draft) {
+    const { model, ...options } = typeof draft === "string" ? { model: draft } : draft || {};
+    if (typeof model !== "string" || !model) throw new Error("loadDraft needs a model: an id or a URL, or {model, ramBytes}");
+    return this.#call("loadDraft", { model, modelUrl: hostedModelUrl(model), options }).promise;
   }
 
   /** Option scoring: the probability of each of `options` as the answer to `prompt` (one
@@ -292,13 +309,23 @@ function finishReason(r, req) {
  * backend: "webgpu" fails if the browser has no usable WebGPU; "auto" uses WebGPU when
  * the browser has it and one decode step measures faster on it than on the CPU backend
  * (stats().auto holds the two timings); both backends produce the same tokens.
+ * draft: a draft model for generate({draft: "model"}) (engine.loadDraft's argument: an id,
+ * a URL or {model, ramBytes}), loaded after the model; load fails if it cannot be used.
  */
-export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, threads, multiRange } = {}) {
+export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, threads, multiRange, draft } = {}) {
   if (!["auto", "webgpu", "cpu"].includes(backend)) throw new Error(`unknown backend ${backend}`);
   const helperUrl = helper || HERE.origin;
   const engine = new Engine(makeWorker(), onProgress);
   engine.model = model;
   await engine._load(helperUrl, model, { ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, backend, threads, multiRange, modelUrl: hostedModelUrl(model) });
+  if (draft !== undefined && draft !== null) {
+    try {
+      await engine.loadDraft(draft);
+    } catch (e) {
+      engine.terminate();
+      throw e;
+    }
+  }
   return engine;
 }
 

@@ -112,13 +112,7 @@ pub type ForwardKeep<'m> = Box<dyn FnMut(usize, &[u32], Logits) -> colibri_engin
 /// and values (option scoring).
 pub fn forward_keep_fn(model: &Model, backend: BackendChoice) -> Result<ForwardKeep<'_>> {
     match backend {
-        BackendChoice::Cpu => {
-            let mut session = model.new_session();
-            Ok(Box::new(move |keep, ids, which| {
-                session.truncate(keep);
-                model.forward(&mut session, ids, which)
-            }))
-        }
+        BackendChoice::Cpu => Ok(colibri_engine::generate::draft::cpu_forward_keep(model)),
         BackendChoice::Wgpu => gpu_keep(model),
     }
 }

@@ -253,3 +253,47 @@ fn doctor_checks_the_machine_and_takes_model_ids() {
     assert!(!ok && text.contains("FAIL  model id"), "{text}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// COLIBRI_WEB_DIR serves the page and engine files from a folder (a developer's A/B of two
+/// engine builds); names that leave the folder or are hidden are refused.
+#[cfg(unix)]
+#[test]
+fn serve_takes_the_web_app_from_colibri_web_dir() {
+    let data = scratch("webdir");
+    let web = data.join("web");
+    std::fs::create_dir_all(web.join("pkg")).unwrap();
+    std::fs::write(web.join("colibri.js"), "export const from = 'the folder';\n").unwrap();
+    std::fs::write(web.join("pkg/colibri_wasm.js"), "// another build\n").unwrap();
+    std::fs::write(web.join(".secret"), "no").unwrap();
+    std::fs::write(data.join("outside.js"), "no").unwrap();
+    let mut child = coli()
+        .args(["serve", "--port", "0", "--models-dir"])
+        .arg(data.join("models"))
+        .env("XDG_DATA_HOME", &data)
+        .env("COLIBRI_WEB_DIR", &web)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let port: u16 = first.rsplit(':').next().unwrap().parse().unwrap();
+    let host = format!("127.0.0.1:{port}");
+    let got = [
+        get(port, "/colibri.js", &host),
+        get(port, "/pkg/colibri_wasm.js", &host),
+        get(port, "/.secret", &host),
+        get(port, "/pkg/..%2f..%2foutside.js", &host),
+        get(port, "/widget.js", &host),
+    ];
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(got[0], (200, "export const from = 'the folder';\n".to_string()));
+    assert_eq!(got[1], (200, "// another build\n".to_string()));
+    assert_eq!(got[2].0, 404, "{:?}", got[2]);
+    assert_eq!(got[3].0, 404, "{:?}", got[3]);
+    // Not in the folder: not found (the embedded copy is not mixed in).
+    assert_eq!(got[4].0, 404, "{:?}", got[4]);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -4,7 +4,11 @@
 //
 //   node tools/bench/browser.mjs --engine wllama --gguf FILE --threads N [--prompt-tokens 128] [--decode-tokens 64]
 //   node tools/bench/browser.mjs --engine colibri --coli target/release/coli --models-dir DIR --model NAME
-//        [--prompt-tokens 128] [--decode-tokens 64]
+//        [--prompt-tokens 128] [--decode-tokens 64] [--web-dir DIR]
+//
+// --web-dir DIR: serve the page, colibri.js and the engine builds from DIR (a web/ folder
+// after tools/build-web.sh, e.g. another checkout's: COLIBRI_WEB_DIR) instead of the copy
+// built into this coli, to compare two engine builds with one helper.
 //
 // wllama (llama.cpp in wasm, the @wllama/wllama npm package) runs on a page this script
 // serves on a loopback port with COOP/COEP (cross-origin isolated, so its wasm threads get
@@ -178,7 +182,9 @@ async function runColibri() {
   if (!coli || !existsSync(coli)) fail(`--coli ${coli}: no such binary`);
   if (!modelsDir || !model || !existsSync(join(modelsDir, model, "colibri.json"))) fail(`--models-dir/--model: no ${modelsDir}/${model}/colibri.json`);
   const srv = await new Promise((ok, bad) => {
-    const child = spawn(coli, ["serve", "--port", "0", "--models-dir", modelsDir], { stdio: ["ignore", "pipe", "pipe"] });
+    const webDir = arg("web-dir");
+    const env = webDir ? { ...process.env, COLIBRI_WEB_DIR: webDir } : process.env;
+    const child = spawn(coli, ["serve", "--port", "0", "--models-dir", modelsDir], { stdio: ["ignore", "pipe", "pipe"], env });
     let log = "";
     const onData = (d) => {
       log += d;
@@ -223,7 +229,7 @@ async function runColibri() {
       return {
         engine: "colibri",
         where: "browser",
-        build: "coli serve (web/pkg built into this coli)",
+        build: arg("web-dir") ? `coli serve, web from ${arg("web-dir")}` : "coli serve (web/pkg built into this coli)",
         threads: THREADS,
         threads_used: s.threads ?? 1,
         threads_reason: s.threadsReason ?? null,

@@ -5,6 +5,7 @@
 //
 //   node tools/bench/profile_browser.mjs --coli target/release/coli --models-dir DIR --model NAME
 //        [--threads 1] [--prompt-tokens 32] [--decode-tokens 4] [--vocab 50304] [--top 25] [--trace OUT.json]
+//        [--web-dir DIR]   (serve web/ from DIR instead of coli's built-in copy: COLIBRI_WEB_DIR)
 //
 // The model is loaded (backend "cpu", RAM budget 3 GiB, no OPFS) and warmed by one pass over a
 // prompt of the same length; only the measured generation is traced.
@@ -30,7 +31,8 @@ const top = Number(arg("top", 25));
 const dir = mkdtempSync(join(tmpdir(), "colibri-profile-"));
 const tracePath = arg("trace", join(dir, "trace.json"));
 
-const child = spawn(coli, ["serve", "--port", "0", "--models-dir", modelsDir], { stdio: ["ignore", "pipe", "pipe"] });
+const env = arg("web-dir") ? { ...process.env, COLIBRI_WEB_DIR: arg("web-dir") } : process.env;
+const child = spawn(coli, ["serve", "--port", "0", "--models-dir", modelsDir], { stdio: ["ignore", "pipe", "pipe"], env });
 const url = await new Promise((ok, bad) => {
   let log = "";
   const seen = (d) => {

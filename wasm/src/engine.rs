@@ -10,9 +10,10 @@ use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::experts::ram_tiers::default_pin;
 use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::generate::choose::{self, Chooser};
+use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::{
-    keepable, Constraint, Drafter, GenerateOptions, Generator, Grammar, MtpDrafter, SamplingDefaults, SamplingRequest,
+    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, SamplingRequest,
 };
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
@@ -37,7 +38,11 @@ use colibri_engine::format::kv;
 /// The share of the origin's storage quota that a model's disk tier may fill by default.
 const DISK_SHARE: f64 = 0.5;
 
+mod draft;
+mod options;
 mod tiers;
+use draft::{propose_tiered, DraftModel, DraftOptions, NO_DRAFT};
+use options::GenOptions;
 use tiers::{count_use, learned_usage, tier_map};
 
 fn err(e: impl std::fmt::Display) -> JsError {
@@ -66,81 +71,6 @@ struct LoadOptions {
     multi_range: Option<bool>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-struct GenOptions {
-    max_new_tokens: usize,
-    /// Sampling settings; absent ones come from generation_config.json, else greedy.
-    temperature: Option<f32>,
-    top_k: Option<usize>,
-    top_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    seed: u64,
-    ignore_eos: bool,
-    /// Stop strings: the text ends before the first one.
-    stop: Vec<String>,
-    /// Record each token's log-probability (taken with `takeLogprobs`).
-    logprobs: bool,
-    /// Alternatives per token with `logprobs` (0 to 20).
-    top_logprobs: usize,
-    /// Structured output (one at most): a JSON Schema, a GBNF or Lark grammar, a
-    /// regular expression, or OpenAI's `response_format`.
-    json_schema: Option<serde_json::Value>,
-    grammar: Option<String>,
-    regex: Option<String>,
-    response_format: Option<serde_json::Value>,
-    /// Speculative decoding from prompt lookup: most draft tokens per step (0: off).
-    speculate: usize,
-    /// "mtp": the drafts come from the model's own MTP layer (CPU backend), `speculate`
-    /// per step (1 if 0).
-    draft: Option<String>,
-}
-
-impl GenOptions {
-    fn grammar(&self) -> Result<Option<Grammar>, JsError> {
-        let mut all = Vec::new();
-        if let Some(s) = &self.json_schema {
-            all.push(Grammar::json_schema(s.clone()));
-        }
-        if let Some(g) = &self.grammar {
-            all.push(Grammar::from_text(g));
-        }
-        if let Some(r) = &self.regex {
-            all.push(Grammar::Regex(r.clone()));
-        }
-        if let Some(f) = &self.response_format {
-            all.extend(Grammar::from_response_format(f).map_err(|e| JsError::new(&e))?);
-        }
-        if all.len() > 1 {
-            return Err(JsError::new("give one of jsonSchema, grammar, regex, response_format"));
-        }
-        Ok(all.pop())
-    }
-}
-
-impl Default for GenOptions {
-    fn default() -> Self {
-        GenOptions {
-            max_new_tokens: 128,
-            temperature: None,
-            top_k: None,
-            top_p: None,
-            repetition_penalty: None,
-            seed: 0,
-            ignore_eos: false,
-            stop: Vec::new(),
-            logprobs: false,
-            top_logprobs: 0,
-            json_schema: None,
-            grammar: None,
-            regex: None,
-            response_format: None,
-            speculate: 0,
-            draft: None,
-        }
-    }
-}
-
 #[derive(Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Perf {
@@ -167,6 +97,10 @@ struct State {
     perf: Perf,
     /// The generation's MTP drafter (generate({draft: "mtp"})).
     mtp: Option<MtpDrafter<Rc<Model>>>,
+    /// The draft model (`loadDraft`), and whether this generation takes its drafts
+    /// (generate({draft: "model"})).
+    draft: Option<DraftModel>,
+    model_draft: bool,
 }
 
 #[wasm_bindgen]
@@ -357,7 +291,14 @@ impl Engine {
             },
         };
         report(&on_progress, "ready", total as f64, total as f64);
-        let state = State { cx: backend.new_context(&model), gen: None, perf: Perf::default(), mtp: None };
+        let state = State {
+            cx: backend.new_context(&model),
+            gen: None,
+            perf: Perf::default(),
+            mtp: None,
+            draft: None,
+            model_draft: false,
+        };
         Ok(Engine {
             model,
             tok: Rc::new(tok),
@@ -464,15 +405,19 @@ impl Engine {
             stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
             logprobs: o.logprobs.then_some(o.top_logprobs),
         };
+        let model_draft = o.draft.as_deref() == Some("model");
         let mtp = match o.draft.as_deref() {
-            None => None,
+            None | Some("model") => None,
             Some("mtp") if !matches!(self.backend, Backend::Cpu) => {
                 return Err(JsError::new("draft: \"mtp\" runs on the cpu backend (load({backend: \"cpu\"}))"))
             }
             Some("mtp") => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
-            Some(d) => return Err(JsError::new(&format!("draft: {d:?} is not a draft source (\"mtp\")"))),
+            Some(d) => return Err(JsError::new(&format!("draft: {d:?} is not a draft source (\"mtp\" or \"model\")"))),
         };
         let mut st = self.state()?;
+        if model_draft && st.draft.is_none() {
+            return Err(JsError::new(NO_DRAFT));
+        }
         // MTP drafts read every position's hidden state: the cache is not reused then.
         let common = if mtp.is_some() { 0 } else { keepable(&st.cx, &ids) };
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
@@ -483,12 +428,13 @@ impl Engine {
         if let Some(g) = o.grammar()? {
             gen = gen.with_constraint(Constraint::new(&self.tok, &g).map_err(err)?);
         }
-        if mtp.is_some() {
-            gen = gen.with_external_drafts(o.speculate.max(1));
+        if mtp.is_some() || model_draft {
+            gen = gen.with_external_drafts(max_draft(o.speculate, mtp.is_some()));
         } else if o.speculate > 0 {
             gen = gen.with_speculation(o.speculate);
         }
         st.mtp = mtp;
+        st.model_draft = model_draft;
         // The cache of the prompt's prefix that the last generation left stays.
         st.cx.truncate(common);
         st.perf.cached_tokens = common as u64;
@@ -497,6 +443,31 @@ impl Engine {
         st.perf.started_ms = now_ms();
         st.perf.ttft_ms = None;
         Ok(())
+    }
+
+    /// Loads the converted model at `base` (named `name` in errors and stats: an id or a
+    /// URL) as the draft model of `generate({draft: "model"})`, replacing any earlier one.
+    /// `options`: {ramBytes, multiRange}. A draft whose tokenizer differs from the model's is
+    /// refused. A promise of its `stats().draft`, as JSON.
+    #[wasm_bindgen(js_name = loadDraft)]
+    pub fn load_draft(
+        &self,
+        base: String,
+        name: String,
+        options: &str,
+        on_progress: Option<Function>,
+    ) -> Result<Promise, JsError> {
+        let opts: DraftOptions =
+            if options.is_empty() { DraftOptions::default() } else { serde_json::from_str(options).map_err(err)? };
+        let (tok, vocab, state) = (self.tok.clone(), self.model.cfg.vocab, self.state.clone());
+        Ok(future_to_promise(async move {
+            let d = DraftModel::load(&base, name, opts, &tok, vocab, &on_progress).await?;
+            let stats = d.stats().to_string();
+            let mut st = borrow(&state)?;
+            st.draft = Some(d);
+            st.model_draft = false;
+            Ok(stats.into())
+        }))
     }
 
     /// The conversation's cache as a KV cache file (`colibri_engine::format::kv`: the ids,
@@ -542,26 +513,21 @@ impl Engine {
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
-            let State { cx, gen, perf, mtp } = &mut *st;
+            let State { cx, gen, perf, mtp, draft, model_draft } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
-            if let (Some(d), k @ 1..) = (mtp.as_mut(), g.draft_room()) {
-                // The MTP layer's experts may still be on their way (the browser tiers).
-                let mut attempts = 0;
-                let drafts = loop {
-                    match d.propose(g.context(), k) {
-                        Ok(x) => break x,
-                        Err(_) if tiers.has_pending() && attempts < 4 => {
-                            attempts += 1;
-                            tiers.load_pending().await.map_err(err)?;
-                        }
-                        Err(e) => return Err(err(e).into()),
-                    }
+            // Drafting is part of the step's time (tokensPerSecond).
+            let t0 = now_ms();
+            if let k @ 1.. = g.draft_room() {
+                let drafts = match (mtp.as_mut(), draft.as_mut().filter(|_| *model_draft)) {
+                    // The MTP layer's experts come through the model's own tiers.
+                    (Some(d), _) => propose_tiered(d, &tiers, g.context(), k).await,
+                    (None, Some(d)) => d.propose(g.context(), k).await,
+                    (None, None) => Ok(Vec::new()),
                 };
-                g.push_drafts(&drafts).map_err(err)?;
+                g.push_drafts(&drafts.map_err(err)?).map_err(err)?;
             }
             let Some(input) = g.input() else { return Ok((-1).into()) };
             let before = cx.tokens().len();
-            let t0 = now_ms();
             let map = tier_map(&model, &tiers, &backend);
             // Speculation: the last token and its drafts in one pass, every row kept.
             let rows = g.rows_needed();
@@ -771,6 +737,8 @@ impl Engine {
         });
         if let (Some(o), serde_json::Value::Object(p)) = (out.as_object_mut(), placement) {
             o.extend(p);
+            // The draft model (loadDraft), else null.
+            o.insert("draft".into(), st.draft.as_ref().map_or(serde_json::Value::Null, DraftModel::stats));
         }
         Ok(out.to_string())
     }

@@ -18,20 +18,9 @@ use crate::backend::forward_keep_fn;
 use crate::flags::{parse_ids, ModelArgs, SamplingArgs};
 use crate::load::{open, open_draft, CacheFlags, Draft};
 
-/// Draft tokens per step with --draft when --speculate is not given.
-pub const DEFAULT_DRAFT: usize = 4;
-/// Draft tokens per step with --draft mtp: the MTP layer was trained for the token after
-/// next (DeepSeek-V3 reports 85-90% acceptance for it); chaining it further is a guess.
-pub const DEFAULT_MTP_DRAFT: usize = 1;
-
-/// Draft tokens per step: --speculate N, else the default of the draft source.
-pub fn max_draft(speculate: usize, mtp: bool) -> usize {
-    match (speculate, mtp) {
-        (0, true) => DEFAULT_MTP_DRAFT,
-        (0, false) => DEFAULT_DRAFT,
-        (n, _) => n,
-    }
-}
+/// Draft tokens per step: --speculate N, else the default of the draft source (the
+/// engine's, shared with the browser's `generate({draft})`).
+pub use colibri_engine::generate::draft::max_draft;
 
 #[derive(Args)]
 pub struct GenerateArgs {

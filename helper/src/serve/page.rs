@@ -24,6 +24,9 @@ fn escape(s: &str) -> String {
 }
 
 pub async fn index(State(state): State<Arc<AppState>>) -> Response {
+    if let Some(r) = from_web_dir("index.html") {
+        return r;
+    }
     if let Some((_, ctype, bytes)) = ASSETS.iter().find(|(p, ..)| *p == "index.html") {
         return ([(header::CONTENT_TYPE, *ctype)], *bytes).into_response();
     }
@@ -54,7 +57,39 @@ pub async fn index(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// A developer's override: with `COLIBRI_WEB_DIR=DIR`, the web app and engine builds are
+/// served from DIR (a web/ folder, e.g. another checkout's, after tools/build-web.sh)
+/// instead of the embedded copy, so that two engine builds can be compared with one `coli`
+/// (tools/bench/browser.mjs --web-dir). Only plain relative names: every component of
+/// letters, digits, `-`, `_` and `.`, none starting with a dot.
+fn from_web_dir(name: &str) -> Option<Response> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| std::env::var_os("COLIBRI_WEB_DIR").map(Into::into)).as_ref()?;
+    let plain = |c: &str| {
+        !c.is_empty() && !c.starts_with('.') && c.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    if !name.split('/').all(plain) {
+        return Some((StatusCode::NOT_FOUND, format!("{name} is not part of this helper\n")).into_response());
+    }
+    let ctype = match name.rsplit('.').next().unwrap_or("") {
+        "html" => "text/html; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "wasm" => "application/wasm",
+        "json" => "application/json",
+        "svg" => "image/svg+xml",
+        _ => "application/octet-stream",
+    };
+    Some(match std::fs::read(dir.join(name)) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, ctype), (header::CACHE_CONTROL, "no-cache")], bytes).into_response(),
+        Err(e) => (StatusCode::NOT_FOUND, format!("{name}: {e} (COLIBRI_WEB_DIR)\n")).into_response(),
+    })
+}
+
 fn serve_asset(name: &str) -> Response {
+    if let Some(r) = from_web_dir(name) {
+        return r;
+    }
     match ASSETS.iter().find(|(p, ..)| *p == name) {
         Some((_, ctype, bytes)) => {
             ([(header::CONTENT_TYPE, *ctype), (header::CACHE_CONTROL, "no-cache")], *bytes).into_response()

@@ -1,0 +1,58 @@
+//! The wasm int4 decode kernel alone, timed by node (V8, the JIT Chromium runs):
+//! `node tools/bench/qdot-wasm/run.mjs`. One position times many stored int4 rows, as a
+//! decode step's matmuls do.
+use colibri_engine::format::quant::quantize_row;
+use colibri_engine::qdot::{dot_row, ActQ, Simd};
+use colibri_engine::tensor::DType;
+
+struct State {
+    rows: usize,
+    rb: usize,
+    w: Vec<u8>,
+    a: ActQ,
+    out: Vec<f32>,
+}
+
+static mut STATE: Option<State> = None;
+
+fn lcg(s: &mut u64) -> f32 {
+    *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// `rows` random int4 (group 32) rows of `cols` values and one random position.
+#[no_mangle]
+pub extern "C" fn setup(rows: usize, cols: usize) -> usize {
+    let dtype = DType::Int4 { group: 32 };
+    let rb = dtype.row_bytes(cols).unwrap();
+    let mut s = 7u64;
+    let mut w = vec![0u8; rows * rb];
+    let row: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
+    for r in 0..rows {
+        let shifted: Vec<f32> = row.iter().map(|v| v * (1.0 + r as f32 * 1e-3)).collect();
+        quantize_row(dtype, &shifted, &mut w[r * rb..(r + 1) * rb]).unwrap();
+    }
+    let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
+    let mut a = ActQ::default();
+    a.quantize(&x, 1, cols, 32, ActQ::wants_split(true, 32));
+    // SAFETY: wasm32 without threads: one caller.
+    unsafe { STATE = Some(State { rows, rb, w, a, out: vec![0.0; rows] }) };
+    rows * rb
+}
+
+/// `iters` passes over every row; returns a checksum of the outputs (their bits summed).
+#[no_mangle]
+pub extern "C" fn run(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            st.out[r] = dot_row(simd, true, &st.w[r * st.rb..(r + 1) * st.rb], &st.a, 0);
+        }
+        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
