@@ -36,7 +36,7 @@ test("MTP drafts in the browser: the tokens without them and of coli generate --
     const page = await browser.context.newPage();
     await page.goto(`${helper.url}/health`);
     const r = await page.evaluate(
-      async ({ model, prompt, n }) => {
+      async ({ model, prompt, n, turn }) => {
         const { load } = await import("/colibri.js");
         const engine = await load({ model, backend: "cpu" });
         const gen = (o) => engine.generate({ ids: prompt, maxNewTokens: n, ignoreEos: true, seed: 5, ...o });
