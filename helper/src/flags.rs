@@ -87,8 +87,9 @@ impl SamplingArgs {
 /// when the pool has more than one: every parallel region of the kernels then starts on a
 /// worker, which takes part in it, instead of being injected from a thread that sleeps until
 /// the workers are done (wake-ups per region; a decode step has a few regions per layer).
-/// Measured under load (docs/benchmarks.md): +10% decode and +9% prefill at 2 threads. Not for the
-/// server, whose generation threads wait for requests (each would hold a worker).
+/// Measured under load (docs/benchmarks.md): +10% decode and +9% prefill at 2 threads. The
+/// server and `coli chat` call it per forward pass instead: between passes their threads wait
+/// for a client or a terminal, which must not hold a worker.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_num_threads() > 1 {
         rayon::scope(|_| f())

@@ -327,7 +327,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let mut stdout = std::io::stdout().lock();
         let fed = session.tokens().to_vec();
         let (out, reason) = generate_with(
-            &mut |ids| session.forward(ids),
+            &mut |ids| crate::flags::on_pool(|| session.forward(ids)),
             &fed,
             &ids[common..],
             cfg.max_positions,

@@ -197,12 +197,7 @@ fn respond(
             base.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
             (StatusCode::OK, segs, m.len)
         }
-        RangeRequest::Unsatisfiable | RangeRequest::TooMany => {
-            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{}", m.len)) {
-                base.insert(header::CONTENT_RANGE, v);
-            }
-            return with_headers(StatusCode::RANGE_NOT_SATISFIABLE, base, Body::empty());
-        }
+        RangeRequest::Unsatisfiable | RangeRequest::TooMany => return not_satisfiable(base, m.len),
         RangeRequest::Ranges(ranges) if ranges.len() == 1 => {
             let r = ranges[0];
             if let Ok(v) = HeaderValue::from_str(&r.content_range(m.len)) {
@@ -215,7 +210,9 @@ fn respond(
             let n = state.stats.requests.load(Ordering::Relaxed);
             let boundary =
                 format!("colibri{:016x}", xxhash_rust::xxh3::xxh3_64(&[m.etag.as_bytes(), &n.to_le_bytes()].concat()));
-            let (segs, len) = multipart_segments(&ranges, m.len, ctype, &boundary);
+            let Some((segs, len)) = multipart_segments(&ranges, m.len, ctype, &boundary) else {
+                return not_satisfiable(base, m.len);
+            };
             if let Ok(v) = HeaderValue::from_str(&format!("multipart/byteranges; boundary={boundary}")) {
                 base.insert(header::CONTENT_TYPE, v);
             }
@@ -229,6 +226,14 @@ fn respond(
     let file_bytes: u64 = segments.iter().map(|s| if let Segment::File(r) = s { r.len() } else { 0 }).sum();
     state.stats.file_bytes.fetch_add(file_bytes, Ordering::Relaxed);
     with_headers(status, base, stream_body(file, segments))
+}
+
+/// 416 with `Content-Range: bytes */LEN` (RFC 9110 15.5.17).
+fn not_satisfiable(mut headers: HeaderMap, len: u64) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
+        headers.insert(header::CONTENT_RANGE, v);
+    }
+    with_headers(StatusCode::RANGE_NOT_SATISFIABLE, headers, Body::empty())
 }
 
 fn with_headers(status: StatusCode, headers: HeaderMap, body: Body) -> Response {

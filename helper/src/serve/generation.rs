@@ -378,11 +378,15 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         Err(e) => return (Some(Event::Error(e.to_string())), false),
     };
     let log = mtp_drafter.as_ref().map(|d| d.log());
-    // A forward pass after what `session` holds (recording the hidden states for MTP).
+    // A forward pass after what `session` holds (recording the hidden states for MTP); else on
+    // a worker of the CPU pool (`flags::on_pool`: its parallel regions then start on a
+    // worker). One hand-off per pass, not per request: between passes this thread waits
+    // for the client (`blocking_send`), which must not hold a worker.
     let model = &loaded.model;
     let forward = |session: &mut Session, ids: &[u32], which: Logits| match &log {
+        // The MTP log is not Send: those passes stay on this thread.
         Some(log) => forward_recording(model, session, log, session.len(), ids, which),
-        None => model.forward(session, ids, which),
+        None => crate::flags::on_pool(|| model.forward(session, ids, which)),
     };
     // Echo with logprobs needs every prompt position's logits: nothing is reused then.
     let taken = match prompt_logprobs {
@@ -410,7 +414,7 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
                 (d.model.new_session(), loaded.model.cfg.vocab, d.model.cfg.max_positions);
             let forward = Box::new(move |keep, ids: &[u32], which| {
                 ds.truncate(keep);
-                d.model.forward(&mut ds, ids, which)
+                crate::flags::on_pool(|| d.model.forward(&mut ds, ids, which))
             });
             drafter = Some(Box::new(ModelDrafter::new(forward, max_positions, vocab)));
         }
