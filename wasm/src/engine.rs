@@ -406,20 +406,27 @@ impl Engine {
             logprobs: o.logprobs.then_some(o.top_logprobs),
         };
         let model_draft = o.draft.as_deref() == Some("model");
-        let mtp = match o.draft.as_deref() {
-            None | Some("model") => None,
+        let want_mtp = match o.draft.as_deref() {
+            None | Some("model") => false,
             Some("mtp") if !matches!(self.backend, Backend::Cpu) => {
                 return Err(JsError::new("draft: \"mtp\" runs on the cpu backend (load({backend: \"cpu\"}))"))
             }
-            Some("mtp") => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
+            Some("mtp") => true,
             Some(d) => return Err(JsError::new(&format!("draft: {d:?} is not a draft source (\"mtp\" or \"model\")"))),
         };
         let mut st = self.state()?;
         if model_draft && st.draft.is_none() {
             return Err(JsError::new(NO_DRAFT));
         }
-        // MTP drafts read every position's hidden state: the cache is not reused then.
-        let common = if mtp.is_some() { 0 } else { keepable(&st.cx, &ids) };
+        // MTP drafts read every position's hidden state: the cache is reused only when the
+        // last generation recorded them (it drafted with MTP too, and its drafter stayed).
+        let reuse = !want_mtp || st.mtp.is_some();
+        let mtp = match (want_mtp, st.mtp.take()) {
+            (false, _) => None,
+            (true, Some(d)) => Some(d),
+            (true, None) => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
+        };
+        let common = if reuse { keepable(&st.cx, &ids) } else { 0 };
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
         let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
@@ -497,6 +504,8 @@ impl Engine {
             return Ok(0);
         }
         st.cx = Context::Cpu(s);
+        // A cache file holds no hidden states: the next MTP generation starts afresh.
+        st.mtp = None;
         Ok(kept as u32)
     }
 
