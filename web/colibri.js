@@ -111,8 +111,8 @@ class Engine extends EventTarget {
    * fewer passes; stats().speculation reports {forwards, drafted, accepted, produced,
    * acceptanceRate, tokensPerForward}. `draft: "mtp"` takes the drafts from the model's
    * own multi-token-prediction layer instead (DeepSeek-V3 / GLM-4.5 checkpoints that have
-   * one; the cpu backend; `speculate` per step, 1 if 0; the conversation's cache is then
-   * not reused). `draft: "model"` takes them from the draft model (`load({draft})` or
+   * one; the cpu backend; `speculate` per step, 1 if 0; the conversation's cache is
+   * reused from one MTP generation to the next, not after a generation without). `draft: "model"` takes them from the draft model (`load({draft})` or
    * `loadDraft`; `speculate` per step, 4 if 0), on either backend: the same tokens as
    * `coli generate --draft DIR`. The tab keeps the conversation's cache between calls:
    * ids that start with the previous call's prompt and answer feed only the rest (the

@@ -139,34 +139,62 @@ impl std::fmt::Display for DType {
     }
 }
 
-/// A cheap, shareable view into bytes owned elsewhere (an mmap or a Vec).
+/// A cheap, shareable view into bytes owned elsewhere (an mmap or a Vec), or a placeholder
+/// for bytes that are not in memory at all ([`Bytes::elsewhere`]).
 #[derive(Clone)]
 pub struct Bytes {
     owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
     start: usize,
     len: usize,
+    /// For a placeholder: where its first byte sits in the model's data file.
+    at: Option<u64>,
 }
 
 impl std::fmt::Debug for Bytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Bytes({} bytes)", self.len)
+        match self.at {
+            Some(at) => write!(f, "Bytes({} bytes at {at} of the data file, not in memory)", self.len),
+            None => write!(f, "Bytes({} bytes)", self.len),
+        }
     }
 }
 
 impl Bytes {
     pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Self {
         let len = (*owner).as_ref().len();
-        Bytes { owner, start: 0, len }
+        Bytes { owner, start: 0, len, at: None }
     }
 
     pub fn from_vec(v: Vec<u8>) -> Self {
         Bytes::new(Arc::new(v))
     }
 
+    /// A placeholder for the `len` bytes at offset `at` of the model's data file that are
+    /// not read into memory: a weight that goes from its source straight to a GPU buffer
+    /// (`gpu::stream`). It has a length and slices like any other, but no contents:
+    /// [`Bytes::as_ref`] gives an empty slice, so code that reads weights must check
+    /// [`Bytes::is_elsewhere`] first (the CPU forward pass refuses such a model).
+    pub fn elsewhere(at: u64, len: usize) -> Self {
+        Bytes { owner: Arc::new(Vec::<u8>::new()), start: 0, len, at: Some(at) }
+    }
+
+    /// Whether these bytes are a placeholder, not in memory.
+    pub fn is_elsewhere(&self) -> bool {
+        self.at.is_some()
+    }
+
+    /// Where a placeholder's first byte sits in the data file (None for bytes in memory).
+    pub fn file_offset(&self) -> Option<u64> {
+        self.at
+    }
+
     /// A sub-range; errors if it runs past the end.
     pub fn slice(&self, start: usize, len: usize) -> Result<Bytes> {
         match start.checked_add(len) {
-            Some(end) if end <= self.len => Ok(Bytes { owner: self.owner.clone(), start: self.start + start, len }),
+            Some(end) if end <= self.len => match self.at {
+                Some(at) => Ok(Bytes::elsewhere(at + start as u64, len)),
+                None => Ok(Bytes { owner: self.owner.clone(), start: self.start + start, len, at: None }),
+            },
             _ => Err(Error::Invalid(format!("byte range {start}+{len} is outside a buffer of {} bytes", self.len))),
         }
     }
@@ -178,10 +206,24 @@ impl Bytes {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Whether both are the same bytes (the same view of one buffer, or placeholders of
+    /// the same range), as a tied embedding and lm_head are.
+    pub fn same(&self, other: &Bytes) -> bool {
+        match (self.at, other.at) {
+            (Some(a), Some(b)) => a == b && self.len == other.len,
+            (None, None) => self.len == other.len && std::ptr::eq(self.as_ref().as_ptr(), other.as_ref().as_ptr()),
+            _ => false,
+        }
+    }
 }
 
 impl AsRef<[u8]> for Bytes {
+    /// The bytes; empty for a placeholder ([`Bytes::elsewhere`]).
     fn as_ref(&self) -> &[u8] {
+        if self.at.is_some() {
+            return &[];
+        }
         &(*self.owner).as_ref()[self.start..self.start + self.len]
     }
 }
@@ -456,5 +498,20 @@ mod tests {
         assert!(b.slice(4, 5).is_err());
         assert!(b.slice(usize::MAX, 2).is_err());
         assert_eq!(b.slice(2, 6).unwrap().len(), 6);
+    }
+
+    #[test]
+    fn placeholders_slice_by_file_offset_and_hold_nothing() {
+        let p = Bytes::elsewhere(4096, 100);
+        assert!(p.is_elsewhere() && p.as_ref().is_empty() && p.len() == 100);
+        let s = p.slice(10, 20).unwrap();
+        assert_eq!((s.file_offset(), s.len()), (Some(4106), 20));
+        assert!(p.slice(90, 11).is_err());
+        assert!(s.same(&Bytes::elsewhere(4106, 20)) && !s.same(&Bytes::elsewhere(4106, 21)));
+        let m = Mat::new(5, 5, DType::F32, p).unwrap();
+        assert_eq!(m.row_block(2, 1).unwrap().bytes.file_offset(), Some(4096 + 40));
+        let b = Bytes::from_vec(vec![1; 8]);
+        assert!(b.same(&b.clone()) && !b.same(&b.slice(0, 4).unwrap()) && !b.same(&Bytes::from_vec(vec![1; 8])));
+        assert!(!b.is_elsewhere() && b.file_offset().is_none());
     }
 }

@@ -7,8 +7,11 @@ use std::rc::Rc;
 
 use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::experts::LookaheadStats;
+use colibri_engine::format::manifest::Manifest;
+use colibri_engine::format::ReadAt;
 use colibri_engine::generate::HiddenLog;
 use colibri_engine::gpu::pool::PoolStats;
+use colibri_engine::gpu::stream::DenseStream;
 use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession};
 use colibri_engine::{Logits, Model, Result, Session};
 
@@ -210,6 +213,14 @@ impl Backend {
         }
     }
 
+    /// GPU bytes of the dense weights (None on the CPU backend).
+    pub fn dense_gpu_bytes(&self) -> Option<u64> {
+        match self {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some(g.dense_bytes()),
+        }
+    }
+
     /// The GPU pool's counters (None on the CPU backend).
     pub fn pool_stats(&self) -> Option<PoolStats> {
         match self {
@@ -233,6 +244,23 @@ pub async fn open_gpu(model: Rc<Model>) -> Result<Backend> {
     let ctx = GpuContext::new().await?;
     let opts = GpuOptions { lookahead: model.cfg.router.top_k, ..Default::default() };
     Ok(Backend::Gpu(Rc::new(GpuModel::new(model, std::sync::Arc::new(ctx), opts)?)))
+}
+
+/// Opens WebGPU and streams the dense weights of `model` (placeholders:
+/// `Container::load_elsewhere`) from the data file into GPU buffers, a bounded chunk at a
+/// time read with `read` (`on_read(bytes so far)` after each), so that wasm memory never
+/// holds them whole; `origin` names the file in errors.
+pub async fn open_gpu_streamed(
+    model: Rc<Model>,
+    m: &Manifest,
+    read: ReadAt<'_>,
+    on_read: &dyn Fn(u64),
+    origin: &str,
+) -> Result<Backend> {
+    let ctx = GpuContext::new().await?;
+    let opts = GpuOptions { lookahead: model.cfg.router.top_k, ..Default::default() };
+    let stream = DenseStream::new(m, read, origin).on_read(on_read);
+    Ok(Backend::Gpu(Rc::new(GpuModel::new_streamed(model, std::sync::Arc::new(ctx), opts, &stream)?)))
 }
 
 /// Times one decode step after a one-token prompt on `b`, best of three (the prompt's

@@ -26,8 +26,10 @@ use serde::Deserialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::backend::{choose, open_gpu, AutoChoice, Backend, Context, Want};
+use crate::backend::{choose, open_gpu, open_gpu_streamed, AutoChoice, Backend, Context, Want};
 use crate::browser_source::BrowserSource;
+use crate::dense::{self, fetch_dense, report};
+use crate::memory;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::estimate;
@@ -153,16 +155,6 @@ impl Engine {
     }
 }
 
-fn report(cb: &Option<Function>, phase: &str, loaded: f64, total: f64) {
-    if let Some(f) = cb {
-        let o = js_sys::Object::new();
-        let _ = js_sys::Reflect::set(&o, &"phase".into(), &phase.into());
-        let _ = js_sys::Reflect::set(&o, &"loaded".into(), &loaded.into());
-        let _ = js_sys::Reflect::set(&o, &"total".into(), &total.into());
-        let _ = f.call1(&JsValue::NULL, &o);
-    }
-}
-
 #[wasm_bindgen]
 impl Engine {
     /// Loads the converted model at `base` (e.g. "http://127.0.0.1:7878/models/demo/").
@@ -203,26 +195,30 @@ impl Engine {
         };
         let mut tok = Tokenizer::from_bytes(&tok_json, tok_cfg.as_deref()).map_err(err)?;
 
-        // Dense weights: fetched in ranges, each retried on failure, with progress.
         let total = m.dense.length;
-        let mut dense = Vec::with_capacity(total as usize);
-        const CHUNK: u64 = 8 << 20;
         let data_url = get(&m.data_file);
-        let mut off = 0;
-        report(&on_progress, "dense", 0.0, total as f64);
-        while off < total {
-            let end = (off + CHUNK).min(total);
-            let part =
-                fetch(&data_url, Some((m.dense.offset + off, m.dense.offset + end - 1)), 6).await.map_err(err)?;
-            dense.extend_from_slice(&part);
-            off = end;
-            report(&on_progress, "dense", off as f64, total as f64);
-        }
+        let dense_url = data_url.clone();
+        let ram = opts.ram_bytes.unwrap_or(512 << 20);
+        // The dense weights go straight to GPU buffers on WebGPU (and for `auto` when the
+        // CPU backend could not hold them in wasm memory), else into wasm memory.
+        let cpu_fit = memory::cpu_fit(total, ram);
+        let streamed = match want {
+            Want::WebGpu => true,
+            Want::Auto => cpu_fit.is_err(),
+            Want::Cpu => {
+                cpu_fit.clone().map_err(|e| JsError::new(&e))?;
+                false
+            }
+        };
 
         let name = storage_name(&base, &container.fingerprint);
         let disk_error = if opts.disk.unwrap_or(true) { "not opened yet" } else { "disabled" };
-        let tiers =
-            Arc::new(BrowserSource::new(m, data_url, opts.multi_range.unwrap_or(true), Some(disk_error.into())));
+        let tiers = Arc::new(BrowserSource::new(
+            m,
+            data_url.clone(),
+            opts.multi_range.unwrap_or(true),
+            Some(disk_error.into()),
+        ));
 
         // Learned usage: the hottest experts are pinned in the RAM tier, as natively.
         let (nl, ne) = (container.cfg.n_layers, container.cfg.router.n_experts);
@@ -234,7 +230,6 @@ impl Engine {
             },
             Err(e) => (ExpertUsage::new(nl, ne), Some(e)),
         };
-        let ram = opts.ram_bytes.unwrap_or(512 << 20);
         let (_, expert_bytes) = m.byte_totals();
         let n_experts = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum::<u64>().max(1);
         let moe_layers = m.experts.layers.iter().filter(|l| !l.experts.is_empty()).count() as u64;
@@ -247,7 +242,14 @@ impl Engine {
         // The counts are learned now and pinned by the worker's first `endTurn`, after the
         // disk tier is attached, so that the pinned experts are stored there too.
         let cache = CacheOptions { ram: Some(ram), pin: pin_bytes, ..Default::default() };
-        let model = Rc::new(container.load(&Bytes::from_vec(dense), tiers.clone(), cache).map_err(err)?);
+        let read = |at: u64, buf: &mut [u8]| dense::read_range(&dense_url, at, buf);
+        let model = if streamed {
+            container.load_elsewhere(&read, tiers.clone(), cache)
+        } else {
+            let bytes = fetch_dense(&dense_url, &m.dense, &on_progress).await.map_err(err)?;
+            container.load(&Bytes::from_vec(bytes), tiers.clone(), cache)
+        };
+        let model = Rc::new(model.map_err(err)?);
         model.experts.learn(&usage);
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
@@ -263,13 +265,20 @@ impl Engine {
 
         // The compute backend: WebGPU when asked for (an error if the browser has none),
         // or for `auto` when the browser has it and one decode step measures faster.
+        // Streamed, the dense weights go to the GPU now (progress: phase "dense").
         let (backend, auto) = match want {
             Want::Cpu => (Backend::Cpu, None),
-            Want::WebGpu => {
+            _ if streamed => {
                 report(&on_progress, "gpu", 0.0, total as f64);
-                (open_gpu(model.clone()).await.map_err(|e| err(format!("WebGPU backend unavailable: {e}")))?, None)
+                let progress = |n: u64| report(&on_progress, "dense", n.min(total) as f64, total as f64);
+                let gpu = open_gpu_streamed(model.clone(), m, &read, &progress, &dense_url).await.map_err(|e| {
+                    let cpu = cpu_fit.as_ref().err().map(|c| format!("; and {c}")).unwrap_or_default();
+                    err(format!("WebGPU backend unavailable: {e}{cpu}"))
+                })?;
+                report(&on_progress, "dense", total as f64, total as f64);
+                (gpu, None)
             }
-            Want::Auto => match open_gpu(model.clone()).await {
+            _ => match open_gpu(model.clone()).await {
                 Ok(gpu) => {
                     report(&on_progress, "gpu", 0.0, total as f64);
                     let probe = tok.encode("Hello there", false).unwrap_or_default();
@@ -397,20 +406,27 @@ impl Engine {
             logprobs: o.logprobs.then_some(o.top_logprobs),
         };
         let model_draft = o.draft.as_deref() == Some("model");
-        let mtp = match o.draft.as_deref() {
-            None | Some("model") => None,
+        let want_mtp = match o.draft.as_deref() {
+            None | Some("model") => false,
             Some("mtp") if !matches!(self.backend, Backend::Cpu) => {
                 return Err(JsError::new("draft: \"mtp\" runs on the cpu backend (load({backend: \"cpu\"}))"))
             }
-            Some("mtp") => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
+            Some("mtp") => true,
             Some(d) => return Err(JsError::new(&format!("draft: {d:?} is not a draft source (\"mtp\" or \"model\")"))),
         };
         let mut st = self.state()?;
         if model_draft && st.draft.is_none() {
             return Err(JsError::new(NO_DRAFT));
         }
-        // MTP drafts read every position's hidden state: the cache is not reused then.
-        let common = if mtp.is_some() { 0 } else { keepable(&st.cx, &ids) };
+        // MTP drafts read every position's hidden state: the cache is reused only when the
+        // last generation recorded them (it drafted with MTP too, and its drafter stayed).
+        let reuse = !want_mtp || st.mtp.is_some();
+        let mtp = match (want_mtp, st.mtp.take()) {
+            (false, _) => None,
+            (true, Some(d)) => Some(d),
+            (true, None) => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
+        };
+        let common = if reuse { keepable(&st.cx, &ids) } else { 0 };
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
         let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
@@ -488,6 +504,8 @@ impl Engine {
             return Ok(0);
         }
         st.cx = Context::Cpu(s);
+        // A cache file holds no hidden states: the next MTP generation starts afresh.
+        st.mtp = None;
         Ok(kept as u32)
     }
 
@@ -715,6 +733,16 @@ impl Engine {
             "diskEvictions": t.disk_evictions,
             "diskRefetches": t.disk_refetches,
             "diskSkipped": t.disk_skipped,
+            // Memory: the wasm heap now (also its peak: it never shrinks), whether the dense
+            // weights are in it (not on WebGPU: streamed to GPU buffers), and the bytes of
+            // the GPU's buffers: dense weights, expert pool, KV cache (null on the CPU).
+            "memory": {
+                "wasmBytes": memory::wasm_bytes(),
+                "denseInWasm": self.model.dense_in_memory(),
+                "gpuDenseBytes": self.backend.dense_gpu_bytes(),
+                "gpuExpertBytes": pool.map(|p| p.bytes),
+                "gpuKvBytes": matches!(st.cx, Context::Gpu(_)).then(|| colibri_engine::generate::Context::bytes(&st.cx)),
+            },
         });
         if let (Some(o), serde_json::Value::Object(p)) = (out.as_object_mut(), placement) {
             o.extend(p);

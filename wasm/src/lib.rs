@@ -10,11 +10,16 @@ mod browser_source;
 #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 mod budget;
 #[cfg(target_arch = "wasm32")]
+mod dense;
+#[cfg(target_arch = "wasm32")]
 mod disk;
 #[cfg(target_arch = "wasm32")]
 mod engine;
 #[cfg(target_arch = "wasm32")]
 mod idb;
+// What wasm memory must hold: pure, so its tests run natively.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+mod memory;
 mod names;
 #[cfg(target_arch = "wasm32")]
 mod net;

@@ -38,19 +38,86 @@ pub fn dense_store(m: &Manifest, dense: &Bytes, origin: &str) -> Result<TensorSt
     for t in &m.dense.tensors {
         let start = (t.offset - m.dense.offset) as usize;
         let bytes = dense.slice(start, t.length as usize)?;
-        let want = manifest::parse_checksum(&t.xxh3).unwrap_or(0);
-        if checksum(bytes.as_ref()) != want {
-            return Err(Error::Invalid(format!(
-                "{origin}: checksum mismatch in dense tensor {} (bytes {}..{}): the file is corrupted; convert the model again",
-                t.name,
-                t.offset,
-                t.offset + t.length
-            )));
-        }
+        verify(t, bytes.as_ref(), origin)?;
         let shape = t.shape.iter().map(|&d| d as usize).collect();
         store.insert(t.name.clone(), TensorEntry { dtype: t.dtype()?, shape, bytes });
     }
     Ok(store)
+}
+
+/// Reads `buf.len()` bytes at an absolute offset of a model's data file (a file, or an
+/// HTTP Range request in the browser).
+pub type ReadAt<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
+
+/// Whether the CPU model decodes dense tensor `t` as it loads (norms, biases, a
+/// convolution kernel): everything but the 2-D `*.weight` matrices, which it only reads
+/// in the forward pass.
+pub fn decoded_at_load(t: &manifest::DenseTensor) -> bool {
+    t.shape.len() != 2 || !t.name.ends_with(".weight")
+}
+
+/// Largest read that gathers several small tensors (with the bytes between them).
+const GATHER_BYTES: u64 = 1 << 20;
+
+/// The dense tensor store of a model whose weight matrices stay in its data file: they
+/// are placeholders ([`Bytes::elsewhere`], no memory) for a GPU backend to stream from
+/// the file into its buffers (`gpu::stream`), while the tensors the CPU model decodes as
+/// it loads ([`decoded_at_load`], a few KiB per layer) are read with `read`, each checked
+/// against its checksum and kept in a buffer of its own.
+pub fn dense_store_elsewhere(m: &Manifest, read: ReadAt, origin: &str) -> Result<TensorStore> {
+    let mut store = TensorStore::default();
+    let mut small = Vec::new();
+    for t in &m.dense.tensors {
+        let shape = t.shape.iter().map(|&d| d as usize).collect();
+        if decoded_at_load(t) {
+            small.push(t);
+        } else {
+            let bytes = Bytes::elsewhere(t.offset, t.length as usize);
+            store.insert(t.name.clone(), TensorEntry { dtype: t.dtype()?, shape, bytes });
+        }
+    }
+    small.sort_by_key(|t| t.offset);
+    let mut i = 0;
+    while i < small.len() {
+        // Neighbours within GATHER_BYTES come in one read.
+        let start = small[i].offset;
+        let mut end = start + small[i].length;
+        let mut j = i + 1;
+        while j < small.len() && small[j].offset + small[j].length - start <= GATHER_BYTES {
+            end = end.max(small[j].offset + small[j].length);
+            j += 1;
+        }
+        let mut run = vec![0u8; (end - start) as usize];
+        read(start, &mut run)?;
+        for t in &small[i..j] {
+            let at = (t.offset - start) as usize;
+            let bytes = &run[at..at + t.length as usize];
+            verify(t, bytes, origin)?;
+            let shape = t.shape.iter().map(|&d| d as usize).collect();
+            let entry = TensorEntry { dtype: t.dtype()?, shape, bytes: Bytes::from_vec(bytes.to_vec()) };
+            store.insert(t.name.clone(), entry);
+        }
+        i = j;
+    }
+    Ok(store)
+}
+
+/// Checks dense tensor `t`'s bytes against its checksum.
+pub fn verify(t: &manifest::DenseTensor, bytes: &[u8], origin: &str) -> Result<()> {
+    verify_sum(t, checksum(bytes), origin)
+}
+
+/// Checks the checksum `got` of dense tensor `t`'s bytes.
+pub fn verify_sum(t: &manifest::DenseTensor, got: u64, origin: &str) -> Result<()> {
+    if got != manifest::parse_checksum(&t.xxh3).unwrap_or(0) {
+        return Err(Error::Invalid(format!(
+            "{origin}: checksum mismatch in dense tensor {} (bytes {}..{}): the file is corrupted; convert the model again",
+            t.name,
+            t.offset,
+            t.offset + t.length
+        )));
+    }
+    Ok(())
 }
 
 /// True if `dir` holds a converted colibri model.

@@ -44,33 +44,47 @@ fn rows_per_block(ctx: &GpuContext, row_bytes: usize, rows: usize) -> Result<usi
     Ok(per.min(rows.max(1)))
 }
 
-/// Copies bytes into a new storage buffer (padded to 4 bytes, as copies require).
-pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
-    let size = (bytes.len() as u64).max(4).div_ceil(4) * 4;
+/// A new weight buffer of at least `bytes` (padded to 4 bytes, as copies require), empty.
+pub fn weight_buffer(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+    let size = bytes.max(4).div_ceil(4) * 4;
     if size > ctx.limits.max_buffer_size {
         return Err(Error::Gpu(format!(
             "{label}: {size} bytes exceed the buffer size limit of {}",
             ctx.limits.max_buffer_size
         )));
     }
-    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
-    });
-    if bytes.len() as u64 == size {
-        ctx.queue.write_buffer(&buffer, 0, bytes);
-    } else {
-        let mut padded = bytes.to_vec();
-        padded.resize(size as usize, 0);
-        ctx.queue.write_buffer(&buffer, 0, &padded);
+    }))
+}
+
+/// Writes `bytes` at `offset` (a multiple of 4) of `buffer`: the whole words as they are,
+/// a last partial word padded with zeros (buffers are padded to 4 bytes).
+pub fn write_padded(ctx: &GpuContext, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+    let whole = bytes.len() / 4 * 4;
+    if whole > 0 {
+        ctx.queue.write_buffer(buffer, offset, &bytes[..whole]);
     }
+    if whole < bytes.len() {
+        let mut tail = [0u8; 4];
+        tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+        ctx.queue.write_buffer(buffer, offset + whole as u64, &tail);
+    }
+}
+
+/// Copies bytes into a new storage buffer (padded to 4 bytes, as copies require).
+pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+    let buffer = weight_buffer(ctx, label, bytes.len() as u64)?;
+    write_padded(ctx, &buffer, 0, bytes);
     Ok(buffer)
 }
 
-/// Uploads a matrix in its stored dtype, in row blocks that fit one binding each.
-pub fn upload_mat(ctx: &GpuContext, label: &str, m: &Mat) -> Result<GpuMat> {
+/// How a matrix is laid out on the GPU: (bytes per row, u32 words per row for the integer
+/// types, rows per block of one binding).
+pub fn mat_layout(ctx: &GpuContext, label: &str, m: &Mat) -> Result<(usize, u32, usize)> {
     if m.dtype == DType::U8 {
         return Err(Error::Gpu(format!("{label}: {} weights have no GPU kernels; use the CPU backend", m.dtype)));
     }
@@ -83,7 +97,16 @@ pub fn upload_mat(ctx: &GpuContext, label: &str, m: &Mat) -> Result<GpuMat> {
     } else {
         0
     };
-    let per = rows_per_block(ctx, row_bytes, m.rows)?;
+    Ok((row_bytes, row_words, rows_per_block(ctx, row_bytes, m.rows)?))
+}
+
+/// Uploads a matrix in its stored dtype, in row blocks that fit one binding each. Its
+/// bytes must be in memory (a placeholder is streamed by `stream::Uploader`).
+pub fn upload_mat(ctx: &GpuContext, label: &str, m: &Mat) -> Result<GpuMat> {
+    if m.bytes.is_elsewhere() {
+        return Err(Error::Gpu(format!("{label}: its bytes are not in memory (stream them with gpu::stream)")));
+    }
+    let (row_bytes, row_words, per) = mat_layout(ctx, label, m)?;
     let bytes = m.bytes.as_ref();
     let mut parts = Vec::new();
     let mut row0 = 0;

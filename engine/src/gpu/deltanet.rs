@@ -14,10 +14,11 @@
 //! the start of multi-token calls, and a rewind to the latest snapshot at or before a
 //! truncation (the caller feeds the difference again).
 
-use super::buffers::{upload_f32, upload_mat, GpuMat};
+use super::buffers::GpuMat;
 use super::kernels::Kernel;
 use super::ops::{self, groups, u32_of, GateAct};
 use super::recorder::Recorder;
+use super::stream::Uploader;
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::model::config::LinearAttnConfig;
@@ -60,7 +61,7 @@ pub struct GpuDeltaNet {
 }
 
 impl GpuDeltaNet {
-    pub fn upload(ctx: &GpuContext, label: &str, w: &DeltaNetWeights) -> Result<Self> {
+    pub fn upload(up: &Uploader, label: &str, w: &DeltaNetWeights) -> Result<Self> {
         let c = &w.cfg;
         let (nk, dk, dv) = (c.n_k_heads, c.k_head_dim, c.v_head_dim);
         if nk == 0 || !c.n_v_heads.is_multiple_of(nk) || c.conv_kernel == 0 {
@@ -79,15 +80,16 @@ impl GpuDeltaNet {
         let ba = (0..nk)
             .flat_map(|g| g * 2 * r..g * 2 * r + r)
             .chain((0..nk).flat_map(|g| g * 2 * r + r..g * 2 * r + 2 * r));
+        let qkvz = up.in_memory(&w.in_qkvz)?;
         Ok(GpuDeltaNet {
-            in_mixed: upload_mat(ctx, &format!("{label}.in_mixed"), &gather_rows(&w.in_qkvz, mixed)?)?,
-            in_z: upload_mat(ctx, &format!("{label}.in_z"), &gather_rows(&w.in_qkvz, z)?)?,
-            in_ba: upload_mat(ctx, &format!("{label}.in_ba"), &gather_rows(&w.in_ba, ba)?)?,
-            conv: upload_f32(ctx, &format!("{label}.conv"), &w.conv)?,
-            neg_a: upload_f32(ctx, &format!("{label}.neg_a"), &w.neg_a)?,
-            dt_bias: upload_f32(ctx, &format!("{label}.dt_bias"), &w.dt_bias)?,
-            norm: upload_f32(ctx, &format!("{label}.norm"), &w.norm)?,
-            out: upload_mat(ctx, &format!("{label}.out"), &w.out)?,
+            in_mixed: up.mat(&format!("{label}.in_mixed"), &gather_rows(&qkvz, mixed)?)?,
+            in_z: up.mat(&format!("{label}.in_z"), &gather_rows(&qkvz, z)?)?,
+            in_ba: up.mat(&format!("{label}.in_ba"), &gather_rows(&up.in_memory(&w.in_ba)?, ba)?)?,
+            conv: up.f32(&format!("{label}.conv"), &w.conv)?,
+            neg_a: up.f32(&format!("{label}.neg_a"), &w.neg_a)?,
+            dt_bias: up.f32(&format!("{label}.dt_bias"), &w.dt_bias)?,
+            norm: up.f32(&format!("{label}.norm"), &w.norm)?,
+            out: up.mat(&format!("{label}.out"), &w.out)?,
             cfg: c.clone(),
             eps: w.eps,
         })

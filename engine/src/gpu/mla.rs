@@ -13,9 +13,10 @@
 //!   (two dot products per score, the latent as the value, head-major context);
 //! - per head v_h = W_uv_h ctx_h (matmul.wgsl into the (n, H*dv) layout), then o_proj.
 
-use super::buffers::{upload_f32, upload_mat, GpuMat};
+use super::buffers::GpuMat;
 use super::ops::{self, AttnShape};
 use super::recorder::{Bind, Recorder};
+use super::stream::Uploader;
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::model::config::MlaConfig;
@@ -89,42 +90,41 @@ fn deinterleave_rows(m: &Mat, starts: impl Iterator<Item = usize>, dr: usize) ->
 }
 
 impl GpuMla {
-    pub fn upload(cx: &GpuContext, p: &str, w: &MlaWeights, m: &MlaConfig, n_heads: usize) -> Result<Self> {
+    pub fn upload(up: &Uploader, p: &str, w: &MlaWeights, m: &MlaConfig, n_heads: usize) -> Result<Self> {
         let (dn, dr, dv) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
         let dq = dn + dr;
         // The rows that produce rotary values, in the order the CPU rotates them.
         let q_rot = |mat: &Mat| -> Result<GpuMat> {
             let label = format!("{p}.q");
             match m.rope_interleave {
-                true => upload_mat(cx, &label, &deinterleave_rows(mat, (0..n_heads).map(|h| h * dq + dn), dr)?),
-                false => upload_mat(cx, &label, mat),
+                true => up.mat(&label, &deinterleave_rows(&up.in_memory(mat)?, (0..n_heads).map(|h| h * dq + dn), dr)?),
+                false => up.mat(&label, mat),
             }
         };
         let q = match &w.q {
             QueryProj::Plain(wq) => GpuQuery::Plain(q_rot(wq)?),
             QueryProj::LowRank { a, norm, b } => GpuQuery::LowRank {
-                a: upload_mat(cx, &format!("{p}.q_a"), a)?,
-                norm: upload_f32(cx, &format!("{p}.q_a_norm"), norm)?,
+                a: up.mat(&format!("{p}.q_a"), a)?,
+                norm: up.f32(&format!("{p}.q_a_norm"), norm)?,
                 b: q_rot(b)?,
             },
         };
         let kv_a = match m.rope_interleave {
-            true => deinterleave_rows(&w.kv_a, std::iter::once(m.kv_lora_rank), dr)?,
+            true => deinterleave_rows(&up.in_memory(&w.kv_a)?, std::iter::once(m.kv_lora_rank), dr)?,
             false => w.kv_a.clone(),
         };
-        let uv =
-            w.uv.iter().enumerate().map(|(h, u)| upload_mat(cx, &format!("{p}.uv{h}"), u)).collect::<Result<_>>()?;
+        let uv = w.uv.iter().enumerate().map(|(h, u)| up.mat(&format!("{p}.uv{h}"), u)).collect::<Result<_>>()?;
         if w.uv.len() != n_heads || w.kv_b.rows != n_heads * (dn + dv) {
             return Err(Error::Gpu(format!("{p}: MLA weights do not match {n_heads} heads")));
         }
         Ok(GpuMla {
             cfg: m.clone(),
             q,
-            kv_a: upload_mat(cx, &format!("{p}.kv_a"), &kv_a)?,
-            kv_norm: upload_f32(cx, &format!("{p}.kv_norm"), &w.kv_norm)?,
-            kv_b: upload_mat(cx, &format!("{p}.kv_b"), &w.kv_b)?,
+            kv_a: up.mat(&format!("{p}.kv_a"), &kv_a)?,
+            kv_norm: up.f32(&format!("{p}.kv_norm"), &w.kv_norm)?,
+            kv_b: up.mat(&format!("{p}.kv_b"), &w.kv_b)?,
             uv,
-            wo: upload_mat(cx, &format!("{p}.wo"), &w.wo)?,
+            wo: up.mat(&format!("{p}.wo"), &w.wo)?,
         })
     }
 

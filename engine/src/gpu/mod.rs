@@ -4,7 +4,8 @@
 //! - [`GpuContext`]: device, queue, limits, the pipeline cache. [`GpuContext::new`] asks
 //!   for an adapter; [`GpuContext::from_device`] takes a device the caller made (tests).
 //! - [`GpuModel`]: dense weights resident in GPU buffers (split by rows to respect the
-//!   binding limits), routed experts uploaded on first use into an LRU pool, and
+//!   binding limits; uploaded from memory, or streamed from the data file in bounded
+//!   chunks by [`stream`]), routed experts uploaded on first use into an LRU pool, and
 //!   [`GpuModel::forward`] mirroring `Model::forward`.
 //! - Kernels: one WGSL file per kernel in `shaders/` (see [`kernels`]), written so the
 //!   CPU's arithmetic is reproduced: math::dot's lane order, products rounded before
@@ -26,6 +27,8 @@ pub mod model;
 pub mod ops;
 pub mod pool;
 pub mod recorder;
+pub mod stream;
+mod weights;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -10,17 +10,18 @@
 use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
-use super::buffers::{f32s, upload_f32, upload_mat, GpuMat};
-use super::deltanet::{gather_rows, DeltaScratch, GpuDeltaNet, GpuDeltaState};
-use super::mla::{GpuMla, MlaScratch};
+use super::buffers::{f32s, GpuMat};
+use super::deltanet::{DeltaScratch, GpuDeltaState};
+use super::mla::MlaScratch;
 use super::ops::{self, AttnShape, GateAct};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
+use super::stream::{DenseStream, Uploader};
+use super::weights::{self, DenseWeights, ExpertBiases, GpuAttn, GpuFfn, GpuLayer, GpuMoe, GpuRouter};
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
-use crate::model::attention::AttnWeights;
-use crate::model::config::{Activation, QkNorm};
+use crate::model::config::Activation;
 use crate::model::{Ffn, Logits, Model};
 
 /// Settings of the GPU backend.
@@ -37,96 +38,11 @@ pub struct GpuOptions {
     pub lookahead: usize,
 }
 
-/// One layer's attention weights on the GPU, by variant (attention::AttnWeights).
-enum GpuAttn {
-    Gqa(Box<GpuGqa>),
-    Mla(Box<GpuMla>),
-    Linear(Box<GpuDeltaNet>),
-}
-
-struct GpuGqa {
-    wq: GpuMat,
-    wk: GpuMat,
-    wv: GpuMat,
-    wo: GpuMat,
-    bq: Option<wgpu::Buffer>,
-    bk: Option<wgpu::Buffer>,
-    bv: Option<wgpu::Buffer>,
-    /// (hidden): o_proj's bias (gpt_oss)
-    bo: Option<wgpu::Buffer>,
-    /// (n_heads): sink logits (gpt_oss)
-    sinks: Option<wgpu::Buffer>,
-    /// (weight, width of each normalised chunk)
-    q_norm: Option<(wgpu::Buffer, usize)>,
-    k_norm: Option<(wgpu::Buffer, usize)>,
-    /// The output gate's rows of q_proj (n_heads*head_dim, hidden) and their bias
-    /// (qwen3_next): the heads' outputs are multiplied by sigmoid(gate x) before wo.
-    gate: Option<(GpuMat, Option<wgpu::Buffer>)>,
-}
-
-/// A MoE layer's router: its weights, its own bias (added to the logits) and the
-/// selection bias (`e_score_correction_bias`).
-struct GpuRouter {
-    w: GpuMat,
-    bias: Option<wgpu::Buffer>,
-    correction: Option<wgpu::Buffer>,
-}
-
-impl GpuRouter {
-    /// Routes the n positions of `xn` (MoeBlock::router_logits, then moe::route) into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn route(
-        &self,
-        rec: &mut Recorder,
-        xn: &wgpu::Buffer,
-        n: usize,
-        logits: &wgpu::Buffer,
-        probs: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-        cfg: &crate::model::config::RouterConfig,
-    ) -> Result<()> {
-        let ne = self.w.rows;
-        ops::matmul(rec, &self.w, xn, 0, n, logits, 0, ne)?;
-        if let Some(b) = &self.bias {
-            ops::add(rec, logits, 0, b, 0, n * ne, ne)?;
-        }
-        ops::route(rec, logits, probs, out, n, cfg, self.correction.as_ref())
-    }
-}
-
-enum GpuFfn {
-    Dense(GpuExpert),
-    Moe(Box<GpuMoe>),
-}
-
-/// A MoE layer's resident parts; the routed experts live in the pool.
-struct GpuMoe {
-    router: GpuRouter,
-    biases: Option<ExpertBiases>,
-    /// The shared expert with its sigmoid gate (qwen2_moe) or without (added as is).
-    shared: Option<(GpuExpert, Option<GpuMat>)>,
-}
-
-/// Every routed expert's biases of one layer (gpt_oss), resident like the dense weights:
-/// gate and up (n_experts, inter), down (n_experts, hidden).
-struct ExpertBiases {
-    gate: wgpu::Buffer,
-    up: wgpu::Buffer,
-    down: wgpu::Buffer,
-}
-
 /// The biases of routed expert `e` of a layer (rows e of [`ExpertBiases`]).
 #[derive(Clone, Copy)]
 struct FfnBias<'a> {
     b: &'a ExpertBiases,
     e: usize,
-}
-
-struct GpuLayer {
-    attn_norm: wgpu::Buffer,
-    attn: GpuAttn,
-    ffn_norm: wgpu::Buffer,
-    ffn: GpuFfn,
 }
 
 /// A model whose dense weights live in GPU buffers. `M` is how the CPU model is held:
@@ -138,6 +54,8 @@ pub struct GpuModel<M: Borrow<Model>> {
     lm_head: GpuMat,
     final_norm: wgpu::Buffer,
     layers: Vec<GpuLayer>,
+    /// GPU bytes of the dense weights.
+    dense_bytes: u64,
     pool: Mutex<ExpertPool>,
     /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
     max_inter: usize,
@@ -212,131 +130,46 @@ impl crate::generate::Context for GpuSession {
     }
 }
 
-fn opt_vec(ctx: &GpuContext, label: &str, v: &Option<Vec<f32>>) -> Result<Option<wgpu::Buffer>> {
-    v.as_ref().map(|v| upload_f32(ctx, label, v)).transpose()
-}
-
-fn same_bytes(a: &crate::tensor::Mat, b: &crate::tensor::Mat) -> bool {
-    a.dtype == b.dtype
-        && a.bytes.len() == b.bytes.len()
-        && std::ptr::eq(a.bytes.as_ref().as_ptr(), b.bytes.as_ref().as_ptr())
-}
-
 impl<M: Borrow<Model>> GpuModel<M> {
     /// Uploads the dense weights (embedding, attention, norms, routers, shared experts,
-    /// dense MLPs, lm_head). Routed experts are uploaded when first routed to.
+    /// dense MLPs, lm_head) from memory. Routed experts are uploaded when first routed to.
     pub fn new(model: M, ctx: Arc<GpuContext>, opts: GpuOptions) -> Result<Self> {
-        let m: &Model = model.borrow();
-        let c = &m.cfg;
-        let cx = &*ctx;
-        let embed = upload_mat(cx, "embed", &m.embed)?;
-        let lm_head =
-            if same_bytes(&m.embed, &m.lm_head) { embed.clone() } else { upload_mat(cx, "lm_head", &m.lm_head)? };
-        let mut max_inter =
-            c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
-        let mut layers = Vec::with_capacity(m.layers.len());
-        for (l, layer) in m.layers.iter().enumerate() {
-            let p = format!("layer{l}");
-            let attn = match (&layer.attn, &layer.attn_opts.mla) {
-                (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(cx, &p, w, m, c.n_heads)?)),
-                (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(GpuDeltaNet::upload(cx, &p, d)?)),
-                (AttnWeights::Gqa(a), None) => {
-                    let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
-                        w.as_ref().map(|v| Ok((upload_f32(cx, &format!("{p}.{what}"), v)?, v.len()))).transpose()
-                    };
-                    let o = &layer.attn_opts;
-                    let (wq, bq, gate) = if o.output_gate {
-                        // q_proj yields per head the query rows, then the gate rows.
-                        let hd = o.head_dim;
-                        let rows = |first: usize| {
-                            (0..o.n_heads).flat_map(move |h| 2 * h * hd + first..2 * h * hd + first + hd)
-                        };
-                        let pick = |b: &Option<Vec<f32>>, first: usize| {
-                            b.as_ref()
-                                .map(|b| rows(first).map(|r| b.get(r).copied().unwrap_or(0.0)).collect::<Vec<f32>>())
-                        };
-                        let wq = upload_mat(cx, &format!("{p}.wq"), &gather_rows(&a.wq, rows(0))?)?;
-                        let wg = upload_mat(cx, &format!("{p}.wgate"), &gather_rows(&a.wq, rows(hd))?)?;
-                        let bg = opt_vec(cx, &format!("{p}.bgate"), &pick(&a.bq, hd))?;
-                        (wq, opt_vec(cx, &format!("{p}.bq"), &pick(&a.bq, 0))?, Some((wg, bg)))
-                    } else {
-                        (upload_mat(cx, &format!("{p}.wq"), &a.wq)?, opt_vec(cx, &format!("{p}.bq"), &a.bq)?, None)
-                    };
-                    GpuAttn::Gqa(Box::new(GpuGqa {
-                        wq,
-                        wk: upload_mat(cx, &format!("{p}.wk"), &a.wk)?,
-                        wv: upload_mat(cx, &format!("{p}.wv"), &a.wv)?,
-                        wo: upload_mat(cx, &format!("{p}.wo"), &a.wo)?,
-                        bq,
-                        bk: opt_vec(cx, &format!("{p}.bk"), &a.bk)?,
-                        bv: opt_vec(cx, &format!("{p}.bv"), &a.bv)?,
-                        bo: opt_vec(cx, &format!("{p}.bo"), &a.bo)?,
-                        sinks: opt_vec(cx, &format!("{p}.sinks"), &a.sinks)?,
-                        q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
-                        k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
-                        gate,
-                    }))
-                }
-                _ => {
-                    return Err(Error::Gpu(format!(
-                        "layer {l}: attention weights and options are of different variants"
-                    )))
-                }
-            };
-            let ffn = match &layer.ffn {
-                Ffn::Dense(mlp) => {
-                    max_inter = max_inter.max(mlp.gate.rows);
-                    GpuFfn::Dense(GpuExpert::upload(cx, &format!("{p}.mlp"), mlp)?)
-                }
-                Ffn::Moe(block) => GpuFfn::Moe(Box::new(GpuMoe {
-                    router: GpuRouter {
-                        w: upload_mat(cx, &format!("{p}.router"), &block.router)?,
-                        bias: opt_vec(cx, &format!("{p}.router_bias"), &block.router_bias)?,
-                        correction: opt_vec(cx, &format!("{p}.correction_bias"), &block.correction_bias)?,
-                    },
-                    biases: match &block.expert_bias {
-                        Some(b) => Some(ExpertBiases {
-                            gate: upload_f32(cx, &format!("{p}.experts.gate_bias"), &b.gate)?,
-                            up: upload_f32(cx, &format!("{p}.experts.up_bias"), &b.up)?,
-                            down: upload_f32(cx, &format!("{p}.experts.down_bias"), &b.down)?,
-                        }),
-                        None => None,
-                    },
-                    shared: match &block.shared {
-                        Some(shared) => {
-                            max_inter = max_inter.max(shared.mlp.gate.rows);
-                            let gate = shared.gate.as_ref().map(|g| upload_mat(cx, &format!("{p}.shared_gate"), g));
-                            Some((GpuExpert::upload(cx, &format!("{p}.shared"), &shared.mlp)?, gate.transpose()?))
-                        }
-                        None => None,
-                    },
-                })),
-            };
-            layers.push(GpuLayer {
-                attn_norm: upload_f32(cx, &format!("{p}.attn_norm"), &layer.attn_norm)?,
-                attn,
-                ffn_norm: upload_f32(cx, &format!("{p}.ffn_norm"), &layer.ffn_norm)?,
-                ffn,
-            });
-            // Hand the staged uploads to the device layer by layer rather than all at once.
-            cx.queue.submit([]);
-            cx.take_error()?;
-        }
-        let final_norm = upload_f32(cx, "final_norm", &m.final_norm)?;
-        cx.take_error()?;
-        let budget = opts.expert_pool_bytes.unwrap_or_else(|| cx.limits.max_buffer_size.saturating_mul(4).min(2 << 30));
-        Ok(GpuModel {
+        let dense = weights::upload(model.borrow(), &Uploader::new(&ctx, None))?;
+        Ok(Self::with_weights(model, ctx, opts, dense))
+    }
+
+    /// [`GpuModel::new`] for a model whose weight matrices are placeholders
+    /// ([`Container::load_elsewhere`](crate::model::open::Container::load_elsewhere)):
+    /// they are streamed from `stream` into their buffers in bounded chunks, each dense
+    /// tensor checked against its checksum, so they are never whole in memory.
+    pub fn new_streamed(model: M, ctx: Arc<GpuContext>, opts: GpuOptions, stream: &DenseStream) -> Result<Self> {
+        let dense = weights::upload(model.borrow(), &Uploader::new(&ctx, Some(stream)))?;
+        stream.finish()?;
+        Ok(Self::with_weights(model, ctx, opts, dense))
+    }
+
+    fn with_weights(model: M, ctx: Arc<GpuContext>, opts: GpuOptions, dense: DenseWeights) -> Self {
+        let budget =
+            opts.expert_pool_bytes.unwrap_or_else(|| ctx.limits.max_buffer_size.saturating_mul(4).min(2 << 30));
+        let DenseWeights { embed, lm_head, final_norm, layers, max_inter, bytes } = dense;
+        GpuModel {
             model,
             embed,
             lm_head,
             final_norm,
             layers,
+            dense_bytes: bytes,
             pool: Mutex::new(ExpertPool::new(budget)),
             max_inter,
             lookahead: opts.lookahead,
             ahead_stats: Mutex::default(),
             ctx,
-        })
+        }
+    }
+
+    /// GPU bytes of the dense weights.
+    pub fn dense_bytes(&self) -> u64 {
+        self.dense_bytes
     }
 
     /// The CPU model this GPU model mirrors.

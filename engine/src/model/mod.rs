@@ -359,6 +359,22 @@ impl Model {
         open::ModelDir::open(dir, opts.direct)?.load(opts)
     }
 
+    /// Whether the dense weights are in memory: not where they went from the data file
+    /// straight to a GPU backend's buffers ([`open::Container::load_elsewhere`]).
+    pub fn dense_in_memory(&self) -> bool {
+        !self.embed.bytes.is_elsewhere()
+    }
+
+    /// An error unless the CPU can compute with this model ([`Model::dense_in_memory`]).
+    pub fn check_cpu(&self) -> Result<()> {
+        if self.dense_in_memory() {
+            return Ok(());
+        }
+        Err(crate::error::Error::Invalid(
+            "this model's dense weights were loaded straight into GPU buffers: it runs on the GPU backend only".into(),
+        ))
+    }
+
     pub fn new_session(&self) -> Session {
         Session { caches: vec![LayerCache::default(); self.cfg.n_layers], tokens: Vec::new() }
     }
@@ -422,6 +438,7 @@ impl Model {
         on_ffn_input: &mut dyn FnMut(usize, &[f32]),
         hidden: bool,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.check_cpu()?;
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
         let held = session.cached_len();

@@ -102,6 +102,7 @@ impl Model {
         next: &[u32],
         which: Logits,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.check_cpu()?;
         let c = &self.cfg;
         let (n, h) = (next.len(), c.hidden);
         let m = self.mtp.as_ref().ok_or_else(|| crate::error::Error::Invalid("this model has no MTP layer".into()))?;

@@ -51,6 +51,21 @@ impl Container {
         let experts = ExpertCache::with_options(&self.manifest, &self.expert_shape(), source, opts)?;
         Model::from_parts(self.cfg.clone(), &store, Box::new(experts))
     }
+
+    /// The model with its weight matrices left in the data file ([`Bytes::elsewhere`]):
+    /// for a GPU backend that streams them into its buffers (`GpuModel::new_streamed`),
+    /// so that they never sit in memory whole. `read` reads the data file (for the few
+    /// small tensors the model decodes now); the CPU forward pass refuses such a model.
+    pub fn load_elsewhere(
+        &self,
+        read: crate::format::ReadAt,
+        source: Arc<dyn ByteSource>,
+        opts: CacheOptions,
+    ) -> Result<Model> {
+        let store = crate::format::dense_store_elsewhere(&self.manifest, read, &source.name())?;
+        let experts = ExpertCache::with_options(&self.manifest, &self.expert_shape(), source, opts)?;
+        Model::from_parts(self.cfg.clone(), &store, Box::new(experts))
+    }
 }
 
 #[cfg(not(target_arch = "wasm32"))]

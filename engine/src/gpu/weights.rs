@@ -1,0 +1,207 @@
+//! The dense weights on the GPU (embedding, attention, norms, routers, shared experts,
+//! dense MLPs, lm_head) and their upload, layer by layer through an [`Uploader`]: from
+//! memory, or streamed from the data file ([`super::stream`]). Routed experts are not
+//! here: they go to the pool ([`super::pool`]) when first routed to.
+
+use super::buffers::GpuMat;
+use super::deltanet::{gather_rows, GpuDeltaNet};
+use super::mla::GpuMla;
+use super::ops;
+use super::pool::GpuExpert;
+use super::recorder::Recorder;
+use super::stream::Uploader;
+use crate::error::{Error, Result};
+use crate::model::attention::AttnWeights;
+use crate::model::config::QkNorm;
+use crate::model::{Ffn, Model};
+
+/// One layer's attention weights on the GPU, by variant (attention::AttnWeights).
+pub(super) enum GpuAttn {
+    Gqa(Box<GpuGqa>),
+    Mla(Box<GpuMla>),
+    Linear(Box<GpuDeltaNet>),
+}
+
+pub(super) struct GpuGqa {
+    pub(super) wq: GpuMat,
+    pub(super) wk: GpuMat,
+    pub(super) wv: GpuMat,
+    pub(super) wo: GpuMat,
+    pub(super) bq: Option<wgpu::Buffer>,
+    pub(super) bk: Option<wgpu::Buffer>,
+    pub(super) bv: Option<wgpu::Buffer>,
+    /// (hidden): o_proj's bias (gpt_oss)
+    pub(super) bo: Option<wgpu::Buffer>,
+    /// (n_heads): sink logits (gpt_oss)
+    pub(super) sinks: Option<wgpu::Buffer>,
+    /// (weight, width of each normalised chunk)
+    pub(super) q_norm: Option<(wgpu::Buffer, usize)>,
+    pub(super) k_norm: Option<(wgpu::Buffer, usize)>,
+    /// The output gate's rows of q_proj (n_heads*head_dim, hidden) and their bias
+    /// (qwen3_next): the heads' outputs are multiplied by sigmoid(gate x) before wo.
+    pub(super) gate: Option<(GpuMat, Option<wgpu::Buffer>)>,
+}
+
+/// A MoE layer's router: its weights, its own bias (added to the logits) and the
+/// selection bias (`e_score_correction_bias`).
+pub(super) struct GpuRouter {
+    pub(super) w: GpuMat,
+    pub(super) bias: Option<wgpu::Buffer>,
+    pub(super) correction: Option<wgpu::Buffer>,
+}
+
+impl GpuRouter {
+    /// Routes the n positions of `xn` (MoeBlock::router_logits, then moe::route) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn route(
+        &self,
+        rec: &mut Recorder,
+        xn: &wgpu::Buffer,
+        n: usize,
+        logits: &wgpu::Buffer,
+        probs: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        cfg: &crate::model::config::RouterConfig,
+    ) -> Result<()> {
+        let ne = self.w.rows;
+        ops::matmul(rec, &self.w, xn, 0, n, logits, 0, ne)?;
+        if let Some(b) = &self.bias {
+            ops::add(rec, logits, 0, b, 0, n * ne, ne)?;
+        }
+        ops::route(rec, logits, probs, out, n, cfg, self.correction.as_ref())
+    }
+}
+
+pub(super) enum GpuFfn {
+    Dense(GpuExpert),
+    Moe(Box<GpuMoe>),
+}
+
+/// A MoE layer's resident parts; the routed experts live in the pool.
+pub(super) struct GpuMoe {
+    pub(super) router: GpuRouter,
+    pub(super) biases: Option<ExpertBiases>,
+    /// The shared expert with its sigmoid gate (qwen2_moe) or without (added as is).
+    pub(super) shared: Option<(GpuExpert, Option<GpuMat>)>,
+}
+
+/// Every routed expert's biases of one layer (gpt_oss), resident like the dense weights:
+/// gate and up (n_experts, inter), down (n_experts, hidden).
+pub(super) struct ExpertBiases {
+    pub(super) gate: wgpu::Buffer,
+    pub(super) up: wgpu::Buffer,
+    pub(super) down: wgpu::Buffer,
+}
+
+pub(super) struct GpuLayer {
+    pub(super) attn_norm: wgpu::Buffer,
+    pub(super) attn: GpuAttn,
+    pub(super) ffn_norm: wgpu::Buffer,
+    pub(super) ffn: GpuFfn,
+}
+
+/// Every dense weight of a model on the GPU.
+pub(super) struct DenseWeights {
+    pub(super) embed: GpuMat,
+    pub(super) lm_head: GpuMat,
+    pub(super) final_norm: wgpu::Buffer,
+    pub(super) layers: Vec<GpuLayer>,
+    /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
+    pub(super) max_inter: usize,
+    /// Their GPU bytes.
+    pub(super) bytes: u64,
+}
+
+/// Uploads the dense weights of `m`, layer by layer.
+pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
+    let c = &m.cfg;
+    let cx = up.ctx;
+    let embed = up.mat("embed", &m.embed)?;
+    let lm_head = if m.embed.bytes.same(&m.lm_head.bytes) { embed.clone() } else { up.mat("lm_head", &m.lm_head)? };
+    let mut max_inter = c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));
+    let mut layers = Vec::with_capacity(m.layers.len());
+    for (l, layer) in m.layers.iter().enumerate() {
+        let p = format!("layer{l}");
+        let attn = match (&layer.attn, &layer.attn_opts.mla) {
+            (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(up, &p, w, m, c.n_heads)?)),
+            (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(GpuDeltaNet::upload(up, &p, d)?)),
+            (AttnWeights::Gqa(a), None) => {
+                let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
+                    w.as_ref().map(|v| Ok((up.f32(&format!("{p}.{what}"), v)?, v.len()))).transpose()
+                };
+                let o = &layer.attn_opts;
+                let (wq, bq, gate) = if o.output_gate {
+                    // q_proj yields per head the query rows, then the gate rows.
+                    let hd = o.head_dim;
+                    let rows =
+                        |first: usize| (0..o.n_heads).flat_map(move |h| 2 * h * hd + first..2 * h * hd + first + hd);
+                    let pick = |b: &Option<Vec<f32>>, first: usize| {
+                        b.as_ref().map(|b| rows(first).map(|r| b.get(r).copied().unwrap_or(0.0)).collect::<Vec<f32>>())
+                    };
+                    let wq = up.mat(&format!("{p}.wq"), &gather_rows(&up.in_memory(&a.wq)?, rows(0))?)?;
+                    let wg = up.mat(&format!("{p}.wgate"), &gather_rows(&up.in_memory(&a.wq)?, rows(hd))?)?;
+                    let bg = up.opt_f32(&format!("{p}.bgate"), &pick(&a.bq, hd))?;
+                    (wq, up.opt_f32(&format!("{p}.bq"), &pick(&a.bq, 0))?, Some((wg, bg)))
+                } else {
+                    (up.mat(&format!("{p}.wq"), &a.wq)?, up.opt_f32(&format!("{p}.bq"), &a.bq)?, None)
+                };
+                GpuAttn::Gqa(Box::new(GpuGqa {
+                    wq,
+                    wk: up.mat(&format!("{p}.wk"), &a.wk)?,
+                    wv: up.mat(&format!("{p}.wv"), &a.wv)?,
+                    wo: up.mat(&format!("{p}.wo"), &a.wo)?,
+                    bq,
+                    bk: up.opt_f32(&format!("{p}.bk"), &a.bk)?,
+                    bv: up.opt_f32(&format!("{p}.bv"), &a.bv)?,
+                    bo: up.opt_f32(&format!("{p}.bo"), &a.bo)?,
+                    sinks: up.opt_f32(&format!("{p}.sinks"), &a.sinks)?,
+                    q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
+                    k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
+                    gate,
+                }))
+            }
+            _ => return Err(Error::Gpu(format!("layer {l}: attention weights and options are of different variants"))),
+        };
+        let ffn = match &layer.ffn {
+            Ffn::Dense(mlp) => {
+                max_inter = max_inter.max(mlp.gate.rows);
+                GpuFfn::Dense(up.expert(&format!("{p}.mlp"), mlp)?)
+            }
+            Ffn::Moe(block) => GpuFfn::Moe(Box::new(GpuMoe {
+                router: GpuRouter {
+                    w: up.mat(&format!("{p}.router"), &block.router)?,
+                    bias: up.opt_f32(&format!("{p}.router_bias"), &block.router_bias)?,
+                    correction: up.opt_f32(&format!("{p}.correction_bias"), &block.correction_bias)?,
+                },
+                biases: match &block.expert_bias {
+                    Some(b) => Some(ExpertBiases {
+                        gate: up.f32(&format!("{p}.experts.gate_bias"), &b.gate)?,
+                        up: up.f32(&format!("{p}.experts.up_bias"), &b.up)?,
+                        down: up.f32(&format!("{p}.experts.down_bias"), &b.down)?,
+                    }),
+                    None => None,
+                },
+                shared: match &block.shared {
+                    Some(shared) => {
+                        max_inter = max_inter.max(shared.mlp.gate.rows);
+                        let gate = shared.gate.as_ref().map(|g| up.mat(&format!("{p}.shared_gate"), g));
+                        Some((up.expert(&format!("{p}.shared"), &shared.mlp)?, gate.transpose()?))
+                    }
+                    None => None,
+                },
+            })),
+        };
+        layers.push(GpuLayer {
+            attn_norm: up.f32(&format!("{p}.attn_norm"), &layer.attn_norm)?,
+            attn,
+            ffn_norm: up.f32(&format!("{p}.ffn_norm"), &layer.ffn_norm)?,
+            ffn,
+        });
+        // Hand the staged uploads to the device layer by layer rather than all at once.
+        cx.queue.submit([]);
+        cx.take_error()?;
+    }
+    let final_norm = up.f32("final_norm", &m.final_norm)?;
+    cx.take_error()?;
+    Ok(DenseWeights { embed, lm_head, final_norm, layers, max_inter, bytes: up.bytes() })
+}
