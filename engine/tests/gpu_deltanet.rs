@@ -10,6 +10,7 @@ use colibri_engine::gpu::buffers::{f32s, upload_f32};
 use colibri_engine::gpu::deltanet::{DeltaScratch, GpuDeltaNet, GpuDeltaState};
 use colibri_engine::gpu::kernels::Kernel;
 use colibri_engine::gpu::recorder::Recorder;
+use colibri_engine::gpu::stream::Uploader;
 use colibri_engine::gpu::{block_on, GpuContext};
 use colibri_engine::math;
 use colibri_engine::model::config::LinearAttnConfig;
@@ -55,7 +56,7 @@ fn deltanet_layer_matches_cpu_over_prefill_and_decode() {
         layers: vec![true],
     };
     let w = layer(&mut rng, cfg.clone(), hidden);
-    let g = GpuDeltaNet::upload(&ctx, "test", &w).unwrap();
+    let g = GpuDeltaNet::upload(&Uploader::new(&ctx, None), "test", &w).unwrap();
     let mut cpu_state = DeltaState::default();
     let mut gpu_state = GpuDeltaState::new(&ctx, &cfg).unwrap();
     // A prefill of 7, then three decode steps, then a batch of 3.
