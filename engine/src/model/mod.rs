@@ -34,7 +34,7 @@ use moe::{MoeBlock, SharedExpert};
 use rope::Rope;
 
 pub enum Ffn {
-    Dense(Expert),
+    Dense(Box<Expert>),
     Moe(Box<MoeBlock>),
 }
 
@@ -290,7 +290,7 @@ fn load_layer(c: &ModelConfig, s: &TensorStore, l: usize, moe: bool) -> Result<L
             shared,
         }))
     } else {
-        Ffn::Dense(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?)
+        Ffn::Dense(Box::new(load_mlp(s, &format!("{p}.mlp"), &names, h, c.dense_intermediate)?))
     };
     Ok(Layer {
         attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
