@@ -42,7 +42,11 @@ fn check(name: &str) {
         let mut s = gm.new_session();
         for (p, &id) in ids.iter().enumerate().take(6) {
             let step = gm.forward_blocking(&mut s, &[id], Logits::Last).unwrap();
-            assert_bits(&format!("{name} {mode:?}: decode step {p} vs prefill"), &step, &got[p * vocab..(p + 1) * vocab]);
+            assert_bits(
+                &format!("{name} {mode:?}: decode step {p} vs prefill"),
+                &step,
+                &got[p * vocab..(p + 1) * vocab],
+            );
         }
         let h = gm.hybrid_stats();
         eprintln!("{name} {mode:?}: {h:?} pool {:?}", gm.pool_stats());

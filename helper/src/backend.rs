@@ -147,7 +147,11 @@ pub fn gpu_model(model: &Model, c: Compute) -> Result<colibri_engine::gpu::GpuMo
         HybridChoice::On => Hybrid::On,
         HybridChoice::Auto => Hybrid::Auto,
     };
-    Ok(GpuModel::new(model, std::sync::Arc::new(ctx), GpuOptions { hybrid, expert_pool_bytes: c.gpu_pool, ..Default::default() })?)
+    Ok(GpuModel::new(
+        model,
+        std::sync::Arc::new(ctx),
+        GpuOptions { hybrid, expert_pool_bytes: c.gpu_pool, ..Default::default() },
+    )?)
 }
 
 #[cfg(feature = "wgpu")]

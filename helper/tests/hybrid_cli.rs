@@ -46,7 +46,14 @@ const IDS: &str = "5,17,3,99,42,7,63,11,28,90,2,51";
 fn logits(model: &Path, extra: &[&str], tag: &str) -> Vec<u8> {
     let out = std::env::temp_dir().join(format!("coli-hybrid-{tag}-{}.bin", std::process::id()));
     ok(
-        coli().args(["logits", "--model"]).arg(model).args(["--ids", IDS, "--out"]).arg(&out).args(extra).output().unwrap(),
+        coli()
+            .args(["logits", "--model"])
+            .arg(model)
+            .args(["--ids", IDS, "--out"])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap(),
         &format!("logits {tag}"),
     );
     let bytes = std::fs::read(&out).unwrap();
@@ -75,7 +82,10 @@ fn hybrid_placement_keeps_the_cpu_bytes_and_computes_on_the_cpu() {
     }
     let dst = std::env::temp_dir().join(format!("coli-hybrid-olmoe-int4-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dst);
-    ok(coli().arg("convert").arg(fixture("olmoe")).arg("-o").arg(&dst).args(["--quant", "int4"]).output().unwrap(), "convert");
+    ok(
+        coli().arg("convert").arg(fixture("olmoe")).arg("-o").arg(&dst).args(["--quant", "int4"]).output().unwrap(),
+        "convert",
+    );
     let cpu = logits(&dst, &["--backend", "cpu"], "cpu");
     // About two experts fit in a 12K pool: the rest of each layer's misses are candidates.
     for hybrid in ["off", "on", "auto"] {
@@ -108,7 +118,12 @@ fn hybrid_placement_keeps_the_cpu_bytes_and_computes_on_the_cpu() {
     assert_eq!(off["hybrid"]["decode"]["cpu_experts"], 0, "{off}");
     assert!(off["hybrid"]["decode"]["gpu_experts"].as_u64().unwrap() > 0, "{off}");
 
-    let bad = coli().args(["logits", "--model"]).arg(&dst).args(["--ids", "1", "--out", "/dev/null", "--hybrid", "maybe"]).output().unwrap();
+    let bad = coli()
+        .args(["logits", "--model"])
+        .arg(&dst)
+        .args(["--ids", "1", "--out", "/dev/null", "--hybrid", "maybe"])
+        .output()
+        .unwrap();
     assert!(!bad.status.success());
     let _ = std::fs::remove_dir_all(&dst);
 }

@@ -15,8 +15,8 @@ use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::{
     keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, SamplingRequest,
 };
-use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::gpu::Hybrid;
+use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tensor::Bytes;
@@ -280,10 +280,13 @@ impl Engine {
             _ if streamed => {
                 report(&on_progress, "gpu", 0.0, total as f64);
                 let progress = |n: u64| report(&on_progress, "dense", n.min(total) as f64, total as f64);
-                let gpu = open_gpu_streamed(model.clone(), m, &read, &progress, &dense_url, hybrid, opts.gpu_pool_bytes).await.map_err(|e| {
-                    let cpu = cpu_fit.as_ref().err().map(|c| format!("; and {c}")).unwrap_or_default();
-                    err(format!("WebGPU backend unavailable: {e}{cpu}"))
-                })?;
+                let gpu =
+                    open_gpu_streamed(model.clone(), m, &read, &progress, &dense_url, hybrid, opts.gpu_pool_bytes)
+                        .await
+                        .map_err(|e| {
+                            let cpu = cpu_fit.as_ref().err().map(|c| format!("; and {c}")).unwrap_or_default();
+                            err(format!("WebGPU backend unavailable: {e}{cpu}"))
+                        })?;
                 report(&on_progress, "dense", total as f64, total as f64);
                 (gpu, None)
             }
@@ -759,10 +762,13 @@ impl Engine {
             o.insert("draft".into(), st.draft.as_ref().map_or(serde_json::Value::Null, DraftModel::stats));
             // WebGPU's hybrid placement: expert uses computed on the CPU threads and on the
             // GPU, and the costs (ms per expert) "auto" weighs; null on the CPU backend.
-            o.insert("hybrid".into(), self.backend.hybrid().map_or(serde_json::Value::Null, |(m, h)| {
-                serde_json::json!({"mode": m.name(), "cpuExperts": h.cpu_experts, "gpuExperts": h.gpu_experts,
+            o.insert(
+                "hybrid".into(),
+                self.backend.hybrid().map_or(serde_json::Value::Null, |(m, h)| {
+                    serde_json::json!({"mode": m.name(), "cpuExperts": h.cpu_experts, "gpuExperts": h.gpu_experts,
                     "cpuMs": h.cpu_ms, "uploadMs": h.upload_ms, "gpuMs": h.gpu_ms})
-            }));
+                }),
+            );
         }
         Ok(out.to_string())
     }

@@ -21,8 +21,8 @@
 
 pub mod buffers;
 pub mod deltanet;
-pub mod kernels;
 pub mod hybrid;
+pub mod kernels;
 mod mla;
 pub mod model;
 pub mod ops;

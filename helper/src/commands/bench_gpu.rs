@@ -13,7 +13,14 @@ use crate::flags::Compute;
 /// Runs the prompt and `decode_tokens` greedy steps on the GPU; `base` is the record's
 /// shared part (commit, hardware, command, model), extended here.
 #[cfg(feature = "wgpu")]
-pub fn run(model: &Model, c: Compute, prompt: &[u32], decode_tokens: usize, warmup: bool, mut base: Value) -> Result<Value> {
+pub fn run(
+    model: &Model,
+    c: Compute,
+    prompt: &[u32],
+    decode_tokens: usize,
+    warmup: bool,
+    mut base: Value,
+) -> Result<Value> {
     let gpu = crate::backend::gpu_model(model, c)?;
     if warmup {
         gpu.forward_blocking(&mut gpu.new_session(), prompt, Logits::Last)?;
@@ -37,9 +44,7 @@ pub fn run(model: &Model, c: Compute, prompt: &[u32], decode_tokens: usize, warm
     let decode_s = t1.elapsed().as_secs_f64();
     let h2 = gpu.hybrid_stats();
     let pool = gpu.pool_stats();
-    let place = |a: &colibri_engine::gpu::HybridStats, b: &colibri_engine::gpu::HybridStats| {
-        json!({"cpu_experts": b.cpu_experts - a.cpu_experts, "gpu_experts": b.gpu_experts - a.gpu_experts})
-    };
+    let place = |a: &colibri_engine::gpu::HybridStats, b: &colibri_engine::gpu::HybridStats| json!({"cpu_experts": b.cpu_experts - a.cpu_experts, "gpu_experts": b.gpu_experts - a.gpu_experts});
     let extra = json!({
         "backend": "wgpu",
         "adapter": gpu.ctx.adapter_name,
