@@ -214,7 +214,8 @@ async function loadModel(id) {
     // or ?backend=cpu in the page's URL forces one.
     const forced = new URLSearchParams(location.search).get("backend");
     const backend = ["auto", "webgpu", "cpu"].includes(forced) ? forced : navigator.gpu ? "auto" : "cpu";
-    const engine = await load({ model: id, backend, helper: HELPER, onProgress });
+    const hybrid = new URLSearchParams(location.search).get("hybrid");
+    const engine = await load({ model: id, backend, helper: HELPER, onProgress, hybrid: ["on", "auto"].includes(hybrid) ? hybrid : undefined });
     if (state.modelId !== id) return engine.terminate(); // another model was picked meanwhile
     state.engine = engine;
     state.info = engine.info?.info || {};
@@ -417,6 +418,10 @@ function renderStats(s) {
       h("span", { class: "pct" }, total ? `${pct.toFixed(0)}%` : "—"));
   });
   $("tiers").replaceChildren(...rows);
+  // WebGPU with hybrid placement (?hybrid=on|auto): expert uses computed on each side.
+  const hy = s.hybrid;
+  $("brain-hybrid").hidden = !hy || hy.mode === "off";
+  if (hy && hy.mode !== "off") $("brain-hybrid").textContent = `Experts computed on the GPU: ${hy.gpuExperts}, on the CPU threads at the same time: ${hy.cpuExperts} (hybrid ${hy.mode}).`;
 }
 
 function renderLegend() {

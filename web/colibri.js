@@ -309,15 +309,22 @@ function finishReason(r, req) {
  * backend: "webgpu" fails if the browser has no usable WebGPU; "auto" uses WebGPU when
  * the browser has it and one decode step measures faster on it than on the CPU backend
  * (stats().auto holds the two timings); both backends produce the same tokens.
+ * hybrid (WebGPU): "off" (default: every routed expert on the GPU), "on" (experts missing
+ * from the GPU pool run on the CPU threads, from the RAM tier, while the GPU computes the
+ * others; the layer's sum keeps the fixed expert order, so the tokens are the same) or
+ * "auto" (as on, how many by the costs measured as it runs); stats().hybrid counts the
+ * expert uses computed on each (null on the CPU backend). gpuPoolBytes (WebGPU): GPU
+ * memory for routed experts (default four times the adapter's largest buffer, at most 2 GiB).
  * draft: a draft model for generate({draft: "model"}) (engine.loadDraft's argument: an id,
  * a URL or {model, ramBytes}), loaded after the model; load fails if it cannot be used.
  */
-export async function load({ model = "demo", backend = "auto", helper, onProgress, ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, threads, multiRange, draft } = {}) {
+export async function load({ model = "demo", backend = "auto", hybrid, gpuPoolBytes, helper, onProgress, ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, threads, multiRange, draft } = {}) {
   if (!["auto", "webgpu", "cpu"].includes(backend)) throw new Error(`unknown backend ${backend}`);
+  if (hybrid !== undefined && !["off", "on", "auto"].includes(hybrid)) throw new Error(`unknown hybrid ${hybrid}`);
   const helperUrl = helper || HERE.origin;
   const engine = new Engine(makeWorker(), onProgress);
   engine.model = model;
-  await engine._load(helperUrl, model, { ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, backend, threads, multiRange, modelUrl: hostedModelUrl(model) });
+  await engine._load(helperUrl, model, { ramBytes, pinBytes, disk, diskBytes, storage, storageHandoff, backend, hybrid, gpuPoolBytes, threads, multiRange, modelUrl: hostedModelUrl(model) });
   if (draft !== undefined && draft !== null) {
     try {
       await engine.loadDraft(draft);

@@ -24,7 +24,8 @@ fn check(name: &str, pool_bytes: Option<u64>, lookahead: usize) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name);
     let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
     let model = Model::open_dir(&dir).unwrap();
-    let gm = GpuModel::new(&model, ctx, GpuOptions { expert_pool_bytes: pool_bytes, lookahead }).unwrap();
+    let gm = GpuModel::new(&model, ctx, GpuOptions { expert_pool_bytes: pool_bytes, lookahead, ..Default::default() })
+        .unwrap();
     let vocab = model.cfg.vocab;
 
     // Teacher-forced logits of every position in one prefill: GPU vs CPU.

@@ -4,18 +4,18 @@
 use anyhow::Result;
 use colibri_engine::{Logits, Model};
 
-use crate::flags::BackendChoice;
+use crate::flags::{BackendChoice, Compute};
 
 /// Feeds ids after everything fed so far and returns their logits.
 pub type Forward<'m> = Box<dyn FnMut(&[u32], Logits) -> colibri_engine::Result<Vec<f32>> + 'm>;
 
-pub fn forward_fn(model: &Model, backend: BackendChoice) -> Result<Forward<'_>> {
-    match backend {
+pub fn forward_fn(model: &Model, c: Compute) -> Result<Forward<'_>> {
+    match c.backend {
         BackendChoice::Cpu => {
             let mut session = model.new_session();
             Ok(Box::new(move |ids, which| model.forward(&mut session, ids, which)))
         }
-        BackendChoice::Wgpu => gpu(model),
+        BackendChoice::Wgpu => gpu(model, c),
     }
 }
 
@@ -28,17 +28,17 @@ pub enum ChatSession<'m> {
 }
 
 impl<'m> ChatSession<'m> {
-    pub fn new(model: &'m Model, backend: BackendChoice) -> Result<Self> {
-        match backend {
+    pub fn new(model: &'m Model, c: Compute) -> Result<Self> {
+        match c.backend {
             BackendChoice::Cpu => Ok(ChatSession::Cpu(model, model.new_session())),
             #[cfg(feature = "wgpu")]
             BackendChoice::Wgpu => {
-                let gpu = Box::new(gpu_model(model)?);
+                let gpu = Box::new(gpu_model(model, c)?);
                 let session = gpu.new_session();
                 Ok(ChatSession::Gpu(gpu, session))
             }
             #[cfg(not(feature = "wgpu"))]
-            BackendChoice::Wgpu => gpu(model).map(|_| unreachable!("gpu() always fails without the feature")),
+            BackendChoice::Wgpu => gpu(model, c).map(|_| unreachable!("gpu() always fails without the feature")),
         }
     }
 
@@ -110,16 +110,16 @@ pub type ForwardKeep<'m> = Box<dyn FnMut(usize, &[u32], Logits) -> colibri_engin
 
 /// [`forward_fn`] whose conversation can be cut back: reuses a shared prefix's keys
 /// and values (option scoring).
-pub fn forward_keep_fn(model: &Model, backend: BackendChoice) -> Result<ForwardKeep<'_>> {
-    match backend {
+pub fn forward_keep_fn(model: &Model, c: Compute) -> Result<ForwardKeep<'_>> {
+    match c.backend {
         BackendChoice::Cpu => Ok(colibri_engine::generate::draft::cpu_forward_keep(model)),
-        BackendChoice::Wgpu => gpu_keep(model),
+        BackendChoice::Wgpu => gpu_keep(model, c),
     }
 }
 
 #[cfg(feature = "wgpu")]
-fn gpu_keep(model: &Model) -> Result<ForwardKeep<'_>> {
-    let gpu = gpu_model(model)?;
+fn gpu_keep(model: &Model, c: Compute) -> Result<ForwardKeep<'_>> {
+    let gpu = gpu_model(model, c)?;
     let mut session = gpu.new_session();
     Ok(Box::new(move |keep, ids, which| {
         session.truncate(keep);
@@ -128,30 +128,40 @@ fn gpu_keep(model: &Model) -> Result<ForwardKeep<'_>> {
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn gpu_keep(_: &Model) -> Result<ForwardKeep<'_>> {
+fn gpu_keep(_: &Model, _: Compute) -> Result<ForwardKeep<'_>> {
     anyhow::bail!("this coli was built without the wgpu backend (cargo feature \"wgpu\"); use --backend cpu")
 }
 
 #[cfg(feature = "wgpu")]
-fn gpu_model(model: &Model) -> Result<colibri_engine::gpu::GpuModel<&Model>> {
-    use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions};
+pub fn gpu_model(model: &Model, c: Compute) -> Result<colibri_engine::gpu::GpuModel<&Model>> {
+    use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, Hybrid};
     // Mesa's implicit device-select layer prints "XDG_RUNTIME_DIR is invalid" lines when
     // no display is around; it only reorders adapters, which wgpu does itself.
     if std::env::var_os("NODEVICE_SELECT").is_none() {
         std::env::set_var("NODEVICE_SELECT", "1");
     }
     let ctx = GpuContext::new_blocking()?;
-    Ok(GpuModel::new(model, std::sync::Arc::new(ctx), GpuOptions::default())?)
+    use crate::flags::HybridChoice;
+    let hybrid = match c.hybrid {
+        HybridChoice::Off => Hybrid::Off,
+        HybridChoice::On => Hybrid::On,
+        HybridChoice::Auto => Hybrid::Auto,
+    };
+    Ok(GpuModel::new(
+        model,
+        std::sync::Arc::new(ctx),
+        GpuOptions { hybrid, expert_pool_bytes: c.gpu_pool, ..Default::default() },
+    )?)
 }
 
 #[cfg(feature = "wgpu")]
-fn gpu(model: &Model) -> Result<Forward<'_>> {
-    let gpu = gpu_model(model)?;
+fn gpu(model: &Model, c: Compute) -> Result<Forward<'_>> {
+    let gpu = gpu_model(model, c)?;
     let mut session = gpu.new_session();
     Ok(Box::new(move |ids, which| gpu.forward_blocking(&mut session, ids, which)))
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn gpu(_: &Model) -> Result<Forward<'_>> {
+fn gpu(_: &Model, _: Compute) -> Result<Forward<'_>> {
     anyhow::bail!("this coli was built without the wgpu backend (cargo feature \"wgpu\"); use --backend cpu")
 }

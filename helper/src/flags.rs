@@ -14,6 +14,33 @@ pub enum BackendChoice {
     Wgpu,
 }
 
+/// `--hybrid`: on `--backend wgpu`, where routed experts missing from the GPU pool are
+/// computed (docs/benchmarks.md, "Hybrid expert placement").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum HybridChoice {
+    /// Every expert on the GPU (missing ones are uploaded).
+    #[default]
+    Off,
+    /// Missing experts whose bytes are in RAM run on the CPU threads once the GPU pool is
+    /// full, while the GPU computes the others.
+    On,
+    /// As on, with how many go to the CPU chosen by the costs measured as it runs.
+    Auto,
+}
+
+/// Where the forward pass runs: the backend, and on the GPU the expert placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compute {
+    pub backend: BackendChoice,
+    pub hybrid: HybridChoice,
+    /// GPU memory for routed experts (None: the backend's default).
+    pub gpu_pool: Option<u64>,
+}
+
+impl Compute {
+    pub const CPU: Compute = Compute { backend: BackendChoice::Cpu, hybrid: HybridChoice::Off, gpu_pool: None };
+}
+
 /// Options shared by every command that runs a model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -43,9 +70,24 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
+    /// With --backend wgpu: compute routed experts missing from the GPU pool on the CPU
+    /// threads at the same time as the GPU (off, on, auto). The outputs are the same bits.
+    #[arg(long, value_enum, default_value_t = HybridChoice::Off)]
+    pub hybrid: HybridChoice,
+    /// With --backend wgpu: bytes of GPU memory for routed experts (suffixes K, M, G;
+    /// default: four times the adapter's largest buffer, at most 2G).
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_pool: Option<u64>,
     /// CPU threads (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The backend and expert placement these flags ask for.
+    pub fn compute(&self) -> Compute {
+        Compute { backend: self.backend, hybrid: self.hybrid, gpu_pool: self.gpu_pool }
+    }
 }
 
 /// Sampling flags shared by `generate` and `chat`.

@@ -96,20 +96,21 @@ export function copyDir(src, dst) {
  * engine of its own; the helper's documents are cross-origin isolated): loads `model`
  * through /colibri.js and generates `n` greedy tokens after `prompt`; with `logits`, also
  * the prompt's teacher-forced logits as f32 bits. `pageUrl`: another document to run in
- * (a page of another origin), `helper` then says where colibri.js is. */
-export async function generateInPage(page, url, { model, prompt, n, backend = "cpu", storage = "auto", logits = false, threads, pageUrl }) {
+ * (a page of another origin), `helper` then says where colibri.js is; `loadOptions`: more
+ * options for load() (e.g. {hybrid: "on"}). */
+export async function generateInPage(page, url, { model, prompt, n, backend = "cpu", storage = "auto", logits = false, threads, pageUrl, loadOptions = {} }) {
   await page.goto(pageUrl || `${url}/health`);
   return page.evaluate(
-    async ({ model, prompt, n, backend, storage, logits, threads, helper }) => {
+    async ({ model, prompt, n, backend, storage, logits, threads, helper, loadOptions }) => {
       const { load } = await import(`${helper}/colibri.js`);
-      const engine = await load({ model, backend, storage, threads });
+      const engine = await load({ model, backend, storage, threads, ...loadOptions });
       const g = await engine.generate({ ids: prompt, maxNewTokens: n, temperature: 0, ignoreEos: true });
       const l = logits ? Array.from(new Uint32Array((await engine.logits({ ids: prompt })).buffer)) : null;
       const tiers = Array.from(await engine.expertTiers());
       const isolated = self.crossOriginIsolated;
       return { ids: g.ids, text: g.text, logitsBits: l, stats: engine.stats(), tiers, hasGpu: !!navigator.gpu, isolated };
     },
-    { model, prompt, n, backend, storage, logits, threads, helper: pageUrl ? url : "" },
+    { model, prompt, n, backend, storage, logits, threads, helper: pageUrl ? url : "", loadOptions },
   );
 }
 

@@ -12,7 +12,7 @@ use colibri_engine::format::ReadAt;
 use colibri_engine::generate::HiddenLog;
 use colibri_engine::gpu::pool::PoolStats;
 use colibri_engine::gpu::stream::DenseStream;
-use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession};
+use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession, Hybrid, HybridStats};
 use colibri_engine::{Logits, Model, Result, Session};
 
 use crate::browser_source::BrowserSource;
@@ -213,6 +213,14 @@ impl Backend {
         }
     }
 
+    /// Where the routed experts ran, and the placement mode (None on the CPU backend).
+    pub fn hybrid(&self) -> Option<(Hybrid, HybridStats)> {
+        match self {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some((g.hybrid(), g.hybrid_stats())),
+        }
+    }
+
     /// GPU bytes of the dense weights (None on the CPU backend).
     pub fn dense_gpu_bytes(&self) -> Option<u64> {
         match self {
@@ -238,11 +246,18 @@ impl Backend {
     }
 }
 
+/// The GPU model's settings: the router lookahead (top-k per position), hybrid expert
+/// placement as asked, timed by the worker's `performance.now()`; `pool`: the expert
+/// pool's bytes (None: the engine's default).
+fn gpu_options(model: &Model, hybrid: Hybrid, pool: Option<u64>) -> GpuOptions {
+    GpuOptions { lookahead: model.cfg.router.top_k, hybrid, clock: Some(now_ms), expert_pool_bytes: pool }
+}
+
 /// Opens WebGPU and uploads the dense weights. The router lookahead prefetches top-k
 /// experts per position for the next layer while the GPU computes the current one.
-pub async fn open_gpu(model: Rc<Model>) -> Result<Backend> {
+pub async fn open_gpu(model: Rc<Model>, hybrid: Hybrid, pool: Option<u64>) -> Result<Backend> {
     let ctx = GpuContext::new().await?;
-    let opts = GpuOptions { lookahead: model.cfg.router.top_k, ..Default::default() };
+    let opts = gpu_options(&model, hybrid, pool);
     Ok(Backend::Gpu(Rc::new(GpuModel::new(model, std::sync::Arc::new(ctx), opts)?)))
 }
 
@@ -256,9 +271,11 @@ pub async fn open_gpu_streamed(
     read: ReadAt<'_>,
     on_read: &dyn Fn(u64),
     origin: &str,
+    hybrid: Hybrid,
+    pool: Option<u64>,
 ) -> Result<Backend> {
     let ctx = GpuContext::new().await?;
-    let opts = GpuOptions { lookahead: model.cfg.router.top_k, ..Default::default() };
+    let opts = gpu_options(&model, hybrid, pool);
     let stream = DenseStream::new(m, read, origin).on_read(on_read);
     Ok(Backend::Gpu(Rc::new(GpuModel::new_streamed(model, std::sync::Arc::new(ctx), opts, &stream)?)))
 }

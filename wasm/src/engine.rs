@@ -15,6 +15,7 @@ use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::{
     keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, SamplingRequest,
 };
+use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
@@ -64,6 +65,13 @@ struct LoadOptions {
     disk_bytes: Option<u64>,
     /// "auto" (default: WebGPU if present and measured faster here), "webgpu" or "cpu".
     backend: Option<String>,
+    /// WebGPU: "off" (default: every routed expert on the GPU), "on" (experts missing from
+    /// the GPU pool run on the CPU threads while the GPU computes) or "auto" (as on, how
+    /// many chosen by measured cost); the tokens are the same.
+    hybrid: Option<String>,
+    /// WebGPU: bytes of GPU memory for routed experts (default: four times the adapter's
+    /// largest buffer, at most 2 GiB).
+    gpu_pool_bytes: Option<u64>,
     /// The disk tier: "auto" (default: OPFS, else IndexedDB), "opfs" or "indexeddb".
     storage: Option<String>,
     /// Whether the server answers several ranges in one request (default true, as the
@@ -177,6 +185,7 @@ impl Engine {
             .map_err(err)?
         };
         let want = Want::parse(opts.backend.as_deref()).map_err(err)?;
+        let hybrid: Hybrid = opts.hybrid.as_deref().unwrap_or("off").parse().map_err(err)?;
         let base = if base.ends_with('/') { base } else { format!("{base}/") };
         let manifest_bytes = fetch(&format!("{base}colibri.json"), None, 5).await.map_err(err)?;
         let container = Container::parse(&manifest_bytes, &base).map_err(err)?;
@@ -271,14 +280,17 @@ impl Engine {
             _ if streamed => {
                 report(&on_progress, "gpu", 0.0, total as f64);
                 let progress = |n: u64| report(&on_progress, "dense", n.min(total) as f64, total as f64);
-                let gpu = open_gpu_streamed(model.clone(), m, &read, &progress, &dense_url).await.map_err(|e| {
-                    let cpu = cpu_fit.as_ref().err().map(|c| format!("; and {c}")).unwrap_or_default();
-                    err(format!("WebGPU backend unavailable: {e}{cpu}"))
-                })?;
+                let gpu =
+                    open_gpu_streamed(model.clone(), m, &read, &progress, &dense_url, hybrid, opts.gpu_pool_bytes)
+                        .await
+                        .map_err(|e| {
+                            let cpu = cpu_fit.as_ref().err().map(|c| format!("; and {c}")).unwrap_or_default();
+                            err(format!("WebGPU backend unavailable: {e}{cpu}"))
+                        })?;
                 report(&on_progress, "dense", total as f64, total as f64);
                 (gpu, None)
             }
-            _ => match open_gpu(model.clone()).await {
+            _ => match open_gpu(model.clone(), hybrid, opts.gpu_pool_bytes).await {
                 Ok(gpu) => {
                     report(&on_progress, "gpu", 0.0, total as f64);
                     let probe = tok.encode("Hello there", false).unwrap_or_default();
@@ -748,6 +760,15 @@ impl Engine {
             o.extend(p);
             // The draft model (loadDraft), else null.
             o.insert("draft".into(), st.draft.as_ref().map_or(serde_json::Value::Null, DraftModel::stats));
+            // WebGPU's hybrid placement: expert uses computed on the CPU threads and on the
+            // GPU, and the costs (ms per expert) "auto" weighs; null on the CPU backend.
+            o.insert(
+                "hybrid".into(),
+                self.backend.hybrid().map_or(serde_json::Value::Null, |(m, h)| {
+                    serde_json::json!({"mode": m.name(), "cpuExperts": h.cpu_experts, "gpuExperts": h.gpu_experts,
+                    "cpuMs": h.cpu_ms, "uploadMs": h.upload_ms, "gpuMs": h.gpu_ms})
+                }),
+            );
         }
         Ok(out.to_string())
     }

@@ -21,6 +21,7 @@
 
 pub mod buffers;
 pub mod deltanet;
+pub mod hybrid;
 pub mod kernels;
 mod mla;
 pub mod model;
@@ -35,6 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
+pub use hybrid::{Hybrid, HybridStats};
 pub use model::{GpuModel, GpuOptions, GpuSession};
 
 /// Runs a future to completion on native targets (the device is polled inside the

@@ -12,12 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use super::buffers::{f32s, GpuMat};
 use super::deltanet::{DeltaScratch, GpuDeltaState};
+use super::hybrid::{Hybrid, HybridStats, MoeScratch, Placement};
 use super::mla::MlaScratch;
 use super::ops::{self, AttnShape, GateAct};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::stream::{DenseStream, Uploader};
-use super::weights::{self, DenseWeights, ExpertBiases, GpuAttn, GpuFfn, GpuLayer, GpuMoe, GpuRouter};
+use super::weights::{self, DenseWeights, ExpertBiases, GpuAttn, GpuFfn, GpuLayer, GpuRouter};
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
@@ -36,13 +37,27 @@ pub struct GpuOptions {
     /// fetches those missing from the pool while the GPU computes. Outputs never
     /// depend on it.
     pub lookahead: usize,
+    /// Hybrid expert placement (gpu/hybrid.rs): whether experts missing from the pool may
+    /// run on the CPU while the GPU computes. Outputs never depend on it.
+    pub hybrid: Hybrid,
+    /// Milliseconds from any fixed origin, for `Hybrid::Auto`'s timings (default: the
+    /// process clock natively, none on wasm32, where the caller passes
+    /// `performance.now`).
+    pub clock: Option<fn() -> f64>,
+}
+
+/// The process clock in milliseconds (native default of [`GpuOptions::clock`]).
+#[cfg(not(target_arch = "wasm32"))]
+fn process_ms() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
 }
 
 /// The biases of routed expert `e` of a layer (rows e of [`ExpertBiases`]).
 #[derive(Clone, Copy)]
-struct FfnBias<'a> {
-    b: &'a ExpertBiases,
-    e: usize,
+pub(super) struct FfnBias<'a> {
+    pub(super) b: &'a ExpertBiases,
+    pub(super) e: usize,
 }
 
 /// A model whose dense weights live in GPU buffers. `M` is how the CPU model is held:
@@ -56,11 +71,12 @@ pub struct GpuModel<M: Borrow<Model>> {
     layers: Vec<GpuLayer>,
     /// GPU bytes of the dense weights.
     dense_bytes: u64,
-    pool: Mutex<ExpertPool>,
+    pub(super) pool: Mutex<ExpertPool>,
     /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
     max_inter: usize,
     lookahead: usize,
     ahead_stats: Mutex<LookaheadStats>,
+    pub(super) placement: Placement,
 }
 
 /// The KV cache (on the GPU) and token history of one conversation.
@@ -163,6 +179,14 @@ impl<M: Borrow<Model>> GpuModel<M> {
             max_inter,
             lookahead: opts.lookahead,
             ahead_stats: Mutex::default(),
+            placement: Placement {
+                mode: opts.hybrid,
+                #[cfg(not(target_arch = "wasm32"))]
+                clock: opts.clock.or(Some(process_ms)),
+                #[cfg(target_arch = "wasm32")]
+                clock: opts.clock,
+                stats: Mutex::default(),
+            },
             ctx,
         }
     }
@@ -183,6 +207,15 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.lock().map(|p| p.stats()).unwrap_or_default()
+    }
+
+    /// Where the routed experts ran (hybrid placement) and the costs measured.
+    pub fn hybrid_stats(&self) -> HybridStats {
+        self.placement.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    pub fn hybrid(&self) -> Hybrid {
+        self.placement.mode
     }
 
     pub fn lookahead_stats(&self) -> LookaheadStats {
@@ -421,7 +454,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
             match (&layer.ffn, &lw.ffn) {
                 (_, GpuFfn::Dense(mlp)) => swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &y, Activation::Silu, None)?,
                 (Ffn::Moe(block), GpuFfn::Moe(moe)) => {
-                    let GpuMoe { router, biases, shared } = &**moe;
+                    let router = &moe.router;
                     let ne = router.w.rows;
                     let k = block.cfg.top_k;
                     router.route(&mut rec, &xn, n, &router_logits, &probs, &routes, &block.cfg)?;
@@ -432,6 +465,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         next_router.route(&mut rec, &xn, n, &router_logits, &probs, ahead_routes, cfg)?;
                         rec.read(ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
                     }
+                    // Hybrid placement computes some experts on the CPU: it needs the input.
+                    let xn_read = (self.placement.mode != Hybrid::Off).then(|| rec.read(&xn, 0, (n * h) as u64 * f));
                     let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
                     cs_data = rec.data_f32(&cs); // the arena went with the old recorder
                     let chosen = ops::routes_from(
@@ -469,33 +504,20 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     if !missing.is_empty() {
                         self.m().experts.prepare(l, &missing)?;
                     }
-                    for (e, list) in users.iter().enumerate() {
-                        if list.is_empty() {
-                            continue;
-                        }
-                        on_use(l, e, list.len());
-                        // The source counts uses for the usage file, as MoeBlock::forward does.
-                        self.m().experts.note_use(l, e, list.len());
-                        let expert = {
-                            let mut pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
-                            pool.get(ctx, l, e, || self.m().experts.expert(l, e))?
-                        };
-                        for (i, (p, _)) in list.iter().enumerate() {
-                            rec.copy(&xn, (p * h) as u64 * f, &xs, (i * h) as u64 * f, h as u64 * f);
-                        }
-                        let bias = biases.as_ref().map(|b| FfnBias { b, e });
-                        swiglu_ffn(&mut rec, &expert, &xs, list.len(), &g, &u, &ys, block.act, bias)?;
-                        ops::moe_accumulate(&mut rec, &y, &ys, list, h)?;
-                    }
-                    if let Some((mlp, gate)) = shared {
-                        swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &sy, Activation::Silu, None)?;
-                        match gate {
-                            Some(gate) => {
-                                ops::matmul(&mut rec, gate, &xn, 0, n, &shared_gate, 0, 1)?;
-                                ops::gated_add(&mut rec, &y, &sy, &shared_gate, n, h)?;
-                            }
-                            None => ops::add(&mut rec, &y, 0, &sy, 0, n * h, n * h)?,
-                        }
+                    let xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
+                    let scratch = MoeScratch {
+                        xn: &xn,
+                        y: &y,
+                        xs: &xs,
+                        g: &g,
+                        u: &u,
+                        ys: &ys,
+                        sy: &sy,
+                        shared_gate: &shared_gate,
+                    };
+                    let (xh, users) = (xn_host.as_deref(), &users);
+                    if self.moe_experts(&mut rec, l, block, moe, users, n, xh, &scratch, on_use).await? {
+                        cs_data = rec.data_f32(&cs);
                     }
                     if let Some(guess) = ahead {
                         // Hand this layer's work to the GPU, then fetch the next layer's
@@ -577,7 +599,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
 /// `out = down(act(gate x, up x))` for m positions of `x`, with the expert's biases
 /// added after each product when it has them (kernels::swiglu_many).
 #[allow(clippy::too_many_arguments)]
-fn swiglu_ffn(
+pub(super) fn swiglu_ffn(
     rec: &mut Recorder,
     e: &GpuExpert,
     x: &wgpu::Buffer,

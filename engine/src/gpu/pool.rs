@@ -150,6 +150,11 @@ impl ExpertPool {
         self.pinned.contains_key(&(layer, index)) || self.lru.contains(&(layer, index))
     }
 
+    /// Bytes the pool can take without evicting anything.
+    pub fn free_bytes(&self) -> u64 {
+        self.budget.saturating_sub(self.pinned_bytes).saturating_sub(self.lru.bytes())
+    }
+
     /// (layer, expert) of every expert on the GPU now, in no particular order.
     pub fn keys(&self) -> Vec<(usize, usize)> {
         self.pinned.keys().chain(self.lru.keys()).copied().collect()

@@ -28,7 +28,7 @@ use colibri_engine::generate::{
 };
 
 use crate::backend::forward_keep_fn;
-use crate::flags::BackendChoice;
+use crate::flags::{BackendChoice, Compute};
 use crate::load::{open_draft, Draft};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -275,6 +275,17 @@ fn run_inner(a: BenchArgs) -> Result<()> {
             .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32)
             .collect(),
     };
+    if a.model.backend == BackendChoice::Wgpu {
+        let base = json!({"bench": "decode", "commit": commit(), "hardware": hardware(&dir),
+            "command": std::env::args().collect::<Vec<_>>(),
+            "model": {"path": dir.display().to_string(), "model_type": model.cfg.model_type,
+                "layers": model.cfg.n_layers, "experts_per_layer": model.cfg.router.n_experts,
+                "top_k": model.cfg.router.top_k},
+            "load_seconds": load_s});
+        let out = super::bench_gpu::run(model, a.model.compute(), &prompt, a.decode_tokens, a.warmup, base)?;
+        println!("{out}");
+        return Ok(());
+    }
     let stats = || model.experts.cache_stats().unwrap_or_default();
     let zero = if a.warmup {
         model.forward(&mut model.new_session(), &prompt, Logits::Last)?;
@@ -308,7 +319,7 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         (ids, spec) = (got, Some(j));
     } else if let Some(Draft::Model(d)) = &draft {
         let max_draft = super::generate::max_draft(a.speculate, false);
-        let fwd = forward_keep_fn(&d.model, BackendChoice::Cpu)?;
+        let fwd = forward_keep_fn(&d.model, Compute::CPU)?;
         let mut drafter = ModelDrafter::new(fwd, d.model.cfg.max_positions, model.cfg.vocab);
         let n = a.decode_tokens.max(1);
         let (got, s) =

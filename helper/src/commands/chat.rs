@@ -202,7 +202,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     catch_ctrl_c(stop.clone());
     let mut system = a.system.clone();
     let mut turns: Vec<ChatMessage> = Vec::new();
-    let mut session = ChatSession::new(&loaded.model, a.model.backend)?;
+    let mut session = ChatSession::new(&loaded.model, a.model.compute())?;
     // The conversation's cache on disk after every turn, found again after a restart.
     let root = crate::paths::resolve_model(&a.model.model, None)?;
     let store = crate::kv_store::KvStore::in_data_dir(&root, 8, 1 << 30);

@@ -46,7 +46,7 @@ fn choose_inner(a: ChooseArgs) -> Result<()> {
     let prompt = choose::encode_prompt(tok, &a.prompt, a.raw)?;
     let option_ids = choose::encode_options(tok, &options)?;
     let max_positions = loaded.model.cfg.max_positions;
-    let mut forward = forward_keep_fn(&loaded.model, a.model.backend)?;
+    let mut forward = forward_keep_fn(&loaded.model, a.model.compute())?;
     let start = Instant::now();
     let c = choose_with(&mut *forward, prompt, option_ids, max_positions)?;
     let elapsed = start.elapsed();

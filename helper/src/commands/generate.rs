@@ -138,7 +138,7 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
         let t = tok.context("structured output needs the model's tokenizer.json")?;
         gen = gen.with_constraint(Constraint::new(t, g)?);
     }
-    let mut forward = forward_keep_fn(&loaded.model, a.model.backend)?;
+    let mut forward = forward_keep_fn(&loaded.model, a.model.compute())?;
     let start = Instant::now();
     let mut first_token = None;
     let mut stream = DecodeStream::default();
@@ -184,7 +184,7 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
         (g.produced().to_vec(), reason, Some(g.spec_stats()))
     } else if let Some(Draft::Model(d)) = &draft {
         let mut drafter = ModelDrafter::new(
-            forward_keep_fn(&d.model, a.model.backend)?,
+            forward_keep_fn(&d.model, a.model.compute())?,
             d.model.cfg.max_positions,
             loaded.model.cfg.vocab,
         );

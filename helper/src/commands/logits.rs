@@ -29,7 +29,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
 fn logits_inner(a: LogitsArgs) -> Result<()> {
     let ids = parse_ids(&a.ids)?;
     let loaded = open(&a.model, false)?;
-    let mut forward = forward_fn(&loaded.model, a.model.backend)?;
+    let mut forward = forward_fn(&loaded.model, a.model.compute())?;
     let logits = forward(&ids, Logits::All)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&a.out, bytes).with_context(|| format!("{}: cannot write", a.out.display()))?;

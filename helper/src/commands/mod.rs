@@ -3,6 +3,7 @@
 //! below imports a command.
 
 pub mod bench;
+pub mod bench_gpu;
 pub mod bench_routing;
 pub mod bench_serve;
 pub mod chat;

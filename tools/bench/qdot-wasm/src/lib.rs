@@ -2,8 +2,11 @@
 //! `node tools/bench/qdot-wasm/run.mjs`. One position times many stored int4 rows, as a
 //! decode step's matmuls do.
 use colibri_engine::format::quant::quantize_row;
-use colibri_engine::qdot::{dot_row, ActQ, Simd};
+use colibri_engine::qdot::{dot_row, dot_row_many, ActQ, Simd};
 use colibri_engine::tensor::DType;
+
+#[cfg(target_feature = "relaxed-simd")]
+mod variants;
 
 struct State {
     rows: usize,
@@ -11,6 +14,8 @@ struct State {
     w: Vec<u8>,
     a: ActQ,
     out: Vec<f32>,
+    /// `POS` positions of activations, interleaved (the prefill kernel's input).
+    many: ActQ,
 }
 
 static mut STATE: Option<State> = None;
@@ -20,10 +25,10 @@ fn lcg(s: &mut u64) -> f32 {
     ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-/// `rows` random int4 (group 32) rows of `cols` values and one random position.
+/// `rows` random int4 rows of `cols` values (group `group`) and one random position.
 #[no_mangle]
-pub extern "C" fn setup(rows: usize, cols: usize) -> usize {
-    let dtype = DType::Int4 { group: 32 };
+pub extern "C" fn setup(rows: usize, cols: usize, group: usize) -> usize {
+    let dtype = DType::Int4 { group: group as u32 };
     let rb = dtype.row_bytes(cols).unwrap();
     let mut s = 7u64;
     let mut w = vec![0u8; rows * rb];
@@ -34,10 +39,37 @@ pub extern "C" fn setup(rows: usize, cols: usize) -> usize {
     }
     let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
     let mut a = ActQ::default();
-    a.quantize(&x, 1, cols, 32, ActQ::wants_split(true, 32));
+    a.quantize(&x, 1, cols, group, ActQ::wants_split(true, group));
+    let xs: Vec<f32> = (0..cols * POS).map(|_| lcg(&mut s)).collect();
+    let mut many = ActQ::default();
+    many.quantize(&xs, POS, cols, group, ActQ::wants_split(true, group));
+    many.interleave();
     // SAFETY: wasm32 without threads: one caller.
-    unsafe { STATE = Some(State { rows, rb, w, a, out: vec![0.0; rows] }) };
+    unsafe { STATE = Some(State { rows, rb, w, a, out: vec![0.0; rows * POS], many }) };
     rows * rb
+}
+
+/// Positions of `run_many` (a prefill-sized batch).
+const POS: usize = 16;
+
+/// The many-position (prefill) kernel: every row times `POS` positions; the bytes per
+/// second it reports count each row once (divide by POS for per-position work).
+#[no_mangle]
+pub extern "C" fn run_many(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut scratch = Vec::new();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            let row = &st.w[r * st.rb..(r + 1) * st.rb];
+            dot_row_many(simd, true, row, &st.many, 0, &mut st.out[r * POS..(r + 1) * POS], &mut scratch);
+        }
+        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
 }
 
 /// `iters` passes over every row; returns a checksum of the outputs (their bits summed).
@@ -51,6 +83,132 @@ pub extern "C" fn run(iters: usize) -> u32 {
     for _ in 0..iters {
         for r in 0..st.rows {
             st.out[r] = dot_row(simd, true, &st.w[r * st.rb..(r + 1) * st.rb], &st.a, 0);
+        }
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+fn each(iters: usize, f: impl Fn(&[u8], &ActQ) -> f32) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let mut sum = 0u32;
+    if st.a.group != 32 {
+        return 0; // the variants are written for group 32
+    }
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            st.out[r] = f(&st.w[r * st.rb..(r + 1) * st.rb], &st.a);
+        }
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
+
+/// Candidate kernels: must return `run`'s checksum.
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_b16(iters: usize) -> u32 {
+    each(iters, variants::dot_b::<true>)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_c_int(iters: usize) -> u32 {
+    each(iters, variants::dot_c::<1, false>)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_c_eng(iters: usize) -> u32 {
+    each(iters, variants::dot_c::<2, false>)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_x_cnoscale(iters: usize) -> u32 {
+    each(iters, variants::dot_c::<0, false>)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_c_eng16(iters: usize) -> u32 {
+    each(iters, variants::dot_c::<2, true>)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_c_row(iters: usize) -> u32 {
+    each(iters, variants::dot_c::<3, false>)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_d(iters: usize) -> u32 {
+    each(iters, variants::dot_d)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_b8(iters: usize) -> u32 {
+    each(iters, variants::dot_b::<false>)
+}
+
+/// Ablations (wrong results on purpose): what the parts cost.
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_x_noscale(iters: usize) -> u32 {
+    each(iters, variants::dot_x_noscale)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_x_core(iters: usize) -> u32 {
+    each(iters, variants::dot_x_core)
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+#[no_mangle]
+pub extern "C" fn run_x_load(iters: usize) -> u32 {
+    each(iters, variants::dot_x_load)
+}
+
+/// `run_many`'s work by the one-position kernel, position by position (same bits).
+#[no_mangle]
+pub extern "C" fn run_many1(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            let row = &st.w[r * st.rb..(r + 1) * st.rb];
+            for p in 0..POS {
+                st.out[r * POS + p] = dot_row(simd, true, row, &st.many, p);
+            }
+        }
+        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
+
+/// `run_many1` with position 0 each time (what the positions' data costs).
+#[no_mangle]
+pub extern "C" fn run_many0(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            let row = &st.w[r * st.rb..(r + 1) * st.rb];
+            for p in 0..POS {
+                st.out[r * POS + p] = dot_row(simd, true, row, &st.many, p & 0);
+            }
         }
         sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
     }

@@ -1,0 +1,374 @@
+//! Hybrid expert placement: the routed experts of one MoE layer on the GPU forward, each
+//! computed either on the GPU (from the expert pool, uploading it if missing) or on the
+//! CPU (the CPU backend's kernels, `kernels::swiglu_many`, from the bytes the expert
+//! source holds in RAM), both at once.
+//!
+//! Order of work for a layer with CPU experts:
+//! 1. the GPU experts are recorded and submitted (no read-back, so the host does not
+//!    wait): those before the first CPU expert (ascending index) add into the layer's
+//!    output `y` at once, as without hybrid placement; later ones write their outputs into
+//!    a buffer of their own; the shared expert runs into its scratch;
+//! 2. the CPU experts run on the CPU threads meanwhile, from the FFN input read back with
+//!    the routes;
+//! 3. their outputs are uploaded, and `moe_accumulate` adds every remaining expert's
+//!    outputs into `y` in ascending expert order, then the shared expert is added.
+//!
+//! The sum is the CPU path's (`MoeBlock::forward`: ascending experts, `y += w * out`
+//! rounded per product, then the shared expert), and a CPU-computed expert gives the
+//! bits of a GPU-computed one (docs/kernels.md), so tokens and logits do not depend on
+//! where each expert ran.
+//!
+//! Which experts go to the CPU ([`Hybrid`]): only experts missing from the GPU pool whose
+//! bytes the source holds now (`ExpertSource::ready`). A missing expert that fits in the
+//! pool's free room is uploaded (the pool fills up first). With `On`, every other
+//! missing expert runs on the CPU. With `Auto`, the engine keeps running averages of
+//! three costs per expert: CPU compute (the CPU region's time / its experts), upload (host
+//! time of the pool's upload of a missing expert) and GPU compute (time from submitting
+//! the GPU part to its completion / its experts, measured when the GPU finishes after the
+//! CPU; an upper bound otherwise); it then sends `c` of the `m` candidates to the CPU,
+//! the `c` that minimises `max(c * cpu, (gpu_experts - c) * gpu + (uploads - c) * upload)`
+//! (the two sides run at the same time). Until the CPU and GPU costs are known, one
+//! candidate per layer goes to the CPU (to measure them). Without a clock (see
+//! [`GpuOptions::clock`](super::GpuOptions)) `Auto` acts as `On`.
+
+use std::borrow::Borrow;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use super::buffers::upload_bytes;
+use super::model::{swiglu_ffn, FfnBias};
+use super::ops;
+use super::recorder::Recorder;
+use super::weights::GpuMoe;
+use super::GpuModel;
+use crate::error::{Error, Result};
+use crate::kernels::{swiglu_many, FfnJob};
+use crate::model::config::Activation;
+use crate::model::moe::MoeBlock;
+use crate::model::Model;
+use crate::tensor::Mat;
+
+/// Where routed experts missing from the GPU pool are computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hybrid {
+    /// Every routed expert on the GPU (missing ones are uploaded).
+    #[default]
+    Off,
+    /// Missing experts whose bytes are in RAM run on the CPU once the pool is full.
+    On,
+    /// As `On`, but how many go to the CPU is chosen by measured cost (module docs).
+    Auto,
+}
+
+impl FromStr for Hybrid {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Hybrid::Off),
+            "on" => Ok(Hybrid::On),
+            "auto" => Ok(Hybrid::Auto),
+            _ => Err(Error::Invalid(format!("hybrid: expected off, on or auto, got {s:?}"))),
+        }
+    }
+}
+
+impl Hybrid {
+    pub fn name(self) -> &'static str {
+        match self {
+            Hybrid::Off => "off",
+            Hybrid::On => "on",
+            Hybrid::Auto => "auto",
+        }
+    }
+}
+
+/// Where the routed experts ran, and the measured costs `Auto` decides by.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HybridStats {
+    /// Routed expert uses (one per expert per layer per forward pass) computed on the CPU.
+    pub cpu_experts: u64,
+    /// ... and on the GPU.
+    pub gpu_experts: u64,
+    /// Running averages, milliseconds per expert (None until measured).
+    pub cpu_ms: Option<f64>,
+    pub upload_ms: Option<f64>,
+    pub gpu_ms: Option<f64>,
+}
+
+/// A running average (weight 1/4 for each new sample).
+fn ema(old: Option<f64>, sample: f64) -> Option<f64> {
+    Some(old.map_or(sample, |o| 0.75 * o + 0.25 * sample))
+}
+
+/// The placement state of one GPU model.
+#[derive(Default)]
+pub(super) struct Placement {
+    pub(super) mode: Hybrid,
+    pub(super) clock: Option<fn() -> f64>,
+    pub(super) stats: Mutex<HybridStats>,
+}
+
+impl Placement {
+    fn now(&self) -> Option<f64> {
+        self.clock.map(|c| c())
+    }
+
+    fn stats(&self) -> Result<std::sync::MutexGuard<'_, HybridStats>> {
+        self.stats.lock().map_err(|_| Error::Gpu("hybrid stats poisoned".into()))
+    }
+
+    /// How many of `m` CPU candidates run on the CPU (`gpu` experts run on the GPU
+    /// anyway, `up` of them uploaded first).
+    fn cpu_share(&self, m: usize, gpu: usize, up: usize) -> Result<usize> {
+        if m == 0 || self.mode == Hybrid::Off {
+            return Ok(0);
+        }
+        if self.mode == Hybrid::On || self.clock.is_none() {
+            return Ok(m);
+        }
+        let s = *self.stats()?;
+        let (Some(c), Some(g)) = (s.cpu_ms, s.gpu_ms) else { return Ok(1) };
+        let u = s.upload_ms.unwrap_or(0.0);
+        let cost = |k: usize| {
+            let cpu = k as f64 * c;
+            let gpu = (gpu + m - k) as f64 * g + (up + m - k) as f64 * u;
+            cpu.max(gpu)
+        };
+        Ok((0..=m).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(0))
+    }
+}
+
+/// Bytes an expert takes in GPU buffers (each matrix's bytes, padded to 4).
+fn gpu_bytes(e: &crate::experts::Expert) -> u64 {
+    let m = |m: &Mat| (m.bytes.as_ref().len() as u64).div_ceil(4) * 4;
+    m(&e.gate) + m(&e.up) + m(&e.down)
+}
+
+/// The GPU buffers a MoE layer works in.
+pub(super) struct MoeScratch<'a> {
+    /// The FFN input [n, hidden] and the layer's output (cleared by the caller).
+    pub(super) xn: &'a wgpu::Buffer,
+    pub(super) y: &'a wgpu::Buffer,
+    /// Gathered positions, gate/up products, one expert's outputs, the shared expert's.
+    pub(super) xs: &'a wgpu::Buffer,
+    pub(super) g: &'a wgpu::Buffer,
+    pub(super) u: &'a wgpu::Buffer,
+    pub(super) ys: &'a wgpu::Buffer,
+    pub(super) sy: &'a wgpu::Buffer,
+    pub(super) shared_gate: &'a wgpu::Buffer,
+}
+
+impl<M: Borrow<Model>> GpuModel<M> {
+    /// Records (and, with CPU experts, submits part of) layer `l`'s routed experts and
+    /// shared expert into `s.y`. `users[e]`: the (position, weight) pairs routed to
+    /// expert e; `xn`: the FFN input read back (None: every expert on the GPU).
+    /// Returns whether `rec` was submitted and replaced (its data arena with it).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn moe_experts<'a>(
+        &'a self,
+        rec: &mut Recorder<'a>,
+        l: usize,
+        block: &MoeBlock,
+        moe: &GpuMoe,
+        users: &[Vec<(usize, f32)>],
+        n: usize,
+        xn: Option<&[f32]>,
+        s: &MoeScratch<'_>,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<bool> {
+        let ctx = &*self.ctx;
+        let h = self.m().cfg.hidden;
+        let f = 4u64;
+        let experts = &self.m().experts;
+        let used: Vec<usize> = (0..users.len()).filter(|&e| !users[e].is_empty()).collect();
+        for &e in &used {
+            on_use(l, e, users[e].len());
+            // The source counts uses for the usage file, as MoeBlock::forward does.
+            experts.note_use(l, e, users[e].len());
+        }
+        let on_cpu = self.place(l, users, &used, xn.is_some())?;
+        let first_cpu = on_cpu.iter().position(|&c| c).unwrap_or(used.len());
+        // Outputs of the GPU experts after the first CPU expert, added later in order.
+        let mut later: Vec<Option<wgpu::Buffer>> = vec![None; used.len()];
+        for (i, &e) in used.iter().enumerate() {
+            if on_cpu[i] {
+                continue;
+            }
+            let list = &users[e];
+            let expert = {
+                let mut pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+                let t0 = if pool.contains(l, e) { None } else { self.placement.now() };
+                let x = pool.get(ctx, l, e, || experts.expert(l, e))?;
+                if let (Some(t0), Some(t1)) = (t0, self.placement.now()) {
+                    let mut st = self.placement.stats()?;
+                    st.upload_ms = ema(st.upload_ms, t1 - t0);
+                }
+                x
+            };
+            for (j, (p, _)) in list.iter().enumerate() {
+                rec.copy(s.xn, (p * h) as u64 * f, s.xs, (j * h) as u64 * f, h as u64 * f);
+            }
+            let bias = moe.biases.as_ref().map(|b| FfnBias { b, e });
+            if i < first_cpu {
+                swiglu_ffn(rec, &expert, s.xs, list.len(), s.g, s.u, s.ys, block.act, bias)?;
+                ops::moe_accumulate(rec, s.y, s.ys, list, h)?;
+            } else {
+                let out = ctx.storage_buffer("expert_out", (list.len() * h) as u64 * f)?;
+                swiglu_ffn(rec, &expert, s.xs, list.len(), s.g, s.u, &out, block.act, bias)?;
+                later[i] = Some(out);
+            }
+        }
+        if let Some((mlp, Some(gate))) = &moe.shared {
+            ops::matmul(rec, gate, s.xn, 0, n, s.shared_gate, 0, 1)?;
+            swiglu_ffn(rec, mlp, s.xn, n, s.g, s.u, s.sy, Activation::Silu, None)?;
+        } else if let Some((mlp, None)) = &moe.shared {
+            swiglu_ffn(rec, mlp, s.xn, n, s.g, s.u, s.sy, Activation::Silu, None)?;
+        }
+        let n_cpu = on_cpu.iter().filter(|&&c| c).count();
+        {
+            let mut st = self.placement.stats()?;
+            st.cpu_experts += n_cpu as u64;
+            st.gpu_experts += (used.len() - n_cpu) as u64;
+        }
+        let submitted = match xn {
+            Some(xn) if n_cpu > 0 => {
+                // The GPU part goes now; the CPU experts run while it computes.
+                let t_submit = self.placement.now();
+                std::mem::replace(rec, Recorder::new(ctx)).submit().await?;
+                let cpu_idx: Vec<usize> = (0..used.len()).filter(|&i| on_cpu[i]).collect();
+                let outs = self.cpu_experts(l, block, users, &used, &cpu_idx, xn, h)?;
+                let t_cpu = self.placement.now();
+                if let (Hybrid::Auto, Some(t0), Some(t1)) = (self.placement.mode, t_submit, t_cpu) {
+                    self.measure(s.y, t0, t1, used.len() - n_cpu + moe.shared.is_some() as usize).await?;
+                }
+                for (&i, out) in cpu_idx.iter().zip(outs) {
+                    let bytes: Vec<u8> = out.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    later[i] = Some(upload_bytes(ctx, "cpu_expert_out", &bytes)?);
+                }
+                true
+            }
+            _ => false,
+        };
+        for (i, out) in later.iter().enumerate() {
+            if let Some(out) = out {
+                ops::moe_accumulate(rec, s.y, out, &users[used[i]], h)?;
+            }
+        }
+        match &moe.shared {
+            Some((_, Some(_))) => ops::gated_add(rec, s.y, s.sy, s.shared_gate, n, h)?,
+            Some((_, None)) => ops::add(rec, s.y, 0, s.sy, 0, n * h, n * h)?,
+            None => {}
+        }
+        Ok(submitted)
+    }
+
+    /// Per used expert (ascending): whether it runs on the CPU.
+    fn place(&self, l: usize, users: &[Vec<(usize, f32)>], used: &[usize], have_input: bool) -> Result<Vec<bool>> {
+        let mut on_cpu = vec![false; used.len()];
+        if self.placement.mode == Hybrid::Off || !have_input {
+            return Ok(on_cpu);
+        }
+        let experts = &self.m().experts;
+        let pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+        let mut free = pool.free_bytes();
+        let (mut gpu, mut up, mut candidates) = (0usize, 0usize, Vec::new());
+        for (i, &e) in used.iter().enumerate() {
+            if pool.contains(l, e) {
+                gpu += 1;
+                continue;
+            }
+            if experts.ready(l, e) {
+                let size = gpu_bytes(&*experts.expert(l, e)?);
+                if size > free {
+                    candidates.push(i);
+                    continue;
+                }
+                free -= size;
+            }
+            gpu += 1;
+            up += 1;
+        }
+        drop(pool);
+        let k = self.placement.cpu_share(candidates.len(), gpu, up)?;
+        // The candidates with the fewest positions go first (the cheapest on the CPU).
+        candidates.sort_by_key(|&i| users[used[i]].len());
+        for &i in candidates.iter().take(k) {
+            on_cpu[i] = true;
+        }
+        Ok(on_cpu)
+    }
+
+    /// Computes the experts `used[i]`, i in `idx`, on the CPU from `xn` (one parallel
+    /// region, as MoeBlock::forward): their outputs, [positions, hidden] each.
+    #[allow(clippy::too_many_arguments)]
+    fn cpu_experts(
+        &self,
+        l: usize,
+        block: &MoeBlock,
+        users: &[Vec<(usize, f32)>],
+        used: &[usize],
+        idx: &[usize],
+        xn: &[f32],
+        h: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let t0 = self.placement.now();
+        let experts = &self.m().experts;
+        let arcs = idx.iter().map(|&i| experts.expert(l, used[i])).collect::<Result<Vec<_>>>()?;
+        let xs: Vec<Vec<f32>> = idx
+            .iter()
+            .map(|&i| {
+                let list = &users[used[i]];
+                let mut x = vec![0.0f32; list.len() * h];
+                for (j, (p, _)) in list.iter().enumerate() {
+                    let src = xn.get(p * h..(p + 1) * h).ok_or_else(|| Error::Gpu("FFN input too short".into()))?;
+                    x[j * h..(j + 1) * h].copy_from_slice(src);
+                }
+                Ok(x)
+            })
+            .collect::<Result<_>>()?;
+        let jobs: Vec<FfnJob> = idx
+            .iter()
+            .zip(&arcs)
+            .zip(&xs)
+            .map(|((&i, w), x)| FfnJob {
+                gate: &w.gate,
+                up: &w.up,
+                down: &w.down,
+                x,
+                n: x.len() / h,
+                act: block.act,
+                bias: block.expert_bias.as_ref().map(|b| b.of(used[i])),
+            })
+            .collect();
+        let mut outs: Vec<Vec<f32>> = xs.iter().map(|x| vec![0.0f32; x.len()]).collect();
+        {
+            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            swiglu_many(&jobs, &mut refs);
+        }
+        if let (Some(t0), Some(t1)) = (t0, self.placement.now()) {
+            let mut st = self.placement.stats()?;
+            st.cpu_ms = ema(st.cpu_ms, (t1 - t0) / idx.len().max(1) as f64);
+        }
+        Ok(outs)
+    }
+
+    /// `Auto`: waits for the GPU part submitted at `t_submit` (a 4-byte read-back after
+    /// it) and records the GPU's time per expert; the CPU part ended at `t_cpu`.
+    async fn measure(&self, y: &wgpu::Buffer, t_submit: f64, t_cpu: f64, n_gpu: usize) -> Result<()> {
+        let mut probe = Recorder::new(&self.ctx);
+        probe.read(y, 0, 4);
+        probe.submit().await?;
+        let Some(t_done) = self.placement.now() else { return Ok(()) };
+        let n_gpu = n_gpu.max(1) as f64;
+        let mut st = self.placement.stats()?;
+        // The GPU finished after the CPU (it waited 0.5 ms or more): its time is known;
+        // else it is at most the CPU's, a bound that may only lower the estimate.
+        if t_done - t_cpu >= 0.5 {
+            st.gpu_ms = ema(st.gpu_ms, (t_done - t_submit) / n_gpu);
+        } else {
+            let bound = (t_cpu - t_submit) / n_gpu;
+            st.gpu_ms = Some(st.gpu_ms.map_or(bound, |g| g.min(bound)));
+        }
+        Ok(())
+    }
+}
