@@ -139,6 +139,8 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
         acts[keys.len()].quantize(&job.x[..n * cols], n, cols, group, split);
         if n >= qdot::PREPARE_MIN {
             acts[keys.len()].interleave();
+        } else if int4 && simd.quads() && ActQ::quad_group(group) {
+            acts[keys.len()].quad();
         } else if int4 && simd.pairs() {
             acts[keys.len()].pair();
         }

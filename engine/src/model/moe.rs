@@ -3,6 +3,7 @@
 //! come from an [`ExpertSource`] (crate::experts): resident, cached or streamed.
 
 use crate::error::{Error, Result};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::experts::{Expert, ExpertSource};
@@ -233,13 +234,7 @@ impl MoeBlock {
             }
             experts.note_use(layer, e, users[e].len());
         }
-        let gather = |list: &[(usize, f32)]| {
-            let mut xs = vec![0.0f32; list.len() * hidden];
-            for (j, (p, _)) in list.iter().enumerate() {
-                xs[j * hidden..(j + 1) * hidden].copy_from_slice(&x[p * hidden..(p + 1) * hidden]);
-            }
-            xs
-        };
+        let gather = |list: &[(usize, f32)]| gather_rows(x, n, hidden, list);
         // The experts whose bytes are here now, and the shared expert, run together (two
         // parallel regions for the whole layer); the others in whatever order their reads
         // complete. The outputs are summed in ascending expert order, so the bits never
@@ -247,7 +242,7 @@ impl MoeBlock {
         let mut done: Vec<Option<Vec<f32>>> = vec![None; used.len()];
         let ready: Vec<usize> = (0..used.len()).filter(|&i| experts.ready(layer, used[i])).collect();
         let arcs: Vec<Arc<Expert>> = ready.iter().map(|&i| experts.expert(layer, used[i])).collect::<Result<_>>()?;
-        let xs: Vec<Vec<f32>> = ready.iter().map(|&i| gather(&users[used[i]])).collect();
+        let xs: Vec<Cow<'_, [f32]>> = ready.iter().map(|&i| gather(&users[used[i]])).collect();
         let mut jobs: Vec<FfnJob> = arcs
             .iter()
             .zip(&xs)
@@ -310,6 +305,20 @@ impl MoeBlock {
         }
         Ok(())
     }
+}
+
+/// The rows of `x` ([n, hidden]) at the positions of `list`. An expert that every position
+/// chose (always, in decode) reads `x` itself: the experts sharing one input then share its
+/// quantized copy too (kernels::matmul_many keys it by address).
+fn gather_rows<'a>(x: &'a [f32], n: usize, hidden: usize, list: &[(usize, f32)]) -> Cow<'a, [f32]> {
+    if list.len() == n && list.iter().enumerate().all(|(j, (p, _))| *p == j) {
+        return Cow::Borrowed(&x[..n * hidden]);
+    }
+    let mut xs = vec![0.0f32; list.len() * hidden];
+    for (j, (p, _)) in list.iter().enumerate() {
+        xs[j * hidden..(j + 1) * hidden].copy_from_slice(&x[p * hidden..(p + 1) * hidden]);
+    }
+    Cow::Owned(xs)
 }
 
 #[cfg(test)]

@@ -116,10 +116,14 @@ pub fn check_paths() -> Result<usize, String> {
             // The one-position x86 int4 kernel reads the pair layout where there is one.
             let mut ap = a.clone();
             ap.pair();
+            // The one-position AVX-512 int4 kernel reads the quad layout where there is one.
+            let mut aq = a.clone();
+            aq.quad();
             for r in 0..rows {
                 let row = &w[r * rb..(r + 1) * rb];
                 for &s in &paths {
-                    for (p, a) in (0..n).map(|p| (p, &a)).chain((0..n).map(|p| (p, &ap))) {
+                    let layouts = [&a, &ap, &aq];
+                    for (p, a) in layouts.iter().flat_map(|a| (0..n).map(move |p| (p, *a))) {
                         let (got, want) = (dot_row(s, int4, row, a, p), dot_row_scalar(int4, row, a, p));
                         if !same(got, want) {
                             return Err(format!(

@@ -76,9 +76,16 @@ impl Simd {
         }
     }
 
-    /// Whether the one-position int4 kernel reads the pair layout ([`ActQ::pair`]).
+    /// Whether the one-position int4 kernel reads the pair layout ([`ActQ::pair`]) (AVX-512:
+    /// for groups without the quad layout).
     pub fn pairs(self) -> bool {
         matches!(self, Simd::Avx2 | Simd::Avx512)
+    }
+
+    /// Whether the one-position int4 kernel reads the quad layout ([`ActQ::quad`]) for the
+    /// groups it takes ([`ActQ::quad_group`]).
+    pub fn quads(self) -> bool {
+        matches!(self, Simd::Avx512)
     }
 
     /// Every path this machine can run, the reference first.
@@ -154,6 +161,12 @@ pub struct ActQ {
     /// each chunk m, 64 bytes: the even values of chunk m of block i, those of block i + 4,
     /// then the odd values of both.
     pub qp: Vec<i8>,
+    /// Empty, or after [`ActQ::quad`] (int4, split): `q` in the quad layout of the x86
+    /// AVX-512 one-position kernel, [n, dstride * group]: per four chunks of 32 values (in
+    /// column order, whatever the group), 128 bytes: the 16 even values of each of the four
+    /// chunks, then their 16 odd values (the order of one 64-byte load of nibbles: low
+    /// nibbles then high nibbles, one chunk per 128-bit lane).
+    pub qz: Vec<i8>,
 }
 
 impl ActQ {
@@ -181,9 +194,11 @@ impl ActQ {
             s: std::mem::take(&mut self.s),
             qi: std::mem::take(&mut self.qi),
             qp: std::mem::take(&mut self.qp),
+            qz: std::mem::take(&mut self.qz),
         };
         self.qi.clear();
         self.qp.clear();
+        self.qz.clear();
         let (qs, ds) = (blocks * group, self.dstride());
         self.q.clear();
         self.q.resize(n * qs, 0);
@@ -273,6 +288,34 @@ impl ActQ {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Groups of the quad layout's kernel: 32, 64 and 128 (others read the pair layout).
+    pub fn quad_group(group: usize) -> bool {
+        matches!(group, 32 | 64 | 128)
+    }
+
+    /// Builds [`ActQ::qz`] for split (int4) activations whose group is a multiple of
+    /// [`CHUNK`]; otherwise leaves it empty.
+    pub fn quad(&mut self) {
+        self.qz.clear();
+        let g = self.group;
+        if !self.split || g == 0 || !g.is_multiple_of(CHUNK) {
+            return;
+        }
+        let (ds, qs) = (self.dstride(), self.blocks * g);
+        self.qz.resize(self.n * ds * g, 0);
+        let half = CHUNK / 2;
+        for p in 0..self.n {
+            let (src, dst) = (&self.q[p * qs..(p + 1) * qs], &mut self.qz[p * ds * g..(p + 1) * ds * g]);
+            // Chunk c (32 values, split: 16 even then 16 odd) goes to group c / 4, lane c % 4.
+            for (c, chunk) in src.chunks_exact(CHUNK).enumerate() {
+                let out = &mut dst[(c / 4) * 4 * CHUNK..][..4 * CHUNK];
+                let lane = (c % 4) * half;
+                out[lane..lane + half].copy_from_slice(&chunk[..half]);
+                out[4 * half + lane..4 * half + lane + half].copy_from_slice(&chunk[half..]);
             }
         }
     }

@@ -113,15 +113,23 @@ struct Consts {
 }
 
 impl Consts {
+    /// Opaque: for loops that use the constants every step and have registers to spare.
     #[inline(always)]
     fn new() -> Consts {
-        core::hint::black_box(Consts {
+        core::hint::black_box(Consts::literal())
+    }
+
+    /// As `v128.const`s where they are used: for [`tile`], whose inner loop needs every
+    /// register and uses the constants only once per eight blocks.
+    #[inline(always)]
+    fn literal() -> Consts {
+        Consts {
             low4: u8x16_splat(15),
             sign: i32x4_splat(0x8000),
             exp_man: i32x4_splat(0x7fff),
             pow112: f32x4_splat(f32::from_bits(0x7780_0000)),
             special: i32x4_splat(0x7c00),
-        })
+        }
     }
 }
 
@@ -329,7 +337,7 @@ fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f3
         *q = unsafe { a.qi.as_ptr().add((p0 + i) * ds * g) };
     }
     let mut acc = [[f32x4_splat(0.0); 2]; P];
-    let k = Consts::new();
+    let k = Consts::literal();
     let mut b0 = 0;
     while b0 < a.blocks {
         let nb = (a.blocks - b0).min(8);

@@ -1,7 +1,7 @@
 //! x86-64 paths of [`super::dot_row`]: AVX2 (`maddubs`, 32 products per instruction) and
-//! AVX-512 VNNI (`vpdpbusd` on 256-bit vectors). Only the integer sums differ from the
-//! reference; the float combination is the reference's, eight blocks per vector (lane l
-//! holds block 8k + l, which is exactly acc[b mod 8]).
+//! AVX-512 VNNI (`vpdpbusd`; one-position int4 on 512-bit vectors). Only the integer sums
+//! differ from the reference; the float combination is the reference's, eight blocks per
+//! vector (lane l holds block 8k + l, which is exactly acc[b mod 8]).
 
 use std::arch::x86_64::*;
 
@@ -122,14 +122,21 @@ unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usiz
     let vals = &row[round4(a.blocks * 2)..];
     // Columns whose stored bytes lie inside `vals`: their chunks need no bounds check.
     let inside = if INT4 { vals.len() * 2 } else { vals.len() };
-    let q = a.qrow(p);
     let g = a.group;
-    let fast = |sum, c, x| stored_chunk::<VNNI, INT4, false>(vals, sum, c, x);
-    // SAFETY: the runs given to `paired_runs` and `combine`'s run closure end at or before
-    // `inside` (c + 8 * group <= inside); the pair layout's length is checked here.
+    // SAFETY: the runs given to `quad_runs` and `paired_runs` end at or before `inside`
+    // (c + 8 * group <= inside); the layouts' lengths are checked here.
     unsafe {
         let (mut start, mut acc) = (0, _mm256_setzero_ps());
-        if INT4 && a.qp.len() == a.n * a.dstride() * g {
+        if VNNI && INT4 && has_quads(a) {
+            let runs = (a.blocks / 8).min(inside / (8 * g));
+            let qz = a.qz.as_ptr().add(p * a.dstride() * g);
+            acc = match g / CHUNK {
+                1 => quad_runs::<1>(row, vals, qz, a, p, runs),
+                2 => quad_runs::<2>(row, vals, qz, a, p, runs),
+                _ => quad_runs::<4>(row, vals, qz, a, p, runs),
+            };
+            start = runs * 8;
+        } else if INT4 && a.qp.len() == a.n * a.dstride() * g {
             let runs = (a.blocks / 8).min(inside / (8 * g));
             let qp = a.qp.as_ptr().add(p * a.dstride() * g);
             acc = match g / CHUNK {
@@ -140,6 +147,31 @@ unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usiz
             };
             start = runs * 8;
         }
+        finish::<VNNI, INT4>(row, a, p, (start, acc))
+    }
+}
+
+/// Whether `a` holds the quad layout for a group [`quad_runs`] takes.
+#[inline(always)]
+fn has_quads(a: &ActQ) -> bool {
+    a.split && a.qz.len() == a.n * a.dstride() * a.group && matches!(a.group / CHUNK, 1 | 2 | 4)
+}
+
+/// Blocks from `start` (a multiple of 8) to the end of one row, added to the accumulator
+/// lanes `acc` of the blocks before them, and the reference's final sum.
+#[inline(always)]
+unsafe fn finish<const VNNI: bool, const INT4: bool>(
+    row: &[u8],
+    a: &ActQ,
+    p: usize,
+    (start, acc): (usize, __m256),
+) -> f32 {
+    let vals = &row[round4(a.blocks * 2)..];
+    let inside = if INT4 { vals.len() * 2 } else { vals.len() };
+    let (q, g) = (a.qrow(p), a.group);
+    let fast = |sum, c, x| stored_chunk::<VNNI, INT4, false>(vals, sum, c, x);
+    // SAFETY: `combine` gives the run closure only runs that end at or before `inside`.
+    unsafe {
         combine(
             row,
             a,
@@ -189,6 +221,78 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
         }
         acc
+    }
+}
+
+/// [`paired_runs`] in 512-bit vectors (AVX-512 VNNI, the quad layout `qz` of
+/// [`ActQ::quad`]): one 64-byte load takes the nibbles of four chunks of 32 values, one per
+/// 128-bit lane; its low nibbles times the quad layout's even values and its high nibbles
+/// times the odd ones (two `vpdpbusd`) leave chunk k's four partial sums in lane k.
+/// [`fold_quads`] then gives the run's eight block sums in block order. `CH` is group / 32
+/// (1, 2 or 4). The same integers as the reference's, so the same bits.
+///
+/// SAFETY (caller): AVX-512 F/BW/VNNI present; as [`paired_runs`], with `qz` the quad layout
+/// of position p.
+#[inline(always)]
+unsafe fn quad_runs<const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    qz: *const i8,
+    a: &ActQ,
+    p: usize,
+    runs: usize,
+) -> __m256 {
+    let g = a.group;
+    let (d, s) = (a.drow(p).as_ptr(), a.srow(p).as_ptr());
+    // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and 8 * g of `qz`;
+    // d and s hold dstride >= 8 * runs entries.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let three = _mm_cvtsi32_si128(3);
+        let low4 = _mm512_set1_epi8(0x0f);
+        for r in 0..runs {
+            let (w0, x0) = (vals.as_ptr().add(r * 4 * g), qz.add(r * 8 * g));
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (k, vk) in v.iter_mut().enumerate().take(2 * CH) {
+                let w = _mm512_loadu_si512(w0.add(64 * k) as *const __m512i);
+                let even = _mm512_loadu_si512(x0.add(128 * k) as *const __m512i);
+                let odd = _mm512_loadu_si512(x0.add(128 * k + 64) as *const __m512i);
+                let lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(w, low4), even);
+                *vk = _mm512_dpbusd_epi32(lo, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4), odd);
+            }
+            let s8 = _mm256_sll_epi32(_mm256_loadu_si256(s.add(8 * r) as *const __m256i), three);
+            let isum = _mm256_sub_epi32(fold_quads::<CH>(&mut v), s8);
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let dv = _mm256_loadu_ps(d.add(8 * r));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+        }
+        acc
+    }
+}
+
+/// The eight block sums of a run from its `2 * CH` chunk vectors (lane k of vector i holds
+/// the four partial sums of chunk 4i + k): lanes of the same block are added pairwise
+/// until one chunk lane per block is left (CH = 1), then two cross-vector permutes and two
+/// adds leave block j's sum in lane j. Exact.
+#[inline(always)]
+unsafe fn fold_quads<const CH: usize>(v: &mut [__m512i; 8]) -> __m256i {
+    // SAFETY: only reached from the AVX-512 target_feature function.
+    unsafe {
+        let mut n = 2 * CH;
+        while n > 2 {
+            for i in 0..n / 2 {
+                // Lanes (0, 1) and (2, 3) of each vector belong to the same block.
+                let (x, y) = (v[2 * i], v[2 * i + 1]);
+                v[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xdd));
+            }
+            n /= 2;
+        }
+        // Blocks 0-3 in v[0]'s lanes, 4-7 in v[1]'s: element 4j (and 4j + 1, 4j + 2,
+        // 4j + 3) of the pair is block j's.
+        let ia = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 2, 6, 10, 14, 18, 22, 26, 30);
+        let ib = _mm512_add_epi32(ia, _mm512_set1_epi32(1));
+        let t = _mm512_add_epi32(_mm512_permutex2var_epi32(v[0], ia, v[1]), _mm512_permutex2var_epi32(v[0], ib, v[1]));
+        _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1))
     }
 }
 

@@ -8,7 +8,9 @@
 // In node the time is this process's CPU time (less disturbed by other load than wall
 // time). CHROMIUM=/usr/bin/chromium runs the same loop in that headless Chromium's V8 (the
 // JIT the browser engine really gets; wall time there), driven by playwright-core from
-// tests/e2e/node_modules or tools/bench/node_modules.
+// tests/e2e/node_modules or tools/bench/node_modules; CHROMIUM_ARGS adds Chromium flags
+// (e.g. "--js-flags=--no-liftoff"). run_many* time the many-position (prefill) kernel on 16
+// positions: their GB/s count each row once, so multiply by 16 for row-positions.
 // GROUP: the int4 group (default 32; the run_b/run_c/run_x variants are for 32 only).
 // ROWS int4 rows of 2048 values (16384: 18.9 MB, from memory; 512: 0.6 MB, in L2); ALL=1
 // prints every timing. Both regimes matter: a change can win in L2 and lose from memory.
@@ -59,7 +61,8 @@ if (process.env.CHROMIUM) {
   const pw = [`${root}tests/e2e/node_modules/playwright-core/index.mjs`, `${root}tools/bench/node_modules/playwright-core/index.mjs`].find(existsSync);
   if (!pw) throw new Error("playwright-core not found: npm ci in tests/e2e");
   const { chromium } = await import(pw);
-  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM, headless: true });
+  const args = process.env.CHROMIUM_ARGS ? process.env.CHROMIUM_ARGS.split(" ") : [];
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM, headless: true, args });
   const page = await browser.newPage();
   page.setDefaultTimeout(0);
   lines = await page.evaluate(

@@ -2,7 +2,7 @@
 //! `node tools/bench/qdot-wasm/run.mjs`. One position times many stored int4 rows, as a
 //! decode step's matmuls do.
 use colibri_engine::format::quant::quantize_row;
-use colibri_engine::qdot::{dot_row, ActQ, Simd};
+use colibri_engine::qdot::{dot_row, dot_row_many, ActQ, Simd};
 use colibri_engine::tensor::DType;
 
 #[cfg(target_feature = "relaxed-simd")]
@@ -14,6 +14,8 @@ struct State {
     w: Vec<u8>,
     a: ActQ,
     out: Vec<f32>,
+    /// `POS` positions of activations, interleaved (the prefill kernel's input).
+    many: ActQ,
 }
 
 static mut STATE: Option<State> = None;
@@ -38,9 +40,36 @@ pub extern "C" fn setup(rows: usize, cols: usize, group: usize) -> usize {
     let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
     let mut a = ActQ::default();
     a.quantize(&x, 1, cols, group, ActQ::wants_split(true, group));
+    let xs: Vec<f32> = (0..cols * POS).map(|_| lcg(&mut s)).collect();
+    let mut many = ActQ::default();
+    many.quantize(&xs, POS, cols, group, ActQ::wants_split(true, group));
+    many.interleave();
     // SAFETY: wasm32 without threads: one caller.
-    unsafe { STATE = Some(State { rows, rb, w, a, out: vec![0.0; rows] }) };
+    unsafe { STATE = Some(State { rows, rb, w, a, out: vec![0.0; rows * POS], many }) };
     rows * rb
+}
+
+/// Positions of `run_many` (a prefill-sized batch).
+const POS: usize = 16;
+
+/// The many-position (prefill) kernel: every row times `POS` positions; the bytes per
+/// second it reports count each row once (divide by POS for per-position work).
+#[no_mangle]
+pub extern "C" fn run_many(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut scratch = Vec::new();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            let row = &st.w[r * st.rb..(r + 1) * st.rb];
+            dot_row_many(simd, true, row, &st.many, 0, &mut st.out[r * POS..(r + 1) * POS], &mut scratch);
+        }
+        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
 }
 
 /// `iters` passes over every row; returns a checksum of the outputs (their bits summed).
@@ -55,7 +84,7 @@ pub extern "C" fn run(iters: usize) -> u32 {
         for r in 0..st.rows {
             st.out[r] = dot_row(simd, true, &st.w[r * st.rb..(r + 1) * st.rb], &st.a, 0);
         }
-        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
     }
     sum
 }
@@ -73,7 +102,7 @@ fn each(iters: usize, f: impl Fn(&[u8], &ActQ) -> f32) -> u32 {
         for r in 0..st.rows {
             st.out[r] = f(&st.w[r * st.rb..(r + 1) * st.rb], &st.a);
         }
-        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
     }
     sum
 }
@@ -144,4 +173,44 @@ pub extern "C" fn run_x_core(iters: usize) -> u32 {
 #[no_mangle]
 pub extern "C" fn run_x_load(iters: usize) -> u32 {
     each(iters, variants::dot_x_load)
+}
+
+/// `run_many`'s work by the one-position kernel, position by position (same bits).
+#[no_mangle]
+pub extern "C" fn run_many1(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            let row = &st.w[r * st.rb..(r + 1) * st.rb];
+            for p in 0..POS {
+                st.out[r * POS + p] = dot_row(simd, true, row, &st.many, p);
+            }
+        }
+        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
+
+/// `run_many1` with position 0 each time (what the positions' data costs).
+#[no_mangle]
+pub extern "C" fn run_many0(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            let row = &st.w[r * st.rb..(r + 1) * st.rb];
+            for p in 0..POS {
+                st.out[r * POS + p] = dot_row(simd, true, row, &st.many, p & 0);
+            }
+        }
+        sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
 }
