@@ -28,7 +28,9 @@
 //! CPU; an upper bound otherwise); it then sends `c` of the `m` candidates to the CPU,
 //! the `c` that minimises `max(c * cpu, (gpu_experts - c) * gpu + (uploads - c) * upload)`
 //! (the two sides run at the same time). Until the CPU and GPU costs are known, one
-//! candidate per layer goes to the CPU (to measure them). Without a clock (see
+//! candidate per layer goes to the CPU (to measure them). Timing the GPU costs a wait for
+//! it (a read-back) in that layer, so `Auto` times the first 8 layer passes with CPU
+//! experts, then one in 16. Without a clock (see
 //! [`GpuOptions::clock`](super::GpuOptions)) `Auto` acts as `On`.
 
 use std::borrow::Borrow;
@@ -89,6 +91,8 @@ pub struct HybridStats {
     pub cpu_experts: u64,
     /// ... and on the GPU.
     pub gpu_experts: u64,
+    /// MoE layer passes that ran experts on the CPU.
+    pub hybrid_layers: u64,
     /// Running averages, milliseconds per expert (None until measured).
     pub cpu_ms: Option<f64>,
     pub upload_ms: Option<f64>,
@@ -225,11 +229,14 @@ impl<M: Borrow<Model>> GpuModel<M> {
             swiglu_ffn(rec, mlp, s.xn, n, s.g, s.u, s.sy, Activation::Silu, None)?;
         }
         let n_cpu = on_cpu.iter().filter(|&&c| c).count();
-        {
+        let timed = {
             let mut st = self.placement.stats()?;
             st.cpu_experts += n_cpu as u64;
             st.gpu_experts += (used.len() - n_cpu) as u64;
-        }
+            st.hybrid_layers += u64::from(n_cpu > 0);
+            // Auto waits for the GPU to time it: on the first layers, then one in 16.
+            self.placement.mode == Hybrid::Auto && (st.hybrid_layers <= 8 || st.hybrid_layers.is_multiple_of(16))
+        };
         let submitted = match xn {
             Some(xn) if n_cpu > 0 => {
                 // The GPU part goes now; the CPU experts run while it computes.
@@ -238,7 +245,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 let cpu_idx: Vec<usize> = (0..used.len()).filter(|&i| on_cpu[i]).collect();
                 let outs = self.cpu_experts(l, block, users, &used, &cpu_idx, xn, h)?;
                 let t_cpu = self.placement.now();
-                if let (Hybrid::Auto, Some(t0), Some(t1)) = (self.placement.mode, t_submit, t_cpu) {
+                if let (true, Some(t0), Some(t1)) = (timed, t_submit, t_cpu) {
                     self.measure(s.y, t0, t1, used.len() - n_cpu + moe.shared.is_some() as usize).await?;
                 }
                 for (&i, out) in cpu_idx.iter().zip(outs) {
