@@ -2,11 +2,16 @@
 //! record like the CPU bench's core fields, plus where the routed experts ran (hybrid
 //! placement, `--hybrid`) and the GPU expert pool's counters.
 
+#[cfg(feature = "wgpu")]
 use std::time::Instant;
 
 use anyhow::Result;
-use colibri_engine::{math, Logits, Model};
-use serde_json::{json, Value};
+use colibri_engine::Model;
+#[cfg(feature = "wgpu")]
+use colibri_engine::{math, Logits};
+#[cfg(feature = "wgpu")]
+use serde_json::json;
+use serde_json::Value;
 
 use crate::flags::Compute;
 
