@@ -33,7 +33,7 @@
 //! experts, then one in 16. Without a clock (see
 //! [`GpuOptions::clock`](super::GpuOptions)) `Auto` acts as `On`.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::str::FromStr;
 use std::sync::Mutex;
 
@@ -46,7 +46,7 @@ use super::GpuModel;
 use crate::error::{Error, Result};
 use crate::kernels::{swiglu_many, FfnJob};
 use crate::model::config::Activation;
-use crate::model::moe::MoeBlock;
+use crate::model::moe::{gather_rows, MoeBlock};
 use crate::model::Model;
 use crate::tensor::Mat;
 
@@ -321,18 +321,12 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let t0 = self.placement.now();
         let experts = &self.m().experts;
         let arcs = idx.iter().map(|&i| experts.expert(l, used[i])).collect::<Result<Vec<_>>>()?;
-        let xs: Vec<Vec<f32>> = idx
-            .iter()
-            .map(|&i| {
-                let list = &users[used[i]];
-                let mut x = vec![0.0f32; list.len() * h];
-                for (j, (p, _)) in list.iter().enumerate() {
-                    let src = xn.get(p * h..(p + 1) * h).ok_or_else(|| Error::Gpu("FFN input too short".into()))?;
-                    x[j * h..(j + 1) * h].copy_from_slice(src);
-                }
-                Ok(x)
-            })
-            .collect::<Result<_>>()?;
+        // The positions routed here index the n rows read back (as on the CPU path).
+        let n = xn.len() / h.max(1);
+        if idx.iter().flat_map(|&i| &users[used[i]]).any(|&(p, _)| p >= n) {
+            return Err(Error::Gpu("FFN input too short".into()));
+        }
+        let xs: Vec<Cow<'_, [f32]>> = idx.iter().map(|&i| gather_rows(xn, n, h, &users[used[i]])).collect();
         let jobs: Vec<FfnJob> = idx
             .iter()
             .zip(&arcs)
@@ -341,7 +335,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 gate: &w.gate,
                 up: &w.up,
                 down: &w.down,
-                x,
+                x: x.as_ref(),
                 n: x.len() / h,
                 act: block.act,
                 bias: block.expert_bias.as_ref().map(|b| b.of(used[i])),

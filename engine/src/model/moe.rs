@@ -310,7 +310,7 @@ impl MoeBlock {
 /// The rows of `x` ([n, hidden]) at the positions of `list`. An expert that every position
 /// chose (always, in decode) reads `x` itself: the experts sharing one input then share its
 /// quantized copy too (kernels::matmul_many keys it by address).
-fn gather_rows<'a>(x: &'a [f32], n: usize, hidden: usize, list: &[(usize, f32)]) -> Cow<'a, [f32]> {
+pub(crate) fn gather_rows<'a>(x: &'a [f32], n: usize, hidden: usize, list: &[(usize, f32)]) -> Cow<'a, [f32]> {
     if list.len() == n && list.iter().enumerate().all(|(j, (p, _))| *p == j) {
         return Cow::Borrowed(&x[..n * hidden]);
     }
