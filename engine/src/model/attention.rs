@@ -304,7 +304,10 @@ fn attend(h: &Heads, dst: &mut [f32], wide: bool) {
         return;
     }
     let _ = wide;
-    attend_body(h, dst, math::dot)
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    attend_body(h, dst, math::dot_simd128);
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    attend_body(h, dst, math::dot);
 }
 
 #[cfg(target_arch = "x86_64")]
