@@ -3,7 +3,7 @@
 // Model text only ever reaches the page as text nodes (see markdown.js).
 import { load, requestPersistentStorage } from "./colibri.js";
 import { renderMarkdown } from "./markdown.js";
-import { BrainView, TIER_NAMES } from "./brain.js";
+import { BrainView, TIER_NAMES, hybridLine } from "./brain.js";
 import * as store from "./store.js";
 
 const $ = (id) => document.getElementById(id);
@@ -214,8 +214,10 @@ async function loadModel(id) {
     // or ?backend=cpu in the page's URL forces one.
     const forced = new URLSearchParams(location.search).get("backend");
     const backend = ["auto", "webgpu", "cpu"].includes(forced) ? forced : navigator.gpu ? "auto" : "cpu";
-    const hybrid = new URLSearchParams(location.search).get("hybrid");
-    const engine = await load({ model: id, backend, helper: HELPER, onProgress, hybrid: ["on", "auto"].includes(hybrid) ? hybrid : undefined });
+    // ?hybrid=on|auto: hybrid expert placement on WebGPU; ?gpuPool=BYTES sizes its expert pool.
+    const query = new URLSearchParams(location.search);
+    const hybrid = ["on", "auto"].includes(query.get("hybrid")) ? query.get("hybrid") : undefined;
+    const engine = await load({ model: id, backend, helper: HELPER, onProgress, hybrid, gpuPoolBytes: Number(query.get("gpuPool")) || undefined });
     if (state.modelId !== id) return engine.terminate(); // another model was picked meanwhile
     state.engine = engine;
     state.info = engine.info?.info || {};
@@ -419,9 +421,9 @@ function renderStats(s) {
   });
   $("tiers").replaceChildren(...rows);
   // WebGPU with hybrid placement (?hybrid=on|auto): expert uses computed on each side.
-  const hy = s.hybrid;
-  $("brain-hybrid").hidden = !hy || hy.mode === "off";
-  if (hy && hy.mode !== "off") $("brain-hybrid").textContent = `Experts computed on the GPU: ${hy.gpuExperts}, on the CPU threads at the same time: ${hy.cpuExperts} (hybrid ${hy.mode}).`;
+  const line = hybridLine(s.hybrid);
+  $("brain-hybrid").hidden = !line;
+  if (line) $("brain-hybrid").textContent = line;
 }
 
 function renderLegend() {

@@ -7,9 +7,15 @@
 // its routed experts that were already in the browser (green: RAM, GPU or browser disk)
 // or had to be fetched from the helper (red).
 //
-// Input: `route({counts, tiers})` events from the engine, one per forward pass, with
-// counts = [[layer, expert, n], ...] and, when the engine reports it (engine.expertTiers()),
-// tiers = one byte per expert (layer-major: 0 helper, 1 browser disk, 2 RAM, 3 GPU).
+// On WebGPU, a mark inside a cell says where the expert was computed in the last forward
+// pass (hybrid placement): a cyan square on the GPU, an orange dot on the CPU threads, both
+// where it ran on each (in different layers' passes of several forward passes); unmarked
+// cells were not routed to.
+//
+// Input: `route({counts, tiers, placement})` events from the engine, one per forward pass,
+// with counts = [[layer, expert, n], ...] and, when the engine reports it (engine.expertTiers()),
+// tiers = one byte per expert (layer-major: 0 helper, 1 browser disk, 2 RAM, 3 GPU), and on
+// WebGPU placement = [[layer, expert, CPU uses, GPU uses], ...] since the last event.
 // Without tiers, an expert is taken to be in RAM once it has been routed in this tab.
 // A route event with no counts only updates the tiers (sent once after loading).
 
@@ -22,6 +28,9 @@ const TIER_HSL = [
   [152, 62], // RAM: green
   [268, 80], // GPU: violet
 ];
+// Where an expert was computed in the last pass: none, CPU threads, GPU, both.
+export const PLACE = { none: 0, cpu: 1, gpu: 2, both: 3 };
+export const PLACE_COLORS = { cpu: "#fb923c", gpu: "#22d3ee" };
 const HISTORY = 96; // tokens kept in the hit-rate strips
 const FLASH_MS = 700;
 
@@ -46,6 +55,9 @@ export class BrainView {
     this.count = new Float64Array(n);
     this.tier = new Uint8Array(n); // TIER.helper until known
     this.flash = new Float64Array(n); // time of last use
+    this.placed = new Uint8Array(n); // PLACE of the last pass
+    this.placedUses = { cpu: 0, gpu: 0 }; // since reset, as stats().hybrid counts them
+    this.placing = false; // whether the engine reports placement (WebGPU)
     this.history = []; // [{rates: Float32Array(layers) (NaN = no MoE), t}]
     this.steps = 0;
     this.routed = 0;
@@ -53,9 +65,11 @@ export class BrainView {
     this.draw();
   }
 
-  /** One forward pass: counts [[layer, expert, n], ...], tiers (optional Uint8Array). */
-  route({ counts, tiers }) {
+  /** One forward pass: counts [[layer, expert, n], ...], tiers (optional Uint8Array),
+   * placement (optional [[layer, expert, cpuUses, gpuUses], ...]). */
+  route({ counts, tiers, placement }) {
     if (!this.layers) return;
+    if (placement && placement.length) this.place(placement);
     if (!counts || !counts.length) {
       if (tiers && tiers.length === this.tier.length) {
         this.tier.set(tiers);
@@ -91,6 +105,25 @@ export class BrainView {
     this.animate();
   }
 
+  /** Marks where each expert of the last pass was computed; counts the uses. */
+  place(placement) {
+    this.placed.fill(PLACE.none);
+    this.placing = true;
+    for (const [l, e, cpu, gpu] of placement) {
+      this.placedUses.cpu += cpu;
+      this.placedUses.gpu += gpu;
+      if (l >= this.layers || e >= this.experts) continue;
+      this.placed[l * this.experts + e] = (cpu > 0 ? PLACE.cpu : 0) | (gpu > 0 ? PLACE.gpu : 0);
+    }
+  }
+
+  /** Cells of the last pass by where they were computed, e.g. {cpu: 5, gpu: 11, both: 0}. */
+  placementCounts() {
+    const out = { cpu: 0, gpu: 0, both: 0 };
+    for (const p of this.placed) if (p) out[["", "cpu", "gpu", "both"][p]] += 1;
+    return out;
+  }
+
   /** Counts per tier of the experts now, e.g. {helper: 40, disk: 0, ram: 24, gpu: 0}. */
   tierCounts() {
     const out = { helper: 0, disk: 0, ram: 0, gpu: 0 };
@@ -112,6 +145,13 @@ export class BrainView {
   draw() {
     this.grid.dataset.tiers = JSON.stringify(this.tierCounts());
     this.grid.dataset.exact = String(!!this.exact);
+    if (this.placing) {
+      this.grid.dataset.placement = JSON.stringify(this.placementCounts());
+      this.grid.dataset.placedUses = JSON.stringify(this.placedUses);
+    } else {
+      delete this.grid.dataset.placement;
+      delete this.grid.dataset.placedUses;
+    }
     const busy = this.drawGrid();
     this.drawChart();
     return busy;
@@ -163,9 +203,38 @@ export class BrainView {
           ctx.lineWidth = 1;
           ctx.strokeRect(x + 0.5, y + 0.5, cell - gap - 1, cell - gap - 1);
         }
+        if (this.placed[i]) this.drawPlace(ctx, this.placed[i], x, y, cell - gap);
       }
     }
     return busy;
+  }
+
+  /** The placement mark of a cell at (x, y), `size` pixels wide. */
+  drawPlace(ctx, p, x, y, size) {
+    if (size < 6) {
+      // Thin cells: the lower third in the placement's colour (the GPU's when both).
+      ctx.fillStyle = p & PLACE.gpu ? PLACE_COLORS.gpu : PLACE_COLORS.cpu;
+      ctx.fillRect(x, y + size - Math.max(1, Math.floor(size / 3)), size, Math.max(1, Math.floor(size / 3)));
+      return;
+    }
+    const m = Math.round(size / 2);
+    const x0 = x + Math.floor((size - m) / 2);
+    const y0 = y + Math.floor((size - m) / 2);
+    // A dark edge keeps the mark readable on every tier's colour.
+    ctx.strokeStyle = "rgba(0,0,0,0.7)";
+    ctx.lineWidth = 1;
+    if (p & PLACE.gpu) {
+      ctx.fillStyle = PLACE_COLORS.gpu;
+      ctx.fillRect(x0, y0, m, m);
+      ctx.strokeRect(x0 - 0.5, y0 - 0.5, m + 1, m + 1);
+    }
+    if (p & PLACE.cpu) {
+      ctx.fillStyle = PLACE_COLORS.cpu;
+      ctx.beginPath();
+      ctx.arc(x + size / 2, y + size / 2, p & PLACE.gpu ? m / 4 : m / 2, 0, 2 * Math.PI);
+      ctx.fill();
+      ctx.stroke();
+    }
   }
 
   drawChart() {
@@ -196,4 +265,11 @@ export class BrainView {
     const avg = this.history.length ? this.history.at(-1).rates.filter((r) => !Number.isNaN(r)) : [];
     c.dataset.lastHitRate = avg.length ? (avg.reduce((a, b) => a + b, 0) / avg.length).toFixed(3) : "";
   }
+}
+
+/** The line under the Brain view for stats().hybrid (null when hybrid placement is off). */
+export function hybridLine(hy) {
+  if (!hy || hy.mode === "off") return null;
+  return `Experts computed on the GPU: ${hy.gpuExperts}, on the CPU threads at the same time: ${hy.cpuExperts} (hybrid ${hy.mode}). ` +
+    "In the grid, the last step's experts are marked: a cyan square computed on the GPU, an orange dot on the CPU threads.";
 }

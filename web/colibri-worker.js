@@ -97,10 +97,16 @@ function takeRoute() {
 }
 
 // One "route" event per forward pass; `tiers` (one byte per expert, layer-major) only
-// when the engine can tell where each expert lives.
+// when the engine can tell where each expert lives; `placement` ([[layer, expert, CPU
+// uses, GPU uses], ...]: where the routed experts were computed since the last event)
+// only on WebGPU.
 function postRoute(id, counts) {
   const m = { id, event: "route", counts };
   if (typeof engine.expertTiers === "function") m.tiers = engine.expertTiers();
+  if (typeof engine.takePlacement === "function") {
+    const placement = JSON.parse(engine.takePlacement());
+    if (placement) m.placement = placement;
+  }
   post(m);
 }
 

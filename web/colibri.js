@@ -9,6 +9,7 @@
 //   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
 //   engine.stats(); // {backend, threads, threadsReason, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper} (expert uses by the tier that served them), bytesFetched, ...}
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
+//   // ... and e.detail.placement (WebGPU, else null): [[layer, expert, cpuUses, gpuUses], ...] where they were computed
 //   engine.addEventListener("stats", (e) => e.detail);         // fresh stats after every token
 //   await engine.expertTiers();  // Uint8Array [layers * experts]: 0 helper, 1 disk, 2 RAM, 3 GPU
 //   await load({ model: "https://static.host/models/x/" });  // a converted model on any Range + CORS server
@@ -55,7 +56,7 @@ class Engine extends EventTarget {
       return;
     }
     if (m.event === "route") {
-      this.dispatchEvent(new CustomEvent("route", { detail: { counts: m.counts, tiers: m.tiers || null } }));
+      this.dispatchEvent(new CustomEvent("route", { detail: { counts: m.counts, tiers: m.tiers || null, placement: m.placement || null } }));
       return;
     }
     if (m.event === "progress") {

@@ -49,6 +49,11 @@ fn check(name: &str) {
             );
         }
         let h = gm.hybrid_stats();
+        // Per expert, where it ran: the uses add up to the counts.
+        let placed = gm.take_placement().unwrap();
+        assert_eq!(placed.iter().map(|p| p.cpu).sum::<u64>(), h.cpu_experts, "{name} {mode:?}: CPU uses");
+        assert_eq!(placed.iter().map(|p| p.gpu).sum::<u64>(), h.gpu_experts, "{name} {mode:?}: GPU uses");
+        assert!(gm.take_placement().unwrap().is_empty(), "{name}: taken twice");
         eprintln!("{name} {mode:?}: {h:?} pool {:?}", gm.pool_stats());
         match mode {
             Hybrid::Off => assert_eq!(h.cpu_experts, 0, "{name}: hybrid off ran experts on the CPU"),

@@ -12,7 +12,7 @@ use colibri_engine::format::ReadAt;
 use colibri_engine::generate::HiddenLog;
 use colibri_engine::gpu::pool::PoolStats;
 use colibri_engine::gpu::stream::DenseStream;
-use colibri_engine::gpu::{GpuContext, GpuModel, GpuOptions, GpuSession, Hybrid, HybridStats};
+use colibri_engine::gpu::{ExpertPlacement, GpuContext, GpuModel, GpuOptions, GpuSession, Hybrid, HybridStats};
 use colibri_engine::{Logits, Model, Result, Session};
 
 use crate::browser_source::BrowserSource;
@@ -218,6 +218,15 @@ impl Backend {
         match self {
             Backend::Cpu => None,
             Backend::Gpu(g) => Some((g.hybrid(), g.hybrid_stats())),
+        }
+    }
+
+    /// Where the routed experts ran since the last call, per (layer, expert): uses on the
+    /// CPU threads and on the GPU (None on the CPU backend, where all run on the CPU).
+    pub fn take_placement(&self) -> Result<Option<Vec<ExpertPlacement>>> {
+        match self {
+            Backend::Cpu => Ok(None),
+            Backend::Gpu(g) => g.take_placement().map(Some),
         }
     }
 

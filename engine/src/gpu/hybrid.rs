@@ -32,8 +32,12 @@
 //! it (a read-back) in that layer, so `Auto` times the first 8 layer passes with CPU
 //! experts, then one in 16. Without a clock (see
 //! [`GpuOptions::clock`](super::GpuOptions)) `Auto` acts as `On`.
+//!
+//! Where each routed expert ran is also kept per (layer, expert) until
+//! [`GpuModel::take_placement`] takes it (the browser's Brain view marks the cells).
 
 use std::borrow::{Borrow, Cow};
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Mutex;
 
@@ -99,6 +103,16 @@ pub struct HybridStats {
     pub gpu_ms: Option<f64>,
 }
 
+/// Where one routed expert ran since the last [`GpuModel::take_placement`]: its uses (one
+/// per layer pass that routed to it) computed on the CPU and on the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertPlacement {
+    pub layer: usize,
+    pub expert: usize,
+    pub cpu: u64,
+    pub gpu: u64,
+}
+
 /// A running average (weight 1/4 for each new sample).
 fn ema(old: Option<f64>, sample: f64) -> Option<f64> {
     Some(old.map_or(sample, |o| 0.75 * o + 0.25 * sample))
@@ -110,6 +124,8 @@ pub(super) struct Placement {
     pub(super) mode: Hybrid,
     pub(super) clock: Option<fn() -> f64>,
     pub(super) stats: Mutex<HybridStats>,
+    /// Uses on the CPU and on the GPU per (layer, expert) since the last take.
+    pub(super) placed: Mutex<BTreeMap<(usize, usize), [u64; 2]>>,
 }
 
 impl Placement {
@@ -163,6 +179,16 @@ pub(super) struct MoeScratch<'a> {
 }
 
 impl<M: Borrow<Model>> GpuModel<M> {
+    /// Where the routed experts ran since the last call, ascending by (layer, expert); the
+    /// uses add up to the growth of [`HybridStats`]' `cpu_experts` and `gpu_experts`.
+    pub fn take_placement(&self) -> Result<Vec<ExpertPlacement>> {
+        let mut placed = self.placement.placed.lock().map_err(|_| Error::Gpu("hybrid placement poisoned".into()))?;
+        Ok(std::mem::take(&mut *placed)
+            .into_iter()
+            .map(|((layer, expert), [cpu, gpu])| ExpertPlacement { layer, expert, cpu, gpu })
+            .collect())
+    }
+
     /// Records (and, with CPU experts, submits part of) layer `l`'s routed experts and
     /// shared expert into `s.y`. `users[e]`: the (position, weight) pairs routed to
     /// expert e; `xn`: the FFN input read back (None: every expert on the GPU).
@@ -229,6 +255,13 @@ impl<M: Borrow<Model>> GpuModel<M> {
             swiglu_ffn(rec, mlp, s.xn, n, s.g, s.u, s.sy, Activation::Silu, None)?;
         }
         let n_cpu = on_cpu.iter().filter(|&&c| c).count();
+        {
+            let mut placed =
+                self.placement.placed.lock().map_err(|_| Error::Gpu("hybrid placement poisoned".into()))?;
+            for (&e, &cpu) in used.iter().zip(&on_cpu) {
+                placed.entry((l, e)).or_default()[usize::from(!cpu)] += 1;
+            }
+        }
         let timed = {
             let mut st = self.placement.stats()?;
             st.cpu_experts += n_cpu as u64;

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-pub use hybrid::{Hybrid, HybridStats};
+pub use hybrid::{ExpertPlacement, Hybrid, HybridStats};
 pub use model::{GpuModel, GpuOptions, GpuSession};
 
 /// Runs a future to completion on native targets (the device is polled inside the

@@ -186,6 +186,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 #[cfg(target_arch = "wasm32")]
                 clock: opts.clock,
                 stats: Mutex::default(),
+                placed: Mutex::default(),
             },
             ctx,
         }

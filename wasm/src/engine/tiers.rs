@@ -83,6 +83,18 @@ impl Engine {
         serde_json::to_string(&counts).map_err(err)
     }
 
+    /// Where the routed experts were computed since the last call (WebGPU), as JSON
+    /// [[layer, expert, uses on the CPU threads, uses on the GPU], ...]; null on the CPU
+    /// backend. The uses add up to the growth of `stats().hybrid`'s counts.
+    #[wasm_bindgen(js_name = takePlacement)]
+    pub fn take_placement(&self) -> Result<String, JsError> {
+        let _idle = self.state()?;
+        let placed = self.backend.take_placement().map_err(err)?;
+        let rows =
+            placed.map(|p| p.iter().map(|p| [p.layer as u64, p.expert as u64, p.cpu, p.gpu]).collect::<Vec<_>>());
+        serde_json::to_string(&rows).map_err(err)
+    }
+
     /// A conversation turn ended: re-pins the RAM tier (the expert cache's rule and
     /// hysteresis, as natively), the disk tier and the GPU pool by the learned counts; returns how many
     /// experts moved. Experts newly pinned in RAM that are not resident are read now.
