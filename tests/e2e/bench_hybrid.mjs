@@ -160,8 +160,8 @@ async function coldWarm() {
               "--cache", cache, "--probe-bytes", "0"], { env: { ...process.env, NODEVICE_SELECT: "1" } }));
             emit({ where: "native", backend, hybrid, phase: cache, run: i, load_ms: Math.round(r.load_seconds * 1000), ttft_ms: Math.round(r.ttft_ms),
               prefill_tokens_per_second: r.prefill_tokens_per_second, decode_tokens_per_second: r.decode_tokens_per_second,
-              bytes_read_prefill: r.prefill.bytes_read, bytes_read_per_decode_token: r.bytes_read_per_decode_token, peak_rss_bytes: r.peak_rss_bytes,
-              placement: r.hybrid?.decode ?? null, same_tokens: JSON.stringify(r.generated_ids.slice(0, TOKENS)) === JSON.stringify(reference.slice(0, TOKENS)) });
+              bytes_read_prefill: r.prefill?.bytes_read ?? null, bytes_read_per_decode_token: r.bytes_read_per_decode_token ?? null, peak_rss_bytes: r.peak_rss_bytes,
+              placement: r.hybrid?.decode ?? null, gpu_pool: r.gpu_pool ?? null, same_tokens: JSON.stringify(r.generated_ids.slice(0, TOKENS)) === JSON.stringify(reference.slice(0, TOKENS)) });
           }
         }
       }
