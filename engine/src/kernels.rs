@@ -4,6 +4,9 @@
 
 use std::cell::RefCell;
 
+#[cfg(feature = "parallel")]
+mod region;
+
 use crate::math;
 use crate::qdot::mxfp4::ActQ16;
 use crate::qdot::{self, ActQ, Simd};
@@ -29,6 +32,17 @@ where
     // sleeps: two context switches for nothing).
     #[cfg(feature = "parallel")]
     if parallel && threads() > 1 {
+        let (len, base) = (data.len(), OutPtr(data.as_mut_ptr()));
+        if caller_joins()
+            && region::run(len.div_ceil(chunk), threads() - 1, &|i| {
+                let (a, b) = (i * chunk, ((i + 1) * chunk).min(len));
+                // SAFETY: chunk i is data[a..b], disjoint from every other task's, and
+                // `data` is borrowed mutably until the region ends.
+                f(i, unsafe { std::slice::from_raw_parts_mut(base.at(a), b - a) })
+            })
+        {
+            return;
+        }
         use rayon::prelude::*;
         data.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
         return;
@@ -40,6 +54,16 @@ where
 /// Multiply-adds below which a matrix product runs on the calling thread: handing work
 /// to the pool costs microseconds, which small models' matrices do not repay.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
+
+/// Whether a parallel region started here should run on [`region::run`], this thread
+/// taking part: in the browser (wasm), where the engine's worker is outside the pool and
+/// every blocking hand-off is a futex call through the browser. Natively the commands
+/// that compute run on a pool thread (the helper's `flags::on_pool`) and rayon's own
+/// regions stay.
+#[cfg(feature = "parallel")]
+fn caller_joins() -> bool {
+    cfg!(target_arch = "wasm32") && rayon::current_thread_index().is_none()
+}
 
 /// Number of threads the parallel kernels may use.
 pub fn threads() -> usize {
@@ -95,6 +119,14 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element `i` places on (a method, so that closures capture the whole `OutPtr`).
+    #[cfg(feature = "parallel")]
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
 
 /// Several independent products in one parallel region (one hand-off to the thread pool
 /// instead of one per matrix): rows of all jobs are cut into tasks of similar cost. Jobs
@@ -190,6 +222,9 @@ enum Act<'a> {
 fn for_each_task<T: Sync, F: Fn(&T) + Sync + Send>(tasks: &[T], f: F) {
     #[cfg(feature = "parallel")]
     {
+        if caller_joins() && region::run(tasks.len(), threads() - 1, &|i| f(&tasks[i])) {
+            return;
+        }
         use rayon::prelude::*;
         tasks.par_iter().for_each(f);
     }

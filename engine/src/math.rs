@@ -92,6 +92,90 @@ pub fn dot(w: &[f32], x: &[f32]) -> f32 {
     reduce8(acc)
 }
 
+/// [`dot`] with its eight lanes in one AVX2 register: each product and sum rounded on its
+/// own as there (no FMA), the tail into the same lanes, the same [`reduce8`]: the same bits.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub unsafe fn dot_avx2(w: &[f32], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = w.len().min(x.len());
+    let chunks = n / 8;
+    let mut v = _mm256_setzero_ps();
+    for c in 0..chunks {
+        // SAFETY: c * 8 + 8 <= n <= both lengths.
+        let (a, b) = unsafe { (_mm256_loadu_ps(w.as_ptr().add(c * 8)), _mm256_loadu_ps(x.as_ptr().add(c * 8))) };
+        v = _mm256_add_ps(v, _mm256_mul_ps(a, b));
+    }
+    let mut acc = [0.0f32; 8];
+    // SAFETY: acc holds eight floats.
+    unsafe { _mm256_storeu_ps(acc.as_mut_ptr(), v) };
+    for i in chunks * 8..n {
+        acc[i - chunks * 8] += w[i] * x[i];
+    }
+    reduce8(acc)
+}
+
+/// [`dot`] with its eight lanes in two SIMD128 registers (lanes 0-3 and 4-7): each product
+/// and sum rounded on its own as there, the tail into the same lanes, the same
+/// [`reduce8`]: the same bits.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[inline]
+pub fn dot_simd128(w: &[f32], x: &[f32]) -> f32 {
+    use std::arch::wasm32::*;
+    let n = w.len().min(x.len());
+    let chunks = n / 8;
+    let (mut lo, mut hi) = (f32x4_splat(0.0), f32x4_splat(0.0));
+    // SAFETY: every load reads 4 floats of a slice that has them (at + 4 <= chunks * 8 <= n).
+    let l = |s: &[f32], at: usize| unsafe { v128_load(s.as_ptr().add(at) as *const v128) };
+    for c in 0..chunks {
+        let at = c * 8;
+        lo = f32x4_add(lo, f32x4_mul(l(w, at), l(x, at)));
+        hi = f32x4_add(hi, f32x4_mul(l(w, at + 4), l(x, at + 4)));
+    }
+    let lane = |v: v128| {
+        [f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)]
+    };
+    let (a, b) = (lane(lo), lane(hi));
+    let mut acc = [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]];
+    for i in chunks * 8..n {
+        acc[i - chunks * 8] += w[i] * x[i];
+    }
+    reduce8(acc)
+}
+
+/// [`dot`] with its eight lanes in two NEON registers (lanes 0-3 and 4-7): each product
+/// and sum rounded on its own as there (no fused multiply-add), the tail into the same
+/// lanes, the same [`reduce8`]: the same bits.
+#[cfg(target_arch = "aarch64")]
+#[inline]
+pub fn dot_neon(w: &[f32], x: &[f32]) -> f32 {
+    use std::arch::aarch64::*;
+    let n = w.len().min(x.len());
+    let chunks = n / 8;
+    let mut acc = [0.0f32; 8];
+    // SAFETY: NEON is part of aarch64; every load reads 4 floats that the slices have
+    // (at + 4 <= chunks * 8 <= n), the stores write acc's 8.
+    unsafe {
+        let (mut lo, mut hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+        let l = |s: &[f32], at: usize| vld1q_f32(s.as_ptr().add(at));
+        for c in 0..chunks {
+            let at = c * 8;
+            lo = vaddq_f32(lo, vmulq_f32(l(w, at), l(x, at)));
+            hi = vaddq_f32(hi, vmulq_f32(l(w, at + 4), l(x, at + 4)));
+        }
+        vst1q_f32(acc.as_mut_ptr(), lo);
+        vst1q_f32(acc.as_mut_ptr().add(4), hi);
+    }
+    for i in chunks * 8..n {
+        acc[i - chunks * 8] += w[i] * x[i];
+    }
+    reduce8(acc)
+}
+
 /// Sum of squares in the same lane order as [`dot`].
 #[inline]
 pub fn sum_sq(x: &[f32]) -> f32 {

@@ -7,13 +7,14 @@
 //        [--threads 1] [--prompt-tokens 32] [--decode-tokens 4] [--vocab 50304] [--top 25] [--trace OUT.json]
 //        [--web-dir DIR]   (serve web/ from DIR instead of coli's built-in copy: COLIBRI_WEB_DIR)
 //
-// The model is loaded (backend "cpu", RAM budget 3 GiB, no OPFS) and warmed by one pass over a
-// prompt of the same length; only the measured generation is traced.
+// The model is loaded (backend "cpu", RAM budget 3 GiB, no OPFS) and warmed until every expert
+// is in RAM (warm.mjs); only the measured generation is traced.
 import { spawn } from "node:child_process";
 import { readFileSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
+import { warmAll } from "./warm.mjs";
 
 const arg = (name, dflt) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -60,13 +61,14 @@ try {
   const vocab = Number(arg("vocab", 50304));
   const ids = Array.from({ length: prompt }, (_, i) => Number((((BigInt(i) * 0x9e3779b97f4a7c15n) & 0xffffffffffffffffn) >> 17n) % BigInt(vocab)));
   await page.evaluate(
-    async ({ model, ids, threads, vocab }) => {
+    async ({ model, threads }) => {
       const { load } = await import("/colibri.js");
       window.engine = await load({ model, backend: "cpu", ramBytes: 3 * 2 ** 30, disk: false, threads });
-      await window.engine.generate({ ids: ids.map((i) => (i + 1) % vocab), maxNewTokens: 1, temperature: 0, ignoreEos: true });
     },
-    { model, ids, threads, vocab },
+    { model, threads },
   );
+  const warm = await page.evaluate(warmAll, { ids, vocab });
+  const before = (await page.evaluate(() => window.engine.stats())).tiers;
   await browser.startTracing(page, { categories: ["disabled-by-default-v8.cpu_profiler"], path: tracePath });
   const t0 = performance.now();
   await page.evaluate(
@@ -94,7 +96,7 @@ try {
   }
   const busy = [...byName].filter(([n]) => n !== "(idle)");
   const total = busy.reduce((s, [, us]) => s + us, 0);
-  console.log(JSON.stringify({ generate_ms: Math.round(ms), threads: stats.threads, simd: stats.simd, tokens_per_second: stats.tokensPerSecond, ttft_ms: stats.ttftMs }));
+  console.log(JSON.stringify({ generate_ms: Math.round(ms), threads: stats.threads, simd: stats.simd, tokens_per_second: stats.tokensPerSecond, ttft_ms: stats.ttftMs, tiers: Object.fromEntries(Object.entries(stats.tiers).map(([k, v]) => [k, v - (before[k] ?? 0)])), warmup: warm }));
   for (const [name, us] of busy.sort((a, b) => b[1] - a[1]).slice(0, top)) {
     console.log(`${(us / 1e3).toFixed(1).padStart(9)} ms ${((100 * us) / total).toFixed(1).padStart(5)}%  ${name}`);
   }

@@ -223,26 +223,29 @@ fn gqa(
     let group = o.n_heads / o.n_kv_heads;
     let (ck, cv) = (&cache.k, &cache.v);
     let mut ctx = vec![0.0f32; n * qd];
-    // One task per (position, head): scores over the visible keys, softmax, weighted values.
-    for_each_chunk(&mut ctx, hd, |idx, dst| {
-        let (i, h) = (idx / o.n_heads, idx % o.n_heads);
+    // One task per position and block of heads: scores over the visible keys, softmax,
+    // weighted values. A block's heads walk the cache together, position by position, so
+    // each cached row is read as one contiguous run (a head alone would read 4 bytes per
+    // float of every row, one row per page, which the prefetchers do not follow).
+    let hb = heads_per_task(o.n_heads, n);
+    let simd = attend_simd();
+    for_each_chunk(&mut ctx, hb * hd, |idx, dst| {
+        let blocks = o.n_heads / hb;
+        let (i, h0) = (idx / blocks, idx % blocks * hb);
         let p = pos0 + i;
-        let lo = first_visible(p, o.window);
-        let kvh = h / group;
-        let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
-        let mut scores: Vec<f32> =
-            (lo..=p).map(|j| math::dot(qh, &ck[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * o.scale).collect();
-        match &w.sinks {
-            Some(s) => math::softmax_with_sink(&mut scores, s[h]),
-            None => math::softmax(&mut scores),
-        }
-        dst.iter_mut().for_each(|d| *d = 0.0);
-        for (s, j) in scores.iter().zip(lo..=p) {
-            let vj = &cv[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-            for (d, vv) in dst.iter_mut().zip(vj) {
-                *d += s * vv;
-            }
-        }
+        let heads = Heads {
+            q: &q[i * qd + h0 * hd..i * qd + (h0 + hb) * hd],
+            k: ck,
+            v: cv,
+            stride: kvd,
+            h0,
+            group,
+            hd,
+            visible: first_visible(p, o.window)..p + 1,
+            scale: o.scale,
+            sinks: w.sinks.as_ref().map(|s| &s[h0..h0 + hb]),
+        };
+        attend(&heads, dst, simd);
     });
     if let Some(g) = gate {
         // transformers: attn_output * torch.sigmoid(gate)
@@ -250,6 +253,110 @@ fn gqa(
     }
     matmul(&w.wo, &ctx, n, out);
     add_bias(&mut out[..n * w.wo.rows], &w.bo);
+}
+
+/// Heads per attention task: up to 8 (one 4 KiB run of a cached row at head_dim 128), fewer
+/// when the positions times the blocks would not give every thread a task. A divisor of
+/// `n_heads`; each head's sums are the same whatever the block.
+fn heads_per_task(n_heads: usize, positions: usize) -> usize {
+    let threads = crate::kernels::threads();
+    (1..=n_heads.min(8)).rev().find(|&b| n_heads.is_multiple_of(b) && positions * (n_heads / b) >= threads).unwrap_or(1)
+}
+
+/// A block of consecutive query heads of one position and their view of the cache: head
+/// `t` of the block (query `q[t*hd..]`) is head `h0 + t` and reads kv head
+/// `(h0 + t) / group`, whose key and value of position j start at `j * stride + kvh * hd`.
+struct Heads<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    stride: usize,
+    h0: usize,
+    group: usize,
+    hd: usize,
+    visible: std::ops::Range<usize>,
+    scale: f32,
+    sinks: Option<&'a [f32]>,
+}
+
+/// Whether [`attend`] runs its SIMD build: AVX2 on x86-64, NEON on aarch64, SIMD128 in
+/// wasm (unless `COLIBRI_SIMD=scalar` forces the reference). Every build runs the same
+/// loops with a dot product of the same eight lanes ([`math::dot`] and its twins), each
+/// product and sum rounded on its own, so the bits are the same.
+fn attend_simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::qdot::Simd::active().pairs()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        crate::qdot::Simd::active() != crate::qdot::Simd::Scalar
+    }
+}
+
+/// For each head of the block: scores over the visible keys, softmax (with the head's
+/// sink), the weighted sum of the values into its `hd` floats of `dst`.
+fn attend(h: &Heads, dst: &mut [f32], simd: bool) {
+    if !simd {
+        return attend_body(h, dst, math::dot);
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `simd` comes from attend_simd, true on x86-64 only where AVX2 was detected.
+    unsafe {
+        attend_avx2(h, dst)
+    }
+    #[cfg(target_arch = "aarch64")]
+    attend_body(h, dst, math::dot_neon);
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    attend_body(h, dst, math::dot_simd128);
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )))]
+    attend_body(h, dst, math::dot);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_avx2(h: &Heads, dst: &mut [f32]) {
+    // SAFETY: this function runs only where AVX2 is present.
+    attend_body(h, dst, |a, b| unsafe { math::dot_avx2(a, b) })
+}
+
+#[inline(always)]
+fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) {
+    let hd = h.hd;
+    let nh = dst.len() / hd;
+    let len = h.visible.len();
+    let lo = h.visible.start;
+    let kv = |t: usize| (h.h0 + t) / h.group * hd;
+    // Plain loops, not iterator chains: their bodies are compiled inside this function (and
+    // so in attend_avx2, whose vectors are 256 bits wide).
+    let mut scores = vec![0.0f32; nh * len];
+    for j in h.visible.clone() {
+        let row = &h.k[j * h.stride..];
+        for t in 0..nh {
+            let o = kv(t);
+            scores[t * len + j - lo] = dot(&h.q[t * hd..(t + 1) * hd], &row[o..o + hd]) * h.scale;
+        }
+    }
+    for (t, s) in scores.chunks_exact_mut(len.max(1)).enumerate().take(nh) {
+        match h.sinks {
+            Some(sk) => math::softmax_with_sink(s, sk[t]),
+            None => math::softmax(s),
+        }
+    }
+    dst.iter_mut().for_each(|d| *d = 0.0);
+    for j in h.visible.clone() {
+        let row = &h.v[j * h.stride..];
+        for t in 0..nh {
+            let (o, s) = (kv(t), scores[t * len + j - lo]);
+            for (d, vv) in dst[t * hd..(t + 1) * hd].iter_mut().zip(&row[o..o + hd]) {
+                *d += s * vv;
+            }
+        }
+    }
 }
 
 /// Takes `q` (n, n_heads * 2 * head_dim), per head the query then the gate, apart: `q`
@@ -372,5 +479,45 @@ mod tests {
         let b = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
         assert_ne!(a[..10], b[..10]);
         assert_eq!(a[20..], b[20..]);
+    }
+
+    #[test]
+    fn head_blocks_and_vector_widths_give_the_same_bits() {
+        // 8 query heads on 4 kv heads, head_dim 20 (a tail after two 8-float chunks), 9
+        // cached positions, a window and sinks: every block size and (where the CPU has
+        // it) the SIMD build must give the one-head-at-a-time reference's bits.
+        let (nh, group, hd, len) = (8, 2, 20, 9);
+        let kvd = nh / group * hd;
+        let noise = |n: usize, seed: u64| mat(1, n, seed).to_f32();
+        let (q, k, v) = (noise(nh * hd, 7), noise(len * kvd, 8), noise(len * kvd, 9));
+        let sinks: Vec<f32> = (0..nh).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let run = |hb: usize, wide: bool| {
+            let mut out = vec![0.0f32; nh * hd];
+            for (b, dst) in out.chunks_mut(hb * hd).enumerate() {
+                let h0 = b * hb;
+                let heads = Heads {
+                    q: &q[h0 * hd..(h0 + hb) * hd],
+                    k: &k,
+                    v: &v,
+                    stride: kvd,
+                    h0,
+                    group,
+                    hd,
+                    visible: 3..len,
+                    scale: 0.25,
+                    sinks: Some(&sinks[h0..h0 + hb]),
+                };
+                attend(&heads, dst, wide);
+            }
+            out
+        };
+        let reference = run(1, false);
+        for hb in [1, 2, 4, 8] {
+            assert_eq!(run(hb, false), reference, "block of {hb}");
+            if attend_simd() {
+                assert_eq!(run(hb, true), reference, "SIMD build, block of {hb}");
+            }
+        }
+        assert!(reference.iter().all(|x| x.is_finite()) && reference.iter().any(|&x| x != 0.0));
     }
 }

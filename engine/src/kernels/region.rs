@@ -1,0 +1,188 @@
+//! Parallel regions started by a thread outside the rayon pool, the calling thread taking
+//! part. In the browser the engine runs on its own Web Worker, and wasm-bindgen-rayon's
+//! pool threads are other workers: rayon runs a region started there entirely on its
+//! workers while the caller blocks on a mutex-and-condvar latch, and every wake-up on the
+//! way (the sleeping workers, the latch, the latch's contended mutex) is a futex call
+//! through the browser (`Atomics.wait`/`notify`), several per region and about 80 regions
+//! per decoded token.
+//!
+//! Here the caller claims tasks itself and `threads - 1` helper jobs on the pool claim the
+//! rest. A helper that runs out of tasks polls for the next region for a while (about a
+//! millisecond) before it gives its worker back to rayon, so the regions of one decode
+//! step (a few to tens of microseconds apart) need no wake-up at all; the caller waits for
+//! the helpers' last tasks spinning, then parked. Each task is one call of the same body,
+//! so results do not depend on which thread ran it.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The one region in flight: its tasks are claimed through `word` = epoch (32 bits) | n
+/// (16 bits) | next task (16 bits), so a claim can only succeed for the region that is
+/// current, and while it is, its caller is waiting for that task.
+struct Team {
+    /// A caller owns the team (a region started inside a task runs on rayon instead).
+    busy: AtomicBool,
+    word: AtomicU64,
+    done: AtomicUsize,
+    /// The current region's body: a pointer to the caller's `&dyn Fn`, on its stack. Read
+    /// only after a claim succeeded, when [`run`] cannot have returned (it waits for the
+    /// claimed task).
+    body: AtomicPtr<Body<'static>>,
+    /// Helpers in their polling loop.
+    helpers: AtomicUsize,
+    /// Set when the caller stopped spinning and parks: the last task unparks it.
+    parked: AtomicBool,
+    caller: std::sync::OnceLock<std::thread::Thread>,
+}
+
+type Body<'a> = &'a (dyn Fn(usize) + Sync);
+
+static TEAM: Team = Team {
+    busy: AtomicBool::new(false),
+    word: AtomicU64::new(0),
+    done: AtomicUsize::new(0),
+    body: AtomicPtr::new(std::ptr::null_mut()),
+    helpers: AtomicUsize::new(0),
+    parked: AtomicBool::new(false),
+    caller: std::sync::OnceLock::new(),
+};
+
+/// Most tasks in one region (16 bits of `word`); larger ones run on rayon.
+pub(crate) const MAX_TASKS: usize = u16::MAX as usize;
+
+/// Polls of an idle helper before it returns its worker to rayon, and of the caller
+/// before it parks (an atomic load each: on the order of a millisecond).
+const SPINS: u32 = 1 << 18;
+
+fn unpack(w: u64) -> (u64, usize, usize) {
+    (w >> 32, ((w >> 16) & 0xffff) as usize, (w & 0xffff) as usize)
+}
+
+impl Team {
+    /// Claims one task of the current region and runs it; false when there was none.
+    fn run_one(&self) -> bool {
+        let mut w = self.word.load(Ordering::Acquire);
+        let (n, i) = loop {
+            let (_, n, i) = unpack(w);
+            if i >= n {
+                return false;
+            }
+            match self.word.compare_exchange_weak(w, w + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break (n, i),
+                Err(now) => w = now,
+            }
+        };
+        // SAFETY: the claim succeeded, so the region is current and its caller waits in
+        // `run` for task i: the body it published is alive.
+        let body = unsafe { &*self.body.load(Ordering::Acquire) };
+        body(i);
+        if self.done.fetch_add(1, Ordering::AcqRel) + 1 == n && self.parked.load(Ordering::SeqCst) {
+            if let Some(t) = self.caller.get() {
+                t.unpark();
+            }
+        }
+        true
+    }
+
+    /// A helper: runs tasks as regions come, until none came for `SPINS` polls.
+    fn help(&self) {
+        let mut idle = 0;
+        while idle < SPINS {
+            if self.run_one() {
+                idle = 0;
+            } else {
+                idle += 1;
+                std::hint::spin_loop();
+            }
+        }
+        self.helpers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Aborts if a task unwinds through [`run`] on the calling thread: the helpers may still
+/// be running tasks that borrow the caller's stack.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            std::process::abort();
+        }
+    }
+}
+
+/// Runs `body(i)` once for every `i < n` on this thread and on up to `helpers` jobs of
+/// rayon's global pool. False (nothing run) when the team is in use (a region inside a
+/// task) or `n` is above [`MAX_TASKS`]: the caller then runs the region on rayon.
+/// Meant for a caller outside the pool.
+pub(crate) fn run(n: usize, helpers: usize, body: Body<'_>) -> bool {
+    if n > MAX_TASKS || TEAM.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        return false;
+    }
+    let guard = AbortOnUnwind;
+    let team = &TEAM;
+    let caller = team.caller.get_or_init(std::thread::current);
+    if caller.id() != std::thread::current().id() {
+        // Another thread used the team before (tests): it parks and unparks that one.
+        team.busy.store(false, Ordering::Release);
+        return false;
+    }
+    let slot: *const Body<'_> = &body;
+    // SAFETY: only the lifetime changes; `Team::body` says why no use outlives it.
+    team.body.store(unsafe { std::mem::transmute::<*const Body<'_>, *mut Body<'static>>(slot) }, Ordering::Release);
+    team.done.store(0, Ordering::Release);
+    team.parked.store(false, Ordering::Release);
+    let epoch = (unpack(team.word.load(Ordering::Acquire)).0 + 1) & 0xffff_ffff;
+    team.word.store(epoch << 32 | (n as u64) << 16, Ordering::Release);
+    // Helpers still polling from the last region take part at once; the missing ones start.
+    let want = helpers.min(n.saturating_sub(1));
+    while team.helpers.load(Ordering::Acquire) < want {
+        team.helpers.fetch_add(1, Ordering::AcqRel);
+        rayon::spawn(|| TEAM.help());
+    }
+    while team.run_one() {}
+    let mut spins = 0u32;
+    while team.done.load(Ordering::Acquire) < n {
+        if spins < SPINS {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            team.parked.store(true, Ordering::SeqCst);
+            if team.done.load(Ordering::SeqCst) < n {
+                std::thread::park_timeout(Duration::from_micros(500));
+            }
+        }
+    }
+    team.busy.store(false, Ordering::Release);
+    drop(guard);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once() {
+        // From one thread outside the pool, as the browser engine's worker is.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for n in [0usize, 1, 2, 7, 64, 1000] {
+                    for helpers in [0usize, 1, 2, 5] {
+                        let counts: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+                        let ran = run(n, helpers, &|i| {
+                            counts[i].fetch_add(1, Ordering::Relaxed);
+                        });
+                        assert!(ran);
+                        assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1), "n {n} helpers {helpers}");
+                    }
+                }
+                // A region inside a task does not take the team.
+                assert!(run(2, 1, &|_| assert!(!run(1, 1, &|_| {}))));
+                assert!(!run(MAX_TASKS + 1, 1, &|_| {}));
+            });
+        });
+    }
+}
