@@ -147,6 +147,35 @@ pub fn dot_simd128(w: &[f32], x: &[f32]) -> f32 {
     reduce8(acc)
 }
 
+/// [`dot`] with its eight lanes in two NEON registers (lanes 0-3 and 4-7): each product
+/// and sum rounded on its own as there (no fused multiply-add), the tail into the same
+/// lanes, the same [`reduce8`]: the same bits.
+#[cfg(target_arch = "aarch64")]
+#[inline]
+pub fn dot_neon(w: &[f32], x: &[f32]) -> f32 {
+    use std::arch::aarch64::*;
+    let n = w.len().min(x.len());
+    let chunks = n / 8;
+    let mut acc = [0.0f32; 8];
+    // SAFETY: NEON is part of aarch64; every load reads 4 floats that the slices have
+    // (at + 4 <= chunks * 8 <= n), the stores write acc's 8.
+    unsafe {
+        let (mut lo, mut hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+        let l = |s: &[f32], at: usize| vld1q_f32(s.as_ptr().add(at));
+        for c in 0..chunks {
+            let at = c * 8;
+            lo = vaddq_f32(lo, vmulq_f32(l(w, at), l(x, at)));
+            hi = vaddq_f32(hi, vmulq_f32(l(w, at + 4), l(x, at + 4)));
+        }
+        vst1q_f32(acc.as_mut_ptr(), lo);
+        vst1q_f32(acc.as_mut_ptr().add(4), hi);
+    }
+    for i in chunks * 8..n {
+        acc[i - chunks * 8] += w[i] * x[i];
+    }
+    reduce8(acc)
+}
+
 /// Sum of squares in the same lane order as [`dot`].
 #[inline]
 pub fn sum_sq(x: &[f32]) -> f32 {

@@ -766,7 +766,7 @@ impl Engine {
                 "hybrid".into(),
                 self.backend.hybrid().map_or(serde_json::Value::Null, |(m, h)| {
                     serde_json::json!({"mode": m.name(), "cpuExperts": h.cpu_experts, "gpuExperts": h.gpu_experts,
-                    "cpuMs": h.cpu_ms, "uploadMs": h.upload_ms, "gpuMs": h.gpu_ms})
+                    "cpuMs": h.cpu_ms, "cpuPositionMs": h.cpu_position_ms, "uploadMs": h.upload_ms, "gpuMs": h.gpu_ms})
                 }),
             );
         }

@@ -21,13 +21,15 @@
 //! Which experts go to the CPU ([`Hybrid`]): only experts missing from the GPU pool whose
 //! bytes the source holds now (`ExpertSource::ready`). A missing expert that fits in the
 //! pool's free room is uploaded (the pool fills up first). With `On`, every other
-//! missing expert runs on the CPU. With `Auto`, the engine keeps running averages of
-//! three costs per expert: CPU compute (the CPU region's time / its experts), upload (host
-//! time of the pool's upload of a missing expert) and GPU compute (time from submitting
-//! the GPU part to its completion / its experts, measured when the GPU finishes after the
-//! CPU; an upper bound otherwise); it then sends `c` of the `m` candidates to the CPU,
-//! the `c` that minimises `max(c * cpu, (gpu_experts - c) * gpu + (uploads - c) * upload)`
-//! (the two sides run at the same time). Until the CPU and GPU costs are known, one
+//! missing expert runs on the CPU. With `Auto`, the engine keeps running averages of the
+//! costs: CPU compute of an expert at one position (a region of single-position experts'
+//! time / its experts, as in decode) and of each further position (from regions with more
+//! positions, as in prefill), upload (host time of the pool's upload of a missing expert)
+//! and GPU compute per expert (time from submitting the GPU part to its completion / its
+//! experts, measured when the GPU finishes after the CPU; an upper bound otherwise). It
+//! then sends to the CPU the `c` candidates with the fewest positions, the `c` that
+//! minimises `max(cpu(c), (gpu_experts - c) * gpu + (uploads - c) * upload)`, cpu(c) being
+//! their CPU cost at their positions (the two sides run at the same time). Until the CPU and GPU costs are known, one
 //! candidate per layer goes to the CPU (to measure them). Timing the GPU costs a wait for
 //! it (a read-back) in that layer, so `Auto` times the first 8 layer passes with CPU
 //! experts, then one in 16. Without a clock (see
@@ -97,8 +99,10 @@ pub struct HybridStats {
     pub gpu_experts: u64,
     /// MoE layer passes that ran experts on the CPU.
     pub hybrid_layers: u64,
-    /// Running averages, milliseconds per expert (None until measured).
+    /// Running averages, milliseconds per expert (None until measured); `cpu_ms` is an
+    /// expert at one position, `cpu_position_ms` each further position on the CPU.
     pub cpu_ms: Option<f64>,
+    pub cpu_position_ms: Option<f64>,
     pub upload_ms: Option<f64>,
     pub gpu_ms: Option<f64>,
 }
@@ -137,9 +141,11 @@ impl Placement {
         self.stats.lock().map_err(|_| Error::Gpu("hybrid stats poisoned".into()))
     }
 
-    /// How many of `m` CPU candidates run on the CPU (`gpu` experts run on the GPU
-    /// anyway, `up` of them uploaded first).
-    fn cpu_share(&self, m: usize, gpu: usize, up: usize) -> Result<usize> {
+    /// How many of the CPU candidates run on the CPU, the first ones of `positions` (each
+    /// candidate's positions, ascending); `gpu` experts run on the GPU anyway, `up` of
+    /// them uploaded first.
+    fn cpu_share(&self, positions: &[usize], gpu: usize, up: usize) -> Result<usize> {
+        let m = positions.len();
         if m == 0 || self.mode == Hybrid::Off {
             return Ok(0);
         }
@@ -148,13 +154,39 @@ impl Placement {
         }
         let s = *self.stats()?;
         let (Some(c), Some(g)) = (s.cpu_ms, s.gpu_ms) else { return Ok(1) };
-        let u = s.upload_ms.unwrap_or(0.0);
+        let (u, cp) = (s.upload_ms.unwrap_or(0.0), s.cpu_position_ms.unwrap_or(c));
+        // CPU time of the first k candidates: an expert, plus each further position.
+        let mut cpu = vec![0.0f64; m + 1];
+        for (k, &p) in positions.iter().enumerate() {
+            cpu[k + 1] = cpu[k] + c + p.saturating_sub(1) as f64 * cp;
+        }
         let cost = |k: usize| {
-            let cpu = k as f64 * c;
             let gpu = (gpu + m - k) as f64 * g + (up + m - k) as f64 * u;
-            cpu.max(gpu)
+            cpu[k].max(gpu)
         };
         Ok((0..=m).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(0))
+    }
+
+    /// Records a CPU region's time: `ms` for `experts` experts at `positions` positions in
+    /// all. A region of single-position experts (decode) measures the cost of an expert;
+    /// one with more positions measures, from it, the cost of a further position (the
+    /// first such region, before any single-position one, sets both to its time per
+    /// position).
+    fn record_cpu(&self, ms: f64, experts: usize, positions: usize) -> Result<()> {
+        if experts == 0 {
+            return Ok(());
+        }
+        let mut st = self.stats()?;
+        if positions <= experts {
+            st.cpu_ms = ema(st.cpu_ms, ms / experts as f64);
+        } else if let Some(c) = st.cpu_ms {
+            let extra = (ms - experts as f64 * c).max(0.0) / (positions - experts) as f64;
+            st.cpu_position_ms = ema(st.cpu_position_ms, extra);
+        } else {
+            st.cpu_ms = Some(ms / positions as f64);
+            st.cpu_position_ms = st.cpu_ms;
+        }
+        Ok(())
     }
 }
 
@@ -329,9 +361,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
             up += 1;
         }
         drop(pool);
-        let k = self.placement.cpu_share(candidates.len(), gpu, up)?;
         // The candidates with the fewest positions go first (the cheapest on the CPU).
         candidates.sort_by_key(|&i| users[used[i]].len());
+        let positions: Vec<usize> = candidates.iter().map(|&i| users[used[i]].len()).collect();
+        let k = self.placement.cpu_share(&positions, gpu, up)?;
         for &i in candidates.iter().take(k) {
             on_cpu[i] = true;
         }
@@ -380,8 +413,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
             swiglu_many(&jobs, &mut refs);
         }
         if let (Some(t0), Some(t1)) = (t0, self.placement.now()) {
-            let mut st = self.placement.stats()?;
-            st.cpu_ms = ema(st.cpu_ms, (t1 - t0) / idx.len().max(1) as f64);
+            self.placement.record_cpu(t1 - t0, idx.len(), jobs.iter().map(|j| j.n).sum())?;
         }
         Ok(outs)
     }
@@ -404,5 +436,56 @@ impl<M: Borrow<Model>> GpuModel<M> {
             st.gpu_ms = Some(st.gpu_ms.map_or(bound, |g| g.min(bound)));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auto(cpu: f64, per_position: Option<f64>, gpu: f64, upload: f64) -> Placement {
+        let p = Placement { mode: Hybrid::Auto, clock: Some(|| 0.0), ..Default::default() };
+        {
+            let mut st = p.stats.lock().unwrap();
+            (st.cpu_ms, st.cpu_position_ms, st.gpu_ms, st.upload_ms) =
+                (Some(cpu), per_position, Some(gpu), Some(upload));
+        }
+        p
+    }
+
+    #[test]
+    fn auto_weighs_each_candidates_positions() {
+        // An expert costs 1 ms on the CPU at one position, 2 ms on the GPU (plus 1 ms of
+        // upload): of four single-position candidates of a decode step, three go to the
+        // CPU (3 ms) while the GPU uploads and computes the fourth (3 ms).
+        let p = auto(1.0, Some(1.0), 2.0, 1.0);
+        assert_eq!(p.cpu_share(&[1, 1, 1, 1], 0, 0).unwrap(), 3);
+        // At 40 positions each further position costs 1 ms more: the GPU keeps them (it
+        // would take the four in 12 ms, one of them on the CPU alone takes 40).
+        assert_eq!(p.cpu_share(&[40, 40, 40, 40], 0, 0).unwrap(), 0);
+        // Mixed: the cheap ones first.
+        assert_eq!(p.cpu_share(&[1, 1, 30, 30], 0, 0).unwrap(), 2);
+        // On and Off do not weigh.
+        let on = Placement { mode: Hybrid::On, ..auto(1.0, None, 2.0, 1.0) };
+        assert_eq!(on.cpu_share(&[40, 40], 0, 0).unwrap(), 2);
+        let off = Placement { mode: Hybrid::Off, ..auto(1.0, None, 2.0, 1.0) };
+        assert_eq!(off.cpu_share(&[1], 0, 0).unwrap(), 0);
+    }
+
+    #[test]
+    fn cpu_costs_split_into_an_expert_and_its_further_positions() {
+        let p = Placement { mode: Hybrid::Auto, clock: Some(|| 0.0), ..Default::default() };
+        // A prefill region first: 2 experts, 20 positions in 10 ms: 0.5 ms per position
+        // for both costs until a decode region measures an expert.
+        p.record_cpu(10.0, 2, 20).unwrap();
+        let st = *p.stats().unwrap();
+        assert_eq!((st.cpu_ms, st.cpu_position_ms), (Some(0.5), Some(0.5)));
+        // Decode regions: 4 single-position experts in 8 ms.
+        p.record_cpu(8.0, 4, 4).unwrap();
+        assert_eq!(p.stats().unwrap().cpu_ms, Some(0.875));
+        // A prefill region then measures the further positions beyond that.
+        p.record_cpu(2.0 * 0.875 + 18.0 * 0.25, 2, 20).unwrap();
+        let per_position = p.stats().unwrap().cpu_position_ms.unwrap();
+        assert!((per_position - (0.75 * 0.5 + 0.25 * 0.25)).abs() < 1e-12, "{per_position}");
     }
 }

@@ -228,7 +228,7 @@ fn gqa(
     // each cached row is read as one contiguous run (a head alone would read 4 bytes per
     // float of every row, one row per page, which the prefetchers do not follow).
     let hb = heads_per_task(o.n_heads, n);
-    let wide = attend_wide();
+    let simd = attend_simd();
     for_each_chunk(&mut ctx, hb * hd, |idx, dst| {
         let blocks = o.n_heads / hb;
         let (i, h0) = (idx / blocks, idx % blocks * hb);
@@ -245,7 +245,7 @@ fn gqa(
             scale: o.scale,
             sinks: w.sinks.as_ref().map(|s| &s[h0..h0 + hb]),
         };
-        attend(&heads, dst, wide);
+        attend(&heads, dst, simd);
     });
     if let Some(g) = gate {
         // transformers: attn_output * torch.sigmoid(gate)
@@ -279,34 +279,41 @@ struct Heads<'a> {
     sinks: Option<&'a [f32]>,
 }
 
-/// Whether [`attend`] may run its AVX2 build (unless `COLIBRI_SIMD=scalar` forces the
-/// reference). Both builds run the same Rust, so the bits are the same: the eight lane
-/// accumulators of [`math::dot`] become one 256-bit register instead of two 128-bit ones,
-/// each product and sum still rounded on its own.
-fn attend_wide() -> bool {
+/// Whether [`attend`] runs its SIMD build: AVX2 on x86-64, NEON on aarch64, SIMD128 in
+/// wasm (unless `COLIBRI_SIMD=scalar` forces the reference). Every build runs the same
+/// loops with a dot product of the same eight lanes ([`math::dot`] and its twins), each
+/// product and sum rounded on its own, so the bits are the same.
+fn attend_simd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         crate::qdot::Simd::active().pairs()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        crate::qdot::Simd::active() != crate::qdot::Simd::Scalar
     }
 }
 
 /// For each head of the block: scores over the visible keys, softmax (with the head's
 /// sink), the weighted sum of the values into its `hd` floats of `dst`.
-fn attend(h: &Heads, dst: &mut [f32], wide: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if wide {
-        // SAFETY: `wide` comes from attend_wide, true only where AVX2 was detected.
-        unsafe { attend_avx2(h, dst) };
-        return;
+fn attend(h: &Heads, dst: &mut [f32], simd: bool) {
+    if !simd {
+        return attend_body(h, dst, math::dot);
     }
-    let _ = wide;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `simd` comes from attend_simd, true on x86-64 only where AVX2 was detected.
+    unsafe {
+        attend_avx2(h, dst)
+    }
+    #[cfg(target_arch = "aarch64")]
+    attend_body(h, dst, math::dot_neon);
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     attend_body(h, dst, math::dot_simd128);
-    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )))]
     attend_body(h, dst, math::dot);
 }
 
@@ -478,7 +485,7 @@ mod tests {
     fn head_blocks_and_vector_widths_give_the_same_bits() {
         // 8 query heads on 4 kv heads, head_dim 20 (a tail after two 8-float chunks), 9
         // cached positions, a window and sinks: every block size and (where the CPU has
-        // it) the AVX2 build must give the one-head-at-a-time reference's bits.
+        // it) the SIMD build must give the one-head-at-a-time reference's bits.
         let (nh, group, hd, len) = (8, 2, 20, 9);
         let kvd = nh / group * hd;
         let noise = |n: usize, seed: u64| mat(1, n, seed).to_f32();
@@ -507,8 +514,8 @@ mod tests {
         let reference = run(1, false);
         for hb in [1, 2, 4, 8] {
             assert_eq!(run(hb, false), reference, "block of {hb}");
-            if attend_wide() {
-                assert_eq!(run(hb, true), reference, "AVX2, block of {hb}");
+            if attend_simd() {
+                assert_eq!(run(hb, true), reference, "SIMD build, block of {hb}");
             }
         }
         assert!(reference.iter().all(|x| x.is_finite()) && reference.iter().any(|&x| x != 0.0));

@@ -54,7 +54,7 @@ pub fn run(
         "backend": "wgpu",
         "adapter": gpu.ctx.adapter_name,
         "hybrid": {"mode": gpu.hybrid().name(), "prefill": place(&h0, &h1), "decode": place(&h1, &h2),
-            "cpu_ms_per_expert": h2.cpu_ms, "upload_ms_per_expert": h2.upload_ms, "gpu_ms_per_expert": h2.gpu_ms},
+            "cpu_ms_per_expert": h2.cpu_ms, "cpu_ms_per_further_position": h2.cpu_position_ms, "upload_ms_per_expert": h2.upload_ms, "gpu_ms_per_expert": h2.gpu_ms},
         "gpu_pool": {"budget": pool.budget, "bytes": pool.bytes, "hits": pool.hits, "misses": pool.misses,
             "evictions": pool.evictions},
         "warmup": warmup,
