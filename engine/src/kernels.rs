@@ -33,14 +33,11 @@ where
     #[cfg(feature = "parallel")]
     if parallel && threads() > 1 {
         let (len, base) = (data.len(), OutPtr(data.as_mut_ptr()));
-        if caller_joins()
-            && region::run(len.div_ceil(chunk), threads() - 1, &|i| {
-                let (a, b) = (i * chunk, ((i + 1) * chunk).min(len));
-                // SAFETY: chunk i is data[a..b], disjoint from every other task's, and
-                // `data` is borrowed mutably until the region ends.
-                f(i, unsafe { std::slice::from_raw_parts_mut(base.at(a), b - a) })
-            })
-        {
+        if joined(len.div_ceil(chunk), &|i| {
+            // SAFETY: chunk i is data[i * chunk..] (the last one shorter), disjoint from
+            // every other task's, and `data` is borrowed mutably until the region ends.
+            f(i, unsafe { base.slice(i * chunk, chunk.min(len - i * chunk)) })
+        }) {
             return;
         }
         use rayon::prelude::*;
@@ -63,6 +60,13 @@ const PARALLEL_MIN_MACS: usize = 1 << 16;
 #[cfg(feature = "parallel")]
 fn caller_joins() -> bool {
     cfg!(target_arch = "wasm32") && rayon::current_thread_index().is_none()
+}
+
+/// Runs `body(i)` for every `i < n` with this thread taking part ([`region::run`]) when
+/// [`caller_joins`]; false when it did not run (the caller then starts its rayon region).
+#[cfg(feature = "parallel")]
+pub(crate) fn joined(n: usize, body: &(dyn Fn(usize) + Sync)) -> bool {
+    threads() > 1 && caller_joins() && region::run(n, threads() - 1, body)
 }
 
 /// Number of threads the parallel kernels may use.
@@ -111,20 +115,33 @@ thread_local! {
     static ACTS16: RefCell<Vec<ActQ16>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Output pointer shared by the tasks of one [`matmul_many`] region.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the tasks of a region write disjoint elements (distinct (job, row) pairs) of
-// outputs that outlive the region, and nothing reads them until it ends.
-unsafe impl Send for OutPtr {}
+/// Output pointer shared by the tasks of one parallel region ([`matmul_many`]'s outputs,
+/// the chunks of a slice).
+pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
+// SAFETY: the tasks of a region write disjoint elements (distinct (job, row) pairs,
+// distinct chunks) of outputs that outlive the region, and nothing reads them until it ends.
+unsafe impl<T> Send for OutPtr<T> {}
 // SAFETY: as above.
-unsafe impl Sync for OutPtr {}
+unsafe impl<T> Sync for OutPtr<T> {}
 
-impl OutPtr {
-    /// The element `i` places on (a method, so that closures capture the whole `OutPtr`).
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
+    /// Elements `start..start + len` (a method, so that closures capture the whole
+    /// `OutPtr`).
+    ///
+    /// SAFETY (caller): they lie inside the pointed-to slice, and no other task of the
+    /// region touches them while the returned slice lives.
     #[cfg(feature = "parallel")]
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
+    pub(crate) unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [T] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
 }
 
@@ -222,7 +239,7 @@ enum Act<'a> {
 fn for_each_task<T: Sync, F: Fn(&T) + Sync + Send>(tasks: &[T], f: F) {
     #[cfg(feature = "parallel")]
     {
-        if caller_joins() && region::run(tasks.len(), threads() - 1, &|i| f(&tasks[i])) {
+        if joined(tasks.len(), &|i| f(&tasks[i])) {
             return;
         }
         use rayon::prelude::*;
@@ -418,8 +435,14 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
     let elems: usize = g.iter().map(|v| v.len()).sum();
     #[cfg(feature = "parallel")]
     if elems >= PARALLEL_MIN_ELEMS && jobs.len() > 1 && threads() > 1 {
-        use rayon::prelude::*;
-        g.par_iter_mut().zip(u.par_iter_mut()).zip(jobs.par_iter()).for_each(|((gi, ui), j)| activate(gi, ui, j));
+        let (gp, up) = (OutPtr(g.as_mut_ptr()), OutPtr(u.as_mut_ptr()));
+        // SAFETY: task i alone touches g[i] and u[i], borrowed mutably until the region ends.
+        let joined =
+            joined(jobs.len(), &|i| unsafe { activate(&mut gp.slice(i, 1)[0], &mut up.slice(i, 1)[0], &jobs[i]) });
+        if !joined {
+            use rayon::prelude::*;
+            g.par_iter_mut().zip(u.par_iter_mut()).zip(jobs.par_iter()).for_each(|((gi, ui), j)| activate(gi, ui, j));
+        }
     } else {
         g.iter_mut().zip(u.iter_mut()).zip(jobs).for_each(|((gi, ui), j)| activate(gi, ui, j));
     }

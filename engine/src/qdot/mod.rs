@@ -218,6 +218,13 @@ impl ActQ {
         };
         #[cfg(feature = "parallel")]
         if n >= PARALLEL_POSITIONS && rayon::current_num_threads() > 1 {
+            use crate::kernels::{joined, OutPtr};
+            let (q, d, s) = (OutPtr(self.q.as_mut_ptr()), OutPtr(self.d.as_mut_ptr()), OutPtr(self.s.as_mut_ptr()));
+            // SAFETY: position p's rows of q, d and s belong to task p alone, and the vectors
+            // (n * qs and n * ds long) are borrowed mutably until the region ends.
+            if joined(n, &|p| unsafe { one(p, q.slice(p * qs, qs), d.slice(p * ds, ds), s.slice(p * ds, ds)) }) {
+                return;
+            }
             use rayon::prelude::*;
             let parts = self.q.par_chunks_mut(qs).zip(self.d.par_chunks_mut(ds)).zip(self.s.par_chunks_mut(ds));
             parts.enumerate().for_each(|(p, ((q, d), s))| one(p, q, d, s));
@@ -256,6 +263,14 @@ impl ActQ {
         };
         #[cfg(feature = "parallel")]
         if self.n >= PARALLEL_POSITIONS && rayon::current_num_threads() > 1 {
+            let (q, qi) = (&self.q, crate::kernels::OutPtr(self.qi.as_mut_ptr()));
+            // SAFETY: position p's row of qi (ds * g long, n of them) belongs to task p
+            // alone, and qi is borrowed mutably until the region ends.
+            if crate::kernels::joined(self.n, &|p| {
+                one(&q[p * qs..(p + 1) * qs], unsafe { qi.slice(p * ds * g, ds * g) })
+            }) {
+                return;
+            }
             use rayon::prelude::*;
             self.q.par_chunks(qs).zip(self.qi.par_chunks_mut(ds * g)).for_each(|(src, dst)| one(src, dst));
             return;
