@@ -278,9 +278,9 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
         (DType::Int8 { .. } | DType::Int4 { .. }, Some(Act::Int8(a))) => {
             let int4 = matches!(w.dtype, DType::Int4 { .. });
             if n == 1 {
-                for r in r0..r1 {
-                    put(0, r, qdot::dot_row(simd, int4, &bytes[r * rb..(r + 1) * rb], a, 0));
-                }
+                // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
+                qdot::dot_rows(simd, int4, &bytes[r0 * rb..r1 * rb], rb, a, dst);
                 return;
             }
             let mut prep = PREP.with(|b| std::mem::take(&mut *b.borrow_mut()));

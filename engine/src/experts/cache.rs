@@ -357,9 +357,15 @@ impl ExpertCache {
             let pinned: Vec<Key> = st.tiers.pinned.keys().copied().collect();
             plan_repin(&pinned, counts, &|k| self.core.size(k), self.opts.pin)
         };
+        let missing: Vec<Key> = add.iter().copied().filter(|k| !self.lock().tiers.contains(k)).collect();
         let mut loaded = Vec::new();
-        for &k in &add {
-            if !self.lock().tiers.contains(&k) {
+        // A remote source fetches each batch in one request (ByteSource::prefetch) instead
+        // of one request per expert; local files ignore the hint.
+        for batch in repin_batches(&missing, &|k| self.core.size(k)) {
+            let ranges: Vec<(u64, usize)> =
+                batch.iter().filter_map(|&(l, e)| self.core.span(l, e).ok().map(|s| (s.1, s.2))).collect();
+            self.core.source.prefetch(&ranges)?;
+            for &k in batch {
                 loaded.push((k, self.core.read(k.0, k.1)?));
             }
         }
@@ -569,6 +575,28 @@ impl ExpertSource for ExpertCache {
     }
 }
 
+/// Bytes of experts that [`ExpertCache::repin`] asks a source for at once (the browser
+/// stages them in wasm memory, which never shrinks: kept well inside the 256 MiB of
+/// working memory that wasm/src/memory.rs reserves).
+const REPIN_BATCH_BYTES: u64 = 32 << 20;
+
+/// `keys` cut into consecutive batches of at most [`REPIN_BATCH_BYTES`] (at least one
+/// expert each).
+fn repin_batches<'a>(keys: &'a [Key], size: &dyn Fn(Key) -> u64) -> Vec<&'a [Key]> {
+    let (mut out, mut start, mut bytes) = (Vec::new(), 0, 0u64);
+    for (i, &k) in keys.iter().enumerate() {
+        if i > start && bytes + size(k) > REPIN_BATCH_BYTES {
+            out.push(&keys[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size(k);
+    }
+    if start < keys.len() {
+        out.push(&keys[start..]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -720,5 +748,18 @@ mod tests {
         assert_eq!((x.stats().pinned_experts, x.stats().misses), (2, 0));
         x.expert(1, 2).unwrap();
         assert_eq!(x.stats().pinned_hits, 1);
+    }
+
+    #[test]
+    fn repin_reads_in_batches_of_bounded_bytes() {
+        let keys: Vec<Key> = (0..5).map(|e| (0, e)).collect();
+        let mb15 = |_: Key| 15u64 << 20;
+        let lens: Vec<usize> = repin_batches(&keys, &mb15).iter().map(|b| b.len()).collect();
+        assert_eq!(lens, [2, 2, 1]);
+        // An expert larger than a batch is a batch of its own; nothing is lost.
+        let big = |k: Key| if k.1 == 1 { 50u64 << 20 } else { 1 << 20 };
+        let lens: Vec<usize> = repin_batches(&keys, &big).iter().map(|b| b.len()).collect();
+        assert_eq!(lens, [1, 1, 3]);
+        assert!(repin_batches(&[], &mb15).is_empty());
     }
 }

@@ -2,7 +2,7 @@
 //! the edge cases mixed in. The native tests run it, and the browser builds export it
 //! (`kernelSelfCheck`), so the wasm SIMD paths are checked where they run.
 
-use super::{dot_row, dot_row_many, dot_row_scalar, round4, ActQ, Simd};
+use super::{dot_row, dot_row_many, dot_row_scalar, dot_rows, round4, ActQ, Simd};
 use crate::format::quant::quantize_row;
 use crate::tensor::DType;
 
@@ -119,6 +119,20 @@ pub fn check_paths() -> Result<usize, String> {
             // The one-position AVX-512 int4 kernel reads the quad layout where there is one.
             let mut aq = a.clone();
             aq.quad();
+            // All rows at once (the one-position matmul's call), each layout.
+            for &s in &paths {
+                for a in [&a, &ap, &aq] {
+                    let mut out = vec![0.0f32; rows];
+                    dot_rows(s, int4, &w, rb, a, &mut out);
+                    for (r, &got) in out.iter().enumerate() {
+                        let want = dot_row_scalar(int4, &w[r * rb..(r + 1) * rb], a, 0);
+                        if !same(got, want) {
+                            return Err(format!("{} rows {dtype} cols {cols} row {r}: {got:e} vs {want:e}", s.name()));
+                        }
+                        checked += 1;
+                    }
+                }
+            }
             for r in 0..rows {
                 let row = &w[r * rb..(r + 1) * rb];
                 for &s in &paths {

@@ -452,6 +452,27 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     }
 }
 
+/// [`dot_row`] for consecutive stored rows of `rb` bytes each (`rows` holds `out.len()` of
+/// them) times position 0 of `a`, into `out`: the same bits, the row loop inside the SIMD
+/// function (one call and one set-up per matrix slice instead of per row).
+pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    let whole = rows.len() >= out.len() * rb;
+    if whole && a.group.is_multiple_of(CHUNK) && a.split == int4 {
+        match simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in dot_row, for each of the rows (`rows` holds all of them).
+            Simd::Avx2 => return unsafe { x86::dot_rows_avx2(int4, rows, rb, a, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Simd::Avx512 => return unsafe { x86::dot_rows_avx512(int4, rows, rb, a, out) },
+            _ => {}
+        }
+    }
+    for (o, row) in out.iter_mut().zip(rows.chunks(rb.max(1))) {
+        *o = dot_row(simd, int4, row, a, 0);
+    }
+}
+
 /// Positions from which a row is first made ready ([`tile::prepare`]: its values unpacked
 /// and interleaved once) and then applied to the positions four at a time, instead of
 /// being decoded once per position.

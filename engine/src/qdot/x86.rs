@@ -46,6 +46,45 @@ pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
     }
 }
 
+/// [`dot_row_avx2`] for consecutive rows of `rb` bytes each (`rows` holds `out.len()` of
+/// them) times position 0, in one call: the row loop is compiled with the body.
+///
+/// SAFETY (caller): as [`dot_row_avx2`], for every row.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot_rows_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if int4 {
+            rows_body::<false, true>(rows, rb, a, out)
+        } else {
+            rows_body::<false, false>(rows, rb, a, out)
+        }
+    }
+}
+
+/// [`dot_rows_avx2`] with the AVX-512 VNNI body.
+///
+/// SAFETY (caller): as [`dot_row_avx512`], for every row.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub unsafe fn dot_rows_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if int4 {
+            rows_body::<true, true>(rows, rb, a, out)
+        } else {
+            rows_body::<true, false>(rows, rb, a, out)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn rows_body<const VNNI: bool, const INT4: bool>(rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
+        // SAFETY: the caller's contract, row by row.
+        *o = unsafe { body::<VNNI, INT4>(row, a, 0) };
+    }
+}
+
 /// acc + the eight 4-product sums of unsigned `w` times signed `x` (32 pairs).
 #[inline(always)]
 pub(super) unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
