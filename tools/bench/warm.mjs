@@ -19,8 +19,8 @@ export async function warmAll({ ids, vocab, maxPasses = 16 }) {
   while (passes < maxPasses) {
     passes += 1;
     const other = ids.map((id) => (id + passes * 7919) % vocab);
-    // One new token: a prefill only. stats().tokensPerSecond counts every decoded token
-    // since the load, so a warm-up must decode none.
+    // One new token: a prefill only (engines before the twelfth session counted every
+    // decoded token since the load in stats().tokensPerSecond, so a warm-up decodes none).
     await engine.generate({ ids: other, maxNewTokens: 1, temperature: 0, ignoreEos: true });
     const tiers = await engine.expertTiers();
     notResident = tiers ? tiers.filter((t) => t < 2).length : null;

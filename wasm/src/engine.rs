@@ -82,6 +82,8 @@ struct LoadOptions {
 #[derive(Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Perf {
+    /// The last generation's decoded tokens (after its first) and their milliseconds:
+    /// stats().tokensPerSecond.
     tokens: u64,
     decode_ms: f64,
     ttft_ms: Option<f64>,
@@ -461,6 +463,8 @@ impl Engine {
         st.gen = Some(gen);
         st.perf.started_ms = now_ms();
         st.perf.ttft_ms = None;
+        st.perf.tokens = 0;
+        st.perf.decode_ms = 0.0;
         Ok(())
     }
 
