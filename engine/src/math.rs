@@ -136,11 +136,12 @@ pub fn dot_simd128(w: &[f32], x: &[f32]) -> f32 {
         lo = f32x4_add(lo, f32x4_mul(l(w, at), l(x, at)));
         hi = f32x4_add(hi, f32x4_mul(l(w, at + 4), l(x, at + 4)));
     }
-    let lane = |v: v128| {
-        [f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)]
-    };
-    let (a, b) = (lane(lo), lane(hi));
-    let mut acc = [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]];
+    let mut acc = [0.0f32; 8];
+    // SAFETY: the two stores write acc's 8 floats; v128.store has no alignment requirement.
+    unsafe {
+        v128_store(acc.as_mut_ptr() as *mut v128, lo);
+        v128_store(acc.as_mut_ptr().add(4) as *mut v128, hi);
+    }
     for i in chunks * 8..n {
         acc[i - chunks * 8] += w[i] * x[i];
     }

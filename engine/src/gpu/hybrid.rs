@@ -29,8 +29,8 @@
 //! experts, measured when the GPU finishes after the CPU; an upper bound otherwise). It
 //! then sends to the CPU the `c` candidates with the fewest positions, the `c` that
 //! minimises `max(cpu(c), (gpu_experts - c) * gpu + (uploads - c) * upload)`, cpu(c) being
-//! their CPU cost at their positions (the two sides run at the same time). Until the CPU and GPU costs are known, one
-//! candidate per layer goes to the CPU (to measure them). Timing the GPU costs a wait for
+//! their CPU cost at their positions (the two sides run at the same time). Until the CPU
+//! and GPU costs are known, one candidate per layer goes to the CPU (to measure them). Timing the GPU costs a wait for
 //! it (a read-back) in that layer, so `Auto` times the first 8 layer passes with CPU
 //! experts, then one in 16. Without a clock (see
 //! [`GpuOptions::clock`](super::GpuOptions)) `Auto` acts as `On`.

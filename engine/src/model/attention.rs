@@ -225,8 +225,9 @@ fn gqa(
     let mut ctx = vec![0.0f32; n * qd];
     // One task per position and block of heads: scores over the visible keys, softmax,
     // weighted values. A block's heads walk the cache together, position by position, so
-    // each cached row is read as one contiguous run (a head alone would read 4 bytes per
-    // float of every row, one row per page, which the prefetchers do not follow).
+    // each cached row is read as one contiguous run (a head alone would read only its
+    // head_dim floats of every row, a new page per position at OLMoE's shape, which the
+    // prefetchers do not follow).
     let hb = heads_per_task(o.n_heads, n);
     let simd = attend_simd();
     for_each_chunk(&mut ctx, hb * hd, |idx, dst| {
