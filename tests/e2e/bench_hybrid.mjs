@@ -5,7 +5,10 @@
 //
 //   COLI=target/debug/coli node tests/e2e/bench_hybrid.mjs --models-dir DIR --model NAME \
 //     [--pool 32000000] [--tokens 16] [--runs 3] [--modes off,on,auto] [--ids 5,17,3,...]
-//     [--where browser,native]
+//     [--where browser,native] [--ram BYTES]
+//
+// --ram: the browser's RAM tier (load({ramBytes}); default 512 MiB): a small one has the
+// timed runs read the experts from the disk tier (OPFS) instead.
 //
 // Both adapters emulate a GPU on the CPU cores that the CPU experts also use: the numbers
 // give a direction only, not what a real GPU would do.
@@ -45,6 +48,7 @@ const COLD = process.argv.includes("--cold");
 const BACKENDS = arg("backends", "webgpu").split(",");
 const NATIVE_BACKENDS = arg("native-backends", "wgpu").split(",");
 const FORGET_USAGE = process.argv.includes("--forget-usage");
+const RAM = arg("ram") === undefined ? undefined : Number(arg("ram"));
 const path = join(MODELS_DIR, MODEL);
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
@@ -84,9 +88,9 @@ if (WHERE.includes("browser")) {
       for (const hybrid of MODES) {
         await page.goto(`${helper.url}/health`);
         const r = await page.evaluate(
-          async ({ model, ids, n, hybrid, pool }) => {
+          async ({ model, ids, n, hybrid, pool, ram }) => {
             const { load } = await import("/colibri.js");
-            const engine = await load({ model, backend: "webgpu", hybrid, gpuPoolBytes: pool });
+            const engine = await load({ model, backend: "webgpu", hybrid, gpuPoolBytes: pool, ...(ram === undefined ? {} : { ramBytes: ram }) });
             // Once untimed (one token: no decode step is counted), so that the timed run finds
             // the experts in the RAM tier.
             await engine.generate({ ids, maxNewTokens: 1, temperature: 0, ignoreEos: true });
@@ -95,12 +99,12 @@ if (WHERE.includes("browser")) {
             engine.terminate?.();
             return { ids: g.ids, stats: s };
           },
-          { model: MODEL, ids: IDS, n: TOKENS, hybrid, pool: POOL },
+          { model: MODEL, ids: IDS, n: TOKENS, hybrid, pool: POOL, ram: RAM },
         );
         if (i < 0) continue;
         const s = r.stats;
         emit({ where: "browser", hybrid, run: i, adapter: s.adapter, threads: s.threads, decode_tokens_per_second: s.tokensPerSecond, ttft_ms: s.ttftMs,
-          placement: s.hybrid, same_tokens: JSON.stringify(r.ids) === JSON.stringify(reference) });
+          placement: s.hybrid, tiers: s.tiers, same_tokens: JSON.stringify(r.ids) === JSON.stringify(reference) });
       }
     }
   } finally {
