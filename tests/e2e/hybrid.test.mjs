@@ -122,3 +122,35 @@ test("the Brain view marks where each expert was computed: on the CPU and on the
     await browser.close();
   }
 });
+
+test("hybrid on with the experts in the disk tier: after a reload (RAM tier empty) they run on the CPU threads from OPFS, with coli's tokens", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    // No RAM tier (ramBytes 0): no expert is ever in RAM, every one comes from the disk
+    // tier (OPFS) or the helper; the GPU pool holds two.
+    const opts = { backend: "webgpu", logits: true, loadOptions: { hybrid: "on", gpuPoolBytes: POOL, ramBytes: 0 } };
+    // The first run fetches the experts from the helper and stores them in OPFS.
+    const first = await ref.run(page, opts);
+    ref.sameBits(first, "hybrid on, first run");
+    assert.equal(first.stats.diskKind, "opfs", JSON.stringify(first.stats));
+    assert.ok(first.stats.bytesFetched > 0 && first.stats.diskExperts > 0, JSON.stringify(first.stats));
+    // A new document (a new engine: RAM empty, the GPU pool empty, OPFS kept).
+    const second = await ref.run(page, opts);
+    ref.sameBits(second, "hybrid on, from the disk tier");
+    assert.deepEqual(second.ids, first.ids);
+    const s = second.stats;
+    const h = s.hybrid;
+    console.log("hybrid on from OPFS:", JSON.stringify({ first: first.stats.hybrid, second: h, tiers: s.tiers, events: s.tierEvents }));
+    // Every expert came from OPFS (or the GPU pool): nothing from the helper, none from RAM.
+    assert.equal(s.bytesFetched, 0, JSON.stringify(s));
+    assert.equal(s.tiers.helper, 0, JSON.stringify(s.tiers));
+    assert.equal(s.tiers.ram, 0, JSON.stringify(s.tiers));
+    assert.ok(s.tiers.disk > 0 && s.tierEvents.diskHits > 0, JSON.stringify({ tiers: s.tiers, events: s.tierEvents }));
+    // ... and the experts the pool lacks ran on the CPU threads, read from the disk tier.
+    assert.ok(h.cpuExperts > 0, `no expert ran on the CPU from the disk tier: ${JSON.stringify(h)}`);
+    assert.ok(h.gpuExperts > 0, JSON.stringify(h));
+  } finally {
+    await browser.close();
+  }
+});

@@ -447,4 +447,11 @@ impl ByteSource for BrowserSource {
     fn checks_expert(&self, offset: u64, len: usize) -> bool {
         self.slots.get(&offset).is_some_and(|s| s.len == len)
     }
+
+    /// The disk tier holds the expert (hybrid placement on WebGPU may then compute it on
+    /// the CPU threads, reading it from there as the GPU side would to upload it).
+    fn holds_locally(&self, offset: u64, len: usize) -> bool {
+        let Some(slot) = self.slots.get(&offset).filter(|s| s.len == len) else { return false };
+        self.disk.try_borrow().is_ok_and(|d| d.as_ref().is_some_and(|d| d.holds(slot.expert)))
+    }
 }

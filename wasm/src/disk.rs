@@ -72,6 +72,14 @@ impl Disk {
         self.store.mask(n_experts)
     }
 
+    /// Whether expert `expert` (manifest order) is stored.
+    pub fn holds(&self, expert: usize) -> bool {
+        match &self.store {
+            Store::Opfs(o) => o.holds(expert),
+            Store::Idb(i) => i.holds(expert),
+        }
+    }
+
     pub fn count(&self) -> usize {
         match &self.store {
             Store::Opfs(o) => o.count(),

@@ -97,6 +97,11 @@ impl Idb {
         self.stored.len()
     }
 
+    /// Whether expert `expert` is stored (read synchronously once loaded).
+    pub fn holds(&self, expert: usize) -> bool {
+        self.stored.contains(&(expert as u32))
+    }
+
     pub fn mask(&self, n: usize) -> Vec<bool> {
         (0..n).map(|e| self.stored.contains(&(e as u32))).collect()
     }

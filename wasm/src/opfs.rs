@@ -134,6 +134,11 @@ impl Opfs {
         self.slots.iter().map(|&s| s != 0).collect()
     }
 
+    /// Whether expert `expert` is stored.
+    pub fn holds(&self, expert: usize) -> bool {
+        self.slots.get(expert).is_some_and(|&s| s != 0)
+    }
+
     /// Number of experts stored.
     pub fn count(&self) -> usize {
         self.slots.iter().filter(|&&s| s != 0).count()

@@ -510,6 +510,12 @@ impl ExpertSource for ExpertCache {
         st.tiers.contains(&k)
     }
 
+    /// In the RAM tiers (or read), or in the byte source's local tier.
+    fn local(&self, layer: usize, index: usize) -> bool {
+        self.ready(layer, index)
+            || self.core.span(layer, index).is_ok_and(|(_, off, len, _)| self.core.source.holds_locally(off, len))
+    }
+
     fn note_use(&self, layer: usize, index: usize, positions: usize) {
         let mut st = self.lock();
         let st = &mut *st;
@@ -725,6 +731,30 @@ mod tests {
         assert!(x.expert(1, 2).is_ok(), "the source's own check is trusted");
         let err = x.expert(0, 0).unwrap_err().to_string();
         assert!(err.contains("checksum mismatch in expert 0 of layer 0"), "{err}");
+    }
+
+    /// `local` (hybrid placement's candidates): in the RAM tiers, or in the source's own
+    /// local tier (`holds_locally`); `ready` stays the RAM tiers only.
+    #[test]
+    fn local_is_ready_or_held_by_the_source() {
+        struct Disk(MemorySource, u64);
+        impl ByteSource for Disk {
+            fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+                self.0.read_at(offset, buf)
+            }
+            fn name(&self) -> String {
+                self.0.name()
+            }
+            fn holds_locally(&self, offset: u64, _len: usize) -> bool {
+                offset == self.1
+            }
+        }
+        let (m, data, _) = container();
+        let mem = MemorySource { bytes: Bytes::from_vec(data), name: "mem".into() };
+        let on_disk = m.experts.layers[1].experts[2].offset;
+        let x = ExpertCache::new(&m, &cfg(), Arc::new(Disk(mem, on_disk)), Some(0)).unwrap();
+        assert!(x.local(1, 2) && !x.ready(1, 2));
+        assert!(!x.local(0, 2) && !x.local(1, 1) && !x.local(5, 0));
     }
 
     /// Counts learned after construction (the browser reads them once its disk tier is

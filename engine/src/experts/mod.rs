@@ -67,6 +67,14 @@ pub trait ExpertSource: Send + Sync {
         true
     }
 
+    /// True if the expert's bytes are held locally: in memory ([`ExpertSource::ready`]) or
+    /// in a local tier of the byte source ([`source::ByteSource::holds_locally`]: the browser's
+    /// disk tier), so that reading them waits for no network. Hybrid placement on the GPU
+    /// backend (gpu/hybrid.rs) may compute such experts on the CPU.
+    fn local(&self, layer: usize, index: usize) -> bool {
+        self.ready(layer, index)
+    }
+
     /// Whether the model should call [`ExpertSource::lookahead`].
     fn lookahead_enabled(&self) -> bool {
         false

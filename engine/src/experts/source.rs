@@ -41,6 +41,13 @@ pub trait ByteSource: Send + Sync {
     fn checks_expert(&self, _offset: u64, _len: usize) -> bool {
         false
     }
+    /// Whether a local tier of this source (the browser's disk tier: OPFS or IndexedDB)
+    /// holds the expert at (`offset`, `len`), so that reading it needs no network. Local
+    /// files and memory answer false: natively only the expert cache's RAM tiers count as
+    /// held ([`ExpertSource::local`](super::ExpertSource::local)).
+    fn holds_locally(&self, _offset: u64, _len: usize) -> bool {
+        false
+    }
 }
 
 /// A [`ByteSource`] over bytes already in memory (tests, small models, fetched files).

@@ -1,7 +1,7 @@
 //! Hybrid expert placement: the routed experts of one MoE layer on the GPU forward, each
 //! computed either on the GPU (from the expert pool, uploading it if missing) or on the
 //! CPU (the CPU backend's kernels, `kernels::swiglu_many`, from the bytes the expert
-//! source holds in RAM), both at once.
+//! source holds locally), both at once.
 //!
 //! Order of work for a layer with CPU experts:
 //! 1. the GPU experts are recorded and submitted (no read-back, so the host does not
@@ -19,20 +19,29 @@
 //! where each expert ran.
 //!
 //! Which experts go to the CPU ([`Hybrid`]): only experts missing from the GPU pool whose
-//! bytes the source holds now (`ExpertSource::ready`). A missing expert that fits in the
-//! pool's free room is uploaded (the pool fills up first). With `On`, every other
-//! missing expert runs on the CPU. With `Auto`, the engine keeps running averages of the
-//! costs: CPU compute of an expert at one position (a region of single-position experts'
-//! time / its experts, as in decode) and of each further position (from regions with more
-//! positions, as in prefill), upload (host time of the pool's upload of a missing expert)
-//! and GPU compute per expert (time from submitting the GPU part to its completion / its
-//! experts, measured when the GPU finishes after the CPU; an upper bound otherwise). It
+//! bytes are held locally (`ExpertSource::local`): in the expert cache's RAM tiers, or in
+//! the browser's disk tier (OPFS / IndexedDB; `ByteSource::holds_locally`), which the GPU
+//! side would read as well to upload them. Natively (a local file) only the RAM tiers
+//! count. An expert the source cannot hand out locally stays on the GPU (uploaded); in the
+//! browser the layer's misses are fetched from the helper before placement (`prepare`), so
+//! a fetched expert that the disk tier stored is a candidate too, and one it did not store
+//! (the tier off or full) is not. Placement reads each candidate once (from RAM, or from
+//! the disk tier into the RAM tiers, counted there as any use) and hands it to the side
+//! that computes it. A missing expert that fits in the pool's free room is uploaded (the
+//! pool fills up first). With `On`, every other missing expert runs on the CPU. With
+//! `Auto`, the engine keeps running averages of the costs: CPU compute of an expert at one
+//! position (a region of single-position experts' time / its experts, as in decode) and of
+//! each further position (from regions with more positions, as in prefill), upload (host
+//! time of the pool's upload of a missing expert, with its read when placement had not read
+//! it) and GPU compute per expert (time from submitting the GPU part to its completion /
+//! its experts, measured when the GPU finishes after the CPU; an upper bound otherwise). A
+//! candidate's read (from RAM or disk) is in neither side's cost: either side pays it. It
 //! then sends to the CPU the `c` candidates with the fewest positions, the `c` that
 //! minimises `max(cpu(c), (gpu_experts - c) * gpu + (uploads - c) * upload)`, cpu(c) being
 //! their CPU cost at their positions (the two sides run at the same time). Until the CPU
-//! and GPU costs are known, one candidate per layer goes to the CPU (to measure them). Timing the GPU costs a wait for
-//! it (a read-back) in that layer, so `Auto` times the first 8 layer passes with CPU
-//! experts, then one in 16. Without a clock (see
+//! and GPU costs are known, one candidate per layer goes to the CPU (to measure them).
+//! Timing the GPU costs a wait for it (a read-back) in that layer, so `Auto` times the
+//! first 8 layer passes with CPU experts, then one in 16. Without a clock (see
 //! [`GpuOptions::clock`](super::GpuOptions)) `Auto` acts as `On`.
 //!
 //! Where each routed expert ran is also kept per (layer, expert) until
@@ -41,7 +50,7 @@
 use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::buffers::upload_bytes;
 use super::model::{swiglu_ffn, FfnBias};
@@ -50,6 +59,7 @@ use super::recorder::Recorder;
 use super::weights::GpuMoe;
 use super::GpuModel;
 use crate::error::{Error, Result};
+use crate::experts::Expert;
 use crate::kernels::{swiglu_many, FfnJob};
 use crate::model::config::Activation;
 use crate::model::moe::{gather_rows, MoeBlock};
@@ -62,7 +72,8 @@ pub enum Hybrid {
     /// Every routed expert on the GPU (missing ones are uploaded).
     #[default]
     Off,
-    /// Missing experts whose bytes are in RAM run on the CPU once the pool is full.
+    /// Missing experts held locally (RAM, or the browser's disk tier) run on the CPU once
+    /// the pool is full.
     On,
     /// As `On`, but how many go to the CPU is chosen by measured cost (module docs).
     Auto,
@@ -190,8 +201,11 @@ impl Placement {
     }
 }
 
+/// Per used expert: the expert, where placement read it already.
+type Held = Vec<Option<Arc<Expert>>>;
+
 /// Bytes an expert takes in GPU buffers (each matrix's bytes, padded to 4).
-fn gpu_bytes(e: &crate::experts::Expert) -> u64 {
+fn gpu_bytes(e: &Expert) -> u64 {
     let m = |m: &Mat| (m.bytes.as_ref().len() as u64).div_ceil(4) * 4;
     m(&e.gate) + m(&e.up) + m(&e.down)
 }
@@ -248,7 +262,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
             // The source counts uses for the usage file, as MoeBlock::forward does.
             experts.note_use(l, e, users[e].len());
         }
-        let on_cpu = self.place(l, users, &used, xn.is_some())?;
+        // Experts `place` read (to size them) are handed on, so each is read once here.
+        let (on_cpu, mut held) = self.place(l, users, &used, xn.is_some())?;
         let first_cpu = on_cpu.iter().position(|&c| c).unwrap_or(used.len());
         // Outputs of the GPU experts after the first CPU expert, added later in order.
         let mut later: Vec<Option<wgpu::Buffer>> = vec![None; used.len()];
@@ -260,7 +275,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
             let expert = {
                 let mut pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
                 let t0 = if pool.contains(l, e) { None } else { self.placement.now() };
-                let x = pool.get(ctx, l, e, || experts.expert(l, e))?;
+                let x = pool.get(ctx, l, e, || held[i].take().map_or_else(|| experts.expert(l, e), Ok))?;
                 if let (Some(t0), Some(t1)) = (t0, self.placement.now()) {
                     let mut st = self.placement.stats()?;
                     st.upload_ms = ema(st.upload_ms, t1 - t0);
@@ -308,7 +323,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 let t_submit = self.placement.now();
                 std::mem::replace(rec, Recorder::new(ctx)).submit().await?;
                 let cpu_idx: Vec<usize> = (0..used.len()).filter(|&i| on_cpu[i]).collect();
-                let outs = self.cpu_experts(l, block, users, &used, &cpu_idx, xn, h)?;
+                let outs = self.cpu_experts(l, block, users, &used, &cpu_idx, &mut held, xn, h)?;
                 let t_cpu = self.placement.now();
                 if let (true, Some(t0), Some(t1)) = (timed, t_submit, t_cpu) {
                     self.measure(s.y, t0, t1, used.len() - n_cpu + moe.shared.is_some() as usize).await?;
@@ -334,11 +349,19 @@ impl<M: Borrow<Model>> GpuModel<M> {
         Ok(submitted)
     }
 
-    /// Per used expert (ascending): whether it runs on the CPU.
-    fn place(&self, l: usize, users: &[Vec<(usize, f32)>], used: &[usize], have_input: bool) -> Result<Vec<bool>> {
+    /// Per used expert (ascending): whether it runs on the CPU, and the expert if this read
+    /// it (the held ones missing from the pool).
+    fn place(
+        &self,
+        l: usize,
+        users: &[Vec<(usize, f32)>],
+        used: &[usize],
+        have_input: bool,
+    ) -> Result<(Vec<bool>, Held)> {
         let mut on_cpu = vec![false; used.len()];
+        let mut held = vec![None; used.len()];
         if self.placement.mode == Hybrid::Off || !have_input {
-            return Ok(on_cpu);
+            return Ok((on_cpu, held));
         }
         let experts = &self.m().experts;
         let pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
@@ -349,8 +372,12 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 gpu += 1;
                 continue;
             }
-            if experts.ready(l, e) {
-                let size = gpu_bytes(&*experts.expert(l, e)?);
+            if experts.local(l, e) {
+                // Reading it takes it from the RAM tiers, or from the source's local tier
+                // into them (counted as any use: a RAM hit, or a miss served by the disk).
+                let x = experts.expert(l, e)?;
+                let size = gpu_bytes(&x);
+                held[i] = Some(x);
                 if size > free {
                     candidates.push(i);
                     continue;
@@ -368,7 +395,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         for &i in candidates.iter().take(k) {
             on_cpu[i] = true;
         }
-        Ok(on_cpu)
+        Ok((on_cpu, held))
     }
 
     /// Computes the experts `used[i]`, i in `idx`, on the CPU from `xn` (one parallel
@@ -381,12 +408,16 @@ impl<M: Borrow<Model>> GpuModel<M> {
         users: &[Vec<(usize, f32)>],
         used: &[usize],
         idx: &[usize],
+        held: &mut [Option<Arc<Expert>>],
         xn: &[f32],
         h: usize,
     ) -> Result<Vec<Vec<f32>>> {
         let t0 = self.placement.now();
         let experts = &self.m().experts;
-        let arcs = idx.iter().map(|&i| experts.expert(l, used[i])).collect::<Result<Vec<_>>>()?;
+        let arcs = idx
+            .iter()
+            .map(|&i| held.get_mut(i).and_then(Option::take).map_or_else(|| experts.expert(l, used[i]), Ok))
+            .collect::<Result<Vec<_>>>()?;
         // The positions routed here index the n rows read back (as on the CPU path).
         let n = xn.len() / h.max(1);
         if idx.iter().flat_map(|&i| &users[used[i]]).any(|&(p, _)| p >= n) {
