@@ -314,7 +314,8 @@ async function refreshStorage() {
   // experts beyond it), or why this tab has none (another tab holds the model's storage).
   const s = state.engine?.stats();
   $("disk-tier").textContent = !s ? "" : s.diskEnabled && s.diskBudget
-    ? `${state.modelId}: ${formatBytes(s.diskStoredBytes || 0)} of experts stored, at most ${formatBytes(s.diskBudget)}` +
+    ? `${state.modelId}: ${s.dense?.storedBytes ? `its dense weights (${formatBytes(s.dense.storedBytes)}) and ` : ""}` +
+      `${formatBytes(s.diskStoredBytes || 0)} of experts stored, at most ${formatBytes(s.diskBudget)} of experts` +
       (s.diskEvictions ? ` (${s.diskEvictions} evicted to stay under it)` : "") + "."
     : s.diskEnabled ? "" : s.diskError || "";
   // Persistence is asked for only when the user says so (the button), never on load.

@@ -289,9 +289,10 @@ function finishReason(r, req) {
  * storage = "auto" | "opfs" | "indexeddb" (auto: OPFS where the browser has it),
  * threads (CPU threads of the wasm backend; default navigator.hardwareConcurrency, at most
  * 8), pinBytes (of ramBytes, kept for the experts pinned by learned usage; default a
- * quarter when the model has usage), diskBytes (the most this model's experts may take in
- * browser storage; default half the origin's quota, navigator.storage.estimate(); the
- * least recently used unpinned experts are evicted to stay under it), storageHandoff =
+ * quarter when the model has usage), diskBytes (the most this model may take in browser
+ * storage: a copy of its dense weights, if it fits, then experts; default half the
+ * origin's quota, navigator.storage.estimate(); the least recently used unpinned experts
+ * are evicted to stay under it), storageHandoff =
  * "wait" | "takeover" (when another tab uses this model's browser storage: run on RAM and
  * take the storage when that tab closes, or take it over now)}
  * Learned placement: the helper's usage counts of the model (GET /api/usage/{id}; for a

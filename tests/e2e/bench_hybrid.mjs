@@ -19,7 +19,8 @@
 // the same profile (a new worker, storage filled by the first load: warm). Each record has
 // load_ms, ttft_ms, prefill and decode tokens/s, the bytes fetched from the helper during
 // the load, the prefill and the decode (and per decode token), the expert uses by tier and
-// stats().memory (peak wasm memory, GPU dense / expert pool / KV bytes). Natively
+// stats().memory (peak wasm memory, GPU dense / expert pool / KV bytes) and stats().dense
+// (where the dense weights came from: the network cold, the browser's OPFS copy warm). Natively
 // (--native-backends cpu,wgpu): `coli bench --cache cold` and `--cache warm`, CPU, and
 // wgpu once per mode. --forget-usage removes MODEL/usage.json before each cold run (the
 // helper's learned usage would otherwise pin experts at load).
@@ -188,7 +189,7 @@ async function coldWarm() {
                 load_ms: Math.round(r.loadMs), ttft_ms: Math.round(s.ttftMs), prefill_tokens_per_second: IDS.length / (s.ttftMs / 1000),
                 decode_tokens_per_second: s.tokensPerSecond, bytes_fetched_load: r.atLoad.bytesFetched,
                 bytes_fetched_prefill: first - r.atLoad.bytesFetched, bytes_fetched_per_decode_token: (last - first) / Math.max(1, TOKENS - 1),
-                tiers: s.tiers, memory: s.memory, placement: s.hybrid && { cpu: s.hybrid.cpuExperts, gpu: s.hybrid.gpuExperts },
+                tiers: s.tiers, memory: s.memory, dense: s.dense, placement: s.hybrid && { cpu: s.hybrid.cpuExperts, gpu: s.hybrid.gpuExperts },
                 same_tokens: JSON.stringify(r.ids) === JSON.stringify(reference) });
             }
           } finally {

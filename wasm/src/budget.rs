@@ -1,7 +1,8 @@
 //! The managed disk tier's policy, without browser APIs (tested natively): which experts
 //! stay in browser storage under a byte budget ([`DiskBudget`]: pinned experts stay, the
 //! others go least recently used first), and where in OPFS's expert file each one lives
-//! ([`Extents`]: freed ranges are reused, a freed tail shrinks the file).
+//! ([`Extents`]: freed ranges are reused, a freed tail shrinks the file); and which of the
+//! dense tensors' bytes a load has written to the browser's copy ([`Covered`]).
 
 /// Experts are numbered in manifest order (every MoE layer's experts, layer by layer).
 pub struct DiskBudget {
@@ -186,6 +187,50 @@ impl Extents {
     }
 }
 
+/// Byte ranges written so far (sorted, merged), and which parts of other ranges they miss.
+#[derive(Default)]
+pub struct Covered {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl Covered {
+    /// Adds [start, end).
+    pub fn add(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let (mut s, mut e) = (start, end);
+        self.ranges.retain(|&(a, b)| {
+            let touches = a <= e && s <= b;
+            if touches {
+                s = s.min(a);
+                e = e.max(b);
+            }
+            !touches
+        });
+        let i = self.ranges.partition_point(|&(a, _)| a < s);
+        self.ranges.insert(i, (s, e));
+    }
+
+    /// The parts of `want`'s [start, end) ranges not covered, in order.
+    pub fn missing(&self, want: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for &(s, e) in want {
+            let mut at = s;
+            for &(a, b) in self.ranges.iter().filter(|&&(a, b)| a < e && b > s) {
+                if a > at {
+                    out.push((at, a));
+                }
+                at = at.max(b);
+            }
+            if at < e {
+                out.push((at, e));
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,5 +275,22 @@ mod tests {
         x.release(0, 10);
         x.release(30, 5);
         assert_eq!(x, Extents::default());
+    }
+
+    #[test]
+    fn covered_merges_ranges_and_finds_the_gaps() {
+        let mut c = Covered::default();
+        for (s, e) in [(10, 20), (30, 40), (20, 25), (0, 5), (38, 50), (60, 60)] {
+            c.add(s, e);
+        }
+        assert_eq!(c.ranges, vec![(0, 5), (10, 25), (30, 50)]);
+        assert_eq!(c.missing(&[(0, 5), (3, 12), (45, 70)]), vec![(5, 10), (50, 70)]);
+        c.add(4, 31);
+        assert_eq!(c.ranges, vec![(0, 50)]);
+        assert_eq!(c.missing(&[(0, 50)]), vec![]);
+        let mut c = Covered::default();
+        c.add(0, 8);
+        c.add(12, 20);
+        assert_eq!(c.missing(&[(2, 16), (18, 30), (40, 44)]), vec![(8, 12), (20, 30), (40, 44)]);
     }
 }

@@ -1,14 +1,23 @@
-//! The dense weights' way into the browser engine: fetched whole into wasm memory for the
-//! CPU backend, or streamed from the model's data file straight into GPU buffers for the
-//! WebGPU backend (colibri_engine::gpu::stream), one bounded chunk at a time.
+//! The dense weights' way into the browser engine: from the network (the helper or a
+//! static host, HTTP Range requests) or from the browser's own copy in OPFS
+//! ([`DenseFile`], written as the network's bytes go by), fetched whole into wasm memory
+//! for the CPU backend, or streamed into GPU buffers for the WebGPU backend
+//! (colibri_engine::gpu::stream), one bounded chunk at a time.
 
-use colibri_engine::format::manifest::DenseRegion;
+use std::cell::{Cell, RefCell};
+
+use colibri_engine::format::manifest::Manifest;
 use colibri_engine::{Error, Result};
 use js_sys::{ArrayBuffer, Function, Uint8Array};
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::{XmlHttpRequest, XmlHttpRequestResponseType};
 
+use crate::budget::Covered;
+use crate::dense_file::{DenseFile, SEAL_BYTES};
 use crate::net::{fetch, js_err};
+
+/// Largest read of [`DenseSource::whole`].
+const CHUNK: u64 = 8 << 20;
 
 /// Calls the page's progress callback with {phase, loaded, total}.
 pub fn report(cb: &Option<Function>, phase: &str, loaded: f64, total: f64) {
@@ -21,26 +30,193 @@ pub fn report(cb: &Option<Function>, phase: &str, loaded: f64, total: f64) {
     }
 }
 
-/// The dense region of the data file at `url`, in memory: fetched in ranges, each
-/// retried on failure, with progress (phase "dense").
-pub async fn fetch_dense(url: &str, d: &DenseRegion, on_progress: &Option<Function>) -> Result<Vec<u8>> {
-    const CHUNK: u64 = 8 << 20;
-    let total = d.length;
-    let len = usize::try_from(total).map_err(|_| Error::Invalid(format!("{url}: dense region too large")))?;
-    let mut dense = Vec::new();
-    dense
-        .try_reserve_exact(len)
-        .map_err(|_| Error::Invalid(format!("cannot allocate {total} bytes of wasm memory for the dense weights")))?;
-    let mut off = 0;
-    report(on_progress, "dense", 0.0, total as f64);
-    while off < total {
-        let end = (off + CHUNK).min(total);
-        let part = fetch(url, Some((d.offset + off, d.offset + end - 1)), 6).await.map_err(Error::Invalid)?;
-        dense.extend_from_slice(&part);
-        off = end;
-        report(on_progress, "dense", off as f64, total as f64);
+/// Where a load's dense weights came from (`stats().dense`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DenseStats {
+    /// "opfs" (the browser's copy) or "network".
+    pub from: &'static str,
+    /// Bytes of them fetched from the network by this load.
+    pub fetched_bytes: u64,
+    /// Bytes the browser's copy takes now (0: none kept).
+    pub stored_bytes: u64,
+    /// Why no copy is kept (or why the stored one was not used), if so.
+    pub error: Option<String>,
+}
+
+/// The dense region of a model's data file at `url`: read from the sealed [`DenseFile`]
+/// when there is one, else from the network, every network byte also written to the file
+/// (sealed by [`DenseSource::finish`] once the load checked every tensor).
+pub struct DenseSource {
+    url: String,
+    /// The region: its offset in the data file and its length.
+    offset: u64,
+    len: u64,
+    /// Each dense tensor's range, as offsets in the region.
+    tensors: Vec<(u64, u64)>,
+    file: RefCell<Option<DenseFile>>,
+    /// Ranges of the region written to the file so far (sorted, merged).
+    written: RefCell<Covered>,
+    fetched: Cell<u64>,
+    error: RefCell<Option<String>>,
+}
+
+impl DenseSource {
+    /// `file`: the model's dense file, or why there is none.
+    pub fn new(url: String, m: &Manifest, file: std::result::Result<DenseFile, Option<String>>) -> Self {
+        let d = &m.dense;
+        let (file, error) = match file {
+            Ok(f) => (Some(f), None),
+            Err(e) => (None, e),
+        };
+        DenseSource {
+            url,
+            offset: d.offset,
+            len: d.length,
+            tensors: d.tensors.iter().map(|t| (t.offset - d.offset, t.offset - d.offset + t.length)).collect(),
+            file: RefCell::new(file),
+            written: RefCell::new(Covered::default()),
+            fetched: Cell::new(0),
+            error: RefCell::new(error),
+        }
     }
-    Ok(dense)
+
+    /// The data file's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether reads come from the browser's sealed copy.
+    pub fn reads_stored(&self) -> bool {
+        self.file.borrow().as_ref().is_some_and(|f| f.sealed())
+    }
+
+    /// Drops the file (emptied: it takes no space), saying why.
+    fn give_up(&self, why: String) {
+        if let Some(mut f) = self.file.borrow_mut().take() {
+            let _ = f.empty();
+        }
+        *self.error.borrow_mut() = Some(why);
+    }
+
+    /// Reads `buf.len()` bytes at offset `at` of the data file (inside the dense region).
+    pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
+        let inside = at >= self.offset && at + buf.len() as u64 <= self.offset + self.len;
+        if inside && self.reads_stored() {
+            let got = self.file.borrow().as_ref().map(|f| f.read(at - self.offset, buf));
+            match got {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => self.give_up(format!("could not read the stored dense weights: {e}")),
+                None => {}
+            }
+        }
+        read_range(&self.url, at, buf)?;
+        self.fetched.set(self.fetched.get() + buf.len() as u64);
+        if inside {
+            self.keep(at - self.offset, buf);
+        }
+        Ok(())
+    }
+
+    /// The whole region in memory, in chunks, with progress (phase "dense").
+    pub async fn whole(&self, on_progress: &Option<Function>) -> Result<Vec<u8>> {
+        let total = self.len;
+        let len =
+            usize::try_from(total).map_err(|_| Error::Invalid(format!("{}: dense region too large", self.url)))?;
+        let mut dense = Vec::new();
+        dense.try_reserve_exact(len).map_err(|_| {
+            Error::Invalid(format!("cannot allocate {total} bytes of wasm memory for the dense weights"))
+        })?;
+        let mut off = 0;
+        report(on_progress, "dense", 0.0, total as f64);
+        while off < total {
+            let end = (off + CHUNK).min(total);
+            let n = (end - off) as usize;
+            let start = dense.len();
+            let mut done = false;
+            if self.reads_stored() {
+                dense.resize(start + n, 0);
+                let got = self.file.borrow().as_ref().map(|f| f.read(off, &mut dense[start..]));
+                match got {
+                    Some(Ok(())) => done = true,
+                    Some(Err(e)) => self.give_up(format!("could not read the stored dense weights: {e}")),
+                    None => {}
+                }
+                if !done {
+                    dense.truncate(start);
+                }
+            }
+            if !done {
+                let part = fetch(&self.url, Some((self.offset + off, self.offset + end - 1)), 6)
+                    .await
+                    .map_err(Error::Invalid)?;
+                if part.len() != n {
+                    return Err(Error::Invalid(format!(
+                        "{}: short dense range ({} of {n} bytes)",
+                        self.url,
+                        part.len()
+                    )));
+                }
+                self.fetched.set(self.fetched.get() + n as u64);
+                self.keep(off, &part);
+                dense.extend_from_slice(&part);
+            }
+            off = end;
+            report(on_progress, "dense", off as f64, total as f64);
+        }
+        Ok(dense)
+    }
+
+    /// Writes network bytes at region offset `off` into the (unsealed) file.
+    fn keep(&self, off: u64, bytes: &[u8]) {
+        let r = match self.file.borrow().as_ref() {
+            Some(f) if !f.sealed() => f.write(off, bytes),
+            _ => return,
+        };
+        match r {
+            Ok(()) => self.written.borrow_mut().add(off, off + bytes.len() as u64),
+            Err(e) => self.give_up(format!("the dense weights are not kept in browser storage: {e}")),
+        }
+    }
+
+    /// The stored copy failed the load's checks (`why`): it is emptied and the next reads
+    /// come from the network (and are written again).
+    pub fn refetch(&self, why: &str) {
+        if let Some(f) = self.file.borrow_mut().as_mut() {
+            if f.empty().is_err() {
+                return self.give_up(format!("the stored dense weights failed ({why}) and could not be emptied"));
+            }
+        }
+        *self.written.borrow_mut() = Covered::default();
+        *self.error.borrow_mut() = Some(format!("the stored dense weights failed ({why}); fetched them again"));
+    }
+
+    /// Ends a load that checked every dense tensor: a file written by it gets the tensors'
+    /// bytes it did not read (fetched now) and its seal, then is closed.
+    pub fn finish(&self) -> DenseStats {
+        let from = if self.reads_stored() { "opfs" } else { "network" };
+        if self.file.borrow().as_ref().is_some_and(|f| !f.sealed()) {
+            if let Err(e) = self.complete() {
+                self.give_up(format!("the dense weights are not kept in browser storage: {e}"));
+            }
+        }
+        let stored = match self.file.borrow_mut().take() {
+            Some(f) if f.sealed() => self.len + SEAL_BYTES,
+            _ => 0,
+        };
+        DenseStats { from, fetched_bytes: self.fetched.get(), stored_bytes: stored, error: self.error.borrow().clone() }
+    }
+
+    fn complete(&self) -> std::result::Result<(), String> {
+        let gaps = self.written.borrow().missing(&self.tensors);
+        for (s, e) in gaps {
+            let mut buf = vec![0u8; (e - s) as usize];
+            read_range(&self.url, self.offset + s, &mut buf).map_err(|e| e.to_string())?;
+            self.fetched.set(self.fetched.get() + buf.len() as u64);
+            self.file.borrow().as_ref().map_or(Ok(()), |f| f.write(s, &buf))?;
+        }
+        self.file.borrow_mut().as_mut().map_or(Ok(()), |f| f.seal())
+    }
 }
 
 /// Reads `buf.len()` bytes at `at` of the file at `url` into `buf` with one synchronous

@@ -19,7 +19,6 @@ use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::tensor::Bytes;
 use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
 use js_sys::{Function, Promise};
@@ -27,9 +26,10 @@ use serde::Deserialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::backend::{choose, open_gpu, open_gpu_streamed, AutoChoice, Backend, Context, Want};
+use crate::backend::{AutoChoice, Backend, Context, Want};
 use crate::browser_source::BrowserSource;
-use crate::dense::{self, fetch_dense, report};
+use crate::dense::{report, DenseSource, DenseStats};
+use crate::dense_file::{DenseFile, SEAL_BYTES};
 use crate::memory;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
@@ -42,9 +42,11 @@ const DISK_SHARE: f64 = 0.5;
 mod draft;
 mod options;
 mod tiers;
+mod weights;
 use draft::{propose_tiered, DraftModel, DraftOptions, NO_DRAFT};
 use options::GenOptions;
-use tiers::{count_use, learned_usage, tier_map};
+use tiers::{count_use, disk_budget, learned_usage, tier_map};
+use weights::{load_weights, Plan};
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
@@ -144,6 +146,8 @@ pub struct Engine {
     /// conversation's cache in browser storage.
     fingerprint: String,
     cache_name: String,
+    /// Where the dense weights came from, and the bytes of the browser's copy.
+    dense: DenseStats,
 }
 
 /// {temperature, topP} for the page: greedy where generation_config.json says
@@ -208,7 +212,6 @@ impl Engine {
 
         let total = m.dense.length;
         let data_url = get(&m.data_file);
-        let dense_url = data_url.clone();
         let ram = opts.ram_bytes.unwrap_or(512 << 20);
         // The dense weights go straight to GPU buffers on WebGPU (and for `auto` when the
         // CPU backend could not hold them in wasm memory), else into wasm memory.
@@ -253,15 +256,31 @@ impl Engine {
         // The counts are learned now and pinned by the worker's first `endTurn`, after the
         // disk tier is attached, so that the pinned experts are stored there too.
         let cache = CacheOptions { ram: Some(ram), pin: pin_bytes, ..Default::default() };
-        let read = |at: u64, buf: &mut [u8]| dense::read_range(&dense_url, at, buf);
-        let model = if streamed {
-            container.load_elsewhere(&read, tiers.clone(), cache)
+        // The browser's copy of the dense weights (OPFS), kept under the disk budget.
+        let keep = opts.disk.unwrap_or(true) && opts.storage.as_deref() != Some("indexeddb");
+        let file = if !keep {
+            Err(None)
+        } else if disk_budget(opts.disk_bytes).await.is_some_and(|b| total + SEAL_BYTES > b) {
+            DenseFile::remove(&name).await;
+            Err(Some(format!("the dense weights ({total} bytes) do not fit the disk budget")))
         } else {
-            let bytes = fetch_dense(&dense_url, &m.dense, &on_progress).await.map_err(err)?;
-            container.load(&Bytes::from_vec(bytes), tiers.clone(), cache)
+            DenseFile::open(&name, total).await.map_err(|e| Some(format!("no browser copy of the dense weights: {e}")))
         };
-        let model = Rc::new(model.map_err(err)?);
-        model.experts.learn(&usage);
+        let dense = DenseSource::new(data_url.clone(), m, file);
+        let plan = Plan {
+            container: &container,
+            streamed,
+            want,
+            hybrid,
+            gpu_pool: opts.gpu_pool_bytes,
+            tiers: &tiers,
+            cache,
+            usage: &usage,
+            tok: &tok,
+            cpu_fit: &cpu_fit,
+            on_progress: &on_progress,
+        };
+        let (model, backend, auto, dense) = load_weights(&plan, &dense).await.map_err(|e| JsError::new(&e))?;
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
         let mut sampling = serde_json::Value::Null;
@@ -273,37 +292,6 @@ impl Engine {
         }
         tok.add_eos_ids(&stop_ids);
         stop_ids = tok.eos_token_ids();
-
-        // The compute backend: WebGPU when asked for (an error if the browser has none),
-        // or for `auto` when the browser has it and one decode step measures faster.
-        // Streamed, the dense weights go to the GPU now (progress: phase "dense").
-        let (backend, auto) = match want {
-            Want::Cpu => (Backend::Cpu, None),
-            _ if streamed => {
-                report(&on_progress, "gpu", 0.0, total as f64);
-                let progress = |n: u64| report(&on_progress, "dense", n.min(total) as f64, total as f64);
-                let gpu =
-                    open_gpu_streamed(model.clone(), m, &read, &progress, &dense_url, hybrid, opts.gpu_pool_bytes)
-                        .await
-                        .map_err(|e| {
-                            let cpu = cpu_fit.as_ref().err().map(|c| format!("; and {c}")).unwrap_or_default();
-                            err(format!("WebGPU backend unavailable: {e}{cpu}"))
-                        })?;
-                report(&on_progress, "dense", total as f64, total as f64);
-                (gpu, None)
-            }
-            _ => match open_gpu(model.clone(), hybrid, opts.gpu_pool_bytes).await {
-                Ok(gpu) => {
-                    report(&on_progress, "gpu", 0.0, total as f64);
-                    let probe = tok.encode("Hello there", false).unwrap_or_default();
-                    let v = model.cfg.vocab as u32;
-                    let probe = [probe.first().copied().unwrap_or(0) % v, probe.get(1).copied().unwrap_or(1) % v];
-                    let (b, a) = choose(gpu, &model, &tiers, probe).await.map_err(err)?;
-                    (b, Some(a))
-                }
-                Err(_) => (Backend::Cpu, None),
-            },
-        };
         report(&on_progress, "ready", total as f64, total as f64);
         let state = State {
             cx: backend.new_context(&model),
@@ -331,6 +319,7 @@ impl Engine {
             defaults,
             sampling,
             cache_name: format!("{}.kv", storage_name(&base, &container.fingerprint)),
+            dense,
             fingerprint: container.fingerprint.clone(),
         })
     }
@@ -749,6 +738,9 @@ impl Engine {
             "diskEvictions": t.disk_evictions,
             "diskRefetches": t.disk_refetches,
             "diskSkipped": t.disk_skipped,
+            // The dense weights: from the browser's copy ("opfs") or the network, the bytes
+            // fetched for them, their copy's size in browser storage (inside diskBudget).
+            "dense": self.dense,
             // Memory: the wasm heap now (also its peak: it never shrinks), whether the dense
             // weights are in it (not on WebGPU: streamed to GPU buffers), and the bytes of
             // the GPU's buffers: dense weights, expert pool, KV cache (null on the CPU).

@@ -12,6 +12,8 @@ mod budget;
 #[cfg(target_arch = "wasm32")]
 mod dense;
 #[cfg(target_arch = "wasm32")]
+mod dense_file;
+#[cfg(target_arch = "wasm32")]
 mod disk;
 #[cfg(target_arch = "wasm32")]
 mod engine;

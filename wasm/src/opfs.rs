@@ -27,11 +27,11 @@ pub struct Opfs {
     space: Extents,
 }
 
-async fn wait<T: JsCast>(p: Promise) -> Result<T, String> {
+pub(crate) async fn wait<T: JsCast>(p: Promise) -> Result<T, String> {
     JsFuture::from(p).await.map_err(js_err)?.dyn_into::<T>().map_err(|_| "unexpected OPFS object".to_string())
 }
 
-fn at(offset: u64) -> FileSystemReadWriteOptions {
+pub(crate) fn at(offset: u64) -> FileSystemReadWriteOptions {
     let o = FileSystemReadWriteOptions::new();
     o.set_at(offset as f64);
     o
@@ -60,11 +60,11 @@ pub async fn estimate() -> Option<(f64, f64)> {
 }
 
 /// A sync access handle is exclusive: after a reload the previous page's worker may hold
-/// it for a moment longer, so keep asking for a few seconds. (Another tab using the same
-/// model keeps it; then this tab runs on the RAM tier.)
-async fn exclusive(h: &FileSystemFileHandle) -> Result<FileSystemSyncAccessHandle, String> {
+/// it for a moment longer, so keep asking, `tries` times 100 ms. (Another tab using the
+/// same model keeps it; then this tab runs on the RAM tier.)
+pub(crate) async fn exclusive(h: &FileSystemFileHandle, tries: u32) -> Result<FileSystemSyncAccessHandle, String> {
     let mut last = String::new();
-    for _ in 0..30 {
+    for _ in 0..tries {
         match wait::<FileSystemSyncAccessHandle>(h.create_sync_access_handle()).await {
             Ok(x) => return Ok(x),
             Err(e) => last = e,
@@ -78,22 +78,31 @@ async fn exclusive(h: &FileSystemFileHandle) -> Result<FileSystemSyncAccessHandl
 /// exists here; falling back to IndexedDB would only store every expert twice).
 pub const IN_USE: &str = "another colibri tab or window is using this model's browser storage";
 
+/// The directory of one model version's files, `colibri/<name>/` (created).
+pub(crate) async fn model_dir(name: &str) -> Result<FileSystemDirectoryHandle, String> {
+    let root: FileSystemDirectoryHandle = wait(navigator()?.storage().get_directory()).await?;
+    let dopts = FileSystemGetDirectoryOptions::new();
+    dopts.set_create(true);
+    let top: FileSystemDirectoryHandle = wait(root.get_directory_handle_with_options("colibri", &dopts)).await?;
+    wait(top.get_directory_handle_with_options(name, &dopts)).await
+}
+
+/// The file `name` of `dir` (created).
+pub(crate) async fn file_handle(dir: &FileSystemDirectoryHandle, name: &str) -> Result<FileSystemFileHandle, String> {
+    let fopts = FileSystemGetFileOptions::new();
+    fopts.set_create(true);
+    wait(dir.get_file_handle_with_options(name, &fopts)).await
+}
+
 impl Opfs {
     /// Opens (creating) `colibri/<name>/` for experts of `lens` bytes each.
     pub async fn open(name: &str, lens: &[u64]) -> Result<Opfs, String> {
         let n_experts = lens.len();
-        let root: FileSystemDirectoryHandle = wait(navigator()?.storage().get_directory()).await?;
-        let dopts = FileSystemGetDirectoryOptions::new();
-        dopts.set_create(true);
-        let top: FileSystemDirectoryHandle = wait(root.get_directory_handle_with_options("colibri", &dopts)).await?;
-        let dir: FileSystemDirectoryHandle = wait(top.get_directory_handle_with_options(name, &dopts)).await?;
-        let fopts = FileSystemGetFileOptions::new();
-        fopts.set_create(true);
-        let open = |f: &str| dir.get_file_handle_with_options(f, &fopts);
-        let data_h: FileSystemFileHandle = wait(open("experts.bin")).await?;
-        let index_h: FileSystemFileHandle = wait(open("index.bin")).await?;
-        let data: FileSystemSyncAccessHandle = exclusive(&data_h).await?;
-        let index: FileSystemSyncAccessHandle = match exclusive(&index_h).await {
+        let dir = model_dir(name).await?;
+        let data_h = file_handle(&dir, "experts.bin").await?;
+        let index_h = file_handle(&dir, "index.bin").await?;
+        let data: FileSystemSyncAccessHandle = exclusive(&data_h, 30).await?;
+        let index: FileSystemSyncAccessHandle = match exclusive(&index_h, 30).await {
             Ok(h) => h,
             Err(e) => {
                 data.close();

@@ -15,6 +15,15 @@ use crate::disk;
 use crate::net::js_err;
 use crate::opfs::{estimate, persisted};
 
+/// Bytes a model's browser storage may hold: `asked` (load({diskBytes})), else
+/// [`DISK_SHARE`] of the origin's quota; None if the browser does not say.
+pub(super) async fn disk_budget(asked: Option<u64>) -> Option<u64> {
+    match asked {
+        Some(b) => Some(b),
+        None => estimate().await.map(|(_, quota)| (quota * DISK_SHARE) as u64),
+    }
+}
+
 /// Where each expert lives now, one byte per (layer, expert), layer-major over all layers
 /// (dense layers are all 0): 0 = only at the helper, 1 = browser disk, 2 = RAM, 3 = GPU pool.
 pub(super) fn tier_map(model: &Model, tiers: &BrowserSource, backend: &Backend) -> Vec<u8> {
@@ -131,11 +140,10 @@ impl Engine {
     pub fn attach_disk(&self) -> Promise {
         let (tiers, learned, granted) = (self.tiers.clone(), self.learned.clone(), self.persisted.clone());
         let (storage, name, asked) = (self.storage.clone(), self.storage_name.clone(), self.disk_bytes);
+        // The browser's copy of the dense weights takes its share of the budget first.
+        let dense = self.dense.stored_bytes;
         future_to_promise(async move {
-            let budget = match asked {
-                Some(b) => Some(b),
-                None => estimate().await.map(|(_, quota)| (quota * DISK_SHARE) as u64),
-            };
+            let budget = disk_budget(asked).await.map(|b| b.saturating_sub(dense));
             match disk::open(&storage, &name, tiers.expert_lens(), budget).await {
                 Ok(d) => {
                     tiers.attach(d);
