@@ -12,7 +12,11 @@ import { launchBrowser, nativeReference } from "./harness.mjs";
 let ref;
 
 before(async () => {
-  ref = await nativeReference({ model: "qwen3_next", prompt: [5, 17, 3, 42, 7, 99, 120, 250, 11, 64], n: 10, quant: "int4" });
+  // 50 prompt positions: the prefill's delta rule then runs its heads as a parallel region
+  // (6 heads x 12 x 10 state floats x 50 positions >= 2^15, deltanet::for_each_head), with
+  // the engine's worker taking part in the two-thread build.
+  const prompt = Array.from({ length: 50 }, (_, i) => (i * 37 + 5) % 251);
+  ref = await nativeReference({ model: "qwen3_next", prompt, n: 10, quant: "int4" });
 });
 
 after(async () => {

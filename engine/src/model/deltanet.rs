@@ -312,15 +312,26 @@ fn delta_step(
 }
 
 /// Runs `f(h, state_h, out_h)` for every head: `state` in chunks of `sc`, `out` in chunks
-/// of `oc`, in parallel when `parallel` and the engine has threads. Heads are independent,
-/// so the bits do not depend on the schedule.
+/// of `oc`, in parallel when `parallel` and the engine has threads (in the browser with
+/// the calling worker taking part: `kernels::joined`). Heads are independent, so the bits
+/// do not depend on the schedule.
 fn for_each_head<F>(parallel: bool, state: &mut [f32], sc: usize, out: &mut [f32], oc: usize, f: F)
 where
     F: Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
 {
     #[cfg(feature = "parallel")]
-    if parallel {
+    if parallel && sc > 0 && oc > 0 {
         use rayon::prelude::*;
+        let heads = (state.len() / sc).min(out.len() / oc);
+        if heads * sc == state.len() && heads * oc == out.len() {
+            let (sp, op) = (crate::kernels::OutPtr(state.as_mut_ptr()), crate::kernels::OutPtr(out.as_mut_ptr()));
+            // SAFETY: task h touches only head h's chunk of `state` and of `out`, both of
+            // which outlive the region.
+            let body = |h: usize| unsafe { f(h, sp.slice(h * sc, sc), op.slice(h * oc, oc)) };
+            if crate::kernels::joined(heads, &body) {
+                return;
+            }
+        }
         state.par_chunks_mut(sc).zip(out.par_chunks_mut(oc)).enumerate().for_each(|(h, (s, o))| f(h, s, o));
         return;
     }
