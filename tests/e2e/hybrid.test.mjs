@@ -150,6 +150,15 @@ test("hybrid on with the experts in the disk tier: after a reload (RAM tier empt
     // ... and the experts the pool lacks ran on the CPU threads, read from the disk tier.
     assert.ok(h.cpuExperts > 0, `no expert ran on the CPU from the disk tier: ${JSON.stringify(h)}`);
     assert.ok(h.gpuExperts > 0, JSON.stringify(h));
+    // Without a disk tier (disk: false) the experts a layer lacks are fetched before
+    // placement and wait in memory for their read: candidates too.
+    const noDisk = await ref.run(page, { ...opts, loadOptions: { ...opts.loadOptions, disk: false } });
+    ref.sameBits(noDisk, "hybrid on, no disk tier");
+    const n = noDisk.stats;
+    console.log("hybrid on without a disk tier:", JSON.stringify({ hybrid: n.hybrid, tiers: n.tiers }));
+    assert.equal(n.diskEnabled, false);
+    assert.ok(n.tiers.helper > 0 && n.tiers.disk === 0, JSON.stringify(n.tiers));
+    assert.ok(n.hybrid.cpuExperts > 0, `no fetched expert ran on the CPU: ${JSON.stringify(n.hybrid)}`);
   } finally {
     await browser.close();
   }

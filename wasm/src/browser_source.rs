@@ -448,9 +448,14 @@ impl ByteSource for BrowserSource {
         self.slots.get(&offset).is_some_and(|s| s.len == len)
     }
 
-    /// The disk tier holds the expert (hybrid placement on WebGPU may then compute it on
-    /// the CPU threads, reading it from there as the GPU side would to upload it).
+    /// The expert's bytes are here already: fetched by a prefetch (the layer's misses,
+    /// the lookahead) and waiting for their read, or in the disk tier. Hybrid placement on
+    /// WebGPU may then compute it on the CPU threads, reading it from there as the GPU side
+    /// would to upload it.
     fn holds_locally(&self, offset: u64, len: usize) -> bool {
+        if self.staged.try_borrow().is_ok_and(|s| s.get(&offset).is_some_and(|b| b.len() == len)) {
+            return true;
+        }
         let Some(slot) = self.slots.get(&offset).filter(|s| s.len == len) else { return false };
         self.disk.try_borrow().is_ok_and(|d| d.as_ref().is_some_and(|d| d.holds(slot.expert)))
     }

@@ -19,15 +19,14 @@
 //! where each expert ran.
 //!
 //! Which experts go to the CPU ([`Hybrid`]): only experts missing from the GPU pool whose
-//! bytes are held locally (`ExpertSource::local`): in the expert cache's RAM tiers, or in
-//! the browser's disk tier (OPFS / IndexedDB; `ByteSource::holds_locally`), which the GPU
-//! side would read as well to upload them. Natively (a local file) only the RAM tiers
-//! count. An expert the source cannot hand out locally stays on the GPU (uploaded); in the
-//! browser the layer's misses are fetched from the helper before placement (`prepare`), so
-//! a fetched expert that the disk tier stored is a candidate too, and one it did not store
-//! (the tier off or full) is not. Placement reads each candidate once (from RAM, or from
-//! the disk tier into the RAM tiers, counted there as any use) and hands it to the side
-//! that computes it. A missing expert that fits in the pool's free room is uploaded (the
+//! bytes are held locally (`ExpertSource::local`): in the expert cache's RAM tiers, or by
+//! the browser's expert source (`ByteSource::holds_locally`: in its disk tier, OPFS /
+//! IndexedDB, or fetched and waiting for its read), which the GPU side would read as well
+//! to upload them. Natively (a local file) only the RAM tiers count. An expert the source
+//! cannot hand out locally stays on the GPU (uploaded); in the browser the layer's misses
+//! are fetched from the helper before placement (`prepare`), so a fetched expert is a
+//! candidate too. Placement reads each candidate once (from RAM, or from the source into
+//! the RAM tiers, counted there as any use) and hands it to the side that computes it. A missing expert that fits in the pool's free room is uploaded (the
 //! pool fills up first). With `On`, every other missing expert runs on the CPU. With
 //! `Auto`, the engine keeps running averages of the costs: CPU compute of an expert at one
 //! position (a region of single-position experts' time / its experts, as in decode) and of
