@@ -3,7 +3,8 @@
 //! files. It holds the data file's dense region byte for byte (file offset 0 = the
 //! region's first byte), then a 16-byte seal: `SEAL_MAGIC` and the region's length
 //! (little-endian). The seal is written only after every dense tensor's bytes were written
-//! and flushed during a load whose checksums all passed; a file without it (a load cut
+//! (downloaded first, or as the load read them: crate::dense::DenseSource) and flushed,
+//! during a load whose checksums all passed; a file without it (a load cut
 //! short, a full quota) is emptied and written again by the next load. A sealed file is
 //! still read through the checksums: one that fails them is emptied and the load reads the
 //! network instead (`crate::dense::DenseSource`).
@@ -12,6 +13,7 @@
 //! it needs no Web Lock: a tab that loads the same model at that very moment reads the
 //! network. The expert tier's budget counts it (wasm/src/engine/tiers.rs).
 
+use js_sys::Uint8Array;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::FileSystemSyncAccessHandle;
 
@@ -83,6 +85,19 @@ impl DenseFile {
         }
         match self.h.write_with_u8_array_and_options(bytes, &at(off)) {
             Ok(n) if n as usize == bytes.len() => Ok(()),
+            Ok(_) => Err("short write to OPFS (storage full?)".into()),
+            Err(e) => Err(js_err(e)),
+        }
+    }
+
+    /// Writes `bytes` (in JavaScript memory: a response body) at offset `off` of the region.
+    pub fn write_js(&self, off: u64, bytes: &Uint8Array) -> Result<(), String> {
+        let n = bytes.length() as u64;
+        if self.sealed || off + n > self.len {
+            return Err(format!("dense file: no write of {n} bytes at {off} of {}", self.len));
+        }
+        match self.h.write_with_js_u8_array_and_options(bytes, &at(off)) {
+            Ok(w) if w as u64 == n => Ok(()),
             Ok(_) => Err("short write to OPFS (storage full?)".into()),
             Err(e) => Err(js_err(e)),
         }

@@ -40,8 +40,9 @@ fn unreachable(url: &str, e: JsValue) -> String {
     )
 }
 
-/// GET `url` (optionally bytes a..=b) once.
-async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, String> {
+/// Starts GET `url` (optionally bytes a..=b): the promise of its Response (the request
+/// is under way from now on).
+fn start(url: &str, range: Option<(u64, u64)>) -> Result<Promise, String> {
     let init = RequestInit::new();
     init.set_method("GET");
     if let Some((a, b)) = range {
@@ -49,11 +50,13 @@ async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Str
         h.set("Range", &format!("bytes={a}-{b}")).map_err(js_err)?;
         init.set_headers(&h);
     }
-    let resp: Response = JsFuture::from(scope()?.fetch_with_str_and_init(url, &init))
-        .await
-        .map_err(|e| unreachable(url, e))?
-        .dyn_into()
-        .map_err(js_err)?;
+    Ok(scope()?.fetch_with_str_and_init(url, &init))
+}
+
+/// The body of the request `start` began, checked (status, a range's length); it stays in
+/// JavaScript memory.
+async fn body(url: &str, range: Option<(u64, u64)>, started: Promise) -> Result<Uint8Array, String> {
+    let resp: Response = JsFuture::from(started).await.map_err(|e| unreachable(url, e))?.dyn_into().map_err(js_err)?;
     let status = resp.status();
     let ok = match range {
         Some(_) => status == 206,
@@ -64,13 +67,48 @@ async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Str
     }
     let buf: ArrayBuffer =
         JsFuture::from(resp.array_buffer().map_err(js_err)?).await.map_err(js_err)?.dyn_into().map_err(js_err)?;
-    let bytes = Uint8Array::new(&buf).to_vec();
+    let bytes = Uint8Array::new(&buf);
     if let Some((a, b)) = range {
-        if bytes.len() as u64 != b - a + 1 {
-            return Err(format!("{url}: short range response ({} of {} bytes)", bytes.len(), b - a + 1));
+        if bytes.length() as u64 != b - a + 1 {
+            return Err(format!("{url}: short range response ({} of {} bytes)", bytes.length(), b - a + 1));
         }
     }
     Ok(bytes)
+}
+
+/// GET `url` (optionally bytes a..=b) once.
+async fn fetch_once(url: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, String> {
+    Ok(body(url, range, start(url, range)?).await?.to_vec())
+}
+
+/// GETs the byte ranges `ranges` (inclusive ends) of `url` with up to `in_flight`
+/// requests under way at once, handing each body to `each(i, body)` in order (the bodies
+/// stay in JavaScript memory). A range that fails is asked again on its own, with
+/// `fetch`'s retries.
+pub async fn fetch_pipelined(
+    url: &str,
+    ranges: &[(u64, u64)],
+    in_flight: usize,
+    each: &mut dyn FnMut(usize, &Uint8Array) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut started = std::collections::VecDeque::new();
+    for (i, &r) in ranges.iter().enumerate() {
+        while started.len() < in_flight.max(1) && i + started.len() < ranges.len() {
+            let at = ranges[i + started.len()];
+            started.push_back(start(url, Some(at)));
+        }
+        let first = started.pop_front().unwrap_or_else(|| Err("no request".into()));
+        let got = match first {
+            Ok(p) => body(url, Some(r), p).await,
+            Err(e) => Err(e),
+        };
+        let got = match got {
+            Ok(b) => b,
+            Err(_) => Uint8Array::from(&fetch(url, Some(r), 4).await?[..]),
+        };
+        each(i, &got)?;
+    }
+    Ok(())
 }
 
 /// GET with retries and exponential backoff (the helper may be restarting).

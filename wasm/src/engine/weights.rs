@@ -1,7 +1,7 @@
 //! The model's weights at load, and its compute backend: the dense weights come from the
-//! browser's copy in OPFS when it has one, else from the network (and are kept for the
-//! next load: crate::dense::DenseSource), into wasm memory for the CPU backend or straight
-//! into GPU buffers for WebGPU. A stored copy that fails the load's checksums is emptied
+//! browser's copy in OPFS when it has one, else from the network (downloaded into a new
+//! copy first where one can be kept: crate::dense::DenseSource), into wasm memory for the
+//! CPU backend or straight into GPU buffers for WebGPU. A stored copy that fails the load's checksums is emptied
 //! and the load is done again from the network.
 
 use std::rc::Rc;
@@ -44,6 +44,9 @@ pub(super) type Weights = (Rc<Model>, Backend, Option<AutoChoice>, DenseStats);
 /// Builds the model and backend from `dense`; once more from the network if the stored
 /// copy was read and the data failed (a checksum, a short read), not for a GPU failure.
 pub(super) async fn load_weights(p: &Plan<'_>, dense: &DenseSource) -> Result<Weights, String> {
+    // Without a stored copy, the region is downloaded into a new one first (faster than the
+    // load's own reads: several large requests at once), then read from there.
+    dense.fill(p.on_progress).await;
     let first = attempt(p, dense).await;
     let (model, backend, auto) = match first {
         Err(Error::Invalid(why)) if dense.reads_stored() => {
