@@ -2,7 +2,8 @@
 // load fetches them from the helper and writes them as they stream by, later loads (a
 // reload, the other backend) read them from there and fetch none. A stored copy that was
 // damaged is caught by the checksums, emptied, and fetched again; a budget too small for
-// the copy keeps none. The helper's own count of the bytes it sent (/health) checks the
+// the copy keeps none; a first load whose download (large ranges, several at once) fails
+// fetches as it reads and still keeps the copy. The helper's own count of the bytes it sent (/health) checks the
 // engine's. Every run gives `coli generate`'s tokens.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -147,3 +148,37 @@ test("the dense weights are kept in OPFS: a reload and the other backend fetch n
     await browser.close();
   }
 });
+
+test("a first load whose download of the dense weights fails fetches them as it reads, keeps the copy, and gives the same tokens", async (t) => {
+  const browser = await launchBrowser();
+  try {
+    // The download asks for the region in ranges larger than the load's own 8 MiB reads:
+    // refuse those (as a proxy cutting large transfers would), let the rest through.
+    let refused = 0;
+    await browser.context.route(/\/weights\.bin$/, (route) => {
+      const m = /bytes=(\d+)-(\d+)/.exec(route.request().headers().range || "");
+      if (m && Number(m[2]) - Number(m[1]) + 1 > 8 << 20) {
+        refused++;
+        return route.abort("connectionreset");
+      }
+      return route.continue();
+    });
+    const page = await browser.context.newPage();
+    const r = await run(page, "cpu");
+    assert.deepEqual(r.ids, nativeIds);
+    const d = r.stats.dense;
+    t.diagnostic(`download refused ${refused} times: ${JSON.stringify(d)}`);
+    assert.ok(refused > 0, "no download range was seen (was the route bypassed?)");
+    assert.match(d.error || "", /downloading the dense weights failed/, JSON.stringify(d));
+    assert.equal(d.from, "network");
+    assert.equal(d.storedBytes, dense.length + 16, JSON.stringify(d));
+    await browser.context.unroute(/\/weights\.bin$/);
+    const again = await run(page, "webgpu");
+    assert.deepEqual(again.ids, nativeIds);
+    assert.equal(again.stats.dense.from, "opfs", JSON.stringify(again.stats.dense));
+    assert.equal(again.stats.dense.fetchedBytes, 0);
+  } finally {
+    await browser.close();
+  }
+});
+
