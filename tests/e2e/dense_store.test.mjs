@@ -7,10 +7,10 @@
 // engine's. Every run gives `coli generate`'s tokens.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync, copyFileSync, readFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { coli, freePort, startHelper, launchBrowser, ROOT } from "./harness.mjs";
+import { coli, freePort, startHelper, launchBrowser, synthModel } from "./harness.mjs";
 
 const PROMPT = [5, 17, 3, 42];
 const NEW = 3;
@@ -18,14 +18,8 @@ let dir, helper, nativeIds, dense;
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), "colibri-e2e-densestore-"));
-  const bf16 = join(dir, "bf16");
-  coli(["synth", "-o", bf16, "--layers", "2", "--experts", "4", "--top-k", "2", "--hidden", "1024", "--intermediate", "128", "--heads", "8", "--vocab", "2048"]);
-  // coli synth writes no tokenizer; the demo model's has the same 2048 ids.
-  copyFileSync(join(ROOT, "models/demo/tokenizer.json"), join(bf16, "tokenizer.json"));
-  const model = join(dir, "models", "synth");
-  coli(["convert", bf16, "-o", model, "--quant", "int8"]);
-  rmSync(bf16, { recursive: true, force: true });
-  dense = JSON.parse(readFileSync(join(model, "colibri.json"), "utf8")).dense;
+  const { path: model, manifest } = synthModel(dir, ["--layers", "2", "--experts", "4", "--top-k", "2", "--hidden", "1024", "--intermediate", "128", "--heads", "8"], "int8");
+  dense = manifest.dense;
   nativeIds = JSON.parse(coli(["generate", "--model", model, "--ids", PROMPT.join(","), "--max-new-tokens", String(NEW), "--ignore-eos", "--json"])).ids;
   helper = await startHelper({ modelsDir: join(dir, "models"), port: await freePort() });
 });

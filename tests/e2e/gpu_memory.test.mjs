@@ -6,10 +6,10 @@
 // the engine's own working memory; its experts are small.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync, copyFileSync, readFileSync, writeFileSync, mkdirSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
-import { coli, freePort, startHelper, launchBrowser, ROOT, ARTIFACTS } from "./harness.mjs";
+import { coli, freePort, startHelper, launchBrowser, synthModel, ARTIFACTS } from "./harness.mjs";
 
 const PROMPT = [5, 17, 3, 42];
 const NEW = 3;
@@ -17,14 +17,8 @@ let dir, helper, nativeIds, dense;
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), "colibri-e2e-gpumem-"));
-  const bf16 = join(dir, "bf16");
-  coli(["synth", "-o", bf16, "--layers", "4", "--experts", "4", "--top-k", "2", "--hidden", "2048", "--intermediate", "256", "--heads", "16", "--vocab", "2048"]);
-  // coli synth writes no tokenizer; the demo model's has the same 2048 ids.
-  copyFileSync(join(ROOT, "models/demo/tokenizer.json"), join(bf16, "tokenizer.json"));
-  const model = join(dir, "models", "synth");
-  coli(["convert", bf16, "-o", model, "--quant", "int4"]);
-  rmSync(bf16, { recursive: true, force: true });
-  dense = JSON.parse(readFileSync(join(model, "colibri.json"), "utf8")).dense.length;
+  const { path: model, manifest } = synthModel(dir, ["--layers", "4", "--experts", "4", "--top-k", "2", "--hidden", "2048", "--intermediate", "256", "--heads", "16"], "int4");
+  dense = manifest.dense.length;
   nativeIds = JSON.parse(coli(["generate", "--model", model, "--ids", PROMPT.join(","), "--max-new-tokens", String(NEW), "--ignore-eos", "--json"])).ids;
   helper = await startHelper({ modelsDir: join(dir, "models"), port: await freePort() });
 });

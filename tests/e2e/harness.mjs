@@ -31,6 +31,20 @@ export function convertedFixture(name, quant = "f32") {
   return { modelsDir: dir, path: join(dir, name), cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
+/** A `coli synth` model with `synthArgs` (a vocabulary of 2048: the demo model's
+ * tokenizer is copied in), converted with `--quant quant` into DIR/models/synth; returns
+ * its path and its manifest. */
+export function synthModel(dir, synthArgs, quant) {
+  const bf16 = join(dir, "bf16");
+  coli(["synth", "-o", bf16, ...synthArgs, "--vocab", "2048"]);
+  // coli synth writes no tokenizer; the demo model's has the same 2048 ids.
+  cpSync(join(ROOT, "models/demo/tokenizer.json"), join(bf16, "tokenizer.json"));
+  const path = join(dir, "models", "synth");
+  coli(["convert", bf16, "-o", path, "--quant", quant]);
+  rmSync(bf16, { recursive: true, force: true });
+  return { path, manifest: JSON.parse(readFileSync(join(path, "colibri.json"), "utf8")) };
+}
+
 export async function freePort() {
   return new Promise((ok, bad) => {
     const s = net.createServer();
