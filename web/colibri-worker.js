@@ -295,6 +295,47 @@ async function saveCache() {
   }
 }
 
+// Other versions of the loaded model (its storage name with another fingerprint: the model
+// was converted again) cannot be loaded from where this one came, but their browser
+// storage (expert tier, dense copy, conversation cache, learned usage, IndexedDB tier)
+// would stay until the page's "clear" button. Each is removed at load, unless a tab still
+// uses it (its Web Lock is held, or its files are open). Best effort.
+async function pruneOldVersions(name) {
+  const m = /^(.*)-([0-9a-f]{16})$/.exec(name);
+  if (!m || !self.navigator.locks) return [];
+  const old = (n) => {
+    const x = /^(.*)-([0-9a-f]{16})$/.exec(n);
+    return x && x[1] === m[1] && x[2] !== m[2];
+  };
+  const names = new Set();
+  const root = await navigator.storage.getDirectory().catch(() => null);
+  const dir = (d) => (root ? root.getDirectoryHandle(d).catch(() => null) : null);
+  const top = await dir("colibri");
+  if (top) for await (const [n] of top.entries()) if (old(n)) names.add(n);
+  for (const db of (await indexedDB.databases?.().catch(() => [])) || []) {
+    if (db.name?.startsWith("colibri-") && old(db.name.slice(8))) names.add(db.name.slice(8));
+  }
+  const removed = [];
+  for (const n of names) {
+    const release = await requestLock(`colibri-storage:${n}`, { ifAvailable: true }, () => {});
+    if (!release) continue; // a tab uses it
+    try {
+      if (top) await top.removeEntry(n, { recursive: true }).catch((e) => { if (e.name !== "NotFoundError") throw e; });
+      for (const [d, f] of [["colibri-kv", `${n}.kv`], ["colibri-usage", `${n}.json`]]) await (await dir(d))?.removeEntry(f).catch(() => {});
+      await new Promise((ok) => {
+        const r = indexedDB.deleteDatabase(`colibri-${n}`);
+        r.onsuccess = r.onerror = r.onblocked = ok;
+      });
+      removed.push(n);
+    } catch (_) {
+      // Its files are open (a tab is loading it): left for a later load.
+    } finally {
+      release();
+    }
+  }
+  return removed;
+}
+
 // One step at a time so tokens stream out and a "cancel" message can get in between.
 // A failed step (helper restarting) is rolled back by the engine and retried with backoff.
 async function generate(id, ids, opts) {
@@ -389,7 +430,8 @@ const ops = {
     } catch (_) {
       // An expert that could not be read now is pinned at a later turn.
     }
-    return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize() };
+    const prunedVersions = await pruneOldVersions(engine.storageName()).catch(() => []);
+    return { info: JSON.parse(engine.modelInfo()), vocabSize: engine.vocabSize(), prunedVersions };
   },
   // A draft model for generate({draft: "model"}), in this worker's engine (its own tiers).
   async loadDraft({ model, modelUrl, options }) {

@@ -3,7 +3,8 @@
 // reload, the other backend) read them from there and fetch none. A stored copy that was
 // damaged is caught by the checksums, emptied, and fetched again; a budget too small for
 // the copy keeps none; a first load whose download (large ranges, several at once) fails
-// fetches as it reads and still keeps the copy. The helper's own count of the bytes it sent (/health) checks the
+// fetches as it reads and still keeps the copy. A load also removes what the model's
+// other versions left in browser storage. The helper's own count of the bytes it sent (/health) checks the
 // engine's. Every run gives `coli generate`'s tokens.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -176,3 +177,53 @@ test("a first load whose download of the dense weights fails fetches them as it 
   }
 });
 
+
+test("a load removes the browser storage of the model's other versions, unless a tab still uses it; other models' stay", async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${helper.url}/health`);
+    // What earlier versions of "synth" (other fingerprints) and another model left.
+    const OLD = "synth-00000000000000aa", BUSY = "synth-00000000000000bb", OTHER = "other-00000000000000aa";
+    await page.evaluate(async (names) => {
+      const root = await navigator.storage.getDirectory();
+      const top = await root.getDirectoryHandle("colibri", { create: true });
+      for (const n of names) {
+        const f = await (await top.getDirectoryHandle(n, { create: true })).getFileHandle("dense.bin", { create: true });
+        const w = await f.createWritable();
+        await w.write(new Uint8Array(1 << 20));
+        await w.close();
+        const kv = await root.getDirectoryHandle("colibri-kv", { create: true });
+        await (await kv.getFileHandle(`${n}.kv`, { create: true })).createWritable().then((w) => w.close());
+      }
+    }, [OLD, BUSY, OTHER]);
+    // Another tab of this origin uses BUSY's storage (holds its Web Lock).
+    const other = await browser.context.newPage();
+    await other.goto(`${helper.url}/health`);
+    await other.evaluate((n) => new Promise((held) => navigator.locks.request(`colibri-storage:${n}`, () => (held(), new Promise(() => {})))), BUSY);
+
+    const pruned = await page.evaluate(async () => {
+      const { load } = await import("/colibri.js");
+      const engine = await load({ model: "synth", backend: "cpu", ramBytes: 16 << 20 });
+      const out = engine.info.prunedVersions;
+      engine.terminate();
+      return out;
+    });
+    assert.deepEqual(pruned, [OLD]);
+    const left = await page.evaluate(async () => {
+      const root = await navigator.storage.getDirectory();
+      const names = async (d) => {
+        const out = [];
+        for await (const [n] of (await root.getDirectoryHandle(d)).entries()) out.push(n);
+        return out.sort();
+      };
+      return { colibri: await names("colibri"), kv: await names("colibri-kv") };
+    });
+    assert.ok(!left.colibri.includes(OLD) && !left.kv.includes(`${OLD}.kv`), JSON.stringify(left));
+    assert.ok(left.colibri.includes(BUSY) && left.kv.includes(`${BUSY}.kv`), `a version in use was removed: ${JSON.stringify(left)}`);
+    assert.ok(left.colibri.includes(OTHER) && left.kv.includes(`${OTHER}.kv`), `another model's storage was removed: ${JSON.stringify(left)}`);
+    assert.ok(left.colibri.some((n) => /^synth-[0-9a-f]{16}$/.test(n) && ![OLD, BUSY].includes(n)), "the loaded version's storage is missing");
+  } finally {
+    await browser.close();
+  }
+});
