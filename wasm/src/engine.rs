@@ -739,7 +739,8 @@ impl Engine {
             "diskRefetches": t.disk_refetches,
             "diskSkipped": t.disk_skipped,
             // The dense weights: from the browser's copy ("opfs") or the network, the bytes
-            // fetched for them, their copy's size in browser storage (inside diskBudget).
+            // fetched for them, their copy's size in browser storage (inside load's
+            // diskBytes; diskBudget is what is left of it for experts).
             "dense": self.dense,
             // Memory: the wasm heap now (also its peak: it never shrinks), whether the dense
             // weights are in it (not on WebGPU: streamed to GPU buffers), and the bytes of
