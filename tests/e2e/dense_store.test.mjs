@@ -108,7 +108,6 @@ test("the dense weights are kept in OPFS: a reload and the other backend fetch n
       // dense region, to leave room for what it counts besides).
       t.diagnostic(`${backend} from OPFS: the helper sent ${r.loadSent} bytes during the load (dense region ${dense.length})`);
       assert.ok(r.loadSent < dense.length / 10, `${backend}: the helper sent ${r.loadSent} bytes during the load`);
-      assert.ok(r.stats.diskBudget === null || r.stats.diskBudget >= 0);
     }
 
     // A damaged copy: the checksums catch it, it is fetched again (and kept again).

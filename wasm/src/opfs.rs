@@ -27,7 +27,7 @@ pub struct Opfs {
     space: Extents,
 }
 
-pub(crate) async fn wait<T: JsCast>(p: Promise) -> Result<T, String> {
+async fn wait<T: JsCast>(p: Promise) -> Result<T, String> {
     JsFuture::from(p).await.map_err(js_err)?.dyn_into::<T>().map_err(|_| "unexpected OPFS object".to_string())
 }
 

@@ -26,8 +26,9 @@
 //! cannot hand out locally stays on the GPU (uploaded); in the browser the layer's misses
 //! are fetched from the helper before placement (`prepare`), so a fetched expert is a
 //! candidate too. Placement reads each candidate once (from RAM, or from the source into
-//! the RAM tiers, counted there as any use) and hands it to the side that computes it. A missing expert that fits in the pool's free room is uploaded (the
-//! pool fills up first). With `On`, every other missing expert runs on the CPU. With
+//! the RAM tiers, counted there as any use) and hands it to the side that computes it. A
+//! missing expert that fits in the pool's free room is uploaded (the pool fills up
+//! first). With `On`, every other missing expert runs on the CPU. With
 //! `Auto`, the engine keeps running averages of the costs: CPU compute of an expert at one
 //! position (a region of single-position experts' time / its experts, as in decode) and of
 //! each further position (from regions with more positions, as in prefill), upload (host

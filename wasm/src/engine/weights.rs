@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::experts::usage::ExpertUsage;
+use colibri_engine::format::DENSE_CHECKSUM_MISMATCH;
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::open::Container;
 use colibri_engine::tensor::Bytes;
@@ -42,14 +43,16 @@ pub(super) struct Plan<'a> {
 pub(super) type Weights = (Rc<Model>, Backend, Option<AutoChoice>, DenseStats);
 
 /// Builds the model and backend from `dense`; once more from the network if the stored
-/// copy was read and the data failed (a checksum, a short read), not for a GPU failure.
+/// copy was read and a dense tensor failed its checksum (a copy that cannot be read is
+/// left for the network by `DenseSource` itself; other failures, such as wasm memory or
+/// the GPU, keep the copy and are the load's error).
 pub(super) async fn load_weights(p: &Plan<'_>, dense: &DenseSource) -> Result<Weights, String> {
     // Without a stored copy, the region is downloaded into a new one first (faster than the
     // load's own reads: several large requests at once), then read from there.
     dense.fill(p.on_progress).await;
     let first = attempt(p, dense).await;
     let (model, backend, auto) = match first {
-        Err(Error::Invalid(why)) if dense.reads_stored() => {
+        Err(Error::Invalid(why)) if dense.reads_stored() && why.contains(DENSE_CHECKSUM_MISMATCH) => {
             dense.refetch(&why);
             attempt(p, dense).await
         }
