@@ -209,7 +209,9 @@ impl Hub {
             let status = r.status().as_u16();
             match status {
                 206 => {}
-                200 => return Err(Attempt::fatal(anyhow::anyhow!("{path}: the server does not answer Range requests"))),
+                200 => {
+                    return Err(Attempt::fatal(anyhow::anyhow!("{path}: the server does not answer Range requests")))
+                }
                 s => {
                     check_status(path, s)?;
                     return Err(Attempt::fatal(status_error(path, s)));
@@ -349,10 +351,8 @@ impl Attempt {
 /// tried again; a refused request, a body over its limit or a bad URL are not.
 fn from_ureq(e: ureq::Error, what: &str) -> Attempt {
     use ureq::Error as E;
-    let retry = matches!(
-        e,
-        E::Io(_) | E::Timeout(_) | E::ConnectionFailed | E::HostNotFound | E::Protocol(_) | E::BodyStalled
-    );
+    let retry =
+        matches!(e, E::Io(_) | E::Timeout(_) | E::ConnectionFailed | E::HostNotFound | E::Protocol(_) | E::BodyStalled);
     let err = anyhow::Error::new(e).context(format!("cannot reach {what}"));
     Attempt { err, retry }
 }
@@ -360,8 +360,10 @@ fn from_ureq(e: ureq::Error, what: &str) -> Attempt {
 /// An error reading a body: ureq's own (wrapped in an io::Error) as [`from_ureq`], any
 /// other io error (the connection reset) tried again.
 fn from_io(e: std::io::Error) -> Attempt {
-    let over_limit =
-        e.get_ref().and_then(|i| i.downcast_ref::<ureq::Error>()).is_some_and(|u| matches!(u, ureq::Error::BodyExceedsLimit(_)));
+    let over_limit = e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<ureq::Error>())
+        .is_some_and(|u| matches!(u, ureq::Error::BodyExceedsLimit(_)));
     Attempt { err: e.into(), retry: !over_limit }
 }
 

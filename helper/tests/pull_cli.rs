@@ -622,11 +622,8 @@ fn a_connection_dropped_while_reading_a_header_is_retried() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("trying again"), "{err}");
     assert_same_dir(&home.join("acme/tiny-moe"), &converted(&fixture("qwen3_moe"), "header-drop-ref"));
-    let header_reads = hub
-        .requests()
-        .iter()
-        .filter(|r| r.starts_with("GET /cdn/acme/tiny-moe/model.safetensors bytes=8-"))
-        .count();
+    let header_reads =
+        hub.requests().iter().filter(|r| r.starts_with("GET /cdn/acme/tiny-moe/model.safetensors bytes=8-")).count();
     assert!(header_reads >= 2, "the header was not read again: {:#?}", hub.requests());
     assert!(hub.faults.lock().unwrap().drop_header_once.is_empty(), "the fault never fired");
 }

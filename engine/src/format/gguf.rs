@@ -385,7 +385,14 @@ fn check_layout(tensors: &[TensorInfo], data_start: u64, data_len: u64, alignmen
     let mut order: Vec<&TensorInfo> = tensors.iter().collect();
     order.sort_by_key(|t| (t.offset, t.size));
     let describe = |t: &TensorInfo| {
-        format!("tensor {} ({} bytes of {} for {:?} at data offset {})", t.name, t.size, t.ty.name, t.ne, t.offset - data_start)
+        format!(
+            "tensor {} ({} bytes of {} for {:?} at data offset {})",
+            t.name,
+            t.size,
+            t.ty.name,
+            t.ne,
+            t.offset - data_start
+        )
     };
     // Offsets and sizes were checked against the data section, so nothing here overflows.
     let padded = |n: u64| n.div_ceil(alignment) * alignment;
@@ -395,14 +402,12 @@ fn check_layout(tensors: &[TensorInfo], data_start: u64, data_len: u64, alignmen
         let rel = t.offset - data_start;
         match prev {
             Some(p) if rel < end => return bad(format!("{} overlaps tensor {}", describe(t), p.name)),
-            Some(p) if rel != padded(end) => {
-                return bad(format!(
-                    "{} is followed by {} unused bytes before tensor {} (a wrong type or shape, or a changed alignment?)",
-                    describe(p),
-                    rel - end,
-                    t.name
-                ))
-            }
+            Some(p) if rel != padded(end) => return bad(format!(
+                "{} is followed by {} unused bytes before tensor {} (a wrong type or shape, or a changed alignment?)",
+                describe(p),
+                rel - end,
+                t.name
+            )),
             None if rel != 0 => {
                 return bad(format!(
                     "{} is not at the start of the tensor data: {rel} unused bytes before it (a changed alignment?)",

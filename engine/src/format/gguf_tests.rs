@@ -287,7 +287,8 @@ fn an_edited_alignment_reads_the_same_bytes_or_is_refused() {
             .tensor("b", &[16], 1, data[..32].to_vec());
         let good = w.bytes();
         let g = Gguf::parse(&good, "x.gguf").unwrap();
-        let want: Vec<&[u8]> = g.tensors.iter().map(|t| &good[t.offset as usize..(t.offset + t.size) as usize]).collect();
+        let want: Vec<&[u8]> =
+            g.tensors.iter().map(|t| &good[t.offset as usize..(t.offset + t.size) as usize]).collect();
         let key = b"general.alignment";
         let at = good.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
         for a in [1u32, 2, 4, 8, 16, 64, 128] {

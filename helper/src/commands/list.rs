@@ -212,7 +212,8 @@ pub fn rm(a: RmArgs) -> Result<()> {
     if !is_valid_model_id(&a.id) {
         bail!("{:?} is not a model id (name or owner/name; see coli list)", a.id);
     }
-    let none = || anyhow::anyhow!("{}: no installed model of that id in {} (nor an unfinished pull)", a.id, dir.display());
+    let none =
+        || anyhow::anyhow!("{}: no installed model of that id in {} (nor an unfinished pull)", a.id, dir.display());
     let home = match dir.canonicalize() {
         Ok(h) => h,
         Err(_) if !dir.exists() => return Err(none()),
@@ -256,7 +257,10 @@ pub fn rm(a: RmArgs) -> Result<()> {
         }
     }
     for p in &pulls {
-        remove(&Located { link: std::fs::symlink_metadata(&p.path).is_ok_and(|m| m.is_symlink()), path: p.path.clone() })?;
+        remove(&Located {
+            link: std::fs::symlink_metadata(&p.path).is_ok_and(|m| m.is_symlink()),
+            path: p.path.clone(),
+        })?;
     }
     let _ = std::fs::remove_dir(home.join(PULLS_DIR));
     let kind = match (model.is_some(), pulls.len()) {

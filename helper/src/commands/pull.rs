@@ -214,9 +214,8 @@ fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path)
     // placeholders that hold only their header).
     let (src, out) = (staging.join("src"), staging.join("out"));
     let left = |f: &RemoteFile| f.size - have(&src.join(&f.path), f.size);
-    let converted_or_verified = |f: &RemoteFile| {
-        marker(&src, &f.path, "verified").exists() || marker(&src, &f.path, "converted").exists()
-    };
+    let converted_or_verified =
+        |f: &RemoteFile| marker(&src, &f.path, "verified").exists() || marker(&src, &f.path, "converted").exists();
     let need = small.iter().map(|f| left(f)).sum::<u64>()
         + shards.iter().filter(|f| !converted_or_verified(f)).map(|f| left(f)).max().unwrap_or(0);
     ensure_room(models, need, &format!("{repo} (its largest shard {})", human(largest)))?;
