@@ -342,3 +342,46 @@ fn generate_help_says_the_prompt_is_raw_unless_chat() {
     let out = coli().args(["generate", "--model", "demo", "--ids", "1,2", "--chat"]).output().unwrap();
     assert!(!out.status.success());
 }
+
+/// `coli rm` never deletes outside `$COLI_HOME`. The audit's layout: an owner directory
+/// linked to elsewhere (`own -> /elsewhere`) where the model is itself a link
+/// (`/elsewhere/m3 -> real-m3`): `coli rm own/m3` removed `/elsewhere/m3`. Now refused.
+/// Links inside a model's directory are removed with it, their targets kept.
+#[cfg(unix)]
+#[test]
+fn rm_never_leaves_the_models_directory() {
+    use std::os::unix::fs::symlink;
+    let base = std::env::temp_dir().join(format!("coli-cli-rm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let (home, elsewhere) = (base.join("home"), base.join("elsewhere"));
+    std::fs::create_dir_all(&home).unwrap();
+    let real = scratch_copy("olmoe", "rm-real");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    symlink(&real, elsewhere.join("m3")).unwrap();
+    symlink(&elsewhere, home.join("own")).unwrap();
+    let rm = |id: &str| coli().env("COLI_HOME", &home).args(["rm", "--yes", id]).output().unwrap();
+    assert_clean_failure(&rm("own/m3"), "outside the models directory");
+    assert!(std::fs::symlink_metadata(elsewhere.join("m3")).is_ok(), "the link outside was removed");
+    assert!(real.join("config.json").is_file());
+
+    // A model whose directory holds links to a file and a directory outside.
+    let model = home.join("acme/inside");
+    std::fs::create_dir_all(&model).unwrap();
+    for e in std::fs::read_dir(&real).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(elsewhere.join("keep.txt"), b"keep").unwrap();
+    std::fs::create_dir_all(elsewhere.join("keepdir")).unwrap();
+    std::fs::write(elsewhere.join("keepdir/x"), b"x").unwrap();
+    symlink(elsewhere.join("keep.txt"), model.join("notes.txt")).unwrap();
+    symlink(elsewhere.join("keepdir"), model.join("extra")).unwrap();
+    let out = rm("acme/inside");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!home.join("acme").exists());
+    assert_eq!(std::fs::read(elsewhere.join("keep.txt")).unwrap(), b"keep");
+    assert!(elsewhere.join("keepdir/x").is_file());
+    assert!(real.join("config.json").is_file());
+    let _ = std::fs::remove_dir_all(&base);
+    let _ = std::fs::remove_dir_all(&real);
+}

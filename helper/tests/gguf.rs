@@ -479,3 +479,63 @@ fn a_split_gguf_converts_like_the_whole_file() {
     assert!(!dir.join("lone-out/colibri.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Where tensor `name`'s type (u32) and offset (u64) are in a GGUF's bytes.
+fn entry_fields(bytes: &[u8], name: &str) -> (usize, usize) {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = bytes.windows(key.len()).position(|w| w == key.as_slice()).unwrap() + key.len();
+    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let ty = at + 4 + 8 * n_dims;
+    (ty, ty + 4)
+}
+
+/// Tensors whose data overlap, a type swapped for one of the same block but fewer bytes,
+/// and an alignment edited so that the data section starts elsewhere: each converted
+/// without a word before (NaN or other logits); now one line naming the tensor, and no
+/// output directory.
+#[test]
+fn overlapping_misaligned_or_retyped_tensors_are_refused() {
+    let dir = scratch("layout");
+    let good = std::fs::read(gguf("qwen3moe-q4_0-q8_0")).unwrap();
+    let g = colibri_engine::format::gguf::Gguf::parse(&good, "x").unwrap();
+    let mut by_offset: Vec<_> = g.tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.offset);
+    let check = |bytes: &[u8], tag: &str, want: &[&str]| {
+        let e = refused(bytes, &dir, tag);
+        for w in want {
+            assert!(e.contains(w), "{tag}: {e:?} lacks {w:?}");
+        }
+        assert!(!dir.join(tag).exists(), "{tag}: an output directory was made");
+    };
+
+    // The second tensor's data moved onto the first one's.
+    let (a, b) = (by_offset[0], by_offset[1]);
+    let mut bytes = good.clone();
+    let (_, off) = entry_fields(&good, &b.name);
+    bytes[off..off + 8].copy_from_slice(&(a.offset - g.data_start).to_le_bytes());
+    check(&bytes, "overlap", &[&format!("tensor {}", b.name), &format!("overlaps tensor {}", a.name)]);
+
+    // A Q8_0 tensor declared Q4_0 (both blocks of 32 values: 18 bytes a block, not 34).
+    let q8 = by_offset.iter().find(|t| t.ty.name == "Q8_0").unwrap();
+    let mut bytes = good.clone();
+    let (ty, _) = entry_fields(&good, &q8.name);
+    bytes[ty..ty + 4].copy_from_slice(&2u32.to_le_bytes());
+    check(&bytes, "retyped", &[&format!("tensor {} (", q8.name), "of Q4_0", "unused bytes"]);
+
+    // general.file_type (a u32 key of the same length) renamed general.alignment, with a
+    // value that moves the start of the data section.
+    let key = b"general.file_type";
+    let at = good.windows(key.len()).position(|w| w == key).unwrap();
+    let last = g.tensors.last().unwrap();
+    let (_, off) = entry_fields(&good, &last.name);
+    let header_end = (off + 8) as u64;
+    let align = [16u32, 8, 4, 2, 1].into_iter().find(|&a| header_end.div_ceil(a as u64) * a as u64 != g.data_start);
+    let align = align.expect("the fixture's header ends on a multiple of 32");
+    let mut bytes = good.clone();
+    bytes[at..at + key.len()].copy_from_slice(b"general.alignment");
+    assert_eq!(&bytes[at + key.len()..at + key.len() + 4], &4u32.to_le_bytes(), "a u32 follows the key");
+    bytes[at + key.len() + 4..at + key.len() + 8].copy_from_slice(&align.to_le_bytes());
+    check(&bytes, "alignment", &["tensor ", "changed alignment"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -65,6 +65,14 @@ struct Faults {
     wrong_sha: HashSet<String>,
     /// Pause per 16 KiB of CDN body.
     delay: Option<Duration>,
+    /// Files whose first bounded Range read past byte 8 (a safetensors header) is cut off
+    /// halfway, as a dropped connection.
+    drop_header_once: HashSet<String>,
+    /// Files whose `X-Linked-Size` says this instead of the truth.
+    linked_size: HashMap<String, u64>,
+    /// Files whose resolve URL answers a plain 302 to the CDN (no `X-Linked-*` headers,
+    /// Content-Length 0), as for a renamed repository: the size is the CDN's HEAD.
+    plain_redirect: HashSet<String>,
 }
 
 #[derive(Default)]
@@ -190,7 +198,7 @@ impl MockHub {
                 .min(total);
             let mut f = self.faults.lock().unwrap();
             let is_full = range.is_empty();
-            if file.ends_with(".safetensors") && end - start > 4096 {
+            if file.ends_with(".safetensors") && end - start > 4096 && method != "HEAD" {
                 let seen = self.real_shards();
                 self.log.lock().unwrap().real_shards_seen.push(seen);
             }
@@ -198,7 +206,9 @@ impl MockHub {
                 *f.corrupt.get_mut(file).unwrap() -= 1;
                 bytes[total / 2] ^= 0x55;
             }
-            let cut = is_full && f.drop_once.remove(file);
+            let bounded = range.strip_prefix("bytes=").is_some_and(|r| !r.ends_with('-'));
+            let cut = (is_full && f.drop_once.remove(file))
+                || (bounded && start >= 8 && method != "HEAD" && f.drop_header_once.remove(file));
             let delay = f.delay;
             drop(f);
             let status = if is_full { "200 OK" } else { "206 Partial Content" };
@@ -239,16 +249,20 @@ impl MockHub {
             return send(&mut s, "401 Unauthorized", "", b"token");
         }
         let Ok(bytes) = std::fs::read(dir.join(file)) else { return send(&mut s, "404 Not Found", "", b"") };
+        if self.faults.lock().unwrap().plain_redirect.contains(file) {
+            let extra = format!("Location: /cdn/{repo}/{file}\r\n");
+            return send(&mut s, "302 Found", &extra, b"");
+        }
         if file.ends_with(".safetensors") || file.ends_with(".gguf") {
             let sha = if self.faults.lock().unwrap().wrong_sha.contains(file) {
                 sha256_hex(b"something else")
             } else {
                 sha256_hex(&bytes)
             };
+            let size = self.faults.lock().unwrap().linked_size.get(file).copied().unwrap_or(bytes.len() as u64);
             let extra = format!(
-                "Location: http://127.0.0.1:{}/cdn/{repo}/{file}\r\nX-Linked-Etag: \"{sha}\"\r\nX-Linked-Size: {}\r\nETag: \"{sha}\"\r\n",
+                "Location: http://127.0.0.1:{}/cdn/{repo}/{file}\r\nX-Linked-Etag: \"{sha}\"\r\nX-Linked-Size: {size}\r\nETag: \"{sha}\"\r\n",
                 self.port,
-                bytes.len()
             );
             return send(&mut s, "302 Found", &extra, b"");
         }
@@ -595,4 +609,122 @@ fn the_readme_table_is_what_plan_says() {
         );
         assert!(readme.contains(&row), "README.md lacks the row\n{row}");
     }
+}
+
+/// A connection dropped while reading a shard's safetensors header (the Range read past
+/// its length prefix) is read again, as the download loop resumes: the pull succeeds.
+#[test]
+fn a_connection_dropped_while_reading_a_header_is_retried() {
+    let home = scratch("header-drop");
+    let hub = MockHub::start(&[("acme/tiny-moe", fixture("qwen3_moe"))], &home);
+    hub.faults.lock().unwrap().drop_header_once.insert("model.safetensors".into());
+    let out = ok(coli(&home, &hub).args(["pull", "acme/tiny-moe"]).output().unwrap());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("trying again"), "{err}");
+    assert_same_dir(&home.join("acme/tiny-moe"), &converted(&fixture("qwen3_moe"), "header-drop-ref"));
+    let header_reads =
+        hub.requests().iter().filter(|r| r.starts_with("GET /cdn/acme/tiny-moe/model.safetensors bytes=8-")).count();
+    assert!(header_reads >= 2, "the header was not read again: {:#?}", hub.requests());
+    assert!(hub.faults.lock().unwrap().drop_header_once.is_empty(), "the fault never fired");
+}
+
+/// A HEAD answered with a plain 302 (no X-Linked-Size, Content-Length 0) is followed to
+/// the answer with the size, for a weights file and a small file alike; the token stays
+/// with the hub.
+#[test]
+fn a_head_answered_with_a_plain_redirect_is_followed() {
+    let home = scratch("head-302");
+    let hub = MockHub::start(&[("acme/tiny-moe", fixture("qwen3_moe"))], &home);
+    for f in ["model.safetensors", "config.json"] {
+        hub.faults.lock().unwrap().plain_redirect.insert(f.into());
+    }
+    ok(coli(&home, &hub).args(["pull", "acme/tiny-moe"]).output().unwrap());
+    assert_same_dir(&home.join("acme/tiny-moe"), &converted(&fixture("qwen3_moe"), "head-302-ref"));
+    let reqs = hub.requests();
+    assert!(reqs.iter().any(|r| r.starts_with("HEAD /cdn/acme/tiny-moe/model.safetensors ")), "{reqs:#?}");
+    assert!(reqs.iter().filter(|r| r.contains("/cdn/")).all(|r| r.ends_with("auth=")), "the token went to the CDN");
+}
+
+fn files_over(dir: &Path, bytes: u64) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let m = std::fs::symlink_metadata(e.path()).unwrap();
+        if m.is_dir() {
+            out.extend(files_over(&e.path(), bytes));
+        } else if m.len() > bytes {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+/// Bytes free at `dir`, as `df` says.
+fn df_avail(dir: &Path) -> Option<u64> {
+    let out = Command::new("df").args(["-B1", "--output=avail"]).arg(dir).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().nth(1)?.trim().parse().ok()
+}
+
+/// An absurd X-Linked-Size (1.1 TB) is refused before anything is written (it left a
+/// sparse 1.1 TB placeholder); a size the disk cannot hold is refused by the free space,
+/// for a safetensors shard and a GGUF alike.
+#[test]
+fn sizes_beyond_the_disk_or_any_hub_file_are_refused_before_writing() {
+    let home = scratch("huge");
+    let gguf = scratch("huge-gguf");
+    std::fs::copy(fixture("gguf/qwen3moe-q4_0-q8_0.gguf"), gguf.join("Tiny-Q4_0.gguf")).unwrap();
+    let hub = MockHub::start(&[("acme/tiny-moe", fixture("qwen3_moe")), ("acme/gguf", gguf)], &home);
+    hub.faults.lock().unwrap().linked_size.insert("model.safetensors".into(), 1_100_000_000_000);
+    let out = coli(&home, &hub).args(["pull", "acme/tiny-moe"]).output().unwrap();
+    assert_one_error(&out, "more than any file colibri pulls");
+    assert_eq!(files_over(&home, 1 << 30), Vec::<PathBuf>::new());
+    assert!(!home.join(".pull").exists(), "staging data was written");
+
+    // Just over the free space (when that is below the per-file bound).
+    let Some(free) = df_avail(&home) else { return };
+    if free + (1 << 30) >= 256 << 30 {
+        return;
+    }
+    hub.faults.lock().unwrap().linked_size.insert("model.safetensors".into(), free + (1 << 30));
+    let out = coli(&home, &hub).args(["pull", "acme/tiny-moe"]).output().unwrap();
+    assert_one_error(&out, "of free disk");
+    assert!(!home.join(".pull").exists(), "staging data was written");
+    hub.faults.lock().unwrap().linked_size.insert("Tiny-Q4_0.gguf".into(), free + (1 << 30));
+    let out = coli(&home, &hub).args(["pull", "acme/gguf"]).output().unwrap();
+    assert_one_error(&out, "of free disk");
+    assert!(!home.join(".pull").exists(), "staging data was written");
+}
+
+/// A failed pull keeps its staging data for the next run, says so, and `coli list
+/// --partial` shows it, `coli list` counts it, `coli rm ID` removes it.
+#[test]
+fn unfinished_pulls_are_listed_and_removed() {
+    let home = scratch("partial");
+    let hub = MockHub::start(&[("acme/bad", fixture("olmoe"))], &home);
+    hub.faults.lock().unwrap().wrong_sha.insert("model.safetensors".into());
+    let out = coli(&home, &hub).args(["pull", "acme/bad"]).output().unwrap();
+    assert_one_error(&out, "sha256");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("note: the unfinished pull") && err.contains("coli rm acme/bad"), "{err}");
+    let staging = home.join(".pull/acme--bad@main");
+    assert!(staging.is_dir());
+
+    let out = ok(coli(&home, &hub).args(["list", "--partial", "--json"]).output().unwrap());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["partial"][0];
+    assert_eq!((p["id"].as_str(), p["revision"].as_str()), (Some("acme/bad"), Some("main")), "{v}");
+    assert!(p["bytes"].as_u64().unwrap() > 0, "{v}");
+    let out = ok(coli(&home, &hub).args(["list", "--json"]).output().unwrap());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["models"].as_array().map(Vec::len), Some(0));
+    assert_eq!(v["partial"][0]["id"], "acme/bad");
+    let text = String::from_utf8(ok(coli(&home, &hub).arg("list").output().unwrap()).stdout).unwrap();
+    assert!(text.contains("1 unfinished pull(s)") && text.contains("coli list --partial"), "{text}");
+    let text = String::from_utf8(ok(coli(&home, &hub).args(["list", "--partial"]).output().unwrap()).stdout).unwrap();
+    assert!(text.contains("acme/bad") && text.contains("main"), "{text}");
+
+    let out = ok(coli(&home, &hub).args(["rm", "acme/bad", "--yes"]).output().unwrap());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed acme/bad: 1 unfinished pull(s)"));
+    assert!(!staging.exists() && !home.join(".pull").exists());
+    let out = coli(&home, &hub).args(["rm", "acme/bad", "--yes"]).output().unwrap();
+    assert_one_error(&out, "no installed model");
 }

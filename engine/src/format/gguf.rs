@@ -373,6 +373,64 @@ fn value(c: &mut Cursor, what: &str) -> Result<Value> {
     }))
 }
 
+/// Checks that the tensors tile the data section as every GGUF writer lays them out
+/// (gguf-py, llama.cpp, ollama): in offset order, each starts where the previous one ends,
+/// rounded up to the alignment, the first at 0, and the section ends with the last one
+/// plus at most its padding. So no two tensors share bytes (an overlap reads one tensor's
+/// data as another's), no tensor's type and shape say fewer bytes than its region holds (a
+/// swapped type: Q4_0 over Q8_0 data), and an alignment edited in the metadata, which moves
+/// the data section's start, leaves bytes unaccounted for and is refused.
+fn check_layout(tensors: &[TensorInfo], data_start: u64, data_len: u64, alignment: u64, origin: &str) -> Result<()> {
+    let bad = |m: String| Err(Error::Invalid(format!("{origin}: not a valid GGUF file: {m}")));
+    let mut order: Vec<&TensorInfo> = tensors.iter().collect();
+    order.sort_by_key(|t| (t.offset, t.size));
+    let describe = |t: &TensorInfo| {
+        format!(
+            "tensor {} ({} bytes of {} for {:?} at data offset {})",
+            t.name,
+            t.size,
+            t.ty.name,
+            t.ne,
+            t.offset - data_start
+        )
+    };
+    // Offsets and sizes were checked against the data section, so nothing here overflows.
+    let padded = |n: u64| n.div_ceil(alignment) * alignment;
+    let mut end = 0u64;
+    let mut prev: Option<&TensorInfo> = None;
+    for t in order {
+        let rel = t.offset - data_start;
+        match prev {
+            Some(p) if rel < end => return bad(format!("{} overlaps tensor {}", describe(t), p.name)),
+            Some(p) if rel != padded(end) => return bad(format!(
+                "{} is followed by {} unused bytes before tensor {} (a wrong type or shape, or a changed alignment?)",
+                describe(p),
+                rel - end,
+                t.name
+            )),
+            None if rel != 0 => {
+                return bad(format!(
+                    "{} is not at the start of the tensor data: {rel} unused bytes before it (a changed alignment?)",
+                    describe(t)
+                ))
+            }
+            _ => {}
+        }
+        end = rel + t.size;
+        prev = Some(t);
+    }
+    if let Some(last) = prev {
+        if data_len > padded(end) {
+            return bad(format!(
+                "{} is followed by {} bytes to the end of the file, more than its padding to {alignment} (a wrong type or shape, or a changed alignment?)",
+                describe(last),
+                data_len - end
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Gguf {
     /// Parses the header of the GGUF file in `bytes` (the whole file: tensor ranges are
     /// checked against its length). `origin` names the file in errors.
@@ -462,6 +520,7 @@ impl Gguf {
             }
             tensors.push(TensorInfo { name, ty, ne, offset: data_start + rel, size, part: 0 });
         }
+        check_layout(&tensors, data_start, data_len, alignment, origin)?;
         Ok(Gguf { version, alignment, metadata, tensors, data_start, parts: 1 })
     }
 

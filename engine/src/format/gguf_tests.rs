@@ -201,3 +201,113 @@ fn reads_the_llama_cpp_fixtures() {
         assert_eq!(g.tensors.len(), n, "{name}");
     }
 }
+
+/// The byte offset of tensor `name`'s entry fields in a file from [`Writer`]: (type, offset).
+fn entry_fields(bytes: &[u8], name: &str) -> (usize, usize) {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = bytes.windows(key.len()).rposition(|w| w == key.as_slice()).unwrap() + key.len();
+    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let ty = at + 4 + 8 * n_dims;
+    (ty, ty + 4)
+}
+
+#[test]
+fn overlapping_tensors_are_refused() {
+    // b's data moved onto a's: both would read the same bytes.
+    let mut b = sample();
+    let (_, off) = entry_fields(&b, "b");
+    b[off..off + 8].copy_from_slice(&0u64.to_le_bytes());
+    let e = err(&b);
+    assert!(e.contains("tensor b (34 bytes of Q8_0") && e.contains("overlaps tensor a"), "{e}");
+    // A tensor whose data runs into the next one's (its type says more bytes than its region).
+    let w = Writer::new().tensor("a", &[32], 1, vec![1; 64]).tensor("b", &[32], 1, vec![2; 64]);
+    let mut bytes = w.bytes();
+    let (ty, _) = entry_fields(&bytes, "a");
+    bytes[ty..ty + 4].copy_from_slice(&0u32.to_le_bytes()); // F16 -> F32: 128 bytes
+    let e = err(&bytes);
+    assert!(e.contains("tensor b") && e.contains("overlaps tensor a"), "{e}");
+}
+
+#[test]
+fn types_that_do_not_fill_their_data_are_refused() {
+    // Q8_0 data declared Q4_0 (same block of 32 values, 18 bytes instead of 34 a block).
+    let w = Writer::new().tensor("q", &[64], 8, vec![3; 68]).tensor("n", &[8], 0, vec![0; 32]);
+    let mut bytes = w.bytes();
+    assert!(Gguf::parse(&bytes, "x.gguf").is_ok());
+    let (ty, _) = entry_fields(&bytes, "q");
+    bytes[ty..ty + 4].copy_from_slice(&2u32.to_le_bytes());
+    let e = err(&bytes);
+    assert!(e.contains("tensor q (36 bytes of Q4_0 for [64]") && e.contains("unused bytes before tensor n"), "{e}");
+    // Two tensors' types swapped (F32 and F16 of one shape): one no longer fills its region.
+    let w = Writer::new().tensor("a", &[16], 0, vec![0; 64]).tensor("b", &[16], 1, vec![0; 32]).tensor(
+        "c",
+        &[8],
+        0,
+        vec![0; 32],
+    );
+    let mut bytes = w.bytes();
+    let (ta, _) = entry_fields(&bytes, "a");
+    let (tb, _) = entry_fields(&bytes, "b");
+    bytes[ta..ta + 4].copy_from_slice(&1u32.to_le_bytes());
+    bytes[tb..tb + 4].copy_from_slice(&0u32.to_le_bytes());
+    assert!(err(&bytes).contains("tensor a (32 bytes of F16"));
+    // The last tensor: its type makes it shorter than the data left in the file.
+    let w = Writer::new().tensor("a", &[8], 0, vec![0; 32]).tensor("z", &[64], 8, vec![0; 68]);
+    let mut bytes = w.bytes();
+    let (ty, _) = entry_fields(&bytes, "z");
+    bytes[ty..ty + 4].copy_from_slice(&2u32.to_le_bytes());
+    let e = err(&bytes);
+    assert!(e.contains("tensor z (36 bytes of Q4_0") && e.contains("to the end of the file"), "{e}");
+    // Trailing bytes past the last tensor's padding, and a first tensor not at offset 0.
+    let mut bytes = sample();
+    bytes.extend([0u8; 32]);
+    assert!(err(&bytes).contains("tensor b (34 bytes of Q8_0"));
+    let mut bytes = Writer::new().tensor("a", &[8], 0, vec![0; 32]).bytes();
+    let (_, off) = entry_fields(&bytes, "a");
+    bytes[off..off + 8].copy_from_slice(&32u64.to_le_bytes());
+    bytes.extend([0u8; 32]);
+    assert!(err(&bytes).contains("32 unused bytes before it"));
+    // Zero-sized tensors share an offset with the next one, as writers place them.
+    let g = Gguf::parse(&Writer::new().tensor("e", &[0], 0, vec![]).tensor("a", &[8], 0, vec![0; 32]).bytes(), "x");
+    assert_eq!(g.unwrap().tensors.len(), 2);
+}
+
+#[test]
+fn an_edited_alignment_reads_the_same_bytes_or_is_refused() {
+    // For every header length modulo 32 (a padding key of k bytes), alignment 32 written
+    // into the file, then edited to each other power of two.
+    let mut refused = 0;
+    for k in 0..32 {
+        let data: Vec<u8> = (0..96u8).collect();
+        let w = Writer::new()
+            .string("pad", &"x".repeat(k))
+            .u32("general.alignment", 32)
+            .tensor("a", &[24], 0, data[..96].to_vec())
+            .tensor("b", &[16], 1, data[..32].to_vec());
+        let good = w.bytes();
+        let g = Gguf::parse(&good, "x.gguf").unwrap();
+        let want: Vec<&[u8]> =
+            g.tensors.iter().map(|t| &good[t.offset as usize..(t.offset + t.size) as usize]).collect();
+        let key = b"general.alignment";
+        let at = good.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+        for a in [1u32, 2, 4, 8, 16, 64, 128] {
+            let mut b = good.clone();
+            b[at..at + 4].copy_from_slice(&a.to_le_bytes());
+            match Gguf::parse(&b, "x.gguf") {
+                Ok(g) => {
+                    let got: Vec<&[u8]> =
+                        g.tensors.iter().map(|t| &b[t.offset as usize..(t.offset + t.size) as usize]).collect();
+                    assert_eq!(got, want, "k {k}, alignment {a}: other bytes read");
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(!e.contains('\n') && e.contains("tensor "), "{e}");
+                    // A smaller alignment moves the data's start: refused, not read shifted.
+                    refused += usize::from(a < 32);
+                }
+            }
+        }
+    }
+    assert!(refused >= 16, "{refused}");
+}

@@ -649,9 +649,19 @@ pub fn convert_pass(a: &ConvertArgs, mut partial: Option<Partial>) -> Result<Pas
             let _ = std::fs::remove_file(out.join(f));
         }
     }
+    let created = !out.exists();
     std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create", out.display()))?;
     let start = Instant::now();
-    let mut job = plan_job(a, &out)?;
+    let mut job = match plan_job(a, &out) {
+        Ok(job) => job,
+        Err(e) => {
+            // A source refused before anything is written leaves no directory behind.
+            if created {
+                let _ = std::fs::remove_dir(&out);
+            }
+            return Err(e);
+        }
+    };
     let header = format!("colibri-convert-journal 1 {}", job.fingerprint(partial.as_ref().map(|p| p.source_id))?);
     let journal_path = job.out.join(JOURNAL);
     let partial_path = job.out.join(format!("{DATA_FILE}.partial"));

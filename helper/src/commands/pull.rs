@@ -8,9 +8,12 @@
 //! (resuming its `.part` file, sha256-checked against the hub), run a conversion pass
 //! (crate::commands::convert, which writes every item whose tensors are present), and put
 //! the placeholder back for each shard that no unwritten item still needs. The disk needed
-//! is the container plus about one shard. Markers record each shard's state
+//! is the container plus about one shard (checked against the free space before anything
+//! is written; the hub's sizes are bounded, [`crate::hub::MAX_FILE_BYTES`]). Markers record each shard's state
 //! (`.NAME.verified`, `.NAME.converted`) and the conversion journals what it wrote, so a pull
 //! killed at any point resumes, and gives the same bytes as `coli convert` of the files.
+//! A failed pull keeps its staging directory (named by its `.id` file) for the next run to
+//! resume, says so, and `coli list --partial` / `coli rm ID` show and remove it.
 //!
 //! A repository of GGUF files instead (llama.cpp's format) is pulled by
 //! [`super::pull_gguf`]: one chosen file, downloaded and converted as `coli convert
@@ -26,6 +29,7 @@ use clap::Args;
 
 use crate::commands::convert::{convert_pass, ConvertArgs, Partial, Pass, Quant, DATA_FILE, KEPT_FILES};
 use crate::commands::info::human;
+use crate::commands::list::{allocated_size, locate, remove, PULLS_DIR, STAGING_ID_FILE};
 use crate::hub::{Hub, RemoteFile};
 use crate::paths::{is_valid_model_id, models_dir};
 
@@ -125,9 +129,56 @@ fn wanted(name: &str) -> bool {
     !name.contains('/') && (name.ends_with(".safetensors") || name == INDEX || KEPT_FILES.contains(&name))
 }
 
+/// Creates the staging directory's `src` and the file that names the pull (what `coli
+/// list --partial` and `coli rm` read).
+pub(crate) fn create_staging(staging: &Path, repo: &str, rev: &str) -> Result<PathBuf> {
+    let src = staging.join("src");
+    std::fs::create_dir_all(&src).with_context(|| format!("{}: cannot create", src.display()))?;
+    let id = staging.join(STAGING_ID_FILE);
+    if !id.is_file() {
+        std::fs::write(&id, format!("{repo}@{rev}\n")).with_context(|| format!("{}: cannot create", id.display()))?;
+    }
+    Ok(src)
+}
+
+/// Bytes of `dest` already on disk: the whole file if it has `size` bytes, else its
+/// `.part` (a download to resume).
+pub(crate) fn have(dest: &Path, size: u64) -> u64 {
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    if len(dest) == size {
+        return size;
+    }
+    len(&crate::hub::part_path(dest)).min(size)
+}
+
+/// Refuses, before anything is written, a pull that needs more than the free space of the
+/// file system of the models directory.
+pub(crate) fn ensure_room(models: &Path, need: u64, what: &str) -> Result<()> {
+    if let Some(free) = crate::hub::free_bytes(models) {
+        if need > free {
+            bail!("{what} needs {} of free disk in {}, {} is free", human(need), models.display(), human(free));
+        }
+    }
+    Ok(())
+}
+
 pub fn pull(a: PullArgs) -> Result<()> {
     let (repo, rev) = parse_repo(&a.repo)?;
     let models = models_dir().context("no models directory: set COLI_HOME or HOME")?;
+    let staging = models.join(PULLS_DIR).join(format!("{}@{}", repo.replace('/', "--"), rev.replace('/', "--")));
+    let result = pull_into(&a, repo, rev, &models, &staging);
+    if result.is_err() && staging.is_dir() {
+        eprintln!(
+            "note: the unfinished pull ({} on disk) is kept in {}: coli pull {} resumes it (coli list --partial lists such pulls, coli rm {repo} removes them)",
+            human(allocated_size(&staging)),
+            staging.display(),
+            a.repo
+        );
+    }
+    result
+}
+
+fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path) -> Result<()> {
     let dest = models.join(repo);
     if dest.join("config.json").is_file() && !a.force {
         bail!("{repo} is already installed in {} (coli rm {repo} first, or pass --force)", dest.display());
@@ -136,9 +187,8 @@ pub fn pull(a: PullArgs) -> Result<()> {
     let listed = hub.list_files(repo, rev)?;
     let names: Vec<String> = listed.iter().map(|f| f.path.clone()).filter(|p| wanted(p)).collect();
     let has_safetensors = names.iter().any(|n| n.ends_with(".safetensors"));
-    let staging = models.join(".pull").join(format!("{}@{}", repo.replace('/', "--"), rev.replace('/', "--")));
     if a.gguf.is_some() || (!has_safetensors && listed.iter().any(|f| super::pull_gguf::is_gguf_name(&f.path))) {
-        return super::pull_gguf::pull_gguf(&hub, repo, rev, &listed, &a, &staging, &dest);
+        return super::pull_gguf::pull_gguf(&hub, repo, rev, &listed, a, staging, &dest);
     }
     if !names.iter().any(|n| n == "config.json") {
         bail!("{repo}@{rev} has no config.json: not a transformers model repository");
@@ -160,8 +210,16 @@ pub fn pull(a: PullArgs) -> Result<()> {
         human(largest)
     );
 
+    // The small files and the largest shard are on disk at once (the other shards are
+    // placeholders that hold only their header).
     let (src, out) = (staging.join("src"), staging.join("out"));
-    std::fs::create_dir_all(&src).with_context(|| format!("{}: cannot create", src.display()))?;
+    let left = |f: &RemoteFile| f.size - have(&src.join(&f.path), f.size);
+    let converted_or_verified =
+        |f: &RemoteFile| marker(&src, &f.path, "verified").exists() || marker(&src, &f.path, "converted").exists();
+    let need = small.iter().map(|f| left(f)).sum::<u64>()
+        + shards.iter().filter(|f| !converted_or_verified(f)).map(|f| left(f)).max().unwrap_or(0);
+    ensure_room(models, need, &format!("{repo} (its largest shard {})", human(largest)))?;
+    create_staging(staging, repo, rev)?;
     for f in &small {
         let p = src.join(&f.path);
         if std::fs::metadata(&p).ok().map(|m| m.len()) != Some(f.size) {
@@ -241,13 +299,17 @@ pub fn pull(a: PullArgs) -> Result<()> {
         i += 1;
     }
 
-    install(repo, &out, &staging, &dest)
+    install(repo, &out, staging, models)
 }
 
-/// Moves the converted model `out` to `dest` and removes the staging directory.
-pub(crate) fn install(repo: &str, out: &Path, staging: &Path, dest: &Path) -> Result<()> {
-    if dest.exists() {
-        std::fs::remove_dir_all(dest).with_context(|| format!("cannot replace {}", dest.display()))?;
+/// Moves the converted model `out` to `<models>/<repo>` and removes the staging
+/// directory. An installed model it replaces (`--force`) is removed as `coli rm` removes
+/// it: never through a link out of the models directory.
+pub(crate) fn install(repo: &str, out: &Path, staging: &Path, models: &Path) -> Result<()> {
+    let dest = &models.join(repo);
+    let home = models.canonicalize().with_context(|| format!("cannot resolve {}", models.display()))?;
+    if let Some(old) = locate(&home, repo)? {
+        remove(&old).with_context(|| format!("cannot replace {}", dest.display()))?;
     }
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent)?;

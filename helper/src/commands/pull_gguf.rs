@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 
 use super::convert::{convert_pass, ConvertArgs};
 use super::info::human;
-use super::pull::{install, marker, touch, PullArgs};
+use super::pull::{create_staging, ensure_room, have, install, marker, touch, PullArgs};
 use crate::hub::{Hub, RemoteFile};
 
 /// A GGUF model file (not a multimodal projector, which has no language model in it).
@@ -105,15 +105,22 @@ pub fn pull_gguf(
     let paths = parts_of(repo, chosen, &files)?;
     let src = staging.join("src");
     let out = staging.join("out");
-    std::fs::create_dir_all(&src).with_context(|| format!("{}: cannot create", src.display()))?;
-    let mut first = None;
-    for (i, path) in paths.iter().enumerate() {
+    let mut stats = Vec::with_capacity(paths.len());
+    for path in &paths {
         // The local name is the file's own (it is what `coli info` reports as the source).
         let name = path.rsplit('/').next().unwrap_or(path);
         if name.is_empty() || name.starts_with('.') || name.contains('\\') {
             bail!("{path}: not a usable file name");
         }
-        let f = hub.stat(repo, rev, path)?;
+        stats.push((name, hub.stat(repo, rev, path)?));
+    }
+    // Every part is on disk at once, before the conversion writes the container.
+    let need: u64 = stats.iter().map(|(name, f)| f.size - have(&src.join(name), f.size)).sum();
+    let models = dest.ancestors().nth(2).unwrap_or(dest);
+    ensure_room(models, need, &format!("{repo}: {chosen}"))?;
+    create_staging(staging, repo, rev)?;
+    let mut first = None;
+    for (i, (path, (name, f))) in paths.iter().zip(stats).enumerate() {
         let of = if paths.len() > 1 { format!(" (part {} of {})", i + 1, paths.len()) } else { String::new() };
         eprintln!("pulling {path}{of} of {repo}@{rev} from {}: {}", hub.endpoint(), human(f.size));
         let local = src.join(name);
@@ -142,7 +149,7 @@ pub fn pull_gguf(
     if !colibri_engine::format::is_container(&out) {
         convert_pass(&args, None).with_context(|| format!("{repo}: converting {name}"))?;
     }
-    install(repo, &out, staging, dest)
+    install(repo, &out, staging, models)
 }
 
 #[cfg(test)]
