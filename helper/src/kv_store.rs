@@ -124,7 +124,10 @@ impl KvStore {
             // file grew since.
             f.take(len + 1).read_to_end(&mut bytes)?;
             if bytes.len() as u64 != len {
-                return Err(std::io::Error::other(format!("{} bytes instead of {len}: changed while read", bytes.len())));
+                return Err(std::io::Error::other(format!(
+                    "{} bytes instead of {len}: changed while read",
+                    bytes.len()
+                )));
             }
             Ok(bytes)
         };
@@ -207,8 +210,7 @@ impl KvStore {
             }
         };
         files.retain(|(p, _)| {
-            let subsumed =
-                *p != path && Self::scan(p, n).is_ok_and(|sc| want.tokens.starts_with(&sc.header.tokens));
+            let subsumed = *p != path && Self::scan(p, n).is_ok_and(|sc| want.tokens.starts_with(&sc.header.tokens));
             if subsumed {
                 let _ = std::fs::remove_file(p);
             }

@@ -88,8 +88,12 @@ impl Server {
         } else {
             format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len())
         };
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n{typed}\r\n{body}", self.port)
-            .unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n{typed}\r\n{body}",
+            self.port
+        )
+        .unwrap();
         let mut out = String::new();
         if let Err(e) = s.read_to_string(&mut out) {
             panic!("{method} {path}: no answer within {limit:?} ({e}); server log: {}", self.log_text());
@@ -290,12 +294,8 @@ fn a_held_usage_lock_slows_nothing_and_fails_nothing() {
     let dir = scratch("lock");
     let model = dir.join("demo");
     copy_dir(&root().join("models/demo"), &model);
-    let out = coli()
-        .args(["plan", "--probe-bytes", "0", "--json"])
-        .arg(&model)
-        .env("XDG_DATA_HOME", &dir)
-        .output()
-        .unwrap();
+    let out =
+        coli().args(["plan", "--probe-bytes", "0", "--json"]).arg(&model).env("XDG_DATA_HOME", &dir).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let lock = model.join("usage.json.lock");
     assert_eq!(mode(&lock), 0o600, "the lock file is private");

@@ -31,9 +31,7 @@ impl StreamedExperts {
 
     fn read(&self, m: &Mat) -> Result<Mat> {
         match m.bytes.file_offset() {
-            Some(at) => {
-                Mat::new(m.rows, m.cols, m.dtype, Bytes::from_vec(self.shards.read(at, m.bytes.len())?))
-            }
+            Some(at) => Mat::new(m.rows, m.cols, m.dtype, Bytes::from_vec(self.shards.read(at, m.bytes.len())?)),
             None => Ok(m.clone()),
         }
     }

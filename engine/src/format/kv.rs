@@ -215,7 +215,11 @@ pub struct Scanned {
 /// on the way: a file whose length is not what its header (version 1) or its records
 /// (version 2) describe is refused before any float is read. Checksums are left to
 /// [`decode`]; `max_positions` bounds the ids.
-pub fn scan(read: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>, file_len: u64, max_positions: usize) -> Result<Scanned> {
+pub fn scan(
+    read: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>,
+    file_len: u64,
+    max_positions: usize,
+) -> Result<Scanned> {
     let mut prefix = [0u8; PREFIX_LEN];
     if file_len < PREFIX_LEN as u64 {
         return Err(bad("truncated"));
@@ -231,7 +235,12 @@ pub fn scan(read: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>, file_len: u64, m
     read(PREFIX_LEN as u64, &mut bytes[PREFIX_LEN..])?;
     let mut header = read_header(&bytes)?;
     if header.widths.len() != header.layers || !(header.states.is_empty() || header.states.len() == header.layers) {
-        return Err(bad(format!("{} widths and {} states for {} layers", header.widths.len(), header.states.len(), header.layers)));
+        return Err(bad(format!(
+            "{} widths and {} states for {} layers",
+            header.widths.len(),
+            header.states.len(),
+            header.layers
+        )));
     }
     if version == 1 {
         if header.tokens.len() > max_positions {
@@ -533,7 +542,10 @@ mod tests {
         assert_eq!(bytes.len(), head + RECORD_HEAD + s.bytes() + 8);
         same(&decode(&bytes, "abc", &c).unwrap(), &s);
         let scanned = scan_bytes(&bytes, bytes.len() as u64).unwrap();
-        assert_eq!((scanned.header.tokens.as_slice(), scanned.version, scanned.len), (&s.tokens[..], 2, bytes.len() as u64));
+        assert_eq!(
+            (scanned.header.tokens.as_slice(), scanned.version, scanned.len),
+            (&s.tokens[..], 2, bytes.len() as u64)
+        );
         // Every single flipped byte is caught (header, ids, floats or a checksum itself).
         for i in (0..bytes.len()).step_by(7) {
             let mut b = bytes.clone();

@@ -369,7 +369,10 @@ impl Manifest {
             }
         }
         let all = x.layers.iter().flat_map(|l| {
-            l.experts.iter().enumerate().map(move |(i, e)| (e.offset, e.length, format!("layer {} expert {i}", l.layer)))
+            l.experts
+                .iter()
+                .enumerate()
+                .map(move |(i, e)| (e.offset, e.length, format!("layer {} expert {i}", l.layer)))
         });
         disjoint("expert", all.collect())?;
         Ok(())

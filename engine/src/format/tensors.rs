@@ -66,9 +66,8 @@ impl Shards {
     /// The `len` bytes at offset `at` (of the run of all shards), read into owned memory.
     pub fn read(&self, at: u64, len: usize) -> Result<Vec<u8>> {
         let i = self.files.partition_point(|f| f.2 <= at).checked_sub(1);
-        let (path, file, base, size) = i
-            .and_then(|i| self.files.get(i))
-            .ok_or_else(|| Error::Invalid(format!("offset {at} is in no shard")))?;
+        let (path, file, base, size) =
+            i.and_then(|i| self.files.get(i)).ok_or_else(|| Error::Invalid(format!("offset {at} is in no shard")))?;
         let off = at - base;
         let end = off.checked_add(len as u64).filter(|&e| e <= *size);
         let past = || {
@@ -76,7 +75,9 @@ impl Shards {
                 path,
                 std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
-                    format!("bytes {off}+{len} are past the end of the file (truncated or replaced since it was opened?)"),
+                    format!(
+                        "bytes {off}+{len} are past the end of the file (truncated or replaced since it was opened?)"
+                    ),
                 ),
             )
         };
@@ -292,7 +293,10 @@ impl TensorStore {
             let bits = info.shape.iter().try_fold(info.dtype.bitsize() as u64, |a, &d| a.checked_mul(d as u64));
             let want = bits.filter(|b| b % 8 == 0).map(|b| b / 8);
             if e < s || want != Some(e - s) {
-                return Err(err(format!("tensor {name}: data_offsets {s}..{e} do not hold {dtype_name} {:?}", info.shape)));
+                return Err(err(format!(
+                    "tensor {name}: data_offsets {s}..{e} do not hold {dtype_name} {:?}",
+                    info.shape
+                )));
             }
             if e > data_len {
                 return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));
@@ -303,7 +307,8 @@ impl TensorStore {
             }
             let len = usize::try_from(e - s).map_err(|_| err(format!("tensor {name} too large")))?;
             let at = base + data_start + s;
-            self.tensors.insert(name, TensorEntry { dtype, shape: info.shape.clone(), bytes: Bytes::elsewhere(at, len) });
+            self.tensors
+                .insert(name, TensorEntry { dtype, shape: info.shape.clone(), bytes: Bytes::elsewhere(at, len) });
         }
         if end_max != data_len {
             return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));
