@@ -185,6 +185,10 @@ impl KvStore {
     fn write(&self, s: &Session) -> std::io::Result<()> {
         let want = kv::header_of(s, &self.fingerprint).map_err(std::io::Error::other)?;
         let n = want.tokens.len();
+        // `kv/` and the model's directory in it, tightened if an older coli made them 0755.
+        if let Some(base) = self.dir.parent() {
+            crate::paths::private_dir(base)?;
+        }
         crate::paths::private_dir(&self.dir)?;
         let mut files = self.files();
         let path = match self.to_extend(&files, &want) {

@@ -232,10 +232,16 @@ pub fn save_usage(loaded: &Loaded) {
     }
     let shape = (loaded.model.cfg.n_layers, loaded.model.cfg.router.n_experts);
     match crate::usage_store::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples) {
-        Ok(m) if m.deferred => eprintln!(
-            "coli: warning: another process holds {}.lock; expert usage is kept in memory and written later",
-            c.usage_file.display()
-        ),
+        Ok(m) if m.deferred => {
+            // Once per process: `coli serve` merges after every generation.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!(
+                    "coli: warning: another process holds {}.lock; expert usage is kept in memory and written once it is free",
+                    c.usage_file.display()
+                );
+            }
+        }
         Ok(_) => {}
         Err(e) => eprintln!("coli: warning: could not record expert usage: {e:#}"),
     }

@@ -92,7 +92,10 @@ fn lock(path: &Path) -> std::result::Result<Lock, LockError> {
 
 /// Counts that could not be merged because another process held the lock, by usage file:
 /// merged by the next merge into that file that gets the lock.
-static PENDING: std::sync::Mutex<Vec<(PathBuf, Vec<(u64, u64, u64)>)>> = std::sync::Mutex::new(Vec::new());
+static PENDING: std::sync::Mutex<Vec<(PathBuf, Triples)>> = std::sync::Mutex::new(Vec::new());
+
+/// (layer, expert, count) triples of a usage report.
+type Triples = Vec<(u64, u64, u64)>;
 /// Merges of this process into one file never race each other for the flock.
 static MERGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -182,7 +185,9 @@ pub fn merge_into_file(
     // Validate before touching anything.
     let mut add = ExpertUsage::new(shape.0, shape.1);
     add.merge_triples(triples)?;
-    if let Some(dir) = path.parent() {
+    // A missing directory (the fallback `<data dir>/usage`) is created 0700; an existing
+    // one (the model's own directory) is left as it is.
+    if let Some(dir) = path.parent().filter(|d| !d.is_dir()) {
         crate::paths::private_dir(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     }
     let _serial = MERGING.lock().unwrap_or_else(|e| e.into_inner());

@@ -147,7 +147,7 @@ fn grow_sparse(path: &Path, extra: u64) -> u64 {
         json!({"dtype": "U8", "shape": [extra], "data_offsets": [end, end + extra]}),
     );
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut f = std::fs::File::create(path).unwrap();
@@ -238,7 +238,7 @@ fn kv_cache_files_are_private_appended_and_checked_before_reading() {
     ids.extend([7, 8, 9]);
     let (status, body) = server.complete("qwen3_moe", &ids, 2);
     assert_eq!(status, 200, "{body}");
-    assert_eq!(kv_files(&fp_dir), [file.clone()], "the same file");
+    assert_eq!(kv_files(&fp_dir), std::slice::from_ref(&file), "the same file");
     let second = std::fs::read(&file).unwrap();
     assert_eq!(std::fs::metadata(&file).unwrap().ino(), inode, "not replaced by a rename");
     assert!(second.len() > first.len() && second.starts_with(&first), "the turn was appended");
