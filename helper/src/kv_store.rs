@@ -1,12 +1,17 @@
 //! Conversation caches on disk, so that a conversation continues after a restart with
-//! nothing prefilled again: `<data dir>/kv/<model fingerprint>/<xxh3 of the ids>.kv`, one
-//! file per conversation in the format of `colibri_engine::format::kv` (checksummed, with
-//! the model's fingerprint and the ids). Written after every turn (`coli serve`, `coli
-//! chat`), read when a prompt extends a file's ids further than the caches in memory do.
-//! A stale or corrupt file is ignored with one warning line and removed, never trusted.
-//! Bounded by count and bytes; the least recently written go first.
+//! nothing prefilled again: `<data dir>/kv/<model fingerprint>/<xxh3 of the first ids>.kv`,
+//! one file per conversation in the format of `colibri_engine::format::kv` (checksummed,
+//! with the model's fingerprint and the ids). After every turn (`coli serve`, `coli chat`)
+//! the turn's positions are appended to the file of the conversation it extends (one
+//! record; a new file, written whole, only for a new conversation or a version 1 file);
+//! read when a prompt extends a file's ids further than the caches in memory do.
+//! Private: directories 0700 and files 0600 whoever creates them (crate::paths), no symlink
+//! followed, nothing but regular files opened (a FIFO there would block the reader), and
+//! a file's length checked against what its header and records describe before a byte of
+//! it is read whole. A stale or corrupt file is ignored with one warning line and
+//! removed, never trusted. Bounded by count and bytes; the least recently written go first.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use colibri_engine::format::kv;
@@ -60,24 +65,29 @@ impl KvStore {
         Self::new(&crate::paths::data_dir()?.join("kv"), root, max_files, max_bytes)
     }
 
+    /// The regular `.kv` files of the directory (what `lstat` says: no symlink, FIFO or
+    /// device), with their metadata.
     fn files(&self) -> Vec<(PathBuf, std::fs::Metadata)> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
         rd.filter_map(|e| e.ok())
+            .take(100_000)
             .filter(|e| e.path().extension().is_some_and(|x| x == "kv"))
             .filter_map(|e| Some((e.path(), e.metadata().ok()?)))
+            .filter(|(_, m)| m.is_file())
             .collect()
     }
 
-    fn header(path: &Path) -> colibri_engine::Result<kv::KvHeader> {
+    /// The header and ids of the file at `path` (at most `max_positions` of them), read
+    /// with small reads: its length must be what they describe.
+    fn scan(path: &Path, max_positions: usize) -> colibri_engine::Result<kv::Scanned> {
         let io = |e: std::io::Error| colibri_engine::Error::Invalid(format!("{}: {e}", path.display()));
-        let mut f = std::fs::File::open(path).map_err(io)?;
-        let mut prefix = [0u8; kv::PREFIX_LEN];
-        f.read_exact(&mut prefix).map_err(io)?;
-        let n = kv::header_len(&prefix)?;
-        let mut bytes = prefix.to_vec();
-        bytes.resize(kv::PREFIX_LEN + n, 0);
-        f.read_exact(&mut bytes[kv::PREFIX_LEN..]).map_err(io)?;
-        kv::read_header(&bytes)
+        let f = crate::paths::open_private_read(path).map_err(io)?;
+        let len = f.metadata().map_err(io)?.len();
+        let mut read = |at: u64, buf: &mut [u8]| -> colibri_engine::Result<()> {
+            use std::io::Seek;
+            (&f).seek(std::io::SeekFrom::Start(at)).and_then(|_| (&f).read_exact(buf)).map_err(io)
+        };
+        kv::scan(&mut read, len, max_positions)
     }
 
     /// Warns once about a file that cannot be used and removes it.
@@ -89,21 +99,39 @@ impl KvStore {
     /// The cache on disk that keeps more of `ids` than `better_than` tokens, checked and
     /// cut back to what `ids` reuses: (session, tokens kept). None when no file does.
     pub fn find(&self, cfg: &ModelConfig, ids: &[u32], better_than: usize) -> Option<(Session, usize)> {
-        let mut best: Option<(PathBuf, usize)> = None;
-        for (path, _) in self.files() {
-            match Self::header(&path) {
-                Ok(h) if h.fingerprint == self.fingerprint => {
-                    let kept = reusable(&h.tokens, ids);
+        let mut best: Option<(PathBuf, usize, u64)> = None;
+        for (path, m) in self.files() {
+            if m.len() > self.max_bytes {
+                Self::drop_bad(&path, format!("{} bytes, more than the cache keeps ({})", m.len(), self.max_bytes));
+                continue;
+            }
+            match Self::scan(&path, cfg.max_positions) {
+                Ok(sc) if sc.header.fingerprint == self.fingerprint => {
+                    let kept = reusable(&sc.header.tokens, ids);
                     if kept > better_than && best.as_ref().is_none_or(|b| kept > b.1) {
-                        best = Some((path, kept));
+                        best = Some((path, kept, sc.len));
                     }
                 }
                 Ok(_) => Self::drop_bad(&path, "made by another model"),
                 Err(e) => Self::drop_bad(&path, e),
             }
         }
-        let (path, kept) = best?;
-        let bytes = match std::fs::read(&path) {
+        let (path, kept, len) = best?;
+        let read = || -> std::io::Result<Vec<u8>> {
+            let f = crate::paths::open_private_read(&path)?;
+            let mut bytes = Vec::new();
+            // Never more than the length just checked against the header, even if the
+            // file grew since.
+            f.take(len + 1).read_to_end(&mut bytes)?;
+            if bytes.len() as u64 != len {
+                return Err(std::io::Error::other(format!(
+                    "{} bytes instead of {len}: changed while read",
+                    bytes.len()
+                )));
+            }
+            Ok(bytes)
+        };
+        let bytes = match read() {
             Ok(b) => b,
             Err(e) => {
                 Self::drop_bad(&path, e);
@@ -122,8 +150,9 @@ impl KvStore {
         }
     }
 
-    /// Writes `s` (atomically: a temporary file renamed), removes the files whose ids it
-    /// extends, then the oldest while over a bound. Errors are one warning line.
+    /// Writes `s`: appends its new positions to the file of the conversation it extends,
+    /// or writes a new file (atomically: a temporary file renamed); removes the files whose
+    /// ids it extends, then the oldest while over a bound. Errors are one warning line.
     pub fn save(&self, s: &Session) {
         if s.tokens.is_empty() || self.max_files == 0 || s.bytes() as u64 > self.max_bytes {
             return;
@@ -133,28 +162,75 @@ impl KvStore {
         }
     }
 
+    /// The file that `want` (a session's header with its ids) extends by appending: a
+    /// version 2 file of the same shape whose ids are a prefix of its ids, whose length is
+    /// what its records say, the longest such; (path, its positions).
+    fn to_extend(&self, files: &[(PathBuf, std::fs::Metadata)], want: &kv::KvHeader) -> Option<(PathBuf, usize)> {
+        let mut best: Option<(PathBuf, usize)> = None;
+        for (p, m) in files {
+            let Ok(sc) = Self::scan(p, want.tokens.len()) else { continue };
+            let h = &sc.header;
+            if sc.version == 2
+                && sc.len == m.len()
+                && h.same_shape(want)
+                && want.tokens.starts_with(&h.tokens)
+                && best.as_ref().is_none_or(|b| h.tokens.len() > b.1)
+            {
+                best = Some((p.clone(), h.tokens.len()));
+            }
+        }
+        best
+    }
+
     fn write(&self, s: &Session) -> std::io::Result<()> {
-        let bytes = kv::encode(s, &self.fingerprint).map_err(std::io::Error::other)?;
-        std::fs::create_dir_all(&self.dir)?;
-        let ids: Vec<u8> = s.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let path = self.dir.join(format!("{}.kv", checksum_hex(checksum(&ids))));
-        let tmp = path.with_extension(format!("kv.tmp.{}", std::process::id()));
-        std::fs::write(&tmp, &bytes)?;
-        std::fs::rename(&tmp, &path)?;
+        let want = kv::header_of(s, &self.fingerprint).map_err(std::io::Error::other)?;
+        let n = want.tokens.len();
+        // `kv/` and the model's directory in it, tightened if an older coli made them 0755.
+        if let Some(base) = self.dir.parent() {
+            crate::paths::private_dir(base)?;
+        }
+        crate::paths::private_dir(&self.dir)?;
         let mut files = self.files();
-        files.retain(|(p, m)| {
-            let subsumed = *p != path && Self::header(p).is_ok_and(|h| s.tokens.starts_with(&h.tokens));
+        let path = match self.to_extend(&files, &want) {
+            Some((path, held)) => {
+                if held < n {
+                    let record = kv::encode_record(s, &self.fingerprint, held).map_err(std::io::Error::other)?;
+                    let mut f = crate::paths::open_private(&path, false)?;
+                    f.write_all(&record)?;
+                }
+                path
+            }
+            None => {
+                let bytes = kv::encode(s, &self.fingerprint).map_err(std::io::Error::other)?;
+                let ids: Vec<u8> = want.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+                let path = self.dir.join(format!("{}.kv", checksum_hex(checksum(&ids))));
+                let tmp = path.with_extension(format!("kv.tmp.{}", std::process::id()));
+                let written = crate::paths::open_private(&tmp, true).and_then(|mut f| f.write_all(&bytes));
+                if let Err(e) = written.and_then(|_| std::fs::rename(&tmp, &path)) {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+                path
+            }
+        };
+        files.retain(|(p, _)| {
+            let subsumed = *p != path && Self::scan(p, n).is_ok_and(|sc| want.tokens.starts_with(&sc.header.tokens));
             if subsumed {
                 let _ = std::fs::remove_file(p);
             }
-            !subsumed && m.is_file()
+            !subsumed
         });
-        // Newest first; keep while within both bounds.
-        files.sort_by_key(|(_, m)| std::cmp::Reverse(m.modified().ok()));
-        let mut total = 0u64;
-        for (i, (p, m)) in files.iter().enumerate() {
+        // Newest first (the file just written or appended to is); keep while within both bounds.
+        let mut files: Vec<_> = files
+            .into_iter()
+            .filter(|(p, _)| *p != path)
+            .filter_map(|(p, _)| Some((std::fs::symlink_metadata(&p).ok()?, p)))
+            .collect();
+        files.sort_by_key(|(m, _)| std::cmp::Reverse(m.modified().ok()));
+        let mut total = std::fs::metadata(&path).map_or(0, |m| m.len());
+        for (i, (m, p)) in files.iter().enumerate() {
             total += m.len();
-            if *p != path && (i >= self.max_files || total > self.max_bytes) {
+            if i + 1 >= self.max_files || total > self.max_bytes {
                 let _ = std::fs::remove_file(p);
             }
         }

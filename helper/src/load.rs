@@ -202,7 +202,8 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
             let (opts, setup) = cache_options(dir, flags, c, data)?;
             (opts, Some(setup))
         }
-        None => (CacheOptions::default(), None),
+        // A Hugging Face checkpoint too large to read keeps `--ram` bytes of its experts.
+        None => (CacheOptions { ram: flags.ram, ..CacheOptions::default() }, None),
     };
     let model = md.load(opts)?;
     let tokenizer =
@@ -230,10 +231,19 @@ pub fn save_usage(loaded: &Loaded) {
         return;
     }
     let shape = (loaded.model.cfg.n_layers, loaded.model.cfg.router.n_experts);
-    if let Err(e) =
-        crate::usage_store::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples)
-    {
-        eprintln!("coli: warning: could not record expert usage: {e:#}");
+    match crate::usage_store::merge_into_file(&c.usage_file, &c.model_id, shape, c.fingerprint.as_deref(), &triples) {
+        Ok(m) if m.deferred => {
+            // Once per process: `coli serve` merges after every generation.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!(
+                    "coli: warning: another process holds {}.lock; expert usage is kept in memory and written once it is free",
+                    c.usage_file.display()
+                );
+            }
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("coli: warning: could not record expert usage: {e:#}"),
     }
 }
 

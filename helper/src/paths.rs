@@ -131,6 +131,94 @@ pub fn resolve_model(arg: &Path, models_dir: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
+/// Creates `dir` and its missing parents as 0700, and closes `dir` itself to other users
+/// when it exists already with more (a directory an older coli created 0755). The one
+/// way colibri makes the directories of its caches, usage counts and locks, whoever runs it.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        b.mode(0o700);
+    }
+    b.create(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let m = std::fs::symlink_metadata(dir)?;
+        if !m.is_dir() {
+            return Err(std::io::Error::other(format!("{} is not a directory", dir.display())));
+        }
+        // SAFETY: geteuid has no preconditions.
+        if m.permissions().mode() & 0o077 != 0 && m.uid() == unsafe { libc::geteuid() } {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    Ok(())
+}
+
+/// Opens (creating it 0600 when missing) the private file `path` of a cache, usage count or
+/// lock: never through a symlink (O_NOFOLLOW), never blocking on a FIFO, only a regular
+/// file, and closed to other users if an older coli left it readable. With `truncate`
+/// opened for writing from an empty file, else for appending; for reading as well.
+pub fn open_private(path: &Path, truncate: bool) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).create(true);
+    if truncate {
+        o.write(true).truncate(true);
+    } else {
+        o.append(true);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    }
+    let f = o.open(path)?;
+    check_private_file(&f, path)?;
+    Ok(f)
+}
+
+/// Opens the existing cache file `path` for reading only: never through a symlink, never
+/// blocking on a FIFO (refused: not a regular file).
+pub fn open_private_read(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    }
+    let f = o.open(path)?;
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, device or directory)",
+        ));
+    }
+    Ok(f)
+}
+
+fn check_private_file(f: &std::fs::File, path: &Path) -> std::io::Result<()> {
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: not a regular file (a FIFO, device or directory)", path.display()),
+        ));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if m.permissions().mode() & 0o077 != 0 {
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +243,37 @@ mod tests {
         let err = resolve_model(Path::new("no-such-model"), Some(&fixtures)).unwrap_err().to_string();
         assert!(err.contains("no-such-model") && err.contains("tests/fixtures"), "{err}");
         assert!(resolve_model(Path::new("../x/y"), Some(&fixtures)).is_err());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn private_dirs_and_files_are_closed_to_others() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("coli-private-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let d = base.join("a/b");
+        private_dir(&d).unwrap();
+        for p in [base.join("a"), d.clone()] {
+            assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700, "{}", p.display());
+        }
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
+        let f = d.join("f");
+        std::fs::write(&f, b"x").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(open_private(&f, false).unwrap());
+        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        drop(open_private(&d.join("g"), true).unwrap());
+        assert_eq!(std::fs::metadata(d.join("g")).unwrap().permissions().mode() & 0o777, 0o600);
+        std::os::unix::fs::symlink(&f, d.join("link")).unwrap();
+        assert!(open_private(&d.join("link"), false).is_err(), "a symlink is not followed");
+        assert!(open_private_read(&d.join("link")).is_err());
+        let fifo = std::ffi::CString::new(d.join("fifo").to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(open_private_read(&d.join("fifo")).is_err(), "a FIFO is refused without blocking");
+        assert!(open_private(&d.join("fifo"), false).is_err());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -4,9 +4,13 @@
 //! The file is `usage.json` in the model directory when that directory is writable,
 //! else `<data dir>/usage/<id>.json` (docs/api.md). Every merge takes an advisory lock
 //! (`<file>.lock`, flock), reads, adds, writes a temporary file and renames it over the
-//! old one, so readers never see half a file and concurrent merges lose nothing.
+//! old one, so readers never see half a file and concurrent merges lose nothing. A lock
+//! held by another process is never waited for: the counts wait in memory for the next
+//! merge. Lock, temporary and usage files are 0600, their directories 0700 (crate::paths).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
+#[cfg(test)]
+use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -37,7 +41,8 @@ pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf
             true
         }
     };
-    let writable = private && OpenOptions::new().create(true).append(true).open(root.join("usage.json.lock")).is_ok();
+    // The probe creates the lock file as every other use does: 0600, no symlink followed.
+    let writable = private && crate::paths::open_private(&root.join("usage.json.lock"), false).is_ok();
     match fallback_dir {
         Some(d) if !writable => d.join(format!("{}.json", id.replace('/', "--"))),
         _ => local,
@@ -47,51 +52,76 @@ pub fn usage_path(root: &Path, id: &str, fallback_dir: Option<&Path>) -> PathBuf
 /// An exclusive advisory lock, released when dropped.
 struct Lock(#[allow(dead_code)] File);
 
-/// How long a merge waits for another process's lock before it gives up.
-pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Why a merge did not take the lock.
+enum LockError {
+    /// Another process holds it: the counts wait in memory for a later merge.
+    Busy,
+    Other(anyhow::Error),
+}
 
 /// Takes the lock of the usage file at `path`: `<file>.lock`, readable and writable by
 /// this user only (flock needs no more than read access, so a lock file that others can
-/// open would let any local user stall every merge), waiting at most [`LOCK_TIMEOUT`].
-fn lock(path: &Path) -> Result<Lock> {
+/// open would let any local user stall every merge). Never waits: a lock held by another
+/// process (a merge takes milliseconds; one held longer is someone stalling us) is
+/// [`LockError::Busy`], and the request that wanted to merge goes on without delay.
+fn lock(path: &Path) -> std::result::Result<Lock, LockError> {
     let lock_path = path.with_extension("json.lock");
-    let mut opts = OpenOptions::new();
-    opts.create(true).append(true);
+    let f = crate::paths::open_private(&lock_path, false).map_err(|e| {
+        LockError::Other(anyhow::Error::new(e).context(format!("{}: cannot create the lock file", lock_path.display())))
+    })?;
     #[cfg(unix)]
     {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let f = opts.open(&lock_path).with_context(|| format!("{}: cannot create the lock file", lock_path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
         use std::os::unix::io::AsRawFd;
-        // A lock file left by an older coli may be world-readable: close it to others.
-        if f.metadata().is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
-            let _ = f.set_permissions(std::fs::Permissions::from_mode(0o600));
-        }
-        let deadline = std::time::Instant::now() + LOCK_TIMEOUT;
         loop {
             // SAFETY: flock on a file descriptor we own; no memory is involved.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 break;
             }
             let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e).context("cannot lock the usage file");
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
             }
-            if std::time::Instant::now() >= deadline {
-                anyhow::bail!(
-                    "{}: another process has held the lock for over {} s",
-                    lock_path.display(),
-                    LOCK_TIMEOUT.as_secs()
-                );
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(LockError::Busy);
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            return Err(LockError::Other(anyhow::Error::new(e).context("cannot lock the usage file")));
         }
     }
     Ok(Lock(f))
+}
+
+/// Counts that could not be merged because another process held the lock, by usage file:
+/// merged by the next merge into that file that gets the lock.
+static PENDING: std::sync::Mutex<Vec<(PathBuf, Triples)>> = std::sync::Mutex::new(Vec::new());
+
+/// (layer, expert, count) triples of a usage report.
+type Triples = Vec<(u64, u64, u64)>;
+/// Merges of this process into one file never race each other for the flock.
+static MERGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn take_pending(path: &Path) -> Vec<(u64, u64, u64)> {
+    let mut p = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    match p.iter().position(|(q, _)| q == path) {
+        Some(i) => p.swap_remove(i).1,
+        None => Vec::new(),
+    }
+}
+
+fn keep_pending(path: &Path, triples: Vec<(u64, u64, u64)>) {
+    let mut p = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    match p.iter_mut().find(|(q, _)| q == path) {
+        Some((_, t)) => t.extend(triples),
+        None => p.push((path.to_path_buf(), triples)),
+    }
+}
+
+/// What a merge did.
+pub struct Merged {
+    /// The counts after it: the file's, plus what waits in memory when `deferred`.
+    pub usage: ExpertUsage,
+    /// The lock was held by another process: nothing was written; the counts are kept in
+    /// memory and written by the next merge that gets the lock.
+    pub deferred: bool,
 }
 
 /// Removes temporary usage files (`*.json.tmp.<pid>`) in `dir` that a writer killed
@@ -142,42 +172,63 @@ pub fn read_usage(path: &Path, n_layers: usize, n_experts: usize, fingerprint: O
     }
 }
 
-/// Adds `triples` to the file at `path` under the lock; returns the merged table.
+/// Adds `triples` to the file at `path` under the lock, with the counts an earlier merge
+/// had to leave in memory; returns the merged table. When another process holds the lock,
+/// nothing waits: the counts stay in memory for the next merge ([`Merged::deferred`]).
 pub fn merge_into_file(
     path: &Path,
     id: &str,
     shape: (usize, usize),
     fingerprint: Option<&str>,
     triples: &[(u64, u64, u64)],
-) -> Result<ExpertUsage> {
+) -> Result<Merged> {
     // Validate before touching anything.
     let mut add = ExpertUsage::new(shape.0, shape.1);
     add.merge_triples(triples)?;
-    if let Some(dir) = path.parent() {
-        let mut b = std::fs::DirBuilder::new();
-        b.recursive(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            b.mode(0o700);
-        }
-        b.create(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    // A missing directory (the fallback `<data dir>/usage`) is created 0700; an existing
+    // one (the model's own directory) is left as it is.
+    if let Some(dir) = path.parent().filter(|d| !d.is_dir()) {
+        crate::paths::private_dir(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     }
-    let _lock = lock(path)?;
+    let _serial = MERGING.lock().unwrap_or_else(|e| e.into_inner());
+    let pending = take_pending(path);
+    // Counts kept for a file of another shape (the model was replaced) are dropped.
+    let mut earlier = ExpertUsage::new(shape.0, shape.1);
+    let pending = if earlier.merge_triples(&pending).is_ok() { pending } else { Vec::new() };
+    let mut all = pending;
+    all.extend_from_slice(triples);
+    let _lock = match lock(path) {
+        Ok(l) => l,
+        Err(LockError::Busy) => {
+            let mut usage = read_usage(path, shape.0, shape.1, fingerprint);
+            let mut waiting = ExpertUsage::new(shape.0, shape.1);
+            waiting.merge_triples(&all)?;
+            usage.merge(&waiting)?;
+            keep_pending(path, all);
+            return Ok(Merged { usage, deferred: true });
+        }
+        Err(LockError::Other(e)) => {
+            keep_pending(path, all[..all.len() - triples.len()].to_vec());
+            return Err(e);
+        }
+    };
     let mut usage = read_usage(path, shape.0, shape.1, fingerprint);
+    let mut add = ExpertUsage::new(shape.0, shape.1);
+    add.merge_triples(&all)?;
     usage.merge(&add)?;
     let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
+        let mut f = crate::paths::open_private(&tmp, true)?;
         f.write_all(&usage.to_json_bytes(id, fingerprint))?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_file(&tmp);
+        keep_pending(path, all[..all.len() - triples.len()].to_vec());
         return Err(e).with_context(|| format!("{}: cannot write", path.display()));
     }
-    Ok(usage)
+    Ok(Merged { usage, deferred: false })
 }
 
 #[cfg(test)]
@@ -186,7 +237,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn a_held_lock_times_out_instead_of_stalling() {
+    fn a_held_lock_defers_the_counts_without_waiting() {
         use std::os::unix::io::AsRawFd;
         let dir = std::env::temp_dir().join(format!("coli-usage-lock-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -196,11 +247,17 @@ mod tests {
         // SAFETY: flock on a descriptor we own (another open file description, as another process would have).
         assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
         let t = std::time::Instant::now();
-        let e = merge_into_file(&path, "m", (1, 1), None, &[(0, 0, 1)]).unwrap_err();
-        assert!(format!("{e:#}").contains("held the lock"), "{e:#}");
-        assert!(t.elapsed() >= LOCK_TIMEOUT && t.elapsed() < LOCK_TIMEOUT * 3, "{:?}", t.elapsed());
+        let m = merge_into_file(&path, "m", (1, 2), None, &[(0, 0, 1)]).unwrap();
+        assert!(m.deferred && m.usage.get(0, 0) == 1);
+        let m = merge_into_file(&path, "m", (1, 2), None, &[(0, 1, 2)]).unwrap();
+        assert!(m.deferred && m.usage.total() == 3);
+        assert!(t.elapsed() < std::time::Duration::from_millis(500), "{:?}", t.elapsed());
+        assert!(!path.exists(), "nothing written without the lock");
         drop(other);
-        merge_into_file(&path, "m", (1, 1), None, &[(0, 0, 1)]).unwrap();
+        let m = merge_into_file(&path, "m", (1, 2), None, &[(0, 0, 1)]).unwrap();
+        assert!(!m.deferred);
+        let u = read_usage(&path, 1, 2, None);
+        assert_eq!((u.get(0, 0), u.get(0, 1)), (2, 2), "the deferred counts were written with the next merge");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -215,7 +272,7 @@ mod tests {
         assert_eq!(usage_path(&dir, "m", Some(&fallback)), dir.join("usage.json"));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert_eq!(usage_path(&dir, "m", Some(&fallback)), fallback.join("m.json"));
-        merge_into_file(&fallback.join("m.json"), "m", (1, 1), None, &[(0, 0, 1)]).unwrap();
+        assert!(!merge_into_file(&fallback.join("m.json"), "m", (1, 1), None, &[(0, 0, 1)]).unwrap().deferred);
         let mode = std::fs::metadata(&fallback).unwrap().permissions().mode();
         assert_eq!(mode & 0o077, 0, "{mode:o}");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -232,7 +289,8 @@ mod tests {
                 let path = &path;
                 s.spawn(move || {
                     for _ in 0..25 {
-                        merge_into_file(path, "m", (2, 3), Some("ab"), &[(0, 1, 1), (1, t % 3, 2)]).unwrap();
+                        let m = merge_into_file(path, "m", (2, 3), Some("ab"), &[(0, 1, 1), (1, t % 3, 2)]);
+                        assert!(!m.unwrap().deferred, "merges of one process wait for each other");
                     }
                 });
             }
@@ -258,7 +316,7 @@ mod tests {
         // the retrained model starts from its own counts.
         assert_eq!(read_usage(&path, 4, 3, Some("ab")).total(), 0);
         assert_eq!(read_usage(&path, 2, 3, Some("cd")).total(), 0);
-        let u = merge_into_file(&path, "m", (2, 3), Some("cd"), &[(1, 1, 5)]).unwrap();
+        let u = merge_into_file(&path, "m", (2, 3), Some("cd"), &[(1, 1, 5)]).unwrap().usage;
         assert_eq!(u.total(), 5);
         assert_eq!(read_usage(&path, 2, 3, Some("ab")).total(), 0);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -10,6 +10,8 @@ pub mod ram_tiers;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reader;
 pub mod source;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod streamed;
 pub mod usage;
 
 use std::sync::Arc;

@@ -19,9 +19,12 @@ pub const EXPERT_ALIGN: u64 = 4096;
 /// Alignment of every dense tensor and of each part inside an expert.
 pub const TENSOR_ALIGN: u64 = 256;
 /// The manifest's checksum of itself: xxh3-64 (hex) of the compact JSON of every other
-/// field (docs/format.md). Manifests written before it existed have none and still load;
-/// `coli doctor --checksums` says so.
+/// field (docs/format.md). Required: a manifest written before it existed is refused with
+/// [`UNSEALED`]'s advice (`coli doctor --fix` verifies such a model and adds it).
 pub const SELF_CHECKSUM: &str = "manifest_xxh3";
+/// What a manifest without [`SELF_CHECKSUM`] is told (after "colibri.json: ").
+pub const UNSEALED: &str = "no checksum of its own (manifest_xxh3; converted by an older coli): \
+     run `coli doctor --fix MODEL` to verify every byte of the model and add it, or convert it again";
 /// Largest manifest read (a 1024-layer, 4096-expert model needs about 600 MiB of JSON;
 /// real ones are a few MiB).
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
@@ -201,6 +204,25 @@ fn within(what: &str, offset: u64, length: u64, start: u64, end: u64) -> Result<
     }
 }
 
+/// An error naming two of `ranges` ((offset, length, name)) that share a byte: every
+/// tensor, expert and part must have bytes of its own, or an edited offset could make two
+/// of them read the same bytes (each checksum still matching) and the model compute garbage.
+fn disjoint(what: &str, mut ranges: Vec<(u64, u64, String)>) -> Result<()> {
+    ranges.retain(|r| r.1 > 0);
+    ranges.sort_unstable_by_key(|r| r.0);
+    for w in ranges.windows(2) {
+        let (a, b) = (&w[0], &w[1]);
+        // Ranges were checked against overflow before (within).
+        if a.0.saturating_add(a.1) > b.0 {
+            return Err(bad(format!(
+                "{what} {} (bytes {}+{}) overlaps {} (bytes {}+{})",
+                a.2, a.0, a.1, b.2, b.0, b.1
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl DenseTensor {
     pub fn dtype(&self) -> Result<DType> {
         dtype_of(&self.name, &self.dtype, self.group_size)
@@ -214,8 +236,20 @@ impl ExpertPart {
 }
 
 impl Manifest {
-    /// Parses and validates a manifest. Every later read can trust its ranges.
+    /// Parses and validates a manifest, which must carry its own checksum
+    /// ([`SELF_CHECKSUM`]). Every later read can trust its ranges.
     pub fn parse(bytes: &[u8]) -> Result<Self> {
+        Self::parse_with(bytes, true)
+    }
+
+    /// [`Manifest::parse`] for a manifest that may lack its own checksum (one from an older
+    /// converter): what `coli doctor --fix` reads before it verifies the data and seals it.
+    /// A checksum that is there must still match.
+    pub fn parse_unsealed(bytes: &[u8]) -> Result<Self> {
+        Self::parse_with(bytes, false)
+    }
+
+    fn parse_with(bytes: &[u8], sealed: bool) -> Result<Self> {
         let v: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|e| bad(format!("not valid JSON ({e}); the file is damaged or truncated")))?;
         match (v.get("format").and_then(|f| f.as_str()), v.get("version").and_then(|f| f.as_u64())) {
@@ -234,6 +268,8 @@ impl Manifest {
                         "its own checksum ({SELF_CHECKSUM}) does not match: the manifest was edited or damaged; convert the model again"
                     )));
                 }
+            } else if sealed {
+                return Err(bad(UNSEALED));
             }
         }
         let m: Manifest = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
@@ -242,7 +278,7 @@ impl Manifest {
     }
 
     /// Whether the manifest in `bytes` carries its own checksum (written by this version
-    /// of the converter or later). [`Manifest::parse`] checks it when it is there.
+    /// of the converter or later); [`Manifest::parse`] requires it.
     pub fn has_self_checksum(bytes: &[u8]) -> bool {
         serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|v| v.get(SELF_CHECKSUM).is_some())
     }
@@ -283,7 +319,14 @@ impl Manifest {
                 return Err(bad(format!("tensor {} is listed twice", t.name)));
             }
         }
+        disjoint("dense tensor", d.tensors.iter().map(|t| (t.offset, t.length, t.name.clone())).collect())?;
         let x = &self.experts;
+        if d.length > 0 && x.length > 0 && d.offset < x.offset + x.length && x.offset < d.offset + d.length {
+            return Err(bad(format!(
+                "the dense region ({}+{}) and the expert region ({}+{}) overlap",
+                d.offset, d.length, x.offset, x.length
+            )));
+        }
         if x.alignment == 0 || !x.alignment.is_power_of_two() {
             return Err(bad(format!("expert alignment {} is not a power of two", x.alignment)));
         }
@@ -311,6 +354,8 @@ impl Manifest {
                 }
                 within(&what, p.offset, p.length, 0, span)?;
             }
+            let parts = l.parts.iter().map(|p| (p.offset, p.length, format!("part {}", p.name))).collect();
+            disjoint(&format!("layer {} expert", l.layer), parts)?;
             for (i, e) in l.experts.iter().enumerate() {
                 let what = format!("layer {} expert {i}", l.layer);
                 if e.length != span {
@@ -323,6 +368,13 @@ impl Manifest {
                 parse_checksum(&e.xxh3).ok_or_else(|| bad(format!("{what}: bad checksum {:?}", e.xxh3)))?;
             }
         }
+        let all = x.layers.iter().flat_map(|l| {
+            l.experts
+                .iter()
+                .enumerate()
+                .map(move |(i, e)| (e.offset, e.length, format!("layer {} expert {i}", l.layer)))
+        });
+        disjoint("expert", all.collect())?;
         Ok(())
     }
 
@@ -494,13 +546,16 @@ mod tests {
             let e = Manifest::parse(edited.as_bytes()).unwrap_err().to_string();
             assert!(e.contains(SELF_CHECKSUM), "{from}: {e}");
         }
-        // Whitespace does not matter; a manifest without the field still loads.
+        // Whitespace does not matter; a manifest without the field is refused with the way
+        // out (coli doctor --fix reads it with parse_unsealed).
         Manifest::parse(json.replace("  ", " ").as_bytes()).unwrap();
         let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
         v.as_object_mut().unwrap().remove(SELF_CHECKSUM);
         let old = serde_json::to_vec(&v).unwrap();
         assert!(!Manifest::has_self_checksum(&old));
-        Manifest::parse(&old).unwrap();
+        let e = Manifest::parse(&old).unwrap_err().to_string();
+        assert!(e.contains("coli doctor --fix"), "{e}");
+        assert_eq!(Manifest::parse_unsealed(&old).unwrap(), m);
     }
 
     #[test]
@@ -536,6 +591,18 @@ mod tests {
         let mut m = sample();
         m.dense.tensors[0].shape = vec![u64::MAX, u64::MAX];
         assert!(Manifest::parse(&m.to_json()).is_err());
+        // Ranges that share bytes: a part moved onto another, two tensors, two experts.
+        let mut m = sample();
+        m.experts.layers[0].parts[1].offset = 0;
+        let e = Manifest::parse(&m.to_json()).unwrap_err().to_string();
+        assert!(e.contains("part gate") && e.contains("overlaps") && e.contains("part up"), "{e}");
+        let mut m = sample();
+        m.dense.tensors[1].offset = 8;
+        assert!(Manifest::parse(&m.to_json()).unwrap_err().to_string().contains("overlaps"));
+        let mut m = sample();
+        m.experts.layers[0].experts[1].offset = m.experts.layers[0].experts[0].offset;
+        let e = Manifest::parse(&m.to_json()).unwrap_err().to_string();
+        assert!(e.contains("expert 0") && e.contains("overlaps"), "{e}");
         let mut m = sample();
         m.experts.layers[0].parts[2].offset = u64::MAX - 1;
         assert!(Manifest::parse(&m.to_json()).unwrap_err().to_string().contains("overflows"));

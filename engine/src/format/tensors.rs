@@ -1,6 +1,12 @@
 //! Reading Hugging Face safetensors checkpoints: one file or many shards (with
-//! `model.safetensors.index.json`), memory-mapped on native targets, plain buffers on
-//! wasm32. Tensors are handed out as [`Mat`] views; nothing is copied up front.
+//! `model.safetensors.index.json`). Tensors are handed out as [`Mat`] views.
+//!
+//! Natively a checkpoint that fits comfortably in memory is read into it; a larger one is
+//! either memory-mapped ([`TensorStore::open_dir`], for `coli convert`, `info`, `plan`) or,
+//! for running it ([`TensorStore::open_dir_streamed`]), left in its files: its tensors are
+//! placeholders ([`Bytes::elsewhere`]) read with pread into owned memory when needed
+//! ([`Shards`]). A file truncated or replaced while it is served then gives a read error on
+//! the next request, never a fault on a mapped page (SIGBUS).
 
 use std::collections::HashMap;
 
@@ -28,13 +34,81 @@ pub struct TensorEntry {
 #[derive(Default)]
 pub struct TensorStore {
     tensors: HashMap<String, TensorEntry>,
+    /// The files of a streamed checkpoint ([`TensorStore::open_dir_streamed`]), whose
+    /// tensors are placeholders at offsets of [`Shards`].
+    #[cfg(not(target_arch = "wasm32"))]
+    shards: Option<std::sync::Arc<Shards>>,
 }
 
-/// Checkpoints up to this size are read into memory instead of mapped: half of
-/// MemAvailable, or 4 GiB where that is unknown.
+/// Checkpoints up to this size are read into memory instead of mapped or streamed: half of
+/// MemAvailable, or 4 GiB where that is unknown. `COLI_READ_LIMIT` (bytes) overrides it:
+/// tests use it to stream a small checkpoint (docs/api.md).
 #[cfg(not(target_arch = "wasm32"))]
 fn owned_read_limit() -> u64 {
+    if let Some(v) = std::env::var("COLI_READ_LIMIT").ok().and_then(|v| v.parse().ok()) {
+        return v;
+    }
     crate::fsio::meminfo("MemAvailable").map_or(4 << 30, |b| b / 2)
+}
+
+/// The open shard files of a streamed checkpoint, as one run of bytes: shard `i` starts
+/// at the sum of the lengths of the shards before it (the offsets its tensors' placeholders
+/// carry). Reads are positioned reads (pread) into owned memory, each checked against the
+/// file's length first: a shard truncated since it was opened is an error naming it.
+#[cfg(not(target_arch = "wasm32"))]
+pub struct Shards {
+    /// (path, file, first offset, length when opened), ascending offsets.
+    files: Vec<(std::path::PathBuf, std::fs::File, u64, u64)>,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Shards {
+    /// The `len` bytes at offset `at` (of the run of all shards), read into owned memory.
+    pub fn read(&self, at: u64, len: usize) -> Result<Vec<u8>> {
+        let i = self.files.partition_point(|f| f.2 <= at).checked_sub(1);
+        let (path, file, base, size) =
+            i.and_then(|i| self.files.get(i)).ok_or_else(|| Error::Invalid(format!("offset {at} is in no shard")))?;
+        let off = at - base;
+        let end = off.checked_add(len as u64).filter(|&e| e <= *size);
+        let past = || {
+            Error::io(
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "bytes {off}+{len} are past the end of the file (truncated or replaced since it was opened?)"
+                    ),
+                ),
+            )
+        };
+        end.ok_or_else(past)?;
+        let now = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if now < off + len as u64 {
+            return Err(past());
+        }
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len)
+            .map_err(|_| Error::Invalid(format!("{}: cannot allocate {len} bytes", path.display())))?;
+        buf.resize(len, 0);
+        read_exact_at(file, &mut buf, off).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => past(),
+            _ => Error::io(path, e),
+        })?;
+        Ok(buf)
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, off)
+}
+
+#[cfg(all(not(unix), not(target_arch = "wasm32")))]
+fn read_exact_at(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    use std::io::{Read, Seek};
+    let mut f = f;
+    f.seek(std::io::SeekFrom::Start(off))?;
+    f.read_exact(buf)
 }
 
 fn describe(e: SafeTensorError) -> String {
@@ -73,9 +147,48 @@ impl TensorStore {
     }
 
     /// Opens a checkpoint directory: the shards listed by `model.safetensors.index.json`,
-    /// else every `*.safetensors` file in it.
+    /// else every `*.safetensors` file in it. A checkpoint larger than half the free
+    /// memory is memory-mapped (for the converter and `coli info`, whose run ends with
+    /// the command; a model that serves uses [`TensorStore::open_dir_streamed`]).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir(dir: &std::path::Path) -> Result<Self> {
+        Self::open_dir_with(dir, false)
+    }
+
+    /// [`TensorStore::open_dir`], but a checkpoint larger than half the free memory is
+    /// neither mapped nor read: its tensors are placeholders ([`Bytes::elsewhere`]) in the
+    /// run of its shards ([`TensorStore::shards`]), read into memory with pread by
+    /// [`TensorStore::resident`] (the dense weights) and by the model's expert source (the
+    /// routed experts, as they are needed). Nothing can fault if a file is truncated later.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_dir_streamed(dir: &std::path::Path) -> Result<Self> {
+        Self::open_dir_with(dir, true)
+    }
+
+    /// The shards of a checkpoint opened by [`TensorStore::open_dir_streamed`] too large to
+    /// read (its tensors are placeholders); None when its tensors are in memory.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn shards(&self) -> Option<std::sync::Arc<Shards>> {
+        self.shards.clone()
+    }
+
+    /// This store with every placeholder tensor read into owned memory but those for which
+    /// `keep_elsewhere(name)` holds: the dense weights of a streamed checkpoint.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn resident(&self, keep_elsewhere: impl Fn(&str) -> bool) -> Result<TensorStore> {
+        let mut out = TensorStore { tensors: HashMap::with_capacity(self.tensors.len()), shards: self.shards.clone() };
+        for (name, t) in &self.tensors {
+            let mut t = t.clone();
+            if let (Some(at), Some(sh), false) = (t.bytes.file_offset(), &self.shards, keep_elsewhere(name)) {
+                t.bytes = Bytes::from_vec(sh.read(at, t.bytes.len())?);
+            }
+            out.tensors.insert(name.clone(), t);
+        }
+        Ok(out)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn open_dir_with(dir: &std::path::Path, streamed: bool) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<std::path::PathBuf> = if index.exists() {
             let text = crate::fsio::read_limited(&index, crate::fsio::MAX_JSON_BYTES)?;
@@ -122,6 +235,17 @@ impl TensorStore {
         // memory is memory-mapped (where a truncation under us would fault).
         let map = total > owned_read_limit();
         let mut store = TensorStore::default();
+        if map && streamed {
+            let mut base = 0u64;
+            let mut files = Vec::with_capacity(opened.len());
+            for (f, file, len) in opened {
+                store.add_header(&f, &file, len, base)?;
+                files.push((f, file, base, len));
+                base = base.saturating_add(len);
+            }
+            store.shards = Some(std::sync::Arc::new(Shards { files }));
+            return Ok(store);
+        }
         for (f, file, len) in opened {
             let bytes = if map {
                 // SAFETY: the map is read-only. If another process truncates the file while
@@ -137,6 +261,59 @@ impl TensorStore {
             store.add_file(&f.display().to_string(), bytes)?;
         }
         Ok(store)
+    }
+
+    /// Adds the tensors of the shard `file` (`len` bytes, at `base` in the run of shards)
+    /// as placeholders, from its header alone: every tensor's range checked against its
+    /// dtype and shape and the file's length.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn add_header(&mut self, path: &std::path::Path, file: &std::fs::File, len: u64, base: u64) -> Result<()> {
+        let err = |msg: String| Error::Safetensors { path: path.to_path_buf(), msg };
+        let mut n8 = [0u8; 8];
+        if len < 8 {
+            return Err(err(describe(SafeTensorError::HeaderTooSmall)));
+        }
+        read_exact_at(file, &mut n8, 0).map_err(|e| Error::io(path, e))?;
+        let n = u64::from_le_bytes(n8);
+        if n > 100_000_000 || 8 + n > len {
+            return Err(err(describe(SafeTensorError::InvalidHeaderLength)));
+        }
+        let mut header = vec![0u8; n as usize];
+        read_exact_at(file, &mut header, 8).map_err(|e| Error::io(path, e))?;
+        let meta: safetensors::tensor::Metadata =
+            serde_json::from_slice(&header).map_err(|e| err(format!("header: {e}")))?;
+        let data_start = 8 + n;
+        let data_len = len - data_start;
+        let mut end_max = 0u64;
+        for (name, info) in meta.tensors() {
+            let dtype_name = info.dtype.to_string();
+            let dtype = DType::from_safetensors(&dtype_name)
+                .ok_or_else(|| Error::Dtype { name: name.clone(), dtype: dtype_name.clone() })?;
+            let (s, e) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+            let bits = info.shape.iter().try_fold(info.dtype.bitsize() as u64, |a, &d| a.checked_mul(d as u64));
+            let want = bits.filter(|b| b % 8 == 0).map(|b| b / 8);
+            if e < s || want != Some(e - s) {
+                return Err(err(format!(
+                    "tensor {name}: data_offsets {s}..{e} do not hold {dtype_name} {:?}",
+                    info.shape
+                )));
+            }
+            if e > data_len {
+                return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));
+            }
+            end_max = end_max.max(e);
+            if self.tensors.contains_key(&name) {
+                return Err(err(format!("tensor {name} appears in more than one shard")));
+            }
+            let len = usize::try_from(e - s).map_err(|_| err(format!("tensor {name} too large")))?;
+            let at = base + data_start + s;
+            self.tensors
+                .insert(name, TensorEntry { dtype, shape: info.shape.clone(), bytes: Bytes::elsewhere(at, len) });
+        }
+        if end_max != data_len {
+            return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));
+        }
+        Ok(())
     }
 
     /// The bytes of one file: read into memory when it is at most half the free memory

@@ -305,6 +305,32 @@ impl Model {
     /// Builds the model from a checkpoint's tensors, checking every shape; the routed
     /// experts stay views into the same tensors.
     pub fn from_store(cfg: ModelConfig, s: &TensorStore) -> Result<Self> {
+        Self::from_store_with(cfg, s, 0)
+    }
+
+    /// [`Model::from_store`]; for a streamed checkpoint
+    /// ([`TensorStore::open_dir_streamed`]) the dense weights are read into memory now and
+    /// the routed experts when used, `expert_budget` bytes of them kept
+    /// ([`crate::experts::streamed`]). gpt_oss's fused experts are reordered as they load,
+    /// so its checkpoints are read whole.
+    pub fn from_store_with(cfg: ModelConfig, s: &TensorStore, expert_budget: u64) -> Result<Self> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(shards) = s.shards() {
+            let stream = cfg.family != Family::GptOss;
+            let s = s.resident(|n| stream && crate::format::tensors::is_routed_expert_weight(n))?;
+            let experts = Self::routed_experts(&cfg, &s)?;
+            let source = crate::experts::streamed::StreamedExperts::new(experts, shards, expert_budget);
+            return Model::from_parts(cfg, &s, Box::new(source));
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = expert_budget;
+        let experts = Self::routed_experts(&cfg, s)?;
+        Model::from_parts(cfg, s, Box::new(ResidentExperts { layers: experts }))
+    }
+
+    /// Every layer's routed experts, as views of the tensors in `s`.
+    fn routed_experts(cfg: &ModelConfig, s: &TensorStore) -> Result<Vec<Vec<Arc<Expert>>>> {
+        let cfg = cfg.clone();
         let names = Names::of(cfg.family);
         let mut experts = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
@@ -317,7 +343,7 @@ impl Model {
         if mtp::present(&cfg, s) && mtp::is_moe(&cfg, s) {
             experts.push(load_experts(s, &format!("model.layers.{}.{}", cfg.n_layers, names.moe), &names, &cfg)?);
         }
-        Model::from_parts(cfg, s, Box::new(ResidentExperts { layers: experts }))
+        Ok(experts)
     }
 
     /// Builds the model from its dense tensors (everything but the routed experts, under

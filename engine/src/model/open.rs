@@ -94,6 +94,11 @@ mod native {
         HuggingFace { dir: PathBuf, cfg: Box<ModelConfig> },
     }
 
+    /// Bytes of a streamed Hugging Face checkpoint's experts kept in memory without `--ram`.
+    fn streamed_expert_budget() -> u64 {
+        crate::fsio::meminfo("MemAvailable").map_or(1 << 30, |b| b / 4)
+    }
+
     impl ModelDir {
         /// Opens `dir`; with `direct`, a converted model's data file also with O_DIRECT
         /// (see [`FileSource::open_with`]).
@@ -155,11 +160,17 @@ mod native {
         }
 
         /// Builds the model. A converted model's dense region is read into memory and its
-        /// experts read on demand, cached as `opts` says; a Hugging Face checkpoint is
-        /// mapped whole (its experts are resident) and ignores `opts`.
+        /// experts read on demand, cached as `opts` says; a Hugging Face checkpoint is read
+        /// whole when it fits in half the free memory, else its dense weights are read and
+        /// its experts read when used (pread, never mapped), `opts.ram` bytes of them kept
+        /// (default: a quarter of MemAvailable).
         pub fn load(self, opts: CacheOptions) -> Result<Model> {
             match self {
-                ModelDir::HuggingFace { dir, cfg } => Model::from_store(*cfg, &TensorStore::open_dir(&dir)?),
+                ModelDir::HuggingFace { dir, cfg } => {
+                    // Streamed when too large to read: nothing mapped (see TensorStore).
+                    let budget = opts.ram.unwrap_or_else(streamed_expert_budget);
+                    Model::from_store_with(*cfg, &TensorStore::open_dir_streamed(&dir)?, budget)
+                }
                 ModelDir::Container { dir, container, data } => {
                     let m = &container.manifest;
                     // The dense region is read into owned memory (it is resident anyway,

@@ -1,7 +1,11 @@
 //! `coli doctor [MODEL]`: checks of what a user needs on this machine (the browser engine
 //! built into this coli, a Vulkan adapter, a helper on the default port, installed
 //! models, free disk) and, given one, of a model (a directory or an installed id).
-//! `--checksums` reads every expert of a converted model and verifies its checksum.
+//! `--checksums` reads every expert of a converted model and verifies its checksum (the
+//! manifest's every offset and size are checked as it is parsed: inside the data file,
+//! no two tensors, experts or parts sharing a byte, lengths matching dtype and shape).
+//! `--fix` seals a model converted before manifests carried their own checksum: every
+//! byte verified, then `manifest_xxh3` added.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,6 +33,10 @@ pub struct DoctorArgs {
     /// Verify the checksum of every expert (reads the whole data file).
     #[arg(long)]
     pub checksums: bool,
+    /// Add the manifest's own checksum (manifest_xxh3) to a model converted by an older
+    /// coli, after verifying every dense tensor and expert against the manifest.
+    #[arg(long)]
+    pub fix: bool,
     /// The port where a running helper is looked for.
     #[arg(long, default_value_t = 7878)]
     pub port: u16,
@@ -117,6 +125,9 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
         }
         None => None,
     };
+    if let (Some(dir), true) = (&dir, a.fix) {
+        r.check("fix", seal(dir), |s| s.clone());
+    }
     if let Some(dir) = &dir {
         let summary = r.check("model", summarize(dir), |s| s.format.clone());
         if let Some(s) = &summary {
@@ -150,10 +161,10 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
             use colibri_engine::format::MANIFEST_FILE;
             let bytes = colibri_engine::fsio::read_limited(&dir.join(MANIFEST_FILE), MAX_MANIFEST_BYTES);
             match bytes {
-                Ok(b) if !Manifest::has_self_checksum(&b) => r.warn(
-                    "manifest",
-                    "colibri.json has no checksum of its own (converted by an older coli); convert again to add it",
-                ),
+                Ok(b) if !Manifest::has_self_checksum(&b) => {
+                    let e = Manifest::parse(&b).err().map(|e| e.to_string()).unwrap_or_default();
+                    r.check::<()>("manifest", Err(anyhow::anyhow!(e)), |_| String::new());
+                }
                 Ok(b) => {
                     r.check("manifest", Manifest::parse(&b).map_err(Into::into), |_| {
                         "colibri.json matches its own checksum (manifest_xxh3)".into()
@@ -176,6 +187,55 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
         bail!("{} check(s) failed", r.failed);
     }
     Ok(())
+}
+
+/// `--fix`: verifies the converted model in `dir` whose manifest lacks its own checksum
+/// (the manifest's ranges, the data file's size, every dense tensor's and every expert's
+/// checksum) and only then writes the manifest back with `manifest_xxh3` (a temporary
+/// file renamed over it). A manifest that has one is only checked.
+fn seal(dir: &std::path::Path) -> Result<String> {
+    use anyhow::Context;
+    use colibri_engine::experts::source::{ByteSource, FileSource};
+    use colibri_engine::format::manifest::{fingerprint, Manifest, MAX_MANIFEST_BYTES};
+    use colibri_engine::format::{dense_store, MANIFEST_FILE};
+    use colibri_engine::model::config::ModelConfig;
+    use colibri_engine::model::open::Container;
+    if !is_container(dir) {
+        bail!("{}: not a converted colibri model (no {MANIFEST_FILE}); nothing to fix", dir.display());
+    }
+    let path = dir.join(MANIFEST_FILE);
+    let bytes = colibri_engine::fsio::read_limited(&path, MAX_MANIFEST_BYTES)?;
+    if Manifest::has_self_checksum(&bytes) {
+        Manifest::parse(&bytes)?;
+        return Ok("colibri.json already carries its own checksum; nothing to fix".into());
+    }
+    let manifest = Manifest::parse_unsealed(&bytes)?;
+    let cfg = ModelConfig::from_value(&manifest.config).context("colibri.json: its config")?;
+    let container = Container { manifest, cfg, fingerprint: fingerprint(&bytes) };
+    let m = &container.manifest;
+    let data_path = dir.join(&m.data_file);
+    let data = FileSource::open(&data_path)?;
+    let len = data.len()?;
+    if len != m.data_size {
+        bail!("{}: {len} bytes, but the manifest says {}", data_path.display(), m.data_size);
+    }
+    let mut dense = vec![0u8; usize::try_from(m.dense.length).context("dense region too large")?];
+    data.read_at(m.dense.offset, &mut dense)?;
+    dense_store(m, &colibri_engine::tensor::Bytes::from_vec(dense), &data_path.display().to_string())?;
+    let experts = ExpertCache::new(m, &container.expert_shape(), Arc::new(data), Some(0))?;
+    let total: usize = m.experts.layers.iter().map(|l| l.experts.len()).sum();
+    experts.verify_all(&mut |_, _| {})?;
+    let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        std::fs::write(&tmp, m.to_json())?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("{}: cannot write", path.display()));
+    }
+    Ok(format!("every dense tensor and all {total} experts match; colibri.json sealed (manifest_xxh3 added)"))
 }
 
 fn verify_experts(dir: &std::path::Path) -> Result<usize> {

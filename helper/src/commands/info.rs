@@ -139,7 +139,8 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
         });
     }
     let cfg = read_config(dir)?;
-    let store = TensorStore::open_dir(dir)?;
+    // Only names, dtypes and sizes are needed: a large checkpoint is not even mapped.
+    let store = TensorStore::open_dir_streamed(dir)?;
     let (mut resident, mut streamed) = (0u64, 0u64);
     let mut dtypes = BTreeSet::new();
     for n in store.names() {

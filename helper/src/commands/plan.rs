@@ -173,7 +173,8 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
     }
     let bytes = std::fs::read(dir.join("config.json")).with_context(|| format!("{location}: no config.json"))?;
     let cfg = read_config(&bytes, &location)?;
-    let store = TensorStore::open_dir(dir)?;
+    // Only shapes are needed: a large checkpoint is not even mapped.
+    let store = TensorStore::open_dir_streamed(dir)?;
     let mut params = 0u64;
     for n in store.names() {
         if !cfg.is_mtp_tensor(n) {

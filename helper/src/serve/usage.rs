@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::models::expert_shape;
 use super::AppState;
-use crate::usage_store::{fingerprint, merge_into_file, read_usage, usage_path};
+use crate::usage_store::{fingerprint, merge_into_file, read_usage, usage_path, Merged};
 
 /// Largest request body of a usage report.
 pub const MAX_USAGE_BODY: usize = 1 << 20;
@@ -49,7 +49,7 @@ pub async fn post_usage(
         return bad(StatusCode::NOT_FOUND, format!("no model {:?}", report.model));
     };
     let fallback = state.data_dir.as_ref().map(|d| d.join("usage"));
-    let result = tokio::task::spawn_blocking(move || -> Result<(PathBuf, ExpertUsage), (StatusCode, String)> {
+    let result = tokio::task::spawn_blocking(move || -> Result<(PathBuf, Merged), (StatusCode, String)> {
         let shape = expert_shape(&model.root)
             .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, format!("{}: {e:#}", model.id)))?;
         // Bounds first (400), so only I/O problems become 500s.
@@ -57,15 +57,20 @@ pub async fn post_usage(
             .merge_triples(&report.counts)
             .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
         let path = usage_path(&model.root, &model.id, fallback.as_deref());
-        let u = merge_into_file(&path, &model.id, shape, fingerprint(&model.root).as_deref(), &report.counts)
+        let m = merge_into_file(&path, &model.id, shape, fingerprint(&model.root).as_deref(), &report.counts)
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
-        Ok((path, u))
+        if m.deferred {
+            tracing::warn!(path = %path.display(), "another process holds the usage file's lock; counts kept in memory");
+        }
+        Ok((path, m))
     })
     .await;
     match result {
-        Ok(Ok((path, u))) => {
-            tracing::debug!(path = %path.display(), total = u.total(), "usage merged");
-            axum::Json(json!({"ok": true, "model": report.model, "total": u.total()})).into_response()
+        Ok(Ok((path, m))) => {
+            tracing::debug!(path = %path.display(), total = m.usage.total(), "usage merged");
+            let total = m.usage.total();
+            axum::Json(json!({"ok": true, "model": report.model, "total": total, "deferred": m.deferred}))
+                .into_response()
         }
         Ok(Err((status, msg))) => bad(status, msg),
         Err(_) => bad(StatusCode::INTERNAL_SERVER_ERROR, "internal error".into()),

@@ -1,0 +1,72 @@
+//! The routed experts of a Hugging Face checkpoint too large to read into memory
+//! ([`TensorStore::open_dir_streamed`](crate::format::tensors::TensorStore::open_dir_streamed)):
+//! each expert's matrices are placeholders in the checkpoint's shards, read with pread
+//! into owned memory when a position routes to it and kept in a least-recently-used set
+//! of a byte budget. Nothing is memory-mapped, so a shard truncated or replaced while the
+//! model is served gives an error for the request that needs the missing bytes, never a
+//! SIGBUS.
+
+use std::sync::{Arc, Mutex};
+
+use super::lru::Lru;
+use super::{Expert, ExpertSource};
+use crate::error::{Error, Result};
+use crate::format::tensors::Shards;
+use crate::tensor::{Bytes, Mat};
+
+pub struct StreamedExperts {
+    /// (layer) -> (expert) with placeholder matrices; empty for dense layers.
+    layers: Vec<Vec<Arc<Expert>>>,
+    shards: Arc<Shards>,
+    cache: Mutex<Lru<(usize, usize), Arc<Expert>>>,
+    budget: u64,
+}
+
+impl StreamedExperts {
+    /// Experts whose matrices are placeholders in `shards`, keeping at most `budget` bytes
+    /// of them in memory (0: none, each read when used).
+    pub fn new(layers: Vec<Vec<Arc<Expert>>>, shards: Arc<Shards>, budget: u64) -> Self {
+        StreamedExperts { layers, shards, cache: Mutex::new(Lru::default()), budget }
+    }
+
+    fn read(&self, m: &Mat) -> Result<Mat> {
+        match m.bytes.file_offset() {
+            Some(at) => Mat::new(m.rows, m.cols, m.dtype, Bytes::from_vec(self.shards.read(at, m.bytes.len())?)),
+            None => Ok(m.clone()),
+        }
+    }
+}
+
+impl ExpertSource for StreamedExperts {
+    fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
+        let key = (layer, index);
+        if let Some(x) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(x);
+        }
+        let p = self
+            .layers
+            .get(layer)
+            .and_then(|l| l.get(index))
+            .ok_or_else(|| Error::Invalid(format!("no expert {index} in layer {layer}")))?;
+        let x = Arc::new(Expert { gate: self.read(&p.gate)?, up: self.read(&p.up)?, down: self.read(&p.down)? });
+        let bytes = x.byte_len() as u64;
+        if bytes <= self.budget {
+            let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            while c.bytes() + bytes > self.budget {
+                if c.pop_oldest().is_none() {
+                    break;
+                }
+            }
+            c.insert(key, x.clone(), bytes);
+        }
+        Ok(x)
+    }
+
+    fn ready(&self, layer: usize, index: usize) -> bool {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).contains(&(layer, index))
+    }
+
+    fn cached(&self) -> Vec<(usize, usize)> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+    }
+}
