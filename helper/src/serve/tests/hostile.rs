@@ -415,3 +415,33 @@ fn a_connection_flood_never_cuts_a_response_in_progress() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(s.get("/health", &[]).status, 200);
 }
+
+/// A client that leaves a long `/v1/choose` (64 options of about 100 tokens each) frees
+/// the model at once: the next completion is not kept waiting for the scoring to end
+/// (issue #29: it waited 44.5 s).
+#[test]
+fn a_choose_whose_client_left_stops() {
+    let s = start("choose-gone", |_| {});
+    let host = format!("127.0.0.1:{}", s.addr.port());
+    let options: Vec<String> =
+        (0..64).map(|i| format!("option {i}: {}", "and then some more words ".repeat(20))).collect();
+    let body = json!({"model": MODEL, "prompt": "Pick one.", "options": options, "raw": true}).to_string();
+    // How long the whole scoring takes here.
+    let t = Instant::now();
+    assert_eq!(s.post("/v1/choose", &body).status, 200);
+    let whole = t.elapsed();
+    let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+    let head = format!(
+        "POST /v1/choose HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body.as_bytes()).unwrap();
+    std::thread::sleep(whole / 5);
+    drop(c);
+    let t = Instant::now();
+    let r = s.post("/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let waited = t.elapsed();
+    assert!(waited < whole / 2, "the next request waited {waited:?}; the whole scoring takes {whole:?}");
+}
