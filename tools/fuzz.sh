@@ -21,7 +21,7 @@ SECS=${SECONDS_PER_TARGET:-30}
 CARGO_FUZZ_VERSION=0.13.2
 NIGHTLY=$(sed -n 's/^channel = "\(.*\)"/\1/p' tools/wasm-threads-toolchain.toml)
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(config safetensors_header manifest range_header multipart usage_body chat_template tokenizer gguf kv_cache)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(config safetensors_header manifest range_header multipart usage_body chat_template tokenizer gguf kv_cache json_schema)
 
 rustup toolchain list | grep -q "^$NIGHTLY" || rustup toolchain install "$NIGHTLY" --profile minimal
 if ! command -v cargo-fuzz >/dev/null || [ "$(cargo-fuzz --version | awk '{print $2}')" != "$CARGO_FUZZ_VERSION" ]; then
@@ -52,6 +52,9 @@ for r in "bytes=0-99" "bytes=-5" "bytes=10-" "bytes=0-0,5-9,2-3" "bytes=1-2, 4-5
 done
 printf 'multipart/byteranges; boundary=b\n--b\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes 0-3/10\r\n\r\nabcd\r\n--b\r\nContent-Range: bytes 6-7/10\r\n\r\nxy\r\n--b--\r\n' > "$C/multipart/seed0"
 printf '{"model": "demo", "counts": [[0, 1, 5], [3, 7, 2]]}' > "$C/usage_body/seed0"
+mkdir -p "$C/json_schema"
+printf '{"type": "object", "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"type": "array", "items": {"type": "integer"}}}, "$defs": {"t": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/t"}]}}, "required": ["a"]}' > "$C/json_schema/seed0"
+printf 'root ::= "{" ws item ("," ws item)* "}"\nitem ::= [a-z]+ | "x"\nws ::= [ ]*\n' > "$C/json_schema/seed1"
 printf '{"format": "colibri-usage", "version": 1, "model": "m", "n_layers": 4, "n_experts": 8, "counts": [[0, 1, 3]]}' > "$C/usage_body/seed1"
 
 cd fuzz

@@ -3,6 +3,7 @@
 //! raw}`; response: the engine's [`colibri_engine::generate::choose::Choice`] as JSON
 //! plus `object`, `model`, `usage`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -65,6 +66,10 @@ async fn run(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let admission = admit(state, &slot)?;
     let raw = req.raw;
     let opts = options.clone();
+    // A client that goes away drops this future (hyper notices the closed connection):
+    // the scoring stops before its next forward pass and frees the model.
+    let gone = Arc::new(AtomicBool::new(false));
+    let _on_drop = SetOnDrop(gone.clone());
     let result = run_exclusive(admission, move || {
         let tok =
             loaded.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
@@ -74,7 +79,16 @@ async fn run(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
             Err(m) => tok.encode_chat(m, true).map_err(invalid)?,
         };
         let option_ids = choose::encode_options(tok, &opts).map_err(invalid)?;
-        let c = choose::choose(&loaded.model, ids, option_ids).map_err(|e| match e {
+        let model = &loaded.model;
+        let mut session = model.new_session();
+        let mut forward = |keep: usize, ids: &[u32], which| {
+            if gone.load(Ordering::Relaxed) {
+                return Err(colibri_engine::Error::Invalid("the client went away".into()));
+            }
+            session.truncate(keep);
+            model.forward(&mut session, ids, which)
+        };
+        let c = choose::choose_with(&mut forward, ids, option_ids, model.cfg.max_positions).map_err(|e| match e {
             colibri_engine::Error::ContextOverflow { .. } => {
                 ApiError::invalid(e.to_string(), Some("prompt")).with_code("context_length_exceeded")
             }
@@ -93,4 +107,13 @@ async fn run(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     v["model"] = json!(model);
     v["usage"] = json!({"prompt_tokens": result.prompt_tokens, "tokens_read": result.tokens_read});
     Ok(axum::Json(v).into_response())
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }

@@ -12,6 +12,7 @@
 
 mod choose;
 pub mod client;
+mod connections;
 pub(crate) mod files;
 mod generation;
 mod isolation;
@@ -101,13 +102,15 @@ pub struct ServeArgs {
 /// Limits of the server; the defaults suit one user's machine (docs/api.md, "Limits").
 #[derive(Clone, Debug)]
 pub struct Limits {
-    /// Open connections. When all are taken, a new connection closes the oldest one
-    /// (after its request in flight, or at once after `evict_grace`), so that clients
-    /// holding connections cannot lock everyone else out.
+    /// Open connections. When all are taken, a new connection closes the one idle longest
+    /// (see [`connections`]), so that clients holding connections cannot lock everyone
+    /// else out; when every one has a response in progress, the newcomer gets a 503.
     pub max_connections: usize,
-    /// Open connections from one IP address; a newer one closes that client's oldest.
+    /// Open connections from one IP address; a newer one closes that client's connection
+    /// idle longest, or gets a 503 when all of them have a response in progress.
     pub max_connections_per_client: usize,
-    /// How long an evicted connection may take to finish its response.
+    /// How long an evicted (idle) connection may take to close; one whose request arrived
+    /// meanwhile finishes its response.
     pub evict_grace: Duration,
     /// Time to receive a whole request body (a body that trickles in is cut off: 408).
     pub body_timeout: Duration,
@@ -320,6 +323,10 @@ async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
             )
         }
     };
+    // The request is whole: its connection is busy until the response is over.
+    if let Some(a) = parts.extensions.get::<Arc<connections::Activity>>() {
+        a.mark();
+    }
     next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
 }
 
@@ -429,48 +436,31 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     Ok(Bound { listener, addr, state })
 }
 
-/// The open connections, oldest first, and how many each client address holds.
-#[derive(Default)]
-struct ConnTable {
-    next_id: u64,
-    open: std::collections::BTreeMap<u64, (std::net::IpAddr, Arc<tokio::sync::Notify>)>,
-    per_client: std::collections::HashMap<std::net::IpAddr, usize>,
-}
+/// Connections being answered 503 at once; past this they are closed without a word.
+const REFUSING_AT_ONCE: usize = 64;
 
-impl ConnTable {
-    /// Registers a connection from `ip`. A client over its share, or a full table, makes
-    /// room: the oldest connection of that client, or else the oldest of all, is told to
-    /// close. Nobody is turned away, so held connections cannot lock anyone out.
-    fn admit(&mut self, ip: std::net::IpAddr, limits: &Limits) -> (u64, Arc<tokio::sync::Notify>) {
-        let mine = self.per_client.get(&ip).copied().unwrap_or(0);
-        let victim = if mine >= limits.max_connections_per_client {
-            self.open.iter().find(|(_, (a, _))| *a == ip).map(|(&id, _)| id)
-        } else if self.open.len() >= limits.max_connections {
-            self.open.keys().next().copied()
-        } else {
-            None
-        };
-        if let Some((_, evict)) = victim.and_then(|id| self.open.remove(&id)) {
-            // It still counts for its client until its task ends.
-            evict.notify_one();
-        }
-        *self.per_client.entry(ip).or_default() += 1;
-        let id = self.next_id;
-        self.next_id += 1;
-        let evict = Arc::new(tokio::sync::Notify::new());
-        self.open.insert(id, (ip, evict.clone()));
-        (id, evict)
+/// Answers a connection there is no room for with a 503 (after reading its request head,
+/// within the header timeout), then closes it.
+fn refuse_connection(stream: tokio::net::TcpStream, http: &hyper::server::conn::http1::Builder, state: &Arc<AppState>) {
+    static REFUSING: AtomicUsize = AtomicUsize::new(0);
+    if REFUSING.fetch_add(1, Ordering::AcqRel) >= REFUSING_AT_ONCE {
+        REFUSING.fetch_sub(1, Ordering::AcqRel);
+        return;
     }
-
-    fn remove(&mut self, id: u64, ip: std::net::IpAddr) {
-        self.open.remove(&id);
-        if let Some(n) = self.per_client.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_client.remove(&ip);
-            }
-        }
-    }
+    let svc = hyper::service::service_fn(|_req: Request<hyper::body::Incoming>| async {
+        let mut r = json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many connections with a response in progress; try again later".into(),
+        );
+        r.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        Ok::<_, std::convert::Infallible>(r)
+    });
+    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+    let limit = state.limits.header_read_timeout + Duration::from_secs(1);
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(limit, conn).await;
+        REFUSING.fetch_sub(1, Ordering::AcqRel);
+    });
 }
 
 /// Serves until `shutdown` resolves, then stops accepting, cancels generations and waits
@@ -480,7 +470,7 @@ pub async fn run(bound: Bound, shutdown: impl std::future::Future<Output = ()>) 
     let Bound { listener, state, .. } = bound;
     let router = app(state.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let table = Arc::new(std::sync::Mutex::new(ConnTable::default()));
+    let table = Arc::new(std::sync::Mutex::new(connections::ConnTable::default()));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(state.limits.header_read_timeout)
@@ -499,9 +489,25 @@ pub async fn run(bound: Bound, shutdown: impl std::future::Future<Output = ()>) 
             },
             _ = &mut shutdown => break,
         };
-        let (id, evict) = table.lock().unwrap_or_else(|e| e.into_inner()).admit(peer.ip(), &state.limits);
+        let admitted = table.lock().unwrap_or_else(|e| e.into_inner()).admit(peer.ip(), &state.limits);
         let _ = stream.set_nodelay(true);
-        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let Some((id, conn_state)) = admitted else {
+            refuse_connection(stream, &http, &state);
+            continue;
+        };
+        let svc = {
+            let (router, conn_state) = (router.clone(), conn_state.clone());
+            hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                use tower::ServiceExt;
+                let activity = Arc::new(connections::Activity::new(conn_state.clone()));
+                req.extensions_mut().insert(activity.clone());
+                let router = router.clone();
+                async move {
+                    let resp = router.oneshot(req.map(axum::body::Body::new)).await;
+                    resp.map(|r| r.map(|b| connections::Tracked::wrap(b, activity)))
+                }
+            })
+        };
         // A client that stops reading must not hold its connection (and a generation
         // streaming to it) forever: a write that makes no progress for write_timeout
         // fails, which ends the connection.
@@ -513,24 +519,31 @@ pub async fn run(bound: Bound, shutdown: impl std::future::Future<Output = ()>) 
         tokio::spawn(async move {
             tokio::pin!(conn);
             let ended = tokio::select! {
-                r = conn.as_mut() => Some(r),
-                _ = evict.notified() => None,
-                _ = stop.wait_for(|s| *s) => None,
+                r = conn.as_mut() => Ok(r),
+                _ = conn_state.evict.notified() => Err(true),
+                _ = stop.wait_for(|s| *s) => Err(false),
             };
             let ended = match ended {
-                Some(r) => r,
-                None => {
-                    // Finish the request in flight, then close; a client that does not
-                    // take its response in time is cut off.
+                Ok(r) => r,
+                Err(evicted) => {
+                    // Finish the request in flight, then close. On shutdown a client that
+                    // does not take its response in time is cut off; an evicted (idle)
+                    // connection whose request arrived meanwhile finishes its response.
                     conn.as_mut().graceful_shutdown();
-                    tokio::time::timeout(st.limits.evict_grace, conn.as_mut()).await.unwrap_or(Ok(()))
+                    loop {
+                        match tokio::time::timeout(st.limits.evict_grace, conn.as_mut()).await {
+                            Ok(r) => break r,
+                            Err(_) if evicted && conn_state.is_active() && !*stop.borrow() => continue,
+                            Err(_) => break Ok(()),
+                        }
+                    }
                 }
             };
             if let Err(e) = ended {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
             st.stats.connections.fetch_sub(1, Ordering::Relaxed);
-            table.lock().unwrap_or_else(|e| e.into_inner()).remove(id, peer.ip());
+            table.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         });
     }
     drop(listener);

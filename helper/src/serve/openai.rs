@@ -27,7 +27,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs, MAX_TOP_LOGPROBS};
-use colibri_engine::generate::{context_room, Constraint, GenerateOptions, Grammar, SamplingRequest, TokenLogprob};
+use colibri_engine::generate::{context_room, GenerateOptions, Grammar, SamplingRequest, TokenLogprob};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{answer_reserve, fit_rendered, ChatMessage};
 use serde::Deserialize;
@@ -316,6 +316,9 @@ async fn prepare(
         return Err(ApiError::invalid(format!("{} cannot be combined", names.join(" and ")), Some(grammars[1].1)));
     }
     let grammar = grammars.pop();
+    if let Some((g, param)) = &grammar {
+        structured::check(g, param)?;
+    }
     if grammar.is_some() && p.stop.is_some() {
         let param = grammar.as_ref().map(|g| g.1);
         return Err(ApiError::invalid(
@@ -364,16 +367,7 @@ async fn prepare(
     .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
     let constraint = match grammar {
         None => None,
-        Some((g, param)) => {
-            let l = loaded.clone();
-            let compiled = tokio::task::spawn_blocking(move || {
-                let tok = l.tokenizer.as_ref().ok_or_else(|| "this model has no tokenizer".to_string())?;
-                Constraint::new(tok, &g).map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the grammar could not be compiled"))?;
-            Some(compiled.map_err(|e| ApiError::invalid(e, Some(param)))?)
-        }
+        Some((g, param)) => Some(structured::compile(loaded.clone(), g, param).await?),
     };
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {

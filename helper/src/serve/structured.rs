@@ -4,12 +4,59 @@
 //! function calling (`tools` / `tool_choice`): the model writes one call as
 //! `{"name": ..., "arguments": {...}}` under a JSON Schema built from the tools, and the
 //! response carries it as OpenAI's `tool_calls`.
+//!
+//! Grammars are checked against the engine's limits
+//! ([`colibri_engine::generate::grammar::limits`]) before the model is even loaded, then
+//! compiled on a thread of their own with a large stack, a few at a time
+//! ([`compile`]), never on an async worker.
 
-use colibri_engine::generate::Grammar;
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use colibri_engine::generate::{Constraint, Grammar};
 use colibri_engine::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
 use super::openai::ApiError;
+
+/// Stack of a grammar-compiling thread: 16 times what the largest grammar within the limits
+/// took in a debug build (a `$ref` chain at the depth limit, or an object with the most
+/// properties: under 1 MiB each; docs/api.md, "Limits").
+const COMPILE_STACK: usize = 16 << 20;
+
+/// Grammars compiled at once; more wait their turn. A compilation whose client left runs
+/// to its end (the limits bound it) but holds its place until then.
+static COMPILING: Semaphore = Semaphore::const_new(2);
+
+/// A 400 naming `param` when `grammar` is past the engine's compile limits.
+pub fn check(grammar: &Grammar, param: &'static str) -> Result<(), ApiError> {
+    grammar.check_limits().map_err(|e| bad(format!("{param}: {e}"), param))
+}
+
+/// Compiles `grammar` for the model's tokenizer on a thread with a [`COMPILE_STACK`] stack;
+/// a 400 naming `param` when it is refused.
+pub async fn compile(
+    loaded: Arc<crate::load::Loaded>,
+    grammar: Grammar,
+    param: &'static str,
+) -> Result<Constraint, ApiError> {
+    check(&grammar, param)?;
+    let failed = || ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the grammar could not be compiled");
+    let permit = COMPILING.acquire().await.map_err(|_| failed())?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("coli-grammar".into())
+        .stack_size(COMPILE_STACK)
+        .spawn(move || {
+            let tok = loaded.tokenizer.as_ref().ok_or_else(|| "this model has no tokenizer".to_string());
+            let r = tok.and_then(|tok| Constraint::new(tok, &grammar).map_err(|e| e.to_string()));
+            drop(permit);
+            let _ = tx.send(r);
+        })
+        .map_err(|_| failed())?;
+    rx.await.map_err(|_| failed())?.map_err(|e| bad(e, param))
+}
 
 fn bad(msg: impl Into<String>, param: &'static str) -> ApiError {
     ApiError::invalid(msg, Some(param))

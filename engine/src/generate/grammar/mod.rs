@@ -9,13 +9,19 @@
 //! the grammar is complete (nothing can follow), generation stops with `stop`; when the
 //! token budget runs out first, it ends with `length` and the output is a prefix of a
 //! valid one (never claimed complete).
+//!
+//! Before anything is compiled, [`Grammar::check_limits`] refuses input deeper or larger
+//! than what compiles on a small stack ([`limits`]); the first mask is computed while
+//! compiling, so a grammar past llguidance's own limits is refused there too.
 
 mod gbnf;
+pub mod limits;
 mod vocab;
 
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::SimpleVob;
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use serde_json::Value;
 
@@ -147,6 +153,8 @@ pub struct Constraint {
     matcher: Matcher,
     vocab: Arc<GrammarVocab>,
     masked: Vec<f32>,
+    /// The first mask, computed while compiling.
+    first: Option<SimpleVob>,
 }
 
 /// llguidance's message on one line (its Lark errors quote the grammar over several).
@@ -157,23 +165,29 @@ fn grammar_err(e: impl std::fmt::Display) -> Error {
 }
 
 impl Constraint {
-    /// Compiles `grammar` for `tok`'s vocabulary; a grammar llguidance refuses gives
-    /// [`Error::Invalid`] with its message.
+    /// Compiles `grammar` for `tok`'s vocabulary and computes its first mask; a grammar past
+    /// the [`limits`], or one llguidance refuses (its syntax, or its own limits on size and
+    /// work), gives [`Error::Invalid`] with the reason.
     pub fn new(tok: &Tokenizer, grammar: &Grammar) -> Result<Self> {
+        grammar.check_limits()?;
         let vocab = tok.grammar_vocab()?;
         let parser = vocab.factory.create_parser(grammar.to_llguidance()?).map_err(grammar_err)?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(grammar_err(e));
         }
-        Ok(Constraint { matcher, vocab, masked: Vec::new() })
+        let first = matcher.compute_mask().map_err(grammar_err)?;
+        Ok(Constraint { matcher, vocab, masked: Vec::new(), first: Some(first) })
     }
 
     /// `logits` with every token the grammar does not allow next at -inf; the stop ids
     /// keep their logit only where the grammar may end. Errors when nothing is allowed
     /// (the vocabulary cannot spell what the grammar needs).
     pub fn mask(&mut self, logits: &[f32], stop_ids: &[u32]) -> Result<&[f32]> {
-        let allowed = self.matcher.compute_mask().map_err(grammar_err)?;
+        let allowed = match self.first.take() {
+            Some(m) => m,
+            None => self.matcher.compute_mask().map_err(grammar_err)?,
+        };
         let eos = self.vocab.eos as usize;
         self.masked.clear();
         self.masked.extend(logits.iter().enumerate().map(|(i, &x)| {
@@ -199,6 +213,7 @@ impl Constraint {
 
     /// Advances the grammar by the drawn token (not a stop id).
     pub fn consume(&mut self, id: u32) -> Result<()> {
+        self.first = None;
         self.matcher.consume_token(id).map_err(grammar_err)
     }
 

@@ -5,6 +5,8 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
+use serde_json::json;
+
 use super::*;
 
 fn write_config(dir: &Path, key: &str, value: serde_json::Value) {
@@ -321,4 +323,125 @@ fn health_and_ranges_stay_quick_while_big_prompts_are_tokenized() {
     // The issue's target is 50 ms at p99 on a quiet machine; this machine is shared with
     // compilers, so the test only fails on a real stall.
     assert!(h99 < Duration::from_secs(1) && r99 < Duration::from_secs(1), "health p99 {h99:?}, range p99 {r99:?}");
+}
+
+/// Sends `req` on a new connection and reads until some of the response has come.
+fn begin(s: &TestServer, req: &str) -> (std::net::TcpStream, Vec<u8>) {
+    let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    c.write_all(req.as_bytes()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = c.read(&mut buf).unwrap();
+    assert!(n > 0);
+    buf.truncate(n);
+    (c, buf)
+}
+
+/// A flood of connections from the client's own address (issue #29: about 200 a second
+/// cut another client's stream) closes idle connections only: a download read slowly and
+/// a streamed generation, both in progress, arrive whole. When every connection an address
+/// may hold has a response in progress, a newcomer gets a 503 and the others go on.
+#[test]
+fn a_connection_flood_never_cuts_a_response_in_progress() {
+    let s = start_with(
+        "flood",
+        |_| {},
+        |l| {
+            l.max_connections = 8;
+            l.max_connections_per_client = 6;
+            l.evict_grace = Duration::from_millis(300);
+            l.header_read_timeout = Duration::from_secs(2);
+        },
+        |_| {},
+    );
+    let host = format!("127.0.0.1:{}", s.addr.port());
+    let (mut download, mut got) =
+        begin(&s, &format!("GET /models/{MODEL}/{DATA} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"));
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "stream": true,
+                      "max_tokens": 3000, "ignore_eos": true, "temperature": 0})
+    .to_string();
+    let (mut stream, mut events) = begin(
+        &s,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    // 200 connections, one every 5 ms, half with a request head begun; all kept open.
+    let mut flood = Vec::new();
+    for i in 0..200 {
+        let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+        if i % 2 == 0 {
+            let _ = c.write_all(b"GET /health HTTP/1.1\r\n");
+        }
+        flood.push(c);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    download.read_to_end(&mut got).unwrap();
+    let at = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(got.len() - at, DATA_LEN, "the download was cut");
+    assert!(got[at..] == data_bytes()[..]);
+    stream.read_to_end(&mut events).unwrap();
+    let text = String::from_utf8_lossy(&events);
+    assert!(
+        text.contains("\"finish_reason\":\"length\"")
+            && text.contains("data: [DONE]\n\n")
+            && text.ends_with("\r\n0\r\n\r\n"),
+        "the stream was cut ({} bytes): {:?}",
+        text.len(),
+        &text[text.len().saturating_sub(600)..]
+    );
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Six streamed generations in progress (one runs, five wait for the model): a seventh
+    // connection is refused, and they all finish.
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "stream": true,
+                      "max_tokens": 300, "ignore_eos": true, "temperature": 0})
+    .to_string();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut busy: Vec<_> = (0..6).map(|_| begin(&s, &req)).collect();
+    let r = s.get("/health", &[]);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("too many connections"));
+    for (c, got) in &mut busy {
+        c.read_to_end(got).unwrap();
+        assert!(String::from_utf8_lossy(got).contains("data: [DONE]\n\n"));
+    }
+    drop(busy);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.get("/health", &[]).status, 200);
+}
+
+/// A client that leaves a long `/v1/choose` (64 options of about 100 tokens each) frees
+/// the model at once: the next completion is not kept waiting for the scoring to end
+/// (issue #29: it waited 44.5 s).
+#[test]
+fn a_choose_whose_client_left_stops() {
+    let s = start("choose-gone", |_| {});
+    let host = format!("127.0.0.1:{}", s.addr.port());
+    let options: Vec<String> =
+        (0..64).map(|i| format!("option {i}: {}", "and then some more words ".repeat(20))).collect();
+    let body = json!({"model": MODEL, "prompt": "Pick one.", "options": options, "raw": true}).to_string();
+    // How long the whole scoring takes here.
+    let t = Instant::now();
+    assert_eq!(s.post("/v1/choose", &body).status, 200);
+    let whole = t.elapsed();
+    let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+    let head = format!(
+        "POST /v1/choose HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body.as_bytes()).unwrap();
+    std::thread::sleep(whole / 5);
+    drop(c);
+    let t = Instant::now();
+    let r = s.post("/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let waited = t.elapsed();
+    assert!(waited < whole / 2, "the next request waited {waited:?}; the whole scoring takes {whole:?}");
 }

@@ -180,3 +180,58 @@ fn grammars_the_library_refuses_are_400s() {
     }
     assert_eq!(s.health()["status"], "ok");
 }
+
+/// `{"$defs": {"d0": {"$ref": "#/$defs/d1"}, ...}}`: a chain of n `$ref` links.
+fn ref_chain(n: usize) -> Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+    }
+    defs.insert(format!("d{n}"), json!({"type": "string"}));
+    json!({"$defs": defs, "$ref": "#/$defs/d0"})
+}
+
+/// Schemas and grammars that overflowed the compiling thread's stack (and aborted the
+/// whole server) are refused with a 400 naming the limit; the server stays up and answers
+/// a schema within the limits.
+#[test]
+fn deep_and_wide_schemas_are_400s_and_the_server_stays_up() {
+    let s = start("structured-limits", |_| {});
+    let rf =
+        |schema: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}});
+    let props: serde_json::Map<String, Value> =
+        (0..10_000).map(|i| (format!("property_{i}"), json!({"type": "string"}))).collect();
+    let wide = json!({"type": "object", "properties": props});
+    let mut rules = String::from("root ::= r0\n");
+    for i in 0..3000 {
+        rules.push_str(&format!("r{i} ::= \"x\" r{}\n", i + 1));
+    }
+    rules.push_str("r3000 ::= \"y\"\n");
+    let cases = [
+        (json!({"response_format": rf(ref_chain(1000))}), "response_format", "deeper than 64 levels"),
+        (json!({"response_format": rf(wide.clone())}), "response_format", "10000 properties, over the limit of 1000"),
+        (json!({"grammar": rules}), "grammar", "deeper than 64 levels"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": ref_chain(1000)}}], "tool_choice": "required"}),
+            "tools",
+            "deeper than 64",
+        ),
+    ];
+    for (extra, param, needle) in cases {
+        let body = chat(extra).to_string();
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{param}: {}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], param, "{e}");
+        assert!(e["message"].as_str().unwrap().contains(needle), "{e}");
+        assert_eq!(s.health()["status"], "ok");
+    }
+    // Within the limits: a 60-link chain compiles and the answer is a string.
+    let r = s.post(
+        "/v1/chat/completions",
+        &chat(json!({"response_format": rf(ref_chain(60)), "max_tokens": 8})).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(text.starts_with('"'), "{text}");
+}
