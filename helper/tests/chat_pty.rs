@@ -125,6 +125,12 @@ impl Session {
         self.wait_for(from, "the prompt", |s| s.contains("> "));
     }
 
+    /// Waits for `text` after `from`; returns where it ends in what was shown.
+    fn wait_text(&mut self, from: usize, text: &str) -> usize {
+        self.wait_for(from, text, |s| s.contains(text));
+        from + self.seen[from..].find(text).unwrap() + text.len()
+    }
+
     fn send(&mut self, text: &str) {
         self.input.write_all(text.as_bytes()).unwrap();
         self.input.flush().unwrap();
@@ -139,8 +145,7 @@ impl Session {
         self.wait_for(start, "the answer", |s| s.find(question).is_some_and(|i| s.len() > i + question.len() + 40));
         self.send("\x03");
         let at = self.seen.len();
-        self.wait_for(at, "the stopped answer", |s| s.contains(" [stopped]"));
-        let after = self.seen.len();
+        let after = self.wait_text(at, " [stopped]");
         self.wait_prompt(after);
         assert!(self.alive(), "run {}: the process ended after ^C:\n{}", self.run, self.seen);
         after
@@ -149,9 +154,8 @@ impl Session {
     fn stats_say(&mut self, messages: usize) {
         let from = self.seen.len();
         self.send("/stats\r");
-        let want = format!("conversation: {messages} messages");
-        self.wait_for(from, &want, |s| s.contains(&want));
-        self.wait_prompt(self.seen.len());
+        let end = self.wait_text(from, &format!("conversation: {messages} messages"));
+        self.wait_prompt(end);
     }
 }
 
