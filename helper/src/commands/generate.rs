@@ -257,7 +257,10 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
         writeln!(stdout)?;
         drop(stdout);
         if reason == StopReason::Length {
-            eprintln!("{}", cut_note(ids.len(), max_new_tokens, prompt_ids.len(), max_positions));
+            eprintln!(
+                "{}",
+                cut_note(ids.len(), a.max_new_tokens.is_none(), max_new_tokens, prompt_ids.len(), max_positions)
+            );
         }
     }
     Ok(())
@@ -267,9 +270,10 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
 const RAW_MAX_NEW_TOKENS: usize = 32;
 
 /// The line that says an output was cut, and by what.
-fn cut_note(produced: usize, max_new_tokens: usize, prompt: usize, max_positions: usize) -> String {
+fn cut_note(produced: usize, default: bool, max_new_tokens: usize, prompt: usize, max_positions: usize) -> String {
     if produced >= max_new_tokens {
-        format!("coli: cut after {produced} tokens by --max-new-tokens (finish_reason \"length\"); raise it for more")
+        let limit = if default { "the default --max-new-tokens" } else { "--max-new-tokens" };
+        format!("coli: cut after {produced} tokens by {limit} (finish_reason \"length\"); raise it for more")
     } else {
         format!(
             "coli: cut after {produced} tokens: the prompt's {prompt} tokens and the output fill the model's \
