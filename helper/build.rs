@@ -3,9 +3,12 @@
 //! is one file to ship.
 //! Files that do not exist yet are simply not embedded; the helper then says how to
 //! build them.
+//!
+//! Also names the commit `coli` is built from, for `coli --version` ([`commit`]).
 
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 fn content_type(name: &str) -> &'static str {
     match name.rsplit('.').next().unwrap_or("") {
@@ -48,7 +51,43 @@ fn add_dir(dir: &Path, prefix: &str, deep: bool, entries: &mut Vec<(String, &'st
     }
 }
 
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (out.status.success() && !s.is_empty()).then_some(s)
+}
+
+/// `COLI_BUILD_COMMIT` for the binary: the environment's `COLI_BUILD_COMMIT` (a build from
+/// a source archive without git), else git's short hash of HEAD with its date, else
+/// "unknown commit" (no git, or not a checkout). Rebuilt when HEAD moves.
+fn commit() {
+    println!("cargo:rerun-if-env-changed=COLI_BUILD_COMMIT");
+    let commit = match std::env::var("COLI_BUILD_COMMIT") {
+        Ok(c) if !c.trim().is_empty() => c.trim().to_string(),
+        _ => match git(&["log", "-1", "--format=%h %cs", "--abbrev=12"]) {
+            Some(c) => format!("commit {c}"),
+            None => "unknown commit".to_string(),
+        },
+    };
+    // Watch what moves with a commit or a checkout: HEAD, the branch it names, packed refs
+    // (only files that exist: a missing one would rerun this script on every build).
+    let dirs =
+        (git(&["rev-parse", "--absolute-git-dir"]), git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]));
+    if let (Some(dir), Some(common)) = dirs {
+        let (dir, common) = (PathBuf::from(dir), PathBuf::from(common));
+        let mut watch = vec![dir.join("HEAD"), common.join("packed-refs")];
+        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            watch.push(common.join(branch));
+        }
+        for p in watch.iter().filter(|p| p.is_file()) {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    }
+    println!("cargo:rustc-env=COLI_BUILD_COMMIT={commit}");
+}
+
 fn main() {
+    commit();
     let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let web = Path::new(&manifest).join("../web");
     println!("cargo:rerun-if-changed={}", web.display());

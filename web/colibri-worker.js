@@ -346,6 +346,10 @@ async function generate(id, ids, opts) {
   let failures = 0;
   let finishReason = "stop";
   const logprobs = opts && opts.logprobs ? [] : null;
+  // With stop strings the text is what the engine let through (it ends before the stop
+  // string), not the decoded ids.
+  const stops = Array.isArray(opts?.stop) && opts.stop.length > 0;
+  let text = "";
   for (;;) {
     if (cancelled.has(id)) {
       finishReason = "cancelled";
@@ -370,7 +374,9 @@ async function generate(id, ids, opts) {
     postRoute(id, takeRoute());
     const lp = logprobs ? JSON.parse(engine.takeLogprobs()) : undefined;
     if (lp) logprobs.push(...lp);
-    post({ id, event: "token", token: t, text: engine.takeText(), logprobs: lp });
+    const piece = engine.takeText();
+    text += piece;
+    post({ id, event: "token", token: t, text: piece, logprobs: lp });
     post({ event: "stats", stats: stats() });
     await sleep(0);
   }
@@ -378,7 +384,7 @@ async function generate(id, ids, opts) {
   const out = Array.from(engine.produced());
   // The engine says why it ended (a stop token, a complete grammar, the token budget).
   if (finishReason === "stop") finishReason = engine.finishReason() || finishReason;
-  const r = { ids: out, text: engine.decode(Uint32Array.from(out)), finishReason, cachedTokens };
+  const r = { ids: out, text: stops ? text : engine.decode(Uint32Array.from(out)), finishReason, cachedTokens };
   await saveCache();
   if (logprobs) r.logprobs = logprobs;
   return r;

@@ -5,18 +5,12 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: invalid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    // The message includes its cause, which is therefore not also its `source()`: an
+    // error chain (`{:#}`, `coli`'s error line) says it once.
+    #[error("{path}: {io}")]
+    Io { path: PathBuf, io: std::io::Error },
+    #[error("{path}: invalid JSON: {json}")]
+    Json { path: PathBuf, json: serde_json::Error },
     #[error("{path}: not a valid safetensors file: {msg}")]
     Safetensors { path: PathBuf, msg: String },
     #[error("config: {0}")]
@@ -48,6 +42,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io { path: path.into(), io: source }
     }
 }

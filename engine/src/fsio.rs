@@ -56,7 +56,7 @@ pub fn read_limited(path: &Path, max: u64) -> Result<Vec<u8>> {
 pub fn read_optional(path: &Path, max: u64) -> Result<Option<Vec<u8>>> {
     match read_limited(path, max) {
         Ok(b) => Ok(Some(b)),
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(Error::Io { io, .. }) if io.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -1,14 +1,28 @@
-//! Token sampling: repetition penalty, temperature, top-k, top-p, seeded draw.
+//! Token sampling: repetition penalty, OpenAI's frequency and presence penalties and
+//! logit bias, temperature, top-k, top-p, seeded draw.
 //!
 //! The steps and their order follow Hugging Face transformers' logits processors
 //! (`RepetitionPenaltyLogitsProcessor`, then `TemperatureLogitsWarper`,
-//! `TopKLogitsWarper`, `TopPLogitsWarper`, then a multinomial draw). Every operation is
-//! plain IEEE arithmetic in a fixed order with [`math::exp`], and the random numbers come
-//! from a small generator written here, so one seed gives the same tokens on native and
-//! wasm32.
+//! `TopKLogitsWarper`, `TopPLogitsWarper`, then a multinomial draw), with OpenAI's
+//! additive adjustments after the repetition penalty: for a token produced `c` times so far
+//! in this generation, `logit - c * frequency_penalty - (c > 0) * presence_penalty`, then
+//! `+ logit_bias[token]` (so a bias of +100 forces a token and -100 bans it, greedy or
+//! not). Every operation is plain IEEE arithmetic in a fixed order with [`math::exp`], and
+//! the random numbers come from a small generator written here, so one seed gives the same
+//! tokens on native and wasm32. With the penalties at 0 and no bias those steps are skipped:
+//! the tokens are exactly those of a sampler without them.
+
+use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::math;
+
+/// OpenAI's range for `frequency_penalty` and `presence_penalty`.
+pub const MAX_PENALTY: f32 = 2.0;
+/// OpenAI's range for a `logit_bias` value.
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+/// Most `logit_bias` entries (OpenAI's limit).
+pub const MAX_LOGIT_BIAS_ENTRIES: usize = 300;
 
 /// How to pick the next token from a row of logits.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -25,11 +39,30 @@ pub struct SamplerConfig {
     pub repetition_penalty: f32,
     /// Seed of the random generator; the same seed reproduces the same draws.
     pub seed: u64,
+    /// OpenAI's `frequency_penalty` (-2 to 2; 0 is off): subtracted from a token's logit
+    /// once per time it was produced in this generation (the prompt does not count).
+    pub frequency_penalty: f32,
+    /// OpenAI's `presence_penalty` (-2 to 2; 0 is off): subtracted once from the logit of
+    /// every token produced in this generation.
+    pub presence_penalty: f32,
+    /// OpenAI's `logit_bias`: token id -> a value in -100..=100 added to its logit (JSON:
+    /// an object with the ids as keys). Ids outside the vocabulary are ignored here; the
+    /// surfaces that know the vocabulary refuse them.
+    pub logit_bias: BTreeMap<u32, f32>,
 }
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig { temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, seed: 0 }
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: BTreeMap::new(),
+        }
     }
 }
 
@@ -51,7 +84,40 @@ impl SamplerConfig {
                 self.repetition_penalty
             )));
         }
+        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !(v.is_finite() && v.abs() <= MAX_PENALTY) {
+                return Err(Error::Invalid(format!("sampler: {name} must be between -2 and 2 (0 = off), got {v}")));
+            }
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS_ENTRIES {
+            return Err(Error::Invalid(format!(
+                "sampler: logit_bias has {} entries, at most {MAX_LOGIT_BIAS_ENTRIES} are allowed",
+                self.logit_bias.len()
+            )));
+        }
+        if let Some((id, v)) = self.logit_bias.iter().find(|(_, v)| !(v.is_finite() && v.abs() <= MAX_LOGIT_BIAS)) {
+            return Err(Error::Invalid(format!(
+                "sampler: logit_bias for token {id} must be between -100 and 100, got {v}"
+            )));
+        }
         Ok(())
+    }
+
+    /// [`SamplerConfig::validate`], and that every `logit_bias` id is in a vocabulary of
+    /// `vocab` tokens.
+    pub fn validate_vocab(&self, vocab: usize) -> Result<()> {
+        self.validate()?;
+        if let Some(id) = self.logit_bias.keys().find(|&&id| id as usize >= vocab) {
+            return Err(Error::Invalid(format!(
+                "sampler: logit_bias names token {id}, outside the vocabulary (size {vocab})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the frequency or presence penalty is on.
+    fn penalizes_output(&self) -> bool {
+        self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 }
 
@@ -128,13 +194,14 @@ impl Sampler {
         self.rng = Rng::new(seed);
     }
 
-    /// Pick the next token. `history` holds every id so far (prompt and generated),
-    /// used only by the repetition penalty; ids outside `logits` are ignored.
+    /// Pick the next token. `history` holds every id so far (prompt and generated), used
+    /// by the repetition penalty; `produced` the ids this generation produced so far, used
+    /// by the frequency and presence penalties; ids outside `logits` are ignored.
     ///
     /// NaN logits are never chosen. Degenerate rows: an empty row gives 0; a row with
     /// no finite or -inf entry at all (all NaN) gives 0; a row with +inf entries gives
     /// the first of them.
-    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+    pub fn sample(&mut self, logits: &[f32], history: &[u32], produced: &[u32]) -> u32 {
         let n = logits.len();
         if n == 0 {
             return 0;
@@ -153,6 +220,22 @@ impl Sampler {
             for &id in &self.seen {
                 let x = &mut v[id as usize];
                 *x = if *x < 0.0 { *x * p } else { *x / p };
+            }
+        }
+        if self.cfg.penalizes_output() && !produced.is_empty() {
+            // Counts by id: the produced ids sorted, then each run's length.
+            self.seen.clear();
+            self.seen.extend(produced.iter().copied().filter(|&id| (id as usize) < n));
+            self.seen.sort_unstable();
+            let (freq, pres) = (self.cfg.frequency_penalty, self.cfg.presence_penalty);
+            for run in self.seen.chunk_by(|a, b| a == b) {
+                let x = &mut v[run[0] as usize];
+                *x = *x - run.len() as f32 * freq - pres;
+            }
+        }
+        for (&id, &b) in &self.cfg.logit_bias {
+            if let Some(x) = v.get_mut(id as usize) {
+                *x += b;
             }
         }
 
@@ -260,7 +343,7 @@ mod tests {
     use super::*;
 
     fn cfg(temperature: f32, top_k: usize, top_p: f32, penalty: f32, seed: u64) -> SamplerConfig {
-        SamplerConfig { temperature, top_k, top_p, repetition_penalty: penalty, seed }
+        SamplerConfig { temperature, top_k, top_p, repetition_penalty: penalty, seed, ..SamplerConfig::default() }
     }
 
     fn row(n: usize, seed: u64) -> Vec<f32> {
@@ -271,12 +354,12 @@ mod tests {
     #[test]
     fn greedy_picks_argmax_lowest_index_on_ties() {
         let mut s = Sampler::new(SamplerConfig::default()).unwrap();
-        assert_eq!(s.sample(&[0.1, 2.0, -1.0, 2.0], &[]), 1);
-        assert_eq!(s.sample(&[0.1, -2.0, 5.0, 2.0], &[7, 8]), 2);
-        assert_eq!(s.sample(&[f32::NAN, -3.0, f32::NAN], &[]), 1);
-        assert_eq!(s.sample(&[f32::NAN, f32::NAN], &[]), 0);
-        assert_eq!(s.sample(&[], &[]), 0);
-        assert_eq!(s.sample(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY], &[]), 0);
+        assert_eq!(s.sample(&[0.1, 2.0, -1.0, 2.0], &[], &[]), 1);
+        assert_eq!(s.sample(&[0.1, -2.0, 5.0, 2.0], &[7, 8], &[]), 2);
+        assert_eq!(s.sample(&[f32::NAN, -3.0, f32::NAN], &[], &[]), 1);
+        assert_eq!(s.sample(&[f32::NAN, f32::NAN], &[], &[]), 0);
+        assert_eq!(s.sample(&[], &[], &[]), 0);
+        assert_eq!(s.sample(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY], &[], &[]), 0);
     }
 
     #[test]
@@ -284,7 +367,7 @@ mod tests {
         let mut s = Sampler::new(cfg(5.0, 0, 1.0, 1.0, 3)).unwrap();
         let logits = [f32::NAN, 0.0, f32::NAN, 0.1, f32::NAN];
         for _ in 0..2000 {
-            let id = s.sample(&logits, &[]);
+            let id = s.sample(&logits, &[], &[]);
             assert!(id == 1 || id == 3, "{id}");
         }
     }
@@ -293,16 +376,16 @@ mod tests {
     fn repetition_penalty_changes_the_choice() {
         let logits = [2.0f32, 1.5, -0.5, 0.2];
         let mut plain = Sampler::new(SamplerConfig::default()).unwrap();
-        assert_eq!(plain.sample(&logits, &[0, 0, 0]), 0);
+        assert_eq!(plain.sample(&logits, &[0, 0, 0], &[]), 0);
         let mut pen = Sampler::new(cfg(0.0, 0, 1.0, 1.5, 0)).unwrap();
         // 2.0 / 1.5 = 1.33 < 1.5: token 1 wins now. Repeats count once; 99 is ignored.
-        assert_eq!(pen.sample(&logits, &[0, 0, 0, 99]), 1);
+        assert_eq!(pen.sample(&logits, &[0, 0, 0, 99], &[]), 1);
         // Negative logits are multiplied: -0.5 * 1.5 = -0.75 stays below 0.2.
-        assert_eq!(pen.sample(&[-0.5, -0.6], &[0]), 1);
+        assert_eq!(pen.sample(&[-0.5, -0.6], &[0], &[]), 1);
         // A penalty below 1 rewards repeats.
         let mut boost = Sampler::new(cfg(0.0, 0, 1.0, 0.5, 0)).unwrap();
-        assert_eq!(boost.sample(&logits, &[3]), 0);
-        assert_eq!(boost.sample(&logits, &[1]), 1);
+        assert_eq!(boost.sample(&logits, &[3], &[]), 0);
+        assert_eq!(boost.sample(&logits, &[1], &[]), 1);
     }
 
     #[test]
@@ -311,10 +394,10 @@ mod tests {
             let mut s = Sampler::new(cfg(t, 1, 1.0, 1.0, 42)).unwrap();
             for seed in 0..30 {
                 let l = row(257, seed);
-                assert_eq!(s.sample(&l, &[]) as usize, math::argmax(&l));
+                assert_eq!(s.sample(&l, &[], &[]) as usize, math::argmax(&l));
             }
             // Tie: lower index wins.
-            assert_eq!(s.sample(&[0.0, 3.0, 3.0], &[]), 1);
+            assert_eq!(s.sample(&[0.0, 3.0, 3.0], &[], &[]), 1);
         }
     }
 
@@ -324,7 +407,7 @@ mod tests {
             let mut s = Sampler::new(cfg(t, 0, 1e-6, 1.0, 9)).unwrap();
             for seed in 0..30 {
                 let l = row(1000, seed);
-                assert_eq!(s.sample(&l, &[]) as usize, math::argmax(&l));
+                assert_eq!(s.sample(&l, &[], &[]) as usize, math::argmax(&l));
             }
         }
     }
@@ -334,13 +417,13 @@ mod tests {
         let logits = [1.0f32, 3.0, 0.0, 2.9, -1.0, 2.8];
         let mut s = Sampler::new(cfg(1.0, 3, 1.0, 1.0, 5)).unwrap();
         for _ in 0..500 {
-            assert!(matches!(s.sample(&logits, &[]), 1 | 3 | 5));
+            assert!(matches!(s.sample(&logits, &[], &[]), 1 | 3 | 5));
         }
         // softmax([3, 2.9, ...]): p1 ~ 0.3, p3 ~ 0.27, p5 ~ 0.25; top_p 0.5 keeps {1, 3}.
         let mut s = Sampler::new(cfg(1.0, 0, 0.5, 1.0, 5)).unwrap();
         let mut hit = [0usize; 6];
         for _ in 0..2000 {
-            hit[s.sample(&logits, &[]) as usize] += 1;
+            hit[s.sample(&logits, &[], &[]) as usize] += 1;
         }
         assert_eq!(hit[0] + hit[2] + hit[4] + hit[5], 0, "{hit:?}");
         assert!(hit[1] > 0 && hit[3] > 0);
@@ -348,7 +431,7 @@ mod tests {
         let flat = vec![0.0f32; 1000];
         let mut s = Sampler::new(cfg(1.0, 0, 0.9, 1.0, 5)).unwrap();
         for _ in 0..2000 {
-            assert!(s.sample(&flat, &[]) < 900);
+            assert!(s.sample(&flat, &[], &[]) < 900);
         }
     }
 
@@ -357,14 +440,14 @@ mod tests {
         let l = row(50, 1);
         let draw = |seed| {
             let mut s = Sampler::new(cfg(1.0, 0, 1.0, 1.0, seed)).unwrap();
-            (0..100).map(|_| s.sample(&l, &[])).collect::<Vec<_>>()
+            (0..100).map(|_| s.sample(&l, &[], &[])).collect::<Vec<_>>()
         };
         assert_eq!(draw(1234), draw(1234));
         assert_ne!(draw(1234), draw(1235));
         let mut s = Sampler::new(cfg(1.0, 0, 1.0, 1.0, 1234)).unwrap();
-        let first: Vec<u32> = (0..100).map(|_| s.sample(&l, &[])).collect();
+        let first: Vec<u32> = (0..100).map(|_| s.sample(&l, &[], &[])).collect();
         s.reseed(1234);
-        let again: Vec<u32> = (0..100).map(|_| s.sample(&l, &[])).collect();
+        let again: Vec<u32> = (0..100).map(|_| s.sample(&l, &[], &[])).collect();
         assert_eq!(first, again);
     }
 
@@ -392,7 +475,7 @@ mod tests {
         let n = 20000;
         let mut hit = [0usize; 4];
         for _ in 0..n {
-            hit[s.sample(&logits, &[]) as usize] += 1;
+            hit[s.sample(&logits, &[], &[]) as usize] += 1;
         }
         for i in 0..4 {
             let got = hit[i] as f32 / n as f32;
@@ -423,5 +506,87 @@ mod tests {
         let c: SamplerConfig = serde_json::from_str(r#"{"temperature":0.5}"#).unwrap();
         assert_eq!(c.top_p, 1.0);
         assert_eq!(c.repetition_penalty, 1.0);
+    }
+
+    #[test]
+    fn logit_bias_forces_and_bans_tokens() {
+        let logits = [2.0f32, 1.5, -0.5, 0.2];
+        let biased = |bias: &[(u32, f32)], t: f32| {
+            let c = SamplerConfig {
+                temperature: t,
+                seed: 3,
+                logit_bias: bias.iter().copied().collect(),
+                ..Default::default()
+            };
+            Sampler::new(c).unwrap()
+        };
+        // +100 forces the token, greedy or sampled; -100 bans it; out-of-vocabulary ids do nothing.
+        for t in [0.0f32, 1.0, 2.0] {
+            let mut s = biased(&[(2, 100.0), (9999, -100.0)], t);
+            assert!((0..200).all(|_| s.sample(&logits, &[], &[]) == 2));
+        }
+        let mut s = biased(&[(0, -100.0)], 0.0);
+        assert_eq!(s.sample(&logits, &[], &[]), 1);
+        let mut s = biased(&[(0, -100.0), (1, -100.0)], 1.0);
+        assert!((0..500).all(|_| !matches!(s.sample(&logits, &[], &[]), 0 | 1)));
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_produced_tokens() {
+        let logits = [2.0f32, 1.5, -0.5, 0.2];
+        let pen = |freq: f32, pres: f32| {
+            let c = SamplerConfig { frequency_penalty: freq, presence_penalty: pres, ..Default::default() };
+            Sampler::new(c).unwrap()
+        };
+        // Presence: once, however often: 2.0 - 0.6 = 1.4 < 1.5.
+        let mut s = pen(0.0, 0.6);
+        assert_eq!(s.sample(&logits, &[0, 0, 0], &[0, 0, 0]), 1);
+        assert_eq!(s.sample(&logits, &[0, 1], &[0, 1]), 0, "both present: 1.4 vs 0.9");
+        // Frequency: per time produced: 2.0 - 0.2 * 2 = 1.6 wins, - 0.2 * 3 = 1.4 loses.
+        let mut s = pen(0.2, 0.0);
+        assert_eq!(s.sample(&logits, &[], &[0, 0]), 0);
+        assert_eq!(s.sample(&logits, &[], &[0, 0, 0]), 1);
+        // The prompt (history) does not count; a negative penalty rewards repeats.
+        assert_eq!(pen(2.0, 2.0).sample(&logits, &[0, 0, 0, 0], &[]), 0);
+        assert_eq!(pen(-1.0, 0.0).sample(&logits, &[], &[3, 3]), 3);
+    }
+
+    #[test]
+    fn absent_new_parameters_leave_the_draws_unchanged() {
+        // The same seed with the additive steps at their defaults (or a zero bias) gives
+        // exactly the draws of the plain sampler: nothing changes when they are not asked for.
+        let l = row(300, 4);
+        let draw = |c: SamplerConfig| {
+            let mut s = Sampler::new(c).unwrap();
+            let produced: Vec<u32> = (0..50).collect();
+            (0..200).map(|_| s.sample(&l, &produced, &produced)).collect::<Vec<_>>()
+        };
+        let base = cfg(0.8, 40, 0.9, 1.1, 77);
+        let zero_bias = SamplerConfig { logit_bias: [(5, 0.0)].into_iter().collect(), ..base.clone() };
+        assert_eq!(draw(base.clone()), draw(zero_bias));
+        let pres = SamplerConfig { presence_penalty: 1.0, ..base.clone() };
+        assert_ne!(draw(base), draw(pres));
+    }
+
+    #[test]
+    fn openai_ranges_are_enforced_and_json_takes_openai_shapes() {
+        for c in [
+            SamplerConfig { frequency_penalty: 2.5, ..Default::default() },
+            SamplerConfig { presence_penalty: -2.01, ..Default::default() },
+            SamplerConfig { presence_penalty: f32::NAN, ..Default::default() },
+            SamplerConfig { logit_bias: [(1, 101.0)].into_iter().collect(), ..Default::default() },
+            SamplerConfig { logit_bias: (0..301).map(|i| (i, 1.0)).collect(), ..Default::default() },
+        ] {
+            let Err(Error::Invalid(msg)) = Sampler::new(c) else { panic!("accepted") };
+            assert!(msg.starts_with("sampler: "), "{msg}");
+        }
+        let c: SamplerConfig =
+            serde_json::from_str(r#"{"logit_bias": {"17": -100, "3": 5.5}, "presence_penalty": 0.5}"#).unwrap();
+        assert_eq!(c.logit_bias.into_iter().collect::<Vec<_>>(), [(3, 5.5), (17, -100.0)]);
+        assert_eq!((c.presence_penalty, c.frequency_penalty), (0.5, 0.0));
+        let c = SamplerConfig { logit_bias: [(10, 1.0)].into_iter().collect(), ..Default::default() };
+        assert!(c.validate_vocab(11).is_ok());
+        let Err(Error::Invalid(msg)) = c.validate_vocab(10) else { panic!("accepted") };
+        assert!(msg.contains("outside the vocabulary"), "{msg}");
     }
 }

@@ -78,8 +78,7 @@ impl Tokenizer {
     pub fn from_bytes(tokenizer_json: &[u8], tokenizer_config_json: Option<&[u8]>) -> Result<Self> {
         let config = match tokenizer_config_json {
             Some(b) => Some(
-                serde_json::from_slice(b)
-                    .map_err(|source| Error::Json { path: "tokenizer_config.json".into(), source })?,
+                serde_json::from_slice(b).map_err(|json| Error::Json { path: "tokenizer_config.json".into(), json })?,
             ),
             None => None,
         };
@@ -98,7 +97,7 @@ impl Tokenizer {
         let config = match read_optional(&cfg_path, MAX_TOKENIZER_BYTES)? {
             Some(b) => Some(
                 serde_json::from_slice::<serde_json::Value>(&b)
-                    .map_err(|source| Error::Json { path: cfg_path.clone(), source })?,
+                    .map_err(|json| Error::Json { path: cfg_path.clone(), json })?,
             ),
             None => None,
         };

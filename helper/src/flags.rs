@@ -2,6 +2,8 @@
 //! `--threads`, ...), the sampling flags, and their value parsers. Below the commands and
 //! the server; imports nothing of the helper's own.
 
+use std::collections::BTreeMap;
+
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use colibri_engine::generate::{SamplingDefaults, SamplingRequest};
@@ -90,21 +92,31 @@ impl ModelArgs {
     }
 }
 
-/// Sampling flags shared by `generate` and `chat`.
+/// Sampling flags shared by `generate` and `chat`; a value out of range is refused as the
+/// flags are read, with the engine's rule (`SamplerConfig::validate`).
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// 0 is greedy.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_temperature)]
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long)]
     pub top_k: Option<usize>,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches p.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_top_p)]
     pub top_p: Option<f32>,
     /// Penalise tokens already in the context (1 = off).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_repetition_penalty)]
     pub repetition_penalty: Option<f32>,
+    /// Subtract this (-2 to 2) from a token's logit per time it was produced (OpenAI's).
+    #[arg(long, value_parser = parse_frequency_penalty)]
+    pub frequency_penalty: Option<f32>,
+    /// Subtract this (-2 to 2) once from the logit of every token produced (OpenAI's).
+    #[arg(long, value_parser = parse_presence_penalty)]
+    pub presence_penalty: Option<f32>,
+    /// Add to token logits: ID=BIAS,... (-100 to 100; 100 forces a token, -100 bans it).
+    #[arg(long, value_name = "ID=BIAS,...", value_parser = parse_logit_bias)]
+    pub logit_bias: Option<BTreeMap<u32, f32>>,
     /// Random seed; the same seed gives the same tokens.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -120,9 +132,54 @@ impl SamplingArgs {
             top_p: self.top_p,
             repetition_penalty: self.repetition_penalty,
             seed: self.seed,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias.clone().unwrap_or_default(),
         };
         model.resolve(&req, &fallback)
     }
+}
+
+/// A sampling number, checked by the engine's own rule for the field `set` fills.
+fn sampler_number(s: &str, set: fn(&mut SamplerConfig, f32)) -> std::result::Result<f32, String> {
+    let v: f32 = s.trim().parse().map_err(|_| "not a number".to_string())?;
+    let mut c = SamplerConfig::default();
+    set(&mut c, v);
+    c.validate().map_err(|e| e.to_string().trim_start_matches("sampler: ").to_string())?;
+    Ok(v)
+}
+
+fn parse_temperature(s: &str) -> std::result::Result<f32, String> {
+    sampler_number(s, |c, v| c.temperature = v)
+}
+
+fn parse_top_p(s: &str) -> std::result::Result<f32, String> {
+    sampler_number(s, |c, v| c.top_p = v)
+}
+
+fn parse_repetition_penalty(s: &str) -> std::result::Result<f32, String> {
+    sampler_number(s, |c, v| c.repetition_penalty = v)
+}
+
+fn parse_frequency_penalty(s: &str) -> std::result::Result<f32, String> {
+    sampler_number(s, |c, v| c.frequency_penalty = v)
+}
+
+fn parse_presence_penalty(s: &str) -> std::result::Result<f32, String> {
+    sampler_number(s, |c, v| c.presence_penalty = v)
+}
+
+/// Parses "50=100,7=-100" into a logit bias.
+pub fn parse_logit_bias(s: &str) -> std::result::Result<BTreeMap<u32, f32>, String> {
+    let mut c = SamplerConfig::default();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, bias) = part.split_once('=').ok_or_else(|| format!("{part:?} is not ID=BIAS"))?;
+        let id: u32 = id.trim().parse().map_err(|_| format!("{:?} is not a token id", id.trim()))?;
+        let bias: f32 = bias.trim().parse().map_err(|_| format!("{:?} is not a number", bias.trim()))?;
+        c.logit_bias.insert(id, bias);
+    }
+    c.validate().map_err(|e| e.to_string().trim_start_matches("sampler: ").to_string())?;
+    Ok(c.logit_bias)
 }
 
 /// Runs a one-shot computing command on a thread of the CPU pool (after [`init_threads`])

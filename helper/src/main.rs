@@ -20,14 +20,17 @@ mod usage_store;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
     bench, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, plan, pull,
     service, synth,
 };
 
+/// `coli --version`: the package version and the commit it was built from (helper/build.rs).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("COLI_BUILD_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "coli", version, about = "colibri: Mixture-of-Experts models on your own machine")]
+#[command(name = "coli", version = VERSION, about = "colibri: Mixture-of-Experts models on your own machine")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -88,7 +91,7 @@ fn main() -> ExitCode {
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("error: internal error{at}: {msg} (please report this)");
     }));
-    let cli = Cli::parse();
+    let cli = parse_args();
     let result = match cli.command {
         Command::Logits(a) => logits::logits(a),
         Command::Generate(a) => generate::generate(a),
@@ -112,9 +115,89 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("error: {}", chain.join(": "));
+            eprintln!("error: {}", error_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The command line, where a value may be a negative number (`--temperature -1`,
+/// `--presence-penalty -0.5`): it then reaches its flag's own check and range message
+/// instead of being taken for an unknown flag.
+fn command() -> clap::Command {
+    fn negatives(cmd: clap::Command) -> clap::Command {
+        cmd.mut_args(|a| if a.get_action().takes_values() { a.allow_negative_numbers(true) } else { a })
+            .mut_subcommands(negatives)
+    }
+    negatives(Cli::command())
+}
+
+fn parse_args() -> Cli {
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// An error and its causes on one line, each said once: a message that already includes its
+/// cause's text (`path: No such file or directory (os error 2)` over the io::Error itself)
+/// is not followed by that cause again.
+pub(crate) fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error whose message includes its cause, which it also gives as its source.
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "/x/config.json: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let os = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+        let e = anyhow::Error::new(Wrapped(std::io::ErrorKind::NotFound.into())).context("cannot open /x");
+        assert_eq!(error_line(&e), format!("cannot open /x: /x/config.json: {os}"));
+        // The engine's own errors say their cause in the message and not again as a source.
+        let e = anyhow::Error::new(colibri_engine::Error::io("/y", std::io::ErrorKind::NotFound.into()));
+        assert_eq!(format!("{e:#}"), format!("/y: {os}"));
+        let e = anyhow::anyhow!("plain").context("outer");
+        assert_eq!(error_line(&e), "outer: plain");
+    }
+
+    #[test]
+    fn negative_numbers_reach_the_range_check() {
+        let e =
+            command().try_get_matches_from(["coli", "generate", "--model", "m", "--ids", "1", "--temperature", "-1"]);
+        let msg = e.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("temperature must be a finite number >= 0"), "{msg}");
+        let m = command()
+            .try_get_matches_from(["coli", "generate", "--model", "m", "--ids", "1", "--presence-penalty", "-0.5"])
+            .unwrap();
+        let cli = Cli::from_arg_matches(&m).unwrap();
+        let Command::Generate(g) = cli.command else { panic!("not generate") };
+        assert_eq!(g.sampling.presence_penalty, Some(-0.5));
     }
 }

@@ -387,7 +387,8 @@ impl Engine {
 
     /// Starts generating after `ids`, reusing the cached context for their common prefix
     /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
-    /// repetitionPenalty, seed, ignoreEos, stop, logprobs, topLogprobs, and for structured
+    /// repetitionPenalty, seed, frequencyPenalty, presencePenalty, logitBias ({id: bias}),
+    /// ignoreEos, stop, logprobs, topLogprobs, and for structured
     /// output one of jsonSchema, grammar (GBNF or Lark), regex, responseFormat (OpenAI's)}.
     /// A grammar the library refuses is an error here, before anything runs.
     pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
@@ -401,10 +402,15 @@ impl Engine {
             top_p: o.top_p,
             repetition_penalty: o.repetition_penalty,
             seed: Some(o.seed),
+            frequency_penalty: o.frequency_penalty,
+            presence_penalty: o.presence_penalty,
+            logit_bias: o.logit_bias.clone(),
         };
+        let sampler = self.defaults.resolve(&req, &SamplerConfig::default());
+        sampler.validate_vocab(self.model.cfg.vocab).map_err(err)?;
         let opts = GenerateOptions {
             max_new_tokens: o.max_new_tokens,
-            sampler: self.defaults.resolve(&req, &SamplerConfig::default()),
+            sampler,
             stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
             logprobs: o.logprobs.then_some(o.top_logprobs),
         };

@@ -193,7 +193,7 @@ impl TensorStore {
         let files: Vec<std::path::PathBuf> = if index.exists() {
             let text = crate::fsio::read_limited(&index, crate::fsio::MAX_JSON_BYTES)?;
             let v: serde_json::Value =
-                serde_json::from_slice(&text).map_err(|e| Error::Json { path: index.clone(), source: e })?;
+                serde_json::from_slice(&text).map_err(|e| Error::Json { path: index.clone(), json: e })?;
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())

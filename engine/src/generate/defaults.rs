@@ -2,6 +2,8 @@
 //! the model's generation_config.json says, else the surface's own fallback (greedy for
 //! `coli generate`, OpenAI's temperature 1 for the API).
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use crate::sampler::SamplerConfig;
@@ -24,6 +26,11 @@ pub struct SamplingRequest {
     pub top_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
     pub seed: Option<u64>,
+    /// OpenAI's penalties and bias (no model default: a checkpoint's generation_config has
+    /// none of them); None / empty is off.
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub logit_bias: BTreeMap<u32, f32>,
 }
 
 impl SamplingDefaults {
@@ -64,6 +71,9 @@ impl SamplingDefaults {
                 .or(self.repetition_penalty)
                 .unwrap_or(fallback.repetition_penalty),
             seed: req.seed.unwrap_or(fallback.seed),
+            frequency_penalty: req.frequency_penalty.unwrap_or(fallback.frequency_penalty),
+            presence_penalty: req.presence_penalty.unwrap_or(fallback.presence_penalty),
+            logit_bias: if req.logit_bias.is_empty() { fallback.logit_bias.clone() } else { req.logit_bias.clone() },
         }
     }
 }
@@ -94,5 +104,13 @@ mod tests {
         assert_eq!(none, SamplingDefaults::default());
         assert_eq!(SamplingDefaults::from_bytes(b"{not json"), SamplingDefaults::default());
         assert_eq!(none.resolve(&SamplingRequest::default(), &openai), openai);
+        // OpenAI's penalties and bias come from the request alone.
+        let req = SamplingRequest {
+            presence_penalty: Some(0.5),
+            logit_bias: [(7, -100.0)].into_iter().collect(),
+            ..Default::default()
+        };
+        let c = sampled.resolve(&req, &openai);
+        assert_eq!((c.presence_penalty, c.frequency_penalty, c.logit_bias.get(&7)), (0.5, 0.0, Some(&-100.0)));
     }
 }

@@ -266,10 +266,10 @@ impl Generator {
             return Err(Error::Invalid("the generation has finished".into()));
         }
         let id = match self.constraint.as_mut() {
-            None => self.sampler.sample(logits, &self.seen),
+            None => self.sampler.sample(logits, &self.seen, &self.produced),
             Some(c) => {
                 let masked = c.mask(logits, &self.stop_ids)?;
-                self.sampler.sample(masked, &self.seen)
+                self.sampler.sample(masked, &self.seen, &self.produced)
             }
         };
         let is_stop = self.stop_ids.contains(&id);

@@ -147,15 +147,52 @@ impl Lines {
 /// Sets `flag` on every Ctrl-C (SIGINT) from now on, instead of ending the process: the
 /// answer being generated stops at its next token. (At a terminal prompt rustyline reads
 /// Ctrl-C itself, as a key.)
-fn catch_ctrl_c(flag: Arc<AtomicBool>) {
+///
+/// Returns once the handler is installed. That order matters: rustyline puts its own SIGINT
+/// handler in place for each line it reads and puts back the one it found when the line
+/// ends. A handler installed while a line is being read (as a listener registered later on
+/// another thread could be) would be replaced by the default one at the end of that line,
+/// and the next Ctrl-C during an answer would end the process.
+fn catch_ctrl_c(flag: Arc<AtomicBool>) -> Result<()> {
+    let (ready, installed) = std::sync::mpsc::channel::<std::io::Result<()>>();
     std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
         rt.block_on(async move {
-            while tokio::signal::ctrl_c().await.is_ok() {
-                flag.store(true, Ordering::SeqCst);
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{signal, SignalKind};
+                // Registers the process's handler now, before `ready` is sent.
+                let mut interrupts = match signal(SignalKind::interrupt()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready.send(Ok(()));
+                while interrupts.recv().await.is_some() {
+                    flag.store(true, Ordering::SeqCst);
+                }
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = ready.send(Ok(()));
+                while tokio::signal::ctrl_c().await.is_ok() {
+                    flag.store(true, Ordering::SeqCst);
+                }
             }
         });
     });
+    match installed.recv() {
+        Ok(r) => r.context("cannot catch Ctrl-C"),
+        Err(_) => bail!("cannot catch Ctrl-C: the signal thread ended"),
+    }
 }
 
 /// The figures `/stats` shows.
@@ -198,8 +235,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         stop_ids: loaded.stop_ids.clone(),
         logprobs: None,
     };
+    opts.sampler.validate_vocab(cfg.vocab)?;
     let stop = Arc::new(AtomicBool::new(false));
-    catch_ctrl_c(stop.clone());
+    catch_ctrl_c(stop.clone())?;
     let mut system = a.system.clone();
     let mut turns: Vec<ChatMessage> = Vec::new();
     let mut session = ChatSession::new(&loaded.model, a.model.compute())?;
@@ -248,7 +286,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             Input::Save(f) => {
                 match save(Path::new(f), system.as_deref(), &turns) {
                     Ok(()) => eprintln!("(saved {} messages to {f})", turns.len()),
-                    Err(e) => eprintln!("error: {e:#}"),
+                    Err(e) => eprintln!("error: {}", crate::error_line(&e)),
                 }
                 continue;
             }
@@ -261,7 +299,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
                         turns = t;
                         eprintln!("(loaded {} messages from {f})", turns.len());
                     }
-                    Err(e) => eprintln!("error: {e:#}"),
+                    Err(e) => eprintln!("error: {}", crate::error_line(&e)),
                 }
                 continue;
             }
@@ -396,7 +434,7 @@ fn save(path: &Path, system: Option<&str>, turns: &[ChatMessage]) -> Result<()> 
 /// (system prompt, turns) of a saved conversation: `{"messages": [...]}` or a bare array.
 fn load(path: &Path) -> Result<(Option<String>, Vec<ChatMessage>)> {
     let bytes = colibri_engine::fsio::read_limited(path, colibri_engine::fsio::MAX_JSON_BYTES)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+        .context("cannot read the conversation")?;
     let value: serde_json::Value =
         serde_json::from_slice(&bytes).with_context(|| format!("{} is not JSON", path.display()))?;
     let list = if value.is_array() { value } else { value.get("messages").cloned().unwrap_or_default() };

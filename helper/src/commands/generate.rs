@@ -8,7 +8,7 @@ use clap::Args;
 use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
 use colibri_engine::generate::{
     drive, drive_drafted, drive_speculative, forward_recording, Constraint, GenerateOptions, Generator, Grammar,
-    ModelDrafter, MtpDrafter,
+    ModelDrafter, MtpDrafter, StopReason,
 };
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
@@ -40,8 +40,11 @@ pub struct GenerateArgs {
     /// With --chat: a system prompt placed before the message.
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
-    #[arg(long, default_value_t = 32)]
-    pub max_new_tokens: usize,
+    /// Most tokens to generate (default: with --chat, until the answer ends, at the model's
+    /// end token or the end of its context; without, 32). A generation cut short by it or by
+    /// the context says so on stderr ("finish_reason": "length" with --json).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Keep going past end-of-sequence tokens.
@@ -126,12 +129,14 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("give --ids or --prompt"),
     };
+    let max_new_tokens = a.max_new_tokens.unwrap_or(if a.chat { usize::MAX } else { RAW_MAX_NEW_TOKENS });
     let opts = GenerateOptions {
-        max_new_tokens: a.max_new_tokens,
+        max_new_tokens,
         sampler: a.sampling.config(&loaded.sampling, SamplerConfig::default()),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
         logprobs: None,
     };
+    opts.sampler.validate_vocab(loaded.model.cfg.vocab)?;
     let max_positions = loaded.model.cfg.max_positions;
     let mut gen = Generator::new(&[], &prompt_ids, max_positions, &opts)?;
     if let Some(g) = &grammar {
@@ -250,6 +255,29 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
             write!(stdout, "{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))?;
         }
         writeln!(stdout)?;
+        drop(stdout);
+        if reason == StopReason::Length {
+            eprintln!(
+                "{}",
+                cut_note(ids.len(), a.max_new_tokens.is_none(), max_new_tokens, prompt_ids.len(), max_positions)
+            );
+        }
     }
     Ok(())
+}
+
+/// Tokens a raw continuation (no --chat) makes when --max-new-tokens is not given.
+const RAW_MAX_NEW_TOKENS: usize = 32;
+
+/// The line that says an output was cut, and by what.
+fn cut_note(produced: usize, default: bool, max_new_tokens: usize, prompt: usize, max_positions: usize) -> String {
+    if produced >= max_new_tokens {
+        let limit = if default { "the default --max-new-tokens" } else { "--max-new-tokens" };
+        format!("coli: cut after {produced} tokens by {limit} (finish_reason \"length\"); raise it for more")
+    } else {
+        format!(
+            "coli: cut after {produced} tokens: the prompt's {prompt} tokens and the output fill the model's \
+             context of {max_positions} (finish_reason \"length\")"
+        )
+    }
 }

@@ -20,6 +20,7 @@ pub(crate) mod models;
 mod openai;
 mod page;
 mod range;
+mod sampling;
 pub mod security;
 mod structured;
 #[cfg(test)]
@@ -586,5 +587,8 @@ pub async fn shutdown_signal() {
 pub fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colours only on a terminal (and not under NO_COLOR): a log redirected to a file is plain.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour).try_init();
 }

@@ -10,8 +10,9 @@
 //! request, within `coli serve --speculate`); logprobs / top_logprobs (chat) and logprobs +
 //! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
 //! Structured output (`response_format` json_object / json_schema, llama.cpp's `grammar`,
-//! `tools` / `tool_choice`): see [`super::structured`]. presence/frequency penalties are
-//! accepted and ignored; n > 1 is refused with 400.
+//! `tools` / `tool_choice`): see [`super::structured`]. frequency_penalty,
+//! presence_penalty and logit_bias, and what is refused by name: [`super::sampling`];
+//! n > 1 is refused with 400.
 //! A chat that would overflow the context loses its oldest turns (`truncation: "auto"`,
 //! the default; the response says how many messages in `dropped_messages`); `"disabled"`
 //! answers 400 `context_length_exceeded` instead. With `tools`, the prompt that is fitted
@@ -125,6 +126,8 @@ struct Params {
     grammar: Option<String>,
     /// colibri's extension: speculative decoding for this request (see [`Speculation::for_request`]).
     speculate: Option<Value>,
+    #[serde(flatten)]
+    sampling: super::sampling::SamplingParams,
 }
 
 #[derive(Deserialize)]
@@ -336,13 +339,15 @@ async fn prepare(
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
             ^ COUNTER.fetch_add(1, Ordering::Relaxed)
     });
-    let request = SamplingRequest {
+    let mut request = SamplingRequest {
         temperature: p.temperature,
         top_k: p.top_k,
         top_p: p.top_p,
         repetition_penalty: p.repetition_penalty,
         seed: Some(seed),
+        ..SamplingRequest::default()
     };
+    p.sampling.apply(&mut request)?;
     let requested = p.max_completion_tokens.or(p.max_tokens);
     // max_tokens 0 with echo scores the prompt alone.
     if requested == Some(0) && !extras.echo {
@@ -352,7 +357,7 @@ async fn prepare(
     let (model, slot, loaded) = load_model(state, p.model).await?;
     // The request, then the model's generation_config.json, then OpenAI's defaults.
     let sampler = loaded.sampling.resolve(&request, &SamplerConfig { temperature: 1.0, ..SamplerConfig::default() });
-    sampler.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
+    super::sampling::check(&sampler, loaded.model.cfg.vocab)?;
     // Template rendering and tokenizing take CPU time in proportion to the request (up to
     // MAX_BODY bytes): off the async workers, so /health and file ranges stay quick.
     // At most PROMPTS_AT_ONCE at a time, which bounds their memory.

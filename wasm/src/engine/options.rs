@@ -1,5 +1,7 @@
 //! The options of `Engine::begin` (what `generate(...)` passes), as the worker sends them.
 
+use std::collections::BTreeMap;
+
 use colibri_engine::generate::Grammar;
 use serde::Deserialize;
 use wasm_bindgen::prelude::*;
@@ -14,6 +16,11 @@ pub(super) struct GenOptions {
     pub(super) top_p: Option<f32>,
     pub(super) repetition_penalty: Option<f32>,
     pub(super) seed: u64,
+    /// OpenAI's frequency and presence penalties (-2 to 2) over the tokens this generation
+    /// produced, and logit bias ({id: -100 to 100}); absent: off.
+    pub(super) frequency_penalty: Option<f32>,
+    pub(super) presence_penalty: Option<f32>,
+    pub(super) logit_bias: BTreeMap<u32, f32>,
     pub(super) ignore_eos: bool,
     /// Stop strings: the text ends before the first one.
     pub(super) stop: Vec<String>,
@@ -65,6 +72,9 @@ impl Default for GenOptions {
             top_p: None,
             repetition_penalty: None,
             seed: 0,
+            frequency_penalty: None,
+            presence_penalty: None,
+            logit_bias: BTreeMap::new(),
             ignore_eos: false,
             stop: Vec::new(),
             logprobs: false,

@@ -9,6 +9,7 @@ mod kv;
 mod logprobs;
 mod mtp;
 mod ranges;
+mod sampling;
 mod security;
 mod speculation;
 mod structured;
