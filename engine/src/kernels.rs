@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 
+pub mod bench;
 #[cfg(feature = "parallel")]
 mod region;
 

@@ -22,7 +22,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    bench, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, plan, pull,
+    bench, bench_kernels, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, plan, pull,
     service, synth,
 };
 
@@ -72,6 +72,8 @@ enum Command {
     BenchRouting(bench_routing::RoutingBenchArgs),
     /// Load test of the helper's Range API against plain reads of the same file (JSON).
     BenchServe(bench_serve::BenchArgs),
+    /// Each stored weight format's kernel in GB/s next to the memory read bandwidth.
+    BenchKernels(bench_kernels::KernelBenchArgs),
     /// Write a synthetic OLMoE-shaped checkpoint (HF layout, seeded bf16) for benchmarks.
     Synth(synth::SynthArgs),
 }
@@ -107,6 +109,7 @@ fn main() -> ExitCode {
         Command::BenchServe(a) => bench_serve::run(a),
         Command::BenchRouting(a) => bench_routing::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchKernels(a) => bench_kernels::run(a),
         Command::Synth(a) => synth::run(a),
     };
     match result {
