@@ -107,9 +107,35 @@ pub struct Rate {
     pub macs_per_s: f64,
 }
 
+/// Which clock [`kernel_rate`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    /// Elapsed time: what a user waits for (every thread of the pool counts).
+    Wall,
+    /// CPU time of the calling thread (Linux and other unix; elsewhere elapsed time): for
+    /// one thread on a busy machine, the time the kernel itself ran, not the time other
+    /// processes had the core.
+    Thread,
+}
+
+/// Seconds on `clock`.
+fn now(clock: Clock, t0: Instant) -> f64 {
+    #[cfg(unix)]
+    if clock == Clock::Thread {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec, which `ts` is.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        }
+    }
+    let _ = clock;
+    t0.elapsed().as_secs_f64()
+}
+
 /// Times [`super::matmul`] of `n` positions over every matrix of `mats` in turn (one warm-up
-/// pass first), repeating passes until `min_secs` have gone by, on the current thread pool.
-pub fn kernel_rate(mats: &[Mat], n: usize, min_secs: f64) -> Rate {
+/// pass first), repeating passes until `min_secs` have gone by on `clock`, on the current
+/// thread pool.
+pub fn kernel_rate(mats: &[Mat], n: usize, min_secs: f64, clock: Clock) -> Rate {
     let Some(first) = mats.first() else { return Rate { bytes_per_s: 0.0, macs_per_s: 0.0 } };
     let (rows, cols) = (first.rows, first.cols);
     let mut g = Lcg(7);
@@ -123,11 +149,12 @@ pub fn kernel_rate(mats: &[Mat], n: usize, min_secs: f64) -> Rate {
         }
     };
     pass(&mut out);
-    let (t0, mut passes) = (Instant::now(), 0usize);
+    let wall = Instant::now();
+    let (t0, mut passes) = (now(clock, wall), 0usize);
     loop {
         pass(&mut out);
         passes += 1;
-        let secs = t0.elapsed().as_secs_f64();
+        let secs = now(clock, wall) - t0;
         if secs >= min_secs {
             std::hint::black_box(&out);
             return Rate {

@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::kernels::bench::{self, Format};
+use colibri_engine::kernels::bench::{self, Clock, Format};
 use colibri_engine::qdot::Simd;
 use colibri_engine::tensor::{DType, Mat};
 use serde_json::{json, Value};
@@ -77,7 +77,7 @@ pub fn run(a: KernelBenchArgs) -> Result<()> {
         for &n in &a.positions {
             let set = bench::working_set(f.dtype, ROWS, COLS, if n == 1 { ws } else { ws / 8 })?;
             for &(t, mem_gbs) in &mem {
-                let r = pool(t)?.install(|| bench::kernel_rate(&set, n, a.seconds));
+                let r = pool(t)?.install(|| bench::kernel_rate(&set, n, a.seconds, Clock::Wall));
                 rows.push(Row { f, n, t, gbs: r.bytes_per_s / 1e9, gmacs: r.macs_per_s / 1e9, mem_gbs });
             }
         }
@@ -150,9 +150,10 @@ fn print_table(a: &KernelBenchArgs, mem: &[(usize, f64)], rows: &[Row]) {
 }
 
 /// The guard: the same shape for every format, one thread, one position, a working set
-/// of 16 MiB each (small, so that it takes seconds even in a debug build, and a ratio of
-/// the formats on the same core: load on the machine slows them alike, and each format's
-/// best of three alternating rounds is kept).
+/// of 16 MiB each (small, so that it takes seconds even in a debug build), timed in the
+/// thread's own CPU time (time other processes hold the core does not count) and as a
+/// ratio of the formats in one process (what load still changes, caches and memory
+/// contention, slows them alike); each format's best of three alternating rounds is kept.
 fn check(a: &KernelBenchArgs) -> Result<()> {
     let formats = bench::formats();
     let sets: Vec<Vec<Mat>> =
@@ -162,7 +163,7 @@ fn check(a: &KernelBenchArgs) -> Result<()> {
     pool(1)?.install(|| {
         for _ in 0..3 {
             for (b, set) in best.iter_mut().zip(&sets) {
-                *b = b.max(bench::kernel_rate(set, 1, secs).bytes_per_s);
+                *b = b.max(bench::kernel_rate(set, 1, secs, Clock::Thread).bytes_per_s);
             }
         }
     });
