@@ -589,7 +589,12 @@ mod tests {
                         m.row_into(r, &mut row);
                         for p in 0..n {
                             let want = math::dot(&row, &x[p * cols..(p + 1) * cols]);
-                            assert_eq!(out[p * rows + r].to_bits(), want.to_bits(), "{} [{rows}, {cols}] n {n}", m.dtype);
+                            assert_eq!(
+                                out[p * rows + r].to_bits(),
+                                want.to_bits(),
+                                "{} [{rows}, {cols}] n {n}",
+                                m.dtype
+                            );
                         }
                     }
                 }

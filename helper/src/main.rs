@@ -22,8 +22,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    bench, bench_kernels, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, plan, pull,
-    service, synth,
+    bench, bench_kernels, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits,
+    plan, pull, service, synth,
 };
 
 #[derive(Parser)]

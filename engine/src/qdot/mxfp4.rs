@@ -166,7 +166,9 @@ unsafe fn dot_row_avx2(row: &[u8], a: &ActQ16, p: usize) -> f32 {
         for j in 0..8 {
             let b = r * 8 + j;
             // SAFETY: block b < nb: its 16 bytes and 32 + 32 values are in bounds (asserted).
-            let (hs, ls) = unsafe { block_sums(lut, low, vals.as_ptr().add(b * 16), q.as_ptr().add(b * 32), lo.as_ptr().add(b * 32)) };
+            let (hs, ls) = unsafe {
+                block_sums(lut, low, vals.as_ptr().add(b * 16), q.as_ptr().add(b * 32), lo.as_ptr().add(b * 32))
+            };
             hv[j] = hs;
             lv[j] = ls;
         }
@@ -193,7 +195,8 @@ unsafe fn dot_row_avx2(row: &[u8], a: &ActQ16, p: usize) -> f32 {
     unsafe { _mm256_storeu_ps(acc.as_mut_ptr(), accv) };
     for b in runs * 8..nb {
         // SAFETY: as above, block b < nb.
-        let (hs, ls) = unsafe { block_sums(lut, low, vals.as_ptr().add(b * 16), q.as_ptr().add(b * 32), lo.as_ptr().add(b * 32)) };
+        let (hs, ls) =
+            unsafe { block_sums(lut, low, vals.as_ptr().add(b * 16), q.as_ptr().add(b * 32), lo.as_ptr().add(b * 32)) };
         combine(&mut acc, b, scales[b], d[b], hsum8(hs), hsum8(ls));
     }
     reduce8(acc)

@@ -46,12 +46,21 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool> {
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn run(a: KernelBenchArgs) -> Result<()> {
@@ -134,7 +143,10 @@ fn print_table(a: &KernelBenchArgs, mem: &[(usize, f64)], rows: &[Row]) {
     let m: Vec<String> = mem.iter().map(|(t, g)| format!("{g:.1} GB/s at {t} thread(s)")).collect();
     println!("memory read: {}", m.join(", "));
     println!();
-    println!("{:<12} {:>6} {:>9} {:>7} {:>9} {:>8} {:>8}", "format", "B/wt", "positions", "threads", "GB/s", "memory", "GMAC/s");
+    println!(
+        "{:<12} {:>6} {:>9} {:>7} {:>9} {:>8} {:>8}",
+        "format", "B/wt", "positions", "threads", "GB/s", "memory", "GMAC/s"
+    );
     for r in rows {
         println!(
             "{:<12} {:>6.3} {:>9} {:>7} {:>9.2} {:>7.0}% {:>8.2}",
