@@ -67,10 +67,10 @@ pub fn run(a: KernelBenchArgs) -> Result<()> {
     if a.check {
         return check(&a);
     }
-    if a.threads.iter().any(|&t| t == 0) || a.positions.iter().any(|&n| n == 0) || a.mib == 0 {
+    if a.threads.contains(&0) || a.positions.contains(&0) || a.mib == 0 {
         bail!("--threads, --positions and --mib must be positive");
     }
-    if !(a.seconds > 0.0) {
+    if !a.seconds.is_finite() || a.seconds <= 0.0 {
         bail!("--seconds must be positive, got {}", a.seconds);
     }
     let ws = a.mib << 20;
