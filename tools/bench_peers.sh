@@ -2,7 +2,7 @@
 # colibri side by side with llama.cpp (native CPU) and wllama (llama.cpp in wasm, in the same
 # headless Chromium), on the OLMoE-1B-7B shape with 16 experts (hidden 2048, 16 layers, 16
 # experts, top-8, intermediate 1024, vocab 50304, 16 heads), random weights on both sides:
-#   colibri, three models of the same weights:
+#   colibri, three models of the same shape (the first and last from one bf16 checkpoint):
 #     "colibri default": `coli synth --experts 16` then plain `coli convert` (what `coli pull` and
 #                        `coli convert` give users: experts int4, attention/dense/output int8, g32)
 #     "colibri gguf-import": `coli convert model.gguf` of the peers' Q4_0 GGUF (the same
