@@ -2,7 +2,12 @@
 # colibri side by side with llama.cpp (native CPU) and wllama (llama.cpp in wasm, in the same
 # headless Chromium), on the OLMoE-1B-7B shape with 16 experts (hidden 2048, 16 layers, 16
 # experts, top-8, intermediate 1024, vocab 50304, 16 heads), random weights on both sides:
-#   colibri: `coli synth --experts 16` then `coli convert --quant int4 --attn int4 --lm-head int4` (g32: 4.5 bits like Q4_0)
+#   colibri, three models of the same shape (the first and last from one bf16 checkpoint):
+#     "colibri default": `coli synth --experts 16` then plain `coli convert` (what `coli pull` and
+#                        `coli convert` give users: experts int4, attention/dense/output int8, g32)
+#     "colibri gguf-import": `coli convert model.gguf` of the peers' Q4_0 GGUF (the same
+#                        integers llama.cpp runs: the comparison is exact)
+#     "colibri": `coli convert --quant int4 --attn int4 --lm-head int4` (g32: 4.5 bits like Q4_0)
 #   peers:   a Q4_0 GGUF of the same shape (tools/bench/make_gguf.py, the `gguf` PyPI package)
 # and the memory read bandwidth (tools/bench/membw.c), all in one run, interleaved, several
 # repetitions. Not a test: nothing is asserted, timings are reported.
@@ -21,12 +26,15 @@
 #   --out DIR   results (default WORK/results-UTC-TIMESTAMP): records.jsonl, summary.md, logs
 #   --no-build  use target/release/coli (or $COLI) as it is (default: tools/build-web.sh when web/pkg is
 #               missing, then cargo build --release -p colibri-helper)
+#   --colibri-models LIST  which native colibri rows to run: default, gguf-import, int4
+#               (default "default gguf-import int4")
 #   --colibri-browser-threads  thread counts for colibri's browser engine (default: those of
 #               --threads; more than one runs web/pkg-threads, the wasm-threads build)
 #   --browser-prompt N, --browser-decode N  prompt and decode tokens of the browser runs
 #               (default 32 and 16: wllama does well under 1 token/s on 2 busy cores)
 #
-# Per repetition and thread count T: membw T, `coli bench --ram all --cache warm --warmup --threads T`,
+# Per repetition and thread count T: membw T, `coli bench --ram all --cache warm --warmup --threads T`
+# of each colibri model (--colibri-models "default gguf-import int4" picks them; default all three),
 # llama.cpp T (node-llama-cpp's prebuilt CPU binaries), wllama T, colibri browser (cpu).
 # Each engine run prefills P pseudo-random prompt ids in one batch (P = 128 native, 32 in the
 # browser) and then decodes D tokens greedily after them (64 native, 16 in the browser); it prints two JSON records (phase "prefill" and
@@ -45,7 +53,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="$ROOT/tools/bench"
 
-QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
+QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" CMODELS="default gguf-import int4" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -56,6 +64,7 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD=0 ;;
     --no-browser) BROWSER=0 ;;
     --colibri-browser-threads) CB_THREADS="$2"; shift ;;
+    --colibri-models) CMODELS="$2"; shift ;;
     --browser-prompt) BPROMPT="$2"; shift ;;
     --browser-decode) BDECODE="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -150,7 +159,23 @@ if [ ! -f "$GGUF.json" ]; then
     --hidden "$HIDDEN" --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >"$GGUF.json.tmp"
   mv "$GGUF.json.tmp" "$GGUF.json"
 fi
+DEF="$MDIR/models/default" GIMP="$MDIR/models/gguf-import"
+if [[ " $CMODELS " == *" default "* ]] && { [ ! -f "$DEF/.complete" ] || ! "$COLI" info "$DEF" >/dev/null 2>&1; }; then
+  say "coli convert (the defaults: experts int4, attention/dense/output int8, group 32)"
+  rm -rf "$DEF"
+  "$COLI" convert "$BF16" -o "$DEF" >&2
+  touch "$DEF/.complete"
+fi
+if [[ " $CMODELS " == *" gguf-import "* ]] && { [ ! -f "$GIMP/.complete" ] || ! "$COLI" info "$GIMP" >/dev/null 2>&1; }; then
+  say "coli convert model.gguf (the peers' Q4_0 GGUF imported as it is)"
+  rm -rf "$GIMP"
+  "$COLI" convert "$GGUF" -o "$GIMP" >&2
+  touch "$GIMP/.complete"
+fi
 COLI_W=$(python3 "$BENCH/report.py" weights-colibri "$INT4/colibri.json")
+DEF_W="" GIMP_W=""
+[ ! -f "$DEF/colibri.json" ] || DEF_W=$(python3 "$BENCH/report.py" weights-colibri "$DEF/colibri.json")
+[ ! -f "$GIMP/colibri.json" ] || GIMP_W=$(python3 "$BENCH/report.py" weights-colibri "$GIMP/colibri.json")
 GGUF_W=$(cat "$GGUF.json")
 jget() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 
@@ -162,25 +187,28 @@ RECORDS="$OUT/records.jsonl"
 : >"$RECORDS"
 declare -A BW
 
-context() { # threads weights-json rep
-  python3 - "$1" "$2" "$3" "${BW[$1]:-0}" "$SHAPE" "$COMMIT" "$CPU_MODEL" "$CORES" <<'EOF'
+context() { # threads weights-json rep [label]
+  python3 - "$1" "$2" "$3" "${BW[$1]:-0}" "$SHAPE" "$COMMIT" "$CPU_MODEL" "$CORES" "${4:-}" <<'EOF'
 import json, sys
-t, w, rep, bw, shape, commit, cpu, cores = sys.argv[1:]
+t, w, rep, bw, shape, commit, cpu, cores, label = sys.argv[1:]
 w = json.loads(w)
-print(json.dumps({"threads": int(t), "rep": int(rep), "bandwidth_bytes_per_second": float(bw) or None,
+print(json.dumps({"label": label or None, "threads": int(t), "rep": int(rep), "bandwidth_bytes_per_second": float(bw) or None,
   "bandwidth_threads": int(t), "decode_weight_bytes_per_token": w["decode_weight_bytes_per_token"],
   "all_weight_bytes": w["all_weight_bytes"], "shape": shape, "commit": commit, "cpu_model": cpu,
   "cores": int(cores), "load_average": " ".join(open("/proc/loadavg").read().split()[:3])}))
 EOF
 }
 
-# run NAME THREADS WEIGHTS REP -- command...: runs one engine, records its two phases.
+# run NAME THREADS WEIGHTS REP [LABEL] -- command...: runs one engine, records its two phases
+# (LABEL, when given, names the row in place of the engine's own name).
 run() {
-  local name="$1" t="$2" w="$3" rep="$4"
-  shift 5
+  local name="$1" t="$2" w="$3" rep="$4" label=""
+  shift 4
+  if [ "$1" != "--" ]; then label="$1"; shift; fi
+  shift
   local log="$OUT/logs/$name-t$t-r$rep"
   local ctx
-  ctx=$(context "$t" "$w" "$rep") # load average taken just before the run
+  ctx=$(context "$t" "$w" "$rep" "$label") # load average taken just before the run
   say "rep $rep: $name, $t thread(s) (load $(cut -d' ' -f1-3 /proc/loadavg))"
   if ! "$@" >"$log.out" 2>"$log.err"; then
     echo "bench_peers.sh: $name ($t threads, rep $rep) failed; last lines of $log.err:" >&2
@@ -198,8 +226,19 @@ for rep in $(seq 1 "$REPS"); do
     BW[$t]=$(jget "$bw" read_bytes_per_second)
     python3 -c "import json,sys; r=json.loads(sys.argv[1]); r.update(kind='membw', rep=int(sys.argv[2]), load_average=sys.argv[3]); print(json.dumps(r))" \
       "$bw" "$rep" "$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RECORDS"
-    run colibri-native "$t" "$COLI_W" "$rep" -- "$COLI" bench --model "$INT4" --ram all --cache warm --warmup --threads "$t" \
-      --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
+    # The models users get first (README quotes these rows), then the tuned all-int4 one.
+    if [ -n "$DEF_W" ] && [[ " $CMODELS " == *" default "* ]]; then
+      run colibri-default "$t" "$DEF_W" "$rep" "colibri default" -- "$COLI" bench --model "$DEF" --ram all --cache warm --warmup \
+        --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
+    fi
+    if [ -n "$GIMP_W" ] && [[ " $CMODELS " == *" gguf-import "* ]]; then
+      run colibri-gguf-import "$t" "$GIMP_W" "$rep" "colibri gguf-import" -- "$COLI" bench --model "$GIMP" --ram all --cache warm \
+        --warmup --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
+    fi
+    if [[ " $CMODELS " == *" int4 "* ]]; then
+      run colibri-native "$t" "$COLI_W" "$rep" -- "$COLI" bench --model "$INT4" --ram all --cache warm --warmup --threads "$t" \
+        --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
+    fi
     run llama.cpp "$t" "$GGUF_W" "$rep" -- node "$BENCH/llama_native.mjs" --gguf "$GGUF" --threads "$t" \
       --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
     if [ "$BROWSER" = 1 ]; then

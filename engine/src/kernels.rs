@@ -4,6 +4,9 @@
 
 use std::cell::RefCell;
 
+pub mod bench;
+#[cfg(target_arch = "x86_64")]
+mod float_x86;
 #[cfg(feature = "parallel")]
 mod region;
 
@@ -304,6 +307,22 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
             PREP.with(|b| *b.borrow_mut() = prep);
         }
         _ => {
+            #[cfg(target_arch = "x86_64")]
+            if matches!(simd, Simd::Avx2 | Simd::Avx512) {
+                // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported
+                // AVX2 and F16C; the caller's contract for `out` and `x`.
+                let done = unsafe {
+                    match w.dtype {
+                        DType::F32 => float_rows::<{ float_x86::F32 }>(w, x, n, r0, r1, out),
+                        DType::BF16 => float_rows::<{ float_x86::BF16 }>(w, x, n, r0, r1, out),
+                        DType::F16 => float_rows::<{ float_x86::F16 }>(w, x, n, r0, r1, out),
+                        _ => false,
+                    }
+                };
+                if done {
+                    return;
+                }
+            }
             let mut buf = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));
             buf.resize(cols, 0.0);
             for r in r0..r1 {
@@ -314,6 +333,55 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
             }
             ROW.with(|b| *b.borrow_mut() = buf);
         }
+    }
+}
+
+/// Rows `r0..r1` of float weights (kind `K` of [`float_x86`]) times the `n` positions, the
+/// bits of decoding each row and applying [`math::dot`]: four rows at a time for one
+/// position, four positions at a time for more (four independent chains; see float_x86).
+/// Returns false (nothing written) when the stored bytes are not the matrix's.
+///
+/// SAFETY (caller): AVX2 and F16C present; as [`rows_into`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn float_rows<const K: u8>(w: &Mat, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32) -> bool {
+    let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
+    let bytes = w.bytes.as_ref();
+    if bytes.len() < rows * rb || x.len() < n * cols || r1 > rows {
+        return false;
+    }
+    let (base, xp) = (bytes.as_ptr(), x.as_ptr());
+    // SAFETY: rows r < r1 <= rows lie inside `bytes` (rb bytes each), positions p < n inside
+    // `x` (cols each); outputs as in rows_into.
+    unsafe {
+        let row = |r: usize| base.add(r * rb);
+        if n == 1 {
+            let mut r = r0;
+            while r + 4 <= r1 {
+                let v = float_x86::dot4::<K, true>([row(r), row(r + 1), row(r + 2), row(r + 3)], [xp; 4], cols);
+                std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(r), 4);
+                r += 4;
+            }
+            for r in r..r1 {
+                *out.add(r) = float_x86::dot1::<K>(row(r), xp, cols);
+            }
+            return true;
+        }
+        for r in r0..r1 {
+            let wr = row(r);
+            let mut p = 0;
+            while p + 4 <= n {
+                let xs = [xp.add(p * cols), xp.add((p + 1) * cols), xp.add((p + 2) * cols), xp.add((p + 3) * cols)];
+                let v = float_x86::dot4::<K, false>([wr; 4], xs, cols);
+                for (i, vi) in v.iter().enumerate() {
+                    *out.add((p + i) * rows + r) = *vi;
+                }
+                p += 4;
+            }
+            for p in p..n {
+                *out.add(p * rows + r) = float_x86::dot1::<K>(wr, xp.add(p * cols), cols);
+            }
+        }
+        true
     }
 }
 
@@ -491,6 +559,45 @@ mod tests {
                 assert_eq!(out[p * rows + r].to_bits(), single[r].to_bits());
                 let naive: f64 = (0..cols).map(|c| w[r * cols + c] as f64 * x[p * cols + c] as f64).sum();
                 assert!((out[p * rows + r] as f64 - naive).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn float_weights_give_the_bits_of_decode_then_dot() {
+        // Each float kind, rows not a multiple of four, columns with and without a tail, one
+        // position and several (fours and the rest): every output is math::dot of the decoded
+        // row, whichever path (AVX2 fours or the plain loop) computed it.
+        let mut s = 11u64;
+        for (rows, cols) in [(37, 29), (8, 64), (3, 7)] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut s)).collect();
+            let f32m = Mat::from_f32(rows, cols, &w).unwrap();
+            let bf: Vec<u8> = w.iter().flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes()).collect();
+            let hf: Vec<u8> = w.iter().flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes()).collect();
+            let mats = [
+                f32m,
+                Mat::new(rows, cols, DType::BF16, crate::tensor::Bytes::from_vec(bf)).unwrap(),
+                Mat::new(rows, cols, DType::F16, crate::tensor::Bytes::from_vec(hf)).unwrap(),
+            ];
+            for m in &mats {
+                for n in [1, 2, 5, 8] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
+                    let mut out = vec![0.0; n * rows];
+                    matmul(m, &x, n, &mut out);
+                    let mut row = vec![0.0; cols];
+                    for r in 0..rows {
+                        m.row_into(r, &mut row);
+                        for p in 0..n {
+                            let want = math::dot(&row, &x[p * cols..(p + 1) * cols]);
+                            assert_eq!(
+                                out[p * rows + r].to_bits(),
+                                want.to_bits(),
+                                "{} [{rows}, {cols}] n {n}",
+                                m.dtype
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -22,8 +22,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
-    bench, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits, plan, pull,
-    service, synth,
+    bench, bench_kernels, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits,
+    plan, pull, service, synth,
 };
 
 /// `coli --version`: the package version and the commit it was built from (helper/build.rs).
@@ -75,6 +75,8 @@ enum Command {
     BenchRouting(bench_routing::RoutingBenchArgs),
     /// Load test of the helper's Range API against plain reads of the same file (JSON).
     BenchServe(bench_serve::BenchArgs),
+    /// Each stored weight format's kernel in GB/s next to the memory read bandwidth.
+    BenchKernels(bench_kernels::KernelBenchArgs),
     /// Write a synthetic OLMoE-shaped checkpoint (HF layout, seeded bf16) for benchmarks.
     Synth(synth::SynthArgs),
 }
@@ -110,6 +112,7 @@ fn main() -> ExitCode {
         Command::BenchServe(a) => bench_serve::run(a),
         Command::BenchRouting(a) => bench_routing::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchKernels(a) => bench_kernels::run(a),
         Command::Synth(a) => synth::run(a),
     };
     match result {

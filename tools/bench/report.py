@@ -84,6 +84,7 @@ def record(engine_file, context_json):
         fail(f"{engine_file}: no JSON line in the engine's output")
     raw = json.loads(lines[-1])
     engine, where, threads, phases, extra = normalize(raw)
+    engine = ctx.get("label") or engine
     threads = threads if threads is not None else ctx.get("threads")
     bw = ctx.get("bandwidth_bytes_per_second")
     for phase in ("decode", "prefill"):
@@ -151,7 +152,7 @@ def summary(path):
     )
     out.append("|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
     order = {"native": 0, "browser": 1}
-    eorder = {"llama.cpp": 0, "colibri": 1, "wllama": 2}
+    eorder = {"llama.cpp": 0, "colibri default": 1, "colibri gguf-import": 2, "colibri": 3, "wllama": 4}
     for key in sorted(groups, key=lambda k: (k[3] != "decode", order.get(k[0], 9), k[2], eorder.get(k[1], 9))):
         where, engine, threads, phase = key
         rs = groups[key]

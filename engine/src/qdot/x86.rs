@@ -197,35 +197,64 @@ fn has_quads(a: &ActQ) -> bool {
 }
 
 /// Blocks from `start` (a multiple of 8) to the end of one row, added to the accumulator
-/// lanes `acc` of the blocks before them, and the reference's final sum.
+/// lanes `acc` of the blocks before them, and the reference's final sum: whole runs of
+/// eight blocks inside the stored bytes take [`sums8`], the rest [`sums_any`] through a
+/// zero-padded copy where the bytes end; the block sums, less `sum q << 3` for int4 (whose
+/// stored values carry a bias of 8), are combined in the reference's float order.
+///
+/// No closures here or below: a closure is not compiled with the calling function's
+/// target features, so its intrinsics would become out-of-line calls (they were: half of
+/// an int8 decode's time went to `_mm256_sign_epi8` and `_mm256_dpbusd_epi32` calls).
 #[inline(always)]
 unsafe fn finish<const VNNI: bool, const INT4: bool>(
     row: &[u8],
     a: &ActQ,
     p: usize,
-    (start, acc): (usize, __m256),
+    (start, acc0): (usize, __m256),
 ) -> f32 {
     let vals = &row[round4(a.blocks * 2)..];
     let inside = if INT4 { vals.len() * 2 } else { vals.len() };
-    let (q, g) = (a.qrow(p), a.group);
-    let fast = |sum, c, x| stored_chunk::<VNNI, INT4, false>(vals, sum, c, x);
-    // SAFETY: `combine` gives the run closure only runs that end at or before `inside`.
+    let (g, blocks) = (a.group, a.blocks);
+    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s` (padded to a
+    // multiple of 8), `vals` (whole runs only when c0 + 8 * group <= inside; the rest
+    // through a padded copy) or `row`'s scales (or a zero-padded copy of the last ones).
     unsafe {
-        combine(
-            row,
-            a,
-            p,
-            (start, acc),
-            if INT4 { Some(3) } else { None },
-            inside,
-            |c0| match g / CHUNK {
-                1 => sums8::<1, _>(q, c0, &fast),
-                2 => sums8::<2, _>(q, c0, &fast),
-                4 => sums8::<4, _>(q, c0, &fast),
-                _ => sums_any(q, g, c0, 8, &fast),
-            },
-            |sum, c, x| stored_chunk::<VNNI, INT4, true>(vals, sum, c, x),
-        )
+        let mut acc = acc0;
+        let mut b0 = start;
+        while b0 < blocks {
+            let nb = (blocks - b0).min(8);
+            let c0 = b0 * g;
+            let mut isum = if nb == 8 && c0 + 8 * g <= inside {
+                match g / CHUNK {
+                    1 => sums8::<VNNI, INT4, 1>(vals, q, c0),
+                    2 => sums8::<VNNI, INT4, 2>(vals, q, c0),
+                    4 => sums8::<VNNI, INT4, 4>(vals, q, c0),
+                    _ => sums_any::<VNNI, INT4, false>(vals, q, g, c0, 8),
+                }
+            } else {
+                sums_any::<VNNI, INT4, true>(vals, q, g, c0, nb)
+            };
+            if INT4 {
+                let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<3>(s8));
+            }
+            let f = _mm256_cvtepi32_ps(isum);
+            let ws = if nb == 8 {
+                _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * b0) as *const __m128i))
+            } else {
+                // Past the last block the scales are zero (not the next values' bytes).
+                let mut buf = [0u8; 16];
+                buf[..2 * nb].copy_from_slice(&row[2 * b0..2 * (b0 + nb)]);
+                _mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr() as *const __m128i))
+            };
+            let dv = _mm256_loadu_ps(d.as_ptr().add(b0));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), f));
+            b0 += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        reduce8(lanes)
     }
 }
 
@@ -367,91 +396,48 @@ unsafe fn pairs8<const VNNI: bool>(vals: &[u8], qp: *const i8, c0: usize, g: usi
     }
 }
 
-/// The block loop shared by every x86 path, from block `start` (a multiple of 8) with the
-/// accumulator lanes `acc0` of the blocks before it: `run(c0)` gives the eight integer sums of the
-/// whole run of blocks starting at column c0 (when c0 + 8 * group <= `fast_until`), and
-/// `checked(sum, c, x)` adds the products of the 32 values at column c (activations x) to
-/// `sum` elsewhere; the block sums, less `sum q << shift` where the weights carry a bias of
-/// 2^shift, are combined in the reference's float order.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn combine<R: Fn(usize) -> __m256i, G: Fn(__m256i, usize, __m256i) -> __m256i>(
-    row: &[u8],
-    a: &ActQ,
-    p: usize,
-    (start, acc0): (usize, __m256),
-    shift: Option<i32>,
-    fast_until: usize,
-    run: R,
-    checked: G,
-) -> f32 {
-    let (g, blocks) = (a.group, a.blocks);
-    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
-    // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s` (padded to a
-    // multiple of 8), or `row`'s scales (or a zero-padded copy of the last ones).
-    unsafe {
-        let mut acc = acc0;
-        let mut b0 = start;
-        while b0 < blocks {
-            let nb = (blocks - b0).min(8);
-            let c0 = b0 * g;
-            let mut isum = if nb == 8 && c0 + 8 * g <= fast_until { run(c0) } else { sums_any(q, g, c0, nb, &checked) };
-            if let Some(sh) = shift {
-                let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
-                isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, _mm_cvtsi32_si128(sh)));
-            }
-            let f = _mm256_cvtepi32_ps(isum);
-            let ws = if nb == 8 {
-                _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * b0) as *const __m128i))
-            } else {
-                // Past the last block the scales are zero (not the next values' bytes).
-                let mut buf = [0u8; 16];
-                buf[..2 * nb].copy_from_slice(&row[2 * b0..2 * (b0 + nb)]);
-                _mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr() as *const __m128i))
-            };
-            let dv = _mm256_loadu_ps(d.as_ptr().add(b0));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), f));
-            b0 += 8;
-        }
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        reduce8(lanes)
-    }
-}
-
 /// Integer sums of the eight blocks from column `c0`, `CH` chunks each, unrolled so that
 /// the eight sums stay in registers: lane j of the result is block j.
+///
+/// SAFETY (caller): the run's stored bytes are inside `vals` (c0 + 8 * CH * 32 <= inside)
+/// and its activations inside `q`.
 #[inline(always)]
-unsafe fn sums8<const CH: usize, F: Fn(__m256i, usize, __m256i) -> __m256i>(q: &[i8], c0: usize, chunk: &F) -> __m256i {
-    // SAFETY: the caller's block range is inside `q`; `chunk` keeps its own contract.
+unsafe fn sums8<const VNNI: bool, const INT4: bool, const CH: usize>(vals: &[u8], q: &[i8], c0: usize) -> __m256i {
+    // SAFETY: the caller's contract.
     unsafe {
         let mut v = [_mm256_setzero_si256(); 8];
         for (j, vj) in v.iter_mut().enumerate() {
             for k in 0..CH {
                 let c = c0 + (j * CH + k) * CHUNK;
-                *vj = chunk(*vj, c, _mm256_loadu_si256(q.as_ptr().add(c) as *const __m256i));
+                let x = _mm256_loadu_si256(q.as_ptr().add(c) as *const __m256i);
+                *vj = stored_chunk::<VNNI, INT4, false>(vals, *vj, c, x);
             }
         }
         hsum8(&v)
     }
 }
 
-/// [`sums8`] for `nb` <= 8 blocks of any multiple of [`CHUNK`] (lanes past `nb` are zero).
+/// [`sums8`] for `nb` <= 8 blocks of any multiple of [`CHUNK`] (lanes past `nb` are zero);
+/// `CHECKED`: the stored bytes may end inside the blocks (read through a padded copy).
+///
+/// SAFETY (caller): the blocks' activations are inside `q`; unless `CHECKED`, their stored
+/// bytes are inside `vals`.
 #[inline(always)]
-unsafe fn sums_any<F: Fn(__m256i, usize, __m256i) -> __m256i>(
+unsafe fn sums_any<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
+    vals: &[u8],
     q: &[i8],
     g: usize,
     c0: usize,
     nb: usize,
-    chunk: &F,
 ) -> __m256i {
-    // SAFETY: as in sums8.
+    // SAFETY: the caller's contract.
     unsafe {
         let mut v = [_mm256_setzero_si256(); 8];
         for (j, vj) in v.iter_mut().enumerate().take(nb) {
             for k in 0..g / CHUNK {
                 let c = c0 + j * g + k * CHUNK;
-                *vj = chunk(*vj, c, _mm256_loadu_si256(q.as_ptr().add(c) as *const __m256i));
+                let x = _mm256_loadu_si256(q.as_ptr().add(c) as *const __m256i);
+                *vj = stored_chunk::<VNNI, INT4, CHECKED>(vals, *vj, c, x);
             }
         }
         hsum8(&v)

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod bench_gpu;
+pub mod bench_kernels;
 pub mod bench_routing;
 pub mod bench_serve;
 pub mod chat;

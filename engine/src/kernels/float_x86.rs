@@ -1,0 +1,116 @@
+//! x86-64 AVX2 path of the float weights (f32, bf16, f16: a Hugging Face directory read
+//! directly): [`crate::math::dot`]'s bits, four dot products at a time.
+//!
+//! `math::dot` keeps eight lanes (lane l sums the products of columns 8k + l in order), so
+//! each lane is one chain of dependent additions: one 8-lane vector per add latency (four
+//! cycles) is all a single dot product can do. Four independent products (four rows times
+//! one position, or one row times four positions) keep four chains in flight; each is the
+//! same vector chain as [`crate::math::dot_avx2`] with the weights decoded on the fly
+//! (bf16: the 16 bits shifted up; f16: `vcvtph2ps`; both exact), then the same tail and
+//! the same [`reduce8`]: the same bits.
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use crate::math::reduce8;
+
+/// Stored float kinds (const parameter of the kernels).
+pub const F32: u8 = 0;
+pub const BF16: u8 = 1;
+pub const F16: u8 = 2;
+
+/// Bytes per stored value of kind `K`.
+#[inline(always)]
+const fn width<const K: u8>() -> usize {
+    if K == F32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Eight values of kind `K` from `p` (unaligned) as f32.
+#[inline(always)]
+unsafe fn load8<const K: u8>(p: *const u8) -> __m256 {
+    // SAFETY: the caller's 8 values are readable at p.
+    unsafe {
+        if K == F32 {
+            _mm256_loadu_ps(p as *const f32)
+        } else if K == BF16 {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+    }
+}
+
+/// One value of kind `K` from `p`.
+#[inline(always)]
+unsafe fn load1<const K: u8>(p: *const u8) -> f32 {
+    // SAFETY: the caller's value is readable at p.
+    unsafe {
+        if K == F32 {
+            f32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)])
+        } else if K == BF16 {
+            f32::from_bits((u16::from_le_bytes([*p, *p.add(1)]) as u32) << 16)
+        } else {
+            f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
+        }
+    }
+}
+
+/// `out[i] = math::dot(w[i] decoded, x[i])` for i < 4 over `cols` values, bit for bit.
+/// `SAME_X`: every x[i] is x[0] (four rows times one position: loaded once).
+///
+/// SAFETY (caller): AVX2 and F16C present; each w[i] holds `cols` values of kind `K`,
+/// each x[i] `cols` f32.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot4<const K: u8, const SAME_X: bool>(w: [*const u8; 4], x: [*const f32; 4], cols: usize) -> [f32; 4] {
+    let chunks = cols / 8;
+    let wd = width::<K>();
+    // SAFETY: every load reads values c * 8..c * 8 + 8 < cols (or one value < cols).
+    unsafe {
+        let mut v = [_mm256_setzero_ps(); 4];
+        for c in 0..chunks {
+            let x0 = _mm256_loadu_ps(x[0].add(c * 8));
+            for i in 0..4 {
+                let xi = if SAME_X || i == 0 { x0 } else { _mm256_loadu_ps(x[i].add(c * 8)) };
+                v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(load8::<K>(w[i].add(c * 8 * wd)), xi));
+            }
+        }
+        let mut out = [0.0f32; 4];
+        for i in 0..4 {
+            let mut acc = [0.0f32; 8];
+            _mm256_storeu_ps(acc.as_mut_ptr(), v[i]);
+            for k in chunks * 8..cols {
+                acc[k - chunks * 8] += load1::<K>(w[i].add(k * wd)) * *x[i].add(k);
+            }
+            out[i] = reduce8(acc);
+        }
+        out
+    }
+}
+
+/// `math::dot(w decoded, x)` for one row (the rows left after the fours).
+///
+/// SAFETY (caller): as [`dot4`] for one row.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot1<const K: u8>(w: *const u8, x: *const f32, cols: usize) -> f32 {
+    let chunks = cols / 8;
+    let wd = width::<K>();
+    // SAFETY: as in dot4.
+    unsafe {
+        let mut v = _mm256_setzero_ps();
+        for c in 0..chunks {
+            v = _mm256_add_ps(v, _mm256_mul_ps(load8::<K>(w.add(c * 8 * wd)), _mm256_loadu_ps(x.add(c * 8))));
+        }
+        let mut acc = [0.0f32; 8];
+        _mm256_storeu_ps(acc.as_mut_ptr(), v);
+        for k in chunks * 8..cols {
+            acc[k - chunks * 8] += load1::<K>(w.add(k * wd)) * *x.add(k);
+        }
+        reduce8(acc)
+    }
+}

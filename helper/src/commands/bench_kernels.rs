@@ -1,0 +1,196 @@
+//! `coli bench-kernels`: every stored weight format's matrix kernel on this machine, in
+//! GB/s of stored weights per thread count, next to the measured memory read bandwidth
+//! and the share of it (a table, or JSON with --json). `--check` is the format-ratio
+//! guard of tools/test.sh: it fails when a format's one-position bytes/s falls below half
+//! of the fastest format's, all measured on one matrix shape in this one process.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use colibri_engine::kernels::bench::{self, Clock, Format};
+use colibri_engine::qdot::Simd;
+use colibri_engine::tensor::{DType, Mat};
+use serde_json::{json, Value};
+
+#[derive(Args)]
+pub struct KernelBenchArgs {
+    /// Thread counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2])]
+    pub threads: Vec<usize>,
+    /// Positions per product: 1 is decode (memory-bound); more is prefill.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+    pub positions: Vec<usize>,
+    /// Stored bytes of each format's working set for one position, in MiB (many positions
+    /// use an eighth of it); larger than the last-level cache measures memory.
+    #[arg(long, default_value_t = 256)]
+    pub mib: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 0.5)]
+    pub seconds: f64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// The guard: one thread, one position, a small working set, each format measured
+    /// three times in turn (best kept); fails when one falls below half of the fastest.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Matrix shape of every measurement: an OLMoE expert's gate/up projection.
+const ROWS: usize = 1024;
+const COLS: usize = 2048;
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().context("starting the thread pool")
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn run(a: KernelBenchArgs) -> Result<()> {
+    if a.check {
+        return check(&a);
+    }
+    if a.threads.contains(&0) || a.positions.contains(&0) || a.mib == 0 {
+        bail!("--threads, --positions and --mib must be positive");
+    }
+    if !a.seconds.is_finite() || a.seconds <= 0.0 {
+        bail!("--seconds must be positive, got {}", a.seconds);
+    }
+    let ws = a.mib << 20;
+    let buf = vec![1u64; ws / 8];
+    let mut mem = Vec::new();
+    for &t in &a.threads {
+        let gbs = pool(t)?.install(|| bench::read_rate(&buf, a.seconds)) / 1e9;
+        mem.push((t, gbs));
+    }
+    drop(buf);
+    let mut rows = Vec::new();
+    for f in bench::formats() {
+        for &n in &a.positions {
+            let set = bench::working_set(f.dtype, ROWS, COLS, if n == 1 { ws } else { ws / 8 })?;
+            for &(t, mem_gbs) in &mem {
+                let r = pool(t)?.install(|| bench::kernel_rate(&set, n, a.seconds, Clock::Wall));
+                rows.push(Row { f, n, t, gbs: r.bytes_per_s / 1e9, gmacs: r.macs_per_s / 1e9, mem_gbs });
+            }
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report(&a, &mem, &rows))?);
+    } else {
+        print_table(&a, &mem, &rows);
+    }
+    Ok(())
+}
+
+struct Row {
+    f: Format,
+    n: usize,
+    t: usize,
+    gbs: f64,
+    gmacs: f64,
+    mem_gbs: f64,
+}
+
+fn bytes_per_weight(d: DType) -> f64 {
+    d.row_bytes(COLS).unwrap_or(0) as f64 / COLS as f64
+}
+
+fn report(a: &KernelBenchArgs, mem: &[(usize, f64)], rows: &[Row]) -> Value {
+    json!({
+        "cpu": cpu_model(),
+        "simd": Simd::active().name(),
+        "load_average": load_average(),
+        "shape": [ROWS, COLS],
+        "working_set_mib": a.mib,
+        "memory_read_gbs": mem.iter().map(|(t, g)| json!({"threads": t, "gbs": round(*g)})).collect::<Vec<_>>(),
+        "kernels": rows.iter().map(|r| json!({
+            "format": r.f.dtype.to_string(),
+            "source": r.f.source,
+            "bytes_per_weight": round(bytes_per_weight(r.f.dtype)),
+            "positions": r.n,
+            "threads": r.t,
+            "gbs": round(r.gbs),
+            "share_of_memory": round(r.gbs / r.mem_gbs),
+            "gmacs": round(r.gmacs),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn round(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+fn print_table(a: &KernelBenchArgs, mem: &[(usize, f64)], rows: &[Row]) {
+    println!("cpu: {} ({}), load average {}", cpu_model(), Simd::active().name(), load_average());
+    println!("matrix [{ROWS}, {COLS}], working set {} MiB per format (many positions: {} MiB)", a.mib, a.mib / 8);
+    let m: Vec<String> = mem.iter().map(|(t, g)| format!("{g:.1} GB/s at {t} thread(s)")).collect();
+    println!("memory read: {}", m.join(", "));
+    println!();
+    println!(
+        "{:<12} {:>6} {:>9} {:>7} {:>9} {:>8} {:>8}",
+        "format", "B/wt", "positions", "threads", "GB/s", "memory", "GMAC/s"
+    );
+    for r in rows {
+        println!(
+            "{:<12} {:>6.3} {:>9} {:>7} {:>9.2} {:>7.0}% {:>8.2}",
+            r.f.dtype.to_string(),
+            bytes_per_weight(r.f.dtype),
+            r.n,
+            r.t,
+            r.gbs,
+            100.0 * r.gbs / r.mem_gbs,
+            r.gmacs
+        );
+    }
+}
+
+/// The guard: the same shape for every format, one thread, one position, a working set
+/// of 16 MiB each (small, so that it takes seconds even in a debug build), timed in the
+/// thread's own CPU time (time other processes hold the core does not count) and as a
+/// ratio of the formats in one process (what load still changes, caches and memory
+/// contention, slows them alike); each format's best of three alternating rounds is kept.
+fn check(a: &KernelBenchArgs) -> Result<()> {
+    let formats = bench::formats();
+    let sets: Vec<Vec<Mat>> =
+        formats.iter().map(|f| bench::working_set(f.dtype, ROWS, COLS, 16 << 20)).collect::<Result<_, _>>()?;
+    let secs = a.seconds.min(0.2);
+    let mut best = vec![0.0f64; formats.len()];
+    pool(1)?.install(|| {
+        for _ in 0..3 {
+            for (b, set) in best.iter_mut().zip(&sets) {
+                *b = b.max(bench::kernel_rate(set, 1, secs, Clock::Thread).bytes_per_s);
+            }
+        }
+    });
+    let top = best.iter().cloned().fold(0.0, f64::max);
+    let mut slow = Vec::new();
+    for (f, b) in formats.iter().zip(&best) {
+        let share = b / top;
+        println!("{:<12} {:>8.2} GB/s  {:>4.0}% of the fastest", f.dtype.to_string(), b / 1e9, 100.0 * share);
+        if share < 0.5 {
+            slow.push(format!("{} ({:.0}%)", f.dtype, 100.0 * share));
+        }
+    }
+    if !slow.is_empty() {
+        bail!("kernel guard: below half of the fastest format's bytes/s: {}", slow.join(", "));
+    }
+    println!("kernel guard: every format at least half of the fastest ({} path)", Simd::active().name());
+    Ok(())
+}
