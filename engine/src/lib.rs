@@ -24,6 +24,8 @@ pub mod generate;
 pub mod gpu;
 pub mod kernels;
 pub mod math;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod memlimit;
 pub mod model;
 pub mod qdot;
 pub mod sampler;

@@ -30,11 +30,12 @@ pub struct TensorStore {
     tensors: HashMap<String, TensorEntry>,
 }
 
-/// Checkpoints up to this size are read into memory instead of mapped: half of
-/// MemAvailable, or 4 GiB where that is unknown.
+/// Checkpoints up to this size are read into memory instead of mapped: half of the memory
+/// this process may still take (MemAvailable or its cgroup's limit, crate::memlimit), or
+/// 4 GiB where that is unknown.
 #[cfg(not(target_arch = "wasm32"))]
 fn owned_read_limit() -> u64 {
-    crate::fsio::meminfo("MemAvailable").map_or(4 << 30, |b| b / 2)
+    crate::memlimit::detect(None).available().map_or(4 << 30, |b| b / 2)
 }
 
 fn describe(e: SafeTensorError) -> String {
