@@ -59,15 +59,15 @@ pub struct SynthArgs {
     pub routing: Routing,
     /// --routing trained: spread of the experts' popularity (the standard deviation of a
     /// per-expert router bias, in units of the token part's).
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 1.3)]
     pub route_skew: f32,
     /// --routing trained: weight of the context (the hidden state outside the control
     /// channel) in the router logits, against the token's own affinities.
-    #[arg(long, default_value_t = 0.6)]
+    #[arg(long, default_value_t = 1.0)]
     pub route_context: f32,
     /// --routing trained: correlation of one layer's token affinities with the layer
     /// before's (0: unrelated layers).
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = 0.8)]
     pub route_layer_corr: f32,
     /// Copy tokenizer.json (and tokenizer_config.json) from this model directory, so that
     /// text prompts and `coli bench --text` work; --vocab must cover its ids.
