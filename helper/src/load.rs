@@ -96,17 +96,25 @@ pub fn reader_buffers(expert: u64, top_k: usize, readers: usize) -> u64 {
 /// The automatic budget: half of the memory this process may still take (the tightest of
 /// MemAvailable, the cgroup's limit less its usage, and `--mem-limit`: `limit`) minus the
 /// dense weights (read into memory at load) and the readers' buffers, at least
-/// `AUTO_RAM_FLOOR` (or a quarter of the free memory, if less), at most every expert.
+/// `AUTO_RAM_FLOOR` (or a quarter of the free memory, if less), at most every expert, and
+/// never more than what the dense weights, the buffers and an eighth of the free memory
+/// (the KV cache, activations, the binary) leave.
 pub fn auto_ram(limit: &MemoryLimit, dense: u64, experts: u64, buffers: u64) -> (u64, String) {
     match limit.tightest() {
         Some(t) => {
             let avail = t.available();
             let floor = AUTO_RAM_FLOOR.min(avail / 4);
-            let b = (avail / 2).saturating_sub(dense + buffers).max(floor).min(experts);
+            let cap = avail.saturating_sub(dense + buffers + avail / 8);
+            let b = (avail / 2).saturating_sub(dense + buffers).max(floor).min(cap).min(experts);
+            let capped = if b == cap && b < experts {
+                format!(", at most {} (the rest of the free memory less an eighth)", human(cap))
+            } else {
+                String::new()
+            };
             (
                 b,
                 format!(
-                    "auto: half of {} free ({}) minus {} of dense weights and {} of read buffers, at least {}",
+                    "auto: half of {} free ({}) minus {} of dense weights and {} of read buffers, at least {}{capped}",
                     human(avail),
                     t.describe(),
                     human(dense),
@@ -362,4 +370,49 @@ fn open_draft_model(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<
     };
     colibri_engine::generate::check_same_tokenizer(t, d).with_context(|| format!("--draft {}", dir.display()))?;
     Ok(draft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use colibri_engine::memlimit::{Found, Kind};
+
+    const MIB: u64 = 1 << 20;
+
+    fn limit(kind: Kind, avail: u64) -> MemoryLimit {
+        MemoryLimit { found: vec![Found { kind, limit: avail, used: 0, path: None }] }
+    }
+
+    #[test]
+    fn auto_ram_follows_the_tightest_limit() {
+        // A big machine: half of it minus the dense weights, at most every expert.
+        let host = limit(Kind::MemAvailable, 16 << 30);
+        assert_eq!(auto_ram(&host, 500 * MIB, 40 << 30, 50 * MIB).0, (8 << 30) - 550 * MIB);
+        assert_eq!(auto_ram(&host, 500 * MIB, 3 << 30, 50 * MIB).0, 3 << 30);
+        // A 1 GiB cgroup: half of it less the dense weights and buffers.
+        let cg = limit(Kind::CgroupV1, 1024 * MIB);
+        let (b, note) = auto_ram(&cg, 50 * MIB, 4 << 30, 44 * MIB);
+        assert_eq!(b, 512 * MIB - 94 * MIB);
+        assert!(note.contains("cgroup v1"), "{note}");
+        // Dense weights larger than half: the floor, but never past what the limit leaves.
+        let (b, note) = auto_ram(&cg, 700 * MIB, 4 << 30, 50 * MIB);
+        assert_eq!(b, 1024 * MIB - 750 * MIB - 128 * MIB);
+        assert!(note.contains("at most"), "{note}");
+        let (b, _) = auto_ram(&cg, 1000 * MIB, 4 << 30, 50 * MIB);
+        assert_eq!(b, 0, "nothing left: no cache rather than an OOM kill");
+        // Unknown memory: the floor.
+        assert_eq!(auto_ram(&MemoryLimit::default(), 0, 4 << 30, 0).0, AUTO_RAM_FLOOR);
+    }
+
+    #[test]
+    fn direct_is_automatic_only_under_a_cgroup_smaller_than_the_model() {
+        let cg = limit(Kind::CgroupV2Max, 1 << 30);
+        assert!(choose_direct(DirectChoice::Auto, &cg, 2 << 30).0);
+        assert!(!choose_direct(DirectChoice::Auto, &cg, 512 * MIB).0);
+        assert!(!choose_direct(DirectChoice::Auto, &limit(Kind::MemAvailable, 1 << 30), 2 << 30).0);
+        assert!(!choose_direct(DirectChoice::Off, &cg, 2 << 30).0);
+        assert!(choose_direct(DirectChoice::On, &limit(Kind::MemAvailable, 1 << 40), 1).0);
+        assert_eq!(auto_kv_bytes(&cg), 128 * MIB);
+        assert_eq!(auto_kv_bytes(&limit(Kind::MemAvailable, 64 << 30)), 1 << 30);
+    }
 }
