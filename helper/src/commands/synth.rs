@@ -246,7 +246,8 @@ impl Affinities {
         for l in 0..a.layers {
             let mut rng = Rng(seed_of(a.seed, &format!("routing.affinities.{l}")));
             let mut layer = Vec::with_capacity(a.experts);
-            for e in 0..a.experts {
+            let prev: Vec<[f32; CTRL]> = out.last().cloned().unwrap_or_else(|| vec![[0f32; CTRL]; a.experts]);
+            for p in &prev {
                 let mut v = [0f32; CTRL];
                 // Popularity: a bias of standard deviation `skew` (a sum of 4 uniforms
                 // is close enough to a normal).
@@ -256,7 +257,7 @@ impl Affinities {
                     let fresh = unit(rng.next()) * scale;
                     *x = match l {
                         0 => fresh,
-                        _ => rho * out[l - 1][e][j] + fresh_w * fresh,
+                        _ => rho * p[j] + fresh_w * fresh,
                     };
                 }
                 layer.push(v);
