@@ -68,9 +68,9 @@ pub fn read_text(path: &Path, max: u64) -> Result<String> {
 }
 
 /// A field of /proc/meminfo ("MemTotal", "MemAvailable") in bytes; None where there is
-/// no such file (not Linux, wasm) or field. The one reader of it: the automatic
-/// expert-cache budget, `coli doctor`, `coli bench` and the map-or-read choice for
-/// safetensors all use this.
+/// no such file (not Linux, wasm) or field. For reports (`coli doctor`, `coli bench`,
+/// `coli plan`); the automatic budgets take the memory they may use from
+/// [`crate::memlimit`], which also reads the cgroup's limit.
 pub fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_meminfo(&text, field)

@@ -7,6 +7,8 @@
 //! - [`model`]: config, RoPE, attention, routing and the MoE block, the forward pass, and
 //!   [`model::open`], the one place a model is opened (native directory or browser bytes).
 //! - [`generate`], [`sampler`], [`tokenizer`]: ids in, ids and text out.
+//! - `memlimit` (native only): how much memory the process may still take (MemAvailable,
+//!   the memory cgroup's limits, a user's limit), for every automatic budget.
 //! - [`gpu`] (feature `wgpu`): the same forward pass on wgpu; [`kernels`], [`math`] and
 //!   [`tensor`]: the CPU arithmetic every backend is checked against.
 //!
@@ -24,6 +26,8 @@ pub mod generate;
 pub mod gpu;
 pub mod kernels;
 pub mod math;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod memlimit;
 pub mod model;
 pub mod qdot;
 pub mod sampler;

@@ -30,6 +30,16 @@ pub enum HybridChoice {
     Auto,
 }
 
+/// `--direct`: whether expert reads bypass the page cache (O_DIRECT).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum DirectChoice {
+    /// On under a memory cgroup that leaves less free memory than the model's data file.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
 /// Where the forward pass runs: the backend, and on the GPU the expert placement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Compute {
@@ -51,9 +61,16 @@ pub struct ModelArgs {
     #[arg(long)]
     pub model: std::path::PathBuf,
     /// Expert-cache budget in bytes (suffixes K, M, G, T; 0 caches nothing; "all": no
-    /// limit; default: half of MemAvailable minus the dense weights, at least 256M).
+    /// limit; default: automatic, half of the memory this process may still take (the
+    /// tightest of MemAvailable, the memory cgroup's limit less its usage, and
+    /// --mem-limit) minus the dense weights and read buffers, at least 256M or a quarter
+    /// of that memory).
     #[arg(long, value_parser = parse_bytes)]
     pub ram: Option<u64>,
+    /// A memory limit for the automatic budgets, besides MemAvailable and the cgroup's
+    /// (K, M, G suffixes; also the COLI_MEM_LIMIT environment variable).
+    #[arg(long, value_parser = parse_bytes)]
+    pub mem_limit: Option<u64>,
     /// Bytes of the --ram budget for experts pinned by learned usage (usage.json next to
     /// the model); default with usage counts: a quarter of --ram, less if the rest could
     /// not hold one token's experts; without: 0.
@@ -66,9 +83,11 @@ pub struct ModelArgs {
     /// Do not prefetch the next layer's likely experts (router lookahead).
     #[arg(long)]
     pub no_lookahead: bool,
-    /// Read experts with O_DIRECT, bypassing the page cache, where the file system allows.
-    #[arg(long)]
-    pub direct: bool,
+    /// Read experts with O_DIRECT, bypassing the page cache, where the file system allows:
+    /// on (`--direct` alone), off, or auto: on when a memory cgroup leaves less free memory
+    /// than the model's data file (the page cache its reads fill would count against it).
+    #[arg(long, value_enum, default_value_t = DirectChoice::Auto, num_args = 0..=1, default_missing_value = "on")]
+    pub direct: DirectChoice,
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,

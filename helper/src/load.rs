@@ -12,7 +12,9 @@ use colibri_engine::model::open::{Container, ModelDir};
 use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 
-use crate::flags::{init_threads, ModelArgs};
+use colibri_engine::memlimit::MemoryLimit;
+
+use crate::flags::{init_threads, DirectChoice, ModelArgs};
 
 pub struct Loaded {
     pub model: Model,
@@ -33,17 +35,26 @@ pub struct CacheFlags {
     pub pin: Option<u64>,
     pub readers: usize,
     pub lookahead: bool,
-    pub direct: bool,
+    pub direct: DirectChoice,
+    /// `--mem-limit`: a memory limit of the user's, on top of the machine's and the cgroup's.
+    pub mem_limit: Option<u64>,
 }
 
 impl CacheFlags {
     pub fn from_args(a: &ModelArgs) -> Self {
-        CacheFlags { ram: a.ram, pin: a.pin, readers: a.readers, lookahead: !a.no_lookahead, direct: a.direct }
+        CacheFlags {
+            ram: a.ram,
+            pin: a.pin,
+            readers: a.readers,
+            lookahead: !a.no_lookahead,
+            direct: a.direct,
+            mem_limit: a.mem_limit,
+        }
     }
 
     /// What `coli serve` uses: `ram` as given, every other flag at its default.
     pub fn with_ram(ram: Option<u64>) -> Self {
-        CacheFlags { ram, pin: None, readers: 4, lookahead: true, direct: false }
+        CacheFlags { ram, pin: None, readers: 4, lookahead: true, direct: DirectChoice::Auto, mem_limit: None }
     }
 }
 
@@ -64,42 +75,103 @@ pub struct CacheSetup {
     pub model_id: String,
     /// Why O_DIRECT is off although asked for.
     pub direct_note: Option<String>,
+    /// Whether expert reads were opened with O_DIRECT, and why.
+    pub direct: (bool, String),
+    /// The memory limits found when the budget was chosen.
+    pub limit: MemoryLimit,
 }
 
-/// Smallest budget the automatic choice goes down to.
+/// Smallest budget the automatic choice goes down to (less where a quarter of the free
+/// memory is less).
 const AUTO_RAM_FLOOR: u64 = 256 << 20;
 
-/// The automatic budget: half of the available memory minus the dense weights (which are
-/// mapped and will be resident), at least `AUTO_RAM_FLOOR`, at most every expert.
-pub fn auto_ram(available: Option<u64>, dense: u64, experts: u64) -> (u64, String) {
-    match available {
-        Some(avail) => {
-            let b = (avail / 2).saturating_sub(dense).max(AUTO_RAM_FLOOR).min(experts);
+/// Bytes of expert buffers the readers hold besides the cache: the buffers kept for reuse
+/// (top-k + readers) and the read window (top-k, at least two per reader), for experts of
+/// `expert` bytes.
+pub fn reader_buffers(expert: u64, top_k: usize, readers: usize) -> u64 {
+    let n = top_k + readers + top_k.max(2 * readers);
+    expert.saturating_mul(n as u64)
+}
+
+/// The automatic budget: half of the memory this process may still take (the tightest of
+/// MemAvailable, the cgroup's limit less its usage, and `--mem-limit`: `limit`) minus the
+/// dense weights (read into memory at load) and the readers' buffers, at least
+/// `AUTO_RAM_FLOOR` (or a quarter of the free memory, if less), at most every expert, and
+/// never more than what the dense weights, the buffers and an eighth of the free memory
+/// (the KV cache, activations, the binary) leave.
+pub fn auto_ram(limit: &MemoryLimit, dense: u64, experts: u64, buffers: u64) -> (u64, String) {
+    match limit.tightest() {
+        Some(t) => {
+            let avail = t.available();
+            let floor = AUTO_RAM_FLOOR.min(avail / 4);
+            let cap = avail.saturating_sub(dense + buffers + avail / 8);
+            let b = (avail / 2).saturating_sub(dense + buffers).max(floor).min(cap).min(experts);
+            let capped = if b == cap && b < experts {
+                format!(", at most {} (the rest of the free memory less an eighth)", human(cap))
+            } else {
+                String::new()
+            };
             (
                 b,
                 format!(
-                    "auto: half of MemAvailable {} minus {} of dense weights, at least {}",
+                    "auto: half of {} free ({}) minus {} of dense weights and {} of read buffers, at least {}{capped}",
                     human(avail),
+                    t.describe(),
                     human(dense),
-                    human(AUTO_RAM_FLOOR)
+                    human(buffers),
+                    human(floor)
                 ),
             )
         }
-        None => (AUTO_RAM_FLOOR.min(experts), "auto: MemAvailable unknown, the floor".into()),
+        None => (AUTO_RAM_FLOOR.min(experts), "auto: free memory unknown, the floor".into()),
     }
 }
 
 /// The expert-cache budget for `--ram` (None: automatic; u64::MAX: "all"): (None for no
-/// limit, or the budget; how it was chosen). `available`: MemAvailable; `dense` and
-/// `experts`: the model's resident and streamed bytes.
-pub fn choose_ram(flag: Option<u64>, available: Option<u64>, dense: u64, experts: u64) -> (Option<u64>, String) {
+/// limit, or the budget; how it was chosen). `limit`: the memory limits found; `dense`,
+/// `experts` and `buffers`: the model's resident and streamed bytes and the readers'
+/// buffers.
+pub fn choose_ram(
+    flag: Option<u64>,
+    limit: &MemoryLimit,
+    dense: u64,
+    experts: u64,
+    buffers: u64,
+) -> (Option<u64>, String) {
     match flag {
         Some(u64::MAX) => (None, "--ram all: no limit".to_string()),
         Some(b) => (Some(b), "--ram".to_string()),
         None => {
-            let (b, note) = auto_ram(available, dense, experts);
+            let (b, note) = auto_ram(limit, dense, experts, buffers);
             (Some(b), note)
         }
+    }
+}
+
+/// The server's conversation caches (`--kv-cache`) when not given: 1 GiB, at most an
+/// eighth of the memory the process may still take.
+pub fn auto_kv_bytes(limit: &MemoryLimit) -> u64 {
+    limit.available().map_or(1 << 30, |a| (a / 8).min(1 << 30))
+}
+
+/// Whether expert reads use O_DIRECT for a data file of `file_bytes` (`--direct`), and why.
+pub fn choose_direct(flag: DirectChoice, limit: &MemoryLimit, file_bytes: u64) -> (bool, String) {
+    match flag {
+        DirectChoice::On => (true, "--direct on".into()),
+        DirectChoice::Off => (false, "--direct off".into()),
+        DirectChoice::Auto => match limit.cgroup() {
+            Some(c) if limit.direct_by_default(file_bytes) => (
+                true,
+                format!(
+                    "auto: the {} data file is larger than the {} its memory cgroup leaves free ({}), which would charge it the page cache",
+                    human(file_bytes),
+                    human(c.available()),
+                    c.describe()
+                ),
+            ),
+            Some(_) => (false, "auto: the data file fits in what the memory cgroup leaves free".into()),
+            None => (false, "auto: no memory cgroup limit".into()),
+        },
     }
 }
 
@@ -131,32 +203,37 @@ pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
 }
 
 /// Chooses the expert-cache options of the converted model in `dir` (its manifest `c`, its
-/// data file `data`) from the flags, the free memory and the model's usage file.
+/// data file `data`) from the flags, the memory limits (`limit`) and the model's usage
+/// file; `direct`: whether the data file was opened with O_DIRECT, and why.
 fn cache_options(
     dir: &Path,
     flags: &CacheFlags,
     c: &Container,
     data: &FileSource,
+    limit: MemoryLimit,
+    direct: (bool, String),
 ) -> Result<(CacheOptions, CacheSetup)> {
     let m = &c.manifest;
     let (dense, experts) = m.byte_totals();
-    let (ram, note) = choose_ram(flags.ram, colibri_engine::fsio::meminfo("MemAvailable"), dense, experts);
+    let n_experts: u64 = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum();
+    let per_expert = experts / n_experts.max(1);
+    let buffers = reader_buffers(per_expert, c.cfg.router.top_k, flags.readers);
+    let (ram, note) = choose_ram(flags.ram, &limit, dense, experts, buffers);
     let model_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let fallback = crate::paths::data_dir().map(|d| d.join("usage"));
     let usage_file = crate::usage_store::usage_path(dir, &model_id, fallback.as_deref());
     let fingerprint = Some(c.fingerprint.clone());
     let usage =
         crate::usage_store::read_usage(&usage_file, c.cfg.n_layers, c.cfg.router.n_experts, fingerprint.as_deref());
-    let n_experts: u64 = m.experts.layers.iter().map(|l| l.experts.len() as u64).sum();
     let moe_layers = m.experts.layers.iter().filter(|l| !l.experts.is_empty()).count() as u64;
-    let per_token = experts / n_experts.max(1) * c.cfg.router.top_k as u64 * moe_layers;
+    let per_token = per_expert * c.cfg.router.top_k as u64 * moe_layers;
     let pin = choose_pin(flags.pin, ram, per_token, usage.total() > 0);
     let opts = CacheOptions {
         ram,
         pin,
         readers: flags.readers,
         lookahead: flags.lookahead,
-        direct: flags.direct,
+        direct: direct.0,
         usage: Some(usage),
     };
     let setup = CacheSetup {
@@ -169,6 +246,8 @@ fn cache_options(
         fingerprint,
         model_id,
         direct_note: data.direct_note.clone(),
+        direct,
+        limit,
     };
     Ok((opts, setup))
 }
@@ -181,6 +260,9 @@ impl CacheSetup {
         let mut line = format!("expert cache {} ({}", self.ram.map_or("unlimited".into(), human), self.note);
         if self.pin > 0 {
             line += &format!(", {} pinned by usage", human(self.pin));
+        }
+        if self.direct.0 && self.direct.1.starts_with("auto") {
+            line += "; O_DIRECT reads: the page cache would count against the memory cgroup";
         }
         if let Some(n) = &self.direct_note {
             line += &format!("; --direct: {n}");
@@ -195,11 +277,18 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
-    // colibri.json is parsed and the data file opened here, once.
-    let md = ModelDir::open(dir, flags.direct)?;
+    // colibri.json is parsed and the data file opened here (again with O_DIRECT where
+    // the automatic choice wants it).
+    let mut md = ModelDir::open(dir, flags.direct == DirectChoice::On)?;
     let (opts, cache) = match md.container() {
-        Some((c, data)) => {
-            let (opts, setup) = cache_options(dir, flags, c, data)?;
+        Some((c, _)) => {
+            let limit = colibri_engine::memlimit::detect(flags.mem_limit);
+            let direct = choose_direct(flags.direct, &limit, c.manifest.data_size);
+            if direct.0 && flags.direct == DirectChoice::Auto {
+                md = ModelDir::open(dir, true)?;
+            }
+            let Some((c, data)) = md.container() else { bail!("{}: the model changed while opened", dir.display()) };
+            let (opts, setup) = cache_options(dir, flags, c, data, limit, direct)?;
             (opts, Some(setup))
         }
         // A Hugging Face checkpoint too large to read keeps `--ram` bytes of its experts.
@@ -291,4 +380,49 @@ fn open_draft_model(spec: &Path, target: &Loaded, flags: &CacheFlags) -> Result<
     };
     colibri_engine::generate::check_same_tokenizer(t, d).with_context(|| format!("--draft {}", dir.display()))?;
     Ok(draft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use colibri_engine::memlimit::{Found, Kind};
+
+    const MIB: u64 = 1 << 20;
+
+    fn limit(kind: Kind, avail: u64) -> MemoryLimit {
+        MemoryLimit { found: vec![Found { kind, limit: avail, used: 0, path: None }] }
+    }
+
+    #[test]
+    fn auto_ram_follows_the_tightest_limit() {
+        // A big machine: half of it minus the dense weights, at most every expert.
+        let host = limit(Kind::MemAvailable, 16 << 30);
+        assert_eq!(auto_ram(&host, 500 * MIB, 40 << 30, 50 * MIB).0, (8 << 30) - 550 * MIB);
+        assert_eq!(auto_ram(&host, 500 * MIB, 3 << 30, 50 * MIB).0, 3 << 30);
+        // A 1 GiB cgroup: half of it less the dense weights and buffers.
+        let cg = limit(Kind::CgroupV1, 1024 * MIB);
+        let (b, note) = auto_ram(&cg, 50 * MIB, 4 << 30, 44 * MIB);
+        assert_eq!(b, 512 * MIB - 94 * MIB);
+        assert!(note.contains("cgroup v1"), "{note}");
+        // Dense weights larger than half: the floor, but never past what the limit leaves.
+        let (b, note) = auto_ram(&cg, 700 * MIB, 4 << 30, 50 * MIB);
+        assert_eq!(b, 1024 * MIB - 750 * MIB - 128 * MIB);
+        assert!(note.contains("at most"), "{note}");
+        let (b, _) = auto_ram(&cg, 1000 * MIB, 4 << 30, 50 * MIB);
+        assert_eq!(b, 0, "nothing left: no cache rather than an OOM kill");
+        // Unknown memory: the floor.
+        assert_eq!(auto_ram(&MemoryLimit::default(), 0, 4 << 30, 0).0, AUTO_RAM_FLOOR);
+    }
+
+    #[test]
+    fn direct_is_automatic_only_under_a_cgroup_smaller_than_the_model() {
+        let cg = limit(Kind::CgroupV2Max, 1 << 30);
+        assert!(choose_direct(DirectChoice::Auto, &cg, 2 << 30).0);
+        assert!(!choose_direct(DirectChoice::Auto, &cg, 512 * MIB).0);
+        assert!(!choose_direct(DirectChoice::Auto, &limit(Kind::MemAvailable, 1 << 30), 2 << 30).0);
+        assert!(!choose_direct(DirectChoice::Off, &cg, 2 << 30).0);
+        assert!(choose_direct(DirectChoice::On, &limit(Kind::MemAvailable, 1 << 40), 1).0);
+        assert_eq!(auto_kv_bytes(&cg), 128 * MIB);
+        assert_eq!(auto_kv_bytes(&limit(Kind::MemAvailable, 64 << 30)), 1 << 30);
+    }
 }

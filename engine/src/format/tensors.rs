@@ -41,14 +41,15 @@ pub struct TensorStore {
 }
 
 /// Checkpoints up to this size are read into memory instead of mapped or streamed: half of
-/// MemAvailable, or 4 GiB where that is unknown. `COLI_READ_LIMIT` (bytes) overrides it:
-/// tests use it to stream a small checkpoint (docs/api.md).
+/// the memory this process may still take (MemAvailable or its cgroup's limit,
+/// crate::memlimit), or 4 GiB where that is unknown. `COLI_READ_LIMIT` (bytes) overrides
+/// it: tests use it to stream a small checkpoint (docs/api.md).
 #[cfg(not(target_arch = "wasm32"))]
 fn owned_read_limit() -> u64 {
     if let Some(v) = std::env::var("COLI_READ_LIMIT").ok().and_then(|v| v.parse().ok()) {
         return v;
     }
-    crate::fsio::meminfo("MemAvailable").map_or(4 << 30, |b| b / 2)
+    crate::memlimit::detect(None).available().map_or(4 << 30, |b| b / 2)
 }
 
 /// The open shard files of a streamed checkpoint, as one run of bytes: shard `i` starts

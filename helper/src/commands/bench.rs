@@ -77,6 +77,13 @@ pub struct BenchArgs {
     /// "speculation" with the draft's load time. The generated ids are the same.
     #[arg(long, value_name = "DIR|mtp")]
     pub draft: Option<std::path::PathBuf>,
+    /// Teacher-forced run on a fixed token stream: this text file through the model's
+    /// tokenizer. The prompt is its first --prompt-tokens tokens, and each decode step
+    /// feeds the stream's next token instead of the model's choice, so that the routing
+    /// follows real text (greedy decoding of a synthetic model falls into a loop that
+    /// touches the same few experts). The record adds "teacher_forced".
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["ids", "draft", "speculate"])]
+    pub text: Option<std::path::PathBuf>,
 }
 
 fn read_file(path: &str) -> String {
@@ -152,18 +159,22 @@ fn warm(path: &Path) -> Result<()> {
 
 /// Cold reads of pseudo-random experts of the converted model in `dir`, `threads` at a
 /// time: (bytes/s, bytes read).
-fn probe_bandwidth(dir: &Path, flags: &CacheFlags, bytes: u64, threads: usize) -> Result<(f64, u64)> {
-    let (c, source) = ModelDir::open(dir, flags.direct)?.into_container()?;
+fn probe_bandwidth(dir: &Path, direct: bool, bytes: u64, threads: usize) -> Result<(f64, u64)> {
+    let (c, source) = ModelDir::open(dir, direct)?.into_container()?;
     crate::probe::expert_reads(&c.manifest, &source, bytes, threads)
 }
 
-fn delta(a: &CacheStats, b: &CacheStats) -> Value {
+/// What the expert cache did between `a` and `b`, over `tokens` positions.
+fn delta(a: &CacheStats, b: &CacheStats, tokens: usize) -> Value {
     let (pin, ram, miss) = (b.pinned_hits - a.pinned_hits, b.ram_hits - a.ram_hits, b.misses - a.misses);
     let uses = (pin + ram + miss).max(1) as f64;
     let (la, lb) = (a.lookahead, b.lookahead);
     let sel = (lb.routed - la.routed) as f64;
+    let t = tokens.max(1) as f64;
     json!({
         "expert_uses": pin + ram + miss,
+        "per_token": {"expert_uses": (pin + ram + miss) as f64 / t, "disk_reads": miss as f64 / t,
+            "bytes_read": (b.bytes_read - a.bytes_read) as f64 / t},
         "hit_rate": {"pinned": pin as f64 / uses, "ram_lru": ram as f64 / uses, "disk": miss as f64 / uses},
         "disk_reads_started_by_prefetch": b.prefetched_hits - a.prefetched_hits,
         "bytes_read": b.bytes_read - a.bytes_read,
@@ -246,36 +257,58 @@ pub fn run(a: BenchArgs) -> Result<()> {
     on_pool(|| run_inner(a))
 }
 
+/// The token stream of `--text`: the file through the model's tokenizer.
+fn text_stream(path: &Path, loaded: &crate::load::Loaded) -> Result<Vec<u32>> {
+    let tok = loaded.tokenizer.as_ref().context("--text needs the model's tokenizer.json")?;
+    let text = colibri_engine::fsio::read_text(path, 256 << 20).with_context(|| "--text")?;
+    let ids = tok.encode(&text, true)?;
+    if ids.len() < 2 {
+        anyhow::bail!("--text {}: fewer than 2 tokens", path.display());
+    }
+    Ok(ids)
+}
+
 fn run_inner(a: BenchArgs) -> Result<()> {
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
     let flags = CacheFlags::from_args(&a.model);
     let container = is_container(&dir);
+    let limit = colibri_engine::memlimit::detect(flags.mem_limit);
+    let opened = if container { Some(ModelDir::open(&dir, false)?.into_container()?) } else { None };
+    // O_DIRECT as the model's own reads will use it (--direct, or the automatic choice).
+    let direct = match &opened {
+        Some((c, _)) => crate::load::choose_direct(flags.direct, &limit, c.manifest.data_size).0,
+        None => false,
+    };
     let (bandwidth, probed) =
-        if container { probe_bandwidth(&dir, &flags, a.probe_bytes, flags.readers)? } else { (0.0, 0) };
+        if container { probe_bandwidth(&dir, direct, a.probe_bytes, flags.readers)? } else { (0.0, 0) };
     let mut evicted = false;
-    if container {
-        let (c, source) = ModelDir::open(&dir, false)?.into_container()?;
-        let m = &c.manifest;
+    if let Some((c, source)) = &opened {
         match a.cache {
             CacheState::Cold => evicted = crate::probe::evict(source.file()),
-            CacheState::Warm => warm(&dir.join(&m.data_file)).context("warming the page cache")?,
+            CacheState::Warm => warm(&dir.join(&c.manifest.data_file)).context("warming the page cache")?,
         }
     }
+    drop(opened);
     let t_load = Instant::now();
-    let loaded = open_dir(&dir, &flags, a.draft.is_some())?;
+    let loaded = open_dir(&dir, &flags, a.draft.is_some() || a.text.is_some())?;
     let load_s = t_load.elapsed().as_secs_f64();
     let t_draft = Instant::now();
     let draft = a.draft.as_deref().map(|d| open_draft(d, &loaded, &flags)).transpose()?;
     let draft_load_s = t_draft.elapsed().as_secs_f64();
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u64;
-    let prompt: Vec<u32> = match &a.ids {
-        Some(s) => parse_ids(s)?,
-        None => (0..a.prompt_tokens.max(1) as u64)
+    let stream = a.text.as_deref().map(|p| text_stream(p, &loaded)).transpose()?;
+    let prompt: Vec<u32> = match (&a.ids, &stream) {
+        (Some(s), _) => parse_ids(s)?,
+        (None, Some(st)) => st[..a.prompt_tokens.clamp(1, st.len() - 1)].to_vec(),
+        (None, None) => (0..a.prompt_tokens.max(1) as u64)
             .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32)
             .collect(),
     };
     if a.model.backend == BackendChoice::Wgpu {
+        if stream.is_some() {
+            anyhow::bail!("--text runs on the CPU backend only");
+        }
         let base = json!({"bench": "decode", "commit": commit(), "hardware": hardware(&dir),
             "command": std::env::args().collect::<Vec<_>>(),
             "model": {"path": dir.display().to_string(), "model_type": model.cfg.model_type,
@@ -333,11 +366,23 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         let (got, s) = speculative_decode(model, &mut session, &prompt, &logits, n, a.speculate, None, None)?;
         (ids, spec) = (got, Some(s.to_json()));
     }
+    // Teacher forcing: the tokens fed (the stream after the prompt) and how often the
+    // model's own choice was the stream's next token.
+    let mut fed: Vec<u32> = Vec::new();
+    let mut agree = 0usize;
     for _ in ids.len()..a.decode_tokens.max(1) {
         if session.len() + 1 > model.cfg.max_positions {
             break;
         }
-        let next = *ids.last().unwrap_or(&0);
+        let next = match &stream {
+            Some(st) => {
+                let Some(&t) = st.get(prompt.len() + fed.len()) else { break };
+                agree += usize::from(*ids.last().unwrap_or(&0) == t);
+                fed.push(t);
+                t
+            }
+            None => *ids.last().unwrap_or(&0),
+        };
         logits = model.forward(&mut session, &[next], Logits::Last)?;
         ids.push(math::argmax(&logits) as u32);
     }
@@ -364,6 +409,7 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         "page_cache_evicted": evicted,
         "expert_cache": {"ram_bytes": cache.and_then(|c| c.ram), "pin_bytes": cache.map(|c| c.pin), "budget_note": cache.map(|c| c.describe()),
             "readers": flags.readers, "lookahead": flags.lookahead, "direct_io": end.direct_io,
+            "direct_note": cache.map(|c| c.direct.1.clone()),
             "pinned_experts": end.pinned_experts, "cached_bytes_at_end": end.cached_bytes},
         "load_seconds": load_s,
         "prompt_tokens": prompt.len(),
@@ -372,8 +418,12 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         "prefill_tokens_per_second": prompt.len() as f64 / prefill_s.max(1e-9),
         "decode_tokens_per_second": (ids.len() - 1) as f64 / decode_s.max(1e-9),
         "decode_seconds": decode_s,
-        "prefill": delta(&zero, &after_prefill),
-        "decode": delta(&after_prefill, &end),
+        "prefill": delta(&zero, &after_prefill, prompt.len()),
+        "decode": delta(&after_prefill, &end, ids.len() - 1),
+        "teacher_forced": stream.as_ref().map(|st| json!({"text": a.text.as_ref().map(|p| p.display().to_string()),
+            "stream_tokens": st.len(), "fed_tokens": fed.len(),
+            "model_agrees_with_stream": agree as f64 / fed.len().max(1) as f64})),
+        "memory_limit": super::plan::limit_json(cache.map_or(&limit, |c| &c.limit)),
         "bytes_read_per_decode_token": decode_read as f64 / steps,
         "disk": {"probe_bytes": probed, "read_bandwidth_bytes_per_second": bandwidth,
             "io_lower_bound_decode_seconds": if bandwidth > 0.0 { Some(decode_read as f64 / bandwidth) } else { None },

@@ -112,6 +112,7 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
         Some((total, avail)) => r.ok("memory", format!("{} total, {} available", human(total), human(avail))),
         None => r.warn("memory", "unknown on this platform"),
     }
+    machine::memory_limit(&mut r);
     let models_dir = a.models_dir.clone().or_else(crate::paths::models_dir);
     machine::web_engine(&mut r);
     machine::gpu(&mut r);

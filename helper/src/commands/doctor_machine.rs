@@ -19,6 +19,29 @@ const SPEED_PROBE_THREADS: usize = 4;
 /// Random-read speed below which `disk speed` warns (a slow USB stick, a network share).
 const SLOW_DISK: f64 = 100e6;
 
+/// The memory the automatic budgets (`--ram`, the server's conversation caches) are taken
+/// from: the tightest of MemAvailable, the memory cgroup's limit less its usage, and
+/// COLI_MEM_LIMIT, and where it comes from. A cgroup limit is a warning when it leaves less
+/// than `SMALL_LIMIT`: models then stream most experts from disk.
+pub fn memory_limit(r: &mut Report) {
+    let l = colibri_engine::memlimit::detect(None);
+    let Some(t) = l.tightest() else { return r.warn("memory limit", "unknown on this platform") };
+    let reads = if t.kind.is_cgroup() {
+        "; expert reads bypass the page cache (O_DIRECT) for models larger than that"
+    } else {
+        ""
+    };
+    let line = format!("{} free for colibri's budgets: {}{reads}", human(t.available()), t.describe());
+    if t.kind.is_cgroup() && t.available() < SMALL_LIMIT {
+        r.warn("memory limit", format!("{line}; a small limit: most experts will stream from disk"))
+    } else {
+        r.ok("memory limit", line)
+    }
+}
+
+/// A cgroup limit below this leaves little room for an expert cache.
+const SMALL_LIMIT: u64 = 1 << 30;
+
 /// The browser engine (web/pkg, web/pkg-threads) embedded in this binary.
 pub fn web_engine(r: &mut Report) {
     let (one, threads) = crate::serve::embedded_engine();

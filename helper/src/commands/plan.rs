@@ -24,9 +24,10 @@ use serde_json::json;
 
 use crate::commands::doctor_machine::adapter;
 use crate::commands::info::human;
+use crate::flags::DirectChoice;
 use crate::flags::{init_threads, parse_bytes, physical_cores};
 use crate::hub::Hub;
-use crate::load::{choose_pin, choose_ram};
+use crate::load::{choose_direct, choose_pin, choose_ram, reader_buffers};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -35,6 +36,9 @@ pub struct PlanArgs {
     /// Plan for this expert-cache budget instead of the automatic one (as --ram does).
     #[arg(long, value_parser = parse_bytes)]
     pub ram: Option<u64>,
+    /// Plan under this memory limit besides MemAvailable and the cgroup's (as --mem-limit does).
+    #[arg(long, value_parser = parse_bytes)]
+    pub mem_limit: Option<u64>,
     /// Plan for this pin budget instead of the automatic one (as --pin does).
     #[arg(long, value_parser = parse_bytes)]
     pub pin: Option<u64>,
@@ -248,12 +252,17 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         bail!("{}: no routed experts (not a Mixture-of-Experts model)", a.model);
     }
     let threads = rayon::current_num_threads();
-    let available = colibri_engine::fsio::meminfo("MemAvailable");
+    let limit = colibri_engine::memlimit::detect(a.mem_limit);
+    let available = limit.available();
     let total_mem = colibri_engine::fsio::meminfo("MemTotal");
-    let (ram, ram_note) = choose_ram(a.ram, available, s.resident, s.streamed);
+    let readers = 4; // --readers' default: the reads of one layer's misses in parallel
+    let buffers = reader_buffers(s.expert_bytes(), s.cfg.router.top_k, readers);
+    let (ram, ram_note) = choose_ram(a.ram, &limit, s.resident, s.streamed, buffers);
     let per_token = s.experts_per_token();
     let pin = choose_pin(a.pin, ram, per_token, s.has_usage);
-    let readers = 4; // --readers' default: the reads of one layer's misses in parallel
+    // What the native commands' --direct auto would do with the data file (or the model's
+    // estimated size).
+    let (direct, direct_why) = choose_direct(DirectChoice::Auto, &limit, s.resident + s.streamed);
     let disk = disk_speed(&s, a.probe_bytes, readers)?;
     let compute = crate::probe::matvec_bandwidth(Duration::from_millis(300))?;
     let gpu = adapter();
@@ -288,7 +297,8 @@ pub fn plan(a: PlanArgs) -> Result<()> {
                 "threads": threads,
                 "physical_cores": physical_cores(),
                 "mem_total_bytes": total_mem,
-                "mem_available_bytes": available,
+                "mem_available_bytes": colibri_engine::fsio::meminfo("MemAvailable"),
+                "memory_limit": limit_json(&limit),
                 "disk_read_bytes_per_second": disk.as_ref().map(|d| d.0),
                 "disk_probe": disk.as_ref().map(|d| d.1.clone()),
                 "cpu_int4_matvec_bytes_per_second": compute,
@@ -297,6 +307,8 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             },
             "ram": ram,
             "ram_note": ram_note,
+            "direct_io": direct,
+            "direct_note": direct_why,
             "pin": pin,
             "has_usage": s.has_usage,
             "cached_expert_bytes": cached,
@@ -330,11 +342,12 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     println!("resident   {}{est}: dense weights, always in memory", human(s.resident));
     println!("streamed   {}{est}: {} experts of {}", human(s.streamed), s.n_experts, human(s.expert_bytes()));
     println!("per token  {} of experts (top-{} x {} MoE layers)", human(per_token), c.router.top_k, s.moe_layers());
-    let mem = match (total_mem, available) {
-        (Some(t), Some(av)) => format!("{} total, {} available", human(t), human(av)),
-        _ => "unknown".into(),
+    let mem = match total_mem {
+        Some(t) => format!("{} total", human(t)),
+        None => "unknown".into(),
     };
     println!("machine    {threads} threads ({} physical cores), memory {mem}", physical_cores());
+    println!("limit      {}", limit.describe());
     match &disk {
         Some((bw, how)) => println!("disk       {}/s ({how})", human(*bw as u64)),
         None => println!("disk       not measured (--probe-bytes 0)"),
@@ -346,6 +359,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     }
     let ram_text = ram.map_or("all".to_string(), human);
     println!("--ram      {ram_text} ({ram_note})");
+    println!("--direct   {} ({direct_why})", if direct { "on" } else { "off" });
     let pin_why = if a.pin.is_some() {
         "--pin"
     } else if s.has_usage {
@@ -360,7 +374,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         miss_share * 100.0
     );
     if fits == Some(false) {
-        println!("warning    resident + cache exceed the available memory: pass a smaller --ram");
+        println!("warning    resident + cache exceed the free memory ({}): pass a smaller --ram", limit.describe());
     }
     match steady_tps {
         Some(t) if miss_share > 0.0 => {
@@ -369,6 +383,22 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         _ => println!("estimate   {warm_tps:.1} tokens/s (every expert fits in the cache)"),
     }
     Ok(())
+}
+
+/// The memory limits found, as JSON: the bytes free under the tightest, where it comes
+/// from, and every limit found (what `coli plan --json`, `coli doctor --json` and
+/// `coli bench` report).
+pub fn limit_json(l: &colibri_engine::memlimit::MemoryLimit) -> serde_json::Value {
+    let found: Vec<serde_json::Value> = l
+        .found
+        .iter()
+        .map(|f| {
+            json!({"kind": f.kind.name(), "limit_bytes": f.limit, "used_bytes": f.used,
+                "available_bytes": f.available(), "path": f.path.as_ref().map(|p| p.display().to_string())})
+        })
+        .collect();
+    json!({"available_bytes": l.available(), "source": l.tightest().map(|t| t.kind.name()),
+        "describe": l.describe(), "found": found})
 }
 
 #[cfg(test)]

@@ -8,6 +8,16 @@
 //! uniform in ±sqrt(3 / fan_in) (unit-variance outputs for unit-variance inputs), norms
 //! are ones, so activations stay finite through every layer. The same seed and shape give
 //! the same bytes, however the tensors are sharded.
+//!
+//! `--routing trained` gives routers whose choices look like a trained model's rather
+//! than uniform (docs/benchmarks.md, "Realistic routing"): the first [`CTRL`] coordinates
+//! of the hidden state are a control channel that the embedding sets per token and that
+//! no attention or expert reads or writes, so it reaches every layer's router unchanged.
+//! Each router reads it through per-expert affinities (a bias coordinate for skewed
+//! popularity, `--route-skew`; token affinities correlated from layer to layer,
+//! `--route-layer-corr`) plus the rest of the hidden state (`--route-context`), which
+//! carries the context that attention mixed in. Routing then depends mostly on the token
+//! and its context, as in trained models, and consecutive layers choose related experts.
 
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
@@ -43,13 +53,60 @@ pub struct SynthArgs {
     /// Largest shard file (suffixes K, M, G).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub shard_size: u64,
+    /// Routers: random (every expert equally likely, whatever the token) or trained
+    /// (skewed popularity, token- and context-dependent, related from layer to layer).
+    #[arg(long, value_enum, default_value_t = Routing::Random)]
+    pub routing: Routing,
+    /// --routing trained: spread of the experts' popularity (the standard deviation of a
+    /// per-expert router bias, in units of the token part's).
+    #[arg(long, default_value_t = 1.3)]
+    pub route_skew: f32,
+    /// --routing trained: weight of the context (the hidden state outside the control
+    /// channel) in the router logits, against the token's own affinities.
+    #[arg(long, default_value_t = 1.0)]
+    pub route_context: f32,
+    /// --routing trained: correlation of one layer's token affinities with the layer
+    /// before's (0: unrelated layers).
+    #[arg(long, default_value_t = 0.8)]
+    pub route_layer_corr: f32,
+    /// Copy tokenizer.json (and tokenizer_config.json) from this model directory, so that
+    /// text prompts and `coli bench --text` work; --vocab must cover its ids.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
-/// One tensor to write: name, shape, and the bound of its uniform values (0: all ones).
+/// `--routing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Routing {
+    Random,
+    Trained,
+}
+
+/// Coordinates of the control channel of `--routing trained` (see the module docs).
+pub const CTRL: usize = 16;
+
+/// One tensor to write: name, shape, the bound of its uniform values (0: all ones), and
+/// how `--routing trained` changes it.
 struct Spec {
     name: String,
     shape: Vec<usize>,
     bound: f32,
+    fill: Fill,
+}
+
+/// What `--routing trained` does to a tensor's values.
+#[derive(Clone, Copy, PartialEq)]
+enum Fill {
+    /// Uniform values as they are.
+    Plain,
+    /// Zero the columns of the control channel (a matrix that must not read it).
+    NoCtrlIn,
+    /// Zero the rows of the control channel (a matrix that must not write it).
+    NoCtrlOut,
+    /// Token embeddings: the control channel holds the token's control vector.
+    Embed,
+    /// The router of MoE layer `.0`.
+    Router(usize),
 }
 
 impl Spec {
@@ -60,31 +117,36 @@ impl Spec {
 
 fn specs(a: &SynthArgs) -> Vec<Spec> {
     let (h, i, ne, v) = (a.hidden, a.intermediate, a.experts, a.vocab);
-    let w = |name: String, rows: usize, cols: usize| Spec {
+    let trained = a.routing == Routing::Trained;
+    let f = |fill: Fill| if trained { fill } else { Fill::Plain };
+    let w = |name: String, rows: usize, cols: usize, fill: Fill| Spec {
         name,
         shape: vec![rows, cols],
         bound: (3.0 / cols as f32).sqrt(),
+        fill: f(fill),
     };
-    let ones = |name: String, n: usize| Spec { name, shape: vec![n], bound: 0.0 };
-    let mut out = vec![Spec { name: "model.embed_tokens.weight".into(), shape: vec![v, h], bound: 1.0 }];
+    let ones = |name: String, n: usize| Spec { name, shape: vec![n], bound: 0.0, fill: Fill::Plain };
+    let mut out =
+        vec![Spec { name: "model.embed_tokens.weight".into(), shape: vec![v, h], bound: 1.0, fill: f(Fill::Embed) }];
     for l in 0..a.layers {
         let p = format!("model.layers.{l}");
         out.push(ones(format!("{p}.input_layernorm.weight"), h));
-        for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-            out.push(w(format!("{p}.self_attn.{proj}.weight"), h, h));
+        for proj in ["q_proj", "k_proj", "v_proj"] {
+            out.push(w(format!("{p}.self_attn.{proj}.weight"), h, h, Fill::NoCtrlIn));
         }
+        out.push(w(format!("{p}.self_attn.o_proj.weight"), h, h, Fill::NoCtrlOut));
         out.push(ones(format!("{p}.self_attn.q_norm.weight"), h));
         out.push(ones(format!("{p}.self_attn.k_norm.weight"), h));
         out.push(ones(format!("{p}.post_attention_layernorm.weight"), h));
-        out.push(w(format!("{p}.mlp.gate.weight"), ne, h));
+        out.push(w(format!("{p}.mlp.gate.weight"), ne, h, Fill::Router(l)));
         for e in 0..ne {
-            out.push(w(format!("{p}.mlp.experts.{e}.gate_proj.weight"), i, h));
-            out.push(w(format!("{p}.mlp.experts.{e}.up_proj.weight"), i, h));
-            out.push(w(format!("{p}.mlp.experts.{e}.down_proj.weight"), h, i));
+            out.push(w(format!("{p}.mlp.experts.{e}.gate_proj.weight"), i, h, Fill::NoCtrlIn));
+            out.push(w(format!("{p}.mlp.experts.{e}.up_proj.weight"), i, h, Fill::NoCtrlIn));
+            out.push(w(format!("{p}.mlp.experts.{e}.down_proj.weight"), h, i, Fill::NoCtrlOut));
         }
     }
     out.push(ones("model.norm.weight".into(), h));
-    out.push(w("lm_head.weight".into(), v, h));
+    out.push(w("lm_head.weight".into(), v, h, Fill::Plain));
     out
 }
 
@@ -109,8 +171,24 @@ fn config(a: &SynthArgs) -> Value {
         "hidden_act": "silu",
         "dtype": "bfloat16",
         "eos_token_id": 1,
-        "colibri_synthetic": {"seed": a.seed, "generator": "coli synth"},
+        "colibri_synthetic": {"seed": a.seed, "generator": "coli synth", "routing": routing_json(a)},
     })
+}
+
+/// Copies the tokenizer files of the model directory `from` next to the synthetic model,
+/// refusing a tokenizer whose ids the vocabulary does not cover.
+fn copy_tokenizer(from: &std::path::Path, a: &SynthArgs) -> Result<()> {
+    let tok = colibri_engine::tokenizer::Tokenizer::from_dir(from)
+        .with_context(|| format!("--tokenizer {}", from.display()))?;
+    if tok.vocab_size() > a.vocab {
+        anyhow::bail!("--tokenizer {}: {} tokens, more than --vocab {}", from.display(), tok.vocab_size(), a.vocab);
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if from.join(f).is_file() {
+            std::fs::copy(from.join(f), a.out.join(f)).with_context(|| format!("--tokenizer: copying {f}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// splitmix64: a fast, well-mixed stream per tensor.
@@ -136,21 +214,107 @@ fn bf16_bits(v: f32) -> u16 {
     ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }
 
+fn routing_json(a: &SynthArgs) -> Value {
+    match a.routing {
+        Routing::Random => json!("random"),
+        Routing::Trained => json!({"kind": "trained", "control_dims": CTRL, "skew": a.route_skew,
+            "context": a.route_context, "layer_corr": a.route_layer_corr}),
+    }
+}
+
+/// A uniform value in [-1, 1) from 16 random bits.
+fn unit(bits: u64) -> f32 {
+    (bits & 0xFFFF) as f32 / 32768.0 - 1.0
+}
+
+/// The router affinities of `--routing trained`: per layer and expert, CTRL values read
+/// from the control channel (index 0: the popularity bias; the rest: token affinities of
+/// unit variance over tokens, correlated with the layer before's by `layer_corr`).
+struct Affinities {
+    /// [layer][expert][CTRL]
+    a: Vec<Vec<[f32; CTRL]>>,
+}
+
+impl Affinities {
+    fn new(a: &SynthArgs) -> Self {
+        let rho = a.route_layer_corr.clamp(0.0, 1.0);
+        let fresh_w = (1.0 - rho * rho).sqrt();
+        // unit() has variance 1/3: token affinities of variance 1/(CTRL-1) give the token
+        // part of a logit (CTRL-1 unit-variance control values) unit variance.
+        let scale = (3.0f32 / (CTRL - 1) as f32).sqrt();
+        let mut out: Vec<Vec<[f32; CTRL]>> = Vec::with_capacity(a.layers);
+        for l in 0..a.layers {
+            let mut rng = Rng(seed_of(a.seed, &format!("routing.affinities.{l}")));
+            let mut layer = Vec::with_capacity(a.experts);
+            let prev: Vec<[f32; CTRL]> = out.last().cloned().unwrap_or_else(|| vec![[0f32; CTRL]; a.experts]);
+            for p in &prev {
+                let mut v = [0f32; CTRL];
+                // Popularity: a bias of standard deviation `skew` (a sum of 4 uniforms
+                // is close enough to a normal).
+                let g: f32 = (0..4).map(|_| unit(rng.next())).sum::<f32>() * (3.0f32 / 4.0).sqrt();
+                v[0] = a.route_skew * g;
+                for (j, x) in v.iter_mut().enumerate().skip(1) {
+                    let fresh = unit(rng.next()) * scale;
+                    *x = match l {
+                        0 => fresh,
+                        _ => rho * p[j] + fresh_w * fresh,
+                    };
+                }
+                layer.push(v);
+            }
+            out.push(layer);
+        }
+        Affinities { a: out }
+    }
+}
+
 /// Writes one tensor's values as bf16, a row at a time.
-fn write_tensor(out: &mut impl Write, s: &Spec, seed: u64) -> std::io::Result<()> {
+fn write_tensor(
+    out: &mut impl Write,
+    s: &Spec,
+    seed: u64,
+    aff: Option<&Affinities>,
+    a: &SynthArgs,
+) -> std::io::Result<()> {
     let cols = *s.shape.last().unwrap_or(&1);
     let rows = s.shape.iter().product::<usize>() / cols.max(1);
     let mut row = vec![0u8; cols * 2];
+    let mut vals = vec![0f32; cols];
     let mut rng = Rng(seed_of(seed, &s.name));
-    for _ in 0..rows {
-        for chunk in row.chunks_mut(8) {
-            let r = rng.next();
-            for (k, b) in chunk.chunks_exact_mut(2).enumerate() {
+    for r in 0..rows {
+        for chunk in vals.chunks_mut(4) {
+            let bits = rng.next();
+            for (k, v) in chunk.iter_mut().enumerate() {
                 // 16 random bits -> uniform in [-bound, bound); bound 0 means a norm of ones.
-                let v =
-                    if s.bound == 0.0 { 1.0 } else { (((r >> (16 * k)) & 0xFFFF) as f32 / 32768.0 - 1.0) * s.bound };
-                b.copy_from_slice(&bf16_bits(v).to_le_bytes());
+                *v = if s.bound == 0.0 { 1.0 } else { unit(bits >> (16 * k)) * s.bound };
             }
+        }
+        let ctrl = CTRL.min(cols);
+        match s.fill {
+            Fill::Plain => {}
+            Fill::NoCtrlIn => vals[..ctrl].fill(0.0),
+            Fill::NoCtrlOut if r < CTRL => vals.fill(0.0),
+            Fill::NoCtrlOut => {}
+            Fill::Embed => {
+                // The token's control vector: 1 on the bias coordinate, unit-variance
+                // token coordinates.
+                vals[0] = 1.0;
+                for v in &mut vals[1..ctrl] {
+                    *v *= 3f32.sqrt();
+                }
+            }
+            Fill::Router(l) => {
+                if let Some(aff) = aff {
+                    vals[..ctrl].copy_from_slice(&aff.a[l][r][..ctrl]);
+                    // The rest reads the context: unit variance per unit-variance input.
+                    for v in &mut vals[ctrl..] {
+                        *v *= a.route_context;
+                    }
+                }
+            }
+        }
+        for (b, v) in row.chunks_exact_mut(2).zip(&vals) {
+            b.copy_from_slice(&bf16_bits(*v).to_le_bytes());
         }
         out.write_all(&row)?;
     }
@@ -165,14 +329,19 @@ pub fn run(a: SynthArgs) -> Result<()> {
         || a.hidden == 0
         || a.heads == 0
         || !a.hidden.is_multiple_of(a.heads)
+        || (a.routing == Routing::Trained && a.hidden < 4 * CTRL)
     {
-        anyhow::bail!("bad shape: need layers, experts, hidden, heads > 0, top_k <= experts, heads dividing hidden");
+        anyhow::bail!("bad shape: need layers, experts, hidden, heads > 0, top_k <= experts, heads dividing hidden (and hidden >= 64 with --routing trained)");
     }
     if a.out.join("config.json").exists() {
         anyhow::bail!("{}: already holds a model", a.out.display());
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("{}: cannot create", a.out.display()))?;
+    if let Some(t) = &a.tokenizer {
+        copy_tokenizer(t, &a)?;
+    }
     let all = specs(&a);
+    let aff = (a.routing == Routing::Trained).then(|| Affinities::new(&a));
     // Shards: consecutive tensors up to the size limit.
     let mut shards: Vec<Vec<&Spec>> = vec![Vec::new()];
     let mut size = 0u64;
@@ -214,7 +383,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
             w.write_all(&(h.len() as u64).to_le_bytes())?;
             w.write_all(&h)?;
             for s in shard {
-                write_tensor(w, s, a.seed)?;
+                write_tensor(w, s, a.seed, aff.as_ref(), &a)?;
             }
             w.flush()
         };

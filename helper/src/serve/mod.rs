@@ -79,12 +79,13 @@ pub struct ServeArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Expert-cache budget in bytes of the native engine for converted models (K, M, G
-    /// suffixes; default: no limit).
+    /// suffixes; "all": no limit; default: automatic, as `coli generate --help` says, from
+    /// the tightest of MemAvailable and the memory cgroup's limit).
     #[arg(long, value_parser = crate::flags::parse_bytes)]
     pub ram: Option<u64>,
     /// Conversation caches kept per model, in memory and on disk under `<data dir>/kv/`,
-    /// for requests that extend an earlier conversation (K, M, G suffixes; default 1G;
-    /// 0 keeps none).
+    /// for requests that extend an earlier conversation (K, M, G suffixes; default 1G, at
+    /// most an eighth of the memory the process may take; 0 keeps none).
     #[arg(long, value_parser = crate::flags::parse_bytes)]
     pub kv_cache: Option<u64>,
     /// Speculative decoding of the API's generations: up to N draft tokens per step from
@@ -430,9 +431,8 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     };
     let speculation = generation::Speculation { max_draft, draft, mtp };
     let mut state = AppState::new(registry, policy, data_dir, a.max_queue, a.ram, speculation);
-    if let Some(b) = a.kv_cache {
-        state.engines.kv.bytes = usize::try_from(b).unwrap_or(usize::MAX);
-    }
+    let kv = a.kv_cache.unwrap_or_else(|| crate::load::auto_kv_bytes(&colibri_engine::memlimit::detect(None)));
+    state.engines.kv.bytes = usize::try_from(kv).unwrap_or(usize::MAX);
     let state = Arc::new(state);
     Ok(Bound { listener, addr, state })
 }
