@@ -402,12 +402,14 @@ fn check_layout(tensors: &[TensorInfo], data_start: u64, data_len: u64, alignmen
         let rel = t.offset - data_start;
         match prev {
             Some(p) if rel < end => return bad(format!("{} overlaps tensor {}", describe(t), p.name)),
-            Some(p) if rel != padded(end) => return bad(format!(
+            Some(p) if rel != padded(end) => {
+                return bad(format!(
                 "{} is followed by {} unused bytes before tensor {} (a wrong type or shape, or a changed alignment?)",
                 describe(p),
                 rel - end,
                 t.name
-            )),
+            ))
+            }
             None if rel != 0 => {
                 return bad(format!(
                     "{} is not at the start of the tensor data: {rel} unused bytes before it (a changed alignment?)",
