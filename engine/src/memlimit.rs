@@ -125,7 +125,7 @@ impl MemoryLimit {
 /// The limits of this process: [`detect_at`] on `/`, with `explicit` (`--mem-limit`) or
 /// else the `COLI_MEM_LIMIT` environment variable (a byte count) as the user's limit.
 pub fn detect(explicit: Option<u64>) -> MemoryLimit {
-    let explicit = explicit.or_else(|| std::env::var("COLI_MEM_LIMIT").ok().and_then(|v| parse_size(&v)));
+    let explicit = explicit.or_else(|| std::env::var("COLI_MEM_LIMIT").ok().and_then(|v| parse_size(&v).ok()));
     detect_at(Path::new("/"), explicit)
 }
 
@@ -332,8 +332,9 @@ fn status_bytes(text: &str, field: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// "1073741824", "512M", "1G", "1.5GiB" (binary units); None for anything else.
-pub fn parse_size(s: &str) -> Option<u64> {
+/// "1073741824", "512M", "1G", "1.5GiB" (binary units); the reason for anything else.
+/// The one byte-count parser: `coli`'s flags (`--ram`, `--mem-limit`, ...) use it too.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -343,11 +344,14 @@ pub fn parse_size(s: &str) -> Option<u64> {
         "M" => 20,
         "G" => 30,
         "T" => 40,
-        _ => return None,
+        _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
     };
-    let v: f64 = num.parse().ok()?;
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count"))?;
     let b = v * (1u64 << shift) as f64;
-    (b.is_finite() && b >= 0.0 && b < u64::MAX as f64).then_some(b as u64)
+    if !b.is_finite() || b < 0.0 || b >= u64::MAX as f64 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(b as u64)
 }
 
 /// "1.00 GiB", "12.0 MiB".

@@ -200,10 +200,11 @@ fn nothing_readable_is_unknown() {
 
 #[test]
 fn sizes_parse() {
-    assert_eq!(parse_size("512M"), Some(512 * MIB));
-    assert_eq!(parse_size("1.5GiB"), Some(3 * GIB / 2));
-    assert_eq!(parse_size("1073741824"), Some(GIB));
-    assert_eq!(parse_size("lots"), None);
+    assert_eq!(parse_size("512M"), Ok(512 * MIB));
+    assert_eq!(parse_size("1.5GiB"), Ok(3 * GIB / 2));
+    assert_eq!(parse_size("1073741824"), Ok(GIB));
+    assert!(parse_size("lots").is_err());
+    assert!(parse_size("5Q").unwrap_err().contains("unknown unit"));
 }
 
 #[cfg(target_os = "linux")]

@@ -258,28 +258,12 @@ pub fn physical_cores() -> usize {
     }
 }
 
-/// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units).
+/// Parses a byte count: "1048576", "512M", "2G", "1.5GiB" (binary units), or "all".
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    if t.eq_ignore_ascii_case("all") {
+    if s.trim().eq_ignore_ascii_case("all") {
         return Ok(u64::MAX);
     }
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
-    };
-    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count"))?;
-    let bytes = v * (1u64 << shift) as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
-        return Err(format!("{s:?} is out of range"));
-    }
-    Ok(bytes as u64)
+    colibri_engine::memlimit::parse_size(s)
 }
 
 /// Parses "5,17,3" into token ids.

@@ -187,14 +187,7 @@ pub fn choose_pin(flag: Option<u64>, ram: Option<u64>, per_token: u64, has_usage
     ram.map_or(pin, |r| pin.min(r))
 }
 
-pub fn human(b: u64) -> String {
-    let b = b as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
-}
+pub use colibri_engine::memlimit::human;
 
 pub fn open(args: &ModelArgs, need_tokenizer: bool) -> Result<Loaded> {
     init_threads(args.threads)?;

@@ -16,8 +16,9 @@ use colibri_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::api_error::ApiError;
 use super::generation::run_exclusive;
-use super::openai::{admit, load_model, ApiError};
+use super::openai::{admit, load_model};
 use super::AppState;
 
 #[derive(Deserialize)]

@@ -10,6 +10,7 @@
 //! and a graceful shutdown on Ctrl-C / SIGTERM that stops accepting, cancels running
 //! generations and waits briefly for open responses.
 
+mod api_error;
 mod choose;
 pub mod client;
 mod connections;
@@ -339,7 +340,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(openai::chat_completions))
         .route("/completions", post(openai::completions))
         .route("/choose", post(choose::choose))
-        .fallback(openai::not_found)
+        .fallback(api_error::not_found)
         .layer(DefaultBodyLimit::max(openai::MAX_BODY));
     Router::new()
         .route("/", get(page::index))

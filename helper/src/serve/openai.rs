@@ -2,7 +2,7 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`, streaming (`stream: true`,
 //! server-sent events of `chat.completion.chunk` / `text_completion` objects ending in
 //! `data: [DONE]`) or not. Errors have OpenAI's shape:
-//! `{"error": {"message", "type", "param", "code"}}`.
+//! `{"error": {"message", "type", "param", "code"}}` ([`super::api_error`]).
 //!
 //! Supported: temperature, top_p, max_tokens / max_completion_tokens, stop (string or
 //! list), seed, n = 1, stream_options.include_usage; extensions as in llama.cpp/vLLM:
@@ -35,6 +35,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::api_error::ApiError;
 use super::generation::{self as engine, EngineError, Event, Job, Speculation};
 use super::structured::{self, Tools};
 use super::AppState;
@@ -43,52 +44,6 @@ use super::AppState;
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
 /// Largest request body of the OpenAI endpoints.
 pub const MAX_BODY: usize = 4 << 20;
-
-/// An OpenAI-style error response.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-    pub kind: &'static str,
-    pub param: Option<&'static str>,
-    pub code: Option<&'static str>,
-}
-
-impl ApiError {
-    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param,
-            code: None,
-        }
-    }
-
-    pub(super) fn with_code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
-    }
-
-    pub(super) fn server(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind: "server_error", param: None, code: None }
-    }
-
-    fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
-    }
-}
-
-/// Any unknown `/v1/...` route.
-pub async fn not_found() -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid("unknown endpoint", None) }.with_code("unknown_url")
-}
 
 #[derive(Deserialize)]
 #[serde(untagged)]

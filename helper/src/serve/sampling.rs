@@ -14,7 +14,7 @@ use colibri_engine::sampler::{SamplerConfig, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTR
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::openai::ApiError;
+use super::api_error::ApiError;
 
 /// The request fields read here (flattened into the endpoints' parameters).
 #[derive(Deserialize, Default)]

@@ -18,7 +18,7 @@ use colibri_engine::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use super::openai::ApiError;
+use super::api_error::ApiError;
 
 /// Stack of a grammar-compiling thread: 16 times what the largest grammar within the limits
 /// took in a debug build (a `$ref` chain at the depth limit, or an object with the most

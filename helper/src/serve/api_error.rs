@@ -1,0 +1,54 @@
+//! The OpenAI-shaped error every `/v1` handler answers with:
+//! `{"error": {"message", "type", "param", "code"}}`, and the 404 of unknown `/v1` routes.
+//! Below the handlers (openai, structured, sampling, choose), so none of them imports
+//! another for it.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// An OpenAI-style error response.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+        }
+    }
+
+    pub(super) fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub(super) fn server(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), kind: "server_error", param: None, code: None }
+    }
+
+    pub(super) fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// Any unknown `/v1/...` route.
+pub async fn not_found() -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid("unknown endpoint", None) }.with_code("unknown_url")
+}
