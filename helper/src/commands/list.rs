@@ -38,19 +38,7 @@ pub struct RmArgs {
 
 /// Bytes of the regular files under `dir` (not following symlinks).
 pub fn disk_size(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            match e.metadata() {
-                Ok(m) if m.is_dir() => stack.push(e.path()),
-                Ok(m) if m.is_file() => total += m.len(),
-                _ => {}
-            }
-        }
-    }
-    total
+    sum_files(dir, |m| m.len())
 }
 
 /// Bytes allocated on disk to the files under `dir` (not following symlinks): a pull's
@@ -58,6 +46,14 @@ pub fn disk_size(dir: &Path) -> u64 {
 pub fn allocated_size(dir: &Path) -> u64 {
     #[cfg(unix)]
     use std::os::unix::fs::MetadataExt;
+    #[cfg(unix)]
+    return sum_files(dir, |m| m.blocks() * 512);
+    #[cfg(not(unix))]
+    return sum_files(dir, |m| m.len());
+}
+
+/// `size` summed over the regular files under `dir` (symlinks neither followed nor counted).
+fn sum_files(dir: &Path, size: impl Fn(&std::fs::Metadata) -> u64) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -65,10 +61,7 @@ pub fn allocated_size(dir: &Path) -> u64 {
         for e in rd.flatten() {
             match e.metadata() {
                 Ok(m) if m.is_dir() => stack.push(e.path()),
-                #[cfg(unix)]
-                Ok(m) if m.is_file() => total += m.blocks() * 512,
-                #[cfg(not(unix))]
-                Ok(m) if m.is_file() => total += m.len(),
+                Ok(m) if m.is_file() => total += size(&m),
                 _ => {}
             }
         }
