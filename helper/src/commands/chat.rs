@@ -262,6 +262,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             Read::Line(l) => l,
         };
         interrupted = false;
+        // From here a Ctrl-C stops this answer, also one typed while the conversation is
+        // being fitted, its cache restored from disk or its prompt read: the flag is
+        // cleared now, not when the first token comes (which would lose that Ctrl-C).
+        stop.store(false, Ordering::SeqCst);
         let text = match parse(&line) {
             Input::Empty => continue,
             Input::Quit => break,
@@ -361,7 +365,6 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let mut first = None;
         let mut stream = DecodeStream::default();
         let mut failed = None;
-        stop.store(false, Ordering::SeqCst);
         let mut stdout = std::io::stdout().lock();
         let fed = session.tokens().to_vec();
         let (out, reason) = generate_with(
