@@ -19,6 +19,7 @@
 //! Everything that waits on the GPU is `async` (futures without `Send` on wasm32);
 //! native callers use the `*_blocking` wrappers, which poll the device.
 
+mod backend;
 pub mod buffers;
 pub mod deltanet;
 pub mod hybrid;
