@@ -278,7 +278,9 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
                 swiglu_ffn(&mut self.rec, mlp, xn, n, &g, &u, out, Activation::Silu, None)
             }
             (Ffn::Moe(block), GpuFfn::Moe(moe)) => self.moe(l, block, moe, xn, n, out).await,
-            (Ffn::Dense(_), GpuFfn::Moe(_)) => Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model"))),
+            (Ffn::Dense(_), GpuFfn::Moe(_)) => {
+                Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model")))
+            }
         }
     }
 }
@@ -318,8 +320,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         let xn_read = (gm.placement.mode != Hybrid::Off).then(|| self.rec.read(xn, 0, (n * h) as u64 * f));
         let done = self.submit().await?;
         let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
-        let users =
-            crate::model::moe::batch_union(&chosen, ne).map_err(|e| Error::Gpu(format!("layer {l}: {e}")))?;
+        let users = crate::model::moe::batch_union(&chosen, ne).map_err(|e| Error::Gpu(format!("layer {l}: {e}")))?;
         if let Some(guess) = self.predicted[l].take() {
             let routed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
             let mut st = gm.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
@@ -328,8 +329,11 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         }
         let ahead = match (&next, done.get(1)) {
             (Some((_, cfg)), Some(bytes)) => {
-                let mut guess: Vec<usize> =
-                    ops::routes_from(bytes, cfg.top_k).into_iter().flat_map(|r| r.experts).filter(|&e| e < ne).collect();
+                let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k)
+                    .into_iter()
+                    .flat_map(|r| r.experts)
+                    .filter(|&e| e < ne)
+                    .collect();
                 guess.sort_unstable();
                 guess.dedup();
                 Some(guess)
@@ -347,7 +351,8 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         }
         let xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
         let inter = gm.max_inter;
-        let (xs, ys, sy) = (Ops::alloc(self, "xs", n * h)?, Ops::alloc(self, "ys", n * h)?, Ops::alloc(self, "sy", n * h)?);
+        let (xs, ys, sy) =
+            (Ops::alloc(self, "xs", n * h)?, Ops::alloc(self, "ys", n * h)?, Ops::alloc(self, "sy", n * h)?);
         let (g, u) = (Ops::alloc(self, "g", n * inter)?, Ops::alloc(self, "u", n * inter)?);
         let shared_gate = Ops::alloc(self, "shared_gate", n)?;
         let scratch = MoeScratch { xn, y, xs: &xs, g: &g, u: &u, ys: &ys, sy: &sy, shared_gate: &shared_gate };

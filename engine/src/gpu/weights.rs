@@ -104,10 +104,9 @@ pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
         let attn = match (&layer.attn, &layer.attn_opts.mla) {
             (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(up, &p, w, m, c.n_heads)?)),
             (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(GpuDeltaNet::upload(up, &p, d)?)),
-            (AttnWeights::Gqa(a), None) => GpuAttn::Gqa(Box::new(a.try_map(
-                |name, m| up.mat(&format!("{p}.{name}"), m),
-                |name, v| up.f32(&format!("{p}.{name}"), v),
-            )?)),
+            (AttnWeights::Gqa(a), None) => GpuAttn::Gqa(Box::new(
+                a.try_map(|name, m| up.mat(&format!("{p}.{name}"), m), |name, v| up.f32(&format!("{p}.{name}"), v))?,
+            )),
             _ => return Err(Error::Gpu(format!("layer {l}: attention weights and options are of different variants"))),
         };
         let ffn = match &layer.ffn {

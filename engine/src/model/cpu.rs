@@ -55,7 +55,9 @@ impl<'a> CpuOps<'a> {
     }
 
     fn cache(&mut self, l: usize) -> Result<&mut LayerCache> {
-        self.caches.get_mut(l.wrapping_sub(self.first)).ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))
+        self.caches
+            .get_mut(l.wrapping_sub(self.first))
+            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))
     }
 }
 
@@ -290,10 +292,9 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
         };
         let (rope, pos0) = (self.ops.rope, self.ops.pos0);
         let (cos, sin) = (std::mem::take(&mut self.ops.cos), std::mem::take(&mut self.ops.sin));
-        let done = self
-            .ops
-            .cache(l)
-            .and_then(|cache| crate::model::mla::attention(w, &layer.attn_opts, mc, rope, xn, n, pos0, &cos, &sin, cache, out));
+        let done = self.ops.cache(l).and_then(|cache| {
+            crate::model::mla::attention(w, &layer.attn_opts, mc, rope, xn, n, pos0, &cos, &sin, cache, out)
+        });
         (self.ops.cos, self.ops.sin) = (cos, sin);
         done
     }

@@ -69,8 +69,15 @@ pub(crate) trait Ops<'w> {
     fn clamp(&mut self, t: &mut Self::T, len: usize, c: f32) -> Result<()>;
     /// `qg` (n, heads, 2 * hd), per head the query then the gate, apart into `q` and `gate`
     /// (n, heads * hd) each.
-    fn split_gate(&mut self, qg: &Self::T, n: usize, heads: usize, hd: usize, q: &mut Self::T, gate: &mut Self::T)
-        -> Result<()>;
+    fn split_gate(
+        &mut self,
+        qg: &Self::T,
+        n: usize,
+        heads: usize,
+        hd: usize,
+        q: &mut Self::T,
+        gate: &mut Self::T,
+    ) -> Result<()>;
     /// In-place RoPE of the pass's n positions, `heads` heads of `head_dim` each.
     fn rope(&mut self, t: &mut Self::T, n: usize, heads: usize, head_dim: usize) -> Result<()>;
     /// Appends the keys and values of the pass's positions to layer `l`'s cache, then

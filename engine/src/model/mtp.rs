@@ -125,7 +125,8 @@ impl Model {
         let mut x = vec![0.0f32; n * h];
         matmul(&m.eh_proj, &cat, n, &mut x);
         let mut pass = super::cpu::CpuPass {
-            ops: super::cpu::CpuOps::for_positions(&self.rope, pos0, n, std::slice::from_mut(cache)).first_layer(m.index),
+            ops: super::cpu::CpuOps::for_positions(&self.rope, pos0, n, std::slice::from_mut(cache))
+                .first_layer(m.index),
             model: self,
             on_use: &mut |_, _, _| {},
             on_ffn_input: &mut |_, _| {},
