@@ -45,7 +45,8 @@ fn every_fixture_gives_the_committed_bits() {
         for &id in ids.iter().take(6) {
             steps.extend(model.forward(&mut s, &[id], Logits::Last).unwrap());
         }
-        let (_, hidden) = model.forward_hidden(&mut model.new_session(), &ids[..ids.len().min(5)], Logits::Last).unwrap();
+        let (_, hidden) =
+            model.forward_hidden(&mut model.new_session(), &ids[..ids.len().min(5)], Logits::Last).unwrap();
         writeln!(
             got,
             "{name} prefill {:016x} decode {:016x} hidden {:016x}",

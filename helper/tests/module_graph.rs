@@ -33,8 +33,6 @@ const FLOORS: &[&[&str]] = &[
 const KNOWN_LOOPS: &[&str] = &[
     "engine: experts <-> format <-> generate <-> kernels <-> model <-> qdot <-> tokenizer",
     "engine: format::gguf_config <-> format::gguf_import <-> format::gguf_tensor",
-    "engine: gpu::hybrid <-> gpu::model",
-    "engine: model::attention <-> model::mla",
     "helper: commands <-> serve",
     "helper: commands::doctor <-> commands::doctor_machine",
     "helper: commands::pull <-> commands::pull_gguf",

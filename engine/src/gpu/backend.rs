@@ -12,17 +12,18 @@ use std::collections::HashMap;
 
 use super::buffers::{f32s, GpuMat};
 use super::deltanet::{DeltaScratch, GpuDeltaState};
-use super::hybrid::{Hybrid, MoeScratch};
+use super::hybrid::MoeScratch;
 use super::mla::MlaScratch;
 use super::model::{swiglu_ffn, GpuModel, GpuSession};
 use super::ops::{self, AttnShape, GateAct};
+use super::placement::Hybrid;
 use super::recorder::{Bind, Recorder};
 use super::weights::{GpuAttn, GpuFfn};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnOpts;
 use crate::model::config::Activation;
 use crate::model::graph::{AttendShape, Attn, Backend, Ops};
-use crate::model::{Ffn, Model};
+use crate::model::{Ffn, Logits, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
 pub(super) struct GpuPass<'a, M: Borrow<Model>> {
@@ -384,6 +385,31 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             self.predicted[l + 1] = Some(guess);
         }
         Ok(())
+    }
+}
+
+impl<M: Borrow<Model>> GpuModel<M> {
+    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens: the
+    /// graph ([`crate::model::graph`]) recorded by the GPU backend ([`GpuPass`]).
+    pub(super) async fn forward_fed(
+        &self,
+        session: &mut GpuSession,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let c = &self.m().cfg;
+        let (n, pos0) = (ids.len(), session.tokens.len());
+        c.check_input(ids, pos0)?;
+        let mut rec = Recorder::new(&self.ctx);
+        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
+        prepare_states(self, session, n)?;
+        let (logits, _) = {
+            let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
+            crate::model::graph::forward(&mut pass, ids, which, false).await?
+        };
+        session.tokens.extend_from_slice(ids);
+        Ok(logits)
     }
 }
 

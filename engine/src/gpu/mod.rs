@@ -27,6 +27,7 @@ pub mod kernels;
 mod mla;
 pub mod model;
 pub mod ops;
+mod placement;
 pub mod pool;
 pub mod recorder;
 pub mod stream;
@@ -37,8 +38,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-pub use hybrid::{ExpertPlacement, Hybrid, HybridStats};
 pub use model::{GpuModel, GpuOptions, GpuSession};
+pub use placement::{ExpertPlacement, Hybrid, HybridStats};
 
 /// Runs a future to completion on native targets (the device is polled inside the
 /// futures this module returns, so no executor is needed beyond this).

@@ -6,11 +6,10 @@
 use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
-use super::backend::{prepare_states, GpuPass};
 use super::buffers::GpuMat;
 use super::deltanet::GpuDeltaState;
-use super::hybrid::{Hybrid, HybridStats, Placement};
 use super::ops;
+use super::placement::{Hybrid, HybridStats, Placement};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::stream::{DenseStream, Uploader};
@@ -19,7 +18,7 @@ use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
 use crate::model::config::Activation;
-use crate::model::{graph, Ffn, Logits, Model};
+use crate::model::{Ffn, Logits, Model};
 
 /// Settings of the GPU backend.
 #[derive(Clone, Debug, Default)]
@@ -298,31 +297,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
         self.forward_fed(session, ids, which, on_use).await
     }
 
-    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens: the
-    /// graph ([`crate::model::graph`]) recorded by the GPU backend ([`GpuPass`]).
-    async fn forward_fed(
-        &self,
-        session: &mut GpuSession,
-        ids: &[u32],
-        which: Logits,
-        on_use: &mut dyn FnMut(usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let c = &self.m().cfg;
-        let (n, pos0) = (ids.len(), session.tokens.len());
-        c.check_input(ids, pos0)?;
-        let mut rec = Recorder::new(&self.ctx);
-        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
-        prepare_states(self, session, n)?;
-        let (logits, _) = {
-            let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
-            graph::forward(&mut pass, ids, which, false).await?
-        };
-        session.tokens.extend_from_slice(ids);
-        Ok(logits)
-    }
-
     /// Makes the session's KV cache hold `total` positions, keeping the first `keep`.
-    fn ensure_kv(&self, rec: &mut Recorder, s: &mut GpuSession, keep: usize, total: usize) -> Result<()> {
+    pub(super) fn ensure_kv(&self, rec: &mut Recorder, s: &mut GpuSession, keep: usize, total: usize) -> Result<()> {
         let c = &self.m().cfg;
         if s.kv.len() == c.n_layers && total <= s.kv_cap {
             return Ok(());

@@ -11,10 +11,10 @@ use super::pool::GpuExpert;
 use super::recorder::Recorder;
 use super::stream::Uploader;
 use crate::error::{Error, Result};
-use crate::model::attention::{AttnWeights, GqaWeights};
-use crate::model::{Ffn, Model};
+use crate::model::attention::GqaWeights;
+use crate::model::{AttnWeights, Ffn, Model};
 
-/// One layer's attention weights on the GPU, by variant (attention::AttnWeights).
+/// One layer's attention weights on the GPU, by variant (model::AttnWeights).
 pub(super) enum GpuAttn {
     Gqa(Box<GqaWeights<GpuMat, wgpu::Buffer>>),
     Mla(Box<GpuMla>),

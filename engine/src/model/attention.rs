@@ -1,6 +1,6 @@
 //! The one attention module: grouped-query attention over a KV cache, with the options
 //! the families need (qkv bias, q/k RMSNorm per head or over the whole projection,
-//! clip_qkv, sliding window, partial RoPE through [`Rope`], an o_proj bias and gpt_oss's
+//! clip_qkv, sliding window, partial RoPE, an o_proj bias and gpt_oss's
 //! attention sinks, qwen3_next's sigmoid output gate), or Multi-head Latent Attention
 //! ([`crate::model::mla`], deepseek_v3) whose cache holds compressed latents, or Gated
 //! DeltaNet linear attention ([`crate::model::deltanet`], qwen3_next) whose recurrent
@@ -10,11 +10,7 @@ use crate::error::Result;
 use crate::kernels::for_each_chunk;
 use crate::math;
 use crate::model::config::{MlaConfig, QkNorm};
-use crate::model::cpu::CpuOps;
-use crate::model::deltanet::{DeltaNetWeights, DeltaState};
-use crate::model::graph::{self, AttendShape};
-use crate::model::mla::{self, MlaWeights};
-use crate::model::rope::Rope;
+use crate::model::deltanet::DeltaState;
 use crate::tensor::Mat;
 
 #[derive(Clone, Debug)]
@@ -34,17 +30,6 @@ pub struct AttnOpts {
     /// wq yields per head the query and then as many gate values; the output of the
     /// head is multiplied by sigmoid(gate) before wo (qwen3_next).
     pub output_gate: bool,
-}
-
-/// One layer's attention weights: the variant decides the projections and what the
-/// cache holds.
-pub enum AttnWeights {
-    /// Grouped-query attention: keys and values cached per kv head.
-    Gqa(GqaWeights),
-    /// Multi-head latent attention: a compressed latent and a shared rotary key cached.
-    Mla(MlaWeights),
-    /// Gated DeltaNet linear attention: a recurrent state instead of a cache.
-    Linear(Box<DeltaNetWeights>),
 }
 
 /// Grouped-query attention's weights, as matrices `M` and vectors `V` of a backend: the
@@ -156,38 +141,18 @@ pub fn first_visible(p: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| (p + 1).saturating_sub(w))
 }
 
-/// Self-attention for `n` new positions starting at absolute position `pos0`, on the CPU.
-/// `x`: (n, hidden) normalised input; `cos`/`sin`: per new position, rotary_dim/2 each;
-/// `out`: (n, hidden). Appends what the variant caches of the new positions to `cache`.
-/// Grouped-query attention runs the graph's one description ([`graph::gqa`]).
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    w: &AttnWeights,
-    o: &AttnOpts,
-    rope: &Rope,
-    x: &[f32],
-    n: usize,
-    pos0: usize,
-    cos: &[Vec<f32>],
-    sin: &[Vec<f32>],
-    cache: &mut LayerCache,
-    out: &mut [f32],
-) -> Result<()> {
-    match (w, &o.mla) {
-        (AttnWeights::Gqa(g), None) => {
-            let mut ops = CpuOps::new(rope, pos0, cos.to_vec(), sin.to_vec(), std::slice::from_mut(cache));
-            let mut y = out[..n * g.wo.rows].to_vec();
-            graph::gqa(&mut ops, 0, g, o, g.wo.rows, &x.to_vec(), n, &mut y)?;
-            out[..y.len()].copy_from_slice(&y);
-            Ok(())
-        }
-        (AttnWeights::Mla(m), Some(mc)) => mla::attention(m, o, mc, rope, x, n, pos0, cos, sin, cache, out),
-        (AttnWeights::Linear(d), None) => {
-            d.forward(x, n, cache.recurrent.get_or_insert_with(Default::default), out);
-            Ok(())
-        }
-        _ => Err(crate::error::Error::Invalid("attention weights and options are of different variants".into())),
-    }
+/// The shapes of one attention call over a layer's cache (the positions of this pass,
+/// from `pos0`, after those already cached).
+#[derive(Clone, Copy, Debug)]
+pub struct AttendShape {
+    pub n: usize,
+    pub pos0: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Attend to at most the last `w` positions (the current one included).
+    pub window: Option<usize>,
+    pub scale: f32,
 }
 
 /// Causal attention of the n queries `q` (n, n_heads * head_dim) over the keys and values
@@ -341,7 +306,6 @@ pub(crate) fn split_gate(qg: &[f32], n: usize, heads: usize, hd: usize, q: &mut 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::rope::RopeConfig;
 
     fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
         let mut s = seed;
@@ -352,99 +316,6 @@ mod tests {
             })
             .collect();
         Mat::from_f32(rows, cols, &v).unwrap()
-    }
-
-    fn setup(qk: QkNorm, window: Option<usize>) -> (AttnWeights, AttnOpts, Rope) {
-        let (h, nh, nkv, hd) = (10, 4, 2, 6);
-        let nw = |len: usize| Some((0..len).map(|i| 1.0 + i as f32 * 0.05).collect());
-        let w = AttnWeights::Gqa(GqaWeights {
-            wq: mat(nh * hd, h, 1),
-            wk: mat(nkv * hd, h, 2),
-            wv: mat(nkv * hd, h, 3),
-            wo: mat(h, nh * hd, 4),
-            bq: Some(vec![0.1; nh * hd]),
-            bk: None,
-            bv: Some(vec![-0.2; nkv * hd]),
-            bo: Some(vec![0.05; h]),
-            sinks: Some(vec![0.5, -1.0, 2.0, 0.0]),
-            q_norm: match qk {
-                QkNorm::None => None,
-                QkNorm::PerHead => nw(hd),
-                QkNorm::Full => nw(nh * hd),
-            },
-            k_norm: match qk {
-                QkNorm::None => None,
-                QkNorm::PerHead => nw(hd),
-                QkNorm::Full => nw(nkv * hd),
-            },
-        });
-        let o = AttnOpts {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            qk_norm: qk,
-            clip_qkv: Some(2.0),
-            window,
-            scale: (hd as f32).powf(-0.5),
-            rms_eps: 1e-6,
-            mla: None,
-            output_gate: false,
-        };
-        let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
-        (w, o, rope)
-    }
-
-    fn run(
-        w: &AttnWeights,
-        o: &AttnOpts,
-        rope: &Rope,
-        x: &[f32],
-        n: usize,
-        pos0: usize,
-        cache: &mut LayerCache,
-    ) -> Vec<f32> {
-        let (mut cs, mut ss) = (vec![], vec![]);
-        for i in 0..n {
-            let (mut c, mut s) = (vec![], vec![]);
-            rope.cos_sin(pos0 + i, &mut c, &mut s);
-            cs.push(c);
-            ss.push(s);
-        }
-        let mut out = vec![0.0; n * 10];
-        attention(w, o, rope, x, n, pos0, &cs, &ss, cache, &mut out).unwrap();
-        out
-    }
-
-    #[test]
-    fn prefill_equals_incremental_decode_bit_for_bit() {
-        for (qk, window) in [(QkNorm::None, None), (QkNorm::PerHead, Some(3)), (QkNorm::Full, None)] {
-            let (w, o, rope) = setup(qk, window);
-            let n = 9;
-            let x: Vec<f32> = (0..n * 10).map(|i| ((i * 53 % 17) as f32 - 8.0) / 5.0).collect();
-            let mut c1 = LayerCache::default();
-            let all = run(&w, &o, &rope, &x, n, 0, &mut c1);
-            let mut c2 = LayerCache::default();
-            let mut inc = Vec::new();
-            inc.extend(run(&w, &o, &rope, &x[..40], 4, 0, &mut c2));
-            for i in 4..n {
-                inc.extend(run(&w, &o, &rope, &x[i * 10..(i + 1) * 10], 1, i, &mut c2));
-            }
-            assert_eq!(all, inc, "{qk:?}");
-            assert_eq!(c1.k, c2.k);
-        }
-    }
-
-    #[test]
-    fn window_limits_what_is_seen() {
-        // With a window of 1 each position sees only itself, so its output does not
-        // depend on earlier inputs.
-        let (w, o, rope) = setup(QkNorm::None, Some(1));
-        let mut x: Vec<f32> = (0..30).map(|i| i as f32 / 10.0).collect();
-        let a = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
-        x[0] = 5.0;
-        let b = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
-        assert_ne!(a[..10], b[..10]);
-        assert_eq!(a[20..], b[20..]);
     }
 
     #[test]

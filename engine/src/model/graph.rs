@@ -11,6 +11,7 @@
 //! operation each, written per backend; they are the next to move here.
 
 use crate::error::Result;
+pub(crate) use crate::model::attention::AttendShape;
 use crate::model::attention::{AttnOpts, GqaWeights};
 use crate::model::config::QkNorm;
 use crate::model::{Logits, Model};
@@ -23,20 +24,6 @@ pub(crate) enum Attn<'w, M, V> {
     Mla,
     /// Gated DeltaNet linear attention ([`Backend::linear_attn`]).
     Linear,
-}
-
-/// The shapes of one attention call over a layer's cache (the positions of this pass,
-/// from `pos0`, after those already cached).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AttendShape {
-    pub n: usize,
-    pub pos0: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    /// Attend to at most the last `w` positions (the current one included).
-    pub window: Option<usize>,
-    pub scale: f32,
 }
 
 /// The tensor operations of a backend: its weights (`M` matrices, `V` vectors) and

@@ -27,12 +27,23 @@ use crate::error::Result;
 use crate::experts::{Expert, ExpertSource, ResidentExperts};
 use crate::format::tensors::TensorStore;
 use crate::tensor::Mat;
-use attention::{AttnOpts, AttnWeights, GqaWeights, LayerCache};
+use attention::{AttnOpts, GqaWeights, LayerCache};
 use config::{Family, ModelConfig, QkNorm};
 use deltanet::DeltaNetWeights;
 use mla::MlaWeights;
 use moe::{MoeBlock, SharedExpert};
 use rope::Rope;
+
+/// One layer's attention weights: the variant decides the projections and what the
+/// cache holds.
+pub enum AttnWeights {
+    /// Grouped-query attention: keys and values cached per kv head.
+    Gqa(GqaWeights),
+    /// Multi-head latent attention: a compressed latent and a shared rotary key cached.
+    Mla(MlaWeights),
+    /// Gated DeltaNet linear attention: a recurrent state instead of a cache.
+    Linear(Box<DeltaNetWeights>),
+}
 
 pub enum Ffn {
     Dense(Box<Expert>),
