@@ -3,12 +3,12 @@
 //! cache, a sliding window (mixtral: 24, gpt_oss: 7 on alternate layers) and MLA latents
 //! (deepseek_v3) and a recurrent state (qwen3_next's Gated DeltaNet layers), for a prompt
 //! that extends the cached conversation, one that diverges mid-way, one that is shorter
-//! (the cache cut back), through a ContextPool, and through a cache file (format::kv).
+//! (the cache cut back), through a ContextPool, and through a cache file (model::kv).
 
 use std::path::PathBuf;
 
-use colibri_engine::format::kv;
 use colibri_engine::generate::{generate_with, reuse, ContextPool, GenerateOptions};
+use colibri_engine::model::kv;
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model, Session};
 

@@ -11,7 +11,6 @@ pub mod gguf_import;
 pub mod gguf_quant;
 pub mod gguf_tensor;
 pub mod gguf_tokenizer;
-pub mod kv;
 pub mod manifest;
 pub mod quant;
 pub mod tensors;

@@ -313,7 +313,7 @@ fn delta_step(
 
 /// Runs `f(h, state_h, out_h)` for every head: `state` in chunks of `sc`, `out` in chunks
 /// of `oc`, in parallel when `parallel` and the engine has threads (in the browser with
-/// the calling worker taking part: `kernels::joined`). Heads are independent, so the bits
+/// the calling worker taking part: `par::joined`). Heads are independent, so the bits
 /// do not depend on the schedule.
 fn for_each_head<F>(parallel: bool, state: &mut [f32], sc: usize, out: &mut [f32], oc: usize, f: F)
 where
@@ -324,11 +324,11 @@ where
         use rayon::prelude::*;
         let heads = (state.len() / sc).min(out.len() / oc);
         if heads * sc == state.len() && heads * oc == out.len() {
-            let (sp, op) = (crate::kernels::OutPtr(state.as_mut_ptr()), crate::kernels::OutPtr(out.as_mut_ptr()));
+            let (sp, op) = (crate::par::OutPtr(state.as_mut_ptr()), crate::par::OutPtr(out.as_mut_ptr()));
             // SAFETY: task h touches only head h's chunk of `state` and of `out`, both of
             // which outlive the region.
             let body = |h: usize| unsafe { f(h, sp.slice(h * sc, sc), op.slice(h * oc, oc)) };
-            if crate::kernels::joined(heads, &body) {
+            if crate::par::joined(heads, &body) {
                 return;
             }
         }

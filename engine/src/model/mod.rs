@@ -15,6 +15,7 @@ pub(crate) mod cpu;
 pub mod deltanet;
 pub mod gpt_oss;
 pub(crate) mod graph;
+pub mod kv;
 pub mod mla;
 pub mod moe;
 pub mod mtp;

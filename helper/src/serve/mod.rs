@@ -427,7 +427,7 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
         None => None,
     };
     let max_draft = match (a.speculate, draft.is_some() || mtp) {
-        (0, true) => crate::commands::generate::max_draft(0, mtp),
+        (0, true) => colibri_engine::generate::draft::max_draft(0, mtp),
         (n, _) => n,
     };
     let speculation = generation::Speculation { max_draft, draft, mtp };

@@ -16,17 +16,16 @@
 
 mod gbnf;
 pub mod limits;
-mod vocab;
 
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::SimpleVob;
-use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
+use llguidance::{JsonCompileOptions, Matcher};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{GrammarVocab, Tokenizer};
 
 pub use gbnf::gbnf_to_lark;
 
@@ -128,24 +127,6 @@ pub fn with_json_style(mut schema: Value, lenient: bool) -> Value {
         }
     }
     schema
-}
-
-/// llguidance's compiled view of a tokenizer's vocabulary (built once per tokenizer:
-/// [`Tokenizer::grammar_vocab`]).
-pub struct GrammarVocab {
-    factory: ParserFactory,
-    /// The virtual end-of-sequence id (one past the tokenizer's vocabulary).
-    eos: u32,
-}
-
-impl GrammarVocab {
-    pub(crate) fn new(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<Self> {
-        let (env, eos) = vocab::tok_env(tok, vocab_size)?;
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Invalid(format!("grammar: {e}")))?;
-        // Warnings and errors come back as values, never printed.
-        factory.quiet();
-        Ok(GrammarVocab { factory, eos })
-    }
 }
 
 /// A compiled grammar following one generation.
