@@ -8,6 +8,7 @@ pub mod byteranges;
 pub mod gguf;
 pub mod gguf_config;
 pub mod gguf_import;
+mod gguf_plan;
 pub mod gguf_quant;
 pub mod gguf_tensor;
 pub mod gguf_tokenizer;
