@@ -16,6 +16,10 @@ differences:
   the router always renormalises its top-k (no `norm_topk_prob`).
 * RoPE is interleaved M-RoPE (`mrope_section`, `mrope_interleaved`) over the partial rotary
   dims; for text the three position streams are equal, so it is plain partial RoPE.
+* The routed experts are stored fused, as transformers holds them in memory:
+  `mlp.experts.gate_up_proj` [E, 2 * moe_intermediate, hidden] and `mlp.experts.down_proj`
+  [E, hidden, moe_intermediate] (no `.weight`); `fuse_experts` rewrites the per-expert
+  tensors `save_pretrained` writes into that layout before the reference is computed.
 * `mtp.*` (multi-token prediction) weights, which transformers ignores.
 
 The vision tower here is the smallest transformers builds (one block); the text path is what
@@ -124,7 +128,10 @@ def check_checkpoint(names: dict, cfg) -> None:
     assert not any(k.startswith("model.layers.") for k in names), "text weights outside model.language_model"
     for l, t in enumerate(cfg.layer_types):
         p = f"{lm}layers.{l}."
-        assert f"{p}mlp.experts.0.gate_proj.weight" in names, "per-expert tensors as published"
+        gu = names[f"{p}mlp.experts.gate_up_proj"][0]
+        assert gu == (cfg.num_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size), gu
+        assert names[f"{p}mlp.experts.down_proj"][0] == (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        assert f"{p}mlp.experts.0.gate_proj.weight" not in names, "fused experts, as published"
         assert f"{p}mlp.shared_expert_gate.weight" in names
         if t == "linear_attention":
             for proj in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
@@ -179,3 +186,45 @@ def sanity_checks(model, cfg, ids) -> dict:
     extra["seq_len_over_delta_rule_chunk"] = len(ids) / 64
     assert len(ids) > 64, "the chunked delta rule must run more than one chunk"
     return extra
+
+
+def fuse_experts(ckpt) -> None:
+    """Rewrites the saved checkpoint's routed experts as the release stores them: per layer
+    `mlp.experts.gate_up_proj` [E, 2 * moe_intermediate, hidden] (expert e's gate rows, then
+    its up rows) and `mlp.experts.down_proj` [E, hidden, moe_intermediate], without `.weight`
+    (transformers' own in-memory layout, which it loads as is). `save_pretrained` writes one
+    tensor per expert instead; each fused tensor goes to the shard of its expert 0."""
+    import json
+    import re
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    ckpt = Path(ckpt)
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shards = {f: load_file(str(ckpt / f)) for f in sorted(set(index["weight_map"].values()))}
+    where = {k: f for f, ts in shards.items() for k in ts}
+    pat = re.compile(r"(model\.language_model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+    per_layer: dict[str, dict[int, dict[str, str]]] = {}
+    for k in where:
+        m = pat.fullmatch(k)
+        if m:
+            per_layer.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = k
+    assert per_layer, "no per-expert tensors to fuse"
+    for prefix, experts in per_layer.items():
+        n = len(experts)
+        assert sorted(experts) == list(range(n)), sorted(experts)
+        get = lambda e, part: shards[where[experts[e][part]]].pop(experts[e][part])
+        gate_up = torch.stack([torch.cat([get(e, "gate"), get(e, "up")], dim=0) for e in range(n)])
+        down = torch.stack([get(e, "down") for e in range(n)])
+        home = where[experts[0]["gate"]]
+        shards[home][f"{prefix}.gate_up_proj"] = gate_up.contiguous()
+        shards[home][f"{prefix}.down_proj"] = down.contiguous()
+    weight_map = {}
+    for f, ts in shards.items():
+        save_file(ts, str(ckpt / f), metadata={"format": "pt"})
+        weight_map.update({k: f for k in ts})
+    index["weight_map"] = dict(sorted(weight_map.items()))
+    index["metadata"]["total_size"] = sum(t.numel() * t.element_size() for ts in shards.values() for t in ts.values())
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

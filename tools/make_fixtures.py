@@ -664,7 +664,7 @@ def name_patterns(names) -> list[str]:
 
 def check_checkpoint(d: Path, case: dict, cfg) -> dict:
     names = safetensors_names(d)
-    if case["model_type"] != "gpt_oss":  # gpt_oss checkpoints are fused (or MXFP4 blocks)
+    if case["model_type"] not in ("gpt_oss", "qwen3_5_moe"):  # those are published fused
         assert not any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in names), "fused expert tensors"
     n_exp = n_experts(cfg)
     l0 = first_moe_layer(cfg)
@@ -725,6 +725,8 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
             del model
             if case.get("mxfp4"):
                 fixtures_gpt_oss.write_mxfp4_layout(ckpt)
+            if case["model_type"] == "qwen3_5_moe":
+                fixtures_qwen3_5_moe.fuse_experts(ckpt)
 
             loaded = model_class(case).from_pretrained(
                 ckpt, dtype=torch.float32, attn_implementation="eager", **case.get("load_kw", {})
