@@ -429,6 +429,26 @@ mod tests {
         out
     }
 
+    /// A multimodal checkpoint's language model under its own prefix is read under the
+    /// text model's names; its vision tower is left out; the same tensor twice is an error.
+    #[test]
+    fn text_tower_names_and_no_vision_tower() {
+        let f = file(&[
+            ("model.language_model.norm.weight", "F32", vec![1], vec![0, 0, 128, 63]),
+            ("model.visual.blocks.0.attn.qkv.weight", "F32", vec![1], vec![0; 4]),
+            ("lm_head.weight", "F32", vec![1, 1], vec![0; 4]),
+        ]);
+        let mut s = TensorStore::default();
+        s.add_file("x", Bytes::from_vec(f)).unwrap();
+        let mut names: Vec<&String> = s.names().collect();
+        names.sort();
+        assert_eq!(names, ["lm_head.weight", "model.norm.weight"]);
+        assert_eq!(s.vector("model.norm.weight", 1).unwrap(), [1.0]);
+        let twice = file(&[("model.norm.weight", "F32", vec![1], vec![0; 4])]);
+        let e = s.add_file("y", Bytes::from_vec(twice)).unwrap_err().to_string();
+        assert!(e.contains("model.norm.weight") && e.contains("twice"), "{e}");
+    }
+
     #[test]
     fn reads_and_checks_shapes() {
         let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|v| v.to_le_bytes()).collect();

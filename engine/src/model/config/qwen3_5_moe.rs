@@ -53,26 +53,31 @@ mod tests {
     pub(crate) fn released() -> serde_json::Value {
         let layer_types: Vec<&str> =
             (0..40).map(|l| if (l + 1) % 4 == 0 { "full_attention" } else { "linear_attention" }).collect();
-        serde_json::json!({"architectures":["Qwen3_5MoeForConditionalGeneration"],"model_type":"qwen3_5_moe",
-            "image_token_id":248056,"video_token_id":248057,"vision_start_token_id":248053,
-            "vision_end_token_id":248054,"tie_word_embeddings":false,
-            "text_config":{"model_type":"qwen3_5_moe_text","attention_bias":false,"attention_dropout":0.0,
-                "attn_output_gate":true,"dtype":"bfloat16","eos_token_id":248044,"full_attention_interval":4,
-                "head_dim":256,"hidden_act":"silu","hidden_size":2048,"initializer_range":0.02,
-                "layer_types":layer_types,"linear_conv_kernel_dim":4,"linear_key_head_dim":128,
-                "linear_num_key_heads":16,"linear_num_value_heads":32,"linear_value_head_dim":128,
-                "mamba_ssm_dtype":"float32","max_position_embeddings":262144,"mlp_only_layers":[],
-                "moe_intermediate_size":512,"mtp_num_hidden_layers":1,"mtp_use_dedicated_embeddings":false,
-                "num_attention_heads":16,"num_experts":256,"num_experts_per_tok":8,"num_hidden_layers":40,
-                "num_key_value_heads":2,"output_router_logits":false,"partial_rotary_factor":0.25,
-                "rms_norm_eps":1e-06,"router_aux_loss_coef":0.001,"shared_expert_intermediate_size":512,
-                "use_cache":true,"vocab_size":248320,
-                "rope_parameters":{"mrope_interleaved":true,"mrope_section":[11,11,10],"rope_type":"default",
-                    "rope_theta":10000000,"partial_rotary_factor":0.25}},
-            "vision_config":{"deepstack_visual_indexes":[],"depth":27,"hidden_act":"gelu_pytorch_tanh",
-                "hidden_size":1152,"in_channels":3,"initializer_range":0.02,"intermediate_size":4304,
-                "model_type":"qwen3_5_moe","num_heads":16,"num_position_embeddings":2304,"out_hidden_size":2048,
-                "patch_size":16,"spatial_merge_size":2,"temporal_patch_size":2}})
+        let text = serde_json::json!({"model_type":"qwen3_5_moe_text","attention_bias":false,
+            "attention_dropout":0.0,"attn_output_gate":true,"dtype":"bfloat16","eos_token_id":248044,
+            "full_attention_interval":4,"head_dim":256,"hidden_act":"silu","hidden_size":2048,
+            "initializer_range":0.02,"layer_types":layer_types,"linear_conv_kernel_dim":4,
+            "linear_key_head_dim":128,"linear_num_key_heads":16,"linear_num_value_heads":32,
+            "linear_value_head_dim":128,"mamba_ssm_dtype":"float32","max_position_embeddings":262144,
+            "mlp_only_layers":[],"moe_intermediate_size":512,"mtp_num_hidden_layers":1,
+            "mtp_use_dedicated_embeddings":false,"num_attention_heads":16,"num_experts":256,
+            "num_experts_per_tok":8,"num_hidden_layers":40,"num_key_value_heads":2,
+            "output_router_logits":false,"partial_rotary_factor":0.25,"rms_norm_eps":1e-06,
+            "router_aux_loss_coef":0.001,"shared_expert_intermediate_size":512,"use_cache":true,
+            "vocab_size":248320});
+        let rope = serde_json::json!({"mrope_interleaved":true,"mrope_section":[11,11,10],
+            "rope_type":"default","rope_theta":10000000,"partial_rotary_factor":0.25});
+        let vision = serde_json::json!({"deepstack_visual_indexes":[],"depth":27,
+            "hidden_act":"gelu_pytorch_tanh","hidden_size":1152,"in_channels":3,"initializer_range":0.02,
+            "intermediate_size":4304,"model_type":"qwen3_5_moe","num_heads":16,
+            "num_position_embeddings":2304,"out_hidden_size":2048,"patch_size":16,"spatial_merge_size":2,
+            "temporal_patch_size":2});
+        let mut v = serde_json::json!({"architectures":["Qwen3_5MoeForConditionalGeneration"],
+            "model_type":"qwen3_5_moe","image_token_id":248056,"video_token_id":248057,
+            "vision_start_token_id":248053,"vision_end_token_id":248054,"tie_word_embeddings":false,
+            "text_config":text,"vision_config":vision});
+        v["text_config"]["rope_parameters"] = rope;
+        v
     }
 
     #[test]
