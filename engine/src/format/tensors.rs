@@ -159,7 +159,9 @@ impl TensorStore {
             let view = bytes.slice(start, len).map_err(|x| err(x.to_string()))?;
             let Some(name) = text_tower_name(name) else { continue };
             if self.tensors.contains_key(&name) {
-                return Err(err(format!("tensor {name} appears twice (in more than one shard, or with and without a language_model prefix)")));
+                return Err(err(format!(
+                    "tensor {name} appears twice (in more than one shard, or with and without a language_model prefix)"
+                )));
             }
             self.tensors.insert(name, TensorEntry { dtype, shape: info.shape.clone(), bytes: view });
         }
@@ -324,7 +326,9 @@ impl TensorStore {
             end_max = end_max.max(e);
             let Some(name) = text_tower_name(name) else { continue };
             if self.tensors.contains_key(&name) {
-                return Err(err(format!("tensor {name} appears twice (in more than one shard, or with and without a language_model prefix)")));
+                return Err(err(format!(
+                    "tensor {name} appears twice (in more than one shard, or with and without a language_model prefix)"
+                )));
             }
             let len = usize::try_from(e - s).map_err(|_| err(format!("tensor {name} too large")))?;
             let at = base + data_start + s;

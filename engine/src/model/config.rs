@@ -338,7 +338,7 @@ impl ModelConfig {
         // query/key head is the unrotated part followed by the rotated one.
         let head_dim = match (family, get_usize(v, "head_dim")) {
             _ if mla.is_some() => mla.as_ref().map_or(0, |m| m.qk_nope_head_dim + m.qk_rope_head_dim),
-            (Family::GptOss, None) => 64,     // GptOssConfig's default
+            (Family::GptOss, None) => 64,                         // GptOssConfig's default
             (Family::Qwen3Next | Family::Qwen35Moe, None) => 256, // Qwen3NextConfig's default
             (Family::Olmoe, _) | (_, None) => {
                 if hidden % n_heads != 0 {
@@ -530,7 +530,9 @@ impl ModelConfig {
             norm_plus_one: family.is_qwen_hybrid(),
             linear_attn: match family {
                 Family::Qwen3Next => Some(qwen3_next::linear_config(v, n_layers)?),
-                Family::Qwen35Moe => Some(LinearAttnConfig { split_in_proj: true, ..qwen3_next::linear_config(v, n_layers)? }),
+                Family::Qwen35Moe => {
+                    Some(LinearAttnConfig { split_in_proj: true, ..qwen3_next::linear_config(v, n_layers)? })
+                }
                 _ => None,
             },
             mla,

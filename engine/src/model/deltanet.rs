@@ -400,7 +400,10 @@ mod tests {
         let h = 11;
         let m = |rows: usize, cols: usize, seed| Mat::from_f32(rows, cols, &rand_vec(rows * cols, seed, 0.5)).unwrap();
         DeltaNetWeights {
-            in_proj: InProj::Grouped { qkvz: m(2 * c.key_dim() + 2 * c.value_dim(), h, 1), ba: m(2 * c.n_v_heads, h, 2) },
+            in_proj: InProj::Grouped {
+                qkvz: m(2 * c.key_dim() + 2 * c.value_dim(), h, 1),
+                ba: m(2 * c.n_v_heads, h, 2),
+            },
             conv: rand_vec(c.conv_dim() * c.conv_kernel, 3, 0.7),
             neg_a: rand_vec(c.n_v_heads, 4, 0.5).iter().map(|x| -math::exp(x - 1.0)).collect(),
             dt_bias: rand_vec(c.n_v_heads, 5, 0.5),
