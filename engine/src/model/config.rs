@@ -65,14 +65,6 @@ impl Family {
     }
 }
 
-impl Family {
-    /// qwen3_next and qwen3_5_moe: Gated DeltaNet layers between gated full-attention
-    /// layers, zero-centred norms, `mtp.*` weights.
-    pub fn is_qwen_hybrid(self) -> bool {
-        matches!(self, Family::Qwen3Next | Family::Qwen35Moe)
-    }
-}
-
 /// Normalisation of the query/key projections before RoPE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkNorm {

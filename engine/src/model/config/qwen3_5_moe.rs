@@ -17,6 +17,14 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
+impl super::Family {
+    /// qwen3_next and qwen3_5_moe: Gated DeltaNet layers between gated full-attention
+    /// layers, zero-centred norms, `mtp.*` weights.
+    pub fn is_qwen_hybrid(self) -> bool {
+        matches!(self, super::Family::Qwen3Next | super::Family::Qwen35Moe)
+    }
+}
+
 /// Keys of the outer config that apply to the language model: a quantization of the
 /// release (refused by the common checks), the tying of the LM head, and the EOS ids when
 /// the text config has none.
