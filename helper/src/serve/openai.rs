@@ -682,9 +682,9 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
             None => m.tool_calls.as_ref().map(structured::calls_as_text).unwrap_or_default(),
             Some(Content::Text(t)) => t,
             Some(Content::Parts(parts)) => {
-                if parts.iter().any(|p| p.kind != "text") {
-                    return ApiError::invalid("only text content parts are supported", Some("messages"))
-                        .into_response();
+                if let Some(p) = parts.iter().find(|p| p.kind != "text") {
+                    let why = format!("content parts of type {:?} are not supported: only text (colibri runs the language model alone, image inputs are refused, also for image-text models such as Qwen3.5)", p.kind);
+                    return ApiError::invalid(why, Some("messages")).into_response();
                 }
                 parts.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("")
             }
