@@ -36,6 +36,9 @@ pub enum Error {
     /// The GPU backend: no adapter, a device error, a limit the model does not fit.
     #[error("gpu: {0}")]
     Gpu(String),
+    /// The caller asked to stop (between the chunks of a prefill: [`crate::generate::prefill`]).
+    #[error("cancelled")]
+    Cancelled,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use colibri_engine::generate::logprobs::sequence_logprobs;
 use colibri_engine::generate::{
-    forward_recording, Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter, MtpDrafter,
-    StopReason, TokenLogprob,
+    feed_chunked, forward_recording, Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter,
+    MtpDrafter, StopReason, TokenLogprob, PREFILL_CHUNK,
 };
 use colibri_engine::model::config::ModelConfig;
 use colibri_engine::tokenizer::DecodeStream;
@@ -382,11 +382,20 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
     // a worker of the CPU pool (`flags::on_pool`: its parallel regions then start on a
     // worker). One hand-off per pass, not per request: between passes this thread waits
     // for the client (`blocking_send`), which must not hold a worker.
+    //
+    // A prompt is fed in chunks of PREFILL_CHUNK positions, and before each one the
+    // generation checks that its client is still there and the helper not shutting down:
+    // a client that leaves during a long prefill frees the model within one chunk, not
+    // at the end of the whole prompt (the same bits as one pass: generate::prefill).
     let model = &loaded.model;
-    let forward = |session: &mut Session, ids: &[u32], which: Logits| match &log {
-        // The MTP log is not Send: those passes stay on this thread.
-        Some(log) => forward_recording(model, session, log, session.len(), ids, which),
-        None => crate::flags::on_pool(|| model.forward(session, ids, which)),
+    let go_on = || !tx.is_closed() && !shutdown.load(Ordering::Relaxed);
+    let forward = |session: &mut Session, ids: &[u32], which: Logits| {
+        let mut pass = |part: &[u32], which| match &log {
+            // The MTP log is not Send: those passes stay on this thread.
+            Some(log) => forward_recording(model, session, log, session.len(), part, which),
+            None => crate::flags::on_pool(|| model.forward(session, part, which)),
+        };
+        feed_chunked(&mut pass, ids, which, PREFILL_CHUNK, &mut || go_on())
     };
     // Echo with logprobs needs every prompt position's logits: nothing is reused then.
     let taken = match prompt_logprobs {
@@ -486,6 +495,17 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         } else if shutdown.load(Ordering::Relaxed) && gen.finished().is_none() {
             shutting_down = true;
             gen.cancel();
+        }
+    }
+    // A prefill stopped between its chunks: the client left or the helper is shutting
+    // down. The chunks fed so far are a valid cache of the prompt's first tokens.
+    if matches!(result, Err(colibri_engine::Error::Cancelled)) {
+        result = Ok(());
+        gen.cancel();
+        if tx.is_closed() {
+            client_gone = true;
+        } else {
+            shutting_down = true;
         }
     }
     if gen.is_speculative() {
