@@ -266,6 +266,9 @@ pub enum Event {
         completion_tokens: usize,
     },
     Error(String),
+    /// The output's grammar failed while tokens were generated (llguidance's reason): the
+    /// request's fault, not the server's.
+    Grammar(String),
 }
 
 /// One generation request, ready to run.
@@ -525,8 +528,10 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         stats.prompt_tokens_cached.fetch_add(cached as u64, Ordering::Relaxed);
         kv.put(session);
     }
-    if let Err(e) = result {
-        return (Some(Event::Error(e.to_string())), false);
+    match result {
+        Err(e @ colibri_engine::Error::Grammar(_)) => return (Some(Event::Grammar(e.to_string())), false),
+        Err(e) => return (Some(Event::Error(e.to_string())), false),
+        Ok(()) => {}
     }
     if client_gone {
         return (None, true);

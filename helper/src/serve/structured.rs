@@ -58,6 +58,18 @@ pub async fn compile(
     rx.await.map_err(|_| failed())?.map_err(|e| bad(e, param))
 }
 
+/// The error of a grammar that failed while the output was generated (a parser limit of
+/// llguidance reached mid-way, nothing left to allow): a 400 `invalid_request_error`
+/// naming the parameter the grammar came from. 400, not 500: the request's grammar is
+/// at fault and retrying it fails the same way, which is what OpenAI clients take a 400
+/// to mean (openai-python's BadRequestError; 5xx are retried); it is also the answer the
+/// same grammar gets when the failure shows while it is compiled. Not 422: OpenAI
+/// answers invalid schemas with 400, and some clients treat 422 as a validation error of
+/// the request's shape.
+pub fn failed_while_generating(msg: String, param: Option<&'static str>) -> ApiError {
+    ApiError::invalid(msg, param).with_code("grammar_failed")
+}
+
 fn bad(msg: impl Into<String>, param: &'static str) -> ApiError {
     ApiError::invalid(msg, Some(param))
 }

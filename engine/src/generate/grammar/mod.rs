@@ -141,7 +141,7 @@ pub struct GrammarVocab {
 impl GrammarVocab {
     pub(crate) fn new(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<Self> {
         let (env, eos) = vocab::tok_env(tok, vocab_size)?;
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Invalid(format!("grammar: {e}")))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(grammar_err)?;
         // Warnings and errors come back as values, never printed.
         factory.quiet();
         Ok(GrammarVocab { factory, eos })
@@ -157,11 +157,17 @@ pub struct Constraint {
     first: Option<SimpleVob>,
 }
 
-/// llguidance's message on one line (its Lark errors quote the grammar over several).
+/// llguidance's message on one line (its Lark errors quote the grammar over several),
+/// without the parser state and grammar dump that its mid-generation errors append.
 fn grammar_err(e: impl std::fmt::Display) -> Error {
     let msg = e.to_string();
-    let lines: Vec<&str> = msg.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    Error::Invalid(format!("grammar: {}", lines.join(" | ")))
+    let lines: Vec<&str> = msg
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("<state>") && !l.starts_with("<grammar>"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    Error::Grammar(lines.join(" | "))
 }
 
 impl Constraint {
@@ -204,9 +210,7 @@ impl Constraint {
             }
         }
         if self.masked.iter().all(|&x| x == f32::NEG_INFINITY || x.is_nan()) {
-            return Err(Error::Invalid(
-                "grammar: no token of this model's vocabulary can continue the output here".into(),
-            ));
+            return Err(Error::Grammar("no token of this model's vocabulary can continue the output here".into()));
         }
         Ok(&self.masked)
     }
