@@ -53,6 +53,7 @@ fn a_client_that_leaves_during_a_long_prefill_frees_the_model() {
         let r = s.post("/v1/completions", &short);
         assert_eq!(r.status, 200, "{}", r.text());
         let waited = t.elapsed();
+        eprintln!("stream {stream}: the next request waited {waited:?}; the whole prefill takes {whole:?}");
         assert!(
             waited < whole / 3,
             "stream {stream}: the next request waited {waited:?}; the whole prefill takes {whole:?}"
