@@ -18,13 +18,16 @@ use crate::model::Logits;
 /// waits at most one chunk (85 ms on the demo model).
 pub const PREFILL_CHUNK: usize = 256;
 
+/// A forward pass after everything fed so far: `(ids, which)` -> the logits `which` asks for.
+pub type Pass<'a> = dyn FnMut(&[u32], Logits) -> Result<Vec<f32>> + 'a;
+
 /// Feeds `ids` through `forward(part, which)` (each part after everything fed before it)
 /// in pieces of at most `chunk` positions, asking `go_on()` before each piece; returns the
 /// logits `which` asks for, the same bits as one pass over `ids`. Err([`Error::Cancelled`])
 /// when `go_on()` said no: the pieces fed until then stay in the caller's context (a
 /// valid cache of a prefix of `ids`).
 pub fn feed_chunked(
-    forward: &mut dyn FnMut(&[u32], Logits) -> Result<Vec<f32>>,
+    forward: &mut Pass<'_>,
     ids: &[u32],
     which: Logits,
     chunk: usize,
@@ -72,8 +75,10 @@ mod tests {
 
     /// A toy backend whose logits depend on everything fed so far (a running sum), and
     /// the sizes of the passes it was asked for.
-    fn toy() -> (impl FnMut(&[u32], Logits) -> Result<Vec<f32>>, std::rc::Rc<std::cell::RefCell<Vec<usize>>>) {
-        let passes = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    type Passes = std::rc::Rc<std::cell::RefCell<Vec<usize>>>;
+
+    fn toy() -> (impl FnMut(&[u32], Logits) -> Result<Vec<f32>>, Passes) {
+        let passes = Passes::default();
         let seen = passes.clone();
         let mut sum = 0u32;
         let f = move |ids: &[u32], which: Logits| {
