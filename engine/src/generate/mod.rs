@@ -22,7 +22,7 @@ use crate::tokenizer::{DecodeStream, Tokenizer};
 
 pub use defaults::{SamplingDefaults, SamplingRequest};
 pub use draft::{check_same_tokenizer, Drafter, ModelDrafter};
-pub use grammar::{Constraint, Grammar};
+pub use grammar::{CompileCancel, Constraint, Grammar};
 pub use logprobs::TokenLogprob;
 pub use mtp::{forward_recording, HiddenLog, MtpDrafter};
 pub use prefill::{feed_chunked, feed_chunked_last, PREFILL_CHUNK};

@@ -330,7 +330,9 @@ async fn prepare(
     .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
     let constraint = match grammar {
         None => None,
-        Some((g, param)) => Some(structured::compile(loaded.clone(), g, param).await?),
+        Some((g, param)) => {
+            Some(structured::compile(loaded.clone(), g, param, state.limits.grammar_compile_timeout).await?)
+        }
     };
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {

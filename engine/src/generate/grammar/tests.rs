@@ -182,3 +182,16 @@ fn a_grammar_that_fails_mid_generation_is_an_error() {
     assert!(msg.starts_with("grammar: ") && msg.contains("max is 2000"), "{msg}");
     assert!(!msg.contains("<state>") && msg.len() < 300, "{msg}");
 }
+
+/// A compilation cancelled before it starts, or while llguidance builds the parser,
+/// answers Cancelled instead of computing its first mask; one not cancelled compiles.
+#[test]
+fn a_cancelled_compilation_stops_before_its_first_mask() {
+    let tok = tokenizer();
+    let g = Grammar::json_schema(person_schema());
+    let cancel = CompileCancel::default();
+    assert!(Constraint::new_cancellable(&tok, &g, Some(&cancel)).is_ok());
+    cancel.cancel();
+    let e = Constraint::new_cancellable(&tok, &g, Some(&cancel)).err().unwrap();
+    assert!(matches!(e, Error::Cancelled), "{e}");
+}

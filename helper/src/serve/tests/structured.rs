@@ -274,3 +274,28 @@ fn a_grammar_failing_mid_generation_is_a_400_or_an_error_event() {
     assert_eq!(s.post("/v1/chat/completions", &chat(json!({})).to_string()).status, 200);
     assert_eq!(s.health()["status"], "ok");
 }
+
+/// A grammar that takes longer to compile than `grammar_compile_timeout` gets a 400
+/// naming the limit (here 1 ms; the 2,100-alternative grammar takes about 0.1 s), its
+/// compilation cancelled; one after another, such requests never wait on compile slots
+/// that an abandoned compilation kept, and the server goes on.
+#[test]
+fn a_grammar_compile_past_the_time_limit_is_a_400() {
+    let s = start_with(
+        "structured-slow",
+        |_| {},
+        |l| l.grammar_compile_timeout = std::time::Duration::from_millis(1),
+        |_| {},
+    );
+    let body = chat(json!({"grammar": fails_after_its_first_token(), "max_tokens": 2})).to_string();
+    for _ in 0..4 {
+        let t = std::time::Instant::now();
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], "grammar", "{e}");
+        assert!(e["message"].as_str().unwrap().contains("took longer than the limit of 0.001 s"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "{:?}", t.elapsed());
+    }
+    assert_eq!(s.post("/v1/chat/completions", &chat(json!({})).to_string()).status, 200);
+}
