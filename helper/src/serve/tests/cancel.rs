@@ -65,3 +65,33 @@ fn a_client_that_leaves_during_a_long_prefill_frees_the_model() {
     // Only the short requests and the measured one produced tokens.
     assert_eq!(s.health()["generations"]["tokens"], 4);
 }
+
+/// A shutdown during a long prefill stops it at the next chunk: the helper exits long
+/// before the whole prefill would have ended, and the stream ends with the error event
+/// that says why (before chunked prefill the shutdown waited for all of it).
+#[test]
+fn shutdown_during_a_long_prefill_stops_it() {
+    let s = start("prefill-shutdown", |_| {});
+    let n = 4000;
+    let t = Instant::now();
+    let r =
+        s.post("/v1/completions", &json!({"model": MODEL, "prompt": long_prompt(n, 0), "max_tokens": 1}).to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let whole = t.elapsed();
+    assert!(whole > Duration::from_millis(1500), "the prefill takes only {whole:?}: too short to tell");
+    let body = json!({"model": MODEL, "prompt": long_prompt(n, 1), "max_tokens": 8, "stream": true});
+    let mut c = Conn::open(s.addr).unwrap();
+    c.send("POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
+    assert_eq!(c.read_head().unwrap().0, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    s.stop().unwrap();
+    let took = t.elapsed();
+    eprintln!("shutdown took {took:?}; the whole prefill takes {whole:?}");
+    assert!(took < whole / 3, "shutdown took {took:?}; the whole prefill takes {whole:?}");
+    let mut rest = String::new();
+    while let Ok(Some(chunk)) = c.read_chunk() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(rest.contains("shutting down"), "{rest}");
+}
