@@ -1,7 +1,8 @@
 //! The native engine behind the OpenAI endpoints: models loaded on first use and kept,
 //! one generation per model at a time (the others wait in a bounded queue), each run on
 //! the blocking pool and streaming text pieces through a channel. A generation stops
-//! when its client goes away (the channel closes) or the helper shuts down. Each model
+//! when its client goes away (the channel closes) or the helper shuts down: at its next
+//! token, or during a long prompt at the next chunk of its prefill. Each model
 //! keeps its last conversations' caches ([`ContextPool`]): a request that extends one
 //! feeds only its new tokens (reported as `cached_tokens`).
 
