@@ -36,6 +36,13 @@ pub enum Error {
     /// The GPU backend: no adapter, a device error, a limit the model does not fit.
     #[error("gpu: {0}")]
     Gpu(String),
+    /// Structured output: llguidance refused a grammar, or a constraint failed while
+    /// tokens were generated (a parser limit reached, nothing left to allow).
+    #[error("grammar: {0}")]
+    Grammar(String),
+    /// The caller asked to stop (between the chunks of a prefill: [`crate::generate::prefill`]).
+    #[error("cancelled")]
+    Cancelled,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

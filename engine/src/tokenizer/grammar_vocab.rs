@@ -139,7 +139,7 @@ pub struct GrammarVocab {
 impl GrammarVocab {
     pub(crate) fn new(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<Self> {
         let (env, eos) = tok_env(tok, vocab_size)?;
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Invalid(format!("grammar: {e}")))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
         // Warnings and errors come back as values, never printed.
         factory.quiet();
         Ok(GrammarVocab { factory, eos })

@@ -17,7 +17,7 @@
 mod gbnf;
 pub mod limits;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::SimpleVob;
@@ -138,18 +138,53 @@ pub struct Constraint {
     first: Option<SimpleVob>,
 }
 
-/// llguidance's message on one line (its Lark errors quote the grammar over several).
+/// llguidance's message on one line (its Lark errors quote the grammar over several),
+/// without the parser state and grammar dump that its mid-generation errors append.
 fn grammar_err(e: impl std::fmt::Display) -> Error {
     let msg = e.to_string();
-    let lines: Vec<&str> = msg.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    Error::Invalid(format!("grammar: {}", lines.join(" | ")))
+    let lines: Vec<&str> = msg
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("<state>") && !l.starts_with("<grammar>"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    Error::Grammar(lines.join(" | "))
+}
+
+/// Stops a compilation ([`Constraint::new_cancellable`]) from another thread. llguidance
+/// builds a grammar's parser with no way to stop it (its own limits bound that work), then
+/// computes the first mask cooperatively cancellable: a cancel while the parser is built
+/// skips the mask, one during the mask stops it mid-way. Either way the compilation answers
+/// [`Error::Cancelled`].
+#[derive(Clone, Default)]
+pub struct CompileCancel(Arc<Mutex<CancelState>>);
+
+#[derive(Default)]
+struct CancelState {
+    cancelled: bool,
+    handle: Option<llguidance::CancellationHandle>,
+}
+
+impl CompileCancel {
+    pub fn cancel(&self) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.cancelled = true;
+        if let Some(h) = &s.handle {
+            h.cancel();
+        }
+    }
 }
 
 impl Constraint {
     /// Compiles `grammar` for `tok`'s vocabulary and computes its first mask; a grammar past
     /// the [`limits`], or one llguidance refuses (its syntax, or its own limits on size and
-    /// work), gives [`Error::Invalid`] with the reason.
+    /// work), gives [`Error::Grammar`] (or [`Error::Invalid`]) with the reason.
     pub fn new(tok: &Tokenizer, grammar: &Grammar) -> Result<Self> {
+        Self::new_cancellable(tok, grammar, None)
+    }
+
+    /// [`Constraint::new`] that `cancel` can stop ([`CompileCancel`]).
+    pub fn new_cancellable(tok: &Tokenizer, grammar: &Grammar, cancel: Option<&CompileCancel>) -> Result<Self> {
         grammar.check_limits()?;
         let vocab = tok.grammar_vocab()?;
         let parser = vocab.factory.create_parser(grammar.to_llguidance()?).map_err(grammar_err)?;
@@ -157,7 +192,23 @@ impl Constraint {
         if let Some(e) = matcher.get_error() {
             return Err(grammar_err(e));
         }
-        let first = matcher.compute_mask().map_err(grammar_err)?;
+        if let Some(c) = cancel {
+            matcher = matcher.into_cancellable();
+            let mut s = c.0.lock().unwrap_or_else(|e| e.into_inner());
+            if s.cancelled {
+                return Err(Error::Cancelled);
+            }
+            s.handle = matcher.cancellation_handle();
+        }
+        let first = match matcher.compute_mask() {
+            Ok(m) => m,
+            Err(e) if e.is::<llguidance::Cancelled>() || matcher.is_cancelled() => return Err(Error::Cancelled),
+            Err(e) => return Err(grammar_err(e)),
+        };
+        // Compiled: a later cancel leaves this constraint alone.
+        if let Some(c) = cancel {
+            c.0.lock().unwrap_or_else(|e| e.into_inner()).handle = None;
+        }
         Ok(Constraint { matcher, vocab, masked: Vec::new(), first: Some(first) })
     }
 
@@ -185,9 +236,7 @@ impl Constraint {
             }
         }
         if self.masked.iter().all(|&x| x == f32::NEG_INFINITY || x.is_nan()) {
-            return Err(Error::Invalid(
-                "grammar: no token of this model's vocabulary can continue the output here".into(),
-            ));
+            return Err(Error::Grammar("no token of this model's vocabulary can continue the output here".into()));
         }
         Ok(&self.masked)
     }
