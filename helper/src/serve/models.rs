@@ -384,6 +384,7 @@ mod tests {
                 "gpt_oss_mxfp4",
                 "mixtral",
                 "qwen2_moe",
+                "qwen3_5_moe",
                 "qwen3_moe",
                 "qwen3_next",
                 "qwen3_next_f32"
