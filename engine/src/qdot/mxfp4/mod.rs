@@ -51,22 +51,16 @@ pub struct ActQ16 {
     /// [n, blocks] block scales d_b (NaN where the block holds NaN or an infinity).
     pub d: Vec<f32>,
     /// x86-64 only (empty elsewhere): [n, dstride * 128] bytes, `q` and `lo` as byte planes
-    /// for the x86 kernels. Per pair of blocks (2m, 2m + 1), 256 bytes: eight 32-byte
+    /// for the x86 kernels. Per quad of blocks (4m..4m + 4), 512 bytes: eight 64-byte
     /// vectors hh_even, hh_odd, hl_even, hl_odd, lh_even, lh_odd, ll_even, ll_odd, each
-    /// block 2m's 16 values then block 2m + 1's (the order of the low, or high, nibbles of
-    /// the pair's 32 stored bytes), where h = 256 * hh + hl, hh = h >> 8 as a signed byte
-    /// and hl = h & 255 unsigned (l likewise). Zero past the last block.
+    /// holding block 4m + i's 16 values at bytes 16i..16i + 16 (the order of the low, or
+    /// high, nibbles of the quad's 64 stored bytes), where h = 256 * hh + hl, hh = h >> 8 as a
+    /// signed byte and hl = h & 255 unsigned (l likewise). Zero past the last block.
     pub planes: Vec<u8>,
-    /// x86-64 only: [n, dstride * 2] per run of eight blocks, 12 * sum h of each block then
-    /// 12 * sum l (the weights are read as k + 12, [`x86`]), in the lane order of the
-    /// kernel's sums: blocks 0, 2, 4, 6, 1, 3, 5, 7 of the run ([`PLANE_LANE`]).
+    /// x86-64 only: [n, dstride * 2] per run of eight blocks, 12 * sum h of each of its
+    /// blocks, then 12 * sum l of each (the kernels read the weights as k + 12, [`x86`]).
     pub corr: Vec<i32>,
 }
-
-/// Lane of block j (of a run of eight) in the x86 kernels' block sums: pairs of adjacent
-/// blocks share a vector, and three `vphaddd` leave the even blocks in lanes 0-3 and the
-/// odd ones in lanes 4-7.
-pub const PLANE_LANE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
 impl ActQ16 {
     /// Quantizes `x` ([n, cols], cols a multiple of 32), reusing the buffers.
@@ -116,19 +110,18 @@ impl ActQ16 {
         for p in 0..n {
             for b in 0..nb {
                 let at = p * cols + b * MXFP4_BLOCK;
-                let base = p * ds * 128 + (b / 2) * 256 + (b % 2) * 16;
-                let (run, lane) = (b / 8, PLANE_LANE[b % 8]);
+                let base = p * ds * 128 + (b / 4) * 512 + (b % 4) * 16;
                 for (part, src) in [(0usize, &self.q[at..at + MXFP4_BLOCK]), (1, &self.lo[at..at + MXFP4_BLOCK])] {
                     for (i, &v) in src.iter().enumerate() {
                         // Value i: even (i < 16) or odd (i >= 16) half, position i % 16.
                         let (eo, j) = (i / 16, i % 16);
-                        let hi_at = base + (part * 4 + eo) * 32 + j;
+                        let hi_at = base + (part * 4 + eo) * 64 + j;
                         self.planes[hi_at] = (v >> 8) as u8;
-                        self.planes[hi_at + 64] = v as u8;
+                        self.planes[hi_at + 128] = v as u8;
                     }
                     // |sum| <= 12 * 32 * 32767 < 2^24.
                     let sum: i32 = src.iter().map(|&v| v as i32).sum();
-                    self.corr[p * ds * 2 + run * 16 + part * 8 + lane] = 12 * sum;
+                    self.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + b % 8] = 12 * sum;
                 }
             }
         }
@@ -200,11 +193,45 @@ pub fn dot_row(simd: Simd, row: &[u8], a: &ActQ16, p: usize) -> f32 {
         // matrix (row.len() == row_bytes(cols), `a` quantized for these cols).
         Simd::Avx2 if a.has_planes() => unsafe { x86::dot_row_avx2(row, a, p) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above; Simd::Avx512 means AVX-512 F/VL/BW/VNNI were reported.
-        Simd::Avx512 if a.has_planes() => unsafe { x86::dot_row_avx512(row, a, p) },
+        // SAFETY: as above; Simd::Avx512 means AVX-512 F/VL/BW/VNNI were reported (and VBMI
+        // is checked).
+        Simd::Avx512 if a.has_planes() => unsafe {
+            if x86::has_vbmi() {
+                x86::dot_row_avx512_vbmi(row, a, p)
+            } else {
+                x86::dot_row_avx512(row, a, p)
+            }
+        },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Simd::Simd128 => dot_row_simd128(row, a, p),
         _ => dot_row_scalar(row, a, p),
+    }
+}
+
+/// [`dot_row`] for consecutive stored rows of `rb` bytes each (`rows` holds `out.len()` of
+/// them) times position 0 of `a`, into `out`: the same bits, the row loop inside the SIMD
+/// function (one call and one set-up per slice of rows instead of per row).
+pub fn dot_rows(simd: Simd, rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
+    if rows.len() >= out.len() * rb && a.has_planes() && a.n > 0 {
+        match simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in dot_row, for each of the rows (`rows` holds all of them).
+            Simd::Avx2 => return unsafe { x86::dot_rows_avx2(rows, rb, a, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above (VBMI: reported by the CPU).
+            Simd::Avx512 => unsafe {
+                if x86::has_vbmi() {
+                    x86::dot_rows_avx512_vbmi(rows, rb, a, out)
+                } else {
+                    x86::dot_rows_avx512(rows, rb, a, out)
+                }
+                return;
+            },
+            _ => {}
+        }
+    }
+    for (o, row) in out.iter_mut().zip(rows.chunks(rb.max(1))) {
+        *o = dot_row(simd, row, a, 0);
     }
 }
 

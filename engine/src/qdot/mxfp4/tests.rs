@@ -116,13 +116,13 @@ fn the_planes_hold_the_parts_and_their_corrections() {
             for (part, vals) in [(0usize, &a.q), (1, &a.lo)] {
                 let mut sum = 0i32;
                 for i in 0..32 {
-                    let at = (b / 2) * 256 + (b % 2) * 16 + (part * 4 + i / 16) * 32 + i % 16;
-                    let (hh, hl) = (planes[at] as i8 as i32, planes[at + 64] as i32);
+                    let at = (b / 4) * 512 + (b % 4) * 16 + (part * 4 + i / 16) * 64 + i % 16;
+                    let (hh, hl) = (planes[at] as i8 as i32, planes[at + 128] as i32);
                     let want = if b < a.blocks { vals[p * cols + b * 32 + i] as i32 } else { 0 };
                     assert_eq!(256 * hh + hl, want, "p{p} b{b} part {part} i{i}");
                     sum += want;
                 }
-                assert_eq!(a.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + PLANE_LANE[b % 8]], 12 * sum);
+                assert_eq!(a.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + b % 8], 12 * sum);
             }
         }
     }
@@ -170,5 +170,104 @@ fn the_largest_parts_with_the_largest_weights_give_the_exact_sums() {
         for simd in Simd::available() {
             assert_eq!(dot_row(simd, &bytes, &a, 0).to_bits(), want.to_bits(), "{simd:?} {h} {byte:#x}");
         }
+    }
+}
+
+/// Every x86 kernel this CPU runs (with and without VBMI), one row or many.
+#[cfg(target_arch = "x86_64")]
+fn x86_kernels(rows: &[u8], rb: usize, a: &ActQ16, p: usize) -> Vec<(&'static str, Vec<f32>)> {
+    let mut v = Vec::new();
+    let one = |f: unsafe fn(&[u8], &ActQ16, usize) -> f32| -> Vec<f32> {
+        // SAFETY: called only for features the CPU reported; shapes from the tests.
+        rows.chunks(rb).map(|r| unsafe { f(r, a, p) }).collect()
+    };
+    let many = |f: unsafe fn(&[u8], usize, &ActQ16, &mut [f32])| -> Vec<f32> {
+        let mut out = vec![0.0; rows.len() / rb];
+        // SAFETY: as above.
+        unsafe { f(rows, rb, a, &mut out) };
+        out
+    };
+    if crate::qdot::Simd::available().contains(&Simd::Avx2) {
+        v.push(("avx2", one(x86::dot_row_avx2)));
+        if p == 0 {
+            v.push(("avx2 rows", many(x86::dot_rows_avx2)));
+        }
+    }
+    if crate::qdot::Simd::available().contains(&Simd::Avx512) {
+        v.push(("avx512", one(x86::dot_row_avx512)));
+        if p == 0 {
+            v.push(("avx512 rows", many(x86::dot_rows_avx512)));
+        }
+        if x86::has_vbmi() {
+            v.push(("avx512vbmi", one(x86::dot_row_avx512_vbmi)));
+            if p == 0 {
+                v.push(("avx512vbmi rows", many(x86::dot_rows_avx512_vbmi)));
+            }
+        }
+    }
+    v
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn every_x86_kernel_gives_the_reference_bits() {
+    // Tails and runs, three positions, scales over the whole e8m0 range, activations
+    // large enough that 2^127 * d overflows to infinity and small enough for subnormals.
+    for nb in [1usize, 5, 8, 13, 16, 90, 256] {
+        let cols = nb * 32;
+        let mut m = random(5, cols, nb as u64);
+        let rb = m.row_bytes();
+        let mut bytes = m.bytes.as_ref().to_vec();
+        for (i, row) in bytes.chunks_mut(rb).enumerate() {
+            for (b, s) in row.iter_mut().take(nb).enumerate() {
+                *s = ((b * 37 + i * 101) % 256) as u8;
+            }
+        }
+        m = Mat::new(5, cols, DType::Mxfp4, Bytes::from_vec(bytes)).unwrap();
+        let mut s = 7u64;
+        let x: Vec<f32> =
+            (0..3 * cols).map(|i| ((lcg(&mut s) % 2001) as f32 / 500.0 - 2.0) * [1e-15, 1.0, 1e6][i / cols]).collect();
+        let mut a = ActQ16::default();
+        a.quantize(&x, 3, cols);
+        for p in 0..3 {
+            let want: Vec<u32> = m.bytes.as_ref().chunks(rb).map(|r| dot_row_scalar(r, &a, p).to_bits()).collect();
+            if nb == 256 && p == 2 {
+                assert!(want.iter().any(|w| !f32::from_bits(*w).is_finite()), "some overflow");
+            }
+            for (name, got) in x86_kernels(m.bytes.as_ref(), rb, &a, p) {
+                let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{name} nb {nb} p{p}");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn microbench() {
+    let (rows, cols) = (64usize, 2048usize);
+    let m = random(rows, cols, 1);
+    let mut s = 3u64;
+    let x: Vec<f32> = (0..cols).map(|_| (lcg(&mut s) % 2001) as f32 / 500.0 - 2.0).collect();
+    let mut a = ActQ16::default();
+    a.quantize(&x, 1, cols);
+    let rb = m.row_bytes();
+    let mut out = vec![0.0f32; rows];
+    for simd in Simd::available() {
+        let mut best = f64::MAX;
+        for _ in 0..200 {
+            let t = std::time::Instant::now();
+            for _ in 0..20 {
+                dot_rows(simd, m.bytes.as_ref(), rb, &a, &mut out);
+                std::hint::black_box(&out);
+            }
+            best = best.min(t.elapsed().as_secs_f64() / 20.0);
+        }
+        let runs = (rows * cols / 256) as f64;
+        eprintln!(
+            "{simd:?}: {:.2} ns per run of 8 blocks, {:.2} GB/s",
+            best * 1e9 / runs,
+            (rows * rb) as f64 / best / 1e9
+        );
     }
 }
