@@ -108,20 +108,27 @@ impl ActQ16 {
         self.planes.resize(n * ds * 128, 0);
         self.corr.resize(n * ds * 2, 0);
         for p in 0..n {
+            let planes = &mut self.planes[p * ds * 128..(p + 1) * ds * 128];
+            let corr = &mut self.corr[p * ds * 2..(p + 1) * ds * 2];
             for b in 0..nb {
                 let at = p * cols + b * MXFP4_BLOCK;
-                let base = p * ds * 128 + (b / 4) * 512 + (b % 4) * 16;
+                let quad = &mut planes[(b / 4) * 512..(b / 4 + 1) * 512];
+                let off = (b % 4) * 16;
                 for (part, src) in [(0usize, &self.q[at..at + MXFP4_BLOCK]), (1, &self.lo[at..at + MXFP4_BLOCK])] {
-                    for (i, &v) in src.iter().enumerate() {
-                        // Value i: even (i < 16) or odd (i >= 16) half, position i % 16.
-                        let (eo, j) = (i / 16, i % 16);
-                        let hi_at = base + (part * 4 + eo) * 64 + j;
-                        self.planes[hi_at] = (v >> 8) as u8;
-                        self.planes[hi_at + 128] = v as u8;
+                    // Values 0..16 are the block's even ones, 16..32 its odd ones.
+                    for (eo, half) in src.chunks_exact(16).enumerate() {
+                        let hh = &mut quad[(part * 4 + eo) * 64 + off..][..16];
+                        for (o, &v) in hh.iter_mut().zip(half) {
+                            *o = (v >> 8) as u8;
+                        }
+                        let hl = &mut quad[(part * 4 + 2 + eo) * 64 + off..][..16];
+                        for (o, &v) in hl.iter_mut().zip(half) {
+                            *o = v as u8;
+                        }
                     }
                     // |sum| <= 12 * 32 * 32767 < 2^24.
                     let sum: i32 = src.iter().map(|&v| v as i32).sum();
-                    self.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + b % 8] = 12 * sum;
+                    corr[(b / 8) * 16 + part * 8 + b % 8] = 12 * sum;
                 }
             }
         }
@@ -144,7 +151,8 @@ fn quantize_block(x: &[f32], hi: &mut [i16], lo: &mut [i16]) -> f32 {
     let inv_lo = 65536.0 / d;
     // Round half to even by adding and subtracting 1.5 * 2^23 (|y| < 2^22 here).
     const MAGIC: f32 = 12_582_912.0;
-    for (i, &v) in x.iter().enumerate() {
+    let (hi, lo) = (&mut hi[..MXFP4_BLOCK], &mut lo[..MXFP4_BLOCK]);
+    for (i, &v) in x[..MXFP4_BLOCK].iter().enumerate() {
         let h = ((v * inv + MAGIC) - MAGIC).clamp(-QMAX, QMAX);
         let l = (((v - h * d) * inv_lo + MAGIC) - MAGIC).clamp(-QMAX, QMAX);
         let at = (i >> 1) + (i & 1) * 16;

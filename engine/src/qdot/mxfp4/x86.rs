@@ -187,6 +187,18 @@ unsafe fn body_avx2(row: &[u8], a: &ActQ16, p: usize) -> f32 {
 #[inline(always)]
 unsafe fn rows_avx512<const VBMI: bool>(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
     let mut i = 0;
+    while i + 4 <= out.len() {
+        let r4 = [
+            &rows[i * rb..(i + 1) * rb],
+            &rows[(i + 1) * rb..(i + 2) * rb],
+            &rows[(i + 2) * rb..(i + 3) * rb],
+            &rows[(i + 3) * rb..(i + 4) * rb],
+        ];
+        // SAFETY: the caller's contract for rows i..i + 4.
+        let r = unsafe { body_avx512::<VBMI, 4>(r4, a, 0) };
+        out[i..i + 4].copy_from_slice(&r);
+        i += 4;
+    }
     while i + 2 <= out.len() {
         // SAFETY: the caller's contract for rows i and i + 1.
         let r =
@@ -428,11 +440,10 @@ unsafe fn part_avx512(we: __m512i, wo: __m512i, v: &[__m512i]) -> __m512i {
     // SAFETY: register-only AVX-512 VNNI operations, reached from the target_feature
     // functions.
     unsafe {
-        // Two independent chains (shorter latency), then 256 * hi + lo.
-        let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), we, v[0]);
-        let lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[2], we);
-        let hi = _mm512_dpbusd_epi32(hi, wo, v[1]);
-        let lo = _mm512_dpbusd_epi32(lo, v[3], wo);
-        _mm512_add_epi32(_mm512_slli_epi32::<8>(hi), lo)
+        let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), we, v[0]);
+        let s = _mm512_dpbusd_epi32(s, wo, v[1]);
+        let s = _mm512_slli_epi32::<8>(s);
+        let s = _mm512_dpbusd_epi32(s, v[2], we);
+        _mm512_dpbusd_epi32(s, v[3], wo)
     }
 }
