@@ -245,7 +245,8 @@ fn every_x86_kernel_gives_the_reference_bits() {
 #[test]
 #[ignore]
 fn microbench() {
-    let (rows, cols) = (64usize, 2048usize);
+    let rows: usize = std::env::var("MB_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let cols = 2048usize;
     let m = random(rows, cols, 1);
     let mut s = 3u64;
     let x: Vec<f32> = (0..cols).map(|_| (lcg(&mut s) % 2001) as f32 / 500.0 - 2.0).collect();
@@ -255,7 +256,7 @@ fn microbench() {
     let mut out = vec![0.0f32; rows];
     for simd in Simd::available() {
         let mut best = f64::MAX;
-        for _ in 0..200 {
+        for _ in 0..(12800 / rows).max(5) {
             let t = std::time::Instant::now();
             for _ in 0..20 {
                 dot_rows(simd, m.bytes.as_ref(), rb, &a, &mut out);

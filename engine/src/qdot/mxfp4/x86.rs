@@ -53,6 +53,10 @@ const TABLE: [u8; 16] = {
     t
 };
 
+/// How far ahead of the bytes being read the kernels prefetch (a few rows of a
+/// [_, 2048] matrix).
+const PREFETCH: usize = 12288;
+
 /// AVX2: the lane of block j of a run in its sums (even blocks in lanes 0-3, odd in 4-7).
 const PAIR_LANE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
@@ -153,6 +157,9 @@ unsafe fn body_avx2(row: &[u8], a: &ActQ16, p: usize) -> f32 {
         let runs = nb / 8;
         for r in 0..runs {
             let w = vals.as_ptr().add(r * 128);
+            let ahead = row.as_ptr().wrapping_add(PREFETCH + r * 128) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             let (hs, ls) = run_avx2(lut, cperm, w, planes.as_ptr().add(r * 1024), corr.as_ptr().add(r * 16));
             let sum = _mm256_add_ps(
                 _mm256_cvtepi32_ps(hs),
@@ -238,6 +245,11 @@ unsafe fn body_avx512<const VBMI: bool, const R: usize>(rows: [&[u8]; R], a: &Ac
             let mut w = [std::ptr::null(); R];
             for i in 0..R {
                 w[i] = rows[i].as_ptr().add(sb + r * 128);
+                // The same bytes PREFETCH bytes on (the next rows: a row is short, the
+                // hardware's stream prefetch alone leaves the loads waiting on memory).
+                let ahead = rows[i].as_ptr().wrapping_add(PREFETCH + r * 128) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             }
             let t = run_avx512::<VBMI, R>(lut, cperm, w, planes.as_ptr().add(r * 1024), corr.as_ptr().add(r * 16));
             for i in 0..R {
