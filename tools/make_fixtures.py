@@ -48,6 +48,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 import fixtures_gpt_oss
+import fixtures_qwen3_5_moe
 import fixtures_qwen3_next
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -378,6 +379,7 @@ CASES = {
 
 CASES.update(fixtures_gpt_oss.CASES)
 CASES.update(fixtures_qwen3_next.CASES)
+CASES.update(fixtures_qwen3_5_moe.CASES)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -394,7 +396,18 @@ def build_config(case: dict, tok_vocab: int, special_ids: dict):
         eos_token_id=special_ids["<|im_end|>"],
         pad_token_id=None,
     )
+    if case["model_type"] == "qwen3_5_moe":  # multimodal: the text config under text_config
+        return fixtures_qwen3_5_moe.build_config(case, kw, tok_vocab)
     return AutoConfig.for_model(case["model_type"], **kw)
+
+
+def text_config(cfg):
+    """The language model's config (a multimodal config's text_config)."""
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def model_class(case: dict):
+    return fixtures_qwen3_5_moe.MODEL_CLASS if case["model_type"] == "qwen3_5_moe" else AutoModelForCausalLM
 
 
 @torch.no_grad()
@@ -408,7 +421,11 @@ def reinit_(model, cfg, gen: torch.Generator) -> None:
 
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         shape = tuple(p.shape)
-        special = {"gpt_oss": fixtures_gpt_oss.reinit, "qwen3_next": fixtures_qwen3_next.reinit}.get(
+        special = {
+            "gpt_oss": fixtures_gpt_oss.reinit,
+            "qwen3_next": fixtures_qwen3_next.reinit,
+            "qwen3_5_moe_text": fixtures_qwen3_5_moe.reinit,
+        }.get(
             cfg.model_type, lambda *_: None
         )(name, shape, randn, hidden)
         if special is not None:
@@ -456,7 +473,7 @@ class Probes:
         self.qkv: list = []
         self.sigmoid_gaps: list = []
         for name, mod in model.named_modules():
-            m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.(?:gate|router)", name)
+            m = re.fullmatch(r"model\.(?:language_model\.)?layers\.(\d+)\.mlp\.(?:gate|router)", name)
             if m and type(mod).__name__.endswith("TopKRouter"):
                 layer = int(m.group(1))
                 self.handles.append(mod.register_forward_hook(self._router_hook(layer, mod.top_k)))
@@ -647,7 +664,7 @@ def name_patterns(names) -> list[str]:
 
 def check_checkpoint(d: Path, case: dict, cfg) -> dict:
     names = safetensors_names(d)
-    if case["model_type"] != "gpt_oss":  # gpt_oss checkpoints are fused (or MXFP4 blocks)
+    if case["model_type"] not in ("gpt_oss", "qwen3_5_moe"):  # those are published fused
         assert not any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in names), "fused expert tensors"
     n_exp = n_experts(cfg)
     l0 = first_moe_layer(cfg)
@@ -656,6 +673,8 @@ def check_checkpoint(d: Path, case: dict, cfg) -> dict:
     elif case["model_type"] == "mixtral":
         assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in names
         assert f"model.layers.0.block_sparse_moe.experts.{n_exp - 1}.w2.weight" in names
+    elif case["model_type"] == "qwen3_5_moe":
+        fixtures_qwen3_5_moe.check_checkpoint(names, cfg)
     else:
         assert f"model.layers.{l0}.mlp.experts.3.gate_proj.weight" in names
         assert f"model.layers.{l0}.mlp.experts.{n_exp - 1}.down_proj.weight" in names
@@ -680,12 +699,12 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
     dtype = case["dtype"]
 
     g = torch.Generator().manual_seed(case["base_seed"] + 77)
-    ids = torch.randint(0, tok_vocab, (SEQ_LEN,), generator=g).tolist()
+    ids = torch.randint(0, tok_vocab, (case.get("seq_len", SEQ_LEN),), generator=g).tolist()
     prompt = torch.randint(0, tok_vocab, (PROMPT_LEN,), generator=g).tolist()
     bad_new_ids = set(special_ids.values())
 
     cfg0 = build_config(case, tok_vocab, special_ids)
-    bad_new_ids |= set(range(tok_vocab, cfg0.vocab_size))
+    bad_new_ids |= set(range(tok_vocab, text_config(cfg0).vocab_size))
 
     with tempfile.TemporaryDirectory(prefix=f"fixture_{name}_") as tmp:
         tmp = Path(tmp)
@@ -694,8 +713,10 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
             ckpt = tmp / f"seed{seed}"
             torch.manual_seed(seed)
             cfg = build_config(case, tok_vocab, special_ids)
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", **case.get("load_kw", {}))
-            reinit_(model, cfg, torch.Generator().manual_seed(seed))
+            cls = model_class(case)
+            build = cls.from_config if cls is AutoModelForCausalLM else cls._from_config
+            model = build(cfg, attn_implementation="eager", **case.get("load_kw", {}))
+            reinit_(model, text_config(cfg), torch.Generator().manual_seed(seed))
             if case.get("mxfp4"):
                 fixtures_gpt_oss.quantize_experts_(model)
             model = model.to(dtype)
@@ -704,12 +725,14 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
             del model
             if case.get("mxfp4"):
                 fixtures_gpt_oss.write_mxfp4_layout(ckpt)
+            if case["model_type"] == "qwen3_5_moe":
+                fixtures_qwen3_5_moe.fuse_experts(ckpt)
 
-            loaded = AutoModelForCausalLM.from_pretrained(
+            loaded = model_class(case).from_pretrained(
                 ckpt, dtype=torch.float32, attn_implementation="eager", **case.get("load_kw", {})
             )
             loaded.eval()
-            lcfg = loaded.config
+            lcfg = text_config(loaded.config)
             res, reasons = evaluate(loaded, lcfg, case, ids, prompt, bad_new_ids)
             if reasons:
                 log(f"  {name}: seed {seed} rejected: {'; '.join(reasons)}")
@@ -721,11 +744,13 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
             raise RuntimeError(f"{name}: no acceptable seed in {MAX_SEED_TRIES} tries")
 
         ck = check_checkpoint(ckpt, case, lcfg)
-        extra = sanity_checks(name, loaded, lcfg)
+        extra = sanity_checks(name, loaded, lcfg) if case["model_type"] != "qwen3_5_moe" else {}
         if case["model_type"] == "gpt_oss":
             extra.update(fixtures_gpt_oss.sanity_checks(name, loaded, lcfg, ids))
         if case["model_type"] == "qwen3_next":
             extra.update(fixtures_qwen3_next.sanity_checks(name, loaded, lcfg, ids))
+        if case["model_type"] == "qwen3_5_moe":
+            extra.update(fixtures_qwen3_5_moe.sanity_checks(loaded, lcfg, ids))
 
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -752,7 +777,7 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
     assert rendered == expected + "<|im_start|>assistant\n", rendered
 
     logits = res["logits"]
-    assert tuple(logits.shape) == (SEQ_LEN, lcfg.vocab_size)
+    assert tuple(logits.shape) == (len(ids), lcfg.vocab_size)
     (out_dir / "logits.bin").write_bytes(logits.contiguous().numpy().astype("<f4").tobytes())
     greedy = {"prompt_ids": prompt, "new_ids": res["new_ids"], "min_top2_gap": res["min_top2_gap"]}
     if case.get("decode_logits"):

@@ -15,7 +15,7 @@ pub enum Error {
     Safetensors { path: PathBuf, msg: String },
     #[error("config: {0}")]
     Config(String),
-    #[error("unsupported model_type {0:?} (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, kimi_k2, glm4_moe)")]
+    #[error("unsupported model_type {0:?} (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, kimi_k2, glm4_moe, gpt_oss, qwen3_next, qwen3_5_moe, qwen3_5_moe_text)")]
     UnknownModelType(String),
     #[error("tensor {name} is missing from the checkpoint")]
     MissingTensor { name: String },
@@ -36,6 +36,13 @@ pub enum Error {
     /// The GPU backend: no adapter, a device error, a limit the model does not fit.
     #[error("gpu: {0}")]
     Gpu(String),
+    /// Structured output: llguidance refused a grammar, or a constraint failed while
+    /// tokens were generated (a parser limit reached, nothing left to allow).
+    #[error("grammar: {0}")]
+    Grammar(String),
+    /// The caller asked to stop (between the chunks of a prefill: [`crate::generate::prefill`]).
+    #[error("cancelled")]
+    Cancelled,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,10 +7,12 @@ use std::cell::RefCell;
 pub mod bench;
 #[cfg(target_arch = "x86_64")]
 mod float_x86;
-#[cfg(feature = "parallel")]
-mod region;
 
 use crate::math;
+#[cfg(feature = "parallel")]
+use crate::par::joined;
+pub use crate::par::threads;
+use crate::par::OutPtr;
 use crate::qdot::mxfp4::ActQ16;
 use crate::qdot::{self, ActQ, Simd};
 use crate::tensor::{DType, Mat};
@@ -55,35 +57,6 @@ where
 /// to the pool costs microseconds, which small models' matrices do not repay.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
 
-/// Whether a parallel region started here should run on [`region::run`], this thread
-/// taking part: in the browser (wasm), where the engine's worker is outside the pool and
-/// every blocking hand-off is a futex call through the browser. Natively the commands
-/// that compute run on a pool thread (the helper's `flags::on_pool`) and rayon's own
-/// regions stay.
-#[cfg(feature = "parallel")]
-fn caller_joins() -> bool {
-    cfg!(target_arch = "wasm32") && rayon::current_thread_index().is_none()
-}
-
-/// Runs `body(i)` for every `i < n` with this thread taking part ([`region::run`]) when
-/// [`caller_joins`]; false when it did not run (the caller then starts its rayon region).
-#[cfg(feature = "parallel")]
-pub(crate) fn joined(n: usize, body: &(dyn Fn(usize) + Sync)) -> bool {
-    threads() > 1 && caller_joins() && region::run(n, threads() - 1, body)
-}
-
-/// Number of threads the parallel kernels may use.
-pub fn threads() -> usize {
-    #[cfg(feature = "parallel")]
-    {
-        rayon::current_num_threads()
-    }
-    #[cfg(not(feature = "parallel"))]
-    {
-        1
-    }
-}
-
 /// One product of a batch handed to [`matmul_many`]: `out[p, r] = sum_c w[r, c] * x[p, c]`.
 pub struct MatJob<'a> {
     pub w: &'a Mat,
@@ -116,36 +89,6 @@ thread_local! {
     static PREP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Activations quantized to int16 for MXFP4 weights (qdot::mxfp4).
     static ACTS16: RefCell<Vec<ActQ16>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Output pointer shared by the tasks of one parallel region ([`matmul_many`]'s outputs,
-/// the chunks of a slice).
-pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
-// SAFETY: the tasks of a region write disjoint elements (distinct (job, row) pairs,
-// distinct chunks) of outputs that outlive the region, and nothing reads them until it ends.
-unsafe impl<T> Send for OutPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for OutPtr<T> {}
-
-impl<T> Clone for OutPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for OutPtr<T> {}
-
-impl<T> OutPtr<T> {
-    /// Elements `start..start + len` (a method, so that closures capture the whole
-    /// `OutPtr`).
-    ///
-    /// SAFETY (caller): they lie inside the pointed-to slice, and no other task of the
-    /// region touches them while the returned slice lives.
-    #[cfg(feature = "parallel")]
-    pub(crate) unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [T] {
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
-    }
 }
 
 /// Several independent products in one parallel region (one hand-off to the thread pool

@@ -29,6 +29,7 @@ pub mod math;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod memlimit;
 pub mod model;
+pub mod par;
 pub mod qdot;
 pub mod sampler;
 pub mod tensor;

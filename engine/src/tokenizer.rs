@@ -9,11 +9,13 @@ use minijinja::value::Value;
 use minijinja::Environment;
 
 use crate::error::{Error, Result};
-use crate::generate::grammar::GrammarVocab;
 
 mod fit;
+mod grammar_vocab;
 mod template;
 pub use fit::{answer_reserve, fit_chat, fit_rendered, FittedChat};
+pub(crate) use grammar_vocab::byte_level_byte;
+pub use grammar_vocab::GrammarVocab;
 use template::{template_env, template_error, TEMPLATE_NAME};
 pub use template::{MAX_RENDERED_BYTES, MAX_TEMPLATE_BYTES, TEMPLATE_FUEL};
 
@@ -434,3 +436,6 @@ impl<'de> serde::de::Visitor<'de> for JsonSyntax {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod gguf_tests;

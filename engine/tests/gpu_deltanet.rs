@@ -14,7 +14,7 @@ use colibri_engine::gpu::stream::Uploader;
 use colibri_engine::gpu::{block_on, GpuContext};
 use colibri_engine::math;
 use colibri_engine::model::config::LinearAttnConfig;
-use colibri_engine::model::deltanet::{softplus, DeltaNetWeights, DeltaState};
+use colibri_engine::model::deltanet::{softplus, DeltaNetWeights, DeltaState, InProj};
 use colibri_engine::tensor::Mat;
 use gpu_common::{assert_bits, gpu, Lcg};
 
@@ -29,8 +29,7 @@ fn layer(rng: &mut Lcg, c: LinearAttnConfig, hidden: usize) -> DeltaNetWeights {
     let (in_qkvz, in_ba, out) =
         (m(2 * c.key_dim() + 2 * c.value_dim(), hidden), m(2 * c.n_v_heads, hidden), m(hidden, c.value_dim()));
     DeltaNetWeights {
-        in_qkvz,
-        in_ba,
+        in_proj: InProj::Grouped { qkvz: in_qkvz, ba: in_ba },
         conv: rng.vec(c.conv_dim() * c.conv_kernel, 0.7),
         neg_a: rng.vec(c.n_v_heads, 1.0).iter().map(|x| -math::exp(x - 1.0)).collect(),
         dt_bias: rng.vec(c.n_v_heads, 1.0),
@@ -54,6 +53,7 @@ fn deltanet_layer_matches_cpu_over_prefill_and_decode() {
         v_head_dim: 70,
         conv_kernel: 4,
         layers: vec![true],
+        split_in_proj: false,
     };
     let w = layer(&mut rng, cfg.clone(), hidden);
     let g = GpuDeltaNet::upload(&Uploader::new(&ctx, None), "test", &w).unwrap();

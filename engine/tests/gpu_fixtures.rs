@@ -169,6 +169,13 @@ fn qwen3_next_f32_gpu_matches_cpu() {
     check("qwen3_next_f32", None, 0);
 }
 
+/// qwen3_5_moe (the published image-text layout): separate DeltaNet input projections,
+/// taken as stored by the GPU's three matmuls; fused experts; bf16 in four shards.
+#[test]
+fn qwen3_5_moe_gpu_matches_cpu() {
+    check("qwen3_5_moe", None, 2);
+}
+
 /// The recurrent state on the GPU follows the CPU's through a multi-token call (which
 /// snapshots), a decode step, truncations that rewind to the snapshot and to the start,
 /// and the refeed that follows: every returned logit the CPU's bits.

@@ -3,12 +3,12 @@
 //! cache, a sliding window (mixtral: 24, gpt_oss: 7 on alternate layers) and MLA latents
 //! (deepseek_v3) and a recurrent state (qwen3_next's Gated DeltaNet layers), for a prompt
 //! that extends the cached conversation, one that diverges mid-way, one that is shorter
-//! (the cache cut back), through a ContextPool, and through a cache file (format::kv).
+//! (the cache cut back), through a ContextPool, and through a cache file (model::kv).
 
 use std::path::PathBuf;
 
-use colibri_engine::format::kv;
 use colibri_engine::generate::{generate_with, reuse, ContextPool, GenerateOptions};
+use colibri_engine::model::kv;
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model, Session};
 
@@ -125,10 +125,15 @@ fn reuse_is_bit_identical_recurrent_state() {
     check("qwen3_next");
 }
 
+#[test]
+fn reuse_is_bit_identical_recurrent_state_qwen3_5_moe() {
+    check("qwen3_5_moe");
+}
+
 /// A conversation written to a cache file and read back continues as a fresh run would.
 #[test]
 fn a_cache_file_continues_bit_identically() {
-    for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"] {
+    for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"] {
         let model = open(name);
         let o = options(true);
         let first: Vec<u32> = (3..15).collect();

@@ -194,3 +194,13 @@ fn qwen3_next_matches_transformers() {
 fn qwen3_next_f32_matches_transformers() {
     check("qwen3_next_f32");
 }
+
+/// qwen3_5_moe as published: the image-text checkpoint (text tower under
+/// `model.language_model.`, a vision tower the engine leaves out, `text_config`), separate
+/// DeltaNet input projections, every layer MoE with fused expert tensors, M-RoPE sections on
+/// the partial rotary dims; 80 ids (transformers' chunked delta rule runs two chunks); bf16
+/// in 4 shards.
+#[test]
+fn qwen3_5_moe_matches_transformers() {
+    check("qwen3_5_moe");
+}

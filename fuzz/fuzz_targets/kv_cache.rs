@@ -1,11 +1,11 @@
-//! A KV cache file (format::kv, read back from disk or OPFS): scanning its header and
+//! A KV cache file (model::kv, read back from disk or OPFS): scanning its header and
 //! record heads (what the helper does before reading a file) and decoding end with a
 //! session or an error. Version 1 input gets its correct checksum appended and version 2
 //! input its header's and records' checksums recomputed (kv::reseal), so the fuzzer
 //! reaches the header, size and shape checks behind them (a wrong checksum alone is
 //! refused first).
 #![no_main]
-use colibri_engine::format::kv;
+use colibri_engine::model::kv;
 use colibri_engine::format::manifest::checksum;
 use colibri_engine::model::config::ModelConfig;
 use libfuzzer_sys::fuzz_target;

@@ -1,6 +1,6 @@
 //! Conversation caches on disk, so that a conversation continues after a restart with
 //! nothing prefilled again: `<data dir>/kv/<model fingerprint>/<xxh3 of the first ids>.kv`,
-//! one file per conversation in the format of `colibri_engine::format::kv` (checksummed,
+//! one file per conversation in the format of `colibri_engine::model::kv` (checksummed,
 //! with the model's fingerprint and the ids). After every turn (`coli serve`, `coli chat`)
 //! the turn's positions are appended to the file of the conversation it extends (one
 //! record; a new file, written whole, only for a new conversation or a version 1 file);
@@ -14,10 +14,10 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use colibri_engine::format::kv;
 use colibri_engine::format::manifest::{checksum, checksum_hex};
 use colibri_engine::generate::reusable;
 use colibri_engine::model::config::ModelConfig;
+use colibri_engine::model::kv;
 use colibri_engine::Session;
 
 pub struct KvStore {

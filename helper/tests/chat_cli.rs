@@ -308,3 +308,58 @@ fn a_conversation_past_the_context_drops_its_oldest_turns() {
     assert!(held < 12 && held.is_multiple_of(2), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The number after `marker` in the last /stats block of `err` (as f64).
+fn last_stat(err: &str, marker: &str) -> f64 {
+    let block = err.rsplit("last answer: ").next().unwrap();
+    let at = block.find(marker).unwrap_or_else(|| panic!("no {marker:?} in {block:?}")) + marker.len();
+    block[at..].split(|c: char| c != '.' && !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+/// A Ctrl-C during a long prompt's prefill (about 3,400 tokens, one forward pass before
+/// chunked prefill) stops it at the next chunk: the answer ends cancelled with no token,
+/// long before the whole prefill would have ended (before, it ran to its end and the
+/// answer stopped at its first token).
+#[cfg(unix)]
+#[test]
+fn ctrl_c_during_a_long_prefill_stops_it() {
+    let data = scratch("prefill-ctrl-c");
+    let mut child: Child = coli()
+        .env("XDG_DATA_HOME", &data)
+        .args(["chat", "--model"])
+        .arg(fixture("olmoe"))
+        .args(["--max-new-tokens", "4", "--temperature", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let _out = reader(child.stdout.take().unwrap());
+    let err = reader(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    wait_for(&err, &mut seen, |s| s.contains("/help lists the commands"));
+    let message =
+        |salt: &str| format!("{}\n", format!("{salt} the cat sat on the mat and then some more words. ").repeat(140));
+    // The whole prefill, measured: the first token comes after it.
+    stdin.write_all(message("first").as_bytes()).unwrap();
+    stdin.write_all(b"/stats\n/clear\n").unwrap();
+    wait_for(&err, &mut seen, |s| s.contains("conversation:"));
+    let whole = last_stat(&seen, "first token after ");
+    assert!(whole > 1.5, "the prefill takes only {whole} s: too short to tell\n{seen}");
+    // Another prompt (nothing of it cached), stopped 0.3 s into its prefill.
+    stdin.write_all(message("second").as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    stdin.write_all(b"/stats\n").unwrap();
+    wait_for(&err, &mut seen, |s| s.matches("conversation:").count() == 2);
+    let last = seen.rsplit("last answer: ").next().unwrap();
+    assert!(last.contains("ended by cancelled"), "{seen}");
+    assert_eq!(last_stat(&seen, ""), 0.0, "tokens produced after the Ctrl-C: {seen}");
+    let took = last_stat(&seen, "tokens in ");
+    assert!(took < whole / 3.0, "the stopped prefill took {took} s; the whole one takes {whole} s");
+    drop(stdin);
+    assert!(child.wait().unwrap().success(), "{seen}");
+    let _ = std::fs::remove_dir_all(&data);
+}

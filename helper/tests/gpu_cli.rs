@@ -89,8 +89,17 @@ fn wgpu_backend_gives_the_cpu_bytes_on_every_fixture() {
     if !have_gpu() {
         return;
     }
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss_mxfp4", "deepseek_v3", "qwen3_next"]
-    {
+    for name in [
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+        "olmoe",
+        "glm4_moe",
+        "gpt_oss_mxfp4",
+        "deepseek_v3",
+        "qwen3_next",
+        "qwen3_5_moe",
+    ] {
         let ids = ids_arg(name);
         let cpu = logits(&fixture(name), &ids, "cpu", &[], &format!("hf-{name}"));
         let gpu = logits(&fixture(name), &ids, "wgpu", &[], &format!("hf-{name}"));
@@ -108,7 +117,9 @@ fn wgpu_backend_on_converted_quantized_models_streaming_experts() {
     if !have_gpu() {
         return;
     }
-    for (name, quant) in [("mixtral", "int4"), ("qwen2_moe", "int8"), ("olmoe", "int4"), ("qwen3_next", "int4")] {
+    for (name, quant) in
+        [("mixtral", "int4"), ("qwen2_moe", "int8"), ("olmoe", "int4"), ("qwen3_next", "int4"), ("qwen3_5_moe", "int4")]
+    {
         let dst = std::env::temp_dir().join(format!("coli-gpu-convert-{name}-{quant}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dst);
         ok(

@@ -196,7 +196,7 @@ fn kv_ids(p: &Path) -> Vec<u32> {
         buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
         Ok(())
     };
-    colibri_engine::format::kv::scan(&mut read, bytes.len() as u64, 1 << 20).unwrap().header.tokens
+    colibri_engine::model::kv::scan(&mut read, bytes.len() as u64, 1 << 20).unwrap().header.tokens
 }
 
 fn kv_files(dir: &Path) -> Vec<PathBuf> {

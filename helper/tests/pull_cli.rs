@@ -583,6 +583,7 @@ fn the_readme_table_is_what_plan_says() {
         ("allenai/OLMoE-1B-7B-0924", "olmoe-1b-7b"),
         ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
         ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+        ("Qwen/Qwen3.5-35B-A3B", "qwen3.5-35b-a3b"),
     ];
     let served: Vec<(&str, PathBuf)> = repos.iter().map(|(r, d)| (*r, cfgs.join(d))).collect();
     let hub = MockHub::start(&served, &home);

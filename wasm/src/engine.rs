@@ -34,7 +34,7 @@ use crate::memory;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::estimate;
-use colibri_engine::format::kv;
+use colibri_engine::model::kv;
 
 /// The share of the origin's storage quota that a model's disk tier may fill by default.
 const DISK_SHARE: f64 = 0.5;
@@ -488,7 +488,7 @@ impl Engine {
         }))
     }
 
-    /// The conversation's cache as a KV cache file (`colibri_engine::format::kv`: the ids,
+    /// The conversation's cache as a KV cache file (`colibri_engine::model::kv`: the ids,
     /// every layer's cache, the model's fingerprint, a checksum) for browser storage;
     /// undefined when empty or on WebGPU (whose cache lives in GPU buffers).
     #[wasm_bindgen(js_name = exportCache)]

@@ -6,7 +6,7 @@
 use serde_json::{json, Value as Json};
 
 use super::gguf::{Array, Gguf, Value};
-use super::gguf_import::{err, meta_f64, meta_u64, short, Arch, Facts};
+use super::gguf_plan::{err, meta_f64, meta_u64, short, Arch, Facts};
 use crate::error::Result;
 
 /// llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID` (`{arch}.expert_gating_func`).

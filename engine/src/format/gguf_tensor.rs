@@ -5,7 +5,7 @@
 //! out of several Hugging Face ones (or the reverse) put back.
 
 use super::gguf::{GgmlType, Gguf, TensorInfo};
-use super::gguf_import::{err, KvSplit, Planned, Qkvz, ValueMap};
+use super::gguf_plan::{err, KvSplit, Planned, Qkvz, ValueMap};
 use super::gguf_quant::{self as q, dequantize, mxfp4_row, repack_row, to_int8_row};
 use super::quant::quantize_row;
 use super::tensors::TensorEntry;

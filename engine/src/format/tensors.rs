@@ -7,6 +7,11 @@
 //! placeholders ([`Bytes::elsewhere`]) read with pread into owned memory when needed
 //! ([`Shards`]). A file truncated or replaced while it is served then gives a read error on
 //! the next request, never a fault on a mapped page (SIGBUS).
+//!
+//! Image-text checkpoints keep their language model under `model.language_model.` (as
+//! transformers v5 saves them; Qwen3.5 MoE is published so): those tensors are stored under
+//! the text model's own names (`model.layers.0...`), and the vision tower (`model.visual.`),
+//! which no command uses, is left out ([`text_tower_name`]).
 
 use std::collections::HashMap;
 
@@ -20,6 +25,19 @@ use crate::tensor::{Bytes, DType, Mat};
 /// and stay with the dense weights of their layer.
 pub fn is_routed_expert_weight(name: &str) -> bool {
     name.contains(".experts.") && !name.ends_with("_bias")
+}
+
+/// The name a checkpoint tensor is kept under: a multimodal checkpoint's language-model
+/// tensors (`model.language_model.X`) as the text model's (`model.X`); None for the vision
+/// tower (`model.visual.`), which is not kept.
+pub fn text_tower_name(name: String) -> Option<String> {
+    if name.starts_with("model.visual.") {
+        return None;
+    }
+    match name.strip_prefix("model.language_model.") {
+        Some(rest) => Some(format!("model.{rest}")),
+        None => Some(name),
+    }
 }
 
 /// One tensor of a checkpoint, still in its file's bytes.
@@ -139,8 +157,11 @@ impl TensorStore {
                 e.checked_sub(s).ok_or_else(|| err(format!("tensor {name}: data_offsets end before they start")))?;
             let start = data_start.checked_add(s).ok_or_else(|| err(format!("tensor {name}: offset overflows")))?;
             let view = bytes.slice(start, len).map_err(|x| err(x.to_string()))?;
+            let Some(name) = text_tower_name(name) else { continue };
             if self.tensors.contains_key(&name) {
-                return Err(err(format!("tensor {name} appears in more than one shard")));
+                return Err(err(format!(
+                    "tensor {name} appears twice (in more than one shard, or with and without a language_model prefix)"
+                )));
             }
             self.tensors.insert(name, TensorEntry { dtype, shape: info.shape.clone(), bytes: view });
         }
@@ -303,8 +324,11 @@ impl TensorStore {
                 return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));
             }
             end_max = end_max.max(e);
+            let Some(name) = text_tower_name(name) else { continue };
             if self.tensors.contains_key(&name) {
-                return Err(err(format!("tensor {name} appears in more than one shard")));
+                return Err(err(format!(
+                    "tensor {name} appears twice (in more than one shard, or with and without a language_model prefix)"
+                )));
             }
             let len = usize::try_from(e - s).map_err(|_| err(format!("tensor {name} too large")))?;
             let at = base + data_start + s;
@@ -407,6 +431,26 @@ mod tests {
         out.extend(h);
         out.extend(data);
         out
+    }
+
+    /// A multimodal checkpoint's language model under its own prefix is read under the
+    /// text model's names; its vision tower is left out; the same tensor twice is an error.
+    #[test]
+    fn text_tower_names_and_no_vision_tower() {
+        let f = file(&[
+            ("model.language_model.norm.weight", "F32", vec![1], vec![0, 0, 128, 63]),
+            ("model.visual.blocks.0.attn.qkv.weight", "F32", vec![1], vec![0; 4]),
+            ("lm_head.weight", "F32", vec![1, 1], vec![0; 4]),
+        ]);
+        let mut s = TensorStore::default();
+        s.add_file("x", Bytes::from_vec(f)).unwrap();
+        let mut names: Vec<&String> = s.names().collect();
+        names.sort();
+        assert_eq!(names, ["lm_head.weight", "model.norm.weight"]);
+        assert_eq!(s.vector("model.norm.weight", 1).unwrap(), [1.0]);
+        let twice = file(&[("model.norm.weight", "F32", vec![1], vec![0; 4])]);
+        let e = s.add_file("y", Bytes::from_vec(twice)).unwrap_err().to_string();
+        assert!(e.contains("model.norm.weight") && e.contains("twice"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{byte_level_byte, Tokenizer};
 
 /// Most alternatives per position (OpenAI allows 20).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -92,26 +92,6 @@ pub fn sequence_logprobs(rows: &[f32], ids: &[u32], vocab: usize, top_n: usize) 
     (1..ids.len())
         .filter_map(|i| rows.get((i - 1) * vocab..i * vocab).map(|row| token_logprob(row, ids[i], top_n)))
         .collect()
-}
-
-/// The GPT-2 byte-level alphabet backwards: the byte each printable stand-in char encodes.
-pub(crate) fn byte_level_byte(c: char) -> Option<u8> {
-    let c = c as u32;
-    let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    if c < 256 && direct(c) {
-        return Some(c as u8);
-    }
-    // The other bytes were mapped, in order, to 256, 257, ...
-    let mut n = 256;
-    for b in 0u32..256 {
-        if !direct(b) {
-            if n == c {
-                return Some(b as u8);
-            }
-            n += 1;
-        }
-    }
-    None
 }
 
 /// A token's text and raw bytes as OpenAI reports them: the text decoded on its own

@@ -10,6 +10,7 @@ pub mod draft;
 pub mod grammar;
 pub mod logprobs;
 pub mod mtp;
+pub mod prefill;
 pub mod reuse;
 pub mod speculate;
 pub mod stop;
@@ -21,9 +22,10 @@ use crate::tokenizer::{DecodeStream, Tokenizer};
 
 pub use defaults::{SamplingDefaults, SamplingRequest};
 pub use draft::{check_same_tokenizer, Drafter, ModelDrafter};
-pub use grammar::{Constraint, Grammar};
+pub use grammar::{CompileCancel, Constraint, Grammar};
 pub use logprobs::TokenLogprob;
 pub use mtp::{forward_recording, HiddenLog, MtpDrafter};
+pub use prefill::{feed_chunked, feed_chunked_last, PREFILL_CHUNK};
 pub use reuse::{keepable, reusable, reuse, Context, ContextPool};
 pub use speculate::SpecStats;
 pub use stop::StopMatcher;
@@ -377,14 +379,21 @@ pub fn generate_with(
 }
 
 /// Runs `g` to its end with `forward` (as [`generate_with`]); for a generator with a
-/// constraint or text output.
+/// constraint or text output. A `forward` that answers [`Error::Cancelled`] (a chunked
+/// prefill whose caller stopped it: [`feed_chunked`]) ends the generation as cancelled.
 pub fn drive(
     forward: &mut dyn FnMut(&[u32]) -> Result<Vec<f32>>,
     mut g: Generator,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, StopReason)> {
     while let Some(ids) = g.input() {
-        let logits = forward(ids)?;
+        let logits = match forward(ids) {
+            Err(Error::Cancelled) => {
+                g.cancel();
+                return Ok((g.produced, StopReason::Cancelled));
+            }
+            r => r?,
+        };
         let id = g.accept(&logits, None)?;
         if !on_token(id) {
             g.cancel();
@@ -411,7 +420,8 @@ pub fn drive_speculative(
 }
 
 /// [`drive_speculative`] where `drafter` proposes the drafts before each pass (for a
-/// generator [`Generator::with_external_drafts`]; None: prompt lookup's own drafts).
+/// generator [`Generator::with_external_drafts`]; None: prompt lookup's own drafts). A
+/// `forward` that answers [`Error::Cancelled`] ends the generation as cancelled.
 pub fn drive_drafted(
     forward: &mut ForwardKeep<'_>,
     history: usize,
@@ -428,7 +438,13 @@ pub fn drive_drafted(
         let Some(ids) = g.input() else { break };
         let ids = ids.to_vec();
         let n = g.rows_needed();
-        let rows = forward(fed, &ids, if n > 1 { Logits::All } else { Logits::Last })?;
+        let rows = match forward(fed, &ids, if n > 1 { Logits::All } else { Logits::Last }) {
+            Err(Error::Cancelled) => {
+                g.cancel();
+                return Ok(StopReason::Cancelled);
+            }
+            r => r?,
+        };
         let vocab = rows.len() / if n > 1 { ids.len() } else { 1 };
         if vocab == 0 || rows.len() < n * vocab {
             return Err(Error::Invalid("the forward pass returned too few logits".into()));

@@ -2,7 +2,8 @@
 //! [`crate::model::deltanet`], step for step and bit for bit.
 //!
 //! Per layer and call of n positions: three matmuls (the conv input q|k|v, z, and b|a;
-//! their weight rows regrouped at upload so each lands where the next kernel reads it:
+//! qwen3_next's grouped weight rows regrouped at upload, qwen3_5_moe's taken as stored,
+//! so each lands where the next kernel reads it:
 //! a row's dot product does not depend on its neighbours, so the bits are the CPU's),
 //! deltanet_conv.wgsl (causal conv + SiLU, the window kept in the session),
 //! l2norm.wgsl (q, k), deltanet_gates.wgsl (beta, decay), delta_rule.wgsl (the
@@ -22,7 +23,7 @@ use super::stream::Uploader;
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::model::config::LinearAttnConfig;
-use crate::model::deltanet::DeltaNetWeights;
+use crate::model::deltanet::{DeltaNetWeights, InProj};
 use crate::tensor::{Bytes, Mat};
 
 /// The rows `rows` of `m`, in that order, as a new matrix (stored bytes copied as they are).
@@ -38,6 +39,19 @@ pub fn gather_rows(m: &Mat, rows: impl IntoIterator<Item = usize>) -> Result<Mat
         n += 1;
     }
     Mat::new(n, m.cols, m.dtype, Bytes::from_vec(bytes))
+}
+
+/// The rows of `top`, then those of `bottom` (same columns and dtype), as one matrix.
+fn stack_rows(top: &Mat, bottom: &Mat) -> Result<Mat> {
+    if (top.cols, top.dtype) != (bottom.cols, bottom.dtype) {
+        return Err(Error::Gpu(format!(
+            "cannot stack a {}-column {:?} matrix on a {}-column {:?} one",
+            bottom.cols, bottom.dtype, top.cols, top.dtype
+        )));
+    }
+    let mut bytes = top.bytes.as_ref().to_vec();
+    bytes.extend_from_slice(bottom.bytes.as_ref());
+    Mat::new(top.rows + bottom.rows, top.cols, top.dtype, Bytes::from_vec(bytes))
 }
 
 /// One Gated DeltaNet layer's weights on the GPU.
@@ -71,20 +85,30 @@ impl GpuDeltaNet {
             )));
         }
         let r = c.n_v_heads / nk;
-        // in_proj_qkvz per key head g: q (dk), k (dk), v (r * dv), z (r * dv).
-        let group = 2 * dk + 2 * r * dv;
-        let per_head = |start: usize, len: usize| (0..nk).flat_map(move |g| g * group + start..g * group + start + len);
-        let mixed = per_head(0, dk).chain(per_head(dk, dk)).chain(per_head(2 * dk, r * dv));
-        let z = per_head(2 * dk + r * dv, r * dv);
-        // in_proj_ba per key head g: b (r), a (r).
-        let ba = (0..nk)
-            .flat_map(|g| g * 2 * r..g * 2 * r + r)
-            .chain((0..nk).flat_map(|g| g * 2 * r + r..g * 2 * r + 2 * r));
-        let qkvz = up.in_memory(&w.in_qkvz)?;
+        let (mixed, z, ba) = match &w.in_proj {
+            InProj::Grouped { qkvz, ba } => {
+                // in_proj_qkvz per key head g: q (dk), k (dk), v (r * dv), z (r * dv).
+                let group = 2 * dk + 2 * r * dv;
+                let per_head =
+                    |start: usize, len: usize| (0..nk).flat_map(move |g| g * group + start..g * group + start + len);
+                let mixed = per_head(0, dk).chain(per_head(dk, dk)).chain(per_head(2 * dk, r * dv));
+                let z = per_head(2 * dk + r * dv, r * dv);
+                // in_proj_ba per key head g: b (r), a (r).
+                let b_then_a = (0..nk)
+                    .flat_map(|g| g * 2 * r..g * 2 * r + r)
+                    .chain((0..nk).flat_map(|g| g * 2 * r + r..g * 2 * r + 2 * r));
+                let qkvz = up.in_memory(qkvz)?;
+                (gather_rows(&qkvz, mixed)?, gather_rows(&qkvz, z)?, gather_rows(&up.in_memory(ba)?, b_then_a)?)
+            }
+            // qwen3_5_moe stores them in the order the kernels read.
+            InProj::Split { qkv, z, b, a } => {
+                (up.in_memory(qkv)?, up.in_memory(z)?, stack_rows(&up.in_memory(b)?, &up.in_memory(a)?)?)
+            }
+        };
         Ok(GpuDeltaNet {
-            in_mixed: up.mat(&format!("{label}.in_mixed"), &gather_rows(&qkvz, mixed)?)?,
-            in_z: up.mat(&format!("{label}.in_z"), &gather_rows(&qkvz, z)?)?,
-            in_ba: up.mat(&format!("{label}.in_ba"), &gather_rows(&up.in_memory(&w.in_ba)?, ba)?)?,
+            in_mixed: up.mat(&format!("{label}.in_mixed"), &mixed)?,
+            in_z: up.mat(&format!("{label}.in_z"), &z)?,
+            in_ba: up.mat(&format!("{label}.in_ba"), &ba)?,
             conv: up.f32(&format!("{label}.conv"), &w.conv)?,
             neg_a: up.f32(&format!("{label}.neg_a"), &w.neg_a)?,
             dt_bias: up.f32(&format!("{label}.dt_bias"), &w.dt_bias)?,

@@ -39,10 +39,11 @@ pub enum Kernel {
     DeltaNetConv,
     DeltaNetGates,
     DeltaRule,
+    SplitGate,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 22] = [
+    pub const ALL: [Kernel; 23] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -65,6 +66,7 @@ impl Kernel {
         Kernel::DeltaNetConv,
         Kernel::DeltaNetGates,
         Kernel::DeltaRule,
+        Kernel::SplitGate,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -96,6 +98,7 @@ impl Kernel {
             Kernel::DeltaNetConv => ("deltanet_conv.wgsl", A, include_str!("../../../shaders/deltanet_conv.wgsl")),
             Kernel::DeltaNetGates => ("deltanet_gates.wgsl", A, include_str!("../../../shaders/deltanet_gates.wgsl")),
             Kernel::DeltaRule => ("delta_rule.wgsl", A, include_str!("../../../shaders/delta_rule.wgsl")),
+            Kernel::SplitGate => ("split_gate.wgsl", NONE, include_str!("../../../shaders/split_gate.wgsl")),
         }
     }
 

@@ -19,6 +19,7 @@
 //! Everything that waits on the GPU is `async` (futures without `Send` on wasm32);
 //! native callers use the `*_blocking` wrappers, which poll the device.
 
+mod backend;
 pub mod buffers;
 pub mod deltanet;
 pub mod hybrid;
@@ -26,6 +27,7 @@ pub mod kernels;
 mod mla;
 pub mod model;
 pub mod ops;
+mod placement;
 pub mod pool;
 pub mod recorder;
 pub mod stream;
@@ -36,8 +38,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-pub use hybrid::{ExpertPlacement, Hybrid, HybridStats};
 pub use model::{GpuModel, GpuOptions, GpuSession};
+pub use placement::{ExpertPlacement, Hybrid, HybridStats};
 
 /// Runs a future to completion on native targets (the device is polled inside the
 /// futures this module returns, so no executor is needed beyond this).

@@ -1,20 +1,15 @@
-//! [`GpuModel`]: the forward pass of [`Model`] on the GPU, step for step the same as
-//! `Model::forward_with` (model.rs), attention::attention and MoeBlock::forward, with
-//! each CPU kernel replaced by its WGSL twin from [`super::ops`].
-//!
-//! Per MoE layer the router logits are routed on the GPU by route.wgsl (moe::route's
-//! arithmetic and order for every scoring rule, bit for bit) and the choices read back, because the host must
-//! fetch and upload missing experts; the selected experts then run on the GPU in
-//! ascending index order, as the CPU adds them.
+//! [`GpuModel`]: a [`Model`] whose dense weights live in GPU buffers, its sessions (the
+//! KV cache and recurrent states on the GPU) and its expert pool. The forward pass is
+//! the graph's ([`crate::model::graph`]), which the GPU backend ([`super::backend`])
+//! records with each CPU kernel's WGSL twin.
 
 use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
-use super::buffers::{f32s, GpuMat};
-use super::deltanet::{DeltaScratch, GpuDeltaState};
-use super::hybrid::{Hybrid, HybridStats, MoeScratch, Placement};
-use super::mla::MlaScratch;
-use super::ops::{self, AttnShape, GateAct};
+use super::buffers::GpuMat;
+use super::deltanet::GpuDeltaState;
+use super::ops;
+use super::placement::{Hybrid, HybridStats, Placement};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::stream::{DenseStream, Uploader};
@@ -65,17 +60,17 @@ pub(super) struct FfnBias<'a> {
 pub struct GpuModel<M: Borrow<Model>> {
     pub model: M,
     pub ctx: Arc<GpuContext>,
-    embed: GpuMat,
-    lm_head: GpuMat,
-    final_norm: wgpu::Buffer,
-    layers: Vec<GpuLayer>,
+    pub(super) embed: GpuMat,
+    pub(super) lm_head: GpuMat,
+    pub(super) final_norm: wgpu::Buffer,
+    pub(super) layers: Vec<GpuLayer>,
     /// GPU bytes of the dense weights.
     dense_bytes: u64,
     pub(super) pool: Mutex<ExpertPool>,
     /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
-    max_inter: usize,
+    pub(super) max_inter: usize,
     lookahead: usize,
-    ahead_stats: Mutex<LookaheadStats>,
+    pub(super) ahead_stats: Mutex<LookaheadStats>,
     pub(super) placement: Placement,
 }
 
@@ -86,10 +81,10 @@ pub struct GpuSession {
     /// pass feeds them again first (as `Session` does on the CPU).
     pub tokens: Vec<u32>,
     /// Per layer: (keys, values), each (kv_cap, kv_dim).
-    kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    pub(super) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     kv_cap: usize,
     /// Per layer: a linear-attention layer's recurrent state (None for attention layers).
-    recurrent: Vec<Option<GpuDeltaState>>,
+    pub(super) recurrent: Vec<Option<GpuDeltaState>>,
     ctx: Arc<GpuContext>,
 }
 
@@ -225,7 +220,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
     /// Layer `l + 1`'s router (GPU weights and routing settings) if that layer is MoE
     /// and the lookahead is on.
-    fn next_router(&self, l: usize) -> Option<(&GpuRouter, crate::model::config::RouterConfig)> {
+    pub(super) fn next_router(&self, l: usize) -> Option<(&GpuRouter, crate::model::config::RouterConfig)> {
         if self.lookahead == 0 {
             return None;
         }
@@ -302,272 +297,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
         self.forward_fed(session, ids, which, on_use).await
     }
 
-    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens.
-    async fn forward_fed(
-        &self,
-        session: &mut GpuSession,
-        ids: &[u32],
-        which: Logits,
-        on_use: &mut dyn FnMut(usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let c = &self.m().cfg;
-        let ctx = &*self.ctx;
-        let (n, h, qd, kvd, hd) = (ids.len(), c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
-        let pos0 = session.tokens.len();
-        c.check_input(ids, pos0)?;
-        let mut rec = Recorder::new(ctx);
-        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
-        if session.recurrent.len() != self.layers.len() {
-            session.recurrent = self
-                .layers
-                .iter()
-                .map(|lw| match &lw.attn {
-                    GpuAttn::Linear(d) => GpuDeltaState::new(ctx, &d.cfg).map(Some),
-                    _ => Ok(None),
-                })
-                .collect::<Result<_>>()?;
-        }
-        if n > 1 {
-            // As DeltaNetWeights::forward: a multi-token call may be rolled back to here.
-            for st in session.recurrent.iter_mut().flatten() {
-                st.snapshot(ctx)?;
-            }
-        }
-
-        let f = 4u64; // bytes per f32
-        let buf = |label: &str, elems: usize| ctx.storage_buffer(label, elems as u64 * f);
-        let x = buf("x", n * h)?;
-        let xn = buf("xn", n * h)?;
-        let y = buf("y", n * h)?;
-        let q = buf("q", n * qd)?;
-        let k = buf("k", n * kvd)?;
-        let v = buf("v", n * kvd)?;
-        let attn_out = buf("attn_out", n * qd)?;
-        let scores = buf("scores", n * c.n_heads * (pos0 + n))?;
-        let (xs, ys, sy) = (buf("xs", n * h)?, buf("ys", n * h)?, buf("shared_out", n * h)?);
-        let (g, u) = (buf("g", n * self.max_inter)?, buf("u", n * self.max_inter)?);
-        let router_logits = buf("router_logits", n * c.router.n_experts)?;
-        let probs = buf("router_probs", n * c.router.n_experts)?;
-        // (expert, weight bits) per choice; any top-k up to all experts fits.
-        let routes = buf("routes", n * c.router.n_experts * 2)?;
-        let ahead_routes =
-            if self.lookahead > 0 { Some(buf("ahead_routes", n * c.router.n_experts * 2)?) } else { None };
-        // Layer -> experts the lookahead predicted for it (checked when it routes).
-        let mut predicted: Vec<Option<Vec<usize>>> = vec![None; c.n_layers];
-        let shared_gate = buf("shared_gate", n)?;
-        let mla_scratch = c.mla.as_ref().map(|m| MlaScratch::new(ctx, m, c.n_heads, n)).transpose()?;
-        let delta_scratch = c.linear_attn.as_ref().map(|la| DeltaScratch::new(ctx, la, n)).transpose()?;
-        let attn_gate = if c.attn_output_gate { Some(buf("attn_gate", n * qd)?) } else { None };
-
-        let rope = &self.m().rope;
-        let half = rope.rotary_dim / 2;
-        let mut cs = Vec::with_capacity(n * 2 * half);
-        let (mut co, mut si) = (Vec::new(), Vec::new());
-        for i in 0..n {
-            rope.cos_sin(pos0 + i, &mut co, &mut si);
-            cs.extend_from_slice(&co);
-            cs.extend_from_slice(&si);
-        }
-        let mut cs_data = rec.data_f32(&cs);
-        let ids_data = rec.data(ids);
-        ops::embed(&mut rec, &self.embed, ids_data, n, &x)?;
-
-        for (l, (layer, lw)) in self.m().layers.iter().zip(&self.layers).enumerate() {
-            let o = &layer.attn_opts;
-            rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
-            ops::rmsnorm(&mut rec, &xn, 0, n, h, &lw.attn_norm, c.rms_eps)?;
-            match &lw.attn {
-                GpuAttn::Mla(mla) => {
-                    let scratch = mla_scratch.as_ref().ok_or_else(|| Error::Gpu("MLA scratch missing".into()))?;
-                    let cache = &session.kv[l].0;
-                    mla.forward(&mut rec, scratch, &xn, n, pos0, o, cache, &scores, cs_data.clone(), &y)?;
-                }
-                GpuAttn::Linear(d) => {
-                    let scratch =
-                        delta_scratch.as_ref().ok_or_else(|| Error::Gpu("DeltaNet scratch missing".into()))?;
-                    let state = session
-                        .recurrent
-                        .get_mut(l)
-                        .and_then(Option::as_mut)
-                        .ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))?;
-                    d.forward(&mut rec, scratch, &xn, n, state, &y)?;
-                }
-                GpuAttn::Gqa(a) => {
-                    ops::matmul(&mut rec, &a.wq, &xn, 0, n, &q, 0, qd)?;
-                    let gate = match (&a.gate, &attn_gate) {
-                        (Some((wg, bg)), Some(gb)) => {
-                            ops::matmul(&mut rec, wg, &xn, 0, n, gb, 0, qd)?;
-                            if let Some(b) = bg {
-                                ops::add(&mut rec, gb, 0, b, 0, n * qd, qd)?;
-                            }
-                            Some(gb)
-                        }
-                        (None, _) => None,
-                        (Some(_), None) => return Err(Error::Gpu("attention gate scratch missing".into())),
-                    };
-                    ops::matmul(&mut rec, &a.wk, &xn, 0, n, &k, 0, kvd)?;
-                    ops::matmul(&mut rec, &a.wv, &xn, 0, n, &v, 0, kvd)?;
-                    for (t, b, d) in [(&q, &a.bq, qd), (&k, &a.bk, kvd), (&v, &a.bv, kvd)] {
-                        if let Some(b) = b {
-                            ops::add(&mut rec, t, 0, b, 0, n * d, d)?;
-                        }
-                    }
-                    for (t, norm, d) in [(&q, &a.q_norm, qd), (&k, &a.k_norm, kvd)] {
-                        if let Some((w, width)) = norm {
-                            ops::rmsnorm(&mut rec, t, 0, n * d / width, *width, w, o.rms_eps)?;
-                        }
-                    }
-                    if let Some(clip) = o.clip_qkv {
-                        ops::clamp(&mut rec, &q, n * qd, clip)?;
-                        ops::clamp(&mut rec, &k, n * kvd, clip)?;
-                        ops::clamp(&mut rec, &v, n * kvd, clip)?;
-                    }
-                    ops::rope(&mut rec, &q, n, o.n_heads, hd, half, cs_data.clone())?;
-                    ops::rope(&mut rec, &k, n, o.n_kv_heads, hd, half, cs_data.clone())?;
-                    let (kc, vc) = &session.kv[l];
-                    rec.copy(&k, 0, kc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
-                    rec.copy(&v, 0, vc, (pos0 * kvd) as u64 * f, (n * kvd) as u64 * f);
-                    let shape = AttnShape {
-                        n,
-                        n_heads: o.n_heads,
-                        n_kv_heads: o.n_kv_heads,
-                        head_dim: hd,
-                        pos0,
-                        window: o.window,
-                        scale: o.scale,
-                        mla: None,
-                    };
-                    ops::attention(&mut rec, shape, &q, kc, vc, &scores, &attn_out, a.sinks.as_ref())?;
-                    if let Some(gb) = gate {
-                        // transformers: attn_output * torch.sigmoid(gate)
-                        ops::gate_mul(&mut rec, &attn_out, gb, n * qd, GateAct::Sigmoid)?;
-                    }
-                    ops::matmul(&mut rec, &a.wo, &attn_out, 0, n, &y, 0, h)?;
-                    if let Some(bo) = &a.bo {
-                        ops::add(&mut rec, &y, 0, bo, 0, n * h, h)?;
-                    }
-                }
-            }
-            ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
-
-            rec.copy(&x, 0, &xn, 0, (n * h) as u64 * f);
-            ops::rmsnorm(&mut rec, &xn, 0, n, h, &lw.ffn_norm, c.rms_eps)?;
-            match (&layer.ffn, &lw.ffn) {
-                (_, GpuFfn::Dense(mlp)) => swiglu_ffn(&mut rec, mlp, &xn, n, &g, &u, &y, Activation::Silu, None)?,
-                (Ffn::Moe(block), GpuFfn::Moe(moe)) => {
-                    let router = &moe.router;
-                    let ne = router.w.rows;
-                    let k = block.cfg.top_k;
-                    router.route(&mut rec, &xn, n, &router_logits, &probs, &routes, &block.cfg)?;
-                    rec.read(&routes, 0, (n * k * 2) as u64 * f);
-                    let next = self.next_router(l);
-                    if let (Some((next_router, cfg)), Some(ahead_routes)) = (&next, &ahead_routes) {
-                        // router_logits is free again: this layer's routing has consumed it.
-                        next_router.route(&mut rec, &xn, n, &router_logits, &probs, ahead_routes, cfg)?;
-                        rec.read(ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
-                    }
-                    // Hybrid placement computes some experts on the CPU: it needs the input.
-                    let xn_read = (self.placement.mode != Hybrid::Off).then(|| rec.read(&xn, 0, (n * h) as u64 * f));
-                    let done = std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
-                    cs_data = rec.data_f32(&cs); // the arena went with the old recorder
-                    let chosen = ops::routes_from(
-                        done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?,
-                        k,
-                    );
-                    let users = crate::model::moe::batch_union(&chosen, ne)
-                        .map_err(|e| Error::Gpu(format!("layer {l}: {e}")))?;
-                    if let Some(guess) = predicted[l].take() {
-                        let routed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
-                        let mut st =
-                            self.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
-                        st.routed += routed.len() as u64;
-                        st.predicted_hits += routed.iter().filter(|e| guess.contains(e)).count() as u64;
-                    }
-                    let ahead = match (next, done.get(1)) {
-                        (Some((_, cfg)), Some(bytes)) => {
-                            let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k)
-                                .into_iter()
-                                .flat_map(|r| r.experts)
-                                .filter(|&e| e < ne)
-                                .collect();
-                            guess.sort_unstable();
-                            guess.dedup();
-                            Some(guess)
-                        }
-                        _ => None,
-                    };
-                    rec.clear(&y, 0, (n * h) as u64 * f);
-                    // Let the source fetch every expert the pool lacks in one request.
-                    let missing: Vec<usize> = {
-                        let pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
-                        (0..ne).filter(|&e| !users[e].is_empty() && !pool.contains(l, e)).collect()
-                    };
-                    if !missing.is_empty() {
-                        self.m().experts.prepare(l, &missing)?;
-                    }
-                    let xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
-                    let scratch = MoeScratch {
-                        xn: &xn,
-                        y: &y,
-                        xs: &xs,
-                        g: &g,
-                        u: &u,
-                        ys: &ys,
-                        sy: &sy,
-                        shared_gate: &shared_gate,
-                    };
-                    let (xh, users) = (xn_host.as_deref(), &users);
-                    if self.moe_experts(&mut rec, l, block, moe, users, n, xh, &scratch, on_use).await? {
-                        cs_data = rec.data_f32(&cs);
-                    }
-                    if let Some(guess) = ahead {
-                        // Hand this layer's work to the GPU, then fetch the next layer's
-                        // likely experts while it computes. A failed prefetch is not an
-                        // error: the next layer fetches what it really needs itself.
-                        std::mem::replace(&mut rec, Recorder::new(ctx)).submit().await?;
-                        cs_data = rec.data_f32(&cs);
-                        let missing: Vec<usize> = {
-                            let pool = self.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
-                            guess.iter().copied().filter(|&e| !pool.contains(l + 1, e)).collect()
-                        };
-                        if let Ok(mut st) = self.ahead_stats.lock() {
-                            st.predicted += guess.len() as u64;
-                            st.prefetched += missing.len() as u64;
-                        }
-                        let experts = &self.m().experts;
-                        if !missing.is_empty() && experts.lookahead_enabled() {
-                            // A source with reader threads (native) starts the reads and returns.
-                            experts.lookahead(l + 1, &missing);
-                        } else if !missing.is_empty() {
-                            // Otherwise (the browser) the fetch runs here, while the GPU computes.
-                            let _ = experts.prepare(l + 1, &missing);
-                        }
-                        predicted[l + 1] = Some(guess);
-                    }
-                }
-                (Ffn::Dense(_), GpuFfn::Moe(_)) => {
-                    return Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model")))
-                }
-            }
-            ops::add(&mut rec, &x, 0, &y, 0, n * h, n * h)?;
-        }
-
-        let (first, rows) = match which {
-            Logits::All => (0, n),
-            Logits::Last => (n - 1, 1),
-        };
-        let logits = buf("logits", rows * c.vocab)?;
-        rec.copy(&x, (first * h) as u64 * f, &xn, 0, (rows * h) as u64 * f);
-        ops::rmsnorm(&mut rec, &xn, 0, rows, h, &self.final_norm, c.rms_eps)?;
-        ops::matmul(&mut rec, &self.lm_head, &xn, 0, rows, &logits, 0, c.vocab)?;
-        rec.read(&logits, 0, (rows * c.vocab) as u64 * f);
-        let done = rec.submit().await?;
-        session.tokens.extend_from_slice(ids);
-        Ok(f32s(done.first().ok_or_else(|| Error::Gpu("logits were not read back".into()))?))
-    }
-
     /// Makes the session's KV cache hold `total` positions, keeping the first `keep`.
-    fn ensure_kv(&self, rec: &mut Recorder, s: &mut GpuSession, keep: usize, total: usize) -> Result<()> {
+    pub(super) fn ensure_kv(&self, rec: &mut Recorder, s: &mut GpuSession, keep: usize, total: usize) -> Result<()> {
         let c = &self.m().cfg;
         if s.kv.len() == c.n_layers && total <= s.kv_cap {
             return Ok(());

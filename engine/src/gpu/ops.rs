@@ -401,6 +401,21 @@ pub fn add(
     rec.dispatch(Kernel::Add, &[], &params, vec![y.into(), b.into()], groups(len, 64))
 }
 
+/// `qg` (rows, 2 * hd), per row the query then the gate, apart into `q` and `gate`
+/// (rows, hd) each (attention::split_gate).
+pub fn split_gate(
+    rec: &mut Recorder,
+    qg: &wgpu::Buffer,
+    rows: usize,
+    hd: usize,
+    q: &wgpu::Buffer,
+    gate: &wgpu::Buffer,
+) -> Result<()> {
+    let len = rows * hd;
+    let params = [u32_of("len", len)?, u32_of("head_dim", hd)?];
+    rec.dispatch(Kernel::SplitGate, &[], &params, vec![qg.into(), q.into(), gate.into()], groups(len, 64))
+}
+
 /// `x[i] = clamp(x[i], -c, c)` for i < len.
 pub fn clamp(rec: &mut Recorder, x: &wgpu::Buffer, len: usize, c: f32) -> Result<()> {
     rec.dispatch(Kernel::Clamp, &[], &[u32_of("len", len)?, c.to_bits()], vec![x.into()], groups(len, 64))

@@ -4,42 +4,21 @@
 //! here: they go to the pool ([`super::pool`]) when first routed to.
 
 use super::buffers::GpuMat;
-use super::deltanet::{gather_rows, GpuDeltaNet};
+use super::deltanet::GpuDeltaNet;
 use super::mla::GpuMla;
 use super::ops;
 use super::pool::GpuExpert;
 use super::recorder::Recorder;
 use super::stream::Uploader;
 use crate::error::{Error, Result};
-use crate::model::attention::AttnWeights;
-use crate::model::config::QkNorm;
-use crate::model::{Ffn, Model};
+use crate::model::attention::GqaWeights;
+use crate::model::{AttnWeights, Ffn, Model};
 
-/// One layer's attention weights on the GPU, by variant (attention::AttnWeights).
+/// One layer's attention weights on the GPU, by variant (model::AttnWeights).
 pub(super) enum GpuAttn {
-    Gqa(Box<GpuGqa>),
+    Gqa(Box<GqaWeights<GpuMat, wgpu::Buffer>>),
     Mla(Box<GpuMla>),
     Linear(Box<GpuDeltaNet>),
-}
-
-pub(super) struct GpuGqa {
-    pub(super) wq: GpuMat,
-    pub(super) wk: GpuMat,
-    pub(super) wv: GpuMat,
-    pub(super) wo: GpuMat,
-    pub(super) bq: Option<wgpu::Buffer>,
-    pub(super) bk: Option<wgpu::Buffer>,
-    pub(super) bv: Option<wgpu::Buffer>,
-    /// (hidden): o_proj's bias (gpt_oss)
-    pub(super) bo: Option<wgpu::Buffer>,
-    /// (n_heads): sink logits (gpt_oss)
-    pub(super) sinks: Option<wgpu::Buffer>,
-    /// (weight, width of each normalised chunk)
-    pub(super) q_norm: Option<(wgpu::Buffer, usize)>,
-    pub(super) k_norm: Option<(wgpu::Buffer, usize)>,
-    /// The output gate's rows of q_proj (n_heads*head_dim, hidden) and their bias
-    /// (qwen3_next): the heads' outputs are multiplied by sigmoid(gate x) before wo.
-    pub(super) gate: Option<(GpuMat, Option<wgpu::Buffer>)>,
 }
 
 /// A MoE layer's router: its weights, its own bias (added to the logits) and the
@@ -125,41 +104,9 @@ pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
         let attn = match (&layer.attn, &layer.attn_opts.mla) {
             (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(up, &p, w, m, c.n_heads)?)),
             (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(GpuDeltaNet::upload(up, &p, d)?)),
-            (AttnWeights::Gqa(a), None) => {
-                let norm = |w: &Option<Vec<f32>>, what: &str| -> Result<Option<(wgpu::Buffer, usize)>> {
-                    w.as_ref().map(|v| Ok((up.f32(&format!("{p}.{what}"), v)?, v.len()))).transpose()
-                };
-                let o = &layer.attn_opts;
-                let (wq, bq, gate) = if o.output_gate {
-                    // q_proj yields per head the query rows, then the gate rows.
-                    let hd = o.head_dim;
-                    let rows =
-                        |first: usize| (0..o.n_heads).flat_map(move |h| 2 * h * hd + first..2 * h * hd + first + hd);
-                    let pick = |b: &Option<Vec<f32>>, first: usize| {
-                        b.as_ref().map(|b| rows(first).map(|r| b.get(r).copied().unwrap_or(0.0)).collect::<Vec<f32>>())
-                    };
-                    let wq = up.mat(&format!("{p}.wq"), &gather_rows(&up.in_memory(&a.wq)?, rows(0))?)?;
-                    let wg = up.mat(&format!("{p}.wgate"), &gather_rows(&up.in_memory(&a.wq)?, rows(hd))?)?;
-                    let bg = up.opt_f32(&format!("{p}.bgate"), &pick(&a.bq, hd))?;
-                    (wq, up.opt_f32(&format!("{p}.bq"), &pick(&a.bq, 0))?, Some((wg, bg)))
-                } else {
-                    (up.mat(&format!("{p}.wq"), &a.wq)?, up.opt_f32(&format!("{p}.bq"), &a.bq)?, None)
-                };
-                GpuAttn::Gqa(Box::new(GpuGqa {
-                    wq,
-                    wk: up.mat(&format!("{p}.wk"), &a.wk)?,
-                    wv: up.mat(&format!("{p}.wv"), &a.wv)?,
-                    wo: up.mat(&format!("{p}.wo"), &a.wo)?,
-                    bq,
-                    bk: up.opt_f32(&format!("{p}.bk"), &a.bk)?,
-                    bv: up.opt_f32(&format!("{p}.bv"), &a.bv)?,
-                    bo: up.opt_f32(&format!("{p}.bo"), &a.bo)?,
-                    sinks: up.opt_f32(&format!("{p}.sinks"), &a.sinks)?,
-                    q_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.q_norm, "q_norm")? },
-                    k_norm: if layer.attn_opts.qk_norm == QkNorm::None { None } else { norm(&a.k_norm, "k_norm")? },
-                    gate,
-                }))
-            }
+            (AttnWeights::Gqa(a), None) => GpuAttn::Gqa(Box::new(
+                a.try_map(|name, m| up.mat(&format!("{p}.{name}"), m), |name, v| up.f32(&format!("{p}.{name}"), v))?,
+            )),
             _ => return Err(Error::Gpu(format!("layer {l}: attention weights and options are of different variants"))),
         };
         let ffn = match &layer.ffn {

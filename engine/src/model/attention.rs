@@ -1,18 +1,16 @@
 //! The one attention module: grouped-query attention over a KV cache, with the options
 //! the families need (qkv bias, q/k RMSNorm per head or over the whole projection,
-//! clip_qkv, sliding window, partial RoPE through [`Rope`], an o_proj bias and gpt_oss's
+//! clip_qkv, sliding window, partial RoPE, an o_proj bias and gpt_oss's
 //! attention sinks, qwen3_next's sigmoid output gate), or Multi-head Latent Attention
 //! ([`crate::model::mla`], deepseek_v3) whose cache holds compressed latents, or Gated
 //! DeltaNet linear attention ([`crate::model::deltanet`], qwen3_next) whose recurrent
 //! state replaces the cache.
 
 use crate::error::Result;
-use crate::kernels::{for_each_chunk, matmul, matmul_many, rmsnorm_chunks, MatJob};
+use crate::kernels::for_each_chunk;
 use crate::math;
 use crate::model::config::{MlaConfig, QkNorm};
-use crate::model::deltanet::{DeltaNetWeights, DeltaState};
-use crate::model::mla::{self, MlaWeights};
-use crate::model::rope::Rope;
+use crate::model::deltanet::DeltaState;
 use crate::tensor::Mat;
 
 #[derive(Clone, Debug)]
@@ -34,39 +32,56 @@ pub struct AttnOpts {
     pub output_gate: bool,
 }
 
-/// One layer's attention weights: the variant decides the projections and what the
-/// cache holds.
-pub enum AttnWeights {
-    /// Grouped-query attention: keys and values cached per kv head.
-    Gqa(GqaWeights),
-    /// Multi-head latent attention: a compressed latent and a shared rotary key cached.
-    Mla(MlaWeights),
-    /// Gated DeltaNet linear attention: a recurrent state instead of a cache.
-    Linear(Box<DeltaNetWeights>),
-}
-
-pub struct GqaWeights {
+/// Grouped-query attention's weights, as matrices `M` and vectors `V` of a backend: the
+/// CPU's [`Mat`] and `Vec<f32>` as loaded, or a GPU's buffers ([`GqaWeights::try_map`]).
+/// The graph ([`crate::model::graph`]) runs them on either.
+pub struct GqaWeights<M = Mat, V = Vec<f32>> {
     /// (n_heads*head_dim, hidden); (n_heads*2*head_dim, hidden) with an output gate:
     /// per head the query rows, then the gate rows.
-    pub wq: Mat,
+    pub wq: M,
     /// (n_kv_heads*head_dim, hidden)
-    pub wk: Mat,
+    pub wk: M,
     /// (n_kv_heads*head_dim, hidden)
-    pub wv: Mat,
+    pub wv: M,
     /// (hidden, n_heads*head_dim)
-    pub wo: Mat,
+    pub wo: M,
     /// As many as wq has rows.
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
+    pub bq: Option<V>,
+    pub bk: Option<V>,
+    pub bv: Option<V>,
     /// (hidden)
-    pub bo: Option<Vec<f32>>,
+    pub bo: Option<V>,
     /// (n_heads): one learned logit per head that joins its softmax denominator (gpt_oss).
-    pub sinks: Option<Vec<f32>>,
+    pub sinks: Option<V>,
     /// (head_dim) for QkNorm::PerHead, (n_heads*head_dim) for QkNorm::Full
-    pub q_norm: Option<Vec<f32>>,
+    pub q_norm: Option<V>,
     /// (head_dim) for QkNorm::PerHead, (n_kv_heads*head_dim) for QkNorm::Full
-    pub k_norm: Option<Vec<f32>>,
+    pub k_norm: Option<V>,
+}
+
+impl<M, V> GqaWeights<M, V> {
+    /// The same weights in another backend's form: `m` and `v` convert one matrix and one
+    /// vector, given their names (wq, bq, ..., as the fields).
+    pub fn try_map<M2, V2>(
+        &self,
+        m: impl Fn(&str, &M) -> Result<M2>,
+        v: impl Fn(&str, &V) -> Result<V2>,
+    ) -> Result<GqaWeights<M2, V2>> {
+        let ov = |name: &str, x: &Option<V>| x.as_ref().map(|x| v(name, x)).transpose();
+        Ok(GqaWeights {
+            wq: m("wq", &self.wq)?,
+            wk: m("wk", &self.wk)?,
+            wv: m("wv", &self.wv)?,
+            wo: m("wo", &self.wo)?,
+            bq: ov("bq", &self.bq)?,
+            bk: ov("bk", &self.bk)?,
+            bv: ov("bv", &self.bv)?,
+            bo: ov("bo", &self.bo)?,
+            sinks: ov("sinks", &self.sinks)?,
+            q_norm: ov("q_norm", &self.q_norm)?,
+            k_norm: ov("k_norm", &self.k_norm)?,
+        })
+    }
 }
 
 /// What one layer caches for every position so far. GQA: keys in `k` and values in `v`,
@@ -126,114 +141,38 @@ pub fn first_visible(p: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| (p + 1).saturating_sub(w))
 }
 
-fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
-    if let Some(b) = b {
-        for row in x.chunks_exact_mut(b.len()) {
-            for (v, bi) in row.iter_mut().zip(b) {
-                *v += bi;
-            }
-        }
-    }
+/// The shapes of one attention call over a layer's cache (the positions of this pass,
+/// from `pos0`, after those already cached).
+#[derive(Clone, Copy, Debug)]
+pub struct AttendShape {
+    pub n: usize,
+    pub pos0: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Attend to at most the last `w` positions (the current one included).
+    pub window: Option<usize>,
+    pub scale: f32,
 }
 
-fn norm(x: &mut [f32], w: &Option<Vec<f32>>, eps: f32) {
-    if let Some(w) = w {
-        rmsnorm_chunks(x, w, eps);
-    }
-}
-
-/// Self-attention for `n` new positions starting at absolute position `pos0`.
-/// `x`: (n, hidden) normalised input; `cos`/`sin`: per new position, rotary_dim/2 each;
-/// `out`: (n, hidden). Appends what the variant caches of the new positions to `cache`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    w: &AttnWeights,
-    o: &AttnOpts,
-    rope: &Rope,
-    x: &[f32],
-    n: usize,
-    pos0: usize,
-    cos: &[Vec<f32>],
-    sin: &[Vec<f32>],
-    cache: &mut LayerCache,
-    out: &mut [f32],
-) -> Result<()> {
-    match (w, &o.mla) {
-        (AttnWeights::Gqa(g), None) => {
-            gqa(g, o, rope, x, n, pos0, cos, sin, cache, out);
-            Ok(())
-        }
-        (AttnWeights::Mla(m), Some(mc)) => mla::attention(m, o, mc, rope, x, n, pos0, cos, sin, cache, out),
-        (AttnWeights::Linear(d), None) => {
-            d.forward(x, n, cache.recurrent.get_or_insert_with(Default::default), out);
-            Ok(())
-        }
-        _ => Err(crate::error::Error::Invalid("attention weights and options are of different variants".into())),
-    }
-}
-
-/// Grouped-query attention (every family but deepseek_v3).
-#[allow(clippy::too_many_arguments)]
-fn gqa(
-    w: &GqaWeights,
-    o: &AttnOpts,
-    rope: &Rope,
-    x: &[f32],
-    n: usize,
-    pos0: usize,
-    cos: &[Vec<f32>],
-    sin: &[Vec<f32>],
-    cache: &mut LayerCache,
-    out: &mut [f32],
-) {
-    let hd = o.head_dim;
-    let qd = o.n_heads * hd;
-    let kvd = o.n_kv_heads * hd;
-    let mut q = vec![0.0f32; n * w.wq.rows];
-    let mut k = vec![0.0f32; n * kvd];
-    let mut v = vec![0.0f32; n * kvd];
-    matmul_many(&mut [
-        MatJob { w: &w.wq, x, n, out: &mut q },
-        MatJob { w: &w.wk, x, n, out: &mut k },
-        MatJob { w: &w.wv, x, n, out: &mut v },
-    ]);
-    add_bias(&mut q, &w.bq);
-    let gate = if o.output_gate { Some(split_gate(&mut q, n, o.n_heads, hd)) } else { None };
-    add_bias(&mut k, &w.bk);
-    add_bias(&mut v, &w.bv);
-    // The norm weight's length says whether it runs per head or over the projection.
-    match o.qk_norm {
-        QkNorm::None => {}
-        QkNorm::PerHead | QkNorm::Full => {
-            norm(&mut q, &w.q_norm, o.rms_eps);
-            norm(&mut k, &w.k_norm, o.rms_eps);
-        }
-    }
-    if let Some(c) = o.clip_qkv {
-        for t in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
-            *t = t.clamp(-c, c);
-        }
-    }
-    for i in 0..n {
-        rope.apply(&mut q[i * qd..(i + 1) * qd], hd, &cos[i], &sin[i]);
-        rope.apply(&mut k[i * kvd..(i + 1) * kvd], hd, &cos[i], &sin[i]);
-    }
-    cache.append(&k, &v, kvd, kvd);
-
-    let group = o.n_heads / o.n_kv_heads;
+/// Causal attention of the n queries `q` (n, n_heads * head_dim) over the keys and values
+/// in `cache` (the pass's positions already appended) into `out` (same shape).
+pub(crate) fn attend_cached(cache: &LayerCache, q: &[f32], s: AttendShape, sinks: Option<&[f32]>, out: &mut [f32]) {
+    let hd = s.head_dim;
+    let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
+    let group = s.n_heads / s.n_kv_heads;
     let (ck, cv) = (&cache.k, &cache.v);
-    let mut ctx = vec![0.0f32; n * qd];
     // One task per position and block of heads: scores over the visible keys, softmax,
     // weighted values. A block's heads walk the cache together, position by position, so
     // each cached row is read as one contiguous run (a head alone would read only its
     // head_dim floats of every row, a new page per position at OLMoE's shape, which the
     // prefetchers do not follow).
-    let hb = heads_per_task(o.n_heads, n);
+    let hb = heads_per_task(s.n_heads, s.n);
     let simd = attend_simd();
-    for_each_chunk(&mut ctx, hb * hd, |idx, dst| {
-        let blocks = o.n_heads / hb;
+    for_each_chunk(&mut out[..s.n * qd], hb * hd, |idx, dst| {
+        let blocks = s.n_heads / hb;
         let (i, h0) = (idx / blocks, idx % blocks * hb);
-        let p = pos0 + i;
+        let p = s.pos0 + i;
         let heads = Heads {
             q: &q[i * qd + h0 * hd..i * qd + (h0 + hb) * hd],
             k: ck,
@@ -242,18 +181,12 @@ fn gqa(
             h0,
             group,
             hd,
-            visible: first_visible(p, o.window)..p + 1,
-            scale: o.scale,
-            sinks: w.sinks.as_ref().map(|s| &s[h0..h0 + hb]),
+            visible: first_visible(p, s.window)..p + 1,
+            scale: s.scale,
+            sinks: sinks.map(|s| &s[h0..h0 + hb]),
         };
         attend(&heads, dst, simd);
     });
-    if let Some(g) = gate {
-        // transformers: attn_output * torch.sigmoid(gate)
-        ctx.iter_mut().zip(&g).for_each(|(c, g)| *c *= math::sigmoid(*g));
-    }
-    matmul(&w.wo, &ctx, n, out);
-    add_bias(&mut out[..n * w.wo.rows], &w.bo);
 }
 
 /// Heads per attention task: up to 8 (one 4 KiB run of a cached row at head_dim 128), fewer
@@ -360,23 +293,19 @@ fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) 
     }
 }
 
-/// Takes `q` (n, n_heads * 2 * head_dim), per head the query then the gate, apart: `q`
-/// keeps the queries (n, n_heads * head_dim), the gates are returned in the same layout.
-fn split_gate(q: &mut Vec<f32>, n: usize, n_heads: usize, hd: usize) -> Vec<f32> {
-    let mut query = Vec::with_capacity(n * n_heads * hd);
-    let mut gate = Vec::with_capacity(n * n_heads * hd);
-    for head in q.chunks_exact(2 * hd) {
-        query.extend_from_slice(&head[..hd]);
-        gate.extend_from_slice(&head[hd..]);
+/// Takes `qg` (n, heads, 2 * hd), per head the query then the gate, apart into `q` and
+/// `gate` (n, heads * hd) each.
+pub(crate) fn split_gate(qg: &[f32], n: usize, heads: usize, hd: usize, q: &mut [f32], gate: &mut [f32]) {
+    let rows = qg.chunks_exact(2 * hd).take(n * heads);
+    for ((head, qd), gd) in rows.zip(q.chunks_exact_mut(hd)).zip(gate.chunks_exact_mut(hd)) {
+        qd.copy_from_slice(&head[..hd]);
+        gd.copy_from_slice(&head[hd..]);
     }
-    *q = query;
-    gate
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::rope::RopeConfig;
 
     fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
         let mut s = seed;
@@ -387,99 +316,6 @@ mod tests {
             })
             .collect();
         Mat::from_f32(rows, cols, &v).unwrap()
-    }
-
-    fn setup(qk: QkNorm, window: Option<usize>) -> (AttnWeights, AttnOpts, Rope) {
-        let (h, nh, nkv, hd) = (10, 4, 2, 6);
-        let nw = |len: usize| Some((0..len).map(|i| 1.0 + i as f32 * 0.05).collect());
-        let w = AttnWeights::Gqa(GqaWeights {
-            wq: mat(nh * hd, h, 1),
-            wk: mat(nkv * hd, h, 2),
-            wv: mat(nkv * hd, h, 3),
-            wo: mat(h, nh * hd, 4),
-            bq: Some(vec![0.1; nh * hd]),
-            bk: None,
-            bv: Some(vec![-0.2; nkv * hd]),
-            bo: Some(vec![0.05; h]),
-            sinks: Some(vec![0.5, -1.0, 2.0, 0.0]),
-            q_norm: match qk {
-                QkNorm::None => None,
-                QkNorm::PerHead => nw(hd),
-                QkNorm::Full => nw(nh * hd),
-            },
-            k_norm: match qk {
-                QkNorm::None => None,
-                QkNorm::PerHead => nw(hd),
-                QkNorm::Full => nw(nkv * hd),
-            },
-        });
-        let o = AttnOpts {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            qk_norm: qk,
-            clip_qkv: Some(2.0),
-            window,
-            scale: (hd as f32).powf(-0.5),
-            rms_eps: 1e-6,
-            mla: None,
-            output_gate: false,
-        };
-        let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
-        (w, o, rope)
-    }
-
-    fn run(
-        w: &AttnWeights,
-        o: &AttnOpts,
-        rope: &Rope,
-        x: &[f32],
-        n: usize,
-        pos0: usize,
-        cache: &mut LayerCache,
-    ) -> Vec<f32> {
-        let (mut cs, mut ss) = (vec![], vec![]);
-        for i in 0..n {
-            let (mut c, mut s) = (vec![], vec![]);
-            rope.cos_sin(pos0 + i, &mut c, &mut s);
-            cs.push(c);
-            ss.push(s);
-        }
-        let mut out = vec![0.0; n * 10];
-        attention(w, o, rope, x, n, pos0, &cs, &ss, cache, &mut out).unwrap();
-        out
-    }
-
-    #[test]
-    fn prefill_equals_incremental_decode_bit_for_bit() {
-        for (qk, window) in [(QkNorm::None, None), (QkNorm::PerHead, Some(3)), (QkNorm::Full, None)] {
-            let (w, o, rope) = setup(qk, window);
-            let n = 9;
-            let x: Vec<f32> = (0..n * 10).map(|i| ((i * 53 % 17) as f32 - 8.0) / 5.0).collect();
-            let mut c1 = LayerCache::default();
-            let all = run(&w, &o, &rope, &x, n, 0, &mut c1);
-            let mut c2 = LayerCache::default();
-            let mut inc = Vec::new();
-            inc.extend(run(&w, &o, &rope, &x[..40], 4, 0, &mut c2));
-            for i in 4..n {
-                inc.extend(run(&w, &o, &rope, &x[i * 10..(i + 1) * 10], 1, i, &mut c2));
-            }
-            assert_eq!(all, inc, "{qk:?}");
-            assert_eq!(c1.k, c2.k);
-        }
-    }
-
-    #[test]
-    fn window_limits_what_is_seen() {
-        // With a window of 1 each position sees only itself, so its output does not
-        // depend on earlier inputs.
-        let (w, o, rope) = setup(QkNorm::None, Some(1));
-        let mut x: Vec<f32> = (0..30).map(|i| i as f32 / 10.0).collect();
-        let a = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
-        x[0] = 5.0;
-        let b = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
-        assert_ne!(a[..10], b[..10]);
-        assert_eq!(a[20..], b[20..]);
     }
 
     #[test]

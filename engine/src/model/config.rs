@@ -12,6 +12,7 @@ use deepseek::{mla_config, sigmoid_router};
 
 mod deepseek;
 mod gpt_oss;
+mod qwen3_5_moe;
 mod qwen3_next;
 
 pub use qwen3_next::LinearAttnConfig;
@@ -39,6 +40,10 @@ pub enum Family {
     /// per-head q/k norms, partial RoPE; zero-centred RMSNorms (scale 1 + w); the softmax
     /// router and a shared expert with a sigmoid gate (qwen2_moe's MoE).
     Qwen3Next,
+    /// Qwen3.5/3.6 MoE (`qwen3_5_moe`, the text tower of the image-text release, or
+    /// `qwen3_5_moe_text`): qwen3_next's hybrid stack with the DeltaNet input projections
+    /// stored apart, every layer MoE and the top-k always renormalised ([`qwen3_5_moe`]).
+    Qwen35Moe,
 }
 
 impl Family {
@@ -54,6 +59,7 @@ impl Family {
             "glm4_moe" => Family::Glm4Moe,
             "gpt_oss" => Family::GptOss,
             "qwen3_next" => Family::Qwen3Next,
+            "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen35Moe,
             other => return Err(Error::UnknownModelType(other.to_string())),
         })
     }
@@ -285,6 +291,14 @@ impl ModelConfig {
             .ok_or_else(|| Error::Config("missing \"model_type\"".into()))?
             .to_string();
         let family = Family::from_model_type(&model_type)?;
+        let text;
+        let v = match model_type.as_str() {
+            "qwen3_5_moe" => {
+                text = qwen3_5_moe::text_config(v)?;
+                &text
+            }
+            _ => v,
+        };
         refuse_unsupported(v, family)?;
         use limits::*;
         let hidden = bounded("hidden_size", need_usize(v, "hidden_size")?, MAX_HIDDEN)?;
@@ -316,8 +330,8 @@ impl ModelConfig {
         // query/key head is the unrotated part followed by the rotated one.
         let head_dim = match (family, get_usize(v, "head_dim")) {
             _ if mla.is_some() => mla.as_ref().map_or(0, |m| m.qk_nope_head_dim + m.qk_rope_head_dim),
-            (Family::GptOss, None) => 64,     // GptOssConfig's default
-            (Family::Qwen3Next, None) => 256, // Qwen3NextConfig's default
+            (Family::GptOss, None) => 64,                         // GptOssConfig's default
+            (Family::Qwen3Next | Family::Qwen35Moe, None) => 256, // Qwen3NextConfig's default
             (Family::Olmoe, _) | (_, None) => {
                 if hidden % n_heads != 0 {
                     return Err(Error::Config(format!(
@@ -347,7 +361,7 @@ impl ModelConfig {
         // partial_rotary_factor 0.5 by default).
         let default_partial = match family {
             Family::Glm4Moe => 0.5,
-            Family::Qwen3Next => 0.25,
+            Family::Qwen3Next | Family::Qwen35Moe => 0.25,
             _ => 1.0,
         };
         let gpt_oss_rope;
@@ -395,6 +409,8 @@ impl ModelConfig {
             Family::Glm4Moe => sigmoid_router(v, n_experts, top_k, (1, 1, 1.0))?,
             Family::GptOss => gpt_oss::router(n_experts, top_k),
             Family::Qwen3Next => RouterConfig::softmax(n_experts, top_k, get_bool(v, "norm_topk_prob").unwrap_or(true)),
+            // Qwen3.5's router always renormalises (transformers has no norm_topk_prob for it).
+            Family::Qwen35Moe => RouterConfig::softmax(n_experts, top_k, true),
             _ => RouterConfig::softmax(n_experts, top_k, get_bool(v, "norm_topk_prob").unwrap_or(false)),
         };
 
@@ -407,7 +423,7 @@ impl ModelConfig {
             ),
             Family::Qwen2Moe => (get_bool(v, "qkv_bias").unwrap_or(true), QkNorm::None, None),
             Family::GptOss => (get_bool(v, "attention_bias").unwrap_or(true), QkNorm::None, None),
-            Family::Qwen3Moe | Family::Qwen3Next => {
+            Family::Qwen3Moe | Family::Qwen3Next | Family::Qwen35Moe => {
                 (get_bool(v, "attention_bias").unwrap_or(false), QkNorm::PerHead, None)
             }
             Family::Olmoe => {
@@ -420,13 +436,20 @@ impl ModelConfig {
                 let i = need_usize(v, "intermediate_size")?;
                 (i, i)
             }
-            Family::Qwen2Moe | Family::Qwen3Moe | Family::Qwen3Next | Family::DeepseekV3 | Family::Glm4Moe => {
+            Family::Qwen2Moe
+            | Family::Qwen3Moe
+            | Family::Qwen3Next
+            | Family::Qwen35Moe
+            | Family::DeepseekV3
+            | Family::Glm4Moe => {
                 (need_usize(v, "moe_intermediate_size")?, get_usize(v, "intermediate_size").unwrap_or(0))
             }
         };
         let shared_expert_intermediate = match family {
             Family::Qwen2Moe => get_usize(v, "shared_expert_intermediate_size").filter(|&s| s > 0),
-            Family::Qwen3Next => Some(optional_usize(v, "shared_expert_intermediate_size", 512)?).filter(|&s| s > 0),
+            Family::Qwen3Next | Family::Qwen35Moe => {
+                Some(optional_usize(v, "shared_expert_intermediate_size", 512)?).filter(|&s| s > 0)
+            }
             Family::DeepseekV3 | Family::Glm4Moe => {
                 let n = optional_usize(v, "n_shared_experts", 1)?;
                 bounded("n_shared_experts", n, MAX_EXPERTS)?;
@@ -492,13 +515,16 @@ impl ModelConfig {
             rope,
             qkv_bias,
             // qwen3_next's attention_bias puts a bias on o_proj too.
-            o_bias: matches!(family, Family::GptOss | Family::Qwen3Next) && qkv_bias,
+            o_bias: matches!(family, Family::GptOss | Family::Qwen3Next | Family::Qwen35Moe) && qkv_bias,
             attn_sinks: family == Family::GptOss,
             qk_norm,
-            attn_output_gate: family == Family::Qwen3Next,
-            norm_plus_one: family == Family::Qwen3Next,
+            attn_output_gate: family.is_qwen_hybrid(),
+            norm_plus_one: family.is_qwen_hybrid(),
             linear_attn: match family {
                 Family::Qwen3Next => Some(qwen3_next::linear_config(v, n_layers)?),
+                Family::Qwen35Moe => {
+                    Some(LinearAttnConfig { split_in_proj: true, ..qwen3_next::linear_config(v, n_layers)? })
+                }
                 _ => None,
             },
             mla,
@@ -514,7 +540,7 @@ impl ModelConfig {
             expert_bias: family == Family::GptOss,
             dense_intermediate,
             shared_expert_intermediate,
-            shared_expert_gated: matches!(family, Family::Qwen2Moe | Family::Qwen3Next),
+            shared_expert_gated: matches!(family, Family::Qwen2Moe | Family::Qwen3Next | Family::Qwen35Moe),
             moe_layers,
             tie_word_embeddings: get_bool(v, "tie_word_embeddings").unwrap_or(false),
             mtp_layers: match family {
@@ -567,9 +593,9 @@ impl ModelConfig {
 
     /// Whether tensor `name` belongs to a multi-token-prediction layer ([`Self::mtp_layers`]).
     pub fn is_mtp_tensor(&self, name: &str) -> bool {
-        // qwen3_next keeps its multi-token-prediction module under "mtp." (transformers
-        // ignores those keys on load).
-        if self.family == Family::Qwen3Next && name.starts_with("mtp.") {
+        // qwen3_next and qwen3_5_moe keep their multi-token-prediction module under "mtp."
+        // (transformers ignores those keys on load).
+        if self.family.is_qwen_hybrid() && name.starts_with("mtp.") {
             return true;
         }
         name.strip_prefix("model.layers.")

@@ -1,9 +1,12 @@
-//! Gated DeltaNet, qwen3_next's linear attention (transformers' `Qwen3NextGatedDeltaNet`,
-//! the recurrent form `torch_recurrent_gated_delta_rule`). For each new position:
+//! Gated DeltaNet, the linear attention of qwen3_next and qwen3_5_moe (transformers'
+//! `Qwen3NextGatedDeltaNet` and `Qwen3_5GatedDeltaNet`, the recurrent form
+//! `torch_recurrent_gated_delta_rule`). For each new position:
 //!
-//! - `in_proj_qkvz x` and `in_proj_ba x`, grouped per key head g: q_g, k_g (k_head_dim
-//!   each), v and z of the r = n_v_heads / n_k_heads value heads g*r..g*r+r, then b and a
-//!   of those value heads;
+//! - the input projections ([`InProj`]): qwen3_next's `in_proj_qkvz x` and `in_proj_ba x`,
+//!   grouped per key head g: q_g, k_g (k_head_dim each), v and z of the r = n_v_heads /
+//!   n_k_heads value heads g*r..g*r+r, then b and a of those value heads; or qwen3_5_moe's
+//!   `in_proj_qkv x` (every q, then every k, then every v), `in_proj_z x`, `in_proj_b x`,
+//!   `in_proj_a x`; both mean the same q, k, v, z, b, a per head;
 //! - a depthwise causal conv1d (kernel K, no bias) over the channels q|k|v, then SiLU; the
 //!   last K - 1 inputs are kept as the conv window;
 //! - q and k L2-normalised per head (x / sqrt(sum x^2 + 1e-6)), q scaled by k_head_dim^-0.5;
@@ -24,12 +27,21 @@ use crate::math;
 use crate::model::config::LinearAttnConfig;
 use crate::tensor::Mat;
 
+/// A Gated DeltaNet layer's input projections, as the checkpoint stores them.
+pub enum InProj {
+    /// qwen3_next: `in_proj_qkvz` (2*key_dim + 2*value_dim, hidden): per key head q, k,
+    /// v (r heads), z (r heads); `in_proj_ba` (2*n_v_heads, hidden): per key head b (r
+    /// heads), a (r heads).
+    Grouped { qkvz: Mat, ba: Mat },
+    /// qwen3_5_moe: `in_proj_qkv` (conv_dim, hidden) in the conv's channel order (q of
+    /// every key head, k, v of every value head), `in_proj_z` (value_dim, hidden),
+    /// `in_proj_b` and `in_proj_a` (n_v_heads, hidden).
+    Split { qkv: Mat, z: Mat, b: Mat, a: Mat },
+}
+
 /// One Gated DeltaNet layer's weights.
 pub struct DeltaNetWeights {
-    /// (2*key_dim + 2*value_dim, hidden): per key head q, k, v (r heads), z (r heads).
-    pub in_qkvz: Mat,
-    /// (2*n_v_heads, hidden): per key head b (r heads), a (r heads).
-    pub in_ba: Mat,
+    pub in_proj: InProj,
     /// (conv_dim, conv_kernel): taps of each channel, oldest input first.
     pub conv: Vec<f32>,
     /// (n_v_heads): -exp(A_log).
@@ -125,9 +137,21 @@ impl DeltaNetWeights {
         }
         let conv = Mat::new(cd, k, t.dtype, t.bytes.clone())?.to_f32();
         let a_log = s.vector(&format!("{p}.A_log"), c.n_v_heads)?;
+        let w = |name: &str, rows: usize| s.mat(&format!("{p}.{name}.weight"), rows, hidden);
+        let in_proj = match c.split_in_proj {
+            true => InProj::Split {
+                qkv: w("in_proj_qkv", cd)?,
+                z: w("in_proj_z", c.value_dim())?,
+                b: w("in_proj_b", c.n_v_heads)?,
+                a: w("in_proj_a", c.n_v_heads)?,
+            },
+            false => InProj::Grouped {
+                qkvz: w("in_proj_qkvz", 2 * c.key_dim() + 2 * c.value_dim())?,
+                ba: w("in_proj_ba", 2 * c.n_v_heads)?,
+            },
+        };
         Ok(DeltaNetWeights {
-            in_qkvz: s.mat(&format!("{p}.in_proj_qkvz.weight"), 2 * c.key_dim() + 2 * c.value_dim(), hidden)?,
-            in_ba: s.mat(&format!("{p}.in_proj_ba.weight"), 2 * c.n_v_heads, hidden)?,
+            in_proj,
             conv,
             // transformers: -self.A_log.float().exp()
             neg_a: a_log.iter().map(|&x| -math::exp(x)).collect(),
@@ -150,41 +174,51 @@ impl DeltaNetWeights {
         let (kd, vd, cd) = (c.key_dim(), c.value_dim(), c.conv_dim());
         let (nk, nv, dk, dv) = (c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim);
         let r = nv / nk;
-        let (wq, wba) = (self.in_qkvz.rows, self.in_ba.rows);
-        let mut qkvz = vec![0.0f32; n * wq];
-        let mut ba = vec![0.0f32; n * wba];
-        matmul_many(&mut [
-            MatJob { w: &self.in_qkvz, x, n, out: &mut qkvz },
-            MatJob { w: &self.in_ba, x, n, out: &mut ba },
-        ]);
-
-        // Regroup per position into the conv input q|k|v (n, conv_dim), z (n, value_dim),
-        // beta and decay (n, n_v_heads).
+        // The conv input q|k|v (n, conv_dim), z (n, value_dim), and b and a (n, n_v_heads)
+        // per value head; each element one dot product of a weight row, whatever the layout.
         let mut mixed = vec![0.0f32; n * cd];
         let mut z = vec![0.0f32; n * vd];
-        let mut beta = vec![0.0f32; n * nv];
-        let mut decay = vec![0.0f32; n * nv];
-        let group = 2 * dk + 2 * r * dv;
-        for t in 0..n {
-            let src = &qkvz[t * wq..(t + 1) * wq];
-            let m = &mut mixed[t * cd..(t + 1) * cd];
-            for g in 0..nk {
-                let b = &src[g * group..(g + 1) * group];
-                m[g * dk..(g + 1) * dk].copy_from_slice(&b[..dk]);
-                m[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&b[dk..2 * dk]);
-                m[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv].copy_from_slice(&b[2 * dk..2 * dk + r * dv]);
-                z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv].copy_from_slice(&b[2 * dk + r * dv..]);
-            }
-            let src = &ba[t * wba..(t + 1) * wba];
-            for g in 0..nk {
-                for j in 0..r {
-                    let h = g * r + j;
-                    beta[t * nv + h] = math::sigmoid(src[g * 2 * r + j]);
-                    let a = src[g * 2 * r + r + j];
-                    decay[t * nv + h] = math::exp(self.neg_a[h] * softplus(a + self.dt_bias[h]));
+        let mut b = vec![0.0f32; n * nv];
+        let mut a = vec![0.0f32; n * nv];
+        match &self.in_proj {
+            InProj::Split { qkv, z: wz, b: wb, a: wa } => matmul_many(&mut [
+                MatJob { w: qkv, x, n, out: &mut mixed },
+                MatJob { w: wz, x, n, out: &mut z },
+                MatJob { w: wb, x, n, out: &mut b },
+                MatJob { w: wa, x, n, out: &mut a },
+            ]),
+            InProj::Grouped { qkvz: wqkvz, ba: wba } => {
+                let (wq, wb) = (wqkvz.rows, wba.rows);
+                let mut qkvz = vec![0.0f32; n * wq];
+                let mut ba = vec![0.0f32; n * wb];
+                matmul_many(&mut [MatJob { w: wqkvz, x, n, out: &mut qkvz }, MatJob { w: wba, x, n, out: &mut ba }]);
+                // Regroup per position from the key-head groups.
+                let group = 2 * dk + 2 * r * dv;
+                for t in 0..n {
+                    let src = &qkvz[t * wq..(t + 1) * wq];
+                    let m = &mut mixed[t * cd..(t + 1) * cd];
+                    for g in 0..nk {
+                        let s = &src[g * group..(g + 1) * group];
+                        m[g * dk..(g + 1) * dk].copy_from_slice(&s[..dk]);
+                        m[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&s[dk..2 * dk]);
+                        m[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv].copy_from_slice(&s[2 * dk..2 * dk + r * dv]);
+                        z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv].copy_from_slice(&s[2 * dk + r * dv..]);
+                    }
+                    let src = &ba[t * wb..(t + 1) * wb];
+                    for g in 0..nk {
+                        b[t * nv + g * r..t * nv + (g + 1) * r].copy_from_slice(&src[g * 2 * r..g * 2 * r + r]);
+                        a[t * nv + g * r..t * nv + (g + 1) * r].copy_from_slice(&src[g * 2 * r + r..(g + 1) * 2 * r]);
+                    }
                 }
             }
         }
+        // beta and decay (n, n_v_heads).
+        let beta: Vec<f32> = b.iter().map(|&v| math::sigmoid(v)).collect();
+        let decay: Vec<f32> = a
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| math::exp(self.neg_a[i % nv] * softplus(v + self.dt_bias[i % nv])))
+            .collect();
 
         self.conv_silu(&mut mixed, n, &mut state.conv);
 
@@ -313,7 +347,7 @@ fn delta_step(
 
 /// Runs `f(h, state_h, out_h)` for every head: `state` in chunks of `sc`, `out` in chunks
 /// of `oc`, in parallel when `parallel` and the engine has threads (in the browser with
-/// the calling worker taking part: `kernels::joined`). Heads are independent, so the bits
+/// the calling worker taking part: `par::joined`). Heads are independent, so the bits
 /// do not depend on the schedule.
 fn for_each_head<F>(parallel: bool, state: &mut [f32], sc: usize, out: &mut [f32], oc: usize, f: F)
 where
@@ -324,11 +358,11 @@ where
         use rayon::prelude::*;
         let heads = (state.len() / sc).min(out.len() / oc);
         if heads * sc == state.len() && heads * oc == out.len() {
-            let (sp, op) = (crate::kernels::OutPtr(state.as_mut_ptr()), crate::kernels::OutPtr(out.as_mut_ptr()));
+            let (sp, op) = (crate::par::OutPtr(state.as_mut_ptr()), crate::par::OutPtr(out.as_mut_ptr()));
             // SAFETY: task h touches only head h's chunk of `state` and of `out`, both of
             // which outlive the region.
             let body = |h: usize| unsafe { f(h, sp.slice(h * sc, sc), op.slice(h * oc, oc)) };
-            if crate::kernels::joined(heads, &body) {
+            if crate::par::joined(heads, &body) {
                 return;
             }
         }
@@ -361,12 +395,15 @@ mod tests {
             v_head_dim: 5,
             conv_kernel: 3,
             layers: vec![true],
+            split_in_proj: false,
         };
         let h = 11;
         let m = |rows: usize, cols: usize, seed| Mat::from_f32(rows, cols, &rand_vec(rows * cols, seed, 0.5)).unwrap();
         DeltaNetWeights {
-            in_qkvz: m(2 * c.key_dim() + 2 * c.value_dim(), h, 1),
-            in_ba: m(2 * c.n_v_heads, h, 2),
+            in_proj: InProj::Grouped {
+                qkvz: m(2 * c.key_dim() + 2 * c.value_dim(), h, 1),
+                ba: m(2 * c.n_v_heads, h, 2),
+            },
             conv: rand_vec(c.conv_dim() * c.conv_kernel, 3, 0.7),
             neg_a: rand_vec(c.n_v_heads, 4, 0.5).iter().map(|x| -math::exp(x - 1.0)).collect(),
             dt_bias: rand_vec(c.n_v_heads, 5, 0.5),
@@ -398,6 +435,47 @@ mod tests {
         assert_eq!(all, inc);
         assert_eq!((s1.pos, &s1.s, &s1.conv), (s2.pos, &s2.s, &s2.conv));
         assert!(all.iter().all(|v| v.is_finite()) && all.iter().any(|v| v.abs() > 1e-3));
+    }
+
+    /// qwen3_5_moe's separate projections hold the same rows as qwen3_next's grouped ones,
+    /// reordered: the layer gives the same bits either way.
+    #[test]
+    fn split_projections_equal_grouped_ones_bit_for_bit() {
+        let w = layer();
+        let c = w.cfg.clone();
+        let (nk, r, dk, dv) = (c.n_k_heads, c.n_v_heads / c.n_k_heads, c.k_head_dim, c.v_head_dim);
+        let InProj::Grouped { qkvz, ba } = &w.in_proj else { panic!("layer() is grouped") };
+        let rows = |m: &Mat, idx: Vec<usize>| {
+            let f = m.to_f32();
+            let data: Vec<f32> = idx.iter().flat_map(|&i| f[i * m.cols..(i + 1) * m.cols].to_vec()).collect();
+            Mat::from_f32(idx.len(), m.cols, &data).unwrap()
+        };
+        let group = 2 * dk + 2 * r * dv;
+        let per = |start: usize, len: usize| (0..nk).flat_map(move |g| g * group + start..g * group + start + len);
+        let split = DeltaNetWeights {
+            in_proj: InProj::Split {
+                qkv: rows(qkvz, per(0, dk).chain(per(dk, dk)).chain(per(2 * dk, r * dv)).collect()),
+                z: rows(qkvz, per(2 * dk + r * dv, r * dv).collect()),
+                b: rows(ba, (0..nk).flat_map(|g| g * 2 * r..g * 2 * r + r).collect()),
+                a: rows(ba, (0..nk).flat_map(|g| g * 2 * r + r..g * 2 * r + 2 * r).collect()),
+            },
+            conv: w.conv.clone(),
+            neg_a: w.neg_a.clone(),
+            dt_bias: w.dt_bias.clone(),
+            norm: w.norm.clone(),
+            out: w.out.clone(),
+            cfg: LinearAttnConfig { split_in_proj: true, ..c },
+            eps: w.eps,
+        };
+        let n = 7;
+        let x = rand_vec(n * 11, 12, 1.0);
+        let (mut s1, mut s2) = (DeltaState::default(), DeltaState::default());
+        let (mut y1, mut y2) = (vec![0.0; n * 11], vec![0.0; n * 11]);
+        w.forward(&x, n, &mut s1, &mut y1);
+        split.forward(&x, n, &mut s2, &mut y2);
+        assert_eq!(y1, y2);
+        assert_eq!((&s1.s, &s1.conv), (&s2.s, &s2.conv));
+        assert!(y1.iter().any(|v| v.abs() > 1e-3));
     }
 
     /// The recurrence against transformers' formulation in f64: decay the state, read,

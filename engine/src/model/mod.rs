@@ -11,8 +11,11 @@
 
 pub mod attention;
 pub mod config;
+pub(crate) mod cpu;
 pub mod deltanet;
 pub mod gpt_oss;
+pub(crate) mod graph;
+pub mod kv;
 pub mod mla;
 pub mod moe;
 pub mod mtp;
@@ -24,14 +27,24 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::experts::{Expert, ExpertSource, ResidentExperts};
 use crate::format::tensors::TensorStore;
-use crate::kernels::{matmul, rmsnorm};
 use crate::tensor::Mat;
-use attention::{attention, AttnOpts, AttnWeights, GqaWeights, LayerCache};
+use attention::{AttnOpts, GqaWeights, LayerCache};
 use config::{Family, ModelConfig, QkNorm};
 use deltanet::DeltaNetWeights;
 use mla::MlaWeights;
 use moe::{MoeBlock, SharedExpert};
 use rope::Rope;
+
+/// One layer's attention weights: the variant decides the projections and what the
+/// cache holds.
+pub enum AttnWeights {
+    /// Grouped-query attention: keys and values cached per kv head.
+    Gqa(GqaWeights),
+    /// Multi-head latent attention: a compressed latent and a shared rotary key cached.
+    Mla(MlaWeights),
+    /// Gated DeltaNet linear attention: a recurrent state instead of a cache.
+    Linear(Box<DeltaNetWeights>),
+}
 
 pub enum Ffn {
     Dense(Box<Expert>),
@@ -495,89 +508,14 @@ impl Model {
             session.caches = vec![LayerCache::default(); c.n_layers];
         }
 
-        let mut x = vec![0.0f32; n * h];
-        for (i, &id) in ids.iter().enumerate() {
-            self.embed.row_into(id as usize, &mut x[i * h..(i + 1) * h]);
-        }
-        let (cos, sin) = self.rope_rows(pos0, n);
-        let mut xn = vec![0.0f32; n * h];
-        let mut y = vec![0.0f32; n * h];
-        for (l, layer) in self.layers.iter().enumerate() {
-            let step = LayerStep { n, pos0, cos: &cos, sin: &sin };
-            self.layer_forward(l, layer, &step, &mut session.caches[l], &mut x, &mut xn, &mut y, on_use, on_ffn_input)?;
-        }
+        let mut pass = cpu::CpuPass {
+            ops: cpu::CpuOps::for_positions(&self.rope, pos0, n, &mut session.caches),
+            model: self,
+            on_use,
+            on_ffn_input,
+        };
+        let out = graph::run_ready(graph::forward(&mut pass, ids, which, hidden))??;
         session.tokens.extend_from_slice(ids);
-
-        // The final norm over the rows whose logits are asked for (every row with `hidden`).
-        let first = if hidden || which == Logits::All { 0 } else { n - 1 };
-        let mut hn = vec![0.0f32; (n - first) * h];
-        for (k, i) in (first..n).enumerate() {
-            rmsnorm(&x[i * h..(i + 1) * h], &self.final_norm, c.rms_eps, &mut hn[k * h..(k + 1) * h]);
-        }
-        let rows = if which == Logits::All { n } else { 1 };
-        let mut logits = vec![0.0f32; rows * c.vocab];
-        matmul(&self.lm_head, &hn[hn.len() - rows * h..], rows, &mut logits);
-        Ok((logits, if hidden { hn } else { Vec::new() }))
+        Ok(out)
     }
-
-    /// RoPE's cos and sin of positions pos0.., one vector each per position.
-    fn rope_rows(&self, pos0: usize, n: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for i in 0..n {
-            let (mut co, mut si) = (Vec::new(), Vec::new());
-            self.rope.cos_sin(pos0 + i, &mut co, &mut si);
-            cos.push(co);
-            sin.push(si);
-        }
-        (cos, sin)
-    }
-
-    /// One decoder layer (index `l`: whose routed experts it reads) over the residual
-    /// stream `x` (n, hidden), in place: norm -> attention -> residual -> norm -> FFN ->
-    /// residual. `xn` and `y` are scratch of the same size.
-    #[allow(clippy::too_many_arguments)]
-    fn layer_forward(
-        &self,
-        l: usize,
-        layer: &Layer,
-        step: &LayerStep<'_>,
-        cache: &mut LayerCache,
-        x: &mut [f32],
-        xn: &mut [f32],
-        y: &mut [f32],
-        on_use: &mut dyn FnMut(usize, usize, usize),
-        on_ffn_input: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<()> {
-        let (c, n, h) = (&self.cfg, step.n, self.cfg.hidden);
-        for i in 0..n {
-            rmsnorm(&x[i * h..(i + 1) * h], &layer.attn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
-        }
-        attention(&layer.attn, &layer.attn_opts, &self.rope, xn, n, step.pos0, step.cos, step.sin, cache, y)?;
-        x.iter_mut().zip(y.iter()).for_each(|(a, b)| *a += b);
-        for i in 0..n {
-            rmsnorm(&x[i * h..(i + 1) * h], &layer.ffn_norm, c.rms_eps, &mut xn[i * h..(i + 1) * h]);
-        }
-        on_ffn_input(l, xn);
-        if self.experts.lookahead_enabled() {
-            if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
-                self.experts.lookahead(l + 1, &next.predict(xn, n));
-            }
-        }
-        match &layer.ffn {
-            Ffn::Dense(mlp) => mlp.forward(xn, n, y),
-            Ffn::Moe(block) => {
-                block.forward(l, self.experts.as_ref(), xn, n, y, Some(&mut |e, count| on_use(l, e, count)))?
-            }
-        }
-        x.iter_mut().zip(y.iter()).for_each(|(a, b)| *a += b);
-        Ok(())
-    }
-}
-
-/// Where a batch of positions sits: how many, the first position, RoPE's cos and sin.
-struct LayerStep<'a> {
-    n: usize,
-    pos0: usize,
-    cos: &'a [Vec<f32>],
-    sin: &'a [Vec<f32>],
 }

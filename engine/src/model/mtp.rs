@@ -19,7 +19,7 @@
 //! draft more than one token, the layer is chained on its own output: `out` takes h's
 //! place and the drafted token t_{i+2} takes t_{i+1}'s, at position i + 1.
 
-use super::{load_layer, load_norm, Layer, LayerStep, Logits, Model};
+use super::{load_layer, load_norm, Layer, Logits, Model};
 use crate::error::Result;
 use crate::format::tensors::TensorStore;
 use crate::kernels::{matmul, rmsnorm};
@@ -124,20 +124,15 @@ impl Model {
         }
         let mut x = vec![0.0f32; n * h];
         matmul(&m.eh_proj, &cat, n, &mut x);
-        let (cos, sin) = self.rope_rows(pos0, n);
-        let step = LayerStep { n, pos0, cos: &cos, sin: &sin };
+        let mut pass = super::cpu::CpuPass {
+            ops: super::cpu::CpuOps::for_positions(&self.rope, pos0, n, std::slice::from_mut(cache))
+                .first_layer(m.index),
+            model: self,
+            on_use: &mut |_, _, _| {},
+            on_ffn_input: &mut |_, _| {},
+        };
         let (mut xn, mut y) = (vec![0.0f32; n * h], vec![0.0f32; n * h]);
-        self.layer_forward(
-            m.index,
-            &m.layer,
-            &step,
-            cache,
-            &mut x,
-            &mut xn,
-            &mut y,
-            &mut |_, _, _| {},
-            &mut |_, _| {},
-        )?;
+        super::graph::run_ready(super::graph::layer(&mut pass, m.index, n, &mut x, &mut xn, &mut y))??;
         let mut out = vec![0.0f32; n * h];
         for i in 0..n {
             rmsnorm(&x[i * h..(i + 1) * h], &m.norm, c.rms_eps, &mut out[i * h..(i + 1) * h]);

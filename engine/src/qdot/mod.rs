@@ -218,7 +218,7 @@ impl ActQ {
         };
         #[cfg(feature = "parallel")]
         if n >= PARALLEL_POSITIONS && rayon::current_num_threads() > 1 {
-            use crate::kernels::{joined, OutPtr};
+            use crate::par::{joined, OutPtr};
             let (q, d, s) = (OutPtr(self.q.as_mut_ptr()), OutPtr(self.d.as_mut_ptr()), OutPtr(self.s.as_mut_ptr()));
             // SAFETY: position p's rows of q, d and s belong to task p alone, and the vectors
             // (n * qs and n * ds long) are borrowed mutably until the region ends.
@@ -263,12 +263,10 @@ impl ActQ {
         };
         #[cfg(feature = "parallel")]
         if self.n >= PARALLEL_POSITIONS && rayon::current_num_threads() > 1 {
-            let (q, qi) = (&self.q, crate::kernels::OutPtr(self.qi.as_mut_ptr()));
+            let (q, qi) = (&self.q, crate::par::OutPtr(self.qi.as_mut_ptr()));
             // SAFETY: position p's row of qi (ds * g long, n of them) belongs to task p
             // alone, and qi is borrowed mutably until the region ends.
-            if crate::kernels::joined(self.n, &|p| {
-                one(&q[p * qs..(p + 1) * qs], unsafe { qi.slice(p * ds * g, ds * g) })
-            }) {
+            if crate::par::joined(self.n, &|p| one(&q[p * qs..(p + 1) * qs], unsafe { qi.slice(p * ds * g, ds * g) })) {
                 return;
             }
             use rayon::prelude::*;

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::generate::{generate_with, reuse, GenerateOptions, StopReason};
+use colibri_engine::generate::{feed_chunked_last, generate_with, reuse, GenerateOptions, StopReason, PREFILL_CHUNK};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream};
 
@@ -367,8 +367,15 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let mut failed = None;
         let mut stdout = std::io::stdout().lock();
         let fed = session.tokens().to_vec();
+        // The prompt goes in chunks (the same bits as one pass): a Ctrl-C during a long
+        // prefill stops it at the next chunk, not when the whole prompt has been read.
+        let go_on = || !stop.load(Ordering::SeqCst);
         let (out, reason) = generate_with(
-            &mut |ids| crate::flags::on_pool(|| session.forward(ids)),
+            &mut |ids| {
+                crate::flags::on_pool(|| {
+                    feed_chunked_last(&mut |part| session.forward(part), ids, PREFILL_CHUNK, &mut || go_on())
+                })
+            },
             &fed,
             &ids[common..],
             cfg.max_positions,

@@ -121,8 +121,11 @@ fn class_of(name: &str, shape: &[usize]) -> Class {
         || name.ends_with(".gate.weight")
         || name.ends_with(".router.weight")
         || name.ends_with("shared_expert_gate.weight")
-        // Gated DeltaNet's beta/decay projection: small, and it sets every step's decay.
+        // Gated DeltaNet's beta/decay projection: small, and it sets every step's decay
+        // (qwen3_next's fused in_proj_ba, qwen3_5_moe's in_proj_b and in_proj_a).
         || name.ends_with("linear_attn.in_proj_ba.weight")
+        || name.ends_with("linear_attn.in_proj_b.weight")
+        || name.ends_with("linear_attn.in_proj_a.weight")
     {
         Class::Other
     } else if name == "lm_head.weight" || name.ends_with(".shared_head.head.weight") {

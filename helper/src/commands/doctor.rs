@@ -20,6 +20,7 @@ use colibri_engine::Model;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
 use crate::commands::doctor_machine as machine;
+use crate::commands::doctor_report::Report;
 use crate::commands::info::{human, summarize};
 
 #[derive(Args)]
@@ -43,39 +44,6 @@ pub struct DoctorArgs {
     /// Directory of installed models (default: $XDG_DATA_HOME/colibri/models).
     #[arg(long)]
     pub models_dir: Option<PathBuf>,
-}
-
-pub(crate) struct Report {
-    failed: usize,
-}
-
-impl Report {
-    pub(crate) fn ok(&self, what: &str, detail: impl std::fmt::Display) {
-        println!("ok    {what:<14} {detail}");
-    }
-
-    pub(crate) fn warn(&self, what: &str, detail: impl std::fmt::Display) {
-        println!("warn  {what:<14} {detail}");
-    }
-
-    fn fail(&mut self, what: &str, detail: impl std::fmt::Display) {
-        println!("FAIL  {what:<14} {detail}");
-        self.failed += 1;
-    }
-
-    fn check<T>(&mut self, what: &str, r: Result<T>, detail: impl Fn(&T) -> String) -> Option<T> {
-        match r {
-            Ok(v) => {
-                self.ok(what, detail(&v));
-                Some(v)
-            }
-            Err(e) => {
-                let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-                self.fail(what, chain.join(": "));
-                None
-            }
-        }
-    }
 }
 
 fn simd_features() -> Vec<&'static str> {

@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use crate::commands::doctor::Report;
+use crate::commands::doctor_report::Report;
 use crate::commands::info::human;
 
 /// Free space below which `disk` warns: room for a small converted model.

@@ -22,14 +22,15 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::commands::convert::{convert_pass, ConvertArgs, Partial, Pass, Quant, DATA_FILE, KEPT_FILES};
 use crate::commands::info::human;
-use crate::commands::list::{allocated_size, locate, remove, PULLS_DIR, STAGING_ID_FILE};
+use crate::commands::list::{allocated_size, PULLS_DIR};
+use crate::commands::pull_staging::{create_staging, ensure_room, have, install, marker, touch};
 use crate::hub::{Hub, RemoteFile};
 use crate::paths::{is_valid_model_id, models_dir};
 
@@ -115,51 +116,9 @@ fn write_placeholder(path: &Path, header: &[u8], size: u64) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn marker(src: &Path, name: &str, state: &str) -> PathBuf {
-    src.join(format!(".{name}.{state}"))
-}
-
-pub(crate) fn touch(p: &Path) -> Result<()> {
-    File::create(p).with_context(|| format!("{}: cannot create", p.display()))?.sync_all()?;
-    Ok(())
-}
-
 /// Is `name` a file of the repository that conversion needs?
 fn wanted(name: &str) -> bool {
     !name.contains('/') && (name.ends_with(".safetensors") || name == INDEX || KEPT_FILES.contains(&name))
-}
-
-/// Creates the staging directory's `src` and the file that names the pull (what `coli
-/// list --partial` and `coli rm` read).
-pub(crate) fn create_staging(staging: &Path, repo: &str, rev: &str) -> Result<PathBuf> {
-    let src = staging.join("src");
-    std::fs::create_dir_all(&src).with_context(|| format!("{}: cannot create", src.display()))?;
-    let id = staging.join(STAGING_ID_FILE);
-    if !id.is_file() {
-        std::fs::write(&id, format!("{repo}@{rev}\n")).with_context(|| format!("{}: cannot create", id.display()))?;
-    }
-    Ok(src)
-}
-
-/// Bytes of `dest` already on disk: the whole file if it has `size` bytes, else its
-/// `.part` (a download to resume).
-pub(crate) fn have(dest: &Path, size: u64) -> u64 {
-    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    if len(dest) == size {
-        return size;
-    }
-    len(&crate::hub::part_path(dest)).min(size)
-}
-
-/// Refuses, before anything is written, a pull that needs more than the free space of the
-/// file system of the models directory.
-pub(crate) fn ensure_room(models: &Path, need: u64, what: &str) -> Result<()> {
-    if let Some(free) = crate::hub::free_bytes(models) {
-        if need > free {
-            bail!("{what} needs {} of free disk in {}, {} is free", human(need), models.display(), human(free));
-        }
-    }
-    Ok(())
 }
 
 pub fn pull(a: PullArgs) -> Result<()> {
@@ -188,7 +147,15 @@ fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path)
     let names: Vec<String> = listed.iter().map(|f| f.path.clone()).filter(|p| wanted(p)).collect();
     let has_safetensors = names.iter().any(|n| n.ends_with(".safetensors"));
     if a.gguf.is_some() || (!has_safetensors && listed.iter().any(|f| super::pull_gguf::is_gguf_name(&f.path))) {
-        return super::pull_gguf::pull_gguf(&hub, repo, rev, &listed, a, staging, &dest);
+        return super::pull_gguf::pull_gguf(
+            &hub,
+            repo,
+            rev,
+            &listed,
+            (a.gguf.as_deref(), a.quant, a.group_size),
+            staging,
+            &dest,
+        );
     }
     if !names.iter().any(|n| n == "config.json") {
         bail!("{repo}@{rev} has no config.json: not a transformers model repository");
@@ -300,27 +267,6 @@ fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path)
     }
 
     install(repo, &out, staging, models)
-}
-
-/// Moves the converted model `out` to `<models>/<repo>` and removes the staging
-/// directory. An installed model it replaces (`--force`) is removed as `coli rm` removes
-/// it: never through a link out of the models directory.
-pub(crate) fn install(repo: &str, out: &Path, staging: &Path, models: &Path) -> Result<()> {
-    let dest = &models.join(repo);
-    let home = models.canonicalize().with_context(|| format!("cannot resolve {}", models.display()))?;
-    if let Some(old) = locate(&home, repo)? {
-        remove(&old).with_context(|| format!("cannot replace {}", dest.display()))?;
-    }
-    if let Some(parent) = dest.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::rename(out, dest).with_context(|| format!("cannot move the model into {}", dest.display()))?;
-    std::fs::remove_dir_all(staging).with_context(|| format!("cannot remove {}", staging.display()))?;
-    if let Some(pulls) = staging.parent() {
-        let _ = std::fs::remove_dir(pulls);
-    }
-    eprintln!("installed {repo} in {} (coli chat --model {repo})", dest.display());
-    Ok(())
 }
 
 #[cfg(test)]

@@ -12,9 +12,10 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use super::convert::Quant;
 use super::convert::{convert_pass, ConvertArgs};
 use super::info::human;
-use super::pull::{create_staging, ensure_room, have, install, marker, touch, PullArgs};
+use super::pull_staging::{create_staging, ensure_room, have, install, marker, touch};
 use crate::hub::{Hub, RemoteFile};
 
 /// A GGUF model file (not a multimodal projector, which has no language model in it).
@@ -96,12 +97,12 @@ pub fn pull_gguf(
     repo: &str,
     rev: &str,
     listed: &[RemoteFile],
-    a: &PullArgs,
+    (gguf, quant, group_size): (Option<&str>, Option<Quant>, u32),
     staging: &Path,
     dest: &Path,
 ) -> Result<()> {
     let files: Vec<&str> = listed.iter().map(|f| f.path.as_str()).filter(|p| is_gguf_name(p)).collect();
-    let chosen = choose(repo, &files, a.gguf.as_deref())?;
+    let chosen = choose(repo, &files, gguf)?;
     let paths = parts_of(repo, chosen, &files)?;
     let src = staging.join("src");
     let out = staging.join("out");
@@ -137,8 +138,8 @@ pub fn pull_gguf(
     let args = ConvertArgs {
         src: local,
         out: Some(out.clone()),
-        quant: a.quant,
-        group_size: a.group_size,
+        quant,
+        group_size,
         embed: None,
         lm_head: None,
         attn: None,

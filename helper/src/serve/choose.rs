@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::choose::{self, MAX_OPTIONS};
+use colibri_engine::generate::{feed_chunked, PREFILL_CHUNK};
 use colibri_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::json;
@@ -82,12 +83,12 @@ async fn run(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
         let option_ids = choose::encode_options(tok, &opts).map_err(invalid)?;
         let model = &loaded.model;
         let mut session = model.new_session();
+        // A long prompt goes in chunks, the flag checked before each (the same bits as one
+        // pass): a client that leaves during its prefill frees the model within one chunk.
         let mut forward = |keep: usize, ids: &[u32], which| {
-            if gone.load(Ordering::Relaxed) {
-                return Err(colibri_engine::Error::Invalid("the client went away".into()));
-            }
             session.truncate(keep);
-            model.forward(&mut session, ids, which)
+            let mut pass = |part: &[u32], which| model.forward(&mut session, part, which);
+            feed_chunked(&mut pass, ids, which, PREFILL_CHUNK, &mut || !gone.load(Ordering::Relaxed))
         };
         let c = choose::choose_with(&mut forward, ids, option_ids, model.cfg.max_positions).map_err(|e| match e {
             colibri_engine::Error::ContextOverflow { .. } => {

@@ -1,7 +1,8 @@
 //! The native engine behind the OpenAI endpoints: models loaded on first use and kept,
 //! one generation per model at a time (the others wait in a bounded queue), each run on
 //! the blocking pool and streaming text pieces through a channel. A generation stops
-//! when its client goes away (the channel closes) or the helper shuts down. Each model
+//! when its client goes away (the channel closes) or the helper shuts down: at its next
+//! token, or during a long prompt at the next chunk of its prefill. Each model
 //! keeps its last conversations' caches ([`ContextPool`]): a request that extends one
 //! feeds only its new tokens (reported as `cached_tokens`).
 
@@ -12,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use colibri_engine::generate::logprobs::sequence_logprobs;
 use colibri_engine::generate::{
-    forward_recording, Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter, MtpDrafter,
-    StopReason, TokenLogprob,
+    feed_chunked, forward_recording, Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter,
+    MtpDrafter, StopReason, TokenLogprob, PREFILL_CHUNK,
 };
 use colibri_engine::model::config::ModelConfig;
 use colibri_engine::tokenizer::DecodeStream;
@@ -266,6 +267,9 @@ pub enum Event {
         completion_tokens: usize,
     },
     Error(String),
+    /// The output's grammar failed while tokens were generated (llguidance's reason): the
+    /// request's fault, not the server's.
+    Grammar(String),
 }
 
 /// One generation request, ready to run.
@@ -382,11 +386,20 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
     // a worker of the CPU pool (`flags::on_pool`: its parallel regions then start on a
     // worker). One hand-off per pass, not per request: between passes this thread waits
     // for the client (`blocking_send`), which must not hold a worker.
+    //
+    // A prompt is fed in chunks of PREFILL_CHUNK positions, and before each one the
+    // generation checks that its client is still there and the helper not shutting down:
+    // a client that leaves during a long prefill frees the model within one chunk, not
+    // at the end of the whole prompt (the same bits as one pass: generate::prefill).
     let model = &loaded.model;
-    let forward = |session: &mut Session, ids: &[u32], which: Logits| match &log {
-        // The MTP log is not Send: those passes stay on this thread.
-        Some(log) => forward_recording(model, session, log, session.len(), ids, which),
-        None => crate::flags::on_pool(|| model.forward(session, ids, which)),
+    let go_on = || !tx.is_closed() && !shutdown.load(Ordering::Relaxed);
+    let forward = |session: &mut Session, ids: &[u32], which: Logits| {
+        let mut pass = |part: &[u32], which| match &log {
+            // The MTP log is not Send: those passes stay on this thread.
+            Some(log) => forward_recording(model, session, log, session.len(), part, which),
+            None => crate::flags::on_pool(|| model.forward(session, part, which)),
+        };
+        feed_chunked(&mut pass, ids, which, PREFILL_CHUNK, &mut || go_on())
     };
     // Echo with logprobs needs every prompt position's logits: nothing is reused then.
     let taken = match prompt_logprobs {
@@ -488,6 +501,17 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
             gen.cancel();
         }
     }
+    // A prefill stopped between its chunks: the client left or the helper is shutting
+    // down. The chunks fed so far are a valid cache of the prompt's first tokens.
+    if matches!(result, Err(colibri_engine::Error::Cancelled)) {
+        result = Ok(());
+        gen.cancel();
+        if tx.is_closed() {
+            client_gone = true;
+        } else {
+            shutting_down = true;
+        }
+    }
     if gen.is_speculative() {
         let sp = gen.spec_stats();
         stats.spec_forwards.fetch_add(sp.forwards as u64, Ordering::Relaxed);
@@ -505,8 +529,10 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         stats.prompt_tokens_cached.fetch_add(cached as u64, Ordering::Relaxed);
         kv.put(session);
     }
-    if let Err(e) = result {
-        return (Some(Event::Error(e.to_string())), false);
+    match result {
+        Err(e @ colibri_engine::Error::Grammar(_)) => return (Some(Event::Grammar(e.to_string())), false),
+        Err(e) => return (Some(Event::Error(e.to_string())), false),
+        Ok(()) => {}
     }
     if client_gone {
         return (None, true);

@@ -234,8 +234,11 @@ fn tensor_shapes(root: &Path) -> Result<std::collections::HashMap<String, Vec<u6
             if k == "__metadata__" {
                 continue;
             }
+            // A multimodal checkpoint's text tower under the text model's names, as the
+            // engine reads it.
+            let Some(k) = colibri_engine::format::tensors::text_tower_name(k.clone()) else { continue };
             let shape = v.get("shape").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_u64).collect());
-            out.insert(k.clone(), shape.unwrap_or_default());
+            out.insert(k, shape.unwrap_or_default());
         }
     }
     Ok(out)
@@ -280,6 +283,9 @@ pub fn check(root: &Path) -> Result<colibri_engine::ModelConfig> {
         want(&format!("model.layers.{l}.input_layernorm.weight"), &[cfg.hidden])?;
         let linear = cfg.linear_attn.as_ref().filter(|la| la.layers[l]);
         match (&cfg.mla, linear) {
+            (_, Some(la)) if la.split_in_proj => {
+                want(&format!("model.layers.{l}.linear_attn.in_proj_qkv.weight"), &[la.conv_dim(), cfg.hidden])?
+            }
             (_, Some(la)) => want(
                 &format!("model.layers.{l}.linear_attn.in_proj_qkvz.weight"),
                 &[2 * la.key_dim() + 2 * la.value_dim(), cfg.hidden],

@@ -160,6 +160,8 @@ struct Prepared {
     dropped_messages: usize,
     /// Function calling: an output that is a call is returned as `tool_calls`.
     tools: bool,
+    /// The parameter the output's grammar came from (tools, response_format, grammar).
+    grammar_param: Option<&'static str>,
 }
 
 /// What an endpoint asks of [`prepare`] beyond the common parameters.
@@ -274,6 +276,7 @@ async fn prepare(
         return Err(ApiError::invalid(format!("{} cannot be combined", names.join(" and ")), Some(grammars[1].1)));
     }
     let grammar = grammars.pop();
+    let grammar_param = grammar.as_ref().map(|g| g.1);
     if let Some((g, param)) = &grammar {
         structured::check(g, param)?;
     }
@@ -327,7 +330,9 @@ async fn prepare(
     .map_err(|_| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the prompt could not be prepared"))??;
     let constraint = match grammar {
         None => None,
-        Some((g, param)) => Some(structured::compile(loaded.clone(), g, param).await?),
+        Some((g, param)) => {
+            Some(structured::compile(loaded.clone(), g, param, state.limits.grammar_compile_timeout).await?)
+        }
     };
     let cfg = &loaded.model.cfg;
     if prompt.is_empty() {
@@ -386,6 +391,7 @@ async fn prepare(
         echo,
         dropped_messages,
         tools: extras.tools.is_some(),
+        grammar_param,
     })
 }
 
@@ -564,6 +570,12 @@ fn stream_response(kind: Kind, mut p: Prepared) -> Response {
                     out.send(sse(&ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, msg).body())).await?;
                     return Some(());
                 }
+                // The stream ends cleanly: the text sent so far, the error, then [DONE].
+                Event::Grammar(msg) => {
+                    out.send(sse(&structured::failed_while_generating(msg, p.grammar_param).body())).await?;
+                    out.send(Bytes::from_static(b"data: [DONE]\n\n")).await?;
+                    return Some(());
+                }
             }
         }
         Some(())
@@ -650,6 +662,7 @@ async fn collect(kind: Kind, mut p: Prepared) -> Response {
                 return axum::Json(body).into_response();
             }
             Event::Error(msg) => return ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, msg).into_response(),
+            Event::Grammar(msg) => return structured::failed_while_generating(msg, p.grammar_param).into_response(),
         }
     }
     ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "the generation was cancelled").into_response()
@@ -682,9 +695,9 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
             None => m.tool_calls.as_ref().map(structured::calls_as_text).unwrap_or_default(),
             Some(Content::Text(t)) => t,
             Some(Content::Parts(parts)) => {
-                if parts.iter().any(|p| p.kind != "text") {
-                    return ApiError::invalid("only text content parts are supported", Some("messages"))
-                        .into_response();
+                if let Some(p) = parts.iter().find(|p| p.kind != "text") {
+                    let why = format!("content parts of type {:?} are not supported: only text (colibri runs the language model alone, image inputs are refused, also for image-text models such as Qwen3.5)", p.kind);
+                    return ApiError::invalid(why, Some("messages")).into_response();
                 }
                 parts.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("")
             }

@@ -11,9 +11,10 @@
 //! ([`compile`]), never on an async worker.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::StatusCode;
-use colibri_engine::generate::{Constraint, Grammar};
+use colibri_engine::generate::{CompileCancel, Constraint, Grammar};
 use colibri_engine::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
@@ -25,9 +26,23 @@ use super::api_error::ApiError;
 /// properties: under 1 MiB each; docs/api.md, "Limits").
 const COMPILE_STACK: usize = 16 << 20;
 
-/// Grammars compiled at once; more wait their turn. A compilation whose client left runs
-/// to its end (the limits bound it) but holds its place until then.
+/// Grammars compiled at once; more wait their turn (a client that leaves while waiting
+/// leaves the queue: its request future, which waits, is dropped). A compilation whose
+/// client left, or that ran past [`super::Limits::grammar_compile_timeout`], is cancelled
+/// ([`CompileCancel`]): llguidance's parser construction runs to its end (the limits bound
+/// it), its first mask is skipped or stopped, and the place is freed.
 static COMPILING: Semaphore = Semaphore::const_new(2);
+
+/// Cancels a compilation when dropped, unless it finished.
+struct CancelOnDrop(Option<CompileCancel>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.cancel();
+        }
+    }
+}
 
 /// A 400 naming `param` when `grammar` is past the engine's compile limits.
 pub fn check(grammar: &Grammar, param: &'static str) -> Result<(), ApiError> {
@@ -35,27 +50,54 @@ pub fn check(grammar: &Grammar, param: &'static str) -> Result<(), ApiError> {
 }
 
 /// Compiles `grammar` for the model's tokenizer on a thread with a [`COMPILE_STACK`] stack;
-/// a 400 naming `param` when it is refused.
+/// a 400 naming `param` when it is refused or takes longer than `timeout`.
 pub async fn compile(
     loaded: Arc<crate::load::Loaded>,
     grammar: Grammar,
     param: &'static str,
+    timeout: Duration,
 ) -> Result<Constraint, ApiError> {
     check(&grammar, param)?;
     let failed = || ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "the grammar could not be compiled");
     let permit = COMPILING.acquire().await.map_err(|_| failed())?;
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let cancel = CompileCancel::default();
+    // Dropped with this future: when the client leaves, or at the timeout below.
+    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
     std::thread::Builder::new()
         .name("coli-grammar".into())
         .stack_size(COMPILE_STACK)
         .spawn(move || {
             let tok = loaded.tokenizer.as_ref().ok_or_else(|| "this model has no tokenizer".to_string());
-            let r = tok.and_then(|tok| Constraint::new(tok, &grammar).map_err(|e| e.to_string()));
+            let r = tok
+                .and_then(|tok| Constraint::new_cancellable(tok, &grammar, Some(&cancel)).map_err(|e| e.to_string()));
             drop(permit);
             let _ = tx.send(r);
         })
         .map_err(|_| failed())?;
-    rx.await.map_err(|_| failed())?.map_err(|e| bad(e, param))
+    let Ok(r) = tokio::time::timeout(timeout, rx).await else {
+        return Err(bad(
+            format!(
+                "{param}: compiling the grammar took longer than the limit of {} s; simplify it",
+                timeout.as_secs_f64()
+            ),
+            param,
+        ));
+    };
+    on_drop.0 = None;
+    r.map_err(|_| failed())?.map_err(|e| bad(e, param))
+}
+
+/// The error of a grammar that failed while the output was generated (a parser limit of
+/// llguidance reached mid-way, nothing left to allow): a 400 `invalid_request_error`
+/// naming the parameter the grammar came from. 400, not 500: the request's grammar is
+/// at fault and retrying it fails the same way, which is what OpenAI clients take a 400
+/// to mean (openai-python's BadRequestError; 5xx are retried); it is also the answer the
+/// same grammar gets when the failure shows while it is compiled. Not 422: OpenAI
+/// answers invalid schemas with 400, and some clients treat 422 as a validation error of
+/// the request's shape.
+pub fn failed_while_generating(msg: String, param: Option<&'static str>) -> ApiError {
+    ApiError::invalid(msg, param).with_code("grammar_failed")
 }
 
 fn bad(msg: impl Into<String>, param: &'static str) -> ApiError {

@@ -16,17 +16,16 @@
 
 mod gbnf;
 pub mod limits;
-mod vocab;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::SimpleVob;
-use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
+use llguidance::{JsonCompileOptions, Matcher};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{GrammarVocab, Tokenizer};
 
 pub use gbnf::gbnf_to_lark;
 
@@ -130,24 +129,6 @@ pub fn with_json_style(mut schema: Value, lenient: bool) -> Value {
     schema
 }
 
-/// llguidance's compiled view of a tokenizer's vocabulary (built once per tokenizer:
-/// [`Tokenizer::grammar_vocab`]).
-pub struct GrammarVocab {
-    factory: ParserFactory,
-    /// The virtual end-of-sequence id (one past the tokenizer's vocabulary).
-    eos: u32,
-}
-
-impl GrammarVocab {
-    pub(crate) fn new(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<Self> {
-        let (env, eos) = vocab::tok_env(tok, vocab_size)?;
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Invalid(format!("grammar: {e}")))?;
-        // Warnings and errors come back as values, never printed.
-        factory.quiet();
-        Ok(GrammarVocab { factory, eos })
-    }
-}
-
 /// A compiled grammar following one generation.
 pub struct Constraint {
     matcher: Matcher,
@@ -157,18 +138,53 @@ pub struct Constraint {
     first: Option<SimpleVob>,
 }
 
-/// llguidance's message on one line (its Lark errors quote the grammar over several).
+/// llguidance's message on one line (its Lark errors quote the grammar over several),
+/// without the parser state and grammar dump that its mid-generation errors append.
 fn grammar_err(e: impl std::fmt::Display) -> Error {
     let msg = e.to_string();
-    let lines: Vec<&str> = msg.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    Error::Invalid(format!("grammar: {}", lines.join(" | ")))
+    let lines: Vec<&str> = msg
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("<state>") && !l.starts_with("<grammar>"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    Error::Grammar(lines.join(" | "))
+}
+
+/// Stops a compilation ([`Constraint::new_cancellable`]) from another thread. llguidance
+/// builds a grammar's parser with no way to stop it (its own limits bound that work), then
+/// computes the first mask cooperatively cancellable: a cancel while the parser is built
+/// skips the mask, one during the mask stops it mid-way. Either way the compilation answers
+/// [`Error::Cancelled`].
+#[derive(Clone, Default)]
+pub struct CompileCancel(Arc<Mutex<CancelState>>);
+
+#[derive(Default)]
+struct CancelState {
+    cancelled: bool,
+    handle: Option<llguidance::CancellationHandle>,
+}
+
+impl CompileCancel {
+    pub fn cancel(&self) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.cancelled = true;
+        if let Some(h) = &s.handle {
+            h.cancel();
+        }
+    }
 }
 
 impl Constraint {
     /// Compiles `grammar` for `tok`'s vocabulary and computes its first mask; a grammar past
     /// the [`limits`], or one llguidance refuses (its syntax, or its own limits on size and
-    /// work), gives [`Error::Invalid`] with the reason.
+    /// work), gives [`Error::Grammar`] (or [`Error::Invalid`]) with the reason.
     pub fn new(tok: &Tokenizer, grammar: &Grammar) -> Result<Self> {
+        Self::new_cancellable(tok, grammar, None)
+    }
+
+    /// [`Constraint::new`] that `cancel` can stop ([`CompileCancel`]).
+    pub fn new_cancellable(tok: &Tokenizer, grammar: &Grammar, cancel: Option<&CompileCancel>) -> Result<Self> {
         grammar.check_limits()?;
         let vocab = tok.grammar_vocab()?;
         let parser = vocab.factory.create_parser(grammar.to_llguidance()?).map_err(grammar_err)?;
@@ -176,7 +192,23 @@ impl Constraint {
         if let Some(e) = matcher.get_error() {
             return Err(grammar_err(e));
         }
-        let first = matcher.compute_mask().map_err(grammar_err)?;
+        if let Some(c) = cancel {
+            matcher = matcher.into_cancellable();
+            let mut s = c.0.lock().unwrap_or_else(|e| e.into_inner());
+            if s.cancelled {
+                return Err(Error::Cancelled);
+            }
+            s.handle = matcher.cancellation_handle();
+        }
+        let first = match matcher.compute_mask() {
+            Ok(m) => m,
+            Err(e) if e.is::<llguidance::Cancelled>() || matcher.is_cancelled() => return Err(Error::Cancelled),
+            Err(e) => return Err(grammar_err(e)),
+        };
+        // Compiled: a later cancel leaves this constraint alone.
+        if let Some(c) = cancel {
+            c.0.lock().unwrap_or_else(|e| e.into_inner()).handle = None;
+        }
         Ok(Constraint { matcher, vocab, masked: Vec::new(), first: Some(first) })
     }
 
@@ -204,9 +236,7 @@ impl Constraint {
             }
         }
         if self.masked.iter().all(|&x| x == f32::NEG_INFINITY || x.is_nan()) {
-            return Err(Error::Invalid(
-                "grammar: no token of this model's vocabulary can continue the output here".into(),
-            ));
+            return Err(Error::Grammar("no token of this model's vocabulary can continue the output here".into()));
         }
         Ok(&self.masked)
     }

@@ -146,3 +146,52 @@ fn grammars_the_library_refuses_give_its_message() {
     assert!(bad_type.contains("frobnicate"), "{bad_type}");
     assert!(e(Grammar::Gbnf("root ::= [z-a]".into())).contains("GBNF line 1"));
 }
+
+/// A Lark grammar that compiles (its first mask is computed) but fails at its first
+/// token: after "a", `b`'s `n` alternatives are all predicted at once, one Earley row
+/// past llguidance's `max_items_in_row` (2,000) when `n` > 2,000. The one way found to
+/// make a constraint fail mid-generation, deterministically (an output that can only end
+/// completes the grammar instead: [`Constraint::is_complete`]).
+pub fn fails_after_its_first_token(n: usize) -> String {
+    let alts: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
+    let mut lark = format!("start: \"a\" b\nb: {}\n", alts.join(" | "));
+    for i in 0..n {
+        lark.push_str(&format!("b{i}: \"x\" \"{i}\"\n"));
+    }
+    lark
+}
+
+/// A grammar that fails mid-generation gives an error naming the grammar and llguidance's
+/// reason (its parser state dump left out), never a token outside the grammar.
+#[test]
+fn a_grammar_that_fails_mid_generation_is_an_error() {
+    let tok = tokenizer();
+    let opts = GenerateOptions { max_new_tokens: 20, stop_ids: vec![EOS], ..GenerateOptions::default() };
+    // 1,900 alternatives stay within the limit: "a", then "x" and a number.
+    let c = Constraint::new(&tok, &Grammar::Lark(fails_after_its_first_token(1900))).unwrap();
+    let mut g = Generator::new(&[], &[1], 4096, &opts).unwrap().with_constraint(c);
+    while g.input().is_some() {
+        g.accept(&[0.0f32; 401], Some(&tok)).unwrap();
+    }
+    assert!(tok.decode(g.produced(), true).unwrap().starts_with("ax"));
+    let c = Constraint::new(&tok, &Grammar::Lark(fails_after_its_first_token(2100))).unwrap();
+    let mut g = Generator::new(&[], &[1], 4096, &opts).unwrap().with_constraint(c);
+    let e = g.accept(&[0.0f32; 401], Some(&tok)).unwrap_err();
+    assert!(matches!(e, Error::Grammar(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("grammar: ") && msg.contains("max is 2000"), "{msg}");
+    assert!(!msg.contains("<state>") && msg.len() < 300, "{msg}");
+}
+
+/// A compilation cancelled before it starts, or while llguidance builds the parser,
+/// answers Cancelled instead of computing its first mask; one not cancelled compiles.
+#[test]
+fn a_cancelled_compilation_stops_before_its_first_mask() {
+    let tok = tokenizer();
+    let g = Grammar::json_schema(person_schema());
+    let cancel = CompileCancel::default();
+    assert!(Constraint::new_cancellable(&tok, &g, Some(&cancel)).is_ok());
+    cancel.cancel();
+    let e = Constraint::new_cancellable(&tok, &g, Some(&cancel)).err().unwrap();
+    assert!(matches!(e, Error::Cancelled), "{e}");
+}

@@ -22,6 +22,11 @@ pub struct LinearAttnConfig {
     pub conv_kernel: usize,
     /// Per layer: true for a Gated DeltaNet layer, false for full attention.
     pub layers: Vec<bool>,
+    /// The input projections as qwen3_5_moe stores them: `in_proj_qkv` (q of every key
+    /// head, then k, then v: the conv's channel order), `in_proj_z`, `in_proj_b` and
+    /// `in_proj_a` (value-head order); else qwen3_next's `in_proj_qkvz` / `in_proj_ba`,
+    /// grouped per key head.
+    pub split_in_proj: bool,
 }
 
 impl LinearAttnConfig {
@@ -56,6 +61,7 @@ pub(super) fn linear_config(v: &Value, n_layers: usize) -> Result<LinearAttnConf
         v_head_dim: bounded("linear_value_head_dim", optional_usize(v, "linear_value_head_dim", 128)?, MAX_HEAD_DIM)?,
         conv_kernel: bounded("linear_conv_kernel_dim", optional_usize(v, "linear_conv_kernel_dim", 4)?, 64)?,
         layers: layer_kinds(v, n_layers)?,
+        split_in_proj: false,
     };
     if c.n_k_heads == 0 || c.k_head_dim == 0 || c.v_head_dim == 0 || c.conv_kernel == 0 {
         return Err(Error::Config(

@@ -76,6 +76,13 @@ fn models_and_non_streamed_completions() {
     // Same seed and settings, same answer (content parts give the same prompt).
     let again = json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}], "max_tokens": 5, "temperature": 0, "seed": 1});
     assert_eq!(s.post("/v1/chat/completions", &again.to_string()).json()["choices"], v["choices"]);
+    // An image part is refused with a 400 that names it (the engine runs text only).
+    let image = json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}], "max_tokens": 5});
+    let r = s.post("/v1/chat/completions", &image.to_string());
+    assert_eq!(r.status, 400, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("\"image_url\"") && msg.contains("image inputs are refused"), "{msg}");
     // response_format text is plain text: the same answer.
     let mut text = again.clone();
     text["response_format"] = json!({"type": "text"});

@@ -235,3 +235,67 @@ fn deep_and_wide_schemas_are_400s_and_the_server_stays_up() {
     let text = r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     assert!(text.starts_with('"'), "{text}");
 }
+
+/// A Lark grammar that compiles but fails at the output's first token: after "a", `b`'s
+/// 2,100 alternatives are predicted in one Earley row, past llguidance's limit of 2,000
+/// items per row (engine: `a_grammar_that_fails_mid_generation_is_an_error`).
+fn fails_after_its_first_token() -> String {
+    let n = 2100;
+    let alts: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
+    let mut lark = format!("start: \"a\" b\nb: {}\n", alts.join(" | "));
+    for i in 0..n {
+        lark.push_str(&format!("b{i}: \"x\" \"{i}\"\n"));
+    }
+    lark
+}
+
+/// A grammar that fails while the output is generated (not when it is compiled) ends
+/// the response cleanly: a 400 naming the grammar and llguidance's reason (it was a 500),
+/// or streamed, an error event then [DONE]; the server goes on.
+#[test]
+fn a_grammar_failing_mid_generation_is_a_400_or_an_error_event() {
+    let s = start("structured-mid", |_| {});
+    let body = chat(json!({"grammar": fails_after_its_first_token(), "max_tokens": 20}));
+    let r = s.post("/v1/chat/completions", &body.to_string());
+    assert_eq!(r.status, 400, "{}", r.text());
+    let e = &r.json()["error"];
+    assert_eq!((e["param"].as_str(), e["code"].as_str()), (Some("grammar"), Some("grammar_failed")), "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.starts_with("grammar: ") && msg.contains("max is 2000") && !msg.contains("<state>"), "{msg}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let mut c = Conn::open(s.addr).unwrap();
+    c.send("POST", "/v1/chat/completions", &[], streamed.to_string().as_bytes()).unwrap();
+    let (events, done) = read_sse(&mut c);
+    assert!(done, "the stream ends with [DONE]: {events:?}");
+    let last = events.last().unwrap();
+    assert_eq!(last["error"]["code"], "grammar_failed", "{events:?}");
+    assert!(last["error"]["message"].as_str().unwrap().contains("max is 2000"), "{last}");
+    assert_eq!(s.post("/v1/chat/completions", &chat(json!({})).to_string()).status, 200);
+    assert_eq!(s.health()["status"], "ok");
+}
+
+/// A grammar that takes longer to compile than `grammar_compile_timeout` gets a 400
+/// naming the limit (here 1 ms; the 2,100-alternative grammar takes about 0.1 s), its
+/// compilation cancelled; one after another, such requests never wait on compile slots
+/// that an abandoned compilation kept, and the server goes on.
+#[test]
+fn a_grammar_compile_past_the_time_limit_is_a_400() {
+    let s = start_with(
+        "structured-slow",
+        |_| {},
+        |l| l.grammar_compile_timeout = std::time::Duration::from_millis(1),
+        |_| {},
+    );
+    let body = chat(json!({"grammar": fails_after_its_first_token(), "max_tokens": 2})).to_string();
+    for _ in 0..4 {
+        let t = std::time::Instant::now();
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], "grammar", "{e}");
+        assert!(e["message"].as_str().unwrap().contains("took longer than the limit of 0.001 s"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "{:?}", t.elapsed());
+    }
+    assert_eq!(s.post("/v1/chat/completions", &chat(json!({})).to_string()).status, 200);
+}

@@ -1,4 +1,5 @@
-//! The vocabulary as llguidance sees it: the bytes each token stands for, in a token trie
+//! The vocabulary as llguidance (structured output, `generate::grammar`) sees it, built once
+//! per tokenizer ([`GrammarVocab`], [`super::Tokenizer::grammar_vocab`]): the bytes each token stands for, in a token trie
 //! (`TokTrie`), plus one virtual end-of-sequence token after the vocabulary.
 //!
 //! The bytes come from the tokenizer's pieces the way the tokenizer's decoder turns them
@@ -13,8 +14,9 @@ use std::sync::Arc;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use tokenizers::DecoderWrapper;
 
+use llguidance::ParserFactory;
+
 use crate::error::{Error, Result};
-use crate::generate::logprobs::byte_level_byte;
 
 /// How the decoder turns a piece into text.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -124,4 +126,42 @@ pub fn tok_env(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<(TokEnv
     let info = TokRxInfo::new(eos + 1, eos);
     let env: TokEnv = Arc::new(Env { trie: TokTrie::from(&info, &words) });
     Ok((env, eos))
+}
+
+/// llguidance's compiled view of a tokenizer's vocabulary (built once per tokenizer:
+/// [`Tokenizer::grammar_vocab`]).
+pub struct GrammarVocab {
+    pub(crate) factory: ParserFactory,
+    /// The virtual end-of-sequence id (one past the tokenizer's vocabulary).
+    pub(crate) eos: u32,
+}
+
+impl GrammarVocab {
+    pub(crate) fn new(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<Self> {
+        let (env, eos) = tok_env(tok, vocab_size)?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
+        // Warnings and errors come back as values, never printed.
+        factory.quiet();
+        Ok(GrammarVocab { factory, eos })
+    }
+}
+
+/// The GPT-2 byte-level alphabet backwards: the byte each printable stand-in char encodes.
+pub(crate) fn byte_level_byte(c: char) -> Option<u8> {
+    let c = c as u32;
+    let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    if c < 256 && direct(c) {
+        return Some(c as u8);
+    }
+    // The other bytes were mapped, in order, to 256, 257, ...
+    let mut n = 256;
+    for b in 0u32..256 {
+        if !direct(b) {
+            if n == c {
+                return Some(b as u8);
+            }
+            n += 1;
+        }
+    }
+    None
 }

@@ -1,0 +1,437 @@
+//! The wgpu backend of the graph ([`crate::model::graph`]): [`GpuPass`] records each
+//! operation of one forward pass with its WGSL twin ([`super::ops`]) into a [`Recorder`],
+//! and submits where the host must see a result (the routes of a MoE layer, the logits).
+//!
+//! Per MoE layer the router logits are routed on the GPU by route.wgsl (moe::route's
+//! arithmetic and order for every scoring rule, bit for bit) and the choices read back,
+//! because the host must fetch and upload missing experts; the selected experts then run
+//! on the GPU in ascending index order, as the CPU adds them.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+
+use super::buffers::{f32s, GpuMat};
+use super::deltanet::{DeltaScratch, GpuDeltaState};
+use super::hybrid::MoeScratch;
+use super::mla::MlaScratch;
+use super::model::{swiglu_ffn, GpuModel, GpuSession};
+use super::ops::{self, AttnShape, GateAct};
+use super::placement::Hybrid;
+use super::recorder::{Bind, Recorder};
+use super::weights::{GpuAttn, GpuFfn};
+use crate::error::{Error, Result};
+use crate::model::attention::AttnOpts;
+use crate::model::config::Activation;
+use crate::model::graph::{AttendShape, Attn, Backend, Ops};
+use crate::model::{Ffn, Logits, Model};
+
+/// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
+pub(super) struct GpuPass<'a, M: Borrow<Model>> {
+    gm: &'a GpuModel<M>,
+    rec: Recorder<'a>,
+    session: &'a mut GpuSession,
+    pos0: usize,
+    n: usize,
+    /// RoPE's [cos.., sin..] per position of the pass, and where the recorder holds it
+    /// (again after every submit: the data arena goes with the recorder).
+    cs: Vec<f32>,
+    cs_data: Bind,
+    /// Scratch buffers by label, reused from layer to layer.
+    scratch: HashMap<&'static str, wgpu::Buffer>,
+    mla: Option<MlaScratch>,
+    delta: Option<DeltaScratch>,
+    /// Layer -> experts the lookahead predicted for it (checked when it routes).
+    predicted: Vec<Option<Vec<usize>>>,
+    on_use: &'a mut dyn FnMut(usize, usize, usize),
+}
+
+impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
+    pub(super) fn new(
+        gm: &'a GpuModel<M>,
+        mut rec: Recorder<'a>,
+        session: &'a mut GpuSession,
+        n: usize,
+        on_use: &'a mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Self> {
+        let (ctx, c) = (rec.ctx(), &gm.m().cfg);
+        let pos0 = session.tokens.len();
+        let rope = &gm.m().rope;
+        let half = rope.rotary_dim / 2;
+        let mut cs = Vec::with_capacity(n * 2 * half);
+        let (mut co, mut si) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            rope.cos_sin(pos0 + i, &mut co, &mut si);
+            cs.extend_from_slice(&co);
+            cs.extend_from_slice(&si);
+        }
+        let cs_data = rec.data_f32(&cs);
+        Ok(GpuPass {
+            gm,
+            rec,
+            session,
+            pos0,
+            n,
+            cs,
+            cs_data,
+            scratch: HashMap::new(),
+            mla: c.mla.as_ref().map(|m| MlaScratch::new(ctx, m, c.n_heads, n)).transpose()?,
+            delta: c.linear_attn.as_ref().map(|la| DeltaScratch::new(ctx, la, n)).transpose()?,
+            predicted: vec![None; c.n_layers],
+            on_use,
+        })
+    }
+
+    /// Submits what was recorded (a fresh recorder takes its place) and returns the reads.
+    async fn submit(&mut self) -> Result<Vec<Vec<u8>>> {
+        let ctx = self.rec.ctx();
+        let done = std::mem::replace(&mut self.rec, Recorder::new(ctx)).submit().await?;
+        self.cs_data = self.rec.data_f32(&self.cs);
+        Ok(done)
+    }
+
+    fn half(&self) -> usize {
+        self.gm.m().rope.rotary_dim / 2
+    }
+
+    /// The attention score scratch of this pass: n * n_heads * (pos0 + n) floats.
+    fn scores(&mut self) -> Result<wgpu::Buffer> {
+        let c = &self.gm.m().cfg;
+        let len = self.n * c.n_heads * (self.pos0 + self.n);
+        Ops::alloc(self, "scores", len)
+    }
+}
+
+impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
+    type T = wgpu::Buffer;
+    type M = GpuMat;
+    type V = wgpu::Buffer;
+
+    fn pos0(&self) -> usize {
+        self.pos0
+    }
+
+    fn alloc(&mut self, label: &'static str, len: usize) -> Result<wgpu::Buffer> {
+        let bytes = len.max(1) as u64 * 4;
+        if let Some(b) = self.scratch.get(label).filter(|b| b.size() >= bytes) {
+            return Ok(b.clone());
+        }
+        let b = self.rec.ctx().storage_buffer(label, bytes)?;
+        self.scratch.insert(label, b.clone());
+        Ok(b)
+    }
+
+    fn copy(&mut self, src: &wgpu::Buffer, at: usize, dst: &mut wgpu::Buffer, len: usize) -> Result<()> {
+        self.rec.copy(src, at as u64 * 4, dst, 0, len as u64 * 4);
+        Ok(())
+    }
+
+    fn rmsnorm(&mut self, t: &mut wgpu::Buffer, rows: usize, width: usize, w: &wgpu::Buffer, eps: f32) -> Result<()> {
+        ops::rmsnorm(&mut self.rec, t, 0, rows, width, w, eps)
+    }
+
+    fn add(&mut self, x: &mut wgpu::Buffer, y: &wgpu::Buffer, len: usize) -> Result<()> {
+        ops::add(&mut self.rec, x, 0, y, 0, len, len)
+    }
+
+    fn add_bias(&mut self, t: &mut wgpu::Buffer, b: &wgpu::Buffer, len: usize, period: usize) -> Result<()> {
+        ops::add(&mut self.rec, t, 0, b, 0, len, period)
+    }
+
+    fn matmul(
+        &mut self,
+        jobs: &mut [(&GpuMat, &mut wgpu::Buffer)],
+        x: &wgpu::Buffer,
+        row0: usize,
+        n: usize,
+    ) -> Result<()> {
+        for (w, out) in jobs.iter_mut() {
+            ops::matmul(&mut self.rec, w, x, row0 * w.cols, n, out, 0, w.rows)?;
+        }
+        Ok(())
+    }
+
+    fn clamp(&mut self, t: &mut wgpu::Buffer, len: usize, c: f32) -> Result<()> {
+        ops::clamp(&mut self.rec, t, len, c)
+    }
+
+    fn split_gate(
+        &mut self,
+        qg: &wgpu::Buffer,
+        n: usize,
+        heads: usize,
+        hd: usize,
+        q: &mut wgpu::Buffer,
+        gate: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        ops::split_gate(&mut self.rec, qg, n * heads, hd, q, gate)
+    }
+
+    fn rope(&mut self, t: &mut wgpu::Buffer, n: usize, heads: usize, head_dim: usize) -> Result<()> {
+        let half = self.half();
+        ops::rope(&mut self.rec, t, n, heads, head_dim, half, self.cs_data.clone())
+    }
+
+    fn attend(
+        &mut self,
+        l: usize,
+        q: &wgpu::Buffer,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        s: AttendShape,
+        sinks: Option<&wgpu::Buffer>,
+        out: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        let scores = self.scores()?;
+        let (kc, vc) = self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?;
+        let kvd = (s.n_kv_heads * s.head_dim) as u64 * 4;
+        self.rec.copy(k, 0, kc, s.pos0 as u64 * kvd, s.n as u64 * kvd);
+        self.rec.copy(v, 0, vc, s.pos0 as u64 * kvd, s.n as u64 * kvd);
+        let shape = AttnShape {
+            n: s.n,
+            n_heads: s.n_heads,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.head_dim,
+            pos0: s.pos0,
+            window: s.window,
+            scale: s.scale,
+            mla: None,
+        };
+        ops::attention(&mut self.rec, shape, q, kc, vc, &scores, out, sinks)
+    }
+
+    fn gate_sigmoid(&mut self, x: &mut wgpu::Buffer, g: &wgpu::Buffer, len: usize) -> Result<()> {
+        ops::gate_mul(&mut self.rec, x, g, len, GateAct::Sigmoid)
+    }
+
+    async fn read(&mut self, t: wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
+        self.rec.read(&t, 0, len as u64 * 4);
+        let done = self.submit().await?;
+        Ok(f32s(done.first().ok_or_else(|| Error::Gpu("a result was not read back".into()))?))
+    }
+}
+
+impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
+    fn model(&self) -> &'a Model {
+        self.gm.m()
+    }
+
+    fn norms(&self, l: usize) -> (&'a wgpu::Buffer, &'a wgpu::Buffer) {
+        let lw = &self.gm.layers[l];
+        (&lw.attn_norm, &lw.ffn_norm)
+    }
+
+    fn attn(&self, l: usize) -> Attn<'a, GpuMat, wgpu::Buffer> {
+        match &self.gm.layers[l].attn {
+            GpuAttn::Gqa(g) => Attn::Gqa(g),
+            GpuAttn::Mla(_) => Attn::Mla,
+            GpuAttn::Linear(_) => Attn::Linear,
+        }
+    }
+
+    fn attn_opts(&self, l: usize) -> &'a AttnOpts {
+        &self.gm.m().layers[l].attn_opts
+    }
+
+    fn final_norm(&self) -> &'a wgpu::Buffer {
+        &self.gm.final_norm
+    }
+
+    fn lm_head(&self) -> &'a GpuMat {
+        &self.gm.lm_head
+    }
+
+    fn embed(&mut self, ids: &[u32], x: &mut wgpu::Buffer) -> Result<()> {
+        let ids_data = self.rec.data(ids);
+        ops::embed(&mut self.rec, &self.gm.embed, ids_data, ids.len(), x)
+    }
+
+    fn mla(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {
+        let GpuAttn::Mla(mla) = &self.gm.layers[l].attn else {
+            return Err(Error::Gpu(format!("layer {l} is not multi-head latent attention")));
+        };
+        let scores = self.scores()?;
+        let scratch = self.mla.as_ref().ok_or_else(|| Error::Gpu("MLA scratch missing".into()))?;
+        let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;
+        let o = &self.gm.m().layers[l].attn_opts;
+        mla.forward(&mut self.rec, scratch, xn, n, self.pos0, o, cache, &scores, self.cs_data.clone(), out)
+    }
+
+    fn linear_attn(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {
+        let GpuAttn::Linear(d) = &self.gm.layers[l].attn else {
+            return Err(Error::Gpu(format!("layer {l} is not linear attention")));
+        };
+        let scratch = self.delta.as_ref().ok_or_else(|| Error::Gpu("DeltaNet scratch missing".into()))?;
+        let state = self
+            .session
+            .recurrent
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))?;
+        d.forward(&mut self.rec, scratch, xn, n, state, out)
+    }
+
+    async fn ffn(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {
+        let gm = self.gm;
+        let inter = gm.max_inter;
+        match (&gm.m().layers[l].ffn, &gm.layers[l].ffn) {
+            (_, GpuFfn::Dense(mlp)) => {
+                let (g, u) = (Ops::alloc(self, "g", n * inter)?, Ops::alloc(self, "u", n * inter)?);
+                swiglu_ffn(&mut self.rec, mlp, xn, n, &g, &u, out, Activation::Silu, None)
+            }
+            (Ffn::Moe(block), GpuFfn::Moe(moe)) => self.moe(l, block, moe, xn, n, out).await,
+            (Ffn::Dense(_), GpuFfn::Moe(_)) => {
+                Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model")))
+            }
+        }
+    }
+}
+
+impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
+    /// Layer `l`'s routed experts (and shared expert) of `xn` into `y`: routing on the GPU,
+    /// the choices read back, missing experts fetched, the router lookahead's prefetch.
+    async fn moe(
+        &mut self,
+        l: usize,
+        block: &'a crate::model::moe::MoeBlock,
+        moe: &'a super::weights::GpuMoe,
+        xn: &wgpu::Buffer,
+        n: usize,
+        y: &wgpu::Buffer,
+    ) -> Result<()> {
+        let gm = self.gm;
+        let (c, f) = (&gm.m().cfg, 4u64);
+        let h = c.hidden;
+        let router = &moe.router;
+        let ne = router.w.rows;
+        let k = block.cfg.top_k;
+        let router_logits = Ops::alloc(self, "router_logits", n * c.router.n_experts)?;
+        let probs = Ops::alloc(self, "router_probs", n * c.router.n_experts)?;
+        // (expert, weight bits) per choice; any top-k up to all experts fits.
+        let routes = Ops::alloc(self, "routes", n * c.router.n_experts * 2)?;
+        router.route(&mut self.rec, xn, n, &router_logits, &probs, &routes, &block.cfg)?;
+        self.rec.read(&routes, 0, (n * k * 2) as u64 * f);
+        let next = gm.next_router(l);
+        if let Some((next_router, cfg)) = &next {
+            let ahead_routes = Ops::alloc(self, "ahead_routes", n * c.router.n_experts * 2)?;
+            // router_logits is free again: this layer's routing has consumed it.
+            next_router.route(&mut self.rec, xn, n, &router_logits, &probs, &ahead_routes, cfg)?;
+            self.rec.read(&ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
+        }
+        // Hybrid placement computes some experts on the CPU: it needs the input.
+        let xn_read = (gm.placement.mode != Hybrid::Off).then(|| self.rec.read(xn, 0, (n * h) as u64 * f));
+        let done = self.submit().await?;
+        let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
+        let users = crate::model::moe::batch_union(&chosen, ne).map_err(|e| Error::Gpu(format!("layer {l}: {e}")))?;
+        if let Some(guess) = self.predicted[l].take() {
+            let routed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
+            let mut st = gm.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
+            st.routed += routed.len() as u64;
+            st.predicted_hits += routed.iter().filter(|e| guess.contains(e)).count() as u64;
+        }
+        let ahead = match (&next, done.get(1)) {
+            (Some((_, cfg)), Some(bytes)) => {
+                let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k)
+                    .into_iter()
+                    .flat_map(|r| r.experts)
+                    .filter(|&e| e < ne)
+                    .collect();
+                guess.sort_unstable();
+                guess.dedup();
+                Some(guess)
+            }
+            _ => None,
+        };
+        self.rec.clear(y, 0, (n * h) as u64 * f);
+        // Let the source fetch every expert the pool lacks in one request.
+        let missing: Vec<usize> = {
+            let pool = gm.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+            (0..ne).filter(|&e| !users[e].is_empty() && !pool.contains(l, e)).collect()
+        };
+        if !missing.is_empty() {
+            gm.m().experts.prepare(l, &missing)?;
+        }
+        let xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
+        let inter = gm.max_inter;
+        let (xs, ys, sy) =
+            (Ops::alloc(self, "xs", n * h)?, Ops::alloc(self, "ys", n * h)?, Ops::alloc(self, "sy", n * h)?);
+        let (g, u) = (Ops::alloc(self, "g", n * inter)?, Ops::alloc(self, "u", n * inter)?);
+        let shared_gate = Ops::alloc(self, "shared_gate", n)?;
+        let scratch = MoeScratch { xn, y, xs: &xs, g: &g, u: &u, ys: &ys, sy: &sy, shared_gate: &shared_gate };
+        let on_use = &mut *self.on_use;
+        if gm.moe_experts(&mut self.rec, l, block, moe, &users, n, xn_host.as_deref(), &scratch, on_use).await? {
+            self.cs_data = self.rec.data_f32(&self.cs);
+        }
+        if let Some(guess) = ahead {
+            // Hand this layer's work to the GPU, then fetch the next layer's likely experts
+            // while it computes. A failed prefetch is not an error: the next layer fetches
+            // what it really needs itself.
+            self.submit().await?;
+            let missing: Vec<usize> = {
+                let pool = gm.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
+                guess.iter().copied().filter(|&e| !pool.contains(l + 1, e)).collect()
+            };
+            if let Ok(mut st) = gm.ahead_stats.lock() {
+                st.predicted += guess.len() as u64;
+                st.prefetched += missing.len() as u64;
+            }
+            let experts = &gm.m().experts;
+            if !missing.is_empty() && experts.lookahead_enabled() {
+                // A source with reader threads (native) starts the reads and returns.
+                experts.lookahead(l + 1, &missing);
+            } else if !missing.is_empty() {
+                // Otherwise (the browser) the fetch runs here, while the GPU computes.
+                let _ = experts.prepare(l + 1, &missing);
+            }
+            self.predicted[l + 1] = Some(guess);
+        }
+        Ok(())
+    }
+}
+
+impl<M: Borrow<Model>> GpuModel<M> {
+    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens: the
+    /// graph ([`crate::model::graph`]) recorded by the GPU backend ([`GpuPass`]).
+    pub(super) async fn forward_fed(
+        &self,
+        session: &mut GpuSession,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let c = &self.m().cfg;
+        let (n, pos0) = (ids.len(), session.tokens.len());
+        c.check_input(ids, pos0)?;
+        let mut rec = Recorder::new(&self.ctx);
+        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
+        prepare_states(self, session, n)?;
+        let (logits, _) = {
+            let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
+            crate::model::graph::forward(&mut pass, ids, which, false).await?
+        };
+        session.tokens.extend_from_slice(ids);
+        Ok(logits)
+    }
+}
+
+/// Makes a session ready for a pass of positions pos0..pos0 + n: recurrent states
+/// created, and snapshotted before a multi-token pass (which may be rolled back to here,
+/// as DeltaNetWeights::forward does).
+pub(super) fn prepare_states<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, n: usize) -> Result<()> {
+    let ctx = &*gm.ctx;
+    if session.recurrent.len() != gm.layers.len() {
+        session.recurrent = gm
+            .layers
+            .iter()
+            .map(|lw| match &lw.attn {
+                GpuAttn::Linear(d) => GpuDeltaState::new(ctx, &d.cfg).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+    }
+    if n > 1 {
+        for st in session.recurrent.iter_mut().flatten() {
+            st.snapshot(ctx)?;
+        }
+    }
+    Ok(())
+}

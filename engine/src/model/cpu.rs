@@ -1,0 +1,479 @@
+//! The CPU backend of the graph ([`super::graph`]): [`CpuOps`] executes each tensor
+//! operation at once on `Vec<f32>` with the CPU kernels (the reference bits), and
+//! [`CpuPass`] adds the model's weights, the per-layer caches, the expert supply and the
+//! hooks of one forward pass.
+
+use crate::error::Result;
+use crate::kernels::{matmul_many, rmsnorm_chunks, MatJob};
+use crate::math;
+use crate::model::attention::{attend_cached, split_gate, AttendShape, AttnOpts, LayerCache};
+use crate::model::graph::{Attn, Backend, Ops};
+use crate::model::rope::Rope;
+use crate::model::{AttnWeights, Ffn, Layer, Model};
+use crate::tensor::Mat;
+
+/// The CPU's tensor operations for the positions `pos0..pos0 + n` of one pass, over the
+/// layers' caches `caches`.
+pub(crate) struct CpuOps<'a> {
+    rope: &'a Rope,
+    pos0: usize,
+    /// RoPE's cos and sin of each position of the pass.
+    cos: Vec<Vec<f32>>,
+    sin: Vec<Vec<f32>>,
+    caches: &'a mut [LayerCache],
+    /// The layer whose cache is `caches[0]` (the MTP layer's own cache follows the model's).
+    first: usize,
+}
+
+impl<'a> CpuOps<'a> {
+    pub(crate) fn new(
+        rope: &'a Rope,
+        pos0: usize,
+        cos: Vec<Vec<f32>>,
+        sin: Vec<Vec<f32>>,
+        caches: &'a mut [LayerCache],
+    ) -> Self {
+        CpuOps { rope, pos0, cos, sin, caches, first: 0 }
+    }
+
+    /// RoPE's tables for positions pos0..pos0 + n.
+    pub(crate) fn for_positions(rope: &'a Rope, pos0: usize, n: usize, caches: &'a mut [LayerCache]) -> Self {
+        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for i in 0..n {
+            let (mut co, mut si) = (Vec::new(), Vec::new());
+            rope.cos_sin(pos0 + i, &mut co, &mut si);
+            cos.push(co);
+            sin.push(si);
+        }
+        CpuOps::new(rope, pos0, cos, sin, caches)
+    }
+
+    /// `caches` are layers `first..` (the MTP layer's cache alone).
+    pub(crate) fn first_layer(mut self, first: usize) -> Self {
+        self.first = first;
+        self
+    }
+
+    fn cache(&mut self, l: usize) -> Result<&mut LayerCache> {
+        self.caches
+            .get_mut(l.wrapping_sub(self.first))
+            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))
+    }
+}
+
+impl<'w> Ops<'w> for CpuOps<'_> {
+    type T = Vec<f32>;
+    type M = Mat;
+    type V = Vec<f32>;
+
+    fn pos0(&self) -> usize {
+        self.pos0
+    }
+
+    fn alloc(&mut self, _label: &'static str, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn copy(&mut self, src: &Vec<f32>, at: usize, dst: &mut Vec<f32>, len: usize) -> Result<()> {
+        dst[..len].copy_from_slice(&src[at..at + len]);
+        Ok(())
+    }
+
+    fn rmsnorm(&mut self, t: &mut Vec<f32>, rows: usize, width: usize, w: &Vec<f32>, eps: f32) -> Result<()> {
+        debug_assert_eq!(w.len(), width);
+        rmsnorm_chunks(&mut t[..rows * width], w, eps);
+        Ok(())
+    }
+
+    fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
+        x[..len].iter_mut().zip(&y[..len]).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn add_bias(&mut self, t: &mut Vec<f32>, b: &Vec<f32>, len: usize, period: usize) -> Result<()> {
+        for row in t[..len].chunks_exact_mut(period) {
+            for (v, bi) in row.iter_mut().zip(b) {
+                *v += bi;
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&mut self, jobs: &mut [(&Mat, &mut Vec<f32>)], x: &Vec<f32>, row0: usize, n: usize) -> Result<()> {
+        let mut mats: Vec<MatJob> = jobs
+            .iter_mut()
+            .map(|(w, out)| MatJob { w, x: &x[row0 * w.cols..(row0 + n) * w.cols], n, out: &mut out[..n * w.rows] })
+            .collect();
+        matmul_many(&mut mats);
+        Ok(())
+    }
+
+    fn clamp(&mut self, t: &mut Vec<f32>, len: usize, c: f32) -> Result<()> {
+        t[..len].iter_mut().for_each(|v| *v = v.clamp(-c, c));
+        Ok(())
+    }
+
+    fn split_gate(
+        &mut self,
+        qg: &Vec<f32>,
+        n: usize,
+        heads: usize,
+        hd: usize,
+        q: &mut Vec<f32>,
+        gate: &mut Vec<f32>,
+    ) -> Result<()> {
+        split_gate(qg, n, heads, hd, q, gate);
+        Ok(())
+    }
+
+    fn rope(&mut self, t: &mut Vec<f32>, n: usize, heads: usize, head_dim: usize) -> Result<()> {
+        let w = heads * head_dim;
+        for i in 0..n {
+            self.rope.apply(&mut t[i * w..(i + 1) * w], head_dim, &self.cos[i], &self.sin[i]);
+        }
+        Ok(())
+    }
+
+    fn attend(
+        &mut self,
+        l: usize,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        s: AttendShape,
+        sinks: Option<&Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let kvd = s.n_kv_heads * s.head_dim;
+        let cache = self.cache(l)?;
+        cache.append(&k[..s.n * kvd], &v[..s.n * kvd], kvd, kvd);
+        attend_cached(cache, q, s, sinks.map(Vec::as_slice), out);
+        Ok(())
+    }
+
+    fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
+        x[..len].iter_mut().zip(&g[..len]).for_each(|(c, g)| *c *= math::sigmoid(*g));
+        Ok(())
+    }
+
+    async fn read(&mut self, mut t: Vec<f32>, len: usize) -> Result<Vec<f32>> {
+        t.truncate(len);
+        Ok(t)
+    }
+}
+
+/// One CPU forward pass of [`Model`]: [`CpuOps`] over the session's caches, with the
+/// model's weights and the expert-use hooks of `Model::forward_observed`.
+pub(crate) struct CpuPass<'w, 'a> {
+    pub(crate) ops: CpuOps<'a>,
+    pub(crate) model: &'w Model,
+    pub(crate) on_use: &'a mut dyn FnMut(usize, usize, usize),
+    pub(crate) on_ffn_input: &'a mut dyn FnMut(usize, &[f32]),
+}
+
+impl<'w> Ops<'w> for CpuPass<'w, '_> {
+    type T = Vec<f32>;
+    type M = Mat;
+    type V = Vec<f32>;
+
+    fn pos0(&self) -> usize {
+        self.ops.pos0
+    }
+    fn alloc(&mut self, label: &'static str, len: usize) -> Result<Vec<f32>> {
+        Ops::alloc(&mut self.ops, label, len)
+    }
+    fn copy(&mut self, src: &Vec<f32>, at: usize, dst: &mut Vec<f32>, len: usize) -> Result<()> {
+        Ops::copy(&mut self.ops, src, at, dst, len)
+    }
+    fn rmsnorm(&mut self, t: &mut Vec<f32>, rows: usize, width: usize, w: &Vec<f32>, eps: f32) -> Result<()> {
+        Ops::rmsnorm(&mut self.ops, t, rows, width, w, eps)
+    }
+    fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
+        Ops::add(&mut self.ops, x, y, len)
+    }
+    fn add_bias(&mut self, t: &mut Vec<f32>, b: &Vec<f32>, len: usize, period: usize) -> Result<()> {
+        Ops::add_bias(&mut self.ops, t, b, len, period)
+    }
+    fn matmul(&mut self, jobs: &mut [(&Mat, &mut Vec<f32>)], x: &Vec<f32>, row0: usize, n: usize) -> Result<()> {
+        Ops::matmul(&mut self.ops, jobs, x, row0, n)
+    }
+    fn clamp(&mut self, t: &mut Vec<f32>, len: usize, c: f32) -> Result<()> {
+        Ops::clamp(&mut self.ops, t, len, c)
+    }
+    fn split_gate(
+        &mut self,
+        qg: &Vec<f32>,
+        n: usize,
+        heads: usize,
+        hd: usize,
+        q: &mut Vec<f32>,
+        gate: &mut Vec<f32>,
+    ) -> Result<()> {
+        Ops::split_gate(&mut self.ops, qg, n, heads, hd, q, gate)
+    }
+    fn rope(&mut self, t: &mut Vec<f32>, n: usize, heads: usize, head_dim: usize) -> Result<()> {
+        Ops::rope(&mut self.ops, t, n, heads, head_dim)
+    }
+    fn attend(
+        &mut self,
+        l: usize,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        s: AttendShape,
+        sinks: Option<&Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        Ops::attend(&mut self.ops, l, q, k, v, s, sinks, out)
+    }
+    fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
+        Ops::gate_sigmoid(&mut self.ops, x, g, len)
+    }
+    async fn read(&mut self, t: Vec<f32>, len: usize) -> Result<Vec<f32>> {
+        Ops::read(&mut self.ops, t, len).await
+    }
+}
+
+impl<'w> CpuPass<'w, '_> {
+    /// Decoder layer `l`: the model's, or past them its multi-token-prediction layer's.
+    fn layer(&self, l: usize) -> &'w Layer {
+        let m = self.model;
+        match (m.layers.get(l), &m.mtp) {
+            (Some(layer), _) => layer,
+            (None, Some(mtp)) if l == mtp.index => &mtp.layer,
+            // The graph asks only for layers the model has (n_layers, or the MTP's).
+            _ => &m.layers[l],
+        }
+    }
+}
+
+impl<'w> Backend<'w> for CpuPass<'w, '_> {
+    fn model(&self) -> &'w Model {
+        self.model
+    }
+
+    fn norms(&self, l: usize) -> (&'w Vec<f32>, &'w Vec<f32>) {
+        let layer = self.layer(l);
+        (&layer.attn_norm, &layer.ffn_norm)
+    }
+
+    fn attn_opts(&self, l: usize) -> &'w AttnOpts {
+        &self.layer(l).attn_opts
+    }
+
+    fn attn(&self, l: usize) -> Attn<'w, Mat, Vec<f32>> {
+        match &self.layer(l).attn {
+            AttnWeights::Gqa(g) => Attn::Gqa(g),
+            AttnWeights::Mla(_) => Attn::Mla,
+            AttnWeights::Linear(_) => Attn::Linear,
+        }
+    }
+
+    fn final_norm(&self) -> &'w Vec<f32> {
+        &self.model.final_norm
+    }
+
+    fn lm_head(&self) -> &'w Mat {
+        &self.model.lm_head
+    }
+
+    fn embed(&mut self, ids: &[u32], x: &mut Vec<f32>) -> Result<()> {
+        let h = self.model.cfg.hidden;
+        for (i, &id) in ids.iter().enumerate() {
+            self.model.embed.row_into(id as usize, &mut x[i * h..(i + 1) * h]);
+        }
+        Ok(())
+    }
+
+    fn mla(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let layer = self.layer(l);
+        let (AttnWeights::Mla(w), Some(mc)) = (&layer.attn, &layer.attn_opts.mla) else {
+            return Err(crate::error::Error::Invalid(format!("layer {l} is not multi-head latent attention")));
+        };
+        let (rope, pos0) = (self.ops.rope, self.ops.pos0);
+        let (cos, sin) = (std::mem::take(&mut self.ops.cos), std::mem::take(&mut self.ops.sin));
+        let done = self.ops.cache(l).and_then(|cache| {
+            crate::model::mla::attention(w, &layer.attn_opts, mc, rope, xn, n, pos0, &cos, &sin, cache, out)
+        });
+        (self.ops.cos, self.ops.sin) = (cos, sin);
+        done
+    }
+
+    fn linear_attn(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let AttnWeights::Linear(d) = &self.layer(l).attn else {
+            return Err(crate::error::Error::Invalid(format!("layer {l} is not linear attention")));
+        };
+        let cache = self.ops.cache(l)?;
+        d.forward(xn, n, cache.recurrent.get_or_insert_with(Default::default), out);
+        Ok(())
+    }
+
+    async fn ffn(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let m = self.model;
+        (self.on_ffn_input)(l, xn);
+        if m.experts.lookahead_enabled() {
+            if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
+                m.experts.lookahead(l + 1, &next.predict(xn, n));
+            }
+        }
+        match &self.layer(l).ffn {
+            Ffn::Dense(mlp) => {
+                mlp.forward(xn, n, out);
+                Ok(())
+            }
+            Ffn::Moe(block) => {
+                let on_use = &mut *self.on_use;
+                block.forward(l, m.experts.as_ref(), xn, n, out, Some(&mut |e, count| on_use(l, e, count)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::GqaWeights;
+    use crate::model::config::QkNorm;
+    use crate::model::rope::RopeConfig;
+
+    /// Self-attention for `n` new positions starting at absolute position `pos0`, on the CPU.
+    /// `x`: (n, hidden) normalised input; `cos`/`sin`: per new position, rotary_dim/2 each;
+    /// `out`: (n, hidden). Appends what the variant caches of the new positions to `cache`.
+    /// Grouped-query attention runs the graph's one description ([`crate::model::graph::gqa`]);
+    /// the forward pass itself goes through [`CpuPass`].
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        w: &AttnWeights,
+        o: &AttnOpts,
+        rope: &Rope,
+        x: &[f32],
+        n: usize,
+        pos0: usize,
+        cos: &[Vec<f32>],
+        sin: &[Vec<f32>],
+        cache: &mut LayerCache,
+        out: &mut [f32],
+    ) -> Result<()> {
+        match (w, &o.mla) {
+            (AttnWeights::Gqa(g), None) => {
+                let mut ops = CpuOps::new(rope, pos0, cos.to_vec(), sin.to_vec(), std::slice::from_mut(cache));
+                let mut y = out[..n * g.wo.rows].to_vec();
+                crate::model::graph::gqa(&mut ops, 0, g, o, g.wo.rows, &x.to_vec(), n, &mut y)?;
+                out[..y.len()].copy_from_slice(&y);
+                Ok(())
+            }
+            (AttnWeights::Mla(m), Some(mc)) => {
+                crate::model::mla::attention(m, o, mc, rope, x, n, pos0, cos, sin, cache, out)
+            }
+            (AttnWeights::Linear(d), None) => {
+                d.forward(x, n, cache.recurrent.get_or_insert_with(Default::default), out);
+                Ok(())
+            }
+            _ => Err(crate::error::Error::Invalid("attention weights and options are of different variants".into())),
+        }
+    }
+
+    fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
+        let mut s = seed;
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect();
+        Mat::from_f32(rows, cols, &v).unwrap()
+    }
+
+    fn setup(qk: QkNorm, window: Option<usize>) -> (AttnWeights, AttnOpts, Rope) {
+        let (h, nh, nkv, hd) = (10, 4, 2, 6);
+        let nw = |len: usize| Some((0..len).map(|i| 1.0 + i as f32 * 0.05).collect());
+        let w = AttnWeights::Gqa(GqaWeights {
+            wq: mat(nh * hd, h, 1),
+            wk: mat(nkv * hd, h, 2),
+            wv: mat(nkv * hd, h, 3),
+            wo: mat(h, nh * hd, 4),
+            bq: Some(vec![0.1; nh * hd]),
+            bk: None,
+            bv: Some(vec![-0.2; nkv * hd]),
+            bo: Some(vec![0.05; h]),
+            sinks: Some(vec![0.5, -1.0, 2.0, 0.0]),
+            q_norm: match qk {
+                QkNorm::None => None,
+                QkNorm::PerHead => nw(hd),
+                QkNorm::Full => nw(nh * hd),
+            },
+            k_norm: match qk {
+                QkNorm::None => None,
+                QkNorm::PerHead => nw(hd),
+                QkNorm::Full => nw(nkv * hd),
+            },
+        });
+        let o = AttnOpts {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            qk_norm: qk,
+            clip_qkv: Some(2.0),
+            window,
+            scale: (hd as f32).powf(-0.5),
+            rms_eps: 1e-6,
+            mla: None,
+            output_gate: false,
+        };
+        let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
+        (w, o, rope)
+    }
+
+    fn run(
+        w: &AttnWeights,
+        o: &AttnOpts,
+        rope: &Rope,
+        x: &[f32],
+        n: usize,
+        pos0: usize,
+        cache: &mut LayerCache,
+    ) -> Vec<f32> {
+        let (mut cs, mut ss) = (vec![], vec![]);
+        for i in 0..n {
+            let (mut c, mut s) = (vec![], vec![]);
+            rope.cos_sin(pos0 + i, &mut c, &mut s);
+            cs.push(c);
+            ss.push(s);
+        }
+        let mut out = vec![0.0; n * 10];
+        attention(w, o, rope, x, n, pos0, &cs, &ss, cache, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn prefill_equals_incremental_decode_bit_for_bit() {
+        for (qk, window) in [(QkNorm::None, None), (QkNorm::PerHead, Some(3)), (QkNorm::Full, None)] {
+            let (w, o, rope) = setup(qk, window);
+            let n = 9;
+            let x: Vec<f32> = (0..n * 10).map(|i| ((i * 53 % 17) as f32 - 8.0) / 5.0).collect();
+            let mut c1 = LayerCache::default();
+            let all = run(&w, &o, &rope, &x, n, 0, &mut c1);
+            let mut c2 = LayerCache::default();
+            let mut inc = Vec::new();
+            inc.extend(run(&w, &o, &rope, &x[..40], 4, 0, &mut c2));
+            for i in 4..n {
+                inc.extend(run(&w, &o, &rope, &x[i * 10..(i + 1) * 10], 1, i, &mut c2));
+            }
+            assert_eq!(all, inc, "{qk:?}");
+            assert_eq!(c1.k, c2.k);
+        }
+    }
+
+    #[test]
+    fn window_limits_what_is_seen() {
+        // With a window of 1 each position sees only itself, so its output does not
+        // depend on earlier inputs.
+        let (w, o, rope) = setup(QkNorm::None, Some(1));
+        let mut x: Vec<f32> = (0..30).map(|i| i as f32 / 10.0).collect();
+        let a = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
+        x[0] = 5.0;
+        let b = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
+        assert_ne!(a[..10], b[..10]);
+        assert_eq!(a[20..], b[20..]);
+    }
+}

@@ -1,0 +1,255 @@
+//! The forward pass, written once: embedding -> for each layer [RMSNorm -> attention ->
+//! residual -> RMSNorm -> FFN -> residual] -> final RMSNorm -> lm_head, over the
+//! operations of a [`Backend`]. The CPU backend ([`super::cpu`]) executes each operation
+//! as it comes; the wgpu backend (`gpu::backend`) records it for the device. Both run
+//! this one description, so a family's graph is written here once and each backend only
+//! supplies operations; the CPU stays the reference whose bits the GPU kernels reproduce.
+//!
+//! Grouped-query attention (every family's but deepseek_v3's and the DeltaNet layers') is
+//! composed here from the operations. Multi-head latent attention, Gated DeltaNet and the
+//! FFN (dense or routed experts: the expert supply differs by backend) are still one
+//! operation each, written per backend; they are the next to move here.
+
+use crate::error::Result;
+pub(crate) use crate::model::attention::AttendShape;
+use crate::model::attention::{AttnOpts, GqaWeights};
+use crate::model::config::QkNorm;
+use crate::model::{Logits, Model};
+
+/// One layer's attention as the graph sees it: grouped-query attention composed from the
+/// operations, or a variant the backend runs as one operation.
+pub(crate) enum Attn<'w, M, V> {
+    Gqa(&'w GqaWeights<M, V>),
+    /// Multi-head latent attention ([`Backend::mla`]).
+    Mla,
+    /// Gated DeltaNet linear attention ([`Backend::linear_attn`]).
+    Linear,
+}
+
+/// The tensor operations of a backend: its weights (`M` matrices, `V` vectors) and
+/// activations (`T`, a handle to a run of floats). Outputs are `&mut`; a backend may hand
+/// out the same storage again for a label once the tensor it gave before for that label
+/// is dropped (the graph never holds two live tensors of one label).
+///
+/// Every operation is the bit-exact twin of the CPU's: the GPU's WGSL kernels reproduce
+/// the CPU kernels' arithmetic and order (docs/gpu.md).
+pub(crate) trait Ops<'w> {
+    type T;
+    type M: 'w;
+    type V: 'w;
+
+    /// The first position of this pass (the positions already cached).
+    fn pos0(&self) -> usize;
+    /// A tensor of `len` floats (contents unspecified).
+    fn alloc(&mut self, label: &'static str, len: usize) -> Result<Self::T>;
+    /// `dst[..len] = src[at..at + len]`.
+    fn copy(&mut self, src: &Self::T, at: usize, dst: &mut Self::T, len: usize) -> Result<()>;
+    /// In-place RMSNorm of `rows` rows of `width` floats with weight `w` (kernels::rmsnorm).
+    fn rmsnorm(&mut self, t: &mut Self::T, rows: usize, width: usize, w: &Self::V, eps: f32) -> Result<()>;
+    /// `x[i] += y[i]` for i < len.
+    fn add(&mut self, x: &mut Self::T, y: &Self::T, len: usize) -> Result<()>;
+    /// `t[i] += b[i % period]` for i < len (`period` = b's length).
+    fn add_bias(&mut self, t: &mut Self::T, b: &Self::V, len: usize, period: usize) -> Result<()>;
+    /// Each job's `out[p, :] = w x[row0 + p, :]` for p < n (kernels::matmul_many).
+    fn matmul(&mut self, jobs: &mut [(&Self::M, &mut Self::T)], x: &Self::T, row0: usize, n: usize) -> Result<()>;
+    /// `t[i] = clamp(t[i], -c, c)` for i < len.
+    fn clamp(&mut self, t: &mut Self::T, len: usize, c: f32) -> Result<()>;
+    /// `qg` (n, heads, 2 * hd), per head the query then the gate, apart into `q` and `gate`
+    /// (n, heads * hd) each.
+    fn split_gate(
+        &mut self,
+        qg: &Self::T,
+        n: usize,
+        heads: usize,
+        hd: usize,
+        q: &mut Self::T,
+        gate: &mut Self::T,
+    ) -> Result<()>;
+    /// In-place RoPE of the pass's n positions, `heads` heads of `head_dim` each.
+    fn rope(&mut self, t: &mut Self::T, n: usize, heads: usize, head_dim: usize) -> Result<()>;
+    /// Appends the keys and values of the pass's positions to layer `l`'s cache, then
+    /// causal attention of the queries over it (with per-head sink logits) into `out`
+    /// (n, n_heads * head_dim).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        l: usize,
+        q: &Self::T,
+        k: &Self::T,
+        v: &Self::T,
+        shape: AttendShape,
+        sinks: Option<&Self::V>,
+        out: &mut Self::T,
+    ) -> Result<()>;
+    /// `x[i] *= sigmoid(g[i])` for i < len (qwen3_next's attention output gate).
+    fn gate_sigmoid(&mut self, x: &mut Self::T, g: &Self::T, len: usize) -> Result<()>;
+    /// The first `len` floats of `t`, back in memory (the GPU waits for its work here).
+    async fn read(&mut self, t: Self::T, len: usize) -> Result<Vec<f32>>;
+}
+
+/// A backend that runs a whole model: [`Ops`], the model's weights in the backend's
+/// form, and the parts still written per backend.
+pub(crate) trait Backend<'w>: Ops<'w> {
+    /// The model this pass runs (configuration and per-layer options).
+    fn model(&self) -> &'w Model;
+    /// Layer `l`'s attention and FFN norm weights.
+    fn norms(&self, l: usize) -> (&'w Self::V, &'w Self::V);
+    fn attn(&self, l: usize) -> Attn<'w, Self::M, Self::V>;
+    fn attn_opts(&self, l: usize) -> &'w AttnOpts;
+    fn final_norm(&self) -> &'w Self::V;
+    fn lm_head(&self) -> &'w Self::M;
+    /// `x[i, :]` = the embedding row of `ids[i]`.
+    fn embed(&mut self, ids: &[u32], x: &mut Self::T) -> Result<()>;
+    /// Layer `l`'s multi-head latent attention of the n positions of `xn` into `out`.
+    fn mla(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
+    /// Layer `l`'s Gated DeltaNet of the n positions of `xn` into `out`.
+    fn linear_attn(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
+    /// Layer `l`'s FFN (dense MLP or routed experts) of `xn` (n, hidden) into `out`.
+    async fn ffn(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
+}
+
+/// The forward pass of `ids` (the positions from [`Backend::pos0`] on): logits of `which`
+/// rows, and with `hidden` every position's final-normed state (else an empty vector).
+pub(crate) async fn forward<'w, B: Backend<'w>>(
+    b: &mut B,
+    ids: &[u32],
+    which: Logits,
+    hidden: bool,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let c = &b.model().cfg;
+    let (n, h) = (ids.len(), c.hidden);
+    let mut x = b.alloc("x", n * h)?;
+    b.embed(ids, &mut x)?;
+    let mut xn = b.alloc("xn", n * h)?;
+    let mut y = b.alloc("y", n * h)?;
+    for l in 0..c.n_layers {
+        layer(b, l, n, &mut x, &mut xn, &mut y).await?;
+    }
+    // The final norm over the rows whose logits are asked for (every row with `hidden`).
+    let first = if hidden || which == Logits::All { 0 } else { n - 1 };
+    let mut hn = b.alloc("hn", (n - first) * h)?;
+    b.copy(&x, first * h, &mut hn, (n - first) * h)?;
+    b.rmsnorm(&mut hn, n - first, h, b.final_norm(), c.rms_eps)?;
+    let rows = if which == Logits::All { n } else { 1 };
+    let mut logits = b.alloc("logits", rows * c.vocab)?;
+    b.matmul(&mut [(b.lm_head(), &mut logits)], &hn, n - first - rows, rows)?;
+    let logits = b.read(logits, rows * c.vocab).await?;
+    let states = if hidden { b.read(hn, n * h).await? } else { Vec::new() };
+    Ok((logits, states))
+}
+
+/// Decoder layer `l` over the residual stream `x` (n, hidden), in place: norm ->
+/// attention -> residual -> norm -> FFN -> residual. `xn` and `y` are scratch of the same
+/// size.
+pub(crate) async fn layer<'w, B: Backend<'w>>(
+    b: &mut B,
+    l: usize,
+    n: usize,
+    x: &mut B::T,
+    xn: &mut B::T,
+    y: &mut B::T,
+) -> Result<()> {
+    let c = &b.model().cfg;
+    let h = c.hidden;
+    let (attn_norm, ffn_norm) = b.norms(l);
+    b.copy(x, 0, xn, n * h)?;
+    b.rmsnorm(xn, n, h, attn_norm, c.rms_eps)?;
+    match b.attn(l) {
+        Attn::Gqa(w) => gqa(b, l, w, b.attn_opts(l), h, xn, n, y)?,
+        Attn::Mla => b.mla(l, xn, n, y)?,
+        Attn::Linear => b.linear_attn(l, xn, n, y)?,
+    }
+    b.add(x, y, n * h)?;
+    b.copy(x, 0, xn, n * h)?;
+    b.rmsnorm(xn, n, h, ffn_norm, c.rms_eps)?;
+    b.ffn(l, xn, n, y).await?;
+    b.add(x, y, n * h)
+}
+
+/// Grouped-query attention of the n positions of `xn` (normalised input) into `out`
+/// (n, `hidden`): projections with their biases, qwen3_next's output gate, q/k RMSNorm per
+/// head or over the projection, olmoe's clip_qkv, RoPE, the cached attention (with
+/// gpt_oss's sinks), the gate, o_proj and its bias.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gqa<'w, B: Ops<'w>>(
+    b: &mut B,
+    l: usize,
+    w: &'w GqaWeights<B::M, B::V>,
+    o: &AttnOpts,
+    hidden: usize,
+    xn: &B::T,
+    n: usize,
+    out: &mut B::T,
+) -> Result<()> {
+    let hd = o.head_dim;
+    let (qd, kvd) = (o.n_heads * hd, o.n_kv_heads * hd);
+    // The q projection's rows: the queries, and as many gate values with an output gate.
+    let qw = if o.output_gate { 2 * qd } else { qd };
+    let mut q = b.alloc("q", n * qw)?;
+    let mut k = b.alloc("k", n * kvd)?;
+    let mut v = b.alloc("v", n * kvd)?;
+    b.matmul(&mut [(&w.wq, &mut q), (&w.wk, &mut k), (&w.wv, &mut v)], xn, 0, n)?;
+    for (t, bias, d) in [(&mut q, &w.bq, qw), (&mut k, &w.bk, kvd), (&mut v, &w.bv, kvd)] {
+        if let Some(bias) = bias {
+            b.add_bias(t, bias, n * d, d)?;
+        }
+    }
+    let gate = if o.output_gate {
+        let (mut query, mut gate) = (b.alloc("q_only", n * qd)?, b.alloc("gate", n * qd)?);
+        b.split_gate(&q, n, o.n_heads, hd, &mut query, &mut gate)?;
+        q = query;
+        Some(gate)
+    } else {
+        None
+    };
+    // The norm runs per head, or over the whole projection.
+    let widths = match o.qk_norm {
+        QkNorm::None => None,
+        QkNorm::PerHead => Some((hd, hd)),
+        QkNorm::Full => Some((qd, kvd)),
+    };
+    if let Some((wq, wk)) = widths {
+        for (t, norm, d, width) in [(&mut q, &w.q_norm, qd, wq), (&mut k, &w.k_norm, kvd, wk)] {
+            if let Some(norm) = norm {
+                b.rmsnorm(t, n * d / width, width, norm, o.rms_eps)?;
+            }
+        }
+    }
+    if let Some(c) = o.clip_qkv {
+        b.clamp(&mut q, n * qd, c)?;
+        b.clamp(&mut k, n * kvd, c)?;
+        b.clamp(&mut v, n * kvd, c)?;
+    }
+    b.rope(&mut q, n, o.n_heads, hd)?;
+    b.rope(&mut k, n, o.n_kv_heads, hd)?;
+    let shape = AttendShape {
+        n,
+        pos0: b.pos0(),
+        n_heads: o.n_heads,
+        n_kv_heads: o.n_kv_heads,
+        head_dim: hd,
+        window: o.window,
+        scale: o.scale,
+    };
+    let mut ctx = b.alloc("attn_out", n * qd)?;
+    b.attend(l, &q, &k, &v, shape, w.sinks.as_ref(), &mut ctx)?;
+    if let Some(g) = gate {
+        // transformers: attn_output * torch.sigmoid(gate)
+        b.gate_sigmoid(&mut ctx, &g, n * qd)?;
+    }
+    b.matmul(&mut [(&w.wo, out)], &ctx, 0, n)?;
+    if let Some(bo) = &w.bo {
+        b.add_bias(out, bo, n * hidden, hidden)?;
+    }
+    Ok(())
+}
+
+/// Runs a future that never waits (the CPU backend's pass) to its end.
+pub(crate) fn run_ready<F: std::future::Future>(f: F) -> Result<F::Output> {
+    use std::task::{Context, Poll, Waker};
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Ok(v),
+        Poll::Pending => Err(crate::error::Error::Invalid("a CPU forward pass waited on something".into())),
+    }
+}

@@ -1,0 +1,97 @@
+//! Cancellation of long computations whose client went away (issue #29): a long prompt's
+//! prefill stops within one chunk, so the next request does not wait for it to end.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::*;
+
+/// A prompt of `n` token ids of the olmoe fixture (vocabulary 401), distinct per `salt`
+/// from its first id on, so that no request reuses another's cache.
+fn long_prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7919 + salt * 31 + 1) % 400).collect()
+}
+
+/// Sends `body` to `path` on a new connection and hangs up after `after`, without reading.
+fn send_and_leave(s: &TestServer, path: &str, body: &str, after: Duration) {
+    let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        s.addr.port(),
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body.as_bytes()).unwrap();
+    std::thread::sleep(after);
+    c.shutdown(std::net::Shutdown::Both).unwrap();
+}
+
+/// A client that sends a 4,000-token prompt and leaves after 0.3 s, streamed or not: the
+/// next request is answered long before the whole prefill would have ended (before
+/// chunked prefill it waited for all of it), and the generation counts as cancelled
+/// without producing a token.
+#[test]
+fn a_client_that_leaves_during_a_long_prefill_frees_the_model() {
+    let s = start("prefill-gone", |_| {});
+    let n = 4000;
+    let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).to_string();
+    assert_eq!(s.post("/v1/completions", &short).status, 200);
+    // How long the whole prefill takes here.
+    let t = Instant::now();
+    let r =
+        s.post("/v1/completions", &json!({"model": MODEL, "prompt": long_prompt(n, 0), "max_tokens": 1}).to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let whole = t.elapsed();
+    assert!(whole > Duration::from_millis(1500), "the prefill takes only {whole:?}: too short to tell");
+    for (i, stream) in [false, true].into_iter().enumerate() {
+        let body = json!({"model": MODEL, "prompt": long_prompt(n, 1 + i as u32), "max_tokens": 8,
+                          "stream": stream, "temperature": 0});
+        send_and_leave(&s, "/v1/completions", &body.to_string(), Duration::from_millis(300));
+        let t = Instant::now();
+        let r = s.post("/v1/completions", &short);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let waited = t.elapsed();
+        eprintln!("stream {stream}: the next request waited {waited:?}; the whole prefill takes {whole:?}");
+        assert!(
+            waited < whole / 3,
+            "stream {stream}: the next request waited {waited:?}; the whole prefill takes {whole:?}"
+        );
+        let h = s.health();
+        assert_eq!(h["generations"]["cancelled"], 1 + i as u64, "{h}");
+        assert_eq!(h["generations"]["active"], 0, "{h}");
+    }
+    // Only the short requests and the measured one produced tokens.
+    assert_eq!(s.health()["generations"]["tokens"], 4);
+}
+
+/// A shutdown during a long prefill stops it at the next chunk: the helper exits long
+/// before the whole prefill would have ended, and the stream ends with the error event
+/// that says why (before chunked prefill the shutdown waited for all of it).
+#[test]
+fn shutdown_during_a_long_prefill_stops_it() {
+    let s = start("prefill-shutdown", |_| {});
+    let n = 4000;
+    let t = Instant::now();
+    let r =
+        s.post("/v1/completions", &json!({"model": MODEL, "prompt": long_prompt(n, 0), "max_tokens": 1}).to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let whole = t.elapsed();
+    assert!(whole > Duration::from_millis(1500), "the prefill takes only {whole:?}: too short to tell");
+    let body = json!({"model": MODEL, "prompt": long_prompt(n, 1), "max_tokens": 8, "stream": true});
+    let mut c = Conn::open(s.addr).unwrap();
+    c.send("POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
+    assert_eq!(c.read_head().unwrap().0, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    s.stop().unwrap();
+    let took = t.elapsed();
+    eprintln!("shutdown took {took:?}; the whole prefill takes {whole:?}");
+    assert!(took < whole / 3, "shutdown took {took:?}; the whole prefill takes {whole:?}");
+    let mut rest = String::new();
+    while let Ok(Some(chunk)) = c.read_chunk() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(rest.contains("shutting down"), "{rest}");
+}
