@@ -1,6 +1,6 @@
 // mxfp4_matmul.wgsl — Y[p, row0 + r] = dot(W[r, :], X[p, :]) for one row block of an
 // MXFP4 weight matrix and n positions quantized by quantize_act16.wgsl: the integer
-// kernel of qdot::mxfp4::dot_row_scalar (engine/src/qdot/mxfp4.rs).
+// kernel of qdot::mxfp4::dot_row_scalar (engine/src/qdot/mxfp4/mod.rs).
 //
 // Row layout (tensor.rs, DType::Mxfp4): [e8m0 scales, one byte per block of 32, padded
 // to 4 bytes][16 bytes per block: element 2j in the low nibble of byte j, 2j + 1 in the

@@ -1,5 +1,5 @@
 // quantize_act16.wgsl — activations quantized to two int16 parts per block of 32, as
-// qdot::mxfp4::ActQ16::quantize (engine/src/qdot/mxfp4.rs) does on the CPU, for
+// qdot::mxfp4::ActQ16::quantize (engine/src/qdot/mxfp4/mod.rs) does on the CPU, for
 // mxfp4_matmul.wgsl.
 //
 // Block b of position p = columns [32 b, 32 b + 32) of X[p] (cols a multiple of 32):

@@ -214,6 +214,12 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
     };
     match (w.dtype, act) {
         (DType::Mxfp4, Some(Act::Int16(a))) => {
+            if n == 1 {
+                // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
+                qdot::mxfp4::dot_rows(simd, &bytes[r0 * rb..r1 * rb], rb, a, dst);
+                return;
+            }
             for r in r0..r1 {
                 let row = &bytes[r * rb..(r + 1) * rb];
                 for p in 0..n {
