@@ -346,10 +346,12 @@ fn ctrl_c_during_a_long_prefill_stops_it() {
     stdin.write_all(b"/stats\n/clear\n").unwrap();
     wait_for(&err, &mut seen, |s| s.contains("conversation:"));
     let whole = last_stat(&seen, "first token after ");
-    assert!(whole > 1.5, "the prefill takes only {whole} s: too short to tell\n{seen}");
-    // Another prompt (nothing of it cached), stopped 0.3 s into its prefill.
+    // About 16 chunks of 256 positions: a stop at the next chunk ends far sooner than the
+    // whole prefill whatever the machine's speed (the times below are relative to it).
+    assert!(whole > 0.4, "the prefill takes only {whole} s: too short to tell\n{seen}");
+    // Another prompt (nothing of it cached), stopped a tenth of the way into its prefill.
     stdin.write_all(message("second").as_bytes()).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_secs_f64(whole / 10.0));
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     stdin.write_all(b"/stats\n").unwrap();
@@ -358,7 +360,9 @@ fn ctrl_c_during_a_long_prefill_stops_it() {
     assert!(last.contains("ended by cancelled"), "{seen}");
     assert_eq!(last_stat(&seen, ""), 0.0, "tokens produced after the Ctrl-C: {seen}");
     let took = last_stat(&seen, "tokens in ");
-    assert!(took < whole / 3.0, "the stopped prefill took {took} s; the whole one takes {whole} s");
+    // A tenth of the prefill, then at most one more chunk (a sixteenth), with room for a
+    // loaded machine; the old one-pass prefill ran to its end (took >= whole).
+    assert!(took < whole * 0.6, "the stopped prefill took {took} s; the whole one takes {whole} s");
     drop(stdin);
     assert!(child.wait().unwrap().success(), "{seen}");
     let _ = std::fs::remove_dir_all(&data);

@@ -28,7 +28,7 @@ fn send_and_leave(s: &TestServer, path: &str, body: &str, after: Duration) {
     c.shutdown(std::net::Shutdown::Both).unwrap();
 }
 
-/// A client that sends a 4,000-token prompt and leaves after 0.3 s, streamed or not: the
+/// A client that sends a 4,000-token prompt and leaves a tenth of the way into its prefill, streamed or not: the
 /// next request is answered long before the whole prefill would have ended (before
 /// chunked prefill it waited for all of it), and the generation counts as cancelled
 /// without producing a token.
@@ -44,18 +44,20 @@ fn a_client_that_leaves_during_a_long_prefill_frees_the_model() {
         s.post("/v1/completions", &json!({"model": MODEL, "prompt": long_prompt(n, 0), "max_tokens": 1}).to_string());
     assert_eq!(r.status, 200, "{}", r.text());
     let whole = t.elapsed();
-    assert!(whole > Duration::from_millis(1500), "the prefill takes only {whole:?}: too short to tell");
+    // 16 chunks of 256 positions: every time below is relative to the whole prefill, so
+    // the test holds on a faster machine too.
+    assert!(whole > Duration::from_millis(400), "the prefill takes only {whole:?}: too short to tell");
     for (i, stream) in [false, true].into_iter().enumerate() {
         let body = json!({"model": MODEL, "prompt": long_prompt(n, 1 + i as u32), "max_tokens": 8,
                           "stream": stream, "temperature": 0});
-        send_and_leave(&s, "/v1/completions", &body.to_string(), Duration::from_millis(300));
+        send_and_leave(&s, "/v1/completions", &body.to_string(), whole / 10);
         let t = Instant::now();
         let r = s.post("/v1/completions", &short);
         assert_eq!(r.status, 200, "{}", r.text());
         let waited = t.elapsed();
         eprintln!("stream {stream}: the next request waited {waited:?}; the whole prefill takes {whole:?}");
         assert!(
-            waited < whole / 3,
+            waited < whole * 3 / 5,
             "stream {stream}: the next request waited {waited:?}; the whole prefill takes {whole:?}"
         );
         let h = s.health();
@@ -78,17 +80,19 @@ fn shutdown_during_a_long_prefill_stops_it() {
         s.post("/v1/completions", &json!({"model": MODEL, "prompt": long_prompt(n, 0), "max_tokens": 1}).to_string());
     assert_eq!(r.status, 200, "{}", r.text());
     let whole = t.elapsed();
-    assert!(whole > Duration::from_millis(1500), "the prefill takes only {whole:?}: too short to tell");
+    // 16 chunks of 256 positions: every time below is relative to the whole prefill, so
+    // the test holds on a faster machine too.
+    assert!(whole > Duration::from_millis(400), "the prefill takes only {whole:?}: too short to tell");
     let body = json!({"model": MODEL, "prompt": long_prompt(n, 1), "max_tokens": 8, "stream": true});
     let mut c = Conn::open(s.addr).unwrap();
     c.send("POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
     assert_eq!(c.read_head().unwrap().0, 200);
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(whole / 10);
     let t = Instant::now();
     s.stop().unwrap();
     let took = t.elapsed();
     eprintln!("shutdown took {took:?}; the whole prefill takes {whole:?}");
-    assert!(took < whole / 3, "shutdown took {took:?}; the whole prefill takes {whole:?}");
+    assert!(took < whole * 3 / 5, "shutdown took {took:?}; the whole prefill takes {whole:?}");
     let mut rest = String::new();
     while let Ok(Some(chunk)) = c.read_chunk() {
         rest.push_str(&String::from_utf8_lossy(&chunk));
