@@ -35,18 +35,23 @@ fn chat(model: &str, input: &str, extra: &[&str]) -> (String, String) {
 }
 
 /// [`chat`] with the data directory `data` (`$XDG_DATA_HOME`).
-fn chat_in(data: &std::path::Path, model: &str, input: &str, extra: &[&str]) -> (String, String) {
-    let mut child = coli()
+/// `coli chat --model MODEL ARGS` with its own data directory and every stream piped.
+fn spawn_chat(data: &std::path::Path, model: &std::path::Path, args: &[&str]) -> Child {
+    coli()
         .env("XDG_DATA_HOME", data)
         .args(["chat", "--model"])
-        .arg(fixture(model))
-        .args(["--max-new-tokens", "6", "--temperature", "0"])
-        .args(extra)
+        .arg(model)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+fn chat_in(data: &std::path::Path, model: &str, input: &str, extra: &[&str]) -> (String, String) {
+    let mut child =
+        spawn_chat(data, &fixture(model), &[&["--max-new-tokens", "6", "--temperature", "0"], extra].concat());
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
@@ -209,16 +214,7 @@ fn ctrl_c_stops_the_answer_and_keeps_the_conversation() {
     // while it is still being generated; an answer that beat the signal is retried.
     // Its own data directory: a conversation cache another run left must not answer here.
     let data = scratch("ctrl-c-data");
-    let mut child: Child = coli()
-        .env("XDG_DATA_HOME", &data)
-        .args(["chat", "--model"])
-        .arg(fixture("mixtral"))
-        .args(["--max-new-tokens", "100000", "--temperature", "0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_chat(&data, &fixture("mixtral"), &["--max-new-tokens", "100000", "--temperature", "0"]);
     let mut stdin = child.stdin.take().unwrap();
     let out = reader(child.stdout.take().unwrap());
     let err = reader(child.stderr.take().unwrap());
@@ -274,16 +270,11 @@ fn a_conversation_past_the_context_drops_its_oldest_turns() {
     std::fs::write(model.join("config.json"), cfg.to_string()).unwrap();
     let sums = [(23, 45), (31, 27), (56, 18), (64, 29), (47, 38), (12, 79)];
     let input: String = sums.iter().map(|(a, b)| format!("What is {a} + {b}?\n")).collect::<String>() + "/stats\n";
-    let mut child = coli()
-        .env("XDG_DATA_HOME", dir.join("data"))
-        .args(["chat", "--model"])
-        .arg(&model)
-        .args(["--max-new-tokens", "48", "--temperature", "0", "--system", "Answer briefly."])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_chat(
+        &dir.join("data"),
+        &model,
+        &["--max-new-tokens", "48", "--temperature", "0", "--system", "Answer briefly."],
+    );
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
@@ -324,16 +315,7 @@ fn last_stat(err: &str, marker: &str) -> f64 {
 #[test]
 fn ctrl_c_during_a_long_prefill_stops_it() {
     let data = scratch("prefill-ctrl-c");
-    let mut child: Child = coli()
-        .env("XDG_DATA_HOME", &data)
-        .args(["chat", "--model"])
-        .arg(fixture("olmoe"))
-        .args(["--max-new-tokens", "4", "--temperature", "0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_chat(&data, &fixture("olmoe"), &["--max-new-tokens", "4", "--temperature", "0"]);
     let mut stdin = child.stdin.take().unwrap();
     let _out = reader(child.stdout.take().unwrap());
     let err = reader(child.stderr.take().unwrap());

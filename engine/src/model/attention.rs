@@ -304,10 +304,11 @@ pub(crate) fn split_gate(qg: &[f32], n: usize, heads: usize, hd: usize, q: &mut 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
+    /// A random matrix (also the CPU backend's attention tests').
+    pub(crate) fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
         let mut s = seed;
         let v: Vec<f32> = (0..rows * cols)
             .map(|_| {

@@ -290,13 +290,11 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
         let (AttnWeights::Mla(w), Some(mc)) = (&layer.attn, &layer.attn_opts.mla) else {
             return Err(crate::error::Error::Invalid(format!("layer {l} is not multi-head latent attention")));
         };
-        let (rope, pos0) = (self.ops.rope, self.ops.pos0);
-        let (cos, sin) = (std::mem::take(&mut self.ops.cos), std::mem::take(&mut self.ops.sin));
-        let done = self.ops.cache(l).and_then(|cache| {
-            crate::model::mla::attention(w, &layer.attn_opts, mc, rope, xn, n, pos0, &cos, &sin, cache, out)
-        });
-        (self.ops.cos, self.ops.sin) = (cos, sin);
-        done
+        let CpuOps { rope, pos0, cos, sin, caches, first } = &mut self.ops;
+        let cache = caches
+            .get_mut(l.wrapping_sub(*first))
+            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))?;
+        crate::model::mla::attention(w, &layer.attn_opts, mc, rope, xn, n, *pos0, cos, sin, cache, out)
     }
 
     fn linear_attn(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
@@ -332,6 +330,7 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attention::tests::mat;
     use crate::model::attention::GqaWeights;
     use crate::model::config::QkNorm;
     use crate::model::rope::RopeConfig;
@@ -371,17 +370,6 @@ mod tests {
             }
             _ => Err(crate::error::Error::Invalid("attention weights and options are of different variants".into())),
         }
-    }
-
-    fn mat(rows: usize, cols: usize, seed: u64) -> Mat {
-        let mut s = seed;
-        let v: Vec<f32> = (0..rows * cols)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect();
-        Mat::from_f32(rows, cols, &v).unwrap()
     }
 
     fn setup(qk: QkNorm, window: Option<usize>) -> (AttnWeights, AttnOpts, Rope) {
