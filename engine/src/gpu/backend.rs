@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use super::buffers::{f32s, GpuMat};
 use super::deltanet::{DeltaScratch, GpuDeltaState};
 use super::hybrid::MoeScratch;
-use super::mla::MlaScratch;
 use super::model::{swiglu_ffn, GpuModel, GpuSession};
 use super::ops::{self, AttnShape, GateAct};
 use super::placement::Hybrid;
@@ -21,7 +20,7 @@ use super::recorder::{Bind, Recorder};
 use super::weights::{GpuAttn, GpuFfn};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnOpts;
-use crate::model::config::Activation;
+use crate::model::config::{Activation, MlaConfig};
 use crate::model::graph::{AttendShape, Attn, Backend, Ops};
 use crate::model::{Ffn, Logits, Model};
 
@@ -38,7 +37,6 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     cs_data: Bind,
     /// Scratch buffers by label, reused from layer to layer.
     scratch: HashMap<&'static str, wgpu::Buffer>,
-    mla: Option<MlaScratch>,
     delta: Option<DeltaScratch>,
     /// Layer -> experts the lookahead predicted for it (checked when it routes).
     predicted: Vec<Option<Vec<usize>>>,
@@ -74,7 +72,6 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             cs,
             cs_data,
             scratch: HashMap::new(),
-            mla: c.mla.as_ref().map(|m| MlaScratch::new(ctx, m, c.n_heads, n)).transpose()?,
             delta: c.linear_attn.as_ref().map(|la| DeltaScratch::new(ctx, la, n)).transpose()?,
             predicted: vec![None; c.n_layers],
             on_use,
@@ -125,8 +122,17 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         Ok(())
     }
 
-    fn rmsnorm(&mut self, t: &mut wgpu::Buffer, rows: usize, width: usize, w: &wgpu::Buffer, eps: f32) -> Result<()> {
-        ops::rmsnorm(&mut self.rec, t, 0, rows, width, w, eps)
+    fn rmsnorm_at(
+        &mut self,
+        t: &mut wgpu::Buffer,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &wgpu::Buffer,
+        eps: f32,
+    ) -> Result<()> {
+        ops::rmsnorm_strided(&mut self.rec, t, at, rows, width, stride, w, eps)
     }
 
     fn add(&mut self, x: &mut wgpu::Buffer, y: &wgpu::Buffer, len: usize) -> Result<()> {
@@ -150,6 +156,19 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         Ok(())
     }
 
+    fn matmul_at(
+        &mut self,
+        w: &GpuMat,
+        x: &wgpu::Buffer,
+        row0: usize,
+        n: usize,
+        out: &mut wgpu::Buffer,
+        at: usize,
+        stride: usize,
+    ) -> Result<()> {
+        ops::matmul(&mut self.rec, w, x, row0 * w.cols, n, out, at, stride)
+    }
+
     fn clamp(&mut self, t: &mut wgpu::Buffer, len: usize, c: f32) -> Result<()> {
         ops::clamp(&mut self.rec, t, len, c)
     }
@@ -166,9 +185,20 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         ops::split_gate(&mut self.rec, qg, n * heads, hd, q, gate)
     }
 
-    fn rope(&mut self, t: &mut wgpu::Buffer, n: usize, heads: usize, head_dim: usize) -> Result<()> {
-        let half = self.half();
-        ops::rope(&mut self.rec, t, n, heads, head_dim, half, self.cs_data.clone())
+    fn rope_at(
+        &mut self,
+        t: &mut wgpu::Buffer,
+        n: usize,
+        heads: usize,
+        stride: usize,
+        at: usize,
+        interleaved: bool,
+    ) -> Result<()> {
+        let (half, cs) = (self.half(), self.cs_data.clone());
+        match interleaved {
+            false => ops::rope_at(&mut self.rec, t, at, n, heads, stride, half, cs),
+            true => ops::rope_pairs_at(&mut self.rec, t, at, n, heads, stride, half, cs),
+        }
     }
 
     fn attend(
@@ -199,6 +229,50 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         ops::attention(&mut self.rec, shape, q, kc, vc, &scores, out, sinks)
     }
 
+    fn mla_absorb(
+        &mut self,
+        kv_b: &GpuMat,
+        q: &wgpu::Buffer,
+        n: usize,
+        heads: usize,
+        m: &MlaConfig,
+        qc: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        let (dn, dr, dv) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
+        ops::mla_absorb(&mut self.rec, kv_b, q, qc, n, heads, dn, dr, dn + dv)
+    }
+
+    fn attend_mla(
+        &mut self,
+        l: usize,
+        qc: &wgpu::Buffer,
+        ckv: &wgpu::Buffer,
+        s: AttendShape,
+        m: &MlaConfig,
+        ctx: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        let (r, dr) = (m.kv_lora_rank, m.qk_rope_head_dim);
+        if self.half() * 2 != dr {
+            return Err(Error::Gpu(format!("MLA: rope of {} dims for a rotary key of {dr}", self.half() * 2)));
+        }
+        let scores = self.scores()?;
+        let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;
+        // The cache row of a position is [latent, rotary key], as ckv's rows.
+        let row = (r + dr) as u64 * 4;
+        self.rec.copy(ckv, 0, cache, s.pos0 as u64 * row, s.n as u64 * row);
+        let shape = AttnShape {
+            n: s.n,
+            n_heads: s.n_heads,
+            n_kv_heads: 1,
+            head_dim: r + dr,
+            pos0: s.pos0,
+            window: s.window,
+            scale: s.scale,
+            mla: Some((r, dr)),
+        };
+        ops::attention(&mut self.rec, shape, qc, cache, cache, &scores, ctx, None)
+    }
+
     fn gate_sigmoid(&mut self, x: &mut wgpu::Buffer, g: &wgpu::Buffer, len: usize) -> Result<()> {
         ops::gate_mul(&mut self.rec, x, g, len, GateAct::Sigmoid)
     }
@@ -223,7 +297,7 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
     fn attn(&self, l: usize) -> Attn<'a, GpuMat, wgpu::Buffer> {
         match &self.gm.layers[l].attn {
             GpuAttn::Gqa(g) => Attn::Gqa(g),
-            GpuAttn::Mla(_) => Attn::Mla,
+            GpuAttn::Mla(w) => Attn::Mla(w),
             GpuAttn::Linear(_) => Attn::Linear,
         }
     }
@@ -243,17 +317,6 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
     fn embed(&mut self, ids: &[u32], x: &mut wgpu::Buffer) -> Result<()> {
         let ids_data = self.rec.data(ids);
         ops::embed(&mut self.rec, &self.gm.embed, ids_data, ids.len(), x)
-    }
-
-    fn mla(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {
-        let GpuAttn::Mla(mla) = &self.gm.layers[l].attn else {
-            return Err(Error::Gpu(format!("layer {l} is not multi-head latent attention")));
-        };
-        let scores = self.scores()?;
-        let scratch = self.mla.as_ref().ok_or_else(|| Error::Gpu("MLA scratch missing".into()))?;
-        let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;
-        let o = &self.gm.m().layers[l].attn_opts;
-        mla.forward(&mut self.rec, scratch, xn, n, self.pos0, o, cache, &scores, self.cs_data.clone(), out)
     }
 
     fn linear_attn(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {

@@ -40,10 +40,11 @@ pub enum Kernel {
     DeltaNetGates,
     DeltaRule,
     SplitGate,
+    RopePairs,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 23] = [
+    pub const ALL: [Kernel; 24] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -67,6 +68,7 @@ impl Kernel {
         Kernel::DeltaNetGates,
         Kernel::DeltaRule,
         Kernel::SplitGate,
+        Kernel::RopePairs,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -99,6 +101,7 @@ impl Kernel {
             Kernel::DeltaNetGates => ("deltanet_gates.wgsl", A, include_str!("../../../shaders/deltanet_gates.wgsl")),
             Kernel::DeltaRule => ("delta_rule.wgsl", A, include_str!("../../../shaders/delta_rule.wgsl")),
             Kernel::SplitGate => ("split_gate.wgsl", NONE, include_str!("../../../shaders/split_gate.wgsl")),
+            Kernel::RopePairs => ("rope_pairs.wgsl", A, include_str!("../../../shaders/rope_pairs.wgsl")),
         }
     }
 

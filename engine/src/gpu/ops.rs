@@ -270,6 +270,33 @@ pub fn rope_at(
     rec.dispatch(Kernel::Rope, &[], &params, vec![x.into(), cs], groups(n * heads * half, 64))
 }
 
+/// [`rope_at`] of heads whose rotary values come as interleaved pairs (rope_pairs.wgsl:
+/// rope::deinterleave then Rope::apply), leaving them in rotate-half order.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_pairs_at(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    n: usize,
+    heads: usize,
+    head_dim: usize,
+    half: usize,
+    cs: Bind,
+) -> Result<()> {
+    if half > 512 {
+        return Err(Error::Gpu(format!("interleaved RoPE of {} dims: at most 1024", 2 * half)));
+    }
+    let params = [
+        u32_of("n", n)?,
+        u32_of("heads", heads)?,
+        u32_of("head_dim", head_dim)?,
+        u32_of("half", half)?,
+        u32_of("x offset", x_offset)?,
+        0,
+    ];
+    rec.dispatch(Kernel::RopePairs, &[], &params, vec![x.into(), cs], (n * heads) as u64)
+}
+
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {

@@ -5,7 +5,7 @@
 
 use super::buffers::GpuMat;
 use super::deltanet::GpuDeltaNet;
-use super::mla::GpuMla;
+use super::mla::{self, GpuMla};
 use super::ops;
 use super::pool::GpuExpert;
 use super::recorder::Recorder;
@@ -102,7 +102,7 @@ pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
     for (l, layer) in m.layers.iter().enumerate() {
         let p = format!("layer{l}");
         let attn = match (&layer.attn, &layer.attn_opts.mla) {
-            (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(GpuMla::upload(up, &p, w, m, c.n_heads)?)),
+            (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(mla::upload(up, &p, w, m, c.n_heads)?)),
             (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(GpuDeltaNet::upload(up, &p, d)?)),
             (AttnWeights::Gqa(a), None) => GpuAttn::Gqa(Box::new(
                 a.try_map(|name, m| up.mat(&format!("{p}.{name}"), m), |name, v| up.f32(&format!("{p}.{name}"), v))?,

@@ -4,11 +4,13 @@
 //! hooks of one forward pass.
 
 use crate::error::Result;
-use crate::kernels::{matmul_many, rmsnorm_chunks, MatJob};
+use crate::kernels::{matmul, matmul_many, rmsnorm_chunks, MatJob};
 use crate::math;
 use crate::model::attention::{attend_cached, split_gate, AttendShape, AttnOpts, LayerCache};
+use crate::model::config::MlaConfig;
 use crate::model::graph::{Attn, Backend, Ops};
-use crate::model::rope::Rope;
+use crate::model::mla;
+use crate::model::rope::{deinterleave, Rope};
 use crate::model::{AttnWeights, Ffn, Layer, Model};
 use crate::tensor::Mat;
 
@@ -79,9 +81,24 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         Ok(())
     }
 
-    fn rmsnorm(&mut self, t: &mut Vec<f32>, rows: usize, width: usize, w: &Vec<f32>, eps: f32) -> Result<()> {
+    fn rmsnorm_at(
+        &mut self,
+        t: &mut Vec<f32>,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &Vec<f32>,
+        eps: f32,
+    ) -> Result<()> {
         debug_assert_eq!(w.len(), width);
-        rmsnorm_chunks(&mut t[..rows * width], w, eps);
+        if stride == width {
+            rmsnorm_chunks(&mut t[at..at + rows * width], w, eps);
+        } else {
+            for i in 0..rows {
+                rmsnorm_chunks(&mut t[at + i * stride..at + i * stride + width], w, eps);
+            }
+        }
         Ok(())
     }
 
@@ -108,6 +125,24 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         Ok(())
     }
 
+    fn matmul_at(
+        &mut self,
+        w: &Mat,
+        x: &Vec<f32>,
+        row0: usize,
+        n: usize,
+        out: &mut Vec<f32>,
+        at: usize,
+        stride: usize,
+    ) -> Result<()> {
+        let mut y = vec![0.0f32; n * w.rows];
+        matmul(w, &x[row0 * w.cols..(row0 + n) * w.cols], n, &mut y);
+        for (p, row) in y.chunks_exact(w.rows).enumerate() {
+            out[at + p * stride..at + p * stride + w.rows].copy_from_slice(row);
+        }
+        Ok(())
+    }
+
     fn clamp(&mut self, t: &mut Vec<f32>, len: usize, c: f32) -> Result<()> {
         t[..len].iter_mut().for_each(|v| *v = v.clamp(-c, c));
         Ok(())
@@ -126,10 +161,25 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         Ok(())
     }
 
-    fn rope(&mut self, t: &mut Vec<f32>, n: usize, heads: usize, head_dim: usize) -> Result<()> {
-        let w = heads * head_dim;
+    fn rope_at(
+        &mut self,
+        t: &mut Vec<f32>,
+        n: usize,
+        heads: usize,
+        stride: usize,
+        at: usize,
+        interleaved: bool,
+    ) -> Result<()> {
+        let rot = self.rope.rotary_dim;
+        let mut scratch = Vec::with_capacity(rot);
         for i in 0..n {
-            self.rope.apply(&mut t[i * w..(i + 1) * w], head_dim, &self.cos[i], &self.sin[i]);
+            for h in 0..heads {
+                let x = &mut t[at + (i * heads + h) * stride..][..rot];
+                if interleaved {
+                    deinterleave(x, &mut scratch);
+                }
+                self.rope.apply(x, rot, &self.cos[i], &self.sin[i]);
+            }
         }
         Ok(())
     }
@@ -153,6 +203,38 @@ impl<'w> Ops<'w> for CpuOps<'_> {
 
     fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
         x[..len].iter_mut().zip(&g[..len]).for_each(|(c, g)| *c *= math::sigmoid(*g));
+        Ok(())
+    }
+
+    fn mla_absorb(
+        &mut self,
+        kv_b: &Mat,
+        q: &Vec<f32>,
+        n: usize,
+        heads: usize,
+        m: &MlaConfig,
+        qc: &mut Vec<f32>,
+    ) -> Result<()> {
+        mla::absorb(kv_b, q, n, heads, m, qc);
+        Ok(())
+    }
+
+    fn attend_mla(
+        &mut self,
+        l: usize,
+        qc: &Vec<f32>,
+        ckv: &Vec<f32>,
+        s: AttendShape,
+        m: &MlaConfig,
+        ctx: &mut Vec<f32>,
+    ) -> Result<()> {
+        if self.rope.rotary_dim != m.qk_rope_head_dim {
+            return Err(crate::error::Error::Invalid(format!(
+                "MLA: rope of {} dims for a rotary key of {}",
+                self.rope.rotary_dim, m.qk_rope_head_dim
+            )));
+        }
+        mla::attend(self.cache(l)?, qc, ckv, s, m, ctx);
         Ok(())
     }
 
@@ -185,8 +267,17 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
     fn copy(&mut self, src: &Vec<f32>, at: usize, dst: &mut Vec<f32>, len: usize) -> Result<()> {
         Ops::copy(&mut self.ops, src, at, dst, len)
     }
-    fn rmsnorm(&mut self, t: &mut Vec<f32>, rows: usize, width: usize, w: &Vec<f32>, eps: f32) -> Result<()> {
-        Ops::rmsnorm(&mut self.ops, t, rows, width, w, eps)
+    fn rmsnorm_at(
+        &mut self,
+        t: &mut Vec<f32>,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &Vec<f32>,
+        eps: f32,
+    ) -> Result<()> {
+        Ops::rmsnorm_at(&mut self.ops, t, at, rows, width, stride, w, eps)
     }
     fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
         Ops::add(&mut self.ops, x, y, len)
@@ -196,6 +287,18 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
     }
     fn matmul(&mut self, jobs: &mut [(&Mat, &mut Vec<f32>)], x: &Vec<f32>, row0: usize, n: usize) -> Result<()> {
         Ops::matmul(&mut self.ops, jobs, x, row0, n)
+    }
+    fn matmul_at(
+        &mut self,
+        w: &Mat,
+        x: &Vec<f32>,
+        row0: usize,
+        n: usize,
+        out: &mut Vec<f32>,
+        at: usize,
+        stride: usize,
+    ) -> Result<()> {
+        Ops::matmul_at(&mut self.ops, w, x, row0, n, out, at, stride)
     }
     fn clamp(&mut self, t: &mut Vec<f32>, len: usize, c: f32) -> Result<()> {
         Ops::clamp(&mut self.ops, t, len, c)
@@ -211,8 +314,16 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
     ) -> Result<()> {
         Ops::split_gate(&mut self.ops, qg, n, heads, hd, q, gate)
     }
-    fn rope(&mut self, t: &mut Vec<f32>, n: usize, heads: usize, head_dim: usize) -> Result<()> {
-        Ops::rope(&mut self.ops, t, n, heads, head_dim)
+    fn rope_at(
+        &mut self,
+        t: &mut Vec<f32>,
+        n: usize,
+        heads: usize,
+        stride: usize,
+        at: usize,
+        interleaved: bool,
+    ) -> Result<()> {
+        Ops::rope_at(&mut self.ops, t, n, heads, stride, at, interleaved)
     }
     fn attend(
         &mut self,
@@ -225,6 +336,28 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         Ops::attend(&mut self.ops, l, q, k, v, s, sinks, out)
+    }
+    fn mla_absorb(
+        &mut self,
+        kv_b: &Mat,
+        q: &Vec<f32>,
+        n: usize,
+        heads: usize,
+        m: &MlaConfig,
+        qc: &mut Vec<f32>,
+    ) -> Result<()> {
+        Ops::mla_absorb(&mut self.ops, kv_b, q, n, heads, m, qc)
+    }
+    fn attend_mla(
+        &mut self,
+        l: usize,
+        qc: &Vec<f32>,
+        ckv: &Vec<f32>,
+        s: AttendShape,
+        m: &MlaConfig,
+        ctx: &mut Vec<f32>,
+    ) -> Result<()> {
+        Ops::attend_mla(&mut self.ops, l, qc, ckv, s, m, ctx)
     }
     fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
         Ops::gate_sigmoid(&mut self.ops, x, g, len)
@@ -264,7 +397,7 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
     fn attn(&self, l: usize) -> Attn<'w, Mat, Vec<f32>> {
         match &self.layer(l).attn {
             AttnWeights::Gqa(g) => Attn::Gqa(g),
-            AttnWeights::Mla(_) => Attn::Mla,
+            AttnWeights::Mla(w) => Attn::Mla(w),
             AttnWeights::Linear(_) => Attn::Linear,
         }
     }
@@ -283,18 +416,6 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
             self.model.embed.row_into(id as usize, &mut x[i * h..(i + 1) * h]);
         }
         Ok(())
-    }
-
-    fn mla(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
-        let layer = self.layer(l);
-        let (AttnWeights::Mla(w), Some(mc)) = (&layer.attn, &layer.attn_opts.mla) else {
-            return Err(crate::error::Error::Invalid(format!("layer {l} is not multi-head latent attention")));
-        };
-        let CpuOps { rope, pos0, cos, sin, caches, first } = &mut self.ops;
-        let cache = caches
-            .get_mut(l.wrapping_sub(*first))
-            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))?;
-        crate::model::mla::attention(w, &layer.attn_opts, mc, rope, xn, n, *pos0, cos, sin, cache, out)
     }
 
     fn linear_attn(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
@@ -361,8 +482,12 @@ mod tests {
                 out[..y.len()].copy_from_slice(&y);
                 Ok(())
             }
-            (AttnWeights::Mla(m), Some(mc)) => {
-                crate::model::mla::attention(m, o, mc, rope, x, n, pos0, cos, sin, cache, out)
+            (AttnWeights::Mla(m), Some(_)) => {
+                let mut ops = CpuOps::new(rope, pos0, cos.to_vec(), sin.to_vec(), std::slice::from_mut(cache));
+                let mut y = out[..n * m.wo.rows].to_vec();
+                crate::model::graph::mla(&mut ops, 0, m, o, &x.to_vec(), n, &mut y)?;
+                out[..y.len()].copy_from_slice(&y);
+                Ok(())
             }
             (AttnWeights::Linear(d), None) => {
                 d.forward(x, n, cache.recurrent.get_or_insert_with(Default::default), out);

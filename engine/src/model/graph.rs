@@ -5,23 +5,25 @@
 //! this one description, so a family's graph is written here once and each backend only
 //! supplies operations; the CPU stays the reference whose bits the GPU kernels reproduce.
 //!
-//! Grouped-query attention (every family's but deepseek_v3's and the DeltaNet layers') is
-//! composed here from the operations. Multi-head latent attention, Gated DeltaNet and the
-//! FFN (dense or routed experts: the expert supply differs by backend) are still one
-//! operation each, written per backend; they are the next to move here.
+//! Grouped-query attention and multi-head latent attention (deepseek_v3's, with its
+//! absorbed projections and compressed cache) are composed here from the operations.
+//! Gated DeltaNet and the FFN (dense or routed experts: the expert supply differs by
+//! backend) are still one operation each, written per backend; they are the next to move
+//! here.
 
 use crate::error::Result;
 pub(crate) use crate::model::attention::AttendShape;
 use crate::model::attention::{AttnOpts, GqaWeights};
-use crate::model::config::QkNorm;
+use crate::model::config::{MlaConfig, QkNorm};
+use crate::model::mla::{MlaWeights, QueryProj, LATENT_NORM_EPS};
 use crate::model::{Logits, Model};
 
 /// One layer's attention as the graph sees it: grouped-query attention composed from the
 /// operations, or a variant the backend runs as one operation.
 pub(crate) enum Attn<'w, M, V> {
     Gqa(&'w GqaWeights<M, V>),
-    /// Multi-head latent attention ([`Backend::mla`]).
-    Mla,
+    /// Multi-head latent attention ([`mla`]).
+    Mla(&'w MlaWeights<M, V>),
     /// Gated DeltaNet linear attention ([`Backend::linear_attn`]).
     Linear,
 }
@@ -45,13 +47,40 @@ pub(crate) trait Ops<'w> {
     /// `dst[..len] = src[at..at + len]`.
     fn copy(&mut self, src: &Self::T, at: usize, dst: &mut Self::T, len: usize) -> Result<()>;
     /// In-place RMSNorm of `rows` rows of `width` floats with weight `w` (kernels::rmsnorm).
-    fn rmsnorm(&mut self, t: &mut Self::T, rows: usize, width: usize, w: &Self::V, eps: f32) -> Result<()>;
+    fn rmsnorm(&mut self, t: &mut Self::T, rows: usize, width: usize, w: &Self::V, eps: f32) -> Result<()> {
+        self.rmsnorm_at(t, 0, rows, width, width, w, eps)
+    }
+    /// [`Ops::rmsnorm`] of rows that start at `at` and lie `stride` floats apart.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_at(
+        &mut self,
+        t: &mut Self::T,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &Self::V,
+        eps: f32,
+    ) -> Result<()>;
     /// `x[i] += y[i]` for i < len.
     fn add(&mut self, x: &mut Self::T, y: &Self::T, len: usize) -> Result<()>;
     /// `t[i] += b[i % period]` for i < len (`period` = b's length).
     fn add_bias(&mut self, t: &mut Self::T, b: &Self::V, len: usize, period: usize) -> Result<()>;
     /// Each job's `out[p, :] = w x[row0 + p, :]` for p < n (kernels::matmul_many).
     fn matmul(&mut self, jobs: &mut [(&Self::M, &mut Self::T)], x: &Self::T, row0: usize, n: usize) -> Result<()>;
+    /// `out[at + p * stride..][..w.rows] = w x[row0 + p, :]` for p < n: one matmul whose
+    /// output rows lie `stride` floats apart (a head's slice of a wider row).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_at(
+        &mut self,
+        w: &Self::M,
+        x: &Self::T,
+        row0: usize,
+        n: usize,
+        out: &mut Self::T,
+        at: usize,
+        stride: usize,
+    ) -> Result<()>;
     /// `t[i] = clamp(t[i], -c, c)` for i < len.
     fn clamp(&mut self, t: &mut Self::T, len: usize, c: f32) -> Result<()>;
     /// `qg` (n, heads, 2 * hd), per head the query then the gate, apart into `q` and `gate`
@@ -66,7 +95,22 @@ pub(crate) trait Ops<'w> {
         gate: &mut Self::T,
     ) -> Result<()>;
     /// In-place RoPE of the pass's n positions, `heads` heads of `head_dim` each.
-    fn rope(&mut self, t: &mut Self::T, n: usize, heads: usize, head_dim: usize) -> Result<()>;
+    fn rope(&mut self, t: &mut Self::T, n: usize, heads: usize, head_dim: usize) -> Result<()> {
+        self.rope_at(t, n, heads, head_dim, 0, false)
+    }
+    /// In-place RoPE of the rotary dims at `at + (i * heads + h) * stride` of position i and
+    /// head h. `interleaved`: the values come as neighbouring pairs (DeepSeek's
+    /// rope_interleave) and are put in rotate-half order first (rope::deinterleave), as
+    /// transformers returns them.
+    fn rope_at(
+        &mut self,
+        t: &mut Self::T,
+        n: usize,
+        heads: usize,
+        stride: usize,
+        at: usize,
+        interleaved: bool,
+    ) -> Result<()>;
     /// Appends the keys and values of the pass's positions to layer `l`'s cache, then
     /// causal attention of the queries over it (with per-head sink logits) into `out`
     /// (n, n_heads * head_dim).
@@ -80,6 +124,30 @@ pub(crate) trait Ops<'w> {
         shape: AttendShape,
         sinks: Option<&Self::V>,
         out: &mut Self::T,
+    ) -> Result<()>;
+    /// MLA's absorbed queries: `qc` (n, H, r + dr) = per position and head
+    /// [W_uk_h^T q_nope_h, q_rot_h] from `q` (n, H, dn + dr); W_uk_h is head h's first dn
+    /// rows of `kv_b` (summed in ascending row order from 0.0).
+    fn mla_absorb(
+        &mut self,
+        kv_b: &Self::M,
+        q: &Self::T,
+        n: usize,
+        heads: usize,
+        m: &MlaConfig,
+        qc: &mut Self::T,
+    ) -> Result<()>;
+    /// Appends the n rows of `ckv` ([normalised latent, rotated key], r + dr each) to layer
+    /// `l`'s cache, then MLA's causal attention of `qc`'s rows over it (scores against the
+    /// latents and the keys, the latents as the values) into `ctx`, head-major (H, n, r).
+    fn attend_mla(
+        &mut self,
+        l: usize,
+        qc: &Self::T,
+        ckv: &Self::T,
+        shape: AttendShape,
+        m: &MlaConfig,
+        ctx: &mut Self::T,
     ) -> Result<()>;
     /// `x[i] *= sigmoid(g[i])` for i < len (qwen3_next's attention output gate).
     fn gate_sigmoid(&mut self, x: &mut Self::T, g: &Self::T, len: usize) -> Result<()>;
@@ -100,8 +168,6 @@ pub(crate) trait Backend<'w>: Ops<'w> {
     fn lm_head(&self) -> &'w Self::M;
     /// `x[i, :]` = the embedding row of `ids[i]`.
     fn embed(&mut self, ids: &[u32], x: &mut Self::T) -> Result<()>;
-    /// Layer `l`'s multi-head latent attention of the n positions of `xn` into `out`.
-    fn mla(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
     /// Layer `l`'s Gated DeltaNet of the n positions of `xn` into `out`.
     fn linear_attn(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
     /// Layer `l`'s FFN (dense MLP or routed experts) of `xn` (n, hidden) into `out`.
@@ -156,7 +222,7 @@ pub(crate) async fn layer<'w, B: Backend<'w>>(
     b.rmsnorm(xn, n, h, attn_norm, c.rms_eps)?;
     match b.attn(l) {
         Attn::Gqa(w) => gqa(b, l, w, b.attn_opts(l), h, xn, n, y)?,
-        Attn::Mla => b.mla(l, xn, n, y)?,
+        Attn::Mla(w) => mla(b, l, w, b.attn_opts(l), xn, n, y)?,
         Attn::Linear => b.linear_attn(l, xn, n, y)?,
     }
     b.add(x, y, n * h)?;
@@ -242,6 +308,65 @@ pub(crate) fn gqa<'w, B: Ops<'w>>(
         b.add_bias(out, bo, n * hidden, hidden)?;
     }
     Ok(())
+}
+
+/// Multi-head latent attention of the n positions of `xn` (normalised input) into `out`
+/// (n, hidden), with the absorbed projections of [`crate::model::mla`] (its header has the
+/// formulas): q (plain or low-rank with its norm), the latent and the shared rotary key
+/// (kv_a, the latent normalised), RoPE of both rotary parts, the absorbed queries, the
+/// cached latent attention, per head v_h = W_uv_h ctx_h, and o_proj.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mla<'w, B: Ops<'w>>(
+    b: &mut B,
+    l: usize,
+    w: &'w MlaWeights<B::M, B::V>,
+    o: &AttnOpts,
+    xn: &B::T,
+    n: usize,
+    out: &mut B::T,
+) -> Result<()> {
+    let Some(m) = &o.mla else {
+        return Err(crate::error::Error::Invalid(format!("layer {l}: MLA weights without MLA sizes")));
+    };
+    let nh = o.n_heads;
+    let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
+    let (dq, width) = (dn + dr, r + dr);
+    let mut q = b.alloc("mla.q", n * nh * dq)?;
+    match &w.q {
+        QueryProj::Plain(wq) => b.matmul(&mut [(wq, &mut q)], xn, 0, n)?,
+        QueryProj::LowRank { a, norm, b: wb } => {
+            let rq = m.q_lora_rank.unwrap_or(0);
+            let mut qa = b.alloc("mla.qa", n * rq)?;
+            b.matmul(&mut [(a, &mut qa)], xn, 0, n)?;
+            b.rmsnorm(&mut qa, n, rq, norm, LATENT_NORM_EPS)?;
+            b.matmul(&mut [(wb, &mut q)], &qa, 0, n)?;
+        }
+    }
+    // The compressed latent and the shared rotary key: (n, r + dr).
+    let mut ckv = b.alloc("mla.ckv", n * width)?;
+    b.matmul(&mut [(&w.kv_a, &mut ckv)], xn, 0, n)?;
+    b.rmsnorm_at(&mut ckv, 0, n, r, width, &w.kv_norm, LATENT_NORM_EPS)?;
+    b.rope_at(&mut ckv, n, 1, width, r, m.rope_interleave)?;
+    b.rope_at(&mut q, n, nh, dq, dn, m.rope_interleave)?;
+    let mut qc = b.alloc("mla.qc", n * nh * width)?;
+    b.mla_absorb(&w.kv_b, &q, n, nh, m, &mut qc)?;
+    let shape = AttendShape {
+        n,
+        pos0: b.pos0(),
+        n_heads: nh,
+        n_kv_heads: 1,
+        head_dim: width,
+        window: o.window,
+        scale: o.scale,
+    };
+    let mut ctx = b.alloc("mla.ctx", nh * n * r)?;
+    b.attend_mla(l, &qc, &ckv, shape, m, &mut ctx)?;
+    // Values: v_h = W_uv_h ctx_h, laid out (n, H*dv) for o_proj.
+    let mut v = b.alloc("mla.v", n * nh * dv)?;
+    for (h, uv) in w.uv.iter().enumerate() {
+        b.matmul_at(uv, &ctx, h * n, n, &mut v, h * dv, nh * dv)?;
+    }
+    b.matmul(&mut [(&w.wo, out)], &v, 0, n)
 }
 
 /// Runs a future that never waits (the CPU backend's pass) to its end.

@@ -18,42 +18,45 @@
 //! `sum_j p_j (W_uv_h c_j) = W_uv_h (sum_j p_j c_j)`, where W_uk_h and W_uv_h are head h's
 //! rows of kv_b. Every position's numbers depend only on that position and the cache, so a
 //! prefill gives the bits of token-by-token decoding.
+//!
+//! The pass is written once, in the graph (`graph::mla`), for every backend; this module
+//! holds the weights and the CPU's two MLA operations (`absorb`, `attend`).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::tensors::TensorStore;
-use crate::kernels::{for_each_chunk, matmul, rmsnorm_chunks};
+use crate::kernels::for_each_chunk;
 use crate::math;
-use crate::model::attention::{first_visible, AttnOpts, LayerCache};
+use crate::model::attention::{first_visible, AttendShape, LayerCache};
 use crate::model::config::MlaConfig;
-use crate::model::rope::{deinterleave, Rope};
 use crate::tensor::Mat;
 
 /// transformers builds q_a_layernorm and kv_a_layernorm with the default epsilon, not
 /// the config's `rms_norm_eps`.
-const LATENT_NORM_EPS: f32 = 1e-6;
+pub(crate) const LATENT_NORM_EPS: f32 = 1e-6;
 
 /// How the queries are projected.
-pub enum QueryProj {
+pub enum QueryProj<M = Mat, V = Vec<f32>> {
     /// (H*(dn+dr), hidden)
-    Plain(Mat),
+    Plain(M),
     /// q_a_proj (q_lora_rank, hidden) -> RMSNorm (q_lora_rank) -> q_b_proj (H*(dn+dr), q_lora_rank)
-    LowRank { a: Mat, norm: Vec<f32>, b: Mat },
+    LowRank { a: M, norm: V, b: M },
 }
 
-pub struct MlaWeights {
-    pub q: QueryProj,
+/// One layer's MLA weights, as matrices `M` and vectors `V` of a backend (the CPU's
+/// [`Mat`] and `Vec<f32>` as loaded, or a GPU's buffers through [`MlaWeights::try_map`]);
+/// the graph (`graph::mla`) runs them on either.
+pub struct MlaWeights<M = Mat, V = Vec<f32>> {
+    pub q: QueryProj<M, V>,
     /// kv_a_proj_with_mqa: (r + dr, hidden)
-    pub kv_a: Mat,
+    pub kv_a: M,
     /// kv_a_layernorm: (r)
-    pub kv_norm: Vec<f32>,
-    /// kv_b_proj: (H*(dn+dv), r); per head, dn key rows then dv value rows.
-    pub kv_b: Mat,
-    /// Per head: its dn key rows of kv_b (W_uk_h, (dn, r)) and dv value rows (W_uv_h,
-    /// (dv, r)), views into kv_b's bytes.
-    pub uk: Vec<Mat>,
-    pub uv: Vec<Mat>,
+    pub kv_norm: V,
+    /// kv_b_proj: (H*(dn+dv), r); per head, dn key rows (W_uk_h) then dv value rows.
+    pub kv_b: M,
+    /// Per head its dv value rows of kv_b (W_uv_h, (dv, r)), views into kv_b's bytes.
+    pub uv: Vec<M>,
     /// o_proj: (hidden, H*dv)
-    pub wo: Mat,
+    pub wo: M,
 }
 
 impl MlaWeights {
@@ -72,143 +75,115 @@ impl MlaWeights {
             },
         };
         let kv_b = w("kv_b_proj", n_heads * (dn + dv), r)?;
-        let uk = (0..n_heads).map(|h| kv_b.row_block(h * (dn + dv), dn)).collect::<Result<_>>()?;
         let uv = (0..n_heads).map(|h| kv_b.row_block(h * (dn + dv) + dn, dv)).collect::<Result<_>>()?;
         Ok(MlaWeights {
             q,
             kv_a: w("kv_a_proj_with_mqa", r + dr, hidden)?,
             kv_norm: s.vector(&format!("{prefix}.kv_a_layernorm.weight"), r)?,
             kv_b,
-            uk,
             uv,
             wo: w("o_proj", hidden, n_heads * dv)?,
         })
     }
 }
 
-/// Rotates `x` (dr values) in place, de-interleaving first when the checkpoint pairs
-/// neighbouring dimensions.
-fn rotate(rope: &Rope, x: &mut [f32], interleave: bool, cos: &[f32], sin: &[f32], scratch: &mut Vec<f32>) {
-    if interleave {
-        deinterleave(x, scratch);
+impl<M, V> MlaWeights<M, V> {
+    /// The same weights in another backend's form: `m` and `v` convert one matrix and one
+    /// vector, given their names (q, q_a, q_a_norm, q_b, kv_a, kv_norm, kv_b, uv{h}, wo).
+    pub fn try_map<M2, V2>(
+        &self,
+        m: impl Fn(&str, &M) -> Result<M2>,
+        v: impl Fn(&str, &V) -> Result<V2>,
+    ) -> Result<MlaWeights<M2, V2>> {
+        Ok(MlaWeights {
+            q: match &self.q {
+                QueryProj::Plain(q) => QueryProj::Plain(m("q", q)?),
+                QueryProj::LowRank { a, norm, b } => {
+                    QueryProj::LowRank { a: m("q_a", a)?, norm: v("q_a_norm", norm)?, b: m("q_b", b)? }
+                }
+            },
+            kv_a: m("kv_a", &self.kv_a)?,
+            kv_norm: v("kv_norm", &self.kv_norm)?,
+            kv_b: m("kv_b", &self.kv_b)?,
+            uv: self.uv.iter().enumerate().map(|(h, u)| m(&format!("uv{h}"), u)).collect::<Result<_>>()?,
+            wo: m("wo", &self.wo)?,
+        })
     }
-    rope.apply(x, x.len(), cos, sin);
 }
 
-/// MLA for `n` new positions from absolute position `pos0` (see the module header).
-/// `x`: (n, hidden) normalised input; `out`: (n, hidden). Appends each position's latent
-/// and rotated key to `cache`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    w: &MlaWeights,
-    o: &AttnOpts,
-    m: &MlaConfig,
-    rope: &Rope,
-    x: &[f32],
-    n: usize,
-    pos0: usize,
-    cos: &[Vec<f32>],
-    sin: &[Vec<f32>],
-    cache: &mut LayerCache,
-    out: &mut [f32],
-) -> Result<()> {
-    let nh = o.n_heads;
+/// The absorbed queries (the CPU's `Ops::mla_absorb`): `qc` (n, H, r + dr) from the
+/// queries `q` (n, H, dn + dr), rotary part rotated: per head and position
+/// `W_uk_h^T q_nope_h` (summed over the dn rows of W_uk_h in ascending order, from 0.0:
+/// a fixed order that the GPU's mla_absorb.wgsl reproduces), then q's rotary part.
+pub(crate) fn absorb(kv_b: &Mat, q: &[f32], n: usize, n_heads: usize, m: &MlaConfig, qc: &mut [f32]) {
     let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
-    let dq = dn + dr;
-    if cos.len() < n || sin.len() < n || rope.rotary_dim != dr {
-        return Err(Error::Invalid(format!(
-            "MLA: rope tables for {} positions of {} dims",
-            cos.len(),
-            rope.rotary_dim
-        )));
-    }
-
-    // Queries: (n, H, dn + dr).
-    let mut q = vec![0.0f32; n * nh * dq];
-    match &w.q {
-        QueryProj::Plain(wq) => matmul(wq, x, n, &mut q),
-        QueryProj::LowRank { a, norm, b } => {
-            let mut qa = vec![0.0f32; n * a.rows];
-            matmul(a, x, n, &mut qa);
-            rmsnorm_chunks(&mut qa, norm, LATENT_NORM_EPS);
-            matmul(b, &qa, n, &mut q);
-        }
-    }
-    // The compressed latent and the shared rotary key: (n, r + dr).
-    let mut ckv = vec![0.0f32; n * (r + dr)];
-    matmul(&w.kv_a, x, n, &mut ckv);
-    let mut scratch = Vec::with_capacity(dr);
-    let mut latent = Vec::with_capacity(n * r);
-    let mut k_rot = Vec::with_capacity(n * dr);
-    for i in 0..n {
-        let row = &mut ckv[i * (r + dr)..(i + 1) * (r + dr)];
-        let (c, kr) = row.split_at_mut(r);
-        rmsnorm_chunks(c, &w.kv_norm, LATENT_NORM_EPS);
-        rotate(rope, kr, m.rope_interleave, &cos[i], &sin[i], &mut scratch);
-        latent.extend_from_slice(c);
-        k_rot.extend_from_slice(kr);
-        for h in 0..nh {
-            let qr = &mut q[(i * nh + h) * dq + dn..(i * nh + h + 1) * dq];
-            rotate(rope, qr, m.rope_interleave, &cos[i], &sin[i], &mut scratch);
-        }
-    }
-    cache.append(&latent, &k_rot, r, dr);
-
-    // Absorbed queries, (H, n, r): q_lat = W_uk_h^T q_nope_h, summed over the dn rows of
-    // W_uk_h in ascending order (a fixed order that a GPU kernel can reproduce).
-    let mut q_lat = vec![0.0f32; nh * n * r];
+    let (dq, w) = (dn + dr, r + dr);
+    // Head-major (H, n, r) so that each head is one task.
+    let mut q_lat = vec![0.0f32; n_heads * n * r];
     for_each_chunk(&mut q_lat, n * r, |h, dst| {
         let mut row = vec![0.0f32; r];
         for d in 0..dn {
-            w.uk[h].row_into(d, &mut row);
+            kv_b.row_into(h * (dn + dv) + d, &mut row);
             for i in 0..n {
-                let qv = q[(i * nh + h) * dq + d];
+                let qv = q[(i * n_heads + h) * dq + d];
                 for (t, u) in dst[i * r..(i + 1) * r].iter_mut().zip(&row) {
                     *t += qv * u;
                 }
             }
         }
     });
+    for i in 0..n {
+        for h in 0..n_heads {
+            let at = (i * n_heads + h) * w;
+            qc[at..at + r].copy_from_slice(&q_lat[(h * n + i) * r..(h * n + i + 1) * r]);
+            qc[at + r..at + w].copy_from_slice(&q[(i * n_heads + h) * dq + dn..(i * n_heads + h + 1) * dq]);
+        }
+    }
+}
 
-    // One task per (head, position): scores over the visible positions, softmax, and the
-    // probability-weighted sum of their latents.
+/// The CPU's `Ops::attend_mla`: appends the n rows of `ckv` ([latent, rotated key], r + dr
+/// each) to `cache` (the latents in `k`, the keys in `v`), then per head and position the
+/// scores of `qc`'s row against the visible positions (latent and rotary dot products),
+/// softmax, and the probability-weighted sum of their latents into `ctx` (H, n, r).
+pub(crate) fn attend(cache: &mut LayerCache, qc: &[f32], ckv: &[f32], s: AttendShape, m: &MlaConfig, ctx: &mut [f32]) {
+    let (n, nh, pos0) = (s.n, s.n_heads, s.pos0);
+    let (dr, r) = (m.qk_rope_head_dim, m.kv_lora_rank);
+    let w = r + dr;
+    let mut latent = Vec::with_capacity(n * r);
+    let mut k_rot = Vec::with_capacity(n * dr);
+    for row in ckv[..n * w].chunks_exact(w) {
+        latent.extend_from_slice(&row[..r]);
+        k_rot.extend_from_slice(&row[r..]);
+    }
+    cache.append(&latent, &k_rot, r, dr);
+    // One task per (head, position).
     let (cl, ckr) = (&cache.k, &cache.v);
-    let mut ctx_lat = vec![0.0f32; nh * n * r];
-    for_each_chunk(&mut ctx_lat, r, |idx, dst| {
+    for_each_chunk(&mut ctx[..nh * n * r], r, |idx, dst| {
         let (h, i) = (idx / n, idx % n);
         let p = pos0 + i;
-        let lo = first_visible(p, o.window);
-        let ql = &q_lat[(h * n + i) * r..(h * n + i + 1) * r];
-        let qr = &q[(i * nh + h) * dq + dn..(i * nh + h + 1) * dq];
+        let lo = first_visible(p, s.window);
+        let row = &qc[(i * nh + h) * w..(i * nh + h + 1) * w];
+        let (ql, qr) = row.split_at(r);
         let mut scores: Vec<f32> = (lo..=p)
-            .map(|j| (math::dot(ql, &cl[j * r..(j + 1) * r]) + math::dot(qr, &ckr[j * dr..(j + 1) * dr])) * o.scale)
+            .map(|j| (math::dot(ql, &cl[j * r..(j + 1) * r]) + math::dot(qr, &ckr[j * dr..(j + 1) * dr])) * s.scale)
             .collect();
         math::softmax(&mut scores);
+        dst.fill(0.0);
         for (s, j) in scores.iter().zip(lo..=p) {
             for (d, c) in dst.iter_mut().zip(&cl[j * r..(j + 1) * r]) {
                 *d += s * c;
             }
         }
     });
-
-    // Values: v_h = W_uv_h ctx_lat_h, laid out (n, H*dv) for o_proj.
-    let mut v = vec![0.0f32; n * nh * dv];
-    let mut vh = vec![0.0f32; n * dv];
-    for h in 0..nh {
-        matmul(&w.uv[h], &ctx_lat[h * n * r..(h + 1) * n * r], n, &mut vh);
-        for i in 0..n {
-            v[(i * nh + h) * dv..(i * nh + h + 1) * dv].copy_from_slice(&vh[i * dv..(i + 1) * dv]);
-        }
-    }
-    matmul(&w.wo, &v, n, out);
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attention::AttnOpts;
     use crate::model::config::QkNorm;
-    use crate::model::rope::RopeConfig;
+    use crate::model::cpu::CpuOps;
+    use crate::model::rope::{Rope, RopeConfig};
 
     fn rand(len: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
@@ -250,7 +225,6 @@ mod tests {
             q,
             kv_a: mat(r + dr, HIDDEN, 6),
             kv_norm: rand(r, 7).iter().map(|v| 1.0 + v).collect(),
-            uk: (0..H).map(|h| kv_b.row_block(h * (dn + dv), dn).unwrap()).collect(),
             uv: (0..H).map(|h| kv_b.row_block(h * (dn + dv) + dn, dv).unwrap()).collect(),
             kv_b,
             wo: mat(HIDDEN, H * dv, 8),
@@ -271,17 +245,12 @@ mod tests {
         (w, o, m, rope)
     }
 
+    /// The graph's MLA ([`crate::model::graph::mla`]) on the CPU backend.
     fn run(s: &(MlaWeights, AttnOpts, MlaConfig, Rope), x: &[f32], pos0: usize, cache: &mut LayerCache) -> Vec<f32> {
         let n = x.len() / HIDDEN;
-        let (mut cs, mut ss) = (vec![], vec![]);
-        for i in 0..n {
-            let (mut c, mut sn) = (vec![], vec![]);
-            s.3.cos_sin(pos0 + i, &mut c, &mut sn);
-            cs.push(c);
-            ss.push(sn);
-        }
+        let mut ops = CpuOps::for_positions(&s.3, pos0, n, std::slice::from_mut(cache));
         let mut out = vec![0.0; n * HIDDEN];
-        attention(&s.0, &s.1, &s.2, &s.3, x, n, pos0, &cs, &ss, cache, &mut out).unwrap();
+        crate::model::graph::mla(&mut ops, 0, &s.0, &s.1, &x.to_vec(), n, &mut out).unwrap();
         out
     }
 
