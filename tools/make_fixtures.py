@@ -47,6 +47,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+import fixtures_dsa
 import fixtures_gpt_oss
 import fixtures_qwen3_5_moe
 import fixtures_qwen3_next
@@ -380,6 +381,7 @@ CASES = {
 CASES.update(fixtures_gpt_oss.CASES)
 CASES.update(fixtures_qwen3_next.CASES)
 CASES.update(fixtures_qwen3_5_moe.CASES)
+CASES.update(fixtures_dsa.CASES)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -477,7 +479,7 @@ class Probes:
             if m and type(mod).__name__.endswith("TopKRouter"):
                 layer = int(m.group(1))
                 self.handles.append(mod.register_forward_hook(self._router_hook(layer, mod.top_k)))
-            if m and type(mod).__name__ in ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter"):
+            if m and type(mod).__name__.endswith("TopkRouter") and hasattr(mod, "e_score_correction_bias"):
                 layer = int(m.group(1))
                 self.handles.append(mod.register_forward_hook(self._sigmoid_router_hook(layer, mod)))
             if re.fullmatch(r"model\.layers\.\d+\.self_attn\.(q_norm|k_norm|v_proj)", name):
@@ -618,7 +620,8 @@ def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
         reasons.append("teacher-forced argmax over greedy sequence differs")
     if min_gap < GAP_REL * std:
         reasons.append(f"greedy near-tie (gap {min_gap:.3g} < {GAP_REL * std:.3g})")
-    gap_min = ROUTER_SCORE_GAP_MIN if case["model_type"] in ("deepseek_v3", "glm4_moe") else ROUTER_GAP_MIN
+    sigmoid_routers = ("deepseek_v3", "glm4_moe") + fixtures_dsa.MODEL_TYPES
+    gap_min = ROUTER_SCORE_GAP_MIN if case["model_type"] in sigmoid_routers else ROUTER_GAP_MIN
     if min(router_gap_tf, router_gap_greedy) < gap_min:
         reasons.append(f"router near-tie ({min(router_gap_tf, router_gap_greedy):.3g})")
     if distinct_l0 < 0.6 * n_experts(cfg):
@@ -626,7 +629,12 @@ def evaluate(model, cfg, case, ids, prompt, bad_new_ids):
     if clip_frac is not None and not (0.01 <= clip_frac <= 0.3):
         reasons.append(f"clip fraction {clip_frac:.3g} out of range")
 
+    dsa = {}
+    if case["model_type"] in fixtures_dsa.MODEL_TYPES:
+        more, dsa = fixtures_dsa.reasons(model, cfg, [ids, prompt + new_ids])
+        reasons += more
     res = dict(
+        dsa=dsa,
         logits=logits,
         logits_std=std,
         new_ids=new_ids,
@@ -806,6 +814,7 @@ def make_case(name: str, case: dict, hf_tok_template, tok_vocab: int, special_id
             "num_experts": n_experts(lcfg),
             "qkv_clip_fraction": res["clip_fraction"],
             "hf_cached_vs_uncached_max_abs_logit_diff": res["cache_diff"],
+            **res["dsa"],
             "tokenizer_vocab_size": tok_vocab,
             "python_version": platform.python_version(),
             "tokenizers_version": tokenizers.__version__,
@@ -854,7 +863,7 @@ def sanity_checks(name: str, model, cfg) -> dict:
     if name in ("qwen3_moe", "olmoe"):
         qn = model.model.layers[0].self_attn.q_norm.weight
         assert float((qn - 1).abs().max()) > 0.1, "q_norm not perturbed"
-    if name.startswith("deepseek_v3"):
+    if name in ("deepseek_v3", "deepseek_v3_noqlora"):
         attn = model.model.layers[0].self_attn
         qk_head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
         moe = model.model.layers[first_moe_layer(cfg)].mlp

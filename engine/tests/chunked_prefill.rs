@@ -19,6 +19,8 @@ const FAMILIES: &[&str] = &[
     "deepseek_v3",
     "deepseek_v3_noqlora",
     "deepseek_v3_mtp",
+    "deepseek_v32",
+    "glm_moe_dsa",
     "glm4_moe",
     "glm4_moe_mtp",
     "gpt_oss",

@@ -121,6 +121,12 @@ fn reuse_is_bit_identical_mla() {
 }
 
 #[test]
+fn reuse_is_bit_identical_sparse_attention() {
+    check("deepseek_v32");
+    check("glm_moe_dsa");
+}
+
+#[test]
 fn reuse_is_bit_identical_recurrent_state() {
     check("qwen3_next");
 }
@@ -133,7 +139,7 @@ fn reuse_is_bit_identical_recurrent_state_qwen3_5_moe() {
 /// A conversation written to a cache file and read back continues as a fresh run would.
 #[test]
 fn a_cache_file_continues_bit_identically() {
-    for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"] {
+    for name in ["qwen3_moe", "deepseek_v3", "glm_moe_dsa", "gpt_oss", "qwen3_next", "qwen3_5_moe"] {
         let model = open(name);
         let o = options(true);
         let first: Vec<u32> = (3..15).collect();

@@ -160,6 +160,16 @@ fn deepseek_v3_matches_transformers() {
 }
 
 #[test]
+fn deepseek_v32_sparse_attention_matches_transformers() {
+    check("deepseek_v32");
+}
+
+#[test]
+fn glm_moe_dsa_sparse_attention_matches_transformers() {
+    check("glm_moe_dsa");
+}
+
+#[test]
 fn glm4_moe_matches_transformers() {
     check("glm4_moe");
 }

@@ -21,7 +21,12 @@ use super::weights::{GpuAttn, GpuFfn};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnOpts;
 use crate::model::config::{Activation, MlaConfig};
-use crate::model::graph::{AttendShape, Attn, Backend, Ops};
+use crate::model::graph::{AttendShape, Attn, Backend, IndexShape, Ops};
+
+/// DeepSeek Sparse Attention's indexer has no GPU kernels yet (`gpu::weights::upload`
+/// refuses such models before a pass can get here).
+pub(super) const NO_DSA: &str =
+    "DeepSeek Sparse Attention (deepseek_v32, glm_moe_dsa) runs on the CPU backend only for now";
 use crate::model::{Ffn, Logits, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
@@ -252,6 +257,9 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         ctx: &mut wgpu::Buffer,
     ) -> Result<()> {
         let (r, dr) = (m.kv_lora_rank, m.qk_rope_head_dim);
+        if m.dsa.is_some() {
+            return Err(Error::Gpu(NO_DSA.into()));
+        }
         if self.half() * 2 != dr {
             return Err(Error::Gpu(format!("MLA: rope of {} dims for a rotary key of {dr}", self.half() * 2)));
         }
@@ -271,6 +279,33 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
             mla: Some((r, dr)),
         };
         ops::attention(&mut self.rec, shape, qc, cache, cache, &scores, ctx, None)
+    }
+
+    fn layernorm_at(
+        &mut self,
+        _t: &mut wgpu::Buffer,
+        _at: usize,
+        _rows: usize,
+        _width: usize,
+        _stride: usize,
+        _w: &wgpu::Buffer,
+        _bias: &wgpu::Buffer,
+        _eps: f32,
+    ) -> Result<()> {
+        Err(Error::Gpu(NO_DSA.into()))
+    }
+
+    fn index_select(
+        &mut self,
+        _l: usize,
+        _iq: &wgpu::Buffer,
+        _iw: &wgpu::Buffer,
+        _ckv: &wgpu::Buffer,
+        _at: usize,
+        _row: usize,
+        _s: IndexShape,
+    ) -> Result<()> {
+        Err(Error::Gpu(NO_DSA.into()))
     }
 
     fn gate_sigmoid(&mut self, x: &mut wgpu::Buffer, g: &wgpu::Buffer, len: usize) -> Result<()> {

@@ -56,6 +56,8 @@ impl Family {
             // Kimi-K2 ships DeepSeek-V3's architecture under its own name (transformers'
             // kimi_k25 maps a "kimi_k2" text config to deepseek_v3 the same way).
             "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
+            // DeepSeek-V3.2 and GLM-5: DeepSeek-V3 plus DeepSeek Sparse Attention.
+            "deepseek_v32" | "glm_moe_dsa" => Family::DeepseekV3,
             "glm4_moe" => Family::Glm4Moe,
             "gpt_oss" => Family::GptOss,
             "qwen3_next" => Family::Qwen3Next,
@@ -143,12 +145,44 @@ pub struct MlaConfig {
     /// The rotary dimensions come as interleaved pairs (x0, x1), (x2, x3), ... rather than
     /// as two halves (transformers' `rope_interleave`, true for the released checkpoints).
     pub rope_interleave: bool,
+    /// DeepSeek Sparse Attention (deepseek_v32, glm_moe_dsa): a lightning indexer picks the
+    /// positions each query attends to ([`crate::model::dsa`]).
+    pub dsa: Option<DsaConfig>,
+}
+
+/// DeepSeek Sparse Attention's indexer (transformers' `DeepseekV32Indexer`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DsaConfig {
+    /// Positions each query keeps (`index_topk`).
+    pub topk: usize,
+    /// The indexer's heads and head size (`index_n_heads`, `index_head_dim`).
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Its rotary slice (the first qk_rope_head_dim of a head) comes as interleaved pairs
+    /// (glm_moe_dsa) rather than halves (deepseek_v32).
+    pub interleave: bool,
+    /// Per layer: runs its own indexer ("full"), or reuses the selection of the last
+    /// layer that did ("shared", glm_moe_dsa's `indexer_types`).
+    pub full: Vec<bool>,
 }
 
 impl MlaConfig {
-    /// Floats cached per position and layer: the latent and the rotary key.
+    /// Floats cached per position by the widest layer: the latent, the rotary key and,
+    /// with DSA, the indexer's key.
     pub fn cache_width(&self) -> usize {
-        self.kv_lora_rank + self.qk_rope_head_dim
+        self.kv_lora_rank + self.qk_rope_head_dim + self.dsa.as_ref().map_or(0, |d| d.head_dim)
+    }
+
+    /// Floats cached per position by layer `l`: [latent, rotary key] and, where the layer
+    /// runs the indexer, its key.
+    pub fn cache_width_at(&self, l: usize) -> usize {
+        let index = self.dsa.as_ref().filter(|d| d.full.get(l) == Some(&true)).map_or(0, |d| d.head_dim);
+        self.kv_lora_rank + self.qk_rope_head_dim + index
+    }
+
+    /// Whether layer `l` runs DSA's indexer (None: the layer has no DSA).
+    pub fn indexer_at(&self, l: usize) -> Option<bool> {
+        self.dsa.as_ref().map(|d| d.full.get(l) == Some(&true))
     }
 }
 
@@ -323,7 +357,7 @@ impl ModelConfig {
             )));
         }
         let mla = match family {
-            Family::DeepseekV3 => Some(mla_config(v, n_heads, n_kv_heads)?),
+            Family::DeepseekV3 => Some(mla_config(v, n_heads, n_kv_heads, n_layers)?),
             _ => None,
         };
         // olmoe derives head_dim from hidden_size (its k_norm is sized that way); MLA's
@@ -405,6 +439,7 @@ impl ModelConfig {
         let router = match family {
             Family::Mixtral => RouterConfig::softmax(n_experts, top_k, true),
             // transformers' defaults for absent fields differ between the two.
+            Family::DeepseekV3 if model_type == "glm_moe_dsa" => sigmoid_router(v, n_experts, top_k, (1, 1, 2.5))?,
             Family::DeepseekV3 => sigmoid_router(v, n_experts, top_k, (8, 4, 2.5))?,
             Family::Glm4Moe => sigmoid_router(v, n_experts, top_k, (1, 1, 1.0))?,
             Family::GptOss => gpt_oss::router(n_experts, top_k),
@@ -488,7 +523,11 @@ impl ModelConfig {
                     return Err(Error::Config(format!("moe_layer_freq = {freq} is not supported (only 1)")));
                 }
                 let dense = optional_usize(v, "first_k_dense_replace", if family == Family::Glm4Moe { 1 } else { 3 })?;
-                (0..n_layers).map(|l| l >= dense).collect()
+                match v.get("mlp_layer_types") {
+                    // deepseek_v32 / glm_moe_dsa spell the same pattern out per layer.
+                    Some(Value::Array(types)) => deepseek::mlp_layer_types(types, n_layers)?,
+                    _ => (0..n_layers).map(|l| l >= dense).collect(),
+                }
             }
             _ => vec![true; n_layers],
         };
@@ -610,6 +649,12 @@ impl ModelConfig {
         self.mla.as_ref().map_or(2 * self.kv_dim(), MlaConfig::cache_width)
     }
 
+    /// Floats cached per position by attention layer `l` (DSA's "shared" layers keep no
+    /// indexer key).
+    pub fn cache_floats_at(&self, l: usize) -> usize {
+        self.mla.as_ref().map_or(2 * self.kv_dim(), |m| m.cache_width_at(l))
+    }
+
     /// Layers with an attention cache: all but the linear-attention ones.
     pub fn attention_layers(&self) -> usize {
         self.linear_attn.as_ref().map_or(self.n_layers, |la| la.layers.iter().filter(|l| !**l).count())
@@ -617,7 +662,8 @@ impl ModelConfig {
 
     /// Bytes the attention caches grow by per token (f32).
     pub fn kv_cache_bytes_per_token(&self) -> usize {
-        self.cache_floats_per_layer() * self.attention_layers() * 4
+        let linear = |l: usize| self.linear_attn.as_ref().is_some_and(|la| la.layers.get(l) == Some(&true));
+        (0..self.n_layers).filter(|&l| !linear(l)).map(|l| self.cache_floats_at(l)).sum::<usize>() * 4
     }
 
     /// Bytes of the linear-attention layers' recurrent state, whatever the length (f32).

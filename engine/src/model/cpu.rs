@@ -8,6 +8,7 @@ use crate::kernels::{matmul, matmul_many, rmsnorm_chunks, MatJob};
 use crate::math;
 use crate::model::attention::{attend_cached, split_gate, AttendShape, AttnOpts, LayerCache};
 use crate::model::config::MlaConfig;
+use crate::model::dsa::{self, IndexShape, Selection};
 use crate::model::graph::{Attn, Backend, Ops};
 use crate::model::mla;
 use crate::model::rope::{deinterleave, Rope};
@@ -25,6 +26,8 @@ pub(crate) struct CpuOps<'a> {
     caches: &'a mut [LayerCache],
     /// The layer whose cache is `caches[0]` (the MTP layer's own cache follows the model's).
     first: usize,
+    /// DSA: the positions each query of the pass keeps, from the last indexer.
+    selection: Option<Selection>,
 }
 
 impl<'a> CpuOps<'a> {
@@ -35,7 +38,7 @@ impl<'a> CpuOps<'a> {
         sin: Vec<Vec<f32>>,
         caches: &'a mut [LayerCache],
     ) -> Self {
-        CpuOps { rope, pos0, cos, sin, caches, first: 0 }
+        CpuOps { rope, pos0, cos, sin, caches, first: 0, selection: None }
     }
 
     /// RoPE's tables for positions pos0..pos0 + n.
@@ -234,7 +237,64 @@ impl<'w> Ops<'w> for CpuOps<'_> {
                 self.rope.rotary_dim, m.qk_rope_head_dim
             )));
         }
-        mla::attend(self.cache(l)?, qc, ckv, s, m, ctx);
+        let sel = match m.indexer_at(l) {
+            None => None,
+            Some(_) => Some(self.selection.take().ok_or_else(|| {
+                crate::error::Error::Invalid(format!("layer {l}: sparse attention before any indexer ran"))
+            })?),
+        };
+        let cache = self.caches.get_mut(l.wrapping_sub(self.first));
+        let cache = cache.ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))?;
+        mla::attend(cache, qc, ckv, m.cache_width_at(l), s, m, sel.as_ref(), ctx);
+        // Kept for the "shared" layers after this one.
+        self.selection = sel;
+        Ok(())
+    }
+
+    fn layernorm_at(
+        &mut self,
+        t: &mut Vec<f32>,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &Vec<f32>,
+        bias: &Vec<f32>,
+        eps: f32,
+    ) -> Result<()> {
+        for i in 0..rows {
+            dsa::layer_norm(&mut t[at + i * stride..at + i * stride + width], w, bias, eps);
+        }
+        Ok(())
+    }
+
+    fn index_select(
+        &mut self,
+        l: usize,
+        iq: &Vec<f32>,
+        iw: &Vec<f32>,
+        ckv: &Vec<f32>,
+        at: usize,
+        row: usize,
+        s: IndexShape,
+    ) -> Result<()> {
+        let (pos0, di) = (s.pos0, s.head_dim);
+        let cache = self.cache(l)?;
+        // The cache holds the pass's first pos0 positions; its rows keep [rotary key,
+        // indexer key] in `v` (the latent is `k`), the indexer key last.
+        let cv = &cache.v;
+        let vw = cv.len().checked_div(pos0).unwrap_or(0);
+        if pos0 > 0 && vw < di {
+            return Err(crate::error::Error::Invalid(format!("layer {l}: the cache holds no indexer keys")));
+        }
+        let skip = vw.saturating_sub(di);
+        let key = |j: usize| -> &[f32] {
+            match j < pos0 {
+                true => &cv[j * vw + skip..j * vw + skip + di],
+                false => &ckv[(j - pos0) * row + at..(j - pos0) * row + at + di],
+            }
+        };
+        self.selection = Some(dsa::select(iq, iw, s, key));
         Ok(())
     }
 
@@ -358,6 +418,31 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
         ctx: &mut Vec<f32>,
     ) -> Result<()> {
         Ops::attend_mla(&mut self.ops, l, qc, ckv, s, m, ctx)
+    }
+    fn layernorm_at(
+        &mut self,
+        t: &mut Vec<f32>,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &Vec<f32>,
+        bias: &Vec<f32>,
+        eps: f32,
+    ) -> Result<()> {
+        Ops::layernorm_at(&mut self.ops, t, at, rows, width, stride, w, bias, eps)
+    }
+    fn index_select(
+        &mut self,
+        l: usize,
+        iq: &Vec<f32>,
+        iw: &Vec<f32>,
+        ckv: &Vec<f32>,
+        at: usize,
+        row: usize,
+        s: IndexShape,
+    ) -> Result<()> {
+        Ops::index_select(&mut self.ops, l, iq, iw, ckv, at, row, s)
     }
     fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
         Ops::gate_sigmoid(&mut self.ops, x, g, len)

@@ -14,7 +14,9 @@
 use crate::error::Result;
 pub(crate) use crate::model::attention::AttendShape;
 use crate::model::attention::{AttnOpts, GqaWeights};
-use crate::model::config::{MlaConfig, QkNorm};
+use crate::model::config::{DsaConfig, MlaConfig, QkNorm};
+pub(crate) use crate::model::dsa::IndexShape;
+use crate::model::dsa::{IndexerWeights, INDEX_NORM_EPS};
 use crate::model::mla::{MlaWeights, QueryProj, LATENT_NORM_EPS};
 use crate::model::{Logits, Model};
 
@@ -137,9 +139,11 @@ pub(crate) trait Ops<'w> {
         m: &MlaConfig,
         qc: &mut Self::T,
     ) -> Result<()>;
-    /// Appends the n rows of `ckv` ([normalised latent, rotated key], r + dr each) to layer
-    /// `l`'s cache, then MLA's causal attention of `qc`'s rows over it (scores against the
-    /// latents and the keys, the latents as the values) into `ctx`, head-major (H, n, r).
+    /// Appends the n rows of `ckv` ([normalised latent, rotated key] and DSA's indexer key
+    /// where the layer has one: `m.cache_width_at(l)` each) to layer `l`'s cache, then MLA's
+    /// causal attention of `qc`'s rows over it (scores against the latents and the keys,
+    /// the latents as the values) into `ctx`, head-major (H, n, r); with DSA over the
+    /// positions of the last [`Ops::index_select`] only.
     fn attend_mla(
         &mut self,
         l: usize,
@@ -148,6 +152,35 @@ pub(crate) trait Ops<'w> {
         shape: AttendShape,
         m: &MlaConfig,
         ctx: &mut Self::T,
+    ) -> Result<()>;
+    /// In-place LayerNorm (weight and bias) of `rows` rows of `width` floats that start at
+    /// `at` and lie `stride` apart (dsa::layer_norm).
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_at(
+        &mut self,
+        t: &mut Self::T,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &Self::V,
+        bias: &Self::V,
+        eps: f32,
+    ) -> Result<()>;
+    /// DSA's selection for the pass's queries: `iq` (n, Hi, Di) the indexer's queries, `iw`
+    /// (n, Hi) their head weights, the pass's indexer keys in the rows of `ckv` (at `at`,
+    /// rows of `row`), the earlier ones in layer `l`'s cache. The backend keeps the
+    /// selection for the MLA attention of this layer and of the "shared" layers after it.
+    #[allow(clippy::too_many_arguments)]
+    fn index_select(
+        &mut self,
+        l: usize,
+        iq: &Self::T,
+        iw: &Self::T,
+        ckv: &Self::T,
+        at: usize,
+        row: usize,
+        shape: IndexShape,
     ) -> Result<()>;
     /// `x[i] *= sigmoid(g[i])` for i < len (qwen3_next's attention output gate).
     fn gate_sigmoid(&mut self, x: &mut Self::T, g: &Self::T, len: usize) -> Result<()>;
@@ -332,22 +365,38 @@ pub(crate) fn mla<'w, B: Ops<'w>>(
     let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
     let (dq, width) = (dn + dr, r + dr);
     let mut q = b.alloc("mla.q", n * nh * dq)?;
-    match &w.q {
-        QueryProj::Plain(wq) => b.matmul(&mut [(wq, &mut q)], xn, 0, n)?,
+    // q_a's normalised output (q_resid): q_b's input, and DSA's indexer's.
+    let qa = match &w.q {
+        QueryProj::Plain(wq) => {
+            b.matmul(&mut [(wq, &mut q)], xn, 0, n)?;
+            None
+        }
         QueryProj::LowRank { a, norm, b: wb } => {
             let rq = m.q_lora_rank.unwrap_or(0);
             let mut qa = b.alloc("mla.qa", n * rq)?;
             b.matmul(&mut [(a, &mut qa)], xn, 0, n)?;
             b.rmsnorm(&mut qa, n, rq, norm, LATENT_NORM_EPS)?;
             b.matmul(&mut [(wb, &mut q)], &qa, 0, n)?;
+            Some(qa)
         }
+    };
+    // The cache rows of the pass: the compressed latent and the shared rotary key (r + dr),
+    // and where the layer runs DSA's indexer, its key.
+    let row = m.cache_width_at(l);
+    let mut ckv = b.alloc("mla.ckv", n * row)?;
+    match row == width {
+        true => b.matmul(&mut [(&w.kv_a, &mut ckv)], xn, 0, n)?,
+        false => b.matmul_at(&w.kv_a, xn, 0, n, &mut ckv, 0, row)?,
     }
-    // The compressed latent and the shared rotary key: (n, r + dr).
-    let mut ckv = b.alloc("mla.ckv", n * width)?;
-    b.matmul(&mut [(&w.kv_a, &mut ckv)], xn, 0, n)?;
-    b.rmsnorm_at(&mut ckv, 0, n, r, width, &w.kv_norm, LATENT_NORM_EPS)?;
-    b.rope_at(&mut ckv, n, 1, width, r, m.rope_interleave)?;
+    b.rmsnorm_at(&mut ckv, 0, n, r, row, &w.kv_norm, LATENT_NORM_EPS)?;
+    b.rope_at(&mut ckv, n, 1, row, r, m.rope_interleave)?;
     b.rope_at(&mut q, n, nh, dq, dn, m.rope_interleave)?;
+    if let (Some(d), Some(true)) = (&m.dsa, m.indexer_at(l)) {
+        let (Some(ix), Some(qa)) = (&w.indexer, &qa) else {
+            return Err(crate::error::Error::Invalid(format!("layer {l}: DSA without its indexer weights")));
+        };
+        index(b, l, ix, d, xn, qa, n, &mut ckv, width, row)?;
+    }
     let mut qc = b.alloc("mla.qc", n * nh * width)?;
     b.mla_absorb(&w.kv_b, &q, n, nh, m, &mut qc)?;
     let shape = AttendShape {
@@ -367,6 +416,36 @@ pub(crate) fn mla<'w, B: Ops<'w>>(
         b.matmul_at(uv, &ctx, h * n, n, &mut v, h * dv, nh * dv)?;
     }
     b.matmul(&mut [(&w.wo, out)], &v, 0, n)
+}
+
+/// DeepSeek Sparse Attention's lightning indexer ([`crate::model::dsa`] has the formulas):
+/// its key into the cache rows `ckv` (after the `at` floats of latent and rotary key,
+/// rows of `row`), LayerNorm and RoPE; its queries from `qa` (q_resid) with RoPE; the
+/// per-head weights; then the backend's selection of the positions each query keeps.
+#[allow(clippy::too_many_arguments)]
+fn index<'w, B: Ops<'w>>(
+    b: &mut B,
+    l: usize,
+    ix: &'w IndexerWeights<B::M, B::V>,
+    d: &DsaConfig,
+    xn: &B::T,
+    qa: &B::T,
+    n: usize,
+    ckv: &mut B::T,
+    at: usize,
+    row: usize,
+) -> Result<()> {
+    let (hi, di) = (d.n_heads, d.head_dim);
+    b.matmul_at(&ix.wk, xn, 0, n, ckv, at, row)?;
+    b.layernorm_at(ckv, at, n, di, row, &ix.k_norm, &ix.k_bias, INDEX_NORM_EPS)?;
+    b.rope_at(ckv, n, 1, row, at, d.interleave)?;
+    let mut iq = b.alloc("dsa.q", n * hi * di)?;
+    b.matmul(&mut [(&ix.wq_b, &mut iq)], qa, 0, n)?;
+    b.rope_at(&mut iq, n, hi, di, 0, d.interleave)?;
+    let mut iw = b.alloc("dsa.w", n * hi)?;
+    b.matmul(&mut [(&ix.weights_proj, &mut iw)], xn, 0, n)?;
+    let shape = IndexShape { n, pos0: b.pos0(), heads: hi, head_dim: di, topk: d.topk };
+    b.index_select(l, &iq, &iw, ckv, at, row, shape)
 }
 
 /// Runs a future that never waits (the CPU backend's pass) to its end.

@@ -303,12 +303,11 @@ fn check_header(h: &KvHeader, n: usize, fingerprint: &str, cfg: &ModelConfig) ->
     if !(h.states.is_empty() || h.states.len() == h.layers) {
         return Err(bad(format!("{} recurrent states for {} layers", h.states.len(), h.layers)));
     }
-    let per_layer = cfg.cache_floats_per_layer();
     let want = |l: usize| match &cfg.linear_attn {
         Some(la) if la.layers.get(l) == Some(&true) => {
             (0, ((la.conv_kernel - 1) * la.conv_dim(), la.n_v_heads * la.k_head_dim * la.v_head_dim))
         }
-        _ => (per_layer, (0, 0)),
+        _ => (cfg.cache_floats_at(l), (0, 0)),
     };
     let mut out = Vec::with_capacity(h.layers);
     for (l, &(kw, vw)) in h.widths.iter().enumerate() {

@@ -28,6 +28,7 @@ use crate::kernels::for_each_chunk;
 use crate::math;
 use crate::model::attention::{first_visible, AttendShape, LayerCache};
 use crate::model::config::MlaConfig;
+use crate::model::dsa::{IndexerWeights, Selection};
 use crate::tensor::Mat;
 
 /// transformers builds q_a_layernorm and kv_a_layernorm with the default epsilon, not
@@ -57,12 +58,15 @@ pub struct MlaWeights<M = Mat, V = Vec<f32>> {
     pub uv: Vec<M>,
     /// o_proj: (hidden, H*dv)
     pub wo: M,
+    /// DeepSeek Sparse Attention's indexer, on the layers that run it ([`crate::model::dsa`]).
+    pub indexer: Option<Box<IndexerWeights<M, V>>>,
 }
 
 impl MlaWeights {
     /// Loads `{prefix}.q_proj` or `q_a_proj`/`q_a_layernorm`/`q_b_proj`,
-    /// `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`, checking every shape.
-    pub fn load(s: &TensorStore, prefix: &str, hidden: usize, n_heads: usize, m: &MlaConfig) -> Result<Self> {
+    /// `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj` (and layer `l`'s DSA
+    /// indexer where it runs one), checking every shape.
+    pub fn load(s: &TensorStore, prefix: &str, hidden: usize, n_heads: usize, m: &MlaConfig, l: usize) -> Result<Self> {
         let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
         let w = |name: &str, rows: usize, cols: usize| s.mat(&format!("{prefix}.{name}.weight"), rows, cols);
         let qd = n_heads * (dn + dr);
@@ -83,6 +87,10 @@ impl MlaWeights {
             kv_b,
             uv,
             wo: w("o_proj", hidden, n_heads * dv)?,
+            indexer: match (&m.dsa, m.indexer_at(l), m.q_lora_rank) {
+                (Some(d), Some(true), Some(rq)) => Some(Box::new(IndexerWeights::load(s, prefix, hidden, rq, d)?)),
+                _ => None,
+            },
         })
     }
 }
@@ -107,6 +115,7 @@ impl<M, V> MlaWeights<M, V> {
             kv_b: m("kv_b", &self.kv_b)?,
             uv: self.uv.iter().enumerate().map(|(h, u)| m(&format!("uv{h}"), u)).collect::<Result<_>>()?,
             wo: m("wo", &self.wo)?,
+            indexer: self.indexer.as_ref().map(|x| x.try_map(&m, &v).map(Box::new)).transpose()?,
         })
     }
 }
@@ -141,35 +150,50 @@ pub(crate) fn absorb(kv_b: &Mat, q: &[f32], n: usize, n_heads: usize, m: &MlaCon
     }
 }
 
-/// The CPU's `Ops::attend_mla`: appends the n rows of `ckv` ([latent, rotated key], r + dr
-/// each) to `cache` (the latents in `k`, the keys in `v`), then per head and position the
-/// scores of `qc`'s row against the visible positions (latent and rotary dot products),
-/// softmax, and the probability-weighted sum of their latents into `ctx` (H, n, r).
-pub(crate) fn attend(cache: &mut LayerCache, qc: &[f32], ckv: &[f32], s: AttendShape, m: &MlaConfig, ctx: &mut [f32]) {
+/// The CPU's `Ops::attend_mla`: appends the n rows of `ckv` ([latent, rotated key] and
+/// DSA's indexer key where the layer has one: `row` floats each) to `cache` (the latents
+/// in `k`, the rest in `v`), then per head and position the scores of `qc`'s row against
+/// the visible positions, or the selected ones (`sel`, ascending), latent and rotary dot
+/// products, softmax, and the probability-weighted sum of their latents into `ctx` (H, n, r).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend(
+    cache: &mut LayerCache,
+    qc: &[f32],
+    ckv: &[f32],
+    row: usize,
+    s: AttendShape,
+    m: &MlaConfig,
+    sel: Option<&Selection>,
+    ctx: &mut [f32],
+) {
     let (n, nh, pos0) = (s.n, s.n_heads, s.pos0);
     let (dr, r) = (m.qk_rope_head_dim, m.kv_lora_rank);
     let w = r + dr;
     let mut latent = Vec::with_capacity(n * r);
-    let mut k_rot = Vec::with_capacity(n * dr);
-    for row in ckv[..n * w].chunks_exact(w) {
-        latent.extend_from_slice(&row[..r]);
-        k_rot.extend_from_slice(&row[r..]);
+    let mut rest = Vec::with_capacity(n * (row - r));
+    for x in ckv[..n * row].chunks_exact(row) {
+        latent.extend_from_slice(&x[..r]);
+        rest.extend_from_slice(&x[r..]);
     }
-    cache.append(&latent, &k_rot, r, dr);
+    cache.append(&latent, &rest, r, row - r);
     // One task per (head, position).
-    let (cl, ckr) = (&cache.k, &cache.v);
+    let (cl, ckr, vw) = (&cache.k, &cache.v, row - r);
     for_each_chunk(&mut ctx[..nh * n * r], r, |idx, dst| {
         let (h, i) = (idx / n, idx % n);
         let p = pos0 + i;
-        let lo = first_visible(p, s.window);
-        let row = &qc[(i * nh + h) * w..(i * nh + h + 1) * w];
-        let (ql, qr) = row.split_at(r);
-        let mut scores: Vec<f32> = (lo..=p)
-            .map(|j| (math::dot(ql, &cl[j * r..(j + 1) * r]) + math::dot(qr, &ckr[j * dr..(j + 1) * dr])) * s.scale)
+        let visible: Vec<usize> = match sel.and_then(|s| s.get(i)).and_then(Option::as_ref) {
+            Some(kept) => kept.iter().map(|&j| j as usize).collect(),
+            None => (first_visible(p, s.window)..=p).collect(),
+        };
+        let q = &qc[(i * nh + h) * w..(i * nh + h + 1) * w];
+        let (ql, qr) = q.split_at(r);
+        let mut scores: Vec<f32> = visible
+            .iter()
+            .map(|&j| (math::dot(ql, &cl[j * r..(j + 1) * r]) + math::dot(qr, &ckr[j * vw..j * vw + dr])) * s.scale)
             .collect();
         math::softmax(&mut scores);
         dst.fill(0.0);
-        for (s, j) in scores.iter().zip(lo..=p) {
+        for (s, &j) in scores.iter().zip(&visible) {
             for (d, c) in dst.iter_mut().zip(&cl[j * r..(j + 1) * r]) {
                 *d += s * c;
             }
@@ -210,6 +234,7 @@ mod tests {
             qk_rope_head_dim: 4,
             v_head_dim: 6,
             rope_interleave: interleave,
+            dsa: None,
         };
         let (dn, dr, dv, r) = (5, 4, 6, 7);
         let q = match q_lora {
@@ -228,6 +253,7 @@ mod tests {
             uv: (0..H).map(|h| kv_b.row_block(h * (dn + dv) + dn, dv).unwrap()).collect(),
             kv_b,
             wo: mat(HIDDEN, H * dv, 8),
+            indexer: None,
         };
         let o = AttnOpts {
             n_heads: H,

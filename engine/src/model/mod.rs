@@ -13,6 +13,7 @@ pub mod attention;
 pub mod config;
 pub(crate) mod cpu;
 pub mod deltanet;
+pub mod dsa;
 pub mod gpt_oss;
 pub(crate) mod graph;
 pub mod kv;
@@ -240,7 +241,7 @@ fn load_layer(c: &ModelConfig, s: &TensorStore, l: usize, moe: bool) -> Result<L
     };
     let attn = match (&c.mla, linear) {
         (_, Some(la)) => AttnWeights::Linear(Box::new(DeltaNetWeights::load(s, &p, h, la, c.rms_eps)?)),
-        (Some(m), None) => AttnWeights::Mla(MlaWeights::load(s, &a, h, c.n_heads, m)?),
+        (Some(m), None) => AttnWeights::Mla(MlaWeights::load(s, &a, h, c.n_heads, m, l)?),
         (None, None) => AttnWeights::Gqa(GqaWeights {
             wq: s.mat(&format!("{a}.q_proj.weight"), qw, h)?,
             wk: s.mat(&format!("{a}.k_proj.weight"), kvd, h)?,

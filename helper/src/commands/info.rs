@@ -211,10 +211,21 @@ pub fn info(a: InfoArgs) -> Result<()> {
     );
     let kv = c.cache_floats_per_layer();
     match &c.mla {
-        Some(m) => println!(
-            "attention     MLA: latent {} + rope key {} = {kv} floats cached per token and layer",
-            m.kv_lora_rank, m.qk_rope_head_dim
-        ),
+        Some(m) => match &m.dsa {
+            None => println!(
+                "attention     MLA: latent {} + rope key {} = {kv} floats cached per token and layer",
+                m.kv_lora_rank, m.qk_rope_head_dim
+            ),
+            Some(d) => println!(
+                "attention     MLA with DeepSeek Sparse Attention (top {} positions per query, indexer on {} of {} layers): latent {} + rope key {} + indexer key {} = {kv} floats cached per token and indexer layer",
+                d.topk,
+                d.full.iter().filter(|f| **f).count(),
+                c.n_layers,
+                m.kv_lora_rank,
+                m.qk_rope_head_dim,
+                d.head_dim
+            ),
+        },
         None if c.linear_attn.is_some() => println!(
             "attention     GQA on {} of {} layers: {kv} floats cached per token and attention layer",
             c.attention_layers(),

@@ -5,12 +5,12 @@
 
 use serde_json::Value;
 
-use super::{bounded, get_bool, limits, need_usize, optional_usize, MlaConfig, RouterConfig, Scoring};
+use super::{bounded, get_bool, limits, need_usize, optional_usize, DsaConfig, MlaConfig, RouterConfig, Scoring};
 use crate::error::{Error, Result};
 
 /// MLA sizes of a deepseek_v3 config.json. Every size must be present (`q_lora_rank` may
-/// be null: a plain q_proj).
-pub(super) fn mla_config(v: &Value, n_heads: usize, n_kv_heads: usize) -> Result<MlaConfig> {
+/// be null: a plain q_proj). deepseek_v32 and glm_moe_dsa add DeepSeek Sparse Attention.
+pub(super) fn mla_config(v: &Value, n_heads: usize, n_kv_heads: usize, n_layers: usize) -> Result<MlaConfig> {
     use limits::*;
     if n_kv_heads != n_heads {
         return Err(Error::Config(format!(
@@ -24,16 +24,28 @@ pub(super) fn mla_config(v: &Value, n_heads: usize, n_kv_heads: usize) -> Result
         Some(Value::Null) => None,
         _ => Some(bounded("q_lora_rank", need_usize(v, "q_lora_rank")?, MAX_HIDDEN)?),
     };
+    let dsa = match v.get("model_type").and_then(Value::as_str) {
+        Some(t @ ("deepseek_v32" | "glm_moe_dsa")) => Some(dsa_config(v, t, n_layers)?),
+        _ => None,
+    };
+    if dsa.is_some() && q_lora_rank.is_none() {
+        return Err(Error::Config(
+            "DeepSeek Sparse Attention needs q_lora_rank (its indexer reads q_a's output)".into(),
+        ));
+    }
     let m = MlaConfig {
         q_lora_rank,
         kv_lora_rank: bounded("kv_lora_rank", need_usize(v, "kv_lora_rank")?, MAX_HIDDEN)?,
         qk_nope_head_dim: bounded("qk_nope_head_dim", need_usize(v, "qk_nope_head_dim")?, MAX_HEAD_DIM)?,
         qk_rope_head_dim: bounded("qk_rope_head_dim", need_usize(v, "qk_rope_head_dim")?, MAX_HEAD_DIM)?,
         v_head_dim: bounded("v_head_dim", need_usize(v, "v_head_dim")?, MAX_HEAD_DIM)?,
+        // deepseek_v32 and glm_moe_dsa always rotate interleaved pairs (no such field).
         rope_interleave: match v.get("rope_interleave") {
+            _ if dsa.is_some() => true,
             None | Some(Value::Null) => true,
             Some(b) => b.as_bool().ok_or_else(|| Error::Config(format!("rope_interleave = {b} is not a boolean")))?,
         },
+        dsa,
     };
     if q_lora_rank == Some(0) || m.kv_lora_rank == 0 || m.v_head_dim == 0 {
         return Err(Error::Config("q_lora_rank, kv_lora_rank and v_head_dim must be positive".into()));
@@ -42,6 +54,72 @@ pub(super) fn mla_config(v: &Value, n_heads: usize, n_kv_heads: usize) -> Result
         return Err(Error::Config(format!("qk_rope_head_dim {} must be even and positive", m.qk_rope_head_dim)));
     }
     Ok(m)
+}
+
+/// DeepSeek Sparse Attention's indexer sizes (transformers' `DeepseekV32Config` and
+/// `GlmMoeDsaConfig` defaults for absent fields) and glm_moe_dsa's per-layer
+/// `indexer_types` (or the `index_topk_pattern` / `index_topk_freq` /
+/// `index_skip_topk_offset` schedule it is derived from).
+fn dsa_config(v: &Value, model_type: &str, n_layers: usize) -> Result<DsaConfig> {
+    use limits::*;
+    let glm = model_type == "glm_moe_dsa";
+    let topk = optional_usize(v, "index_topk", 2048)?;
+    let n_heads = bounded("index_n_heads", optional_usize(v, "index_n_heads", if glm { 32 } else { 64 })?, MAX_HEADS)?;
+    let head_dim = bounded("index_head_dim", optional_usize(v, "index_head_dim", 128)?, MAX_HEAD_DIM)?;
+    let rope = need_usize(v, "qk_rope_head_dim")?;
+    if topk == 0 || n_heads == 0 || head_dim < rope {
+        return Err(Error::Config(format!(
+            "index_topk ({topk}) and index_n_heads ({n_heads}) must be positive and index_head_dim ({head_dim}) at least qk_rope_head_dim ({rope})"
+        )));
+    }
+    let full: Vec<bool> = match (glm, v.get("indexer_types"), v.get("index_topk_pattern")) {
+        (false, None | Some(Value::Null), _) => vec![true; n_layers],
+        (_, Some(Value::Array(types)), _) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full") => Ok(true),
+                Some("shared") => Ok(false),
+                _ => Err(Error::Config(format!("indexer_types entry {t} is not \"full\" or \"shared\""))),
+            })
+            .collect::<Result<_>>()?,
+        (true, None | Some(Value::Null), Some(Value::String(p))) => p
+            .chars()
+            .map(|c| match c {
+                'F' => Ok(true),
+                'S' => Ok(false),
+                _ => Err(Error::Config(format!("index_topk_pattern {p:?}: only F and S"))),
+            })
+            .collect::<Result<_>>()?,
+        (true, None | Some(Value::Null), _) => {
+            let freq = optional_usize(v, "index_topk_freq", 1)?.max(1);
+            let offset = optional_usize(v, "index_skip_topk_offset", 2)?;
+            (0..n_layers).map(|i| (i + 1).saturating_sub(offset).is_multiple_of(freq)).collect()
+        }
+        (false, Some(t), _) => return Err(Error::Config(format!("indexer_types = {t} is not a list"))),
+        (true, Some(t), _) => return Err(Error::Config(format!("indexer_types = {t} is not a list"))),
+    };
+    if full.len() != n_layers {
+        return Err(Error::Config(format!("{} indexer_types for {n_layers} layers", full.len())));
+    }
+    if full.first() == Some(&false) {
+        return Err(Error::Config("the first layer's indexer is \"shared\": there is no earlier selection".into()));
+    }
+    Ok(DsaConfig { topk, n_heads, head_dim, interleave: glm, full })
+}
+
+/// deepseek_v32 / glm_moe_dsa's `mlp_layer_types`: "dense" or "sparse" (MoE) per layer.
+pub(super) fn mlp_layer_types(types: &[Value], n_layers: usize) -> Result<Vec<bool>> {
+    if types.len() != n_layers {
+        return Err(Error::Config(format!("{} mlp_layer_types for {n_layers} layers", types.len())));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("sparse") => Ok(true),
+            Some("dense") => Ok(false),
+            _ => Err(Error::Config(format!("mlp_layer_types entry {t} is not \"dense\" or \"sparse\""))),
+        })
+        .collect()
 }
 
 /// deepseek_v3's router (glm4_moe's too): sigmoid scores, a correction bias for the
