@@ -584,6 +584,8 @@ fn the_readme_table_is_what_plan_says() {
         ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
         ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
         ("Qwen/Qwen3.5-35B-A3B", "qwen3.5-35b-a3b"),
+        ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek-v3.2-exp"),
+        ("zai-org/GLM-5", "glm-5"),
     ];
     let served: Vec<(&str, PathBuf)> = repos.iter().map(|(r, d)| (*r, cfgs.join(d))).collect();
     let hub = MockHub::start(&served, &home);
