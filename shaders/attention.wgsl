@@ -15,7 +15,9 @@
 // CPU's order, so the result is the CPU's bits. GQA: k_stride = v_stride = n_kv_heads *
 // head_dim, v_dim = head_dim. MLA: one kv head whose key row is [latent, rotary key]
 // (head_dim = kv_lora_rank + qk_rope_head_dim = k_stride) and whose value is the latent
-// (v_dim = kv_lora_rank, v_stride = k_stride, V = K), context written head-major.
+// (v_dim = kv_lora_rank, v_stride = k_stride, V = K), context written head-major; with
+// DSA the cache row also holds the indexer key (k_stride wider than head_dim) and a query
+// with a selection attends to its sel_topk positions, in the order given, instead of [lo, p].
 //
 // Preludes: common/arith.wgsl.
 // Bindings:
@@ -27,6 +29,11 @@
 //   5 O   storage rw    f32 [n, n_heads * v_dim]         context ([n_heads, n, v_dim]
 //                                                        when o_head_major = 1)
 //   6 SK  storage read  f32 [n_heads]                    sink logits (read when sinks = 1)
+//   7 SEL storage read  u32 [n, sel_topk]                DeepSeek Sparse Attention: the
+//                                                        positions each query keeps,
+//                                                        ascending (read when sel_topk > 0;
+//                                                        a row starting 0xffffffff keeps
+//                                                        every visible position)
 // Workgroup: 64 threads. Dispatch: n * n_heads workgroups, split (x, y) with groups_x.
 
 struct Params {
@@ -45,6 +52,7 @@ struct Params {
     v_dim: u32,
     v_stride: u32,
     o_head_major: u32,
+    sel_topk: u32, // 0: no selection
     groups_x: u32,
 }
 
@@ -55,6 +63,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> S: array<f32>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 @group(0) @binding(6) var<storage, read> SK: array<f32>;
+@group(0) @binding(7) var<storage, read> SEL: array<u32>;
 
 var<workgroup> red: array<f32, 64>;
 var<workgroup> total: f32;
@@ -76,7 +85,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     if (P.window > 0u && p + 1u > P.window) {
         lo = p + 1u - P.window;
     }
-    let len = p + 1u - lo;
+    var len = p + 1u - lo;
+    let selb = i * P.sel_topk;
+    var sel = false;
+    if (P.sel_topk > 0u) {
+        sel = SEL[selb] != 0xffffffffu;
+    }
+    if (sel) {
+        len = P.sel_topk;
+    }
     let qb = i * qd + h * hd;
     var ob = i * P.n_heads * P.v_dim + h * P.v_dim;
     if (P.o_head_major != 0u) {
@@ -87,7 +104,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     // Scores, and each thread's running max.
     var m = f32_bits(0xff800000u); // -inf
     for (var j = li; j < len; j = j + 64u) {
-        let kb = (lo + j) * P.k_stride + kvh * hd;
+        var pos = lo + j;
+        if (sel) {
+            pos = SEL[selb + j];
+        }
+        let kb = pos * P.k_stride + kvh * hd;
         var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
         var s = 0.0;
         if (P.split == 0u) {
@@ -143,7 +164,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     for (var d = li; d < P.v_dim; d = d + 64u) {
         var acc = 0.0;
         for (var j = 0u; j < len; j = j + 1u) {
-            acc = acc + opq(S[sb + j] * V[(lo + j) * P.v_stride + kvh * P.v_dim + d]);
+            var pos = lo + j;
+            if (sel) {
+                pos = SEL[selb + j];
+            }
+            acc = acc + opq(S[sb + j] * V[pos * P.v_stride + kvh * P.v_dim + d]);
         }
         O[ob + d] = acc;
     }

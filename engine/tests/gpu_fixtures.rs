@@ -142,6 +142,22 @@ fn deepseek_v3_gpu_matches_cpu() {
     check("deepseek_v3", None, 2);
 }
 
+/// DeepSeek Sparse Attention (deepseek_v32): the indexer's key in the MLA cache row
+/// (layernorm.wgsl, rope.wgsl on its slice), its scores (index_scores.wgsl) read back for
+/// the top-6 choice, attention.wgsl over the kept positions; 48 positions, most of them
+/// past index_topk.
+#[test]
+fn deepseek_v32_sparse_attention_gpu_matches_cpu() {
+    check("deepseek_v32", None, 0);
+}
+
+/// glm_moe_dsa: the indexer's rope slice as interleaved pairs (rope_pairs.wgsl), and a
+/// "shared" layer attending to the previous layer's selection.
+#[test]
+fn glm_moe_dsa_sparse_attention_gpu_matches_cpu() {
+    check("glm_moe_dsa", None, 0);
+}
+
 /// MLA with a plain q_proj.
 #[test]
 fn deepseek_v3_noqlora_gpu_matches_cpu() {

@@ -341,6 +341,7 @@ fn attention_matches_cpu_with_gqa_and_window() {
             window,
             scale: (hd as f32).powf(-0.5),
             mla: None,
+            row: None,
         };
         let total = pos0 + n;
         let q = rng.vec(n * heads * hd, 3.0);
@@ -359,7 +360,7 @@ fn attention_matches_cpu_with_gqa_and_window() {
         let scores = zeros(&ctx, n * heads * total);
         let out = zeros(&ctx, want.len());
         let mut rec = Recorder::new(&ctx);
-        ops::attention(&mut rec, s, &qb, &kb, &vb, &scores, &out, sink_buf.as_ref()).unwrap();
+        ops::attention(&mut rec, s, &qb, &kb, &vb, &scores, &out, sink_buf.as_ref(), None).unwrap();
         block_on(rec.submit()).unwrap();
         assert_bits(&format!("attention {s:?}"), &read(&ctx, &out, want.len()), &want);
     }

@@ -21,12 +21,8 @@ use super::weights::{GpuAttn, GpuFfn};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnOpts;
 use crate::model::config::{Activation, MlaConfig};
+use crate::model::dsa;
 use crate::model::graph::{AttendShape, Attn, Backend, IndexShape, Ops};
-
-/// DeepSeek Sparse Attention's indexer has no GPU kernels yet (`gpu::weights::upload`
-/// refuses such models before a pass can get here).
-pub(super) const NO_DSA: &str =
-    "DeepSeek Sparse Attention (deepseek_v32, glm_moe_dsa) runs on the CPU backend only for now";
 use crate::model::{Ffn, Logits, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
@@ -43,6 +39,8 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     /// Scratch buffers by label, reused from layer to layer.
     scratch: HashMap<&'static str, wgpu::Buffer>,
     delta: Option<DeltaScratch>,
+    /// DSA: the positions each query of the pass keeps, from the last indexer.
+    selection: Option<crate::model::dsa::Selection>,
     /// Layer -> experts the lookahead predicted for it (checked when it routes).
     predicted: Vec<Option<Vec<usize>>>,
     on_use: &'a mut dyn FnMut(usize, usize, usize),
@@ -78,6 +76,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             cs_data,
             scratch: HashMap::new(),
             delta: c.linear_attn.as_ref().map(|la| DeltaScratch::new(ctx, la, n)).transpose()?,
+            selection: None,
             predicted: vec![None; c.n_layers],
             on_use,
         })
@@ -230,8 +229,9 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
             window: s.window,
             scale: s.scale,
             mla: None,
+            row: None,
         };
-        ops::attention(&mut self.rec, shape, q, kc, vc, &scores, out, sinks)
+        ops::attention(&mut self.rec, shape, q, kc, vc, &scores, out, sinks, None)
     }
 
     fn mla_absorb(
@@ -257,17 +257,33 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         ctx: &mut wgpu::Buffer,
     ) -> Result<()> {
         let (r, dr) = (m.kv_lora_rank, m.qk_rope_head_dim);
-        if m.dsa.is_some() {
-            return Err(Error::Gpu(NO_DSA.into()));
-        }
         if self.half() * 2 != dr {
             return Err(Error::Gpu(format!("MLA: rope of {} dims for a rotary key of {dr}", self.half() * 2)));
         }
         let scores = self.scores()?;
         let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;
-        // The cache row of a position is [latent, rotary key], as ckv's rows.
-        let row = (r + dr) as u64 * 4;
-        self.rec.copy(ckv, 0, cache, s.pos0 as u64 * row, s.n as u64 * row);
+        // The cache row of a position is [latent, rotary key] (and DSA's indexer key), as
+        // ckv's rows.
+        let row = m.cache_width_at(l);
+        let bytes = row as u64 * 4;
+        self.rec.copy(ckv, 0, cache, s.pos0 as u64 * bytes, s.n as u64 * bytes);
+        let sel = match m.indexer_at(l) {
+            None => None,
+            Some(_) => {
+                let kept = self
+                    .selection
+                    .as_ref()
+                    .ok_or_else(|| Error::Gpu(format!("layer {l}: sparse attention before any indexer ran")))?;
+                let topk = m.dsa.as_ref().map_or(1, |d| d.topk);
+                let mut ids = vec![u32::MAX; s.n * topk];
+                for (i, k) in kept.iter().enumerate() {
+                    if let Some(k) = k {
+                        ids[i * topk..i * topk + k.len()].copy_from_slice(k);
+                    }
+                }
+                Some(ops::Selected { ids: self.rec.data(&ids), topk })
+            }
+        };
         let shape = AttnShape {
             n: s.n,
             n_heads: s.n_heads,
@@ -277,35 +293,52 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
             window: s.window,
             scale: s.scale,
             mla: Some((r, dr)),
+            row: Some(row),
         };
-        ops::attention(&mut self.rec, shape, qc, cache, cache, &scores, ctx, None)
+        ops::attention(&mut self.rec, shape, qc, cache, cache, &scores, ctx, None, sel)
     }
 
     fn layernorm_at(
         &mut self,
-        _t: &mut wgpu::Buffer,
-        _at: usize,
-        _rows: usize,
-        _width: usize,
-        _stride: usize,
-        _w: &wgpu::Buffer,
-        _bias: &wgpu::Buffer,
-        _eps: f32,
+        t: &mut wgpu::Buffer,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        w: &wgpu::Buffer,
+        bias: &wgpu::Buffer,
+        eps: f32,
     ) -> Result<()> {
-        Err(Error::Gpu(NO_DSA.into()))
+        ops::layernorm(&mut self.rec, t, at, rows, width, stride, w, bias, eps)
     }
 
-    fn index_select(
+    async fn index_select(
         &mut self,
-        _l: usize,
-        _iq: &wgpu::Buffer,
-        _iw: &wgpu::Buffer,
-        _ckv: &wgpu::Buffer,
-        _at: usize,
-        _row: usize,
-        _s: IndexShape,
+        l: usize,
+        iq: &wgpu::Buffer,
+        iw: &wgpu::Buffer,
+        ckv: &wgpu::Buffer,
+        at: usize,
+        row: usize,
+        s: IndexShape,
     ) -> Result<()> {
-        Err(Error::Gpu(NO_DSA.into()))
+        // Queries that see at most index_topk positions keep them all: no scores needed.
+        if s.pos0 + s.n <= s.topk {
+            self.selection = Some(vec![None; s.n]);
+            return Ok(());
+        }
+        // The pass's rows go into the cache first (attend_mla writes them again), so every
+        // key is read from there.
+        let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;
+        let bytes = row as u64 * 4;
+        self.rec.copy(ckv, 0, cache, s.pos0 as u64 * bytes, s.n as u64 * bytes);
+        let len = s.n * (s.pos0 + s.n);
+        let scores = Ops::alloc(self, "dsa.scores", len)?;
+        let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;
+        ops::index_scores(&mut self.rec, iq, iw, cache, &scores, s, row, at)?;
+        let scores = Ops::read(self, scores, len).await?;
+        self.selection = Some(dsa::select_scored(&scores, s));
+        Ok(())
     }
 
     fn gate_sigmoid(&mut self, x: &mut wgpu::Buffer, g: &wgpu::Buffer, len: usize) -> Result<()> {

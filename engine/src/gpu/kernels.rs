@@ -41,10 +41,12 @@ pub enum Kernel {
     DeltaRule,
     SplitGate,
     RopePairs,
+    LayerNorm,
+    IndexScores,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 24] = [
+    pub const ALL: [Kernel; 26] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -69,6 +71,8 @@ impl Kernel {
         Kernel::DeltaRule,
         Kernel::SplitGate,
         Kernel::RopePairs,
+        Kernel::LayerNorm,
+        Kernel::IndexScores,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -102,6 +106,8 @@ impl Kernel {
             Kernel::DeltaRule => ("delta_rule.wgsl", A, include_str!("../../../shaders/delta_rule.wgsl")),
             Kernel::SplitGate => ("split_gate.wgsl", NONE, include_str!("../../../shaders/split_gate.wgsl")),
             Kernel::RopePairs => ("rope_pairs.wgsl", A, include_str!("../../../shaders/rope_pairs.wgsl")),
+            Kernel::LayerNorm => ("layernorm.wgsl", A, include_str!("../../../shaders/layernorm.wgsl")),
+            Kernel::IndexScores => ("index_scores.wgsl", A, include_str!("../../../shaders/index_scores.wgsl")),
         }
     }
 

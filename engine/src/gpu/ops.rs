@@ -311,6 +311,15 @@ pub struct AttnShape {
     /// rotary key] (K and V the same buffer, head_dim their sum), the latent as the value,
     /// the context written head-major [n_heads, n, kv_lora_rank] (mla::attention).
     pub mla: Option<(usize, usize)>,
+    /// Floats per cache row when wider than the key (DSA's indexer key follows it).
+    pub row: Option<usize>,
+}
+
+/// DeepSeek Sparse Attention's selection for [`attention`]: per query `topk` positions,
+/// ascending (a row starting u32::MAX keeps every visible position).
+pub struct Selected {
+    pub ids: Bind,
+    pub topk: usize,
 }
 
 /// Causal GQA over the cache for n new positions (the attention part of
@@ -326,12 +335,13 @@ pub fn attention(
     scores: &wgpu::Buffer,
     out: &wgpu::Buffer,
     sinks: Option<&wgpu::Buffer>,
+    sel: Option<Selected>,
 ) -> Result<()> {
     if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         return Err(Error::Gpu(format!("{} heads do not group over {} kv heads", s.n_heads, s.n_kv_heads)));
     }
     let (split, k_stride, v_dim) = match s.mla {
-        Some((r, dr)) if r + dr == s.head_dim && s.n_kv_heads == 1 => (r, r + dr, r),
+        Some((r, dr)) if r + dr == s.head_dim && s.n_kv_heads == 1 => (r, s.row.unwrap_or(r + dr).max(r + dr), r),
         Some(_) => return Err(Error::Gpu("MLA attention: head_dim must be latent + rotary with one kv head".into())),
         None => (0, s.n_kv_heads * s.head_dim, s.head_dim),
     };
@@ -354,9 +364,12 @@ pub fn attention(
         u32_of("v dim", v_dim)?,
         u32_of("v stride", k_stride)?,
         s.mla.is_some() as u32,
+        u32_of("selected positions", sel.as_ref().map_or(0, |x| x.topk))?,
     ];
-    // Without sinks the queries stand in for the (unread) binding.
-    let binds = vec![q.into(), k_cache.into(), v_cache.into(), scores.into(), out.into(), sinks.unwrap_or(q).into()];
+    // Without sinks or a selection the queries stand in for the (unread) bindings.
+    let sel = sel.map_or(q.into(), |x| x.ids);
+    let binds =
+        vec![q.into(), k_cache.into(), v_cache.into(), scores.into(), out.into(), sinks.unwrap_or(q).into(), sel];
     rec.dispatch(Kernel::Attention, &[], &params, binds, (s.n * s.n_heads) as u64)
 }
 
@@ -389,6 +402,60 @@ pub fn mla_absorb(
     ];
     let binds = vec![(&part.range).into(), q.into(), qc.into()];
     rec.dispatch(Kernel::MlaAbsorb, &dtype_constants(kv_b.dtype), &params, binds, groups(n * n_heads * (r + dr), 64))
+}
+
+/// In-place LayerNorm (weight and bias) of `rows` rows of `width` floats from `x_offset`
+/// on, `stride` apart (layernorm.wgsl, dsa::layer_norm).
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: usize,
+    rows: usize,
+    width: usize,
+    stride: usize,
+    w: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    eps: f32,
+) -> Result<()> {
+    let params = [
+        u32_of("rows", rows)?,
+        u32_of("width", width)?,
+        eps.to_bits(),
+        u32_of("x offset", x_offset)?,
+        u32_of("stride", stride)?,
+    ];
+    rec.dispatch(Kernel::LayerNorm, &[], &params, vec![x.into(), w.into(), b.into()], groups(rows, 64))
+}
+
+/// DSA's index scores (index_scores.wgsl, dsa::select's sums) of the n queries `iq`
+/// (n, heads, head_dim) with weights `iw` (n, heads) against the keys at `k_offset` of
+/// the cache rows (`row` floats each) into `scores` (n, pos0 + n).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn index_scores(
+    rec: &mut Recorder,
+    iq: &wgpu::Buffer,
+    iw: &wgpu::Buffer,
+    cache: &wgpu::Buffer,
+    scores: &wgpu::Buffer,
+    s: crate::model::dsa::IndexShape,
+    row: usize,
+    k_offset: usize,
+) -> Result<()> {
+    let (scale, head_scale) = crate::model::dsa::scales(s);
+    let params = [
+        u32_of("n", s.n)?,
+        u32_of("pos0", s.pos0)?,
+        u32_of("heads", s.heads)?,
+        u32_of("head_dim", s.head_dim)?,
+        u32_of("row", row)?,
+        u32_of("k offset", k_offset)?,
+        u32_of("score stride", s.pos0 + s.n)?,
+        scale.to_bits(),
+        head_scale.to_bits(),
+    ];
+    let binds = vec![iq.into(), iw.into(), cache.into(), scores.into()];
+    rec.dispatch(Kernel::IndexScores, &[], &params, binds, s.n as u64)
 }
 
 /// `g[i] = act(g[i], u[i])` for i < len (kernels::Activation::apply).

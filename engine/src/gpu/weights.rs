@@ -95,9 +95,6 @@ pub(super) struct DenseWeights {
 pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
     let c = &m.cfg;
     let cx = up.ctx;
-    if c.mla.as_ref().is_some_and(|m| m.dsa.is_some()) {
-        return Err(Error::Gpu(super::backend::NO_DSA.into()));
-    }
     let embed = up.mat("embed", &m.embed)?;
     let lm_head = if m.embed.bytes.same(&m.lm_head.bytes) { embed.clone() } else { up.mat("lm_head", &m.lm_head)? };
     let mut max_inter = c.expert_intermediate.max(c.dense_intermediate).max(c.shared_expert_intermediate.unwrap_or(0));

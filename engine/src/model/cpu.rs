@@ -268,7 +268,7 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         Ok(())
     }
 
-    fn index_select(
+    async fn index_select(
         &mut self,
         l: usize,
         iq: &Vec<f32>,
@@ -432,7 +432,7 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
     ) -> Result<()> {
         Ops::layernorm_at(&mut self.ops, t, at, rows, width, stride, w, bias, eps)
     }
-    fn index_select(
+    async fn index_select(
         &mut self,
         l: usize,
         iq: &Vec<f32>,
@@ -442,7 +442,7 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
         row: usize,
         s: IndexShape,
     ) -> Result<()> {
-        Ops::index_select(&mut self.ops, l, iq, iw, ckv, at, row, s)
+        Ops::index_select(&mut self.ops, l, iq, iw, ckv, at, row, s).await
     }
     fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
         Ops::gate_sigmoid(&mut self.ops, x, g, len)
@@ -570,7 +570,7 @@ mod tests {
             (AttnWeights::Mla(m), Some(_)) => {
                 let mut ops = CpuOps::new(rope, pos0, cos.to_vec(), sin.to_vec(), std::slice::from_mut(cache));
                 let mut y = out[..n * m.wo.rows].to_vec();
-                crate::model::graph::mla(&mut ops, 0, m, o, &x.to_vec(), n, &mut y)?;
+                crate::model::graph::run_ready(crate::model::graph::mla(&mut ops, 0, m, o, &x.to_vec(), n, &mut y))??;
                 out[..y.len()].copy_from_slice(&y);
                 Ok(())
             }

@@ -102,13 +102,26 @@ pub(crate) struct IndexShape {
     pub topk: usize,
 }
 
+/// The indexer's two scales: the dot product's (Di^-0.5) and the head weights' (Hi^-0.5).
+pub(crate) fn scales(s: IndexShape) -> (f32, f32) {
+    ((s.head_dim as f32).powf(-0.5), (s.heads as f32).powf(-0.5))
+}
+
+/// The score of one query (`q`, Hi heads of Di, head weights `w` already scaled) against
+/// one key: heads ascending from 0.0, `w_h * max(dot * scale, 0)` each.
+fn score(q: &[f32], w: &[f32], k: &[f32], di: usize, scale: f32) -> f32 {
+    w.iter().enumerate().fold(0.0f32, |acc, (h, wh)| {
+        let d = math::dot(&q[h * di..(h + 1) * di], k) * scale;
+        acc + wh * d.max(0.0)
+    })
+}
+
 /// DSA's selection for the n queries of a pass (the CPU's `Ops::index_select`): `iq` (n,
 /// Hi, Di) the indexer's rotated queries, `iw` (n, Hi) weights_proj's output, and
 /// `key(j)` the indexer key of position j (cached, or of this pass).
 pub(crate) fn select<'k>(iq: &[f32], iw: &[f32], s: IndexShape, key: impl Fn(usize) -> &'k [f32]) -> Selection {
     let (hi, di) = (s.heads, s.head_dim);
-    let head_scale = (hi as f32).powf(-0.5);
-    let scale = (di as f32).powf(-0.5);
+    let (scale, head_scale) = scales(s);
     (0..s.n)
         .map(|i| {
             let p = s.pos0 + i;
@@ -117,24 +130,32 @@ pub(crate) fn select<'k>(iq: &[f32], iw: &[f32], s: IndexShape, key: impl Fn(usi
             }
             let q = &iq[i * hi * di..(i + 1) * hi * di];
             let w: Vec<f32> = iw[i * hi..(i + 1) * hi].iter().map(|w| w * head_scale).collect();
-            let mut scored: Vec<(f32, u32)> = (0..=p)
-                .map(|j| {
-                    let k = key(j);
-                    let score = (0..hi).fold(0.0f32, |acc, h| {
-                        let d = math::dot(&q[h * di..(h + 1) * di], k) * scale;
-                        acc + w[h] * d.max(0.0)
-                    });
-                    (score, j as u32)
-                })
-                .collect();
-            // The higher score first, then the earlier position (a total order: NaN last).
-            let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-            scored.select_nth_unstable_by(s.topk - 1, order);
-            let mut kept: Vec<u32> = scored[..s.topk].iter().map(|x| x.1).collect();
-            kept.sort_unstable();
-            Some(kept)
+            Some(choose((0..=p).map(|j| score(q, &w, key(j), di, scale)).collect(), s.topk))
         })
         .collect()
+}
+
+/// The selection from scores computed elsewhere (the GPU's index_scores.wgsl): row i of
+/// `scores` (n, pos0 + n) holds query i's scores of positions 0..=pos0 + i.
+pub(crate) fn select_scored(scores: &[f32], s: IndexShape) -> Selection {
+    let stride = s.pos0 + s.n;
+    (0..s.n)
+        .map(|i| {
+            let p = s.pos0 + i;
+            (p >= s.topk).then(|| choose(scores[i * stride..i * stride + p + 1].to_vec(), s.topk))
+        })
+        .collect()
+}
+
+/// The `topk` best of `scores` (position j's at j): the higher score first, then the
+/// earlier position (a total order: NaN last), returned in ascending position order.
+fn choose(scores: Vec<f32>, topk: usize) -> Vec<u32> {
+    let mut scored: Vec<(f32, u32)> = scores.into_iter().zip(0u32..).collect();
+    let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    scored.select_nth_unstable_by(topk - 1, order);
+    let mut kept: Vec<u32> = scored[..topk].iter().map(|x| x.1).collect();
+    kept.sort_unstable();
+    kept
 }
 
 #[cfg(test)]

@@ -172,7 +172,7 @@ pub(crate) trait Ops<'w> {
     /// rows of `row`), the earlier ones in layer `l`'s cache. The backend keeps the
     /// selection for the MLA attention of this layer and of the "shared" layers after it.
     #[allow(clippy::too_many_arguments)]
-    fn index_select(
+    async fn index_select(
         &mut self,
         l: usize,
         iq: &Self::T,
@@ -255,7 +255,7 @@ pub(crate) async fn layer<'w, B: Backend<'w>>(
     b.rmsnorm(xn, n, h, attn_norm, c.rms_eps)?;
     match b.attn(l) {
         Attn::Gqa(w) => gqa(b, l, w, b.attn_opts(l), h, xn, n, y)?,
-        Attn::Mla(w) => mla(b, l, w, b.attn_opts(l), xn, n, y)?,
+        Attn::Mla(w) => mla(b, l, w, b.attn_opts(l), xn, n, y).await?,
         Attn::Linear => b.linear_attn(l, xn, n, y)?,
     }
     b.add(x, y, n * h)?;
@@ -349,7 +349,7 @@ pub(crate) fn gqa<'w, B: Ops<'w>>(
 /// (kv_a, the latent normalised), RoPE of both rotary parts, the absorbed queries, the
 /// cached latent attention, per head v_h = W_uv_h ctx_h, and o_proj.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn mla<'w, B: Ops<'w>>(
+pub(crate) async fn mla<'w, B: Ops<'w>>(
     b: &mut B,
     l: usize,
     w: &'w MlaWeights<B::M, B::V>,
@@ -395,7 +395,7 @@ pub(crate) fn mla<'w, B: Ops<'w>>(
         let (Some(ix), Some(qa)) = (&w.indexer, &qa) else {
             return Err(crate::error::Error::Invalid(format!("layer {l}: DSA without its indexer weights")));
         };
-        index(b, l, ix, d, xn, qa, n, &mut ckv, width, row)?;
+        index(b, l, ix, d, xn, qa, n, &mut ckv, width, row).await?;
     }
     let mut qc = b.alloc("mla.qc", n * nh * width)?;
     b.mla_absorb(&w.kv_b, &q, n, nh, m, &mut qc)?;
@@ -423,7 +423,7 @@ pub(crate) fn mla<'w, B: Ops<'w>>(
 /// rows of `row`), LayerNorm and RoPE; its queries from `qa` (q_resid) with RoPE; the
 /// per-head weights; then the backend's selection of the positions each query keeps.
 #[allow(clippy::too_many_arguments)]
-fn index<'w, B: Ops<'w>>(
+async fn index<'w, B: Ops<'w>>(
     b: &mut B,
     l: usize,
     ix: &'w IndexerWeights<B::M, B::V>,
@@ -445,7 +445,7 @@ fn index<'w, B: Ops<'w>>(
     let mut iw = b.alloc("dsa.w", n * hi)?;
     b.matmul(&mut [(&ix.weights_proj, &mut iw)], xn, 0, n)?;
     let shape = IndexShape { n, pos0: b.pos0(), heads: hi, head_dim: di, topk: d.topk };
-    b.index_select(l, &iq, &iw, ckv, at, row, shape)
+    b.index_select(l, &iq, &iw, ckv, at, row, shape).await
 }
 
 /// Runs a future that never waits (the CPU backend's pass) to its end.

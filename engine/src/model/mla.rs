@@ -276,7 +276,9 @@ mod tests {
         let n = x.len() / HIDDEN;
         let mut ops = CpuOps::for_positions(&s.3, pos0, n, std::slice::from_mut(cache));
         let mut out = vec![0.0; n * HIDDEN];
-        crate::model::graph::mla(&mut ops, 0, &s.0, &s.1, &x.to_vec(), n, &mut out).unwrap();
+        let x = x.to_vec();
+        let pass = crate::model::graph::mla(&mut ops, 0, &s.0, &s.1, &x, n, &mut out);
+        crate::model::graph::run_ready(pass).unwrap().unwrap();
         out
     }
 
