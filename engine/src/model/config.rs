@@ -180,9 +180,11 @@ impl MlaConfig {
         self.kv_lora_rank + self.qk_rope_head_dim + index
     }
 
-    /// Whether layer `l` runs DSA's indexer (None: the layer has no DSA).
+    /// Whether layer `l` runs DSA's indexer (None: the layer has no DSA). A multi-token
+    /// prediction layer (past the model's layers) attends densely: its drafts are checked
+    /// by the model, so this changes how many are accepted, never a token.
     pub fn indexer_at(&self, l: usize) -> Option<bool> {
-        self.dsa.as_ref().map(|d| d.full.get(l) == Some(&true))
+        self.dsa.as_ref().and_then(|d| d.full.get(l).copied())
     }
 }
 
