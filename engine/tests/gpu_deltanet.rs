@@ -1,21 +1,19 @@
 //! Gated DeltaNet on the GPU against the CPU reference (engine/src/model/deltanet.rs),
-//! bit for bit on lavapipe: a whole layer over a prefill and decode steps with odd sizes
-//! (a value head wider than one workgroup), and the gates kernel (sigmoid, softplus with
+//! bit for bit on lavapipe: the conv and delta-rule kernels over a prefill and decode steps
+//! with odd sizes (a value head wider than one workgroup), and the gates kernel (sigmoid, softplus with
 //! its libm log1pf port, exp) over a wide range of inputs.
 #![cfg(feature = "wgpu")]
 
 mod gpu_common;
 
 use colibri_engine::gpu::buffers::{f32s, upload_f32};
-use colibri_engine::gpu::deltanet::{DeltaScratch, GpuDeltaNet, GpuDeltaState};
+use colibri_engine::gpu::deltanet::GpuDeltaState;
 use colibri_engine::gpu::kernels::Kernel;
 use colibri_engine::gpu::recorder::Recorder;
-use colibri_engine::gpu::stream::Uploader;
 use colibri_engine::gpu::{block_on, GpuContext};
 use colibri_engine::math;
 use colibri_engine::model::config::LinearAttnConfig;
-use colibri_engine::model::deltanet::{softplus, DeltaNetWeights, DeltaState, InProj};
-use colibri_engine::tensor::Mat;
+use colibri_engine::model::deltanet::{self, softplus, DeltaState};
 use gpu_common::{assert_bits, gpu, Lcg};
 
 fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
@@ -24,29 +22,17 @@ fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
     f32s(&block_on(rec.submit()).unwrap()[0])
 }
 
-fn layer(rng: &mut Lcg, c: LinearAttnConfig, hidden: usize) -> DeltaNetWeights {
-    let mut m = |rows: usize, cols: usize| Mat::from_f32(rows, cols, &rng.vec(rows * cols, 0.5)).unwrap();
-    let (in_qkvz, in_ba, out) =
-        (m(2 * c.key_dim() + 2 * c.value_dim(), hidden), m(2 * c.n_v_heads, hidden), m(hidden, c.value_dim()));
-    DeltaNetWeights {
-        in_proj: InProj::Grouped { qkvz: in_qkvz, ba: in_ba },
-        conv: rng.vec(c.conv_dim() * c.conv_kernel, 0.7),
-        neg_a: rng.vec(c.n_v_heads, 1.0).iter().map(|x| -math::exp(x - 1.0)).collect(),
-        dt_bias: rng.vec(c.n_v_heads, 1.0),
-        norm: rng.vec(c.v_head_dim, 0.3).iter().map(|x| x + 1.0).collect(),
-        out,
-        cfg: c,
-        eps: 1e-6,
-    }
-}
-
+/// The causal conv + SiLU and the delta rule (deltanet_conv.wgsl, delta_rule.wgsl)
+/// against deltanet::conv_silu and deltanet::rule, over a prefill, decode steps and a
+/// batch, the state carried between calls, with odd sizes: a value head of 70 (two
+/// column groups per head) and three value heads per key head. (The whole layer runs on
+/// the GPU as the graph's `graph::deltanet`, checked on every DeltaNet fixture in
+/// gpu_fixtures.rs.)
 #[test]
-fn deltanet_layer_matches_cpu_over_prefill_and_decode() {
+fn deltanet_conv_and_rule_match_cpu_over_prefill_and_decode() {
     let Some(ctx) = gpu() else { return };
     let mut rng = Lcg(17);
-    let hidden = 37;
-    // v_head_dim 70: two column groups per head; three value heads per key head.
-    let cfg = LinearAttnConfig {
+    let c = LinearAttnConfig {
         n_k_heads: 2,
         n_v_heads: 6,
         k_head_dim: 9,
@@ -55,26 +41,49 @@ fn deltanet_layer_matches_cpu_over_prefill_and_decode() {
         layers: vec![true],
         split_in_proj: false,
     };
-    let w = layer(&mut rng, cfg.clone(), hidden);
-    let g = GpuDeltaNet::upload(&Uploader::new(&ctx, None), "test", &w).unwrap();
-    let mut cpu_state = DeltaState::default();
-    let mut gpu_state = GpuDeltaState::new(&ctx, &cfg).unwrap();
-    // A prefill of 7, then three decode steps, then a batch of 3.
+    let (cd, nv, vd) = (c.conv_dim(), c.n_v_heads, c.value_dim());
+    let taps = rng.vec(cd * c.conv_kernel, 0.7);
+    let taps_b = upload_f32(&ctx, "taps", &taps).unwrap();
+    let mut cpu = DeltaState::default();
+    cpu.ensure(&c);
+    let gst = GpuDeltaState::new(&ctx, &c).unwrap();
     for (i, n) in [7usize, 1, 1, 1, 3].into_iter().enumerate() {
-        let x = rng.vec(n * hidden, 1.5);
-        let mut want = vec![0.0; n * hidden];
-        w.forward(&x, n, &mut cpu_state, &mut want);
-        let xb = upload_f32(&ctx, "x", &x).unwrap();
-        let y = ctx.storage_buffer("y", (n * hidden) as u64 * 4).unwrap();
-        let scratch = DeltaScratch::new(&ctx, &cfg, n).unwrap();
+        let mut mixed = rng.vec(n * cd, 1.5);
+        // beta in (0, 1), decay in (0, 1], as the gates make them.
+        let mut ba = Vec::with_capacity(n * 2 * nv);
+        for _ in 0..n {
+            ba.extend((0..nv).map(|_| 0.5 + 0.45 * rng.next()));
+            ba.extend((0..nv).map(|_| 0.95 + 0.05 * rng.next()));
+        }
+        let (mb, bab) = (upload_f32(&ctx, "mixed", &mixed).unwrap(), upload_f32(&ctx, "ba", &ba).unwrap());
+        let o = ctx.storage_buffer("o", (n * vd) as u64 * 4).unwrap();
+        deltanet::conv_silu(&c, &taps, &mut mixed, n, &mut cpu.conv);
+        let mut want = vec![0.0; n * vd];
+        deltanet::rule(&c, &mixed, &ba, n, &mut cpu, &mut want);
+
         let mut rec = Recorder::new(&ctx);
-        g.forward(&mut rec, &scratch, &xb, n, &mut gpu_state, &y).unwrap();
+        let params = [n as u32, cd as u32, c.conv_kernel as u32];
+        let binds = vec![(&mb).into(), (&taps_b).into(), (&gst.conv).into()];
+        rec.dispatch(Kernel::DeltaNetConv, &[], &params, binds, cd.div_ceil(64) as u64).unwrap();
+        let groups = c.v_head_dim.div_ceil(64);
+        let params = [
+            n as u32,
+            nv as u32,
+            (nv / c.n_k_heads) as u32,
+            c.k_head_dim as u32,
+            c.v_head_dim as u32,
+            c.key_dim() as u32,
+            cd as u32,
+            groups as u32,
+        ];
+        let binds = vec![(&mb).into(), (&bab).into(), (&gst.s).into(), (&o).into()];
+        rec.dispatch(Kernel::DeltaRule, &[], &params, binds, (nv * groups) as u64).unwrap();
         block_on(rec.submit()).unwrap();
-        let got = read(&ctx, &y, n * hidden);
-        assert_bits(&format!("call {i} ({n} positions)"), &got, &want);
-        assert_eq!(gpu_state.pos, cpu_state.pos);
+        assert_bits(&format!("call {i}: conv ({n} positions)"), &read(&ctx, &mb, n * cd), &mixed);
+        assert_bits(&format!("call {i}: delta rule ({n} positions)"), &read(&ctx, &o, n * vd), &want);
         assert!(want.iter().any(|v| v.abs() > 1e-3), "a test that cannot fail");
     }
+    assert_bits("the state after every call", &read(&ctx, &gst.s, cpu.s.len()), &cpu.s);
 }
 
 #[test]

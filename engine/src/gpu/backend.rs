@@ -11,8 +11,9 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 
 use super::buffers::{f32s, GpuMat};
-use super::deltanet::{DeltaScratch, GpuDeltaState};
+use super::deltanet::GpuDeltaState;
 use super::hybrid::MoeScratch;
+use super::kernels::Kernel;
 use super::model::{swiglu_ffn, GpuModel, GpuSession};
 use super::ops::{self, AttnShape, GateAct};
 use super::placement::Hybrid;
@@ -20,7 +21,7 @@ use super::recorder::{Bind, Recorder};
 use super::weights::{GpuAttn, GpuFfn};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnOpts;
-use crate::model::config::{Activation, MlaConfig};
+use crate::model::config::{Activation, LinearAttnConfig, MlaConfig};
 use crate::model::dsa;
 use crate::model::graph::{AttendShape, Attn, Backend, IndexShape, Ops};
 use crate::model::{Ffn, Logits, Model};
@@ -38,7 +39,6 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     cs_data: Bind,
     /// Scratch buffers by label, reused from layer to layer.
     scratch: HashMap<&'static str, wgpu::Buffer>,
-    delta: Option<DeltaScratch>,
     /// DSA: the positions each query of the pass keeps, from the last indexer.
     selection: Option<crate::model::dsa::Selection>,
     /// Layer -> experts the lookahead predicted for it (checked when it routes).
@@ -54,7 +54,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         n: usize,
         on_use: &'a mut dyn FnMut(usize, usize, usize),
     ) -> Result<Self> {
-        let (ctx, c) = (rec.ctx(), &gm.m().cfg);
+        let c = &gm.m().cfg;
         let pos0 = session.tokens.len();
         let rope = &gm.m().rope;
         let half = rope.rotary_dim / 2;
@@ -75,7 +75,6 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             cs,
             cs_data,
             scratch: HashMap::new(),
-            delta: c.linear_attn.as_ref().map(|la| DeltaScratch::new(ctx, la, n)).transpose()?,
             selection: None,
             predicted: vec![None; c.n_layers],
             on_use,
@@ -92,6 +91,15 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
 
     fn half(&self) -> usize {
         self.gm.m().rope.rotary_dim / 2
+    }
+
+    /// Layer `l`'s recurrent state.
+    fn delta_state(&mut self, l: usize) -> Result<&mut GpuDeltaState> {
+        self.session
+            .recurrent
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))
     }
 
     /// The attention score scratch of this pass: n * n_heads * (pos0 + n) floats.
@@ -341,6 +349,102 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         Ok(())
     }
 
+    fn delta_begin(&mut self, l: usize, c: &LinearAttnConfig, _n: usize) -> Result<()> {
+        // Snapshots are taken before the pass (`prepare`).
+        let ctx = self.rec.ctx();
+        self.delta_state(l)?.ensure(ctx, c)
+    }
+
+    fn delta_regroup(
+        &mut self,
+        _c: &LinearAttnConfig,
+        _qkvz: &wgpu::Buffer,
+        _ba: &wgpu::Buffer,
+        _n: usize,
+        _mixed: &mut wgpu::Buffer,
+        _z: &mut wgpu::Buffer,
+        _bav: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        Err(Error::Gpu("DeltaNet: grouped projections are gathered into the split layout at upload".into()))
+    }
+
+    fn delta_conv(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        taps: &wgpu::Buffer,
+        mixed: &mut wgpu::Buffer,
+        n: usize,
+    ) -> Result<()> {
+        let cd = c.conv_dim();
+        let params = [ops::u32_of("n", n)?, ops::u32_of("conv_dim", cd)?, ops::u32_of("conv kernel", c.conv_kernel)?];
+        let win = self.delta_state(l)?.conv.clone();
+        let binds = vec![(&*mixed).into(), taps.into(), (&win).into()];
+        self.rec.dispatch(Kernel::DeltaNetConv, &[], &params, binds, ops::groups(cd, 64))
+    }
+
+    fn delta_l2norm(&mut self, c: &LinearAttnConfig, mixed: &mut wgpu::Buffer, n: usize) -> Result<()> {
+        // q and k: L2 norm per head, q then times k_head_dim^-0.5.
+        let scale = (1.0 / (c.k_head_dim as f64).sqrt()) as f32;
+        let heads = 2 * c.n_k_heads;
+        let params = [
+            ops::u32_of("rows", n * heads)?,
+            ops::u32_of("heads", heads)?,
+            ops::u32_of("k_head_dim", c.k_head_dim)?,
+            ops::u32_of("conv_dim", c.conv_dim())?,
+            ops::u32_of("key heads", c.n_k_heads)?,
+            scale.to_bits(),
+            1e-6f32.to_bits(),
+        ];
+        self.rec.dispatch(Kernel::L2Norm, &[], &params, vec![(&*mixed).into()], (n * heads) as u64)
+    }
+
+    fn delta_gates(
+        &mut self,
+        c: &LinearAttnConfig,
+        ba: &mut wgpu::Buffer,
+        n: usize,
+        neg_a: &wgpu::Buffer,
+        dt_bias: &wgpu::Buffer,
+    ) -> Result<()> {
+        let nv = c.n_v_heads;
+        let params = [ops::u32_of("n", n)?, ops::u32_of("value heads", nv)?];
+        let binds = vec![(&*ba).into(), neg_a.into(), dt_bias.into()];
+        self.rec.dispatch(Kernel::DeltaNetGates, &[], &params, binds, ops::groups(n * nv, 64))
+    }
+
+    fn delta_rule(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        mixed: &wgpu::Buffer,
+        ba: &wgpu::Buffer,
+        n: usize,
+        o: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        let nv = c.n_v_heads;
+        let col_groups = c.v_head_dim.div_ceil(64);
+        let params = [
+            ops::u32_of("n", n)?,
+            ops::u32_of("value heads", nv)?,
+            ops::u32_of("heads ratio", nv / c.n_k_heads)?,
+            ops::u32_of("k_head_dim", c.k_head_dim)?,
+            ops::u32_of("v_head_dim", c.v_head_dim)?,
+            ops::u32_of("key_dim", c.key_dim())?,
+            ops::u32_of("conv_dim", c.conv_dim())?,
+            ops::u32_of("column groups", col_groups)?,
+        ];
+        let st = self.delta_state(l)?;
+        st.pos += n;
+        let s = st.s.clone();
+        let binds = vec![mixed.into(), ba.into(), (&s).into(), (&*o).into()];
+        self.rec.dispatch(Kernel::DeltaRule, &[], &params, binds, (nv * col_groups) as u64)
+    }
+
+    fn gate_silu(&mut self, x: &mut wgpu::Buffer, g: &wgpu::Buffer, len: usize) -> Result<()> {
+        ops::gate_mul(&mut self.rec, x, g, len, GateAct::Silu)
+    }
+
     fn gate_sigmoid(&mut self, x: &mut wgpu::Buffer, g: &wgpu::Buffer, len: usize) -> Result<()> {
         ops::gate_mul(&mut self.rec, x, g, len, GateAct::Sigmoid)
     }
@@ -366,7 +470,7 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
         match &self.gm.layers[l].attn {
             GpuAttn::Gqa(g) => Attn::Gqa(g),
             GpuAttn::Mla(w) => Attn::Mla(w),
-            GpuAttn::Linear(_) => Attn::Linear,
+            GpuAttn::Linear(w) => Attn::Linear(w),
         }
     }
 
@@ -385,20 +489,6 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
     fn embed(&mut self, ids: &[u32], x: &mut wgpu::Buffer) -> Result<()> {
         let ids_data = self.rec.data(ids);
         ops::embed(&mut self.rec, &self.gm.embed, ids_data, ids.len(), x)
-    }
-
-    fn linear_attn(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {
-        let GpuAttn::Linear(d) = &self.gm.layers[l].attn else {
-            return Err(Error::Gpu(format!("layer {l} is not linear attention")));
-        };
-        let scratch = self.delta.as_ref().ok_or_else(|| Error::Gpu("DeltaNet scratch missing".into()))?;
-        let state = self
-            .session
-            .recurrent
-            .get_mut(l)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))?;
-        d.forward(&mut self.rec, scratch, xn, n, state, out)
     }
 
     async fn ffn(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {
@@ -546,7 +636,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
 
 /// Makes a session ready for a pass of positions pos0..pos0 + n: recurrent states
 /// created, and snapshotted before a multi-token pass (which may be rolled back to here,
-/// as DeltaNetWeights::forward does).
+/// as the CPU's `delta_begin` does).
 pub(super) fn prepare_states<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, n: usize) -> Result<()> {
     let ctx = &*gm.ctx;
     if session.recurrent.len() != gm.layers.len() {

@@ -1,11 +1,8 @@
-//! Gated DeltaNet (qwen3_next's linear attention) on the GPU: the WGSL twin of
-//! [`crate::model::deltanet`], step for step and bit for bit.
-//!
-//! Per layer and call of n positions: three matmuls (the conv input q|k|v, z, and b|a;
-//! qwen3_next's grouped weight rows regrouped at upload, qwen3_5_moe's taken as stored,
-//! so each lands where the next kernel reads it:
-//! a row's dot product does not depend on its neighbours, so the bits are the CPU's),
-//! deltanet_conv.wgsl (causal conv + SiLU, the window kept in the session),
+//! Gated DeltaNet (qwen3_next's linear attention) on the GPU: its weights and recurrent
+//! state. The pass is the graph's `graph::deltanet`, recorded with the GPU's operations
+//! (`gpu::backend`): the input matmuls (qwen3_next's grouped weight rows gathered at
+//! upload into the split layout qwen3_5_moe stores, so each lands where the next kernel
+//! reads it), deltanet_conv.wgsl (causal conv + SiLU, the window kept in the session),
 //! l2norm.wgsl (q, k), deltanet_gates.wgsl (beta, decay), delta_rule.wgsl (the
 //! recurrence, the state kept in the session), rmsnorm.wgsl + gate_mul.wgsl (the gated
 //! RMSNorm) and the out_proj matmul.
@@ -16,9 +13,6 @@
 //! truncation (the caller feeds the difference again).
 
 use super::buffers::GpuMat;
-use super::kernels::Kernel;
-use super::ops::{self, groups, u32_of, GateAct};
-use super::recorder::Recorder;
 use super::stream::Uploader;
 use super::GpuContext;
 use crate::error::{Error, Result};
@@ -41,51 +35,27 @@ pub fn gather_rows(m: &Mat, rows: impl IntoIterator<Item = usize>) -> Result<Mat
     Mat::new(n, m.cols, m.dtype, Bytes::from_vec(bytes))
 }
 
-/// The rows of `top`, then those of `bottom` (same columns and dtype), as one matrix.
-fn stack_rows(top: &Mat, bottom: &Mat) -> Result<Mat> {
-    if (top.cols, top.dtype) != (bottom.cols, bottom.dtype) {
+/// One Gated DeltaNet layer's weights on the GPU: always the split projections
+/// (qwen3_next's grouped rows gathered at upload).
+pub(super) type GpuDeltaNet = DeltaNetWeights<GpuMat, wgpu::Buffer>;
+
+/// Uploads layer `label`'s weights; qwen3_next's grouped in_proj_qkvz / in_proj_ba rows
+/// are gathered into the split layout (q|k|v in the conv's order, z, b, a), each row
+/// as stored: a row's dot product does not depend on its neighbours, so the values are
+/// those the CPU's regroup moves.
+pub(super) fn upload(up: &Uploader, label: &str, w: &DeltaNetWeights) -> Result<GpuDeltaNet> {
+    let c = &w.cfg;
+    let (nk, dk, dv) = (c.n_k_heads, c.k_head_dim, c.v_head_dim);
+    if nk == 0 || !c.n_v_heads.is_multiple_of(nk) || c.conv_kernel == 0 {
         return Err(Error::Gpu(format!(
-            "cannot stack a {}-column {:?} matrix on a {}-column {:?} one",
-            bottom.cols, bottom.dtype, top.cols, top.dtype
+            "{label}: linear attention with {} key heads, {} value heads and a conv of {} has no GPU kernel",
+            nk, c.n_v_heads, c.conv_kernel
         )));
     }
-    let mut bytes = top.bytes.as_ref().to_vec();
-    bytes.extend_from_slice(bottom.bytes.as_ref());
-    Mat::new(top.rows + bottom.rows, top.cols, top.dtype, Bytes::from_vec(bytes))
-}
-
-/// One Gated DeltaNet layer's weights on the GPU.
-pub struct GpuDeltaNet {
-    /// (conv_dim, hidden): in_proj_qkvz's q rows of every key head, then k, then v.
-    in_mixed: GpuMat,
-    /// (value_dim, hidden): in_proj_qkvz's z rows in value-head order.
-    in_z: GpuMat,
-    /// (2 * n_v_heads, hidden): in_proj_ba's b rows in value-head order, then a.
-    in_ba: GpuMat,
-    /// (conv_dim, conv_kernel)
-    conv: wgpu::Buffer,
-    /// (n_v_heads)
-    neg_a: wgpu::Buffer,
-    dt_bias: wgpu::Buffer,
-    /// (v_head_dim)
-    norm: wgpu::Buffer,
-    out: GpuMat,
-    pub cfg: LinearAttnConfig,
-    eps: f32,
-}
-
-impl GpuDeltaNet {
-    pub fn upload(up: &Uploader, label: &str, w: &DeltaNetWeights) -> Result<Self> {
-        let c = &w.cfg;
-        let (nk, dk, dv) = (c.n_k_heads, c.k_head_dim, c.v_head_dim);
-        if nk == 0 || !c.n_v_heads.is_multiple_of(nk) || c.conv_kernel == 0 {
-            return Err(Error::Gpu(format!(
-                "{label}: linear attention with {} key heads, {} value heads and a conv of {} has no GPU kernel",
-                nk, c.n_v_heads, c.conv_kernel
-            )));
-        }
-        let r = c.n_v_heads / nk;
-        let (mixed, z, ba) = match &w.in_proj {
+    let r = c.n_v_heads / nk;
+    let mat = |name: &str, m: &Mat| up.mat(&format!("{label}.{name}"), m);
+    let proj = |p: &InProj| -> Result<InProj<GpuMat>> {
+        Ok(match p {
             InProj::Grouped { qkvz, ba } => {
                 // in_proj_qkvz per key head g: q (dk), k (dk), v (r * dv), z (r * dv).
                 let group = 2 * dk + 2 * r * dv;
@@ -94,121 +64,22 @@ impl GpuDeltaNet {
                 let mixed = per_head(0, dk).chain(per_head(dk, dk)).chain(per_head(2 * dk, r * dv));
                 let z = per_head(2 * dk + r * dv, r * dv);
                 // in_proj_ba per key head g: b (r), a (r).
-                let b_then_a = (0..nk)
-                    .flat_map(|g| g * 2 * r..g * 2 * r + r)
-                    .chain((0..nk).flat_map(|g| g * 2 * r + r..g * 2 * r + 2 * r));
-                let qkvz = up.in_memory(qkvz)?;
-                (gather_rows(&qkvz, mixed)?, gather_rows(&qkvz, z)?, gather_rows(&up.in_memory(ba)?, b_then_a)?)
+                let b = (0..nk).flat_map(|g| g * 2 * r..g * 2 * r + r);
+                let a = (0..nk).flat_map(|g| g * 2 * r + r..g * 2 * r + 2 * r);
+                let (qkvz, ba) = (up.in_memory(qkvz)?, up.in_memory(ba)?);
+                InProj::Split {
+                    qkv: mat("in_mixed", &gather_rows(&qkvz, mixed)?)?,
+                    z: mat("in_z", &gather_rows(&qkvz, z)?)?,
+                    b: mat("in_b", &gather_rows(&ba, b)?)?,
+                    a: mat("in_a", &gather_rows(&ba, a)?)?,
+                }
             }
-            // qwen3_5_moe stores them in the order the kernels read.
             InProj::Split { qkv, z, b, a } => {
-                (up.in_memory(qkv)?, up.in_memory(z)?, stack_rows(&up.in_memory(b)?, &up.in_memory(a)?)?)
+                InProj::Split { qkv: mat("in_mixed", qkv)?, z: mat("in_z", z)?, b: mat("in_b", b)?, a: mat("in_a", a)? }
             }
-        };
-        Ok(GpuDeltaNet {
-            in_mixed: up.mat(&format!("{label}.in_mixed"), &mixed)?,
-            in_z: up.mat(&format!("{label}.in_z"), &z)?,
-            in_ba: up.mat(&format!("{label}.in_ba"), &ba)?,
-            conv: up.f32(&format!("{label}.conv"), &w.conv)?,
-            neg_a: up.f32(&format!("{label}.neg_a"), &w.neg_a)?,
-            dt_bias: up.f32(&format!("{label}.dt_bias"), &w.dt_bias)?,
-            norm: up.f32(&format!("{label}.norm"), &w.norm)?,
-            out: up.mat(&format!("{label}.out"), &w.out)?,
-            cfg: c.clone(),
-            eps: w.eps,
         })
-    }
-
-    /// The layer on n positions of `xn` (n, hidden) -> `y` (n, hidden), advancing `state`
-    /// by those positions (DeltaNetWeights::forward).
-    pub fn forward(
-        &self,
-        rec: &mut Recorder,
-        s: &DeltaScratch,
-        xn: &wgpu::Buffer,
-        n: usize,
-        state: &mut GpuDeltaState,
-        y: &wgpu::Buffer,
-    ) -> Result<()> {
-        let c = &self.cfg;
-        let (kd, vd, cd, nv) = (c.key_dim(), c.value_dim(), c.conv_dim(), c.n_v_heads);
-        if s.n < n {
-            return Err(Error::Gpu("DeltaNet scratch is too small".into()));
-        }
-        state.ensure(rec.ctx(), c)?;
-        ops::matmul(rec, &self.in_mixed, xn, 0, n, &s.mixed, 0, cd)?;
-        ops::matmul(rec, &self.in_z, xn, 0, n, &s.z, 0, vd)?;
-        ops::matmul(rec, &self.in_ba, xn, 0, n, &s.ba, 0, 2 * nv)?;
-
-        let params = [u32_of("n", n)?, u32_of("conv_dim", cd)?, u32_of("conv kernel", c.conv_kernel)?];
-        let binds = vec![(&s.mixed).into(), (&self.conv).into(), (&state.conv).into()];
-        rec.dispatch(Kernel::DeltaNetConv, &[], &params, binds, groups(cd, 64))?;
-
-        // q and k: L2 norm per head, q then times k_head_dim^-0.5.
-        let scale = (1.0 / (c.k_head_dim as f64).sqrt()) as f32;
-        let heads = 2 * c.n_k_heads;
-        let params = [
-            u32_of("rows", n * heads)?,
-            u32_of("heads", heads)?,
-            u32_of("k_head_dim", c.k_head_dim)?,
-            u32_of("conv_dim", cd)?,
-            u32_of("key heads", c.n_k_heads)?,
-            scale.to_bits(),
-            1e-6f32.to_bits(),
-        ];
-        rec.dispatch(Kernel::L2Norm, &[], &params, vec![(&s.mixed).into()], (n * heads) as u64)?;
-
-        let params = [u32_of("n", n)?, u32_of("value heads", nv)?];
-        let binds = vec![(&s.ba).into(), (&self.neg_a).into(), (&self.dt_bias).into()];
-        rec.dispatch(Kernel::DeltaNetGates, &[], &params, binds, groups(n * nv, 64))?;
-
-        let col_groups = c.v_head_dim.div_ceil(64);
-        let params = [
-            u32_of("n", n)?,
-            u32_of("value heads", nv)?,
-            u32_of("heads ratio", nv / c.n_k_heads)?,
-            u32_of("k_head_dim", c.k_head_dim)?,
-            u32_of("v_head_dim", c.v_head_dim)?,
-            u32_of("key_dim", kd)?,
-            u32_of("conv_dim", cd)?,
-            u32_of("column groups", col_groups)?,
-        ];
-        let binds = vec![(&s.mixed).into(), (&s.ba).into(), (&state.s).into(), (&s.o).into()];
-        rec.dispatch(Kernel::DeltaRule, &[], &params, binds, (nv * col_groups) as u64)?;
-        state.pos += n;
-
-        // Gated RMSNorm per (position, value head), then out_proj.
-        ops::rmsnorm(rec, &s.o, 0, n * nv, c.v_head_dim, &self.norm, self.eps)?;
-        ops::gate_mul(rec, &s.o, &s.z, n * vd, GateAct::Silu)?;
-        ops::matmul(rec, &self.out, &s.o, 0, n, y, 0, self.out.rows)
-    }
-}
-
-/// Per-call scratch of the DeltaNet layers (shared by all of them: the queue runs the
-/// layers in order).
-pub struct DeltaScratch {
-    n: usize,
-    /// (n, conv_dim)
-    mixed: wgpu::Buffer,
-    /// (n, value_dim)
-    z: wgpu::Buffer,
-    /// (n, 2 * n_v_heads)
-    ba: wgpu::Buffer,
-    /// (n, value_dim)
-    o: wgpu::Buffer,
-}
-
-impl DeltaScratch {
-    pub fn new(ctx: &GpuContext, c: &LinearAttnConfig, n: usize) -> Result<Self> {
-        let buf = |label: &str, elems: usize| ctx.storage_buffer(label, elems as u64 * 4);
-        Ok(DeltaScratch {
-            n,
-            mixed: buf("deltanet.mixed", n * c.conv_dim())?,
-            z: buf("deltanet.z", n * c.value_dim())?,
-            ba: buf("deltanet.ba", n * 2 * c.n_v_heads)?,
-            o: buf("deltanet.o", n * c.value_dim())?,
-        })
-    }
+    };
+    w.try_map(proj, mat, |name, v| up.f32(&format!("{label}.{name}"), v))
 }
 
 /// A snapshot of one layer's state after `pos` positions.
@@ -226,9 +97,9 @@ pub struct GpuDeltaState {
     /// Positions absorbed.
     pub pos: usize,
     /// (conv_kernel - 1, conv_dim): the last inputs of the conv, oldest first.
-    conv: wgpu::Buffer,
+    pub conv: wgpu::Buffer,
     /// (n_v_heads, k_head_dim, v_head_dim)
-    s: wgpu::Buffer,
+    pub s: wgpu::Buffer,
     snapshots: Vec<Snapshot>,
 }
 
@@ -260,7 +131,7 @@ impl GpuDeltaState {
         })
     }
 
-    fn ensure(&mut self, ctx: &GpuContext, c: &LinearAttnConfig) -> Result<()> {
+    pub(super) fn ensure(&mut self, ctx: &GpuContext, c: &LinearAttnConfig) -> Result<()> {
         let (conv, s) = state_bytes(c);
         if self.conv.size() != conv.max(4) || self.s.size() != s.max(4) {
             *self = GpuDeltaState::new(ctx, c)?;

@@ -4,7 +4,7 @@
 //! here: they go to the pool ([`super::pool`]) when first routed to.
 
 use super::buffers::GpuMat;
-use super::deltanet::GpuDeltaNet;
+use super::deltanet::{self, GpuDeltaNet};
 use super::mla::{self, GpuMla};
 use super::ops;
 use super::pool::GpuExpert;
@@ -103,7 +103,7 @@ pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
         let p = format!("layer{l}");
         let attn = match (&layer.attn, &layer.attn_opts.mla) {
             (AttnWeights::Mla(w), Some(m)) => GpuAttn::Mla(Box::new(mla::upload(up, &p, w, m, c.n_heads)?)),
-            (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(GpuDeltaNet::upload(up, &p, d)?)),
+            (AttnWeights::Linear(d), None) => GpuAttn::Linear(Box::new(deltanet::upload(up, &p, d)?)),
             (AttnWeights::Gqa(a), None) => GpuAttn::Gqa(Box::new(
                 a.try_map(|name, m| up.mat(&format!("{p}.{name}"), m), |name, v| up.f32(&format!("{p}.{name}"), v))?,
             )),

@@ -7,7 +7,8 @@ use crate::error::Result;
 use crate::kernels::{matmul, matmul_many, rmsnorm_chunks, MatJob};
 use crate::math;
 use crate::model::attention::{attend_cached, split_gate, AttendShape, AttnOpts, LayerCache};
-use crate::model::config::MlaConfig;
+use crate::model::config::{LinearAttnConfig, MlaConfig};
+use crate::model::deltanet::{self, DeltaState};
 use crate::model::dsa::{self, IndexShape, Selection};
 use crate::model::graph::{Attn, Backend, Ops};
 use crate::model::mla;
@@ -57,6 +58,14 @@ impl<'a> CpuOps<'a> {
     pub(crate) fn first_layer(mut self, first: usize) -> Self {
         self.first = first;
         self
+    }
+
+    fn delta_state(&mut self, l: usize) -> Result<&mut DeltaState> {
+        let cache = self.cache(l)?;
+        cache
+            .recurrent
+            .as_deref_mut()
+            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no recurrent state")))
     }
 
     fn cache(&mut self, l: usize) -> Result<&mut LayerCache> {
@@ -206,6 +215,78 @@ impl<'w> Ops<'w> for CpuOps<'_> {
 
     fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
         x[..len].iter_mut().zip(&g[..len]).for_each(|(c, g)| *c *= math::sigmoid(*g));
+        Ok(())
+    }
+
+    fn delta_begin(&mut self, l: usize, c: &LinearAttnConfig, n: usize) -> Result<()> {
+        let st = self.cache(l)?.recurrent.get_or_insert_with(Default::default);
+        st.ensure(c);
+        if n > 1 {
+            st.snapshot();
+        }
+        Ok(())
+    }
+
+    fn delta_regroup(
+        &mut self,
+        c: &LinearAttnConfig,
+        qkvz: &Vec<f32>,
+        ba: &Vec<f32>,
+        n: usize,
+        mixed: &mut Vec<f32>,
+        z: &mut Vec<f32>,
+        bav: &mut Vec<f32>,
+    ) -> Result<()> {
+        deltanet::regroup(c, qkvz, ba, n, mixed, z, bav);
+        Ok(())
+    }
+
+    fn delta_conv(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        taps: &Vec<f32>,
+        mixed: &mut Vec<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let st = self.delta_state(l)?;
+        deltanet::conv_silu(c, taps, mixed, n, &mut st.conv);
+        Ok(())
+    }
+
+    fn delta_l2norm(&mut self, c: &LinearAttnConfig, mixed: &mut Vec<f32>, n: usize) -> Result<()> {
+        deltanet::l2norm_qk(c, mixed, n);
+        Ok(())
+    }
+
+    fn delta_gates(
+        &mut self,
+        c: &LinearAttnConfig,
+        ba: &mut Vec<f32>,
+        n: usize,
+        neg_a: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+    ) -> Result<()> {
+        deltanet::gates(ba, n, c.n_v_heads, neg_a, dt_bias);
+        Ok(())
+    }
+
+    fn delta_rule(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        mixed: &Vec<f32>,
+        ba: &Vec<f32>,
+        n: usize,
+        o: &mut Vec<f32>,
+    ) -> Result<()> {
+        let st = self.delta_state(l)?;
+        deltanet::rule(c, mixed, ba, n, st, o);
+        Ok(())
+    }
+
+    fn gate_silu(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
+        x[..len].iter_mut().zip(&g[..len]).for_each(|(c, g)| *c *= math::silu(*g));
         Ok(())
     }
 
@@ -447,6 +528,58 @@ impl<'w> Ops<'w> for CpuPass<'w, '_> {
     fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
         Ops::gate_sigmoid(&mut self.ops, x, g, len)
     }
+    fn delta_begin(&mut self, l: usize, c: &LinearAttnConfig, n: usize) -> Result<()> {
+        Ops::delta_begin(&mut self.ops, l, c, n)
+    }
+    fn delta_regroup(
+        &mut self,
+        c: &LinearAttnConfig,
+        qkvz: &Vec<f32>,
+        ba: &Vec<f32>,
+        n: usize,
+        mixed: &mut Vec<f32>,
+        z: &mut Vec<f32>,
+        bav: &mut Vec<f32>,
+    ) -> Result<()> {
+        Ops::delta_regroup(&mut self.ops, c, qkvz, ba, n, mixed, z, bav)
+    }
+    fn delta_conv(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        taps: &Vec<f32>,
+        mixed: &mut Vec<f32>,
+        n: usize,
+    ) -> Result<()> {
+        Ops::delta_conv(&mut self.ops, l, c, taps, mixed, n)
+    }
+    fn delta_l2norm(&mut self, c: &LinearAttnConfig, mixed: &mut Vec<f32>, n: usize) -> Result<()> {
+        Ops::delta_l2norm(&mut self.ops, c, mixed, n)
+    }
+    fn delta_gates(
+        &mut self,
+        c: &LinearAttnConfig,
+        ba: &mut Vec<f32>,
+        n: usize,
+        neg_a: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+    ) -> Result<()> {
+        Ops::delta_gates(&mut self.ops, c, ba, n, neg_a, dt_bias)
+    }
+    fn delta_rule(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        mixed: &Vec<f32>,
+        ba: &Vec<f32>,
+        n: usize,
+        o: &mut Vec<f32>,
+    ) -> Result<()> {
+        Ops::delta_rule(&mut self.ops, l, c, mixed, ba, n, o)
+    }
+    fn gate_silu(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
+        Ops::gate_silu(&mut self.ops, x, g, len)
+    }
     async fn read(&mut self, t: Vec<f32>, len: usize) -> Result<Vec<f32>> {
         Ops::read(&mut self.ops, t, len).await
     }
@@ -483,7 +616,7 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
         match &self.layer(l).attn {
             AttnWeights::Gqa(g) => Attn::Gqa(g),
             AttnWeights::Mla(w) => Attn::Mla(w),
-            AttnWeights::Linear(_) => Attn::Linear,
+            AttnWeights::Linear(w) => Attn::Linear(w),
         }
     }
 
@@ -500,15 +633,6 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
         for (i, &id) in ids.iter().enumerate() {
             self.model.embed.row_into(id as usize, &mut x[i * h..(i + 1) * h]);
         }
-        Ok(())
-    }
-
-    fn linear_attn(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
-        let AttnWeights::Linear(d) = &self.layer(l).attn else {
-            return Err(crate::error::Error::Invalid(format!("layer {l} is not linear attention")));
-        };
-        let cache = self.ops.cache(l)?;
-        d.forward(xn, n, cache.recurrent.get_or_insert_with(Default::default), out);
         Ok(())
     }
 
@@ -534,144 +658,4 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::attention::tests::mat;
-    use crate::model::attention::GqaWeights;
-    use crate::model::config::QkNorm;
-    use crate::model::rope::RopeConfig;
-
-    /// Self-attention for `n` new positions starting at absolute position `pos0`, on the CPU.
-    /// `x`: (n, hidden) normalised input; `cos`/`sin`: per new position, rotary_dim/2 each;
-    /// `out`: (n, hidden). Appends what the variant caches of the new positions to `cache`.
-    /// Grouped-query attention runs the graph's one description ([`crate::model::graph::gqa`]);
-    /// the forward pass itself goes through [`CpuPass`].
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        w: &AttnWeights,
-        o: &AttnOpts,
-        rope: &Rope,
-        x: &[f32],
-        n: usize,
-        pos0: usize,
-        cos: &[Vec<f32>],
-        sin: &[Vec<f32>],
-        cache: &mut LayerCache,
-        out: &mut [f32],
-    ) -> Result<()> {
-        match (w, &o.mla) {
-            (AttnWeights::Gqa(g), None) => {
-                let mut ops = CpuOps::new(rope, pos0, cos.to_vec(), sin.to_vec(), std::slice::from_mut(cache));
-                let mut y = out[..n * g.wo.rows].to_vec();
-                crate::model::graph::gqa(&mut ops, 0, g, o, g.wo.rows, &x.to_vec(), n, &mut y)?;
-                out[..y.len()].copy_from_slice(&y);
-                Ok(())
-            }
-            (AttnWeights::Mla(m), Some(_)) => {
-                let mut ops = CpuOps::new(rope, pos0, cos.to_vec(), sin.to_vec(), std::slice::from_mut(cache));
-                let mut y = out[..n * m.wo.rows].to_vec();
-                crate::model::graph::run_ready(crate::model::graph::mla(&mut ops, 0, m, o, &x.to_vec(), n, &mut y))??;
-                out[..y.len()].copy_from_slice(&y);
-                Ok(())
-            }
-            (AttnWeights::Linear(d), None) => {
-                d.forward(x, n, cache.recurrent.get_or_insert_with(Default::default), out);
-                Ok(())
-            }
-            _ => Err(crate::error::Error::Invalid("attention weights and options are of different variants".into())),
-        }
-    }
-
-    fn setup(qk: QkNorm, window: Option<usize>) -> (AttnWeights, AttnOpts, Rope) {
-        let (h, nh, nkv, hd) = (10, 4, 2, 6);
-        let nw = |len: usize| Some((0..len).map(|i| 1.0 + i as f32 * 0.05).collect());
-        let w = AttnWeights::Gqa(GqaWeights {
-            wq: mat(nh * hd, h, 1),
-            wk: mat(nkv * hd, h, 2),
-            wv: mat(nkv * hd, h, 3),
-            wo: mat(h, nh * hd, 4),
-            bq: Some(vec![0.1; nh * hd]),
-            bk: None,
-            bv: Some(vec![-0.2; nkv * hd]),
-            bo: Some(vec![0.05; h]),
-            sinks: Some(vec![0.5, -1.0, 2.0, 0.0]),
-            q_norm: match qk {
-                QkNorm::None => None,
-                QkNorm::PerHead => nw(hd),
-                QkNorm::Full => nw(nh * hd),
-            },
-            k_norm: match qk {
-                QkNorm::None => None,
-                QkNorm::PerHead => nw(hd),
-                QkNorm::Full => nw(nkv * hd),
-            },
-        });
-        let o = AttnOpts {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            qk_norm: qk,
-            clip_qkv: Some(2.0),
-            window,
-            scale: (hd as f32).powf(-0.5),
-            rms_eps: 1e-6,
-            mla: None,
-            output_gate: false,
-        };
-        let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({}), hd, 64).unwrap());
-        (w, o, rope)
-    }
-
-    fn run(
-        w: &AttnWeights,
-        o: &AttnOpts,
-        rope: &Rope,
-        x: &[f32],
-        n: usize,
-        pos0: usize,
-        cache: &mut LayerCache,
-    ) -> Vec<f32> {
-        let (mut cs, mut ss) = (vec![], vec![]);
-        for i in 0..n {
-            let (mut c, mut s) = (vec![], vec![]);
-            rope.cos_sin(pos0 + i, &mut c, &mut s);
-            cs.push(c);
-            ss.push(s);
-        }
-        let mut out = vec![0.0; n * 10];
-        attention(w, o, rope, x, n, pos0, &cs, &ss, cache, &mut out).unwrap();
-        out
-    }
-
-    #[test]
-    fn prefill_equals_incremental_decode_bit_for_bit() {
-        for (qk, window) in [(QkNorm::None, None), (QkNorm::PerHead, Some(3)), (QkNorm::Full, None)] {
-            let (w, o, rope) = setup(qk, window);
-            let n = 9;
-            let x: Vec<f32> = (0..n * 10).map(|i| ((i * 53 % 17) as f32 - 8.0) / 5.0).collect();
-            let mut c1 = LayerCache::default();
-            let all = run(&w, &o, &rope, &x, n, 0, &mut c1);
-            let mut c2 = LayerCache::default();
-            let mut inc = Vec::new();
-            inc.extend(run(&w, &o, &rope, &x[..40], 4, 0, &mut c2));
-            for i in 4..n {
-                inc.extend(run(&w, &o, &rope, &x[i * 10..(i + 1) * 10], 1, i, &mut c2));
-            }
-            assert_eq!(all, inc, "{qk:?}");
-            assert_eq!(c1.k, c2.k);
-        }
-    }
-
-    #[test]
-    fn window_limits_what_is_seen() {
-        // With a window of 1 each position sees only itself, so its output does not
-        // depend on earlier inputs.
-        let (w, o, rope) = setup(QkNorm::None, Some(1));
-        let mut x: Vec<f32> = (0..30).map(|i| i as f32 / 10.0).collect();
-        let a = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
-        x[0] = 5.0;
-        let b = run(&w, &o, &rope, &x, 3, 0, &mut LayerCache::default());
-        assert_ne!(a[..10], b[..10]);
-        assert_eq!(a[20..], b[20..]);
-    }
-}
+mod tests;

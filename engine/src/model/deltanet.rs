@@ -22,38 +22,61 @@
 
 use crate::error::{Error, Result};
 use crate::format::tensors::TensorStore;
-use crate::kernels::{matmul_many, MatJob};
 use crate::math;
 use crate::model::config::LinearAttnConfig;
 use crate::tensor::Mat;
 
-/// A Gated DeltaNet layer's input projections, as the checkpoint stores them.
-pub enum InProj {
+/// A Gated DeltaNet layer's input projections, as the checkpoint stores them (the GPU
+/// uploads the grouped form as the split one, its rows gathered).
+pub enum InProj<M = Mat> {
     /// qwen3_next: `in_proj_qkvz` (2*key_dim + 2*value_dim, hidden): per key head q, k,
     /// v (r heads), z (r heads); `in_proj_ba` (2*n_v_heads, hidden): per key head b (r
     /// heads), a (r heads).
-    Grouped { qkvz: Mat, ba: Mat },
+    Grouped { qkvz: M, ba: M },
     /// qwen3_5_moe: `in_proj_qkv` (conv_dim, hidden) in the conv's channel order (q of
     /// every key head, k, v of every value head), `in_proj_z` (value_dim, hidden),
     /// `in_proj_b` and `in_proj_a` (n_v_heads, hidden).
-    Split { qkv: Mat, z: Mat, b: Mat, a: Mat },
+    Split { qkv: M, z: M, b: M, a: M },
 }
 
-/// One Gated DeltaNet layer's weights.
-pub struct DeltaNetWeights {
-    pub in_proj: InProj,
+/// One Gated DeltaNet layer's weights, as a backend's matrices `M` and vectors `V`; the
+/// graph (`graph::deltanet`) runs them on either.
+pub struct DeltaNetWeights<M = Mat, V = Vec<f32>> {
+    pub in_proj: InProj<M>,
     /// (conv_dim, conv_kernel): taps of each channel, oldest input first.
-    pub conv: Vec<f32>,
+    pub conv: V,
     /// (n_v_heads): -exp(A_log).
-    pub neg_a: Vec<f32>,
+    pub neg_a: V,
     /// (n_v_heads)
-    pub dt_bias: Vec<f32>,
+    pub dt_bias: V,
     /// (v_head_dim): the gated RMSNorm's weight (not zero-centred).
-    pub norm: Vec<f32>,
+    pub norm: V,
     /// (hidden, value_dim)
-    pub out: Mat,
+    pub out: M,
     pub cfg: LinearAttnConfig,
     pub eps: f32,
+}
+
+impl<M, V> DeltaNetWeights<M, V> {
+    /// The same weights in another backend's form: `proj` converts the input projections,
+    /// `m` and `v` one matrix and one vector, given their names.
+    pub fn try_map<M2, V2>(
+        &self,
+        proj: impl Fn(&InProj<M>) -> Result<InProj<M2>>,
+        m: impl Fn(&str, &M) -> Result<M2>,
+        v: impl Fn(&str, &V) -> Result<V2>,
+    ) -> Result<DeltaNetWeights<M2, V2>> {
+        Ok(DeltaNetWeights {
+            in_proj: proj(&self.in_proj)?,
+            conv: v("conv", &self.conv)?,
+            neg_a: v("neg_a", &self.neg_a)?,
+            dt_bias: v("dt_bias", &self.dt_bias)?,
+            norm: v("norm", &self.norm)?,
+            out: m("out", &self.out)?,
+            cfg: self.cfg.clone(),
+            eps: self.eps,
+        })
+    }
 }
 
 /// A snapshot of one layer's recurrent state after `pos` positions.
@@ -81,7 +104,8 @@ pub struct DeltaState {
 }
 
 impl DeltaState {
-    fn ensure(&mut self, c: &LinearAttnConfig) {
+    /// Sized for a layer of shape `c` (emptied if it was not).
+    pub fn ensure(&mut self, c: &LinearAttnConfig) {
         let (conv, s) = ((c.conv_kernel - 1) * c.conv_dim(), c.n_v_heads * c.k_head_dim * c.v_head_dim);
         if self.conv.len() != conv || self.s.len() != s {
             *self = DeltaState { pos: 0, conv: vec![0.0; conv], s: vec![0.0; s], snapshots: Vec::new() };
@@ -114,7 +138,7 @@ impl DeltaState {
 
     /// Remembers the current state (at the start of a multi-token call: a prompt, a
     /// speculative batch) so that a later rewind to here costs no recomputation.
-    fn snapshot(&mut self) {
+    pub(crate) fn snapshot(&mut self) {
         if self.pos == 0 || self.snapshots.last().is_some_and(|s| s.pos == self.pos) {
             return;
         }
@@ -164,134 +188,140 @@ impl DeltaNetWeights {
     }
 
     /// The layer on `n` new positions of `x` (n, hidden) -> `out` (n, hidden), advancing
-    /// `state` by those positions.
-    pub fn forward(&self, x: &[f32], n: usize, state: &mut DeltaState, out: &mut [f32]) {
-        let c = &self.cfg;
-        state.ensure(c);
-        if n > 1 {
-            state.snapshot();
-        }
-        let (kd, vd, cd) = (c.key_dim(), c.value_dim(), c.conv_dim());
-        let (nk, nv, dk, dv) = (c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim);
-        let r = nv / nk;
-        // The conv input q|k|v (n, conv_dim), z (n, value_dim), and b and a (n, n_v_heads)
-        // per value head; each element one dot product of a weight row, whatever the layout.
-        let mut mixed = vec![0.0f32; n * cd];
-        let mut z = vec![0.0f32; n * vd];
-        let mut b = vec![0.0f32; n * nv];
-        let mut a = vec![0.0f32; n * nv];
-        match &self.in_proj {
-            InProj::Split { qkv, z: wz, b: wb, a: wa } => matmul_many(&mut [
-                MatJob { w: qkv, x, n, out: &mut mixed },
-                MatJob { w: wz, x, n, out: &mut z },
-                MatJob { w: wb, x, n, out: &mut b },
-                MatJob { w: wa, x, n, out: &mut a },
-            ]),
-            InProj::Grouped { qkvz: wqkvz, ba: wba } => {
-                let (wq, wb) = (wqkvz.rows, wba.rows);
-                let mut qkvz = vec![0.0f32; n * wq];
-                let mut ba = vec![0.0f32; n * wb];
-                matmul_many(&mut [MatJob { w: wqkvz, x, n, out: &mut qkvz }, MatJob { w: wba, x, n, out: &mut ba }]);
-                // Regroup per position from the key-head groups.
-                let group = 2 * dk + 2 * r * dv;
-                for t in 0..n {
-                    let src = &qkvz[t * wq..(t + 1) * wq];
-                    let m = &mut mixed[t * cd..(t + 1) * cd];
-                    for g in 0..nk {
-                        let s = &src[g * group..(g + 1) * group];
-                        m[g * dk..(g + 1) * dk].copy_from_slice(&s[..dk]);
-                        m[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&s[dk..2 * dk]);
-                        m[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv].copy_from_slice(&s[2 * dk..2 * dk + r * dv]);
-                        z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv].copy_from_slice(&s[2 * dk + r * dv..]);
-                    }
-                    let src = &ba[t * wb..(t + 1) * wb];
-                    for g in 0..nk {
-                        b[t * nv + g * r..t * nv + (g + 1) * r].copy_from_slice(&src[g * 2 * r..g * 2 * r + r]);
-                        a[t * nv + g * r..t * nv + (g + 1) * r].copy_from_slice(&src[g * 2 * r + r..(g + 1) * 2 * r]);
-                    }
-                }
-            }
-        }
-        // beta and decay (n, n_v_heads).
-        let beta: Vec<f32> = b.iter().map(|&v| math::sigmoid(v)).collect();
-        let decay: Vec<f32> = a
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| math::exp(self.neg_a[i % nv] * softplus(v + self.dt_bias[i % nv])))
-            .collect();
-
-        self.conv_silu(&mut mixed, n, &mut state.conv);
-
-        // q and k: L2 norm per head (transformers' l2norm, eps 1e-6), then q * k_head_dim^-0.5.
-        let scale = (1.0 / (dk as f64).sqrt()) as f32;
-        for t in 0..n {
-            let m = &mut mixed[t * cd..(t + 1) * cd];
-            for (i, head) in m[..2 * kd].chunks_exact_mut(dk).enumerate() {
-                let inv = 1.0 / (math::sum_sq(head) + 1e-6).sqrt();
-                if i < nk {
-                    head.iter_mut().for_each(|v| *v = (*v * inv) * scale);
-                } else {
-                    head.iter_mut().for_each(|v| *v *= inv);
-                }
-            }
-        }
-
-        // The recurrence, one task per value head over all n positions; o (n_v_heads, n, dv).
-        let mut o = vec![0.0f32; nv * n * dv];
-        let head = |h: usize, sh: &mut [f32], oh: &mut [f32]| {
-            let g = h / r;
-            let mut scratch = vec![0.0f32; 2 * dv];
-            for t in 0..n {
-                let m = &mixed[t * cd..(t + 1) * cd];
-                let q = &m[g * dk..(g + 1) * dk];
-                let k = &m[kd + g * dk..kd + (g + 1) * dk];
-                let v = &m[2 * kd + h * dv..2 * kd + (h + 1) * dv];
-                let (dec, b) = (decay[t * nv + h], beta[t * nv + h]);
-                let ot = &mut oh[t * dv..(t + 1) * dv];
-                delta_step(sh, q, k, v, dec, b, ot, &mut scratch);
-            }
-        };
-        let per_head = dk * dv;
-        for_each_head(nv * per_head * n >= 1 << 15, &mut state.s, per_head, &mut o, n * dv, head);
-        state.pos += n;
-
-        // Gated RMSNorm per (position, value head), back to (n, value_dim), then out_proj.
-        let mut y = vec![0.0f32; n * vd];
-        for t in 0..n {
-            for h in 0..nv {
-                let src = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
-                let zh = &z[t * vd + h * dv..t * vd + (h + 1) * dv];
-                let dst = &mut y[t * vd + h * dv..t * vd + (h + 1) * dv];
-                let inv = 1.0 / (math::sum_sq(src) / dv as f32 + self.eps).sqrt();
-                for (((d, s), w), zz) in dst.iter_mut().zip(src).zip(&self.norm).zip(zh) {
-                    // transformers: weight * (x * rsqrt(var + eps)), then * silu(z).
-                    *d = (w * (s * inv)) * math::silu(*zz);
-                }
-            }
-        }
-        crate::kernels::matmul(&self.out, &y, n, out);
+    /// `state` by those positions: the graph's `graph::deltanet` on the CPU backend.
+    pub fn forward(&self, x: &[f32], n: usize, state: &mut DeltaState, out: &mut [f32]) -> Result<()> {
+        let rope =
+            crate::model::rope::Rope::new(&crate::model::rope::RopeConfig::from_config(&serde_json::json!({}), 2, 1)?);
+        let mut cache = crate::model::attention::LayerCache::default();
+        cache.recurrent = Some(Box::new(std::mem::take(state)));
+        let mut ops = crate::model::cpu::CpuOps::new(&rope, 0, vec![], vec![], std::slice::from_mut(&mut cache));
+        let (x, mut y) = (x.to_vec(), vec![0.0f32; out.len()]);
+        let done = crate::model::graph::deltanet(&mut ops, 0, self, &x, n, &mut y);
+        *state = cache.recurrent.map(|b| *b).unwrap_or_default();
+        done?;
+        out.copy_from_slice(&y);
+        Ok(())
     }
+}
 
-    /// The depthwise causal conv1d + SiLU over `mixed` (n, conv_dim) in place, the window
-    /// `win` (K - 1, conv_dim) holding the inputs before the first position.
-    fn conv_silu(&self, mixed: &mut [f32], n: usize, win: &mut [f32]) {
-        let (cd, k) = (self.cfg.conv_dim(), self.cfg.conv_kernel);
-        let h = k - 1;
-        let mut input = vec![0.0f32; k * cd];
-        for t in 0..n {
-            // input rows: the K - 1 previous inputs, then this position's.
-            input[..h * cd].copy_from_slice(win);
-            input[h * cd..].copy_from_slice(&mixed[t * cd..(t + 1) * cd]);
-            let row = &mut mixed[t * cd..(t + 1) * cd];
-            for (ch, o) in row.iter_mut().enumerate() {
-                let w = &self.conv[ch * k..(ch + 1) * k];
-                let mut acc = 0.0f32;
-                for j in 0..k {
-                    acc += w[j] * input[j * cd + ch];
-                }
-                *o = math::silu(acc);
+/// qwen3_next's grouped projections (`qkvz` (n, 2*key_dim + 2*value_dim) and `ba` (n,
+/// 2*n_v_heads), grouped per key head) in the conv's channel order: `mixed` (n, conv_dim)
+/// q of every key head, k, v of every value head; `z` (n, value_dim); `bav` (n, 2*n_v_heads)
+/// b of every value head, then a.
+pub fn regroup(
+    c: &LinearAttnConfig,
+    qkvz: &[f32],
+    ba: &[f32],
+    n: usize,
+    mixed: &mut [f32],
+    z: &mut [f32],
+    bav: &mut [f32],
+) {
+    let (kd, vd, cd) = (c.key_dim(), c.value_dim(), c.conv_dim());
+    let (nk, nv, dk, dv) = (c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim);
+    let r = nv / nk;
+    let (wq, wb) = (2 * kd + 2 * vd, 2 * nv);
+    let group = 2 * dk + 2 * r * dv;
+    for t in 0..n {
+        let src = &qkvz[t * wq..(t + 1) * wq];
+        let m = &mut mixed[t * cd..(t + 1) * cd];
+        for g in 0..nk {
+            let s = &src[g * group..(g + 1) * group];
+            m[g * dk..(g + 1) * dk].copy_from_slice(&s[..dk]);
+            m[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&s[dk..2 * dk]);
+            m[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv].copy_from_slice(&s[2 * dk..2 * dk + r * dv]);
+            z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv].copy_from_slice(&s[2 * dk + r * dv..]);
+        }
+        let src = &ba[t * wb..(t + 1) * wb];
+        let dst = &mut bav[t * wb..(t + 1) * wb];
+        for g in 0..nk {
+            dst[g * r..(g + 1) * r].copy_from_slice(&src[g * 2 * r..g * 2 * r + r]);
+            dst[nv + g * r..nv + (g + 1) * r].copy_from_slice(&src[g * 2 * r + r..(g + 1) * 2 * r]);
+        }
+    }
+}
+
+/// The gates in place: `ba` (n, 2*n_v_heads) b then a per position becomes beta =
+/// sigmoid(b), then decay = exp(neg_a * softplus(a + dt_bias)).
+pub fn gates(ba: &mut [f32], n: usize, nv: usize, neg_a: &[f32], dt_bias: &[f32]) {
+    for row in ba[..n * 2 * nv].chunks_exact_mut(2 * nv) {
+        let (b, a) = row.split_at_mut(nv);
+        b.iter_mut().for_each(|v| *v = math::sigmoid(*v));
+        for (h, v) in a.iter_mut().enumerate() {
+            *v = math::exp(neg_a[h] * softplus(*v + dt_bias[h]));
+        }
+    }
+}
+
+/// The depthwise causal conv1d + SiLU over `mixed` (n, conv_dim) in place, with taps
+/// `conv` (conv_dim, K), the window `win` (K - 1, conv_dim) holding the inputs before the
+/// first position.
+pub fn conv_silu(c: &LinearAttnConfig, conv: &[f32], mixed: &mut [f32], n: usize, win: &mut [f32]) {
+    let (cd, k) = (c.conv_dim(), c.conv_kernel);
+    let h = k - 1;
+    let mut input = vec![0.0f32; k * cd];
+    for t in 0..n {
+        // input rows: the K - 1 previous inputs, then this position's.
+        input[..h * cd].copy_from_slice(win);
+        input[h * cd..].copy_from_slice(&mixed[t * cd..(t + 1) * cd]);
+        let row = &mut mixed[t * cd..(t + 1) * cd];
+        for (ch, o) in row.iter_mut().enumerate() {
+            let w = &conv[ch * k..(ch + 1) * k];
+            let mut acc = 0.0f32;
+            for j in 0..k {
+                acc += w[j] * input[j * cd + ch];
             }
-            win.copy_from_slice(&input[cd..]);
+            *o = math::silu(acc);
+        }
+        win.copy_from_slice(&input[cd..]);
+    }
+}
+
+/// q and k of `mixed` (n, conv_dim): L2 norm per head (transformers' l2norm, eps 1e-6),
+/// then q * k_head_dim^-0.5.
+pub fn l2norm_qk(c: &LinearAttnConfig, mixed: &mut [f32], n: usize) {
+    let (kd, cd, dk, nk) = (c.key_dim(), c.conv_dim(), c.k_head_dim, c.n_k_heads);
+    let scale = (1.0 / (dk as f64).sqrt()) as f32;
+    for t in 0..n {
+        let m = &mut mixed[t * cd..(t + 1) * cd];
+        for (i, head) in m[..2 * kd].chunks_exact_mut(dk).enumerate() {
+            let inv = 1.0 / (math::sum_sq(head) + 1e-6).sqrt();
+            if i < nk {
+                head.iter_mut().for_each(|v| *v = (*v * inv) * scale);
+            } else {
+                head.iter_mut().for_each(|v| *v *= inv);
+            }
+        }
+    }
+}
+
+/// The recurrence over n positions, one task per value head, advancing `state`; `o` (n,
+/// value_dim) position-major.
+pub fn rule(c: &LinearAttnConfig, mixed: &[f32], ba: &[f32], n: usize, state: &mut DeltaState, o: &mut [f32]) {
+    let (kd, cd) = (c.key_dim(), c.conv_dim());
+    let (nk, nv, dk, dv) = (c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim);
+    let r = nv / nk;
+    let mut oh = vec![0.0f32; nv * n * dv];
+    let head = |h: usize, sh: &mut [f32], oh: &mut [f32]| {
+        let g = h / r;
+        let mut scratch = vec![0.0f32; 2 * dv];
+        for t in 0..n {
+            let m = &mixed[t * cd..(t + 1) * cd];
+            let q = &m[g * dk..(g + 1) * dk];
+            let k = &m[kd + g * dk..kd + (g + 1) * dk];
+            let v = &m[2 * kd + h * dv..2 * kd + (h + 1) * dv];
+            let (beta, dec) = (ba[t * 2 * nv + h], ba[t * 2 * nv + nv + h]);
+            let ot = &mut oh[t * dv..(t + 1) * dv];
+            delta_step(sh, q, k, v, dec, beta, ot, &mut scratch);
+        }
+    };
+    let per_head = dk * dv;
+    for_each_head(nv * per_head * n >= 1 << 15, &mut state.s, per_head, &mut oh, n * dv, head);
+    state.pos += n;
+    for t in 0..n {
+        for h in 0..nv {
+            o[t * nv * dv + h * dv..t * nv * dv + (h + 1) * dv]
+                .copy_from_slice(&oh[(h * n + t) * dv..(h * n + t + 1) * dv]);
         }
     }
 }
@@ -421,15 +451,15 @@ mod tests {
         let x = rand_vec(n * 11, 8, 1.0);
         let mut s1 = DeltaState::default();
         let mut all = vec![0.0; n * 11];
-        w.forward(&x, n, &mut s1, &mut all);
+        w.forward(&x, n, &mut s1, &mut all).unwrap();
         let mut s2 = DeltaState::default();
         let mut inc = Vec::new();
         let mut y = vec![0.0; 3 * 11];
-        w.forward(&x[..33], 3, &mut s2, &mut y);
+        w.forward(&x[..33], 3, &mut s2, &mut y).unwrap();
         inc.extend_from_slice(&y);
         for t in 3..n {
             let mut y = vec![0.0; 11];
-            w.forward(&x[t * 11..(t + 1) * 11], 1, &mut s2, &mut y);
+            w.forward(&x[t * 11..(t + 1) * 11], 1, &mut s2, &mut y).unwrap();
             inc.extend_from_slice(&y);
         }
         assert_eq!(all, inc);
@@ -471,8 +501,8 @@ mod tests {
         let x = rand_vec(n * 11, 12, 1.0);
         let (mut s1, mut s2) = (DeltaState::default(), DeltaState::default());
         let (mut y1, mut y2) = (vec![0.0; n * 11], vec![0.0; n * 11]);
-        w.forward(&x, n, &mut s1, &mut y1);
-        split.forward(&x, n, &mut s2, &mut y2);
+        w.forward(&x, n, &mut s1, &mut y1).unwrap();
+        split.forward(&x, n, &mut s2, &mut y2).unwrap();
         assert_eq!(y1, y2);
         assert_eq!((&s1.s, &s1.conv), (&s2.s, &s2.conv));
         assert!(y1.iter().any(|v| v.abs() > 1e-3));
@@ -510,10 +540,10 @@ mod tests {
         let x = rand_vec(12 * 11, 11, 1.0);
         let mut y = vec![0.0; 12 * 11];
         let mut s = DeltaState::default();
-        w.forward(&x[..5 * 11], 5, &mut s, &mut y); // no snapshot at 0 (the empty state)
+        w.forward(&x[..5 * 11], 5, &mut s, &mut y).unwrap(); // no snapshot at 0 (the empty state)
         let at5 = s.clone();
-        w.forward(&x[5 * 11..9 * 11], 4, &mut s, &mut y); // snapshot at 5
-        w.forward(&x[9 * 11..10 * 11], 1, &mut s, &mut y); // a decode step: none
+        w.forward(&x[5 * 11..9 * 11], 4, &mut s, &mut y).unwrap(); // snapshot at 5
+        w.forward(&x[9 * 11..10 * 11], 1, &mut s, &mut y).unwrap(); // a decode step: none
         assert_eq!(s.rewind(12), 10, "nothing to drop");
         assert_eq!(s.rewind(7), 5);
         assert_eq!((&s.s, &s.conv), (&at5.s, &at5.conv));

@@ -5,16 +5,16 @@
 //! this one description, so a family's graph is written here once and each backend only
 //! supplies operations; the CPU stays the reference whose bits the GPU kernels reproduce.
 //!
-//! Grouped-query attention and multi-head latent attention (deepseek_v3's, with its
-//! absorbed projections and compressed cache) are composed here from the operations.
-//! Gated DeltaNet and the FFN (dense or routed experts: the expert supply differs by
-//! backend) are still one operation each, written per backend; they are the next to move
-//! here.
+//! Grouped-query attention, multi-head latent attention (deepseek_v3's, with its absorbed
+//! projections and compressed cache, and DeepSeek Sparse Attention's indexer) and Gated
+//! DeltaNet are composed here from the operations. The FFN (dense or routed experts: the
+//! expert supply differs by backend) is still one operation, written per backend.
 
 use crate::error::Result;
 pub(crate) use crate::model::attention::AttendShape;
 use crate::model::attention::{AttnOpts, GqaWeights};
-use crate::model::config::{DsaConfig, MlaConfig, QkNorm};
+use crate::model::config::{DsaConfig, LinearAttnConfig, MlaConfig, QkNorm};
+use crate::model::deltanet::{DeltaNetWeights, InProj};
 pub(crate) use crate::model::dsa::IndexShape;
 use crate::model::dsa::{IndexerWeights, INDEX_NORM_EPS};
 use crate::model::mla::{MlaWeights, QueryProj, LATENT_NORM_EPS};
@@ -26,8 +26,8 @@ pub(crate) enum Attn<'w, M, V> {
     Gqa(&'w GqaWeights<M, V>),
     /// Multi-head latent attention ([`mla`]).
     Mla(&'w MlaWeights<M, V>),
-    /// Gated DeltaNet linear attention ([`Backend::linear_attn`]).
-    Linear,
+    /// Gated DeltaNet linear attention ([`deltanet`]).
+    Linear(&'w DeltaNetWeights<M, V>),
 }
 
 /// The tensor operations of a backend: its weights (`M` matrices, `V` vectors) and
@@ -182,6 +182,56 @@ pub(crate) trait Ops<'w> {
         row: usize,
         shape: IndexShape,
     ) -> Result<()>;
+    /// Gated DeltaNet: layer `l`'s recurrent state made ready for n positions (created;
+    /// on the CPU snapshotted before a multi-token pass, which the GPU session does
+    /// before the pass).
+    fn delta_begin(&mut self, l: usize, c: &LinearAttnConfig, n: usize) -> Result<()>;
+    /// qwen3_next's grouped projections in the conv's channel order (deltanet::regroup).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_regroup(
+        &mut self,
+        c: &LinearAttnConfig,
+        qkvz: &Self::T,
+        ba: &Self::T,
+        n: usize,
+        mixed: &mut Self::T,
+        z: &mut Self::T,
+        bav: &mut Self::T,
+    ) -> Result<()>;
+    /// The causal conv1d + SiLU of `mixed` (n, conv_dim) in place, over layer `l`'s conv
+    /// window (deltanet::conv_silu).
+    fn delta_conv(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        taps: &Self::V,
+        mixed: &mut Self::T,
+        n: usize,
+    ) -> Result<()>;
+    /// q and k of `mixed` L2-normalised per head, q scaled (deltanet::l2norm_qk).
+    fn delta_l2norm(&mut self, c: &LinearAttnConfig, mixed: &mut Self::T, n: usize) -> Result<()>;
+    /// `ba` (n, 2 * n_v_heads) in place to beta then decay (deltanet::gates).
+    fn delta_gates(
+        &mut self,
+        c: &LinearAttnConfig,
+        ba: &mut Self::T,
+        n: usize,
+        neg_a: &Self::V,
+        dt_bias: &Self::V,
+    ) -> Result<()>;
+    /// The gated delta rule over n positions, advancing layer `l`'s state; `o` (n,
+    /// value_dim) position-major (deltanet::rule).
+    fn delta_rule(
+        &mut self,
+        l: usize,
+        c: &LinearAttnConfig,
+        mixed: &Self::T,
+        ba: &Self::T,
+        n: usize,
+        o: &mut Self::T,
+    ) -> Result<()>;
+    /// `x[i] *= silu(g[i])` for i < len (the gated RMSNorm's gate).
+    fn gate_silu(&mut self, x: &mut Self::T, g: &Self::T, len: usize) -> Result<()>;
     /// `x[i] *= sigmoid(g[i])` for i < len (qwen3_next's attention output gate).
     fn gate_sigmoid(&mut self, x: &mut Self::T, g: &Self::T, len: usize) -> Result<()>;
     /// The first `len` floats of `t`, back in memory (the GPU waits for its work here).
@@ -201,8 +251,6 @@ pub(crate) trait Backend<'w>: Ops<'w> {
     fn lm_head(&self) -> &'w Self::M;
     /// `x[i, :]` = the embedding row of `ids[i]`.
     fn embed(&mut self, ids: &[u32], x: &mut Self::T) -> Result<()>;
-    /// Layer `l`'s Gated DeltaNet of the n positions of `xn` into `out`.
-    fn linear_attn(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
     /// Layer `l`'s FFN (dense MLP or routed experts) of `xn` (n, hidden) into `out`.
     async fn ffn(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
 }
@@ -256,7 +304,7 @@ pub(crate) async fn layer<'w, B: Backend<'w>>(
     match b.attn(l) {
         Attn::Gqa(w) => gqa(b, l, w, b.attn_opts(l), h, xn, n, y)?,
         Attn::Mla(w) => mla(b, l, w, b.attn_opts(l), xn, n, y).await?,
-        Attn::Linear => b.linear_attn(l, xn, n, y)?,
+        Attn::Linear(w) => deltanet(b, l, w, xn, n, y)?,
     }
     b.add(x, y, n * h)?;
     b.copy(x, 0, xn, n * h)?;
@@ -416,6 +464,49 @@ pub(crate) async fn mla<'w, B: Ops<'w>>(
         b.matmul_at(uv, &ctx, h * n, n, &mut v, h * dv, nh * dv)?;
     }
     b.matmul(&mut [(&w.wo, out)], &v, 0, n)
+}
+
+/// Gated DeltaNet of the n positions of `xn` into `out` (n, hidden), with the formulas of
+/// [`crate::model::deltanet`]: the input projections (split, or grouped and regrouped into
+/// the conv's channel order), the gates, the causal conv + SiLU, the q/k L2 norms, the
+/// delta rule over the layer's recurrent state, the gated RMSNorm and out_proj.
+pub(crate) fn deltanet<'w, B: Ops<'w>>(
+    b: &mut B,
+    l: usize,
+    w: &'w DeltaNetWeights<B::M, B::V>,
+    xn: &B::T,
+    n: usize,
+    out: &mut B::T,
+) -> Result<()> {
+    let c = &w.cfg;
+    let (vd, cd, nv, dv) = (c.value_dim(), c.conv_dim(), c.n_v_heads, c.v_head_dim);
+    b.delta_begin(l, c, n)?;
+    let mut mixed = b.alloc("dn.mixed", n * cd)?;
+    let mut z = b.alloc("dn.z", n * vd)?;
+    let mut ba = b.alloc("dn.ba", n * 2 * nv)?;
+    match &w.in_proj {
+        InProj::Split { qkv, z: wz, b: wb, a: wa } => {
+            b.matmul(&mut [(qkv, &mut mixed), (wz, &mut z)], xn, 0, n)?;
+            b.matmul_at(wb, xn, 0, n, &mut ba, 0, 2 * nv)?;
+            b.matmul_at(wa, xn, 0, n, &mut ba, nv, 2 * nv)?;
+        }
+        InProj::Grouped { qkvz, ba: wba } => {
+            let mut gq = b.alloc("dn.qkvz", n * (2 * c.key_dim() + 2 * vd))?;
+            let mut gb = b.alloc("dn.ba_grouped", n * 2 * nv)?;
+            b.matmul(&mut [(qkvz, &mut gq), (wba, &mut gb)], xn, 0, n)?;
+            b.delta_regroup(c, &gq, &gb, n, &mut mixed, &mut z, &mut ba)?;
+        }
+    }
+    b.delta_gates(c, &mut ba, n, &w.neg_a, &w.dt_bias)?;
+    b.delta_conv(l, c, &w.conv, &mut mixed, n)?;
+    b.delta_l2norm(c, &mut mixed, n)?;
+    let mut o = b.alloc("dn.o", n * vd)?;
+    b.delta_rule(l, c, &mixed, &ba, n, &mut o)?;
+    // The gated RMSNorm per (position, value head): transformers' weight * (x * rsqrt(var +
+    // eps)), then * silu(z).
+    b.rmsnorm(&mut o, n * nv, dv, &w.norm, w.eps)?;
+    b.gate_silu(&mut o, &z, n * vd)?;
+    b.matmul(&mut [(&w.out, out)], &o, 0, n)
 }
 
 /// DeepSeek Sparse Attention's lightning indexer ([`crate::model::dsa`] has the formulas):
