@@ -108,6 +108,16 @@ pub struct Engines {
     speculation: Speculation,
 }
 
+/// One loaded model's numbers for `/metrics`.
+pub struct SlotMetrics {
+    pub model: String,
+    pub admitted: usize,
+    pub running: usize,
+    pub kv_conversations: usize,
+    pub kv_bytes: usize,
+    pub cache: Option<colibri_engine::experts::cache::CacheStats>,
+}
+
 /// Why a generation could not start.
 #[derive(Debug)]
 pub enum EngineError {
@@ -156,6 +166,30 @@ impl Engines {
                 }
             })
             .clone()
+    }
+
+    /// Every model's numbers right now, sorted by id (`/metrics`).
+    pub fn snapshot(&self) -> Vec<SlotMetrics> {
+        let slots: Vec<(String, Arc<Slot>)> = match self.slots.lock() {
+            Ok(s) => s.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            Err(_) => Vec::new(),
+        };
+        let mut out: Vec<SlotMetrics> = slots
+            .into_iter()
+            .map(|(model, slot)| {
+                let (kv_conversations, kv_bytes) = slot.contexts.lock().map(|p| (p.len(), p.bytes())).unwrap_or((0, 0));
+                SlotMetrics {
+                    model,
+                    admitted: slot.admitted.load(std::sync::atomic::Ordering::Relaxed),
+                    running: 1usize.saturating_sub(slot.running.available_permits()),
+                    kv_conversations,
+                    kv_bytes,
+                    cache: slot.loaded.get().and_then(|l| l.model.experts.cache_stats()),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.model.cmp(&b.model));
+        out
     }
 
     fn slot(&self, id: &str) -> Arc<Slot> {

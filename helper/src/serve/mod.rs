@@ -17,6 +17,7 @@ mod connections;
 pub(crate) mod files;
 mod generation;
 mod isolation;
+mod metrics;
 pub(crate) mod models;
 mod openai;
 mod page;
@@ -352,6 +353,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(page::index))
         .route("/health", get(health))
+        .route("/metrics", get(metrics::metrics))
         .route("/api/models", get(api_models))
         .route("/api/usage", post(usage::post_usage).layer(DefaultBodyLimit::max(usage::MAX_USAGE_BODY)))
         .route("/api/usage/{*id}", get(usage::get_usage))
