@@ -87,7 +87,7 @@ fn ctrl_c_stops_generate_prints_what_it_made_and_exits_130() {
             .and_then(|r| r.split_whitespace().next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{seen_err}"));
-        assert!(n >= 1 && n < 100_000, "{seen_err}");
+        assert!((1..100_000).contains(&n), "{seen_err}");
         assert!(!seen_err.contains("panicked"), "{seen_err}");
         eprintln!("stopped after {n} tokens (attempt {attempt})");
         return;
