@@ -247,7 +247,6 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
     }
     let total = start.elapsed();
     let interrupted = reason == StopReason::Cancelled && stop.load(Ordering::SeqCst);
-    drop(forward);
     drop(forward_pass);
     crate::load::save_usage(&loaded);
     let text = match tok {
