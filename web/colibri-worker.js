@@ -370,6 +370,11 @@ async function generate(id, ids, opts) {
       await sleep(Math.min(250 * 2 ** failures, 4000));
       continue;
     }
+    // -2: a chunk of a long prompt was read (the next step reads on); a cancel gets in here.
+    if (t === -2) {
+      await sleep(0);
+      continue;
+    }
     if (t < 0) break;
     postRoute(id, takeRoute());
     const lp = logprobs ? JSON.parse(engine.takeLogprobs()) : undefined;
