@@ -339,8 +339,11 @@ async function pruneOldVersions(name) {
 // One step at a time so tokens stream out and a "cancel" message can get in between.
 // A failed step (helper restarting) is rolled back by the engine and retried with backoff.
 async function generate(id, ids, opts) {
+  // The options come as JSON text (colibri.js), which the engine parses itself.
+  const optionsText = typeof opts === "string" ? opts : JSON.stringify(opts || {});
+  if (typeof opts === "string") opts = JSON.parse(opts);
   await restoreCache(ids);
-  engine.begin(Uint32Array.from(ids), JSON.stringify(opts || {}));
+  engine.begin(Uint32Array.from(ids), optionsText);
   // Prompt tokens whose cache the previous generation left (not fed again).
   const cachedTokens = JSON.parse(engine.stats()).cachedTokens;
   let failures = 0;
