@@ -94,3 +94,57 @@ fn ctrl_c_stops_generate_prints_what_it_made_and_exits_130() {
     }
     panic!("no generation was stopped in 5 tries");
 }
+
+/// A Ctrl-C while a long prompt is read stops it at the next chunk: `coli generate` feeds
+/// its prompt in PREFILL_CHUNK pieces (before, one pass ran to its end whatever came).
+/// The signal is timed from a first run's load and prefill times; one that lands before
+/// the handler is in place (still loading) or after the prefill (a loaded machine) is
+/// counted and the run tried again.
+#[test]
+fn ctrl_c_during_a_long_prompt_stops_generate_at_the_next_chunk() {
+    let ids: Vec<String> = (0..4000u32).map(|i| ((i * 7919 + 1) % 400).to_string()).collect();
+    let run = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_coli"));
+        c.args(["generate", "--model"])
+            .arg(fixture("olmoe"))
+            .args(["--ids", &ids.join(","), "--max-new-tokens", "4", "--temperature", "0", "--ignore-eos", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let t = Instant::now();
+    let first = run().output().unwrap();
+    let wall = t.elapsed().as_secs_f64();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    // The prefill: the first token comes after it.
+    let whole = v["ttft_ms"].as_f64().unwrap() / 1e3;
+    assert!(whole > 0.4, "the prefill takes only {whole} s: too short to tell");
+    let load = (wall - whole).max(0.0);
+    for attempt in 1..=5 {
+        let child = run().spawn().unwrap();
+        std::thread::sleep(Duration::from_secs_f64(load + whole / 10.0));
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let out = child.wait_with_output().unwrap();
+        if out.status.signal().is_some() {
+            eprintln!("attempt {attempt}: the Ctrl-C came while the model was loading");
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if !v["ids"].as_array().unwrap().is_empty() {
+            eprintln!("attempt {attempt}: the Ctrl-C came after the prefill: {v}");
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(130));
+        assert_eq!(v["finish_reason"], "cancelled", "{v}");
+        // The time spent generating (no token: until it stopped).
+        let took = v["ttft_ms"].as_f64().unwrap() / 1e3;
+        eprintln!("the whole prefill takes {whole:.2} s; stopped a tenth in, it ran {took:.2} s (attempt {attempt})");
+        // A tenth of the prefill, then at most one more chunk (a sixteenth), with room for
+        // a loaded machine; one pass over the whole prompt took all of it.
+        assert!(took < whole * 0.6, "the stopped prefill ran {took} s; the whole one takes {whole} s");
+        return;
+    }
+    panic!("no prefill was stopped in 5 tries");
+}
