@@ -339,8 +339,11 @@ async function pruneOldVersions(name) {
 // One step at a time so tokens stream out and a "cancel" message can get in between.
 // A failed step (helper restarting) is rolled back by the engine and retried with backoff.
 async function generate(id, ids, opts) {
+  // The options come as JSON text (colibri.js), which the engine parses itself.
+  const optionsText = typeof opts === "string" ? opts : JSON.stringify(opts || {});
+  if (typeof opts === "string") opts = JSON.parse(opts);
   await restoreCache(ids);
-  engine.begin(Uint32Array.from(ids), JSON.stringify(opts || {}));
+  engine.begin(Uint32Array.from(ids), optionsText);
   // Prompt tokens whose cache the previous generation left (not fed again).
   const cachedTokens = JSON.parse(engine.stats()).cachedTokens;
   let failures = 0;
@@ -368,6 +371,11 @@ async function generate(id, ids, opts) {
       if (++failures > 8) throw e;
       post({ event: "stats", stats: stats() });
       await sleep(Math.min(250 * 2 ** failures, 4000));
+      continue;
+    }
+    // -2: a chunk of a long prompt was read (the next step reads on); a cancel gets in here.
+    if (t === -2) {
+      await sleep(0);
       continue;
     }
     if (t < 0) break;

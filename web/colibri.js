@@ -86,8 +86,20 @@ class Engine extends EventTarget {
     return {
       id,
       promise: new Promise((resolve, reject) => {
+        // A generation's options go as JSON text: the structured clone of a deeply nested
+        // jsonSchema fails in the worker's deserializer, which drops the message without
+        // a word (the call would never settle).
+        let sent = args;
+        if (op === "generate") {
+          try {
+            sent = { ...args, options: JSON.stringify(args.options ?? {}) };
+          } catch (e) {
+            reject(new Error(`options: ${e.message}: nested too deep to send (a jsonSchema nests at most 64 levels)`));
+            return;
+          }
+        }
         this.#pending.set(id, { resolve, reject, onToken });
-        this.#worker.postMessage({ id, op, args });
+        this.#worker.postMessage({ id, op, args: sent });
       }),
     };
   }

@@ -1,6 +1,7 @@
 //! A GGUF file: the header parser keeps every count, string, array and tensor range
 //! inside the bytes (no panic, no allocation beyond a small multiple of the input), and
-//! what it accepts maps, tokenizes and converts without panicking.
+//! what it accepts maps, tokenizes and converts without panicking; its header parses the
+//! same from a prefix of the file.
 #![no_main]
 use colibri_engine::format::gguf::Gguf;
 use colibri_engine::format::gguf_import::{import, tensor};
@@ -11,6 +12,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(g) = Gguf::parse(data, "fuzz.gguf") else { return };
     for t in &g.tensors {
         assert!(t.offset + t.size <= data.len() as u64);
+    }
+    // Read from a prefix (as `coli convert` reads a GGUF, without mapping it), the header
+    // is the whole file's, or more of the file is asked for; never an error of its own.
+    let cut = data.get(..data.len() / 2).unwrap_or_default();
+    match Gguf::parse_prefix(cut, data.len() as u64, "fuzz.gguf") {
+        Ok(Some(h)) => assert!(h.tensors == g.tensors && h.metadata == g.metadata && h.data_start == g.data_start),
+        Ok(None) => {}
+        Err(e) => panic!("a prefix of a valid file refused: {e}"),
     }
     let Ok(im) = import(&g) else { return };
     let file = [Bytes::from_vec(data.to_vec())];

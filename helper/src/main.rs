@@ -11,6 +11,7 @@ mod backend;
 mod commands;
 mod flags;
 mod hub;
+mod interrupt;
 mod kv_store;
 mod load;
 mod paths;

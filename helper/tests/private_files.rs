@@ -183,6 +183,14 @@ fn a_streamed_checkpoint_truncated_while_served_is_an_error_not_a_sigbus() {
     assert!(server.alive(), "the server died: {:?}; log: {}", server.child.try_wait(), server.log_text());
     assert!(status >= 400, "{status} {body}");
     assert!(body.contains("truncated"), "{body}");
+    // Streamed, the stream has begun when the error comes: it ends with an error event
+    // then `data: [DONE]`, well-formed (it used to stop after the error event).
+    let req = json!({"model": "qwen3_moe", "prompt": [9, 10, 11], "max_tokens": 2, "stream": true});
+    let (status, body) = server.request("POST", "/v1/completions", &req.to_string(), Duration::from_secs(60));
+    assert_eq!(status, 200, "{body}");
+    let events: Vec<&str> = body.lines().filter(|l| l.starts_with("data: ")).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"), "{body}");
+    assert!(events.len() >= 2 && events[events.len() - 2].contains("truncated"), "{body}");
     let (status, _) = server.request("GET", "/health", "", Duration::from_secs(10));
     assert_eq!(status, 200);
     drop(server);

@@ -13,7 +13,7 @@ use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::{
-    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, SamplingRequest,
+    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, SamplingRequest, PREFILL_CHUNK,
 };
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
@@ -22,7 +22,6 @@ use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
 use js_sys::{Function, Promise};
-use serde::Deserialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
@@ -44,41 +43,12 @@ mod options;
 mod tiers;
 mod weights;
 use draft::{propose_tiered, DraftModel, DraftOptions, NO_DRAFT};
-use options::GenOptions;
+use options::{GenOptions, LoadOptions};
 use tiers::{count_use, disk_budget, learned_usage, tier_map};
 use weights::{load_weights, Plan};
 
 fn err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
-struct LoadOptions {
-    /// RAM tier budget for experts in bytes (default 512 MiB).
-    ram_bytes: Option<u64>,
-    /// Bytes of the RAM tier kept for the experts pinned by learned usage (default: a
-    /// quarter of it when the model has usage, as natively; `default_pin`).
-    pin_bytes: Option<u64>,
-    /// Use the persistent OPFS tier (default true; the worker attaches it).
-    disk: Option<bool>,
-    /// Bytes the disk tier may hold for this model (default: [`DISK_SHARE`] of the
-    /// origin's quota, `navigator.storage.estimate()`).
-    disk_bytes: Option<u64>,
-    /// "auto" (default: WebGPU if present and measured faster here), "webgpu" or "cpu".
-    backend: Option<String>,
-    /// WebGPU: "off" (default: every routed expert on the GPU), "on" (experts missing from
-    /// the GPU pool run on the CPU threads while the GPU computes) or "auto" (as on, how
-    /// many chosen by measured cost); the tokens are the same.
-    hybrid: Option<String>,
-    /// WebGPU: bytes of GPU memory for routed experts (default: four times the adapter's
-    /// largest buffer, at most 2 GiB).
-    gpu_pool_bytes: Option<u64>,
-    /// The disk tier: "auto" (default: OPFS, else IndexedDB), "opfs" or "indexeddb".
-    storage: Option<String>,
-    /// Whether the server answers several ranges in one request (default true, as the
-    /// helper does; the worker asks a static host first).
-    multi_range: Option<bool>,
 }
 
 #[derive(Default, serde::Serialize)]
@@ -113,6 +83,9 @@ struct State {
     /// (generate({draft: "model"})).
     draft: Option<DraftModel>,
     model_draft: bool,
+    /// Positions of the generator's pending input already fed: a long prompt is read
+    /// PREFILL_CHUNK positions per step, so that a cancel gets in between.
+    prefilled: usize,
 }
 
 #[wasm_bindgen]
@@ -300,6 +273,7 @@ impl Engine {
             mtp: None,
             draft: None,
             model_draft: false,
+            prefilled: 0,
         };
         Ok(Engine {
             model,
@@ -392,8 +366,11 @@ impl Engine {
     /// output one of jsonSchema, grammar (GBNF or Lark), regex, responseFormat (OpenAI's)}.
     /// A grammar the library refuses is an error here, before anything runs.
     pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
-        let o: GenOptions =
-            if options.is_empty() { GenOptions::default() } else { serde_json::from_str(options).map_err(err)? };
+        let o: GenOptions = if options.is_empty() {
+            GenOptions::default()
+        } else {
+            serde_json::from_str(options).map_err(options::options_err)?
+        };
         // Empty, out-of-vocabulary or longer than the context: refused before anything runs.
         self.model.cfg.check_input(&ids, 0).map_err(err)?;
         let req = SamplingRequest {
@@ -456,6 +433,7 @@ impl Engine {
         st.perf.cached_tokens = common as u64;
         st.perf.prompt_tokens = ids.len() as u64;
         st.gen = Some(gen);
+        st.prefilled = 0;
         st.perf.started_ms = now_ms();
         st.perf.ttft_ms = None;
         st.perf.tokens = 0;
@@ -526,14 +504,15 @@ impl Engine {
         self.cache_name.clone()
     }
 
-    /// A promise of the next token, or -1 when generation has ended. After an error (the
+    /// A promise of the next token, -2 while a long prompt is still being read (a chunk
+    /// of it per step), or -1 when generation has ended. After an error (the
     /// helper went away mid-step) the context is rolled back, so calling again retries.
     pub fn step(&self) -> Promise {
         let (model, backend, state, tok, tiers) =
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
-            let State { cx, gen, perf, mtp, draft, model_draft } = &mut *st;
+            let State { cx, gen, perf, mtp, draft, model_draft, prefilled } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
             // Drafting is part of the step's time (tokensPerSecond).
             let t0 = now_ms();
@@ -552,6 +531,20 @@ impl Engine {
             // Speculation: the last token and its drafts in one pass, every row kept.
             let rows = g.rows_needed();
             let which = if rows > 1 { Logits::All } else { Logits::Last };
+            // A long prompt goes in pieces of PREFILL_CHUNK positions, one per step (-2:
+            // still reading), the same bits as one pass; the worker sees a cancel between
+            // them. Not with MTP drafts, whose log follows whole passes.
+            let input = input.get(*prefilled..).unwrap_or_default();
+            if rows == 1 && mtp.is_none() && input.len() > PREFILL_CHUNK {
+                let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
+                let part = &input[..PREFILL_CHUNK];
+                if let Err(e) = backend.forward_tiered(&model, &tiers, cx, part, which, &mut on_use, None).await {
+                    cx.truncate(before);
+                    return Err(err(e).into());
+                }
+                *prefilled += PREFILL_CHUNK;
+                return Ok((-2).into());
+            }
             let result = {
                 let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
                 let log = mtp.as_ref().map(|d| d.log());
@@ -564,6 +557,7 @@ impl Engine {
                     return Err(err(e).into());
                 }
             };
+            *prefilled = 0;
             let produced = g.produced().len();
             let id = if g.is_speculative() {
                 let n = rows * model.cfg.vocab;

@@ -237,9 +237,14 @@ pub fn looks_like_gguf(bytes: &[u8]) -> bool {
 }
 
 struct Cursor<'a> {
+    /// The file's first bytes (all of it, or a prefix: [`Gguf::parse_prefix`]).
     buf: &'a [u8],
     pos: usize,
     origin: &'a str,
+    /// The whole file's length, which counts and lengths are checked against.
+    file_len: u64,
+    /// Set when a read ran past `buf` but not past the file: more of it is needed.
+    short: bool,
 }
 
 impl<'a> Cursor<'a> {
@@ -247,13 +252,18 @@ impl<'a> Cursor<'a> {
         Error::Invalid(format!("{}: not a valid GGUF file: {what} (at byte {})", self.origin, self.pos))
     }
 
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+    /// Bytes of the file from the cursor on.
+    fn remaining(&self) -> u64 {
+        self.file_len.saturating_sub(self.pos as u64)
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        if n > self.remaining() {
+        if n as u64 > self.remaining() {
             return Err(self.err(&format!("{what} runs past the end of the file (truncated?)")));
+        }
+        if n > self.buf.len() - self.pos {
+            self.short = true;
+            return Err(self.err(&format!("{what} runs past the {} bytes read", self.buf.len())));
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -279,7 +289,7 @@ impl<'a> Cursor<'a> {
         let len = self.u64(what)?;
         let len = usize::try_from(len)
             .ok()
-            .filter(|&l| l <= self.remaining())
+            .filter(|&l| l as u64 <= self.remaining())
             .ok_or_else(|| self.err(&format!("{what} claims {len} bytes, more than the file holds")))?;
         let bytes = self.take(len, what)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| self.err(&format!("{what} is not UTF-8")))
@@ -288,7 +298,7 @@ impl<'a> Cursor<'a> {
     /// Checks that `count` elements of at least `min_size` bytes each can be in the file.
     fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<usize> {
         match count.checked_mul(min_size) {
-            Some(n) if n <= self.remaining() as u64 => Ok(count as usize),
+            Some(n) if n <= self.remaining() => Ok(count as usize),
             _ => Err(self.err(&format!("{what} count {count} is more than the file can hold"))),
         }
     }
@@ -437,7 +447,23 @@ impl Gguf {
     /// Parses the header of the GGUF file in `bytes` (the whole file: tensor ranges are
     /// checked against its length). `origin` names the file in errors.
     pub fn parse(bytes: &[u8], origin: &str) -> Result<Gguf> {
-        let mut c = Cursor { buf: bytes, pos: 0, origin };
+        Self::parse_prefix(bytes, bytes.len() as u64, origin)?
+            .ok_or_else(|| Error::Invalid(format!("{origin}: not a valid GGUF file: its header is incomplete")))
+    }
+
+    /// [`Gguf::parse`] from the first bytes of a file of `file_len` bytes (tensor ranges
+    /// are checked against `file_len`): None when the header runs past `prefix` (read more
+    /// of the file and try again). How a file is parsed without mapping or reading it whole.
+    pub fn parse_prefix(prefix: &[u8], file_len: u64, origin: &str) -> Result<Option<Gguf>> {
+        let mut c = Cursor { buf: prefix, pos: 0, origin, file_len: file_len.max(prefix.len() as u64), short: false };
+        match Self::parse_cursor(&mut c) {
+            Err(_) if c.short => Ok(None),
+            r => r.map(Some),
+        }
+    }
+
+    fn parse_cursor(c: &mut Cursor) -> Result<Gguf> {
+        let origin = c.origin;
         let magic = c.take(4, "the magic").map_err(|_| c.err("too short to be a GGUF file"))?;
         if magic != b"GGUF" {
             return Err(c.err("wrong magic (expected \"GGUF\")"));
@@ -458,7 +484,7 @@ impl Gguf {
         let mut metadata = BTreeMap::new();
         for i in 0..n_kv {
             let key = c.string(&format!("metadata key {i}"))?;
-            let v = value(&mut c, &format!("metadata {key:?}"))?;
+            let v = value(c, &format!("metadata {key:?}"))?;
             if metadata.insert(key.clone(), v).is_some() {
                 return Err(c.err(&format!("metadata key {key:?} appears twice")));
             }
@@ -487,7 +513,7 @@ impl Gguf {
             infos.push((name, ty, ne, rel));
         }
         let data_start = (c.pos as u64).div_ceil(alignment).saturating_mul(alignment);
-        let file_len = bytes.len() as u64;
+        let file_len = c.file_len;
         if data_start > file_len && n_tensors > 0 {
             return Err(c.err("the tensor data section starts past the end of the file (truncated?)"));
         }

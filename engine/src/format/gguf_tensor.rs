@@ -101,22 +101,48 @@ pub fn stores_exactly_for(g: &Gguf, p: &Planned, dtype: DType) -> bool {
     }
 }
 
-/// The bytes of the file (of a split GGUF's `files`) that holds `t`.
-fn part<'a>(files: &'a [Bytes], t: &TensorInfo) -> Result<&'a Bytes> {
-    files
-        .get(t.part)
-        .ok_or_else(|| err(format!("tensor {} is in part {} of a split GGUF, which is not open", t.name, t.part + 1)))
+/// Where the tensor data of a GGUF (or of each part of a split GGUF) is read from: the
+/// files' bytes in memory (`[Bytes]`), or the files themselves, read with pread as each
+/// tensor is needed ([`super::tensors::Shards`]: nothing mapped, a file truncated since it
+/// was opened is a read error).
+pub trait GgufData {
+    /// The `len` bytes at offset `start` of part `part`.
+    fn span(&self, part: usize, start: u64, len: usize) -> Result<Bytes>;
+}
+
+impl GgufData for [Bytes] {
+    fn span(&self, part: usize, start: u64, len: usize) -> Result<Bytes> {
+        let file = self.get(part).ok_or_else(|| err(format!("part {} of a split GGUF is not open", part + 1)))?;
+        file.slice(usize::try_from(start).unwrap_or(usize::MAX), len)
+    }
+}
+
+impl<const N: usize> GgufData for [Bytes; N] {
+    fn span(&self, part: usize, start: u64, len: usize) -> Result<Bytes> {
+        self[..].span(part, start, len)
+    }
+}
+
+impl GgufData for Vec<Bytes> {
+    fn span(&self, part: usize, start: u64, len: usize) -> Result<Bytes> {
+        self[..].span(part, start, len)
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl GgufData for super::tensors::Shards {
+    fn span(&self, part: usize, start: u64, len: usize) -> Result<Bytes> {
+        Ok(Bytes::from_vec(self.read_part(part, start, len)?))
+    }
 }
 
 /// Every value of GGUF tensor `t` as f32; the slice is checked against the file before
 /// anything is allocated.
-pub(super) fn decode_all(files: &[Bytes], t: &TensorInfo) -> Result<Vec<f32>> {
-    let file = part(files, t)?;
+pub(super) fn decode_all<F: GgufData + ?Sized>(files: &F, t: &TensorInfo) -> Result<Vec<f32>> {
     let too_large = || err(format!("tensor {}: too large", t.name));
     let n = t.ne.iter().try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?)).ok_or_else(too_large)?;
     let len = t.ty.bytes_for(n as u64).and_then(|b| usize::try_from(b).ok()).ok_or_else(too_large)?;
-    let start = usize::try_from(t.offset).unwrap_or(usize::MAX);
-    let src = file.slice(start, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
+    let src = files.span(t.part, t.offset, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
     let mut out = vec![0f32; n];
     dequantize(t.ty, src.as_ref(), &mut out).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
     Ok(out)
@@ -124,7 +150,13 @@ pub(super) fn decode_all(files: &[Bytes], t: &TensorInfo) -> Result<Vec<f32>> {
 
 /// kv_b_proj from `attn_k_b` and `attn_v_b` ([`kv_b_planned`] checked their shapes):
 /// head h's rows are column j of its key block for each j < qk_nope, then its value rows.
-fn kv_b_tensor(g: &Gguf, files: &[Bytes], p: &Planned, split: KvSplit, want: Option<DType>) -> Result<TensorEntry> {
+fn kv_b_tensor<F: GgufData + ?Sized>(
+    g: &Gguf,
+    files: &F,
+    p: &Planned,
+    split: KvSplit,
+    want: Option<DType>,
+) -> Result<TensorEntry> {
     let (kt, vt) = (&g.tensors[p.src], &g.tensors[split.v_src]);
     let (ks, vs) = (kt.shape(), vt.shape());
     let (heads, lora, nope, vd) = (ks[0], ks[1], ks[2], vs[1]);
@@ -148,7 +180,13 @@ fn kv_b_tensor(g: &Gguf, files: &[Bytes], p: &Planned, split: KvSplit, want: Opt
 
 /// gpt-oss's `gate_up_proj_bias` from its gate and up halves ([`gate_up_bias_planned`]
 /// checked their shapes): value j of row e is gate[e][j / 2] for even j, else up[e][j / 2].
-fn interleaved(g: &Gguf, files: &[Bytes], p: &Planned, up: usize, want: Option<DType>) -> Result<TensorEntry> {
+fn interleaved<F: GgufData + ?Sized>(
+    g: &Gguf,
+    files: &F,
+    p: &Planned,
+    up: usize,
+    want: Option<DType>,
+) -> Result<TensorEntry> {
     let (gt, ut) = (&g.tensors[p.src], &g.tensors[up]);
     let (a, b) = (decode_all(files, gt)?, decode_all(files, ut)?);
     let vals: Vec<f32> = a.iter().zip(&b).flat_map(|(&x, &y)| [x, y]).collect();
@@ -166,7 +204,7 @@ fn interleaved(g: &Gguf, files: &[Bytes], p: &Planned, up: usize, want: Option<D
 /// whenever `want` can hold the GGUF values (F32 from anything, the same float type,
 /// Q8_0 / Q4_0 / MXFP4 into int8 or int4 with group 32 as their scales allow, MXFP4 into
 /// MXFP4), else decoded to f32 and quantized as `coli convert` quantizes safetensors.
-pub fn tensor(g: &Gguf, files: &[Bytes], p: &Planned, want: Option<DType>) -> Result<TensorEntry> {
+pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Option<DType>) -> Result<TensorEntry> {
     if let Some(split) = p.kv_split {
         return kv_b_tensor(g, files, p, split, want);
     }
@@ -181,8 +219,8 @@ pub fn tensor(g: &Gguf, files: &[Bytes], p: &Planned, want: Option<DType>) -> Re
     let rows_of = |t: &TensorInfo, n: usize, skip: usize| -> Result<(Bytes, usize)> {
         let rb = t.ty.bytes_for(cols as u64).ok_or_else(|| err(format!("tensor {}: bad row length", t.name)))? as usize;
         let len = n.checked_mul(rb).ok_or_else(|| err(format!("tensor {}: too large", t.name)))?;
-        let start = usize::try_from(t.offset).unwrap_or(usize::MAX).saturating_add(skip.saturating_mul(len));
-        let bytes = part(files, t)?.slice(start, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
+        let start = t.offset.saturating_add((skip as u64).saturating_mul(len as u64));
+        let bytes = files.span(t.part, start, len).map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
         Ok((bytes, rb))
     };
     let mut srcs = Vec::with_capacity(2);

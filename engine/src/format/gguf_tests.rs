@@ -311,3 +311,41 @@ fn an_edited_alignment_reads_the_same_bytes_or_is_refused() {
     }
     assert!(refused >= 16, "{refused}");
 }
+
+/// A header parsed from the file's first bytes (`Gguf::parse_prefix`, how `coli convert`
+/// reads a GGUF without mapping it) is the header parsed from the whole file, or "read
+/// more" while the prefix is too short; never a false error. A prefix of a truncated file
+/// is refused as the whole truncated file is.
+#[test]
+fn a_header_parsed_from_a_prefix_is_the_whole_files() {
+    let data: Vec<u8> = (0..96u8).collect();
+    let good = Writer::new()
+        .string("general.name", "prefix")
+        .tensor("a", &[24], 0, data.clone())
+        .tensor("b", &[16], 1, data[..32].to_vec())
+        .bytes();
+    let whole = Gguf::parse(&good, "x.gguf").unwrap();
+    let len = good.len() as u64;
+    let mut first_complete = None;
+    for k in 0..=good.len() {
+        match Gguf::parse_prefix(&good[..k], len, "x.gguf").unwrap() {
+            Some(g) => {
+                assert_eq!(
+                    (&g.metadata, &g.tensors, g.data_start),
+                    (&whole.metadata, &whole.tensors, whole.data_start)
+                );
+                first_complete.get_or_insert(k);
+            }
+            None => assert!(first_complete.is_none(), "prefix {k}: more asked for after a complete parse"),
+        }
+    }
+    // The header ends before the tensor data: a prefix shorter than the file is enough.
+    assert!(first_complete.unwrap() <= whole.data_start as usize, "{first_complete:?}");
+    let cut = &good[..good.len() - 8];
+    let e = Gguf::parse_prefix(&cut[..cut.len() / 2], cut.len() as u64, "x.gguf");
+    let e = match e {
+        Ok(None) => Gguf::parse(cut, "x.gguf").unwrap_err(),
+        other => other.unwrap_err(),
+    };
+    assert!(e.to_string().contains("truncated"), "{e}");
+}

@@ -2,11 +2,12 @@
 //! `model.safetensors.index.json`). Tensors are handed out as [`Mat`] views.
 //!
 //! Natively a checkpoint that fits comfortably in memory is read into it; a larger one is
-//! either memory-mapped ([`TensorStore::open_dir`], for `coli convert`, `info`, `plan`) or,
-//! for running it ([`TensorStore::open_dir_streamed`]), left in its files: its tensors are
-//! placeholders ([`Bytes::elsewhere`]) read with pread into owned memory when needed
-//! ([`Shards`]). A file truncated or replaced while it is served then gives a read error on
-//! the next request, never a fault on a mapped page (SIGBUS).
+//! left in its files ([`TensorStore::open_dir_streamed`]): its tensors are placeholders
+//! ([`Bytes::elsewhere`]) read with pread into owned memory when needed ([`Shards`]).
+//! `coli convert` always leaves them there ([`TensorStore::open_dir_unread`]) and reads
+//! one tensor or expert at a time. Nothing is memory-mapped: a file truncated or replaced
+//! while it is served or converted gives a read error naming it, never a fault on a mapped
+//! page (SIGBUS).
 //!
 //! Image-text checkpoints keep their language model under `model.language_model.` (as
 //! transformers v5 saves them; Qwen3.5 MoE is published so): those tensors are stored under
@@ -82,6 +83,40 @@ pub struct Shards {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl Shards {
+    /// Opens the regular files `paths` as one run of bytes, in this order.
+    pub fn open(paths: &[std::path::PathBuf]) -> Result<Shards> {
+        let mut files = Vec::with_capacity(paths.len());
+        let mut base = 0u64;
+        for p in paths {
+            let file = crate::fsio::open_regular(p)?;
+            let len = file.metadata().map_err(|e| Error::io(p, e))?.len();
+            files.push((p.clone(), file, base, len));
+            base = base.saturating_add(len);
+        }
+        Ok(Shards { files })
+    }
+
+    /// The length of file `part` when it was opened.
+    pub fn part_len(&self, part: usize) -> Option<u64> {
+        self.files.get(part).map(|f| f.3)
+    }
+
+    /// The `len` bytes at offset `off` of file `part`, read into owned memory.
+    pub fn read_part(&self, part: usize, off: u64, len: usize) -> Result<Vec<u8>> {
+        let (path, _, base, size) =
+            self.files.get(part).ok_or_else(|| Error::Invalid(format!("no file {part} is open")))?;
+        if off.checked_add(len as u64).is_none_or(|end| end > *size) {
+            return Err(Error::io(
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("bytes {off}+{len} are past the end of the file ({size} bytes)"),
+                ),
+            ));
+        }
+        self.read(base + off, len)
+    }
+
     /// The `len` bytes at offset `at` (of the run of all shards), read into owned memory.
     pub fn read(&self, at: u64, len: usize) -> Result<Vec<u8>> {
         let i = self.files.partition_point(|f| f.2 <= at).checked_sub(1);
@@ -169,22 +204,28 @@ impl TensorStore {
     }
 
     /// Opens a checkpoint directory: the shards listed by `model.safetensors.index.json`,
-    /// else every `*.safetensors` file in it. A checkpoint larger than half the free
-    /// memory is memory-mapped (for the converter and `coli info`, whose run ends with
-    /// the command; a model that serves uses [`TensorStore::open_dir_streamed`]).
+    /// else every `*.safetensors` file in it. The same as [`TensorStore::open_dir_streamed`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir(dir: &std::path::Path) -> Result<Self> {
-        Self::open_dir_with(dir, false)
+        Self::open_dir_with(dir, Some(owned_read_limit()))
     }
 
-    /// [`TensorStore::open_dir`], but a checkpoint larger than half the free memory is
+    /// [`TensorStore::open_dir`]: a checkpoint larger than half the free memory is
     /// neither mapped nor read: its tensors are placeholders ([`Bytes::elsewhere`]) in the
     /// run of its shards ([`TensorStore::shards`]), read into memory with pread by
     /// [`TensorStore::resident`] (the dense weights) and by the model's expert source (the
     /// routed experts, as they are needed). Nothing can fault if a file is truncated later.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir_streamed(dir: &std::path::Path) -> Result<Self> {
-        Self::open_dir_with(dir, true)
+        Self::open_dir_with(dir, Some(owned_read_limit()))
+    }
+
+    /// [`TensorStore::open_dir_streamed`] whatever the checkpoint's size: every tensor a
+    /// placeholder, read with [`Shards::read`] when needed (`coli convert`, which reads
+    /// each tensor once).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_dir_unread(dir: &std::path::Path) -> Result<Self> {
+        Self::open_dir_with(dir, None)
     }
 
     /// The shards of a checkpoint opened by [`TensorStore::open_dir_streamed`] too large to
@@ -209,8 +250,10 @@ impl TensorStore {
         Ok(out)
     }
 
+    /// Reads the shards into memory when they hold at most `read_limit` bytes, else (and
+    /// with None) leaves their tensors as placeholders.
     #[cfg(not(target_arch = "wasm32"))]
-    fn open_dir_with(dir: &std::path::Path, streamed: bool) -> Result<Self> {
+    fn open_dir_with(dir: &std::path::Path, read_limit: Option<u64>) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<std::path::PathBuf> = if index.exists() {
             let text = crate::fsio::read_limited(&index, crate::fsio::MAX_JSON_BYTES)?;
@@ -253,11 +296,10 @@ impl TensorStore {
             opened.push((f, file, len));
         }
         // Read the shards into owned memory when they fit comfortably: a file truncated or
-        // replaced later cannot touch them. Only a checkpoint larger than half the free
-        // memory is memory-mapped (where a truncation under us would fault).
-        let map = total > owned_read_limit();
+        // replaced later cannot touch them. A larger checkpoint is read with pread as its
+        // tensors are needed, each read checked against the file's length.
         let mut store = TensorStore::default();
-        if map && streamed {
+        if read_limit.is_none_or(|limit| total > limit) {
             let mut base = 0u64;
             let mut files = Vec::with_capacity(opened.len());
             for (f, file, len) in opened {
@@ -269,18 +311,10 @@ impl TensorStore {
             return Ok(store);
         }
         for (f, file, len) in opened {
-            let bytes = if map {
-                // SAFETY: the map is read-only. If another process truncates the file while
-                // it is mapped, reads fault; only checkpoints too large to read are mapped.
-                let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&f, e))?;
-                Bytes::new(std::sync::Arc::new(map))
-            } else {
-                use std::io::Read;
-                let mut buf = Vec::with_capacity(len as usize);
-                file.take(len).read_to_end(&mut buf).map_err(|e| Error::io(&f, e))?;
-                Bytes::from_vec(buf)
-            };
-            store.add_file(&f.display().to_string(), bytes)?;
+            use std::io::Read;
+            let mut buf = Vec::with_capacity(len as usize);
+            file.take(len).read_to_end(&mut buf).map_err(|e| Error::io(&f, e))?;
+            store.add_file(&f.display().to_string(), Bytes::from_vec(buf))?;
         }
         Ok(store)
     }
@@ -339,24 +373,6 @@ impl TensorStore {
             return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));
         }
         Ok(())
-    }
-
-    /// The bytes of one file: read into memory when it is at most half the free memory
-    /// (a file truncated later cannot touch them), else memory-mapped.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn read_or_map(path: &std::path::Path) -> Result<Bytes> {
-        let file = crate::fsio::open_regular(path)?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        if len > owned_read_limit() {
-            // SAFETY: read-only map; a truncation by another process while mapped faults,
-            // as for the large safetensors checkpoints above.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-            return Ok(Bytes::new(std::sync::Arc::new(map)));
-        }
-        use std::io::Read;
-        let mut buf = Vec::with_capacity(len as usize);
-        file.take(len).read_to_end(&mut buf).map_err(|e| Error::io(path, e))?;
-        Ok(Bytes::from_vec(buf))
     }
 
     /// Adds (or replaces) one tensor.

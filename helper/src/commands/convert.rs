@@ -18,15 +18,14 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use colibri_engine::format::manifest::checksum;
 use colibri_engine::format::manifest::{self, checksum_hex, DensePlan, ExpertLayerPlan, QuantSummary};
-use colibri_engine::format::quant::quantize_row;
 use colibri_engine::format::tensors::{is_routed_expert_weight, TensorStore};
 use colibri_engine::format::{is_container, MANIFEST_FILE};
 
 use super::convert_gguf;
+use super::convert_source::{self, encode_rows, read_at, write_at};
 use colibri_engine::tensor::{DType, Mat};
 use colibri_engine::{Model, ModelConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use rayon::prelude::*;
 
 /// The data file of a container.
 pub const DATA_FILE: &str = "weights.bin";
@@ -235,9 +234,9 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         (src.config, cfg, src.stub, src.files, Some(src.provenance), Some(src.lazy))
     } else {
         let (config, cfg) = parse_config(&a.src)?;
-        (config, cfg, TensorStore::open_dir(&a.src)?, Vec::new(), None, None)
+        (config, cfg, TensorStore::open_dir_unread(&a.src)?, Vec::new(), None, None)
     };
-    let model = match Model::from_store(cfg.clone(), &store) {
+    let model = match Model::from_store(cfg.clone(), &convert_source::planning_store(&cfg, &store)?) {
         Err(e) if gguf => bail!("{}: the GGUF lacks a tensor of this model: {e}", a.src.display()),
         m => m?,
     };
@@ -361,63 +360,13 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     })
 }
 
-/// Rows of `src` from `first` on, stored as `dtype` into `out` (whole rows); rows already
-/// in `dtype` are copied as they are.
-fn encode_rows(src: &Mat, first: usize, dtype: DType, out: &mut [u8]) -> Result<()> {
-    let rb = dtype.row_bytes(src.cols).context("bad stored type")?;
-    if rb == 0 {
-        return Ok(());
-    }
-    if src.dtype == dtype {
-        let from = first.checked_mul(rb).context("row offset overflows")?;
-        let bytes = src.bytes.as_ref().get(from..from + out.len()).context("rows outside the tensor")?;
-        out.copy_from_slice(bytes);
-        return Ok(());
-    }
-    out.par_chunks_mut(rb).enumerate().try_for_each_init(
-        || vec![0.0f32; src.cols],
-        |row, (k, o)| {
-            src.row_into(first + k, row);
-            quantize_row(dtype, row, o)
-        },
-    )?;
-    Ok(())
-}
-
-fn write_at(f: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::FileExt::write_all_at(f, buf, offset)
-    }
-    #[cfg(not(unix))]
-    {
-        use std::io::{Seek, SeekFrom};
-        let mut f = f;
-        f.seek(SeekFrom::Start(offset))?;
-        f.write_all(buf)
-    }
-}
-
-fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::FileExt::read_exact_at(f, buf, offset)
-    }
-    #[cfg(not(unix))]
-    {
-        use std::io::{Read, Seek, SeekFrom};
-        let mut f = f;
-        f.seek(SeekFrom::Start(offset))?;
-        f.read_exact(buf)
-    }
-}
-
 impl Job {
     /// Writes item `k` at its offset; returns its checksum.
     fn write_item(&self, k: usize, f: &File, progress: &ProgressBar) -> Result<u64> {
         let (offset, length) = self.ranges[k];
         match &self.items[k] {
             Item::Dense { src, dtype, index } => {
+                let shards = self.store.shards();
                 let mat = match &self.gguf {
                     Some(g) => g.mat(src, *dtype)?,
                     None => {
@@ -437,8 +386,9 @@ impl Job {
                     let n = per_chunk.min(rows - r);
                     buf.clear();
                     buf.resize(n * rb, 0);
-                    encode_rows(&mat, r, *dtype, &mut buf)
-                        .with_context(|| format!("tensor {}", self.manifest.dense.tensors[*index].name))?;
+                    let name = || format!("tensor {}", self.manifest.dense.tensors[*index].name);
+                    let rows = convert_source::resolve(mat.row_block(r, n)?, shards.as_ref()).with_context(name)?;
+                    encode_rows(&rows, 0, *dtype, &mut buf).with_context(name)?;
                     write_at(f, &buf, offset + (r * rb) as u64)?;
                     hasher.update(&buf);
                     progress.inc(buf.len() as u64);
@@ -452,7 +402,9 @@ impl Job {
                     Some(g) => g.expert(*layer, *expert, [parts[0].dtype()?, parts[1].dtype()?, parts[2].dtype()?])?,
                     None => {
                         let x = self.model.experts.expert(*layer, *expert)?;
-                        [x.gate.clone(), x.up.clone(), x.down.clone()]
+                        let sh = self.store.shards();
+                        let read = |m: &Mat| convert_source::resolve(m.clone(), sh.as_ref());
+                        [read(&x.gate)?, read(&x.up)?, read(&x.down)?]
                     }
                 };
                 let mut buf = vec![0u8; length as usize];

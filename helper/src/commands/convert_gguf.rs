@@ -1,8 +1,8 @@
 //! `coli convert model.gguf`: a GGUF file as the source of a conversion. The engine's
-//! format stage parses and maps it (engine/src/format/gguf*.rs); here the file is read,
-//! every tensor is brought into the stored type the conversion asks for (exactly where
-//! the container can hold the GGUF values), and config.json / tokenizer files are made
-//! from the metadata. See docs/gguf.md.
+//! format stage parses it (engine/src/format/gguf*.rs); here the file is read (pread, one
+//! tensor at a time, never mapped), every tensor is brought into the stored type the
+//! conversion asks for (exactly where the container can hold the GGUF values), and
+//! config.json / tokenizer files are made from the metadata. See docs/gguf.md.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use colibri_engine::format::gguf::Gguf;
 use colibri_engine::format::gguf_import::{import, keep_dtype_for, stores_exactly_for, tensor, Planned};
-use colibri_engine::format::tensors::{TensorEntry, TensorStore};
+use colibri_engine::format::tensors::{Shards, TensorEntry, TensorStore};
 use colibri_engine::tensor::{Bytes, DType, Mat};
 use serde_json::{json, Value};
 
@@ -27,16 +27,31 @@ pub fn is_gguf(path: &Path) -> bool {
         && &magic == b"GGUF"
 }
 
-/// The file's bytes: read into memory when it fits comfortably, else memory-mapped.
-fn file_bytes(path: &Path) -> Result<Bytes> {
-    Ok(TensorStore::read_or_map(path)?)
+/// The header of the GGUF file `path` (opened as part `part` of `data`), read from its
+/// first bytes: 1 MiB, then four times more until the header fits (at most 1 GiB).
+fn parse_header(data: &Shards, part: usize, path: &Path) -> Result<Gguf> {
+    let origin = path.display().to_string();
+    let len = data.part_len(part).context("no such part")?;
+    let mut want = (1u64 << 20).min(len);
+    loop {
+        let prefix = data.read_part(part, 0, want as usize)?;
+        if let Some(g) = Gguf::parse_prefix(&prefix, len, &origin)? {
+            return Ok(g);
+        }
+        if want >= len || want >= 1 << 30 {
+            bail!("{origin}: not a valid GGUF file: its header is larger than {want} bytes");
+        }
+        want = (want * 4).min(len).min(1 << 30);
+    }
 }
 
-/// A parsed GGUF with its metadata mapped (no tensor converted yet).
+/// A parsed GGUF: its header, and its open file(s), read with pread one tensor at a time
+/// (never mapped: a file truncated or replaced during a conversion is a read error naming
+/// it, not a fault).
 pub struct Parsed {
     pub gguf: Gguf,
     /// Its file, or a split GGUF's parts in order.
-    pub files: Vec<Bytes>,
+    pub data: Shards,
     pub paths: Vec<PathBuf>,
     pub imported: colibri_engine::format::gguf_import::Imported,
 }
@@ -60,11 +75,11 @@ pub fn split_paths(path: &Path, parts: usize) -> Option<Vec<PathBuf>> {
 /// Parses `path`; a split GGUF (`split.count` > 1) is named by its first part and read
 /// with the others from beside it, each bounded by its own file, a missing one refused.
 pub fn parse(path: &Path) -> Result<Parsed> {
-    let file = file_bytes(path)?;
+    let first = Shards::open(&[path.to_path_buf()])?;
     let origin = path.display().to_string();
-    let gguf = Gguf::parse(file.as_ref(), &origin)?;
+    let gguf = parse_header(&first, 0, path)?;
     let (no, n) = gguf.split(&origin)?;
-    let (gguf, files, paths) = if n > 1 {
+    let (gguf, data, paths) = if n > 1 {
         let paths = split_paths(path, n).with_context(|| {
             format!("{origin}: part {} of a split GGUF of {n} parts, but not named NAME-{:05}-of-{n:05}.gguf as gguf-split names them", no + 1, no + 1)
         })?;
@@ -75,22 +90,22 @@ pub fn parse(path: &Path) -> Result<Parsed> {
                 paths[0].display()
             );
         }
-        let (mut parts, mut files) = (vec![(gguf, origin.clone())], vec![file]);
-        for p in &paths[1..] {
+        for (i, p) in paths.iter().enumerate().skip(1) {
             if !p.is_file() {
-                bail!("{origin}: part {} of {n} of this split GGUF is missing: {}", parts.len() + 1, p.display());
+                bail!("{origin}: part {} of {n} of this split GGUF is missing: {}", i + 1, p.display());
             }
-            let f = file_bytes(p)?;
-            let o = p.display().to_string();
-            parts.push((Gguf::parse(f.as_ref(), &o)?, o));
-            files.push(f);
         }
-        (Gguf::join(parts)?, files, paths)
+        let data = Shards::open(&paths)?;
+        let mut parts = vec![(gguf, origin.clone())];
+        for (i, p) in paths.iter().enumerate().skip(1) {
+            parts.push((parse_header(&data, i, p)?, p.display().to_string()));
+        }
+        (Gguf::join(parts)?, data, paths)
     } else {
-        (gguf, vec![file], vec![path.to_path_buf()])
+        (gguf, first, vec![path.to_path_buf()])
     };
     let imported = import(&gguf).with_context(|| origin.clone())?;
-    Ok(Parsed { gguf, files, paths, imported })
+    Ok(Parsed { gguf, data, paths, imported })
 }
 
 /// A GGUF ready to convert. Nothing is converted up front: `stub` has every tensor
@@ -125,7 +140,7 @@ impl Lazy {
     fn convert(&self, k: usize, dtype: DType) -> Result<Mat> {
         let p = self.planned(k);
         let want = if stores_exactly_for(&self.parsed.gguf, p, dtype) { dtype } else { DType::F32 };
-        let e = tensor(&self.parsed.gguf, &self.parsed.files, p, Some(want))?;
+        let e = tensor(&self.parsed.gguf, &self.parsed.data, p, Some(want))?;
         let cols = *p.shape.last().unwrap_or(&1);
         let rows = if p.shape.len() > 1 { p.shape[..p.shape.len() - 1].iter().product() } else { 1 };
         Ok(Mat::new(rows, cols, e.dtype, e.bytes)?)

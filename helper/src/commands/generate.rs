@@ -1,14 +1,16 @@
 //! `coli generate`: a continuation of a prompt (token ids or text), as text or JSON.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
 use colibri_engine::generate::{
-    drive, drive_drafted, drive_speculative, forward_recording, Constraint, GenerateOptions, Generator, Grammar,
-    ModelDrafter, MtpDrafter, StopReason,
+    drive, drive_drafted, drive_speculative, feed_chunked, forward_recording, Constraint, GenerateOptions, Generator,
+    Grammar, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
 };
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
@@ -143,7 +145,23 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
         let t = tok.context("structured output needs the model's tokenizer.json")?;
         gen = gen.with_constraint(Constraint::new(t, g)?);
     }
-    let mut forward = forward_keep_fn(&loaded.model, a.model.compute())?;
+    let mut forward_pass = forward_keep_fn(&loaded.model, a.model.compute())?;
+    // From here a Ctrl-C (SIGINT) stops the generation instead of the process: at its next
+    // token, or while the prompt is read at its next chunk (the prompt goes in chunks of
+    // PREFILL_CHUNK positions, the same bits as one pass). What was generated is printed,
+    // then coli exits with 130.
+    let stop = Arc::new(AtomicBool::new(false));
+    crate::interrupt::catch_ctrl_c(stop.clone())?;
+    let go_on = || !stop.load(Ordering::SeqCst);
+    let mut forward = |keep: usize, ids: &[u32], which: Logits| {
+        let mut at = keep;
+        let mut pass = |part: &[u32], which| {
+            let rows = forward_pass(at, part, which)?;
+            at += part.len();
+            Ok(rows)
+        };
+        feed_chunked(&mut pass, ids, which, PREFILL_CHUNK, &mut || go_on())
+    };
     let start = Instant::now();
     let mut first_token = None;
     let mut stream = DecodeStream::default();
@@ -172,7 +190,7 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
                 }
             }
         }
-        true
+        go_on()
     };
     let (ids, reason, spec) = if let Some(Draft::Mtp) = &draft {
         let model = &loaded.model;
@@ -180,7 +198,12 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
         let (log, mut session) = (drafter.log(), model.new_session());
         let mut g = gen.with_external_drafts(max_draft(a.speculate, true));
         let reason = drive_drafted(
-            &mut |keep, ids, which| forward_recording(model, &mut session, &log, keep, ids, which),
+            &mut |keep, ids, which| {
+                if !go_on() {
+                    return Err(colibri_engine::Error::Cancelled);
+                }
+                forward_recording(model, &mut session, &log, keep, ids, which)
+            },
             0,
             &mut g,
             Some(&mut drafter),
@@ -223,7 +246,8 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
         return Err(e.into());
     }
     let total = start.elapsed();
-    drop(forward);
+    let interrupted = reason == StopReason::Cancelled && stop.load(Ordering::SeqCst);
+    drop(forward_pass);
     crate::load::save_usage(&loaded);
     let text = match tok {
         Some(t) => t.decode(&ids, true)?,
@@ -248,6 +272,7 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
             out["logprobs"] = logprobs.iter().map(|l| chat_entry(t, l)).collect();
         }
         writeln!(stdout, "{out}")?;
+        drop(stdout);
     } else {
         if let Some(t) = tok {
             write!(stdout, "{}", stream.finish(t)?)?;
@@ -262,6 +287,12 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
                 cut_note(ids.len(), a.max_new_tokens.is_none(), max_new_tokens, prompt_ids.len(), max_positions)
             );
         }
+    }
+    if interrupted {
+        // What was generated is out; the exit status says it was cut.
+        std::io::stdout().flush()?;
+        eprintln!("coli: stopped by Ctrl-C after {} tokens", ids.len());
+        std::process::exit(130);
     }
     Ok(())
 }

@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs, MAX_TOP_LOGPROBS};
 use colibri_engine::generate::{context_room, GenerateOptions, Grammar, SamplingRequest, TokenLogprob};
@@ -39,6 +39,9 @@ use super::api_error::ApiError;
 use super::generation::{self as engine, EngineError, Event, Job, Speculation};
 use super::structured::{self, Tools};
 use super::AppState;
+
+mod stream;
+use stream::stream_response;
 
 /// Completion tokens when the request names no limit (and the context allows it).
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
@@ -503,127 +506,6 @@ fn as_tool_calls(p: &Prepared, text: &str, finish: &str) -> Option<Value> {
         return None;
     }
     structured::tool_calls(text, &p.id)
-}
-
-fn sse(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
-}
-
-/// Streams events as server-sent events. Dropping the body (client gone) drops the
-/// receiver, which stops the generation.
-fn stream_response(kind: Kind, mut p: Prepared) -> Response {
-    let mut rx = std::mem::replace(&mut p.rx, mpsc::channel(1).1);
-    let first = matches!(kind, Kind::Chat).then(|| sse(&kind.chunk(&p, Some(""), true, None, Value::Null)));
-    let stream = async_stream_of(move |out| async move {
-        if let Some(b) = first {
-            out.send(b).await?;
-        }
-        let mut lp = Logprobs { kind, offset: 0 };
-        let echo = p.echo.take();
-        // With tools the text is held until the end: it may turn out to be a call.
-        let mut held = p.tools.then(String::new);
-        // Echo without logprobs: the prompt's text first (with logprobs it comes with them).
-        if let (Some((_, text)), false) = (&echo, p.logprobs) {
-            out.send(sse(&kind.chunk(&p, Some(text), false, None, Value::Null))).await?;
-        }
-        while let Some(ev) = out.next(&mut rx).await {
-            match ev {
-                Event::Prompt(lps) => {
-                    let (ids, text) = echo.as_ref().map(|(i, t)| (i.as_slice(), t.as_str())).unwrap_or_default();
-                    let v = lp.prompt(&p, ids, &lps);
-                    out.send(sse(&kind.chunk(&p, Some(text), false, None, v))).await?
-                }
-                Event::Text(t, lps) => {
-                    let v = lp.generated(&p, &lps);
-                    match held.as_mut() {
-                        Some(h) => {
-                            h.push_str(&t);
-                            if !v.is_null() {
-                                out.send(sse(&kind.chunk(&p, None, false, None, v))).await?
-                            }
-                        }
-                        None => out.send(sse(&kind.chunk(&p, Some(&t), false, None, v))).await?,
-                    }
-                }
-                Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
-                    let mut finish_reason = finish_reason;
-                    if let Some(text) = held.take() {
-                        let mut c = kind.chunk(&p, Some(&text), false, None, Value::Null);
-                        if let Some(mut calls) = as_tool_calls(&p, &text, finish_reason) {
-                            calls[0]["index"] = json!(0);
-                            c["choices"][0]["delta"] = json!({"tool_calls": calls});
-                            finish_reason = "tool_calls";
-                        }
-                        out.send(sse(&c)).await?;
-                    }
-                    out.send(sse(&kind.chunk(&p, None, false, Some(finish_reason), Value::Null))).await?;
-                    if p.include_usage {
-                        let mut u = kind.chunk(&p, None, false, None, Value::Null);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage_json(prompt_tokens, cached_tokens, completion_tokens);
-                        out.send(sse(&u)).await?;
-                    }
-                    out.send(Bytes::from_static(b"data: [DONE]\n\n")).await?;
-                    return Some(());
-                }
-                Event::Error(msg) => {
-                    out.send(sse(&ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, msg).body())).await?;
-                    return Some(());
-                }
-                // The stream ends cleanly: the text sent so far, the error, then [DONE].
-                Event::Grammar(msg) => {
-                    out.send(sse(&structured::failed_while_generating(msg, p.grammar_param).body())).await?;
-                    out.send(Bytes::from_static(b"data: [DONE]\n\n")).await?;
-                    return Some(());
-                }
-            }
-        }
-        Some(())
-    });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .header("x-accel-buffering", "no")
-        .body(stream)
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
-/// A body fed by an async producer through a small channel; the producer's sends fail
-/// (and it stops) once the body is dropped.
-fn async_stream_of<F, Fut>(produce: F) -> Body
-where
-    F: FnOnce(Sink) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Option<()>> + Send + 'static,
-{
-    let (tx, rx) = mpsc::channel::<Bytes>(8);
-    tokio::spawn(async move {
-        let _ = produce(Sink(tx)).await;
-    });
-    let stream =
-        futures_util::stream::unfold(
-            rx,
-            |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) },
-        );
-    Body::from_stream(stream)
-}
-
-/// The producer side of [`async_stream_of`]; `send` is None once the client is gone.
-struct Sink(mpsc::Sender<Bytes>);
-
-impl Sink {
-    async fn send(&self, b: Bytes) -> Option<()> {
-        self.0.send(b).await.ok()
-    }
-
-    /// The next event of `rx`, or None as soon as the client is gone (the body dropped),
-    /// even while no event comes: dropping `rx` then takes a generation that still waits
-    /// for the model out of the queue, and stops a running one at its next token.
-    async fn next<T>(&self, rx: &mut mpsc::Receiver<T>) -> Option<T> {
-        tokio::select! {
-            ev = rx.recv() => ev,
-            _ = self.0.closed() => None,
-        }
-    }
 }
 
 async fn collect(kind: Kind, mut p: Prepared) -> Response {

@@ -88,3 +88,46 @@ impl Default for GenOptions {
         }
     }
 }
+
+/// generate()'s options that do not parse. JSON nested deeper than serde_json's 128 levels
+/// (a jsonSchema far past the engine's depth limit) is named as such, not as the parser's
+/// "recursion limit exceeded".
+pub(super) fn options_err(e: serde_json::Error) -> JsError {
+    if e.to_string().starts_with("recursion limit exceeded") {
+        return JsError::new(&format!(
+            "options: nested more than 128 levels deep (a jsonSchema nests at most {} levels: deeper than that is refused)",
+            colibri_engine::generate::grammar::limits::MAX_SCHEMA_DEPTH
+        ));
+    }
+    JsError::new(&e.to_string())
+}
+
+/// load()'s options.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub(super) struct LoadOptions {
+    /// RAM tier budget for experts in bytes (default 512 MiB).
+    pub(super) ram_bytes: Option<u64>,
+    /// Bytes of the RAM tier kept for the experts pinned by learned usage (default: a
+    /// quarter of it when the model has usage, as natively; `default_pin`).
+    pub(super) pin_bytes: Option<u64>,
+    /// Use the persistent OPFS tier (default true; the worker attaches it).
+    pub(super) disk: Option<bool>,
+    /// Bytes the disk tier may hold for this model (default: [`super::DISK_SHARE`] of the
+    /// origin's quota, `navigator.storage.estimate()`).
+    pub(super) disk_bytes: Option<u64>,
+    /// "auto" (default: WebGPU if present and measured faster here), "webgpu" or "cpu".
+    pub(super) backend: Option<String>,
+    /// WebGPU: "off" (default: every routed expert on the GPU), "on" (experts missing from
+    /// the GPU pool run on the CPU threads while the GPU computes) or "auto" (as on, how
+    /// many chosen by measured cost); the tokens are the same.
+    pub(super) hybrid: Option<String>,
+    /// WebGPU: bytes of GPU memory for routed experts (default: four times the adapter's
+    /// largest buffer, at most 2 GiB).
+    pub(super) gpu_pool_bytes: Option<u64>,
+    /// The disk tier: "auto" (default: OPFS, else IndexedDB), "opfs" or "indexeddb".
+    pub(super) storage: Option<String>,
+    /// Whether the server answers several ranges in one request (default true, as the
+    /// helper does; the worker asks a static host first).
+    pub(super) multi_range: Option<bool>,
+}

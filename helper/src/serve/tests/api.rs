@@ -351,12 +351,13 @@ fn shutdown_cancels_running_generations() {
     s.stop().unwrap();
     assert!(t.elapsed() < Duration::from_secs(8), "shutdown took {:?}", t.elapsed());
     assert!(state.stats.tokens_generated.load(std::sync::atomic::Ordering::Relaxed) < 4000);
-    // The stream ends (with an error event, not [DONE]).
+    // The stream ends well-formed: an error event that says why, then [DONE] (issue 29).
     let mut rest = String::new();
     while let Ok(Some(chunk)) = c.read_chunk() {
         rest.push_str(&String::from_utf8_lossy(&chunk));
     }
-    assert!(!rest.contains("[DONE]"));
+    assert!(rest.contains("shutting down"), "{rest}");
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
 }
 
 #[test]

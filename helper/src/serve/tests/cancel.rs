@@ -98,4 +98,49 @@ fn shutdown_during_a_long_prefill_stops_it() {
         rest.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(rest.contains("shutting down"), "{rest}");
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "the stream did not end with [DONE]: {rest}");
+}
+
+/// The body of a streamed response until the server closes it.
+fn read_stream(c: &mut Conn) -> String {
+    let mut rest = String::new();
+    while let Ok(Some(chunk)) = c.read_chunk() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    rest
+}
+
+/// Every stream ends well-formed (issue 29): a streamed request still waiting for the
+/// model when the helper shuts down used to end with no event at all (its generation never
+/// began, so nothing sent a last event); now it ends with an error event then
+/// `data: [DONE]`, as the stream running ahead of it does.
+#[test]
+fn a_stream_waiting_for_the_model_at_shutdown_ends_with_an_error_then_done() {
+    let s = start("queued-shutdown", |_| {});
+    let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).to_string();
+    assert_eq!(s.post("/v1/completions", &short).status, 200);
+    let streamed = |path: &str, body: serde_json::Value| {
+        let mut c = Conn::open(s.addr).unwrap();
+        c.send("POST", path, &[], body.to_string().as_bytes()).unwrap();
+        assert_eq!(c.read_head().unwrap().0, 200);
+        c
+    };
+    // One generation at a time: the second waits for the first's long prefill.
+    let mut running = streamed(
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": long_prompt(4000, 7), "max_tokens": 64, "stream": true}),
+    );
+    let mut waiting = streamed(
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64, "stream": true}),
+    );
+    s.stop().unwrap();
+    for (what, c) in [("running", &mut running), ("waiting", &mut waiting)] {
+        let rest = read_stream(c);
+        let events: Vec<&str> = rest.lines().filter(|l| l.starts_with("data: ")).collect();
+        assert_eq!(events.last(), Some(&"data: [DONE]"), "{what}: {rest}");
+        let error = events.iter().rev().nth(1).unwrap_or_else(|| panic!("{what}: {rest}"));
+        let v: serde_json::Value = serde_json::from_str(&error["data: ".len()..]).unwrap();
+        assert!(v["error"]["message"].is_string(), "{what}: {rest}");
+    }
 }
