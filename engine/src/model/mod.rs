@@ -393,7 +393,8 @@ impl Model {
     }
 
     /// [`Model::open_dir`] with the expert-cache options of a converted model (a Hugging
-    /// Face directory is memory-mapped whole and ignores them). See [`open::ModelDir`].
+    /// Face directory is read whole when it fits in half the free memory, else its experts
+    /// are read when used, `ram` bytes of them kept; never mapped). See [`open::ModelDir`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_dir_with(dir: &std::path::Path, opts: crate::experts::cache::CacheOptions) -> Result<Self> {
         open::ModelDir::open(dir, opts.direct)?.load(opts)
