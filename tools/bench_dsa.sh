@@ -9,4 +9,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DSA_CONTEXTS="${1:-1024,8192,32768}" cargo test --release -p colibri-engine --lib \
-  model::dsa::bench::decode_attention_by_context -- --ignored --nocapture --exact 2>&1 | grep '^{'
+  model::cpu::dsa_bench::decode_attention_by_context -- --ignored --nocapture --exact 2>&1 | grep '^{'

@@ -658,4 +658,10 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
 }
 
 #[cfg(test)]
+mod deltanet_tests;
+#[cfg(test)]
+mod dsa_bench;
+#[cfg(test)]
+mod mla_tests;
+#[cfg(test)]
 mod tests;

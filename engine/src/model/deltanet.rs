@@ -186,22 +186,6 @@ impl DeltaNetWeights {
             eps,
         })
     }
-
-    /// The layer on `n` new positions of `x` (n, hidden) -> `out` (n, hidden), advancing
-    /// `state` by those positions: the graph's `graph::deltanet` on the CPU backend.
-    pub fn forward(&self, x: &[f32], n: usize, state: &mut DeltaState, out: &mut [f32]) -> Result<()> {
-        let rope =
-            crate::model::rope::Rope::new(&crate::model::rope::RopeConfig::from_config(&serde_json::json!({}), 2, 1)?);
-        let mut cache = crate::model::attention::LayerCache::default();
-        cache.recurrent = Some(Box::new(std::mem::take(state)));
-        let mut ops = crate::model::cpu::CpuOps::new(&rope, 0, vec![], vec![], std::slice::from_mut(&mut cache));
-        let (x, mut y) = (x.to_vec(), vec![0.0f32; out.len()]);
-        let done = crate::model::graph::deltanet(&mut ops, 0, self, &x, n, &mut y);
-        *state = cache.recurrent.map(|b| *b).unwrap_or_default();
-        done?;
-        out.copy_from_slice(&y);
-        Ok(())
-    }
 }
 
 /// qwen3_next's grouped projections (`qkvz` (n, 2*key_dim + 2*value_dim) and `ba` (n,
@@ -342,7 +326,7 @@ pub fn softplus(x: f32) -> f32 {
 /// Each sum runs over the key dimension in ascending order. `scratch`: 2 * dv floats.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn delta_step(
+pub(crate) fn delta_step(
     s: &mut [f32],
     q: &[f32],
     k: &[f32],
@@ -401,157 +385,4 @@ where
     }
     let _ = parallel;
     state.chunks_mut(sc).zip(out.chunks_mut(oc)).enumerate().for_each(|(h, (s, o))| f(h, s, o));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rand_vec(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                (((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * 2.0 * scale
-            })
-            .collect()
-    }
-
-    fn layer() -> DeltaNetWeights {
-        let c = LinearAttnConfig {
-            n_k_heads: 2,
-            n_v_heads: 4,
-            k_head_dim: 6,
-            v_head_dim: 5,
-            conv_kernel: 3,
-            layers: vec![true],
-            split_in_proj: false,
-        };
-        let h = 11;
-        let m = |rows: usize, cols: usize, seed| Mat::from_f32(rows, cols, &rand_vec(rows * cols, seed, 0.5)).unwrap();
-        DeltaNetWeights {
-            in_proj: InProj::Grouped {
-                qkvz: m(2 * c.key_dim() + 2 * c.value_dim(), h, 1),
-                ba: m(2 * c.n_v_heads, h, 2),
-            },
-            conv: rand_vec(c.conv_dim() * c.conv_kernel, 3, 0.7),
-            neg_a: rand_vec(c.n_v_heads, 4, 0.5).iter().map(|x| -math::exp(x - 1.0)).collect(),
-            dt_bias: rand_vec(c.n_v_heads, 5, 0.5),
-            norm: rand_vec(c.v_head_dim, 6, 0.3).iter().map(|x| x + 1.0).collect(),
-            out: m(h, c.value_dim(), 7),
-            cfg: c,
-            eps: 1e-6,
-        }
-    }
-
-    #[test]
-    fn prefill_equals_token_by_token_bit_for_bit() {
-        let w = layer();
-        let n = 9;
-        let x = rand_vec(n * 11, 8, 1.0);
-        let mut s1 = DeltaState::default();
-        let mut all = vec![0.0; n * 11];
-        w.forward(&x, n, &mut s1, &mut all).unwrap();
-        let mut s2 = DeltaState::default();
-        let mut inc = Vec::new();
-        let mut y = vec![0.0; 3 * 11];
-        w.forward(&x[..33], 3, &mut s2, &mut y).unwrap();
-        inc.extend_from_slice(&y);
-        for t in 3..n {
-            let mut y = vec![0.0; 11];
-            w.forward(&x[t * 11..(t + 1) * 11], 1, &mut s2, &mut y).unwrap();
-            inc.extend_from_slice(&y);
-        }
-        assert_eq!(all, inc);
-        assert_eq!((s1.pos, &s1.s, &s1.conv), (s2.pos, &s2.s, &s2.conv));
-        assert!(all.iter().all(|v| v.is_finite()) && all.iter().any(|v| v.abs() > 1e-3));
-    }
-
-    /// qwen3_5_moe's separate projections hold the same rows as qwen3_next's grouped ones,
-    /// reordered: the layer gives the same bits either way.
-    #[test]
-    fn split_projections_equal_grouped_ones_bit_for_bit() {
-        let w = layer();
-        let c = w.cfg.clone();
-        let (nk, r, dk, dv) = (c.n_k_heads, c.n_v_heads / c.n_k_heads, c.k_head_dim, c.v_head_dim);
-        let InProj::Grouped { qkvz, ba } = &w.in_proj else { panic!("layer() is grouped") };
-        let rows = |m: &Mat, idx: Vec<usize>| {
-            let f = m.to_f32();
-            let data: Vec<f32> = idx.iter().flat_map(|&i| f[i * m.cols..(i + 1) * m.cols].to_vec()).collect();
-            Mat::from_f32(idx.len(), m.cols, &data).unwrap()
-        };
-        let group = 2 * dk + 2 * r * dv;
-        let per = |start: usize, len: usize| (0..nk).flat_map(move |g| g * group + start..g * group + start + len);
-        let split = DeltaNetWeights {
-            in_proj: InProj::Split {
-                qkv: rows(qkvz, per(0, dk).chain(per(dk, dk)).chain(per(2 * dk, r * dv)).collect()),
-                z: rows(qkvz, per(2 * dk + r * dv, r * dv).collect()),
-                b: rows(ba, (0..nk).flat_map(|g| g * 2 * r..g * 2 * r + r).collect()),
-                a: rows(ba, (0..nk).flat_map(|g| g * 2 * r + r..g * 2 * r + 2 * r).collect()),
-            },
-            conv: w.conv.clone(),
-            neg_a: w.neg_a.clone(),
-            dt_bias: w.dt_bias.clone(),
-            norm: w.norm.clone(),
-            out: w.out.clone(),
-            cfg: LinearAttnConfig { split_in_proj: true, ..c },
-            eps: w.eps,
-        };
-        let n = 7;
-        let x = rand_vec(n * 11, 12, 1.0);
-        let (mut s1, mut s2) = (DeltaState::default(), DeltaState::default());
-        let (mut y1, mut y2) = (vec![0.0; n * 11], vec![0.0; n * 11]);
-        w.forward(&x, n, &mut s1, &mut y1).unwrap();
-        split.forward(&x, n, &mut s2, &mut y2).unwrap();
-        assert_eq!(y1, y2);
-        assert_eq!((&s1.s, &s1.conv), (&s2.s, &s2.conv));
-        assert!(y1.iter().any(|v| v.abs() > 1e-3));
-    }
-
-    /// The recurrence against transformers' formulation in f64: decay the state, read,
-    /// write beta times the error, answer the query.
-    #[test]
-    fn delta_step_matches_the_reference_formulation() {
-        let (dk, dv) = (7, 5);
-        let mut s = rand_vec(dk * dv, 9, 1.0);
-        let mut s64: Vec<f64> = s.iter().map(|&v| v as f64).collect();
-        for step in 0..4u64 {
-            let (q, k, v) = (rand_vec(dk, 10 + step, 1.0), rand_vec(dk, 20 + step, 1.0), rand_vec(dv, 30 + step, 1.0));
-            let (decay, beta) = (0.8f32, 0.6f32);
-            let mut o = vec![0.0; dv];
-            delta_step(&mut s, &q, &k, &v, decay, beta, &mut o, &mut [0.0; 10]);
-            s64.iter_mut().for_each(|x| *x *= decay as f64);
-            let mem: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| s64[i * dv + j] * k[i] as f64).sum()).collect();
-            for i in 0..dk {
-                for j in 0..dv {
-                    s64[i * dv + j] += k[i] as f64 * (v[j] as f64 - mem[j]) * beta as f64;
-                }
-            }
-            for j in 0..dv {
-                let want: f64 = (0..dk).map(|i| s64[i * dv + j] * q[i] as f64).sum();
-                assert!((o[j] as f64 - want).abs() < 1e-5, "step {step} o[{j}] {} vs {want}", o[j]);
-            }
-        }
-    }
-
-    #[test]
-    fn rewind_goes_to_a_snapshot_or_the_start() {
-        let w = layer();
-        let x = rand_vec(12 * 11, 11, 1.0);
-        let mut y = vec![0.0; 12 * 11];
-        let mut s = DeltaState::default();
-        w.forward(&x[..5 * 11], 5, &mut s, &mut y).unwrap(); // no snapshot at 0 (the empty state)
-        let at5 = s.clone();
-        w.forward(&x[5 * 11..9 * 11], 4, &mut s, &mut y).unwrap(); // snapshot at 5
-        w.forward(&x[9 * 11..10 * 11], 1, &mut s, &mut y).unwrap(); // a decode step: none
-        assert_eq!(s.rewind(12), 10, "nothing to drop");
-        assert_eq!(s.rewind(7), 5);
-        assert_eq!((&s.s, &s.conv), (&at5.s, &at5.conv));
-        assert_eq!(s.rewind(3), 0);
-        assert!(s.s.iter().chain(&s.conv).all(|v| *v == 0.0));
-        // softplus follows torch: x above 20, log1p(exp(x)) below.
-        assert_eq!(softplus(25.0), 25.0);
-        assert!((softplus(0.0) - std::f32::consts::LN_2).abs() < 1e-7);
-        assert!((softplus(-30.0) - (-30.0f64).exp() as f32).abs() < 1e-18);
-    }
 }
