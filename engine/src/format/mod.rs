@@ -5,6 +5,7 @@
 //! container's dense region. Parsing here never touches the file system.
 
 pub mod byteranges;
+pub mod fp8;
 pub mod gguf;
 pub mod gguf_config;
 pub mod gguf_import;
