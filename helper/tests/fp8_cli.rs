@@ -94,6 +94,20 @@ fn an_fp8_directory_runs_as_it_is() {
         assert!(logits(&fixture(), &["--ram", ram], &d.join(format!("r{ram}.bin"))) == cpu, "--ram {ram}");
     }
     assert_eq!(greedy(&fixture(), &[]), want_greedy());
+    // Read from the shards with pread (a checkpoint larger than the read limit): the FP8
+    // pairs come from placeholders in the file, the same bits.
+    let out = d.join("streamed.bin");
+    let r = reference();
+    let o = coli()
+        .env("COLI_READ_LIMIT", "1000")
+        .args(["logits", "--model"])
+        .arg(fixture())
+        .args(["--ram", "0", "--ids", &ids_arg(&r["ids"]), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    ok(o, "streamed logits");
+    assert!(std::fs::read(&out).unwrap() == cpu, "a streamed FP8 checkpoint gives the same bits");
     let probe = coli()
         .args(["logits", "--model"])
         .arg(fixture())
