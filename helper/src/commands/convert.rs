@@ -521,13 +521,17 @@ impl Job {
         k: usize,
         experts_by_layer: &std::collections::HashMap<usize, Vec<(Option<usize>, String)>>,
     ) -> Vec<String> {
-        match &self.items[k] {
+        let names: Vec<String> = match &self.items[k] {
             Item::Dense { src, .. } => vec![src.clone()],
             Item::Expert { layer, expert, .. } => experts_by_layer
                 .get(layer)
                 .map(|v| v.iter().filter(|(e, _)| e.is_none_or(|e| e == *expert)).map(|(_, n)| n.clone()).collect())
                 .unwrap_or_default(),
-        }
+        };
+        // An FP8 weight needs its scale tensor too (format::fp8; it may be in another shard).
+        let fp8 = |n: &String| self.store.get(n).is_ok_and(|t| t.dtype.fp8_block().is_some());
+        let scales: Vec<String> = names.iter().filter(|n| fp8(n)).map(|n| format!("{n}_scale_inv")).collect();
+        names.into_iter().chain(scales).collect()
     }
 
     /// Expert tensors of the checkpoint by layer, with the expert index in their name.
