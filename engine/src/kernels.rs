@@ -268,7 +268,7 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
                         DType::BF16 => float_rows::<{ float_x86::BF16 }>(w, x, n, r0, r1, out),
                         DType::F16 => float_rows::<{ float_x86::F16 }>(w, x, n, r0, r1, out),
                         DType::Fp8 { block } if fp8_x86::takes(block as usize) => {
-                            fp8_rows(w, block as usize, x, n, r0, r1, out)
+                            fp8_rows(w, block as usize, x, n, r0, r1, out, simd == Simd::Avx512)
                         }
                         _ => false,
                     }
@@ -341,13 +341,25 @@ unsafe fn float_rows<const K: u8>(w: &Mat, x: &[f32], n: usize, r0: usize, r1: u
 
 /// Rows `r0..r1` of FP8 weights (scale blocks of `block` columns, [`fp8_x86::takes`])
 /// times the `n` positions, the bits of decoding each row and applying [`math::dot`]: four
-/// rows at a time for one position, four positions at a time for more. A row whose scales
+/// rows at a time for one position (two per 512-bit register with `avx512`), four
+/// positions at a time for more. A row whose scales
 /// [`fp8_x86::scales_ok`] refuses takes the decode-then-dot loop. Returns false (nothing
 /// written) when the stored bytes are not the matrix's.
 ///
-/// SAFETY (caller): AVX2 and F16C present; as [`rows_into`].
+/// SAFETY (caller): AVX2 and F16C present (and AVX-512 F/BW/VL with `avx512`); as
+/// [`rows_into`].
 #[cfg(target_arch = "x86_64")]
-unsafe fn fp8_rows(w: &Mat, block: usize, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32) -> bool {
+#[allow(clippy::too_many_arguments)]
+unsafe fn fp8_rows(
+    w: &Mat,
+    block: usize,
+    x: &[f32],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+    avx512: bool,
+) -> bool {
     let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
     let bytes = w.bytes.as_ref();
     if bytes.len() < rows * rb || x.len() < n * cols || r1 > rows {
@@ -371,7 +383,13 @@ unsafe fn fp8_rows(w: &Mat, block: usize, x: &[f32], n: usize, r0: usize, r1: us
             let mut r = r0;
             while r + 4 <= r1 {
                 if (r..r + 4).all(|k| fp8_x86::scales_ok(row(k), nb)) {
-                    let v = fp8_x86::dot4::<true>([row(r), row(r + 1), row(r + 2), row(r + 3)], [xp; 4], cols, block);
+                    let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+                    let v = match avx512 {
+                        // SAFETY: Simd::Avx512 comes from Simd::available() after the CPU
+                        // reported AVX-512 F/BW/VL (and AVX2, F16C).
+                        true => fp8_x86::dot4_avx512(rs, xp, cols, block),
+                        false => fp8_x86::dot4::<true>(rs, [xp; 4], cols, block),
+                    };
                     std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(r), 4);
                 } else {
                     (r..r + 4).for_each(|k| plain(k, &mut buf));

@@ -73,10 +73,11 @@ unsafe fn nan_fix(f: __m256, w: __m256) -> __m256 {
 
 /// `out[i] = math::dot(decode(w[i]), x[i])` for i < 4: w[i] a stored FP8 row (scales
 /// first, `nb = ceil(cols / block)` of them, then the bytes), x[i] `cols` f32. `SAME_X`:
-/// every x[i] is x[0].
+/// every x[i] is x[0] (four rows, one position); else every w[i] is w[0] (one row, four
+/// positions).
 ///
 /// SAFETY (caller): AVX2 and F16C present; [`takes`]`(block)`; [`scales_ok`] for each row;
-/// each w[i] a whole row, each x[i] `cols` f32.
+/// each w[i] a whole row (all the same one unless `SAME_X`), each x[i] `cols` f32.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn dot4<const SAME_X: bool>(w: [*const u8; 4], x: [*const f32; 4], cols: usize, block: usize) -> [f32; 4] {
     let nb = cols.div_ceil(block);
@@ -90,12 +91,20 @@ pub unsafe fn dot4<const SAME_X: bool>(w: [*const u8; 4], x: [*const f32; 4], co
         for b in 0..nb {
             let s: [__m256; 4] = std::array::from_fn(|i| _mm256_set1_ps(scale(w[i], b) * 256.0));
             for c in b * per..((b + 1) * per).min(chunks) {
-                let x0 = _mm256_loadu_ps(x[0].add(c * 8));
-                for i in 0..4 {
-                    let xi = if SAME_X || i == 0 { x0 } else { _mm256_loadu_ps(x[i].add(c * 8)) };
-                    let f = load8(q[i].add(c * 8));
-                    let wv = nan_fix(f, _mm256_mul_ps(f, s[i]));
-                    v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(wv, xi));
+                if SAME_X {
+                    let x0 = _mm256_loadu_ps(x[0].add(c * 8));
+                    for i in 0..4 {
+                        let f = load8(q[i].add(c * 8));
+                        let wv = nan_fix(f, _mm256_mul_ps(f, s[i]));
+                        v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(wv, x0));
+                    }
+                } else {
+                    // One row and four positions: the row's chunk decoded once.
+                    let f = load8(q[0].add(c * 8));
+                    let wv = nan_fix(f, _mm256_mul_ps(f, s[0]));
+                    for i in 0..4 {
+                        v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(wv, _mm256_loadu_ps(x[i].add(c * 8))));
+                    }
                 }
             }
         }
@@ -108,6 +117,81 @@ pub unsafe fn dot4<const SAME_X: bool>(w: [*const u8; 4], x: [*const f32; 4], co
                 acc[k - chunks * 8] += wk * *x[i].add(k);
             }
             out[i] = reduce8(acc);
+        }
+        out
+    }
+}
+
+/// Scale `b` of row `a` times 2^8 in lanes 0-7 and of row `c` in lanes 8-15. (A function,
+/// not a closure: a closure would not get the caller's target features, and its
+/// intrinsics would be calls.)
+#[inline(always)]
+unsafe fn scale_pair(a: *const u8, c: *const u8, b: usize) -> __m512 {
+    // SAFETY: the caller's scales; AVX-512 F present (the caller's features).
+    unsafe { both(_mm256_set1_ps(scale(a, b) * 256.0), _mm256_set1_ps(scale(c, b) * 256.0)) }
+}
+
+/// `lo` in lanes 0-7 and `hi` in lanes 8-15 (AVX-512 F alone: no DQ `vinsertf32x8`).
+#[inline(always)]
+unsafe fn both(lo: __m256, hi: __m256) -> __m512 {
+    // SAFETY: register operations; AVX-512 F present (the caller's features).
+    unsafe {
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi)))
+    }
+}
+
+/// [`dot4`] with `SAME_X` (four rows, one position) on AVX-512: rows 0 and 1 share one
+/// 512-bit accumulator (lanes 0-7 row 0's eight lanes, 8-15 row 1's), rows 2 and 3 another,
+/// so each step decodes 16 weights (`vcvtph2ps` of 16 halves) against the position's eight
+/// values loaded into both halves: the same lanes, products and sums as [`dot4`], the same
+/// bits, in half the instructions.
+///
+/// SAFETY (caller): AVX-512 F, BW, VL and F16C present; as [`dot4`].
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub unsafe fn dot4_avx512(w: [*const u8; 4], x: *const f32, cols: usize, block: usize) -> [f32; 4] {
+    let nb = cols.div_ceil(block);
+    let chunks = cols / 8;
+    let per = block / 8;
+    // SAFETY: as in dot4.
+    unsafe {
+        let q = w.map(|r| r.add(4 * nb));
+        let mut v = [_mm512_setzero_ps(); 2];
+        let nan = _mm512_castsi512_ps(_mm512_set1_epi32(-1));
+        let mag = _mm512_set1_epi32(0x7fff_ffff);
+        let nan_half = _mm512_set1_ps(1.875);
+        for b in 0..nb {
+            let s = [scale_pair(w[0], w[1], b), scale_pair(w[2], w[3], b)];
+            for c in b * per..((b + 1) * per).min(chunks) {
+                let x8 = _mm256_loadu_ps(x.add(c * 8));
+                let xx = both(x8, x8);
+                for (k, vk) in v.iter_mut().enumerate() {
+                    let lo = _mm_loadl_epi64(q[2 * k].add(c * 8) as *const __m128i);
+                    let both =
+                        _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(lo), q[2 * k + 1].add(c * 8) as *const f64));
+                    let h = _mm256_and_si256(
+                        _mm256_srai_epi16::<1>(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(both))),
+                        _mm256_set1_epi16(-16385),
+                    );
+                    let f = _mm512_cvtph_ps(h);
+                    let abs = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f), mag));
+                    let isnan = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(abs, nan_half);
+                    let wv = _mm512_mask_mov_ps(_mm512_mul_ps(f, s[k]), isnan, nan);
+                    *vk = _mm512_add_ps(*vk, _mm512_mul_ps(wv, xx));
+                }
+            }
+        }
+        let mut out = [0.0f32; 4];
+        for (k, vk) in v.iter().enumerate() {
+            let mut acc = [0.0f32; 16];
+            _mm512_storeu_ps(acc.as_mut_ptr(), *vk);
+            for (j, half) in acc.chunks_exact_mut(8).enumerate() {
+                let i = 2 * k + j;
+                for kk in chunks * 8..cols {
+                    let wk = E4M3[*q[i].add(kk) as usize] * scale(w[i], kk / block);
+                    half[kk - chunks * 8] += wk * *x.add(kk);
+                }
+                out[i] = reduce8(half.try_into().unwrap_or([0.0; 8]));
+            }
         }
         out
     }
