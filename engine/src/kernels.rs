@@ -387,8 +387,8 @@ unsafe fn fp8_rows(
                     let v = match avx512 {
                         // SAFETY: Simd::Avx512 comes from Simd::available() after the CPU
                         // reported AVX-512 F/BW/VL (and AVX2, F16C).
-                        true => fp8_x86::dot4_avx512(rs, xp, cols, block),
-                        false => fp8_x86::dot4::<true>(rs, [xp; 4], cols, block),
+                        true => fp8_x86::dot4_avx512(rs, xp, cols, block, 4 * rb),
+                        false => fp8_x86::dot4::<true>(rs, [xp; 4], cols, block, 4 * rb),
                     };
                     std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(r), 4);
                 } else {
@@ -413,7 +413,7 @@ unsafe fn fp8_rows(
             let mut p = 0;
             while p + 4 <= n {
                 let xs = [xp.add(p * cols), xp.add((p + 1) * cols), xp.add((p + 2) * cols), xp.add((p + 3) * cols)];
-                let v = fp8_x86::dot4::<false>([wr; 4], xs, cols, block);
+                let v = fp8_x86::dot4::<false>([wr; 4], xs, cols, block, 0);
                 for (i, vi) in v.iter().enumerate() {
                     *out.add((p + i) * rows + r) = *vi;
                 }
