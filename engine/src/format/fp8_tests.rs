@@ -52,7 +52,7 @@ fn pairs_read_as_e4m3_times_their_block_scale() {
     let got = m.to_f32();
     for r in 0..5 {
         for c in 0..40 {
-            let b = ((r * 40 + c) * 37 % 256) as usize;
+            let b = (r * 40 + c) * 37 % 256;
             let si = (r / 2) * 3 + c / 16;
             let scale = 0.5f32.powi(si as i32) * if si % 2 == 0 { 1.0 } else { -3.0 };
             let want = E4M3[b] * scale;
