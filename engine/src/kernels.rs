@@ -7,6 +7,8 @@ use std::cell::RefCell;
 pub mod bench;
 #[cfg(target_arch = "x86_64")]
 mod float_x86;
+#[cfg(target_arch = "aarch64")]
+mod fp8_neon;
 #[cfg(target_arch = "x86_64")]
 mod fp8_x86;
 
@@ -275,6 +277,14 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
                 };
                 if done {
                     return;
+                }
+            }
+            #[cfg(target_arch = "aarch64")]
+            if let (DType::Fp8 { block }, 1, Simd::Neon | Simd::NeonDot) = (w.dtype, n, simd) {
+                if fp8_neon::takes(block as usize) {
+                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
+                    return fp8_neon::rows(w, block as usize, x, r0, r1, dst);
                 }
             }
             let mut buf = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));
