@@ -9,6 +9,8 @@ pub mod bench;
 mod float_x86;
 #[cfg(target_arch = "aarch64")]
 mod fp8_neon;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod fp8_wasm;
 #[cfg(target_arch = "x86_64")]
 mod fp8_x86;
 
@@ -285,6 +287,14 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
                     // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
                     let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
                     return fp8_neon::rows(w, block as usize, x, r0, r1, dst);
+                }
+            }
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            if let (DType::Fp8 { block }, 1, Simd::Simd128) = (w.dtype, n, simd) {
+                if fp8_wasm::takes(block as usize) {
+                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
+                    return fp8_wasm::rows(w, block as usize, x, r0, r1, dst);
                 }
             }
             let mut buf = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));
