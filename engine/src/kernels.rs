@@ -7,6 +7,12 @@ use std::cell::RefCell;
 pub mod bench;
 #[cfg(target_arch = "x86_64")]
 mod float_x86;
+#[cfg(target_arch = "aarch64")]
+mod fp8_neon;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod fp8_wasm;
+#[cfg(target_arch = "x86_64")]
+mod fp8_x86;
 
 use crate::math;
 #[cfg(feature = "parallel")]
@@ -265,11 +271,30 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
                         DType::F32 => float_rows::<{ float_x86::F32 }>(w, x, n, r0, r1, out),
                         DType::BF16 => float_rows::<{ float_x86::BF16 }>(w, x, n, r0, r1, out),
                         DType::F16 => float_rows::<{ float_x86::F16 }>(w, x, n, r0, r1, out),
+                        DType::Fp8 { block } if fp8_x86::takes(block as usize) => {
+                            fp8_rows(w, block as usize, x, n, r0, r1, out, simd == Simd::Avx512)
+                        }
                         _ => false,
                     }
                 };
                 if done {
                     return;
+                }
+            }
+            #[cfg(target_arch = "aarch64")]
+            if let (DType::Fp8 { block }, 1, Simd::Neon | Simd::NeonDot) = (w.dtype, n, simd) {
+                if fp8_neon::takes(block as usize) {
+                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
+                    return fp8_neon::rows(w, block as usize, x, r0, r1, dst);
+                }
+            }
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            if let (DType::Fp8 { block }, 1, Simd::Simd128) = (w.dtype, n, simd) {
+                if fp8_wasm::takes(block as usize) {
+                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
+                    return fp8_wasm::rows(w, block as usize, x, r0, r1, dst);
                 }
             }
             let mut buf = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));
@@ -328,6 +353,94 @@ unsafe fn float_rows<const K: u8>(w: &Mat, x: &[f32], n: usize, r0: usize, r1: u
             }
             for p in p..n {
                 *out.add(p * rows + r) = float_x86::dot1::<K>(wr, xp.add(p * cols), cols);
+            }
+        }
+        true
+    }
+}
+
+/// Rows `r0..r1` of FP8 weights (scale blocks of `block` columns, [`fp8_x86::takes`])
+/// times the `n` positions, the bits of decoding each row and applying [`math::dot`]: four
+/// rows at a time for one position (two per 512-bit register with `avx512`), four
+/// positions at a time for more. A row whose scales
+/// [`fp8_x86::scales_ok`] refuses takes the decode-then-dot loop. Returns false (nothing
+/// written) when the stored bytes are not the matrix's.
+///
+/// SAFETY (caller): AVX2 and F16C present (and AVX-512 F/BW/VL with `avx512`); as
+/// [`rows_into`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fp8_rows(
+    w: &Mat,
+    block: usize,
+    x: &[f32],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+    avx512: bool,
+) -> bool {
+    let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
+    let bytes = w.bytes.as_ref();
+    if bytes.len() < rows * rb || x.len() < n * cols || r1 > rows {
+        return false;
+    }
+    let nb = cols.div_ceil(block);
+    let (base, xp) = (bytes.as_ptr(), x.as_ptr());
+    let mut buf = Vec::new();
+    // SAFETY: rows r < r1 <= rows lie inside `bytes` (rb bytes each: nb scales, then cols
+    // bytes), positions p < n inside `x` (cols each); outputs as in rows_into.
+    unsafe {
+        let row = |r: usize| base.add(r * rb);
+        let plain = |r: usize, buf: &mut Vec<f32>| {
+            buf.resize(cols, 0.0);
+            w.row_into(r, buf);
+            for p in 0..n {
+                *out.add(p * rows + r) = math::dot(buf, &x[p * cols..(p + 1) * cols]);
+            }
+        };
+        if n == 1 {
+            let mut r = r0;
+            while r + 4 <= r1 {
+                if (r..r + 4).all(|k| fp8_x86::scales_ok(row(k), nb)) {
+                    let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+                    let v = match avx512 {
+                        // SAFETY: Simd::Avx512 comes from Simd::available() after the CPU
+                        // reported AVX-512 F/BW/VL (and AVX2, F16C).
+                        true => fp8_x86::dot4_avx512(rs, xp, cols, block, 4 * rb),
+                        false => fp8_x86::dot4::<true>(rs, [xp; 4], cols, block, 4 * rb),
+                    };
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(r), 4);
+                } else {
+                    (r..r + 4).for_each(|k| plain(k, &mut buf));
+                }
+                r += 4;
+            }
+            for r in r..r1 {
+                match fp8_x86::scales_ok(row(r), nb) {
+                    true => *out.add(r) = fp8_x86::dot1(row(r), xp, cols, block),
+                    false => plain(r, &mut buf),
+                }
+            }
+            return true;
+        }
+        for r in r0..r1 {
+            let wr = row(r);
+            if !fp8_x86::scales_ok(wr, nb) {
+                plain(r, &mut buf);
+                continue;
+            }
+            let mut p = 0;
+            while p + 4 <= n {
+                let xs = [xp.add(p * cols), xp.add((p + 1) * cols), xp.add((p + 2) * cols), xp.add((p + 3) * cols)];
+                let v = fp8_x86::dot4::<false>([wr; 4], xs, cols, block, 0);
+                for (i, vi) in v.iter().enumerate() {
+                    *out.add((p + i) * rows + r) = *vi;
+                }
+                p += 4;
+            }
+            for p in p..n {
+                *out.add(p * rows + r) = fp8_x86::dot1(wr, xp.add(p * cols), cols, block);
             }
         }
         true
@@ -547,6 +660,65 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_weights_give_the_bits_of_decode_then_dot_on_every_simd_path() {
+        // Blocks of 8, 16, 32 (the vector paths) and 12 (two scales in a vector: the plain
+        // loop), columns with a partial last block and a tail; NaN bytes, subnormals, -0,
+        // a scale too large for the vector path's 2^8 pre-scaling and an infinite one.
+        let mut s = 5u64;
+        for (rows, cols, block) in [(37, 84, 32), (9, 64, 16), (6, 7, 8), (5, 40, 12), (4, 300, 128)] {
+            let dt = DType::Fp8 { block };
+            let rb = dt.row_bytes(cols).unwrap();
+            let nb = cols.div_ceil(block as usize);
+            let mut bytes = vec![0u8; rows * rb];
+            for (r, row) in bytes.chunks_exact_mut(rb).enumerate() {
+                for b in 0..nb {
+                    let sc = match (r, b) {
+                        (3, 0) => 3.0e37,
+                        (4, 1) => f32::INFINITY,
+                        _ => 1e-3 * (1.0 + lcg(&mut s)),
+                    };
+                    row[4 * b..4 * b + 4].copy_from_slice(&sc.to_le_bytes());
+                }
+                for c in 0..cols {
+                    let v = (lcg(&mut s) * 1e4).abs() as u32 as u8;
+                    row[4 * nb + c] = match (r, c % 50) {
+                        (1, 3) => 0x7f,
+                        (2, 4) => 0xff,
+                        (_, 5) => 0x80,
+                        (_, 6) => 0x03,
+                        _ => v,
+                    };
+                }
+            }
+            let m = Mat::new(rows, cols, dt, crate::tensor::Bytes::from_vec(bytes)).unwrap();
+            for n in [1, 2, 5] {
+                let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
+                let mut row = vec![0.0; cols];
+                let mut want = vec![0.0f32; n * rows];
+                for r in 0..rows {
+                    m.row_into(r, &mut row);
+                    for p in 0..n {
+                        want[p * rows + r] = math::dot(&row, &x[p * cols..(p + 1) * cols]);
+                    }
+                }
+                for simd in Simd::available() {
+                    let mut out = vec![0.0; n * rows];
+                    // SAFETY: out holds n * rows values; x n * cols; rows 0..rows of m.
+                    unsafe { rows_into(simd, &m, &x, n, None, 0, rows, out.as_mut_ptr()) };
+                    for (i, (g, w)) in out.iter().zip(&want).enumerate() {
+                        assert!(
+                            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                            "{} {dt} [{rows}, {cols}] n {n} [{i}]: {g} vs {w}",
+                            simd.name()
+                        );
+                    }
+                }
+                assert!(want.iter().any(|v| v.is_nan()) == (rows > 2), "the NaN rows are NaN");
             }
         }
     }

@@ -24,6 +24,16 @@ use crate::error::{Error, Result};
 ///
 /// `U8` is raw bytes (safetensors "U8", the blocks and scales of an MXFP4 checkpoint),
 /// each read as its integer value.
+///
+/// FP8 rows (block-scaled e4m3, as DeepSeek-V3/R1, Kimi-K2 and GLM-5 ship their linear
+/// weights) hold `[scales: ceil(cols/block) x f32][values: cols e4m3 bytes, zero-padded to
+/// a multiple of 4 bytes]`: value c is [`E4M3`]`[byte c] * scale[c / block]`, one f32
+/// product (correctly rounded, so every path gets the same bits). A Hugging Face checkpoint's
+/// `weight_scale_inv` block of `[B0, B1]` weights becomes the scale of each of its B0 rows
+/// (`block` = B1), so a row, and an expert, is self-contained.
+///
+/// `F8E4M3` is raw e4m3 bytes (safetensors "F8_E4M3", before their scales are paired with
+/// them), each read as its e4m3 value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -33,6 +43,65 @@ pub enum DType {
     Int4 { group: u32 },
     Mxfp4,
     U8,
+    Fp8 { block: u32 },
+    F8E4M3,
+}
+
+/// The value of every e4m3 byte (OCP FP8 E4M3, PyTorch's `float8_e4m3fn`: sign, four
+/// exponent bits of bias 7, three mantissa bits, no infinities, 0x7f and 0xff NaN,
+/// subnormals `m * 2^-9`, 0x80 is -0.0), exactly, as f32.
+pub const E4M3: [f32; 256] = e4m3_table();
+
+const fn e4m3_table() -> [f32; 256] {
+    let mut t = [0.0f32; 256];
+    let mut b = 0;
+    while b < 256 {
+        let (e, m) = ((b >> 3) & 15, b & 7);
+        let mag = if e == 0 {
+            m as f32 * (1.0 / 512.0)
+        } else if e == 15 && m == 7 {
+            f32::NAN
+        } else {
+            // 2^(e - 7) * (1 + m/8): exponent e - 7 + 127, mantissa m in the top 3 bits.
+            f32::from_bits((((e + 120) as u32) << 23) | ((m as u32) << 20))
+        };
+        t[b] = if b >= 128 { -mag } else { mag };
+        b += 1;
+    }
+    t
+}
+
+/// The e4m3 byte nearest to `v` (round to nearest, ties to even), saturating at ±448;
+/// NaN gives 0x7f. The inverse of [`E4M3`] on its finite values.
+pub fn e4m3_from_f32(v: f32) -> u8 {
+    if v.is_nan() {
+        return 0x7f;
+    }
+    let sign = if v.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = v.abs();
+    let code = if a >= 464.0 {
+        0x7e // past the midpoint of 448 and the next step: saturate
+    } else if a < 1.0 / 64.0 {
+        // Subnormal range: multiples of 2^-9 (a * 512 is exact), ties to even.
+        let q = a * 512.0;
+        let f = q.floor();
+        let r = q - f;
+        let f = f as u8;
+        if r > 0.5 || (r == 0.5 && f & 1 == 1) {
+            f + 1
+        } else {
+            f
+        }
+    } else {
+        let bits = a.to_bits();
+        let e = (bits >> 23) as i32 - 127; // -6..=8
+        let m = bits & 0x7f_ffff;
+        let (hi, rem) = (m >> 20, m & 0xf_ffff);
+        let up = rem > 0x8_0000 || (rem == 0x8_0000 && hi & 1 == 1);
+        let code = (((e + 7) as u32) << 3) + hi + up as u32;
+        code.min(0x7e) as u8
+    };
+    sign | code
 }
 
 /// Values per MXFP4 block (one e8m0 scale each).
@@ -75,7 +144,9 @@ impl DType {
             }
             DType::Mxfp4 if cols.is_multiple_of(MXFP4_BLOCK) => Some(round4(cols / MXFP4_BLOCK) + cols / 2),
             DType::Mxfp4 => None,
-            DType::U8 => Some(cols),
+            DType::U8 | DType::F8E4M3 => Some(cols),
+            DType::Fp8 { block: 0 } => None,
+            DType::Fp8 { block } => cols.div_ceil(block as usize).checked_mul(4)?.checked_add(round4(cols)),
         }
     }
 
@@ -86,6 +157,7 @@ impl DType {
             "BF16" => Some(DType::BF16),
             "F16" => Some(DType::F16),
             "U8" => Some(DType::U8),
+            "F8_E4M3" => Some(DType::F8E4M3),
             _ => None,
         }
     }
@@ -101,6 +173,8 @@ impl DType {
             ("int4", Some(g)) if g > 0 => Some(DType::Int4 { group: g }),
             ("mxfp4", None) => Some(DType::Mxfp4),
             ("u8", None) => Some(DType::U8),
+            ("fp8", Some(b)) if b > 0 => Some(DType::Fp8 { block: b }),
+            ("f8_e4m3", None) => Some(DType::F8E4M3),
             _ => None,
         }
     }
@@ -114,6 +188,16 @@ impl DType {
             DType::Int4 { .. } => "int4",
             DType::Mxfp4 => "mxfp4",
             DType::U8 => "u8",
+            DType::Fp8 { .. } => "fp8",
+            DType::F8E4M3 => "f8_e4m3",
+        }
+    }
+
+    /// The scale block (columns per f32 scale) of an FP8 row.
+    pub fn fp8_block(self) -> Option<u32> {
+        match self {
+            DType::Fp8 { block } => Some(block),
+            _ => None,
         }
     }
 
@@ -132,9 +216,10 @@ impl DType {
 
 impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.group() {
-            Some(g) => write!(f, "{}/g{g}", self.name()),
-            None => f.write_str(self.name()),
+        match (self.group(), self.fp8_block()) {
+            (Some(g), _) => write!(f, "{}/g{g}", self.name()),
+            (_, Some(b)) => write!(f, "{}/b{b}", self.name()),
+            _ => f.write_str(self.name()),
         }
     }
 }
@@ -256,7 +341,12 @@ pub fn decode_into(dtype: DType, src: &[u8], out: &mut [f32]) {
                 *o = *b as f32;
             }
         }
-        DType::Int8 { .. } | DType::Int4 { .. } | DType::Mxfp4 => {}
+        DType::F8E4M3 => {
+            for (o, b) in out.iter_mut().zip(src) {
+                *o = E4M3[*b as usize];
+            }
+        }
+        DType::Int8 { .. } | DType::Int4 { .. } | DType::Mxfp4 | DType::Fp8 { .. } => {}
     }
 }
 
@@ -274,6 +364,19 @@ fn decode_mxfp4_row(cols: usize, src: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Decode one FP8 row (scale block `block`) into `out[..cols]`: `E4M3[byte] * scale`.
+fn decode_fp8_row(block: usize, cols: usize, src: &[u8], out: &mut [f32]) {
+    let nb = cols.div_ceil(block);
+    let (scales, q) = src.split_at(4 * nb);
+    for (b, s) in scales.chunks_exact(4).enumerate() {
+        let s = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        let (start, end) = (b * block, ((b + 1) * block).min(cols));
+        for (o, &byte) in out[start..end].iter_mut().zip(&q[start..end]) {
+            *o = E4M3[byte as usize] * s;
+        }
+    }
+}
+
 /// Decode one stored row (`dtype.row_bytes(cols)` bytes) into `out[..cols]`, exactly.
 #[inline]
 pub fn decode_row(dtype: DType, cols: usize, src: &[u8], out: &mut [f32]) {
@@ -281,6 +384,7 @@ pub fn decode_row(dtype: DType, cols: usize, src: &[u8], out: &mut [f32]) {
         DType::Int8 { group } => (group as usize, false),
         DType::Int4 { group } => (group as usize, true),
         DType::Mxfp4 => return decode_mxfp4_row(cols, src, out),
+        DType::Fp8 { block } => return decode_fp8_row(block as usize, cols, src, out),
         _ => return decode_into(dtype, src, &mut out[..cols]),
     };
     let groups = cols.div_ceil(group);
@@ -493,6 +597,54 @@ mod tests {
         assert_eq!(e8m0_half(255), 2.0f32.powi(127));
         assert_eq!(DType::from_safetensors("U8"), Some(DType::U8));
         assert_eq!(DType::from_name("mxfp4", None), Some(DType::Mxfp4));
+    }
+
+    #[test]
+    fn e4m3_bytes_decode_exactly_and_round_trip() {
+        // Against the format's definition, computed in f64 independently of the table.
+        for b in 0..=255u8 {
+            let (s, e, m) = (b >> 7, (b >> 3) & 15, b & 7);
+            let v = E4M3[b as usize];
+            if e == 15 && m == 7 {
+                assert!(v.is_nan(), "{b:#x} is NaN");
+                assert_eq!(e4m3_from_f32(v), 0x7f);
+                continue;
+            }
+            let mag = if e == 0 { m as f64 / 512.0 } else { (1.0 + m as f64 / 8.0) * 2f64.powi(e as i32 - 7) };
+            let want = if s == 1 { -mag } else { mag };
+            assert_eq!(v as f64, want, "{b:#x}");
+            assert_eq!(v.is_sign_negative(), s == 1, "{b:#x}: sign of zero kept");
+            assert_eq!(e4m3_from_f32(v), b, "{b:#x} round-trips");
+        }
+        assert_eq!((E4M3[0x7e], E4M3[0x08], E4M3[0x01], E4M3[0xfe]), (448.0, 1.0 / 64.0, 1.0 / 512.0, -448.0));
+        // Ties to even, saturation, subnormal rounding.
+        assert_eq!(e4m3_from_f32(1.0625), 0x38, "1 + 1/16 is halfway between 1 and 1.125: even");
+        assert_eq!(e4m3_from_f32(1.1875), 0x3a, "halfway between 1.125 and 1.25: even");
+        assert_eq!((e4m3_from_f32(1e9), e4m3_from_f32(-500.0)), (0x7e, 0xfe));
+        assert_eq!(e4m3_from_f32(1.5 / 512.0), 0x02, "1.5 subnormal steps: even");
+        assert_eq!(e4m3_from_f32(0.2 / 512.0), 0x00);
+    }
+
+    #[test]
+    fn fp8_rows_decode_to_e4m3_times_their_block_scale() {
+        // 37 columns in blocks of 16: scales for 16, 16 and 5 columns, then 37 bytes + 3 pad.
+        let dt = DType::Fp8 { block: 16 };
+        assert_eq!(dt.row_bytes(37), Some(12 + 40));
+        assert_eq!(DType::Fp8 { block: 0 }.row_bytes(37), None);
+        assert_eq!((dt.to_string(), DType::from_name("fp8", Some(16))), ("fp8/b16".to_string(), Some(dt)));
+        let scales = [0.5f32, -3.0e-3, 7.0];
+        let mut row: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        row.extend((0..37u8).map(|c| c.wrapping_mul(71)));
+        row.extend([0, 0, 0]);
+        let m = Mat::new(1, 37, dt, Bytes::from_vec(row.clone())).unwrap();
+        for (c, v) in m.to_f32().iter().enumerate() {
+            let want = E4M3[row[12 + c] as usize] * scales[c / 16];
+            assert_eq!(v.to_bits(), want.to_bits(), "[{c}]");
+        }
+        let mut raw = [0.0f32; 2];
+        decode_into(DType::F8E4M3, &[0x38, 0xb8], &mut raw);
+        assert_eq!(raw, [1.0, -1.0]);
+        assert_eq!(DType::from_safetensors("F8_E4M3"), Some(DType::F8E4M3));
     }
 
     #[test]

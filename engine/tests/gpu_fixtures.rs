@@ -192,6 +192,14 @@ fn qwen3_5_moe_gpu_matches_cpu() {
     check("qwen3_5_moe", None, 2);
 }
 
+/// Block-scaled FP8 (e4m3 with f32 scales in blocks of [16, 32]): MLA, the dense layer,
+/// shared and routed experts all read FP8 rows through weights.wgsl's decoder (one MoE
+/// layer: nothing for the router lookahead to predict).
+#[test]
+fn deepseek_v3_fp8_gpu_matches_cpu() {
+    check("deepseek_v3_fp8", None, 0);
+}
+
 /// The recurrent state on the GPU follows the CPU's through a multi-token call (which
 /// snapshots), a decode step, truncations that rewind to the snapshot and to the start,
 /// and the refeed that follows: every returned logit the CPU's bits.

@@ -66,13 +66,28 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
                 }
                 bytes.extend(row);
             }
-            DType::U8 => unreachable!("no GPU kernels for {dtype}"),
+            DType::Fp8 { block } => {
+                // f32 scales of either sign around 0.02, any e4m3 byte but the NaNs
+                // (subnormals and -0 included).
+                let blocks = cols.div_ceil(block as usize);
+                let mut row: Vec<u8> = (0..blocks).flat_map(|_| (rng.next() * 0.02 + 1e-3).to_le_bytes()).collect();
+                row.extend((0..cols).map(|_| match rng.bits() as u8 {
+                    b if b & 0x7f == 0x7f => b ^ 1,
+                    b => b,
+                }));
+                row.resize(rb, 0);
+                bytes.extend(row);
+            }
+            DType::U8 | DType::F8E4M3 => unreachable!("no GPU kernels for {dtype}"),
         }
     }
     Mat::new(rows, cols, dtype, Bytes::from_vec(bytes)).unwrap()
 }
 
-const DTYPES: [DType; 9] = [
+const DTYPES: [DType; 12] = [
+    DType::Fp8 { block: 8 },
+    DType::Fp8 { block: 12 },
+    DType::Fp8 { block: 32 },
     DType::F32,
     DType::BF16,
     DType::F16,

@@ -214,3 +214,20 @@ fn qwen3_next_f32_matches_transformers() {
 fn qwen3_5_moe_matches_transformers() {
     check("qwen3_5_moe");
 }
+
+/// A block-scaled FP8 deepseek_v3 checkpoint read as it is (tools/fixtures_fp8.py): e4m3
+/// linear weights with `weight_scale_inv` in blocks of [16, 32] on dims that are not
+/// multiples of them, against transformers on exactly the dequantized weights.
+#[test]
+fn deepseek_v3_fp8_matches_transformers() {
+    check("deepseek_v3_fp8");
+    // Every FP8 weight is read as FP8 rows (1 byte per weight plus its block scales), the
+    // routed experts too.
+    let model = Model::open_dir(&fixture_dir("deepseek_v3_fp8")).unwrap();
+    let fp8 = colibri_engine::tensor::DType::Fp8 { block: 32 };
+    let colibri_engine::model::Ffn::Dense(mlp) = &model.layers[0].ffn else { panic!("layer 0 is dense") };
+    assert_eq!((mlp.gate.dtype, mlp.gate.rows, mlp.gate.cols), (fp8, 36, 40));
+    let x = model.experts.expert(1, 3).unwrap();
+    assert_eq!((x.gate.dtype, x.down.dtype, x.down.byte_len()), (fp8, fp8, 40 * (4 + 20)));
+    assert_eq!(model.embed.dtype, colibri_engine::tensor::DType::BF16);
+}

@@ -69,7 +69,7 @@ fn logits_command_writes_the_reference_logits() {
 
 #[test]
 fn generate_json_reproduces_the_greedy_reference() {
-    for name in ["mixtral", "deepseek_v3", "qwen3_next", "qwen3_5_moe"] {
+    for name in ["mixtral", "deepseek_v3", "deepseek_v3_fp8", "qwen3_next", "qwen3_5_moe"] {
         let r = reference(name);
         let want: Vec<u64> = r["greedy"]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
         let out = coli()

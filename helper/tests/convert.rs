@@ -230,9 +230,16 @@ fn ram_budget_never_changes_the_bits() {
     let dst = root.join("m");
     convert_ok(&fixture("qwen2_moe"), &dst, &[]);
     same_bits_for_every_budget("qwen2_moe", &dst);
-    for name in
-        ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "qwen3_next", "qwen3_5_moe"]
-    {
+    for name in [
+        "deepseek_v3",
+        "deepseek_v3_fp8",
+        "deepseek_v3_noqlora",
+        "glm4_moe",
+        "gpt_oss",
+        "gpt_oss_mxfp4",
+        "qwen3_next",
+        "qwen3_5_moe",
+    ] {
         let d = root.join(name);
         convert_ok(&fixture(name), &d, &[]);
         same_bits_for_every_budget(name, &d);

@@ -731,3 +731,68 @@ fn unfinished_pulls_are_listed_and_removed() {
     let out = coli(&home, &hub).args(["rm", "acme/bad", "--yes"]).output().unwrap();
     assert_one_error(&out, "no installed model");
 }
+
+/// The FP8 fixture in two shards: every e4m3 weight in the first, every `_scale_inv` and
+/// the rest in the second, with an index (a weight's scale in another shard than itself).
+fn fp8_two_shards(tag: &str) -> PathBuf {
+    let (src, dir) = (fixture("deepseek_v3_fp8"), scratch(tag).join("ckpt"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let raw = std::fs::read(src.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&raw[8..8 + n]).unwrap();
+    let (mut shards, mut map) = ([serde_json::Map::new(), serde_json::Map::new()], serde_json::Map::new());
+    let mut data = [Vec::new(), Vec::new()];
+    for (k, mut v) in header.into_iter().filter(|(k, _)| k != "__metadata__") {
+        let o: Vec<usize> =
+            v["data_offsets"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+        let s = usize::from(v["dtype"] != "F8_E4M3");
+        v["data_offsets"] = serde_json::json!([data[s].len(), data[s].len() + o[1] - o[0]]);
+        data[s].extend_from_slice(&raw[8 + n + o[0]..8 + n + o[1]]);
+        map.insert(k.clone(), format!("model-0000{}-of-00002.safetensors", s + 1).into());
+        shards[s].insert(k, v);
+    }
+    for s in 0..2 {
+        let h = serde_json::to_vec(&shards[s]).unwrap();
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend(h);
+        out.extend(&data[s]);
+        std::fs::write(dir.join(format!("model-0000{}-of-00002.safetensors", s + 1)), out).unwrap();
+    }
+    let total = data[0].len() + data[1].len();
+    let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    dir
+}
+
+/// An FP8 repository is pulled as it is (FP8 kept, as `coli convert` keeps it), each
+/// weight waiting for the shard of its scale.
+#[test]
+fn pull_of_an_fp8_repository_keeps_fp8() {
+    let home = scratch("fp8");
+    let ckpt = fp8_two_shards("fp8-src");
+    let hub = MockHub::start(&[("acme/fp8", ckpt.clone())], &home);
+    ok(coli(&home, &hub).args(["pull", "acme/fp8"]).output().unwrap());
+    assert_same_dir(&home.join("acme/fp8"), &converted(&ckpt, "fp8-ref"));
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(home.join("acme/fp8/colibri.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&m["quant"]["default"], &m["experts"]["layers"][0]["parts"][0]["dtype"]),
+        (&"fp8".into(), &"fp8".into())
+    );
+    // The same model as the single-file fixture read directly.
+    let logits = |model: &Path, out: &Path| {
+        ok(Command::new(env!("CARGO_BIN_EXE_coli"))
+            .args(["logits", "--model"])
+            .arg(model)
+            .args(["--ids", "5,17,3,99,250", "--out"])
+            .arg(out)
+            .output()
+            .unwrap());
+        std::fs::read(out).unwrap()
+    };
+    let want = logits(&fixture("deepseek_v3_fp8"), &home.join("want.bin"));
+    assert!(logits(&home.join("acme/fp8"), &home.join("got.bin")) == want);
+}

@@ -6,11 +6,15 @@
 // `cols` and `row_words` (u32 words per stored row; used by the integer types).
 // The element type is a pipeline-overridable constant, so each dtype gets its own
 // specialised pipeline:
-//   DTYPE 0 f32 | 1 bf16 | 2 f16 | 3 int8 | 4 int4, GROUP = quantization group size.
+//   DTYPE 0 f32 | 1 bf16 | 2 f16 | 3 int8 | 4 int4 | 5 fp8, GROUP = quantization group
+//   size (fp8: columns per scale block).
 // Quantized rows: [f16 scales, ceil(cols/GROUP), padded to 4 bytes][values, padded to
 // 4 bytes]; int8 values are two's complement bytes, int4 values are q + 8 in a nibble
 // (element 2j low nibble of byte j). value = f32(q) * f32(scale): exact in f32, the
 // same bits as tensor::decode_row. No shader-f16 needed: f16 is decoded with integers.
+// FP8 rows: [f32 scales, ceil(cols/GROUP)][e4m3 bytes, padded to 4 bytes]; value =
+// e4m3(byte) * scale, one correctly rounded product (kept whole: wopq), the CPU's bits.
+// The kernel's `P` has a field `zero` (always 0), as common/arith.wgsl needs.
 
 override DTYPE: u32 = 0u;
 override GROUP: u32 = 32u;
@@ -36,6 +40,28 @@ fn f16_to_f32(h: u32) -> f32 {
         return bitcast<f32>(sign | (ee << 23u) | ((m & 0x3ffu) << 13u));
     }
     return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// x, opaque to the compiler (bits xor P.zero = 0): a product passed through it is rounded
+// to f32 as it stands, never reassociated with the products it feeds.
+fn wopq(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) ^ P.zero);
+}
+
+// The e4m3 byte b (float8_e4m3fn: bias 7, no infinities, 0x7f/0xff NaN) as f32, exactly:
+// tensor::E4M3.
+fn e4m3_to_f32(b: u32) -> f32 {
+    let sign = (b & 0x80u) << 24u;
+    let e = (b >> 3u) & 15u;
+    let m = b & 7u;
+    if (e == 15u && m == 7u) {
+        return bitcast<f32>(sign | 0x7fc00000u);
+    }
+    if (e == 0u) {
+        // Subnormal: m * 2^-9, a normal f32 (exact).
+        return bitcast<f32>(sign | bitcast<u32>(f32(m) * 0.001953125));
+    }
+    return bitcast<f32>(sign | ((e + 120u) << 23u) | (m << 20u));
 }
 
 // 16-bit element `e` of the block (little-endian halves of each word).
@@ -71,6 +97,12 @@ fn wval(r: u32, c: u32, cols: u32, row_words: u32) -> f32 {
         }
         case 3u, 4u: {
             return f32(wint(r, c, cols, row_words)) * wscale(r, c / GROUP, cols, row_words);
+        }
+        case 5u: {
+            let base = r * row_words;
+            let nb = (cols + GROUP - 1u) / GROUP;
+            let byte = (W[base + nb + (c >> 2u)] >> ((c & 3u) * 8u)) & 0xffu;
+            return wopq(e4m3_to_f32(byte) * bitcast<f32>(W[base + c / GROUP]));
         }
         default: {
             return bitcast<f32>(W[r * cols + c]);

@@ -152,7 +152,9 @@ export async function nativeReference({ model, prompt, n, quant = "int8", conver
   const scratch = mkdtempSync(join(tmpdir(), "colibri-e2e-logits-"));
   const out = join(scratch, "logits.f32");
   coli(["logits", "--model", path, "--ids", prompt.join(","), "--out", out]);
-  const logits = new Float32Array(readFileSync(out).buffer.slice(0));
+  // The file's own bytes: a small file's Buffer is a view into a shared pool.
+  const raw = readFileSync(out);
+  const logits = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
   rmSync(scratch, { recursive: true, force: true });
   let helper;
   try {

@@ -4,20 +4,21 @@
 //! into owned memory when a position routes to it and kept in a least-recently-used set
 //! of a byte budget. Nothing is memory-mapped, so a shard truncated or replaced while the
 //! model is served gives an error for the request that needs the missing bytes, never a
-//! SIGBUS.
+//! SIGBUS. The FP8 pairs of a block-scaled checkpoint are read the same way, through
+//! [`crate::format::fp8::Fp8Table`], whether its bytes are in memory or in the shards.
 
 use std::sync::{Arc, Mutex};
 
 use super::lru::Lru;
 use super::{Expert, ExpertSource};
 use crate::error::{Error, Result};
-use crate::format::tensors::Shards;
-use crate::tensor::{Bytes, Mat};
+use crate::format::tensors::MatReader;
+use crate::tensor::Mat;
 
 pub struct StreamedExperts {
     /// (layer) -> (expert) with placeholder matrices; empty for dense layers.
     layers: Vec<Vec<Arc<Expert>>>,
-    shards: Arc<Shards>,
+    shards: Arc<dyn MatReader>,
     cache: Mutex<Lru<(usize, usize), Arc<Expert>>>,
     budget: u64,
 }
@@ -25,15 +26,12 @@ pub struct StreamedExperts {
 impl StreamedExperts {
     /// Experts whose matrices are placeholders in `shards`, keeping at most `budget` bytes
     /// of them in memory (0: none, each read when used).
-    pub fn new(layers: Vec<Vec<Arc<Expert>>>, shards: Arc<Shards>, budget: u64) -> Self {
+    pub fn new(layers: Vec<Vec<Arc<Expert>>>, shards: Arc<dyn MatReader>, budget: u64) -> Self {
         StreamedExperts { layers, shards, cache: Mutex::new(Lru::default()), budget }
     }
 
     fn read(&self, m: &Mat) -> Result<Mat> {
-        match m.bytes.file_offset() {
-            Some(at) => Mat::new(m.rows, m.cols, m.dtype, Bytes::from_vec(self.shards.read(at, m.bytes.len())?)),
-            None => Ok(m.clone()),
-        }
+        self.shards.read_mat(m)
     }
 }
 

@@ -410,7 +410,8 @@ fn align(v: u64, a: u64) -> u64 {
 }
 
 fn dtype_fields(d: DType) -> (String, Option<u32>) {
-    (d.name().to_string(), d.group())
+    // FP8 rows keep their scale block (columns per scale) in `group_size`.
+    (d.name().to_string(), d.group().or(d.fp8_block()))
 }
 
 /// Lays out a container: dense tensors from offset 0, each aligned to [`TENSOR_ALIGN`];

@@ -129,3 +129,5 @@ pub fn verify_sum(t: &manifest::DenseTensor, got: u64, origin: &str) -> Result<(
 pub fn is_container(dir: &std::path::Path) -> bool {
     dir.join(MANIFEST_FILE).is_file()
 }
+/// FP8 block-scaled weights (a child of `tensors`, which pairs them with their scales).
+pub use tensors::fp8;

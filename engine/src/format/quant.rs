@@ -65,7 +65,33 @@ pub fn quantize_row(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
             }
         }
         DType::Mxfp4 => quantize_row_mxfp4(src, out)?,
-        DType::U8 => return Err(Error::Invalid("u8 is a raw byte type, not a weight encoding".into())),
+        DType::Fp8 { block } => quantize_row_fp8(block as usize, src, out)?,
+        DType::U8 | DType::F8E4M3 => {
+            return Err(Error::Invalid(format!("{dtype} is a raw checkpoint type, not a weight encoding")))
+        }
+    }
+    Ok(())
+}
+
+/// FP8 of one row with scale blocks of `block` columns: each block's scale is
+/// `max|x| / 448` (1 for an all-zero block), each value `e4m3_from_f32(x / scale)`.
+/// (A Hugging Face FP8 checkpoint's bytes and scales are copied instead.)
+fn quantize_row_fp8(block: usize, src: &[f32], out: &mut [u8]) -> Result<()> {
+    use crate::tensor::e4m3_from_f32;
+    let cols = src.len();
+    let nb = cols.div_ceil(block);
+    out.iter_mut().for_each(|b| *b = 0);
+    let (scales, q) = out.split_at_mut(4 * nb);
+    for (b, x) in src.chunks(block).enumerate() {
+        if x.iter().any(|v| !v.is_finite()) {
+            return Err(Error::Invalid("cannot quantize a row holding NaN or infinity".into()));
+        }
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+        scales[4 * b..4 * b + 4].copy_from_slice(&scale.to_le_bytes());
+        for (o, v) in q[b * block..].iter_mut().zip(x) {
+            *o = e4m3_from_f32(v / scale);
+        }
     }
     Ok(())
 }

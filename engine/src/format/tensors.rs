@@ -14,6 +14,8 @@
 //! the text model's own names (`model.layers.0...`), and the vision tower (`model.visual.`),
 //! which no command uses, is left out ([`text_tower_name`]).
 
+pub mod fp8;
+
 use std::collections::HashMap;
 
 use safetensors::{SafeTensorError, SafeTensors};
@@ -49,10 +51,23 @@ pub struct TensorEntry {
     pub bytes: Bytes,
 }
 
+/// Reads matrices whose bytes are placeholders ([`Bytes::elsewhere`]) into memory: the
+/// shards of a streamed checkpoint ([`Shards`]), the FP8 pairs of a block-scaled one
+/// ([`fp8::Fp8Table`]).
+pub trait MatReader: Send + Sync {
+    /// `m` with its bytes in memory (a matrix already in memory as it is).
+    fn read_mat(&self, m: &Mat) -> Result<Mat>;
+    /// The `len` bytes at offset `at` of the placeholders' run.
+    fn read_bytes(&self, at: u64, len: usize) -> Result<Vec<u8>>;
+}
+
 /// All tensors of a checkpoint by name.
 #[derive(Default)]
 pub struct TensorStore {
     tensors: HashMap<String, TensorEntry>,
+    /// The FP8 pairs of a block-scaled checkpoint, whose tensors are placeholders read
+    /// through it ([`super::fp8`]).
+    fp8: Option<std::sync::Arc<fp8::Fp8Table>>,
     /// The files of a streamed checkpoint ([`TensorStore::open_dir_streamed`]), whose
     /// tensors are placeholders at offsets of [`Shards`].
     #[cfg(not(target_arch = "wasm32"))]
@@ -79,6 +94,20 @@ fn owned_read_limit() -> u64 {
 pub struct Shards {
     /// (path, file, first offset, length when opened), ascending offsets.
     files: Vec<(std::path::PathBuf, std::fs::File, u64, u64)>,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl MatReader for Shards {
+    fn read_mat(&self, m: &Mat) -> Result<Mat> {
+        match m.bytes.file_offset() {
+            Some(at) => Mat::new(m.rows, m.cols, m.dtype, Bytes::from_vec(self.read(at, m.bytes.len())?)),
+            None => Ok(m.clone()),
+        }
+    }
+
+    fn read_bytes(&self, at: u64, len: usize) -> Result<Vec<u8>> {
+        self.read(at, len)
+    }
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -235,19 +264,71 @@ impl TensorStore {
         self.shards.clone()
     }
 
-    /// This store with every placeholder tensor read into owned memory but those for which
-    /// `keep_elsewhere(name)` holds: the dense weights of a streamed checkpoint.
-    #[cfg(not(target_arch = "wasm32"))]
+    /// What reads this store's placeholder tensors: the FP8 pairs (and through them the
+    /// shards), or the shards; None when every tensor is in memory.
+    pub fn reader(&self) -> Option<std::sync::Arc<dyn MatReader>> {
+        if let Some(t) = &self.fp8 {
+            return Some(t.clone());
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(s) = &self.shards {
+            return Some(s.clone());
+        }
+        None
+    }
+
+    /// Whether this store has FP8 block-scaled tensors (paired with their scales).
+    pub fn has_fp8(&self) -> bool {
+        self.fp8.is_some()
+    }
+
+    /// This store with every placeholder tensor read into owned memory ([`Self::reader`])
+    /// but those for which `keep_elsewhere(name)` holds: the dense weights of a streamed
+    /// or FP8 checkpoint.
     pub fn resident(&self, keep_elsewhere: impl Fn(&str) -> bool) -> Result<TensorStore> {
-        let mut out = TensorStore { tensors: HashMap::with_capacity(self.tensors.len()), shards: self.shards.clone() };
+        let mut out = TensorStore {
+            tensors: HashMap::with_capacity(self.tensors.len()),
+            fp8: self.fp8.clone(),
+            #[cfg(not(target_arch = "wasm32"))]
+            shards: self.shards.clone(),
+        };
+        let reader = self.reader();
         for (name, t) in &self.tensors {
             let mut t = t.clone();
-            if let (Some(at), Some(sh), false) = (t.bytes.file_offset(), &self.shards, keep_elsewhere(name)) {
-                t.bytes = Bytes::from_vec(sh.read(at, t.bytes.len())?);
+            if let (true, Some(r), false) = (t.bytes.is_elsewhere(), &reader, keep_elsewhere(name)) {
+                let cols = t.shape.last().copied().unwrap_or(1);
+                let rows = t.shape.iter().rev().skip(1).product::<usize>();
+                t.bytes = r.read_mat(&Mat::new(rows, cols, t.dtype, t.bytes.clone())?)?.bytes;
             }
             out.tensors.insert(name.clone(), t);
         }
         Ok(out)
+    }
+
+    /// Pairs the FP8 tensors with their scales ([`fp8::pair`]), with the block size
+    /// of `dir`'s config.json, where the store holds any.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn pair_fp8(&mut self, dir: &std::path::Path) -> Result<()> {
+        if !self.tensors.values().any(|t| t.dtype == DType::F8E4M3) {
+            return Ok(());
+        }
+        let path = dir.join("config.json");
+        let block = match crate::fsio::read_limited(&path, crate::fsio::MAX_JSON_BYTES) {
+            Ok(b) => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&b).map_err(|e| Error::Json { path: path.clone(), json: e })?;
+                fp8::block_size(&v).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
+            }
+            Err(_) => None,
+        };
+        let fallback = self.shards.clone().map(|s| s as std::sync::Arc<dyn MatReader>);
+        fp8::pair(self, block, fallback)?;
+        Ok(())
+    }
+
+    /// Sets the table that reads this store's FP8 placeholders.
+    fn set_fp8(&mut self, table: std::sync::Arc<fp8::Fp8Table>) {
+        self.fp8 = Some(table);
     }
 
     /// Reads the shards into memory when they hold at most `read_limit` bytes, else (and
@@ -308,6 +389,7 @@ impl TensorStore {
                 base = base.saturating_add(len);
             }
             store.shards = Some(std::sync::Arc::new(Shards { files }));
+            store.pair_fp8(dir)?;
             return Ok(store);
         }
         for (f, file, len) in opened {
@@ -316,6 +398,7 @@ impl TensorStore {
             file.take(len).read_to_end(&mut buf).map_err(|e| Error::io(&f, e))?;
             store.add_file(&f.display().to_string(), Bytes::from_vec(buf))?;
         }
+        store.pair_fp8(dir)?;
         Ok(store)
     }
 
@@ -373,6 +456,11 @@ impl TensorStore {
             return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));
         }
         Ok(())
+    }
+
+    /// Removes one tensor.
+    pub fn remove(&mut self, name: &str) -> Option<TensorEntry> {
+        self.tensors.remove(name)
     }
 
     /// Adds (or replaces) one tensor.

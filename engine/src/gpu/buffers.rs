@@ -1,5 +1,5 @@
 //! Weights in GPU buffers. A matrix keeps its stored bytes (f32, bf16, f16, int8/int4
-//! with f16 group scales, or MXFP4) and the kernels decode them exactly; a matrix larger than
+//! with f16 group scales, MXFP4, or FP8 with f32 block scales) and the kernels decode them exactly; a matrix larger than
 //! one storage binding (or one buffer) is split into row blocks, each its own buffer.
 
 use super::recorder::BufRange;
@@ -85,11 +85,11 @@ pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu:
 /// How a matrix is laid out on the GPU: (bytes per row, u32 words per row for the integer
 /// types, rows per block of one binding).
 pub fn mat_layout(ctx: &GpuContext, label: &str, m: &Mat) -> Result<(usize, u32, usize)> {
-    if m.dtype == DType::U8 {
+    if matches!(m.dtype, DType::U8 | DType::F8E4M3) {
         return Err(Error::Gpu(format!("{label}: {} weights have no GPU kernels; use the CPU backend", m.dtype)));
     }
     let row_bytes = m.row_bytes();
-    let row_words = if m.dtype.is_quantized() || m.dtype == DType::Mxfp4 {
+    let row_words = if m.dtype.is_quantized() || matches!(m.dtype, DType::Mxfp4 | DType::Fp8 { .. }) {
         if !row_bytes.is_multiple_of(4) {
             return Err(Error::Gpu(format!("{label}: quantized rows of {row_bytes} bytes are not 4-byte aligned")));
         }

@@ -25,7 +25,7 @@ pub struct Format {
 /// Every format the engine's matrix kernel reads: what `coli convert` writes (int4/int8
 /// with the default group 32 and the other common groups), what a GGUF import keeps (Q4_0
 /// and Q8_0 become int4/int8 with group 32, MXFP4 stays), and the float weights of a
-/// Hugging Face directory read directly (f32, bf16, f16).
+/// Hugging Face directory read directly (f32, bf16, f16, block-scaled FP8).
 pub fn formats() -> Vec<Format> {
     let f = |dtype, source| Format { dtype, source };
     vec![
@@ -36,6 +36,7 @@ pub fn formats() -> Vec<Format> {
         f(DType::Int4 { group: 128 }, "coli convert --group-size 128"),
         f(DType::Int8 { group: 128 }, "coli convert --group-size 128 (int8 parts)"),
         f(DType::Mxfp4, "gpt-oss experts; GGUF MXFP4"),
+        f(DType::Fp8 { block: 128 }, "HF FP8 directory (DeepSeek-V3/R1, Kimi-K2, GLM-5; coli convert keeps it)"),
         f(DType::BF16, "HF directory (bf16 checkpoints)"),
         f(DType::F16, "HF directory (f16 checkpoints)"),
         f(DType::F32, "HF directory (f32 checkpoints)"),
@@ -88,7 +89,19 @@ pub fn matrix(dtype: DType, rows: usize, cols: usize, seed: u64) -> Result<Mat> 
                 scales.iter_mut().take(blocks).for_each(|s| *s = 118 + (g.next() % 6) as u8);
                 vals.iter_mut().for_each(|v| *v = g.next() as u8);
             }
-            DType::U8 => row.iter_mut().for_each(|v| *v = g.next() as u8),
+            DType::Fp8 { block } => {
+                let blocks = cols.div_ceil(block as usize);
+                let (scales, vals) = row.split_at_mut(blocks * 4);
+                for s in scales.chunks_exact_mut(4) {
+                    s.copy_from_slice(&(0.0001 + 0.00002 * (g.next() % 8) as f32).to_le_bytes());
+                }
+                // Any byte but the two NaNs (0x7f, 0xff); the row's padding stays zero.
+                for v in vals.iter_mut().take(cols) {
+                    let b = g.next() as u8;
+                    *v = if b & 0x7f == 0x7f { b ^ 1 } else { b };
+                }
+            }
+            DType::U8 | DType::F8E4M3 => row.iter_mut().for_each(|v| *v = g.next() as u8),
         }
     }
     Mat::new(rows, cols, dtype, Bytes::from_vec(bytes))

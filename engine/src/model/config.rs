@@ -685,13 +685,16 @@ impl ModelConfig {
 }
 
 /// What no family here implements, refused with the field named: quantized checkpoints
-/// (DeepSeek-V3's own release is FP8 with block scales) but gpt_oss's MXFP4 experts, and
+/// but block-scaled FP8 (e4m3, f32 scales) and gpt_oss's MXFP4 experts, and
 /// activations other than SiLU.
 fn refuse_unsupported(v: &Value, family: Family) -> Result<()> {
     if let Some(q) = v.get("quantization_config").filter(|q| !q.is_null()) {
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
-        // gpt_oss's MXFP4 experts (*_blocks / *_scales) are read as they are (model/gpt_oss.rs).
-        if !(family == Family::GptOss && method == "mxfp4") {
+        // gpt_oss's MXFP4 experts (*_blocks / *_scales) are read as they are (model/gpt_oss.rs),
+        // and block-scaled FP8 of any family (format/fp8.rs).
+        if method == "fp8" {
+            crate::format::fp8::block_size(v)?;
+        } else if !(family == Family::GptOss && method == "mxfp4") {
             return Err(Error::Config(format!(
                 "quantization_config (quant_method {method:?}) is not supported: convert from a checkpoint in f32, bf16 or f16"
             )));

@@ -328,12 +328,13 @@ impl Model {
     /// ([`crate::experts::streamed`]). gpt_oss's fused experts are reordered as they load,
     /// so its checkpoints are read whole.
     pub fn from_store_with(cfg: ModelConfig, s: &TensorStore, expert_budget: u64) -> Result<Self> {
+        // A streamed checkpoint, or FP8 pairs (read into FP8 rows when used, format::fp8).
         #[cfg(not(target_arch = "wasm32"))]
-        if let Some(shards) = s.shards() {
+        if let Some(reader) = s.reader() {
             let stream = cfg.family != Family::GptOss;
             let s = s.resident(|n| stream && crate::format::tensors::is_routed_expert_weight(n))?;
             let experts = Self::routed_experts(&cfg, &s)?;
-            let source = crate::experts::streamed::StreamedExperts::new(experts, shards, expert_budget);
+            let source = crate::experts::streamed::StreamedExperts::new(experts, reader, expert_budget);
             return Model::from_parts(cfg, &s, Box::new(source));
         }
         #[cfg(target_arch = "wasm32")]

@@ -202,8 +202,13 @@ fn parse_config(src: &Path) -> Result<(serde_json::Value, ModelConfig)> {
 fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     let g = a.group_size;
     let gguf = convert_gguf::is_gguf(&a.src);
+    // A block-scaled FP8 checkpoint (format::fp8) is opened before the plan: without
+    // --quant it keeps every tensor's own type (FP8 stays FP8, exact), like a GGUF.
+    let hf = if gguf { None } else { Some(parse_config(&a.src)?) };
+    let hf_store = if gguf { None } else { Some(TensorStore::open_dir_unread(&a.src)?) };
+    let fp8 = hf_store.as_ref().is_some_and(TensorStore::has_fp8);
     // A GGUF without --quant keeps each tensor's own type where it can (None below).
-    let keep = gguf && a.quant.is_none();
+    let keep = (gguf || fp8) && a.quant.is_none();
     let quant = a.quant.unwrap_or(Quant::Int4);
     let q = |c: Option<Quant>, dflt: Quant| match c {
         Some(c) => Some(c.dtype(g)),
@@ -233,8 +238,8 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         let cfg = ModelConfig::from_value(&src.config).with_context(|| format!("{}: config", a.src.display()))?;
         (src.config, cfg, src.stub, src.files, Some(src.provenance), Some(src.lazy))
     } else {
-        let (config, cfg) = parse_config(&a.src)?;
-        (config, cfg, TensorStore::open_dir_unread(&a.src)?, Vec::new(), None, None)
+        let (config, cfg) = hf.context("the checkpoint's config")?;
+        (config, cfg, hf_store.context("the checkpoint's tensors")?, Vec::new(), None, None)
     };
     let model = match Model::from_store(cfg.clone(), &convert_source::planning_store(&cfg, &store)?) {
         Err(e) if gguf => bail!("{}: the GGUF lacks a tensor of this model: {e}", a.src.display()),
@@ -321,7 +326,11 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
             classes.insert(k.to_string(), v.map(|v| v.to_string()).unwrap_or_default());
         }
     }
-    let default = if keep { "gguf".to_string() } else { format!("{quant:?}").to_lowercase() };
+    let default = match (keep, gguf) {
+        (true, true) => "gguf".to_string(),
+        (true, false) => "fp8".to_string(),
+        _ => format!("{quant:?}").to_lowercase(),
+    };
     let summary = QuantSummary { default, group_size: g, classes };
     let dense_plans: Vec<DensePlan> = dense
         .iter()
@@ -366,14 +375,19 @@ impl Job {
         let (offset, length) = self.ranges[k];
         match &self.items[k] {
             Item::Dense { src, dtype, index } => {
-                let shards = self.store.shards();
+                let shards = self.store.reader();
                 let mat = match &self.gguf {
                     Some(g) => g.mat(src, *dtype)?,
                     None => {
                         let t = self.store.get(src)?;
                         let cols = t.shape.last().copied().unwrap_or(1);
                         let rows = if t.shape.is_empty() { 1 } else { t.shape[..t.shape.len() - 1].iter().product() };
-                        Mat::new(rows, cols, t.dtype, t.bytes.clone())?
+                        let m = Mat::new(rows, cols, t.dtype, t.bytes.clone())?;
+                        // An FP8 pair is read into FP8 rows here (format::fp8).
+                        match (m.bytes.is_elsewhere(), self.store.reader()) {
+                            (true, Some(r)) => r.read_mat(&m)?,
+                            _ => m,
+                        }
                     }
                 };
                 let (rows, cols) = (mat.rows, mat.cols);
@@ -402,7 +416,7 @@ impl Job {
                     Some(g) => g.expert(*layer, *expert, [parts[0].dtype()?, parts[1].dtype()?, parts[2].dtype()?])?,
                     None => {
                         let x = self.model.experts.expert(*layer, *expert)?;
-                        let sh = self.store.shards();
+                        let sh = self.store.reader();
                         let read = |m: &Mat| convert_source::resolve(m.clone(), sh.as_ref());
                         [read(&x.gate)?, read(&x.up)?, read(&x.down)?]
                     }
@@ -459,13 +473,17 @@ impl Job {
         k: usize,
         experts_by_layer: &std::collections::HashMap<usize, Vec<(Option<usize>, String)>>,
     ) -> Vec<String> {
-        match &self.items[k] {
+        let names: Vec<String> = match &self.items[k] {
             Item::Dense { src, .. } => vec![src.clone()],
             Item::Expert { layer, expert, .. } => experts_by_layer
                 .get(layer)
                 .map(|v| v.iter().filter(|(e, _)| e.is_none_or(|e| e == *expert)).map(|(_, n)| n.clone()).collect())
                 .unwrap_or_default(),
-        }
+        };
+        // An FP8 weight needs its scale tensor too (format::fp8; it may be in another shard).
+        let fp8 = |n: &String| self.store.get(n).is_ok_and(|t| t.dtype.fp8_block().is_some());
+        let scales: Vec<String> = names.iter().filter(|n| fp8(n)).map(|n| format!("{n}_scale_inv")).collect();
+        names.into_iter().chain(scales).collect()
     }
 
     /// Expert tensors of the checkpoint by layer, with the expert index in their name.

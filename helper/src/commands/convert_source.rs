@@ -13,7 +13,7 @@ use std::fs::File;
 
 use anyhow::{Context, Result};
 use colibri_engine::format::quant::quantize_row;
-use colibri_engine::format::tensors::{is_routed_expert_weight, Shards, TensorEntry, TensorStore};
+use colibri_engine::format::tensors::{is_routed_expert_weight, MatReader, TensorEntry, TensorStore};
 use colibri_engine::model::config::Family;
 use colibri_engine::tensor::DType;
 use colibri_engine::tensor::{Bytes, Mat};
@@ -49,10 +49,11 @@ pub fn planning_store(cfg: &ModelConfig, store: &TensorStore) -> Result<TensorSt
     Ok(out)
 }
 
-/// `m` with its bytes in memory: read from `shards` when they are a placeholder there.
-pub fn resolve(m: Mat, shards: Option<&Arc<Shards>>) -> Result<Mat> {
-    match (m.bytes.file_offset(), shards) {
-        (Some(at), Some(sh)) => Ok(Mat::new(m.rows, m.cols, m.dtype, Bytes::from_vec(sh.read(at, m.bytes.len())?))?),
+/// `m` with its bytes in memory: read by the store's `reader` when they are a placeholder
+/// (its shards, or an FP8 weight laid out as rows with its scales).
+pub fn resolve(m: Mat, reader: Option<&Arc<dyn MatReader>>) -> Result<Mat> {
+    match (m.bytes.file_offset(), reader) {
+        (Some(_), Some(r)) => Ok(r.read_mat(&m)?),
         (Some(_), None) => anyhow::bail!("a tensor's bytes are not in memory and no file holds them"),
         (None, _) => Ok(m),
     }

@@ -128,7 +128,11 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
                 None => format!("colibri container v{} ({}, {})", m.version, m.data_file, human(m.data_size)),
             },
             cfg,
-            quant: format!("{} (group {}): {}", m.quant.default, m.quant.group_size, classes.join(", ")),
+            quant: match m.quant.default.as_str() {
+                // An FP8 checkpoint kept as it is: the classes carry their blocks (fp8/b128).
+                "fp8" => format!("fp8, as the checkpoint stores it: {}", classes.join(", ")),
+                d => format!("{d} (group {}): {}", m.quant.group_size, classes.join(", ")),
+            },
             quant_short: match m.quant.default.as_str() {
                 q @ ("int4" | "int8") => format!("{q}/g{}", m.quant.group_size),
                 q => q.to_string(),
@@ -158,7 +162,13 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
     let dtypes = dtypes.into_iter().collect::<Vec<_>>().join(",");
     Ok(Summary {
         format: "Hugging Face checkpoint (safetensors)".into(),
-        quant: if dtypes.contains("mxfp4") { format!("MXFP4 experts ({dtypes})") } else { format!("none ({dtypes})") },
+        quant: if dtypes.contains("mxfp4") {
+            format!("MXFP4 experts ({dtypes})")
+        } else if dtypes.contains("fp8") {
+            format!("FP8 block-scaled e4m3, read as FP8 rows ({dtypes})")
+        } else {
+            format!("none ({dtypes})")
+        },
         quant_short: dtypes,
         resident,
         streamed,

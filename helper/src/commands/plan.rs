@@ -70,6 +70,8 @@ struct Sizes {
     n_experts: u64,
     /// Whether the sizes are an estimate of a conversion (not converted yet).
     estimated: bool,
+    /// A block-scaled FP8 checkpoint: the estimate keeps its FP8 weights.
+    fp8: bool,
     /// Learned usage counts exist (the automatic --pin needs them).
     has_usage: bool,
     /// The converted data file, to measure the disk with real expert reads.
@@ -91,9 +93,19 @@ impl Sizes {
     }
 }
 
-/// The sizes `coli convert`'s defaults would give a model of `params` parameters.
-fn estimated_sizes(source: &'static str, location: String, cfg: ModelConfig, params: u64) -> Result<Sizes> {
-    let (resident, expert, embed) = converted_sizes(&cfg, params)?;
+/// The sizes `coli convert`'s defaults would give a model of `params` parameters (of a
+/// block-scaled FP8 checkpoint, `fp8` its block size: kept FP8).
+fn estimated_sizes(
+    source: &'static str,
+    location: String,
+    cfg: ModelConfig,
+    params: u64,
+    fp8: Option<[usize; 2]>,
+) -> Result<Sizes> {
+    let (resident, expert, embed) = match fp8 {
+        Some([_, b1]) => fp8_sizes(&cfg, params, b1)?,
+        None => converted_sizes(&cfg, params)?,
+    };
     let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
     Ok(Sizes {
         source,
@@ -104,6 +116,7 @@ fn estimated_sizes(source: &'static str, location: String, cfg: ModelConfig, par
         n_experts,
         cfg,
         estimated: true,
+        fp8: fp8.is_some(),
         has_usage: false,
         data: None,
     })
@@ -127,12 +140,38 @@ fn converted_sizes(cfg: &ModelConfig, params: u64) -> Result<(u64, u64, u64)> {
     Ok((rest * int8_per_1024 / 1024 + router_params * 4, expert, embed))
 }
 
+/// [`converted_sizes`] of a block-scaled FP8 checkpoint (blocks of `b1` columns), which
+/// `coli convert` keeps as it is: FP8 rows (1 byte per weight plus an f32 scale per `b1`)
+/// for the linear weights, bf16 token embeddings and lm_head, f32 routers.
+fn fp8_sizes(cfg: &ModelConfig, params: u64, b1: usize) -> Result<(u64, u64, u64)> {
+    let (h, i) = (cfg.hidden, cfg.expert_intermediate);
+    let fp8 = DType::Fp8 { block: b1 as u32 };
+    let row = |cols: usize| fp8.row_bytes(cols).context("row size");
+    let expert = (2 * i * row(h)? + h * row(i)?) as u64;
+    let moe = cfg.moe_layers.iter().filter(|m| **m).count() as u64;
+    let experts = cfg.router.n_experts as u64;
+    let router_params = moe * experts * h as u64;
+    let tables = if cfg.tie_word_embeddings { 1 } else { 2 } * (cfg.vocab * h) as u64;
+    let rest = params.saturating_sub(moe * experts * 3 * (h * i) as u64 + router_params + tables);
+    let embed = if cfg.tie_word_embeddings { 0 } else { (cfg.vocab * h * 2) as u64 };
+    Ok((rest * row(1024)? as u64 / 1024 + router_params * 4 + tables * 2, expert, embed))
+}
+
+/// The FP8 block size of a config.json (format::fp8), None for other checkpoints.
+fn fp8_block(config: &[u8]) -> Option<[usize; 2]> {
+    let v: serde_json::Value = serde_json::from_slice(config).ok()?;
+    colibri_engine::format::fp8::block_size(&v).ok().flatten()
+}
+
 fn read_config(bytes: &[u8], what: &str) -> Result<ModelConfig> {
     ModelConfig::from_json_bytes(bytes).with_context(|| format!("{what}: config.json"))
 }
 
 /// Bytes per parameter of a checkpoint's `torch_dtype` (bf16 where it says nothing).
 fn source_width(config: &serde_json::Value) -> u64 {
+    if colibri_engine::format::fp8::block_size(config).ok().flatten().is_some() {
+        return 1; // e4m3 linear weights (the bf16 tables and the scales are a few percent)
+    }
     match config.get("torch_dtype").or_else(|| config.get("dtype")).and_then(|v| v.as_str()) {
         Some("float32") => 4,
         _ => 2,
@@ -171,6 +210,7 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
             streamed,
             n_experts,
             estimated: false,
+            fp8: false,
             has_usage: usage.total() > 0,
             data: Some((md, data)),
         });
@@ -185,7 +225,7 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
             params += store.get(n)?.shape.iter().map(|&d| d as u64).product::<u64>();
         }
     }
-    estimated_sizes("checkpoint", location, cfg, params)
+    estimated_sizes("checkpoint", location, cfg, params, fp8_block(&bytes))
 }
 
 /// A hub repository from its config.json and safetensors index (or the size of its one
@@ -208,7 +248,7 @@ fn hub_sizes(spec: &str) -> Result<Sizes> {
         Err(_) => hub.stat(repo, rev, "model.safetensors").with_context(|| format!("{location}: no safetensors"))?.size,
     };
     let params = total / source_width(&raw);
-    estimated_sizes("hub", location, cfg, params)
+    estimated_sizes("hub", location, cfg, params, fp8_block(&cfg_bytes))
 }
 
 /// MODEL as a directory or installed id, else as a hub repository.
@@ -326,6 +366,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     let c = &s.cfg;
     let kind = match s.source {
         "converted" => "converted colibri model".to_string(),
+        "checkpoint" if s.fp8 => "Hugging Face checkpoint; sizes as `coli convert` stores it (FP8 kept)".to_string(),
         "checkpoint" => "Hugging Face checkpoint; sizes as `coli convert` stores it (int4 experts)".to_string(),
         _ => "hub repository (config.json + safetensors index only); sizes as `coli pull` stores it".to_string(),
     };

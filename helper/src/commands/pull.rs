@@ -218,7 +218,8 @@ fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path)
     let args = ConvertArgs {
         src: src.clone(),
         out: Some(out.clone()),
-        quant: Some(a.quant.unwrap_or(Quant::Int4)),
+        // Without --quant: int4 as `coli convert` (an FP8 checkpoint: kept FP8, as there).
+        quant: a.quant,
         group_size: a.group_size,
         embed: None,
         lm_head: None,

@@ -376,6 +376,7 @@ mod tests {
             [
                 "olmoe",
                 "deepseek_v3",
+                "deepseek_v3_fp8",
                 "deepseek_v3_mtp",
                 "deepseek_v3_noqlora",
                 "glm4_moe",

@@ -128,9 +128,11 @@ mod tests {
         assert!(c.shared_expert_gated && c.moe_layers.iter().all(|m| *m));
         assert!(c.is_mtp_tensor("mtp.layers.0.mlp.experts.3.up_proj.weight"));
         assert!(!c.is_mtp_tensor("model.layers.0.linear_attn.A_log"));
-        // The FP8 release is refused naming its quantization.
+        // The FP8 release is read as it is; another quantization is refused naming it.
         let mut v = released();
         v["quantization_config"] = serde_json::json!({"quant_method":"fp8","weight_block_size":[128,128]});
+        assert!(ModelConfig::from_value(&v).is_ok());
+        v["quantization_config"] = serde_json::json!({"quant_method":"gptq"});
         assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("quantization_config"));
     }
 

@@ -1,0 +1,219 @@
+//! FP8 block-scaled checkpoints, read as they are (DeepSeek-V3/R1/V3.2, Kimi-K2, GLM-5:
+//! `quantization_config.quant_method = "fp8"`, `fmt = "e4m3"`, `weight_block_size = [B0,
+//! B1]`). A weight `X` is stored as `float8_e4m3fn` with `X_scale_inv`, an f32 tensor of
+//! shape `[ceil(rows/B0), ceil(cols/B1)]` (a leading stack dimension allowed: fused
+//! experts); the true weight is `e4m3(X[r, c]) * X_scale_inv[r / B0, c / B1]`.
+//!
+//! The engine's FP8 rows ([`DType::Fp8`], tensor.rs) carry their block scales in each
+//! row, so the pairs are re-laid out row by row (bytes copied, scales repeated on each of
+//! a block's B0 rows; nothing is rounded). That happens when the matrix is read, not when
+//! the checkpoint is opened: each paired tensor becomes a placeholder
+//! ([`Bytes::elsewhere`]) at an offset of its own in a range no file reaches, and
+//! [`Fp8Table`] (a [`MatReader`]) makes the rows of any row block of it from the
+//! checkpoint's bytes (in memory, mapped, or read with pread from the shards). The dense
+//! weights are read so once when the model loads, the routed experts each time one is
+//! read (and cached as FP8, 1 byte per weight plus scales), as a streamed checkpoint's are.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{MatReader, TensorEntry, TensorStore};
+use crate::error::{Error, Result};
+use crate::tensor::{decode_into, Bytes, DType, Mat};
+
+/// The FP8 block size of a Hugging Face config: `Some([B0, B1])` when its
+/// `quantization_config.quant_method` is `"fp8"`, None without a quantization_config or
+/// with another method (refused elsewhere); an error naming the field for what is not
+/// supported (a format other than e4m3, scales other than f32, static activation scales,
+/// a missing or malformed `weight_block_size`).
+pub fn block_size(v: &Value) -> Result<Option<[usize; 2]>> {
+    let Some(q) = v.get("quantization_config").filter(|q| !q.is_null()) else { return Ok(None) };
+    if q.get("quant_method").and_then(Value::as_str) != Some("fp8") {
+        return Ok(None);
+    }
+    let err = |m: String| Err(Error::Config(format!("quantization_config: {m}")));
+    match q.get("fmt").and_then(Value::as_str) {
+        None | Some("e4m3") => {}
+        Some(f) => return err(format!("fmt {f:?} is not supported (only \"e4m3\")")),
+    }
+    match q.get("scale_fmt").and_then(Value::as_str) {
+        None | Some("float") => {}
+        Some(f) => return err(format!("scale_fmt {f:?} is not supported (only f32 scales, \"float\")")),
+    }
+    if let Some(a) = q.get("activation_scheme").and_then(Value::as_str).filter(|a| *a != "dynamic") {
+        return err(format!("activation_scheme {a:?} is not supported (only \"dynamic\")"));
+    }
+    let b = q.get("weight_block_size").and_then(Value::as_array);
+    match b.map(|b| b.iter().map(Value::as_u64).collect::<Vec<_>>()).as_deref() {
+        Some([Some(b0), Some(b1)]) if *b0 > 0 && *b1 > 0 && *b1 <= u32::MAX as u64 => {
+            Ok(Some([*b0 as usize, *b1 as usize]))
+        }
+        _ => err(format!(
+            "weight_block_size must be two positive integers [rows, cols] (e.g. [128, 128]), got {}",
+            q.get("weight_block_size").map_or("nothing".to_string(), |b| b.to_string())
+        )),
+    }
+}
+
+/// One paired tensor: where its e4m3 bytes and its scales are.
+struct Recipe {
+    name: String,
+    /// The `[stacks * rows, cols]` e4m3 bytes: in memory, or a placeholder in the shards.
+    values: Bytes,
+    /// The scale tensor, `[stacks * ceil(rows / B0), ceil(cols / B1)]`.
+    scales: TensorEntry,
+    /// Rows per stack entry (the weight's second-to-last dimension), and all rows.
+    rows: usize,
+    total_rows: usize,
+    cols: usize,
+    block: [usize; 2],
+}
+
+/// The paired FP8 tensors of a checkpoint, by the offset of their placeholders.
+pub struct Fp8Table {
+    recipes: BTreeMap<u64, Recipe>,
+    /// Where placeholders in the shards are read (a streamed checkpoint).
+    fallback: Option<Arc<dyn MatReader>>,
+}
+
+/// First offset of the placeholders' range: far past any file.
+const VIRTUAL_BASE: u64 = 1 << 60;
+
+impl Fp8Table {
+    /// The recipe of the placeholder at `at`, and the offset into it.
+    fn recipe(&self, at: u64) -> Option<(&Recipe, u64)> {
+        self.recipes.range(..=at).next_back().map(|(start, r)| (r, at - start))
+    }
+
+    fn bytes(&self, b: &Bytes, start: usize, len: usize, what: &str) -> Result<Vec<u8>> {
+        match (b.file_offset(), &self.fallback) {
+            (None, _) => Ok(b.slice(start, len)?.as_ref().to_vec()),
+            (Some(at), Some(f)) => f.read_bytes(at + start as u64, len),
+            (Some(_), None) => Err(Error::Invalid(format!("{what}: its bytes are not in memory"))),
+        }
+    }
+
+    fn scales(&self, r: &Recipe) -> Result<Vec<f32>> {
+        let s = &r.scales;
+        let raw = self.bytes(&s.bytes, 0, s.bytes.len(), &format!("{}_scale_inv", r.name))?;
+        let mut out = vec![0.0f32; s.shape.iter().product()];
+        decode_into(s.dtype, &raw, &mut out);
+        Ok(out)
+    }
+}
+
+impl MatReader for Fp8Table {
+    fn read_mat(&self, m: &Mat) -> Result<Mat> {
+        let (Some(at), DType::Fp8 { .. }) = (m.bytes.file_offset(), m.dtype) else {
+            return match &self.fallback {
+                Some(f) => f.read_mat(m),
+                None => Ok(m.clone()),
+            };
+        };
+        let (r, off) =
+            self.recipe(at).ok_or_else(|| Error::Invalid(format!("FP8 placeholder at {at} is in no tensor")))?;
+        let rb = m.row_bytes().max(1);
+        let (first, n) = ((off / rb as u64) as usize, m.bytes.len() / rb);
+        if off % rb as u64 != 0 || m.cols != r.cols || first + n > r.total_rows {
+            return Err(Error::Invalid(format!("{}: a row block outside the tensor", r.name)));
+        }
+        let values = self.bytes(&r.values, first * r.cols, n * r.cols, &r.name)?;
+        let scales = self.scales(r)?;
+        let [b0, b1] = r.block;
+        let (srows, ncb) = (r.rows.div_ceil(b0), r.cols.div_ceil(b1));
+        let mut out = vec![0u8; n * rb];
+        for (k, (o, v)) in out.chunks_exact_mut(rb).zip(values.chunks_exact(r.cols.max(1))).enumerate() {
+            let row = first + k;
+            let srow = (row / r.rows) * srows + (row % r.rows) / b0;
+            for (d, s) in o.chunks_exact_mut(4).zip(&scales[srow * ncb..(srow + 1) * ncb]) {
+                d.copy_from_slice(&s.to_le_bytes());
+            }
+            o[4 * ncb..4 * ncb + r.cols].copy_from_slice(v);
+        }
+        Mat::new(n, m.cols, m.dtype, Bytes::from_vec(out))
+    }
+
+    fn read_bytes(&self, at: u64, len: usize) -> Result<Vec<u8>> {
+        match &self.fallback {
+            Some(f) => f.read_bytes(at, len),
+            None => Err(Error::Invalid(format!("bytes {at}+{len} are not in memory"))),
+        }
+    }
+}
+
+/// Pairs every `float8_e4m3fn` tensor of `store` with its `_scale_inv`: the pair becomes
+/// one [`DType::Fp8`] placeholder read through the returned table (the store's
+/// [`TensorStore::reader`] from then on), the scale tensor is dropped. `block` is the config's `weight_block_size` ([`block_size`]); `fallback`
+/// reads placeholders in the shards. None when the store holds no e4m3 tensor. Errors
+/// name the tensor: no block size, a missing scale, a scale of the wrong shape or type.
+pub fn pair(
+    store: &mut TensorStore,
+    block: Option<[usize; 2]>,
+    fallback: Option<Arc<dyn MatReader>>,
+) -> Result<Option<Arc<Fp8Table>>> {
+    let mut names: Vec<String> =
+        store.names().filter(|n| store.get(n).is_ok_and(|t| t.dtype == DType::F8E4M3)).cloned().collect();
+    if names.is_empty() {
+        return Ok(None);
+    }
+    names.sort();
+    let Some([b0, b1]) = block else {
+        return Err(Error::Config(format!(
+            "tensor {} is float8_e4m3fn, but config.json gives no quantization_config.weight_block_size \
+             (block-scaled FP8 needs [rows, cols], e.g. [128, 128])",
+            names[0]
+        )));
+    };
+    let mut table = Fp8Table { recipes: BTreeMap::new(), fallback };
+    let mut next = VIRTUAL_BASE;
+    let dtype = DType::Fp8 { block: b1 as u32 };
+    for name in names {
+        let t = store.get(&name)?.clone();
+        let sname = format!("{name}_scale_inv");
+        let s = store.get(&sname).map_err(|_| {
+            Error::Invalid(format!("tensor {name} is float8_e4m3fn but its scale tensor {sname} is missing"))
+        })?;
+        if t.shape.len() < 2 {
+            return Err(Error::Invalid(format!(
+                "tensor {name}: an FP8 weight must have 2 or more dimensions, got {:?}",
+                t.shape
+            )));
+        }
+        let (lead, rc) = t.shape.split_at(t.shape.len() - 2);
+        let (rows, cols) = (rc[0], rc[1]);
+        let mut want = lead.to_vec();
+        want.extend([rows.div_ceil(b0), cols.div_ceil(b1)]);
+        if s.shape != want {
+            return Err(Error::Invalid(format!(
+                "tensor {sname} has shape {:?}, but {name} {:?} in blocks of [{b0}, {b1}] needs {want:?}",
+                s.shape, t.shape
+            )));
+        }
+        if !matches!(s.dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::Invalid(format!("tensor {sname}: scales must be F32, BF16 or F16, got {}", s.dtype)));
+        }
+        let total_rows = lead.iter().product::<usize>() * rows;
+        let rb = dtype.row_bytes(cols).ok_or_else(|| Error::Invalid(format!("tensor {name}: too large")))?;
+        let len = total_rows.checked_mul(rb).ok_or_else(|| Error::Invalid(format!("tensor {name}: too large")))?;
+        let scales = s.clone();
+        store.remove(&sname);
+        store.insert(name.clone(), TensorEntry { dtype, shape: t.shape.clone(), bytes: Bytes::elsewhere(next, len) });
+        table.recipes.insert(next, Recipe { name, values: t.bytes, scales, rows, total_rows, cols, block: [b0, b1] });
+        next = next.saturating_add(len as u64).div_ceil(4096) * 4096 + 4096;
+    }
+    if let Some(n) = store.names().find(|n| n.ends_with("_scale_inv")) {
+        return Err(Error::Invalid(format!(
+            "tensor {n}: a scale for {}, which is not float8_e4m3fn",
+            n.trim_end_matches("_scale_inv")
+        )));
+    }
+    let table = Arc::new(table);
+    store.set_fp8(table.clone());
+    Ok(Some(table))
+}
+
+#[cfg(test)]
+#[path = "fp8_tests.rs"]
+mod tests;

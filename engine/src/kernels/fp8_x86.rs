@@ -1,0 +1,253 @@
+//! x86-64 AVX2 path of FP8 weights (block-scaled e4m3 rows, tensor.rs): the bits of
+//! decoding the row (`E4M3[byte] * scale`) and applying [`crate::math::dot`], with the
+//! decode done in registers, four dot products at a time as [`super::float_x86`] does.
+//!
+//! The decode: an e4m3 byte `s eeee mmm` placed as the half `s 0eeee mmm0000000` is an f16
+//! whose value is the e4m3 value times 2^-8 exactly, subnormals included (an e4m3
+//! subnormal `m * 2^-9` becomes the f16 subnormal `m * 2^-17`); `vcvtph2ps` widens it to
+//! f32 exactly (a normal f32: no denormal operand anywhere). Multiplying by `scale * 2^8`
+//! (exact unless it overflows: such rows take the plain loop) gives the real product
+//! `E4M3[byte] * scale` rounded once: the reference's bits. The NaN bytes (0x7f, 0xff)
+//! would read as ±480 this way: they are the only bytes whose half has magnitude 1.875,
+//! and they are made NaN (all bits set) after the product. Per 8 weights: one 8-byte load,
+//! an unpack, a shift and a mask, the conversion, the NaN test, two products and the add.
+//!
+//! The lanes are [`crate::math::dot`]'s: lane l sums the columns 8k + l in increasing k,
+//! each product and sum rounded on its own (no FMA), the tail (cols mod 8) added to lanes
+//! 0.. as there, then [`reduce8`]. Blocks whose width is not a multiple of 8 would put
+//! two scales in one vector: those matrices take the plain loop (the same bits).
+
+use std::arch::x86_64::*;
+
+use crate::math::reduce8;
+use crate::tensor::E4M3;
+
+/// Largest |scale| whose `scale * 2^8` is finite (with margin).
+const SCALE_MAX: f32 = 1.0e36;
+
+/// Whether [`dot4`]/[`dot1`] take a matrix of `block`-column scale blocks.
+pub fn takes(block: usize) -> bool {
+    block > 0 && block.is_multiple_of(8)
+}
+
+/// Whether every scale of the row at `row` (`nb` of them) is safe to pre-multiply by 2^8.
+///
+/// SAFETY (caller): `row` holds `nb` f32 scales.
+#[inline]
+pub unsafe fn scales_ok(row: *const u8, nb: usize) -> bool {
+    // SAFETY: the caller's nb scales.
+    (0..nb).all(|b| unsafe { scale(row, b) }.abs() <= SCALE_MAX || !unsafe { scale(row, b) }.is_finite())
+}
+
+/// Scale `b` of the row at `row`.
+#[inline(always)]
+unsafe fn scale(row: *const u8, b: usize) -> f32 {
+    // SAFETY: the caller's scale b is readable.
+    unsafe { f32::from_le_bytes(*(row.add(4 * b) as *const [u8; 4])) }
+}
+
+/// Eight e4m3 bytes at `p` as f32, each its value times 2^-8; NaN bytes give ±1.875
+/// (see the module comment: [`nan_fix`] after the product).
+#[inline(always)]
+unsafe fn load8(p: *const u8) -> __m256 {
+    // SAFETY: the caller's 8 bytes are readable at p.
+    unsafe {
+        let b = _mm_loadl_epi64(p as *const __m128i);
+        // b << 8 in each 16-bit lane, then s s eeee mmm 0000000 by the arithmetic shift,
+        // then bit 14 cleared: s 0 eeee mmm 0000000.
+        let h = _mm_and_si128(_mm_srai_epi16::<1>(_mm_unpacklo_epi8(_mm_setzero_si128(), b)), _mm_set1_epi16(-16385));
+        _mm256_cvtph_ps(h)
+    }
+}
+
+/// `w` (the product of [`load8`]'s `f` and the scaled scale) with NaN where `f` came from
+/// a NaN byte.
+#[inline(always)]
+unsafe fn nan_fix(f: __m256, w: __m256) -> __m256 {
+    // SAFETY: register operations only (AVX, which the caller has).
+    unsafe {
+        let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), f);
+        _mm256_or_ps(w, _mm256_cmp_ps::<_CMP_EQ_OQ>(abs, _mm256_set1_ps(1.875)))
+    }
+}
+
+/// `out[i] = math::dot(decode(w[i]), x[i])` for i < 4: w[i] a stored FP8 row (scales
+/// first, `nb = ceil(cols / block)` of them, then the bytes), x[i] `cols` f32. `SAME_X`:
+/// every x[i] is x[0] (four rows, one position); else every w[i] is w[0] (one row, four
+/// positions).
+///
+/// With `SAME_X` the bytes `ahead` past each row's are prefetched (the next rows').
+///
+/// SAFETY (caller): AVX2 and F16C present; [`takes`]`(block)`; [`scales_ok`] for each row;
+/// each w[i] a whole row (all the same one unless `SAME_X`), each x[i] `cols` f32.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot4<const SAME_X: bool>(
+    w: [*const u8; 4],
+    x: [*const f32; 4],
+    cols: usize,
+    block: usize,
+    ahead: usize,
+) -> [f32; 4] {
+    let nb = cols.div_ceil(block);
+    let chunks = cols / 8;
+    let per = block / 8;
+    // SAFETY: every load reads inside the caller's rows and activations (chunk c < chunks,
+    // scale b < nb, bytes 8c..8c+8 <= cols).
+    unsafe {
+        let q = w.map(|r| r.add(4 * nb));
+        let mut v = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let s: [__m256; 4] = std::array::from_fn(|i| _mm256_set1_ps(scale(w[i], b) * 256.0));
+            for c in b * per..((b + 1) * per).min(chunks) {
+                if SAME_X {
+                    let x0 = _mm256_loadu_ps(x[0].add(c * 8));
+                    if c % 8 == 0 {
+                        prefetch(q, c * 8 + ahead);
+                    }
+                    for i in 0..4 {
+                        let f = load8(q[i].add(c * 8));
+                        let wv = nan_fix(f, _mm256_mul_ps(f, s[i]));
+                        v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(wv, x0));
+                    }
+                } else {
+                    // One row and four positions: the row's chunk decoded once.
+                    let f = load8(q[0].add(c * 8));
+                    let wv = nan_fix(f, _mm256_mul_ps(f, s[0]));
+                    for i in 0..4 {
+                        v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(wv, _mm256_loadu_ps(x[i].add(c * 8))));
+                    }
+                }
+            }
+        }
+        let mut out = [0.0f32; 4];
+        for i in 0..4 {
+            let mut acc = [0.0f32; 8];
+            _mm256_storeu_ps(acc.as_mut_ptr(), v[i]);
+            for k in chunks * 8..cols {
+                let wk = E4M3[*q[i].add(k) as usize] * scale(w[i], k / block);
+                acc[k - chunks * 8] += wk * *x[i].add(k);
+            }
+            out[i] = reduce8(acc);
+        }
+        out
+    }
+}
+
+/// Prefetches the cache line `at` bytes past each of the four value pointers (the same
+/// bytes of the next four rows: rows are short, 2 KiB at DeepSeek's 2048 columns, and four
+/// streams of them ended before the hardware's prefetcher caught up: the loads of the
+/// weights were most of the kernel's time in `perf`). A prefetch never faults.
+#[inline(always)]
+unsafe fn prefetch(q: [*const u8; 4], at: usize) {
+    for p in q {
+        // SAFETY: a prefetch of any address is harmless (wrapping_add: no provenance claim).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at) as *const i8) };
+    }
+}
+
+/// Scale `b` of row `a` times 2^8 in lanes 0-7 and of row `c` in lanes 8-15. (A function,
+/// not a closure: a closure would not get the caller's target features, and its
+/// intrinsics would be calls.)
+#[inline(always)]
+unsafe fn scale_pair(a: *const u8, c: *const u8, b: usize) -> __m512 {
+    // SAFETY: the caller's scales; AVX-512 F present (the caller's features).
+    unsafe { both(_mm256_set1_ps(scale(a, b) * 256.0), _mm256_set1_ps(scale(c, b) * 256.0)) }
+}
+
+/// `lo` in lanes 0-7 and `hi` in lanes 8-15 (AVX-512 F alone: no DQ `vinsertf32x8`).
+#[inline(always)]
+unsafe fn both(lo: __m256, hi: __m256) -> __m512 {
+    // SAFETY: register operations; AVX-512 F present (the caller's features).
+    unsafe {
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi)))
+    }
+}
+
+/// [`dot4`] with `SAME_X` (four rows, one position) on AVX-512: rows 0 and 1 share one
+/// 512-bit accumulator (lanes 0-7 row 0's eight lanes, 8-15 row 1's), rows 2 and 3 another,
+/// so each step decodes 16 weights (`vcvtph2ps` of 16 halves) against the position's eight
+/// values loaded into both halves: the same lanes, products and sums as [`dot4`], the same
+/// bits, in half the instructions.
+///
+/// SAFETY (caller): AVX-512 F, BW, VL and F16C present; as [`dot4`].
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub unsafe fn dot4_avx512(w: [*const u8; 4], x: *const f32, cols: usize, block: usize, ahead: usize) -> [f32; 4] {
+    let nb = cols.div_ceil(block);
+    let chunks = cols / 8;
+    let per = block / 8;
+    // SAFETY: as in dot4.
+    unsafe {
+        let q = w.map(|r| r.add(4 * nb));
+        let mut v = [_mm512_setzero_ps(); 2];
+        let nan = _mm512_castsi512_ps(_mm512_set1_epi32(-1));
+        let mag = _mm512_set1_epi32(0x7fff_ffff);
+        let nan_half = _mm512_set1_ps(1.875);
+        for b in 0..nb {
+            let s = [scale_pair(w[0], w[1], b), scale_pair(w[2], w[3], b)];
+            for c in b * per..((b + 1) * per).min(chunks) {
+                let x8 = _mm256_loadu_ps(x.add(c * 8));
+                let xx = both(x8, x8);
+                if c % 8 == 0 {
+                    prefetch(q, c * 8 + ahead);
+                }
+                for (k, vk) in v.iter_mut().enumerate() {
+                    let lo = _mm_loadl_epi64(q[2 * k].add(c * 8) as *const __m128i);
+                    let both =
+                        _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(lo), q[2 * k + 1].add(c * 8) as *const f64));
+                    let h = _mm256_and_si256(
+                        _mm256_srai_epi16::<1>(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(both))),
+                        _mm256_set1_epi16(-16385),
+                    );
+                    let f = _mm512_cvtph_ps(h);
+                    let abs = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f), mag));
+                    let isnan = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(abs, nan_half);
+                    let wv = _mm512_mask_mov_ps(_mm512_mul_ps(f, s[k]), isnan, nan);
+                    *vk = _mm512_add_ps(*vk, _mm512_mul_ps(wv, xx));
+                }
+            }
+        }
+        let mut out = [0.0f32; 4];
+        for (k, vk) in v.iter().enumerate() {
+            let mut acc = [0.0f32; 16];
+            _mm512_storeu_ps(acc.as_mut_ptr(), *vk);
+            for (j, half) in acc.chunks_exact_mut(8).enumerate() {
+                let i = 2 * k + j;
+                for kk in chunks * 8..cols {
+                    let wk = E4M3[*q[i].add(kk) as usize] * scale(w[i], kk / block);
+                    half[kk - chunks * 8] += wk * *x.add(kk);
+                }
+                out[i] = reduce8(half.try_into().unwrap_or([0.0; 8]));
+            }
+        }
+        out
+    }
+}
+
+/// [`dot4`] for one row.
+///
+/// SAFETY (caller): as [`dot4`] for one row.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot1(w: *const u8, x: *const f32, cols: usize, block: usize) -> f32 {
+    let nb = cols.div_ceil(block);
+    let chunks = cols / 8;
+    let per = block / 8;
+    // SAFETY: as in dot4.
+    unsafe {
+        let q = w.add(4 * nb);
+        let mut v = _mm256_setzero_ps();
+        for b in 0..nb {
+            let s = _mm256_set1_ps(scale(w, b) * 256.0);
+            for c in b * per..((b + 1) * per).min(chunks) {
+                let f = load8(q.add(c * 8));
+                let wv = nan_fix(f, _mm256_mul_ps(f, s));
+                v = _mm256_add_ps(v, _mm256_mul_ps(wv, _mm256_loadu_ps(x.add(c * 8))));
+            }
+        }
+        let mut acc = [0.0f32; 8];
+        _mm256_storeu_ps(acc.as_mut_ptr(), v);
+        for k in chunks * 8..cols {
+            acc[k - chunks * 8] += E4M3[*q.add(k) as usize] * scale(w, k / block) * *x.add(k);
+        }
+        reduce8(acc)
+    }
+}
