@@ -116,13 +116,16 @@ fn the_planes_hold_the_parts_and_their_corrections() {
             for (part, vals) in [(0usize, &a.q), (1, &a.lo)] {
                 let mut sum = 0i32;
                 for i in 0..32 {
-                    let at = (b / 4) * 512 + (b % 4) * 16 + (part * 4 + i / 16) * 64 + i % 16;
+                    // Value i: even or odd (i / 16), in word k of the block's stored bytes.
+                    let (eo, k) = (i / 16, (i % 16) / 4);
+                    let lane = LANE[b % 8] + 8 * (k % 2);
+                    let at = (b / 8) * 1024 + (k / 2) * 512 + (part * 4 + eo) * 64 + lane * 4 + i % 4;
                     let (hh, hl) = (planes[at] as i8 as i32, planes[at + 128] as i32);
                     let want = if b < a.blocks { vals[p * cols + b * 32 + i] as i32 } else { 0 };
                     assert_eq!(256 * hh + hl, want, "p{p} b{b} part {part} i{i}");
                     sum += want;
                 }
-                assert_eq!(a.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + b % 8], 12 * sum);
+                assert_eq!(a.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + LANE[b % 8]], 12 * sum);
             }
         }
     }
