@@ -82,7 +82,7 @@ impl ActQ16 {
                 let at = p * cols + b * MXFP4_BLOCK;
                 let src = &x[at..at + MXFP4_BLOCK];
                 let (h, l) = (&mut self.q[at..at + MXFP4_BLOCK], &mut self.lo[at..at + MXFP4_BLOCK]);
-                self.d[p * blocks + b] = quantize_block(src, h, l);
+                self.d[p * blocks + b] = quantize_block_fast(src, h, l);
             }
         }
         self.planes.clear();
@@ -142,6 +142,17 @@ impl ActQ16 {
 /// the order in which a 4x4 transpose of 32-bit words leaves the blocks of four 32-byte
 /// loads (two blocks each) ([`x86`]).
 pub const LANE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// [`quantize_block`] on the active SIMD path (x86: AVX2; the same bits).
+#[inline]
+fn quantize_block_fast(x: &[f32], hi: &mut [i16], lo: &mut [i16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(Simd::active(), Simd::Avx2 | Simd::Avx512) {
+        // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported AVX2.
+        return unsafe { x86::quantize_block_avx2(x, hi, lo) };
+    }
+    quantize_block(x, hi, lo)
+}
 
 /// Quantizes one block of 32 into `hi` and `lo` in the even-then-odd order; returns d_b.
 fn quantize_block(x: &[f32], hi: &mut [i16], lo: &mut [i16]) -> f32 {

@@ -275,3 +275,29 @@ fn microbench() {
         );
     }
 }
+
+#[test]
+fn every_path_quantizes_to_the_reference_parts() {
+    // Random blocks, blocks with NaN, an infinity, tiny or zero values, huge values, ties
+    // of the rounding, and the clamp's edges: the fast quantizer's parts and scales are the
+    // reference's, bit for bit.
+    let mut s = 17u64;
+    let mut x: Vec<f32> = (0..64 * 32).map(|_| (lcg(&mut s) % 2_000_001) as f32 / 1e5 - 10.0).collect();
+    x[32 + 5] = f32::NAN;
+    x[64 + 9] = f32::INFINITY;
+    x[96..128].iter_mut().for_each(|v| *v = 1e-30);
+    x[128..160].iter_mut().for_each(|v| *v = 0.0);
+    x[160..192].iter_mut().enumerate().for_each(|(i, v)| *v = 3e38 * if i % 2 == 0 { 1.0 } else { -0.7 });
+    x[192..224].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 16.0) * 0.5);
+    x[224..256].iter_mut().enumerate().for_each(|(i, v)| *v = if i == 3 { -1.0 } else { 1.0 / (i + 2) as f32 });
+    x[256] = -f32::MIN_POSITIVE;
+    for b in 0..64 {
+        let src = &x[b * 32..(b + 1) * 32];
+        let (mut h0, mut l0) = ([0i16; 32], [0i16; 32]);
+        let d0 = quantize_block(src, &mut h0, &mut l0);
+        let (mut h1, mut l1) = ([7i16; 32], [7i16; 32]);
+        let d1 = quantize_block_fast(src, &mut h1, &mut l1);
+        assert!(d0.to_bits() == d1.to_bits() || (d0.is_nan() && d1.is_nan()), "block {b}: {d0} vs {d1}");
+        assert_eq!((h0, l0), (h1, l1), "block {b}");
+    }
+}

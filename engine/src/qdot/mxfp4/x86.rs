@@ -538,3 +538,75 @@ unsafe fn nibbles<const VBMI: bool>(lut: __m512i, bytes: __m512i) -> (__m512i, _
         }
     }
 }
+
+/// [`super::quantize_block`] with AVX2 (the same operations on eight values at a time, so
+/// the same bits): the parts of one block of 32 into `hi` and `lo` (even-then-odd order);
+/// returns d_b. Blocks that hold NaN or an infinity, or whose max |x| is tiny, take the
+/// reference.
+///
+/// SAFETY (caller): AVX2 present.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_block_avx2(x: &[f32], hi: &mut [i16], lo: &mut [i16]) -> f32 {
+    let (x, hi, lo) = (&x[..MXFP4_BLOCK], &mut hi[..MXFP4_BLOCK], &mut lo[..MXFP4_BLOCK]);
+    // SAFETY: AVX2 per this function's features; 32 floats at x, 32 i16 at hi and lo.
+    unsafe {
+        let xp = x.as_ptr();
+        let v =
+            [_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8)), _mm256_loadu_ps(xp.add(16)), _mm256_loadu_ps(xp.add(24))];
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let m01 = _mm256_max_epu32(
+            _mm256_and_si256(_mm256_castps_si256(v[0]), abs),
+            _mm256_and_si256(_mm256_castps_si256(v[1]), abs),
+        );
+        let m23 = _mm256_max_epu32(
+            _mm256_and_si256(_mm256_castps_si256(v[2]), abs),
+            _mm256_and_si256(_mm256_castps_si256(v[3]), abs),
+        );
+        let m = _mm256_max_epu32(m01, m23);
+        let m = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+        let amax_bits = _mm_cvtsi128_si32(m) as u32;
+        if !(super::TINY_BITS..0x7f80_0000).contains(&amax_bits) {
+            return super::quantize_block(x, hi, lo);
+        }
+        let amax = f32::from_bits(amax_bits);
+        let (inv, d) = (super::QMAX / amax, amax / super::QMAX);
+        let inv_lo = 65536.0 / d;
+        let (inv, dv, inv_lo) = (_mm256_set1_ps(inv), _mm256_set1_ps(d), _mm256_set1_ps(inv_lo));
+        let (magic, qmax, qmin) =
+            (_mm256_set1_ps(12_582_912.0), _mm256_set1_ps(super::QMAX), _mm256_set1_ps(-super::QMAX));
+        let mut h = [_mm256_setzero_si256(); 4];
+        let mut l = [_mm256_setzero_si256(); 4];
+        for i in 0..4 {
+            // The reference's steps, each rounded on its own: (x * inv + M) - M clamped, then
+            // ((x - h * d) * inv_lo + M) - M clamped (max then min: no NaN here).
+            let hf = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v[i], inv), magic), magic);
+            let hf = _mm256_min_ps(_mm256_max_ps(hf, qmin), qmax);
+            let r = _mm256_mul_ps(_mm256_sub_ps(v[i], _mm256_mul_ps(hf, dv)), inv_lo);
+            let lf = _mm256_sub_ps(_mm256_add_ps(r, magic), magic);
+            let lf = _mm256_min_ps(_mm256_max_ps(lf, qmin), qmax);
+            h[i] = _mm256_cvttps_epi32(hf);
+            l[i] = _mm256_cvttps_epi32(lf);
+        }
+        // i16 in column order, then each 128-bit lane's even words to its low 8 bytes and
+        // odd words to its high 8 bytes, then evens of both lanes low, odds high.
+        let split = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+        );
+        for (parts, out) in [(h, &mut *hi), (l, &mut *lo)] {
+            for half in 0..2 {
+                let w =
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(parts[2 * half], parts[2 * half + 1]));
+                let eo = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(w, split));
+                // Values 16 * half.. : evens at 8 * half, odds at 16 + 8 * half.
+                _mm_storeu_si128(out.as_mut_ptr().add(8 * half) as *mut __m128i, _mm256_castsi256_si128(eo));
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(16 + 8 * half) as *mut __m128i,
+                    _mm256_extracti128_si256::<1>(eo),
+                );
+            }
+        }
+        d
+    }
+}
