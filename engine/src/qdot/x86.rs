@@ -225,10 +225,6 @@ unsafe fn finish<const VNNI: bool, const INT4: bool>(
         while b0 < blocks {
             let nb = (blocks - b0).min(8);
             let c0 = b0 * g;
-            if nb == 8 {
-                let bytes = if INT4 { 4 * g } else { 8 * g };
-                prefetch(vals.as_ptr().wrapping_add(PREFETCH + if INT4 { c0 / 2 } else { c0 }), bytes);
-            }
             let mut isum = if nb == 8 && c0 + 8 * g <= inside {
                 match g / CHUNK {
                     1 => sums8::<VNNI, INT4, 1>(vals, q, c0),
@@ -285,7 +281,10 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
         let mut acc = _mm256_setzero_ps();
         let three = _mm_cvtsi32_si128(3);
         for r in 0..runs {
-            prefetch(vals.as_ptr().wrapping_add(PREFETCH + r * 4 * g), 4 * g);
+            // (AVX2 is slower with the prefetch: measured 16.4 against 18.9 GB/s without.)
+            if VNNI {
+                prefetch(vals.as_ptr().wrapping_add(PREFETCH + r * 4 * g), 4 * g);
+            }
             let isum = pairs8::<VNNI>(vals, qp.add(r * 8 * g), r * 8 * g, g, ch);
             let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
             let isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, three));
@@ -465,9 +464,11 @@ unsafe fn sums_any<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
     }
 }
 
-/// How far ahead of the stored bytes being read the one-position kernels prefetch (a few
-/// rows of a [_, 2048] matrix; a row is short and the hardware's stream prefetch alone
-/// leaves the loads waiting).
+/// How far ahead of the stored bytes being read the one-position AVX-512 int4 kernels
+/// prefetch (a few rows of a [_, 2048] matrix; a row is short and the hardware's stream
+/// prefetch alone leaves the loads waiting: int4/g32 read 14.7-14.9 GB/s without, 17.2-18.2
+/// with, from a 16 MiB working set, one process, on the Xeon of docs/benchmarks.md). The
+/// int8 kernels (rows twice as long) showed no gain.
 const PREFETCH: usize = 12288;
 
 /// Prefetches the `len` bytes at `p` (a hint: any address is allowed).
