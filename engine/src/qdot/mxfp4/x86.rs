@@ -257,25 +257,14 @@ unsafe fn body_avx2<const R: usize>(rows: [&[u8]; R], a: &ActQ16, p: usize) -> [
     }
 }
 
-/// The rows four at a time (the activations loaded once for all of them), then two, then
-/// the last one alone.
+/// The rows two at a time (the activations loaded once for both; four at a time was
+/// slower: 0.92-0.94 of the first kernel's time per run against 0.88-0.90, one process),
+/// then the last one alone.
 ///
 /// SAFETY (caller): the contract of [`dot_rows_avx512`] (VBMI if `VBMI`).
 #[inline(always)]
 unsafe fn rows_avx512<const VBMI: bool>(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
     let mut i = 0;
-    while i + 4 <= out.len() {
-        let r4 = [
-            &rows[i * rb..(i + 1) * rb],
-            &rows[(i + 1) * rb..(i + 2) * rb],
-            &rows[(i + 2) * rb..(i + 3) * rb],
-            &rows[(i + 3) * rb..(i + 4) * rb],
-        ];
-        // SAFETY: the caller's contract for rows i..i + 4.
-        let r = unsafe { body_avx512::<VBMI, 4>(r4, a, 0) };
-        out[i..i + 4].copy_from_slice(&r);
-        i += 4;
-    }
     while i + 2 <= out.len() {
         // SAFETY: the caller's contract for rows i and i + 1.
         let r =
