@@ -474,6 +474,8 @@ unsafe fn run_avx512<const VBMI: bool, const R: usize>(
             let l1 = _mm512_loadu_si512(w[i].add(64) as *const __m512i);
             wv[i] = [_mm512_permutex2var_epi32(l0, widx[0], l1), _mm512_permutex2var_epi32(l0, widx[1], l1)];
         }
+        // `cc` picks the plane vectors and each row's word vector alike.
+        #[allow(clippy::needless_range_loop)]
         for cc in 0..2 {
             let v = x.add(512 * cc) as *const __m512i;
             let mut pv = [_mm512_setzero_si512(); 8];
