@@ -51,14 +51,16 @@ pub struct ActQ16 {
     /// [n, blocks] block scales d_b (NaN where the block holds NaN or an infinity).
     pub d: Vec<f32>,
     /// x86-64 only (empty elsewhere): [n, dstride * 128] bytes, `q` and `lo` as byte planes
-    /// for the x86 kernels. Per quad of blocks (4m..4m + 4), 512 bytes: eight 64-byte
-    /// vectors hh_even, hh_odd, hl_even, hl_odd, lh_even, lh_odd, ll_even, ll_odd, each
-    /// holding block 4m + i's 16 values at bytes 16i..16i + 16 (the order of the low, or
-    /// high, nibbles of the quad's 64 stored bytes), where h = 256 * hh + hl, hh = h >> 8 as a
-    /// signed byte and hl = h & 255 unsigned (l likewise). Zero past the last block.
+    /// for the x86 kernels, h = 256 * hh + hl with hh = h >> 8 a signed byte and hl = h & 255
+    /// unsigned (l likewise). Per run of eight blocks, 1024 bytes: for c in 0..2, eight
+    /// 64-byte vectors hh_even, hh_odd, hl_even, hl_odd, lh_even, lh_odd, ll_even, ll_odd;
+    /// 32-bit word j of vector c holds, for block b with [`LANE`]`[b]` = j % 8 and
+    /// k = 2c + j / 8, the block's even (odd) values 4k..4k + 4: the values whose nibbles
+    /// are word k of the block's 16 stored bytes. Zero past the last block.
     pub planes: Vec<u8>,
     /// x86-64 only: [n, dstride * 2] per run of eight blocks, 12 * sum h of each of its
-    /// blocks, then 12 * sum l of each (the kernels read the weights as k + 12, [`x86`]).
+    /// blocks, then 12 * sum l of each, block j at [`LANE`]`[j]` (the kernels read the
+    /// weights as k + 12, [`x86`]).
     pub corr: Vec<i32>,
 }
 
@@ -80,7 +82,7 @@ impl ActQ16 {
                 let at = p * cols + b * MXFP4_BLOCK;
                 let src = &x[at..at + MXFP4_BLOCK];
                 let (h, l) = (&mut self.q[at..at + MXFP4_BLOCK], &mut self.lo[at..at + MXFP4_BLOCK]);
-                self.d[p * blocks + b] = quantize_block(src, h, l);
+                self.d[p * blocks + b] = quantize_block_fast(src, h, l);
             }
         }
         self.planes.clear();
@@ -112,27 +114,44 @@ impl ActQ16 {
             let corr = &mut self.corr[p * ds * 2..(p + 1) * ds * 2];
             for b in 0..nb {
                 let at = p * cols + b * MXFP4_BLOCK;
-                let quad = &mut planes[(b / 4) * 512..(b / 4 + 1) * 512];
-                let off = (b % 4) * 16;
+                let run = &mut planes[(b / 8) * 1024..(b / 8 + 1) * 1024];
+                let lane = LANE[b % 8];
                 for (part, src) in [(0usize, &self.q[at..at + MXFP4_BLOCK]), (1, &self.lo[at..at + MXFP4_BLOCK])] {
-                    // Values 0..16 are the block's even ones, 16..32 its odd ones.
+                    // Values 0..16 are the block's even ones, 16..32 its odd ones; word k
+                    // of the block's 16 stored bytes holds even (odd) values 4k..4k + 4.
                     for (eo, half) in src.chunks_exact(16).enumerate() {
-                        let hh = &mut quad[(part * 4 + eo) * 64 + off..][..16];
-                        for (o, &v) in hh.iter_mut().zip(half) {
-                            *o = (v >> 8) as u8;
-                        }
-                        let hl = &mut quad[(part * 4 + 2 + eo) * 64 + off..][..16];
-                        for (o, &v) in hl.iter_mut().zip(half) {
-                            *o = v as u8;
+                        for (k, four) in half.chunks_exact(4).enumerate() {
+                            let at = (k / 2) * 512 + (k % 2) * 32 + lane * 4;
+                            let (hh, hl) = (at + (part * 4 + eo) * 64, at + (part * 4 + 2 + eo) * 64);
+                            for (i, &v) in four.iter().enumerate() {
+                                run[hh + i] = (v >> 8) as u8;
+                                run[hl + i] = v as u8;
+                            }
                         }
                     }
                     // |sum| <= 12 * 32 * 32767 < 2^24.
                     let sum: i32 = src.iter().map(|&v| v as i32).sum();
-                    corr[(b / 8) * 16 + part * 8 + b % 8] = 12 * sum;
+                    corr[(b / 8) * 16 + part * 8 + lane] = 12 * sum;
                 }
             }
         }
     }
+}
+
+/// The lane of block j of a run of eight in the x86 kernels' sums, planes and corrections:
+/// the order in which a 4x4 transpose of 32-bit words leaves the blocks of four 32-byte
+/// loads (two blocks each) ([`x86`]).
+pub const LANE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// [`quantize_block`] on the active SIMD path (x86: AVX2; the same bits).
+#[inline]
+fn quantize_block_fast(x: &[f32], hi: &mut [i16], lo: &mut [i16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(Simd::active(), Simd::Avx2 | Simd::Avx512) {
+        // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported AVX2.
+        return unsafe { x86::quantize_block_avx2(x, hi, lo) };
+    }
+    quantize_block(x, hi, lo)
 }
 
 /// Quantizes one block of 32 into `hi` and `lo` in the even-then-odd order; returns d_b.

@@ -116,13 +116,16 @@ fn the_planes_hold_the_parts_and_their_corrections() {
             for (part, vals) in [(0usize, &a.q), (1, &a.lo)] {
                 let mut sum = 0i32;
                 for i in 0..32 {
-                    let at = (b / 4) * 512 + (b % 4) * 16 + (part * 4 + i / 16) * 64 + i % 16;
+                    // Value i: even or odd (i / 16), in word k of the block's stored bytes.
+                    let (eo, k) = (i / 16, (i % 16) / 4);
+                    let lane = LANE[b % 8] + 8 * (k % 2);
+                    let at = (b / 8) * 1024 + (k / 2) * 512 + (part * 4 + eo) * 64 + lane * 4 + i % 4;
                     let (hh, hl) = (planes[at] as i8 as i32, planes[at + 128] as i32);
                     let want = if b < a.blocks { vals[p * cols + b * 32 + i] as i32 } else { 0 };
                     assert_eq!(256 * hh + hl, want, "p{p} b{b} part {part} i{i}");
                     sum += want;
                 }
-                assert_eq!(a.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + b % 8], 12 * sum);
+                assert_eq!(a.corr[p * ds * 2 + (b / 8) * 16 + part * 8 + LANE[b % 8]], 12 * sum);
             }
         }
     }
@@ -270,5 +273,31 @@ fn microbench() {
             best * 1e9 / runs,
             (rows * rb) as f64 / best / 1e9
         );
+    }
+}
+
+#[test]
+fn every_path_quantizes_to_the_reference_parts() {
+    // Random blocks, blocks with NaN, an infinity, tiny or zero values, huge values, ties
+    // of the rounding, and the clamp's edges: the fast quantizer's parts and scales are the
+    // reference's, bit for bit.
+    let mut s = 17u64;
+    let mut x: Vec<f32> = (0..64 * 32).map(|_| (lcg(&mut s) % 2_000_001) as f32 / 1e5 - 10.0).collect();
+    x[32 + 5] = f32::NAN;
+    x[64 + 9] = f32::INFINITY;
+    x[96..128].iter_mut().for_each(|v| *v = 1e-30);
+    x[128..160].iter_mut().for_each(|v| *v = 0.0);
+    x[160..192].iter_mut().enumerate().for_each(|(i, v)| *v = 3e38 * if i % 2 == 0 { 1.0 } else { -0.7 });
+    x[192..224].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 16.0) * 0.5);
+    x[224..256].iter_mut().enumerate().for_each(|(i, v)| *v = if i == 3 { -1.0 } else { 1.0 / (i + 2) as f32 });
+    x[256] = -f32::MIN_POSITIVE;
+    for b in 0..64 {
+        let src = &x[b * 32..(b + 1) * 32];
+        let (mut h0, mut l0) = ([0i16; 32], [0i16; 32]);
+        let d0 = quantize_block(src, &mut h0, &mut l0);
+        let (mut h1, mut l1) = ([7i16; 32], [7i16; 32]);
+        let d1 = quantize_block_fast(src, &mut h1, &mut l1);
+        assert!(d0.to_bits() == d1.to_bits() || (d0.is_nan() && d1.is_nan()), "block {b}: {d0} vs {d1}");
+        assert_eq!((h0, l0), (h1, l1), "block {b}");
     }
 }

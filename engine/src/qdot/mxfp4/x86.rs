@@ -1,10 +1,8 @@
-//! x86-64 paths of [`super::dot_row`]: AVX2 (`vpmaddubsw`, two blocks per 256-bit vector)
-//! and AVX-512 VNNI (`vpdpbusd`, four blocks per 512-bit vector), both on the byte planes
-//! of [`ActQ16::planes`].
+//! x86-64 paths of [`super::dot_row`]: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`),
+//! both on the byte planes of [`ActQ16::planes`].
 //!
-//! One load of stored bytes holds the nibbles of adjacent blocks (16 bytes each). Its low
-//! nibbles are the blocks' even values and its high nibbles their odd values, in the order
-//! of the planes; one `pshufb` each turns them into w = k + 12 (0..=24, unsigned,
+//! A stored byte holds two values of a block (low nibble: an even value, high: the next odd
+//! one); one `pshufb` (or `vpermb`) turns nibbles into w = k + 12 (0..=24, unsigned,
 //! [`TABLE`]), k the doubled value of [`MXFP4_DOUBLED`]. With h = 256 * hh + hl (hh signed
 //! -128..=127, hl unsigned 0..=255) the block sums are exact integer identities:
 //!
@@ -14,31 +12,36 @@
 //! same for l. Every multiply is an unsigned byte times a signed byte: w (u8) * hh (s8), and
 //! hl (u8) * w (s8: w <= 24 < 128).
 //!
-//! Bounds (all exact, nothing wraps or saturates):
-//! - `vpdpbusd`: a lane adds 4 products per instruction; after the two hh steps
-//!   |lane| <= 8 * 24 * 128 = 24576, shifted left by 8: <= 6291456, then the two hl steps
-//!   add at most 8 * 255 * 24 = 48960: far inside i32.
-//! - `vpmaddubsw` (AVX2): a pair w * hh + w * hh is at most 2 * 24 * 128 = 6144 in size and
-//!   the even + odd sum 12288; hl * w pairs are at most 2 * 255 * 24 = 12240, even + odd
-//!   24480; all below the i16 limit 32767, so the saturating adds never saturate. Then
-//!   `vpmaddwd` with 256 (|.| <= 2 * 12288 * 256 = 6291456) and with 1 widens to i32.
-//! - The four lanes of a block (exact i32 adds) hold sum w * h, at most
-//!   32 * 24 * 32767 < 2^25; minus 12 * sum h (< 2^24) that leaves sum k * h, |.| < 2^24.
+//! Lanes are blocks. A run of eight blocks is 128 stored bytes, 16 per block; its 32-bit
+//! words are transposed so that word j of a vector belongs to the block in lane j
+//! ([`LANE`]: AVX2 takes four 32-byte loads through a 4x4 transpose of words, eight
+//! `vpunpck`; AVX-512 two 64-byte loads through two `vpermt2d`), and the planes are laid
+//! out the same way. Every product of a block then lands in its own 32-bit lane (AVX-512:
+//! two lanes, j and j + 8, folded once at the end), so the sums need no horizontal adds.
 //!
-//! Blocks go eight at a time (a run). AVX2: pairs (0, 1), (2, 3), (4, 5), (6, 7); three
-//! `vphaddd` leave block j in lane [`PAIR_LANE`]`[j]`. AVX-512: quads (0-3), (4-7); two
-//! 64-bit unpacks and two `vshufps` leave [`QUAD_LANE`]. The corrections are permuted to
-//! that order, the float sums put back in block order by one `vpermps`, and the float steps
-//! are the reference's (acc lane l = acc[b mod 8]). The last blocks of a row (fewer than
-//! eight) are read from a zero-padded copy of their bytes (the planes and corrections are
-//! zero past the last block) and combined one by one with the reference's step.
+//! Bounds (all exact, nothing wraps or saturates):
+//! - AVX-512: a `vpdpbusd` lane adds 4 products. The hh chain takes four: |lane| <=
+//!   16 * 24 * 128 = 49152, shifted left by 8 <= 12582912; the hl chain 16 * 255 * 24 =
+//!   97920; the two halves of a block together stay below 2^25.
+//! - AVX2: a `vpmaddubsw` pair w * hh + w * hh is at most 2 * 24 * 128 = 6144 in size, the
+//!   even + odd sum of one word 12288, two words' 24576: below the i16 limit, and the
+//!   wrapping 16-bit adds never wrap. hl * w pairs are at most 2 * 255 * 24 = 12240, even +
+//!   odd 24480, widened by `vpmaddwd` with 1 at once; the hh sums by `vpmaddwd` with 256
+//!   (|.| <= 2 * 24576 * 256).
+//! - A block's lane holds sum w * h, at most 32 * 24 * 32767 < 2^25; minus 12 * sum h
+//!   (< 2^24) that leaves sum k * h, |.| < 2^24.
+//!
+//! The float steps are the reference's (acc lane l = acc[b mod 8]): one `vpermps` puts the
+//! eight blocks back in order. The last blocks of a row (fewer than eight) are read from a
+//! zero-padded copy of their bytes (the planes and corrections are zero past the last block)
+//! and combined one by one with the reference's step.
 //!
 //! No closures: a closure would be compiled without the target features of the function
 //! it is in and call its intrinsics out of line.
 
 use std::arch::x86_64::*;
 
-use super::{combine, ActQ16};
+use super::{combine, ActQ16, LANE};
 use crate::math::reduce8;
 use crate::tensor::{MXFP4_BLOCK, MXFP4_DOUBLED};
 
@@ -57,43 +60,68 @@ const TABLE: [u8; 16] = {
 /// [_, 2048] matrix).
 const PREFETCH: usize = 12288;
 
-/// AVX2: the lane of block j of a run in its sums (even blocks in lanes 0-3, odd in 4-7).
-const PAIR_LANE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+/// `vpermps` index: block j's sum from lane [`LANE`]`[j]`.
+const ORDER: [i32; 8] = {
+    let mut o = [0i32; 8];
+    let mut j = 0;
+    while j < 8 {
+        o[j] = LANE[j] as i32;
+        j += 1;
+    }
+    o
+};
 
-/// AVX2: [`PAIR_LANE`] for `vpermps` (the float sums back in block order).
-const PAIR_ORDER: [i32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+/// The block in lane l (the inverse of [`LANE`]).
+const BLOCK: [usize; 8] = {
+    let mut b = [0usize; 8];
+    let mut j = 0;
+    while j < 8 {
+        b[LANE[j]] = j;
+        j += 1;
+    }
+    b
+};
 
-/// AVX2: the block whose correction lane l takes (the inverse of [`PAIR_LANE`]).
-const PAIR_BLOCK: [i32; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
-
-/// AVX-512: the lane of block j's sum of k * h in the 16-lane result (block i and i + 4
-/// share the 128-bit lane i: h of i, h of i + 4, l of i, l of i + 4); l is 2 lanes on.
-const QUAD_LANE: [usize; 8] = [0, 4, 8, 12, 1, 5, 9, 13];
-
-/// AVX-512: [`QUAD_LANE`] for `vpermps` (the float sums back in block order; the upper
-/// eight lanes are not read).
-const QUAD_ORDER: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0];
-
-/// AVX-512: the correction (index into a run's 8 h then 8 l values) that lane l takes.
-const QUAD_CORR: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+/// AVX-512: `vpermt2d` indices that make word j of vector c word 2c + j / 8 of the block in
+/// lane j % 8, from a run's two 64-byte loads (word 4b + k of the pair: block b, word k).
+const WIDX: [[i32; 16]; 2] = {
+    let mut t = [[0i32; 16]; 2];
+    let mut c = 0;
+    while c < 2 {
+        let mut j = 0;
+        while j < 16 {
+            t[c][j] = (4 * BLOCK[j % 8] + 2 * c + j / 8) as i32;
+            j += 1;
+        }
+        c += 1;
+    }
+    t
+};
 
 /// SAFETY (caller): AVX2 present; `row` is one stored MXFP4 row for `a`'s cols; `a` has
 /// its planes ([`ActQ16::has_planes`]) and p < a.n.
 #[target_feature(enable = "avx2")]
 pub unsafe fn dot_row_avx2(row: &[u8], a: &ActQ16, p: usize) -> f32 {
     // SAFETY: the caller's contract.
-    unsafe { body_avx2(row, a, p) }
+    unsafe { body_avx2::<1>([row], a, p)[0] }
 }
 
 /// [`dot_row_avx2`] for consecutive rows of `rb` bytes each (`rows` holds `out.len()` of
-/// them) times position 0, in one call: the row loop is compiled with the body.
+/// them) times position 0, two rows at a time (the activations loaded once for both).
 ///
 /// SAFETY (caller): as [`dot_row_avx2`], for every row.
 #[target_feature(enable = "avx2")]
 pub unsafe fn dot_rows_avx2(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
-    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
-        // SAFETY: the caller's contract, row by row.
-        *o = unsafe { body_avx2(row, a, 0) };
+    let mut i = 0;
+    while i + 2 <= out.len() {
+        // SAFETY: the caller's contract for rows i and i + 1.
+        let r = unsafe { body_avx2::<2>([&rows[i * rb..(i + 1) * rb], &rows[(i + 1) * rb..(i + 2) * rb]], a, 0) };
+        out[i..i + 2].copy_from_slice(&r);
+        i += 2;
+    }
+    if i < out.len() {
+        // SAFETY: as above, for the last row.
+        out[i] = unsafe { body_avx2::<1>([&rows[i * rb..(i + 1) * rb]], a, 0)[0] };
     }
 }
 
@@ -136,76 +164,107 @@ pub unsafe fn dot_rows_avx512_vbmi(rows: &[u8], rb: usize, a: &ActQ16, out: &mut
     unsafe { rows_avx512::<true>(rows, rb, a, out) }
 }
 
-/// SAFETY (caller): AVX2; the contract of [`dot_row_avx2`].
+/// The accumulator lanes of `R` rows reduced in the reference's order.
+///
+/// SAFETY (caller): AVX.
 #[inline(always)]
-unsafe fn body_avx2(row: &[u8], a: &ActQ16, p: usize) -> f32 {
-    let nb = a.blocks;
-    let ds = a.dstride();
-    let (scales, vals) = row.split_at(nb.div_ceil(4) * 4);
-    let planes = &a.planes[p * ds * 128..(p + 1) * ds * 128];
-    let corr = &a.corr[p * ds * 2..(p + 1) * ds * 2];
-    let d = &a.d[p * nb..(p + 1) * nb];
-    assert!(vals.len() >= nb * 16 && scales.len() >= nb && a.cols == nb * MXFP4_BLOCK);
-    // SAFETY: AVX2 per the callers' features; run r < runs covers blocks 8r..8r + 8 <= nb
-    // (16 bytes each in `vals`, 8 scale bytes and 8 d values), and planes/corr hold
-    // ds >= 8 * runs + 8 blocks when there is a tail.
-    unsafe {
-        let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(TABLE.as_ptr() as *const __m128i));
-        let order = _mm256_loadu_si256(PAIR_ORDER.as_ptr() as *const __m256i);
-        let cperm = _mm256_loadu_si256(PAIR_BLOCK.as_ptr() as *const __m256i);
-        let mut accv = _mm256_setzero_ps();
-        let runs = nb / 8;
-        for r in 0..runs {
-            let w = vals.as_ptr().add(r * 128);
-            let ahead = row.as_ptr().wrapping_add(PREFETCH + r * 128) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(ahead);
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-            let (hs, ls) = run_avx2(lut, cperm, w, planes.as_ptr().add(r * 1024), corr.as_ptr().add(r * 16));
-            let sum = _mm256_add_ps(
-                _mm256_cvtepi32_ps(hs),
-                _mm256_mul_ps(_mm256_cvtepi32_ps(ls), _mm256_set1_ps(1.0 / 65536.0)),
-            );
-            let sum = _mm256_permutevar8x32_ps(sum, order);
-            accv = step(accv, sum, scales.as_ptr().add(r * 8), d.as_ptr().add(r * 8));
-        }
+unsafe fn finish<const R: usize>(accv: [__m256; R]) -> [f32; R] {
+    let mut out = [0.0f32; R];
+    for i in 0..R {
         let mut acc = [0.0f32; 8];
-        _mm256_storeu_ps(acc.as_mut_ptr(), accv);
-        if runs * 8 < nb {
-            let b0 = runs * 8;
-            let mut w = [0u8; 128];
-            w[..(nb - b0) * 16].copy_from_slice(&vals[b0 * 16..nb * 16]);
-            let (hs, ls) =
-                run_avx2(lut, cperm, w.as_ptr(), planes.as_ptr().add(runs * 1024), corr.as_ptr().add(runs * 16));
-            let (mut h, mut l) = ([0i32; 8], [0i32; 8]);
-            _mm256_storeu_si256(h.as_mut_ptr() as *mut __m256i, hs);
-            _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, ls);
-            for b in b0..nb {
-                let lane = PAIR_LANE[b - b0];
-                combine(&mut acc, b, scales[b], d[b], h[lane], l[lane]);
-            }
-        }
-        reduce8(acc)
+        // SAFETY: 8 floats of `acc`.
+        unsafe { _mm256_storeu_ps(acc.as_mut_ptr(), accv[i]) };
+        out[i] = reduce8(acc);
+    }
+    out
+}
+
+/// Checks the shapes every kernel relies on (the `unsafe` loads below stay inside them).
+#[inline(always)]
+fn check<const R: usize>(rows: &[&[u8]; R], a: &ActQ16, p: usize) {
+    let (nb, sb) = (a.blocks, a.blocks.div_ceil(4) * 4);
+    assert!(a.has_planes() && p < a.n && a.cols == nb * MXFP4_BLOCK && a.d.len() >= a.n * nb);
+    for row in rows {
+        assert!(row.len() >= sb + nb * 16);
     }
 }
 
-/// The rows two at a time (the activations loaded once for both), the last one alone.
+/// AVX2: `R` rows times position `p`.
+///
+/// SAFETY (caller): AVX2; the contract of [`dot_row_avx2`] for every row.
+#[inline(always)]
+unsafe fn body_avx2<const R: usize>(rows: [&[u8]; R], a: &ActQ16, p: usize) -> [f32; R] {
+    check(&rows, a, p);
+    let (nb, ds) = (a.blocks, a.dstride());
+    let planes = &a.planes[p * ds * 128..(p + 1) * ds * 128];
+    let corr = &a.corr[p * ds * 2..(p + 1) * ds * 2];
+    let d = &a.d[p * nb..(p + 1) * nb];
+    let sb = nb.div_ceil(4) * 4;
+    // SAFETY: AVX2 per the callers' features; run r < runs covers blocks 8r..8r + 8 <= nb
+    // (128 bytes from sb + 128r in each row, 8 scale bytes and 8 d values), and planes/corr
+    // hold ds >= 8 * runs + 8 blocks when there is a tail (checked above).
+    unsafe {
+        let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(TABLE.as_ptr() as *const __m128i));
+        let order = _mm256_loadu_si256(ORDER.as_ptr() as *const __m256i);
+        let mut accv = [_mm256_setzero_ps(); R];
+        let runs = nb / 8;
+        for r in 0..runs {
+            let mut w = [std::ptr::null(); R];
+            for i in 0..R {
+                w[i] = rows[i].as_ptr().add(sb + r * 128);
+                // The same bytes PREFETCH bytes on (the next rows: a row is short, the
+                // hardware's stream prefetch alone leaves the loads waiting on memory).
+                let ahead = rows[i].as_ptr().wrapping_add(PREFETCH + r * 128) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+            }
+            let s = run_avx2::<R>(lut, w, planes.as_ptr().add(r * 1024), corr.as_ptr().add(r * 16));
+            for i in 0..R {
+                let (hs, ls) = s[i];
+                let sum = _mm256_add_ps(
+                    _mm256_cvtepi32_ps(hs),
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(ls), _mm256_set1_ps(1.0 / 65536.0)),
+                );
+                let sum = _mm256_permutevar8x32_ps(sum, order);
+                accv[i] = step(accv[i], sum, rows[i].as_ptr().add(r * 8), d.as_ptr().add(r * 8));
+            }
+        }
+        let b0 = runs * 8;
+        if b0 == nb {
+            return finish(accv);
+        }
+        let mut tail = [[0u8; 128]; R];
+        let mut w = [std::ptr::null(); R];
+        for i in 0..R {
+            tail[i][..(nb - b0) * 16].copy_from_slice(&rows[i][sb + b0 * 16..sb + nb * 16]);
+            w[i] = tail[i].as_ptr();
+        }
+        let t = run_avx2::<R>(lut, w, planes.as_ptr().add(runs * 1024), corr.as_ptr().add(runs * 16));
+        let mut out = [0.0f32; R];
+        for i in 0..R {
+            let mut acc = [0.0f32; 8];
+            _mm256_storeu_ps(acc.as_mut_ptr(), accv[i]);
+            let (mut h, mut l) = ([0i32; 8], [0i32; 8]);
+            _mm256_storeu_si256(h.as_mut_ptr() as *mut __m256i, t[i].0);
+            _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, t[i].1);
+            for b in b0..nb {
+                let lane = LANE[b - b0];
+                combine(&mut acc, b, rows[i][b], d[b], h[lane], l[lane]);
+            }
+            out[i] = reduce8(acc);
+        }
+        out
+    }
+}
+
+/// The rows two at a time (the activations loaded once for both; four at a time was
+/// slower: 0.92-0.94 of the first kernel's time per run against 0.88-0.90, one process),
+/// then the last one alone.
 ///
 /// SAFETY (caller): the contract of [`dot_rows_avx512`] (VBMI if `VBMI`).
 #[inline(always)]
 unsafe fn rows_avx512<const VBMI: bool>(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
     let mut i = 0;
-    while i + 4 <= out.len() {
-        let r4 = [
-            &rows[i * rb..(i + 1) * rb],
-            &rows[(i + 1) * rb..(i + 2) * rb],
-            &rows[(i + 2) * rb..(i + 3) * rb],
-            &rows[(i + 3) * rb..(i + 4) * rb],
-        ];
-        // SAFETY: the caller's contract for rows i..i + 4.
-        let r = unsafe { body_avx512::<VBMI, 4>(r4, a, 0) };
-        out[i..i + 4].copy_from_slice(&r);
-        i += 4;
-    }
     while i + 2 <= out.len() {
         // SAFETY: the caller's contract for rows i and i + 1.
         let r =
@@ -223,64 +282,59 @@ unsafe fn rows_avx512<const VBMI: bool>(rows: &[u8], rb: usize, a: &ActQ16, out:
 /// [`dot_row_avx512`] for each of the `R` rows.
 #[inline(always)]
 unsafe fn body_avx512<const VBMI: bool, const R: usize>(rows: [&[u8]; R], a: &ActQ16, p: usize) -> [f32; R] {
-    let nb = a.blocks;
-    let ds = a.dstride();
+    check(&rows, a, p);
+    let (nb, ds) = (a.blocks, a.dstride());
     let planes = &a.planes[p * ds * 128..(p + 1) * ds * 128];
     let corr = &a.corr[p * ds * 2..(p + 1) * ds * 2];
     let d = &a.d[p * nb..(p + 1) * nb];
     let sb = nb.div_ceil(4) * 4;
-    for row in rows {
-        assert!(row.len() >= sb + nb * 16 && a.cols == nb * MXFP4_BLOCK);
-    }
     // SAFETY: as in body_avx2, with the callers' AVX-512 features, for every row.
     unsafe {
         // The table in each 16 bytes: `vpshufb` reads it per 128-bit lane, `vpermb` with
         // the index's bits 4-5 (the next nibble's) set or not.
         let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(TABLE.as_ptr() as *const __m128i));
-        let order = _mm512_loadu_epi32(QUAD_ORDER.as_ptr());
-        let cperm = _mm512_loadu_epi32(QUAD_CORR.as_ptr());
+        let order = _mm256_loadu_si256(ORDER.as_ptr() as *const __m256i);
+        let widx = [_mm512_loadu_epi32(WIDX[0].as_ptr()), _mm512_loadu_epi32(WIDX[1].as_ptr())];
         let mut accv = [_mm256_setzero_ps(); R];
         let runs = nb / 8;
         for r in 0..runs {
             let mut w = [std::ptr::null(); R];
             for i in 0..R {
                 w[i] = rows[i].as_ptr().add(sb + r * 128);
-                // The same bytes PREFETCH bytes on (the next rows: a row is short, the
-                // hardware's stream prefetch alone leaves the loads waiting on memory).
                 let ahead = rows[i].as_ptr().wrapping_add(PREFETCH + r * 128) as *const i8;
                 _mm_prefetch::<_MM_HINT_T0>(ahead);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             }
-            let t = run_avx512::<VBMI, R>(lut, cperm, w, planes.as_ptr().add(r * 1024), corr.as_ptr().add(r * 16));
+            let t = run_avx512::<VBMI, R>(lut, widx, w, planes.as_ptr().add(r * 1024), corr.as_ptr().add(r * 16));
             for i in 0..R {
-                // Lanes 4j and 4j + 1: f32(h) + f32(l) * 2^-16 of blocks j and j + 4.
+                // Lanes 0-7: f32 of the sums k * h, lanes 8-15 of k * l (lane order).
                 let f = _mm512_cvtepi32_ps(t[i]);
-                let lo = _mm512_mul_ps(_mm512_permute_ps::<0b11_10_11_10>(f), _mm512_set1_ps(1.0 / 65536.0));
-                let sum = _mm512_castps512_ps256(_mm512_permutexvar_ps(order, _mm512_add_ps(f, lo)));
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(f)));
+                let sum = _mm256_add_ps(_mm512_castps512_ps256(f), _mm256_mul_ps(hi, _mm256_set1_ps(1.0 / 65536.0)));
+                let sum = _mm256_permutevar8x32_ps(sum, order);
                 accv[i] = step_avx512(accv[i], sum, rows[i].as_ptr().add(r * 8), d.as_ptr().add(r * 8));
             }
         }
-        let mut out = [0.0f32; R];
-        let mut tail = [[0u8; 128]; R];
         let b0 = runs * 8;
+        if b0 == nb {
+            return finish(accv);
+        }
+        let mut tail = [[0u8; 128]; R];
         let mut w = [std::ptr::null(); R];
         for i in 0..R {
             tail[i][..(nb - b0) * 16].copy_from_slice(&rows[i][sb + b0 * 16..sb + nb * 16]);
             w[i] = tail[i].as_ptr();
         }
-        let t = if b0 < nb {
-            run_avx512::<VBMI, R>(lut, cperm, w, planes.as_ptr().add(runs * 1024), corr.as_ptr().add(runs * 16))
-        } else {
-            [_mm512_setzero_si512(); R]
-        };
+        let t = run_avx512::<VBMI, R>(lut, widx, w, planes.as_ptr().add(runs * 1024), corr.as_ptr().add(runs * 16));
+        let mut out = [0.0f32; R];
         for i in 0..R {
             let mut acc = [0.0f32; 8];
             _mm256_storeu_ps(acc.as_mut_ptr(), accv[i]);
             let mut s = [0i32; 16];
             _mm512_storeu_si512(s.as_mut_ptr() as *mut __m512i, t[i]);
             for b in b0..nb {
-                let lane = QUAD_LANE[b - b0];
-                combine(&mut acc, b, rows[i][b], d[b], s[lane], s[lane + 2]);
+                let lane = LANE[b - b0];
+                combine(&mut acc, b, rows[i][b], d[b], s[lane], s[lane + 8]);
             }
             out[i] = reduce8(acc);
         }
@@ -321,116 +375,147 @@ unsafe fn step_avx512(acc: __m256, sum: __m256, s: *const u8, d: *const f32) -> 
     }
 }
 
-/// AVX2: the exact sums k * h and k * l of a run (lane [`PAIR_LANE`]`[j]` = block j):
-/// 128 stored bytes at `w`, the run's 1024 plane bytes at `x`, its 16 corrections at `c`.
+/// AVX2: the exact sums k * h and k * l of a run for `R` rows (lane [`LANE`]`[j]` = block
+/// j): 128 stored bytes at each `w[i]`, the run's 1024 plane bytes at `x`, its 16
+/// corrections at `c`.
 ///
 /// SAFETY (caller): AVX2; the bytes are readable.
 #[inline(always)]
-unsafe fn run_avx2(lut: __m256i, cperm: __m256i, w: *const u8, x: *const u8, c: *const i32) -> (__m256i, __m256i) {
-    // SAFETY: the caller's contract. Pair (2m, 2m + 1) is half m % 2 of quad m / 2.
-    unsafe {
-        let (h0, l0) = pair_avx2(lut, w, x);
-        let (h1, l1) = pair_avx2(lut, w.add(32), x.add(32));
-        let (h2, l2) = pair_avx2(lut, w.add(64), x.add(512));
-        let (h3, l3) = pair_avx2(lut, w.add(96), x.add(544));
-        let hs = _mm256_hadd_epi32(_mm256_hadd_epi32(h0, h1), _mm256_hadd_epi32(h2, h3));
-        let ls = _mm256_hadd_epi32(_mm256_hadd_epi32(l0, l1), _mm256_hadd_epi32(l2, l3));
-        let ch = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(c as *const __m256i), cperm);
-        let cl = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(c.add(8) as *const __m256i), cperm);
-        (_mm256_sub_epi32(hs, ch), _mm256_sub_epi32(ls, cl))
-    }
-}
-
-/// AVX2: lanes 0-3 hold block 2m's partial sums of w * h (and of w * l), lanes 4-7 block
-/// 2m + 1's; the planes are 32-byte halves of the quad's 64-byte vectors.
-///
-/// SAFETY (caller): as [`run_avx2`]; 32 bytes at `w`, the plane vectors at `x + 64k`.
-#[inline(always)]
-unsafe fn pair_avx2(lut: __m256i, w: *const u8, x: *const u8) -> (__m256i, __m256i) {
+unsafe fn run_avx2<const R: usize>(
+    lut: __m256i,
+    w: [*const u8; R],
+    x: *const u8,
+    c: *const i32,
+) -> [(__m256i, __m256i); R] {
     // SAFETY: the caller's contract.
     unsafe {
         let low = _mm256_set1_epi8(15);
-        let bytes = _mm256_loadu_si256(w as *const __m256i);
-        let we = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, low));
-        let wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), low));
-        let h = part_avx2(we, wo, x);
-        let l = part_avx2(we, wo, x.add(256));
-        (h, l)
-    }
-}
-
-/// AVX2: sum w * (256 * hh + hl) in four lanes per block, from the planes hh_even,
-/// hh_odd, hl_even, hl_odd at `x`, `x + 64`, `x + 128`, `x + 192`.
-///
-/// SAFETY (caller): as [`pair_avx2`].
-#[inline(always)]
-unsafe fn part_avx2(we: __m256i, wo: __m256i, x: *const u8) -> __m256i {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let (he, ho) = (_mm256_loadu_si256(x as *const __m256i), _mm256_loadu_si256(x.add(64) as *const __m256i));
-        let (le, lo) =
-            (_mm256_loadu_si256(x.add(128) as *const __m256i), _mm256_loadu_si256(x.add(192) as *const __m256i));
-        let hi = _mm256_add_epi16(_mm256_maddubs_epi16(we, he), _mm256_maddubs_epi16(wo, ho));
-        let lo = _mm256_add_epi16(_mm256_maddubs_epi16(le, we), _mm256_maddubs_epi16(lo, wo));
-        _mm256_add_epi32(_mm256_madd_epi16(hi, _mm256_set1_epi16(256)), _mm256_madd_epi16(lo, _mm256_set1_epi16(1)))
+        // Word k of each block of the run, blocks in lane order (a 4x4 transpose of the
+        // words of each 128-bit lane: v_m holds blocks 2m and 2m + 1).
+        let mut t = [[_mm256_setzero_si256(); 4]; R];
+        for i in 0..R {
+            let v0 = _mm256_loadu_si256(w[i] as *const __m256i);
+            let v1 = _mm256_loadu_si256(w[i].add(32) as *const __m256i);
+            let v2 = _mm256_loadu_si256(w[i].add(64) as *const __m256i);
+            let v3 = _mm256_loadu_si256(w[i].add(96) as *const __m256i);
+            let (a, b) = (_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
+            let (c2, d2) = (_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
+            t[i] = [
+                _mm256_unpacklo_epi64(a, c2),
+                _mm256_unpackhi_epi64(a, c2),
+                _mm256_unpacklo_epi64(b, d2),
+                _mm256_unpackhi_epi64(b, d2),
+            ];
+        }
+        // Per row: the 16-bit sums w * hh of words (0, 1) and (2, 3), for h and for l, and
+        // the 32-bit sums hl * w.
+        let mut hh = [[_mm256_setzero_si256(); 2]; R];
+        let mut lh = [[_mm256_setzero_si256(); 2]; R];
+        let mut hl = [_mm256_setzero_si256(); R];
+        let mut ll = [_mm256_setzero_si256(); R];
+        let ones = _mm256_set1_epi16(1);
+        for k in 0..4 {
+            let xk = x.add((k / 2) * 512 + (k % 2) * 32);
+            let mut pv = [_mm256_setzero_si256(); 8];
+            for (m, v) in pv.iter_mut().enumerate() {
+                *v = _mm256_loadu_si256(xk.add(64 * m) as *const __m256i);
+            }
+            for i in 0..R {
+                let we = _mm256_shuffle_epi8(lut, _mm256_and_si256(t[i][k], low));
+                let wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(t[i][k]), low));
+                let h_hi = _mm256_add_epi16(_mm256_maddubs_epi16(we, pv[0]), _mm256_maddubs_epi16(wo, pv[1]));
+                let l_hi = _mm256_add_epi16(_mm256_maddubs_epi16(we, pv[4]), _mm256_maddubs_epi16(wo, pv[5]));
+                let h_lo = _mm256_add_epi16(_mm256_maddubs_epi16(pv[2], we), _mm256_maddubs_epi16(pv[3], wo));
+                let l_lo = _mm256_add_epi16(_mm256_maddubs_epi16(pv[6], we), _mm256_maddubs_epi16(pv[7], wo));
+                hh[i][k / 2] = _mm256_add_epi16(hh[i][k / 2], h_hi);
+                lh[i][k / 2] = _mm256_add_epi16(lh[i][k / 2], l_hi);
+                hl[i] = _mm256_add_epi32(hl[i], _mm256_madd_epi16(h_lo, ones));
+                ll[i] = _mm256_add_epi32(ll[i], _mm256_madd_epi16(l_lo, ones));
+            }
+        }
+        let k256 = _mm256_set1_epi16(256);
+        let ch = _mm256_loadu_si256(c as *const __m256i);
+        let cl = _mm256_loadu_si256(c.add(8) as *const __m256i);
+        let mut out = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+        for i in 0..R {
+            let h = _mm256_add_epi32(_mm256_madd_epi16(hh[i][0], k256), _mm256_madd_epi16(hh[i][1], k256));
+            let l = _mm256_add_epi32(_mm256_madd_epi16(lh[i][0], k256), _mm256_madd_epi16(lh[i][1], k256));
+            out[i] =
+                (_mm256_sub_epi32(_mm256_add_epi32(h, hl[i]), ch), _mm256_sub_epi32(_mm256_add_epi32(l, ll[i]), cl));
+        }
+        out
     }
 }
 
 /// AVX-512: the exact sums of a run for `R` rows (their stored bytes at `w[i]`; the
-/// activations are loaded once for all of them), lane 4j + {0, 1, 2, 3} = k * h of block j,
-/// of block j + 4, k * l of block j, of block j + 4 ([`QUAD_LANE`]); the run's 1024 plane
-/// bytes at `x`, its 16 corrections at `c`.
+/// activations are loaded once for all of them): lane [`LANE`]`[j]` = k * h of block j,
+/// lane 8 + [`LANE`]`[j]` = k * l; the run's 1024 plane bytes at `x`, its 16 corrections
+/// at `c`.
 ///
 /// SAFETY (caller): AVX-512 F/BW/VNNI (VBMI if `VBMI`); 128 bytes at each `w[i]`, 1024 at
 /// `x`, 16 i32 at `c`.
 #[inline(always)]
 unsafe fn run_avx512<const VBMI: bool, const R: usize>(
     lut: __m512i,
-    cperm: __m512i,
+    widx: [__m512i; 2],
     w: [*const u8; R],
     x: *const u8,
     c: *const i32,
 ) -> [__m512i; R] {
     // SAFETY: the caller's contract.
     unsafe {
-        let corr = _mm512_permutexvar_epi32(cperm, _mm512_loadu_epi32(c));
-        let mut q = [[_mm512_setzero_si512(); 4]; R];
-        for m in 0..2 {
-            let v = x.add(512 * m) as *const __m512i;
-            let mut planes = [_mm512_setzero_si512(); 8];
-            for (k, p) in planes.iter_mut().enumerate() {
+        // Per row and part: the hh chain (times 256 at the end) and the hl chain.
+        let mut h = [[_mm512_setzero_si512(); 2]; R];
+        let mut l = [[_mm512_setzero_si512(); 2]; R];
+        // Words 2c (lanes 0-7) and 2c + 1 (lanes 8-15) of each block, blocks in lane order.
+        let mut wv = [[_mm512_setzero_si512(); 2]; R];
+        for i in 0..R {
+            let l0 = _mm512_loadu_si512(w[i] as *const __m512i);
+            let l1 = _mm512_loadu_si512(w[i].add(64) as *const __m512i);
+            wv[i] = [_mm512_permutex2var_epi32(l0, widx[0], l1), _mm512_permutex2var_epi32(l0, widx[1], l1)];
+        }
+        // `cc` picks the plane vectors and each row's word vector alike.
+        #[allow(clippy::needless_range_loop)]
+        for cc in 0..2 {
+            let v = x.add(512 * cc) as *const __m512i;
+            let mut pv = [_mm512_setzero_si512(); 8];
+            for (k, p) in pv.iter_mut().enumerate() {
                 *p = _mm512_loadu_si512(v.add(k));
             }
             for i in 0..R {
-                let (we, wo) = nibbles::<VBMI>(lut, w[i].add(64 * m));
-                q[i][m] = part_avx512(we, wo, &planes[..4]);
-                q[i][2 + m] = part_avx512(we, wo, &planes[4..]);
+                let (we, wo) = nibbles::<VBMI>(lut, wv[i][cc]);
+                h[i][0] = _mm512_dpbusd_epi32(h[i][0], we, pv[0]);
+                h[i][0] = _mm512_dpbusd_epi32(h[i][0], wo, pv[1]);
+                h[i][1] = _mm512_dpbusd_epi32(h[i][1], pv[2], we);
+                h[i][1] = _mm512_dpbusd_epi32(h[i][1], pv[3], wo);
+                l[i][0] = _mm512_dpbusd_epi32(l[i][0], we, pv[4]);
+                l[i][0] = _mm512_dpbusd_epi32(l[i][0], wo, pv[5]);
+                l[i][1] = _mm512_dpbusd_epi32(l[i][1], pv[6], we);
+                l[i][1] = _mm512_dpbusd_epi32(l[i][1], pv[7], wo);
             }
         }
+        let corr = _mm512_loadu_epi32(c);
         let mut out = [_mm512_setzero_si512(); R];
         for i in 0..R {
-            let [h0, h1, l0, l1] = q[i];
-            // 128-bit lane j: [a0 + a2, a1 + a3, b0 + b2, b1 + b3] of blocks a = j, b = j + 4.
-            let sh = _mm512_add_epi32(_mm512_unpacklo_epi64(h0, h1), _mm512_unpackhi_epi64(h0, h1));
-            let sl = _mm512_add_epi32(_mm512_unpacklo_epi64(l0, l1), _mm512_unpackhi_epi64(l0, l1));
-            let (fh, fl) = (_mm512_castsi512_ps(sh), _mm512_castsi512_ps(sl));
-            let even = _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(fh, fl));
-            let odd = _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(fh, fl));
-            out[i] = _mm512_sub_epi32(_mm512_add_epi32(even, odd), corr);
+            let hs = _mm512_add_epi32(_mm512_slli_epi32::<8>(h[i][0]), h[i][1]);
+            let ls = _mm512_add_epi32(_mm512_slli_epi32::<8>(l[i][0]), l[i][1]);
+            // Lanes j and 8 + j of hs (ls) are the two halves of one block's sum.
+            let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(hs, ls);
+            let hi = _mm512_shuffle_i64x2::<0b11_10_11_10>(hs, ls);
+            out[i] = _mm512_sub_epi32(_mm512_add_epi32(lo, hi), corr);
         }
         out
     }
 }
 
-/// AVX-512: the 64 stored bytes at `w` as w = k + 12 of their low nibbles (128-bit lane j:
-/// block j's even values) and of their high nibbles (its odd values).
+/// AVX-512: w = k + 12 of the low nibbles (even values) and of the high nibbles (odd
+/// values) of the 64 stored bytes in `bytes`.
 ///
-/// SAFETY (caller): AVX-512 F/BW (VBMI if `VBMI`); 64 bytes at `w`.
+/// SAFETY (caller): AVX-512 F/BW (VBMI if `VBMI`).
 #[inline(always)]
-unsafe fn nibbles<const VBMI: bool>(lut: __m512i, w: *const u8) -> (__m512i, __m512i) {
+unsafe fn nibbles<const VBMI: bool>(lut: __m512i, bytes: __m512i) -> (__m512i, __m512i) {
     // SAFETY: the caller's contract.
     unsafe {
-        let bytes = _mm512_loadu_si512(w as *const __m512i);
         if VBMI {
             // vpermb reads 6 index bits: the nibble and two bits of its neighbour, which the
             // table (repeated every 16 bytes) ignores; no masking.
@@ -445,17 +530,74 @@ unsafe fn nibbles<const VBMI: bool>(lut: __m512i, w: *const u8) -> (__m512i, __m
     }
 }
 
-/// AVX-512: sum w * (256 * hh + hl) in four lanes per block, from the planes hh_even,
-/// hh_odd, hl_even, hl_odd in `v`.
-#[inline(always)]
-unsafe fn part_avx512(we: __m512i, wo: __m512i, v: &[__m512i]) -> __m512i {
-    // SAFETY: register-only AVX-512 VNNI operations, reached from the target_feature
-    // functions.
+/// [`super::quantize_block`] with AVX2 (the same operations on eight values at a time, so
+/// the same bits): the parts of one block of 32 into `hi` and `lo` (even-then-odd order);
+/// returns d_b. Blocks that hold NaN or an infinity, or whose max |x| is tiny, take the
+/// reference.
+///
+/// SAFETY (caller): AVX2 present.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_block_avx2(x: &[f32], hi: &mut [i16], lo: &mut [i16]) -> f32 {
+    let (x, hi, lo) = (&x[..MXFP4_BLOCK], &mut hi[..MXFP4_BLOCK], &mut lo[..MXFP4_BLOCK]);
+    // SAFETY: AVX2 per this function's features; 32 floats at x, 32 i16 at hi and lo.
     unsafe {
-        let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), we, v[0]);
-        let s = _mm512_dpbusd_epi32(s, wo, v[1]);
-        let s = _mm512_slli_epi32::<8>(s);
-        let s = _mm512_dpbusd_epi32(s, v[2], we);
-        _mm512_dpbusd_epi32(s, v[3], wo)
+        let xp = x.as_ptr();
+        let v =
+            [_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8)), _mm256_loadu_ps(xp.add(16)), _mm256_loadu_ps(xp.add(24))];
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let m01 = _mm256_max_epu32(
+            _mm256_and_si256(_mm256_castps_si256(v[0]), abs),
+            _mm256_and_si256(_mm256_castps_si256(v[1]), abs),
+        );
+        let m23 = _mm256_max_epu32(
+            _mm256_and_si256(_mm256_castps_si256(v[2]), abs),
+            _mm256_and_si256(_mm256_castps_si256(v[3]), abs),
+        );
+        let m = _mm256_max_epu32(m01, m23);
+        let m = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+        let amax_bits = _mm_cvtsi128_si32(m) as u32;
+        if !(super::TINY_BITS..0x7f80_0000).contains(&amax_bits) {
+            return super::quantize_block(x, hi, lo);
+        }
+        let amax = f32::from_bits(amax_bits);
+        let (inv, d) = (super::QMAX / amax, amax / super::QMAX);
+        let inv_lo = 65536.0 / d;
+        let (inv, dv, inv_lo) = (_mm256_set1_ps(inv), _mm256_set1_ps(d), _mm256_set1_ps(inv_lo));
+        let (magic, qmax, qmin) =
+            (_mm256_set1_ps(12_582_912.0), _mm256_set1_ps(super::QMAX), _mm256_set1_ps(-super::QMAX));
+        let mut h = [_mm256_setzero_si256(); 4];
+        let mut l = [_mm256_setzero_si256(); 4];
+        for i in 0..4 {
+            // The reference's steps, each rounded on its own: (x * inv + M) - M clamped, then
+            // ((x - h * d) * inv_lo + M) - M clamped (max then min: no NaN here).
+            let hf = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v[i], inv), magic), magic);
+            let hf = _mm256_min_ps(_mm256_max_ps(hf, qmin), qmax);
+            let r = _mm256_mul_ps(_mm256_sub_ps(v[i], _mm256_mul_ps(hf, dv)), inv_lo);
+            let lf = _mm256_sub_ps(_mm256_add_ps(r, magic), magic);
+            let lf = _mm256_min_ps(_mm256_max_ps(lf, qmin), qmax);
+            h[i] = _mm256_cvttps_epi32(hf);
+            l[i] = _mm256_cvttps_epi32(lf);
+        }
+        // i16 in column order, then each 128-bit lane's even words to its low 8 bytes and
+        // odd words to its high 8 bytes, then evens of both lanes low, odds high.
+        let split = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+        );
+        for (parts, out) in [(h, &mut *hi), (l, &mut *lo)] {
+            for half in 0..2 {
+                let w =
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(parts[2 * half], parts[2 * half + 1]));
+                let eo = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(w, split));
+                // Values 16 * half.. : evens at 8 * half, odds at 16 + 8 * half.
+                _mm_storeu_si128(out.as_mut_ptr().add(8 * half) as *mut __m128i, _mm256_castsi256_si128(eo));
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(16 + 8 * half) as *mut __m128i,
+                    _mm256_extracti128_si256::<1>(eo),
+                );
+            }
+        }
+        d
     }
 }
