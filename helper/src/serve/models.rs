@@ -376,11 +376,13 @@ mod tests {
             [
                 "olmoe",
                 "deepseek_v3",
+                "deepseek_v32",
                 "deepseek_v3_fp8",
                 "deepseek_v3_mtp",
                 "deepseek_v3_noqlora",
                 "glm4_moe",
                 "glm4_moe_mtp",
+                "glm_moe_dsa",
                 "gpt_oss",
                 "gpt_oss_mxfp4",
                 "mixtral",
