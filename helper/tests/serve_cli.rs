@@ -41,6 +41,42 @@ fn get(port: u16, path: &str, host: &str) -> (u16, String) {
     request(port, "GET", path, host, "")
 }
 
+/// A reader that has closed the pipe (`coli serve | head -1` after its line, a supervisor
+/// that only wanted the address) does not stop the server: its lines to stdout used to
+/// panic on the closed pipe. Here the pipe is closed before the server writes anything.
+#[test]
+fn serve_lives_on_when_its_stdout_is_closed() {
+    let data = scratch("stdout");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = coli()
+        .args(["serve", "--port", &port.to_string(), "--model"])
+        .arg(fixture("qwen3_moe"))
+        .arg("--models-dir")
+        .arg(data.join("models"))
+        .env("XDG_DATA_HOME", &data)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for it to listen, then ask a few times.
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "the server stopped before listening");
+        assert!(start.elapsed() < Duration::from_secs(60), "the server never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..3 {
+        assert_eq!(get(port, "/health", &format!("127.0.0.1:{port}")).0, 200);
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the server stopped");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 #[cfg(unix)]
 #[test]
 fn serve_prints_its_url_answers_and_stops_on_sigterm() {

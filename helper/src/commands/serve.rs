@@ -29,10 +29,10 @@ pub fn serve(a: ServeArgs, open_browser: bool) -> Result<()> {
         let bound = bind(&a).await?;
         let url = url_of(bound.addr);
         let n = bound.state.registry.list().len();
-        println!("colibri is listening on {url}");
-        println!("  {n} model(s); API: {url}/v1 (OpenAI), {url}/api/models; Ctrl-C stops");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+        // Written without println!: a reader that closed the pipe after the first line
+        // (`coli serve | head -1`, a supervisor) must not stop the server.
+        say(&format!("colibri is listening on {url}"));
+        say(&format!("  {n} model(s); API: {url}/v1 (OpenAI), {url}/api/models; Ctrl-C stops"));
         if open_browser {
             open_url(&url);
         }
@@ -49,7 +49,14 @@ fn open_url(url: &str) {
         .stderr(std::process::Stdio::null())
         .spawn()
     {
-        Ok(_) => println!("opening {url} in your browser"),
-        Err(_) => println!("open {url} in your browser"),
+        Ok(_) => say(&format!("opening {url} in your browser")),
+        Err(_) => say(&format!("open {url} in your browser")),
     }
+}
+
+/// One line on stdout, flushed; a closed stdout is not an error for a server.
+fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|_| out.flush());
 }
