@@ -18,6 +18,19 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// A request body that is not the JSON it should be. serde_json refuses nesting past
+    /// 128 levels; said as the limit it is (a schema that deep gets the same answer in the
+    /// browser engine).
+    pub fn json_body(e: serde_json::Error) -> Self {
+        let message = match e.to_string().contains("recursion limit exceeded") {
+            true => format!(
+                "the JSON body nests deeper than 128 levels (a response_format or tool schema that deep is refused): {e}"
+            ),
+            false => format!("could not parse the JSON body: {e}"),
+        };
+        ApiError::invalid(message, None)
+    }
+
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,

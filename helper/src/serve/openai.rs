@@ -133,7 +133,7 @@ struct CompletionRequest {
 
 fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let body = body.map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(e.body_text(), None) })?;
-    serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("could not parse the JSON body: {e}"), None))
+    serde_json::from_slice(&body).map_err(ApiError::json_body)
 }
 
 fn now_secs() -> u64 {

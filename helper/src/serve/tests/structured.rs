@@ -226,6 +226,17 @@ fn deep_and_wide_schemas_are_400s_and_the_server_stays_up() {
         assert!(e["message"].as_str().unwrap().contains(needle), "{e}");
         assert_eq!(s.health()["status"], "ok");
     }
+    // A body nested past serde_json's 128 levels (a schema of 200 nested arrays) is a 400
+    // that names the limit.
+    let mut deep = json!({"type": "string"});
+    for _ in 0..200 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    let r = s.post("/v1/chat/completions", &chat(json!({"response_format": rf(deep)})).to_string());
+    assert_eq!(r.status, 400, "{}", r.text());
+    let e = &r.json()["error"];
+    assert!(e["message"].as_str().unwrap().contains("deeper than 128 levels"), "{e}");
+    assert_eq!(s.health()["status"], "ok");
     // Within the limits: a 60-link chain compiles and the answer is a string.
     let r = s.post(
         "/v1/chat/completions",
