@@ -75,13 +75,39 @@ impl<'a> CpuOps<'a> {
     }
 }
 
-impl<'w> Ops<'w> for CpuOps<'_> {
+/// What runs the CPU's tensor operations: [`CpuOps`] itself, or a [`CpuPass`] through its
+/// `ops` (the one `Ops` impl below covers both; the pass only adds the model's weights and
+/// hooks, [`Backend`]).
+pub(crate) trait AsCpuOps {
+    fn with<R>(&mut self, f: impl FnOnce(&mut CpuOps<'_>) -> R) -> R;
+    fn with_ref<R>(&self, f: impl FnOnce(&CpuOps<'_>) -> R) -> R;
+}
+
+impl AsCpuOps for CpuOps<'_> {
+    fn with<R>(&mut self, f: impl FnOnce(&mut CpuOps<'_>) -> R) -> R {
+        f(self)
+    }
+    fn with_ref<R>(&self, f: impl FnOnce(&CpuOps<'_>) -> R) -> R {
+        f(self)
+    }
+}
+
+impl AsCpuOps for CpuPass<'_, '_> {
+    fn with<R>(&mut self, f: impl FnOnce(&mut CpuOps<'_>) -> R) -> R {
+        f(&mut self.ops)
+    }
+    fn with_ref<R>(&self, f: impl FnOnce(&CpuOps<'_>) -> R) -> R {
+        f(&self.ops)
+    }
+}
+
+impl<'w, P: AsCpuOps> Ops<'w> for P {
     type T = Vec<f32>;
     type M = Mat;
     type V = Vec<f32>;
 
     fn pos0(&self) -> usize {
-        self.pos0
+        self.with_ref(|this| this.pos0)
     }
 
     fn alloc(&mut self, _label: &'static str, len: usize) -> Result<Vec<f32>> {
@@ -182,18 +208,20 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         at: usize,
         interleaved: bool,
     ) -> Result<()> {
-        let rot = self.rope.rotary_dim;
-        let mut scratch = Vec::with_capacity(rot);
-        for i in 0..n {
-            for h in 0..heads {
-                let x = &mut t[at + (i * heads + h) * stride..][..rot];
-                if interleaved {
-                    deinterleave(x, &mut scratch);
+        self.with(|this| {
+            let rot = this.rope.rotary_dim;
+            let mut scratch = Vec::with_capacity(rot);
+            for i in 0..n {
+                for h in 0..heads {
+                    let x = &mut t[at + (i * heads + h) * stride..][..rot];
+                    if interleaved {
+                        deinterleave(x, &mut scratch);
+                    }
+                    this.rope.apply(x, rot, &this.cos[i], &this.sin[i]);
                 }
-                self.rope.apply(x, rot, &self.cos[i], &self.sin[i]);
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn attend(
@@ -206,11 +234,13 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         sinks: Option<&Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let kvd = s.n_kv_heads * s.head_dim;
-        let cache = self.cache(l)?;
-        cache.append(&k[..s.n * kvd], &v[..s.n * kvd], kvd, kvd);
-        attend_cached(cache, q, s, sinks.map(Vec::as_slice), out);
-        Ok(())
+        self.with(|this| {
+            let kvd = s.n_kv_heads * s.head_dim;
+            let cache = this.cache(l)?;
+            cache.append(&k[..s.n * kvd], &v[..s.n * kvd], kvd, kvd);
+            attend_cached(cache, q, s, sinks.map(Vec::as_slice), out);
+            Ok(())
+        })
     }
 
     fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
@@ -219,12 +249,14 @@ impl<'w> Ops<'w> for CpuOps<'_> {
     }
 
     fn delta_begin(&mut self, l: usize, c: &LinearAttnConfig, n: usize) -> Result<()> {
-        let st = self.cache(l)?.recurrent.get_or_insert_with(Default::default);
-        st.ensure(c);
-        if n > 1 {
-            st.snapshot();
-        }
-        Ok(())
+        self.with(|this| {
+            let st = this.cache(l)?.recurrent.get_or_insert_with(Default::default);
+            st.ensure(c);
+            if n > 1 {
+                st.snapshot();
+            }
+            Ok(())
+        })
     }
 
     fn delta_regroup(
@@ -249,9 +281,11 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         mixed: &mut Vec<f32>,
         n: usize,
     ) -> Result<()> {
-        let st = self.delta_state(l)?;
-        deltanet::conv_silu(c, taps, mixed, n, &mut st.conv);
-        Ok(())
+        self.with(|this| {
+            let st = this.delta_state(l)?;
+            deltanet::conv_silu(c, taps, mixed, n, &mut st.conv);
+            Ok(())
+        })
     }
 
     fn delta_l2norm(&mut self, c: &LinearAttnConfig, mixed: &mut Vec<f32>, n: usize) -> Result<()> {
@@ -280,9 +314,11 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         n: usize,
         o: &mut Vec<f32>,
     ) -> Result<()> {
-        let st = self.delta_state(l)?;
-        deltanet::rule(c, mixed, ba, n, st, o);
-        Ok(())
+        self.with(|this| {
+            let st = this.delta_state(l)?;
+            deltanet::rule(c, mixed, ba, n, st, o);
+            Ok(())
+        })
     }
 
     fn gate_silu(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
@@ -312,24 +348,26 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         m: &MlaConfig,
         ctx: &mut Vec<f32>,
     ) -> Result<()> {
-        if self.rope.rotary_dim != m.qk_rope_head_dim {
-            return Err(crate::error::Error::Invalid(format!(
-                "MLA: rope of {} dims for a rotary key of {}",
-                self.rope.rotary_dim, m.qk_rope_head_dim
-            )));
-        }
-        let sel = match m.indexer_at(l) {
-            None => None,
-            Some(_) => Some(self.selection.take().ok_or_else(|| {
-                crate::error::Error::Invalid(format!("layer {l}: sparse attention before any indexer ran"))
-            })?),
-        };
-        let cache = self.caches.get_mut(l.wrapping_sub(self.first));
-        let cache = cache.ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))?;
-        mla::attend(cache, qc, ckv, m.cache_width_at(l), s, m, sel.as_ref(), ctx);
-        // Kept for the "shared" layers after this one.
-        self.selection = sel;
-        Ok(())
+        self.with(|this| {
+            if this.rope.rotary_dim != m.qk_rope_head_dim {
+                return Err(crate::error::Error::Invalid(format!(
+                    "MLA: rope of {} dims for a rotary key of {}",
+                    this.rope.rotary_dim, m.qk_rope_head_dim
+                )));
+            }
+            let sel = match m.indexer_at(l) {
+                None => None,
+                Some(_) => Some(this.selection.take().ok_or_else(|| {
+                    crate::error::Error::Invalid(format!("layer {l}: sparse attention before any indexer ran"))
+                })?),
+            };
+            let cache = this.caches.get_mut(l.wrapping_sub(this.first));
+            let cache = cache.ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))?;
+            mla::attend(cache, qc, ckv, m.cache_width_at(l), s, m, sel.as_ref(), ctx);
+            // Kept for the "shared" layers after this one.
+            this.selection = sel;
+            Ok(())
+        })
     }
 
     fn layernorm_at(
@@ -359,24 +397,26 @@ impl<'w> Ops<'w> for CpuOps<'_> {
         row: usize,
         s: IndexShape,
     ) -> Result<()> {
-        let (pos0, di) = (s.pos0, s.head_dim);
-        let cache = self.cache(l)?;
-        // The cache holds the pass's first pos0 positions; its rows keep [rotary key,
-        // indexer key] in `v` (the latent is `k`), the indexer key last.
-        let cv = &cache.v;
-        let vw = cv.len().checked_div(pos0).unwrap_or(0);
-        if pos0 > 0 && vw < di {
-            return Err(crate::error::Error::Invalid(format!("layer {l}: the cache holds no indexer keys")));
-        }
-        let skip = vw.saturating_sub(di);
-        let key = |j: usize| -> &[f32] {
-            match j < pos0 {
-                true => &cv[j * vw + skip..j * vw + skip + di],
-                false => &ckv[(j - pos0) * row + at..(j - pos0) * row + at + di],
+        self.with(|this| {
+            let (pos0, di) = (s.pos0, s.head_dim);
+            let cache = this.cache(l)?;
+            // The cache holds the pass's first pos0 positions; its rows keep [rotary key,
+            // indexer key] in `v` (the latent is `k`), the indexer key last.
+            let cv = &cache.v;
+            let vw = cv.len().checked_div(pos0).unwrap_or(0);
+            if pos0 > 0 && vw < di {
+                return Err(crate::error::Error::Invalid(format!("layer {l}: the cache holds no indexer keys")));
             }
-        };
-        self.selection = Some(dsa::select(iq, iw, s, key));
-        Ok(())
+            let skip = vw.saturating_sub(di);
+            let key = |j: usize| -> &[f32] {
+                match j < pos0 {
+                    true => &cv[j * vw + skip..j * vw + skip + di],
+                    false => &ckv[(j - pos0) * row + at..(j - pos0) * row + at + di],
+                }
+            };
+            this.selection = Some(dsa::select(iq, iw, s, key));
+            Ok(())
+        })
     }
 
     async fn read(&mut self, mut t: Vec<f32>, len: usize) -> Result<Vec<f32>> {
@@ -392,197 +432,6 @@ pub(crate) struct CpuPass<'w, 'a> {
     pub(crate) model: &'w Model,
     pub(crate) on_use: &'a mut dyn FnMut(usize, usize, usize),
     pub(crate) on_ffn_input: &'a mut dyn FnMut(usize, &[f32]),
-}
-
-impl<'w> Ops<'w> for CpuPass<'w, '_> {
-    type T = Vec<f32>;
-    type M = Mat;
-    type V = Vec<f32>;
-
-    fn pos0(&self) -> usize {
-        self.ops.pos0
-    }
-    fn alloc(&mut self, label: &'static str, len: usize) -> Result<Vec<f32>> {
-        Ops::alloc(&mut self.ops, label, len)
-    }
-    fn copy(&mut self, src: &Vec<f32>, at: usize, dst: &mut Vec<f32>, len: usize) -> Result<()> {
-        Ops::copy(&mut self.ops, src, at, dst, len)
-    }
-    fn rmsnorm_at(
-        &mut self,
-        t: &mut Vec<f32>,
-        at: usize,
-        rows: usize,
-        width: usize,
-        stride: usize,
-        w: &Vec<f32>,
-        eps: f32,
-    ) -> Result<()> {
-        Ops::rmsnorm_at(&mut self.ops, t, at, rows, width, stride, w, eps)
-    }
-    fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
-        Ops::add(&mut self.ops, x, y, len)
-    }
-    fn add_bias(&mut self, t: &mut Vec<f32>, b: &Vec<f32>, len: usize, period: usize) -> Result<()> {
-        Ops::add_bias(&mut self.ops, t, b, len, period)
-    }
-    fn matmul(&mut self, jobs: &mut [(&Mat, &mut Vec<f32>)], x: &Vec<f32>, row0: usize, n: usize) -> Result<()> {
-        Ops::matmul(&mut self.ops, jobs, x, row0, n)
-    }
-    fn matmul_at(
-        &mut self,
-        w: &Mat,
-        x: &Vec<f32>,
-        row0: usize,
-        n: usize,
-        out: &mut Vec<f32>,
-        at: usize,
-        stride: usize,
-    ) -> Result<()> {
-        Ops::matmul_at(&mut self.ops, w, x, row0, n, out, at, stride)
-    }
-    fn clamp(&mut self, t: &mut Vec<f32>, len: usize, c: f32) -> Result<()> {
-        Ops::clamp(&mut self.ops, t, len, c)
-    }
-    fn split_gate(
-        &mut self,
-        qg: &Vec<f32>,
-        n: usize,
-        heads: usize,
-        hd: usize,
-        q: &mut Vec<f32>,
-        gate: &mut Vec<f32>,
-    ) -> Result<()> {
-        Ops::split_gate(&mut self.ops, qg, n, heads, hd, q, gate)
-    }
-    fn rope_at(
-        &mut self,
-        t: &mut Vec<f32>,
-        n: usize,
-        heads: usize,
-        stride: usize,
-        at: usize,
-        interleaved: bool,
-    ) -> Result<()> {
-        Ops::rope_at(&mut self.ops, t, n, heads, stride, at, interleaved)
-    }
-    fn attend(
-        &mut self,
-        l: usize,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        s: AttendShape,
-        sinks: Option<&Vec<f32>>,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        Ops::attend(&mut self.ops, l, q, k, v, s, sinks, out)
-    }
-    fn mla_absorb(
-        &mut self,
-        kv_b: &Mat,
-        q: &Vec<f32>,
-        n: usize,
-        heads: usize,
-        m: &MlaConfig,
-        qc: &mut Vec<f32>,
-    ) -> Result<()> {
-        Ops::mla_absorb(&mut self.ops, kv_b, q, n, heads, m, qc)
-    }
-    fn attend_mla(
-        &mut self,
-        l: usize,
-        qc: &Vec<f32>,
-        ckv: &Vec<f32>,
-        s: AttendShape,
-        m: &MlaConfig,
-        ctx: &mut Vec<f32>,
-    ) -> Result<()> {
-        Ops::attend_mla(&mut self.ops, l, qc, ckv, s, m, ctx)
-    }
-    fn layernorm_at(
-        &mut self,
-        t: &mut Vec<f32>,
-        at: usize,
-        rows: usize,
-        width: usize,
-        stride: usize,
-        w: &Vec<f32>,
-        bias: &Vec<f32>,
-        eps: f32,
-    ) -> Result<()> {
-        Ops::layernorm_at(&mut self.ops, t, at, rows, width, stride, w, bias, eps)
-    }
-    async fn index_select(
-        &mut self,
-        l: usize,
-        iq: &Vec<f32>,
-        iw: &Vec<f32>,
-        ckv: &Vec<f32>,
-        at: usize,
-        row: usize,
-        s: IndexShape,
-    ) -> Result<()> {
-        Ops::index_select(&mut self.ops, l, iq, iw, ckv, at, row, s).await
-    }
-    fn gate_sigmoid(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
-        Ops::gate_sigmoid(&mut self.ops, x, g, len)
-    }
-    fn delta_begin(&mut self, l: usize, c: &LinearAttnConfig, n: usize) -> Result<()> {
-        Ops::delta_begin(&mut self.ops, l, c, n)
-    }
-    fn delta_regroup(
-        &mut self,
-        c: &LinearAttnConfig,
-        qkvz: &Vec<f32>,
-        ba: &Vec<f32>,
-        n: usize,
-        mixed: &mut Vec<f32>,
-        z: &mut Vec<f32>,
-        bav: &mut Vec<f32>,
-    ) -> Result<()> {
-        Ops::delta_regroup(&mut self.ops, c, qkvz, ba, n, mixed, z, bav)
-    }
-    fn delta_conv(
-        &mut self,
-        l: usize,
-        c: &LinearAttnConfig,
-        taps: &Vec<f32>,
-        mixed: &mut Vec<f32>,
-        n: usize,
-    ) -> Result<()> {
-        Ops::delta_conv(&mut self.ops, l, c, taps, mixed, n)
-    }
-    fn delta_l2norm(&mut self, c: &LinearAttnConfig, mixed: &mut Vec<f32>, n: usize) -> Result<()> {
-        Ops::delta_l2norm(&mut self.ops, c, mixed, n)
-    }
-    fn delta_gates(
-        &mut self,
-        c: &LinearAttnConfig,
-        ba: &mut Vec<f32>,
-        n: usize,
-        neg_a: &Vec<f32>,
-        dt_bias: &Vec<f32>,
-    ) -> Result<()> {
-        Ops::delta_gates(&mut self.ops, c, ba, n, neg_a, dt_bias)
-    }
-    fn delta_rule(
-        &mut self,
-        l: usize,
-        c: &LinearAttnConfig,
-        mixed: &Vec<f32>,
-        ba: &Vec<f32>,
-        n: usize,
-        o: &mut Vec<f32>,
-    ) -> Result<()> {
-        Ops::delta_rule(&mut self.ops, l, c, mixed, ba, n, o)
-    }
-    fn gate_silu(&mut self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) -> Result<()> {
-        Ops::gate_silu(&mut self.ops, x, g, len)
-    }
-    async fn read(&mut self, t: Vec<f32>, len: usize) -> Result<Vec<f32>> {
-        Ops::read(&mut self.ops, t, len).await
-    }
 }
 
 impl<'w> CpuPass<'w, '_> {
