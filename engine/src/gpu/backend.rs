@@ -41,6 +41,8 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     scratch: HashMap<&'static str, wgpu::Buffer>,
     /// DSA: the positions each query of the pass keeps, from the last indexer.
     selection: Option<crate::model::dsa::Selection>,
+    /// The layer whose rows of this pass `index_select` already put in its cache.
+    rows_cached: Option<usize>,
     /// Layer -> experts the lookahead predicted for it (checked when it routes).
     predicted: Vec<Option<Vec<usize>>>,
     on_use: &'a mut dyn FnMut(usize, usize, usize),
@@ -76,6 +78,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             cs_data,
             scratch: HashMap::new(),
             selection: None,
+            rows_cached: None,
             predicted: vec![None; c.n_layers],
             on_use,
         })
@@ -274,7 +277,9 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         // ckv's rows.
         let row = m.cache_width_at(l);
         let bytes = row as u64 * 4;
-        self.rec.copy(ckv, 0, cache, s.pos0 as u64 * bytes, s.n as u64 * bytes);
+        if self.rows_cached.take() != Some(l) {
+            self.rec.copy(ckv, 0, cache, s.pos0 as u64 * bytes, s.n as u64 * bytes);
+        }
         let sel = match m.indexer_at(l) {
             None => None,
             Some(_) => {
@@ -335,11 +340,12 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
             self.selection = Some(vec![None; s.n]);
             return Ok(());
         }
-        // The pass's rows go into the cache first (attend_mla writes them again), so every
+        // The pass's rows go into the cache first (attend_mla then leaves them), so every
         // key is read from there.
         let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;
         let bytes = row as u64 * 4;
         self.rec.copy(ckv, 0, cache, s.pos0 as u64 * bytes, s.n as u64 * bytes);
+        self.rows_cached = Some(l);
         let len = s.n * (s.pos0 + s.n);
         let scores = Ops::alloc(self, "dsa.scores", len)?;
         let cache = &self.session.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?.0;

@@ -63,6 +63,9 @@ impl Speculation {
     }
 }
 
+/// Generations that run at once on one model (the others wait in its queue).
+const RUNNING_PER_MODEL: usize = 1;
+
 /// A loaded model and its generation queue.
 pub struct Slot {
     loaded: OnceCell<Arc<Loaded>>,
@@ -181,7 +184,7 @@ impl Engines {
                 SlotMetrics {
                     model,
                     admitted: slot.admitted.load(std::sync::atomic::Ordering::Relaxed),
-                    running: 1usize.saturating_sub(slot.running.available_permits()),
+                    running: RUNNING_PER_MODEL.saturating_sub(slot.running.available_permits()),
                     kv_conversations,
                     kv_bytes,
                     cache: slot.loaded.get().and_then(|l| l.model.experts.cache_stats()),
@@ -200,7 +203,7 @@ impl Engines {
                 Arc::new(Slot {
                     loaded: OnceCell::new(),
                     speculation: std::sync::OnceLock::new(),
-                    running: Arc::new(Semaphore::new(1)),
+                    running: Arc::new(Semaphore::new(RUNNING_PER_MODEL)),
                     admitted: AtomicUsize::new(0),
                     contexts: Mutex::new(ContextPool::new(self.kv.conversations, self.kv.bytes)),
                     store: OnceCell::new(),
