@@ -14,16 +14,18 @@ use super::buffers::{f32s, GpuMat};
 use super::deltanet::GpuDeltaState;
 use super::hybrid::MoeScratch;
 use super::kernels::Kernel;
-use super::model::{swiglu_ffn, GpuModel, GpuSession};
+use super::model::{GpuModel, GpuSession};
 use super::ops::{self, AttnShape, GateAct};
 use super::placement::Hybrid;
+use super::pool::GpuExpert;
 use super::recorder::{Bind, Recorder};
-use super::weights::{GpuAttn, GpuFfn};
+use super::weights::{GpuAttn, GpuFfn, GpuMoe};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnOpts;
 use crate::model::config::{Activation, LinearAttnConfig, MlaConfig};
 use crate::model::dsa;
-use crate::model::graph::{AttendShape, Attn, Backend, IndexShape, Ops};
+use crate::model::graph::{AttendShape, Attn, Backend, FfnRef, IndexShape, MlpRef, Ops};
+use crate::model::moe::{MoeBlock, Routing};
 use crate::model::{Ffn, Logits, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
@@ -45,6 +47,10 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     rows_cached: Option<usize>,
     /// Layer -> experts the lookahead predicted for it (checked when it routes).
     predicted: Vec<Option<Vec<usize>>>,
+    /// Between a MoE layer's `route` and `experts`: the next layer's likely experts, and
+    /// the FFN input read back (hybrid placement runs some experts on the CPU).
+    ahead: Option<Vec<usize>>,
+    xn_host: Option<Vec<f32>>,
     on_use: &'a mut dyn FnMut(usize, usize, usize),
 }
 
@@ -80,6 +86,8 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             selection: None,
             rows_cached: None,
             predicted: vec![None; c.n_layers],
+            ahead: None,
+            xn_host: None,
             on_use,
         })
     }
@@ -455,6 +463,21 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         ops::gate_mul(&mut self.rec, x, g, len, GateAct::Sigmoid)
     }
 
+    fn swiglu(&mut self, g: &mut wgpu::Buffer, u: &wgpu::Buffer, len: usize, act: Activation) -> Result<()> {
+        ops::swiglu(&mut self.rec, g, u, len, act)
+    }
+
+    fn gated_add(
+        &mut self,
+        y: &mut wgpu::Buffer,
+        s: &wgpu::Buffer,
+        g: &wgpu::Buffer,
+        n: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        ops::gated_add(&mut self.rec, y, s, g, n, hidden)
+    }
+
     async fn read(&mut self, t: wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
         self.rec.read(&t, 0, len as u64 * 4);
         let done = self.submit().await?;
@@ -497,37 +520,22 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
         ops::embed(&mut self.rec, &self.gm.embed, ids_data, ids.len(), x)
     }
 
-    async fn ffn(&mut self, l: usize, xn: &wgpu::Buffer, n: usize, out: &mut wgpu::Buffer) -> Result<()> {
-        let gm = self.gm;
-        let inter = gm.max_inter;
-        match (&gm.m().layers[l].ffn, &gm.layers[l].ffn) {
-            (_, GpuFfn::Dense(mlp)) => {
-                let (g, u) = (Ops::alloc(self, "g", n * inter)?, Ops::alloc(self, "u", n * inter)?);
-                swiglu_ffn(&mut self.rec, mlp, xn, n, &g, &u, out, Activation::Silu, None)
-            }
-            (Ffn::Moe(block), GpuFfn::Moe(moe)) => self.moe(l, block, moe, xn, n, out).await,
-            (Ffn::Dense(_), GpuFfn::Moe(_)) => {
-                Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model")))
-            }
-        }
+    fn ffn(&self, l: usize) -> Result<FfnRef<'a, GpuMat>> {
+        let mlp = |e: &'a GpuExpert| MlpRef { gate: &e.gate, up: &e.up, down: &e.down, inter: e.gate.rows };
+        let lw = self.gm.layers.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no GPU weights")))?;
+        Ok(match &lw.ffn {
+            GpuFfn::Dense(e) => FfnRef::Dense(mlp(e)),
+            GpuFfn::Moe(moe) => FfnRef::Moe {
+                n_experts: moe.router.w.rows,
+                shared: moe.shared.as_ref().map(|(e, gate)| (mlp(e), gate.as_ref())),
+            },
+        })
     }
-}
 
-impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
-    /// Layer `l`'s routed experts (and shared expert) of `xn` into `y`: routing on the GPU,
-    /// the choices read back, missing experts fetched, the router lookahead's prefetch.
-    async fn moe(
-        &mut self,
-        l: usize,
-        block: &'a crate::model::moe::MoeBlock,
-        moe: &'a super::weights::GpuMoe,
-        xn: &wgpu::Buffer,
-        n: usize,
-        y: &wgpu::Buffer,
-    ) -> Result<()> {
+    async fn route(&mut self, l: usize, xn: &wgpu::Buffer, n: usize) -> Result<Vec<Routing>> {
         let gm = self.gm;
+        let (block, moe) = self.moe(l)?;
         let (c, f) = (&gm.m().cfg, 4u64);
-        let h = c.hidden;
         let router = &moe.router;
         let ne = router.w.rows;
         let k = block.cfg.top_k;
@@ -545,17 +553,20 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             self.rec.read(&ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
         }
         // Hybrid placement computes some experts on the CPU: it needs the input.
+        let h = c.hidden;
         let xn_read = (gm.placement.mode != Hybrid::Off).then(|| self.rec.read(xn, 0, (n * h) as u64 * f));
         let done = self.submit().await?;
         let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
-        let users = crate::model::moe::batch_union(&chosen, ne).map_err(|e| Error::Gpu(format!("layer {l}: {e}")))?;
         if let Some(guess) = self.predicted[l].take() {
-            let routed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
+            let mut routed: Vec<usize> =
+                chosen.iter().flat_map(|r| r.experts.iter().copied()).filter(|&e| e < ne).collect();
+            routed.sort_unstable();
+            routed.dedup();
             let mut st = gm.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
             st.routed += routed.len() as u64;
             st.predicted_hits += routed.iter().filter(|e| guess.contains(e)).count() as u64;
         }
-        let ahead = match (&next, done.get(1)) {
+        self.ahead = match (&next, done.get(1)) {
             (Some((_, cfg)), Some(bytes)) => {
                 let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k)
                     .into_iter()
@@ -568,24 +579,38 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             }
             _ => None,
         };
+        self.xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
+        Ok(chosen)
+    }
+
+    async fn experts(
+        &mut self,
+        l: usize,
+        users: &[Vec<(usize, f32)>],
+        xn: &wgpu::Buffer,
+        n: usize,
+        y: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        let gm = self.gm;
+        let (block, moe) = self.moe(l)?;
+        let (c, f) = (&gm.m().cfg, 4u64);
+        let (h, ne) = (c.hidden, moe.router.w.rows);
+        let (ahead, xn_host) = (self.ahead.take(), self.xn_host.take());
         self.rec.clear(y, 0, (n * h) as u64 * f);
         // Let the source fetch every expert the pool lacks in one request.
         let missing: Vec<usize> = {
             let pool = gm.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
-            (0..ne).filter(|&e| !users[e].is_empty() && !pool.contains(l, e)).collect()
+            (0..ne.min(users.len())).filter(|&e| !users[e].is_empty() && !pool.contains(l, e)).collect()
         };
         if !missing.is_empty() {
             gm.m().experts.prepare(l, &missing)?;
         }
-        let xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
         let inter = gm.max_inter;
-        let (xs, ys, sy) =
-            (Ops::alloc(self, "xs", n * h)?, Ops::alloc(self, "ys", n * h)?, Ops::alloc(self, "sy", n * h)?);
+        let (xs, ys) = (Ops::alloc(self, "xs", n * h)?, Ops::alloc(self, "ys", n * h)?);
         let (g, u) = (Ops::alloc(self, "g", n * inter)?, Ops::alloc(self, "u", n * inter)?);
-        let shared_gate = Ops::alloc(self, "shared_gate", n)?;
-        let scratch = MoeScratch { xn, y, xs: &xs, g: &g, u: &u, ys: &ys, sy: &sy, shared_gate: &shared_gate };
+        let scratch = MoeScratch { xn, y, xs: &xs, g: &g, u: &u, ys: &ys };
         let on_use = &mut *self.on_use;
-        if gm.moe_experts(&mut self.rec, l, block, moe, &users, n, xn_host.as_deref(), &scratch, on_use).await? {
+        if gm.moe_experts(&mut self.rec, l, block, moe, users, xn_host.as_deref(), &scratch, on_use).await? {
             self.cs_data = self.rec.data_f32(&self.cs);
         }
         if let Some(guess) = ahead {
@@ -609,9 +634,22 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
                 // Otherwise (the browser) the fetch runs here, while the GPU computes.
                 let _ = experts.prepare(l + 1, &missing);
             }
-            self.predicted[l + 1] = Some(guess);
+            if let Some(p) = self.predicted.get_mut(l + 1) {
+                *p = Some(guess);
+            }
         }
         Ok(())
+    }
+}
+
+impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
+    /// Layer `l`'s MoE block and its resident GPU parts.
+    fn moe(&self, l: usize) -> Result<(&'a MoeBlock, &'a GpuMoe)> {
+        let gm = self.gm;
+        match (gm.m().layers.get(l).map(|x| &x.ffn), gm.layers.get(l).map(|x| &x.ffn)) {
+            (Some(Ffn::Moe(block)), Some(GpuFfn::Moe(moe))) => Ok((block, moe)),
+            _ => Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model"))),
+        }
     }
 }
 

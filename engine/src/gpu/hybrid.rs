@@ -7,14 +7,15 @@
 //! 1. the GPU experts are recorded and submitted (no read-back, so the host does not
 //!    wait): those before the first CPU expert (ascending index) add into the layer's
 //!    output `y` at once, as without hybrid placement; later ones write their outputs into
-//!    a buffer of their own; the shared expert runs into its scratch;
+//!    a buffer of their own (the graph recorded the shared expert before them, so it runs
+//!    in this submission too);
 //! 2. the CPU experts run on the CPU threads meanwhile, from the FFN input read back with
 //!    the routes;
 //! 3. their outputs are uploaded, and `moe_accumulate` adds every remaining expert's
-//!    outputs into `y` in ascending expert order, then the shared expert is added.
+//!    outputs into `y` in ascending expert order; the graph then adds the shared expert.
 //!
-//! The sum is the CPU path's (`MoeBlock::forward`: ascending experts, `y += w * out`
-//! rounded per product, then the shared expert), and a CPU-computed expert gives the
+//! The sum is the CPU path's (`MoeBlock::routed`: ascending experts, `y += w * out`
+//! rounded per product, then the graph's shared expert), and a CPU-computed expert gives the
 //! bits of a GPU-computed one (docs/kernels.md), so tokens and logits do not depend on
 //! where each expert ran.
 //!
@@ -60,7 +61,6 @@ use super::GpuModel;
 use crate::error::{Error, Result};
 use crate::experts::Expert;
 use crate::kernels::{swiglu_many, FfnJob};
-use crate::model::config::Activation;
 use crate::model::moe::{gather_rows, MoeBlock};
 use crate::model::Model;
 use crate::tensor::Mat;
@@ -79,13 +79,11 @@ pub(super) struct MoeScratch<'a> {
     /// The FFN input [n, hidden] and the layer's output (cleared by the caller).
     pub(super) xn: &'a wgpu::Buffer,
     pub(super) y: &'a wgpu::Buffer,
-    /// Gathered positions, gate/up products, one expert's outputs, the shared expert's.
+    /// Gathered positions, gate/up products, one expert's outputs.
     pub(super) xs: &'a wgpu::Buffer,
     pub(super) g: &'a wgpu::Buffer,
     pub(super) u: &'a wgpu::Buffer,
     pub(super) ys: &'a wgpu::Buffer,
-    pub(super) sy: &'a wgpu::Buffer,
-    pub(super) shared_gate: &'a wgpu::Buffer,
 }
 
 impl<M: Borrow<Model>> GpuModel<M> {
@@ -99,8 +97,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
             .collect())
     }
 
-    /// Records (and, with CPU experts, submits part of) layer `l`'s routed experts and
-    /// shared expert into `s.y`. `users[e]`: the (position, weight) pairs routed to
+    /// Records (and, with CPU experts, submits part of) layer `l`'s routed experts into
+    /// `s.y` (the graph adds the shared expert). `users[e]`: the (position, weight) pairs routed to
     /// expert e; `xn`: the FFN input read back (None: every expert on the GPU).
     /// Returns whether `rec` was submitted and replaced (its data arena with it).
     #[allow(clippy::too_many_arguments)]
@@ -111,7 +109,6 @@ impl<M: Borrow<Model>> GpuModel<M> {
         block: &MoeBlock,
         moe: &GpuMoe,
         users: &[Vec<(usize, f32)>],
-        n: usize,
         xn: Option<&[f32]>,
         s: &MoeScratch<'_>,
         on_use: &mut dyn FnMut(usize, usize, usize),
@@ -123,7 +120,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let used: Vec<usize> = (0..users.len()).filter(|&e| !users[e].is_empty()).collect();
         for &e in &used {
             on_use(l, e, users[e].len());
-            // The source counts uses for the usage file, as MoeBlock::forward does.
+            // The source counts uses for the usage file, as MoeBlock::routed does.
             experts.note_use(l, e, users[e].len());
         }
         // Experts `place` read (to size them) are handed on, so each is read once here.
@@ -158,12 +155,6 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 swiglu_ffn(rec, &expert, s.xs, list.len(), s.g, s.u, &out, block.act, bias)?;
                 later[i] = Some(out);
             }
-        }
-        if let Some((mlp, Some(gate))) = &moe.shared {
-            ops::matmul(rec, gate, s.xn, 0, n, s.shared_gate, 0, 1)?;
-            swiglu_ffn(rec, mlp, s.xn, n, s.g, s.u, s.sy, Activation::Silu, None)?;
-        } else if let Some((mlp, None)) = &moe.shared {
-            swiglu_ffn(rec, mlp, s.xn, n, s.g, s.u, s.sy, Activation::Silu, None)?;
         }
         let n_cpu = on_cpu.iter().filter(|&&c| c).count();
         {
@@ -204,11 +195,6 @@ impl<M: Borrow<Model>> GpuModel<M> {
             if let Some(out) = out {
                 ops::moe_accumulate(rec, s.y, out, &users[used[i]], h)?;
             }
-        }
-        match &moe.shared {
-            Some((_, Some(_))) => ops::gated_add(rec, s.y, s.sy, s.shared_gate, n, h)?,
-            Some((_, None)) => ops::add(rec, s.y, 0, s.sy, 0, n * h, n * h)?,
-            None => {}
         }
         Ok(submitted)
     }
@@ -263,7 +249,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
     }
 
     /// Computes the experts `used[i]`, i in `idx`, on the CPU from `xn` (one parallel
-    /// region, as MoeBlock::forward): their outputs, [positions, hidden] each.
+    /// region, as MoeBlock::routed): their outputs, [positions, hidden] each.
     #[allow(clippy::too_many_arguments)]
     fn cpu_experts(
         &self,

@@ -4,14 +4,17 @@
 //! hooks of one forward pass.
 
 use crate::error::Result;
+use crate::experts::Expert;
 use crate::kernels::{matmul, matmul_many, rmsnorm_chunks, MatJob};
 use crate::math;
 use crate::model::attention::{attend_cached, split_gate, AttendShape, AttnOpts, LayerCache};
+use crate::model::config::Activation;
 use crate::model::config::{LinearAttnConfig, MlaConfig};
 use crate::model::deltanet::{self, DeltaState};
 use crate::model::dsa::{self, IndexShape, Selection};
-use crate::model::graph::{Attn, Backend, Ops};
+use crate::model::graph::{Attn, Backend, FfnRef, MlpRef, Ops};
 use crate::model::mla;
+use crate::model::moe::{MoeBlock, Routing};
 use crate::model::rope::{deinterleave, Rope};
 use crate::model::{AttnWeights, Ffn, Layer, Model};
 use crate::tensor::Mat;
@@ -326,6 +329,20 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         Ok(())
     }
 
+    fn swiglu(&mut self, g: &mut Vec<f32>, u: &Vec<f32>, len: usize, act: Activation) -> Result<()> {
+        g[..len].iter_mut().zip(&u[..len]).for_each(|(a, b)| *a = act.apply(*a, *b));
+        Ok(())
+    }
+
+    fn gated_add(&mut self, y: &mut Vec<f32>, s: &Vec<f32>, g: &Vec<f32>, n: usize, hidden: usize) -> Result<()> {
+        for p in 0..n {
+            let k = math::sigmoid(g[p]);
+            let dst = &mut y[p * hidden..(p + 1) * hidden];
+            dst.iter_mut().zip(&s[p * hidden..(p + 1) * hidden]).for_each(|(d, v)| *d += k * v);
+        }
+        Ok(())
+    }
+
     fn mla_absorb(
         &mut self,
         kv_b: &Mat,
@@ -485,23 +502,52 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
         Ok(())
     }
 
-    async fn ffn(&mut self, l: usize, xn: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
+    fn ffn(&self, l: usize) -> Result<FfnRef<'w, Mat>> {
+        let mlp = |e: &'w Expert| MlpRef { gate: &e.gate, up: &e.up, down: &e.down, inter: e.gate.rows };
+        Ok(match &self.layer(l).ffn {
+            Ffn::Dense(e) => FfnRef::Dense(mlp(e)),
+            Ffn::Moe(block) => FfnRef::Moe {
+                n_experts: block.router.rows,
+                shared: block.shared.as_ref().map(|s| (mlp(&s.mlp), s.gate.as_ref())),
+            },
+        })
+    }
+
+    fn ffn_begin(&mut self, l: usize, xn: &Vec<f32>, n: usize) -> Result<()> {
         let m = self.model;
-        (self.on_ffn_input)(l, xn);
+        (self.on_ffn_input)(l, &xn[..n * m.cfg.hidden]);
         if m.experts.lookahead_enabled() {
             if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
                 m.experts.lookahead(l + 1, &next.predict(xn, n));
             }
         }
+        Ok(())
+    }
+
+    async fn route(&mut self, l: usize, xn: &Vec<f32>, n: usize) -> Result<Vec<Routing>> {
+        self.moe(l).map(|block| block.routes(xn, n))
+    }
+
+    async fn experts(
+        &mut self,
+        l: usize,
+        users: &[Vec<(usize, f32)>],
+        xn: &Vec<f32>,
+        n: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let block = self.moe(l)?;
+        let on_use = &mut *self.on_use;
+        block.routed(l, self.model.experts.as_ref(), users, xn, n, out, Some(&mut |e, count| on_use(l, e, count)))
+    }
+}
+
+impl<'w> CpuPass<'w, '_> {
+    /// Layer `l`'s MoE block.
+    fn moe(&self, l: usize) -> Result<&'w MoeBlock> {
         match &self.layer(l).ffn {
-            Ffn::Dense(mlp) => {
-                mlp.forward(xn, n, out);
-                Ok(())
-            }
-            Ffn::Moe(block) => {
-                let on_use = &mut *self.on_use;
-                block.forward(l, m.experts.as_ref(), xn, n, out, Some(&mut |e, count| on_use(l, e, count)))
-            }
+            Ffn::Moe(block) => Ok(block),
+            Ffn::Dense(_) => Err(crate::error::Error::Invalid(format!("layer {l} has no routed experts"))),
         }
     }
 }

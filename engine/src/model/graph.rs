@@ -6,18 +6,22 @@
 //! supplies operations; the CPU stays the reference whose bits the GPU kernels reproduce.
 //!
 //! Grouped-query attention, multi-head latent attention (deepseek_v3's, with its absorbed
-//! projections and compressed cache, and DeepSeek Sparse Attention's indexer) and Gated
-//! DeltaNet are composed here from the operations. The FFN (dense or routed experts: the
-//! expert supply differs by backend) is still one operation, written per backend.
+//! projections and compressed cache, and DeepSeek Sparse Attention's indexer), Gated
+//! DeltaNet and the FFN (a dense SwiGLU MLP, or a MoE layer: the one routing function, the
+//! batch's union of experts, the shared expert and its gate) are composed here from the
+//! operations. What stays per backend is where the routed experts come from and run
+//! ([`Backend::experts`]: streamed and cached on the CPU, pooled or hybrid on the GPU).
 
 use crate::error::Result;
 pub(crate) use crate::model::attention::AttendShape;
 use crate::model::attention::{AttnOpts, GqaWeights};
+use crate::model::config::Activation;
 use crate::model::config::{DsaConfig, LinearAttnConfig, MlaConfig, QkNorm};
 use crate::model::deltanet::{DeltaNetWeights, InProj};
 pub(crate) use crate::model::dsa::IndexShape;
 use crate::model::dsa::{IndexerWeights, INDEX_NORM_EPS};
 use crate::model::mla::{MlaWeights, QueryProj, LATENT_NORM_EPS};
+use crate::model::moe::{batch_union, Routing};
 use crate::model::{Logits, Model};
 
 /// One layer's attention as the graph sees it: grouped-query attention composed from the
@@ -28,6 +32,26 @@ pub(crate) enum Attn<'w, M, V> {
     Mla(&'w MlaWeights<M, V>),
     /// Gated DeltaNet linear attention ([`deltanet`]).
     Linear(&'w DeltaNetWeights<M, V>),
+}
+
+/// A SwiGLU MLP's projections (a dense FFN, or a MoE layer's shared expert):
+/// `down(silu(gate x) * up x)`, `inter` the rows of gate and up.
+pub(crate) struct MlpRef<'w, M> {
+    pub(crate) gate: &'w M,
+    pub(crate) up: &'w M,
+    pub(crate) down: &'w M,
+    pub(crate) inter: usize,
+}
+
+/// One layer's FFN as the graph sees it.
+pub(crate) enum FfnRef<'w, M> {
+    Dense(MlpRef<'w, M>),
+    /// Routed experts ([`Backend::route`], [`Backend::experts`]) and the shared expert with
+    /// its sigmoid gate (qwen2_moe: a (1, hidden) projection) or without (deepseek_v3).
+    Moe {
+        n_experts: usize,
+        shared: Option<(MlpRef<'w, M>, Option<&'w M>)>,
+    },
 }
 
 /// The tensor operations of a backend: its weights (`M` matrices, `V` vectors) and
@@ -234,6 +258,11 @@ pub(crate) trait Ops<'w> {
     fn gate_silu(&mut self, x: &mut Self::T, g: &Self::T, len: usize) -> Result<()>;
     /// `x[i] *= sigmoid(g[i])` for i < len (qwen3_next's attention output gate).
     fn gate_sigmoid(&mut self, x: &mut Self::T, g: &Self::T, len: usize) -> Result<()>;
+    /// `g[i] = act(g[i], u[i])` for i < len (the SwiGLU activation, kernels::Activation).
+    fn swiglu(&mut self, g: &mut Self::T, u: &Self::T, len: usize, act: Activation) -> Result<()>;
+    /// `y[p, :] += sigmoid(g[p]) * s[p, :]` for p < n, rows of `hidden` (the shared
+    /// expert's gate).
+    fn gated_add(&mut self, y: &mut Self::T, s: &Self::T, g: &Self::T, n: usize, hidden: usize) -> Result<()>;
     /// The first `len` floats of `t`, back in memory (the GPU waits for its work here).
     async fn read(&mut self, t: Self::T, len: usize) -> Result<Vec<f32>>;
 }
@@ -251,8 +280,28 @@ pub(crate) trait Backend<'w>: Ops<'w> {
     fn lm_head(&self) -> &'w Self::M;
     /// `x[i, :]` = the embedding row of `ids[i]`.
     fn embed(&mut self, ids: &[u32], x: &mut Self::T) -> Result<()>;
-    /// Layer `l`'s FFN (dense MLP or routed experts) of `xn` (n, hidden) into `out`.
-    async fn ffn(&mut self, l: usize, xn: &Self::T, n: usize, out: &mut Self::T) -> Result<()>;
+    /// Layer `l`'s FFN weights.
+    fn ffn(&self, l: usize) -> Result<FfnRef<'w, Self::M>>;
+    /// Layer `l`'s FFN input `xn` (n, hidden) is ready: the CPU shows it to the pass's
+    /// observer and starts reading the experts the next layer's router is likely to pick.
+    fn ffn_begin(&mut self, _l: usize, _xn: &Self::T, _n: usize) -> Result<()> {
+        Ok(())
+    }
+    /// MoE layer `l`'s router over the n positions of `xn`: each position's experts and
+    /// weights, as moe::route decides them (the GPU routes with its twin and reads the
+    /// choices back, since the host supplies the experts).
+    async fn route(&mut self, l: usize, xn: &Self::T, n: usize) -> Result<Vec<Routing>>;
+    /// MoE layer `l`'s routed experts into `out` (n, hidden): `out = sum over experts e
+    /// (ascending) of w * expert_e(xn[p])` for the (p, w) of `users[e]`. The backend
+    /// supplies the experts (fetched, cached, pooled, or run on the CPU beside the GPU).
+    async fn experts(
+        &mut self,
+        l: usize,
+        users: &[Vec<(usize, f32)>],
+        xn: &Self::T,
+        n: usize,
+        out: &mut Self::T,
+    ) -> Result<()>;
 }
 
 /// The forward pass of `ids` (the positions from [`Backend::pos0`] on): logits of `which`
@@ -309,8 +358,55 @@ pub(crate) async fn layer<'w, B: Backend<'w>>(
     b.add(x, y, n * h)?;
     b.copy(x, 0, xn, n * h)?;
     b.rmsnorm(xn, n, h, ffn_norm, c.rms_eps)?;
-    b.ffn(l, xn, n, y).await?;
+    ffn(b, l, h, xn, n, y).await?;
     b.add(x, y, n * h)
+}
+
+/// Layer `l`'s FFN of the n positions of `xn` (normalised input) into `out` (n, hidden): a
+/// dense SwiGLU MLP, or a MoE layer: the routes, their union over the batch (each expert
+/// runs once over every position routed to it), the shared expert, the routed experts'
+/// weighted sum, then the shared expert's output added (through its sigmoid gate).
+async fn ffn<'w, B: Backend<'w>>(b: &mut B, l: usize, h: usize, xn: &B::T, n: usize, out: &mut B::T) -> Result<()> {
+    b.ffn_begin(l, xn, n)?;
+    match b.ffn(l)? {
+        FfnRef::Dense(w) => mlp(b, &w, xn, n, out),
+        FfnRef::Moe { n_experts, shared } => {
+            let routes = b.route(l, xn, n).await?;
+            let users = batch_union(&routes, n_experts)?;
+            // The shared expert first: on the GPU it computes while experts placed on the
+            // CPU run. Its output joins after the routed sum, as transformers adds it.
+            let shared = match shared {
+                Some((w, gate)) => {
+                    let mut sy = b.alloc("ffn.shared", n * h)?;
+                    mlp(b, &w, xn, n, &mut sy)?;
+                    let g = match gate {
+                        Some(gw) => {
+                            let mut g = b.alloc("ffn.shared_gate", n)?;
+                            b.matmul(&mut [(gw, &mut g)], xn, 0, n)?;
+                            Some(g)
+                        }
+                        None => None,
+                    };
+                    Some((sy, g))
+                }
+                None => None,
+            };
+            b.experts(l, &users, xn, n, out).await?;
+            match shared {
+                Some((sy, Some(g))) => b.gated_add(out, &sy, &g, n, h),
+                Some((sy, None)) => b.add(out, &sy, n * h),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+/// `out = down(silu(gate x) * up x)` for the n positions of `x`.
+fn mlp<'w, B: Ops<'w>>(b: &mut B, w: &MlpRef<'w, B::M>, x: &B::T, n: usize, out: &mut B::T) -> Result<()> {
+    let (mut g, mut u) = (b.alloc("ffn.g", n * w.inter)?, b.alloc("ffn.u", n * w.inter)?);
+    b.matmul(&mut [(w.gate, &mut g), (w.up, &mut u)], x, 0, n)?;
+    b.swiglu(&mut g, &u, n * w.inter, Activation::Silu)?;
+    b.matmul(&mut [(w.down, out)], &g, 0, n)
 }
 
 /// Grouped-query attention of the n positions of `xn` (normalised input) into `out`

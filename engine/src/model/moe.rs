@@ -206,24 +206,33 @@ impl MoeBlock {
         }
     }
 
-    /// `out = sum over selected experts (ascending expert index) of w * expert(x)`, plus the
-    /// gated shared expert, for `n` positions of `x` ([n, hidden]).
-    pub fn forward(
+    /// The routes of the `n` positions of `x` ([n, hidden]): [`route`] of each row of the
+    /// router's logits.
+    pub fn routes(&self, x: &[f32], n: usize) -> Vec<Routing> {
+        let logits = self.router_logits(x, n);
+        logits.chunks_exact(self.router.rows).map(|l| route(l, &self.cfg, self.correction_bias.as_deref())).collect()
+    }
+
+    /// The routed experts of `n` positions of `x` ([n, hidden]) into `out`: `out = sum over
+    /// experts e (ascending index) of w * expert_e(x[p])` for the (p, w) of `users[e]`
+    /// ([`batch_union`]). Each expert runs once over all positions routed to it; the shared
+    /// expert is the graph's (model::graph).
+    #[allow(clippy::too_many_arguments)]
+    pub fn routed(
         &self,
         layer: usize,
         experts: &dyn ExpertSource,
+        users: &[Vec<(usize, f32)>],
         x: &[f32],
         n: usize,
         out: &mut [f32],
         on_use: Option<UsageHook<'_>>,
     ) -> Result<()> {
         let hidden = self.router.cols;
-        let n_exp = self.router.rows;
-        let logits = self.router_logits(x, n);
-        let routes: Vec<Routing> =
-            logits.chunks_exact(n_exp).map(|l| route(l, &self.cfg, self.correction_bias.as_deref())).collect();
-
-        let users = batch_union(&routes, n_exp)?;
+        let n_exp = users.len();
+        if x.len() < n * hidden || out.len() < n * hidden || users.iter().flatten().any(|&(p, _)| p >= n) {
+            return Err(Error::Invalid(format!("layer {layer}: MoE input of {n} positions does not match")));
+        }
         out[..n * hidden].iter_mut().for_each(|v| *v = 0.0);
         let used: Vec<usize> = (0..n_exp).filter(|&e| !users[e].is_empty()).collect();
         experts.prepare(layer, &used)?;
@@ -235,31 +244,24 @@ impl MoeBlock {
             experts.note_use(layer, e, users[e].len());
         }
         let gather = |list: &[(usize, f32)]| gather_rows(x, n, hidden, list);
-        // The experts whose bytes are here now, and the shared expert, run together (two
-        // parallel regions for the whole layer); the others in whatever order their reads
-        // complete. The outputs are summed in ascending expert order, so the bits never
-        // depend on which read finished first.
+        // The experts whose bytes are here now run together (one parallel region); the
+        // others in whatever order their reads complete. The outputs are summed in
+        // ascending expert order, so the bits never depend on which read finished first.
         let mut done: Vec<Option<Vec<f32>>> = vec![None; used.len()];
         let ready: Vec<usize> = (0..used.len()).filter(|&i| experts.ready(layer, used[i])).collect();
         let arcs: Vec<Arc<Expert>> = ready.iter().map(|&i| experts.expert(layer, used[i])).collect::<Result<_>>()?;
         let xs: Vec<Cow<'_, [f32]>> = ready.iter().map(|&i| gather(&users[used[i]])).collect();
-        let mut jobs: Vec<FfnJob> = arcs
+        let jobs: Vec<FfnJob> = arcs
             .iter()
             .zip(&xs)
             .zip(&ready)
             .map(|((e, xe), &i)| self.expert_job(used[i], e, xe, xe.len() / hidden))
             .collect();
         let mut ys: Vec<Vec<f32>> = xs.iter().map(|xe| vec![0.0f32; xe.len()]).collect();
-        if let Some(shared) = &self.shared {
-            let m = &shared.mlp;
-            jobs.push(FfnJob { gate: &m.gate, up: &m.up, down: &m.down, x, n, act: Activation::Silu, bias: None });
-            ys.push(vec![0.0f32; n * hidden]);
-        }
-        {
+        if !jobs.is_empty() {
             let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|v| v.as_mut_slice()).collect();
             swiglu_many(&jobs, &mut outs);
         }
-        let shared_out = if self.shared.is_some() { ys.pop() } else { None };
         for (&i, y) in ready.iter().zip(ys) {
             done[i] = Some(y);
         }
@@ -286,22 +288,6 @@ impl MoeBlock {
             let mut ys = vec![0.0f32; xs.len()];
             swiglu_many(&[self.expert_job(used[i], &expert, &xs, list.len())], &mut [&mut ys]);
             done[i] = Some(ys);
-        }
-        if let (Some(shared), Some(s)) = (&self.shared, shared_out) {
-            match &shared.gate {
-                Some(gate) => {
-                    let mut g = vec![0.0f32; n];
-                    matmul(gate, x, n, &mut g);
-                    for p in 0..n {
-                        let k = math::sigmoid(g[p]);
-                        let dst = &mut out[p * hidden..(p + 1) * hidden];
-                        for (d, v) in dst.iter_mut().zip(&s[p * hidden..(p + 1) * hidden]) {
-                            *d += k * v;
-                        }
-                    }
-                }
-                None => out[..n * hidden].iter_mut().zip(&s).for_each(|(d, v)| *d += v),
-            }
         }
         Ok(())
     }
@@ -452,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn block_equals_per_position_reference_and_unions_experts() {
+    fn routed_experts_equal_per_position_reference_and_union_experts() {
         let (h, inter, ne) = (6, 5, 4);
         let experts = ResidentExperts {
             layers: vec![(0..ne as u64)
@@ -472,21 +458,22 @@ mod tests {
             act: Activation::Silu,
             expert_bias: None,
             correction_bias: None,
-            shared: Some(SharedExpert {
-                mlp: Expert { gate: mat(3, h, 50), up: mat(3, h, 51), down: mat(h, 3, 52) },
-                gate: Some(mat(1, h, 53)),
-            }),
+            shared: None,
+        };
+        let forward = |x: &[f32], n: usize, out: &mut [f32], on_use: Option<UsageHook<'_>>| {
+            let users = batch_union(&block.routes(x, n), ne).unwrap();
+            block.routed(0, &experts, &users, x, n, out, on_use).unwrap();
         };
         let n = 7;
         let x: Vec<f32> = (0..n * h).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
         let mut out = vec![0.0; n * h];
         let mut uses = 0usize;
-        block.forward(0, &experts, &x, n, &mut out, Some(&mut |_, c| uses += c)).unwrap();
+        forward(&x, n, &mut out, Some(&mut |_, c| uses += c));
         assert_eq!(uses, n * 2);
         for p in 0..n {
             let xp = &x[p * h..(p + 1) * h];
             let mut one = vec![0.0; h];
-            block.forward(0, &experts, xp, 1, &mut one, None).unwrap();
+            forward(xp, 1, &mut one, None);
             assert_eq!(one, out[p * h..(p + 1) * h].to_vec(), "position {p} differs between batch and single");
             // Plain reference in f64.
             let lg: Vec<f32> = (0..ne)
@@ -505,14 +492,7 @@ mod tests {
                     want[i] += (w * y[i]) as f64;
                 }
             }
-            let shared = block.shared.as_ref().unwrap();
-            let mut sy = vec![0.0; h];
-            shared.mlp.forward(xp, 1, &mut sy);
-            let mut gr = vec![0.0; h];
-            shared.gate.as_ref().unwrap().row_into(0, &mut gr);
-            let g = 1.0 / (1.0 + (-(math::dot(&gr, xp) as f64)).exp());
             for i in 0..h {
-                want[i] += g * sy[i] as f64;
                 assert!((out[p * h + i] as f64 - want[i]).abs() < 1e-5, "position {p} lane {i}");
             }
         }
