@@ -140,8 +140,8 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         Ok(b)
     }
 
-    fn copy(&mut self, src: &wgpu::Buffer, at: usize, dst: &mut wgpu::Buffer, len: usize) -> Result<()> {
-        self.rec.copy(src, at as u64 * 4, dst, 0, len as u64 * 4);
+    fn copy(&mut self, src: &wgpu::Buffer, at: usize, dst: &mut wgpu::Buffer, dst_at: usize, len: usize) -> Result<()> {
+        self.rec.copy(src, at as u64 * 4, dst, dst_at as u64 * 4, len as u64 * 4);
         Ok(())
     }
 

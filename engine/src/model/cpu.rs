@@ -19,22 +19,51 @@ use crate::model::rope::{deinterleave, Rope};
 use crate::model::{AttnWeights, Ffn, Layer, Model};
 use crate::tensor::Mat;
 
-/// The CPU's tensor operations for the positions `pos0..pos0 + n` of one pass, over the
-/// layers' caches `caches`.
+/// The CPU's tensor operations for one pass: the positions `pos0..pos0 + n` of one
+/// sequence over its layers' caches, or of several sequences at once (a batch: their rows
+/// one after the other, each attending over its own caches; every other operation runs
+/// over all rows together, so a MoE layer reads each expert once for the whole batch).
 pub(crate) struct CpuOps<'a> {
     rope: &'a Rope,
-    pos0: usize,
-    /// RoPE's cos and sin of each position of the pass.
+    /// RoPE's cos and sin of each row of the pass.
     cos: Vec<Vec<f32>>,
     sin: Vec<Vec<f32>>,
-    caches: &'a mut [LayerCache],
+    /// The pass's sequences in row order.
+    seqs: Vec<Seq<'a>>,
     /// The layer whose cache is `caches[0]` (the MTP layer's own cache follows the model's).
     first: usize,
-    /// DSA: the positions each query of the pass keeps, from the last indexer.
+}
+
+/// One sequence of a pass: `n` rows at positions `pos0..`, its layers' caches.
+pub(crate) struct Seq<'a> {
+    pos0: usize,
+    n: usize,
+    caches: &'a mut [LayerCache],
+    /// DSA: the positions each of its queries keeps, from the last indexer.
     selection: Option<Selection>,
 }
 
+impl<'a> Seq<'a> {
+    pub(crate) fn new(pos0: usize, n: usize, caches: &'a mut [LayerCache]) -> Self {
+        Seq { pos0, n, caches, selection: None }
+    }
+
+    fn cache(&mut self, l: usize, first: usize) -> Result<&mut LayerCache> {
+        self.caches
+            .get_mut(l.wrapping_sub(first))
+            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))
+    }
+
+    fn delta_state(&mut self, l: usize, first: usize) -> Result<&mut DeltaState> {
+        self.cache(l, first)?
+            .recurrent
+            .as_deref_mut()
+            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no recurrent state")))
+    }
+}
+
 impl<'a> CpuOps<'a> {
+    #[cfg(test)]
     pub(crate) fn new(
         rope: &'a Rope,
         pos0: usize,
@@ -42,19 +71,28 @@ impl<'a> CpuOps<'a> {
         sin: Vec<Vec<f32>>,
         caches: &'a mut [LayerCache],
     ) -> Self {
-        CpuOps { rope, pos0, cos, sin, caches, first: 0, selection: None }
+        let n = cos.len();
+        CpuOps { rope, cos, sin, seqs: vec![Seq::new(pos0, n, caches)], first: 0 }
     }
 
     /// RoPE's tables for positions pos0..pos0 + n.
     pub(crate) fn for_positions(rope: &'a Rope, pos0: usize, n: usize, caches: &'a mut [LayerCache]) -> Self {
-        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for i in 0..n {
-            let (mut co, mut si) = (Vec::new(), Vec::new());
-            rope.cos_sin(pos0 + i, &mut co, &mut si);
-            cos.push(co);
-            sin.push(si);
+        Self::batch(rope, vec![Seq::new(pos0, n, caches)])
+    }
+
+    /// A pass over several sequences, their rows in the order given.
+    pub(crate) fn batch(rope: &'a Rope, seqs: Vec<Seq<'a>>) -> Self {
+        let rows: usize = seqs.iter().map(|s| s.n).sum();
+        let (mut cos, mut sin) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        for s in &seqs {
+            for i in 0..s.n {
+                let (mut co, mut si) = (Vec::new(), Vec::new());
+                rope.cos_sin(s.pos0 + i, &mut co, &mut si);
+                cos.push(co);
+                sin.push(si);
+            }
         }
-        CpuOps::new(rope, pos0, cos, sin, caches)
+        CpuOps { rope, cos, sin, seqs, first: 0 }
     }
 
     /// `caches` are layers `first..` (the MTP layer's cache alone).
@@ -63,18 +101,23 @@ impl<'a> CpuOps<'a> {
         self
     }
 
-    fn delta_state(&mut self, l: usize) -> Result<&mut DeltaState> {
-        let cache = self.cache(l)?;
-        cache
-            .recurrent
-            .as_deref_mut()
-            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no recurrent state")))
-    }
-
-    fn cache(&mut self, l: usize) -> Result<&mut LayerCache> {
-        self.caches
-            .get_mut(l.wrapping_sub(self.first))
-            .ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))
+    /// Runs `f(sequence, first row, rows, first layer)` for each sequence of a pass over
+    /// `n` rows in all (one sequence: all of them).
+    fn each_seq(&mut self, n: usize, mut f: impl FnMut(&mut Seq<'a>, usize, usize, usize) -> Result<()>) -> Result<()> {
+        let first = self.first;
+        if let [one] = self.seqs.as_mut_slice() {
+            return f(one, 0, n, first);
+        }
+        if self.seqs.iter().map(|s| s.n).sum::<usize>() != n {
+            return Err(crate::error::Error::Invalid(format!("a batched pass of {n} rows over other sequences")));
+        }
+        let mut r0 = 0;
+        for seq in &mut self.seqs {
+            let rows = seq.n;
+            f(seq, r0, rows, first)?;
+            r0 += rows;
+        }
+        Ok(())
     }
 }
 
@@ -110,15 +153,15 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
     type V = Vec<f32>;
 
     fn pos0(&self) -> usize {
-        self.with_ref(|this| this.pos0)
+        self.with_ref(|this| this.seqs.first().map_or(0, |s| s.pos0))
     }
 
     fn alloc(&mut self, _label: &'static str, len: usize) -> Result<Vec<f32>> {
         Ok(vec![0.0; len])
     }
 
-    fn copy(&mut self, src: &Vec<f32>, at: usize, dst: &mut Vec<f32>, len: usize) -> Result<()> {
-        dst[..len].copy_from_slice(&src[at..at + len]);
+    fn copy(&mut self, src: &Vec<f32>, at: usize, dst: &mut Vec<f32>, dst_at: usize, len: usize) -> Result<()> {
+        dst[dst_at..dst_at + len].copy_from_slice(&src[at..at + len]);
         Ok(())
     }
 
@@ -238,11 +281,15 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         self.with(|this| {
-            let kvd = s.n_kv_heads * s.head_dim;
-            let cache = this.cache(l)?;
-            cache.append(&k[..s.n * kvd], &v[..s.n * kvd], kvd, kvd);
-            attend_cached(cache, q, s, sinks.map(Vec::as_slice), out);
-            Ok(())
+            let (kvd, qd) = (s.n_kv_heads * s.head_dim, s.n_heads * s.head_dim);
+            this.each_seq(s.n, |seq, r0, n, first| {
+                let shape = AttendShape { n, pos0: seq.pos0, ..s };
+                let cache = seq.cache(l, first)?;
+                cache.append(&k[r0 * kvd..(r0 + n) * kvd], &v[r0 * kvd..(r0 + n) * kvd], kvd, kvd);
+                let (q, out) = (&q[r0 * qd..(r0 + n) * qd], &mut out[r0 * qd..(r0 + n) * qd]);
+                attend_cached(cache, q, shape, sinks.map(Vec::as_slice), out);
+                Ok(())
+            })
         })
     }
 
@@ -253,12 +300,14 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
 
     fn delta_begin(&mut self, l: usize, c: &LinearAttnConfig, n: usize) -> Result<()> {
         self.with(|this| {
-            let st = this.cache(l)?.recurrent.get_or_insert_with(Default::default);
-            st.ensure(c);
-            if n > 1 {
-                st.snapshot();
-            }
-            Ok(())
+            this.each_seq(n, |seq, _, n, first| {
+                let st = seq.cache(l, first)?.recurrent.get_or_insert_with(Default::default);
+                st.ensure(c);
+                if n > 1 {
+                    st.snapshot();
+                }
+                Ok(())
+            })
         })
     }
 
@@ -285,9 +334,12 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         n: usize,
     ) -> Result<()> {
         self.with(|this| {
-            let st = this.delta_state(l)?;
-            deltanet::conv_silu(c, taps, mixed, n, &mut st.conv);
-            Ok(())
+            let cd = c.conv_dim();
+            this.each_seq(n, |seq, r0, n, first| {
+                let st = seq.delta_state(l, first)?;
+                deltanet::conv_silu(c, taps, &mut mixed[r0 * cd..(r0 + n) * cd], n, &mut st.conv);
+                Ok(())
+            })
         })
     }
 
@@ -318,9 +370,13 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         o: &mut Vec<f32>,
     ) -> Result<()> {
         self.with(|this| {
-            let st = this.delta_state(l)?;
-            deltanet::rule(c, mixed, ba, n, st, o);
-            Ok(())
+            let (cd, nv2, vd) = (c.conv_dim(), 2 * c.n_v_heads, c.value_dim());
+            this.each_seq(n, |seq, r0, n, first| {
+                let st = seq.delta_state(l, first)?;
+                let (mixed, ba) = (&mixed[r0 * cd..(r0 + n) * cd], &ba[r0 * nv2..(r0 + n) * nv2]);
+                deltanet::rule(c, mixed, ba, n, st, &mut o[r0 * vd..(r0 + n) * vd]);
+                Ok(())
+            })
         })
     }
 
@@ -372,18 +428,35 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
                     this.rope.rotary_dim, m.qk_rope_head_dim
                 )));
             }
-            let sel = match m.indexer_at(l) {
-                None => None,
-                Some(_) => Some(this.selection.take().ok_or_else(|| {
-                    crate::error::Error::Invalid(format!("layer {l}: sparse attention before any indexer ran"))
-                })?),
-            };
-            let cache = this.caches.get_mut(l.wrapping_sub(this.first));
-            let cache = cache.ok_or_else(|| crate::error::Error::Invalid(format!("layer {l} has no cache")))?;
-            mla::attend(cache, qc, ckv, m.cache_width_at(l), s, m, sel.as_ref(), ctx);
-            // Kept for the "shared" layers after this one.
-            this.selection = sel;
-            Ok(())
+            let (nh, r, row) = (s.n_heads, m.kv_lora_rank, m.cache_width_at(l));
+            let (qw, total) = (s.n_heads * s.head_dim, s.n);
+            let batched = this.seqs.len() > 1;
+            this.each_seq(total, |seq, r0, n, first| {
+                let sel = match m.indexer_at(l) {
+                    None => None,
+                    Some(_) => Some(seq.selection.take().ok_or_else(|| {
+                        crate::error::Error::Invalid(format!("layer {l}: sparse attention before any indexer ran"))
+                    })?),
+                };
+                let shape = AttendShape { n, pos0: seq.pos0, ..s };
+                let (qc, ckv) = (&qc[r0 * qw..(r0 + n) * qw], &ckv[r0 * row..(r0 + n) * row]);
+                let cache = seq.cache(l, first)?;
+                if batched {
+                    // ctx is head-major over all rows: this sequence's rows go to each
+                    // head's block.
+                    let mut part = vec![0.0f32; nh * n * r];
+                    mla::attend(cache, qc, ckv, row, shape, m, sel.as_ref(), &mut part);
+                    for h in 0..nh {
+                        let dst = &mut ctx[(h * total + r0) * r..(h * total + r0 + n) * r];
+                        dst.copy_from_slice(&part[h * n * r..(h + 1) * n * r]);
+                    }
+                } else {
+                    mla::attend(cache, qc, ckv, row, shape, m, sel.as_ref(), ctx);
+                }
+                // Kept for the "shared" layers after this one.
+                seq.selection = sel;
+                Ok(())
+            })
         })
     }
 
@@ -415,24 +488,29 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         s: IndexShape,
     ) -> Result<()> {
         self.with(|this| {
-            let (pos0, di) = (s.pos0, s.head_dim);
-            let cache = this.cache(l)?;
-            // The cache holds the pass's first pos0 positions; its rows keep [rotary key,
-            // indexer key] in `v` (the latent is `k`), the indexer key last.
-            let cv = &cache.v;
-            let vw = cv.len().checked_div(pos0).unwrap_or(0);
-            if pos0 > 0 && vw < di {
-                return Err(crate::error::Error::Invalid(format!("layer {l}: the cache holds no indexer keys")));
-            }
-            let skip = vw.saturating_sub(di);
-            let key = |j: usize| -> &[f32] {
-                match j < pos0 {
-                    true => &cv[j * vw + skip..j * vw + skip + di],
-                    false => &ckv[(j - pos0) * row + at..(j - pos0) * row + at + di],
+            let (hi, di) = (s.heads, s.head_dim);
+            this.each_seq(s.n, |seq, r0, n, first| {
+                let pos0 = seq.pos0;
+                let cache = seq.cache(l, first)?;
+                // The cache holds the sequence's first pos0 positions; its rows keep [rotary
+                // key, indexer key] in `v` (the latent is `k`), the indexer key last.
+                let cv = &cache.v;
+                let vw = cv.len().checked_div(pos0).unwrap_or(0);
+                if pos0 > 0 && vw < di {
+                    return Err(crate::error::Error::Invalid(format!("layer {l}: the cache holds no indexer keys")));
                 }
-            };
-            this.selection = Some(dsa::select(iq, iw, s, key));
-            Ok(())
+                let skip = vw.saturating_sub(di);
+                let ckv = &ckv[r0 * row..(r0 + n) * row];
+                let key = |j: usize| -> &[f32] {
+                    match j < pos0 {
+                        true => &cv[j * vw + skip..j * vw + skip + di],
+                        false => &ckv[(j - pos0) * row + at..(j - pos0) * row + at + di],
+                    }
+                };
+                let (iq, iw) = (&iq[r0 * hi * di..(r0 + n) * hi * di], &iw[r0 * hi..(r0 + n) * hi]);
+                seq.selection = Some(dsa::select(iq, iw, IndexShape { n, pos0, ..s }, key));
+                Ok(())
+            })
         })
     }
 

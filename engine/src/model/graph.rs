@@ -70,8 +70,8 @@ pub(crate) trait Ops<'w> {
     fn pos0(&self) -> usize;
     /// A tensor of `len` floats (contents unspecified).
     fn alloc(&mut self, label: &'static str, len: usize) -> Result<Self::T>;
-    /// `dst[..len] = src[at..at + len]`.
-    fn copy(&mut self, src: &Self::T, at: usize, dst: &mut Self::T, len: usize) -> Result<()>;
+    /// `dst[dst_at..dst_at + len] = src[at..at + len]`.
+    fn copy(&mut self, src: &Self::T, at: usize, dst: &mut Self::T, dst_at: usize, len: usize) -> Result<()>;
     /// In-place RMSNorm of `rows` rows of `width` floats with weight `w` (kernels::rmsnorm).
     fn rmsnorm(&mut self, t: &mut Self::T, rows: usize, width: usize, w: &Self::V, eps: f32) -> Result<()> {
         self.rmsnorm_at(t, 0, rows, width, width, w, eps)
@@ -314,17 +314,11 @@ pub(crate) async fn forward<'w, B: Backend<'w>>(
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let c = &b.model().cfg;
     let (n, h) = (ids.len(), c.hidden);
-    let mut x = b.alloc("x", n * h)?;
-    b.embed(ids, &mut x)?;
-    let mut xn = b.alloc("xn", n * h)?;
-    let mut y = b.alloc("y", n * h)?;
-    for l in 0..c.n_layers {
-        layer(b, l, n, &mut x, &mut xn, &mut y).await?;
-    }
+    let x = layers(b, ids).await?;
     // The final norm over the rows whose logits are asked for (every row with `hidden`).
     let first = if hidden || which == Logits::All { 0 } else { n - 1 };
     let mut hn = b.alloc("hn", (n - first) * h)?;
-    b.copy(&x, first * h, &mut hn, (n - first) * h)?;
+    b.copy(&x, first * h, &mut hn, 0, (n - first) * h)?;
     b.rmsnorm(&mut hn, n - first, h, b.final_norm(), c.rms_eps)?;
     let rows = if which == Logits::All { n } else { 1 };
     let mut logits = b.alloc("logits", rows * c.vocab)?;
@@ -332,6 +326,39 @@ pub(crate) async fn forward<'w, B: Backend<'w>>(
     let logits = b.read(logits, rows * c.vocab).await?;
     let states = if hidden { b.read(hn, n * h).await? } else { Vec::new() };
     Ok((logits, states))
+}
+
+/// The forward pass of `ids` with the logits of the rows `rows` only ((rows, vocab), in
+/// that order): a batch's last row of each sequence.
+pub(crate) async fn forward_rows<'w, B: Backend<'w>>(b: &mut B, ids: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
+    let c = &b.model().cfg;
+    let (n, h, k) = (ids.len(), c.hidden, rows.len());
+    if let Some(r) = rows.iter().find(|&&r| r >= n) {
+        return Err(crate::error::Error::Invalid(format!("logits of row {r} of a pass of {n}")));
+    }
+    let x = layers(b, ids).await?;
+    let mut hn = b.alloc("hn", k * h)?;
+    for (j, &r) in rows.iter().enumerate() {
+        b.copy(&x, r * h, &mut hn, j * h, h)?;
+    }
+    b.rmsnorm(&mut hn, k, h, b.final_norm(), c.rms_eps)?;
+    let mut logits = b.alloc("logits", k * c.vocab)?;
+    b.matmul(&mut [(b.lm_head(), &mut logits)], &hn, 0, k)?;
+    b.read(logits, k * c.vocab).await
+}
+
+/// The embedding and every decoder layer of `ids`: the residual stream (n, hidden).
+async fn layers<'w, B: Backend<'w>>(b: &mut B, ids: &[u32]) -> Result<B::T> {
+    let c = &b.model().cfg;
+    let (n, h) = (ids.len(), c.hidden);
+    let mut x = b.alloc("x", n * h)?;
+    b.embed(ids, &mut x)?;
+    let mut xn = b.alloc("xn", n * h)?;
+    let mut y = b.alloc("y", n * h)?;
+    for l in 0..c.n_layers {
+        layer(b, l, n, &mut x, &mut xn, &mut y).await?;
+    }
+    Ok(x)
 }
 
 /// Decoder layer `l` over the residual stream `x` (n, hidden), in place: norm ->
@@ -348,7 +375,7 @@ pub(crate) async fn layer<'w, B: Backend<'w>>(
     let c = &b.model().cfg;
     let h = c.hidden;
     let (attn_norm, ffn_norm) = b.norms(l);
-    b.copy(x, 0, xn, n * h)?;
+    b.copy(x, 0, xn, 0, n * h)?;
     b.rmsnorm(xn, n, h, attn_norm, c.rms_eps)?;
     match b.attn(l) {
         Attn::Gqa(w) => gqa(b, l, w, b.attn_opts(l), h, xn, n, y)?,
@@ -356,7 +383,7 @@ pub(crate) async fn layer<'w, B: Backend<'w>>(
         Attn::Linear(w) => deltanet(b, l, w, xn, n, y)?,
     }
     b.add(x, y, n * h)?;
-    b.copy(x, 0, xn, n * h)?;
+    b.copy(x, 0, xn, 0, n * h)?;
     b.rmsnorm(xn, n, h, ffn_norm, c.rms_eps)?;
     ffn(b, l, h, xn, n, y).await?;
     b.add(x, y, n * h)

@@ -10,6 +10,7 @@
 //! (routing and the MoE block), the forward pass here, and [`open`], where a model is opened.
 
 pub mod attention;
+mod batch;
 pub mod config;
 pub(crate) mod cpu;
 pub mod deltanet;

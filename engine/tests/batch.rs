@@ -1,0 +1,132 @@
+//! Several sequences in one forward pass (Model::forward_batch, continuous batching) give
+//! each sequence the logits it gets alone, bit for bit, on every fixture family: plain and
+//! sliding-window attention with sinks, MLA, DSA's indexer, Gated DeltaNet's recurrence,
+//! shared experts with and without their gate, MXFP4 and FP8 weights. A sequence joins
+//! mid-way with its whole prompt while the others decode (the rows of a prefill and of
+//! decode steps in one pass), and a MoE layer reports each expert once per pass.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use colibri_engine::{Logits, Model};
+
+const FAMILIES: &[&str] = &[
+    "olmoe",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v3",
+    "deepseek_v3_noqlora",
+    "deepseek_v3_fp8",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "glm4_moe",
+    "gpt_oss",
+    "gpt_oss_mxfp4",
+    "qwen3_next",
+    "qwen3_5_moe",
+];
+
+fn open(name: &str) -> Model {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name);
+    Model::open_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: logit count");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a.to_bits() != b.to_bits()) {
+        panic!("{what}: logit {i} is {} in the batch, {} alone", got[i], want[i]);
+    }
+}
+
+/// Sequence i's inputs, step by step: its prompt at the step it joins, then one token per
+/// step.
+fn schedule(v: u32) -> Vec<(usize, Vec<Vec<u32>>)> {
+    let prompt = |len: u32, seed: u32| (0..len).map(|i| (i * 7919 + seed) % v).collect::<Vec<u32>>();
+    let steps = |p: Vec<u32>, seed: u32, k: u32| {
+        let mut s = vec![p];
+        s.extend((0..k).map(|i| vec![(i * 104_729 + seed) % v]));
+        s
+    };
+    vec![
+        // (first step, inputs): two sequences start together with different prompt
+        // lengths; a third joins at step 2 with a prompt while they decode.
+        (0, steps(prompt(9, 13), 5, 4)),
+        (0, steps(prompt(3, 101), 17, 4)),
+        (2, steps(prompt(6, 7), 29, 2)),
+    ]
+}
+
+#[test]
+fn a_batch_gives_each_sequence_its_own_bits() {
+    for &name in FAMILIES {
+        let model = open(name);
+        let plan = schedule(model.cfg.vocab as u32);
+        // Alone: each sequence's logits after each of its inputs.
+        let alone: Vec<Vec<Vec<f32>>> = plan
+            .iter()
+            .map(|(_, inputs)| {
+                let mut s = model.new_session();
+                inputs.iter().map(|ids| model.forward(&mut s, ids, Logits::Last).unwrap()).collect()
+            })
+            .collect();
+        let mut sessions: Vec<_> = plan.iter().map(|_| model.new_session()).collect();
+        let last_step = plan.iter().map(|(start, inputs)| start + inputs.len()).max().unwrap();
+        for step in 0..last_step {
+            let active: Vec<usize> =
+                (0..plan.len()).filter(|&i| step >= plan[i].0 && step < plan[i].0 + plan[i].1.len()).collect();
+            let ids: Vec<&[u32]> = active.iter().map(|&i| plan[i].1[step - plan[i].0].as_slice()).collect();
+            let mut uses: HashMap<(usize, usize), usize> = HashMap::new();
+            let mut positions = 0;
+            let logits = {
+                let mut refs: Vec<&mut colibri_engine::model::Session> = Vec::new();
+                for (i, s) in sessions.iter_mut().enumerate() {
+                    if active.contains(&i) {
+                        refs.push(s);
+                    }
+                }
+                model
+                    .forward_batch_with(&mut refs, &ids, &mut |l, e, count| {
+                        *uses.entry((l, e)).or_default() += 1;
+                        positions += count;
+                    })
+                    .unwrap_or_else(|e| panic!("{name}, step {step}: {e}"))
+            };
+            for (j, &i) in active.iter().enumerate() {
+                same_bits(&format!("{name}, step {step}, sequence {i}"), &logits[j], &alone[i][step - plan[i].0]);
+            }
+            // One use per (layer, expert) a pass: the batch's union, each expert run once.
+            if let Some((key, n)) = uses.iter().find(|(_, &n)| n > 1) {
+                panic!("{name}, step {step}: expert {key:?} ran {n} times in one pass");
+            }
+            let rows: usize = ids.iter().map(|t| t.len()).sum();
+            let moe_layers =
+                model.layers.iter().filter(|l| matches!(l.ffn, colibri_engine::model::Ffn::Moe(_))).count();
+            assert_eq!(positions, rows * moe_layers * model.cfg.router.top_k, "{name}, step {step}: routed positions");
+        }
+        for (i, s) in sessions.iter().enumerate() {
+            let fed: usize = plan[i].1.iter().map(Vec::len).sum();
+            assert_eq!(s.len(), fed, "{name}: sequence {i}'s session holds its tokens");
+        }
+    }
+}
+
+#[test]
+fn bad_batches_are_clear_errors_and_leave_the_sessions_alone() {
+    let model = open("olmoe");
+    let (mut a, mut b) = (model.new_session(), model.new_session());
+    model.forward(&mut a, &[1, 2, 3], Logits::Last).unwrap();
+    let err = model.forward_batch(&mut [&mut a, &mut b], &[&[4], &[]]).unwrap_err().to_string();
+    assert!(err.contains("no tokens"), "{err}");
+    let err = model.forward_batch(&mut [&mut a], &[&[4], &[5]]).unwrap_err().to_string();
+    assert!(err.contains("1 sessions for 2 inputs"), "{err}");
+    let too_big = model.cfg.vocab as u32;
+    assert!(model.forward_batch(&mut [&mut a, &mut b], &[&[4], &[too_big]]).is_err());
+    assert_eq!((a.len(), b.len()), (3, 0), "a refused batch feeds nothing");
+    // The sessions still decode as before.
+    let mut alone = model.new_session();
+    model.forward(&mut alone, &[1, 2, 3], Logits::Last).unwrap();
+    let want = model.forward(&mut alone, &[4], Logits::Last).unwrap();
+    let got = model.forward_batch(&mut [&mut a], &[&[4]]).unwrap();
+    same_bits("after a refused batch", &got[0], &want);
+}
