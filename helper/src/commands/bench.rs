@@ -84,6 +84,12 @@ pub struct BenchArgs {
     /// touches the same few experts). The record adds "teacher_forced".
     #[arg(long, value_name = "FILE", conflicts_with_all = ["ids", "draft", "speculate"])]
     pub text: Option<std::path::PathBuf>,
+    /// N sequences decoded together, one forward pass per step for all (continuous
+    /// batching's engine step, bench_batch.rs): each its own prompt (its own stretch of
+    /// --text, or its own ids); the record adds "batch" (aggregate tok/s, p50/p95 time
+    /// per token, bytes read per decode token). CPU backend.
+    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with_all = ["ids", "draft", "speculate", "second_turn"])]
+    pub batch: usize,
 }
 
 fn read_file(path: &str) -> String {
@@ -320,6 +326,9 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let stats = || model.experts.cache_stats().unwrap_or_default();
+    if a.batch > 1 {
+        return batch(&a, &dir, model, stream.as_deref(), &prompt, &|| stats().bytes_read);
+    }
     let zero = if a.warmup {
         model.forward(&mut model.new_session(), &prompt, Logits::Last)?;
         stats()
@@ -434,6 +443,56 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         "speculation": spec,
         "generated_ids": ids,
     });
+    println!("{out}");
+    Ok(())
+}
+
+/// `--batch N`: N prompts (stretches of the text stream one after the other, or
+/// pseudo-random ids from N seeds), decoded together (bench_batch.rs).
+fn batch(
+    a: &BenchArgs,
+    dir: &Path,
+    model: &colibri_engine::Model,
+    stream: Option<&[u32]>,
+    prompt: &[u32],
+    bytes_read: &dyn Fn() -> u64,
+) -> Result<()> {
+    if a.model.backend == BackendChoice::Wgpu {
+        anyhow::bail!("--batch runs on the CPU backend only");
+    }
+    let (p, d, vocab) = (prompt.len(), a.decode_tokens.max(1), model.cfg.vocab as u64);
+    let (prompts, forced): (Vec<Vec<u32>>, Option<Vec<Vec<u32>>>) = match stream {
+        Some(st) => {
+            let span = p + d;
+            if st.len() < a.batch * span {
+                anyhow::bail!(
+                    "--text holds {} tokens; --batch {} needs {} (prompt + decode each)",
+                    st.len(),
+                    a.batch,
+                    a.batch * span
+                );
+            }
+            let prompts = (0..a.batch).map(|i| st[i * span..i * span + p].to_vec()).collect();
+            (prompts, Some((0..a.batch).map(|i| st[i * span + p..(i + 1) * span].to_vec()).collect()))
+        }
+        None => {
+            let ids = |seed: u64| -> Vec<u32> {
+                (0..p as u64)
+                    .map(|i| (((i + seed * 7919).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32)
+                    .collect()
+            };
+            ((0..a.batch as u64).map(ids).collect(), None)
+        }
+    };
+    let run = super::bench_batch::run(model, &prompts, forced.as_deref(), d, bytes_read)?;
+    let out = json!({"bench": "decode_batch", "commit": commit(), "hardware": hardware(dir),
+        "command": std::env::args().collect::<Vec<_>>(),
+        "model": {"path": dir.display().to_string(), "model_type": model.cfg.model_type,
+            "layers": model.cfg.n_layers, "experts_per_layer": model.cfg.router.n_experts,
+            "top_k": model.cfg.router.top_k},
+        "teacher_forced": stream.is_some(),
+        "batch": run,
+        "peak_rss_bytes": status_kb("VmHWM:").map(|k| k * 1024)});
     println!("{out}");
     Ok(())
 }

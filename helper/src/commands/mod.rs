@@ -3,6 +3,7 @@
 //! below imports a command.
 
 pub mod bench;
+pub mod bench_batch;
 pub mod bench_gpu;
 pub mod bench_kernels;
 pub mod bench_routing;
