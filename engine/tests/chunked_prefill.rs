@@ -23,6 +23,8 @@ const FAMILIES: &[&str] = &[
     "glm_moe_dsa",
     "glm4_moe",
     "glm4_moe_mtp",
+    "qwen3_5_moe",
+    "qwen3_5_moe_mtp",
     "gpt_oss",
     "gpt_oss_mxfp4",
     "qwen3_next",

@@ -67,7 +67,7 @@ fn same_ids(model: &Path) -> Vec<Value> {
 
 #[test]
 fn mtp_drafts_change_passes_not_tokens() {
-    for name in ["deepseek_v3_mtp", "glm4_moe_mtp"] {
+    for name in ["deepseek_v3_mtp", "glm4_moe_mtp", "qwen3_5_moe_mtp"] {
         for s in same_ids(&fixture(name)) {
             eprintln!("{name}: {s}");
         }
@@ -114,4 +114,25 @@ fn a_model_without_mtp_is_refused_in_one_line() {
     assert!(err.contains("no MTP layer"), "{err}");
     let err = fails(&["bench", "--model", m, "--ids", "5,17", "--probe-bytes", "0", "--draft", "mtp"]);
     assert!(err.contains("no MTP layer"), "{err}");
+}
+
+/// Qwen3.5's `mtp.*` module survives `coli convert` under its own names, its routed
+/// experts streamed as the layer after the main stack's, and drafts from the container
+/// change no token.
+#[test]
+fn a_converted_qwen3_5_model_keeps_its_mtp_module() {
+    let out = scratch("convert-qwen");
+    let src = fixture("qwen3_5_moe_mtp");
+    let o = coli().arg("convert").arg(&src).arg("-o").arg(&out).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest: Value = serde_json::from_slice(&std::fs::read(out.join("colibri.json")).unwrap()).unwrap();
+    let layers: Vec<u64> =
+        manifest["experts"]["layers"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
+    assert_eq!(layers, [0, 1, 2, 3, 4], "the MTP layer (4) streams its experts");
+    let dense = manifest["dense"]["tensors"].as_array().unwrap();
+    for name in ["mtp.fc.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.layers.0.self_attn.q_proj.weight"] {
+        assert!(dense.iter().any(|t| t["name"] == name), "{name} kept");
+    }
+    same_ids(&out);
+    let _ = std::fs::remove_dir_all(&out);
 }

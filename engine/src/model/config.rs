@@ -590,6 +590,9 @@ impl ModelConfig {
                     get_usize(v, "num_nextn_predict_layers").unwrap_or(0),
                     MAX_LAYERS,
                 )?,
+                Family::Qwen3Next | Family::Qwen35Moe => {
+                    bounded("mtp_num_hidden_layers", get_usize(v, "mtp_num_hidden_layers").unwrap_or(0), MAX_LAYERS)?
+                }
                 _ => 0,
             },
             bos_token_id: parse_token_ids(v.get("bos_token_id")).first().copied(),
@@ -630,6 +633,16 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// The tensor-name prefix of decoder layer `l`: `model.layers.{l}`, and past the main
+    /// stack the multi-token-prediction layers: DeepSeek's and GLM's continue the
+    /// numbering, qwen3_next's and qwen3_5_moe's are `mtp.layers.{l - n_layers}`.
+    pub fn layer_prefix(&self, l: usize) -> String {
+        match l.checked_sub(self.n_layers) {
+            Some(m) if self.family.is_qwen_hybrid() => format!("mtp.layers.{m}"),
+            _ => format!("model.layers.{l}"),
+        }
     }
 
     /// Whether tensor `name` belongs to a multi-token-prediction layer ([`Self::mtp_layers`]).

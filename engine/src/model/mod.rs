@@ -218,14 +218,14 @@ fn load_norm(c: &ModelConfig, s: &TensorStore, name: &str, len: usize) -> Result
     Ok(w)
 }
 
-/// Decoder layer `l` (`model.layers.{l}`), with a routed MoE block if `moe`.
+/// Decoder layer `l` (`ModelConfig::layer_prefix`), with a routed MoE block if `moe`.
 fn load_layer(c: &ModelConfig, s: &TensorStore, l: usize, moe: bool) -> Result<Layer> {
     let names = Names::of(c.family);
     let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
     // The q projection's rows: the queries, and as many gate values with an output gate.
     let qw = if c.attn_output_gate { 2 * qd } else { qd };
     let norm = |name: &str, len: usize| load_norm(c, s, name, len);
-    let p = format!("model.layers.{l}");
+    let p = c.layer_prefix(l);
     let a = format!("{p}.self_attn");
     let linear = c.linear_attn.as_ref().filter(|la| la.layers.get(l).copied().unwrap_or(false));
     let bias = |proj: &str, len: usize| -> Result<Option<Vec<f32>>> {
@@ -357,7 +357,7 @@ impl Model {
             }
         }
         if mtp::present(&cfg, s) && mtp::is_moe(&cfg, s) {
-            experts.push(load_experts(s, &format!("model.layers.{}.{}", cfg.n_layers, names.moe), &names, &cfg)?);
+            experts.push(load_experts(s, &format!("{}.{}", cfg.layer_prefix(cfg.n_layers), names.moe), &names, &cfg)?);
         }
         Ok(experts)
     }

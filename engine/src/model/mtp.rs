@@ -1,6 +1,8 @@
 //! Multi-token prediction (MTP): the extra layer that DeepSeek-V3 and GLM-4.5 ship after
 //! their decoder stack (`num_nextn_predict_layers`, stored as `model.layers.{n_layers}.*`),
-//! trained to predict the token after next. colibri uses it as a draft source for
+//! and qwen3_next / Qwen3.5 (`mtp_num_hidden_layers`, stored as `mtp.*`: the same block
+//! under other names, [`name`], with a full-attention decoder layer), trained to predict
+//! the token after next. colibri uses it as a draft source for
 //! speculative decoding ([`crate::generate::MtpDrafter`]).
 //!
 //! For position i, with the main model's hidden state h_i and the next token t_{i+1}:
@@ -45,14 +47,56 @@ pub struct MtpHead {
     pub head: Option<Mat>,
 }
 
-/// The MTP layer's tensor prefix, and whether the store holds one.
+/// The first MTP layer's tensors besides its decoder layer, by DeepSeek's names.
+#[derive(Clone, Copy)]
+pub enum Part {
+    /// Its own embedding (DeepSeek-V3).
+    Embed,
+    /// The norms of the token's embedding and of the main model's hidden state.
+    Enorm,
+    Hnorm,
+    /// [embedding | hidden state] -> hidden.
+    EhProj,
+    /// The output norm, and its own head (DeepSeek-V3).
+    Norm,
+    Head,
+}
+
+/// The checkpoint's name of the first MTP layer's `part`: DeepSeek's and GLM's
+/// `model.layers.{n}.*`, or qwen3_next's and qwen3_5_moe's `mtp.*` (`fc` the projection,
+/// `pre_fc_norm_embedding` / `pre_fc_norm_hidden` the input norms, `norm` the output norm;
+/// no own embedding or head).
+pub fn name(c: &ModelConfig, part: Part) -> String {
+    if c.family.is_qwen_hybrid() {
+        let n = match part {
+            Part::Embed => "embed_tokens",
+            Part::Enorm => "pre_fc_norm_embedding",
+            Part::Hnorm => "pre_fc_norm_hidden",
+            Part::EhProj => "fc",
+            Part::Norm => "norm",
+            Part::Head => "head",
+        };
+        return format!("mtp.{n}.weight");
+    }
+    let n = match part {
+        Part::Embed => "embed_tokens",
+        Part::Enorm => "enorm",
+        Part::Hnorm => "hnorm",
+        Part::EhProj => "eh_proj",
+        Part::Norm => "shared_head.norm",
+        Part::Head => "shared_head.head",
+    };
+    format!("model.layers.{}.{n}.weight", c.n_layers)
+}
+
+/// Whether the store holds an MTP layer the config announces.
 pub fn present(c: &ModelConfig, s: &TensorStore) -> bool {
-    c.mtp_layers > 0 && s.contains(&format!("model.layers.{}.eh_proj.weight", c.n_layers))
+    c.mtp_layers > 0 && s.contains(&name(c, Part::EhProj))
 }
 
 /// Whether the MTP layer's FFN is a routed MoE block (it is in every released checkpoint).
 pub fn is_moe(c: &ModelConfig, s: &TensorStore) -> bool {
-    s.contains(&format!("model.layers.{}.mlp.gate.weight", c.n_layers))
+    s.contains(&format!("{}.mlp.gate.weight", c.layer_prefix(c.n_layers)))
 }
 
 impl MtpHead {
@@ -63,8 +107,8 @@ impl MtpHead {
             return Ok(None);
         }
         let (l, h, v) = (c.n_layers, c.hidden, c.vocab);
-        let p = format!("model.layers.{l}");
-        let optional = |name: String| -> Result<Option<Mat>> {
+        let optional = |part: Part| -> Result<Option<Mat>> {
+            let name = name(c, part);
             if s.contains(&name) {
                 s.mat(&name, v, h).map(Some)
             } else {
@@ -73,13 +117,13 @@ impl MtpHead {
         };
         Ok(Some(MtpHead {
             index: l,
-            embed: optional(format!("{p}.embed_tokens.weight"))?,
-            enorm: load_norm(c, s, &format!("{p}.enorm.weight"), h)?,
-            hnorm: load_norm(c, s, &format!("{p}.hnorm.weight"), h)?,
-            eh_proj: s.mat(&format!("{p}.eh_proj.weight"), h, 2 * h)?,
+            embed: optional(Part::Embed)?,
+            enorm: load_norm(c, s, &name(c, Part::Enorm), h)?,
+            hnorm: load_norm(c, s, &name(c, Part::Hnorm), h)?,
+            eh_proj: s.mat(&name(c, Part::EhProj), h, 2 * h)?,
             layer: load_layer(c, s, l, is_moe(c, s))?,
-            norm: load_norm(c, s, &format!("{p}.shared_head.norm.weight"), h)?,
-            head: optional(format!("{p}.shared_head.head.weight"))?,
+            norm: load_norm(c, s, &name(c, Part::Norm), h)?,
+            head: optional(Part::Head)?,
         }))
     }
 }

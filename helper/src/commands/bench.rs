@@ -88,8 +88,8 @@ pub struct BenchArgs {
     /// batching's engine step, bench_batch.rs): each its own prompt (its own stretch of
     /// --text, or its own ids); the record adds "batch" (aggregate tok/s, p50/p95 time
     /// per token, bytes read per decode token). CPU backend.
-    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with_all = ["ids", "draft", "speculate", "second_turn"])]
-    pub batch: usize,
+    #[arg(long, value_name = "N", conflicts_with_all = ["ids", "draft", "speculate", "second_turn"])]
+    pub batch: Option<usize>,
 }
 
 fn read_file(path: &str) -> String {
@@ -326,8 +326,8 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let stats = || model.experts.cache_stats().unwrap_or_default();
-    if a.batch > 1 {
-        return batch(&a, &dir, model, stream.as_deref(), &prompt, &|| stats().bytes_read);
+    if let Some(n) = a.batch {
+        return batch(&a, n, &dir, model, stream.as_deref(), &prompt, &|| stats().bytes_read);
     }
     let zero = if a.warmup {
         model.forward(&mut model.new_session(), &prompt, Logits::Last)?;
@@ -451,6 +451,7 @@ fn run_inner(a: BenchArgs) -> Result<()> {
 /// pseudo-random ids from N seeds), decoded together (bench_batch.rs).
 fn batch(
     a: &BenchArgs,
+    n: usize,
     dir: &Path,
     model: &colibri_engine::Model,
     stream: Option<&[u32]>,
@@ -460,20 +461,22 @@ fn batch(
     if a.model.backend == BackendChoice::Wgpu {
         anyhow::bail!("--batch runs on the CPU backend only");
     }
+    if n == 0 {
+        anyhow::bail!("--batch 0: at least one sequence");
+    }
     let (p, d, vocab) = (prompt.len(), a.decode_tokens.max(1), model.cfg.vocab as u64);
     let (prompts, forced): (Vec<Vec<u32>>, Option<Vec<Vec<u32>>>) = match stream {
         Some(st) => {
             let span = p + d;
-            if st.len() < a.batch * span {
+            if st.len() < n * span {
                 anyhow::bail!(
-                    "--text holds {} tokens; --batch {} needs {} (prompt + decode each)",
+                    "--text holds {} tokens; --batch {n} needs {} (prompt + decode each)",
                     st.len(),
-                    a.batch,
-                    a.batch * span
+                    n * span
                 );
             }
-            let prompts = (0..a.batch).map(|i| st[i * span..i * span + p].to_vec()).collect();
-            (prompts, Some((0..a.batch).map(|i| st[i * span + p..(i + 1) * span].to_vec()).collect()))
+            let prompts = (0..n).map(|i| st[i * span..i * span + p].to_vec()).collect();
+            (prompts, Some((0..n).map(|i| st[i * span + p..(i + 1) * span].to_vec()).collect()))
         }
         None => {
             let ids = |seed: u64| -> Vec<u32> {
@@ -481,7 +484,7 @@ fn batch(
                     .map(|i| (((i + seed * 7919).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % vocab) as u32)
                     .collect()
             };
-            ((0..a.batch as u64).map(ids).collect(), None)
+            ((0..n as u64).map(ids).collect(), None)
         }
     };
     let run = super::bench_batch::run(model, &prompts, forced.as_deref(), d, bytes_read)?;

@@ -255,7 +255,10 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     let exp_t = if mxfp4_experts && a.experts.is_none() && a.quant.is_none() { Some(DType::Mxfp4) } else { exp_t };
 
     // The first MTP layer is kept where the engine runs it (`--draft mtp`); others are left out.
-    let mtp = format!("model.layers.{}.", cfg.n_layers);
+    let mtp = match cfg.family.is_qwen_hybrid() {
+        true => "mtp.".to_string(),
+        false => format!("{}.", cfg.layer_prefix(cfg.n_layers)),
+    };
     let keep_mtp = |n: &str| model.has_mtp() && n.starts_with(&mtp);
     let mut names: Vec<&String> =
         store.names().filter(|n| !is_routed_expert_weight(n) && (!cfg.is_mtp_tensor(n) || keep_mtp(n))).collect();

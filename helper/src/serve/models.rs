@@ -388,6 +388,7 @@ mod tests {
                 "mixtral",
                 "qwen2_moe",
                 "qwen3_5_moe",
+                "qwen3_5_moe_mtp",
                 "qwen3_moe",
                 "qwen3_next",
                 "qwen3_next_f32"
