@@ -30,6 +30,11 @@ pub enum HybridChoice {
     Auto,
 }
 
+/// The most expert reader threads a flag or tune.json may ask for.
+pub const MAX_READERS: usize = 64;
+/// Expert reader threads where neither a flag nor tune.json chooses.
+pub const DEFAULT_READERS: usize = 4;
+
 /// `--direct`: whether expert reads bypass the page cache (O_DIRECT).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum DirectChoice {
@@ -77,9 +82,9 @@ pub struct ModelArgs {
     #[arg(long, value_parser = parse_bytes)]
     pub pin: Option<u64>,
     /// Reader threads that load missing experts while resident ones compute (0: read
-    /// synchronously).
-    #[arg(long, default_value_t = 4)]
-    pub readers: usize,
+    /// synchronously; default: what `coli tune` measured best for the model, else 4).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(0..=MAX_READERS as i64))]
+    pub readers: Option<u16>,
     /// Do not prefetch the next layer's likely experts (router lookahead).
     #[arg(long)]
     pub no_lookahead: bool,

@@ -14,7 +14,8 @@ use colibri_engine::Model;
 
 use colibri_engine::memlimit::MemoryLimit;
 
-use crate::flags::{init_threads, DirectChoice, ModelArgs};
+use crate::flags::{init_threads, DirectChoice, ModelArgs, DEFAULT_READERS};
+use crate::tune::Tune;
 
 pub struct Loaded {
     pub model: Model,
@@ -38,6 +39,8 @@ pub struct CacheFlags {
     pub direct: DirectChoice,
     /// `--mem-limit`: a memory limit of the user's, on top of the machine's and the cgroup's.
     pub mem_limit: Option<u64>,
+    /// Whether `--readers` was given (else tune.json may choose, [`CacheFlags::tuned`]).
+    pub readers_given: bool,
 }
 
 impl CacheFlags {
@@ -45,16 +48,42 @@ impl CacheFlags {
         CacheFlags {
             ram: a.ram,
             pin: a.pin,
-            readers: a.readers,
+            readers: a.readers.map_or(DEFAULT_READERS, usize::from),
             lookahead: !a.no_lookahead,
             direct: a.direct,
             mem_limit: a.mem_limit,
+            readers_given: a.readers.is_some(),
         }
     }
 
     /// What `coli serve` uses: `ram` as given, every other flag at its default.
     pub fn with_ram(ram: Option<u64>) -> Self {
-        CacheFlags { ram, pin: None, readers: 4, lookahead: true, direct: DirectChoice::Auto, mem_limit: None }
+        CacheFlags {
+            ram,
+            pin: None,
+            readers: DEFAULT_READERS,
+            lookahead: true,
+            direct: DirectChoice::Auto,
+            mem_limit: None,
+            readers_given: false,
+        }
+    }
+
+    /// These flags with what `coli tune` measured for the model in `dir` where they leave
+    /// the choice open: its reader count unless `--readers` was given, O_DIRECT where it
+    /// read faster and `--direct` is auto.
+    pub fn tuned(&self, dir: &Path) -> (CacheFlags, Option<Tune>) {
+        let mut f = self.clone();
+        let tune = Tune::load(dir);
+        if let Some(t) = &tune {
+            if !f.readers_given {
+                f.readers = t.readers;
+            }
+            if t.direct && f.direct == DirectChoice::Auto {
+                f.direct = DirectChoice::On;
+            }
+        }
+        (f, tune)
     }
 }
 
@@ -270,6 +299,8 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     if !dir.is_dir() {
         bail!("{}: no such model directory", dir.display());
     }
+    let (flags, _) = flags.tuned(dir);
+    let flags = &flags;
     // colibri.json is parsed and the data file opened here (again with O_DIRECT where
     // the automatic choice wants it).
     let mut md = ModelDir::open(dir, flags.direct == DirectChoice::On)?;

@@ -17,6 +17,7 @@ mod load;
 mod paths;
 mod probe;
 mod serve;
+mod tune;
 mod usage_store;
 
 use std::process::ExitCode;
@@ -80,6 +81,9 @@ enum Command {
     BenchKernels(bench_kernels::KernelBenchArgs),
     /// Write a synthetic OLMoE-shaped checkpoint (HF layout, seeded bf16) for benchmarks.
     Synth(synth::SynthArgs),
+    /// Measure how this machine reads a converted model's experts (reader threads,
+    /// O_DIRECT) and keep the fastest setting for later runs (the model's tune.json).
+    Tune(commands::tune::TuneArgs),
 }
 
 fn main() -> ExitCode {
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::BenchKernels(a) => bench_kernels::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Tune(a) => commands::tune::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -276,7 +276,7 @@ fn text_stream(path: &Path, loaded: &crate::load::Loaded) -> Result<Vec<u32>> {
 
 fn run_inner(a: BenchArgs) -> Result<()> {
     let dir = crate::paths::resolve_model(&a.model.model, None)?;
-    let flags = CacheFlags::from_args(&a.model);
+    let (flags, _) = CacheFlags::from_args(&a.model).tuned(&dir);
     let container = is_container(&dir);
     let limit = colibri_engine::memlimit::detect(flags.mem_limit);
     let opened = if container { Some(ModelDir::open(&dir, false)?.into_container()?) } else { None };

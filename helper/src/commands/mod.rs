@@ -27,3 +27,4 @@ mod pull_staging;
 pub mod serve;
 pub mod service;
 pub mod synth;
+pub mod tune;

@@ -295,7 +295,10 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     let limit = colibri_engine::memlimit::detect(a.mem_limit);
     let available = limit.available();
     let total_mem = colibri_engine::fsio::meminfo("MemTotal");
-    let readers = 4; // --readers' default: the reads of one layer's misses in parallel
+    // What `coli tune` measured for the model, where it ran: its readers and disk speed.
+    let tune = s.data.as_ref().and_then(|(_, data)| data.parent().and_then(crate::tune::Tune::load));
+    // --readers' default: the reads of one layer's misses in parallel.
+    let readers = tune.as_ref().map_or(crate::flags::DEFAULT_READERS, |t| t.readers);
     let buffers = reader_buffers(s.expert_bytes(), s.cfg.router.top_k, readers);
     let (ram, ram_note) = choose_ram(a.ram, &limit, s.resident, s.streamed, buffers);
     let per_token = s.experts_per_token();
@@ -303,7 +306,17 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     // What the native commands' --direct auto would do with the data file (or the model's
     // estimated size).
     let (direct, direct_why) = choose_direct(DirectChoice::Auto, &limit, s.resident + s.streamed);
-    let disk = disk_speed(&s, a.probe_bytes, readers)?;
+    let disk = match &tune {
+        Some(t) if t.read_bytes_per_second > 0.0 => Some((
+            t.read_bytes_per_second,
+            format!(
+                "measured by `coli tune`: {} readers{}",
+                t.readers,
+                if t.direct { ", O_DIRECT" } else { ", through the page cache" }
+            ),
+        )),
+        _ => disk_speed(&s, a.probe_bytes, readers)?,
+    };
     let compute = crate::probe::matvec_bandwidth(Duration::from_millis(300))?;
     let gpu = adapter();
 
