@@ -32,6 +32,10 @@ pub struct Tune {
     pub read_bytes_per_second: f64,
     /// Every combination measured.
     pub probes: Vec<ReadProbe>,
+    /// The CPU kernels' weight bytes per second in a decode step (probe::matvec_bandwidth):
+    /// `coli plan`'s compute speed.
+    #[serde(default)]
+    pub kernel_bytes_per_second: f64,
     /// When (Unix seconds), on what CPU, under what memory limit.
     pub measured_at: u64,
     pub cpu: String,

@@ -317,7 +317,10 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         )),
         _ => disk_speed(&s, a.probe_bytes, readers)?,
     };
-    let compute = crate::probe::matvec_bandwidth(Duration::from_millis(300))?;
+    let compute = match &tune {
+        Some(t) if t.kernel_bytes_per_second > 0.0 => t.kernel_bytes_per_second,
+        _ => crate::probe::matvec_bandwidth(Duration::from_millis(300))?,
+    };
     let gpu = adapter();
 
     // What a token costs: every resident matrix but the embeddings and top-k experts per

@@ -1,6 +1,6 @@
 //! `coli tune --model M`: measures how this machine reads the model's experts (cold reads
 //! of its data file with 1, 2, 4, ... reader threads, through the page cache and with
-//! O_DIRECT), chooses the fastest setting, times a short teacher-forced decode with the
+//! O_DIRECT) and how fast the CPU kernels get through weights, chooses the fastest setting, times a short teacher-forced decode with the
 //! defaults and with that setting, and writes the choice to the model's tune.json, which
 //! later runs of the model use where their flags leave the choice open
 //! (load::CacheFlags::tuned). `coli plan` reads the measured bandwidth from it.
@@ -99,6 +99,8 @@ fn run_inner(a: TuneArgs) -> Result<()> {
         if best.direct { ", O_DIRECT" } else { "" },
         best.bytes_per_second / 1e6
     );
+    let kernel = crate::probe::matvec_bandwidth(std::time::Duration::from_millis(300))?;
+    println!("CPU kernels, one position: {:.1} GB/s of weights", kernel / 1e9);
     let data_size = ModelDir::open(&dir, false)?.into_container()?.0.manifest.data_size;
     // Both runs with explicit settings, so that an earlier tune.json does not choose.
     let auto_direct = choose_direct(DirectChoice::Auto, &limit, data_size).0;
@@ -129,6 +131,7 @@ fn run_inner(a: TuneArgs) -> Result<()> {
         direct: best.direct,
         read_bytes_per_second: best.bytes_per_second,
         probes,
+        kernel_bytes_per_second: kernel,
         measured_at: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         cpu,
         memory_limit: super::plan::limit_json(&limit),
