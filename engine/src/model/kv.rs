@@ -404,7 +404,7 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
             return Err(bad(format!("{} bytes after the last layer of the record at byte {at}", floats.len())));
         }
     }
-    Ok(Session { caches, tokens })
+    Ok(Session { caches, tokens, v4: None })
 }
 
 /// `bytes` (a version 2 file, perhaps mangled) with its header's and every whole record's
@@ -468,7 +468,7 @@ fn decode_v1(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sessi
     if !floats.is_empty() {
         return Err(bad(format!("{} bytes after the last layer", floats.len())));
     }
-    Ok(Session { caches, tokens: h.tokens })
+    Ok(Session { caches, tokens: h.tokens, v4: None })
 }
 
 #[cfg(test)]
@@ -492,7 +492,7 @@ mod tests {
                 lc
             })
             .collect();
-        Session { caches, tokens: (0..n as u32).map(|i| i * 3 % c.vocab as u32).collect() }
+        Session { caches, tokens: (0..n as u32).map(|i| i * 3 % c.vocab as u32).collect(), v4: None }
     }
 
     /// A version 1 file, as colibri wrote them before version 2.
@@ -561,7 +561,7 @@ mod tests {
         other.n_layers += 1;
         assert!(decode(&bytes, "abc", &other).is_err());
         // An empty session is a valid (useless) file.
-        let empty = Session { caches: vec![LayerCache::default(); c.n_layers], tokens: vec![] };
+        let empty = Session { caches: vec![LayerCache::default(); c.n_layers], tokens: vec![], v4: None };
         assert!(decode(&encode(&empty, "abc").unwrap(), "abc", &c).unwrap().tokens.is_empty());
     }
 
