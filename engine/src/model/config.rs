@@ -678,8 +678,22 @@ impl ModelConfig {
         self.linear_attn.as_ref().map_or(self.n_layers, |la| la.layers.iter().filter(|l| !**l).count())
     }
 
-    /// Bytes the attention caches grow by per token (f32).
+    /// Bytes the attention caches grow by per token (f32). DeepSeek-V4's grow by their
+    /// compressed entries only (one of head_dim per `rate` positions, and the indexer's of
+    /// index_head_dim on CSA layers), rounded up; its window and carry are bounded.
     pub fn kv_cache_bytes_per_token(&self) -> usize {
+        if let Some(v4) = &self.v4 {
+            let bytes: usize = v4
+                .layers
+                .iter()
+                .map(|&k| match (k, v4.rate_of(k)) {
+                    (V4Attn::Csa, Some(r)) => 4 * (self.head_dim + v4.index_head_dim) / r,
+                    (_, Some(r)) => 4 * self.head_dim / r,
+                    _ => 0,
+                })
+                .sum();
+            return bytes.max(1);
+        }
         let linear = |l: usize| self.linear_attn.as_ref().is_some_and(|la| la.layers.get(l) == Some(&true));
         (0..self.n_layers).filter(|&l| !linear(l)).map(|l| self.cache_floats_at(l)).sum::<usize>() * 4
     }
