@@ -193,11 +193,14 @@ mod tests {
         };
         let mix: Vec<f32> = (0..m).map(|i| ((i * 5 % 13) as f32 - 6.0) / 4.0).collect();
         let (mut pre, mut post, mut comb) = (vec![0.0; n_hc], vec![0.0; n_hc], vec![0.0; n_hc * n_hc]);
-        weights(&hc, &mix, n_hc, 20, 1e-6, &mut pre, &mut post, &mut comb);
-        for k in 0..n_hc {
-            let col: f32 = (0..n_hc).map(|j| comb[j * n_hc + k]).sum();
-            let row: f32 = comb[k * n_hc..(k + 1) * n_hc].iter().sum();
-            assert!((col - 1.0).abs() < 1e-4 && (row - 1.0).abs() < 1e-3, "{row} {col}");
+        // The last step normalises the columns; the rows converge with the iterations.
+        for (iters, row_tol) in [(20, 2e-2), (200, 1e-4)] {
+            weights(&hc, &mix, n_hc, iters, 1e-6, &mut pre, &mut post, &mut comb);
+            for k in 0..n_hc {
+                let col: f32 = (0..n_hc).map(|j| comb[j * n_hc + k]).sum();
+                let row: f32 = comb[k * n_hc..(k + 1) * n_hc].iter().sum();
+                assert!((col - 1.0).abs() < 1e-5 && (row - 1.0).abs() < row_tol, "{iters}: {row} {col}");
+            }
         }
         assert!(post.iter().all(|p| *p > 0.0 && *p < 2.0));
         assert!(pre.iter().all(|p| *p > 0.0 && *p < 1.0 + 1e-5));
