@@ -540,12 +540,29 @@ impl Model {
         let pos0 = session.tokens.len();
         c.check_input(ids, pos0)?;
         if let Some(w) = &self.v4 {
+            // DeepSeek-V4: the graph's V4 pass over the session's V4 state.
             let state = session.v4.get_or_insert_with(Default::default);
-            let out = v4::forward::forward(self, w, state, ids, which, hidden, on_use);
+            let mut pass = cpu::CpuPass {
+                ops: cpu::CpuOps::for_positions(&self.rope, pos0, n, &mut session.caches).with_v4(
+                    state,
+                    &w.main_rope,
+                    &w.compress_rope,
+                ),
+                model: self,
+                on_use,
+                on_ffn_input,
+            };
+            let out = graph::run_ready(graph::forward(&mut pass, ids, which, hidden)).and_then(|r| r);
+            drop(pass);
             match &out {
-                Ok(_) => session.tokens.extend_from_slice(ids),
+                Ok(_) => {
+                    session.tokens.extend_from_slice(ids);
+                    if let Some(v) = session.v4.as_deref_mut() {
+                        v.pos += n;
+                    }
+                }
                 // A pass that failed half way leaves no usable state.
-                Err(_) => *state = Default::default(),
+                Err(_) => session.v4 = Some(Box::default()),
             }
             return out;
         }

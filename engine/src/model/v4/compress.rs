@@ -13,11 +13,11 @@
 //! Entry e covers positions up to (e + 1) * rate - 1, so a query at position p sees the
 //! entries e < (p + 1) / rate.
 
-use crate::kernels::{matmul, rmsnorm_chunks};
+use crate::kernels::rmsnorm_chunks;
 use crate::math;
 use crate::model::rope::Rope;
 
-use super::{CompState, Compressor};
+use super::CompState;
 
 /// RoPE of the trailing `rope.rotary_dim` values of `x` (one head) at `pos`, as
 /// interleaved pairs (2i, 2i + 1), in place: transformers' `x * cos + rotate_half(x) *
@@ -34,17 +34,26 @@ pub fn rope_tail(rope: &Rope, x: &mut [f32], pos: usize, inverse: bool, cos: &mu
     }
 }
 
-/// Feeds the n positions of `xn` (n, hidden) to compressor `c`: new entries are appended
-/// to `st.entries`, the rest waits in `st`. Returns the number of entries before.
-pub fn feed(c: &Compressor, st: &mut CompState, xn: &[f32], n: usize, rope: &Rope, rms_eps: f32) -> usize {
+/// A compressor's sizes for [`feed`]: `dim` per entry, one entry per `rate` positions,
+/// overlapping windows (CSA: projections of 2 * dim), the entries' RMSNorm epsilon.
+#[derive(Clone, Copy, Debug)]
+pub struct CompShape {
+    pub n: usize,
+    pub dim: usize,
+    pub rate: usize,
+    pub overlap: bool,
+    pub rms_eps: f32,
+}
+
+/// Feeds the projections `kv` and `gate` (n, width: 2 * dim with overlap, else dim) of
+/// n positions to a compressor's state `st`: new entries (RMSNorm `norm`, the compress
+/// rope at their first position) are appended to `st.entries`, the rest waits in `st`.
+/// `ape` (rate, width) is the position bias of the gates.
+pub fn feed(c: CompShape, ape: &[f32], norm: &[f32], st: &mut CompState, kv: &[f32], gate: &[f32], rope: &Rope) {
     let width = if c.overlap { 2 * c.dim } else { c.dim };
-    let mut kv = vec![0.0f32; n * width];
-    let mut gate = vec![0.0f32; n * width];
-    matmul(&c.kv, xn, n, &mut kv);
-    matmul(&c.gate, xn, n, &mut gate);
-    st.buf_kv.extend_from_slice(&kv);
-    st.buf_gate.extend_from_slice(&gate);
-    let before = st.entries.len() / c.dim;
+    let n = c.n;
+    st.buf_kv.extend_from_slice(&kv[..n * width]);
+    st.buf_gate.extend_from_slice(&gate[..n * width]);
     let rows = st.buf_kv.len() / width;
     let windows = rows / c.rate;
     let (d, r) = (c.dim, c.rate);
@@ -76,7 +85,7 @@ pub fn feed(c: &Compressor, st: &mut CompState, xn: &[f32], n: usize, rope: &Rop
         let half = if c.overlap { d } else { 0 };
         for j in 0..r {
             let (kr, gr) = (&st.buf_kv[row(j)], &st.buf_gate[row(j)]);
-            let ape = &c.ape[j * width..(j + 1) * width];
+            let ape = &ape[j * width..(j + 1) * width];
             for ch in 0..d {
                 skv[(own + j) * d + ch] = kr[half + ch];
                 sg[(own + j) * d + ch] = gr[half + ch] + ape[half + ch];
@@ -93,7 +102,7 @@ pub fn feed(c: &Compressor, st: &mut CompState, xn: &[f32], n: usize, rope: &Rop
             }
             entry[ch] = acc;
         }
-        rmsnorm_chunks(&mut entry, &c.norm, rms_eps);
+        rmsnorm_chunks(&mut entry, norm, c.rms_eps);
         let e = st.entries.len() / d;
         rope_tail(rope, &mut entry, e * r, false, &mut cos, &mut sin);
         st.entries.extend_from_slice(&entry);
@@ -102,7 +111,7 @@ pub fn feed(c: &Compressor, st: &mut CompState, xn: &[f32], n: usize, rope: &Rop
             let (mut pk, mut pg) = (vec![0.0f32; r * d], vec![0.0f32; r * d]);
             for j in 0..r {
                 let (kr, gr) = (&st.buf_kv[row(j)], &st.buf_gate[row(j)]);
-                let ape = &c.ape[j * width..(j + 1) * width];
+                let ape = &ape[j * width..(j + 1) * width];
                 for ch in 0..d {
                     pk[j * d + ch] = kr[ch];
                     pg[j * d + ch] = gr[ch] + ape[ch];
@@ -113,7 +122,6 @@ pub fn feed(c: &Compressor, st: &mut CompState, xn: &[f32], n: usize, rope: &Rop
     }
     st.buf_kv.drain(..windows * r * width);
     st.buf_gate.drain(..windows * r * width);
-    before
 }
 
 /// The entries query position `p` may see: e < (p + 1) / rate, of `total`.

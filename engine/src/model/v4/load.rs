@@ -128,6 +128,7 @@ fn layer(s: &TensorStore, c: &ModelConfig, l: usize) -> Result<V4Layer> {
         q_a: s.mat(&lname(s, l, "attn.wq_a.weight"), qr, h)?,
         q_a_norm: s.vector(&lname(s, l, "attn.q_norm.weight"), qr)?,
         q_b: s.mat(&lname(s, l, "attn.wq_b.weight"), nh * hd, qr)?,
+        ones: vec![1.0; hd],
         kv: s.mat(&lname(s, l, "attn.wkv.weight"), hd, h)?,
         kv_norm: s.vector(&lname(s, l, "attn.norm.weight"), hd)?,
         o_a: (0..g).map(|gi| o_a.row_block(gi * r, r)).collect::<Result<_>>()?,
@@ -181,12 +182,12 @@ fn model_resident(cfg: ModelConfig, s: &TensorStore) -> Result<Model> {
             (0..c.router.n_experts).map(|e| mlp(s, l, &format!("ffn.experts.{e}"), h, inter).map(Arc::new)).collect()
         })
         .collect::<Result<_>>()?;
-    let scale = s.vector(&top(s, &["model.hc_head.hc_scale", "hc_head_scale"]), 1)?;
     let w = V4Weights {
         layers,
         head_fn: s.mat(&top(s, &["model.hc_head.hc_fn", "hc_head_fn"]), nhc, nhc * h)?,
         head_base: s.vector(&top(s, &["model.hc_head.hc_base", "hc_head_base"]), nhc)?,
-        head_scale: scale[0],
+        head_scale: s.vector(&top(s, &["model.hc_head.hc_scale", "hc_head_scale"]), 1)?,
+        hc_ones: vec![1.0; nhc * h],
         main_rope: Rope::new(&v4.main_rope),
         compress_rope: Rope::new(&v4.compress_rope),
     };

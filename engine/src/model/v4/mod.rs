@@ -1,6 +1,6 @@
 //! DeepSeek-V4 (`deepseek_v4`; transformers 5.23's modeling_deepseek_v4.py, paper §2):
 //! the weights as the checkpoint names them, the per-conversation state, and the CPU
-//! forward pass ([`forward`]).
+//! CPU bodies of its graph operations (the pass itself is `graph::v4_forward`).
 //!
 //! What differs from DeepSeek-V3:
 //! - **mHC** ([`hc`]): the residual is `hc_mult` streams per position. Before each block a
@@ -27,20 +27,20 @@
 
 pub mod attn;
 pub mod compress;
-pub mod forward;
 pub mod hc;
 pub mod load;
+pub mod moe;
 
 use crate::experts::Expert;
 use crate::tensor::Mat;
 
 /// A compressor: `kv_proj` / `gate_proj` (width `2 * dim` with the CSA's overlapping
 /// windows, else `dim`), the position bias `ape` (rate, width) and the entries' RMSNorm.
-pub struct Compressor {
-    pub kv: Mat,
-    pub gate: Mat,
-    pub ape: Vec<f32>,
-    pub norm: Vec<f32>,
+pub struct Compressor<M = Mat, V = Vec<f32>> {
+    pub kv: M,
+    pub gate: M,
+    pub ape: V,
+    pub norm: V,
     pub dim: usize,
     pub rate: usize,
     pub overlap: bool,
@@ -48,39 +48,41 @@ pub struct Compressor {
 
 /// The CSA's lightning indexer: its own compressor at `index_head_dim`, its query
 /// projection from q_a's normalised output, and the per-head weights.
-pub struct Indexer {
-    pub comp: Compressor,
-    pub q_b: Mat,
-    pub weights: Mat,
+pub struct Indexer<M = Mat, V = Vec<f32>> {
+    pub comp: Compressor<M, V>,
+    pub q_b: M,
+    pub weights: M,
 }
 
-pub struct V4Attention {
-    pub q_a: Mat,
-    pub q_a_norm: Vec<f32>,
-    pub q_b: Mat,
-    pub kv: Mat,
-    pub kv_norm: Vec<f32>,
+pub struct V4Attention<M = Mat, V = Vec<f32>> {
+    pub q_a: M,
+    pub q_a_norm: V,
+    pub q_b: M,
+    /// head_dim ones: the per-head query norm has no weight.
+    pub ones: V,
+    pub kv: M,
+    pub kv_norm: V,
     /// Per group: (o_lora_rank, n_heads * head_dim / o_groups), `o_a_proj`'s row blocks.
-    pub o_a: Vec<Mat>,
-    pub o_b: Mat,
-    pub sinks: Vec<f32>,
-    pub comp: Option<Compressor>,
-    pub indexer: Option<Indexer>,
+    pub o_a: Vec<M>,
+    pub o_b: M,
+    pub sinks: V,
+    pub comp: Option<Compressor<M, V>>,
+    pub indexer: Option<Indexer<M, V>>,
 }
 
 /// One hyper-connection: `fn` ((2 + N) N, N hidden), `base` ((2 + N) N), `scale` (3).
-pub struct HyperConnection {
-    pub fn_: Mat,
-    pub base: Vec<f32>,
-    pub scale: Vec<f32>,
+pub struct HyperConnection<M = Mat, V = Vec<f32>> {
+    pub fn_: M,
+    pub base: V,
+    pub scale: V,
 }
 
-pub struct V4Layer {
-    pub attn_norm: Vec<f32>,
-    pub ffn_norm: Vec<f32>,
-    pub attn: V4Attention,
-    pub attn_hc: HyperConnection,
-    pub ffn_hc: HyperConnection,
+pub struct V4Layer<M = Mat, V = Vec<f32>> {
+    pub attn_norm: V,
+    pub ffn_norm: V,
+    pub attn: V4Attention<M, V>,
+    pub attn_hc: HyperConnection<M, V>,
+    pub ffn_hc: HyperConnection<M, V>,
     /// (n_experts, hidden)
     pub router: Mat,
     /// `e_score_correction_bias` (learned-router layers).
@@ -92,12 +94,14 @@ pub struct V4Layer {
 
 /// Everything of a V4 model beyond [`crate::model::Model`]'s embedding, final norm and
 /// head; the routed experts are the model's [`crate::experts::ExpertSource`].
-pub struct V4Weights {
-    pub layers: Vec<V4Layer>,
+pub struct V4Weights<M = Mat, V = Vec<f32>> {
+    pub layers: Vec<V4Layer<M, V>>,
     /// The hyper-head: `hc_fn` (N, N hidden), `hc_base` (N), `hc_scale` (1).
-    pub head_fn: Mat,
-    pub head_base: Vec<f32>,
-    pub head_scale: f32,
+    pub head_fn: M,
+    pub head_base: V,
+    pub head_scale: V,
+    /// N * hidden ones: the hyper-connections' input norm has no weight.
+    pub hc_ones: V,
     pub main_rope: crate::model::rope::Rope,
     pub compress_rope: crate::model::rope::Rope,
 }
@@ -141,4 +145,27 @@ impl V4State {
         };
         self.layers.iter().map(|l| l.window.len() + c(&l.comp) + c(&l.index)).sum()
     }
+}
+
+/// The sizes of a hyper-connection operation over n positions: N streams of `hidden`,
+/// Sinkhorn-Knopp's iterations and epsilon.
+#[derive(Clone, Copy, Debug)]
+pub struct HcShape {
+    pub n: usize,
+    pub n_hc: usize,
+    pub hidden: usize,
+    pub iters: usize,
+    pub eps: f32,
+}
+
+/// The indexer's choice for n queries: `heads` of `head_dim`, the top `topk` of the
+/// entries each may see (one per `rate` positions).
+#[derive(Clone, Copy, Debug)]
+pub struct SelectShape {
+    pub n: usize,
+    pub pos0: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    pub rate: usize,
 }
