@@ -117,3 +117,20 @@ fn a_restart_continues_bit_identically() {
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
     assert_eq!(back.v4, s.v4, "the state rebuilt from the ids is the one kept in memory");
 }
+
+/// Routed experts read from the files when used (a streamed checkpoint, a budget of three
+/// experts) give the bits of the checkpoint read whole.
+#[test]
+fn streamed_experts_give_the_same_bits() {
+    use colibri_engine::format::tensors::TensorStore;
+    use colibri_engine::model::config::ModelConfig;
+    let whole = Model::open_dir(&fixture()).unwrap();
+    let cfg = ModelConfig::from_json_bytes(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
+    let store = TensorStore::open_dir_unread(&fixture()).unwrap();
+    assert!(store.reader().is_some(), "every tensor left in the file");
+    let streamed = Model::from_store_with(cfg, &store, 3 * 3 * 16 * 48 * 2).unwrap();
+    let ids = ids(40);
+    let a = whole.forward(&mut whole.new_session(), &ids, Logits::All).unwrap();
+    let b = streamed.forward(&mut streamed.new_session(), &ids, Logits::All).unwrap();
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+}

@@ -343,7 +343,7 @@ impl Model {
     /// so its checkpoints are read whole.
     pub fn from_store_with(cfg: ModelConfig, s: &TensorStore, expert_budget: u64) -> Result<Self> {
         if cfg.v4.is_some() {
-            return v4::load::model(cfg, s);
+            return v4::load::model(cfg, s, expert_budget);
         }
         // A streamed checkpoint, or FP8 pairs (read into FP8 rows when used, format::fp8).
         #[cfg(not(target_arch = "wasm32"))]

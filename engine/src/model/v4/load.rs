@@ -158,30 +158,42 @@ fn layer(s: &TensorStore, c: &ModelConfig, l: usize) -> Result<V4Layer> {
     })
 }
 
-/// The model of a deepseek_v4 checkpoint, every tensor read into memory (the routed
-/// experts too: streaming them is not done for this family yet).
-pub fn model(cfg: ModelConfig, s: &TensorStore) -> Result<Model> {
+/// The model of a deepseek_v4 checkpoint. From a streamed checkpoint
+/// ([`TensorStore::open_dir_streamed`]) the dense weights are read now and the routed
+/// experts when used, `expert_budget` bytes of them kept ([`crate::experts::streamed`]);
+/// else every tensor is in memory already.
+pub fn model(cfg: ModelConfig, s: &TensorStore, expert_budget: u64) -> Result<Model> {
     #[cfg(not(target_arch = "wasm32"))]
-    if s.reader().is_some() {
-        let s = s.resident(|_| false)?;
-        return model_resident(cfg, &s);
+    if let Some(reader) = s.reader() {
+        let s = s.resident(crate::format::tensors::is_routed_expert_weight)?;
+        let experts = routed_experts(&cfg, &s)?;
+        let source = crate::experts::streamed::StreamedExperts::new(experts, reader, expert_budget);
+        return assemble(cfg, &s, Box::new(source));
     }
-    model_resident(cfg, s)
+    #[cfg(target_arch = "wasm32")]
+    let _ = expert_budget;
+    let experts = routed_experts(&cfg, s)?;
+    assemble(cfg, s, Box::new(ResidentExperts { layers: experts }))
 }
 
-fn model_resident(cfg: ModelConfig, s: &TensorStore) -> Result<Model> {
+/// Every layer's routed experts (`ffn.experts.{e}.w1/w3/w2`), as views of `s`'s tensors.
+fn routed_experts(c: &ModelConfig, s: &TensorStore) -> Result<Vec<Vec<Arc<Expert>>>> {
+    let (h, inter) = (c.hidden, c.expert_intermediate);
+    (0..c.n_layers)
+        .map(|l| {
+            (0..c.router.n_experts).map(|e| mlp(s, l, &format!("ffn.experts.{e}"), h, inter).map(Arc::new)).collect()
+        })
+        .collect()
+}
+
+fn assemble(cfg: ModelConfig, s: &TensorStore, experts: Box<dyn crate::experts::ExpertSource>) -> Result<Model> {
     let c = &cfg;
     let v4 = c.v4.as_deref().ok_or_else(|| Error::Invalid("not a deepseek_v4 config".into()))?;
-    let (h, nhc, inter) = (c.hidden, v4.hc_mult, c.expert_intermediate);
+    let (h, nhc) = (c.hidden, v4.hc_mult);
     let embed = s.mat(&top(s, &["model.embed_tokens.weight", "embed.weight"]), c.vocab, h)?;
     let lm_head = s.mat(&top(s, &["head.weight", "lm_head.weight"]), c.vocab, h)?;
     let final_norm = s.vector(&top(s, &["model.norm.weight", "norm.weight"]), h)?;
     let layers = (0..c.n_layers).map(|l| layer(s, c, l)).collect::<Result<Vec<_>>>()?;
-    let experts: Vec<Vec<Arc<Expert>>> = (0..c.n_layers)
-        .map(|l| {
-            (0..c.router.n_experts).map(|e| mlp(s, l, &format!("ffn.experts.{e}"), h, inter).map(Arc::new)).collect()
-        })
-        .collect::<Result<_>>()?;
     let w = V4Weights {
         layers,
         head_fn: s.mat(&top(s, &["model.hc_head.hc_fn", "hc_head_fn"]), nhc, nhc * h)?,
@@ -198,7 +210,7 @@ fn model_resident(cfg: ModelConfig, s: &TensorStore) -> Result<Model> {
         embed,
         lm_head,
         layers: Vec::new(),
-        experts: Box::new(ResidentExperts { layers: experts }),
+        experts,
         v4: Some(Box::new(w)),
         cfg,
     })
