@@ -15,7 +15,7 @@ pub enum Error {
     Safetensors { path: PathBuf, msg: String },
     #[error("config: {0}")]
     Config(String),
-    #[error("unsupported model_type {0:?} (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, kimi_k2, glm4_moe, gpt_oss, qwen3_next, qwen3_5_moe, qwen3_5_moe_text)")]
+    #[error("unsupported model_type {0:?} (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, kimi_k2, glm4_moe, gpt_oss, qwen3_next, qwen3_5_moe, qwen3_5_moe_text, deepseek_v4)")]
     UnknownModelType(String),
     #[error("tensor {name} is missing from the checkpoint")]
     MissingTensor { name: String },

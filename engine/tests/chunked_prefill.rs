@@ -29,6 +29,7 @@ const FAMILIES: &[&str] = &[
     "gpt_oss_mxfp4",
     "qwen3_next",
     "qwen3_next_f32",
+    "deepseek_v4",
 ];
 
 fn open(name: &str) -> Model {

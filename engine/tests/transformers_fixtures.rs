@@ -218,6 +218,13 @@ fn qwen3_5_moe_matches_transformers() {
 /// A block-scaled FP8 deepseek_v3 checkpoint read as it is (tools/fixtures_fp8.py): e4m3
 /// linear weights with `weight_scale_inv` in blocks of [16, 32] on dims that are not
 /// multiples of them, against transformers on exactly the dequantized weights.
+/// DeepSeek-V4: hyper-connection streams, sliding / CSA / HCA attention with sinks, the
+/// indexer's top-k, hash-routed and sqrtsoftplus-routed experts (tools/fixtures_v4.py).
+#[test]
+fn deepseek_v4_matches_transformers() {
+    check("deepseek_v4");
+}
+
 #[test]
 fn deepseek_v3_fp8_matches_transformers() {
     check("deepseek_v3_fp8");

@@ -43,6 +43,29 @@ pub fn text_tower_name(name: String) -> Option<String> {
     }
 }
 
+/// A tensor's dtype and shape as kept: the safetensors dtype, except deepseek_v4's integer
+/// `tid2eid` tables (I32 / I64), kept as their little-endian bytes (U8, the last dimension
+/// times the integer's width) for [`crate::model::v4`] to read; any other integer tensor
+/// is an error naming its dtype.
+fn dtype_and_shape(name: &str, dtype_name: &str, shape: &[usize]) -> Result<(DType, Vec<usize>)> {
+    if let Some(dtype) = DType::from_safetensors(dtype_name) {
+        return Ok((dtype, shape.to_vec()));
+    }
+    let width = match dtype_name {
+        "I32" => 4,
+        "I64" => 8,
+        _ => 0,
+    };
+    match (name.ends_with("tid2eid"), shape.split_last()) {
+        (true, Some((last, rest))) if width > 0 => {
+            let mut s = rest.to_vec();
+            s.push(last.checked_mul(width).ok_or_else(|| Error::Invalid(format!("tensor {name} too large")))?);
+            Ok((DType::U8, s))
+        }
+        _ => Err(Error::Dtype { name: name.to_string(), dtype: dtype_name.to_string() }),
+    }
+}
+
 /// One tensor of a checkpoint, still in its file's bytes.
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
@@ -214,8 +237,7 @@ impl TensorStore {
         let data_start = 8 + n;
         for (name, info) in meta.tensors() {
             let dtype_name = info.dtype.to_string();
-            let dtype = DType::from_safetensors(&dtype_name)
-                .ok_or_else(|| Error::Dtype { name: name.clone(), dtype: dtype_name.clone() })?;
+            let (dtype, shape) = dtype_and_shape(&name, &dtype_name, &info.shape)?;
             let (s, e) = info.data_offsets;
             let len =
                 e.checked_sub(s).ok_or_else(|| err(format!("tensor {name}: data_offsets end before they start")))?;
@@ -227,7 +249,7 @@ impl TensorStore {
                     "tensor {name} appears twice (in more than one shard, or with and without a language_model prefix)"
                 )));
             }
-            self.tensors.insert(name, TensorEntry { dtype, shape: info.shape.clone(), bytes: view });
+            self.tensors.insert(name, TensorEntry { dtype, shape, bytes: view });
         }
         Ok(())
     }
@@ -426,8 +448,7 @@ impl TensorStore {
         let mut end_max = 0u64;
         for (name, info) in meta.tensors() {
             let dtype_name = info.dtype.to_string();
-            let dtype = DType::from_safetensors(&dtype_name)
-                .ok_or_else(|| Error::Dtype { name: name.clone(), dtype: dtype_name.clone() })?;
+            let (dtype, shape) = dtype_and_shape(&name, &dtype_name, &info.shape)?;
             let (s, e) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
             let bits = info.shape.iter().try_fold(info.dtype.bitsize() as u64, |a, &d| a.checked_mul(d as u64));
             let want = bits.filter(|b| b % 8 == 0).map(|b| b / 8);
@@ -449,8 +470,7 @@ impl TensorStore {
             }
             let len = usize::try_from(e - s).map_err(|_| err(format!("tensor {name} too large")))?;
             let at = base + data_start + s;
-            self.tensors
-                .insert(name, TensorEntry { dtype, shape: info.shape.clone(), bytes: Bytes::elsewhere(at, len) });
+            self.tensors.insert(name, TensorEntry { dtype, shape, bytes: Bytes::elsewhere(at, len) });
         }
         if end_max != data_len {
             return Err(err(describe(SafeTensorError::MetadataIncompleteBuffer)));

@@ -25,7 +25,9 @@ use crate::model::attention::AttnOpts;
 use crate::model::config::{Activation, LinearAttnConfig, MlaConfig};
 use crate::model::dsa;
 use crate::model::graph::{AttendShape, Attn, Backend, FfnRef, IndexShape, MlpRef, Ops};
+use crate::model::graph::{CompShape, V4AttendShape};
 use crate::model::moe::{MoeBlock, Routing};
+use crate::model::v4::{HcShape, SelectShape, V4Weights};
 use crate::model::{Ffn, Logits, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
@@ -478,6 +480,96 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
         ops::gated_add(&mut self.rec, y, s, g, n, hidden)
     }
 
+    fn hc_weights(
+        &mut self,
+        _mix: &wgpu::Buffer,
+        _base: &wgpu::Buffer,
+        _scale: &wgpu::Buffer,
+        _s: HcShape,
+        _head: bool,
+        _pre: &mut wgpu::Buffer,
+        _post: &mut wgpu::Buffer,
+        _comb: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        Err(v4_not_here("hyper-connection weights"))
+    }
+
+    fn hc_collapse(
+        &mut self,
+        _pre: &wgpu::Buffer,
+        _x: &wgpu::Buffer,
+        _s: HcShape,
+        _out: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        Err(v4_not_here("hyper-connection collapse"))
+    }
+
+    fn hc_expand(
+        &mut self,
+        _x: &mut wgpu::Buffer,
+        _y: &wgpu::Buffer,
+        _post: &wgpu::Buffer,
+        _comb: &wgpu::Buffer,
+        _s: HcShape,
+    ) -> Result<()> {
+        Err(v4_not_here("hyper-connection expand"))
+    }
+
+    fn copy_rows(
+        &mut self,
+        _src: &wgpu::Buffer,
+        _src_at: usize,
+        _src_stride: usize,
+        _dst: &mut wgpu::Buffer,
+        _dst_at: usize,
+        _dst_stride: usize,
+        _rows: usize,
+        _width: usize,
+    ) -> Result<()> {
+        Err(v4_not_here("strided row copy"))
+    }
+
+    fn rope_tail(
+        &mut self,
+        _t: &mut wgpu::Buffer,
+        _n: usize,
+        _heads: usize,
+        _stride: usize,
+        _compress: bool,
+        _inverse: bool,
+    ) -> Result<()> {
+        Err(v4_not_here("interleaved tail RoPE"))
+    }
+
+    fn v4_compress(
+        &mut self,
+        _l: usize,
+        _index: bool,
+        _kv: &wgpu::Buffer,
+        _gate: &wgpu::Buffer,
+        _ape: &wgpu::Buffer,
+        _norm: &wgpu::Buffer,
+        _c: CompShape,
+    ) -> Result<()> {
+        Err(v4_not_here("KV compression"))
+    }
+
+    fn v4_select(&mut self, _l: usize, _iq: &wgpu::Buffer, _iw: &wgpu::Buffer, _s: SelectShape) -> Result<()> {
+        Err(v4_not_here("lightning indexer"))
+    }
+
+    fn v4_attend(
+        &mut self,
+        _l: usize,
+        _q: &wgpu::Buffer,
+        _kv: &wgpu::Buffer,
+        _sinks: &wgpu::Buffer,
+        _s: V4AttendShape,
+        _out: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        Err(v4_not_here("compressed attention"))
+    }
+
     async fn read(&mut self, t: wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
         self.rec.read(&t, 0, len as u64 * 4);
         let done = self.submit().await?;
@@ -485,7 +577,28 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
     }
 }
 
+/// The error of a DeepSeek-V4 operation on the GPU backend (the model is refused at
+/// upload already; this names the operation should a pass get here).
+fn v4_not_here(op: &str) -> Error {
+    Error::Gpu(format!("deepseek_v4's {op} is not on the GPU yet"))
+}
+
 impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
+    fn v4(&self) -> Option<&'a V4Weights<GpuMat, wgpu::Buffer>> {
+        None
+    }
+
+    async fn v4_moe(
+        &mut self,
+        _l: usize,
+        _xn: &wgpu::Buffer,
+        _n: usize,
+        _ids: &[u32],
+        _out: &mut wgpu::Buffer,
+    ) -> Result<()> {
+        Err(v4_not_here("MoE (hash routing, clamped SwiGLU)"))
+    }
+
     fn model(&self) -> &'a Model {
         self.gm.m()
     }

@@ -580,6 +580,9 @@ pub fn route(
         Scoring::Softmax => 0,
         Scoring::Sigmoid => 1,
         Scoring::SoftmaxOfTopk => 2,
+        Scoring::SqrtSoftplus => {
+            return Err(Error::Gpu("deepseek_v4's sqrtsoftplus router is not on the GPU yet".into()))
+        }
     };
     let params = [
         u32_of("n", n)?,

@@ -93,6 +93,12 @@ pub(super) struct DenseWeights {
 
 /// Uploads the dense weights of `m`, layer by layer.
 pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
+    if m.v4.is_some() {
+        return Err(Error::Gpu(
+            "deepseek_v4 is not on the GPU yet (hyper-connections, compressed attention and hash routing run on the CPU only)"
+                .into(),
+        ));
+    }
     let c = &m.cfg;
     let cx = up.ctx;
     let embed = up.mat("embed", &m.embed)?;

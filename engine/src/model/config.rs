@@ -11,10 +11,12 @@ use crate::model::rope::RopeConfig;
 use deepseek::{mla_config, sigmoid_router};
 
 mod deepseek;
+mod deepseek_v4;
 mod gpt_oss;
 mod qwen3_5_moe;
 mod qwen3_next;
 
+pub use deepseek_v4::{V4Attn, V4Config};
 pub use qwen3_next::LinearAttnConfig;
 
 /// Which model family a checkpoint belongs to (Hugging Face `model_type`).
@@ -44,6 +46,10 @@ pub enum Family {
     /// `qwen3_5_moe_text`): qwen3_next's hybrid stack with the DeltaNet input projections
     /// stored apart, every layer MoE and the top-k always renormalised ([`qwen3_5_moe`]).
     Qwen35Moe,
+    /// DeepSeek-V4: hyper-connection residual streams, sliding / compressed sparse /
+    /// heavily compressed attention per layer, hash-routed and sqrtsoftplus-routed MoE
+    /// ([`deepseek_v4`], [`crate::model::v4`]).
+    DeepseekV4,
 }
 
 impl Family {
@@ -62,6 +68,7 @@ impl Family {
             "gpt_oss" => Family::GptOss,
             "qwen3_next" => Family::Qwen3Next,
             "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen35Moe,
+            "deepseek_v4" => Family::DeepseekV4,
             other => return Err(Error::UnknownModelType(other.to_string())),
         })
     }
@@ -87,6 +94,8 @@ pub enum Scoring {
     /// The top-k are chosen on the logits themselves; their weights are the softmax over
     /// the k chosen logits only (gpt_oss).
     SoftmaxOfTopk,
+    /// sqrt(softplus(logit)) of each logit on its own (deepseek_v4).
+    SqrtSoftplus,
 }
 
 /// How router logits become the top-k experts and their mixing weights: the options of
@@ -250,6 +259,8 @@ pub struct ModelConfig {
     pub mtp_layers: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// DeepSeek-V4's own sizes (None for every other family).
+    pub v4: Option<Box<V4Config>>,
 }
 
 /// Upper bounds of the sizes a config.json may claim. Every size is checked against these
@@ -327,6 +338,9 @@ impl ModelConfig {
             .ok_or_else(|| Error::Config("missing \"model_type\"".into()))?
             .to_string();
         let family = Family::from_model_type(&model_type)?;
+        if family == Family::DeepseekV4 {
+            return deepseek_v4::model_config(v, model_type);
+        }
         let text;
         let v = match model_type.as_str() {
             "qwen3_5_moe" => {
@@ -452,7 +466,7 @@ impl ModelConfig {
         };
 
         let (qkv_bias, qk_norm, clip_qkv) = match family {
-            Family::Mixtral | Family::DeepseekV3 => (false, QkNorm::None, None),
+            Family::Mixtral | Family::DeepseekV3 | Family::DeepseekV4 => (false, QkNorm::None, None),
             Family::Glm4Moe => (
                 get_bool(v, "attention_bias").unwrap_or(false),
                 if get_bool(v, "use_qk_norm").unwrap_or(false) { QkNorm::PerHead } else { QkNorm::None },
@@ -478,6 +492,7 @@ impl ModelConfig {
             | Family::Qwen3Next
             | Family::Qwen35Moe
             | Family::DeepseekV3
+            | Family::DeepseekV4
             | Family::Glm4Moe => {
                 (need_usize(v, "moe_intermediate_size")?, get_usize(v, "intermediate_size").unwrap_or(0))
             }
@@ -597,6 +612,7 @@ impl ModelConfig {
             },
             bos_token_id: parse_token_ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: parse_token_ids(v.get("eos_token_id")),
+            v4: None,
         })
     }
 
@@ -675,8 +691,22 @@ impl ModelConfig {
         self.linear_attn.as_ref().map_or(self.n_layers, |la| la.layers.iter().filter(|l| !**l).count())
     }
 
-    /// Bytes the attention caches grow by per token (f32).
+    /// Bytes the attention caches grow by per token (f32). DeepSeek-V4's grow by their
+    /// compressed entries only (one of head_dim per `rate` positions, and the indexer's of
+    /// index_head_dim on CSA layers), rounded up; its window and carry are bounded.
     pub fn kv_cache_bytes_per_token(&self) -> usize {
+        if let Some(v4) = &self.v4 {
+            let bytes: usize = v4
+                .layers
+                .iter()
+                .map(|&k| match (k, v4.rate_of(k)) {
+                    (V4Attn::Csa, Some(r)) => 4 * (self.head_dim + v4.index_head_dim) / r,
+                    (_, Some(r)) => 4 * self.head_dim / r,
+                    _ => 0,
+                })
+                .sum();
+            return bytes.max(1);
+        }
         let linear = |l: usize| self.linear_attn.as_ref().is_some_and(|la| la.layers.get(l) == Some(&true));
         (0..self.n_layers).filter(|&l| !linear(l)).map(|l| self.cache_floats_at(l)).sum::<usize>() * 4
     }

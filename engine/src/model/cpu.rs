@@ -13,9 +13,11 @@ use crate::model::config::{LinearAttnConfig, MlaConfig};
 use crate::model::deltanet::{self, DeltaState};
 use crate::model::dsa::{self, IndexShape, Selection};
 use crate::model::graph::{Attn, Backend, FfnRef, MlpRef, Ops};
+use crate::model::graph::{CompShape, V4AttendShape};
 use crate::model::mla;
 use crate::model::moe::{MoeBlock, Routing};
 use crate::model::rope::{deinterleave, Rope};
+use crate::model::v4::{HcShape, SelectShape, V4State, V4Weights};
 use crate::model::{AttnWeights, Ffn, Layer, Model};
 use crate::tensor::Mat;
 
@@ -32,6 +34,8 @@ pub(crate) struct CpuOps<'a> {
     seqs: Vec<Seq<'a>>,
     /// The layer whose cache is `caches[0]` (the MTP layer's own cache follows the model's).
     first: usize,
+    /// DeepSeek-V4's state and ropes, for a V4 pass (one sequence).
+    v4: Option<v4::V4Ctx<'a>>,
 }
 
 /// One sequence of a pass: `n` rows at positions `pos0..`, its layers' caches.
@@ -72,7 +76,13 @@ impl<'a> CpuOps<'a> {
         caches: &'a mut [LayerCache],
     ) -> Self {
         let n = cos.len();
-        CpuOps { rope, cos, sin, seqs: vec![Seq::new(pos0, n, caches)], first: 0 }
+        CpuOps { rope, cos, sin, seqs: vec![Seq::new(pos0, n, caches)], first: 0, v4: None }
+    }
+
+    /// A DeepSeek-V4 pass over `state`, with its two ropes.
+    pub(crate) fn with_v4(mut self, state: &'a mut V4State, main: &'a Rope, compress: &'a Rope) -> Self {
+        self.v4 = Some(v4::V4Ctx { state, main, compress, chosen: None });
+        self
     }
 
     /// RoPE's tables for positions pos0..pos0 + n.
@@ -92,7 +102,7 @@ impl<'a> CpuOps<'a> {
                 sin.push(si);
             }
         }
-        CpuOps { rope, cos, sin, seqs, first: 0 }
+        CpuOps { rope, cos, sin, seqs, first: 0, v4: None }
     }
 
     /// `caches` are layers `first..` (the MTP layer's cache alone).
@@ -514,6 +524,99 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         })
     }
 
+    fn hc_weights(
+        &mut self,
+        mix: &Vec<f32>,
+        base: &Vec<f32>,
+        scale: &Vec<f32>,
+        s: HcShape,
+        head: bool,
+        pre: &mut Vec<f32>,
+        post: &mut Vec<f32>,
+        comb: &mut Vec<f32>,
+    ) -> Result<()> {
+        v4::hc_weights(mix, base, scale, s, head, pre, post, comb);
+        Ok(())
+    }
+
+    fn hc_collapse(&mut self, pre: &Vec<f32>, x: &Vec<f32>, s: HcShape, out: &mut Vec<f32>) -> Result<()> {
+        v4::hc_collapse(pre, x, s, out);
+        Ok(())
+    }
+
+    fn hc_expand(
+        &mut self,
+        x: &mut Vec<f32>,
+        y: &Vec<f32>,
+        post: &Vec<f32>,
+        comb: &Vec<f32>,
+        s: HcShape,
+    ) -> Result<()> {
+        crate::model::v4::hc::expand(x, y, post, comb, s.n, s.n_hc, s.hidden);
+        Ok(())
+    }
+
+    fn copy_rows(
+        &mut self,
+        src: &Vec<f32>,
+        src_at: usize,
+        src_stride: usize,
+        dst: &mut Vec<f32>,
+        dst_at: usize,
+        dst_stride: usize,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        for r in 0..rows {
+            let (s, d) = (src_at + r * src_stride, dst_at + r * dst_stride);
+            dst[d..d + width].copy_from_slice(&src[s..s + width]);
+        }
+        Ok(())
+    }
+
+    fn rope_tail(
+        &mut self,
+        t: &mut Vec<f32>,
+        n: usize,
+        heads: usize,
+        stride: usize,
+        compress: bool,
+        inverse: bool,
+    ) -> Result<()> {
+        self.with(|this| {
+            v4::rope(&mut this.v4, this.seqs.first().map_or(0, |s| s.pos0), t, n, heads, stride, compress, inverse)
+        })
+    }
+
+    fn v4_compress(
+        &mut self,
+        l: usize,
+        index: bool,
+        kv: &Vec<f32>,
+        gate: &Vec<f32>,
+        ape: &Vec<f32>,
+        norm: &Vec<f32>,
+        c: CompShape,
+    ) -> Result<()> {
+        self.with(|this| v4::compress(&mut this.v4, l, index, kv, gate, ape, norm, c))
+    }
+
+    fn v4_select(&mut self, l: usize, iq: &Vec<f32>, iw: &Vec<f32>, s: SelectShape) -> Result<()> {
+        self.with(|this| v4::choose(&mut this.v4, l, iq, iw, s))
+    }
+
+    fn v4_attend(
+        &mut self,
+        l: usize,
+        q: &Vec<f32>,
+        kv: &Vec<f32>,
+        sinks: &Vec<f32>,
+        s: V4AttendShape,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.with(|this| v4::attention(&mut this.v4, l, q, kv, sinks, s, out))
+    }
+
     async fn read(&mut self, mut t: Vec<f32>, len: usize) -> Result<Vec<f32>> {
         t.truncate(len);
         Ok(t)
@@ -618,6 +721,20 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
         let on_use = &mut *self.on_use;
         block.routed(l, self.model.experts.as_ref(), users, xn, n, out, Some(&mut |e, count| on_use(l, e, count)))
     }
+
+    fn v4(&self) -> Option<&'w V4Weights> {
+        self.model.v4.as_deref()
+    }
+
+    async fn v4_moe(&mut self, l: usize, xn: &Vec<f32>, n: usize, ids: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        let m = self.model;
+        let w = m.v4.as_deref().ok_or_else(|| crate::error::Error::Invalid("not a DeepSeek-V4 model".into()))?;
+        let layer = w.layers.get(l).ok_or_else(|| crate::error::Error::Invalid(format!("no layer {l}")))?;
+        (self.on_ffn_input)(l, xn);
+        let y = crate::model::v4::moe::moe(m, l, layer, xn, n, ids, &mut *self.on_use)?;
+        out[..n * m.cfg.hidden].copy_from_slice(&y);
+        Ok(())
+    }
 }
 
 impl<'w> CpuPass<'w, '_> {
@@ -629,6 +746,8 @@ impl<'w> CpuPass<'w, '_> {
         }
     }
 }
+
+mod v4;
 
 #[cfg(test)]
 mod deltanet_tests;

@@ -12,16 +12,22 @@
 //! operations. What stays per backend is where the routed experts come from and run
 //! ([`Backend::experts`]: streamed and cached on the CPU, pooled or hybrid on the GPU).
 
+mod v4;
+
 use crate::error::Result;
 pub(crate) use crate::model::attention::AttendShape;
 use crate::model::attention::{AttnOpts, GqaWeights};
 use crate::model::config::Activation;
-use crate::model::config::{DsaConfig, LinearAttnConfig, MlaConfig, QkNorm};
+use crate::model::config::{DsaConfig, LinearAttnConfig, MlaConfig, QkNorm, V4Attn};
 use crate::model::deltanet::{DeltaNetWeights, InProj};
 pub(crate) use crate::model::dsa::IndexShape;
 use crate::model::dsa::{IndexerWeights, INDEX_NORM_EPS};
 use crate::model::mla::{MlaWeights, QueryProj, LATENT_NORM_EPS};
 use crate::model::moe::{batch_union, Routing};
+pub(crate) use crate::model::v4::attn::AttendShape as V4AttendShape;
+pub(crate) use crate::model::v4::compress::CompShape;
+pub(crate) use crate::model::v4::{HcShape, SelectShape};
+use crate::model::v4::{HyperConnection, V4Attention, V4Weights};
 use crate::model::{Logits, Model};
 
 /// One layer's attention as the graph sees it: grouped-query attention composed from the
@@ -263,6 +269,79 @@ pub(crate) trait Ops<'w> {
     /// `y[p, :] += sigmoid(g[p]) * s[p, :]` for p < n, rows of `hidden` (the shared
     /// expert's gate).
     fn gated_add(&mut self, y: &mut Self::T, s: &Self::T, g: &Self::T, n: usize, hidden: usize) -> Result<()>;
+    /// DeepSeek-V4's hyper-connection weights of `s.n` positions from their mixes `mix`:
+    /// `pre` (n, N), `post` (n, N) and `comb` (n, N, N) (v4::hc::weights, mix (n, (2 + N) N));
+    /// with `head`, the hyper-head's `pre` only (v4::hc::head_pre, mix (n, N)).
+    #[allow(clippy::too_many_arguments)]
+    fn hc_weights(
+        &mut self,
+        mix: &Self::T,
+        base: &Self::V,
+        scale: &Self::V,
+        s: HcShape,
+        head: bool,
+        pre: &mut Self::T,
+        post: &mut Self::T,
+        comb: &mut Self::T,
+    ) -> Result<()>;
+    /// `out[i] = sum_j pre[i, j] x[i, j]` over the N streams of each position of `x`.
+    fn hc_collapse(&mut self, pre: &Self::T, x: &Self::T, s: HcShape, out: &mut Self::T) -> Result<()>;
+    /// The streams after a block: x[i, k] = post[i, k] y[i] + sum_j comb[i, j, k] x[i, j].
+    fn hc_expand(&mut self, x: &mut Self::T, y: &Self::T, post: &Self::T, comb: &Self::T, s: HcShape) -> Result<()>;
+    /// `rows` rows of `width` floats from `src` (at `src_at`, `src_stride` apart) into
+    /// `dst` (at `dst_at`, `dst_stride` apart).
+    #[allow(clippy::too_many_arguments)]
+    fn copy_rows(
+        &mut self,
+        src: &Self::T,
+        src_at: usize,
+        src_stride: usize,
+        dst: &mut Self::T,
+        dst_at: usize,
+        dst_stride: usize,
+        rows: usize,
+        width: usize,
+    ) -> Result<()>;
+    /// DeepSeek-V4's RoPE of the trailing rotary values of each of the pass's n positions'
+    /// `heads` rows of `stride` floats, as interleaved pairs, in place (v4::compress::rope_tail):
+    /// the compressed branches' rope or the main one; `inverse` rotates back.
+    fn rope_tail(
+        &mut self,
+        t: &mut Self::T,
+        n: usize,
+        heads: usize,
+        stride: usize,
+        compress: bool,
+        inverse: bool,
+    ) -> Result<()>;
+    /// Feeds a compressor of layer `l` (its indexer's with `index`) the projections `kv`
+    /// and `gate` of the pass's positions (v4::compress::feed).
+    #[allow(clippy::too_many_arguments)]
+    fn v4_compress(
+        &mut self,
+        l: usize,
+        index: bool,
+        kv: &Self::T,
+        gate: &Self::T,
+        ape: &Self::V,
+        norm: &Self::V,
+        c: CompShape,
+    ) -> Result<()>;
+    /// The lightning indexer's choice for the pass's queries `iq` (n, heads, head_dim),
+    /// with head weights `iw` (n, heads), among layer `l`'s indexer entries; kept for
+    /// [`Ops::v4_attend`].
+    fn v4_select(&mut self, l: usize, iq: &Self::T, iw: &Self::T, s: SelectShape) -> Result<()>;
+    /// DeepSeek-V4's attention of the pass's queries `q` over layer `l`'s window (the
+    /// pass's keys `kv` appended) and compressed entries (v4::attn::attend) into `out`.
+    fn v4_attend(
+        &mut self,
+        l: usize,
+        q: &Self::T,
+        kv: &Self::T,
+        sinks: &Self::V,
+        s: V4AttendShape,
+        out: &mut Self::T,
+    ) -> Result<()>;
     /// The first `len` floats of `t`, back in memory (the GPU waits for its work here).
     async fn read(&mut self, t: Self::T, len: usize) -> Result<Vec<f32>>;
 }
@@ -302,6 +381,10 @@ pub(crate) trait Backend<'w>: Ops<'w> {
         n: usize,
         out: &mut Self::T,
     ) -> Result<()>;
+    /// DeepSeek-V4's layers, for a V4 model on a backend that runs them.
+    fn v4(&self) -> Option<&'w V4Weights<Self::M, Self::V>>;
+    /// DeepSeek-V4's MoE of layer `l` (hash layers route by `ids`) of `xn` into `out`.
+    async fn v4_moe(&mut self, l: usize, xn: &Self::T, n: usize, ids: &[u32], out: &mut Self::T) -> Result<()>;
 }
 
 /// The forward pass of `ids` (the positions from [`Backend::pos0`] on): logits of `which`
@@ -312,6 +395,9 @@ pub(crate) async fn forward<'w, B: Backend<'w>>(
     which: Logits,
     hidden: bool,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
+    if let Some(w) = b.v4() {
+        return v4::v4_forward(b, w, ids, which, hidden).await;
+    }
     let c = &b.model().cfg;
     let (n, h) = (ids.len(), c.hidden);
     let x = layers(b, ids).await?;
@@ -335,6 +421,9 @@ pub(crate) async fn forward_rows<'w, B: Backend<'w>>(b: &mut B, ids: &[u32], row
     let (n, h, k) = (ids.len(), c.hidden, rows.len());
     if let Some(r) = rows.iter().find(|&&r| r >= n) {
         return Err(crate::error::Error::Invalid(format!("logits of row {r} of a pass of {n}")));
+    }
+    if b.v4().is_some() {
+        return Err(crate::error::Error::Invalid("deepseek_v4 does not run batched yet: one sequence per pass".into()));
     }
     let x = layers(b, ids).await?;
     let mut hn = b.alloc("hn", k * h)?;

@@ -98,6 +98,19 @@ fn bad(what: impl std::fmt::Display) -> Error {
 fn session_header(s: &Session, fingerprint: &str) -> Result<(KvHeader, usize)> {
     // After a cut that a recurrent state could not follow, the caches hold fewer ids.
     let n = s.cached_len();
+    if s.v4.is_some() {
+        // DeepSeek-V4's state (window, compressed entries, carry) is not written yet: the
+        // file holds the ids, and a session read back feeds them again (the same bits).
+        let layers = s.caches.len();
+        let h = KvHeader {
+            fingerprint: fingerprint.to_string(),
+            layers,
+            tokens: vec![],
+            widths: vec![(0, 0); layers],
+            states: vec![],
+        };
+        return Ok((h, n));
+    }
     let mut widths = Vec::with_capacity(s.caches.len());
     let mut states = Vec::with_capacity(s.caches.len());
     for (l, c) in s.caches.iter().enumerate() {
@@ -304,6 +317,8 @@ fn check_header(h: &KvHeader, n: usize, fingerprint: &str, cfg: &ModelConfig) ->
         return Err(bad(format!("{} recurrent states for {} layers", h.states.len(), h.layers)));
     }
     let want = |l: usize| match &cfg.linear_attn {
+        // DeepSeek-V4's files hold ids only (see session_header).
+        _ if cfg.v4.is_some() => (0, (0, 0)),
         Some(la) if la.layers.get(l) == Some(&true) => {
             (0, ((la.conv_kernel - 1) * la.conv_dim(), la.n_v_heads * la.k_head_dim * la.v_head_dim))
         }
@@ -404,7 +419,7 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
             return Err(bad(format!("{} bytes after the last layer of the record at byte {at}", floats.len())));
         }
     }
-    Ok(Session { caches, tokens })
+    Ok(Session { caches, tokens, v4: None })
 }
 
 /// `bytes` (a version 2 file, perhaps mangled) with its header's and every whole record's
@@ -468,7 +483,7 @@ fn decode_v1(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sessi
     if !floats.is_empty() {
         return Err(bad(format!("{} bytes after the last layer", floats.len())));
     }
-    Ok(Session { caches, tokens: h.tokens })
+    Ok(Session { caches, tokens: h.tokens, v4: None })
 }
 
 #[cfg(test)]
@@ -492,7 +507,7 @@ mod tests {
                 lc
             })
             .collect();
-        Session { caches, tokens: (0..n as u32).map(|i| i * 3 % c.vocab as u32).collect() }
+        Session { caches, tokens: (0..n as u32).map(|i| i * 3 % c.vocab as u32).collect(), v4: None }
     }
 
     /// A version 1 file, as colibri wrote them before version 2.
@@ -561,7 +576,7 @@ mod tests {
         other.n_layers += 1;
         assert!(decode(&bytes, "abc", &other).is_err());
         // An empty session is a valid (useless) file.
-        let empty = Session { caches: vec![LayerCache::default(); c.n_layers], tokens: vec![] };
+        let empty = Session { caches: vec![LayerCache::default(); c.n_layers], tokens: vec![], v4: None };
         assert!(decode(&encode(&empty, "abc").unwrap(), "abc", &c).unwrap().tokens.is_empty());
     }
 

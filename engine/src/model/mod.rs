@@ -23,6 +23,7 @@ pub mod moe;
 pub mod mtp;
 pub mod open;
 pub mod rope;
+pub mod v4;
 
 use std::sync::Arc;
 
@@ -76,6 +77,8 @@ pub struct Model {
     pub experts: Box<dyn ExpertSource>,
     /// The multi-token-prediction layer, where the checkpoint has one ([`mtp`]).
     pub mtp: Option<mtp::MtpHead>,
+    /// DeepSeek-V4's layers ([`v4`]; then `layers` is empty).
+    pub v4: Option<Box<v4::V4Weights>>,
 }
 
 /// KV cache and token history of one conversation.
@@ -86,6 +89,8 @@ pub struct Session {
     /// layer could not follow exactly, the last of them are not in the caches yet: the
     /// next forward pass feeds them again first ([`Session::cached_len`]).
     pub tokens: Vec<u32>,
+    /// DeepSeek-V4's per-layer state ([`v4::V4State`]), for a V4 model.
+    pub v4: Option<Box<v4::V4State>>,
 }
 
 impl Session {
@@ -104,6 +109,11 @@ impl Session {
     /// forward pass recomputes the tokens between, which gives the same bits.
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
+        // DeepSeek-V4's compressed state cannot go back: it restarts, and the next pass
+        // feeds the kept tokens again.
+        if let Some(v) = self.v4.as_deref_mut().filter(|v| v.pos > len) {
+            *v = v4::V4State::default();
+        }
         for c in &mut self.caches {
             c.truncate(len);
         }
@@ -118,13 +128,17 @@ impl Session {
     /// Tokens whose effect the caches hold: all of [`Session::tokens`] but after a
     /// truncation that a recurrent state could not follow exactly.
     pub fn cached_len(&self) -> usize {
+        if let Some(v) = &self.v4 {
+            return v.pos.min(self.tokens.len());
+        }
         self.caches.iter().filter(|c| c.recurrent.is_some()).map(LayerCache::len).fold(self.tokens.len(), usize::min)
     }
 
     /// Bytes held: every layer's cache (and recurrent state) and the ids.
     pub fn bytes(&self) -> usize {
         let state = |c: &LayerCache| c.recurrent.as_ref().map_or(0, |r| r.conv.len() + r.s.len());
-        4 * (self.tokens.len() + self.caches.iter().map(|c| c.k.len() + c.v.len() + state(c)).sum::<usize>())
+        let v4 = self.v4.as_ref().map_or(0, |v| v.floats());
+        4 * (self.tokens.len() + v4 + self.caches.iter().map(|c| c.k.len() + c.v.len() + state(c)).sum::<usize>())
     }
 }
 
@@ -329,6 +343,9 @@ impl Model {
     /// ([`crate::experts::streamed`]). gpt_oss's fused experts are reordered as they load,
     /// so its checkpoints are read whole.
     pub fn from_store_with(cfg: ModelConfig, s: &TensorStore, expert_budget: u64) -> Result<Self> {
+        if cfg.v4.is_some() {
+            return v4::load::model(cfg, s, expert_budget);
+        }
         // A streamed checkpoint, or FP8 pairs (read into FP8 rows when used, format::fp8).
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(reader) = s.reader() {
@@ -366,6 +383,11 @@ impl Model {
     /// their Hugging Face names) and a source of routed experts. A multi-token-prediction
     /// layer ([`mtp::MtpHead`]) is loaded where its tensors are present.
     pub fn from_parts(cfg: ModelConfig, s: &TensorStore, experts: Box<dyn ExpertSource>) -> Result<Self> {
+        if cfg.v4.is_some() {
+            return Err(crate::error::Error::Invalid(
+                "deepseek_v4 runs from its Hugging Face checkpoint only: converted (colibri) models of it are not supported yet".into(),
+            ));
+        }
         let c = &cfg;
         let h = c.hidden;
         let embed = s.mat("model.embed_tokens.weight", c.vocab, h)?;
@@ -379,6 +401,7 @@ impl Model {
             rope: Rope::new(&c.rope),
             final_norm: load_norm(c, s, "model.norm.weight", h)?,
             mtp: mtp::MtpHead::load(c, s)?,
+            v4: None,
             embed,
             lm_head,
             layers,
@@ -419,7 +442,11 @@ impl Model {
     }
 
     pub fn new_session(&self) -> Session {
-        Session { caches: vec![LayerCache::default(); self.cfg.n_layers], tokens: Vec::new() }
+        Session {
+            caches: vec![LayerCache::default(); self.cfg.n_layers],
+            tokens: Vec::new(),
+            v4: self.v4.as_ref().map(|_| Box::default()),
+        }
     }
 
     /// Feeds `ids` after what `session` already holds and returns logits,
@@ -484,6 +511,11 @@ impl Model {
         self.check_cpu()?;
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
+        if self.v4.is_some() && session.v4.is_none() {
+            // A V4 session without its state (read back from a cache file): the tokens
+            // are fed again.
+            session.v4 = Some(Box::default());
+        }
         let held = session.cached_len();
         if held < session.tokens.len() {
             // A recurrent state went back further than the session's tokens: feed the
@@ -508,6 +540,33 @@ impl Model {
         }
         let pos0 = session.tokens.len();
         c.check_input(ids, pos0)?;
+        if let Some(w) = &self.v4 {
+            // DeepSeek-V4: the graph's V4 pass over the session's V4 state.
+            let state = session.v4.get_or_insert_with(Default::default);
+            let mut pass = cpu::CpuPass {
+                ops: cpu::CpuOps::for_positions(&self.rope, pos0, n, &mut session.caches).with_v4(
+                    state,
+                    &w.main_rope,
+                    &w.compress_rope,
+                ),
+                model: self,
+                on_use,
+                on_ffn_input,
+            };
+            let out = graph::run_ready(graph::forward(&mut pass, ids, which, hidden)).and_then(|r| r);
+            drop(pass);
+            match &out {
+                Ok(_) => {
+                    session.tokens.extend_from_slice(ids);
+                    if let Some(v) = session.v4.as_deref_mut() {
+                        v.pos += n;
+                    }
+                }
+                // A pass that failed half way leaves no usable state.
+                Err(_) => session.v4 = Some(Box::default()),
+            }
+            return out;
+        }
         if session.caches.len() != c.n_layers {
             session.caches = vec![LayerCache::default(); c.n_layers];
         }

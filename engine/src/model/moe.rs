@@ -42,13 +42,36 @@ fn best(score: &[f32], mut candidates: Vec<usize>, k: usize) -> Vec<usize> {
 ///    (+1e-20 in the sigmoid router's denominator, as transformers), then multiplied by
 ///    `routed_scaling_factor`.
 pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routing {
-    let n = logits.len();
+    route_with(logits, cfg, bias, None)
+}
+
+/// torch's softplus (beta 1, threshold 20): x past 20, else log1p(exp(x)).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        libm::log1pf(libm::expf(x))
+    }
+}
+
+/// The per-expert scores of step 1 of [`route`].
+fn scores_of(logits: &[f32], scoring: Scoring) -> Vec<f32> {
     let mut scores = logits.to_vec();
-    match cfg.scoring {
+    match scoring {
         Scoring::Softmax => math::softmax(&mut scores),
         Scoring::Sigmoid => scores.iter_mut().for_each(|s| *s = math::sigmoid(*s)),
+        Scoring::SqrtSoftplus => scores.iter_mut().for_each(|s| *s = softplus(*s).sqrt()),
         Scoring::SoftmaxOfTopk => {}
     }
+    scores
+}
+
+/// [`route`], with the experts already chosen where `fixed` says which (deepseek_v4's
+/// `hash_moe` layers: `tid2eid[token id]`, in the table's order); the router's scores
+/// still weigh them (steps 1 and 4).
+pub fn route_with(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>, fixed: Option<&[usize]>) -> Routing {
+    let n = logits.len();
+    let scores = scores_of(logits, cfg.scoring);
     let biased: Vec<f32>;
     let choice = match bias {
         Some(b) => {
@@ -71,14 +94,17 @@ pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routin
     } else {
         (0..n).collect()
     };
-    let order = best(choice, candidates, cfg.top_k);
+    let order = match fixed {
+        Some(f) => f.iter().copied().filter(|&e| e < n).collect(),
+        None => best(choice, candidates, cfg.top_k),
+    };
     let mut weights: Vec<f32> = order.iter().map(|&e| scores[e]).collect();
     if cfg.scoring == Scoring::SoftmaxOfTopk {
         math::softmax(&mut weights);
     }
     if cfg.norm_topk_prob {
         let mut sum: f32 = weights.iter().sum();
-        if cfg.scoring == Scoring::Sigmoid {
+        if matches!(cfg.scoring, Scoring::Sigmoid | Scoring::SqrtSoftplus) {
             sum += 1e-20;
         }
         for w in &mut weights {

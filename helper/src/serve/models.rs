@@ -380,6 +380,7 @@ mod tests {
                 "deepseek_v3_fp8",
                 "deepseek_v3_mtp",
                 "deepseek_v3_noqlora",
+                "deepseek_v4",
                 "glm4_moe",
                 "glm4_moe_mtp",
                 "glm_moe_dsa",

@@ -1,0 +1,171 @@
+//! DeepSeek-V4 (`deepseek_v4`; transformers 5.23's modeling_deepseek_v4.py, paper §2):
+//! the weights as the checkpoint names them, the per-conversation state, and the CPU
+//! CPU bodies of its graph operations (the pass itself is `graph::v4_forward`).
+//!
+//! What differs from DeepSeek-V3:
+//! - **mHC** ([`hc`]): the residual is `hc_mult` streams per position. Before each block a
+//!   hyper-connection computes from the RMS-normalised streams (one vector of
+//!   `hc_mult * hidden`) the weights pre (sigmoid + eps), post (2 sigmoid) and comb
+//!   (softmax rows + eps, then Sinkhorn-Knopp: columns, then `hc_sinkhorn_iters - 1`
+//!   times rows and columns, each sum + eps); the block reads sum_j pre_j x_j and the
+//!   streams become x'_k = post_k out + sum_j comb_jk x_j. The hyper-head collapses the
+//!   streams once more (sigmoid pre) before the final norm.
+//! - **Attention** ([`attn`]): one shared key=value head (`kv_proj`, RMSNorm, RoPE on the
+//!   trailing `rope_dim` values as interleaved pairs), q-LoRA with a per-head unweighted
+//!   RMSNorm, a learned sink logit per head, the sliding window of `sliding_window`
+//!   positions, and on compressed layers the compressed entries ([`compress`]); the
+//!   output's rope tail is rotated back (at the query's position) and the heads go
+//!   through the grouped low-rank output projection (`o_groups` blocks of `o_lora_rank`,
+//!   then `o_b_proj`).
+//! - **MoE**: `hash_moe` layers take their experts from `tid2eid[token id]`, the others
+//!   the top-k of sqrtsoftplus + correction bias ([`crate::model::moe::route_with`]); the
+//!   routed and shared experts clamp gate (above) and up (both sides) at `swiglu_limit`.
+//!
+//! The state a conversation keeps per layer ([`V4State`]) is bounded by design: the last
+//! `sliding_window - 1` keys, the compressed entries (one per `rate` positions), the
+//! positions of an unfinished compression window and the CSA's overlap carry.
+
+pub mod attn;
+pub mod compress;
+pub mod hc;
+pub mod load;
+pub mod moe;
+
+use crate::experts::Expert;
+use crate::tensor::Mat;
+
+/// A compressor: `kv_proj` / `gate_proj` (width `2 * dim` with the CSA's overlapping
+/// windows, else `dim`), the position bias `ape` (rate, width) and the entries' RMSNorm.
+pub struct Compressor<M = Mat, V = Vec<f32>> {
+    pub kv: M,
+    pub gate: M,
+    pub ape: V,
+    pub norm: V,
+    pub dim: usize,
+    pub rate: usize,
+    pub overlap: bool,
+}
+
+/// The CSA's lightning indexer: its own compressor at `index_head_dim`, its query
+/// projection from q_a's normalised output, and the per-head weights.
+pub struct Indexer<M = Mat, V = Vec<f32>> {
+    pub comp: Compressor<M, V>,
+    pub q_b: M,
+    pub weights: M,
+}
+
+pub struct V4Attention<M = Mat, V = Vec<f32>> {
+    pub q_a: M,
+    pub q_a_norm: V,
+    pub q_b: M,
+    /// head_dim ones: the per-head query norm has no weight.
+    pub ones: V,
+    pub kv: M,
+    pub kv_norm: V,
+    /// Per group: (o_lora_rank, n_heads * head_dim / o_groups), `o_a_proj`'s row blocks.
+    pub o_a: Vec<M>,
+    pub o_b: M,
+    pub sinks: V,
+    pub comp: Option<Compressor<M, V>>,
+    pub indexer: Option<Indexer<M, V>>,
+}
+
+/// One hyper-connection: `fn` ((2 + N) N, N hidden), `base` ((2 + N) N), `scale` (3).
+pub struct HyperConnection<M = Mat, V = Vec<f32>> {
+    pub fn_: M,
+    pub base: V,
+    pub scale: V,
+}
+
+pub struct V4Layer<M = Mat, V = Vec<f32>> {
+    pub attn_norm: V,
+    pub ffn_norm: V,
+    pub attn: V4Attention<M, V>,
+    pub attn_hc: HyperConnection<M, V>,
+    pub ffn_hc: HyperConnection<M, V>,
+    /// (n_experts, hidden)
+    pub router: Mat,
+    /// `e_score_correction_bias` (learned-router layers).
+    pub correction_bias: Option<Vec<f32>>,
+    /// `hash_moe`: (vocab, top_k) expert ids.
+    pub tid2eid: Option<Vec<u32>>,
+    pub shared: Expert,
+}
+
+/// Everything of a V4 model beyond [`crate::model::Model`]'s embedding, final norm and
+/// head; the routed experts are the model's [`crate::experts::ExpertSource`].
+pub struct V4Weights<M = Mat, V = Vec<f32>> {
+    pub layers: Vec<V4Layer<M, V>>,
+    /// The hyper-head: `hc_fn` (N, N hidden), `hc_base` (N), `hc_scale` (1).
+    pub head_fn: M,
+    pub head_base: V,
+    pub head_scale: V,
+    /// N * hidden ones: the hyper-connections' input norm has no weight.
+    pub hc_ones: V,
+    pub main_rope: crate::model::rope::Rope,
+    pub compress_rope: crate::model::rope::Rope,
+}
+
+/// A compressor's running state: its entries so far (rows of `dim`, RoPE applied), the
+/// projections of the positions of the unfinished window (rows of the projection's width,
+/// the gate without its position bias), and with overlapping windows the previous window's
+/// first halves (kv, and gate with its bias), which the next entry mixes in.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompState {
+    pub entries: Vec<f32>,
+    pub buf_kv: Vec<f32>,
+    pub buf_gate: Vec<f32>,
+    pub overlap: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// One layer's state: the last `sliding_window - 1` keys (rows of head_dim; keys are the
+/// values), the compressor's and the indexer's.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct V4LayerState {
+    pub window: Vec<f32>,
+    pub comp: CompState,
+    pub index: CompState,
+}
+
+/// A conversation's state for every layer, after `pos` positions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct V4State {
+    pub pos: usize,
+    pub layers: Vec<V4LayerState>,
+}
+
+impl V4State {
+    /// Floats held.
+    pub fn floats(&self) -> usize {
+        let c = |s: &CompState| {
+            s.entries.len()
+                + s.buf_kv.len()
+                + s.buf_gate.len()
+                + s.overlap.as_ref().map_or(0, |(a, b)| a.len() + b.len())
+        };
+        self.layers.iter().map(|l| l.window.len() + c(&l.comp) + c(&l.index)).sum()
+    }
+}
+
+/// The sizes of a hyper-connection operation over n positions: N streams of `hidden`,
+/// Sinkhorn-Knopp's iterations and epsilon.
+#[derive(Clone, Copy, Debug)]
+pub struct HcShape {
+    pub n: usize,
+    pub n_hc: usize,
+    pub hidden: usize,
+    pub iters: usize,
+    pub eps: f32,
+}
+
+/// The indexer's choice for n queries: `heads` of `head_dim`, the top `topk` of the
+/// entries each may see (one per `rate` positions).
+#[derive(Clone, Copy, Debug)]
+pub struct SelectShape {
+    pub n: usize,
+    pub pos0: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    pub rate: usize,
+}

@@ -1,0 +1,136 @@
+//! DeepSeek-V4 (tests/fixtures/deepseek_v4) beyond the transformers comparison in
+//! transformers_fixtures.rs (logits, greedy tokens, decode == prefill bits, rollback):
+//! - the lightning indexer's top-k decides the later positions' logits;
+//! - the state a conversation keeps is bounded: past the window it grows by the
+//!   compressed entries only;
+//! - hash layers use the experts `tid2eid[token id]` names;
+//! - a conversation written to a cache file and read back continues with the same bits.
+
+use std::path::{Path, PathBuf};
+
+use colibri_engine::model::kv;
+use colibri_engine::{Logits, Model};
+use serde_json::Value;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4")
+}
+
+/// A copy of the fixture whose config.json `edit` changes.
+fn variant(tag: &str, edit: impl Fn(&mut serde_json::Map<String, Value>)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("colibri-v4-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(fixture()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let path = dir.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(cfg.as_object_mut().unwrap());
+    std::fs::write(&path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    dir
+}
+
+fn logits(dir: &Path, ids: &[u32]) -> Vec<f32> {
+    let model = Model::open_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    model.forward(&mut model.new_session(), ids, Logits::All).unwrap()
+}
+
+fn ids(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + 11) % 398).collect()
+}
+
+#[test]
+fn the_indexer_selection_decides() {
+    let ids = ids(48);
+    let sparse = logits(&fixture(), &ids);
+    let dense = logits(
+        &variant("dense", |c| {
+            c.insert("index_topk".into(), 64.into());
+        }),
+        &ids,
+    );
+    let vocab = sparse.len() / ids.len();
+    // Positions 0..=14 see at most 3 compressed entries (rate 4): the top 3 keep them all.
+    let early = 15 * vocab;
+    assert!(sparse[..early].iter().zip(&dense[..early]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let worst = sparse[early..].iter().zip(&dense[early..]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(worst > 0.05, "the indexer's choice changed nothing ({worst})");
+}
+
+#[test]
+fn the_state_is_bounded() {
+    let model = Model::open_dir(&fixture()).unwrap();
+    let all = ids(256);
+    let mut s = model.new_session();
+    model.forward(&mut s, &all[..128], Logits::Last).unwrap();
+    let at_128 = s.v4.as_ref().unwrap().floats();
+    for &id in &all[128..] {
+        model.forward(&mut s, &[id], Logits::Last).unwrap();
+    }
+    let st = s.v4.as_ref().unwrap();
+    // 128 more positions: 32 entries of head_dim 16 on each CSA layer (1 and 3) with the
+    // indexer's 32 of 12, and 16 entries of 16 on the HCA layer (2); nothing else grows.
+    assert_eq!(st.floats() - at_128, 32 * 16 * 2 + 32 * 12 * 2 + 16 * 16);
+    for l in &st.layers {
+        assert!(l.window.len() <= 5 * 16, "the window keeps sliding_window - 1 keys");
+        assert!(l.comp.buf_kv.len() < 8 * 32 && l.index.buf_kv.len() < 4 * 24);
+    }
+    // A full cache of 256 keys on 4 layers would hold 256 * 16 * 4 floats.
+    assert!(st.floats() < 256 * 16 * 4 / 2, "{}", st.floats());
+    assert_eq!(model.cfg.kv_cache_bytes_per_token(), 2 * 4 * (16 + 12) / 4 + 4 * 16 / 8);
+}
+
+#[test]
+fn hash_layers_use_the_tid2eid_experts() {
+    let model = Model::open_dir(&fixture()).unwrap();
+    let table = model.v4.as_ref().unwrap().layers[0].tid2eid.clone().expect("layer 0 is hash_moe");
+    assert!(model.v4.as_ref().unwrap().layers[2].tid2eid.is_none(), "layer 2 is a learned router");
+    let k = model.cfg.router.top_k;
+    for id in [5u32, 77, 300] {
+        let mut used = Vec::new();
+        model
+            .forward_with(&mut model.new_session(), &[id], Logits::Last, &mut |l, e, _| {
+                if l == 0 {
+                    used.push(e as u32)
+                }
+            })
+            .unwrap();
+        let mut want = table[id as usize * k..(id as usize + 1) * k].to_vec();
+        want.sort_unstable();
+        assert_eq!(used, want, "token {id}");
+    }
+}
+
+#[test]
+fn a_restart_continues_bit_identically() {
+    let model = Model::open_dir(&fixture()).unwrap();
+    let all = ids(40);
+    let mut s = model.new_session();
+    model.forward(&mut s, &all[..21], Logits::All).unwrap();
+    let bytes = kv::encode(&s, "fp").unwrap();
+    let mut back = kv::decode(&bytes, "fp", &model.cfg).unwrap();
+    assert_eq!(back.tokens, s.tokens);
+    let got = model.forward(&mut back, &all[21..], Logits::All).unwrap();
+    let want = model.forward(&mut s, &all[21..], Logits::All).unwrap();
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert_eq!(back.v4, s.v4, "the state rebuilt from the ids is the one kept in memory");
+}
+
+/// Routed experts read from the files when used (a streamed checkpoint, a budget of three
+/// experts) give the bits of the checkpoint read whole.
+#[test]
+fn streamed_experts_give_the_same_bits() {
+    use colibri_engine::format::tensors::TensorStore;
+    use colibri_engine::model::config::ModelConfig;
+    let whole = Model::open_dir(&fixture()).unwrap();
+    let cfg = ModelConfig::from_json_bytes(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
+    let store = TensorStore::open_dir_unread(&fixture()).unwrap();
+    assert!(store.reader().is_some(), "every tensor left in the file");
+    let streamed = Model::from_store_with(cfg, &store, 3 * 3 * 16 * 48 * 2).unwrap();
+    let ids = ids(40);
+    let a = whole.forward(&mut whole.new_session(), &ids, Logits::All).unwrap();
+    let b = streamed.forward(&mut streamed.new_session(), &ids, Logits::All).unwrap();
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
