@@ -56,9 +56,9 @@ export async function freePort() {
   });
 }
 
-/** Starts `coli serve` and resolves once /health answers. */
-export async function startHelper({ modelsDir, port, extra = [] }) {
-  const child = spawn(COLI, ["serve", "--port", String(port), "--models-dir", modelsDir, ...extra], { stdio: ["ignore", "pipe", "pipe"], env: ENV });
+/** Starts `coli serve` (with `env` added to its environment) and resolves once /health answers. */
+export async function startHelper({ modelsDir, port, extra = [], env = {} }) {
+  const child = spawn(COLI, ["serve", "--port", String(port), "--models-dir", modelsDir, ...extra], { stdio: ["ignore", "pipe", "pipe"], env: { ...ENV, ...env } });
   let log = "";
   child.stdout.on("data", (d) => (log += d));
   child.stderr.on("data", (d) => (log += d));
