@@ -5,46 +5,15 @@
 // with the pulled model. No browser.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import http from "node:http";
-import { createHash } from "node:crypto";
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
 import { Ollama } from "ollama";
-import { ROOT, freePort, startHelper } from "./harness.mjs";
+import { ROOT, freePort, startHelper, startHub } from "./harness.mjs";
 
 const DEMO = join(ROOT, "models/demo");
 // The demo model as a Hugging Face checkpoint (what tools/train_demo.py wrote before conversion).
 const DEMO_HF = join(ROOT, "models/demo-hf");
-
-/** A stand-in for the hub serving `dir` as repository `repo`: the file list, HEAD with the
- * LFS size and sha256, GET with Range. */
-async function startHub(repo, dir) {
-  const files = Object.fromEntries(readdirSync(dir).map((f) => [f, readFileSync(join(dir, f))]));
-  const server = http.createServer((req, res) => {
-    const path = decodeURIComponent(new URL(req.url, "http://x").pathname);
-    if (path === `/api/models/${repo}/revision/main`) {
-      res.writeHead(200, { "Content-Type": "application/json" });
-      return res.end(JSON.stringify({ id: repo, siblings: Object.keys(files).map((f) => ({ rfilename: f })) }));
-    }
-    const prefix = `/${repo}/resolve/main/`;
-    const body = path.startsWith(prefix) ? files[path.slice(prefix.length)] : undefined;
-    if (!body) return res.writeHead(404).end();
-    const sha = createHash("sha256").update(body).digest("hex");
-    if (req.method === "HEAD") {
-      return res.writeHead(200, { "Content-Length": body.length, "X-Linked-Size": body.length, "X-Linked-Etag": `"${sha}"` }).end();
-    }
-    const m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range || "");
-    if (!m) return res.writeHead(200, { "Content-Length": body.length }).end(body);
-    const start = Number(m[1]);
-    const end = m[2] ? Math.min(Number(m[2]), body.length - 1) : body.length - 1;
-    res.writeHead(206, { "Content-Length": end - start + 1, "Content-Range": `bytes ${start}-${end}/${body.length}` });
-    res.end(body.subarray(start, end + 1));
-  });
-  const port = await freePort();
-  await new Promise((ok) => server.listen(port, "127.0.0.1", ok));
-  return { url: `http://127.0.0.1:${port}`, stop: () => new Promise((ok) => server.close(ok)) };
-}
 
 async function openai(url, path, body) {
   const r = await fetch(`${url}${path}`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });

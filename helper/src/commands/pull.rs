@@ -37,8 +37,12 @@ use crate::paths::{is_valid_model_id, models_dir};
 #[derive(Args)]
 pub struct PullArgs {
     /// A Hugging Face model repository, OWNER/NAME, optionally @REVISION (branch, tag or
-    /// commit; default main).
-    pub repo: String,
+    /// commit; default main), or a name from `coli pull --list`.
+    #[arg(required_unless_present = "list")]
+    pub repo: Option<String>,
+    /// Print the catalog of known models (their short names work in place of OWNER/NAME).
+    #[arg(long)]
+    pub list: bool,
     /// Stored type of the attention, expert and dense-MLP weights (as `coli convert`);
     /// default int4 for safetensors, while a GGUF keeps its own types where it can.
     #[arg(long, value_enum)]
@@ -122,6 +126,10 @@ fn wanted(name: &str) -> bool {
 }
 
 pub fn pull(a: PullArgs) -> Result<()> {
+    if a.list {
+        super::catalog::print(models_dir().as_deref());
+        return Ok(());
+    }
     let models = models_dir().context("no models directory: set COLI_HOME or HOME")?;
     pull_to(&a, &models, Hub::from_env())
 }
@@ -130,13 +138,14 @@ pub fn pull(a: PullArgs) -> Result<()> {
 /// (the GGUF file `gguf` of a GGUF repository), each download's progress told to
 /// `progress`; the installed id.
 pub fn pull_for_api(repo: &str, gguf: Option<String>, models: &Path, progress: crate::hub::Progress) -> Result<String> {
-    let a = PullArgs { repo: repo.to_string(), quant: None, group_size: 32, force: false, gguf };
+    let a = PullArgs { repo: Some(repo.to_string()), list: false, quant: None, group_size: 32, force: false, gguf };
     pull_to(&a, models, Hub::from_env().with_progress(progress))?;
     Ok(parse_repo(repo)?.0.to_string())
 }
 
 fn pull_to(a: &PullArgs, models: &Path, hub: Hub) -> Result<()> {
-    let (repo, rev) = parse_repo(&a.repo)?;
+    let spec = super::catalog::resolve(a.repo.as_deref().unwrap_or_default());
+    let (repo, rev) = parse_repo(spec)?;
     let staging = models.join(PULLS_DIR).join(format!("{}@{}", repo.replace('/', "--"), rev.replace('/', "--")));
     let result = pull_into(a, &hub, repo, rev, models, &staging);
     if result.is_err() && staging.is_dir() {
@@ -144,7 +153,7 @@ fn pull_to(a: &PullArgs, models: &Path, hub: Hub) -> Result<()> {
             "note: the unfinished pull ({} on disk) is kept in {}: coli pull {} resumes it (coli list --partial lists such pulls, coli rm {repo} removes them)",
             human(allocated_size(&staging)),
             staging.display(),
-            a.repo
+            spec
         );
     }
     result
