@@ -409,11 +409,13 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     for m in &a.models {
         dirs.push(crate::paths::resolve_model(m, models_dir.as_deref())?);
     }
-    if a.models.is_empty() && crate::paths::builtin_demo().join("config.json").is_file() {
-        // A source checkout serves its built-in demo model unless one is installed.
-        let installed = models_dir.as_ref().is_some_and(|d| d.join("demo/config.json").is_file());
-        if !installed {
-            dirs.push(crate::paths::builtin_demo());
+    if a.models.is_empty() {
+        // The built-in demo model, installed into the models directory on first use (then
+        // listed from there), or served from where it could be written.
+        match crate::paths::builtin_demo(models_dir.as_deref()) {
+            Ok(d) if models_dir.as_ref().is_some_and(|m| d.parent() == Some(m.as_path())) => {}
+            Ok(d) => dirs.push(d),
+            Err(e) => tracing::warn!("the built-in demo model could not be installed: {e}"),
         }
     }
     let registry = Registry::new(&dirs, models_dir)?;
