@@ -95,7 +95,10 @@ fi
 # and no Rust toolchain on PATH (serve, page, demo answer). RELEASE_TEST=0 leaves it out.
 if [ "${RELEASE_TEST:-1}" != 0 ]; then
   echo "== release archive: tools/release.sh, then tools/test_release.sh"
-  ./tools/release.sh --skip-web --out "${CARGO_TARGET_DIR:-$PWD/target}/dist"
+  # Without the threaded engine build (COLIBRI_WEB_THREADS=0), an archive without it.
+  partial=()
+  if [ "${COLIBRI_WEB_THREADS:-1}" = 0 ]; then partial=(--allow-partial-web); export ALLOW_PARTIAL_WEB=1; fi
+  ./tools/release.sh --skip-web "${partial[@]}" --out "${CARGO_TARGET_DIR:-$PWD/target}/dist"
   ./tools/test_release.sh "${CARGO_TARGET_DIR:-$PWD/target}"/dist/colibri-*-linux-x86_64.tar.gz
 else
   echo "== release archive: left out (RELEASE_TEST=0)"
