@@ -4,7 +4,8 @@
 //! Files that do not exist yet are simply not embedded; the helper then says how to
 //! build them.
 //!
-//! Also names the commit `coli` is built from, for `coli --version` ([`commit`]).
+//! Also embeds the demo model (models/demo, [`demo`]) and names the commit `coli` is built
+//! from, for `coli --version` ([`commit`]).
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -103,4 +104,33 @@ fn main() {
     out.push_str("];\n");
     let dst = Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("web_assets.rs");
     std::fs::write(dst, out).expect("write web_assets.rs");
+    demo(Path::new(&manifest));
+}
+
+/// The demo model (models/demo: a converted colibri model of about 4 MB) embedded, so that
+/// `coli` can install it wherever it is copied (crate::paths::builtin_demo).
+fn demo(manifest: &Path) {
+    let dir = manifest.join("../models/demo");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect())
+        .unwrap_or_default();
+    files.retain(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| !n.starts_with('.') && !n.starts_with("usage.json"))
+    });
+    files.sort();
+    let mut out = String::from(
+        "/// The demo model's files (name, bytes), embedded at build time from models/demo.
+pub const DEMO_FILES: &[(&str, &[u8])] = &[
+",
+    );
+    for f in &files {
+        let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let abs = f.canonicalize().unwrap_or(f.clone());
+        println!("cargo:rerun-if-changed={}", abs.display());
+        let _ = writeln!(out, "    ({name:?}, include_bytes!({:?})),", abs.display().to_string());
+    }
+    out.push_str("];\n");
+    let dst = Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("demo_model.rs");
+    std::fs::write(dst, out).expect("write demo_model.rs");
 }

@@ -18,8 +18,11 @@
 #      cargo-fuzz on the pinned nightly, FUZZ_SECONDS per target, default 30; about 4
 #      min of build and 5 min of fuzzing (10 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
 #      so CI tries the same inputs each run; FUZZ_SECONDS=0 leaves it out);
+#   3a. the release archive: tools/release.sh (a release build of coli) and
+#      tools/test_release.sh (unpacked and run with an empty HOME; RELEASE_TEST=0 skips it);
 #   4. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
-#      real `coli serve`, driven by playwright-core.
+#      real `coli serve`, driven by playwright-core (and, without a browser, Ollama's
+#      JavaScript client and `coli run`).
 # Needs: rustup components rustfmt and clippy, target wasm32-unknown-unknown,
 # wasm-bindgen-cli (installed by build-web.sh if missing), cargo-fuzz and the pinned
 # nightly (installed by fuzz.sh if missing), mesa-vulkan-drivers, chromium, node +
@@ -84,6 +87,21 @@ if [ "$FUZZ_SECONDS" != 0 ]; then
   SECONDS_PER_TARGET=$FUZZ_SECONDS FUZZ_SEED=${FUZZ_SEED:-1} ./tools/fuzz.sh
 else
   echo "== fuzz: left out (FUZZ_SECONDS=0)"
+fi
+
+# The release archive (docs/release.md): tools/release.sh builds coli in the release profile
+# (once: KERNEL_GUARD's build shares it) around the web app step 1 built, and
+# tools/test_release.sh unpacks it into an empty directory and runs it with an empty HOME
+# and no Rust toolchain on PATH (serve, page, demo answer). RELEASE_TEST=0 leaves it out.
+if [ "${RELEASE_TEST:-1}" != 0 ]; then
+  echo "== release archive: tools/release.sh, then tools/test_release.sh"
+  # Without the threaded engine build (COLIBRI_WEB_THREADS=0), an archive without it.
+  partial=()
+  if [ "${COLIBRI_WEB_THREADS:-1}" = 0 ]; then partial=(--allow-partial-web); export ALLOW_PARTIAL_WEB=1; fi
+  ./tools/release.sh --skip-web "${partial[@]}" --out "${CARGO_TARGET_DIR:-$PWD/target}/dist"
+  ./tools/test_release.sh "${CARGO_TARGET_DIR:-$PWD/target}"/dist/colibri-*-linux-x86_64.tar.gz
+else
+  echo "== release archive: left out (RELEASE_TEST=0)"
 fi
 
 echo "== browser end-to-end tests"

@@ -50,7 +50,12 @@ pub struct RemoteFile {
     pub sha256: Option<String>,
 }
 
+/// Told of a download's progress: the file, its bytes on disk, its size.
+pub type Progress = std::sync::Arc<dyn Fn(&RemoteFile, u64) + Send + Sync>;
+
 pub struct Hub {
+    /// Besides the progress bar on stderr (`/api/pull` streams it to its client).
+    progress: Option<Progress>,
     endpoint: String,
     token: Option<String>,
     /// Follows redirects (downloads).
@@ -96,7 +101,13 @@ impl Hub {
         let endpoint = std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty());
         let endpoint = endpoint.unwrap_or_else(|| "https://huggingface.co".into()).trim_end_matches('/').to_string();
         let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
-        Hub { endpoint, token, agent: agent(MAX_REDIRECTS), no_redirect: agent(0) }
+        Hub { progress: None, endpoint, token, agent: agent(MAX_REDIRECTS), no_redirect: agent(0) }
+    }
+
+    /// Also tells `progress` how each download goes.
+    pub fn with_progress(mut self, progress: Progress) -> Hub {
+        self.progress = Some(progress);
+        self
     }
 
     pub fn endpoint(&self) -> &str {
@@ -273,6 +284,9 @@ impl Hub {
                 have = 0;
             }
             bar.set_position(have);
+            if let Some(p) = &self.progress {
+                p(f, have);
+            }
             if have == f.size {
                 bar.finish_and_clear();
                 return Ok(());
@@ -304,6 +318,9 @@ impl Hub {
                     file.write_all(&buf[..n]).map_err(local)?;
                     got += n as u64;
                     bar.inc(n as u64);
+                    if let Some(p) = &self.progress {
+                        p(f, bar.position());
+                    }
                 }
                 file.sync_data().map_err(local)?;
                 Ok(())

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
     bench, bench_kernels, bench_routing, bench_serve, chat, choose, convert, doctor, generate, info, list, logits,
-    plan, pull, service, synth,
+    plan, pull, run, service, synth,
 };
 
 /// `coli --version`: the package version and the commit it was built from (helper/build.rs).
@@ -57,6 +57,9 @@ enum Command {
     /// Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN), verify it and
     /// convert it shard by shard into the models directory.
     Pull(pull::PullArgs),
+    /// Chat with a model, pulling it first when it is not installed (after checking that
+    /// it can run here): an installed id, a directory, a hub repository or a catalog name.
+    Run(run::RunArgs),
     /// Delete an installed model.
     Rm(list::RmArgs),
     /// What running a model here would look like (an installed id, a directory or a hub
@@ -111,6 +114,7 @@ fn main() -> ExitCode {
         Command::Rm(a) => list::rm(a),
         Command::Plan(a) => plan::plan(a),
         Command::Pull(a) => pull::pull(a),
+        Command::Run(a) => run::run(a),
         Command::Serve(a) => commands::serve::serve(a, false),
         Command::Web(a) => commands::serve::serve(a, true),
         Command::Service(a) => service::run(a),

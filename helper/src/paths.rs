@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 fn home() -> Option<PathBuf> {
     std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from)
@@ -46,11 +46,94 @@ pub fn models_dir() -> Option<PathBuf> {
     data_dir().map(|d| d.join("models"))
 }
 
-/// The built-in demo model in a source checkout (models/demo, committed; trained by
-/// tools/train_demo.py): what `--model demo` finds on a fresh checkout when no `demo` is
-/// installed in the models directory.
-pub fn builtin_demo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo")
+include!(concat!(env!("OUT_DIR"), "/demo_model.rs"));
+
+/// Written into an installed demo: says the directory came from this binary (and may be
+/// replaced by a newer one), not from the user.
+const DEMO_MARKER: &str = ".builtin-demo";
+
+/// Whether `dir` holds the demo files of this binary, byte for byte where it matters
+/// (every file of the same length, the manifest and config equal).
+fn demo_is_current(dir: &Path) -> bool {
+    DEMO_FILES.iter().all(|(name, bytes)| {
+        let p = dir.join(name);
+        match *name {
+            "colibri.json" | "config.json" => std::fs::read(&p).is_ok_and(|b| b == *bytes),
+            _ => std::fs::metadata(&p).is_ok_and(|m| m.len() == bytes.len() as u64),
+        }
+    })
+}
+
+/// The built-in demo model (a small qwen3_moe trained by tools/train_demo.py, embedded in
+/// this binary by build.rs) as `demo` in `models`: installed there from the embedded bytes
+/// when missing, or replaced when an older `coli` installed another version. A `demo` the
+/// user put there (no marker) is left as it is. Written beside and renamed into place, so
+/// that two processes installing it at once both end with one whole copy.
+pub fn install_demo(models: &Path) -> std::io::Result<PathBuf> {
+    let dest = models.join("demo");
+    let ours = dest.join(DEMO_MARKER).is_file();
+    if dest.join("config.json").is_file() && (!ours || demo_is_current(&dest)) {
+        return Ok(dest);
+    }
+    std::fs::create_dir_all(models)?;
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = models.join(format!(".demo-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp)?;
+    let written = (|| {
+        for (name, bytes) in DEMO_FILES {
+            std::fs::write(tmp.join(name), bytes)?;
+        }
+        std::fs::write(tmp.join(DEMO_MARKER), "installed by coli from the demo model built into it\n")
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    // An older built-in demo (or a partial one) goes first; its usage counts with it.
+    if dest.exists() {
+        let old = models.join(format!(".demo-old-{}-{n}", std::process::id()));
+        if std::fs::rename(&dest, &old).is_ok() {
+            let _ = std::fs::remove_dir_all(&old);
+        }
+    }
+    match std::fs::rename(&tmp, &dest) {
+        Ok(()) => Ok(dest),
+        // Another process put its copy in place first.
+        Err(_) if demo_is_current(&dest) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(dest)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// The built-in demo model's directory: installed into `models` (default [`models_dir`]),
+/// or, where that cannot be written (no home directory, a read-only one), into a private
+/// directory under the system's temporary directory.
+pub fn builtin_demo(models: Option<&Path>) -> std::io::Result<PathBuf> {
+    let dir = models.map(Path::to_path_buf).or_else(models_dir);
+    if let Some(Ok(p)) = dir.as_deref().map(install_demo) {
+        return Ok(p);
+    }
+    let uid = {
+        #[cfg(unix)]
+        {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            unsafe { libc::getuid() }
+        }
+        #[cfg(not(unix))]
+        {
+            0
+        }
+    };
+    let tmp = std::env::temp_dir().join(format!("colibri-demo-{uid}"));
+    private_dir(&tmp)?;
+    install_demo(&tmp)
 }
 
 /// One part of a model id: a directory name of letters, digits, `.`, `_` and `-`, not
@@ -122,8 +205,8 @@ pub fn resolve_model(arg: &Path, models_dir: Option<&Path>) -> Result<PathBuf> {
             return Ok(p);
         }
     }
-    if id == "demo" && builtin_demo().join("config.json").is_file() {
-        return Ok(builtin_demo());
+    if id == "demo" {
+        return builtin_demo(dir.as_deref()).context("cannot install the built-in demo model");
     }
     match dir {
         Some(d) => bail!("{id}: no such model directory, and no installed model of that name in {}", d.display()),

@@ -162,23 +162,45 @@ fn every_command_takes_an_installed_id() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL  model id"));
 }
 
-/// `demo` with nothing installed is the checkout's built-in demo (models/demo) for every
-/// command, `info` and `doctor` included (they once refused the id the others took).
+/// `demo` is built into the binary: with nothing installed, the first command that names
+/// it installs it into COLI_HOME (the same files as models/demo), for every command,
+/// `info` and `doctor` included (they once refused the id the others took); `coli list`
+/// shows it before and after. A binary copied away from the checkout does the same.
 #[test]
 fn the_built_in_demo_id_works_everywhere() {
     let home = scratch("demo-id");
-    let demo = std::fs::canonicalize(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo")).unwrap();
+    let list = ok(coli(&home).arg("list").output().unwrap());
+    assert!(list.contains("demo: built into coli"), "{list}");
     let v: serde_json::Value =
         serde_json::from_str(&ok(coli(&home).args(["info", "demo", "--json"]).output().unwrap())).unwrap();
     let path = std::fs::canonicalize(v["path"].as_str().unwrap()).unwrap();
-    assert_eq!(path, demo, "{v}");
+    assert_eq!(path, std::fs::canonicalize(home.join("demo")).unwrap(), "{v}");
+    let checkout = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo");
+    for f in ["colibri.json", "config.json", "weights.bin", "tokenizer.json", "examples.json"] {
+        assert!(std::fs::read(checkout.join(f)).unwrap() == std::fs::read(home.join("demo").join(f)).unwrap(), "{f}");
+    }
     let doc = ok(coli(&home).args(["doctor", "demo"]).output().unwrap());
     assert!(doc.contains("ok    weights") && doc.contains("ok    tokenizer"), "{doc}");
-    let gen = ok(coli(&home)
+    let list = ok(coli(&home).args(["list", "--json"]).output().unwrap());
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!((v["models"][0]["id"].as_str(), v["built_in"].clone()), (Some("demo"), serde_json::json!([])), "{v}");
+
+    // A copy of the binary, an empty HOME, no COLI_HOME: installed under HOME, and it answers.
+    let away = scratch("demo-away");
+    let bin = away.join("coli");
+    std::fs::copy(env!("CARGO_BIN_EXE_coli"), &bin).unwrap();
+    let empty_home = away.join("home");
+    std::fs::create_dir_all(&empty_home).unwrap();
+    let gen = ok(Command::new(&bin)
+        .env_clear()
+        .env("HOME", &empty_home)
+        .env("PATH", "/usr/bin:/bin")
         .args(["generate", "--model", "demo", "--chat", "--prompt", "What is 7 plus 5?", "--temperature", "0"])
         .output()
         .unwrap());
     assert!(gen.contains("12"), "{gen}");
+    assert!(empty_home.join(".local/share/colibri/models/demo/weights.bin").is_file());
+    let _ = std::fs::remove_dir_all(&away);
 }
 
 fn get(port: u16, path: &str) -> (u16, String) {

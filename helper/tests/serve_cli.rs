@@ -264,7 +264,10 @@ fn doctor_checks_the_machine_and_takes_model_ids() {
         "{text}"
     );
     assert!(
-        line("models").starts_with("ok") && line("models").contains("1 installed") && line("models").contains("tiny"),
+        // `coli serve` installed the built-in demo beside it (on first use).
+        line("models").starts_with("ok")
+            && line("models").contains("2 installed")
+            && line("models").contains("demo, tiny"),
         "{text}"
     );
     assert!(line("disk").starts_with("ok") && line("disk").contains("free at"), "{text}");

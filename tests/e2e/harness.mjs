@@ -2,7 +2,9 @@ import assert from "node:assert/strict";
 // Shared plumbing for the browser tests: a real `coli serve` on a free loopback port,
 // a converted fixture model, and Debian's Chromium with WebGPU on SwiftShader.
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, cpSync, rmSync, mkdirSync, readFileSync } from "node:fs";
+import http from "node:http";
+import { createHash } from "node:crypto";
+import { mkdtempSync, cpSync, rmSync, mkdirSync, readFileSync, readdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -56,9 +58,9 @@ export async function freePort() {
   });
 }
 
-/** Starts `coli serve` and resolves once /health answers. */
-export async function startHelper({ modelsDir, port, extra = [] }) {
-  const child = spawn(COLI, ["serve", "--port", String(port), "--models-dir", modelsDir, ...extra], { stdio: ["ignore", "pipe", "pipe"], env: ENV });
+/** Starts `coli serve` (with `env` added to its environment) and resolves once /health answers. */
+export async function startHelper({ modelsDir, port, extra = [], env = {} }) {
+  const child = spawn(COLI, ["serve", "--port", String(port), "--models-dir", modelsDir, ...extra], { stdio: ["ignore", "pipe", "pipe"], env: { ...ENV, ...env } });
   let log = "";
   child.stdout.on("data", (d) => (log += d));
   child.stderr.on("data", (d) => (log += d));
@@ -175,4 +177,35 @@ export async function nativeReference({ model, prompt, n, quant = "int8", conver
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/** A stand-in for the Hugging Face hub serving `dir` as repository `repo`: the file list,
+ * HEAD with the LFS size and sha256, GET with Range; `requests` lists what it was asked. */
+export async function startHub(repo, dir) {
+  const files = Object.fromEntries(readdirSync(dir).map((f) => [f, readFileSync(join(dir, f))]));
+  const requests = [];
+  const server = http.createServer((req, res) => {
+    const path = decodeURIComponent(new URL(req.url, "http://x").pathname);
+    requests.push(`${req.method} ${path}`);
+    if (path === `/api/models/${repo}/revision/main`) {
+      res.writeHead(200, { "Content-Type": "application/json" });
+      return res.end(JSON.stringify({ id: repo, siblings: Object.keys(files).map((f) => ({ rfilename: f })) }));
+    }
+    const prefix = `/${repo}/resolve/main/`;
+    const body = path.startsWith(prefix) ? files[path.slice(prefix.length)] : undefined;
+    if (!body) return res.writeHead(404).end();
+    const sha = createHash("sha256").update(body).digest("hex");
+    if (req.method === "HEAD") {
+      return res.writeHead(200, { "Content-Length": body.length, "X-Linked-Size": body.length, "X-Linked-Etag": `"${sha}"` }).end();
+    }
+    const m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range || "");
+    if (!m) return res.writeHead(200, { "Content-Length": body.length }).end(body);
+    const start = Number(m[1]);
+    const end = m[2] ? Math.min(Number(m[2]), body.length - 1) : body.length - 1;
+    res.writeHead(206, { "Content-Length": end - start + 1, "Content-Range": `bytes ${start}-${end}/${body.length}` });
+    res.end(body.subarray(start, end + 1));
+  });
+  const port = await freePort();
+  await new Promise((ok) => server.listen(port, "127.0.0.1", ok));
+  return { url: `http://127.0.0.1:${port}`, requests, stop: () => new Promise((ok) => server.close(ok)) };
 }

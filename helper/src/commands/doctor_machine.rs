@@ -122,14 +122,13 @@ fn uptime(s: u64) -> String {
     }
 }
 
-/// Installed models (and the source checkout's built-in demo).
+/// Installed models (and the built-in demo, installed on first use).
 pub fn models(r: &mut Report, models_dir: Option<&Path>) {
     let installed = models_dir.map(crate::paths::installed_models).unwrap_or_default();
-    let demo = crate::paths::builtin_demo().join("config.json").is_file();
     let dir =
         models_dir.map_or("(no models directory: set COLI_HOME or HOME)".to_string(), |d| d.display().to_string());
     if installed.is_empty() {
-        let hint = if demo { "; the built-in demo model is there (`--model demo`)" } else { "" };
+        let hint = "; the built-in demo model is there (`--model demo`)";
         r.warn("models", format!("none installed in {dir}: `coli pull REPO` adds one{hint}"));
         return;
     }
@@ -137,7 +136,7 @@ pub fn models(r: &mut Report, models_dir: Option<&Path>) {
     let n = ids.len();
     ids.truncate(6);
     let more = if n > ids.len() { format!(", and {} more", n - ids.len()) } else { String::new() };
-    let demo = if demo && !installed.iter().any(|(id, _)| id == "demo") { "; and the built-in demo" } else { "" };
+    let demo = if !installed.iter().any(|(id, _)| id == "demo") { "; and the built-in demo" } else { "" };
     r.ok("models", format!("{n} installed in {dir}: {}{more}{demo}", ids.join(", ")));
 }
 

@@ -157,11 +157,25 @@ pub fn list(a: ListArgs) -> Result<()> {
         };
         rows.push(row);
     }
+    // The demo model built into coli, until its first use installs it here.
+    let demo_here = rows.iter().any(|r| r["id"] == "demo");
     if a.json {
         let partial: Vec<_> = partial.iter().map(partial_json).collect();
-        println!("{}", json!({"models_dir": dir.display().to_string(), "models": rows, "partial": partial}));
+        let builtin = if demo_here { json!([]) } else { json!(["demo"]) };
+        println!(
+            "{}",
+            json!({"models_dir": dir.display().to_string(), "models": rows, "partial": partial, "built_in": builtin})
+        );
         return Ok(());
     }
+    let builtin = || {
+        if !demo_here {
+            println!(
+                "demo: built into coli, installed into {} on first use (coli run demo)",
+                dir.join("demo").display()
+            );
+        }
+    };
     let note = || {
         if !partial.is_empty() {
             let bytes = partial.iter().map(|p| p.bytes).sum::<u64>();
@@ -170,6 +184,7 @@ pub fn list(a: ListArgs) -> Result<()> {
     };
     if rows.is_empty() {
         println!("no models installed in {} (coli pull OWNER/NAME installs one)", dir.display());
+        builtin();
         note();
         return Ok(());
     }
@@ -196,6 +211,7 @@ pub fn list(a: ListArgs) -> Result<()> {
             text(r, "path")
         );
     }
+    builtin();
     note();
     Ok(())
 }

@@ -458,6 +458,41 @@ pub fn limit_json(l: &colibri_engine::memlimit::MemoryLimit) -> serde_json::Valu
         "describe": l.describe(), "found": found})
 }
 
+/// What `coli run` checks before it pulls a model: the sizes `coli plan` computes, against
+/// the memory this process may take (no disk or kernel measurement).
+pub struct Fit {
+    /// Dense weights, always in memory.
+    pub resident: u64,
+    /// Routed experts, and of those the bytes the automatic --ram would cache.
+    pub streamed: u64,
+    pub cached: u64,
+    /// The memory this process may still take (None: unknown), and where that comes from.
+    pub available: Option<u64>,
+    pub limit: String,
+}
+
+impl Fit {
+    /// Whether the dense weights and one token's read buffers fit at all.
+    pub fn runs(&self) -> bool {
+        self.available.is_none_or(|av| self.resident < av)
+    }
+}
+
+/// [`Fit`] of `model` (a hub repository, a directory or an installed id).
+pub fn fit(model: &str, mem_limit: Option<u64>) -> Result<Fit> {
+    let s = sizes(model)?;
+    let limit = colibri_engine::memlimit::detect(mem_limit);
+    let buffers = reader_buffers(s.expert_bytes(), s.cfg.router.top_k, 4);
+    let (ram, _) = choose_ram(None, &limit, s.resident, s.streamed, buffers);
+    Ok(Fit {
+        resident: s.resident,
+        streamed: s.streamed,
+        cached: ram.unwrap_or(u64::MAX).min(s.streamed),
+        available: limit.available(),
+        limit: limit.describe(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

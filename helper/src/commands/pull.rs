@@ -37,8 +37,12 @@ use crate::paths::{is_valid_model_id, models_dir};
 #[derive(Args)]
 pub struct PullArgs {
     /// A Hugging Face model repository, OWNER/NAME, optionally @REVISION (branch, tag or
-    /// commit; default main).
-    pub repo: String,
+    /// commit; default main), or a name from `coli pull --list`.
+    #[arg(required_unless_present = "list")]
+    pub repo: Option<String>,
+    /// Print the catalog of known models (their short names work in place of OWNER/NAME).
+    #[arg(long)]
+    pub list: bool,
     /// Stored type of the attention, expert and dense-MLP weights (as `coli convert`);
     /// default int4 for safetensors, while a GGUF keeps its own types where it can.
     #[arg(long, value_enum)]
@@ -122,33 +126,50 @@ fn wanted(name: &str) -> bool {
 }
 
 pub fn pull(a: PullArgs) -> Result<()> {
-    let (repo, rev) = parse_repo(&a.repo)?;
+    if a.list {
+        super::catalog::print(models_dir().as_deref());
+        return Ok(());
+    }
     let models = models_dir().context("no models directory: set COLI_HOME or HOME")?;
+    pull_to(&a, &models, Hub::from_env())
+}
+
+/// `coli serve`'s `/api/pull`: `repo` (OWNER/NAME[@REV]) into `models` as `coli pull`
+/// (the GGUF file `gguf` of a GGUF repository), each download's progress told to
+/// `progress`; the installed id.
+pub fn pull_for_api(repo: &str, gguf: Option<String>, models: &Path, progress: crate::hub::Progress) -> Result<String> {
+    let a = PullArgs { repo: Some(repo.to_string()), list: false, quant: None, group_size: 32, force: false, gguf };
+    pull_to(&a, models, Hub::from_env().with_progress(progress))?;
+    Ok(parse_repo(repo)?.0.to_string())
+}
+
+fn pull_to(a: &PullArgs, models: &Path, hub: Hub) -> Result<()> {
+    let spec = super::catalog::resolve(a.repo.as_deref().unwrap_or_default());
+    let (repo, rev) = parse_repo(spec)?;
     let staging = models.join(PULLS_DIR).join(format!("{}@{}", repo.replace('/', "--"), rev.replace('/', "--")));
-    let result = pull_into(&a, repo, rev, &models, &staging);
+    let result = pull_into(a, &hub, repo, rev, models, &staging);
     if result.is_err() && staging.is_dir() {
         eprintln!(
             "note: the unfinished pull ({} on disk) is kept in {}: coli pull {} resumes it (coli list --partial lists such pulls, coli rm {repo} removes them)",
             human(allocated_size(&staging)),
             staging.display(),
-            a.repo
+            spec
         );
     }
     result
 }
 
-fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path) -> Result<()> {
+fn pull_into(a: &PullArgs, hub: &Hub, repo: &str, rev: &str, models: &Path, staging: &Path) -> Result<()> {
     let dest = models.join(repo);
     if dest.join("config.json").is_file() && !a.force {
         bail!("{repo} is already installed in {} (coli rm {repo} first, or pass --force)", dest.display());
     }
-    let hub = Hub::from_env();
     let listed = hub.list_files(repo, rev)?;
     let names: Vec<String> = listed.iter().map(|f| f.path.clone()).filter(|p| wanted(p)).collect();
     let has_safetensors = names.iter().any(|n| n.ends_with(".safetensors"));
     if a.gguf.is_some() || (!has_safetensors && listed.iter().any(|f| super::pull_gguf::is_gguf_name(&f.path))) {
         return super::pull_gguf::pull_gguf(
-            &hub,
+            hub,
             repo,
             rev,
             &listed,
@@ -202,7 +223,7 @@ fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path)
         let path = src.join(&f.path);
         let v = marker(&src, &f.path, "verified").exists();
         let c = marker(&src, &f.path, "converted").exists();
-        let header = shard_header(&hub, repo, rev, f, v.then_some(path.as_path()))?;
+        let header = shard_header(hub, repo, rev, f, v.then_some(path.as_path()))?;
         if !v {
             write_placeholder(&path, &header, f.size)?;
         }
@@ -253,7 +274,7 @@ fn pull_into(a: &PullArgs, repo: &str, rev: &str, models: &Path, staging: &Path)
                         // Converted: the shard's bytes are no longer needed.
                         let f = shards[j];
                         touch(&marker(&src, &f.path, "converted"))?;
-                        let header = shard_header(&hub, repo, rev, f, Some(&src.join(&f.path)))?;
+                        let header = shard_header(hub, repo, rev, f, Some(&src.join(&f.path)))?;
                         write_placeholder(&src.join(&f.path), &header, f.size)?;
                         let _ = std::fs::remove_file(marker(&src, &f.path, "verified"));
                         (verified[j], converted[j]) = (false, true);

@@ -27,12 +27,16 @@ pub fn serve(a: ServeArgs, open_browser: bool) -> Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
         let bound = bind(&a).await?;
+        // `/api/pull` pulls as `coli pull` does (the server may not import the commands).
+        let _ = bound.state.puller.set(std::sync::Arc::new(|repo, gguf, models, progress| {
+            crate::commands::pull::pull_for_api(repo, gguf, models, progress)
+        }));
         let url = url_of(bound.addr);
         let n = bound.state.registry.list().len();
         // Written without println!: a reader that closed the pipe after the first line
         // (`coli serve | head -1`, a supervisor) must not stop the server.
         say(&format!("colibri is listening on {url}"));
-        say(&format!("  {n} model(s); API: {url}/v1 (OpenAI), {url}/api/models; Ctrl-C stops"));
+        say(&format!("  {n} model(s); API: {url}/v1 (OpenAI), {url}/api (Ollama); Ctrl-C stops"));
         if open_browser {
             open_url(&url);
         }

@@ -114,6 +114,8 @@ pub struct Engines {
 /// One loaded model's numbers for `/metrics`.
 pub struct SlotMetrics {
     pub model: String,
+    /// Whether the model is loaded (`/api/ps`); a failed load leaves it unloaded.
+    pub loaded: bool,
     pub admitted: usize,
     pub running: usize,
     pub kv_conversations: usize,
@@ -182,6 +184,7 @@ impl Engines {
             .map(|(model, slot)| {
                 let (kv_conversations, kv_bytes) = slot.contexts.lock().map(|p| (p.len(), p.bytes())).unwrap_or((0, 0));
                 SlotMetrics {
+                    loaded: slot.loaded.get().is_some(),
                     model,
                     admitted: slot.admitted.load(std::sync::atomic::Ordering::Relaxed),
                     running: RUNNING_PER_MODEL.saturating_sub(slot.running.available_permits()),

@@ -19,6 +19,7 @@ mod generation;
 mod isolation;
 mod metrics;
 pub(crate) mod models;
+pub(crate) mod ollama;
 mod openai;
 mod page;
 mod range;
@@ -192,6 +193,8 @@ pub struct AppState {
     /// Set on shutdown; running generations stop at their next token.
     pub shutdown: Arc<AtomicBool>,
     started: Instant,
+    /// What `/api/pull` pulls with (`coli serve` sets it; without it, pulls are refused).
+    pub puller: std::sync::OnceLock<ollama::Puller>,
 }
 
 impl AppState {
@@ -214,6 +217,7 @@ impl AppState {
             prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS_AT_ONCE)),
             shutdown: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
+            puller: std::sync::OnceLock::new(),
         }
     }
 }
@@ -257,7 +261,8 @@ async fn log_and_limit(State(state): State<Arc<AppState>>, req: Request, next: N
     state.stats.requests.fetch_add(1, Ordering::Relaxed);
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let range = req.headers().contains_key(axum::http::header::RANGE);
-    let limit = if path.starts_with("/v1/") { state.limits.generation_timeout } else { state.limits.request_timeout };
+    let long = path.starts_with("/v1/") || ollama::generates(&path);
+    let limit = if long { state.limits.generation_timeout } else { state.limits.request_timeout };
     let start = Instant::now();
     let resp = match tokio::time::timeout(limit, next.run(req)).await {
         Ok(r) => r,
@@ -272,7 +277,7 @@ const DRAIN_LIMIT: u64 = 16 << 20;
 
 /// Largest body of a route: OpenAI requests, usage reports; nothing else takes one.
 fn body_limit(path: &str) -> usize {
-    if path.starts_with("/v1/") {
+    if path.starts_with("/v1/") || ollama::generates(path) {
         openai::MAX_BODY
     } else if path == "/api/usage" {
         usage::MAX_USAGE_BODY
@@ -362,6 +367,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/pkg/{*path}", get(page::pkg_asset))
         .route("/pkg-threads/{*path}", get(page::pkg_threads_asset))
         .nest("/v1", v1)
+        .merge(ollama::routes())
         .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), security::guard))
         .layer(middleware::from_fn(isolation::headers))
@@ -403,11 +409,13 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     for m in &a.models {
         dirs.push(crate::paths::resolve_model(m, models_dir.as_deref())?);
     }
-    if a.models.is_empty() && crate::paths::builtin_demo().join("config.json").is_file() {
-        // A source checkout serves its built-in demo model unless one is installed.
-        let installed = models_dir.as_ref().is_some_and(|d| d.join("demo/config.json").is_file());
-        if !installed {
-            dirs.push(crate::paths::builtin_demo());
+    if a.models.is_empty() {
+        // The built-in demo model, installed into the models directory on first use (then
+        // listed from there), or served from where it could be written.
+        match crate::paths::builtin_demo(models_dir.as_deref()) {
+            Ok(d) if models_dir.as_ref().is_some_and(|m| d.parent() == Some(m.as_path())) => {}
+            Ok(d) => dirs.push(d),
+            Err(e) => tracing::warn!("the built-in demo model could not be installed: {e}"),
         }
     }
     let registry = Registry::new(&dirs, models_dir)?;

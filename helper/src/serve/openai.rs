@@ -40,7 +40,7 @@ use super::generation::{self as engine, EngineError, Event, Job, Speculation};
 use super::structured::{self, Tools};
 use super::AppState;
 
-mod stream;
+pub(super) mod stream;
 use stream::stream_response;
 
 /// Completion tokens when the request names no limit (and the context allows it).
@@ -84,6 +84,9 @@ struct Params {
     grammar: Option<String>,
     /// colibri's extension: speculative decoding for this request (see [`Speculation::for_request`]).
     speculate: Option<Value>,
+    /// Ollama's `num_ctx` (also taken here): the context window in tokens, at most the
+    /// model's; the prompt and the answer must fit in it.
+    num_ctx: Option<usize>,
     #[serde(flatten)]
     sampling: super::sampling::SamplingParams,
 }
@@ -147,24 +150,24 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// Everything decided before a generation starts.
-struct Prepared {
-    id: String,
-    model: String,
+pub(super) struct Prepared {
+    pub(super) id: String,
+    pub(super) model: String,
     created: u64,
     stream: bool,
     include_usage: bool,
-    rx: mpsc::Receiver<Event>,
+    pub(super) rx: mpsc::Receiver<Event>,
     loaded: Arc<crate::load::Loaded>,
     /// Whether the response carries logprobs.
     logprobs: bool,
     /// Completions with echo: the prompt's ids and text, returned before the completion.
     echo: Option<(Vec<u32>, String)>,
     /// Chat: how many of the oldest messages were left out to fit the context.
-    dropped_messages: usize,
+    pub(super) dropped_messages: usize,
     /// Function calling: an output that is a call is returned as `tool_calls`.
-    tools: bool,
+    pub(super) tools: bool,
     /// The parameter the output's grammar came from (tools, response_format, grammar).
-    grammar_param: Option<&'static str>,
+    pub(super) grammar_param: Option<&'static str>,
 }
 
 /// What an endpoint asks of [`prepare`] beyond the common parameters.
@@ -315,6 +318,10 @@ async fn prepare(
         return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens")));
     }
 
+    let num_ctx = p.num_ctx;
+    if num_ctx == Some(0) {
+        return Err(ApiError::invalid("num_ctx must be at least 1", Some("num_ctx")));
+    }
     let (model, slot, loaded) = load_model(state, p.model).await?;
     // The request, then the model's generation_config.json, then OpenAI's defaults.
     let sampler = loaded.sampling.resolve(&request, &SamplerConfig { temperature: 1.0, ..SamplerConfig::default() });
@@ -347,9 +354,10 @@ async fn prepare(
             Some("prompt"),
         ));
     }
-    let Some(room) = context_room(prompt.len(), cfg.max_positions) else {
+    let ctx = num_ctx.map_or(cfg.max_positions, |n| n.min(cfg.max_positions));
+    let Some(room) = context_room(prompt.len(), ctx) else {
         return Err(ApiError::invalid(
-            format!("the prompt has {} tokens; this model's context is {} tokens", prompt.len(), cfg.max_positions),
+            format!("the prompt has {} tokens; the context is {ctx} tokens", prompt.len()),
             Some("messages"),
         )
         .with_code("context_length_exceeded"));
@@ -559,17 +567,27 @@ async fn respond(kind: Kind, p: Prepared) -> Response {
 }
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let req: ChatRequest = match parse(body) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
+    let prepared = match parse(body) {
+        Ok(req) => prepare_chat(&state, req).await,
+        Err(e) => Err(e),
     };
-    let tools = match structured::tools(req.tools.as_ref(), req.tool_choice.as_ref()) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
+    match prepared {
+        Ok(p) => respond(Kind::Chat, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A chat request in OpenAI's shape (the Ollama endpoints translate theirs into it),
+/// checked and queued: the chat endpoint's whole mapping from request to generation.
+pub(super) async fn prepare_chat_json(state: &Arc<AppState>, req: Value) -> Result<Prepared, ApiError> {
+    prepare_chat(state, serde_json::from_value(req).map_err(ApiError::json_body)?).await
+}
+
+async fn prepare_chat(state: &Arc<AppState>, req: ChatRequest) -> Result<Prepared, ApiError> {
+    let tools = structured::tools(req.tools.as_ref(), req.tool_choice.as_ref())?;
     let messages = match req.messages {
         Some(m) if !m.is_empty() => m,
-        _ => return ApiError::invalid("messages must be a non-empty list", Some("messages")).into_response(),
+        _ => return Err(ApiError::invalid("messages must be a non-empty list", Some("messages"))),
     };
     let mut turns = Vec::with_capacity(messages.len());
     for m in messages {
@@ -579,29 +597,25 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
             Some(Content::Parts(parts)) => {
                 if let Some(p) = parts.iter().find(|p| p.kind != "text") {
                     let why = format!("content parts of type {:?} are not supported: only text (colibri runs the language model alone, image inputs are refused, also for image-text models such as Qwen3.5)", p.kind);
-                    return ApiError::invalid(why, Some("messages")).into_response();
+                    return Err(ApiError::invalid(why, Some("messages")));
                 }
                 parts.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("")
             }
         };
         turns.push(ChatMessage { role: m.role, content });
     }
-    let logprobs = match chat_logprobs(&req.params) {
-        Ok(n) => n,
-        Err(e) => return e.into_response(),
-    };
+    let logprobs = chat_logprobs(&req.params)?;
     let truncate = match req.truncation.as_deref() {
         None | Some("auto") => true,
         Some("disabled") => false,
-        Some(_) => {
-            return ApiError::invalid("truncation must be \"auto\" or \"disabled\"", Some("truncation")).into_response()
-        }
+        Some(_) => return Err(ApiError::invalid("truncation must be \"auto\" or \"disabled\"", Some("truncation"))),
     };
     let max_tokens =
         req.params.max_completion_tokens.or(req.params.max_tokens).map(|t| t.min(usize::MAX as u64) as usize);
+    let num_ctx = req.params.num_ctx;
     let for_prompt = tools.clone();
     let extras = Extras { logprobs, tools, ..Extras::default() };
-    let prepared = prepare(&state, req.params, "chatcmpl", extras, move |l| {
+    prepare(state, req.params, "chatcmpl", extras, move |l| {
         let tok =
             l.tokenizer.as_ref().ok_or_else(|| ApiError::invalid("this model has no tokenizer", Some("model")))?;
         if !tok.has_chat_template() {
@@ -617,7 +631,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
             return Ok((render(&turns).map_err(invalid)?, 0));
         }
         // The one trimming rule of every surface (colibri_engine::tokenizer::fit_chat).
-        let ctx = l.model.cfg.max_positions;
+        let ctx = num_ctx.map_or(l.model.cfg.max_positions, |n| n.min(l.model.cfg.max_positions));
         match fit_rendered(&turns, ctx, answer_reserve(max_tokens, ctx), &render) {
             Ok(f) => Ok((f.ids, f.dropped)),
             Err(e @ colibri_engine::Error::ContextOverflow { .. }) => {
@@ -626,11 +640,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
             Err(e) => Err(invalid(e)),
         }
     })
-    .await;
-    match prepared {
-        Ok(p) => respond(Kind::Chat, p).await,
-        Err(e) => e.into_response(),
-    }
+    .await
 }
 
 /// A completions prompt: text, one text in a list, token ids, or one list of ids.
@@ -659,23 +669,29 @@ fn prompt_ids(v: Option<Value>, l: &crate::load::Loaded) -> Result<Vec<u32>, Api
 }
 
 pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let req: CompletionRequest = match parse(body) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
+    let prepared = match parse(body) {
+        Ok(req) => prepare_completion(&state, req).await,
+        Err(e) => Err(e),
     };
-    if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
-        return ApiError::invalid("suffix is not supported", Some("suffix")).into_response();
-    }
-    let logprobs = match completion_logprobs_param(&req.params) {
-        Ok(n) => n,
-        Err(e) => return e.into_response(),
-    };
-    let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true), tools: None };
-    let prompt = req.prompt;
-    match prepare(&state, req.params, "cmpl", extras, move |l| Ok((prompt_ids(prompt, l)?, 0))).await {
+    match prepared {
         Ok(p) => respond(Kind::Text, p).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// A completions request in OpenAI's shape, checked and queued (as [`prepare_chat_json`]).
+pub(super) async fn prepare_completion_json(state: &Arc<AppState>, req: Value) -> Result<Prepared, ApiError> {
+    prepare_completion(state, serde_json::from_value(req).map_err(ApiError::json_body)?).await
+}
+
+async fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest) -> Result<Prepared, ApiError> {
+    if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
+        return Err(ApiError::invalid("suffix is not supported", Some("suffix")));
+    }
+    let logprobs = completion_logprobs_param(&req.params)?;
+    let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true), tools: None };
+    let prompt = req.prompt;
+    prepare(state, req.params, "cmpl", extras, move |l| Ok((prompt_ids(prompt, l)?, 0))).await
 }
 
 /// The models; one that cannot be loaded carries `"colibri": {"error": ...}`.

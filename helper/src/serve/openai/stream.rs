@@ -104,7 +104,7 @@ pub(super) fn stream_response(kind: Kind, mut p: Prepared) -> Response {
 
 /// A body fed by an async producer through a small channel; the producer's sends fail
 /// (and it stops) once the body is dropped.
-fn async_stream_of<F, Fut>(produce: F) -> Body
+pub(in crate::serve) fn async_stream_of<F, Fut>(produce: F) -> Body
 where
     F: FnOnce(Sink) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Option<()>> + Send + 'static,
@@ -122,15 +122,15 @@ where
 }
 
 /// The producer side of [`async_stream_of`]; `send` is None once the client is gone.
-struct Sink(mpsc::Sender<Bytes>);
+pub(in crate::serve) struct Sink(mpsc::Sender<Bytes>);
 
 impl Sink {
-    async fn send(&self, b: Bytes) -> Option<()> {
+    pub(in crate::serve) async fn send(&self, b: Bytes) -> Option<()> {
         self.0.send(b).await.ok()
     }
 
     /// Whether the client is gone (the body dropped).
-    fn gone(&self) -> bool {
+    pub(in crate::serve) fn gone(&self) -> bool {
         self.0.is_closed()
     }
 
@@ -143,7 +143,7 @@ impl Sink {
     /// The next event of `rx`, or None as soon as the client is gone (the body dropped),
     /// even while no event comes: dropping `rx` then takes a generation that still waits
     /// for the model out of the queue, and stops a running one at its next token.
-    async fn next<T>(&self, rx: &mut mpsc::Receiver<T>) -> Option<T> {
+    pub(in crate::serve) async fn next<T>(&self, rx: &mut mpsc::Receiver<T>) -> Option<T> {
         tokio::select! {
             ev = rx.recv() => ev,
             _ = self.0.closed() => None,

@@ -9,6 +9,7 @@ mod hostile;
 mod kv;
 mod logprobs;
 mod mtp;
+mod ollama;
 mod ranges;
 mod sampling;
 mod security;
