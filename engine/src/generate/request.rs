@@ -137,7 +137,7 @@ impl TurnRequest {
                     .into(),
             });
         }
-        let stop = self.stop_list()?;
+        let stop = stop_list(self.stop.as_ref())?;
         self.refuse_unsupported()?;
         let mut sampling = SamplingRequest {
             temperature: number(&self.temperature, "temperature")?,
@@ -172,15 +172,20 @@ impl TurnRequest {
             None => false,
             Some(b) => b.as_bool().ok_or_else(|| Error::param("ignore_eos", "ignore_eos must be a boolean"))?,
         };
-        let max_tokens = match whole(&self.max_completion_tokens, "max_completion_tokens")? {
-            Some(n) => Some(n),
-            None => whole(&self.max_tokens, "max_tokens")?,
-        };
+        let max_tokens = self.max_tokens()?;
         // max_tokens 0 with echo scores the prompt alone.
         if max_tokens == Some(0) && !echo {
             return Err(Error::param("max_tokens", "max_tokens must be at least 1"));
         }
         Ok(Turn { sampling, stop, max_tokens, ignore_eos, grammar })
+    }
+
+    /// `max_completion_tokens`, else `max_tokens` (None: neither).
+    pub fn max_tokens(&self) -> Result<Option<u64>> {
+        match whole(&self.max_completion_tokens, "max_completion_tokens")? {
+            Some(n) => Ok(Some(n)),
+            None => whole(&self.max_tokens, "max_tokens"),
+        }
     }
 
     /// One constraint at most: from tools, response_format or grammar.
@@ -209,19 +214,6 @@ impl TurnRequest {
             g.check_limits().map_err(|e| Error::param(name, format!("{name}: {e}")))?;
         }
         Ok(grammar)
-    }
-
-    fn stop_list(&self) -> Result<Vec<String>> {
-        let bad = || Error::param("stop", "stop must be a string or a list of strings");
-        match given(&self.stop) {
-            None => Ok(Vec::new()),
-            Some(Value::String(s)) => Ok(vec![s.clone()]),
-            Some(Value::Array(a)) if a.len() > MAX_STOP => {
-                Err(Error::param("stop", format!("at most {MAX_STOP} stop sequences")))
-            }
-            Some(Value::Array(a)) => a.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(bad)).collect(),
-            Some(_) => Err(bad()),
-        }
     }
 
     /// What cannot be honoured, by name.
@@ -274,6 +266,18 @@ impl TurnRequest {
     /// Completions: `logprobs` is the number of alternatives (0 to 20).
     pub fn completion_logprobs(&self) -> Result<Option<usize>> {
         given(&self.logprobs).map(|v| top_count(v, "logprobs")).transpose()
+    }
+}
+
+/// `stop`: a string or a list of up to [`MAX_STOP`] strings (None or null: none).
+pub fn stop_list(v: Option<&Value>) -> Result<Vec<String>> {
+    let bad = || Error::param("stop", "stop must be a string or a list of strings");
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) if a.len() > MAX_STOP => Err(Error::param("stop", format!("at most {MAX_STOP} stop sequences"))),
+        Some(Value::Array(a)) => a.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(bad)).collect(),
+        Some(_) => Err(bad()),
     }
 }
 

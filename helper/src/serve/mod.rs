@@ -22,7 +22,6 @@ pub(crate) mod models;
 mod openai;
 mod page;
 mod range;
-mod sampling;
 pub mod security;
 mod structured;
 #[cfg(test)]
