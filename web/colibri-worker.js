@@ -477,12 +477,11 @@ const ops = {
     return r;
   },
   // {ids, dropped}: the oldest turns that do not fit the context are dropped (fit_chat).
-  async chatPrompt({ messages, maxTokens, truncate = true }) {
+  // With `request` (an OpenAI chat request as the page gave it, JSON): checked and
+  // rendered by the engine, which reads messages, max tokens and truncation from it.
+  async chatPrompt({ messages, maxTokens, truncate = true, request }) {
+    if (typeof request === "string") return JSON.parse(engine.chatRequest(request));
     return JSON.parse(engine.chatPrompt(JSON.stringify(messages), maxTokens ?? undefined, !!truncate));
-  },
-  // An OpenAI chat request as the page gave it: checked and rendered by the engine.
-  async chatRequest({ request }) {
-    return JSON.parse(engine.chatRequest(request));
   },
   async encode({ text, addSpecialTokens }) {
     return Array.from(engine.encode(text, !!addSpecialTokens));

@@ -225,7 +225,7 @@ class Engine extends EventTarget {
       }
       // The oldest turns that do not fit the context are dropped (as the helper's API does,
       // with the same engine function); truncation: "disabled" refuses instead.
-      const { ids, dropped } = await this.#call("chatRequest", { request: sent }).promise;
+      const { ids, dropped } = await this.#call("chatPrompt", { messages: req.messages, request: sent }).promise;
       const gen = this.#call("generate", { ids, options: { openai: request } }, onToken, signal);
       return { gen, promptTokens: ids.length, dropped };
     };

@@ -30,8 +30,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs};
 use colibri_engine::generate::request::truncation;
-use colibri_engine::generate::{context_room, GenerateOptions, TokenLogprob, TurnRequest};
-use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::generate::{context_room, Fallback, GenerateOptions, TokenLogprob, TurnRequest};
 use colibri_engine::tokenizer::{answer_reserve, fit_rendered, ChatMessage};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -220,8 +219,7 @@ async fn prepare(
 
     let (model, slot, loaded) = load_model(state, p.model).await?;
     // The request, then the model's generation_config.json, then OpenAI's defaults.
-    let openai = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
-    let sampler = turn.sampler(&loaded.sampling, &openai, loaded.model.cfg.vocab)?;
+    let sampler = turn.sampler(&loaded.sampling, &Fallback::OpenAi.config(0), loaded.model.cfg.vocab)?;
     // Template rendering and tokenizing take CPU time in proportion to the request (up to
     // MAX_BODY bytes): off the async workers, so /health and file ranges stay quick.
     // At most PROMPTS_AT_ONCE at a time, which bounds their memory.

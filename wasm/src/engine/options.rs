@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use colibri_engine::generate::request::stop_list;
-use colibri_engine::generate::{Grammar, SamplingDefaults, SamplingRequest, Turn, TurnRequest};
+use colibri_engine::generate::{Fallback, Grammar, SamplingDefaults, SamplingRequest, Turn, TurnRequest};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::Error;
 use serde::Deserialize;
@@ -90,7 +90,7 @@ impl GenOptions {
                 presence_penalty: self.presence_penalty,
                 logit_bias: self.logit_bias.clone(),
             };
-            let sampler = defaults.resolve(&request, &SamplerConfig::default());
+            let sampler = defaults.resolve(&request, &Fallback::Greedy.config(0));
             sampler.validate_params(vocab)?;
             return Ok(TurnSettings {
                 max_new_tokens: self.max_new_tokens,
@@ -113,7 +113,7 @@ impl GenOptions {
         };
         // No seed: a fresh one, as the helper draws one.
         turn.sampling.seed.get_or_insert_with(|| (js_sys::Math::random() * 2f64.powi(53)) as u64);
-        let openai = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
+        let openai = Fallback::OpenAi.config(0);
         Ok(TurnSettings {
             max_new_tokens: turn.max_tokens.map_or(OPENAI_MAX_TOKENS, |t| t.min(usize::MAX as u64) as usize),
             sampler: turn.sampler(defaults, &openai, vocab)?,
