@@ -13,7 +13,9 @@ use colibri_engine::generate::choose::{self, Chooser};
 use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::request::truncation;
-use colibri_engine::generate::{keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, PREFILL_CHUNK};
+use colibri_engine::generate::{
+    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, PREFILL_CHUNK,
+};
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
@@ -353,8 +355,7 @@ impl Engine {
     fn chat_prompt_ids(&self, msgs: &[ChatMessage], max_tokens: Option<u32>, truncate: bool) -> Result<String, JsFail> {
         let ctx = self.model.cfg.max_positions;
         let (ids, dropped) = if truncate {
-            let f =
-                fit_chat(&self.tok, msgs, ctx, answer_reserve(max_tokens.map(|t| t as usize), ctx)).map_err(err)?;
+            let f = fit_chat(&self.tok, msgs, ctx, answer_reserve(max_tokens.map(|t| t as usize), ctx)).map_err(err)?;
             (f.ids, f.dropped)
         } else {
             (self.tok.encode_chat(msgs, true).map_err(err)?, 0)
@@ -365,7 +366,6 @@ impl Engine {
 
 #[wasm_bindgen]
 impl Engine {
-
     /// An OpenAI chat request (JSON, as `chat.completions.create` got it): its parameters
     /// checked as [`Engine::begin`] checks them (first, as the helper's API does), then
     /// `messages` rendered and fitted as [`Engine::chat_prompt`] does, with

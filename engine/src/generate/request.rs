@@ -275,7 +275,9 @@ pub fn stop_list(v: Option<&Value>) -> Result<Vec<String>> {
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(a)) if a.len() > MAX_STOP => Err(Error::param("stop", format!("at most {MAX_STOP} stop sequences"))),
+        Some(Value::Array(a)) if a.len() > MAX_STOP => {
+            Err(Error::param("stop", format!("at most {MAX_STOP} stop sequences")))
+        }
         Some(Value::Array(a)) => a.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(bad)).collect(),
         Some(_) => Err(bad()),
     }

@@ -10,8 +10,7 @@ use clap::Args;
 use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
 use colibri_engine::generate::{
     drive, drive_drafted, drive_speculative, feed_chunked, forward_recording, Constraint, Fallback, GenerateOptions,
-    Generator,
-    Grammar, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
+    Generator, Grammar, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
 };
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 use colibri_engine::Logits;

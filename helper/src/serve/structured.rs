@@ -104,7 +104,6 @@ fn bad(msg: impl Into<String>, param: &'static str) -> ApiError {
     ApiError::invalid(msg, Some(param))
 }
 
-
 /// Function calling, as decided from `tools` and `tool_choice`.
 #[derive(Clone, Debug)]
 pub struct Tools {

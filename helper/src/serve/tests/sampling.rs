@@ -193,7 +193,11 @@ fn bad_values_are_refused_with_their_name_and_the_engine_code() {
             let r = s.post(path, &body.to_string());
             assert_eq!(r.status, 400, "{path} {extra}: {}", r.text());
             let e = &r.json()["error"];
-            assert_eq!((e["param"].as_str(), e["code"].as_str()), (Some(param), Some("invalid_parameter")), "{path} {extra}: {e}");
+            assert_eq!(
+                (e["param"].as_str(), e["code"].as_str()),
+                (Some(param), Some("invalid_parameter")),
+                "{path} {extra}: {e}"
+            );
             assert_eq!(e["type"], "invalid_request_error", "{e}");
         }
     }
