@@ -120,9 +120,13 @@ test("bad parameters: the browser and the helper refuse them with the same param
       native.push({ param: r.body.error.param, code: r.body.error.code, type: r.body.error.type });
     }
     const story = [{ role: "user", content: "Tell me a story." }];
+    const long = "one two three four ".repeat(4000);
+    const r = await post(`${helper.url}/v1/chat/completions`, { ...base, truncation: "disabled", messages: [{ role: "user", content: long }] });
+    assert.equal(r.status, 400, JSON.stringify(r.body));
+    const nativeTooLong = { param: r.body.error.param, code: r.body.error.code };
     const page = await browser.context.newPage();
     await page.goto(`${helper.url}/health`);
-    const web = await page.evaluate(async ({ base, bad, story }) => {
+    const web = await page.evaluate(async ({ base, bad, story, long }) => {
       const { load } = await import("/colibri.js");
       const engine = await load({ model: "demo", backend: "cpu" });
       const refused = [];
@@ -141,8 +145,19 @@ test("bad parameters: the browser and the helper refuse them with the same param
       const hot = await content({ messages: story, temperature: 2, seed: 5 });
       const plain = await content({ temperature: 0, max_tokens: 40 });
       const stopped = await content({ temperature: 0, max_tokens: 40, stop: " =" });
-      return { refused, greedy, topK1, hot, plain, stopped };
-    }, { base, bad, story });
+      const codeOf = async (f) => {
+        try {
+          await f();
+          return null;
+        } catch (e) {
+          return { param: e.param ?? null, code: e.code ?? null };
+        }
+      };
+      // generate()'s options go to the same check; a prompt past the context has its code.
+      const generateBad = await codeOf(() => engine.generate({ ids: [5, 17, 3], topP: 2 }));
+      const tooLong = await codeOf(() => engine.chat.completions.create({ ...base, truncation: "disabled", messages: [{ role: "user", content: long }] }));
+      return { refused, greedy, topK1, hot, plain, stopped, generateBad, tooLong };
+    }, { base, bad, story, long });
 
     assert.deepEqual(web.refused, native, "the browser refuses what the helper refuses, with the same param and code");
     assert.ok(native.every((n) => n.code === "invalid_parameter" && n.type === "invalid_request_error"), JSON.stringify(native));
@@ -159,6 +174,9 @@ test("bad parameters: the browser and the helper refuse them with the same param
     assert.ok(!web.stopped.message.content.includes(" ="), web.stopped.message.content);
     assert.ok(web.plain.message.content.startsWith(web.stopped.message.content), `${web.stopped.message.content} | ${web.plain.message.content}`);
     assert.equal(web.stopped.finish_reason, "stop");
+    assert.deepEqual(web.generateBad, { param: "top_p", code: "invalid_parameter" });
+    assert.deepEqual(nativeTooLong, { param: "messages", code: "context_length_exceeded" });
+    assert.deepEqual(web.tooLong, nativeTooLong);
   } finally {
     await browser.close();
     await helper.stop();

@@ -10,6 +10,7 @@ use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::experts::ram_tiers::default_pin;
 use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::generate::choose::{self, Chooser};
+use colibri_engine::generate::context_room;
 use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::request::truncation;
@@ -347,12 +348,20 @@ impl Engine {
     #[wasm_bindgen(js_name = chatPrompt)]
     pub fn chat_prompt(&self, messages_json: &str, max_tokens: Option<u32>, truncate: bool) -> Result<String, JsFail> {
         let msgs: Vec<ChatMessage> = serde_json::from_str(messages_json).map_err(err)?;
-        self.chat_prompt_ids(&msgs, max_tokens, truncate)
+        let (ids, dropped) = self.chat_prompt_ids(&msgs, max_tokens, truncate)?;
+        Ok(serde_json::json!({"ids": ids, "dropped": dropped}).to_string())
     }
 }
 
 impl Engine {
-    fn chat_prompt_ids(&self, msgs: &[ChatMessage], max_tokens: Option<u32>, truncate: bool) -> Result<String, JsFail> {
+    /// `msgs` rendered and tokenized, the oldest turns dropped to fit when `truncate`: the
+    /// ids and how many messages were dropped.
+    fn chat_prompt_ids(
+        &self,
+        msgs: &[ChatMessage],
+        max_tokens: Option<u32>,
+        truncate: bool,
+    ) -> Result<(Vec<u32>, usize), JsFail> {
         let ctx = self.model.cfg.max_positions;
         let (ids, dropped) = if truncate {
             let f = fit_chat(&self.tok, msgs, ctx, answer_reserve(max_tokens.map(|t| t as usize), ctx)).map_err(err)?;
@@ -360,7 +369,7 @@ impl Engine {
         } else {
             (self.tok.encode_chat(msgs, true).map_err(err)?, 0)
         };
-        Ok(serde_json::json!({"ids": ids, "dropped": dropped}).to_string())
+        Ok((ids, dropped))
     }
 }
 
@@ -383,7 +392,16 @@ impl Engine {
             return Err(colibri_engine::Error::param("messages", "messages must be a non-empty list").into());
         }
         let max_tokens = turn.max_tokens.map(|t| t.min(u32::MAX as u64) as u32);
-        self.chat_prompt_ids(&msgs, max_tokens, truncate)
+        let out = self.chat_prompt_ids(&msgs, max_tokens, truncate)?;
+        // truncation "disabled": a prompt past the context is refused here, naming the
+        // messages, as the helper's API refuses it.
+        let len = out.0.len();
+        let limit = self.model.cfg.max_positions;
+        if context_room(len, limit).is_none() {
+            let e = colibri_engine::Error::ContextOverflow { len, limit };
+            return Err(JsFail::new(&e.to_string(), Some(e.code()), Some("messages")));
+        }
+        Ok(serde_json::json!({"ids": out.0, "dropped": out.1}).to_string())
     }
 
     /// Starts generating after `ids`, reusing the cached context for their common prefix
