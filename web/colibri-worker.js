@@ -348,10 +348,14 @@ async function generate(id, ids, opts) {
   const cachedTokens = JSON.parse(engine.stats()).cachedTokens;
   let failures = 0;
   let finishReason = "stop";
-  const logprobs = opts && opts.logprobs ? [] : null;
+  // An OpenAI request (chat.completions) is the engine's to read; these two only shape
+  // what is posted back.
+  const req = opts?.openai || null;
+  const logprobs = (req ? req.logprobs === true : opts && opts.logprobs) ? [] : null;
   // With stop strings the text is what the engine let through (it ends before the stop
   // string), not the decoded ids.
-  const stops = Array.isArray(opts?.stop) && opts.stop.length > 0;
+  const stopOpt = req ? req.stop : opts?.stop;
+  const stops = typeof stopOpt === "string" || (Array.isArray(stopOpt) && stopOpt.length > 0);
   let text = "";
   for (;;) {
     if (cancelled.has(id)) {
@@ -364,7 +368,7 @@ async function generate(id, ids, opts) {
       failures = 0;
     } catch (e) {
       // A full context window ends the answer; it is not worth retrying.
-      if (/exceeds the context limit/.test(String(e && e.message))) {
+      if (e && e.code === "context_length_exceeded") {
         finishReason = "length";
         break;
       }
@@ -473,7 +477,10 @@ const ops = {
     return r;
   },
   // {ids, dropped}: the oldest turns that do not fit the context are dropped (fit_chat).
-  async chatPrompt({ messages, maxTokens, truncate = true }) {
+  // With `request` (an OpenAI chat request as the page gave it, JSON): checked and
+  // rendered by the engine, which reads messages, max tokens and truncation from it.
+  async chatPrompt({ messages, maxTokens, truncate = true, request }) {
+    if (typeof request === "string") return JSON.parse(engine.chatRequest(request));
     return JSON.parse(engine.chatPrompt(JSON.stringify(messages), maxTokens ?? undefined, !!truncate));
   },
   async encode({ text, addSpecialTokens }) {
@@ -501,7 +508,8 @@ async function run(id, op, args) {
     post({ id, ok: true, result }, result instanceof Float32Array ? [result.buffer] : []);
   } catch (e) {
     post({ event: "stats", stats: stats() });
-    post({ id, ok: false, error: String(e && e.message ? e.message : e) });
+    // The engine's errors carry a stable code (and a request parameter's its name).
+    post({ id, ok: false, error: String(e && e.message ? e.message : e), code: e?.code ?? null, param: e?.param ?? null });
   }
 }
 

@@ -72,7 +72,7 @@ class Engine extends EventTarget {
     }
     this.#pending.delete(m.id);
     if (m.ok) p.resolve(m.result);
-    else p.reject(new Error(m.error));
+    else p.reject(engineError(m));
   }
 
   #call(op, args, onToken, signal) {
@@ -133,9 +133,13 @@ class Engine extends EventTarget {
    * or up to 16; the text ends before the first). The tab keeps the conversation's cache between calls:
    * ids that start with the previous call's prompt and answer feed only the rest (the
    * same tokens as a fresh run); the result's `cachedTokens` and stats().cachedTokens say
-   * how many prompt tokens were not fed again. */
-  async generate({ ids, maxNewTokens = 32, temperature = 0, topK = 0, topP = 1, repetitionPenalty = 1, frequencyPenalty = 0, presencePenalty = 0, logitBias, seed = 0, ignoreEos = false, stop, logprobs = false, topLogprobs = 0, jsonSchema, grammar, regex, speculate = 0, draft, onToken, signal } = {}) {
-    const options = { maxNewTokens, temperature, topK, topP, repetitionPenalty, frequencyPenalty, presencePenalty, logitBias: logitBias ?? undefined, seed, ignoreEos, stop: stopList(stop), logprobs: !!logprobs, topLogprobs, jsonSchema, grammar, regex, speculate, draft };
+   * how many prompt tokens were not fed again. Unset sampling settings are the model's
+   * (generation_config.json), else greedy, as `coli generate` takes them. A rejected call's
+   * error has `code`, the engine's stable code (the helper's `error.code` for the same
+   * failure), and for a bad setting `param`, its name. */
+  async generate({ ids, onToken, signal, ...options } = {}) {
+    // The options go to the engine as they are: it decides what is unset (the model's
+    // generation_config.json, else greedy; 32 new tokens) and refuses what is out of range.
     return this.#call("generate", { ids, options }, onToken, signal).promise;
   }
 
@@ -205,43 +209,24 @@ class Engine extends EventTarget {
   }
 
   #chatCreate(req) {
-    // Function calling is the helper's (POST /v1/chat/completions): refused here, never ignored.
-    if (Array.isArray(req.tools) && req.tools.length) throw badRequest("tools are not supported by the browser engine; use the helper's /v1/chat/completions", "tools");
-    // What the helper's API refuses is refused here too, by name (never silently ignored).
-    refuseUnsupported(req);
-    const stop = stopList(req.stop);
-    const maxTokens = req.max_completion_tokens ?? req.max_tokens ?? 256;
+    // The request goes to the engine as it is: the engine checks it as the helper's
+    // /v1/chat/completions does (the same code), so both accept and refuse the same
+    // parameters, by name (error.param) and code (error.code).
+    const { signal, ...request } = req;
     const created = Math.floor(Date.now() / 1000);
     const cid = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const model = req.model || this.model;
     const run = async (onToken) => {
+      let sent;
+      try {
+        sent = JSON.stringify(request);
+      } catch (e) {
+        throw Object.assign(new Error(`the request: ${e.message}`), { status: 400, type: "invalid_request_error", code: "invalid_json", param: null });
+      }
       // The oldest turns that do not fit the context are dropped (as the helper's API does,
       // with the same engine function); truncation: "disabled" refuses instead.
-      const { ids, dropped } = await this.#call("chatPrompt", { messages: req.messages || [], maxTokens, truncate: req.truncation !== "disabled" }).promise;
-      const gen = this.#call("generate", {
-        ids,
-        options: {
-          maxNewTokens: maxTokens,
-          // Unset: the model's defaults (generation_config.json), else OpenAI's (1, 1).
-          temperature: req.temperature ?? this.info?.info?.sampling?.temperature ?? 1,
-          topP: req.top_p ?? this.info?.info?.sampling?.topP ?? 1,
-          // llama.cpp's and vLLM's extensions, as the helper takes them (unset: the model's defaults).
-          topK: req.top_k ?? undefined,
-          repetitionPenalty: req.repetition_penalty ?? undefined,
-          ignoreEos: !!req.ignore_eos,
-          frequencyPenalty: req.frequency_penalty ?? undefined,
-          presencePenalty: req.presence_penalty ?? undefined,
-          logitBias: req.logit_bias ?? undefined,
-          seed: req.seed ?? Math.floor(Math.random() * 2 ** 31),
-          stop,
-          logprobs: !!req.logprobs,
-          topLogprobs: req.top_logprobs ?? 0,
-          // json_object / json_schema: enforced token by token, as the helper does.
-          responseFormat: req.response_format ?? undefined,
-          grammar: req.grammar || undefined,
-          speculate: Number.isInteger(req.speculate) ? req.speculate : 0,
-        },
-      }, onToken, req.signal);
+      const { ids, dropped } = await this.#call("chatPrompt", { messages: req.messages, request: sent }).promise;
+      const gen = this.#call("generate", { ids, options: { openai: request } }, onToken, signal);
       return { gen, promptTokens: ids.length, dropped };
     };
     if (!req.stream) {
@@ -311,39 +296,13 @@ function finishReason(r, req) {
   return r.ids.length >= (req.max_completion_tokens ?? req.max_tokens ?? 256) ? "length" : "stop";
 }
 
-// An error as the helper's 400 names it: message, and the parameter in `param`.
-function badRequest(message, param) {
-  const e = new Error(`${message} (${param})`);
-  Object.assign(e, { status: 400, type: "invalid_request_error", param, code: null });
+// An error of the worker's answer `m`: the engine's stable `code` and, for a request
+// parameter, its name in `param`, with the status and type of the helper's 400 for it.
+function engineError(m) {
+  const e = new Error(m.error);
+  if (m.code) e.code = m.code;
+  if (m.param) Object.assign(e, { param: m.param, status: 400, type: "invalid_request_error" });
   return e;
-}
-
-// `stop` as a list (OpenAI takes a string or up to 16 of them).
-function stopList(stop) {
-  if (stop === undefined || stop === null) return [];
-  const list = typeof stop === "string" ? [stop] : stop;
-  if (!Array.isArray(list) || list.some((s) => typeof s !== "string")) throw badRequest("stop must be a string or a list of strings", "stop");
-  if (list.length > 16) throw badRequest("at most 16 stop sequences", "stop");
-  return list;
-}
-
-// The request parameters neither the helper's API nor this engine can honour (the same
-// list as helper/src/serve/sampling.rs): refused by name instead of being ignored.
-function refuseUnsupported(req) {
-  const set = (k) => req[k] !== undefined && req[k] !== null;
-  if (set("n") && req.n !== 1) throw badRequest("only n = 1 is supported", "n");
-  if (set("best_of") && req.best_of !== 1) throw badRequest("only best_of = 1 is supported", "best_of");
-  if (set("modalities") && JSON.stringify(req.modalities) !== '["text"]') throw badRequest("only the text modality is supported", "modalities");
-  const refused = {
-    audio: "audio output is not supported", prediction: "predicted outputs are not supported",
-    web_search_options: "web search is not supported", functions: "functions is not supported; use tools",
-    function_call: "function_call is not supported; use tool_choice", reasoning_effort: "reasoning_effort is not supported",
-    verbosity: "verbosity is not supported", suffix: "suffix is not supported",
-  };
-  for (const [k, msg] of Object.entries(refused)) if (set(k)) throw badRequest(msg, k);
-  const constrained = (req.response_format && req.response_format.type && req.response_format.type !== "text") || req.grammar;
-  if (constrained && set("stop")) throw badRequest("stop cannot be combined with structured output: the grammar decides where the output ends", req.grammar ? "grammar" : "response_format");
-  if (req.response_format && req.grammar) throw badRequest("response_format and grammar cannot be combined", "grammar");
 }
 
 /**

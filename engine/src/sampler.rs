@@ -69,48 +69,69 @@ impl Default for SamplerConfig {
 impl SamplerConfig {
     /// Check the ranges; the error says which field is wrong and why.
     pub fn validate(&self) -> Result<()> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(Error::Invalid(format!(
-                "sampler: temperature must be a finite number >= 0 (0 = greedy), got {}",
-                self.temperature
-            )));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(Error::Invalid(format!("sampler: top_p must be in (0, 1] (1 = off), got {}", self.top_p)));
-        }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return Err(Error::Invalid(format!(
-                "sampler: repetition_penalty must be a finite number > 0 (1 = off), got {}",
-                self.repetition_penalty
-            )));
-        }
-        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
-            if !(v.is_finite() && v.abs() <= MAX_PENALTY) {
-                return Err(Error::Invalid(format!("sampler: {name} must be between -2 and 2 (0 = off), got {v}")));
-            }
-        }
-        if self.logit_bias.len() > MAX_LOGIT_BIAS_ENTRIES {
-            return Err(Error::Invalid(format!(
-                "sampler: logit_bias has {} entries, at most {MAX_LOGIT_BIAS_ENTRIES} are allowed",
-                self.logit_bias.len()
-            )));
-        }
-        if let Some((id, v)) = self.logit_bias.iter().find(|(_, v)| !(v.is_finite() && v.abs() <= MAX_LOGIT_BIAS)) {
-            return Err(Error::Invalid(format!(
-                "sampler: logit_bias for token {id} must be between -100 and 100, got {v}"
-            )));
-        }
-        Ok(())
+        self.check(None).map_err(|(_, m)| Error::Invalid(m))
     }
 
     /// [`SamplerConfig::validate`], and that every `logit_bias` id is in a vocabulary of
     /// `vocab` tokens.
     pub fn validate_vocab(&self, vocab: usize) -> Result<()> {
-        self.validate()?;
-        if let Some(id) = self.logit_bias.keys().find(|&&id| id as usize >= vocab) {
-            return Err(Error::Invalid(format!(
-                "sampler: logit_bias names token {id}, outside the vocabulary (size {vocab})"
-            )));
+        self.check(Some(vocab)).map_err(|(_, m)| Error::Invalid(m))
+    }
+
+    /// [`SamplerConfig::validate_vocab`] for a request: an [`Error::Param`] naming the
+    /// field (the same message).
+    pub fn validate_params(&self, vocab: usize) -> Result<()> {
+        self.check(Some(vocab)).map_err(|(name, message)| Error::Param { name, message })
+    }
+
+    /// The first field out of range (and, with a vocabulary size, a `logit_bias` id outside
+    /// it): its name and what is wrong.
+    fn check(&self, vocab: Option<usize>) -> std::result::Result<(), (&'static str, String)> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err((
+                "temperature",
+                format!("sampler: temperature must be a finite number >= 0 (0 = greedy), got {}", self.temperature),
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(("top_p", format!("sampler: top_p must be in (0, 1] (1 = off), got {}", self.top_p)));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err((
+                "repetition_penalty",
+                format!(
+                    "sampler: repetition_penalty must be a finite number > 0 (1 = off), got {}",
+                    self.repetition_penalty
+                ),
+            ));
+        }
+        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !(v.is_finite() && v.abs() <= MAX_PENALTY) {
+                return Err((name, format!("sampler: {name} must be between -2 and 2 (0 = off), got {v}")));
+            }
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS_ENTRIES {
+            return Err((
+                "logit_bias",
+                format!(
+                    "sampler: logit_bias has {} entries, at most {MAX_LOGIT_BIAS_ENTRIES} are allowed",
+                    self.logit_bias.len()
+                ),
+            ));
+        }
+        if let Some((id, v)) = self.logit_bias.iter().find(|(_, v)| !(v.is_finite() && v.abs() <= MAX_LOGIT_BIAS)) {
+            return Err((
+                "logit_bias",
+                format!("sampler: logit_bias for token {id} must be between -100 and 100, got {v}"),
+            ));
+        }
+        if let Some(vocab) = vocab {
+            if let Some(id) = self.logit_bias.keys().find(|&&id| id as usize >= vocab) {
+                return Err((
+                    "logit_bias",
+                    format!("sampler: logit_bias names token {id}, outside the vocabulary (size {vocab})"),
+                ));
+            }
         }
         Ok(())
     }

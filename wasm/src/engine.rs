@@ -10,15 +10,16 @@ use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::experts::ram_tiers::default_pin;
 use colibri_engine::experts::usage::ExpertUsage;
 use colibri_engine::generate::choose::{self, Chooser};
+use colibri_engine::generate::context_room;
 use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
+use colibri_engine::generate::request::truncation;
 use colibri_engine::generate::{
-    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, SamplingRequest, PREFILL_CHUNK,
+    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, PREFILL_CHUNK,
 };
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
-use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
 use js_sys::{Function, Promise};
@@ -40,6 +41,7 @@ const DISK_SHARE: f64 = 0.5;
 
 mod draft;
 mod options;
+mod stats;
 mod tiers;
 mod weights;
 use draft::{propose_tiered, DraftModel, DraftOptions, NO_DRAFT};
@@ -47,9 +49,7 @@ use options::{GenOptions, LoadOptions};
 use tiers::{count_use, disk_budget, learned_usage, tier_map};
 use weights::{load_weights, Plan};
 
-fn err(e: impl std::fmt::Display) -> JsError {
-    JsError::new(&e.to_string())
-}
+pub(crate) use crate::error::{err, JsFail};
 
 #[derive(Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -132,12 +132,12 @@ fn sampling_json(d: &SamplingDefaults) -> serde_json::Value {
 const BUSY: &str = "the engine is busy with another operation";
 
 /// The state for one operation; a borrow that fails means another one is running.
-fn borrow(state: &RefCell<State>) -> Result<std::cell::RefMut<'_, State>, JsError> {
-    state.try_borrow_mut().map_err(|_| JsError::new(BUSY))
+fn borrow(state: &RefCell<State>) -> Result<std::cell::RefMut<'_, State>, JsFail> {
+    state.try_borrow_mut().map_err(|_| JsFail::msg(BUSY))
 }
 
 impl Engine {
-    fn state(&self) -> Result<std::cell::RefMut<'_, State>, JsError> {
+    fn state(&self) -> Result<std::cell::RefMut<'_, State>, JsFail> {
         borrow(&self.state)
     }
 }
@@ -154,7 +154,7 @@ impl Engine {
         options: JsValue,
         on_progress: Option<Function>,
         usage_for: Option<Function>,
-    ) -> Result<Engine, JsError> {
+    ) -> Result<Engine, JsFail> {
         let opts: LoadOptions = if options.is_undefined() || options.is_null() {
             LoadOptions::default()
         } else {
@@ -193,7 +193,7 @@ impl Engine {
             Want::WebGpu => true,
             Want::Auto => cpu_fit.is_err(),
             Want::Cpu => {
-                cpu_fit.clone().map_err(|e| JsError::new(&e))?;
+                cpu_fit.clone().map_err(|e| JsFail::msg(&e))?;
                 false
             }
         };
@@ -253,7 +253,7 @@ impl Engine {
             cpu_fit: &cpu_fit,
             on_progress: &on_progress,
         };
-        let (model, backend, auto, dense) = load_weights(&plan, &dense).await.map_err(|e| JsError::new(&e))?;
+        let (model, backend, auto, dense) = load_weights(&plan, &dense).await?;
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
         let mut sampling = serde_json::Value::Null;
@@ -332,11 +332,11 @@ impl Engine {
         })
     }
 
-    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, JsError> {
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, JsFail> {
         self.tok.encode(text, add_special_tokens).map_err(err)
     }
 
-    pub fn decode(&self, ids: Vec<u32>) -> Result<String, JsError> {
+    pub fn decode(&self, ids: Vec<u32>) -> Result<String, JsFail> {
         self.tok.decode(&ids, true).map_err(err)
     }
 
@@ -346,63 +346,102 @@ impl Engine {
     /// (the same `fit_chat`); `truncate` false keeps them (an overflow is then refused when
     /// generation starts). JSON: {"ids": [...], "dropped": messages left out}.
     #[wasm_bindgen(js_name = chatPrompt)]
-    pub fn chat_prompt(&self, messages_json: &str, max_tokens: Option<u32>, truncate: bool) -> Result<String, JsError> {
+    pub fn chat_prompt(&self, messages_json: &str, max_tokens: Option<u32>, truncate: bool) -> Result<String, JsFail> {
         let msgs: Vec<ChatMessage> = serde_json::from_str(messages_json).map_err(err)?;
+        let (ids, dropped) = self.chat_prompt_ids(&msgs, max_tokens, truncate)?;
+        Ok(serde_json::json!({"ids": ids, "dropped": dropped}).to_string())
+    }
+}
+
+impl Engine {
+    /// `msgs` rendered and tokenized, the oldest turns dropped to fit when `truncate`: the
+    /// ids and how many messages were dropped.
+    fn chat_prompt_ids(
+        &self,
+        msgs: &[ChatMessage],
+        max_tokens: Option<u32>,
+        truncate: bool,
+    ) -> Result<(Vec<u32>, usize), JsFail> {
         let ctx = self.model.cfg.max_positions;
         let (ids, dropped) = if truncate {
-            let f =
-                fit_chat(&self.tok, &msgs, ctx, answer_reserve(max_tokens.map(|t| t as usize), ctx)).map_err(err)?;
+            let f = fit_chat(&self.tok, msgs, ctx, answer_reserve(max_tokens.map(|t| t as usize), ctx)).map_err(err)?;
             (f.ids, f.dropped)
         } else {
-            (self.tok.encode_chat(&msgs, true).map_err(err)?, 0)
+            (self.tok.encode_chat(msgs, true).map_err(err)?, 0)
         };
-        Ok(serde_json::json!({"ids": ids, "dropped": dropped}).to_string())
+        Ok((ids, dropped))
+    }
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// An OpenAI chat request (JSON, as `chat.completions.create` got it): its parameters
+    /// checked as [`Engine::begin`] checks them (first, as the helper's API does), then
+    /// `messages` rendered and fitted as [`Engine::chat_prompt`] does, with
+    /// `max_completion_tokens` / `max_tokens` and `truncation` from the request. JSON:
+    /// {"ids": [...], "dropped": messages left out}.
+    #[wasm_bindgen(js_name = chatRequest)]
+    pub fn chat_request(&self, request: &str) -> Result<String, JsFail> {
+        let req: serde_json::Value = serde_json::from_str(request).map_err(options::options_err)?;
+        let turn = options::openai_turn(&req)?;
+        let truncate = truncation(req.get("truncation")).map_err(err)?;
+        let msgs: Vec<ChatMessage> =
+            serde_json::from_value(req.get("messages").cloned().unwrap_or_else(|| serde_json::json!([])))
+                .map_err(|e| colibri_engine::Error::param("messages", format!("messages: {e}")))?;
+        if msgs.is_empty() {
+            return Err(colibri_engine::Error::param("messages", "messages must be a non-empty list").into());
+        }
+        let max_tokens = turn.max_tokens.map(|t| t.min(u32::MAX as u64) as u32);
+        let out = self.chat_prompt_ids(&msgs, max_tokens, truncate)?;
+        // truncation "disabled": a prompt past the context is refused here, naming the
+        // messages, as the helper's API refuses it.
+        let len = out.0.len();
+        let limit = self.model.cfg.max_positions;
+        if context_room(len, limit).is_none() {
+            let e = colibri_engine::Error::ContextOverflow { len, limit };
+            return Err(JsFail::new(&e.to_string(), Some(e.code()), Some("messages")));
+        }
+        Ok(serde_json::json!({"ids": out.0, "dropped": out.1}).to_string())
     }
 
     /// Starts generating after `ids`, reusing the cached context for their common prefix
     /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
     /// repetitionPenalty, seed, frequencyPenalty, presencePenalty, logitBias ({id: bias}),
     /// ignoreEos, stop, logprobs, topLogprobs, and for structured
-    /// output one of jsonSchema, grammar (GBNF or Lark), regex, responseFormat (OpenAI's)}.
-    /// A grammar the library refuses is an error here, before anything runs.
-    pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsError> {
+    /// output one of jsonSchema, grammar (GBNF or Lark), regex, responseFormat (OpenAI's)},
+    /// or {openai: an OpenAI chat request as it is, draft}: checked by the engine's
+    /// `TurnRequest`, as the helper's API checks it. A parameter out of range or that
+    /// cannot be honoured, and a grammar the library refuses, are errors here (with
+    /// `code` and `param`), before anything runs.
+    pub fn begin(&self, ids: Vec<u32>, options: &str) -> Result<(), JsFail> {
         let o: GenOptions = if options.is_empty() {
             GenOptions::default()
         } else {
             serde_json::from_str(options).map_err(options::options_err)?
         };
+        // An OpenAI request (chat.completions.create passes it through untouched): checked
+        // by the engine as the helper's API checks it, the same parameters refused by name.
+        let turn = o.turn(self.model.cfg.vocab, &self.defaults)?;
         // Empty, out-of-vocabulary or longer than the context: refused before anything runs.
         self.model.cfg.check_input(&ids, 0).map_err(err)?;
-        let req = SamplingRequest {
-            temperature: o.temperature,
-            top_k: o.top_k,
-            top_p: o.top_p,
-            repetition_penalty: o.repetition_penalty,
-            seed: Some(o.seed),
-            frequency_penalty: o.frequency_penalty,
-            presence_penalty: o.presence_penalty,
-            logit_bias: o.logit_bias.clone(),
-        };
-        let sampler = self.defaults.resolve(&req, &SamplerConfig::default());
-        sampler.validate_vocab(self.model.cfg.vocab).map_err(err)?;
         let opts = GenerateOptions {
-            max_new_tokens: o.max_new_tokens,
-            sampler,
-            stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
-            logprobs: o.logprobs.then_some(o.top_logprobs),
+            max_new_tokens: turn.max_new_tokens,
+            sampler: turn.sampler,
+            stop_ids: if turn.ignore_eos { Vec::new() } else { self.stop_ids.clone() },
+            logprobs: turn.logprobs,
         };
         let model_draft = o.draft.as_deref() == Some("model");
         let want_mtp = match o.draft.as_deref() {
             None | Some("model") => false,
             Some("mtp") if !matches!(self.backend, Backend::Cpu) => {
-                return Err(JsError::new("draft: \"mtp\" runs on the cpu backend (load({backend: \"cpu\"}))"))
+                return Err(JsFail::msg("draft: \"mtp\" runs on the cpu backend (load({backend: \"cpu\"}))"))
             }
             Some("mtp") => true,
-            Some(d) => return Err(JsError::new(&format!("draft: {d:?} is not a draft source (\"mtp\" or \"model\")"))),
+            Some(d) => return Err(JsFail::msg(&format!("draft: {d:?} is not a draft source (\"mtp\" or \"model\")"))),
         };
         let mut st = self.state()?;
         if model_draft && st.draft.is_none() {
-            return Err(JsError::new(NO_DRAFT));
+            return Err(JsFail::msg(NO_DRAFT));
         }
         // MTP drafts read every position's hidden state: the cache is reused only when the
         // last generation recorded them (it drafted with MTP too, and its drafter stayed).
@@ -417,14 +456,14 @@ impl Engine {
         // for k tokens) and refuses a prompt longer than the context.
         let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
             .map_err(err)?
-            .with_text(DecodeStream::default(), o.stop.clone());
-        if let Some(g) = o.grammar()? {
+            .with_text(DecodeStream::default(), turn.stop);
+        if let Some(g) = turn.grammar {
             gen = gen.with_constraint(Constraint::new(&self.tok, &g).map_err(err)?);
         }
         if mtp.is_some() || model_draft {
-            gen = gen.with_external_drafts(max_draft(o.speculate, mtp.is_some()));
-        } else if o.speculate > 0 {
-            gen = gen.with_speculation(o.speculate);
+            gen = gen.with_external_drafts(max_draft(turn.speculate, mtp.is_some()));
+        } else if turn.speculate > 0 {
+            gen = gen.with_speculation(turn.speculate);
         }
         st.mtp = mtp;
         st.model_draft = model_draft;
@@ -452,7 +491,7 @@ impl Engine {
         name: String,
         options: &str,
         on_progress: Option<Function>,
-    ) -> Result<Promise, JsError> {
+    ) -> Result<Promise, JsFail> {
         let opts: DraftOptions =
             if options.is_empty() { DraftOptions::default() } else { serde_json::from_str(options).map_err(err)? };
         let (tok, vocab, state) = (self.tok.clone(), self.model.cfg.vocab, self.state.clone());
@@ -470,7 +509,7 @@ impl Engine {
     /// every layer's cache, the model's fingerprint, a checksum) for browser storage;
     /// undefined when empty or on WebGPU (whose cache lives in GPU buffers).
     #[wasm_bindgen(js_name = exportCache)]
-    pub fn export_cache(&self) -> Result<Option<Vec<u8>>, JsError> {
+    pub fn export_cache(&self) -> Result<Option<Vec<u8>>, JsFail> {
         match &self.state()?.cx {
             Context::Cpu(s) if !s.tokens.is_empty() => Ok(Some(kv::encode(s, &self.fingerprint).map_err(err)?)),
             _ => Ok(None),
@@ -482,7 +521,7 @@ impl Engine {
     /// not adopted). A file of another model, corrupt or truncated, is an error and is
     /// never used.
     #[wasm_bindgen(js_name = importCache)]
-    pub fn import_cache(&self, bytes: &[u8], ids: Vec<u32>) -> Result<u32, JsError> {
+    pub fn import_cache(&self, bytes: &[u8], ids: Vec<u32>) -> Result<u32, JsFail> {
         let mut st = self.state()?;
         if !matches!(st.cx, Context::Cpu(_)) {
             return Ok(0);
@@ -530,7 +569,7 @@ impl Engine {
             let map = tier_map(&model, &tiers, &backend);
             // Speculation: the last token and its drafts in one pass, every row kept.
             let rows = g.rows_needed();
-            let which = if rows > 1 { Logits::All } else { Logits::Last };
+            let which = g.logits_wanted();
             // A long prompt goes in pieces of PREFILL_CHUNK positions, one per step (-2:
             // still reading), the same bits as one pass; the worker sees a cancel between
             // them. Not with MTP drafts, whose log follows whole passes.
@@ -559,16 +598,13 @@ impl Engine {
             };
             *prefilled = 0;
             let produced = g.produced().len();
-            let id = if g.is_speculative() {
-                let n = rows * model.cfg.vocab;
-                let last = logits.get(logits.len().saturating_sub(n)..).unwrap_or_default();
-                let kept = g.accept_rows(last, Some(&tok)).map_err(err)?;
+            // The engine's acceptance, as every surface's step (Generator::step) takes it.
+            let kept = g.accept_pass(&logits, model.cfg.vocab, Some(&tok)).map_err(err)?;
+            if g.is_speculative() {
                 // Rejected drafts leave the context.
                 cx.truncate(before + kept);
-                g.produced().last().copied().unwrap_or(0)
-            } else {
-                g.accept(&logits, Some(&tok)).map_err(err)?
-            };
+            }
+            let id = g.produced().last().copied().unwrap_or(0);
             let t1 = now_ms();
             if perf.ttft_ms.is_none() {
                 perf.ttft_ms = Some(t1 - perf.started_ms);
@@ -582,14 +618,14 @@ impl Engine {
 
     /// Text completed since the last call (never a partial UTF-8 character).
     #[wasm_bindgen(js_name = takeText)]
-    pub fn take_text(&self) -> Result<String, JsError> {
+    pub fn take_text(&self) -> Result<String, JsFail> {
         Ok(self.state()?.gen.as_mut().map(|g| g.take_text()).unwrap_or_default())
     }
 
     /// Log-probabilities of the tokens produced since the last call, as JSON in the shape
     /// of OpenAI's chat `logprobs.content` ([{token, logprob, bytes, top_logprobs}]).
     #[wasm_bindgen(js_name = takeLogprobs)]
-    pub fn take_logprobs(&self) -> Result<String, JsError> {
+    pub fn take_logprobs(&self) -> Result<String, JsFail> {
         let entries = self.state()?.gen.as_mut().map(|g| g.take_logprobs()).unwrap_or_default();
         let v: Vec<serde_json::Value> = entries.iter().map(|t| chat_entry(&self.tok, t)).collect();
         serde_json::to_string(&v).map_err(err)
@@ -598,10 +634,10 @@ impl Engine {
     /// Scores `options` (a JSON list of strings) as answers to `prompt` (one user message
     /// through the chat template, or with `raw` the text as it is), generating nothing:
     /// a promise of the JSON of `coli choose --json` (without its timing).
-    pub fn choose(&self, prompt: String, options_json: &str, raw: bool) -> Result<Promise, JsError> {
+    pub fn choose(&self, prompt: String, options_json: &str, raw: bool) -> Result<Promise, JsFail> {
         let options: Vec<String> = serde_json::from_str(options_json).map_err(err)?;
         if options.iter().any(|o| o.is_empty()) {
-            return Err(JsError::new("an option is empty"));
+            return Err(JsFail::msg("an option is empty"));
         }
         let ids = choose::encode_prompt(&self.tok, &prompt, raw).map_err(err)?;
         let option_ids = choose::encode_options(&self.tok, &options).map_err(err)?;
@@ -629,145 +665,14 @@ impl Engine {
     /// Why the current generation ended: "stop", "length", "cancelled", or "" while it
     /// runs (or before any).
     #[wasm_bindgen(js_name = finishReason)]
-    pub fn finish_reason(&self) -> Result<String, JsError> {
+    pub fn finish_reason(&self) -> Result<String, JsFail> {
         let st = self.state()?;
         Ok(st.gen.as_ref().and_then(|g| g.finished()).map_or("", |r| r.as_str()).to_string())
     }
 
     /// Ids produced by the current generation.
-    pub fn produced(&self) -> Result<Vec<u32>, JsError> {
+    pub fn produced(&self) -> Result<Vec<u32>, JsFail> {
         Ok(self.state()?.gen.as_ref().map(|g| g.produced().to_vec()).unwrap_or_default())
-    }
-
-    /// Engine statistics as JSON (backend, tiers, bytes fetched, tokens/s, TTFT).
-    pub fn stats(&self) -> Result<String, JsError> {
-        let t = self.tiers.stats.borrow().clone();
-        let st = self.state.try_borrow().map_err(|_| JsError::new(BUSY))?;
-        let perf = &st.perf;
-        let loads = perf.expert_loads;
-        let [helper, disk, ram, gpu] = perf.tier_uses;
-        let ahead = self.backend.lookahead();
-        let cache = self.model.experts.cache_stats().unwrap_or_default();
-        let rate = |n: u64| if loads > 0 { n as f64 / loads as f64 } else { 0.0 };
-        let disk_usage = self.tiers.disk_usage();
-        let pool = self.backend.pool_stats();
-        let mut out = serde_json::json!({
-            "backend": self.backend.name(),
-            // CPU kernel threads: the pool's workers in the threaded build, else 1.
-            "threads": colibri_engine::kernels::threads(),
-            // The integer dot-product path of the CPU kernels ("simd128" or "scalar").
-            "simd": colibri_engine::qdot::Simd::active().name(),
-            "adapter": self.backend.adapter(),
-            // WebGPU: whether the integer matmuls use WGSL's dot4I8Packed (the browser has
-            // packed_4x8_integer_dot_product); null on the CPU backend.
-            "dp4a": self.backend.dp4a(),
-            "auto": self.auto,
-            "tokensPerSecond": if perf.decode_ms > 0.0 { perf.tokens as f64 * 1000.0 / perf.decode_ms } else { 0.0 },
-            // The last generation's speculation (generate({speculate})), else null.
-            "speculation": st.gen.as_ref().filter(|g| g.is_speculative()).map(|g| {
-                let s = g.spec_stats();
-                serde_json::json!({"forwards": s.forwards, "drafted": s.drafted, "accepted": s.accepted,
-                    "produced": s.produced, "acceptanceRate": s.acceptance_rate(), "tokensPerForward": s.tokens_per_forward()})
-            }),
-            "ttftMs": perf.ttft_ms,
-            // What the attention cache holds per token: K and V of every kv head, or
-            // MLA's latent and rotary key (deepseek_v3); qwen3_next's linear layers keep
-            // a fixed-size recurrent state instead.
-            "attention": self.model.cfg.attention_kind(),
-            "kvCacheBytesPerToken": self.model.cfg.kv_cache_bytes_per_token(),
-            "recurrentStateBytes": self.model.cfg.recurrent_state_bytes(),
-            // The conversation's cache kept between generations: the last prompt's tokens,
-            // how many of them it already held (not fed again), and its size now.
-            "promptTokens": perf.prompt_tokens,
-            "cachedTokens": perf.cached_tokens,
-            "kvCacheTokens": st.cx.tokens().len(),
-            "kvCacheBytes": colibri_engine::generate::Context::bytes(&st.cx),
-            "bytesFetched": t.bytes_fetched,
-            "expertLoads": loads,
-            // Each expert use once, by the tier that served it: these add up to expertLoads.
-            "tiers": { "gpu": gpu, "ram": ram, "disk": disk, "helper": helper },
-            // The tiers' own event counters (prefetches and retried steps included).
-            "tierEvents": {
-                "gpuPoolHits": self.backend.gpu_hits(),
-                "ramHits": self.model.experts.cache_stats().map_or(0, |c| c.hits),
-                "diskHits": t.disk_hits,
-                "helperFetches": t.helper_fetches,
-            },
-            "requests": t.requests,
-            // Whether expert requests ask for several ranges at once (false on a static
-            // host that cannot answer them: one range per request).
-            "multiRange": self.tiers.multi_range(),
-            "retries": t.retries,
-            "corruptDropped": t.corrupt_dropped,
-            "diskReadBytes": t.disk_bytes,
-            "diskReadMs": t.disk_ms,
-            "prefetchRecall": ahead.and_then(|a| a.recall()),
-            "prefetch": ahead.map(|a| serde_json::json!({
-                "routed": a.routed, "predictedHits": a.predicted_hits, "predicted": a.predicted,
-                "prefetched": a.prefetched, "wastedBytes": t.prefetch_wasted_bytes,
-            })),
-            "diskEnabled": t.disk_enabled,
-            "diskKind": t.disk_kind,
-            "diskError": t.disk_error,
-            "diskExperts": self.tiers.disk_count(),
-            "persisted": self.persisted.get(),
-        });
-        // Learned placement and the managed disk tier (a second object: one json! of all
-        // of it is past the macro's recursion limit).
-        let placement = serde_json::json!({
-            // The same as shares of expertLoads: each tier's hit rate.
-            "hitRates": { "gpu": rate(gpu), "ram": rate(ram), "disk": rate(disk), "helper": rate(helper) },
-            // Experts pinned by learned usage: in the RAM tier (its pin budget, what it
-            // holds, its hits) and in the disk tier (never evicted); moves at turn ends.
-            "pins": {
-                "ramBudget": self.pin_bytes, "ramExperts": cache.pinned_experts, "ramBytes": cache.pinned_bytes,
-                "ramHits": cache.pinned_hits, "ramRepinned": cache.repinned,
-                "diskExperts": disk_usage.map(|d| d.pinned), "diskBytes": disk_usage.map(|d| d.pinned_bytes),
-                "diskRepinned": t.disk_repinned,
-                "gpuExperts": pool.map(|p| p.pinned), "gpuBytes": pool.map(|p| p.pinned_bytes),
-                "gpuRepinned": pool.map(|p| p.repinned),
-            },
-            "learnedUses": self.learned.borrow().total(),
-            "usageError": self.usage_error,
-            // The managed disk tier: its budget (null: none), the expert bytes it holds and
-            // its files' size; experts evicted to stay under the budget, evicted ones
-            // fetched again, and ones not stored because pinned experts filled it.
-            "diskBudget": disk_usage.and_then(|d| d.budget),
-            "diskStoredBytes": disk_usage.map(|d| d.stored),
-            "diskFileBytes": disk_usage.map(|d| d.file),
-            "diskEvictions": t.disk_evictions,
-            "diskRefetches": t.disk_refetches,
-            "diskSkipped": t.disk_skipped,
-            // The dense weights: from the browser's copy ("opfs") or the network, the bytes
-            // fetched for them, their copy's size in browser storage (inside load's
-            // diskBytes; diskBudget is what is left of it for experts).
-            "dense": self.dense,
-            // Memory: the wasm heap now (also its peak: it never shrinks), whether the dense
-            // weights are in it (not on WebGPU: streamed to GPU buffers), and the bytes of
-            // the GPU's buffers: dense weights, expert pool, KV cache (null on the CPU).
-            "memory": {
-                "wasmBytes": memory::wasm_bytes(),
-                "denseInWasm": self.model.dense_in_memory(),
-                "gpuDenseBytes": self.backend.dense_gpu_bytes(),
-                "gpuExpertBytes": pool.map(|p| p.bytes),
-                "gpuKvBytes": matches!(st.cx, Context::Gpu(_)).then(|| colibri_engine::generate::Context::bytes(&st.cx)),
-            },
-        });
-        if let (Some(o), serde_json::Value::Object(p)) = (out.as_object_mut(), placement) {
-            o.extend(p);
-            // The draft model (loadDraft), else null.
-            o.insert("draft".into(), st.draft.as_ref().map_or(serde_json::Value::Null, DraftModel::stats));
-            // WebGPU's hybrid placement: expert uses computed on the CPU threads and on the
-            // GPU, and the costs (ms per expert) "auto" weighs; null on the CPU backend.
-            o.insert(
-                "hybrid".into(),
-                self.backend.hybrid().map_or(serde_json::Value::Null, |(m, h)| {
-                    serde_json::json!({"mode": m.name(), "cpuExperts": h.cpu_experts, "gpuExperts": h.gpu_experts,
-                    "cpuMs": h.cpu_ms, "cpuPositionMs": h.cpu_position_ms, "uploadMs": h.upload_ms, "gpuMs": h.gpu_ms})
-                }),
-            );
-        }
-        Ok(out.to_string())
     }
 
     /// (usage, quota) of browser storage in bytes, as JSON, or null.

@@ -1,6 +1,7 @@
 //! colibri-wasm: the engine in a browser worker. A thin wasm-bindgen facade ([`Engine`])
 //! over colibri-engine (CPU or WebGPU backend), plus the browser I/O: fetch and HTTP Range from the helper,
-//! and the persistent OPFS expert tier. Errors cross into JavaScript as `JsError`.
+//! and the persistent OPFS expert tier. Errors cross into JavaScript as `Error`s with the
+//! engine's stable `code` (`error.rs`).
 
 #[cfg(target_arch = "wasm32")]
 mod backend;
@@ -17,6 +18,8 @@ mod dense_file;
 mod disk;
 #[cfg(target_arch = "wasm32")]
 mod engine;
+#[cfg(target_arch = "wasm32")]
+mod error;
 #[cfg(target_arch = "wasm32")]
 mod idb;
 // What wasm memory must hold: pure, so its tests run natively.

@@ -206,7 +206,7 @@ impl Core {
         };
         self.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
         if !self.source.checks_expert(offset, length) && checksum(bytes.as_ref()) != want {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Checksum(format!(
                 "{}: checksum mismatch in expert {index} of layer {layer} (bytes {offset}..{}): the file is corrupted; convert the model again",
                 self.source.name(),
                 offset + length as u64

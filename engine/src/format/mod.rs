@@ -107,14 +107,14 @@ pub fn verify(t: &manifest::DenseTensor, bytes: &[u8], origin: &str) -> Result<(
     verify_sum(t, checksum(bytes), origin)
 }
 
-/// What the error of a dense tensor that fails its checksum says (the browser refetches a
-/// stored copy of the dense weights that gives it).
+/// What the error of a dense tensor that fails its checksum says.
 pub const DENSE_CHECKSUM_MISMATCH: &str = "checksum mismatch in dense tensor";
 
-/// Checks the checksum `got` of dense tensor `t`'s bytes.
+/// Checks the checksum `got` of dense tensor `t`'s bytes: an [`Error::Checksum`] (the
+/// browser refetches a stored copy of the dense weights that gives it).
 pub fn verify_sum(t: &manifest::DenseTensor, got: u64, origin: &str) -> Result<()> {
     if got != manifest::parse_checksum(&t.xxh3).unwrap_or(0) {
-        return Err(Error::Invalid(format!(
+        return Err(Error::Checksum(format!(
             "{origin}: {DENSE_CHECKSUM_MISMATCH} {} (bytes {}..{}): the file is corrupted; convert the model again",
             t.name,
             t.offset,

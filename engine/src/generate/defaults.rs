@@ -18,6 +18,31 @@ pub struct SamplingDefaults {
     pub repetition_penalty: Option<f32>,
 }
 
+/// Each surface's fallback, where neither the request nor the model's
+/// generation_config.json says: decided here, not by each surface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Greedy: `coli generate`, `coli bench`, the browser's `engine.generate()`.
+    Greedy,
+    /// OpenAI's temperature 1 (top_p 1): the server's `/v1` endpoints and the browser's
+    /// `chat.completions.create`.
+    OpenAi,
+    /// `coli chat`: temperature 0.7, top_p 0.95.
+    Chat,
+}
+
+impl Fallback {
+    /// The fallback sampler, with `seed` (used when the request gives none).
+    pub fn config(self, seed: u64) -> SamplerConfig {
+        let (temperature, top_p) = match self {
+            Fallback::Greedy => (0.0, 1.0),
+            Fallback::OpenAi => (1.0, 1.0),
+            Fallback::Chat => (0.7, 0.95),
+        };
+        SamplerConfig { temperature, top_p, seed, ..SamplerConfig::default() }
+    }
+}
+
 /// What a request asked for; None takes the default.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SamplingRequest {

@@ -11,6 +11,7 @@ pub mod grammar;
 pub mod logprobs;
 pub mod mtp;
 pub mod prefill;
+pub mod request;
 pub mod reuse;
 pub mod speculate;
 pub mod stop;
@@ -20,12 +21,13 @@ use crate::model::{Logits, Model, Session};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
-pub use defaults::{SamplingDefaults, SamplingRequest};
+pub use defaults::{Fallback, SamplingDefaults, SamplingRequest};
 pub use draft::{check_same_tokenizer, Drafter, ModelDrafter};
 pub use grammar::{CompileCancel, Constraint, Grammar};
 pub use logprobs::TokenLogprob;
 pub use mtp::{forward_recording, HiddenLog, MtpDrafter};
 pub use prefill::{feed_chunked, feed_chunked_last, PREFILL_CHUNK};
+pub use request::{Turn, TurnRequest};
 pub use reuse::{keepable, reusable, reuse, Context, ContextPool};
 pub use speculate::SpecStats;
 pub use stop::StopMatcher;
@@ -252,6 +254,53 @@ impl Generator {
         Ok(kept)
     }
 
+    /// Which logits the pass that feeds [`Generator::input`] must return: every fed
+    /// position's while drafts wait to be verified, else the last position's.
+    pub fn logits_wanted(&self) -> Logits {
+        if self.rows_needed() > 1 {
+            Logits::All
+        } else {
+            Logits::Last
+        }
+    }
+
+    /// Takes the logits of the pass that fed [`Generator::input`] (as
+    /// [`Generator::logits_wanted`] asked; rows of `vocab` values) and draws the tokens
+    /// they decide ([`Generator::accept_rows`] on the last [`Generator::rows_needed`] rows).
+    /// Returns how many of the ids fed stay valid in the context.
+    pub fn accept_pass(&mut self, logits: &[f32], vocab: usize, tok: Option<&Tokenizer>) -> Result<usize> {
+        let n = self.rows_needed();
+        if vocab == 0 || logits.len() < n * vocab {
+            return Err(Error::Invalid("the forward pass returned too few logits".into()));
+        }
+        self.accept_rows(&logits[logits.len() - n * vocab..], tok)
+    }
+
+    /// One step of the turn, the same on every surface: drafts from `drafter` where there
+    /// is room for them, one forward pass of [`Generator::input`] (`forward(keep, ids,
+    /// which)`: the context cut back to its first `keep` positions, then `ids` fed), and
+    /// the tokens its logits decide. `fed` is how many positions of the context are valid
+    /// before the step and after it. Returns false, feeding nothing, once finished.
+    pub fn step<'d>(
+        &mut self,
+        forward: &mut ForwardKeep<'_>,
+        fed: &mut usize,
+        drafter: Option<&mut (dyn Drafter + 'd)>,
+        tok: Option<&Tokenizer>,
+    ) -> Result<bool> {
+        if let (Some(d), k @ 1..) = (drafter, self.draft_room()) {
+            let drafts = d.propose(self.context(), k)?;
+            self.push_drafts(&drafts[..drafts.len().min(k)])?;
+        }
+        let Some(ids) = self.input() else { return Ok(false) };
+        let ids = ids.to_vec();
+        let which = self.logits_wanted();
+        let logits = forward(*fed, &ids, which)?;
+        let vocab = logits.len() / if which == Logits::All { ids.len() } else { 1 };
+        *fed += self.accept_pass(&logits, vocab, tok)?;
+        Ok(true)
+    }
+
     /// The ids to feed next (the prompt, then each sampled token); None once finished.
     pub fn input(&self) -> Option<&[u32]> {
         if self.finished.is_some() {
@@ -431,26 +480,16 @@ pub fn drive_drafted(
 ) -> Result<StopReason> {
     let mut fed = history;
     loop {
-        if let (Some(d), k @ 1..) = (drafter.as_deref_mut(), g.draft_room()) {
-            let drafts = d.propose(g.context(), k)?;
-            g.push_drafts(&drafts[..drafts.len().min(k)])?;
-        }
-        let Some(ids) = g.input() else { break };
-        let ids = ids.to_vec();
-        let n = g.rows_needed();
-        let rows = match forward(fed, &ids, if n > 1 { Logits::All } else { Logits::Last }) {
+        let before = g.produced().len();
+        match g.step(forward, &mut fed, drafter.as_deref_mut(), None) {
+            Ok(true) => {}
+            Ok(false) => break,
             Err(Error::Cancelled) => {
                 g.cancel();
                 return Ok(StopReason::Cancelled);
             }
-            r => r?,
-        };
-        let vocab = rows.len() / if n > 1 { ids.len() } else { 1 };
-        if vocab == 0 || rows.len() < n * vocab {
-            return Err(Error::Invalid("the forward pass returned too few logits".into()));
+            Err(e) => return Err(e),
         }
-        let before = g.produced().len();
-        fed += g.accept_rows(&rows[rows.len() - n * vocab..], None)?;
         for i in before..g.produced().len() {
             if !on_token(g.produced()[i]) {
                 g.cancel();

@@ -94,6 +94,11 @@ fn bad(what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("KV cache file: {what}"))
 }
 
+/// A part of the file that fails its checksum.
+fn corrupt(what: impl std::fmt::Display) -> Error {
+    Error::Checksum(format!("KV cache file: {what}"))
+}
+
 /// The header of `s` (without ids) and the positions its caches hold.
 fn session_header(s: &Session, fingerprint: &str) -> Result<(KvHeader, usize)> {
     // After a cut that a recurrent state could not follow, the caches hold fewer ids.
@@ -366,7 +371,7 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
     let head_end = PREFIX_LEN + hlen;
     let sum = bytes.get(head_end..head_end + 8).ok_or_else(|| bad("truncated header"))?;
     if checksum(&bytes[..head_end]) != u64::from_le_bytes(sum.try_into().map_err(|_| bad("truncated"))?) {
-        return Err(bad("header checksum mismatch (corrupt)"));
+        return Err(corrupt("header checksum mismatch (corrupt)"));
     }
     if !h.tokens.is_empty() {
         return Err(bad("a version 2 header holds no ids"));
@@ -391,7 +396,7 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
             .ok_or_else(|| bad(format!("the record at byte {at} runs past the end of the file (truncated?)")))?;
         let (record, sum) = rest[..len].split_at(len - 8);
         if checksum(record) != u64::from_le_bytes(sum.try_into().map_err(|_| bad("truncated"))?) {
-            return Err(bad(format!("checksum mismatch in the record at byte {at} (truncated or corrupt)")));
+            return Err(corrupt(format!("checksum mismatch in the record at byte {at} (truncated or corrupt)")));
         }
         rest = &rest[len..];
         // Widths and states are checked against the model once the file holds a position.
@@ -456,7 +461,7 @@ fn decode_v1(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sessi
     let (body, sum) = bytes.split_at(bytes.len() - 8);
     let want = u64::from_le_bytes(sum.try_into().map_err(|_| bad("truncated"))?);
     if checksum(body) != want {
-        return Err(bad("checksum mismatch (truncated or corrupt)"));
+        return Err(corrupt("checksum mismatch (truncated or corrupt)"));
     }
     let n = h.tokens.len();
     let layers = check_header(&h, n, fingerprint, cfg)?;

@@ -211,25 +211,15 @@ fn speculative_decode(
     let g = Generator::new(&[], prompt, model.cfg.max_positions, &opts)?;
     let mut g = if drafter.is_some() { g.with_external_drafts(max_draft) } else { g.with_speculation(max_draft) };
     let mut fed = g.accept_rows(logits, None)?;
-    let vocab = model.cfg.vocab;
-    loop {
-        if let (Some(d), k @ 1..) = (drafter.as_deref_mut(), g.draft_room()) {
-            let drafts = d.propose(g.context(), k)?;
-            g.push_drafts(&drafts)?;
+    // The engine's step (colibri_engine::generate::Generator::step), as every surface runs it.
+    let mut forward = |keep: usize, ids: &[u32], which: Logits| match log {
+        Some(log) => forward_recording(model, session, log, keep, ids, which),
+        None => {
+            session.truncate(keep);
+            model.forward(session, ids, which)
         }
-        let Some(ids) = g.input() else { break };
-        let ids = ids.to_vec();
-        let rows_n = g.rows_needed();
-        let which = if rows_n > 1 { Logits::All } else { Logits::Last };
-        let rows = match log {
-            Some(log) => forward_recording(model, session, log, fed, &ids, which)?,
-            None => {
-                session.truncate(fed);
-                model.forward(session, &ids, which)?
-            }
-        };
-        fed += g.accept_rows(&rows[rows.len() - rows_n * vocab..], None)?;
-    }
+    };
+    while g.step(&mut forward, &mut fed, drafter.as_deref_mut(), None)? {}
     Ok((g.produced().to_vec(), g.spec_stats()))
 }
 

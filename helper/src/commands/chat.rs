@@ -14,8 +14,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use colibri_engine::generate::{feed_chunked_last, generate_with, reuse, GenerateOptions, StopReason, PREFILL_CHUNK};
-use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::generate::{
+    feed_chunked_last, generate_with, reuse, Fallback, GenerateOptions, StopReason, PREFILL_CHUNK,
+};
 use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream};
 
 use crate::backend::ChatSession;
@@ -177,10 +178,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     });
     let mut opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        sampler: a.sampling.config(
-            &loaded.sampling,
-            SamplerConfig { temperature: 0.7, top_p: 0.95, seed, ..SamplerConfig::default() },
-        ),
+        sampler: a.sampling.config(&loaded.sampling, Fallback::Chat.config(seed)),
         stop_ids: loaded.stop_ids.clone(),
         logprobs: None,
     };

@@ -9,10 +9,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::logprobs::{chat_entry, token_logprob};
 use colibri_engine::generate::{
-    drive, drive_drafted, drive_speculative, feed_chunked, forward_recording, Constraint, GenerateOptions, Generator,
-    Grammar, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
+    drive, drive_drafted, drive_speculative, feed_chunked, forward_recording, Constraint, Fallback, GenerateOptions,
+    Generator, Grammar, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
 };
-use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::tokenizer::{ChatMessage, DecodeStream};
 use colibri_engine::Logits;
 
@@ -134,7 +133,7 @@ fn generate_inner(a: GenerateArgs) -> Result<()> {
     let max_new_tokens = a.max_new_tokens.unwrap_or(if a.chat { usize::MAX } else { RAW_MAX_NEW_TOKENS });
     let opts = GenerateOptions {
         max_new_tokens,
-        sampler: a.sampling.config(&loaded.sampling, SamplerConfig::default()),
+        sampler: a.sampling.config(&loaded.sampling, Fallback::Greedy.config(0)),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() },
         logprobs: None,
     };

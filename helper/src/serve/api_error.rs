@@ -41,6 +41,14 @@ impl ApiError {
         }
     }
 
+    /// The engine's error as a 400: its stable code, and the parameter a
+    /// [`colibri_engine::Error::Param`] names (else `param`).
+    pub fn engine(e: colibri_engine::Error, param: Option<&'static str>) -> Self {
+        let code = e.code();
+        let param = e.param_name().or(param);
+        ApiError::invalid(e.to_string(), param).with_code(code)
+    }
+
     pub(super) fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
@@ -52,6 +60,12 @@ impl ApiError {
 
     pub(super) fn body(&self) -> Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl From<colibri_engine::Error> for ApiError {
+    fn from(e: colibri_engine::Error) -> Self {
+        ApiError::engine(e, None)
     }
 }
 

@@ -497,37 +497,28 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
         }
     }
     let with_logprobs = opts.logprobs.is_some();
-    let vocab = loaded.model.cfg.vocab;
+    // The engine's step (Generator::step): drafts, one pass, the tokens it decides. The
+    // context is cut back to what stays valid before each pass (and after the last).
+    let mut fed = cached;
     loop {
-        if let (Some(d), k @ 1.., None) = (drafter.as_mut(), gen.draft_room(), &first_row) {
-            if let Err(e) = d.propose(gen.context(), k).and_then(|drafts| gen.push_drafts(&drafts)) {
+        let before = gen.produced().len();
+        let mut pass = |keep: usize, ids: &[u32], which: Logits| {
+            // Echo with logprobs fed the prompt already: its last row decides the first token.
+            if let Some(row) = first_row.take() {
+                return Ok(row);
+            }
+            if keep < session.len() {
+                session.truncate(keep);
+            }
+            forward(&mut session, ids, which)
+        };
+        match gen.step(&mut pass, &mut fed, drafter.as_deref_mut(), Some(tok)) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
                 result = Err(e);
                 break;
             }
-        }
-        let Some(ids) = gen.input() else { break };
-        let before = gen.produced().len();
-        let step = if gen.is_speculative() {
-            // Drafts: every fed position's logits, the rejected drafts cut off after.
-            let n = gen.rows_needed();
-            // Where `ids` start in the context (the echo pass fed the prompt already).
-            let start = session.len() - if first_row.is_some() { ids.len().min(session.len()) } else { 0 };
-            let rows = match first_row.take() {
-                Some(row) => Ok(row),
-                None => forward(&mut session, ids, if n > 1 { Logits::All } else { Logits::Last }),
-            };
-            rows.and_then(|r| gen.accept_rows(&r[r.len().saturating_sub(n * vocab)..], Some(tok)))
-                .map(|kept| session.truncate(start + kept))
-        } else {
-            let logits = match first_row.take() {
-                Some(row) => Ok(row),
-                None => forward(&mut session, ids, Logits::Last),
-            };
-            logits.and_then(|l| gen.accept(&l, Some(tok))).map(|_| ())
-        };
-        if let Err(e) = step {
-            result = Err(e);
-            break;
         }
         stats.tokens_generated.fetch_add((gen.produced().len() - before) as u64, Ordering::Relaxed);
         let text = gen.take_text();
@@ -540,6 +531,9 @@ fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: 
             shutting_down = true;
             gen.cancel();
         }
+    }
+    if result.is_ok() && fed < session.len() {
+        session.truncate(fed);
     }
     // A prefill stopped between its chunks: the client left or the helper is shutting
     // down. The chunks fed so far are a valid cache of the prompt's first tokens.

@@ -23,7 +23,6 @@ pub(crate) mod ollama;
 mod openai;
 mod page;
 mod range;
-mod sampling;
 pub mod security;
 mod structured;
 #[cfg(test)]

@@ -11,7 +11,8 @@
 //! echo (completions) in OpenAI's shapes (see [`colibri_engine::generate::logprobs`]).
 //! Structured output (`response_format` json_object / json_schema, llama.cpp's `grammar`,
 //! `tools` / `tool_choice`): see [`super::structured`]. frequency_penalty,
-//! presence_penalty and logit_bias, and what is refused by name: [`super::sampling`];
+//! presence_penalty and logit_bias, and what is refused by name: the engine's
+//! [`colibri_engine::generate::request`], which the browser engine runs too;
 //! n > 1 is refused with 400.
 //! A chat that would overflow the context loses its oldest turns (`truncation: "auto"`,
 //! the default; the response says how many messages in `dropped_messages`); `"disabled"`
@@ -27,9 +28,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs, MAX_TOP_LOGPROBS};
-use colibri_engine::generate::{context_room, GenerateOptions, Grammar, SamplingRequest, TokenLogprob};
-use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs};
+use colibri_engine::generate::request::truncation;
+use colibri_engine::generate::{context_room, Fallback, GenerateOptions, TokenLogprob, TurnRequest};
 use colibri_engine::tokenizer::{answer_reserve, fit_rendered, ChatMessage};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -48,47 +49,25 @@ pub const DEFAULT_MAX_TOKENS: usize = 4096;
 /// Largest request body of the OpenAI endpoints.
 pub const MAX_BODY: usize = 4 << 20;
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum StopField {
-    One(String),
-    Many(Vec<String>),
-}
-
 #[derive(Deserialize, Default)]
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
 }
 
-/// Fields common to both endpoints; unknown fields are ignored, as OpenAI clients send many.
+/// Fields common to both endpoints: the server's own, and the turn's (checked by the
+/// engine, as the browser engine checks them); unknown fields are ignored, as OpenAI
+/// clients send many.
 #[derive(Deserialize, Default)]
 struct Params {
     model: Option<String>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    max_tokens: Option<u64>,
-    max_completion_tokens: Option<u64>,
-    stop: Option<StopField>,
-    seed: Option<i64>,
-    n: Option<u64>,
-    logprobs: Option<Value>,
-    top_logprobs: Option<Value>,
-    response_format: Option<Value>,
-    top_k: Option<usize>,
-    repetition_penalty: Option<f32>,
-    ignore_eos: Option<bool>,
-    /// llama.cpp's extension: a GBNF (or Lark) grammar the output must match.
-    grammar: Option<String>,
-    /// colibri's extension: speculative decoding for this request (see [`Speculation::for_request`]).
-    speculate: Option<Value>,
     /// Ollama's `num_ctx` (also taken here): the context window in tokens, at most the
     /// model's; the prompt and the answer must fit in it.
     num_ctx: Option<usize>,
     #[serde(flatten)]
-    sampling: super::sampling::SamplingParams,
+    turn: TurnRequest,
 }
 
 #[derive(Deserialize)]
@@ -121,7 +100,7 @@ struct ChatRequest {
     tools: Option<Value>,
     /// "auto" (default): drop the oldest turns that do not fit the context; "disabled":
     /// answer 400 `context_length_exceeded` instead (the names of OpenAI's Responses API).
-    truncation: Option<String>,
+    truncation: Option<Value>,
     tool_choice: Option<Value>,
 }
 
@@ -131,7 +110,6 @@ struct CompletionRequest {
     params: Params,
     prompt: Option<Value>,
     echo: Option<bool>,
-    suffix: Option<Value>,
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
@@ -183,39 +161,6 @@ struct Extras {
     tools: Option<Tools>,
 }
 
-/// A whole number in 0..=MAX_TOP_LOGPROBS, or a 400 naming `param`.
-fn top_count(v: &Value, param: &'static str) -> Result<usize, ApiError> {
-    v.as_u64().filter(|&n| n as usize <= MAX_TOP_LOGPROBS).map(|n| n as usize).ok_or_else(|| {
-        ApiError::invalid(format!("{param} must be an integer between 0 and {MAX_TOP_LOGPROBS}"), Some(param))
-    })
-}
-
-/// Chat: `logprobs` (bool) and `top_logprobs` (0..=20, needs logprobs).
-fn chat_logprobs(p: &Params) -> Result<Option<usize>, ApiError> {
-    let on = match &p.logprobs {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::invalid("logprobs must be a boolean", Some("logprobs"))),
-    };
-    let top = match &p.top_logprobs {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(top_count(v, "top_logprobs")?),
-    };
-    match (on, top) {
-        (false, Some(_)) => Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
-        (false, None) => Ok(None),
-        (true, n) => Ok(Some(n.unwrap_or(0))),
-    }
-}
-
-/// Completions: `logprobs` is the number of alternatives (0..=20).
-fn completion_logprobs_param(p: &Params) -> Result<Option<usize>, ApiError> {
-    match &p.logprobs {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => top_count(v, "logprobs").map(Some),
-    }
-}
-
 /// Looks the requested model up and loads it (once): its id, queue and engine.
 pub(super) async fn load_model(
     state: &Arc<AppState>,
@@ -263,60 +208,17 @@ async fn prepare(
     extras: Extras,
     make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<(Vec<u32>, usize), ApiError> + Send + 'static,
 ) -> Result<Prepared, ApiError> {
-    if p.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
-    }
-    // One constraint at most: from tools, response_format or grammar.
-    let mut grammars: Vec<(Grammar, &'static str)> = Vec::new();
-    if let Some(t) = &extras.tools {
-        grammars.push((t.grammar.clone(), "tools"));
-    }
-    if let Some(g) = structured::response_format(p.response_format.as_ref())? {
-        grammars.push((g, "response_format"));
-    }
-    if let Some(g) = p.grammar.as_deref().filter(|g| !g.trim().is_empty()) {
-        grammars.push((Grammar::from_text(g), "grammar"));
-    }
-    if grammars.len() > 1 {
-        let names: Vec<&str> = grammars.iter().map(|g| g.1).collect();
-        return Err(ApiError::invalid(format!("{} cannot be combined", names.join(" and ")), Some(grammars[1].1)));
-    }
-    let grammar = grammars.pop();
-    let grammar_param = grammar.as_ref().map(|g| g.1);
-    if let Some((g, param)) = &grammar {
-        structured::check(g, param)?;
-    }
-    if grammar.is_some() && p.stop.is_some() {
-        let param = grammar.as_ref().map(|g| g.1);
-        return Err(ApiError::invalid(
-            "stop cannot be combined with structured output: the grammar decides where the output ends",
-            param,
-        ));
-    }
-    let stop = match p.stop {
-        None => Vec::new(),
-        Some(StopField::One(s)) => vec![s],
-        Some(StopField::Many(v)) if v.len() <= 16 => v,
-        Some(StopField::Many(_)) => return Err(ApiError::invalid("at most 16 stop sequences", Some("stop"))),
-    };
-    let seed = p.seed.map(|s| s as u64).unwrap_or_else(|| {
+    // Every parameter of the turn, checked by the engine (the browser engine runs the same
+    // check): refusals, types, ranges, one constraint at most, stop strings.
+    let tools = extras.tools.as_ref().map(|t| t.grammar.clone());
+    let mut turn = p.turn.check(tools, extras.echo)?;
+    turn.sampling.seed.get_or_insert_with(|| {
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
             ^ COUNTER.fetch_add(1, Ordering::Relaxed)
     });
-    let mut request = SamplingRequest {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        repetition_penalty: p.repetition_penalty,
-        seed: Some(seed),
-        ..SamplingRequest::default()
-    };
-    p.sampling.apply(&mut request)?;
-    let requested = p.max_completion_tokens.or(p.max_tokens);
-    // max_tokens 0 with echo scores the prompt alone.
-    if requested == Some(0) && !extras.echo {
-        return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens")));
-    }
+    let grammar = turn.grammar.take();
+    let grammar_param = grammar.as_ref().map(|g| g.1);
+    let requested = turn.max_tokens;
 
     let num_ctx = p.num_ctx;
     if num_ctx == Some(0) {
@@ -324,16 +226,15 @@ async fn prepare(
     }
     let (model, slot, loaded) = load_model(state, p.model).await?;
     // The request, then the model's generation_config.json, then OpenAI's defaults.
-    let sampler = loaded.sampling.resolve(&request, &SamplerConfig { temperature: 1.0, ..SamplerConfig::default() });
-    super::sampling::check(&sampler, loaded.model.cfg.vocab)?;
+    let sampler = turn.sampler(&loaded.sampling, &Fallback::OpenAi.config(0), loaded.model.cfg.vocab)?;
     // Template rendering and tokenizing take CPU time in proportion to the request (up to
     // MAX_BODY bytes): off the async workers, so /health and file ranges stay quick.
     // At most PROMPTS_AT_ONCE at a time, which bounds their memory.
     let l = loaded.clone();
-    let turn = state.prompts.clone().acquire_owned().await;
+    let permit = state.prompts.clone().acquire_owned().await;
     let (prompt, dropped_messages) = tokio::task::spawn_blocking(move || {
         let r = make_prompt(&l);
-        drop(turn);
+        drop(permit);
         r
     })
     .await
@@ -363,10 +264,10 @@ async fn prepare(
         .with_code("context_length_exceeded"));
     };
     let max_new_tokens = requested.map_or(DEFAULT_MAX_TOKENS, |r| r.min(usize::MAX as u64) as usize).min(room);
-    let speculation = Speculation::for_request(state.engines.speculation(&slot, &loaded), p.speculate.as_ref())
+    let speculation = Speculation::for_request(state.engines.speculation(&slot, &loaded), p.turn.speculate.as_ref())
         .map_err(|e| ApiError::invalid(e, Some("speculate")))?;
     let admission = admit(state, &slot)?;
-    let stop_ids = if p.ignore_eos.unwrap_or(false) { Vec::new() } else { loaded.stop_ids.clone() };
+    let stop_ids = if turn.ignore_eos { Vec::new() } else { loaded.stop_ids.clone() };
     let echo = if extras.echo {
         let (l, ids) = (loaded.clone(), prompt.clone());
         let text = tokio::task::spawn_blocking(move || match &l.tokenizer {
@@ -383,7 +284,7 @@ async fn prepare(
         loaded: loaded.clone(),
         prompt,
         opts: GenerateOptions { max_new_tokens, sampler, stop_ids, logprobs: extras.logprobs },
-        stop,
+        stop: turn.stop,
         continue_prompt: extras.continue_prompt,
         prompt_logprobs: extras.logprobs.filter(|_| extras.echo),
         constraint,
@@ -604,14 +505,10 @@ async fn prepare_chat(state: &Arc<AppState>, req: ChatRequest) -> Result<Prepare
         };
         turns.push(ChatMessage { role: m.role, content });
     }
-    let logprobs = chat_logprobs(&req.params)?;
-    let truncate = match req.truncation.as_deref() {
-        None | Some("auto") => true,
-        Some("disabled") => false,
-        Some(_) => return Err(ApiError::invalid("truncation must be \"auto\" or \"disabled\"", Some("truncation"))),
-    };
-    let max_tokens =
-        req.params.max_completion_tokens.or(req.params.max_tokens).map(|t| t.min(usize::MAX as u64) as usize);
+    let logprobs = req.params.turn.chat_logprobs().map_err(ApiError::from)?;
+    let truncate = truncation(req.truncation.as_ref()).map_err(ApiError::from)?;
+    // (A bad value is refused by the turn's check.)
+    let max_tokens = req.params.turn.max_tokens().ok().flatten().map(|t| t.min(usize::MAX as u64) as usize);
     let num_ctx = req.params.num_ctx;
     let for_prompt = tools.clone();
     let extras = Extras { logprobs, tools, ..Extras::default() };
@@ -685,10 +582,8 @@ pub(super) async fn prepare_completion_json(state: &Arc<AppState>, req: Value) -
 }
 
 async fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest) -> Result<Prepared, ApiError> {
-    if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
-        return Err(ApiError::invalid("suffix is not supported", Some("suffix")));
-    }
-    let logprobs = completion_logprobs_param(&req.params)?;
+    // (suffix and the other refused fields: the turn's check.)
+    let logprobs = req.params.turn.completion_logprobs().map_err(ApiError::from)?;
     let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true), tools: None };
     let prompt = req.prompt;
     prepare(state, req.params, "cmpl", extras, move |l| Ok((prompt_ids(prompt, l)?, 0))).await

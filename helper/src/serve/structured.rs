@@ -104,14 +104,6 @@ fn bad(msg: impl Into<String>, param: &'static str) -> ApiError {
     ApiError::invalid(msg, Some(param))
 }
 
-/// `response_format` (see [`Grammar::from_response_format`]); a 400 naming it.
-pub fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
-    match v {
-        None => Ok(None),
-        Some(v) => Grammar::from_response_format(v).map_err(|e| bad(e, "response_format")),
-    }
-}
-
 /// Function calling, as decided from `tools` and `tool_choice`.
 #[derive(Clone, Debug)]
 pub struct Tools {
@@ -243,6 +235,16 @@ pub fn tool_calls(text: &str, id: &str) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `response_format` as the endpoints read it: through the engine's request check.
+    fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
+        let mut body = json!({});
+        if let Some(v) = v {
+            body["response_format"] = v.clone();
+        }
+        let turn = colibri_engine::generate::TurnRequest::from_value(&body)?.check(None, false)?;
+        Ok(turn.grammar.map(|g| g.0))
+    }
 
     #[test]
     fn response_formats() {

@@ -18,9 +18,8 @@ use colibri_engine::tokenizer::Tokenizer;
 use colibri_engine::Model;
 use js_sys::Function;
 use serde::Deserialize;
-use wasm_bindgen::prelude::*;
 
-use super::{err, report};
+use super::{err, report, JsFail};
 use crate::browser_source::BrowserSource;
 use crate::net::fetch;
 
@@ -59,7 +58,7 @@ pub(super) async fn fetch_range(
     total: u64,
     phase: &str,
     on_progress: &Option<Function>,
-) -> Result<Vec<u8>, JsError> {
+) -> Result<Vec<u8>, JsFail> {
     const CHUNK: u64 = 8 << 20;
     let mut out = Vec::with_capacity(total as usize);
     let mut off = 0;
@@ -84,9 +83,9 @@ impl DraftModel {
         target: &Tokenizer,
         target_vocab: usize,
         on_progress: &Option<Function>,
-    ) -> Result<DraftModel, JsError> {
+    ) -> Result<DraftModel, JsFail> {
         let base = if base.ends_with('/') { base.to_string() } else { format!("{base}/") };
-        let named = |e: &dyn std::fmt::Display| JsError::new(&format!("draft {name}: {e}"));
+        let named = |e: &dyn std::fmt::Display| JsFail::msg(&format!("draft {name}: {e}"));
         let manifest = fetch(&format!("{base}colibri.json"), None, 5).await.map_err(|e| named(&e))?;
         let container = Container::parse(&manifest, &base).map_err(|e| named(&e))?;
         let m = &container.manifest;

@@ -2,9 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use colibri_engine::generate::Grammar;
+use colibri_engine::generate::request::stop_list;
+use colibri_engine::generate::{Fallback, Grammar, SamplingDefaults, SamplingRequest, Turn, TurnRequest};
+use colibri_engine::sampler::SamplerConfig;
+use colibri_engine::Error;
 use serde::Deserialize;
-use wasm_bindgen::prelude::*;
+use serde_json::Value;
+
+use super::JsFail;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -22,8 +27,8 @@ pub(super) struct GenOptions {
     pub(super) presence_penalty: Option<f32>,
     pub(super) logit_bias: BTreeMap<u32, f32>,
     pub(super) ignore_eos: bool,
-    /// Stop strings: the text ends before the first one.
-    pub(super) stop: Vec<String>,
+    /// Stop strings (one or a list of up to 16): the text ends before the first one.
+    pub(super) stop: Option<Value>,
     /// Record each token's log-probability (taken with `takeLogprobs`).
     pub(super) logprobs: bool,
     /// Alternatives per token with `logprobs` (0 to 20).
@@ -39,10 +44,88 @@ pub(super) struct GenOptions {
     /// "mtp": the drafts come from the model's own MTP layer (CPU backend), `speculate`
     /// per step (1 if 0); "model": from the draft model (`loadDraft`), 4 if 0.
     pub(super) draft: Option<String>,
+    /// An OpenAI chat request as the page gave it (`chat.completions.create`): then the
+    /// settings above are not read (but `draft`), the request's are, checked as the
+    /// helper's API checks them.
+    pub(super) openai: Option<Value>,
+}
+
+/// Completion tokens of an OpenAI request that names no limit (the context may allow fewer).
+pub(super) const OPENAI_MAX_TOKENS: usize = 256;
+
+/// What a generation does, from either kind of options, checked.
+pub(super) struct TurnSettings {
+    pub(super) max_new_tokens: usize,
+    pub(super) sampler: SamplerConfig,
+    pub(super) ignore_eos: bool,
+    pub(super) stop: Vec<String>,
+    pub(super) logprobs: Option<usize>,
+    pub(super) grammar: Option<Grammar>,
+    pub(super) speculate: usize,
+}
+
+/// An OpenAI chat request's turn, checked as the helper's `/v1/chat/completions` checks it
+/// (the engine's [`TurnRequest`]); function calling is the helper's alone.
+pub(super) fn openai_turn(req: &Value) -> Result<Turn, JsFail> {
+    if req.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
+        let why = "tools are not supported by the browser engine; use the helper's /v1/chat/completions";
+        return Err(Error::param("tools", why).into());
+    }
+    Ok(TurnRequest::from_value(req)?.check(None, false)?)
 }
 
 impl GenOptions {
-    pub(super) fn grammar(&self) -> Result<Option<Grammar>, JsError> {
+    /// The settings: the request's, else the model's `defaults` (generation_config.json),
+    /// else the surface's fallback (greedy for `generate`, OpenAI's temperature 1 for an
+    /// OpenAI request); a sampler out of range is an error naming the setting.
+    pub(super) fn turn(&self, vocab: usize, defaults: &SamplingDefaults) -> Result<TurnSettings, JsFail> {
+        let Some(req) = &self.openai else {
+            let request = SamplingRequest {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                repetition_penalty: self.repetition_penalty,
+                seed: Some(self.seed),
+                frequency_penalty: self.frequency_penalty,
+                presence_penalty: self.presence_penalty,
+                logit_bias: self.logit_bias.clone(),
+            };
+            let sampler = defaults.resolve(&request, &Fallback::Greedy.config(0));
+            sampler.validate_params(vocab)?;
+            return Ok(TurnSettings {
+                max_new_tokens: self.max_new_tokens,
+                sampler,
+                ignore_eos: self.ignore_eos,
+                stop: stop_list(self.stop.as_ref())?,
+                logprobs: self.logprobs.then_some(self.top_logprobs),
+                grammar: self.grammar()?,
+                speculate: self.speculate,
+            });
+        };
+        let mut turn = openai_turn(req)?;
+        let r = TurnRequest::from_value(req)?;
+        let logprobs = r.chat_logprobs()?;
+        let speculate = match r.speculate.as_ref() {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => 0,
+            Some(v) => v.as_u64().map(|n| n.min(usize::MAX as u64) as usize).ok_or_else(|| {
+                Error::param("speculate", "speculate must be a whole number of draft tokens per step")
+            })?,
+        };
+        // No seed: a fresh one, as the helper draws one.
+        turn.sampling.seed.get_or_insert_with(|| (js_sys::Math::random() * 2f64.powi(53)) as u64);
+        let openai = Fallback::OpenAi.config(0);
+        Ok(TurnSettings {
+            max_new_tokens: turn.max_tokens.map_or(OPENAI_MAX_TOKENS, |t| t.min(usize::MAX as u64) as usize),
+            sampler: turn.sampler(defaults, &openai, vocab)?,
+            ignore_eos: turn.ignore_eos,
+            stop: turn.stop,
+            logprobs,
+            grammar: turn.grammar.map(|g| g.0),
+            speculate,
+        })
+    }
+
+    pub(super) fn grammar(&self) -> Result<Option<Grammar>, JsFail> {
         let mut all = Vec::new();
         if let Some(s) = &self.json_schema {
             all.push(Grammar::json_schema(s.clone()));
@@ -54,10 +137,10 @@ impl GenOptions {
             all.push(Grammar::Regex(r.clone()));
         }
         if let Some(f) = &self.response_format {
-            all.extend(Grammar::from_response_format(f).map_err(|e| JsError::new(&e))?);
+            all.extend(Grammar::from_response_format(f).map_err(|e| JsFail::msg(&e))?);
         }
         if all.len() > 1 {
-            return Err(JsError::new("give one of jsonSchema, grammar, regex, response_format"));
+            return Err(JsFail::msg("give one of jsonSchema, grammar, regex, response_format"));
         }
         Ok(all.pop())
     }
@@ -66,7 +149,7 @@ impl GenOptions {
 impl Default for GenOptions {
     fn default() -> Self {
         GenOptions {
-            max_new_tokens: 128,
+            max_new_tokens: 32,
             temperature: None,
             top_k: None,
             top_p: None,
@@ -76,7 +159,7 @@ impl Default for GenOptions {
             presence_penalty: None,
             logit_bias: BTreeMap::new(),
             ignore_eos: false,
-            stop: Vec::new(),
+            stop: None,
             logprobs: false,
             top_logprobs: 0,
             json_schema: None,
@@ -85,6 +168,7 @@ impl Default for GenOptions {
             response_format: None,
             speculate: 0,
             draft: None,
+            openai: None,
         }
     }
 }
@@ -92,14 +176,14 @@ impl Default for GenOptions {
 /// generate()'s options that do not parse. JSON nested deeper than serde_json's 128 levels
 /// (a jsonSchema far past the engine's depth limit) is named as such, not as the parser's
 /// "recursion limit exceeded".
-pub(super) fn options_err(e: serde_json::Error) -> JsError {
+pub(super) fn options_err(e: serde_json::Error) -> JsFail {
     if e.to_string().starts_with("recursion limit exceeded") {
-        return JsError::new(&format!(
+        return JsFail::msg(&format!(
             "options: nested more than 128 levels deep (a jsonSchema nests at most {} levels: deeper than that is refused)",
             colibri_engine::generate::grammar::limits::MAX_SCHEMA_DEPTH
         ));
     }
-    JsError::new(&e.to_string())
+    JsFail::msg(&e.to_string())
 }
 
 /// load()'s options.

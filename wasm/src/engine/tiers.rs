@@ -8,7 +8,7 @@ use js_sys::{Function, Promise};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::{err, Engine, Perf, DISK_SHARE};
+use super::{err, Engine, JsFail, Perf, DISK_SHARE};
 use crate::backend::Backend;
 use crate::browser_source::BrowserSource;
 use crate::disk;
@@ -83,7 +83,7 @@ pub(super) async fn learned_usage(usage_for: Option<&Function>, name: &str) -> R
 impl Engine {
     /// Expert-use counts since the last call, as JSON [[layer, expert, count], ...].
     #[wasm_bindgen(js_name = takeUsage)]
-    pub fn take_usage(&self) -> Result<String, JsError> {
+    pub fn take_usage(&self) -> Result<String, JsFail> {
         // The expert source counts every use on either backend (one channel, as natively).
         let _idle = self.state()?;
         let counts = self.model.experts.take_usage();
@@ -96,7 +96,7 @@ impl Engine {
     /// [[layer, expert, uses on the CPU threads, uses on the GPU], ...]; null on the CPU
     /// backend. The uses add up to the growth of `stats().hybrid`'s counts.
     #[wasm_bindgen(js_name = takePlacement)]
-    pub fn take_placement(&self) -> Result<String, JsError> {
+    pub fn take_placement(&self) -> Result<String, JsFail> {
         let _idle = self.state()?;
         let placed = self.backend.take_placement().map_err(err)?;
         let rows =
@@ -108,7 +108,7 @@ impl Engine {
     /// hysteresis, as natively), the disk tier and the GPU pool by the learned counts; returns how many
     /// experts moved. Experts newly pinned in RAM that are not resident are read now.
     #[wasm_bindgen(js_name = endTurn)]
-    pub fn end_turn(&self) -> Result<u32, JsError> {
+    pub fn end_turn(&self) -> Result<u32, JsFail> {
         let _idle = self.state()?;
         let before = self.model.experts.cache_stats().map_or(0, |c| c.repinned);
         self.model.experts.end_turn().map_err(err)?;

@@ -1,15 +1,14 @@
 //! The model's weights at load, and its compute backend: the dense weights come from the
 //! browser's copy in OPFS when it has one, else from the network (downloaded into a new
 //! copy first where one can be kept: crate::dense::DenseSource), into wasm memory for the
-//! CPU backend or straight into GPU buffers for WebGPU. A stored copy that fails the load's checksums is emptied
-//! and the load is done again from the network.
+//! CPU backend or straight into GPU buffers for WebGPU. A stored copy that fails the load's
+//! checksums ([`Error::Checksum`]) is emptied and the load is done again from the network.
 
 use std::rc::Rc;
 use std::sync::Arc;
 
 use colibri_engine::experts::cache::CacheOptions;
 use colibri_engine::experts::usage::ExpertUsage;
-use colibri_engine::format::DENSE_CHECKSUM_MISMATCH;
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::open::Container;
 use colibri_engine::tensor::Bytes;
@@ -20,6 +19,7 @@ use js_sys::Function;
 use crate::backend::{choose, open_gpu, open_gpu_streamed, AutoChoice, Backend, Want};
 use crate::browser_source::BrowserSource;
 use crate::dense::{report, DenseSource, DenseStats};
+use crate::error::JsFail;
 
 /// What building the weights needs from `Engine::load`.
 pub(super) struct Plan<'a> {
@@ -46,13 +46,13 @@ pub(super) type Weights = (Rc<Model>, Backend, Option<AutoChoice>, DenseStats);
 /// copy was read and a dense tensor failed its checksum (a copy that cannot be read is
 /// left for the network by `DenseSource` itself; other failures, such as wasm memory or
 /// the GPU, keep the copy and are the load's error).
-pub(super) async fn load_weights(p: &Plan<'_>, dense: &DenseSource) -> Result<Weights, String> {
+pub(super) async fn load_weights(p: &Plan<'_>, dense: &DenseSource) -> Result<Weights, JsFail> {
     // Without a stored copy, the region is downloaded into a new one first (faster than the
     // load's own reads: several large requests at once), then read from there.
     dense.fill(p.on_progress).await;
     let first = attempt(p, dense).await;
     let (model, backend, auto) = match first {
-        Err(Error::Invalid(why)) if dense.reads_stored() && why.contains(DENSE_CHECKSUM_MISMATCH) => {
+        Err(Error::Checksum(why)) if dense.reads_stored() => {
             dense.refetch(&why);
             attempt(p, dense).await
         }
@@ -61,9 +61,9 @@ pub(super) async fn load_weights(p: &Plan<'_>, dense: &DenseSource) -> Result<We
     .map_err(|e| match e {
         e @ Error::Gpu(_) => {
             let cpu = p.cpu_fit.as_ref().err().map(|c| format!("; and {c}")).unwrap_or_default();
-            format!("WebGPU backend unavailable: {e}{cpu}")
+            JsFail::new(&format!("WebGPU backend unavailable: {e}{cpu}"), Some(e.code()), None)
         }
-        e => e.to_string(),
+        e => e.into(),
     })?;
     Ok((model, backend, auto, dense.finish()))
 }

@@ -157,3 +157,48 @@ fn parameters_that_cannot_be_honoured_are_refused_by_name() {
                         "parallel_tool_calls": true, "logit_bias": {}, "presence_penalty": null}));
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// Bad values, each refused on both endpoints with the parameter's name and the engine's
+/// code (`colibri_engine::Error::Param`, "invalid_parameter"), the code the browser engine
+/// gives for the same request (tests/e2e/sampling.test.mjs). Before the engine checked the
+/// request, a value of the wrong type was a JSON error naming nothing, and none had a code.
+#[test]
+fn bad_values_are_refused_with_their_name_and_the_engine_code() {
+    let s = start("bad-values", |_| {});
+    let (prompt, _) = reference_continuation();
+    let cases = [
+        (json!({"top_k": -1}), "top_k"),
+        (json!({"top_k": 2.5}), "top_k"),
+        (json!({"temperature": "hot"}), "temperature"),
+        (json!({"top_p": 2}), "top_p"),
+        (json!({"seed": "x"}), "seed"),
+        (json!({"stop": 7}), "stop"),
+        (json!({"stop": ["a", 1]}), "stop"),
+        (json!({"max_tokens": -3}), "max_tokens"),
+        (json!({"presence_penalty": 3}), "presence_penalty"),
+        (json!({"logit_bias": {"999999": 5}}), "logit_bias"),
+        (json!({"ignore_eos": "yes"}), "ignore_eos"),
+        (json!({"suffix": "x"}), "suffix"),
+        (json!({"n": 3}), "n"),
+    ];
+    for (extra, param) in cases {
+        for (path, mut body) in [
+            ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]})),
+            ("/v1/completions", json!({"model": MODEL, "prompt": prompt})),
+        ] {
+            body["max_tokens"] = json!(2);
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let r = s.post(path, &body.to_string());
+            assert_eq!(r.status, 400, "{path} {extra}: {}", r.text());
+            let e = &r.json()["error"];
+            assert_eq!(
+                (e["param"].as_str(), e["code"].as_str()),
+                (Some(param), Some("invalid_parameter")),
+                "{path} {extra}: {e}"
+            );
+            assert_eq!(e["type"], "invalid_request_error", "{e}");
+        }
+    }
+}
