@@ -634,3 +634,15 @@ fn gpt_oss_mxfp4_experts_stay_mxfp4() {
     assert_eq!(m["experts"]["layers"][0]["parts"][0]["dtype"], "int8");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// DeepSeek-V4 runs from its checkpoint only for now: converting it is refused with the
+/// reason, and nothing is written.
+#[test]
+fn deepseek_v4_conversion_is_refused() {
+    let dst = scratch("v4");
+    let out = convert(&fixture("deepseek_v4"), &dst, &[], &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("deepseek_v4 cannot be converted yet"), "{err}");
+    assert!(!dst.join("colibri.json").exists());
+}
