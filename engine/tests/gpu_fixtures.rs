@@ -234,3 +234,14 @@ fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
     assert_eq!(gs.cached_len(), 8);
     assert!(gs.bytes() > 4 * 8, "the recurrent state counts in the session's bytes");
 }
+
+/// DeepSeek-V4 is not on the GPU yet: uploading it is refused by name, never run as a
+/// model without its layers.
+#[test]
+fn deepseek_v4_is_refused_by_name() {
+    let Some(ctx) = gpu() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
+    let model = Model::open_dir(&dir).unwrap();
+    let err = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("refused").to_string();
+    assert!(err.contains("deepseek_v4") && err.contains("not on the GPU yet"), "{err}");
+}

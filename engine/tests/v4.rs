@@ -103,19 +103,41 @@ fn hash_layers_use_the_tid2eid_experts() {
     }
 }
 
+/// A conversation written to a cache file turn by turn (a record per turn, as the helper
+/// appends them) and read back holds the very state kept in memory, and continues with
+/// the same bits; the file of another layout is refused.
 #[test]
 fn a_restart_continues_bit_identically() {
     let model = Model::open_dir(&fixture()).unwrap();
     let all = ids(40);
     let mut s = model.new_session();
-    model.forward(&mut s, &all[..21], Logits::All).unwrap();
-    let bytes = kv::encode(&s, "fp").unwrap();
+    // Turns that end inside compression windows (13) and on their boundaries (16).
+    model.forward(&mut s, &all[..13], Logits::All).unwrap();
+    let mut bytes = kv::encode(&s, "fp").unwrap();
+    model.forward(&mut s, &all[13..16], Logits::All).unwrap();
+    bytes.extend(kv::encode_record(&s, "fp", 13).unwrap());
+    model.forward(&mut s, &all[16..21], Logits::All).unwrap();
+    bytes.extend(kv::encode_record(&s, "fp", 16).unwrap());
     let mut back = kv::decode(&bytes, "fp", &model.cfg).unwrap();
     assert_eq!(back.tokens, s.tokens);
+    assert_eq!(back.v4, s.v4, "the state read back is the one kept in memory");
+    assert_eq!(back.cached_len(), 21, "nothing to feed again");
+    let mut read = |at: u64, buf: &mut [u8]| {
+        buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
+        Ok(())
+    };
+    assert_eq!(kv::scan(&mut read, bytes.len() as u64, 1 << 20).unwrap().header.tokens, s.tokens);
     let got = model.forward(&mut back, &all[21..], Logits::All).unwrap();
     let want = model.forward(&mut s, &all[21..], Logits::All).unwrap();
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
-    assert_eq!(back.v4, s.v4, "the state rebuilt from the ids is the one kept in memory");
+    // A cut-off file and another model's layout are refused.
+    assert!(kv::decode(&bytes[..bytes.len() - 9], "fp", &model.cfg).is_err());
+    let other = Model::open_dir(&variant("window", |c| {
+        c.insert("sliding_window".into(), 7.into());
+    }))
+    .unwrap();
+    let e = kv::decode(&bytes, "fp", &other.cfg).err().expect("refused").to_string();
+    assert!(e.contains("layout"), "{e}");
 }
 
 /// Routed experts read from the files when used (a streamed checkpoint, a budget of three

@@ -634,3 +634,28 @@ fn gpt_oss_mxfp4_experts_stay_mxfp4() {
     assert_eq!(m["experts"]["layers"][0]["parts"][0]["dtype"], "int8");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// DeepSeek-V4 runs from its checkpoint only for now: converting it is refused with the
+/// reason, and nothing is written.
+#[test]
+fn deepseek_v4_conversion_is_refused() {
+    let dst = scratch("v4");
+    let out = convert(&fixture("deepseek_v4"), &dst, &[], &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("deepseek_v4 cannot be converted yet"), "{err}");
+    assert!(!dst.join("colibri.json").exists());
+}
+
+/// `coli info` describes DeepSeek-V4's attention as it is (a window and compressed
+/// entries), not as plain GQA, in text and JSON.
+#[test]
+fn deepseek_v4_info_names_its_attention() {
+    let out = coli().arg("info").arg(fixture("deepseek_v4")).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("DeepSeek-V4: a window of 6 keys") && text.contains("grows by 64 bytes per token"), "{text}");
+    let out = coli().arg("info").arg(fixture("deepseek_v4")).arg("--json").output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&v["attention"], &v["kv_cache_bytes_per_token"]), (&"v4".into(), &64.into()), "{v}");
+}

@@ -716,9 +716,13 @@ impl ModelConfig {
         self.linear_attn.as_ref().map_or(0, |la| la.state_floats() * (self.n_layers - self.attention_layers()) * 4)
     }
 
-    /// What the attention layers are: "gqa", "mla" (deepseek_v3), or "gqa+deltanet"
-    /// (qwen3_next: Gated DeltaNet layers with a recurrent state between GQA layers).
+    /// What the attention layers are: "gqa", "mla" (deepseek_v3), "gqa+deltanet"
+    /// (qwen3_next: Gated DeltaNet layers with a recurrent state between GQA layers), or
+    /// "v4" (deepseek_v4: sliding window plus compressed entries).
     pub fn attention_kind(&self) -> &'static str {
+        if self.v4.is_some() {
+            return "v4";
+        }
         match (&self.mla, &self.linear_attn) {
             (Some(_), _) => "mla",
             (None, Some(_)) => "gqa+deltanet",

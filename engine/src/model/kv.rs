@@ -31,6 +31,8 @@ use crate::format::manifest::checksum;
 use crate::model::attention::LayerCache;
 use crate::model::config::ModelConfig;
 use crate::model::deltanet::DeltaState;
+use crate::model::v4::persist::{self, V4Layout};
+use crate::model::v4::V4State;
 use crate::model::Session;
 
 /// Magic of version 1 files (read, no longer written).
@@ -61,6 +63,9 @@ pub struct KvHeader {
     /// for attention layers; empty when the model has none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub states: Vec<(usize, usize)>,
+    /// DeepSeek-V4's layout: its records hold the state of [`persist`] after the ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v4: Option<V4Layout>,
 }
 
 impl KvHeader {
@@ -74,9 +79,14 @@ impl KvHeader {
         self.states.iter().try_fold(0usize, |a, &(c, s)| a.checked_add(c)?.checked_add(s))
     }
 
-    /// Bytes of a version 2 record of `n` positions (None: it would overflow).
-    pub fn record_len(&self, n: usize) -> Option<u64> {
-        let floats = n.checked_mul(self.floats_per_position()?)?.checked_add(self.state_floats()?)?;
+    /// Bytes of a version 2 record of `n` positions after the first `from` (None: it
+    /// would overflow).
+    pub fn record_len(&self, from: usize, n: usize) -> Option<u64> {
+        let v4 = match &self.v4 {
+            Some(v) => v.record_floats(from, from.checked_add(n)?)?,
+            None => 0,
+        };
+        let floats = n.checked_mul(self.floats_per_position()?)?.checked_add(self.state_floats()?)?.checked_add(v4)?;
         let body = n.checked_add(floats)?.checked_mul(4)?;
         (RECORD_HEAD + 8).checked_add(body).map(|b| b as u64)
     }
@@ -87,6 +97,7 @@ impl KvHeader {
             && self.layers == other.layers
             && self.widths == other.widths
             && self.states == other.states
+            && self.v4 == other.v4
     }
 }
 
@@ -104,8 +115,7 @@ fn session_header(s: &Session, fingerprint: &str) -> Result<(KvHeader, usize)> {
     // After a cut that a recurrent state could not follow, the caches hold fewer ids.
     let n = s.cached_len();
     if s.v4.is_some() {
-        // DeepSeek-V4's state (window, compressed entries, carry) is not written yet: the
-        // file holds the ids, and a session read back feeds them again (the same bits).
+        // DeepSeek-V4: no per-position rows; its records hold the state (persist).
         let layers = s.caches.len();
         let h = KvHeader {
             fingerprint: fingerprint.to_string(),
@@ -113,6 +123,7 @@ fn session_header(s: &Session, fingerprint: &str) -> Result<(KvHeader, usize)> {
             tokens: vec![],
             widths: vec![(0, 0); layers],
             states: vec![],
+            v4: s.v4.as_ref().and_then(|v| v.layout.clone()),
         };
         return Ok((h, n));
     }
@@ -128,7 +139,14 @@ fn session_header(s: &Session, fingerprint: &str) -> Result<(KvHeader, usize)> {
     if states.iter().all(|&st| st == (0, 0)) {
         states.clear();
     }
-    let h = KvHeader { fingerprint: fingerprint.to_string(), layers: s.caches.len(), tokens: vec![], widths, states };
+    let h = KvHeader {
+        fingerprint: fingerprint.to_string(),
+        layers: s.caches.len(),
+        tokens: vec![],
+        widths,
+        states,
+        v4: None,
+    };
     Ok((h, n))
 }
 
@@ -161,7 +179,7 @@ pub fn encode_record(s: &Session, fingerprint: &str, from: usize) -> Result<Vec<
         return Err(bad(format!("a record from position {from} of a session of {n}")));
     }
     let count = n - from;
-    let len = h.record_len(count).ok_or_else(|| bad("record too large"))?;
+    let len = h.record_len(from, count).ok_or_else(|| bad("record too large"))?;
     let mut out = Vec::with_capacity(len as usize);
     out.extend_from_slice(RECORD_MAGIC);
     out.extend_from_slice(&(count as u32).to_le_bytes());
@@ -174,6 +192,9 @@ pub fn encode_record(s: &Session, fingerprint: &str, from: usize) -> Result<Vec<
         for x in k.iter().chain(v).chain(state.into_iter().flatten()) {
             out.extend_from_slice(&x.to_le_bytes());
         }
+    }
+    if let (Some(layout), Some(v)) = (&h.v4, &s.v4) {
+        persist::write(&mut out, layout, v, from)?;
     }
     let sum = checksum(&out);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -293,7 +314,7 @@ pub fn scan(
             return Err(bad(format!("no record at byte {at}")));
         }
         let count = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
-        let len = header.record_len(count).filter(|&l| l <= file_len - at);
+        let len = header.record_len(header.tokens.len(), count).filter(|&l| l <= file_len - at);
         let Some(len) = len else { return Err(bad(format!("the record at byte {at} runs past the end of the file"))) };
         if header.tokens.len() + count > max_positions {
             return Err(bad(format!("more than {max_positions} positions")));
@@ -321,8 +342,11 @@ fn check_header(h: &KvHeader, n: usize, fingerprint: &str, cfg: &ModelConfig) ->
     if !(h.states.is_empty() || h.states.len() == h.layers) {
         return Err(bad(format!("{} recurrent states for {} layers", h.states.len(), h.layers)));
     }
+    if h.v4 != V4Layout::of(cfg) {
+        return Err(bad("its DeepSeek-V4 layout is not the model's"));
+    }
     let want = |l: usize| match &cfg.linear_attn {
-        // DeepSeek-V4's files hold ids only (see session_header).
+        // DeepSeek-V4's records hold its state, no per-position rows (see session_header).
         _ if cfg.v4.is_some() => (0, (0, 0)),
         Some(la) if la.layers.get(l) == Some(&true) => {
             (0, ((la.conv_kernel - 1) * la.conv_dim(), la.n_v_heads * la.k_head_dim * la.v_head_dim))
@@ -379,6 +403,7 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
     check_header(&h, 0, fingerprint, cfg)?;
     let mut caches = vec![LayerCache::default(); h.layers];
     let mut tokens = Vec::new();
+    let mut v4: Option<Box<V4State>> = None;
     let mut rest = &bytes[head_end + 8..];
     while !rest.is_empty() {
         let at = bytes.len() - rest.len();
@@ -390,7 +415,7 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
             return Err(bad(format!("more than {} positions; the model's context", cfg.max_positions)));
         }
         let len = h
-            .record_len(n)
+            .record_len(tokens.len(), n)
             .and_then(|l| usize::try_from(l).ok())
             .filter(|&l| l <= rest.len())
             .ok_or_else(|| bad(format!("the record at byte {at} runs past the end of the file (truncated?)")))?;
@@ -420,11 +445,18 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
                 c.recurrent = Some(Box::new(r));
             }
         }
+        if let Some(layout) = &h.v4 {
+            let st = v4.get_or_insert_with(|| Box::new(V4State::new(Some(layout.clone()))));
+            persist::read(&mut floats, layout, st, tokens.len() - n, tokens.len())?;
+        }
         if !floats.is_empty() {
             return Err(bad(format!("{} bytes after the last layer of the record at byte {at}", floats.len())));
         }
     }
-    Ok(Session { caches, tokens, v4: None })
+    if v4.is_none() {
+        v4 = h.v4.as_ref().map(|l| Box::new(V4State::new(Some(l.clone()))));
+    }
+    Ok(Session { caches, tokens, v4 })
 }
 
 /// `bytes` (a version 2 file, perhaps mangled) with its header's and every whole record's
@@ -437,10 +469,12 @@ pub fn reseal(bytes: &[u8]) -> Option<Vec<u8>> {
     let mut out = bytes.get(..head_end)?.to_vec();
     out.extend_from_slice(&checksum(&out).to_le_bytes());
     let mut rest = bytes.get(head_end + 8..).unwrap_or_default();
+    let mut pos = 0usize;
     while rest.len() >= RECORD_HEAD {
         let n = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
-        match h.record_len(n).and_then(|l| usize::try_from(l).ok()).filter(|&l| l <= rest.len()) {
+        match h.record_len(pos, n).and_then(|l| usize::try_from(l).ok()).filter(|&l| l <= rest.len()) {
             Some(len) => {
+                pos = pos.saturating_add(n);
                 let body = &rest[..len - 8];
                 out.extend_from_slice(body);
                 out.extend_from_slice(&checksum(body).to_le_bytes());

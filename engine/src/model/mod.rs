@@ -112,7 +112,7 @@ impl Session {
         // DeepSeek-V4's compressed state cannot go back: it restarts, and the next pass
         // feeds the kept tokens again.
         if let Some(v) = self.v4.as_deref_mut().filter(|v| v.pos > len) {
-            *v = v4::V4State::default();
+            *v = v4::V4State::new(v.layout.take());
         }
         for c in &mut self.caches {
             c.truncate(len);
@@ -445,7 +445,7 @@ impl Model {
         Session {
             caches: vec![LayerCache::default(); self.cfg.n_layers],
             tokens: Vec::new(),
-            v4: self.v4.as_ref().map(|_| Box::default()),
+            v4: self.v4.as_ref().map(|_| Box::new(v4::V4State::new(v4::persist::V4Layout::of(&self.cfg)))),
         }
     }
 
@@ -514,7 +514,7 @@ impl Model {
         if self.v4.is_some() && session.v4.is_none() {
             // A V4 session without its state (read back from a cache file): the tokens
             // are fed again.
-            session.v4 = Some(Box::default());
+            session.v4 = Some(Box::new(v4::V4State::new(v4::persist::V4Layout::of(&self.cfg))));
         }
         let held = session.cached_len();
         if held < session.tokens.len() {
@@ -543,6 +543,9 @@ impl Model {
         if let Some(w) = &self.v4 {
             // DeepSeek-V4: the graph's V4 pass over the session's V4 state.
             let state = session.v4.get_or_insert_with(Default::default);
+            if state.layout.is_none() {
+                state.layout = v4::persist::V4Layout::of(&self.cfg);
+            }
             let mut pass = cpu::CpuPass {
                 ops: cpu::CpuOps::for_positions(&self.rope, pos0, n, &mut session.caches).with_v4(
                     state,
@@ -563,7 +566,7 @@ impl Model {
                     }
                 }
                 // A pass that failed half way leaves no usable state.
-                Err(_) => session.v4 = Some(Box::default()),
+                Err(_) => session.v4 = Some(Box::new(v4::V4State::new(v4::persist::V4Layout::of(&self.cfg)))),
             }
             return out;
         }

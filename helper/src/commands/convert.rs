@@ -241,6 +241,12 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         let (config, cfg) = hf.context("the checkpoint's config")?;
         (config, cfg, hf_store.context("the checkpoint's tensors")?, Vec::new(), None, None)
     };
+    if cfg.v4.is_some() {
+        bail!(
+            "{}: deepseek_v4 cannot be converted yet (a colibri container of it would not open): run it from its checkpoint directory",
+            a.src.display()
+        );
+    }
     let model = match Model::from_store(cfg.clone(), &convert_source::planning_store(&cfg, &store)?) {
         Err(e) if gguf => bail!("{}: the GGUF lacks a tensor of this model: {e}", a.src.display()),
         m => m?,

@@ -220,7 +220,22 @@ pub fn info(a: InfoArgs) -> Result<()> {
         c.model_type, c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, c.max_positions
     );
     let kv = c.cache_floats_per_layer();
-    match &c.mla {
+    if let Some(v4) = &c.v4 {
+        let count = |k: colibri_engine::model::config::V4Attn| v4.layers.iter().filter(|&&x| x == k).count();
+        use colibri_engine::model::config::V4Attn::{Csa, Hca, Sliding};
+        println!(
+            "attention     DeepSeek-V4: a window of {} keys on every layer; {} sliding-only, {} CSA (an entry per {} positions, top {} by the indexer), {} HCA (an entry per {}); the cache grows by {} bytes per token",
+            v4.window,
+            count(Sliding),
+            count(Csa),
+            v4.csa_rate,
+            v4.index_topk,
+            count(Hca),
+            v4.hca_rate,
+            c.kv_cache_bytes_per_token()
+        );
+    } else {
+        match &c.mla {
         Some(m) => match &m.dsa {
             None => println!(
                 "attention     MLA: latent {} + rope key {} = {kv} floats cached per token and layer",
@@ -242,6 +257,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
             c.n_layers
         ),
         None => println!("attention     GQA: {kv} floats cached per token and layer"),
+    }
     }
     if let Some(la) = &c.linear_attn {
         println!(

@@ -30,6 +30,7 @@ pub mod compress;
 pub mod hc;
 pub mod load;
 pub mod moe;
+pub mod persist;
 
 use crate::experts::Expert;
 use crate::tensor::Mat;
@@ -132,6 +133,15 @@ pub struct V4LayerState {
 pub struct V4State {
     pub pos: usize,
     pub layers: Vec<V4LayerState>,
+    /// The model's sizes, for a cache file ([`persist`]).
+    pub layout: Option<persist::V4Layout>,
+}
+
+impl V4State {
+    /// The empty state of a model laid out as `layout`.
+    pub fn new(layout: Option<persist::V4Layout>) -> Self {
+        V4State { layout, ..Default::default() }
+    }
 }
 
 impl V4State {
