@@ -130,3 +130,45 @@ fn bad_batches_are_clear_errors_and_leave_the_sessions_alone() {
     let got = model.forward_batch(&mut [&mut a], &[&[4]]).unwrap();
     same_bits("after a refused batch", &got[0], &want);
 }
+
+/// Each sequence gets the logits it asks for: none (a prompt's unfinished chunk), its last
+/// row, or every row of its ids (speculation's verification, echo's prompt logprobs), the
+/// bits `Model::forward` gives alone; a recurrent family feeds tokens again first and still
+/// returns only its own ids' rows.
+#[test]
+fn a_batch_gives_each_sequence_the_rows_it_asks_for() {
+    for &name in &["olmoe", "deepseek_v32", "qwen3_next"] {
+        let model = open(name);
+        let v = model.cfg.vocab as u32;
+        let prompts: Vec<Vec<u32>> =
+            (0..3u32).map(|s| (0..5 + 3 * s).map(|i| (i * 7919 + 31 * s + 1) % v).collect()).collect();
+        let which = [None, Some(Logits::Last), Some(Logits::All)];
+        let mut alone = Vec::new();
+        for (p, w) in prompts.iter().zip(&which) {
+            let mut s = model.new_session();
+            alone.push(match w {
+                None => {
+                    model.forward(&mut s, p, Logits::Last).unwrap();
+                    Vec::new()
+                }
+                Some(w) => model.forward(&mut s, p, *w).unwrap(),
+            });
+        }
+        let mut sessions: Vec<_> = prompts.iter().map(|_| model.new_session()).collect();
+        let mut refs: Vec<_> = sessions.iter_mut().collect();
+        let ids: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        let got = model.forward_batch_rows(&mut refs, &ids, &which).unwrap();
+        for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+            same_bits(&format!("{name} sequence {i}"), g, a);
+        }
+        assert_eq!(got[2].len(), prompts[2].len() * model.cfg.vocab, "{name}: every row of the third");
+        // The sessions hold what was fed: a next token decodes as alone.
+        let next = [3u32 % v];
+        let mut s = model.new_session();
+        model.forward(&mut s, &prompts[0], Logits::Last).unwrap();
+        let want = model.forward(&mut s, &next, Logits::Last).unwrap();
+        let mut one = [&mut sessions[0]];
+        let got = model.forward_batch_rows(&mut one, &[&next], &[Some(Logits::Last)]).unwrap();
+        same_bits(&format!("{name} after a rowless chunk"), &got[0], &want);
+    }
+}

@@ -12,13 +12,32 @@
 
 use crate::error::{Error, Result};
 use crate::model::attention::LayerCache;
-use crate::model::{cpu, graph, Model, Session};
+use crate::model::{cpu, graph, Logits, Model, Session};
 
 impl Model {
     /// One forward pass over several sessions: `ids[i]` are fed to `sessions[i]` (at least
     /// one token each); returns each sequence's last-position logits, in order.
     pub fn forward_batch(&self, sessions: &mut [&mut Session], ids: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
         self.forward_batch_with(sessions, ids, &mut |_, _, _| {})
+    }
+
+    /// Whether [`Model::forward_batch`] runs this model (DeepSeek-V4 does not yet: one
+    /// sequence per pass there).
+    pub fn batches(&self) -> bool {
+        self.v4.is_none()
+    }
+
+    /// [`Model::forward_batch`] with the logits each sequence asks for: `which[i]` None
+    /// (an unfinished prompt's chunk: none), `Last` (its last position's row) or `All`
+    /// (a row per id of `ids[i]`, as [`Model::forward`] gives them); each sequence's rows
+    /// in order, (rows, vocab) row-major.
+    pub fn forward_batch_rows(
+        &self,
+        sessions: &mut [&mut Session],
+        ids: &[&[u32]],
+        which: &[Option<Logits>],
+    ) -> Result<Vec<Vec<f32>>> {
+        self.forward_batch_full(sessions, ids, which, &mut |_, _, _| {})
     }
 
     /// [`Model::forward_batch`], reporting every routed expert use as
@@ -29,10 +48,25 @@ impl Model {
         ids: &[&[u32]],
         on_use: &mut dyn FnMut(usize, usize, usize),
     ) -> Result<Vec<Vec<f32>>> {
+        self.forward_batch_full(sessions, ids, &vec![Some(Logits::Last); ids.len()], on_use)
+    }
+
+    fn forward_batch_full(
+        &self,
+        sessions: &mut [&mut Session],
+        ids: &[&[u32]],
+        which: &[Option<Logits>],
+        on_use: &mut dyn FnMut(usize, usize, usize),
+    ) -> Result<Vec<Vec<f32>>> {
         self.check_cpu()?;
         let c = &self.cfg;
-        if sessions.len() != ids.len() {
-            return Err(Error::Invalid(format!("{} sessions for {} inputs", sessions.len(), ids.len())));
+        if sessions.len() != ids.len() || which.len() != ids.len() {
+            return Err(Error::Invalid(format!(
+                "{} sessions and {} logits choices for {} inputs",
+                sessions.len(),
+                which.len(),
+                ids.len()
+            )));
         }
         if let Some(i) = ids.iter().position(|t| t.is_empty()) {
             return Err(Error::Invalid(format!("sequence {i} of the batch has no tokens")));
@@ -54,12 +88,20 @@ impl Model {
                 s.caches = vec![LayerCache::default(); c.n_layers];
             }
         }
+        // The rows each sequence asks for: of its own ids, not of those fed again.
         let mut rows = Vec::with_capacity(feeds.len());
+        let mut counts = Vec::with_capacity(feeds.len());
         let mut seqs = Vec::with_capacity(feeds.len());
         let mut end = 0;
-        for (s, feed) in sessions.iter_mut().zip(&feeds) {
+        for (((s, feed), t), w) in sessions.iter_mut().zip(&feeds).zip(ids).zip(which) {
             end += feed.len();
-            rows.push(end - 1);
+            let first = match w {
+                None => end,
+                Some(Logits::Last) => end - 1,
+                Some(Logits::All) => end - t.len(),
+            };
+            rows.extend(first..end);
+            counts.push(end - first);
             seqs.push(cpu::Seq::new(s.tokens.len(), feed.len(), &mut s.caches));
         }
         let all: Vec<u32> = feeds.iter().flatten().copied().collect();
@@ -76,7 +118,13 @@ impl Model {
                 for (s, feed) in sessions.iter_mut().zip(&feeds) {
                     s.tokens.extend_from_slice(feed);
                 }
-                Ok(logits.chunks_exact(c.vocab).map(<[f32]>::to_vec).collect())
+                let mut out = Vec::with_capacity(counts.len());
+                let mut at = 0;
+                for k in counts {
+                    out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
+                    at += k;
+                }
+                Ok(out)
             }
             Err(e) => {
                 // Leave every session as it was before the pass (its caches may hold part).

@@ -415,7 +415,7 @@ pub(crate) async fn forward<'w, B: Backend<'w>>(
 }
 
 /// The forward pass of `ids` with the logits of the rows `rows` only ((rows, vocab), in
-/// that order): a batch's last row of each sequence.
+/// that order): the rows each sequence of a batch asks for (none at all: the layers only).
 pub(crate) async fn forward_rows<'w, B: Backend<'w>>(b: &mut B, ids: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
     let c = &b.model().cfg;
     let (n, h, k) = (ids.len(), c.hidden, rows.len());
@@ -426,6 +426,9 @@ pub(crate) async fn forward_rows<'w, B: Backend<'w>>(b: &mut B, ids: &[u32], row
         return Err(crate::error::Error::Invalid("deepseek_v4 does not run batched yet: one sequence per pass".into()));
     }
     let x = layers(b, ids).await?;
+    if k == 0 {
+        return Ok(Vec::new());
+    }
     let mut hn = b.alloc("hn", k * h)?;
     for (j, &r) in rows.iter().enumerate() {
         b.copy(&x, r * h, &mut hn, j * h, h)?;

@@ -15,6 +15,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub param: Option<&'static str>,
     pub code: Option<&'static str>,
+    /// Seconds a client should wait before trying again (a 503's `Retry-After`).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -38,6 +40,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -55,7 +58,13 @@ impl ApiError {
     }
 
     pub(super) fn server(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind: "server_error", param: None, code: None }
+        ApiError { status, message: message.into(), kind: "server_error", param: None, code: None, retry_after: None }
+    }
+
+    /// Asks the client to try again after `seconds` (`Retry-After`).
+    pub(super) fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     pub(super) fn body(&self) -> Value {
@@ -71,7 +80,11 @@ impl From<colibri_engine::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(s));
+        }
+        r
     }
 }
 

@@ -1,24 +1,20 @@
 //! The native engine behind the OpenAI endpoints: models loaded on first use and kept,
-//! one generation per model at a time (the others wait in a bounded queue), each run on
-//! the blocking pool and streaming text pieces through a channel. A generation stops
-//! when its client goes away (the channel closes) or the helper shuts down: at its next
-//! token, or during a long prompt at the next chunk of its prefill. Each model
-//! keeps its last conversations' caches ([`ContextPool`]): a request that extends one
-//! feeds only its new tokens (reported as `cached_tokens`).
+//! each with its generations (up to `--parallel` of them) running together in one batch
+//! ([`super::batch`]: continuous batching), the others waiting in a bounded queue; each
+//! streams text pieces through a channel. A generation stops when its client goes away
+//! (the channel closes) or the helper shuts down: at its next token, or during a long
+//! prompt at the next chunk of its prefill. Each model keeps its last conversations'
+//! caches ([`ContextPool`]): a request that extends one feeds only its new tokens
+//! (reported as `cached_tokens`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use colibri_engine::generate::logprobs::sequence_logprobs;
-use colibri_engine::generate::{
-    feed_chunked, forward_recording, Constraint, ContextPool, Drafter, GenerateOptions, Generator, ModelDrafter,
-    MtpDrafter, StopReason, TokenLogprob, PREFILL_CHUNK,
-};
+use colibri_engine::generate::{Constraint, ContextPool, GenerateOptions, TokenLogprob};
 use colibri_engine::model::config::ModelConfig;
-use colibri_engine::tokenizer::DecodeStream;
-use colibri_engine::{Logits, Session};
+use colibri_engine::Session;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
 
 use super::models::ModelEntry;
@@ -63,23 +59,29 @@ impl Speculation {
     }
 }
 
-/// Generations that run at once on one model (the others wait in its queue).
-const RUNNING_PER_MODEL: usize = 1;
+/// Generations that run at once on one model by default (`coli serve --parallel`).
+pub const DEFAULT_PARALLEL: usize = 4;
 
 /// A loaded model and its generation queue.
 pub struct Slot {
-    loaded: OnceCell<Arc<Loaded>>,
+    pub(super) loaded: OnceCell<Arc<Loaded>>,
     /// The speculation its generations use (decided once: the draft only where the
     /// tokenizers agree).
     speculation: std::sync::OnceLock<Option<Speculation>>,
-    /// Generations allowed at once on this model.
+    /// Generations (and /v1/choose calls) allowed at once on this model: the batch's size.
     running: Arc<Semaphore>,
+    parallel: usize,
     /// Generations admitted (running or waiting).
     admitted: AtomicUsize,
     /// The last conversations' caches, for requests that extend them.
-    contexts: Mutex<ContextPool<Session>>,
+    pub(super) contexts: Mutex<ContextPool<Session>>,
     /// The same on disk, for after a restart (None without a data directory).
-    store: OnceCell<Option<KvStore>>,
+    pub(super) store: OnceCell<Option<KvStore>>,
+    /// Generations waiting to join the batch, and whether its driver runs.
+    pub(super) incoming: Mutex<super::batch::Incoming>,
+    /// A generation joins the batch while the running ones' caches hold at most this many
+    /// bytes (the KV budget; one always runs).
+    pub(super) kv_active_bytes: usize,
 }
 
 /// How many conversations' caches each model keeps, and in how many bytes at most.
@@ -100,8 +102,10 @@ impl Default for KvBudget {
 /// Every model loaded so far.
 pub struct Engines {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
-    /// Most generations admitted per model; more get 503.
+    /// Most generations admitted per model (running or waiting); more get 503.
     pub max_queue: usize,
+    /// Generations running together per model (one batch).
+    pub parallel: usize,
     /// Expert-cache budget in bytes for converted models (None: no limit).
     ram: Option<u64>,
     /// Conversation caches kept per model.
@@ -118,6 +122,7 @@ pub struct SlotMetrics {
     pub loaded: bool,
     pub admitted: usize,
     pub running: usize,
+    pub parallel: usize,
     pub kv_conversations: usize,
     pub kv_bytes: usize,
     pub cache: Option<colibri_engine::experts::cache::CacheStats>,
@@ -135,6 +140,7 @@ impl Engines {
         Engines {
             slots: Mutex::new(HashMap::new()),
             max_queue: max_queue.max(1),
+            parallel: DEFAULT_PARALLEL,
             ram,
             speculation,
             kv: KvBudget::default(),
@@ -187,7 +193,8 @@ impl Engines {
                     loaded: slot.loaded.get().is_some(),
                     model,
                     admitted: slot.admitted.load(std::sync::atomic::Ordering::Relaxed),
-                    running: RUNNING_PER_MODEL.saturating_sub(slot.running.available_permits()),
+                    running: slot.parallel.saturating_sub(slot.running.available_permits()),
+                    parallel: slot.parallel,
                     kv_conversations,
                     kv_bytes,
                     cache: slot.loaded.get().and_then(|l| l.model.experts.cache_stats()),
@@ -206,10 +213,13 @@ impl Engines {
                 Arc::new(Slot {
                     loaded: OnceCell::new(),
                     speculation: std::sync::OnceLock::new(),
-                    running: Arc::new(Semaphore::new(RUNNING_PER_MODEL)),
+                    running: Arc::new(Semaphore::new(self.parallel)),
+                    parallel: self.parallel,
                     admitted: AtomicUsize::new(0),
                     contexts: Mutex::new(ContextPool::new(self.kv.conversations, self.kv.bytes)),
                     store: OnceCell::new(),
+                    incoming: Mutex::new(Default::default()),
+                    kv_active_bytes: self.kv.bytes,
                 })
             })
             .clone()
@@ -314,7 +324,6 @@ pub enum Event {
 
 /// One generation request, ready to run.
 pub struct Job {
-    pub loaded: Arc<Loaded>,
     pub prompt: Vec<u32>,
     pub opts: GenerateOptions,
     pub stop: Vec<String>,
@@ -329,14 +338,14 @@ pub struct Job {
     pub speculation: Option<Speculation>,
 }
 
-/// Starts `job` once the model is free; events arrive on the returned channel. Dropping
-/// the receiver cancels the generation at its next token.
+/// Starts `job` once the model has room in its batch; events arrive on the returned
+/// channel. Dropping the receiver cancels the generation at its next step.
 pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) -> mpsc::Receiver<Event> {
     let (tx, rx) = mpsc::channel(32);
     tokio::spawn(async move {
         let running = admission.0.running.clone();
-        // A client that leaves while its generation waits for the model frees its place
-        // in the queue at once (not when the generation's turn comes).
+        // A client that leaves while its generation waits for room frees its place in
+        // the queue at once (not when the generation's turn comes).
         let permit = tokio::select! {
             p = running.acquire_owned() => p,
             _ = tx.closed() => return,
@@ -345,43 +354,21 @@ pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<At
         if tx.is_closed() || shutdown.load(Ordering::Relaxed) {
             return;
         }
-        stats.generations_started.fetch_add(1, Ordering::Relaxed);
-        stats.generations_active.fetch_add(1, Ordering::Relaxed);
-        let st = stats.clone();
         let slot = admission.0.clone();
-        let ran = tokio::task::spawn_blocking(move || {
-            let kv = Kv { pool: &slot.contexts, store: slot.store.get().and_then(Option::as_ref) };
-            let (last, cancelled) = run(job, kv, &tx, &st, &shutdown);
-            // Account and free the model before the last event, so that a client that
-            // sees it finds the generation over and the queue free.
-            st.generations_active.fetch_sub(1, Ordering::Relaxed);
-            let counter = if cancelled { &st.generations_cancelled } else { &st.generations_finished };
-            counter.fetch_add(1, Ordering::Relaxed);
-            drop(admission);
-            drop(permit);
-            if let Some(ev) = last {
-                let _ = tx.blocking_send(ev);
-            }
-        })
-        .await;
-        if ran.is_err() {
-            // The engine panicked: the ticket and permit were dropped while unwinding.
-            stats.generations_active.fetch_sub(1, Ordering::Relaxed);
-            stats.generations_cancelled.fetch_add(1, Ordering::Relaxed);
-        }
+        super::batch::enqueue(&slot, super::batch::Entry { job, tx, admission, permit }, stats, shutdown);
     });
     rx
 }
 
 /// A model's conversation caches: in memory, and on disk when there is a data directory.
-struct Kv<'a> {
-    pool: &'a Mutex<ContextPool<Session>>,
-    store: Option<&'a KvStore>,
+pub(super) struct Kv<'a> {
+    pub pool: &'a Mutex<ContextPool<Session>>,
+    pub store: Option<&'a KvStore>,
 }
 
 impl Kv<'_> {
     /// The cache that keeps the most of `ids`, from memory or else from disk; None: none.
-    fn take(&self, cfg: &ModelConfig, ids: &[u32]) -> Option<(Session, usize)> {
+    pub fn take(&self, cfg: &ModelConfig, ids: &[u32]) -> Option<(Session, usize)> {
         let mem = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take(ids);
         let kept = mem.as_ref().map_or(0, |m| m.1);
         match self.store.and_then(|s| s.find(cfg, ids, kept)) {
@@ -396,193 +383,10 @@ impl Kv<'_> {
     }
 
     /// Keeps `s` for the next request: in memory, and written to disk.
-    fn put(&self, s: Session) {
+    pub fn put(&self, s: Session) {
         if let Some(store) = self.store {
             store.save(&s);
         }
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).put(s);
     }
-}
-
-/// Runs the generation on this (blocking) thread, sending text as it comes; returns the
-/// last event to send (Done or Error; None if the client is gone) and whether the
-/// generation was cancelled. The conversation's cache comes from `kv` (the longest prefix
-/// of the prompt some earlier request left, in memory or on disk) and goes back there.
-fn run(job: Job, kv: Kv<'_>, tx: &mpsc::Sender<Event>, stats: &Stats, shutdown: &AtomicBool) -> (Option<Event>, bool) {
-    let Job { loaded, prompt, opts, stop, continue_prompt, prompt_logprobs, constraint, speculation } = job;
-    let Some(tok) = loaded.tokenizer.as_ref() else {
-        return (Some(Event::Error("this model has no tokenizer".into())), false);
-    };
-    let stream = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
-    // MTP drafts read the hidden state of every position (a reused cache has none).
-    let mtp = speculation.as_ref().is_some_and(|s| s.mtp);
-    let mtp_drafter = if mtp { Some(MtpDrafter::new(&loaded.model)) } else { None }.transpose();
-    let mtp_drafter = match mtp_drafter {
-        Ok(d) => d,
-        Err(e) => return (Some(Event::Error(e.to_string())), false),
-    };
-    let log = mtp_drafter.as_ref().map(|d| d.log());
-    // A forward pass after what `session` holds (recording the hidden states for MTP); else on
-    // a worker of the CPU pool (`flags::on_pool`: its parallel regions then start on a
-    // worker). One hand-off per pass, not per request: between passes this thread waits
-    // for the client (`blocking_send`), which must not hold a worker.
-    //
-    // A prompt is fed in chunks of PREFILL_CHUNK positions, and before each one the
-    // generation checks that its client is still there and the helper not shutting down:
-    // a client that leaves during a long prefill frees the model within one chunk, not
-    // at the end of the whole prompt (the same bits as one pass: generate::prefill).
-    let model = &loaded.model;
-    let go_on = || !tx.is_closed() && !shutdown.load(Ordering::Relaxed);
-    let forward = |session: &mut Session, ids: &[u32], which: Logits| {
-        let mut pass = |part: &[u32], which| match &log {
-            // The MTP log is not Send: those passes stay on this thread.
-            Some(log) => forward_recording(model, session, log, session.len(), part, which),
-            None => crate::flags::on_pool(|| model.forward(session, part, which)),
-        };
-        feed_chunked(&mut pass, ids, which, PREFILL_CHUNK, &mut || go_on())
-    };
-    // Echo with logprobs needs every prompt position's logits: nothing is reused then.
-    let taken = match prompt_logprobs {
-        None if !mtp => kv.take(&loaded.model.cfg, &prompt),
-        _ => None,
-    };
-    let (mut session, cached) = taken.unwrap_or_else(|| (loaded.model.new_session(), 0));
-    let (history, fresh) = prompt.split_at(cached);
-    let mut gen = match Generator::new(history, fresh, loaded.model.cfg.max_positions, &opts) {
-        Ok(g) => g.with_text(stream, stop),
-        Err(e) => return (Some(Event::Error(e.to_string())), false),
-    };
-    if let Some(c) = constraint {
-        gen = gen.with_constraint(c);
-    }
-    let mut drafter: Option<Box<dyn Drafter + '_>> = None;
-    match speculation {
-        Some(Speculation { max_draft, mtp: true, .. }) => {
-            gen = gen.with_external_drafts(max_draft);
-            drafter = mtp_drafter.map(|d| Box::new(d) as Box<dyn Drafter>);
-        }
-        Some(Speculation { max_draft, draft: Some(d), .. }) => {
-            gen = gen.with_external_drafts(max_draft);
-            let (mut ds, vocab, max_positions) =
-                (d.model.new_session(), loaded.model.cfg.vocab, d.model.cfg.max_positions);
-            let forward = Box::new(move |keep, ids: &[u32], which| {
-                ds.truncate(keep);
-                crate::flags::on_pool(|| d.model.forward(&mut ds, ids, which))
-            });
-            drafter = Some(Box::new(ModelDrafter::new(forward, max_positions, vocab)));
-        }
-        Some(Speculation { max_draft, draft: None, .. }) => gen = gen.with_speculation(max_draft),
-        None => {}
-    }
-    let mut client_gone = false;
-    let mut shutting_down = false;
-    let mut result = Ok(());
-    // Echo with logprobs: the prompt once with every position's logits; its last row
-    // gives the first token.
-    let mut first_row = None;
-    if let Some(n) = prompt_logprobs {
-        let vocab = loaded.model.cfg.vocab;
-        match forward(&mut session, &prompt, Logits::All) {
-            Ok(rows) => {
-                if tx.blocking_send(Event::Prompt(sequence_logprobs(&rows, &prompt, vocab, n))).is_err() {
-                    client_gone = true;
-                    gen.cancel();
-                }
-                first_row = Some(rows[rows.len() - vocab..].to_vec());
-            }
-            Err(e) => {
-                result = Err(e);
-                gen.cancel();
-            }
-        }
-    }
-    let with_logprobs = opts.logprobs.is_some();
-    // The engine's step (Generator::step): drafts, one pass, the tokens it decides. The
-    // context is cut back to what stays valid before each pass (and after the last).
-    let mut fed = cached;
-    loop {
-        let before = gen.produced().len();
-        let mut pass = |keep: usize, ids: &[u32], which: Logits| {
-            // Echo with logprobs fed the prompt already: its last row decides the first token.
-            if let Some(row) = first_row.take() {
-                return Ok(row);
-            }
-            if keep < session.len() {
-                session.truncate(keep);
-            }
-            forward(&mut session, ids, which)
-        };
-        match gen.step(&mut pass, &mut fed, drafter.as_deref_mut(), Some(tok)) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
-        stats.tokens_generated.fetch_add((gen.produced().len() - before) as u64, Ordering::Relaxed);
-        let text = gen.take_text();
-        let lps = gen.take_logprobs();
-        let send = !text.is_empty() || (with_logprobs && !lps.is_empty());
-        if tx.is_closed() || (send && tx.blocking_send(Event::Text(text, lps)).is_err()) {
-            client_gone = true;
-            gen.cancel();
-        } else if shutdown.load(Ordering::Relaxed) && gen.finished().is_none() {
-            shutting_down = true;
-            gen.cancel();
-        }
-    }
-    if result.is_ok() && fed < session.len() {
-        session.truncate(fed);
-    }
-    // A prefill stopped between its chunks: the client left or the helper is shutting
-    // down. The chunks fed so far are a valid cache of the prompt's first tokens.
-    if matches!(result, Err(colibri_engine::Error::Cancelled)) {
-        result = Ok(());
-        gen.cancel();
-        if tx.is_closed() {
-            client_gone = true;
-        } else {
-            shutting_down = true;
-        }
-    }
-    if gen.is_speculative() {
-        let sp = gen.spec_stats();
-        stats.spec_forwards.fetch_add(sp.forwards as u64, Ordering::Relaxed);
-        stats.spec_drafted.fetch_add(sp.drafted as u64, Ordering::Relaxed);
-        stats.spec_accepted.fetch_add(sp.accepted as u64, Ordering::Relaxed);
-    }
-    // A turn boundary, as in `coli chat`: re-pin by use (with hysteresis) and merge the
-    // expert uses into the model's usage file, next to what browsers report.
-    if let Err(e) = loaded.model.experts.end_turn() {
-        eprintln!("coli: warning: re-pinning experts: {e}");
-    }
-    crate::load::save_usage(&loaded);
-    // A failed forward pass may have left keys past the ids: that cache is dropped.
-    if result.is_ok() {
-        stats.prompt_tokens_cached.fetch_add(cached as u64, Ordering::Relaxed);
-        kv.put(session);
-    }
-    match result {
-        Err(e @ colibri_engine::Error::Grammar(_)) => return (Some(Event::Grammar(e.to_string())), false),
-        Err(e) => return (Some(Event::Error(e.to_string())), false),
-        Ok(()) => {}
-    }
-    if client_gone {
-        return (None, true);
-    }
-    if shutting_down {
-        return (Some(Event::Error("the helper is shutting down".into())), true);
-    }
-    let finish_reason = match gen.finished() {
-        Some(StopReason::Stop) => "stop",
-        _ => "length",
-    };
-    let done = Event::Done {
-        finish_reason,
-        prompt_tokens: prompt.len(),
-        cached_tokens: cached,
-        completion_tokens: gen.produced().len(),
-    };
-    (Some(done), false)
 }

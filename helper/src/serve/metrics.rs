@@ -71,6 +71,43 @@ pub fn render(state: &AppState) -> String {
         ),
         one("colibri_speculation_drafted_total", "Speculative draft tokens fed.", "counter", n(&s.spec_drafted)),
         one("colibri_speculation_accepted_total", "Speculative draft tokens kept.", "counter", n(&s.spec_accepted)),
+        one(
+            "colibri_engine_passes_total",
+            "Forward passes of the engine (one per batch step).",
+            "counter",
+            n(&s.passes),
+        ),
+        one(
+            "colibri_engine_pass_sequences_total",
+            "Generations fed by those passes (divided by the passes: the mean batch size).",
+            "counter",
+            n(&s.pass_sequences),
+        ),
+        one(
+            "colibri_engine_pass_sequences_max",
+            "Most generations one pass has fed.",
+            "gauge",
+            s.pass_sequences_max.load(Ordering::Relaxed) as f64,
+        ),
+        one(
+            "colibri_prefill_tokens_total",
+            "Prompt positions fed by passes that fed a prompt chunk.",
+            "counter",
+            n(&s.prefill_positions),
+        ),
+        one(
+            "colibri_prefill_seconds_total",
+            "Time of the passes that fed a prompt chunk (prefill tokens/s: tokens / seconds).",
+            "counter",
+            n(&s.prefill_micros) / 1e6,
+        ),
+        one("colibri_decode_tokens_total", "Tokens made by decode-only passes.", "counter", n(&s.decode_tokens)),
+        one(
+            "colibri_decode_seconds_total",
+            "Time of the decode-only passes (decode tokens/s: tokens / seconds).",
+            "counter",
+            n(&s.decode_micros) / 1e6,
+        ),
     ];
     let models = state.engines.snapshot();
     let per = |name: &'static str,
@@ -91,6 +128,15 @@ pub fn render(state: &AppState) -> String {
     fams.push(per("colibri_model_generations_running", "Generations running per model.", "gauge", &|m| {
         Some(m.running as f64)
     }));
+    fams.push(per("colibri_model_queue_length", "Generations waiting for room in the model's batch.", "gauge", &|m| {
+        Some(m.admitted.saturating_sub(m.running) as f64)
+    }));
+    fams.push(per(
+        "colibri_model_parallel",
+        "Generations the model runs together at most (coli serve --parallel).",
+        "gauge",
+        &|m| Some(m.parallel as f64),
+    ));
     fams.push(per("colibri_kv_conversations", "Conversation caches kept per model.", "gauge", &|m| {
         Some(m.kv_conversations as f64)
     }));

@@ -11,6 +11,7 @@
 //! generations and waits briefly for open responses.
 
 mod api_error;
+mod batch;
 mod choose;
 pub mod client;
 mod connections;
@@ -74,9 +75,16 @@ pub struct ServeArgs {
     /// [::1]. Repeatable.
     #[arg(long = "allow-host")]
     pub allow_hosts: Vec<String>,
-    /// Generations admitted per model at once (one runs, the rest wait); more get 503.
-    #[arg(long, default_value_t = 8)]
+    /// Generations admitted per model at once (running or waiting); more get 503 with
+    /// Retry-After.
+    #[arg(long, default_value_t = 32)]
     pub max_queue: usize,
+    /// Generations running together per model, in one batch (continuous batching: each
+    /// advances one token per engine step, and a MoE layer reads each expert once for the
+    /// whole batch). A generation joins while the running conversations' caches fit the
+    /// --kv-cache budget; one always runs. Default 4.
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<usize>,
     /// CPU threads for the native engine (default: the physical cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -176,6 +184,34 @@ pub struct Stats {
     pub spec_forwards: AtomicU64,
     pub spec_drafted: AtomicU64,
     pub spec_accepted: AtomicU64,
+    /// The engine's passes (continuous batching): passes, the generations and positions
+    /// they fed, and their time split by phase (a pass that fed any prompt chunk counts
+    /// as prefill), in microseconds.
+    pub passes: AtomicU64,
+    pub pass_sequences: AtomicU64,
+    pub pass_sequences_max: AtomicUsize,
+    pub prefill_positions: AtomicU64,
+    pub prefill_micros: AtomicU64,
+    pub decode_tokens: AtomicU64,
+    pub decode_micros: AtomicU64,
+}
+
+impl Stats {
+    /// One engine pass: `sequences` generations fed `positions` positions in `seconds`
+    /// and made `made` tokens; `prefill` when it fed a prompt chunk.
+    pub fn record_pass(&self, sequences: usize, positions: usize, made: u64, seconds: f64, prefill: bool) {
+        let micros = (seconds * 1e6) as u64;
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.pass_sequences.fetch_add(sequences as u64, Ordering::Relaxed);
+        self.pass_sequences_max.fetch_max(sequences, Ordering::Relaxed);
+        if prefill {
+            self.prefill_positions.fetch_add(positions as u64, Ordering::Relaxed);
+            self.prefill_micros.fetch_add(micros, Ordering::Relaxed);
+        } else {
+            self.decode_tokens.fetch_add(made, Ordering::Relaxed);
+            self.decode_micros.fetch_add(micros, Ordering::Relaxed);
+        }
+    }
 }
 
 pub struct AppState {
@@ -448,6 +484,12 @@ pub async fn bind_with(a: &ServeArgs, data_dir: Option<PathBuf>) -> Result<Bound
     };
     let speculation = generation::Speculation { max_draft, draft, mtp };
     let mut state = AppState::new(registry, policy, data_dir, a.max_queue, a.ram, speculation);
+    if let Some(n) = a.parallel {
+        if n == 0 {
+            anyhow::bail!("--parallel must be at least 1");
+        }
+        state.engines.parallel = n;
+    }
     let kv = a.kv_cache.unwrap_or_else(|| crate::load::auto_kv_bytes(&colibri_engine::memlimit::detect(None)));
     state.engines.kv.bytes = usize::try_from(kv).unwrap_or(usize::MAX);
     let state = Arc::new(state);

@@ -188,6 +188,10 @@ pub(super) async fn load_model(
     Ok((model, slot, loaded))
 }
 
+/// Seconds a client refused for a full queue is asked to wait (`Retry-After`): about one
+/// generation's time on a small model.
+const BUSY_RETRY_AFTER_S: u32 = 2;
+
 /// A place in the model's queue, or 503.
 pub(super) fn admit(state: &AppState, slot: &Arc<engine::Slot>) -> Result<engine::Admission, ApiError> {
     engine::admit(&state.engines, slot).map_err(|_| {
@@ -196,6 +200,7 @@ pub(super) fn admit(state: &AppState, slot: &Arc<engine::Slot>) -> Result<engine
             "too many requests for this model are waiting; try again later",
         )
         .with_code("server_busy")
+        .retry_after(BUSY_RETRY_AFTER_S)
     })
 }
 
@@ -281,7 +286,6 @@ async fn prepare(
         None
     };
     let job = Job {
-        loaded: loaded.clone(),
         prompt,
         opts: GenerateOptions { max_new_tokens, sampler, stop_ids, logprobs: extras.logprobs },
         stop: turn.stop,

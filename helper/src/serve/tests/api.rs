@@ -291,7 +291,10 @@ fn concurrent_generations_queue_and_overflow_gets_503() {
 /// so the next client is admitted instead of refused with 503.
 #[test]
 fn a_client_that_leaves_the_queue_frees_its_place() {
-    let s = start("queue-leave", |a| a.max_queue = 2);
+    let s = start("queue-leave", |a| {
+        a.max_queue = 2;
+        a.parallel = Some(1);
+    });
     let warm = json!({"model": MODEL, "prompt": "a", "max_tokens": 1}).to_string();
     assert_eq!(s.post("/v1/completions", &warm).status, 200);
     let long = json!({"model": MODEL, "prompt": "a", "max_tokens": 4000, "temperature": 0, "stream": true, "ignore_eos": true});

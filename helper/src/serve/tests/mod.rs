@@ -3,6 +3,7 @@
 //! requests). Models are scratch copies of the committed fixtures.
 
 mod api;
+mod batch;
 mod cancel;
 mod context;
 mod hostile;
