@@ -24,18 +24,8 @@ OUT=${1:-/tmp/coli-batch}
 say() { echo "== $*" >&2; }
 [ -x "$COLI" ] || { say "no $COLI: cargo build --release -p colibri-helper"; exit 1; }
 mkdir -p "$OUT"
-SRC="$OUT/bf16-L$LAYERS-E$EXPERTS" DST="$OUT/default-L$LAYERS-E$EXPERTS"
-if [ ! -f "$DST/colibri.json" ]; then
-  if [ ! -f "$SRC/config.json" ]; then
-    say "coli synth ($LAYERS layers, $EXPERTS experts of $INTERMEDIATE, top-$TOPK, hidden $HIDDEN, --routing $ROUTING)"
-    "$COLI" synth -o "$SRC" --layers "$LAYERS" --experts "$EXPERTS" --top-k "$TOPK" --hidden "$HIDDEN" \
-      --intermediate "$INTERMEDIATE" --heads "$HEADS" --vocab "$VOCAB" --routing "$ROUTING" \
-      --tokenizer models/demo >/dev/null
-  fi
-  say "coli convert (the defaults)"
-  "$COLI" convert "$SRC" -o "$DST" >/dev/null
-  [ "$KEEP" = 1 ] || rm -rf "$SRC"
-fi
+. tools/bench_model.sh
+bench_model
 for N in $BATCHES; do
   say "batch $N"
   "$COLI" bench --model "$DST" --batch "$N" --text "$TEXT" --prompt-tokens "$PROMPT" \

@@ -26,7 +26,7 @@ use std::time::Instant;
 use colibri_engine::generate::logprobs::sequence_logprobs;
 use colibri_engine::generate::mtp::HiddenLog;
 use colibri_engine::generate::{
-    forward_recording, Drafter, Generator, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
+    forward_recording, keepable, Drafter, Generator, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
 };
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::{Error, Logits, Model, Session};
@@ -101,7 +101,8 @@ fn drive(slot: Arc<Slot>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, rt: toki
             joining
         };
         for e in joining {
-            if let Some(s) = Seq::start(e, &ctx) {
+            let running: Vec<&Session> = active.iter().map(|s| &s.session).collect();
+            if let Some(s) = Seq::start(e, &ctx, &running) {
                 active.push(s);
             }
         }
@@ -125,6 +126,7 @@ fn drive(slot: Arc<Slot>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, rt: toki
         }
         // Keep arrival order for the prefill budget (swap_remove moved the last one).
         active.sort_by_key(|s| s.order);
+        slot.kv_active.store(active.iter().map(|s| s.session.bytes()).sum(), Ordering::Relaxed);
     }
 }
 
@@ -170,9 +172,11 @@ struct Seq<'a> {
 }
 
 impl<'a> Seq<'a> {
-    /// The generation of `e`, its cache taken from the kept conversations; None when it
-    /// could not start (its error was sent).
-    fn start(e: Entry, cx: &Ctx<'a>) -> Option<Self> {
+    /// The generation of `e`, its cache taken from the kept conversations or copied from a
+    /// running one's (`running`: requests that start alike, such as a widget's visitors
+    /// with one system prompt, share its prefill); None when it could not start (its
+    /// error was sent).
+    fn start(e: Entry, cx: &Ctx<'a>, running: &[&Session]) -> Option<Self> {
         let Entry { job, tx, admission, permit } = e;
         let fail = |msg: String| {
             let _ = tx.try_send(Event::Error(msg));
@@ -191,7 +195,26 @@ impl<'a> Seq<'a> {
         // Echo with logprobs needs every prompt position's logits, and MTP drafts every
         // position's hidden state: nothing is reused then.
         let taken = match prompt_logprobs {
-            None if !mtp => cx.kv.take(&model.cfg, &prompt),
+            None if !mtp => {
+                let kept = cx.kv.take(&model.cfg, &prompt);
+                let have = kept.as_ref().map_or(0, |k| k.1);
+                let peer = running
+                    .iter()
+                    .map(|s| (s, keepable(*s, &prompt)))
+                    .filter(|&(_, k)| k > have)
+                    .max_by_key(|&(_, k)| k);
+                match peer {
+                    Some((s, k)) => {
+                        if let Some((cache, _)) = kept {
+                            cx.kv.put(cache);
+                        }
+                        let mut copy = (*s).clone();
+                        copy.truncate(k);
+                        Some((copy, k))
+                    }
+                    None => kept,
+                }
+            }
             _ => None,
         };
         let (session, cached) = taken.unwrap_or_else(|| (model.new_session(), 0));

@@ -82,6 +82,8 @@ pub struct Slot {
     /// A generation joins the batch while the running ones' caches hold at most this many
     /// bytes (the KV budget; one always runs).
     pub(super) kv_active_bytes: usize,
+    /// Bytes the running generations' caches hold now (the driver updates it).
+    pub(super) kv_active: AtomicUsize,
 }
 
 /// How many conversations' caches each model keeps, and in how many bytes at most.
@@ -125,6 +127,7 @@ pub struct SlotMetrics {
     pub parallel: usize,
     pub kv_conversations: usize,
     pub kv_bytes: usize,
+    pub kv_active_bytes: usize,
     pub cache: Option<colibri_engine::experts::cache::CacheStats>,
 }
 
@@ -197,6 +200,7 @@ impl Engines {
                     parallel: slot.parallel,
                     kv_conversations,
                     kv_bytes,
+                    kv_active_bytes: slot.kv_active.load(Ordering::Relaxed),
                     cache: slot.loaded.get().and_then(|l| l.model.experts.cache_stats()),
                 }
             })
@@ -220,6 +224,7 @@ impl Engines {
                     store: OnceCell::new(),
                     incoming: Mutex::new(Default::default()),
                     kv_active_bytes: self.kv.bytes,
+                    kv_active: AtomicUsize::new(0),
                 })
             })
             .clone()

@@ -143,6 +143,9 @@ pub fn render(state: &AppState) -> String {
     fams.push(per("colibri_kv_bytes", "Bytes of the conversation caches kept per model.", "gauge", &|m| {
         Some(m.kv_bytes as f64)
     }));
+    fams.push(per("colibri_kv_active_bytes", "Bytes of the running generations' caches per model.", "gauge", &|m| {
+        Some(m.kv_active_bytes as f64)
+    }));
     let cache = |f: fn(&colibri_engine::experts::cache::CacheStats) -> u64| {
         move |m: &super::generation::SlotMetrics| m.cache.as_ref().map(|c| f(c) as f64)
     };

@@ -163,3 +163,35 @@ fn a_full_queue_says_when_to_retry() {
     }
     assert!(metric(&s, "colibri_engine_pass_sequences_max") <= 2.0);
 }
+
+/// A request that starts like one still running (a widget's visitors, one system prompt)
+/// copies that generation's cache instead of feeding the common part again, and answers
+/// exactly what it answers alone.
+#[test]
+fn a_request_shares_the_prefill_of_a_running_one() {
+    let system: String = (0..40).map(|i| format!("Rule {i}: be brief. ")).collect();
+    let ask = |q: &str, max: u32| {
+        json!({"model": "demo", "max_tokens": max, "temperature": 0, "speculate": false,
+               "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]})
+    };
+    let second = ask("What is 2 + 2?", 12);
+    let alone = {
+        let s = server("share-alone", 2);
+        answer(&s.post("/v1/chat/completions", &second.to_string()))
+    };
+    let s = server("share", 2);
+    // The first visitor's answer streams (it runs); the second arrives meanwhile.
+    let mut first = ask("Tell me a story.", 400);
+    first["stream"] = json!(true);
+    first["ignore_eos"] = json!(true);
+    let mut a = Conn::open(s.addr).unwrap();
+    a.send("POST", "/v1/chat/completions", &[], first.to_string().as_bytes()).unwrap();
+    assert_eq!(a.read_head().unwrap().0, 200);
+    a.read_chunk().unwrap();
+    let r = s.post("/v1/chat/completions", &second.to_string());
+    assert_eq!(answer(&r), alone);
+    let cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached > prompt / 2, "{cached} of {prompt} prompt tokens came from the running generation");
+    a.stream().shutdown(std::net::Shutdown::Both).unwrap();
+}
