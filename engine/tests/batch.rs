@@ -119,7 +119,7 @@ fn bad_batches_are_clear_errors_and_leave_the_sessions_alone() {
     let err = model.forward_batch(&mut [&mut a, &mut b], &[&[4], &[]]).unwrap_err().to_string();
     assert!(err.contains("no tokens"), "{err}");
     let err = model.forward_batch(&mut [&mut a], &[&[4], &[5]]).unwrap_err().to_string();
-    assert!(err.contains("1 sessions for 2 inputs"), "{err}");
+    assert!(err.contains("1 sessions and 2 logits choices for 2 inputs"), "{err}");
     let too_big = model.cfg.vocab as u32;
     assert!(model.forward_batch(&mut [&mut a, &mut b], &[&[4], &[too_big]]).is_err());
     assert_eq!((a.len(), b.len()), (3, 0), "a refused batch feeds nothing");
