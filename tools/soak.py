@@ -8,8 +8,9 @@ model, then N clients (default 64) send requests for a fixed time (default 10 mi
             of the model's files; every byte checked against the file on disk
   chat      streamed /v1/chat/completions (SSE); about a third disconnect mid-stream
   complete  non-streamed /v1/completions
-            (chat and complete from --chatters of the clients, default 8, which is the
-            helper's default queue per model; a 503 "busy" is counted, not an error)
+            (chat and complete from --chatters of the clients, default 32, which is the
+            helper's default queue per model (--max-queue; up to --parallel of them run
+            in one batch); a 503 "busy" is counted, not an error)
   bad       malformed requests: broken JSON, bad Content-Length, oversized bodies and
             headers, bad ranges, path traversal, unknown models, garbage request lines,
             requests cut off mid-head; each must get a 4xx (or a closed connection
@@ -421,7 +422,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models/demo"), help="a converted model directory")
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--chatters", type=int, default=8, help="how many of the clients send generations")
+    ap.add_argument("--chatters", type=int, default=32, help="how many of the clients send generations")
     ap.add_argument(
         "--big-prompts", type=int, default=0, help="how many of the clients send maximum-size prompts (4 MiB) instead"
     )

@@ -138,7 +138,7 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
             acts.push(ActQ::default());
         }
         acts[keys.len()].quantize(&job.x[..n * cols], n, cols, group, split);
-        if n >= qdot::PREPARE_MIN {
+        if n >= qdot::prepare_min(simd) {
             acts[keys.len()].interleave();
         } else if int4 && simd.quads() && ActQ::quad_group(group) {
             acts[keys.len()].quad();

@@ -84,8 +84,11 @@ def stream(port, body, record):
                 ev = json.loads(data)
                 if ev.get("usage"):
                     usage = ev["usage"]
-                if ev.get("choices") and ev["choices"][0].get("text"):
-                    times.append(time.monotonic())
+                # Every step sends an event with its tokens' logprobs (logprobs: 1), also
+                # when a token decodes to no text yet.
+                lp = (ev.get("choices") or [{}])[0].get("logprobs") or {}
+                now = time.monotonic()
+                times.extend([now] * len(lp.get("tokens") or []))
     record["times"] = times
     record["tokens"] = (usage or {}).get("completion_tokens", len(times))
 
@@ -126,7 +129,7 @@ def run_n(args, n, words):
             start = (i * 997) % max(1, len(words) - args.prompt_words)
             prompt = " ".join(words[start:start + args.prompt_words])
             body = {"model": model, "prompt": prompt, "max_tokens": args.decode, "temperature": 1.0,
-                    "seed": 1000 + i, "ignore_eos": True, "stream": True,
+                    "seed": 1000 + i, "ignore_eos": True, "stream": True, "logprobs": 1,
                     "stream_options": {"include_usage": True}, "speculate": False}
             threads.append(threading.Thread(target=stream, args=(port, body, records[i])))
         t0 = time.monotonic()

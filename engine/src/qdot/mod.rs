@@ -473,11 +473,23 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 
 /// Positions from which a row is first made ready ([`tile::prepare`]: its values unpacked
 /// and interleaved once) and then applied to the positions four at a time, instead of
-/// being decoded once per position.
-pub const PREPARE_MIN: usize = 3;
+/// being decoded once per position. Below it each position reads the row again (from L1:
+/// a row is a few KiB), which is faster for a few positions — a batch's decode step —
+/// than preparing it. Measured on the OLMoE shape's decode step (`coli bench --batch N
+/// --ram all`, Xeon with AVX-512 VNNI, docs/benchmarks.md "Batched decode"): with
+/// AVX-512 preparing from 3 positions cost 20% at 4 and broke even at 8, and won at 16
+/// (184 vs 142 tok/s); on the AVX2 path it cost 5% at 4 and won 2% at 8. The other paths
+/// keep 3 (not measured).
+pub fn prepare_min(simd: Simd) -> usize {
+    match simd {
+        Simd::Avx512 => 9,
+        Simd::Avx2 => 6,
+        _ => 3,
+    }
+}
 
 /// One row times positions `p0..p0 + out.len()`: `out[i]` has the bits of
-/// `dot_row(simd, int4, row, a, p0 + i)`. With [`PREPARE_MIN`] or more positions and
+/// `dot_row(simd, int4, row, a, p0 + i)`. With [`prepare_min`] or more positions and
 /// interleaved activations ([`ActQ::interleave`]), the x86 paths prepare the row once into
 /// `scratch` (int4 on AVX2 and AVX-512; int8 on AVX-512, whose `vpdpbusd` takes w + 128
 /// without overflow) and run [`tile::dot_many`]; wasm SIMD128 does the same for int4
@@ -486,7 +498,7 @@ pub const PREPARE_MIN: usize = 3;
 /// so are the bits.
 pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
-    if out.len() >= PREPARE_MIN
+    if out.len() >= prepare_min(simd)
         && a.group.is_multiple_of(CHUNK)
         && a.split == int4
         && a.qi.len() == a.n * a.dstride() * a.group
@@ -505,7 +517,7 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         return;
     }
     #[cfg(target_arch = "aarch64")]
-    if out.len() >= PREPARE_MIN
+    if out.len() >= prepare_min(simd)
         && matches!(simd, Simd::Neon | Simd::NeonDot)
         && neon_tile::fits(int4, row, a, p0, out.len())
     {
@@ -516,7 +528,7 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         return;
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    if out.len() >= PREPARE_MIN
+    if out.len() >= prepare_min(simd)
         && int4
         && simd == Simd::Simd128
         && a.split
