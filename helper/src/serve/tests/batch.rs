@@ -195,3 +195,42 @@ fn a_request_shares_the_prefill_of_a_running_one() {
     assert!(cached > prompt / 2, "{cached} of {prompt} prompt tokens came from the running generation");
     a.stream().shutdown(std::net::Shutdown::Both).unwrap();
 }
+
+/// A client that hangs up mid-answer leaves the batch at the next step; the others run on
+/// and answer exactly what they answer alone.
+#[test]
+fn a_client_leaving_the_batch_changes_nothing_for_the_others() {
+    let reqs = requests();
+    let (a, b) = (&reqs[0], &reqs[1]);
+    let alone: Vec<Value> = {
+        let s = server("leave-alone", 1);
+        [a, b].iter().map(|(path, body)| answer(&s.post(path, &body.to_string()))).collect()
+    };
+    let s = server("leave", 4);
+    let long = json!({"model": "demo", "prompt": "Once", "max_tokens": 600, "ignore_eos": true,
+                          "stream": true, "speculate": false, "temperature": 0});
+    let mut gone = Conn::open(s.addr).unwrap();
+    gone.send("POST", "/v1/completions", &[], long.to_string().as_bytes()).unwrap();
+    assert_eq!(gone.read_head().unwrap().0, 200);
+    gone.read_chunk().unwrap();
+    let together: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = [a, b]
+            .into_iter()
+            .map(|(path, body)| {
+                let s = &s;
+                sc.spawn(move || answer(&s.post(path, &body.to_string())))
+            })
+            .collect();
+        // The third client hangs up while the two run beside it.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        gone.stream().shutdown(std::net::Shutdown::Both).unwrap();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(alone, together);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while s.health()["generations"]["active"] != 0 {
+        assert!(std::time::Instant::now() < deadline, "the abandoned generation never left the batch");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(s.health()["generations"]["cancelled"].as_u64().unwrap() >= 1);
+}
