@@ -128,6 +128,17 @@ impl<C: Context + Clone> ContextPool<C> {
         }
     }
 
+    /// Drops the least recently used contexts until at most `max_bytes` are kept (a server
+    /// whose running generations take more of one KV budget makes room for them here).
+    pub fn shrink_to(&mut self, max_bytes: usize) {
+        while self.bytes() > max_bytes {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) else {
+                break;
+            };
+            self.entries.swap_remove(oldest);
+        }
+    }
+
     /// Bytes held by the kept contexts.
     pub fn bytes(&self) -> usize {
         self.entries.iter().map(|e| e.bytes).sum()
@@ -182,6 +193,21 @@ mod tests {
 
     fn ids(v: &[u32]) -> Ids {
         Ids { ids: v.to_vec(), recurrent: false }
+    }
+
+    #[test]
+    fn shrinking_drops_the_least_recently_used_first() {
+        let mut pool = ContextPool::new(8, 10_000);
+        pool.put(ids(&[1, 2]));
+        pool.put(ids(&[3, 4, 5]));
+        pool.put(ids(&[6]));
+        assert_eq!(pool.bytes(), 600);
+        assert!(pool.take(&[1, 7]).is_some(), "used last now (copied: it diverges)");
+        pool.shrink_to(350);
+        let kept: Vec<Vec<u32>> = pool.contexts().iter().map(|c| c.ids.clone()).collect();
+        assert_eq!(kept, [vec![1, 2], vec![6]], "[3, 4, 5], the oldest, went first");
+        pool.shrink_to(0);
+        assert!(pool.is_empty());
     }
 
     #[test]

@@ -126,7 +126,11 @@ fn drive(slot: Arc<Slot>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, rt: toki
         }
         // Keep arrival order for the prefill budget (swap_remove moved the last one).
         active.sort_by_key(|s| s.order);
-        slot.kv_active.store(active.iter().map(|s| s.session.bytes()).sum(), Ordering::Relaxed);
+        // One KV budget: the running generations' caches first, the kept conversations in
+        // what is left.
+        let running: usize = active.iter().map(|s| s.session.bytes()).sum();
+        slot.kv_active.store(running, Ordering::Relaxed);
+        slot.contexts.lock().unwrap_or_else(|e| e.into_inner()).shrink_to(slot.kv_active_bytes.saturating_sub(running));
     }
 }
 
