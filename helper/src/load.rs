@@ -318,6 +318,7 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
         // A Hugging Face checkpoint too large to read keeps `--ram` bytes of its experts.
         None => (CacheOptions { ram: flags.ram, ..CacheOptions::default() }, None),
     };
+    add_mirror(&mut md, dir);
     let model = md.load(opts)?;
     let tokenizer =
         if need_tokenizer || dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };
@@ -333,6 +334,33 @@ pub fn open_dir(dir: &Path, flags: &CacheFlags, need_tokenizer: bool) -> Result<
     stop_ids.sort_unstable();
     stop_ids.dedup();
     Ok(Loaded { model, tokenizer, stop_ids, cache, sampling })
+}
+
+/// Where `COLI_MODEL_MIRROR` keeps a copy of the model in `dir`: `$COLI_MODEL_MIRROR/<name>`
+/// (a directory of copies, such as a second disk's models directory), or the variable's
+/// directory itself when it is a copy of this model.
+pub fn mirror_dir(dir: &Path) -> Option<PathBuf> {
+    let root = PathBuf::from(std::env::var_os("COLI_MODEL_MIRROR").filter(|v| !v.is_empty())?);
+    let named = dir.file_name().map(|n| root.join(n));
+    match named.filter(|d| d.join(colibri_engine::format::MANIFEST_FILE).is_file()) {
+        Some(d) => Some(d),
+        None => Some(root),
+    }
+}
+
+/// A converted model's experts read from its copy under `COLI_MODEL_MIRROR` too (the reads
+/// split by each copy's measured speed; a copy that fails is left out with a warning). A
+/// copy that is missing or not the same model is a warning, and the model is read as it is.
+fn add_mirror(md: &mut ModelDir, dir: &Path) {
+    let Some(copy) = mirror_dir(dir).filter(|_| md.container().is_some()) else { return };
+    if copy.canonicalize().ok() == dir.canonicalize().ok() {
+        return;
+    }
+    let say: Box<dyn Fn(&str) + Send + Sync> = Box::new(|why| eprintln!("coli: warning: COLI_MODEL_MIRROR: {why}"));
+    match md.add_mirror(&copy, say) {
+        Ok(()) => eprintln!("coli: experts are read from {} and its copy {}", dir.display(), copy.display()),
+        Err(e) => eprintln!("coli: warning: COLI_MODEL_MIRROR: {e}; reading {} only", dir.display()),
+    }
 }
 
 /// Merges the expert uses counted since the last call into the model's usage file, so

@@ -6,6 +6,8 @@
 
 pub mod cache;
 pub mod lru;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod mirror;
 pub mod ram_tiers;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reader;

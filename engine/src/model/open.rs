@@ -79,6 +79,7 @@ mod native {
     use super::Container;
     use crate::error::{Error, Result};
     use crate::experts::cache::CacheOptions;
+    use crate::experts::mirror::MirrorSource;
     use crate::experts::source::{ByteSource, FileSource};
     use crate::format::tensors::TensorStore;
     use crate::format::MANIFEST_FILE;
@@ -90,8 +91,15 @@ mod native {
     /// open and of the size the manifest says) or a Hugging Face checkpoint (config.json
     /// parsed; the safetensors are read by [`ModelDir::load`]).
     pub enum ModelDir {
-        Container { dir: PathBuf, container: Box<Container>, data: FileSource },
+        Container { dir: PathBuf, container: Box<Container>, data: FileSource, mirror: Option<Mirror> },
         HuggingFace { dir: PathBuf, cfg: Box<ModelConfig> },
+    }
+
+    /// A second copy of a converted model's data file on another device
+    /// ([`ModelDir::with_mirror`]), and who hears when a copy fails.
+    pub struct Mirror {
+        data: FileSource,
+        on_failure: Box<dyn Fn(&str) + Send + Sync>,
     }
 
     /// Bytes of a streamed Hugging Face checkpoint's experts kept in memory without `--ram`.
@@ -124,7 +132,40 @@ mod native {
                     m.data_size
                 )));
             }
-            Ok(ModelDir::Container { dir: dir.to_path_buf(), container: Box::new(container), data })
+            Ok(ModelDir::Container { dir: dir.to_path_buf(), container: Box::new(container), data, mirror: None })
+        }
+
+        /// Reads the experts from `copy` too: another directory holding the same converted
+        /// model (its colibri.json byte for byte, its data file of the same size) on
+        /// another device. Each expert read goes to the copy expected to finish first
+        /// ([`MirrorSource`](crate::experts::mirror::MirrorSource)); a copy that fails is
+        /// left out with `on_failure(why)`. An error, and nothing changed, when `copy` is
+        /// not the same model or this is a Hugging Face checkpoint.
+        pub fn add_mirror(&mut self, copy: &Path, on_failure: Box<dyn Fn(&str) + Send + Sync>) -> Result<()> {
+            let ModelDir::Container { dir, container, data, mirror } = self else {
+                return Err(Error::Invalid("only a converted model's experts can be read from a copy".into()));
+            };
+            let max = crate::format::manifest::MAX_MANIFEST_BYTES;
+            let theirs = crate::fsio::read_limited(&copy.join(MANIFEST_FILE), max)?;
+            if theirs != crate::fsio::read_limited(&dir.join(MANIFEST_FILE), max)? {
+                return Err(Error::Invalid(format!(
+                    "{}: not a copy of {} (its {MANIFEST_FILE} differs)",
+                    copy.display(),
+                    dir.display()
+                )));
+            }
+            let copy_path = copy.join(&container.manifest.data_file);
+            let copy_data = FileSource::open_with(&copy_path, data.direct())?;
+            let len = copy_data.len()?;
+            if len != container.manifest.data_size {
+                return Err(Error::Invalid(format!(
+                    "{}: {len} bytes, but the manifest says {} (an unfinished copy?)",
+                    copy_path.display(),
+                    container.manifest.data_size
+                )));
+            }
+            *mirror = Some(Mirror { data: copy_data, on_failure });
+            Ok(())
         }
 
         pub fn dir(&self) -> &Path {
@@ -171,7 +212,7 @@ mod native {
                     let budget = opts.ram.unwrap_or_else(streamed_expert_budget);
                     Model::from_store_with(*cfg, &TensorStore::open_dir_streamed(&dir)?, budget)
                 }
-                ModelDir::Container { dir, container, data } => {
+                ModelDir::Container { dir, container, data, mirror } => {
                     let m = &container.manifest;
                     // The dense region is read into owned memory (it is resident anyway,
                     // and every byte is checksummed at load): a data file truncated or
@@ -186,7 +227,11 @@ mod native {
                     buf.resize(len, 0);
                     data.read_at(m.dense.offset, &mut buf)?;
                     let dense = Bytes::from_vec(buf);
-                    container.load(&dense, Arc::new(data), opts)
+                    let source: Arc<dyn ByteSource> = match mirror {
+                        None => Arc::new(data),
+                        Some(m) => Arc::new(MirrorSource::new(vec![Box::new(data), Box::new(m.data)], m.on_failure)?),
+                    };
+                    container.load(&dense, source, opts)
                 }
             }
         }
