@@ -16,10 +16,10 @@
 # The smaller run documented in docs/benchmarks.md ("Larger than memory: the scaled
 # headline run"): LAYERS=6 VOCAB=19000 LIMIT=512M (everything but the expert shape / 8).
 #
-# The cgroup: a child of this shell's own memory cgroup (cgroup v1 memory controller, or
-# v2 where `memory` is in the parent's cgroup.subtree_control), limit in
-# memory.limit_in_bytes / memory.max, swap limited to the same. Needs write access there
-# (root in a container usually has it); otherwise the script stops and says why.
+# The cgroup: a child of this shell's own memory cgroup (tools/cgroup.sh: cgroup v1 memory
+# controller, or v2 where `memory` is in the parent's cgroup.subtree_control), swap limited
+# to the same. Needs write access there (root in a container usually has it); otherwise
+# the script stops and says why. llama.cpp beside it: tools/bench_memlimit_peers.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COLI=${COLI:-target/release/coli}
@@ -31,38 +31,10 @@ OUT=${1:-/tmp/coli-memlimit}
 say() { echo "== $*" >&2; }
 [ -x "$COLI" ] || { say "no $COLI: cargo build --release -p colibri-helper"; exit 1; }
 
-bytes() { # 4G -> bytes
-  python3 -c "import re,sys;m=re.fullmatch(r'([0-9.]+)([KMGT]?)',sys.argv[1]);print(int(float(m[1])*{'':1,'K':1<<10,'M':1<<20,'G':1<<30,'T':1<<40}[m[2]]))" "$1"
-}
+. tools/cgroup.sh
 LIMIT_B=$(bytes "$LIMIT")
-
-# This shell's memory cgroup directory: v1 memory hierarchy first, else v2.
-cgroup_parent() {
-  local line path mp
-  line=$(grep -E '^[0-9]+:([^:]*,)?memory(,[^:]*)?:' /proc/self/cgroup || true)
-  if [ -n "$line" ]; then
-    path=${line#*:*:}
-    mp=$(awk '$0 ~ / - cgroup / && $NF ~ /(^|,)memory(,|$)/ {print $5; exit}' /proc/self/mountinfo)
-    [ -n "$mp" ] && { [ -d "$mp$path" ] && echo "v1 $mp$path" || echo "v1 $mp"; return; }
-  fi
-  path=$(sed -n 's/^0:://p' /proc/self/cgroup)
-  mp=$(awk '$0 ~ / - cgroup2 / {print $5; exit}' /proc/self/mountinfo)
-  if [ -n "$mp" ] && grep -qw memory "$mp$path/cgroup.subtree_control" 2>/dev/null; then
-    echo "v2 $mp$path"
-  fi
-}
-read -r CGV CGP < <(cgroup_parent || true) || true
-[ -n "${CGP:-}" ] || { say "no writable memory cgroup hierarchy found (see the header)"; exit 1; }
-CG="$CGP/coli-bench-memlimit-$$"
-mkdir "$CG" || { say "cannot create $CG"; exit 1; }
-trap 'rmdir "$CG" 2>/dev/null || true' EXIT
-if [ "$CGV" = v1 ]; then
-  echo "$LIMIT_B" > "$CG/memory.limit_in_bytes"
-  echo "$LIMIT_B" > "$CG/memory.memsw.limit_in_bytes" 2>/dev/null || true
-else
-  echo "$LIMIT_B" > "$CG/memory.max"
-  echo 0 > "$CG/memory.swap.max" 2>/dev/null || true
-fi
+cgroup_make bench-memlimit
+cgroup_limit "$LIMIT_B"
 say "cgroup $CGV $CG, limit $LIMIT ($LIMIT_B bytes)"
 
 mkdir -p "$OUT"
@@ -84,15 +56,11 @@ du -sh "$DST" >&2
 say "coli bench inside the cgroup (cold page cache, teacher-forced on $TEXT)"
 REC="$OUT/bench-$(date +%s).json"
 set +e
-sh -c 'echo $$ > "$0/cgroup.procs" && shift && exec "$@"' "$CG" "$COLI" bench --model "$DST" \
+cgroup_run "$COLI" bench --model "$DST" \
   --text "$TEXT" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --cache cold > "$REC"
 rc=$?
 set -e
-if [ "$CGV" = v1 ]; then
-  say "cgroup: max usage $(cat "$CG/memory.max_usage_in_bytes") bytes, $(grep oom_kill "$CG/memory.oom_control" | tr '\n' ' ')"
-else
-  say "cgroup: peak $(cat "$CG/memory.peak" 2>/dev/null || echo ?) bytes, $(grep oom_kill "$CG/memory.events" | tr '\n' ' ')"
-fi
+say "cgroup: $(cgroup_report)"
 [ $rc = 0 ] || { say "coli bench exited $rc (137: OOM-killed)"; exit $rc; }
 cat "$REC"
 python3 - "$REC" <<'EOF'
