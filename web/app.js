@@ -5,6 +5,8 @@ import { load, requestPersistentStorage } from "./colibri.js";
 import { renderMarkdown } from "./markdown.js";
 import { BrainView, TIER_NAMES, hybridLine } from "./brain.js";
 import * as store from "./store.js";
+import { follow, markCut, speedLabel } from "./answers.js";
+import { backendChoice, bindBackendPicker } from "./backend_pick.js";
 
 const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
@@ -196,7 +198,7 @@ async function loadModel(id) {
     if (phase === "gpu") {
       // `auto` times one decode step on each backend; no bytes move meanwhile.
       bar.removeAttribute("value");
-      $("progress-text").textContent = navigator.gpu && new URLSearchParams(location.search).get("backend") !== "webgpu"
+      $("progress-text").textContent = backendChoice(state.settings) === "auto"
         ? `${id}: measuring WebGPU vs CPU (one step on each, to keep the faster)…`
         : `${id}: starting WebGPU…`;
       $("progress-eta").textContent = "";
@@ -212,8 +214,7 @@ async function loadModel(id) {
   try {
     // "auto" measures WebGPU against the CPU backend and keeps the faster; ?backend=webgpu
     // or ?backend=cpu in the page's URL forces one.
-    const forced = new URLSearchParams(location.search).get("backend");
-    const backend = ["auto", "webgpu", "cpu"].includes(forced) ? forced : navigator.gpu ? "auto" : "cpu";
+    const backend = backendChoice(state.settings);
     // ?hybrid=on|auto: hybrid expert placement on WebGPU; ?gpuPool=BYTES sizes its expert pool.
     const query = new URLSearchParams(location.search);
     const hybrid = ["on", "auto"].includes(query.get("hybrid")) ? query.get("hybrid") : undefined;
@@ -630,6 +631,10 @@ function messageView(m, i) {
   const meta = h("div", { class: "meta" });
   const view = h("div", { class: "msg", "data-role": m.role, "data-index": i }, bubble, meta);
   if (m.stopped) meta.append(h("span", { class: "tag" }, "stopped"));
+  if (m.cut) meta.append(h("span", { class: "tag cut", title: "The page was reloaded or closed while this answer was being written" }, "cut off"));
+  if (m.streaming && !state.busy) meta.append(h("span", { class: "tag cut", title: "Another tab is writing this answer, or it was cut off" }, "unfinished"));
+  const speed = m.role === "assistant" ? speedLabel(m) : "";
+  if (speed) meta.append(h("span", { class: "speed", title: "Tokens of this answer, and how fast they came after the first" }, speed));
   if (m.finish === "length") meta.append(h("span", { class: "tag", title: "The answer reached Max tokens or the model's context window" }, "length limit"));
   if (m.error) meta.append(h("span", { class: "tag" }, `error: ${m.error}`));
   const idle = !state.busy;
@@ -757,6 +762,8 @@ async function reply() {
   renderMessages();
   let view = $("messages").lastElementChild;
   view.classList.add("streaming");
+  // The partial answer is saved as it grows: a reload keeps it (answers.js).
+  const progress = follow(msg, () => persist(conv));
   let frame = 0;
   const paint = () => {
     frame = 0;
@@ -766,13 +773,16 @@ async function reply() {
     if (box.scrollHeight - box.scrollTop - box.clientHeight < 160) box.scrollTop = box.scrollHeight;
   };
   try {
-    const stream = engine.chat.completions.create({ messages, stream: true, signal: controller.signal, ...samplingRequest() });
+    const stream = engine.chat.completions.create({ messages, stream: true, stream_options: { include_usage: true }, signal: controller.signal, ...samplingRequest() });
     for await (const chunk of stream) {
+      if (chunk.usage) progress.usage(chunk.usage);
+      if (!chunk.choices?.length) continue;
       // The engine dropped the oldest turns to fit the context: they stay on screen, marked.
       if (chunk.dropped_messages) conv.contextStart = contextStart(conv) + chunk.dropped_messages;
       const c = chunk.choices[0];
       if (c.delta?.content) {
         msg.content += c.delta.content;
+        progress.piece();
         if (!frame) frame = requestAnimationFrame(paint);
       }
       if (c.finish_reason) msg.finish = c.finish_reason;
@@ -787,6 +797,7 @@ async function reply() {
     msg.stopped = true;
     delete msg.finish;
   }
+  progress.end();
   if (state.controller === controller) {
     state.controller = null;
     setBusy(false);
@@ -903,10 +914,13 @@ function bindUi() {
 // ---------------------------------------------------------------- start
 
 bindSettings();
+bindBackendPicker($("backend-pick"), state.settings, (s) => store.saveSettings(s), () => state.modelId && loadModel(state.modelId));
 bindUi();
 applyTheme();
 webgpuNotice();
 await store.open({ onError: (e) => notice("save", "warn", [`This browser refused to save the conversation (${e?.name || "storage full or disabled"}).`]) });
+// Answers left streaming by a page that went away (a reload mid-answer) are kept, marked as cut.
+for (const c of markCut(store.listConversations())) persist(c);
 state.conv = store.getConversation(store.activeId()) || store.newConversation(null);
 renderConversations();
 renderMessages();

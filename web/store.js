@@ -18,6 +18,7 @@ export const DEFAULT_SETTINGS = Object.freeze({
   topP: "",
   maxTokens: 256,
   seed: "", // empty: a new random seed for every answer
+  backend: "auto", // "auto" | "webgpu" | "cpu" (backend_pick.js)
   theme: "system", // "system" | "light" | "dark"
 });
 

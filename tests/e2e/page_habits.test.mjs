@@ -1,0 +1,144 @@
+// The chat page's everyday habits (issue 36 item 6): a reload mid-answer keeps the partial
+// answer, marked as cut, with Regenerate; each answer shows its tokens and tokens/s; the
+// backend picker (auto / WebGPU / CPU) reloads the model where asked, remembers the choice,
+// and both backends give the same answer. A real `coli serve`, the wasm engine, a converted
+// fixture model (olmoe: random weights, so answers run to Max tokens), headless Chromium.
+//
+// E2E_WEB_FROM_DISK=1 serves web/ from disk (servers.mjs), as in app.test.mjs.
+import { test, before, after, afterEach } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { convertedFixture, freePort, startHelper, launchBrowser, ARTIFACTS } from "./harness.mjs";
+import { startWebFront } from "./servers.mjs";
+
+const MODEL = "olmoe"; // 4096-token context: room for a long answer to reload in the middle of
+let fx, helper, front, base, browser;
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  fx = convertedFixture(MODEL, "int4");
+  helper = await startHelper({ modelsDir: fx.modelsDir, port: await freePort() });
+  base = helper.url;
+  if (process.env.E2E_WEB_FROM_DISK) {
+    front = await startWebFront(helper.url);
+    base = front.url;
+  }
+  browser = await launchBrowser();
+});
+
+const open = new Set();
+afterEach(async () => {
+  for (const page of [...open]) await page.close().catch(() => {});
+});
+
+after(async () => {
+  if (browser) await browser.close();
+  if (front) await front.stop();
+  if (helper) await helper.stop();
+  if (fx) fx.cleanup();
+});
+
+const ready = (page) => page.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 120_000 });
+const idle = (page) => page.waitForFunction(() => document.body.dataset.state === "ready" && !document.querySelector(".msg.streaming"), null, { timeout: 120_000 });
+
+async function openApp(query = "") {
+  const page = await browser.context.newPage();
+  open.add(page);
+  page.once("close", () => open.delete(page));
+  const problems = [];
+  page.on("pageerror", (e) => problems.push(String(e.stack || e)));
+  await page.setViewportSize({ width: 1280, height: 820 });
+  await page.goto(`${base}/${query}`);
+  await ready(page);
+  page.problems = problems;
+  return page;
+}
+
+async function setSettings(page, values) {
+  for (const [id, v] of Object.entries(values)) {
+    await page.fill(`#${id}`, String(v));
+    await page.dispatchEvent(`#${id}`, "change");
+  }
+}
+
+async function ask(page, text) {
+  await page.fill("#prompt", text);
+  await page.keyboard.press("Enter");
+}
+
+const lastAnswer = (page) => page.textContent('.msg[data-role="assistant"]:last-child .bubble');
+const tags = (page) => page.$$eval('.msg[data-role="assistant"]:last-child .meta .tag', (t) => t.map((x) => x.textContent));
+
+test("a reload mid-answer keeps the partial answer, marked as cut, with Regenerate; answers show tokens/s", async () => {
+  const page = await openApp(`?model=${MODEL}`);
+  await setSettings(page, { temperature: 1, "top-p": 1, "max-tokens": 3000, seed: 3 });
+  await ask(page, "Tell me a long story about swifts.");
+  // Well into the answer (saved at least twice by then), and still writing it.
+  await page.waitForFunction(() => (document.querySelector(".msg.streaming .bubble")?.textContent.length || 0) > 40, null, { timeout: 60_000 });
+  await page.waitForTimeout(1000);
+  const before = await page.evaluate(() => ({ state: document.body.dataset.state, text: document.querySelector(".msg.streaming .bubble")?.textContent || "" }));
+  assert.equal(before.state, "generating", "the answer should still be streaming when the page reloads");
+  await page.reload();
+  await ready(page);
+
+  const kept = await lastAnswer(page);
+  assert.ok(kept.length >= 20, `the partial answer is kept: ${JSON.stringify(kept)}`);
+  // What was saved was on screen: the first 20 characters agree.
+  assert.equal(kept.slice(0, 20), before.text.slice(0, 20));
+  assert.deepEqual(await tags(page), ["cut off"], "marked as cut (not as stopped, not as finished)");
+  assert.equal(await page.locator(".msg.streaming").count(), 0);
+  assert.equal(await page.locator('.msg[data-role="assistant"]:last-child .regen').count(), 1, "Regenerate is offered");
+  await page.screenshot({ path: join(ARTIFACTS, "page-cut-answer.png") });
+
+  // Regenerate writes a whole new answer, which is not marked and says how fast it came.
+  await setSettings(page, { "max-tokens": 24 });
+  await page.click('.msg[data-role="assistant"]:last-child .regen');
+  await idle(page);
+  assert.equal(await page.locator('.msg[data-role="assistant"]').count(), 1);
+  assert.deepEqual(await tags(page), ["length limit"]);
+  const speed = await page.textContent('.msg[data-role="assistant"]:last-child .speed');
+  const m = /^24 tokens · ([\d.]+) tok\/s$/.exec(speed);
+  assert.ok(m && Number(m[1]) > 0, `tokens and tokens/s under the answer: ${speed}`);
+
+  // Kept through a reload too, with no cut mark: the answer had ended.
+  await page.reload();
+  await ready(page);
+  assert.equal(await page.textContent('.msg[data-role="assistant"]:last-child .speed'), speed);
+  assert.deepEqual(await tags(page), ["length limit"]);
+  assert.deepEqual(page.problems, []);
+});
+
+test("the backend picker loads the model on the chosen backend, remembers it, and both answer alike", async () => {
+  const page = await openApp(`?model=${MODEL}`);
+  assert.equal(await page.inputValue("#backend-pick"), "auto");
+  assert.equal(await page.$eval('#backend-pick option[value="webgpu"]', (o) => o.disabled), false, "this Chromium has WebGPU (SwiftShader)");
+  await setSettings(page, { temperature: 0, "max-tokens": 12, seed: 1 });
+
+  const answerOn = async (backend, label) => {
+    await page.selectOption("#backend-pick", backend);
+    await page.waitForFunction(() => document.body.dataset.state === "loading", null, { timeout: 10_000 }).catch(() => {});
+    await ready(page);
+    assert.equal(await page.textContent("#backend"), label, `the badge names the backend after picking ${backend}`);
+    await page.click("#new-chat");
+    await ask(page, "Name three birds.");
+    await page.waitForFunction(() => document.body.dataset.state === "generating", null, { timeout: 30_000 }).catch(() => {});
+    await idle(page);
+    return lastAnswer(page);
+  };
+  const cpu = await answerOn("cpu", "CPU · wasm");
+  const gpu = await answerOn("webgpu", "WebGPU");
+  assert.ok(cpu.length > 0);
+  assert.equal(gpu, cpu, "the same tokens on both backends");
+
+  // Remembered: a reload loads the model on WebGPU again.
+  await page.reload();
+  await ready(page);
+  assert.equal(await page.inputValue("#backend-pick"), "webgpu");
+  assert.equal(await page.textContent("#backend"), "WebGPU");
+  // ?backend= in the URL still overrides the setting.
+  const forced = await openApp(`?model=${MODEL}&backend=cpu`);
+  assert.equal(await forced.inputValue("#backend-pick"), "cpu");
+  assert.equal(await forced.textContent("#backend"), "CPU · wasm");
+  assert.deepEqual(page.problems, []);
+});
