@@ -7,6 +7,7 @@ import { BrainView, TIER_NAMES, hybridLine } from "./brain.js";
 import * as store from "./store.js";
 import { follow, markCut, speedLabel } from "./answers.js";
 import { backendChoice, bindBackendPicker } from "./backend_pick.js";
+import { UNDO_MS, matches, parseImport } from "./chat_list.js";
 
 const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
@@ -439,7 +440,10 @@ function renderLegend() {
 function renderConversations() {
   const list = $("conversations");
   list.replaceChildren();
-  for (const c of store.listConversations()) {
+  const query = $("search").value;
+  const shown = store.listConversations().filter((c) => matches(c, query));
+  $("no-match").hidden = !query.trim() || shown.length > 0;
+  for (const c of shown) {
     const active = state.conv && c.id === state.conv.id;
     const item = h("li", { class: active ? "active" : "", "data-id": c.id });
     item.append(
@@ -538,9 +542,42 @@ function newChat() {
 }
 
 function removeConversation(id) {
+  const gone = store.getConversation(id);
+  const wasOpen = state.conv?.id === id;
   store.deleteConversation(id);
-  if (state.conv?.id === id) newChat();
+  if (wasOpen) newChat();
   else renderConversations();
+  if (gone) offerUndo(gone, wasOpen);
+}
+
+/** "Deleted …  Undo" for UNDO_MS: Undo stores the conversation again (and reopens it). */
+function offerUndo(conv, reopen) {
+  const key = "undo-delete";
+  notice(key, "info", [`Deleted “${conv.title}”. `], [h("button", { class: "btn small-btn undo", type: "button", onclick: () => {
+    dismiss(key);
+    if (!store.putConversation(conv)) notice("save", "warn", ["This browser refused to save the conversation (storage full or disabled)."]);
+    if (reopen && !state.busy) openConversation(conv.id);
+    else renderConversations();
+  } }, "Undo")]);
+  const shown = document.querySelector(`[data-notice="${key}"]`);
+  setTimeout(() => shown.remove(), UNDO_MS);
+}
+
+/** Imports chats exported as JSON (files from the Import picker); opens the first. */
+async function importChats(files) {
+  const added = [];
+  for (const f of files) {
+    try {
+      const convs = parseImport(await f.text(), (id) => !!store.getConversation(id));
+      for (const c of convs) if (store.putConversation(c)) added.push(c);
+    } catch (e) {
+      notice("import", "warn", [`Could not import ${f.name}: ${e.message}.`]);
+    }
+  }
+  if (!added.length) return;
+  if (!state.busy) openConversation(added[0].id);
+  else renderConversations();
+  notice("import", "info", [`Imported ${added.length} chat${added.length === 1 ? "" : "s"}.`]);
 }
 
 function persist(conv) {
@@ -893,6 +930,11 @@ function bindUi() {
     } else closeDrawers();
   });
   $("new-chat").addEventListener("click", newChat);
+  $("search").addEventListener("input", renderConversations);
+  $("import").addEventListener("change", (e) => {
+    importChats([...e.target.files]);
+    e.target.value = "";
+  });
   $("export-json").addEventListener("click", () => exportConversation("json"));
   $("export-md").addEventListener("click", () => exportConversation("md"));
   $("theme").addEventListener("click", cycleTheme);

@@ -175,6 +175,12 @@ export function conversationJson(conv) {
   return `${JSON.stringify({ id, title, model, created, updated, messages }, null, 2)}\n`;
 }
 
+/** Stores `conv` as it is (its id, title and times kept): an imported or undeleted one. */
+export function putConversation(conv) {
+  cache.set(conv.id, conv);
+  return put(conv) !== false;
+}
+
 export function deleteConversation(id) {
   cache.delete(id);
   remove(id);

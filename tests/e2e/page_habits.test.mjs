@@ -142,3 +142,57 @@ test("the backend picker loads the model on the chosen backend, remembers it, an
   assert.equal(await forced.textContent("#backend"), "CPU · wasm");
   assert.deepEqual(page.problems, []);
 });
+
+test("chats exported as JSON import back; search finds chats by their text; a delete can be undone", async () => {
+  const page = await openApp(`?model=${MODEL}`);
+  const chats = [
+    { id: "c-swifts", title: "About swifts", model: MODEL, created: 1, updated: 2, messages: [{ role: "user", content: "Do swifts sleep in flight?" }, { role: "assistant", content: "They do, in short naps." }] },
+    { id: "c-owls", title: "About owls", model: MODEL, created: 3, updated: 4, messages: [{ role: "user", content: "Why do owls hoot?" }, { role: "assistant", content: "To keep their territory.", stopped: true }] },
+  ];
+  const titles = () => page.$$eval("#conversations li .open span", (s) => s.map((x) => x.textContent));
+  await page.setInputFiles("#import", { name: "birds.json", mimeType: "application/json", buffer: Buffer.from(JSON.stringify(chats)) });
+  await page.waitForFunction(() => document.querySelectorAll("#conversations li").length >= 2);
+  assert.deepEqual((await titles()).sort(), ["About owls", "About swifts"]);
+  assert.equal(await page.textContent('.msg[data-role="user"] .bubble'), "Do swifts sleep in flight?", "the first imported chat opens");
+  assert.deepEqual(await page.$$eval(".msg .bubble", (b) => b.map((x) => x.textContent.trim())), ["Do swifts sleep in flight?", "They do, in short naps."]);
+
+  // A file that is not an export says why, and imports nothing.
+  await page.setInputFiles("#import", { name: "notes.json", mimeType: "application/json", buffer: Buffer.from('{"text": "hi"}') });
+  await page.waitForSelector('[data-notice="import"]');
+  assert.match(await page.textContent('[data-notice="import"]'), /Could not import notes\.json: no "messages" list/);
+  assert.equal((await titles()).length, 2);
+
+  // Export → JSON, then import that file: a copy with the same messages (a new id).
+  const [d] = await Promise.all([page.waitForEvent("download"), page.click("#export-json")]);
+  const exported = await (await import("node:fs/promises")).readFile(await d.path(), "utf8");
+  await page.setInputFiles("#import", { name: "again.json", mimeType: "application/json", buffer: Buffer.from(exported) });
+  await page.waitForFunction(() => document.querySelectorAll("#conversations li").length === 3);
+  assert.deepEqual((await titles()).filter((t) => t === "About swifts").length, 2);
+
+  // Search: message text (not only titles), every word, any case.
+  await page.fill("#search", "HOOT owls");
+  assert.deepEqual(await titles(), ["About owls"]);
+  await page.fill("#search", "naps");
+  assert.deepEqual(await titles(), ["About swifts", "About swifts"]);
+  await page.fill("#search", "penguins");
+  assert.deepEqual(await titles(), []);
+  assert.equal(await page.isVisible("#no-match"), true);
+  await page.fill("#search", "");
+  assert.equal((await titles()).length, 3);
+
+  // Delete, then Undo: the chat is back with its messages, and survives a reload.
+  await page.click('#conversations li:has(span:text("About owls")) .del');
+  assert.equal((await titles()).includes("About owls"), false);
+  await page.click('[data-notice="undo-delete"] .undo');
+  assert.equal((await titles()).includes("About owls"), true);
+  assert.deepEqual(await page.$$eval(".msg .bubble", (b) => b.map((x) => x.textContent.trim())), ["Why do owls hoot?", "To keep their territory."]);
+  await page.reload();
+  await ready(page);
+  assert.equal((await titles()).includes("About owls"), true);
+  // A delete not undone is gone after a reload.
+  await page.click('#conversations li:has(span:text("About owls")) .del');
+  await page.reload();
+  await ready(page);
+  assert.equal((await titles()).includes("About owls"), false);
+  assert.deepEqual(page.problems, []);
+});
