@@ -8,6 +8,7 @@ import * as store from "./store.js";
 import { follow, markCut, speedLabel } from "./answers.js";
 import { backendChoice, bindBackendPicker } from "./backend_pick.js";
 import { UNDO_MS, matches, parseImport } from "./chat_list.js";
+import { tokenCounter } from "./token_count.js";
 
 const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
@@ -236,6 +237,7 @@ async function loadModel(id) {
     renderStats(engine.stats());
     loadExamples(id);
     document.body.dataset.state = "ready";
+    recount();
     $("backend").textContent = backendLabel(engine.stats().backend);
     $("backend").title = backendTitle(engine.stats());
     refreshStorage();
@@ -640,6 +642,20 @@ function renderMessages() {
   box.replaceChildren(...views);
   $("empty").hidden = !!state.conv?.messages.length;
   box.scrollTop = box.scrollHeight;
+  recount();
+}
+
+let countTokens = null;
+/** Counts, before sending, the tokens the chat with the typed message takes (token_count.js). */
+function recount() {
+  countTokens ??= tokenCounter($("token-count"), () => state.busy);
+  const conv = state.conv;
+  const messages = [];
+  if (state.settings.system.trim()) messages.push({ role: "system", content: state.settings.system.trim() });
+  for (const m of conv?.messages.slice(contextStart(conv)) || []) messages.push({ role: m.role, content: m.content });
+  const draft = $("prompt").value.trim();
+  if (draft) messages.push({ role: "user", content: draft });
+  countTokens({ engine: state.engine, messages, contextLength: state.info?.contextLength, answerTokens: Number(state.settings.maxTokens) || 0 });
 }
 
 /** How many of the conversation's first messages no longer fit the model's context. */
@@ -917,6 +933,7 @@ function bindUi() {
     }
   });
   $("prompt").addEventListener("input", autoGrow);
+  $("prompt").addEventListener("input", recount);
   $("stop").addEventListener("click", () => {
     stop();
     $("prompt").focus();

@@ -196,3 +196,30 @@ test("chats exported as JSON import back; search finds chats by their text; a de
   assert.equal((await titles()).includes("About owls"), false);
   assert.deepEqual(page.problems, []);
 });
+
+test("the message box counts the chat's tokens against the context before sending, as the model reads them", async () => {
+  const page = await openApp(`?model=${MODEL}`);
+  await page.click("#new-chat");
+  await setSettings(page, { "max-tokens": 16 });
+  const counted = async (text) => {
+    await page.fill("#prompt", text);
+    await page.waitForFunction((t) => document.getElementById("prompt").value === t && document.getElementById("token-count").dataset.tokens, text);
+    // The count comes 200 ms after the last key; wait for it to settle.
+    await page.waitForTimeout(500);
+    return { n: Number(await page.getAttribute("#token-count", "data-tokens")), text: await page.textContent("#token-count"), over: await page.$eval("#token-count", (e) => e.classList.contains("over")) };
+  };
+  const short = await counted("Name three birds.");
+  // The helper's API counts the same prompt (the same template and tokenizer) in its usage.
+  const r = await (await fetch(`${helper.url}/v1/chat/completions`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "Name three birds." }], max_tokens: 1 }) })).json();
+  assert.equal(short.n, r.usage.prompt_tokens, "the page counts what the model reads");
+  assert.equal(short.text, `· ${short.n} / 4,096 tokens`);
+  assert.equal(short.over, false);
+  const longer = await counted("Name three birds. ".repeat(20));
+  assert.ok(longer.n > short.n + 40, `${longer.n} vs ${short.n}`);
+  // With room for a 4,090-token answer the chat no longer fits: red, and it says why.
+  await setSettings(page, { "max-tokens": 4090 });
+  const over = await counted("Name three birds.");
+  assert.equal(over.over, true);
+  assert.match(await page.getAttribute("#token-count", "title"), /oldest messages will be dropped/);
+  assert.deepEqual(page.problems, []);
+});
