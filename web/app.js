@@ -9,6 +9,7 @@ import { follow, markCut, speedLabel } from "./answers.js";
 import { backendChoice, bindBackendPicker } from "./backend_pick.js";
 import { UNDO_MS, matches, parseImport } from "./chat_list.js";
 import { tokenCounter } from "./token_count.js";
+import { keepForOffline, registerOffline } from "./offline.js";
 
 const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
@@ -97,6 +98,7 @@ function helperDownNotice() {
     h("strong", {}, "The colibri helper is not reachable "), `at ${HELPER}. `,
     "It serves the model files to this page. Start it in a terminal with ", code(START_HINT),
     " (from a source checkout: ", code(`./tools/start.sh${PORT_FLAG}`), "), then retry.",
+    state.engine ? " Meanwhile the model kept in this browser still answers (what it has not kept needs the helper)." : "",
   ], [h("button", { class: "btn small-btn", type: "button", onclick: () => start() }, "Retry now")]);
 }
 
@@ -238,6 +240,7 @@ async function loadModel(id) {
     loadExamples(id);
     document.body.dataset.state = "ready";
     recount();
+    keepForOffline(id);
     $("backend").textContent = backendLabel(engine.stats().backend);
     $("backend").title = backendTitle(engine.stats());
     refreshStorage();
@@ -972,6 +975,7 @@ function bindUi() {
 
 // ---------------------------------------------------------------- start
 
+registerOffline();
 bindSettings();
 bindBackendPicker($("backend-pick"), state.settings, (s) => store.saveSettings(s), () => state.modelId && loadModel(state.modelId));
 bindUi();

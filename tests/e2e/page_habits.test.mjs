@@ -223,3 +223,59 @@ test("the message box counts the chat's tokens against the context before sendin
   assert.match(await page.getAttribute("#token-count", "title"), /oldest messages will be dropped/);
   assert.deepEqual(page.problems, []);
 });
+
+test("with the model in browser storage, the page opens and chats with no helper running (service worker)", async () => {
+  // A helper (and front) of its own: this test stops it.
+  const own = await startHelper({ modelsDir: fx.modelsDir, port: await freePort() });
+  const ownFront = process.env.E2E_WEB_FROM_DISK ? await startWebFront(own.url) : null;
+  const url = ownFront ? ownFront.url : own.url;
+  const page = await browser.context.newPage();
+  open.add(page);
+  page.once("close", () => open.delete(page));
+  const problems = [];
+  page.on("pageerror", (e) => problems.push(String(e.stack || e)));
+  let stopped = false;
+  try {
+    await page.goto(`${url}/?model=${MODEL}&backend=cpu`);
+    await ready(page);
+    await page.waitForFunction(() => !!navigator.serviceWorker.controller, null, { timeout: 30_000 });
+    // What a visit without the helper needs is kept once the model has loaded.
+    for (let i = 0; ; i++) {
+      const keptAll = await page.evaluate(async (m) => !!(await caches.match(`/models/${m}/colibri.json`)) && !!(await caches.match("/pkg/colibri_wasm_bg.wasm")) && !!(await caches.match("/api/models")), MODEL);
+      if (keptAll) break;
+      assert.ok(i < 100, "the shell and the model's files are kept for offline use");
+      await page.waitForTimeout(200);
+    }
+    await setSettings(page, { temperature: 0, "max-tokens": 12, seed: 1 });
+    await page.click("#new-chat");
+    await ask(page, "Name three birds.");
+    await page.waitForFunction(() => document.body.dataset.state === "generating", null, { timeout: 30_000 }).catch(() => {});
+    await idle(page);
+    const online = await lastAnswer(page);
+    assert.ok(online.length > 0);
+
+    // The helper goes away; the page opens again from the service worker, loads the model
+    // from browser storage, and answers the same question the same way.
+    if (ownFront) await ownFront.stop();
+    await own.stop();
+    stopped = true;
+    assert.equal(await fetch(`${url}/health`).then(() => "up", () => "down"), "down");
+    await page.reload();
+    await ready(page);
+    await page.waitForSelector('[data-notice="helper"]', { timeout: 30_000 });
+    assert.match(await page.textContent('[data-notice="helper"]'), /the model kept in this browser still answers/);
+    await page.click("#new-chat");
+    await ask(page, "Name three birds.");
+    await page.waitForFunction(() => document.body.dataset.state === "generating", null, { timeout: 30_000 }).catch(() => {});
+    await idle(page);
+    assert.equal(await lastAnswer(page), online, "the same answer with no helper");
+    assert.deepEqual(await tags(page), ["length limit"], "no error");
+    await page.screenshot({ path: join(ARTIFACTS, "page-offline.png") });
+    assert.deepEqual(problems, []);
+  } finally {
+    if (!stopped) {
+      if (ownFront) await ownFront.stop();
+      await own.stop();
+    }
+  }
+});
