@@ -136,15 +136,30 @@ test("the backend picker loads the model on the chosen backend, remembers it, an
   await ready(page);
   assert.equal(await page.inputValue("#backend-pick"), "webgpu");
   assert.equal(await page.textContent("#backend"), "WebGPU");
-  // ?backend= in the URL still overrides the setting.
+  assert.deepEqual(page.problems, []);
+  // ?backend= in the URL still overrides the setting (one page at a time: an open page's
+  // engine holds the model's browser storage).
+  await page.close();
   const forced = await openApp(`?model=${MODEL}&backend=cpu`);
   assert.equal(await forced.inputValue("#backend-pick"), "cpu");
   assert.equal(await forced.textContent("#backend"), "CPU · wasm");
-  assert.deepEqual(page.problems, []);
+  // Back to auto for the tests that follow (the setting is kept per origin).
+  await forced.selectOption("#backend-pick", "auto");
+  await ready(forced);
+  assert.deepEqual(forced.problems, []);
 });
 
 test("chats exported as JSON import back; search finds chats by their text; a delete can be undone", async () => {
+  // The earlier tests' chats are on this origin too: start from an empty list.
+  const first = await openApp(`?model=${MODEL}`);
+  await first.evaluate(() => localStorage.removeItem("colibri.active.v1"));
+  await first.evaluate(() => new Promise((ok) => {
+    const r = indexedDB.deleteDatabase("colibri-app");
+    r.onsuccess = r.onerror = r.onblocked = () => ok();
+  }));
+  await first.close();
   const page = await openApp(`?model=${MODEL}`);
+  assert.equal(await page.locator("#conversations li").count(), 0);
   const chats = [
     { id: "c-swifts", title: "About swifts", model: MODEL, created: 1, updated: 2, messages: [{ role: "user", content: "Do swifts sleep in flight?" }, { role: "assistant", content: "They do, in short naps." }] },
     { id: "c-owls", title: "About owls", model: MODEL, created: 3, updated: 4, messages: [{ role: "user", content: "Why do owls hoot?" }, { role: "assistant", content: "To keep their territory.", stopped: true }] },
