@@ -195,8 +195,10 @@ test("chats exported as JSON import back; search finds chats by their text; a de
   await page.fill("#search", "");
   assert.equal((await titles()).length, 3);
 
-  // Delete, then Undo: the chat is back with its messages, and survives a reload.
+  // Delete the open chat, then Undo: it is back, open, with its messages, and survives a reload.
+  await page.click('#conversations li:has(span:text("About owls")) .open');
   await page.click('#conversations li:has(span:text("About owls")) .del');
+  assert.equal(await page.locator(".msg").count(), 0, "a new chat replaces the deleted one");
   assert.equal((await titles()).includes("About owls"), false);
   await page.click('[data-notice="undo-delete"] .undo');
   assert.equal((await titles()).includes("About owls"), true);
