@@ -546,8 +546,12 @@ function newChat() {
   $("prompt").focus();
 }
 
+// Conversations deleted (and not brought back): an answer still streaming into one does not save it again.
+const deleted = new WeakSet();
+
 function removeConversation(id) {
   const gone = store.getConversation(id);
+  if (gone) deleted.add(gone);
   const wasOpen = state.conv?.id === id;
   store.deleteConversation(id);
   if (wasOpen) newChat();
@@ -560,6 +564,7 @@ function offerUndo(conv, reopen) {
   const key = "undo-delete";
   notice(key, "info", [`Deleted “${conv.title}”. `], [h("button", { class: "btn small-btn undo", type: "button", onclick: () => {
     dismiss(key);
+    deleted.delete(conv);
     if (!store.putConversation(conv)) notice("save", "warn", ["This browser refused to save the conversation (storage full or disabled)."]);
     if (reopen && !state.busy) openConversation(conv.id);
     else renderConversations();
@@ -819,7 +824,7 @@ async function reply() {
   let view = $("messages").lastElementChild;
   view.classList.add("streaming");
   // The partial answer is saved as it grows: a reload keeps it (answers.js).
-  const progress = follow(msg, () => persist(conv));
+  const progress = follow(msg, () => deleted.has(conv) || persist(conv));
   let frame = 0;
   const paint = () => {
     frame = 0;
@@ -858,7 +863,7 @@ async function reply() {
     state.controller = null;
     setBusy(false);
   }
-  persist(conv);
+  if (!deleted.has(conv)) persist(conv);
   if (state.conv === conv) {
     const hadFocus = document.activeElement;
     renderMessages();

@@ -211,6 +211,21 @@ test("chats exported as JSON import back; search finds chats by their text; a de
   await page.reload();
   await ready(page);
   assert.equal((await titles()).includes("About owls"), false);
+
+  // A chat deleted while its answer streams stays deleted: the answer stops and nothing
+  // saves the chat again (neither the partial saves nor the answer's end).
+  await setSettings(page, { temperature: 1, "max-tokens": 3000 });
+  await page.click("#new-chat");
+  await ask(page, "Tell me about kestrels.");
+  await page.waitForFunction(() => (document.querySelector(".msg.streaming .bubble")?.textContent.length || 0) > 20, null, { timeout: 60_000 });
+  assert.equal((await titles()).includes("Tell me about kestrels."), true);
+  await page.click('#conversations li:has(span:text("Tell me about kestrels.")) .del');
+  await idle(page);
+  await page.waitForTimeout(700);
+  assert.equal((await titles()).includes("Tell me about kestrels."), false);
+  await page.reload();
+  await ready(page);
+  assert.equal((await titles()).includes("Tell me about kestrels."), false);
   assert.deepEqual(page.problems, []);
 });
 
