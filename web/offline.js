@@ -4,8 +4,9 @@
 // before the service worker controlled the page.
 
 const CACHE = "colibri-app-v1";
+// Relative to this module: the page's folder.
 const SHELL = [
-  "/", "/index.html", "/app.css", "/app.js", "/answers.js", "/backend_pick.js", "/brain.js", "/chat_list.js",
+  "./", "index.html", "/app.css", "/app.js", "/answers.js", "/backend_pick.js", "/brain.js", "/chat_list.js",
   "/colibri.js", "/colibri-worker.js", "/markdown.js", "/offline.js", "/store.js", "/token_count.js",
   "/pkg/colibri_wasm.js", "/pkg/colibri_wasm_bg.wasm",
   "/pkg-threads/colibri_wasm.js", "/pkg-threads/colibri_wasm_bg.wasm",
@@ -15,7 +16,7 @@ const MODEL_FILES = ["colibri.json", "tokenizer.json", "tokenizer_config.json", 
 /** Registers sw.js (where the browser has service workers); never throws. */
 export async function registerOffline() {
   try {
-    if ("serviceWorker" in navigator) await navigator.serviceWorker.register("/sw.js", { scope: "/" });
+    if ("serviceWorker" in navigator) await navigator.serviceWorker.register(new URL("sw.js", import.meta.url), { scope: new URL("./", import.meta.url).pathname });
   } catch (_) {
     // No service worker (a private window, an insecure origin): the page needs the helper.
   }
@@ -27,7 +28,7 @@ export async function keepForOffline(id) {
   try {
     const cache = await caches.open(CACHE);
     const base = `/models/${encodeURIComponent(id)}/`;
-    const urls = [...SHELL, "/api/models", ...MODEL_FILES.map((f) => base + f)];
+    const urls = [...SHELL.map((f) => new URL(f, import.meta.url).href), "/api/models", ...MODEL_FILES.map((f) => base + f)];
     // One at a time, in the background: a missing file (no threaded build, no examples) is skipped.
     for (const u of urls) {
       const r = await fetch(u).catch(() => null);

@@ -13,9 +13,12 @@ const CACHE = "colibri-app-v1";
 const MODEL_FILES = /^\/models\/[^/]+\/(colibri\.json|tokenizer\.json|tokenizer_config\.json|generation_config\.json|examples\.json)$/;
 const SHELL = /^\/([\w-]+\.(html|js|css|svg|png|ico)|pkg(-threads)?\/.+\.(js|wasm))?$/;
 
-/** Whether a GET of `path` is kept for offline use. */
+/** Whether a GET of `path` is kept for offline use: the API's at the origin's root, the
+ * shell's under this worker's scope (the page may be served from a folder). */
 function kept(path) {
-  return path === "/api/models" || MODEL_FILES.test(path) || SHELL.test(path);
+  const scope = new URL(self.registration.scope).pathname;
+  const shell = path.startsWith(scope) && SHELL.test(`/${path.slice(scope.length)}`);
+  return path === "/api/models" || MODEL_FILES.test(path) || shell;
 }
 
 self.addEventListener("install", () => self.skipWaiting());
