@@ -5,6 +5,11 @@ import { load, requestPersistentStorage } from "./colibri.js";
 import { renderMarkdown } from "./markdown.js";
 import { BrainView, TIER_NAMES, hybridLine } from "./brain.js";
 import * as store from "./store.js";
+import { follow, markCut, speedLabel } from "./answers.js";
+import { backendChoice, bindBackendPicker } from "./backend_pick.js";
+import { UNDO_MS, matches, parseImport } from "./chat_list.js";
+import { tokenCounter } from "./token_count.js";
+import { keepForOffline, registerOffline } from "./offline.js";
 
 const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
@@ -93,6 +98,7 @@ function helperDownNotice() {
     h("strong", {}, "The colibri helper is not reachable "), `at ${HELPER}. `,
     "It serves the model files to this page. Start it in a terminal with ", code(START_HINT),
     " (from a source checkout: ", code(`./tools/start.sh${PORT_FLAG}`), "), then retry.",
+    state.engine ? " Meanwhile the model kept in this browser still answers (what it has not kept needs the helper)." : "",
   ], [h("button", { class: "btn small-btn", type: "button", onclick: () => start() }, "Retry now")]);
 }
 
@@ -196,7 +202,7 @@ async function loadModel(id) {
     if (phase === "gpu") {
       // `auto` times one decode step on each backend; no bytes move meanwhile.
       bar.removeAttribute("value");
-      $("progress-text").textContent = navigator.gpu && new URLSearchParams(location.search).get("backend") !== "webgpu"
+      $("progress-text").textContent = backendChoice(state.settings) === "auto"
         ? `${id}: measuring WebGPU vs CPU (one step on each, to keep the faster)…`
         : `${id}: starting WebGPU…`;
       $("progress-eta").textContent = "";
@@ -212,8 +218,7 @@ async function loadModel(id) {
   try {
     // "auto" measures WebGPU against the CPU backend and keeps the faster; ?backend=webgpu
     // or ?backend=cpu in the page's URL forces one.
-    const forced = new URLSearchParams(location.search).get("backend");
-    const backend = ["auto", "webgpu", "cpu"].includes(forced) ? forced : navigator.gpu ? "auto" : "cpu";
+    const backend = backendChoice(state.settings);
     // ?hybrid=on|auto: hybrid expert placement on WebGPU; ?gpuPool=BYTES sizes its expert pool.
     const query = new URLSearchParams(location.search);
     const hybrid = ["on", "auto"].includes(query.get("hybrid")) ? query.get("hybrid") : undefined;
@@ -234,6 +239,8 @@ async function loadModel(id) {
     renderStats(engine.stats());
     loadExamples(id);
     document.body.dataset.state = "ready";
+    recount();
+    keepForOffline(id);
     $("backend").textContent = backendLabel(engine.stats().backend);
     $("backend").title = backendTitle(engine.stats());
     refreshStorage();
@@ -438,7 +445,10 @@ function renderLegend() {
 function renderConversations() {
   const list = $("conversations");
   list.replaceChildren();
-  for (const c of store.listConversations()) {
+  const query = $("search").value;
+  const shown = store.listConversations().filter((c) => matches(c, query));
+  $("no-match").hidden = !query.trim() || shown.length > 0;
+  for (const c of shown) {
     const active = state.conv && c.id === state.conv.id;
     const item = h("li", { class: active ? "active" : "", "data-id": c.id });
     item.append(
@@ -536,10 +546,48 @@ function newChat() {
   $("prompt").focus();
 }
 
+// Conversations deleted (and not brought back): an answer still streaming into one does not save it again.
+const deleted = new WeakSet();
+
 function removeConversation(id) {
+  const gone = store.getConversation(id);
+  if (gone) deleted.add(gone);
+  const wasOpen = state.conv?.id === id;
   store.deleteConversation(id);
-  if (state.conv?.id === id) newChat();
+  if (wasOpen) newChat();
   else renderConversations();
+  if (gone) offerUndo(gone, wasOpen);
+}
+
+/** "Deleted …  Undo" for UNDO_MS: Undo stores the conversation again (and reopens it). */
+function offerUndo(conv, reopen) {
+  const key = "undo-delete";
+  notice(key, "info", [`Deleted “${conv.title}”. `], [h("button", { class: "btn small-btn undo", type: "button", onclick: () => {
+    dismiss(key);
+    deleted.delete(conv);
+    if (!store.putConversation(conv)) notice("save", "warn", ["This browser refused to save the conversation (storage full or disabled)."]);
+    if (reopen && !state.busy) openConversation(conv.id);
+    else renderConversations();
+  } }, "Undo")]);
+  const shown = document.querySelector(`[data-notice="${key}"]`);
+  setTimeout(() => shown.remove(), UNDO_MS);
+}
+
+/** Imports chats exported as JSON (files from the Import picker); opens the first. */
+async function importChats(files) {
+  const added = [];
+  for (const f of files) {
+    try {
+      const convs = parseImport(await f.text(), (id) => !!store.getConversation(id));
+      for (const c of convs) if (store.putConversation(c)) added.push(c);
+    } catch (e) {
+      notice("import", "warn", [`Could not import ${f.name}: ${e.message}.`]);
+    }
+  }
+  if (!added.length) return;
+  if (!state.busy) openConversation(added[0].id);
+  else renderConversations();
+  notice("import", "info", [`Imported ${added.length} chat${added.length === 1 ? "" : "s"}.`]);
 }
 
 function persist(conv) {
@@ -602,6 +650,20 @@ function renderMessages() {
   box.replaceChildren(...views);
   $("empty").hidden = !!state.conv?.messages.length;
   box.scrollTop = box.scrollHeight;
+  recount();
+}
+
+let countTokens = null;
+/** Counts, before sending, the tokens the chat with the typed message takes (token_count.js). */
+function recount() {
+  countTokens ??= tokenCounter($("token-count"), () => state.busy);
+  const conv = state.conv;
+  const messages = [];
+  if (state.settings.system.trim()) messages.push({ role: "system", content: state.settings.system.trim() });
+  for (const m of conv?.messages.slice(contextStart(conv)) || []) messages.push({ role: m.role, content: m.content });
+  const draft = $("prompt").value.trim();
+  if (draft) messages.push({ role: "user", content: draft });
+  countTokens({ engine: state.engine, messages, contextLength: state.info?.contextLength, answerTokens: Number(state.settings.maxTokens) || 0 });
 }
 
 /** How many of the conversation's first messages no longer fit the model's context. */
@@ -630,6 +692,10 @@ function messageView(m, i) {
   const meta = h("div", { class: "meta" });
   const view = h("div", { class: "msg", "data-role": m.role, "data-index": i }, bubble, meta);
   if (m.stopped) meta.append(h("span", { class: "tag" }, "stopped"));
+  if (m.cut) meta.append(h("span", { class: "tag cut", title: "The page was reloaded or closed while this answer was being written" }, "cut off"));
+  if (m.streaming && !state.busy) meta.append(h("span", { class: "tag cut", title: "Another tab is writing this answer, or it was cut off" }, "unfinished"));
+  const speed = m.role === "assistant" ? speedLabel(m) : "";
+  if (speed) meta.append(h("span", { class: "speed", title: "Tokens of this answer, and how fast they came after the first" }, speed));
   if (m.finish === "length") meta.append(h("span", { class: "tag", title: "The answer reached Max tokens or the model's context window" }, "length limit"));
   if (m.error) meta.append(h("span", { class: "tag" }, `error: ${m.error}`));
   const idle = !state.busy;
@@ -757,6 +823,8 @@ async function reply() {
   renderMessages();
   let view = $("messages").lastElementChild;
   view.classList.add("streaming");
+  // The partial answer is saved as it grows: a reload keeps it (answers.js).
+  const progress = follow(msg, () => deleted.has(conv) || persist(conv));
   let frame = 0;
   const paint = () => {
     frame = 0;
@@ -766,13 +834,16 @@ async function reply() {
     if (box.scrollHeight - box.scrollTop - box.clientHeight < 160) box.scrollTop = box.scrollHeight;
   };
   try {
-    const stream = engine.chat.completions.create({ messages, stream: true, signal: controller.signal, ...samplingRequest() });
+    const stream = engine.chat.completions.create({ messages, stream: true, stream_options: { include_usage: true }, signal: controller.signal, ...samplingRequest() });
     for await (const chunk of stream) {
+      if (chunk.usage) progress.usage(chunk.usage);
+      if (!chunk.choices?.length) continue;
       // The engine dropped the oldest turns to fit the context: they stay on screen, marked.
       if (chunk.dropped_messages) conv.contextStart = contextStart(conv) + chunk.dropped_messages;
       const c = chunk.choices[0];
       if (c.delta?.content) {
         msg.content += c.delta.content;
+        progress.piece();
         if (!frame) frame = requestAnimationFrame(paint);
       }
       if (c.finish_reason) msg.finish = c.finish_reason;
@@ -787,11 +858,12 @@ async function reply() {
     msg.stopped = true;
     delete msg.finish;
   }
+  progress.end();
   if (state.controller === controller) {
     state.controller = null;
     setBusy(false);
   }
-  persist(conv);
+  if (!deleted.has(conv)) persist(conv);
   if (state.conv === conv) {
     const hadFocus = document.activeElement;
     renderMessages();
@@ -869,6 +941,7 @@ function bindUi() {
     }
   });
   $("prompt").addEventListener("input", autoGrow);
+  $("prompt").addEventListener("input", recount);
   $("stop").addEventListener("click", () => {
     stop();
     $("prompt").focus();
@@ -882,6 +955,11 @@ function bindUi() {
     } else closeDrawers();
   });
   $("new-chat").addEventListener("click", newChat);
+  $("search").addEventListener("input", renderConversations);
+  $("import").addEventListener("change", (e) => {
+    importChats([...e.target.files]);
+    e.target.value = "";
+  });
   $("export-json").addEventListener("click", () => exportConversation("json"));
   $("export-md").addEventListener("click", () => exportConversation("md"));
   $("theme").addEventListener("click", cycleTheme);
@@ -902,11 +980,15 @@ function bindUi() {
 
 // ---------------------------------------------------------------- start
 
+registerOffline();
 bindSettings();
+bindBackendPicker($("backend-pick"), state.settings, (s) => store.saveSettings(s), () => state.modelId && loadModel(state.modelId));
 bindUi();
 applyTheme();
 webgpuNotice();
 await store.open({ onError: (e) => notice("save", "warn", [`This browser refused to save the conversation (${e?.name || "storage full or disabled"}).`]) });
+// Answers left streaming by a page that went away (a reload mid-answer) are kept, marked as cut.
+for (const c of markCut(store.listConversations())) persist(c);
 state.conv = store.getConversation(store.activeId()) || store.newConversation(null);
 renderConversations();
 renderMessages();

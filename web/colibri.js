@@ -7,6 +7,7 @@
 //   await engine.choose({ prompt: "Merge it?", options: ["yes", "no"] });             // {probabilities, entropy, choice, ...}
 //   await engine.loadDraft("tiny"); await engine.generate({ ids, draft: "model" });  // speculative: the same tokens
 //   for await (const chunk of engine.chat.completions.create({ messages, stream: true })) { ... }
+//   await engine.countChatTokens(messages);  // the chat as the model reads it, in tokens
 //   engine.stats(); // {backend, threads, threadsReason, tokensPerSecond, ttftMs, tiers: {gpu, ram, disk, helper} (expert uses by the tier that served them), bytesFetched, ...}
 //   engine.addEventListener("route", (e) => e.detail.counts);  // [[layer, expert, n], ...] per forward pass
 //   // ... and e.detail.placement (WebGPU, else null): [[layer, expert, cpuUses, gpuUses], ...] where they were computed
@@ -174,6 +175,12 @@ class Engine extends EventTarget {
   /** Teacher-forced logits for every position: Float32Array [ids.length * vocab]. */
   async logits({ ids }) {
     return this.#call("logits", { ids }).promise;
+  }
+
+  /** How many tokens `messages` ([{role, content}]) take as the model reads them (the
+   * chat template applied, nothing dropped): for a count against `info.contextLength`. */
+  async countChatTokens(messages) {
+    return (await this.#call("chatPrompt", { messages, truncate: false }).promise).ids.length;
   }
 
   async encode(text, { addSpecialTokens = false } = {}) {

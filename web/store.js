@@ -18,6 +18,7 @@ export const DEFAULT_SETTINGS = Object.freeze({
   topP: "",
   maxTokens: 256,
   seed: "", // empty: a new random seed for every answer
+  backend: "auto", // "auto" | "webgpu" | "cpu" (backend_pick.js)
   theme: "system", // "system" | "light" | "dark"
 });
 
@@ -172,6 +173,12 @@ export function conversationJson(conv) {
   const { id, title, model, created, updated } = conv;
   const messages = conv.messages.map(({ role, content, ...rest }) => ({ role, content, ...rest }));
   return `${JSON.stringify({ id, title, model, created, updated, messages }, null, 2)}\n`;
+}
+
+/** Stores `conv` as it is (its id, title and times kept): an imported or undeleted one. */
+export function putConversation(conv) {
+  cache.set(conv.id, conv);
+  return put(conv) !== false;
 }
 
 export function deleteConversation(id) {

@@ -69,14 +69,16 @@ test("the ollama client: list, show, chat, generate, options, ps, version, pull"
     assert.equal(raw.done_reason, "length");
     assert.equal(raw.eval_count, 12);
 
-    // Options reach the sampler: a seed repeats a draw, another seed or a penalty changes it,
-    // and stop cuts the answer.
+    // Options reach the sampler: a seed repeats a draw, another seed or a penalty (presence,
+    // frequency, repeat) changes it, and stop cuts the answer.
     const story = [{ role: "user", content: "Tell me a story." }];
     const draw = async (options) => (await ollama.chat({ model: "demo", messages: story, options: { num_predict: 30, temperature: 0.9, ...options } })).message.content;
     const seeded = await draw({ seed: 7 });
     assert.equal(await draw({ seed: 7 }), seeded);
     assert.notEqual(await draw({ seed: 8 }), seeded);
     assert.notEqual(await draw({ seed: 7, presence_penalty: 2 }), seeded);
+    assert.notEqual(await draw({ seed: 7, frequency_penalty: 2 }), seeded);
+    assert.notEqual(await draw({ seed: 7, repeat_penalty: 1.5 }), seeded);
     assert.notEqual(await draw({ seed: 7, top_k: 1 }), seeded);
     const stopped = await ollama.chat({ model: "demo", messages, options: { temperature: 0, stop: [" ="] } });
     assert.ok(want.includes(" =") && !stopped.message.content.includes(" ="), stopped.message.content);

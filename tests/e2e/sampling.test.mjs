@@ -36,6 +36,8 @@ test("sampling parameters: the browser answers as the helper's API does", async 
       { messages: story, temperature: 0.9, seed: 7, top_k: 2 },
       { temperature: 0, stop: [" ="] },
       { temperature: 0, max_completion_tokens: 5 },
+      { messages: story, temperature: 0.9, seed: 7 },
+      { messages: story, temperature: 0.9, seed: 8 },
     ];
     const native = [];
     for (const c of cases) {
@@ -85,6 +87,9 @@ test("sampling parameters: the browser answers as the helper's API does", async 
     const plain = native[0].content;
     for (const i of [1, 2, 7, 8]) assert.notEqual(native[i].content, plain, `${JSON.stringify(cases[i])} changed nothing`);
     for (const i of [4, 5, 6]) assert.notEqual(native[i].content, native[3].content, `${JSON.stringify(cases[i])} changed nothing`);
+    // A seed repeats its draw (the same text twice); another seed draws another.
+    assert.equal(native[9].content, native[3].content, "the same seed twice gives the same text");
+    assert.notEqual(native[10].content, native[3].content, "another seed gives another text");
     assert.ok(!native[7].content.includes(" ="), native[7].content);
     assert.equal(native[8].finish, "length");
     assert.deepEqual(web.refused, nativeRefusals, "the browser refuses what the helper refuses, by the same name");
