@@ -32,32 +32,38 @@ use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::{Error, Logits, Model, Session};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use super::generation::{Admission, Event, Job, Kv, Slot, Speculation};
+use super::generation::{Admission, Entry, Event, Job, Kv, Slot, Speculation};
 use super::Stats;
 use crate::load::Loaded;
-
-/// A generation waiting to join its model's batch.
-pub(super) struct Entry {
-    pub job: Job,
-    pub tx: mpsc::Sender<Event>,
-    pub admission: Admission,
-    pub permit: OwnedSemaphorePermit,
-}
-
-/// What the driver shares with the handlers: the entries waiting to join, and whether a
-/// driver thread runs.
-#[derive(Default)]
-pub(super) struct Incoming {
-    waiting: VecDeque<Entry>,
-    driving: bool,
-}
 
 /// Inputs of at most this many ids are a step's token and its drafts, which always join
 /// the pass; longer ones are prompt chunks, within the iteration's prefill budget.
 const STEP_IDS: usize = 16;
 
+/// Starts `job` once the model has room in its batch; events arrive on the returned
+/// channel. Dropping the receiver cancels the generation at its next step.
+pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel(32);
+    tokio::spawn(async move {
+        let running = admission.slot().running.clone();
+        // A client that leaves while its generation waits for room frees its place in
+        // the queue at once (not when the generation's turn comes).
+        let permit = tokio::select! {
+            p = running.acquire_owned() => p,
+            _ = tx.closed() => return,
+        };
+        let Ok(permit) = permit else { return };
+        if tx.is_closed() || shutdown.load(Ordering::Relaxed) {
+            return;
+        }
+        let slot = admission.slot().clone();
+        enqueue(&slot, Entry { job, tx, admission, permit }, stats, shutdown);
+    });
+    rx
+}
+
 /// Hands `entry` to its model's driver, starting the driver if none runs.
-pub(super) fn enqueue(slot: &Arc<Slot>, entry: Entry, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) {
+fn enqueue(slot: &Arc<Slot>, entry: Entry, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) {
     let mut q = slot.incoming.lock().unwrap_or_else(|e| e.into_inner());
     q.waiting.push_back(entry);
     if !q.driving {

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use colibri_engine::generate::{Constraint, ContextPool, GenerateOptions, TokenLogprob};
@@ -18,7 +18,6 @@ use colibri_engine::Session;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
 
 use super::models::ModelEntry;
-use super::Stats;
 use crate::kv_store::KvStore;
 use crate::load::Loaded;
 
@@ -69,7 +68,7 @@ pub struct Slot {
     /// tokenizers agree).
     speculation: std::sync::OnceLock<Option<Speculation>>,
     /// Generations (and /v1/choose calls) allowed at once on this model: the batch's size.
-    running: Arc<Semaphore>,
+    pub(super) running: Arc<Semaphore>,
     parallel: usize,
     /// Generations admitted (running or waiting).
     admitted: AtomicUsize,
@@ -78,7 +77,7 @@ pub struct Slot {
     /// The same on disk, for after a restart (None without a data directory).
     pub(super) store: OnceCell<Option<KvStore>>,
     /// Generations waiting to join the batch, and whether its driver runs.
-    pub(super) incoming: Mutex<super::batch::Incoming>,
+    pub(super) incoming: Mutex<Incoming>,
     /// A generation joins the batch while the running ones' caches hold at most this many
     /// bytes (the KV budget; one always runs).
     pub(super) kv_active_bytes: usize,
@@ -273,6 +272,13 @@ impl Engines {
 /// A ticket in a model's queue; dropping it leaves the queue.
 pub struct Admission(Arc<Slot>);
 
+impl Admission {
+    /// The model it is a ticket for.
+    pub(super) fn slot(&self) -> &Arc<Slot> {
+        &self.0
+    }
+}
+
 impl Drop for Admission {
     fn drop(&mut self) {
         self.0.admitted.fetch_sub(1, Ordering::AcqRel);
@@ -343,26 +349,20 @@ pub struct Job {
     pub speculation: Option<Speculation>,
 }
 
-/// Starts `job` once the model has room in its batch; events arrive on the returned
-/// channel. Dropping the receiver cancels the generation at its next step.
-pub fn spawn(job: Job, admission: Admission, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) -> mpsc::Receiver<Event> {
-    let (tx, rx) = mpsc::channel(32);
-    tokio::spawn(async move {
-        let running = admission.0.running.clone();
-        // A client that leaves while its generation waits for room frees its place in
-        // the queue at once (not when the generation's turn comes).
-        let permit = tokio::select! {
-            p = running.acquire_owned() => p,
-            _ = tx.closed() => return,
-        };
-        let Ok(permit) = permit else { return };
-        if tx.is_closed() || shutdown.load(Ordering::Relaxed) {
-            return;
-        }
-        let slot = admission.0.clone();
-        super::batch::enqueue(&slot, super::batch::Entry { job, tx, admission, permit }, stats, shutdown);
-    });
-    rx
+/// A generation waiting to join its model's batch ([`super::batch`]).
+pub(super) struct Entry {
+    pub job: Job,
+    pub tx: mpsc::Sender<Event>,
+    pub admission: Admission,
+    pub permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// What a model's batch driver shares with the handlers: the entries waiting to join, and
+/// whether a driver thread runs.
+#[derive(Default)]
+pub(super) struct Incoming {
+    pub waiting: std::collections::VecDeque<Entry>,
+    pub driving: bool,
 }
 
 /// A model's conversation caches: in memory, and on disk when there is a data directory.

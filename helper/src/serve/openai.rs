@@ -294,7 +294,7 @@ async fn prepare(
         constraint,
         speculation,
     };
-    let rx = engine::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
+    let rx = super::batch::spawn(job, admission, state.stats.clone(), state.shutdown.clone());
     Ok(Prepared {
         id: new_id(prefix),
         model,
