@@ -28,7 +28,7 @@ use crate::model::graph::{AttendShape, Attn, Backend, FfnRef, IndexShape, MlpRef
 use crate::model::graph::{CompShape, V4AttendShape};
 use crate::model::moe::{MoeBlock, Routing};
 use crate::model::v4::{HcShape, SelectShape, V4Weights};
-use crate::model::{Ffn, Logits, Model};
+use crate::model::{Ffn, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
 pub(super) struct GpuPass<'a, M: Borrow<Model>> {
@@ -764,52 +764,4 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             _ => Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model"))),
         }
     }
-}
-
-impl<M: Borrow<Model>> GpuModel<M> {
-    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens: the
-    /// graph ([`crate::model::graph`]) recorded by the GPU backend ([`GpuPass`]).
-    pub(super) async fn forward_fed(
-        &self,
-        session: &mut GpuSession,
-        ids: &[u32],
-        which: Logits,
-        on_use: &mut dyn FnMut(usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let c = &self.m().cfg;
-        let (n, pos0) = (ids.len(), session.tokens.len());
-        c.check_input(ids, pos0)?;
-        let mut rec = Recorder::new(&self.ctx);
-        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
-        prepare_states(self, session, n)?;
-        let (logits, _) = {
-            let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
-            crate::model::graph::forward(&mut pass, ids, which, false).await?
-        };
-        session.tokens.extend_from_slice(ids);
-        Ok(logits)
-    }
-}
-
-/// Makes a session ready for a pass of positions pos0..pos0 + n: recurrent states
-/// created, and snapshotted before a multi-token pass (which may be rolled back to here,
-/// as the CPU's `delta_begin` does).
-pub(super) fn prepare_states<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, n: usize) -> Result<()> {
-    let ctx = &*gm.ctx;
-    if session.recurrent.len() != gm.layers.len() {
-        session.recurrent = gm
-            .layers
-            .iter()
-            .map(|lw| match &lw.attn {
-                GpuAttn::Linear(d) => GpuDeltaState::new(ctx, &d.cfg).map(Some),
-                _ => Ok(None),
-            })
-            .collect::<Result<_>>()?;
-    }
-    if n > 1 {
-        for st in session.recurrent.iter_mut().flatten() {
-            st.snapshot(ctx)?;
-        }
-    }
-    Ok(())
 }
