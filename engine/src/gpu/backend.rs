@@ -19,6 +19,7 @@ use super::ops::{self, AttnShape, GateAct};
 use super::placement::Hybrid;
 use super::pool::GpuExpert;
 use super::recorder::{Bind, Recorder};
+use super::v4;
 use super::weights::{GpuAttn, GpuFfn, GpuMoe};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnOpts;
@@ -28,7 +29,7 @@ use crate::model::graph::{AttendShape, Attn, Backend, FfnRef, IndexShape, MlpRef
 use crate::model::graph::{CompShape, V4AttendShape};
 use crate::model::moe::{MoeBlock, Routing};
 use crate::model::v4::{HcShape, SelectShape, V4Weights};
-use crate::model::{Ffn, Logits, Model};
+use crate::model::{Ffn, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
 pub(super) struct GpuPass<'a, M: Borrow<Model>> {
@@ -41,6 +42,9 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     /// (again after every submit: the data arena goes with the recorder).
     cs: Vec<f32>,
     cs_data: Bind,
+    /// DeepSeek-V4's two RoPEs (main, then the compressed branches'): rotary dim, [cos..,
+    /// sin..] per position of the pass, where the recorder holds it.
+    v4_cs: Vec<(usize, Vec<f32>, Bind)>,
     /// Scratch buffers by label, reused from layer to layer.
     scratch: HashMap<&'static str, wgpu::Buffer>,
     /// DSA: the positions each query of the pass keeps, from the last indexer.
@@ -76,6 +80,22 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             cs.extend_from_slice(&si);
         }
         let cs_data = rec.data_f32(&cs);
+        let v4_cs = match &gm.m().v4 {
+            Some(w) => [&w.main_rope, &w.compress_rope]
+                .into_iter()
+                .map(|r| {
+                    let mut t = Vec::with_capacity(n * r.rotary_dim);
+                    for i in 0..n {
+                        r.cos_sin(pos0 + i, &mut co, &mut si);
+                        t.extend_from_slice(&co);
+                        t.extend_from_slice(&si);
+                    }
+                    let data = rec.data_f32(&t);
+                    (r.rotary_dim, t, data)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(GpuPass {
             gm,
             rec,
@@ -84,6 +104,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             n,
             cs,
             cs_data,
+            v4_cs,
             scratch: HashMap::new(),
             selection: None,
             rows_cached: None,
@@ -98,8 +119,16 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
     async fn submit(&mut self) -> Result<Vec<Vec<u8>>> {
         let ctx = self.rec.ctx();
         let done = std::mem::replace(&mut self.rec, Recorder::new(ctx)).submit().await?;
-        self.cs_data = self.rec.data_f32(&self.cs);
+        self.reattach_tables();
         Ok(done)
+    }
+
+    /// The RoPE tables again in a fresh recorder's data arena.
+    fn reattach_tables(&mut self) {
+        self.cs_data = self.rec.data_f32(&self.cs);
+        for (_, t, data) in &mut self.v4_cs {
+            *data = self.rec.data_f32(t);
+        }
     }
 
     fn half(&self) -> usize {
@@ -482,63 +511,62 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
 
     fn hc_weights(
         &mut self,
-        _mix: &wgpu::Buffer,
-        _base: &wgpu::Buffer,
-        _scale: &wgpu::Buffer,
-        _s: HcShape,
-        _head: bool,
-        _pre: &mut wgpu::Buffer,
-        _post: &mut wgpu::Buffer,
-        _comb: &mut wgpu::Buffer,
+        mix: &wgpu::Buffer,
+        base: &wgpu::Buffer,
+        scale: &wgpu::Buffer,
+        s: HcShape,
+        head: bool,
+        pre: &mut wgpu::Buffer,
+        post: &mut wgpu::Buffer,
+        comb: &mut wgpu::Buffer,
     ) -> Result<()> {
-        Err(v4_not_here("hyper-connection weights"))
+        v4::hc_weights(&mut self.rec, mix, base, scale, s, head, pre, post, comb)
     }
 
-    fn hc_collapse(
-        &mut self,
-        _pre: &wgpu::Buffer,
-        _x: &wgpu::Buffer,
-        _s: HcShape,
-        _out: &mut wgpu::Buffer,
-    ) -> Result<()> {
-        Err(v4_not_here("hyper-connection collapse"))
+    fn hc_collapse(&mut self, pre: &wgpu::Buffer, x: &wgpu::Buffer, s: HcShape, out: &mut wgpu::Buffer) -> Result<()> {
+        v4::hc_collapse(&mut self.rec, pre, x, s, out)
     }
 
     fn hc_expand(
         &mut self,
-        _x: &mut wgpu::Buffer,
-        _y: &wgpu::Buffer,
-        _post: &wgpu::Buffer,
-        _comb: &wgpu::Buffer,
-        _s: HcShape,
+        x: &mut wgpu::Buffer,
+        y: &wgpu::Buffer,
+        post: &wgpu::Buffer,
+        comb: &wgpu::Buffer,
+        s: HcShape,
     ) -> Result<()> {
-        Err(v4_not_here("hyper-connection expand"))
+        let scratch = Ops::alloc(self, "hc_streams", s.n * s.n_hc * s.hidden)?;
+        v4::hc_expand(&mut self.rec, x, y, post, comb, s, &scratch)
     }
 
     fn copy_rows(
         &mut self,
-        _src: &wgpu::Buffer,
-        _src_at: usize,
-        _src_stride: usize,
-        _dst: &mut wgpu::Buffer,
-        _dst_at: usize,
-        _dst_stride: usize,
-        _rows: usize,
-        _width: usize,
+        src: &wgpu::Buffer,
+        src_at: usize,
+        src_stride: usize,
+        dst: &mut wgpu::Buffer,
+        dst_at: usize,
+        dst_stride: usize,
+        rows: usize,
+        width: usize,
     ) -> Result<()> {
-        Err(v4_not_here("strided row copy"))
+        v4::copy_rows(&mut self.rec, src, src_at, src_stride, dst, dst_at, dst_stride, rows, width)
     }
 
     fn rope_tail(
         &mut self,
-        _t: &mut wgpu::Buffer,
-        _n: usize,
-        _heads: usize,
-        _stride: usize,
-        _compress: bool,
-        _inverse: bool,
+        t: &mut wgpu::Buffer,
+        n: usize,
+        heads: usize,
+        stride: usize,
+        compress: bool,
+        inverse: bool,
     ) -> Result<()> {
-        Err(v4_not_here("interleaved tail RoPE"))
+        let (half, cs) = match self.v4_cs.get(usize::from(compress)) {
+            Some((rot, _, cs)) => (rot / 2, cs.clone()),
+            None => return Err(v4_not_here("interleaved tail RoPE without its tables")),
+        };
+        v4::rope_tail(&mut self.rec, t, 0, n, heads, stride, half, inverse, cs)
     }
 
     fn v4_compress(
@@ -724,7 +752,7 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
         let scratch = MoeScratch { xn, y, xs: &xs, g: &g, u: &u, ys: &ys };
         let on_use = &mut *self.on_use;
         if gm.moe_experts(&mut self.rec, l, block, moe, users, xn_host.as_deref(), &scratch, on_use).await? {
-            self.cs_data = self.rec.data_f32(&self.cs);
+            self.reattach_tables();
         }
         if let Some(guess) = ahead {
             // Hand this layer's work to the GPU, then fetch the next layer's likely experts
@@ -764,52 +792,4 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
             _ => Err(Error::Gpu(format!("layer {l}: GPU weights do not match the model"))),
         }
     }
-}
-
-impl<M: Borrow<Model>> GpuModel<M> {
-    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens: the
-    /// graph ([`crate::model::graph`]) recorded by the GPU backend ([`GpuPass`]).
-    pub(super) async fn forward_fed(
-        &self,
-        session: &mut GpuSession,
-        ids: &[u32],
-        which: Logits,
-        on_use: &mut dyn FnMut(usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let c = &self.m().cfg;
-        let (n, pos0) = (ids.len(), session.tokens.len());
-        c.check_input(ids, pos0)?;
-        let mut rec = Recorder::new(&self.ctx);
-        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
-        prepare_states(self, session, n)?;
-        let (logits, _) = {
-            let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
-            crate::model::graph::forward(&mut pass, ids, which, false).await?
-        };
-        session.tokens.extend_from_slice(ids);
-        Ok(logits)
-    }
-}
-
-/// Makes a session ready for a pass of positions pos0..pos0 + n: recurrent states
-/// created, and snapshotted before a multi-token pass (which may be rolled back to here,
-/// as the CPU's `delta_begin` does).
-pub(super) fn prepare_states<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, n: usize) -> Result<()> {
-    let ctx = &*gm.ctx;
-    if session.recurrent.len() != gm.layers.len() {
-        session.recurrent = gm
-            .layers
-            .iter()
-            .map(|lw| match &lw.attn {
-                GpuAttn::Linear(d) => GpuDeltaState::new(ctx, &d.cfg).map(Some),
-                _ => Ok(None),
-            })
-            .collect::<Result<_>>()?;
-    }
-    if n > 1 {
-        for st in session.recurrent.iter_mut().flatten() {
-            st.snapshot(ctx)?;
-        }
-    }
-    Ok(())
 }

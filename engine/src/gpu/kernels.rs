@@ -43,10 +43,14 @@ pub enum Kernel {
     RopePairs,
     LayerNorm,
     IndexScores,
+    HcCollapse,
+    HcExpand,
+    HcWeights,
+    RopeTail,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 26] = [
+    pub const ALL: [Kernel; 30] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -73,6 +77,10 @@ impl Kernel {
         Kernel::RopePairs,
         Kernel::LayerNorm,
         Kernel::IndexScores,
+        Kernel::HcCollapse,
+        Kernel::HcExpand,
+        Kernel::HcWeights,
+        Kernel::RopeTail,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -108,6 +116,10 @@ impl Kernel {
             Kernel::RopePairs => ("rope_pairs.wgsl", A, include_str!("../../../shaders/rope_pairs.wgsl")),
             Kernel::LayerNorm => ("layernorm.wgsl", A, include_str!("../../../shaders/layernorm.wgsl")),
             Kernel::IndexScores => ("index_scores.wgsl", A, include_str!("../../../shaders/index_scores.wgsl")),
+            Kernel::HcCollapse => ("hc_collapse.wgsl", A, include_str!("../../../shaders/hc_collapse.wgsl")),
+            Kernel::HcExpand => ("hc_expand.wgsl", A, include_str!("../../../shaders/hc_expand.wgsl")),
+            Kernel::HcWeights => ("hc_weights.wgsl", A, include_str!("../../../shaders/hc_weights.wgsl")),
+            Kernel::RopeTail => ("rope_tail.wgsl", A, include_str!("../../../shaders/rope_tail.wgsl")),
         }
     }
 

@@ -31,6 +31,7 @@ mod placement;
 pub mod pool;
 pub mod recorder;
 pub mod stream;
+pub mod v4;
 mod weights;
 
 use std::collections::HashMap;

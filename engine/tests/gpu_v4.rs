@@ -1,0 +1,193 @@
+//! DeepSeek-V4's kernels on the GPU against the CPU reference (engine/src/model/v4/hc.rs),
+//! bit for bit on lavapipe: the hyper-connection collapse and expand with odd sizes (a
+//! hidden size that is not a multiple of the workgroup, 2 to 5 streams, negative zeros
+//! among the inputs), the streams' weights (sigmoids, softmax and Sinkhorn-Knopp) and
+//! the hyper-head's, and the strided row copy.
+#![cfg(feature = "wgpu")]
+
+mod gpu_common;
+
+use colibri_engine::gpu::buffers::{f32s, upload_f32};
+use colibri_engine::gpu::v4;
+
+use colibri_engine::gpu::recorder::Recorder;
+use colibri_engine::gpu::{block_on, GpuContext};
+use colibri_engine::model::v4::hc::{expand, head_pre, mix_streams, weights};
+use colibri_engine::model::v4::HcShape;
+use gpu_common::{assert_bits, gpu, Lcg};
+
+fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    let mut rec = Recorder::new(ctx);
+    rec.read(buf, 0, len as u64 * 4);
+    f32s(&block_on(rec.submit()).unwrap()[0])
+}
+
+/// Random values with some exact zeros of either sign (the sums' first add decides their sign).
+fn values(rng: &mut Lcg, len: usize, scale: f32) -> Vec<f32> {
+    let mut v = rng.vec(len, scale);
+    for (i, x) in v.iter_mut().enumerate() {
+        match i % 17 {
+            3 => *x = -0.0,
+            9 => *x = 0.0,
+            _ => {}
+        }
+    }
+    v
+}
+
+#[test]
+fn hc_collapse_and_expand_match_the_cpu() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(33);
+    for (n, n_hc, hidden) in [(1usize, 2usize, 8usize), (7, 4, 67), (3, 5, 130), (12, 3, 64)] {
+        let s = HcShape { n, n_hc, hidden, iters: 20, eps: 1e-6 };
+        let x = values(&mut rng, n * n_hc * hidden, 3.0);
+        let pre = values(&mut rng, n * n_hc, 1.5);
+        let y = values(&mut rng, n * hidden, 2.0);
+        let post = values(&mut rng, n * n_hc, 2.0);
+        let comb = values(&mut rng, n * n_hc * n_hc, 1.0);
+
+        let mut want_out = vec![0.0f32; n * hidden];
+        for p in 0..n {
+            let xs = &x[p * n_hc * hidden..(p + 1) * n_hc * hidden];
+            mix_streams(&pre[p * n_hc..(p + 1) * n_hc], xs, hidden, &mut want_out[p * hidden..(p + 1) * hidden]);
+        }
+        let mut want_x = x.clone();
+        expand(&mut want_x, &y, &post, &comb, n, n_hc, hidden);
+
+        let up = |name, v: &[f32]| upload_f32(&ctx, name, v).unwrap();
+        let (xb, preb, yb, postb, combb) =
+            (up("x", &x), up("pre", &pre), up("y", &y), up("post", &post), up("comb", &comb));
+        let out = ctx.storage_buffer("out", (n * hidden) as u64 * 4).unwrap();
+        let scratch = ctx.storage_buffer("scratch", x.len() as u64 * 4).unwrap();
+        let mut rec = Recorder::new(&ctx);
+        v4::hc_collapse(&mut rec, &preb, &xb, s, &out).unwrap();
+        v4::hc_expand(&mut rec, &xb, &yb, &postb, &combb, s, &scratch).unwrap();
+        block_on(rec.submit()).unwrap();
+        let what = format!("n {n}, n_hc {n_hc}, hidden {hidden}");
+        assert_bits(&format!("hc_collapse ({what})"), &read(&ctx, &out, n * hidden), &want_out);
+        assert_bits(&format!("hc_expand ({what})"), &read(&ctx, &xb, x.len()), &want_x);
+        // The expand really changed the streams (the test would pass on a no-op otherwise).
+        assert_ne!(want_x, x);
+    }
+}
+
+#[test]
+fn hc_weights_match_the_cpu() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(35);
+    // (n, N, Sinkhorn iterations, eps): the fixture's 2 streams and wider.
+    for (n, n_hc, iters, eps) in
+        [(5usize, 2usize, 20usize, 1e-6f32), (70, 4, 20, 1e-6), (3, 3, 1, 1e-3), (9, 5, 7, 1e-6)]
+    {
+        let s = HcShape { n, n_hc, hidden: 1, iters, eps };
+        let m = (2 + n_hc) * n_hc;
+        let mix = values(&mut rng, n * m, 4.0);
+        let base = values(&mut rng, m, 1.0);
+        let scale = vec![0.7f32, -1.3, 2.1];
+        let (mut pre, mut post, mut comb) =
+            (vec![0.0f32; n * n_hc], vec![0.0f32; n * n_hc], vec![0.0f32; n * n_hc * n_hc]);
+        for p in 0..n {
+            weights(
+                &base,
+                &scale,
+                &mix[p * m..(p + 1) * m],
+                n_hc,
+                iters,
+                eps,
+                &mut pre[p * n_hc..(p + 1) * n_hc],
+                &mut post[p * n_hc..(p + 1) * n_hc],
+                &mut comb[p * n_hc * n_hc..(p + 1) * n_hc * n_hc],
+            );
+        }
+        let up = |name, v: &[f32]| upload_f32(&ctx, name, v).unwrap();
+        let (mixb, baseb, scaleb) = (up("mix", &mix), up("base", &base), up("scale", &scale));
+        let zero = |len: usize| ctx.storage_buffer("out", len as u64 * 4).unwrap();
+        let (preb, postb, combb) = (zero(pre.len()), zero(post.len()), zero(comb.len()));
+        let mut rec = Recorder::new(&ctx);
+        v4::hc_weights(&mut rec, &mixb, &baseb, &scaleb, s, false, &preb, &postb, &combb).unwrap();
+        block_on(rec.submit()).unwrap();
+        let what = format!("n {n}, n_hc {n_hc}, iters {iters}");
+        assert_bits(&format!("hc pre ({what})"), &read(&ctx, &preb, pre.len()), &pre);
+        assert_bits(&format!("hc post ({what})"), &read(&ctx, &postb, post.len()), &post);
+        assert_bits(&format!("hc comb ({what})"), &read(&ctx, &combb, comb.len()), &comb);
+
+        // The hyper-head: pre only, from N mixes per position.
+        let hmix = values(&mut rng, n * n_hc, 4.0);
+        let hbase = values(&mut rng, n_hc, 1.0);
+        let mut hpre = vec![0.0f32; n * n_hc];
+        for p in 0..n {
+            head_pre(&hmix[p * n_hc..(p + 1) * n_hc], &hbase, 0.9, eps, &mut hpre[p * n_hc..(p + 1) * n_hc]);
+        }
+        let (hmixb, hbaseb, hscaleb) = (up("hmix", &hmix), up("hbase", &hbase), up("hscale", &[0.9]));
+        let hpreb = zero(hpre.len());
+        let mut rec = Recorder::new(&ctx);
+        v4::hc_weights(&mut rec, &hmixb, &hbaseb, &hscaleb, s, true, &hpreb, &postb, &combb).unwrap();
+        block_on(rec.submit()).unwrap();
+        assert_bits(&format!("hc head pre ({what})"), &read(&ctx, &hpreb, hpre.len()), &hpre);
+    }
+}
+
+#[test]
+fn copy_rows_matches_the_cpu() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(34);
+    let src = rng.vec(400, 1.0);
+    // (src_at, src_stride, dst_at, dst_stride, rows, width): strided both ways, and contiguous.
+    for (sa, ss, da, ds, rows, width) in [(3usize, 20usize, 1usize, 9usize, 7usize, 9usize), (5, 11, 0, 11, 30, 11)] {
+        let dst0 = rng.vec(400, 1.0);
+        let mut want = dst0.clone();
+        for r in 0..rows {
+            let (s, d) = (sa + r * ss, da + r * ds);
+            want[d..d + width].copy_from_slice(&src[s..s + width]);
+        }
+        let (sb, db) = (upload_f32(&ctx, "src", &src).unwrap(), upload_f32(&ctx, "dst", &dst0).unwrap());
+        let mut rec = Recorder::new(&ctx);
+        v4::copy_rows(&mut rec, &sb, sa, ss, &db, da, ds, rows, width).unwrap();
+        block_on(rec.submit()).unwrap();
+        assert_bits("copy_rows", &read(&ctx, &db, 400), &want);
+    }
+}
+
+#[test]
+fn rope_tail_matches_the_cpu() {
+    use colibri_engine::model::rope::{Rope, RopeConfig};
+    use colibri_engine::model::v4::compress::rope_tail;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(36);
+    // (rotary dim, YaRN or not) over rows of 24 floats: the tail is the last 8 or all 24.
+    let cfgs = [
+        (8usize, serde_json::json!({"rope_theta": 10000.0})),
+        (
+            24,
+            serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 4.0, "original_max_position_embeddings": 32}}),
+        ),
+    ];
+    for (rot, cfg) in cfgs {
+        let (stride, heads, n, pos0) = (24usize, 3usize, 5usize, 37usize);
+        let rope = Rope::new(&RopeConfig::from_config(&cfg, rot, 4096).unwrap());
+        assert_eq!(rope.rotary_dim, rot);
+        for inverse in [false, true] {
+            let x = rng.vec(n * heads * stride, 2.0);
+            let mut want = x.clone();
+            let mut cs = Vec::new();
+            let (mut c, mut s) = (vec![], vec![]);
+            for i in 0..n {
+                for h in 0..heads {
+                    let at = (i * heads + h) * stride;
+                    rope_tail(&rope, &mut want[at..at + stride], pos0 + i, inverse, &mut c, &mut s);
+                }
+                rope.cos_sin(pos0 + i, &mut c, &mut s);
+                cs.extend_from_slice(&c);
+                cs.extend_from_slice(&s);
+            }
+            assert_ne!(want, x);
+            let xb = upload_f32(&ctx, "x", &x).unwrap();
+            let mut rec = Recorder::new(&ctx);
+            let csb = rec.data_f32(&cs);
+            v4::rope_tail(&mut rec, &xb, 0, n, heads, stride, rot / 2, inverse, csb).unwrap();
+            block_on(rec.submit()).unwrap();
+            assert_bits(&format!("rope_tail {cfg} inverse {inverse}"), &read(&ctx, &xb, x.len()), &want);
+        }
+    }
+}
