@@ -560,7 +560,7 @@ mod nesting_tests {
     #[test]
     fn json_nesting_counts_open_brackets_outside_strings() {
         assert_eq!(json_nesting(b"1"), 0);
-        assert_eq!(json_nesting(br#"{"a": [1, {"b": []}]}"#), 3);
+        assert_eq!(json_nesting(br#"{"a": [1, {"b": []}]}"#), 4);
         assert_eq!(json_nesting(br#"{"a": "[[[{{{\"[[["}"#), 1);
         assert_eq!(json_nesting(b"]]]]["), 1);
         // serde_json refuses exactly where the count reaches the limit, and not before.
