@@ -28,16 +28,17 @@ const state = {
   controller: null,
   conv: null,
   settings: store.loadSettings(),
-  // Sampling defaults of the loaded model (its generation_config.json), used where the
-  // settings leave temperature or top-p empty.
-  modelDefaults: { temperature: 0.7, topP: 1 },
+  // What the engine samples with where the settings leave temperature or top-p empty (the
+  // model's generation_config.json, else the API's fallback: the engine decides, as for
+  // the helper's /v1/chat/completions); shown as placeholders, never sent.
+  modelDefaults: {},
   retryTimer: 0,
 };
 
 function showModelDefaults() {
   const d = state.modelDefaults;
-  $("temperature").placeholder = `model default: ${d.temperature}`;
-  $("top-p").placeholder = `model default: ${d.topP}`;
+  $("temperature").placeholder = `model default: ${d.temperature ?? "?"}`;
+  $("top-p").placeholder = `model default: ${d.topP ?? "?"}`;
 }
 
 const brain = new BrainView($("brain"), $("brain-chart"));
@@ -226,9 +227,9 @@ async function loadModel(id) {
     if (state.modelId !== id) return engine.terminate(); // another model was picked meanwhile
     state.engine = engine;
     state.info = engine.info?.info || {};
-    // The model's sampling defaults (generation_config.json; greedy where do_sample is
-    // false: the demo model's arithmetic is exact greedily and slips when sampled).
-    state.modelDefaults = { temperature: 0.7, topP: 1, ...(state.info.sampling || {}) };
+    // The engine's sampling defaults for chat (generation_config.json; greedy where
+    // do_sample is false: the demo model's arithmetic is exact greedily and slips when sampled).
+    state.modelDefaults = state.info.sampling || {};
     showModelDefaults();
     engine.addEventListener("route", (e) => brain.route(e.detail));
     engine.addEventListener("stats", (e) => scheduleStats(e.detail));
@@ -798,12 +799,17 @@ function send() {
 function samplingRequest() {
   const s = state.settings;
   const num = (v, d) => (Number.isFinite(Number(v)) && v !== "" ? Number(v) : d);
-  return {
-    temperature: Math.max(0, num(s.temperature, state.modelDefaults.temperature)),
-    top_p: Math.min(1, Math.max(0.01, num(s.topP, state.modelDefaults.topP))),
+  // Temperature and top-p only when the settings say: else the engine's turn decides
+  // (generation_config.json, else the API's fallback), the same as the helper's server.
+  const req = {
     max_tokens: Math.max(1, Math.floor(num(s.maxTokens, 256))),
     seed: s.seed === "" ? Math.floor(Math.random() * 2 ** 31) : Math.max(0, Math.floor(num(s.seed, 0))),
   };
+  const t = num(s.temperature, undefined);
+  const p = num(s.topP, undefined);
+  if (t !== undefined) req.temperature = Math.max(0, t);
+  if (p !== undefined) req.top_p = Math.min(1, Math.max(0.01, p));
+  return req;
 }
 
 /** Streams the assistant's answer to the conversation as it stands. */

@@ -106,6 +106,48 @@ fn a_grammar_the_library_refuses_is_one_line() {
     assert!(!o.status.success(), "one constraint at a time");
 }
 
+/// Issue 29 item 1 on the CLI: `coli generate --json-schema` with a 1,000-link `$ref`
+/// chain or a 10,000-property object overflowed the compiling thread's stack (SIGABRT).
+/// Each is now one line naming the limit, exit 1 (not a signal), as are a 3,000-rule
+/// GBNF chain and a schema nested past the JSON parser's 128 levels.
+#[test]
+fn schemas_and_grammars_past_the_limits_are_one_line_not_a_crash() {
+    use std::os::unix::process::ExitStatusExt;
+    let demo = root().join("models/demo");
+    let mut defs = serde_json::Map::new();
+    for i in 0..1000 {
+        defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+    }
+    defs.insert("d1000".into(), json!({"type": "string"}));
+    let chain = json!({"$defs": defs, "$ref": "#/$defs/d0"}).to_string();
+    let props: serde_json::Map<String, Value> =
+        (0..10_000).map(|i| (format!("property_{i}"), json!({"type": "string"}))).collect();
+    let wide = json!({"type": "object", "properties": props}).to_string();
+    let mut nested = json!({"type": "string"});
+    for _ in 0..200 {
+        nested = json!({"type": "array", "items": nested});
+    }
+    let mut rules = String::from("root ::= r0\n");
+    for i in 0..3000 {
+        rules.push_str(&format!("r{i} ::= \"x\" r{}\n", i + 1));
+    }
+    rules.push_str("r3000 ::= \"y\"\n");
+    let files = [
+        ("--json-schema", scratch("chain.json", &chain), "deeper than 64 levels"),
+        ("--json-schema", scratch("wide.json", &wide), "10000 properties, over the limit of 1000"),
+        ("--json-schema", scratch("nested.json", &nested.to_string()), "deeper than 128 levels"),
+        ("--grammar", scratch("chain.gbnf", &rules), "deeper than 64 levels"),
+    ];
+    for (flag, file, needle) in files {
+        let o = generate(&demo, &[flag, file.to_str().unwrap(), "--max-new-tokens", "4"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.signal(), None, "{}: killed by a signal: {err}", file.display());
+        assert_eq!(o.status.code(), Some(1), "{}: {err}", file.display());
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.starts_with("error: ") && err.contains(needle), "{}: {err}", file.display());
+    }
+}
+
 #[test]
 fn speculation_changes_passes_not_tokens() {
     // qwen3_next: a rejected draft rewinds the recurrent state to the verify pass's start

@@ -5,7 +5,7 @@
 
 use crate::budget::DiskBudget;
 use crate::idb::{Idb, Read};
-use crate::opfs::Opfs;
+use crate::opfs::{OpenFail, Opfs};
 
 pub enum Store {
     Opfs(Opfs),
@@ -30,13 +30,15 @@ pub struct Stored {
 /// `lens`: bytes of each expert (manifest order); `budget`: bytes the tier may hold.
 pub async fn open(storage: &str, name: &str, lens: &[u64], budget: Option<u64>) -> Result<Disk, String> {
     let store = match storage {
-        "opfs" => Opfs::open(name, lens).await.map(Store::Opfs),
+        "opfs" => Opfs::open(name, lens).await.map(Store::Opfs).map_err(OpenFail::message),
         "indexeddb" => Idb::open(name).await.map(Store::Idb),
         "auto" => match Opfs::open(name, lens).await {
             Ok(o) => Ok(Store::Opfs(o)),
             // OPFS is there but busy: this tab runs on RAM (the error says why).
-            Err(opfs) if opfs.starts_with(crate::opfs::IN_USE) => Err(opfs),
-            Err(opfs) => Idb::open(name).await.map(Store::Idb).map_err(|idb| format!("OPFS: {opfs}; IndexedDB: {idb}")),
+            Err(OpenFail::InUse(opfs)) => Err(opfs),
+            Err(OpenFail::Other(opfs)) => {
+                Idb::open(name).await.map(Store::Idb).map_err(|idb| format!("OPFS: {opfs}; IndexedDB: {idb}"))
+            }
         },
         other => Err(format!("unknown storage {other:?} (auto, opfs or indexeddb)")),
     }?;

@@ -113,7 +113,7 @@ pub struct Engine {
     storage_name: String,
     /// The model's sampling defaults from generation_config.json.
     defaults: SamplingDefaults,
-    /// The same as JSON {temperature, topP} for the page (null without the file).
+    /// What chat requests sample with by default, as JSON {temperature, topP} for the page.
     sampling: serde_json::Value,
     /// The model's fingerprint (colibri.json's xxh3) and where the worker keeps the
     /// conversation's cache in browser storage.
@@ -123,10 +123,14 @@ pub struct Engine {
     dense: DenseStats,
 }
 
-/// {temperature, topP} for the page: greedy where generation_config.json says
-/// `do_sample: false`, else its values, else 1.
+/// {temperature, topP} for the page: what `chat.completions.create` samples with when the
+/// request leaves them out, resolved by the engine's turn (generation_config.json, else
+/// the API's `Fallback::OpenAi`), as the helper's `/v1/chat/completions` does. The page
+/// shows these and sends only what its settings change.
 fn sampling_json(d: &SamplingDefaults) -> serde_json::Value {
-    serde_json::json!({"temperature": d.temperature.unwrap_or(1.0), "topP": d.top_p.unwrap_or(1.0)})
+    use colibri_engine::generate::{Fallback, SamplingRequest};
+    let c = d.resolve(&SamplingRequest::default(), &Fallback::OpenAi.config(0));
+    serde_json::json!({"temperature": c.temperature, "topP": c.top_p})
 }
 
 const BUSY: &str = "the engine is busy with another operation";
@@ -256,13 +260,12 @@ impl Engine {
         let (model, backend, auto, dense) = load_weights(&plan, &dense).await?;
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
-        let mut sampling = serde_json::Value::Null;
         let mut defaults = SamplingDefaults::default();
         if let Some(g) = gen_cfg.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) {
             stop_ids.extend(parse_token_ids(g.get("eos_token_id")));
             defaults = SamplingDefaults::from_generation_config(&g);
-            sampling = sampling_json(&defaults);
         }
+        let sampling = sampling_json(&defaults);
         tok.add_eos_ids(&stop_ids);
         stop_ids = tok.eos_token_ids();
         report(&on_progress, "ready", total as f64, total as f64);
@@ -382,7 +385,7 @@ impl Engine {
     /// {"ids": [...], "dropped": messages left out}.
     #[wasm_bindgen(js_name = chatRequest)]
     pub fn chat_request(&self, request: &str) -> Result<String, JsFail> {
-        let req: serde_json::Value = serde_json::from_str(request).map_err(options::options_err)?;
+        let req: serde_json::Value = serde_json::from_str(request).map_err(options::options_err(request))?;
         let turn = options::openai_turn(&req)?;
         let truncate = truncation(req.get("truncation")).map_err(err)?;
         let msgs: Vec<ChatMessage> =
@@ -417,7 +420,7 @@ impl Engine {
         let o: GenOptions = if options.is_empty() {
             GenOptions::default()
         } else {
-            serde_json::from_str(options).map_err(options::options_err)?
+            serde_json::from_str(options).map_err(options::options_err(options))?
         };
         // An OpenAI request (chat.completions.create passes it through untouched): checked
         // by the engine as the helper's API checks it, the same parameters refused by name.

@@ -78,6 +78,27 @@ pub(crate) async fn exclusive(h: &FileSystemFileHandle, tries: u32) -> Result<Fi
 /// exists here; falling back to IndexedDB would only store every expert twice).
 pub const IN_USE: &str = "another colibri tab or window is using this model's browser storage";
 
+/// Why [`Opfs::open`] failed: another tab or window holds the files (its message starts
+/// with [`IN_USE`]), or anything else. Told apart by the variant, never by the text.
+pub enum OpenFail {
+    InUse(String),
+    Other(String),
+}
+
+impl From<String> for OpenFail {
+    fn from(e: String) -> Self {
+        OpenFail::Other(e)
+    }
+}
+
+impl OpenFail {
+    pub fn message(self) -> String {
+        match self {
+            OpenFail::InUse(m) | OpenFail::Other(m) => m,
+        }
+    }
+}
+
 /// The directory of one model version's files, `colibri/<name>/` (created).
 pub(crate) async fn model_dir(name: &str) -> Result<FileSystemDirectoryHandle, String> {
     let root: FileSystemDirectoryHandle = wait(navigator()?.storage().get_directory()).await?;
@@ -96,17 +117,17 @@ pub(crate) async fn file_handle(dir: &FileSystemDirectoryHandle, name: &str) -> 
 
 impl Opfs {
     /// Opens (creating) `colibri/<name>/` for experts of `lens` bytes each.
-    pub async fn open(name: &str, lens: &[u64]) -> Result<Opfs, String> {
+    pub async fn open(name: &str, lens: &[u64]) -> Result<Opfs, OpenFail> {
         let n_experts = lens.len();
         let dir = model_dir(name).await?;
         let data_h = file_handle(&dir, "experts.bin").await?;
         let index_h = file_handle(&dir, "index.bin").await?;
-        let data: FileSystemSyncAccessHandle = exclusive(&data_h, 30).await?;
+        let data: FileSystemSyncAccessHandle = exclusive(&data_h, 30).await.map_err(OpenFail::InUse)?;
         let index: FileSystemSyncAccessHandle = match exclusive(&index_h, 30).await {
             Ok(h) => h,
             Err(e) => {
                 data.close();
-                return Err(e);
+                return Err(OpenFail::InUse(e));
             }
         };
         let mut raw = vec![0u8; n_experts * 8];

@@ -9,12 +9,18 @@ use crate::experts::cache::ExpertShape;
 pub use crate::kernels::Activation;
 use crate::model::rope::RopeConfig;
 use deepseek::{mla_config, sigmoid_router};
+pub use read::parse_token_ids;
+use read::{
+    bounded, first_usize, get_bool, get_f64, get_usize, layer_types, need_usize, optional_usize, refuse_unsupported,
+    sliding_windows,
+};
 
 mod deepseek;
 mod deepseek_v4;
 mod gpt_oss;
 mod qwen3_5_moe;
 mod qwen3_next;
+mod read;
 
 pub use deepseek_v4::{V4Attn, V4Config};
 pub use qwen3_next::LinearAttnConfig;
@@ -281,47 +287,6 @@ pub mod limits {
     pub const MAX_POSITIONS: usize = 1 << 24;
     /// vocab x hidden (the embedding), also a bound for every 2-D weight.
     pub const MAX_MATRIX: u64 = 1 << 36;
-}
-
-fn get_usize(v: &Value, key: &str) -> Option<usize> {
-    v.get(key).and_then(Value::as_u64).map(|x| usize::try_from(x).unwrap_or(usize::MAX))
-}
-
-/// `value` of `key` is at most `max`.
-fn bounded(key: &str, value: usize, max: usize) -> Result<usize> {
-    if value > max {
-        return Err(Error::Config(format!("{key} = {value} is larger than this engine allows ({max})")));
-    }
-    Ok(value)
-}
-
-fn need_usize(v: &Value, key: &str) -> Result<usize> {
-    get_usize(v, key).ok_or_else(|| Error::Config(format!("missing or invalid integer {key:?}")))
-}
-
-fn first_usize(v: &Value, keys: &[&str]) -> Result<usize> {
-    keys.iter()
-        .find_map(|k| get_usize(v, k))
-        .ok_or_else(|| Error::Config(format!("missing integer {:?}", keys.join(" or "))))
-}
-
-fn get_f64(v: &Value, key: &str) -> Option<f64> {
-    v.get(key).and_then(Value::as_f64)
-}
-
-fn get_bool(v: &Value, key: &str) -> Option<bool> {
-    v.get(key).and_then(Value::as_bool)
-}
-
-/// Token ids in config.json may be an integer, a list of integers or null.
-pub fn parse_token_ids(v: Option<&Value>) -> Vec<u32> {
-    match v {
-        Some(Value::Number(n)) => n.as_u64().and_then(|x| u32::try_from(x).ok()).map(|x| vec![x]).unwrap_or_default(),
-        Some(Value::Array(a)) => {
-            a.iter().filter_map(Value::as_u64).filter_map(|x| u32::try_from(x).ok()).take(1024).collect()
-        }
-        _ => Vec::new(),
-    }
 }
 
 impl ModelConfig {
@@ -731,165 +696,5 @@ impl ModelConfig {
     }
 }
 
-/// What no family here implements, refused with the field named: quantized checkpoints
-/// but block-scaled FP8 (e4m3, f32 scales) and gpt_oss's MXFP4 experts, and
-/// activations other than SiLU.
-fn refuse_unsupported(v: &Value, family: Family) -> Result<()> {
-    if let Some(q) = v.get("quantization_config").filter(|q| !q.is_null()) {
-        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
-        // gpt_oss's MXFP4 experts (*_blocks / *_scales) are read as they are (model/gpt_oss.rs),
-        // and block-scaled FP8 of any family (format/fp8.rs).
-        if method == "fp8" {
-            crate::format::fp8::block_size(v)?;
-        } else if !(family == Family::GptOss && method == "mxfp4") {
-            return Err(Error::Config(format!(
-                "quantization_config (quant_method {method:?}) is not supported: convert from a checkpoint in f32, bf16 or f16"
-            )));
-        }
-    }
-    match v.get("hidden_act").or_else(|| v.get("hidden_activation")) {
-        None => Ok(()),
-        Some(a) if a.as_str() == Some("silu") => Ok(()),
-        Some(a) => Err(Error::Config(format!("hidden_act {a} is not supported (only \"silu\")"))),
-    }
-}
-
-/// `key` as an integer: `default` when absent (transformers' default), an error naming
-/// the key when null or not an integer.
-fn optional_usize(v: &Value, key: &str, default: usize) -> Result<usize> {
-    match v.get(key) {
-        None => Ok(default),
-        Some(x) => x
-            .as_u64()
-            .map(|x| usize::try_from(x).unwrap_or(usize::MAX))
-            .ok_or_else(|| Error::Config(format!("{key} = {x} is not supported (a non-negative integer is needed)"))),
-    }
-}
-
-/// `layer_types` when present: one entry per layer, each one of `kinds`' names mapped to
-/// its value; None when absent or null (the family's default applies); an error naming
-/// the entry otherwise.
-fn layer_types<T: Copy>(v: &Value, n_layers: usize, kinds: &[(&str, T)]) -> Result<Option<Vec<T>>> {
-    let Some(types) = v.get("layer_types").filter(|t| !t.is_null()) else { return Ok(None) };
-    let types = types
-        .as_array()
-        .filter(|t| t.len() == n_layers)
-        .ok_or_else(|| Error::Config(format!("layer_types must list one type for each of the {n_layers} layers")))?;
-    let known = || kinds.iter().map(|(k, _)| format!("{k:?}")).collect::<Vec<_>>().join(" and ");
-    types
-        .iter()
-        .map(|t| match kinds.iter().find(|(k, _)| t.as_str() == Some(k)) {
-            Some((_, value)) => Ok(*value),
-            None => Err(Error::Config(format!("layer_types entry {t} is not supported (only {})", known()))),
-        })
-        .collect::<Result<Vec<T>>>()
-        .map(Some)
-}
-
-/// Per-layer sliding windows. Mixtral applies `sliding_window` to every layer when it is
-/// set; the Qwen families only when `use_sliding_window` is on, following `layer_types`
-/// when the config lists them (else layers from `max_window_layers` on).
-fn sliding_windows(v: &Value, family: Family, n_layers: usize) -> Vec<Option<usize>> {
-    let window = get_usize(v, "sliding_window").filter(|&w| w > 0);
-    match family {
-        Family::Mixtral => vec![window; n_layers],
-        Family::Qwen2Moe | Family::Qwen3Moe if get_bool(v, "use_sliding_window").unwrap_or(false) => {
-            if let Some(types) = v.get("layer_types").and_then(Value::as_array) {
-                (0..n_layers)
-                    .map(|l| match types.get(l).and_then(Value::as_str) {
-                        Some("sliding_attention") => window,
-                        _ => None,
-                    })
-                    .collect()
-            } else {
-                let from = get_usize(v, "max_window_layers").unwrap_or(n_layers);
-                (0..n_layers).map(|l| if l >= from { window } else { None }).collect()
-            }
-        }
-        _ => vec![None; n_layers],
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unknown_model_type_is_named() {
-        let e = ModelConfig::from_json_bytes(br#"{"model_type":"llama"}"#).unwrap_err();
-        assert!(e.to_string().contains("llama"), "{e}");
-    }
-
-    #[test]
-    fn missing_field_is_reported() {
-        let e = ModelConfig::from_json_bytes(br#"{"model_type":"mixtral","hidden_size":8}"#).unwrap_err();
-        assert!(e.to_string().contains("num_hidden_layers"), "{e}");
-    }
-
-    /// A valid mixtral config with `key` replaced by `value`.
-    fn mutant(key: &str, value: serde_json::Value) -> Result<ModelConfig> {
-        let mut v = serde_json::json!({"model_type":"mixtral","hidden_size":16,"num_hidden_layers":2,
-            "num_attention_heads":2,"num_key_value_heads":1,"vocab_size":10,"num_local_experts":4,
-            "num_experts_per_tok":2,"intermediate_size":8});
-        v[key] = value;
-        ModelConfig::from_value(&v)
-    }
-
-    #[test]
-    fn huge_sizes_are_errors_not_allocations() {
-        mutant("hidden_size", 16.into()).unwrap();
-        for key in [
-            "num_hidden_layers",
-            "hidden_size",
-            "vocab_size",
-            "num_local_experts",
-            "intermediate_size",
-            "max_position_embeddings",
-            "head_dim",
-            "num_attention_heads",
-        ] {
-            for value in [1u64 << 40, u64::MAX, 1 << 31] {
-                let e = mutant(key, value.into()).unwrap_err().to_string();
-                assert!(e.contains("config"), "{key}={value}: {e}");
-            }
-        }
-        assert!(mutant("num_key_value_heads", 4.into()).is_err());
-        assert!(mutant("num_experts_per_tok", 5.into()).is_err());
-        assert!(mutant("clip_qkv", (-1.0).into()).is_ok(), "mixtral ignores clip_qkv");
-        assert!(mutant("rms_norm_eps", (-1.0).into()).is_err());
-        assert!(mutant("max_position_embeddings", 0.into()).is_err());
-        let mut v: serde_json::Value = serde_json::from_str(
-            r#"{"model_type":"olmoe","hidden_size":16,"num_hidden_layers":2,"num_attention_heads":2,
-            "vocab_size":10,"num_experts":4,"num_experts_per_tok":2,"intermediate_size":8}"#,
-        )
-        .unwrap();
-        ModelConfig::from_value(&v).unwrap();
-        v["clip_qkv"] = (-1.0).into();
-        assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("clip_qkv"));
-        // The product of two sizes that pass alone.
-        let mut v = serde_json::json!({"model_type":"mixtral","hidden_size":65536,"num_hidden_layers":2,
-            "num_attention_heads":2,"vocab_size":4194304,"num_local_experts":4,"num_experts_per_tok":2,
-            "intermediate_size":8});
-        assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("vocab_size x hidden_size"));
-        v["vocab_size"] = 1000.into();
-        v["num_hidden_layers"] = 1024.into();
-        v["num_local_experts"] = 4096.into();
-        assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("x num_experts"));
-        assert_eq!(parse_token_ids(Some(&serde_json::json!([1, 1u64 << 40, 2]))), vec![1, 2]);
-    }
-
-    #[test]
-    fn qwen2_dense_layers_and_shared_expert() {
-        let c = ModelConfig::from_json_bytes(
-            br#"{"model_type":"qwen2_moe","hidden_size":16,"num_hidden_layers":4,"num_attention_heads":2,
-            "num_key_value_heads":1,"vocab_size":10,"num_experts":4,"num_experts_per_tok":2,
-            "moe_intermediate_size":8,"intermediate_size":12,"shared_expert_intermediate_size":6,
-            "decoder_sparse_step":2,"mlp_only_layers":[3]}"#,
-        )
-        .unwrap();
-        assert_eq!(c.moe_layers, vec![false, true, false, false]);
-        assert_eq!(c.shared_expert_intermediate, Some(6));
-        assert!(c.qkv_bias);
-        assert_eq!(c.head_dim, 8);
-    }
-}
+mod tests;

@@ -90,7 +90,14 @@ impl GenerateArgs {
         Ok(if let Some(p) = &self.grammar {
             Some(Grammar::from_text(&read(p)?))
         } else if let Some(p) = &self.json_schema {
-            let schema = serde_json::from_str(&read(p)?).with_context(|| format!("{}: not JSON", p.display()))?;
+            let text = read(p)?;
+            let schema = serde_json::from_str(&text).with_context(|| {
+                use colibri_engine::generate::grammar::limits::{json_nesting, MAX_JSON_NESTING};
+                match json_nesting(text.as_bytes()) >= MAX_JSON_NESTING {
+                    true => format!("{}: not JSON: nests deeper than {MAX_JSON_NESTING} levels", p.display()),
+                    false => format!("{}: not JSON", p.display()),
+                }
+            })?;
             Some(Grammar::json_schema(schema))
         } else {
             self.regex.clone().map(Grammar::Regex)

@@ -20,17 +20,27 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// A request body that is not the JSON it should be. serde_json refuses nesting past
-    /// 128 levels; said as the limit it is (a schema that deep gets the same answer in the
-    /// browser engine).
-    pub fn json_body(e: serde_json::Error) -> Self {
-        let message = match e.to_string().contains("recursion limit exceeded") {
-            true => format!(
-                "the JSON body nests deeper than 128 levels (a response_format or tool schema that deep is refused): {e}"
+    /// A request body parsed as `T`, or a 400. serde_json refuses nesting past 128 levels;
+    /// a body that nests that deep (counted by the engine's `json_nesting`, not read from the
+    /// parser's message) is refused as the limit it is (a schema that deep gets the same
+    /// answer in the browser engine).
+    pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Self> {
+        use colibri_engine::generate::grammar::limits::{json_nesting, MAX_JSON_NESTING};
+        serde_json::from_slice(body).map_err(|e| match json_nesting(body) >= MAX_JSON_NESTING {
+            true => ApiError::invalid(
+                format!(
+                    "the JSON body nests deeper than {MAX_JSON_NESTING} levels (a response_format or tool schema that deep is refused): {e}"
+                ),
+                None,
             ),
-            false => format!("could not parse the JSON body: {e}"),
-        };
-        ApiError::invalid(message, None)
+            false => ApiError::json_body(e),
+        })
+    }
+
+    /// A request that is not the JSON it should be (a parsed value of the wrong shape; a
+    /// body's bytes go through [`ApiError::parse_json`]).
+    pub fn json_body(e: serde_json::Error) -> Self {
+        ApiError::invalid(format!("could not parse the JSON body: {e}"), None)
     }
 
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {

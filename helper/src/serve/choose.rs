@@ -43,7 +43,7 @@ pub async fn choose(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
 
 async fn run(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body.map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(e.body_text(), None) })?;
-    let req: ChooseRequest = serde_json::from_slice(&body).map_err(ApiError::json_body)?;
+    let req: ChooseRequest = ApiError::parse_json(&body)?;
     let options = match req.options {
         Some(o) if !o.is_empty() && o.len() <= MAX_OPTIONS && o.iter().all(|x| !x.is_empty()) => o,
         _ => {

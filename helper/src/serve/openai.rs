@@ -114,7 +114,7 @@ struct CompletionRequest {
 
 fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let body = body.map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(e.body_text(), None) })?;
-    serde_json::from_slice(&body).map_err(ApiError::json_body)
+    ApiError::parse_json(&body)
 }
 
 fn now_secs() -> u64 {

@@ -173,17 +173,19 @@ impl Default for GenOptions {
     }
 }
 
-/// generate()'s options that do not parse. JSON nested deeper than serde_json's 128 levels
-/// (a jsonSchema far past the engine's depth limit) is named as such, not as the parser's
-/// "recursion limit exceeded".
-pub(super) fn options_err(e: serde_json::Error) -> JsFail {
-    if e.to_string().starts_with("recursion limit exceeded") {
-        return JsFail::msg(&format!(
-            "options: nested more than 128 levels deep (a jsonSchema nests at most {} levels: deeper than that is refused)",
-            colibri_engine::generate::grammar::limits::MAX_SCHEMA_DEPTH
-        ));
+/// generate()'s options (`text`) that do not parse. JSON nested past serde_json's 128
+/// levels (a jsonSchema far past the engine's depth limit) is named as such, counted by the
+/// engine's `json_nesting` (not read from the parser's message text).
+pub(super) fn options_err(text: &str) -> impl FnOnce(serde_json::Error) -> JsFail + '_ {
+    use colibri_engine::generate::grammar::limits::{json_nesting, MAX_JSON_NESTING, MAX_SCHEMA_DEPTH};
+    move |e| {
+        match json_nesting(text.as_bytes()) >= MAX_JSON_NESTING {
+        true => JsFail::msg(&format!(
+            "options: nested more than 128 levels deep (a jsonSchema nests at most {MAX_SCHEMA_DEPTH} levels: deeper than that is refused)"
+        )),
+        false => JsFail::msg(&e.to_string()),
     }
-    JsFail::msg(&e.to_string())
+    }
 }
 
 /// load()'s options.

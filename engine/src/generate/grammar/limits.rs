@@ -28,6 +28,39 @@ pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
 /// Longest chain of Lark/GBNF rules naming each other, with the groups nested inside them.
 pub const MAX_GRAMMAR_DEPTH: usize = 64;
 
+/// The nesting serde_json's parser refuses ("recursion limit exceeded"): a document with
+/// this many arrays/objects open at once does not parse, on the server or in the browser.
+pub const MAX_JSON_NESTING: usize = 128;
+
+/// How deeply a JSON text nests arrays and objects (the most open at once), counted
+/// without parsing and without recursion (brackets inside strings are skipped). The
+/// surfaces use it, not the parser's message text, to say that a body failed to parse
+/// because it nests past [`MAX_JSON_NESTING`].
+pub fn json_nesting(text: &[u8]) -> usize {
+    let (mut depth, mut most, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                most = most.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    most
+}
+
 fn refuse(what: &str, msg: String) -> Error {
     Error::Invalid(format!("{what}: {msg}"))
 }
@@ -517,5 +550,24 @@ mod probe {
             t.elapsed().as_millis(),
             r.map_err(|e| e.to_string().chars().take(80).collect::<String>())
         );
+    }
+}
+
+#[cfg(test)]
+mod nesting_tests {
+    use super::{json_nesting, MAX_JSON_NESTING};
+
+    #[test]
+    fn json_nesting_counts_open_brackets_outside_strings() {
+        assert_eq!(json_nesting(b"1"), 0);
+        assert_eq!(json_nesting(br#"{"a": [1, {"b": []}]}"#), 4);
+        assert_eq!(json_nesting(br#"{"a": "[[[{{{\"[[["}"#), 1);
+        assert_eq!(json_nesting(b"]]]]["), 1);
+        // serde_json refuses exactly where the count reaches the limit, and not before.
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let limit = MAX_JSON_NESTING;
+        let e = serde_json::from_str::<serde_json::Value>(&deep(limit)).unwrap_err();
+        assert_eq!(json_nesting(deep(limit).as_bytes()), limit, "{e}");
+        assert!(serde_json::from_str::<serde_json::Value>(&deep(limit - 1)).is_ok());
     }
 }

@@ -113,10 +113,10 @@ pub(super) fn model_name(req: &Value) -> Result<String, Error> {
 
 /// The request body as a JSON object, or a 400.
 pub(super) fn parse_object(body: &[u8]) -> Result<Value, Error> {
-    match serde_json::from_slice::<Value>(body) {
+    match ApiError::parse_json::<Value>(body) {
         Ok(v @ Value::Object(_)) => Ok(v),
         Ok(_) => Err(Error::bad("the body must be a JSON object")),
-        Err(e) => Err(Error::from(ApiError::json_body(e))),
+        Err(e) => Err(Error::from(e)),
     }
 }
 
