@@ -22,6 +22,7 @@
 mod backend;
 pub mod buffers;
 pub mod deltanet;
+mod forward;
 pub mod hybrid;
 pub mod kernels;
 mod mla;

@@ -6,7 +6,6 @@
 use std::borrow::Borrow;
 use std::sync::{Arc, Mutex};
 
-use super::backend::GpuPass;
 use super::buffers::GpuMat;
 use super::deltanet::GpuDeltaState;
 use super::ops;
@@ -19,7 +18,7 @@ use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
 use crate::model::config::Activation;
-use crate::model::{Ffn, Logits, Model};
+use crate::model::{Ffn, Model};
 
 /// Settings of the GPU backend.
 #[derive(Clone, Debug, Default)]
@@ -256,71 +255,6 @@ impl<M: Borrow<Model>> GpuModel<M> {
         self.pool.lock().map(|p| p.keys()).unwrap_or_default()
     }
 
-    /// Feeds `ids` after what `session` holds and returns logits, (n, vocab) for
-    /// `Logits::All` or (vocab) for `Logits::Last`, like `Model::forward`.
-    pub async fn forward(&self, session: &mut GpuSession, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
-        self.forward_with(session, ids, which, &mut |_, _, _| {}).await
-    }
-
-    /// Native convenience: [`GpuModel::forward`] run to completion.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn forward_blocking(&self, session: &mut GpuSession, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
-        pollster::block_on(self.forward(session, ids, which))
-    }
-
-    /// [`GpuModel::forward`], reporting every routed expert use as (layer, expert, positions).
-    pub async fn forward_with(
-        &self,
-        session: &mut GpuSession,
-        ids: &[u32],
-        which: Logits,
-        on_use: &mut dyn FnMut(usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let c = &self.m().cfg;
-        let held = session.cached_len();
-        if held < session.tokens.len() {
-            // A recurrent state went back further than the session's tokens: feed the
-            // tokens in between again, with these, and return these ones' logits
-            // (Model::forward_observed).
-            c.check_input(ids, session.tokens.len())?;
-            let again = session.tokens.len() - held;
-            let all: Vec<u32> = session.tokens[held..].iter().chain(ids).copied().collect();
-            session.tokens.truncate(held);
-            return match self.forward_fed(session, &all, which, on_use).await {
-                Ok(logits) if which == Logits::All => Ok(logits[again * c.vocab..].to_vec()),
-                Ok(logits) => Ok(logits),
-                Err(e) => {
-                    session.truncate(held);
-                    Err(e)
-                }
-            };
-        }
-        self.forward_fed(session, ids, which, on_use).await
-    }
-
-    /// [`GpuModel::forward_with`] on a session whose caches hold all its tokens: the
-    /// graph ([`crate::model::graph`]) recorded by the GPU backend ([`GpuPass`]).
-    pub(super) async fn forward_fed(
-        &self,
-        session: &mut GpuSession,
-        ids: &[u32],
-        which: Logits,
-        on_use: &mut dyn FnMut(usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let c = &self.m().cfg;
-        let (n, pos0) = (ids.len(), session.tokens.len());
-        c.check_input(ids, pos0)?;
-        let mut rec = Recorder::new(&self.ctx);
-        self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
-        prepare_states(self, session, n)?;
-        let (logits, _) = {
-            let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
-            crate::model::graph::forward(&mut pass, ids, which, false).await?
-        };
-        session.tokens.extend_from_slice(ids);
-        Ok(logits)
-    }
-
     /// Makes the session's KV cache hold `total` positions, keeping the first `keep`.
     pub(super) fn ensure_kv(&self, rec: &mut Recorder, s: &mut GpuSession, keep: usize, total: usize) -> Result<()> {
         let c = &self.m().cfg;
@@ -350,29 +284,6 @@ impl<M: Borrow<Model>> GpuModel<M> {
         s.kv_cap = cap;
         Ok(())
     }
-}
-
-/// Makes a session ready for a pass of positions pos0..pos0 + n: recurrent states
-/// created, and snapshotted before a multi-token pass (which may be rolled back to here,
-/// as the CPU's `delta_begin` does).
-pub(super) fn prepare_states<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, n: usize) -> Result<()> {
-    let ctx = &*gm.ctx;
-    if session.recurrent.len() != gm.layers.len() {
-        session.recurrent = gm
-            .layers
-            .iter()
-            .map(|lw| match &lw.attn {
-                GpuAttn::Linear(d) => GpuDeltaState::new(ctx, &d.cfg).map(Some),
-                _ => Ok(None),
-            })
-            .collect::<Result<_>>()?;
-    }
-    if n > 1 {
-        for st in session.recurrent.iter_mut().flatten() {
-            st.snapshot(ctx)?;
-        }
-    }
-    Ok(())
 }
 
 /// `out = down(act(gate x, up x))` for m positions of `x`, with the expert's biases

@@ -66,8 +66,11 @@ pub fn serve_arguments(a: &ServeArgs) -> Vec<String> {
     for h in &a.allow_hosts {
         v.extend(["--allow-host".into(), h.clone()]);
     }
-    if a.max_queue != 8 {
+    if a.max_queue != crate::serve::DEFAULT_MAX_QUEUE {
         v.extend(["--max-queue".into(), a.max_queue.to_string()]);
+    }
+    if let Some(p) = a.parallel {
+        v.extend(["--parallel".into(), p.to_string()]);
     }
     if let Some(t) = a.threads {
         v.extend(["--threads".into(), t.to_string()]);
@@ -343,11 +346,11 @@ mod tests {
 
     #[test]
     fn serve_arguments_keep_only_what_differs() {
-        let a = ServeArgs { port: 7878, max_queue: 8, ..Default::default() };
+        let a = ServeArgs { port: 7878, max_queue: crate::serve::DEFAULT_MAX_QUEUE, ..Default::default() };
         assert_eq!(serve_arguments(&a), ["serve"]);
         let b = ServeArgs {
             port: 9000,
-            max_queue: 8,
+            max_queue: crate::serve::DEFAULT_MAX_QUEUE,
             host: Some("0.0.0.0".into()),
             models: vec!["demo".into()],
             allow_origins: vec!["https://x.example".into()],

@@ -77,7 +77,7 @@ pub struct ServeArgs {
     pub allow_hosts: Vec<String>,
     /// Generations admitted per model at once (running or waiting); more get 503 with
     /// Retry-After.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = DEFAULT_MAX_QUEUE)]
     pub max_queue: usize,
     /// Generations running together per model, in one batch (continuous batching: each
     /// advances one token per engine step, and a MoE layer reads each expert once for the
@@ -110,6 +110,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR|mtp")]
     pub draft: Option<PathBuf>,
 }
+
+/// Generations admitted per model by default (`--max-queue`): running or waiting.
+pub const DEFAULT_MAX_QUEUE: usize = 32;
 
 /// Limits of the server; the defaults suit one user's machine (docs/api.md, "Limits").
 #[derive(Clone, Debug)]
