@@ -1,17 +1,21 @@
 // app.js — the chat page at `/`: model picker, loading, conversations, streaming chat,
-// settings, live stats, browser storage, and the Brain view. Plain DOM, no framework.
+// settings and the Brain view (live stats: stats_panel.js; browser storage: storage_panel.js;
+// DOM helpers: dom.js). Plain DOM, no framework.
 // Model text only ever reaches the page as text nodes (see markdown.js).
 import { load, requestPersistentStorage } from "./colibri.js";
 import { renderMarkdown } from "./markdown.js";
-import { BrainView, TIER_NAMES, hybridLine } from "./brain.js";
+import { BrainView } from "./brain.js";
 import * as store from "./store.js";
 import { follow, markCut, speedLabel } from "./answers.js";
 import { backendChoice, bindBackendPicker } from "./backend_pick.js";
 import { UNDO_MS, matches, parseImport } from "./chat_list.js";
 import { tokenCounter } from "./token_count.js";
 import { keepForOffline, registerOffline } from "./offline.js";
+import { $, h, code, formatBytes, formatSeconds } from "./dom.js";
+import { bindStorage, clearModelCache, refreshStorage } from "./storage_panel.js";
+import { bindStats, renderLegend, renderStats, scheduleStats } from "./stats_panel.js";
+import { applyTheme, cycleTheme } from "./theme.js";
 
-const $ = (id) => document.getElementById(id);
 const HELPER = location.origin;
 // The command that starts a helper where this page expects it (7878 is coli's default port).
 const PORT = location.port || (location.protocol === "https:" ? "443" : "80");
@@ -42,42 +46,8 @@ function showModelDefaults() {
 }
 
 const brain = new BrainView($("brain"), $("brain-chart"));
-
-// ---------------------------------------------------------------- small DOM helpers
-
-/** createElement with props; children are Nodes or strings (always text). */
-function h(tag, props = {}, ...kids) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(props)) {
-    if (k === "class") e.className = v;
-    else if (k === "text") e.textContent = v;
-    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else if (v === true) e.setAttribute(k, "");
-    else if (v !== false && v != null) e.setAttribute(k, String(v));
-  }
-  for (const kid of kids.flat()) if (kid != null && kid !== false) e.append(kid instanceof Node ? kid : String(kid));
-  return e;
-}
-
-const code = (s) => h("code", {}, s);
-
-export function formatBytes(n) {
-  if (n == null || !Number.isFinite(n)) return "—";
-  const units = ["B", "KB", "MB", "GB", "TB"];
-  let i = 0;
-  while (Math.abs(n) >= 1000 && i < units.length - 1) {
-    n /= 1000;
-    i++;
-  }
-  return `${i ? n.toFixed(n < 10 ? 2 : n < 100 ? 1 : 0) : n} ${units[i]}`;
-}
-
-function formatSeconds(s) {
-  if (!Number.isFinite(s) || s < 0) return "";
-  if (s < 1) return "less than a second left";
-  if (s < 90) return `${Math.ceil(s)} s left`;
-  return `${Math.round(s / 60)} min left`;
-}
+bindStorage({ state, notice, dismiss, stop, setComposerEnabled, loadModel });
+bindStats({ state });
 
 // ---------------------------------------------------------------- notices
 
@@ -287,160 +257,6 @@ function webgpuNotice() {
   ]);
 }
 
-// ---------------------------------------------------------------- browser storage
-
-// The page's own estimate (same origin, same numbers as the engine's worker) works before
-// a model is loaded too, e.g. when loading failed for want of space.
-async function storageEstimate() {
-  try {
-    if (navigator.storage?.estimate) return await navigator.storage.estimate();
-  } catch (_) {}
-  try {
-    if (state.engine) return await state.engine.storage();
-  } catch (_) {}
-  return null;
-}
-
-async function refreshStorage() {
-  const est = await storageEstimate();
-  const box = $("storage");
-  $("clear-cache").disabled = !state.modelId || state.busy;
-  if (!est || !est.quota) {
-    box.textContent = "The browser does not say how much storage it has.";
-    return;
-  }
-  const { usage, quota } = est;
-  const free = quota - usage;
-  const need = state.modelSize || 0;
-  const low = free < Math.max(need, 0.05 * quota) || usage / quota > 0.9;
-  box.replaceChildren(
-    h("div", {}, `${formatBytes(usage)} used of ${formatBytes(quota)} (${((100 * usage) / quota).toFixed(usage / quota < 0.01 ? 2 : 0)}%)`),
-    h("div", { class: `meter${low ? " low" : ""}`, role: "meter", "aria-label": "Browser storage used", "aria-valuemin": 0, "aria-valuemax": quota, "aria-valuenow": usage },
-      h("span", { style: `width:${Math.min(100, (100 * usage) / quota).toFixed(1)}%` })),
-  );
-  // This model's share: its disk tier's budget (evicting the least recently used unpinned
-  // experts beyond it), or why this tab has none (another tab holds the model's storage).
-  const s = state.engine?.stats();
-  $("disk-tier").textContent = !s ? "" : s.diskEnabled && s.diskBudget
-    ? `${state.modelId}: ${s.dense?.storedBytes ? `its dense weights (${formatBytes(s.dense.storedBytes)}) and ` : ""}` +
-      `${formatBytes(s.diskStoredBytes || 0)} of experts stored, at most ${formatBytes(s.diskBudget)} of experts` +
-      (s.diskEvictions ? ` (${s.diskEvictions} evicted to stay under it)` : "") + "."
-    : s.diskEnabled ? "" : s.diskError || "";
-  // Persistence is asked for only when the user says so (the button), never on load.
-  const persisted = navigator.storage?.persisted ? await navigator.storage.persisted().catch(() => false) : false;
-  $("persisted").textContent = persisted
-    ? "Storage is persistent: the browser will not evict the cached experts on its own."
-    : "Storage is not persistent: the browser may evict cached experts when space runs low.";
-  $("persist").hidden = persisted || !navigator.storage?.persist;
-  box.dataset.usage = String(usage);
-  box.dataset.quota = String(quota);
-  if (low) {
-    notice("quota", "warn", [
-      h("strong", {}, "Browser storage is almost full: "), `${formatBytes(usage)} used of ${formatBytes(quota)}. `,
-      "colibri keeps fetched experts there so a reload does not fetch them again; with too little room it fetches them from the helper each time.",
-    ], [h("button", { class: "btn small-btn", type: "button", onclick: clearModelCache }, `Clear ${state.modelId}'s cached experts`)]);
-  } else dismiss("quota");
-}
-
-/**
- * Deletes this model's expert cache (OPFS `colibri/<model>-<16 hex>`). The worker holds
- * sync access handles on those files, so the engine is stopped first and loaded again after.
- */
-async function clearModelCache() {
-  const id = state.modelId;
-  if (!id) return;
-  if (state.busy) stop();
-  $("clear-cache").disabled = true;
-  if (state.engine) state.engine.terminate();
-  state.engine = null;
-  setComposerEnabled(false);
-  // The engine's storage name (wasm/src/engine.rs storage_name): the URL path segment
-  // of the id with other characters than [A-Za-z0-9._-] as "_", then the fingerprint.
-  const key = encodeURIComponent(id).replace(/[^A-Za-z0-9._-]/g, "_").replace(/^\.+/, "");
-  const pattern = new RegExp(`^${key.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}-[0-9a-f]{16}$`);
-  let removed = 0;
-  let failure = null;
-  try {
-    // IndexedDB, the disk tier where OPFS is missing: one database per model version.
-    for (const db of (await indexedDB.databases?.()) || []) {
-      if (!db.name?.startsWith("colibri-") || !pattern.test(db.name.slice(8))) continue;
-      await new Promise((ok, bad) => {
-        const r = indexedDB.deleteDatabase(db.name);
-        r.onsuccess = ok;
-        r.onerror = () => bad(r.error);
-      });
-      removed++;
-    }
-    const root = await navigator.storage?.getDirectory?.();
-    const top = root && (await root.getDirectoryHandle("colibri").catch(() => null));
-    if (top) {
-      for await (const [name] of top.entries()) {
-        if (!pattern.test(name)) continue;
-        // The terminated worker's handles are released asynchronously: retry briefly.
-        for (let attempt = 0; ; attempt++) {
-          try {
-            await top.removeEntry(name, { recursive: true });
-            removed++;
-            break;
-          } catch (e) {
-            if (attempt >= 20) throw e;
-            await new Promise((r) => setTimeout(r, 100));
-          }
-        }
-      }
-    }
-  } catch (e) {
-    failure = e;
-  }
-  dismiss("quota");
-  if (failure?.name === "NoModificationAllowedError") {
-    notice("cache", "error", [`Could not clear ${id}'s cached experts: another colibri tab or window is using them. Close it and try again.`]);
-  } else if (failure) notice("cache", "error", [`Could not clear ${id}'s cached experts: ${failure.message || failure}`]);
-  else notice("cache", "info", [removed ? `Cleared ${id}'s cached experts from browser storage.` : `${id} had no cached experts in this browser.`]);
-  await loadModel(id);
-}
-
-// ---------------------------------------------------------------- live stats
-
-let statsPending = null;
-function scheduleStats(s) {
-  if (!statsPending) requestAnimationFrame(() => { renderStats(statsPending); statsPending = null; });
-  statsPending = s;
-}
-
-const TIER_LABELS = { gpu: "GPU", ram: "RAM", disk: "Browser disk", helper: "Helper" };
-const TIER_COLORS = { gpu: "hsl(268 80% 60%)", ram: "hsl(152 62% 45%)", disk: "hsl(38 92% 50%)", helper: "hsl(215 14% 55%)" };
-
-function renderStats(s) {
-  if (!s) return;
-  $("stat-tps").textContent = s.tokensPerSecond ? s.tokensPerSecond.toFixed(s.tokensPerSecond < 10 ? 2 : 1) : "—";
-  $("stat-ttft").textContent = s.ttftMs != null ? `${Math.round(s.ttftMs)} ms` : "—";
-  $("stat-bytes").textContent = formatBytes(s.bytesFetched ?? NaN);
-  $("stat-recall").textContent = typeof s.prefetchRecall === "number" ? `${(100 * s.prefetchRecall).toFixed(0)}%` : "—";
-  // Each expert use is counted once, by the tier that served it, so the shares add up to 100%.
-  const tiers = s.tiers || {};
-  const total = ["gpu", "ram", "disk", "helper"].reduce((a, t) => a + (tiers[t] || 0), 0);
-  const rows = ["gpu", "ram", "disk", "helper"].map((t) => {
-    const n = tiers[t] || 0;
-    const pct = total ? (100 * n) / total : 0;
-    return h("div", { class: "tier-row", "data-tier": t, "data-count": n, title: `${n} of ${total} expert uses` },
-      h("span", {}, h("span", { class: "swatch", style: `background:${TIER_COLORS[t]}` }), TIER_LABELS[t]),
-      h("div", { class: "tier-bar" }, h("span", { style: `width:${pct.toFixed(1)}%;background:${TIER_COLORS[t]}` })),
-      h("span", { class: "pct" }, total ? `${pct.toFixed(0)}%` : "—"));
-  });
-  $("tiers").replaceChildren(...rows);
-  // WebGPU with hybrid placement (?hybrid=on|auto): expert uses computed on each side.
-  const line = hybridLine(s.hybrid);
-  $("brain-hybrid").hidden = !line;
-  if (line) $("brain-hybrid").textContent = line;
-}
-
-function renderLegend() {
-  const names = { helper: "only on the helper", disk: "browser disk", ram: "RAM", gpu: "GPU" };
-  $("legend").replaceChildren(...TIER_NAMES.map((t) => h("span", {}, h("span", { class: "swatch", style: `background:${TIER_COLORS[t]}` }), names[t])),
-    h("span", {}, `${state.info?.layers ?? 0} layers × ${state.info?.experts ?? 0} experts, top-${state.info?.topK ?? "?"}`));
-}
-
 // ---------------------------------------------------------------- conversations
 
 function renderConversations() {
@@ -503,26 +319,6 @@ function exportConversation(kind) {
   a.click();
   a.remove();
   setTimeout(() => URL.revokeObjectURL(url), 1000);
-}
-
-// ---------------------------------------------------------------- theme
-
-const THEMES = ["system", "light", "dark"];
-function applyTheme() {
-  const t = THEMES.includes(state.settings.theme) ? state.settings.theme : "system";
-  if (t === "system") delete document.documentElement.dataset.theme;
-  else document.documentElement.dataset.theme = t;
-  const b = $("theme");
-  b.textContent = { system: "◐ Auto", light: "☀ Light", dark: "☾ Dark" }[t];
-  b.title = t === "system" ? "Theme: as the system (click for light)" : `Theme: ${t} (click for ${t === "light" ? "dark" : "the system's"})`;
-  b.setAttribute("aria-label", `Theme: ${t === "system" ? "as the system" : t}. Change theme`);
-}
-
-function cycleTheme() {
-  const t = THEMES.includes(state.settings.theme) ? state.settings.theme : "system";
-  state.settings.theme = THEMES[(THEMES.indexOf(t) + 1) % THEMES.length];
-  store.saveSettings(state.settings);
-  applyTheme();
 }
 
 function openConversation(id) {
@@ -968,7 +764,7 @@ function bindUi() {
   });
   $("export-json").addEventListener("click", () => exportConversation("json"));
   $("export-md").addEventListener("click", () => exportConversation("md"));
-  $("theme").addEventListener("click", cycleTheme);
+  $("theme").addEventListener("click", () => cycleTheme(state.settings));
   $("model").addEventListener("change", (e) => loadModel(e.target.value));
   $("clear-cache").addEventListener("click", clearModelCache);
   $("persist").addEventListener("click", async () => {
@@ -990,7 +786,7 @@ registerOffline();
 bindSettings();
 bindBackendPicker($("backend-pick"), state.settings, (s) => store.saveSettings(s), () => state.modelId && loadModel(state.modelId));
 bindUi();
-applyTheme();
+applyTheme(state.settings);
 webgpuNotice();
 await store.open({ onError: (e) => notice("save", "warn", [`This browser refused to save the conversation (${e?.name || "storage full or disabled"}).`]) });
 // Answers left streaming by a page that went away (a reload mid-answer) are kept, marked as cut.
