@@ -22,8 +22,9 @@ use crate::error::{Error, Result};
 /// of byte j of its block, 2j+1 in the high one), e8m0 scale s means 2^(s - 127); value =
 /// [`MXFP4_DOUBLED`]`[nibble] * 2^(s - 128)`, exact in f32.
 ///
-/// `U8` is raw bytes (safetensors "U8", the blocks and scales of an MXFP4 checkpoint),
-/// each read as its integer value.
+/// `U8` is raw bytes (safetensors "U8", the blocks and scales of an MXFP4 checkpoint, and
+/// "F8_E8M0", the ue8m0 scales of an FP8 checkpoint), each read as its integer value (an
+/// FP8 weight's e8m0 `_scale_inv` as 2^(b - 127), format::fp8).
 ///
 /// FP8 rows (block-scaled e4m3, as DeepSeek-V3/R1, Kimi-K2 and GLM-5 ship their linear
 /// weights) hold `[scales: ceil(cols/block) x f32][values: cols e4m3 bytes, zero-padded to
@@ -156,7 +157,9 @@ impl DType {
             "F32" => Some(DType::F32),
             "BF16" => Some(DType::BF16),
             "F16" => Some(DType::F16),
-            "U8" => Some(DType::U8),
+            // e8m0 scale bytes (`float8_e8m0fnu`): raw bytes, read as powers of two where
+            // they are an FP8 weight's `_scale_inv` (format::fp8).
+            "U8" | "F8_E8M0" => Some(DType::U8),
             "F8_E4M3" => Some(DType::F8E4M3),
             _ => None,
         }
@@ -645,6 +648,7 @@ mod tests {
         decode_into(DType::F8E4M3, &[0x38, 0xb8], &mut raw);
         assert_eq!(raw, [1.0, -1.0]);
         assert_eq!(DType::from_safetensors("F8_E4M3"), Some(DType::F8E4M3));
+        assert_eq!(DType::from_safetensors("F8_E8M0"), Some(DType::U8), "e8m0 scale bytes");
     }
 
     #[test]

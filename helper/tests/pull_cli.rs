@@ -587,6 +587,7 @@ fn the_readme_table_is_what_plan_says() {
         ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek-v3.2-exp"),
         ("zai-org/GLM-5", "glm-5"),
         ("moonshotai/Kimi-K2-Instruct", "kimi-k2-instruct"),
+        ("deepseek-ai/DeepSeek-V4-Flash-Base", "deepseek-v4-flash-base"),
     ];
     let served: Vec<(&str, PathBuf)> = repos.iter().map(|(r, d)| (*r, cfgs.join(d))).collect();
     let hub = MockHub::start(&served, &home);

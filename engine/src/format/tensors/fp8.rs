@@ -39,8 +39,10 @@ pub fn block_size(v: &Value) -> Result<Option<[usize; 2]>> {
         Some(f) => return err(format!("fmt {f:?} is not supported (only \"e4m3\")")),
     }
     match q.get("scale_fmt").and_then(Value::as_str) {
-        None | Some("float") => {}
-        Some(f) => return err(format!("scale_fmt {f:?} is not supported (only f32 scales, \"float\")")),
+        // ue8m0: the scales are stored as e8m0 bytes (powers of two); the scale tensor's
+        // dtype says which, as transformers reads them.
+        None | Some("float") | Some("ue8m0") => {}
+        Some(f) => return err(format!("scale_fmt {f:?} is not supported (only \"float\" and \"ue8m0\")")),
     }
     if let Some(a) = q.get("activation_scheme").and_then(Value::as_str).filter(|a| *a != "dynamic") {
         return err(format!("activation_scheme {a:?} is not supported (only \"dynamic\")"));
@@ -54,6 +56,16 @@ pub fn block_size(v: &Value) -> Result<Option<[usize; 2]>> {
             "weight_block_size must be two positive integers [rows, cols] (e.g. [128, 128]), got {}",
             q.get("weight_block_size").map_or("nothing".to_string(), |b| b.to_string())
         )),
+    }
+}
+
+/// An e8m0 (ue8m0, `float8_e8m0fnu`) scale byte as f32: 2^(b - 127), exact (b = 0 is the
+/// subnormal 2^-127); None for 255, the NaN.
+pub fn e8m0(b: u8) -> Option<f32> {
+    match b {
+        255 => None,
+        0 => Some(f32::from_bits(1 << 22)),
+        b => Some(f32::from_bits((b as u32) << 23)),
     }
 }
 
@@ -99,7 +111,15 @@ impl Fp8Table {
         let s = &r.scales;
         let raw = self.bytes(&s.bytes, 0, s.bytes.len(), &format!("{}_scale_inv", r.name))?;
         let mut out = vec![0.0f32; s.shape.iter().product()];
-        decode_into(s.dtype, &raw, &mut out);
+        if s.dtype == DType::U8 {
+            for (o, &b) in out.iter_mut().zip(&raw) {
+                *o = e8m0(b).ok_or_else(|| {
+                    Error::Invalid(format!("tensor {}_scale_inv: e8m0 scale byte 255 is NaN", r.name))
+                })?;
+            }
+        } else {
+            decode_into(s.dtype, &raw, &mut out);
+        }
         Ok(out)
     }
 }
@@ -191,8 +211,11 @@ pub fn pair(
                 s.shape, t.shape
             )));
         }
-        if !matches!(s.dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(Error::Invalid(format!("tensor {sname}: scales must be F32, BF16 or F16, got {}", s.dtype)));
+        if !matches!(s.dtype, DType::F32 | DType::BF16 | DType::F16 | DType::U8) {
+            return Err(Error::Invalid(format!(
+                "tensor {sname}: scales must be F32, BF16, F16 or e8m0 (F8_E8M0 / U8), got {}",
+                s.dtype
+            )));
         }
         let total_rows = lead.iter().product::<usize>() * rows;
         let rb = dtype.row_bytes(cols).ok_or_else(|| Error::Invalid(format!("tensor {name}: too large")))?;

@@ -100,6 +100,8 @@ fn the_config_names_what_it_cannot_take() {
     let ok =
         json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 64], "activation_scheme": "dynamic"});
     assert_eq!(q(ok).unwrap(), Some([128, 64]));
+    let v4 = json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"});
+    assert_eq!(q(v4).unwrap(), Some([128, 128]), "DeepSeek-V4's ue8m0 scales are read");
     assert_eq!(block_size(&json!({})).unwrap(), None);
     assert_eq!(q(json!({"quant_method": "mxfp4"})).unwrap(), None);
     for (bad, says) in [
@@ -107,10 +109,50 @@ fn the_config_names_what_it_cannot_take() {
         (json!({"quant_method": "fp8", "fmt": "e4m3"}), "weight_block_size"),
         (json!({"quant_method": "fp8", "weight_block_size": [128]}), "weight_block_size"),
         (json!({"quant_method": "fp8", "weight_block_size": [0, 128]}), "weight_block_size"),
-        (json!({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"}), "scale_fmt"),
+        (json!({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "mx"}), "scale_fmt \"mx\""),
         (json!({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"}), "static"),
     ] {
         let e = q(bad).unwrap_err().to_string();
         assert!(e.contains(says) && !e.contains('\n'), "{e}");
     }
+}
+
+/// DeepSeek-V4's dense weights: e4m3 with ue8m0 block scales (`F8_E8M0`, one byte 2^(s - 127)
+/// per block, every byte from the subnormal 2^-127 up): read as e4m3 times that power of
+/// two, exactly; the NaN byte 255 is one error naming the scale tensor.
+#[test]
+fn ue8m0_scales_are_exact_powers_of_two() {
+    assert_eq!(e8m0(127), Some(1.0));
+    assert_eq!(e8m0(0), Some(2f32.powi(-127)));
+    assert_eq!(e8m0(1), Some(2f32.powi(-126)));
+    assert_eq!(e8m0(254), Some(2f32.powi(127)));
+    assert_eq!(e8m0(255), None);
+    let w: Vec<u8> = (0..200u32).map(|i| (i * 37 % 256) as u8).collect();
+    let scales: Vec<u8> = vec![127, 120, 134, 0, 1, 254, 126, 128, 100];
+    let mk = |scales: Vec<u8>| {
+        let t = [
+            ("model.layers.0.attn.wq_a.weight", "F8_E4M3", vec![5, 40], w.clone()),
+            ("model.layers.0.attn.wq_a.weight_scale_inv", "F8_E8M0", vec![3, 3], scales),
+        ];
+        let mut s = TensorStore::default();
+        s.add_file("x", Bytes::from_vec(file(&t))).unwrap();
+        s
+    };
+    let mut s = mk(scales.clone());
+    let table = pair(&mut s, Some([2, 16]), None).unwrap().unwrap();
+    let t = s.get("model.layers.0.attn.wq_a.weight").unwrap().clone();
+    let got = table.read_mat(&Mat::new(5, 40, t.dtype, t.bytes.clone()).unwrap()).unwrap().to_f32();
+    for r in 0..5 {
+        for c in 0..40 {
+            let e = E4M3[(r * 40 + c) * 37 % 256];
+            let want = e * 2f64.powi(scales[(r / 2) * 3 + c / 16] as i32 - 127) as f32;
+            let g = got[r * 40 + c];
+            assert!(g.to_bits() == want.to_bits() || (e.is_nan() && g.is_nan()), "[{r}, {c}]: {g} vs {want}");
+        }
+    }
+    let mut bad = mk(vec![127, 255, 127, 127, 127, 127, 127, 127, 127]);
+    let table = pair(&mut bad, Some([2, 16]), None).unwrap().unwrap();
+    let t = bad.get("model.layers.0.attn.wq_a.weight").unwrap().clone();
+    let e = table.read_mat(&Mat::new(5, 40, t.dtype, t.bytes).unwrap()).err().unwrap().to_string();
+    assert!(e.contains("wq_a.weight_scale_inv") && e.contains("255") && !e.contains('\n'), "{e}");
 }
