@@ -4,10 +4,12 @@
 // before the service worker controlled the page.
 
 const CACHE = "colibri-app-v1";
-// Relative to this module: the page's folder.
+// Relative to this module: the page's folder. Every module the page imports must be here
+// (tests/e2e/offline_shell.test.mjs checks it), or the page cannot open offline.
 const SHELL = [
   "./", "index.html", "/app.css", "/app.js", "/answers.js", "/backend_pick.js", "/brain.js", "/chat_list.js",
-  "/colibri.js", "/colibri-worker.js", "/markdown.js", "/offline.js", "/store.js", "/token_count.js",
+  "/colibri.js", "/colibri-worker.js", "/dom.js", "/markdown.js", "/offline.js", "/stats_panel.js",
+  "/storage_panel.js", "/store.js", "/theme.js", "/token_count.js",
   "/pkg/colibri_wasm.js", "/pkg/colibri_wasm_bg.wasm",
   "/pkg-threads/colibri_wasm.js", "/pkg-threads/colibri_wasm_bg.wasm",
 ];
