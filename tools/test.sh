@@ -19,7 +19,8 @@
 #      min of build and 5 min of fuzzing (10 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
 #      so CI tries the same inputs each run; FUZZ_SECONDS=0 leaves it out);
 #   3a. the release archive: tools/release.sh (a release build of coli) and
-#      tools/test_release.sh (unpacked and run with an empty HOME; RELEASE_TEST=0 skips it);
+#      tools/test_release.sh (unpacked and run with an empty HOME; RELEASE_TEST=0 skips it),
+#      and where a container runtime answers, the Docker image built from it and run;
 #   4. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
 #      real `coli serve`, driven by playwright-core (and, without a browser, Ollama's
 #      JavaScript client and `coli run`).
@@ -100,6 +101,29 @@ if [ "${RELEASE_TEST:-1}" != 0 ]; then
   if [ "${COLIBRI_WEB_THREADS:-1}" = 0 ]; then partial=(--allow-partial-web); export ALLOW_PARTIAL_WEB=1; fi
   ./tools/release.sh --skip-web "${partial[@]}" --out "${CARGO_TARGET_DIR:-$PWD/target}/dist"
   ./tools/test_release.sh "${CARGO_TARGET_DIR:-$PWD/target}"/dist/colibri-*-linux-x86_64.tar.gz
+  # The container image (Dockerfile) from that archive, where a container runtime answers
+  # (`docker info`): built in a scratch context holding only the Dockerfile and the
+  # archive, run, and its helper must answer /health from inside. This machine and CI have
+  # the client at most, no daemon: the step then says it is left out (docs/release.md).
+  if docker info >/dev/null 2>&1; then
+    echo "== container image: docker build, run, /health"
+    ctx=$(mktemp -d)
+    mkdir "$ctx/dist"
+    cp Dockerfile "$ctx/"
+    cp "${CARGO_TARGET_DIR:-$PWD/target}"/dist/colibri-*-linux-x86_64.tar.gz "$ctx/dist/"
+    docker build -q -t colibri-test "$ctx"
+    cid=$(docker run -d colibri-test)
+    ok=0
+    for _ in $(seq 1 60); do
+      if docker exec "$cid" curl -fsS http://127.0.0.1:7878/health >/dev/null 2>&1; then ok=1; break; fi
+      sleep 1
+    done
+    docker rm -f "$cid" >/dev/null
+    rm -rf "$ctx"
+    [ "$ok" = 1 ] || { echo "the container's helper never answered /health"; exit 1; }
+  else
+    echo "== container image: left out (no container runtime answers \`docker info\`)"
+  fi
 else
   echo "== release archive: left out (RELEASE_TEST=0)"
 fi
