@@ -157,6 +157,7 @@ fn a_full_queue_says_when_to_retry() {
     });
     let ok = answers.iter().filter(|a| a.0 == 200).count();
     assert!(ok >= 3, "{answers:?}");
+    assert!(answers.iter().any(|a| a.0 == 503), "six at once past a queue of three: {answers:?}");
     for a in answers.iter().filter(|a| a.0 != 200) {
         assert_eq!(a.0, 503, "{answers:?}");
         assert_eq!(a.1.as_deref(), Some("2"), "a 503 says when to retry: {answers:?}");
