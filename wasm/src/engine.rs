@@ -15,7 +15,7 @@ use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::request::truncation;
 use colibri_engine::generate::{
-    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, SamplingDefaults, PREFILL_CHUNK,
+    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, Pass, SamplingDefaults, Stepped, PREFILL_CHUNK,
 };
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
@@ -558,54 +558,62 @@ impl Engine {
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
             // Drafting is part of the step's time (tokensPerSecond).
             let t0 = now_ms();
-            if let k @ 1.. = g.draft_room() {
-                let drafts = match (mtp.as_mut(), draft.as_mut().filter(|_| *model_draft)) {
-                    // The MTP layer's experts come through the model's own tiers.
-                    (Some(d), _) => propose_tiered(d, &tiers, g.context(), k).await,
-                    (None, Some(d)) => d.propose(g.context(), k).await,
-                    (None, None) => Ok(Vec::new()),
-                };
-                g.push_drafts(&drafts.map_err(err)?).map_err(err)?;
-            }
-            let Some(input) = g.input() else { return Ok((-1).into()) };
-            let before = cx.tokens().len();
+            // The context's valid positions before this step's input (a long prompt's
+            // pieces fed by earlier steps are part of that input).
+            let mut fed = cx.tokens().len() - *prefilled;
+            let log = mtp.as_ref().map(|d| d.log());
             let map = tier_map(&model, &tiers, &backend);
-            // Speculation: the last token and its drafts in one pass, every row kept.
-            let rows = g.rows_needed();
-            let which = g.logits_wanted();
-            // A long prompt goes in pieces of PREFILL_CHUNK positions, one per step (-2:
-            // still reading), the same bits as one pass; the worker sees a cancel between
-            // them. Not with MTP drafts, whose log follows whole passes.
-            let input = input.get(*prefilled..).unwrap_or_default();
-            if rows == 1 && mtp.is_none() && input.len() > PREFILL_CHUNK {
-                let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
-                let part = &input[..PREFILL_CHUNK];
-                if let Err(e) = backend.forward_tiered(&model, &tiers, cx, part, which, &mut on_use, None).await {
-                    cx.truncate(before);
-                    return Err(err(e).into());
-                }
-                *prefilled += PREFILL_CHUNK;
-                return Ok((-2).into());
-            }
-            let result = {
-                let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
-                let log = mtp.as_ref().map(|d| d.log());
-                backend.forward_tiered(&model, &tiers, cx, input, which, &mut on_use, log.as_ref()).await
-            };
-            let logits = match result {
-                Ok(l) => l,
-                Err(e) => {
-                    cx.truncate(before);
-                    return Err(err(e).into());
-                }
-            };
-            *prefilled = 0;
             let produced = g.produced().len();
-            // The engine's acceptance, as every surface's step (Generator::step) takes it.
-            let kept = g.accept_pass(&logits, model.cfg.vocab, Some(&tok)).map_err(err)?;
-            if g.is_speculative() {
+            // The engine's step (Generator::step_async), as every surface runs it; only
+            // the drafters' and the forward pass's storage I/O is the browser's own.
+            let stepped = g
+                .step_async(
+                    &mut fed,
+                    async |context: &[u32], k| match (mtp.as_mut(), draft.as_mut().filter(|_| *model_draft)) {
+                        // The MTP layer's experts come through the model's own tiers.
+                        (Some(d), _) => propose_tiered(d, &tiers, context, k).await,
+                        (None, Some(d)) => d.propose(context, k).await,
+                        (None, None) => Ok(Vec::new()),
+                    },
+                    async |_keep, ids: &[u32], which| {
+                        let before = cx.tokens().len();
+                        let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
+                        // A long prompt goes in pieces of PREFILL_CHUNK positions, one per
+                        // step (-2: still reading), the same bits as one pass; the worker
+                        // sees a cancel between them. Not with speculation's rows or MTP
+                        // drafts, whose log follows whole passes.
+                        let rest = ids.get(*prefilled..).unwrap_or_default();
+                        let part = which == Logits::Last && log.is_none() && rest.len() > PREFILL_CHUNK;
+                        let input = if part { &rest[..PREFILL_CHUNK] } else { rest };
+                        let result = match part {
+                            true => backend.forward_tiered(&model, &tiers, cx, input, which, &mut on_use, None).await,
+                            false => {
+                                backend
+                                    .forward_tiered(&model, &tiers, cx, input, which, &mut on_use, log.as_ref())
+                                    .await
+                            }
+                        };
+                        let logits = result.inspect_err(|_| cx.truncate(before))?;
+                        Ok(match part {
+                            true => {
+                                *prefilled += PREFILL_CHUNK;
+                                Pass::Partial
+                            }
+                            false => {
+                                *prefilled = 0;
+                                Pass::Logits(logits)
+                            }
+                        })
+                    },
+                    Some(&tok),
+                )
+                .await
+                .map_err(err)?;
+            match stepped {
+                Stepped::Finished => return Ok((-1).into()),
+                Stepped::Partial => return Ok((-2).into()),
                 // Rejected drafts leave the context.
-                cx.truncate(before + kept);
+                Stepped::Accepted { .. } => cx.truncate(fed),
             }
             let id = g.produced().last().copied().unwrap_or(0);
             let t1 = now_ms();

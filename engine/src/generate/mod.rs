@@ -14,6 +14,7 @@ pub mod prefill;
 pub mod request;
 pub mod reuse;
 pub mod speculate;
+mod step;
 pub mod stop;
 
 use crate::error::{Error, Result};
@@ -30,6 +31,7 @@ pub use prefill::{feed_chunked, feed_chunked_last, PREFILL_CHUNK};
 pub use request::{Turn, TurnRequest};
 pub use reuse::{keepable, reusable, reuse, Context, ContextPool};
 pub use speculate::SpecStats;
+pub use step::{Pass, Stepped};
 pub use stop::StopMatcher;
 
 #[derive(Clone, Debug, Default)]
@@ -274,31 +276,6 @@ impl Generator {
             return Err(Error::Invalid("the forward pass returned too few logits".into()));
         }
         self.accept_rows(&logits[logits.len() - n * vocab..], tok)
-    }
-
-    /// One step of the turn, the same on every surface: drafts from `drafter` where there
-    /// is room for them, one forward pass of [`Generator::input`] (`forward(keep, ids,
-    /// which)`: the context cut back to its first `keep` positions, then `ids` fed), and
-    /// the tokens its logits decide. `fed` is how many positions of the context are valid
-    /// before the step and after it. Returns false, feeding nothing, once finished.
-    pub fn step<'d>(
-        &mut self,
-        forward: &mut ForwardKeep<'_>,
-        fed: &mut usize,
-        drafter: Option<&mut (dyn Drafter + 'd)>,
-        tok: Option<&Tokenizer>,
-    ) -> Result<bool> {
-        if let (Some(d), k @ 1..) = (drafter, self.draft_room()) {
-            let drafts = d.propose(self.context(), k)?;
-            self.push_drafts(&drafts[..drafts.len().min(k)])?;
-        }
-        let Some(ids) = self.input() else { return Ok(false) };
-        let ids = ids.to_vec();
-        let which = self.logits_wanted();
-        let logits = forward(*fed, &ids, which)?;
-        let vocab = logits.len() / if which == Logits::All { ids.len() } else { 1 };
-        *fed += self.accept_pass(&logits, vocab, tok)?;
-        Ok(true)
     }
 
     /// The ids to feed next (the prompt, then each sampled token); None once finished.

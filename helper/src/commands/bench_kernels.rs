@@ -2,7 +2,8 @@
 //! GB/s of stored weights per thread count, next to the measured memory read bandwidth
 //! and the share of it (a table, or JSON with --json). `--check` is the format-ratio
 //! guard of tools/test.sh: it fails when a format's one-position bytes/s falls below half
-//! of the fastest format's, all measured on one matrix shape in this one process.
+//! of the fastest format's (MXFP4 on AVX2: a quarter), all measured on one matrix shape in
+//! this one process.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -30,7 +31,8 @@ pub struct KernelBenchArgs {
     #[arg(long)]
     pub json: bool,
     /// The guard: one thread, one position, a small working set, each format measured
-    /// three times in turn (best kept); fails when one falls below half of the fastest.
+    /// three times in turn (best kept); fails when one falls below half of the fastest
+    /// (MXFP4 on the AVX2 path: a quarter).
     #[arg(long)]
     pub check: bool,
 }
@@ -180,17 +182,35 @@ fn check(a: &KernelBenchArgs) -> Result<()> {
         }
     });
     let top = best.iter().cloned().fold(0.0, f64::max);
+    let simd = Simd::active();
     let mut slow = Vec::new();
     for (f, b) in formats.iter().zip(&best) {
-        let share = b / top;
-        println!("{:<12} {:>8.2} GB/s  {:>4.0}% of the fastest", f.dtype.to_string(), b / 1e9, 100.0 * share);
-        if share < 0.5 {
-            slow.push(format!("{} ({:.0}%)", f.dtype, 100.0 * share));
+        let (share, floor) = (b / top, floor(f.dtype, simd));
+        println!(
+            "{:<12} {:>8.2} GB/s  {:>4.0}% of the fastest (floor {:.0}%)",
+            f.dtype.to_string(),
+            b / 1e9,
+            100.0 * share,
+            100.0 * floor
+        );
+        if share < floor {
+            slow.push(format!("{} ({:.0}% < {:.0}%)", f.dtype, 100.0 * share, 100.0 * floor));
         }
     }
     if !slow.is_empty() {
-        bail!("kernel guard: below half of the fastest format's bytes/s: {}", slow.join(", "));
+        bail!("kernel guard: below its floor share of the fastest format's bytes/s: {}", slow.join(", "));
     }
-    println!("kernel guard: every format at least half of the fastest ({} path)", Simd::active().name());
+    println!("kernel guard: every format at or above its floor ({} path)", simd.name());
     Ok(())
+}
+
+/// The share of the fastest format's bytes/s a format must reach: half, except MXFP4 on
+/// AVX2, which multiplies every weight by four activation bytes (f32 precision) with
+/// `vpmaddubsw` + `vpmaddwd` and is compute-bound at about a third there
+/// (docs/benchmarks.md "Kernel guard"): a quarter, so that it still catches a slow path.
+fn floor(dtype: DType, simd: Simd) -> f64 {
+    match (dtype, simd) {
+        (DType::Mxfp4, Simd::Avx2) => 0.25,
+        _ => 0.5,
+    }
 }

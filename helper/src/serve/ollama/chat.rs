@@ -146,14 +146,14 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         };
         let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(true);
         if messages.is_empty() {
-            openai::load_model(&state, Some(model_id(&name).to_string())).await?;
+            openai::load_model(&state, Some(model_id(&name).to_string())).await.map_err(|e| Error::named(e, &name))?;
             return Ok(loaded(Kind::Chat, &name, stream));
         }
         out.insert("messages".into(), json!(messages));
         if let Some(tools) = req.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty())) {
             out.insert("tools".into(), tools.clone());
         }
-        let p = openai::prepare_chat_json(&state, Value::Object(out)).await?;
+        let p = openai::prepare_chat_json(&state, Value::Object(out)).await.map_err(|e| Error::named(e, &name))?;
         Ok(answer(Kind::Chat, name, stream, p, start).await)
     };
     run.await.unwrap_or_else(|e: Error| e.into_response())
@@ -180,12 +180,12 @@ pub async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Respon
         };
         let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(true);
         if prompt.is_empty() {
-            openai::load_model(&state, Some(model_id(&name).to_string())).await?;
+            openai::load_model(&state, Some(model_id(&name).to_string())).await.map_err(|e| Error::named(e, &name))?;
             return Ok(loaded(Kind::Generate, &name, stream));
         }
         let p = if req.get("raw").and_then(Value::as_bool) == Some(true) {
             out.insert("prompt".into(), json!(prompt));
-            openai::prepare_completion_json(&state, Value::Object(out)).await?
+            openai::prepare_completion_json(&state, Value::Object(out)).await.map_err(|e| Error::named(e, &name))?
         } else {
             let mut messages = Vec::new();
             match req.get("system") {
@@ -195,7 +195,7 @@ pub async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Respon
             }
             messages.push(json!({"role": "user", "content": prompt}));
             out.insert("messages".into(), json!(messages));
-            openai::prepare_chat_json(&state, Value::Object(out)).await?
+            openai::prepare_chat_json(&state, Value::Object(out)).await.map_err(|e| Error::named(e, &name))?
         };
         Ok(answer(Kind::Generate, name, stream, p, start).await)
     };

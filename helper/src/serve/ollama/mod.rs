@@ -70,6 +70,18 @@ impl Error {
 const RENAMED: &[(&str, &str)] =
     &[("max_tokens", "num_predict"), ("repetition_penalty", "repeat_penalty"), ("response_format", "format")];
 
+impl Error {
+    /// An engine or OpenAI-layer error for a request that named the model `name`: a
+    /// `model_not_found` becomes Ollama's 404 for that name (the name the client sent, not
+    /// one read back out of the message).
+    fn named(e: ApiError, name: &str) -> Self {
+        match e.code {
+            Some("model_not_found") => Error::not_found(name),
+            _ => Error::from(e),
+        }
+    }
+}
+
 impl From<ApiError> for Error {
     fn from(e: ApiError) -> Self {
         let mut message = e.message;
@@ -78,10 +90,6 @@ impl From<ApiError> for Error {
                 true => message.replace(from, to),
                 false => format!("{to}: {message}"),
             };
-        }
-        if e.code == Some("model_not_found") {
-            let name = message.split('`').nth(1).unwrap_or_default();
-            return Error::not_found(name);
         }
         Error { status: e.status, message }
     }

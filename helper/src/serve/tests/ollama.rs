@@ -82,6 +82,8 @@ fn ndjson_format_num_ctx_and_limits() {
     for (body, needle, status) in [
         (json!({"messages": []}), "model is required", 400),
         (chat(json!({"model": "nope"})), "model \"nope\" not found", 404),
+        // The name as the client sent it, tag included (Ollama's own message).
+        (chat(json!({"model": "nope:7b"})), "model \"nope:7b\" not found", 404),
         (chat(json!({"options": {"min_p": 0.2}})), "min_p", 400),
         (chat(json!({"options": {"num_predict": 0}})), "num_predict", 400),
         (chat(json!({"format": "yaml"})), "format", 400),
