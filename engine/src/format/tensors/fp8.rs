@@ -133,9 +133,8 @@ impl Fp8Table {
         let mut out = vec![0.0f32; s.shape.iter().product()];
         if s.dtype == DType::U8 {
             for (o, &b) in out.iter_mut().zip(&raw) {
-                *o = e8m0(b).ok_or_else(|| {
-                    Error::Invalid(format!("tensor {}: e8m0 scale byte 255 is NaN", r.scale_name))
-                })?;
+                *o = e8m0(b)
+                    .ok_or_else(|| Error::Invalid(format!("tensor {}: e8m0 scale byte 255 is NaN", r.scale_name)))?;
             }
         } else {
             decode_into(s.dtype, &raw, &mut out);
@@ -318,7 +317,9 @@ pub fn pair(
         }
         store.remove(&sname);
         store.insert(name.clone(), TensorEntry { dtype, shape, bytes: Bytes::elsewhere(next, len) });
-        table.recipes.insert(next, Recipe { name, values: t.bytes, scales: s, scale_name: sname, rows, total_rows, cols, kind });
+        table
+            .recipes
+            .insert(next, Recipe { name, values: t.bytes, scales: s, scale_name: sname, rows, total_rows, cols, kind });
         next = next.saturating_add(len as u64).div_ceil(4096) * 4096 + 4096;
     }
     let stray = store.names().find(|n| {

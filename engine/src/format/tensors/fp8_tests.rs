@@ -235,8 +235,12 @@ fn v4_bad_fp4_experts_are_one_clear_error() {
     assert!(e.contains(W1) && e.contains("16 values are not whole blocks of 32"), "{e}");
     // A `.scale` beside a weight that is neither e4m3 nor packed FP4 is named too.
     let mut stray = v4_store("I8", "F8_E8M0", Some(vec![3, 2]));
-    stray.insert("norm.weight".into(), TensorEntry { dtype: DType::F32, shape: vec![1], bytes: Bytes::from_vec(vec![0; 4]) });
-    stray.insert("norm.scale".into(), TensorEntry { dtype: DType::U8, shape: vec![1], bytes: Bytes::from_vec(vec![0]) });
+    stray.insert(
+        "norm.weight".into(),
+        TensorEntry { dtype: DType::F32, shape: vec![1], bytes: Bytes::from_vec(vec![0; 4]) },
+    );
+    stray
+        .insert("norm.scale".into(), TensorEntry { dtype: DType::U8, shape: vec![1], bytes: Bytes::from_vec(vec![0]) });
     let e = pair(&mut stray, Some([16, 32]), None).err().unwrap().to_string();
     assert!(e.contains("tensor norm.scale: a scale for norm.weight"), "{e}");
     // An integer tensor elsewhere is still refused by its dtype.
