@@ -238,3 +238,27 @@ fn deepseek_v3_fp8_matches_transformers() {
     assert_eq!((x.gate.dtype, x.down.dtype, x.down.byte_len()), (fp8, fp8, 40 * (4 + 20)));
     assert_eq!(model.embed.dtype, colibri_engine::tensor::DType::BF16);
 }
+
+/// DeepSeek-V4 as the release is published (tools/fixtures_v4_fp8.py): its own tensor
+/// names, FP8 e4m3 dense weights with `.scale` ue8m0 block scales, FP4 routed experts
+/// (e2m1 pairs as I8 + one ue8m0 scale per 32), against transformers on exactly the
+/// dequantized weights. The experts are MXFP4 rows and the dense weights FP8 rows, read as
+/// stored: nothing is widened.
+#[test]
+fn deepseek_v4_fp8_matches_transformers() {
+    check("deepseek_v4_fp8");
+    let model = Model::open_dir(&fixture_dir("deepseek_v4_fp8")).unwrap();
+    use colibri_engine::tensor::DType;
+    let fp8 = DType::Fp8 { block: 32 };
+    let x = model.experts.expert(2, 5).unwrap();
+    assert_eq!((x.gate.dtype, x.up.dtype, x.down.dtype), (DType::Mxfp4, DType::Mxfp4, DType::Mxfp4));
+    assert_eq!((x.gate.rows, x.gate.cols, x.down.rows, x.down.cols), (32, 64, 64, 32));
+    assert_eq!(x.gate.byte_len(), 32 * (4 + 32), "1 byte per 2 weights plus a scale per 32");
+    assert_eq!(x.down.byte_len(), 64 * (4 + 16));
+    let w = model.v4.as_ref().unwrap();
+    let l = &w.layers[1];
+    assert_eq!((l.attn.q_a.dtype, l.attn.kv.dtype, l.attn.o_b.dtype, l.shared.down.dtype), (fp8, fp8, fp8, fp8));
+    assert_eq!(l.attn.o_a[1].dtype, fp8);
+    assert_eq!(l.attn.indexer.as_ref().unwrap().q_b.dtype, fp8);
+    assert_eq!(model.embed.dtype, DType::BF16);
+}

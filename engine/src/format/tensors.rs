@@ -45,11 +45,23 @@ pub fn text_tower_name(name: String) -> Option<String> {
 
 /// A tensor's dtype and shape as kept: the safetensors dtype, except deepseek_v4's integer
 /// `tid2eid` tables (I32 / I64), kept as their little-endian bytes (U8, the last dimension
-/// times the integer's width) for [`crate::model::v4`] to read; any other integer tensor
-/// is an error naming its dtype.
+/// times the integer's width) for [`crate::model::v4`] to read, and its packed FP4 routed
+/// experts (`*.experts.*` as I8 `[rows, cols / 2]`, or F4 `[rows, cols]`), kept as their
+/// bytes (U8 `[rows, cols / 2]`) for [`fp8::pair`]; any other integer tensor is an error
+/// naming its dtype.
 fn dtype_and_shape(name: &str, dtype_name: &str, shape: &[usize]) -> Result<(DType, Vec<usize>)> {
     if let Some(dtype) = DType::from_safetensors(dtype_name) {
         return Ok((dtype, shape.to_vec()));
+    }
+    if name.contains(".experts.") && (dtype_name == "I8" || dtype_name == "F4") {
+        let mut s = shape.to_vec();
+        if let (Some(last), "F4") = (s.last_mut(), dtype_name) {
+            if !last.is_multiple_of(2) {
+                return Err(Error::Invalid(format!("tensor {name}: F4 rows of {last} values are not whole bytes")));
+            }
+            *last /= 2;
+        }
+        return Ok((DType::U8, s));
     }
     let width = match dtype_name {
         "I32" => 4,
@@ -327,11 +339,11 @@ impl TensorStore {
         Ok(out)
     }
 
-    /// Pairs the FP8 tensors with their scales ([`fp8::pair`]), with the block size
+    /// Pairs the FP8 tensors and packed FP4 experts with their scales ([`fp8::pair`]), with the block size
     /// of `dir`'s config.json, where the store holds any.
     #[cfg(not(target_arch = "wasm32"))]
     fn pair_fp8(&mut self, dir: &std::path::Path) -> Result<()> {
-        if !self.tensors.values().any(|t| t.dtype == DType::F8E4M3) {
+        if !fp8::has_pairs(self) {
             return Ok(());
         }
         let path = dir.join("config.json");

@@ -162,7 +162,9 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
     let dtypes = dtypes.into_iter().collect::<Vec<_>>().join(",");
     Ok(Summary {
         format: "Hugging Face checkpoint (safetensors)".into(),
-        quant: if dtypes.contains("mxfp4") {
+        quant: if dtypes.contains("mxfp4") && dtypes.contains("fp8") {
+            format!("FP4 experts read as MXFP4 rows, FP8 block-scaled e4m3 dense weights ({dtypes})")
+        } else if dtypes.contains("mxfp4") {
             format!("MXFP4 experts ({dtypes})")
         } else if dtypes.contains("fp8") {
             format!("FP8 block-scaled e4m3, read as FP8 rows ({dtypes})")

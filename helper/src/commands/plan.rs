@@ -72,6 +72,9 @@ struct Sizes {
     estimated: bool,
     /// A block-scaled FP8 checkpoint: the estimate keeps its FP8 weights.
     fp8: bool,
+    /// DeepSeek-V4's release: FP4 routed experts, read in place as MXFP4 rows (the sizes
+    /// are the checkpoint's own, as the engine holds them).
+    fp4: bool,
     /// Learned usage counts exist (the automatic --pin needs them).
     has_usage: bool,
     /// The converted data file, to measure the disk with real expert reads.
@@ -117,6 +120,7 @@ fn estimated_sizes(
         cfg,
         estimated: true,
         fp8: fp8.is_some(),
+        fp4: false,
         has_usage: false,
         data: None,
     })
@@ -211,6 +215,7 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
             n_experts,
             estimated: false,
             fp8: false,
+            fp4: false,
             has_usage: usage.total() > 0,
             data: Some((md, data)),
         });
@@ -225,7 +230,59 @@ fn local_sizes(dir: &Path) -> Result<Sizes> {
             params += store.get(n)?.shape.iter().map(|&d| d as u64).product::<u64>();
         }
     }
+    if fp4_experts(&bytes) {
+        return in_place_sizes(location, cfg, &store);
+    }
     estimated_sizes("checkpoint", location, cfg, params, fp8_block(&bytes))
+}
+
+/// Whether a config.json declares FP4 routed experts (DeepSeek-V4's `expert_dtype` "fp4",
+/// at the top level or in `quantization_config`).
+fn fp4_experts(config: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(config) else { return false };
+    let fp4 = |x: Option<&serde_json::Value>| x.and_then(|x| x.as_str()) == Some("fp4");
+    fp4(v.get("expert_dtype")) || fp4(v.get("quantization_config").and_then(|q| q.get("expert_dtype")))
+}
+
+/// The sizes of a checkpoint read as it is published (DeepSeek-V4's release: FP8 dense
+/// weights, FP4 experts as MXFP4 rows; `coli convert` does not take it): each tensor's bytes
+/// as the engine holds it (the paired placeholders' row bytes), the MTP layer (`mtp.*`)
+/// left out as the engine leaves it.
+fn in_place_sizes(location: String, cfg: ModelConfig, store: &TensorStore) -> Result<Sizes> {
+    let (mut resident, mut streamed) = (0u64, 0u64);
+    for n in store.names() {
+        if cfg.is_mtp_tensor(n) || n.starts_with("mtp.") {
+            continue;
+        }
+        let len = store.get(n)?.bytes.len() as u64;
+        if colibri_engine::format::tensors::is_routed_expert_weight(n) {
+            streamed += len;
+        } else {
+            resident += len;
+        }
+    }
+    let embed = match cfg.tie_word_embeddings {
+        true => 0,
+        false => ["embed.weight", "model.embed_tokens.weight"]
+            .iter()
+            .find_map(|n| store.get(n).ok())
+            .map_or(0, |t| t.bytes.len() as u64),
+    };
+    let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
+    Ok(Sizes {
+        source: "checkpoint",
+        location,
+        resident,
+        embed,
+        streamed,
+        n_experts,
+        cfg,
+        estimated: false,
+        fp8: true,
+        fp4: true,
+        has_usage: false,
+        data: None,
+    })
 }
 
 /// A hub repository from its config.json and safetensors index (or the size of its one
@@ -382,6 +439,9 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     let c = &s.cfg;
     let kind = match s.source {
         "converted" => "converted colibri model".to_string(),
+        "checkpoint" if s.fp4 => {
+            "Hugging Face checkpoint; sizes as read in place (FP8 dense weights, FP4 experts as MXFP4 rows)".to_string()
+        }
         "checkpoint" if s.fp8 => "Hugging Face checkpoint; sizes as `coli convert` stores it (FP8 kept)".to_string(),
         "checkpoint" => "Hugging Face checkpoint; sizes as `coli convert` stores it (int4 experts)".to_string(),
         _ => "hub repository (config.json + safetensors index only); sizes as `coli pull` stores it".to_string(),

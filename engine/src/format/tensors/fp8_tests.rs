@@ -156,3 +156,95 @@ fn ue8m0_scales_are_exact_powers_of_two() {
     let e = table.read_mat(&Mat::new(5, 40, t.dtype, t.bytes).unwrap()).err().unwrap().to_string();
     assert!(e.contains("wq_a.weight_scale_inv") && e.contains("255") && !e.contains('\n'), "{e}");
 }
+
+/// e2m1 magnitudes by the low 3 bits of a nibble (bit 3 is the sign).
+const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+const W1: &str = "layers.0.ffn.experts.1.w1.weight";
+
+/// DeepSeek-V4's release: a routed expert's [3, 64] FP4 weight (packed as `packed_dtype`
+/// [3, 32] I8, or F4 [3, 64]) with `.scale` e8m0 `scale_shape` (of dtype `scale_dtype`),
+/// and an e4m3 attention weight [2, 16] with its `.scale` e8m0 [1, 1].
+fn v4_store(packed_dtype: &str, scale_dtype: &str, scale_shape: Option<Vec<usize>>) -> TensorStore {
+    let packed: Vec<u8> = (0..96u32).map(|i| (i * 73 + 5) as u8).collect();
+    let shape = if packed_dtype == "F4" { vec![3, 64] } else { vec![3, 32] };
+    let mut t = vec![(W1, packed_dtype, shape, packed)];
+    if let Some(ss) = scale_shape {
+        let n = ss.iter().product::<usize>() * if scale_dtype == "F32" { 4 } else { 1 };
+        t.push(("layers.0.ffn.experts.1.w1.scale", scale_dtype, ss, (0..n as u8).map(|i| 120 + i).collect()));
+    }
+    t.push(("layers.0.attn.wq_a.weight", "F8_E4M3", vec![2, 16], (0..32u8).map(|i| i * 7).collect()));
+    t.push(("layers.0.attn.wq_a.scale", "F8_E8M0", vec![1, 1], vec![125]));
+    let mut s = TensorStore::default();
+    s.add_file("x", Bytes::from_vec(file(&t))).unwrap();
+    s
+}
+
+/// The packed FP4 experts become MXFP4 rows meaning e2m1(nibble) * 2^(scale - 127), value
+/// 2i in the low nibble; the dense weights' `.scale` (the release's name) pairs as
+/// `_scale_inv` does.
+#[test]
+fn v4_fp4_experts_read_as_mxfp4_rows_and_dot_scale_pairs() {
+    for packed_dtype in ["I8", "F4"] {
+        let mut s = v4_store(packed_dtype, "F8_E8M0", Some(vec![3, 2]));
+        let table = pair(&mut s, Some([16, 32]), None).unwrap().unwrap();
+        assert!(!s.contains("layers.0.ffn.experts.1.w1.scale") && !s.contains("layers.0.attn.wq_a.scale"));
+        let t = s.get(W1).unwrap().clone();
+        assert_eq!((t.dtype, t.shape.clone()), (DType::Mxfp4, vec![3, 64]));
+        assert_eq!(t.bytes.len(), 3 * (4 + 32), "1 byte per 2 weights plus the scales");
+        let got = table.read_mat(&Mat::new(3, 64, t.dtype, t.bytes.clone()).unwrap()).unwrap().to_f32();
+        for r in 0..3 {
+            for c in 0..64 {
+                let byte = ((r * 32 + c / 2) * 73 + 5) as u8;
+                let nib = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                let sign = if nib & 8 != 0 { -1.0 } else { 1.0 };
+                let scale = 2f32.powi(120 + (r * 2 + c / 32) as i32 - 127);
+                assert_eq!(got[r * 64 + c], sign * E2M1[(nib & 7) as usize] * scale, "[{r}, {c}]");
+            }
+        }
+        let rows = Mat::new(3, 64, t.dtype, t.bytes.clone()).unwrap().row_block(1, 2).unwrap();
+        assert_eq!(table.read_mat(&rows).unwrap().to_f32(), got[64..]);
+        let q = s.get("layers.0.attn.wq_a.weight").unwrap().clone();
+        assert_eq!(q.dtype, DType::Fp8 { block: 32 });
+        let dense = table.read_mat(&Mat::new(2, 16, q.dtype, q.bytes).unwrap()).unwrap().to_f32();
+        let want: Vec<f32> = (0..32usize).map(|i| E4M3[i * 7] * 0.25).collect();
+        assert_eq!(dense, want);
+    }
+}
+
+/// An FP4 expert without its scale, or with scales of the wrong shape or type, or rows
+/// that are not whole blocks of 32: one line naming the tensor.
+#[test]
+fn v4_bad_fp4_experts_are_one_clear_error() {
+    for (store, says) in [
+        (v4_store("I8", "F8_E8M0", None), format!("{W1} is packed FP4")),
+        (v4_store("I8", "F8_E8M0", Some(vec![3, 3])), "w1.scale has shape [3, 3]".into()),
+        (v4_store("I8", "F8_E8M0", Some(vec![3])), "needs [3, 2]".into()),
+        (v4_store("I8", "F32", Some(vec![3, 2])), "w1.scale: scales must be e8m0".into()),
+    ] {
+        let mut store = store;
+        let e = pair(&mut store, Some([16, 32]), None).err().expect("refused").to_string();
+        assert!(e.contains(says.as_str()) && !e.contains('\n'), "{says}: {e}");
+    }
+    let e = pair(&mut v4_store("I8", "F8_E8M0", None), Some([16, 32]), None).err().unwrap().to_string();
+    assert!(e.contains("w1.scale or layers.0.ffn.experts.1.w1.weight_scale_inv is missing"), "{e}");
+    let mut narrow = TensorStore::default();
+    let t = [(W1, "I8", vec![2, 8], vec![0u8; 16]), ("layers.0.ffn.experts.1.w1.scale", "U8", vec![2, 0], vec![])];
+    narrow.add_file("x", Bytes::from_vec(file(&t))).unwrap();
+    let e = pair(&mut narrow, None, None).err().unwrap().to_string();
+    assert!(e.contains(W1) && e.contains("16 values are not whole blocks of 32"), "{e}");
+    // A `.scale` beside a weight that is neither e4m3 nor packed FP4 is named too.
+    let mut stray = v4_store("I8", "F8_E8M0", Some(vec![3, 2]));
+    stray.insert(
+        "norm.weight".into(),
+        TensorEntry { dtype: DType::F32, shape: vec![1], bytes: Bytes::from_vec(vec![0; 4]) },
+    );
+    stray
+        .insert("norm.scale".into(), TensorEntry { dtype: DType::U8, shape: vec![1], bytes: Bytes::from_vec(vec![0]) });
+    let e = pair(&mut stray, Some([16, 32]), None).err().unwrap().to_string();
+    assert!(e.contains("tensor norm.scale: a scale for norm.weight"), "{e}");
+    // An integer tensor elsewhere is still refused by its dtype.
+    let mut other = TensorStore::default();
+    let e = other.add_file("x", Bytes::from_vec(file(&[("layers.0.attn.x.weight", "I8", vec![1], vec![0])])));
+    assert!(e.unwrap_err().to_string().contains("I8"));
+}

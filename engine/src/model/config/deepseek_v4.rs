@@ -113,14 +113,54 @@ fn rope(v: &Value, label: &str, head_dim: usize, max_positions: usize, partial: 
     RopeConfig::from_config_with_partial(&wrapped, head_dim, max_positions, partial)
 }
 
+/// The release's quantization, accepted as published: `quantization_config` block-scaled
+/// FP8 (`quant_method` "fp8", `fmt` "e4m3", `scale_fmt` "ue8m0" or float,
+/// `weight_block_size`, checked by [`crate::format::fp8::block_size`]) and `expert_dtype`
+/// (at the top level as V4 ships it, or inside `quantization_config` as transformers folds
+/// it) "fp4" (routed experts as e2m1 + ue8m0 per 32, read as MXFP4 rows) or "fp8". Any
+/// other value is refused with the field named.
+fn quantization(v: &Value) -> Result<()> {
+    let q = v.get("quantization_config").filter(|q| !q.is_null());
+    if let Some(q) = q {
+        match q.get("quant_method").and_then(Value::as_str) {
+            Some("fp8") => {
+                crate::format::fp8::block_size(v)?;
+            }
+            _ => {
+                let m = q.get("quant_method").map_or("missing".to_string(), |m| m.to_string());
+                return Err(Error::Config(format!(
+                    "deepseek_v4: quantization_config.quant_method {m} is not supported (only \"fp8\", the release's)"
+                )));
+            }
+        }
+    }
+    for (field, x) in [
+        ("expert_dtype", v.get("expert_dtype")),
+        ("quantization_config.expert_dtype", q.and_then(|q| q.get("expert_dtype"))),
+    ] {
+        match x {
+            None | Some(Value::Null) => {}
+            Some(x) if matches!(x.as_str(), Some("fp4" | "fp8")) => {
+                if q.is_none() {
+                    return Err(Error::Config(format!(
+                        "deepseek_v4: {field} {x} needs a quantization_config (block-scaled FP8, quant_method \"fp8\")"
+                    )));
+                }
+            }
+            Some(x) => {
+                return Err(Error::Config(format!(
+                    "deepseek_v4: {field} {x} is not supported (only \"fp4\" and \"fp8\")"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// config.json of a deepseek_v4 checkpoint as a [`ModelConfig`] with its [`V4Config`].
 pub fn model_config(v: &Value, model_type: String) -> Result<ModelConfig> {
     use limits::*;
-    if v.get("quantization_config").is_some_and(|q| !q.is_null()) {
-        return Err(Error::Config(
-            "deepseek_v4: quantized checkpoints (the release's FP8 dense weights and FP4 experts) are not supported yet: convert from bf16 or f32".into(),
-        ));
-    }
+    quantization(v)?;
     if let Some(a) = v.get("hidden_act").filter(|a| a.as_str() != Some("silu")) {
         return Err(Error::Config(format!("hidden_act {a} is not supported (only \"silu\")")));
     }
@@ -363,12 +403,40 @@ mod tests {
         assert_eq!(v4.main_rope.kind, crate::model::rope::RopeKind::Default);
     }
 
+    /// The release's quantization_config (V4-Flash's, expert_dtype at the top level) is
+    /// read; every other method, format or expert type is refused with its field named.
     #[test]
-    fn quantized_release_is_refused_by_name() {
+    fn the_release_quantization_is_read_and_others_refused_by_name() {
+        let release = serde_json::json!({"activation_scheme":"dynamic","fmt":"e4m3","quant_method":"fp8",
+            "scale_fmt":"ue8m0","weight_block_size":[128,128]});
         let mut v = fixture();
-        v["quantization_config"] = serde_json::json!({"quant_method":"fp8","weight_block_size":[128,128]});
-        let e = ModelConfig::from_value(&v).unwrap_err().to_string();
-        assert!(e.contains("deepseek_v4") && e.contains("FP4"), "{e}");
+        v["quantization_config"] = release.clone();
+        v["expert_dtype"] = "fp4".into();
+        assert_eq!(ModelConfig::from_value(&v).unwrap().family, Family::DeepseekV4);
+        let mut v = fixture();
+        v["quantization_config"] = release.clone();
+        v["quantization_config"]["expert_dtype"] = "fp4".into();
+        assert!(ModelConfig::from_value(&v).is_ok());
+        let refused = |edit: &dyn Fn(&mut Value), want: &str| {
+            let mut v = fixture();
+            v["quantization_config"] = release.clone();
+            v["expert_dtype"] = "fp4".into();
+            edit(&mut v);
+            let e = ModelConfig::from_value(&v).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        refused(&|v| v["expert_dtype"] = "int4".into(), "expert_dtype \"int4\"");
+        refused(&|v| v["quantization_config"]["expert_dtype"] = "nvfp4".into(), "quantization_config.expert_dtype");
+        refused(&|v| v["quantization_config"]["quant_method"] = "mxfp4".into(), "quant_method \"mxfp4\"");
+        refused(&|v| v["quantization_config"]["fmt"] = "e5m2".into(), "fmt \"e5m2\"");
+        refused(&|v| v["quantization_config"]["scale_fmt"] = "e4m3".into(), "scale_fmt \"e4m3\"");
+        refused(&|v| v["quantization_config"]["weight_block_size"] = 128.into(), "weight_block_size");
+        refused(
+            &|v| {
+                v.as_object_mut().unwrap().remove("quantization_config");
+            },
+            "needs a quantization_config",
+        );
         let mut v = fixture();
         v["layer_types"][1] = "full_attention".into();
         assert!(ModelConfig::from_value(&v).unwrap_err().to_string().contains("full_attention"));
