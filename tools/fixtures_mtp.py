@@ -1,5 +1,6 @@
-"""MTP fixtures: `deepseek_v3_mtp` and `glm4_moe_mtp` are the `deepseek_v3` and
-`glm4_moe` fixture checkpoints (same main weights, same reference.json) plus one
+"""MTP fixtures: `deepseek_v3_mtp`, `glm4_moe_mtp` and `glm_moe_dsa_mtp` are the
+`deepseek_v3`, `glm4_moe` and `glm_moe_dsa` fixture checkpoints (same main weights, same
+reference.json) plus one
 multi-token-prediction layer (`num_nextn_predict_layers: 1`, tensors
 `model.layers.{n}.*` as DeepSeek-V3 and GLM-4.5 ship them) and a torch reference of that
 layer, `mtp_logits.bin`.
@@ -22,10 +23,18 @@ main model's greedy continuations for a few hundred Adam steps reached 1-2% held
 top-1: a random network's next-next token is no pattern to learn.)
 
 deepseek_v3_mtp carries its own `embed_tokens` and `shared_head.head` (as DeepSeek-V3
-does); glm4_moe_mtp leaves both out, so the engine falls back to the model's embedding
-and lm_head.
+does); glm4_moe_mtp and glm_moe_dsa_mtp leave both out, so the engine falls back to the
+model's embedding and lm_head.
 
-    python3 tools/fixtures_mtp.py     # after tools/make_fixtures.py deepseek_v3 glm4_moe
+glm_moe_dsa_mtp (GLM-5's layout: the MTP layer is a DSA decoder layer with its own
+indexer, `model.layers.3.self_attn.indexer.*`): colibri's MTP layer attends densely (the
+drafts are verified by the main model, whose sparse attention decides every token; see
+ModelConfig's `indexer_at`), so its reference is transformers' GlmMoeDsaDecoderLayer with
+the indexer keeping every position (index_topk past the sequence). The main model's
+sequences are longer than its index_topk (6): the sparse path decides the tokens that
+speculation must reproduce.
+
+    python3 tools/fixtures_mtp.py     # after tools/make_fixtures.py deepseek_v3 glm4_moe glm_moe_dsa
 """
 
 from __future__ import annotations
@@ -41,12 +50,26 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer
+from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaDecoderLayer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 CASES = {
     "deepseek_v3": dict(layer=DeepseekV3DecoderLayer, seed=4242, own_head=True),
     "glm4_moe": dict(layer=Glm4MoeDecoderLayer, seed=4343, own_head=False),
+    "glm_moe_dsa": dict(layer=GlmMoeDsaDecoderLayer, seed=4444, own_head=False),
 }
+
+
+def mtp_config(src: Path):
+    """The config the MTP layer (index num_hidden_layers) is built with: a DSA model's
+    per-layer lists get one more entry (a full indexer, a MoE block), and its index_topk
+    covers any sequence (dense attention, as colibri's MTP layer attends)."""
+    cfg = AutoConfig.from_pretrained(src)
+    if cfg.model_type == "glm_moe_dsa":
+        cfg.indexer_types = list(cfg.indexer_types) + ["full"]
+        cfg.mlp_layer_types = list(cfg.mlp_layer_types) + ["sparse"]
+        cfg.index_topk = 1 << 20
+    return cfg
 KEPT = ["generation_config.json", "tokenizer.json", "tokenizer_config.json", "reference.json"]
 
 
@@ -183,7 +206,7 @@ def reference(model, mtp: Mtp, ids: list[int]) -> torch.Tensor:
 def make(name: str) -> None:
     case = CASES[name]
     src, dst = FIXTURES / name, FIXTURES / f"{name}_mtp"
-    cfg = AutoConfig.from_pretrained(src)
+    cfg = mtp_config(src)
     tensors = {}
     for f in sorted(src.glob("*.safetensors")):
         tensors.update(load_file(f))
@@ -192,7 +215,7 @@ def make(name: str) -> None:
     model = load_main(src)
     # Stored as the checkpoint's dtype; the reference runs on the stored values.
     stored = mtp_tensors(cfg, case, dtype)
-    mtp = Mtp(model, AutoConfig.from_pretrained(src), {k: t.float() for k, t in stored.items()}).eval()
+    mtp = Mtp(model, mtp_config(src), {k: t.float() for k, t in stored.items()}).eval()
     logits = reference(model, mtp, ref["ids"])
     if dst.exists():
         shutil.rmtree(dst)
@@ -201,6 +224,7 @@ def make(name: str) -> None:
         shutil.copy(src / f, dst / f)
     c = json.loads((src / "config.json").read_text())
     c["num_nextn_predict_layers"] = 1
+    c.pop("num_mtp_layers", None)  # the DSA fixtures' generator's leftover (0)
     (dst / "config.json").write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
     tensors.update(stored)
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})

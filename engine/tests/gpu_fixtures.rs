@@ -200,6 +200,12 @@ fn deepseek_v3_fp8_gpu_matches_cpu() {
     check("deepseek_v3_fp8", None, 0);
 }
 
+/// FP8 and DSA together (GLM-5-FP8's layout): the indexer's FP8 projections on the GPU.
+#[test]
+fn glm_moe_dsa_fp8_gpu_matches_cpu() {
+    check("glm_moe_dsa_fp8", None, 0);
+}
+
 /// The recurrent state on the GPU follows the CPU's through a multi-token call (which
 /// snapshots), a decode step, truncations that rewind to the snapshot and to the start,
 /// and the refeed that follows: every returned logit the CPU's bits.

@@ -1,5 +1,5 @@
 //! The multi-token-prediction layer against a torch reference (tools/fixtures_mtp.py:
-//! deepseek_v3_mtp, glm4_moe_mtp, qwen3_5_moe_mtp), and speculative decoding with its drafts: greedy and
+//! deepseek_v3_mtp, glm4_moe_mtp, glm_moe_dsa_mtp, qwen3_5_moe_mtp), and speculative decoding with its drafts: greedy and
 //! sampled output equal the output without speculation, token for token.
 
 use std::path::PathBuf;
@@ -91,6 +91,13 @@ fn glm4_moe_mtp_logits_match_torch() {
     check_logits("glm4_moe_mtp");
 }
 
+/// GLM-5's layout: a DSA model (sequences past its index_topk) whose MTP layer carries an
+/// indexer; the layer attends densely, as its reference does.
+#[test]
+fn glm_moe_dsa_mtp_logits_match_torch() {
+    check_logits("glm_moe_dsa_mtp");
+}
+
 /// Qwen3.5's `mtp.*` module (a full-attention layer after a Gated DeltaNet stack).
 #[test]
 fn qwen3_5_moe_mtp_logits_match_torch() {
@@ -116,7 +123,7 @@ fn generate_mtp(model: &Model, prompt: &[u32], opts: &GenerateOptions, k: usize)
 
 #[test]
 fn mtp_speculation_gives_the_output_without_it() {
-    for name in ["deepseek_v3_mtp", "glm4_moe_mtp", "qwen3_5_moe_mtp"] {
+    for name in ["deepseek_v3_mtp", "glm4_moe_mtp", "glm_moe_dsa_mtp", "qwen3_5_moe_mtp"] {
         let dir = fixture_dir(name);
         let model = Model::open_dir(&dir).unwrap();
         let prompt = &reference_ids(&dir)[..8];

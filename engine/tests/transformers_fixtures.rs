@@ -262,3 +262,21 @@ fn deepseek_v4_fp8_matches_transformers() {
     assert_eq!(l.attn.indexer.as_ref().unwrap().q_b.dtype, fp8);
     assert_eq!(model.embed.dtype, DType::BF16);
 }
+
+/// GLM-5's FP8 release layout (tools/fixtures_fp8_dsa.py): DSA past index_topk with FP8
+/// MLA, indexer (`wq_b`, `wk`), dense MLP and experts; the indexer's `weights_proj` and
+/// the router in bf16, as transformers' FP8 integration loads them.
+#[test]
+fn glm_moe_dsa_fp8_matches_transformers() {
+    check("glm_moe_dsa_fp8");
+    let model = Model::open_dir(&fixture_dir("glm_moe_dsa_fp8")).unwrap();
+    let fp8 = colibri_engine::tensor::DType::Fp8 { block: 32 };
+    let colibri_engine::model::AttnWeights::Mla(mla) = &model.layers[2].attn else { panic!("layer 2 is MLA") };
+    let ix = mla.indexer.as_ref().expect("layer 2 runs its indexer");
+    assert_eq!((ix.wq_b.dtype, ix.wk.dtype), (fp8, fp8));
+    assert_eq!(ix.weights_proj.dtype, colibri_engine::tensor::DType::BF16);
+    assert_eq!(mla.kv_b.dtype, fp8);
+    let x = model.experts.expert(1, 5).unwrap();
+    // [64, 16] in blocks of 32 columns: one scale and 16 bytes per row.
+    assert_eq!((x.gate.dtype, x.down.dtype, x.down.byte_len()), (fp8, fp8, 64 * (4 + 16)));
+}

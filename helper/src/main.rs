@@ -82,7 +82,8 @@ enum Command {
     BenchServe(bench_serve::BenchArgs),
     /// Each stored weight format's kernel in GB/s next to the memory read bandwidth.
     BenchKernels(bench_kernels::KernelBenchArgs),
-    /// Write a synthetic OLMoE-shaped checkpoint (HF layout, seeded bf16) for benchmarks.
+    /// Write a synthetic OLMoE- or DeepSeek-V3-shaped checkpoint (HF layout, seeded bf16 or
+    /// block-scaled FP8) for benchmarks.
     Synth(synth::SynthArgs),
     /// Measure how this machine reads a converted model's experts (reader threads,
     /// O_DIRECT) and keep the fastest setting for later runs (the model's tune.json).

@@ -256,3 +256,95 @@ fn bad_fp8_checkpoints_are_one_clear_line_and_write_nothing() {
         let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }
 }
+
+/// One safetensors file's header: name -> (dtype, shape).
+fn header(path: &Path) -> serde_json::Map<String, Value> {
+    let raw = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    serde_json::from_slice(&raw[8..8 + n]).unwrap()
+}
+
+/// `coli bench` JSON of the model at `dir`.
+fn bench(dir: &Path, extra: &[&str]) -> Value {
+    let o = coli()
+        .args(["bench", "--model"])
+        .arg(dir)
+        .args(["--prompt-tokens", "5", "--decode-tokens", "7", "--probe-bytes", "0", "--cache", "warm"])
+        .args(["--readers", "0", "--no-lookahead"])
+        .args(extra)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&ok(o, &format!("bench {extra:?}")).stdout).unwrap()
+}
+
+#[test]
+fn a_synthetic_fp8_deepseek_streams_its_experts_as_fp8() {
+    let d = scratch("synth");
+    let m = d.join("hf");
+    // hidden 256, experts' intermediate 160: blocks of 128 with a partial last one.
+    let (h, i, layers, dense, top_k) = (256usize, 160usize, 3usize, 1usize, 2usize);
+    let shape = ["--layers", "3", "--first-dense", "1", "--experts", "8", "--top-k", "2", "--hidden", "256"];
+    let more =
+        ["--intermediate", "160", "--heads", "2", "--vocab", "512", "--q-lora-rank", "96", "--kv-lora-rank", "64"];
+    let mut synth = coli();
+    synth.arg("synth").arg("-o").arg(&m).args(shape).args(more).args(["--shape", "deepseek-v3", "--fp8"]);
+    ok(synth.output().unwrap(), "synth");
+    let cfg: Value = serde_json::from_slice(&std::fs::read(m.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&cfg["model_type"], &cfg["quantization_config"]["quant_method"]),
+        (&"deepseek_v3".into(), &"fp8".into())
+    );
+    assert_eq!(cfg["quantization_config"]["weight_block_size"], serde_json::json!([128, 128]));
+    // As the releases: linear weights e4m3 with a scale per 128x128 block; router, norms,
+    // embedding and output projection not.
+    let mut t = serde_json::Map::new();
+    for f in std::fs::read_dir(&m).unwrap().map(|e| e.unwrap().path()) {
+        if f.extension().is_some_and(|e| e == "safetensors") {
+            t.extend(header(&f));
+        }
+    }
+    let dt = |n: &str| (t[n]["dtype"].as_str().unwrap().to_string(), t[n]["shape"].clone());
+    let down = "model.layers.2.mlp.experts.5.down_proj.weight";
+    assert_eq!(dt(down), ("F8_E4M3".into(), serde_json::json!([h, i])));
+    assert_eq!(dt(&format!("{down}_scale_inv")), ("F32".into(), serde_json::json!([2, 2])));
+    let kv_b = "model.layers.0.self_attn.kv_b_proj.weight";
+    assert_eq!(dt(&format!("{kv_b}_scale_inv")), ("F32".into(), serde_json::json!([4, 1])), "2 x (128 + 128) rows");
+    assert_eq!(dt("model.layers.1.mlp.gate.weight").0, "BF16");
+    assert_eq!(dt("model.layers.1.mlp.gate.e_score_correction_bias").0, "F32");
+    assert_eq!(dt("lm_head.weight").0, "BF16");
+
+    // One routed expert as the engine streams and caches it: each row's e4m3 bytes and
+    // an f32 scale per 128 columns (1 byte per weight plus scales).
+    let row = |cols: usize| cols + 4 * cols.div_ceil(128);
+    let expert = (2 * i * row(h) + h * row(i)) as f64;
+    assert!(expert < (3 * h * i) as f64 * 1.05, "{expert}: about a byte per weight");
+    // `coli convert` keeps the FP8 experts as they are: the container's expert parts are
+    // those rows, and the model is the same bits as the directory.
+    let c = d.join("kept");
+    ok(coli().arg("convert").arg(&m).arg("-o").arg(&c).output().unwrap(), "convert");
+    let man: Value = serde_json::from_slice(&std::fs::read(c.join("colibri.json")).unwrap()).unwrap();
+    let parts = man["experts"]["layers"][0]["parts"].as_array().unwrap();
+    assert!(parts.iter().all(|p| p["dtype"] == "fp8" && p["group_size"] == 128), "{parts:?}");
+    let held: u64 = parts.iter().map(|p| p["length"].as_u64().unwrap()).sum();
+    assert_eq!(held as f64, expert, "{parts:?}");
+    let moe_layers = layers - dense;
+    // Nothing cached: each decode token reads exactly its top-k experts per MoE layer.
+    let none = bench(&c, &["--ram", "0"]);
+    assert_eq!(none["model"]["model_type"], "deepseek_v3");
+    let per_token = &none["decode"]["per_token"];
+    assert_eq!(per_token["disk_reads"].as_f64().unwrap(), (moe_layers * top_k) as f64, "{per_token}");
+    assert_eq!(none["bytes_read_per_decode_token"].as_f64().unwrap(), (moe_layers * top_k) as f64 * expert, "{none}");
+    // Everything cached: what decode reads is the experts it meets for the first time.
+    let all = bench(&c, &["--ram", "all"]);
+    let dec = &all["decode"];
+    let misses = dec["per_token"]["disk_reads"].as_f64().unwrap() * all["decode_tokens"].as_f64().unwrap();
+    assert_eq!(dec["bytes_read"].as_f64().unwrap(), misses.round() * expert, "{all}");
+    let pre = &all["prefill"];
+    let pre_misses = pre["per_token"]["disk_reads"].as_f64().unwrap() * all["prompt_tokens"].as_f64().unwrap();
+    assert!(pre_misses.round() >= top_k as f64 && pre["bytes_read"].as_f64().unwrap() == pre_misses.round() * expert);
+    assert_eq!(all["model"]["expert_bytes"].as_f64().unwrap(), (moe_layers * 8) as f64 * expert, "{all}");
+    assert_eq!(all["generated_ids"], none["generated_ids"], "the budget changes no token");
+    // The directory itself (its FP8 experts read as they are) decodes the same tokens.
+    assert_eq!(bench(&m, &[])["generated_ids"], none["generated_ids"]);
+    let _ = std::fs::remove_dir_all(&d);
+}

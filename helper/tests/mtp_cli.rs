@@ -1,6 +1,7 @@
 //! `--draft mtp`: speculative decoding with drafts from the model's own multi-token-
-//! prediction layer, on the fixtures with one (tests/fixtures/{deepseek_v3,glm4_moe}_mtp,
-//! tools/fixtures_mtp.py), from the checkpoint and from a converted container (which keeps
+//! prediction layer, on the fixtures with one (tests/fixtures/{deepseek_v3,glm4_moe,
+//! glm_moe_dsa}_mtp, tools/fixtures_mtp.py; glm_moe_dsa_mtp decodes past its index_topk,
+//! so the sparse attention decides the tokens), from the checkpoint and from a converted container (which keeps
 //! the MTP layer, its experts streamed like the others): the ids are the ones without it,
 //! greedy and sampled. A model without an MTP layer is refused in one line.
 
@@ -67,7 +68,7 @@ fn same_ids(model: &Path) -> Vec<Value> {
 
 #[test]
 fn mtp_drafts_change_passes_not_tokens() {
-    for name in ["deepseek_v3_mtp", "glm4_moe_mtp", "qwen3_5_moe_mtp"] {
+    for name in ["deepseek_v3_mtp", "glm4_moe_mtp", "glm_moe_dsa_mtp", "qwen3_5_moe_mtp"] {
         for s in same_ids(&fixture(name)) {
             eprintln!("{name}: {s}");
         }

@@ -3,6 +3,10 @@
 //! benchmark models far larger than the expert-cache budget. Defaults are the shape of
 //! OLMoE-1B-7B (hidden 2048, 16 layers, 64 experts of intermediate 1024, top-8, vocab
 //! 50304: about 13 GB in bf16); `--layers`, `--experts` and friends shrink it.
+//! `--shape deepseek-v3` writes a DeepSeek-V3-shaped one instead (MLA, sigmoid router with
+//! a correction bias, shared experts, dense first layers: synth_deepseek.rs), and `--fp8`
+//! stores the decoder layers' linear weights as the FP8 releases do (e4m3 with a
+//! `weight_scale_inv` per block, `quantization_config.quant_method = "fp8"`).
 //!
 //! Streams row by row: memory stays a few megabytes whatever the model size. Weights are
 //! uniform in ±sqrt(3 / fan_in) (unit-variance outputs for unit-variance inputs), norms
@@ -27,6 +31,10 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::flags::parse_bytes;
+use colibri_engine::tensor::e4m3_from_f32;
+
+#[path = "synth_deepseek.rs"]
+mod deepseek;
 
 #[derive(Args)]
 pub struct SynthArgs {
@@ -73,6 +81,38 @@ pub struct SynthArgs {
     /// text prompts and `coli bench --text` work; --vocab must cover its ids.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// The architecture: OLMoE's, or DeepSeek-V3's (MLA attention with q/k heads of
+    /// 128 + 64 and value heads of 128, a sigmoid router with a correction bias, shared
+    /// experts, `--first-dense` dense layers of 9 x --intermediate).
+    #[arg(long, value_enum, default_value_t = Shape::Olmoe)]
+    pub shape: Shape,
+    /// Store the decoder layers' linear weights (attention, dense MLPs, experts; not the
+    /// router, norms, embedding or output) as block-scaled FP8, as the DeepSeek-V3/Kimi-K2/
+    /// GLM-5 releases do: float8_e4m3fn plus a float32 `<name>_scale_inv` per block.
+    #[arg(long)]
+    pub fp8: bool,
+    /// --fp8: the square block of one scale (the releases' 128).
+    #[arg(long, default_value_t = 128)]
+    pub fp8_block: usize,
+    /// --shape deepseek-v3: the leading dense (non-MoE) layers (`first_k_dense_replace`).
+    #[arg(long, default_value_t = 1)]
+    pub first_dense: usize,
+    /// --shape deepseek-v3: shared experts per MoE layer.
+    #[arg(long, default_value_t = 1)]
+    pub shared_experts: usize,
+    /// --shape deepseek-v3: rank of the query's low-rank projection.
+    #[arg(long, default_value_t = 1536)]
+    pub q_lora_rank: usize,
+    /// --shape deepseek-v3: rank of the key/value latent.
+    #[arg(long, default_value_t = 512)]
+    pub kv_lora_rank: usize,
+}
+
+/// `--shape`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shape {
+    Olmoe,
+    DeepseekV3,
 }
 
 /// `--routing`.
@@ -85,13 +125,45 @@ pub enum Routing {
 /// Coordinates of the control channel of `--routing trained` (see the module docs).
 pub const CTRL: usize = 16;
 
-/// One tensor to write: name, shape, the bound of its uniform values (0: all ones), and
-/// how `--routing trained` changes it.
+/// One tensor to write: name, shape, the bound of its uniform values (0: all ones), how
+/// `--routing trained` changes it, and how it is stored.
 struct Spec {
     name: String,
     shape: Vec<usize>,
     bound: f32,
     fill: Fill,
+    dtype: Dt,
+}
+
+/// How a tensor is stored.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Dt {
+    Bf16,
+    F32,
+    /// float8_e4m3fn bytes: e4m3(u * 448) for the uniform u in [-1, 1) (the weight's
+    /// value is that times its block's scale).
+    Fp8,
+    /// The f32 block scales of an Fp8 weight whose values are bounded by the spec's
+    /// `bound`: bound * (1 + u / 4) / 448 per block, so the blocks' ranges differ.
+    Fp8Scale,
+}
+
+impl Dt {
+    fn size(self) -> u64 {
+        match self {
+            Dt::Bf16 => 2,
+            Dt::F32 | Dt::Fp8Scale => 4,
+            Dt::Fp8 => 1,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Dt::Bf16 => "BF16",
+            Dt::F32 | Dt::Fp8Scale => "F32",
+            Dt::Fp8 => "F8_E4M3",
+        }
+    }
 }
 
 /// What `--routing trained` does to a tensor's values.
@@ -111,11 +183,62 @@ enum Fill {
 
 impl Spec {
     fn bytes(&self) -> u64 {
-        self.shape.iter().product::<usize>() as u64 * 2
+        self.shape.iter().product::<usize>() as u64 * self.dtype.size()
     }
 }
 
+/// The tensors of the model `a` describes, FP8 where `--fp8` puts them.
 fn specs(a: &SynthArgs) -> Vec<Spec> {
+    let all = match a.shape {
+        Shape::Olmoe => specs_olmoe(a),
+        Shape::DeepseekV3 => deepseek::specs(a),
+    };
+    if a.fp8 {
+        fp8_specs(all, a.fp8_block)
+    } else {
+        all
+    }
+}
+
+/// Whether `--fp8` stores this tensor as FP8: the 2-D weights of the decoder layers
+/// except the router (the releases keep it, the norms, the embedding and the output
+/// projection in bf16).
+fn is_fp8(s: &Spec) -> bool {
+    s.dtype == Dt::Bf16
+        && s.shape.len() == 2
+        && s.name.starts_with("model.layers.")
+        && !s.name.ends_with(".mlp.gate.weight")
+}
+
+/// `all` with each FP8 weight stored as e4m3 and followed by its `_scale_inv`
+/// `[ceil(rows / block), ceil(cols / block)]`.
+fn fp8_specs(all: Vec<Spec>, block: usize) -> Vec<Spec> {
+    let mut out = Vec::with_capacity(all.len() * 2);
+    for s in all {
+        if !is_fp8(&s) {
+            out.push(s);
+            continue;
+        }
+        let scale = Spec {
+            name: format!("{}_scale_inv", s.name),
+            shape: vec![s.shape[0].div_ceil(block), s.shape[1].div_ceil(block)],
+            bound: s.bound,
+            fill: Fill::Plain,
+            dtype: Dt::Fp8Scale,
+        };
+        out.push(Spec { dtype: Dt::Fp8, ..s });
+        out.push(scale);
+    }
+    out
+}
+
+/// The `quantization_config` of `--fp8`.
+fn quantization_config(a: &SynthArgs) -> Value {
+    json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "weight_block_size": [a.fp8_block, a.fp8_block]})
+}
+
+fn specs_olmoe(a: &SynthArgs) -> Vec<Spec> {
     let (h, i, ne, v) = (a.hidden, a.intermediate, a.experts, a.vocab);
     let trained = a.routing == Routing::Trained;
     let f = |fill: Fill| if trained { fill } else { Fill::Plain };
@@ -124,10 +247,16 @@ fn specs(a: &SynthArgs) -> Vec<Spec> {
         shape: vec![rows, cols],
         bound: (3.0 / cols as f32).sqrt(),
         fill: f(fill),
+        dtype: Dt::Bf16,
     };
-    let ones = |name: String, n: usize| Spec { name, shape: vec![n], bound: 0.0, fill: Fill::Plain };
-    let mut out =
-        vec![Spec { name: "model.embed_tokens.weight".into(), shape: vec![v, h], bound: 1.0, fill: f(Fill::Embed) }];
+    let ones = |name: String, n: usize| Spec { name, shape: vec![n], bound: 0.0, fill: Fill::Plain, dtype: Dt::Bf16 };
+    let mut out = vec![Spec {
+        name: "model.embed_tokens.weight".into(),
+        shape: vec![v, h],
+        bound: 1.0,
+        fill: f(Fill::Embed),
+        dtype: Dt::Bf16,
+    }];
     for l in 0..a.layers {
         let p = format!("model.layers.{l}");
         out.push(ones(format!("{p}.input_layernorm.weight"), h));
@@ -151,6 +280,17 @@ fn specs(a: &SynthArgs) -> Vec<Spec> {
 }
 
 fn config(a: &SynthArgs) -> Value {
+    let mut c = match a.shape {
+        Shape::Olmoe => config_olmoe(a),
+        Shape::DeepseekV3 => deepseek::config(a),
+    };
+    if a.fp8 {
+        c["quantization_config"] = quantization_config(a);
+    }
+    c
+}
+
+fn config_olmoe(a: &SynthArgs) -> Value {
     json!({
         "architectures": ["OlmoeForCausalLM"],
         "model_type": "olmoe",
@@ -278,7 +418,8 @@ fn write_tensor(
 ) -> std::io::Result<()> {
     let cols = *s.shape.last().unwrap_or(&1);
     let rows = s.shape.iter().product::<usize>() / cols.max(1);
-    let mut row = vec![0u8; cols * 2];
+    let size = s.dtype.size() as usize;
+    let mut row = vec![0u8; cols * size];
     let mut vals = vec![0f32; cols];
     let mut rng = Rng(seed_of(seed, &s.name));
     for r in 0..rows {
@@ -286,7 +427,13 @@ fn write_tensor(
             let bits = rng.next();
             for (k, v) in chunk.iter_mut().enumerate() {
                 // 16 random bits -> uniform in [-bound, bound); bound 0 means a norm of ones.
-                *v = if s.bound == 0.0 { 1.0 } else { unit(bits >> (16 * k)) * s.bound };
+                let u = unit(bits >> (16 * k));
+                *v = match s.dtype {
+                    Dt::Fp8 => u * 448.0,
+                    Dt::Fp8Scale => s.bound * (1.0 + u / 4.0) / 448.0,
+                    _ if s.bound == 0.0 => 1.0,
+                    _ => u * s.bound,
+                };
             }
         }
         let ctrl = CTRL.min(cols);
@@ -313,8 +460,12 @@ fn write_tensor(
                 }
             }
         }
-        for (b, v) in row.chunks_exact_mut(2).zip(&vals) {
-            b.copy_from_slice(&bf16_bits(*v).to_le_bytes());
+        for (b, v) in row.chunks_exact_mut(size).zip(&vals) {
+            match s.dtype {
+                Dt::Bf16 => b.copy_from_slice(&bf16_bits(*v).to_le_bytes()),
+                Dt::F32 | Dt::Fp8Scale => b.copy_from_slice(&v.to_le_bytes()),
+                Dt::Fp8 => b[0] = e4m3_from_f32(*v),
+            }
         }
         out.write_all(&row)?;
     }
@@ -328,10 +479,16 @@ pub fn run(a: SynthArgs) -> Result<()> {
         || a.top_k > a.experts
         || a.hidden == 0
         || a.heads == 0
-        || !a.hidden.is_multiple_of(a.heads)
+        || (a.shape == Shape::Olmoe && !a.hidden.is_multiple_of(a.heads))
         || (a.routing == Routing::Trained && a.hidden < 4 * CTRL)
     {
         anyhow::bail!("bad shape: need layers, experts, hidden, heads > 0, top_k <= experts, heads dividing hidden (and hidden >= 64 with --routing trained)");
+    }
+    if a.fp8 && a.fp8_block == 0 {
+        anyhow::bail!("--fp8-block must be positive");
+    }
+    if a.shape == Shape::DeepseekV3 {
+        deepseek::check(&a)?;
     }
     if a.out.join("config.json").exists() {
         anyhow::bail!("{}: already holds a model", a.out.display());
@@ -365,7 +522,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
         for s in shard {
             header.insert(
                 s.name.clone(),
-                json!({"dtype": "BF16", "shape": s.shape, "data_offsets": [off, off + s.bytes()]}),
+                json!({"dtype": s.dtype.name(), "shape": s.shape, "data_offsets": [off, off + s.bytes()]}),
             );
             off += s.bytes();
             weight_map.insert(s.name.clone(), json!(file));
