@@ -343,20 +343,24 @@ impl TensorStore {
     /// of `dir`'s config.json, where the store holds any.
     #[cfg(not(target_arch = "wasm32"))]
     fn pair_fp8(&mut self, dir: &std::path::Path) -> Result<()> {
-        if !fp8::has_pairs(self) {
+        if !fp8::has_pairs(self, true) {
             return Ok(());
         }
         let path = dir.join("config.json");
-        let block = match crate::fsio::read_limited(&path, crate::fsio::MAX_JSON_BYTES) {
+        let (block, fp4) = match crate::fsio::read_limited(&path, crate::fsio::MAX_JSON_BYTES) {
             Ok(b) => {
                 let v: serde_json::Value =
                     serde_json::from_slice(&b).map_err(|e| Error::Json { path: path.clone(), json: e })?;
-                fp8::block_size(&v).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
+                let block = fp8::block_size(&v).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+                (block, fp8::fp4_experts(&v))
             }
-            Err(_) => None,
+            Err(_) => (None, false),
         };
+        if !fp8::has_pairs(self, fp4) {
+            return Ok(());
+        }
         let fallback = self.shards.clone().map(|s| s as std::sync::Arc<dyn MatReader>);
-        fp8::pair(self, block, fallback)?;
+        fp8::pair(self, block, fp4, fallback)?;
         Ok(())
     }
 

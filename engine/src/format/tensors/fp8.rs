@@ -215,13 +215,23 @@ pub fn is_packed_fp4(name: &str, dtype: DType) -> bool {
     dtype == DType::U8 && name.contains(".experts.") && name.ends_with(".weight")
 }
 
-/// Whether `store` holds any tensor [`pair`] pairs (e4m3, or packed FP4 experts).
-pub fn has_pairs(store: &TensorStore) -> bool {
-    store.names().any(|n| store.get(n).is_ok_and(|t| t.dtype == DType::F8E4M3 || is_packed_fp4(n, t.dtype)))
+/// Whether `store` holds any tensor [`pair`] pairs (e4m3, or with `fp4` packed FP4 experts).
+pub fn has_pairs(store: &TensorStore, fp4: bool) -> bool {
+    store.names().any(|n| store.get(n).is_ok_and(|t| t.dtype == DType::F8E4M3 || (fp4 && is_packed_fp4(n, t.dtype))))
+}
+
+/// Whether config.json `v` declares packed FP4 routed experts (DeepSeek-V4's release:
+/// `expert_dtype` "fp4" at the top level or in its quantization_config). Only then are
+/// byte-typed expert weights read as FP4: in any other checkpoint they are not experts'
+/// FP4 pairs (and an unused one stays unused).
+pub fn fp4_experts(v: &Value) -> bool {
+    let q = v.get("quantization_config");
+    [v.get("expert_dtype"), q.and_then(|q| q.get("expert_dtype"))].into_iter().flatten().any(|d| d == "fp4")
 }
 
 /// Pairs every `float8_e4m3fn` tensor of `store` with its scale (`_scale_inv` or `.scale`)
-/// and every packed FP4 expert weight ([`is_packed_fp4`]) with its e8m0 scales: each pair
+/// and, with `fp4` ([`fp4_experts`]), every packed FP4 expert weight ([`is_packed_fp4`])
+/// with its e8m0 scales: each pair
 /// becomes one [`DType::Fp8`] (FP4: [`DType::Mxfp4`]) placeholder read through the returned
 /// table (the store's [`TensorStore::reader`] from then on), the scale tensor is dropped.
 /// `block` is the config's `weight_block_size` ([`block_size`]; FP4 experts do not use it);
@@ -231,13 +241,14 @@ pub fn has_pairs(store: &TensorStore) -> bool {
 pub fn pair(
     store: &mut TensorStore,
     block: Option<[usize; 2]>,
+    fp4: bool,
     fallback: Option<Arc<dyn MatReader>>,
 ) -> Result<Option<Arc<Fp8Table>>> {
     let mut names: Vec<(String, bool)> = store
         .names()
         .filter_map(|n| {
             let t = store.get(n).ok()?;
-            match (t.dtype == DType::F8E4M3, is_packed_fp4(n, t.dtype)) {
+            match (t.dtype == DType::F8E4M3, fp4 && is_packed_fp4(n, t.dtype)) {
                 (true, _) => Some((n.clone(), false)),
                 (_, true) => Some((n.clone(), true)),
                 _ => None,

@@ -42,7 +42,7 @@ fn store(scale_shape: Vec<usize>, with_scale: bool) -> TensorStore {
 #[test]
 fn pairs_read_as_e4m3_times_their_block_scale() {
     let mut s = store(vec![3, 3], true);
-    let table = pair(&mut s, Some([2, 16]), None).unwrap().unwrap();
+    let table = pair(&mut s, Some([2, 16]), true, None).unwrap().unwrap();
     assert!(!s.contains("model.layers.0.mlp.down_proj.weight_scale_inv"), "the scale is folded into the rows");
     let t = s.get("model.layers.0.mlp.down_proj.weight").unwrap().clone();
     assert_eq!((t.dtype, t.shape.clone()), (DType::Fp8 { block: 16 }, vec![5, 40]));
@@ -76,21 +76,21 @@ fn pairs_read_as_e4m3_times_their_block_scale() {
 
 #[test]
 fn bad_pairs_are_one_clear_error_naming_the_tensor() {
-    let e = pair(&mut store(vec![3, 3], false), Some([2, 16]), None).err().unwrap().to_string();
+    let e = pair(&mut store(vec![3, 3], false), Some([2, 16]), true, None).err().unwrap().to_string();
     assert!(e.contains("down_proj.weight_scale_inv is missing"), "{e}");
-    let e = pair(&mut store(vec![3, 2], true), Some([2, 16]), None).err().unwrap().to_string();
+    let e = pair(&mut store(vec![3, 2], true), Some([2, 16]), true, None).err().unwrap().to_string();
     assert!(e.contains("down_proj.weight_scale_inv has shape [3, 2]") && e.contains("needs [3, 3]"), "{e}");
-    let e = pair(&mut store(vec![3, 3], true), None, None).err().unwrap().to_string();
+    let e = pair(&mut store(vec![3, 3], true), None, true, None).err().unwrap().to_string();
     assert!(e.contains("down_proj.weight is float8_e4m3fn") && e.contains("weight_block_size"), "{e}");
     let mut plain = TensorStore::default();
     plain.add_file("x", Bytes::from_vec(file(&[("a.weight_scale_inv", "F32", vec![1], vec![0; 4])]))).unwrap();
-    assert!(pair(&mut plain, Some([2, 2]), None).unwrap().is_none(), "nothing to pair without e4m3 tensors");
+    assert!(pair(&mut plain, Some([2, 2]), true, None).unwrap().is_none(), "nothing to pair without e4m3 tensors");
     let mut orphan = store(vec![3, 3], true);
     orphan.insert(
         "x.weight_scale_inv".into(),
         TensorEntry { dtype: DType::F32, shape: vec![1], bytes: Bytes::from_vec(vec![0; 4]) },
     );
-    let e = pair(&mut orphan, Some([2, 16]), None).err().unwrap().to_string();
+    let e = pair(&mut orphan, Some([2, 16]), true, None).err().unwrap().to_string();
     assert!(e.contains("x.weight_scale_inv") && e.contains("not float8_e4m3fn"), "{e}");
 }
 
@@ -139,7 +139,7 @@ fn ue8m0_scales_are_exact_powers_of_two() {
         s
     };
     let mut s = mk(scales.clone());
-    let table = pair(&mut s, Some([2, 16]), None).unwrap().unwrap();
+    let table = pair(&mut s, Some([2, 16]), true, None).unwrap().unwrap();
     let t = s.get("model.layers.0.attn.wq_a.weight").unwrap().clone();
     let got = table.read_mat(&Mat::new(5, 40, t.dtype, t.bytes.clone()).unwrap()).unwrap().to_f32();
     for r in 0..5 {
@@ -151,7 +151,7 @@ fn ue8m0_scales_are_exact_powers_of_two() {
         }
     }
     let mut bad = mk(vec![127, 255, 127, 127, 127, 127, 127, 127, 127]);
-    let table = pair(&mut bad, Some([2, 16]), None).unwrap().unwrap();
+    let table = pair(&mut bad, Some([2, 16]), true, None).unwrap().unwrap();
     let t = bad.get("model.layers.0.attn.wq_a.weight").unwrap().clone();
     let e = table.read_mat(&Mat::new(5, 40, t.dtype, t.bytes).unwrap()).err().unwrap().to_string();
     assert!(e.contains("wq_a.weight_scale_inv") && e.contains("255") && !e.contains('\n'), "{e}");
@@ -187,7 +187,7 @@ fn v4_store(packed_dtype: &str, scale_dtype: &str, scale_shape: Option<Vec<usize
 fn v4_fp4_experts_read_as_mxfp4_rows_and_dot_scale_pairs() {
     for packed_dtype in ["I8", "F4"] {
         let mut s = v4_store(packed_dtype, "F8_E8M0", Some(vec![3, 2]));
-        let table = pair(&mut s, Some([16, 32]), None).unwrap().unwrap();
+        let table = pair(&mut s, Some([16, 32]), true, None).unwrap().unwrap();
         assert!(!s.contains("layers.0.ffn.experts.1.w1.scale") && !s.contains("layers.0.attn.wq_a.scale"));
         let t = s.get(W1).unwrap().clone();
         assert_eq!((t.dtype, t.shape.clone()), (DType::Mxfp4, vec![3, 64]));
@@ -223,15 +223,15 @@ fn v4_bad_fp4_experts_are_one_clear_error() {
         (v4_store("I8", "F32", Some(vec![3, 2])), "w1.scale: scales must be e8m0".into()),
     ] {
         let mut store = store;
-        let e = pair(&mut store, Some([16, 32]), None).err().expect("refused").to_string();
+        let e = pair(&mut store, Some([16, 32]), true, None).err().expect("refused").to_string();
         assert!(e.contains(says.as_str()) && !e.contains('\n'), "{says}: {e}");
     }
-    let e = pair(&mut v4_store("I8", "F8_E8M0", None), Some([16, 32]), None).err().unwrap().to_string();
+    let e = pair(&mut v4_store("I8", "F8_E8M0", None), Some([16, 32]), true, None).err().unwrap().to_string();
     assert!(e.contains("w1.scale or layers.0.ffn.experts.1.w1.weight_scale_inv is missing"), "{e}");
     let mut narrow = TensorStore::default();
     let t = [(W1, "I8", vec![2, 8], vec![0u8; 16]), ("layers.0.ffn.experts.1.w1.scale", "U8", vec![2, 0], vec![])];
     narrow.add_file("x", Bytes::from_vec(file(&t))).unwrap();
-    let e = pair(&mut narrow, None, None).err().unwrap().to_string();
+    let e = pair(&mut narrow, None, true, None).err().unwrap().to_string();
     assert!(e.contains(W1) && e.contains("16 values are not whole blocks of 32"), "{e}");
     // A `.scale` beside a weight that is neither e4m3 nor packed FP4 is named too.
     let mut stray = v4_store("I8", "F8_E8M0", Some(vec![3, 2]));
@@ -241,10 +241,27 @@ fn v4_bad_fp4_experts_are_one_clear_error() {
     );
     stray
         .insert("norm.scale".into(), TensorEntry { dtype: DType::U8, shape: vec![1], bytes: Bytes::from_vec(vec![0]) });
-    let e = pair(&mut stray, Some([16, 32]), None).err().unwrap().to_string();
+    let e = pair(&mut stray, Some([16, 32]), true, None).err().unwrap().to_string();
     assert!(e.contains("tensor norm.scale: a scale for norm.weight"), "{e}");
     // An integer tensor elsewhere is still refused by its dtype.
     let mut other = TensorStore::default();
     let e = other.add_file("x", Bytes::from_vec(file(&[("layers.0.attn.x.weight", "I8", vec![1], vec![0])])));
     assert!(e.unwrap_err().to_string().contains("I8"));
+}
+
+/// Byte-typed expert weights are FP4 only where config.json says so (`expert_dtype`
+/// "fp4"): in any other checkpoint an unused U8 expert tensor stays an unused U8 tensor
+/// (a qwen3_moe file with one stopped loading: helper/tests/private_files.rs).
+#[test]
+fn byte_experts_are_fp4_only_where_the_config_says_so() {
+    let t = [(W1, "U8", vec![3, 32], vec![7u8; 96])];
+    let mut s = TensorStore::default();
+    s.add_file("x", Bytes::from_vec(file(&t))).unwrap();
+    assert!(pair(&mut s, None, false, None).unwrap().is_none());
+    assert_eq!(s.get(W1).unwrap().dtype, DType::U8);
+    assert!(pair(&mut s, None, true, None).err().unwrap().to_string().contains("is packed FP4"));
+    assert!(fp4_experts(&serde_json::json!({"expert_dtype": "fp4"})));
+    assert!(fp4_experts(&serde_json::json!({"quantization_config": {"expert_dtype": "fp4"}})));
+    assert!(!fp4_experts(&serde_json::json!({"expert_dtype": "fp8"})));
+    assert!(!fp4_experts(&serde_json::json!({"model_type": "qwen3_moe"})));
 }
