@@ -209,6 +209,29 @@ def build(seed: int):
     return cfg, stored, n_sub, src_ref, ids, logits, prompt, new_ids, gaps, tf_gaps
 
 
+def write_checkpoint(out, src, stored, cfg, architecture, logits) -> None:
+    """Writes an FP8 release-layout fixture to `out` (emptied first): the tensors, config.json
+    with the releases' quantization_config, the tokenizer files of fixture `src`, and the
+    reference logits."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    save_file(stored, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    config = cfg.to_dict()
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "weight_block_size": BLOCK,
+        "activation_scheme": "dynamic",
+    }
+    config["dtype"] = "bfloat16"
+    config["architectures"] = [architecture]
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(os.path.join(src, name), os.path.join(out, name))
+    logits.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
+
+
 def main() -> None:
     # The first seed from SEED whose greedy continuation has no near-tie (a tie would make
     # the token test a coin toss between equally right answers).
@@ -219,23 +242,7 @@ def main() -> None:
     else:
         raise SystemExit(f"no seed in {SEED}..{SEED + 100} gives greedy gaps >= {MIN_GAP}")
 
-    shutil.rmtree(OUT, ignore_errors=True)
-    os.makedirs(OUT)
-    save_file(stored, os.path.join(OUT, "model.safetensors"), metadata={"format": "pt"})
-    config = cfg.to_dict()
-    config["quantization_config"] = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "weight_block_size": BLOCK,
-        "activation_scheme": "dynamic",
-    }
-    config["dtype"] = "bfloat16"
-    config["architectures"] = ["DeepseekV3ForCausalLM"]
-    with open(os.path.join(OUT, "config.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(os.path.join(SRC, name), os.path.join(OUT, name))
-    logits.numpy().astype("<f4").tofile(os.path.join(OUT, "logits.bin"))
+    write_checkpoint(OUT, SRC, stored, cfg, "DeepseekV3ForCausalLM", logits)
     ref = {
         "model_type": "deepseek_v3",
         "dtype_on_disk": "float8_e4m3fn (block-scaled) + bfloat16",

@@ -32,15 +32,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 
 import torch
 import transformers
-from safetensors.torch import save_file
 from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
 import fixtures_dsa
-from fixtures_fp8 import BLOCK, dequantize, quantize
+from fixtures_fp8 import BLOCK, dequantize, quantize, write_checkpoint
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SRC = os.path.join(ROOT, "tests/fixtures/glm_moe_dsa")  # tokenizer files and cases
@@ -166,23 +164,7 @@ def main() -> None:
     else:
         raise SystemExit(f"no seed in {SEED}..{SEED + 100} is clear of near-ties")
 
-    shutil.rmtree(OUT, ignore_errors=True)
-    os.makedirs(OUT)
-    save_file(stored, os.path.join(OUT, "model.safetensors"), metadata={"format": "pt"})
-    config = cfg.to_dict()
-    config["quantization_config"] = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "weight_block_size": BLOCK,
-        "activation_scheme": "dynamic",
-    }
-    config["dtype"] = "bfloat16"
-    config["architectures"] = ["GlmMoeDsaForCausalLM"]
-    with open(os.path.join(OUT, "config.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(os.path.join(SRC, name), os.path.join(OUT, name))
-    logits.numpy().astype("<f4").tofile(os.path.join(OUT, "logits.bin"))
+    write_checkpoint(OUT, SRC, stored, cfg, "GlmMoeDsaForCausalLM", logits)
     n_fp8 = sum(1 for q in stored.values() if q.dtype == torch.float8_e4m3fn)
     ref = {
         "model_type": "glm_moe_dsa",

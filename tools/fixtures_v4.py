@@ -254,6 +254,37 @@ def evaluate(model, cfg, ids, prompt, bad_ids):
     return res, reasons
 
 
+def make_reference(name, dtype_on_disk, vocab, ids, prompt, res, ref0, seed, tok_vocab) -> dict:
+    """reference.json of a V4 fixture: the logits and greedy run of `res` (evaluate's
+    result), the tokenizer and chat checks of `ref0`, and the seed's diagnostics."""
+    return {
+        "model_type": name,
+        "dtype_on_disk": dtype_on_disk,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "vocab_size": vocab,
+        "ids": ids,
+        "logits_file": "logits.bin",
+        "logits_std": res["std"],
+        "greedy": {
+            "prompt_ids": prompt,
+            "new_ids": res["new_ids"],
+            "min_top2_gap": res["min_gap"],
+            "logits_file": "decode_logits.bin",
+        },
+        "tokenizer": ref0["tokenizer"],
+        "chat": ref0["chat"],
+        "diagnostics": {
+            "seed": seed,
+            "router_min_selection_score_gap": res["router_gap"],
+            "indexer_min_selection_gap": res["select_gap"],
+            "hf_cached_vs_uncached_max_abs_logit_diff": res["cache_diff"],
+            "tokenizer_vocab_size": tok_vocab,
+            "python_version": platform.python_version(),
+        },
+    }
+
+
 def main() -> int:
     src = FIXTURES / TOKENIZER_FROM
     ref0 = json.loads((src / "reference.json").read_text())
@@ -292,32 +323,7 @@ def main() -> int:
         shutil.copy(src / f, out_dir / f)
     (out_dir / "logits.bin").write_bytes(res["logits"].contiguous().numpy().astype("<f4").tobytes())
     (out_dir / "decode_logits.bin").write_bytes(res["decode"].contiguous().numpy().astype("<f4").tobytes())
-    reference = {
-        "model_type": NAME,
-        "dtype_on_disk": "bfloat16",
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "vocab_size": vocab,
-        "ids": ids,
-        "logits_file": "logits.bin",
-        "logits_std": res["std"],
-        "greedy": {
-            "prompt_ids": prompt,
-            "new_ids": res["new_ids"],
-            "min_top2_gap": res["min_gap"],
-            "logits_file": "decode_logits.bin",
-        },
-        "tokenizer": ref0["tokenizer"],
-        "chat": ref0["chat"],
-        "diagnostics": {
-            "seed": seed,
-            "router_min_selection_score_gap": res["router_gap"],
-            "indexer_min_selection_gap": res["select_gap"],
-            "hf_cached_vs_uncached_max_abs_logit_diff": res["cache_diff"],
-            "tokenizer_vocab_size": tok_vocab,
-            "python_version": platform.python_version(),
-        },
-    }
+    reference = make_reference(NAME, "bfloat16", vocab, ids, prompt, res, ref0, seed, tok_vocab)
     (out_dir / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
     for p in sorted(out_dir.iterdir()):
         print(f"  {p.name}: {p.stat().st_size} bytes")

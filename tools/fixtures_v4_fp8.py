@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import shutil
 import sys
 import tempfile
@@ -218,32 +217,8 @@ def main() -> int:
         shutil.copy(src / f, out_dir / f)
     (out_dir / "logits.bin").write_bytes(res["logits"].contiguous().numpy().astype("<f4").tobytes())
     (out_dir / "decode_logits.bin").write_bytes(res["decode"].contiguous().numpy().astype("<f4").tobytes())
-    reference = {
-        "model_type": "deepseek_v4",
-        "dtype_on_disk": "release layout: FP4 (e2m1) routed experts, FP8 (e4m3) dense weights, ue8m0 scales",
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "vocab_size": vocab,
-        "ids": ids,
-        "logits_file": "logits.bin",
-        "logits_std": res["std"],
-        "greedy": {
-            "prompt_ids": prompt,
-            "new_ids": res["new_ids"],
-            "min_top2_gap": res["min_gap"],
-            "logits_file": "decode_logits.bin",
-        },
-        "tokenizer": ref0["tokenizer"],
-        "chat": ref0["chat"],
-        "diagnostics": {
-            "seed": seed,
-            "router_min_selection_score_gap": res["router_gap"],
-            "indexer_min_selection_gap": res["select_gap"],
-            "hf_cached_vs_uncached_max_abs_logit_diff": res["cache_diff"],
-            "tokenizer_vocab_size": tok_vocab,
-            "python_version": platform.python_version(),
-        },
-    }
+    layout = "release layout: FP4 (e2m1) routed experts, FP8 (e4m3) dense weights, ue8m0 scales"
+    reference = v4.make_reference("deepseek_v4", layout, vocab, ids, prompt, res, ref0, seed, tok_vocab)
     (out_dir / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
     # transformers itself reads the committed release layout (its conversion mapping, the
     # FP8 quantizer's `.scale` renaming, FP8Experts' FP4 layout, dequantized on load) to the
