@@ -31,20 +31,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== style: cargo fmt --check, cargo clippy -D warnings"
+# Each step's wall time, printed at the end (also when a step fails), so a slow CI run says
+# where its time went (CI keeps the log of a failed run).
+STEP_NAME="" STEP_START=$SECONDS STEP_TIMES=()
+step() {
+  if [ -n "$STEP_NAME" ]; then STEP_TIMES+=("$(printf '%5d s  %s' $((SECONDS - STEP_START)) "$STEP_NAME")"); fi
+  STEP_NAME=$1 STEP_START=$SECONDS
+  echo "== $1"
+}
+step_times() {
+  local rc=$?
+  step "end"
+  echo "== step times (total ${SECONDS} s, exit $rc)"
+  printf '%s\n' "${STEP_TIMES[@]}"
+}
+trap step_times EXIT
+
+step "style: cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The browser engine as the browser gets it (wasm32: other cfgs, other code paths).
 cargo clippy -p colibri-wasm --target wasm32-unknown-unknown --all-targets --locked -- -D warnings
 
-echo "== browser engine (wasm32)"
+step "browser engine (wasm32)"
 ./tools/build-web.sh
 
 # NODEVICE_SELECT: Mesa's device-select layer warns about XDG_RUNTIME_DIR without a display.
 export COLIBRI_REQUIRE_GPU=1 NODEVICE_SELECT=1
-echo "== cargo tests: the engine with its wgpu feature (GPU kernels and fixtures on wgpu)"
+step "cargo tests: the engine with its wgpu feature (GPU kernels and fixtures on wgpu)"
 cargo test -p colibri-engine --features wgpu --locked
-echo "== cargo tests: helper and wasm crates (the helper's --backend wgpu included)"
+step "cargo tests: helper and wasm crates (the helper's --backend wgpu included)"
 cargo test --workspace --exclude colibri-engine --locked
 
 # The aarch64 NEON kernels, without an ARM machine: the engine's kernel tests cross-built
@@ -53,21 +69,21 @@ cargo test --workspace --exclude colibri-engine --locked
 # rust target aarch64-unknown-linux-gnu, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and
 # qemu-user (.ci/run installs them).
 if [ "${AARCH64:-1}" != 0 ]; then
-  echo "== aarch64: NEON kernel tests under qemu-aarch64, clippy"
+  step "aarch64: NEON kernel tests under qemu-aarch64, clippy"
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max"
   cargo clippy -p colibri-engine --all-targets --target aarch64-unknown-linux-gnu --locked -- -D warnings
   cargo test -p colibri-engine --lib --target aarch64-unknown-linux-gnu --locked -- qdot kernels
 else
-  echo "== aarch64: left out (AARCH64=0)"
+  step "aarch64: left out (AARCH64=0)"
 fi
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 if [ "$FUZZ_SECONDS" != 0 ]; then
-  echo "== fuzz: every target for ${FUZZ_SECONDS} s (tools/fuzz.sh)"
+  step "fuzz: every target for ${FUZZ_SECONDS} s (tools/fuzz.sh)"
   SECONDS_PER_TARGET=$FUZZ_SECONDS FUZZ_SEED=${FUZZ_SEED:-1} ./tools/fuzz.sh
 else
-  echo "== fuzz: left out (FUZZ_SECONDS=0)"
+  step "fuzz: left out (FUZZ_SECONDS=0)"
 fi
 
 # The release archive (docs/release.md): tools/release.sh builds coli in the release profile
@@ -75,7 +91,7 @@ fi
 # tools/test_release.sh unpacks it into an empty directory and runs it with an empty HOME
 # and no Rust toolchain on PATH (serve, page, demo answer). RELEASE_TEST=0 leaves it out.
 if [ "${RELEASE_TEST:-1}" != 0 ]; then
-  echo "== release archive: tools/release.sh, then tools/test_release.sh"
+  step "release archive: tools/release.sh, then tools/test_release.sh"
   # Without the threaded engine build (COLIBRI_WEB_THREADS=0), an archive without it.
   partial=()
   if [ "${COLIBRI_WEB_THREADS:-1}" = 0 ]; then partial=(--allow-partial-web); export ALLOW_PARTIAL_WEB=1; fi
@@ -86,7 +102,7 @@ if [ "${RELEASE_TEST:-1}" != 0 ]; then
   # archive, run, and its helper must answer /health from inside. This machine and CI have
   # the client at most, no daemon: the step then says it is left out (docs/release.md).
   if docker info >/dev/null 2>&1; then
-    echo "== container image: docker build, run, /health"
+    step "container image: docker build, run, /health"
     ctx=$(mktemp -d)
     mkdir "$ctx/dist"
     cp Dockerfile "$ctx/"
@@ -102,10 +118,10 @@ if [ "${RELEASE_TEST:-1}" != 0 ]; then
     rm -rf "$ctx"
     [ "$ok" = 1 ] || { echo "the container's helper never answered /health"; exit 1; }
   else
-    echo "== container image: left out (no container runtime answers \`docker info\`)"
+    step "container image: left out (no container runtime answers \`docker info\`)"
   fi
 else
-  echo "== release archive: left out (RELEASE_TEST=0)"
+  step "release archive: left out (RELEASE_TEST=0)"
 fi
 
 # The kernel guard: every stored weight format's one-position matrix kernel must reach at
@@ -120,14 +136,14 @@ fi
 # default yet: on a 2-core AMD EPYC (AVX2, 8 MiB L3) under load the integer formats read
 # 37-48% of f32's bytes/s (docs/benchmarks.md "Kernel guard"). KERNEL_GUARD=1 runs it.
 if [ "${KERNEL_GUARD:-0}" = 1 ]; then
-  echo "== kernel guard: coli bench-kernels --check (release build)"
+  step "kernel guard: coli bench-kernels --check (release build)"
   cargo build --release -p colibri-helper --locked
   "${CARGO_TARGET_DIR:-$PWD/target}/release/coli" bench-kernels --check
 else
-  echo "== kernel guard: left out (KERNEL_GUARD=1 runs it)"
+  step "kernel guard: left out (KERNEL_GUARD=1 runs it)"
 fi
 
-echo "== browser end-to-end tests"
+step "browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then
   (cd tests/e2e && npm ci --no-audit --no-fund)
 fi
