@@ -3,7 +3,8 @@
 //! sliding-window attention with sinks, MLA, DSA's indexer, Gated DeltaNet's recurrence,
 //! shared experts with and without their gate, MXFP4 and FP8 weights. A sequence joins
 //! mid-way with its whole prompt while the others decode (the rows of a prefill and of
-//! decode steps in one pass), and a MoE layer reports each expert once per pass.
+//! decode steps in one pass), and a MoE layer reports each expert once per pass. A sequence
+//! that records its final-normed states (an MTP drafter's) gets `forward_hidden`'s bits.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -119,7 +120,7 @@ fn bad_batches_are_clear_errors_and_leave_the_sessions_alone() {
     let err = model.forward_batch(&mut [&mut a, &mut b], &[&[4], &[]]).unwrap_err().to_string();
     assert!(err.contains("no tokens"), "{err}");
     let err = model.forward_batch(&mut [&mut a], &[&[4], &[5]]).unwrap_err().to_string();
-    assert!(err.contains("1 sessions and 2 logits choices for 2 inputs"), "{err}");
+    assert!(err.contains("1 sessions, 2 logits choices and 2 state choices for 2 inputs"), "{err}");
     let too_big = model.cfg.vocab as u32;
     assert!(model.forward_batch(&mut [&mut a, &mut b], &[&[4], &[too_big]]).is_err());
     assert_eq!((a.len(), b.len()), (3, 0), "a refused batch feeds nothing");
@@ -170,5 +171,47 @@ fn a_batch_gives_each_sequence_the_rows_it_asks_for() {
         let mut one = [&mut sessions[0]];
         let got = model.forward_batch_rows(&mut one, &[&next], &[Some(Logits::Last)]).unwrap();
         same_bits(&format!("{name} after a rowless chunk"), &got[0], &want);
+    }
+}
+
+/// The states an MTP drafter records, asked of some sequences of a batch: each gets
+/// `Model::forward_hidden`'s logits and states bit for bit (its own ids' rows only, also
+/// where a recurrent family feeds cut-back tokens again first), the others none.
+#[test]
+fn a_batch_gives_the_states_a_drafter_records() {
+    for &name in &["deepseek_v3_mtp", "qwen3_next", "olmoe"] {
+        let model = open(name);
+        let (v, h) = (model.cfg.vocab as u32, model.cfg.hidden);
+        let prompts: Vec<Vec<u32>> =
+            (0..3u32).map(|s| (0..6 + 2 * s).map(|i| (i * 7919 + 31 * s + 5) % v).collect()).collect();
+        let steps: [(&[u32], Logits, bool); 3] =
+            [(&[7 % v, 9 % v], Logits::All, true), (&[11 % v], Logits::Last, false), (&[13 % v], Logits::Last, true)];
+        // Alone: the prompt, cut back by two (a recurrent state then feeds them again), the step.
+        let mut alone = Vec::new();
+        let mut sessions = Vec::new();
+        for (p, (ids, w, _)) in prompts.iter().zip(&steps) {
+            let mut s = model.new_session();
+            model.forward(&mut s, p, Logits::Last).unwrap();
+            s.truncate(p.len() - 2);
+            alone.push(model.forward_hidden(&mut s, ids, *w).unwrap());
+            let mut b = model.new_session();
+            model.forward(&mut b, p, Logits::Last).unwrap();
+            b.truncate(p.len() - 2);
+            sessions.push(b);
+        }
+        let mut refs: Vec<_> = sessions.iter_mut().collect();
+        let ids: Vec<&[u32]> = steps.iter().map(|s| s.0).collect();
+        let which: Vec<Option<Logits>> = steps.iter().map(|s| Some(s.1)).collect();
+        let hidden: Vec<bool> = steps.iter().map(|s| s.2).collect();
+        let got = model.forward_batch_hidden(&mut refs, &ids, &which, &hidden).unwrap();
+        for (i, ((logits, states), (want_l, want_s))) in got.iter().zip(&alone).enumerate() {
+            same_bits(&format!("{name} sequence {i} logits"), logits, want_l);
+            if hidden[i] {
+                assert_eq!(states.len(), ids[i].len() * h, "{name} sequence {i}: its own ids' states");
+                same_bits(&format!("{name} sequence {i} states"), states, want_s);
+            } else {
+                assert!(states.is_empty(), "{name} sequence {i} asked for no states");
+            }
+        }
     }
 }

@@ -37,7 +37,22 @@ impl Model {
         ids: &[&[u32]],
         which: &[Option<Logits>],
     ) -> Result<Vec<Vec<f32>>> {
-        self.forward_batch_full(sessions, ids, which, &mut |_, _, _| {})
+        let rows = self.forward_batch_full(sessions, ids, which, &vec![false; ids.len()], &mut |_, _, _| {})?;
+        Ok(rows.into_iter().map(|(logits, _)| logits).collect())
+    }
+
+    /// [`Model::forward_batch_rows`] that also gives, for each sequence with `hidden[i]`,
+    /// the final-normed states of its own ids ((ids, hidden) row-major: what
+    /// [`Model::forward_hidden`] gives it alone, bit for bit; empty for the others). An MTP
+    /// drafter's sequence records them, so it runs in the batch like any other.
+    pub fn forward_batch_hidden(
+        &self,
+        sessions: &mut [&mut Session],
+        ids: &[&[u32]],
+        which: &[Option<Logits>],
+        hidden: &[bool],
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+        self.forward_batch_full(sessions, ids, which, hidden, &mut |_, _, _| {})
     }
 
     /// [`Model::forward_batch`], reporting every routed expert use as
@@ -48,7 +63,9 @@ impl Model {
         ids: &[&[u32]],
         on_use: &mut dyn FnMut(usize, usize, usize),
     ) -> Result<Vec<Vec<f32>>> {
-        self.forward_batch_full(sessions, ids, &vec![Some(Logits::Last); ids.len()], on_use)
+        let n = ids.len();
+        let rows = self.forward_batch_full(sessions, ids, &vec![Some(Logits::Last); n], &vec![false; n], on_use)?;
+        Ok(rows.into_iter().map(|(logits, _)| logits).collect())
     }
 
     fn forward_batch_full(
@@ -56,15 +73,17 @@ impl Model {
         sessions: &mut [&mut Session],
         ids: &[&[u32]],
         which: &[Option<Logits>],
+        hidden: &[bool],
         on_use: &mut dyn FnMut(usize, usize, usize),
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
         self.check_cpu()?;
         let c = &self.cfg;
-        if sessions.len() != ids.len() || which.len() != ids.len() {
+        if sessions.len() != ids.len() || which.len() != ids.len() || hidden.len() != ids.len() {
             return Err(Error::Invalid(format!(
-                "{} sessions and {} logits choices for {} inputs",
+                "{} sessions, {} logits choices and {} state choices for {} inputs",
                 sessions.len(),
                 which.len(),
+                hidden.len(),
                 ids.len()
             )));
         }
@@ -91,6 +110,7 @@ impl Model {
         // The rows each sequence asks for: of its own ids, not of those fed again.
         let mut rows = Vec::with_capacity(feeds.len());
         let mut counts = Vec::with_capacity(feeds.len());
+        let (mut states, mut state_counts) = (Vec::new(), Vec::with_capacity(feeds.len()));
         let mut seqs = Vec::with_capacity(feeds.len());
         let mut end = 0;
         for (((s, feed), t), w) in sessions.iter_mut().zip(&feeds).zip(ids).zip(which) {
@@ -102,6 +122,9 @@ impl Model {
             };
             rows.extend(first..end);
             counts.push(end - first);
+            let with = if hidden[counts.len() - 1] { t.len() } else { 0 };
+            states.extend(end - with..end);
+            state_counts.push(with);
             seqs.push(cpu::Seq::new(s.tokens.len(), feed.len(), &mut s.caches));
         }
         let all: Vec<u32> = feeds.iter().flatten().copied().collect();
@@ -111,18 +134,20 @@ impl Model {
             on_use,
             on_ffn_input: &mut |_, _| {},
         };
-        let logits = graph::run_ready(graph::forward_rows(&mut pass, &all, &rows))?;
+        let logits = graph::run_ready(graph::forward_rows(&mut pass, &all, &rows, &states))?;
         drop(pass);
         match logits {
-            Ok(logits) => {
+            Ok((logits, hs)) => {
                 for (s, feed) in sessions.iter_mut().zip(&feeds) {
                     s.tokens.extend_from_slice(feed);
                 }
                 let mut out = Vec::with_capacity(counts.len());
-                let mut at = 0;
-                for k in counts {
-                    out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
+                let (mut at, mut hat) = (0, 0);
+                for (k, kh) in counts.into_iter().zip(state_counts) {
+                    let l = logits[at * c.vocab..(at + k) * c.vocab].to_vec();
+                    out.push((l, hs[hat * c.hidden..(hat + kh) * c.hidden].to_vec()));
                     at += k;
+                    hat += kh;
                 }
                 Ok(out)
             }

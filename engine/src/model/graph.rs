@@ -415,28 +415,43 @@ pub(crate) async fn forward<'w, B: Backend<'w>>(
 }
 
 /// The forward pass of `ids` with the logits of the rows `rows` only ((rows, vocab), in
-/// that order): the rows each sequence of a batch asks for (none at all: the layers only).
-pub(crate) async fn forward_rows<'w, B: Backend<'w>>(b: &mut B, ids: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
+/// that order): the rows each sequence of a batch asks for (none at all: the layers only),
+/// and the final-normed states of the rows `states` ((states, hidden), in that order: what
+/// an MTP drafter reads; the norm is per row, so a row's state is the bits of
+/// [`forward`]'s with `hidden`).
+pub(crate) async fn forward_rows<'w, B: Backend<'w>>(
+    b: &mut B,
+    ids: &[u32],
+    rows: &[usize],
+    states: &[usize],
+) -> Result<(Vec<f32>, Vec<f32>)> {
     let c = &b.model().cfg;
-    let (n, h, k) = (ids.len(), c.hidden, rows.len());
-    if let Some(r) = rows.iter().find(|&&r| r >= n) {
-        return Err(crate::error::Error::Invalid(format!("logits of row {r} of a pass of {n}")));
+    let (n, h, k, ks) = (ids.len(), c.hidden, rows.len(), states.len());
+    if let Some(r) = rows.iter().chain(states).find(|&&r| r >= n) {
+        return Err(crate::error::Error::Invalid(format!("logits or state of row {r} of a pass of {n}")));
     }
     if b.v4().is_some() {
         return Err(crate::error::Error::Invalid("deepseek_v4 does not run batched yet: one sequence per pass".into()));
     }
     let x = layers(b, ids).await?;
-    if k == 0 {
-        return Ok(Vec::new());
+    if k + ks == 0 {
+        return Ok((Vec::new(), Vec::new()));
     }
-    let mut hn = b.alloc("hn", k * h)?;
-    for (j, &r) in rows.iter().enumerate() {
+    // The asked states' rows first, then the logits' rows, normed together.
+    let mut hn = b.alloc("hn", (ks + k) * h)?;
+    for (j, &r) in states.iter().chain(rows).enumerate() {
         b.copy(&x, r * h, &mut hn, j * h, h)?;
     }
-    b.rmsnorm(&mut hn, k, h, b.final_norm(), c.rms_eps)?;
-    let mut logits = b.alloc("logits", k * c.vocab)?;
-    b.matmul(&mut [(b.lm_head(), &mut logits)], &hn, 0, k)?;
-    b.read(logits, k * c.vocab).await
+    b.rmsnorm(&mut hn, ks + k, h, b.final_norm(), c.rms_eps)?;
+    let logits = if k > 0 {
+        let mut logits = b.alloc("logits", k * c.vocab)?;
+        b.matmul(&mut [(b.lm_head(), &mut logits)], &hn, ks, k)?;
+        b.read(logits, k * c.vocab).await?
+    } else {
+        Vec::new()
+    };
+    let states = if ks > 0 { b.read(hn, ks * h).await? } else { Vec::new() };
+    Ok((logits, states))
 }
 
 /// The embedding and every decoder layer of `ids`: the residual stream (n, hidden).

@@ -14,8 +14,9 @@
 //! pass gives each sequence its own bits, chunking changes none, and each generation keeps
 //! its own sampler, grammar and drafter.
 //!
-//! Passes that the batch does not run (MTP drafts read every position's hidden state;
-//! DeepSeek-V4 runs one sequence per pass) are that generation's own pass in the same
+//! A generation drafting from the model's MTP layer runs in the batch too: the pass gives
+//! it the final-normed states of its fed positions, which its drafter reads. DeepSeek-V4
+//! runs one sequence per pass: there each generation's pass is its own, in the same
 //! iteration.
 
 use std::collections::VecDeque;
@@ -525,8 +526,7 @@ fn iteration(active: &mut [Seq<'_>], cx: &Ctx<'_>) {
     }
     let prefill = budget < PREFILL_CHUNK;
     let t0 = Instant::now();
-    let (batched, solo): (Vec<usize>, Vec<usize>) =
-        feeding.iter().partition(|&&i| model.batches() && active[i].mtp_log.is_none());
+    let (batched, solo): (Vec<usize>, Vec<usize>) = feeding.iter().partition(|_| model.batches());
     let mut results: Vec<(usize, usize, colibri_engine::Result<Vec<f32>>)> = Vec::new();
     if batched.len() > 1 {
         let parts: Vec<(Vec<u32>, Option<Logits>)> = batched
@@ -538,25 +538,36 @@ fn iteration(active: &mut [Seq<'_>], cx: &Ctx<'_>) {
             .collect();
         let ids: Vec<&[u32]> = parts.iter().map(|p| p.0.as_slice()).collect();
         let which: Vec<Option<Logits>> = parts.iter().map(|p| p.1).collect();
+        // MTP drafts read every fed position's final-normed state: those sequences ask
+        // the pass for theirs and record them, as their own pass would.
+        let hidden: Vec<bool> = batched.iter().map(|&i| active[i].mtp_log.is_some()).collect();
+        let keeps: Vec<usize> = batched.iter().map(|&i| active[i].session.len()).collect();
         let mut picked: Vec<&mut Session> = Vec::with_capacity(batched.len());
         for (i, s) in active.iter_mut().enumerate() {
             if batched.contains(&i) {
                 picked.push(&mut s.session);
             }
         }
-        match crate::flags::on_pool(|| model.forward_batch_rows(&mut picked, &ids, &which)) {
+        match crate::flags::on_pool(|| model.forward_batch_hidden(&mut picked, &ids, &which, &hidden)) {
             Ok(out) => {
-                for ((&i, rows), p) in batched.iter().zip(out).zip(&parts) {
+                for (((&i, (rows, states)), p), keep) in batched.iter().zip(out).zip(&parts).zip(keeps) {
+                    if let Some(log) = &active[i].mtp_log {
+                        log.record(keep, model.cfg.hidden, &states);
+                    }
                     results.push((i, p.0.len(), Ok(rows)));
                 }
             }
             // The batch's sessions are as they were: each runs alone, so that an error
             // ends only the generation it belongs to.
-            Err(_) => results.extend(solo_passes(active, &batched, model)),
+            Err(_) => {
+                cx.stats.solo_passes.fetch_add(batched.len() as u64, Ordering::Relaxed);
+                results.extend(solo_passes(active, &batched, model))
+            }
         }
     } else {
         results.extend(solo_passes(active, &batched, model));
     }
+    cx.stats.solo_passes.fetch_add(solo.len() as u64, Ordering::Relaxed);
     results.extend(solo_passes(active, &solo, model));
     let rows_fed: usize = results.iter().map(|r| r.1).sum();
     let elapsed = t0.elapsed().as_secs_f64();

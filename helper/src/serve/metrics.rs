@@ -90,6 +90,12 @@ pub fn render(state: &AppState) -> String {
             s.pass_sequences_max.load(Ordering::Relaxed) as f64,
         ),
         one(
+            "colibri_engine_solo_passes_total",
+            "Generations that ran a pass of their own instead of joining the step's shared pass (DeepSeek-V4, or a shared pass that failed and was redone one by one).",
+            "counter",
+            n(&s.solo_passes),
+        ),
+        one(
             "colibri_prefill_tokens_total",
             "Prompt positions fed by passes that fed a prompt chunk.",
             "counter",

@@ -193,6 +193,10 @@ pub struct Stats {
     pub passes: AtomicU64,
     pub pass_sequences: AtomicU64,
     pub pass_sequences_max: AtomicUsize,
+    /// Generations of a step that ran a pass of their own beside the step's shared one
+    /// (a model the batch does not run: DeepSeek-V4; or a shared pass that failed and was
+    /// redone one generation at a time).
+    pub solo_passes: AtomicU64,
     pub prefill_positions: AtomicU64,
     pub prefill_micros: AtomicU64,
     pub decode_tokens: AtomicU64,

@@ -81,7 +81,8 @@ fn answer(r: &client::Response) -> Value {
     json!({"choices": v["choices"], "completion_tokens": v["usage"]["completion_tokens"]})
 }
 
-fn metric(s: &TestServer, name: &str) -> f64 {
+/// A sample of `name` in `/metrics` (the first series of that name).
+pub(super) fn metric(s: &TestServer, name: &str) -> f64 {
     let text = s.get("/metrics", &[]).text();
     let line = text.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).unwrap_or_else(|| panic!("{name}"));
     line.rsplit(' ').next().unwrap().parse().unwrap()

@@ -1,6 +1,9 @@
 //! `coli serve --draft mtp`: drafts from each model's own MTP layer (the deepseek_v3_mtp
 //! fixture; olmoe has none and uses prompt lookup), answers equal to the answers without,
-//! and the per-request `speculate` field: off, fewer drafts, or a 400 beyond the server's.
+//! and the per-request `speculate` field: off, fewer drafts, or a 400 beyond the server's;
+//! MTP generations running together in one batch give the same answers.
+
+use std::sync::Barrier;
 
 use serde_json::{json, Value};
 
@@ -85,4 +88,67 @@ fn mtp_drafts_give_the_answers_without_them() {
     let mut r = b.clone();
     r["speculate"] = json!(true);
     assert_eq!(chat(&plain, &r).unwrap(), want, "true: the server's setting (off)");
+}
+
+/// Generations drafting from the MTP layer join the batch like any other (the pass gives
+/// each its positions' states): four at once give the answers of a server without drafts.
+#[test]
+fn mtp_generations_in_one_batch_give_the_answers_without_drafts() {
+    let plain = start_with("mtp-batch-plain", |_| {}, |_| {}, with_mtp_model);
+    let mtp = start_with(
+        "mtp-batch",
+        |a| {
+            a.parallel = Some(4);
+            a.speculate = 2;
+            a.draft = Some("mtp".into());
+        },
+        |_| {},
+        with_mtp_model,
+    );
+    let msg = |q: &str| json!([{"role": "user", "content": q}]);
+    let bodies = [
+        json!({"model": "ds", "messages": msg("What is 47 + 38?"), "max_tokens": 30, "temperature": 0}),
+        json!({"model": "ds", "messages": msg("Tell me a story."), "max_tokens": 30, "temperature": 1, "seed": 7}),
+        json!({"model": "ds", "messages": msg("Hi"), "max_tokens": 24, "temperature": 0.8, "seed": 3,
+               "logprobs": true, "top_logprobs": 2}),
+        json!({"model": "ds", "messages": msg("Count to ten."), "max_tokens": 28, "temperature": 0, "speculate": 1}),
+    ];
+    // The server without drafts takes no `speculate` (it allows none).
+    let want: Vec<Value> = bodies
+        .iter()
+        .map(|b| {
+            let mut b = b.clone();
+            b.as_object_mut().map(|o| o.remove("speculate"));
+            chat(&plain, &b).unwrap()
+        })
+        .collect();
+    // Load the model first, so that the four arrive at a loaded model together.
+    chat(&mtp, &json!({"model": "ds", "messages": msg("a"), "max_tokens": 1})).unwrap();
+    let before = drafted(&mtp);
+    let solo = super::batch::metric(&mtp, "colibri_engine_solo_passes_total");
+    let barrier = Barrier::new(bodies.len());
+    let got: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                let (mtp, barrier) = (&mtp, &barrier);
+                sc.spawn(move || {
+                    barrier.wait();
+                    chat(mtp, b).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "request {i} ({}) differs in the batch", bodies[i]);
+    }
+    assert!(drafted(&mtp) > before, "the batch's generations drafted from the MTP layer");
+    let most = super::batch::metric(&mtp, "colibri_engine_pass_sequences_max");
+    assert!(most >= 2.0, "at most {most} MTP generations ran in one pass");
+    assert_eq!(
+        super::batch::metric(&mtp, "colibri_engine_solo_passes_total"),
+        solo,
+        "every MTP generation joined the shared passes"
+    );
 }
