@@ -630,7 +630,8 @@ impl ModelConfig {
     pub fn is_mtp_tensor(&self, name: &str) -> bool {
         // qwen3_next and qwen3_5_moe keep their multi-token-prediction module under "mtp."
         // (transformers ignores those keys on load).
-        if self.family.is_qwen_hybrid() && name.starts_with("mtp.") {
+        // DeepSeek-V4's release keeps its MTP module under "mtp." too (not run yet).
+        if (self.family.is_qwen_hybrid() || self.family == Family::DeepseekV4) && name.starts_with("mtp.") {
             return true;
         }
         name.strip_prefix("model.layers.")
