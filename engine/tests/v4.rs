@@ -66,8 +66,12 @@ fn the_state_is_bounded() {
     let mut s = model.new_session();
     model.forward(&mut s, &all[..128], Logits::Last).unwrap();
     let at_128 = s.v4.as_ref().unwrap().floats();
-    for &id in &all[128..] {
+    for (k, &id) in all[128..].iter().enumerate() {
         model.forward(&mut s, &[id], Logits::Last).unwrap();
+        // What `coli bench` prices 1k / 8k / 32k contexts with is what the state holds,
+        // at every position (through every window and compression boundary).
+        let held = 4 * s.v4.as_ref().unwrap().floats();
+        assert_eq!(model.cfg.kv_cache_bytes_at(129 + k), held, "after {} positions", 129 + k);
     }
     let st = s.v4.as_ref().unwrap();
     // 128 more positions: 32 entries of head_dim 16 on each CSA layer (1 and 3) with the

@@ -734,10 +734,11 @@ fn unfinished_pulls_are_listed_and_removed() {
     assert_one_error(&out, "no installed model");
 }
 
-/// The FP8 fixture in two shards: every e4m3 weight in the first, every `_scale_inv` and
-/// the rest in the second, with an index (a weight's scale in another shard than itself).
-fn fp8_two_shards(tag: &str) -> PathBuf {
-    let (src, dir) = (fixture("deepseek_v3_fp8"), scratch(tag).join("ckpt"));
+/// An FP8 fixture in two shards: every e4m3 weight (and DeepSeek-V4's FP4 expert) in the
+/// first, every scale and the rest in the second, with an index (a weight's scale in
+/// another shard than itself).
+fn fp8_two_shards(name: &str, tag: &str) -> PathBuf {
+    let (src, dir) = (fixture(name), scratch(tag).join("ckpt"));
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
@@ -750,7 +751,7 @@ fn fp8_two_shards(tag: &str) -> PathBuf {
     for (k, mut v) in header.into_iter().filter(|(k, _)| k != "__metadata__") {
         let o: Vec<usize> =
             v["data_offsets"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-        let s = usize::from(v["dtype"] != "F8_E4M3");
+        let s = usize::from(v["dtype"] != "F8_E4M3" && v["dtype"] != "I8");
         v["data_offsets"] = serde_json::json!([data[s].len(), data[s].len() + o[1] - o[0]]);
         data[s].extend_from_slice(&raw[8 + n + o[0]..8 + n + o[1]]);
         map.insert(k.clone(), format!("model-0000{}-of-00002.safetensors", s + 1).into());
@@ -769,20 +770,26 @@ fn fp8_two_shards(tag: &str) -> PathBuf {
     dir
 }
 
-/// An FP8 repository is pulled as it is (FP8 kept, as `coli convert` keeps it), each
-/// weight waiting for the shard of its scale.
+/// An FP8 repository is pulled as it is (FP8 kept, as `coli convert` keeps it; DeepSeek-V4's
+/// release with its FP4 experts as MXFP4), each weight waiting for the shard of its scale.
 #[test]
 fn pull_of_an_fp8_repository_keeps_fp8() {
-    let home = scratch("fp8");
-    let ckpt = fp8_two_shards("fp8-src");
+    for (name, experts) in [("deepseek_v3_fp8", "fp8"), ("deepseek_v4_fp8", "mxfp4")] {
+        pull_keeps(name, experts);
+    }
+}
+
+fn pull_keeps(name: &str, experts: &str) {
+    let home = scratch(&format!("{name}-pull"));
+    let ckpt = fp8_two_shards(name, &format!("{name}-src"));
     let hub = MockHub::start(&[("acme/fp8", ckpt.clone())], &home);
     ok(coli(&home, &hub).args(["pull", "acme/fp8"]).output().unwrap());
-    assert_same_dir(&home.join("acme/fp8"), &converted(&ckpt, "fp8-ref"));
+    assert_same_dir(&home.join("acme/fp8"), &converted(&ckpt, &format!("{name}-ref")));
     let m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(home.join("acme/fp8/colibri.json")).unwrap()).unwrap();
     assert_eq!(
         (&m["quant"]["default"], &m["experts"]["layers"][0]["parts"][0]["dtype"]),
-        (&"fp8".into(), &"fp8".into())
+        (&"fp8".into(), &experts.into())
     );
     // The same model as the single-file fixture read directly.
     let logits = |model: &Path, out: &Path| {
@@ -795,6 +802,6 @@ fn pull_of_an_fp8_repository_keeps_fp8() {
             .unwrap());
         std::fs::read(out).unwrap()
     };
-    let want = logits(&fixture("deepseek_v3_fp8"), &home.join("want.bin"));
+    let want = logits(&fixture(name), &home.join("want.bin"));
     assert!(logits(&home.join("acme/fp8"), &home.join("got.bin")) == want);
 }

@@ -316,6 +316,14 @@ impl TensorStore {
         self.fp8.is_some()
     }
 
+    /// The checkpoint's name of the scale tensor paired with tensor `name` (an FP8 weight's
+    /// `_scale_inv` or `.scale`, a packed FP4 expert's `.scale`: [`fp8::pair`]); None for a
+    /// tensor read as it is.
+    pub fn scale_of(&self, name: &str) -> Option<String> {
+        let at = self.tensors.get(name)?.bytes.file_offset()?;
+        self.fp8.as_ref()?.scale_name(at)
+    }
+
     /// This store with every placeholder tensor read into owned memory ([`Self::reader`])
     /// but those for which `keep_elsewhere(name)` holds: the dense weights of a streamed
     /// or FP8 checkpoint.

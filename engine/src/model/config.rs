@@ -630,7 +630,8 @@ impl ModelConfig {
     pub fn is_mtp_tensor(&self, name: &str) -> bool {
         // qwen3_next and qwen3_5_moe keep their multi-token-prediction module under "mtp."
         // (transformers ignores those keys on load).
-        if self.family.is_qwen_hybrid() && name.starts_with("mtp.") {
+        // DeepSeek-V4's release keeps its MTP module under "mtp." too (not run yet).
+        if (self.family.is_qwen_hybrid() || self.family == Family::DeepseekV4) && name.starts_with("mtp.") {
             return true;
         }
         name.strip_prefix("model.layers.")
@@ -674,6 +675,18 @@ impl ModelConfig {
         }
         let linear = |l: usize| self.linear_attn.as_ref().is_some_and(|la| la.layers.get(l) == Some(&true));
         (0..self.n_layers).filter(|&l| !linear(l)).map(|l| self.cache_floats_at(l)).sum::<usize>() * 4
+    }
+
+    /// Bytes the attention caches hold after `n` positions (f32): DeepSeek-V4's window,
+    /// compressed entries, unfinished windows and carries exactly as its state holds them
+    /// ([`crate::model::v4::persist::V4Layout::record_floats`]), bounded by the window
+    /// plus one entry per `rate` positions; the other families' keys and values of every
+    /// position plus any recurrent state.
+    pub fn kv_cache_bytes_at(&self, n: usize) -> usize {
+        match crate::model::v4::persist::V4Layout::of(self) {
+            Some(l) => l.record_floats(0, n).map_or(usize::MAX, |f| f.saturating_mul(4)),
+            None => self.kv_cache_bytes_per_token().saturating_mul(n).saturating_add(self.recurrent_state_bytes()),
+        }
     }
 
     /// Bytes of the linear-attention layers' recurrent state, whatever the length (f32).

@@ -384,9 +384,8 @@ impl Model {
     /// layer ([`mtp::MtpHead`]) is loaded where its tensors are present.
     pub fn from_parts(cfg: ModelConfig, s: &TensorStore, experts: Box<dyn ExpertSource>) -> Result<Self> {
         if cfg.v4.is_some() {
-            return Err(crate::error::Error::Invalid(
-                "deepseek_v4 runs from its Hugging Face checkpoint only: converted (colibri) models of it are not supported yet".into(),
-            ));
+            // A converted deepseek_v4 (its dense tensors under the checkpoint's names).
+            return v4::load::assemble(cfg, s, experts);
         }
         let c = &cfg;
         let h = c.hidden;

@@ -109,12 +109,20 @@ enum Class {
     LmHead,
     Attn,
     Mlp,
-    /// Norms, biases, routers, gates, attention sinks: always f32.
+    /// Norms, biases, routers, gates, attention sinks, hyper-connection mixes: always f32
+    /// (DeepSeek-V4's tid2eid ids stay bytes).
     Other,
 }
 
 fn class_of(name: &str, shape: &[usize]) -> Class {
+    // The last part of the name: DeepSeek-V4's hyper-connection mixes (`hc_attn_fn`,
+    // `hc_head_fn`, `hc_fn`, ...) and compressor position biases (`ape`) are small and set
+    // every residual and compressed entry.
+    let leaf = name.rsplit('.').next().unwrap_or(name);
     if shape.len() != 2
+        || leaf.starts_with("hc_")
+        || leaf == "ape"
+        || leaf == "tid2eid"
         || name.contains("norm")
         || name.ends_with("_bias")
         || name.ends_with(".gate.weight")
@@ -127,11 +135,12 @@ fn class_of(name: &str, shape: &[usize]) -> Class {
         || name.ends_with("linear_attn.in_proj_a.weight")
     {
         Class::Other
-    } else if name == "lm_head.weight" || name.ends_with(".shared_head.head.weight") {
+    } else if name == "lm_head.weight" || name == "head.weight" || name.ends_with(".shared_head.head.weight") {
+        // ("head.weight", "embed.weight": DeepSeek-V4's release names.)
         Class::LmHead
-    } else if name.ends_with("embed_tokens.weight") {
+    } else if name.ends_with("embed_tokens.weight") || name == "embed.weight" {
         Class::Embed
-    } else if name.contains(".self_attn.") || name.contains(".linear_attn.") {
+    } else if name.contains(".self_attn.") || name.contains(".linear_attn.") || name.contains(".attn.") {
         Class::Attn
     } else {
         Class::Mlp
@@ -241,12 +250,6 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         let (config, cfg) = hf.context("the checkpoint's config")?;
         (config, cfg, hf_store.context("the checkpoint's tensors")?, Vec::new(), None, None)
     };
-    if cfg.v4.is_some() {
-        bail!(
-            "{}: deepseek_v4 cannot be converted yet (a colibri container of it would not open): run it from its checkpoint directory",
-            a.src.display()
-        );
-    }
     let model = match Model::from_store(cfg.clone(), &convert_source::planning_store(&cfg, &store)?) {
         Err(e) if gguf => bail!("{}: the GGUF lacks a tensor of this model: {e}", a.src.display()),
         m => m?,
@@ -272,7 +275,12 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     let mut dense: Vec<(String, String, DType, Vec<usize>)> = Vec::new(); // (stored name, source name, dtype, shape)
     for n in names {
         let t = store.get(n)?;
-        dense.push((n.clone(), n.clone(), target(class_of(n, &t.shape)).unwrap_or(t.dtype), t.shape.clone()));
+        // Raw bytes (DeepSeek-V4's tid2eid expert ids) are kept as they are.
+        let dt = match t.dtype {
+            DType::U8 => DType::U8,
+            _ => target(class_of(n, &t.shape)).unwrap_or(t.dtype),
+        };
+        dense.push((n.clone(), n.clone(), dt, t.shape.clone()));
     }
     let embed_name = "model.embed_tokens.weight";
     if cfg.tie_word_embeddings && !store.contains("lm_head.weight") && head_t != embed_t {
@@ -489,9 +497,9 @@ impl Job {
                 .map(|v| v.iter().filter(|(e, _)| e.is_none_or(|e| e == *expert)).map(|(_, n)| n.clone()).collect())
                 .unwrap_or_default(),
         };
-        // An FP8 weight needs its scale tensor too (format::fp8; it may be in another shard).
-        let fp8 = |n: &String| self.store.get(n).is_ok_and(|t| t.dtype.fp8_block().is_some());
-        let scales: Vec<String> = names.iter().filter(|n| fp8(n)).map(|n| format!("{n}_scale_inv")).collect();
+        // An FP8 weight (or DeepSeek-V4's packed FP4 expert) needs its scale tensor too
+        // (format::fp8; it may be in another shard).
+        let scales: Vec<String> = names.iter().filter_map(|n| self.store.scale_of(n)).collect();
         names.into_iter().chain(scales).collect()
     }
 
@@ -499,7 +507,8 @@ impl Job {
     fn experts_by_layer(&self) -> std::collections::HashMap<usize, Vec<(Option<usize>, String)>> {
         let mut out: std::collections::HashMap<usize, Vec<(Option<usize>, String)>> = Default::default();
         for n in self.store.names().filter(|n| is_routed_expert_weight(n)) {
-            let Some(rest) = n.strip_prefix("model.layers.") else { continue };
+            // (DeepSeek-V4's release names its layers without "model.".)
+            let Some(rest) = n.strip_prefix("model.layers.").or_else(|| n.strip_prefix("layers.")) else { continue };
             let Some((layer, rest)) = rest.split_once('.') else { continue };
             // ".experts.", not "experts.": deepseek_v3's "mlp.shared_experts.*" are dense.
             let (Ok(layer), Some((_, after))) = (layer.parse::<usize>(), rest.split_once(".experts.")) else {

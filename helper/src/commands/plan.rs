@@ -304,8 +304,42 @@ fn hub_sizes(spec: &str) -> Result<Sizes> {
         }
         Err(_) => hub.stat(repo, rev, "model.safetensors").with_context(|| format!("{location}: no safetensors"))?.size,
     };
+    if fp4_experts(&cfg_bytes) {
+        return hub_fp4_sizes(location, cfg, total);
+    }
     let params = total / source_width(&raw);
     estimated_sizes("hub", location, cfg, params, fp8_block(&cfg_bytes))
+}
+
+/// A hub release with FP4 routed experts (DeepSeek-V4's: FP8 dense weights), from its
+/// index's total bytes as published: the experts as the MXFP4 rows they are read and
+/// converted as (the published FP4 bytes and scale bytes, the same count), the rest its
+/// dense bytes as published (the engine's FP8 rows carry an f32 scale per 128 columns where
+/// the release has an e8m0 byte per 128 x 128 block: about 3% more of the FP8 weights).
+fn hub_fp4_sizes(location: String, cfg: ModelConfig, total: u64) -> Result<Sizes> {
+    let (h, i) = (cfg.hidden, cfg.expert_intermediate);
+    let row = |cols: usize| DType::Mxfp4.row_bytes(cols).context("row size");
+    let expert = (2 * i * row(h)? + h * row(i)?) as u64;
+    let n_experts = cfg.moe_layers.iter().filter(|m| **m).count() as u64 * cfg.router.n_experts as u64;
+    let streamed = expert * n_experts;
+    let resident = total
+        .checked_sub(streamed)
+        .with_context(|| format!("{location}: the index's total_size is less than its FP4 experts' bytes"))?;
+    let embed = if cfg.tie_word_embeddings { 0 } else { (cfg.vocab * h * 2) as u64 };
+    Ok(Sizes {
+        source: "hub",
+        location,
+        resident,
+        embed,
+        streamed,
+        n_experts,
+        cfg,
+        estimated: true,
+        fp8: true,
+        fp4: true,
+        has_usage: false,
+        data: None,
+    })
 }
 
 /// MODEL as a directory or installed id, else as a hub repository.
@@ -444,6 +478,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         }
         "checkpoint" if s.fp8 => "Hugging Face checkpoint; sizes as `coli convert` stores it (FP8 kept)".to_string(),
         "checkpoint" => "Hugging Face checkpoint; sizes as `coli convert` stores it (int4 experts)".to_string(),
+        _ if s.fp4 => "hub repository (config.json + safetensors index only); sizes as `coli pull` stores it (FP8 dense weights, FP4 experts as MXFP4 rows, kept)".to_string(),
         _ => "hub repository (config.json + safetensors index only); sizes as `coli pull` stores it".to_string(),
     };
     println!("model      {} ({kind})", s.location);

@@ -7,6 +7,9 @@
 //! a correction bias, shared experts, dense first layers: synth_deepseek.rs), and `--fp8`
 //! stores the decoder layers' linear weights as the FP8 releases do (e4m3 with a
 //! `weight_scale_inv` per block, `quantization_config.quant_method = "fp8"`).
+//! `--shape deepseek-v4-flash` writes DeepSeek-V4-Flash's shape (but for `--layers` and
+//! `--experts`) in its release's layout: FP8 dense weights with ue8m0 scales, FP4 routed
+//! experts, hyper-connections, the three kinds of attention (synth_deepseek_v4.rs).
 //!
 //! Streams row by row: memory stays a few megabytes whatever the model size. Weights are
 //! uniform in ±sqrt(3 / fan_in) (unit-variance outputs for unit-variance inputs), norms
@@ -35,6 +38,8 @@ use colibri_engine::tensor::e4m3_from_f32;
 
 #[path = "synth_deepseek.rs"]
 mod deepseek;
+#[path = "synth_deepseek_v4.rs"]
+mod deepseek_v4;
 
 #[derive(Args)]
 pub struct SynthArgs {
@@ -113,6 +118,9 @@ pub struct SynthArgs {
 pub enum Shape {
     Olmoe,
     DeepseekV3,
+    /// DeepSeek-V4-Flash's sizes but for --layers and --experts, in the release's layout
+    /// (FP8 dense weights, FP4 experts; synth_deepseek_v4.rs).
+    DeepseekV4Flash,
 }
 
 /// `--routing`.
@@ -146,6 +154,13 @@ enum Dt {
     /// The f32 block scales of an Fp8 weight whose values are bounded by the spec's
     /// `bound`: bound * (1 + u / 4) / 448 per block, so the blocks' ranges differ.
     Fp8Scale,
+    /// Packed FP4 (two random e2m1 codes a byte, stored as I8; the shape's last dimension
+    /// is the bytes).
+    Fp4,
+    /// ue8m0 scale bytes (F8_E8M0): the power of two nearest the spec's `bound`.
+    E8m0,
+    /// I64 expert ids below the given count, distinct along a row (tid2eid).
+    Ids(usize),
 }
 
 impl Dt {
@@ -153,7 +168,8 @@ impl Dt {
         match self {
             Dt::Bf16 => 2,
             Dt::F32 | Dt::Fp8Scale => 4,
-            Dt::Fp8 => 1,
+            Dt::Fp8 | Dt::Fp4 | Dt::E8m0 => 1,
+            Dt::Ids(_) => 8,
         }
     }
 
@@ -162,6 +178,9 @@ impl Dt {
             Dt::Bf16 => "BF16",
             Dt::F32 | Dt::Fp8Scale => "F32",
             Dt::Fp8 => "F8_E4M3",
+            Dt::Fp4 => "I8",
+            Dt::E8m0 => "F8_E8M0",
+            Dt::Ids(_) => "I64",
         }
     }
 }
@@ -192,6 +211,7 @@ fn specs(a: &SynthArgs) -> Vec<Spec> {
     let all = match a.shape {
         Shape::Olmoe => specs_olmoe(a),
         Shape::DeepseekV3 => deepseek::specs(a),
+        Shape::DeepseekV4Flash => return deepseek_v4::specs(a),
     };
     if a.fp8 {
         fp8_specs(all, a.fp8_block)
@@ -283,6 +303,7 @@ fn config(a: &SynthArgs) -> Value {
     let mut c = match a.shape {
         Shape::Olmoe => config_olmoe(a),
         Shape::DeepseekV3 => deepseek::config(a),
+        Shape::DeepseekV4Flash => return deepseek_v4::config(a),
     };
     if a.fp8 {
         c["quantization_config"] = quantization_config(a);
@@ -422,6 +443,13 @@ fn write_tensor(
     let mut row = vec![0u8; cols * size];
     let mut vals = vec![0f32; cols];
     let mut rng = Rng(seed_of(seed, &s.name));
+    if matches!(s.dtype, Dt::Fp4 | Dt::E8m0 | Dt::Ids(_)) {
+        for _ in 0..rows {
+            deepseek_v4::raw_row(s, &mut rng, &mut row);
+            out.write_all(&row)?;
+        }
+        return Ok(());
+    }
     for r in 0..rows {
         for chunk in vals.chunks_mut(4) {
             let bits = rng.next();
@@ -465,6 +493,7 @@ fn write_tensor(
                 Dt::Bf16 => b.copy_from_slice(&bf16_bits(*v).to_le_bytes()),
                 Dt::F32 | Dt::Fp8Scale => b.copy_from_slice(&v.to_le_bytes()),
                 Dt::Fp8 => b[0] = e4m3_from_f32(*v),
+                Dt::Fp4 | Dt::E8m0 | Dt::Ids(_) => {}
             }
         }
         out.write_all(&row)?;
@@ -487,8 +516,10 @@ pub fn run(a: SynthArgs) -> Result<()> {
     if a.fp8 && a.fp8_block == 0 {
         anyhow::bail!("--fp8-block must be positive");
     }
-    if a.shape == Shape::DeepseekV3 {
-        deepseek::check(&a)?;
+    match a.shape {
+        Shape::DeepseekV3 => deepseek::check(&a)?,
+        Shape::DeepseekV4Flash => deepseek_v4::check(&a)?,
+        Shape::Olmoe => {}
     }
     if a.out.join("config.json").exists() {
         anyhow::bail!("{}: already holds a model", a.out.display());

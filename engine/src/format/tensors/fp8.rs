@@ -119,6 +119,11 @@ impl Fp8Table {
         self.recipes.range(..=at).next_back().map(|(start, r)| (r, at - start))
     }
 
+    /// The scale tensor's name of the pair whose placeholder starts at `at`.
+    pub fn scale_name(&self, at: u64) -> Option<String> {
+        self.recipes.get(&at).map(|r| r.scale_name.clone())
+    }
+
     fn bytes(&self, b: &Bytes, start: usize, len: usize, what: &str) -> Result<Vec<u8>> {
         match (b.file_offset(), &self.fallback) {
             (None, _) => Ok(b.slice(start, len)?.as_ref().to_vec()),
@@ -166,9 +171,20 @@ impl MatReader for Fp8Table {
                 let values = self.bytes(&r.values, first * packed, n * packed, &r.name)?;
                 let s = &r.scales;
                 let scales = self.bytes(&s.bytes, first * g, n * g, &r.scale_name)?;
-                for ((o, v), sc) in
-                    out.chunks_exact_mut(rb).zip(values.chunks_exact(packed.max(1))).zip(scales.chunks_exact(g.max(1)))
+                for (k, ((o, v), sc)) in out
+                    .chunks_exact_mut(rb)
+                    .zip(values.chunks_exact(packed.max(1)))
+                    .zip(scales.chunks_exact(g.max(1)))
+                    .enumerate()
                 {
+                    // 255 is e8m0's NaN: refused rather than carried into the kernels.
+                    if let Some(c) = sc.iter().position(|&b| b == 255) {
+                        return Err(Error::Invalid(format!(
+                            "tensor {}: e8m0 scale byte 255 (NaN) at row {}, block {c}",
+                            r.scale_name,
+                            first + k
+                        )));
+                    }
                     o[..g].copy_from_slice(sc);
                     o[rb - packed..].copy_from_slice(v);
                 }

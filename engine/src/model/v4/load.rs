@@ -186,7 +186,10 @@ fn routed_experts(c: &ModelConfig, s: &TensorStore) -> Result<Vec<Vec<Arc<Expert
         .collect()
 }
 
-fn assemble(cfg: ModelConfig, s: &TensorStore, experts: Box<dyn crate::experts::ExpertSource>) -> Result<Model> {
+/// The model of `s`'s dense tensors (release or transformers names) with its routed
+/// experts from `experts`: a checkpoint's ([`model`]) or a converted container's
+/// ([`Model::from_parts`]).
+pub fn assemble(cfg: ModelConfig, s: &TensorStore, experts: Box<dyn crate::experts::ExpertSource>) -> Result<Model> {
     let c = &cfg;
     let v4 = c.v4.as_deref().ok_or_else(|| Error::Invalid("not a deepseek_v4 config".into()))?;
     let (h, nhc) = (c.hidden, v4.hc_mult);
