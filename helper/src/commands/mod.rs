@@ -13,6 +13,7 @@ pub mod chat;
 pub mod choose;
 pub mod convert;
 pub mod convert_gguf;
+mod convert_output;
 mod convert_source;
 pub mod doctor;
 pub(crate) mod doctor_machine;
