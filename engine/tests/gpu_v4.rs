@@ -191,3 +191,97 @@ fn rope_tail_matches_the_cpu() {
         }
     }
 }
+
+/// V4's routing: sqrt(softplus) scores (with and without the correction bias, with and
+/// without renormalising and scaling), and the hash layers' fixed experts weighed by them.
+#[test]
+fn v4_route_matches_the_cpu() {
+    use colibri_engine::gpu::ops;
+    use colibri_engine::model::config::{RouterConfig, Scoring};
+    use colibri_engine::model::moe::route_with;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(37);
+    // (experts, top_k, renormalise, logit scale, scaling, bias, hash)
+    let cases = [
+        (7usize, 2usize, true, 3.0f32, 1.5f32, true, false),
+        (64, 6, true, 12.0, 2.5, true, false),
+        (33, 4, false, 30.0, 1.0, false, false),
+        (16, 3, true, 4.0, 1.5, false, true),
+        (9, 9, true, 25.0, 1.0, false, true),
+        (40, 5, false, 2.0, 1.0, false, true),
+    ];
+    for (ne, k, norm, scale, rsf, has_bias, hash) in cases {
+        let n = 29;
+        let mut logits = rng.vec(n * ne, scale);
+        // Exact ties, a row of equal logits, both sides of softplus's threshold 20, a
+        // logit whose e^x underflows.
+        logits[ne + 3] = logits[ne + 1];
+        logits[2 * ne..3 * ne].iter_mut().for_each(|v| *v = 0.25);
+        logits[3 * ne] = 20.0;
+        logits[3 * ne + 1] = 20.000002;
+        logits[4 * ne] = -95.0;
+        logits[4 * ne + 1] = -0.0;
+        let cfg = RouterConfig {
+            scoring: Scoring::SqrtSoftplus,
+            routed_scaling_factor: rsf,
+            correction_bias: has_bias,
+            ..RouterConfig::softmax(ne, k, norm)
+        };
+        let bias = rng.vec(ne, 0.2);
+        // Per position k distinct experts in a scrambled order (as tid2eid rows are).
+        let fixed: Vec<u32> = (0..n)
+            .flat_map(|p| {
+                let mut e: Vec<u32> = (0..ne as u32).collect();
+                for i in (1..ne).rev() {
+                    e.swap(i, (p * 7 + i * 13 + rng.vec(1, 1.0)[0].to_bits() as usize) % (i + 1));
+                }
+                e.truncate(k);
+                e
+            })
+            .collect();
+        let bias_buf = upload_f32(&ctx, "bias", &bias).unwrap();
+        let lb = upload_f32(&ctx, "logits", &logits).unwrap();
+        let zeros = |len: usize| ctx.storage_buffer("zeros", len as u64 * 4).unwrap();
+        let (probs, out) = (zeros(n * ne), zeros(n * k * 2));
+        let mut rec = Recorder::new(&ctx);
+        let fixed_bind = hash.then(|| rec.data(&fixed));
+        ops::route_with(&mut rec, &lb, &probs, &out, n, &cfg, has_bias.then_some(&bias_buf), fixed_bind).unwrap();
+        rec.read(&out, 0, (n * k * 2) as u64 * 4);
+        let got = ops::routes_from(&block_on(rec.submit()).unwrap()[0], k);
+        assert_eq!(got.len(), n);
+        let what = format!("{ne}x top{k} norm {norm} scaling {rsf} bias {has_bias} hash {hash}");
+        for (p, g) in got.iter().enumerate() {
+            let f: Vec<usize> = fixed[p * k..(p + 1) * k].iter().map(|&e| e as usize).collect();
+            let bias = has_bias.then_some(&bias[..]);
+            let want = route_with(&logits[p * ne..(p + 1) * ne], &cfg, bias, hash.then_some(&f[..]));
+            assert_eq!(g.experts, want.experts, "experts {what}, position {p}");
+            assert_bits(&format!("weights {what}, position {p}"), &g.weights, &want.weights);
+            if hash {
+                assert_eq!(g.experts, f, "{what}: the hash layer's experts");
+            }
+        }
+    }
+}
+
+/// V4's clamped SwiGLU (kernels::Activation::SiluClamped) on the GPU.
+#[test]
+fn v4_clamped_swiglu_matches_the_cpu() {
+    use colibri_engine::gpu::ops;
+    use colibri_engine::kernels::Activation;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(38);
+    let mut g = values(&mut rng, 3001, 30.0);
+    g.extend([f32::NAN, 88.0, -88.0, 90.0, -90.0, 1e-30, -1e-30, 200.0, -200.0, 10.0, 10.5, -10.5]);
+    let mut u = values(&mut rng, g.len(), 12.0);
+    u[3001..].copy_from_slice(&[1.0, 11.0, -11.0, 10.0, -10.0, 3.0, 3.0, 1.0, 1.0, 10.0, 10.5, -10.5]);
+    let act = Activation::SiluClamped { limit: 10.0 };
+    let want: Vec<f32> = g.iter().zip(&u).map(|(g, u)| act.apply(*g, *u)).collect();
+    // The clamps bite: above the limit, gate and up are cut.
+    let plain: Vec<f32> = g.iter().zip(&u).map(|(g, u)| Activation::Silu.apply(*g, *u)).collect();
+    assert!(want.iter().zip(&plain).filter(|(a, b)| a.to_bits() != b.to_bits()).count() > 100);
+    let (gb, ub) = (upload_f32(&ctx, "g", &g).unwrap(), upload_f32(&ctx, "u", &u).unwrap());
+    let mut rec = Recorder::new(&ctx);
+    ops::swiglu(&mut rec, &gb, &ub, g.len(), act).unwrap();
+    block_on(rec.submit()).unwrap();
+    assert_bits("swiglu SiluClamped", &read(&ctx, &gb, g.len()), &want);
+}
