@@ -285,3 +285,60 @@ fn v4_clamped_swiglu_matches_the_cpu() {
     block_on(rec.submit()).unwrap();
     assert_bits("swiglu SiluClamped", &read(&ctx, &gb, g.len()), &want);
 }
+
+/// The compressors' entries (CSA's overlapping windows at rate 4, HCA-like disjoint ones
+/// at rate 8 and 5, odd widths) fed in chunks of odd sizes, so windows complete inside a
+/// chunk, across chunks and not at all: the GPU's entries equal the CPU's after every
+/// chunk.
+#[test]
+fn v4_compress_matches_the_cpu() {
+    use colibri_engine::gpu::v4::GpuComp;
+    use colibri_engine::model::rope::{Rope, RopeConfig};
+    use colibri_engine::model::v4::compress::{feed, CompShape};
+    use colibri_engine::model::v4::CompState;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(39);
+    // (dim, rotary dim, rate, overlap, chunk sizes)
+    let cases = [
+        (24usize, 8usize, 4usize, true, vec![1usize, 3, 7, 2, 9, 1, 1, 5, 12]),
+        (13 * 2, 6, 8, false, vec![5, 1, 17, 3, 8, 2, 1]),
+        (70, 8, 5, false, vec![4, 1, 11, 9]),
+        (10, 4, 3, true, vec![2, 2, 2, 1, 7, 1]),
+    ];
+    for (d, rot, rate, overlap, chunks) in cases {
+        let rope = Rope::new(
+            &RopeConfig::from_config(
+                &serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 4.0, "original_max_position_embeddings": 32}}),
+                rot,
+                4096,
+            )
+            .unwrap(),
+        );
+        let width = if overlap { 2 * d } else { d };
+        let ape = values(&mut rng, rate * width, 1.0);
+        let norm = values(&mut rng, d, 1.5);
+        let (apeb, normb) = (upload_f32(&ctx, "ape", &ape).unwrap(), upload_f32(&ctx, "norm", &norm).unwrap());
+        let mut st = CompState::default();
+        let mut gst = GpuComp::new(&ctx).unwrap();
+        let mut grew = 0;
+        for (i, &n) in chunks.iter().enumerate() {
+            let kv = values(&mut rng, n * width, 2.0);
+            let mut gate = values(&mut rng, n * width, 3.0);
+            if i == 2 {
+                gate[1] = 90.0; // one slot takes all the weight
+            }
+            let c = CompShape { n, dim: d, rate, overlap, rms_eps: 1e-6 };
+            let before = st.entries.len();
+            feed(c, &ape, &norm, &mut st, &kv, &gate, &rope);
+            grew += usize::from(st.entries.len() > before);
+            let (kb, gb) = (upload_f32(&ctx, "kv", &kv).unwrap(), upload_f32(&ctx, "gate", &gate).unwrap());
+            let mut rec = Recorder::new(&ctx);
+            gst.feed(&mut rec, &kb, &gb, &apeb, &normb, c, &rope).unwrap();
+            block_on(rec.submit()).unwrap();
+            assert_eq!(gst.count * d, st.entries.len(), "entries after chunk {i}");
+            let what = format!("dim {d}, rate {rate}, overlap {overlap}, after chunk {i}");
+            assert_bits(&format!("v4 compress ({what})"), &read(&ctx, &gst.entries, st.entries.len()), &st.entries);
+        }
+        assert!(grew >= 3, "entries were made in {grew} chunks only");
+    }
+}

@@ -47,10 +47,11 @@ pub enum Kernel {
     HcExpand,
     HcWeights,
     RopeTail,
+    V4Compress,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 30] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -81,6 +82,7 @@ impl Kernel {
         Kernel::HcExpand,
         Kernel::HcWeights,
         Kernel::RopeTail,
+        Kernel::V4Compress,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -120,6 +122,7 @@ impl Kernel {
             Kernel::HcExpand => ("hc_expand.wgsl", A, include_str!("../../../shaders/hc_expand.wgsl")),
             Kernel::HcWeights => ("hc_weights.wgsl", A, include_str!("../../../shaders/hc_weights.wgsl")),
             Kernel::RopeTail => ("rope_tail.wgsl", A, include_str!("../../../shaders/rope_tail.wgsl")),
+            Kernel::V4Compress => ("v4_compress.wgsl", A, include_str!("../../../shaders/v4_compress.wgsl")),
         }
     }
 
