@@ -342,3 +342,96 @@ fn v4_compress_matches_the_cpu() {
         assert!(grew >= 3, "entries were made in {grew} chunks only");
     }
 }
+
+/// A V4 layer's attention state over passes of odd sizes (prefill chunks and single
+/// decode steps), for a sliding layer, an HCA-like one (entries every 8 positions, all
+/// seen) and a CSA one (entries every 4, the indexer choosing 3): the indexer's choice
+/// and the attention's output equal the CPU's after every pass, across several
+/// compression boundaries and a sequence far longer than the window.
+#[test]
+fn v4_select_and_attend_match_the_cpu() {
+    use colibri_engine::gpu::v4_attn::GpuV4Layer;
+    use colibri_engine::model::rope::{Rope, RopeConfig};
+    use colibri_engine::model::v4::attn::{attend, AttendShape};
+    use colibri_engine::model::v4::compress::{feed, select, visible, CompShape};
+    use colibri_engine::model::v4::{SelectShape, V4LayerState};
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(40);
+    let (hd, rot, nh, window, di, hi, topk) = (24usize, 8usize, 3usize, 5usize, 16usize, 2usize, 3usize);
+    let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({"rope_theta": 10000.0}), rot, 4096).unwrap());
+    let irope = Rope::new(&RopeConfig::from_config(&serde_json::json!({"rope_theta": 10000.0}), 4, 4096).unwrap());
+    let up = |name, v: &[f32]| upload_f32(&ctx, name, v).unwrap();
+    // (rate, sparse): sliding, HCA-like, CSA.
+    for (rate, sparse) in [(None, false), (Some(8usize), false), (Some(4), true)] {
+        let overlap = sparse;
+        let width = if overlap { 2 * hd } else { hd };
+        let (ape, norm) = (values(&mut rng, 8 * width, 1.0), values(&mut rng, hd, 1.5));
+        let (iape, inorm) = (values(&mut rng, 4 * 2 * di, 1.0), values(&mut rng, di, 1.5));
+        let sinks = values(&mut rng, nh, 2.0);
+        let (apeb, normb, iapeb, inormb, sinksb) =
+            (up("ape", &ape), up("norm", &norm), up("iape", &iape), up("inorm", &inorm), up("sinks", &sinks));
+        let mut st = V4LayerState::default();
+        let mut gst = GpuV4Layer::new(&ctx, window, hd).unwrap();
+        let mut pos0 = 0;
+        let mut chose = 0;
+        for (step, n) in [5usize, 1, 9, 1, 13, 2, 1, 7, 1].into_iter().enumerate() {
+            let what = format!("rate {rate:?} sparse {sparse}, pass {step} at {pos0}");
+            let q = values(&mut rng, n * nh * hd, 1.0);
+            let kv = values(&mut rng, n * hd, 1.0);
+            let mut rec = Recorder::new(&ctx);
+            if let Some(r) = rate {
+                let (ck, cg) = (values(&mut rng, n * width, 2.0), values(&mut rng, n * width, 3.0));
+                let c = CompShape { n, dim: hd, rate: r, overlap, rms_eps: 1e-6 };
+                feed(c, &ape[..r * width], &norm, &mut st.comp, &ck, &cg, &rope);
+                let (ckb, cgb, apeb_r) = (up("ck", &ck), up("cg", &cg), up("ape", &ape[..r * width]));
+                gst.comp.feed(&mut rec, &ckb, &cgb, &apeb_r, &normb, c, &rope).unwrap();
+                let _ = &apeb;
+            }
+            let mut picks = None;
+            let mut list = None;
+            if sparse {
+                let r = rate.unwrap();
+                let (ik, ig) = (values(&mut rng, n * 2 * di, 2.0), values(&mut rng, n * 2 * di, 3.0));
+                let c = CompShape { n, dim: di, rate: r, overlap: true, rms_eps: 1e-6 };
+                feed(c, &iape, &inorm, &mut st.index, &ik, &ig, &irope);
+                gst.index.feed(&mut rec, &up("ik", &ik), &up("ig", &ig), &iapeb, &inormb, c, &irope).unwrap();
+                let iq = values(&mut rng, n * hi * di, 1.0);
+                let iw = values(&mut rng, n * hi, 1.0);
+                let total = st.index.entries.len() / di;
+                let scale = (hi as f32).powf(-0.5);
+                let p: Vec<Vec<usize>> = (0..n)
+                    .map(|i| {
+                        let w: Vec<f32> = iw[i * hi..(i + 1) * hi].iter().map(|v| v * scale).collect();
+                        let vis = visible(pos0 + i, r, total);
+                        select(&iq[i * hi * di..(i + 1) * hi * di], &w, &st.index.entries, vis, di, topk)
+                    })
+                    .collect();
+                chose += p.iter().filter(|c| c.len() == topk && *c.last().unwrap() + 1 > topk).count();
+                let s = SelectShape { n, pos0, heads: hi, head_dim: di, topk, rate: r };
+                list = Some(gst.select(&mut rec, &up("iq", &iq), &up("iw", &iw), s).unwrap());
+                picks = Some(p);
+            }
+            let s = AttendShape { n, pos0, heads: nh, head_dim: hd, window, rate, sparse, scale: 0.3 };
+            let mut want = vec![0.0f32; n * nh * hd];
+            attend(&mut st, &q, &kv, &sinks, s, picks.as_deref(), &mut want);
+            let out = ctx.storage_buffer("out", want.len() as u64 * 4).unwrap();
+            gst.attend(&mut rec, &up("q", &q), &up("kv", &kv), &sinksb, s, list.as_ref().map(|l| (l, topk)), &out)
+                .unwrap();
+            block_on(rec.submit()).unwrap();
+            if let (Some(p), Some(l)) = (&picks, &list) {
+                let words: Vec<u32> = read(&ctx, l, n * (topk + 1)).iter().map(|v| v.to_bits()).collect();
+                for (i, want) in p.iter().enumerate() {
+                    let row = &words[i * (topk + 1)..(i + 1) * (topk + 1)];
+                    let got: Vec<usize> = row[1..1 + row[0] as usize].iter().map(|&e| e as usize).collect();
+                    assert_eq!(&got, want, "choice of query {i}, {what}");
+                }
+            }
+            assert_bits(&format!("v4 attend ({what})"), &read(&ctx, &out, want.len()), &want);
+            assert_eq!(gst.held * hd, st.window.len(), "window kept, {what}");
+            pos0 += n;
+        }
+        if sparse {
+            assert!(chose > 10, "the indexer chose among more than top-k entries {chose} times only");
+        }
+    }
+}

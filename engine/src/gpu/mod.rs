@@ -33,6 +33,7 @@ pub mod pool;
 pub mod recorder;
 pub mod stream;
 pub mod v4;
+pub mod v4_attn;
 mod weights;
 
 use std::collections::HashMap;

@@ -453,6 +453,8 @@ pub(crate) fn index_scores(
         u32_of("score stride", s.pos0 + s.n)?,
         scale.to_bits(),
         head_scale.to_bits(),
+        1, // rate: every position
+        u32_of("keys", s.pos0 + s.n)?,
     ];
     let binds = vec![iq.into(), iw.into(), cache.into(), scores.into()];
     rec.dispatch(Kernel::IndexScores, &[], &params, binds, s.n as u64)
