@@ -241,13 +241,17 @@ fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
     assert!(gs.bytes() > 4 * 8, "the recurrent state counts in the session's bytes");
 }
 
-/// DeepSeek-V4 is not on the GPU yet: uploading it is refused by name, never run as a
-/// model without its layers.
+/// DeepSeek-V4: hyper-connections (3 streams), a sliding layer, CSA (entries every 4
+/// positions, the indexer keeping 3) and HCA (every 8) layers with sinks, both hash and
+/// learned-router (sqrtsoftplus) MoE layers with the clamped SwiGLU and a shared expert;
+/// 48 positions against a window of 6: several compression blocks.
 #[test]
-fn deepseek_v4_is_refused_by_name() {
-    let Some(ctx) = gpu() else { return };
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
-    let model = Model::open_dir(&dir).unwrap();
-    let err = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("refused").to_string();
-    assert!(err.contains("deepseek_v4") && err.contains("not on the GPU yet"), "{err}");
+fn deepseek_v4_gpu_matches_cpu() {
+    check("deepseek_v4", None, 0);
+}
+
+/// DeepSeek-V4 in the release's layout: FP4 routed experts, block-scaled FP8 dense weights.
+#[test]
+fn deepseek_v4_fp8_gpu_matches_cpu() {
+    check("deepseek_v4_fp8", None, 0);
 }

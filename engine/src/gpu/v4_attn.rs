@@ -20,6 +20,8 @@ pub struct GpuV4Layer {
     pub held: usize,
     pub comp: GpuComp,
     pub index: GpuComp,
+    /// The indexer's last choice ([`Self::select`]) and its top-k, for the attention.
+    pub choice: Option<(wgpu::Buffer, usize)>,
 }
 
 impl GpuV4Layer {
@@ -31,6 +33,7 @@ impl GpuV4Layer {
             held: 0,
             comp: GpuComp::new(ctx)?,
             index: GpuComp::new(ctx)?,
+            choice: None,
         })
     }
 
