@@ -255,3 +255,28 @@ fn deepseek_v4_gpu_matches_cpu() {
 fn deepseek_v4_fp8_gpu_matches_cpu() {
     check("deepseek_v4_fp8", None, 0);
 }
+
+/// DeepSeek-V4's GPU state cannot go back, like the CPU's: a session truncated into it
+/// restarts and feeds the kept tokens again, giving the bits of a fresh prefill.
+#[test]
+fn deepseek_v4_gpu_truncation_restarts_the_state() {
+    let Some(ctx) = gpu() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
+    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let model = Model::open_dir(&dir).unwrap();
+    let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
+    let vocab = model.cfg.vocab;
+    let tf = ids(&reference["ids"]);
+    let fresh = gm.forward_blocking(&mut gm.new_session(), &tf[..30], Logits::All).unwrap();
+    let mut s = gm.new_session();
+    gm.forward_blocking(&mut s, &tf[..23], Logits::Last).unwrap();
+    // Back to 13 (inside the state), then on with other tokens than before.
+    s.truncate(13);
+    assert_eq!(s.len(), 13);
+    let got = gm.forward_blocking(&mut s, &tf[13..30], Logits::All).unwrap();
+    assert_bits("deepseek_v4 after truncation", &got, &fresh[13 * vocab..]);
+    // And a decode step after it equals the prefill's next position.
+    let step = gm.forward_blocking(&mut s, &tf[30..31], Logits::Last).unwrap();
+    let more = gm.forward_blocking(&mut gm.new_session(), &tf[..31], Logits::Last).unwrap();
+    assert_bits("deepseek_v4 decode after truncation", &step, &more);
+}
