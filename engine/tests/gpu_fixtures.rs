@@ -274,6 +274,8 @@ fn deepseek_v4_gpu_truncation_restarts_the_state() {
     s.truncate(13);
     assert_eq!(s.len(), 13);
     let got = gm.forward_blocking(&mut s, &tf[13..30], Logits::All).unwrap();
+    // The session counts the V4 state's bytes (window, entries, carried rows).
+    assert!(s.bytes() > 4 * 30 + 4 * 5 * model.cfg.n_layers * model.cfg.head_dim, "{} bytes", s.bytes());
     assert_bits("deepseek_v4 after truncation", &got, &fresh[13 * vocab..]);
     // And a decode step after it equals the prefill's next position.
     let step = gm.forward_blocking(&mut s, &tf[30..31], Logits::Last).unwrap();

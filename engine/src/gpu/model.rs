@@ -137,6 +137,7 @@ impl GpuSession {
         4 * self.tokens.len()
             + self.kv.iter().map(|(k, v)| (k.size() + v.size()) as usize).sum::<usize>()
             + self.recurrent.iter().flatten().map(GpuDeltaState::bytes).sum::<usize>()
+            + self.v4.iter().map(super::v4_attn::GpuV4Layer::bytes).sum::<usize>()
     }
 }
 

@@ -146,6 +146,12 @@ impl GpuComp {
         Ok(GpuComp { entries, count: 0, cap: 0, rows: None, held: 0, has_prev: false })
     }
 
+    /// GPU bytes held: the entries' buffer and the rows kept for the next entries.
+    pub fn bytes(&self) -> usize {
+        let rows = self.rows.as_ref().map_or(0, |(k, g)| k.size() + g.size());
+        (self.entries.size() + rows) as usize
+    }
+
     /// Room for `entries` entries of `dim`, the ones so far copied over.
     fn reserve(&mut self, rec: &mut Recorder, entries: usize, dim: usize) -> Result<()> {
         if entries <= self.cap {

@@ -37,6 +37,11 @@ impl GpuV4Layer {
         })
     }
 
+    /// GPU bytes held: the window's buffer and both compressors'.
+    pub fn bytes(&self) -> usize {
+        self.window.size() as usize + self.comp.bytes() + self.index.bytes()
+    }
+
     /// The lightning indexer's choice for the pass's queries `iq` (n, heads, head_dim)
     /// with weights `iw` (n, heads) among the indexer's entries (v4's `choose`: the
     /// weights scaled by heads^-0.5, [`crate::model::v4::compress::select`]): per query
