@@ -1,8 +1,10 @@
-//! DeepSeek-V4's kernels on the GPU against the CPU reference (engine/src/model/v4/hc.rs),
+//! DeepSeek-V4's kernels on the GPU against the CPU reference (engine/src/model/v4/),
 //! bit for bit on lavapipe: the hyper-connection collapse and expand with odd sizes (a
 //! hidden size that is not a multiple of the workgroup, 2 to 5 streams, negative zeros
 //! among the inputs), the streams' weights (sigmoids, softmax and Sinkhorn-Knopp) and
-//! the hyper-head's, and the strided row copy.
+//! the hyper-head's, the strided row copy, the tail RoPE, the MoE's routing (sqrtsoftplus,
+//! hash layers' fixed experts) and clamped SwiGLU, the compressors fed in chunks, and the
+//! indexer's choice with the attention over passes of odd sizes.
 #![cfg(feature = "wgpu")]
 
 mod gpu_common;
