@@ -745,20 +745,8 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
         let (g, u) = (Ops::alloc(self, "g", n * inter)?, Ops::alloc(self, "u", n * inter)?);
         let scratch = MoeScratch { xn, y, xs: &xs, g: &g, u: &u, ys: &ys };
         let on_use = &mut *self.on_use;
-        if gm
-            .moe_experts(
-                &mut self.rec,
-                l,
-                block.act,
-                block.expert_bias.as_ref(),
-                moe,
-                users,
-                xn_host.as_deref(),
-                &scratch,
-                on_use,
-            )
-            .await?
-        {
+        let (act, bias, xn_host) = (block.act, block.expert_bias.as_ref(), xn_host.as_deref());
+        if gm.moe_experts(&mut self.rec, l, act, bias, moe, users, xn_host, &scratch, on_use).await? {
             self.reattach_tables();
         }
         if let Some(guess) = ahead {
