@@ -1,18 +1,21 @@
-// index_scores.wgsl — DeepSeek Sparse Attention's index scores (dsa::select): for every
-// query i of the pass (position p = pos0 + i) and every position j <= p,
+// index_scores.wgsl — DeepSeek Sparse Attention's index scores (dsa::select), also
+// DeepSeek-V4's lightning indexer's (v4::compress::select, the same sums): for every
+// query i of the pass (position p = pos0 + i) and every key j < min((p + 1) / rate, keys)
+// (DSA: rate 1, every position j <= p; V4: the compressed entries p may see),
 //   S[i, j] = sum_h w_h * max(dot(q_h, k_j) * scale, 0)       h ascending, from 0.0
 //   w_h     = IW[i, h] * head_scale                            (rounded)
-// dot uses math::dot's 8-lane order; the keys are the indexer keys in the layer's MLA
-// cache rows (the pass's rows copied there first). The host reads S back and keeps the
-// index_topk best positions per query (dsa::choose).
+// dot uses math::dot's 8-lane order; the keys are DSA's indexer keys in the layer's MLA
+// cache rows (the pass's rows copied there first), or V4's indexer entries. DSA's host
+// reads S back and keeps the index_topk best positions per query (dsa::choose); V4's
+// top-k is v4_topk.wgsl.
 //
 // Preludes: common/arith.wgsl.
 // Bindings:
 //   0 P   uniform Params
 //   1 IQ  storage read  f32 [n, heads, head_dim]     the indexer's rotated queries
 //   2 IW  storage read  f32 [n, heads]               weights_proj's output
-//   3 K   storage read  f32 [pos0 + n, row]          cache rows, the key at k_offset
-//   4 S   storage rw    f32 [n, s_stride]            scores (j <= p written)
+//   3 K   storage read  f32 [keys, row]              key rows, the key at k_offset
+//   4 S   storage rw    f32 [n, s_stride]            scores (the keys j above written)
 // Workgroup: 64 threads for one query, each taking j, j + 64, ...
 // Dispatch: n workgroups, split (x, y) with groups_x.
 
@@ -27,6 +30,8 @@ struct Params {
     s_stride: u32,
     scale: f32,
     head_scale: f32,
+    rate: u32,
+    keys: u32,
     groups_x: u32,
 }
 
@@ -44,7 +49,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     let p = P.pos0 + i;
     let hd = P.head_dim;
-    for (var j = li; j <= p; j = j + 64u) {
+    let count = min((p + 1u) / P.rate, P.keys);
+    for (var j = li; j < count; j = j + 64u) {
         let kb = j * P.row + P.k_offset;
         var score = 0.0;
         for (var h = 0u; h < P.heads; h = h + 1u) {

@@ -2,16 +2,19 @@
 // it, for every scoring rule the families use:
 //   1. scores: SCORING 0 softmax over all experts (math::softmax: max, then e^(v - max)
 //      with det_exp summed in expert order, correctly rounded division); 1 the sigmoid of
-//      each logit (det_sigmoid); 2 the logits themselves (gpt_oss);
+//      each logit (det_sigmoid); 2 the logits themselves (gpt_oss); 3 sqrt(softplus) of
+//      each logit (deepseek_v4: det_softplus, sqrt_cr);
 //   2. selection scores: the scores plus BIAS (e_score_correction_bias) when has_bias;
 //   3. groups (n_group > 1, topk_group < n_group, n_experts a multiple of n_group): a
 //      group's score is the sum of its two best selection scores; only the experts of the
 //      topk_group best groups are candidates;
 //   4. the top-k candidates by selection score in descending order (ties to the lower
-//      index, NaN last: moe::best's stable sort); their weights are their scores (without
-//      the bias); SCORING 2 takes the softmax of those k (math::softmax); norm divides them
-//      by their sum (added in selection order, + 1e-20 for the sigmoid); a scale other
-//      than 1 multiplies them (routed_scaling_factor).
+//      index, NaN last: moe::best's stable sort), or with has_fixed the k experts FIXED
+//      names in its order (deepseek_v4's hash layers: moe::route_with's `fixed`; the host
+//      checks they are experts); their weights are their scores (without the bias);
+//      SCORING 2 takes the softmax of those k (math::softmax); norm divides them by their
+//      sum (added in selection order, + 1e-20 for the sigmoid and sqrtsoftplus); a scale
+//      other than 1 multiplies them (routed_scaling_factor).
 //
 // Preludes: common/arith.wgsl.
 // Bindings:
@@ -20,6 +23,7 @@
 //   2 PROBS  storage rw    f32 [n, n_experts]   scratch: the scores
 //   3 OUT    storage rw    u32 [n, top_k, 2]    (expert index, weight bits) per choice
 //   4 BIAS   storage read  f32 [n_experts]      selection bias (read only when has_bias)
+//   5 FIXED  storage read  u32 [n, top_k]       the chosen experts (read only when has_fixed)
 // Workgroup: 64 threads, one per position.
 // Dispatch: ceil(n / 64) workgroups, split (x, y) with groups_x.
 
@@ -34,6 +38,7 @@ struct Params {
     n_group: u32, // at most 32 (the host checks)
     topk_group: u32,
     scale: f32,
+    has_fixed: u32,
     groups_x: u32,
 }
 
@@ -42,6 +47,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> PROBS: array<f32>;
 @group(0) @binding(3) var<storage, read_write> OUT: array<u32>;
 @group(0) @binding(4) var<storage, read> BIAS: array<f32>;
+@group(0) @binding(5) var<storage, read> FIXED: array<u32>;
 
 // a ranks before b (a at index ia, b at ib) in a stable descending sort, NaN last.
 fn before(a: f32, ia: u32, b: f32, ib: u32) -> bool {
@@ -98,6 +104,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         for (var e = 0u; e < ne; e++) {
             PROBS[base + e] = L[base + e];
         }
+    } else if (P.scoring == 3u) {
+        for (var e = 0u; e < ne; e++) {
+            PROBS[base + e] = sqrt_cr(det_softplus(L[base + e]));
+        }
     } else {
         // max ignoring NaN, from -inf (f32::max folds the same way).
         var m = f32_bits(0xff800000u);
@@ -128,7 +138,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     var per = ne;
     var kept = 1u;
     let ng = P.n_group;
-    if (ng > 1u && P.topk_group < ng && ne % ng == 0u) {
+    if (P.has_fixed != 0u) {
+        kept = 0u; // no candidates: the picks are FIXED's
+    } else if (ng > 1u && P.topk_group < ng && ne % ng == 0u) {
         per = ne / ng;
         kept = 0u;
         var gs: array<f32, 32>;
@@ -163,7 +175,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         var best_i = ne;
         var best = 0.0;
         for (var e = 0u; e < ne; e++) {
-            if ((kept & (1u << (e / per))) == 0u) {
+            if (P.has_fixed != 0u || (kept & (1u << (e / per))) == 0u) {
                 continue;
             }
             let v = choice(base, e);
@@ -174,6 +186,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 best = v;
                 best_i = e;
             }
+        }
+        if (P.has_fixed != 0u) {
+            best_i = FIXED[p * k + j];
         }
         OUT[out + 2u * j] = best_i;
         OUT[out + 2u * j + 1u] = bitcast<u32>(PROBS[base + min(best_i, ne - 1u)]);
@@ -210,7 +225,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         for (var j = 0u; j < k; j++) {
             sum = sum + bitcast<f32>(OUT[out + 2u * j + 1u]);
         }
-        if (P.scoring == 1u) {
+        if (P.scoring == 1u || P.scoring == 3u) {
             sum = sum + bitcast<f32>(0x1e3ce508u); // 1e-20
         }
         for (var j = 0u; j < k; j++) {

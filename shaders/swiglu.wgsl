@@ -3,6 +3,7 @@
 //                correctly rounded division);
 //   clamped = 1 (gpt_oss): g = min(G[i], limit), u = clamp(U[i], -limit, limit),
 //                G[i] = (u + 1) * (g * sigmoid(g * alpha)), each product rounded (opq).
+//   clamped = 2 (deepseek_v4): G[i] = silu(min(G[i], limit)) * clamp(U[i], -limit, limit).
 //
 // Preludes: common/arith.wgsl.
 // Bindings:
@@ -38,5 +39,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     // f32::min and f32::clamp: a NaN gate becomes the limit, a NaN up stays NaN.
     let g = select(P.limit, G[t], G[t] < P.limit);
     let u = select(select(U[t], P.limit, U[t] > P.limit), -P.limit, U[t] < -P.limit);
+    if (P.clamped == 2u) {
+        G[t] = det_silu(g) * u;
+        return;
+    }
     G[t] = opq(u + 1.0) * opq(g * det_sigmoid(opq(g * P.alpha)));
 }

@@ -479,6 +479,8 @@ pub enum Activation {
     /// gpt_oss (transformers' `GptOssExperts._apply_gate`): g clamped above at `limit`,
     /// u to [-limit, limit], then (u + 1) * (g * sigmoid(alpha * g)).
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// deepseek_v4 (`swiglu_limit`): silu(min(g, limit)) * clamp(u, -limit, limit).
+    SiluClamped { limit: f32 },
 }
 
 impl Activation {
@@ -491,6 +493,7 @@ impl Activation {
                 let u = u.clamp(-limit, limit);
                 (u + 1.0) * (g * math::sigmoid(g * alpha))
             }
+            Activation::SiluClamped { limit } => math::silu(g.min(limit)) * u.clamp(-limit, limit),
         }
     }
 }

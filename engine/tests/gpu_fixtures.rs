@@ -241,13 +241,44 @@ fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
     assert!(gs.bytes() > 4 * 8, "the recurrent state counts in the session's bytes");
 }
 
-/// DeepSeek-V4 is not on the GPU yet: uploading it is refused by name, never run as a
-/// model without its layers.
+/// DeepSeek-V4: hyper-connections (3 streams), a sliding layer, CSA (entries every 4
+/// positions, the indexer keeping 3) and HCA (every 8) layers with sinks, both hash and
+/// learned-router (sqrtsoftplus) MoE layers with the clamped SwiGLU and a shared expert;
+/// 48 positions against a window of 6: several compression blocks.
 #[test]
-fn deepseek_v4_is_refused_by_name() {
+fn deepseek_v4_gpu_matches_cpu() {
+    check("deepseek_v4", None, 0);
+}
+
+/// DeepSeek-V4 in the release's layout: FP4 routed experts, block-scaled FP8 dense weights.
+#[test]
+fn deepseek_v4_fp8_gpu_matches_cpu() {
+    check("deepseek_v4_fp8", None, 0);
+}
+
+/// DeepSeek-V4's GPU state cannot go back, like the CPU's: a session truncated into it
+/// restarts and feeds the kept tokens again, giving the bits of a fresh prefill.
+#[test]
+fn deepseek_v4_gpu_truncation_restarts_the_state() {
     let Some(ctx) = gpu() else { return };
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
+    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
     let model = Model::open_dir(&dir).unwrap();
-    let err = GpuModel::new(&model, ctx, GpuOptions::default()).err().expect("refused").to_string();
-    assert!(err.contains("deepseek_v4") && err.contains("not on the GPU yet"), "{err}");
+    let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
+    let vocab = model.cfg.vocab;
+    let tf = ids(&reference["ids"]);
+    let fresh = gm.forward_blocking(&mut gm.new_session(), &tf[..30], Logits::All).unwrap();
+    let mut s = gm.new_session();
+    gm.forward_blocking(&mut s, &tf[..23], Logits::Last).unwrap();
+    // Back to 13 (inside the state), then on with other tokens than before.
+    s.truncate(13);
+    assert_eq!(s.len(), 13);
+    let got = gm.forward_blocking(&mut s, &tf[13..30], Logits::All).unwrap();
+    // The session counts the V4 state's bytes (window, entries, carried rows).
+    assert!(s.bytes() > 4 * 30 + 4 * 5 * model.cfg.n_layers * model.cfg.head_dim, "{} bytes", s.bytes());
+    assert_bits("deepseek_v4 after truncation", &got, &fresh[13 * vocab..]);
+    // And a decode step after it equals the prefill's next position.
+    let step = gm.forward_blocking(&mut s, &tf[30..31], Logits::Last).unwrap();
+    let more = gm.forward_blocking(&mut gm.new_session(), &tf[..31], Logits::Last).unwrap();
+    assert_bits("deepseek_v4 decode after truncation", &step, &more);
 }

@@ -108,3 +108,9 @@ fn hybrid_parses_its_names() {
     }
     assert!("yes".parse::<Hybrid>().is_err());
 }
+
+#[test]
+fn deepseek_v4_hybrid_is_exact() {
+    // Hash and sqrtsoftplus routing, V4's clamped SwiGLU on both sides, a shared expert.
+    check("deepseek_v4");
+}

@@ -1,8 +1,10 @@
-//! DeepSeek-V4's kernels on the GPU against the CPU reference (engine/src/model/v4/hc.rs),
+//! DeepSeek-V4's kernels on the GPU against the CPU reference (engine/src/model/v4/),
 //! bit for bit on lavapipe: the hyper-connection collapse and expand with odd sizes (a
 //! hidden size that is not a multiple of the workgroup, 2 to 5 streams, negative zeros
 //! among the inputs), the streams' weights (sigmoids, softmax and Sinkhorn-Knopp) and
-//! the hyper-head's, and the strided row copy.
+//! the hyper-head's, the strided row copy, the tail RoPE, the MoE's routing (sqrtsoftplus,
+//! hash layers' fixed experts) and clamped SwiGLU, the compressors fed in chunks, and the
+//! indexer's choice with the attention over passes of odd sizes.
 #![cfg(feature = "wgpu")]
 
 mod gpu_common;
@@ -188,6 +190,250 @@ fn rope_tail_matches_the_cpu() {
             v4::rope_tail(&mut rec, &xb, 0, n, heads, stride, rot / 2, inverse, csb).unwrap();
             block_on(rec.submit()).unwrap();
             assert_bits(&format!("rope_tail {cfg} inverse {inverse}"), &read(&ctx, &xb, x.len()), &want);
+        }
+    }
+}
+
+/// V4's routing: sqrt(softplus) scores (with and without the correction bias, with and
+/// without renormalising and scaling), and the hash layers' fixed experts weighed by them.
+#[test]
+fn v4_route_matches_the_cpu() {
+    use colibri_engine::gpu::ops;
+    use colibri_engine::model::config::{RouterConfig, Scoring};
+    use colibri_engine::model::moe::route_with;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(37);
+    // (experts, top_k, renormalise, logit scale, scaling, bias, hash)
+    let cases = [
+        (7usize, 2usize, true, 3.0f32, 1.5f32, true, false),
+        (64, 6, true, 12.0, 2.5, true, false),
+        (33, 4, false, 30.0, 1.0, false, false),
+        (16, 3, true, 4.0, 1.5, false, true),
+        (9, 9, true, 25.0, 1.0, false, true),
+        (40, 5, false, 2.0, 1.0, false, true),
+    ];
+    for (ne, k, norm, scale, rsf, has_bias, hash) in cases {
+        let n = 29;
+        let mut logits = rng.vec(n * ne, scale);
+        // Exact ties, a row of equal logits, both sides of softplus's threshold 20, a
+        // logit whose e^x underflows.
+        logits[ne + 3] = logits[ne + 1];
+        logits[2 * ne..3 * ne].iter_mut().for_each(|v| *v = 0.25);
+        logits[3 * ne] = 20.0;
+        logits[3 * ne + 1] = 20.000002;
+        logits[4 * ne] = -95.0;
+        logits[4 * ne + 1] = -0.0;
+        let cfg = RouterConfig {
+            scoring: Scoring::SqrtSoftplus,
+            routed_scaling_factor: rsf,
+            correction_bias: has_bias,
+            ..RouterConfig::softmax(ne, k, norm)
+        };
+        let bias = rng.vec(ne, 0.2);
+        // Per position k distinct experts in a scrambled order (as tid2eid rows are).
+        let fixed: Vec<u32> = (0..n)
+            .flat_map(|p| {
+                let mut e: Vec<u32> = (0..ne as u32).collect();
+                for i in (1..ne).rev() {
+                    e.swap(i, (p * 7 + i * 13 + rng.vec(1, 1.0)[0].to_bits() as usize) % (i + 1));
+                }
+                e.truncate(k);
+                e
+            })
+            .collect();
+        let bias_buf = upload_f32(&ctx, "bias", &bias).unwrap();
+        let lb = upload_f32(&ctx, "logits", &logits).unwrap();
+        let zeros = |len: usize| ctx.storage_buffer("zeros", len as u64 * 4).unwrap();
+        let (probs, out) = (zeros(n * ne), zeros(n * k * 2));
+        let mut rec = Recorder::new(&ctx);
+        let fixed_bind = hash.then(|| rec.data(&fixed));
+        ops::route_with(&mut rec, &lb, &probs, &out, n, &cfg, has_bias.then_some(&bias_buf), fixed_bind).unwrap();
+        rec.read(&out, 0, (n * k * 2) as u64 * 4);
+        let got = ops::routes_from(&block_on(rec.submit()).unwrap()[0], k);
+        assert_eq!(got.len(), n);
+        let what = format!("{ne}x top{k} norm {norm} scaling {rsf} bias {has_bias} hash {hash}");
+        for (p, g) in got.iter().enumerate() {
+            let f: Vec<usize> = fixed[p * k..(p + 1) * k].iter().map(|&e| e as usize).collect();
+            let bias = has_bias.then_some(&bias[..]);
+            let want = route_with(&logits[p * ne..(p + 1) * ne], &cfg, bias, hash.then_some(&f[..]));
+            assert_eq!(g.experts, want.experts, "experts {what}, position {p}");
+            assert_bits(&format!("weights {what}, position {p}"), &g.weights, &want.weights);
+            if hash {
+                assert_eq!(g.experts, f, "{what}: the hash layer's experts");
+            }
+        }
+    }
+}
+
+/// V4's clamped SwiGLU (kernels::Activation::SiluClamped) on the GPU.
+#[test]
+fn v4_clamped_swiglu_matches_the_cpu() {
+    use colibri_engine::gpu::ops;
+    use colibri_engine::kernels::Activation;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(38);
+    let mut g = values(&mut rng, 3001, 30.0);
+    g.extend([f32::NAN, 88.0, -88.0, 90.0, -90.0, 1e-30, -1e-30, 200.0, -200.0, 10.0, 10.5, -10.5]);
+    let mut u = values(&mut rng, g.len(), 12.0);
+    u[3001..].copy_from_slice(&[1.0, 11.0, -11.0, 10.0, -10.0, 3.0, 3.0, 1.0, 1.0, 10.0, 10.5, -10.5]);
+    let act = Activation::SiluClamped { limit: 10.0 };
+    let want: Vec<f32> = g.iter().zip(&u).map(|(g, u)| act.apply(*g, *u)).collect();
+    // The clamps bite: above the limit, gate and up are cut.
+    let plain: Vec<f32> = g.iter().zip(&u).map(|(g, u)| Activation::Silu.apply(*g, *u)).collect();
+    assert!(want.iter().zip(&plain).filter(|(a, b)| a.to_bits() != b.to_bits()).count() > 100);
+    let (gb, ub) = (upload_f32(&ctx, "g", &g).unwrap(), upload_f32(&ctx, "u", &u).unwrap());
+    let mut rec = Recorder::new(&ctx);
+    ops::swiglu(&mut rec, &gb, &ub, g.len(), act).unwrap();
+    block_on(rec.submit()).unwrap();
+    assert_bits("swiglu SiluClamped", &read(&ctx, &gb, g.len()), &want);
+}
+
+/// The compressors' entries (CSA's overlapping windows at rate 4, HCA-like disjoint ones
+/// at rate 8 and 5, odd widths) fed in chunks of odd sizes, so windows complete inside a
+/// chunk, across chunks and not at all: the GPU's entries equal the CPU's after every
+/// chunk.
+#[test]
+fn v4_compress_matches_the_cpu() {
+    use colibri_engine::gpu::v4::GpuComp;
+    use colibri_engine::model::rope::{Rope, RopeConfig};
+    use colibri_engine::model::v4::compress::{feed, CompShape};
+    use colibri_engine::model::v4::CompState;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(39);
+    // (dim, rotary dim, rate, overlap, chunk sizes)
+    let cases = [
+        (24usize, 8usize, 4usize, true, vec![1usize, 3, 7, 2, 9, 1, 1, 5, 12]),
+        (13 * 2, 6, 8, false, vec![5, 1, 17, 3, 8, 2, 1]),
+        (70, 8, 5, false, vec![4, 1, 11, 9]),
+        (10, 4, 3, true, vec![2, 2, 2, 1, 7, 1]),
+    ];
+    for (d, rot, rate, overlap, chunks) in cases {
+        let rope = Rope::new(
+            &RopeConfig::from_config(
+                &serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 4.0, "original_max_position_embeddings": 32}}),
+                rot,
+                4096,
+            )
+            .unwrap(),
+        );
+        let width = if overlap { 2 * d } else { d };
+        let ape = values(&mut rng, rate * width, 1.0);
+        let norm = values(&mut rng, d, 1.5);
+        let (apeb, normb) = (upload_f32(&ctx, "ape", &ape).unwrap(), upload_f32(&ctx, "norm", &norm).unwrap());
+        let mut st = CompState::default();
+        let mut gst = GpuComp::new(&ctx).unwrap();
+        let mut grew = 0;
+        for (i, &n) in chunks.iter().enumerate() {
+            let kv = values(&mut rng, n * width, 2.0);
+            let mut gate = values(&mut rng, n * width, 3.0);
+            if i == 2 {
+                gate[1] = 90.0; // one slot takes all the weight
+            }
+            let c = CompShape { n, dim: d, rate, overlap, rms_eps: 1e-6 };
+            let before = st.entries.len();
+            feed(c, &ape, &norm, &mut st, &kv, &gate, &rope);
+            grew += usize::from(st.entries.len() > before);
+            let (kb, gb) = (upload_f32(&ctx, "kv", &kv).unwrap(), upload_f32(&ctx, "gate", &gate).unwrap());
+            let mut rec = Recorder::new(&ctx);
+            gst.feed(&mut rec, &kb, &gb, &apeb, &normb, c, &rope).unwrap();
+            block_on(rec.submit()).unwrap();
+            assert_eq!(gst.count * d, st.entries.len(), "entries after chunk {i}");
+            let what = format!("dim {d}, rate {rate}, overlap {overlap}, after chunk {i}");
+            assert_bits(&format!("v4 compress ({what})"), &read(&ctx, &gst.entries, st.entries.len()), &st.entries);
+        }
+        assert!(grew >= 3, "entries were made in {grew} chunks only");
+    }
+}
+
+/// A V4 layer's attention state over passes of odd sizes (prefill chunks and single
+/// decode steps), for a sliding layer, an HCA-like one (entries every 8 positions, all
+/// seen) and a CSA one (entries every 4, the indexer choosing 3): the indexer's choice
+/// and the attention's output equal the CPU's after every pass, across several
+/// compression boundaries and a sequence far longer than the window.
+#[test]
+fn v4_select_and_attend_match_the_cpu() {
+    use colibri_engine::gpu::v4_attn::GpuV4Layer;
+    use colibri_engine::model::rope::{Rope, RopeConfig};
+    use colibri_engine::model::v4::attn::{attend, AttendShape};
+    use colibri_engine::model::v4::compress::{feed, select, visible, CompShape};
+    use colibri_engine::model::v4::{SelectShape, V4LayerState};
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(40);
+    let (hd, rot, nh, window, di, hi, topk) = (24usize, 8usize, 3usize, 5usize, 16usize, 2usize, 3usize);
+    let rope = Rope::new(&RopeConfig::from_config(&serde_json::json!({"rope_theta": 10000.0}), rot, 4096).unwrap());
+    let irope = Rope::new(&RopeConfig::from_config(&serde_json::json!({"rope_theta": 10000.0}), 4, 4096).unwrap());
+    let up = |name, v: &[f32]| upload_f32(&ctx, name, v).unwrap();
+    // (rate, sparse): sliding, HCA-like, CSA.
+    for (rate, sparse) in [(None, false), (Some(8usize), false), (Some(4), true)] {
+        let overlap = sparse;
+        let width = if overlap { 2 * hd } else { hd };
+        let (ape, norm) = (values(&mut rng, 8 * width, 1.0), values(&mut rng, hd, 1.5));
+        let (iape, inorm) = (values(&mut rng, 4 * 2 * di, 1.0), values(&mut rng, di, 1.5));
+        let sinks = values(&mut rng, nh, 2.0);
+        let (apeb, normb, iapeb, inormb, sinksb) =
+            (up("ape", &ape), up("norm", &norm), up("iape", &iape), up("inorm", &inorm), up("sinks", &sinks));
+        let mut st = V4LayerState::default();
+        let mut gst = GpuV4Layer::new(&ctx, window, hd).unwrap();
+        let mut pos0 = 0;
+        let mut chose = 0;
+        for (step, n) in [5usize, 1, 9, 1, 13, 2, 1, 7, 1].into_iter().enumerate() {
+            let what = format!("rate {rate:?} sparse {sparse}, pass {step} at {pos0}");
+            let q = values(&mut rng, n * nh * hd, 1.0);
+            let kv = values(&mut rng, n * hd, 1.0);
+            let mut rec = Recorder::new(&ctx);
+            if let Some(r) = rate {
+                let (ck, cg) = (values(&mut rng, n * width, 2.0), values(&mut rng, n * width, 3.0));
+                let c = CompShape { n, dim: hd, rate: r, overlap, rms_eps: 1e-6 };
+                feed(c, &ape[..r * width], &norm, &mut st.comp, &ck, &cg, &rope);
+                let (ckb, cgb, apeb_r) = (up("ck", &ck), up("cg", &cg), up("ape", &ape[..r * width]));
+                gst.comp.feed(&mut rec, &ckb, &cgb, &apeb_r, &normb, c, &rope).unwrap();
+                let _ = &apeb;
+            }
+            let mut picks = None;
+            let mut list = None;
+            if sparse {
+                let r = rate.unwrap();
+                let (ik, ig) = (values(&mut rng, n * 2 * di, 2.0), values(&mut rng, n * 2 * di, 3.0));
+                let c = CompShape { n, dim: di, rate: r, overlap: true, rms_eps: 1e-6 };
+                feed(c, &iape, &inorm, &mut st.index, &ik, &ig, &irope);
+                gst.index.feed(&mut rec, &up("ik", &ik), &up("ig", &ig), &iapeb, &inormb, c, &irope).unwrap();
+                let iq = values(&mut rng, n * hi * di, 1.0);
+                let iw = values(&mut rng, n * hi, 1.0);
+                let total = st.index.entries.len() / di;
+                let scale = (hi as f32).powf(-0.5);
+                let p: Vec<Vec<usize>> = (0..n)
+                    .map(|i| {
+                        let w: Vec<f32> = iw[i * hi..(i + 1) * hi].iter().map(|v| v * scale).collect();
+                        let vis = visible(pos0 + i, r, total);
+                        select(&iq[i * hi * di..(i + 1) * hi * di], &w, &st.index.entries, vis, di, topk)
+                    })
+                    .collect();
+                chose += p.iter().filter(|c| c.len() == topk && *c.last().unwrap() + 1 > topk).count();
+                let s = SelectShape { n, pos0, heads: hi, head_dim: di, topk, rate: r };
+                list = Some(gst.select(&mut rec, &up("iq", &iq), &up("iw", &iw), s).unwrap());
+                picks = Some(p);
+            }
+            let s = AttendShape { n, pos0, heads: nh, head_dim: hd, window, rate, sparse, scale: 0.3 };
+            let mut want = vec![0.0f32; n * nh * hd];
+            attend(&mut st, &q, &kv, &sinks, s, picks.as_deref(), &mut want);
+            let out = ctx.storage_buffer("out", want.len() as u64 * 4).unwrap();
+            gst.attend(&mut rec, &up("q", &q), &up("kv", &kv), &sinksb, s, list.as_ref().map(|l| (l, topk)), &out)
+                .unwrap();
+            block_on(rec.submit()).unwrap();
+            if let (Some(p), Some(l)) = (&picks, &list) {
+                let words: Vec<u32> = read(&ctx, l, n * (topk + 1)).iter().map(|v| v.to_bits()).collect();
+                for (i, want) in p.iter().enumerate() {
+                    let row = &words[i * (topk + 1)..(i + 1) * (topk + 1)];
+                    let got: Vec<usize> = row[1..1 + row[0] as usize].iter().map(|&e| e as usize).collect();
+                    assert_eq!(&got, want, "choice of query {i}, {what}");
+                }
+            }
+            assert_bits(&format!("v4 attend ({what})"), &read(&ctx, &out, want.len()), &want);
+            assert_eq!(gst.held * hd, st.window.len(), "window kept, {what}");
+            pos0 += n;
+        }
+        if sparse {
+            assert!(chose > 10, "the indexer chose among more than top-k entries {chose} times only");
         }
     }
 }

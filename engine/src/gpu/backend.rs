@@ -33,9 +33,9 @@ use crate::model::{Ffn, Model};
 
 /// One forward pass of a [`GpuModel`] over a session, positions `pos0..pos0 + n`.
 pub(super) struct GpuPass<'a, M: Borrow<Model>> {
-    gm: &'a GpuModel<M>,
-    rec: Recorder<'a>,
-    session: &'a mut GpuSession,
+    pub(super) gm: &'a GpuModel<M>,
+    pub(super) rec: Recorder<'a>,
+    pub(super) session: &'a mut GpuSession,
     pos0: usize,
     n: usize,
     /// RoPE's [cos.., sin..] per position of the pass, and where the recorder holds it
@@ -57,7 +57,7 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     /// the FFN input read back (hybrid placement runs some experts on the CPU).
     ahead: Option<Vec<usize>>,
     xn_host: Option<Vec<f32>>,
-    on_use: &'a mut dyn FnMut(usize, usize, usize),
+    pub(super) on_use: &'a mut dyn FnMut(usize, usize, usize),
 }
 
 impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
@@ -116,7 +116,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
     }
 
     /// Submits what was recorded (a fresh recorder takes its place) and returns the reads.
-    async fn submit(&mut self) -> Result<Vec<Vec<u8>>> {
+    pub(super) async fn submit(&mut self) -> Result<Vec<Vec<u8>>> {
         let ctx = self.rec.ctx();
         let done = std::mem::replace(&mut self.rec, Recorder::new(ctx)).submit().await?;
         self.reattach_tables();
@@ -124,7 +124,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
     }
 
     /// The RoPE tables again in a fresh recorder's data arena.
-    fn reattach_tables(&mut self) {
+    pub(super) fn reattach_tables(&mut self) {
         self.cs_data = self.rec.data_f32(&self.cs);
         for (_, t, data) in &mut self.v4_cs {
             *data = self.rec.data_f32(t);
@@ -564,38 +564,38 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
     ) -> Result<()> {
         let (half, cs) = match self.v4_cs.get(usize::from(compress)) {
             Some((rot, _, cs)) => (rot / 2, cs.clone()),
-            None => return Err(v4_not_here("interleaved tail RoPE without its tables")),
+            None => return Err(Error::Gpu("deepseek_v4's interleaved tail RoPE without its tables".into())),
         };
         v4::rope_tail(&mut self.rec, t, 0, n, heads, stride, half, inverse, cs)
     }
 
     fn v4_compress(
         &mut self,
-        _l: usize,
-        _index: bool,
-        _kv: &wgpu::Buffer,
-        _gate: &wgpu::Buffer,
-        _ape: &wgpu::Buffer,
-        _norm: &wgpu::Buffer,
-        _c: CompShape,
+        l: usize,
+        index: bool,
+        kv: &wgpu::Buffer,
+        gate: &wgpu::Buffer,
+        ape: &wgpu::Buffer,
+        norm: &wgpu::Buffer,
+        c: CompShape,
     ) -> Result<()> {
-        Err(v4_not_here("KV compression"))
+        self.v4_feed(l, index, kv, gate, ape, norm, c)
     }
 
-    fn v4_select(&mut self, _l: usize, _iq: &wgpu::Buffer, _iw: &wgpu::Buffer, _s: SelectShape) -> Result<()> {
-        Err(v4_not_here("lightning indexer"))
+    fn v4_select(&mut self, l: usize, iq: &wgpu::Buffer, iw: &wgpu::Buffer, s: SelectShape) -> Result<()> {
+        self.v4_choose(l, iq, iw, s)
     }
 
     fn v4_attend(
         &mut self,
-        _l: usize,
-        _q: &wgpu::Buffer,
-        _kv: &wgpu::Buffer,
-        _sinks: &wgpu::Buffer,
-        _s: V4AttendShape,
-        _out: &mut wgpu::Buffer,
+        l: usize,
+        q: &wgpu::Buffer,
+        kv: &wgpu::Buffer,
+        sinks: &wgpu::Buffer,
+        s: V4AttendShape,
+        out: &mut wgpu::Buffer,
     ) -> Result<()> {
-        Err(v4_not_here("compressed attention"))
+        self.v4_attention(l, q, kv, sinks, s, out)
     }
 
     async fn read(&mut self, t: wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
@@ -605,26 +605,20 @@ impl<'a, M: Borrow<Model>> Ops<'a> for GpuPass<'a, M> {
     }
 }
 
-/// The error of a DeepSeek-V4 operation on the GPU backend (the model is refused at
-/// upload already; this names the operation should a pass get here).
-fn v4_not_here(op: &str) -> Error {
-    Error::Gpu(format!("deepseek_v4's {op} is not on the GPU yet"))
-}
-
 impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
     fn v4(&self) -> Option<&'a V4Weights<GpuMat, wgpu::Buffer>> {
-        None
+        self.gm.v4.as_ref().map(|v| &v.w)
     }
 
     async fn v4_moe(
         &mut self,
-        _l: usize,
-        _xn: &wgpu::Buffer,
-        _n: usize,
-        _ids: &[u32],
-        _out: &mut wgpu::Buffer,
+        l: usize,
+        xn: &wgpu::Buffer,
+        n: usize,
+        ids: &[u32],
+        out: &mut wgpu::Buffer,
     ) -> Result<()> {
-        Err(v4_not_here("MoE (hash routing, clamped SwiGLU)"))
+        self.v4_moe_gpu(l, xn, n, ids, out).await
     }
 
     fn model(&self) -> &'a Model {
@@ -751,7 +745,8 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
         let (g, u) = (Ops::alloc(self, "g", n * inter)?, Ops::alloc(self, "u", n * inter)?);
         let scratch = MoeScratch { xn, y, xs: &xs, g: &g, u: &u, ys: &ys };
         let on_use = &mut *self.on_use;
-        if gm.moe_experts(&mut self.rec, l, block, moe, users, xn_host.as_deref(), &scratch, on_use).await? {
+        let (act, bias, xn_host) = (block.act, block.expert_bias.as_ref(), xn_host.as_deref());
+        if gm.moe_experts(&mut self.rec, l, act, bias, moe, users, xn_host, &scratch, on_use).await? {
             self.reattach_tables();
         }
         if let Some(guess) = ahead {

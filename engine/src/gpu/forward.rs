@@ -72,13 +72,42 @@ impl<M: Borrow<Model>> GpuModel<M> {
         let mut rec = Recorder::new(&self.ctx);
         self.ensure_kv(&mut rec, session, pos0, pos0 + n)?;
         prepare_states(self, session, n)?;
+        let v4 = self.v4.is_some();
+        if v4 {
+            prepare_v4(self, session, pos0)?;
+        }
         let (logits, _) = {
             let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
             crate::model::graph::forward(&mut pass, ids, which, false).await?
         };
         session.tokens.extend_from_slice(ids);
+        if v4 {
+            session.v4_pos = session.tokens.len();
+        }
         Ok(logits)
     }
+}
+
+/// DeepSeek-V4's state for a pass from `pos0`: fresh layers for a pass from the start;
+/// until the pass succeeds the state counts as holding nothing (a failed pass leaves it
+/// half-advanced: the next one restarts from the first token, as on the CPU).
+fn prepare_v4<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, pos0: usize) -> Result<()> {
+    let c = &gm.m().cfg;
+    let v4 =
+        c.v4.as_deref().ok_or_else(|| crate::error::Error::Gpu("DeepSeek-V4 weights without its config".into()))?;
+    if pos0 == 0 || session.v4.len() != c.n_layers || session.v4_pos != pos0 {
+        if pos0 != 0 {
+            return Err(crate::error::Error::Gpu(format!(
+                "DeepSeek-V4's state holds {} tokens, not the {pos0} before this pass",
+                session.v4_pos
+            )));
+        }
+        session.v4 = (0..c.n_layers)
+            .map(|_| super::v4_attn::GpuV4Layer::new(&gm.ctx, v4.window, c.head_dim))
+            .collect::<Result<_>>()?;
+    }
+    session.v4_pos = 0;
+    Ok(())
 }
 
 /// Makes a session ready for a pass of positions pos0..pos0 + n: recurrent states

@@ -60,8 +60,8 @@ use super::weights::GpuMoe;
 use super::GpuModel;
 use crate::error::{Error, Result};
 use crate::experts::Expert;
-use crate::kernels::{swiglu_many, FfnJob};
-use crate::model::moe::{gather_rows, MoeBlock};
+use crate::kernels::{swiglu_many, Activation, FfnJob};
+use crate::model::moe::{gather_rows, ExpertBiases};
 use crate::model::Model;
 use crate::tensor::Mat;
 
@@ -106,7 +106,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
         &'a self,
         rec: &mut Recorder<'a>,
         l: usize,
-        block: &MoeBlock,
+        act: Activation,
+        cpu_bias: Option<&ExpertBiases>,
         moe: &GpuMoe,
         users: &[Vec<(usize, f32)>],
         xn: Option<&[f32]>,
@@ -148,11 +149,11 @@ impl<M: Borrow<Model>> GpuModel<M> {
             }
             let bias = moe.biases.as_ref().map(|b| FfnBias { b, e });
             if i < first_cpu {
-                swiglu_ffn(rec, &expert, s.xs, list.len(), s.g, s.u, s.ys, block.act, bias)?;
+                swiglu_ffn(rec, &expert, s.xs, list.len(), s.g, s.u, s.ys, act, bias)?;
                 ops::moe_accumulate(rec, s.y, s.ys, list, h)?;
             } else {
                 let out = ctx.storage_buffer("expert_out", (list.len() * h) as u64 * f)?;
-                swiglu_ffn(rec, &expert, s.xs, list.len(), s.g, s.u, &out, block.act, bias)?;
+                swiglu_ffn(rec, &expert, s.xs, list.len(), s.g, s.u, &out, act, bias)?;
                 later[i] = Some(out);
             }
         }
@@ -178,7 +179,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 let t_submit = self.placement.now();
                 std::mem::replace(rec, Recorder::new(ctx)).submit().await?;
                 let cpu_idx: Vec<usize> = (0..used.len()).filter(|&i| on_cpu[i]).collect();
-                let outs = self.cpu_experts(l, block, users, &used, &cpu_idx, &mut held, xn, h)?;
+                let outs = self.cpu_experts(l, act, cpu_bias, users, &used, &cpu_idx, &mut held, xn, h)?;
                 let t_cpu = self.placement.now();
                 if let (true, Some(t0), Some(t1)) = (timed, t_submit, t_cpu) {
                     self.measure(s.y, t0, t1, used.len() - n_cpu + moe.shared.is_some() as usize).await?;
@@ -254,7 +255,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
     fn cpu_experts(
         &self,
         l: usize,
-        block: &MoeBlock,
+        act: Activation,
+        cpu_bias: Option<&ExpertBiases>,
         users: &[Vec<(usize, f32)>],
         used: &[usize],
         idx: &[usize],
@@ -284,8 +286,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 down: &w.down,
                 x: x.as_ref(),
                 n: x.len() / h,
-                act: block.act,
-                bias: block.expert_bias.as_ref().map(|b| b.of(used[i])),
+                act,
+                bias: cpu_bias.map(|b| b.of(used[i])),
             })
             .collect();
         let mut outs: Vec<Vec<f32>> = xs.iter().map(|x| vec![0.0f32; x.len()]).collect();

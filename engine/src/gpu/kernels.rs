@@ -47,10 +47,13 @@ pub enum Kernel {
     HcExpand,
     HcWeights,
     RopeTail,
+    V4Compress,
+    V4Topk,
+    V4Attend,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 30] = [
+    pub const ALL: [Kernel; 33] = [
         Kernel::Matmul,
         Kernel::QuantizeAct,
         Kernel::QMatmul,
@@ -81,6 +84,9 @@ impl Kernel {
         Kernel::HcExpand,
         Kernel::HcWeights,
         Kernel::RopeTail,
+        Kernel::V4Compress,
+        Kernel::V4Topk,
+        Kernel::V4Attend,
     ];
 
     /// File name in shaders/, its preludes, and its text.
@@ -120,6 +126,9 @@ impl Kernel {
             Kernel::HcExpand => ("hc_expand.wgsl", A, include_str!("../../../shaders/hc_expand.wgsl")),
             Kernel::HcWeights => ("hc_weights.wgsl", A, include_str!("../../../shaders/hc_weights.wgsl")),
             Kernel::RopeTail => ("rope_tail.wgsl", A, include_str!("../../../shaders/rope_tail.wgsl")),
+            Kernel::V4Compress => ("v4_compress.wgsl", A, include_str!("../../../shaders/v4_compress.wgsl")),
+            Kernel::V4Topk => ("v4_topk.wgsl", NONE, include_str!("../../../shaders/v4_topk.wgsl")),
+            Kernel::V4Attend => ("v4_attend.wgsl", A, include_str!("../../../shaders/v4_attend.wgsl")),
         }
     }
 

@@ -33,6 +33,8 @@ pub mod pool;
 pub mod recorder;
 pub mod stream;
 pub mod v4;
+pub mod v4_attn;
+mod v4_model;
 mod weights;
 
 use std::collections::HashMap;

@@ -64,6 +64,8 @@ pub struct GpuModel<M: Borrow<Model>> {
     pub(super) lm_head: GpuMat,
     pub(super) final_norm: wgpu::Buffer,
     pub(super) layers: Vec<GpuLayer>,
+    /// DeepSeek-V4's layers and MoE parts.
+    pub(super) v4: Option<super::v4_model::GpuV4>,
     /// GPU bytes of the dense weights.
     dense_bytes: u64,
     pub(super) pool: Mutex<ExpertPool>,
@@ -85,6 +87,9 @@ pub struct GpuSession {
     kv_cap: usize,
     /// Per layer: a linear-attention layer's recurrent state (None for attention layers).
     pub(super) recurrent: Vec<Option<GpuDeltaState>>,
+    /// DeepSeek-V4's per-layer state, holding the effect of the first `v4_pos` tokens.
+    pub(super) v4: Vec<super::v4_attn::GpuV4Layer>,
+    pub(super) v4_pos: usize,
     ctx: Arc<GpuContext>,
 }
 
@@ -102,6 +107,11 @@ impl GpuSession {
     /// the next forward pass recomputes the tokens between, which gives the same bits.
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
+        // DeepSeek-V4's compressed state cannot go back: it restarts (the next pass feeds
+        // the kept tokens again), as on the CPU.
+        if self.v4_pos > len {
+            self.v4_pos = 0;
+        }
         for st in self.recurrent.iter_mut().flatten() {
             st.rewind(&self.ctx, len);
         }
@@ -116,6 +126,9 @@ impl GpuSession {
     /// Tokens whose effect the caches hold: all of `tokens` but after a truncation that a
     /// recurrent state could not follow exactly.
     pub fn cached_len(&self) -> usize {
+        if !self.v4.is_empty() {
+            return self.v4_pos.min(self.tokens.len());
+        }
         self.recurrent.iter().flatten().map(|st| st.pos).fold(self.tokens.len(), usize::min)
     }
 
@@ -124,6 +137,7 @@ impl GpuSession {
         4 * self.tokens.len()
             + self.kv.iter().map(|(k, v)| (k.size() + v.size()) as usize).sum::<usize>()
             + self.recurrent.iter().flatten().map(GpuDeltaState::bytes).sum::<usize>()
+            + self.v4.iter().map(super::v4_attn::GpuV4Layer::bytes).sum::<usize>()
     }
 }
 
@@ -162,13 +176,14 @@ impl<M: Borrow<Model>> GpuModel<M> {
     fn with_weights(model: M, ctx: Arc<GpuContext>, opts: GpuOptions, dense: DenseWeights) -> Self {
         let budget =
             opts.expert_pool_bytes.unwrap_or_else(|| ctx.limits.max_buffer_size.saturating_mul(4).min(2 << 30));
-        let DenseWeights { embed, lm_head, final_norm, layers, max_inter, bytes } = dense;
+        let DenseWeights { embed, lm_head, final_norm, layers, v4, max_inter, bytes } = dense;
         GpuModel {
             model,
             embed,
             lm_head,
             final_norm,
             layers,
+            v4,
             dense_bytes: bytes,
             pool: Mutex::new(ExpertPool::new(budget)),
             max_inter,
@@ -198,7 +213,15 @@ impl<M: Borrow<Model>> GpuModel<M> {
     }
 
     pub fn new_session(&self) -> GpuSession {
-        GpuSession { tokens: Vec::new(), kv: Vec::new(), kv_cap: 0, recurrent: Vec::new(), ctx: self.ctx.clone() }
+        GpuSession {
+            tokens: Vec::new(),
+            kv: Vec::new(),
+            kv_cap: 0,
+            recurrent: Vec::new(),
+            v4: Vec::new(),
+            v4_pos: 0,
+            ctx: self.ctx.clone(),
+        }
     }
 
     pub fn pool_stats(&self) -> PoolStats {

@@ -453,6 +453,8 @@ pub(crate) fn index_scores(
         u32_of("score stride", s.pos0 + s.n)?,
         scale.to_bits(),
         head_scale.to_bits(),
+        1, // rate: every position
+        u32_of("keys", s.pos0 + s.n)?,
     ];
     let binds = vec![iq.into(), iw.into(), cache.into(), scores.into()];
     rec.dispatch(Kernel::IndexScores, &[], &params, binds, s.n as u64)
@@ -470,6 +472,7 @@ pub fn swiglu(
     let (clamped, alpha, limit) = match act {
         Activation::Silu => (0, 0.0f32, 0.0f32),
         Activation::ClampedSwiglu { alpha, limit } => (1, alpha, limit),
+        Activation::SiluClamped { limit } => (2, 0.0, limit),
     };
     let params = [u32_of("len", len)?, clamped, alpha.to_bits(), limit.to_bits()];
     rec.dispatch(Kernel::Swiglu, &[], &params, vec![g.into(), u.into()], groups(len, 64))
@@ -565,6 +568,23 @@ pub fn route(
     cfg: &crate::model::config::RouterConfig,
     bias: Option<&wgpu::Buffer>,
 ) -> Result<()> {
+    route_with(rec, logits, probs, out, n, cfg, bias, None)
+}
+
+/// [`route`], with the experts already chosen where `fixed` says (moe::route_with's
+/// `fixed`: deepseek_v4's hash layers, `tid2eid` rows of top_k experts per position, each
+/// below n_experts: the caller checks); the scores still weigh them.
+#[allow(clippy::too_many_arguments)]
+pub fn route_with(
+    rec: &mut Recorder,
+    logits: &wgpu::Buffer,
+    probs: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    cfg: &crate::model::config::RouterConfig,
+    bias: Option<&wgpu::Buffer>,
+    fixed: Option<Bind>,
+) -> Result<()> {
     use crate::model::config::Scoring;
     if cfg.top_k == 0 || cfg.top_k > cfg.n_experts {
         return Err(Error::Gpu(format!("route: top_k {} of {} experts", cfg.top_k, cfg.n_experts)));
@@ -580,9 +600,7 @@ pub fn route(
         Scoring::Softmax => 0,
         Scoring::Sigmoid => 1,
         Scoring::SoftmaxOfTopk => 2,
-        Scoring::SqrtSoftplus => {
-            return Err(Error::Gpu("deepseek_v4's sqrtsoftplus router is not on the GPU yet".into()))
-        }
+        Scoring::SqrtSoftplus => 3,
     };
     let params = [
         u32_of("n", n)?,
@@ -594,9 +612,11 @@ pub fn route(
         u32_of("n_group", cfg.n_group)?,
         u32_of("topk_group", cfg.topk_group)?,
         cfg.routed_scaling_factor.to_bits(),
+        fixed.is_some() as u32,
     ];
-    // Without a bias the logits stand in for the (unread) binding.
-    let binds = vec![logits.into(), probs.into(), out.into(), bias.unwrap_or(logits).into()];
+    // Without a bias (or fixed experts) the logits stand in for the (unread) binding.
+    let fixed = fixed.unwrap_or_else(|| logits.into());
+    let binds = vec![logits.into(), probs.into(), out.into(), bias.unwrap_or(logits).into(), fixed];
     rec.dispatch(Kernel::Route, &[], &params, binds, groups(n, 64))
 }
 

@@ -2,12 +2,17 @@
 //! the interleaved tail RoPE (rope_tail.wgsl) and the hyper-connections (`v4::hc`): the
 //! weights of the streams (hc_weights.wgsl, Sinkhorn-Knopp included), the collapse of the
 //! N residual streams before a block (hc_collapse.wgsl), their expand after it
-//! (hc_expand.wgsl); and the strided row copy the V4 graph uses to gather and scatter rows.
+//! (hc_expand.wgsl); the strided row copy the V4 graph uses to gather and scatter rows;
+//! the compressors' entries with their state between passes ([`GpuComp`],
+//! v4_compress.wgsl).
 
 use super::kernels::Kernel;
 use super::ops::{groups, u32_of};
 use super::recorder::{Bind, Recorder};
+use super::GpuContext;
 use crate::error::{Error, Result};
+use crate::model::rope::Rope;
+use crate::model::v4::compress::CompShape;
 use crate::model::v4::HcShape;
 
 /// The hyper-connection weights of the `s.n` positions from their mixes (v4::hc::weights,
@@ -117,4 +122,126 @@ pub fn rope_tail(
         0,
     ];
     rec.dispatch(Kernel::RopeTail, &[], &params, vec![x.into(), cs], groups(n * heads * half, 64))
+}
+
+/// A compressor's state on the GPU (v4::CompState's, laid out for the kernel): its
+/// entries (rows of `dim`, RMSNorm and RoPE applied; the buffer grows by doubling), and
+/// the rows the next entries still need: with overlapping windows the last finished
+/// window's rows first (`has_prev`), then those of the unfinished window, as projected
+/// (kv and gate; the position bias is added where they are used, the CPU's sum).
+pub struct GpuComp {
+    pub entries: wgpu::Buffer,
+    /// Entries so far.
+    pub count: usize,
+    cap: usize,
+    rows: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    held: usize,
+    has_prev: bool,
+}
+
+impl GpuComp {
+    /// The empty state.
+    pub fn new(ctx: &GpuContext) -> Result<Self> {
+        let entries = ctx.storage_buffer("v4.entries", 4)?;
+        Ok(GpuComp { entries, count: 0, cap: 0, rows: None, held: 0, has_prev: false })
+    }
+
+    /// GPU bytes held: the entries' buffer and the rows kept for the next entries.
+    pub fn bytes(&self) -> usize {
+        let rows = self.rows.as_ref().map_or(0, |(k, g)| k.size() + g.size());
+        (self.entries.size() + rows) as usize
+    }
+
+    /// Room for `entries` entries of `dim`, the ones so far copied over.
+    fn reserve(&mut self, rec: &mut Recorder, entries: usize, dim: usize) -> Result<()> {
+        if entries <= self.cap {
+            return Ok(());
+        }
+        let cap = entries.max(2 * self.cap).max(16);
+        let bigger = rec.ctx().storage_buffer("v4.entries", (cap * dim) as u64 * 4)?;
+        rec.copy(&self.entries, 0, &bigger, 0, (self.count * dim) as u64 * 4);
+        self.entries = bigger;
+        self.cap = cap;
+        Ok(())
+    }
+
+    /// v4::compress::feed on the GPU: the projections `kv` and `gate` (c.n rows of 2 *
+    /// dim with overlap, else dim) of the pass's positions; every window they complete
+    /// gives an entry (v4_compress.wgsl, then rmsnorm.wgsl with `norm`, then
+    /// rope_tail.wgsl with `rope` at the entry's first position).
+    #[allow(clippy::too_many_arguments)]
+    pub fn feed(
+        &mut self,
+        rec: &mut Recorder,
+        kv: &wgpu::Buffer,
+        gate: &wgpu::Buffer,
+        ape: &wgpu::Buffer,
+        norm: &wgpu::Buffer,
+        c: CompShape,
+        rope: &Rope,
+    ) -> Result<()> {
+        let (n, r, d) = (c.n, c.rate, c.dim);
+        if r == 0 || d == 0 || rope.rotary_dim > d {
+            return Err(Error::Gpu(format!("v4 compress: rate {r}, dim {d}, rotary dim {}", rope.rotary_dim)));
+        }
+        let width = if c.overlap { 2 * d } else { d };
+        let prev = if self.has_prev { r } else { 0 };
+        let windows = (self.held - prev + n) / r;
+        let rows = self.held + n;
+        let row_bytes = (width * 4) as u64;
+        let ctx = rec.ctx();
+        let seq_kv = ctx.storage_buffer("v4.comp_kv", rows as u64 * row_bytes)?;
+        let seq_gate = ctx.storage_buffer("v4.comp_gate", rows as u64 * row_bytes)?;
+        if let Some((held_kv, held_gate)) = &self.rows {
+            rec.copy(held_kv, 0, &seq_kv, 0, self.held as u64 * row_bytes);
+            rec.copy(held_gate, 0, &seq_gate, 0, self.held as u64 * row_bytes);
+        }
+        rec.copy(kv, 0, &seq_kv, self.held as u64 * row_bytes, n as u64 * row_bytes);
+        rec.copy(gate, 0, &seq_gate, self.held as u64 * row_bytes, n as u64 * row_bytes);
+        if windows > 0 {
+            self.reserve(rec, self.count + windows, d)?;
+            let at = self.count * d;
+            let params = [
+                u32_of("windows", windows)?,
+                u32_of("dim", d)?,
+                u32_of("rate", r)?,
+                u32::from(c.overlap),
+                u32_of("first", prev)?,
+                u32::from(self.has_prev),
+                u32_of("entries offset", at)?,
+            ];
+            let binds = vec![(&seq_kv).into(), (&seq_gate).into(), ape.into(), (&self.entries).into()];
+            rec.dispatch(Kernel::V4Compress, &[], &params, binds, groups(windows * d, 64))?;
+            super::ops::rmsnorm(rec, &self.entries, at, windows, d, norm, c.rms_eps)?;
+            let (mut co, mut si, mut cs) = (Vec::new(), Vec::new(), Vec::with_capacity(windows * rope.rotary_dim));
+            for w in 0..windows {
+                rope.cos_sin((self.count + w) * r, &mut co, &mut si);
+                cs.extend_from_slice(&co);
+                cs.extend_from_slice(&si);
+            }
+            let cs = rec.data_f32(&cs);
+            rope_tail(rec, &self.entries, at, windows, 1, d, rope.rotary_dim / 2, false, cs)?;
+            self.count += windows;
+        }
+        // What the next entries need: with overlap the last finished window on, else the
+        // unfinished window's rows.
+        let keep_from = match (c.overlap, windows) {
+            (true, 0) => 0,
+            (true, w) => prev + (w - 1) * r,
+            (false, w) => w * r,
+        };
+        self.held = rows - keep_from;
+        self.has_prev = c.overlap && (self.has_prev || windows > 0);
+        if self.rows.is_none() {
+            let bytes = (2 * r) as u64 * row_bytes;
+            self.rows =
+                Some((ctx.storage_buffer("v4.comp_rows_kv", bytes)?, ctx.storage_buffer("v4.comp_rows_gate", bytes)?));
+        }
+        if let Some((held_kv, held_gate)) = &self.rows {
+            let from = keep_from as u64 * row_bytes;
+            rec.copy(&seq_kv, from, held_kv, 0, self.held as u64 * row_bytes);
+            rec.copy(&seq_gate, from, held_gate, 0, self.held as u64 * row_bytes);
+        }
+        Ok(())
+    }
 }

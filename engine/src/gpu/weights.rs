@@ -85,6 +85,8 @@ pub(super) struct DenseWeights {
     pub(super) lm_head: GpuMat,
     pub(super) final_norm: wgpu::Buffer,
     pub(super) layers: Vec<GpuLayer>,
+    /// DeepSeek-V4's layers and MoE parts.
+    pub(super) v4: Option<super::v4_model::GpuV4>,
     /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
     pub(super) max_inter: usize,
     /// Their GPU bytes.
@@ -93,12 +95,6 @@ pub(super) struct DenseWeights {
 
 /// Uploads the dense weights of `m`, layer by layer.
 pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
-    if m.v4.is_some() {
-        return Err(Error::Gpu(
-            "deepseek_v4 is not on the GPU yet (hyper-connections, compressed attention and hash routing run on the CPU only)"
-                .into(),
-        ));
-    }
     let c = &m.cfg;
     let cx = up.ctx;
     let embed = up.mat("embed", &m.embed)?;
@@ -154,7 +150,9 @@ pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
         cx.queue.submit([]);
         cx.take_error()?;
     }
+    // DeepSeek-V4's layers are its own (m.layers is empty then).
+    let v4 = super::v4_model::upload(m, up, &mut max_inter)?;
     let final_norm = up.f32("final_norm", &m.final_norm)?;
     cx.take_error()?;
-    Ok(DenseWeights { embed, lm_head, final_norm, layers, max_inter, bytes: up.bytes() })
+    Ok(DenseWeights { embed, lm_head, final_norm, layers, v4, max_inter, bytes: up.bytes() })
 }

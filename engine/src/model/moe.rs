@@ -45,22 +45,14 @@ pub fn route(logits: &[f32], cfg: &RouterConfig, bias: Option<&[f32]>) -> Routin
     route_with(logits, cfg, bias, None)
 }
 
-/// torch's softplus (beta 1, threshold 20): x past 20, else log1p(exp(x)).
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        libm::log1pf(libm::expf(x))
-    }
-}
-
 /// The per-expert scores of step 1 of [`route`].
 fn scores_of(logits: &[f32], scoring: Scoring) -> Vec<f32> {
     let mut scores = logits.to_vec();
     match scoring {
         Scoring::Softmax => math::softmax(&mut scores),
         Scoring::Sigmoid => scores.iter_mut().for_each(|s| *s = math::sigmoid(*s)),
-        Scoring::SqrtSoftplus => scores.iter_mut().for_each(|s| *s = softplus(*s).sqrt()),
+        // torch's softplus, with math::exp (the GPU's det_exp) under libm's log1pf.
+        Scoring::SqrtSoftplus => scores.iter_mut().for_each(|s| *s = crate::model::deltanet::softplus(*s).sqrt()),
         Scoring::SoftmaxOfTopk => {}
     }
     scores

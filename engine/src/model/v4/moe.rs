@@ -5,7 +5,6 @@
 use crate::error::Result;
 use crate::experts::ExpertSource;
 use crate::kernels::matmul;
-use crate::math;
 use crate::model::moe::{batch_union, route_with, Routing};
 use crate::model::Model;
 
@@ -18,8 +17,9 @@ fn clamped_swiglu(e: &crate::experts::Expert, x: &[f32], n: usize, limit: f32, o
     let (mut g, mut u) = (vec![0.0f32; n * inter], vec![0.0f32; n * inter]);
     matmul(&e.gate, x, n, &mut g);
     matmul(&e.up, x, n, &mut u);
+    let act = crate::kernels::Activation::SiluClamped { limit };
     for (gv, uv) in g.iter_mut().zip(&u) {
-        *gv = math::silu(gv.min(limit)) * uv.clamp(-limit, limit);
+        *gv = act.apply(*gv, *uv);
     }
     matmul(&e.down, &g, n, out);
 }
