@@ -14,13 +14,13 @@ qwen35moe (from the multimodal qwen3_5_moe checkpoint: the language model under
 not written, as `--no-mtp` and a text GGUF leave them out):
   - in_proj_qkv -> attn_qkv, in_proj_z -> attn_gate, in_proj_b -> ssm_beta,
     in_proj_a -> ssm_alpha, out_proj -> ssm_out, conv1d -> ssm_conv1d (squeezed),
-    dt_bias -> ssm_dt.bias, A_log -> ssm_a = -exp(A_log) (in the checkpoint's bf16),
+    dt_bias -> ssm_dt.bias, A_log -> ssm_a = -exp(A_log),
     linear_attn.norm -> ssm_norm;
   - with fewer key heads than value heads, the value heads are reordered from grouped by
     key head (g0v0, g0v1, ..., g1v0, ...) to tiled (g0v0, g1v0, ..., g0v1, ...) in the v
     rows of in_proj_qkv and the v channels of conv1d, the rows of in_proj_z, in_proj_b,
     in_proj_a, A_log and dt_bias, and the columns of out_proj;
-  - every RMSNorm weight but linear_attn.norm stored plus one (in bf16);
+  - every RMSNorm weight but linear_attn.norm stored plus one;
   - experts.gate_up_proj ([E, 2I, H]) split into ffn_gate_exps and ffn_up_exps;
   - metadata: qwen3next's keys, plus rope.dimension_sections (mrope_section, padded to 4).
 glm-dsa (deepseek2's layout): kv_b_proj split per head into attn_k_b (transposed) and
@@ -29,7 +29,9 @@ glm-dsa (deepseek2's layout): kv_b_proj split per head into attn_k_b (transposed
   glm-dsa.attention.indexer.{head_count, key_length, top_k, types} (types: one bool per
   layer, true for a "full" indexer, as the converter's add_indexer_types writes it).
 
-Types as llama.cpp's --outtype bf16 leaves them: 1-D tensors, routers
+As llama.cpp's converter, every tensor is first widened to f32 (its prepare_tensors does
+so for any type other than f16 / f32), the arithmetic above is done in f32, and the
+types are as its --outtype bf16 leaves them: 1-D tensors, routers
 (ffn_gate_inp, ffn_gate_inp_shexp), ssm_conv1d, ssm_a and ssm_dt in F32, every other
 matrix BF16. The tokenizer metadata is that of qwen3next-bf16.gguf (llama.cpp's writing of
 the same shared GPT-2 tokenizer), its [PADn] entries extended to the vocabulary size.
@@ -48,7 +50,7 @@ def _load(src: Path) -> dict:
     for f in sorted(src.glob("*.safetensors")):
         with safe_open(f, "pt") as s:
             for k in s.keys():
-                out[k] = s.get_tensor(k)
+                out[k] = s.get_tensor(k).to(torch.float32)
     return out
 
 
@@ -140,7 +142,7 @@ def write_qwen35moe(src: Path, out: Path, tok_src: Path) -> None:
 
     per_k = nv // nk
     reorder = nk != nv
-    plus1 = lambda t: (t + 1).to(t.dtype)  # noqa: E731 (in the checkpoint's dtype, as the converter)
+    plus1 = lambda t: t + 1  # noqa: E731 (in f32, as the converter)
     pre = "model.language_model."
     _add(w, "token_embd.weight", hf[pre + "embed_tokens.weight"])
     _add(w, "output.weight", hf["lm_head.weight"])
