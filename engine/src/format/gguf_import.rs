@@ -48,6 +48,10 @@ enum Role {
     /// deepseek2's split kv_b_proj: the key half (`attn_k_b`) or the value half.
     KeyB,
     ValueB,
+    /// The routed experts' gate and up stacked in one tensor (`ffn_gate_up_exps`, `ne =
+    /// [cols, 2 * inter, n_expert]`: per expert the gate rows, then the up rows), as
+    /// llama.cpp's loader also accepts them.
+    GateUpExperts,
     /// gpt-oss's gate (0) or up (1) expert biases, interleaved into `gate_up_proj_bias`.
     GateUpBias(usize),
     /// qwen3next's `attn_qkv` (0) or `attn_gate` (1), reassembled into `in_proj_qkvz`.
@@ -99,6 +103,7 @@ fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<Role> {
         "ffn_gate_exps.weight" => Some(Role::Experts(None, 0)),
         "ffn_up_exps.weight" => Some(Role::Experts(None, 1)),
         "ffn_down_exps.weight" => Some(Role::Experts(None, 2)),
+        "ffn_gate_up_exps.weight" if !a.oai => Some(Role::GateUpExperts),
         "ffn_gate_shexp.weight" => shared("gate_proj.weight"),
         "ffn_up_shexp.weight" => shared("up_proj.weight"),
         "ffn_down_shexp.weight" => shared("down_proj.weight"),
@@ -274,6 +279,28 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     ..Planned::plain(expert_name(a, l, e, part), shape, i)
                 });
             }
+            Role::GateUpExperts => {
+                if shape.len() != 3 || shape[0] as u64 != n_experts || !shape[1].is_multiple_of(2) {
+                    return Err(err(format!(
+                        "tensor {} has shape {shape:?}, expected {n_experts} stacked experts' gate and up",
+                        t.name
+                    )));
+                }
+                let inter = shape[1] / 2;
+                if facts.expert_ff == 0 {
+                    facts.expert_ff = inter;
+                }
+                // Expert e's gate is row block 2e of `inter` rows, its up block 2e + 1.
+                for e in 0..shape[0] {
+                    for part in 0..2 {
+                        tensors.push(Planned {
+                            expert: Some(2 * e + part),
+                            expert_of: Some((l, e, part)),
+                            ..Planned::plain(expert_name(a, l, e, part), vec![inter, shape[2]], i)
+                        });
+                    }
+                }
+            }
             Role::Experts(None, part) => {
                 if shape.len() != 3 || shape[0] as u64 != n_experts {
                     return Err(err(format!(
@@ -316,7 +343,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
         _ => return Err(err("no 2-D token_embd.weight".into())),
     };
     if facts.expert_ff == 0 {
-        return Err(err("no expert tensors (blk.N.ffn_gate_exps.weight)".into()));
+        return Err(err("no expert tensors (blk.N.ffn_gate_exps.weight or ffn_gate_up_exps.weight)".into()));
     }
     facts.tied = g.tensor("output.weight").is_none();
     if a.dsa {

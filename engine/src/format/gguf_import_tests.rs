@@ -594,3 +594,47 @@ fn glm_dsa_missing_indexer_parts_are_named() {
     let e = import(&b).err().unwrap().to_string();
     assert!(e.contains("tensor blk.2.indexer.") && e.contains("whose indexer is shared"), "{e}");
 }
+
+/// Experts whose gate and up are stacked in one tensor (`ffn_gate_up_exps`, per expert
+/// the gate rows then the up rows), which llama.cpp's loader accepts as well as the two
+/// apart, import to the same per-expert tensors as the glm-dsa fixture's separate ones.
+#[test]
+fn fused_gate_up_experts_import_like_separate_ones() {
+    let (g, file) = fixture("glm-dsa-bf16");
+    let bytes = file[0].as_ref();
+    let (gate, up) = (g.tensor("blk.1.ffn_gate_exps.weight").unwrap(), g.tensor("blk.1.ffn_up_exps.weight").unwrap());
+    let (n_e, block) = (gate.ne[2] as usize, gate.size as usize / gate.ne[2] as usize);
+    let mut data = bytes.to_vec();
+    let at = data.len() as u64;
+    for e in 0..n_e {
+        for t in [gate, up] {
+            let o = t.offset as usize + e * block;
+            data.extend_from_slice(&bytes[o..o + block]);
+        }
+    }
+    let mut fused = g.clone();
+    let mut info = gate.clone();
+    (info.name, info.ne, info.offset, info.size) =
+        ("blk.1.ffn_gate_up_exps.weight".into(), vec![gate.ne[0], 2 * gate.ne[1], gate.ne[2]], at, 2 * gate.size);
+    fused.tensors.retain(|t| t.name != gate.name && t.name != up.name);
+    fused.tensors.push(info);
+    let files = [Bytes::from_vec(data)];
+    let (a, b) = (import(&g).unwrap(), import(&fused).unwrap());
+    assert_eq!(a.config, b.config);
+    fn experts(im: &Imported) -> Vec<&Planned> {
+        let mut v: Vec<&Planned> =
+            im.tensors.iter().filter(|p| p.name.starts_with("model.layers.1.mlp.experts.")).collect();
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        v
+    }
+    let (ea, eb) = (experts(&a), experts(&b));
+    assert_eq!(ea.len(), 3 * n_e);
+    assert_eq!(
+        ea.iter().map(|p| (&p.name, &p.shape)).collect::<Vec<_>>(),
+        eb.iter().map(|p| (&p.name, &p.shape)).collect::<Vec<_>>()
+    );
+    for (pa, pb) in ea.iter().zip(&eb) {
+        let (ta, tb) = (tensor(&g, &file, pa, None).unwrap(), tensor(&fused, &files, pb, None).unwrap());
+        assert_eq!((ta.dtype, ta.bytes.as_ref()), (tb.dtype, tb.bytes.as_ref()), "{}", pa.name);
+    }
+}

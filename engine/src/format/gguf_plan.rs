@@ -199,7 +199,8 @@ pub struct Planned {
     pub shape: Vec<usize>,
     /// Index into `Gguf::tensors`.
     pub src: usize,
-    /// For stacked experts (`ffn_*_exps`): the expert, a block of `shape[0]` rows.
+    /// For stacked experts (`ffn_*_exps`): the expert, a block of `shape[0]` rows (in
+    /// `ffn_gate_up_exps`: block 2e is expert e's gate, 2e + 1 its up).
     pub expert: Option<usize>,
     /// Rope permutation to undo: the number of heads the rows were permuted with.
     pub unpermute_heads: Option<usize>,
