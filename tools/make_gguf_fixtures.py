@@ -27,7 +27,7 @@
                               window)
      qwen3next-bf16.gguf      --outtype bf16 from qwen3_next (Gated DeltaNet ssm_* tensors, in_proj_qkvz
                               regrouped into attn_qkv + attn_gate, ssm_a = -exp(A_log) and norms
-                              + 1 computed in bf16 by the converter; the dense layer: PATCHES;
+                              + 1 computed in f32 by the converter (it widens bf16 first); the dense layer: PATCHES;
                               --no-mtp)
      qwen35moe-bf16.gguf      from qwen3_5_moe (the multimodal checkpoint's language model) and
      glm-dsa-bf16.gguf        from glm_moe_dsa: written by fixtures_gguf_layout.py in llama.cpp's
