@@ -27,8 +27,13 @@
                               window)
      qwen3next-bf16.gguf      --outtype bf16 from qwen3_next (Gated DeltaNet ssm_* tensors, in_proj_qkvz
                               regrouped into attn_qkv + attn_gate, ssm_a = -exp(A_log) and norms
-                              + 1 computed in bf16 by the converter; the dense layer: PATCHES;
+                              + 1 computed in f32 by the converter (it widens bf16 first); the dense layer: PATCHES;
                               --no-mtp)
+     qwen35moe-bf16.gguf      from qwen3_5_moe (the multimodal checkpoint's language model) and
+     glm-dsa-bf16.gguf        from glm_moe_dsa: written by fixtures_gguf_layout.py in llama.cpp's
+                              layout (its Qwen3_5MoeTextModel / GlmMoeDsaModel converter classes,
+                              which the checkout used above predates; see that module), without
+                              llama.cpp: `--layout-only` writes just these two
    None of the newer families' fixture sizes is a multiple of 32, so they have no quantized
    variant (llama.cpp would leave every tensor F16); qwen3moe's covers Q8_0/Q4_0.
    The fixtures' tokenizer is a plain GPT-2 byte-level BPE that llama.cpp's pre-tokenizer
@@ -271,14 +276,34 @@ def spm_tokenizer() -> None:
     (OUT / "spm-tokenizer.ref.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n")
 
 
+def layout_fixtures(fx: Path) -> None:
+    """qwen35moe and glm-dsa, written in llama.cpp's layout (fixtures_gguf_layout.py)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fixtures_gguf_layout as lay
+
+    tok = OUT / "qwen3next-bf16.gguf"  # llama.cpp's writing of the shared tokenizer
+    lay.write_qwen35moe(fx / "qwen3_5_moe", OUT / "qwen35moe-bf16.gguf", tok)
+    lay.write_glm_dsa(fx / "glm_moe_dsa", OUT / "glm-dsa-bf16.gguf", tok)
+    for name in ["qwen35moe-bf16", "glm-dsa-bf16"]:
+        reference(OUT / f"{name}.gguf")
+        p = OUT / f"{name}.gguf"
+        print(f"{p.stat().st_size:>9}  {p.relative_to(ROOT)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-cpp", required=True, type=Path, help="a llama.cpp checkout")
+    ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp checkout")
+    ap.add_argument("--layout-only", action="store_true", help="only the fixtures written in llama.cpp's layout")
     a = ap.parse_args()
     import gguf
 
     OUT.mkdir(parents=True, exist_ok=True)
     fx = ROOT / "tests" / "fixtures"
+    if a.layout_only:
+        layout_fixtures(fx)
+        return
+    if a.llama_cpp is None:
+        ap.error("--llama-cpp is required (or --layout-only)")
     run_llama_cpp_convert(a.llama_cpp, fx / "olmoe", OUT / "olmoe-f16.gguf", "f16")
     run_llama_cpp_convert(a.llama_cpp, fx / "mixtral", OUT / "mixtral-f16.gguf", "f16")
     Q = gguf.GGMLQuantizationType
@@ -319,6 +344,7 @@ def main() -> None:
         "qwen3next-bf16",
     ]:
         reference(OUT / f"{name}.gguf")
+    layout_fixtures(fx)
     spm_tokenizer()
     dequant_vectors()
     for p in sorted(OUT.iterdir()):

@@ -344,7 +344,15 @@ fn a_synthetic_fp8_deepseek_streams_its_experts_as_fp8() {
     assert!(pre_misses.round() >= top_k as f64 && pre["bytes_read"].as_f64().unwrap() == pre_misses.round() * expert);
     assert_eq!(all["model"]["expert_bytes"].as_f64().unwrap(), (moe_layers * 8) as f64 * expert, "{all}");
     assert_eq!(all["generated_ids"], none["generated_ids"], "the budget changes no token");
-    // The directory itself (its FP8 experts read as they are) decodes the same tokens.
+    // The directory itself (its FP8 experts read as they are) decodes the same tokens, and
+    // bench counts what it streams: nothing kept, each decode token reads its top-k
+    // experts per MoE layer, each counted at its size as held (the container's FP8 rows).
     assert_eq!(bench(&m, &[])["generated_ids"], none["generated_ids"]);
+    let dir0 = bench(&m, &["--ram", "0"]);
+    assert_eq!(dir0["generated_ids"], none["generated_ids"]);
+    let per_token = &dir0["decode"]["per_token"];
+    assert_eq!(per_token["disk_reads"].as_f64().unwrap(), (moe_layers * top_k) as f64, "{per_token}");
+    let read = dir0["bytes_read_per_decode_token"].as_f64().unwrap();
+    assert!(read > 0.0 && read == (moe_layers * top_k) as f64 * expert, "{dir0}");
     let _ = std::fs::remove_dir_all(&d);
 }

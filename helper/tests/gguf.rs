@@ -229,6 +229,75 @@ fn qwen3next_gguf_runs_as_the_checkpoint() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+fn f32s(v: &[u8]) -> Vec<f32> {
+    v.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// `coli logits` of `model` on the fixture's reference ids against transformers' logits
+/// (`logits.bin`): the largest |difference| over the logits' standard deviation.
+fn against_transformers(model: &Path, family: &str) -> f64 {
+    let got = f32s(&logits(model, &reference_ids(family)));
+    let want = f32s(&std::fs::read(fixtures().join(family).join("logits.bin")).unwrap());
+    assert_eq!(got.len(), want.len());
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(family).join("reference.json")).unwrap()).unwrap();
+    let std = r["logits_std"].as_f64().unwrap();
+    got.iter().zip(&want).map(|(a, b)| (*a as f64 - *b as f64).abs()).fold(0.0, f64::max) / std
+}
+
+/// The two newest architectures, written in llama.cpp's layout (fixtures_gguf_layout.py)
+/// from bf16 checkpoints: the converted GGUF gives transformers' logits within 1e-3 of
+/// their standard deviation (as the checkpoints themselves do) and its greedy tokens, the
+/// same logits bit for bit as the checkpoint converted to bf16 (qwen35moe's norms, stored
+/// plus one in f32, come back exactly; A_log = ln(-ssm_a) may differ in its last bits, which
+/// the engine's -exp maps to the same f32 here, as for qwen3next), and a sequence longer
+/// than glm-dsa's index_topk (6) so the sparse selection decides.
+#[test]
+fn qwen35moe_and_glm_dsa_ggufs_run_as_the_checkpoints() {
+    for (name, family) in [("qwen35moe-bf16", "qwen3_5_moe"), ("glm-dsa-bf16", "glm_moe_dsa")] {
+        let dir = scratch(name);
+        let (a, b) = (dir.join("from-gguf"), dir.join("from-hf"));
+        convert(&gguf(name), &a, &[]);
+        convert(&fixtures().join(family), &b, &["--quant", "bf16"]);
+        let rel = against_transformers(&a, family);
+        let rel_hf = against_transformers(&b, family);
+        let ids = reference_ids(family);
+        assert!(ids.split(',').count() > 6, "{family}: the sequence must be longer than index_topk");
+        let (la, lb) = (f32s(&logits(&a, &ids)), f32s(&logits(&b, &ids)));
+        let max = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        eprintln!("{name}: max |diff| / std vs transformers {rel:e} (checkpoint: {rel_hf:e}); vs the checkpoint converted: max |diff| {max:e}");
+        assert!(rel < 1e-3, "{name}: {rel} of the logits' std from transformers'");
+        assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: max |diff| {max}");
+        let (ga, gb) = (greedy(&a, family), greedy(&b, family));
+        assert_eq!(ga, reference_greedy(family), "{name}");
+        assert_eq!(ga, gb, "{name}");
+        let info = String::from_utf8(ok(run(&["info".as_ref(), a.as_os_str()])).stdout).unwrap();
+        assert!(info.contains(&format!("converted from GGUF {name}.gguf")), "{info}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A glm-dsa GGUF without an indexer key, or without a full layer's indexer tensor (here
+/// renamed into the shared layer), is one line naming it, and nothing is written.
+#[test]
+fn glm_dsa_without_indexer_parts_is_one_line() {
+    let dir = scratch("glm-dsa-bad");
+    let good = std::fs::read(gguf("glm-dsa-bf16")).unwrap();
+    let patch = |from: &[u8], to: &[u8]| {
+        let mut b = good.clone();
+        let at = good.windows(from.len()).position(|w| w == from).unwrap();
+        b[at..at + to.len()].copy_from_slice(to);
+        b
+    };
+    let b = patch(b"glm-dsa.attention.indexer.top_k", b"glm-dsa.attention.indexer.top_x");
+    let e = refused(&b, &dir, "no-topk");
+    assert!(e.contains("no glm-dsa.attention.indexer.top_k"), "{e}");
+    let b = patch(b"blk.0.indexer.proj.weight", b"blk.1.indexer.proj.weight");
+    let e = refused(&b, &dir, "no-proj");
+    assert!(e.contains("tensor blk.0.indexer.proj.weight is missing"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The Hugging Face name of a qwen3moe GGUF tensor, or the expert part for stacked ones.
 fn hf_name(gguf_name: &str) -> Result<String, (usize, &'static str)> {
     let map = [

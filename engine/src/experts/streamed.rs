@@ -6,9 +6,14 @@
 //! model is served gives an error for the request that needs the missing bytes, never a
 //! SIGBUS. The FP8 pairs of a block-scaled checkpoint are read the same way, through
 //! [`crate::format::fp8::Fp8Table`], whether its bytes are in memory or in the shards.
+//! Its [`CacheStats`] count the reads (`misses`, and `bytes_read`: each expert read counts
+//! its size as it is held, the bytes `coli convert` would store for it) and the hits of
+//! the kept set, so `coli bench` on a Hugging Face directory reports what it streams.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::cache::CacheStats;
 use super::lru::Lru;
 use super::{Expert, ExpertSource};
 use crate::error::{Error, Result};
@@ -21,13 +26,25 @@ pub struct StreamedExperts {
     shards: Arc<dyn MatReader>,
     cache: Mutex<Lru<(usize, usize), Arc<Expert>>>,
     budget: u64,
+    /// Experts found in the kept set, experts read, and the bytes of those read.
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
 }
 
 impl StreamedExperts {
     /// Experts whose matrices are placeholders in `shards`, keeping at most `budget` bytes
     /// of them in memory (0: none, each read when used).
     pub fn new(layers: Vec<Vec<Arc<Expert>>>, shards: Arc<dyn MatReader>, budget: u64) -> Self {
-        StreamedExperts { layers, shards, cache: Mutex::new(Lru::default()), budget }
+        StreamedExperts {
+            layers,
+            shards,
+            cache: Mutex::new(Lru::default()),
+            budget,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+        }
     }
 
     fn read(&self, m: &Mat) -> Result<Mat> {
@@ -39,6 +56,7 @@ impl ExpertSource for StreamedExperts {
     fn expert(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
         let key = (layer, index);
         if let Some(x) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(x);
         }
         let p = self
@@ -48,6 +66,8 @@ impl ExpertSource for StreamedExperts {
             .ok_or_else(|| Error::Invalid(format!("no expert {index} in layer {layer}")))?;
         let x = Arc::new(Expert { gate: self.read(&p.gate)?, up: self.read(&p.up)?, down: self.read(&p.down)? });
         let bytes = x.byte_len() as u64;
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         if bytes <= self.budget {
             let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             while c.bytes() + bytes > self.budget {
@@ -66,5 +86,19 @@ impl ExpertSource for StreamedExperts {
 
     fn cached(&self) -> Vec<(usize, usize)> {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+    }
+
+    fn cache_stats(&self) -> Option<CacheStats> {
+        let c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let hits = self.hits.load(Ordering::Relaxed);
+        Some(CacheStats {
+            hits,
+            ram_hits: hits,
+            misses: self.misses.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            cached_bytes: c.bytes(),
+            cached_experts: c.len() as u64,
+            ..CacheStats::default()
+        })
     }
 }

@@ -71,7 +71,7 @@ pub(super) fn config(g: &Gguf, a: &Arch, f: &Facts, context: Option<u64>) -> Res
             obj.insert("qkv_bias".into(), json!(f.qkv_bias));
             obj.insert("use_sliding_window".into(), json!(false));
         }
-        "glm4_moe" | "deepseek_v3" => {
+        "glm4_moe" | "deepseek_v3" | "glm_moe_dsa" => {
             obj.insert("moe_intermediate_size".into(), json!(f.expert_ff));
             obj.insert("intermediate_size".into(), json!(dense_ff));
             let shared = match meta_u64(g, &key("expert_shared_count"))? {
@@ -90,9 +90,11 @@ pub(super) fn config(g: &Gguf, a: &Arch, f: &Facts, context: Option<u64>) -> Res
             let norm = matches!(g.get(&key("expert_weights_norm")), Some(Value::Bool(true)));
             obj.insert("norm_topk_prob".into(), json!(norm));
             // llama.cpp routes deepseek2 with a softmax unless the file says sigmoid
-            // (DeepSeek-V2 / V2.5); colibri runs the sigmoid router of V3 only.
+            // (DeepSeek-V2 / V2.5); colibri runs the sigmoid router of V3 only. glm4moe
+            // and glm-dsa without the key are sigmoid in llama.cpp.
             let gating = meta_u64(g, &key("expert_gating_func"))?;
-            if gating != Some(GATING_SIGMOID) && !(a.model_type == "glm4_moe" && gating.is_none()) {
+            let glm = matches!(a.model_type, "glm4_moe" | "glm_moe_dsa");
+            if gating != Some(GATING_SIGMOID) && !(glm && gating.is_none()) {
                 let is = gating.map_or("absent (softmax for llama.cpp)".to_string(), |v| v.to_string());
                 return Err(err(format!(
                     "{} is {is}: colibri runs the sigmoid router ({GATING_SIGMOID}) of DeepSeek-V3 / GLM-4.5 only, not DeepSeek-V2's softmax router",
@@ -113,10 +115,17 @@ pub(super) fn config(g: &Gguf, a: &Arch, f: &Facts, context: Option<u64>) -> Res
                 obj.insert("partial_rotary_factor".into(), json!(rot as f64 / head_dim as f64));
             } else {
                 mla(g, name, obj, heads)?;
+                if a.dsa {
+                    dsa(g, name, obj, f)?;
+                }
             }
         }
         "gpt_oss" => gpt_oss(g, name, obj, f)?,
         "qwen3_next" => qwen3_next(g, name, obj, f, head_dim, dense_ff)?,
+        "qwen3_5_moe_text" => {
+            qwen3_next(g, name, obj, f, head_dim, dense_ff)?;
+            qwen3_5(g, name, obj)?;
+        }
         _ => return Err(err(format!("no config for {}", a.model_type))),
     }
     if let Some(n) = a.norm_topk {
@@ -125,7 +134,7 @@ pub(super) fn config(g: &Gguf, a: &Arch, f: &Facts, context: Option<u64>) -> Res
     if let Some(clip) = meta_f64(g, &key("attention.clamp_kqv"))? {
         obj.insert("clip_qkv".into(), json!(clip));
     }
-    rope_scaling(g, name, obj)?;
+    rope_scaling(g, name, a.mla, obj)?;
     let n_tokens = match g.get("tokenizer.ggml.tokens") {
         Some(Value::Array(t)) => t.len(),
         _ => 0,
@@ -195,6 +204,54 @@ fn qwen3_next(g: &Gguf, name: &str, obj: &mut Obj, f: &Facts, head_dim: u64, den
     Ok(())
 }
 
+/// qwen35moe, on top of [`qwen3_next`]'s keys: what Qwen3.5's text config does not have
+/// (every layer is MoE) removed, and the interleaved M-RoPE of `rope.dimension_sections`
+/// (on text, where the three position streams are equal, the plain partial rope).
+fn qwen3_5(g: &Gguf, name: &str, obj: &mut Obj) -> Result<()> {
+    let key = format!("{name}.rope.dimension_sections");
+    let sections: Vec<u64> = match g.get(&key) {
+        Some(Value::Array(a)) => {
+            let v: Option<Vec<u64>> = match a {
+                Array::I32(v) => v.iter().map(|&x| u64::try_from(x).ok()).collect(),
+                Array::U32(v) => Some(v.iter().map(|&x| x as u64).collect()),
+                _ => None,
+            };
+            v.ok_or_else(|| err(format!("{key} is not an array of non-negative integers")))?
+        }
+        Some(_) => return Err(err(format!("{key} is not an array"))),
+        None => vec![11, 11, 10], // llama.cpp's converter writes Qwen3.5's default then
+    };
+    if sections.iter().skip(3).any(|&s| s != 0) || sections.len() < 3 {
+        return Err(err(format!("{key} = {sections:?}: Qwen3.5's M-RoPE has three sections (t, h, w)")));
+    }
+    for k in ["mlp_only_layers", "decoder_sparse_step", "norm_topk_prob"] {
+        obj.remove(k);
+    }
+    let theta = obj.get("rope_theta").cloned().unwrap_or(json!(10000.0));
+    let partial = obj.get("partial_rotary_factor").cloned().unwrap_or(json!(0.25));
+    obj.insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": partial,
+               "mrope_section": &sections[..3], "mrope_interleaved": true}),
+    );
+    Ok(())
+}
+
+/// glm-dsa's lightning indexer: `attention.indexer.{head_count, key_length, top_k}` and
+/// the per-layer kinds the import settled (`Facts::indexer_full`).
+fn dsa(g: &Gguf, name: &str, obj: &mut Obj, f: &Facts) -> Result<()> {
+    let need = |k: &str| -> Result<u64> {
+        let key = format!("{name}.attention.indexer.{k}");
+        meta_u64(g, &key)?.ok_or_else(|| err(format!("no {key}")))
+    };
+    obj.insert("index_n_heads".into(), json!(need("head_count")?));
+    obj.insert("index_head_dim".into(), json!(need("key_length")?));
+    obj.insert("index_topk".into(), json!(need("top_k")?));
+    let kinds: Vec<&str> = f.indexer_full.iter().map(|&x| if x { "full" } else { "shared" }).collect();
+    obj.insert("indexer_types".into(), json!(kinds));
+    Ok(())
+}
+
 /// gpt-oss: what llama.cpp's `openai-moe` graph does. The clamped SwiGLU's alpha 1.702 and
 /// limit 7.0 are constants there (GptOssConfig's defaults, the released models' values);
 /// `attention.sliding_window` on the layers that `attention.sliding_window_pattern` marks
@@ -258,8 +315,8 @@ fn mla(g: &Gguf, name: &str, obj: &mut Obj, heads: u64) -> Result<()> {
     Ok(())
 }
 
-/// `rope_scaling` from `{arch}.rope.scaling.*`.
-fn rope_scaling(g: &Gguf, name: &str, obj: &mut Obj) -> Result<()> {
+/// `rope_scaling` from `{arch}.rope.scaling.*` (`mla`: deepseek2's and glm-dsa's YaRN).
+fn rope_scaling(g: &Gguf, name: &str, mla: bool, obj: &mut Obj) -> Result<()> {
     let key = |k: &str| format!("{name}.{k}");
     let kind = match g.get(&key("rope.scaling.type")).and_then(Value::as_str) {
         None | Some("none") => return Ok(()),
@@ -278,7 +335,7 @@ fn rope_scaling(g: &Gguf, name: &str, obj: &mut Obj) -> Result<()> {
         }
     }
     let attn_factor = meta_f64(g, &key("rope.scaling.attn_factor"))?;
-    if name == "deepseek2" && kind == "yarn" {
+    if mla && kind == "yarn" {
         // llama.cpp's deepseek2: cos/sin unscaled and q.k scaled by (1 + 0.1 m ln factor)^2
         // with m = yarn_log_multiplier / 0.1 (convert_hf_to_gguf writes 0.1 x
         // mscale_all_dim): transformers' deepseek_v3 with mscale = mscale_all_dim = m.
@@ -287,13 +344,13 @@ fn rope_scaling(g: &Gguf, name: &str, obj: &mut Obj) -> Result<()> {
             Some(v) => v.as_f64().map(|x| x / 0.1).ok_or_else(|| err(format!("yarn_log_multiplier is {v:?}")))?,
             None => {
                 return Err(err(format!(
-                    "deepseek2 YaRN without {} is not supported",
+                    "{name} YaRN without {} is not supported",
                     key("rope.scaling.yarn_log_multiplier")
                 )))
             }
         };
         if attn_factor.is_some_and(|f| f != 1.0) {
-            return Err(err(format!("deepseek2 with {} is not supported", key("rope.scaling.attn_factor"))));
+            return Err(err(format!("{name} with {} is not supported", key("rope.scaling.attn_factor"))));
         }
         s["mscale"] = json!(mul);
         s["mscale_all_dim"] = json!(mul);

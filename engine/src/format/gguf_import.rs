@@ -5,7 +5,9 @@
 //!
 //! Architectures (llama.cpp name -> `model_type`): `qwen3moe` -> qwen3_moe, `olmoe` ->
 //! olmoe, `llama` with experts -> mixtral, `qwen2moe` -> qwen2_moe, `glm4moe` -> glm4_moe,
-//! `deepseek2` -> deepseek_v3. Tensor names follow gguf-py's tensor_mapping.py; for
+//! `deepseek2` -> deepseek_v3, `gpt-oss` -> gpt_oss, `qwen3next` -> qwen3_next,
+//! `qwen35moe` -> qwen3_5_moe_text, `glm-dsa` -> glm_moe_dsa (what the last two add:
+//! [`super::gguf_families`]). Tensor names follow gguf-py's tensor_mapping.py; for
 //! `llama`, convert_hf_to_gguf.py permuted the rows of q_proj and k_proj (`permute(w,
 //! n_head)`: within each head, interleaved pairs instead of two halves) and they are
 //! permuted back here. The others use NEOX rope (two halves, as Hugging Face) or, for
@@ -20,7 +22,7 @@ use serde_json::Value as Json;
 use super::gguf::{Gguf, Value};
 use super::gguf_plan::ARCHES;
 use super::gguf_plan::{err, meta_u64, Arch, Facts};
-pub use super::gguf_plan::{KvSplit, Planned, Qkvz, ValueMap};
+pub use super::gguf_plan::{KvSplit, Planned, Qkvz, VHeads, ValueMap};
 use super::gguf_quant::{is_supported, supported_names};
 pub use super::gguf_tensor::{keep_dtype, keep_dtype_for, stores_exactly, stores_exactly_for, tensor};
 use crate::error::Result;
@@ -46,6 +48,10 @@ enum Role {
     /// deepseek2's split kv_b_proj: the key half (`attn_k_b`) or the value half.
     KeyB,
     ValueB,
+    /// The routed experts' gate and up stacked in one tensor (`ffn_gate_up_exps`, `ne =
+    /// [cols, 2 * inter, n_expert]`: per expert the gate rows, then the up rows), as
+    /// llama.cpp's loader also accepts them.
+    GateUpExperts,
     /// gpt-oss's gate (0) or up (1) expert biases, interleaved into `gate_up_proj_bias`.
     GateUpBias(usize),
     /// qwen3next's `attn_qkv` (0) or `attn_gate` (1), reassembled into `in_proj_qkvz`.
@@ -97,18 +103,30 @@ fn map_layer(a: &Arch, l: usize, rest: &str) -> Option<Role> {
         "ffn_gate_exps.weight" => Some(Role::Experts(None, 0)),
         "ffn_up_exps.weight" => Some(Role::Experts(None, 1)),
         "ffn_down_exps.weight" => Some(Role::Experts(None, 2)),
+        "ffn_gate_up_exps.weight" if !a.oai => Some(Role::GateUpExperts),
         "ffn_gate_shexp.weight" => shared("gate_proj.weight"),
         "ffn_up_shexp.weight" => shared("up_proj.weight"),
         "ffn_down_shexp.weight" => shared("down_proj.weight"),
         "ffn_gate_inp_shexp.weight" if a.gguf == "qwen2moe" || a.next => plain("mlp.shared_expert_gate.weight"),
+        // qwen35moe: the DeltaNet input projections as Hugging Face stores them, apart.
+        "attn_qkv.weight" if a.split_in => plain("linear_attn.in_proj_qkv.weight"),
+        "attn_gate.weight" if a.split_in => plain("linear_attn.in_proj_z.weight"),
+        "ssm_beta.weight" if a.split_in => plain("linear_attn.in_proj_b.weight"),
+        "ssm_alpha.weight" if a.split_in => plain("linear_attn.in_proj_a.weight"),
         "attn_qkv.weight" if a.next => Some(Role::Qkvz(0)),
         "attn_gate.weight" if a.next => Some(Role::Qkvz(1)),
         "ssm_conv1d.weight" if a.next => plain("linear_attn.conv1d.weight"),
         "ssm_dt.bias" if a.next => plain("linear_attn.dt_bias"),
         "ssm_a" if a.next => plain("linear_attn.A_log"),
-        "ssm_ba.weight" if a.next => plain("linear_attn.in_proj_ba.weight"),
+        "ssm_ba.weight" if a.next && !a.split_in => plain("linear_attn.in_proj_ba.weight"),
         "ssm_norm.weight" if a.next => plain("linear_attn.norm.weight"),
         "ssm_out.weight" if a.next => plain("linear_attn.out_proj.weight"),
+        // glm-dsa's lightning indexer.
+        "indexer.attn_q_b.weight" if a.dsa => plain("self_attn.indexer.wq_b.weight"),
+        "indexer.attn_k.weight" if a.dsa => plain("self_attn.indexer.wk.weight"),
+        "indexer.k_norm.weight" if a.dsa => plain("self_attn.indexer.k_norm.weight"),
+        "indexer.k_norm.bias" if a.dsa => plain("self_attn.indexer.k_norm.bias"),
+        "indexer.proj.weight" if a.dsa => plain("self_attn.indexer.weights_proj.weight"),
         "ffn_gate.weight" => if_(a.dense, "mlp.gate_proj.weight"),
         "ffn_up.weight" => if_(a.dense, "mlp.up_proj.weight"),
         "ffn_down.weight" => if_(a.dense, "mlp.down_proj.weight"),
@@ -173,6 +191,10 @@ pub fn import(g: &Gguf) -> Result<Imported> {
     let mut gate_up_b: BTreeMap<usize, [Option<usize>; 2]> = BTreeMap::new();
     // qwen3next's linear attention input, per layer: (attn_qkv, attn_gate).
     let mut qkvz: BTreeMap<usize, [Option<usize>; 2]> = BTreeMap::new();
+    // qwen35moe's DeltaNet sizes (its value heads were reordered); glm-dsa's indexer
+    // tensors per layer.
+    let delta = if a.split_in { Some(super::gguf_families::delta_sizes(g, name)?) } else { None };
+    let mut indexers: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for (i, t) in g.tensors.iter().enumerate() {
         if !is_supported(t.ty) {
             return Err(err(format!(
@@ -221,8 +243,10 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     "attn_q.bias" => facts.qkv_bias = true,
                     "attn_q_norm.weight" => facts.qk_norm = true,
                     "attn_kv_b.weight" => kv_b.entry(l).or_default().2 = true,
+                    _ if rest.starts_with("indexer.") => indexers.entry(l).or_default().push(rest.to_string()),
                     _ => {}
                 }
+                let vheads = delta.as_ref().and_then(|d| super::gguf_families::vheads(rest, d));
                 let values = match rest {
                     "attn_norm.weight" | "post_attention_norm.weight" | "attn_q_norm.weight" | "attn_k_norm.weight"
                         if a.next =>
@@ -237,7 +261,7 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     "ssm_conv1d.weight" if shape.len() == 2 => vec![shape[0], 1, shape[1]],
                     _ => shape,
                 };
-                tensors.push(Planned { unpermute_heads, values, ..Planned::plain(hf, shape, i) });
+                tensors.push(Planned { unpermute_heads, values, vheads, ..Planned::plain(hf, shape, i) });
             }
             Role::Qkvz(part) => qkvz.entry(l).or_default()[part] = Some(i),
             Role::KeyB => kv_b.entry(l).or_default().0 = Some(i),
@@ -254,6 +278,28 @@ pub fn import(g: &Gguf) -> Result<Imported> {
                     expert_of: Some((l, e, part)),
                     ..Planned::plain(expert_name(a, l, e, part), shape, i)
                 });
+            }
+            Role::GateUpExperts => {
+                if shape.len() != 3 || shape[0] as u64 != n_experts || !shape[1].is_multiple_of(2) {
+                    return Err(err(format!(
+                        "tensor {} has shape {shape:?}, expected {n_experts} stacked experts' gate and up",
+                        t.name
+                    )));
+                }
+                let inter = shape[1] / 2;
+                if facts.expert_ff == 0 {
+                    facts.expert_ff = inter;
+                }
+                // Expert e's gate is row block 2e of `inter` rows, its up block 2e + 1.
+                for e in 0..shape[0] {
+                    for part in 0..2 {
+                        tensors.push(Planned {
+                            expert: Some(2 * e + part),
+                            expert_of: Some((l, e, part)),
+                            ..Planned::plain(expert_name(a, l, e, part), vec![inter, shape[2]], i)
+                        });
+                    }
+                }
             }
             Role::Experts(None, part) => {
                 if shape.len() != 3 || shape[0] as u64 != n_experts {
@@ -297,9 +343,14 @@ pub fn import(g: &Gguf) -> Result<Imported> {
         _ => return Err(err("no 2-D token_embd.weight".into())),
     };
     if facts.expert_ff == 0 {
-        return Err(err("no expert tensors (blk.N.ffn_gate_exps.weight)".into()));
+        return Err(err("no expert tensors (blk.N.ffn_gate_exps.weight or ffn_gate_up_exps.weight)".into()));
     }
     facts.tied = g.tensor("output.weight").is_none();
+    if a.dsa {
+        let (full, why) = super::gguf_families::indexer_types(g, name, n_layers)?;
+        super::gguf_families::check_indexers(&full, &why, &indexers)?;
+        facts.indexer_full = full;
+    }
     let context = meta_u64(g, &key("context_length"))?;
     let config = super::gguf_config::config(g, a, &facts, context)?;
     let (tokenizer_json, tokenizer_config) = super::gguf_tokenizer::tokenizer_files(g, context)?;

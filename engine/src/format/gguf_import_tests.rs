@@ -1,4 +1,5 @@
 use super::*;
+use crate::format::gguf::Array;
 use crate::format::gguf_quant as q;
 use crate::format::gguf_tensor::decode_all;
 use crate::format::quant::quantize_row;
@@ -412,5 +413,228 @@ fn only_k_quants_are_not_kept_exactly() {
     for name in ["F32", "F16", "BF16", "Q4_0", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"] {
         let ty = crate::format::gguf::GgmlType::by_name(name).unwrap();
         assert_eq!(stores_exactly(ty, keep_dtype(ty)), !name.ends_with("_K"), "{name}");
+    }
+}
+
+/// Every tensor of a bf16 GGUF of a bf16 checkpoint equals the checkpoint's bit for bit
+/// (in f32), but those `ValueMap` changes (counted per kind, checked within bf16's
+/// rounding as for qwen3next); a routed expert is compared with its rows of a fused
+/// `experts.gate_up_proj` / `experts.down_proj` where the checkpoint has those.
+fn bf16_as_checkpoint(name: &str, family: &str) -> std::collections::BTreeMap<&'static str, usize> {
+    let (g, file) = fixture(name);
+    let im = import(&g).unwrap();
+    let st = hf(family);
+    let mut kinds = std::collections::BTreeMap::new();
+    let mut hf_names = std::collections::BTreeSet::new();
+    for p in &im.tensors {
+        let got = f32s(&tensor(&g, &file, p, None).unwrap());
+        let want: Vec<f32> = match (st.get(&p.name), p.expert_of) {
+            (Ok(t), _) => {
+                assert_eq!(p.shape, t.shape, "{}", p.name);
+                hf_names.insert(p.name.clone());
+                f32s(t)
+            }
+            (Err(_), Some((l, e, part))) => {
+                let fused = if part == 2 { "down_proj" } else { "gate_up_proj" };
+                let fused = format!("model.layers.{l}.mlp.experts.{fused}");
+                let t = st.get(&fused).unwrap_or_else(|_| panic!("{} not in the checkpoint", p.name));
+                hf_names.insert(fused);
+                let all = f32s(t);
+                let n = p.shape[0] * p.shape[1];
+                let per = all.len() / t.shape[0];
+                let skip = e * per + if part == 1 { n } else { 0 };
+                all[skip..skip + n].to_vec()
+            }
+            _ => panic!("{} not in the checkpoint", p.name),
+        };
+        let kind = match p.values {
+            Some(ValueMap::MinusOne) => {
+                assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1.0 / 128.0), "{}", p.name);
+                "norm"
+            }
+            Some(ValueMap::LogNeg) => {
+                let close = got.iter().zip(&want).all(|(a, b)| (a.exp() / b.exp() - 1.0).abs() <= 1.0 / 128.0);
+                assert!(close, "{}: {got:?} vs {want:?}", p.name);
+                "A_log"
+            }
+            None => {
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{} differs", p.name);
+                if p.vheads.is_some() {
+                    "reordered"
+                } else {
+                    "exact"
+                }
+            }
+        };
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    // Every checkpoint tensor came back (the MTP module aside).
+    let missing: Vec<&String> = st.names().filter(|n| !hf_names.contains(*n) && !n.starts_with("mtp.")).collect();
+    assert!(missing.is_empty(), "{name}: not imported: {missing:?}");
+    kinds
+}
+
+/// qwen35moe: the value heads llama.cpp's converter tiled (2 key heads, 4 value heads) are
+/// put back grouped in in_proj_qkv, in_proj_z, in_proj_b/a, conv1d, out_proj's columns,
+/// dt_bias and A_log; the norms stored + 1 and A_log as -exp(A_log) are mapped back; the
+/// config is the checkpoint's text config.
+#[test]
+fn qwen35moe_maps_every_tensor_back() {
+    let kinds = bf16_as_checkpoint("qwen35moe-bf16", "qwen3_5_moe");
+    // 3 linear layers: qkv, z, b, a, conv1d, out_proj, dt_bias reordered (A_log too, counted
+    // as A_log); 4 x 2 layer norms + q/k norms + the final norm.
+    assert_eq!((kinds["reordered"], kinds["A_log"], kinds["norm"]), (3 * 7, 3, 4 * 2 + 2 + 1));
+    let (g, _) = fixture("qwen35moe-bf16");
+    let c = import(&g).unwrap().config;
+    let path = format!("{}/../tests/fixtures/qwen3_5_moe/config.json", env!("CARGO_MANIFEST_DIR"));
+    let want: Json = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let t = &want["text_config"];
+    for k in [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "layer_types",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_value_head_dim",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "eos_token_id",
+    ] {
+        assert_eq!(c[k], t[k], "{k}");
+    }
+    for k in ["partial_rotary_factor", "mrope_section", "mrope_interleaved", "rope_theta"] {
+        assert_eq!(c["rope_parameters"][k], t["rope_parameters"][k], "{k}");
+    }
+    assert_eq!(c["model_type"], "qwen3_5_moe_text");
+    let m = crate::ModelConfig::from_value(&c).unwrap();
+    assert_eq!(m.family, crate::model::config::Family::Qwen35Moe);
+}
+
+/// glm-dsa: every tensor of the bf16 GGUF is the checkpoint's (kv_b_proj put back
+/// together from attn_k_b / attn_v_b, the indexer of the two full layers under its Hugging
+/// Face names), and the config carries the indexer's sizes and per-layer kinds.
+#[test]
+fn glm_dsa_maps_every_tensor_back() {
+    let kinds = bf16_as_checkpoint("glm-dsa-bf16", "glm_moe_dsa");
+    assert_eq!(kinds.keys().copied().collect::<Vec<_>>(), ["exact"]);
+    let keys = [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        "num_experts_per_tok",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "eos_token_id",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "n_routed_experts",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "n_group",
+        "topk_group",
+        "routed_scaling_factor",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "num_key_value_heads",
+        "index_n_heads",
+        "index_head_dim",
+        "index_topk",
+        "indexer_types",
+    ];
+    let c = same_config("glm-dsa-bf16", "glm_moe_dsa", &keys);
+    assert_eq!(c["indexer_types"], json!(["full", "shared", "full"]));
+    let m = crate::ModelConfig::from_value(&c).unwrap();
+    let dsa = m.mla.as_ref().and_then(|m| m.dsa.as_ref()).unwrap();
+    assert_eq!((dsa.topk, dsa.full.clone(), dsa.interleave), (6, vec![true, false, true], true));
+}
+
+/// glm-dsa without a key or an indexer tensor it needs is one line naming it; without
+/// `indexer.types`, llama.cpp's rule for a short context (every layer full) applies, and
+/// the shared layer's missing indexer is named.
+#[test]
+fn glm_dsa_missing_indexer_parts_are_named() {
+    let (g, _) = fixture("glm-dsa-bf16");
+    for k in ["head_count", "key_length", "top_k"] {
+        let mut b = g.clone();
+        b.metadata.remove(&format!("glm-dsa.attention.indexer.{k}"));
+        let e = import(&b).err().unwrap().to_string();
+        assert!(e.contains(&format!("no glm-dsa.attention.indexer.{k}")), "{e}");
+    }
+    for t in ["blk.0.indexer.proj.weight", "blk.2.indexer.k_norm.bias", "blk.2.indexer.attn_q_b.weight"] {
+        let mut b = g.clone();
+        b.tensors.retain(|x| x.name != t);
+        let e = import(&b).err().unwrap().to_string();
+        assert!(e.contains(&format!("tensor {t} is missing")) && e.contains("indexer is full"), "{e}");
+    }
+    let mut b = g.clone();
+    b.metadata.remove("glm-dsa.attention.indexer.types");
+    let e = import(&b).err().unwrap().to_string();
+    assert!(e.contains("tensor blk.1.indexer.attn_q_b.weight is missing") && e.contains("< 2^20"), "{e}");
+    // A shared first layer cannot be run; an indexer tensor in a shared layer is refused.
+    let mut b = g.clone();
+    b.metadata.insert("glm-dsa.attention.indexer.types".into(), Value::Array(Array::Bool(vec![false, true, true])));
+    assert!(import(&b).err().unwrap().to_string().contains("layer 0's indexer is shared"));
+    let mut b = g.clone();
+    b.metadata.insert("glm-dsa.attention.indexer.types".into(), Value::Array(Array::U8(vec![1, 0, 0])));
+    let e = import(&b).err().unwrap().to_string();
+    assert!(e.contains("tensor blk.2.indexer.") && e.contains("whose indexer is shared"), "{e}");
+}
+
+/// Experts whose gate and up are stacked in one tensor (`ffn_gate_up_exps`, per expert
+/// the gate rows then the up rows), which llama.cpp's loader accepts as well as the two
+/// apart, import to the same per-expert tensors as the glm-dsa fixture's separate ones.
+#[test]
+fn fused_gate_up_experts_import_like_separate_ones() {
+    let (g, file) = fixture("glm-dsa-bf16");
+    let bytes = file[0].as_ref();
+    let (gate, up) = (g.tensor("blk.1.ffn_gate_exps.weight").unwrap(), g.tensor("blk.1.ffn_up_exps.weight").unwrap());
+    let (n_e, block) = (gate.ne[2] as usize, gate.size as usize / gate.ne[2] as usize);
+    let mut data = bytes.to_vec();
+    let at = data.len() as u64;
+    for e in 0..n_e {
+        for t in [gate, up] {
+            let o = t.offset as usize + e * block;
+            data.extend_from_slice(&bytes[o..o + block]);
+        }
+    }
+    let mut fused = g.clone();
+    let mut info = gate.clone();
+    (info.name, info.ne, info.offset, info.size) =
+        ("blk.1.ffn_gate_up_exps.weight".into(), vec![gate.ne[0], 2 * gate.ne[1], gate.ne[2]], at, 2 * gate.size);
+    fused.tensors.retain(|t| t.name != gate.name && t.name != up.name);
+    fused.tensors.push(info);
+    let files = [Bytes::from_vec(data)];
+    let (a, b) = (import(&g).unwrap(), import(&fused).unwrap());
+    assert_eq!(a.config, b.config);
+    fn experts(im: &Imported) -> Vec<&Planned> {
+        let mut v: Vec<&Planned> =
+            im.tensors.iter().filter(|p| p.name.starts_with("model.layers.1.mlp.experts.")).collect();
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        v
+    }
+    let (ea, eb) = (experts(&a), experts(&b));
+    assert_eq!(ea.len(), 3 * n_e);
+    assert_eq!(
+        ea.iter().map(|p| (&p.name, &p.shape)).collect::<Vec<_>>(),
+        eb.iter().map(|p| (&p.name, &p.shape)).collect::<Vec<_>>()
+    );
+    for (pa, pb) in ea.iter().zip(&eb) {
+        let (ta, tb) = (tensor(&g, &file, pa, None).unwrap(), tensor(&fused, &files, pb, None).unwrap());
+        assert_eq!((ta.dtype, ta.bytes.as_ref()), (tb.dtype, tb.bytes.as_ref()), "{}", pa.name);
     }
 }

@@ -41,6 +41,12 @@ pub(super) struct Arch {
     /// qwen3next: Gated DeltaNet layers (`ssm_*`), gated attention, zero-centred norms
     /// stored with the 1 added.
     pub(super) next: bool,
+    /// qwen35moe: the DeltaNet input projections apart (`attn_qkv`, `attn_gate`,
+    /// `ssm_beta`, `ssm_alpha`: Hugging Face's `in_proj_{qkv,z,b,a}`), the value heads
+    /// reordered from grouped by key head to tiled ([`VHeads`]).
+    pub(super) split_in: bool,
+    /// glm-dsa: DeepSeek Sparse Attention's lightning indexer (`indexer.*`).
+    pub(super) dsa: bool,
 }
 
 pub(super) const BASE: Arch = Arch {
@@ -61,6 +67,8 @@ pub(super) const BASE: Arch = Arch {
     router: "gate",
     oai: false,
     next: false,
+    split_in: false,
+    dsa: false,
 };
 
 pub(super) const ARCHES: &[Arch] = &[
@@ -148,6 +156,31 @@ pub(super) const ARCHES: &[Arch] = &[
         next: true,
         ..BASE
     },
+    // qwen35moe (Qwen3.5/3.6 MoE): the text model of the image-text release, as its own
+    // config (`qwen3_5_moe_text`); every layer MoE, the top-k always renormalised.
+    Arch {
+        gguf: "qwen35moe",
+        model_type: "qwen3_5_moe_text",
+        class: "Qwen3_5MoeForCausalLM",
+        shared: Some("shared_expert"),
+        qk_norm: true,
+        next: true,
+        split_in: true,
+        ..BASE
+    },
+    // glm-dsa (GLM-5): deepseek2's MLA and router plus the lightning indexer.
+    Arch {
+        gguf: "glm-dsa",
+        model_type: "glm_moe_dsa",
+        class: "GlmMoeDsaForCausalLM",
+        experts_key: "n_routed_experts",
+        shared: Some("shared_experts"),
+        dense: true,
+        score_bias: true,
+        mla: true,
+        dsa: true,
+        ..BASE
+    },
 ];
 
 /// deepseek2's kv_b_proj split as newer llama.cpp writes it: `src` of the [`Planned`]
@@ -166,7 +199,8 @@ pub struct Planned {
     pub shape: Vec<usize>,
     /// Index into `Gguf::tensors`.
     pub src: usize,
-    /// For stacked experts (`ffn_*_exps`): the expert, a block of `shape[0]` rows.
+    /// For stacked experts (`ffn_*_exps`): the expert, a block of `shape[0]` rows (in
+    /// `ffn_gate_up_exps`: block 2e is expert e's gate, 2e + 1 its up).
     pub expert: Option<usize>,
     /// Rope permutation to undo: the number of heads the rows were permuted with.
     pub unpermute_heads: Option<usize>,
@@ -182,6 +216,37 @@ pub struct Planned {
     pub qkvz: Option<Qkvz>,
     /// Values to map back (qwen3next's norms and `ssm_a`).
     pub values: Option<ValueMap>,
+    /// qwen35moe's value heads, tiled by convert_hf_to_gguf, put back grouped.
+    pub vheads: Option<VHeads>,
+}
+
+/// qwen35moe's value heads: convert_hf_to_gguf (`_reorder_v_heads`) reordered them from
+/// grouped by key head (Hugging Face: head `g * per_k + r` is value head r of key head g)
+/// to tiled (`r * nk + g`), each a block of `hd` rows (or columns, or single values), from
+/// row (or column) `offset` on: in `in_proj_qkv` and `conv1d` the rows after q and k, the
+/// rows of `in_proj_z` (hd = value head dim), `in_proj_b`, `in_proj_a` (hd = 1), the values
+/// of `A_log` and `dt_bias` (1-D: columns, hd = 1), the columns of `out_proj`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VHeads {
+    pub nk: usize,
+    pub per_k: usize,
+    pub hd: usize,
+    pub offset: usize,
+    /// The columns are reordered (else the rows).
+    pub cols: bool,
+}
+
+impl VHeads {
+    /// The GGUF index of Hugging Face row (or column) `x`.
+    pub fn source(&self, x: usize) -> usize {
+        let Some(y) = x.checked_sub(self.offset) else { return x };
+        let block = self.per_k * self.hd;
+        if y >= self.nk * block {
+            return x;
+        }
+        let (g, r, d) = (y / block, (y / self.hd) % self.per_k, y % self.hd);
+        self.offset + (r * self.nk + g) * self.hd + d
+    }
 }
 
 /// qwen3next's `in_proj_qkvz` ([`super::gguf_tensor`] reassembles the rows): `groups` key
@@ -216,6 +281,7 @@ impl Planned {
             interleave: None,
             qkvz: None,
             values: None,
+            vheads: None,
         }
     }
 }
@@ -262,4 +328,6 @@ pub(super) struct Facts {
     pub qkv_bias: bool,
     pub qk_norm: bool,
     pub tied: bool,
+    /// glm-dsa: per layer, whether its indexer is "full" (else "shared").
+    pub indexer_full: Vec<bool>,
 }

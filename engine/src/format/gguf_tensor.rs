@@ -60,6 +60,11 @@ pub fn keep_dtype_for(g: &Gguf, p: &Planned) -> DType {
     if p.interleave.is_some() || p.values.is_some() {
         return DType::F32;
     }
+    // Columns moved (qwen35moe's value heads): a float type keeps its values, a block
+    // type's blocks do not survive.
+    if p.vheads.is_some_and(|v| v.cols) && !is_float(ty) {
+        return DType::Int8 { group: 32 };
+    }
     if let Some(x) = p.qkvz {
         let gty = g.tensors[x.gate].ty;
         if gty != ty {
@@ -88,6 +93,9 @@ pub fn stores_exactly_for(g: &Gguf, p: &Planned, dtype: DType) -> bool {
     let ty = g.tensors[p.src].ty;
     if p.interleave.is_some() || p.values.is_some() {
         return dtype == DType::F32;
+    }
+    if p.vheads.is_some_and(|v| v.cols) {
+        return dtype == DType::F32 || (is_float(ty) && dtype == keep_dtype(ty));
     }
     if let Some(x) = p.qkvz {
         return stores_exactly(ty, dtype) && stores_exactly(g.tensors[x.gate].ty, dtype);
@@ -224,7 +232,10 @@ pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Opti
         Ok((bytes, rb))
     };
     let mut srcs = Vec::with_capacity(2);
+    // qwen35moe's value heads: whole rows moved back here, columns after decoding.
+    let col_heads = p.vheads.filter(|v| v.cols);
     let order: Option<Vec<(usize, usize)>> = match (p.unpermute_heads, p.qkvz) {
+        _ if p.vheads.is_some_and(|v| !v.cols) => p.vheads.map(|v| (0..rows).map(|r| (0, v.source(r))).collect()),
         (Some(heads), _) => {
             if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
                 return Err(err(format!("tensor {}: {rows} rows do not split into {heads} rope heads", t.name)));
@@ -246,12 +257,13 @@ pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Opti
     let dtype = want.unwrap_or_else(|| keep_dtype_for(g, p));
     let same_float =
         |ty: GgmlType| matches!((ty.id, dtype), (q::F32, DType::F32) | (q::F16, DType::F16) | (q::BF16, DType::BF16));
-    if same_float(t.ty) && order.is_none() && p.values.is_none() {
+    if same_float(t.ty) && order.is_none() && p.values.is_none() && col_heads.is_none() {
         return Ok(TensorEntry { dtype, shape: p.shape.clone(), bytes: srcs.swap_remove(0).1 .0 });
     }
     let out_rb = dtype.row_bytes(cols).ok_or_else(|| err(format!("tensor {}: bad stored type", t.name)))?;
     let mut out = vec![0u8; rows * out_rb];
     let mut vals = vec![0f32; cols];
+    let mut moved = vec![0f32; if col_heads.is_some() { cols } else { 0 }];
     let g32 = |d: DType| d.group() == Some(32);
     for (r, o) in out.chunks_exact_mut(out_rb.max(1)).enumerate() {
         let (k, sr) = order.as_ref().map_or((0, r), |v| v[r]);
@@ -259,7 +271,7 @@ pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Opti
         let s =
             bytes.as_ref().get(sr * rb..(sr + 1) * rb).ok_or_else(|| err(format!("tensor {}: row {sr}", st.name)))?;
         let done = match (st.ty.id, dtype) {
-            _ if p.values.is_some() => false,
+            _ if p.values.is_some() || col_heads.is_some() => false,
             _ if same_float(st.ty) => {
                 o.copy_from_slice(s);
                 true
@@ -279,6 +291,12 @@ pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Opti
             dequantize(st.ty, s, &mut vals).map_err(|e| err(format!("tensor {}: {e}", st.name)))?;
             if let Some(m) = p.values {
                 map_values(m, &mut vals).map_err(|e| err(format!("tensor {}: {e}", st.name)))?;
+            }
+            if let Some(v) = col_heads {
+                for (c, x) in moved.iter_mut().enumerate() {
+                    *x = *vals.get(v.source(c)).ok_or_else(|| err(format!("tensor {}: column {c}", st.name)))?;
+                }
+                std::mem::swap(&mut vals, &mut moved);
             }
             quantize_row(dtype, &vals, o).map_err(|e| err(format!("tensor {}: {e}", st.name)))?;
         }

@@ -7,6 +7,7 @@
 pub mod byteranges;
 pub mod gguf;
 pub mod gguf_config;
+mod gguf_families;
 pub mod gguf_import;
 mod gguf_plan;
 pub mod gguf_quant;
