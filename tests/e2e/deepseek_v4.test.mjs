@@ -4,8 +4,8 @@
 // decoded tokens run past the fixtures' sliding window (6) and through several compressed
 // blocks (rates 4 and 8: 12 and 6 entries at the end), past the indexer's top-k (3). The
 // wasm CPU backend gives the native CPU path's tokens and logits bit for bit on one thread
-// and on two (the same Rust; the second run resumes from the V4 cache file the first left
-// in browser storage), and so does WebGPU (the V4 graph's kernels over the same bounded
+// and on two (the same Rust; the second run adopts the V4 cache file the first left in
+// browser storage), and so does WebGPU (the V4 graph's kernels over the same bounded
 // state). Nothing in the browser engine is V4's own: the container loader, the session,
 // the cache file and the GPU upload are the engine's, as natively.
 import { test } from "node:test";
@@ -62,7 +62,9 @@ for (const f of models) {
       assert.equal(one.stats.kvCacheBytes, 4 * (held + v4StateFloats(held)), JSON.stringify(one.stats));
       ref.sameBits(one, "cpu, 1 thread");
       // A new document and worker: the conversation's cache comes back from browser
-      // storage (the V4 state in a KV cache file), all of the prompt but its last token.
+      // storage (the V4 state in a KV cache file) and its ids are kept, all of the prompt
+      // but its last token; the state cannot go back from 51 positions to 39, so it
+      // restarts and the kept ids are fed again (Session::truncate): the same bits.
       const two = await run({ backend: "cpu", logits: true, threads: 2 });
       assert.equal(two.stats.threads, 2, JSON.stringify(two.stats));
       assert.equal(two.stats.cachedTokens, prompt.length - 1, JSON.stringify(two.stats));
