@@ -5,12 +5,13 @@
 // blocks (rates 4 and 8: 12 and 6 entries at the end), past the indexer's top-k (3). The
 // wasm CPU backend gives the native CPU path's tokens and logits bit for bit on one thread
 // and on two (the same Rust; the second run adopts the V4 cache file the first left in
-// browser storage), and so does WebGPU (the V4 graph's kernels over the same bounded
+// browser storage, and a next turn that extends the stored conversation resumes its V4
+// state and gives coli's tokens), and so does WebGPU (the V4 graph's kernels over the same bounded
 // state). Nothing in the browser engine is V4's own: the container loader, the session,
 // the cache file and the GPU upload are the engine's, as natively.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { launchBrowser, nativeReference } from "./harness.mjs";
+import { coli, generateInPage, launchBrowser, nativeReference } from "./harness.mjs";
 
 // The fixtures' attention: a sliding window of 6 on every layer, and per layer the
 // compression rate (0: the window only) and whether it is CSA (overlapping windows, an
@@ -69,6 +70,14 @@ for (const f of models) {
       assert.equal(two.stats.threads, 2, JSON.stringify(two.stats));
       assert.equal(two.stats.cachedTokens, prompt.length - 1, JSON.stringify(two.stats));
       ref.sameBits(two, "cpu, 2 threads");
+      // The next turn extends the whole stored conversation (its 52 ids): the state of
+      // its 51 positions is kept as it is and only the last id is fed, with the native
+      // tokens of that prompt.
+      const next = prompt.concat(two.ids);
+      const want = JSON.parse(coli(["generate", "--model", ref.path, "--ids", next.join(","), "--max-new-tokens", "4", "--temperature", "0", "--ignore-eos", "--json"]));
+      const cont = await generateInPage(page, ref.helper.url, { model: f.model, prompt: next, n: 4, backend: "cpu", threads: 1 });
+      assert.equal(cont.stats.cachedTokens, held, JSON.stringify(cont.stats));
+      assert.deepEqual(cont.ids, want.ids, "cpu: the continued conversation's tokens differ from coli generate");
 
       const gpu = await run({ backend: "webgpu", logits: true });
       assert.equal(gpu.stats.backend, "webgpu", JSON.stringify(gpu.stats));
