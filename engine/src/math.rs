@@ -69,6 +69,18 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
+/// softplus(x) = log(1 + e^x), x itself above 20 (torch's threshold): [`exp`] under
+/// `libm`'s log1pf, so every target gives the same bits (route.wgsl and the DeltaNet
+/// gates' `det_softplus` port the same steps).
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        libm::log1pf(exp(x))
+    }
+}
+
 /// Sum of `w[i] * x[i]` in the engine's one reduction order: eight interleaved lane
 /// accumulators (lane = i mod 8), combined pairwise as ((0+4)+(2+6))+((1+5)+(3+7)).
 /// The fixed lane structure lets LLVM vectorize without reassociating, and a GPU

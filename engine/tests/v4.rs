@@ -71,7 +71,7 @@ fn the_state_is_bounded() {
         // What `coli bench` prices 1k / 8k / 32k contexts with is what the state holds,
         // at every position (through every window and compression boundary).
         let held = 4 * s.v4.as_ref().unwrap().floats();
-        assert_eq!(model.cfg.kv_cache_bytes_at(129 + k), held, "after {} positions", 129 + k);
+        assert_eq!(model.kv_cache_bytes_at(129 + k), held, "after {} positions", 129 + k);
     }
     let st = s.v4.as_ref().unwrap();
     // 128 more positions: 32 entries of head_dim 16 on each CSA layer (1 and 3) with the

@@ -517,7 +517,8 @@ fn qwen35moe_maps_every_tensor_back() {
     }
     assert_eq!(c["model_type"], "qwen3_5_moe_text");
     let m = crate::ModelConfig::from_value(&c).unwrap();
-    assert_eq!(m.family, crate::model::config::Family::Qwen35Moe);
+    // (By name: a path into crate::model from format would be an arrow up the floors.)
+    assert_eq!(format!("{:?}", m.family), "Qwen35Moe");
 }
 
 /// glm-dsa: every tensor of the bf16 GGUF is the checkpoint's (kv_b_proj put back

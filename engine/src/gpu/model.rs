@@ -65,7 +65,7 @@ pub struct GpuModel<M: Borrow<Model>> {
     pub(super) final_norm: wgpu::Buffer,
     pub(super) layers: Vec<GpuLayer>,
     /// DeepSeek-V4's layers and MoE parts.
-    pub(super) v4: Option<super::v4_model::GpuV4>,
+    pub(super) v4: Option<super::weights::GpuV4>,
     /// GPU bytes of the dense weights.
     dense_bytes: u64,
     pub(super) pool: Mutex<ExpertPool>,

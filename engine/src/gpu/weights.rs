@@ -12,6 +12,7 @@ use super::recorder::Recorder;
 use super::stream::Uploader;
 use crate::error::{Error, Result};
 use crate::model::attention::GqaWeights;
+use crate::model::v4::{Compressor, HyperConnection, Indexer, V4Attention, V4Layer, V4Weights};
 use crate::model::{AttnWeights, Ffn, Model};
 
 /// One layer's attention weights on the GPU, by variant (model::AttnWeights).
@@ -86,7 +87,7 @@ pub(super) struct DenseWeights {
     pub(super) final_norm: wgpu::Buffer,
     pub(super) layers: Vec<GpuLayer>,
     /// DeepSeek-V4's layers and MoE parts.
-    pub(super) v4: Option<super::v4_model::GpuV4>,
+    pub(super) v4: Option<GpuV4>,
     /// Largest intermediate size of any FFN (sizes the expert scratch buffers).
     pub(super) max_inter: usize,
     /// Their GPU bytes.
@@ -151,8 +152,99 @@ pub(super) fn upload(m: &Model, up: &Uploader) -> Result<DenseWeights> {
         cx.take_error()?;
     }
     // DeepSeek-V4's layers are its own (m.layers is empty then).
-    let v4 = super::v4_model::upload(m, up, &mut max_inter)?;
+    let v4 = upload_v4(m, up, &mut max_inter)?;
     let final_norm = up.f32("final_norm", &m.final_norm)?;
     cx.take_error()?;
     Ok(DenseWeights { embed, lm_head, final_norm, layers, v4, max_inter, bytes: up.bytes() })
+}
+
+/// A V4 model's GPU weights: what the graph reads (the routers, tid2eid and shared
+/// experts stay in host form there, the graph does not read them) and each layer's MoE.
+pub(super) struct GpuV4 {
+    pub(super) w: V4Weights<GpuMat, wgpu::Buffer>,
+    pub(super) moe: Vec<GpuMoe>,
+}
+
+/// Uploads a V4 model's weights beyond the embedding, final norm and head; None for
+/// another family. `max_inter` grows to the shared experts' width.
+pub(super) fn upload_v4(m: &Model, up: &Uploader, max_inter: &mut usize) -> Result<Option<GpuV4>> {
+    let Some(w) = m.v4.as_deref() else { return Ok(None) };
+    let comp = |p: &str, c: &Compressor| -> Result<Compressor<GpuMat, wgpu::Buffer>> {
+        Ok(Compressor {
+            kv: up.mat(&format!("{p}.kv"), &c.kv)?,
+            gate: up.mat(&format!("{p}.gate"), &c.gate)?,
+            ape: up.f32(&format!("{p}.ape"), &c.ape)?,
+            norm: up.f32(&format!("{p}.norm"), &c.norm)?,
+            dim: c.dim,
+            rate: c.rate,
+            overlap: c.overlap,
+        })
+    };
+    let hc = |p: &str, h: &HyperConnection| -> Result<HyperConnection<GpuMat, wgpu::Buffer>> {
+        Ok(HyperConnection {
+            fn_: up.mat(&format!("{p}.fn"), &h.fn_)?,
+            base: up.f32(&format!("{p}.base"), &h.base)?,
+            scale: up.f32(&format!("{p}.scale"), &h.scale)?,
+        })
+    };
+    let mut layers = Vec::with_capacity(w.layers.len());
+    let mut moe = Vec::with_capacity(w.layers.len());
+    for (l, lw) in w.layers.iter().enumerate() {
+        let p = format!("layer{l}");
+        let a = &lw.attn;
+        let attn = V4Attention {
+            q_a: up.mat(&format!("{p}.q_a"), &a.q_a)?,
+            q_a_norm: up.f32(&format!("{p}.q_a_norm"), &a.q_a_norm)?,
+            q_b: up.mat(&format!("{p}.q_b"), &a.q_b)?,
+            ones: up.f32(&format!("{p}.ones"), &a.ones)?,
+            kv: up.mat(&format!("{p}.kv"), &a.kv)?,
+            kv_norm: up.f32(&format!("{p}.kv_norm"), &a.kv_norm)?,
+            o_a: a.o_a.iter().enumerate().map(|(g, o)| up.mat(&format!("{p}.o_a{g}"), o)).collect::<Result<_>>()?,
+            o_b: up.mat(&format!("{p}.o_b"), &a.o_b)?,
+            sinks: up.f32(&format!("{p}.sinks"), &a.sinks)?,
+            comp: a.comp.as_ref().map(|c| comp(&format!("{p}.comp"), c)).transpose()?,
+            indexer: match &a.indexer {
+                Some(ix) => Some(Indexer {
+                    comp: comp(&format!("{p}.index"), &ix.comp)?,
+                    q_b: up.mat(&format!("{p}.index.q_b"), &ix.q_b)?,
+                    weights: up.mat(&format!("{p}.index.weights"), &ix.weights)?,
+                }),
+                None => None,
+            },
+        };
+        *max_inter = (*max_inter).max(lw.shared.gate.rows);
+        moe.push(GpuMoe {
+            router: GpuRouter {
+                w: up.mat(&format!("{p}.router"), &lw.router)?,
+                bias: None,
+                correction: up.opt_f32(&format!("{p}.correction_bias"), &lw.correction_bias)?,
+            },
+            biases: None,
+            shared: Some((up.expert(&format!("{p}.shared"), &lw.shared)?, None)),
+        });
+        layers.push(V4Layer {
+            attn_norm: up.f32(&format!("{p}.attn_norm"), &lw.attn_norm)?,
+            ffn_norm: up.f32(&format!("{p}.ffn_norm"), &lw.ffn_norm)?,
+            attn,
+            attn_hc: hc(&format!("{p}.attn_hc"), &lw.attn_hc)?,
+            ffn_hc: hc(&format!("{p}.ffn_hc"), &lw.ffn_hc)?,
+            // The MoE runs from `moe` above; the graph reads none of these.
+            router: lw.router.clone(),
+            correction_bias: lw.correction_bias.clone(),
+            tid2eid: lw.tid2eid.clone(),
+            shared: lw.shared.clone(),
+        });
+        up.ctx.queue.submit([]);
+        up.ctx.take_error()?;
+    }
+    let w = V4Weights {
+        layers,
+        head_fn: up.mat("hc_head.fn", &w.head_fn)?,
+        head_base: up.f32("hc_head.base", &w.head_base)?,
+        head_scale: up.f32("hc_head.scale", &w.head_scale)?,
+        hc_ones: up.f32("hc_ones", &w.hc_ones)?,
+        main_rope: w.main_rope.clone(),
+        compress_rope: w.compress_rope.clone(),
+    };
+    Ok(Some(GpuV4 { w, moe }))
 }

@@ -677,18 +677,6 @@ impl ModelConfig {
         (0..self.n_layers).filter(|&l| !linear(l)).map(|l| self.cache_floats_at(l)).sum::<usize>() * 4
     }
 
-    /// Bytes the attention caches hold after `n` positions (f32): DeepSeek-V4's window,
-    /// compressed entries, unfinished windows and carries exactly as its state holds them
-    /// ([`crate::model::v4::persist::V4Layout::record_floats`]), bounded by the window
-    /// plus one entry per `rate` positions; the other families' keys and values of every
-    /// position plus any recurrent state.
-    pub fn kv_cache_bytes_at(&self, n: usize) -> usize {
-        match crate::model::v4::persist::V4Layout::of(self) {
-            Some(l) => l.record_floats(0, n).map_or(usize::MAX, |f| f.saturating_mul(4)),
-            None => self.kv_cache_bytes_per_token().saturating_mul(n).saturating_add(self.recurrent_state_bytes()),
-        }
-    }
-
     /// Bytes of the linear-attention layers' recurrent state, whatever the length (f32).
     pub fn recurrent_state_bytes(&self) -> usize {
         self.linear_attn.as_ref().map_or(0, |la| la.state_floats() * (self.n_layers - self.attention_layers()) * 4)

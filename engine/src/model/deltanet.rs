@@ -232,7 +232,7 @@ pub fn gates(ba: &mut [f32], n: usize, nv: usize, neg_a: &[f32], dt_bias: &[f32]
         let (b, a) = row.split_at_mut(nv);
         b.iter_mut().for_each(|v| *v = math::sigmoid(*v));
         for (h, v) in a.iter_mut().enumerate() {
-            *v = math::exp(neg_a[h] * softplus(*v + dt_bias[h]));
+            *v = math::exp(neg_a[h] * math::softplus(*v + dt_bias[h]));
         }
     }
 }
@@ -307,17 +307,6 @@ pub fn rule(c: &LinearAttnConfig, mixed: &[f32], ba: &[f32], n: usize, state: &m
             o[t * nv * dv + h * dv..t * nv * dv + (h + 1) * dv]
                 .copy_from_slice(&oh[(h * n + t) * dv..(h * n + t + 1) * dv]);
         }
-    }
-}
-
-/// softplus(x) = log(1 + e^x), x itself above 20 (torch's threshold); `libm` so every
-/// target gives the same bits.
-#[inline]
-pub fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        libm::log1pf(math::exp(x))
     }
 }
 

@@ -440,6 +440,20 @@ impl Model {
         ))
     }
 
+    /// Bytes the attention caches hold after `n` positions (f32): DeepSeek-V4's window,
+    /// compressed entries, unfinished windows and carries exactly as its state holds them
+    /// ([`v4::persist::V4Layout::record_floats`]), bounded by the window plus one entry per
+    /// `rate` positions; the other families' keys and values of every position plus any
+    /// recurrent state. (Here, not on [`ModelConfig`]: the config module stays below
+    /// `model::v4`.)
+    pub fn kv_cache_bytes_at(&self, n: usize) -> usize {
+        let c = &self.cfg;
+        match v4::persist::V4Layout::of(c) {
+            Some(l) => l.record_floats(0, n).map_or(usize::MAX, |f| f.saturating_mul(4)),
+            None => c.kv_cache_bytes_per_token().saturating_mul(n).saturating_add(c.recurrent_state_bytes()),
+        }
+    }
+
     pub fn new_session(&self) -> Session {
         Session {
             caches: vec![LayerCache::default(); self.cfg.n_layers],

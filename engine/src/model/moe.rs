@@ -52,7 +52,7 @@ fn scores_of(logits: &[f32], scoring: Scoring) -> Vec<f32> {
         Scoring::Softmax => math::softmax(&mut scores),
         Scoring::Sigmoid => scores.iter_mut().for_each(|s| *s = math::sigmoid(*s)),
         // torch's softplus, with math::exp (the GPU's det_exp) under libm's log1pf.
-        Scoring::SqrtSoftplus => scores.iter_mut().for_each(|s| *s = crate::model::deltanet::softplus(*s).sqrt()),
+        Scoring::SqrtSoftplus => scores.iter_mut().for_each(|s| *s = crate::math::softplus(*s).sqrt()),
         Scoring::SoftmaxOfTopk => {}
     }
     scores

@@ -406,10 +406,10 @@ fn run_inner(a: BenchArgs) -> Result<()> {
             // What the caches hold at these context lengths (DeepSeek-V4: bounded by its
             // window plus compressed entries), and what this run's session held at its end
             // against what the same formula says for its length (ids included).
-            "kv_cache_bytes_at_context": {"1024": model.cfg.kv_cache_bytes_at(1024),
-                "8192": model.cfg.kv_cache_bytes_at(8192), "32768": model.cfg.kv_cache_bytes_at(32768)},
+            "kv_cache_bytes_at_context": {"1024": model.kv_cache_bytes_at(1024),
+                "8192": model.kv_cache_bytes_at(8192), "32768": model.kv_cache_bytes_at(32768)},
             "session_bytes_at_end": session.bytes(),
-            "session_bytes_predicted": model.cfg.kv_cache_bytes_at(session.len()) + 4 * session.len()},
+            "session_bytes_predicted": model.kv_cache_bytes_at(session.len()) + 4 * session.len()},
         "cache_state": match a.cache { CacheState::Cold => "cold", CacheState::Warm => "warm" },
         "warmup": a.warmup,
         "page_cache_evicted": evicted,

@@ -22,7 +22,7 @@ use colibri_engine::format::tensors::{is_routed_expert_weight, TensorStore};
 use colibri_engine::format::{is_container, MANIFEST_FILE};
 
 use super::convert_gguf;
-use super::convert_output::{check_output_dir, read_journal, sync_dir};
+use super::convert_output::{check_output_dir, read_journal, sync_dir, JOURNAL};
 use super::convert_source::{self, encode_rows, read_at, write_at};
 use colibri_engine::tensor::{DType, Mat};
 use colibri_engine::{Model, ModelConfig};
@@ -30,7 +30,6 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// The data file of a container.
 pub const DATA_FILE: &str = "weights.bin";
-pub(super) const JOURNAL: &str = "convert.journal";
 /// Files kept beside the manifest when the checkpoint has them.
 pub const KEPT_FILES: &[&str] = &[
     "config.json",

@@ -9,7 +9,8 @@ use anyhow::{bail, Context, Result};
 use colibri_engine::format::is_container;
 use colibri_engine::format::manifest;
 
-use super::convert::JOURNAL;
+/// The journal of the items written so far (one line each: item, checksum).
+pub(super) const JOURNAL: &str = "convert.journal";
 
 /// Journaled (item, checksum) pairs of a previous run with the same fingerprint.
 pub(super) fn read_journal(path: &Path, header: &str) -> Vec<(usize, u64)> {

@@ -3,8 +3,9 @@
 //! against transformers' formulation, rewinds to snapshots.
 
 use crate::math;
+use crate::math::softplus;
 use crate::model::config::LinearAttnConfig;
-use crate::model::deltanet::{delta_step, softplus, DeltaNetWeights, DeltaState, InProj};
+use crate::model::deltanet::{delta_step, DeltaNetWeights, DeltaState, InProj};
 use crate::tensor::Mat;
 
 /// The layer through the graph on the CPU backend.
