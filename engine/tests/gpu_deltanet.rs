@@ -12,8 +12,9 @@ use colibri_engine::gpu::kernels::Kernel;
 use colibri_engine::gpu::recorder::Recorder;
 use colibri_engine::gpu::{block_on, GpuContext};
 use colibri_engine::math;
+use colibri_engine::math::softplus;
 use colibri_engine::model::config::LinearAttnConfig;
-use colibri_engine::model::deltanet::{self, softplus, DeltaState};
+use colibri_engine::model::deltanet::{self, DeltaState};
 use gpu_common::{assert_bits, gpu, Lcg};
 
 fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
