@@ -11,8 +11,9 @@
 #      COLIBRI_REQUIRE_GPU=1 makes a missing adapter a failure, not a skip);
 #   2b. the aarch64 NEON kernels cross-built and tested under qemu-aarch64 (AARCH64=0 skips);
 #   3. a short fuzz run of every parser that reads bytes from outside (tools/fuzz.sh:
-#      cargo-fuzz on the pinned nightly, FUZZ_SECONDS per target, default 30; about 4
-#      min of build and 5 min of fuzzing (10 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
+#      cargo-fuzz on the pinned nightly, FUZZ_SECONDS per target, default 10 (a smoke run:
+#      long runs are tools/fuzz.sh's own, docs/benchmarks.md); about 3.5 min of build and 2 min
+#      of fuzzing (11 targets) on 2 cores; libFuzzer seed FUZZ_SEED, default 1,
 #      so CI tries the same inputs each run; FUZZ_SECONDS=0 leaves it out);
 #   3a. the release archive: tools/release.sh (a release build of coli) and
 #      tools/test_release.sh (unpacked and run with an empty HOME; RELEASE_TEST=0 skips it),
@@ -78,7 +79,7 @@ else
   step "aarch64: left out (AARCH64=0)"
 fi
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-10}
 if [ "$FUZZ_SECONDS" != 0 ]; then
   step "fuzz: every target for ${FUZZ_SECONDS} s (tools/fuzz.sh)"
   SECONDS_PER_TARGET=$FUZZ_SECONDS FUZZ_SEED=${FUZZ_SEED:-1} ./tools/fuzz.sh

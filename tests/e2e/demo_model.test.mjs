@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { ROOT, coli, freePort, startHelper, launchBrowser } from "./harness.mjs";
 
 // Held-out operand pairs (never in training, in any phrasing: Tasks.add_held / sub_held of
-// tools/train_demo.py); see helper/tests/demo_model.rs.
+// tools/train_demo.py); see helper/tests/it/demo_model.rs.
 const CASES = [
   ["What is 84 minus 27?", 57],
   ["What is 47 plus 38?", 85],

@@ -1,6 +1,6 @@
 // Draft models in the browser (load({draft}) / engine.loadDraft, generate({draft: "model"})):
 // the target is the demo checkpoint converted to f32 (models/demo-hf), the draft the
-// committed int8 demo (models/demo, the same tokenizer), as helper/tests/draft_cli.rs has
+// committed int8 demo (models/demo, the same tokenizer), as helper/tests/it/draft_cli.rs has
 // them natively. The tokens are those of a run without drafts and of `coli generate
 // --draft DIR`, greedy and sampled, and stats().speculation counts what `coli generate
 // --json` counts; on WebGPU (the draft on the cpu backend) the greedy tokens are the
@@ -47,7 +47,7 @@ test("a draft model in the browser: the tokens without it and of coli generate -
     assert.ok(greedy.ids.length > 4, JSON.stringify(greedy));
     return { greedy, sampled, drafted };
   });
-  // A draft of another tokenizer, natively: one line (helper/tests/draft_cli.rs).
+  // A draft of another tokenizer, natively: one line (helper/tests/it/draft_cli.rs).
   let nativeRefusal = "";
   try {
     coli(["generate", "--model", target, "--prompt", "Hello", "--max-new-tokens", "4", "--draft", other], { stdio: ["ignore", "pipe", "pipe"] });

@@ -337,7 +337,7 @@ fn damaged_files_never_panic() {
 }
 
 /// gpt-oss: the config llama.cpp's GGUF of the MXFP4 checkpoint carries is the
-/// checkpoint's (its tensors: engine/tests/gguf_gpt_oss.rs, next to the model's loader).
+/// checkpoint's (its tensors: engine/tests/it/gguf_gpt_oss.rs, next to the model's loader).
 #[test]
 fn gpt_oss_config_is_the_checkpoints() {
     let c =

@@ -6,7 +6,7 @@
 //! input, attention reads the cache the earlier chunks wrote exactly as one pass would,
 //! and the recurrent layers run token by token in either case (the engine's prefill ==
 //! decode property; `tests::chunked_prefill_gives_the_same_bits` asserts it at
-//! [`PREFILL_CHUNK`] on every family's fixture in `engine/tests/kv_reuse.rs`).
+//! [`PREFILL_CHUNK`] on every family's fixture in `engine/tests/it/kv_reuse.rs`).
 
 use crate::error::{Error, Result};
 use crate::model::Logits;

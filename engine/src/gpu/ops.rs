@@ -1,6 +1,6 @@
 //! One function per kernel: checks shapes, fills the kernel's parameters and records the
 //! dispatch. Offsets and lengths are in f32 elements. Each has a CPU reference it is
-//! tested against (engine/tests/gpu_kernels.rs).
+//! tested against (engine/tests/it/gpu_kernels.rs).
 
 use super::buffers::GpuMat;
 use super::kernels::{dtype_constants, Kernel};

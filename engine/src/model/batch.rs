@@ -7,7 +7,7 @@
 //! sequences).
 //!
 //! Exact: every kernel computes a row from that row alone in a fixed order, so a
-//! sequence's logits are the bits it gets alone (engine/tests/batch.rs asserts it on every
+//! sequence's logits are the bits it gets alone (engine/tests/it/batch.rs asserts it on every
 //! fixture family).
 
 use crate::error::{Error, Result};

@@ -66,7 +66,7 @@ pub fn print(models: Option<&std::path::Path>) {
 mod tests {
     use super::*;
 
-    /// The README's table (which helper/tests/pull_cli.rs keeps equal to `coli plan`)
+    /// The README's table (which helper/tests/it/pull_cli.rs keeps equal to `coli plan`)
     /// gives the catalog's sizes.
     #[test]
     fn the_catalog_is_the_readme_table() {

@@ -251,7 +251,7 @@ fn v4_bad_fp4_experts_are_one_clear_error() {
 
 /// Byte-typed expert weights are FP4 only where config.json says so (`expert_dtype`
 /// "fp4"): in any other checkpoint an unused U8 expert tensor stays an unused U8 tensor
-/// (a qwen3_moe file with one stopped loading: helper/tests/private_files.rs).
+/// (a qwen3_moe file with one stopped loading: helper/tests/it/private_files.rs).
 #[test]
 fn byte_experts_are_fp4_only_where_the_config_says_so() {
     let t = [(W1, "U8", vec![3, 32], vec![7u8; 96])];

@@ -4,15 +4,13 @@
 //! see it; docs/benchmarks.md records the numbers).
 #![cfg(feature = "wgpu")]
 
-mod gpu_common;
-
 use std::path::PathBuf;
 
+use crate::gpu_common::{assert_bits, gpu, ulp_stats};
 use colibri_engine::generate::{generate, generate_with, GenerateOptions};
 use colibri_engine::gpu::{GpuModel, GpuOptions};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
-use gpu_common::{assert_bits, gpu, ulp_stats};
 use serde_json::Value;
 
 fn ids(v: &Value) -> Vec<u32> {

@@ -4,8 +4,7 @@
 //! its libm log1pf port, exp) over a wide range of inputs.
 #![cfg(feature = "wgpu")]
 
-mod gpu_common;
-
+use crate::gpu_common::{assert_bits, gpu, Lcg};
 use colibri_engine::gpu::buffers::{f32s, upload_f32};
 use colibri_engine::gpu::deltanet::GpuDeltaState;
 use colibri_engine::gpu::kernels::Kernel;
@@ -15,7 +14,6 @@ use colibri_engine::math;
 use colibri_engine::math::softplus;
 use colibri_engine::model::config::LinearAttnConfig;
 use colibri_engine::model::deltanet::{self, DeltaState};
-use gpu_common::{assert_bits, gpu, Lcg};
 
 fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
     let mut rec = Recorder::new(ctx);

@@ -635,7 +635,7 @@ fn gpt_oss_mxfp4_experts_stay_mxfp4() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// DeepSeek-V4 converts (helper/tests/v4_convert_cli.rs checks the layouts and bits): a
+/// DeepSeek-V4 converts (helper/tests/it/v4_convert_cli.rs checks the layouts and bits): a
 /// bf16 checkpoint with the usual defaults gives a container that opens.
 #[test]
 fn deepseek_v4_converts() {

@@ -7,16 +7,14 @@
 //! indexer's choice with the attention over passes of odd sizes.
 #![cfg(feature = "wgpu")]
 
-mod gpu_common;
-
 use colibri_engine::gpu::buffers::{f32s, upload_f32};
 use colibri_engine::gpu::v4;
 
+use crate::gpu_common::{assert_bits, gpu, Lcg};
 use colibri_engine::gpu::recorder::Recorder;
 use colibri_engine::gpu::{block_on, GpuContext};
 use colibri_engine::model::v4::hc::{expand, head_pre, mix_streams, weights};
 use colibri_engine::model::v4::HcShape;
-use gpu_common::{assert_bits, gpu, Lcg};
 
 fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
     let mut rec = Recorder::new(ctx);

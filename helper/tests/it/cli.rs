@@ -244,7 +244,7 @@ fn wgpu_backend_says_it_is_not_built() {
         .unwrap();
     assert_clean_failure(&out, "wgpu");
 }
-// With the feature, helper/tests/gpu_cli.rs runs --backend wgpu against --backend cpu.
+// With the feature, helper/tests/it/gpu_cli.rs runs --backend wgpu against --backend cpu.
 
 #[test]
 fn bench_routing_reports_lookahead_recall_and_cache_hit_rates() {

@@ -67,7 +67,7 @@ fn the_release_layout_runs_and_reports_its_sizes() {
             && plan.contains("32 experts of 3.5 KiB"),
         "{plan}"
     );
-    // `coli convert` keeps the release as it is (helper/tests/v4_convert_cli.rs checks the
+    // `coli convert` keeps the release as it is (helper/tests/it/v4_convert_cli.rs checks the
     // container's layout and bits): the container gives the checkpoint's bits.
     let o = coli().arg("convert").arg(fixture()).arg("-o").arg(d.join("out")).output().unwrap();
     ok(o, "convert");

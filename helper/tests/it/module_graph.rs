@@ -10,7 +10,7 @@
 //! Both were ratchets: `KNOWN_LOOPS` and `KNOWN_UP` listed what existed when this check was
 //! written (issue #31's audit: seven loops, four up-arrows), and shrank as they were fixed;
 //! both are empty now, so any import loop or back-up arrow fails. Run alone with
-//! `cargo test -p colibri-helper --test module_graph -- --nocapture` to see the graph.
+//! `cargo test -p colibri-helper --test it module_graph -- --nocapture` to see the graph.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

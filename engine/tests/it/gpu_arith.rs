@@ -4,14 +4,12 @@
 //! inverse sqrt and a*b+c differ from the CPU: the reason these functions exist.
 #![cfg(feature = "wgpu")]
 
-mod gpu_common;
-
+use crate::gpu_common::{gpu, ulps, Lcg};
 use colibri_engine::gpu::block_on;
 use colibri_engine::gpu::buffers::{f32s, upload_f32};
 use colibri_engine::gpu::kernels::ARITH;
 use colibri_engine::gpu::recorder::Recorder;
 use colibri_engine::math;
-use gpu_common::{gpu, ulps, Lcg};
 
 const PROBE: &str = r#"
 struct Params { zero: u32, len: u32, groups_x: u32 }

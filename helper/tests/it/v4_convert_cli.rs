@@ -219,7 +219,7 @@ fn a_bf16_checkpoint_converts_with_the_usual_defaults() {
     );
     // int4 experts (groups of 32) and int8 elsewhere on a tiny random model whose router
     // and indexer margins are small (see above): a regression guard below the measured
-    // numbers (KL 0.22, 67% agreement), as helper/tests/convert.rs gates int4 elsewhere.
+    // numbers (KL 0.22, 67% agreement), as helper/tests/it/convert.rs gates int4 elsewhere.
     assert!(kl < 0.5 && agree >= 0.5, "int4 experts, int8 dense: KL {kl:.3e}, agreement {agree}");
     let _ = std::fs::remove_dir_all(&d);
 }

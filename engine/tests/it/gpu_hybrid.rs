@@ -5,13 +5,11 @@
 //! sigmoid with groups, a gated and an ungated shared expert, expert biases).
 #![cfg(feature = "wgpu")]
 
-mod gpu_common;
-
 use std::path::PathBuf;
 
+use crate::gpu_common::{assert_bits, gpu, ulp_stats};
 use colibri_engine::gpu::{GpuModel, GpuOptions, Hybrid};
 use colibri_engine::{Logits, Model};
-use gpu_common::{assert_bits, gpu, ulp_stats};
 use serde_json::Value;
 
 /// Bytes of one routed expert of the model's first MoE layer.

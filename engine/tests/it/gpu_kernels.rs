@@ -2,8 +2,7 @@
 //! bit: the kernels are written to reproduce the CPU's arithmetic exactly.
 #![cfg(feature = "wgpu")]
 
-mod gpu_common;
-
+use crate::gpu_common::{assert_bits, gpu, gpu_without_dp4a, Lcg};
 use colibri_engine::gpu::buffers::{f32s, upload_f32, upload_mat};
 use colibri_engine::gpu::ops::{self, AttnShape};
 use colibri_engine::gpu::recorder::Recorder;
@@ -12,7 +11,6 @@ use colibri_engine::kernels::{self, Activation};
 use colibri_engine::math;
 use colibri_engine::model::rope::{Rope, RopeConfig};
 use colibri_engine::tensor::{Bytes, DType, Mat};
-use gpu_common::{assert_bits, gpu, gpu_without_dp4a, Lcg};
 
 fn read(ctx: &GpuContext, buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
     let mut rec = Recorder::new(ctx);

@@ -116,7 +116,7 @@ fn an_fp8_directory_runs_as_it_is() {
         .unwrap();
     if probe.status.success() {
         let gpu = logits(&fixture(), &["--backend", "wgpu"], &d.join("gpu.bin"));
-        // Bit for bit on lavapipe (engine/tests/gpu_fixtures.rs checks it per adapter).
+        // Bit for bit on lavapipe (engine/tests/it/gpu_fixtures.rs checks it per adapter).
         let rel = rel_to_reference(&f32s(&gpu));
         assert!(rel < 1e-3, "wgpu logits {rel:.3e} of std from transformers");
         eprintln!("wgpu logits equal to the CPU's bit for bit: {}", gpu == cpu);
