@@ -59,10 +59,11 @@ step "browser engine (wasm32)"
 
 # NODEVICE_SELECT: Mesa's device-select layer warns about XDG_RUNTIME_DIR without a display.
 export COLIBRI_REQUIRE_GPU=1 NODEVICE_SELECT=1
-step "cargo tests: the engine with its wgpu feature (GPU kernels and fixtures on wgpu)"
-cargo test -p colibri-engine --features wgpu --locked
-step "cargo tests: helper and wasm crates (the helper's --backend wgpu included)"
-cargo test --workspace --exclude colibri-engine --locked
+# One cargo invocation for every crate: the engine alone (`-p colibri-engine`) resolves its
+# dependencies' features differently from the workspace, so two invocations compiled the
+# whole dependency tree twice (about 2 min of a clean build on 2 cores).
+step "cargo tests: every crate, the engine with its wgpu feature (GPU kernels and fixtures on wgpu, the helper's --backend wgpu)"
+cargo test --workspace --features colibri-engine/wgpu --locked
 
 # The aarch64 NEON kernels, without an ARM machine: the engine's kernel tests cross-built
 # and run under qemu-user with `-cpu max` (NEON and dotprod: every path against the
