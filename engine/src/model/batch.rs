@@ -4,7 +4,8 @@
 //! read once per step for the whole batch and a MoE layer reads and runs each expert once
 //! for every row routed to it (the batch's union). Attention, DSA's indexer and Gated
 //! DeltaNet's recurrence run per sequence over its own caches (cpu::CpuOps over several
-//! sequences).
+//! sequences), and so do DeepSeek-V4's compressors, indexer and attention, each sequence
+//! over its own V4 state.
 //!
 //! Exact: every kernel computes a row from that row alone in a fixed order, so a
 //! sequence's logits are the bits it gets alone (engine/tests/it/batch.rs asserts it on every
@@ -19,12 +20,6 @@ impl Model {
     /// one token each); returns each sequence's last-position logits, in order.
     pub fn forward_batch(&self, sessions: &mut [&mut Session], ids: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
         self.forward_batch_with(sessions, ids, &mut |_, _, _| {})
-    }
-
-    /// Whether [`Model::forward_batch`] runs this model (DeepSeek-V4 does not yet: one
-    /// sequence per pass there).
-    pub fn batches(&self) -> bool {
-        self.v4.is_none()
     }
 
     /// [`Model::forward_batch`] with the logits each sequence asks for: `which[i]` None
@@ -90,8 +85,12 @@ impl Model {
         if let Some(i) = ids.iter().position(|t| t.is_empty()) {
             return Err(Error::Invalid(format!("sequence {i} of the batch has no tokens")));
         }
+        for s in sessions.iter_mut() {
+            self.v4_ready(s);
+        }
         // A sequence whose recurrent state went back further than its tokens feeds the
-        // tokens in between again first, as Model::forward does.
+        // tokens in between again first, as Model::forward does (DeepSeek-V4's state
+        // restarted by a truncation: all of them).
         let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(ids.len());
         for (s, t) in sessions.iter().zip(ids) {
             let held = s.cached_len();
@@ -125,21 +124,28 @@ impl Model {
             let with = if hidden[counts.len() - 1] { t.len() } else { 0 };
             states.extend(end - with..end);
             state_counts.push(with);
-            seqs.push(cpu::Seq::new(s.tokens.len(), feed.len(), &mut s.caches));
+            let Session { caches, tokens, v4 } = &mut **s;
+            let seq = cpu::Seq::new(tokens.len(), feed.len(), caches);
+            seqs.push(match v4.as_deref_mut() {
+                Some(state) => seq.with_v4(state),
+                None => seq,
+            });
         }
         let all: Vec<u32> = feeds.iter().flatten().copied().collect();
-        let mut pass = cpu::CpuPass {
-            ops: cpu::CpuOps::batch(&self.rope, seqs),
-            model: self,
-            on_use,
-            on_ffn_input: &mut |_, _| {},
-        };
+        let mut ops = cpu::CpuOps::batch(&self.rope, seqs);
+        if let Some(w) = &self.v4 {
+            ops = ops.with_v4(&w.main_rope, &w.compress_rope);
+        }
+        let mut pass = cpu::CpuPass { ops, model: self, on_use, on_ffn_input: &mut |_, _| {} };
         let logits = graph::run_ready(graph::forward_rows(&mut pass, &all, &rows, &states))?;
         drop(pass);
         match logits {
             Ok((logits, hs)) => {
                 for (s, feed) in sessions.iter_mut().zip(&feeds) {
                     s.tokens.extend_from_slice(feed);
+                    if let Some(v) = s.v4.as_deref_mut().filter(|_| self.v4.is_some()) {
+                        v.pos += feed.len();
+                    }
                 }
                 let mut out = Vec::with_capacity(counts.len());
                 let (mut at, mut hat) = (0, 0);
@@ -152,8 +158,13 @@ impl Model {
                 Ok(out)
             }
             Err(e) => {
-                // Leave every session as it was before the pass (its caches may hold part).
+                // Leave every session as it was before the pass (its caches may hold part;
+                // a DeepSeek-V4 state restarts, as Model::forward's does, and the next pass
+                // feeds its tokens again).
                 for s in sessions.iter_mut() {
+                    if self.v4.is_some() {
+                        s.v4 = Some(self.fresh_v4());
+                    }
                     let len = s.tokens.len();
                     s.truncate(len);
                 }

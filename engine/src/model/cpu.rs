@@ -34,8 +34,8 @@ pub(crate) struct CpuOps<'a> {
     seqs: Vec<Seq<'a>>,
     /// The layer whose cache is `caches[0]` (the MTP layer's own cache follows the model's).
     first: usize,
-    /// DeepSeek-V4's state and ropes, for a V4 pass (one sequence).
-    v4: Option<v4::V4Ctx<'a>>,
+    /// DeepSeek-V4's ropes, for a V4 pass (each sequence brings its state).
+    v4: Option<v4::V4Ropes<'a>>,
 }
 
 /// One sequence of a pass: `n` rows at positions `pos0..`, its layers' caches.
@@ -45,11 +45,21 @@ pub(crate) struct Seq<'a> {
     caches: &'a mut [LayerCache],
     /// DSA: the positions each of its queries keeps, from the last indexer.
     selection: Option<Selection>,
+    /// DeepSeek-V4: the sequence's state, and the entries each of its queries attends
+    /// to, from the last indexer.
+    v4: Option<&'a mut V4State>,
+    chosen: Option<Vec<Vec<usize>>>,
 }
 
 impl<'a> Seq<'a> {
     pub(crate) fn new(pos0: usize, n: usize, caches: &'a mut [LayerCache]) -> Self {
-        Seq { pos0, n, caches, selection: None }
+        Seq { pos0, n, caches, selection: None, v4: None, chosen: None }
+    }
+
+    /// The sequence of a DeepSeek-V4 pass, over its `state`.
+    pub(crate) fn with_v4(mut self, state: &'a mut V4State) -> Self {
+        self.v4 = Some(state);
+        self
     }
 
     fn cache(&mut self, l: usize, first: usize) -> Result<&mut LayerCache> {
@@ -79,9 +89,9 @@ impl<'a> CpuOps<'a> {
         CpuOps { rope, cos, sin, seqs: vec![Seq::new(pos0, n, caches)], first: 0, v4: None }
     }
 
-    /// A DeepSeek-V4 pass over `state`, with its two ropes.
-    pub(crate) fn with_v4(mut self, state: &'a mut V4State, main: &'a Rope, compress: &'a Rope) -> Self {
-        self.v4 = Some(v4::V4Ctx { state, main, compress, chosen: None });
+    /// A DeepSeek-V4 pass, with its two ropes (its sequences' states: [`Seq::with_v4`]).
+    pub(crate) fn with_v4(mut self, main: &'a Rope, compress: &'a Rope) -> Self {
+        self.v4 = Some(v4::V4Ropes { main, compress });
         self
     }
 
@@ -583,9 +593,7 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         compress: bool,
         inverse: bool,
     ) -> Result<()> {
-        self.with(|this| {
-            v4::rope(&mut this.v4, this.seqs.first().map_or(0, |s| s.pos0), t, n, heads, stride, compress, inverse)
-        })
+        self.with(|this| v4::rope(this, t, n, heads, stride, compress, inverse))
     }
 
     fn v4_compress(
@@ -598,11 +606,11 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         norm: &Vec<f32>,
         c: CompShape,
     ) -> Result<()> {
-        self.with(|this| v4::compress(&mut this.v4, l, index, kv, gate, ape, norm, c))
+        self.with(|this| v4::compress(this, l, index, kv, gate, ape, norm, c))
     }
 
     fn v4_select(&mut self, l: usize, iq: &Vec<f32>, iw: &Vec<f32>, s: SelectShape) -> Result<()> {
-        self.with(|this| v4::choose(&mut this.v4, l, iq, iw, s))
+        self.with(|this| v4::choose(this, l, iq, iw, s))
     }
 
     fn v4_attend(
@@ -614,7 +622,7 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
         s: V4AttendShape,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.with(|this| v4::attention(&mut this.v4, l, q, kv, sinks, s, out))
+        self.with(|this| v4::attention(this, l, q, kv, sinks, s, out))
     }
 
     async fn read(&mut self, mut t: Vec<f32>, len: usize) -> Result<Vec<f32>> {

@@ -430,19 +430,27 @@ pub(crate) async fn forward_rows<'w, B: Backend<'w>>(
     if let Some(r) = rows.iter().chain(states).find(|&&r| r >= n) {
         return Err(crate::error::Error::Invalid(format!("logits or state of row {r} of a pass of {n}")));
     }
-    if b.v4().is_some() {
-        return Err(crate::error::Error::Invalid("deepseek_v4 does not run batched yet: one sequence per pass".into()));
-    }
-    let x = layers(b, ids).await?;
+    let v4w = b.v4();
+    let x = match v4w {
+        Some(w) => v4::v4_layers(b, w, ids).await?,
+        None => layers(b, ids).await?,
+    };
     if k + ks == 0 {
         return Ok((Vec::new(), Vec::new()));
     }
-    // The asked states' rows first, then the logits' rows, normed together.
-    let mut hn = b.alloc("hn", (ks + k) * h)?;
-    for (j, &r) in states.iter().chain(rows).enumerate() {
-        b.copy(&x, r * h, &mut hn, j * h, h)?;
-    }
-    b.rmsnorm(&mut hn, ks + k, h, b.final_norm(), c.rms_eps)?;
+    // The asked states' rows first, then the logits' rows, normed together (DeepSeek-V4:
+    // through its hyper-head first).
+    let hn = match v4w {
+        Some(w) => v4::v4_head(b, w, &x, &states.iter().chain(rows).copied().collect::<Vec<_>>())?,
+        None => {
+            let mut hn = b.alloc("hn", (ks + k) * h)?;
+            for (j, &r) in states.iter().chain(rows).enumerate() {
+                b.copy(&x, r * h, &mut hn, j * h, h)?;
+            }
+            b.rmsnorm(&mut hn, ks + k, h, b.final_norm(), c.rms_eps)?;
+            hn
+        }
+    };
     let logits = if k > 0 {
         let mut logits = b.alloc("logits", k * c.vocab)?;
         b.matmul(&mut [(b.lm_head(), &mut logits)], &hn, ks, k)?;

@@ -458,7 +458,24 @@ impl Model {
         Session {
             caches: vec![LayerCache::default(); self.cfg.n_layers],
             tokens: Vec::new(),
-            v4: self.v4.as_ref().map(|_| Box::new(v4::V4State::new(v4::persist::V4Layout::of(&self.cfg)))),
+            v4: self.v4.as_ref().map(|_| self.fresh_v4()),
+        }
+    }
+
+    /// An empty DeepSeek-V4 state laid out as this model's.
+    fn fresh_v4(&self) -> Box<v4::V4State> {
+        Box::new(v4::V4State::new(v4::persist::V4Layout::of(&self.cfg)))
+    }
+
+    /// A DeepSeek-V4 model's session gets a state where it has none (one read back from a
+    /// cache file: its tokens are fed again) and its layout where the state lacks it.
+    fn v4_ready(&self, session: &mut Session) {
+        if self.v4.is_none() {
+            return;
+        }
+        let state = session.v4.get_or_insert_with(|| self.fresh_v4());
+        if state.layout.is_none() {
+            state.layout = v4::persist::V4Layout::of(&self.cfg);
         }
     }
 
@@ -524,11 +541,7 @@ impl Model {
         self.check_cpu()?;
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
-        if self.v4.is_some() && session.v4.is_none() {
-            // A V4 session without its state (read back from a cache file): the tokens
-            // are fed again.
-            session.v4 = Some(Box::new(v4::V4State::new(v4::persist::V4Layout::of(&self.cfg))));
-        }
+        self.v4_ready(session);
         let held = session.cached_len();
         if held < session.tokens.len() {
             // A recurrent state went back further than the session's tokens: feed the
@@ -555,16 +568,10 @@ impl Model {
         c.check_input(ids, pos0)?;
         if let Some(w) = &self.v4 {
             // DeepSeek-V4: the graph's V4 pass over the session's V4 state.
-            let state = session.v4.get_or_insert_with(Default::default);
-            if state.layout.is_none() {
-                state.layout = v4::persist::V4Layout::of(&self.cfg);
-            }
+            let state = session.v4.get_or_insert_with(|| self.fresh_v4());
+            let seq = cpu::Seq::new(pos0, n, &mut session.caches).with_v4(state);
             let mut pass = cpu::CpuPass {
-                ops: cpu::CpuOps::for_positions(&self.rope, pos0, n, &mut session.caches).with_v4(
-                    state,
-                    &w.main_rope,
-                    &w.compress_rope,
-                ),
+                ops: cpu::CpuOps::batch(&self.rope, vec![seq]).with_v4(&w.main_rope, &w.compress_rope),
                 model: self,
                 on_use,
                 on_ffn_input,
@@ -579,7 +586,7 @@ impl Model {
                     }
                 }
                 // A pass that failed half way leaves no usable state.
-                Err(_) => session.v4 = Some(Box::new(v4::V4State::new(v4::persist::V4Layout::of(&self.cfg)))),
+                Err(_) => session.v4 = Some(self.fresh_v4()),
             }
             return out;
         }

@@ -5,6 +5,8 @@
 //! mid-way with its whole prompt while the others decode (the rows of a prefill and of
 //! decode steps in one pass), and a MoE layer reports each expert once per pass. A sequence
 //! that records its final-normed states (an MTP drafter's) gets `forward_hidden`'s bits.
+//! DeepSeek-V4 runs each sequence over its own compressed state: the same bits through
+//! windows, compression boundaries and a state that restarts after a cut.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -138,7 +140,7 @@ fn bad_batches_are_clear_errors_and_leave_the_sessions_alone() {
 /// returns only its own ids' rows.
 #[test]
 fn a_batch_gives_each_sequence_the_rows_it_asks_for() {
-    for &name in &["olmoe", "deepseek_v32", "qwen3_next"] {
+    for &name in &["olmoe", "deepseek_v32", "qwen3_next", "deepseek_v4"] {
         let model = open(name);
         let v = model.cfg.vocab as u32;
         let prompts: Vec<Vec<u32>> =
@@ -179,7 +181,7 @@ fn a_batch_gives_each_sequence_the_rows_it_asks_for() {
 /// where a recurrent family feeds cut-back tokens again first), the others none.
 #[test]
 fn a_batch_gives_the_states_a_drafter_records() {
-    for &name in &["deepseek_v3_mtp", "qwen3_next", "olmoe"] {
+    for &name in &["deepseek_v3_mtp", "qwen3_next", "olmoe", "deepseek_v4"] {
         let model = open(name);
         let (v, h) = (model.cfg.vocab as u32, model.cfg.hidden);
         let prompts: Vec<Vec<u32>> =
@@ -212,6 +214,107 @@ fn a_batch_gives_the_states_a_drafter_records() {
             } else {
                 assert!(states.is_empty(), "{name} sequence {i} asked for no states");
             }
+        }
+    }
+}
+
+/// One DeepSeek-V4 sequence's plan: the step it joins, its inputs (a prompt, then one
+/// token a step), and the input before which its session is cut back to a length (its
+/// compressed state cannot go back: it restarts, and the kept tokens are fed again).
+struct V4Plan {
+    start: usize,
+    inputs: Vec<Vec<u32>>,
+    cut: Option<(usize, usize)>,
+}
+
+fn v4_plans(v: u32) -> Vec<V4Plan> {
+    let prompt = |len: u32, seed: u32| (0..len).map(|i| (i * 7919 + seed) % v).collect::<Vec<u32>>();
+    let steps = |p: Vec<u32>, seed: u32, k: u32| {
+        let mut s = vec![p];
+        s.extend((0..k).map(|i| vec![(i * 104_729 + seed) % v]));
+        s
+    };
+    // The window keeps 5 keys; CSA compresses every 4 positions, HCA every 8: 40 + 12
+    // positions cross the window many times over and several boundaries of both.
+    vec![
+        V4Plan { start: 0, inputs: steps(prompt(40, 13), 5, 12), cut: None },
+        V4Plan { start: 0, inputs: steps(prompt(13, 101), 17, 12), cut: Some((6, 9)) },
+        V4Plan { start: 3, inputs: steps(prompt(21, 7), 29, 9), cut: None },
+        V4Plan { start: 1, inputs: steps(prompt(1, 3), 41, 12), cut: Some((11, 4)) },
+    ]
+}
+
+/// DeepSeek-V4 in a batch: each sequence's rows run over its own state (window,
+/// compressors, indexer), so every sequence gets the logits it gets alone, bit for bit,
+/// through prompts of different lengths, decode steps past the window and over
+/// compression boundaries, a sequence joining mid-way, and one cut back (its state
+/// restarts and its kept tokens are fed again in the batch); the states end as alone.
+#[test]
+fn deepseek_v4_batches_each_sequence_over_its_own_state() {
+    for name in ["deepseek_v4", "deepseek_v4_fp8"] {
+        let model = open(name);
+        let plans = v4_plans(model.cfg.vocab as u32);
+        let mut alone_sessions: Vec<_> = plans.iter().map(|_| model.new_session()).collect();
+        let alone: Vec<Vec<Vec<f32>>> = plans
+            .iter()
+            .zip(&mut alone_sessions)
+            .map(|(p, s)| {
+                let mut out = Vec::new();
+                for (j, ids) in p.inputs.iter().enumerate() {
+                    if let Some((_, len)) = p.cut.filter(|c| c.0 == j) {
+                        s.truncate(len);
+                    }
+                    out.push(model.forward(s, ids, Logits::Last).unwrap());
+                }
+                out
+            })
+            .collect();
+        let layers = model.v4.as_ref().unwrap().layers.len();
+        let mut sessions: Vec<_> = plans.iter().map(|_| model.new_session()).collect();
+        let last_step = plans.iter().map(|p| p.start + p.inputs.len()).max().unwrap();
+        for step in 0..last_step {
+            let active: Vec<usize> = (0..plans.len())
+                .filter(|&i| step >= plans[i].start && step < plans[i].start + plans[i].inputs.len())
+                .collect();
+            let ids: Vec<&[u32]> = active.iter().map(|&i| plans[i].inputs[step - plans[i].start].as_slice()).collect();
+            let mut rows = 0;
+            for (&i, t) in active.iter().zip(&ids) {
+                let s = &mut sessions[i];
+                if let Some((_, len)) = plans[i].cut.filter(|c| c.0 == step - plans[i].start) {
+                    s.truncate(len);
+                    assert_eq!(s.cached_len(), 0, "{name}: sequence {i}'s state restarts");
+                }
+                rows += s.len() - s.cached_len() + t.len();
+            }
+            let mut uses: HashMap<(usize, usize), usize> = HashMap::new();
+            let mut positions = 0;
+            let logits = {
+                let mut refs: Vec<&mut colibri_engine::model::Session> = Vec::new();
+                for (i, s) in sessions.iter_mut().enumerate() {
+                    if active.contains(&i) {
+                        refs.push(s);
+                    }
+                }
+                model
+                    .forward_batch_with(&mut refs, &ids, &mut |l, e, count| {
+                        *uses.entry((l, e)).or_default() += 1;
+                        positions += count;
+                    })
+                    .unwrap_or_else(|e| panic!("{name}, step {step}: {e}"))
+            };
+            for (j, &i) in active.iter().enumerate() {
+                let want = &alone[i][step - plans[i].start];
+                same_bits(&format!("{name}, step {step}, sequence {i}"), &logits[j], want);
+            }
+            if let Some((key, n)) = uses.iter().find(|(_, &n)| n > 1) {
+                panic!("{name}, step {step}: expert {key:?} ran {n} times in one pass");
+            }
+            assert_eq!(positions, rows * layers * model.cfg.router.top_k, "{name}, step {step}: routed positions");
+        }
+        for (i, (s, a)) in sessions.iter().zip(&alone_sessions).enumerate() {
+            assert_eq!(s.tokens, a.tokens, "{name}: sequence {i}'s tokens");
+            assert_eq!(s.v4, a.v4, "{name}: sequence {i}'s state is the one it keeps alone");
+            assert_eq!(s.v4.as_ref().unwrap().pos, s.len(), "{name}: sequence {i}'s state holds every token");
         }
     }
 }

@@ -15,9 +15,8 @@
 //! its own sampler, grammar and drafter.
 //!
 //! A generation drafting from the model's MTP layer runs in the batch too: the pass gives
-//! it the final-normed states of its fed positions, which its drafter reads. DeepSeek-V4
-//! runs one sequence per pass: there each generation's pass is its own, in the same
-//! iteration.
+//! it the final-normed states of its fed positions, which its drafter reads, and so do
+//! DeepSeek-V4's generations (each over its own compressed state).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -526,10 +525,9 @@ fn iteration(active: &mut [Seq<'_>], cx: &Ctx<'_>) {
     }
     let prefill = budget < PREFILL_CHUNK;
     let t0 = Instant::now();
-    let (batched, solo): (Vec<usize>, Vec<usize>) = feeding.iter().partition(|_| model.batches());
     let mut results: Vec<(usize, usize, colibri_engine::Result<Vec<f32>>)> = Vec::new();
-    if batched.len() > 1 {
-        let parts: Vec<(Vec<u32>, Option<Logits>)> = batched
+    if feeding.len() > 1 {
+        let parts: Vec<(Vec<u32>, Option<Logits>)> = feeding
             .iter()
             .map(|&i| {
                 let (ids, w) = active[i].part();
@@ -540,17 +538,17 @@ fn iteration(active: &mut [Seq<'_>], cx: &Ctx<'_>) {
         let which: Vec<Option<Logits>> = parts.iter().map(|p| p.1).collect();
         // MTP drafts read every fed position's final-normed state: those sequences ask
         // the pass for theirs and record them, as their own pass would.
-        let hidden: Vec<bool> = batched.iter().map(|&i| active[i].mtp_log.is_some()).collect();
-        let keeps: Vec<usize> = batched.iter().map(|&i| active[i].session.len()).collect();
-        let mut picked: Vec<&mut Session> = Vec::with_capacity(batched.len());
+        let hidden: Vec<bool> = feeding.iter().map(|&i| active[i].mtp_log.is_some()).collect();
+        let keeps: Vec<usize> = feeding.iter().map(|&i| active[i].session.len()).collect();
+        let mut picked: Vec<&mut Session> = Vec::with_capacity(feeding.len());
         for (i, s) in active.iter_mut().enumerate() {
-            if batched.contains(&i) {
+            if feeding.contains(&i) {
                 picked.push(&mut s.session);
             }
         }
         match crate::flags::on_pool(|| model.forward_batch_hidden(&mut picked, &ids, &which, &hidden)) {
             Ok(out) => {
-                for (((&i, (rows, states)), p), keep) in batched.iter().zip(out).zip(&parts).zip(keeps) {
+                for (((&i, (rows, states)), p), keep) in feeding.iter().zip(out).zip(&parts).zip(keeps) {
                     if let Some(log) = &active[i].mtp_log {
                         log.record(keep, model.cfg.hidden, &states);
                     }
@@ -560,15 +558,13 @@ fn iteration(active: &mut [Seq<'_>], cx: &Ctx<'_>) {
             // The batch's sessions are as they were: each runs alone, so that an error
             // ends only the generation it belongs to.
             Err(_) => {
-                cx.stats.solo_passes.fetch_add(batched.len() as u64, Ordering::Relaxed);
-                results.extend(solo_passes(active, &batched, model))
+                cx.stats.solo_passes.fetch_add(feeding.len() as u64, Ordering::Relaxed);
+                results.extend(solo_passes(active, &feeding, model))
             }
         }
     } else {
-        results.extend(solo_passes(active, &batched, model));
+        results.extend(solo_passes(active, &feeding, model));
     }
-    cx.stats.solo_passes.fetch_add(solo.len() as u64, Ordering::Relaxed);
-    results.extend(solo_passes(active, &solo, model));
     let rows_fed: usize = results.iter().map(|r| r.1).sum();
     let elapsed = t0.elapsed().as_secs_f64();
     let before = cx.stats.tokens_generated.load(Ordering::Relaxed);

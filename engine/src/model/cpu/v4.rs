@@ -1,32 +1,36 @@
 //! DeepSeek-V4's graph operations on the CPU: the bodies are [`crate::model::v4`]'s
-//! functions, over the conversation's [`V4State`] that the pass borrows.
+//! functions, each over one sequence's [`crate::model::v4::V4State`] that the pass borrows (in a batch, each
+//! sequence's rows over its own state, [`CpuOps::each_seq`]).
 
+use super::{CpuOps, Seq};
 use crate::error::{Error, Result};
 use crate::model::rope::Rope;
 use crate::model::v4::attn::{attend, AttendShape};
 use crate::model::v4::compress::{feed, rope_tail, select, visible, CompShape};
-use crate::model::v4::{hc, HcShape, SelectShape, V4LayerState, V4State};
+use crate::model::v4::{hc, HcShape, SelectShape, V4LayerState};
 
-/// What a V4 pass needs beyond the other families': the state, both ropes, and the
-/// indexer's last choice.
-pub(crate) struct V4Ctx<'a> {
-    pub(crate) state: &'a mut V4State,
+/// What a V4 pass needs beyond the other families': both ropes (each sequence brings its
+/// state, [`Seq::with_v4`]).
+#[derive(Clone, Copy)]
+pub(crate) struct V4Ropes<'a> {
     pub(crate) main: &'a Rope,
     pub(crate) compress: &'a Rope,
-    pub(crate) chosen: Option<Vec<Vec<usize>>>,
 }
 
-impl V4Ctx<'_> {
-    fn layer(&mut self, l: usize) -> Result<&mut V4LayerState> {
-        if self.state.layers.len() <= l {
-            self.state.layers.resize_with(l + 1, Default::default);
-        }
-        Ok(&mut self.state.layers[l])
+fn ropes<'a>(ops: &CpuOps<'a>) -> Result<V4Ropes<'a>> {
+    ops.v4.ok_or_else(|| Error::Invalid("a DeepSeek-V4 operation in a pass without its ropes".into()))
+}
+
+/// Layer `l`'s state of the sequence.
+fn layer<'s>(seq: &'s mut Seq<'_>, l: usize) -> Result<&'s mut V4LayerState> {
+    let st = seq
+        .v4
+        .as_deref_mut()
+        .ok_or_else(|| Error::Invalid("a DeepSeek-V4 operation over a sequence without its state".into()))?;
+    if st.layers.len() <= l {
+        st.layers.resize_with(l + 1, Default::default);
     }
-}
-
-fn ctx<'c, 'a>(v4: &'c mut Option<V4Ctx<'a>>) -> Result<&'c mut V4Ctx<'a>> {
-    v4.as_mut().ok_or_else(|| Error::Invalid("a DeepSeek-V4 operation in a pass without its state".into()))
+    Ok(&mut st.layers[l])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -75,10 +79,11 @@ pub(crate) fn hc_collapse(pre: &[f32], x: &[f32], s: HcShape, out: &mut [f32]) {
     }
 }
 
+/// RoPE of the tails of `t`'s n rows of `heads` x `stride`, each row at its sequence's
+/// position.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rope(
-    v4: &mut Option<V4Ctx<'_>>,
-    pos0: usize,
+    ops: &mut CpuOps<'_>,
     t: &mut [f32],
     n: usize,
     heads: usize,
@@ -86,21 +91,25 @@ pub(crate) fn rope(
     compress: bool,
     inverse: bool,
 ) -> Result<()> {
-    let c = ctx(v4)?;
-    let rope = if compress { c.compress } else { c.main };
+    let r = ropes(ops)?;
+    let rope = if compress { r.compress } else { r.main };
     let (mut cos, mut sin) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        for h in 0..heads {
-            let at = (i * heads + h) * stride;
-            rope_tail(rope, &mut t[at..at + stride], pos0 + i, inverse, &mut cos, &mut sin);
+    ops.each_seq(n, |seq, r0, n, _| {
+        for i in 0..n {
+            for h in 0..heads {
+                let at = ((r0 + i) * heads + h) * stride;
+                rope_tail(rope, &mut t[at..at + stride], seq.pos0 + i, inverse, &mut cos, &mut sin);
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
+/// Each sequence's rows of the projections `kv` and `gate` into layer `l`'s compressor
+/// (the indexer's with `index`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn compress(
-    v4: &mut Option<V4Ctx<'_>>,
+    ops: &mut CpuOps<'_>,
     l: usize,
     index: bool,
     kv: &[f32],
@@ -109,39 +118,49 @@ pub(crate) fn compress(
     norm: &[f32],
     shape: CompShape,
 ) -> Result<()> {
-    let c = ctx(v4)?;
-    let rope = c.compress;
-    let st = c.layer(l)?;
-    let comp = if index { &mut st.index } else { &mut st.comp };
-    feed(shape, ape, norm, comp, kv, gate, rope);
-    Ok(())
+    let rope = ropes(ops)?.compress;
+    let width = if shape.overlap { 2 * shape.dim } else { shape.dim };
+    ops.each_seq(shape.n, |seq, r0, n, _| {
+        let st = layer(seq, l)?;
+        let comp = if index { &mut st.index } else { &mut st.comp };
+        let rows = r0 * width..(r0 + n) * width;
+        feed(CompShape { n, ..shape }, ape, norm, comp, &kv[rows.clone()], &gate[rows], rope);
+        Ok(())
+    })
 }
 
-pub(crate) fn choose(v4: &mut Option<V4Ctx<'_>>, l: usize, iq: &[f32], iw: &[f32], s: SelectShape) -> Result<()> {
-    let c = ctx(v4)?;
+/// The indexer's choice for each query of each sequence, among its own entries; kept
+/// for the sequence's next [`attention`].
+pub(crate) fn choose(ops: &mut CpuOps<'_>, l: usize, iq: &[f32], iw: &[f32], s: SelectShape) -> Result<()> {
     let (hi, di) = (s.heads, s.head_dim);
     let scale = (hi as f32).powf(-0.5);
-    let picks = {
-        let entries = &c.layer(l)?.index.entries;
-        let total = entries.len() / di;
-        let mut picks = Vec::with_capacity(s.n);
-        let mut w = vec![0.0f32; hi];
-        for i in 0..s.n {
-            for (wh, v) in w.iter_mut().zip(&iw[i * hi..(i + 1) * hi]) {
-                *wh = v * scale;
+    ops.each_seq(s.n, |seq, r0, n, _| {
+        let pos0 = seq.pos0;
+        let picks = {
+            let entries = &layer(seq, l)?.index.entries;
+            let total = entries.len() / di;
+            let mut picks = Vec::with_capacity(n);
+            let mut w = vec![0.0f32; hi];
+            for i in 0..n {
+                let row = r0 + i;
+                for (wh, v) in w.iter_mut().zip(&iw[row * hi..(row + 1) * hi]) {
+                    *wh = v * scale;
+                }
+                let vis = visible(pos0 + i, s.rate, total);
+                picks.push(select(&iq[row * hi * di..(row + 1) * hi * di], &w, entries, vis, di, s.topk));
             }
-            let vis = visible(s.pos0 + i, s.rate, total);
-            picks.push(select(&iq[i * hi * di..(i + 1) * hi * di], &w, entries, vis, di, s.topk));
-        }
-        picks
-    };
-    c.chosen = Some(picks);
-    Ok(())
+            picks
+        };
+        seq.chosen = Some(picks);
+        Ok(())
+    })
 }
 
+/// Each sequence's queries over its window and compressed entries (its indexer's choice
+/// on a sparse layer).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
-    v4: &mut Option<V4Ctx<'_>>,
+    ops: &mut CpuOps<'_>,
     l: usize,
     q: &[f32],
     kv: &[f32],
@@ -149,11 +168,15 @@ pub(crate) fn attention(
     s: AttendShape,
     out: &mut [f32],
 ) -> Result<()> {
-    let c = ctx(v4)?;
-    let chosen = c.chosen.take();
-    if s.sparse && chosen.is_none() {
-        return Err(Error::Invalid(format!("layer {l}: compressed sparse attention without the indexer's choice")));
-    }
-    attend(c.layer(l)?, q, kv, sinks, s, chosen.as_deref(), out);
-    Ok(())
+    let (qw, hd) = (s.heads * s.head_dim, s.head_dim);
+    ops.each_seq(s.n, |seq, r0, n, _| {
+        let chosen = seq.chosen.take();
+        if s.sparse && chosen.is_none() {
+            return Err(Error::Invalid(format!("layer {l}: compressed sparse attention without the indexer's choice")));
+        }
+        let shape = AttendShape { n, pos0: seq.pos0, ..s };
+        let (q, kv, out) = (&q[r0 * qw..(r0 + n) * qw], &kv[r0 * hd..(r0 + n) * hd], &mut out[r0 * qw..(r0 + n) * qw]);
+        attend(layer(seq, l)?, q, kv, sinks, shape, chosen.as_deref(), out);
+        Ok(())
+    })
 }

@@ -3,9 +3,8 @@
 
 use super::*;
 
-/// DeepSeek-V4's forward pass ([`crate::model::v4`]): the embedding into `hc_mult` equal
-/// streams -> for each layer [hyper-connection -> RMSNorm -> attention -> expand,
-/// hyper-connection -> RMSNorm -> MoE -> expand] -> hyper-head -> final RMSNorm -> head.
+/// DeepSeek-V4's forward pass ([`crate::model::v4`]): [`v4_layers`], then
+/// [`v4_head`] over the rows whose logits are asked for (every row with `hidden`) -> head.
 pub(super) async fn v4_forward<'w, B: Backend<'w>>(
     b: &mut B,
     w: &'w V4Weights<B::M, B::V>,
@@ -13,6 +12,28 @@ pub(super) async fn v4_forward<'w, B: Backend<'w>>(
     which: Logits,
     hidden: bool,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
+    let c = &b.model().cfg;
+    let (n, h) = (ids.len(), c.hidden);
+    let x = v4_layers(b, w, ids).await?;
+    let first = if hidden || which == Logits::All { 0 } else { n - 1 };
+    let rows_in = n - first;
+    let hn = v4_head(b, w, &x, &(first..n).collect::<Vec<_>>())?;
+    let rows = if which == Logits::All { n } else { 1 };
+    let mut logits = b.alloc("logits", rows * c.vocab)?;
+    b.matmul(&mut [(b.lm_head(), &mut logits)], &hn, rows_in - rows, rows)?;
+    let logits = b.read(logits, rows * c.vocab).await?;
+    let states = if hidden { b.read(hn, n * h).await? } else { Vec::new() };
+    Ok((logits, states))
+}
+
+/// DeepSeek-V4's layers over `ids`: the embedding into `hc_mult` equal streams -> for
+/// each layer [hyper-connection -> RMSNorm -> attention -> expand, hyper-connection ->
+/// RMSNorm -> MoE -> expand]; the streams (n, hc_mult * hidden).
+pub(super) async fn v4_layers<'w, B: Backend<'w>>(
+    b: &mut B,
+    w: &'w V4Weights<B::M, B::V>,
+    ids: &[u32],
+) -> Result<B::T> {
     let c = &b.model().cfg;
     let Some(v4) = c.v4.as_deref() else {
         return Err(crate::error::Error::Invalid("DeepSeek-V4 weights without its config".into()));
@@ -36,29 +57,47 @@ pub(super) async fn v4_forward<'w, B: Backend<'w>>(
         b.v4_moe(l, &f, n, ids, &mut y).await?;
         b.hc_expand(&mut x, &y, &post, &comb, s)?;
     }
-    // The hyper-head over the rows whose logits are asked for (every row with `hidden`).
-    let first = if hidden || which == Logits::All { 0 } else { n - 1 };
-    let rows_in = n - first;
-    let hs = HcShape { n: rows_in, ..s };
-    let mut xf = b.alloc("v4.xf", rows_in * nhc * h)?;
-    b.copy(&x, first * nhc * h, &mut xf, 0, rows_in * nhc * h)?;
-    b.rmsnorm(&mut xf, rows_in, nhc * h, &w.hc_ones, c.rms_eps)?;
-    let mut mix = b.alloc("v4.mix", rows_in * nhc)?;
-    b.matmul(&mut [(&w.head_fn, &mut mix)], &xf, 0, rows_in)?;
-    let (mut pre, mut none_a, mut none_b) =
-        (b.alloc("v4.pre", rows_in * nhc)?, b.alloc("v4.p", 1)?, b.alloc("v4.c", 1)?);
+    Ok(x)
+}
+
+/// The hyper-head and the final RMSNorm of the streams `x` at `rows` (in that order):
+/// (rows, hidden). Each row is computed from its streams alone, so a row's bits do not
+/// depend on the others asked with it.
+pub(super) fn v4_head<'w, B: Backend<'w>>(
+    b: &mut B,
+    w: &'w V4Weights<B::M, B::V>,
+    x: &B::T,
+    rows: &[usize],
+) -> Result<B::T> {
+    let c = &b.model().cfg;
+    let Some(v4) = c.v4.as_deref() else {
+        return Err(crate::error::Error::Invalid("DeepSeek-V4 weights without its config".into()));
+    };
+    let (k, h, nhc) = (rows.len(), c.hidden, v4.hc_mult);
+    let hs = HcShape { n: k, n_hc: nhc, hidden: h, iters: v4.sinkhorn_iters, eps: v4.hc_eps };
+    let rw = nhc * h;
+    // The rows' streams, a copy per run of consecutive rows.
+    let gather = |b: &mut B, label: &'static str| -> Result<B::T> {
+        let mut t = b.alloc(label, k * rw)?;
+        let mut j = 0;
+        while j < k {
+            let run = rows[j..].iter().enumerate().take_while(|&(i, &r)| r == rows[j] + i).count();
+            b.copy(x, rows[j] * rw, &mut t, j * rw, run * rw)?;
+            j += run;
+        }
+        Ok(t)
+    };
+    let mut xf = gather(b, "v4.xf")?;
+    b.rmsnorm(&mut xf, k, rw, &w.hc_ones, c.rms_eps)?;
+    let mut mix = b.alloc("v4.mix", k * nhc)?;
+    b.matmul(&mut [(&w.head_fn, &mut mix)], &xf, 0, k)?;
+    let (mut pre, mut none_a, mut none_b) = (b.alloc("v4.pre", k * nhc)?, b.alloc("v4.p", 1)?, b.alloc("v4.c", 1)?);
     b.hc_weights(&mix, &w.head_base, &w.head_scale, hs, true, &mut pre, &mut none_a, &mut none_b)?;
-    let mut xs = b.alloc("v4.xs", rows_in * nhc * h)?;
-    b.copy(&x, first * nhc * h, &mut xs, 0, rows_in * nhc * h)?;
-    let mut hn = b.alloc("hn", rows_in * h)?;
+    let xs = gather(b, "v4.xs")?;
+    let mut hn = b.alloc("hn", k * h)?;
     b.hc_collapse(&pre, &xs, hs, &mut hn)?;
-    b.rmsnorm(&mut hn, rows_in, h, b.final_norm(), c.rms_eps)?;
-    let rows = if which == Logits::All { n } else { 1 };
-    let mut logits = b.alloc("logits", rows * c.vocab)?;
-    b.matmul(&mut [(b.lm_head(), &mut logits)], &hn, rows_in - rows, rows)?;
-    let logits = b.read(logits, rows * c.vocab).await?;
-    let states = if hidden { b.read(hn, n * h).await? } else { Vec::new() };
-    Ok((logits, states))
+    b.rmsnorm(&mut hn, k, h, b.final_norm(), c.rms_eps)?;
+    Ok(hn)
 }
 
 /// A hyper-connection before a block: the streams `x` RMS-normalised as one vector per
