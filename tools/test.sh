@@ -149,4 +149,7 @@ step "browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then
   (cd tests/e2e && npm ci --no-audit --no-fund)
 fi
-COLI="${CARGO_TARGET_DIR:-$PWD/target}/debug/coli" node --test tests/e2e/
+# Two test files at a time (node's default on 2 cores is one): each file's helper and browser
+# spend much of their time waiting, so two side by side took 192 s against 283-290 s one at a
+# time on 2 cores (docs/benchmarks.md "CI time"). E2E_CONCURRENCY=1 runs them one by one.
+COLI="${CARGO_TARGET_DIR:-$PWD/target}/debug/coli" node --test --test-concurrency="${E2E_CONCURRENCY:-2}" tests/e2e/
