@@ -38,6 +38,15 @@ impl Context for Session {
         Session::truncate(self, len)
     }
 
+    /// DeepSeek-V4's state cannot go back ([`Session::truncate`] restarts it and the kept
+    /// ids are fed again), so short of its whole length nothing is kept.
+    fn keepable(&self, len: usize) -> usize {
+        match &self.v4 {
+            Some(v) if v.pos > len => 0,
+            _ => len,
+        }
+    }
+
     fn bytes(&self) -> usize {
         Session::bytes(self)
     }

@@ -150,6 +150,16 @@ impl crate::generate::Context for GpuSession {
         GpuSession::truncate(self, len)
     }
 
+    /// DeepSeek-V4's state restarts when cut back (as on the CPU): nothing is kept short of
+    /// its whole length.
+    fn keepable(&self, len: usize) -> usize {
+        if !self.v4.is_empty() && self.v4_pos > len {
+            0
+        } else {
+            len
+        }
+    }
+
     fn bytes(&self) -> usize {
         GpuSession::bytes(self)
     }

@@ -160,3 +160,28 @@ fn streamed_experts_give_the_same_bits() {
     let b = streamed.forward(&mut streamed.new_session(), &ids, Logits::All).unwrap();
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
+
+/// A conversation's state cannot go back: a prompt that shares only part of what the
+/// session holds reuses nothing ([`colibri_engine::generate::keepable`] says 0, and the
+/// whole prompt is fed), one that extends it keeps all of it; both give a fresh run's bits.
+#[test]
+fn a_shorter_shared_prefix_reuses_nothing() {
+    use colibri_engine::generate::{keepable, reuse};
+    let model = Model::open_dir(&fixture()).unwrap();
+    let held = ids(20);
+    let mut s = model.new_session();
+    model.forward(&mut s, &held, Logits::Last).unwrap();
+    let mut longer = held.clone();
+    longer.extend(ids(3));
+    assert_eq!(keepable(&s, &longer), held.len());
+    let mut branch = held[..12].to_vec();
+    branch.extend([5, 9, 2]);
+    assert_eq!(keepable(&s, &branch), 0, "a V4 state cut back restarts: nothing is kept");
+    assert_eq!(reuse(&mut s, &branch), 0);
+    let got = model.forward(&mut s, &branch, Logits::Last).unwrap();
+    let fresh = model.forward(&mut model.new_session(), &branch, Logits::Last).unwrap();
+    assert_eq!(
+        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        fresh.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+}
