@@ -149,7 +149,7 @@ step "browser end-to-end tests"
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then
   (cd tests/e2e && npm ci --no-audit --no-fund)
 fi
-# Two test files at a time (node's default on 2 cores is one): each file's helper and browser
-# spend much of their time waiting, so two side by side took 192 s against 283-290 s one at a
-# time on 2 cores (docs/benchmarks.md "CI time"). E2E_CONCURRENCY=1 runs them one by one.
-COLI="${CARGO_TARGET_DIR:-$PWD/target}/debug/coli" node --test --test-concurrency="${E2E_CONCURRENCY:-2}" tests/e2e/
+# One test file at a time by default. E2E_CONCURRENCY=2 runs two side by side: 192-210 s
+# against 283-290 s on 2 cores, but page_habits' delete-then-reload check failed once in three
+# such runs (docs/benchmarks.md "CI time"), so not in CI until that race is understood.
+COLI="${CARGO_TARGET_DIR:-$PWD/target}/debug/coli" node --test --test-concurrency="${E2E_CONCURRENCY:-1}" tests/e2e/
