@@ -42,6 +42,31 @@ fn same_bits(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
+/// One batched pass over the `active` sessions with `ids`; asserts that each (layer, expert)
+/// ran once (the batch's union) and returns the logits and the routed positions counted.
+fn batch_step(
+    model: &Model,
+    sessions: &mut [colibri_engine::model::Session],
+    active: &[usize],
+    ids: &[&[u32]],
+    what: &str,
+) -> (Vec<Vec<f32>>, usize) {
+    let mut uses: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut positions = 0;
+    let mut refs: Vec<&mut colibri_engine::model::Session> =
+        sessions.iter_mut().enumerate().filter(|(i, _)| active.contains(i)).map(|(_, s)| s).collect();
+    let logits = model
+        .forward_batch_with(&mut refs, ids, &mut |l, e, count| {
+            *uses.entry((l, e)).or_default() += 1;
+            positions += count;
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    if let Some((key, n)) = uses.iter().find(|(_, &n)| n > 1) {
+        panic!("{what}: expert {key:?} ran {n} times in one pass");
+    }
+    (logits, positions)
+}
+
 /// Sequence i's inputs, step by step: its prompt at the step it joins, then one token per
 /// step.
 fn schedule(v: u32) -> Vec<(usize, Vec<Vec<u32>>)> {
@@ -79,28 +104,9 @@ fn a_batch_gives_each_sequence_its_own_bits() {
             let active: Vec<usize> =
                 (0..plan.len()).filter(|&i| step >= plan[i].0 && step < plan[i].0 + plan[i].1.len()).collect();
             let ids: Vec<&[u32]> = active.iter().map(|&i| plan[i].1[step - plan[i].0].as_slice()).collect();
-            let mut uses: HashMap<(usize, usize), usize> = HashMap::new();
-            let mut positions = 0;
-            let logits = {
-                let mut refs: Vec<&mut colibri_engine::model::Session> = Vec::new();
-                for (i, s) in sessions.iter_mut().enumerate() {
-                    if active.contains(&i) {
-                        refs.push(s);
-                    }
-                }
-                model
-                    .forward_batch_with(&mut refs, &ids, &mut |l, e, count| {
-                        *uses.entry((l, e)).or_default() += 1;
-                        positions += count;
-                    })
-                    .unwrap_or_else(|e| panic!("{name}, step {step}: {e}"))
-            };
+            let (logits, positions) = batch_step(&model, &mut sessions, &active, &ids, &format!("{name}, step {step}"));
             for (j, &i) in active.iter().enumerate() {
                 same_bits(&format!("{name}, step {step}, sequence {i}"), &logits[j], &alone[i][step - plan[i].0]);
-            }
-            // One use per (layer, expert) a pass: the batch's union, each expert run once.
-            if let Some((key, n)) = uses.iter().find(|(_, &n)| n > 1) {
-                panic!("{name}, step {step}: expert {key:?} ran {n} times in one pass");
             }
             let rows: usize = ids.iter().map(|t| t.len()).sum();
             let moe_layers =
@@ -286,28 +292,10 @@ fn deepseek_v4_batches_each_sequence_over_its_own_state() {
                 }
                 rows += s.len() - s.cached_len() + t.len();
             }
-            let mut uses: HashMap<(usize, usize), usize> = HashMap::new();
-            let mut positions = 0;
-            let logits = {
-                let mut refs: Vec<&mut colibri_engine::model::Session> = Vec::new();
-                for (i, s) in sessions.iter_mut().enumerate() {
-                    if active.contains(&i) {
-                        refs.push(s);
-                    }
-                }
-                model
-                    .forward_batch_with(&mut refs, &ids, &mut |l, e, count| {
-                        *uses.entry((l, e)).or_default() += 1;
-                        positions += count;
-                    })
-                    .unwrap_or_else(|e| panic!("{name}, step {step}: {e}"))
-            };
+            let (logits, positions) = batch_step(&model, &mut sessions, &active, &ids, &format!("{name}, step {step}"));
             for (j, &i) in active.iter().enumerate() {
                 let want = &alone[i][step - plans[i].start];
                 same_bits(&format!("{name}, step {step}, sequence {i}"), &logits[j], want);
-            }
-            if let Some((key, n)) = uses.iter().find(|(_, &n)| n > 1) {
-                panic!("{name}, step {step}: expert {key:?} ran {n} times in one pass");
             }
             assert_eq!(positions, rows * layers * model.cfg.router.top_k, "{name}, step {step}: routed positions");
         }
