@@ -33,8 +33,8 @@ pub fn activations(n: usize, cols: usize, group: usize, seed: &mut u64) -> Vec<f
 /// finite value, infinities and NaNs (the last two only make that row NaN).
 const ODD_SCALES: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x83ff, 0x0200, 0x7bff, 0xfbff, 0x7c00, 0xfe01];
 
-/// `rows` stored rows of `dtype`: random, then full scale (row 1), int8 -127 everywhere
-/// (row 2), odd finite scales (row 3), odd scales with infinities and NaNs (row 4), every
+/// `rows` stored rows of `dtype`: random, then full scale (row 1), int8 -128 and -127
+/// everywhere (row 2), odd finite scales (row 3), odd scales with infinities and NaNs (row 4), every
 /// value at its largest stored code (row 5: int4 nibble 15, int8 127; with an activation row
 /// of 127s the largest sums any kernel's narrow accumulators must hold).
 pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
@@ -52,8 +52,10 @@ pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8
             return Vec::new();
         }
         if r == 2 && dtype.name() == "int8" {
-            // -127 everywhere but the scales (valid container values at the extreme).
-            dst[round4(blocks * 2)..round4(blocks * 2) + cols].iter_mut().for_each(|b| *b = 0x81);
+            // -128 and -127 everywhere but the scales (the extremes a container can hold:
+            // `convert` writes -127 at most, a GGUF Q8_0 import keeps any byte).
+            let vals = &mut dst[round4(blocks * 2)..round4(blocks * 2) + cols];
+            vals.iter_mut().enumerate().for_each(|(i, b)| *b = if i % 3 == 0 { 0x80 } else { 0x81 });
         }
         if r == 5 {
             let v = if dtype.name() == "int8" { 0x7f } else { 0xff };

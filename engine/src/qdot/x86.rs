@@ -1,5 +1,5 @@
 //! x86-64 paths of [`super::dot_row`]: AVX2 (`maddubs`, 32 products per instruction) and
-//! AVX-512 VNNI (`vpdpbusd`; one-position int4 on 512-bit vectors). Only the integer sums
+//! AVX-512 VNNI (`vpdpbusd`; one-position int4 and int8 on 512-bit vectors). Only the integer sums
 //! differ from the reference; the float combination is the reference's, eight blocks per
 //! vector (lane l holds block 8k + l, which is exactly acc[b mod 8]).
 
@@ -175,6 +175,14 @@ unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usiz
                 _ => quad_runs::<4>(row, vals, qz, a, p, runs),
             };
             start = runs * 8;
+        } else if VNNI && !INT4 && matches!(g, 32 | 64 | 128) {
+            let runs = (a.blocks / 8).min(inside / (8 * g));
+            acc = match g / CHUNK {
+                1 => int8_runs::<1>(row, vals, a, p, runs),
+                2 => int8_runs::<2>(row, vals, a, p, runs),
+                _ => int8_runs::<4>(row, vals, a, p, runs),
+            };
+            start = runs * 8;
         } else if INT4 && a.qp.len() == a.n * a.dstride() * g {
             let runs = (a.blocks / 8).min(inside / (8 * g));
             let qp = a.qp.as_ptr().add(p * a.dstride() * g);
@@ -280,10 +288,11 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
     unsafe {
         let mut acc = _mm256_setzero_ps();
         let three = _mm_cvtsi32_si128(3);
+        // (AVX2 is slower with the prefetch: measured 16.4 against 18.9 GB/s without.)
+        let ahead = if VNNI { prefetch_ahead() } else { 0 };
         for r in 0..runs {
-            // (AVX2 is slower with the prefetch: measured 16.4 against 18.9 GB/s without.)
-            if VNNI {
-                prefetch(vals.as_ptr().wrapping_add(PREFETCH + r * 4 * g), 4 * g);
+            if ahead > 0 {
+                prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
             }
             let isum = pairs8::<VNNI>(vals, qp.add(r * 8 * g), r * 8 * g, g, ch);
             let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
@@ -322,8 +331,11 @@ unsafe fn quad_runs<const CH: usize>(
         let mut acc = _mm256_setzero_ps();
         let three = _mm_cvtsi32_si128(3);
         let low4 = _mm512_set1_epi8(0x0f);
+        let ahead = prefetch_ahead();
         for r in 0..runs {
-            prefetch(vals.as_ptr().wrapping_add(PREFETCH + r * 4 * g), 4 * g);
+            if ahead > 0 {
+                prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
+            }
             let (w0, x0) = (vals.as_ptr().add(r * 4 * g), qz.add(r * 8 * g));
             let mut v = [_mm512_setzero_si512(); 8];
             for (k, vk) in v.iter_mut().enumerate().take(2 * CH) {
@@ -335,6 +347,48 @@ unsafe fn quad_runs<const CH: usize>(
             }
             let s8 = _mm256_sll_epi32(_mm256_loadu_si256(s.add(8 * r) as *const __m256i), three);
             let isum = _mm256_sub_epi32(fold_quads::<CH>(&mut v), s8);
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let dv = _mm256_loadu_ps(d.add(8 * r));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+        }
+        acc
+    }
+}
+
+/// The first `runs` runs of eight int8 blocks of a row times position `p`, in 512-bit
+/// vectors (AVX-512 VNNI): each 64 stored bytes flipped to w + 128 (unsigned, so one
+/// `vpdpbusd` takes them with the activations as they are: no sign trick, no 16-bit
+/// pairs), the run's vectors folded into the eight block sums ([`fold_quads`]: a 64-byte
+/// vector holds two blocks of 32 over two lanes each, one block of 64 over four lanes, or
+/// half a block of 128), less 128 times the block's activation sum (`s`). The same
+/// integers as the reference's, so the same bits. `CH` is group / 32 (1, 2 or 4).
+///
+/// SAFETY (caller): AVX-512 F/BW/VNNI present; the runs' bytes are inside `vals`
+/// (8 * group * runs <= vals.len()), the activations of position p are unsplit, `row`
+/// holds the runs' scales.
+#[inline(always)]
+unsafe fn int8_runs<const CH: usize>(row: &[u8], vals: &[u8], a: &ActQ, p: usize, runs: usize) -> __m256 {
+    let g = a.group;
+    let (q, d, s) = (a.qrow(p).as_ptr(), a.drow(p).as_ptr(), a.srow(p).as_ptr());
+    // SAFETY: the caller's contract; a run reads 8 * g bytes of `vals` and 8 * g values of
+    // `q` (blocks * group of them); d and s hold dstride >= 8 * runs entries.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let seven = _mm_cvtsi32_si128(7);
+        let flip = _mm512_set1_epi8(-128);
+        for r in 0..runs {
+            let (w0, x0) = (vals.as_ptr().add(r * 8 * g), q.add(r * 8 * g));
+            let mut v = [_mm512_setzero_si512(); 8];
+            for k in 0..4 * CH {
+                let w = _mm512_xor_si512(_mm512_loadu_si512(w0.add(64 * k) as *const __m512i), flip);
+                let x = _mm512_loadu_si512(x0.add(64 * k) as *const __m512i);
+                // A block of 128 spans two vectors: their sums are added first.
+                let i = if CH == 4 { k / 2 } else { k };
+                v[i] = _mm512_dpbusd_epi32(v[i], w, x);
+            }
+            let sums = if CH == 1 { fold_quads::<2>(&mut v) } else { fold_quads::<4>(&mut v) };
+            let s8 = _mm256_sll_epi32(_mm256_loadu_si256(s.add(8 * r) as *const __m256i), seven);
+            let isum = _mm256_sub_epi32(sums, s8);
             let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
             let dv = _mm256_loadu_ps(d.add(8 * r));
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
@@ -465,11 +519,38 @@ unsafe fn sums_any<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
 }
 
 /// How far ahead of the stored bytes being read the one-position AVX-512 int4 kernels
-/// prefetch (a few rows of a [_, 2048] matrix; a row is short and the hardware's stream
-/// prefetch alone leaves the loads waiting: int4/g32 read 14.7-14.9 GB/s without, 17.2-18.2
-/// with, from a 16 MiB working set, one process, on the Xeon of docs/benchmarks.md). The
-/// int8 kernels (rows twice as long) showed no gain.
+/// prefetch on Intel (a few rows of a [_, 2048] matrix; a row is short and the hardware's
+/// stream prefetch alone leaves the loads waiting: int4/g32 read 14.7-14.9 GB/s without,
+/// 17.2-18.2 with, from a 16 MiB working set, one process, on the Xeon of
+/// docs/benchmarks.md). The int8 kernels (rows twice as long) showed no gain.
 const PREFETCH: usize = 12288;
+
+/// The prefetch distance of the one-position AVX-512 int4 kernels, 0 for none: [`PREFETCH`]
+/// on Intel; none elsewhere (on an AMD EPYC with AVX-512, Zen 4, the same prefetch cost a
+/// quarter: `coli bench-kernels`, 256 MiB working set, three alternating rounds, int4/g64
+/// at one thread 11.2-12.9 GB/s with it against 11.9-17.3 without, g128 11.3-12.6 against
+/// 15.3-16.4, two threads 16.8-21.4 against 16.6-25.4; docs/benchmarks.md). The environment
+/// variable `COLIBRI_PREFETCH=BYTES` (0: off) overrides it. Any distance gives the same
+/// bits: a prefetch only moves bytes into the cache.
+pub fn prefetch_ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
+        Some(bytes) => bytes,
+        None if is_intel() => PREFETCH,
+        None => 0,
+    })
+}
+
+/// Whether the CPU says "GenuineIntel".
+fn is_intel() -> bool {
+    // `cpuid` leaf 0 exists on every x86-64 CPU.
+    let id = __cpuid(0);
+    let mut vendor = [0u8; 12];
+    vendor[..4].copy_from_slice(&id.ebx.to_le_bytes());
+    vendor[4..8].copy_from_slice(&id.edx.to_le_bytes());
+    vendor[8..].copy_from_slice(&id.ecx.to_le_bytes());
+    &vendor == b"GenuineIntel"
+}
 
 /// Prefetches the `len` bytes at `p` (a hint: any address is allowed).
 #[inline(always)]
