@@ -39,11 +39,13 @@ impl Context for Session {
     }
 
     /// DeepSeek-V4's state cannot go back ([`Session::truncate`] restarts it and the kept
-    /// ids are fed again), so short of its whole length nothing is kept.
+    /// ids are fed again), so short of its whole length nothing is kept. A Gated DeltaNet
+    /// state goes back to its latest snapshot at or before `len`
+    /// ([`crate::model::deltanet::DeltaState::rewind`]; the ids after it are fed again).
     fn keepable(&self, len: usize) -> usize {
         match &self.v4 {
             Some(v) if v.pos > len => 0,
-            _ => len,
+            _ => self.caches.iter().filter_map(|c| c.recurrent.as_ref()).map(|r| r.rewind_point(len)).fold(len, usize::min),
         }
     }
 

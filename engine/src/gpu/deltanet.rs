@@ -164,6 +164,11 @@ impl GpuDeltaState {
         Ok(())
     }
 
+    /// The positions [`GpuDeltaState::rewind`]`(positions)` would leave, without going there.
+    pub fn rewind_point(&self, positions: usize) -> usize {
+        crate::model::deltanet::rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)
+    }
+
     /// Goes back to at most `positions` positions, as DeltaState::rewind: unchanged if it
     /// holds no more, else the latest snapshot at or before, else the empty state.
     /// Returns the positions now held.

@@ -151,13 +151,13 @@ impl crate::generate::Context for GpuSession {
     }
 
     /// DeepSeek-V4's state restarts when cut back (as on the CPU): nothing is kept short of
-    /// its whole length.
+    /// its whole length. A Gated DeltaNet state goes back to its latest snapshot at or
+    /// before `len` (the ids after it are fed again), so that is what is kept.
     fn keepable(&self, len: usize) -> usize {
         if !self.v4.is_empty() && self.v4_pos > len {
-            0
-        } else {
-            len
+            return 0;
         }
+        self.recurrent.iter().flatten().map(|st| st.rewind_point(len)).fold(len, usize::min)
     }
 
     fn bytes(&self) -> usize {

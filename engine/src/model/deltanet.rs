@@ -136,6 +136,11 @@ impl DeltaState {
         self.pos
     }
 
+    /// The positions [`DeltaState::rewind`]`(positions)` would leave, without going there.
+    pub fn rewind_point(&self, positions: usize) -> usize {
+        rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)
+    }
+
     /// Remembers the current state (at the start of a multi-token call: a prompt, a
     /// speculative batch) so that a later rewind to here costs no recomputation.
     pub(crate) fn snapshot(&mut self) {
@@ -374,4 +379,14 @@ where
     }
     let _ = parallel;
     state.chunks_mut(sc).zip(out.chunks_mut(oc)).enumerate().for_each(|(h, (s, o))| f(h, s, o));
+}
+
+/// Where a recurrent state holding `pos` positions, with snapshots at `snaps`, lands when
+/// asked to go back to `positions`: unchanged if it holds no more, else the latest
+/// snapshot at or before, else 0 (the CPU's and the GPU's states alike).
+pub fn rewind_point(pos: usize, snaps: impl Iterator<Item = usize>, positions: usize) -> usize {
+    if positions >= pos {
+        return pos;
+    }
+    snaps.filter(|&p| p <= positions).max().unwrap_or(0)
 }

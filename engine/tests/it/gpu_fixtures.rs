@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use crate::gpu_common::{assert_bits, gpu, ulp_stats};
-use colibri_engine::generate::{generate, generate_with, GenerateOptions};
+use colibri_engine::generate::{generate, generate_with, Context, GenerateOptions};
 use colibri_engine::gpu::{GpuModel, GpuOptions};
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model};
@@ -217,8 +217,11 @@ fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
     let (mut cs, mut gs) = (model.new_session(), gm.new_session());
     let mut step = |what: &str, keep: Option<usize>, feed: &[u32], which: Logits| {
         if let Some(k) = keep {
+            // What the sessions say they can keep is where the truncation lands.
+            let (ck, gk) = (Context::keepable(&cs, k), Context::keepable(&gs, k));
             cs.truncate(k);
             gs.truncate(k);
+            assert_eq!((ck, gk), (cs.cached_len(), gs.cached_len()), "{what}: keepable({k})");
             assert_eq!(gs.cached_len(), cs.cached_len(), "{what}: positions held after truncate({k})");
             assert_eq!(gs.tokens, cs.tokens, "{what}");
         }

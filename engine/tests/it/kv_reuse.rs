@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use colibri_engine::generate::{generate_with, reuse, ContextPool, GenerateOptions};
+use colibri_engine::generate::{generate_with, keepable, reuse, ContextPool, GenerateOptions};
 use colibri_engine::model::kv;
 use colibri_engine::sampler::SamplerConfig;
 use colibri_engine::{Logits, Model, Session};
@@ -84,12 +84,27 @@ fn check(name: &str) {
         assert_eq!(out2, f_out, "{}", what("second turn"));
         same_bits(&what("second turn"), &rows2, &f_rows);
 
-        // A prompt that diverges mid-way: the cache is cut back to the shared prefix.
+        // A recurrent state goes back only to a snapshot (taken where a multi-token call
+        // began: the second turn's new ids, at 17), and keepable says so.
+        let recurrent = s.caches.iter().any(|c| c.recurrent.is_some());
+        let fed = first.len() + out1.len() - 1;
+        let mut late = second[..20].to_vec();
+        late.push((second[20] + 1) % v);
+        assert_eq!(keepable(&s, &late), if recurrent { fed } else { 20 }, "{}", what("keepable"));
+        let (out5, rows5, kept) = turn(&model, &mut s, &late, &o);
+        assert_eq!(kept, if recurrent { fed } else { 20 }, "{}", what("late divergence"));
+        let (f_out, f_rows) = fresh(&model, &late, &o);
+        assert_eq!(out5, f_out, "{}", what("late divergence"));
+        same_bits(&what("late divergence"), &rows5, &f_rows);
+
+        // A prompt that diverges mid-way: the cache is cut back to the shared prefix (a
+        // recurrent state, with no snapshot that early, starts again).
         let mut diverge = second[..9].to_vec();
         diverge.extend_from_slice(&base[20..]);
         diverge[9] = (diverge[9] + 1) % v;
+        assert_eq!(keepable(&s, &diverge), if recurrent { 0 } else { 9 }, "{}", what("keepable"));
         let (out3, rows3, kept) = turn(&model, &mut s, &diverge, &o);
-        assert_eq!(kept, 9);
+        assert_eq!(kept, if recurrent { 0 } else { 9 });
         let (f_out, f_rows) = fresh(&model, &diverge, &o);
         assert_eq!(out3, f_out, "{}", what("diverging"));
         same_bits(&what("diverging"), &rows3, &f_rows);
@@ -97,7 +112,7 @@ fn check(name: &str) {
         // A shorter prompt inside the cache: cut back, its last id fed again.
         let short = &diverge[..5];
         let (out4, rows4, kept) = turn(&model, &mut s, short, &o);
-        assert_eq!(kept, 4);
+        assert_eq!(kept, if recurrent { 0 } else { 4 });
         let (f_out, f_rows) = fresh(&model, short, &o);
         assert_eq!(out4, f_out, "{}", what("cut back"));
         same_bits(&what("cut back"), &rows4, &f_rows);
