@@ -45,7 +45,12 @@ impl Context for Session {
     fn keepable(&self, len: usize) -> usize {
         match &self.v4 {
             Some(v) if v.pos > len => 0,
-            _ => self.caches.iter().filter_map(|c| c.recurrent.as_ref()).map(|r| r.rewind_point(len)).fold(len, usize::min),
+            _ => self
+                .caches
+                .iter()
+                .filter_map(|c| c.recurrent.as_ref())
+                .map(|r| r.rewind_point(len))
+                .fold(len, usize::min),
         }
     }
 
