@@ -10,6 +10,11 @@
 const CONVERSATIONS = "colibri.conversations.v1";
 const SETTINGS = "colibri.settings.v1";
 const ACTIVE = "colibri.active.v1";
+// One key per conversation whose IndexedDB write has not completed yet: {seq, conv} (conv
+// null: a delete). localStorage is written at once, an IndexedDB transaction only later, and
+// a page closed or reloaded in between aborts it; open() applies what is still pending, so
+// a delete or a save right before a reload is not lost.
+const PENDING = "colibri.pending.v1.";
 
 export const DEFAULT_SETTINGS = Object.freeze({
   model: "",
@@ -76,6 +81,7 @@ export async function open({ onError } = {}) {
   } catch (_) {
     db = null;
   }
+  await replayPending();
   // Conversations of the localStorage era (or of a browser without IndexedDB).
   const old = read(CONVERSATIONS, null);
   if (Array.isArray(old)) {
@@ -85,19 +91,52 @@ export async function open({ onError } = {}) {
   }
 }
 
-/** Writes one conversation to IndexedDB (a promise of success), or, without IndexedDB,
- * all of them to localStorage (success at once). */
-function put(conv) {
-  if (!db) return write(CONVERSATIONS, [...cache.values()]);
+/** Writes that a page closed too early left undone: each pending key's conversation is
+ * stored again (or deleted again), in memory at once and in IndexedDB. */
+async function replayPending() {
+  const keys = [];
+  for (let i = 0; i < localStorage.length; i++) if (localStorage.key(i)?.startsWith(PENDING)) keys.push(localStorage.key(i));
+  const done = [];
+  for (const key of keys) {
+    const p = read(key, null);
+    const id = key.slice(PENDING.length);
+    if (!p || (p.conv !== null && (!valid(p.conv) || p.conv.id !== id))) {
+      localStorage.removeItem(key);
+      continue;
+    }
+    if (p.conv) cache.set(id, p.conv);
+    else cache.delete(id);
+    if (!db) localStorage.removeItem(key);
+    else done.push(idb(id, p.conv));
+  }
+  if (!db && keys.length) write(CONVERSATIONS, [...cache.values()]);
+  await Promise.all(done);
+}
+
+let seq = 0;
+
+/** One IndexedDB write of conversation `id` (`conv` null: delete), journaled in
+ * localStorage until it completes; a promise of success. */
+function idb(id, conv) {
+  const key = PENDING + id;
+  const mine = `${Date.now()}.${++seq}`;
+  // Best effort: a journal refused (quota) leaves only the IndexedDB write, and no older one.
+  if (!write(key, { seq: mine, conv })) localStorage.removeItem(key);
+  const settle = (okay) => {
+    if (read(key, null)?.seq === mine) localStorage.removeItem(key);
+    return okay;
+  };
   return new Promise((ok) => {
     try {
       const t = db.transaction(DB_STORE, "readwrite");
-      t.objectStore(DB_STORE).put(structuredClone(conv));
-      t.oncomplete = () => ok(true);
+      if (conv) t.objectStore(DB_STORE).put(structuredClone(conv));
+      else t.objectStore(DB_STORE).delete(id);
+      t.oncomplete = () => ok(settle(true));
       t.onerror = t.onabort = () => {
         onWriteError(t.error);
         ok(false);
       };
+      t.commit?.();
     } catch (e) {
       onWriteError(e);
       ok(false);
@@ -105,13 +144,16 @@ function put(conv) {
   });
 }
 
+/** Writes one conversation to IndexedDB (a promise of success), or, without IndexedDB,
+ * all of them to localStorage (success at once). */
+function put(conv) {
+  if (!db) return write(CONVERSATIONS, [...cache.values()]);
+  return idb(conv.id, conv);
+}
+
 function remove(id) {
   if (!db) return write(CONVERSATIONS, [...cache.values()]);
-  try {
-    db.transaction(DB_STORE, "readwrite").objectStore(DB_STORE).delete(id);
-  } catch (e) {
-    onWriteError(e);
-  }
+  idb(id, null);
   return true;
 }
 

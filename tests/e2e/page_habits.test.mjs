@@ -211,6 +211,18 @@ test("chats exported as JSON import back; search finds chats by their text; a de
   await page.reload();
   await ready(page);
   assert.equal((await titles()).includes("About owls"), false);
+  // A write the page journaled but IndexedDB never committed (a reload aborts a transaction
+  // still in flight) is applied at the next load: here a delete of one of the two swift chats.
+  const swiftId = await page.getAttribute('#conversations li:has(span:text("About swifts"))', "data-id");
+  await page.evaluate((id) => localStorage.setItem(`colibri.pending.v1.${id}`, JSON.stringify({ seq: "x", conv: null })), swiftId);
+  await page.reload();
+  await ready(page);
+  assert.deepEqual(await titles(), ["About swifts"]);
+  assert.equal(await page.getAttribute("#conversations li", "data-id") === swiftId, false);
+  assert.equal(await page.evaluate(() => Object.keys(localStorage).filter((k) => k.startsWith("colibri.pending.")).length), 0, "the journal empties once written");
+  await page.reload();
+  await ready(page);
+  assert.deepEqual(await titles(), ["About swifts"], "the replayed delete reached IndexedDB");
 
   // A chat deleted while its answer streams stays deleted: the answer stops and nothing
   // saves the chat again (neither the partial saves nor the answer's end).
