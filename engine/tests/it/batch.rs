@@ -306,3 +306,80 @@ fn deepseek_v4_batches_each_sequence_over_its_own_state() {
         }
     }
 }
+
+/// The model's experts, failing once at the `n`-th `expert` call after [`FailOnce::arm`]
+/// (a read that fails mid-pass: a helper gone, a truncated file).
+struct FailOnce {
+    inner: Box<dyn colibri_engine::experts::ExpertSource>,
+    /// Calls left before the failure; usize::MAX: disarmed.
+    left: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl colibri_engine::experts::ExpertSource for FailOnce {
+    fn expert(
+        &self,
+        layer: usize,
+        index: usize,
+    ) -> colibri_engine::Result<std::sync::Arc<colibri_engine::experts::Expert>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls.fetch_add(1, SeqCst);
+        match self.left.load(SeqCst) {
+            usize::MAX => {}
+            0 => {
+                self.left.store(usize::MAX, SeqCst);
+                return Err(colibri_engine::Error::Invalid(format!(
+                    "injected: expert ({layer}, {index}) could not be read"
+                )));
+            }
+            n => self.left.store(n - 1, SeqCst),
+        }
+        self.inner.expert(layer, index)
+    }
+
+    fn prepare(&self, layer: usize, experts: &[usize]) -> colibri_engine::Result<()> {
+        self.inner.prepare(layer, experts)
+    }
+}
+
+/// A batched pass that fails mid-way (an expert read fails after some layers have updated
+/// their caches and states) returns the error and leaves every session as it was: the next
+/// pass gives each sequence the bits it gets alone. A recurrent state that had moved goes
+/// back (and feeds again), a DeepSeek-V4 state restarts and feeds its tokens again.
+#[test]
+fn a_batch_failing_mid_pass_leaves_each_sequence_exact() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    for name in ["olmoe", "deepseek_v3", "qwen3_next", "deepseek_v4", "deepseek_v4_fp8"] {
+        let reference = open(name);
+        let mut model = open(name);
+        let (left, calls) = (Arc::new(AtomicUsize::new(usize::MAX)), Arc::new(AtomicUsize::new(0)));
+        model.experts = Box::new(FailOnce { inner: open(name).experts, left: left.clone(), calls: calls.clone() });
+        let v = model.cfg.vocab as u32;
+        let prompts: [Vec<u32>; 2] =
+            [(0..20u32).map(|i| (i * 37 + 5) % v).collect(), (0..9u32).map(|i| (i * 53 + 11) % v).collect()];
+        let (mut a, mut b) = (model.new_session(), model.new_session());
+        model.forward_batch(&mut [&mut a, &mut b], &[&prompts[0], &prompts[1]]).unwrap();
+        // A decode step, counting its expert calls; the next one fails half-way through them.
+        calls.store(0, SeqCst);
+        model.forward_batch(&mut [&mut a, &mut b], &[&[7], &[8]]).unwrap();
+        let per_pass = calls.load(SeqCst);
+        assert!(per_pass >= 4, "{name}: {per_pass} expert calls in a pass");
+        left.store(per_pass / 2, SeqCst);
+        let err = model.forward_batch(&mut [&mut a, &mut b], &[&[9], &[10]]).unwrap_err().to_string();
+        assert!(err.contains("injected"), "{name}: {err}");
+        assert_eq!((a.len(), b.len()), (21, 10), "{name}: the failed pass fed nothing");
+        // The same step again, then one more: each sequence's bits alone.
+        let mut got = model.forward_batch(&mut [&mut a, &mut b], &[&[9], &[10]]).unwrap();
+        got.extend(model.forward_batch(&mut [&mut a, &mut b], &[&[11], &[12]]).unwrap());
+        for (i, (p, next)) in prompts.iter().zip([[7, 9, 11], [8, 10, 12]]).enumerate() {
+            let mut s = reference.new_session();
+            reference.forward(&mut s, p, Logits::Last).unwrap();
+            reference.forward(&mut s, &next[..1], Logits::Last).unwrap();
+            let after = reference.forward(&mut s, &next[1..2], Logits::Last).unwrap();
+            same_bits(&format!("{name} sequence {i} after the failed pass"), &got[i], &after);
+            let more = reference.forward(&mut s, &next[2..], Logits::Last).unwrap();
+            same_bits(&format!("{name} sequence {i} a step later"), &got[2 + i], &more);
+        }
+    }
+}
