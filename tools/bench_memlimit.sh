@@ -13,6 +13,10 @@
 #   COLI=target/release/coli  LAYERS=48  EXPERTS=128  TOPK=8  HIDDEN=2048
 #   INTERMEDIATE=768  HEADS=16  VOCAB=151936  LIMIT=4G  ROUTING=trained
 #   PROMPT=16  DECODE=32  TEXT=docs/architecture.md  KEEP=0 (1 keeps the models)
+#   FP8=0 (1: the synthetic checkpoint stores its decoder layers' linear weights as
+#   block-scaled FP8, as the DeepSeek/Kimi/GLM releases do: about 30 GB of transient disk
+#   instead of 60; the converted int4 model has the same shape and size)
+#   EXTRA="" (more `coli bench` flags, e.g. --no-lookahead)
 # The smaller run documented in docs/benchmarks.md ("Larger than memory: the scaled
 # headline run"): LAYERS=6 VOCAB=19000 LIMIT=512M (everything but the expert shape / 8).
 #
@@ -26,7 +30,7 @@ COLI=${COLI:-target/release/coli}
 LAYERS=${LAYERS:-48} EXPERTS=${EXPERTS:-128} TOPK=${TOPK:-8} HIDDEN=${HIDDEN:-2048}
 INTERMEDIATE=${INTERMEDIATE:-768} HEADS=${HEADS:-16} VOCAB=${VOCAB:-151936}
 LIMIT=${LIMIT:-4G} ROUTING=${ROUTING:-trained} PROMPT=${PROMPT:-16} DECODE=${DECODE:-32}
-TEXT=${TEXT:-docs/architecture.md} KEEP=${KEEP:-0}
+TEXT=${TEXT:-docs/architecture.md} KEEP=${KEEP:-0} FP8=${FP8:-0} EXTRA=${EXTRA:-}
 OUT=${1:-/tmp/coli-memlimit}
 say() { echo "== $*" >&2; }
 [ -x "$COLI" ] || { say "no $COLI: cargo build --release -p colibri-helper"; exit 1; }
@@ -38,14 +42,16 @@ cgroup_limit "$LIMIT_B"
 say "cgroup $CGV $CG, limit $LIMIT ($LIMIT_B bytes)"
 
 mkdir -p "$OUT"
-SRC="$OUT/bf16-L$LAYERS-E$EXPERTS-V$VOCAB-$ROUTING" DST="$OUT/int4-L$LAYERS-E$EXPERTS-V$VOCAB-$ROUTING"
+KIND=bf16 SYNTH_FP8=()
+[ "$FP8" = 1 ] && KIND=fp8 SYNTH_FP8=(--fp8)
+SRC="$OUT/$KIND-L$LAYERS-E$EXPERTS-V$VOCAB-$ROUTING" DST="$OUT/int4-L$LAYERS-E$EXPERTS-V$VOCAB-$ROUTING-from-$KIND"
 if [ ! -f "$DST/colibri.json" ]; then
   if [ ! -f "$SRC/config.json" ]; then
     say "coli synth ($LAYERS layers, $EXPERTS experts of $INTERMEDIATE, top-$TOPK, hidden $HIDDEN, vocab $VOCAB, --routing $ROUTING)"
     rm -rf "$SRC"
     /usr/bin/time -f "   %e s" "$COLI" synth -o "$SRC" --layers "$LAYERS" --experts "$EXPERTS" --top-k "$TOPK" \
       --hidden "$HIDDEN" --intermediate "$INTERMEDIATE" --heads "$HEADS" --vocab "$VOCAB" \
-      --routing "$ROUTING" --tokenizer models/demo >/dev/null
+      --routing "$ROUTING" --tokenizer models/demo "${SYNTH_FP8[@]}" >/dev/null
   fi
   say "coli convert --quant int4"
   /usr/bin/time -f "   %e s" "$COLI" convert "$SRC" -o "$DST" --quant int4 >/dev/null
@@ -57,7 +63,7 @@ say "coli bench inside the cgroup (cold page cache, teacher-forced on $TEXT)"
 REC="$OUT/bench-$(date +%s).json"
 set +e
 cgroup_run "$COLI" bench --model "$DST" \
-  --text "$TEXT" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --cache cold > "$REC"
+  --text "$TEXT" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --cache cold $EXTRA > "$REC"
 rc=$?
 set -e
 say "cgroup: $(cgroup_report)"
@@ -76,7 +82,7 @@ expert cache   {r['expert_cache']['budget_note']}
 decode         {r['decode_tokens_per_second']:.2f} tok/s over {r['decode_tokens']} teacher-forced tokens
 bytes/token    {r['bytes_read_per_decode_token']/2**20:.1f} MiB read ({d['per_token']['disk_reads']:.1f} of {d['per_token']['expert_uses']:.0f} experts from disk)
 hit rates      pinned {d['hit_rate']['pinned']:.3f}, RAM LRU {d['hit_rate']['ram_lru']:.3f}, disk {d['hit_rate']['disk']:.3f}
-lookahead      recall {d['prefetch']['recall']}, wasted {d['prefetch']['wasted_bytes']/2**20:.1f} MiB
+lookahead      recall {d['prefetch']['recall']}, wasted {d['prefetch']['wasted_bytes']/2**20:.1f} MiB, cancelled unread {d['prefetch'].get('cancelled_bytes', 0)/2**20:.1f} MiB
 disk           {disk['read_bandwidth_bytes_per_second']/2**20:.0f} MiB/s measured in the run
 vs I/O bound   decode {r['decode_seconds']:.2f} s, lower bound {lb if lb is None else round(lb, 2)} s{'' if not lb else f' -> {r["decode_seconds"]/lb:.2f}x'}
 peak RSS       {r['peak_rss_bytes']/2**20:.0f} MiB""")

@@ -87,8 +87,11 @@ pub struct CacheStats {
     /// Lookahead: routed experts in layers that had a prediction, how many of them were
     /// predicted, and the reads it started (`prefetched`).
     pub lookahead: LookaheadStats,
-    /// Bytes of the reads started by lookahead, and of those nobody used.
+    /// Bytes of the reads lookahead asked for; of those, the ones cancelled while still
+    /// queued (the router chose otherwise before a reader got to them: never read), and the
+    /// ones read that nobody used.
     pub prefetch_bytes: u64,
+    pub prefetch_cancelled_bytes: u64,
     pub prefetch_wasted_bytes: u64,
     /// Experts moved into or out of the pinned tier after start-up.
     pub repinned: u64,
@@ -411,7 +414,11 @@ impl ExpertCache {
         let slot: ReadSlot = Arc::new(LoadSlot::default());
         st.staged.insert(k, Staged { slot: slot.clone(), bytes: self.core.size(k), prefetch });
         let core = self.core.clone();
-        Box::new(move || slot.put(core.read(k.0, k.1)))
+        Box::new(move || {
+            if slot.begin() {
+                slot.put(core.read(k.0, k.1))
+            }
+        })
     }
 
     /// Takes the result of a staged read of `k`, if there is one (blocking until it is done).
@@ -441,13 +448,17 @@ impl ExpertSource for ExpertCache {
         }
         #[cfg(not(target_arch = "wasm32"))]
         if self.pool.is_some() {
-            // Prefetches of this layer that the router did not choose are wasted.
+            // Prefetches of this layer that the router did not choose: those still queued
+            // are cancelled (their bandwidth goes to the reads this layer needs), those a
+            // reader began are wasted.
             let unused: Vec<Key> =
                 st.staged.keys().filter(|k| k.0 == layer && !experts.contains(&k.1)).copied().collect();
             for k in unused {
                 if let Some(s) = st.staged.remove(&k) {
-                    if s.prefetch {
-                        st.stats.prefetch_wasted_bytes += s.bytes;
+                    match (s.slot.cancel(), s.prefetch) {
+                        (true, true) => st.stats.prefetch_cancelled_bytes += s.bytes,
+                        (false, true) => st.stats.prefetch_wasted_bytes += s.bytes,
+                        (_, false) => {}
                     }
                 }
             }
@@ -604,192 +615,5 @@ fn repin_batches<'a>(keys: &'a [Key], size: &dyn Fn(Key) -> u64) -> Vec<&'a [Key
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::experts::source::MemorySource;
-    use crate::format::manifest::{checksum_hex, plan, ExpertLayerPlan, QuantSummary};
-    use crate::format::quant::quantize_row;
-
-    fn cfg() -> ExpertShape {
-        ExpertShape { moe_layers: vec![true; 2], hidden: 8, intermediate: 4, n_experts: 3, top_k: 2, mtp_layers: 0 }
-    }
-
-    /// A container of random int8 experts in memory, and the f32 values they decode to.
-    fn container() -> (Manifest, Vec<u8>, Vec<Vec<f32>>) {
-        let dt = DType::Int8 { group: 8 };
-        let layers: Vec<ExpertLayerPlan> = (0..2)
-            .map(|l| ExpertLayerPlan { layer: l, count: 3, parts: [(dt, [4, 8]), (dt, [4, 8]), (dt, [8, 4])] })
-            .collect();
-        let mut m = plan("weights.bin", QuantSummary::default(), serde_json::json!({}), vec![], &[], &layers).unwrap();
-        let mut data = vec![0u8; m.data_size as usize];
-        let mut gate_rows = Vec::new();
-        let mut seed = 3u64;
-        for l in &mut m.experts.layers {
-            let parts = l.parts.clone();
-            for e in &mut l.experts {
-                for p in &parts {
-                    let (rows, cols) = (p.shape[0] as usize, p.shape[1] as usize);
-                    let rb = dt.row_bytes(cols).unwrap();
-                    for r in 0..rows {
-                        let row: Vec<f32> = (0..cols)
-                            .map(|_| {
-                                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                            })
-                            .collect();
-                        let at = (e.offset + p.offset) as usize + r * rb;
-                        quantize_row(dt, &row, &mut data[at..at + rb]).unwrap();
-                        if p.name == "gate" && r == 0 {
-                            let mut out = vec![0.0; cols];
-                            crate::tensor::decode_row(dt, cols, &data[at..at + rb], &mut out);
-                            gate_rows.push(out);
-                        }
-                    }
-                }
-                e.xxh3 = checksum_hex(checksum(&data[e.offset as usize..(e.offset + e.length) as usize]));
-            }
-        }
-        (m, data, gate_rows)
-    }
-
-    fn source(data: &[u8]) -> Arc<dyn ByteSource> {
-        Arc::new(MemorySource { bytes: Bytes::from_vec(data.to_vec()), name: "mem".into() })
-    }
-
-    #[test]
-    fn reads_decodes_and_caches_under_the_budget() {
-        let (m, data, gate_rows) = container();
-        let size = m.experts.layers[0].experts[0].length;
-        for (budget, want_misses, want_cached) in
-            [(Some(0), 5, 0), (Some(size), 5, 1), (Some(size * 2), 3, 2), (None, 3, 3)]
-        {
-            let x = ExpertCache::new(&m, &cfg(), source(&data), budget).unwrap();
-            for (l, e) in [(0, 0), (1, 2), (0, 0), (0, 1), (0, 0)] {
-                let got = x.expert(l, e).unwrap();
-                let mut row = vec![0.0; 8];
-                got.gate.row_into(0, &mut row);
-                assert_eq!(row, gate_rows[l * 3 + e]);
-            }
-            let s = x.stats();
-            assert_eq!((s.misses, s.cached_experts), (want_misses, want_cached), "budget {budget:?}");
-            assert!(s.cached_bytes <= budget.unwrap_or(u64::MAX));
-        }
-    }
-
-    #[test]
-    fn corruption_and_mismatches_are_errors() {
-        let (m, mut data, _) = container();
-        let e = &m.experts.layers[1].experts[2];
-        data[(e.offset + 5) as usize] ^= 4;
-        let x = ExpertCache::new(&m, &cfg(), source(&data), None).unwrap();
-        let err = x.expert(1, 2).unwrap_err().to_string();
-        assert!(err.contains("mem: checksum mismatch in expert 2 of layer 1"), "{err}");
-        assert!(x.expert(0, 2).is_ok());
-        assert!(x.expert(0, 3).is_err() && x.expert(5, 0).is_err());
-        assert!(x.verify_all(&mut |_, _| {}).is_err());
-        let short = &data[..data.len() - 1];
-        assert!(ExpertCache::new(&m, &cfg(), source(short), None).unwrap().expert(1, 2).is_err());
-        let mut m2 = m.clone();
-        m2.experts.layers[0].experts.pop();
-        assert!(ExpertCache::new(&m2, &cfg(), source(&data), None)
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("lists 2 experts"));
-        let mut m3 = m.clone();
-        m3.experts.layers.pop();
-        assert!(ExpertCache::new(&m3, &cfg(), source(&data), None)
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("no experts for MoE layer 1"));
-    }
-
-    /// A source that checks experts itself (the browser's) claims it; then the cache does
-    /// not hash them again, so whatever such a source hands out is what the cache uses.
-    #[test]
-    fn a_source_that_checks_experts_is_not_hashed_twice() {
-        struct Checked(MemorySource, (u64, usize));
-        impl ByteSource for Checked {
-            fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-                self.0.read_at(offset, buf)
-            }
-            fn name(&self) -> String {
-                self.0.name()
-            }
-            fn checks_expert(&self, offset: u64, len: usize) -> bool {
-                (offset, len) == self.1
-            }
-        }
-        let (m, mut data, _) = container();
-        let e = &m.experts.layers[1].experts[2];
-        data[(e.offset + 5) as usize] ^= 4;
-        let e0 = &m.experts.layers[0].experts[0];
-        data[(e0.offset + 5) as usize] ^= 4;
-        let mem = MemorySource { bytes: Bytes::from_vec(data), name: "mem".into() };
-        let x = ExpertCache::new(&m, &cfg(), Arc::new(Checked(mem, (e.offset, e.length as usize))), None).unwrap();
-        assert!(x.expert(1, 2).is_ok(), "the source's own check is trusted");
-        let err = x.expert(0, 0).unwrap_err().to_string();
-        assert!(err.contains("checksum mismatch in expert 0 of layer 0"), "{err}");
-    }
-
-    /// `local` (hybrid placement's candidates): in the RAM tiers, or in the source's own
-    /// local tier (`holds_locally`); `ready` stays the RAM tiers only.
-    #[test]
-    fn local_is_ready_or_held_by_the_source() {
-        struct Disk(MemorySource, u64);
-        impl ByteSource for Disk {
-            fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-                self.0.read_at(offset, buf)
-            }
-            fn name(&self) -> String {
-                self.0.name()
-            }
-            fn holds_locally(&self, offset: u64, _len: usize) -> bool {
-                offset == self.1
-            }
-        }
-        let (m, data, _) = container();
-        let mem = MemorySource { bytes: Bytes::from_vec(data), name: "mem".into() };
-        let on_disk = m.experts.layers[1].experts[2].offset;
-        let x = ExpertCache::new(&m, &cfg(), Arc::new(Disk(mem, on_disk)), Some(0)).unwrap();
-        assert!(x.local(1, 2) && !x.ready(1, 2));
-        assert!(!x.local(0, 2) && !x.local(1, 1) && !x.local(5, 0));
-    }
-
-    /// Counts learned after construction (the browser reads them once its disk tier is
-    /// open) pin at the next turn end, and are not handed out again as this run's use.
-    #[test]
-    fn learned_counts_pin_at_the_next_turn_end() {
-        let (m, data, _) = container();
-        let size = m.experts.layers[0].experts[0].length;
-        let opts = CacheOptions { ram: Some(size * 4), pin: size * 2, ..Default::default() };
-        let x = ExpertCache::with_options(&m, &cfg(), source(&data), opts).unwrap();
-        assert_eq!(x.stats().pinned_experts, 0);
-        let mut u = ExpertUsage::new(2, 3);
-        u.merge_triples(&[(1, 2, 9), (0, 1, 5), (0, 0, 1)]).unwrap();
-        x.learn(&u);
-        x.learn(&ExpertUsage::new(3, 3)); // another shape: ignored
-        assert!(x.take_usage().is_empty());
-        x.end_turn().unwrap();
-        let mut pinned = x.cached();
-        pinned.sort_unstable();
-        assert_eq!(pinned, vec![(0, 1), (1, 2)]);
-        assert_eq!((x.stats().pinned_experts, x.stats().misses), (2, 0));
-        x.expert(1, 2).unwrap();
-        assert_eq!(x.stats().pinned_hits, 1);
-    }
-
-    #[test]
-    fn repin_reads_in_batches_of_bounded_bytes() {
-        let keys: Vec<Key> = (0..5).map(|e| (0, e)).collect();
-        let mb15 = |_: Key| 15u64 << 20;
-        let lens: Vec<usize> = repin_batches(&keys, &mb15).iter().map(|b| b.len()).collect();
-        assert_eq!(lens, [2, 2, 1]);
-        // An expert larger than a batch is a batch of its own; nothing is lost.
-        let big = |k: Key| if k.1 == 1 { 50u64 << 20 } else { 1 << 20 };
-        let lens: Vec<usize> = repin_batches(&keys, &big).iter().map(|b| b.len()).collect();
-        assert_eq!(lens, [1, 1, 3]);
-        assert!(repin_batches(&[], &mb15).is_empty());
-    }
-}
+#[path = "cache_tests.rs"]
+mod tests;

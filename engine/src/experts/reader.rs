@@ -9,6 +9,7 @@
 #[cfg(not(unix))]
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -164,19 +165,37 @@ impl Drop for BufferPool {
     }
 }
 
-/// Where one asynchronous read delivers its result; whoever needs it waits here.
+/// Where one asynchronous read delivers its result; whoever needs it waits here. A read
+/// still queued can be cancelled: its job then does nothing.
 pub struct LoadSlot<T> {
     value: Mutex<Option<Result<T>>>,
     ready: Condvar,
+    /// QUEUED, RUNNING or CANCELLED.
+    state: AtomicU8,
 }
+
+const QUEUED: u8 = 0;
+const RUNNING: u8 = 1;
+const CANCELLED: u8 = 2;
 
 impl<T> Default for LoadSlot<T> {
     fn default() -> Self {
-        LoadSlot { value: Mutex::new(None), ready: Condvar::new() }
+        LoadSlot { value: Mutex::new(None), ready: Condvar::new(), state: AtomicU8::new(QUEUED) }
     }
 }
 
 impl<T> LoadSlot<T> {
+    /// Called by the job before it reads: false if the read was cancelled while queued.
+    pub fn begin(&self) -> bool {
+        self.state.compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Cancels the read if no reader has begun it (true: it will never read, and the slot
+    /// is never filled, so only a slot nobody waits on may be cancelled).
+    pub fn cancel(&self) -> bool {
+        self.state.compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
     pub fn put(&self, v: Result<T>) {
         *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
         self.ready.notify_all();

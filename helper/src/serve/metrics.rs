@@ -182,9 +182,15 @@ pub fn render(state: &AppState) -> String {
     ));
     fams.push(per(
         "colibri_expert_prefetch_bytes_total",
-        "Expert bytes read early by the router lookahead.",
+        "Expert bytes the router lookahead asked to read early.",
         "counter",
         &cache(|c| c.prefetch_bytes),
+    ));
+    fams.push(per(
+        "colibri_expert_prefetch_cancelled_bytes_total",
+        "Of those, bytes cancelled unread (the router chose otherwise before a reader began).",
+        "counter",
+        &cache(|c| c.prefetch_cancelled_bytes),
     ));
     let mut out = String::new();
     for f in &fams {

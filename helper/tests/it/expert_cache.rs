@@ -129,7 +129,10 @@ fn bits_do_not_depend_on_budget_readers_prefetch_pinning_direct_or_read_order() 
                             st.lookahead.routed > 0 && st.lookahead.predicted_hits <= st.lookahead.routed,
                             "{what}: {st:?}"
                         );
-                        assert!(st.prefetch_wasted_bytes <= st.prefetch_bytes, "{what}: {st:?}");
+                        assert!(
+                            st.prefetch_wasted_bytes + st.prefetch_cancelled_bytes <= st.prefetch_bytes,
+                            "{what}: {st:?}"
+                        );
                         if ram == Some(0) {
                             assert!(st.lookahead.prefetched > 0 && st.prefetched_hits > 0, "{what}: {st:?}");
                         }
