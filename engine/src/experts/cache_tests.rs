@@ -86,11 +86,7 @@ fn corruption_and_mismatches_are_errors() {
     assert!(ExpertCache::new(&m, &cfg(), source(short), None).unwrap().expert(1, 2).is_err());
     let mut m2 = m.clone();
     m2.experts.layers[0].experts.pop();
-    assert!(ExpertCache::new(&m2, &cfg(), source(&data), None)
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("lists 2 experts"));
+    assert!(ExpertCache::new(&m2, &cfg(), source(&data), None).err().unwrap().to_string().contains("lists 2 experts"));
     let mut m3 = m.clone();
     m3.experts.layers.pop();
     assert!(ExpertCache::new(&m3, &cfg(), source(&data), None)
