@@ -85,7 +85,13 @@ pub struct ModelArgs {
     /// synchronously; default: what `coli tune` measured best for the model, else 4).
     #[arg(long, value_parser = clap::value_parser!(u16).range(0..=MAX_READERS as i64))]
     pub readers: Option<u16>,
-    /// Do not prefetch the next layer's likely experts (router lookahead).
+    /// Prefetch the next layer's likely experts (router lookahead: layer L+1's router on
+    /// layer L's input). Off by default: measured where experts stream from disk, the
+    /// wrong guesses' reads cost more than the right ones save (docs/benchmarks.md);
+    /// `coli tune` measures both and turns it on for a model where it decodes faster.
+    #[arg(long, conflicts_with = "no_lookahead")]
+    pub lookahead: bool,
+    /// No router lookahead, whatever tune.json chose.
     #[arg(long)]
     pub no_lookahead: bool,
     /// Read experts with O_DIRECT, bypassing the page cache, where the file system allows:

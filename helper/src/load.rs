@@ -36,6 +36,8 @@ pub struct CacheFlags {
     pub pin: Option<u64>,
     pub readers: usize,
     pub lookahead: bool,
+    /// Whether `--lookahead` or `--no-lookahead` was given (else tune.json may choose).
+    pub lookahead_given: bool,
     pub direct: DirectChoice,
     /// `--mem-limit`: a memory limit of the user's, on top of the machine's and the cgroup's.
     pub mem_limit: Option<u64>,
@@ -49,7 +51,8 @@ impl CacheFlags {
             ram: a.ram,
             pin: a.pin,
             readers: a.readers.map_or(DEFAULT_READERS, usize::from),
-            lookahead: !a.no_lookahead,
+            lookahead: a.lookahead,
+            lookahead_given: a.lookahead || a.no_lookahead,
             direct: a.direct,
             mem_limit: a.mem_limit,
             readers_given: a.readers.is_some(),
@@ -62,7 +65,8 @@ impl CacheFlags {
             ram,
             pin: None,
             readers: DEFAULT_READERS,
-            lookahead: true,
+            lookahead: false,
+            lookahead_given: false,
             direct: DirectChoice::Auto,
             mem_limit: None,
             readers_given: false,
@@ -71,7 +75,8 @@ impl CacheFlags {
 
     /// These flags with what `coli tune` measured for the model in `dir` where they leave
     /// the choice open: its reader count unless `--readers` was given, O_DIRECT where it
-    /// read faster and `--direct` is auto.
+    /// read faster and `--direct` is auto, the router lookahead where it decoded faster and
+    /// neither `--lookahead` nor `--no-lookahead` was given.
     pub fn tuned(&self, dir: &Path) -> (CacheFlags, Option<Tune>) {
         let mut f = self.clone();
         let tune = Tune::load(dir);
@@ -81,6 +86,9 @@ impl CacheFlags {
             }
             if t.direct && f.direct == DirectChoice::Auto {
                 f.direct = DirectChoice::On;
+            }
+            if !f.lookahead_given {
+                f.lookahead = t.lookahead;
             }
         }
         (f, tune)

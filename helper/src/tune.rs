@@ -28,6 +28,10 @@ pub struct Tune {
     /// Whether later runs read experts with O_DIRECT (where no flag says otherwise; a
     /// memory cgroup that needs it still turns it on).
     pub direct: bool,
+    /// Whether later runs use the router lookahead (where no flag says): on only where
+    /// the teacher-forced decode with it was more than 5% faster than without.
+    #[serde(default)]
+    pub lookahead: bool,
     /// The best cold read bandwidth of experts (bytes/s): `coli plan`'s disk speed.
     pub read_bytes_per_second: f64,
     /// Every combination measured.
@@ -44,6 +48,11 @@ pub struct Tune {
     /// settings (None where it did not run).
     pub decode_before: Option<f64>,
     pub decode_after: Option<f64>,
+    /// Decode tokens/s with the chosen reads, without and with the router lookahead.
+    #[serde(default)]
+    pub decode_lookahead_off: Option<f64>,
+    #[serde(default)]
+    pub decode_lookahead_on: Option<f64>,
 }
 
 impl Tune {

@@ -1,6 +1,7 @@
 //! Routed experts read from a container on demand: one read of the expert's byte range,
 //! a checksum check, and two in-memory tiers under a byte budget (pinned by learned
-//! usage, then least-recently-used). Natively, misses and router-lookahead prefetches
+//! usage, then least-recently-used; by use count instead when the budget cannot hold one
+//! token's experts, where recency never hits). Natively, misses and router-lookahead prefetches
 //! load on a bounded pool of reader threads while the MoE block computes what is
 //! resident. The bytes are the same whichever way and whenever they arrive, so budgets,
 //! pinning, prefetching and read order change speed, never the answer.
@@ -143,6 +144,9 @@ pub struct ExpertCache {
     opts: CacheOptions,
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     top_k: usize,
+    /// The second tier keeps experts by use count, not recency: its budget is smaller
+    /// than one token's experts (see [`RamTiers::insert_frequent`]).
+    frequent: bool,
     state: Mutex<State>,
     #[cfg(not(target_arch = "wasm32"))]
     pool: Option<ReaderPool>,
@@ -265,6 +269,17 @@ impl ExpertCache {
             _ => ExpertUsage::new(nl, ne),
         };
         let top_k = shape.top_k;
+        // Bytes of one token's routed experts: top-k experts of a mean size in every layer.
+        let per_token: u64 = layers
+            .iter()
+            .take(counted)
+            .flatten()
+            .map(|li| {
+                let sum: u64 = li.experts.iter().map(|e| e.1 as u64).sum();
+                sum * top_k as u64 / li.experts.len().max(1) as u64
+            })
+            .sum();
+        let frequent = opts.ram.is_some_and(|r| r.saturating_sub(opts.pin) < per_token);
         #[cfg(not(target_arch = "wasm32"))]
         let pool = if opts.readers > 0 { Some(ReaderPool::new(opts.readers)?) } else { None };
         // Free buffers kept for reuse: about one read window (each kept buffer is RSS).
@@ -282,6 +297,7 @@ impl ExpertCache {
             core,
             opts,
             top_k,
+            frequent,
             state: Mutex::new(state),
             #[cfg(not(target_arch = "wasm32"))]
             pool,
@@ -309,6 +325,18 @@ impl ExpertCache {
 
     fn lru_budget(&self) -> Option<u64> {
         self.opts.ram.map(|r| r.saturating_sub(self.opts.pin))
+    }
+
+    /// Keeps an expert just read (or unpinned) in the second tier, if its policy admits it.
+    fn keep(&self, st: &mut State, key: Key, x: Arc<Expert>, size: u64) {
+        match (self.frequent, self.lru_budget()) {
+            (true, Some(budget)) => {
+                let counts = st.counts.as_ref();
+                let count = |k: Key| counts.map_or(0, |c| c.get(k.0, k.1));
+                st.tiers.insert_frequent(key, x, size, budget, &count)
+            }
+            (_, budget) => st.tiers.insert_lru(key, x, size, budget),
+        }
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -372,12 +400,11 @@ impl ExpertCache {
                 loaded.push((k, self.core.read(k.0, k.1)?));
             }
         }
-        let budget = self.lru_budget();
         let mut st = self.lock();
         for k in &drop {
             if let Some((x, n)) = st.tiers.pinned.remove(k) {
                 st.tiers.pinned_bytes -= n;
-                st.tiers.insert_lru(*k, x, n, budget);
+                self.keep(&mut st, *k, x, n);
             }
         }
         let mut loaded: HashMap<Key, (Arc<Expert>, u64)> = loaded.into_iter().collect();
@@ -586,8 +613,7 @@ impl ExpertSource for ExpertCache {
             let _ = staged;
             self.core.read(layer, index)?
         };
-        let budget = self.lru_budget();
-        self.lock().tiers.insert_lru(key, x.clone(), size, budget);
+        self.keep(&mut self.lock(), key, x.clone(), size);
         Ok(x)
     }
 }

@@ -42,6 +42,11 @@ impl<K: Copy + Eq + Hash, V: Clone> Lru<K, V> {
         self.entries.keys()
     }
 
+    /// Bytes of `key`'s entry (0 if absent).
+    pub fn size(&self, key: &K) -> u64 {
+        self.entries.get(key).map_or(0, |e| e.1)
+    }
+
     /// The value of `key`, marked as just used.
     pub fn get(&mut self, key: &K) -> Option<V> {
         let (v, _, last) = self.entries.get_mut(key)?;

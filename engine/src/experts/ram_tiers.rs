@@ -60,6 +60,41 @@ impl RamTiers {
         self.lru.insert(key, x, size);
     }
 
+    /// Adds an expert to the second tier by use count instead of recency, for a budget
+    /// smaller than one token's experts (where recency cannot hit: every layer's experts
+    /// are used once per token, in the same order, and an LRU that cannot hold a whole
+    /// token evicts each before its next use). When `key` does not fit, the residents with
+    /// the fewest uses (`count`) make room, but only if each has fewer uses than `key`;
+    /// otherwise `key` is not kept. An expert larger than the budget is not kept.
+    pub fn insert_frequent(&mut self, key: Key, x: Arc<Expert>, size: u64, budget: u64, count: &dyn Fn(Key) -> u64) {
+        if self.contains(&key) || size > budget {
+            return;
+        }
+        let mut need = (self.lru.bytes() + size).saturating_sub(budget);
+        if need > 0 {
+            let mut residents: Vec<(u64, Key)> = self.lru.keys().map(|&k| (count(k), k)).collect();
+            residents.sort_unstable();
+            let (c, mut victims) = (count(key), Vec::new());
+            for (ck, k) in residents {
+                if need == 0 {
+                    break;
+                }
+                if ck >= c {
+                    return;
+                }
+                need = need.saturating_sub(self.lru.size(&k));
+                victims.push(k);
+            }
+            if need > 0 {
+                return;
+            }
+            for k in victims {
+                self.lru.remove(&k);
+            }
+        }
+        self.lru.insert(key, x, size);
+    }
+
     /// Takes an expert out of the LRU tier (to pin it).
     pub fn take_lru(&mut self, key: &Key) -> Option<(Arc<Expert>, u64)> {
         self.lru.remove(key)
@@ -192,5 +227,33 @@ mod tests {
         t.pinned.insert((0, 0), (y, n));
         assert_eq!(t.get((0, 0)).unwrap().1, Tier::Pinned);
         assert_eq!((t.lru_bytes(), t.lru_len()), (4, 1));
+    }
+
+    #[test]
+    fn frequent_tier_keeps_the_most_used_and_admits_only_hotter_experts() {
+        let x = Arc::new(Expert {
+            gate: Mat::from_f32(1, 1, &[1.0]).unwrap(),
+            up: Mat::from_f32(1, 1, &[1.0]).unwrap(),
+            down: Mat::from_f32(1, 1, &[1.0]).unwrap(),
+        });
+        let count = |k: Key| [5u64, 1, 3, 3, 10, 2][k.1];
+        let mut t = RamTiers::default();
+        t.insert_frequent((0, 0), x.clone(), 4, 8, &count);
+        t.insert_frequent((0, 1), x.clone(), 4, 8, &count);
+        // Full: 2 (3 uses) displaces 1 (1 use), the coldest.
+        t.insert_frequent((0, 2), x.clone(), 4, 8, &count);
+        assert!(t.contains(&(0, 0)) && !t.contains(&(0, 1)) && t.contains(&(0, 2)));
+        // 3 is not used more often than the coldest resident (2: 3 uses): not kept.
+        t.insert_frequent((0, 3), x.clone(), 4, 8, &count);
+        assert!(!t.contains(&(0, 3)) && t.contains(&(0, 2)));
+        // A colder one needing room is refused even though a resident's bytes would do.
+        t.insert_frequent((0, 5), x.clone(), 4, 8, &count);
+        assert!(!t.contains(&(0, 5)));
+        // 4 (10 uses, 8 bytes) needs both places and beats both residents.
+        t.insert_frequent((0, 4), x.clone(), 8, 8, &count);
+        assert_eq!((t.keys(), t.lru_bytes()), (vec![(0, 4)], 8));
+        // Larger than the whole budget: not kept, nothing evicted.
+        t.insert_frequent((1, 0), x.clone(), 9, 8, &|_| 100);
+        assert_eq!(t.keys(), vec![(0, 4)]);
     }
 }

@@ -1,7 +1,8 @@
 //! `coli tune --model M`: measures how this machine reads the model's experts (cold reads
 //! of its data file with 1, 2, 4, ... reader threads, through the page cache and with
 //! O_DIRECT) and how fast the CPU kernels get through weights, chooses the fastest setting, times a short teacher-forced decode with the
-//! defaults and with that setting, and writes the choice to the model's tune.json, which
+//! defaults and with that setting (without and with the router lookahead, which it turns
+//! on only where it is more than 5% faster), and writes the choice to the model's tune.json, which
 //! later runs of the model use where their flags leave the choice open
 //! (load::CacheFlags::tuned). `coli plan` reads the measured bandwidth from it.
 
@@ -104,19 +105,31 @@ fn run_inner(a: TuneArgs) -> Result<()> {
     let data_size = ModelDir::open(&dir, false)?.into_container()?.0.manifest.data_size;
     // Both runs with explicit settings, so that an earlier tune.json does not choose.
     let auto_direct = choose_direct(DirectChoice::Auto, &limit, data_size).0;
-    let explicit = |readers: usize, direct: bool| CacheFlags {
+    let explicit = |readers: usize, direct: bool, lookahead: bool| CacheFlags {
         readers,
         readers_given: true,
         direct: if direct || auto_direct { DirectChoice::On } else { DirectChoice::Off },
+        lookahead,
+        lookahead_given: true,
         ..flags.clone()
     };
-    let (before, after) = match a.tokens {
-        0 => (None, None),
+    // The router lookahead stays off unless it decodes more than 5% faster (it costs
+    // reads of wrong guesses; docs/benchmarks.md).
+    let (before, after, off, on, lookahead) = match a.tokens {
+        0 => (None, None, None, None, false),
         n => {
-            let before = decode_speed(&dir, &explicit(DEFAULT_READERS, false), a.text.as_deref(), n)?;
-            let after = decode_speed(&dir, &explicit(best.readers, best.direct), a.text.as_deref(), n)?;
+            let text = a.text.as_deref();
+            let before = decode_speed(&dir, &explicit(DEFAULT_READERS, false, false), text, n)?;
+            let off = decode_speed(&dir, &explicit(best.readers, best.direct, false), text, n)?;
+            let on = decode_speed(&dir, &explicit(best.readers, best.direct, true), text, n)?;
+            let lookahead = on > 1.05 * off;
+            println!(
+                "router lookahead: {off:.2} tok/s without, {on:.2} tok/s with: {}",
+                if lookahead { "on" } else { "off" }
+            );
+            let after = if lookahead { on } else { off };
             println!("decode, {n} teacher-forced tokens: {before:.2} tok/s with the defaults, {after:.2} tok/s tuned");
-            (Some(before), Some(after))
+            (Some(before), Some(after), Some(off), Some(on), lookahead)
         }
     };
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -129,6 +142,7 @@ fn run_inner(a: TuneArgs) -> Result<()> {
     let tune = Tune {
         readers: best.readers,
         direct: best.direct,
+        lookahead,
         read_bytes_per_second: best.bytes_per_second,
         probes,
         kernel_bytes_per_second: kernel,
@@ -137,6 +151,8 @@ fn run_inner(a: TuneArgs) -> Result<()> {
         memory_limit: super::plan::limit_json(&limit),
         decode_before: before,
         decode_after: after,
+        decode_lookahead_off: off,
+        decode_lookahead_on: on,
     };
     if a.dry_run {
         println!("--dry-run: {} not written", dir.join(crate::tune::TUNE_FILE).display());

@@ -322,8 +322,9 @@ fn bench_warmup_leaves_the_timed_prefill_on_resident_experts() {
     assert_eq!(cold["model"]["attention"], "gqa");
     assert!(cold["prefill"]["hit_rate"]["disk"].as_f64().unwrap() > 0.0, "{cold}");
     assert_eq!(warm["prefill"]["hit_rate"]["disk"].as_f64(), Some(0.0), "{warm}");
-    // Only the lookahead reads during a warm prefill; a read it started may still be in
-    // flight when the prefill ends (counted in its bytes, not yet in bytes_read).
+    // Only the router lookahead (off by default) could read during a warm prefill; a read
+    // it started may still be in flight when the prefill ends (counted in its bytes, not
+    // yet in bytes_read).
     let prefetched = warm["prefill"]["prefetch"]["bytes"].as_u64().unwrap();
     let read = warm["prefill"]["bytes_read"].as_u64().unwrap();
     assert!(read <= prefetched, "{warm}");

@@ -109,6 +109,7 @@ fn bench_text_is_teacher_forced_and_reports_reads_per_token() {
             "48",
             "--probe-bytes",
             "0",
+            "--lookahead",
             "--ram",
             ram,
         ]))

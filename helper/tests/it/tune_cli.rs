@@ -27,14 +27,23 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
 }
 
+/// The reader count and router lookahead a `coli bench` of `m` ran with, and its stderr.
 fn bench_readers(m: &Path, extra: &[&str]) -> (u64, String) {
+    let (rec, err) = bench_record(m, extra);
+    (rec["expert_cache"]["readers"].as_u64().unwrap(), err)
+}
+
+fn bench_lookahead(m: &Path, extra: &[&str]) -> bool {
+    bench_record(m, extra).0["expert_cache"]["lookahead"].as_bool().unwrap()
+}
+
+fn bench_record(m: &Path, extra: &[&str]) -> (serde_json::Value, String) {
     let mut args = vec!["bench", "--model", m.to_str().unwrap(), "--ids", "1,2,3", "--decode-tokens", "3"];
     args.extend(["--probe-bytes", "0"]);
     args.extend(extra);
     let out = coli(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    (rec["expert_cache"]["readers"].as_u64().unwrap(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (serde_json::from_slice(&out.stdout).unwrap(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[test]
@@ -57,9 +66,23 @@ fn tune_writes_the_fastest_setting_and_later_runs_use_it() {
     let best = probes.iter().map(|p| p["bytes_per_second"].as_f64().unwrap()).fold(0.0, f64::max);
     assert!(t["read_bytes_per_second"].as_f64().unwrap() >= 0.95 * best && best > 0.0, "{t}");
     assert!(t["decode_before"].as_f64().unwrap() > 0.0 && t["decode_after"].as_f64().unwrap() > 0.0, "{t}");
+    // The router lookahead: both measured, on only where more than 5% faster.
+    let (off, on) = (t["decode_lookahead_off"].as_f64().unwrap(), t["decode_lookahead_on"].as_f64().unwrap());
+    assert!(off > 0.0 && on > 0.0, "{t}");
+    assert_eq!(t["lookahead"].as_bool(), Some(on > 1.05 * off), "{t}");
     // Later runs read with the tuned count; --readers wins.
     assert_eq!(bench_readers(&m, &[]).0, readers);
     assert_eq!(bench_readers(&m, &["--readers", "2"]).0, 2);
+    // Later runs use the tuned lookahead; --lookahead / --no-lookahead win.
+    let mut t2 = t.clone();
+    for tuned in [true, false] {
+        t2["lookahead"] = tuned.into();
+        std::fs::write(&tune, serde_json::to_vec(&t2).unwrap()).unwrap();
+        assert_eq!(bench_lookahead(&m, &[]), tuned);
+        assert!(bench_lookahead(&m, &["--lookahead"]));
+        assert!(!bench_lookahead(&m, &["--no-lookahead"]));
+    }
+    std::fs::write(&tune, serde_json::to_vec(&t).unwrap()).unwrap();
     // coli plan quotes the measurement instead of probing again.
     let plan = ok(&["plan", ms]);
     assert!(plan.contains("measured by `coli tune`"), "{plan}");
@@ -67,6 +90,7 @@ fn tune_writes_the_fastest_setting_and_later_runs_use_it() {
     std::fs::write(&tune, "{\"readers\": ").unwrap();
     let (r, err) = bench_readers(&m, &[]);
     assert_eq!(r, 4);
+    assert!(!bench_lookahead(&m, &[]), "the router lookahead is off by default");
     assert!(err.contains("tune.json") && err.contains("ignored"), "{err}");
     let _ = std::fs::remove_dir_all(&root);
 }
