@@ -81,7 +81,7 @@ limit          {r['memory_limit']['describe']}
 expert cache   {r['expert_cache']['budget_note']}
 decode         {r['decode_tokens_per_second']:.2f} tok/s over {r['decode_tokens']} teacher-forced tokens
 bytes/token    {r['bytes_read_per_decode_token']/2**20:.1f} MiB read ({d['per_token']['disk_reads']:.1f} of {d['per_token']['expert_uses']:.0f} experts from disk)
-hit rates      pinned {d['hit_rate']['pinned']:.3f}, RAM LRU {d['hit_rate']['ram_lru']:.3f}, disk {d['hit_rate']['disk']:.3f}
+hit rates      pinned {d['hit_rate']['pinned']:.3f}, RAM (LRU or by use) {d['hit_rate']['ram_lru']:.3f}, disk {d['hit_rate']['disk']:.3f}
 lookahead      recall {d['prefetch']['recall']}, wasted {d['prefetch']['wasted_bytes']/2**20:.1f} MiB, cancelled unread {d['prefetch'].get('cancelled_bytes', 0)/2**20:.1f} MiB
 disk           {disk['read_bandwidth_bytes_per_second']/2**20:.0f} MiB/s measured in the run
 vs I/O bound   decode {r['decode_seconds']:.2f} s, lower bound {lb if lb is None else round(lb, 2)} s{'' if not lb else f' -> {r["decode_seconds"]/lb:.2f}x'}
