@@ -220,9 +220,11 @@ fn bench_in_a_1gib_cgroup_picks_a_budget_under_the_limit_and_is_not_killed() {
     drop(cg);
 
     // What the automatic budget used to be on this host (half of MemAvailable, at most
-    // every expert: here every expert): killed.
+    // every expert: here every expert; and the router lookahead was on), over a longer
+    // prompt that uses more of the experts: killed.
     let cg = Cgroup::create("old", limit).unwrap();
-    let out = cg.run(&[&bench[..], &["--ram", "all"]].concat());
+    let old = ["bench", "--model", m, "--prompt-tokens", "512", "--decode-tokens", "4", "--probe-bytes", "0"];
+    let out = cg.run(&[&old[..], &["--ram", "all", "--lookahead"]].concat());
     eprintln!("--ram all in the same cgroup: {:?}, OOM kills {}", out.status, cg.oom_kills());
     assert_eq!(out.status.signal(), Some(9), "expected an OOM kill: {}", String::from_utf8_lossy(&out.stderr));
     assert!(cg.oom_kills() >= 1);
