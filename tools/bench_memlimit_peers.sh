@@ -75,6 +75,9 @@ while [ "${at_limit:0:1}" != "{" ] && [ $step -le "$MAX_STEPS" ]; do
 done
 say "colibri on the imported GGUF at $LIMIT ($(du -sh "$IMPORT" | cut -f1))"
 cgroup_limit "$LIMIT_B"
+# The page cache llama.cpp's runs left is charged to this cgroup: drop it first, so that
+# colibri starts in the same empty cgroup llama.cpp did.
+evict "$GGUF" "$IMPORT"
 set +e
 cgroup_run "$COLI" bench --model "$IMPORT" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" \
   --threads "$THREADS" --cache cold > "$OUT/coli.json"
