@@ -208,13 +208,15 @@ mod tests {
         assert_eq!(default_pin(0, 0), 0);
     }
 
+    /// A 1 x 1 expert: the tiers only hold it, the sizes are given separately.
+    fn tiny_expert() -> Arc<Expert> {
+        let one = || Mat::from_f32(1, 1, &[1.0]).unwrap();
+        Arc::new(Expert { gate: one(), up: one(), down: one() })
+    }
+
     #[test]
     fn lru_evicts_least_recent_and_pins_are_separate() {
-        let x = Arc::new(Expert {
-            gate: Mat::from_f32(1, 1, &[1.0]).unwrap(),
-            up: Mat::from_f32(1, 1, &[1.0]).unwrap(),
-            down: Mat::from_f32(1, 1, &[1.0]).unwrap(),
-        });
+        let x = tiny_expert();
         let mut t = RamTiers::default();
         t.insert_lru((0, 0), x.clone(), 4, Some(8));
         t.insert_lru((0, 1), x.clone(), 4, Some(8));
@@ -231,11 +233,7 @@ mod tests {
 
     #[test]
     fn frequent_tier_keeps_the_most_used_and_admits_only_hotter_experts() {
-        let x = Arc::new(Expert {
-            gate: Mat::from_f32(1, 1, &[1.0]).unwrap(),
-            up: Mat::from_f32(1, 1, &[1.0]).unwrap(),
-            down: Mat::from_f32(1, 1, &[1.0]).unwrap(),
-        });
+        let x = tiny_expert();
         let count = |k: Key| [5u64, 1, 3, 3, 10, 2][k.1];
         let mut t = RamTiers::default();
         t.insert_frequent((0, 0), x.clone(), 4, 8, &count);
