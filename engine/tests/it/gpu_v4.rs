@@ -435,3 +435,60 @@ fn v4_select_and_attend_match_the_cpu() {
         }
     }
 }
+
+/// v4_topk.wgsl alone, on scores built to break a careless top-k: many equal scores
+/// (ties go to the lower entry), zeros of both signs (equal), negatives, infinities, a
+/// tie straddling the cut, and visible counts from below topk to thousands (several
+/// passes of its 256 threads), against the CPU's choice (`top_entries`).
+#[test]
+fn v4_topk_matches_the_cpu_with_ties_and_long_contexts() {
+    use colibri_engine::gpu::kernels::Kernel;
+    use colibri_engine::model::v4::compress::top_entries;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Lcg(77);
+    let (rate, topk) = (4usize, 64usize);
+    for keys in [10usize, 64, 65, 300, 2500] {
+        // Queries at the last positions, so that they see from keys - n + 1 to keys entries.
+        let n = 6usize;
+        let pos0 = keys * rate - n;
+        let mut scores = vec![0.0f32; n * keys];
+        for (i, row) in scores.chunks_mut(keys).enumerate() {
+            for (j, s) in row.iter_mut().enumerate() {
+                *s = match (i, rng.bits() % 8) {
+                    // Query 0: all equal but for sign of zero: the lowest topk entries.
+                    (0, b) => {
+                        if b % 2 == 0 {
+                            0.0
+                        } else {
+                            -0.0
+                        }
+                    }
+                    // Query 1: few distinct values, so that a tie straddles the cut.
+                    (1, b) => (b % 3) as f32 - 1.0,
+                    (_, 0) => 0.0,
+                    (_, 1) => -0.0,
+                    (_, 2) => 0.25,
+                    (_, 3) if j % 97 == 0 => f32::INFINITY,
+                    (_, 4) if j % 89 == 0 => f32::NEG_INFINITY,
+                    _ => rng.next() * 3.0,
+                };
+            }
+        }
+        let sb = upload_f32(&ctx, "scores", &scores).unwrap();
+        let flags = ctx.storage_buffer("flags", (n * keys) as u64 * 4).unwrap();
+        let list = ctx.storage_buffer("list", (n * (topk + 1)) as u64 * 4).unwrap();
+        let params = [n as u32, pos0 as u32, rate as u32, keys as u32, topk as u32, keys as u32];
+        let mut rec = Recorder::new(&ctx);
+        rec.dispatch(Kernel::V4Topk, &[], &params, vec![(&sb).into(), (&flags).into(), (&list).into()], n as u64)
+            .unwrap();
+        block_on(rec.submit()).unwrap();
+        let words: Vec<u32> = read(&ctx, &list, n * (topk + 1)).iter().map(|v| v.to_bits()).collect();
+        for i in 0..n {
+            let vis = ((pos0 + i + 1) / rate).min(keys);
+            let want = top_entries(&scores[i * keys..i * keys + vis], topk);
+            let row = &words[i * (topk + 1)..(i + 1) * (topk + 1)];
+            let got: Vec<usize> = row[1..1 + row[0] as usize].iter().map(|&e| e as usize).collect();
+            assert_eq!(got, want, "query {i} of {keys} keys ({vis} visible)");
+        }
+    }
+}

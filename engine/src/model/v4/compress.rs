@@ -149,7 +149,13 @@ pub fn select(q: &[f32], w: &[f32], keys: &[f32], visible: usize, di: usize, top
             s
         })
         .collect();
-    let mut order: Vec<usize> = (0..visible).collect();
+    top_entries(&scores, topk)
+}
+
+/// The `topk` entries with the highest `scores` (ties to the lower entry; -0 and +0 are
+/// equal), in ascending order: the choice of [`select`] and of the GPU's v4_topk.wgsl.
+pub fn top_entries(scores: &[f32], topk: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
     order.truncate(topk);
     order.sort_unstable();
