@@ -14,6 +14,7 @@
 #
 #   tools/bench_peers.sh [--quick] [--reps N] [--threads "1 2"] [--work DIR] [--out DIR]
 #                        [--no-build] [--no-browser] [--colibri-browser-threads "1"]
+#                        [--colibri-models "default gguf-import int4"] [--colibri-browser-models "default int4"]
 #
 #   --quick     2 layers instead of 16, 32 prompt / 16 decode tokens, 1 repetition (a few
 #               minutes once the models exist; for developing this script)
@@ -28,6 +29,10 @@
 #               missing, then cargo build --release -p colibri-helper)
 #   --colibri-models LIST  which native colibri rows to run: default, gguf-import, int4
 #               (default "default gguf-import int4")
+#   --colibri-browser-models LIST  which models colibri's browser engine (wasm CPU backend)
+#               runs, of the same three (default "default int4": what users get, then the
+#               tuned one); each row's "vs colibri native" is against the native row of the
+#               same model
 #   --colibri-browser-threads  thread counts for colibri's browser engine (default: those of
 #               --threads; more than one runs web/pkg-threads, the wasm-threads build)
 #   --browser-prompt N, --browser-decode N  prompt and decode tokens of the browser runs
@@ -53,7 +58,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="$ROOT/tools/bench"
 
-QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" CMODELS="default gguf-import int4" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
+QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" CMODELS="default gguf-import int4" CBMODELS="default int4" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -65,6 +70,7 @@ while [ $# -gt 0 ]; do
     --no-browser) BROWSER=0 ;;
     --colibri-browser-threads) CB_THREADS="$2"; shift ;;
     --colibri-models) CMODELS="$2"; shift ;;
+    --colibri-browser-models) CBMODELS="$2"; shift ;;
     --browser-prompt) BPROMPT="$2"; shift ;;
     --browser-decode) BDECODE="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -160,13 +166,13 @@ if [ ! -f "$GGUF.json" ]; then
   mv "$GGUF.json.tmp" "$GGUF.json"
 fi
 DEF="$MDIR/models/default" GIMP="$MDIR/models/gguf-import"
-if [[ " $CMODELS " == *" default "* ]] && { [ ! -f "$DEF/.complete" ] || ! "$COLI" info "$DEF" >/dev/null 2>&1; }; then
+if [[ " $CMODELS $CBMODELS " == *" default "* ]] && { [ ! -f "$DEF/.complete" ] || ! "$COLI" info "$DEF" >/dev/null 2>&1; }; then
   say "coli convert (the defaults: experts int4, attention/dense/output int8, group 32)"
   rm -rf "$DEF"
   "$COLI" convert "$BF16" -o "$DEF" >&2
   touch "$DEF/.complete"
 fi
-if [[ " $CMODELS " == *" gguf-import "* ]] && { [ ! -f "$GIMP/.complete" ] || ! "$COLI" info "$GIMP" >/dev/null 2>&1; }; then
+if [[ " $CMODELS $CBMODELS " == *" gguf-import "* ]] && { [ ! -f "$GIMP/.complete" ] || ! "$COLI" info "$GIMP" >/dev/null 2>&1; }; then
   say "coli convert model.gguf (the peers' Q4_0 GGUF imported as it is)"
   rm -rf "$GIMP"
   "$COLI" convert "$GGUF" -o "$GIMP" >&2
@@ -245,8 +251,16 @@ for rep in $(seq 1 "$REPS"); do
       run wllama "$t" "$GGUF_W" "$rep" -- node "$BENCH/browser.mjs" --engine wllama --gguf "$GGUF" --threads "$t" \
         --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
       if [[ " $CB_THREADS " == *" $t "* ]]; then
-        run colibri-browser "$t" "$COLI_W" "$rep" -- node "$BENCH/browser.mjs" --engine colibri --coli "$COLI" \
-          --models-dir "$MODELS" --model "$(basename "$INT4")" --threads "$t" --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
+        for m in $CBMODELS; do
+          case "$m" in
+            default) dir="$DEF" w="$DEF_W" label="colibri default" ;;
+            gguf-import) dir="$GIMP" w="$GIMP_W" label="colibri gguf-import" ;;
+            int4) dir="$INT4" w="$COLI_W" label="colibri" ;;
+            *) die "--colibri-browser-models: unknown model $m (default, gguf-import, int4)" ;;
+          esac
+          run "colibri-browser-$m" "$t" "$w" "$rep" "$label" -- node "$BENCH/browser.mjs" --engine colibri --coli "$COLI" \
+            --models-dir "$MODELS" --model "$(basename "$dir")" --threads "$t" --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"
+        done
       fi
     fi
   done

@@ -132,8 +132,8 @@ def summary(path):
     for (where, engine, threads, phase), rs in groups.items():
         if engine == "wllama":
             wref[(threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
-        if engine == "colibri" and where == "native":
-            cref[(threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
+        if engine.startswith("colibri") and where == "native":
+            cref[(engine, threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
     loads = [float(r["load_average"].split()[0]) for r in runs if r.get("load_average")]
     first = runs[0]
     out = []
@@ -160,7 +160,9 @@ def summary(path):
         med = statistics.median(v)
         r = ref.get((threads, phase))
         w = wref.get((threads, phase))
-        c = cref.get((threads, phase))
+        # A browser row against the native row of the same model ("colibri default" in
+        # the tab against "colibri default" natively).
+        c = cref.get((engine, threads, phase))
         shares = [x["bandwidth_share"] for x in rs if x.get("bandwidth_share") is not None]
         used = sorted(set(x.get("threads_used", threads) for x in rs))
         if used != [threads]:
