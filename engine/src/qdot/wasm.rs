@@ -1,8 +1,9 @@
 //! wasm SIMD128 path of [`super::dot_row`]: values widened to i16 and summed with
-//! `i32x4.dot_i16x8_s` (exact), or int4 nibbles times int8 activations with relaxed SIMD's
-//! `i32x4.relaxed_dot_i8x16_i7x16_add_s` where the build enables it (exact for nibbles);
-//! the float combination as in the reference, four blocks per f32x4 (lane l of the first
-//! vector is acc[8k + l], of the second acc[8k + 4 + l]: the reference's order).
+//! `i32x4.dot_i16x8_s` (exact), or, where the build enables relaxed SIMD, nibbles times
+//! int8 activations with `i32x4.relaxed_dot_i8x16_i7x16_add_s` (exact for nibbles): int4
+//! values directly, int8 values as two nibbles of value + 128; the float combination as
+//! in the reference, four blocks per f32x4 (lane l of the first vector is acc[8k + l], of
+//! the second acc[8k + 4 + l]: the reference's order).
 
 use core::arch::wasm32::*;
 
@@ -99,6 +100,31 @@ pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     }
 }
 
+/// [`dot_rows`] touches one byte every `TOUCH_STRIDE` bytes of its rows up to
+/// `TOUCH_AHEAD` bytes past the row it starts: wasm has no prefetch instruction, and these
+/// loads start the page walks and cache misses (and the hardware's stream prefetch) of the
+/// pages the kernel reaches next. Measured with tools/bench/qdot-wasm in Chromium 156 on an
+/// Intel Xeon (docs/kernels.md): 4.6 -> 6.4 GB/s best from memory (int4 and int8 alike), no
+/// loss from cache; a touch per 64-byte line read 6.9 GB/s from memory but lost a quarter
+/// in cache.
+const TOUCH_STRIDE: usize = 4096;
+const TOUCH_AHEAD: usize = 16384;
+
+/// Rows of `rb` bytes times position 0, one output each: [`dot_row_simd128`] per row,
+/// with the touches ahead described at [`TOUCH_STRIDE`]. Same bits.
+pub fn dot_rows(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    let (mut next, mut touched) = (0usize, 0u8);
+    for (r, (o, row)) in out.iter_mut().zip(rows.chunks(rb.max(1))).enumerate() {
+        let until = (r * rb + TOUCH_AHEAD).min(rows.len());
+        while next < until {
+            touched ^= rows[next];
+            next += TOUCH_STRIDE;
+        }
+        *o = dot_row_simd128(int4, row, a, 0);
+    }
+    core::hint::black_box(touched);
+}
+
 /// The kernels' vector constants, made opaque once per call (`black_box`). V8 emits a
 /// `v128.const` where it is used, inside the loop (several instructions each); as plain
 /// values they stay in registers. The one-position kernel ran about 15% faster this way
@@ -106,6 +132,8 @@ pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 #[derive(Clone, Copy)]
 struct Consts {
     low4: v128,
+    #[cfg(target_feature = "relaxed-simd")]
+    flip: v128,
     sign: v128,
     exp_man: v128,
     pow112: v128,
@@ -125,6 +153,8 @@ impl Consts {
     fn literal() -> Consts {
         Consts {
             low4: u8x16_splat(15),
+            #[cfg(target_feature = "relaxed-simd")]
+            flip: u8x16_splat(0x80),
             sign: i32x4_splat(0x8000),
             exp_man: i32x4_splat(0x7fff),
             pow112: f32x4_splat(f32::from_bits(0x7780_0000)),
@@ -133,8 +163,22 @@ impl Consts {
     }
 }
 
-/// The integer sum of block `b` (int4: without the -8 correction) as four partial lanes.
-/// `G`: the group when it is known at compile time (then `g` is ignored), else 0.
+/// How much of the activations' block sum [`block_lanes`] leaves to subtract, as a shift:
+/// int4 stores w + 8 (8 = 1 << 3), relaxed int8 sums w + 128 (1 << 7), the widening int8
+/// path w itself (none).
+const fn offset_shift(int4: bool) -> Option<u32> {
+    if int4 {
+        Some(3)
+    } else if cfg!(target_feature = "relaxed-simd") {
+        Some(7)
+    } else {
+        None
+    }
+}
+
+/// The integer sum of block `b`, without the correction of [`offset_shift`], as four
+/// partial lanes. `G`: the group when it is known at compile time (then `g` is ignored),
+/// else 0.
 #[inline(always)]
 fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>(
     vals: &[u8],
@@ -145,6 +189,9 @@ fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>(
 ) -> v128 {
     let g = if G > 0 { G } else { g };
     let mut sum = i32x4_splat(0);
+    // The relaxed int8 path's high nibbles' sums.
+    #[allow(unused_mut)]
+    let mut high = i32x4_splat(0);
     // Not the i16 pair sums that `tile` uses: for one position they were slower (decode in
     // Chromium on an EPYC with AVX-512 VNNI, interleaved runs: 5.5 vs 6.4 tok/s median)
     // than `nibbles16`'s i32-accumulating relaxed dot. Why (V8's lowering) was not checked.
@@ -159,9 +206,26 @@ fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>(
             sum = nibbles16(sum, v128_and(u16x8_shr(bytes, 4), kc.low4), x1);
         } else {
             let (w0, w1) = (load16::<CHECKED>(vals, c), load16::<CHECKED>(vals, c + 16));
-            sum = dot16(sum, i16x8_extend_low_i8x16(w0), i16x8_extend_high_i8x16(w0), x0);
-            sum = dot16(sum, i16x8_extend_low_i8x16(w1), i16x8_extend_high_i8x16(w1), x1);
+            #[cfg(target_feature = "relaxed-simd")]
+            {
+                // u = w + 128 (the sign bit flipped) = lo + 16 hi with lo, hi in 0..=15:
+                // two nibble dots, exact on every engine, as one of int4 (hi's sums are
+                // kept apart and weighed by 16 once per block; -128 sum(x) is the caller's).
+                let (u0, u1) = (v128_xor(w0, kc.flip), v128_xor(w1, kc.flip));
+                sum = nibbles16(sum, v128_and(u0, kc.low4), x0);
+                high = nibbles16(high, v128_and(u16x8_shr(u0, 4), kc.low4), x0);
+                sum = nibbles16(sum, v128_and(u1, kc.low4), x1);
+                high = nibbles16(high, v128_and(u16x8_shr(u1, 4), kc.low4), x1);
+            }
+            #[cfg(not(target_feature = "relaxed-simd"))]
+            {
+                sum = dot16(sum, i16x8_extend_low_i8x16(w0), i16x8_extend_high_i8x16(w0), x0);
+                sum = dot16(sum, i16x8_extend_low_i8x16(w1), i16x8_extend_high_i8x16(w1), x1);
+            }
         }
+    }
+    if !INT4 && cfg!(target_feature = "relaxed-simd") {
+        sum = i32x4_add(sum, i32x4_shl(high, 4));
     }
     sum
 }
@@ -217,9 +281,9 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize>(row: &[u8], a: &A
         let s3 = block_lanes::<INT4, CHECKED, G>(vals, q, b + 3, g, &k);
         let mut isum = hsum4(s0, s1, s2, s3);
         let (dq, sq) = (&d[b..b + 4], &s[b..b + 4]);
-        if INT4 {
+        if let Some(shift) = offset_shift(INT4) {
             // SAFETY: `sq` holds 4 i32 (bounds-checked slice); v128.load is unaligned.
-            isum = i32x4_sub(isum, i32x4_shl(unsafe { v128_load(sq.as_ptr() as *const v128) }, 3));
+            isum = i32x4_sub(isum, i32x4_shl(unsafe { v128_load(sq.as_ptr() as *const v128) }, shift));
         }
         // SAFETY: `dq` holds 4 f32 (bounds-checked slice).
         let db = unsafe { v128_load(dq.as_ptr() as *const v128) };
@@ -240,8 +304,8 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize>(row: &[u8], a: &A
             + i32x4_extract_lane::<1>(v)
             + i32x4_extract_lane::<2>(v)
             + i32x4_extract_lane::<3>(v);
-        if INT4 {
-            isum -= 8 * s[b];
+        if let Some(shift) = offset_shift(INT4) {
+            isum -= s[b] << shift;
         }
         out[b % 8] += (scale(row, b) * d[b]) * isum as f32;
     }

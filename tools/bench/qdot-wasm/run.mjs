@@ -11,7 +11,8 @@
 // tests/e2e/node_modules or tools/bench/node_modules; CHROMIUM_ARGS adds Chromium flags
 // (e.g. "--js-flags=--no-liftoff"). run_many* time the many-position (prefill) kernel on 16
 // positions: their GB/s count each row once, so multiply by 16 for row-positions.
-// GROUP: the int4 group (default 32; the run_b/run_c/run_x variants are for 32 only).
+// GROUP: the group (default 32; the run_b/run_c/run_x variants are for int4 group 32 only).
+// INT8=1: int8 rows instead of int4 (the variants return 0).
 // ROWS int4 rows of 2048 values (16384: 18.9 MB, from memory; 512: 0.6 MB, in L2); ALL=1
 // prints every timing. Both regimes matter: a change can win in L2 and lose from memory.
 import { readFileSync, existsSync } from "node:fs";
@@ -19,10 +20,10 @@ import { fileURLToPath } from "node:url";
 
 const path = process.argv[2] ?? new URL("target/wasm32-unknown-unknown/release/qdot_wasm_bench.wasm", import.meta.url);
 const wasm = readFileSync(path);
-const opts = { group: Number(process.env.GROUP ?? 32), rows: Number(process.env.ROWS ?? 16384), iters: Number(process.env.ITERS ?? 4), all: !!process.env.ALL };
+const opts = { int8: process.env.INT8 === "1", group: Number(process.env.GROUP ?? 32), rows: Number(process.env.ROWS ?? 16384), iters: Number(process.env.ITERS ?? 4), all: !!process.env.ALL };
 
 // Runs where it is called (node or the page): returns the report lines.
-async function bench(bytes, { group, rows, iters, all }, cpu) {
+async function bench(bytes, { int8, group, rows, iters, all }, cpu) {
   const module = await WebAssembly.compile(bytes);
   // The engine links wasm-bindgen; nothing timed here calls JavaScript: stubs that fail loudly.
   const imports = {};
@@ -33,7 +34,7 @@ async function bench(bytes, { group, rows, iters, all }, cpu) {
     };
   }
   const e = (await WebAssembly.instantiate(module, imports)).exports;
-  const size = e.setup(rows, 2048, group);
+  const size = e.setup(rows, 2048, group, int8 ? 1 : 0);
   const kernels = Object.keys(e).filter((k) => /^run/.test(k)).sort();
   for (const k of kernels) e[k](2);
   const gbs = (t) => (iters * size) / t / 1e9;

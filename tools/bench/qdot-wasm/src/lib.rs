@@ -11,6 +11,7 @@ mod variants;
 struct State {
     rows: usize,
     rb: usize,
+    int4: bool,
     w: Vec<u8>,
     a: ActQ,
     out: Vec<f32>,
@@ -25,10 +26,12 @@ fn lcg(s: &mut u64) -> f32 {
     ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-/// `rows` random int4 rows of `cols` values (group `group`) and one random position.
+/// `rows` random int4 rows (int8 rows where `int8` is not 0) of `cols` values (group
+/// `group`) and one random position.
 #[no_mangle]
-pub extern "C" fn setup(rows: usize, cols: usize, group: usize) -> usize {
-    let dtype = DType::Int4 { group: group as u32 };
+pub extern "C" fn setup(rows: usize, cols: usize, group: usize, int8: usize) -> usize {
+    let int4 = int8 == 0;
+    let dtype = if int4 { DType::Int4 { group: group as u32 } } else { DType::Int8 { group: group as u32 } };
     let rb = dtype.row_bytes(cols).unwrap();
     let mut s = 7u64;
     let mut w = vec![0u8; rows * rb];
@@ -39,13 +42,13 @@ pub extern "C" fn setup(rows: usize, cols: usize, group: usize) -> usize {
     }
     let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
     let mut a = ActQ::default();
-    a.quantize(&x, 1, cols, group, ActQ::wants_split(true, group));
+    a.quantize(&x, 1, cols, group, ActQ::wants_split(int4, group));
     let xs: Vec<f32> = (0..cols * POS).map(|_| lcg(&mut s)).collect();
     let mut many = ActQ::default();
-    many.quantize(&xs, POS, cols, group, ActQ::wants_split(true, group));
+    many.quantize(&xs, POS, cols, group, ActQ::wants_split(int4, group));
     many.interleave();
     // SAFETY: wasm32 without threads: one caller.
-    unsafe { STATE = Some(State { rows, rb, w, a, out: vec![0.0; rows * POS], many }) };
+    unsafe { STATE = Some(State { rows, rb, int4, w, a, out: vec![0.0; rows * POS], many }) };
     rows * rb
 }
 
@@ -65,7 +68,7 @@ pub extern "C" fn run_many(iters: usize) -> u32 {
     for _ in 0..iters {
         for r in 0..st.rows {
             let row = &st.w[r * st.rb..(r + 1) * st.rb];
-            dot_row_many(simd, true, row, &st.many, 0, &mut st.out[r * POS..(r + 1) * POS], &mut scratch);
+            dot_row_many(simd, st.int4, row, &st.many, 0, &mut st.out[r * POS..(r + 1) * POS], &mut scratch);
         }
         sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
     }
@@ -82,7 +85,7 @@ pub extern "C" fn run(iters: usize) -> u32 {
     let mut sum = 0u32;
     for _ in 0..iters {
         for r in 0..st.rows {
-            st.out[r] = dot_row(simd, true, &st.w[r * st.rb..(r + 1) * st.rb], &st.a, 0);
+            st.out[r] = dot_row(simd, st.int4, &st.w[r * st.rb..(r + 1) * st.rb], &st.a, 0);
         }
         sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
     }
@@ -95,8 +98,8 @@ fn each(iters: usize, f: impl Fn(&[u8], &ActQ) -> f32) -> u32 {
     #[allow(static_mut_refs)]
     let st = unsafe { STATE.as_mut().unwrap() };
     let mut sum = 0u32;
-    if st.a.group != 32 {
-        return 0; // the variants are written for group 32
+    if st.a.group != 32 || !st.int4 {
+        return 0; // the variants are written for int4 group 32
     }
     for _ in 0..iters {
         for r in 0..st.rows {
@@ -213,4 +216,62 @@ pub extern "C" fn run_many0(iters: usize) -> u32 {
         sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
     }
     sum
+}
+
+/// `run` with one byte touched every `stride` bytes up to `dist` bytes past the current
+/// row's start, before each row (wasm has no prefetch instruction: these loads start cache
+/// misses, and the hardware's stream prefetch, on pages the kernel reaches next).
+fn run_touch(iters: usize, stride: usize, dist: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    let mut touched = 0u8;
+    let (rb, total) = (st.rb, st.rows * st.rb);
+    for _ in 0..iters {
+        let mut next = 0;
+        for r in 0..st.rows {
+            let until = (r * rb + dist).min(total);
+            while next < until {
+                // SAFETY: next < total = w.len().
+                touched ^= unsafe { *st.w.as_ptr().add(next) };
+                next += stride;
+            }
+            st.out[r] = dot_row(simd, st.int4, &st.w[r * rb..(r + 1) * rb], &st.a, 0);
+        }
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    core::hint::black_box(touched);
+    sum
+}
+
+#[no_mangle]
+pub extern "C" fn run_s4096_d8k(iters: usize) -> u32 {
+    run_touch(iters, 4096, 8192)
+}
+
+#[no_mangle]
+pub extern "C" fn run_s4096_d16k(iters: usize) -> u32 {
+    run_touch(iters, 4096, 16384)
+}
+
+#[no_mangle]
+pub extern "C" fn run_s1024_d4k(iters: usize) -> u32 {
+    run_touch(iters, 1024, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_s256_d4k(iters: usize) -> u32 {
+    run_touch(iters, 256, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_s64_d4k(iters: usize) -> u32 {
+    run_touch(iters, 64, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_s64_d12k(iters: usize) -> u32 {
+    run_touch(iters, 64, 12288)
 }
