@@ -448,6 +448,30 @@ impl ExpertCache {
         })
     }
 
+    /// Hands the experts of `layer` that are neither held nor already staged to the reader
+    /// pool as prefetches; how many.
+    fn start_reads(&self, st: &mut std::sync::MutexGuard<'_, State>, layer: usize, experts: &[usize]) -> u64 {
+        #[allow(unused_mut)]
+        let mut started = 0;
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(pool) = &self.pool {
+            let mut jobs = Vec::new();
+            for &e in experts {
+                let k = (layer, e);
+                if st.tiers.contains(&k) || st.staged.contains_key(&k) {
+                    continue;
+                }
+                started += 1;
+                st.stats.prefetch_bytes += self.core.size(k);
+                jobs.push(self.stage(st, k, true));
+            }
+            pool.submit(jobs, false);
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = (st, layer, experts);
+        started
+    }
+
     /// Takes the result of a staged read of `k`, if there is one (blocking until it is done).
     #[cfg(not(target_arch = "wasm32"))]
     fn take_staged(&self, st: &mut std::sync::MutexGuard<'_, State>, k: Key) -> Option<ReadSlot> {
@@ -522,20 +546,17 @@ impl ExpertSource for ExpertCache {
         let mut st = self.lock();
         st.stats.lookahead.predicted += experts.len() as u64;
         st.predicted.insert(layer, experts.to_vec());
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Some(pool) = &self.pool {
-            let mut jobs = Vec::new();
-            for &e in experts {
-                let k = (layer, e);
-                if st.tiers.contains(&k) || st.staged.contains_key(&k) {
-                    continue;
-                }
-                st.stats.lookahead.prefetched += 1;
-                st.stats.prefetch_bytes += self.core.size(k);
-                jobs.push(self.stage(&mut st, k, true));
-            }
-            pool.submit(jobs, false);
+        st.stats.lookahead.prefetched += self.start_reads(&mut st, layer, experts);
+    }
+
+    fn known(&self, layer: usize, experts: &[usize]) {
+        let Some(Some(li)) = self.core.layers.get(layer) else { return };
+        if !self.has_pool() {
+            return;
         }
+        let named: Vec<usize> = experts.iter().copied().filter(|&e| e < li.experts.len()).collect();
+        let mut st = self.lock();
+        st.stats.lookahead.known += self.start_reads(&mut st, layer, &named);
     }
 
     fn ready(&self, layer: usize, index: usize) -> bool {

@@ -247,3 +247,34 @@ fn queued_prefetches_the_router_did_not_choose_are_cancelled_unread() {
     drop(x); // joins the reader: every queued job has run by now
     assert_eq!(src.started.load(Ordering::SeqCst), 2, "a cancelled prefetch was read");
 }
+
+/// Experts named by hash routing are read ahead with the router lookahead off: missing
+/// ones only, counted as `known`, unknown ids ignored; then they are read once, not twice.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn known_experts_are_read_ahead_without_the_lookahead() {
+    let (m, data, gate_rows) = container();
+    let size = m.experts.layers[0].experts[0].length;
+    let opts = CacheOptions { ram: Some(4 * size), readers: 1, lookahead: false, ..Default::default() };
+    let x = ExpertCache::with_options(&m, &cfg(), source(&data), opts).unwrap();
+    assert!(!x.lookahead_enabled());
+    x.known(1, &[0, 2, 7]);
+    x.known(5, &[0]);
+    let t0 = std::time::Instant::now();
+    while !(x.ready(1, 0) && x.ready(1, 2)) {
+        assert!(t0.elapsed().as_secs() < 10, "the known experts were never read");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(!x.ready(1, 1));
+    // Named again while staged or held: no second read.
+    x.known(1, &[0, 2]);
+    x.prepare(1, &[0, 2]).unwrap();
+    let mut row = vec![0.0; 8];
+    x.expert(1, 2).unwrap().gate.row_into(0, &mut row);
+    assert_eq!(row, gate_rows[5]);
+    x.expert(1, 0).unwrap().gate.row_into(0, &mut row);
+    assert_eq!(row, gate_rows[3]);
+    let s = x.stats();
+    assert_eq!((s.lookahead.known, s.lookahead.prefetched, s.lookahead.predicted), (2, 0, 0), "{s:?}");
+    assert_eq!((s.prefetch_bytes, s.bytes_read, s.prefetched_hits, s.misses), (2 * size, 2 * size, 2, 2), "{s:?}");
+}

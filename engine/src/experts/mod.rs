@@ -88,6 +88,12 @@ pub trait ExpertSource: Send + Sync {
     /// (predicted from the previous layer's state); a source may start reading them.
     fn lookahead(&self, _layer: usize, _experts: &[usize]) {}
 
+    /// Hash routing (DeepSeek-V4's `hash_moe` layers): these experts of `layer` will be used
+    /// by the pass that is starting, known from its token ids alone. A source with reader
+    /// threads starts reading the missing ones now, with or without the router lookahead
+    /// (nothing here is a guess).
+    fn known(&self, _layer: usize, _experts: &[usize]) {}
+
     /// `positions` positions were routed to expert `index` of `layer` (usage counting).
     fn note_use(&self, _layer: usize, _index: usize, _positions: usize) {}
 
@@ -135,6 +141,9 @@ pub struct LookaheadStats {
     /// Predicted experts that were missing (from the RAM tiers, or the GPU pool) and
     /// were handed to a read or fetch.
     pub prefetched: u64,
+    /// Experts that hash routing named when the pass began ([`ExpertSource::known`]) that
+    /// were missing and were handed to a read.
+    pub known: u64,
 }
 
 impl LookaheadStats {

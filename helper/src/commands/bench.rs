@@ -187,6 +187,8 @@ fn delta(a: &CacheStats, b: &CacheStats, tokens: usize) -> Value {
         "prefetch": {
             "recall": if sel > 0.0 { Some((lb.predicted_hits - la.predicted_hits) as f64 / sel) } else { None },
             "reads": lb.prefetched - la.prefetched,
+            // Reads started when a pass began because hash routing named the experts.
+            "hash_reads": lb.known - la.known,
             "bytes": b.prefetch_bytes - a.prefetch_bytes,
             "cancelled_bytes": b.prefetch_cancelled_bytes - a.prefetch_cancelled_bytes,
             "wasted_bytes": b.prefetch_wasted_bytes - a.prefetch_wasted_bytes,

@@ -22,7 +22,11 @@ fn scratch(base: &Path, tag: &str) -> PathBuf {
 }
 
 fn converted(base: &Path, tag: &str) -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/olmoe");
+    converted_fixture(base, tag, "olmoe")
+}
+
+fn converted_fixture(base: &Path, tag: &str, fixture: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(fixture);
     let dst = scratch(base, tag);
     let out = Command::new(env!("CARGO_BIN_EXE_coli"))
         .arg("convert")
@@ -152,6 +156,31 @@ fn bits_do_not_depend_on_budget_readers_prefetch_pinning_direct_or_read_order() 
         }
     }
     assert_eq!(checked, 64);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// DeepSeek-V4's hash layers name their experts from the token ids: each pass starts
+/// their reads before its first layer, with the router lookahead off, and the logits are
+/// the bits of a model with every expert in RAM, whatever order the reads finish in.
+#[test]
+fn hash_layers_read_their_experts_ahead_with_the_same_bits() {
+    let tmp = std::env::temp_dir();
+    let dir = converted_fixture(&tmp, "hash", "deepseek_v4");
+    let (reference, _) = run(&Model::open_dir_with(&dir, CacheOptions::with_ram(None)).unwrap());
+    for readers in [0usize, 3] {
+        let opts = CacheOptions { ram: Some(0), readers, lookahead: false, ..Default::default() };
+        let (model, _) = open(&dir, opts.clone(), true);
+        let (bits, st) = run(&model);
+        assert!(bits == reference, "logits differ: {opts:?}");
+        assert_eq!((st.lookahead.routed, st.lookahead.prefetched), (0, 0), "{st:?}");
+        if readers > 0 {
+            // Two hash layers of top-2 over 7 passes: at least one read each, all used.
+            assert!(st.lookahead.known >= 14 && st.prefetched_hits >= st.lookahead.known, "{st:?}");
+            assert_eq!(st.prefetch_wasted_bytes + st.prefetch_cancelled_bytes, 0, "{st:?}");
+        } else {
+            assert_eq!(st.lookahead.known, 0, "{st:?}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

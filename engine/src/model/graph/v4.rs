@@ -40,6 +40,14 @@ pub(super) async fn v4_layers<'w, B: Backend<'w>>(
     };
     let (n, h, nhc) = (ids.len(), c.hidden, v4.hc_mult);
     let s = HcShape { n, n_hc: nhc, hidden: h, iters: v4.sinkhorn_iters, eps: v4.hc_eps };
+    // The hash layers' experts follow from the ids alone: their reads start now, before
+    // the first layer (exact, not the router lookahead's guess; `LookaheadStats::known`).
+    let (k, ne) = (c.router.top_k, c.router.n_experts);
+    for (l, lw) in w.layers.iter().enumerate() {
+        if let Some(t) = &lw.tid2eid {
+            b.model().experts.known(l, &crate::model::v4::moe::hash_experts(t, ids, k, ne));
+        }
+    }
     let mut e = b.alloc("v4.embed", n * h)?;
     b.embed(ids, &mut e)?;
     let mut x = b.alloc("v4.x", n * nhc * h)?;

@@ -77,3 +77,16 @@ pub(crate) fn moe(
     out.iter_mut().zip(&shared).for_each(|(o, s)| *o += s);
     Ok(out)
 }
+
+/// The experts a hash layer's `tid2eid` ((vocab, k) expert ids) names for `ids`, ascending,
+/// each once; ids outside the table and ids naming no expert below `ne` give none (the
+/// MoE itself reports them).
+pub fn hash_experts(tid2eid: &[u32], ids: &[u32], k: usize, ne: usize) -> Vec<usize> {
+    let mut used = vec![false; ne];
+    for &id in ids {
+        if let Some(row) = tid2eid.get(id as usize * k..(id as usize + 1) * k) {
+            row.iter().filter(|&&e| (e as usize) < ne).for_each(|&e| used[e as usize] = true);
+        }
+    }
+    (0..ne).filter(|&e| used[e]).collect()
+}
