@@ -454,8 +454,9 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 /// them) times position 0 of `a`, into `out`: the same bits, the row loop inside the SIMD
 /// function (one call and one set-up per matrix slice instead of per row).
 pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
-    #[cfg(target_arch = "wasm32")]
-    if simd == Simd::Simd128 {
+    // dot_row's own condition for its SIMD paths (other groups take the reference).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if simd == Simd::Simd128 && a.group.is_multiple_of(CHUNK) && a.split == int4 {
         return wasm::dot_rows(int4, rows, rb, a, out);
     }
     let whole = rows.len() >= out.len() * rb;
