@@ -246,32 +246,22 @@ fn run_touch(iters: usize, stride: usize, dist: usize) -> u32 {
     sum
 }
 
-#[no_mangle]
-pub extern "C" fn run_s4096_d8k(iters: usize) -> u32 {
-    run_touch(iters, 4096, 8192)
+/// One export per (stride, distance) variant of [`run_touch`]; `run_s4096_d16k` is what
+/// the engine's `qdot::dot_rows` does on wasm.
+macro_rules! touch_variants {
+    ($($name:ident: $stride:expr, $dist:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name(iters: usize) -> u32 {
+            run_touch(iters, $stride, $dist)
+        }
+    )*};
 }
 
-#[no_mangle]
-pub extern "C" fn run_s4096_d16k(iters: usize) -> u32 {
-    run_touch(iters, 4096, 16384)
-}
-
-#[no_mangle]
-pub extern "C" fn run_s1024_d4k(iters: usize) -> u32 {
-    run_touch(iters, 1024, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_s256_d4k(iters: usize) -> u32 {
-    run_touch(iters, 256, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_s64_d4k(iters: usize) -> u32 {
-    run_touch(iters, 64, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_s64_d12k(iters: usize) -> u32 {
-    run_touch(iters, 64, 12288)
+touch_variants! {
+    run_s4096_d8k: 4096, 8192;
+    run_s4096_d16k: 4096, 16384;
+    run_s1024_d4k: 1024, 4096;
+    run_s256_d4k: 256, 4096;
+    run_s64_d4k: 64, 4096;
+    run_s64_d12k: 64, 12288;
 }

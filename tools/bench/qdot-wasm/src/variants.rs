@@ -343,7 +343,12 @@ pub fn dot_d(row: &[u8], a: &ActQ) -> f32 {
     while b < blocks {
         // SAFETY: asserted above.
         let isum = unsafe {
-            hsum4(block_k(vals, q, b, &k), block_k(vals, q, b + 1, &k), block_k(vals, q, b + 2, &k), block_k(vals, q, b + 3, &k))
+            hsum4(
+                block_k(vals, q, b, &k),
+                block_k(vals, q, b + 1, &k),
+                block_k(vals, q, b + 2, &k),
+                block_k(vals, q, b + 3, &k),
+            )
         };
         let (sq, dq) = (&s[b..b + 4], &d[b..b + 4]);
         // SAFETY: bounds-checked slices of 4 values.
