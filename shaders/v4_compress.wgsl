@@ -11,7 +11,9 @@
 //
 // The rows: KV and GATE hold rows of `width` floats (2 * dim with OVERLAP, else dim):
 // window w's own rows are first + w * rate .. + rate; the rows before `first` are the
-// previous window's (has_prev; OVERLAP only).
+// previous window's (has_prev; OVERLAP only). With PREV_BIASED their Ca gates already hold
+// the position bias (a state read back from a cache file, which keeps them so, as the CPU
+// does): added once, not again.
 //
 // Preludes: common/arith.wgsl.
 // Bindings:
@@ -32,6 +34,7 @@ struct Params {
     first: u32,
     has_prev: u32,
     out_offset: u32,
+    prev_biased: u32,
     groups_x: u32,
 }
 
@@ -56,6 +59,9 @@ fn slot(w: u32, ch: u32, s: u32) -> vec2<f32> {
             return vec2<f32>(0.0, f32_bits(0xff800000u));
         }
         let at = (P.first + w * r - r + s) * width + ch;
+        if (w == 0u && P.prev_biased != 0u) {
+            return vec2<f32>(KV[at], GATE[at]);
+        }
         return vec2<f32>(KV[at], GATE[at] + APE[s * width + ch]);
     }
     // Cb: channel d + ch of this window's row s - r.

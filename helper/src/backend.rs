@@ -1,6 +1,8 @@
 //! The compute backend behind `--backend cpu|wgpu`: one forward function over one
 //! conversation, so `logits` and `generate` run the same code on either backend.
 
+use std::borrow::Cow;
+
 use anyhow::Result;
 use colibri_engine::{Logits, Model};
 
@@ -60,16 +62,25 @@ impl<'m> ChatSession<'m> {
         }
     }
 
-    /// The CPU conversation (its cache can be written to disk); None on the GPU.
-    pub fn cpu(&self) -> Option<&colibri_engine::Session> {
+    /// The conversation as the CPU holds it, for a cache file: the CPU's own session, or
+    /// the GPU's caches read back into the CPU's layout (None, with a warning, if that
+    /// fails).
+    pub fn saved(&self) -> Option<Cow<'_, colibri_engine::Session>> {
         match self {
-            ChatSession::Cpu(_, s) => Some(s),
+            ChatSession::Cpu(_, s) => Some(Cow::Borrowed(s)),
             #[cfg(feature = "wgpu")]
-            ChatSession::Gpu(..) => None,
+            ChatSession::Gpu(g, s) => match g.session_to_cpu_blocking(s) {
+                Ok(s) => Some(Cow::Owned(s)),
+                Err(e) => {
+                    eprintln!("coli: warning: could not read the GPU's KV cache back: {e}");
+                    None
+                }
+            },
         }
     }
 
-    /// Replaces the CPU conversation with `s` (a cache read from disk); false on the GPU.
+    /// Replaces the conversation with `s` (a cache read from disk); false if the GPU
+    /// could not take it (the conversation is then unchanged).
     pub fn restore(&mut self, s: colibri_engine::Session) -> bool {
         match self {
             ChatSession::Cpu(_, cur) => {
@@ -77,7 +88,31 @@ impl<'m> ChatSession<'m> {
                 true
             }
             #[cfg(feature = "wgpu")]
-            ChatSession::Gpu(..) => false,
+            ChatSession::Gpu(g, cur) => match g.session_from_cpu(&s) {
+                Ok(s) => {
+                    *cur = s;
+                    true
+                }
+                Err(e) => {
+                    eprintln!("coli: warning: could not upload the KV cache to the GPU: {e}");
+                    false
+                }
+            },
+        }
+    }
+
+    /// What tells this backend's cache files apart from the CPU's (None: the CPU): the
+    /// GPU's float order may differ from the CPU's (WGSL lets a driver reassociate), and a
+    /// conversation continued after a restart must give the bits it would have given
+    /// uninterrupted, so each adapter keeps its own files.
+    pub fn cache_tag(&self) -> Option<String> {
+        match self {
+            ChatSession::Cpu(..) => None,
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(g, _) => {
+                let adapter = colibri_engine::format::manifest::checksum(g.ctx.adapter_name.as_bytes());
+                Some(format!("wgpu-{adapter:016x}"))
+            }
         }
     }
 
@@ -101,7 +136,11 @@ impl colibri_engine::generate::Context for ChatSession<'_> {
     }
 
     fn bytes(&self) -> usize {
-        self.cpu().map_or(4 * self.tokens().len(), colibri_engine::Session::bytes)
+        match self {
+            ChatSession::Cpu(_, s) => s.bytes(),
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(_, s) => s.bytes(),
+        }
     }
 }
 

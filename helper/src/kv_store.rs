@@ -60,6 +60,15 @@ impl KvStore {
         Some(KvStore { dir: base.join(&fingerprint), fingerprint, max_files, max_bytes })
     }
 
+    /// The same model's store for another backend's caches (`tag`, e.g. one GPU
+    /// adapter's): a directory and fingerprint of their own, so that neither backend
+    /// reads the other's files.
+    pub fn for_backend(mut self, tag: &str) -> Self {
+        self.fingerprint = format!("{}.{tag}", self.fingerprint);
+        self.dir.set_file_name(&self.fingerprint);
+        self
+    }
+
     /// [`KvStore::new`] under the data directory's `kv/`.
     pub fn in_data_dir(root: &Path, max_files: usize, max_bytes: u64) -> Option<Self> {
         Self::new(&crate::paths::data_dir()?.join("kv"), root, max_files, max_bytes)

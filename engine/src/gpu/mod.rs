@@ -28,6 +28,7 @@ pub mod kernels;
 mod mla;
 pub mod model;
 pub mod ops;
+mod persist;
 mod placement;
 pub mod pool;
 pub mod recorder;

@@ -84,7 +84,7 @@ pub struct GpuSession {
     pub tokens: Vec<u32>,
     /// Per layer: (keys, values), each (kv_cap, kv_dim).
     pub(super) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
-    kv_cap: usize,
+    pub(super) kv_cap: usize,
     /// Per layer: a linear-attention layer's recurrent state (None for attention layers).
     pub(super) recurrent: Vec<Option<GpuDeltaState>>,
     /// DeepSeek-V4's per-layer state, holding the effect of the first `v4_pos` tokens.

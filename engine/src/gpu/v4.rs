@@ -128,22 +128,26 @@ pub fn rope_tail(
 /// entries (rows of `dim`, RMSNorm and RoPE applied; the buffer grows by doubling), and
 /// the rows the next entries still need: with overlapping windows the last finished
 /// window's rows first (`has_prev`), then those of the unfinished window, as projected
-/// (kv and gate; the position bias is added where they are used, the CPU's sum).
+/// (kv and gate; the position bias is added where they are used, the CPU's sum), except
+/// the previous window's Ca gates after a state was read back from a cache file
+/// (`prev_biased`: they hold the bias already, as the CPU's state keeps them).
 pub struct GpuComp {
     pub entries: wgpu::Buffer,
     /// Entries so far.
     pub count: usize,
-    cap: usize,
-    rows: Option<(wgpu::Buffer, wgpu::Buffer)>,
-    held: usize,
-    has_prev: bool,
+    pub(super) cap: usize,
+    /// Room for 2 * rate rows of the projections' width each.
+    pub(super) rows: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    pub(super) held: usize,
+    pub(super) has_prev: bool,
+    pub(super) prev_biased: bool,
 }
 
 impl GpuComp {
     /// The empty state.
     pub fn new(ctx: &GpuContext) -> Result<Self> {
         let entries = ctx.storage_buffer("v4.entries", 4)?;
-        Ok(GpuComp { entries, count: 0, cap: 0, rows: None, held: 0, has_prev: false })
+        Ok(GpuComp { entries, count: 0, cap: 0, rows: None, held: 0, has_prev: false, prev_biased: false })
     }
 
     /// GPU bytes held: the entries' buffer and the rows kept for the next entries.
@@ -209,6 +213,7 @@ impl GpuComp {
                 u32_of("first", prev)?,
                 u32::from(self.has_prev),
                 u32_of("entries offset", at)?,
+                u32::from(self.prev_biased),
             ];
             let binds = vec![(&seq_kv).into(), (&seq_gate).into(), ape.into(), (&self.entries).into()];
             rec.dispatch(Kernel::V4Compress, &[], &params, binds, groups(windows * d, 64))?;
@@ -232,6 +237,8 @@ impl GpuComp {
         };
         self.held = rows - keep_from;
         self.has_prev = c.overlap && (self.has_prev || windows > 0);
+        // A finished window's rows are kept as projected (the bias not in them).
+        self.prev_biased &= windows == 0;
         if self.rows.is_none() {
             let bytes = (2 * r) as u64 * row_bytes;
             self.rows =

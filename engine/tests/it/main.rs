@@ -18,6 +18,7 @@ mod gpu_deltanet;
 mod gpu_fixtures;
 mod gpu_hybrid;
 mod gpu_kernels;
+mod gpu_persist;
 mod gpu_v4;
 mod kv_reuse;
 mod mirror;

@@ -190,7 +190,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let mut session = ChatSession::new(&loaded.model, a.model.compute())?;
     // The conversation's cache on disk after every turn, found again after a restart.
     let root = crate::paths::resolve_model(&a.model.model, None)?;
-    let store = crate::kv_store::KvStore::in_data_dir(&root, 8, 1 << 30);
+    let store = crate::kv_store::KvStore::in_data_dir(&root, 8, 1 << 30).map(|st| match session.cache_tag() {
+        Some(tag) => st.for_backend(&tag),
+        None => st,
+    });
     let mut last_cached = 0;
     let mut lines = Lines::open(interactive)?;
     let mut last = LastAnswer::default();
@@ -365,8 +368,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         }
         let answer = tok.decode(&out, true)?;
         turns.push(ChatMessage { role: "assistant".into(), content: answer.trim().to_string() });
-        if let (Some(st), Some(s)) = (&store, session.cpu()) {
-            st.save(s);
+        if let Some(st) = &store {
+            if let Some(s) = session.saved() {
+                st.save(&s);
+            }
         }
         // A turn boundary: re-pin by what was used (with hysteresis), record the uses.
         loaded.model.experts.end_turn()?;

@@ -49,7 +49,7 @@ fn spawn_chat(data: &std::path::Path, model: &std::path::Path, args: &[&str]) ->
         .unwrap()
 }
 
-fn chat_in(data: &std::path::Path, model: &str, input: &str, extra: &[&str]) -> (String, String) {
+pub(crate) fn chat_in(data: &std::path::Path, model: &str, input: &str, extra: &[&str]) -> (String, String) {
     let mut child =
         spawn_chat(data, &fixture(model), &[&["--max-new-tokens", "6", "--temperature", "0"], extra].concat());
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
@@ -106,51 +106,34 @@ fn numbers_after(err: &str, marker: &str) -> Vec<usize> {
         .collect()
 }
 
-#[test]
-fn a_conversation_continues_after_a_restart_from_its_cache_on_disk() {
-    let dir = scratch("kv-restart");
+/// Two turns in one run against one turn, a restart, `/load` and the second turn: the
+/// same answers, and the second prompt's cache restored from disk (nothing re-prefilled).
+/// Returns (scratch dir, data dir, the /load command, the second answer).
+pub(crate) fn continues_after_a_restart(model: &str, extra: &[&str]) -> (PathBuf, PathBuf, String, String) {
+    let dir = scratch(&format!("kv-restart-{model}-{}", extra.len()));
     let (data, fresh) = (dir.join("data"), dir.join("fresh"));
     let f = dir.join("chat.json").display().to_string();
-    let sys = ["--system", "Be brief."];
+    let args = [&["--system", "Be brief."], extra].concat();
     // Uninterrupted: two turns in one run (the second reuses the first's cache in memory).
-    let (plain, err) = chat_in(
-        &fresh,
-        "qwen3_moe",
-        "Hello
-And again
-/stats
-",
-        &sys,
-    );
+    let (plain, err) = chat_in(&fresh, model, "Hello\nAnd again\n/stats\n", &args);
     let in_memory = numbers_after(&err, "the last prompt reused ");
     assert!(in_memory.len() == 1 && in_memory[0] > 0, "{err}");
     // One turn, saved; a new process loads the conversation and finds its cache on disk.
-    let (first, _) = chat_in(
-        &data,
-        "qwen3_moe",
-        &format!(
-            "Hello
-/save {f}
-"
-        ),
-        &sys,
-    );
+    let (first, _) = chat_in(&data, model, &format!("Hello\n/save {f}\n"), &args);
     let files: Vec<_> = std::fs::read_dir(data.join("colibri/kv")).unwrap().collect();
     assert_eq!(files.len(), 1, "one model's directory of caches");
-    let (second, err) = chat_in(
-        &data,
-        "qwen3_moe",
-        &format!(
-            "/load {f}
-And again
-/stats
-"
-        ),
-        &sys,
-    );
+    let load = format!("/load {f}\nAnd again\n/stats\n");
+    let (second, err) = chat_in(&data, model, &load, &args);
     assert_eq!(format!("{first}{second}"), plain, "the same answers as without the restart");
     assert_eq!(numbers_after(&err, "restored the cache of "), in_memory, "zero re-prefill: {err}");
     assert_eq!(numbers_after(&err, "the last prompt reused "), in_memory, "{err}");
+    (dir, data, load, second)
+}
+
+#[test]
+fn a_conversation_continues_after_a_restart_from_its_cache_on_disk() {
+    let sys = ["--system", "Be brief."];
+    let (dir, data, load, second) = continues_after_a_restart("qwen3_moe", &[]);
     // Corrupt cache files: one warning line each (their lengths no longer match their
     // records, so each is refused before it is read), not used, the same answer.
     let mut corrupted = 0;
@@ -162,17 +145,7 @@ And again
             std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len - 3).unwrap();
         }
     }
-    let (again, err) = chat_in(
-        &data,
-        "qwen3_moe",
-        &format!(
-            "/load {f}
-And again
-/stats
-"
-        ),
-        &sys,
-    );
+    let (again, err) = chat_in(&data, "qwen3_moe", &load, &sys);
     assert_eq!(again, second);
     assert_eq!(err.matches("warning: ignoring the KV cache file").count(), corrupted, "{err}");
     assert!(!err.contains("restored the cache"), "{err}");

@@ -196,3 +196,28 @@ fn chat_on_wgpu_answers_like_the_cpu() {
     assert!(cpu.contains("So 47 + 38 = 85.") && cpu.contains("n-e-d-r-a-g"), "{cpu}");
     assert_eq!(answers("wgpu"), cpu);
 }
+
+/// `coli chat --backend wgpu` writes its conversation's caches after every turn (read back
+/// from the GPU) and restores them after a restart with nothing re-prefilled and the
+/// answers of a run that never stopped: a GQA model and one with Gated DeltaNet's
+/// recurrent state. Its files are its own: a CPU run in the same data directory finds none
+/// of them (the GPU's float order may differ from the CPU's), and writes its own beside.
+#[test]
+fn gpu_chat_continues_after_a_restart_from_its_own_cache_files() {
+    if !have_gpu() {
+        return;
+    }
+    for model in ["qwen3_moe", "qwen3_next"] {
+        let (dir, data, load, _) = crate::chat_cli::continues_after_a_restart(model, &["--backend", "wgpu"]);
+        let (_, err) = crate::chat_cli::chat_in(&data, model, &load, &["--system", "Be brief."]);
+        assert!(!err.contains("restored the cache"), "{model}: the CPU read the GPU's cache: {err}");
+        let mut dirs: Vec<String> = std::fs::read_dir(data.join("colibri/kv"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        dirs.sort();
+        assert_eq!(dirs.len(), 2, "{model}: the CPU's and the GPU's caches apart: {dirs:?}");
+        assert!(dirs[1].starts_with(&dirs[0]) && dirs[1].contains(".wgpu-"), "{model}: {dirs:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

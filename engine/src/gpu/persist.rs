@@ -1,0 +1,340 @@
+//! A GPU session's caches as a CPU [`Session`] and back, so that the GPU backend writes and
+//! reads the same cache files as the CPU (crate::model::kv): read back into the CPU's
+//! layout ([`GpuModel::session_to_cpu`]) and uploaded from it
+//! ([`GpuModel::session_from_cpu`]), the same floats both ways. Per layer:
+//! - grouped-query attention: keys and values, rows of kv_dim each, as they are;
+//! - MLA: the GPU's rows [latent, rotary key (, DSA's indexer key)] are the CPU's k
+//!   (latent) and v (the rest) side by side;
+//! - Gated DeltaNet: the recurrent state (conv inputs, delta-rule matrices) after the
+//!   positions held; no snapshots (the CPU's file has none either);
+//! - DeepSeek-V4: the window's keys, each compressor's entries and the rows its next
+//!   entries need. The GPU keeps the last finished window's rows whole and their gates
+//!   without the position bias; the CPU keeps their Ca halves with the bias added (the
+//!   same f32 sum the kernel makes), so a state read back from a file marks its rows
+//!   `prev_biased` and the kernel adds nothing to them.
+
+use std::borrow::Borrow;
+
+use super::deltanet::GpuDeltaState;
+use super::model::{GpuModel, GpuSession};
+use super::recorder::Recorder;
+use super::v4::GpuComp;
+use super::v4_attn::GpuV4Layer;
+use super::weights::GpuAttn;
+use super::GpuContext;
+use crate::error::{Error, Result};
+use crate::model::deltanet::DeltaState;
+use crate::model::v4::{CompState, Compressor, V4LayerState};
+use crate::model::{Model, Session};
+
+/// A compressor's sizes: dim per entry, rate, overlapping windows, and its position bias.
+struct CompDims<'a> {
+    dim: usize,
+    rate: usize,
+    overlap: bool,
+    ape: &'a [f32],
+}
+
+impl<'a> CompDims<'a> {
+    fn of(c: &'a Compressor) -> Self {
+        CompDims { dim: c.dim, rate: c.rate, overlap: c.overlap, ape: &c.ape }
+    }
+
+    fn width(&self) -> usize {
+        if self.overlap {
+            2 * self.dim
+        } else {
+            self.dim
+        }
+    }
+}
+
+/// Reads back `(buffer, floats)` pairs in one submission.
+async fn read_all(ctx: &GpuContext, what: &[(&wgpu::Buffer, usize)]) -> Result<Vec<Vec<f32>>> {
+    let mut rec = Recorder::new(ctx);
+    for (b, floats) in what {
+        let bytes = *floats as u64 * 4;
+        if bytes > b.size() {
+            return Err(Error::Gpu(format!("reading back {bytes} bytes of a buffer of {}", b.size())));
+        }
+        rec.read(b, 0, bytes);
+    }
+    Ok(rec.submit().await?.iter().map(|b| super::buffers::f32s(b)).collect())
+}
+
+/// A storage buffer holding `v` (at least `floats` floats of room).
+fn upload(ctx: &GpuContext, label: &str, v: &[f32], floats: usize) -> Result<wgpu::Buffer> {
+    let b = ctx.storage_buffer(label, floats.max(v.len()) as u64 * 4)?;
+    if !v.is_empty() {
+        write(ctx, &b, v);
+    }
+    Ok(b)
+}
+
+/// Writes `v` at the start of `b` (enqueued before any later submission).
+fn write(ctx: &GpuContext, b: &wgpu::Buffer, v: &[f32]) {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    ctx.queue.write_buffer(b, 0, &bytes);
+}
+
+/// Floats `n` of a vector that must hold them (a corrupt state would not).
+fn take<'a>(v: &'a [f32], n: usize, what: &str) -> Result<&'a [f32]> {
+    v.get(..n).ok_or_else(|| Error::Gpu(format!("{what}: {} floats where {n} are needed", v.len())))
+}
+
+impl<M: Borrow<Model>> GpuModel<M> {
+    /// What `s` holds, as the CPU's session of the same tokens would hold it: its tokens
+    /// and its caches read back (after a truncation that a recurrent state could not
+    /// follow, the caches hold fewer positions than the tokens, as on the CPU: the next
+    /// pass feeds the rest again).
+    pub async fn session_to_cpu(&self, s: &GpuSession) -> Result<Session> {
+        let m = self.m();
+        let c = &m.cfg;
+        let mut out = m.new_session();
+        if s.tokens.is_empty() {
+            return Ok(out);
+        }
+        out.tokens = s.tokens.clone();
+        let n = s.cached_len();
+        if let (Some(w), Some(state)) = (m.v4.as_deref(), out.v4.as_deref_mut()) {
+            if n == 0 {
+                return Ok(out);
+            }
+            if s.v4.len() != w.layers.len() {
+                return Err(Error::Gpu(format!("a V4 state of {} layers for {}", s.v4.len(), w.layers.len())));
+            }
+            state.pos = n;
+            state.layers = Vec::with_capacity(s.v4.len());
+            for (gl, wl) in s.v4.iter().zip(&w.layers) {
+                let window = read_all(&self.ctx, &[(&gl.window, gl.held * c.head_dim)]).await?.remove(0);
+                let comp = match &wl.attn.comp {
+                    Some(cw) => comp_to_cpu(&self.ctx, &gl.comp, &CompDims::of(cw)).await?,
+                    None => CompState::default(),
+                };
+                let index = match &wl.attn.indexer {
+                    Some(ix) => comp_to_cpu(&self.ctx, &gl.index, &CompDims::of(&ix.comp)).await?,
+                    None => CompState::default(),
+                };
+                state.layers.push(V4LayerState { window, comp, index });
+            }
+            return Ok(out);
+        }
+        if s.recurrent.iter().flatten().any(|r| r.pos != n) {
+            return Err(Error::Gpu("recurrent states at different positions".into()));
+        }
+        for (l, (layer, cache)) in self.layers.iter().zip(out.caches.iter_mut()).enumerate() {
+            match &layer.attn {
+                _ if n == 0 && !matches!(layer.attn, GpuAttn::Linear(_)) => {}
+                GpuAttn::Linear(d) => {
+                    let st = s.recurrent.get(l).and_then(Option::as_ref);
+                    let st = st.ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))?;
+                    let mut r = DeltaState::default();
+                    r.ensure(&d.cfg);
+                    let (cn, sn) = (r.conv.len(), r.s.len());
+                    let mut got = read_all(&self.ctx, &[(&st.conv, cn), (&st.s, sn)]).await?;
+                    r.s = got.pop().unwrap_or_default();
+                    r.conv = got.pop().unwrap_or_default();
+                    r.pos = n;
+                    cache.recurrent = Some(Box::new(r));
+                }
+                GpuAttn::Mla(_) => {
+                    let mla = c.mla.as_ref().ok_or_else(|| Error::Gpu("MLA weights without their config".into()))?;
+                    let (r, row) = (mla.kv_lora_rank, mla.cache_width_at(l));
+                    let (k, _) = s.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?;
+                    let rows = read_all(&self.ctx, &[(k, n * row)]).await?.remove(0);
+                    let (mut latent, mut rest) = (Vec::with_capacity(n * r), Vec::with_capacity(n * (row - r)));
+                    for x in rows.chunks_exact(row) {
+                        latent.extend_from_slice(&x[..r]);
+                        rest.extend_from_slice(&x[r..]);
+                    }
+                    cache.append(&latent, &rest, r, row - r);
+                }
+                GpuAttn::Gqa(_) => {
+                    let kvd = c.kv_dim();
+                    let (k, v) = s.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?;
+                    let got = read_all(&self.ctx, &[(k, n * kvd), (v, n * kvd)]).await?;
+                    cache.append(&got[0], &got[1], kvd, kvd);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Native convenience: [`GpuModel::session_to_cpu`] run to completion.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn session_to_cpu_blocking(&self, s: &GpuSession) -> Result<Session> {
+        pollster::block_on(self.session_to_cpu(s))
+    }
+
+    /// A GPU session holding what the CPU's `cpu` holds (a cache file read back): its
+    /// tokens and caches, which may hold fewer positions than the tokens (the next pass
+    /// feeds the rest again, as the CPU's would). The next forward pass continues it with
+    /// the bits it would have had uninterrupted. Every size is checked against this
+    /// model's (an error, not a panic, for a session of another shape).
+    pub fn session_from_cpu(&self, cpu: &Session) -> Result<GpuSession> {
+        let m = self.m();
+        let c = &m.cfg;
+        let ctx = &*self.ctx;
+        let mut s = self.new_session();
+        if cpu.tokens.is_empty() {
+            return Ok(s);
+        }
+        s.tokens = cpu.tokens.clone();
+        let n = cpu.cached_len();
+        if let Some(w) = m.v4.as_deref() {
+            let v4 = c.v4.as_deref().ok_or_else(|| Error::Gpu("DeepSeek-V4 weights without its config".into()))?;
+            let state = cpu.v4.as_deref().ok_or_else(|| Error::Gpu("a session without the V4 state".into()))?;
+            if n == 0 {
+                // Nothing held: fresh layers at position 0, the tokens fed again.
+                s.v4 =
+                    (0..w.layers.len()).map(|_| GpuV4Layer::new(ctx, v4.window, c.head_dim)).collect::<Result<_>>()?;
+                return Ok(s);
+            }
+            if state.layers.len() != w.layers.len() {
+                return Err(Error::Gpu(format!("a V4 state of {} layers for {}", state.layers.len(), w.layers.len())));
+            }
+            for (st, wl) in state.layers.iter().zip(&w.layers) {
+                let mut gl = GpuV4Layer::new(ctx, v4.window, c.head_dim)?;
+                let held = st.window.len() / c.head_dim.max(1);
+                if held * c.head_dim != st.window.len() || held >= v4.window.max(1) {
+                    return Err(Error::Gpu(format!("a V4 window of {} floats", st.window.len())));
+                }
+                write(ctx, &gl.window, &st.window);
+                gl.held = held;
+                if let Some(cw) = &wl.attn.comp {
+                    comp_from_cpu(ctx, &mut gl.comp, &st.comp, &CompDims::of(cw))?;
+                }
+                if let Some(ix) = &wl.attn.indexer {
+                    comp_from_cpu(ctx, &mut gl.index, &st.index, &CompDims::of(&ix.comp))?;
+                }
+                s.v4.push(gl);
+            }
+            s.v4_pos = n;
+            return Ok(s);
+        }
+        if cpu.caches.len() != self.layers.len() {
+            return Err(Error::Gpu(format!("a session of {} layers for {}", cpu.caches.len(), self.layers.len())));
+        }
+        let cap = n.next_power_of_two().max(16).min(c.max_positions).max(n);
+        for (l, (layer, cache)) in self.layers.iter().zip(&cpu.caches).enumerate() {
+            let (k, v) = match &layer.attn {
+                GpuAttn::Linear(d) => {
+                    let r = cache
+                        .recurrent
+                        .as_deref()
+                        .ok_or_else(|| Error::Gpu(format!("layer {l}: no recurrent state")))?;
+                    let mut st = GpuDeltaState::new(ctx, &d.cfg)?;
+                    if r.pos != n {
+                        return Err(Error::Gpu(format!("layer {l}: a recurrent state at {} of {n} positions", r.pos)));
+                    }
+                    if n > 0 {
+                        // (A state of no positions is the zeros the new buffers hold.)
+                        if r.conv.len() as u64 * 4 != st.conv.size() || r.s.len() as u64 * 4 != st.s.size() {
+                            return Err(Error::Gpu(format!("layer {l}: a recurrent state of another shape")));
+                        }
+                        write(ctx, &st.conv, &r.conv);
+                        write(ctx, &st.s, &r.s);
+                    }
+                    st.pos = n;
+                    s.recurrent.push(Some(st));
+                    (upload(ctx, "k_cache", &[], 0)?, upload(ctx, "v_cache", &[], 0)?)
+                }
+                GpuAttn::Mla(_) => {
+                    s.recurrent.push(None);
+                    let mla = c.mla.as_ref().ok_or_else(|| Error::Gpu("MLA weights without their config".into()))?;
+                    let (r, row) = (mla.kv_lora_rank, mla.cache_width_at(l));
+                    let (latent, rest) =
+                        (take(&cache.k, n * r, "MLA latents")?, take(&cache.v, n * (row - r), "MLA keys")?);
+                    let mut rows = Vec::with_capacity(n * row);
+                    for p in 0..n {
+                        rows.extend_from_slice(&latent[p * r..(p + 1) * r]);
+                        rows.extend_from_slice(&rest[p * (row - r)..(p + 1) * (row - r)]);
+                    }
+                    (upload(ctx, "k_cache", &rows, cap * mla.cache_width())?, upload(ctx, "v_cache", &[], 0)?)
+                }
+                GpuAttn::Gqa(_) => {
+                    s.recurrent.push(None);
+                    let kvd = c.kv_dim();
+                    let (k, v) = (take(&cache.k, n * kvd, "keys")?, take(&cache.v, n * kvd, "values")?);
+                    (upload(ctx, "k_cache", k, cap * kvd)?, upload(ctx, "v_cache", v, cap * kvd)?)
+                }
+            };
+            s.kv.push((k, v));
+        }
+        s.kv_cap = cap;
+        Ok(s)
+    }
+}
+
+/// A compressor's GPU state in the CPU's layout ([`CompState`]).
+async fn comp_to_cpu(ctx: &GpuContext, g: &GpuComp, d: &CompDims<'_>) -> Result<CompState> {
+    let width = d.width();
+    let prev = if g.has_prev { d.rate } else { 0 };
+    if g.held < prev || g.held - prev > d.rate {
+        return Err(Error::Gpu(format!("a compressor holding {} rows at rate {}", g.held, d.rate)));
+    }
+    let mut what = vec![(&g.entries, g.count * d.dim)];
+    if let Some((kv, gate)) = &g.rows {
+        what.push((kv, g.held * width));
+        what.push((gate, g.held * width));
+    }
+    let mut got = read_all(ctx, &what).await?;
+    let (rows_kv, rows_gate) = match got.len() {
+        3 => (got.remove(1), got.remove(1)),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let mut st = CompState { entries: got.remove(0), ..CompState::default() };
+    st.buf_kv = rows_kv.get(prev * width..).unwrap_or_default().to_vec();
+    st.buf_gate = rows_gate.get(prev * width..).unwrap_or_default().to_vec();
+    if g.has_prev {
+        // The Ca halves of the last finished window, its gates with the bias added.
+        let (mut pk, mut pg) = (vec![0.0f32; d.rate * d.dim], vec![0.0f32; d.rate * d.dim]);
+        for j in 0..d.rate {
+            for ch in 0..d.dim {
+                pk[j * d.dim + ch] = rows_kv[j * width + ch];
+                let gate = rows_gate[j * width + ch];
+                pg[j * d.dim + ch] = if g.prev_biased { gate } else { gate + d.ape[j * width + ch] };
+            }
+        }
+        st.overlap = Some((pk, pg));
+    }
+    Ok(st)
+}
+
+/// [`comp_to_cpu`]'s inverse: the entries, then the rows (the Ca halves of the last
+/// finished window first, their Cb halves zero: the kernel never reads them), marked
+/// `prev_biased`.
+fn comp_from_cpu(ctx: &GpuContext, g: &mut GpuComp, st: &CompState, d: &CompDims<'_>) -> Result<()> {
+    let width = d.width();
+    let count = st.entries.len() / d.dim.max(1);
+    let buf_rows = st.buf_kv.len() / width.max(1);
+    let shaped = count * d.dim == st.entries.len()
+        && buf_rows * width == st.buf_kv.len()
+        && st.buf_gate.len() == st.buf_kv.len()
+        && buf_rows < d.rate
+        && st.overlap.as_ref().is_none_or(|(k, g)| d.overlap && k.len() == d.rate * d.dim && g.len() == k.len());
+    if !shaped {
+        return Err(Error::Gpu("a V4 compressor state of another shape".into()));
+    }
+    let cap = count.max(16);
+    g.entries = upload(ctx, "v4.entries", &st.entries, cap * d.dim)?;
+    g.count = count;
+    g.cap = cap;
+    let (mut kv, mut gate) = (Vec::with_capacity(2 * d.rate * width), Vec::with_capacity(2 * d.rate * width));
+    if let Some((pk, pg)) = &st.overlap {
+        for j in 0..d.rate {
+            kv.extend_from_slice(&pk[j * d.dim..(j + 1) * d.dim]);
+            kv.resize(kv.len() + d.dim, 0.0);
+            gate.extend_from_slice(&pg[j * d.dim..(j + 1) * d.dim]);
+            gate.resize(gate.len() + d.dim, 0.0);
+        }
+    }
+    kv.extend_from_slice(&st.buf_kv);
+    gate.extend_from_slice(&st.buf_gate);
+    let room = 2 * d.rate * width;
+    g.rows = Some((upload(ctx, "v4.comp_rows_kv", &kv, room)?, upload(ctx, "v4.comp_rows_gate", &gate, room)?));
+    g.held = kv.len() / width.max(1);
+    g.has_prev = st.overlap.is_some();
+    g.prev_biased = g.has_prev;
+    Ok(())
+}
