@@ -52,7 +52,7 @@ pub(super) struct GpuPass<'a, M: Borrow<Model>> {
     /// The layer whose rows of this pass `index_select` already put in its cache.
     rows_cached: Option<usize>,
     /// Layer -> experts the lookahead predicted for it (checked when it routes).
-    predicted: Vec<Option<Vec<usize>>>,
+    pub(super) predicted: Vec<Option<Vec<usize>>>,
     /// Between a MoE layer's `route` and `experts`: the next layer's likely experts, and
     /// the FFN input read back (hybrid placement runs some experts on the CPU).
     ahead: Option<Vec<usize>>,
@@ -681,37 +681,16 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
         router.route(&mut self.rec, xn, n, &router_logits, &probs, &routes, &block.cfg)?;
         self.rec.read(&routes, 0, (n * k * 2) as u64 * f);
         let next = gm.next_router(l);
-        if let Some((next_router, cfg)) = &next {
-            let ahead_routes = Ops::alloc(self, "ahead_routes", n * c.router.n_experts * 2)?;
-            // router_logits is free again: this layer's routing has consumed it.
-            next_router.route(&mut self.rec, xn, n, &router_logits, &probs, &ahead_routes, cfg)?;
-            self.rec.read(&ahead_routes, 0, (n * cfg.top_k * 2) as u64 * f);
-        }
+        // router_logits and probs are free again: this layer's routing has consumed them.
+        let ahead_read = self.route_ahead(&next, xn, n, &router_logits, &probs)?;
         // Hybrid placement computes some experts on the CPU: it needs the input.
         let h = c.hidden;
         let xn_read = (gm.placement.mode != Hybrid::Off).then(|| self.rec.read(xn, 0, (n * h) as u64 * f));
         let done = self.submit().await?;
         let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
-        if let Some(guess) = self.predicted[l].take() {
-            let mut routed: Vec<usize> =
-                chosen.iter().flat_map(|r| r.experts.iter().copied()).filter(|&e| e < ne).collect();
-            routed.sort_unstable();
-            routed.dedup();
-            let mut st = gm.ahead_stats.lock().map_err(|_| Error::Gpu("lookahead stats poisoned".into()))?;
-            st.routed += routed.len() as u64;
-            st.predicted_hits += routed.iter().filter(|e| guess.contains(e)).count() as u64;
-        }
-        self.ahead = match (&next, done.get(1)) {
-            (Some((_, cfg)), Some(bytes)) => {
-                let mut guess: Vec<usize> = ops::routes_from(bytes, cfg.top_k)
-                    .into_iter()
-                    .flat_map(|r| r.experts)
-                    .filter(|&e| e < ne)
-                    .collect();
-                guess.sort_unstable();
-                guess.dedup();
-                Some(guess)
-            }
+        self.score_guess(l, &chosen, ne)?;
+        self.ahead = match (&next, ahead_read.and_then(|r| done.get(r.0))) {
+            (Some((_, cfg)), Some(bytes)) => Some(super::lookahead::guess_from(bytes, cfg.top_k, ne)),
             _ => None,
         };
         self.xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
@@ -750,29 +729,7 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
             self.reattach_tables();
         }
         if let Some(guess) = ahead {
-            // Hand this layer's work to the GPU, then fetch the next layer's likely experts
-            // while it computes. A failed prefetch is not an error: the next layer fetches
-            // what it really needs itself.
-            self.submit().await?;
-            let missing: Vec<usize> = {
-                let pool = gm.pool.lock().map_err(|_| Error::Gpu("expert pool poisoned".into()))?;
-                guess.iter().copied().filter(|&e| !pool.contains(l + 1, e)).collect()
-            };
-            if let Ok(mut st) = gm.ahead_stats.lock() {
-                st.predicted += guess.len() as u64;
-                st.prefetched += missing.len() as u64;
-            }
-            let experts = &gm.m().experts;
-            if !missing.is_empty() && experts.lookahead_enabled() {
-                // A source with reader threads (native) starts the reads and returns.
-                experts.lookahead(l + 1, &missing);
-            } else if !missing.is_empty() {
-                // Otherwise (the browser) the fetch runs here, while the GPU computes.
-                let _ = experts.prepare(l + 1, &missing);
-            }
-            if let Some(p) = self.predicted.get_mut(l + 1) {
-                *p = Some(guess);
-            }
+            self.prefetch_guess(l, guess).await?;
         }
         Ok(())
     }

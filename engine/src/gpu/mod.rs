@@ -25,6 +25,7 @@ pub mod deltanet;
 mod forward;
 pub mod hybrid;
 pub mod kernels;
+mod lookahead;
 mod mla;
 pub mod model;
 pub mod ops;

@@ -13,7 +13,7 @@ use super::placement::{Hybrid, HybridStats, Placement};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::stream::{DenseStream, Uploader};
-use super::weights::{self, DenseWeights, ExpertBiases, GpuAttn, GpuFfn, GpuLayer, GpuRouter};
+use super::weights::{self, DenseWeights, ExpertBiases, GpuAttn, GpuFfn, GpuLayer};
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
@@ -251,23 +251,28 @@ impl<M: Borrow<Model>> GpuModel<M> {
         self.ahead_stats.lock().map(|s| *s).unwrap_or_default()
     }
 
-    /// Layer `l + 1`'s router (GPU weights and routing settings) if that layer is MoE
-    /// and the lookahead is on.
-    pub(super) fn next_router(&self, l: usize) -> Option<(&GpuRouter, crate::model::config::RouterConfig)> {
+    /// Layer `l + 1`'s router (GPU weights and routing settings) if the lookahead is on
+    /// and that layer routes by its router: a MoE layer, or DeepSeek-V4's learned-router
+    /// layers (its hash layers' experts are known and read ahead when the pass begins).
+    pub(super) fn next_router(&self, l: usize) -> super::lookahead::NextRouter<'_> {
         if self.lookahead == 0 {
             return None;
         }
-        match (self.m().layers.get(l + 1).map(|x| &x.ffn), self.layers.get(l + 1).map(|x| &x.ffn)) {
-            (Some(Ffn::Moe(block)), Some(GpuFfn::Moe(moe))) => {
-                let mut cfg = block.cfg.clone();
-                // Group-limited routing has topk_group groups' experts to choose from.
-                let grouped = cfg.n_group > 1 && cfg.topk_group < cfg.n_group;
-                let candidates = if grouped { cfg.topk_group * (cfg.n_experts / cfg.n_group) } else { cfg.n_experts };
-                cfg.top_k = self.lookahead.min(candidates).max(1);
-                Some((&moe.router, cfg))
+        let (router, mut cfg) = match (&self.v4, self.m().layers.get(l + 1).map(|x| &x.ffn), self.layers.get(l + 1)) {
+            (Some(v4), ..) => {
+                v4.w.layers.get(l + 1).filter(|x| x.tid2eid.is_none())?;
+                (&v4.moe.get(l + 1)?.router, self.m().cfg.router.clone())
             }
-            _ => None,
-        }
+            (None, Some(Ffn::Moe(block)), Some(GpuLayer { ffn: GpuFfn::Moe(moe), .. })) => {
+                (&moe.router, block.cfg.clone())
+            }
+            _ => return None,
+        };
+        // Group-limited routing has topk_group groups' experts to choose from.
+        let grouped = cfg.n_group > 1 && cfg.topk_group < cfg.n_group;
+        let candidates = if grouped { cfg.topk_group * (cfg.n_experts / cfg.n_group) } else { cfg.n_experts };
+        cfg.top_k = self.lookahead.min(candidates).max(1);
+        Some((router, cfg))
     }
 
     /// Re-pins the GPU pool by learned usage `counts` (a quarter of the pool, at turn

@@ -110,9 +110,17 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         let bias = if fixed.is_some() { None } else { moe.router.correction.as_ref() };
         ops::route_with(&mut self.rec, &logits, &probs, &routes, n, &c.router, bias, fixed)?;
         self.rec.read(&routes, 0, (n * k * 2) as u64 * f);
+        // The router lookahead for a learned-router layer next (logits and probs are free).
+        let next = gm.next_router(l);
+        let ahead_read = self.route_ahead(&next, xn, n, &logits, &probs)?;
         let xn_read = (gm.placement.mode != Hybrid::Off).then(|| self.rec.read(xn, 0, (n * h) as u64 * f));
         let done = self.submit().await?;
         let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
+        self.score_guess(l, &chosen, ne)?;
+        let guess = match (&next, ahead_read.and_then(|r| done.get(r.0))) {
+            (Some((_, cfg)), Some(bytes)) => Some(super::lookahead::guess_from(bytes, cfg.top_k, ne)),
+            _ => None,
+        };
         let xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| super::buffers::f32s(b));
         let users = batch_union(&chosen, ne)?;
         self.rec.clear(out, 0, (n * h) as u64 * f);
@@ -135,6 +143,9 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         if let Some((shared, _)) = &moe.shared {
             swiglu_ffn(&mut self.rec, shared, xn, n, &g, &u, &ys, act, None)?;
             ops::add(&mut self.rec, out, 0, &ys, 0, n * h, n * h)?;
+        }
+        if let Some(guess) = guess {
+            self.prefetch_guess(l, guess).await?;
         }
         Ok(())
     }

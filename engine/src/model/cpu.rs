@@ -739,6 +739,13 @@ impl<'w> Backend<'w> for CpuPass<'w, '_> {
         let w = m.v4.as_deref().ok_or_else(|| crate::error::Error::Invalid("not a DeepSeek-V4 model".into()))?;
         let layer = w.layers.get(l).ok_or_else(|| crate::error::Error::Invalid(format!("no layer {l}")))?;
         (self.on_ffn_input)(l, xn);
+        // The router lookahead (learned-router layers; a hash layer's experts were read
+        // ahead when the pass began): the next layer's router on this layer's input.
+        if m.experts.lookahead_enabled() {
+            if let Some(next) = w.layers.get(l + 1).filter(|x| x.tid2eid.is_none()) {
+                m.experts.lookahead(l + 1, &crate::model::v4::moe::predict(m, next, &xn[..n * m.cfg.hidden], n));
+            }
+        }
         let y = crate::model::v4::moe::moe(m, l, layer, xn, n, ids, &mut *self.on_use)?;
         out[..n * m.cfg.hidden].copy_from_slice(&y);
         Ok(())

@@ -180,18 +180,25 @@ impl MoeBlock {
     pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
         let ne = self.router.rows;
         let logits = self.router_logits(x, n);
-        let mut votes = vec![0usize; ne];
-        for l in logits.chunks_exact(ne) {
-            for e in route(l, &self.cfg, self.correction_bias.as_deref()).experts {
-                votes[e] += 1;
-            }
-        }
-        let mut order: Vec<usize> = (0..ne).filter(|&e| votes[e] > 0).collect();
-        order.sort_by(|&a, &b| votes[b].cmp(&votes[a]).then(a.cmp(&b)));
-        order.truncate(self.cfg.top_k.max(1));
-        order.sort_unstable();
-        order
+        let routes = logits.chunks_exact(ne).map(|l| route(l, &self.cfg, self.correction_bias.as_deref()));
+        most_chosen(routes, ne, self.cfg.top_k)
     }
+}
+
+/// The `keep` experts (at least one) that `routes` choose most often, ties to the lower
+/// id, ascending: the router lookahead's guess for a layer.
+pub(crate) fn most_chosen(routes: impl Iterator<Item = Routing>, ne: usize, keep: usize) -> Vec<usize> {
+    let mut votes = vec![0usize; ne];
+    for r in routes {
+        for e in r.experts.into_iter().filter(|&e| e < ne) {
+            votes[e] += 1;
+        }
+    }
+    let mut order: Vec<usize> = (0..ne).filter(|&e| votes[e] > 0).collect();
+    order.sort_by(|&a, &b| votes[b].cmp(&votes[a]).then(a.cmp(&b)));
+    order.truncate(keep.max(1));
+    order.sort_unstable();
+    order
 }
 
 /// Counts of expert use, per layer (for placement statistics).

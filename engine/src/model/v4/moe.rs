@@ -78,6 +78,20 @@ pub(crate) fn moe(
     Ok(out)
 }
 
+/// The router lookahead's guess for a learned-router layer `next` from the input `x` (n,
+/// hidden) of the layer before it: its router's top-k per position (sqrtsoftplus and
+/// correction bias, as [`moe`] routes), the `top_k` chosen most often. A guess: only
+/// which experts are read early depends on it, never an output.
+pub fn predict(m: &Model, next: &V4Layer, x: &[f32], n: usize) -> Vec<usize> {
+    let c = &m.cfg;
+    let ne = c.router.n_experts;
+    let mut logits = vec![0.0f32; n * ne];
+    matmul(&next.router, x, n, &mut logits);
+    let bias = next.correction_bias.as_deref();
+    let routes = logits.chunks_exact(ne).map(|lg| route_with(lg, &c.router, bias, None));
+    crate::model::moe::most_chosen(routes, ne, c.router.top_k)
+}
+
 /// The experts a hash layer's `tid2eid` ((vocab, k) expert ids) names for `ids`, ascending,
 /// each once; ids outside the table and ids naming no expert below `ne` give none (the
 /// MoE itself reports them).
