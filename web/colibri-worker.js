@@ -256,7 +256,8 @@ async function attachStorage({ disk, storage, storageHandoff }) {
   await attachUnderLock(gen, `colibri-storage:${engine.storageName()}`, how);
 }
 
-// The conversation's cache in OPFS (CPU backend, with the disk tier on): written after
+// The conversation's cache in OPFS (with the disk tier on; on WebGPU read back from the GPU,
+// in a file of its own per adapter): written after
 // every generation, read back by the first generation after a load (a reload, a new tab)
 // so that a conversation continues without prefilling it again. The engine checks the
 // file (checksum, fingerprint, shapes); one it refuses is removed with one warning.
@@ -285,7 +286,7 @@ async function restoreCache(ids) {
 async function saveCache() {
   if (!kvStore) return;
   try {
-    const bytes = engine.exportCache();
+    const bytes = await engine.exportCache();
     if (!bytes) return;
     const w = await (await (await kvDir()).getFileHandle(engine.cacheName(), { create: true })).createWritable();
     await w.write(bytes);

@@ -1,7 +1,9 @@
 // The browser engine keeps the conversation's cache between calls in one tab: a second
 // turn whose ids extend the first feeds only its new tokens (stats().cachedTokens) and
 // still gives the native CPU path's tokens, as a fresh `coli generate` of the whole turn;
-// after a reload the cache comes back from OPFS, and a corrupt stored cache is refused.
+// after a reload the cache comes back from OPFS, and a corrupt stored cache is refused. On
+// the wasm CPU backend and on WebGPU (whose cache is read back from the GPU into a file of
+// its own, named for the adapter, and uploaded again after the reload).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { coli, convertedFixture, freePort, startHelper, launchBrowser } from "./harness.mjs";
@@ -27,15 +29,15 @@ after(async () => {
   if (fx) fx.cleanup();
 });
 
-test("a second turn reuses the cache (in the tab, and from OPFS after a reload) and gives the native tokens", async () => {
+async function reuseAcrossReload(backend) {
   const browser = await launchBrowser();
   try {
     const page = await browser.context.newPage();
     await page.goto(`${helper.url}/health`);
     const r = await page.evaluate(
-      async ({ model, prompt, secondIds, n }) => {
+      async ({ model, prompt, secondIds, n, backend }) => {
         const { load } = await import("/colibri.js");
-        const engine = await load({ model, backend: "cpu" });
+        const engine = await load({ model, backend });
         const opts = { maxNewTokens: n, temperature: 0, ignoreEos: true };
         const a = await engine.generate({ ids: prompt, ...opts });
         const b = await engine.generate({ ids: secondIds, ...opts });
@@ -44,8 +46,9 @@ test("a second turn reuses the cache (in the tab, and from OPFS after a reload) 
         const c = await engine.generate({ ids: [...prompt.slice(0, 3), 1, 2], ...opts });
         return { a, b, c, afterSecond, afterThird: engine.stats() };
       },
-      { model: MODEL, prompt: PROMPT, secondIds, n: NEW },
+      { model: MODEL, prompt: PROMPT, secondIds, n: NEW, backend },
     );
+    assert.equal(r.afterSecond.backend, backend);
     assert.deepEqual(r.a.ids, first, "first turn: tokens differ from coli generate");
     assert.equal(r.a.cachedTokens, 0);
     assert.deepEqual(r.b.ids, second, "second turn: tokens differ from a fresh coli generate");
@@ -66,17 +69,26 @@ test("a second turn reuses the cache (in the tab, and from OPFS after a reload) 
     const turnAfterLoad = async () => {
       await page.goto(`${helper.url}/health`);
       return page.evaluate(
-        async ({ model, ids, n }) => {
+        async ({ model, ids, n, backend }) => {
           const { load } = await import("/colibri.js");
-          const engine = await load({ model, backend: "cpu" });
+          const engine = await load({ model, backend });
           return engine.generate({ ids, maxNewTokens: n, temperature: 0, ignoreEos: true });
         },
-        { model: MODEL, ids: third, n: NEW },
+        { model: MODEL, ids: third, n: NEW, backend },
       );
     };
     const restored = await turnAfterLoad();
     assert.equal(restored.cachedTokens, 5 + NEW - 1, "the whole stored conversation is reused after a reload");
     assert.deepEqual(restored.ids, want, "after a reload: tokens differ from a fresh coli generate");
+    // WebGPU's file is its own (the adapter's floats may differ from the CPU's).
+    const stored = await page.evaluate(async () => {
+      const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("colibri-kv");
+      const names = [];
+      for await (const [name] of dir.entries()) names.push(name);
+      return names;
+    });
+    assert.equal(stored.length, 1, JSON.stringify(stored));
+    assert.equal(stored[0].includes(".webgpu-"), backend === "webgpu", JSON.stringify(stored));
 
     // A corrupt stored cache is refused (never used): nothing cached, the same tokens.
     await page.evaluate(async () => {
@@ -95,4 +107,8 @@ test("a second turn reuses the cache (in the tab, and from OPFS after a reload) 
   } finally {
     await browser.close();
   }
-});
+}
+
+test("a second turn reuses the cache (in the tab, and from OPFS after a reload) and gives the native tokens", () => reuseAcrossReload("cpu"));
+
+test("on WebGPU too: the cache read back from the GPU, stored, uploaded after a reload, the native tokens", () => reuseAcrossReload("webgpu"));

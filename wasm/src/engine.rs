@@ -119,8 +119,19 @@ pub struct Engine {
     /// conversation's cache in browser storage.
     fingerprint: String,
     cache_name: String,
+    /// The fingerprint written in (and required of) this backend's cache files: the
+    /// model's, with the adapter's tag on WebGPU ([`cache_tag`]).
+    cache_fingerprint: String,
     /// Where the dense weights came from, and the bytes of the browser's copy.
     dense: DenseStats,
+}
+
+/// What tells a backend's cache files apart (None: the CPU, whose files are the helper's
+/// too): on WebGPU the adapter's name hashed, since a driver may reassociate floats and a
+/// conversation continued after a reload must give the bits it would have given.
+fn cache_tag(backend: &Backend) -> Option<String> {
+    let adapter = backend.adapter()?;
+    Some(format!("webgpu-{:016x}", colibri_engine::format::manifest::checksum(adapter.as_bytes())))
 }
 
 /// {temperature, topP} for the page: what `chat.completions.create` samples with when the
@@ -258,6 +269,7 @@ impl Engine {
             on_progress: &on_progress,
         };
         let (model, backend, auto, dense) = load_weights(&plan, &dense).await?;
+        let tag = cache_tag(&backend);
 
         let mut stop_ids = model.cfg.eos_token_ids.clone();
         let mut defaults = SamplingDefaults::default();
@@ -295,7 +307,14 @@ impl Engine {
             storage_name: name,
             defaults,
             sampling,
-            cache_name: format!("{}.kv", storage_name(&base, &container.fingerprint)),
+            cache_name: match &tag {
+                Some(t) => format!("{}.{t}.kv", storage_name(&base, &container.fingerprint)),
+                None => format!("{}.kv", storage_name(&base, &container.fingerprint)),
+            },
+            cache_fingerprint: match &tag {
+                Some(t) => format!("{}.{t}", container.fingerprint),
+                None => container.fingerprint.clone(),
+            },
             dense,
             fingerprint: container.fingerprint.clone(),
         })
@@ -508,33 +527,42 @@ impl Engine {
         }))
     }
 
-    /// The conversation's cache as a KV cache file (`colibri_engine::model::kv`: the ids,
-    /// every layer's cache, the model's fingerprint, a checksum) for browser storage;
-    /// undefined when empty or on WebGPU (whose cache lives in GPU buffers).
+    /// A promise of the conversation's cache as a KV cache file
+    /// (`colibri_engine::model::kv`: the ids, every layer's cache, the fingerprint, a
+    /// checksum) for browser storage, or undefined when empty. On WebGPU the caches are
+    /// read back from the GPU (`GpuModel::session_to_cpu`); its files carry the adapter's
+    /// tag ([`cache_tag`]), so neither backend reads the other's.
     #[wasm_bindgen(js_name = exportCache)]
-    pub fn export_cache(&self) -> Result<Option<Vec<u8>>, JsFail> {
-        match &self.state()?.cx {
-            Context::Cpu(s) if !s.tokens.is_empty() => Ok(Some(kv::encode(s, &self.fingerprint).map_err(err)?)),
-            _ => Ok(None),
-        }
+    pub fn export_cache(&self) -> Promise {
+        let (state, backend, fp) = (self.state.clone(), self.backend.clone(), self.cache_fingerprint.clone());
+        future_to_promise(async move {
+            let st = borrow(&state)?;
+            let bytes = match (&st.cx, &backend) {
+                (cx, _) if cx.tokens().is_empty() => return Ok(JsValue::UNDEFINED),
+                (Context::Cpu(s), _) => kv::encode(s, &fp).map_err(err)?,
+                (Context::Gpu(s), Backend::Gpu(g)) => kv::encode(&g.session_to_cpu(s).await.map_err(err)?, &fp).map_err(err)?,
+                (Context::Gpu(_), Backend::Cpu) => return Err(err("a WebGPU context on the CPU backend").into()),
+            };
+            Ok(js_sys::Uint8Array::from(&bytes[..]).into())
+        })
     }
 
     /// Adopts a KV cache file read back from browser storage when it keeps more of `ids`
     /// (the next prompt) than the cache in memory does; returns how many ids it keeps (0:
-    /// not adopted). A file of another model, corrupt or truncated, is an error and is
-    /// never used.
+    /// not adopted). A file of another model or backend, corrupt or truncated, is an error
+    /// and is never used. On WebGPU the session is uploaded (`GpuModel::session_from_cpu`).
     #[wasm_bindgen(js_name = importCache)]
     pub fn import_cache(&self, bytes: &[u8], ids: Vec<u32>) -> Result<u32, JsFail> {
         let mut st = self.state()?;
-        if !matches!(st.cx, Context::Cpu(_)) {
-            return Ok(0);
-        }
-        let s = kv::decode(bytes, &self.fingerprint, &self.model.cfg).map_err(err)?;
+        let s = kv::decode(bytes, &self.cache_fingerprint, &self.model.cfg).map_err(err)?;
         let kept = keepable(&s, &ids);
         if kept <= keepable(&st.cx, &ids) {
             return Ok(0);
         }
-        st.cx = Context::Cpu(s);
+        st.cx = match &self.backend {
+            Backend::Cpu => Context::Cpu(s),
+            Backend::Gpu(g) => Context::Gpu(g.session_from_cpu(&s).map_err(err)?),
+        };
         // A cache file holds no hidden states: the next MTP generation starts afresh.
         st.mtp = None;
         Ok(kept as u32)
