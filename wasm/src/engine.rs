@@ -540,7 +540,9 @@ impl Engine {
             let bytes = match (&st.cx, &backend) {
                 (cx, _) if cx.tokens().is_empty() => return Ok(JsValue::UNDEFINED),
                 (Context::Cpu(s), _) => kv::encode(s, &fp).map_err(err)?,
-                (Context::Gpu(s), Backend::Gpu(g)) => kv::encode(&g.session_to_cpu(s).await.map_err(err)?, &fp).map_err(err)?,
+                (Context::Gpu(s), Backend::Gpu(g)) => {
+                    kv::encode(&g.session_to_cpu(s).await.map_err(err)?, &fp).map_err(err)?
+                }
                 (Context::Gpu(_), Backend::Cpu) => return Err(err("a WebGPU context on the CPU backend").into()),
             };
             Ok(js_sys::Uint8Array::from(&bytes[..]).into())
