@@ -123,3 +123,41 @@ fn qwen3_next_gpu_cache_survives_a_file() {
 fn deepseek_v4_gpu_cache_survives_a_file() {
     check("deepseek_v4", &[16, 17, 22], 12);
 }
+
+/// A session that does not fit the model (another model's, or one whose parts were cut
+/// short) is an error when uploaded, never a panic or a wrong continuation.
+#[test]
+fn a_session_of_another_shape_is_refused() {
+    let Some(ctx) = gpu() else { return };
+    let open = |name: &str| {
+        Model::open_dir(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)).unwrap()
+    };
+    let (olmoe, next, v4) = (open("olmoe"), open("qwen3_next"), open("deepseek_v4"));
+    let ids: Vec<u32> = (1..20).collect();
+    let fed = |m: &Model| {
+        let mut s = m.new_session();
+        m.forward(&mut s, &ids, Logits::Last).unwrap();
+        s
+    };
+    let gm = GpuModel::new(&olmoe, ctx.clone(), GpuOptions::default()).unwrap();
+    assert!(gm.session_from_cpu(&fed(&next)).is_err(), "another model's layers");
+    let mut short = fed(&olmoe);
+    short.caches[1].k.truncate(5);
+    assert!(gm.session_from_cpu(&short).is_err(), "keys cut short");
+    let gm = GpuModel::new(&next, ctx.clone(), GpuOptions::default()).unwrap();
+    let mut s = fed(&next);
+    let r = s.caches.iter_mut().find_map(|c| c.recurrent.as_mut()).unwrap();
+    r.s.pop();
+    assert!(gm.session_from_cpu(&s).is_err(), "a recurrent state of another size");
+    let gm = GpuModel::new(&v4, ctx, GpuOptions::default()).unwrap();
+    let mut s = fed(&v4);
+    s.v4.as_mut().unwrap().layers[0].window.pop();
+    assert!(gm.session_from_cpu(&s).is_err(), "a V4 window of a partial key");
+    let mut s = fed(&v4);
+    let l = s.v4.as_mut().unwrap().layers.iter_mut().find(|l| !l.comp.entries.is_empty()).unwrap();
+    l.comp.entries.pop();
+    assert!(gm.session_from_cpu(&s).is_err(), "V4 entries of a partial row");
+    let mut s = fed(&v4);
+    s.v4.as_mut().unwrap().layers.pop();
+    assert!(gm.session_from_cpu(&s).is_err(), "a V4 state of fewer layers");
+}
