@@ -144,21 +144,42 @@ fn a_restart_continues_bit_identically() {
     assert!(e.contains("layout"), "{e}");
 }
 
-/// Routed experts read from the files when used (a streamed checkpoint, a budget of three
-/// experts) give the bits of the checkpoint read whole.
+/// Routed experts read from the files when used (a streamed checkpoint) give the bits of
+/// the checkpoint read whole, in a prefill and in decode steps, whatever the budget: none
+/// (every expert read when used, nothing ahead), three experts, all of them. With a budget
+/// the hash layers' experts are read ahead on reader threads (`ExpertSource::known`) and
+/// taken by the MoE (`prefetched_hits`); without, none is.
 #[test]
 fn streamed_experts_give_the_same_bits() {
     use colibri_engine::format::tensors::TensorStore;
     use colibri_engine::model::config::ModelConfig;
     let whole = Model::open_dir(&fixture()).unwrap();
-    let cfg = ModelConfig::from_json_bytes(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
-    let store = TensorStore::open_dir_unread(&fixture()).unwrap();
-    assert!(store.reader().is_some(), "every tensor left in the file");
-    let streamed = Model::from_store_with(cfg, &store, 3 * 3 * 16 * 48 * 2).unwrap();
     let ids = ids(40);
-    let a = whole.forward(&mut whole.new_session(), &ids, Logits::All).unwrap();
-    let b = streamed.forward(&mut streamed.new_session(), &ids, Logits::All).unwrap();
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    let run = |m: &Model| {
+        let mut s = m.new_session();
+        let mut out = m.forward(&mut s, &ids[..30], Logits::All).unwrap();
+        for id in &ids[30..] {
+            out.extend(m.forward(&mut s, &[*id], Logits::Last).unwrap());
+        }
+        out
+    };
+    let want = run(&whole);
+    let expert = 3 * 16 * 48 * 2;
+    for budget in [0, 3 * expert, 1 << 30] {
+        let cfg = ModelConfig::from_json_bytes(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
+        let store = TensorStore::open_dir_unread(&fixture()).unwrap();
+        assert!(store.reader().is_some(), "every tensor left in the file");
+        let streamed = Model::from_store_with(cfg, &store, budget as u64).unwrap();
+        let got = run(&streamed);
+        assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()), "budget {budget}: logits differ");
+        let st = streamed.experts.cache_stats().unwrap();
+        if budget == 0 {
+            assert_eq!((st.lookahead.known, st.prefetched_hits), (0, 0), "{st:?}");
+        } else {
+            assert!(st.lookahead.known > 0 && st.prefetched_hits > 0, "budget {budget}: {st:?}");
+            assert!(st.prefetched_hits <= st.lookahead.known, "{st:?}");
+        }
+    }
 }
 
 /// A conversation's state cannot go back: a prompt that shares only part of what the
