@@ -689,10 +689,7 @@ impl<'a, M: Borrow<Model>> Backend<'a> for GpuPass<'a, M> {
         let done = self.submit().await?;
         let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
         self.score_guess(l, &chosen, ne)?;
-        self.ahead = match (&next, ahead_read.and_then(|r| done.get(r.0))) {
-            (Some((_, cfg)), Some(bytes)) => Some(super::lookahead::guess_from(bytes, cfg.top_k, ne)),
-            _ => None,
-        };
+        self.ahead = self.guess(&next, ahead_read, &done, ne);
         self.xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| f32s(b));
         Ok(chosen)
     }

@@ -39,6 +39,23 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         Ok(Some(self.rec.read(&routes, 0, (n * cfg.top_k * 2) as u64 * 4)))
     }
 
+    /// The experts the next layer's routing read back (`read`, from [`Self::route_ahead`],
+    /// among `done`) names, ascending, each once; None without a guess.
+    pub(super) fn guess(
+        &self,
+        next: &NextRouter<'a>,
+        read: Option<ReadId>,
+        done: &[Vec<u8>],
+        ne: usize,
+    ) -> Option<Vec<usize>> {
+        let (Some((_, cfg)), Some(bytes)) = (next, read.and_then(|r| done.get(r.0))) else { return None };
+        let mut guess: Vec<usize> =
+            ops::routes_from(bytes, cfg.top_k).into_iter().flat_map(|r| r.experts).filter(|&e| e < ne).collect();
+        guess.sort_unstable();
+        guess.dedup();
+        Some(guess)
+    }
+
     /// Scores layer `l`'s routing `chosen` against the guess made for it (if any).
     pub(super) fn score_guess(&mut self, l: usize, chosen: &[Routing], ne: usize) -> Result<()> {
         let Some(guess) = self.predicted.get_mut(l).and_then(Option::take) else { return Ok(()) };
@@ -79,13 +96,4 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         }
         Ok(())
     }
-}
-
-/// The experts a read-back routing of the next layer names, ascending, each once.
-pub(super) fn guess_from(bytes: &[u8], top_k: usize, ne: usize) -> Vec<usize> {
-    let mut guess: Vec<usize> =
-        ops::routes_from(bytes, top_k).into_iter().flat_map(|r| r.experts).filter(|&e| e < ne).collect();
-    guess.sort_unstable();
-    guess.dedup();
-    guess
 }

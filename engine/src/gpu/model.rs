@@ -13,7 +13,7 @@ use super::placement::{Hybrid, HybridStats, Placement};
 use super::pool::{ExpertPool, GpuExpert, PoolStats};
 use super::recorder::Recorder;
 use super::stream::{DenseStream, Uploader};
-use super::weights::{self, DenseWeights, ExpertBiases, GpuAttn, GpuFfn, GpuLayer};
+use super::weights::{self, DenseWeights, ExpertBiases, GpuAttn, GpuFfn, GpuLayer, GpuRouter};
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
@@ -254,7 +254,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
     /// Layer `l + 1`'s router (GPU weights and routing settings) if the lookahead is on
     /// and that layer routes by its router: a MoE layer, or DeepSeek-V4's learned-router
     /// layers (its hash layers' experts are known and read ahead when the pass begins).
-    pub(super) fn next_router(&self, l: usize) -> super::lookahead::NextRouter<'_> {
+    pub(super) fn next_router(&self, l: usize) -> Option<(&GpuRouter, crate::model::config::RouterConfig)> {
         if self.lookahead == 0 {
             return None;
         }

@@ -117,10 +117,7 @@ impl<'a, M: Borrow<Model>> GpuPass<'a, M> {
         let done = self.submit().await?;
         let chosen = ops::routes_from(done.first().ok_or_else(|| Error::Gpu("routes were not read back".into()))?, k);
         self.score_guess(l, &chosen, ne)?;
-        let guess = match (&next, ahead_read.and_then(|r| done.get(r.0))) {
-            (Some((_, cfg)), Some(bytes)) => Some(super::lookahead::guess_from(bytes, cfg.top_k, ne)),
-            _ => None,
-        };
+        let guess = self.guess(&next, ahead_read, &done, ne);
         let xn_host = xn_read.and_then(|r| done.get(r.0)).map(|b| super::buffers::f32s(b));
         let users = batch_union(&chosen, ne)?;
         self.rec.clear(out, 0, (n * h) as u64 * f);
