@@ -26,6 +26,11 @@ use crate::format::tensors::MatReader;
 /// Reader threads for the reads started ahead of use ([`ExpertSource::known`]).
 const READERS: usize = 2;
 
+/// At most this many of one layer's experts read ahead per pass: a decode step's (V4-Flash
+/// routes to 6), not a long prompt's many, whose reads would take the cores from its
+/// compute.
+const AHEAD_PER_LAYER: usize = 8;
+
 type Slot = Arc<LoadSlot<Arc<Expert>>>;
 
 /// What the reader threads share with the model: where the experts are, and the counts
@@ -149,7 +154,7 @@ impl ExpertSource for StreamedExperts {
         let size = |k: &(usize, usize)| self.core.placeholder(k.0, k.1).map_or(0, |p| p.byte_len() as u64);
         let mut held: u64 = staged.keys().map(size).sum();
         let mut jobs: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
-        for &e in experts {
+        for &e in experts.iter().take(AHEAD_PER_LAYER) {
             let key = (layer, e);
             if self.core.placeholder(layer, e).is_err() || cache.contains(&key) || staged.contains_key(&key) {
                 continue;
