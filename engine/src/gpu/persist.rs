@@ -49,17 +49,44 @@ impl<'a> CompDims<'a> {
     }
 }
 
-/// Reads back `(buffer, floats)` pairs in one submission.
-async fn read_all(ctx: &GpuContext, what: &[(&wgpu::Buffer, usize)]) -> Result<Vec<Vec<f32>>> {
-    let mut rec = Recorder::new(ctx);
-    for (b, floats) in what {
-        let bytes = *floats as u64 * 4;
-        if bytes > b.size() {
-            return Err(Error::Gpu(format!("reading back {bytes} bytes of a buffer of {}", b.size())));
+/// Read-backs gathered into one submission: [`Reads::add`] each, [`Reads::run`] once,
+/// then [`Reads::take`] each result.
+#[derive(Default)]
+struct Reads<'b> {
+    list: Vec<(&'b wgpu::Buffer, usize)>,
+    got: Vec<Vec<f32>>,
+}
+
+impl<'b> Reads<'b> {
+    /// The first `floats` floats of `b`, by the index returned.
+    fn add(&mut self, b: &'b wgpu::Buffer, floats: usize) -> Result<usize> {
+        if floats as u64 * 4 > b.size() {
+            return Err(Error::Gpu(format!("reading back {floats} floats of a buffer of {} bytes", b.size())));
         }
-        rec.read(b, 0, bytes);
+        self.list.push((b, floats));
+        Ok(self.list.len() - 1)
     }
-    Ok(rec.submit().await?.iter().map(|b| super::buffers::f32s(b)).collect())
+
+    async fn run(&mut self, ctx: &GpuContext) -> Result<()> {
+        let mut rec = Recorder::new(ctx);
+        for (b, floats) in &self.list {
+            rec.read(b, 0, *floats as u64 * 4);
+        }
+        self.got = rec.submit().await?.iter().map(|b| super::buffers::f32s(b)).collect();
+        Ok(())
+    }
+
+    fn take(&mut self, i: usize) -> Vec<f32> {
+        self.got.get_mut(i).map(std::mem::take).unwrap_or_default()
+    }
+}
+
+/// What one layer reads back, by [`Reads`] index.
+enum LayerRead {
+    None,
+    Gqa { k: usize, v: usize, kvd: usize },
+    Mla { rows: usize, r: usize, row: usize },
+    Linear { conv: usize, s: usize },
 }
 
 /// A storage buffer holding `v` (at least `floats` floats of room).
@@ -96,6 +123,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         }
         out.tokens = s.tokens.clone();
         let n = s.cached_len();
+        let mut reads = Reads::default();
         if let (Some(w), Some(state)) = (m.v4.as_deref(), out.v4.as_deref_mut()) {
             if n == 0 {
                 return Ok(out);
@@ -103,45 +131,74 @@ impl<M: Borrow<Model>> GpuModel<M> {
             if s.v4.len() != w.layers.len() {
                 return Err(Error::Gpu(format!("a V4 state of {} layers for {}", s.v4.len(), w.layers.len())));
             }
-            state.pos = n;
-            state.layers = Vec::with_capacity(s.v4.len());
+            let mut plans = Vec::with_capacity(s.v4.len());
             for (gl, wl) in s.v4.iter().zip(&w.layers) {
-                let window = read_all(&self.ctx, &[(&gl.window, gl.held * c.head_dim)]).await?.remove(0);
-                let comp = match &wl.attn.comp {
-                    Some(cw) => comp_to_cpu(&self.ctx, &gl.comp, &CompDims::of(cw)).await?,
-                    None => CompState::default(),
+                let window = reads.add(&gl.window, gl.held * c.head_dim)?;
+                let comp =
+                    wl.attn.comp.as_ref().map(|cw| comp_reads(&gl.comp, &CompDims::of(cw), &mut reads)).transpose()?;
+                let index = wl
+                    .attn
+                    .indexer
+                    .as_ref()
+                    .map(|ix| comp_reads(&gl.index, &CompDims::of(&ix.comp), &mut reads))
+                    .transpose()?;
+                plans.push((window, comp, index));
+            }
+            reads.run(&self.ctx).await?;
+            state.pos = n;
+            state.layers = Vec::with_capacity(plans.len());
+            for ((gl, wl), (window, comp, index)) in s.v4.iter().zip(&w.layers).zip(plans) {
+                let comp = match (comp, &wl.attn.comp) {
+                    (Some(p), Some(cw)) => comp_state(p, &gl.comp, &CompDims::of(cw), &mut reads),
+                    _ => CompState::default(),
                 };
-                let index = match &wl.attn.indexer {
-                    Some(ix) => comp_to_cpu(&self.ctx, &gl.index, &CompDims::of(&ix.comp)).await?,
-                    None => CompState::default(),
+                let index = match (index, &wl.attn.indexer) {
+                    (Some(p), Some(ix)) => comp_state(p, &gl.index, &CompDims::of(&ix.comp), &mut reads),
+                    _ => CompState::default(),
                 };
-                state.layers.push(V4LayerState { window, comp, index });
+                state.layers.push(V4LayerState { window: reads.take(window), comp, index });
             }
             return Ok(out);
         }
         if s.recurrent.iter().flatten().any(|r| r.pos != n) {
             return Err(Error::Gpu("recurrent states at different positions".into()));
         }
-        for (l, (layer, cache)) in self.layers.iter().zip(out.caches.iter_mut()).enumerate() {
-            match &layer.attn {
-                _ if n == 0 && !matches!(layer.attn, GpuAttn::Linear(_)) => {}
+        let no_cache = |l: usize| Error::Gpu(format!("layer {l}: no KV cache"));
+        let mut plans = Vec::with_capacity(self.layers.len());
+        for (l, layer) in self.layers.iter().enumerate() {
+            plans.push(match &layer.attn {
                 GpuAttn::Linear(d) => {
                     let st = s.recurrent.get(l).and_then(Option::as_ref);
                     let st = st.ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))?;
                     let mut r = DeltaState::default();
                     r.ensure(&d.cfg);
-                    let (cn, sn) = (r.conv.len(), r.s.len());
-                    let mut got = read_all(&self.ctx, &[(&st.conv, cn), (&st.s, sn)]).await?;
-                    r.s = got.pop().unwrap_or_default();
-                    r.conv = got.pop().unwrap_or_default();
-                    r.pos = n;
-                    cache.recurrent = Some(Box::new(r));
+                    LayerRead::Linear { conv: reads.add(&st.conv, r.conv.len())?, s: reads.add(&st.s, r.s.len())? }
                 }
+                _ if n == 0 => LayerRead::None,
                 GpuAttn::Mla(_) => {
                     let mla = c.mla.as_ref().ok_or_else(|| Error::Gpu("MLA weights without their config".into()))?;
                     let (r, row) = (mla.kv_lora_rank, mla.cache_width_at(l));
-                    let (k, _) = s.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?;
-                    let rows = read_all(&self.ctx, &[(k, n * row)]).await?.remove(0);
+                    let (k, _) = s.kv.get(l).ok_or_else(|| no_cache(l))?;
+                    LayerRead::Mla { rows: reads.add(k, n * row)?, r, row }
+                }
+                GpuAttn::Gqa(_) => {
+                    let kvd = c.kv_dim();
+                    let (k, v) = s.kv.get(l).ok_or_else(|| no_cache(l))?;
+                    LayerRead::Gqa { k: reads.add(k, n * kvd)?, v: reads.add(v, n * kvd)?, kvd }
+                }
+            });
+        }
+        reads.run(&self.ctx).await?;
+        for (plan, cache) in plans.into_iter().zip(out.caches.iter_mut()) {
+            match plan {
+                LayerRead::None => {}
+                LayerRead::Linear { conv, s } => {
+                    let mut r = DeltaState::default();
+                    (r.pos, r.conv, r.s) = (n, reads.take(conv), reads.take(s));
+                    cache.recurrent = Some(Box::new(r));
+                }
+                LayerRead::Mla { rows, r, row } => {
+                    let rows = reads.take(rows);
                     let (mut latent, mut rest) = (Vec::with_capacity(n * r), Vec::with_capacity(n * (row - r)));
                     for x in rows.chunks_exact(row) {
                         latent.extend_from_slice(&x[..r]);
@@ -149,12 +206,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     }
                     cache.append(&latent, &rest, r, row - r);
                 }
-                GpuAttn::Gqa(_) => {
-                    let kvd = c.kv_dim();
-                    let (k, v) = s.kv.get(l).ok_or_else(|| Error::Gpu(format!("layer {l}: no KV cache")))?;
-                    let got = read_all(&self.ctx, &[(k, n * kvd), (v, n * kvd)]).await?;
-                    cache.append(&got[0], &got[1], kvd, kvd);
-                }
+                LayerRead::Gqa { k, v, kvd } => cache.append(&reads.take(k), &reads.take(v), kvd, kvd),
             }
         }
         Ok(out)
@@ -266,24 +318,28 @@ impl<M: Borrow<Model>> GpuModel<M> {
     }
 }
 
-/// A compressor's GPU state in the CPU's layout ([`CompState`]).
-async fn comp_to_cpu(ctx: &GpuContext, g: &GpuComp, d: &CompDims<'_>) -> Result<CompState> {
-    let width = d.width();
+/// A compressor's read-backs: (entries, its rows' kv and gate), by [`Reads`] index.
+type CompRead = (usize, Option<(usize, usize)>);
+
+/// Asks for a compressor's GPU state (its sizes checked first).
+fn comp_reads<'b>(g: &'b GpuComp, d: &CompDims<'_>, reads: &mut Reads<'b>) -> Result<CompRead> {
     let prev = if g.has_prev { d.rate } else { 0 };
-    if g.held < prev || g.held - prev > d.rate {
+    if g.held < prev || g.held - prev > d.rate || (g.held > 0 && g.rows.is_none()) {
         return Err(Error::Gpu(format!("a compressor holding {} rows at rate {}", g.held, d.rate)));
     }
-    let mut what = vec![(&g.entries, g.count * d.dim)];
-    if let Some((kv, gate)) = &g.rows {
-        what.push((kv, g.held * width));
-        what.push((gate, g.held * width));
-    }
-    let mut got = read_all(ctx, &what).await?;
-    let (rows_kv, rows_gate) = match got.len() {
-        3 => (got.remove(1), got.remove(1)),
-        _ => (Vec::new(), Vec::new()),
+    let entries = reads.add(&g.entries, g.count * d.dim)?;
+    let rows = match &g.rows {
+        Some((kv, gate)) => Some((reads.add(kv, g.held * d.width())?, reads.add(gate, g.held * d.width())?)),
+        None => None,
     };
-    let mut st = CompState { entries: got.remove(0), ..CompState::default() };
+    Ok((entries, rows))
+}
+
+/// A compressor's GPU state, read back, in the CPU's layout ([`CompState`]).
+fn comp_state(plan: CompRead, g: &GpuComp, d: &CompDims<'_>, reads: &mut Reads<'_>) -> CompState {
+    let (width, prev) = (d.width(), if g.has_prev { d.rate } else { 0 });
+    let (rows_kv, rows_gate) = plan.1.map_or_else(Default::default, |(k, g)| (reads.take(k), reads.take(g)));
+    let mut st = CompState { entries: reads.take(plan.0), ..CompState::default() };
     st.buf_kv = rows_kv.get(prev * width..).unwrap_or_default().to_vec();
     st.buf_gate = rows_gate.get(prev * width..).unwrap_or_default().to_vec();
     if g.has_prev {
@@ -298,10 +354,10 @@ async fn comp_to_cpu(ctx: &GpuContext, g: &GpuComp, d: &CompDims<'_>) -> Result<
         }
         st.overlap = Some((pk, pg));
     }
-    Ok(st)
+    st
 }
 
-/// [`comp_to_cpu`]'s inverse: the entries, then the rows (the Ca halves of the last
+/// [`comp_state`]'s inverse: the entries, then the rows (the Ca halves of the last
 /// finished window first, their Cb halves zero: the kernel never reads them), marked
 /// `prev_biased`.
 fn comp_from_cpu(ctx: &GpuContext, g: &mut GpuComp, st: &CompState, d: &CompDims<'_>) -> Result<()> {
