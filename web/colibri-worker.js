@@ -323,6 +323,9 @@ async function pruneOldVersions(name) {
     try {
       if (top) await top.removeEntry(n, { recursive: true }).catch((e) => { if (e.name !== "NotFoundError") throw e; });
       for (const [d, f] of [["colibri-kv", `${n}.kv`], ["colibri-usage", `${n}.json`]]) await (await dir(d))?.removeEntry(f).catch(() => {});
+      // Its WebGPU conversation caches too (`<name>.webgpu-<adapter>.kv`, one per adapter).
+      const kv = await dir("colibri-kv");
+      if (kv) for await (const [f] of kv.entries()) if (f.startsWith(`${n}.webgpu-`) && f.endsWith(".kv")) await kv.removeEntry(f).catch(() => {});
       await new Promise((ok) => {
         const r = indexedDB.deleteDatabase(`colibri-${n}`);
         r.onsuccess = r.onerror = r.onblocked = ok;

@@ -193,7 +193,7 @@ test("a load removes the browser storage of the model's other versions, unless a
         await w.write(new Uint8Array(1 << 20));
         await w.close();
         const kv = await root.getDirectoryHandle("colibri-kv", { create: true });
-        await (await kv.getFileHandle(`${n}.kv`, { create: true })).createWritable().then((w) => w.close());
+        for (const f of [`${n}.kv`, `${n}.webgpu-0123456789abcdef.kv`]) await (await kv.getFileHandle(f, { create: true })).createWritable().then((w) => w.close());
       }
     }, [OLD, BUSY, OTHER]);
     // Another tab of this origin uses BUSY's storage (holds its Web Lock).
@@ -218,9 +218,11 @@ test("a load removes the browser storage of the model's other versions, unless a
       };
       return { colibri: await names("colibri"), kv: await names("colibri-kv") };
     });
-    assert.ok(!left.colibri.includes(OLD) && !left.kv.includes(`${OLD}.kv`), JSON.stringify(left));
-    assert.ok(left.colibri.includes(BUSY) && left.kv.includes(`${BUSY}.kv`), `a version in use was removed: ${JSON.stringify(left)}`);
-    assert.ok(left.colibri.includes(OTHER) && left.kv.includes(`${OTHER}.kv`), `another model's storage was removed: ${JSON.stringify(left)}`);
+    // The conversation caches go with it, the WebGPU ones (one per adapter) too.
+    const gpuKv = (n) => `${n}.webgpu-0123456789abcdef.kv`;
+    assert.ok(!left.colibri.includes(OLD) && !left.kv.includes(`${OLD}.kv`) && !left.kv.includes(gpuKv(OLD)), JSON.stringify(left));
+    assert.ok(left.colibri.includes(BUSY) && left.kv.includes(`${BUSY}.kv`) && left.kv.includes(gpuKv(BUSY)), `a version in use was removed: ${JSON.stringify(left)}`);
+    assert.ok(left.colibri.includes(OTHER) && left.kv.includes(`${OTHER}.kv`) && left.kv.includes(gpuKv(OTHER)), `another model's storage was removed: ${JSON.stringify(left)}`);
     assert.ok(left.colibri.some((n) => /^synth-[0-9a-f]{16}$/.test(n) && ![OLD, BUSY].includes(n)), "the loaded version's storage is missing");
   } finally {
     await browser.close();
