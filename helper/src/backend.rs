@@ -1,8 +1,6 @@
 //! The compute backend behind `--backend cpu|wgpu`: one forward function over one
 //! conversation, so `logits` and `generate` run the same code on either backend.
 
-use std::borrow::Cow;
-
 use anyhow::Result;
 use colibri_engine::{Logits, Model};
 
@@ -62,19 +60,20 @@ impl<'m> ChatSession<'m> {
         }
     }
 
-    /// The conversation as the CPU holds it, for a cache file: the CPU's own session, or
-    /// the GPU's caches read back into the CPU's layout (None, with a warning, if that
-    /// fails).
-    pub fn saved(&self) -> Option<Cow<'_, colibri_engine::Session>> {
+    /// Writes the conversation's cache to `store` (crate::kv_store): the CPU's session as
+    /// it is; the GPU's read back into the CPU's layout, only the positions the file does
+    /// not hold yet (`GpuModel::session_to_cpu_from`). A read-back that fails is one
+    /// warning line.
+    pub fn save_to(&self, store: &crate::kv_store::KvStore) {
         match self {
-            ChatSession::Cpu(_, s) => Some(Cow::Borrowed(s)),
+            ChatSession::Cpu(_, s) => store.save(s),
             #[cfg(feature = "wgpu")]
-            ChatSession::Gpu(g, s) => match g.session_to_cpu_blocking(s) {
-                Ok(s) => Some(Cow::Owned(s)),
-                Err(e) => {
-                    eprintln!("coli: warning: could not read the GPU's KV cache back: {e}");
-                    None
+            ChatSession::Gpu(g, s) => match g.session_to_cpu_from_blocking(s, s.cached_len()) {
+                Ok(shape) => {
+                    let rows = |from: usize| g.session_to_cpu_from_blocking(s, from).map_err(std::io::Error::other);
+                    store.save_with(&shape, Some(&rows));
                 }
+                Err(e) => eprintln!("coli: warning: could not read the GPU's KV cache back: {e}"),
             },
         }
     }

@@ -163,10 +163,18 @@ impl KvStore {
     /// or writes a new file (atomically: a temporary file renamed); removes the files whose
     /// ids it extends, then the oldest while over a bound. Errors are one warning line.
     pub fn save(&self, s: &Session) {
-        if s.tokens.is_empty() || self.max_files == 0 || s.bytes() as u64 > self.max_bytes {
+        self.save_with(s, None)
+    }
+
+    /// [`KvStore::save`] of a session whose rows are read on demand (a GPU's, read back):
+    /// `shape` has its tokens, shapes and states (its rows may be zeros), and `rows(from)`
+    /// gives the session with the real rows of positions `from..`, asked for once the file
+    /// it extends (and so `from`) is known. None: `shape` is the whole session.
+    pub fn save_with(&self, shape: &Session, rows: Option<&dyn Fn(usize) -> std::io::Result<Session>>) {
+        if shape.tokens.is_empty() || self.max_files == 0 || shape.bytes() as u64 > self.max_bytes {
             return;
         }
-        if let Err(e) = self.write(s) {
+        if let Err(e) = self.write(shape, rows) {
             eprintln!("coli: warning: could not write the KV cache to {}: {e}", self.dir.display());
         }
     }
@@ -191,8 +199,20 @@ impl KvStore {
         best
     }
 
-    fn write(&self, s: &Session) -> std::io::Result<()> {
+    fn write(&self, s: &Session, rows: Option<&dyn Fn(usize) -> std::io::Result<Session>>) -> std::io::Result<()> {
         let want = kv::header_of(s, &self.fingerprint).map_err(std::io::Error::other)?;
+        // Encodes (with `f`) the session with the rows of positions `from..` in it.
+        let encode = |from: usize, f: &dyn Fn(&Session) -> colibri_engine::Result<Vec<u8>>| {
+            let read;
+            let whole = match rows {
+                Some(r) => {
+                    read = r(from)?;
+                    &read
+                }
+                None => s,
+            };
+            f(whole).map_err(std::io::Error::other)
+        };
         let n = want.tokens.len();
         // `kv/` and the model's directory in it, tightened if an older coli made them 0755.
         if let Some(base) = self.dir.parent() {
@@ -203,14 +223,14 @@ impl KvStore {
         let path = match self.to_extend(&files, &want) {
             Some((path, held)) => {
                 if held < n {
-                    let record = kv::encode_record(s, &self.fingerprint, held).map_err(std::io::Error::other)?;
+                    let record = encode(held, &|x| kv::encode_record(x, &self.fingerprint, held))?;
                     let mut f = crate::paths::open_private(&path, false)?;
                     f.write_all(&record)?;
                 }
                 path
             }
             None => {
-                let bytes = kv::encode(s, &self.fingerprint).map_err(std::io::Error::other)?;
+                let bytes = encode(0, &|x| kv::encode(x, &self.fingerprint))?;
                 let ids: Vec<u8> = want.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
                 let path = self.dir.join(format!("{}.kv", checksum_hex(checksum(&ids))));
                 let tmp = path.with_extension(format!("kv.tmp.{}", std::process::id()));

@@ -53,24 +53,33 @@ impl<'a> CompDims<'a> {
 /// then [`Reads::take`] each result.
 #[derive(Default)]
 struct Reads<'b> {
-    list: Vec<(&'b wgpu::Buffer, usize)>,
+    list: Vec<(&'b wgpu::Buffer, usize, usize)>,
     got: Vec<Vec<f32>>,
 }
 
 impl<'b> Reads<'b> {
     /// The first `floats` floats of `b`, by the index returned.
     fn add(&mut self, b: &'b wgpu::Buffer, floats: usize) -> Result<usize> {
-        if floats as u64 * 4 > b.size() {
-            return Err(Error::Gpu(format!("reading back {floats} floats of a buffer of {} bytes", b.size())));
+        self.add_at(b, 0, floats)
+    }
+
+    /// `floats` floats of `b` from float `at`, by the index returned.
+    fn add_at(&mut self, b: &'b wgpu::Buffer, at: usize, floats: usize) -> Result<usize> {
+        if (at + floats) as u64 * 4 > b.size() {
+            return Err(Error::Gpu(format!(
+                "reading back floats {at}..{} of a buffer of {} bytes",
+                at + floats,
+                b.size()
+            )));
         }
-        self.list.push((b, floats));
+        self.list.push((b, at, floats));
         Ok(self.list.len() - 1)
     }
 
     async fn run(&mut self, ctx: &GpuContext) -> Result<()> {
         let mut rec = Recorder::new(ctx);
-        for (b, floats) in &self.list {
-            rec.read(b, 0, *floats as u64 * 4);
+        for (b, at, floats) in &self.list {
+            rec.read(b, *at as u64 * 4, *floats as u64 * 4);
         }
         self.got = rec.submit().await?.iter().map(|b| super::buffers::f32s(b)).collect();
         Ok(())
@@ -115,6 +124,16 @@ impl<M: Borrow<Model>> GpuModel<M> {
     /// follow, the caches hold fewer positions than the tokens, as on the CPU: the next
     /// pass feeds the rest again).
     pub async fn session_to_cpu(&self, s: &GpuSession) -> Result<Session> {
+        self.session_to_cpu_from(s, 0).await
+    }
+
+    /// [`GpuModel::session_to_cpu`] reading back only what positions `from..` added: the
+    /// keys and values (or MLA rows) of those positions and the compressed entries made
+    /// since, the rest of those vectors zeros (what appending a record of `from..` to a
+    /// cache file needs, `model::kv::encode_record`); the states (recurrent, V4 window and
+    /// rows) whole. `from` at the positions held reads only the states: the session's
+    /// shape and tokens for the file's header.
+    pub async fn session_to_cpu_from(&self, s: &GpuSession, from: usize) -> Result<Session> {
         let m = self.m();
         let c = &m.cfg;
         let mut out = m.new_session();
@@ -123,6 +142,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         }
         out.tokens = s.tokens.clone();
         let n = s.cached_len();
+        let from = from.min(n);
         let mut reads = Reads::default();
         if let (Some(w), Some(state)) = (m.v4.as_deref(), out.v4.as_deref_mut()) {
             if n == 0 {
@@ -134,13 +154,17 @@ impl<M: Borrow<Model>> GpuModel<M> {
             let mut plans = Vec::with_capacity(s.v4.len());
             for (gl, wl) in s.v4.iter().zip(&w.layers) {
                 let window = reads.add(&gl.window, gl.held * c.head_dim)?;
-                let comp =
-                    wl.attn.comp.as_ref().map(|cw| comp_reads(&gl.comp, &CompDims::of(cw), &mut reads)).transpose()?;
+                let comp = wl
+                    .attn
+                    .comp
+                    .as_ref()
+                    .map(|cw| comp_reads(&gl.comp, &CompDims::of(cw), from, &mut reads))
+                    .transpose()?;
                 let index = wl
                     .attn
                     .indexer
                     .as_ref()
-                    .map(|ix| comp_reads(&gl.index, &CompDims::of(&ix.comp), &mut reads))
+                    .map(|ix| comp_reads(&gl.index, &CompDims::of(&ix.comp), from, &mut reads))
                     .transpose()?;
                 plans.push((window, comp, index));
             }
@@ -179,12 +203,16 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     let mla = c.mla.as_ref().ok_or_else(|| Error::Gpu("MLA weights without their config".into()))?;
                     let (r, row) = (mla.kv_lora_rank, mla.cache_width_at(l));
                     let (k, _) = s.kv.get(l).ok_or_else(|| no_cache(l))?;
-                    LayerRead::Mla { rows: reads.add(k, n * row)?, r, row }
+                    LayerRead::Mla { rows: reads.add_at(k, from * row, (n - from) * row)?, r, row }
                 }
                 GpuAttn::Gqa(_) => {
                     let kvd = c.kv_dim();
                     let (k, v) = s.kv.get(l).ok_or_else(|| no_cache(l))?;
-                    LayerRead::Gqa { k: reads.add(k, n * kvd)?, v: reads.add(v, n * kvd)?, kvd }
+                    let (k, v) = (
+                        reads.add_at(k, from * kvd, (n - from) * kvd)?,
+                        reads.add_at(v, from * kvd, (n - from) * kvd)?,
+                    );
+                    LayerRead::Gqa { k, v, kvd }
                 }
             });
         }
@@ -199,14 +227,19 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 }
                 LayerRead::Mla { rows, r, row } => {
                     let rows = reads.take(rows);
-                    let (mut latent, mut rest) = (Vec::with_capacity(n * r), Vec::with_capacity(n * (row - r)));
+                    // Positions before `from` as zeros (not read back).
+                    let (mut latent, mut rest) = (vec![0.0; from * r], vec![0.0; from * (row - r)]);
                     for x in rows.chunks_exact(row) {
                         latent.extend_from_slice(&x[..r]);
                         rest.extend_from_slice(&x[r..]);
                     }
                     cache.append(&latent, &rest, r, row - r);
                 }
-                LayerRead::Gqa { k, v, kvd } => cache.append(&reads.take(k), &reads.take(v), kvd, kvd),
+                LayerRead::Gqa { k, v, kvd } => {
+                    let zeros = vec![0.0; from * kvd];
+                    cache.append(&zeros, &zeros, kvd, kvd);
+                    cache.append(&reads.take(k), &reads.take(v), kvd, kvd);
+                }
             }
         }
         Ok(out)
@@ -216,6 +249,12 @@ impl<M: Borrow<Model>> GpuModel<M> {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn session_to_cpu_blocking(&self, s: &GpuSession) -> Result<Session> {
         pollster::block_on(self.session_to_cpu(s))
+    }
+
+    /// Native convenience: [`GpuModel::session_to_cpu_from`] run to completion.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn session_to_cpu_from_blocking(&self, s: &GpuSession, from: usize) -> Result<Session> {
+        pollster::block_on(self.session_to_cpu_from(s, from))
     }
 
     /// A GPU session holding what the CPU's `cpu` holds (a cache file read back): its
@@ -318,16 +357,19 @@ impl<M: Borrow<Model>> GpuModel<M> {
     }
 }
 
-/// A compressor's read-backs: (entries, its rows' kv and gate), by [`Reads`] index.
-type CompRead = (usize, Option<(usize, usize)>);
+/// A compressor's read-backs: (entries made from the first one read on: its index and the
+/// entries before it, its rows' kv and gate), by [`Reads`] index.
+type CompRead = ((usize, usize), Option<(usize, usize)>);
 
-/// Asks for a compressor's GPU state (its sizes checked first).
-fn comp_reads<'b>(g: &'b GpuComp, d: &CompDims<'_>, reads: &mut Reads<'b>) -> Result<CompRead> {
+/// Asks for a compressor's GPU state (its sizes checked first): the entries made by
+/// positions `from..`, the rows whole.
+fn comp_reads<'b>(g: &'b GpuComp, d: &CompDims<'_>, from: usize, reads: &mut Reads<'b>) -> Result<CompRead> {
     let prev = if g.has_prev { d.rate } else { 0 };
     if g.held < prev || g.held - prev > d.rate || (g.held > 0 && g.rows.is_none()) {
         return Err(Error::Gpu(format!("a compressor holding {} rows at rate {}", g.held, d.rate)));
     }
-    let entries = reads.add(&g.entries, g.count * d.dim)?;
+    let e0 = (from / d.rate.max(1)).min(g.count);
+    let entries = (reads.add_at(&g.entries, e0 * d.dim, (g.count - e0) * d.dim)?, e0);
     let rows = match &g.rows {
         Some((kv, gate)) => Some((reads.add(kv, g.held * d.width())?, reads.add(gate, g.held * d.width())?)),
         None => None,
@@ -339,7 +381,9 @@ fn comp_reads<'b>(g: &'b GpuComp, d: &CompDims<'_>, reads: &mut Reads<'b>) -> Re
 fn comp_state(plan: CompRead, g: &GpuComp, d: &CompDims<'_>, reads: &mut Reads<'_>) -> CompState {
     let (width, prev) = (d.width(), if g.has_prev { d.rate } else { 0 });
     let (rows_kv, rows_gate) = plan.1.map_or_else(Default::default, |(k, g)| (reads.take(k), reads.take(g)));
-    let mut st = CompState { entries: reads.take(plan.0), ..CompState::default() };
+    let ((entries, e0), _) = plan;
+    let mut st = CompState { entries: vec![0.0; e0 * d.dim], ..CompState::default() };
+    st.entries.extend(reads.take(entries));
     st.buf_kv = rows_kv.get(prev * width..).unwrap_or_default().to_vec();
     st.buf_gate = rows_gate.get(prev * width..).unwrap_or_default().to_vec();
     if g.has_prev {

@@ -49,6 +49,13 @@ fn check(name: &str, cuts: &[usize], more: usize) {
         let back = gm.session_to_cpu_blocking(&gs).unwrap();
         assert_eq!(back.tokens, ids[..cut], "{what}: tokens read back");
         let file = kv::encode(&back, "fp").unwrap();
+        // Reading back only what positions k.. added gives the record of k.. that the
+        // whole read-back gives (what a turn appends to its conversation's file).
+        for k in [0, 1, cut / 2, cut - 1, cut] {
+            let part = gm.session_to_cpu_from_blocking(&gs, k).unwrap();
+            let (got, want) = (kv::encode_record(&part, "fp", k).unwrap(), kv::encode_record(&back, "fp", k).unwrap());
+            assert!(got == want, "{what}: the record of {k}.. read back from {k}");
+        }
         if lavapipe {
             let mut cs = model.new_session();
             model.forward(&mut cs, &ids[..cut - 3], Logits::Last).unwrap();

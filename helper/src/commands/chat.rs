@@ -369,9 +369,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let answer = tok.decode(&out, true)?;
         turns.push(ChatMessage { role: "assistant".into(), content: answer.trim().to_string() });
         if let Some(st) = &store {
-            if let Some(s) = session.saved() {
-                st.save(&s);
-            }
+            session.save_to(st);
         }
         // A turn boundary: re-pin by what was used (with hysteresis), record the uses.
         loaded.model.experts.end_turn()?;

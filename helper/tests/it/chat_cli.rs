@@ -100,7 +100,7 @@ fn slash_commands_stay_out_of_the_conversation_and_save_load_round_trips() {
 
 /// The number in "(restored the cache of N tokens ...)" and in /stats' "reused N cached
 /// tokens", from stderr.
-fn numbers_after(err: &str, marker: &str) -> Vec<usize> {
+pub(crate) fn numbers_after(err: &str, marker: &str) -> Vec<usize> {
     err.match_indices(marker)
         .filter_map(|(i, _)| err[i + marker.len()..].split_whitespace().next()?.parse().ok())
         .collect()
@@ -108,8 +108,9 @@ fn numbers_after(err: &str, marker: &str) -> Vec<usize> {
 
 /// Two turns in one run against one turn, a restart, `/load` and the second turn: the
 /// same answers, and the second prompt's cache restored from disk (nothing re-prefilled).
-/// Returns (scratch dir, data dir, the /load command, the second answer).
-pub(crate) fn continues_after_a_restart(model: &str, extra: &[&str]) -> (PathBuf, PathBuf, String, String) {
+/// Returns (scratch dir, data dir, the /load command, the second answer, the tokens the
+/// second turn reused).
+pub(crate) fn continues_after_a_restart(model: &str, extra: &[&str]) -> (PathBuf, PathBuf, String, String, usize) {
     let dir = scratch(&format!("kv-restart-{model}-{}", extra.len()));
     let (data, fresh) = (dir.join("data"), dir.join("fresh"));
     let f = dir.join("chat.json").display().to_string();
@@ -127,13 +128,13 @@ pub(crate) fn continues_after_a_restart(model: &str, extra: &[&str]) -> (PathBuf
     assert_eq!(format!("{first}{second}"), plain, "the same answers as without the restart");
     assert_eq!(numbers_after(&err, "restored the cache of "), in_memory, "zero re-prefill: {err}");
     assert_eq!(numbers_after(&err, "the last prompt reused "), in_memory, "{err}");
-    (dir, data, load, second)
+    (dir, data, load, second, in_memory[0])
 }
 
 #[test]
 fn a_conversation_continues_after_a_restart_from_its_cache_on_disk() {
     let sys = ["--system", "Be brief."];
-    let (dir, data, load, second) = continues_after_a_restart("qwen3_moe", &[]);
+    let (dir, data, load, second, _) = continues_after_a_restart("qwen3_moe", &[]);
     // Corrupt cache files: one warning line each (their lengths no longer match their
     // records, so each is refused before it is read), not used, the same answer.
     let mut corrupted = 0;

@@ -208,7 +208,15 @@ fn gpu_chat_continues_after_a_restart_from_its_own_cache_files() {
         return;
     }
     for model in ["qwen3_moe", "qwen3_next"] {
-        let (dir, data, load, _) = crate::chat_cli::continues_after_a_restart(model, &["--backend", "wgpu"]);
+        let (dir, data, load, second, reused) =
+            crate::chat_cli::continues_after_a_restart(model, &["--backend", "wgpu"]);
+        // The second run appended its turn's positions, read back from the GPU from where
+        // the file ended: a third run restores the whole second prompt from that record.
+        let gpu = ["--system", "Be brief.", "--backend", "wgpu"];
+        let (again, err) = crate::chat_cli::chat_in(&data, model, &load, &gpu);
+        assert_eq!(again, second, "{model}: after the appended record: {err}");
+        let restored = crate::chat_cli::numbers_after(&err, "restored the cache of ");
+        assert!(restored.len() == 1 && restored[0] > reused, "{model}: the appended record unused ({reused}): {err}");
         let (_, err) = crate::chat_cli::chat_in(&data, model, &load, &["--system", "Be brief."]);
         assert!(!err.contains("restored the cache"), "{model}: the CPU read the GPU's cache: {err}");
         let mut dirs: Vec<String> = std::fs::read_dir(data.join("colibri/kv"))
