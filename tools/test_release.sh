@@ -44,7 +44,10 @@ done
 [ -n "$url" ] || fail "coli serve did not start"
 ok "coli serve listens on $url"
 
-curl -fsS "$url/" | grep -q "<title>colibri</title>" || fail "the chat page"
+# Outputs are read whole before grep: `cmd | grep -q` under pipefail fails when grep stops
+# reading before cmd has written the rest (curl: (23) Failed writing body).
+page=$(curl -fsS "$url/") || fail "the chat page"
+grep -q "<title>colibri</title>" <<<"$page" || fail "the chat page"
 # ALLOW_PARTIAL_WEB=1: an archive made with `release.sh --allow-partial-web` (no threaded build).
 wasms=(pkg/colibri_wasm_bg.wasm pkg-threads/colibri_wasm_bg.wasm)
 [ "${ALLOW_PARTIAL_WEB:-0}" = 1 ] && wasms=(pkg/colibri_wasm_bg.wasm)
@@ -56,10 +59,11 @@ ok "the chat page and the engine builds (${wasms[*]})"
 
 answer=$(curl -fsS "$url/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "demo", "messages": [{"role": "user", "content": "What is 7 plus 5?"}], "temperature": 0}')
-echo "$answer" | grep -q '12' || fail "the demo's answer: $answer"
+grep -q '12' <<<"$answer" || fail "the demo's answer: $answer"
 ok "the demo model answers: $(echo "$answer" | sed -n 's/.*"content":"\([^"]*\)".*/\1/p')"
 
 kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
-run "$coli" list | grep -q "^demo .*$work/home/.local/share/colibri/models/demo" || fail "coli list: $(run "$coli" list)"
+listed=$(run "$coli" list) || fail "coli list"
+grep -q "^demo .*$work/home/.local/share/colibri/models/demo" <<<"$listed" || fail "coli list: $listed"
 ok "coli list shows the demo installed under the empty HOME"
 echo "release archive: $passed passed, 0 failed"
