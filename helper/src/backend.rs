@@ -108,10 +108,7 @@ impl<'m> ChatSession<'m> {
         match self {
             ChatSession::Cpu(..) => None,
             #[cfg(feature = "wgpu")]
-            ChatSession::Gpu(g, _) => {
-                let adapter = colibri_engine::format::manifest::checksum(g.ctx.adapter_name.as_bytes());
-                Some(format!("wgpu-{adapter:016x}"))
-            }
+            ChatSession::Gpu(g, _) => Some(format!("wgpu-{}", g.ctx.adapter_id())),
         }
     }
 

@@ -130,8 +130,10 @@ pub struct Engine {
 /// too): on WebGPU the adapter's name hashed, since a driver may reassociate floats and a
 /// conversation continued after a reload must give the bits it would have given.
 fn cache_tag(backend: &Backend) -> Option<String> {
-    let adapter = backend.adapter()?;
-    Some(format!("webgpu-{:016x}", colibri_engine::format::manifest::checksum(adapter.as_bytes())))
+    match backend {
+        Backend::Cpu => None,
+        Backend::Gpu(g) => Some(format!("webgpu-{}", g.ctx.adapter_id())),
+    }
 }
 
 /// {temperature, topP} for the page: what `chat.completions.create` samples with when the

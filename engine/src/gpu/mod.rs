@@ -175,6 +175,12 @@ impl GpuContext {
     }
 
     /// Whether the integer matmuls use dot4I8Packed (qmatmul_dp4a.wgsl).
+    /// The adapter's name hashed (xxh3, 16 hex digits): what tells its cache files apart
+    /// from another adapter's and the CPU's (a driver may order float sums otherwise).
+    pub fn adapter_id(&self) -> String {
+        format!("{:016x}", crate::format::manifest::checksum(self.adapter_name.as_bytes()))
+    }
+
     pub fn dp4a(&self) -> bool {
         self.dp4a
     }

@@ -299,7 +299,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         if s.kv.len() == c.n_layers && total <= s.kv_cap {
             return Ok(());
         }
-        let cap = total.next_power_of_two().max(16).min(c.max_positions).max(total);
+        let cap = kv_capacity(total, c.max_positions);
         let ctx = rec.ctx();
         let mut kv = Vec::with_capacity(c.n_layers);
         for (l, layer) in self.layers.iter().enumerate() {
@@ -322,6 +322,12 @@ impl<M: Borrow<Model>> GpuModel<M> {
         s.kv_cap = cap;
         Ok(())
     }
+}
+
+/// Positions a session's KV buffers are made for when they must hold `total`: the next
+/// power of two (at least 16, at most the model's context, never less than `total`).
+pub(super) fn kv_capacity(total: usize, max_positions: usize) -> usize {
+    total.next_power_of_two().max(16).min(max_positions).max(total)
 }
 
 /// `out = down(act(gate x, up x))` for m positions of `x`, with the expert's biases

@@ -27,28 +27,6 @@ use crate::model::deltanet::DeltaState;
 use crate::model::v4::{CompState, Compressor, V4LayerState};
 use crate::model::{Model, Session};
 
-/// A compressor's sizes: dim per entry, rate, overlapping windows, and its position bias.
-struct CompDims<'a> {
-    dim: usize,
-    rate: usize,
-    overlap: bool,
-    ape: &'a [f32],
-}
-
-impl<'a> CompDims<'a> {
-    fn of(c: &'a Compressor) -> Self {
-        CompDims { dim: c.dim, rate: c.rate, overlap: c.overlap, ape: &c.ape }
-    }
-
-    fn width(&self) -> usize {
-        if self.overlap {
-            2 * self.dim
-        } else {
-            self.dim
-        }
-    }
-}
-
 /// Read-backs gathered into one submission: [`Reads::add`] each, [`Reads::run`] once,
 /// then [`Reads::take`] each result.
 #[derive(Default)]
@@ -154,18 +132,9 @@ impl<M: Borrow<Model>> GpuModel<M> {
             let mut plans = Vec::with_capacity(s.v4.len());
             for (gl, wl) in s.v4.iter().zip(&w.layers) {
                 let window = reads.add(&gl.window, gl.held * c.head_dim)?;
-                let comp = wl
-                    .attn
-                    .comp
-                    .as_ref()
-                    .map(|cw| comp_reads(&gl.comp, &CompDims::of(cw), from, &mut reads))
-                    .transpose()?;
-                let index = wl
-                    .attn
-                    .indexer
-                    .as_ref()
-                    .map(|ix| comp_reads(&gl.index, &CompDims::of(&ix.comp), from, &mut reads))
-                    .transpose()?;
+                let comp = wl.attn.comp.as_ref().map(|cw| comp_reads(&gl.comp, cw, from, &mut reads)).transpose()?;
+                let index =
+                    wl.attn.indexer.as_ref().map(|ix| comp_reads(&gl.index, &ix.comp, from, &mut reads)).transpose()?;
                 plans.push((window, comp, index));
             }
             reads.run(&self.ctx).await?;
@@ -173,11 +142,11 @@ impl<M: Borrow<Model>> GpuModel<M> {
             state.layers = Vec::with_capacity(plans.len());
             for ((gl, wl), (window, comp, index)) in s.v4.iter().zip(&w.layers).zip(plans) {
                 let comp = match (comp, &wl.attn.comp) {
-                    (Some(p), Some(cw)) => comp_state(p, &gl.comp, &CompDims::of(cw), &mut reads),
+                    (Some(p), Some(cw)) => comp_state(p, &gl.comp, cw, &mut reads),
                     _ => CompState::default(),
                 };
                 let index = match (index, &wl.attn.indexer) {
-                    (Some(p), Some(ix)) => comp_state(p, &gl.index, &CompDims::of(&ix.comp), &mut reads),
+                    (Some(p), Some(ix)) => comp_state(p, &gl.index, &ix.comp, &mut reads),
                     _ => CompState::default(),
                 };
                 state.layers.push(V4LayerState { window: reads.take(window), comp, index });
@@ -293,10 +262,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
                 write(ctx, &gl.window, &st.window);
                 gl.held = held;
                 if let Some(cw) = &wl.attn.comp {
-                    comp_from_cpu(ctx, &mut gl.comp, &st.comp, &CompDims::of(cw))?;
+                    comp_from_cpu(ctx, &mut gl.comp, &st.comp, cw)?;
                 }
                 if let Some(ix) = &wl.attn.indexer {
-                    comp_from_cpu(ctx, &mut gl.index, &st.index, &CompDims::of(&ix.comp))?;
+                    comp_from_cpu(ctx, &mut gl.index, &st.index, &ix.comp)?;
                 }
                 s.v4.push(gl);
             }
@@ -306,7 +275,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         if cpu.caches.len() != self.layers.len() {
             return Err(Error::Gpu(format!("a session of {} layers for {}", cpu.caches.len(), self.layers.len())));
         }
-        let cap = n.next_power_of_two().max(16).min(c.max_positions).max(n);
+        let cap = super::model::kv_capacity(n, c.max_positions);
         for (l, (layer, cache)) in self.layers.iter().zip(&cpu.caches).enumerate() {
             let (k, v) = match &layer.attn {
                 GpuAttn::Linear(d) => {
@@ -363,7 +332,7 @@ type CompRead = ((usize, usize), Option<(usize, usize)>);
 
 /// Asks for a compressor's GPU state (its sizes checked first): the entries made by
 /// positions `from..`, the rows whole.
-fn comp_reads<'b>(g: &'b GpuComp, d: &CompDims<'_>, from: usize, reads: &mut Reads<'b>) -> Result<CompRead> {
+fn comp_reads<'b>(g: &'b GpuComp, d: &Compressor, from: usize, reads: &mut Reads<'b>) -> Result<CompRead> {
     let prev = if g.has_prev { d.rate } else { 0 };
     if g.held < prev || g.held - prev > d.rate || (g.held > 0 && g.rows.is_none()) {
         return Err(Error::Gpu(format!("a compressor holding {} rows at rate {}", g.held, d.rate)));
@@ -378,7 +347,7 @@ fn comp_reads<'b>(g: &'b GpuComp, d: &CompDims<'_>, from: usize, reads: &mut Rea
 }
 
 /// A compressor's GPU state, read back, in the CPU's layout ([`CompState`]).
-fn comp_state(plan: CompRead, g: &GpuComp, d: &CompDims<'_>, reads: &mut Reads<'_>) -> CompState {
+fn comp_state(plan: CompRead, g: &GpuComp, d: &Compressor, reads: &mut Reads<'_>) -> CompState {
     let (width, prev) = (d.width(), if g.has_prev { d.rate } else { 0 });
     let (rows_kv, rows_gate) = plan.1.map_or_else(Default::default, |(k, g)| (reads.take(k), reads.take(g)));
     let ((entries, e0), _) = plan;
@@ -404,7 +373,7 @@ fn comp_state(plan: CompRead, g: &GpuComp, d: &CompDims<'_>, reads: &mut Reads<'
 /// [`comp_state`]'s inverse: the entries, then the rows (the Ca halves of the last
 /// finished window first, their Cb halves zero: the kernel never reads them), marked
 /// `prev_biased`.
-fn comp_from_cpu(ctx: &GpuContext, g: &mut GpuComp, st: &CompState, d: &CompDims<'_>) -> Result<()> {
+fn comp_from_cpu(ctx: &GpuContext, g: &mut GpuComp, st: &CompState, d: &Compressor) -> Result<()> {
     let width = d.width();
     let count = st.entries.len() / d.dim.max(1);
     let buf_rows = st.buf_kv.len() / width.max(1);

@@ -47,6 +47,17 @@ pub struct Compressor<M = Mat, V = Vec<f32>> {
     pub overlap: bool,
 }
 
+impl<M, V> Compressor<M, V> {
+    /// Floats of one position's projections: 2 * dim with overlapping windows, else dim.
+    pub fn width(&self) -> usize {
+        if self.overlap {
+            2 * self.dim
+        } else {
+            self.dim
+        }
+    }
+}
+
 /// The CSA's lightning indexer: its own compressor at `index_head_dim`, its query
 /// projection from q_a's normalised output, and the per-head weights.
 pub struct Indexer<M = Mat, V = Vec<f32>> {
