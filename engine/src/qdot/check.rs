@@ -150,8 +150,12 @@ pub fn check_paths() -> Result<usize, String> {
                         checked += 1;
                     }
                     let mut scratch = vec![0xAAu8; 7];
-                    for (p0, a) in [(0usize, &a), (1, &a), (0, &ai), (1, &ai), (3, &ai)] {
-                        let mut out = vec![0.0f32; n - p0];
+                    // Whole and partial position ranges of each layout: from 2 positions
+                    // (the few-position kernels) to all 9 (the prepared row's).
+                    let ranges = [(0usize, n, &a), (1, n, &a), (0, n, &ai), (1, n, &ai), (3, n, &ai)];
+                    let few = [(0, 2, &aq), (4, 5, &aq), (1, 8, &aq), (0, 9, &aq), (2, 3, &a), (1, 7, &ap)];
+                    for (p0, end, a) in ranges.into_iter().chain(few) {
+                        let mut out = vec![0.0f32; end - p0];
                         dot_row_many(s, int4, row, a, p0, &mut out, &mut scratch);
                         for (i, &got) in out.iter().enumerate() {
                             let want = dot_row_scalar(int4, row, a, p0 + i);

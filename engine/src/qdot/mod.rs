@@ -28,6 +28,8 @@ mod tile;
 mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_few;
 
 pub mod check;
 pub mod mxfp4;
@@ -543,6 +545,19 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
     {
         wasm::prepare_int4(row, a, scratch);
         wasm::dot_many_int4(scratch, row, a, p0, out);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx512
+        && out.len() >= 2
+        && a.group.is_multiple_of(CHUNK)
+        && a.split == int4
+        && p0 + out.len() <= a.n
+    {
+        // SAFETY: Simd::Avx512 comes from Simd::available() after the CPU reported the
+        // features; `row` is one stored row for `a` (callers' contract, as for dot_row);
+        // the positions are inside `a` (checked above).
+        unsafe { x86_few::dot_row_few_avx512(int4, row, a, p0, out) };
         return;
     }
     let _ = &scratch;

@@ -157,7 +157,7 @@ unsafe fn stored_chunk<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
 /// activations' pair layout ([`ActQ::pair`]) run their whole runs of 8 blocks in
 /// [`paired_runs`] first.
 #[inline(always)]
-unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+pub(super) unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let vals = &row[round4(a.blocks * 2)..];
     // Columns whose stored bytes lie inside `vals`: their chunks need no bounds check.
     let inside = if INT4 { vals.len() * 2 } else { vals.len() };
@@ -200,7 +200,7 @@ unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usiz
 
 /// Whether `a` holds the quad layout for a group [`quad_runs`] takes.
 #[inline(always)]
-fn has_quads(a: &ActQ) -> bool {
+pub(super) fn has_quads(a: &ActQ) -> bool {
     a.split && a.qz.len() == a.n * a.dstride() * a.group && matches!(a.group / CHUNK, 1 | 2 | 4)
 }
 
@@ -214,7 +214,7 @@ fn has_quads(a: &ActQ) -> bool {
 /// target features, so its intrinsics would become out-of-line calls (they were: half of
 /// an int8 decode's time went to `_mm256_sign_epi8` and `_mm256_dpbusd_epi32` calls).
 #[inline(always)]
-unsafe fn finish<const VNNI: bool, const INT4: bool>(
+pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool>(
     row: &[u8],
     a: &ActQ,
     p: usize,
@@ -402,7 +402,7 @@ unsafe fn int8_runs<const CH: usize>(row: &[u8], vals: &[u8], a: &ActQ, p: usize
 /// until one chunk lane per block is left (CH = 1), then two cross-vector permutes and two
 /// adds leave block j's sum in lane j. Exact.
 #[inline(always)]
-unsafe fn fold_quads<const CH: usize>(v: &mut [__m512i; 8]) -> __m256i {
+pub(super) unsafe fn fold_quads<const CH: usize>(v: &mut [__m512i; 8]) -> __m256i {
     // SAFETY: only reached from the AVX-512 target_feature function.
     unsafe {
         let mut n = 2 * CH;
@@ -554,7 +554,7 @@ fn is_intel() -> bool {
 
 /// Prefetches the `len` bytes at `p` (a hint: any address is allowed).
 #[inline(always)]
-fn prefetch(p: *const u8, len: usize) {
+pub(super) fn prefetch(p: *const u8, len: usize) {
     let mut off = 0;
     while off < len {
         // SAFETY: a prefetch never faults, whatever the address (SSE, x86-64's baseline).

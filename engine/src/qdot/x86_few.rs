@@ -1,0 +1,167 @@
+//! One stored row times a few positions (2 to [`FEW`]) on AVX-512 VNNI: a batch's decode
+//! step, a speculative step's drafts, an expert that a few of a step's rows chose. Below
+//! [`super::prepare_min`] positions preparing the row ([`super::tile`]) does not pay, and
+//! [`super::x86::dot_row_avx512`] once per position loaded and unpacked the row's bytes
+//! again for each (from L1) and paid its set-up each time: in `coli bench --batch 4` that
+//! call was 59% of the decode's samples. Here each run of eight blocks is loaded and
+//! unpacked once, then applied to every position. Per position the integer sums and their
+//! float combination are those of the one-position kernels (`quad_runs`, `int8_runs`), so
+//! the bits are too.
+
+use std::arch::x86_64::*;
+
+use super::x86::{body, finish, fold_quads, has_quads, prefetch, prefetch_ahead};
+use super::{round4, ActQ, CHUNK};
+
+/// Most positions one call takes (an accumulator vector each).
+pub const FEW: usize = 8;
+
+/// `out[i]` = [`super::x86::dot_row_avx512`] of `row` and position `p0 + i`, for up to
+/// [`FEW`] positions (more, or layouts the run kernels do not take, go one at a time).
+///
+/// SAFETY (caller): AVX-512 F/VL/BW/VNNI, AVX2 and F16C present; `row` is one stored row
+/// for `a`'s cols and group; positions `p0..p0 + out.len()` are inside `a`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if int4 {
+            few::<true>(row, a, p0, out)
+        } else {
+            few::<false>(row, a, p0, out)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn few<const INT4: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    let g = a.group;
+    let takes = if INT4 { has_quads(a) } else { !a.split && matches!(g, 32 | 64 | 128) };
+    // SAFETY: the caller's contract; the runs end at or before the stored bytes (`inside`),
+    // as in `body`.
+    unsafe {
+        if !takes || out.len() > FEW {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = body::<true, INT4>(row, a, p0 + i);
+            }
+            return;
+        }
+        let vals = &row[round4(a.blocks * 2)..];
+        let inside = if INT4 { vals.len() * 2 } else { vals.len() };
+        let runs = (a.blocks / 8).min(inside / (8 * g));
+        let mut acc = [_mm256_setzero_ps(); FEW];
+        let acc = &mut acc[..out.len()];
+        match (INT4, g / CHUNK) {
+            (true, 1) => quad_runs_few::<1>(row, vals, a, p0, runs, acc),
+            (true, 2) => quad_runs_few::<2>(row, vals, a, p0, runs, acc),
+            (true, _) => quad_runs_few::<4>(row, vals, a, p0, runs, acc),
+            (false, 1) => int8_runs_few::<1>(row, vals, a, p0, runs, acc),
+            (false, 2) => int8_runs_few::<2>(row, vals, a, p0, runs, acc),
+            (false, _) => int8_runs_few::<4>(row, vals, a, p0, runs, acc),
+        }
+        for (i, (o, &acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
+            *o = finish::<true, INT4>(row, a, p0 + i, (runs * 8, acc));
+        }
+    }
+}
+
+/// `quad_runs` for positions `p0..p0 + acc.len()`: each 64-byte load of nibbles split once
+/// into its low and high halves, then two `vpdpbusd` per position against its quad layout.
+///
+/// SAFETY (caller): AVX-512 F/BW/VNNI present; the runs' bytes are inside `vals`
+/// (8 * group * runs <= 2 * vals.len()); `a` holds the quad layout of every position;
+/// `row` holds the runs' scales.
+#[inline(always)]
+unsafe fn quad_runs_few<const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    a: &ActQ,
+    p0: usize,
+    runs: usize,
+    acc: &mut [__m256],
+) {
+    let (g, ds) = (a.group, a.dstride());
+    // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and, per position,
+    // 8 * g of its quad layout (ds * g per position); d and s hold ds >= 8 * runs entries.
+    unsafe {
+        let three = _mm_cvtsi32_si128(3);
+        let low4 = _mm512_set1_epi8(0x0f);
+        let ahead = prefetch_ahead();
+        for r in 0..runs {
+            if ahead > 0 {
+                prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
+            }
+            let w0 = vals.as_ptr().add(r * 4 * g);
+            let (mut lo, mut hi) = ([_mm512_setzero_si512(); 8], [_mm512_setzero_si512(); 8]);
+            for k in 0..2 * CH {
+                let w = _mm512_loadu_si512(w0.add(64 * k) as *const __m512i);
+                lo[k] = _mm512_and_si512(w, low4);
+                hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            }
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let p = p0 + i;
+                let x0 = a.qz.as_ptr().add(p * ds * g + r * 8 * g);
+                let mut v = [_mm512_setzero_si512(); 8];
+                for k in 0..2 * CH {
+                    let even = _mm512_loadu_si512(x0.add(128 * k) as *const __m512i);
+                    let odd = _mm512_loadu_si512(x0.add(128 * k + 64) as *const __m512i);
+                    v[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[k], even), hi[k], odd);
+                }
+                let s = a.s.as_ptr().add(p * ds + 8 * r);
+                let s8 = _mm256_sll_epi32(_mm256_loadu_si256(s as *const __m256i), three);
+                let isum = _mm256_sub_epi32(fold_quads::<CH>(&mut v), s8);
+                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+            }
+        }
+    }
+}
+
+/// `int8_runs` for positions `p0..p0 + acc.len()`: each 64 stored bytes loaded and flipped
+/// to w + 128 once, then one `vpdpbusd` per position.
+///
+/// SAFETY (caller): AVX-512 F/BW/VNNI present; the runs' bytes are inside `vals`
+/// (8 * group * runs <= vals.len()); the activations are unsplit; `row` holds the runs'
+/// scales.
+#[inline(always)]
+unsafe fn int8_runs_few<const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    a: &ActQ,
+    p0: usize,
+    runs: usize,
+    acc: &mut [__m256],
+) {
+    let (g, ds, qs) = (a.group, a.dstride(), a.blocks * a.group);
+    // SAFETY: the caller's contract; a run reads 8 * g bytes of `vals` and, per position,
+    // 8 * g values of its `q` row (qs of them); d and s hold ds >= 8 * runs entries.
+    unsafe {
+        let seven = _mm_cvtsi32_si128(7);
+        let flip = _mm512_set1_epi8(-128);
+        for r in 0..runs {
+            let w0 = vals.as_ptr().add(r * 8 * g);
+            let mut w = [_mm512_setzero_si512(); 16];
+            for (k, wk) in w.iter_mut().enumerate().take(4 * CH) {
+                *wk = _mm512_xor_si512(_mm512_loadu_si512(w0.add(64 * k) as *const __m512i), flip);
+            }
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let p = p0 + i;
+                let x0 = a.q.as_ptr().add(p * qs + r * 8 * g);
+                let mut v = [_mm512_setzero_si512(); 8];
+                for (k, &wk) in w.iter().enumerate().take(4 * CH) {
+                    let x = _mm512_loadu_si512(x0.add(64 * k) as *const __m512i);
+                    // A block of 128 spans two vectors: their sums are added first.
+                    let j = if CH == 4 { k / 2 } else { k };
+                    v[j] = _mm512_dpbusd_epi32(v[j], wk, x);
+                }
+                let sums = if CH == 1 { fold_quads::<2>(&mut v) } else { fold_quads::<4>(&mut v) };
+                let s = a.s.as_ptr().add(p * ds + 8 * r);
+                let isum = _mm256_sub_epi32(sums, _mm256_sll_epi32(_mm256_loadu_si256(s as *const __m256i), seven));
+                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+            }
+        }
+    }
+}
