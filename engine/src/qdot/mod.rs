@@ -483,13 +483,15 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 /// being decoded once per position. Below it each position reads the row again (from L1:
 /// a row is a few KiB), which is faster for a few positions — a batch's decode step —
 /// than preparing it. Measured on the OLMoE shape's decode step (`coli bench --batch N
-/// --ram all`, Xeon with AVX-512 VNNI, docs/benchmarks.md "Batched decode"): with
-/// AVX-512 preparing from 3 positions cost 20% at 4 and broke even at 8, and won at 16
-/// (184 vs 142 tok/s); on the AVX2 path it cost 5% at 4 and won 2% at 8. The other paths
-/// keep 3 (not measured).
+/// --ram all`, Xeon with AVX-512 VNNI, docs/benchmarks.md "Batched decode"): on the AVX2
+/// path preparing from 3 positions cost 5% at 4 and won 2% at 8. On AVX-512 the row is
+/// decoded once per run for all positions ([`x86_few`], up to 32): that beat preparing at
+/// every count up to 32 (decode steps of 8 to 32 sequences 13-15% faster, a 32-token
+/// prefill 10%) and tied at 64. The other paths keep 3 (not measured).
 pub fn prepare_min(simd: Simd) -> usize {
     match simd {
-        Simd::Avx512 => 9,
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 => x86_few::FEW + 1,
         Simd::Avx2 => 6,
         _ => 3,
     }

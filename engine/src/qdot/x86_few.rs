@@ -1,4 +1,4 @@
-//! One stored row times a few positions (2 to [`FEW`]) on AVX-512 VNNI: a batch's decode
+//! One stored row times a few positions (2 to [`FEW`] = 32) on AVX-512 VNNI: a batch's decode
 //! step, a speculative step's drafts, an expert that a few of a step's rows chose. Below
 //! [`super::prepare_min`] positions preparing the row ([`super::tile`]) does not pay, and
 //! [`super::x86::dot_row_avx512`] once per position loaded and unpacked the row's bytes
@@ -14,7 +14,7 @@ use super::x86::{body, finish, fold_quads, has_quads, prefetch, prefetch_ahead};
 use super::{round4, ActQ, CHUNK};
 
 /// Most positions one call takes (an accumulator vector each).
-pub const FEW: usize = 8;
+pub const FEW: usize = 32;
 
 /// `out[i]` = [`super::x86::dot_row_avx512`] of `row` and position `p0 + i`, for up to
 /// [`FEW`] positions (more, or layouts the run kernels do not take, go one at a time).
