@@ -550,16 +550,22 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512
+    if matches!(simd, Simd::Avx512 | Simd::Avx2)
         && out.len() >= 2
         && a.group.is_multiple_of(CHUNK)
         && a.split == int4
         && p0 + out.len() <= a.n
     {
-        // SAFETY: Simd::Avx512 comes from Simd::available() after the CPU reported the
+        // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported the
         // features; `row` is one stored row for `a` (callers' contract, as for dot_row);
         // the positions are inside `a` (checked above).
-        unsafe { x86_few::dot_row_few_avx512(int4, row, a, p0, out) };
+        unsafe {
+            if simd == Simd::Avx512 {
+                x86_few::dot_row_few_avx512(int4, row, a, p0, out)
+            } else {
+                x86_few::dot_row_few_avx2(int4, row, a, p0, out)
+            }
+        }
         return;
     }
     let _ = &scratch;

@@ -102,7 +102,7 @@ pub(super) unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m
 
 /// The eight lane sums of v[0..8] as one vector (lane j = sum of v[j]); exact.
 #[inline(always)]
-unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
+pub(super) unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
     // SAFETY: only reached from the target_feature functions above.
     unsafe {
         let s01 = _mm256_hadd_epi32(v[0], v[1]);

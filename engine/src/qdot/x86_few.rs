@@ -1,4 +1,4 @@
-//! One stored row times a few positions (2 to [`FEW`] = 32) on AVX-512 VNNI: a batch's decode
+//! One stored row times a few positions ([`FEW`] = 32 per pass) on AVX-512 VNNI and AVX2: a batch's decode
 //! step, a speculative step's drafts, an expert that a few of a step's rows chose. Below
 //! [`super::prepare_min`] positions preparing the row ([`super::tile`]) does not pay, and
 //! [`super::x86::dot_row_avx512`] once per position loaded and unpacked the row's bytes
@@ -10,14 +10,14 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{body, finish, fold_quads, has_quads, prefetch, prefetch_ahead};
+use super::x86::{body, finish, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead};
 use super::{round4, ActQ, CHUNK};
 
-/// Most positions one call takes (an accumulator vector each).
+/// Positions per pass over a row (an accumulator vector each).
 pub const FEW: usize = 32;
 
-/// `out[i]` = [`super::x86::dot_row_avx512`] of `row` and position `p0 + i`, for up to
-/// [`FEW`] positions (more, or layouts the run kernels do not take, go one at a time).
+/// `out[i]` = [`super::x86::dot_row_avx512`] of `row` and position `p0 + i`, [`FEW`]
+/// positions per pass (layouts the run kernels do not take go one at a time).
 ///
 /// SAFETY (caller): AVX-512 F/VL/BW/VNNI, AVX2 and F16C present; `row` is one stored row
 /// for `a`'s cols and group; positions `p0..p0 + out.len()` are inside `a`.
@@ -26,42 +26,70 @@ pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, ou
     // SAFETY: the caller's contract.
     unsafe {
         if int4 {
-            few::<true>(row, a, p0, out)
+            few::<true, true>(row, a, p0, out)
         } else {
-            few::<false>(row, a, p0, out)
+            few::<true, false>(row, a, p0, out)
+        }
+    }
+}
+
+/// [`dot_row_few_avx512`] on AVX2: `out[i]` = [`super::x86::dot_row_avx2`] of `row` and
+/// position `p0 + i` (int4 on the pair layout, int8 through `vpsignb`).
+///
+/// SAFETY (caller): AVX2 and F16C present; shapes as [`dot_row_few_avx512`].
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot_row_few_avx2(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if int4 {
+            few::<false, true>(row, a, p0, out)
+        } else {
+            few::<false, false>(row, a, p0, out)
         }
     }
 }
 
 #[inline(always)]
-unsafe fn few<const INT4: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+unsafe fn few<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     let g = a.group;
-    let takes = if INT4 { has_quads(a) } else { !a.split && matches!(g, 32 | 64 | 128) };
+    let takes = match (VNNI, INT4) {
+        (true, true) => has_quads(a),
+        (false, true) => a.split && a.qp.len() == a.n * a.dstride() * g && matches!(g, 32 | 64 | 128),
+        (_, false) => !a.split && matches!(g, 32 | 64 | 128),
+    };
     // SAFETY: the caller's contract; the runs end at or before the stored bytes (`inside`),
     // as in `body`.
     unsafe {
-        if !takes || out.len() > FEW {
+        if !takes {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = body::<true, INT4>(row, a, p0 + i);
+                *o = body::<VNNI, INT4>(row, a, p0 + i);
             }
             return;
         }
-        // Accumulators sized to the call: zeroing and addressing 32 of them for a decode
-        // step of 8 cost 5% of that step (measured).
-        if out.len() <= 8 {
-            runs_few::<INT4, 8>(row, a, p0, out);
-        } else {
-            runs_few::<INT4, FEW>(row, a, p0, out);
+        for (c, out) in out.chunks_mut(FEW).enumerate() {
+            // Accumulators sized to the call: zeroing and addressing 32 of them for a
+            // decode step of 8 cost 5% of that step (measured).
+            if out.len() <= 8 {
+                runs_few::<VNNI, INT4, 8>(row, a, p0 + c * FEW, out);
+            } else {
+                runs_few::<VNNI, INT4, FEW>(row, a, p0 + c * FEW, out);
+            }
         }
     }
 }
 
 /// [`few`] for up to `N` positions whose layout the run kernels take.
 ///
-/// SAFETY (caller): as [`dot_row_few_avx512`]; `out.len() <= N`; `a` holds the quad layout
-/// (int4) or unsplit activations of a group of 32, 64 or 128 (int8).
+/// SAFETY (caller): as [`dot_row_few_avx512`] (AVX-512 only when `VNNI`); `out.len() <= N`;
+/// `a` holds the quad (AVX-512) or pair (AVX2) layout for int4, or unsplit activations for
+/// int8, of a group of 32, 64 or 128.
 #[inline(always)]
-unsafe fn runs_few<const INT4: bool, const N: usize>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+unsafe fn runs_few<const VNNI: bool, const INT4: bool, const N: usize>(
+    row: &[u8],
+    a: &ActQ,
+    p0: usize,
+    out: &mut [f32],
+) {
     let g = a.group;
     let vals = &row[round4(a.blocks * 2)..];
     let inside = if INT4 { vals.len() * 2 } else { vals.len() };
@@ -71,16 +99,22 @@ unsafe fn runs_few<const INT4: bool, const N: usize>(row: &[u8], a: &ActQ, p0: u
     unsafe {
         let mut acc = [_mm256_setzero_ps(); N];
         let acc = &mut acc[..out.len()];
-        match (INT4, g / CHUNK) {
-            (true, 1) => quad_runs_few::<1>(row, vals, a, p0, runs, acc),
-            (true, 2) => quad_runs_few::<2>(row, vals, a, p0, runs, acc),
-            (true, _) => quad_runs_few::<4>(row, vals, a, p0, runs, acc),
-            (false, 1) => int8_runs_few::<1>(row, vals, a, p0, runs, acc),
-            (false, 2) => int8_runs_few::<2>(row, vals, a, p0, runs, acc),
-            (false, _) => int8_runs_few::<4>(row, vals, a, p0, runs, acc),
+        match (VNNI, INT4, g / CHUNK) {
+            (true, true, 1) => quad_runs_few::<1>(row, vals, a, p0, runs, acc),
+            (true, true, 2) => quad_runs_few::<2>(row, vals, a, p0, runs, acc),
+            (true, true, _) => quad_runs_few::<4>(row, vals, a, p0, runs, acc),
+            (true, false, 1) => int8_runs_few::<1>(row, vals, a, p0, runs, acc),
+            (true, false, 2) => int8_runs_few::<2>(row, vals, a, p0, runs, acc),
+            (true, false, _) => int8_runs_few::<4>(row, vals, a, p0, runs, acc),
+            (false, true, 1) => paired_runs_few::<1>(row, vals, a, p0, runs, acc),
+            (false, true, 2) => paired_runs_few::<2>(row, vals, a, p0, runs, acc),
+            (false, true, _) => paired_runs_few::<4>(row, vals, a, p0, runs, acc),
+            (false, false, 1) => signed_runs_few::<1>(row, vals, a, p0, runs, acc),
+            (false, false, 2) => signed_runs_few::<2>(row, vals, a, p0, runs, acc),
+            (false, false, _) => signed_runs_few::<4>(row, vals, a, p0, runs, acc),
         }
         for (i, (o, &acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
-            *o = finish::<true, INT4>(row, a, p0 + i, (runs * 8, acc));
+            *o = finish::<VNNI, INT4>(row, a, p0 + i, (runs * 8, acc));
         }
     }
 }
@@ -179,6 +213,122 @@ unsafe fn int8_runs_few<const CH: usize>(
                 let sums = if CH == 1 { fold_quads::<2>(&mut v) } else { fold_quads::<4>(&mut v) };
                 let s = a.s.as_ptr().add(p * ds + 8 * r);
                 let isum = _mm256_sub_epi32(sums, _mm256_sll_epi32(_mm256_loadu_si256(s as *const __m256i), seven));
+                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+            }
+        }
+    }
+}
+
+/// The AVX2 one-position int4 kernel's runs (`paired_runs` on the pair layout) for
+/// positions `p0..p0 + acc.len()`: each run's nibbles loaded and split once, then per
+/// position two `vpmaddubsw` per chunk pair, 16-bit sums over up to four chunks, one
+/// `vpmaddwd` (the bounds of `pairs8`).
+///
+/// SAFETY (caller): AVX2 present; the runs' bytes are inside `vals`
+/// (8 * group * runs <= 2 * vals.len()); `a` holds the pair layout of every position;
+/// `row` holds the runs' scales.
+#[inline(always)]
+unsafe fn paired_runs_few<const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    a: &ActQ,
+    p0: usize,
+    runs: usize,
+    acc: &mut [__m256],
+) {
+    let (g, ds) = (a.group, a.dstride());
+    // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and, per position,
+    // 8 * g of its pair layout (ds * g per position); d and s hold ds >= 8 * runs entries.
+    unsafe {
+        let three = _mm_cvtsi32_si128(3);
+        let (low4, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+        for r in 0..runs {
+            let c0 = r * 8 * g;
+            let (mut lo, mut hi) = ([_mm256_setzero_si256(); 16], [_mm256_setzero_si256(); 16]);
+            for i in 0..4 {
+                for m in 0..CH {
+                    let lo_at = ((c0 + i * g) >> 1) + m * 16;
+                    let x = _mm256_loadu2_m128i(
+                        vals.as_ptr().add(lo_at + 2 * g) as *const __m128i,
+                        vals.as_ptr().add(lo_at) as *const __m128i,
+                    );
+                    lo[i * CH + m] = _mm256_and_si256(x, low4);
+                    hi[i * CH + m] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
+                }
+            }
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let p = p0 + j;
+                let qp = a.qp.as_ptr().add(p * ds * g + c0);
+                let mut v = [_mm256_setzero_si256(); 4];
+                for (i, vi) in v.iter_mut().enumerate() {
+                    // At most four chunks' 16-bit pair sums before widening (`pairs8`).
+                    let mut pairs = _mm256_setzero_si256();
+                    for m in 0..CH {
+                        let q = qp.add((i * CH + m) * 64);
+                        let even = _mm256_loadu_si256(q as *const __m256i);
+                        let odd = _mm256_loadu_si256(q.add(32) as *const __m256i);
+                        let two = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo[i * CH + m], even),
+                            _mm256_maddubs_epi16(hi[i * CH + m], odd),
+                        );
+                        pairs = _mm256_add_epi16(pairs, two);
+                    }
+                    *vi = _mm256_madd_epi16(pairs, ones);
+                }
+                let isum = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+                let s = a.s.as_ptr().add(p * ds + 8 * r);
+                let isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(_mm256_loadu_si256(s as *const __m256i), three));
+                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+            }
+        }
+    }
+}
+
+/// The AVX2 one-position int8 kernel's runs (`sums8`: |w| times x with w's sign) for
+/// positions `p0..p0 + acc.len()`: each chunk's |w| formed once, then per position one
+/// `vpsignb`, `vpmaddubsw` and `vpmaddwd`.
+///
+/// SAFETY (caller): AVX2 present; the runs' bytes are inside `vals`
+/// (8 * group * runs <= vals.len()); the activations are unsplit; `row` holds the runs'
+/// scales.
+#[inline(always)]
+unsafe fn signed_runs_few<const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    a: &ActQ,
+    p0: usize,
+    runs: usize,
+    acc: &mut [__m256],
+) {
+    let (g, ds, qs) = (a.group, a.dstride(), a.blocks * a.group);
+    // SAFETY: the caller's contract; a run reads 8 * g bytes of `vals` and, per position,
+    // 8 * g values of its `q` row (qs of them); d holds ds >= 8 * runs entries.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        for r in 0..runs {
+            let c0 = r * 8 * g;
+            let (mut w, mut aw) = ([_mm256_setzero_si256(); 32], [_mm256_setzero_si256(); 32]);
+            for k in 0..8 * CH {
+                w[k] = _mm256_loadu_si256(vals.as_ptr().add(c0 + k * CHUNK) as *const __m256i);
+                aw[k] = _mm256_sign_epi8(w[k], w[k]);
+            }
+            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let p = p0 + j;
+                let x0 = a.q.as_ptr().add(p * qs + c0);
+                let mut v = [_mm256_setzero_si256(); 8];
+                for (b, vb) in v.iter_mut().enumerate() {
+                    for k in b * CH..(b + 1) * CH {
+                        let x = _mm256_loadu_si256(x0.add(k * CHUNK) as *const __m256i);
+                        // |w| <= 128, |x| <= 127: a pair is at most 32512, no saturation.
+                        let pairs = _mm256_maddubs_epi16(aw[k], _mm256_sign_epi8(x, w[k]));
+                        *vb = _mm256_add_epi32(*vb, _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+                let isum = hsum8(&v);
                 let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
             }
