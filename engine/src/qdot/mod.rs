@@ -479,20 +479,18 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 }
 
 /// Positions from which a row is first made ready ([`tile::prepare`]: its values unpacked
-/// and interleaved once) and then applied to the positions four at a time, instead of
-/// being decoded once per position. Below it each position reads the row again (from L1:
-/// a row is a few KiB), which is faster for a few positions — a batch's decode step —
-/// than preparing it. Measured on the OLMoE shape's decode step (`coli bench --batch N
-/// --ram all`, Xeon with AVX-512 VNNI, docs/benchmarks.md "Batched decode"): on the AVX2
-/// path preparing from 3 positions cost 5% at 4 and won 2% at 8. On AVX-512 the row is
-/// decoded once per run for all positions ([`x86_few`], up to 32): that beat preparing at
-/// every count up to 32 (decode steps of 8 to 32 sequences 13-15% faster, a 32-token
-/// prefill 10%) and tied at 64. The other paths keep 3 (not measured).
+/// and interleaved once) and then applied to the positions four at a time. Below it the
+/// x86 paths run [`x86_few`] (each run of the row loaded and unpacked once for up to 32
+/// positions, read from L1 again for the next 32), which beat preparing at every count up
+/// to 32 on the OLMoE shape (`coli bench --batch N --ram all` and short prefills, Xeon
+/// with AVX-512 VNNI, both paths; docs/benchmarks.md "A few positions per row"): decode
+/// steps of 8 to 32 sequences 3-19% faster, a 32-token prefill 8-15%, ties at 64 and more.
+/// The other paths prepare from 3 (their one-position kernel per position is slower; not
+/// measured against a few-position kernel, which they do not have).
 pub fn prepare_min(simd: Simd) -> usize {
     match simd {
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => x86_few::FEW + 1,
-        Simd::Avx2 => 6,
+        Simd::Avx512 | Simd::Avx2 => x86_few::FEW + 1,
         _ => 3,
     }
 }

@@ -1,12 +1,12 @@
-//! One stored row times a few positions ([`FEW`] = 32 per pass) on AVX-512 VNNI and AVX2: a batch's decode
-//! step, a speculative step's drafts, an expert that a few of a step's rows chose. Below
-//! [`super::prepare_min`] positions preparing the row ([`super::tile`]) does not pay, and
-//! [`super::x86::dot_row_avx512`] once per position loaded and unpacked the row's bytes
-//! again for each (from L1) and paid its set-up each time: in `coli bench --batch 4` that
-//! call was 59% of the decode's samples. Here each run of eight blocks is loaded and
-//! unpacked once, then applied to every position. Per position the integer sums and their
-//! float combination are those of the one-position kernels (`quad_runs`, `int8_runs`), so
-//! the bits are too.
+//! One stored row times a few positions ([`FEW`] = 32 per pass) on AVX-512 VNNI and AVX2:
+//! a batch's decode step, a speculative step's drafts, an expert that a few of a step's
+//! rows chose, a short prompt. Below [`super::prepare_min`] positions preparing the row
+//! ([`super::tile`]) does not pay, and the one-position kernel once per position loaded and
+//! unpacked the row's bytes again for each (from L1) and paid its set-up each time: in
+//! `coli bench --batch 4` that call was 59% of the decode's samples. Here each run of eight
+//! blocks is loaded and unpacked once, then applied to every position. Per position the
+//! integer sums and their float combination are those of the one-position kernels
+//! (`quad_runs`, `int8_runs`, `paired_runs`, `sums8`), so the bits are too.
 
 use std::arch::x86_64::*;
 
