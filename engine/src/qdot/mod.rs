@@ -26,6 +26,8 @@ mod tile;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[allow(dead_code)]
 mod wasm;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm_few;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -565,6 +567,10 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
             }
         }
         return;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if simd == Simd::Simd128 && !int4 && out.len() >= 2 && p0 + out.len() <= a.n {
+        return wasm_few::dot_row_few_int8(row, a, p0, out);
     }
     let _ = &scratch;
     for (i, o) in out.iter_mut().enumerate() {

@@ -13,7 +13,7 @@ use crate::math::reduce8;
 /// Bytes `[at, at + 16)` of `src`, zero-filled past its end (`CHECKED`; unchecked, the
 /// caller has made sure the bytes are inside `src`).
 #[inline(always)]
-fn load16<const CHECKED: bool>(src: &[u8], at: usize) -> v128 {
+pub(super) fn load16<const CHECKED: bool>(src: &[u8], at: usize) -> v128 {
     if !CHECKED || at + 16 <= src.len() {
         // SAFETY: the 16 bytes are inside `src`; v128.load has no alignment requirement.
         unsafe { v128_load(src.as_ptr().add(at) as *const v128) }
@@ -26,7 +26,7 @@ fn load16<const CHECKED: bool>(src: &[u8], at: usize) -> v128 {
 
 /// Activations `[at, at + 16)`; `CHECKED` as for [`load16`].
 #[inline(always)]
-fn load_q<const CHECKED: bool>(q: &[i8], at: usize) -> v128 {
+pub(super) fn load_q<const CHECKED: bool>(q: &[i8], at: usize) -> v128 {
     if CHECKED {
         let s = &q[at..at + 16];
         // SAFETY: `s` holds 16 bytes (the slice above is bounds-checked).
@@ -39,7 +39,7 @@ fn load_q<const CHECKED: bool>(q: &[i8], at: usize) -> v128 {
 
 /// Sum of the 16 products of `w` (i16 halves `wl`, `wh`) and the 16 int8 values `x`.
 #[inline(always)]
-fn dot16(acc: v128, wl: v128, wh: v128, x: v128) -> v128 {
+pub(super) fn dot16(acc: v128, wl: v128, wh: v128, x: v128) -> v128 {
     let a = i32x4_dot_i16x8(wl, i16x8_extend_low_i8x16(x));
     let b = i32x4_dot_i16x8(wh, i16x8_extend_high_i8x16(x));
     i32x4_add(acc, i32x4_add(a, b))
@@ -52,7 +52,7 @@ fn dot16(acc: v128, wl: v128, wh: v128, x: v128) -> v128 {
 /// operand has its top bit set or the 16-bit pair sums overflow; nibbles are at most 15,
 /// so a pair sums to at most 2 * 15 * 127: the exact integer sum on every engine.
 #[inline(always)]
-fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
+pub(super) fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
     #[cfg(target_feature = "relaxed-simd")]
     {
         i32x4_relaxed_dot_i8x16_i7x16_add(x, w, acc)
@@ -130,10 +130,10 @@ pub fn dot_rows(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
 /// values they stay in registers. The one-position kernel ran about 15% faster this way
 /// (tools/bench/qdot-wasm in Chromium, eleventh session).
 #[derive(Clone, Copy)]
-struct Consts {
-    low4: v128,
+pub(super) struct Consts {
+    pub(super) low4: v128,
     #[cfg(target_feature = "relaxed-simd")]
-    flip: v128,
+    pub(super) flip: v128,
     sign: v128,
     exp_man: v128,
     pow112: v128,
@@ -143,7 +143,7 @@ struct Consts {
 impl Consts {
     /// Opaque: for loops that use the constants every step and have registers to spare.
     #[inline(always)]
-    fn new() -> Consts {
+    pub(super) fn new() -> Consts {
         core::hint::black_box(Consts::literal())
     }
 
@@ -166,7 +166,7 @@ impl Consts {
 /// How much of the activations' block sum [`block_lanes`] leaves to subtract, as a shift:
 /// int4 stores w + 8 (8 = 1 << 3), relaxed int8 sums w + 128 (1 << 7), the widening int8
 /// path w itself (none).
-const fn offset_shift(int4: bool) -> Option<u32> {
+pub(super) const fn offset_shift(int4: bool) -> Option<u32> {
     if int4 {
         Some(3)
     } else if cfg!(target_feature = "relaxed-simd") {
@@ -180,7 +180,7 @@ const fn offset_shift(int4: bool) -> Option<u32> {
 /// partial lanes. `G`: the group when it is known at compile time (then `g` is ignored),
 /// else 0.
 #[inline(always)]
-fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>(
+pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>(
     vals: &[u8],
     q: &[i8],
     b: usize,
@@ -232,7 +232,7 @@ fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>(
 
 /// [sum of s0's lanes, s1's, s2's, s3's]: integer adds, exact in any order.
 #[inline(always)]
-fn hsum4(s0: v128, s1: v128, s2: v128, s3: v128) -> v128 {
+pub(super) fn hsum4(s0: v128, s1: v128, s2: v128, s3: v128) -> v128 {
     let t0 = i32x4_add(i32x4_shuffle::<0, 4, 1, 5>(s0, s1), i32x4_shuffle::<2, 6, 3, 7>(s0, s1));
     let t1 = i32x4_add(i32x4_shuffle::<0, 4, 1, 5>(s2, s3), i32x4_shuffle::<2, 6, 3, 7>(s2, s3));
     i32x4_add(i32x4_shuffle::<0, 1, 4, 5>(t0, t1), i32x4_shuffle::<2, 3, 6, 7>(t0, t1))
@@ -243,7 +243,7 @@ fn hsum4(s0: v128, s1: v128, s2: v128, s3: v128) -> v128 {
 /// into place and multiplied by 2^112, which is exact for normal and subnormal values;
 /// infinities and NaNs (exponent 31) get f32's all-ones exponent, NaNs their quiet bit.
 #[inline(always)]
-fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
+pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
     let bytes = &row[2 * b..2 * b + 8];
     // SAFETY: `bytes` holds the 8 bytes read (the slice above is bounds-checked).
     let h = u32x4_extend_low_u16x8(unsafe { v128_load64_zero(bytes.as_ptr() as *const u64) });

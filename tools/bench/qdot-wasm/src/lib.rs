@@ -178,7 +178,8 @@ pub extern "C" fn run_x_load(iters: usize) -> u32 {
     each(iters, variants::dot_x_load)
 }
 
-/// `run_many`'s work by the one-position kernel, position by position (same bits).
+/// `run_many`'s work by the one-position kernel, position by position (same bits: its
+/// checksum must equal run_many's).
 #[no_mangle]
 pub extern "C" fn run_many1(iters: usize) -> u32 {
     // SAFETY: as in `setup`.
@@ -190,7 +191,7 @@ pub extern "C" fn run_many1(iters: usize) -> u32 {
         for r in 0..st.rows {
             let row = &st.w[r * st.rb..(r + 1) * st.rb];
             for p in 0..POS {
-                st.out[r * POS + p] = dot_row(simd, true, row, &st.many, p);
+                st.out[r * POS + p] = dot_row(simd, st.int4, row, &st.many, p);
             }
         }
         sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
@@ -267,4 +268,35 @@ touch_variants! {
     run_s4096_d32k: 4096, 32768;
     run_s2048_d16k: 2048, 16384;
     run_s8192_d16k: 8192, 16384;
+}
+
+/// The engine's kernel check (every path against the scalar reference, bit for bit, the
+/// browser's `kernelSelfCheck`): the number of products compared, or 0 on a difference.
+#[no_mangle]
+pub extern "C" fn check() -> u32 {
+    colibri_engine::qdot::check::check_paths().map_or(0, |n| n as u32)
+}
+
+static mut CHECK_MSG: String = String::new();
+
+/// [`check`]'s first difference, as UTF-8 at the returned address ([`check_msg_len`] bytes).
+#[no_mangle]
+pub extern "C" fn check_msg() -> *const u8 {
+    let msg = colibri_engine::qdot::check::check_paths().err().unwrap_or_default();
+    // SAFETY: wasm32 without threads: one caller.
+    #[allow(static_mut_refs)]
+    unsafe {
+        CHECK_MSG = msg;
+        CHECK_MSG.as_ptr()
+    }
+}
+
+/// The length of the message [`check_msg`] last wrote.
+#[no_mangle]
+pub extern "C" fn check_msg_len() -> usize {
+    // SAFETY: as in `check_msg`.
+    #[allow(static_mut_refs)]
+    unsafe {
+        CHECK_MSG.len()
+    }
 }

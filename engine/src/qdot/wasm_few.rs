@@ -1,0 +1,137 @@
+//! One stored int8 row times a few positions in wasm SIMD128 (a prompt's positions in the
+//! browser, a speculative step's drafts): each run of four blocks is loaded and decoded once
+//! (relaxed builds: value + 128 split into nibbles; others: widened to i16), then applied to
+//! up to eight positions; more positions take further passes over the row, from L1. Before,
+//! every position ran [`super::wasm::dot_row_simd128`] over the row again (int8 has no
+//! prepared-row path in wasm). Per position the integer block sums and their float
+//! combination are the one-position kernel's, so the bits are.
+
+use core::arch::wasm32::*;
+
+#[cfg(not(target_feature = "relaxed-simd"))]
+use super::wasm::dot16;
+#[cfg(target_feature = "relaxed-simd")]
+use super::wasm::nibbles16;
+use super::wasm::{block_lanes, hsum4, load16, load_q, offset_shift, scales4, Consts};
+use super::{round4, scale, ActQ};
+use crate::math::reduce8;
+
+/// Positions per pass over the row.
+const PASS: usize = 8;
+
+/// `out[i]` = [`super::dot_row`] (SIMD128) of the int8 `row` and position `p0 + i` (positions inside
+/// `a`: the caller's contract). Groups other than 32, 64 and 128, split activations and rows
+/// whose values end inside a block go one position at a time.
+pub fn dot_row_few_int8(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    let (g, blocks) = (a.group, a.blocks);
+    let inside = row.len() >= round4(blocks * 2) + blocks * g && a.q.len() >= (p0 + out.len()) * blocks * g;
+    if !inside || a.split || !matches!(g, 32 | 64 | 128) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = super::dot_row(super::Simd::Simd128, false, row, a, p0 + i);
+        }
+        return;
+    }
+    for (c, out) in out.chunks_mut(PASS).enumerate() {
+        let p = p0 + c * PASS;
+        match g {
+            32 => few::<32>(row, a, p, out),
+            64 => few::<64>(row, a, p, out),
+            _ => few::<128>(row, a, p, out),
+        }
+    }
+}
+
+/// Up to [`PASS`] positions, group `G`; the shapes checked by [`dot_row_few_int8`].
+#[inline(always)]
+fn few<const G: usize>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    let blocks = a.blocks;
+    let vals = &row[round4(blocks * 2)..];
+    let k = Consts::new();
+    let mut acc = [[f32x4_splat(0.0); 2]; PASS];
+    let full = blocks / 4 * 4;
+    // Four blocks' values, two vectors per 16 (relaxed: the nibbles of value + 128; else
+    // the values widened to i16); 4 * G / 8 vectors, at most 64.
+    let mut w = [i32x4_splat(0); 64];
+    let mut b = 0;
+    while b < full {
+        for j in 0..4 {
+            for h in 0..G / 16 {
+                let bytes = load16::<false>(vals, (b + j) * G + h * 16);
+                let at = 2 * (j * G / 16 + h);
+                #[cfg(target_feature = "relaxed-simd")]
+                {
+                    let u = v128_xor(bytes, k.flip);
+                    w[at] = v128_and(u, k.low4);
+                    w[at + 1] = v128_and(u16x8_shr(u, 4), k.low4);
+                }
+                #[cfg(not(target_feature = "relaxed-simd"))]
+                {
+                    w[at] = i16x8_extend_low_i8x16(bytes);
+                    w[at + 1] = i16x8_extend_high_i8x16(bytes);
+                }
+            }
+        }
+        let ws = scales4(row, b, &k);
+        for (i, acc) in acc.iter_mut().enumerate().take(out.len()) {
+            let p = p0 + i;
+            let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+            let mut lanes = [i32x4_splat(0); 4];
+            for (j, lane) in lanes.iter_mut().enumerate() {
+                let (mut sum, mut _high) = (i32x4_splat(0), i32x4_splat(0));
+                for h in 0..G / 16 {
+                    let x = load_q::<false>(q, (b + j) * G + h * 16);
+                    let at = 2 * (j * G / 16 + h);
+                    #[cfg(target_feature = "relaxed-simd")]
+                    {
+                        sum = nibbles16(sum, w[at], x);
+                        _high = nibbles16(_high, w[at + 1], x);
+                    }
+                    #[cfg(not(target_feature = "relaxed-simd"))]
+                    {
+                        sum = dot16(sum, w[at], w[at + 1], x);
+                    }
+                }
+                // Relaxed: the high nibbles weigh 16 (block_lanes' combination).
+                #[cfg(target_feature = "relaxed-simd")]
+                {
+                    sum = i32x4_add(sum, i32x4_shl(_high, 4));
+                }
+                *lane = sum;
+            }
+            let mut isum = hsum4(lanes[0], lanes[1], lanes[2], lanes[3]);
+            let (dq, sq) = (&d[b..b + 4], &s[b..b + 4]);
+            if let Some(shift) = offset_shift(false) {
+                // SAFETY: `sq` holds 4 i32 (bounds-checked slice); v128.load is unaligned.
+                isum = i32x4_sub(isum, i32x4_shl(unsafe { v128_load(sq.as_ptr() as *const v128) }, shift));
+            }
+            // SAFETY: `dq` holds 4 f32 (bounds-checked slice).
+            let db = unsafe { v128_load(dq.as_ptr() as *const v128) };
+            let half = (b / 4) & 1;
+            acc[half] = f32x4_add(acc[half], f32x4_mul(f32x4_mul(ws, db), f32x4_convert_i32x4(isum)));
+        }
+        b += 4;
+    }
+    for (i, (o, acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
+        let p = p0 + i;
+        let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 f32; v128.store has no alignment requirement.
+        unsafe {
+            v128_store(lanes.as_mut_ptr() as *mut v128, acc[0]);
+            v128_store(lanes.as_mut_ptr().add(4) as *mut v128, acc[1]);
+        }
+        // The blocks after the last multiple of four, as the one-position kernel does them.
+        for b in full..blocks {
+            let v = block_lanes::<false, false, G>(vals, q, b, G, &k);
+            let mut isum = i32x4_extract_lane::<0>(v)
+                + i32x4_extract_lane::<1>(v)
+                + i32x4_extract_lane::<2>(v)
+                + i32x4_extract_lane::<3>(v);
+            if let Some(shift) = offset_shift(false) {
+                isum -= s[b] << shift;
+            }
+            lanes[b % 8] += (scale(row, b) * d[b]) * isum as f32;
+        }
+        *o = reduce8(lanes);
+    }
+}
