@@ -13,6 +13,8 @@
 // positions: their GB/s count each row once, so multiply by 16 for row-positions.
 // GROUP: the group (default 32; the run_b/run_c/run_x variants are for int4 group 32 only).
 // INT8=1: int8 rows instead of int4 (the variants return 0).
+// The module also exports `check` (the engine's kernel check: products compared, 0 on a
+// difference; `check_msg` / `check_msg_len` give the difference as UTF-8 in its memory).
 // ROWS int4 rows of 2048 values (16384: 18.9 MB, from memory; 512: 0.6 MB, in L2); ALL=1
 // prints every timing. Both regimes matter: a change can win in L2 and lose from memory.
 import { readFileSync, existsSync } from "node:fs";
