@@ -272,9 +272,10 @@ touch_variants! {
 
 /// The engine's kernel check (every path against the scalar reference, bit for bit, the
 /// browser's `kernelSelfCheck`): the number of products compared, or 0 on a difference
-/// ([`check_msg`] says which). Run it where the kernels run: node 20's experimental relaxed
-/// SIMD gave int4 rows other values than the scalar reference (2026-12-05), Chromium 156 the
-/// same (tests/e2e's kernelSelfCheck); the plain SIMD128 build passes in both.
+/// ([`check_msg`] says which). Run it where the kernels run: in node 20 with its
+/// experimental relaxed SIMD the relaxed build's int4 rows differed from the scalar
+/// reference (2026-12-05), while in Chromium 156 every path gives the reference's bits
+/// (tests/e2e's kernelSelfCheck); the plain SIMD128 build passes in both.
 #[no_mangle]
 pub extern "C" fn check() -> u32 {
     colibri_engine::qdot::check::check_paths().map_or(0, |n| n as u32)
