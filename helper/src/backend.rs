@@ -51,6 +51,16 @@ impl<'m> ChatSession<'m> {
         }
     }
 
+    /// Tokens whose effect the caches hold: fewer than [`ChatSession::tokens`] after a
+    /// cut that a recurrent state could not follow (the next pass feeds the rest again).
+    pub fn cached_len(&self) -> usize {
+        match self {
+            ChatSession::Cpu(_, s) => s.cached_len(),
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(_, s) => s.cached_len(),
+        }
+    }
+
     /// Forgets everything after the first `len` tokens.
     pub fn truncate(&mut self, len: usize) {
         match self {
@@ -129,6 +139,16 @@ impl colibri_engine::generate::Context for ChatSession<'_> {
 
     fn truncate(&mut self, len: usize) {
         ChatSession::truncate(self, len)
+    }
+
+    /// The inner session's: a recurrent state goes back only to a snapshot.
+    fn keepable(&self, len: usize) -> usize {
+        use colibri_engine::generate::Context;
+        match self {
+            ChatSession::Cpu(_, s) => s.keepable(len),
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(_, s) => s.keepable(len),
+        }
     }
 
     fn bytes(&self) -> usize {

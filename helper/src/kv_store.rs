@@ -106,7 +106,9 @@ impl KvStore {
     }
 
     /// The cache on disk that keeps more of `ids` than `better_than` tokens, checked and
-    /// cut back to what `ids` reuses: (session, tokens kept). None when no file does.
+    /// cut back to what `ids` reuses: (session, tokens kept). None when no file does, or
+    /// when the one that does holds no more than `better_than` positions once cut back
+    /// (`Session::cached_len`: a recurrent state cut inside the file restarts).
     pub fn find(&self, cfg: &ModelConfig, ids: &[u32], better_than: usize) -> Option<(Session, usize)> {
         let mut best: Option<(PathBuf, usize, u64)> = None;
         for (path, m) in self.files() {
@@ -150,7 +152,10 @@ impl KvStore {
         match kv::decode(&bytes, &self.fingerprint, cfg) {
             Ok(mut s) => {
                 s.truncate(kept);
-                Some((s, kept))
+                // A recurrent state (Gated DeltaNet, DeepSeek-V4's compressor) cut inside
+                // the file restarts, and the next pass feeds its tokens again: the file is
+                // only worth taking if it spares more than the caller already holds.
+                (s.cached_len() > better_than).then_some((s, kept))
             }
             Err(e) => {
                 Self::drop_bad(&path, e);
@@ -274,6 +279,27 @@ mod tests {
 
     fn fixture() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_moe")
+    }
+
+    /// A Gated DeltaNet model's file cut inside its recurrent state (files hold no
+    /// snapshots) spares nothing: it is taken only when the caller holds nothing better,
+    /// and says so (`cached_len` 0 of the kept ids); cut at its end it spares every id.
+    #[test]
+    fn a_recurrent_state_cut_inside_a_file_is_not_counted_as_kept() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_next");
+        let base = std::env::temp_dir().join(format!("coli-kv-store-next-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let model = Model::open_dir(&dir).unwrap();
+        let store = KvStore::new(&base, &dir, 4, 1 << 30).unwrap();
+        let mut s = model.new_session();
+        model.forward(&mut s, &[1, 2, 3, 4, 5, 6], colibri_engine::Logits::Last).unwrap();
+        store.save(&s);
+        let (whole, kept) = store.find(&model.cfg, &[1, 2, 3, 4, 5, 6, 7], 3).unwrap();
+        assert_eq!((kept, whole.cached_len()), (6, 6));
+        // Cut after 4 of its 6 ids: the state restarts, 0 positions held.
+        assert!(store.find(&model.cfg, &[1, 2, 3, 4, 9], 0).is_none(), "no better than an empty session");
+        assert!(store.find(&model.cfg, &[1, 2, 3, 4, 9], 2).is_none(), "no better than 2 held in memory");
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

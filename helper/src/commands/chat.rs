@@ -305,12 +305,25 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         // a longer one written by an earlier run (after a restart and /load).
         let mut common = reuse(&mut session, &ids);
         if let Some((s, kept)) = store.as_ref().and_then(|st| st.find(cfg, &ids, common)) {
+            // A recurrent state (Gated DeltaNet, DeepSeek-V4's compressor) cut inside a file
+            // restarts: its tokens are fed again, so say how many the cache really spares.
+            let held = s.cached_len().min(kept);
             if session.restore(s) {
-                eprintln!("(restored the cache of {kept} tokens of this conversation from disk)");
+                if held < kept {
+                    eprintln!(
+                        "(restored the cache of {kept} tokens of this conversation from disk; this model's \
+                         recurrent state holds {held} of them, the other {} are fed again)",
+                        kept - held
+                    );
+                } else {
+                    eprintln!("(restored the cache of {kept} tokens of this conversation from disk)");
+                }
                 common = kept;
             }
         }
-        last_cached = common;
+        // What the prompt did not have to feed again (a recurrent state cut back by `reuse`
+        // or a restored file restarts where it cannot follow).
+        last_cached = common.min(session.cached_len());
         let start = Instant::now();
         let mut first = None;
         let mut stream = DecodeStream::default();

@@ -118,7 +118,11 @@ pub(crate) fn continues_after_a_restart(model: &str, extra: &[&str]) -> (PathBuf
     // Uninterrupted: two turns in one run (the second reuses the first's cache in memory).
     let (plain, err) = chat_in(&fresh, model, "Hello\nAnd again\n/stats\n", &args);
     let in_memory = numbers_after(&err, "the last prompt reused ");
-    assert!(in_memory.len() == 1 && in_memory[0] > 0, "{err}");
+    // A Gated DeltaNet state cut inside the first answer (a fixture's random answer does
+    // not tokenize back to the ids it generated) restarts: nothing is reused, and nothing
+    // may be claimed.
+    let recurrent = model.contains("next");
+    assert!(in_memory.len() == 1 && (in_memory[0] > 0 || recurrent), "{err}");
     // One turn, saved; a new process loads the conversation and finds its cache on disk.
     let (first, _) = chat_in(&data, model, &format!("Hello\n/save {f}\n"), &args);
     let files: Vec<_> = std::fs::read_dir(data.join("colibri/kv")).unwrap().collect();
@@ -126,7 +130,9 @@ pub(crate) fn continues_after_a_restart(model: &str, extra: &[&str]) -> (PathBuf
     let load = format!("/load {f}\nAnd again\n/stats\n");
     let (second, err) = chat_in(&data, model, &load, &args);
     assert_eq!(format!("{first}{second}"), plain, "the same answers as without the restart");
-    assert_eq!(numbers_after(&err, "restored the cache of "), in_memory, "zero re-prefill: {err}");
+    // A file that spares nothing is not restored (kv_store's find).
+    let restored = if in_memory[0] > 0 { in_memory.clone() } else { Vec::new() };
+    assert_eq!(numbers_after(&err, "restored the cache of "), restored, "zero re-prefill: {err}");
     assert_eq!(numbers_after(&err, "the last prompt reused "), in_memory, "{err}");
     (dir, data, load, second, in_memory[0])
 }
