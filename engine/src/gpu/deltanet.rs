@@ -101,6 +101,8 @@ pub struct GpuDeltaState {
     /// (n_v_heads, k_head_dim, v_head_dim)
     pub s: wgpu::Buffer,
     snapshots: Vec<Snapshot>,
+    /// The last call was a multi-token one (as `DeltaState::begin`).
+    after_many: bool,
 }
 
 fn state_bytes(c: &LinearAttnConfig) -> (u64, u64) {
@@ -128,6 +130,7 @@ impl GpuDeltaState {
             conv: ctx.storage_buffer("deltanet.conv_state", conv)?,
             s: ctx.storage_buffer("deltanet.state", s)?,
             snapshots: Vec::new(),
+            after_many: false,
         })
     }
 
@@ -142,6 +145,14 @@ impl GpuDeltaState {
     /// Bytes of the state itself (as `Session::bytes` counts the CPU's).
     pub fn bytes(&self) -> usize {
         (self.conv.size() + self.s.size()) as usize
+    }
+
+    /// Whether a call of `n` positions starts with a snapshot, as `DeltaState::begin`: a
+    /// multi-token call, and the call after one.
+    pub(super) fn begin(&mut self, n: usize) -> bool {
+        let snap = n > 1 || self.after_many;
+        self.after_many = n > 1;
+        snap
     }
 
     /// Remembers the current state (at the start of a multi-token call), as

@@ -111,8 +111,8 @@ fn prepare_v4<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, pos0
 }
 
 /// Makes a session ready for a pass of positions pos0..pos0 + n: recurrent states
-/// created, and snapshotted before a multi-token pass (which may be rolled back to here,
-/// as the CPU's `delta_begin` does).
+/// created, and snapshotted before a multi-token pass (which may be rolled back to here)
+/// and before the pass after one (where a prompt ended), as the CPU's `delta_begin` does.
 pub(super) fn prepare_states<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, n: usize) -> Result<()> {
     let ctx = &*gm.ctx;
     if session.recurrent.len() != gm.layers.len() {
@@ -125,8 +125,8 @@ pub(super) fn prepare_states<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut G
             })
             .collect::<Result<_>>()?;
     }
-    if n > 1 {
-        for st in session.recurrent.iter_mut().flatten() {
+    for st in session.recurrent.iter_mut().flatten() {
+        if st.begin(n) {
             st.snapshot(ctx)?;
         }
     }

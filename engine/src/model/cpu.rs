@@ -323,7 +323,7 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
             this.each_seq(n, |seq, _, n, first| {
                 let st = seq.cache(l, first)?.recurrent.get_or_insert_with(Default::default);
                 st.ensure(c);
-                if n > 1 {
+                if st.begin(n) {
                     st.snapshot();
                 }
                 Ok(())

@@ -99,8 +99,10 @@ pub struct DeltaState {
     pub conv: Vec<f32>,
     /// (n_v_heads, k_head_dim, v_head_dim): the delta-rule matrices.
     pub s: Vec<f32>,
-    /// States at the start of recent multi-token calls, oldest first.
+    /// States at the start of recent multi-token calls, and where they ended, oldest first.
     snapshots: Vec<Snapshot>,
+    /// The last call was a multi-token one ([`DeltaState::begin`]).
+    after_many: bool,
 }
 
 impl DeltaState {
@@ -108,7 +110,7 @@ impl DeltaState {
     pub fn ensure(&mut self, c: &LinearAttnConfig) {
         let (conv, s) = ((c.conv_kernel - 1) * c.conv_dim(), c.n_v_heads * c.k_head_dim * c.v_head_dim);
         if self.conv.len() != conv || self.s.len() != s {
-            *self = DeltaState { pos: 0, conv: vec![0.0; conv], s: vec![0.0; s], snapshots: Vec::new() };
+            *self = DeltaState { pos: 0, conv: vec![0.0; conv], s: vec![0.0; s], ..Default::default() };
         }
     }
 
@@ -139,6 +141,17 @@ impl DeltaState {
     /// The positions [`DeltaState::rewind`]`(positions)` would leave, without going there.
     pub fn rewind_point(&self, positions: usize) -> usize {
         rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)
+    }
+
+    /// Whether a call of `n` positions starts with a [`DeltaState::snapshot`]: a
+    /// multi-token call (a prompt, a speculative batch) may be rolled back to its start,
+    /// and the call after one starts where it ended: where a chat's next prompt, which
+    /// may not tokenize the answer back to the ids generated (or drops a thinking
+    /// block), most often parts from the conversation.
+    pub(crate) fn begin(&mut self, n: usize) -> bool {
+        let snap = n > 1 || self.after_many;
+        self.after_many = n > 1;
+        snap
     }
 
     /// Remembers the current state (at the start of a multi-token call: a prompt, a
