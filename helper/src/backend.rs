@@ -143,7 +143,6 @@ impl colibri_engine::generate::Context for ChatSession<'_> {
 
     /// The inner session's: a recurrent state goes back only to a snapshot.
     fn keepable(&self, len: usize) -> usize {
-        use colibri_engine::generate::Context;
         match self {
             ChatSession::Cpu(_, s) => s.keepable(len),
             #[cfg(feature = "wgpu")]
