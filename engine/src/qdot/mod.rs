@@ -485,8 +485,9 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 /// x86 paths run [`x86_few`] (each run of the row loaded and unpacked once for up to 32
 /// positions, read from L1 again for the next 32), which beat preparing at every count up
 /// to 32 on the OLMoE shape (`coli bench --batch N --ram all` and short prefills, Xeon
-/// with AVX-512 VNNI, both paths; docs/benchmarks.md "A few positions per row"): decode
-/// steps of 8 to 32 sequences 3-19% faster, a 32-token prefill 8-15%, ties at 64 and more.
+/// with AVX-512 VNNI, both paths; docs/benchmarks.md "A few positions per row"): against
+/// preparing from 9 (AVX-512) and 6 (AVX2), decode steps of 8 and 16 sequences 3-20% faster,
+/// a 32-token prefill 8-15%; ties at 64 positions and more.
 /// The other paths prepare from 3 (their one-position kernel per position is slower; not
 /// measured against a few-position kernel, which they do not have).
 pub fn prepare_min(simd: Simd) -> usize {

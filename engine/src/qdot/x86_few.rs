@@ -138,7 +138,6 @@ unsafe fn quad_runs_few<const CH: usize>(
     // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and, per position,
     // 8 * g of its quad layout (ds * g per position); d and s hold ds >= 8 * runs entries.
     unsafe {
-        let three = _mm_cvtsi32_si128(3);
         let low4 = _mm512_set1_epi8(0x0f);
         let ahead = prefetch_ahead();
         for r in 0..runs {
@@ -162,11 +161,7 @@ unsafe fn quad_runs_few<const CH: usize>(
                     let odd = _mm512_loadu_si512(x0.add(128 * k + 64) as *const __m512i);
                     v[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[k], even), hi[k], odd);
                 }
-                let s = a.s.as_ptr().add(p * ds + 8 * r);
-                let s8 = _mm256_sll_epi32(_mm256_loadu_si256(s as *const __m256i), three);
-                let isum = _mm256_sub_epi32(fold_quads::<CH>(&mut v), s8);
-                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+                add_run::<3>(acc, ws, fold_quads::<CH>(&mut v), a, p, r);
             }
         }
     }
@@ -187,11 +182,10 @@ unsafe fn int8_runs_few<const CH: usize>(
     runs: usize,
     acc: &mut [__m256],
 ) {
-    let (g, ds, qs) = (a.group, a.dstride(), a.blocks * a.group);
+    let (g, qs) = (a.group, a.blocks * a.group);
     // SAFETY: the caller's contract; a run reads 8 * g bytes of `vals` and, per position,
     // 8 * g values of its `q` row (qs of them); d and s hold ds >= 8 * runs entries.
     unsafe {
-        let seven = _mm_cvtsi32_si128(7);
         let flip = _mm512_set1_epi8(-128);
         for r in 0..runs {
             let w0 = vals.as_ptr().add(r * 8 * g);
@@ -211,10 +205,7 @@ unsafe fn int8_runs_few<const CH: usize>(
                     v[j] = _mm512_dpbusd_epi32(v[j], wk, x);
                 }
                 let sums = if CH == 1 { fold_quads::<2>(&mut v) } else { fold_quads::<4>(&mut v) };
-                let s = a.s.as_ptr().add(p * ds + 8 * r);
-                let isum = _mm256_sub_epi32(sums, _mm256_sll_epi32(_mm256_loadu_si256(s as *const __m256i), seven));
-                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+                add_run::<7>(acc, ws, sums, a, p, r);
             }
         }
     }
@@ -241,7 +232,6 @@ unsafe fn paired_runs_few<const CH: usize>(
     // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and, per position,
     // 8 * g of its pair layout (ds * g per position); d and s hold ds >= 8 * runs entries.
     unsafe {
-        let three = _mm_cvtsi32_si128(3);
         let (low4, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
         for r in 0..runs {
             let c0 = r * 8 * g;
@@ -278,10 +268,7 @@ unsafe fn paired_runs_few<const CH: usize>(
                     *vi = _mm256_madd_epi16(pairs, ones);
                 }
                 let isum = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-                let s = a.s.as_ptr().add(p * ds + 8 * r);
-                let isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(_mm256_loadu_si256(s as *const __m256i), three));
-                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+                add_run::<3>(acc, ws, isum, a, p, r);
             }
         }
     }
@@ -303,7 +290,7 @@ unsafe fn signed_runs_few<const CH: usize>(
     runs: usize,
     acc: &mut [__m256],
 ) {
-    let (g, ds, qs) = (a.group, a.dstride(), a.blocks * a.group);
+    let (g, qs) = (a.group, a.blocks * a.group);
     // SAFETY: the caller's contract; a run reads 8 * g bytes of `vals` and, per position,
     // 8 * g values of its `q` row (qs of them); d holds ds >= 8 * runs entries.
     unsafe {
@@ -329,9 +316,29 @@ unsafe fn signed_runs_few<const CH: usize>(
                     }
                 }
                 let isum = hsum8(&v);
-                let dv = _mm256_loadu_ps(a.d.as_ptr().add(p * ds + 8 * r));
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+                add_run::<0>(acc, ws, isum, a, p, r);
             }
         }
+    }
+}
+
+/// Run `r`'s eight block sums of position `p` added to its accumulator lanes in the
+/// reference's order: less the block's activation sum times 2^`SHIFT` (the stored values'
+/// bias: int4 w + 8, VNNI int8 w + 128; 0: none), then (ws_b * d_b) * f32(isum_b).
+///
+/// SAFETY (caller): AVX2 present; `a`'s d and s hold run `r` of position `p`.
+#[inline(always)]
+unsafe fn add_run<const SHIFT: i32>(acc: &mut __m256, ws: __m256, sums: __m256i, a: &ActQ, p: usize, r: usize) {
+    let at = p * a.dstride() + 8 * r;
+    // SAFETY: the caller's contract (d and s are dstride long per position).
+    unsafe {
+        let isum = if SHIFT > 0 {
+            let s = _mm256_loadu_si256(a.s.as_ptr().add(at) as *const __m256i);
+            _mm256_sub_epi32(sums, _mm256_slli_epi32::<SHIFT>(s))
+        } else {
+            sums
+        };
+        let dv = _mm256_loadu_ps(a.d.as_ptr().add(at));
+        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
     }
 }
