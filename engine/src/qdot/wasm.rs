@@ -292,14 +292,31 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize>(row: &[u8], a: &A
         acc[half] = f32x4_add(acc[half], prod);
         b += 4;
     }
+    finish::<INT4, CHECKED, G>(acc, row, a, p, full, &k)
+}
+
+/// A position's result from its accumulators `acc` (blocks before `full`, a multiple of
+/// four): the blocks from `full` on one at a time, added to the lanes b mod 8, then the
+/// reference's final sum. `G` as in [`block_lanes`].
+#[inline(always)]
+pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize>(
+    acc: [v128; 2],
+    row: &[u8],
+    a: &ActQ,
+    p: usize,
+    full: usize,
+    k: &Consts,
+) -> f32 {
+    let (g, vals) = (if G > 0 { G } else { a.group }, &row[round4(a.blocks * 2)..]);
+    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
     let mut out = [0.0f32; 8];
     // SAFETY: `out` holds 8 f32; v128.store has no alignment requirement.
     unsafe {
         v128_store(out.as_mut_ptr() as *mut v128, acc[0]);
         v128_store(out.as_mut_ptr().add(4) as *mut v128, acc[1]);
     }
-    for b in full..blocks {
-        let v = block_lanes::<INT4, CHECKED, G>(vals, q, b, g, &k);
+    for b in full..a.blocks {
+        let v = block_lanes::<INT4, CHECKED, G>(vals, q, b, g, k);
         let mut isum = i32x4_extract_lane::<0>(v)
             + i32x4_extract_lane::<1>(v)
             + i32x4_extract_lane::<2>(v)

@@ -12,9 +12,8 @@ use core::arch::wasm32::*;
 use super::wasm::dot16;
 #[cfg(target_feature = "relaxed-simd")]
 use super::wasm::nibbles16;
-use super::wasm::{block_lanes, hsum4, load16, load_q, offset_shift, scales4, Consts};
-use super::{round4, scale, ActQ};
-use crate::math::reduce8;
+use super::wasm::{finish, hsum4, load16, load_q, offset_shift, scales4, Consts};
+use super::{round4, ActQ};
 
 /// Positions per pass over the row.
 const PASS: usize = 8;
@@ -111,27 +110,8 @@ fn few<const G: usize>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
         }
         b += 4;
     }
-    for (i, (o, acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
-        let p = p0 + i;
-        let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: `lanes` holds 8 f32; v128.store has no alignment requirement.
-        unsafe {
-            v128_store(lanes.as_mut_ptr() as *mut v128, acc[0]);
-            v128_store(lanes.as_mut_ptr().add(4) as *mut v128, acc[1]);
-        }
-        // The blocks after the last multiple of four, as the one-position kernel does them.
-        for b in full..blocks {
-            let v = block_lanes::<false, false, G>(vals, q, b, G, &k);
-            let mut isum = i32x4_extract_lane::<0>(v)
-                + i32x4_extract_lane::<1>(v)
-                + i32x4_extract_lane::<2>(v)
-                + i32x4_extract_lane::<3>(v);
-            if let Some(shift) = offset_shift(false) {
-                isum -= s[b] << shift;
-            }
-            lanes[b % 8] += (scale(row, b) * d[b]) * isum as f32;
-        }
-        *o = reduce8(lanes);
+    // The blocks after the last multiple of four, as the one-position kernel does them.
+    for (i, (o, &acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
+        *o = finish::<false, false, G>(acc, row, a, p0 + i, full, &k);
     }
 }
