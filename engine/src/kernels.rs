@@ -7,6 +7,8 @@ use std::cell::RefCell;
 pub mod bench;
 #[cfg(target_arch = "x86_64")]
 mod float_x86;
+#[cfg(any(target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
+mod fp8_four;
 #[cfg(target_arch = "aarch64")]
 mod fp8_neon;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -283,18 +285,24 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
             }
             #[cfg(target_arch = "aarch64")]
             if let (DType::Fp8 { block }, 1, Simd::Neon | Simd::NeonDot) = (w.dtype, n, simd) {
-                if fp8_neon::takes(block as usize) {
-                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
-                    return fp8_neon::rows(w, block as usize, x, r0, r1, dst);
+                if fp8_four::takes(block as usize) {
+                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone;
+                    // fp8_neon::dot4 reads its rows and x alone.
+                    return unsafe {
+                        let dst = std::slice::from_raw_parts_mut(out.add(r0), r1 - r0);
+                        fp8_four::rows(w, block as usize, x, r0, r1, dst, fp8_neon::dot4)
+                    };
                 }
             }
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             if let (DType::Fp8 { block }, 1, Simd::Simd128) = (w.dtype, n, simd) {
-                if fp8_wasm::takes(block as usize) {
-                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };
-                    return fp8_wasm::rows(w, block as usize, x, r0, r1, dst);
+                if fp8_four::takes(block as usize) {
+                    // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone;
+                    // fp8_wasm::dot4 reads its rows and x alone.
+                    return unsafe {
+                        let dst = std::slice::from_raw_parts_mut(out.add(r0), r1 - r0);
+                        fp8_four::rows(w, block as usize, x, r0, r1, dst, fp8_wasm::dot4)
+                    };
                 }
             }
             let mut buf = ROW.with(|b| std::mem::take(&mut *b.borrow_mut()));
@@ -670,10 +678,12 @@ mod tests {
     #[test]
     fn fp8_weights_give_the_bits_of_decode_then_dot_on_every_simd_path() {
         // Blocks of 8, 16, 32 (the vector paths) and 12 (two scales in a vector: the plain
-        // loop), columns with a partial last block and a tail; NaN bytes, subnormals, -0,
-        // a scale too large for the vector path's 2^8 pre-scaling and an infinite one.
+        // loop), columns with a partial last block and a tail; NaN bytes (rows 1 and 2 in a
+        // group of four that the large scale of row 3 sends to the plain loop, rows 5 and 14
+        // in groups the vector kernels take), subnormals, -0, a scale too large for the
+        // vector path's 2^8 pre-scaling and an infinite one.
         let mut s = 5u64;
-        for (rows, cols, block) in [(37, 84, 32), (9, 64, 16), (6, 7, 8), (5, 40, 12), (4, 300, 128)] {
+        for (rows, cols, block) in [(37, 84, 32), (9, 64, 16), (6, 7, 8), (5, 40, 12), (4, 300, 128), (8, 300, 128)] {
             let dt = DType::Fp8 { block };
             let rb = dt.row_bytes(cols).unwrap();
             let nb = cols.div_ceil(block as usize);
@@ -690,8 +700,8 @@ mod tests {
                 for c in 0..cols {
                     let v = (lcg(&mut s) * 1e4).abs() as u32 as u8;
                     row[4 * nb + c] = match (r, c % 50) {
-                        (1, 3) => 0x7f,
-                        (2, 4) => 0xff,
+                        (1, 3) | (5, 9) => 0x7f,
+                        (2, 4) | (14, 10) => 0xff,
                         (_, 5) => 0x80,
                         (_, 6) => 0x03,
                         _ => v,

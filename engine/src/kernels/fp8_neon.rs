@@ -2,12 +2,10 @@
 //! decoding the row (`E4M3[byte] * scale`) and applying [`crate::math::dot`], the decode
 //! done in registers, four rows at a time for one position.
 //!
-//! The decode, four bytes per vector, with integers only (Rust's f16 vector types are not
-//! stable, so no `fcvtl`): for `t = byte & 0x7f` with exponent `e = t >> 3` and mantissa
-//! `m = t & 7`, a normal value's f32 bits are `(t << 20) + (120 << 23)` exactly; a subnormal
-//! (`e = 0`) is `f32(m) * 2^-9`, exact; the sign bit is put on the magnitude, then the
-//! product with the block's scale rounds once: the reference's bits. NaN bytes (0x7f, 0xff)
-//! become NaN (all bits set) after the product, as on x86.
+//! The decode is [`super::fp8_four`]'s (a sign extension, a shift, a mask and the product
+//! with the scale per four weights; Rust's f16 vector types are not stable, so no `fcvtl`).
+//! aarch64 multiplies f32 subnormals at full speed on the cores we know of (no microcode
+//! assist); with FPCR.FZ clear, as Linux and macOS leave it, they are exact.
 //!
 //! Lanes are [`crate::math::dot`]'s: two float32x4 accumulators per row (lanes 0-3 and
 //! 4-7), each product and sum rounded on its own (`fmul` then `fadd`, never `fmla`), the
@@ -16,13 +14,9 @@
 
 use std::arch::aarch64::*;
 
+use super::fp8_four::{BITS, TWO_120};
 use crate::math::reduce8;
 use crate::tensor::E4M3;
-
-/// Whether [`dot4`] takes a matrix of `block`-column scale blocks.
-pub fn takes(block: usize) -> bool {
-    block > 0 && block.is_multiple_of(8)
-}
 
 /// Scale `b` of the row at `row`.
 #[inline(always)]
@@ -31,27 +25,40 @@ unsafe fn scale(row: *const u8, b: usize) -> f32 {
     unsafe { f32::from_le_bytes(*(row.add(4 * b) as *const [u8; 4])) }
 }
 
-/// Four e4m3 values (the low 8 bits of `t`'s lanes) times the scale `s`, NaN bytes NaN.
+/// Whether none of the `n` bytes at `p` is an e4m3 NaN (`b | 0x80 == 0xff`).
+///
+/// SAFETY (caller): `n` bytes readable at `p`.
 #[inline(always)]
-fn decode4(t: uint32x4_t, s: float32x4_t) -> float32x4_t {
-    // SAFETY: NEON is part of aarch64's baseline; register operations only.
+unsafe fn nan_free(p: *const u8, n: usize) -> bool {
+    // SAFETY: loads inside the caller's n bytes (16-byte steps below n, then single bytes).
     unsafe {
-        let mag = vandq_u32(t, vdupq_n_u32(0x7f));
-        let normal = vaddq_u32(vshlq_n_u32::<20>(mag), vdupq_n_u32(120 << 23));
-        let sub = vmulq_f32(vcvtq_f32_u32(vandq_u32(mag, vdupq_n_u32(7))), vdupq_n_f32(1.0 / 512.0));
-        let is_sub = vceqq_u32(vshrq_n_u32::<3>(mag), vdupq_n_u32(0));
-        let bits = vbslq_u32(is_sub, vreinterpretq_u32_f32(sub), normal);
-        let signed = vorrq_u32(bits, vshlq_n_u32::<24>(vandq_u32(t, vdupq_n_u32(0x80))));
-        let w = vmulq_f32(vreinterpretq_f32_u32(signed), s);
-        let nan = vceqq_u32(mag, vdupq_n_u32(0x7f));
-        vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(w), nan))
+        let (top, ones) = (vdupq_n_u8(0x80), vdupq_n_u8(0xff));
+        let mut hit = vdupq_n_u8(0);
+        let mut i = 0;
+        while i + 16 <= n {
+            hit = vorrq_u8(hit, vceqq_u8(vorrq_u8(vld1q_u8(p.add(i)), top), ones));
+            i += 16;
+        }
+        vmaxvq_u8(hit) == 0 && (i..n).all(|k| *p.add(k) | 0x80 != 0xff)
     }
 }
 
-/// `out[i] = math::dot(decode(w[i]), x)` for four stored FP8 rows and one position.
+/// Four e4m3 bytes (sign-extended into the lanes of `t`) times the scale (`s120` = scale
+/// * 2^120): [`super::fp8_four`]'s decode.
+#[inline(always)]
+fn decode4(t: int32x4_t, s120: float32x4_t) -> float32x4_t {
+    // SAFETY: NEON is part of aarch64's baseline; register operations only.
+    unsafe {
+        let bits = vandq_u32(vreinterpretq_u32_s32(vshlq_n_s32::<20>(t)), vdupq_n_u32(BITS));
+        vmulq_f32(vreinterpretq_f32_u32(bits), s120)
+    }
+}
+
+/// `out[i] = math::dot(decode(w[i]), x)` for four stored FP8 rows and one position; NaN
+/// for a row holding a NaN byte.
 ///
-/// SAFETY (caller): [`takes`]`(block)`; each w[i] a whole row of `cols` values (scales,
-/// then bytes); x holds `cols` f32.
+/// SAFETY (caller): `block` a multiple of 8; each w[i] a whole row of `cols` values
+/// (scales, then bytes) whose scales [`super::fp8_four`] takes; x holds `cols` f32.
 pub unsafe fn dot4(w: [*const u8; 4], x: *const f32, cols: usize, block: usize) -> [f32; 4] {
     let nb = cols.div_ceil(block);
     let chunks = cols / 8;
@@ -60,16 +67,17 @@ pub unsafe fn dot4(w: [*const u8; 4], x: *const f32, cols: usize, block: usize) 
     // b < nb, bytes 8c..8c+8 <= cols).
     unsafe {
         let q = w.map(|r| r.add(4 * nb));
+        let nan = q.map(|r| !nan_free(r, cols));
         let mut lo = [vdupq_n_f32(0.0); 4];
         let mut hi = [vdupq_n_f32(0.0); 4];
         for b in 0..nb {
-            let s: [float32x4_t; 4] = std::array::from_fn(|i| vdupq_n_f32(scale(w[i], b)));
+            let s: [float32x4_t; 4] = std::array::from_fn(|i| vdupq_n_f32(scale(w[i], b) * TWO_120));
             for c in b * per..((b + 1) * per).min(chunks) {
                 let (x0, x1) = (vld1q_f32(x.add(c * 8)), vld1q_f32(x.add(c * 8 + 4)));
                 for i in 0..4 {
-                    let h = vmovl_u8(vld1_u8(q[i].add(c * 8)));
-                    let w0 = decode4(vmovl_u16(vget_low_u16(h)), s[i]);
-                    let w1 = decode4(vmovl_high_u16(h), s[i]);
+                    let h = vmovl_s8(vld1_s8(q[i].add(c * 8) as *const i8));
+                    let w0 = decode4(vmovl_s16(vget_low_s16(h)), s[i]);
+                    let w1 = decode4(vmovl_high_s16(h), s[i]);
                     lo[i] = vaddq_f32(lo[i], vmulq_f32(w0, x0));
                     hi[i] = vaddq_f32(hi[i], vmulq_f32(w1, x1));
                 }
@@ -83,32 +91,8 @@ pub unsafe fn dot4(w: [*const u8; 4], x: *const f32, cols: usize, block: usize) 
             for k in chunks * 8..cols {
                 acc[k - chunks * 8] += E4M3[*q[i].add(k) as usize] * scale(w[i], k / block) * *x.add(k);
             }
-            out[i] = reduce8(acc);
+            out[i] = if nan[i] { f32::NAN } else { reduce8(acc) };
         }
         out
-    }
-}
-
-/// Rows `r0..r1` of the FP8 matrix `w` (scale blocks of `block` columns, [`takes`]) times
-/// one position `x`, into `out[r0..r1]`: fours through [`dot4`], the rest decoded and
-/// applied with [`crate::math::dot`] (the same bits).
-pub fn rows(w: &crate::tensor::Mat, block: usize, x: &[f32], r0: usize, r1: usize, out: &mut [f32]) {
-    let (cols, rb) = (w.cols, w.row_bytes());
-    let bytes = w.bytes.as_ref();
-    let whole = bytes.len() >= r1 * rb && x.len() >= cols && out.len() >= r1 - r0;
-    let mut r = r0;
-    if whole {
-        let row = |k: usize| bytes[k * rb..].as_ptr();
-        while r + 4 <= r1 {
-            // SAFETY: rows r..r+4 < r1 lie inside `bytes` (rb each), x holds cols values.
-            let v = unsafe { dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], x.as_ptr(), cols, block) };
-            out[r - r0..r - r0 + 4].copy_from_slice(&v);
-            r += 4;
-        }
-    }
-    let mut buf = vec![0.0f32; cols];
-    for k in r..r1 {
-        w.row_into(k, &mut buf);
-        out[k - r0] = crate::math::dot(&buf, &x[..cols]);
     }
 }

@@ -8,9 +8,16 @@
 //! f32 exactly (a normal f32: no denormal operand anywhere). Multiplying by `scale * 2^8`
 //! (exact unless it overflows: such rows take the plain loop) gives the real product
 //! `E4M3[byte] * scale` rounded once: the reference's bits. The NaN bytes (0x7f, 0xff)
-//! would read as ±480 this way: they are the only bytes whose half has magnitude 1.875,
-//! and they are made NaN (all bits set) after the product. Per 8 weights: one 8-byte load,
-//! an unpack, a shift and a mask, the conversion, the NaN test, two products and the add.
+//! would read as ±1.875 * 2^8 this way. A row holding one has a NaN product in some lane
+//! whatever the activations (NaN times anything is NaN), so its dot product is NaN: the
+//! one-position kernels ([`dot4`] with `SAME_X`, [`dot4_avx512`]) first test their rows'
+//! bytes for NaN ([`nan_free`], three cheap integer operations per 32 bytes, which also
+//! brings the rows into L1 ahead of the decode) and give NaN for a row that holds one,
+//! instead of testing every decoded vector (three float operations per eight or sixteen
+//! weights, a fifth of the kernel). The kernels that decode a chunk once
+//! for several positions ([`dot4`] without `SAME_X`, [`dot1`]) keep the per-vector test
+//! ([`nan_fix`]). Per 8 weights: one 8-byte load, a widening, a shift and a mask, the
+//! conversion, two products and the add.
 //!
 //! The lanes are [`crate::math::dot`]'s: lane l sums the columns 8k + l in increasing k,
 //! each product and sum rounded on its own (no FMA), the tail (cols mod 8) added to lanes
@@ -46,19 +53,45 @@ unsafe fn scale(row: *const u8, b: usize) -> f32 {
     unsafe { f32::from_le_bytes(*(row.add(4 * b) as *const [u8; 4])) }
 }
 
+/// Whether none of the `n` bytes at `p` is an e4m3 NaN (`s 1111 111`): `b | 0x80 == 0xff`
+/// tested 32 bytes at a time.
+///
+/// SAFETY (caller): AVX2 present; `n` bytes readable at `p`.
+#[inline(always)]
+unsafe fn nan_free(p: *const u8, n: usize) -> bool {
+    // SAFETY: loads of the caller's n bytes (32-byte steps below n, then single bytes).
+    unsafe {
+        let (top, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi8(-1));
+        let mut hit = _mm256_setzero_si256();
+        let mut i = 0;
+        while i + 32 <= n {
+            let v = _mm256_loadu_si256(p.add(i) as *const __m256i);
+            hit = _mm256_or_si256(hit, _mm256_cmpeq_epi8(_mm256_or_si256(v, top), ones));
+            i += 32;
+        }
+        _mm256_testz_si256(hit, hit) == 1 && (i..n).all(|k| *p.add(k) | 0x80 != 0xff)
+    }
+}
+
 /// Eight e4m3 bytes at `p` as f32, each its value times 2^-8; NaN bytes give ±1.875
-/// (see the module comment: [`nan_fix`] after the product).
+/// (see the module comment: [`nan_fix`] after the product, or [`nan_free`] before).
 #[inline(always)]
 unsafe fn load8(p: *const u8) -> __m256 {
     // SAFETY: the caller's 8 bytes are readable at p.
-    unsafe {
-        let b = _mm_loadl_epi64(p as *const __m128i);
-        // b << 8 in each 16-bit lane, then s s eeee mmm 0000000 by the arithmetic shift,
-        // then bit 14 cleared: s 0 eeee mmm 0000000.
-        let h = _mm_and_si128(_mm_srai_epi16::<1>(_mm_unpacklo_epi8(_mm_setzero_si128(), b)), _mm_set1_epi16(-16385));
-        _mm256_cvtph_ps(h)
-    }
+    unsafe { _mm256_cvtph_ps(halves(_mm_loadl_epi64(p as *const __m128i))) }
 }
+
+/// The low eight bytes of `b` as the halves `s 0eeee mmm0000000`: each byte sign-extended
+/// to 16 bits (`s s s s s s s s s eeee mmm`), shifted left by 7 (`s s eeee mmm 0000000`),
+/// bit 14 cleared.
+#[inline(always)]
+unsafe fn halves(b: __m128i) -> __m128i {
+    // SAFETY: register operations (SSE4.1 and SSE2, under the caller's AVX2).
+    unsafe { _mm_and_si128(_mm_slli_epi16::<7>(_mm_cvtepi8_epi16(b)), _mm_set1_epi16(HALF_MASK)) }
+}
+
+/// The bits kept of a sign-extended, shifted byte: 1011 1111 1000 0000.
+const HALF_MASK: i16 = 0xbf80u16 as i16;
 
 /// `w` (the product of [`load8`]'s `f` and the scaled scale) with NaN where `f` came from
 /// a NaN byte.
@@ -95,9 +128,18 @@ pub unsafe fn dot4<const SAME_X: bool>(
     // scale b < nb, bytes 8c..8c+8 <= cols).
     unsafe {
         let q = w.map(|r| r.add(4 * nb));
+        let nan = match SAME_X {
+            true => [!nan_free(q[0], cols), !nan_free(q[1], cols), !nan_free(q[2], cols), !nan_free(q[3], cols)],
+            false => [false; 4],
+        };
         let mut v = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
-            let s: [__m256; 4] = std::array::from_fn(|i| _mm256_set1_ps(scale(w[i], b) * 256.0));
+            let s = [
+                _mm256_set1_ps(scale(w[0], b) * 256.0),
+                _mm256_set1_ps(scale(w[1], b) * 256.0),
+                _mm256_set1_ps(scale(w[2], b) * 256.0),
+                _mm256_set1_ps(scale(w[3], b) * 256.0),
+            ];
             for c in b * per..((b + 1) * per).min(chunks) {
                 if SAME_X {
                     let x0 = _mm256_loadu_ps(x[0].add(c * 8));
@@ -105,9 +147,9 @@ pub unsafe fn dot4<const SAME_X: bool>(
                         prefetch(q, c * 8 + ahead);
                     }
                     for i in 0..4 {
+                        // NaN bytes: the whole row is NaN (below).
                         let f = load8(q[i].add(c * 8));
-                        let wv = nan_fix(f, _mm256_mul_ps(f, s[i]));
-                        v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(wv, x0));
+                        v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(_mm256_mul_ps(f, s[i]), x0));
                     }
                 } else {
                     // One row and four positions: the row's chunk decoded once.
@@ -127,7 +169,7 @@ pub unsafe fn dot4<const SAME_X: bool>(
                 let wk = E4M3[*q[i].add(k) as usize] * scale(w[i], k / block);
                 acc[k - chunks * 8] += wk * *x[i].add(k);
             }
-            out[i] = reduce8(acc);
+            out[i] = if nan[i] { f32::NAN } else { reduce8(acc) };
         }
         out
     }
@@ -163,11 +205,23 @@ unsafe fn both(lo: __m256, hi: __m256) -> __m512 {
     }
 }
 
+/// The eight f32 at `p` in lanes 0-7 and again in 8-15 (one broadcast load).
+#[inline(always)]
+unsafe fn bcast8(p: *const f32) -> __m512 {
+    // SAFETY: the caller's eight values; AVX-512 F present (the caller's features).
+    unsafe { _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p as *const f64))) }
+}
+
 /// [`dot4`] with `SAME_X` (four rows, one position) on AVX-512: rows 0 and 1 share one
 /// 512-bit accumulator (lanes 0-7 row 0's eight lanes, 8-15 row 1's), rows 2 and 3 another,
 /// so each step decodes 16 weights (`vcvtph2ps` of 16 halves) against the position's eight
 /// values loaded into both halves: the same lanes, products and sums as [`dot4`], the same
-/// bits, in half the instructions.
+/// bits, in half the instructions. Within a scale block it takes four chunks per step: each
+/// row's 32 bytes in one load, a pair's rows interleaved by qwords (`vpunpck[lh]qdq`) and
+/// widened to halves 32 at a time, so the integer work per 16 weights is a quarter of a
+/// widening, a shift, a mask and half an extract instead of a gathering load and a
+/// 256-bit widening, shift and mask (the 512-bit operations share two ports: the kernel is
+/// bound by its operations there, not by its loads; docs/kernels.md "FP8 weights").
 ///
 /// SAFETY (caller): AVX-512 F, BW, VL and F16C present; as [`dot4`].
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
@@ -178,32 +232,64 @@ pub unsafe fn dot4_avx512(w: [*const u8; 4], x: *const f32, cols: usize, block: 
     // SAFETY: as in dot4.
     unsafe {
         let q = w.map(|r| r.add(4 * nb));
+        let nan = [!nan_free(q[0], cols), !nan_free(q[1], cols), !nan_free(q[2], cols), !nan_free(q[3], cols)];
         let mut v = [_mm512_setzero_ps(); 2];
-        let nan = _mm512_castsi512_ps(_mm512_set1_epi32(-1));
-        let mag = _mm512_set1_epi32(0x7fff_ffff);
-        let nan_half = _mm512_set1_ps(1.875);
+        let mask = _mm256_set1_epi16(HALF_MASK);
+        let mask4 = _mm512_set1_epi16(HALF_MASK);
         for b in 0..nb {
             let s = [scale_pair(w[0], w[1], b), scale_pair(w[2], w[3], b)];
-            for c in b * per..((b + 1) * per).min(chunks) {
-                let x8 = _mm256_loadu_ps(x.add(c * 8));
-                let xx = both(x8, x8);
+            let (mut c, end) = (b * per, ((b + 1) * per).min(chunks));
+            // Four chunks at a time: each row's 32 bytes in one load, the pairs' chunks
+            // interleaved as bytes (c and c + 2 from the low qwords, c + 1 and c + 3 from the
+            // high ones), widened 32 at a time; the chunks then go into the sums in order.
+            while c + 4 <= end {
+                if c % 8 == 0 {
+                    prefetch(q, c * 8 + ahead);
+                }
+                let xx = [
+                    bcast8(x.add(c * 8)),
+                    bcast8(x.add(c * 8 + 8)),
+                    bcast8(x.add(c * 8 + 16)),
+                    bcast8(x.add(c * 8 + 24)),
+                ];
+                for (k, vk) in v.iter_mut().enumerate() {
+                    let ra = _mm256_loadu_si256(q[2 * k].add(c * 8) as *const __m256i);
+                    let rb = _mm256_loadu_si256(q[2 * k + 1].add(c * 8) as *const __m256i);
+                    let h02 = _mm512_and_si512(
+                        _mm512_slli_epi16::<7>(_mm512_cvtepi8_epi16(_mm256_unpacklo_epi64(ra, rb))),
+                        mask4,
+                    );
+                    let h13 = _mm512_and_si512(
+                        _mm512_slli_epi16::<7>(_mm512_cvtepi8_epi16(_mm256_unpackhi_epi64(ra, rb))),
+                        mask4,
+                    );
+                    let f = [
+                        _mm512_cvtph_ps(_mm512_castsi512_si256(h02)),
+                        _mm512_cvtph_ps(_mm512_castsi512_si256(h13)),
+                        _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h02)),
+                        _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h13)),
+                    ];
+                    for j in 0..4 {
+                        *vk = _mm512_add_ps(*vk, _mm512_mul_ps(_mm512_mul_ps(f[j], s[k]), xx[j]));
+                    }
+                }
+                c += 4;
+            }
+            while c < end {
+                let xx = bcast8(x.add(c * 8));
                 if c % 8 == 0 {
                     prefetch(q, c * 8 + ahead);
                 }
                 for (k, vk) in v.iter_mut().enumerate() {
+                    // Rows 2k and 2k + 1's eight bytes, as halves (see `halves`).
                     let lo = _mm_loadl_epi64(q[2 * k].add(c * 8) as *const __m128i);
-                    let both =
+                    let pair =
                         _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(lo), q[2 * k + 1].add(c * 8) as *const f64));
-                    let h = _mm256_and_si256(
-                        _mm256_srai_epi16::<1>(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(both))),
-                        _mm256_set1_epi16(-16385),
-                    );
+                    let h = _mm256_and_si256(_mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(pair)), mask);
                     let f = _mm512_cvtph_ps(h);
-                    let abs = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f), mag));
-                    let isnan = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(abs, nan_half);
-                    let wv = _mm512_mask_mov_ps(_mm512_mul_ps(f, s[k]), isnan, nan);
-                    *vk = _mm512_add_ps(*vk, _mm512_mul_ps(wv, xx));
+                    *vk = _mm512_add_ps(*vk, _mm512_mul_ps(_mm512_mul_ps(f, s[k]), xx));
                 }
+                c += 1;
             }
         }
         let mut out = [0.0f32; 4];
@@ -216,7 +302,7 @@ pub unsafe fn dot4_avx512(w: [*const u8; 4], x: *const f32, cols: usize, block: 
                     let wk = E4M3[*q[i].add(kk) as usize] * scale(w[i], kk / block);
                     half[kk - chunks * 8] += wk * *x.add(kk);
                 }
-                out[i] = reduce8(half.try_into().unwrap_or([0.0; 8]));
+                out[i] = if nan[i] { f32::NAN } else { reduce8(half.try_into().unwrap_or([0.0; 8])) };
             }
         }
         out
