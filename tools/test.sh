@@ -19,8 +19,8 @@
 #      tools/test_release.sh (unpacked and run with an empty HOME; RELEASE_TEST=0 skips it),
 #      and where a container runtime answers, the Docker image built from it and run;
 #   3b. the kernel guard: `coli bench-kernels --check` on that release build (every weight
-#      format's matrix kernel at least half of the fastest format's bytes/s; MXFP4 on the
-#      AVX2 path a quarter), only with KERNEL_GUARD=1 for now (docs/benchmarks.md);
+#      format's matrix kernel at or above its floor share of the fastest format's bytes/s),
+#      on x86-64 (KERNEL_GUARD=0 skips it; KERNEL_GUARD=1 runs it on other CPUs too);
 #   4. the browser end-to-end tests: headless Chromium (WebGPU on SwiftShader) against a
 #      real `coli serve`, driven by playwright-core (and, without a browser, Ollama's
 #      JavaScript client and `coli run`).
@@ -126,23 +126,29 @@ else
   step "release archive: left out (RELEASE_TEST=0)"
 fi
 
-# The kernel guard: every stored weight format's one-position matrix kernel must reach at
-# least half of the fastest format's bytes/s, all measured in one process (one thread, thread
-# CPU time, best of three rounds; `coli bench-kernels --check`, docs/kernels.md "Kernel
-# speed"). It guards against a format's kernel falling behind (a slow path, an intrinsic
-# called out of line) where the bit-exactness tests cannot see it. It times a release build
-# (the dev profile's opt-level 1 and debug assertions change the formats' ratios), the one
-# step 3a built, so it costs seconds here (its own build where RELEASE_TEST=0: about 7 CPU
-# minutes). One documented exception: MXFP4 on the AVX2 path (no AVX-512) is compute-bound
-# at about a third of the fastest format, so there it is held to a quarter. Not on by
-# default yet: on a 2-core AMD EPYC (AVX2, 8 MiB L3) under load the integer formats read
-# 37-48% of f32's bytes/s (docs/benchmarks.md "Kernel guard"). KERNEL_GUARD=1 runs it.
-if [ "${KERNEL_GUARD:-0}" = 1 ]; then
+# The kernel guard: every stored weight format's one-position matrix kernel must reach its
+# floor share of the fastest format's bytes/s, all measured in one process (one thread,
+# thread CPU time, best of three rounds, three more where one is short; `coli bench-kernels
+# --check`, docs/kernels.md "Kernel speed"). It guards against a format's kernel falling
+# behind (a slow path, an intrinsic called out of line) where the bit-exactness tests cannot
+# see it. The floors (`bench_kernels::floor`: with AVX-512 40%, the f32-precision formats
+# MXFP4 and FP8 20%; on the AVX2 path 30% and 10%) sit below the lowest shares measured on
+# every host so far, busy ones included, and above what a format that loses half its speed
+# reads (docs/benchmarks.md "Kernel guard"). It times a release build (the dev profile's
+# opt-level 1 and debug assertions change the formats' ratios), the one step 3a built, so it
+# costs seconds here (its own build where RELEASE_TEST=0: about 7 CPU minutes). On by
+# default on x86-64, where its floors were measured; KERNEL_GUARD=0 leaves it out,
+# KERNEL_GUARD=1 runs it on other CPUs too (their paths are held to half).
+guard=${KERNEL_GUARD:-}
+if [ -z "$guard" ]; then
+  if [ "$(uname -m)" = x86_64 ]; then guard=1; else guard=0; fi
+fi
+if [ "$guard" = 1 ]; then
   step "kernel guard: coli bench-kernels --check (release build)"
   cargo build --release -p colibri-helper --locked
   "${CARGO_TARGET_DIR:-$PWD/target}/release/coli" bench-kernels --check
 else
-  step "kernel guard: left out (KERNEL_GUARD=1 runs it)"
+  step "kernel guard: left out (KERNEL_GUARD=0, or not x86-64: KERNEL_GUARD=1 runs it)"
 fi
 
 step "browser end-to-end tests"
