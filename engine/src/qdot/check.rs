@@ -175,5 +175,33 @@ pub fn check_paths() -> Result<usize, String> {
             }
         }
     }
+    checked += check_long_rows(&paths, &mut seed)?;
+    Ok(checked)
+}
+
+/// One position over matrices of more than 64 KiB of rows, an odd count of them: the wasm
+/// path reads such ranges as two streams (`wasm::dot_rows`), the others as one.
+fn check_long_rows(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
+    let (cols, group) = (256, 32);
+    let mut checked = 0;
+    for dtype in [DType::Int4 { group: group as u32 }, DType::Int8 { group: group as u32 }] {
+        let int4 = dtype.name() == "int4";
+        let rb = dtype.row_bytes(cols).ok_or_else(|| format!("no row layout for {dtype}"))?;
+        let rows = ((80 << 10) / rb) | 1;
+        let w = weights(dtype, rows, cols, seed);
+        let mut a = ActQ::default();
+        a.quantize(&activations(1, cols, group, seed), 1, cols, group, ActQ::wants_split(int4, group));
+        for &s in paths {
+            let mut out = vec![0.0f32; rows];
+            dot_rows(s, int4, &w, rb, &a, &mut out);
+            for (r, &got) in out.iter().enumerate() {
+                let want = dot_row_scalar(int4, &w[r * rb..(r + 1) * rb], &a, 0);
+                if !same(got, want) {
+                    return Err(format!("{} long rows {dtype} row {r} of {rows}: {got:e} vs {want:e}", s.name()));
+                }
+                checked += 1;
+            }
+        }
+    }
     Ok(checked)
 }

@@ -18,16 +18,17 @@
 // The module also exports `check` (the engine's kernel check: products compared, 0 on a
 // difference; `check_msg` / `check_msg_len` give the difference as UTF-8 in its memory).
 // ROWS int4 rows of 2048 values (16384: 18.9 MB, from memory; 512: 0.6 MB, in L2); ALL=1
-// prints every timing. Both regimes matter: a change can win in L2 and lose from memory.
+// prints every timing; ONLY=REGEX times only the exports it matches (e.g.
+// ONLY='^run$|engine'). Both regimes matter: a change can win in L2 and lose from memory.
 import { readFileSync, existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 const path = process.argv[2] ?? new URL("target/wasm32-unknown-unknown/release/qdot_wasm_bench.wasm", import.meta.url);
 const wasm = readFileSync(path);
-const opts = { fp8: Number(process.env.FP8 ?? 0), int8: process.env.INT8 === "1", group: Number(process.env.GROUP ?? 32), rows: Number(process.env.ROWS ?? 16384), iters: Number(process.env.ITERS ?? 4), all: !!process.env.ALL };
+const opts = { only: process.env.ONLY ?? "", fp8: Number(process.env.FP8 ?? 0), int8: process.env.INT8 === "1", group: Number(process.env.GROUP ?? 32), rows: Number(process.env.ROWS ?? 16384), iters: Number(process.env.ITERS ?? 4), all: !!process.env.ALL };
 
 // Runs where it is called (node or the page): returns the report lines.
-async function bench(bytes, { fp8, int8, group, rows, iters, all }, cpu) {
+async function bench(bytes, { only, fp8, int8, group, rows, iters, all }, cpu) {
   const module = await WebAssembly.compile(bytes);
   // The engine links wasm-bindgen; nothing timed here calls JavaScript: stubs that fail loudly.
   const imports = {};
@@ -39,7 +40,9 @@ async function bench(bytes, { fp8, int8, group, rows, iters, all }, cpu) {
   }
   const e = (await WebAssembly.instantiate(module, imports)).exports;
   const size = fp8 ? e.setup_fp8(rows, 2048, fp8 === 2 ? 1 : 0) : e.setup(rows, 2048, group, int8 ? 1 : 0);
-  const kernels = Object.keys(e).filter((k) => (fp8 ? /^fp8$/ : /^run/).test(k)).sort();
+  const kernels = Object.keys(e)
+    .filter((k) => (fp8 ? /^fp8$/ : /^run/).test(k) && (!only || new RegExp(only).test(k)))
+    .sort();
   for (const k of kernels) e[k](2);
   const gbs = (t) => (iters * size) / t / 1e9;
   const times = Object.fromEntries(kernels.map((k) => [k, []]));

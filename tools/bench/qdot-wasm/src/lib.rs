@@ -360,3 +360,83 @@ pub extern "C" fn fp8(iters: usize) -> u32 {
     }
     sum
 }
+
+/// Two streams: rows `r` and `r + rows / 2` alternated (two pages read at once, for more
+/// memory-level parallelism), each with `run_s4096_d16k`'s touches.
+fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    let mut touched = 0u8;
+    let (rb, rows) = (st.rb, st.rows);
+    let per = rows.div_ceil(k);
+    for _ in 0..iters {
+        let mut next: Vec<usize> = (0..k).map(|s| s * per * rb).collect();
+        for i in 0..per {
+            for s in 0..k {
+                let r = s * per + i;
+                if r >= rows.min((s + 1) * per) {
+                    continue;
+                }
+                let until = (r * rb + ahead).min(((s + 1) * per).min(rows) * rb);
+                while next[s] < until {
+                    // SAFETY: next < until <= w.len().
+                    touched ^= unsafe { *st.w.as_ptr().add(next[s]) };
+                    next[s] += stride;
+                }
+                st.out[r] = dot_row(simd, st.int4, &st.w[r * rb..(r + 1) * rb], &st.a, 0);
+            }
+        }
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    core::hint::black_box(touched);
+    sum
+}
+
+#[no_mangle]
+pub extern "C" fn run_two(iters: usize) -> u32 {
+    run_streams(iters, 2, 16384, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_two_d8k(iters: usize) -> u32 {
+    run_streams(iters, 2, 8192, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_two_d32k(iters: usize) -> u32 {
+    run_streams(iters, 2, 32768, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_two_none(iters: usize) -> u32 {
+    run_streams(iters, 2, 0, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_three(iters: usize) -> u32 {
+    run_streams(iters, 3, 16384, 4096)
+}
+
+#[no_mangle]
+pub extern "C" fn run_four(iters: usize) -> u32 {
+    run_streams(iters, 4, 16384, 4096)
+}
+
+/// The engine's one-position rows path (`qdot::dot_rows`: what a decode step's matmuls run
+/// on one thread), whatever it does at this commit.
+#[no_mangle]
+pub extern "C" fn run_engine(iters: usize) -> u32 {
+    // SAFETY: as in `setup`.
+    #[allow(static_mut_refs)]
+    let st = unsafe { STATE.as_mut().unwrap() };
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        colibri_engine::qdot::dot_rows(simd, st.int4, &st.w, st.rb, &st.a, &mut st.out[..st.rows]);
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
