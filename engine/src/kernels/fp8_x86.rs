@@ -133,6 +133,7 @@ pub unsafe fn dot4<const SAME_X: bool>(
             false => [false; 4],
         };
         let mut v = [_mm256_setzero_ps(); 4];
+        let mask = _mm256_set1_epi16(HALF_MASK);
         for b in 0..nb {
             let s = [
                 _mm256_set1_ps(scale(w[0], b) * 256.0),
@@ -140,14 +141,33 @@ pub unsafe fn dot4<const SAME_X: bool>(
                 _mm256_set1_ps(scale(w[2], b) * 256.0),
                 _mm256_set1_ps(scale(w[3], b) * 256.0),
             ];
-            for c in b * per..((b + 1) * per).min(chunks) {
+            let (mut c, end) = (b * per, ((b + 1) * per).min(chunks));
+            // Four rows, one position: two chunks per step, each row's 16 bytes widened to
+            // halves at once (one widening, shift and mask per 16 weights, the high eight
+            // taken out by one extract); the chunks then go into the sums in order. NaN
+            // bytes: the whole row is NaN (below).
+            while SAME_X && c + 2 <= end {
+                let (x0, x1) = (_mm256_loadu_ps(x[0].add(c * 8)), _mm256_loadu_ps(x[0].add(c * 8 + 8)));
+                if c % 8 == 0 {
+                    prefetch(q, c * 8 + ahead);
+                }
+                for i in 0..4 {
+                    let b16 = _mm_loadu_si128(q[i].add(c * 8) as *const __m128i);
+                    let h = _mm256_and_si256(_mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(b16)), mask);
+                    let f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+                    let f1 = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
+                    v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(_mm256_mul_ps(f0, s[i]), x0));
+                    v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(_mm256_mul_ps(f1, s[i]), x1));
+                }
+                c += 2;
+            }
+            for c in c..end {
                 if SAME_X {
                     let x0 = _mm256_loadu_ps(x[0].add(c * 8));
                     if c % 8 == 0 {
                         prefetch(q, c * 8 + ahead);
                     }
                     for i in 0..4 {
-                        // NaN bytes: the whole row is NaN (below).
                         let f = load8(q[i].add(c * 8));
                         v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(_mm256_mul_ps(f, s[i]), x0));
                     }
