@@ -100,7 +100,7 @@ pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     }
 }
 
-/// [`dot_rows`] touches one byte every `TOUCH_STRIDE` bytes of its rows up to
+/// [`each_row`] touches one byte every `TOUCH_STRIDE` bytes of its rows up to
 /// `TOUCH_AHEAD` bytes past the row it starts: wasm has no prefetch instruction, and these
 /// loads start the page walks and cache misses (and the hardware's stream prefetch) of the
 /// pages the kernel reaches next. Measured with tools/bench/qdot-wasm in Chromium 156 on an
@@ -110,18 +110,23 @@ pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 const TOUCH_STRIDE: usize = 4096;
 const TOUCH_AHEAD: usize = 16384;
 
-/// Row ranges of at least this many bytes are read as two streams ([`dot_rows`]).
+/// Row ranges of at least this many bytes are read as two streams ([`each_row`]).
 const TWO_STREAMS_MIN: usize = 1 << 16;
 
-/// Rows of `rb` bytes times position 0, one output each: [`dot_row_simd128`] per row,
-/// with the touches ahead described at [`TOUCH_STRIDE`]. Rows spanning
-/// [`TWO_STREAMS_MIN`] bytes or more are taken from their two halves in turn (row `i`, then
-/// row `h + i`): two pages read at once, twice the misses in flight, which one stream with
-/// its touches leaves on the table (tools/bench/qdot-wasm in Chromium 156, Intel Xeon, from
-/// memory: int4 5.4 -> 6.5 GB/s, int8 5.6 -> 6.7; from L3 about a tenth slower, which a
-/// decode step, reading each weight once, does not meet: docs/kernels.md). Same bits: each
-/// output is its row's.
+/// Rows of `rb` bytes times position 0, one output each: [`dot_row_simd128`] per row, in
+/// the order and with the touches of [`each_row`]. Same bits: each output is its row's.
 pub fn dot_rows(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    each_row(rows, rb, out, |row| dot_row_simd128(int4, row, a, 0));
+}
+
+/// `out[r] = f(row r)` for the rows of `rb` bytes in `rows` (as many as both hold), with
+/// the touches ahead described at [`TOUCH_STRIDE`]. Rows spanning [`TWO_STREAMS_MIN`]
+/// bytes or more are taken from their two halves in turn (row `i`, then row `h + i`): two
+/// pages read at once, twice the misses in flight, which one stream with its touches leaves
+/// on the table (tools/bench/qdot-wasm in Chromium 156, Intel Xeon, from memory: int4 5.4
+/// -> 6.5 GB/s, int8 5.6 -> 6.7; from L3 no loss; a decode step reads each weight once:
+/// docs/kernels.md "Two streams"). The one-position int4/int8 rows and MXFP4's use it.
+pub fn each_row(rows: &[u8], rb: usize, out: &mut [f32], mut f: impl FnMut(&[u8]) -> f32) {
     let rb = rb.max(1);
     let n = out.len().min(rows.len() / rb);
     let h = if n * rb >= TWO_STREAMS_MIN { n.div_ceil(2) } else { n };
@@ -131,14 +136,14 @@ pub fn dot_rows(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
         for (s, r) in [(0, i), (1, h + i)] {
             if r < n {
                 touched ^= streams[s].touch(rows, r * rb);
-                out[r] = dot_row_simd128(int4, &rows[r * rb..(r + 1) * rb], a, 0);
+                out[r] = f(&rows[r * rb..(r + 1) * rb]);
             }
         }
     }
     core::hint::black_box(touched);
 }
 
-/// One stream of [`dot_rows`]: the bytes `next..end` not yet touched.
+/// One stream of [`each_row`]: the bytes `next..end` not yet touched.
 struct Stream {
     next: usize,
     end: usize,

@@ -14,7 +14,8 @@
 // GROUP: the group (default 32; the run_b/run_c/run_x variants are for int4 group 32 only).
 // INT8=1: int8 rows instead of int4 (the variants return 0). FP8=1: FP8 rows (blocks of
 // 128, quantized as a release's) through the engine's matmul (`kernels::fp8_wasm`), the
-// export `fp8` alone; FP8=2 the same with uniformly random bytes (more subnormal codes).
+// export `matmul` alone; FP8=2 the same with uniformly random bytes (more subnormal codes);
+// MXFP4=1 MXFP4 rows the same way.
 // The module also exports `check` (the engine's kernel check: products compared, 0 on a
 // difference; `check_msg` / `check_msg_len` give the difference as UTF-8 in its memory).
 // ROWS int4 rows of 2048 values (16384: 18.9 MB, from memory; 512: 0.6 MB, in L2); ALL=1
@@ -25,10 +26,10 @@ import { fileURLToPath } from "node:url";
 
 const path = process.argv[2] ?? new URL("target/wasm32-unknown-unknown/release/qdot_wasm_bench.wasm", import.meta.url);
 const wasm = readFileSync(path);
-const opts = { only: process.env.ONLY ?? "", fp8: Number(process.env.FP8 ?? 0), int8: process.env.INT8 === "1", group: Number(process.env.GROUP ?? 32), rows: Number(process.env.ROWS ?? 16384), iters: Number(process.env.ITERS ?? 4), all: !!process.env.ALL };
+const opts = { only: process.env.ONLY ?? "", mat: process.env.MXFP4 === "1" ? 3 : Number(process.env.FP8 ?? 0), int8: process.env.INT8 === "1", group: Number(process.env.GROUP ?? 32), rows: Number(process.env.ROWS ?? 16384), iters: Number(process.env.ITERS ?? 4), all: !!process.env.ALL };
 
 // Runs where it is called (node or the page): returns the report lines.
-async function bench(bytes, { only, fp8, int8, group, rows, iters, all }, cpu) {
+async function bench(bytes, { only, mat, int8, group, rows, iters, all }, cpu) {
   const module = await WebAssembly.compile(bytes);
   // The engine links wasm-bindgen; nothing timed here calls JavaScript: stubs that fail loudly.
   const imports = {};
@@ -39,9 +40,9 @@ async function bench(bytes, { only, fp8, int8, group, rows, iters, all }, cpu) {
     };
   }
   const e = (await WebAssembly.instantiate(module, imports)).exports;
-  const size = fp8 ? e.setup_fp8(rows, 2048, fp8 === 2 ? 1 : 0) : e.setup(rows, 2048, group, int8 ? 1 : 0);
+  const size = mat ? e.setup_mat(rows, 2048, mat - 1) : e.setup(rows, 2048, group, int8 ? 1 : 0);
   const kernels = Object.keys(e)
-    .filter((k) => (fp8 ? /^fp8$/ : /^run/).test(k) && (!only || new RegExp(only).test(k)))
+    .filter((k) => (mat ? /^matmul$/ : /^run/).test(k) && (!only || new RegExp(only).test(k)))
     .sort();
   for (const k of kernels) e[k](2);
   const gbs = (t) => (iters * size) / t / 1e9;

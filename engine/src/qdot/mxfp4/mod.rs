@@ -239,6 +239,11 @@ pub fn dot_row(simd: Simd, row: &[u8], a: &ActQ16, p: usize) -> f32 {
 /// them) times position 0 of `a`, into `out`: the same bits, the row loop inside the SIMD
 /// function (one call and one set-up per slice of rows instead of per row).
 pub fn dot_rows(simd: Simd, rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
+    // wasm: the same rows, in two streams with pages touched ahead (it has no prefetch).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if simd == Simd::Simd128 {
+        return crate::qdot::wasm::each_row(rows, rb, out, |row| dot_row_simd128(row, a, 0));
+    }
     if rows.len() >= out.len() * rb && a.has_planes() && a.n > 0 {
         match simd {
             #[cfg(target_arch = "x86_64")]

@@ -305,31 +305,39 @@ pub extern "C" fn check_msg_len() -> usize {
     }
 }
 
-/// FP8 rows (block-scaled e4m3, blocks of 128 as the releases ship) and one position, for
-/// [`fp8`] (`FP8=1` in run.mjs).
-static mut FP8_STATE: Option<(colibri_engine::tensor::Mat, Vec<f32>, Vec<f32>)> = None;
+/// FP8 or MXFP4 rows and one position, for [`matmul`] (`FP8=1|2` or `MXFP4=1` in run.mjs).
+static mut MAT_STATE: Option<(colibri_engine::tensor::Mat, Vec<f32>, Vec<f32>)> = None;
 
-/// `rows` FP8 rows of `cols` values and one random position; returns the stored bytes.
-/// `uniform` 0: each block of 128 quantized as the releases are (roughly normal values,
-/// scale = the block's largest magnitude / 448, bytes by `e4m3_from_f32`: few subnormal
-/// codes); else uniformly random bytes (no NaN), a sixteenth of them subnormal codes.
+/// `rows` rows of `cols` values and one random position; returns the stored bytes. `kind`
+/// 0: FP8, each block of 128 quantized as the releases are (roughly normal values, scale =
+/// the block's largest magnitude / 448, bytes by `e4m3_from_f32`: few subnormal codes); 1:
+/// FP8 of uniformly random bytes (no NaN), a sixteenth of them subnormal codes; 2: MXFP4
+/// (scale bytes 124-131, random nibbles).
 #[no_mangle]
-pub extern "C" fn setup_fp8(rows: usize, cols: usize, uniform: usize) -> usize {
+pub extern "C" fn setup_mat(rows: usize, cols: usize, kind: usize) -> usize {
     use colibri_engine::tensor::{e4m3_from_f32, Bytes, Mat};
-    let dtype = DType::Fp8 { block: 128 };
+    let dtype = if kind == 2 { DType::Mxfp4 } else { DType::Fp8 { block: 128 } };
     let rb = dtype.row_bytes(cols).unwrap();
-    let nb = cols.div_ceil(128);
     let mut s = 11u64;
     let mut w = vec![0u8; rows * rb];
     for row in w.chunks_exact_mut(rb) {
+        if kind == 2 {
+            let nb = rb - cols / 2;
+            for (i, v) in row.iter_mut().enumerate() {
+                let r = ((lcg(&mut s) + 1.0) * 127.9) as u8;
+                *v = if i < nb { 124 + r % 8 } else { r };
+            }
+            continue;
+        }
+        let nb = cols.div_ceil(128);
         let (scales, q) = row.split_at_mut(4 * nb);
         for (b, block) in q.chunks_mut(128).enumerate() {
             let vals: Vec<f32> = block.iter().map(|_| (0..4).map(|_| lcg(&mut s)).sum::<f32>() * 0.01).collect();
             let amax = vals.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let scale = if uniform == 0 { amax / 448.0 } else { 1e-3 * (1.5 + lcg(&mut s)) };
+            let scale = if kind == 0 { amax / 448.0 } else { 1e-3 * (1.5 + lcg(&mut s)) };
             scales[4 * b..4 * b + 4].copy_from_slice(&scale.to_le_bytes());
             for (v, x) in block.iter_mut().zip(&vals) {
-                *v = match uniform {
+                *v = match kind {
                     0 => e4m3_from_f32(x / scale),
                     _ => match ((lcg(&mut s) + 1.0) * 127.9) as u8 {
                         b if b & 0x7f == 0x7f => b ^ 1,
@@ -342,17 +350,17 @@ pub extern "C" fn setup_fp8(rows: usize, cols: usize, uniform: usize) -> usize {
     let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
     let m = Mat::new(rows, cols, dtype, Bytes::from_vec(w)).unwrap();
     // SAFETY: wasm32 without threads: one caller.
-    unsafe { FP8_STATE = Some((m, x, vec![0.0; rows])) };
+    unsafe { MAT_STATE = Some((m, x, vec![0.0; rows])) };
     rows * rb
 }
 
-/// `iters` one-position products over [`setup_fp8`]'s rows (the engine's `matmul`, which
-/// takes `kernels::fp8_wasm`); a checksum of the outputs' bits.
+/// `iters` one-position products over [`setup_mat`]'s rows (the engine's `matmul`, which
+/// takes `kernels::fp8_wasm` or `qdot::mxfp4`'s wasm kernel); a checksum of the outputs' bits.
 #[no_mangle]
-pub extern "C" fn fp8(iters: usize) -> u32 {
+pub extern "C" fn matmul(iters: usize) -> u32 {
     // SAFETY: as in `setup`.
     #[allow(static_mut_refs)]
-    let (m, x, out) = unsafe { FP8_STATE.as_mut().unwrap() };
+    let (m, x, out) = unsafe { MAT_STATE.as_mut().unwrap() };
     let mut sum = 0u32;
     for _ in 0..iters {
         colibri_engine::kernels::matmul(m, x, 1, out);
