@@ -219,55 +219,34 @@ pub extern "C" fn run_many0(iters: usize) -> u32 {
     sum
 }
 
-/// `run` with one byte touched every `stride` bytes up to `dist` bytes past the current
-/// row's start, before each row (wasm has no prefetch instruction: these loads start cache
-/// misses, and the hardware's stream prefetch, on pages the kernel reaches next).
-fn run_touch(iters: usize, stride: usize, dist: usize) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
-    let simd = Simd::active();
-    let mut sum = 0u32;
-    let mut touched = 0u8;
-    let (rb, total) = (st.rb, st.rows * st.rb);
-    for _ in 0..iters {
-        let mut next = 0;
-        for r in 0..st.rows {
-            let until = (r * rb + dist).min(total);
-            while next < until {
-                // SAFETY: next < total = w.len().
-                touched ^= unsafe { *st.w.as_ptr().add(next) };
-                next += stride;
-            }
-            st.out[r] = dot_row(simd, st.int4, &st.w[r * rb..(r + 1) * rb], &st.a, 0);
-        }
-        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
-    }
-    core::hint::black_box(touched);
-    sum
-}
-
-/// One export per (stride, distance) variant of [`run_touch`]; `run_s4096_d16k` is what
-/// the engine's `qdot::dot_rows` does on wasm.
-macro_rules! touch_variants {
-    ($($name:ident: $stride:expr, $dist:expr;)*) => {$(
+/// One export per (streams, distance, stride) variant of [`run_streams`]; one stream with
+/// `run_s4096_d16k`'s touches is what the engine's `qdot::dot_rows` did on wasm before it
+/// took two streams (`run_two`, now `run_engine`).
+macro_rules! stream_variants {
+    ($($name:ident: $k:expr, $dist:expr, $stride:expr;)*) => {$(
         #[no_mangle]
         pub extern "C" fn $name(iters: usize) -> u32 {
-            run_touch(iters, $stride, $dist)
+            run_streams(iters, $k, $dist, $stride)
         }
     )*};
 }
 
-touch_variants! {
-    run_s4096_d8k: 4096, 8192;
-    run_s4096_d16k: 4096, 16384;
-    run_s1024_d4k: 1024, 4096;
-    run_s256_d4k: 256, 4096;
-    run_s64_d4k: 64, 4096;
-    run_s64_d12k: 64, 12288;
-    run_s4096_d32k: 4096, 32768;
-    run_s2048_d16k: 2048, 16384;
-    run_s8192_d16k: 8192, 16384;
+stream_variants! {
+    run_s4096_d8k: 1, 8192, 4096;
+    run_s4096_d16k: 1, 16384, 4096;
+    run_s1024_d4k: 1, 4096, 1024;
+    run_s256_d4k: 1, 4096, 256;
+    run_s64_d4k: 1, 4096, 64;
+    run_s64_d12k: 1, 12288, 64;
+    run_s4096_d32k: 1, 32768, 4096;
+    run_s2048_d16k: 1, 16384, 2048;
+    run_s8192_d16k: 1, 16384, 8192;
+    run_two: 2, 16384, 4096;
+    run_two_d8k: 2, 8192, 4096;
+    run_two_d32k: 2, 32768, 4096;
+    run_two_none: 2, 0, 4096;
+    run_three: 3, 16384, 4096;
+    run_four: 4, 16384, 4096;
 }
 
 /// The engine's kernel check (every path against the scalar reference, bit for bit, the
@@ -369,8 +348,10 @@ pub extern "C" fn matmul(iters: usize) -> u32 {
     sum
 }
 
-/// Two streams: rows `r` and `r + rows / 2` alternated (two pages read at once, for more
-/// memory-level parallelism), each with `run_s4096_d16k`'s touches.
+/// `run` over `k` streams (rows `r`, `r + rows / k`, ... alternated: k pages read at once,
+/// for more memory-level parallelism), each touching one byte every `stride` bytes up to
+/// `ahead` bytes past the row it starts (wasm has no prefetch instruction: these loads start
+/// cache misses, and the hardware's stream prefetch, on pages the kernel reaches next).
 fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize) -> u32 {
     // SAFETY: as in `setup`.
     #[allow(static_mut_refs)]
@@ -401,36 +382,6 @@ fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize) -> u32 {
     }
     core::hint::black_box(touched);
     sum
-}
-
-#[no_mangle]
-pub extern "C" fn run_two(iters: usize) -> u32 {
-    run_streams(iters, 2, 16384, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_two_d8k(iters: usize) -> u32 {
-    run_streams(iters, 2, 8192, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_two_d32k(iters: usize) -> u32 {
-    run_streams(iters, 2, 32768, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_two_none(iters: usize) -> u32 {
-    run_streams(iters, 2, 0, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_three(iters: usize) -> u32 {
-    run_streams(iters, 3, 16384, 4096)
-}
-
-#[no_mangle]
-pub extern "C" fn run_four(iters: usize) -> u32 {
-    run_streams(iters, 4, 16384, 4096)
 }
 
 /// The engine's one-position rows path (`qdot::dot_rows`: what a decode step's matmuls run
