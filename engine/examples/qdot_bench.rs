@@ -1,64 +1,52 @@
-//! Times the one-position (decode) int4 matrix product alone, with the weights streamed
-//! from memory: `MB` megabytes of 1024 x 2048 int4 (group 32) matrices, each multiplied by
-//! one activation row in turn, `reps` times; prints the weight bytes read per second.
-//! The decode kernels' ceiling without the rest of a forward pass (docs/kernels.md).
+//! Times one stored format's matrix kernel alone, with the weights streamed from memory:
+//! `MB` megabytes of 1024 x 2048 matrices ([`kernels::bench::working_set`], the matrices
+//! `coli bench-kernels` times), each multiplied by `POSITIONS` activation rows in turn,
+//! `reps` times; prints the weight bytes read per second. The kernels' ceiling without the
+//! rest of a forward pass (docs/kernels.md), and a small binary to profile one kernel
+//! (`cargo build --profile profiling -p colibri-engine --example qdot_bench`, then
+//! `perf record`).
 //!
-//!     cargo run --release -p colibri-engine --example qdot_bench -- [MB] [reps] [threads]
+//!     [FORMAT=int4/g32] [POSITIONS=1] cargo run --release -p colibri-engine --example qdot_bench -- [MB] [reps] [threads]
 //!
-//! `COLIBRI_SIMD=avx2` (or another path name) forces a kernel, as everywhere.
+//! FORMAT is a name `coli bench-kernels` prints (int4/g32, int8/g64, mxfp4, fp8/b128, bf16,
+//! ...). `COLIBRI_SIMD=avx2` (or another path name) forces a kernel, as everywhere.
 
 use std::time::Instant;
 
-use colibri_engine::kernels::matmul;
-use colibri_engine::tensor::{Bytes, DType, Mat};
+use colibri_engine::kernels::{bench, matmul};
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (mb, reps, threads) = (*args.first().unwrap_or(&600), *args.get(1).unwrap_or(&5), *args.get(2).unwrap_or(&1));
+    let want = std::env::var("FORMAT").unwrap_or_else(|_| "int4/g32".into());
+    let n: usize = std::env::var("POSITIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let Some(format) = bench::formats().into_iter().find(|f| f.dtype.to_string() == want) else {
+        let names: Vec<String> = bench::formats().iter().map(|f| f.dtype.to_string()).collect();
+        eprintln!("FORMAT={want}: not one of {}", names.join(", "));
+        std::process::exit(2);
+    };
     if rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build_global().is_err() {
         eprintln!("could not size the thread pool");
         return;
     }
-    let (rows, cols, group) = (1024usize, 2048usize, 32usize);
-    let dtype = DType::Int4 { group: group as u32 };
-    let Some(rb) = dtype.row_bytes(cols) else { return };
-    let count = (mb << 20).div_ceil(rows * rb).max(1);
-    let mut seed = 1u64;
-    let mut next = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (seed >> 33) as u32
-    };
-    let mats: Vec<Mat> = (0..count)
-        .filter_map(|_| {
-            // 64 bytes more, so the matrix can start on a cache line (as in a container).
-            let mut bytes: Vec<u8> = (0..rows * rb + 64).map(|_| next() as u8).collect();
-            let at = bytes.as_ptr().align_offset(64).min(64);
-            for row in bytes[at..at + rows * rb].chunks_exact_mut(rb) {
-                // Ordinary f16 scales (about 0.0078) in place of random bits.
-                for s in row[..2 * (cols / group)].chunks_exact_mut(2) {
-                    s.copy_from_slice(&(0x2000u16 + (next() as u16 & 0xff)).to_le_bytes());
-                }
-            }
-            Mat::new(rows, cols, dtype, Bytes::from_vec(bytes).slice(at, rows * rb).ok()?).ok()
-        })
-        .collect();
-    let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-    let mut out = vec![0.0f32; rows];
-    let total = (count * rows * rb) as f64;
-    let mut check = 0.0f32;
-    let run = |out: &mut Vec<f32>, check: &mut f32| {
-        for m in &mats {
-            matmul(m, &x, 1, out);
-            *check += out[0];
+    let (rows, cols) = (1024usize, 2048usize);
+    let mats = match bench::working_set(format.dtype, rows, cols, mb << 20) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
         }
     };
+    let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+    let mut out = vec![0.0f32; n * rows];
+    let total: f64 = mats.iter().map(|m| m.byte_len() as f64).sum();
+    let mut check = 0.0f32;
     let mut best = 0.0f64;
     for rep in 0..=reps {
         let t = Instant::now();
-        if threads > 1 {
-            rayon::scope(|_| run(&mut out, &mut check));
-        } else {
-            run(&mut out, &mut check);
+        for m in &mats {
+            matmul(m, &x, n, &mut out);
+            check += out[0];
         }
         let gbs = total / t.elapsed().as_secs_f64() / 1e9;
         if rep > 0 {
@@ -67,7 +55,7 @@ fn main() {
         }
     }
     println!(
-        "best {best:.2} GB/s over {:.0} MB of int4 weights, {threads} thread(s), simd {} (checksum {check})",
+        "best {best:.2} GB/s over {:.0} MB of {want} weights, {n} position(s), {threads} thread(s), simd {} (checksum {check})",
         total / 1e6,
         colibri_engine::qdot::Simd::active().name()
     );

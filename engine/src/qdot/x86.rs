@@ -230,9 +230,14 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool>(
     unsafe {
         let mut acc = acc0;
         let mut b0 = start;
+        // The AVX2 int8 rows (int4 rows mostly take `paired_runs`, which prefetches itself).
+        let ahead = if VNNI || INT4 { 0 } else { prefetch_ahead(false) };
         while b0 < blocks {
             let nb = (blocks - b0).min(8);
             let c0 = b0 * g;
+            if ahead > 0 {
+                prefetch(vals.as_ptr().wrapping_add(ahead + c0), 8 * g);
+            }
             let mut isum = if nb == 8 && c0 + 8 * g <= inside {
                 match g / CHUNK {
                     1 => sums8::<VNNI, INT4, 1>(vals, q, c0),
@@ -288,8 +293,7 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
     unsafe {
         let mut acc = _mm256_setzero_ps();
         let three = _mm_cvtsi32_si128(3);
-        // (AVX2 is slower with the prefetch: measured 16.4 against 18.9 GB/s without.)
-        let ahead = if VNNI { prefetch_ahead() } else { 0 };
+        let ahead = prefetch_ahead(VNNI);
         for r in 0..runs {
             if ahead > 0 {
                 prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
@@ -331,7 +335,7 @@ unsafe fn quad_runs<const CH: usize>(
         let mut acc = _mm256_setzero_ps();
         let three = _mm_cvtsi32_si128(3);
         let low4 = _mm512_set1_epi8(0x0f);
-        let ahead = prefetch_ahead();
+        let ahead = prefetch_ahead(true);
         for r in 0..runs {
             if ahead > 0 {
                 prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
@@ -525,20 +529,36 @@ unsafe fn sums_any<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
 /// docs/benchmarks.md). The int8 kernels (rows twice as long) showed no gain.
 const PREFETCH: usize = 12288;
 
-/// The prefetch distance of the one-position AVX-512 int4 kernels, 0 for none: [`PREFETCH`]
-/// on Intel; none elsewhere (on an AMD EPYC with AVX-512, Zen 4, the same prefetch cost a
-/// quarter: `coli bench-kernels`, 256 MiB working set, three alternating rounds, int4/g64
-/// at one thread 11.2-12.9 GB/s with it against 11.9-17.3 without, g128 11.3-12.6 against
-/// 15.3-16.4, two threads 16.8-21.4 against 16.6-25.4; docs/benchmarks.md). The environment
-/// variable `COLIBRI_PREFETCH=BYTES` (0: off) overrides it. Any distance gives the same
-/// bits: a prefetch only moves bytes into the cache.
-pub fn prefetch_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
-        Some(bytes) => bytes,
-        None if is_intel() => PREFETCH,
-        None => 0,
-    })
+/// How far ahead the one-position AVX2 int4 and int8 kernels prefetch on AMD CPUs without
+/// AVX-512 (Zen 1 to Zen 3 take the AVX2 path): on a Zen 1 EPYC (2 cores) int4/g32 read
+/// 6.1-6.3 GB/s from memory without, 7.2-7.5 with (g64 5.7-6.0 -> 7.7-7.9, g128 5.4-6.1
+/// -> 8.5; two threads 9.5-9.9 -> 11.3-12.0); 4 to 8 KiB ahead were equal, 12 KiB a little
+/// worse (qdot_bench, 64 MiB per thread, docs/benchmarks.md). On Intel the AVX2 kernels
+/// were slower with a prefetch (16.4 against 18.9 GB/s), so none there.
+const PREFETCH_AVX2_AMD: usize = 6144;
+
+/// The prefetch distance of the one-position int4/int8 kernels of the AVX-512 path
+/// (`avx512`) or the AVX2 path, 0 for none: AVX-512 [`PREFETCH`] on Intel, none on AMD (on
+/// an AMD EPYC with AVX-512, Zen 4, the same prefetch cost a quarter: `coli bench-kernels`,
+/// 256 MiB working set, three alternating rounds, int4/g64 at one thread 11.2-12.9 GB/s
+/// with it against 11.9-17.3 without, g128 11.3-12.6 against 15.3-16.4, two threads
+/// 16.8-21.4 against 16.6-25.4; docs/benchmarks.md); AVX2 [`PREFETCH_AVX2_AMD`] on AMD,
+/// none on Intel. The environment variable `COLIBRI_PREFETCH=BYTES` (0: off) overrides
+/// both. Any distance gives the same bits: a prefetch only moves bytes into the cache.
+pub fn prefetch_ahead(avx512: bool) -> usize {
+    static AHEAD: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    let (wide, avx2) = *AHEAD.get_or_init(|| {
+        match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
+            Some(bytes) => (bytes, bytes),
+            None if is_intel() => (PREFETCH, 0),
+            None => (0, PREFETCH_AVX2_AMD),
+        }
+    });
+    if avx512 {
+        wide
+    } else {
+        avx2
+    }
 }
 
 /// Whether the CPU says "GenuineIntel".

@@ -139,7 +139,7 @@ unsafe fn quad_runs_few<const CH: usize>(
     // 8 * g of its quad layout (ds * g per position); d and s hold ds >= 8 * runs entries.
     unsafe {
         let low4 = _mm512_set1_epi8(0x0f);
-        let ahead = prefetch_ahead();
+        let ahead = prefetch_ahead(true);
         for r in 0..runs {
             if ahead > 0 {
                 prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
