@@ -67,13 +67,26 @@ unsafe fn load1<const K: u8>(p: *const u8) -> f32 {
 /// SAFETY (caller): AVX2 and F16C present; each w[i] holds `cols` values of kind `K`,
 /// each x[i] `cols` f32.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn dot4<const K: u8, const SAME_X: bool>(w: [*const u8; 4], x: [*const f32; 4], cols: usize) -> [f32; 4] {
+pub unsafe fn dot4<const K: u8, const SAME_X: bool>(
+    w: [*const u8; 4],
+    x: [*const f32; 4],
+    cols: usize,
+    ahead: usize,
+) -> [f32; 4] {
     let chunks = cols / 8;
     let wd = width::<K>();
-    // SAFETY: every load reads values c * 8..c * 8 + 8 < cols (or one value < cols).
+    // Chunks per 64-byte line of a row.
+    let line = 64 / (8 * wd);
+    // SAFETY: every load reads values c * 8..c * 8 + 8 < cols (or one value < cols); a
+    // prefetch never faults.
     unsafe {
         let mut v = [_mm256_setzero_ps(); 4];
         for c in 0..chunks {
+            if SAME_X && ahead > 0 && c % line == 0 {
+                for wi in w {
+                    _mm_prefetch::<_MM_HINT_T0>(wi.wrapping_add(c * 8 * wd + ahead) as *const i8);
+                }
+            }
             let x0 = _mm256_loadu_ps(x[0].add(c * 8));
             for i in 0..4 {
                 let xi = if SAME_X || i == 0 { x0 } else { _mm256_loadu_ps(x[i].add(c * 8)) };

@@ -32,6 +32,8 @@ mod wasm_few;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_few;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::prefetch_ahead;
 
 pub mod check;
 pub mod mxfp4;
