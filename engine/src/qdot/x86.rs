@@ -547,13 +547,12 @@ const PREFETCH_AVX2_AMD: usize = 6144;
 /// both. Any distance gives the same bits: a prefetch only moves bytes into the cache.
 pub fn prefetch_ahead(avx512: bool) -> usize {
     static AHEAD: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
-    let (wide, avx2) = *AHEAD.get_or_init(|| {
-        match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
+    let (wide, avx2) =
+        *AHEAD.get_or_init(|| match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
             Some(bytes) => (bytes, bytes),
             None if is_intel() => (PREFETCH, 0),
             None => (0, PREFETCH_AVX2_AMD),
-        }
-    });
+        });
     if avx512 {
         wide
     } else {
