@@ -551,7 +551,9 @@ pub fn prefetch_ahead(avx512: bool) -> usize {
         *AHEAD.get_or_init(|| match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
             Some(bytes) => (bytes, bytes),
             None if is_intel() => (PREFETCH, 0),
-            None => (0, PREFETCH_AVX2_AMD),
+            // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path, and its bf16/f16
+            // rows (which follow the AVX2 choice) were not measured with a prefetch.
+            None => (0, if has_avx512() { 0 } else { PREFETCH_AVX2_AMD }),
         });
     if avx512 {
         wide
