@@ -230,7 +230,9 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool>(
     unsafe {
         let mut acc = acc0;
         let mut b0 = start;
-        // The AVX2 int8 rows (int4 rows mostly take `paired_runs`, which prefetches itself).
+        // The AVX2 int8 rows (int4 rows mostly take `paired_runs`, which prefetches itself;
+        // the few-position kernels reach here only for a row's last blocks, where it costs
+        // a few instructions).
         let ahead = if VNNI || INT4 { 0 } else { prefetch_ahead(false) };
         while b0 < blocks {
             let nb = (blocks - b0).min(8);
@@ -532,8 +534,8 @@ const PREFETCH: usize = 12288;
 /// How far ahead the one-position AVX2 int4 and int8 kernels prefetch on AMD CPUs without
 /// AVX-512 (Zen 1 to Zen 3 take the AVX2 path): on a Zen 1 EPYC (2 cores) int4/g32 read
 /// 6.1-6.3 GB/s from memory without, 7.2-7.5 with (g64 5.7-6.0 -> 7.7-7.9, g128 5.4-6.1
-/// -> 8.5; two threads 9.5-9.9 -> 11.3-12.0); 4 to 8 KiB ahead were equal, 12 KiB a little
-/// worse (qdot_bench, 64 MiB per thread, docs/benchmarks.md). On Intel the AVX2 kernels
+/// -> 8.5; two threads 8.6-10.0 -> 10.1-12.0); 4 to 8 KiB ahead were equal, 12 KiB a
+/// little worse (qdot_bench, 64 MiB per thread; docs/kernels.md, docs/benchmarks.md). On Intel the AVX2 kernels
 /// were slower with a prefetch (16.4 against 18.9 GB/s), so none there.
 const PREFETCH_AVX2_AMD: usize = 6144;
 
