@@ -574,8 +574,9 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
             add_rows(gi, b.gate);
             add_rows(ui, b.up);
         }
-        for (a, b) in gi.iter_mut().zip(ui.iter()) {
-            *a = j.act.apply(*a, *b);
+        match j.act {
+            Activation::Silu => math::silu_mul(gi, ui),
+            act => gi.iter_mut().zip(ui.iter()).for_each(|(a, b)| *a = act.apply(*a, *b)),
         }
     };
     let elems: usize = g.iter().map(|v| v.len()).sum();

@@ -7,6 +7,9 @@
 //! WGSL port compute the same bits. Table math done once per model (RoPE frequencies)
 //! uses the pure-Rust `libm` crate in f64, which is also identical on every target.
 
+mod act;
+pub use act::{check_silu_mul, silu_mul};
+
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 // ln 2 split so that k * LN2_HI is exact for |k| < 2^15 (LN2_HI has 9 significant bits).
 const LN2_HI: f32 = 0.693_359_4; // 0x3f31_8000
@@ -21,6 +24,7 @@ pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
         return x;
     }
+    // (math/act.rs runs these steps in SIMD lanes: change both together.)
     if x > 88.722_83 {
         return f32::INFINITY;
     }
