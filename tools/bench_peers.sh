@@ -4,7 +4,8 @@
 # experts, top-8, intermediate 1024, vocab 50304, 16 heads), random weights on both sides:
 #   colibri, three models of the same shape (the first and last from one bf16 checkpoint):
 #     "colibri default": `coli synth --experts 16` then plain `coli convert` (what `coli pull` and
-#                        `coli convert` give users: experts int4, attention/dense/output int8, g32)
+#                        `coli convert` give users: experts int4/g32, attention/dense/output
+#                        int8/g128)
 #     "colibri gguf-import": `coli convert model.gguf` of the peers' Q4_0 GGUF (the same
 #                        integers llama.cpp runs: the comparison is exact)
 #     "colibri": `coli convert --quant int4 --attn int4 --lm-head int4` (g32: 4.5 bits like Q4_0)
@@ -166,11 +167,15 @@ if [ ! -f "$GGUF.json" ]; then
   mv "$GGUF.json.tmp" "$GGUF.json"
 fi
 DEF="$MDIR/models/default" GIMP="$MDIR/models/gguf-import"
-if [[ " $CMODELS $CBMODELS " == *" default "* ]] && { [ ! -f "$DEF/.complete" ] || ! "$COLI" info "$DEF" >/dev/null 2>&1; }; then
-  say "coli convert (the defaults: experts int4, attention/dense/output int8, group 32)"
+# The default conversion is made again when this coli's defaults differ from the ones it was
+# made with (`.complete` holds a checksum of `coli convert --help`, which states them).
+DEF_SIG=$("$COLI" convert --help | cksum | cut -d' ' -f1)
+if [[ " $CMODELS $CBMODELS " == *" default "* ]] && { [ "$(cat "$DEF/.complete" 2>/dev/null)" != "$DEF_SIG" ] ||
+  ! "$COLI" info "$DEF" >/dev/null 2>&1; }; then
+  say "coli convert (the defaults: experts int4 group 32, attention/dense/output int8 group 128)"
   rm -rf "$DEF"
   "$COLI" convert "$BF16" -o "$DEF" >&2
-  touch "$DEF/.complete"
+  echo "$DEF_SIG" >"$DEF/.complete"
 fi
 if [[ " $CMODELS $CBMODELS " == *" gguf-import "* ]] && { [ ! -f "$GIMP/.complete" ] || ! "$COLI" info "$GIMP" >/dev/null 2>&1; }; then
   say "coli convert model.gguf (the peers' Q4_0 GGUF imported as it is)"

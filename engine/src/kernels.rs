@@ -569,13 +569,14 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
     // The elementwise activation, per expert (the same bits on any thread): on the pool
     // when there is enough of it (a prefill's experts; it was 4% of a 128-token prefill
     // on one thread while the other waited).
+    let simd = Simd::active() != Simd::Scalar;
     let activate = |gi: &mut Vec<f32>, ui: &mut Vec<f32>, j: &FfnJob| {
         if let Some(b) = &j.bias {
             add_rows(gi, b.gate);
             add_rows(ui, b.up);
         }
         match j.act {
-            Activation::Silu => math::silu_mul(gi, ui),
+            Activation::Silu => math::silu_mul(gi, ui, simd),
             act => gi.iter_mut().zip(ui.iter()).for_each(|(a, b)| *a = act.apply(*a, *b)),
         }
     };

@@ -21,20 +21,23 @@ const HI: f32 = 88.722_83;
 const LO: f32 = -87.336_54;
 
 /// `g[i] = silu(g[i]) * u[i]` for i < min(len): [`super::silu`] times `u`, bit for bit.
-pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+/// `simd`: the caller's SIMD path is on (`qdot::Simd::active()` is not scalar): AVX2 where
+/// the CPU has it, SIMD128 in a wasm build with it; false runs the scalar loop.
+pub fn silu_mul(g: &mut [f32], u: &[f32], simd: bool) {
     let n = g.len().min(u.len());
     let (g, u) = (&mut g[..n], &u[..n]);
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if crate::qdot::Simd::active().pairs() {
-        // SAFETY: `pairs` is true on x86-64 only where AVX2 was detected.
+    if simd && is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected.
         done = unsafe { silu_mul_avx2(g, u) };
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    if crate::qdot::Simd::active() != crate::qdot::Simd::Scalar {
+    if simd {
         done = silu_mul_simd128(g, u);
     }
+    let _ = simd;
     for (a, b) in g[done..].iter_mut().zip(&u[done..]) {
         *a = super::silu(*a) * *b;
     }
@@ -140,12 +143,12 @@ fn exp4(x: std::arch::wasm32::v128) -> std::arch::wasm32::v128 {
     v128_bitselect(x, v, f32x4_ne(x, x))
 }
 
-/// Checks [`silu_mul`] (whatever path this build and CPU take) against the scalar
+/// Checks [`silu_mul`] (with `simd`: whatever path this build and CPU take) against the scalar
 /// [`super::silu`] times u, bit for bit: a sweep over the exponent's whole range (both
 /// bounds, k = 128, subnormal results), special values, and lengths with tails. Returns
 /// how many values agreed. The native tests run it, and `qdot::check::check_paths` runs it
 /// where the browser builds call it (`kernelSelfCheck`).
-pub fn check_silu_mul() -> Result<usize, String> {
+pub fn check_silu_mul(simd: bool) -> Result<usize, String> {
     let mut g: Vec<f32> = Vec::new();
     let mut x = -100.0f32;
     while x < 100.0 {
@@ -164,7 +167,7 @@ pub fn check_silu_mul() -> Result<usize, String> {
     let mut checked = 0;
     for len in [g.len(), g.len() - 1, 7, 3, 0] {
         let mut got = g[..len].to_vec();
-        silu_mul(&mut got, &u[..len]);
+        silu_mul(&mut got, &u[..len], simd);
         for (i, o) in got.iter().enumerate() {
             let want = super::silu(g[i]) * u[i];
             if want.to_bits() != o.to_bits() && !(want.is_nan() && o.is_nan()) {
@@ -180,7 +183,7 @@ pub fn check_silu_mul() -> Result<usize, String> {
 mod tests {
     #[test]
     fn silu_mul_gives_the_scalar_bits() {
-        let checked = super::check_silu_mul().unwrap();
+        let checked = super::check_silu_mul(true).unwrap();
         assert!(checked > 29_000, "{checked}");
     }
 }

@@ -47,9 +47,10 @@ pub struct PullArgs {
     /// default int4 for safetensors, while a GGUF keeps its own types where it can.
     #[arg(long, value_enum)]
     pub quant: Option<Quant>,
-    /// Values per f16 scale for int4/int8 (as `coli convert`).
-    #[arg(long, default_value_t = 32)]
-    pub group_size: u32,
+    /// Values per f16 scale for int4/int8 (as `coli convert`: default 32, 128 for the
+    /// default's int8 attention, dense MLP, embeddings and output).
+    #[arg(long)]
+    pub group_size: Option<u32>,
     /// Replace an installed model of the same id.
     #[arg(long)]
     pub force: bool,
@@ -138,7 +139,7 @@ pub fn pull(a: PullArgs) -> Result<()> {
 /// (the GGUF file `gguf` of a GGUF repository), each download's progress told to
 /// `progress`; the installed id.
 pub fn pull_for_api(repo: &str, gguf: Option<String>, models: &Path, progress: crate::hub::Progress) -> Result<String> {
-    let a = PullArgs { repo: Some(repo.to_string()), list: false, quant: None, group_size: 32, force: false, gguf };
+    let a = PullArgs { repo: Some(repo.to_string()), list: false, quant: None, group_size: None, force: false, gguf };
     pull_to(&a, models, Hub::from_env().with_progress(progress))?;
     Ok(parse_repo(repo)?.0.to_string())
 }

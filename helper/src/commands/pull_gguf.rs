@@ -97,7 +97,7 @@ pub fn pull_gguf(
     repo: &str,
     rev: &str,
     listed: &[RemoteFile],
-    (gguf, quant, group_size): (Option<&str>, Option<Quant>, u32),
+    (gguf, quant, group_size): (Option<&str>, Option<Quant>, Option<u32>),
     staging: &Path,
     dest: &Path,
 ) -> Result<()> {

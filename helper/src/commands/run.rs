@@ -56,7 +56,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 repo: Some(spec.to_string()),
                 list: false,
                 quant: None,
-                group_size: 32,
+                group_size: None,
                 force: false,
                 gguf: None,
             })?;
