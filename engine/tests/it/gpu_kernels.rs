@@ -82,7 +82,7 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
     Mat::new(rows, cols, dtype, Bytes::from_vec(bytes)).unwrap()
 }
 
-const DTYPES: [DType; 12] = [
+const DTYPES: [DType; 13] = [
     DType::Fp8 { block: 8 },
     DType::Fp8 { block: 12 },
     DType::Fp8 { block: 32 },
@@ -95,6 +95,8 @@ const DTYPES: [DType; 12] = [
     DType::Int8 { group: 64 },
     DType::Int4 { group: 64 },
     DType::Int8 { group: 3 },
+    // The default conversion's attention, dense MLP and output (convert's DEFAULT_INT8_GROUP).
+    DType::Int8 { group: 128 },
 ];
 
 fn check_matmul(ctx: &GpuContext, rows: usize, cols: usize, dtype: DType, ns: &[usize], seed: u64) {

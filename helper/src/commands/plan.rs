@@ -8,7 +8,7 @@
 //!
 //! A model that is not converted yet is estimated as `coli convert` / `coli pull` would
 //! store it by default: routed experts int4 with groups of 32, routers f32, every other
-//! matrix int8 with groups of 32.
+//! matrix int8 with groups of 128 (convert's DEFAULT_INT8_GROUP).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -130,7 +130,8 @@ fn estimated_sizes(
 /// in all: (resident, one expert, the token embeddings).
 fn converted_sizes(cfg: &ModelConfig, params: u64) -> Result<(u64, u64, u64)> {
     let (h, i) = (cfg.hidden, cfg.expert_intermediate);
-    let int4 = DType::Int4 { group: 32 };
+    let int4 = DType::Int4 { group: super::convert::GROUP };
+    let int8 = DType::Int8 { group: super::convert::DEFAULT_INT8_GROUP };
     let row = |dt: DType, cols: usize| dt.row_bytes(cols).context("row size");
     let expert = (2 * i * row(int4, h)? + h * row(int4, i)?) as u64;
     let moe = cfg.moe_layers.iter().filter(|m| **m).count() as u64;
@@ -138,9 +139,9 @@ fn converted_sizes(cfg: &ModelConfig, params: u64) -> Result<(u64, u64, u64)> {
     let expert_params = moe * experts * 3 * (h * i) as u64;
     let router_params = moe * experts * h as u64;
     let rest = params.saturating_sub(expert_params + router_params);
-    // int8 with groups of 32: one byte per value plus an f16 scale per 32.
-    let int8_per_1024 = row(DType::Int8 { group: 32 }, 1024)? as u64;
-    let embed = if cfg.tie_word_embeddings { 0 } else { (cfg.vocab * row(DType::Int8 { group: 32 }, h)?) as u64 };
+    // int8: one byte per value plus an f16 scale per group.
+    let int8_per_1024 = row(int8, 1024)? as u64;
+    let embed = if cfg.tie_word_embeddings { 0 } else { (cfg.vocab * row(int8, h)?) as u64 };
     Ok((rest * int8_per_1024 / 1024 + router_params * 4, expert, embed))
 }
 
