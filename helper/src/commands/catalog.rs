@@ -17,24 +17,24 @@ pub struct Entry {
 }
 
 pub const CATALOG: &[Entry] = &[
-    Entry { name: "olmoe", repo: "allenai/OLMoE-1B-7B-0924", family: "olmoe", disk_gib: 3.9, dense_gib: 0.5 },
-    Entry { name: "qwen3-30b-a3b", repo: "Qwen/Qwen3-30B-A3B", family: "qwen3_moe", disk_gib: 16.7, dense_gib: 1.6 },
-    Entry { name: "mixtral", repo: "mistralai/Mixtral-8x7B-v0.1", family: "mixtral", disk_gib: 25.2, dense_gib: 1.6 },
+    Entry { name: "olmoe", repo: "allenai/OLMoE-1B-7B-0924", family: "olmoe", disk_gib: 3.8, dense_gib: 0.5 },
+    Entry { name: "qwen3-30b-a3b", repo: "Qwen/Qwen3-30B-A3B", family: "qwen3_moe", disk_gib: 16.7, dense_gib: 1.5 },
+    Entry { name: "mixtral", repo: "mistralai/Mixtral-8x7B-v0.1", family: "mixtral", disk_gib: 25.1, dense_gib: 1.5 },
     Entry {
         name: "qwen3.5-35b-a3b",
         repo: "Qwen/Qwen3.5-35B-A3B",
         family: "qwen3_5_moe",
-        disk_gib: 19.4,
-        dense_gib: 2.5,
+        disk_gib: 19.2,
+        dense_gib: 2.4,
     },
     Entry {
         name: "deepseek-v3.2",
         repo: "deepseek-ai/DeepSeek-V3.2-Exp",
         family: "deepseek_v32",
-        disk_gib: 360.6,
-        dense_gib: 18.1,
+        disk_gib: 359.9,
+        dense_gib: 17.3,
     },
-    Entry { name: "glm-5", repo: "zai-org/GLM-5", family: "glm_moe_dsa", disk_gib: 398.9, dense_gib: 19.3 },
+    Entry { name: "glm-5", repo: "zai-org/GLM-5", family: "glm_moe_dsa", disk_gib: 398.1, dense_gib: 18.4 },
     Entry { name: "kimi-k2", repo: "moonshotai/Kimi-K2-Instruct", family: "kimi_k2", disk_gib: 991.0, dense_gib: 16.5 },
 ];
 

@@ -592,6 +592,7 @@ pub fn fit(model: &str, mem_limit: Option<u64>) -> Result<Fit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::convert::DEFAULT_INT8_GROUP;
 
     #[test]
     fn converted_sizes_follow_convert_defaults() {
@@ -607,7 +608,8 @@ mod tests {
             if cfg.tie_word_embeddings {
                 0
             } else {
-                cfg.vocab * ((h / 32 * 2).next_multiple_of(4) + h.next_multiple_of(4))
+                // int8 in convert's default group for the int8 classes.
+                cfg.vocab * ((h.div_ceil(DEFAULT_INT8_GROUP as usize) * 2).next_multiple_of(4) + h.next_multiple_of(4))
             }
         );
         let (resident, _, _) = converted_sizes(&cfg, 1 << 30).unwrap();
