@@ -6,23 +6,28 @@
 //! experts of 1024 rows a layer, 130 thousand SiLUs a token), run on one thread while the
 //! other waited: the scalar [`super::exp`] has four branches and two float/int conversions.
 
-#[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
 use super::{LN2_HI, LN2_LO, LOG2E};
 
 /// The Horner coefficients of [`super::exp`]'s polynomial, innermost first (the same f32
 /// constants: `1.0 / 6.0` and so on, rounded once at compile time).
-#[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
 const HORNER: [f32; 7] = [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
 
 /// [`super::exp`]'s bounds: above, +inf; below, 0.
-#[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
 const HI: f32 = 88.722_83;
-#[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
 const LO: f32 = -87.336_54;
 
 /// `g[i] = silu(g[i]) * u[i]` for i < min(len): [`super::silu`] times `u`, bit for bit.
 /// `simd`: the caller's SIMD path is on (`qdot::Simd::active()` is not scalar): AVX2 where
-/// the CPU has it, SIMD128 in a wasm build with it; false runs the scalar loop.
+/// the CPU has it, NEON on aarch64, SIMD128 in a wasm build with it; false runs the scalar
+/// loop.
 pub fn silu_mul(g: &mut [f32], u: &[f32], simd: bool) {
     let n = g.len().min(u.len());
     let (g, u) = (&mut g[..n], &u[..n]);
@@ -32,6 +37,10 @@ pub fn silu_mul(g: &mut [f32], u: &[f32], simd: bool) {
     if simd && is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected.
         done = unsafe { silu_mul_avx2(g, u) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if simd {
+        done = silu_mul_neon(g, u);
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if simd {
@@ -97,6 +106,55 @@ fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(HI)));
     let v = _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(LO)));
     _mm256_blendv_ps(v, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+}
+
+/// The whole groups of four of [`silu_mul`] in NEON (aarch64's baseline); returns how many
+/// it did.
+#[cfg(target_arch = "aarch64")]
+fn silu_mul_neon(g: &mut [f32], u: &[f32]) -> usize {
+    use std::arch::aarch64::*;
+    let n = g.len() / 4 * 4;
+    let mut i = 0;
+    while i < n {
+        // SAFETY: i + 4 <= n <= both lengths; NEON is part of aarch64.
+        unsafe {
+            let x = vld1q_f32(g.as_ptr().add(i));
+            let s = vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), exp4_neon(vnegq_f32(x))));
+            vst1q_f32(g.as_mut_ptr().add(i), vmulq_f32(s, vld1q_f32(u.as_ptr().add(i))));
+        }
+        i += 4;
+    }
+    n
+}
+
+/// [`super::exp`] in four NEON lanes (no fused operations: each product and sum rounded on
+/// its own, as the scalar code).
+#[cfg(target_arch = "aarch64")]
+fn exp4_neon(x: std::arch::aarch64::float32x4_t) -> std::arch::aarch64::float32x4_t {
+    use std::arch::aarch64::*;
+    // SAFETY: NEON is part of aarch64; only register operations.
+    unsafe {
+        let y = vaddq_f32(vmulq_f32(x, vdupq_n_f32(LOG2E)), vdupq_n_f32(0.5));
+        // Truncation toward zero, as `as i32` (lanes out of range are replaced below).
+        let t = vcvtq_s32_f32(y);
+        let up = vreinterpretq_s32_u32(vcgtq_f32(vcvtq_f32_s32(t), y));
+        let ki = vaddq_s32(t, up);
+        let k = vcvtq_f32_s32(ki);
+        let r = vsubq_f32(vsubq_f32(x, vmulq_f32(k, vdupq_n_f32(LN2_HI))), vmulq_f32(k, vdupq_n_f32(LN2_LO)));
+        let mut p = vmulq_f32(r, vdupq_n_f32(1.0 / 5040.0));
+        for (j, c) in HORNER.iter().enumerate() {
+            p = vaddq_f32(vdupq_n_f32(*c), p);
+            if j + 1 < HORNER.len() {
+                p = vmulq_f32(r, p);
+            }
+        }
+        let scale = vshlq_n_s32::<23>(vaddq_s32(vminq_s32(ki, vdupq_n_s32(127)), vdupq_n_s32(127)));
+        let v = vmulq_f32(p, vreinterpretq_f32_s32(scale));
+        let v = vbslq_f32(vcgtq_s32(ki, vdupq_n_s32(127)), vmulq_f32(v, vdupq_n_f32(2.0)), v);
+        let v = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(HI)), vdupq_n_f32(f32::INFINITY), v);
+        let v = vbslq_f32(vcltq_f32(x, vdupq_n_f32(LO)), vdupq_n_f32(0.0), v);
+        vbslq_f32(vceqq_f32(x, x), v, x)
+    }
 }
 
 /// The whole groups of four of [`silu_mul`] in SIMD128; returns how many it did.
