@@ -6,23 +6,25 @@
 //! experts of 1024 rows a layer, 130 thousand SiLUs a token), run on one thread while the
 //! other waited: the scalar [`super::exp`] has four branches and two float/int conversions.
 
+/// What every SIMD path shares: [`super::exp`]'s constants.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
+mod lanes {
+    pub(super) use super::super::{LN2_HI, LN2_LO, LOG2E};
+
+    /// The Horner coefficients of [`super::super::exp`]'s polynomial, innermost first (the
+    /// same f32 constants: `1.0 / 6.0` and so on, rounded once at compile time).
+    pub(super) const HORNER: [f32; 7] = [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
+
+    /// [`super::super::exp`]'s bounds: above, +inf; below, 0.
+    pub(super) const HI: f32 = 88.722_83;
+    pub(super) const LO: f32 = -87.336_54;
+}
 #[cfg(any(
     target_arch = "x86_64",
     target_arch = "aarch64",
     all(target_arch = "wasm32", target_feature = "simd128")
 ))]
-use super::{LN2_HI, LN2_LO, LOG2E};
-
-/// The Horner coefficients of [`super::exp`]'s polynomial, innermost first (the same f32
-/// constants: `1.0 / 6.0` and so on, rounded once at compile time).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
-const HORNER: [f32; 7] = [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
-
-/// [`super::exp`]'s bounds: above, +inf; below, 0.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
-const HI: f32 = 88.722_83;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64", all(target_arch = "wasm32", target_feature = "simd128")))]
-const LO: f32 = -87.336_54;
+use lanes::*;
 
 /// `g[i] = silu(g[i]) * u[i]` for i < min(len): [`super::silu`] times `u`, bit for bit.
 /// `simd`: the caller's SIMD path is on (`qdot::Simd::active()` is not scalar): AVX2 where
