@@ -484,32 +484,8 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
-/// How a gated feed-forward combines its gate value g and up value u.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activation {
-    /// silu(g) * u (every family but gpt_oss).
-    Silu,
-    /// gpt_oss (transformers' `GptOssExperts._apply_gate`): g clamped above at `limit`,
-    /// u to [-limit, limit], then (u + 1) * (g * sigmoid(alpha * g)).
-    ClampedSwiglu { alpha: f32, limit: f32 },
-    /// deepseek_v4 (`swiglu_limit`): silu(min(g, limit)) * clamp(u, -limit, limit).
-    SiluClamped { limit: f32 },
-}
-
-impl Activation {
-    #[inline]
-    pub fn apply(self, g: f32, u: f32) -> f32 {
-        match self {
-            Activation::Silu => math::silu(g) * u,
-            Activation::ClampedSwiglu { alpha, limit } => {
-                let g = g.min(limit);
-                let u = u.clamp(-limit, limit);
-                (u + 1.0) * (g * math::sigmoid(g * alpha))
-            }
-            Activation::SiluClamped { limit } => math::silu(g.min(limit)) * u.clamp(-limit, limit),
-        }
-    }
-}
+/// How a gated feed-forward combines its gate value g and up value u (math/act.rs).
+pub use crate::math::Activation;
 
 /// Biases of a feed-forward: added to the gate, up and down products.
 #[derive(Clone, Copy)]
@@ -575,10 +551,7 @@ pub fn swiglu_many(jobs: &[FfnJob], outs: &mut [&mut [f32]]) {
             add_rows(gi, b.gate);
             add_rows(ui, b.up);
         }
-        match j.act {
-            Activation::Silu => math::silu_mul(gi, ui, simd),
-            act => gi.iter_mut().zip(ui.iter()).for_each(|(a, b)| *a = act.apply(*a, *b)),
-        }
+        j.act.apply_rows(gi, ui, simd);
     };
     let elems: usize = g.iter().map(|v| v.len()).sum();
     #[cfg(feature = "parallel")]

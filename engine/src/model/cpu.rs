@@ -406,7 +406,7 @@ impl<'w, P: AsCpuOps> Ops<'w> for P {
     }
 
     fn swiglu(&mut self, g: &mut Vec<f32>, u: &Vec<f32>, len: usize, act: Activation) -> Result<()> {
-        g[..len].iter_mut().zip(&u[..len]).for_each(|(a, b)| *a = act.apply(*a, *b));
+        act.apply_rows(&mut g[..len], &u[..len], crate::qdot::Simd::active() != crate::qdot::Simd::Scalar);
         Ok(())
     }
 

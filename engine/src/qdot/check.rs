@@ -1,7 +1,7 @@
 //! Every available path against the scalar reference, bit for bit, on random rows with
 //! the edge cases mixed in. The native tests run it, and the browser builds export it
 //! (`kernelSelfCheck`), so the wasm SIMD paths are checked where they run (with the SIMD
-//! SwiGLU activation's, `math::check_silu_mul`).
+//! feed-forward activations', `math::check_activations`).
 
 use super::{dot_row, dot_row_many, dot_row_scalar, dot_rows, round4, ActQ, Simd};
 use crate::format::quant::quantize_row;
@@ -178,7 +178,7 @@ pub fn check_paths() -> Result<usize, String> {
     }
     checked += check_long_rows(&paths, &mut seed)?;
     // The SwiGLU activation's SIMD lanes (the same scalar steps; math/act.rs).
-    checked += crate::math::check_silu_mul(paths.iter().any(|&s| s != Simd::Scalar))?;
+    checked += crate::math::check_activations(paths.iter().any(|&s| s != Simd::Scalar))?;
     Ok(checked)
 }
 

@@ -18,9 +18,7 @@ fn clamped_swiglu(e: &crate::experts::Expert, x: &[f32], n: usize, limit: f32, o
     matmul(&e.gate, x, n, &mut g);
     matmul(&e.up, x, n, &mut u);
     let act = crate::kernels::Activation::SiluClamped { limit };
-    for (gv, uv) in g.iter_mut().zip(&u) {
-        *gv = act.apply(*gv, *uv);
-    }
+    act.apply_rows(&mut g, &u, crate::qdot::Simd::active() != crate::qdot::Simd::Scalar);
     matmul(&e.down, &g, n, out);
 }
 
