@@ -7,7 +7,7 @@
 //! pinning, prefetching and read order change speed, never the answer.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::ram_tiers::{plan_repin, Key, RamTiers, Tier};
@@ -26,6 +26,9 @@ struct LayerIndex {
     parts: [(DType, usize, usize, usize, usize); 3],
     /// (offset, length, checksum) per expert.
     experts: Vec<(u64, usize, u64)>,
+    /// Per expert: its bytes matched the checksum once in this process, so a later read
+    /// of the same range (evicted, then streamed again) is not hashed again.
+    checked: Vec<AtomicBool>,
 }
 
 /// What the expert cache needs to know of the model: which layers have routed experts
@@ -174,9 +177,10 @@ fn index_layer(l: &ExpertLayer, shape: &ExpertShape) -> Result<LayerIndex> {
             l.experts.len()
         )));
     }
-    let experts =
+    let experts: Vec<_> =
         l.experts.iter().map(|e| (e.offset, e.length as usize, parse_checksum(&e.xxh3).unwrap_or(0))).collect();
-    Ok(LayerIndex { parts, experts })
+    let checked = experts.iter().map(|_| AtomicBool::new(false)).collect();
+    Ok(LayerIndex { parts, experts, checked })
 }
 
 impl Core {
@@ -195,8 +199,9 @@ impl Core {
         self.span(key.0, key.1).map(|s| s.2 as u64).unwrap_or(0)
     }
 
-    /// Reads expert `index` of `layer` and checks its checksum; also returns its bytes.
-    fn read(&self, layer: usize, index: usize) -> Result<(Arc<Expert>, u64)> {
+    /// Reads expert `index` of `layer` and checks its checksum (the first time this process
+    /// reads it, or every time with `always_check`); also returns its bytes.
+    fn read(&self, layer: usize, index: usize, always_check: bool) -> Result<(Arc<Expert>, u64)> {
         let (li, offset, length, want) = self.span(layer, index)?;
         #[cfg(not(target_arch = "wasm32"))]
         let bytes = {
@@ -212,13 +217,17 @@ impl Core {
             Bytes::from_vec(buf)
         };
         self.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
-        if !self.source.checks_expert(offset, length) && checksum(bytes.as_ref()) != want {
+        let checked = &li.checked[index];
+        let check = always_check || !checked.load(Ordering::Relaxed);
+        if check && !self.source.checks_expert(offset, length) && checksum(bytes.as_ref()) != want {
+            checked.store(false, Ordering::Relaxed);
             return Err(Error::Checksum(format!(
                 "{}: checksum mismatch in expert {index} of layer {layer} (bytes {offset}..{}): the file is corrupted; convert the model again",
                 self.source.name(),
                 offset + length as u64
             )));
         }
+        checked.store(true, Ordering::Relaxed);
         let mat = |k: usize| -> Result<Mat> {
             let (dt, rows, cols, off, len) = li.parts[k];
             Mat::new(rows, cols, dt, bytes.slice(off, len)?)
@@ -352,10 +361,10 @@ impl ExpertCache {
         s
     }
 
-    /// Reads expert `index` of `layer` from the source and checks its checksum,
-    /// bypassing the cache.
+    /// Reads expert `index` of `layer` from the source and checks its checksum (whether or
+    /// not an earlier read did), bypassing the cache.
     pub fn load(&self, layer: usize, index: usize) -> Result<Arc<Expert>> {
-        self.core.read(layer, index).map(|(x, _)| x)
+        self.core.read(layer, index, true).map(|(x, _)| x)
     }
 
     /// Every expert's checksum, calling `progress(done, total)` along the way; returns the
@@ -397,7 +406,7 @@ impl ExpertCache {
                 batch.iter().filter_map(|&(l, e)| self.core.span(l, e).ok().map(|s| (s.1, s.2))).collect();
             self.core.source.prefetch(&ranges)?;
             for &k in batch {
-                loaded.push((k, self.core.read(k.0, k.1)?));
+                loaded.push((k, self.core.read(k.0, k.1, false)?));
             }
         }
         let mut st = self.lock();
@@ -443,7 +452,7 @@ impl ExpertCache {
         let core = self.core.clone();
         Box::new(move || {
             if slot.begin() {
-                slot.put(core.read(k.0, k.1))
+                slot.put(core.read(k.0, k.1, false))
             }
         })
     }
@@ -627,12 +636,12 @@ impl ExpertSource for ExpertCache {
         #[cfg(not(target_arch = "wasm32"))]
         let (x, size) = match staged {
             Some(slot) => slot.wait()?,
-            None => self.core.read(layer, index)?,
+            None => self.core.read(layer, index, false)?,
         };
         #[cfg(target_arch = "wasm32")]
         let (x, size) = {
             let _ = staged;
-            self.core.read(layer, index)?
+            self.core.read(layer, index, false)?
         };
         self.keep(&mut self.lock(), key, x.clone(), size);
         Ok(x)

@@ -278,3 +278,40 @@ fn known_experts_are_read_ahead_without_the_lookahead() {
     assert_eq!((s.lookahead.known, s.lookahead.prefetched, s.lookahead.predicted), (2, 0, 0), "{s:?}");
     assert_eq!((s.prefetch_bytes, s.bytes_read, s.prefetched_hits, s.misses), (2 * size, 2 * size, 2, 2), "{s:?}");
 }
+
+/// Each expert is hashed the first time this process reads it: streamed again after an
+/// eviction it is not hashed again, while `load` and `verify_all` (coli doctor) always hash.
+/// A failed check leaves the expert unchecked, so every later read fails too.
+#[test]
+fn an_expert_is_hashed_on_its_first_read_and_by_verify_all() {
+    struct Flipping(std::sync::Mutex<Vec<u8>>);
+    impl ByteSource for Flipping {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            let d = self.0.lock().unwrap();
+            let o = offset as usize;
+            buf.copy_from_slice(d.get(o..o + buf.len()).ok_or_else(|| Error::Invalid("short".into()))?);
+            Ok(())
+        }
+        fn name(&self) -> String {
+            "flip".into()
+        }
+    }
+    let (m, data, _) = container();
+    let src = Arc::new(Flipping(std::sync::Mutex::new(data)));
+    // A budget of nothing: every use reads the expert again.
+    let x = ExpertCache::new(&m, &cfg(), src.clone(), Some(0)).unwrap();
+    let (e, e1) = (&m.experts.layers[1].experts[2], &m.experts.layers[0].experts[1]);
+    let gate = |x: &ExpertCache| x.expert(1, 2).map(|w| [&w.gate, &w.up, &w.down].map(|m| m.bytes.as_ref().to_vec()));
+    let good = gate(&x).unwrap();
+    src.0.lock().unwrap()[(e.offset + 5) as usize] ^= 4;
+    src.0.lock().unwrap()[(e1.offset + 5) as usize] ^= 4;
+    // Checked once already: the second stream is taken as it comes (here: the changed bytes).
+    assert_ne!(gate(&x).unwrap(), good, "a second read of a checked expert is not hashed");
+    for _ in 0..2 {
+        let err = x.expert(0, 1).unwrap_err().to_string();
+        assert!(err.contains("flip: checksum mismatch in expert 1 of layer 0"), "{err}");
+    }
+    let err = x.load(1, 2).unwrap_err().to_string();
+    assert!(err.contains("checksum mismatch in expert 2 of layer 1"), "{err}");
+    assert!(x.verify_all(&mut |_, _| {}).is_err());
+}
