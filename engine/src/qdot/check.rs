@@ -124,9 +124,12 @@ pub fn check_paths() -> Result<usize, String> {
             // The one-position AVX-512 int4 kernel reads the quad layout where there is one.
             let mut aq = a.clone();
             aq.quad();
+            // The one-position wasm relaxed-SIMD int8 kernel reads the halves.
+            let mut ah = a.clone();
+            ah.halves();
             // All rows at once (the one-position matmul's call), each layout.
             for &s in &paths {
-                for a in [&a, &ap, &aq] {
+                for a in [&a, &ap, &aq, &ah] {
                     let mut out = vec![0.0f32; rows];
                     dot_rows(s, int4, &w, rb, a, &mut out);
                     for (r, &got) in out.iter().enumerate() {
@@ -141,7 +144,7 @@ pub fn check_paths() -> Result<usize, String> {
             for r in 0..rows {
                 let row = &w[r * rb..(r + 1) * rb];
                 for &s in &paths {
-                    let layouts = [&a, &ap, &aq];
+                    let layouts = [&a, &ap, &aq, &ah];
                     for (p, a) in layouts.iter().flat_map(|a| (0..one).map(move |p| (p, *a))) {
                         let (got, want) = (dot_row(s, int4, row, a, p), dot_row_scalar(int4, row, a, p));
                         if !same(got, want) {
@@ -194,11 +197,13 @@ fn check_long_rows(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
         let w = weights(dtype, rows, cols, seed);
         let mut a = ActQ::default();
         a.quantize(&activations(1, cols, group, seed), 1, cols, group, ActQ::wants_split(int4, group));
-        for &s in paths {
+        let mut ah = a.clone();
+        ah.halves();
+        for (&s, a) in paths.iter().flat_map(|s| [(s, &a), (s, &ah)]) {
             let mut out = vec![0.0f32; rows];
-            dot_rows(s, int4, &w, rb, &a, &mut out);
+            dot_rows(s, int4, &w, rb, a, &mut out);
             for (r, &got) in out.iter().enumerate() {
-                let want = dot_row_scalar(int4, &w[r * rb..(r + 1) * rb], &a, 0);
+                let want = dot_row_scalar(int4, &w[r * rb..(r + 1) * rb], a, 0);
                 if !same(got, want) {
                     return Err(format!("{} long rows {dtype} row {r} of {rows}: {got:e} vs {want:e}", s.name()));
                 }

@@ -94,6 +94,12 @@ impl Simd {
         matches!(self, Simd::Avx512)
     }
 
+    /// Whether the one-position int8 kernel reads the activations' halves ([`ActQ::halves`]):
+    /// wasm SIMD128 with relaxed SIMD.
+    pub fn halves(self) -> bool {
+        cfg!(target_feature = "relaxed-simd") && matches!(self, Simd::Simd128)
+    }
+
     /// Every path this machine can run, the reference first.
     pub fn available() -> Vec<Simd> {
         #[allow(unused_mut)]
@@ -173,6 +179,10 @@ pub struct ActQ {
     /// chunks, then their 16 odd values (the order of one 64-byte load of nibbles: low
     /// nibbles then high nibbles, one chunk per 128-bit lane).
     pub qz: Vec<i8>,
+    /// Empty, or after [`ActQ::halves`]: per 16 values of `q`, 16 bytes of max(q, 0) then
+    /// 16 of max(-q, 0) (both 0..=127), [n, 2 * blocks * group]: what the wasm relaxed-SIMD
+    /// int8 one-position kernel multiplies every stored byte by, exactly.
+    pub qh: Vec<i8>,
 }
 
 impl ActQ {
@@ -201,10 +211,12 @@ impl ActQ {
             qi: std::mem::take(&mut self.qi),
             qp: std::mem::take(&mut self.qp),
             qz: std::mem::take(&mut self.qz),
+            qh: std::mem::take(&mut self.qh),
         };
         self.qi.clear();
         self.qp.clear();
         self.qz.clear();
+        self.qh.clear();
         let (qs, ds) = (blocks * group, self.dstride());
         self.q.clear();
         self.q.resize(n * qs, 0);
@@ -337,6 +349,24 @@ impl ActQ {
                 out[4 * half + lane..4 * half + lane + half].copy_from_slice(&chunk[half..]);
             }
         }
+    }
+
+    /// Builds [`ActQ::qh`] from `q` (activations are -127..=127, so -q fits).
+    pub fn halves(&mut self) {
+        self.qh.clear();
+        self.qh.reserve(2 * self.q.len());
+        for seg in self.q.chunks(16) {
+            self.qh.extend(seg.iter().map(|&v| v.max(0)));
+            self.qh.extend(std::iter::repeat_n(0, 16 - seg.len()));
+            self.qh.extend(seg.iter().map(|&v| v.saturating_neg().max(0)));
+            self.qh.extend(std::iter::repeat_n(0, 16 - seg.len()));
+        }
+    }
+
+    #[inline]
+    pub fn qhrow(&self, p: usize) -> &[i8] {
+        let qs = 2 * self.blocks * self.group;
+        &self.qh[p * qs..(p + 1) * qs]
     }
 
     #[inline]

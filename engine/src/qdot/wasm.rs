@@ -86,17 +86,24 @@ pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // The common groups get a body of their own: with the group known when compiling, a
     // block is straight-line code (V8 runs it about 1.4x faster than the loop over a
     // run-time group: tools/bench/qdot-wasm in Chromium, eleventh session).
-    match (int4, inside, g) {
-        (true, true, 32) => body::<true, false, 32>(row, a, p),
-        (true, true, 64) => body::<true, false, 64>(row, a, p),
-        (true, true, 128) => body::<true, false, 128>(row, a, p),
-        (true, true, _) => body::<true, false, 0>(row, a, p),
-        (true, false, _) => body::<true, true, 0>(row, a, p),
-        (false, true, 32) => body::<false, false, 32>(row, a, p),
-        (false, true, 64) => body::<false, false, 64>(row, a, p),
-        (false, true, 128) => body::<false, false, 128>(row, a, p),
-        (false, true, _) => body::<false, false, 0>(row, a, p),
-        (false, false, _) => body::<false, true, 0>(row, a, p),
+    // int8 against the activations' halves where they were made (relaxed builds).
+    let halves = !int4 && cfg!(target_feature = "relaxed-simd") && !a.qh.is_empty();
+    match (int4, halves, inside, g) {
+        (true, _, true, 32) => body::<true, false, 32, false>(row, a, p),
+        (true, _, true, 64) => body::<true, false, 64, false>(row, a, p),
+        (true, _, true, 128) => body::<true, false, 128, false>(row, a, p),
+        (true, _, true, _) => body::<true, false, 0, false>(row, a, p),
+        (true, _, false, _) => body::<true, true, 0, false>(row, a, p),
+        (false, true, true, 32) => body::<false, false, 32, true>(row, a, p),
+        (false, true, true, 64) => body::<false, false, 64, true>(row, a, p),
+        (false, true, true, 128) => body::<false, false, 128, true>(row, a, p),
+        (false, true, true, _) => body::<false, false, 0, true>(row, a, p),
+        (false, true, false, _) => body::<false, true, 0, true>(row, a, p),
+        (false, false, true, 32) => body::<false, false, 32, false>(row, a, p),
+        (false, false, true, 64) => body::<false, false, 64, false>(row, a, p),
+        (false, false, true, 128) => body::<false, false, 128, false>(row, a, p),
+        (false, false, true, _) => body::<false, false, 0, false>(row, a, p),
+        (false, false, false, _) => body::<false, true, 0, false>(row, a, p),
     }
 }
 
@@ -207,10 +214,12 @@ impl Consts {
 
 /// How much of the activations' block sum [`block_lanes`] leaves to subtract, as a shift:
 /// int4 stores w + 8 (8 = 1 << 3), relaxed int8 sums w + 128 (1 << 7), the widening int8
-/// path w itself (none).
-pub(super) const fn offset_shift(int4: bool) -> Option<u32> {
+/// path and the halves (`halves`: [`ActQ::halves`]) w itself (none).
+pub(super) const fn offset_shift(int4: bool, halves: bool) -> Option<u32> {
     if int4 {
         Some(3)
+    } else if halves && cfg!(target_feature = "relaxed-simd") {
+        None
     } else if cfg!(target_feature = "relaxed-simd") {
         Some(7)
     } else {
@@ -220,9 +229,9 @@ pub(super) const fn offset_shift(int4: bool) -> Option<u32> {
 
 /// The integer sum of block `b`, without the correction of [`offset_shift`], as four
 /// partial lanes. `G`: the group when it is known at compile time (then `g` is ignored),
-/// else 0.
+/// else 0. `H` (int8, relaxed builds): `q` is the position's row of [`ActQ::qh`].
 #[inline(always)]
-pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>(
+pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(
     vals: &[u8],
     q: &[i8],
     b: usize,
@@ -230,6 +239,20 @@ pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>
     kc: &Consts,
 ) -> v128 {
     let g = if G > 0 { G } else { g };
+    #[cfg(target_feature = "relaxed-simd")]
+    if H && !INT4 {
+        // Every int8 value w (-128 included) times the activations' halves, both 0..=127:
+        // products of at most 128 * 127, a pair's sum inside i16, so the relaxed dot is the
+        // exact sum on every engine; w x = w max(x, 0) - w max(-x, 0).
+        let (mut pos, mut neg) = (i32x4_splat(0), i32x4_splat(0));
+        for k in 0..g / 16 {
+            let c = b * g + k * 16;
+            let w = load16::<CHECKED>(vals, c);
+            pos = i32x4_relaxed_dot_i8x16_i7x16_add(w, load_q::<CHECKED>(q, 2 * c), pos);
+            neg = i32x4_relaxed_dot_i8x16_i7x16_add(w, load_q::<CHECKED>(q, 2 * c + 16), neg);
+        }
+        return i32x4_sub(pos, neg);
+    }
     let mut sum = i32x4_splat(0);
     // The relaxed int8 path's high nibbles' sums.
     #[allow(unused_mut)]
@@ -266,7 +289,7 @@ pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize>
             }
         }
     }
-    if !INT4 && cfg!(target_feature = "relaxed-simd") {
+    if !INT4 && !H && cfg!(target_feature = "relaxed-simd") {
         sum = i32x4_add(sum, i32x4_shl(high, 4));
     }
     sum
@@ -308,22 +331,22 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
 /// 8k..8k+4 in the first vector, 8k+4..8k+8 in the second): the reference's products and
 /// per-lane order. The blocks after the last multiple of four run one at a time.
 #[inline(always)]
-fn body<const INT4: bool, const CHECKED: bool, const G: usize>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let (g, blocks) = (if G > 0 { G } else { a.group }, a.blocks);
     let vals = &row[round4(blocks * 2)..];
-    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    let (q, d, s) = (if H { a.qhrow(p) } else { a.qrow(p) }, a.drow(p), a.srow(p));
     let k = Consts::new();
     let mut acc = [f32x4_splat(0.0); 2];
     let full = blocks / 4 * 4;
     let mut b = 0;
     while b < full {
-        let s0 = block_lanes::<INT4, CHECKED, G>(vals, q, b, g, &k);
-        let s1 = block_lanes::<INT4, CHECKED, G>(vals, q, b + 1, g, &k);
-        let s2 = block_lanes::<INT4, CHECKED, G>(vals, q, b + 2, g, &k);
-        let s3 = block_lanes::<INT4, CHECKED, G>(vals, q, b + 3, g, &k);
+        let s0 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b, g, &k);
+        let s1 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b + 1, g, &k);
+        let s2 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b + 2, g, &k);
+        let s3 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b + 3, g, &k);
         let mut isum = hsum4(s0, s1, s2, s3);
         let (dq, sq) = (&d[b..b + 4], &s[b..b + 4]);
-        if let Some(shift) = offset_shift(INT4) {
+        if let Some(shift) = offset_shift(INT4, H) {
             // SAFETY: `sq` holds 4 i32 (bounds-checked slice); v128.load is unaligned.
             isum = i32x4_sub(isum, i32x4_shl(unsafe { v128_load(sq.as_ptr() as *const v128) }, shift));
         }
@@ -334,14 +357,14 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize>(row: &[u8], a: &A
         acc[half] = f32x4_add(acc[half], prod);
         b += 4;
     }
-    finish::<INT4, CHECKED, G>(acc, row, a, p, full, &k)
+    finish::<INT4, CHECKED, G, H>(acc, row, a, p, full, &k)
 }
 
 /// A position's result from its accumulators `acc` (blocks before `full`, a multiple of
 /// four): the blocks from `full` on one at a time, added to the lanes b mod 8, then the
 /// reference's final sum. `G` as in [`block_lanes`].
 #[inline(always)]
-pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize>(
+pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(
     acc: [v128; 2],
     row: &[u8],
     a: &ActQ,
@@ -350,7 +373,7 @@ pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize>(
     k: &Consts,
 ) -> f32 {
     let (g, vals) = (if G > 0 { G } else { a.group }, &row[round4(a.blocks * 2)..]);
-    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    let (q, d, s) = (if H { a.qhrow(p) } else { a.qrow(p) }, a.drow(p), a.srow(p));
     let mut out = [0.0f32; 8];
     // SAFETY: `out` holds 8 f32; v128.store has no alignment requirement.
     unsafe {
@@ -358,12 +381,12 @@ pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize>(
         v128_store(out.as_mut_ptr().add(4) as *mut v128, acc[1]);
     }
     for b in full..a.blocks {
-        let v = block_lanes::<INT4, CHECKED, G>(vals, q, b, g, k);
+        let v = block_lanes::<INT4, CHECKED, G, H>(vals, q, b, g, k);
         let mut isum = i32x4_extract_lane::<0>(v)
             + i32x4_extract_lane::<1>(v)
             + i32x4_extract_lane::<2>(v)
             + i32x4_extract_lane::<3>(v);
-        if let Some(shift) = offset_shift(INT4) {
+        if let Some(shift) = offset_shift(INT4, H) {
             isum -= s[b] << shift;
         }
         out[b % 8] += (scale(row, b) * d[b]) * isum as f32;

@@ -99,7 +99,7 @@ fn few<const G: usize>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
             }
             let mut isum = hsum4(lanes[0], lanes[1], lanes[2], lanes[3]);
             let (dq, sq) = (&d[b..b + 4], &s[b..b + 4]);
-            if let Some(shift) = offset_shift(false) {
+            if let Some(shift) = offset_shift(false, false) {
                 // SAFETY: `sq` holds 4 i32 (bounds-checked slice); v128.load is unaligned.
                 isum = i32x4_sub(isum, i32x4_shl(unsafe { v128_load(sq.as_ptr() as *const v128) }, shift));
             }
@@ -112,6 +112,6 @@ fn few<const G: usize>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     }
     // The blocks after the last multiple of four, as the one-position kernel does them.
     for (i, (o, &acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
-        *o = finish::<false, false, G>(acc, row, a, p0 + i, full, &k);
+        *o = finish::<false, false, G, false>(acc, row, a, p0 + i, full, &k);
     }
 }

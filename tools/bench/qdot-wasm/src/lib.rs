@@ -43,6 +43,9 @@ pub extern "C" fn setup(rows: usize, cols: usize, group: usize, int8: usize) -> 
     let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
     let mut a = ActQ::default();
     a.quantize(&x, 1, cols, group, ActQ::wants_split(int4, group));
+    if !int4 && Simd::active().halves() {
+        a.halves(); // as the engine's matmul does (kernels.rs)
+    }
     let xs: Vec<f32> = (0..cols * POS).map(|_| lcg(&mut s)).collect();
     let mut many = ActQ::default();
     many.quantize(&xs, POS, cols, group, ActQ::wants_split(int4, group));
