@@ -241,6 +241,7 @@ async function runColibri() {
         threads: THREADS,
         threads_used: s.threads ?? 1,
         threads_reason: s.threadsReason ?? null,
+        simd_form: s.simdForm ?? null,
         prefill_tokens: ids.length,
         // TTFT = the prompt's forward pass + sampling its first token.
         prefill_seconds: s.ttftMs / 1e3,

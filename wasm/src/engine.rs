@@ -185,6 +185,8 @@ impl Engine {
         let base = if base.ends_with('/') { base } else { format!("{base}/") };
         let manifest_bytes = fetch(&format!("{base}colibri.json"), None, 5).await.map_err(err)?;
         let container = Container::parse(&manifest_bytes, &base).map_err(err)?;
+        // The kernels' summing form, timed once before they compute (some ms).
+        crate::kernel_form();
         let m = &container.manifest;
         let get = |name: &str| format!("{base}{name}");
         let tok_json = fetch(&get("tokenizer.json"), None, 5).await.map_err(err)?;

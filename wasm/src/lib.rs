@@ -40,6 +40,22 @@ pub use engine::Engine;
 #[cfg(all(target_arch = "wasm32", feature = "threads"))]
 pub use wasm_bindgen_rayon::init_thread_pool;
 
+/// How the relaxed-SIMD one-position kernels sum their products on this CPU
+/// (`qdot::wasm_form`): measured once per module instance, the first time it is asked
+/// (an engine's load), as `{"form": "16-bit" | "32-bit", "ms32", "ms16"}` (the two forms'
+/// best timings); null in builds without relaxed SIMD. Both forms give the same bits.
+#[cfg(target_arch = "wasm32")]
+pub(crate) fn kernel_form() -> serde_json::Value {
+    #[cfg(target_feature = "relaxed-simd")]
+    {
+        static FORM: std::sync::OnceLock<(bool, f64, f64)> = std::sync::OnceLock::new();
+        let (w16, ms32, ms16) = *FORM.get_or_init(|| colibri_engine::qdot::wasm_form::calibrate(&net::now_ms));
+        serde_json::json!({"form": if w16 { "16-bit" } else { "32-bit" }, "ms32": ms32, "ms16": ms16})
+    }
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    serde_json::Value::Null
+}
+
 /// Compares every dot-product path this build runs (wasm SIMD128, relaxed SIMD in the
 /// threaded build) with the scalar reference, bit for bit, on rows with edge cases
 /// (JavaScript: `kernelSelfCheck()` returns how many products agreed, or throws the first

@@ -85,6 +85,26 @@ fn same(got: f32, want: f32) -> bool {
 /// groups the fast paths do not take. Returns how many products were compared, or the
 /// first difference.
 pub fn check_paths() -> Result<usize, String> {
+    // wasm relaxed-SIMD builds: the one-position kernels' two summing forms, each.
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    {
+        use super::wasm_form::{dot16, set_dot16};
+        let was = dot16();
+        let mut checked = 0;
+        for form in [false, true] {
+            set_dot16(form);
+            let r = check_all();
+            set_dot16(was);
+            checked += r.map_err(|e| format!("{}-bit form: {e}", if form { 16 } else { 32 }))?;
+        }
+        return Ok(checked);
+    }
+    #[allow(unreachable_code)]
+    check_all()
+}
+
+/// [`check_paths`] with the kernels' forms as they are set.
+fn check_all() -> Result<usize, String> {
     let paths = Simd::available();
     let mut seed = 5u64;
     let mut checked = 0;

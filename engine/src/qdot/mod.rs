@@ -28,6 +28,8 @@ mod tile;
 mod wasm;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm_few;
+#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+pub mod wasm_form;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

@@ -77,33 +77,51 @@ fn words16(acc: v128, w: v128, x: v128) -> v128 {
     i32x4_add(acc, words)
 }
 
+/// Whether the one-position kernels use the 16-bit form ([`super::wasm_form`]).
+#[inline(always)]
+fn dot16_form() -> bool {
+    #[cfg(target_feature = "relaxed-simd")]
+    return super::wasm_form::dot16();
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    false
+}
+
 pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
+    if dot16_form() {
+        row_form::<true>(int4, row, a, p)
+    } else {
+        row_form::<false>(int4, row, a, p)
+    }
+}
+
+/// [`dot_row_simd128`] in the summing form `W16`.
+fn row_form<const W16: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // Rows whose values fill whole chunks (every shape of a real model) skip the
     // per-load bounds checks.
     let (g, blocks) = (a.group, a.blocks);
     let need = if int4 { blocks * g / 2 } else { blocks * g };
     let inside = row.len() >= round4(blocks * 2) + need && a.qrow(p).len() >= blocks * g;
+    // int8 against the activations' halves where they were made (relaxed builds).
+    let halves = !int4 && cfg!(target_feature = "relaxed-simd") && !a.qh.is_empty();
     // The common groups get a body of their own: with the group known when compiling, a
     // block is straight-line code (V8 runs it about 1.4x faster than the loop over a
     // run-time group: tools/bench/qdot-wasm in Chromium, eleventh session).
-    // int8 against the activations' halves where they were made (relaxed builds).
-    let halves = !int4 && cfg!(target_feature = "relaxed-simd") && !a.qh.is_empty();
-    match (int4, halves, inside, g) {
-        (true, _, true, 32) => body::<true, false, 32, false>(row, a, p),
-        (true, _, true, 64) => body::<true, false, 64, false>(row, a, p),
-        (true, _, true, 128) => body::<true, false, 128, false>(row, a, p),
-        (true, _, true, _) => body::<true, false, 0, false>(row, a, p),
-        (true, _, false, _) => body::<true, true, 0, false>(row, a, p),
-        (false, true, true, 32) => body::<false, false, 32, true>(row, a, p),
-        (false, true, true, 64) => body::<false, false, 64, true>(row, a, p),
-        (false, true, true, 128) => body::<false, false, 128, true>(row, a, p),
-        (false, true, true, _) => body::<false, false, 0, true>(row, a, p),
-        (false, true, false, _) => body::<false, true, 0, true>(row, a, p),
-        (false, false, true, 32) => body::<false, false, 32, false>(row, a, p),
-        (false, false, true, 64) => body::<false, false, 64, false>(row, a, p),
-        (false, false, true, 128) => body::<false, false, 128, false>(row, a, p),
-        (false, false, true, _) => body::<false, false, 0, false>(row, a, p),
-        (false, false, false, _) => body::<false, true, 0, false>(row, a, p),
+    match (int4, halves, inside, a.group) {
+        (true, _, true, 32) => body::<true, false, 32, false, W16>(row, a, p),
+        (true, _, true, 64) => body::<true, false, 64, false, W16>(row, a, p),
+        (true, _, true, 128) => body::<true, false, 128, false, W16>(row, a, p),
+        (true, _, true, _) => body::<true, false, 0, false, W16>(row, a, p),
+        (true, _, false, _) => body::<true, true, 0, false, W16>(row, a, p),
+        (false, true, true, 32) => body::<false, false, 32, true, W16>(row, a, p),
+        (false, true, true, 64) => body::<false, false, 64, true, W16>(row, a, p),
+        (false, true, true, 128) => body::<false, false, 128, true, W16>(row, a, p),
+        (false, true, true, _) => body::<false, false, 0, true, W16>(row, a, p),
+        (false, true, false, _) => body::<false, true, 0, true, W16>(row, a, p),
+        (false, false, true, 32) => body::<false, false, 32, false, W16>(row, a, p),
+        (false, false, true, 64) => body::<false, false, 64, false, W16>(row, a, p),
+        (false, false, true, 128) => body::<false, false, 128, false, W16>(row, a, p),
+        (false, false, true, _) => body::<false, false, 0, false, W16>(row, a, p),
+        (false, false, false, _) => body::<false, true, 0, false, W16>(row, a, p),
     }
 }
 
@@ -123,7 +141,11 @@ const TWO_STREAMS_MIN: usize = 1 << 16;
 /// Rows of `rb` bytes times position 0, one output each: [`dot_row_simd128`] per row, in
 /// the order and with the touches of [`each_row`]. Same bits: each output is its row's.
 pub fn dot_rows(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
-    each_row(rows, rb, out, |row| dot_row_simd128(int4, row, a, 0));
+    if dot16_form() {
+        each_row(rows, rb, out, |row| row_form::<true>(int4, row, a, 0));
+    } else {
+        each_row(rows, rb, out, |row| row_form::<false>(int4, row, a, 0));
+    }
 }
 
 /// `out[r] = f(row r)` for the rows of `rb` bytes in `rows` (as many as both hold), with
@@ -229,9 +251,10 @@ pub(super) const fn offset_shift(int4: bool, halves: bool) -> Option<u32> {
 
 /// The integer sum of block `b`, without the correction of [`offset_shift`], as four
 /// partial lanes. `G`: the group when it is known at compile time (then `g` is ignored),
-/// else 0. `H` (int8, relaxed builds): `q` is the position's row of [`ActQ::qh`].
+/// else 0. `H` (int8, relaxed builds): `q` is the position's row of [`ActQ::qh`]. `W16`
+/// (relaxed builds, int4 and `H`): the 16-bit form of [`super::wasm_form`].
 #[inline(always)]
-pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(
+pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool>(
     vals: &[u8],
     q: &[i8],
     b: usize,
@@ -244,31 +267,48 @@ pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize,
         // Every int8 value w (-128 included) times the activations' halves, both 0..=127:
         // products of at most 128 * 127, a pair's sum inside i16, so the relaxed dot is the
         // exact sum on every engine; w x = w max(x, 0) - w max(-x, 0).
-        let (mut pos, mut neg) = (i32x4_splat(0), i32x4_splat(0));
+        // In 16 bits: the two pair sums' difference is w x's own pair sum, inside i16 too,
+        // so the wrapping subtraction is exact before the one widening.
+        let (mut sum, mut neg) = (i32x4_splat(0), i32x4_splat(0));
         for k in 0..g / 16 {
             let c = b * g + k * 16;
             let w = load16::<CHECKED>(vals, c);
-            pos = i32x4_relaxed_dot_i8x16_i7x16_add(w, load_q::<CHECKED>(q, 2 * c), pos);
-            neg = i32x4_relaxed_dot_i8x16_i7x16_add(w, load_q::<CHECKED>(q, 2 * c + 16), neg);
+            let (xp, xn) = (load_q::<CHECKED>(q, 2 * c), load_q::<CHECKED>(q, 2 * c + 16));
+            if W16 {
+                let d = i16x8_sub(i16x8_relaxed_dot_i8x16_i7x16(w, xp), i16x8_relaxed_dot_i8x16_i7x16(w, xn));
+                sum = i32x4_add(sum, i32x4_extadd_pairwise_i16x8(d));
+            } else {
+                sum = i32x4_relaxed_dot_i8x16_i7x16_add(w, xp, sum);
+                neg = i32x4_relaxed_dot_i8x16_i7x16_add(w, xn, neg);
+            }
         }
-        return i32x4_sub(pos, neg);
+        return i32x4_sub(sum, neg);
     }
     let mut sum = i32x4_splat(0);
     // The relaxed int8 path's high nibbles' sums.
     #[allow(unused_mut)]
     let mut high = i32x4_splat(0);
-    // Not the i16 pair sums that `tile` uses: for one position they were slower (decode in
-    // Chromium on an EPYC with AVX-512 VNNI, interleaved runs: 5.5 vs 6.4 tok/s median)
-    // than `nibbles16`'s i32-accumulating relaxed dot. Why (V8's lowering) was not checked.
+    // Not `tile`'s i16 sums over several chunks (for one position: 5.5 against 6.4 tok/s
+    // in Chromium on an EPYC with AVX-512 VNNI): at most one chunk's pairs in i16, and only
+    // where the load-time timing chose it (`W16`, [`super::wasm_form`]).
     for k in 0..g / CHUNK {
         let c = b * g + k * CHUNK;
         let (x0, x1) = (load_q::<CHECKED>(q, c), load_q::<CHECKED>(q, c + 16));
         if INT4 {
             let bytes = load16::<CHECKED>(vals, c / 2);
-            sum = nibbles16(sum, v128_and(bytes, kc.low4), x0);
             // High nibbles by a 16-bit shift and the mask: the bytes of i8x16.shr_u, which
             // V8 lowers to more instructions (about 5% in Chromium's kernel timing).
-            sum = nibbles16(sum, v128_and(u16x8_shr(bytes, 4), kc.low4), x1);
+            let (lo, hi) = (v128_and(bytes, kc.low4), v128_and(u16x8_shr(bytes, 4), kc.low4));
+            #[cfg(target_feature = "relaxed-simd")]
+            if W16 {
+                // Pairs of at most 2 * 15 * 127, two of them added: inside i16.
+                let lo = i16x8_relaxed_dot_i8x16_i7x16(x0, lo);
+                let hi = i16x8_relaxed_dot_i8x16_i7x16(x1, hi);
+                sum = i32x4_add(sum, i32x4_extadd_pairwise_i16x8(i16x8_add(lo, hi)));
+                continue;
+            }
+            sum = nibbles16(sum, lo, x0);
+            sum = nibbles16(sum, hi, x1);
         } else {
             let (w0, w1) = (load16::<CHECKED>(vals, c), load16::<CHECKED>(vals, c + 16));
             #[cfg(target_feature = "relaxed-simd")]
@@ -331,7 +371,11 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
 /// 8k..8k+4 in the first vector, 8k+4..8k+8 in the second): the reference's products and
 /// per-lane order. The blocks after the last multiple of four run one at a time.
 #[inline(always)]
-fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool>(
+    row: &[u8],
+    a: &ActQ,
+    p: usize,
+) -> f32 {
     let (g, blocks) = (if G > 0 { G } else { a.group }, a.blocks);
     let vals = &row[round4(blocks * 2)..];
     let (q, d, s) = (if H { a.qhrow(p) } else { a.qrow(p) }, a.drow(p), a.srow(p));
@@ -340,10 +384,10 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(ro
     let full = blocks / 4 * 4;
     let mut b = 0;
     while b < full {
-        let s0 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b, g, &k);
-        let s1 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b + 1, g, &k);
-        let s2 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b + 2, g, &k);
-        let s3 = block_lanes::<INT4, CHECKED, G, H>(vals, q, b + 3, g, &k);
+        let s0 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b, g, &k);
+        let s1 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 1, g, &k);
+        let s2 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 2, g, &k);
+        let s3 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 3, g, &k);
         let mut isum = hsum4(s0, s1, s2, s3);
         let (dq, sq) = (&d[b..b + 4], &s[b..b + 4]);
         if let Some(shift) = offset_shift(INT4, H) {
@@ -357,14 +401,14 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(ro
         acc[half] = f32x4_add(acc[half], prod);
         b += 4;
     }
-    finish::<INT4, CHECKED, G, H>(acc, row, a, p, full, &k)
+    finish::<INT4, CHECKED, G, H, W16>(acc, row, a, p, full, &k)
 }
 
 /// A position's result from its accumulators `acc` (blocks before `full`, a multiple of
 /// four): the blocks from `full` on one at a time, added to the lanes b mod 8, then the
 /// reference's final sum. `G` as in [`block_lanes`].
 #[inline(always)]
-pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool>(
+pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool>(
     acc: [v128; 2],
     row: &[u8],
     a: &ActQ,
@@ -381,7 +425,7 @@ pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize, cons
         v128_store(out.as_mut_ptr().add(4) as *mut v128, acc[1]);
     }
     for b in full..a.blocks {
-        let v = block_lanes::<INT4, CHECKED, G, H>(vals, q, b, g, k);
+        let v = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b, g, k);
         let mut isum = i32x4_extract_lane::<0>(v)
             + i32x4_extract_lane::<1>(v)
             + i32x4_extract_lane::<2>(v)

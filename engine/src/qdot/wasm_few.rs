@@ -112,6 +112,6 @@ fn few<const G: usize>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     }
     // The blocks after the last multiple of four, as the one-position kernel does them.
     for (i, (o, &acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
-        *o = finish::<false, false, G, false>(acc, row, a, p0 + i, full, &k);
+        *o = finish::<false, false, G, false, false>(acc, row, a, p0 + i, full, &k);
     }
 }

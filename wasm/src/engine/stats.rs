@@ -27,6 +27,8 @@ impl Engine {
             "threads": colibri_engine::kernels::threads(),
             // The integer dot-product path of the CPU kernels ("simd128" or "scalar").
             "simd": colibri_engine::qdot::Simd::active().name(),
+            // The relaxed-SIMD kernels' summing form as measured at load (or null).
+            "simdForm": crate::kernel_form(),
             "adapter": self.backend.adapter(),
             // WebGPU: whether the integer matmuls use WGSL's dot4I8Packed (the browser has
             // packed_4x8_integer_dot_product); null on the CPU backend.
