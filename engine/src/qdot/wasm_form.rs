@@ -15,6 +15,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ActQ, Simd};
+use crate::format::quant::quantize_row;
 use crate::tensor::DType;
 
 static DOT16: AtomicBool = AtomicBool::new(true);
@@ -33,16 +34,24 @@ pub fn set_dot16(on: bool) {
 /// Times both forms on int4 (group 32) and int8 (group 128, the activations' halves) rows
 /// that stay in cache, with the clock `now_ms` (milliseconds), three rounds alternated, and
 /// keeps the faster (the best time of each). Returns (16-bit chosen, ms of the 32-bit form,
-/// ms of the 16-bit form). About 20 ms.
+/// ms of the 16-bit form); where no rows could be made, the form as it is and zeros.
+/// Under 10 ms on a Zen 1 EPYC in Chromium.
 pub fn calibrate(now_ms: &dyn Fn() -> f64) -> (bool, f64, f64) {
     let (rows, cols) = (64, 2048);
-    let mut seed = 11u64;
-    let x = super::check::activations(1, cols, 32, &mut seed);
+    // Plain values, no edge cases (the check has those): a fixed sine pattern.
+    let value = |i: usize| ((i as f32) * 0.7311).sin();
+    let x: Vec<f32> = (0..cols).map(|i| value(i + 17)).collect();
     let mut cases = Vec::new();
     for (dtype, group) in [(DType::Int4 { group: 32 }, 32), (DType::Int8 { group: 128 }, 128)] {
         let int4 = group == 32;
-        let w = super::check::weights(dtype, rows, cols, &mut seed);
         let rb = dtype.row_bytes(cols).unwrap_or(0);
+        let mut w = vec![0u8; rows * rb];
+        for (r, dst) in w.chunks_exact_mut(rb.max(1)).enumerate() {
+            let row: Vec<f32> = (0..cols).map(|i| value(r * cols + i)).collect();
+            if quantize_row(dtype, &row, dst).is_err() {
+                return (dot16(), 0.0, 0.0);
+            }
+        }
         let mut a = ActQ::default();
         a.quantize(&x, 1, cols, group, ActQ::wants_split(int4, group));
         if !int4 {
