@@ -146,7 +146,8 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
             acts[keys.len()].quad();
         } else if int4 && simd.pairs() {
             acts[keys.len()].pair();
-        } else if !int4 && n == 1 && simd.halves() {
+        }
+        if !int4 && simd.halves() {
             acts[keys.len()].halves();
         }
         act_of[j] = keys.len();

@@ -79,7 +79,7 @@ fn words16(acc: v128, w: v128, x: v128) -> v128 {
 
 /// Whether the one-position kernels use the 16-bit form ([`super::wasm_form`]).
 #[inline(always)]
-fn dot16_form() -> bool {
+pub(super) fn dot16_form() -> bool {
     #[cfg(target_feature = "relaxed-simd")]
     return super::wasm_form::dot16();
     #[cfg(not(target_feature = "relaxed-simd"))]
