@@ -8,9 +8,10 @@
 //!   activations' halves) in i16, where the result still fits, then one widening
 //!   `i32x4.extadd_pairwise_i16x8_s`.
 //!
-//! Measured in Chromium 156: the 16-bit form decoded 6-7% faster on an AMD EPYC Zen 1
-//! (docs/benchmarks.md); on an Intel Xeon with AVX-512 VNNI an int4 16-bit form was 7%
-//! slower from L3 and as fast from memory (docs/kernels.md).
+//! Measured in Chromium 156 on an AMD EPYC Zen 1 (docs/benchmarks.md): the 16-bit form of
+//! the int8 rows' sums, then of the int4 rows' too, each raised the decode by several
+//! percent (int4's step: 6-7%); on an Intel Xeon with AVX-512 VNNI an int4 16-bit form was
+//! 7% slower from L3 and as fast from memory (docs/kernels.md).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
