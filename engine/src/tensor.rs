@@ -35,6 +35,16 @@ use crate::error::{Error, Result};
 ///
 /// `F8E4M3` is raw e4m3 bytes (safetensors "F8_E4M3", before their scales are paired with
 /// them), each read as its e4m3 value.
+///
+/// `Q4K` rows (`cols` a multiple of 256) keep a GGUF Q4_K tensor's blocks exactly: `[headers:
+/// cols / 256 x 16 bytes][values: cols / 2 bytes]`. Header k is Q4_K block k's first 16
+/// bytes as llama.cpp writes them (f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales and
+/// mins, [`q4k_scales`]); the values are its nibbles in int4's order (value c in byte c / 2,
+/// low nibble for even c). Value c of sub-block j (32 values) is `A_j * u_c - B_j` with
+/// `A_j = d * sc_j` and `B_j = dmin * m_j` (both exact in f32) and u_c the nibble 0..=15,
+/// one rounding: llama.cpp's dequantization. The rows are as large as int4/g32's (0.5625
+/// bytes per value: a 16-byte header per eight blocks where int4 has eight f16 scales), so
+/// the int4 kernels' integer sums apply unchanged (crate::qdot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -46,6 +56,29 @@ pub enum DType {
     U8,
     Fp8 { block: u32 },
     F8E4M3,
+    Q4K,
+}
+
+/// Values per Q4_K block (one 16-byte header: eight sub-blocks of 32).
+pub const Q4K_BLOCK: usize = 256;
+
+/// The eight sub-block factors `A_j = d * sc_j` and offsets `B_j = dmin * m_j` of a Q4_K
+/// header (16 bytes: f16 d, f16 dmin, then llama.cpp's packing of eight 6-bit scales and
+/// eight 6-bit mins, `get_scale_min_k4`). Exact: an f16 times an integer below 64.
+pub fn q4k_scales(head: &[u8]) -> ([f32; 8], [f32; 8]) {
+    let half = |i: usize| f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
+    let (d, dmin, q) = (half(0), half(2), &head[4..16]);
+    let (mut a, mut b) = ([0.0f32; 8], [0.0f32; 8]);
+    for j in 0..8 {
+        let (sc, m) = if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        };
+        a[j] = d * sc as f32;
+        b[j] = dmin * m as f32;
+    }
+    (a, b)
 }
 
 /// The value of every e4m3 byte (OCP FP8 E4M3, PyTorch's `float8_e4m3fn`: sign, four
@@ -148,6 +181,8 @@ impl DType {
             DType::U8 | DType::F8E4M3 => Some(cols),
             DType::Fp8 { block: 0 } => None,
             DType::Fp8 { block } => cols.div_ceil(block as usize).checked_mul(4)?.checked_add(round4(cols)),
+            DType::Q4K if cols.is_multiple_of(Q4K_BLOCK) => Some(cols / Q4K_BLOCK * 16 + cols / 2),
+            DType::Q4K => None,
         }
     }
 
@@ -178,6 +213,7 @@ impl DType {
             ("u8", None) => Some(DType::U8),
             ("fp8", Some(b)) if b > 0 => Some(DType::Fp8 { block: b }),
             ("f8_e4m3", None) => Some(DType::F8E4M3),
+            ("q4_k", None) => Some(DType::Q4K),
             _ => None,
         }
     }
@@ -193,6 +229,7 @@ impl DType {
             DType::U8 => "u8",
             DType::Fp8 { .. } => "fp8",
             DType::F8E4M3 => "f8_e4m3",
+            DType::Q4K => "q4_k",
         }
     }
 
@@ -349,7 +386,7 @@ pub fn decode_into(dtype: DType, src: &[u8], out: &mut [f32]) {
                 *o = E4M3[*b as usize];
             }
         }
-        DType::Int8 { .. } | DType::Int4 { .. } | DType::Mxfp4 | DType::Fp8 { .. } => {}
+        DType::Int8 { .. } | DType::Int4 { .. } | DType::Mxfp4 | DType::Fp8 { .. } | DType::Q4K => {}
     }
 }
 
@@ -363,6 +400,22 @@ fn decode_mxfp4_row(cols: usize, src: &[u8], out: &mut [f32]) {
         for (o, &byte) in dst.chunks_exact_mut(2).zip(&q[b * 16..(b + 1) * 16]) {
             o[0] = MXFP4_DOUBLED_F32[(byte & 15) as usize] * s;
             o[1] = MXFP4_DOUBLED_F32[(byte >> 4) as usize] * s;
+        }
+    }
+}
+
+/// Decode one Q4K row (`cols` a multiple of 256) into `out[..cols]`: `A_j * u - B_j`.
+fn decode_q4k_row(cols: usize, src: &[u8], out: &mut [f32]) {
+    let runs = cols / Q4K_BLOCK;
+    let (heads, q) = src.split_at(runs * 16);
+    for (k, head) in heads.chunks_exact(16).enumerate() {
+        let (a, b) = q4k_scales(head);
+        for j in 0..8 {
+            let c0 = k * Q4K_BLOCK + 32 * j;
+            for (o, &byte) in out[c0..c0 + 32].chunks_exact_mut(2).zip(&q[c0 / 2..c0 / 2 + 16]) {
+                o[0] = a[j] * (byte & 15) as f32 - b[j];
+                o[1] = a[j] * (byte >> 4) as f32 - b[j];
+            }
         }
     }
 }
@@ -388,6 +441,7 @@ pub fn decode_row(dtype: DType, cols: usize, src: &[u8], out: &mut [f32]) {
         DType::Int4 { group } => (group as usize, true),
         DType::Mxfp4 => return decode_mxfp4_row(cols, src, out),
         DType::Fp8 { block } => return decode_fp8_row(block as usize, cols, src, out),
+        DType::Q4K => return decode_q4k_row(cols, src, out),
         _ => return decode_into(dtype, src, &mut out[..cols]),
     };
     let groups = cols.div_ceil(group);

@@ -35,6 +35,42 @@ except ImportError as e:  # pragma: no cover - the message is the point
     sys.exit(f"make_gguf.py: {e}; install with: pip install gguf numpy")
 
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
+Q4_K = gguf.GGMLQuantizationType.Q4_K
+
+
+def quantize_q4_k(x):
+    """x [rows, cols] (cols a multiple of 256) as Q4_K blocks (llama.cpp's block_q4_K, 144
+    bytes per 256 values: f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales and mins, 128
+    bytes of nibbles; a value is d * sc * q - dmin * m). gguf.quants has no Q4_K quantizer,
+    so this is a plain one (each sub-block of 32 spans its min..max in 15 steps; llama.cpp's
+    make_qkx2 searches for a better fit): the same bytes per weight and the same decode work
+    as a llama.cpp Q4_K file, which is what a speed comparison needs."""
+    rows, cols = x.shape
+    sb = x.reshape(rows, cols // 256, 8, 32).astype(np.float32)
+    lo = np.minimum(sb.min(axis=3), 0.0)
+    hi = sb.max(axis=3)
+    scale = (hi - lo) / 15.0
+    mins = -lo
+    d = np.maximum(scale.max(axis=2), 1e-30) / 63.0
+    dmin = np.maximum(mins.max(axis=2), 1e-30) / 63.0
+    d16, dmin16 = d.astype(np.float16), dmin.astype(np.float16)
+    d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.clip(np.rint(scale / d[..., None]), 1, 63).astype(np.uint8)
+    m = np.clip(np.rint(mins / dmin[..., None]), 0, 63).astype(np.uint8)
+    step = (d[..., None] * sc)[..., None]
+    off = (dmin[..., None] * m)[..., None]
+    q = np.clip(np.rint((sb + off) / step), 0, 15).astype(np.uint8)
+    packed = np.zeros(sb.shape[:2] + (12,), dtype=np.uint8)
+    packed[..., 0:4] = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
+    packed[..., 4:8] = m[..., 0:4] | ((m[..., 4:8] >> 4) << 6)
+    packed[..., 8:12] = (sc[..., 4:8] & 15) | ((m[..., 4:8] & 15) << 4)
+    # Nibbles per 64 values: byte l holds value l (low) and value 32 + l (high).
+    q = q.reshape(rows, cols // 256, 4, 2, 32)
+    qs = (q[:, :, :, 0, :] | (q[:, :, :, 1, :] << 4)).reshape(rows, cols // 256, 128)
+    out = np.concatenate(
+        [d16[..., None].view(np.uint8), dmin16[..., None].view(np.uint8), packed, qs], axis=2
+    )
+    return out.reshape(rows, cols // 256 * 144)
 
 
 def byte_tokens():
@@ -119,6 +155,7 @@ def main():
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--type", choices=["q4_0", "q4_k"], default="q4_0", help="the matrices' type (q4_k: Q4_K, rows a multiple of 256)")
     a = p.parse_args()
     h, ff, ne, v = a.hidden, a.intermediate, a.experts, a.vocab
     if a.tokenizer_json:
@@ -127,9 +164,10 @@ def main():
         if not a.tokenizer_json:
             p.error("give the GGUF to write, or --tokenizer-json")
         return
+    qk = 256 if a.type == "q4_k" else 32
     for name, n in [("hidden", h), ("intermediate", ff)]:
-        if n % 32:
-            sys.exit(f"make_gguf.py: --{name} {n} is not a multiple of 32 (Q4_0 blocks)")
+        if n % qk:
+            sys.exit(f"make_gguf.py: --{name} {n} is not a multiple of {qk} ({a.type} blocks)")
     if h % a.heads:
         sys.exit(f"make_gguf.py: --hidden {h} is not a multiple of --heads {a.heads}")
     rng = np.random.default_rng(a.seed)
@@ -159,11 +197,13 @@ def main():
 
     def nbytes(shape, kind):
         n = int(np.prod(shape))
-        return n // 32 * 18 if kind == "q4" else n * 4
+        if kind != "q4":
+            return n * 4
+        return n // 256 * 144 if a.type == "q4_k" else n // 32 * 18
 
     tmp = a.out + ".partial"
     w = gguf.GGUFWriter(tmp, "olmoe")
-    w.add_name(f"colibri bench synthetic OLMoE {a.layers}L {ne}E Q4_0")
+    w.add_name(f"colibri bench synthetic OLMoE {a.layers}L {ne}E {a.type.upper()}")
     w.add_context_length(a.context)
     w.add_embedding_length(h)
     w.add_block_count(a.layers)
@@ -176,7 +216,7 @@ def main():
     w.add_rope_dimension_count(h // a.heads)
     w.add_expert_count(ne)
     w.add_expert_used_count(a.top_k)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_S if a.type == "q4_k" else gguf.LlamaFileType.MOSTLY_Q4_0)
     tokens, types, merges, eos = vocab(v)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -187,7 +227,7 @@ def main():
     w.add_eos_token_id(eos)
     w.add_add_bos_token(False)
     for name, shape, kind, _ in specs:
-        raw = Q4_0 if kind == "q4" else None
+        raw = (Q4_K if a.type == "q4_k" else Q4_0) if kind == "q4" else None
         w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes(shape, kind), raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -200,7 +240,8 @@ def main():
         else:
             # One matrix (one expert) at a time keeps memory to ~100 MB.
             rows = shape if len(shape) == 2 else shape[1:]
-            parts = [quants.quantize(uniform(rows, bound), Q4_0) for _ in range(shape[0] if len(shape) == 3 else 1)]
+            quant = quantize_q4_k if a.type == "q4_k" else (lambda x: quants.quantize(x, Q4_0))
+            parts = [quant(uniform(rows, bound)) for _ in range(shape[0] if len(shape) == 3 else 1)]
             data = np.concatenate([q.reshape(-1) for q in parts])
         w.write_tensor_data(data)
     w.close()

@@ -6,7 +6,7 @@
 
 use super::gguf::{GgmlType, Gguf, TensorInfo};
 use super::gguf_plan::{err, KvSplit, Planned, Qkvz, ValueMap};
-use super::gguf_quant::{self as q, dequantize, mxfp4_row, repack_row, to_int8_row};
+use super::gguf_quant::{self as q, dequantize, mxfp4_row, q4k_row, repack_row, to_int8_row};
 use super::quant::quantize_row;
 use super::tensors::TensorEntry;
 use crate::error::Result;
@@ -44,6 +44,7 @@ pub fn stores_exactly(ty: GgmlType, dtype: DType) -> bool {
         (q::Q8_0 | q::Q4_0 | q::MXFP4, DType::Int8 { .. }) => g32,
         (q::Q4_0, DType::Int4 { .. }) => g32,
         (q::MXFP4, DType::Mxfp4) => true,
+        (q::Q4_K, DType::Q4K) => true,
         _ => false,
     }
 }
@@ -84,6 +85,24 @@ pub fn keep_dtype_for(g: &Gguf, p: &Planned) -> DType {
                 _ => DType::Int8 { group: 32 },
             }
         }
+    }
+}
+
+/// [`keep_dtype_for`], but a Q4_K tensor whose rows are copied whole (no columns moved, no
+/// halves put together) keeps its blocks as [`DType::Q4K`] instead of int8/g32: half the
+/// bytes, the GGUF values exactly (`coli convert --keep-q4k`).
+pub fn keep_dtype_q4k(g: &Gguf, p: &Planned) -> DType {
+    let ty = g.tensors[p.src].ty;
+    let cols = p.shape.last().copied().unwrap_or(0);
+    let whole_rows = p.interleave.is_none()
+        && p.values.is_none()
+        && p.qkvz.is_none()
+        && p.kv_split.is_none()
+        && !p.vheads.is_some_and(|v| v.cols);
+    if ty.id == q::Q4_K && whole_rows && cols > 0 && cols.is_multiple_of(256) {
+        DType::Q4K
+    } else {
+        keep_dtype_for(g, p)
     }
 }
 
@@ -283,6 +302,10 @@ pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Opti
             (q::Q4_0 | q::MXFP4, DType::Int8 { .. }) if g32(dtype) => to_int8_row(st.ty.id, cols, s, o),
             (q::MXFP4, DType::Mxfp4) => {
                 mxfp4_row(cols, s, o);
+                true
+            }
+            (q::Q4_K, DType::Q4K) => {
+                q4k_row(cols, s, o);
                 true
             }
             _ => false,

@@ -30,6 +30,7 @@ pub fn formats() -> Vec<Format> {
     let f = |dtype, source| Format { dtype, source };
     vec![
         f(DType::Int4 { group: 32 }, "coli convert default experts; GGUF Q4_0"),
+        f(DType::Q4K, "GGUF Q4_K (Q4_K_M/Q4_K_S) imported with --keep-q4k"),
         f(DType::Int8 { group: 32 }, "coli convert default attention/dense/lm-head; GGUF Q8_0"),
         f(DType::Int4 { group: 64 }, "coli convert --group-size 64"),
         f(DType::Int8 { group: 64 }, "coli convert --group-size 64 (int8 parts)"),
@@ -100,6 +101,20 @@ pub fn matrix(dtype: DType, rows: usize, cols: usize, seed: u64) -> Result<Mat> 
                     let b = g.next() as u8;
                     *v = if b & 0x7f == 0x7f { b ^ 1 } else { b };
                 }
+            }
+            DType::Q4K => {
+                let runs = cols / crate::tensor::Q4K_BLOCK;
+                let (heads, vals) = row.split_at_mut(runs * 16);
+                for h in heads.chunks_exact_mut(16) {
+                    h[0..2].copy_from_slice(
+                        &f16::from_f32(0.0002 + 0.0001 * (g.next() % 4) as f32).to_bits().to_le_bytes(),
+                    );
+                    h[2..4].copy_from_slice(
+                        &f16::from_f32(0.0001 + 0.0001 * (g.next() % 4) as f32).to_bits().to_le_bytes(),
+                    );
+                    h[4..].iter_mut().for_each(|v| *v = g.next() as u8);
+                }
+                vals.iter_mut().for_each(|v| *v = g.next() as u8);
             }
             DType::U8 | DType::F8E4M3 => row.iter_mut().for_each(|v| *v = g.next() as u8),
         }

@@ -38,9 +38,15 @@ const ODD_SCALES: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x83ff, 0x0200, 0x7bff, 0x
 /// everywhere (row 2), odd finite scales (row 3), odd scales with infinities and NaNs (row 4), every
 /// value at its largest stored code (row 5: int4 nibble 15, int8 127; with an activation row
 /// of 127s the largest sums any kernel's narrow accumulators must hold).
+///
+/// Q4K rows: row 0's headers hold random 6-bit scales and mins (every bit pattern), rows 3
+/// and 4 odd values of d and dmin.
 pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
     let Some(rb) = dtype.row_bytes(cols) else { return Vec::new() };
+    let k4 = dtype == DType::Q4K;
     let blocks = dtype.group().map_or(1, |g| cols.div_ceil(g.max(1) as usize));
+    // Where the values start (after the scales, or the Q4K headers).
+    let vstart = if k4 { cols / 256 * 16 } else { round4(blocks * 2) };
     let mut out = vec![0u8; rows * rb];
     for r in 0..rows {
         let mut row: Vec<f32> = (0..cols).map(|_| lcg(seed)).collect();
@@ -60,7 +66,20 @@ pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8
         }
         if r == 5 {
             let v = if dtype.name() == "int8" { 0x7f } else { 0xff };
-            dst[round4(blocks * 2)..].iter_mut().for_each(|b| *b = v);
+            dst[vstart..].iter_mut().for_each(|b| *b = v);
+        }
+        if k4 {
+            for (k, head) in dst[..vstart].chunks_exact_mut(16).enumerate() {
+                if r == 0 {
+                    head[4..].iter_mut().for_each(|b| *b = (lcg(seed) * 128.0 + 128.0) as u8);
+                }
+                if (r == 3 || r == 4) && k % 3 != 1 {
+                    let odd = if r == 3 { &ODD_SCALES[..7] } else { &ODD_SCALES[..] };
+                    head[..2].copy_from_slice(&odd[(k / 3 + r) % odd.len()].to_le_bytes());
+                    head[2..4].copy_from_slice(&odd[(k / 3 + r + 1) % odd.len()].to_le_bytes());
+                }
+            }
+            continue;
         }
         if r == 3 || r == 4 {
             let odd = if r == 3 { &ODD_SCALES[..7] } else { &ODD_SCALES[..] };
@@ -202,8 +221,62 @@ fn check_all() -> Result<usize, String> {
         }
     }
     checked += check_long_rows(&paths, &mut seed)?;
+    checked += check_q4k(&paths, &mut seed)?;
     // The SwiGLU activation's SIMD lanes (the same scalar steps; math/act.rs).
     checked += crate::math::check_activations(paths.iter().any(|&s| s != Simd::Scalar))?;
+    Ok(checked)
+}
+
+/// Q4K rows (int4 nibbles under Q4_K headers, `ActQ::k4`) on every path and layout: one
+/// position, all rows at once, and position ranges up to past one pass of the few-position
+/// kernels (qdot::x86_few::FEW = 32).
+fn check_q4k(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
+    let dtype = DType::Q4K;
+    let mut checked = 0;
+    for cols in [256, 768, 2048] {
+        let (rows, n) = (6, 36);
+        let rb = dtype.row_bytes(cols).ok_or_else(|| format!("no row layout for {dtype}"))?;
+        let w = weights(dtype, rows, cols, seed);
+        if w.len() != rows * rb {
+            return Err(format!("could not make {dtype} rows of {cols}"));
+        }
+        let mut a = ActQ::default();
+        a.quantize(&activations(n, cols, 32, seed), n, cols, 32, true);
+        a.k4 = true;
+        let (mut ap, mut aq) = (a.clone(), a.clone());
+        ap.pair();
+        aq.quad();
+        for &s in paths {
+            for a in [&a, &ap, &aq] {
+                let mut out = vec![0.0f32; rows];
+                dot_rows(s, true, &w, rb, a, &mut out);
+                for (r, &got) in out.iter().enumerate() {
+                    let row = &w[r * rb..(r + 1) * rb];
+                    let want = dot_row_scalar(true, row, a, 0);
+                    if !same(got, want) {
+                        return Err(format!("{} rows {dtype} cols {cols} row {r}: {got:e} vs {want:e}", s.name()));
+                    }
+                    let mut scratch = Vec::new();
+                    for (p0, end) in [(0, 9), (1, 2), (3, 36), (0, 33)] {
+                        let mut many = vec![0.0f32; end - p0];
+                        dot_row_many(s, true, row, a, p0, &mut many, &mut scratch);
+                        for (i, &got) in many.iter().enumerate() {
+                            let (one, want) = (dot_row(s, true, row, a, p0 + i), dot_row_scalar(true, row, a, p0 + i));
+                            if !same(got, want) || !same(one, want) {
+                                return Err(format!(
+                                    "{} {dtype} cols {cols} row {r} pos {}: {got:e} (one: {one:e}) vs {want:e}",
+                                    s.name(),
+                                    p0 + i
+                                ));
+                            }
+                            checked += 2;
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
     Ok(checked)
 }
 

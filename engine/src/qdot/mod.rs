@@ -16,6 +16,12 @@
 //!
 //! MXFP4 rows (gpt-oss's experts) have their own kernel in [`mxfp4`]: int16 activations in
 //! two parts, the same fixed float combination.
+//!
+//! Q4K rows (tensor::DType::Q4K: GGUF Q4_K blocks kept) are int4 rows of group 32 whose
+//! scales are Q4_K headers, value = A_b * u - B_b with u the stored nibble: activations as
+//! for int4/g32 with [`ActQ::k4`] set, isum_b = sum u_i * q_i (the int4 kernels' sums
+//! before their `- 8 sum q`), and acc[b mod 8] += (A_b * d_b) * f32(isum_b) - (B_b * d_b) *
+//! f32(sum q) ([`dot_row_scalar`]). The x86 paths take them; the others run the reference.
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -185,6 +191,9 @@ pub struct ActQ {
     /// 16 of max(-q, 0) (both 0..=127), [n, 2 * blocks * group]: what the wasm relaxed-SIMD
     /// int8 one-position kernel multiplies every stored byte by, exactly.
     pub qh: Vec<i8>,
+    /// The rows these activations meet are Q4K (int4 nibbles under Q4_K headers: group 32,
+    /// split); set by the caller after [`ActQ::quantize`], which clears it.
+    pub k4: bool,
 }
 
 impl ActQ {
@@ -214,6 +223,7 @@ impl ActQ {
             qp: std::mem::take(&mut self.qp),
             qz: std::mem::take(&mut self.qz),
             qh: std::mem::take(&mut self.qh),
+            k4: false,
         };
         self.qi.clear();
         self.qp.clear();
@@ -434,9 +444,12 @@ fn scale(row: &[u8], b: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([row[2 * b], row[2 * b + 1]])).to_f32()
 }
 
-/// The reference: one stored int4/int8 row (`dtype.row_bytes(cols)` bytes) times
-/// position `p` of `a`, in the documented order.
+/// The reference: one stored int4/int8 row (`dtype.row_bytes(cols)` bytes; Q4K when
+/// `a.k4`) times position `p` of `a`, in the documented order.
 pub fn dot_row_scalar(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
+    if a.k4 {
+        return dot_row_q4k(row, a, p);
+    }
     let (cols, g) = (a.cols, a.group);
     let vals = &row[round4(a.blocks * 2)..];
     let (q, d) = (a.qrow(p), a.drow(p));
@@ -459,11 +472,42 @@ pub fn dot_row_scalar(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     reduce8(acc)
 }
 
+/// The reference for a Q4K row (`a.k4`: group 32): per block b (sub-block j = b mod 8 of
+/// header b / 8), isum = sum u * q over its 32 values (u the stored nibble), then
+/// acc[b mod 8] += (A_j * d_b) * f32(isum) - (B_j * d_b) * f32(s_b), each operation rounded
+/// on its own. |isum| <= 15 * 127 * 32 < 2^24: exact.
+fn dot_row_q4k(row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let runs = a.blocks / 8;
+    let vals = &row[runs * 16..];
+    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    let mut acc = [0.0f32; 8];
+    for r in 0..runs {
+        let (am, bm) = crate::tensor::q4k_scales(&row[16 * r..16 * r + 16]);
+        for j in 0..8 {
+            let b = 8 * r + j;
+            let mut isum = 0i32;
+            for i in 0..CHUNK {
+                let c = CHUNK * b + i;
+                let byte = vals[c >> 1];
+                let u = if c & 1 == 0 { byte & 15 } else { byte >> 4 };
+                isum += u as i32 * q[CHUNK * b + if a.split { split_index(i) } else { i }] as i32;
+            }
+            acc[j] += (am[j] * d[b]) * isum as f32 - (bm[j] * d[b]) * s[b] as f32;
+        }
+    }
+    reduce8(acc)
+}
+
+/// Whether `simd` has its own kernels for Q4K rows (the others run the reference).
+fn k4_fast(simd: Simd) -> bool {
+    matches!(simd, Simd::Avx2 | Simd::Avx512)
+}
+
 /// One row times one position with the chosen path. The fast paths need the group to
 /// be a multiple of [`CHUNK`] (and int4 activations split); others use the reference.
 #[inline]
 pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
-    if !a.group.is_multiple_of(CHUNK) || a.split != int4 {
+    if !a.group.is_multiple_of(CHUNK) || a.split != int4 || (a.k4 && !k4_fast(simd)) {
         return dot_row_scalar(int4, row, a, p);
     }
     match simd {
@@ -494,7 +538,7 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
     // dot_row's own condition for its SIMD paths (other groups take the reference).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    if simd == Simd::Simd128 && a.group.is_multiple_of(CHUNK) && a.split == int4 {
+    if simd == Simd::Simd128 && a.group.is_multiple_of(CHUNK) && a.split == int4 && !a.k4 {
         return wasm::dot_rows(int4, rows, rb, a, out);
     }
     let whole = rows.len() >= out.len() * rb;
@@ -547,6 +591,7 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         && a.split == int4
         && a.qi.len() == a.n * a.dstride() * a.group
         && p0 + out.len() <= a.n
+        && !a.k4
         && (simd == Simd::Avx512 || (simd == Simd::Avx2 && int4))
     {
         // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported the
@@ -563,6 +608,7 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
     #[cfg(target_arch = "aarch64")]
     if out.len() >= prepare_min(simd)
         && matches!(simd, Simd::Neon | Simd::NeonDot)
+        && !a.k4
         && neon_tile::fits(int4, row, a, p0, out.len())
     {
         neon_tile::prepare(int4, row, a, scratch);
@@ -574,6 +620,7 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if out.len() >= prepare_min(simd)
         && int4
+        && !a.k4
         && simd == Simd::Simd128
         && a.split
         && a.group.is_multiple_of(CHUNK)

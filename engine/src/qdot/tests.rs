@@ -16,8 +16,9 @@ fn every_path_gives_the_reference_bits() {
     let checked = check_paths().unwrap();
     // 11 shapes x 2 types x 6 rows x 150 products per path (one position with each of the
     // three activation layouts, many positions), the reference included, then 569 int4 and
-    // 301 int8 rows of more than 64 KiB each (check_long_rows).
-    assert!(checked >= (19800 + 569 + 301) * paths.len(), "{checked}");
+    // 301 int8 rows of more than 64 KiB each (check_long_rows), then Q4K: 3 shapes x 3
+    // layouts x 6 rows x 151 (check_q4k).
+    assert!(checked >= (19800 + 569 + 301 + 8154) * paths.len(), "{checked}");
 }
 
 #[test]
@@ -37,6 +38,32 @@ fn reference_is_close_to_the_float_product() {
         let got = dot_row_scalar(int4, &w, &a, 0) as f64;
         // int8 activations: relative error per value <= 1/254 of the block max.
         assert!((got - exact).abs() <= norm * 0.01, "{dtype}: {got} vs {exact}");
+    }
+}
+
+/// The Q4K reference against the f64 product of the decoded row (tensor::decode_row: A * u
+/// - B), on rows with random headers (every 6-bit scale and min) and quantized ones.
+#[test]
+fn q4k_reference_is_close_to_the_float_product() {
+    let mut seed = 11u64;
+    let cols = 512;
+    let w = weights(DType::Q4K, 3, cols, &mut seed);
+    let rb = DType::Q4K.row_bytes(cols).unwrap();
+    let m = crate::tensor::Mat::new(3, cols, DType::Q4K, crate::tensor::Bytes::from_vec(w.clone())).unwrap();
+    for r in [0, 1, 2] {
+        let x: Vec<f32> = (0..cols).map(|_| lcg(&mut seed)).collect();
+        let mut a = ActQ::default();
+        a.quantize(&x, 1, cols, 32, true);
+        a.k4 = true;
+        let mut wf = vec![0.0f32; cols];
+        m.row_into(r, &mut wf);
+        let exact: f64 = wf.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let norm: f64 = wf.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+        let got = dot_row_scalar(true, &w[r * rb..(r + 1) * rb], &a, 0) as f64;
+        assert!(norm > 0.0 && (got - exact).abs() <= norm * 0.01, "row {r}: {got} vs {exact} (norm {norm})");
+        // Without the flag the same bytes read as int4 give another number.
+        a.k4 = false;
+        assert_ne!(dot_row_scalar(true, &w[r * rb..(r + 1) * rb], &a, 0) as f64, got);
     }
 }
 

@@ -2,6 +2,11 @@
 //! AVX-512 VNNI (`vpdpbusd`; one-position int4 and int8 on 512-bit vectors). Only the integer sums
 //! differ from the reference; the float combination is the reference's, eight blocks per
 //! vector (lane l holds block 8k + l, which is exactly acc[b mod 8]).
+//!
+//! Q4K rows (`ActQ::k4`, tensor::DType::Q4K) are int4 rows whose run of eight blocks has a
+//! Q4_K header instead of eight f16 scales: the same integer sums (of the stored nibbles,
+//! before int4's `- 8 sum q`), and the reference's other float step ([`run_scales`],
+//! [`combine`]); const `K` selects it.
 
 use std::arch::x86_64::*;
 
@@ -25,10 +30,10 @@ pub fn has_avx512() -> bool {
 pub unsafe fn dot_row_avx2(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract; the body reads only inside `row` and `a`.
     unsafe {
-        if int4 {
-            body::<false, true>(row, a, p)
-        } else {
-            body::<false, false>(row, a, p)
+        match (int4, a.k4) {
+            (true, true) => body::<false, true, true>(row, a, p),
+            (true, false) => body::<false, true, false>(row, a, p),
+            _ => body::<false, false, false>(row, a, p),
         }
     }
 }
@@ -38,10 +43,10 @@ pub unsafe fn dot_row_avx2(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract; the body reads only inside `row` and `a`.
     unsafe {
-        if int4 {
-            body::<true, true>(row, a, p)
-        } else {
-            body::<true, false>(row, a, p)
+        match (int4, a.k4) {
+            (true, true) => body::<true, true, true>(row, a, p),
+            (true, false) => body::<true, true, false>(row, a, p),
+            _ => body::<true, false, false>(row, a, p),
         }
     }
 }
@@ -54,10 +59,10 @@ pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
 pub unsafe fn dot_rows_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
-        if int4 {
-            rows_body::<false, true>(rows, rb, a, out)
-        } else {
-            rows_body::<false, false>(rows, rb, a, out)
+        match (int4, a.k4) {
+            (true, true) => rows_body::<false, true, true>(rows, rb, a, out),
+            (true, false) => rows_body::<false, true, false>(rows, rb, a, out),
+            _ => rows_body::<false, false, false>(rows, rb, a, out),
         }
     }
 }
@@ -69,19 +74,24 @@ pub unsafe fn dot_rows_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 pub unsafe fn dot_rows_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
-        if int4 {
-            rows_body::<true, true>(rows, rb, a, out)
-        } else {
-            rows_body::<true, false>(rows, rb, a, out)
+        match (int4, a.k4) {
+            (true, true) => rows_body::<true, true, true>(rows, rb, a, out),
+            (true, false) => rows_body::<true, true, false>(rows, rb, a, out),
+            _ => rows_body::<true, false, false>(rows, rb, a, out),
         }
     }
 }
 
 #[inline(always)]
-unsafe fn rows_body<const VNNI: bool, const INT4: bool>(rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+unsafe fn rows_body<const VNNI: bool, const INT4: bool, const K: bool>(
+    rows: &[u8],
+    rb: usize,
+    a: &ActQ,
+    out: &mut [f32],
+) {
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
         // SAFETY: the caller's contract, row by row.
-        *o = unsafe { body::<VNNI, INT4>(row, a, 0) };
+        *o = unsafe { body::<VNNI, INT4, K>(row, a, 0) };
     }
 }
 
@@ -157,7 +167,7 @@ unsafe fn stored_chunk<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
 /// activations' pair layout ([`ActQ::pair`]) run their whole runs of 8 blocks in
 /// [`paired_runs`] first.
 #[inline(always)]
-pub(super) unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+pub(super) unsafe fn body<const VNNI: bool, const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let vals = &row[round4(a.blocks * 2)..];
     // Columns whose stored bytes lie inside `vals`: their chunks need no bounds check.
     let inside = if INT4 { vals.len() * 2 } else { vals.len() };
@@ -170,9 +180,9 @@ pub(super) unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &Ac
             let runs = (a.blocks / 8).min(inside / (8 * g));
             let qz = a.qz.as_ptr().add(p * a.dstride() * g);
             acc = match g / CHUNK {
-                1 => quad_runs::<1>(row, vals, qz, a, p, runs),
-                2 => quad_runs::<2>(row, vals, qz, a, p, runs),
-                _ => quad_runs::<4>(row, vals, qz, a, p, runs),
+                1 => quad_runs::<1, K>(row, vals, qz, a, p, runs),
+                2 => quad_runs::<2, K>(row, vals, qz, a, p, runs),
+                _ => quad_runs::<4, K>(row, vals, qz, a, p, runs),
             };
             start = runs * 8;
         } else if VNNI && !INT4 && matches!(g, 32 | 64 | 128) {
@@ -187,14 +197,14 @@ pub(super) unsafe fn body<const VNNI: bool, const INT4: bool>(row: &[u8], a: &Ac
             let runs = (a.blocks / 8).min(inside / (8 * g));
             let qp = a.qp.as_ptr().add(p * a.dstride() * g);
             acc = match g / CHUNK {
-                1 => paired_runs::<VNNI, 1>(row, vals, qp, a, p, runs),
-                2 => paired_runs::<VNNI, 2>(row, vals, qp, a, p, runs),
-                4 => paired_runs::<VNNI, 4>(row, vals, qp, a, p, runs),
-                _ => paired_runs::<VNNI, 0>(row, vals, qp, a, p, runs),
+                1 => paired_runs::<VNNI, 1, K>(row, vals, qp, a, p, runs),
+                2 => paired_runs::<VNNI, 2, K>(row, vals, qp, a, p, runs),
+                4 => paired_runs::<VNNI, 4, K>(row, vals, qp, a, p, runs),
+                _ => paired_runs::<VNNI, 0, K>(row, vals, qp, a, p, runs),
             };
             start = runs * 8;
         }
-        finish::<VNNI, INT4>(row, a, p, (start, acc))
+        finish::<VNNI, INT4, K>(row, a, p, (start, acc))
     }
 }
 
@@ -214,7 +224,7 @@ pub(super) fn has_quads(a: &ActQ) -> bool {
 /// target features, so its intrinsics would become out-of-line calls (they were: half of
 /// an int8 decode's time went to `_mm256_sign_epi8` and `_mm256_dpbusd_epi32` calls).
 #[inline(always)]
-pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool>(
+pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool, const K: bool>(
     row: &[u8],
     a: &ActQ,
     p: usize,
@@ -240,7 +250,7 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool>(
             if ahead > 0 {
                 prefetch(vals.as_ptr().wrapping_add(ahead + c0), 8 * g);
             }
-            let mut isum = if nb == 8 && c0 + 8 * g <= inside {
+            let isum = if nb == 8 && c0 + 8 * g <= inside {
                 match g / CHUNK {
                     1 => sums8::<VNNI, INT4, 1>(vals, q, c0),
                     2 => sums8::<VNNI, INT4, 2>(vals, q, c0),
@@ -250,21 +260,19 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool>(
             } else {
                 sums_any::<VNNI, INT4, true>(vals, q, g, c0, nb)
             };
-            if INT4 {
-                let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
-                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<3>(s8));
-            }
-            let f = _mm256_cvtepi32_ps(isum);
-            let ws = if nb == 8 {
-                _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * b0) as *const __m128i))
+            let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
+            // A Q4K row has whole runs only (256 columns per header).
+            let sc = if nb == 8 {
+                run_scales::<K>(row.as_ptr().add(2 * b0))
             } else {
                 // Past the last block the scales are zero (not the next values' bytes).
                 let mut buf = [0u8; 16];
                 buf[..2 * nb].copy_from_slice(&row[2 * b0..2 * (b0 + nb)]);
-                _mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr() as *const __m128i))
+                (_mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr() as *const __m128i)), _mm256_setzero_ps())
             };
             let dv = _mm256_loadu_ps(d.as_ptr().add(b0));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), f));
+            acc =
+                if INT4 { combine::<3, K>(acc, sc, isum, s8, dv) } else { combine::<0, false>(acc, sc, isum, s8, dv) };
             b0 += 8;
         }
         let mut lanes = [0.0f32; 8];
@@ -280,7 +288,7 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool>(
 /// SAFETY (caller): the runs' bytes are inside `vals` (8 * group * runs <= 2 * vals.len()),
 /// `qp` holds the pair layout of position p, `row` holds the runs' scales.
 #[inline(always)]
-unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
+unsafe fn paired_runs<const VNNI: bool, const CH: usize, const K: bool>(
     row: &[u8],
     vals: &[u8],
     qp: *const i8,
@@ -294,7 +302,6 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
     // SAFETY: the caller's contract; d and s hold dstride >= 8 * runs entries.
     unsafe {
         let mut acc = _mm256_setzero_ps();
-        let three = _mm_cvtsi32_si128(3);
         let ahead = prefetch_ahead(VNNI);
         for r in 0..runs {
             if ahead > 0 {
@@ -302,10 +309,8 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
             }
             let isum = pairs8::<VNNI>(vals, qp.add(r * 8 * g), r * 8 * g, g, ch);
             let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
-            let isum = _mm256_sub_epi32(isum, _mm256_sll_epi32(s8, three));
-            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
-            let dv = _mm256_loadu_ps(d.add(8 * r));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+            let sc = run_scales::<K>(row.as_ptr().add(16 * r));
+            acc = combine::<3, K>(acc, sc, isum, s8, _mm256_loadu_ps(d.add(8 * r)));
         }
         acc
     }
@@ -321,7 +326,7 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize>(
 /// SAFETY (caller): AVX-512 F/BW/VNNI present; as [`paired_runs`], with `qz` the quad layout
 /// of position p.
 #[inline(always)]
-unsafe fn quad_runs<const CH: usize>(
+unsafe fn quad_runs<const CH: usize, const K: bool>(
     row: &[u8],
     vals: &[u8],
     qz: *const i8,
@@ -335,7 +340,6 @@ unsafe fn quad_runs<const CH: usize>(
     // d and s hold dstride >= 8 * runs entries.
     unsafe {
         let mut acc = _mm256_setzero_ps();
-        let three = _mm_cvtsi32_si128(3);
         let low4 = _mm512_set1_epi8(0x0f);
         let ahead = prefetch_ahead(true);
         for r in 0..runs {
@@ -351,11 +355,9 @@ unsafe fn quad_runs<const CH: usize>(
                 let lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(w, low4), even);
                 *vk = _mm512_dpbusd_epi32(lo, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4), odd);
             }
-            let s8 = _mm256_sll_epi32(_mm256_loadu_si256(s.add(8 * r) as *const __m256i), three);
-            let isum = _mm256_sub_epi32(fold_quads::<CH>(&mut v), s8);
-            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
-            let dv = _mm256_loadu_ps(d.add(8 * r));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+            let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
+            let sc = run_scales::<K>(row.as_ptr().add(16 * r));
+            acc = combine::<3, K>(acc, sc, fold_quads::<CH>(&mut v), s8, _mm256_loadu_ps(d.add(8 * r)));
         }
         acc
     }
@@ -400,6 +402,86 @@ unsafe fn int8_runs<const CH: usize>(row: &[u8], vals: &[u8], a: &ActQ, p: usize
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
         }
         acc
+    }
+}
+
+/// The factors of a run's eight blocks (lane j = block j), from the 16 bytes at `head`:
+/// int4/int8 (`!K`) their eight f16 scales, and zero; Q4K (`K`) A and B of the Q4_K header
+/// (tensor::q4k_scales: one shuffle gathers each lane's one or two bytes of the packed
+/// 6-bit values, masks and shifts take them out; d * sc and dmin * m are exact).
+///
+/// SAFETY (caller): AVX2 and F16C; 16 bytes readable at `head`.
+#[inline(always)]
+pub(super) unsafe fn run_scales<const K: bool>(head: *const u8) -> (__m256, __m256) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = _mm_loadu_si128(head as *const __m128i);
+        if !K {
+            return (_mm256_cvtph_ps(h), _mm256_setzero_ps());
+        }
+        let dd = _mm_cvtph_ps(h);
+        let (d, dmin) = (_mm256_broadcastss_ps(dd), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
+        let hb = _mm256_broadcastsi128_si256(h);
+        let sc = _mm256_shuffle_epi8(hb, _mm256_loadu_si256(K4_SC.as_ptr() as *const __m256i));
+        let m = _mm256_shuffle_epi8(hb, _mm256_loadu_si256(K4_M.as_ptr() as *const __m256i));
+        let low = _mm256_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15);
+        let top = _mm256_set1_epi32(0x30);
+        let sc = _mm256_or_si256(_mm256_and_si256(sc, low), _mm256_and_si256(_mm256_srli_epi32::<10>(sc), top));
+        let shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+        let m = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srlv_epi32(m, shift), low),
+            _mm256_and_si256(_mm256_srli_epi32::<10>(m), top),
+        );
+        (_mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m)))
+    }
+}
+
+/// `vpshufb` indices of [`run_scales`]: lane j's word is header byte 4 + j (j < 4: the low
+/// six bits are sc_j), or bytes 8 + j and j (j >= 4: sc_j's low four bits, then the byte
+/// whose top two bits are its high ones).
+const K4_SC: [i8; 32] = k4_index(4, 4);
+/// The same for the mins: bytes 8 + j (j < 4), or 8 + j and 4 + j.
+const K4_M: [i8; 32] = k4_index(8, 8);
+
+/// Lane j < 4: byte `lo + j`; lane j >= 4: bytes 8 + j and `hi + j - 4`.
+const fn k4_index(lo: i8, hi: i8) -> [i8; 32] {
+    let mut t = [-128i8; 32];
+    let mut j = 0;
+    while j < 8 {
+        if j < 4 {
+            t[4 * j] = lo + j as i8;
+        } else {
+            t[4 * j] = 8 + j as i8;
+            t[4 * j + 1] = hi + j as i8 - 4;
+        }
+        j += 1;
+    }
+    t
+}
+
+/// `acc` plus a run's eight blocks in the reference's float order: int4/int8 (`!K`)
+/// (ws_b * d_b) * f32(sums_b - s_b << SHIFT) (the stored values' bias: int4 8 = 1 << 3,
+/// VNNI int8 128; 0: none); Q4K (`K`, `sums` of the nibbles as stored)
+/// (A_b * d_b) * f32(sums_b) - (B_b * d_b) * f32(s_b).
+///
+/// SAFETY (caller): AVX2.
+#[inline(always)]
+pub(super) unsafe fn combine<const SHIFT: i32, const K: bool>(
+    acc: __m256,
+    (ws, wb): (__m256, __m256),
+    sums: __m256i,
+    s8: __m256i,
+    dv: __m256,
+) -> __m256 {
+    // SAFETY: register operations under the caller's AVX2.
+    unsafe {
+        if K {
+            let t1 = _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(sums));
+            let t2 = _mm256_mul_ps(_mm256_mul_ps(wb, dv), _mm256_cvtepi32_ps(s8));
+            return _mm256_add_ps(acc, _mm256_sub_ps(t1, t2));
+        }
+        let isum = if SHIFT > 0 { _mm256_sub_epi32(sums, _mm256_slli_epi32::<SHIFT>(s8)) } else { sums };
+        _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)))
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{body, finish, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead};
+use super::x86::{body, combine, finish, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales};
 use super::{round4, ActQ, CHUNK};
 
 /// Positions per pass over a row (an accumulator vector each).
@@ -25,10 +25,10 @@ pub const FEW: usize = 32;
 pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
-        if int4 {
-            few::<true, true>(row, a, p0, out)
-        } else {
-            few::<true, false>(row, a, p0, out)
+        match (int4, a.k4) {
+            (true, true) => few::<true, true, true>(row, a, p0, out),
+            (true, false) => few::<true, true, false>(row, a, p0, out),
+            _ => few::<true, false, false>(row, a, p0, out),
         }
     }
 }
@@ -41,16 +41,16 @@ pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, ou
 pub unsafe fn dot_row_few_avx2(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
-        if int4 {
-            few::<false, true>(row, a, p0, out)
-        } else {
-            few::<false, false>(row, a, p0, out)
+        match (int4, a.k4) {
+            (true, true) => few::<false, true, true>(row, a, p0, out),
+            (true, false) => few::<false, true, false>(row, a, p0, out),
+            _ => few::<false, false, false>(row, a, p0, out),
         }
     }
 }
 
 #[inline(always)]
-unsafe fn few<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+unsafe fn few<const VNNI: bool, const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     let g = a.group;
     let takes = match (VNNI, INT4) {
         (true, true) => has_quads(a),
@@ -62,7 +62,7 @@ unsafe fn few<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p0: usiz
     unsafe {
         if !takes {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = body::<VNNI, INT4>(row, a, p0 + i);
+                *o = body::<VNNI, INT4, K>(row, a, p0 + i);
             }
             return;
         }
@@ -70,9 +70,9 @@ unsafe fn few<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p0: usiz
             // Accumulators sized to the call: zeroing and addressing 32 of them for a
             // decode step of 8 cost 5% of that step (measured).
             if out.len() <= 8 {
-                runs_few::<VNNI, INT4, 8>(row, a, p0 + c * FEW, out);
+                runs_few::<VNNI, INT4, K, 8>(row, a, p0 + c * FEW, out);
             } else {
-                runs_few::<VNNI, INT4, FEW>(row, a, p0 + c * FEW, out);
+                runs_few::<VNNI, INT4, K, FEW>(row, a, p0 + c * FEW, out);
             }
         }
     }
@@ -84,7 +84,7 @@ unsafe fn few<const VNNI: bool, const INT4: bool>(row: &[u8], a: &ActQ, p0: usiz
 /// `a` holds the quad (AVX-512) or pair (AVX2) layout for int4, or unsplit activations for
 /// int8, of a group of 32, 64 or 128.
 #[inline(always)]
-unsafe fn runs_few<const VNNI: bool, const INT4: bool, const N: usize>(
+unsafe fn runs_few<const VNNI: bool, const INT4: bool, const K: bool, const N: usize>(
     row: &[u8],
     a: &ActQ,
     p0: usize,
@@ -100,21 +100,21 @@ unsafe fn runs_few<const VNNI: bool, const INT4: bool, const N: usize>(
         let mut acc = [_mm256_setzero_ps(); N];
         let acc = &mut acc[..out.len()];
         match (VNNI, INT4, g / CHUNK) {
-            (true, true, 1) => quad_runs_few::<1>(row, vals, a, p0, runs, acc),
-            (true, true, 2) => quad_runs_few::<2>(row, vals, a, p0, runs, acc),
-            (true, true, _) => quad_runs_few::<4>(row, vals, a, p0, runs, acc),
+            (true, true, 1) => quad_runs_few::<1, K>(row, vals, a, p0, runs, acc),
+            (true, true, 2) => quad_runs_few::<2, K>(row, vals, a, p0, runs, acc),
+            (true, true, _) => quad_runs_few::<4, K>(row, vals, a, p0, runs, acc),
             (true, false, 1) => int8_runs_few::<1>(row, vals, a, p0, runs, acc),
             (true, false, 2) => int8_runs_few::<2>(row, vals, a, p0, runs, acc),
             (true, false, _) => int8_runs_few::<4>(row, vals, a, p0, runs, acc),
-            (false, true, 1) => paired_runs_few::<1>(row, vals, a, p0, runs, acc),
-            (false, true, 2) => paired_runs_few::<2>(row, vals, a, p0, runs, acc),
-            (false, true, _) => paired_runs_few::<4>(row, vals, a, p0, runs, acc),
+            (false, true, 1) => paired_runs_few::<1, K>(row, vals, a, p0, runs, acc),
+            (false, true, 2) => paired_runs_few::<2, K>(row, vals, a, p0, runs, acc),
+            (false, true, _) => paired_runs_few::<4, K>(row, vals, a, p0, runs, acc),
             (false, false, 1) => signed_runs_few::<1>(row, vals, a, p0, runs, acc),
             (false, false, 2) => signed_runs_few::<2>(row, vals, a, p0, runs, acc),
             (false, false, _) => signed_runs_few::<4>(row, vals, a, p0, runs, acc),
         }
         for (i, (o, &acc)) in out.iter_mut().zip(acc.iter()).enumerate() {
-            *o = finish::<VNNI, INT4>(row, a, p0 + i, (runs * 8, acc));
+            *o = finish::<VNNI, INT4, K>(row, a, p0 + i, (runs * 8, acc));
         }
     }
 }
@@ -126,7 +126,7 @@ unsafe fn runs_few<const VNNI: bool, const INT4: bool, const N: usize>(
 /// (8 * group * runs <= 2 * vals.len()); `a` holds the quad layout of every position;
 /// `row` holds the runs' scales.
 #[inline(always)]
-unsafe fn quad_runs_few<const CH: usize>(
+unsafe fn quad_runs_few<const CH: usize, const K: bool>(
     row: &[u8],
     vals: &[u8],
     a: &ActQ,
@@ -151,7 +151,7 @@ unsafe fn quad_runs_few<const CH: usize>(
                 lo[k] = _mm512_and_si512(w, low4);
                 hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
             }
-            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let sc = run_scales::<K>(row.as_ptr().add(16 * r));
             for (i, acc) in acc.iter_mut().enumerate() {
                 let p = p0 + i;
                 let x0 = a.qz.as_ptr().add(p * ds * g + r * 8 * g);
@@ -161,7 +161,7 @@ unsafe fn quad_runs_few<const CH: usize>(
                     let odd = _mm512_loadu_si512(x0.add(128 * k + 64) as *const __m512i);
                     v[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[k], even), hi[k], odd);
                 }
-                add_run::<3>(acc, ws, fold_quads::<CH>(&mut v), a, p, r);
+                add_run::<3, K>(acc, sc, fold_quads::<CH>(&mut v), a, p, r);
             }
         }
     }
@@ -193,7 +193,7 @@ unsafe fn int8_runs_few<const CH: usize>(
             for (k, wk) in w.iter_mut().enumerate().take(4 * CH) {
                 *wk = _mm512_xor_si512(_mm512_loadu_si512(w0.add(64 * k) as *const __m512i), flip);
             }
-            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let sc = run_scales::<false>(row.as_ptr().add(16 * r));
             for (i, acc) in acc.iter_mut().enumerate() {
                 let p = p0 + i;
                 let x0 = a.q.as_ptr().add(p * qs + r * 8 * g);
@@ -205,7 +205,7 @@ unsafe fn int8_runs_few<const CH: usize>(
                     v[j] = _mm512_dpbusd_epi32(v[j], wk, x);
                 }
                 let sums = if CH == 1 { fold_quads::<2>(&mut v) } else { fold_quads::<4>(&mut v) };
-                add_run::<7>(acc, ws, sums, a, p, r);
+                add_run::<7, false>(acc, sc, sums, a, p, r);
             }
         }
     }
@@ -220,7 +220,7 @@ unsafe fn int8_runs_few<const CH: usize>(
 /// (8 * group * runs <= 2 * vals.len()); `a` holds the pair layout of every position;
 /// `row` holds the runs' scales.
 #[inline(always)]
-unsafe fn paired_runs_few<const CH: usize>(
+unsafe fn paired_runs_few<const CH: usize, const K: bool>(
     row: &[u8],
     vals: &[u8],
     a: &ActQ,
@@ -247,7 +247,7 @@ unsafe fn paired_runs_few<const CH: usize>(
                     hi[i * CH + m] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
                 }
             }
-            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let sc = run_scales::<K>(row.as_ptr().add(16 * r));
             for (j, acc) in acc.iter_mut().enumerate() {
                 let p = p0 + j;
                 let qp = a.qp.as_ptr().add(p * ds * g + c0);
@@ -268,7 +268,7 @@ unsafe fn paired_runs_few<const CH: usize>(
                     *vi = _mm256_madd_epi16(pairs, ones);
                 }
                 let isum = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-                add_run::<3>(acc, ws, isum, a, p, r);
+                add_run::<3, K>(acc, sc, isum, a, p, r);
             }
         }
     }
@@ -302,7 +302,7 @@ unsafe fn signed_runs_few<const CH: usize>(
                 w[k] = _mm256_loadu_si256(vals.as_ptr().add(c0 + k * CHUNK) as *const __m256i);
                 aw[k] = _mm256_sign_epi8(w[k], w[k]);
             }
-            let ws = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(16 * r) as *const __m128i));
+            let sc = run_scales::<false>(row.as_ptr().add(16 * r));
             for (j, acc) in acc.iter_mut().enumerate() {
                 let p = p0 + j;
                 let x0 = a.q.as_ptr().add(p * qs + c0);
@@ -316,29 +316,31 @@ unsafe fn signed_runs_few<const CH: usize>(
                     }
                 }
                 let isum = hsum8(&v);
-                add_run::<0>(acc, ws, isum, a, p, r);
+                add_run::<0, false>(acc, sc, isum, a, p, r);
             }
         }
     }
 }
 
 /// Run `r`'s eight block sums of position `p` added to its accumulator lanes in the
-/// reference's order: less the block's activation sum times 2^`SHIFT` (the stored values'
-/// bias: int4 w + 8, VNNI int8 w + 128; 0: none), then (ws_b * d_b) * f32(isum_b).
+/// reference's order ([`combine`]: the stored values' bias 2^`SHIFT` for int4/int8, or a
+/// Q4K run's two factors `sc` from [`run_scales`]).
 ///
 /// SAFETY (caller): AVX2 present; `a`'s d and s hold run `r` of position `p`.
 #[inline(always)]
-unsafe fn add_run<const SHIFT: i32>(acc: &mut __m256, ws: __m256, sums: __m256i, a: &ActQ, p: usize, r: usize) {
+unsafe fn add_run<const SHIFT: i32, const K: bool>(
+    acc: &mut __m256,
+    sc: (__m256, __m256),
+    sums: __m256i,
+    a: &ActQ,
+    p: usize,
+    r: usize,
+) {
     let at = p * a.dstride() + 8 * r;
     // SAFETY: the caller's contract (d and s are dstride long per position).
     unsafe {
-        let isum = if SHIFT > 0 {
-            let s = _mm256_loadu_si256(a.s.as_ptr().add(at) as *const __m256i);
-            _mm256_sub_epi32(sums, _mm256_slli_epi32::<SHIFT>(s))
-        } else {
-            sums
-        };
+        let s = _mm256_loadu_si256(a.s.as_ptr().add(at) as *const __m256i);
         let dv = _mm256_loadu_ps(a.d.as_ptr().add(at));
-        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)));
+        *acc = combine::<SHIFT, K>(*acc, sc, sums, s, dv);
     }
 }
