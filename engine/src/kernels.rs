@@ -142,7 +142,9 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
             acts.push(ActQ::default());
         }
         acts[keys.len()].quantize(&job.x[..n * cols], n, cols, group, split);
-        acts[keys.len()].k4 = k4;
+        if k4 {
+            acts[keys.len()].set_k4();
+        }
         // Q4K rows are never prepared (qdot::tile): every count of positions takes the
         // one-position layouts, which the few-position kernels read too.
         if n >= qdot::prepare_min(simd) && !k4 {

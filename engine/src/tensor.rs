@@ -37,10 +37,11 @@ use crate::error::{Error, Result};
 /// them), each read as its e4m3 value.
 ///
 /// `Q4K` rows (`cols` a multiple of 256) keep a GGUF Q4_K tensor's blocks exactly: `[headers:
-/// cols / 256 x 16 bytes][values: cols / 2 bytes]`. Header k is Q4_K block k's first 16
-/// bytes as llama.cpp writes them (f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales and
-/// mins, [`q4k_scales`]); the values are its nibbles in int4's order (value c in byte c / 2,
-/// low nibble for even c). Value c of sub-block j (32 values) is `A_j * u_c - B_j` with
+/// cols / 256 x 16 bytes][values: cols / 2 bytes]`. Header k holds Q4_K block k's f16 d and
+/// f16 dmin, then its eight 6-bit sub-block scales and eight 6-bit mins as one 96-bit
+/// little-endian string (sc_j at bit 6j, m_j at bit 48 + 6j: [`q4k_scales`]; llama.cpp
+/// packs them otherwise, [`q4k_header`] moves them); the values are its nibbles in int4's
+/// order (value c in byte c / 2, low nibble for even c). Value c of sub-block j (32 values) is `A_j * u_c - B_j` with
 /// `A_j = d * sc_j` and `B_j = dmin * m_j` (both exact in f32) and u_c the nibble 0..=15,
 /// one rounding: llama.cpp's dequantization. The rows are as large as int4/g32's (0.5625
 /// bytes per value: a 16-byte header per eight blocks where int4 has eight f16 scales), so
@@ -62,23 +63,41 @@ pub enum DType {
 /// Values per Q4_K block (one 16-byte header: eight sub-blocks of 32).
 pub const Q4K_BLOCK: usize = 256;
 
-/// The eight sub-block factors `A_j = d * sc_j` and offsets `B_j = dmin * m_j` of a Q4_K
-/// header (16 bytes: f16 d, f16 dmin, then llama.cpp's packing of eight 6-bit scales and
-/// eight 6-bit mins, `get_scale_min_k4`). Exact: an f16 times an integer below 64.
+/// The eight sub-block factors `A_j = d * sc_j` and offsets `B_j = dmin * m_j` of a Q4K
+/// header (16 bytes: f16 d, f16 dmin, then sc_j at bit 6j and m_j at bit 48 + 6j of a
+/// 96-bit little-endian string). Exact: an f16 times an integer below 64.
 pub fn q4k_scales(head: &[u8]) -> ([f32; 8], [f32; 8]) {
     let half = |i: usize| f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
-    let (d, dmin, q) = (half(0), half(2), &head[4..16]);
+    let (d, dmin) = (half(0), half(2));
+    let mut bits = [0u8; 16];
+    bits[..12].copy_from_slice(&head[4..16]);
+    let bits = u128::from_le_bytes(bits);
     let (mut a, mut b) = ([0.0f32; 8], [0.0f32; 8]);
+    for j in 0..8 {
+        a[j] = d * ((bits >> (6 * j)) & 63) as f32;
+        b[j] = dmin * ((bits >> (48 + 6 * j)) & 63) as f32;
+    }
+    (a, b)
+}
+
+/// A Q4K header from a Q4_K block's first 16 bytes (f16 d, f16 dmin, then llama.cpp's
+/// packing of the 6-bit scales and mins, `get_scale_min_k4`): the same d and dmin, the
+/// sixteen 6-bit values moved into [`q4k_scales`]' string.
+pub fn q4k_header(block: &[u8]) -> [u8; 16] {
+    let q = &block[4..16];
+    let mut bits = 0u128;
     for j in 0..8 {
         let (sc, m) = if j < 4 {
             (q[j] & 63, q[j + 4] & 63)
         } else {
             ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
         };
-        a[j] = d * sc as f32;
-        b[j] = dmin * m as f32;
+        bits |= (sc as u128) << (6 * j) | (m as u128) << (48 + 6 * j);
     }
-    (a, b)
+    let mut out = [0u8; 16];
+    out[..4].copy_from_slice(&block[..4]);
+    out[4..].copy_from_slice(&bits.to_le_bytes()[..12]);
+    out
 }
 
 /// The value of every e4m3 byte (OCP FP8 E4M3, PyTorch's `float8_e4m3fn`: sign, four

@@ -198,15 +198,15 @@ pub fn repack_row(ty: u32, cols: usize, src: &[u8], out: &mut [u8]) {
 
 /// One row of Q4_K (`cols` a multiple of 256: blocks of 144 bytes, f16 d, f16 dmin, 12
 /// bytes of 6-bit scales and mins, 128 bytes holding, per 64 values, value l in the low and
-/// value 32 + l in the high nibble of byte l) as a colibri Q4K row (tensor.rs: the blocks'
-/// first 16 bytes, then value 2k in the low and 2k + 1 in the high nibble of byte k): the
-/// same bytes and nibbles, moved.
+/// value 32 + l in the high nibble of byte l) as a colibri Q4K row (tensor.rs: each block's
+/// d, dmin, scales and mins in 16 bytes, `tensor::q4k_header`, then value 2k in the low and
+/// 2k + 1 in the high nibble of byte k): the same values, moved.
 pub fn q4k_row(cols: usize, src: &[u8], out: &mut [u8]) {
     let blocks = cols / 256;
     let (heads, vals) = out.split_at_mut(blocks * 16);
     for k in 0..blocks {
         let b = &src[144 * k..144 * k + 144];
-        heads[16 * k..16 * k + 16].copy_from_slice(&b[..16]);
+        heads[16 * k..16 * k + 16].copy_from_slice(&crate::tensor::q4k_header(b));
         let mut q = [0u8; 256];
         for chunk in 0..4 {
             for l in 0..32 {

@@ -62,6 +62,20 @@ fn q8_0_and_q4_0_repack_into_colibri_rows_exactly() {
     }
 }
 
+/// gguf-py's Q4_K values (three random blocks) from a Q4K row made by `q4k_row`, bit for
+/// bit: the headers' scales and mins moved, the nibbles reordered, llama.cpp's arithmetic.
+#[test]
+fn q4_k_moves_into_q4k_rows_exactly() {
+    let (ty, bytes, want) = case("Q4_K");
+    let cols = want.len();
+    let mut row = vec![0xAAu8; DType::Q4K.row_bytes(cols).unwrap()];
+    q4k_row(cols, &bytes, &mut row);
+    let mut out = vec![f32::NAN; cols];
+    decode_row(DType::Q4K, cols, &row, &mut out);
+    assert_bits("Q4_K as q4_k", &out, &want);
+    assert_eq!(ty.name, "Q4_K");
+}
+
 #[test]
 fn q4_0_and_mxfp4_widen_to_int8_exactly() {
     let dtype = DType::Int8 { group: 32 };

@@ -103,11 +103,8 @@ fn quantize_row_q4k(src: &[f32], out: &mut [u8]) -> Result<()> {
         let (sc, m): (Vec<u8>, Vec<u8>) = (0..8).map(|j| (six(step[j], d), six(off[j], dmin))).unzip();
         head[0..2].copy_from_slice(&d.to_bits().to_le_bytes());
         head[2..4].copy_from_slice(&dmin.to_bits().to_le_bytes());
-        for j in 0..4 {
-            head[4 + j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-            head[8 + j] = m[j] | ((m[j + 4] >> 4) << 6);
-            head[12 + j] = (sc[j + 4] & 15) | ((m[j + 4] & 15) << 4);
-        }
+        let bits = (0..8).fold(0u128, |v, j| v | (sc[j] as u128) << (6 * j) | (m[j] as u128) << (48 + 6 * j));
+        head[4..16].copy_from_slice(&bits.to_le_bytes()[..12]);
         let (a, b) = q4k_scales(head);
         for (c, &v) in x.iter().enumerate() {
             let j = c / 32;

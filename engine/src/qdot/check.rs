@@ -242,7 +242,7 @@ fn check_q4k(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
         }
         let mut a = ActQ::default();
         a.quantize(&activations(n, cols, 32, seed), n, cols, 32, true);
-        a.k4 = true;
+        a.set_k4();
         let (mut ap, mut aq) = (a.clone(), a.clone());
         ap.pair();
         aq.quad();

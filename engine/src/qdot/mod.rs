@@ -19,9 +19,10 @@
 //!
 //! Q4K rows (tensor::DType::Q4K: GGUF Q4_K blocks kept) are int4 rows of group 32 whose
 //! scales are Q4_K headers, value = A_b * u - B_b with u the stored nibble: activations as
-//! for int4/g32 with [`ActQ::k4`] set, isum_b = sum u_i * q_i (the int4 kernels' sums
-//! before their `- 8 sum q`), and acc[b mod 8] += (A_b * d_b) * f32(isum_b) - (B_b * d_b) *
-//! f32(sum q) ([`dot_row_scalar`]). The x86 paths take them; the others run the reference.
+//! for int4/g32 with [`ActQ::set_k4`], isum_b = sum u_i * q_i (the int4 kernels' sums
+//! before their `- 8 sum q`), and acc[b mod 8] += (A_b * d_b) * f32(isum_b) - B_b * ds_b
+//! with ds_b = d_b * f32(sum q) ([`dot_row_scalar`]). The x86 paths take them; the others
+//! run the reference.
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -192,8 +193,11 @@ pub struct ActQ {
     /// int8 one-position kernel multiplies every stored byte by, exactly.
     pub qh: Vec<i8>,
     /// The rows these activations meet are Q4K (int4 nibbles under Q4_K headers: group 32,
-    /// split); set by the caller after [`ActQ::quantize`], which clears it.
+    /// split): set with `ds` by [`ActQ::set_k4`] after [`ActQ::quantize`], which clears both.
     pub k4: bool,
+    /// Q4K: [n, dstride] d_b * f32(s_b), each product rounded once (the term of the blocks'
+    /// offsets B).
+    pub ds: Vec<f32>,
 }
 
 impl ActQ {
@@ -224,7 +228,9 @@ impl ActQ {
             qz: std::mem::take(&mut self.qz),
             qh: std::mem::take(&mut self.qh),
             k4: false,
+            ds: std::mem::take(&mut self.ds),
         };
+        self.ds.clear();
         self.qi.clear();
         self.qp.clear();
         self.qz.clear();
@@ -363,6 +369,14 @@ impl ActQ {
         }
     }
 
+    /// Marks these activations as meeting Q4K rows (tensor::DType::Q4K; quantized with group
+    /// 32, split) and makes [`ActQ::ds`].
+    pub fn set_k4(&mut self) {
+        self.k4 = true;
+        self.ds.clear();
+        self.ds.extend(self.d.iter().zip(&self.s).map(|(d, s)| d * *s as f32));
+    }
+
     /// Builds [`ActQ::qh`] from `q` (activations are -127..=127, so -q fits).
     pub fn halves(&mut self) {
         self.qh.clear();
@@ -474,12 +488,12 @@ pub fn dot_row_scalar(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 
 /// The reference for a Q4K row (`a.k4`: group 32): per block b (sub-block j = b mod 8 of
 /// header b / 8), isum = sum u * q over its 32 values (u the stored nibble), then
-/// acc[b mod 8] += (A_j * d_b) * f32(isum) - (B_j * d_b) * f32(s_b), each operation rounded
+/// acc[b mod 8] += (A_j * d_b) * f32(isum) - B_j * ds_b, each operation rounded
 /// on its own. |isum| <= 15 * 127 * 32 < 2^24: exact.
 fn dot_row_q4k(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let runs = a.blocks / 8;
     let vals = &row[runs * 16..];
-    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    let (q, d, ds) = (a.qrow(p), a.drow(p), &a.ds[p * a.dstride()..(p + 1) * a.dstride()]);
     let mut acc = [0.0f32; 8];
     for r in 0..runs {
         let (am, bm) = crate::tensor::q4k_scales(&row[16 * r..16 * r + 16]);
@@ -492,7 +506,7 @@ fn dot_row_q4k(row: &[u8], a: &ActQ, p: usize) -> f32 {
                 let u = if c & 1 == 0 { byte & 15 } else { byte >> 4 };
                 isum += u as i32 * q[CHUNK * b + if a.split { split_index(i) } else { i }] as i32;
             }
-            acc[j] += (am[j] * d[b]) * isum as f32 - (bm[j] * d[b]) * s[b] as f32;
+            acc[j] += (am[j] * d[b]) * isum as f32 - bm[j] * ds[b];
         }
     }
     reduce8(acc)
@@ -503,11 +517,17 @@ fn k4_fast(simd: Simd) -> bool {
     matches!(simd, Simd::Avx2 | Simd::Avx512)
 }
 
+/// Int4/int8 activations, or Q4K ones whose `ds` is whole (the SIMD kernels read it
+/// unchecked; the reference would stop at a bounds check).
+fn k4_ok(a: &ActQ) -> bool {
+    !a.k4 || a.ds.len() == a.n * a.dstride()
+}
+
 /// One row times one position with the chosen path. The fast paths need the group to
 /// be a multiple of [`CHUNK`] (and int4 activations split); others use the reference.
 #[inline]
 pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
-    if !a.group.is_multiple_of(CHUNK) || a.split != int4 || (a.k4 && !k4_fast(simd)) {
+    if !a.group.is_multiple_of(CHUNK) || a.split != int4 || (a.k4 && !k4_fast(simd)) || !k4_ok(a) {
         return dot_row_scalar(int4, row, a, p);
     }
     match simd {
@@ -542,7 +562,7 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
         return wasm::dot_rows(int4, rows, rb, a, out);
     }
     let whole = rows.len() >= out.len() * rb;
-    if whole && a.group.is_multiple_of(CHUNK) && a.split == int4 {
+    if whole && a.group.is_multiple_of(CHUNK) && a.split == int4 && k4_ok(a) {
         match simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as in dot_row, for each of the rows (`rows` holds all of them).
@@ -636,6 +656,7 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         && out.len() >= 2
         && a.group.is_multiple_of(CHUNK)
         && a.split == int4
+        && k4_ok(a)
         && p0 + out.len() <= a.n
     {
         // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported the

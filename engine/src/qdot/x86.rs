@@ -233,9 +233,9 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool, const K: bool>(
     let vals = &row[round4(a.blocks * 2)..];
     let inside = if INT4 { vals.len() * 2 } else { vals.len() };
     let (g, blocks) = (a.group, a.blocks);
-    let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
-    // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s` (padded to a
-    // multiple of 8), `vals` (whole runs only when c0 + 8 * group <= inside; the rest
+    let q = a.qrow(p);
+    // SAFETY: every load below is inside `q` (blocks * group values), `d`/`s`/`ds` (padded
+    // to a multiple of 8 per position, p < n), `vals` (whole runs only when c0 + 8 * group <= inside; the rest
     // through a padded copy) or `row`'s scales (or a zero-padded copy of the last ones).
     unsafe {
         let mut acc = acc0;
@@ -260,7 +260,6 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool, const K: bool>(
             } else {
                 sums_any::<VNNI, INT4, true>(vals, q, g, c0, nb)
             };
-            let s8 = _mm256_loadu_si256(s.as_ptr().add(b0) as *const __m256i);
             // A Q4K row has whole runs only (256 columns per header).
             let sc = if nb == 8 {
                 run_scales::<K>(row.as_ptr().add(2 * b0))
@@ -270,9 +269,8 @@ pub(super) unsafe fn finish<const VNNI: bool, const INT4: bool, const K: bool>(
                 buf[..2 * nb].copy_from_slice(&row[2 * b0..2 * (b0 + nb)]);
                 (_mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr() as *const __m128i)), _mm256_setzero_ps())
             };
-            let dv = _mm256_loadu_ps(d.as_ptr().add(b0));
-            acc =
-                if INT4 { combine::<3, K>(acc, sc, isum, s8, dv) } else { combine::<0, false>(acc, sc, isum, s8, dv) };
+            let at = p * a.dstride() + b0;
+            acc = if INT4 { combine::<3, K>(acc, sc, isum, a, at) } else { combine::<0, false>(acc, sc, isum, a, at) };
             b0 += 8;
         }
         let mut lanes = [0.0f32; 8];
@@ -298,7 +296,6 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize, const K: bool>(
 ) -> __m256 {
     let g = a.group;
     let ch = if CH == 0 { g / CHUNK } else { CH };
-    let (d, s) = (a.drow(p).as_ptr(), a.srow(p).as_ptr());
     // SAFETY: the caller's contract; d and s hold dstride >= 8 * runs entries.
     unsafe {
         let mut acc = _mm256_setzero_ps();
@@ -308,9 +305,8 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize, const K: bool>(
                 prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
             }
             let isum = pairs8::<VNNI>(vals, qp.add(r * 8 * g), r * 8 * g, g, ch);
-            let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
             let sc = run_scales::<K>(row.as_ptr().add(16 * r));
-            acc = combine::<3, K>(acc, sc, isum, s8, _mm256_loadu_ps(d.add(8 * r)));
+            acc = combine::<3, K>(acc, sc, isum, a, p * a.dstride() + 8 * r);
         }
         acc
     }
@@ -335,7 +331,6 @@ unsafe fn quad_runs<const CH: usize, const K: bool>(
     runs: usize,
 ) -> __m256 {
     let g = a.group;
-    let (d, s) = (a.drow(p).as_ptr(), a.srow(p).as_ptr());
     // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and 8 * g of `qz`;
     // d and s hold dstride >= 8 * runs entries.
     unsafe {
@@ -355,9 +350,8 @@ unsafe fn quad_runs<const CH: usize, const K: bool>(
                 let lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(w, low4), even);
                 *vk = _mm512_dpbusd_epi32(lo, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4), odd);
             }
-            let s8 = _mm256_loadu_si256(s.add(8 * r) as *const __m256i);
             let sc = run_scales::<K>(row.as_ptr().add(16 * r));
-            acc = combine::<3, K>(acc, sc, fold_quads::<CH>(&mut v), s8, _mm256_loadu_ps(d.add(8 * r)));
+            acc = combine::<3, K>(acc, sc, fold_quads::<CH>(&mut v), a, p * a.dstride() + 8 * r);
         }
         acc
     }
@@ -406,9 +400,11 @@ unsafe fn int8_runs<const CH: usize>(row: &[u8], vals: &[u8], a: &ActQ, p: usize
 }
 
 /// The factors of a run's eight blocks (lane j = block j), from the 16 bytes at `head`:
-/// int4/int8 (`!K`) their eight f16 scales, and zero; Q4K (`K`) A and B of the Q4_K header
-/// (tensor::q4k_scales: one shuffle gathers each lane's one or two bytes of the packed
-/// 6-bit values, masks and shifts take them out; d * sc and dmin * m are exact).
+/// int4/int8 (`!K`) their eight f16 scales, and zero; Q4K (`K`) A and B of the Q4K header
+/// (tensor::q4k_scales: one shuffle puts in lane j the two bytes holding sc_j (bit 6j of
+/// the string) and, above them, the two holding m_j (bit 48 + 6j: the same offset in its
+/// byte), one shift per lane brings both to their bytes' bit 0; d * sc and dmin * m are
+/// exact).
 ///
 /// SAFETY (caller): AVX2 and F16C; 16 bytes readable at `head`.
 #[inline(always)]
@@ -422,65 +418,60 @@ pub(super) unsafe fn run_scales<const K: bool>(head: *const u8) -> (__m256, __m2
         let dd = _mm_cvtph_ps(h);
         let (d, dmin) = (_mm256_broadcastss_ps(dd), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
         let hb = _mm256_broadcastsi128_si256(h);
-        let sc = _mm256_shuffle_epi8(hb, _mm256_loadu_si256(K4_SC.as_ptr() as *const __m256i));
-        let m = _mm256_shuffle_epi8(hb, _mm256_loadu_si256(K4_M.as_ptr() as *const __m256i));
-        let low = _mm256_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15);
-        let top = _mm256_set1_epi32(0x30);
-        let sc = _mm256_or_si256(_mm256_and_si256(sc, low), _mm256_and_si256(_mm256_srli_epi32::<10>(sc), top));
-        let shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-        let m = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srlv_epi32(m, shift), low),
-            _mm256_and_si256(_mm256_srli_epi32::<10>(m), top),
-        );
+        let w = _mm256_shuffle_epi8(hb, _mm256_loadu_si256(K4_BYTES.as_ptr() as *const __m256i));
+        let w = _mm256_srlv_epi32(w, _mm256_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2));
+        let six = _mm256_set1_epi32(63);
+        let (sc, m) = (_mm256_and_si256(w, six), _mm256_and_si256(_mm256_srli_epi32::<16>(w), six));
         (_mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m)))
     }
 }
 
-/// `vpshufb` indices of [`run_scales`]: lane j's word is header byte 4 + j (j < 4: the low
-/// six bits are sc_j), or bytes 8 + j and j (j >= 4: sc_j's low four bits, then the byte
-/// whose top two bits are its high ones).
-const K4_SC: [i8; 32] = k4_index(4, 4);
-/// The same for the mins: bytes 8 + j (j < 4), or 8 + j and 4 + j.
-const K4_M: [i8; 32] = k4_index(8, 8);
-
-/// Lane j < 4: byte `lo + j`; lane j >= 4: bytes 8 + j and `hi + j - 4`.
-const fn k4_index(lo: i8, hi: i8) -> [i8; 32] {
+/// `vpshufb` indices of [`run_scales`]: lane j's bytes 0-1 are header bytes 4 + 6j / 8
+/// and the next (sc_j), its bytes 2-3 the two 6 bytes on (m_j; none past the header).
+const K4_BYTES: [i8; 32] = {
     let mut t = [-128i8; 32];
     let mut j = 0;
     while j < 8 {
-        if j < 4 {
-            t[4 * j] = lo + j as i8;
-        } else {
-            t[4 * j] = 8 + j as i8;
-            t[4 * j + 1] = hi + j as i8 - 4;
+        let at = 4 + 6 * j / 8;
+        t[4 * j] = at as i8;
+        t[4 * j + 1] = at as i8 + 1;
+        t[4 * j + 2] = at as i8 + 6;
+        if at + 7 < 16 {
+            t[4 * j + 3] = at as i8 + 7;
         }
         j += 1;
     }
     t
-}
+};
 
-/// `acc` plus a run's eight blocks in the reference's float order: int4/int8 (`!K`)
-/// (ws_b * d_b) * f32(sums_b - s_b << SHIFT) (the stored values' bias: int4 8 = 1 << 3,
-/// VNNI int8 128; 0: none); Q4K (`K`, `sums` of the nibbles as stored)
-/// (A_b * d_b) * f32(sums_b) - (B_b * d_b) * f32(s_b).
+/// `acc` plus eight blocks (activation entries `at..at + 8` of `a`: d, and s or ds) in the
+/// reference's float order: int4/int8 (`!K`) (ws_b * d_b) * f32(sums_b - s_b << SHIFT)
+/// (the stored values' bias: int4 8 = 1 << 3, VNNI int8 128; 0: none); Q4K (`K`, `sums`
+/// of the nibbles as stored) (A_b * d_b) * f32(sums_b) - B_b * ds_b.
 ///
-/// SAFETY (caller): AVX2.
+/// SAFETY (caller): AVX2; `a.d`, `a.s` (and `a.ds` with `K`) hold `at + 8` entries.
 #[inline(always)]
 pub(super) unsafe fn combine<const SHIFT: i32, const K: bool>(
     acc: __m256,
     (ws, wb): (__m256, __m256),
     sums: __m256i,
-    s8: __m256i,
-    dv: __m256,
+    a: &ActQ,
+    at: usize,
 ) -> __m256 {
-    // SAFETY: register operations under the caller's AVX2.
+    // SAFETY: the caller's contract.
     unsafe {
+        let dv = _mm256_loadu_ps(a.d.as_ptr().add(at));
         if K {
             let t1 = _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(sums));
-            let t2 = _mm256_mul_ps(_mm256_mul_ps(wb, dv), _mm256_cvtepi32_ps(s8));
+            let t2 = _mm256_mul_ps(wb, _mm256_loadu_ps(a.ds.as_ptr().add(at)));
             return _mm256_add_ps(acc, _mm256_sub_ps(t1, t2));
         }
-        let isum = if SHIFT > 0 { _mm256_sub_epi32(sums, _mm256_slli_epi32::<SHIFT>(s8)) } else { sums };
+        let isum = if SHIFT > 0 {
+            let s8 = _mm256_loadu_si256(a.s.as_ptr().add(at) as *const __m256i);
+            _mm256_sub_epi32(sums, _mm256_slli_epi32::<SHIFT>(s8))
+        } else {
+            sums
+        };
         _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ws, dv), _mm256_cvtepi32_ps(isum)))
     }
 }

@@ -326,7 +326,7 @@ unsafe fn signed_runs_few<const CH: usize>(
 /// reference's order ([`combine`]: the stored values' bias 2^`SHIFT` for int4/int8, or a
 /// Q4K run's two factors `sc` from [`run_scales`]).
 ///
-/// SAFETY (caller): AVX2 present; `a`'s d and s hold run `r` of position `p`.
+/// SAFETY (caller): AVX2 present; `a`'s d and s (ds for `K`) hold run `r` of position `p`.
 #[inline(always)]
 unsafe fn add_run<const SHIFT: i32, const K: bool>(
     acc: &mut __m256,
@@ -336,11 +336,6 @@ unsafe fn add_run<const SHIFT: i32, const K: bool>(
     p: usize,
     r: usize,
 ) {
-    let at = p * a.dstride() + 8 * r;
-    // SAFETY: the caller's contract (d and s are dstride long per position).
-    unsafe {
-        let s = _mm256_loadu_si256(a.s.as_ptr().add(at) as *const __m256i);
-        let dv = _mm256_loadu_ps(a.d.as_ptr().add(at));
-        *acc = combine::<SHIFT, K>(*acc, sc, sums, s, dv);
-    }
+    // SAFETY: the caller's contract (d, s and ds are dstride long per position).
+    *acc = unsafe { combine::<SHIFT, K>(*acc, sc, sums, a, p * a.dstride() + 8 * r) };
 }
