@@ -21,8 +21,8 @@
 //! scales are Q4_K headers, value = A_b * u - B_b with u the stored nibble: activations as
 //! for int4/g32 with [`ActQ::set_k4`], isum_b = sum u_i * q_i (the int4 kernels' sums
 //! before their `- 8 sum q`), and acc[b mod 8] += (A_b * d_b) * f32(isum_b) - B_b * ds_b
-//! with ds_b = d_b * f32(sum q) ([`dot_row_scalar`]). The x86 paths take them; the others
-//! run the reference.
+//! with ds_b = d_b * f32(sum q) ([`dot_row_scalar`]). Every SIMD path's one-position
+//! kernel takes them (x86 also its few-position one); no row is prepared (`tile`).
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -514,7 +514,7 @@ fn dot_row_q4k(row: &[u8], a: &ActQ, p: usize) -> f32 {
 
 /// Whether `simd` has its own kernels for Q4K rows (the others run the reference).
 fn k4_fast(simd: Simd) -> bool {
-    matches!(simd, Simd::Avx2 | Simd::Avx512)
+    matches!(simd, Simd::Avx2 | Simd::Avx512 | Simd::Simd128 | Simd::Neon | Simd::NeonDot)
 }
 
 /// Int4/int8 activations, or Q4K ones whose `ds` is whole (the SIMD kernels read it
@@ -558,7 +558,7 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
     // dot_row's own condition for its SIMD paths (other groups take the reference).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    if simd == Simd::Simd128 && a.group.is_multiple_of(CHUNK) && a.split == int4 && !a.k4 {
+    if simd == Simd::Simd128 && a.group.is_multiple_of(CHUNK) && a.split == int4 && k4_ok(a) {
         return wasm::dot_rows(int4, rows, rb, a, out);
     }
     let whole = rows.len() >= out.len() * rb;

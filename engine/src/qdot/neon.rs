@@ -3,7 +3,8 @@
 //! it, widening `smull` products accumulated pairwise (`sadalp`); the float combination as
 //! in the reference, four blocks per float32x4 (lane l of the first accumulator is
 //! acc[8k + l], of the second acc[8k + 4 + l]: the reference's order), separate multiplies
-//! and adds (no `fmla`), so the bits are the reference's.
+//! and adds (no `fmla`), so the bits are the reference's. Q4K rows (`ActQ::k4`) take the
+//! int4 sums and the reference's Q4K step ([`k4_scales4`]).
 //!
 //! `sdot` is written with `asm!`: Rust's `vdotq_s32` is not stable yet (rust#117224).
 
@@ -65,23 +66,66 @@ pub unsafe fn dot_row_neon(dotprod: bool, int4: bool, row: &[u8], a: &ActQ, p: u
     if !inside || g == 0 || !g.is_multiple_of(CHUNK) {
         return super::dot_row_scalar(int4, row, a, p);
     }
-    match (dotprod, int4) {
+    if int4 && a.k4 && (g != 32 || a.ds.len() < (p + 1) * a.dstride()) {
+        return super::dot_row_scalar(int4, row, a, p);
+    }
+    match (dotprod, int4, a.k4) {
         // SAFETY: `dotprod` only with the extension (the caller's contract); the shapes
         // were checked above.
-        (true, true) => unsafe { body_dot::<true>(row, a, p) },
+        (true, true, true) => unsafe { body_dot::<true, true>(row, a, p) },
         // SAFETY: as above.
-        (true, false) => unsafe { body_dot::<false>(row, a, p) },
+        (true, true, false) => unsafe { body_dot::<true, false>(row, a, p) },
+        // SAFETY: as above.
+        (true, false, _) => unsafe { body_dot::<false, false>(row, a, p) },
         // SAFETY: the shapes were checked above.
-        (false, true) => unsafe { body::<true, false>(row, a, p) },
+        (false, true, true) => unsafe { body::<true, false, true>(row, a, p) },
         // SAFETY: as above.
-        (false, false) => unsafe { body::<false, false>(row, a, p) },
+        (false, true, false) => unsafe { body::<true, false, false>(row, a, p) },
+        // SAFETY: as above.
+        (false, false, _) => unsafe { body::<false, false, false>(row, a, p) },
     }
 }
 
 #[target_feature(enable = "dotprod")]
-unsafe fn body_dot<const INT4: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+unsafe fn body_dot<const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract (dotprod present, shapes checked).
-    unsafe { body::<INT4, true>(row, a, p) }
+    unsafe { body::<INT4, true, K>(row, a, p) }
+}
+
+/// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 4h..4h + 4 of its run
+/// (`h` 0 or 1): one table lookup puts in lane l the two bytes holding sc_j (j = 4h + l,
+/// bit 6j of the header's string) and, above them, the two holding m_j (bit 48 + 6j: the
+/// same offset in its byte), one shift per lane brings both to bit 0 of their halves; d
+/// and dmin convert as `half` does; the products d * sc and dmin * m are exact.
+#[inline(always)]
+fn k4_scales4(head: &[u8], h: usize) -> (float32x4_t, float32x4_t) {
+    const fn index(h: usize) -> [u8; 16] {
+        let mut t = [0xffu8; 16];
+        let mut l = 0;
+        while l < 4 {
+            let at = 4 + 6 * (4 * h + l) / 8;
+            t[4 * l] = at as u8;
+            t[4 * l + 1] = at as u8 + 1;
+            t[4 * l + 2] = at as u8 + 6;
+            if at + 7 < 16 {
+                t[4 * l + 3] = at as u8 + 7;
+            }
+            l += 1;
+        }
+        t
+    }
+    const INDEX: [[u8; 16]; 2] = [index(0), index(1)];
+    const SHIFT: [i32; 4] = [0, -6, -4, -2];
+    let head = &head[..16];
+    let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
+    // SAFETY: `head` and the tables hold 16 bytes, SHIFT 4 i32; NEON is baseline.
+    unsafe {
+        let w = vreinterpretq_u32_u8(vqtbl1q_u8(vld1q_u8(head.as_ptr()), vld1q_u8(INDEX[h & 1].as_ptr())));
+        let w = vshlq_u32(w, vld1q_s32(SHIFT.as_ptr()));
+        let six = vdupq_n_u32(63);
+        let (sc, m) = (vandq_u32(w, six), vandq_u32(vshrq_n_u32::<16>(w), six));
+        (vmulq_f32(vdupq_n_f32(half(0)), vcvtq_f32_u32(sc)), vmulq_f32(vdupq_n_f32(half(2)), vcvtq_f32_u32(m)))
+    }
 }
 
 /// The integer sum of block `b` (int4: without the -8 correction) as four partial lanes.
@@ -135,15 +179,17 @@ pub(super) fn scales4(row: &[u8], b: usize) -> float32x4_t {
 
 /// Four blocks per step: their integer sums gathered into one vector by two pairwise adds,
 /// then (ws_b * d_b) * f32(isum_b) for the four at once, added to acc lanes b mod 8; the
-/// blocks after the last multiple of four one at a time (as the wasm path does).
+/// blocks after the last multiple of four one at a time (as the wasm path does). `K`: a Q4K
+/// row (whole runs of eight blocks of 32): (A_b * d_b) * f32(isum_b) - B_b * ds_b.
 ///
 /// # Safety
 /// The shapes checked by [`dot_row_neon`]; `DOT` needs dotprod.
 #[inline(always)]
-unsafe fn body<const INT4: bool, const DOT: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+unsafe fn body<const INT4: bool, const DOT: bool, const K: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let (g, blocks) = (a.group, a.blocks);
     let vals = &row[round4(blocks * 2)..];
     let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
+    let ds = if K { &a.ds[p * a.dstride()..(p + 1) * a.dstride()] } else { &[][..] };
     let full = blocks / 4 * 4;
     let mut out = [0.0f32; 8];
     // SAFETY: block loads inside `vals` / `q` (caller), `d` and `s` hold whole fours of
@@ -157,12 +203,19 @@ unsafe fn body<const INT4: bool, const DOT: bool>(row: &[u8], a: &ActQ, p: usize
             let s2 = block_lanes::<INT4, DOT>(vals, q, b + 2, g);
             let s3 = block_lanes::<INT4, DOT>(vals, q, b + 3, g);
             let mut isum = vpaddq_s32(vpaddq_s32(s0, s1), vpaddq_s32(s2, s3));
+            let k = (b / 4) & 1;
+            if K {
+                let (am, bm) = k4_scales4(&row[16 * (b / 8)..], k);
+                let t1 = vmulq_f32(vmulq_f32(am, vld1q_f32(d.as_ptr().add(b))), vcvtq_f32_s32(isum));
+                acc[k] = vaddq_f32(acc[k], vsubq_f32(t1, vmulq_f32(bm, vld1q_f32(ds[b..b + 4].as_ptr()))));
+                b += 4;
+                continue;
+            }
             if INT4 {
                 isum = vsubq_s32(isum, vshlq_n_s32::<3>(vld1q_s32(s.as_ptr().add(b))));
             }
             let db = vld1q_f32(d.as_ptr().add(b));
             let prod = vmulq_f32(vmulq_f32(scales4(row, b), db), vcvtq_f32_s32(isum));
-            let k = (b / 4) & 1;
             acc[k] = vaddq_f32(acc[k], prod);
             b += 4;
         }

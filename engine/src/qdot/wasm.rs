@@ -3,7 +3,8 @@
 //! int8 activations with `i32x4.relaxed_dot_i8x16_i7x16_add_s` (exact for nibbles): int4
 //! values directly, int8 values as two nibbles of value + 128; the float combination as
 //! in the reference, four blocks per f32x4 (lane l of the first vector is acc[8k + l], of
-//! the second acc[8k + 4 + l]: the reference's order).
+//! the second acc[8k + 4 + l]: the reference's order). Q4K rows (`ActQ::k4`) take the
+//! int4 sums and the reference's Q4K step ([`k4_scales4`]).
 
 use core::arch::wasm32::*;
 
@@ -106,22 +107,28 @@ fn row_form<const W16: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
     // The common groups get a body of their own: with the group known when compiling, a
     // block is straight-line code (V8 runs it about 1.4x faster than the loop over a
     // run-time group: tools/bench/qdot-wasm in Chromium, eleventh session).
+    if int4 && a.k4 {
+        return match inside {
+            true => body::<true, false, 32, false, W16, true>(row, a, p),
+            false => body::<true, true, 32, false, W16, true>(row, a, p),
+        };
+    }
     match (int4, halves, inside, a.group) {
-        (true, _, true, 32) => body::<true, false, 32, false, W16>(row, a, p),
-        (true, _, true, 64) => body::<true, false, 64, false, W16>(row, a, p),
-        (true, _, true, 128) => body::<true, false, 128, false, W16>(row, a, p),
-        (true, _, true, _) => body::<true, false, 0, false, W16>(row, a, p),
-        (true, _, false, _) => body::<true, true, 0, false, W16>(row, a, p),
-        (false, true, true, 32) => body::<false, false, 32, true, W16>(row, a, p),
-        (false, true, true, 64) => body::<false, false, 64, true, W16>(row, a, p),
-        (false, true, true, 128) => body::<false, false, 128, true, W16>(row, a, p),
-        (false, true, true, _) => body::<false, false, 0, true, W16>(row, a, p),
-        (false, true, false, _) => body::<false, true, 0, true, W16>(row, a, p),
-        (false, false, true, 32) => body::<false, false, 32, false, W16>(row, a, p),
-        (false, false, true, 64) => body::<false, false, 64, false, W16>(row, a, p),
-        (false, false, true, 128) => body::<false, false, 128, false, W16>(row, a, p),
-        (false, false, true, _) => body::<false, false, 0, false, W16>(row, a, p),
-        (false, false, false, _) => body::<false, true, 0, false, W16>(row, a, p),
+        (true, _, true, 32) => body::<true, false, 32, false, W16, false>(row, a, p),
+        (true, _, true, 64) => body::<true, false, 64, false, W16, false>(row, a, p),
+        (true, _, true, 128) => body::<true, false, 128, false, W16, false>(row, a, p),
+        (true, _, true, _) => body::<true, false, 0, false, W16, false>(row, a, p),
+        (true, _, false, _) => body::<true, true, 0, false, W16, false>(row, a, p),
+        (false, true, true, 32) => body::<false, false, 32, true, W16, false>(row, a, p),
+        (false, true, true, 64) => body::<false, false, 64, true, W16, false>(row, a, p),
+        (false, true, true, 128) => body::<false, false, 128, true, W16, false>(row, a, p),
+        (false, true, true, _) => body::<false, false, 0, true, W16, false>(row, a, p),
+        (false, true, false, _) => body::<false, true, 0, true, W16, false>(row, a, p),
+        (false, false, true, 32) => body::<false, false, 32, false, W16, false>(row, a, p),
+        (false, false, true, 64) => body::<false, false, 64, false, W16, false>(row, a, p),
+        (false, false, true, 128) => body::<false, false, 128, false, W16, false>(row, a, p),
+        (false, false, true, _) => body::<false, false, 0, false, W16, false>(row, a, p),
+        (false, false, false, _) => body::<false, true, 0, false, W16, false>(row, a, p),
     }
 }
 
@@ -366,18 +373,58 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
     v128_or(sign, v128_bitselect(special, finite, is_special))
 }
 
+/// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 4h..4h + 4 of its run
+/// (`h` 0 or 1): one swizzle puts in lane l the two bytes holding sc_j (j = 4h + l, bit 6j
+/// of the header's string) and, above them, the two holding m_j (bit 48 + 6j: the same
+/// offset in its byte); a product by 2^(8 - 6j mod 8) and one shift by 8 bring both to bit
+/// 0 of their halves (wasm shifts all lanes alike; the product keeps every bit that
+/// matters: the fields end at bit 30). d and dmin convert as `half` does; the products
+/// d * sc and dmin * m are exact.
+#[inline(always)]
+fn k4_scales4(head: &[u8], h: usize) -> (v128, v128) {
+    const fn index(h: usize) -> [u8; 16] {
+        let mut t = [0xffu8; 16];
+        let mut l = 0;
+        while l < 4 {
+            let at = 4 + 6 * (4 * h + l) / 8;
+            t[4 * l] = at as u8;
+            t[4 * l + 1] = at as u8 + 1;
+            t[4 * l + 2] = at as u8 + 6;
+            if at + 7 < 16 {
+                t[4 * l + 3] = at as u8 + 7;
+            }
+            l += 1;
+        }
+        t
+    }
+    const INDEX: [[u8; 16]; 2] = [index(0), index(1)];
+    // SAFETY: `head` holds the header's 16 bytes (the caller's bounds-checked slice), as do
+    // the index tables.
+    let (v, idx) =
+        unsafe { (v128_load(head[..16].as_ptr() as *const v128), v128_load(INDEX[h & 1].as_ptr() as *const v128)) };
+    let w = u32x4_shr(i32x4_mul(i8x16_swizzle(v, idx), i32x4(256, 4, 16, 64)), 8);
+    let six = i32x4_splat(63);
+    let (sc, m) = (v128_and(w, six), v128_and(u32x4_shr(w, 16), six));
+    let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
+    (f32x4_mul(f32x4_splat(half(0)), f32x4_convert_i32x4(sc)), f32x4_mul(f32x4_splat(half(2)), f32x4_convert_i32x4(m)))
+}
+
 /// Four blocks per step: their integer sums gathered into one vector, then
 /// (ws_b * d_b) * f32(isum_b) for the four at once, added to acc lanes b mod 8 (blocks
 /// 8k..8k+4 in the first vector, 8k+4..8k+8 in the second): the reference's products and
 /// per-lane order. The blocks after the last multiple of four run one at a time.
+///
+/// `K`: a Q4K row (group 32, whole runs of eight blocks): (A_b * d_b) * f32(isum_b) -
+/// B_b * ds_b instead, A and B from the run's header ([`k4_scales4`]).
 #[inline(always)]
-fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool>(
+fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool, const K: bool>(
     row: &[u8],
     a: &ActQ,
     p: usize,
 ) -> f32 {
     let (g, blocks) = (if G > 0 { G } else { a.group }, a.blocks);
     let vals = &row[round4(blocks * 2)..];
+    let ds = if K { &a.ds[p * a.dstride()..(p + 1) * a.dstride()] } else { &[][..] };
     let (q, d, s) = (if H { a.qhrow(p) } else { a.qrow(p) }, a.drow(p), a.srow(p));
     let k = Consts::new();
     let mut acc = [f32x4_splat(0.0); 2];
@@ -390,6 +437,17 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, co
         let s3 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 3, g, &k);
         let mut isum = hsum4(s0, s1, s2, s3);
         let (dq, sq) = (&d[b..b + 4], &s[b..b + 4]);
+        let half = (b / 4) & 1;
+        if K {
+            let (am, bm) = k4_scales4(&row[16 * (b / 8)..16 * (b / 8) + 16], half);
+            // SAFETY: `dq` and the slice of `ds` hold 4 f32 (bounds-checked slices).
+            let (db, dsb) =
+                unsafe { (v128_load(dq.as_ptr() as *const v128), v128_load(ds[b..b + 4].as_ptr() as *const v128)) };
+            let t1 = f32x4_mul(f32x4_mul(am, db), f32x4_convert_i32x4(isum));
+            acc[half] = f32x4_add(acc[half], f32x4_sub(t1, f32x4_mul(bm, dsb)));
+            b += 4;
+            continue;
+        }
         if let Some(shift) = offset_shift(INT4, H) {
             // SAFETY: `sq` holds 4 i32 (bounds-checked slice); v128.load is unaligned.
             isum = i32x4_sub(isum, i32x4_shl(unsafe { v128_load(sq.as_ptr() as *const v128) }, shift));
@@ -397,7 +455,6 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, co
         // SAFETY: `dq` holds 4 f32 (bounds-checked slice).
         let db = unsafe { v128_load(dq.as_ptr() as *const v128) };
         let prod = f32x4_mul(f32x4_mul(scales4(row, b, &k), db), f32x4_convert_i32x4(isum));
-        let half = (b / 4) & 1;
         acc[half] = f32x4_add(acc[half], prod);
         b += 4;
     }
