@@ -7,7 +7,12 @@
 // f32(isum_b)) (each product rounded, no fusion), lanes combined by reduce8. Each thread
 // of a row owns one lane, so the CPU's bits are reproduced exactly.
 //
-// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3 or 4, GROUP, wint, wscale).
+// Q4K rows (DTYPE 6, GROUP 32; weights.wgsl): isum_b = sum u_i * q_i of the nibbles as
+// stored and s_b = sum q_i, then acc += opq(opq(A_b * d_b) * f32(isum_b)) - opq(B_b * ds_b)
+// with ds_b = opq(d_b * f32(s_b)): qdot::dot_row_scalar's Q4K step.
+//
+// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3, 4 or 6, GROUP, wint,
+// wscale, k4_factors).
 // Bindings:
 //   0 P  uniform Params
 //   1 W  storage read   u32 [rows * row_words]  one row block, int8 or int4 (weights.wgsl)
@@ -61,6 +66,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 let c0 = b * GROUP;
                 let len = min(GROUP, P.cols - c0);
                 var isum = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
+                var ssum = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
                 for (var i0 = 0u; i0 < len; i0 = i0 + 4u) {
                     var w: array<i32, 4>;
                     for (var k = 0u; k < 4u; k = k + 1u) {
@@ -74,12 +80,24 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                         let v = Q[(p0 + pb) * P.q_words + qi];
                         isum[pb] = isum[pb] + w[0] * sbyte(v, 0u) + w[1] * sbyte(v, 1u) + w[2] * sbyte(v, 2u)
                             + w[3] * sbyte(v, 3u);
+                        if (DTYPE == 6u) {
+                            ssum[pb] = ssum[pb] + sbyte(v, 0u) + sbyte(v, 1u) + sbyte(v, 2u) + sbyte(v, 3u);
+                        }
                     }
                 }
-                let ws = wscale(r, b, P.cols, P.row_words);
-                for (var pb = 0u; pb < nb; pb = pb + 1u) {
-                    let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
-                    acc[pb] = acc[pb] + opq(opq(ws * d) * f32(isum[pb]));
+                if (DTYPE == 6u) {
+                    let f = k4_factors(r, b, P.row_words);
+                    for (var pb = 0u; pb < nb; pb = pb + 1u) {
+                        let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
+                        let ds = opq(d * f32(ssum[pb]));
+                        acc[pb] = acc[pb] + (opq(opq(f.x * d) * f32(isum[pb])) - opq(f.y * ds));
+                    }
+                } else {
+                    let ws = wscale(r, b, P.cols, P.row_words);
+                    for (var pb = 0u; pb < nb; pb = pb + 1u) {
+                        let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
+                        acc[pb] = acc[pb] + opq(opq(ws * d) * f32(isum[pb]));
+                    }
                 }
             }
         }

@@ -14,7 +14,11 @@
 // The float part is qmatmul.wgsl's: lane l (= b mod 8) accumulates its blocks in increasing
 // b, acc += opq(opq(ws_b * d_b) * f32(isum_b)), lanes combined by reduce8.
 //
-// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3 or 4, GROUP, wscale).
+// Q4K rows (DTYPE 6): the nibbles u as they are (spread to bytes, all below 128), s_b =
+// dot4I8Packed(0x01010101, q), and qmatmul.wgsl's Q4K float step.
+//
+// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3, 4 or 6, GROUP, wscale,
+// k4_factors).
 // Bindings: as qmatmul.wgsl, with the same Params. Workgroup and Dispatch: as qmatmul.wgsl.
 
 struct Params {
@@ -44,10 +48,14 @@ var<workgroup> partial: array<f32, 512>;
 // number, sign-extended to 8 bits by or-ing 0xf0 where its bit 3 is set (0x08 * 30 = 0xf0,
 // no carry between bytes).
 fn int4_bytes(h: u32) -> u32 {
-    var y = (h | (h << 8u)) & 0x00ff00ffu;
-    y = (y | (y << 4u)) & 0x0f0f0f0fu;
-    let s = y ^ 0x08080808u;
+    let s = nibble_bytes(h) ^ 0x08080808u;
     return s | ((s & 0x08080808u) * 30u);
+}
+
+// The four nibbles in the low 16 bits of h, one per byte (0..15).
+fn nibble_bytes(h: u32) -> u32 {
+    let y = (h | (h << 8u)) & 0x00ff00ffu;
+    return (y | (y << 4u)) & 0x0f0f0f0fu;
 }
 
 @compute @workgroup_size(64)
@@ -69,11 +77,23 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 let len = min(GROUP, P.cols - c0);
                 let qb = b * gw;
                 var isum = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
+                var ssum = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
                 if (DTYPE == 3u) {
                     for (var k = 0u; k < (len + 3u) / 4u; k = k + 1u) {
                         let w = W[vbase + c0 / 4u + k];
                         for (var pb = 0u; pb < nb; pb = pb + 1u) {
                             isum[pb] = isum[pb] + dot4I8Packed(w, Q[(p0 + pb) * P.q_words + qb + k]);
+                        }
+                    }
+                } else if (DTYPE == 6u) {
+                    for (var k = 0u; k < (len + 7u) / 8u; k = k + 1u) {
+                        let w = W[vbase + c0 / 8u + k];
+                        let lo = nibble_bytes(w & 0xffffu);
+                        let hi = nibble_bytes(w >> 16u);
+                        for (var pb = 0u; pb < nb; pb = pb + 1u) {
+                            let qi = (p0 + pb) * P.q_words + qb + 2u * k;
+                            isum[pb] = isum[pb] + dot4I8Packed(lo, Q[qi]) + dot4I8Packed(hi, Q[qi + 1u]);
+                            ssum[pb] = ssum[pb] + dot4I8Packed(0x01010101u, Q[qi]) + dot4I8Packed(0x01010101u, Q[qi + 1u]);
                         }
                     }
                 } else {
@@ -87,10 +107,19 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                         }
                     }
                 }
-                let ws = wscale(r, b, P.cols, P.row_words);
-                for (var pb = 0u; pb < nb; pb = pb + 1u) {
-                    let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
-                    acc[pb] = acc[pb] + opq(opq(ws * d) * f32(isum[pb]));
+                if (DTYPE == 6u) {
+                    let f = k4_factors(r, b, P.row_words);
+                    for (var pb = 0u; pb < nb; pb = pb + 1u) {
+                        let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
+                        let ds = opq(d * f32(ssum[pb]));
+                        acc[pb] = acc[pb] + (opq(opq(f.x * d) * f32(isum[pb])) - opq(f.y * ds));
+                    }
+                } else {
+                    let ws = wscale(r, b, P.cols, P.row_words);
+                    for (var pb = 0u; pb < nb; pb = pb + 1u) {
+                        let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
+                        acc[pb] = acc[pb] + opq(opq(ws * d) * f32(isum[pb]));
+                    }
                 }
             }
         }

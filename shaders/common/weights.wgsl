@@ -6,14 +6,19 @@
 // `cols` and `row_words` (u32 words per stored row; used by the integer types).
 // The element type is a pipeline-overridable constant, so each dtype gets its own
 // specialised pipeline:
-//   DTYPE 0 f32 | 1 bf16 | 2 f16 | 3 int8 | 4 int4 | 5 fp8, GROUP = quantization group
-//   size (fp8: columns per scale block).
+//   DTYPE 0 f32 | 1 bf16 | 2 f16 | 3 int8 | 4 int4 | 5 fp8 | 6 q4k, GROUP = quantization
+//   group size (fp8: columns per scale block; q4k: 32).
 // Quantized rows: [f16 scales, ceil(cols/GROUP), padded to 4 bytes][values, padded to
 // 4 bytes]; int8 values are two's complement bytes, int4 values are q + 8 in a nibble
 // (element 2j low nibble of byte j). value = f32(q) * f32(scale): exact in f32, the
 // same bits as tensor::decode_row. No shader-f16 needed: f16 is decoded with integers.
 // FP8 rows: [f32 scales, ceil(cols/GROUP)][e4m3 bytes, padded to 4 bytes]; value =
 // e4m3(byte) * scale, one correctly rounded product (kept whole: wopq), the CPU's bits.
+// Q4K rows: [16-byte headers, cols/256][int4's nibbles, the values u = 0..15 as stored];
+// header k: f16 d, f16 dmin, then the 6-bit sc_j at bit 6j and m_j at bit 48 + 6j of a
+// 96-bit string; value = A_j * u - B_j with A_j = d * sc_j, B_j = dmin * m_j (k4_factors),
+// tensor::q4k_scales. The header words sit where int4 keeps its f16 scales (the same row
+// layout), so wint reads the nibbles at the same place.
 // The kernel's `P` has a field `zero` (always 0), as common/arith.wgsl needs.
 
 override DTYPE: u32 = 0u;
@@ -78,7 +83,32 @@ fn wint(r: u32, c: u32, cols: u32, row_words: u32) -> i32 {
         return (i32(byte) << 24u) >> 24u;
     }
     let nib = (W[vbase + (c >> 3u)] >> ((c & 7u) * 4u)) & 0xfu;
+    if (DTYPE == 6u) {
+        return i32(nib);
+    }
     return i32(nib) - 8;
+}
+
+// Q4K: the 6-bit field at bit `at` of the string of header k of row r (its words 1-3).
+fn k4_bits(r: u32, k: u32, at: u32, row_words: u32) -> u32 {
+    let base = r * row_words + 4u * k + 1u;
+    let o = at & 31u;
+    var v = W[base + (at >> 5u)] >> o;
+    if (o > 26u) {
+        v = v | (W[base + (at >> 5u) + 1u] << (32u - o));
+    }
+    return v & 63u;
+}
+
+// Q4K: (A, B) of block g (32 values) of row r: d * sc_j and dmin * m_j, j = g mod 8 of
+// header g / 8 (exact products).
+fn k4_factors(r: u32, g: u32, row_words: u32) -> vec2<f32> {
+    let k = g >> 3u;
+    let j = g & 7u;
+    let dw = W[r * row_words + 4u * k];
+    let a = wopq(f16_to_f32(dw & 0xffffu) * f32(k4_bits(r, k, 6u * j, row_words)));
+    let b = wopq(f16_to_f32(dw >> 16u) * f32(k4_bits(r, k, 48u + 6u * j, row_words)));
+    return vec2<f32>(a, b);
 }
 
 // f16 scale of group g of row r of an int8/int4 row block, as f32 (exact).
@@ -97,6 +127,10 @@ fn wval(r: u32, c: u32, cols: u32, row_words: u32) -> f32 {
         }
         case 3u, 4u: {
             return f32(wint(r, c, cols, row_words)) * wscale(r, c / GROUP, cols, row_words);
+        }
+        case 6u: {
+            let f = k4_factors(r, c / 32u, row_words);
+            return wopq(f.x * f32(wint(r, c, cols, row_words))) - f.y;
         }
         case 5u: {
             let base = r * row_words;

@@ -85,11 +85,11 @@ pub fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu:
 /// How a matrix is laid out on the GPU: (bytes per row, u32 words per row for the integer
 /// types, rows per block of one binding).
 pub fn mat_layout(ctx: &GpuContext, label: &str, m: &Mat) -> Result<(usize, u32, usize)> {
-    if matches!(m.dtype, DType::U8 | DType::F8E4M3 | DType::Q4K) {
+    if matches!(m.dtype, DType::U8 | DType::F8E4M3) {
         return Err(Error::Gpu(format!("{label}: {} weights have no GPU kernels; use the CPU backend", m.dtype)));
     }
     let row_bytes = m.row_bytes();
-    let row_words = if m.dtype.is_quantized() || matches!(m.dtype, DType::Mxfp4 | DType::Fp8 { .. }) {
+    let row_words = if m.dtype.is_quantized() || matches!(m.dtype, DType::Mxfp4 | DType::Fp8 { .. } | DType::Q4K) {
         if !row_bytes.is_multiple_of(4) {
             return Err(Error::Gpu(format!("{label}: quantized rows of {row_bytes} bytes are not 4-byte aligned")));
         }

@@ -215,7 +215,8 @@ pub fn dtype_constants(dtype: crate::tensor::DType) -> [(&'static str, f64); 2] 
         DType::Int4 { group } => (4, group),
         DType::Fp8 { block } => (5, block),
         // No WGSL decoder: upload_mat refuses these before any kernel is built.
-        DType::Mxfp4 | DType::U8 | DType::F8E4M3 | DType::Q4K => (u32::MAX, 32),
+        DType::Q4K => (6, 32),
+        DType::Mxfp4 | DType::U8 | DType::F8E4M3 => (u32::MAX, 32),
     };
     [("DTYPE", code as f64), ("GROUP", group as f64)]
 }

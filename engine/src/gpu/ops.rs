@@ -32,7 +32,9 @@ pub fn matmul(
         return mxfp4_matmul(rec, m, x, x_offset, n, y, y_offset, y_stride);
     }
     let consts = dtype_constants(m.dtype);
-    if let Some(group) = m.dtype.group() {
+    // Q4K rows: int4 nibbles in blocks of 32 under Q4_K headers (weights.wgsl, DTYPE 6).
+    let group = if m.dtype == crate::tensor::DType::Q4K { Some(32) } else { m.dtype.group() };
+    if let Some(group) = group {
         return qmatmul(rec, m, group as usize, x, x_offset, n, y, y_offset, y_stride);
     }
     for part in &m.parts {
@@ -91,7 +93,7 @@ fn qmatmul(
     rec.dispatch(Kernel::QuantizeAct, &[], &params, vec![x.into(), (&act).into()], (n * blocks) as u64)?;
     let consts = dtype_constants(m.dtype);
     // dot4I8Packed needs every block to start on a word: int8 groups of 4k, int4 of 8k.
-    let word = if matches!(m.dtype, crate::tensor::DType::Int4 { .. }) { 8 } else { 4 };
+    let word = if matches!(m.dtype, crate::tensor::DType::Int4 { .. } | crate::tensor::DType::Q4K) { 8 } else { 4 };
     let kernel = if rec.ctx().dp4a() && group.is_multiple_of(word) { Kernel::QMatmulDp4a } else { Kernel::QMatmul };
     for part in &m.parts {
         let params = [

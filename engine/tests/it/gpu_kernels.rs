@@ -76,6 +76,16 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
                 row.resize(rb, 0);
                 bytes.extend(row);
             }
+            DType::Q4K => {
+                // Headers (f16 d and dmin of either sign, every 6-bit scale and min), then
+                // random nibbles.
+                for _ in 0..cols / 256 {
+                    bytes.extend(half::f16::from_f32(rng.next() * 0.01).to_bits().to_le_bytes());
+                    bytes.extend(half::f16::from_f32(rng.next() * 0.01).to_bits().to_le_bytes());
+                    bytes.extend((0..12).map(|_| rng.bits() as u8));
+                }
+                bytes.extend((0..cols / 2).map(|_| rng.bits() as u8));
+            }
             DType::U8 | DType::F8E4M3 => unreachable!("no GPU kernels for {dtype}"),
         }
     }
@@ -151,6 +161,31 @@ fn qmatmul_with_and_without_dp4a() {
             check_matmul(ctx, 21, 330, dt, &[1, 2, 9], 70 + i as u64);
         }
     }
+}
+
+/// Q4K rows (GGUF Q4_K kept: qdot's Q4K step) with and without dot4I8Packed, every batch
+/// size, and their embedding rows decoded: the CPU's bits.
+#[test]
+fn q4k_matmul_and_embedding_match_cpu() {
+    let (Some(dp4a), Some(plain)) = (gpu(), gpu_without_dp4a()) else { return };
+    for ctx in [&dp4a, &plain] {
+        check_matmul(ctx, 37, 256, DType::Q4K, &[1, 3, 8, 11], 90);
+        check_matmul(ctx, 21, 768, DType::Q4K, &[1, 2, 9], 91);
+    }
+    let mut rng = Lcg(92);
+    let m = random_mat(9, 512, DType::Q4K, &mut rng);
+    let gm = upload_mat(&dp4a, "embed", &m).unwrap();
+    let ids: Vec<u32> = vec![0, 8, 3, 3];
+    let mut want = vec![0.0; ids.len() * 512];
+    for (i, &id) in ids.iter().enumerate() {
+        m.row_into(id as usize, &mut want[i * 512..(i + 1) * 512]);
+    }
+    let x = zeros(&dp4a, want.len());
+    let mut rec = Recorder::new(&dp4a);
+    let idb = rec.data(&ids);
+    ops::embed(&mut rec, &gm, idb, ids.len(), &x).unwrap();
+    block_on(rec.submit()).unwrap();
+    assert_bits("embed q4_k", &read(&dp4a, &x, want.len()), &want);
 }
 
 /// Integer matmul on activations with zero blocks, huge and tiny values, and a NaN row:
