@@ -36,6 +36,9 @@
                               llama.cpp: `--layout-only` writes just these two
    None of the newer families' fixture sizes is a multiple of 32, so they have no quantized
    variant (llama.cpp would leave every tensor F16); qwen3moe's covers Q8_0/Q4_0.
+     olmoe-q4_k.gguf          tools/bench/make_gguf.py --type q4_k, a tiny OLMoE shape whose rows
+                              are whole Q4_K blocks of 256 (every matrix Q4_K, norms and router
+                              F32), without llama.cpp: `--q4k-only` writes just this one
    The fixtures' tokenizer is a plain GPT-2 byte-level BPE that llama.cpp's pre-tokenizer
    table does not know by hash, so the script declares it "gpt-2" (what it is).
 2. <name>.ref.json beside each GGUF: for every tensor, the sha256 of its values
@@ -290,10 +293,20 @@ def layout_fixtures(fx: Path) -> None:
         print(f"{p.stat().st_size:>9}  {p.relative_to(ROOT)}")
 
 
+def q4k_fixture() -> None:
+    """olmoe-q4_k.gguf and its .ref.json: every matrix Q4_K (rows of 256 values)."""
+    out = OUT / "olmoe-q4_k.gguf"
+    shape = ["--layers", "1", "--experts", "4", "--top-k", "2", "--hidden", "256", "--intermediate", "256"]
+    shape += ["--heads", "2", "--vocab", "1700", "--context", "256", "--seed", "7", "--type", "q4_k"]
+    subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "make_gguf.py"), str(out), *shape], check=True)
+    reference(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp checkout")
     ap.add_argument("--layout-only", action="store_true", help="only the fixtures written in llama.cpp's layout")
+    ap.add_argument("--q4k-only", action="store_true", help="only olmoe-q4_k.gguf (tools/bench/make_gguf.py)")
     a = ap.parse_args()
     import gguf
 
@@ -301,6 +314,9 @@ def main() -> None:
     fx = ROOT / "tests" / "fixtures"
     if a.layout_only:
         layout_fixtures(fx)
+        return
+    if a.q4k_only:
+        q4k_fixture()
         return
     if a.llama_cpp is None:
         ap.error("--llama-cpp is required (or --layout-only)")

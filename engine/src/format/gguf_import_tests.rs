@@ -406,14 +406,15 @@ fn qwen3next_maps_every_tensor_back() {
     assert_eq!(c["partial_rotary_factor"], json!(0.25));
 }
 
-/// Without --quant every GGUF type is stored exactly but the K-quants (asymmetric or
-/// two-level scales the container lacks), which `coli info` then names.
+/// Without --quant every GGUF type is stored exactly (Q4_K as q4_k) but Q5_K and Q6_K
+/// (fifth bits, 8-bit sub-scales the container lacks), which `coli info` then names.
 #[test]
-fn only_k_quants_are_not_kept_exactly() {
+fn only_q5_k_and_q6_k_are_not_kept_exactly() {
     for name in ["F32", "F16", "BF16", "Q4_0", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"] {
         let ty = crate::format::gguf::GgmlType::by_name(name).unwrap();
-        assert_eq!(stores_exactly(ty, keep_dtype(ty)), !name.ends_with("_K"), "{name}");
+        assert_eq!(stores_exactly(ty, keep_dtype(ty)), !matches!(name, "Q5_K" | "Q6_K"), "{name}");
     }
+    assert_eq!(keep_dtype(crate::format::gguf::GgmlType::by_name("Q4_K").unwrap()), DType::Q4K);
 }
 
 /// Every tensor of a bf16 GGUF of a bf16 checkpoint equals the checkpoint's bit for bit

@@ -22,14 +22,16 @@ fn gguf_row(r: usize, hd: usize) -> usize {
 }
 
 /// The stored type that keeps the values of a GGUF tensor of type `ty` exactly, where
-/// colibri's container has one; K-quants (asymmetric or with 8-bit sub-scales) become
-/// int8 with group 32, re-quantized from their exact f32 values.
+/// colibri's container has one (Q4_K: its blocks as [`DType::Q4K`], the bytes of int4/g32);
+/// the other K-quants (Q5_K's fifth bits, Q6_K's 8-bit sub-scales) become int8 with group
+/// 32, re-quantized from their exact f32 values.
 pub fn keep_dtype(ty: GgmlType) -> DType {
     match ty.id {
         q::F32 => DType::F32,
         q::F16 => DType::F16,
         q::BF16 => DType::BF16,
         q::Q4_0 => DType::Int4 { group: 32 },
+        q::Q4_K => DType::Q4K,
         _ => DType::Int8 { group: 32 },
     }
 }
@@ -85,24 +87,6 @@ pub fn keep_dtype_for(g: &Gguf, p: &Planned) -> DType {
                 _ => DType::Int8 { group: 32 },
             }
         }
-    }
-}
-
-/// [`keep_dtype_for`], but a Q4_K tensor whose rows are copied whole (no columns moved, no
-/// halves put together) keeps its blocks as [`DType::Q4K`] instead of int8/g32: half the
-/// bytes, the GGUF values exactly (`coli convert --keep-q4k`).
-pub fn keep_dtype_q4k(g: &Gguf, p: &Planned) -> DType {
-    let ty = g.tensors[p.src].ty;
-    let cols = p.shape.last().copied().unwrap_or(0);
-    let whole_rows = p.interleave.is_none()
-        && p.values.is_none()
-        && p.qkvz.is_none()
-        && p.kv_split.is_none()
-        && !p.vheads.is_some_and(|v| v.cols);
-    if ty.id == q::Q4_K && whole_rows && cols > 0 && cols.is_multiple_of(256) {
-        DType::Q4K
-    } else {
-        keep_dtype_for(g, p)
     }
 }
 

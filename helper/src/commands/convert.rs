@@ -117,12 +117,6 @@ pub struct ConvertArgs {
     /// Replace a finished conversion already in the output directory.
     #[arg(long)]
     pub force: bool,
-    /// GGUF: keep Q4_K tensors (Q4_K_M and Q4_K_S files) as q4_k, their blocks as they are:
-    /// the same values in half the bytes of the int8/g32 they otherwise become. Runs on the
-    /// CPU (x86 kernels; other CPUs the exact reference, slower), not yet on a GPU
-    /// (docs/gguf.md).
-    #[arg(long)]
-    pub keep_q4k: bool,
 }
 
 /// Tensor classes with their own stored type.
@@ -234,9 +228,6 @@ fn parse_config(src: &Path) -> Result<(serde_json::Value, ModelConfig)> {
 fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
     let g = a.group_size;
     let gguf = convert_gguf::is_gguf(&a.src);
-    if a.keep_q4k && !gguf {
-        bail!("--keep-q4k keeps a GGUF's Q4_K blocks; {} is not a GGUF file", a.src.display());
-    }
     // A block-scaled FP8 checkpoint (format::fp8) is opened before the plan: without
     // --quant it keeps every tensor's own type (FP8 stays FP8, exact), like a GGUF.
     let hf = if gguf { None } else { Some(parse_config(&a.src)?) };
@@ -276,7 +267,7 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
                 target(class_of(name, shape))
             }
         };
-        let src = convert_gguf::open(&a.src, target, a.keep_q4k)?;
+        let src = convert_gguf::open(&a.src, target)?;
         let cfg = ModelConfig::from_value(&src.config).with_context(|| format!("{}: config", a.src.display()))?;
         (src.config, cfg, src.stub, src.files, Some(src.provenance), Some(src.lazy))
     } else {

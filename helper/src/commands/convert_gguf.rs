@@ -9,9 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use colibri_engine::format::gguf::Gguf;
-use colibri_engine::format::gguf_import::{
-    import, keep_dtype_for, keep_dtype_q4k, stores_exactly_for, tensor, Planned,
-};
+use colibri_engine::format::gguf_import::{import, keep_dtype_for, stores_exactly_for, tensor, Planned};
 use colibri_engine::format::tensors::{Shards, TensorEntry, TensorStore};
 use colibri_engine::tensor::{Bytes, DType, Mat};
 use serde_json::{json, Value};
@@ -173,19 +171,15 @@ impl Lazy {
 }
 
 /// Opens `path`; `target(name, shape)` is the stored type of each tensor (None: the type
-/// that keeps the GGUF values, `gguf_import::keep_dtype_for`, or with `keep_q4k`
-/// `gguf_import::keep_dtype_q4k`: Q4_K blocks kept as q4_k).
-pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>, keep_q4k: bool) -> Result<Source> {
+/// that keeps the GGUF values, `gguf_import::keep_dtype_for`).
+pub fn open(path: &Path, target: impl Fn(&str, &[usize]) -> Option<DType>) -> Result<Source> {
     let parsed = parse(path)?;
     let mut plan = Vec::with_capacity(parsed.imported.tensors.len());
     let mut largest = 0usize;
     // GGUF tensors whose values the stored type cannot hold (decoded and re-quantized).
     let mut requantized: BTreeMap<String, std::collections::BTreeSet<usize>> = BTreeMap::new();
     for p in &parsed.imported.tensors {
-        let dtype = target(&p.name, &p.shape).unwrap_or_else(|| match keep_q4k {
-            true => keep_dtype_q4k(&parsed.gguf, p),
-            false => keep_dtype_for(&parsed.gguf, p),
-        });
+        let dtype = target(&p.name, &p.shape).unwrap_or_else(|| keep_dtype_for(&parsed.gguf, p));
         if !stores_exactly_for(&parsed.gguf, p, dtype) {
             let ty = parsed.gguf.tensors[p.src].ty.name.to_string();
             requantized.entry(ty).or_default().insert(p.src);
@@ -262,8 +256,8 @@ pub fn describe_source(source: Option<&Value>) -> Option<String> {
     ))
 }
 
-/// The GGUF types of `g` that a conversion without `--quant` cannot keep exactly (the
-/// K-quants: re-quantized to int8 with group 32), for `coli info FILE.gguf`.
+/// The GGUF types of `g` that a conversion without `--quant` cannot keep exactly (Q5_K and
+/// Q6_K: re-quantized to int8 with group 32), for `coli info FILE.gguf`.
 pub fn converted_types(p: &Parsed) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = p
         .imported

@@ -249,7 +249,6 @@ fn pull_into(a: &PullArgs, hub: &Hub, repo: &str, rev: &str, models: &Path, stag
         experts: None,
         mlp: None,
         force: false,
-        keep_q4k: false,
     };
     // A run killed between the data file's rename and the manifest: undo the rename.
     if out.join(DATA_FILE).is_file() && !out.join(colibri_engine::format::MANIFEST_FILE).is_file() {

@@ -146,7 +146,6 @@ pub fn pull_gguf(
         experts: None,
         mlp: None,
         force: false,
-        keep_q4k: false,
     };
     if !colibri_engine::format::is_container(&out) {
         convert_pass(&args, None).with_context(|| format!("{repo}: converting {name}"))?;

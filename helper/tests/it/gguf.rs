@@ -346,15 +346,14 @@ fn decode(data: &[u8], dt: DType, offset: usize, rows: usize, cols: usize, out: 
     }
 }
 
-#[test]
-fn q8_0_and_q4_0_values_are_kept_exactly() {
-    let dir = scratch("q");
-    let out = dir.join("q3");
-    convert(&gguf("qwen3moe-q4_0-q8_0"), &out, &[]);
+/// Every tensor of the conversion `out` of fixture `name` decoded and compared with
+/// gguf-py's values (`name.ref.json`: sha256 per tensor); returns "GGUF type->stored type"
+/// for each kind met.
+fn assert_values_kept(out: &Path, name: &str) -> Vec<String> {
     let m: Value = serde_json::from_slice(&std::fs::read(out.join("colibri.json")).unwrap()).unwrap();
     let data = std::fs::read(out.join("weights.bin")).unwrap();
     let refs: Value =
-        serde_json::from_slice(&std::fs::read(fixtures().join("gguf/qwen3moe-q4_0-q8_0.ref.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(fixtures().join(format!("gguf/{name}.ref.json"))).unwrap()).unwrap();
     let mut kinds = std::collections::BTreeSet::new();
     for (name, r) in refs.as_object().unwrap() {
         let mut values = Vec::new();
@@ -382,7 +381,15 @@ fn q8_0_and_q4_0_values_are_kept_exactly() {
         let sum = format!("{:x}", Sha256::digest(&values));
         assert_eq!(sum, r["sha256"].as_str().unwrap(), "{name} ({}): values differ from gguf-py's", r["type"]);
     }
-    let kinds: Vec<_> = kinds.into_iter().map(|(a, b)| format!("{a}->{b}")).collect();
+    kinds.into_iter().map(|(a, b)| format!("{a}->{b}")).collect()
+}
+
+#[test]
+fn q8_0_and_q4_0_values_are_kept_exactly() {
+    let dir = scratch("q");
+    let out = dir.join("q3");
+    convert(&gguf("qwen3moe-q4_0-q8_0"), &out, &[]);
+    let kinds = assert_values_kept(&out, "qwen3moe-q4_0-q8_0");
     assert_eq!(kinds, ["F16->f16", "F32->f32", "Q4_0->int4/g32", "Q8_0->int8/g32"]);
     // An explicit int8 keeps Q4_0 and Q8_0 exactly too (the same scales, wider integers);
     // and the model runs.
@@ -401,6 +408,46 @@ fn q8_0_and_q4_0_values_are_kept_exactly() {
     assert!(requantized.starts_with("F16 x 4, Q8_0 x 6)"), "{i4}");
     let f = info(&gguf("qwen3moe-q4_0-q8_0"));
     assert!(f.contains("`coli convert` keeps every value exactly"), "{f}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Q4_K GGUF (what Q4_K_M and Q4_K_S files mostly hold): `coli convert` keeps its blocks
+/// as q4_k (gguf-py's values bit for bit, half the bytes of the int8/g32 it was before), and
+/// the model runs: its logits within int8 activation rounding of those of the same GGUF
+/// converted to f32 (the Q4K kernels against plain float arithmetic), and on wgpu (where an
+/// adapter answers) the CPU's bits.
+#[test]
+fn q4_k_blocks_are_kept_and_run() {
+    let dir = scratch("q4k");
+    let out = dir.join("k");
+    convert(&gguf("olmoe-q4_k"), &out, &[]);
+    assert_eq!(assert_values_kept(&out, "olmoe-q4_k"), ["F32->f32", "Q4_K->q4_k"]);
+    let info = |d: &Path| String::from_utf8(ok(run(&["info".as_ref(), d.as_os_str()])).stdout).unwrap();
+    assert!(info(&out).contains("every tensor's values kept exactly"), "{}", info(&out));
+    assert!(info(&gguf("olmoe-q4_k")).contains("`coli convert` keeps every value exactly"));
+    let f32_out = dir.join("f");
+    convert(&gguf("olmoe-q4_k"), &f32_out, &["--quant", "f32"]);
+    let ids = "1,2,3,40,500,1600,7,7";
+    let f = |b: Vec<u8>| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let (k, want) = (f(logits(&out, ids)), f(logits(&f32_out, ids)));
+    assert_eq!(k.len(), 8 * 1700);
+    let err: f64 = k.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
+    eprintln!("q4_k logits against f32: relative L2 {:.2e}", err / norm);
+    assert!(norm > 0.0 && err / norm < 0.02, "q4_k logits {:.3e} from f32's", err / norm);
+    let wgpu = dir.join("wgpu.f32");
+    let o = coli()
+        .args(["logits", "--model"])
+        .arg(&out)
+        .args(["--ids", ids, "--backend", "wgpu", "--out"])
+        .arg(&wgpu)
+        .output()
+        .unwrap();
+    if o.status.success() {
+        assert!(f(std::fs::read(&wgpu).unwrap()) == k, "wgpu logits of q4_k differ from the CPU's");
+    } else {
+        eprintln!("skipping wgpu: {}", String::from_utf8_lossy(&o.stderr));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
