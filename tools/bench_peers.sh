@@ -8,14 +8,18 @@
 #                        int8/g128)
 #     "colibri gguf-import": `coli convert model.gguf` of the peers' Q4_0 GGUF (the same
 #                        integers llama.cpp runs: the comparison is exact)
+#     "colibri gguf-q4k": `coli convert model-q4k.gguf` of a Q4_K GGUF of the same shape (what
+#                        Q4_K_M / Q4_K_S files mostly hold; kept as q4_k), against
+#                        "llama.cpp Q4_K" running that file
 #     "colibri": `coli convert --quant int4 --attn int4 --lm-head int4` (g32: 4.5 bits like Q4_0)
-#   peers:   a Q4_0 GGUF of the same shape (tools/bench/make_gguf.py, the `gguf` PyPI package)
+#   peers:   a Q4_0 GGUF of the same shape (tools/bench/make_gguf.py, the `gguf` PyPI package),
+#            and the Q4_K one (make_gguf.py --type q4_k) when gguf-q4k is among --colibri-models
 # and the memory read bandwidth (tools/bench/membw.c), all in one run, interleaved, several
 # repetitions. Not a test: nothing is asserted, timings are reported.
 #
 #   tools/bench_peers.sh [--quick] [--reps N] [--threads "1 2"] [--work DIR] [--out DIR]
 #                        [--no-build] [--no-browser] [--colibri-browser-threads "1"]
-#                        [--colibri-models "default gguf-import int4"] [--colibri-browser-models "default int4"]
+#                        [--colibri-models "default gguf-import gguf-q4k int4"] [--colibri-browser-models "default int4"]
 #
 #   --quick     2 layers instead of 16, 32 prompt / 16 decode tokens, 1 repetition (a few
 #               minutes once the models exist; for developing this script)
@@ -28,8 +32,8 @@
 #   --out DIR   results (default WORK/results-UTC-TIMESTAMP): records.jsonl, summary.md, logs
 #   --no-build  use target/release/coli (or $COLI) as it is (default: tools/build-web.sh when web/pkg is
 #               missing, then cargo build --release -p colibri-helper)
-#   --colibri-models LIST  which native colibri rows to run: default, gguf-import, int4
-#               (default "default gguf-import int4")
+#   --colibri-models LIST  which native colibri rows to run: default, gguf-import, gguf-q4k
+#               (with its llama.cpp Q4_K row), int4 (default "default gguf-import gguf-q4k int4")
 #   --colibri-browser-models LIST  which models colibri's browser engine (wasm CPU backend)
 #               runs, of the same three (default "default int4": what users get, then the
 #               tuned one); each row's "vs colibri native" is against the native row of the
@@ -59,7 +63,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="$ROOT/tools/bench"
 
-QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" CMODELS="default gguf-import int4" CBMODELS="default int4" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
+QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" CMODELS="default gguf-import gguf-q4k int4" CBMODELS="default int4" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -166,7 +170,14 @@ if [ ! -f "$GGUF.json" ]; then
     --hidden "$HIDDEN" --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >"$GGUF.json.tmp"
   mv "$GGUF.json.tmp" "$GGUF.json"
 fi
-DEF="$MDIR/models/default" GIMP="$MDIR/models/gguf-import"
+GGUFK="$MDIR/model-q4k.gguf"
+if [[ " $CMODELS " == *" gguf-q4k "* ]] && [ ! -f "$GGUFK.json" ]; then
+  say "Q4_K GGUF of the same shape (make_gguf.py --type q4_k)"
+  "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$GGUFK" --type q4_k --layers "$LAYERS" --experts "$EXPERTS" \
+    --top-k "$TOPK" --hidden "$HIDDEN" --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >"$GGUFK.json.tmp"
+  mv "$GGUFK.json.tmp" "$GGUFK.json"
+fi
+DEF="$MDIR/models/default" GIMP="$MDIR/models/gguf-import" GKIMP="$MDIR/models/gguf-q4k"
 # The default conversion is made again when this coli's defaults differ from the ones it was
 # made with (`.complete` holds a checksum of `coli convert --help`, which states them).
 DEF_SIG=$("$COLI" convert --help | cksum | cut -d' ' -f1)
@@ -183,10 +194,19 @@ if [[ " $CMODELS $CBMODELS " == *" gguf-import "* ]] && { [ ! -f "$GIMP/.complet
   "$COLI" convert "$GGUF" -o "$GIMP" >&2
   touch "$GIMP/.complete"
 fi
+if [[ " $CMODELS " == *" gguf-q4k "* ]] && { [ ! -f "$GKIMP/.complete" ] || ! "$COLI" info "$GKIMP" >/dev/null 2>&1; }; then
+  say "coli convert model-q4k.gguf (the Q4_K GGUF imported as it is)"
+  rm -rf "$GKIMP"
+  "$COLI" convert "$GGUFK" -o "$GKIMP" >&2
+  touch "$GKIMP/.complete"
+fi
 COLI_W=$(python3 "$BENCH/report.py" weights-colibri "$INT4/colibri.json")
 DEF_W="" GIMP_W=""
 [ ! -f "$DEF/colibri.json" ] || DEF_W=$(python3 "$BENCH/report.py" weights-colibri "$DEF/colibri.json")
 [ ! -f "$GIMP/colibri.json" ] || GIMP_W=$(python3 "$BENCH/report.py" weights-colibri "$GIMP/colibri.json")
+GKIMP_W="" GGUFK_W=""
+[ ! -f "$GKIMP/colibri.json" ] || GKIMP_W=$(python3 "$BENCH/report.py" weights-colibri "$GKIMP/colibri.json")
+[ ! -f "$GGUFK.json" ] || GGUFK_W=$(cat "$GGUFK.json")
 GGUF_W=$(cat "$GGUF.json")
 jget() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 
@@ -252,6 +272,12 @@ for rep in $(seq 1 "$REPS"); do
     fi
     run llama.cpp "$t" "$GGUF_W" "$rep" -- node "$BENCH/llama_native.mjs" --gguf "$GGUF" --threads "$t" \
       --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
+    if [ -n "$GKIMP_W" ] && [[ " $CMODELS " == *" gguf-q4k "* ]]; then
+      run colibri-gguf-q4k "$t" "$GKIMP_W" "$rep" "colibri gguf-q4k" -- "$COLI" bench --model "$GKIMP" --ram all \
+        --cache warm --warmup --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
+      run llama.cpp-q4k "$t" "$GGUFK_W" "$rep" "llama.cpp Q4_K" -- node "$BENCH/llama_native.mjs" --gguf "$GGUFK" \
+        --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
+    fi
     if [ "$BROWSER" = 1 ]; then
       run wllama "$t" "$GGUF_W" "$rep" -- node "$BENCH/browser.mjs" --engine wllama --gguf "$GGUF" --threads "$t" \
         --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"

@@ -124,10 +124,13 @@ def summary(path):
     groups = {}
     for r in runs:
         groups.setdefault((r["where"], r["engine"], r["threads"], r["phase"]), []).append(r)
+    # Each row against llama.cpp on the same file: the Q4_K GGUF's rows against "llama.cpp
+    # Q4_K", the others against llama.cpp on the Q4_0 GGUF.
+    peer = lambda engine: "llama.cpp Q4_K" if engine in ("colibri gguf-q4k", "llama.cpp Q4_K") else "llama.cpp"
     ref = {}
     for (where, engine, threads, phase), rs in groups.items():
-        if engine == "llama.cpp":
-            ref[(threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
+        if engine in ("llama.cpp", "llama.cpp Q4_K"):
+            ref[(engine, threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
     wref, cref = {}, {}
     for (where, engine, threads, phase), rs in groups.items():
         if engine == "wllama":
@@ -152,13 +155,14 @@ def summary(path):
     )
     out.append("|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
     order = {"native": 0, "browser": 1}
-    eorder = {"llama.cpp": 0, "colibri default": 1, "colibri gguf-import": 2, "colibri": 3, "wllama": 4}
+    eorder = {"llama.cpp": 0, "colibri default": 1, "colibri gguf-import": 2, "colibri": 3,
+              "llama.cpp Q4_K": 4, "colibri gguf-q4k": 5, "wllama": 6}
     for key in sorted(groups, key=lambda k: (k[3] != "decode", order.get(k[0], 9), k[2], eorder.get(k[1], 9))):
         where, engine, threads, phase = key
         rs = groups[key]
         v = [x["tokens_per_second"] for x in rs]
         med = statistics.median(v)
-        r = ref.get((threads, phase))
+        r = ref.get((peer(engine), threads, phase))
         w = wref.get((threads, phase))
         # A browser row against the native row of the same model ("colibri default" in
         # the tab against "colibri default" natively).
