@@ -1,9 +1,12 @@
-//! x86-64 path of [`super::dot_row_many`] for several positions: a weight row is made
-//! ready once ([`prepare`]) and then applied to the positions four at a time.
+//! x86-64 AVX-512 VNNI path of [`super::dot_row_many`] for many positions: a weight row is
+//! made ready once ([`prepare`]) and then applied to the positions four at a time. (The
+//! AVX2 path had one too, with `vpmaddubsw`; on a Zen 1 EPYC the few-position kernel
+//! beat it at every count measured, and on the Xeon it tied from 64 positions: AVX2 runs
+//! [`super::x86_few`] at any count since the thirty-first session, docs/benchmarks.md.)
 //!
 //! The layout (built by [`prepare`] for the row and [`super::ActQ::interleave`] for the
 //! activations): for each run of eight blocks, 32-byte vectors whose lane j (4 bytes)
-//! holds four values of block j. One `vpdpbusd` (or `vpmaddubsw` + `vpmaddwd`) per vector
+//! holds four values of block j. One `vpdpbusd` per vector
 //! then adds each block's products into that block's own lane, so a run of eight blocks
 //! ends with its eight integer block sums in one register: no horizontal sums, and the
 //! float combination is the reference's (lane l is acc[b mod 8] for b = 8k + l). The
@@ -122,10 +125,9 @@ unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
 
 /// A prepared row times positions `p0..p0 + out.len()`.
 ///
-/// SAFETY (caller): AVX2 and F16C present (and AVX-512 F/VL/BW/VNNI for `vnni`); `u`
-/// prepared from `row` by [`prepare`] for `a`'s layout; `a` interleaved; int8 only with
-/// `vnni` (w + 128 times x can overflow `vpmaddubsw`'s pair sums).
-pub unsafe fn dot_many(vnni: bool, int4: bool, u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+/// SAFETY (caller): AVX2, F16C and AVX-512 F/VL/BW/VNNI present; `u` prepared from `row`
+/// by [`prepare`] for `a`'s layout; `a` interleaved.
+pub unsafe fn dot_many(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     let shift = if int4 { 3 } else { 7 };
     let mut i = 0;
     while i < out.len() {
@@ -133,43 +135,26 @@ pub unsafe fn dot_many(vnni: bool, int4: bool, u: &[u8], row: &[u8], a: &ActQ, p
         let o = &mut out[i..i + k];
         // SAFETY: the caller's contract.
         unsafe {
-            match (vnni, k) {
-                (true, 4) => tile_vnni::<4>(u, row, a, p0 + i, shift, o),
-                (true, 3) => tile_vnni::<3>(u, row, a, p0 + i, shift, o),
-                (true, 2) => tile_vnni::<2>(u, row, a, p0 + i, shift, o),
-                (true, _) => tile_vnni::<1>(u, row, a, p0 + i, shift, o),
-                (false, 4) => tile_avx2::<4>(u, row, a, p0 + i, shift, o),
-                (false, 3) => tile_avx2::<3>(u, row, a, p0 + i, shift, o),
-                (false, 2) => tile_avx2::<2>(u, row, a, p0 + i, shift, o),
-                (false, _) => tile_avx2::<1>(u, row, a, p0 + i, shift, o),
+            match k {
+                4 => tile_vnni::<4>(u, row, a, p0 + i, shift, o),
+                3 => tile_vnni::<3>(u, row, a, p0 + i, shift, o),
+                2 => tile_vnni::<2>(u, row, a, p0 + i, shift, o),
+                _ => tile_vnni::<1>(u, row, a, p0 + i, shift, o),
             }
         }
         i += k;
     }
 }
 
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn tile_avx2<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
-    // SAFETY: the caller's contract.
-    unsafe { tile::<false, P>(u, row, a, p0, shift, out) }
-}
-
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn tile_vnni<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
     // SAFETY: the caller's contract.
-    unsafe { tile::<true, P>(u, row, a, p0, shift, out) }
+    unsafe { tile::<P>(u, row, a, p0, shift, out) }
 }
 
 /// P positions from `p0` over the prepared row `u`: out[i] = position p0 + i.
 #[inline(always)]
-unsafe fn tile<const VNNI: bool, const P: usize>(
-    u: &[u8],
-    row: &[u8],
-    a: &ActQ,
-    p0: usize,
-    shift: i32,
-    out: &mut [f32],
-) {
+unsafe fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
     let (g, ds) = (a.group, a.dstride());
     let run = 8 * g;
     debug_assert!(u.len() >= ds * g && a.qi.len() >= (p0 + P) * ds * g && out.len() >= P);
@@ -205,8 +190,8 @@ unsafe fn tile<const VNNI: bool, const P: usize>(
                 for i in 0..P {
                     let x0 = _mm256_loadu_si256(qi[i].add(base + v) as *const __m256i);
                     let x1 = _mm256_loadu_si256(qi[i].add(base + v + 32) as *const __m256i);
-                    isum[i] = dot_u8i8::<VNNI>(isum[i], w0, x0);
-                    odd[i] = dot_u8i8::<VNNI>(odd[i], w1, x1);
+                    isum[i] = dot_u8i8::<true>(isum[i], w0, x0);
+                    odd[i] = dot_u8i8::<true>(odd[i], w1, x1);
                 }
                 v += 64;
             }
