@@ -373,15 +373,15 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
     v128_or(sign, v128_bitselect(special, finite, is_special))
 }
 
-/// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 4h..4h + 4 of its run
-/// (`h` 0 or 1): one swizzle puts in lane l the two bytes holding sc_j (j = 4h + l, bit 6j
-/// of the header's string) and, above them, the two holding m_j (bit 48 + 6j: the same
+/// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 0-3 and 4-7 of its run:
+/// per half, one swizzle puts in lane l the two bytes holding sc_j (j = 4h + l, bit 6j of
+/// the header's string) and, above them, the two holding m_j (bit 48 + 6j: the same
 /// offset in its byte); a product by 2^(8 - 6j mod 8) and one shift by 8 bring both to bit
 /// 0 of their halves (wasm shifts all lanes alike; the product keeps every bit that
-/// matters: the fields end at bit 30). d and dmin convert as `half` does; the products
-/// d * sc and dmin * m are exact.
+/// matters: the fields end at bit 30). d and dmin convert once, as `half` does; the
+/// products d * sc and dmin * m are exact.
 #[inline(always)]
-fn k4_scales4(head: &[u8], h: usize) -> (v128, v128) {
+fn k4_scales8(head: &[u8]) -> [(v128, v128); 2] {
     const fn index(h: usize) -> [u8; 16] {
         let mut t = [0xffu8; 16];
         let mut l = 0;
@@ -398,15 +398,19 @@ fn k4_scales4(head: &[u8], h: usize) -> (v128, v128) {
         t
     }
     const INDEX: [[u8; 16]; 2] = [index(0), index(1)];
-    // SAFETY: `head` holds the header's 16 bytes (the caller's bounds-checked slice), as do
-    // the index tables.
-    let (v, idx) =
-        unsafe { (v128_load(head[..16].as_ptr() as *const v128), v128_load(INDEX[h & 1].as_ptr() as *const v128)) };
-    let w = u32x4_shr(i32x4_mul(i8x16_swizzle(v, idx), i32x4(256, 4, 16, 64)), 8);
-    let six = i32x4_splat(63);
-    let (sc, m) = (v128_and(w, six), v128_and(u32x4_shr(w, 16), six));
+    let head = &head[..16];
+    // SAFETY: `head` holds the header's 16 bytes (bounds-checked slice).
+    let v = unsafe { v128_load(head.as_ptr() as *const v128) };
     let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
-    (f32x4_mul(f32x4_splat(half(0)), f32x4_convert_i32x4(sc)), f32x4_mul(f32x4_splat(half(2)), f32x4_convert_i32x4(m)))
+    let (d, dmin) = (f32x4_splat(half(0)), f32x4_splat(half(2)));
+    let six = i32x4_splat(63);
+    [0, 1].map(|h| {
+        // SAFETY: the table holds 16 bytes.
+        let idx = unsafe { v128_load(INDEX[h].as_ptr() as *const v128) };
+        let w = u32x4_shr(i32x4_mul(i8x16_swizzle(v, idx), i32x4(256, 4, 16, 64)), 8);
+        let (sc, m) = (v128_and(w, six), v128_and(u32x4_shr(w, 16), six));
+        (f32x4_mul(d, f32x4_convert_i32x4(sc)), f32x4_mul(dmin, f32x4_convert_i32x4(m)))
+    })
 }
 
 /// Four blocks per step: their integer sums gathered into one vector, then
@@ -428,6 +432,26 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, co
     let (q, d, s) = (if H { a.qhrow(p) } else { a.qrow(p) }, a.drow(p), a.srow(p));
     let k = Consts::new();
     let mut acc = [f32x4_splat(0.0); 2];
+    if K {
+        // Whole runs of eight blocks (a Q4K row has no other), each header decoded once.
+        for run in 0..blocks / 8 {
+            let f = k4_scales8(&row[16 * run..16 * run + 16]);
+            for (h, (am, bm)) in f.into_iter().enumerate() {
+                let b = 8 * run + 4 * h;
+                let s0 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b, g, &k);
+                let s1 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 1, g, &k);
+                let s2 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 2, g, &k);
+                let s3 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 3, g, &k);
+                let (dq, dsq) = (&d[b..b + 4], &ds[b..b + 4]);
+                // SAFETY: `dq` and `dsq` hold 4 f32 (bounds-checked slices).
+                let (db, dsb) =
+                    unsafe { (v128_load(dq.as_ptr() as *const v128), v128_load(dsq.as_ptr() as *const v128)) };
+                let t1 = f32x4_mul(f32x4_mul(am, db), f32x4_convert_i32x4(hsum4(s0, s1, s2, s3)));
+                acc[h] = f32x4_add(acc[h], f32x4_sub(t1, f32x4_mul(bm, dsb)));
+            }
+        }
+        return finish::<INT4, CHECKED, G, H, W16>(acc, row, a, p, blocks, &k);
+    }
     let full = blocks / 4 * 4;
     let mut b = 0;
     while b < full {
@@ -438,16 +462,6 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, co
         let mut isum = hsum4(s0, s1, s2, s3);
         let (dq, sq) = (&d[b..b + 4], &s[b..b + 4]);
         let half = (b / 4) & 1;
-        if K {
-            let (am, bm) = k4_scales4(&row[16 * (b / 8)..16 * (b / 8) + 16], half);
-            // SAFETY: `dq` and the slice of `ds` hold 4 f32 (bounds-checked slices).
-            let (db, dsb) =
-                unsafe { (v128_load(dq.as_ptr() as *const v128), v128_load(ds[b..b + 4].as_ptr() as *const v128)) };
-            let t1 = f32x4_mul(f32x4_mul(am, db), f32x4_convert_i32x4(isum));
-            acc[half] = f32x4_add(acc[half], f32x4_sub(t1, f32x4_mul(bm, dsb)));
-            b += 4;
-            continue;
-        }
         if let Some(shift) = offset_shift(INT4, H) {
             // SAFETY: `sq` holds 4 i32 (bounds-checked slice); v128.load is unaligned.
             isum = i32x4_sub(isum, i32x4_shl(unsafe { v128_load(sq.as_ptr() as *const v128) }, shift));
