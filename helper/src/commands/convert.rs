@@ -260,14 +260,13 @@ fn plan_job(a: &ConvertArgs, out: &Path) -> Result<Job> {
         Class::Other => Some(DType::F32),
     };
     let (config, cfg, store, generated, source, lazy) = if gguf {
-        let target = |name: &str, shape: &[usize]| {
+        let src = convert_gguf::open(&a.src, |name, shape| {
             if is_routed_expert_weight(name) {
                 exp_t
             } else {
                 target(class_of(name, shape))
             }
-        };
-        let src = convert_gguf::open(&a.src, target)?;
+        })?;
         let cfg = ModelConfig::from_value(&src.config).with_context(|| format!("{}: config", a.src.display()))?;
         (src.config, cfg, src.stub, src.files, Some(src.provenance), Some(src.lazy))
     } else {
