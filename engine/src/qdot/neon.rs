@@ -92,13 +92,13 @@ unsafe fn body_dot<const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p: usi
     unsafe { body::<INT4, true, K>(row, a, p) }
 }
 
-/// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 4h..4h + 4 of its run
-/// (`h` 0 or 1): one table lookup puts in lane l the two bytes holding sc_j (j = 4h + l,
-/// bit 6j of the header's string) and, above them, the two holding m_j (bit 48 + 6j: the
-/// same offset in its byte), one shift per lane brings both to bit 0 of their halves; d
-/// and dmin convert as `half` does; the products d * sc and dmin * m are exact.
+/// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 0-3 and 4-7 of its run:
+/// per half, one table lookup puts in lane l the two bytes holding sc_j (j = 4h + l, bit 6j
+/// of the header's string) and, above them, the two holding m_j (bit 48 + 6j: the same
+/// offset in its byte), one shift per lane brings both to bit 0 of their halves; d and
+/// dmin convert once, as `half` does; the products d * sc and dmin * m are exact.
 #[inline(always)]
-fn k4_scales4(head: &[u8], h: usize) -> (float32x4_t, float32x4_t) {
+fn k4_scales8(head: &[u8]) -> [(float32x4_t, float32x4_t); 2] {
     const fn index(h: usize) -> [u8; 16] {
         let mut t = [0xffu8; 16];
         let mut l = 0;
@@ -118,14 +118,15 @@ fn k4_scales4(head: &[u8], h: usize) -> (float32x4_t, float32x4_t) {
     const SHIFT: [i32; 4] = [0, -6, -4, -2];
     let head = &head[..16];
     let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
+    let (d, dmin) = (half(0), half(2));
     // SAFETY: `head` and the tables hold 16 bytes, SHIFT 4 i32; NEON is baseline.
-    unsafe {
-        let w = vreinterpretq_u32_u8(vqtbl1q_u8(vld1q_u8(head.as_ptr()), vld1q_u8(INDEX[h & 1].as_ptr())));
+    [0, 1].map(|h| unsafe {
+        let w = vreinterpretq_u32_u8(vqtbl1q_u8(vld1q_u8(head.as_ptr()), vld1q_u8(INDEX[h].as_ptr())));
         let w = vshlq_u32(w, vld1q_s32(SHIFT.as_ptr()));
         let six = vdupq_n_u32(63);
         let (sc, m) = (vandq_u32(w, six), vandq_u32(vshrq_n_u32::<16>(w), six));
-        (vmulq_f32(vdupq_n_f32(half(0)), vcvtq_f32_u32(sc)), vmulq_f32(vdupq_n_f32(half(2)), vcvtq_f32_u32(m)))
-    }
+        (vmulq_f32(vdupq_n_f32(d), vcvtq_f32_u32(sc)), vmulq_f32(vdupq_n_f32(dmin), vcvtq_f32_u32(m)))
+    })
 }
 
 /// The integer sum of block `b` (int4: without the -8 correction) as four partial lanes.
@@ -197,6 +198,20 @@ unsafe fn body<const INT4: bool, const DOT: bool, const K: bool>(row: &[u8], a: 
     unsafe {
         let mut acc = [vdupq_n_f32(0.0); 2];
         let mut b = 0;
+        // Q4K: whole runs of eight blocks (its rows have no other), each header decoded once.
+        while K && b + 8 <= blocks {
+            for (k, (am, bm)) in k4_scales8(&row[2 * b..2 * b + 16]).into_iter().enumerate() {
+                let c = b + 4 * k;
+                let s0 = block_lanes::<INT4, DOT>(vals, q, c, g);
+                let s1 = block_lanes::<INT4, DOT>(vals, q, c + 1, g);
+                let s2 = block_lanes::<INT4, DOT>(vals, q, c + 2, g);
+                let s3 = block_lanes::<INT4, DOT>(vals, q, c + 3, g);
+                let isum = vpaddq_s32(vpaddq_s32(s0, s1), vpaddq_s32(s2, s3));
+                let t1 = vmulq_f32(vmulq_f32(am, vld1q_f32(d[c..c + 4].as_ptr())), vcvtq_f32_s32(isum));
+                acc[k] = vaddq_f32(acc[k], vsubq_f32(t1, vmulq_f32(bm, vld1q_f32(ds[c..c + 4].as_ptr()))));
+            }
+            b += 8;
+        }
         while b < full {
             let s0 = block_lanes::<INT4, DOT>(vals, q, b, g);
             let s1 = block_lanes::<INT4, DOT>(vals, q, b + 1, g);
@@ -204,13 +219,6 @@ unsafe fn body<const INT4: bool, const DOT: bool, const K: bool>(row: &[u8], a: 
             let s3 = block_lanes::<INT4, DOT>(vals, q, b + 3, g);
             let mut isum = vpaddq_s32(vpaddq_s32(s0, s1), vpaddq_s32(s2, s3));
             let k = (b / 4) & 1;
-            if K {
-                let (am, bm) = k4_scales4(&row[16 * (b / 8)..], k);
-                let t1 = vmulq_f32(vmulq_f32(am, vld1q_f32(d.as_ptr().add(b))), vcvtq_f32_s32(isum));
-                acc[k] = vaddq_f32(acc[k], vsubq_f32(t1, vmulq_f32(bm, vld1q_f32(ds[b..b + 4].as_ptr()))));
-                b += 4;
-                continue;
-            }
             if INT4 {
                 isum = vsubq_s32(isum, vshlq_n_s32::<3>(vld1q_s32(s.as_ptr().add(b))));
             }
