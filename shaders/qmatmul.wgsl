@@ -8,8 +8,8 @@
 // of a row owns one lane, so the CPU's bits are reproduced exactly.
 //
 // Q4K rows (DTYPE 6, GROUP 32; weights.wgsl): isum_b = sum u_i * q_i of the nibbles as
-// stored and s_b = sum q_i, then acc += opq(opq(A_b * d_b) * f32(isum_b)) - opq(B_b * ds_b)
-// with ds_b = opq(d_b * f32(s_b)): qdot::dot_row_scalar's Q4K step.
+// stored and s_b = sum q_i, then acc += k4_term (A_b * d_b) * f32(isum_b) - B_b * (d_b *
+// f32(s_b)): qdot::dot_row_scalar's Q4K step.
 //
 // Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3, 4 or 6, GROUP, wint,
 // wscale, k4_factors).
@@ -89,8 +89,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                     let f = k4_factors(r, b, P.row_words);
                     for (var pb = 0u; pb < nb; pb = pb + 1u) {
                         let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
-                        let ds = opq(d * f32(ssum[pb]));
-                        acc[pb] = acc[pb] + (opq(opq(f.x * d) * f32(isum[pb])) - opq(f.y * ds));
+                        acc[pb] = acc[pb] + k4_term(f, d, isum[pb], ssum[pb]);
                     }
                 } else {
                     let ws = wscale(r, b, P.cols, P.row_words);

@@ -58,6 +58,15 @@ fn nibble_bytes(h: u32) -> u32 {
     return (y | (y << 4u)) & 0x0f0f0f0fu;
 }
 
+// The four weights of a nibble row in the low 16 bits of h as signed bytes: int4's q, or
+// Q4K's u as stored.
+fn weight_bytes(h: u32) -> u32 {
+    if (DTYPE == 6u) {
+        return nibble_bytes(h);
+    }
+    return int4_bytes(h);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let lane = li & 7u;
@@ -85,25 +94,18 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                             isum[pb] = isum[pb] + dot4I8Packed(w, Q[(p0 + pb) * P.q_words + qb + k]);
                         }
                     }
-                } else if (DTYPE == 6u) {
-                    for (var k = 0u; k < (len + 7u) / 8u; k = k + 1u) {
-                        let w = W[vbase + c0 / 8u + k];
-                        let lo = nibble_bytes(w & 0xffffu);
-                        let hi = nibble_bytes(w >> 16u);
-                        for (var pb = 0u; pb < nb; pb = pb + 1u) {
-                            let qi = (p0 + pb) * P.q_words + qb + 2u * k;
-                            isum[pb] = isum[pb] + dot4I8Packed(lo, Q[qi]) + dot4I8Packed(hi, Q[qi + 1u]);
-                            ssum[pb] = ssum[pb] + dot4I8Packed(0x01010101u, Q[qi]) + dot4I8Packed(0x01010101u, Q[qi + 1u]);
-                        }
-                    }
                 } else {
                     for (var k = 0u; k < (len + 7u) / 8u; k = k + 1u) {
                         let w = W[vbase + c0 / 8u + k];
-                        let lo = int4_bytes(w & 0xffffu);
-                        let hi = int4_bytes(w >> 16u);
+                        let lo = weight_bytes(w & 0xffffu);
+                        let hi = weight_bytes(w >> 16u);
                         for (var pb = 0u; pb < nb; pb = pb + 1u) {
                             let qi = (p0 + pb) * P.q_words + qb + 2u * k;
                             isum[pb] = isum[pb] + dot4I8Packed(lo, Q[qi]) + dot4I8Packed(hi, Q[qi + 1u]);
+                            if (DTYPE == 6u) {
+                                ssum[pb] = ssum[pb] + dot4I8Packed(0x01010101u, Q[qi])
+                                    + dot4I8Packed(0x01010101u, Q[qi + 1u]);
+                            }
                         }
                     }
                 }
@@ -111,8 +113,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                     let f = k4_factors(r, b, P.row_words);
                     for (var pb = 0u; pb < nb; pb = pb + 1u) {
                         let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);
-                        let ds = opq(d * f32(ssum[pb]));
-                        acc[pb] = acc[pb] + (opq(opq(f.x * d) * f32(isum[pb])) - opq(f.y * ds));
+                        acc[pb] = acc[pb] + k4_term(f, d, isum[pb], ssum[pb]);
                     }
                 } else {
                     let ws = wscale(r, b, P.cols, P.row_words);

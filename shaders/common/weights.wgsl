@@ -111,6 +111,14 @@ fn k4_factors(r: u32, g: u32, row_words: u32) -> vec2<f32> {
     return vec2<f32>(a, b);
 }
 
+// Q4K: one block's term of the integer matmuls' float step, `f` its k4_factors, `d` the
+// activations' block scale, `isum` = sum u * q and `ssum` = sum q:
+// (A * d) * f32(isum) - B * (d * f32(ssum)), every product rounded on its own.
+fn k4_term(f: vec2<f32>, d: f32, isum: i32, ssum: i32) -> f32 {
+    let ds = wopq(d * f32(ssum));
+    return wopq(wopq(f.x * d) * f32(isum)) - wopq(f.y * ds);
+}
+
 // f16 scale of group g of row r of an int8/int4 row block, as f32 (exact).
 fn wscale(r: u32, g: u32, cols: u32, row_words: u32) -> f32 {
     return f16_to_f32((W[r * row_words + (g >> 1u)] >> ((g & 1u) * 16u)) & 0xffffu);

@@ -512,6 +512,34 @@ fn dot_row_q4k(row: &[u8], a: &ActQ, p: usize) -> f32 {
     reduce8(acc)
 }
 
+/// The byte shuffle every SIMD path decodes a Q4K header with (tensor::q4k_scales): 32-bit
+/// lane j (blocks 0-3 in the first 16 bytes, 4-7 in the next, each half indexing the same
+/// 16 header bytes) gets header bytes 4 + 6j / 8 and the next (sc_j, at bit 6j of the
+/// string) and, above them, the two 6 bytes on (m_j, at bit 48 + 6j: the same offset in
+/// its byte); 0xff (past the header) reads as zero in `vpshufb`, `i8x16.swizzle` and
+/// `tbl`. A right shift of lane j by [`K4_SHIFT`]`[j % 4]` then brings both to bit 0 of
+/// their 16-bit halves.
+#[allow(dead_code)]
+const K4_INDEX: [u8; 32] = {
+    let mut t = [0xffu8; 32];
+    let mut j = 0;
+    while j < 8 {
+        let at = 4 + 6 * j / 8;
+        t[4 * j] = at as u8;
+        t[4 * j + 1] = at as u8 + 1;
+        t[4 * j + 2] = at as u8 + 6;
+        if at + 7 < 16 {
+            t[4 * j + 3] = at as u8 + 7;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// 6j mod 8 for the lanes of a half of [`K4_INDEX`].
+#[allow(dead_code)]
+const K4_SHIFT: [u32; 4] = [0, 6, 4, 2];
+
 /// Whether `simd` has its own kernels for Q4K rows (the others run the reference).
 fn k4_fast(simd: Simd) -> bool {
     matches!(simd, Simd::Avx2 | Simd::Avx512 | Simd::Simd128 | Simd::Neon | Simd::NeonDot)

@@ -11,7 +11,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::{round4, scale, ActQ, CHUNK};
+use super::{round4, scale, ActQ, CHUNK, K4_INDEX, K4_SHIFT};
 use crate::math::reduce8;
 
 pub fn has_dotprod() -> bool {
@@ -99,30 +99,14 @@ unsafe fn body_dot<const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p: usi
 /// dmin convert once, as `half` does; the products d * sc and dmin * m are exact.
 #[inline(always)]
 fn k4_scales8(head: &[u8]) -> [(float32x4_t, float32x4_t); 2] {
-    const fn index(h: usize) -> [u8; 16] {
-        let mut t = [0xffu8; 16];
-        let mut l = 0;
-        while l < 4 {
-            let at = 4 + 6 * (4 * h + l) / 8;
-            t[4 * l] = at as u8;
-            t[4 * l + 1] = at as u8 + 1;
-            t[4 * l + 2] = at as u8 + 6;
-            if at + 7 < 16 {
-                t[4 * l + 3] = at as u8 + 7;
-            }
-            l += 1;
-        }
-        t
-    }
-    const INDEX: [[u8; 16]; 2] = [index(0), index(1)];
-    const SHIFT: [i32; 4] = [0, -6, -4, -2];
     let head = &head[..16];
     let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
     let (d, dmin) = (half(0), half(2));
-    // SAFETY: `head` and the tables hold 16 bytes, SHIFT 4 i32; NEON is baseline.
+    // SAFETY: `head` and each half of the table hold 16 bytes, K4_SHIFT 4 u32; NEON is baseline.
     [0, 1].map(|h| unsafe {
-        let w = vreinterpretq_u32_u8(vqtbl1q_u8(vld1q_u8(head.as_ptr()), vld1q_u8(INDEX[h].as_ptr())));
-        let w = vshlq_u32(w, vld1q_s32(SHIFT.as_ptr()));
+        let w = vreinterpretq_u32_u8(vqtbl1q_u8(vld1q_u8(head.as_ptr()), vld1q_u8(K4_INDEX[16 * h..].as_ptr())));
+        // A negative count shifts right.
+        let w = vshlq_u32(w, vnegq_s32(vreinterpretq_s32_u32(vld1q_u32(K4_SHIFT.as_ptr()))));
         let six = vdupq_n_u32(63);
         let (sc, m) = (vandq_u32(w, six), vandq_u32(vshrq_n_u32::<16>(w), six));
         (vmulq_f32(vdupq_n_f32(d), vcvtq_f32_u32(sc)), vmulq_f32(vdupq_n_f32(dmin), vcvtq_f32_u32(m)))

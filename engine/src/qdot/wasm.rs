@@ -8,7 +8,7 @@
 
 use core::arch::wasm32::*;
 
-use super::{padded, round4, scale, ActQ, CHUNK};
+use super::{padded, round4, scale, ActQ, CHUNK, K4_INDEX};
 use crate::math::reduce8;
 
 /// Bytes `[at, at + 16)` of `src`, zero-filled past its end (`CHECKED`; unchecked, the
@@ -382,22 +382,6 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
 /// products d * sc and dmin * m are exact.
 #[inline(always)]
 fn k4_scales8(head: &[u8]) -> [(v128, v128); 2] {
-    const fn index(h: usize) -> [u8; 16] {
-        let mut t = [0xffu8; 16];
-        let mut l = 0;
-        while l < 4 {
-            let at = 4 + 6 * (4 * h + l) / 8;
-            t[4 * l] = at as u8;
-            t[4 * l + 1] = at as u8 + 1;
-            t[4 * l + 2] = at as u8 + 6;
-            if at + 7 < 16 {
-                t[4 * l + 3] = at as u8 + 7;
-            }
-            l += 1;
-        }
-        t
-    }
-    const INDEX: [[u8; 16]; 2] = [index(0), index(1)];
     let head = &head[..16];
     // SAFETY: `head` holds the header's 16 bytes (bounds-checked slice).
     let v = unsafe { v128_load(head.as_ptr() as *const v128) };
@@ -405,8 +389,9 @@ fn k4_scales8(head: &[u8]) -> [(v128, v128); 2] {
     let (d, dmin) = (f32x4_splat(half(0)), f32x4_splat(half(2)));
     let six = i32x4_splat(63);
     [0, 1].map(|h| {
-        // SAFETY: the table holds 16 bytes.
-        let idx = unsafe { v128_load(INDEX[h].as_ptr() as *const v128) };
+        // SAFETY: each half of the table holds 16 bytes.
+        let idx = unsafe { v128_load(K4_INDEX[16 * h..].as_ptr() as *const v128) };
+        // x >> s as (x * 2^(8 - s)) >> 8, s = K4_SHIFT (0, 6, 4, 2).
         let w = u32x4_shr(i32x4_mul(i8x16_swizzle(v, idx), i32x4(256, 4, 16, 64)), 8);
         let (sc, m) = (v128_and(w, six), v128_and(u32x4_shr(w, 16), six));
         (f32x4_mul(d, f32x4_convert_i32x4(sc)), f32x4_mul(dmin, f32x4_convert_i32x4(m)))

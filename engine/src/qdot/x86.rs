@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{padded, round4, ActQ, CHUNK};
+use super::{padded, round4, ActQ, CHUNK, K4_INDEX, K4_SHIFT};
 use crate::math::reduce8;
 
 pub fn has_avx2() -> bool {
@@ -418,31 +418,14 @@ pub(super) unsafe fn run_scales<const K: bool>(head: *const u8) -> (__m256, __m2
         let dd = _mm_cvtph_ps(h);
         let (d, dmin) = (_mm256_broadcastss_ps(dd), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
         let hb = _mm256_broadcastsi128_si256(h);
-        let w = _mm256_shuffle_epi8(hb, _mm256_loadu_si256(K4_BYTES.as_ptr() as *const __m256i));
-        let w = _mm256_srlv_epi32(w, _mm256_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2));
+        let w = _mm256_shuffle_epi8(hb, _mm256_loadu_si256(K4_INDEX.as_ptr() as *const __m256i));
+        let shift = _mm_loadu_si128(K4_SHIFT.as_ptr() as *const __m128i);
+        let w = _mm256_srlv_epi32(w, _mm256_broadcastsi128_si256(shift));
         let six = _mm256_set1_epi32(63);
         let (sc, m) = (_mm256_and_si256(w, six), _mm256_and_si256(_mm256_srli_epi32::<16>(w), six));
         (_mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m)))
     }
 }
-
-/// `vpshufb` indices of [`run_scales`]: lane j's bytes 0-1 are header bytes 4 + 6j / 8
-/// and the next (sc_j), its bytes 2-3 the two 6 bytes on (m_j; none past the header).
-const K4_BYTES: [i8; 32] = {
-    let mut t = [-128i8; 32];
-    let mut j = 0;
-    while j < 8 {
-        let at = 4 + 6 * j / 8;
-        t[4 * j] = at as i8;
-        t[4 * j + 1] = at as i8 + 1;
-        t[4 * j + 2] = at as i8 + 6;
-        if at + 7 < 16 {
-            t[4 * j + 3] = at as i8 + 7;
-        }
-        j += 1;
-    }
-    t
-};
 
 /// `acc` plus eight blocks (activation entries `at..at + 8` of `a`: d, and s or ds) in the
 /// reference's float order: int4/int8 (`!K`) (ws_b * d_b) * f32(sums_b - s_b << SHIFT)
