@@ -488,9 +488,8 @@ pub(super) unsafe fn fold_quads<const CH: usize>(v: &mut [__m512i; 8]) -> __m256
 /// The eight block sums of the int4 run at column `c0`, blocks paired (i, i + 4) in one
 /// vector: the 16 nibble bytes of block i's chunk and of block i + 4's in one load, their
 /// low nibbles times the pair layout's even values and their high nibbles times the odd
-/// ones, so lanes 0-3 carry block i and lanes 4-7 block i + 4, and three `vphaddd` give
-/// the eight sums in block order (lane j = block j). Exact integer sums: the bits of
-/// [`sums8`]. `ch` = group / 32.
+/// ones, so lanes 0-3 carry block i and lanes 4-7 block i + 4; lane j of the result is
+/// block j. Exact integer sums: the bits of [`sums8`]. `ch` = group / 32.
 #[inline(always)]
 unsafe fn pairs8<const VNNI: bool>(vals: &[u8], qp: *const i8, c0: usize, g: usize, ch: usize) -> __m256i {
     // SAFETY: the caller's run is inside `vals` (c0 + 8 * g <= 2 * vals.len()) and the
@@ -499,10 +498,10 @@ unsafe fn pairs8<const VNNI: bool>(vals: &[u8], qp: *const i8, c0: usize, g: usi
         let low4 = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
         let mut v = [_mm256_setzero_si256(); 4];
-        for (i, vi) in v.iter_mut().enumerate() {
-            // AVX2: the 16-bit pair sums of up to four chunks added before one widening
-            // `vpmaddwd` (a pair is at most 2 * 15 * 127 = 3810 in size, eight of them
-            // 30480 < 2^15: exact).
+        let mut t = [_mm256_setzero_si256(); 4];
+        for i in 0..4 {
+            // AVX2: the 16-bit pair sums of up to four chunks added before widening (a
+            // pair is at most 2 * 15 * 127 = 3810 in size, eight of them 30480 < 2^15).
             let mut pairs = _mm256_setzero_si256();
             for m in 0..ch {
                 let lo_at = ((c0 + i * g) >> 1) + m * 16;
@@ -516,19 +515,44 @@ unsafe fn pairs8<const VNNI: bool>(vals: &[u8], qp: *const i8, c0: usize, g: usi
                 let odd = _mm256_loadu_si256(q.add(32) as *const __m256i);
                 let (lo, hi) = (_mm256_and_si256(x, low4), _mm256_and_si256(_mm256_srli_epi16(x, 4), low4));
                 if VNNI {
-                    *vi = dot_u8i8::<VNNI>(*vi, lo, even);
-                    *vi = dot_u8i8::<VNNI>(*vi, hi, odd);
+                    v[i] = dot_u8i8::<VNNI>(v[i], lo, even);
+                    v[i] = dot_u8i8::<VNNI>(v[i], hi, odd);
                 } else {
                     let two = _mm256_add_epi16(_mm256_maddubs_epi16(lo, even), _mm256_maddubs_epi16(hi, odd));
                     pairs = _mm256_add_epi16(pairs, two);
-                    if m % 4 == 3 || m + 1 == ch {
-                        *vi = _mm256_add_epi32(*vi, _mm256_madd_epi16(pairs, ones));
+                    if ch > 2 && (m % 4 == 3 || m + 1 == ch) {
+                        v[i] = _mm256_add_epi32(v[i], _mm256_madd_epi16(pairs, ones));
                         pairs = _mm256_setzero_si256();
                     }
                 }
             }
+            t[i] = pairs;
         }
-        _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
+        if VNNI || ch > 2 {
+            return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        }
+        fold_pairs(t, ch)
+    }
+}
+
+/// The eight block sums of a run from the 16-bit pair sums `t[i]` of blocks i (lanes 0-3)
+/// and i + 4 (lanes 4-7) over `ch` <= 2 chunks each (every 16-bit lane at most ch * 7620:
+/// two `vpmaddubsw` lanes of 2 * 15 * 127): `vphaddw` while the lanes stay below 2^15
+/// (twice for one chunk, once for two), then one `vpmaddwd` per vector left, so a run
+/// widens with one or two multiplies instead of four (the multiply port is what AVX2 int4
+/// waits on: two `vpmaddubsw` per 64 products). Lane j of the result is block j. Exact.
+#[inline(always)]
+pub(super) unsafe fn fold_pairs(t: [__m256i; 4], ch: usize) -> __m256i {
+    // SAFETY: only reached from the AVX2 target_feature functions.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        // Per 128-bit half: [i's 8 lanes] -> hadd(i, i + 1) = [i x 4, i + 1 x 4].
+        let (h01, h23) = (_mm256_hadd_epi16(t[0], t[1]), _mm256_hadd_epi16(t[2], t[3]));
+        if ch == 1 {
+            // [0 x 2, 1 x 2, 2 x 2, 3 x 2 | 4 x 2 ... 7 x 2], 30480 at most; widened pairwise.
+            return _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones);
+        }
+        _mm256_hadd_epi32(_mm256_madd_epi16(h01, ones), _mm256_madd_epi16(h23, ones))
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{body, combine, finish, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales};
+use super::x86::{body, combine, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales};
 use super::{round4, ActQ, CHUNK};
 
 /// Positions per pass over a row (an accumulator vector each).
@@ -251,10 +251,9 @@ unsafe fn paired_runs_few<const CH: usize, const K: bool>(
             for (j, acc) in acc.iter_mut().enumerate() {
                 let p = p0 + j;
                 let qp = a.qp.as_ptr().add(p * ds * g + c0);
-                let mut v = [_mm256_setzero_si256(); 4];
-                for (i, vi) in v.iter_mut().enumerate() {
+                let mut t = [_mm256_setzero_si256(); 4];
+                for (i, ti) in t.iter_mut().enumerate() {
                     // At most four chunks' 16-bit pair sums before widening (`pairs8`).
-                    let mut pairs = _mm256_setzero_si256();
                     for m in 0..CH {
                         let q = qp.add((i * CH + m) * 64);
                         let even = _mm256_loadu_si256(q as *const __m256i);
@@ -263,11 +262,19 @@ unsafe fn paired_runs_few<const CH: usize, const K: bool>(
                             _mm256_maddubs_epi16(lo[i * CH + m], even),
                             _mm256_maddubs_epi16(hi[i * CH + m], odd),
                         );
-                        pairs = _mm256_add_epi16(pairs, two);
+                        *ti = _mm256_add_epi16(*ti, two);
                     }
-                    *vi = _mm256_madd_epi16(pairs, ones);
                 }
-                let isum = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+                let isum = if CH <= 2 {
+                    fold_pairs(t, CH)
+                } else {
+                    // No closure (`map`): it would not inherit the target features.
+                    let mut v = t;
+                    for vi in v.iter_mut() {
+                        *vi = _mm256_madd_epi16(*vi, ones);
+                    }
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
+                };
                 add_run::<3, K>(acc, sc, isum, a, p, r);
             }
         }
