@@ -8,18 +8,21 @@
 #                        int8/g128)
 #     "colibri gguf-import": `coli convert model.gguf` of the peers' Q4_0 GGUF (the same
 #                        integers llama.cpp runs: the comparison is exact)
-#     "colibri gguf-q4k": `coli convert model-q4k.gguf` of a Q4_K GGUF of the same shape (what
-#                        Q4_K_M / Q4_K_S files mostly hold; kept as q4_k), against
-#                        "llama.cpp Q4_K" running that file
+#     "colibri gguf-q4km": `coli convert model-q4km.gguf` of a Q4_K_M GGUF of the same shape made
+#                        by llama.cpp's own quantizer (tools/bench/quantize_gguf.py, from an
+#                        f16 GGUF): the mix people download (Q4_K, and Q6_K for the output,
+#                        half of attn_v and ffn_down), against "llama.cpp Q4_K_M" on that file
+#     "colibri gguf-q4k": `coli convert model-q4k.gguf` of a GGUF whose every matrix is Q4_K
+#                        (make_gguf.py --type q4_k; kept as q4_k), against "llama.cpp Q4_K"
 #     "colibri": `coli convert --quant int4 --attn int4 --lm-head int4` (g32: 4.5 bits like Q4_0)
 #   peers:   a Q4_0 GGUF of the same shape (tools/bench/make_gguf.py, the `gguf` PyPI package),
-#            and the Q4_K one (make_gguf.py --type q4_k) when gguf-q4k is among --colibri-models
+#            and the Q4_K_M / Q4_K ones when gguf-q4km / gguf-q4k are among --colibri-models
 # and the memory read bandwidth (tools/bench/membw.c), all in one run, interleaved, several
 # repetitions. Not a test: nothing is asserted, timings are reported.
 #
 #   tools/bench_peers.sh [--quick] [--reps N] [--threads "1 2"] [--work DIR] [--out DIR]
 #                        [--no-build] [--no-browser] [--colibri-browser-threads "1"]
-#                        [--colibri-models "default gguf-import gguf-q4k int4"] [--colibri-browser-models "default int4"]
+#                        [--colibri-models "default gguf-import gguf-q4km int4"] [--colibri-browser-models "default int4"]
 #
 #   --quick     2 layers instead of 16, 32 prompt / 16 decode tokens, 1 repetition (a few
 #               minutes once the models exist; for developing this script)
@@ -32,8 +35,9 @@
 #   --out DIR   results (default WORK/results-UTC-TIMESTAMP): records.jsonl, summary.md, logs
 #   --no-build  use target/release/coli (or $COLI) as it is (default: tools/build-web.sh when web/pkg is
 #               missing, then cargo build --release -p colibri-helper)
-#   --colibri-models LIST  which native colibri rows to run: default, gguf-import, gguf-q4k
-#               (with its llama.cpp Q4_K row), int4 (default "default gguf-import gguf-q4k int4")
+#   --colibri-models LIST  which native colibri rows to run: default, gguf-import, gguf-q4km
+#               and gguf-q4k (each with its llama.cpp row on the same file), int4 (default
+#               "default gguf-import gguf-q4km int4")
 #   --colibri-browser-models LIST  which models colibri's browser engine (wasm CPU backend)
 #               runs, of the same three (default "default int4": what users get, then the
 #               tuned one); each row's "vs colibri native" is against the native row of the
@@ -63,7 +67,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="$ROOT/tools/bench"
 
-QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" CMODELS="default gguf-import gguf-q4k int4" CBMODELS="default int4" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
+QUICK=0 REPS="" THREADS="1 2" BPROMPT="" BDECODE="" CB_THREADS="" CMODELS="default gguf-import gguf-q4km int4" CBMODELS="default int4" WORK="${COLIBRI_BENCH_WORK:-/work/tmp-models/bench}" OUT="" BUILD=1 BROWSER=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -170,14 +174,35 @@ if [ ! -f "$GGUF.json" ]; then
     --hidden "$HIDDEN" --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >"$GGUF.json.tmp"
   mv "$GGUF.json.tmp" "$GGUF.json"
 fi
-GGUFK="$MDIR/model-q4k.gguf"
-if [[ " $CMODELS " == *" gguf-q4k "* ]] && [ ! -f "$GGUFK.json" ]; then
-  say "Q4_K GGUF of the same shape (make_gguf.py --type q4_k)"
-  "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$GGUFK" --type q4_k --layers "$LAYERS" --experts "$EXPERTS" \
-    --top-k "$TOPK" --hidden "$HIDDEN" --intermediate "$INTER" --heads "$HEADS" --vocab "$VOCAB" >"$GGUFK.json.tmp"
-  mv "$GGUFK.json.tmp" "$GGUFK.json"
-fi
-DEF="$MDIR/models/default" GIMP="$MDIR/models/gguf-import" GKIMP="$MDIR/models/gguf-q4k"
+# The K-quant GGUFs: gguf-q4k (every matrix Q4_K, make_gguf.py's plain quantizer) and
+# gguf-q4km (llama.cpp's own Q4_K_M mix, llama_model_quantize from an f16 GGUF).
+declare -A KFILE=([gguf-q4k]="$MDIR/model-q4k.gguf" [gguf-q4km]="$MDIR/model-q4km.gguf")
+declare -A KPEER=([gguf-q4k]="llama.cpp Q4_K" [gguf-q4km]="llama.cpp Q4_K_M")
+KMODELS=""
+for k in gguf-q4k gguf-q4km; do [[ " $CMODELS " == *" $k "* ]] && KMODELS="$KMODELS $k"; done
+gguf_shape() { echo --layers "$LAYERS" --experts "$EXPERTS" --top-k "$TOPK" --hidden "$HIDDEN" --intermediate "$INTER" \
+  --heads "$HEADS" --vocab "$VOCAB"; }
+for k in $KMODELS; do
+  f="${KFILE[$k]}"
+  [ ! -f "$f.json" ] || continue
+  if [ "$k" = gguf-q4k ]; then
+    say "Q4_K GGUF of the same shape (make_gguf.py --type q4_k)"
+    # shellcheck disable=SC2046
+    "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$f" --type q4_k $(gguf_shape) >"$f.json.tmp"
+  else
+    F16="$MDIR/model-f16.gguf"
+    if [ ! -f "$F16.json" ]; then
+      say "f16 GGUF of the same shape (make_gguf.py --type f16), for llama.cpp's quantizer"
+      # shellcheck disable=SC2046
+      "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$F16" --type f16 $(gguf_shape) >"$F16.json.tmp"
+      mv "$F16.json.tmp" "$F16.json"
+    fi
+    say "Q4_K_M GGUF (llama.cpp's llama_model_quantize, tools/bench/quantize_gguf.py)"
+    "$WORK/venv/bin/python" "$BENCH/quantize_gguf.py" "$F16" "$f" --ftype q4_k_m >"$f.json.tmp" 2>"$OUT/logs/quantize.err"
+  fi
+  mv "$f.json.tmp" "$f.json"
+done
+DEF="$MDIR/models/default" GIMP="$MDIR/models/gguf-import"
 # The default conversion is made again when this coli's defaults differ from the ones it was
 # made with (`.complete` holds a checksum of `coli convert --help`, which states them).
 DEF_SIG=$("$COLI" convert --help | cksum | cut -d' ' -f1)
@@ -194,19 +219,22 @@ if [[ " $CMODELS $CBMODELS " == *" gguf-import "* ]] && { [ ! -f "$GIMP/.complet
   "$COLI" convert "$GGUF" -o "$GIMP" >&2
   touch "$GIMP/.complete"
 fi
-if [[ " $CMODELS " == *" gguf-q4k "* ]] && { [ ! -f "$GKIMP/.complete" ] || ! "$COLI" info "$GKIMP" >/dev/null 2>&1; }; then
-  say "coli convert model-q4k.gguf (the Q4_K GGUF imported as it is)"
-  rm -rf "$GKIMP"
-  "$COLI" convert "$GGUFK" -o "$GKIMP" >&2
-  touch "$GKIMP/.complete"
-fi
+declare -A KW KGW
+for k in $KMODELS; do
+  dir="$MODELS/$k"
+  if [ ! -f "$dir/.complete" ] || ! "$COLI" info "$dir" >/dev/null 2>&1; then
+    say "coli convert $(basename "${KFILE[$k]}") (imported as it is)"
+    rm -rf "$dir"
+    "$COLI" convert "${KFILE[$k]}" -o "$dir" >&2
+    touch "$dir/.complete"
+  fi
+  KW[$k]=$(python3 "$BENCH/report.py" weights-colibri "$dir/colibri.json")
+  KGW[$k]=$(cat "${KFILE[$k]}.json")
+done
 COLI_W=$(python3 "$BENCH/report.py" weights-colibri "$INT4/colibri.json")
 DEF_W="" GIMP_W=""
 [ ! -f "$DEF/colibri.json" ] || DEF_W=$(python3 "$BENCH/report.py" weights-colibri "$DEF/colibri.json")
 [ ! -f "$GIMP/colibri.json" ] || GIMP_W=$(python3 "$BENCH/report.py" weights-colibri "$GIMP/colibri.json")
-GKIMP_W="" GGUFK_W=""
-[ ! -f "$GKIMP/colibri.json" ] || GKIMP_W=$(python3 "$BENCH/report.py" weights-colibri "$GKIMP/colibri.json")
-[ ! -f "$GGUFK.json" ] || GGUFK_W=$(cat "$GGUFK.json")
 GGUF_W=$(cat "$GGUF.json")
 jget() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 
@@ -272,12 +300,12 @@ for rep in $(seq 1 "$REPS"); do
     fi
     run llama.cpp "$t" "$GGUF_W" "$rep" -- node "$BENCH/llama_native.mjs" --gguf "$GGUF" --threads "$t" \
       --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
-    if [ -n "$GKIMP_W" ] && [[ " $CMODELS " == *" gguf-q4k "* ]]; then
-      run colibri-gguf-q4k "$t" "$GKIMP_W" "$rep" "colibri gguf-q4k" -- "$COLI" bench --model "$GKIMP" --ram all \
+    for k in $KMODELS; do
+      run "colibri-$k" "$t" "${KW[$k]}" "$rep" "colibri $k" -- "$COLI" bench --model "$MODELS/$k" --ram all \
         --cache warm --warmup --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
-      run llama.cpp-q4k "$t" "$GGUFK_W" "$rep" "llama.cpp Q4_K" -- node "$BENCH/llama_native.mjs" --gguf "$GGUFK" \
-        --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
-    fi
+      run "llama.cpp-${k#gguf-}" "$t" "${KGW[$k]}" "$rep" "${KPEER[$k]}" -- node "$BENCH/llama_native.mjs" \
+        --gguf "${KFILE[$k]}" --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
+    done
     if [ "$BROWSER" = 1 ]; then
       run wllama "$t" "$GGUF_W" "$rep" -- node "$BENCH/browser.mjs" --engine wllama --gguf "$GGUF" --threads "$t" \
         --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"

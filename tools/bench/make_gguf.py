@@ -36,6 +36,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
 
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
 Q4_K = gguf.GGMLQuantizationType.Q4_K
+F16 = gguf.GGMLQuantizationType.F16
 
 
 def quantize_q4_k(x):
@@ -155,7 +156,12 @@ def main():
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--type", choices=["q4_0", "q4_k"], default="q4_0", help="the matrices' type (q4_k: Q4_K, rows a multiple of 256)")
+    p.add_argument(
+        "--type",
+        choices=["q4_0", "q4_k", "f16"],
+        default="q4_0",
+        help="the matrices' type (q4_k: Q4_K, rows a multiple of 256; f16: for quantize_gguf.py to make llama.cpp's own mixes)",
+    )
     a = p.parse_args()
     h, ff, ne, v = a.hidden, a.intermediate, a.experts, a.vocab
     if a.tokenizer_json:
@@ -164,7 +170,7 @@ def main():
         if not a.tokenizer_json:
             p.error("give the GGUF to write, or --tokenizer-json")
         return
-    qk = 256 if a.type == "q4_k" else 32
+    qk = {"q4_k": 256, "q4_0": 32, "f16": 1}[a.type]
     for name, n in [("hidden", h), ("intermediate", ff)]:
         if n % qk:
             sys.exit(f"make_gguf.py: --{name} {n} is not a multiple of {qk} ({a.type} blocks)")
@@ -199,7 +205,7 @@ def main():
         n = int(np.prod(shape))
         if kind != "q4":
             return n * 4
-        return n // 256 * 144 if a.type == "q4_k" else n // 32 * 18
+        return {"q4_k": n // 256 * 144, "q4_0": n // 32 * 18, "f16": n * 2}[a.type]
 
     tmp = a.out + ".partial"
     w = gguf.GGUFWriter(tmp, "olmoe")
@@ -216,7 +222,8 @@ def main():
     w.add_rope_dimension_count(h // a.heads)
     w.add_expert_count(ne)
     w.add_expert_used_count(a.top_k)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_S if a.type == "q4_k" else gguf.LlamaFileType.MOSTLY_Q4_0)
+    ftypes = {"q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_S, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "f16": gguf.LlamaFileType.MOSTLY_F16}
+    w.add_file_type(ftypes[a.type])
     tokens, types, merges, eos = vocab(v)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -227,7 +234,7 @@ def main():
     w.add_eos_token_id(eos)
     w.add_add_bos_token(False)
     for name, shape, kind, _ in specs:
-        raw = (Q4_K if a.type == "q4_k" else Q4_0) if kind == "q4" else None
+        raw = {"q4_k": Q4_K, "q4_0": Q4_0, "f16": F16}[a.type] if kind == "q4" else None
         w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes(shape, kind), raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -240,7 +247,11 @@ def main():
         else:
             # One matrix (one expert) at a time keeps memory to ~100 MB.
             rows = shape if len(shape) == 2 else shape[1:]
-            quant = quantize_q4_k if a.type == "q4_k" else (lambda x: quants.quantize(x, Q4_0))
+            quant = {
+                "q4_k": quantize_q4_k,
+                "q4_0": lambda x: quants.quantize(x, Q4_0),
+                "f16": lambda x: x.astype(np.float16),
+            }[a.type]
             parts = [quant(uniform(rows, bound)) for _ in range(shape[0] if len(shape) == 3 else 1)]
             data = np.concatenate([q.reshape(-1) for q in parts])
         w.write_tensor_data(data)

@@ -124,12 +124,13 @@ def summary(path):
     groups = {}
     for r in runs:
         groups.setdefault((r["where"], r["engine"], r["threads"], r["phase"]), []).append(r)
-    # Each row against llama.cpp on the same file: the Q4_K GGUF's rows against "llama.cpp
-    # Q4_K", the others against llama.cpp on the Q4_0 GGUF.
-    peer = lambda engine: "llama.cpp Q4_K" if engine in ("colibri gguf-q4k", "llama.cpp Q4_K") else "llama.cpp"
+    # Each row against llama.cpp on the same file: the K-quant GGUFs' rows against "llama.cpp
+    # Q4_K" / "llama.cpp Q4_K_M", the others against llama.cpp on the Q4_0 GGUF.
+    peers = {"colibri gguf-q4k": "llama.cpp Q4_K", "colibri gguf-q4km": "llama.cpp Q4_K_M"}
+    peer = lambda engine: peers.get(engine, engine if engine.startswith("llama.cpp") else "llama.cpp")
     ref = {}
     for (where, engine, threads, phase), rs in groups.items():
-        if engine in ("llama.cpp", "llama.cpp Q4_K"):
+        if engine.startswith("llama.cpp"):
             ref[(engine, threads, phase)] = statistics.median(x["tokens_per_second"] for x in rs)
     wref, cref = {}, {}
     for (where, engine, threads, phase), rs in groups.items():
@@ -156,7 +157,8 @@ def summary(path):
     out.append("|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
     order = {"native": 0, "browser": 1}
     eorder = {"llama.cpp": 0, "colibri default": 1, "colibri gguf-import": 2, "colibri": 3,
-              "llama.cpp Q4_K": 4, "colibri gguf-q4k": 5, "wllama": 6}
+              "llama.cpp Q4_K_M": 4, "colibri gguf-q4km": 5, "llama.cpp Q4_K": 6, "colibri gguf-q4k": 7,
+              "wllama": 8}
     for key in sorted(groups, key=lambda k: (k[3] != "decode", order.get(k[0], 9), k[2], eorder.get(k[1], 9))):
         where, engine, threads, phase = key
         rs = groups[key]
