@@ -38,7 +38,11 @@
    variant (llama.cpp would leave every tensor F16); qwen3moe's covers Q8_0/Q4_0.
      olmoe-q4_k.gguf          tools/bench/make_gguf.py --type q4_k, a tiny OLMoE shape whose rows
                               are whole Q4_K blocks of 256 (every matrix Q4_K, norms and router
-                              F32), without llama.cpp: `--q4k-only` writes just this one
+                              F32), without llama.cpp: `--q4k-only` writes just this one and
+     olmoe-q4_k_m.gguf        llama.cpp's own Q4_K_M mix (Q4_K, Q6_K for the output and layer 1's
+                              attn_v and ffn_down) of two layers of that shape, made from f16 by
+                              llama_model_quantize (tools/bench/quantize_gguf.py: the libllama of
+                              tools/bench/node_modules, `npm ci` there)
    The fixtures' tokenizer is a plain GPT-2 byte-level BPE that llama.cpp's pre-tokenizer
    table does not know by hash, so the script declares it "gpt-2" (what it is).
 2. <name>.ref.json beside each GGUF: for every tensor, the sha256 of its values
@@ -294,11 +298,23 @@ def layout_fixtures(fx: Path) -> None:
 
 
 def q4k_fixture() -> None:
-    """olmoe-q4_k.gguf and its .ref.json: every matrix Q4_K (rows of 256 values)."""
+    """olmoe-q4_k.gguf and its .ref.json: every matrix Q4_K (rows of 256 values); and
+    olmoe-q4_k_m.gguf: llama.cpp's own Q4_K_M mix (llama_model_quantize through
+    tools/bench/quantize_gguf.py, which needs `npm ci` in tools/bench) of an f16 GGUF of a
+    two-layer version of the shape: Q4_K, and Q6_K for the output and layer 1's attn_v and
+    ffn_down (llama.cpp's `use_more_bits` layers)."""
+    make = [sys.executable, str(ROOT / "tools" / "bench" / "make_gguf.py")]
+    shape = ["--experts", "4", "--top-k", "2", "--hidden", "256", "--intermediate", "256"]
+    shape += ["--heads", "2", "--vocab", "1700", "--context", "256", "--seed", "7"]
     out = OUT / "olmoe-q4_k.gguf"
-    shape = ["--layers", "1", "--experts", "4", "--top-k", "2", "--hidden", "256", "--intermediate", "256"]
-    shape += ["--heads", "2", "--vocab", "1700", "--context", "256", "--seed", "7", "--type", "q4_k"]
-    subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "make_gguf.py"), str(out), *shape], check=True)
+    subprocess.run([*make, str(out), "--layers", "1", *shape, "--type", "q4_k"], check=True)
+    reference(out)
+    out = OUT / "olmoe-q4_k_m.gguf"
+    with tempfile.TemporaryDirectory() as d:
+        f16 = Path(d) / "olmoe-f16.gguf"
+        subprocess.run([*make, str(f16), "--layers", "2", *shape, "--type", "f16"], check=True)
+        quantize = [sys.executable, str(ROOT / "tools" / "bench" / "quantize_gguf.py"), str(f16), str(out)]
+        subprocess.run([*quantize, "--ftype", "q4_k_m", "--threads", "1"], check=True, stderr=subprocess.DEVNULL)
     reference(out)
 
 
@@ -306,7 +322,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp checkout")
     ap.add_argument("--layout-only", action="store_true", help="only the fixtures written in llama.cpp's layout")
-    ap.add_argument("--q4k-only", action="store_true", help="only olmoe-q4_k.gguf (tools/bench/make_gguf.py)")
+    ap.add_argument(
+        "--q4k-only", action="store_true", help="only olmoe-q4_k.gguf and olmoe-q4_k_m.gguf (tools/bench/make_gguf.py)"
+    )
     a = ap.parse_args()
     import gguf
 

@@ -24,7 +24,7 @@ use super::gguf_plan::ARCHES;
 use super::gguf_plan::{err, meta_u64, Arch, Facts};
 pub use super::gguf_plan::{KvSplit, Planned, Qkvz, VHeads, ValueMap};
 use super::gguf_quant::{is_supported, supported_names};
-pub use super::gguf_tensor::{keep_dtype, keep_dtype_for, stores_exactly, stores_exactly_for, tensor};
+pub use super::gguf_tensor::{keep_dtype, keep_dtype_for, stores_exactly, stores_exactly_for, tensor, REQUANT_GROUP};
 use crate::error::Result;
 
 /// A GGUF file read as a Hugging Face checkpoint.

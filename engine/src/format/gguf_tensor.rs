@@ -22,9 +22,10 @@ fn gguf_row(r: usize, hd: usize) -> usize {
 }
 
 /// The stored type that keeps the values of a GGUF tensor of type `ty` exactly, where
-/// colibri's container has one (Q4_K: its blocks as [`DType::Q4K`], the bytes of int4/g32);
-/// the other K-quants (Q5_K's fifth bits, Q6_K's 8-bit sub-scales) become int8 with group
-/// 32, re-quantized from their exact f32 values.
+/// colibri's container has one (Q4_K: its blocks as [`DType::Q4K`], the bytes of int4/g32;
+/// Q8_0 and MXFP4: int8/g32); the other K-quants (Q5_K's fifth bits, Q6_K's 8-bit
+/// sub-scales) become int8 with group [`REQUANT_GROUP`], re-quantized from their exact f32
+/// values.
 pub fn keep_dtype(ty: GgmlType) -> DType {
     match ty.id {
         q::F32 => DType::F32,
@@ -32,9 +33,18 @@ pub fn keep_dtype(ty: GgmlType) -> DType {
         q::BF16 => DType::BF16,
         q::Q4_0 => DType::Int4 { group: 32 },
         q::Q4_K => DType::Q4K,
+        q::Q5_K | q::Q6_K => DType::Int8 { group: REQUANT_GROUP },
         _ => DType::Int8 { group: 32 },
     }
 }
+
+/// The int8 group of the K-quants the container cannot keep (Q5_K, Q6_K: a Q4_K_M file's
+/// output, half of its attn_v and ffn_down). Their values are re-quantized either way, and
+/// int8's step with one scale per 128 values (amax / 127) is still a few times finer than
+/// those formats' own (a 6-bit step per 16 values for Q6_K, 5-bit per 32 for Q5_K); the
+/// int8 kernels run faster per byte with fewer scales (the default conversion's int8 uses
+/// 128 for the same reason: docs/benchmarks.md "int8 group 128 in the default").
+pub const REQUANT_GROUP: u32 = 128;
 
 /// True if `dtype` can hold the values of a `ty` tensor exactly and [`tensor`] writes
 /// them directly (MXFP4 into int8: when its scales fit f16, else re-quantized).

@@ -10,7 +10,9 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{body, combine, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales};
+use super::x86::{
+    body, combine, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales,
+};
 use super::{round4, ActQ, CHUNK};
 
 /// Positions per pass over a row (an accumulator vector each).

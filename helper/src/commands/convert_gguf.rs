@@ -257,7 +257,7 @@ pub fn describe_source(source: Option<&Value>) -> Option<String> {
 }
 
 /// The GGUF types of `g` that a conversion without `--quant` cannot keep exactly (Q5_K and
-/// Q6_K: re-quantized to int8 with group 32), for `coli info FILE.gguf`.
+/// Q6_K: re-quantized to int8 with group 128), for `coli info FILE.gguf`.
 pub fn converted_types(p: &Parsed) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = p
         .imported

@@ -346,18 +346,17 @@ fn decode(data: &[u8], dt: DType, offset: usize, rows: usize, cols: usize, out: 
     }
 }
 
-/// Every tensor of the conversion `out` of fixture `name` decoded and compared with
-/// gguf-py's values (`name.ref.json`: sha256 per tensor); returns "GGUF type->stored type"
-/// for each kind met.
-fn assert_values_kept(out: &Path, name: &str) -> Vec<String> {
+/// Every tensor of fixture `name` (the names of `name.ref.json`) as the conversion `out`
+/// stores it, decoded: (GGUF name, GGUF type, stored type, LE f32 values in GGUF order).
+fn stored_values(out: &Path, name: &str) -> Vec<(String, String, DType, Vec<u8>)> {
     let m: Value = serde_json::from_slice(&std::fs::read(out.join("colibri.json")).unwrap()).unwrap();
     let data = std::fs::read(out.join("weights.bin")).unwrap();
     let refs: Value =
         serde_json::from_slice(&std::fs::read(fixtures().join(format!("gguf/{name}.ref.json"))).unwrap()).unwrap();
-    let mut kinds = std::collections::BTreeSet::new();
+    let mut all = Vec::new();
     for (name, r) in refs.as_object().unwrap() {
         let mut values = Vec::new();
-        match hf_name(name) {
+        let dt = match hf_name(name) {
             Ok(hf) => {
                 let t = m["dense"]["tensors"].as_array().unwrap().iter().find(|t| t["name"] == hf.as_str()).unwrap();
                 let shape: Vec<usize> =
@@ -365,7 +364,7 @@ fn assert_values_kept(out: &Path, name: &str) -> Vec<String> {
                 let cols = *shape.last().unwrap();
                 let rows = shape.iter().product::<usize>() / cols;
                 decode(&data, dtype(t), t["offset"].as_u64().unwrap() as usize, rows, cols, &mut values);
-                kinds.insert((r["type"].as_str().unwrap().to_string(), dtype(t).to_string()));
+                dtype(t)
             }
             Err((l, part)) => {
                 let layer = m["experts"]["layers"].as_array().unwrap().iter().find(|x| x["layer"] == l).unwrap();
@@ -375,13 +374,27 @@ fn assert_values_kept(out: &Path, name: &str) -> Vec<String> {
                     let at = (e["offset"].as_u64().unwrap() + p["offset"].as_u64().unwrap()) as usize;
                     decode(&data, dtype(p), at, rows, cols, &mut values);
                 }
-                kinds.insert((r["type"].as_str().unwrap().to_string(), dtype(p).to_string()));
+                dtype(p)
             }
-        }
-        let sum = format!("{:x}", Sha256::digest(&values));
-        assert_eq!(sum, r["sha256"].as_str().unwrap(), "{name} ({}): values differ from gguf-py's", r["type"]);
+        };
+        all.push((name.clone(), r["type"].as_str().unwrap().to_string(), dt, values));
     }
-    kinds.into_iter().map(|(a, b)| format!("{a}->{b}")).collect()
+    all
+}
+
+/// Every tensor of the conversion `out` of fixture `name` decoded and compared with
+/// gguf-py's values (`name.ref.json`: sha256 per tensor); returns "GGUF type->stored type"
+/// for each kind met.
+fn assert_values_kept(out: &Path, name: &str) -> Vec<String> {
+    let refs: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(format!("gguf/{name}.ref.json"))).unwrap()).unwrap();
+    let mut kinds = std::collections::BTreeSet::new();
+    for (name, ty, dt, values) in stored_values(out, name) {
+        let sum = format!("{:x}", Sha256::digest(&values));
+        assert_eq!(sum, refs[&name]["sha256"].as_str().unwrap(), "{name} ({ty}): values differ from gguf-py's");
+        kinds.insert(format!("{ty}->{dt}"));
+    }
+    kinds.into_iter().collect()
 }
 
 #[test]
@@ -445,6 +458,70 @@ fn q4_k_blocks_are_kept_and_run() {
         .unwrap();
     if o.status.success() {
         assert!(f(std::fs::read(&wgpu).unwrap()) == k, "wgpu logits of q4_k differ from the CPU's");
+    } else {
+        eprintln!("skipping wgpu: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Q4_K_M file as llama.cpp's own quantizer writes it (Q4_K, and Q6_K for the output
+/// and layer 1's attn_v and ffn_down): the Q4_K tensors kept bit for bit, the Q6_K ones
+/// re-quantized to int8 with group `G` (128), every value within half an int8 step (amax /
+/// 127 of its G values, the f16 scale's rounding included) of gguf-py's exact one (the f32
+/// conversion), and `coli info` naming them; the logits close to the f32 conversion's, and
+/// on wgpu (where an adapter answers) the CPU's bits.
+#[test]
+fn a_q4_k_m_file_keeps_q4_k_and_requantizes_q6_k_finely() {
+    const G: usize = colibri_engine::format::gguf_import::REQUANT_GROUP as usize;
+    let dir = scratch("q4km");
+    let (out, f32_out) = (dir.join("k"), dir.join("f"));
+    convert(&gguf("olmoe-q4_k_m"), &out, &[]);
+    convert(&gguf("olmoe-q4_k_m"), &f32_out, &["--quant", "f32"]);
+    let refs: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("gguf/olmoe-q4_k_m.ref.json")).unwrap()).unwrap();
+    let exact: std::collections::BTreeMap<_, _> =
+        stored_values(&f32_out, "olmoe-q4_k_m").into_iter().map(|(n, _, _, v)| (n, v)).collect();
+    let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let mut kinds = std::collections::BTreeSet::new();
+    for (name, ty, dt, values) in stored_values(&out, "olmoe-q4_k_m") {
+        // The f32 conversion holds gguf-py's values exactly.
+        assert_eq!(format!("{:x}", Sha256::digest(&exact[&name])), refs[&name]["sha256"].as_str().unwrap(), "{name}");
+        kinds.insert(format!("{ty}->{dt}"));
+        if ty != "Q6_K" {
+            assert_eq!(values, exact[&name], "{name} ({ty}) not kept exactly");
+            continue;
+        }
+        assert_eq!(dt, DType::Int8 { group: G as u32 }, "{name}");
+        let (got, want) = (f(&values), f(&exact[&name]));
+        assert!(got != want, "{name}: int8 cannot hold Q6_K's values exactly");
+        // Rows are 256 long: a group never straddles two rows.
+        for (g, w) in got.chunks(G).zip(want.chunks(G)) {
+            let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst <= amax / 127.0 * 0.5 * 1.002 + 1e-7, "{name}: {worst} from exact, amax {amax}");
+        }
+    }
+    let want_kinds = ["F32->f32".to_string(), "Q4_K->q4_k".into(), format!("Q6_K->int8/g{G}")];
+    assert_eq!(kinds.into_iter().collect::<Vec<_>>(), want_kinds);
+    let info = String::from_utf8(ok(run(&["info".as_ref(), out.as_os_str()])).stdout).unwrap();
+    assert!(info.contains("re-quantized, not kept exactly: Q6_K x 3"), "{info}");
+    let ids = "1,2,3,40,500,1600,7,7";
+    let (k, want) = (f(&logits(&out, ids)), f(&logits(&f32_out, ids)));
+    assert_eq!(k.len(), 8 * 1700);
+    let err: f64 = k.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
+    eprintln!("q4_k_m logits against f32: relative L2 {:.2e}", err / norm);
+    assert!(norm > 0.0 && err / norm < 0.02, "q4_k_m logits {:.3e} from f32's", err / norm);
+    let wgpu = dir.join("wgpu.f32");
+    let o = coli()
+        .args(["logits", "--model"])
+        .arg(&out)
+        .args(["--ids", ids, "--backend", "wgpu", "--out"])
+        .arg(&wgpu)
+        .output();
+    let o = o.unwrap();
+    if o.status.success() {
+        assert!(f(&std::fs::read(&wgpu).unwrap()) == k, "wgpu logits of the Q4_K_M import differ from the CPU's");
     } else {
         eprintln!("skipping wgpu: {}", String::from_utf8_lossy(&o.stderr));
     }
