@@ -131,6 +131,9 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
             quant: match m.quant.default.as_str() {
                 // An FP8 checkpoint kept as it is: the classes carry their blocks (fp8/b128).
                 "fp8" => format!("fp8, as the checkpoint stores it: {}", classes.join(", ")),
+                // A GGUF import without --quant: each tensor in the type that keeps its values
+                // (the classes carry their groups; a q4_k row has none).
+                "gguf" => format!("gguf, each tensor as the file stores it: {}", classes.join(", ")),
                 d => format!("{d} (group {}): {}", m.quant.group_size, classes.join(", ")),
             },
             quant_short: match m.quant.default.as_str() {
