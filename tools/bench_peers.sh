@@ -35,9 +35,10 @@
 #   --out DIR   results (default WORK/results-UTC-TIMESTAMP): records.jsonl, summary.md, logs
 #   --no-build  use target/release/coli (or $COLI) as it is (default: tools/build-web.sh when web/pkg is
 #               missing, then cargo build --release -p colibri-helper)
-#   --colibri-models LIST  which native colibri rows to run: default, gguf-import, gguf-q4km
-#               and gguf-q4k (each with its llama.cpp row on the same file), int4 (default
-#               "default gguf-import gguf-q4km int4")
+#   --colibri-models LIST  which native colibri rows to run: default, gguf-import, gguf-q4km,
+#               gguf-q5km (llama.cpp's Q5_K_M mix, made the same way) and gguf-q4k (each with
+#               its llama.cpp row on the same file), int4 (default "default gguf-import
+#               gguf-q4km int4")
 #   --colibri-browser-models LIST  which models colibri's browser engine (wasm CPU backend)
 #               runs, of the same three (default "default int4": what users get, then the
 #               tuned one); each row's "vs colibri native" is against the native row of the
@@ -176,10 +177,11 @@ if [ ! -f "$GGUF.json" ]; then
 fi
 # The K-quant GGUFs: gguf-q4k (every matrix Q4_K, make_gguf.py's plain quantizer) and
 # gguf-q4km (llama.cpp's own Q4_K_M mix, llama_model_quantize from an f16 GGUF).
-declare -A KFILE=([gguf-q4k]="$MDIR/model-q4k.gguf" [gguf-q4km]="$MDIR/model-q4km.gguf")
-declare -A KPEER=([gguf-q4k]="llama.cpp Q4_K" [gguf-q4km]="llama.cpp Q4_K_M")
+declare -A KFILE=([gguf-q4k]="$MDIR/model-q4k.gguf" [gguf-q4km]="$MDIR/model-q4km.gguf" [gguf-q5km]="$MDIR/model-q5km.gguf")
+declare -A KPEER=([gguf-q4k]="llama.cpp Q4_K" [gguf-q4km]="llama.cpp Q4_K_M" [gguf-q5km]="llama.cpp Q5_K_M")
+declare -A KFTYPE=([gguf-q4km]=q4_k_m [gguf-q5km]=q5_k_m)
 KMODELS=""
-for k in gguf-q4k gguf-q4km; do [[ " $CMODELS " == *" $k "* ]] && KMODELS="$KMODELS $k"; done
+for k in gguf-q4k gguf-q4km gguf-q5km; do [[ " $CMODELS " == *" $k "* ]] && KMODELS="$KMODELS $k"; done
 gguf_shape() { echo --layers "$LAYERS" --experts "$EXPERTS" --top-k "$TOPK" --hidden "$HIDDEN" --intermediate "$INTER" \
   --heads "$HEADS" --vocab "$VOCAB"; }
 for k in $KMODELS; do
@@ -197,8 +199,9 @@ for k in $KMODELS; do
       "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$F16" --type f16 $(gguf_shape) >"$F16.json.tmp"
       mv "$F16.json.tmp" "$F16.json"
     fi
-    say "Q4_K_M GGUF (llama.cpp's llama_model_quantize, tools/bench/quantize_gguf.py)"
-    "$WORK/venv/bin/python" "$BENCH/quantize_gguf.py" "$F16" "$f" --ftype q4_k_m >"$f.json.tmp" 2>"$OUT/logs/quantize.err"
+    say "${KFTYPE[$k]} GGUF (llama.cpp's llama_model_quantize, tools/bench/quantize_gguf.py)"
+    "$WORK/venv/bin/python" "$BENCH/quantize_gguf.py" "$F16" "$f" --ftype "${KFTYPE[$k]}" >"$f.json.tmp" \
+      2>"$OUT/logs/quantize-$k.err"
   fi
   mv "$f.json.tmp" "$f.json"
 done
