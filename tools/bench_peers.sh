@@ -40,7 +40,8 @@
 #               its llama.cpp row on the same file), int4 (default "default gguf-import
 #               gguf-q4km int4")
 #   --colibri-browser-models LIST  which models colibri's browser engine (wasm CPU backend)
-#               runs, of the same three (default "default int4": what users get, then the
+#               runs, of the same ones (a K-quant one named in --colibri-models too;
+#               default "default int4": what users get, then the
 #               tuned one); each row's "vs colibri native" is against the native row of the
 #               same model
 #   --colibri-browser-threads  thread counts for colibri's browser engine (default: those of
@@ -318,7 +319,10 @@ for rep in $(seq 1 "$REPS"); do
             default) dir="$DEF" w="$DEF_W" label="colibri default" ;;
             gguf-import) dir="$GIMP" w="$GIMP_W" label="colibri gguf-import" ;;
             int4) dir="$INT4" w="$COLI_W" label="colibri" ;;
-            *) die "--colibri-browser-models: unknown model $m (default, gguf-import, int4)" ;;
+            gguf-q4k | gguf-q4km | gguf-q5km)
+              [ -n "${KW[$m]:-}" ] || die "--colibri-browser-models $m: name it in --colibri-models too"
+              dir="$MODELS/$m" w="${KW[$m]}" label="colibri $m" ;;
+            *) die "--colibri-browser-models: unknown model $m (default, gguf-import, int4, gguf-q4k, gguf-q4km, gguf-q5km)" ;;
           esac
           run "colibri-browser-$m" "$t" "$w" "$rep" "$label" -- node "$BENCH/browser.mjs" --engine colibri --coli "$COLI" \
             --models-dir "$MODELS" --model "$(basename "$dir")" --threads "$t" --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"

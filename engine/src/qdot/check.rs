@@ -244,11 +244,12 @@ fn check_q4k(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
         let mut a = ActQ::default();
         a.quantize(&activations(n, cols, 32, seed), n, cols, 32, true);
         a.set_k4();
-        let (mut ap, mut aq) = (a.clone(), a.clone());
+        let (mut ap, mut aq, mut ai) = (a.clone(), a.clone(), a.clone());
         ap.pair();
         aq.quad();
+        ai.interleave();
         for &s in paths {
-            for a in [&a, &ap, &aq] {
+            for a in [&a, &ap, &aq, &ai] {
                 let mut out = vec![0.0f32; rows];
                 dot_rows(s, true, &w, rb, a, &mut out);
                 for (r, &got) in out.iter().enumerate() {

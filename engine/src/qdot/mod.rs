@@ -22,7 +22,8 @@
 //! for int4/g32 with [`ActQ::set_k4`], isum_b = sum u_i * q_i (the int4 kernels' sums
 //! before their `- 8 sum q`), and acc[b mod 8] += (A_b * d_b) * f32(isum_b) - B_b * ds_b
 //! with ds_b = d_b * f32(sum q) ([`dot_row_scalar`]). Every SIMD path's one-position
-//! kernel takes them (x86 also its few-position one); no row is prepared (`tile`).
+//! kernel takes them (x86 also its few-position one); only wasm prepares them for many
+//! positions ([`prepares_k4`]: its tile with the Q4K step).
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -616,6 +617,13 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 /// a 32-token prefill 8-15%; ties at 64 positions and more. AVX2 never prepares (below).
 /// The other paths prepare from 3 (their one-position kernel per position is slower; not
 /// measured against a few-position kernel, which they do not have).
+/// Whether Q4K rows (`ActQ::k4`) are prepared too on `simd` from [`prepare_min`] positions
+/// (their activations then interleaved): the wasm tile takes them (`wasm::dot_many_int4`);
+/// the x86 and NEON ones do not.
+pub fn prepares_k4(simd: Simd) -> bool {
+    simd == Simd::Simd128 && cfg!(all(target_arch = "wasm32", target_feature = "simd128"))
+}
+
 pub fn prepare_min(simd: Simd) -> usize {
     match simd {
         #[cfg(target_arch = "x86_64")]
@@ -673,7 +681,7 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if out.len() >= prepare_min(simd)
         && int4
-        && !a.k4
+        && k4_ok(a)
         && simd == Simd::Simd128
         && a.split
         && a.group.is_multiple_of(CHUNK)

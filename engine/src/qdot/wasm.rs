@@ -556,27 +556,35 @@ fn transpose4(r0: v128, r1: v128, r2: v128, r3: v128) -> [v128; 4] {
 /// A row prepared by [`prepare_int4`] times positions `p0..p0 + out.len()` (interleaved
 /// activations), four at a time: each step adds four products of block j into
 /// lane j, so a run of eight blocks ends with its sums in two vectors (blocks 0-3, 4-7), which
-/// are exactly acc[0] and acc[1] of [`body`]: the reference's bits.
+/// are exactly acc[0] and acc[1] of [`body`]: the reference's bits. A Q4K row (`a.k4`: the
+/// same nibbles under Q4_K headers) takes the sums without int4's bias and its header's
+/// float step, as [`body`]'s `K` does.
 pub fn dot_many_int4(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     let mut i = 0;
     while i < out.len() {
         let k = (out.len() - i).min(4);
         let o = &mut out[i..i + k];
-        match k {
-            4 => tile::<4>(u, row, a, p0 + i, o),
-            3 => tile::<3>(u, row, a, p0 + i, o),
-            2 => tile::<2>(u, row, a, p0 + i, o),
-            _ => tile::<1>(u, row, a, p0 + i, o),
+        match (k, a.k4) {
+            (4, false) => tile::<4, false>(u, row, a, p0 + i, o),
+            (3, false) => tile::<3, false>(u, row, a, p0 + i, o),
+            (2, false) => tile::<2, false>(u, row, a, p0 + i, o),
+            (_, false) => tile::<1, false>(u, row, a, p0 + i, o),
+            (4, true) => tile::<4, true>(u, row, a, p0 + i, o),
+            (3, true) => tile::<3, true>(u, row, a, p0 + i, o),
+            (2, true) => tile::<2, true>(u, row, a, p0 + i, o),
+            (_, true) => tile::<1, true>(u, row, a, p0 + i, o),
         }
         i += k;
     }
 }
 
 #[inline(always)]
-fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     let (g, ds) = (a.group, a.dstride());
     let run = 8 * g;
     assert!(u.len() >= ds * g && a.qi.len() >= (p0 + P) * ds * g && out.len() >= P, "prepared shapes");
+    // A Q4K row: group 32, whole runs of eight blocks (one header each), `ds` made.
+    assert!(!K || (g == 32 && a.blocks.is_multiple_of(8) && a.ds.len() >= (p0 + P) * ds), "Q4K shapes");
     let mut qi = [a.qi.as_ptr(); P];
     for (i, q) in qi.iter_mut().enumerate() {
         // SAFETY: inside a.qi (asserted above).
@@ -590,6 +598,9 @@ fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f3
         let mut lo = [i32x4_splat(0); P];
         let mut hi = [i32x4_splat(0); P];
         for i in 0..P {
+            if K {
+                break; // Q4K sums are of the nibbles as stored (no bias of 8).
+            }
             let s = &a.srow(p0 + i)[b0..b0 + 8];
             // SAFETY: `s` holds 8 i32 (bounds-checked slice).
             let (s0, s1) =
@@ -643,6 +654,28 @@ fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f3
                 }
             }
             v += 32;
+        }
+        if K {
+            let [(a0, b0f), (a1, b1f)] = k4_scales8(&row[2 * b0..2 * b0 + 16]);
+            for i in 0..P {
+                let (d, dsq) = (&a.drow(p0 + i)[b0..b0 + 8], &a.ds[(p0 + i) * ds + b0..][..8]);
+                // SAFETY: `d` and `dsq` hold 8 f32 (bounds-checked slices).
+                let (d0, d1, s0, s1) = unsafe {
+                    (
+                        v128_load(d.as_ptr() as *const v128),
+                        v128_load(d.as_ptr().add(4) as *const v128),
+                        v128_load(dsq.as_ptr() as *const v128),
+                        v128_load(dsq.as_ptr().add(4) as *const v128),
+                    )
+                };
+                // body's K step: acc + ((A * d) * f32(isum) - B * ds), per half.
+                let t0 = f32x4_mul(f32x4_mul(a0, d0), f32x4_convert_i32x4(lo[i]));
+                let t1 = f32x4_mul(f32x4_mul(a1, d1), f32x4_convert_i32x4(hi[i]));
+                acc[i][0] = f32x4_add(acc[i][0], f32x4_sub(t0, f32x4_mul(b0f, s0)));
+                acc[i][1] = f32x4_add(acc[i][1], f32x4_sub(t1, f32x4_mul(b1f, s1)));
+            }
+            b0 += 8;
+            continue;
         }
         let (ws0, ws1) = if nb == 8 {
             (scales4(row, b0, &k), scales4(row, b0 + 4, &k))
