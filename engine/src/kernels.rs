@@ -145,8 +145,9 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
         if k4 {
             acts[keys.len()].set_k4();
         }
-        // Q4K rows are prepared only in wasm (qdot::prepares_k4); elsewhere every count of
-        // positions takes the one-position layouts, which the few-position kernels read too.
+        // Q4K rows are prepared only in wasm and on NEON (qdot::prepares_k4); on x86 every
+        // count of positions takes the one-position layouts, which the few-position kernels
+        // read too.
         if n >= qdot::prepare_min(simd) && (!k4 || qdot::prepares_k4(simd)) {
             acts[keys.len()].interleave();
         } else if int4 && simd.quads() && ActQ::quad_group(group) {

@@ -22,8 +22,8 @@
 //! for int4/g32 with [`ActQ::set_k4`], isum_b = sum u_i * q_i (the int4 kernels' sums
 //! before their `- 8 sum q`), and acc[b mod 8] += (A_b * d_b) * f32(isum_b) - B_b * ds_b
 //! with ds_b = d_b * f32(sum q) ([`dot_row_scalar`]). Every SIMD path's one-position
-//! kernel takes them (x86 also its few-position one); only wasm prepares them for many
-//! positions ([`prepares_k4`]: its tile with the Q4K step).
+//! kernel takes them (x86 also its few-position one); wasm and NEON prepare them for many
+//! positions ([`prepares_k4`]: their tiles with the Q4K step).
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -618,10 +618,12 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 /// The other paths prepare from 3 (their one-position kernel per position is slower; not
 /// measured against a few-position kernel, which they do not have).
 /// Whether Q4K rows (`ActQ::k4`) are prepared too on `simd` from [`prepare_min`] positions
-/// (their activations then interleaved): the wasm tile takes them (`wasm::dot_many_int4`);
-/// the x86 and NEON ones do not.
+/// (their activations then interleaved): the wasm and NEON tiles take them
+/// (`wasm::dot_many_int4`, `neon_tile::dot_many`); x86's does not (its few-position kernel
+/// runs them).
 pub fn prepares_k4(simd: Simd) -> bool {
-    simd == Simd::Simd128 && cfg!(all(target_arch = "wasm32", target_feature = "simd128"))
+    (simd == Simd::Simd128 && cfg!(all(target_arch = "wasm32", target_feature = "simd128")))
+        || (matches!(simd, Simd::Neon | Simd::NeonDot) && cfg!(target_arch = "aarch64"))
 }
 
 pub fn prepare_min(simd: Simd) -> usize {
@@ -669,7 +671,6 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
     #[cfg(target_arch = "aarch64")]
     if out.len() >= prepare_min(simd)
         && matches!(simd, Simd::Neon | Simd::NeonDot)
-        && !a.k4
         && neon_tile::fits(int4, row, a, p0, out.len())
     {
         neon_tile::prepare(int4, row, a, scratch);

@@ -98,7 +98,7 @@ unsafe fn body_dot<const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p: usi
 /// offset in its byte), one shift per lane brings both to bit 0 of their halves; d and
 /// dmin convert once, as `half` does; the products d * sc and dmin * m are exact.
 #[inline(always)]
-fn k4_scales8(head: &[u8]) -> [(float32x4_t, float32x4_t); 2] {
+pub(super) fn k4_scales8(head: &[u8]) -> [(float32x4_t, float32x4_t); 2] {
     let head = &head[..16];
     let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
     let (d, dmin) = (half(0), half(2));

@@ -8,11 +8,12 @@
 //! eight block sums in two vectors, lanes in the reference's order (acc[b mod 8]), with no
 //! horizontal sums. Without dotprod, `smull` products added pairwise twice (`saddlp`,
 //! `addp`) land in the same lanes. Integer sums are exact, so the bits are
-//! [`super::dot_row_scalar`]'s.
+//! [`super::dot_row_scalar`]'s. A Q4K row (`ActQ::k4`: int4 nibbles under Q4_K headers)
+//! takes the sums of its nibbles as stored and the Q4K step of the one-position kernel.
 
 use std::arch::aarch64::*;
 
-use super::neon::{scales4, sdot};
+use super::neon::{k4_scales8, scales4, sdot};
 use super::{padded, round4, ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -30,6 +31,7 @@ pub fn fits(int4: bool, row: &[u8], a: &ActQ, p0: usize, n: usize) -> bool {
         && a.s.len() == a.n * a.dstride()
         && p0 + n <= a.n
         && row.len() >= round4(a.blocks * 2) + values
+        && (!a.k4 || (int4 && g == 32 && a.blocks.is_multiple_of(8) && a.ds.len() == a.n * a.dstride()))
 }
 
 /// Makes `row` ready for many positions in `u` ([`fits`] must hold): int4 as its nibble
@@ -173,7 +175,7 @@ unsafe fn tile<const P: usize, const DOT: bool>(
             let nb = (a.blocks - b0).min(8);
             let mut lo = [vdupq_n_s32(0); P];
             let mut hi = [vdupq_n_s32(0); P];
-            if int4 {
+            if int4 && !a.k4 {
                 // int4 values are stored q + 8: start each block from -8 * sum x.
                 for i in 0..P {
                     let s = &a.srow(p0 + i)[b0..b0 + 8];
@@ -198,6 +200,21 @@ unsafe fn tile<const P: usize, const DOT: bool>(
                     }
                 }
                 v += 32;
+            }
+            if a.k4 {
+                // The run's Q4K header: acc + ((A * d) * f32(isum) - B * ds), per half.
+                let [(a0, bf0), (a1, bf1)] = k4_scales8(&row[2 * b0..2 * b0 + 16]);
+                for i in 0..P {
+                    let (d, dsq) = (&a.drow(p0 + i)[b0..b0 + 8], &a.ds[(p0 + i) * ds + b0..][..8]);
+                    let (d0, d1) = (vld1q_f32(d.as_ptr()), vld1q_f32(d.as_ptr().add(4)));
+                    let (s0, s1) = (vld1q_f32(dsq.as_ptr()), vld1q_f32(dsq.as_ptr().add(4)));
+                    let t0 = vmulq_f32(vmulq_f32(a0, d0), vcvtq_f32_s32(lo[i]));
+                    let t1 = vmulq_f32(vmulq_f32(a1, d1), vcvtq_f32_s32(hi[i]));
+                    acc[i][0] = vaddq_f32(acc[i][0], vsubq_f32(t0, vmulq_f32(bf0, s0)));
+                    acc[i][1] = vaddq_f32(acc[i][1], vsubq_f32(t1, vmulq_f32(bf1, s1)));
+                }
+                b0 += 8;
+                continue;
             }
             let (ws0, ws1) = if nb == 8 {
                 (scales4(row, b0), scales4(row, b0 + 4))
