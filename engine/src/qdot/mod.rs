@@ -607,6 +607,15 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
     }
 }
 
+/// Whether Q4K rows (`ActQ::k4`) are prepared too on `simd` from [`prepare_min`] positions
+/// (their activations then interleaved): the wasm and NEON tiles take them
+/// (`wasm::dot_many_int4`, `neon_tile::dot_many`); x86's does not (its few-position kernel
+/// runs them).
+pub fn prepares_k4(simd: Simd) -> bool {
+    (simd == Simd::Simd128 && cfg!(all(target_arch = "wasm32", target_feature = "simd128")))
+        || (matches!(simd, Simd::Neon | Simd::NeonDot) && cfg!(target_arch = "aarch64"))
+}
+
 /// Positions from which a row is first made ready ([`tile::prepare`]: its values unpacked
 /// and interleaved once) and then applied to the positions four at a time. Below it the
 /// x86 paths run [`x86_few`] (each run of the row loaded and unpacked once for up to 32
@@ -617,15 +626,6 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 /// a 32-token prefill 8-15%; ties at 64 positions and more. AVX2 never prepares (below).
 /// The other paths prepare from 3 (their one-position kernel per position is slower; not
 /// measured against a few-position kernel, which they do not have).
-/// Whether Q4K rows (`ActQ::k4`) are prepared too on `simd` from [`prepare_min`] positions
-/// (their activations then interleaved): the wasm and NEON tiles take them
-/// (`wasm::dot_many_int4`, `neon_tile::dot_many`); x86's does not (its few-position kernel
-/// runs them).
-pub fn prepares_k4(simd: Simd) -> bool {
-    (simd == Simd::Simd128 && cfg!(all(target_arch = "wasm32", target_feature = "simd128")))
-        || (matches!(simd, Simd::Neon | Simd::NeonDot) && cfg!(target_arch = "aarch64"))
-}
-
 pub fn prepare_min(simd: Simd) -> usize {
     match simd {
         #[cfg(target_arch = "x86_64")]

@@ -597,10 +597,9 @@ fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize
         let nb = (a.blocks - b0).min(8);
         let mut lo = [i32x4_splat(0); P];
         let mut hi = [i32x4_splat(0); P];
-        for i in 0..P {
-            if K {
-                break; // Q4K sums are of the nibbles as stored (no bias of 8).
-            }
+        // int4 values are stored q + 8: each block starts from -8 * sum x (Q4K sums are of
+        // the nibbles as stored: from zero).
+        for i in 0..if K { 0 } else { P } {
             let s = &a.srow(p0 + i)[b0..b0 + 8];
             // SAFETY: `s` holds 8 i32 (bounds-checked slice).
             let (s0, s1) =
@@ -656,7 +655,7 @@ fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize
             v += 32;
         }
         if K {
-            let [(a0, b0f), (a1, b1f)] = k4_scales8(&row[2 * b0..2 * b0 + 16]);
+            let [(a0, bf0), (a1, bf1)] = k4_scales8(&row[2 * b0..2 * b0 + 16]);
             for i in 0..P {
                 let (d, dsq) = (&a.drow(p0 + i)[b0..b0 + 8], &a.ds[(p0 + i) * ds + b0..][..8]);
                 // SAFETY: `d` and `dsq` hold 8 f32 (bounds-checked slices).
@@ -671,8 +670,8 @@ fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize
                 // body's K step: acc + ((A * d) * f32(isum) - B * ds), per half.
                 let t0 = f32x4_mul(f32x4_mul(a0, d0), f32x4_convert_i32x4(lo[i]));
                 let t1 = f32x4_mul(f32x4_mul(a1, d1), f32x4_convert_i32x4(hi[i]));
-                acc[i][0] = f32x4_add(acc[i][0], f32x4_sub(t0, f32x4_mul(b0f, s0)));
-                acc[i][1] = f32x4_add(acc[i][1], f32x4_sub(t1, f32x4_mul(b1f, s1)));
+                acc[i][0] = f32x4_add(acc[i][0], f32x4_sub(t0, f32x4_mul(bf0, s0)));
+                acc[i][1] = f32x4_add(acc[i][1], f32x4_sub(t1, f32x4_mul(bf1, s1)));
             }
             b0 += 8;
             continue;
