@@ -424,6 +424,29 @@ fn q8_0_and_q4_0_values_are_kept_exactly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The logits of the fixture conversion `out` (eight ids of the 1700-token vocabulary)
+/// within 2% relative L2 of those of its f32 conversion `f32_out` (the quantized kernels
+/// against plain float arithmetic), and on wgpu (where an adapter answers) the CPU's bits.
+fn assert_logits_near_f32_and_wgpu_same(out: &Path, f32_out: &Path, dir: &Path, what: &str) {
+    let ids = "1,2,3,40,500,1600,7,7";
+    let f = |b: Vec<u8>| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let (k, want) = (f(logits(out, ids)), f(logits(f32_out, ids)));
+    assert_eq!(k.len(), 8 * 1700);
+    let err: f64 = k.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
+    eprintln!("{what} logits against f32: relative L2 {:.2e}", err / norm);
+    assert!(norm > 0.0 && err / norm < 0.02, "{what} logits {:.3e} from f32's", err / norm);
+    let wgpu = dir.join(format!("{what}-wgpu.f32"));
+    let mut cmd = coli();
+    cmd.args(["logits", "--model"]).arg(out).args(["--ids", ids, "--backend", "wgpu", "--out"]).arg(&wgpu);
+    let o = cmd.output().unwrap();
+    if o.status.success() {
+        assert!(f(std::fs::read(&wgpu).unwrap()) == k, "wgpu logits of {what} differ from the CPU's");
+    } else {
+        eprintln!("skipping wgpu: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
 /// A Q4_K GGUF (what Q4_K_M and Q4_K_S files mostly hold): `coli convert` keeps its blocks
 /// as q4_k (gguf-py's values bit for bit, half the bytes of the int8/g32 it was before), and
 /// the model runs: its logits within int8 activation rounding of those of the same GGUF
@@ -440,27 +463,7 @@ fn q4_k_blocks_are_kept_and_run() {
     assert!(info(&gguf("olmoe-q4_k")).contains("`coli convert` keeps every value exactly"));
     let f32_out = dir.join("f");
     convert(&gguf("olmoe-q4_k"), &f32_out, &["--quant", "f32"]);
-    let ids = "1,2,3,40,500,1600,7,7";
-    let f = |b: Vec<u8>| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
-    let (k, want) = (f(logits(&out, ids)), f(logits(&f32_out, ids)));
-    assert_eq!(k.len(), 8 * 1700);
-    let err: f64 = k.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
-    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
-    eprintln!("q4_k logits against f32: relative L2 {:.2e}", err / norm);
-    assert!(norm > 0.0 && err / norm < 0.02, "q4_k logits {:.3e} from f32's", err / norm);
-    let wgpu = dir.join("wgpu.f32");
-    let o = coli()
-        .args(["logits", "--model"])
-        .arg(&out)
-        .args(["--ids", ids, "--backend", "wgpu", "--out"])
-        .arg(&wgpu)
-        .output()
-        .unwrap();
-    if o.status.success() {
-        assert!(f(std::fs::read(&wgpu).unwrap()) == k, "wgpu logits of q4_k differ from the CPU's");
-    } else {
-        eprintln!("skipping wgpu: {}", String::from_utf8_lossy(&o.stderr));
-    }
+    assert_logits_near_f32_and_wgpu_same(&out, &f32_out, &dir, "q4_k");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -505,26 +508,7 @@ fn a_q4_k_m_file_keeps_q4_k_and_requantizes_q6_k_finely() {
     assert_eq!(kinds.into_iter().collect::<Vec<_>>(), want_kinds);
     let info = String::from_utf8(ok(run(&["info".as_ref(), out.as_os_str()])).stdout).unwrap();
     assert!(info.contains("re-quantized, not kept exactly: Q6_K x 3"), "{info}");
-    let ids = "1,2,3,40,500,1600,7,7";
-    let (k, want) = (f(&logits(&out, ids)), f(&logits(&f32_out, ids)));
-    assert_eq!(k.len(), 8 * 1700);
-    let err: f64 = k.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
-    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
-    eprintln!("q4_k_m logits against f32: relative L2 {:.2e}", err / norm);
-    assert!(norm > 0.0 && err / norm < 0.02, "q4_k_m logits {:.3e} from f32's", err / norm);
-    let wgpu = dir.join("wgpu.f32");
-    let o = coli()
-        .args(["logits", "--model"])
-        .arg(&out)
-        .args(["--ids", ids, "--backend", "wgpu", "--out"])
-        .arg(&wgpu)
-        .output();
-    let o = o.unwrap();
-    if o.status.success() {
-        assert!(f(&std::fs::read(&wgpu).unwrap()) == k, "wgpu logits of the Q4_K_M import differ from the CPU's");
-    } else {
-        eprintln!("skipping wgpu: {}", String::from_utf8_lossy(&o.stderr));
-    }
+    assert_logits_near_f32_and_wgpu_same(&out, &f32_out, &dir, "q4_k_m");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
