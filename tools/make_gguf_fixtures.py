@@ -194,7 +194,10 @@ def dequant_vectors() -> None:
     Q = gguf.GGMLQuantizationType
     rng = np.random.default_rng(16)
     cases = {}
-    for qt in [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]:
+    # The types added later come last, so that the earlier cases' random bytes stay as they were.
+    types = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]
+    types += [Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS]
+    for qt in types:
         block, size = gguf.GGML_QUANT_SIZES[qt]
         n_blocks = 3
         raw = rng.integers(0, 256, size=n_blocks * size, dtype=np.uint8)
@@ -211,6 +214,8 @@ def dequant_vectors() -> None:
             def f16(vals):
                 return np.array(vals, dtype="<f2").view(np.uint8)
             scale_at = {Q.Q4_0: [0], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [size - 2]}
+            scale_at |= {Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q2_K: [size - 4, size - 2]}
+            scale_at |= {Q.Q3_K: [size - 2], Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
             for b in range(n_blocks):
                 for off in scale_at.get(qt, []):
                     val = [0.0123, -0.75, 3.0e-6][b] * (1 + off)

@@ -21,8 +21,9 @@ import json
 import os
 import sys
 
-# llama.h's `enum llama_ftype` (the ones worth benchmarking).
-FTYPES = {"q4_0": 2, "q8_0": 7, "q4_k_s": 14, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
+# llama.h's `enum llama_ftype` (those worth benchmarking, and the test fixtures' types).
+FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k_m": 12, "q4_k_s": 14}
+FTYPES |= {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30}
 
 
 class QuantizeParams(ctypes.Structure):

@@ -12,15 +12,23 @@ use crate::error::{Error, Result};
 pub const F32: u32 = 0;
 pub const F16: u32 = 1;
 pub const Q4_0: u32 = 2;
+pub const Q4_1: u32 = 3;
+pub const Q5_0: u32 = 6;
+pub const Q5_1: u32 = 7;
 pub const Q8_0: u32 = 8;
+pub const Q2_K: u32 = 10;
+pub const Q3_K: u32 = 11;
 pub const Q4_K: u32 = 12;
 pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
+pub const IQ4_NL: u32 = 20;
+pub const IQ4_XS: u32 = 23;
 pub const BF16: u32 = 30;
 pub const MXFP4: u32 = 39;
 
-/// The types colibri decodes.
-pub const SUPPORTED: &[u32] = &[F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4];
+/// The types colibri decodes (the grid-coded IQ1/IQ2/IQ3 and the ternary TQ types are not).
+pub const SUPPORTED: &[u32] =
+    &[F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4];
 
 pub fn is_supported(ty: GgmlType) -> bool {
     SUPPORTED.contains(&ty.id)
@@ -47,6 +55,30 @@ fn e8m0_half(e: u8) -> f32 {
 /// MXFP4's E2M1 values, doubled (kvalues_mxfp4).
 const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// IQ4_NL's and IQ4_XS's sixteen non-linear levels (kvalues_iq4nl).
+const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// The 4-bit value `j` (0..32) of a 32-value block whose 16 bytes hold value j in the low
+/// and value j + 16 in the high nibble of byte j (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4).
+#[inline]
+fn nib32(qs: &[u8], j: usize) -> u8 {
+    if j < 16 {
+        qs[j] & 0xF
+    } else {
+        qs[j - 16] >> 4
+    }
+}
+
+/// The 6-bit scale (biased by 32) of 16-value sub-block `j` of a Q3_K block's 12 scale
+/// bytes: the low four bits in byte j (j < 8) or the high nibble of byte j - 8, the top two
+/// in bits 2 (j / 4) of byte 8 + j % 4.
+#[inline]
+fn scale_q3k(j: usize, sc: &[u8]) -> i32 {
+    let low = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 };
+    let high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+    (low | (high << 4)) as i32 - 32
+}
+
 /// The 6-bit scale and min of sub-block `j` of a Q4_K / Q5_K block (get_scale_min_k4).
 #[inline]
 fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
@@ -60,6 +92,63 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
 
 fn block(b: &[u8], ty: u32, y: &mut [f32]) {
     match ty {
+        Q4_1 | Q5_0 | Q5_1 => {
+            // d, (Q4_1, Q5_1: m), (Q5_0, Q5_1: qh, bit j the fifth bit of value j), qs[16].
+            let d = h(b, 0);
+            let (m, at) = if ty == Q5_0 { (0.0, 2) } else { (h(b, 2), 4) };
+            let (qh, qs) = if ty == Q4_1 {
+                (0, &b[at..])
+            } else {
+                (u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]), &b[at + 4..])
+            };
+            for (j, o) in y.iter_mut().enumerate().take(32) {
+                let u = (nib32(qs, j) as u32 | ((qh >> j) & 1) << 4) as i32;
+                *o = if ty == Q5_0 { (u - 16) as f32 * d } else { u as f32 * d + m };
+            }
+        }
+        IQ4_NL => {
+            let d = h(b, 0);
+            for (j, o) in y.iter_mut().enumerate().take(32) {
+                *o = d * KVALUES_IQ4NL[nib32(&b[2..], j) as usize] as f32;
+            }
+        }
+        IQ4_XS => {
+            // d, scales_h (u16: bits 2k..2k+1 the top of sub-block k's 6-bit scale),
+            // scales_l[4] (nibble k the low four), qs[128]: eight IQ4_NL-coded sub-blocks.
+            let (d, sh) = (h(b, 0), u16::from_le_bytes([b[2], b[3]]) as u32);
+            for k in 0..8 {
+                let ls = ((b[4 + k / 2] >> (4 * (k % 2))) & 0xF) as u32 | ((sh >> (2 * k)) & 3) << 4;
+                let dl = d * (ls as i32 - 32) as f32;
+                let qs = &b[8 + 16 * k..24 + 16 * k];
+                for (j, o) in y[32 * k..32 * k + 32].iter_mut().enumerate() {
+                    *o = dl * KVALUES_IQ4NL[nib32(qs, j) as usize] as f32;
+                }
+            }
+        }
+        Q2_K | Q3_K => {
+            // Q2_K: scales[16] (low nibble scale, high min), qs[64], d, dmin. Q3_K: hmask[32],
+            // qs[64], scales[12] (6-bit, biased by 32), d. Two halves of 128 values; in each,
+            // value 32 s + l (s < 4, l < 32) is bits 2s of byte l of the half's 32 qs bytes,
+            // its sub-block of 16 is 2 s + l / 16; Q3_K's third bit is bit 4 h + s of hmask[l]
+            // (set: as is; clear: minus 4).
+            let q2 = ty == Q2_K;
+            let (qs, d) = if q2 { (&b[16..80], h(b, 80)) } else { (&b[32..96], h(b, 108)) };
+            for half in 0..2 {
+                for s in 0..4 {
+                    for l in 0..32 {
+                        let sub = 8 * half + 2 * s + l / 16;
+                        let u = ((qs[32 * half + l] >> (2 * s)) & 3) as i32;
+                        y[128 * half + 32 * s + l] = if q2 {
+                            let sc = b[sub];
+                            d * (sc & 0xF) as f32 * u as f32 - h(b, 82) * (sc >> 4) as f32
+                        } else {
+                            let high = (b[l] >> (4 * half + s)) & 1;
+                            d * scale_q3k(sub, &b[96..108]) as f32 * (u - if high == 1 { 0 } else { 4 }) as f32
+                        };
+                    }
+                }
+            }
+        }
         Q4_0 => {
             let d = h(b, 0);
             for j in 0..16 {
@@ -239,10 +328,11 @@ pub fn mxfp4_row(cols: usize, src: &[u8], out: &mut [u8]) {
     }
 }
 
-/// One row of Q4_0 or MXFP4 as a colibri int8 row with group 32, if that is exact: Q4_0's
-/// integers are in [-8, 7]; MXFP4's are the doubled E2M1 values (|q| <= 12) with the scale
-/// 2^(e-128), exact in f16 for e in 104..=143. Returns false (leaving `out` unspecified)
-/// when a scale does not fit f16 exactly.
+/// One row of Q4_0, Q5_0, IQ4_NL or MXFP4 as a colibri int8 row with group 32, if that is
+/// exact: Q4_0's integers are in [-8, 7], Q5_0's in [-16, 15], IQ4_NL's its levels (in
+/// [-127, 113]), each under the block's own f16 scale; MXFP4's are the doubled E2M1 values
+/// (|q| <= 12) with the scale 2^(e-128), exact in f16 for e in 104..=143. Returns false
+/// (leaving `out` unspecified) when a scale does not fit f16 exactly.
 pub fn to_int8_row(ty: u32, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
     let groups = cols / 32;
     let values = pad4(groups * 2);
@@ -255,6 +345,20 @@ pub fn to_int8_row(ty: u32, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
                 for j in 0..16 {
                     q[j] = (b[2 + j] & 0xF) as i8 - 8;
                     q[j + 16] = (b[2 + j] >> 4) as i8 - 8;
+                }
+                (f16::from_le_bytes([b[0], b[1]]), q)
+            }
+            Q5_0 | IQ4_NL => {
+                let bb = if ty == Q5_0 { 22 } else { 18 };
+                let b = &src[bb * g..bb * g + bb];
+                let mut q = [0i8; 32];
+                for (j, v) in q.iter_mut().enumerate() {
+                    *v = if ty == Q5_0 {
+                        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                        (nib32(&b[6..], j) as u32 | ((qh >> j) & 1) << 4) as i8 - 16
+                    } else {
+                        KVALUES_IQ4NL[nib32(&b[2..], j) as usize]
+                    };
                 }
                 (f16::from_le_bytes([b[0], b[1]]), q)
             }

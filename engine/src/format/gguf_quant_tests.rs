@@ -29,7 +29,8 @@ fn assert_bits(name: &str, got: &[f32], want: &[u32]) {
 
 #[test]
 fn every_supported_type_matches_gguf_py_bit_for_bit() {
-    for name in ["F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"] {
+    let names = ["F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"];
+    for name in names.into_iter().chain(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]) {
         let (ty, bytes, want) = case(name);
         let mut out = vec![f32::NAN; want.len()];
         dequantize(ty, &bytes, &mut out).unwrap();
@@ -77,14 +78,18 @@ fn q4_k_moves_into_q4k_rows_exactly() {
 }
 
 #[test]
-fn q4_0_and_mxfp4_widen_to_int8_exactly() {
+fn q4_0_q5_0_iq4_nl_and_mxfp4_widen_to_int8_exactly() {
     let dtype = DType::Int8 { group: 32 };
-    let (ty, bytes, want) = case("Q4_0");
+    for name in ["Q4_0", "Q5_0", "IQ4_NL"] {
+        let (ty, bytes, want) = case(name);
+        let mut row = vec![0u8; dtype.row_bytes(want.len()).unwrap()];
+        assert!(to_int8_row(ty.id, want.len(), &bytes, &mut row), "{name}");
+        let mut out = vec![f32::NAN; want.len()];
+        decode_row(dtype, want.len(), &row, &mut out);
+        assert_bits(&format!("{name} as int8"), &out, &want);
+    }
+    let (_, _, want) = case("Q4_0");
     let mut row = vec![0u8; dtype.row_bytes(want.len()).unwrap()];
-    assert!(to_int8_row(ty.id, want.len(), &bytes, &mut row));
-    let mut out = vec![f32::NAN; want.len()];
-    decode_row(dtype, want.len(), &row, &mut out);
-    assert_bits("Q4_0 as int8", &out, &want);
 
     // The fixture's MXFP4 exponents (0, 1: f32 subnormals) do not fit f16: refused.
     let (ty, bytes, want) = case("MXFP4");

@@ -23,9 +23,10 @@ fn gguf_row(r: usize, hd: usize) -> usize {
 
 /// The stored type that keeps the values of a GGUF tensor of type `ty` exactly, where
 /// colibri's container has one (Q4_K: its blocks as [`DType::Q4K`], the bytes of int4/g32;
-/// Q8_0 and MXFP4: int8/g32); the other K-quants (Q5_K's fifth bits, Q6_K's 8-bit
-/// sub-scales) become int8 with group [`REQUANT_GROUP`], re-quantized from their exact f32
-/// values.
+/// Q4_0: int4/g32; Q8_0, Q5_0, IQ4_NL and MXFP4: int8/g32). The others are re-quantized
+/// from their exact f32 values: those of 5 bits and more (Q4_1, Q5_1, Q5_K, Q6_K: offsets,
+/// fifth bits, 8-bit sub-scales) to int8 with group [`REQUANT_GROUP`], the smaller ones
+/// (Q2_K, Q3_K, IQ4_XS) to int4 with group [`LOW_BIT_GROUP`].
 pub fn keep_dtype(ty: GgmlType) -> DType {
     match ty.id {
         q::F32 => DType::F32,
@@ -33,10 +34,18 @@ pub fn keep_dtype(ty: GgmlType) -> DType {
         q::BF16 => DType::BF16,
         q::Q4_0 => DType::Int4 { group: 32 },
         q::Q4_K => DType::Q4K,
-        q::Q5_K | q::Q6_K => DType::Int8 { group: REQUANT_GROUP },
+        q::Q4_1 | q::Q5_1 | q::Q5_K | q::Q6_K => DType::Int8 { group: REQUANT_GROUP },
+        q::Q2_K | q::Q3_K | q::IQ4_XS => DType::Int4 { group: LOW_BIT_GROUP },
         _ => DType::Int8 { group: 32 },
     }
 }
+
+/// The int4 group of the types below 4.5 bits per value that the container cannot keep
+/// (Q2_K, Q3_K, IQ4_XS: whole files of the largest models). int4/g32 is as large as
+/// Q4_0 (4.5 bits), no more than 1.7 times the file, where int8 would be 2 to 3 times;
+/// its step (amax / 7 per 32 values) is at most that of these formats' own grids, so
+/// re-quantizing adds less error than they hold (docs/gguf.md "Tensor types").
+pub const LOW_BIT_GROUP: u32 = 32;
 
 /// The int8 group of the K-quants the container cannot keep (Q5_K, Q6_K: a Q4_K_M file's
 /// output, half of its attn_v and ffn_down). Their values are re-quantized either way, and
@@ -53,7 +62,7 @@ pub fn stores_exactly(ty: GgmlType, dtype: DType) -> bool {
     match (ty.id, dtype) {
         (_, DType::F32) => true,
         (q::F16, DType::F16) | (q::BF16, DType::BF16) => true,
-        (q::Q8_0 | q::Q4_0 | q::MXFP4, DType::Int8 { .. }) => g32,
+        (q::Q8_0 | q::Q4_0 | q::Q5_0 | q::IQ4_NL | q::MXFP4, DType::Int8 { .. }) => g32,
         (q::Q4_0, DType::Int4 { .. }) => g32,
         (q::MXFP4, DType::Mxfp4) => true,
         (q::Q4_K, DType::Q4K) => true,
@@ -293,7 +302,9 @@ pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Opti
                 repack_row(st.ty.id, cols, s, o);
                 true
             }
-            (q::Q4_0 | q::MXFP4, DType::Int8 { .. }) if g32(dtype) => to_int8_row(st.ty.id, cols, s, o),
+            (q::Q4_0 | q::Q5_0 | q::IQ4_NL | q::MXFP4, DType::Int8 { .. }) if g32(dtype) => {
+                to_int8_row(st.ty.id, cols, s, o)
+            }
             (q::MXFP4, DType::Mxfp4) => {
                 mxfp4_row(cols, s, o);
                 true
