@@ -323,12 +323,70 @@ def q4k_fixture() -> None:
     reference(out)
 
 
+def mix_fixture() -> None:
+    """olmoe-mix.gguf: the two-layer shape of olmoe-q4_k_m.gguf with its matrices taken in
+    turn from llama.cpp's Q2_K, Q3_K_M, IQ4_XS, IQ4_NL, Q4_1, Q5_0 and Q5_1 quantizations of
+    one f16 file (llama_model_quantize through tools/bench/quantize_gguf.py), so that every
+    type llama.cpp writes of those is in one file, bytes as llama.cpp wrote them."""
+    import gguf
+
+    make = [sys.executable, str(ROOT / "tools" / "bench" / "make_gguf.py")]
+    shape = ["--experts", "4", "--top-k", "2", "--hidden", "256", "--intermediate", "256"]
+    shape += ["--heads", "2", "--vocab", "1700", "--context", "256", "--seed", "7"]
+    wanted = ["Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "Q4_1", "Q5_0", "Q5_1"]
+    ftypes = ["q2_k", "q3_k_m", "iq4_xs", "iq4_nl", "q4_1", "q5_0", "q5_1"]
+    out = OUT / "olmoe-mix.gguf"
+    with tempfile.TemporaryDirectory() as d:
+        f16 = Path(d) / "olmoe-f16.gguf"
+        subprocess.run([*make, str(f16), "--layers", "2", *shape, "--type", "f16"], check=True)
+        quantize = [sys.executable, str(ROOT / "tools" / "bench" / "quantize_gguf.py"), str(f16)]
+        readers = []
+        for ft in ftypes:
+            q = Path(d) / f"{ft}.gguf"
+            subprocess.run([*quantize, str(q), "--ftype", ft, "--threads", "1"], check=True, stderr=subprocess.DEVNULL)
+            readers.append(gguf.GGUFReader(q))
+        base = readers[0]
+        w = gguf.GGUFWriter(out, base.fields["general.architecture"].contents())
+        for f in base.fields.values():
+            if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
+                continue
+            vt = f.types[0]
+            if vt == gguf.GGUFValueType.ARRAY:
+                w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1])
+            else:
+                w.add_key_value(f.name, f.contents(), vt)
+        turn, used = 0, set()
+        for i, t in enumerate(base.tensors):
+            pick = t
+            if len(t.shape) >= 2 and t.tensor_type != gguf.GGMLQuantizationType.F32:
+                # The next wanted type that some quantization gave this tensor.
+                for k in range(len(wanted)):
+                    name = wanted[(turn + k) % len(wanted)]
+                    hit = [r.tensors[i] for r in readers if r.tensors[i].tensor_type.name == name]
+                    if hit:
+                        pick, turn = hit[0], (turn + k + 1) % len(wanted)
+                        break
+            assert pick.name == t.name
+            used.add(pick.tensor_type.name)
+            w.add_tensor(pick.name, np.array(pick.data), raw_shape=pick.data.shape, raw_dtype=pick.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    missing = set(wanted) - used
+    assert not missing, f"no tensor of {missing}"
+    reference(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp checkout")
     ap.add_argument("--layout-only", action="store_true", help="only the fixtures written in llama.cpp's layout")
     ap.add_argument(
         "--q4k-only", action="store_true", help="only olmoe-q4_k.gguf and olmoe-q4_k_m.gguf (tools/bench/make_gguf.py)"
+    )
+    ap.add_argument(
+        "--mix-only", action="store_true", help="only dequant.json and olmoe-mix.gguf (tools/bench/quantize_gguf.py)"
     )
     a = ap.parse_args()
     import gguf
@@ -340,6 +398,10 @@ def main() -> None:
         return
     if a.q4k_only:
         q4k_fixture()
+        return
+    if a.mix_only:
+        dequant_vectors()
+        mix_fixture()
         return
     if a.llama_cpp is None:
         ap.error("--llama-cpp is required (or --layout-only)")

@@ -256,19 +256,20 @@ pub fn describe_source(source: Option<&Value>) -> Option<String> {
     ))
 }
 
-/// The GGUF types of `g` that a conversion without `--quant` cannot keep exactly (Q5_K and
-/// Q6_K: re-quantized to int8 with group 128), for `coli info FILE.gguf`.
-pub fn converted_types(p: &Parsed) -> Vec<&'static str> {
-    let mut out: Vec<&'static str> = p
-        .imported
-        .tensors
-        .iter()
-        .filter(|t| !stores_exactly_for(&p.gguf, t, keep_dtype_for(&p.gguf, t)))
-        .map(|t| p.gguf.tensors[t.src].ty.name)
-        .collect();
-    out.sort_unstable();
-    out.dedup();
-    out
+/// What a conversion without `--quant` does with the GGUF types of `p` that it cannot keep
+/// exactly, one entry per stored type, for `coli info FILE.gguf`: "Q2_K, Q3_K (re-quantized
+/// to int4/g32)", "Q6_K (re-quantized to int8/g128)" (docs/gguf.md "Tensor types").
+pub fn converted_types(p: &Parsed) -> Vec<String> {
+    let mut by: std::collections::BTreeMap<String, std::collections::BTreeSet<&'static str>> = Default::default();
+    for t in &p.imported.tensors {
+        let dtype = keep_dtype_for(&p.gguf, t);
+        if !stores_exactly_for(&p.gguf, t, dtype) {
+            by.entry(dtype.to_string()).or_default().insert(p.gguf.tensors[t.src].ty.name);
+        }
+    }
+    by.into_iter()
+        .map(|(d, tys)| format!("{} (re-quantized to {d})", tys.into_iter().collect::<Vec<_>>().join(", ")))
+        .collect()
 }
 
 #[cfg(test)]

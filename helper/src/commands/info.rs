@@ -95,7 +95,7 @@ fn summarize_gguf(path: &Path) -> Result<Summary> {
         quant: match super::convert_gguf::converted_types(&p).as_slice() {
             [] => format!("GGUF tensors {}; `coli convert` keeps every value exactly", types.join(", ")),
             conv => format!(
-                "GGUF tensors {}; `coli convert` keeps every value exactly but those of {} (re-quantized to int8/g128: the container has no such format)",
+                "GGUF tensors {}; `coli convert` keeps every value exactly but those of {}: the container has no such format",
                 types.join(", "),
                 conv.join(", ")
             ),
