@@ -231,6 +231,7 @@ def dequant_vectors() -> None:
             "bytes": raw.tobytes().hex(),
             "f32_bits": [int(x) for x in vals.view("<u4")],
         }
+    grid_vectors(cases, rng)
     (OUT / "dequant.json").write_text(json.dumps(cases) + "\n")
 
 
@@ -323,18 +324,99 @@ def q4k_fixture() -> None:
     reference(out)
 
 
+GRID_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"]
+
+
+def iq_grids() -> None:
+    """engine/src/format/iq_grids.bin: the codebooks of ggml's grid-coded types (iq2xxs_grid,
+    iq2xs_grid, iq2s_grid, iq3xxs_grid, iq3s_grid, iq1s_grid: format constants, not
+    computable), one signed byte per element, in GRID_TYPES' order, as gguf.quants unpacks
+    them. IQ1_M shares IQ1_S's."""
+    import gguf
+
+    out = bytearray()
+    for name in GRID_TYPES:
+        cls = gguf.quants._type_traits[gguf.GGMLQuantizationType[name]]
+        cls.init_grid()
+        g = cls.grid.reshape(cls.grid_shape)
+        assert (g == np.round(g)).all() and g.min() >= -128 and g.max() < 128
+        out += g.astype(np.int8).tobytes()
+    (ROOT / "engine" / "src" / "format" / "iq_grids.bin").write_bytes(bytes(out))
+
+
+def grid_vectors(cases: dict, rng) -> None:
+    """For each grid-coded type, blocks that use every grid entry and every sign pattern
+    (with random scales), and the sha256 of the float32 values gguf.quants gives them."""
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    for name in [*GRID_TYPES, "IQ1_M"]:
+        qt = Q[name]
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        n_blocks = 80
+        raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+        # Grid indices counting up over the blocks, so every entry is met; the other bits random.
+        if name in ("IQ2_XXS", "IQ3_XXS"):
+            n = 32 if name == "IQ2_XXS" else 64
+            if name == "IQ2_XXS":
+                at = [2 + 8 * k + l for k in range(8) for l in range(4)]
+            else:
+                at = list(range(2, 66))
+            for b in range(n_blocks):
+                raw[b, at] = [(n * b + g) % 256 for g in range(n)]
+        elif name == "IQ2_XS":
+            v = (np.arange(n_blocks * 32) % 512).astype("<u2") | (rng.integers(0, 128, n_blocks * 32) << 9).astype("<u2")
+            raw[:, 2:66] = v.reshape(n_blocks, 32).view(np.uint8)
+        else:
+            # (first qs byte, groups, grid entries; first qh byte, bytes per qh word, groups
+            # per word, bits per group): group g's high index bits are at bit (g mod per) *
+            # step of little-endian qh word g / per (IQ1_M: nibbles, bit 3 the delta's sign).
+            lay = {"IQ2_S": (2, 32, 1024, 66, 1, 4, 2), "IQ3_S": (2, 64, 512, 66, 1, 8, 1)}
+            lay |= {"IQ1_S": (2, 32, 2048, 34, 2, 4, 3), "IQ1_M": (0, 32, 2048, 32, 1, 2, 4)}
+            qs, groups, entries, qh, nbytes, per, step = lay[name]
+            high = (entries >> 8) - 1
+            for b in range(n_blocks):
+                for g in range(groups):
+                    i = (groups * b + g) % entries
+                    raw[b, qs + g] = i & 0xFF
+                    word, shift = qh + nbytes * (g // per), (g % per) * step
+                    w = int.from_bytes(bytes(raw[b, word : word + nbytes]), "little")
+                    w = (w & ~(high << shift)) | ((i >> 8) << shift)
+                    raw[b, word : word + nbytes] = list(w.to_bytes(nbytes, "little"))
+        if name == "IQ1_M":
+            # The f16 d is spread over the top nibbles of the last four u16: a finite one.
+            sc = raw[:, 48:56].copy().view("<u2")
+            d = np.array([0.0123] * n_blocks, dtype="<f2").view("<u2")
+            for k in range(4):
+                sc[:, k] = (sc[:, k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
+            raw[:, 48:56] = sc.view(np.uint8)
+        else:
+            raw[:, 0:2] = np.array([0.0123, -0.75, 3.0e-6, 1.5] * (n_blocks // 4), dtype="<f2").view(np.uint8).reshape(n_blocks, 2)
+        raw = raw.reshape(-1)
+        vals = gguf.quants.dequantize(raw, qt).astype("<f4").reshape(-1)
+        assert np.isfinite(vals).all()
+        cases[name] = {
+            "type_id": int(qt),
+            "bytes": raw.tobytes().hex(),
+            "f32_sha256": hashlib.sha256(vals.tobytes()).hexdigest(),
+            "first_f32_bits": [int(x) for x in vals[:64].view("<u4")],
+        }
+
+
 def mix_fixture() -> None:
     """olmoe-mix.gguf: the two-layer shape of olmoe-q4_k_m.gguf with its matrices taken in
-    turn from llama.cpp's Q2_K, Q3_K_M, IQ4_XS, IQ4_NL, Q4_1, Q5_0 and Q5_1 quantizations of
-    one f16 file (llama_model_quantize through tools/bench/quantize_gguf.py), so that every
-    type llama.cpp writes of those is in one file, bytes as llama.cpp wrote them."""
+    turn from llama.cpp's Q2_K, Q3_K_M, IQ4_XS, IQ4_NL, Q4_1, Q5_0, Q5_1 and IQ3_M
+    quantizations of one f16 file (llama_model_quantize through tools/bench/quantize_gguf.py),
+    so that every type llama.cpp writes of those is in one file, bytes as llama.cpp wrote
+    them. (IQ3_XXS, IQ2_* and IQ1_* need an importance matrix, which quantize_gguf.py cannot
+    pass: dequant.json's blocks cover them.)"""
     import gguf
 
     make = [sys.executable, str(ROOT / "tools" / "bench" / "make_gguf.py")]
     shape = ["--experts", "4", "--top-k", "2", "--hidden", "256", "--intermediate", "256"]
     shape += ["--heads", "2", "--vocab", "1700", "--context", "256", "--seed", "7"]
-    wanted = ["Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "Q4_1", "Q5_0", "Q5_1"]
-    ftypes = ["q2_k", "q3_k_m", "iq4_xs", "iq4_nl", "q4_1", "q5_0", "q5_1"]
+    wanted = ["Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "Q4_1", "Q5_0", "Q5_1", "IQ3_S"]
+    ftypes = ["q2_k", "q3_k_m", "iq4_xs", "iq4_nl", "q4_1", "q5_0", "q5_1", "iq3_m"]
     out = OUT / "olmoe-mix.gguf"
     with tempfile.TemporaryDirectory() as d:
         f16 = Path(d) / "olmoe-f16.gguf"
@@ -400,6 +482,7 @@ def main() -> None:
         q4k_fixture()
         return
     if a.mix_only:
+        iq_grids()
         dequant_vectors()
         mix_fixture()
         return

@@ -23,7 +23,7 @@ import sys
 
 # llama.h's `enum llama_ftype` (those worth benchmarking, and the test fixtures' types).
 FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k_m": 12, "q4_k_s": 14}
-FTYPES |= {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30}
+FTYPES |= {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq3_m": 27, "iq4_xs": 30}
 
 
 class QuantizeParams(ctypes.Structure):

@@ -21,14 +21,27 @@ pub const Q3_K: u32 = 11;
 pub const Q4_K: u32 = 12;
 pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
+pub const IQ2_XXS: u32 = 16;
+pub const IQ2_XS: u32 = 17;
+pub const IQ3_XXS: u32 = 18;
+pub const IQ1_S: u32 = 19;
 pub const IQ4_NL: u32 = 20;
+pub const IQ3_S: u32 = 21;
+pub const IQ2_S: u32 = 22;
 pub const IQ4_XS: u32 = 23;
+pub const IQ1_M: u32 = 29;
 pub const BF16: u32 = 30;
 pub const MXFP4: u32 = 39;
 
-/// The types colibri decodes (the grid-coded IQ1/IQ2/IQ3 and the ternary TQ types are not).
-pub const SUPPORTED: &[u32] =
-    &[F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4];
+/// The grid-coded types ([`super::gguf_iq`]).
+pub const GRID_CODED: &[u32] = &[IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M];
+
+/// The types colibri decodes: every type of gguf.rs's table that llama.cpp writes into
+/// model files but the ternary TQ1_0 / TQ2_0.
+pub const SUPPORTED: &[u32] = &[
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S,
+    IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, MXFP4,
+];
 
 pub fn is_supported(ty: GgmlType) -> bool {
     SUPPORTED.contains(&ty.id)
@@ -212,7 +225,7 @@ fn block(b: &[u8], ty: u32, y: &mut [f32]) {
                 }
             }
         }
-        _ => {}
+        _ => super::gguf_iq::block(b, ty, y),
     }
 }
 

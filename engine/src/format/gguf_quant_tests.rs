@@ -39,6 +39,28 @@ fn every_supported_type_matches_gguf_py_bit_for_bit() {
     }
 }
 
+/// The grid-coded types on blocks that meet every entry of their codebooks (and, with
+/// random bits around the indices, the sign patterns, scales and offsets): the sha256 of
+/// gguf-py's values, and the first 64 of them bit for bit.
+#[test]
+fn every_grid_coded_type_matches_gguf_py_on_every_codebook_entry() {
+    use sha2::{Digest, Sha256};
+    let v: serde_json::Value = serde_json::from_str(VECTORS).unwrap();
+    for name in ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"] {
+        let c = &v[name];
+        let ty = GgmlType::from_id(c["type_id"].as_u64().unwrap() as u32).unwrap();
+        assert_eq!(ty.name, name);
+        let bytes = hex(c["bytes"].as_str().unwrap());
+        let mut out = vec![f32::NAN; (bytes.len() / ty.block_bytes as usize) * 256];
+        dequantize(ty, &bytes, &mut out).unwrap();
+        let first: Vec<u32> =
+            c["first_f32_bits"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_bits(name, &out[..first.len()], &first);
+        let le: Vec<u8> = out.iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(format!("{:x}", Sha256::digest(&le)), c["f32_sha256"].as_str().unwrap(), "{name}");
+    }
+}
+
 #[test]
 fn wrong_sizes_and_unsupported_types_are_errors() {
     let (ty, bytes, want) = case("Q4_K");
@@ -46,8 +68,8 @@ fn wrong_sizes_and_unsupported_types_are_errors() {
     assert!(dequantize(ty, &bytes, &mut out).is_err());
     let mut out = vec![0.0; want.len()];
     assert!(dequantize(ty, &bytes[1..], &mut out).is_err());
-    let e = dequantize(GgmlType::by_name("IQ2_XXS").unwrap(), &[0; 66], &mut [0.0; 256]).unwrap_err().to_string();
-    assert!(e.contains("IQ2_XXS") && e.contains("Q6_K"), "{e}");
+    let e = dequantize(GgmlType::by_name("TQ2_0").unwrap(), &[0; 66], &mut [0.0; 256]).unwrap_err().to_string();
+    assert!(e.contains("TQ2_0") && e.contains("Q6_K") && e.contains("IQ1_M"), "{e}");
 }
 
 #[test]

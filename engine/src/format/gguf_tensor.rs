@@ -36,6 +36,7 @@ pub fn keep_dtype(ty: GgmlType) -> DType {
         q::Q4_K => DType::Q4K,
         q::Q4_1 | q::Q5_1 | q::Q5_K | q::Q6_K | q::IQ4_XS => DType::Int8 { group: REQUANT_GROUP },
         q::Q2_K | q::Q3_K => DType::Int4 { group: LOW_BIT_GROUP },
+        id if q::GRID_CODED.contains(&id) => DType::Int4 { group: LOW_BIT_GROUP },
         _ => DType::Int8 { group: 32 },
     }
 }

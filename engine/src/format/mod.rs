@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod gguf_config;
 mod gguf_families;
 pub mod gguf_import;
+mod gguf_iq;
 mod gguf_plan;
 pub mod gguf_quant;
 pub mod gguf_tensor;
