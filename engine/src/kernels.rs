@@ -105,7 +105,7 @@ thread_local! {
 pub fn matmul_many(jobs: &mut [MatJob]) {
     let simd = Simd::active();
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    let mut keys: Vec<(usize, usize, usize, usize, bool, bool)> = Vec::new();
+    let mut keys: Vec<(usize, usize, usize, usize, bool, bool, bool)> = Vec::new();
     let mut act_of = vec![usize::MAX; jobs.len()];
     let mut acts16 = ACTS16.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let mut keys16: Vec<(usize, usize, usize)> = Vec::new();
@@ -128,12 +128,14 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
             };
             continue;
         }
-        // Q4K rows are int4 rows of group 32 under Q4_K headers (qdot's `ActQ::k4`).
-        let k4 = job.w.dtype == DType::Q4K;
+        // Q4K rows are int4 rows of group 32 under Q4_K headers (qdot's `ActQ::k4`); Q5K
+        // rows add fifth bits (`ActQ::k5`).
+        let k5 = job.w.dtype == DType::Q5K;
+        let k4 = k5 || job.w.dtype == DType::Q4K;
         let Some(group) = (if k4 { Some(32) } else { job.w.dtype.group() }) else { continue };
         let (group, int4) = (group as usize, k4 || matches!(job.w.dtype, DType::Int4 { .. }));
         let split = ActQ::wants_split(int4, group);
-        let key = (job.x.as_ptr() as usize, n, cols, group, split, k4);
+        let key = (job.x.as_ptr() as usize, n, cols, group, split, k4, k5);
         if let Some(k) = keys.iter().position(|k| *k == key) {
             act_of[j] = k;
             continue;
@@ -142,15 +144,18 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
             acts.push(ActQ::default());
         }
         acts[keys.len()].quantize(&job.x[..n * cols], n, cols, group, split);
-        if k4 {
+        if k5 {
+            acts[keys.len()].set_k5();
+        } else if k4 {
             acts[keys.len()].set_k4();
         }
         // Q4K rows are prepared only in wasm and on NEON (qdot::prepares_k4); on x86 every
         // count of positions takes the one-position layouts, which the few-position kernels
         // read too.
-        if n >= qdot::prepare_min(simd) && (!k4 || qdot::prepares_k4(simd)) {
+        // Q5K rows take x86's AVX2 kernels on AVX-512 too, on the pair layout.
+        if n >= qdot::prepare_min(simd) && (!k4 || qdot::prepares_k4(simd)) && !k5 {
             acts[keys.len()].interleave();
-        } else if int4 && simd.quads() && ActQ::quad_group(group) {
+        } else if int4 && simd.quads() && ActQ::quad_group(group) && !k5 {
             acts[keys.len()].quad();
         } else if int4 && simd.pairs() {
             acts[keys.len()].pair();
@@ -246,8 +251,8 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
                 }
             }
         }
-        (DType::Int8 { .. } | DType::Int4 { .. } | DType::Q4K, Some(Act::Int8(a))) => {
-            let int4 = matches!(w.dtype, DType::Int4 { .. } | DType::Q4K);
+        (DType::Int8 { .. } | DType::Int4 { .. } | DType::Q4K | DType::Q5K, Some(Act::Int8(a))) => {
+            let int4 = matches!(w.dtype, DType::Int4 { .. } | DType::Q4K | DType::Q5K);
             if n == 1 {
                 // SAFETY: rows r0..r1 of position 0 are out[r0..r1], this task's alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r0), r1 - r0) };

@@ -46,6 +46,15 @@ use crate::error::{Error, Result};
 /// one rounding: llama.cpp's dequantization. The rows are as large as int4/g32's (0.5625
 /// bytes per value: a 16-byte header per eight blocks where int4 has eight f16 scales), so
 /// the int4 kernels' integer sums apply unchanged (crate::qdot).
+///
+/// `Q5K` rows (`cols` a multiple of 256) keep a GGUF Q5_K tensor's blocks exactly: `[headers:
+/// cols / 256 x 16 bytes, as Q4K's][values: cols / 2 bytes, the low four bits of each value
+/// in int4's order, as Q4K's][fifth bits: cols / 256 x 32 bytes]`. Value c of sub-block j is
+/// `A_j * u_c - B_j` with u_c = nibble + 16 * fifth bit (0..=31), one rounding: llama.cpp's
+/// dequantization. Run k's 32 fifth-bit bytes put the bit of value c (of the run's 256) at
+/// [`q5k_bit`]: byte 16 (j mod 2) + m, bit 2 (j / 2) + (c mod 2) for nibble byte m of
+/// sub-block j, so that a 16-byte load and one shift line the bits up with that sub-block's
+/// 16 nibble bytes. 0.6875 bytes per value (Q5_K's 176 per 256).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -58,10 +67,19 @@ pub enum DType {
     Fp8 { block: u32 },
     F8E4M3,
     Q4K,
+    Q5K,
 }
 
 /// Values per Q4_K block (one 16-byte header: eight sub-blocks of 32).
 pub const Q4K_BLOCK: usize = 256;
+
+/// Where the fifth bit of value `c` (0..256) of a Q5K run is among its 32 fifth-bit bytes:
+/// (byte, bit). See [`DType::Q5K`].
+#[inline]
+pub fn q5k_bit(c: usize) -> (usize, u32) {
+    let (j, i) = (c / 32, c % 32);
+    (16 * (j % 2) + i / 2, (2 * (j / 2) + i % 2) as u32)
+}
 
 /// The eight sub-block factors `A_j = d * sc_j` and offsets `B_j = dmin * m_j` of a Q4K
 /// header (16 bytes: f16 d, f16 dmin, then sc_j at bit 6j and m_j at bit 48 + 6j of a
@@ -202,6 +220,8 @@ impl DType {
             DType::Fp8 { block } => cols.div_ceil(block as usize).checked_mul(4)?.checked_add(round4(cols)),
             DType::Q4K if cols.is_multiple_of(Q4K_BLOCK) => Some(cols / Q4K_BLOCK * 16 + cols / 2),
             DType::Q4K => None,
+            DType::Q5K if cols.is_multiple_of(Q4K_BLOCK) => Some(cols / Q4K_BLOCK * 48 + cols / 2),
+            DType::Q5K => None,
         }
     }
 
@@ -233,6 +253,7 @@ impl DType {
             ("fp8", Some(b)) if b > 0 => Some(DType::Fp8 { block: b }),
             ("f8_e4m3", None) => Some(DType::F8E4M3),
             ("q4_k", None) => Some(DType::Q4K),
+            ("q5_k", None) => Some(DType::Q5K),
             _ => None,
         }
     }
@@ -249,6 +270,7 @@ impl DType {
             DType::Fp8 { .. } => "fp8",
             DType::F8E4M3 => "f8_e4m3",
             DType::Q4K => "q4_k",
+            DType::Q5K => "q5_k",
         }
     }
 
@@ -405,7 +427,7 @@ pub fn decode_into(dtype: DType, src: &[u8], out: &mut [f32]) {
                 *o = E4M3[*b as usize];
             }
         }
-        DType::Int8 { .. } | DType::Int4 { .. } | DType::Mxfp4 | DType::Fp8 { .. } | DType::Q4K => {}
+        DType::Int8 { .. } | DType::Int4 { .. } | DType::Mxfp4 | DType::Fp8 { .. } | DType::Q4K | DType::Q5K => {}
     }
 }
 
@@ -423,18 +445,22 @@ fn decode_mxfp4_row(cols: usize, src: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Decode one Q4K row (`cols` a multiple of 256) into `out[..cols]`: `A_j * u - B_j`.
-fn decode_q4k_row(cols: usize, src: &[u8], out: &mut [f32]) {
+/// Decode one Q4K (`!five`) or Q5K row (`cols` a multiple of 256) into `out[..cols]`:
+/// `A_j * u - B_j`.
+fn decode_k_row(five: bool, cols: usize, src: &[u8], out: &mut [f32]) {
     let runs = cols / Q4K_BLOCK;
     let (heads, q) = src.split_at(runs * 16);
+    let (q, high) = q.split_at(cols / 2);
     for (k, head) in heads.chunks_exact(16).enumerate() {
         let (a, b) = q4k_scales(head);
-        for j in 0..8 {
-            let c0 = k * Q4K_BLOCK + 32 * j;
-            for (o, &byte) in out[c0..c0 + 32].chunks_exact_mut(2).zip(&q[c0 / 2..c0 / 2 + 16]) {
-                o[0] = a[j] * (byte & 15) as f32 - b[j];
-                o[1] = a[j] * (byte >> 4) as f32 - b[j];
+        for (i, o) in out[k * Q4K_BLOCK..(k + 1) * Q4K_BLOCK].iter_mut().enumerate() {
+            let byte = q[(k * Q4K_BLOCK + i) / 2];
+            let mut u = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
+            if five {
+                let (at, bit) = q5k_bit(i);
+                u |= ((high[32 * k + at] >> bit) & 1) << 4;
             }
+            *o = a[i / 32] * u as f32 - b[i / 32];
         }
     }
 }
@@ -460,7 +486,8 @@ pub fn decode_row(dtype: DType, cols: usize, src: &[u8], out: &mut [f32]) {
         DType::Int4 { group } => (group as usize, true),
         DType::Mxfp4 => return decode_mxfp4_row(cols, src, out),
         DType::Fp8 { block } => return decode_fp8_row(block as usize, cols, src, out),
-        DType::Q4K => return decode_q4k_row(cols, src, out),
+        DType::Q4K => return decode_k_row(false, cols, src, out),
+        DType::Q5K => return decode_k_row(true, cols, src, out),
         _ => return decode_into(dtype, src, &mut out[..cols]),
     };
     let groups = cols.div_ceil(group);

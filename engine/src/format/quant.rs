@@ -66,7 +66,8 @@ pub fn quantize_row(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
         }
         DType::Mxfp4 => quantize_row_mxfp4(src, out)?,
         DType::Fp8 { block } => quantize_row_fp8(block as usize, src, out)?,
-        DType::Q4K => quantize_row_q4k(src, out)?,
+        DType::Q4K => quantize_row_k(false, src, out)?,
+        DType::Q5K => quantize_row_k(true, src, out)?,
         DType::U8 | DType::F8E4M3 => {
             return Err(Error::Invalid(format!("{dtype} is a raw checkpoint type, not a weight encoding")))
         }
@@ -74,19 +75,21 @@ pub fn quantize_row(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// Q4_K of one row (`cols` a multiple of 256; [`DType::Q4K`]'s layout): each sub-block of
-/// 32 spans min(x, 0)..max(x) in 15 steps, its step and -min quantized to 6 bits against
-/// the block's f16 d and dmin (the largest of each over 63), each value the nearest nibble.
-/// A plain quantizer (llama.cpp's `make_qkx2` searches for a better fit); GGUF imports
-/// copy the blocks instead.
-fn quantize_row_q4k(src: &[f32], out: &mut [u8]) -> Result<()> {
-    use crate::tensor::{q4k_scales, Q4K_BLOCK};
+/// Q4_K (`!five`) or Q5_K of one row (`cols` a multiple of 256; [`DType::Q4K`]'s and
+/// [`DType::Q5K`]'s layouts): each sub-block of 32 spans min(x, 0)..max(x) in 15 (31)
+/// steps, its step and -min quantized to 6 bits against the block's f16 d and dmin (the
+/// largest of each over 63), each value the nearest level. A plain quantizer (llama.cpp's
+/// `make_qkx2` searches for a better fit); GGUF imports copy the blocks instead.
+fn quantize_row_k(five: bool, src: &[f32], out: &mut [u8]) -> Result<()> {
+    use crate::tensor::{q4k_scales, q5k_bit, Q4K_BLOCK};
+    let top = if five { 31.0 } else { 15.0 };
     if src.iter().any(|v| !v.is_finite()) {
         return Err(Error::Invalid("cannot quantize a row holding NaN or infinity".into()));
     }
     out.iter_mut().for_each(|b| *b = 0);
     let runs = src.len() / Q4K_BLOCK;
     let (heads, q) = out.split_at_mut(runs * 16);
+    let (q, high) = q.split_at_mut(src.len() / 2);
     for (k, head) in heads.chunks_exact_mut(16).enumerate() {
         let x = &src[k * Q4K_BLOCK..(k + 1) * Q4K_BLOCK];
         let (mut step, mut off) = ([0.0f32; 8], [0.0f32; 8]);
@@ -94,7 +97,7 @@ fn quantize_row_q4k(src: &[f32], out: &mut [u8]) -> Result<()> {
             let sub = &x[32 * j..32 * j + 32];
             let lo = sub.iter().fold(0.0f32, |m, &v| m.min(v));
             let hi = sub.iter().fold(f32::MIN, |m, &v| m.max(v));
-            (step[j], off[j]) = ((hi - lo) / 15.0, -lo);
+            (step[j], off[j]) = ((hi - lo) / top, -lo);
         }
         let d = f16::from_f32(step.iter().fold(0.0f32, |m, &v| m.max(v)) / 63.0);
         let dmin = f16::from_f32(off.iter().fold(0.0f32, |m, &v| m.max(v)) / 63.0);
@@ -108,9 +111,13 @@ fn quantize_row_q4k(src: &[f32], out: &mut [u8]) -> Result<()> {
         let (a, b) = q4k_scales(head);
         for (c, &v) in x.iter().enumerate() {
             let j = c / 32;
-            let u = if a[j] > 0.0 { ((v + b[j]) / a[j]).round().clamp(0.0, 15.0) as u8 } else { 0 };
+            let u = if a[j] > 0.0 { ((v + b[j]) / a[j]).round().clamp(0.0, top) as u8 } else { 0 };
             let at = (k * Q4K_BLOCK + c) >> 1;
-            q[at] |= if c & 1 == 0 { u } else { u << 4 };
+            q[at] |= if c & 1 == 0 { u & 15 } else { (u & 15) << 4 };
+            if five {
+                let (byte, bit) = q5k_bit(c);
+                high[32 * k + byte] |= (u >> 4) << bit;
+            }
         }
     }
     Ok(())

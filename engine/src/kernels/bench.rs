@@ -102,7 +102,7 @@ pub fn matrix(dtype: DType, rows: usize, cols: usize, seed: u64) -> Result<Mat> 
                     *v = if b & 0x7f == 0x7f { b ^ 1 } else { b };
                 }
             }
-            DType::Q4K => {
+            DType::Q4K | DType::Q5K => {
                 let runs = cols / crate::tensor::Q4K_BLOCK;
                 let (heads, vals) = row.split_at_mut(runs * 16);
                 for h in heads.chunks_exact_mut(16) {

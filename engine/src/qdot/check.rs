@@ -39,11 +39,11 @@ const ODD_SCALES: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x83ff, 0x0200, 0x7bff, 0x
 /// value at its largest stored code (row 5: int4 nibble 15, int8 127; with an activation row
 /// of 127s the largest sums any kernel's narrow accumulators must hold).
 ///
-/// Q4K rows: row 0's headers hold random 6-bit scales and mins (every bit pattern), rows 3
-/// and 4 odd values of d and dmin.
+/// Q4K and Q5K rows: row 0's headers hold random 6-bit scales and mins (every bit pattern),
+/// rows 3 and 4 odd values of d and dmin; row 5's fifth bits are all set (u = 31).
 pub fn weights(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
     let Some(rb) = dtype.row_bytes(cols) else { return Vec::new() };
-    let k4 = dtype == DType::Q4K;
+    let k4 = matches!(dtype, DType::Q4K | DType::Q5K);
     let blocks = dtype.group().map_or(1, |g| cols.div_ceil(g.max(1) as usize));
     // Where the values start (after the scales, or the Q4K headers).
     let vstart = if k4 { cols / 256 * 16 } else { round4(blocks * 2) };
@@ -222,17 +222,17 @@ fn check_all() -> Result<usize, String> {
         }
     }
     checked += check_long_rows(&paths, &mut seed)?;
-    checked += check_q4k(&paths, &mut seed)?;
+    checked += check_k(DType::Q4K, &paths, &mut seed)?;
+    checked += check_k(DType::Q5K, &paths, &mut seed)?;
     // The SwiGLU activation's SIMD lanes (the same scalar steps; math/act.rs).
     checked += crate::math::check_activations(paths.iter().any(|&s| s != Simd::Scalar))?;
     Ok(checked)
 }
 
-/// Q4K rows (int4 nibbles under Q4_K headers, `ActQ::k4`) on every path and layout: one
-/// position, all rows at once, and position ranges up to past one pass of the few-position
-/// kernels (qdot::x86_few::FEW = 32).
-fn check_q4k(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
-    let dtype = DType::Q4K;
+/// Q4K rows (int4 nibbles under Q4_K headers, `ActQ::k4`) or Q5K rows (`dtype`; with fifth
+/// bits, `ActQ::k5`) on every path and layout: one position, all rows at once, and position
+/// ranges up to past one pass of the few-position kernels (qdot::x86_few::FEW = 32).
+fn check_k(dtype: DType, paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
     let mut checked = 0;
     for cols in [256, 768, 2048] {
         let (rows, n) = (6, 36);
@@ -243,7 +243,11 @@ fn check_q4k(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
         }
         let mut a = ActQ::default();
         a.quantize(&activations(n, cols, 32, seed), n, cols, 32, true);
-        a.set_k4();
+        if dtype == DType::Q5K {
+            a.set_k5();
+        } else {
+            a.set_k4();
+        }
         let (mut ap, mut aq, mut ai) = (a.clone(), a.clone(), a.clone());
         ap.pair();
         aq.quad();

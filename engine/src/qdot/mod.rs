@@ -196,6 +196,8 @@ pub struct ActQ {
     /// The rows these activations meet are Q4K (int4 nibbles under Q4_K headers: group 32,
     /// split): set with `ds` by [`ActQ::set_k4`] after [`ActQ::quantize`], which clears both.
     pub k4: bool,
+    /// With `k4`: the rows are Q5K (fifth bits after the nibbles; [`ActQ::set_k5`]).
+    pub k5: bool,
     /// Q4K: [n, dstride] d_b * f32(s_b), each product rounded once (the term of the blocks'
     /// offsets B).
     pub ds: Vec<f32>,
@@ -229,6 +231,7 @@ impl ActQ {
             qz: std::mem::take(&mut self.qz),
             qh: std::mem::take(&mut self.qh),
             k4: false,
+            k5: false,
             ds: std::mem::take(&mut self.ds),
         };
         self.ds.clear();
@@ -378,6 +381,12 @@ impl ActQ {
         self.ds.extend(self.d.iter().zip(&self.s).map(|(d, s)| d * *s as f32));
     }
 
+    /// [`ActQ::set_k4`] for Q5K rows (tensor::DType::Q5K): the same activations and `ds`.
+    pub fn set_k5(&mut self) {
+        self.set_k4();
+        self.k5 = true;
+    }
+
     /// Builds [`ActQ::qh`] from `q` (activations are -127..=127, so -q fits).
     pub fn halves(&mut self) {
         self.qh.clear();
@@ -487,13 +496,14 @@ pub fn dot_row_scalar(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     reduce8(acc)
 }
 
-/// The reference for a Q4K row (`a.k4`: group 32): per block b (sub-block j = b mod 8 of
-/// header b / 8), isum = sum u * q over its 32 values (u the stored nibble), then
-/// acc[b mod 8] += (A_j * d_b) * f32(isum) - B_j * ds_b, each operation rounded
-/// on its own. |isum| <= 15 * 127 * 32 < 2^24: exact.
+/// The reference for a Q4K or Q5K row (`a.k4`, `a.k5`: group 32): per block b (sub-block
+/// j = b mod 8 of header b / 8), isum = sum u * q over its 32 values (u the stored nibble,
+/// plus 16 times its fifth bit for Q5K), then acc[b mod 8] += (A_j * d_b) * f32(isum) -
+/// B_j * ds_b, each operation rounded on its own. |isum| <= 31 * 127 * 32 < 2^24: exact.
 fn dot_row_q4k(row: &[u8], a: &ActQ, p: usize) -> f32 {
     let runs = a.blocks / 8;
     let vals = &row[runs * 16..];
+    let high = &row[runs * 16 + a.cols / 2..];
     let (q, d, ds) = (a.qrow(p), a.drow(p), &a.ds[p * a.dstride()..(p + 1) * a.dstride()]);
     let mut acc = [0.0f32; 8];
     for r in 0..runs {
@@ -504,7 +514,11 @@ fn dot_row_q4k(row: &[u8], a: &ActQ, p: usize) -> f32 {
             for i in 0..CHUNK {
                 let c = CHUNK * b + i;
                 let byte = vals[c >> 1];
-                let u = if c & 1 == 0 { byte & 15 } else { byte >> 4 };
+                let mut u = if c & 1 == 0 { byte & 15 } else { byte >> 4 };
+                if a.k5 {
+                    let (at, bit) = crate::tensor::q5k_bit(CHUNK * j + i);
+                    u |= ((high[32 * r + at] >> bit) & 1) << 4;
+                }
                 isum += u as i32 * q[CHUNK * b + if a.split { split_index(i) } else { i }] as i32;
             }
             acc[j] += (am[j] * d[b]) * isum as f32 - bm[j] * ds[b];
@@ -552,11 +566,28 @@ fn k4_ok(a: &ActQ) -> bool {
     !a.k4 || a.ds.len() == a.n * a.dstride()
 }
 
+/// Whether `simd` has its own kernels for Q5K rows with the layouts `a` holds (the others
+/// run the reference): x86 on the pair layout (AVX-512 runs AVX2's Q5K kernels).
+fn k5_fast(simd: Simd, a: &ActQ) -> bool {
+    let _ = a;
+    #[cfg(target_arch = "x86_64")]
+    if matches!(simd, Simd::Avx2 | Simd::Avx512) {
+        return x86::k5_takes(a);
+    }
+    let _ = simd;
+    false
+}
+
+/// Q5K activations that `simd`'s kernels do not take: every row goes to the reference.
+fn k5_slow(simd: Simd, a: &ActQ) -> bool {
+    a.k5 && !k5_fast(simd, a)
+}
+
 /// One row times one position with the chosen path. The fast paths need the group to
 /// be a multiple of [`CHUNK`] (and int4 activations split); others use the reference.
 #[inline]
 pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
-    if !a.group.is_multiple_of(CHUNK) || a.split != int4 || (a.k4 && !k4_fast(simd)) || !k4_ok(a) {
+    if !a.group.is_multiple_of(CHUNK) || a.split != int4 || (a.k4 && !k4_fast(simd)) || !k4_ok(a) || k5_slow(simd, a) {
         return dot_row_scalar(int4, row, a, p);
     }
     match simd {
@@ -585,6 +616,12 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 /// them) times position 0 of `a`, into `out`: the same bits, the row loop inside the SIMD
 /// function (one call and one set-up per matrix slice instead of per row).
 pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    if k5_slow(simd, a) {
+        for (o, row) in out.iter_mut().zip(rows.chunks(rb.max(1))) {
+            *o = dot_row_scalar(int4, row, a, 0);
+        }
+        return;
+    }
     // dot_row's own condition for its SIMD paths (other groups take the reference).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if simd == Simd::Simd128 && a.group.is_multiple_of(CHUNK) && a.split == int4 && k4_ok(a) {
@@ -649,6 +686,12 @@ pub fn prepare_min(simd: Simd) -> usize {
 /// (`neon_tile`: `sdot` on the interleaved halves); the integer block sums are the same,
 /// so are the bits.
 pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
+    if k5_slow(simd, a) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = dot_row_scalar(int4, row, a, p0 + i);
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if out.len() >= prepare_min(simd)
         && a.group.is_multiple_of(CHUNK)

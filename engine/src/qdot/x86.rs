@@ -6,7 +6,9 @@
 //! Q4K rows (`ActQ::k4`, tensor::DType::Q4K) are int4 rows whose run of eight blocks has a
 //! Q4_K header instead of eight f16 scales: the same integer sums (of the stored nibbles,
 //! before int4's `- 8 sum q`), and the reference's other float step ([`run_scales`],
-//! [`combine`]); const `K` selects it.
+//! [`combine`]); const `K` selects it. Q5K rows (`ActQ::k5`) add each value's fifth bit
+//! ([`fifth_pair`]) before the same sums, on the pair layout only ([`k5_takes`]; AVX-512
+//! runs these AVX2 kernels for them).
 
 use std::arch::x86_64::*;
 
@@ -30,6 +32,9 @@ pub fn has_avx512() -> bool {
 pub unsafe fn dot_row_avx2(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract; the body reads only inside `row` and `a`.
     unsafe {
+        if a.k5 {
+            return body_k5(row, a, p);
+        }
         match (int4, a.k4) {
             (true, true) => body::<false, true, true>(row, a, p),
             (true, false) => body::<false, true, false>(row, a, p),
@@ -43,6 +48,9 @@ pub unsafe fn dot_row_avx2(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
 pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract; the body reads only inside `row` and `a`.
     unsafe {
+        if a.k5 {
+            return body_k5(row, a, p);
+        }
         match (int4, a.k4) {
             (true, true) => body::<true, true, true>(row, a, p),
             (true, false) => body::<true, true, false>(row, a, p),
@@ -59,6 +67,9 @@ pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
 pub unsafe fn dot_rows_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
+        if a.k5 {
+            return rows_k5(rows, rb, a, out);
+        }
         match (int4, a.k4) {
             (true, true) => rows_body::<false, true, true>(rows, rb, a, out),
             (true, false) => rows_body::<false, true, false>(rows, rb, a, out),
@@ -74,6 +85,9 @@ pub unsafe fn dot_rows_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 pub unsafe fn dot_rows_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
+        if a.k5 {
+            return rows_k5(rows, rb, a, out);
+        }
         match (int4, a.k4) {
             (true, true) => rows_body::<true, true, true>(rows, rb, a, out),
             (true, false) => rows_body::<true, true, false>(rows, rb, a, out),
@@ -92,6 +106,103 @@ unsafe fn rows_body<const VNNI: bool, const INT4: bool, const K: bool>(
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
         // SAFETY: the caller's contract, row by row.
         *o = unsafe { body::<VNNI, INT4, K>(row, a, 0) };
+    }
+}
+
+#[inline(always)]
+unsafe fn rows_k5(rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
+        // SAFETY: the caller's contract, row by row.
+        *o = unsafe { body_k5(row, a, 0) };
+    }
+}
+
+/// Whether the Q5K kernels take `a`: group 32, split, the pair layout and `ds` whole
+/// (super::k5_fast; other layouts run the reference).
+pub fn k5_takes(a: &ActQ) -> bool {
+    a.k5 && a.split
+        && a.group == CHUNK
+        && a.blocks.is_multiple_of(8)
+        && a.qp.len() == a.n * a.dstride() * CHUNK
+        && a.ds.len() == a.n * a.dstride()
+}
+
+/// One Q5K row times position `p` ([`k5_takes`] holds): [`paired_runs`]' sums with each
+/// value's fifth bit added ([`fifth_pair`]), Q4K's float step.
+///
+/// SAFETY (caller): AVX2 and F16C present; `row` is one stored Q5K row for `a`.
+#[inline(always)]
+unsafe fn body_k5(row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let runs = a.blocks / 8;
+    let vals = &row[16 * runs..];
+    // SAFETY: a Q5K row is 16 header, 128 nibble and 32 fifth-bit bytes per run; the pair
+    // layout holds 256 values per run of position p, d and ds dstride per position.
+    unsafe {
+        let high = vals.as_ptr().add(a.cols / 2);
+        let qp = a.qp.as_ptr().add(p * a.dstride() * CHUNK);
+        let ahead = prefetch_ahead(false);
+        let mut acc = _mm256_setzero_ps();
+        for r in 0..runs {
+            if ahead > 0 {
+                prefetch(vals.as_ptr().wrapping_add(ahead + r * 128), 128);
+            }
+            let isum = pairs8_k5(vals, high.add(32 * r), qp.add(r * 256), r * 256);
+            let sc = run_scales::<true>(row.as_ptr().add(16 * r));
+            acc = combine::<3, true>(acc, sc, isum, a, p * a.dstride() + 8 * r);
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        reduce8(lanes)
+    }
+}
+
+/// The fifth bits of blocks i and i + 4 (i < 4) of a Q5K run (`high`: its 32 fifth-bit
+/// bytes, tensor::q5k_bit: byte 16 (i mod 2) + m, bits 2 (i / 2) and 2 (i / 2) + 4 for
+/// block i's and block i + 4's nibble byte m), as 0x10 bytes in the lanes of the pair
+/// layout's nibble vector (block i in the low 128 bits, i + 4 in the high): (for the low
+/// nibbles, for the high ones). A 16-bit shift moves no bit that the masks keep across a
+/// byte.
+///
+/// SAFETY (caller): AVX2; 32 bytes readable at `high`.
+#[inline(always)]
+pub(super) unsafe fn fifth_pair(high: *const u8, i: usize) -> (__m256i, __m256i) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = _mm_loadu_si128(high.add(16 * (i % 2)) as *const __m128i);
+        let h = _mm_srl_epi16(h, _mm_cvtsi32_si128(2 * (i / 2) as i32));
+        let v = _mm256_set_m128i(_mm_srli_epi16::<4>(h), h);
+        let b4 = _mm256_set1_epi8(0x10);
+        (_mm256_and_si256(_mm256_slli_epi16::<4>(v), b4), _mm256_and_si256(_mm256_slli_epi16::<3>(v), b4))
+    }
+}
+
+/// [`pairs8`] of a Q5K run at column `c0` (group 32): each nibble with its fifth bit
+/// (u <= 31: a `vpmaddubsw` pair is at most 2 * 31 * 127 = 7874, the even and odd sum
+/// 15748, so [`fold_pairs`] adds one level of `vphaddw` (31496), not two). Exact.
+///
+/// SAFETY (caller): AVX2; the run's 128 nibble bytes from `c0 / 2` are inside `vals`, its
+/// 32 fifth-bit bytes at `high`, 256 pair-layout values at `qp`.
+#[inline(always)]
+unsafe fn pairs8_k5(vals: &[u8], high: *const u8, qp: *const i8, c0: usize) -> __m256i {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let low4 = _mm256_set1_epi8(0x0f);
+        let mut t = [_mm256_setzero_si256(); 4];
+        for (i, ti) in t.iter_mut().enumerate() {
+            let lo_at = (c0 + i * CHUNK) >> 1;
+            let x = _mm256_loadu2_m128i(
+                vals.as_ptr().add(lo_at + 2 * CHUNK) as *const __m128i,
+                vals.as_ptr().add(lo_at) as *const __m128i,
+            );
+            let (l5, h5) = fifth_pair(high, i);
+            let lo = _mm256_or_si256(_mm256_and_si256(x, low4), l5);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(x), low4), h5);
+            let q = qp.add(i * 64);
+            let even = _mm256_loadu_si256(q as *const __m256i);
+            let odd = _mm256_loadu_si256(q.add(32) as *const __m256i);
+            *ti = _mm256_add_epi16(_mm256_maddubs_epi16(lo, even), _mm256_maddubs_epi16(hi, odd));
+        }
+        fold_pairs(t, 2)
     }
 }
 

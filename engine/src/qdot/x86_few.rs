@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::x86::{
-    body, combine, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales,
+    body, combine, fifth_pair, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales,
 };
 use super::{round4, ActQ, CHUNK};
 
@@ -27,6 +27,10 @@ pub const FEW: usize = 32;
 pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
+        if a.k5 {
+            // Q5K rows: AVX2's kernels (super::x86::k5_takes).
+            return few::<false, true, true>(row, a, p0, out);
+        }
         match (int4, a.k4) {
             (true, true) => few::<true, true, true>(row, a, p0, out),
             (true, false) => few::<true, true, false>(row, a, p0, out),
@@ -235,6 +239,10 @@ unsafe fn paired_runs_few<const CH: usize, const K: bool>(
     // 8 * g of its pair layout (ds * g per position); d and s hold ds >= 8 * runs entries.
     unsafe {
         let (low4, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+        // Q5K: the fifth bits after the nibbles (x86::fifth_pair), sums folded as for two
+        // chunks (x86::pairs8_k5's bounds).
+        let k5 = K && a.k5;
+        let high = vals.as_ptr().wrapping_add(a.cols / 2);
         for r in 0..runs {
             let c0 = r * 8 * g;
             let (mut lo, mut hi) = ([_mm256_setzero_si256(); 16], [_mm256_setzero_si256(); 16]);
@@ -247,6 +255,11 @@ unsafe fn paired_runs_few<const CH: usize, const K: bool>(
                     );
                     lo[i * CH + m] = _mm256_and_si256(x, low4);
                     hi[i * CH + m] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
+                    if k5 {
+                        let (l5, h5) = fifth_pair(high.add(32 * r), i);
+                        lo[i * CH + m] = _mm256_or_si256(lo[i * CH + m], l5);
+                        hi[i * CH + m] = _mm256_or_si256(hi[i * CH + m], h5);
+                    }
                 }
             }
             let sc = run_scales::<K>(row.as_ptr().add(16 * r));
@@ -268,7 +281,7 @@ unsafe fn paired_runs_few<const CH: usize, const K: bool>(
                     }
                 }
                 let isum = if CH <= 2 {
-                    fold_pairs(t, CH)
+                    fold_pairs(t, if k5 { 2 } else { CH })
                 } else {
                     // No closure (`map`): it would not inherit the target features.
                     let mut v = t;
