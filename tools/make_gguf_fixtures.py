@@ -42,7 +42,10 @@
      olmoe-q4_k_m.gguf        llama.cpp's own Q4_K_M mix (Q4_K, Q6_K for the output and layer 1's
                               attn_v and ffn_down) of two layers of that shape, made from f16 by
                               llama_model_quantize (tools/bench/quantize_gguf.py: the libllama of
-                              tools/bench/node_modules, `npm ci` there)
+                              tools/bench/node_modules, `npm ci` there), and
+     olmoe-q5_k_m.gguf        its Q5_K_M mix the same way (Q5_K, Q6_K where Q4_K_M has it)
+     olmoe-mix.gguf           (`--mix-only`, with dequant.json and engine/src/format/iq_grids.bin)
+                              llama.cpp's other quantized types in one file (mix_fixture)
    The fixtures' tokenizer is a plain GPT-2 byte-level BPE that llama.cpp's pre-tokenizer
    table does not know by hash, so the script declares it "gpt-2" (what it is).
 2. <name>.ref.json beside each GGUF: for every tensor, the sha256 of its values
@@ -308,7 +311,8 @@ def q4k_fixture() -> None:
     olmoe-q4_k_m.gguf: llama.cpp's own Q4_K_M mix (llama_model_quantize through
     tools/bench/quantize_gguf.py, which needs `npm ci` in tools/bench) of an f16 GGUF of a
     two-layer version of the shape: Q4_K, and Q6_K for the output and layer 1's attn_v and
-    ffn_down (llama.cpp's `use_more_bits` layers)."""
+    ffn_down (llama.cpp's `use_more_bits` layers); and olmoe-q5_k_m.gguf, its Q5_K_M mix
+    (Q5_K, and Q6_K where Q4_K_M has it)."""
     make = [sys.executable, str(ROOT / "tools" / "bench" / "make_gguf.py")]
     shape = ["--experts", "4", "--top-k", "2", "--hidden", "256", "--intermediate", "256"]
     shape += ["--heads", "2", "--vocab", "1700", "--context", "256", "--seed", "7"]
@@ -321,7 +325,11 @@ def q4k_fixture() -> None:
         subprocess.run([*make, str(f16), "--layers", "2", *shape, "--type", "f16"], check=True)
         quantize = [sys.executable, str(ROOT / "tools" / "bench" / "quantize_gguf.py"), str(f16), str(out)]
         subprocess.run([*quantize, "--ftype", "q4_k_m", "--threads", "1"], check=True, stderr=subprocess.DEVNULL)
+        q5 = OUT / "olmoe-q5_k_m.gguf"
+        quantize[-1] = str(q5)
+        subprocess.run([*quantize, "--ftype", "q5_k_m", "--threads", "1"], check=True, stderr=subprocess.DEVNULL)
     reference(out)
+    reference(q5)
 
 
 GRID_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"]

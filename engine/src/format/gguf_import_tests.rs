@@ -406,15 +406,19 @@ fn qwen3next_maps_every_tensor_back() {
     assert_eq!(c["partial_rotary_factor"], json!(0.25));
 }
 
-/// Without --quant every GGUF type is stored exactly (Q4_K as q4_k) but Q5_K and Q6_K
-/// (fifth bits, 8-bit sub-scales the container lacks), which `coli info` then names.
+/// Without --quant every GGUF type is stored exactly (Q4_K as q4_k, Q5_K as q5_k, Q5_0 and
+/// IQ4_NL as int8/g32) but the ones with offsets, 8-bit sub-scales, non-linear levels,
+/// 16-value sub-blocks or codebooks, which `coli info` then names.
 #[test]
-fn only_q5_k_and_q6_k_are_not_kept_exactly() {
-    for name in ["F32", "F16", "BF16", "Q4_0", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"] {
+fn which_gguf_types_are_kept_exactly() {
+    let kept = ["F32", "F16", "BF16", "Q4_0", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q5_0", "IQ4_NL"];
+    let requantized = ["Q6_K", "Q4_1", "Q5_1", "IQ4_XS", "Q2_K", "Q3_K", "IQ3_S", "IQ2_XXS", "IQ1_M"];
+    for name in kept.into_iter().chain(requantized) {
         let ty = crate::format::gguf::GgmlType::by_name(name).unwrap();
-        assert_eq!(stores_exactly(ty, keep_dtype(ty)), !matches!(name, "Q5_K" | "Q6_K"), "{name}");
+        assert_eq!(stores_exactly(ty, keep_dtype(ty)), kept.contains(&name), "{name}");
     }
     assert_eq!(keep_dtype(crate::format::gguf::GgmlType::by_name("Q4_K").unwrap()), DType::Q4K);
+    assert_eq!(keep_dtype(crate::format::gguf::GgmlType::by_name("Q5_K").unwrap()), DType::Q5K);
 }
 
 /// Every tensor of a bf16 GGUF of a bf16 checkpoint equals the checkpoint's bit for bit

@@ -304,21 +304,47 @@ pub fn repack_row(ty: u32, cols: usize, src: &[u8], out: &mut [u8]) {
 /// d, dmin, scales and mins in 16 bytes, `tensor::q4k_header`, then value 2k in the low and
 /// 2k + 1 in the high nibble of byte k): the same values, moved.
 pub fn q4k_row(cols: usize, src: &[u8], out: &mut [u8]) {
+    k_row(false, cols, src, out)
+}
+
+/// One row of Q5_K (blocks of 176 bytes: Q4_K's header, then 32 bytes qh whose bit 2c of
+/// byte l is the fifth bit of value 64c + l and bit 2c + 1 that of value 64c + 32 + l, then
+/// Q4_K's 128 nibble bytes) as a colibri Q5K row (tensor.rs: Q4K's headers and nibbles,
+/// then each run's fifth bits where `tensor::q5k_bit` puts them): the same values, moved.
+pub fn q5k_row(cols: usize, src: &[u8], out: &mut [u8]) {
+    k_row(true, cols, src, out)
+}
+
+fn k_row(five: bool, cols: usize, src: &[u8], out: &mut [u8]) {
     let blocks = cols / 256;
-    let (heads, vals) = out.split_at_mut(blocks * 16);
+    let bb = if five { 176 } else { 144 };
+    let (heads, rest) = out.split_at_mut(blocks * 16);
+    let (vals, high) = rest.split_at_mut(cols / 2);
+    high.fill(0);
     for k in 0..blocks {
-        let b = &src[144 * k..144 * k + 144];
+        let b = &src[bb * k..bb * k + bb];
         heads[16 * k..16 * k + 16].copy_from_slice(&crate::tensor::q4k_header(b));
-        let mut q = [0u8; 256];
+        let (qh, qs) = if five { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+        let mut u = [0u8; 256];
         for chunk in 0..4 {
             for l in 0..32 {
-                let byte = b[16 + 32 * chunk + l];
-                q[64 * chunk + l] = byte & 0xF;
-                q[64 * chunk + 32 + l] = byte >> 4;
+                let byte = qs[32 * chunk + l];
+                u[64 * chunk + l] = byte & 0xF;
+                u[64 * chunk + 32 + l] = byte >> 4;
+                if five {
+                    u[64 * chunk + l] |= ((qh[l] >> (2 * chunk)) & 1) << 4;
+                    u[64 * chunk + 32 + l] |= ((qh[l] >> (2 * chunk + 1)) & 1) << 4;
+                }
             }
         }
         for (i, o) in vals[128 * k..128 * k + 128].iter_mut().enumerate() {
-            *o = q[2 * i] | (q[2 * i + 1] << 4);
+            *o = (u[2 * i] & 15) | ((u[2 * i + 1] & 15) << 4);
+        }
+        if five {
+            for (c, &v) in u.iter().enumerate() {
+                let (at, bit) = crate::tensor::q5k_bit(c);
+                high[32 * k + at] |= (v >> 4) << bit;
+            }
         }
     }
 }

@@ -85,18 +85,25 @@ fn q8_0_and_q4_0_repack_into_colibri_rows_exactly() {
     }
 }
 
-/// gguf-py's Q4_K values (three random blocks) from a Q4K row made by `q4k_row`, bit for
-/// bit: the headers' scales and mins moved, the nibbles reordered, llama.cpp's arithmetic.
+/// gguf-py's Q4_K and Q5_K values (three random blocks each) from Q4K / Q5K rows made by
+/// `q4k_row` / `q5k_row`, bit for bit: the headers' scales and mins moved, the nibbles
+/// reordered, the fifth bits moved, llama.cpp's arithmetic.
 #[test]
-fn q4_k_moves_into_q4k_rows_exactly() {
-    let (ty, bytes, want) = case("Q4_K");
-    let cols = want.len();
-    let mut row = vec![0xAAu8; DType::Q4K.row_bytes(cols).unwrap()];
-    q4k_row(cols, &bytes, &mut row);
-    let mut out = vec![f32::NAN; cols];
-    decode_row(DType::Q4K, cols, &row, &mut out);
-    assert_bits("Q4_K as q4_k", &out, &want);
-    assert_eq!(ty.name, "Q4_K");
+fn q4_k_and_q5_k_move_into_their_rows_exactly() {
+    for (name, dtype) in [("Q4_K", DType::Q4K), ("Q5_K", DType::Q5K)] {
+        let (ty, bytes, want) = case(name);
+        let cols = want.len();
+        let mut row = vec![0xAAu8; dtype.row_bytes(cols).unwrap()];
+        if dtype == DType::Q4K {
+            q4k_row(cols, &bytes, &mut row);
+        } else {
+            q5k_row(cols, &bytes, &mut row);
+        }
+        let mut out = vec![f32::NAN; cols];
+        decode_row(dtype, cols, &row, &mut out);
+        assert_bits(&format!("{name} as {dtype}"), &out, &want);
+        assert_eq!(ty.name, name);
+    }
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 use super::gguf::{GgmlType, Gguf, TensorInfo};
 use super::gguf_plan::{err, KvSplit, Planned, Qkvz, ValueMap};
-use super::gguf_quant::{self as q, dequantize, mxfp4_row, q4k_row, repack_row, to_int8_row};
+use super::gguf_quant::{self as q, dequantize, mxfp4_row, q4k_row, q5k_row, repack_row, to_int8_row};
 use super::quant::quantize_row;
 use super::tensors::TensorEntry;
 use crate::error::Result;
@@ -22,11 +22,11 @@ fn gguf_row(r: usize, hd: usize) -> usize {
 }
 
 /// The stored type that keeps the values of a GGUF tensor of type `ty` exactly, where
-/// colibri's container has one (Q4_K: its blocks as [`DType::Q4K`], the bytes of int4/g32;
-/// Q4_0: int4/g32; Q8_0, Q5_0, IQ4_NL and MXFP4: int8/g32). The others are re-quantized
-/// from their exact f32 values: Q4_1, Q5_1, Q5_K, Q6_K and IQ4_XS (offsets, fifth bits,
-/// 8-bit sub-scales, non-linear levels) to int8 with group [`REQUANT_GROUP`], Q2_K and
-/// Q3_K (2 and 3 bits) to int4 with group [`LOW_BIT_GROUP`].
+/// colibri's container has one (Q4_K and Q5_K: their blocks as [`DType::Q4K`] and
+/// [`DType::Q5K`]; Q4_0: int4/g32; Q8_0, Q5_0, IQ4_NL and MXFP4: int8/g32). The others
+/// are re-quantized from their exact f32 values: Q4_1, Q5_1, Q6_K and IQ4_XS (offsets,
+/// 8-bit sub-scales, non-linear levels) to int8 with group [`REQUANT_GROUP`], Q2_K, Q3_K
+/// and the grid-coded types to int4 with group [`LOW_BIT_GROUP`].
 pub fn keep_dtype(ty: GgmlType) -> DType {
     match ty.id {
         q::F32 => DType::F32,
@@ -34,7 +34,8 @@ pub fn keep_dtype(ty: GgmlType) -> DType {
         q::BF16 => DType::BF16,
         q::Q4_0 => DType::Int4 { group: 32 },
         q::Q4_K => DType::Q4K,
-        q::Q4_1 | q::Q5_1 | q::Q5_K | q::Q6_K | q::IQ4_XS => DType::Int8 { group: REQUANT_GROUP },
+        q::Q5_K => DType::Q5K,
+        q::Q4_1 | q::Q5_1 | q::Q6_K | q::IQ4_XS => DType::Int8 { group: REQUANT_GROUP },
         q::Q2_K | q::Q3_K => DType::Int4 { group: LOW_BIT_GROUP },
         id if q::GRID_CODED.contains(&id) => DType::Int4 { group: LOW_BIT_GROUP },
         _ => DType::Int8 { group: 32 },
@@ -67,7 +68,7 @@ pub fn stores_exactly(ty: GgmlType, dtype: DType) -> bool {
         (q::Q8_0 | q::Q4_0 | q::Q5_0 | q::IQ4_NL | q::MXFP4, DType::Int8 { .. }) => g32,
         (q::Q4_0, DType::Int4 { .. }) => g32,
         (q::MXFP4, DType::Mxfp4) => true,
-        (q::Q4_K, DType::Q4K) => true,
+        (q::Q4_K, DType::Q4K) | (q::Q5_K, DType::Q5K) => true,
         _ => false,
     }
 }
@@ -313,6 +314,10 @@ pub fn tensor<F: GgufData + ?Sized>(g: &Gguf, files: &F, p: &Planned, want: Opti
             }
             (q::Q4_K, DType::Q4K) => {
                 q4k_row(cols, s, o);
+                true
+            }
+            (q::Q5_K, DType::Q5K) => {
+                q5k_row(cols, s, o);
                 true
             }
             _ => false,

@@ -527,6 +527,25 @@ fn a_q4_k_m_file_keeps_q4_k_and_requantizes_q6_k_finely() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A Q5_K_M file as llama.cpp's quantizer writes it (Q5_K, and Q6_K where Q4_K_M has it):
+/// the Q5_K tensors kept bit for bit as q5_k (fifth bits and all), the Q6_K ones re-quantized
+/// to int8/g128 within half a step; the logits close to the f32 conversion's, and on wgpu
+/// (where an adapter answers) the CPU's bits.
+#[test]
+fn a_q5_k_m_file_keeps_q5_k() {
+    const G: u32 = colibri_engine::format::gguf_import::REQUANT_GROUP;
+    let dir = scratch("q5km");
+    let (out, f32_out) = (dir.join("k"), dir.join("f"));
+    convert(&gguf("olmoe-q5_k_m"), &out, &[]);
+    convert(&gguf("olmoe-q5_k_m"), &f32_out, &["--quant", "f32"]);
+    let kinds = assert_kept_or_requantized(&out, &f32_out, "olmoe-q5_k_m", &[("Q6_K", DType::Int8 { group: G })]);
+    assert_eq!(kinds, ["F32->f32".to_string(), "Q5_K->q5_k".into(), format!("Q6_K->int8/g{G}")]);
+    let info = String::from_utf8(ok(run(&["info".as_ref(), out.as_os_str()])).stdout).unwrap();
+    assert!(info.contains("re-quantized, not kept exactly: Q6_K x 3"), "{info}");
+    assert_logits_near_f32_and_wgpu_same(&out, &f32_out, &dir, "q5_k_m", 0.02);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// llama.cpp's Q2_K, Q3_K, IQ3_S, IQ4_XS, IQ4_NL, Q4_1, Q5_0 and Q5_1 tensors in one file
 /// (the fixture takes each matrix from one of its quantizations of one f16 model): Q5_0 and
 /// IQ4_NL kept bit for bit as int8/g32 (their integers under their own f16 scales), Q4_1,
