@@ -31,6 +31,7 @@ pub fn formats() -> Vec<Format> {
     vec![
         f(DType::Int4 { group: 32 }, "coli convert default experts; GGUF Q4_0"),
         f(DType::Q4K, "GGUF Q4_K (Q4_K_M, Q4_K_S files) as coli convert keeps it"),
+        f(DType::Q5K, "GGUF Q5_K (Q5_K_M, Q5_K_S files) as coli convert keeps it"),
         f(DType::Int8 { group: 32 }, "coli convert default attention/dense/lm-head; GGUF Q8_0"),
         f(DType::Int4 { group: 64 }, "coli convert --group-size 64"),
         f(DType::Int8 { group: 64 }, "coli convert --group-size 64 (int8 parts)"),

@@ -233,7 +233,7 @@ fn check(a: &KernelBenchArgs) -> Result<()> {
 /// - other paths (scalar, NEON, SIMD128: not measured by the guard here): half.
 fn floor(dtype: DType, simd: Simd) -> f64 {
     let f32_precision = matches!(dtype, DType::Mxfp4 | DType::Fp8 { .. });
-    match (simd, f32_precision, dtype == DType::Q4K) {
+    match (simd, f32_precision, matches!(dtype, DType::Q4K | DType::Q5K)) {
         (Simd::Avx512, _, true) => 0.33,
         (Simd::Avx2, _, true) => 0.25,
         (Simd::Avx512, false, _) => 0.4,
