@@ -9,10 +9,11 @@
 //
 // Q4K rows (DTYPE 6, GROUP 32; weights.wgsl): isum_b = sum u_i * q_i of the nibbles as
 // stored and s_b = sum q_i, then acc += k4_term (A_b * d_b) * f32(isum_b) - B_b * (d_b *
-// f32(s_b)): qdot::dot_row_scalar's Q4K step.
+// f32(s_b)): qdot::dot_row_scalar's Q4K step. Q5K rows (DTYPE 7): the same, u = nibble +
+// 16 * fifth bit (wint; up to 31, |isum_b| < 2^24).
 //
-// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3, 4 or 6, GROUP, wint,
-// wscale, k4_factors).
+// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3, 4, 6 or 7, GROUP, wint,
+// wscale, k_rows, k4_factors).
 // Bindings:
 //   0 P  uniform Params
 //   1 W  storage read   u32 [rows * row_words]  one row block, int8 or int4 (weights.wgsl)
@@ -80,12 +81,12 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                         let v = Q[(p0 + pb) * P.q_words + qi];
                         isum[pb] = isum[pb] + w[0] * sbyte(v, 0u) + w[1] * sbyte(v, 1u) + w[2] * sbyte(v, 2u)
                             + w[3] * sbyte(v, 3u);
-                        if (DTYPE == 6u) {
+                        if (k_rows()) {
                             ssum[pb] = ssum[pb] + sbyte(v, 0u) + sbyte(v, 1u) + sbyte(v, 2u) + sbyte(v, 3u);
                         }
                     }
                 }
-                if (DTYPE == 6u) {
+                if (k_rows()) {
                     let f = k4_factors(r, b, P.row_words);
                     for (var pb = 0u; pb < nb; pb = pb + 1u) {
                         let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);

@@ -15,10 +15,12 @@
 // b, acc += opq(opq(ws_b * d_b) * f32(isum_b)), lanes combined by reduce8.
 //
 // Q4K rows (DTYPE 6): the nibbles u as they are (spread to bytes, all below 128), s_b =
-// dot4I8Packed(0x01010101, q), and qmatmul.wgsl's Q4K float step.
+// dot4I8Packed(0x01010101, q), and qmatmul.wgsl's Q4K float step. Q5K rows (DTYPE 7): Q4K's,
+// each byte's fifth bit (k5_word, spread by fifth_bytes) or-ed in as 16: u = 0..31, still
+// below 128, so dot4I8Packed stays exact.
 //
-// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3, 4 or 6, GROUP, wscale,
-// k4_factors).
+// Preludes: common/arith.wgsl, common/weights.wgsl (W, DTYPE 3, 4, 6 or 7, GROUP, wscale,
+// k_rows, k5_word, k4_factors).
 // Bindings: as qmatmul.wgsl, with the same Params. Workgroup and Dispatch: as qmatmul.wgsl.
 
 struct Params {
@@ -59,12 +61,20 @@ fn nibble_bytes(h: u32) -> u32 {
 }
 
 // The four weights of a nibble row in the low 16 bits of h as signed bytes: int4's q, or
-// Q4K's u as stored.
+// Q4K's (Q5K's low four bits) u as stored.
 fn weight_bytes(h: u32) -> u32 {
-    if (DTYPE == 6u) {
+    if (k_rows()) {
         return nibble_bytes(h);
     }
     return int4_bytes(h);
+}
+
+// Q5K: 16 times the four fifth bits in the low 16 bits of h (bits 0 and 1 of its two bytes,
+// k5_word's order), one per byte: spread the bytes to halves, then bit 1 of each half to
+// bit 8 (no other bit survives the mask).
+fn fifth_bytes(h: u32) -> u32 {
+    let y = (h | (h << 8u)) & 0x00ff00ffu;
+    return ((y | (y << 7u)) & 0x01010101u) << 4u;
 }
 
 @compute @workgroup_size(64)
@@ -97,19 +107,24 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 } else {
                     for (var k = 0u; k < (len + 7u) / 8u; k = k + 1u) {
                         let w = W[vbase + c0 / 8u + k];
-                        let lo = weight_bytes(w & 0xffffu);
-                        let hi = weight_bytes(w >> 16u);
+                        var lo = weight_bytes(w & 0xffffu);
+                        var hi = weight_bytes(w >> 16u);
+                        if (DTYPE == 7u) {
+                            let h = k5_word(r, c0 + 8u * k, P.cols, P.row_words);
+                            lo = lo | fifth_bytes(h & 0xffffu);
+                            hi = hi | fifth_bytes(h >> 16u);
+                        }
                         for (var pb = 0u; pb < nb; pb = pb + 1u) {
                             let qi = (p0 + pb) * P.q_words + qb + 2u * k;
                             isum[pb] = isum[pb] + dot4I8Packed(lo, Q[qi]) + dot4I8Packed(hi, Q[qi + 1u]);
-                            if (DTYPE == 6u) {
+                            if (k_rows()) {
                                 ssum[pb] = ssum[pb] + dot4I8Packed(0x01010101u, Q[qi])
                                     + dot4I8Packed(0x01010101u, Q[qi + 1u]);
                             }
                         }
                     }
                 }
-                if (DTYPE == 6u) {
+                if (k_rows()) {
                     let f = k4_factors(r, b, P.row_words);
                     for (var pb = 0u; pb < nb; pb = pb + 1u) {
                         let d = bitcast<f32>(Q[P.d_offset + (p0 + pb) * blocks + b]);

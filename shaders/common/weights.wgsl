@@ -6,8 +6,8 @@
 // `cols` and `row_words` (u32 words per stored row; used by the integer types).
 // The element type is a pipeline-overridable constant, so each dtype gets its own
 // specialised pipeline:
-//   DTYPE 0 f32 | 1 bf16 | 2 f16 | 3 int8 | 4 int4 | 5 fp8 | 6 q4k, GROUP = quantization
-//   group size (fp8: columns per scale block; q4k: 32).
+//   DTYPE 0 f32 | 1 bf16 | 2 f16 | 3 int8 | 4 int4 | 5 fp8 | 6 q4k | 7 q5k, GROUP =
+//   quantization group size (fp8: columns per scale block; q4k, q5k: 32).
 // Quantized rows: [f16 scales, ceil(cols/GROUP), padded to 4 bytes][values, padded to
 // 4 bytes]; int8 values are two's complement bytes, int4 values are q + 8 in a nibble
 // (element 2j low nibble of byte j). value = f32(q) * f32(scale): exact in f32, the
@@ -19,6 +19,8 @@
 // 96-bit string; value = A_j * u - B_j with A_j = d * sc_j, B_j = dmin * m_j (k4_factors),
 // tensor::q4k_scales. The header words sit where int4 keeps its f16 scales (the same row
 // layout), so wint reads the nibbles at the same place.
+// Q5K rows: Q4K's row, then 32 bytes of fifth bits per 256 values (tensor::q5k_bit);
+// u = nibble + 16 * fifth bit (0..31, k5_word), everything else as Q4K.
 // The kernel's `P` has a field `zero` (always 0), as common/arith.wgsl needs.
 
 override DTYPE: u32 = 0u;
@@ -74,7 +76,8 @@ fn half_at(e: u32) -> u32 {
     return (W[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
 }
 
-// Integer value q of element (r, c) of an int8 (DTYPE 3) or int4 (DTYPE 4) row block.
+// Integer value q of element (r, c) of an int8 (DTYPE 3) or int4 (DTYPE 4) row block; u of
+// a Q4K (6) or Q5K (7) one.
 fn wint(r: u32, c: u32, cols: u32, row_words: u32) -> i32 {
     let groups = (cols + GROUP - 1u) / GROUP;
     let vbase = r * row_words + (groups + 1u) / 2u;
@@ -86,7 +89,27 @@ fn wint(r: u32, c: u32, cols: u32, row_words: u32) -> i32 {
     if (DTYPE == 6u) {
         return i32(nib);
     }
+    if (DTYPE == 7u) {
+        let high = (k5_word(r, c & ~7u, cols, row_words) >> (8u * ((c & 7u) >> 1u) + (c & 1u))) & 1u;
+        return i32(nib | (high << 4u));
+    }
     return i32(nib) - 8;
+}
+
+// Whether the rows are Q4K or Q5K (DTYPE 6 or 7): k4_factors' headers over nibbles u.
+fn k_rows() -> bool {
+    return DTYPE == 6u || DTYPE == 7u;
+}
+
+// Q5K: the word of fifth bits of the eight values c..c+7 (c a multiple of 8) of row r,
+// shifted so that bits 0 and 1 of its byte m are those of values c + 2m and c + 2m + 1.
+// Value i of run k (column 256k + i, sub-block j = i / 32) has its bit at byte
+// 16 (j mod 2) + (i mod 32) / 2, bit 2 (j / 2) + i mod 2 of the run's 32 bytes, which
+// follow the row's headers (cols / 64 words) and nibbles (cols / 8 words): tensor::q5k_bit.
+fn k5_word(r: u32, c: u32, cols: u32, row_words: u32) -> u32 {
+    let j = (c >> 5u) & 7u;
+    let at = r * row_words + cols / 64u + cols / 8u + 8u * (c >> 8u) + 4u * (j & 1u) + ((c & 31u) >> 3u);
+    return W[at] >> (2u * (j >> 1u));
 }
 
 // Q4K: the 6-bit field at bit `at` of the string of header k of row r (its words 1-3).
@@ -136,7 +159,7 @@ fn wval(r: u32, c: u32, cols: u32, row_words: u32) -> f32 {
         case 3u, 4u: {
             return f32(wint(r, c, cols, row_words)) * wscale(r, c / GROUP, cols, row_words);
         }
-        case 6u: {
+        case 6u, 7u: {
             let f = k4_factors(r, c / 32u, row_words);
             return wopq(f.x * f32(wint(r, c, cols, row_words))) - f.y;
         }

@@ -89,14 +89,15 @@ pub fn mat_layout(ctx: &GpuContext, label: &str, m: &Mat) -> Result<(usize, u32,
         return Err(Error::Gpu(format!("{label}: {} weights have no GPU kernels; use the CPU backend", m.dtype)));
     }
     let row_bytes = m.row_bytes();
-    let row_words = if m.dtype.is_quantized() || matches!(m.dtype, DType::Mxfp4 | DType::Fp8 { .. } | DType::Q4K) {
-        if !row_bytes.is_multiple_of(4) {
-            return Err(Error::Gpu(format!("{label}: quantized rows of {row_bytes} bytes are not 4-byte aligned")));
-        }
-        (row_bytes / 4) as u32
-    } else {
-        0
-    };
+    let row_words =
+        if m.dtype.is_quantized() || matches!(m.dtype, DType::Mxfp4 | DType::Fp8 { .. } | DType::Q4K | DType::Q5K) {
+            if !row_bytes.is_multiple_of(4) {
+                return Err(Error::Gpu(format!("{label}: quantized rows of {row_bytes} bytes are not 4-byte aligned")));
+            }
+            (row_bytes / 4) as u32
+        } else {
+            0
+        };
     Ok((row_bytes, row_words, rows_per_block(ctx, row_bytes, m.rows)?))
 }
 

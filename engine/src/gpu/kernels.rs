@@ -214,8 +214,10 @@ pub fn dtype_constants(dtype: crate::tensor::DType) -> [(&'static str, f64); 2] 
         DType::Int8 { group } => (3, group),
         DType::Int4 { group } => (4, group),
         DType::Fp8 { block } => (5, block),
-        // No WGSL decoder: upload_mat refuses these before any kernel is built.
         DType::Q4K => (6, 32),
+        DType::Q5K => (7, 32),
+        // No WGSL decoder: upload_mat refuses U8 and F8E4M3 before any kernel is built;
+        // MXFP4 has its own kernel (mxfp4_matmul.wgsl).
         DType::Mxfp4 | DType::U8 | DType::F8E4M3 => (u32::MAX, 32),
     };
     [("DTYPE", code as f64), ("GROUP", group as f64)]

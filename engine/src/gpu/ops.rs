@@ -6,6 +6,7 @@ use super::buffers::GpuMat;
 use super::kernels::{dtype_constants, Kernel};
 use super::recorder::{Bind, Recorder};
 use crate::error::{Error, Result};
+use crate::tensor::DType;
 
 pub(crate) fn u32_of(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Gpu(format!("{what} = {v} does not fit the kernels' 32-bit indices")))
@@ -32,8 +33,9 @@ pub fn matmul(
         return mxfp4_matmul(rec, m, x, x_offset, n, y, y_offset, y_stride);
     }
     let consts = dtype_constants(m.dtype);
-    // Q4K rows: int4 nibbles in blocks of 32 under Q4_K headers (weights.wgsl, DTYPE 6).
-    let group = if m.dtype == crate::tensor::DType::Q4K { Some(32) } else { m.dtype.group() };
+    // Q4K rows: int4 nibbles in blocks of 32 under Q4_K headers (weights.wgsl, DTYPE 6);
+    // Q5K rows: the same with a fifth bit per value after them (DTYPE 7).
+    let group = if matches!(m.dtype, DType::Q4K | DType::Q5K) { Some(32) } else { m.dtype.group() };
     if let Some(group) = group {
         return qmatmul(rec, m, group as usize, x, x_offset, n, y, y_offset, y_stride);
     }
@@ -93,7 +95,7 @@ fn qmatmul(
     rec.dispatch(Kernel::QuantizeAct, &[], &params, vec![x.into(), (&act).into()], (n * blocks) as u64)?;
     let consts = dtype_constants(m.dtype);
     // dot4I8Packed needs every block to start on a word: int8 groups of 4k, int4 of 8k.
-    let word = if matches!(m.dtype, crate::tensor::DType::Int4 { .. } | crate::tensor::DType::Q4K) { 8 } else { 4 };
+    let word = if matches!(m.dtype, DType::Int4 { .. } | DType::Q4K | DType::Q5K) { 8 } else { 4 };
     let kernel = if rec.ctx().dp4a() && group.is_multiple_of(word) { Kernel::QMatmulDp4a } else { Kernel::QMatmul };
     for part in &m.parts {
         let params = [

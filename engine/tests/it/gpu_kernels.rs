@@ -76,15 +76,18 @@ fn random_mat(rows: usize, cols: usize, dtype: DType, rng: &mut Lcg) -> Mat {
                 row.resize(rb, 0);
                 bytes.extend(row);
             }
-            DType::Q4K => {
+            DType::Q4K | DType::Q5K => {
                 // Headers (f16 d and dmin of either sign, every 6-bit scale and min), then
-                // random nibbles.
+                // random nibbles; Q5K: then random fifth-bit bytes (every bit of each).
                 for _ in 0..cols / 256 {
                     bytes.extend(half::f16::from_f32(rng.next() * 0.01).to_bits().to_le_bytes());
                     bytes.extend(half::f16::from_f32(rng.next() * 0.01).to_bits().to_le_bytes());
                     bytes.extend((0..12).map(|_| rng.bits() as u8));
                 }
                 bytes.extend((0..cols / 2).map(|_| rng.bits() as u8));
+                if dtype == DType::Q5K {
+                    bytes.extend((0..cols / 256 * 32).map(|_| rng.bits() as u8));
+                }
             }
             DType::U8 | DType::F8E4M3 => unreachable!("no GPU kernels for {dtype}"),
         }
@@ -123,7 +126,7 @@ fn check_matmul(ctx: &GpuContext, rows: usize, cols: usize, dtype: DType, ns: &[
         ops::matmul(&mut rec, &gm, &xb, 0, n, &yb, 0, rows).unwrap();
         block_on(rec.submit()).unwrap();
         assert_bits(
-            &format!("matmul {dtype} [{rows}x{cols}] n={n} ({} blocks)", gm.parts.len()),
+            &format!("matmul {dtype} [{rows}x{cols}] n={n} ({} blocks, dp4a {})", gm.parts.len(), ctx.dp4a()),
             &read(ctx, &yb, n * rows),
             &want,
         );
@@ -167,13 +170,24 @@ fn qmatmul_with_and_without_dp4a() {
 /// size, and their embedding rows decoded: the CPU's bits.
 #[test]
 fn q4k_matmul_and_embedding_match_cpu() {
+    check_k_rows(DType::Q4K, 90);
+}
+
+/// Q5K rows (GGUF Q5_K kept: Q4K's step on u = nibble + 16 * fifth bit) as Q4K's.
+#[test]
+fn q5k_matmul_and_embedding_match_cpu() {
+    check_k_rows(DType::Q5K, 95);
+}
+
+/// Matmuls (both integer kernels) and embedding rows of a Q4K or Q5K matrix against the CPU.
+fn check_k_rows(dtype: DType, seed: u64) {
     let (Some(dp4a), Some(plain)) = (gpu(), gpu_without_dp4a()) else { return };
     for ctx in [&dp4a, &plain] {
-        check_matmul(ctx, 37, 256, DType::Q4K, &[1, 3, 8, 11], 90);
-        check_matmul(ctx, 21, 768, DType::Q4K, &[1, 2, 9], 91);
+        check_matmul(ctx, 37, 256, dtype, &[1, 3, 8, 11], seed);
+        check_matmul(ctx, 21, 768, dtype, &[1, 2, 9], seed + 1);
     }
-    let mut rng = Lcg(92);
-    let m = random_mat(9, 512, DType::Q4K, &mut rng);
+    let mut rng = Lcg(seed + 2);
+    let m = random_mat(9, 512, dtype, &mut rng);
     let gm = upload_mat(&dp4a, "embed", &m).unwrap();
     let ids: Vec<u32> = vec![0, 8, 3, 3];
     let mut want = vec![0.0; ids.len() * 512];
@@ -185,7 +199,7 @@ fn q4k_matmul_and_embedding_match_cpu() {
     let idb = rec.data(&ids);
     ops::embed(&mut rec, &gm, idb, ids.len(), &x).unwrap();
     block_on(rec.submit()).unwrap();
-    assert_bits("embed q4_k", &read(&dp4a, &x, want.len()), &want);
+    assert_bits(&format!("embed {dtype}"), &read(&dp4a, &x, want.len()), &want);
 }
 
 /// Integer matmul on activations with zero blocks, huge and tiny values, and a NaN row:
