@@ -567,12 +567,22 @@ fn k4_ok(a: &ActQ) -> bool {
 }
 
 /// Whether `simd` has its own kernels for Q5K rows with the layouts `a` holds (the others
-/// run the reference): x86 on the pair layout (AVX-512 runs AVX2's Q5K kernels).
+/// run the reference): x86 on the pair layout (AVX-512 runs AVX2's Q5K kernels); wasm
+/// SIMD128 and NEON on any (one position reads `q`, their tiles the interleaved layout:
+/// `wasm::k5_takes`, `neon::k5_takes`).
 fn k5_fast(simd: Simd, a: &ActQ) -> bool {
     let _ = a;
     #[cfg(target_arch = "x86_64")]
     if matches!(simd, Simd::Avx2 | Simd::Avx512) {
         return x86::k5_takes(a);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if matches!(simd, Simd::Neon | Simd::NeonDot) {
+        return neon::k5_takes(a);
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if simd == Simd::Simd128 {
+        return wasm::k5_takes(a);
     }
     let _ = simd;
     false
@@ -644,10 +654,10 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
     }
 }
 
-/// Whether Q4K rows (`ActQ::k4`) are prepared too on `simd` from [`prepare_min`] positions
-/// (their activations then interleaved): the wasm and NEON tiles take them
-/// (`wasm::dot_many_int4`, `neon_tile::dot_many`); x86's does not (its few-position kernel
-/// runs them).
+/// Whether Q4K and Q5K rows (`ActQ::k4`, `ActQ::k5`) are prepared too on `simd` from
+/// [`prepare_min`] positions (their activations then interleaved): the wasm and NEON tiles
+/// take them (`wasm::dot_many_int4`, `neon_tile::dot_many`; Q5K's fifth bits go into the
+/// prepared values); x86's does not (its few-position kernels run them).
 pub fn prepares_k4(simd: Simd) -> bool {
     (simd == Simd::Simd128 && cfg!(all(target_arch = "wasm32", target_feature = "simd128")))
         || (matches!(simd, Simd::Neon | Simd::NeonDot) && cfg!(target_arch = "aarch64"))

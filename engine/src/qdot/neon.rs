@@ -4,7 +4,9 @@
 //! in the reference, four blocks per float32x4 (lane l of the first accumulator is
 //! acc[8k + l], of the second acc[8k + 4 + l]: the reference's order), separate multiplies
 //! and adds (no `fmla`), so the bits are the reference's. Q4K rows (`ActQ::k4`) take the
-//! int4 sums and the reference's Q4K step ([`k4_scales4`]).
+//! int4 sums and the reference's Q4K step ([`k4_scales8`]); Q5K rows (`ActQ::k5`) the same
+//! with each nibble's fifth bit ORed in as 16 before the multiply ([`fifth16`]: u <= 31,
+//! still a positive int8 for `sdot` and `smull`).
 //!
 //! `sdot` is written with `asm!`: Rust's `vdotq_s32` is not stable yet (rust#117224).
 
@@ -51,6 +53,17 @@ fn mull(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     }
 }
 
+/// Whether these kernels take Q5K activations `a` (`ActQ::k5`): split, group 32, whole
+/// runs of eight blocks (`cols` a multiple of 256), `ds` made. One position reads `q`, many
+/// the interleaved layout where it is made (`neon_tile::fits`).
+pub fn k5_takes(a: &ActQ) -> bool {
+    a.k5 && a.split
+        && a.group == CHUNK
+        && a.cols == a.blocks * CHUNK
+        && a.blocks.is_multiple_of(8)
+        && a.ds.len() == a.n * a.dstride()
+}
+
 /// One row times one position (see [`super::dot_row`]); rows and activations that do not
 /// hold every block's values (a last partial block) use the reference.
 ///
@@ -59,6 +72,8 @@ fn mull(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 pub unsafe fn dot_row_neon(dotprod: bool, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     let (g, blocks) = (a.group, a.blocks);
     let need = if int4 { blocks * g / 2 } else { blocks * g };
+    // Q5K rows hold 32 fifth-bit bytes per run of eight blocks after the nibbles.
+    let need = if int4 && a.k5 { need + blocks * 4 } else { need };
     let inside = row.len() >= round4(blocks * 2) + need
         && a.qrow(p).len() >= blocks * g
         && a.drow(p).len() >= blocks.div_ceil(4) * 4
@@ -69,27 +84,34 @@ pub unsafe fn dot_row_neon(dotprod: bool, int4: bool, row: &[u8], a: &ActQ, p: u
     if int4 && a.k4 && (g != 32 || a.ds.len() < (p + 1) * a.dstride()) {
         return super::dot_row_scalar(int4, row, a, p);
     }
-    match (dotprod, int4, a.k4) {
+    if int4 && a.k5 && !k5_takes(a) {
+        return super::dot_row_scalar(int4, row, a, p);
+    }
+    match (dotprod, int4, a.k4, a.k5) {
         // SAFETY: `dotprod` only with the extension (the caller's contract); the shapes
         // were checked above.
-        (true, true, true) => unsafe { body_dot::<true, true>(row, a, p) },
+        (true, true, true, true) => unsafe { body_dot::<true, true, true>(row, a, p) },
         // SAFETY: as above.
-        (true, true, false) => unsafe { body_dot::<true, false>(row, a, p) },
+        (true, true, true, false) => unsafe { body_dot::<true, true, false>(row, a, p) },
         // SAFETY: as above.
-        (true, false, _) => unsafe { body_dot::<false, false>(row, a, p) },
+        (true, true, false, _) => unsafe { body_dot::<true, false, false>(row, a, p) },
+        // SAFETY: as above.
+        (true, false, _, _) => unsafe { body_dot::<false, false, false>(row, a, p) },
         // SAFETY: the shapes were checked above.
-        (false, true, true) => unsafe { body::<true, false, true>(row, a, p) },
+        (false, true, true, true) => unsafe { body::<true, false, true, true>(row, a, p) },
         // SAFETY: as above.
-        (false, true, false) => unsafe { body::<true, false, false>(row, a, p) },
+        (false, true, true, false) => unsafe { body::<true, false, true, false>(row, a, p) },
         // SAFETY: as above.
-        (false, false, _) => unsafe { body::<false, false, false>(row, a, p) },
+        (false, true, false, _) => unsafe { body::<true, false, false, false>(row, a, p) },
+        // SAFETY: as above.
+        (false, false, _, _) => unsafe { body::<false, false, false, false>(row, a, p) },
     }
 }
 
 #[target_feature(enable = "dotprod")]
-unsafe fn body_dot<const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+unsafe fn body_dot<const INT4: bool, const K: bool, const K5: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
     // SAFETY: the caller's contract (dotprod present, shapes checked).
-    unsafe { body::<INT4, true, K>(row, a, p) }
+    unsafe { body::<INT4, true, K, K5>(row, a, p) }
 }
 
 /// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 0-3 and 4-7 of its run:
@@ -113,13 +135,43 @@ pub(super) fn k4_scales8(head: &[u8]) -> [(float32x4_t, float32x4_t); 2] {
     })
 }
 
-/// The integer sum of block `b` (int4: without the -8 correction) as four partial lanes.
+/// The fifth bits of block `b` of a Q5K row (`high`: the row's fifth-bit bytes, 32 per run
+/// of eight blocks, tensor::q5k_bit) as 0x10 bytes over the block's 16 nibble bytes: (for
+/// the low nibbles, for the high ones). Sub-block j = b mod 8 keeps those of nibble byte m
+/// in byte 16 (j mod 2) + m, bits 2 (j / 2) and 2 (j / 2) + 1: a per-byte shift right by
+/// 2 (j / 2) brings them to bits 0 and 1, shifts left by 4 and 3 to bit 4, the mask's.
 ///
 /// # Safety
-/// `vals` holds the block's stored values and `q` its activations; `DOT` needs dotprod.
+/// `high` holds the fifth-bit bytes of block `b`'s run.
 #[inline(always)]
-unsafe fn block_lanes<const INT4: bool, const DOT: bool>(vals: &[u8], q: &[i8], b: usize, g: usize) -> int32x4_t {
-    // SAFETY: every load below is inside `vals` / `q` (the caller checked the shapes).
+pub(super) unsafe fn fifth16(high: &[u8], b: usize) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: the 16 bytes read are inside `high` (the caller's contract); NEON is baseline.
+    unsafe {
+        let h = vld1q_u8(high.as_ptr().add(32 * (b / 8) + 16 * (b % 2)));
+        // A negative count shifts right.
+        let h = vshlq_u8(h, vdupq_n_s8(-2 * (b % 8 / 2) as i8));
+        let five = vdupq_n_u8(0x10);
+        (vandq_u8(vshlq_n_u8::<4>(h), five), vandq_u8(vshlq_n_u8::<3>(h), five))
+    }
+}
+
+/// The integer sum of block `b` (int4: without the -8 correction) as four partial lanes.
+/// `K5` (int4, group 32): a Q5K row, `high` its fifth-bit bytes ([`fifth16`]); u <= 31
+/// times |q| <= 127, so `sdot`'s and `smull`'s products, all positive-int8 weights, are
+/// exact as for int4, and a block's sum is at most 31 * 127 * 32 < 2^17.
+///
+/// # Safety
+/// `vals` holds the block's stored values and `q` its activations (`K5`: `high` its fifth
+/// bits); `DOT` needs dotprod.
+#[inline(always)]
+unsafe fn block_lanes<const INT4: bool, const DOT: bool, const K5: bool>(
+    vals: &[u8],
+    high: &[u8],
+    q: &[i8],
+    b: usize,
+    g: usize,
+) -> int32x4_t {
+    // SAFETY: every load below is inside `vals` / `q` / `high` (the caller checked the shapes).
     unsafe {
         let mut sum = vdupq_n_s32(0);
         for k in 0..g / CHUNK {
@@ -128,7 +180,12 @@ unsafe fn block_lanes<const INT4: bool, const DOT: bool>(vals: &[u8], q: &[i8], 
             let (w0, w1) = if INT4 {
                 // Low nibbles pair with the chunk's even values (x0), high with the odd (x1).
                 let bytes = vld1q_u8(vals.as_ptr().add(c / 2));
-                (vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(15))), vreinterpretq_s8_u8(vshrq_n_u8::<4>(bytes)))
+                let (mut lo, mut hi) = (vandq_u8(bytes, vdupq_n_u8(15)), vshrq_n_u8::<4>(bytes));
+                if K5 {
+                    let (l5, h5) = fifth16(high, b);
+                    (lo, hi) = (vorrq_u8(lo, l5), vorrq_u8(hi, h5));
+                }
+                (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
             } else {
                 (vld1q_s8(vals.as_ptr().add(c) as *const i8), vld1q_s8(vals.as_ptr().add(c + 16) as *const i8))
             };
@@ -165,14 +222,21 @@ pub(super) fn scales4(row: &[u8], b: usize) -> float32x4_t {
 /// Four blocks per step: their integer sums gathered into one vector by two pairwise adds,
 /// then (ws_b * d_b) * f32(isum_b) for the four at once, added to acc lanes b mod 8; the
 /// blocks after the last multiple of four one at a time (as the wasm path does). `K`: a Q4K
-/// row (whole runs of eight blocks of 32): (A_b * d_b) * f32(isum_b) - B_b * ds_b.
+/// row (whole runs of eight blocks of 32): (A_b * d_b) * f32(isum_b) - B_b * ds_b; `K5`
+/// (with `K`): a Q5K row, the same with its fifth bits.
 ///
 /// # Safety
 /// The shapes checked by [`dot_row_neon`]; `DOT` needs dotprod.
 #[inline(always)]
-unsafe fn body<const INT4: bool, const DOT: bool, const K: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+unsafe fn body<const INT4: bool, const DOT: bool, const K: bool, const K5: bool>(
+    row: &[u8],
+    a: &ActQ,
+    p: usize,
+) -> f32 {
     let (g, blocks) = (a.group, a.blocks);
     let vals = &row[round4(blocks * 2)..];
+    // Q5K: the fifth-bit bytes after the nibbles (inside the row: checked by dot_row_neon).
+    let high = if K5 { &vals[blocks * CHUNK / 2..] } else { &[][..] };
     let (q, d, s) = (a.qrow(p), a.drow(p), a.srow(p));
     let ds = if K { &a.ds[p * a.dstride()..(p + 1) * a.dstride()] } else { &[][..] };
     let full = blocks / 4 * 4;
@@ -186,10 +250,10 @@ unsafe fn body<const INT4: bool, const DOT: bool, const K: bool>(row: &[u8], a: 
         while K && b + 8 <= blocks {
             for (k, (am, bm)) in k4_scales8(&row[2 * b..2 * b + 16]).into_iter().enumerate() {
                 let c = b + 4 * k;
-                let s0 = block_lanes::<INT4, DOT>(vals, q, c, g);
-                let s1 = block_lanes::<INT4, DOT>(vals, q, c + 1, g);
-                let s2 = block_lanes::<INT4, DOT>(vals, q, c + 2, g);
-                let s3 = block_lanes::<INT4, DOT>(vals, q, c + 3, g);
+                let s0 = block_lanes::<INT4, DOT, K5>(vals, high, q, c, g);
+                let s1 = block_lanes::<INT4, DOT, K5>(vals, high, q, c + 1, g);
+                let s2 = block_lanes::<INT4, DOT, K5>(vals, high, q, c + 2, g);
+                let s3 = block_lanes::<INT4, DOT, K5>(vals, high, q, c + 3, g);
                 let isum = vpaddq_s32(vpaddq_s32(s0, s1), vpaddq_s32(s2, s3));
                 let t1 = vmulq_f32(vmulq_f32(am, vld1q_f32(d[c..c + 4].as_ptr())), vcvtq_f32_s32(isum));
                 acc[k] = vaddq_f32(acc[k], vsubq_f32(t1, vmulq_f32(bm, vld1q_f32(ds[c..c + 4].as_ptr()))));
@@ -197,10 +261,10 @@ unsafe fn body<const INT4: bool, const DOT: bool, const K: bool>(row: &[u8], a: 
             b += 8;
         }
         while b < full {
-            let s0 = block_lanes::<INT4, DOT>(vals, q, b, g);
-            let s1 = block_lanes::<INT4, DOT>(vals, q, b + 1, g);
-            let s2 = block_lanes::<INT4, DOT>(vals, q, b + 2, g);
-            let s3 = block_lanes::<INT4, DOT>(vals, q, b + 3, g);
+            let s0 = block_lanes::<INT4, DOT, K5>(vals, high, q, b, g);
+            let s1 = block_lanes::<INT4, DOT, K5>(vals, high, q, b + 1, g);
+            let s2 = block_lanes::<INT4, DOT, K5>(vals, high, q, b + 2, g);
+            let s3 = block_lanes::<INT4, DOT, K5>(vals, high, q, b + 3, g);
             let mut isum = vpaddq_s32(vpaddq_s32(s0, s1), vpaddq_s32(s2, s3));
             let k = (b / 4) & 1;
             if INT4 {
@@ -214,7 +278,7 @@ unsafe fn body<const INT4: bool, const DOT: bool, const K: bool>(row: &[u8], a: 
         vst1q_f32(out.as_mut_ptr(), acc[0]);
         vst1q_f32(out.as_mut_ptr().add(4), acc[1]);
         for b in full..blocks {
-            let mut isum = vaddvq_s32(block_lanes::<INT4, DOT>(vals, q, b, g));
+            let mut isum = vaddvq_s32(block_lanes::<INT4, DOT, K5>(vals, high, q, b, g));
             if INT4 {
                 isum -= 8 * s[b];
             }

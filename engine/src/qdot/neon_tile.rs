@@ -9,7 +9,9 @@
 //! horizontal sums. Without dotprod, `smull` products added pairwise twice (`saddlp`,
 //! `addp`) land in the same lanes. Integer sums are exact, so the bits are
 //! [`super::dot_row_scalar`]'s. A Q4K row (`ActQ::k4`: int4 nibbles under Q4_K headers)
-//! takes the sums of its nibbles as stored and the Q4K step of the one-position kernel.
+//! takes the sums of its nibbles as stored and the Q4K step of the one-position kernel; a
+//! Q5K row (`ActQ::k5`) the same, its fifth bits ORed into the prepared values (0..=31:
+//! positive int8, products and sums exact as for int4).
 
 use std::arch::aarch64::*;
 
@@ -32,16 +34,21 @@ pub fn fits(int4: bool, row: &[u8], a: &ActQ, p0: usize, n: usize) -> bool {
         && p0 + n <= a.n
         && row.len() >= round4(a.blocks * 2) + values
         && (!a.k4 || (int4 && g == 32 && a.blocks.is_multiple_of(8) && a.ds.len() == a.n * a.dstride()))
+        // Q5K: 32 fifth-bit bytes per run of eight blocks after the nibbles.
+        && (!a.k5 || (super::neon::k5_takes(a) && row.len() >= round4(a.blocks * 2) + values + a.blocks * 4))
 }
 
 /// Makes `row` ready for many positions in `u` ([`fits`] must hold): int4 as its nibble
-/// values 0..15 in split order (the -8 is taken off with the activations' block sums),
-/// int8 as its stored values; interleaved; zero past the row's last value and block.
+/// values 0..15 in split order (the -8 is taken off with the activations' block sums; a
+/// Q5K row's with their fifth bits, 0..=31), int8 as its stored values; interleaved; zero
+/// past the row's last value and block.
 pub fn prepare(int4: bool, row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
     let g = a.group;
     let n = a.dstride() * g;
     let vals = &row[round4(a.blocks * 2)..];
     let stored = a.blocks * g;
+    // Q5K (group 32): the fifth-bit bytes after the nibbles.
+    let high = if a.k5 { &vals[stored / 2..] } else { &[][..] };
     if u.len() < n {
         u.resize(n, 0);
     }
@@ -61,6 +68,17 @@ pub fn prepare(int4: bool, row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
                     for (k, &v) in bytes.iter().enumerate() {
                         lo[j][k] = v & 15;
                         hi[j][k] = v >> 4;
+                    }
+                    if a.k5 {
+                        // Block b0 + j (group 32) is sub-block j of run b0 / 8: nibble byte k's
+                        // fifth bits in byte 16 (j mod 2) + k, bits 2 (j / 2) (low nibble) and
+                        // 2 (j / 2) + 1 (high nibble) (tensor::q5k_bit).
+                        let five = padded::<16>(high, 32 * (b0 / 8) + 16 * (j % 2));
+                        let at = 2 * (j / 2);
+                        for (k, &f) in five.iter().enumerate() {
+                            lo[j][k] |= ((f >> at) & 1) << 4;
+                            hi[j][k] |= ((f >> (at + 1)) & 1) << 4;
+                        }
                     }
                 } else {
                     let bytes = padded::<32>(vals, c);

@@ -4,7 +4,8 @@
 //! values directly, int8 values as two nibbles of value + 128; the float combination as
 //! in the reference, four blocks per f32x4 (lane l of the first vector is acc[8k + l], of
 //! the second acc[8k + 4 + l]: the reference's order). Q4K rows (`ActQ::k4`) take the
-//! int4 sums and the reference's Q4K step ([`k4_scales4`]).
+//! int4 sums and the reference's Q4K step ([`k4_scales8`]); Q5K rows (`ActQ::k5`) the same
+//! with each nibble's fifth bit ORed in as 16 before the multiply ([`fifth16`]: u <= 31).
 
 use core::arch::wasm32::*;
 
@@ -50,8 +51,9 @@ pub(super) fn dot16(acc: v128, wl: v128, wh: v128, x: v128) -> v128 {
 ///
 /// With relaxed SIMD (the threaded build): `i32x4.relaxed_dot_i8x16_i7x16_add_s`, 16
 /// products in one instruction. Its result is only implementation-defined when the second
-/// operand has its top bit set or the 16-bit pair sums overflow; nibbles are at most 15,
-/// so a pair sums to at most 2 * 15 * 127: the exact integer sum on every engine.
+/// operand has its top bit set or the 16-bit pair sums overflow; nibbles are at most 15
+/// (Q5K's, with their fifth bit, 31), so a pair sums to at most 2 * 31 * 127 = 7874: the
+/// exact integer sum on every engine. (Without relaxed SIMD: i16 products, i32 sums.)
 #[inline(always)]
 pub(super) fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
     #[cfg(target_feature = "relaxed-simd")]
@@ -64,11 +66,12 @@ pub(super) fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
     }
 }
 
-/// acc + the products of 16 nibble values `w` and 16 int8 values `x`, lane k getting the
-/// four products of bytes 4k..4k + 4 (the interleaved layout keeps one block per 4-byte
-/// word), for builds without relaxed SIMD: the widening `i32x4.dot_i16x8_s` pairs bytes
-/// (2k, 2k + 1), so its pair sums are added word by word with two shuffles. (Relaxed
-/// builds sum i16 pairs in [`tile`] instead.)
+/// acc + the products of 16 nibble values `w` (0..=31 with Q5K's fifth bits: i16 products,
+/// i32 sums, exact) and 16 int8 values `x`, lane k getting the four products of bytes
+/// 4k..4k + 4 (the interleaved layout keeps one block per 4-byte word), for builds without
+/// relaxed SIMD: the widening `i32x4.dot_i16x8_s` pairs bytes (2k, 2k + 1), so its pair
+/// sums are added word by word with two shuffles. (Relaxed builds sum i16 pairs in
+/// [`tile`] instead.)
 #[cfg(not(target_feature = "relaxed-simd"))]
 #[inline(always)]
 fn words16(acc: v128, w: v128, x: v128) -> v128 {
@@ -87,6 +90,17 @@ pub(super) fn dot16_form() -> bool {
     false
 }
 
+/// Whether these kernels take Q5K activations `a` (`ActQ::k5`): split, group 32, whole
+/// runs of eight blocks (`cols` a multiple of 256), `ds` made. One position reads `q`, many
+/// the interleaved layout where it is made ([`super::dot_row_many`] checks it).
+pub fn k5_takes(a: &ActQ) -> bool {
+    a.k5 && a.split
+        && a.group == CHUNK
+        && a.cols == a.blocks * CHUNK
+        && a.blocks.is_multiple_of(8)
+        && a.ds.len() == a.n * a.dstride()
+}
+
 pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
     if dot16_form() {
         row_form::<true>(int4, row, a, p)
@@ -101,6 +115,8 @@ fn row_form<const W16: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
     // per-load bounds checks.
     let (g, blocks) = (a.group, a.blocks);
     let need = if int4 { blocks * g / 2 } else { blocks * g };
+    // Q5K rows hold 32 fifth-bit bytes per run of eight blocks after the nibbles.
+    let need = if int4 && a.k5 { need + blocks * 4 } else { need };
     let inside = row.len() >= round4(blocks * 2) + need && a.qrow(p).len() >= blocks * g;
     // int8 against the activations' halves where they were made (relaxed builds).
     let halves = !int4 && cfg!(target_feature = "relaxed-simd") && !a.qh.is_empty();
@@ -108,27 +124,29 @@ fn row_form<const W16: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
     // block is straight-line code (V8 runs it about 1.4x faster than the loop over a
     // run-time group: tools/bench/qdot-wasm in Chromium, eleventh session).
     if int4 && a.k4 {
-        return match inside {
-            true => body::<true, false, 32, false, W16, true>(row, a, p),
-            false => body::<true, true, 32, false, W16, true>(row, a, p),
+        return match (inside, a.k5) {
+            (true, false) => body_k::<false, W16, false>(row, a, p),
+            (false, false) => body_k::<true, W16, false>(row, a, p),
+            (true, true) => body_k::<false, W16, true>(row, a, p),
+            (false, true) => body_k::<true, W16, true>(row, a, p),
         };
     }
     match (int4, halves, inside, a.group) {
-        (true, _, true, 32) => body::<true, false, 32, false, W16, false>(row, a, p),
-        (true, _, true, 64) => body::<true, false, 64, false, W16, false>(row, a, p),
-        (true, _, true, 128) => body::<true, false, 128, false, W16, false>(row, a, p),
-        (true, _, true, _) => body::<true, false, 0, false, W16, false>(row, a, p),
-        (true, _, false, _) => body::<true, true, 0, false, W16, false>(row, a, p),
-        (false, true, true, 32) => body::<false, false, 32, true, W16, false>(row, a, p),
-        (false, true, true, 64) => body::<false, false, 64, true, W16, false>(row, a, p),
-        (false, true, true, 128) => body::<false, false, 128, true, W16, false>(row, a, p),
-        (false, true, true, _) => body::<false, false, 0, true, W16, false>(row, a, p),
-        (false, true, false, _) => body::<false, true, 0, true, W16, false>(row, a, p),
-        (false, false, true, 32) => body::<false, false, 32, false, W16, false>(row, a, p),
-        (false, false, true, 64) => body::<false, false, 64, false, W16, false>(row, a, p),
-        (false, false, true, 128) => body::<false, false, 128, false, W16, false>(row, a, p),
-        (false, false, true, _) => body::<false, false, 0, false, W16, false>(row, a, p),
-        (false, false, false, _) => body::<false, true, 0, false, W16, false>(row, a, p),
+        (true, _, true, 32) => body::<true, false, 32, false, W16>(row, a, p),
+        (true, _, true, 64) => body::<true, false, 64, false, W16>(row, a, p),
+        (true, _, true, 128) => body::<true, false, 128, false, W16>(row, a, p),
+        (true, _, true, _) => body::<true, false, 0, false, W16>(row, a, p),
+        (true, _, false, _) => body::<true, true, 0, false, W16>(row, a, p),
+        (false, true, true, 32) => body::<false, false, 32, true, W16>(row, a, p),
+        (false, true, true, 64) => body::<false, false, 64, true, W16>(row, a, p),
+        (false, true, true, 128) => body::<false, false, 128, true, W16>(row, a, p),
+        (false, true, true, _) => body::<false, false, 0, true, W16>(row, a, p),
+        (false, true, false, _) => body::<false, true, 0, true, W16>(row, a, p),
+        (false, false, true, 32) => body::<false, false, 32, false, W16>(row, a, p),
+        (false, false, true, 64) => body::<false, false, 64, false, W16>(row, a, p),
+        (false, false, true, 128) => body::<false, false, 128, false, W16>(row, a, p),
+        (false, false, true, _) => body::<false, false, 0, false, W16>(row, a, p),
+        (false, false, false, _) => body::<false, true, 0, false, W16>(row, a, p),
     }
 }
 
@@ -210,6 +228,8 @@ impl Stream {
 #[derive(Clone, Copy)]
 pub(super) struct Consts {
     pub(super) low4: v128,
+    /// 0x10 per byte: a Q5K value's fifth bit ([`fifth16`]).
+    five: v128,
     #[cfg(target_feature = "relaxed-simd")]
     pub(super) flip: v128,
     sign: v128,
@@ -231,6 +251,7 @@ impl Consts {
     fn literal() -> Consts {
         Consts {
             low4: u8x16_splat(15),
+            five: u8x16_splat(0x10),
             #[cfg(target_feature = "relaxed-simd")]
             flip: u8x16_splat(0x80),
             sign: i32x4_splat(0x8000),
@@ -306,16 +327,7 @@ pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize,
             // High nibbles by a 16-bit shift and the mask: the bytes of i8x16.shr_u, which
             // V8 lowers to more instructions (about 5% in Chromium's kernel timing).
             let (lo, hi) = (v128_and(bytes, kc.low4), v128_and(u16x8_shr(bytes, 4), kc.low4));
-            #[cfg(target_feature = "relaxed-simd")]
-            if W16 {
-                // Pairs of at most 2 * 15 * 127, two of them added: inside i16.
-                let lo = i16x8_relaxed_dot_i8x16_i7x16(x0, lo);
-                let hi = i16x8_relaxed_dot_i8x16_i7x16(x1, hi);
-                sum = i32x4_add(sum, i32x4_extadd_pairwise_i16x8(i16x8_add(lo, hi)));
-                continue;
-            }
-            sum = nibbles16(sum, lo, x0);
-            sum = nibbles16(sum, hi, x1);
+            sum = nibble_chunk::<W16>(sum, lo, hi, x0, x1);
         } else {
             let (w0, w1) = (load16::<CHECKED>(vals, c), load16::<CHECKED>(vals, c + 16));
             #[cfg(target_feature = "relaxed-simd")]
@@ -340,6 +352,54 @@ pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize,
         sum = i32x4_add(sum, i32x4_shl(high, 4));
     }
     sum
+}
+
+/// acc + the products of a chunk's 32 values as `lo` (its even values, times `x0`) and `hi`
+/// (odd, times `x1`), each 0..=31 (int4's nibbles, Q5K's with their fifth bit), in the form
+/// `W16` (relaxed builds) or by [`nibbles16`].
+#[inline(always)]
+fn nibble_chunk<const W16: bool>(acc: v128, lo: v128, hi: v128, x0: v128, x1: v128) -> v128 {
+    #[cfg(target_feature = "relaxed-simd")]
+    if W16 {
+        // Pairs of at most 2 * 31 * 127 = 7874, two of them added (15748): inside i16.
+        let lo = i16x8_relaxed_dot_i8x16_i7x16(x0, lo);
+        let hi = i16x8_relaxed_dot_i8x16_i7x16(x1, hi);
+        return i32x4_add(acc, i32x4_extadd_pairwise_i16x8(i16x8_add(lo, hi)));
+    }
+    nibbles16(nibbles16(acc, lo, x0), hi, x1)
+}
+
+/// The fifth bits of block `b` of a Q5K row (`high`: the row's fifth-bit bytes, 32 per run
+/// of eight blocks, tensor::q5k_bit) as 0x10 bytes over the block's 16 nibble bytes: (for
+/// the low nibbles, for the high ones). Sub-block j = b mod 8 keeps those of nibble byte m
+/// in byte 16 (j mod 2) + m, bits 2 (j / 2) and 2 (j / 2) + 1: a 16-bit shift right by
+/// 2 (j / 2) <= 6 brings them to bits 0 and 1 of their byte (what crosses from the byte
+/// above lands at bit 2 or higher), shifts left by 4 and 3 to bit 4, which the mask keeps
+/// (what crosses into the byte above lands in its bits 0-3).
+#[inline(always)]
+fn fifth16<const CHECKED: bool>(high: &[u8], b: usize, kc: &Consts) -> (v128, v128) {
+    let h = load16::<CHECKED>(high, 32 * (b / 8) + 16 * (b % 2));
+    let h = u16x8_shr(h, 2 * (b % 8 / 2) as u32);
+    (v128_and(u16x8_shl(h, 4), kc.five), v128_and(u16x8_shl(h, 3), kc.five))
+}
+
+/// [`block_lanes`] of block `b` of a Q5K row (group 32): u = nibble + 16 * fifth bit
+/// ([`fifth16`]), at most 31, summed as int4's nibbles ([`nibble_chunk`]; exact).
+#[inline(always)]
+fn block_lanes_k5<const CHECKED: bool, const W16: bool>(
+    vals: &[u8],
+    high: &[u8],
+    q: &[i8],
+    b: usize,
+    kc: &Consts,
+) -> v128 {
+    let c = b * CHUNK;
+    let (x0, x1) = (load_q::<CHECKED>(q, c), load_q::<CHECKED>(q, c + 16));
+    let bytes = load16::<CHECKED>(vals, c / 2);
+    let (l5, h5) = fifth16::<CHECKED>(high, b, kc);
+    let lo = v128_or(v128_and(bytes, kc.low4), l5);
+    let hi = v128_or(v128_and(u16x8_shr(bytes, 4), kc.low4), h5);
+    nibble_chunk::<W16>(i32x4_splat(0), lo, hi, x0, x1)
 }
 
 /// [sum of s0's lanes, s1's, s2's, s3's]: integer adds, exact in any order.
@@ -402,41 +462,17 @@ fn k4_scales8(head: &[u8]) -> [(v128, v128); 2] {
 /// (ws_b * d_b) * f32(isum_b) for the four at once, added to acc lanes b mod 8 (blocks
 /// 8k..8k+4 in the first vector, 8k+4..8k+8 in the second): the reference's products and
 /// per-lane order. The blocks after the last multiple of four run one at a time.
-///
-/// `K`: a Q4K row (group 32, whole runs of eight blocks): (A_b * d_b) * f32(isum_b) -
-/// B_b * ds_b instead, A and B from the run's header ([`k4_scales4`]).
 #[inline(always)]
-fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool, const K: bool>(
+fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool>(
     row: &[u8],
     a: &ActQ,
     p: usize,
 ) -> f32 {
     let (g, blocks) = (if G > 0 { G } else { a.group }, a.blocks);
     let vals = &row[round4(blocks * 2)..];
-    let ds = if K { &a.ds[p * a.dstride()..(p + 1) * a.dstride()] } else { &[][..] };
     let (q, d, s) = (if H { a.qhrow(p) } else { a.qrow(p) }, a.drow(p), a.srow(p));
     let k = Consts::new();
     let mut acc = [f32x4_splat(0.0); 2];
-    if K {
-        // Whole runs of eight blocks (a Q4K row has no other), each header decoded once.
-        for run in 0..blocks / 8 {
-            let f = k4_scales8(&row[16 * run..16 * run + 16]);
-            for (h, (am, bm)) in f.into_iter().enumerate() {
-                let b = 8 * run + 4 * h;
-                let s0 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b, g, &k);
-                let s1 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 1, g, &k);
-                let s2 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 2, g, &k);
-                let s3 = block_lanes::<INT4, CHECKED, G, H, W16>(vals, q, b + 3, g, &k);
-                let (dq, dsq) = (&d[b..b + 4], &ds[b..b + 4]);
-                // SAFETY: `dq` and `dsq` hold 4 f32 (bounds-checked slices).
-                let (db, dsb) =
-                    unsafe { (v128_load(dq.as_ptr() as *const v128), v128_load(dsq.as_ptr() as *const v128)) };
-                let t1 = f32x4_mul(f32x4_mul(am, db), f32x4_convert_i32x4(hsum4(s0, s1, s2, s3)));
-                acc[h] = f32x4_add(acc[h], f32x4_sub(t1, f32x4_mul(bm, dsb)));
-            }
-        }
-        return finish::<INT4, CHECKED, G, H, W16>(acc, row, a, p, blocks, &k);
-    }
     let full = blocks / 4 * 4;
     let mut b = 0;
     while b < full {
@@ -458,6 +494,43 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, co
         b += 4;
     }
     finish::<INT4, CHECKED, G, H, W16>(acc, row, a, p, full, &k)
+}
+
+/// [`body`] for a Q4K row (`ActQ::k4`: group 32, whole runs of eight blocks, `ds` made) or,
+/// `K5`, a Q5K row ([`block_lanes_k5`]): (A_b * d_b) * f32(isum_b) - B_b * ds_b per
+/// block, A and B from the run's header ([`k4_scales8`]), four blocks per step into the
+/// reference's lanes.
+#[inline(always)]
+fn body_k<const CHECKED: bool, const W16: bool, const K5: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let blocks = a.blocks;
+    let vals = &row[round4(blocks * 2)..];
+    // Q5K: the fifth-bit bytes after the nibbles.
+    let high = if K5 { vals.get(blocks * CHUNK / 2..).unwrap_or(&[]) } else { &[][..] };
+    let ds = &a.ds[p * a.dstride()..(p + 1) * a.dstride()];
+    let (q, d) = (a.qrow(p), a.drow(p));
+    let k = Consts::new();
+    let lanes = |b: usize| {
+        if K5 {
+            block_lanes_k5::<CHECKED, W16>(vals, high, q, b, &k)
+        } else {
+            block_lanes::<true, CHECKED, 32, false, W16>(vals, q, b, CHUNK, &k)
+        }
+    };
+    let mut acc = [f32x4_splat(0.0); 2];
+    // Whole runs of eight blocks (a Q4K row has no other), each header decoded once.
+    for run in 0..blocks / 8 {
+        let f = k4_scales8(&row[16 * run..16 * run + 16]);
+        for (h, (am, bm)) in f.into_iter().enumerate() {
+            let b = 8 * run + 4 * h;
+            let (s0, s1, s2, s3) = (lanes(b), lanes(b + 1), lanes(b + 2), lanes(b + 3));
+            let (dq, dsq) = (&d[b..b + 4], &ds[b..b + 4]);
+            // SAFETY: `dq` and `dsq` hold 4 f32 (bounds-checked slices).
+            let (db, dsb) = unsafe { (v128_load(dq.as_ptr() as *const v128), v128_load(dsq.as_ptr() as *const v128)) };
+            let t1 = f32x4_mul(f32x4_mul(am, db), f32x4_convert_i32x4(hsum4(s0, s1, s2, s3)));
+            acc[h] = f32x4_add(acc[h], f32x4_sub(t1, f32x4_mul(bm, dsb)));
+        }
+    }
+    finish::<true, CHECKED, 32, false, W16>(acc, row, a, p, blocks, &k)
 }
 
 /// A position's result from its accumulators `acc` (blocks before `full`, a multiple of
@@ -494,19 +567,23 @@ pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize, cons
     reduce8(out)
 }
 
-/// Makes an int4 row ready for many positions (relaxed SIMD builds): the nibble values
-/// 0..15 in the interleaved layout of [`ActQ::interleave`] (the x86 `tile::prepare`
-/// layout): per run of eight blocks and chunk m, eight 32-byte vectors whose 4-byte lane j
-/// holds four split-order values of block j. Zero past the row's last value and block.
+/// Makes an int4 row ready for many positions: the nibble values 0..15 (a Q5K row's with
+/// their fifth bits, [`fifth16`]: 0..=31) in the interleaved layout of [`ActQ::interleave`]
+/// (the x86 `tile::prepare` layout): per run of eight blocks and chunk m, eight 32-byte
+/// vectors whose 4-byte lane j holds four split-order values of block j. Zero past the
+/// row's last value and block.
 pub fn prepare_int4(row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
     let g = a.group;
     let n = a.dstride() * g;
     let vals = &row[round4(a.blocks * 2)..];
     let stored = a.blocks * g;
+    // Q5K (group 32): the fifth-bit bytes after the nibbles.
+    let high = if a.k5 { vals.get(stored / 2..).unwrap_or(&[]) } else { &[][..] };
     if u.len() < n {
         u.resize(n, 0);
     }
-    let low4 = u8x16_splat(15);
+    let kc = Consts::literal();
+    let low4 = kc.low4;
     for b0 in (0..a.dstride()).step_by(8) {
         for m in 0..g / CHUNK {
             // Split-order values of chunk m of each block: even (lo) then odd (hi).
@@ -518,6 +595,11 @@ pub fn prepare_int4(row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
                     let bytes = load16::<true>(vals, c / 2);
                     lo[j] = v128_and(bytes, low4);
                     hi[j] = u8x16_shr(bytes, 4);
+                    if a.k5 {
+                        // Block b0 + j of 32 values (m = 0) is sub-block j of run b0 / 8.
+                        let (l5, h5) = fifth16::<true>(high, b0 + j, &kc);
+                        (lo[j], hi[j]) = (v128_or(lo[j], l5), v128_or(hi[j], h5));
+                    }
                 }
             }
             let dst = &mut u[b0 * g + m * 8 * CHUNK..][..8 * CHUNK];
@@ -558,7 +640,7 @@ fn transpose4(r0: v128, r1: v128, r2: v128, r3: v128) -> [v128; 4] {
 /// lane j, so a run of eight blocks ends with its sums in two vectors (blocks 0-3, 4-7), which
 /// are exactly acc[0] and acc[1] of [`body`]: the reference's bits. A Q4K row (`a.k4`: the
 /// same nibbles under Q4_K headers) takes the sums without int4's bias and its header's
-/// float step, as [`body`]'s `K` does.
+/// float step, as [`body_k`] does; a Q5K row (`a.k5`) too, its fifth bits prepared.
 pub fn dot_many_int4(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     let mut i = 0;
     while i < out.len() {
@@ -592,6 +674,9 @@ fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize
     }
     let mut acc = [[f32x4_splat(0.0); 2]; P];
     let k = Consts::literal();
+    // Bytes of the steps whose i16 pair sums the relaxed loop keeps before widening.
+    #[cfg(target_feature = "relaxed-simd")]
+    let span = if K && a.k5 { 4 * 32 } else { 8 * 32 };
     let mut b0 = 0;
     while b0 < a.blocks {
         let nb = (a.blocks - b0).min(8);
@@ -613,9 +698,10 @@ fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize
         while v < run {
             // i16 pair sums of up to eight steps, widened once (a step adds one pair of at
             // most 2 * 15 * 127 = 3810 per lane, eight at most 30480 < 2^15: exact, as in
-            // `block_lanes`); pairs (2k, 2k + 1) belong to word k, so the widening pairwise
-            // add gives each block's lane its four products per step.
-            let end = (v + 8 * 32).min(run);
+            // `block_lanes`); Q5K's values reach 31, a pair 2 * 31 * 127 = 7874, so four
+            // steps (31496 < 2^15). Pairs (2k, 2k + 1) belong to word k, so the widening
+            // pairwise add gives each block's lane its four products per step.
+            let end = (v + span).min(run);
             let mut lo16 = [i16x8_splat(0); P];
             let mut hi16 = [i16x8_splat(0); P];
             while v < end {
