@@ -52,9 +52,9 @@ use crate::error::{Error, Result};
 /// in int4's order, as Q4K's][fifth bits: cols / 256 x 32 bytes]`. Value c of sub-block j is
 /// `A_j * u_c - B_j` with u_c = nibble + 16 * fifth bit (0..=31), one rounding: llama.cpp's
 /// dequantization. Run k's 32 fifth-bit bytes put the bit of value c (of the run's 256) at
-/// [`q5k_bit`]: byte 16 (j mod 2) + m, bit 2 (j / 2) + (c mod 2) for nibble byte m of
+/// [`q5k_bit`]: byte 16 (j / 4) + m, bit 2 (j mod 4) + (c mod 2) for nibble byte m of
 /// sub-block j, so that a 16-byte load and one shift line the bits up with that sub-block's
-/// 16 nibble bytes. 0.6875 bytes per value (Q5_K's 176 per 256).
+/// 16 nibble bytes, and one 32-byte load and one shift those of sub-blocks j and j + 4. 0.6875 bytes per value (Q5_K's 176 per 256).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -78,7 +78,7 @@ pub const Q4K_BLOCK: usize = 256;
 #[inline]
 pub fn q5k_bit(c: usize) -> (usize, u32) {
     let (j, i) = (c / 32, c % 32);
-    (16 * (j % 2) + i / 2, (2 * (j / 2) + i % 2) as u32)
+    (16 * (j / 4) + i / 2, (2 * (j % 4) + i % 2) as u32)
 }
 
 /// The eight sub-block factors `A_j = d * sc_j` and offsets `B_j = dmin * m_j` of a Q4K

@@ -104,12 +104,12 @@ fn k_rows() -> bool {
 // Q5K: the word of fifth bits of the eight values c..c+7 (c a multiple of 8) of row r,
 // shifted so that bits 0 and 1 of its byte m are those of values c + 2m and c + 2m + 1.
 // Value i of run k (column 256k + i, sub-block j = i / 32) has its bit at byte
-// 16 (j mod 2) + (i mod 32) / 2, bit 2 (j / 2) + i mod 2 of the run's 32 bytes, which
+// 16 (j / 4) + (i mod 32) / 2, bit 2 (j mod 4) + i mod 2 of the run's 32 bytes, which
 // follow the row's headers (cols / 64 words) and nibbles (cols / 8 words): tensor::q5k_bit.
 fn k5_word(r: u32, c: u32, cols: u32, row_words: u32) -> u32 {
     let j = (c >> 5u) & 7u;
-    let at = r * row_words + cols / 64u + cols / 8u + 8u * (c >> 8u) + 4u * (j & 1u) + ((c & 31u) >> 3u);
-    return W[at] >> (2u * (j >> 1u));
+    let at = r * row_words + cols / 64u + cols / 8u + 8u * (c >> 8u) + 4u * (j >> 2u) + ((c & 31u) >> 3u);
+    return W[at] >> (2u * (j & 3u));
 }
 
 // Q4K: the 6-bit field at bit `at` of the string of header k of row r (its words 1-3).

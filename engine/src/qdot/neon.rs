@@ -138,8 +138,8 @@ pub(super) fn k4_scales8(head: &[u8]) -> [(float32x4_t, float32x4_t); 2] {
 /// The fifth bits of block `b` of a Q5K row (`high`: the row's fifth-bit bytes, 32 per run
 /// of eight blocks, tensor::q5k_bit) as 0x10 bytes over the block's 16 nibble bytes: (for
 /// the low nibbles, for the high ones). Sub-block j = b mod 8 keeps those of nibble byte m
-/// in byte 16 (j mod 2) + m, bits 2 (j / 2) and 2 (j / 2) + 1: a per-byte shift right by
-/// 2 (j / 2) brings them to bits 0 and 1, shifts left by 4 and 3 to bit 4, the mask's.
+/// in byte 16 (j / 4) + m, bits 2 (j mod 4) and 2 (j mod 4) + 1: a per-byte shift right by
+/// 2 (j mod 4) brings them to bits 0 and 1, shifts left by 4 and 3 to bit 4, the mask's.
 ///
 /// # Safety
 /// `high` holds the fifth-bit bytes of block `b`'s run.
@@ -147,9 +147,9 @@ pub(super) fn k4_scales8(head: &[u8]) -> [(float32x4_t, float32x4_t); 2] {
 pub(super) unsafe fn fifth16(high: &[u8], b: usize) -> (uint8x16_t, uint8x16_t) {
     // SAFETY: the 16 bytes read are inside `high` (the caller's contract); NEON is baseline.
     unsafe {
-        let h = vld1q_u8(high.as_ptr().add(32 * (b / 8) + 16 * (b % 2)));
+        let h = vld1q_u8(high.as_ptr().add(32 * (b / 8) + 16 * (b % 8 / 4)));
         // A negative count shifts right.
-        let h = vshlq_u8(h, vdupq_n_s8(-2 * (b % 8 / 2) as i8));
+        let h = vshlq_u8(h, vdupq_n_s8(-2 * (b % 4) as i8));
         let five = vdupq_n_u8(0x10);
         (vandq_u8(vshlq_n_u8::<4>(h), five), vandq_u8(vshlq_n_u8::<3>(h), five))
     }

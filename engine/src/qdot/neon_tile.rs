@@ -71,10 +71,10 @@ pub fn prepare(int4: bool, row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
                     }
                     if a.k5 {
                         // Block b0 + j (group 32) is sub-block j of run b0 / 8: nibble byte k's
-                        // fifth bits in byte 16 (j mod 2) + k, bits 2 (j / 2) (low nibble) and
-                        // 2 (j / 2) + 1 (high nibble) (tensor::q5k_bit).
-                        let five = padded::<16>(high, 32 * (b0 / 8) + 16 * (j % 2));
-                        let at = 2 * (j / 2);
+                        // fifth bits in byte 16 (j / 4) + k, bits 2 (j mod 4) (low nibble) and
+                        // 2 (j mod 4) + 1 (high nibble) (tensor::q5k_bit).
+                        let five = padded::<16>(high, 32 * (b0 / 8) + 16 * (j / 4));
+                        let at = 2 * (j % 4);
                         for (k, &f) in five.iter().enumerate() {
                             lo[j][k] |= ((f >> at) & 1) << 4;
                             hi[j][k] |= ((f >> (at + 1)) & 1) << 4;

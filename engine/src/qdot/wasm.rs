@@ -372,14 +372,14 @@ fn nibble_chunk<const W16: bool>(acc: v128, lo: v128, hi: v128, x0: v128, x1: v1
 /// The fifth bits of block `b` of a Q5K row (`high`: the row's fifth-bit bytes, 32 per run
 /// of eight blocks, tensor::q5k_bit) as 0x10 bytes over the block's 16 nibble bytes: (for
 /// the low nibbles, for the high ones). Sub-block j = b mod 8 keeps those of nibble byte m
-/// in byte 16 (j mod 2) + m, bits 2 (j / 2) and 2 (j / 2) + 1: a 16-bit shift right by
-/// 2 (j / 2) <= 6 brings them to bits 0 and 1 of their byte (what crosses from the byte
+/// in byte 16 (j / 4) + m, bits 2 (j mod 4) and 2 (j mod 4) + 1: a 16-bit shift right by
+/// 2 (j mod 4) <= 6 brings them to bits 0 and 1 of their byte (what crosses from the byte
 /// above lands at bit 2 or higher), shifts left by 4 and 3 to bit 4, which the mask keeps
 /// (what crosses into the byte above lands in its bits 0-3).
 #[inline(always)]
 fn fifth16<const CHECKED: bool>(high: &[u8], b: usize, kc: &Consts) -> (v128, v128) {
-    let h = load16::<CHECKED>(high, 32 * (b / 8) + 16 * (b % 2));
-    let h = u16x8_shr(h, 2 * (b % 8 / 2) as u32);
+    let h = load16::<CHECKED>(high, 32 * (b / 8) + 16 * (b % 8 / 4));
+    let h = u16x8_shr(h, 2 * (b % 4) as u32);
     (v128_and(u16x8_shl(h, 4), kc.five), v128_and(u16x8_shl(h, 3), kc.five))
 }
 

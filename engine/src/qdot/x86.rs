@@ -156,23 +156,26 @@ unsafe fn body_k5(row: &[u8], a: &ActQ, p: usize) -> f32 {
     }
 }
 
-/// The fifth bits of blocks i and i + 4 (i < 4) of a Q5K run (`high`: its 32 fifth-bit
-/// bytes, tensor::q5k_bit: byte 16 (i mod 2) + m, bits 2 (i / 2) and 2 (i / 2) + 4 for
-/// block i's and block i + 4's nibble byte m), as 0x10 bytes in the lanes of the pair
-/// layout's nibble vector (block i in the low 128 bits, i + 4 in the high): (for the low
-/// nibbles, for the high ones). A 16-bit shift moves no bit that the masks keep across a
-/// byte.
+/// The fifth bits of blocks i and i + 4 (i < 4) of a Q5K run (`h`: its 32 fifth-bit bytes,
+/// tensor::q5k_bit: bytes m and 16 + m hold, at bits 2i and 2i + 1, those of nibble byte m
+/// of block i and of block i + 4), as 0x10 bytes in the lanes of the pair layout's nibble
+/// vector (block i in the low 128 bits, i + 4 in the high): (for the low nibbles, for the
+/// high ones). One 16-bit shift per half brings bit 2i (2i + 1) to bit 4, which the mask
+/// keeps: a shift by at most 4 either way moves nothing into bit 4 from the other byte.
 ///
-/// SAFETY (caller): AVX2; 32 bytes readable at `high`.
+/// SAFETY (caller): AVX2.
 #[inline(always)]
-pub(super) unsafe fn fifth_pair(high: *const u8, i: usize) -> (__m256i, __m256i) {
+pub(super) unsafe fn fifth_pair(h: __m256i, i: usize) -> (__m256i, __m256i) {
     // SAFETY: the caller's contract.
     unsafe {
-        let h = _mm_loadu_si128(high.add(16 * (i % 2)) as *const __m128i);
-        let h = _mm_srl_epi16(h, _mm_cvtsi32_si128(2 * (i / 2) as i32));
-        let v = _mm256_set_m128i(_mm_srli_epi16::<4>(h), h);
+        let (lo, hi) = match i {
+            0 => (_mm256_slli_epi16::<4>(h), _mm256_slli_epi16::<3>(h)),
+            1 => (_mm256_slli_epi16::<2>(h), _mm256_slli_epi16::<1>(h)),
+            2 => (h, _mm256_srli_epi16::<1>(h)),
+            _ => (_mm256_srli_epi16::<2>(h), _mm256_srli_epi16::<3>(h)),
+        };
         let b4 = _mm256_set1_epi8(0x10);
-        (_mm256_and_si256(_mm256_slli_epi16::<4>(v), b4), _mm256_and_si256(_mm256_slli_epi16::<3>(v), b4))
+        (_mm256_and_si256(lo, b4), _mm256_and_si256(hi, b4))
     }
 }
 
@@ -187,6 +190,7 @@ unsafe fn pairs8_k5(vals: &[u8], high: *const u8, qp: *const i8, c0: usize) -> _
     // SAFETY: the caller's contract.
     unsafe {
         let low4 = _mm256_set1_epi8(0x0f);
+        let h = _mm256_loadu_si256(high as *const __m256i);
         let mut t = [_mm256_setzero_si256(); 4];
         for (i, ti) in t.iter_mut().enumerate() {
             let lo_at = (c0 + i * CHUNK) >> 1;
@@ -194,7 +198,7 @@ unsafe fn pairs8_k5(vals: &[u8], high: *const u8, qp: *const i8, c0: usize) -> _
                 vals.as_ptr().add(lo_at + 2 * CHUNK) as *const __m128i,
                 vals.as_ptr().add(lo_at) as *const __m128i,
             );
-            let (l5, h5) = fifth_pair(high, i);
+            let (l5, h5) = fifth_pair(h, i);
             let lo = _mm256_or_si256(_mm256_and_si256(x, low4), l5);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(x), low4), h5);
             let q = qp.add(i * 64);

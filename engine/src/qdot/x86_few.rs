@@ -245,6 +245,7 @@ unsafe fn paired_runs_few<const CH: usize, const K: bool>(
         let high = vals.as_ptr().wrapping_add(a.cols / 2);
         for r in 0..runs {
             let c0 = r * 8 * g;
+            let h5 = if k5 { _mm256_loadu_si256(high.add(32 * r) as *const __m256i) } else { _mm256_setzero_si256() };
             let (mut lo, mut hi) = ([_mm256_setzero_si256(); 16], [_mm256_setzero_si256(); 16]);
             for i in 0..4 {
                 for m in 0..CH {
@@ -256,9 +257,9 @@ unsafe fn paired_runs_few<const CH: usize, const K: bool>(
                     lo[i * CH + m] = _mm256_and_si256(x, low4);
                     hi[i * CH + m] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
                     if k5 {
-                        let (l5, h5) = fifth_pair(high.add(32 * r), i);
+                        let (l5, hh5) = fifth_pair(h5, i);
                         lo[i * CH + m] = _mm256_or_si256(lo[i * CH + m], l5);
-                        hi[i * CH + m] = _mm256_or_si256(hi[i * CH + m], h5);
+                        hi[i * CH + m] = _mm256_or_si256(hi[i * CH + m], hh5);
                     }
                 }
             }
