@@ -32,7 +32,7 @@ pub struct KernelBenchArgs {
     pub json: bool,
     /// The guard: one thread, one position, a small working set, each format measured
     /// three times in turn (best kept; three more where one is short); fails when one falls
-    /// below its floor share of the fastest (with AVX-512: 40%, MXFP4 and FP8 20%, q4_k
+    /// below its floor share of the fastest (with AVX-512: 40%, MXFP4 and FP8 20%, q4_k and q5_k
     /// 33%; AVX2: 30%, 10% and 25%; other paths half).
     #[arg(long)]
     pub check: bool,
@@ -229,7 +229,9 @@ fn check(a: &KernelBenchArgs) -> Result<()> {
 ///   AVX-512 (34-65% measured), 10% on AVX2 (14-35%);
 /// - q4_k (GGUF Q4_K kept) is int4/g32 with a header to decode and a second product per
 ///   block of 32: 85-90% of int4/g32's rate measured (Zen 1, AVX2), so its floors are five
-///   sixths of the integer ones: 33% with AVX-512, 25% on AVX2;
+///   sixths of the integer ones: 33% with AVX-512, 25% on AVX2; q5_k (GGUF Q5_K kept) has
+///   the same floors (Zen 1: 37% of the fastest where q4_k had 41%; it runs AVX2's kernels
+///   on AVX-512 hosts too);
 /// - other paths (scalar, NEON, SIMD128: not measured by the guard here): half.
 fn floor(dtype: DType, simd: Simd) -> f64 {
     let f32_precision = matches!(dtype, DType::Mxfp4 | DType::Fp8 { .. });
