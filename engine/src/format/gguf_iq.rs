@@ -14,7 +14,14 @@
 
 use half::f16;
 
-use super::gguf_quant as q;
+// ggml's type ids of the grid-coded types (gguf_quant re-exports them).
+pub const IQ2_XXS: u32 = 16;
+pub const IQ2_XS: u32 = 17;
+pub const IQ3_XXS: u32 = 18;
+pub const IQ1_S: u32 = 19;
+pub const IQ3_S: u32 = 21;
+pub const IQ2_S: u32 = 22;
+pub const IQ1_M: u32 = 29;
 
 /// The codebooks, in this order: iq2xxs (256 x 8), iq2xs (512 x 8), iq2s (1024 x 8),
 /// iq3xxs (256 x 4), iq3s (512 x 4), iq1s (2048 x 8; IQ1_M's too).
@@ -73,7 +80,7 @@ fn half_scale(d: f32, s: u32, f: f32) -> f32 {
 /// Decodes one block of grid-coded type `ty` (256 values) into `y`; other types are left.
 pub(super) fn block(b: &[u8], ty: u32, y: &mut [f32]) {
     match ty {
-        q::IQ2_XXS => {
+        IQ2_XXS => {
             // d, then per 32 values two u32: four grid indices, and four 7-bit sign indices
             // with the 4-bit scale on top.
             let d = h(b, 0);
@@ -88,12 +95,12 @@ pub(super) fn block(b: &[u8], ty: u32, y: &mut [f32]) {
                 }
             }
         }
-        q::IQ2_XS | q::IQ2_S => {
+        IQ2_XS | IQ2_S => {
             // IQ2_XS: d, 32 u16 (9-bit index, 7-bit sign index), scales[8]. IQ2_S: d, qs[32]
             // (index low bits), signs[32] (a bit per value), qh[8] (2 high index bits per
             // group), scales[8]. A 4-bit scale per 16 values.
             let d = h(b, 0);
-            let xs = ty == q::IQ2_XS;
+            let xs = ty == IQ2_XS;
             let scales = if xs { &b[66..74] } else { &b[74..82] };
             for g in 0..32 {
                 let sc = (scales[g / 4] >> (4 * ((g / 2) % 2))) & 15;
@@ -110,7 +117,7 @@ pub(super) fn block(b: &[u8], ty: u32, y: &mut [f32]) {
                 }
             }
         }
-        q::IQ3_XXS => {
+        IQ3_XXS => {
             // d, qs[64] (an index per 4 values), then per 32 values a u32: four 7-bit sign
             // indices (one per 8 values) and the 4-bit scale on top.
             let d = h(b, 0);
@@ -126,7 +133,7 @@ pub(super) fn block(b: &[u8], ty: u32, y: &mut [f32]) {
                 }
             }
         }
-        q::IQ3_S => {
+        IQ3_S => {
             // d, qs[64] (index low bits, one per 4 values), qh[8] (the ninth bits), signs[32]
             // (a bit per value), scales[4] (a 4-bit scale per 32 values: d * (1 + 2 s)).
             let d = h(b, 0);
@@ -138,12 +145,12 @@ pub(super) fn block(b: &[u8], ty: u32, y: &mut [f32]) {
                 y[v] = db * grid(IQ3S, 4, i, v % 4) * sign(b[74 + v / 8] as u32, v % 8);
             }
         }
-        q::IQ1_S | q::IQ1_M => {
+        IQ1_S | IQ1_M => {
             // IQ1_S: d, qs[32] (index low bits), per 32 values a u16: four 3-bit high index
             // parts, a 3-bit scale (d * (2 s + 1)) and the offset's sign on top. IQ1_M:
             // qs[32], qh[16] (a nibble per group: 3 high index bits, the offset's sign),
             // four u16 of four 3-bit scales (one per 16 values) whose top nibbles are d.
-            let m = ty == q::IQ1_M;
+            let m = ty == IQ1_M;
             let d = if m {
                 let top = |k: usize| u16_at(b, 48 + 2 * k) & 0xF000;
                 let bits = top(0) >> 12 | top(1) >> 8 | top(2) >> 4 | top(3);

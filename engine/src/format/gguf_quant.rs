@@ -21,15 +21,9 @@ pub const Q3_K: u32 = 11;
 pub const Q4_K: u32 = 12;
 pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
-pub const IQ2_XXS: u32 = 16;
-pub const IQ2_XS: u32 = 17;
-pub const IQ3_XXS: u32 = 18;
-pub const IQ1_S: u32 = 19;
+pub use super::gguf_iq::{IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS};
 pub const IQ4_NL: u32 = 20;
-pub const IQ3_S: u32 = 21;
-pub const IQ2_S: u32 = 22;
 pub const IQ4_XS: u32 = 23;
-pub const IQ1_M: u32 = 29;
 pub const BF16: u32 = 30;
 pub const MXFP4: u32 = 39;
 
