@@ -139,6 +139,22 @@ def with_config(src: Path, dst: Path, **changes) -> Path:
     return dst
 
 
+def writer_like(r, dst: Path, skip=()):
+    """A GGUF writer to `dst` holding the metadata of reader `r` (but the keys in `skip`)."""
+    import gguf
+
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or f.name in skip:
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1])
+        else:
+            w.add_key_value(f.name, f.contents(), vt)
+    return w
+
+
 def requantize(src: Path, dst: Path, pick) -> None:
     """Copies a GGUF, re-quantizing every F32 weight of 2+ dimensions to `pick(name)` with
     gguf.quants, like llama-quantize with a per-tensor type: a row length the block size
@@ -146,16 +162,7 @@ def requantize(src: Path, dst: Path, pick) -> None:
     import gguf
 
     r = gguf.GGUFReader(src)
-    arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1])
-        else:
-            w.add_key_value(f.name, f.contents(), vt)
+    w = writer_like(r, dst)
     for t in r.tensors:
         data = np.array(t.data)
         shape = [int(x) for x in reversed(t.shape)]  # numpy order
@@ -436,15 +443,7 @@ def mix_fixture() -> None:
             subprocess.run([*quantize, str(q), "--ftype", ft, "--threads", "1"], check=True, stderr=subprocess.DEVNULL)
             readers.append(gguf.GGUFReader(q))
         base = readers[0]
-        w = gguf.GGUFWriter(out, base.fields["general.architecture"].contents())
-        for f in base.fields.values():
-            if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
-                continue
-            vt = f.types[0]
-            if vt == gguf.GGUFValueType.ARRAY:
-                w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1])
-            else:
-                w.add_key_value(f.name, f.contents(), vt)
+        w = writer_like(base, out, skip=("general.file_type",))
         turn, used = 0, set()
         for i, t in enumerate(base.tensors):
             pick = t

@@ -387,6 +387,18 @@ impl ActQ {
         self.k5 = true;
     }
 
+    /// Q5K activations of the shape every Q5K kernel takes: split, group 32, whole runs of
+    /// eight blocks (`cols` a multiple of 256), `ds` made (each path adds its layouts:
+    /// `x86::k5_takes`, `neon::k5_takes`, `wasm::k5_takes`).
+    pub fn k5_whole(&self) -> bool {
+        self.k5
+            && self.split
+            && self.group == CHUNK
+            && self.cols == self.blocks * CHUNK
+            && self.blocks.is_multiple_of(8)
+            && self.ds.len() == self.n * self.dstride()
+    }
+
     /// Builds [`ActQ::qh`] from `q` (activations are -127..=127, so -q fits).
     pub fn halves(&mut self) {
         self.qh.clear();

@@ -57,11 +57,7 @@ fn mull(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 /// runs of eight blocks (`cols` a multiple of 256), `ds` made. One position reads `q`, many
 /// the interleaved layout where it is made (`neon_tile::fits`).
 pub fn k5_takes(a: &ActQ) -> bool {
-    a.k5 && a.split
-        && a.group == CHUNK
-        && a.cols == a.blocks * CHUNK
-        && a.blocks.is_multiple_of(8)
-        && a.ds.len() == a.n * a.dstride()
+    a.k5_whole()
 }
 
 /// One row times one position (see [`super::dot_row`]); rows and activations that do not

@@ -94,11 +94,7 @@ pub(super) fn dot16_form() -> bool {
 /// runs of eight blocks (`cols` a multiple of 256), `ds` made. One position reads `q`, many
 /// the interleaved layout where it is made ([`super::dot_row_many`] checks it).
 pub fn k5_takes(a: &ActQ) -> bool {
-    a.k5 && a.split
-        && a.group == CHUNK
-        && a.cols == a.blocks * CHUNK
-        && a.blocks.is_multiple_of(8)
-        && a.ds.len() == a.n * a.dstride()
+    a.k5_whole()
 }
 
 pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {

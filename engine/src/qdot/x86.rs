@@ -120,12 +120,7 @@ unsafe fn rows_k5(rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
 /// Whether the Q5K kernels take `a`: group 32, whole runs of 256 columns, split, the pair
 /// layout and `ds` whole (super::k5_fast; other layouts run the reference).
 pub fn k5_takes(a: &ActQ) -> bool {
-    a.k5 && a.split
-        && a.group == CHUNK
-        && a.cols == a.blocks * CHUNK
-        && a.blocks.is_multiple_of(8)
-        && a.qp.len() == a.n * a.dstride() * CHUNK
-        && a.ds.len() == a.n * a.dstride()
+    a.k5_whole() && a.qp.len() == a.n * a.dstride() * CHUNK
 }
 
 /// One Q5K row times position `p` ([`k5_takes`] holds): [`paired_runs`]' sums with each
