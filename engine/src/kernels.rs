@@ -152,10 +152,9 @@ pub fn matmul_many(jobs: &mut [MatJob]) {
         // Q4K and Q5K rows are prepared only in wasm and on NEON (qdot::prepares_k4); on x86
         // every count of positions takes the one-position layouts, which the few-position
         // kernels read too.
-        // Q5K rows take x86's AVX2 kernels on AVX-512 too, on the pair layout.
         if n >= qdot::prepare_min(simd) && (!k4 || qdot::prepares_k4(simd)) {
             acts[keys.len()].interleave();
-        } else if int4 && simd.quads() && ActQ::quad_group(group) && !k5 {
+        } else if int4 && simd.quads() && ActQ::quad_group(group) {
             acts[keys.len()].quad();
         } else if int4 && simd.pairs() {
             acts[keys.len()].pair();

@@ -36,6 +36,8 @@ mod tile;
 mod wasm;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm_few;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm_k;
 #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
 pub mod wasm_form;
 #[cfg(target_arch = "x86_64")]
@@ -579,14 +581,14 @@ fn k4_ok(a: &ActQ) -> bool {
 }
 
 /// Whether `simd` has its own kernels for Q5K rows with the layouts `a` holds (the others
-/// run the reference): x86 on the pair layout (AVX-512 runs AVX2's Q5K kernels); wasm
+/// run the reference): x86 on the pair layout (AVX2) or the quad layout (AVX-512); wasm
 /// SIMD128 and NEON on any (one position reads `q`, their tiles the interleaved layout:
 /// `wasm::k5_takes`, `neon::k5_takes`).
 fn k5_fast(simd: Simd, a: &ActQ) -> bool {
     let _ = a;
     #[cfg(target_arch = "x86_64")]
     if matches!(simd, Simd::Avx2 | Simd::Avx512) {
-        return x86::k5_takes(a);
+        return x86::k5_takes(a, simd == Simd::Avx512);
     }
     #[cfg(target_arch = "aarch64")]
     if matches!(simd, Simd::Neon | Simd::NeonDot) {

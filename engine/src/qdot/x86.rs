@@ -7,8 +7,8 @@
 //! Q4_K header instead of eight f16 scales: the same integer sums (of the stored nibbles,
 //! before int4's `- 8 sum q`), and the reference's other float step ([`run_scales`],
 //! [`combine`]); const `K` selects it. Q5K rows (`ActQ::k5`) add each value's fifth bit
-//! ([`fifth_pair`]) before the same sums, on the pair layout only ([`k5_takes`]; AVX-512
-//! runs these AVX2 kernels for them).
+//! ([`fifth_pair`]; AVX-512 [`fifth_quad`]) before the same sums: AVX2 on the pair layout,
+//! AVX-512 on the quad layout ([`k5_takes`]).
 
 use std::arch::x86_64::*;
 
@@ -49,7 +49,7 @@ pub unsafe fn dot_row_avx512(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
     // SAFETY: the caller's contract; the body reads only inside `row` and `a`.
     unsafe {
         if a.k5 {
-            return body_k5(row, a, p);
+            return body_k5_quads(row, a, p);
         }
         match (int4, a.k4) {
             (true, true) => body::<true, true, true>(row, a, p),
@@ -86,7 +86,10 @@ pub unsafe fn dot_rows_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out:
     // SAFETY: the caller's contract.
     unsafe {
         if a.k5 {
-            return rows_k5(rows, rb, a, out);
+            for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
+                *o = body_k5_quads(row, a, 0);
+            }
+            return;
         }
         match (int4, a.k4) {
             (true, true) => rows_body::<true, true, true>(rows, rb, a, out),
@@ -117,10 +120,51 @@ unsafe fn rows_k5(rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
     }
 }
 
-/// Whether the Q5K kernels take `a`: group 32, whole runs of 256 columns, split, the pair
-/// layout and `ds` whole (super::k5_fast; other layouts run the reference).
-pub fn k5_takes(a: &ActQ) -> bool {
-    a.k5_whole() && a.qp.len() == a.n * a.dstride() * CHUNK
+/// Whether the Q5K kernels take `a`: group 32, whole runs of 256 columns, split, `ds`
+/// whole, and the quad layout (AVX-512, `quads`) or the pair layout (AVX2)
+/// (super::k5_fast; other layouts run the reference).
+pub fn k5_takes(a: &ActQ, quads: bool) -> bool {
+    a.k5_whole() && if quads { has_quads(a) } else { a.qp.len() == a.n * a.dstride() * CHUNK }
+}
+
+/// One Q5K row times position `p` on AVX-512 ([`k5_takes`] with quads holds):
+/// [`quad_runs`] with each value's fifth bit added ([`fifth_quad`]), Q4K's float step.
+///
+/// SAFETY (caller): AVX-512 F/VL/BW/VNNI, AVX2 and F16C present; `row` is one stored Q5K
+/// row for `a`.
+#[inline(always)]
+unsafe fn body_k5_quads(row: &[u8], a: &ActQ, p: usize) -> f32 {
+    let runs = a.blocks / 8;
+    // SAFETY: a Q5K row is 16 header, 128 nibble and 32 fifth-bit bytes per run; the quad
+    // layout holds 256 values per run of position p, d and ds dstride per position.
+    unsafe {
+        let qz = a.qz.as_ptr().add(p * a.dstride() * CHUNK);
+        let acc = quad_runs::<1, true, true>(row, &row[16 * runs..], qz, a, p, runs);
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        reduce8(lanes)
+    }
+}
+
+/// The fifth bits of the four blocks of one quad-layout vector of a Q5K run (blocks
+/// 4k..4k + 4, block 4k + l in 128-bit lane l; `half`: the run's 16 fifth-bit bytes of
+/// those blocks, tensor::q5k_bit), as 0x10 bytes over the nibble vector: (for the low
+/// nibbles, for the high ones). The half is broadcast to the four lanes; in lane l, bits
+/// 2l and 2l + 1 of each byte are rotated to bit 4 of that byte: a rotate of each 32-bit
+/// word by 4 - 2l (3 - 2l) moves bit 8t + 2l to 8t + 4 (mod 32, so no bit is lost at
+/// the word's edge), and the mask keeps bit 4 only.
+///
+/// SAFETY (caller): AVX-512 F; 16 bytes readable at `half`.
+#[inline(always)]
+pub(super) unsafe fn fifth_quad(half: *const u8) -> (__m512i, __m512i) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = _mm512_broadcast_i32x4(_mm_loadu_si128(half as *const __m128i));
+        let lo = _mm512_rolv_epi32(h, _mm512_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, 30, 30, 30, 30));
+        let hi = _mm512_rolv_epi32(h, _mm512_setr_epi32(3, 3, 3, 3, 1, 1, 1, 1, 31, 31, 31, 31, 29, 29, 29, 29));
+        let b4 = _mm512_set1_epi8(0x10);
+        (_mm512_and_si512(lo, b4), _mm512_and_si512(hi, b4))
+    }
 }
 
 /// One Q5K row times position `p` ([`k5_takes`] holds): [`paired_runs`]' sums with each
@@ -291,9 +335,9 @@ pub(super) unsafe fn body<const VNNI: bool, const INT4: bool, const K: bool>(row
             let runs = (a.blocks / 8).min(inside / (8 * g));
             let qz = a.qz.as_ptr().add(p * a.dstride() * g);
             acc = match g / CHUNK {
-                1 => quad_runs::<1, K>(row, vals, qz, a, p, runs),
-                2 => quad_runs::<2, K>(row, vals, qz, a, p, runs),
-                _ => quad_runs::<4, K>(row, vals, qz, a, p, runs),
+                1 => quad_runs::<1, K, false>(row, vals, qz, a, p, runs),
+                2 => quad_runs::<2, K, false>(row, vals, qz, a, p, runs),
+                _ => quad_runs::<4, K, false>(row, vals, qz, a, p, runs),
             };
             start = runs * 8;
         } else if VNNI && !INT4 && matches!(g, 32 | 64 | 128) {
@@ -428,12 +472,13 @@ unsafe fn paired_runs<const VNNI: bool, const CH: usize, const K: bool>(
 /// 128-bit lane; its low nibbles times the quad layout's even values and its high nibbles
 /// times the odd ones (two `vpdpbusd`) leave chunk k's four partial sums in lane k.
 /// [`fold_quads`] then gives the run's eight block sums in block order. `CH` is group / 32
-/// (1, 2 or 4). The same integers as the reference's, so the same bits.
+/// (1, 2 or 4); `K5` (Q5K rows, `CH` 1): each nibble with its fifth bit ([`fifth_quad`]).
+/// The same integers as the reference's, so the same bits.
 ///
 /// SAFETY (caller): AVX-512 F/BW/VNNI present; as [`paired_runs`], with `qz` the quad layout
 /// of position p.
 #[inline(always)]
-unsafe fn quad_runs<const CH: usize, const K: bool>(
+unsafe fn quad_runs<const CH: usize, const K: bool, const K5: bool>(
     row: &[u8],
     vals: &[u8],
     qz: *const i8,
@@ -442,12 +487,14 @@ unsafe fn quad_runs<const CH: usize, const K: bool>(
     runs: usize,
 ) -> __m256 {
     let g = a.group;
-    // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and 8 * g of `qz`;
-    // d and s hold dstride >= 8 * runs entries.
+    // SAFETY: the caller's contract; a run reads 4 * g bytes of `vals` and 8 * g of `qz`
+    // (K5: and 32 fifth-bit bytes after the row's nibbles); d and s hold dstride >= 8 * runs
+    // entries.
     unsafe {
         let mut acc = _mm256_setzero_ps();
         let low4 = _mm512_set1_epi8(0x0f);
         let ahead = prefetch_ahead(true);
+        let high = vals.as_ptr().wrapping_add(a.cols / 2);
         for r in 0..runs {
             if ahead > 0 {
                 prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
@@ -458,8 +505,13 @@ unsafe fn quad_runs<const CH: usize, const K: bool>(
                 let w = _mm512_loadu_si512(w0.add(64 * k) as *const __m512i);
                 let even = _mm512_loadu_si512(x0.add(128 * k) as *const __m512i);
                 let odd = _mm512_loadu_si512(x0.add(128 * k + 64) as *const __m512i);
-                let lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(w, low4), even);
-                *vk = _mm512_dpbusd_epi32(lo, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4), odd);
+                let (mut lo, mut hi) = (_mm512_and_si512(w, low4), _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
+                if K5 {
+                    // u <= 31: vpdpbusd's four products of u8 and i8 add exactly in i32.
+                    let (l5, h5) = fifth_quad(high.add(32 * r + 16 * k));
+                    (lo, hi) = (_mm512_or_si512(lo, l5), _mm512_or_si512(hi, h5));
+                }
+                *vk = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, even), hi, odd);
             }
             let sc = run_scales::<K>(row.as_ptr().add(16 * r));
             acc = combine::<3, K>(acc, sc, fold_quads::<CH>(&mut v), a, p * a.dstride() + 8 * r);

@@ -11,7 +11,8 @@
 use std::arch::x86_64::*;
 
 use super::x86::{
-    body, combine, fifth_pair, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead, run_scales,
+    body, combine, fifth_pair, fifth_quad, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead,
+    run_scales,
 };
 use super::{round4, ActQ, CHUNK};
 
@@ -27,11 +28,8 @@ pub const FEW: usize = 32;
 pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
-        if a.k5 {
-            // Q5K rows: AVX2's kernels (super::x86::k5_takes).
-            return few::<false, true, true>(row, a, p0, out);
-        }
         match (int4, a.k4) {
+            // Q4K and Q5K rows (`quad_runs_few` adds Q5K's fifth bits).
             (true, true) => few::<true, true, true>(row, a, p0, out),
             (true, false) => few::<true, true, false>(row, a, p0, out),
             _ => few::<true, false, false>(row, a, p0, out),
@@ -146,6 +144,9 @@ unsafe fn quad_runs_few<const CH: usize, const K: bool>(
     unsafe {
         let low4 = _mm512_set1_epi8(0x0f);
         let ahead = prefetch_ahead(true);
+        // Q5K (group 32): the fifth bits after the nibbles (x86::fifth_quad).
+        let k5 = K && a.k5;
+        let high = vals.as_ptr().wrapping_add(a.cols / 2);
         for r in 0..runs {
             if ahead > 0 {
                 prefetch(vals.as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
@@ -156,6 +157,10 @@ unsafe fn quad_runs_few<const CH: usize, const K: bool>(
                 let w = _mm512_loadu_si512(w0.add(64 * k) as *const __m512i);
                 lo[k] = _mm512_and_si512(w, low4);
                 hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                if k5 {
+                    let (l5, h5) = fifth_quad(high.add(32 * r + 16 * k));
+                    (lo[k], hi[k]) = (_mm512_or_si512(lo[k], l5), _mm512_or_si512(hi[k], h5));
+                }
             }
             let sc = run_scales::<K>(row.as_ptr().add(16 * r));
             for (i, acc) in acc.iter_mut().enumerate() {
