@@ -36,10 +36,10 @@ mod tile;
 mod wasm;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm_few;
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-mod wasm_k;
 #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
 pub mod wasm_form;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

@@ -4,12 +4,13 @@
 //! values directly, int8 values as two nibbles of value + 128; the float combination as
 //! in the reference, four blocks per f32x4 (lane l of the first vector is acc[8k + l], of
 //! the second acc[8k + 4 + l]: the reference's order). Q4K rows (`ActQ::k4`) take the
-//! int4 sums and the reference's Q4K step ([`k4_scales8`]); Q5K rows (`ActQ::k5`) the same
-//! with each nibble's fifth bit ORed in as 16 before the multiply ([`fifth16`]: u <= 31).
+//! int4 sums and the reference's Q4K step; Q5K rows (`ActQ::k5`) the same with each
+//! nibble's fifth bit ORed in as 16 before the multiply (u <= 31): [`super::wasm_k`].
 
 use core::arch::wasm32::*;
 
-use super::{padded, round4, scale, ActQ, CHUNK, K4_INDEX};
+use super::wasm_k::{body_k, fifth16, k4_scales8, runs_k, KConsts};
+use super::{padded, round4, scale, ActQ, CHUNK};
 use crate::math::reduce8;
 
 /// Bytes `[at, at + 16)` of `src`, zero-filled past its end (`CHECKED`; unchecked, the
@@ -121,9 +122,9 @@ fn row_form<const W16: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 
     // run-time group: tools/bench/qdot-wasm in Chromium, eleventh session).
     if int4 && a.k4 {
         return match (inside, a.k5) {
-            (true, false) => body_k::<false, W16, false>(row, a, p),
+            (true, false) => runs_k::<W16, false>(row, a, p),
             (false, false) => body_k::<true, W16, false>(row, a, p),
-            (true, true) => body_k::<false, W16, true>(row, a, p),
+            (true, true) => runs_k::<W16, true>(row, a, p),
             (false, true) => body_k::<true, W16, true>(row, a, p),
         };
     }
@@ -225,7 +226,7 @@ impl Stream {
 pub(super) struct Consts {
     pub(super) low4: v128,
     /// 0x10 per byte: a Q5K value's fifth bit ([`fifth16`]).
-    five: v128,
+    pub(super) five: v128,
     #[cfg(target_feature = "relaxed-simd")]
     pub(super) flip: v128,
     sign: v128,
@@ -354,7 +355,7 @@ pub(super) fn block_lanes<const INT4: bool, const CHECKED: bool, const G: usize,
 /// (odd, times `x1`), each 0..=31 (int4's nibbles, Q5K's with their fifth bit), in the form
 /// `W16` (relaxed builds) or by [`nibbles16`].
 #[inline(always)]
-fn nibble_chunk<const W16: bool>(acc: v128, lo: v128, hi: v128, x0: v128, x1: v128) -> v128 {
+pub(super) fn nibble_chunk<const W16: bool>(acc: v128, lo: v128, hi: v128, x0: v128, x1: v128) -> v128 {
     #[cfg(target_feature = "relaxed-simd")]
     if W16 {
         // Pairs of at most 2 * 31 * 127 = 7874, two of them added (15748): inside i16.
@@ -363,39 +364,6 @@ fn nibble_chunk<const W16: bool>(acc: v128, lo: v128, hi: v128, x0: v128, x1: v1
         return i32x4_add(acc, i32x4_extadd_pairwise_i16x8(i16x8_add(lo, hi)));
     }
     nibbles16(nibbles16(acc, lo, x0), hi, x1)
-}
-
-/// The fifth bits of block `b` of a Q5K row (`high`: the row's fifth-bit bytes, 32 per run
-/// of eight blocks, tensor::q5k_bit) as 0x10 bytes over the block's 16 nibble bytes: (for
-/// the low nibbles, for the high ones). Sub-block j = b mod 8 keeps those of nibble byte m
-/// in byte 16 (j / 4) + m, bits 2 (j mod 4) and 2 (j mod 4) + 1: a 16-bit shift right by
-/// 2 (j mod 4) <= 6 brings them to bits 0 and 1 of their byte (what crosses from the byte
-/// above lands at bit 2 or higher), shifts left by 4 and 3 to bit 4, which the mask keeps
-/// (what crosses into the byte above lands in its bits 0-3).
-#[inline(always)]
-fn fifth16<const CHECKED: bool>(high: &[u8], b: usize, kc: &Consts) -> (v128, v128) {
-    let h = load16::<CHECKED>(high, 32 * (b / 8) + 16 * (b % 8 / 4));
-    let h = u16x8_shr(h, 2 * (b % 4) as u32);
-    (v128_and(u16x8_shl(h, 4), kc.five), v128_and(u16x8_shl(h, 3), kc.five))
-}
-
-/// [`block_lanes`] of block `b` of a Q5K row (group 32): u = nibble + 16 * fifth bit
-/// ([`fifth16`]), at most 31, summed as int4's nibbles ([`nibble_chunk`]; exact).
-#[inline(always)]
-fn block_lanes_k5<const CHECKED: bool, const W16: bool>(
-    vals: &[u8],
-    high: &[u8],
-    q: &[i8],
-    b: usize,
-    kc: &Consts,
-) -> v128 {
-    let c = b * CHUNK;
-    let (x0, x1) = (load_q::<CHECKED>(q, c), load_q::<CHECKED>(q, c + 16));
-    let bytes = load16::<CHECKED>(vals, c / 2);
-    let (l5, h5) = fifth16::<CHECKED>(high, b, kc);
-    let lo = v128_or(v128_and(bytes, kc.low4), l5);
-    let hi = v128_or(v128_and(u16x8_shr(bytes, 4), kc.low4), h5);
-    nibble_chunk::<W16>(i32x4_splat(0), lo, hi, x0, x1)
 }
 
 /// [sum of s0's lanes, s1's, s2's, s3's]: integer adds, exact in any order.
@@ -427,31 +395,6 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
     let quiet = v128_and(v128_not(i32x4_eq(man, i32x4_splat(0))), i32x4_splat(0x40_0000));
     let special = v128_or(v128_or(i32x4_splat(0x7f80_0000), man), quiet);
     v128_or(sign, v128_bitselect(special, finite, is_special))
-}
-
-/// A Q4K header's factors (A, B of tensor::q4k_scales) for blocks 0-3 and 4-7 of its run:
-/// per half, one swizzle puts in lane l the two bytes holding sc_j (j = 4h + l, bit 6j of
-/// the header's string) and, above them, the two holding m_j (bit 48 + 6j: the same
-/// offset in its byte); a product by 2^(8 - 6j mod 8) and one shift by 8 bring both to bit
-/// 0 of their halves (wasm shifts all lanes alike; the product keeps every bit that
-/// matters: the fields end at bit 30). d and dmin convert once, as `half` does; the
-/// products d * sc and dmin * m are exact.
-#[inline(always)]
-fn k4_scales8(head: &[u8]) -> [(v128, v128); 2] {
-    let head = &head[..16];
-    // SAFETY: `head` holds the header's 16 bytes (bounds-checked slice).
-    let v = unsafe { v128_load(head.as_ptr() as *const v128) };
-    let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([head[i], head[i + 1]])).to_f32();
-    let (d, dmin) = (f32x4_splat(half(0)), f32x4_splat(half(2)));
-    let six = i32x4_splat(63);
-    [0, 1].map(|h| {
-        // SAFETY: each half of the table holds 16 bytes.
-        let idx = unsafe { v128_load(K4_INDEX[16 * h..].as_ptr() as *const v128) };
-        // x >> s as (x * 2^(8 - s)) >> 8, s = K4_SHIFT (0, 6, 4, 2).
-        let w = u32x4_shr(i32x4_mul(i8x16_swizzle(v, idx), i32x4(256, 4, 16, 64)), 8);
-        let (sc, m) = (v128_and(w, six), v128_and(u32x4_shr(w, 16), six));
-        (f32x4_mul(d, f32x4_convert_i32x4(sc)), f32x4_mul(dmin, f32x4_convert_i32x4(m)))
-    })
 }
 
 /// Four blocks per step: their integer sums gathered into one vector, then
@@ -490,43 +433,6 @@ fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, co
         b += 4;
     }
     finish::<INT4, CHECKED, G, H, W16>(acc, row, a, p, full, &k)
-}
-
-/// [`body`] for a Q4K row (`ActQ::k4`: group 32, whole runs of eight blocks, `ds` made) or,
-/// `K5`, a Q5K row ([`block_lanes_k5`]): (A_b * d_b) * f32(isum_b) - B_b * ds_b per
-/// block, A and B from the run's header ([`k4_scales8`]), four blocks per step into the
-/// reference's lanes.
-#[inline(always)]
-fn body_k<const CHECKED: bool, const W16: bool, const K5: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
-    let blocks = a.blocks;
-    let vals = &row[round4(blocks * 2)..];
-    // Q5K: the fifth-bit bytes after the nibbles.
-    let high = if K5 { vals.get(blocks * CHUNK / 2..).unwrap_or(&[]) } else { &[][..] };
-    let ds = &a.ds[p * a.dstride()..(p + 1) * a.dstride()];
-    let (q, d) = (a.qrow(p), a.drow(p));
-    let k = Consts::new();
-    let lanes = |b: usize| {
-        if K5 {
-            block_lanes_k5::<CHECKED, W16>(vals, high, q, b, &k)
-        } else {
-            block_lanes::<true, CHECKED, 32, false, W16>(vals, q, b, CHUNK, &k)
-        }
-    };
-    let mut acc = [f32x4_splat(0.0); 2];
-    // Whole runs of eight blocks (a Q4K row has no other), each header decoded once.
-    for run in 0..blocks / 8 {
-        let f = k4_scales8(&row[16 * run..16 * run + 16]);
-        for (h, (am, bm)) in f.into_iter().enumerate() {
-            let b = 8 * run + 4 * h;
-            let (s0, s1, s2, s3) = (lanes(b), lanes(b + 1), lanes(b + 2), lanes(b + 3));
-            let (dq, dsq) = (&d[b..b + 4], &ds[b..b + 4]);
-            // SAFETY: `dq` and `dsq` hold 4 f32 (bounds-checked slices).
-            let (db, dsb) = unsafe { (v128_load(dq.as_ptr() as *const v128), v128_load(dsq.as_ptr() as *const v128)) };
-            let t1 = f32x4_mul(f32x4_mul(am, db), f32x4_convert_i32x4(hsum4(s0, s1, s2, s3)));
-            acc[h] = f32x4_add(acc[h], f32x4_sub(t1, f32x4_mul(bm, dsb)));
-        }
-    }
-    finish::<true, CHECKED, 32, false, W16>(acc, row, a, p, blocks, &k)
 }
 
 /// A position's result from its accumulators `acc` (blocks before `full`, a multiple of
@@ -670,6 +576,7 @@ fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize
     }
     let mut acc = [[f32x4_splat(0.0); 2]; P];
     let k = Consts::literal();
+    let kk = KConsts::new();
     // Bytes of the steps whose i16 pair sums the relaxed loop keeps before widening.
     #[cfg(target_feature = "relaxed-simd")]
     let span = if K && a.k5 { 4 * 32 } else { 8 * 32 };
@@ -737,7 +644,7 @@ fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize
             v += 32;
         }
         if K {
-            let [(a0, bf0), (a1, bf1)] = k4_scales8(&row[2 * b0..2 * b0 + 16]);
+            let [(a0, bf0), (a1, bf1)] = k4_scales8(&row[2 * b0..2 * b0 + 16], &kk);
             for i in 0..P {
                 let (d, dsq) = (&a.drow(p0 + i)[b0..b0 + 8], &a.ds[(p0 + i) * ds + b0..][..8]);
                 // SAFETY: `d` and `dsq` hold 8 f32 (bounds-checked slices).

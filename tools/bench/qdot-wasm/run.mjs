@@ -16,6 +16,15 @@
 // 128, quantized as a release's) through the engine's matmul (`kernels::fp8_wasm`), the
 // export `matmul` alone; FP8=2 the same with uniformly random bytes (more subnormal codes);
 // MXFP4=1 MXFP4 rows the same way.
+// KQUANT=4 or 5: Q4K or Q5K rows (GGUF Q4_K/Q5_K kept: 16-byte headers per 256 values, Q5K
+// 32 bytes of fifth bits more) with their activations (`setup_k`), through the engine's
+// dispatch (`run`: dot_row; `run_engine`: dot_rows). FORMATS=int4,int8,q4k,q5k times
+// several kinds of rows of the same shape in one module, interleaved round by round (GROUP
+// applies to int4; int8 takes group 128 unless written int8/G, e.g. int4/64,int8/32); the
+// default ONLY there is '^run$|^run_engine$'. Every line gives GB/s of stored bytes and
+// Gvalues/s (values of the rows per second: rows x 2048 per pass). A kernel whose first
+// call returns 0 (a variant not written for those rows) is left out. FORM=32 (or 16, the
+// default) sets the relaxed one-position kernels' summing form (qdot::wasm_form).
 // The module also exports `check` (the engine's kernel check: products compared, 0 on a
 // difference; `check_msg` / `check_msg_len` give the difference as UTF-8 in its memory).
 // ROWS int4 rows of 2048 values (16384: 18.9 MB, from memory; 512: 0.6 MB, in L2); ALL=1
@@ -26,10 +35,31 @@ import { fileURLToPath } from "node:url";
 
 const path = process.argv[2] ?? new URL("target/wasm32-unknown-unknown/release/qdot_wasm_bench.wasm", import.meta.url);
 const wasm = readFileSync(path);
-const opts = { only: process.env.ONLY ?? "", mat: process.env.MXFP4 === "1" ? 3 : Number(process.env.FP8 ?? 0), int8: process.env.INT8 === "1", group: Number(process.env.GROUP ?? 32), rows: Number(process.env.ROWS ?? 16384), iters: Number(process.env.ITERS ?? 4), all: !!process.env.ALL };
+const group = Number(process.env.GROUP ?? 32);
+// The kinds of rows: [name, setup kind, group]; kind 0 int4, 1 int8, 4 Q4K, 5 Q5K.
+const formats = process.env.FORMATS
+  ? process.env.FORMATS.split(",").map((f) => {
+      const [name, g] = f.split("/");
+      const kind = { int4: 0, int8: 1, q4k: 4, q5k: 5 }[name];
+      if (kind === undefined) throw new Error(`FORMATS: unknown ${f} (int4, int8, q4k, q5k)`);
+      const fg = Number(g ?? (kind === 1 ? 128 : group));
+      return [kind >= 4 ? `q${kind}_k` : `${name}/g${fg}`, kind, fg];
+    })
+  : process.env.KQUANT
+    ? [[`q${process.env.KQUANT}_k`, Number(process.env.KQUANT), 32]]
+    : [[`${process.env.INT8 === "1" ? "int8" : "int4"}/g${group}`, process.env.INT8 === "1" ? 1 : 0, group]];
+const opts = {
+  only: process.env.ONLY ?? (process.env.FORMATS ? "^run$|^run_engine$" : ""),
+  mat: process.env.MXFP4 === "1" ? 3 : Number(process.env.FP8 ?? 0),
+  formats,
+  rows: Number(process.env.ROWS ?? 16384),
+  iters: Number(process.env.ITERS ?? 4),
+  all: !!process.env.ALL,
+  form: process.env.FORM ?? "",
+};
 
 // Runs where it is called (node or the page): returns the report lines.
-async function bench(bytes, { only, mat, int8, group, rows, iters, all }, cpu) {
+async function bench(bytes, { only, mat, formats, rows, iters, all, form }, cpu) {
   const module = await WebAssembly.compile(bytes);
   // The engine links wasm-bindgen; nothing timed here calls JavaScript: stubs that fail loudly.
   const imports = {};
@@ -40,26 +70,53 @@ async function bench(bytes, { only, mat, int8, group, rows, iters, all }, cpu) {
     };
   }
   const e = (await WebAssembly.instantiate(module, imports)).exports;
-  const size = mat ? e.setup_mat(rows, 2048, mat - 1) : e.setup(rows, 2048, group, int8 ? 1 : 0);
+  const cols = 2048;
+  if (form) e.set_form(form === "32" ? 0 : 1);
+  // One slot per kind of rows (`select` picks it); FP8 and MXFP4 have their own state.
+  const sets = mat
+    ? [{ name: ["fp8", "fp8-random", "mxfp4"][mat - 1], size: e.setup_mat(rows, cols, mat - 1) }]
+    : formats.map(([name, kind, g], slot) => ({
+        name,
+        slot,
+        size: kind >= 4 ? e.setup_k(rows, cols, kind) : e.setup(rows, cols, g, kind),
+      }));
   const kernels = Object.keys(e)
     .filter((k) => (mat ? /^matmul$/ : /^run/).test(k) && (!only || new RegExp(only).test(k)))
     .sort();
-  for (const k of kernels) e[k](2);
-  const gbs = (t) => (iters * size) / t / 1e9;
-  const times = Object.fromEntries(kernels.map((k) => [k, []]));
-  const checks = {};
+  const pick = (r) => r.slot !== undefined && e.select(r.slot);
+  // Variants return 0 on rows they are not written for: those are left out.
+  const runs = sets
+    .flatMap((s) => kernels.map((k) => ({ ...s, k, times: [] })))
+    .filter((r) => {
+      pick(r);
+      return e[r.k](2) !== 0;
+    });
   for (let i = 0; i < 15; i++) {
-    for (const k of kernels) {
+    for (const r of runs) {
+      pick(r);
       const t0 = cpu();
-      checks[k] = e[k](iters) >>> 0;
-      times[k].push(cpu() - t0);
+      r.checksum = e[r.k](iters) >>> 0;
+      r.times.push(cpu() - t0);
     }
   }
   const out = [];
-  for (const k of kernels) {
-    const t = times[k].sort((a, b) => a - b);
-    if (all) out.push(`${k} ${t.map((x) => gbs(x).toFixed(2)).join(" ")}`);
-    out.push(JSON.stringify({ kernel: k, bytes: size, checksum: checks[k], gb_per_s_best: gbs(t[0]), gb_per_s_median: gbs(t[7]) }));
+  for (const r of runs) {
+    const t = r.times.sort((a, b) => a - b);
+    const gbs = (x) => (iters * r.size) / x / 1e9;
+    const gvs = (x) => (iters * rows * cols) / x / 1e9;
+    if (all) out.push(`${r.name} ${r.k} ${t.map((x) => gbs(x).toFixed(2)).join(" ")}`);
+    out.push(
+      JSON.stringify({
+        rows: r.name,
+        kernel: r.k,
+        bytes: r.size,
+        checksum: r.checksum,
+        gb_per_s_best: +gbs(t[0]).toFixed(3),
+        gb_per_s_median: +gbs(t[7]).toFixed(3),
+        gvalues_per_s_best: +gvs(t[0]).toFixed(3),
+        gvalues_per_s_median: +gvs(t[7]).toFixed(3),
+      }),
+    );
   }
   return out;
 }

@@ -1,10 +1,11 @@
 //! The wasm int4 decode kernel alone, timed by node (V8, the JIT Chromium runs):
-//! `node tools/bench/qdot-wasm/run.mjs`. One position times many stored int4 rows, as a
-//! decode step's matmuls do.
+//! `node tools/bench/qdot-wasm/run.mjs`. One position times many stored int4 rows (int8,
+//! Q4K or Q5K rows: [`setup`], [`setup_k`]), as a decode step's matmuls do.
 use colibri_engine::format::quant::quantize_row;
 use colibri_engine::qdot::{dot_row, dot_row_many, ActQ, Simd};
 use colibri_engine::tensor::DType;
 
+mod kvariants;
 #[cfg(target_feature = "relaxed-simd")]
 mod variants;
 
@@ -19,7 +20,36 @@ struct State {
     many: ActQ,
 }
 
-static mut STATE: Option<State> = None;
+/// Every [`setup`] / [`setup_k`] made (a slot each), and the one the run* exports use
+/// ([`select`]): run.mjs's FORMATS times several kinds of rows interleaved.
+static mut SLOTS: Vec<State> = Vec::new();
+static mut CURRENT: usize = 0;
+
+/// The selected slot's rows and activations.
+fn state() -> &'static mut State {
+    // SAFETY: wasm32 without threads: one caller, and no reference outlives an export.
+    #[allow(static_mut_refs)]
+    unsafe {
+        &mut SLOTS[CURRENT]
+    }
+}
+
+/// Makes slot `i` (the i-th setup, from 0) the one the run* exports use.
+#[no_mangle]
+pub extern "C" fn select(i: usize) {
+    // SAFETY: as in `state`.
+    unsafe { CURRENT = i };
+}
+
+/// Adds `st` as a new slot and selects it.
+fn push(st: State) {
+    // SAFETY: as in `state`.
+    #[allow(static_mut_refs)]
+    unsafe {
+        SLOTS.push(st);
+        CURRENT = SLOTS.len() - 1;
+    }
+}
 
 fn lcg(s: &mut u64) -> f32 {
     *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -50,8 +80,36 @@ pub extern "C" fn setup(rows: usize, cols: usize, group: usize, int8: usize) -> 
     let mut many = ActQ::default();
     many.quantize(&xs, POS, cols, group, ActQ::wants_split(int4, group));
     many.interleave();
-    // SAFETY: wasm32 without threads: one caller.
-    unsafe { STATE = Some(State { rows, rb, int4, w, a, out: vec![0.0; rows * POS], many }) };
+    push(State { rows, rb, int4, w, a, out: vec![0.0; rows * POS], many });
+    rows * rb
+}
+
+/// `rows` random Q4K rows (`k` 4) or Q5K rows (`k` 5) of `cols` values (a multiple of
+/// 256), quantized as `quantize_row` does (each sub-block's span in 15 or 31 steps), and
+/// one random position with the Q4K/Q5K activations (`ActQ::set_k4` / `set_k5`, as the
+/// engine's matmul makes them): `dot_row` / `dot_rows` take the engine's Q4K/Q5K paths.
+#[no_mangle]
+pub extern "C" fn setup_k(rows: usize, cols: usize, k: usize) -> usize {
+    let dtype = if k == 5 { DType::Q5K } else { DType::Q4K };
+    let rb = dtype.row_bytes(cols).unwrap();
+    let mut s = 7u64;
+    let mut w = vec![0u8; rows * rb];
+    let row: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
+    for r in 0..rows {
+        let shifted: Vec<f32> = row.iter().map(|v| v * (1.0 + r as f32 * 1e-3)).collect();
+        quantize_row(dtype, &shifted, &mut w[r * rb..(r + 1) * rb]).unwrap();
+    }
+    let set = |a: &mut ActQ| if k == 5 { a.set_k5() } else { a.set_k4() };
+    let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
+    let mut a = ActQ::default();
+    a.quantize(&x, 1, cols, 32, true);
+    set(&mut a);
+    let xs: Vec<f32> = (0..cols * POS).map(|_| lcg(&mut s)).collect();
+    let mut many = ActQ::default();
+    many.quantize(&xs, POS, cols, 32, true);
+    set(&mut many);
+    many.interleave();
+    push(State { rows, rb, int4: true, w, a, out: vec![0.0; rows * POS], many });
     rows * rb
 }
 
@@ -62,9 +120,7 @@ const POS: usize = 16;
 /// second it reports count each row once (divide by POS for per-position work).
 #[no_mangle]
 pub extern "C" fn run_many(iters: usize) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
+    let st = state();
     let simd = Simd::active();
     let mut scratch = Vec::new();
     let mut sum = 0u32;
@@ -81,9 +137,7 @@ pub extern "C" fn run_many(iters: usize) -> u32 {
 /// `iters` passes over every row; returns a checksum of the outputs (their bits summed).
 #[no_mangle]
 pub extern "C" fn run(iters: usize) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
+    let st = state();
     let simd = Simd::active();
     let mut sum = 0u32;
     for _ in 0..iters {
@@ -97,11 +151,9 @@ pub extern "C" fn run(iters: usize) -> u32 {
 
 #[cfg(target_feature = "relaxed-simd")]
 fn each(iters: usize, f: impl Fn(&[u8], &ActQ) -> f32) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
+    let st = state();
     let mut sum = 0u32;
-    if st.a.group != 32 || !st.int4 {
+    if st.a.group != 32 || !st.int4 || st.a.k4 {
         return 0; // the variants are written for int4 group 32
     }
     for _ in 0..iters {
@@ -185,9 +237,7 @@ pub extern "C" fn run_x_load(iters: usize) -> u32 {
 /// checksum must equal run_many's).
 #[no_mangle]
 pub extern "C" fn run_many1(iters: usize) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
+    let st = state();
     let simd = Simd::active();
     let mut sum = 0u32;
     for _ in 0..iters {
@@ -205,16 +255,14 @@ pub extern "C" fn run_many1(iters: usize) -> u32 {
 /// `run_many1` with position 0 each time (what the positions' data costs).
 #[no_mangle]
 pub extern "C" fn run_many0(iters: usize) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
+    let st = state();
     let simd = Simd::active();
     let mut sum = 0u32;
     for _ in 0..iters {
         for r in 0..st.rows {
             let row = &st.w[r * st.rb..(r + 1) * st.rb];
             for p in 0..POS {
-                st.out[r * POS + p] = dot_row(simd, true, row, &st.many, p & 0);
+                st.out[r * POS + p] = dot_row(simd, st.int4, row, &st.many, p & 0);
             }
         }
         sum = st.out.iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
@@ -356,9 +404,7 @@ pub extern "C" fn matmul(iters: usize) -> u32 {
 /// `ahead` bytes past the row it starts (wasm has no prefetch instruction: these loads start
 /// cache misses, and the hardware's stream prefetch, on pages the kernel reaches next).
 fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
+    let st = state();
     let simd = Simd::active();
     let mut sum = 0u32;
     let mut touched = 0u8;
@@ -391,9 +437,7 @@ fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize) -> u32 {
 /// on one thread), whatever it does at this commit.
 #[no_mangle]
 pub extern "C" fn run_engine(iters: usize) -> u32 {
-    // SAFETY: as in `setup`.
-    #[allow(static_mut_refs)]
-    let st = unsafe { STATE.as_mut().unwrap() };
+    let st = state();
     let simd = Simd::active();
     let mut sum = 0u32;
     for _ in 0..iters {
@@ -401,4 +445,51 @@ pub extern "C" fn run_engine(iters: usize) -> u32 {
         sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
     }
     sum
+}
+
+/// The relaxed one-position kernels' summing form (`qdot::wasm_form`): 1 the 16-bit form
+/// (the default), 0 the 32-bit one. run.mjs's FORM=32 sets 0. (Plain SIMD128 builds have
+/// one form: nothing to set.)
+#[no_mangle]
+pub extern "C" fn set_form(dot16: usize) {
+    #[cfg(target_feature = "relaxed-simd")]
+    colibri_engine::qdot::wasm_form::set_dot16(dot16 != 0);
+    let _ = dot16;
+}
+
+/// [`kvariants`] over the selected Q4K or Q5K rows (0 on other rows): must give `run`'s
+/// checksum.
+fn each_k(iters: usize, f5: fn(&[u8], &ActQ) -> f32, f4: fn(&[u8], &ActQ) -> f32) -> u32 {
+    let st = state();
+    if !st.a.k4 {
+        return 0;
+    }
+    let f = if st.a.k5 { f5 } else { f4 };
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        for r in 0..st.rows {
+            st.out[r] = f(&st.w[r * st.rb..(r + 1) * st.rb], &st.a);
+        }
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
+
+/// `run_k*`: (relaxed 32-bit form, header decode 0 scalarized / 1 16-bit, barrier 0 none /
+/// 1 per block / 2 per pair of blocks).
+macro_rules! k_variants {
+    ($($name:ident: $w32:expr, $hdr:expr, $bar:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name(iters: usize) -> u32 {
+            each_k(iters, kvariants::dot_k::<true, $w32, $hdr, $bar>, kvariants::dot_k::<false, $w32, $hdr, $bar>)
+        }
+    )*};
+}
+
+k_variants! {
+    run_k_h1: false, 1, 0;
+    run_k_b1: false, 1, 1;
+    run_k_b2: false, 1, 2;
+    run_k_b1_w32: true, 1, 1;
+    run_k_b2_w32: true, 1, 2;
 }
