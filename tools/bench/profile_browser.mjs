@@ -45,7 +45,7 @@ const url = await new Promise((ok, bad) => {
   child.stderr.on("data", seen);
   child.on("exit", (c) => bad(new Error(`coli serve exited (${c}): ${log}`)));
 });
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true, args: ["--no-sandbox"] });
+const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true, args: ["--no-sandbox", ...(process.env.CHROMIUM_ARGS ?? "").split(" ").filter(Boolean)] });
 try {
   const page = await browser.newPage();
   page.setDefaultTimeout(900_000);

@@ -222,6 +222,11 @@ fn check_all() -> Result<usize, String> {
         }
     }
     checked += check_long_rows(&paths, &mut seed)?;
+    // wasm's f16 conversions (row scales, Q4K headers) for every f16 value.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        checked += super::wasm_k::check_f16()?;
+    }
     checked += check_k(DType::Q4K, &paths, &mut seed)?;
     checked += check_k(DType::Q5K, &paths, &mut seed)?;
     // The SwiGLU activation's SIMD lanes (the same scalar steps; math/act.rs).

@@ -70,10 +70,15 @@ fn k4_factors(v: v128, kc: &KConsts) -> [(v128, v128); 2] {
     })
 }
 
-/// `half::f16::to_f32`'s bits (its software conversion, which wasm uses) with one branch
-/// where `half` takes four: exponent and mantissa moved into place and multiplied by
-/// 2^112, exact for normal and subnormal values (as `wasm::scales4`); exponent 31 gives
-/// f32's all-ones exponent, a NaN its quiet bit. Once per run of eight blocks, twice.
+/// `half::f16::to_f32`'s bits (its software conversion, which wasm uses), as
+/// `wasm::scales4` makes them: a normal value by integer work (exponent and mantissa moved
+/// into place, the bias moved by 112), a subnormal one as its mantissa times 2^-24 (exact,
+/// and neither operand subnormal), exponent 31 as f32's all-ones exponent with a NaN's
+/// quiet bit. Once per run of eight blocks, twice. The earlier form multiplied the
+/// subnormal f32 em << 13 by 2^112 for every value: the same bits, but on Intel each such
+/// product with a subnormal operand takes a microcode assist, and a Q5_K block's d is
+/// often an f16 subnormal (the OLMoE-shaped Q5_K_M import: the browser decoded at 0.32x
+/// of native, its `runs_k` 3.3x q4_k's time for 1.2x the bytes; docs/kernels.md).
 #[inline(always)]
 fn f16_to_f32(h: u16) -> f32 {
     let (sign, em) = ((h as u32 & 0x8000) << 16, h as u32 & 0x7fff);
@@ -81,7 +86,10 @@ fn f16_to_f32(h: u16) -> f32 {
         let man = (em & 0x3ff) << 13;
         return f32::from_bits(sign | 0x7f80_0000 | man | if man != 0 { 0x40_0000 } else { 0 });
     }
-    f32::from_bits(sign | (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits())
+    if em >= 0x400 {
+        return f32::from_bits(sign | ((em << 13) + (112 << 23)));
+    }
+    f32::from_bits(sign | (em as f32 * f32::from_bits(0x3380_0000)).to_bits())
 }
 
 /// The fifth bits of block `b` of a Q5K row (`high`: the row's fifth-bit bytes, 32 per run
@@ -279,4 +287,25 @@ fn fifth<const J: usize>(h: v128, kc: &KConsts) -> (v128, v128) {
         _ => (u16x8_shr(h, 2), u16x8_shr(h, 3)),
     };
     (v128_and(lo, kc.five), v128_and(hi, kc.five))
+}
+
+/// Both wasm f16 conversions ([`f16_to_f32`], `wasm::scales4`) against `half` for every
+/// one of the 65536 f16 values (NaNs: both NaN), for `super::check::check_paths`. Returns
+/// how many were compared, or the first difference.
+pub(super) fn check_f16() -> Result<usize, String> {
+    let k = super::wasm::Consts::new();
+    let mut row = [0u8; 8];
+    for h in 0..=u16::MAX {
+        let want = half::f16::from_bits(h).to_f32();
+        let same = |got: f32| got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan());
+        row[2 * (h as usize % 4)..][..2].copy_from_slice(&h.to_le_bytes());
+        let mut lanes = [0f32; 4];
+        // SAFETY: `lanes` holds 4 f32; v128.store has no alignment requirement.
+        unsafe { v128_store(lanes.as_mut_ptr() as *mut v128, super::wasm::scales4(&row, 0, &k)) };
+        let (one, four) = (f16_to_f32(h), lanes[h as usize % 4]);
+        if !same(one) || !same(four) {
+            return Err(format!("f16 {h:#06x}: {one:e} / scales4 {four:e} vs {want:e}"));
+        }
+    }
+    Ok(1 << 16)
 }
