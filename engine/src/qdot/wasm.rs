@@ -231,12 +231,7 @@ pub(super) struct Consts {
     pub(super) flip: v128,
     sign: v128,
     exp_man: v128,
-    /// 112 << 23: f32's exponent bias less f16's, in place.
-    bias: v128,
-    /// 2^-24: the value of a subnormal f16's mantissa unit.
-    tiny: v128,
-    /// 0x400: the smallest normal f16 (exponent 1) without its sign.
-    min_normal: v128,
+    pow112: v128,
     special: v128,
 }
 
@@ -258,9 +253,7 @@ impl Consts {
             flip: u8x16_splat(0x80),
             sign: i32x4_splat(0x8000),
             exp_man: i32x4_splat(0x7fff),
-            bias: i32x4_splat(112 << 23),
-            tiny: f32x4_splat(f32::from_bits(0x3380_0000)),
-            min_normal: i32x4_splat(0x400),
+            pow112: f32x4_splat(f32::from_bits(0x7780_0000)),
             special: i32x4_splat(0x7c00),
         }
     }
@@ -382,13 +375,15 @@ pub(super) fn hsum4(s0: v128, s1: v128, s2: v128, s3: v128) -> v128 {
 }
 
 /// The f16 scales of blocks `b..b + 4` of a stored row as f32, with the bits of
-/// `half::f16::to_f32` (the software conversion wasm uses): a normal value's exponent and
-/// mantissa shifted into place and the exponent bias moved by 112 (integer work), a
-/// subnormal one (exponent 0) its mantissa times 2^-24 (an exact product of two normal
-/// floats); infinities and NaNs (exponent 31) get f32's all-ones exponent, NaNs their
-/// quiet bit. No float operation here has a subnormal operand: the earlier product of the
-/// subnormal f32 em << 13 by 2^112 gave the same bits but cost a microcode assist per
-/// subnormal lane on Intel (see `wasm_k::f16_to_f32`).
+/// `half::f16::to_f32` (the software conversion wasm uses): exponent and mantissa shifted
+/// into place and multiplied by 2^112, which is exact for normal and subnormal values;
+/// infinities and NaNs (exponent 31) get f32's all-ones exponent, NaNs their quiet bit.
+/// A subnormal scale makes its product by 2^112 one with a subnormal operand, which Intel
+/// CPUs run through a microcode assist (about 100 cycles). Unlike a Q4_K header's d
+/// (`wasm_k::f16_to_f32`, where it is common), an int4/int8 group's scale is subnormal only
+/// where its largest weight is below 6.1e-5 times 7 (int4) or 127 (int8): rare, and testing
+/// for it here cost int4's one-position kernel 5% in Chromium (three operations per four
+/// blocks; measured, tools/bench/qdot-wasm), so the product stays.
 #[inline(always)]
 pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
     let bytes = &row[2 * b..2 * b + 8];
@@ -396,9 +391,7 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
     let h = u32x4_extend_low_u16x8(unsafe { v128_load64_zero(bytes.as_ptr() as *const u64) });
     let sign = i32x4_shl(v128_and(h, k.sign), 16);
     let em = v128_and(h, k.exp_man);
-    let normal = i32x4_add(i32x4_shl(em, 13), k.bias);
-    let sub = f32x4_mul(f32x4_convert_i32x4(em), k.tiny);
-    let finite = v128_bitselect(sub, normal, i32x4_lt(em, k.min_normal));
+    let finite = f32x4_mul(i32x4_shl(em, 13), k.pow112);
     let is_special = i32x4_ge(em, k.special);
     if !v128_any_true(is_special) {
         // Every real row: four finite scales, half the instructions of the general case.

@@ -70,11 +70,10 @@ fn k4_factors(v: v128, kc: &KConsts) -> [(v128, v128); 2] {
     })
 }
 
-/// `half::f16::to_f32`'s bits (its software conversion, which wasm uses), as
-/// `wasm::scales4` makes them: a normal value by integer work (exponent and mantissa moved
-/// into place, the bias moved by 112), a subnormal one as its mantissa times 2^-24 (exact,
-/// and neither operand subnormal), exponent 31 as f32's all-ones exponent with a NaN's
-/// quiet bit. Once per run of eight blocks, twice. The earlier form multiplied the
+/// `half::f16::to_f32`'s bits (its software conversion, which wasm uses): a normal value
+/// by integer work (exponent and mantissa moved into place, the bias moved by 112), a
+/// subnormal one as its mantissa times 2^-24 (exact, and neither operand subnormal),
+/// exponent 31 as f32's all-ones exponent with a NaN's quiet bit. Once per run of eight blocks, twice. The earlier form multiplied the
 /// subnormal f32 em << 13 by 2^112 for every value: the same bits, but on Intel each such
 /// product with a subnormal operand takes a microcode assist, and a Q5_K block's d is
 /// often an f16 subnormal (the OLMoE-shaped Q5_K_M import: the browser decoded at 0.32x
