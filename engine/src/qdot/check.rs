@@ -292,7 +292,7 @@ fn check_k(dtype: DType, paths: &[Simd], seed: &mut u64) -> Result<usize, String
 }
 
 /// One position over matrices of more than 64 KiB of rows, an odd count of them: the wasm
-/// path reads such ranges as two streams (`wasm::dot_rows`), the others as one.
+/// path reads such ranges as two streams (`wasm_rows::dot_rows`), the others as one.
 fn check_long_rows(paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
     let (cols, group) = (256, 32);
     let mut checked = 0;

@@ -39,7 +39,13 @@ mod wasm_few;
 #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
 pub mod wasm_form;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm_int;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm_k;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm_rows;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm_tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -631,7 +637,7 @@ pub fn dot_row(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
         // reported dotprod.
         Simd::NeonDot => unsafe { neon::dot_row_neon(true, int4, row, a, p) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Simd::Simd128 => wasm::dot_row_simd128(int4, row, a, p),
+        Simd::Simd128 => wasm_rows::dot_row_simd128(int4, row, a, p),
         _ => dot_row_scalar(int4, row, a, p),
     }
 }
@@ -649,7 +655,7 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
     // dot_row's own condition for its SIMD paths (other groups take the reference).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if simd == Simd::Simd128 && a.group.is_multiple_of(CHUNK) && a.split == int4 && k4_ok(a) {
-        return wasm::dot_rows(int4, rows, rb, a, out);
+        return wasm_rows::dot_rows(int4, rows, rb, a, out);
     }
     let whole = rows.len() >= out.len() * rb;
     if whole && a.group.is_multiple_of(CHUNK) && a.split == int4 && k4_ok(a) {
@@ -670,7 +676,7 @@ pub fn dot_rows(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &
 
 /// Whether Q4K and Q5K rows (`ActQ::k4`, `ActQ::k5`) are prepared too on `simd` from
 /// [`prepare_min`] positions (their activations then interleaved): the wasm and NEON tiles
-/// take them (`wasm::dot_many_int4`, `neon_tile::dot_many`; Q5K's fifth bits go into the
+/// take them (`wasm_tile::dot_many_int4`, `neon_tile::dot_many`; Q5K's fifth bits go into the
 /// prepared values); x86's does not (its few-position kernels run them).
 pub fn prepares_k4(simd: Simd) -> bool {
     (simd == Simd::Simd128 && cfg!(all(target_arch = "wasm32", target_feature = "simd128")))
@@ -706,7 +712,7 @@ pub fn prepare_min(simd: Simd) -> usize {
 /// interleaved activations ([`ActQ::interleave`]), the x86 paths prepare the row once into
 /// `scratch` (int4 on AVX2 and AVX-512; int8 on AVX-512, whose `vpdpbusd` takes w + 128
 /// without overflow) and run [`tile::dot_many`]; wasm SIMD128 does the same for int4
-/// (`wasm::prepare_int4`, `wasm::dot_many_int4`) and aarch64 NEON for int4 and int8
+/// (`wasm_tile::prepare_int4`, `wasm_tile::dot_many_int4`) and aarch64 NEON for int4 and int8
 /// (`neon_tile`: `sdot` on the interleaved halves); the integer block sums are the same,
 /// so are the bits.
 pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
@@ -756,8 +762,8 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         && a.qi.len() == a.n * a.dstride() * a.group
         && p0 + out.len() <= a.n
     {
-        wasm::prepare_int4(row, a, scratch);
-        wasm::dot_many_int4(scratch, row, a, p0, out);
+        wasm_tile::prepare_int4(row, a, scratch);
+        wasm_tile::dot_many_int4(scratch, row, a, p0, out);
         return;
     }
     #[cfg(target_arch = "x86_64")]

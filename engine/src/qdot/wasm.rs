@@ -6,10 +6,14 @@
 //! the second acc[8k + 4 + l]: the reference's order). Q4K rows (`ActQ::k4`) take the
 //! int4 sums and the reference's Q4K step; Q5K rows (`ActQ::k5`) the same with each
 //! nibble's fifth bit ORed in as 16 before the multiply (u <= 31): [`super::wasm_k`].
+//!
+//! This module holds the pieces; the others build on it and none is imported here (no
+//! import loop): `wasm_k` (Q4K/Q5K rows), `wasm_int` (relaxed int4 rows), `wasm_rows` (the
+//! one-position dispatch, [`super::dot_row`]'s and [`super::dot_rows`]' entry), `wasm_tile`
+//! (a row prepared for many positions), `wasm_few` (int8 rows, a few positions).
 
 use core::arch::wasm32::*;
 
-use super::wasm_k::{body_k, fifth16, k4_scales8, runs_k, KConsts};
 use super::{padded, round4, scale, ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -72,10 +76,10 @@ pub(super) fn nibbles16(acc: v128, w: v128, x: v128) -> v128 {
 /// 4k..4k + 4 (the interleaved layout keeps one block per 4-byte word), for builds without
 /// relaxed SIMD: the widening `i32x4.dot_i16x8_s` pairs bytes (2k, 2k + 1), so its pair
 /// sums are added word by word with two shuffles. (Relaxed builds sum i16 pairs in
-/// [`tile`] instead.)
+/// `wasm_tile::tile` instead.)
 #[cfg(not(target_feature = "relaxed-simd"))]
 #[inline(always)]
-fn words16(acc: v128, w: v128, x: v128) -> v128 {
+pub(super) fn words16(acc: v128, w: v128, x: v128) -> v128 {
     let lo = i32x4_dot_i16x8(u16x8_extend_low_u8x16(w), i16x8_extend_low_i8x16(x));
     let hi = i32x4_dot_i16x8(u16x8_extend_high_u8x16(w), i16x8_extend_high_i8x16(x));
     let words = i32x4_add(i32x4_shuffle::<0, 2, 4, 6>(lo, hi), i32x4_shuffle::<1, 3, 5, 7>(lo, hi));
@@ -98,55 +102,6 @@ pub fn k5_takes(a: &ActQ) -> bool {
     a.k5_whole()
 }
 
-pub fn dot_row_simd128(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
-    if dot16_form() {
-        row_form::<true>(int4, row, a, p)
-    } else {
-        row_form::<false>(int4, row, a, p)
-    }
-}
-
-/// [`dot_row_simd128`] in the summing form `W16`.
-fn row_form<const W16: bool>(int4: bool, row: &[u8], a: &ActQ, p: usize) -> f32 {
-    // Rows whose values fill whole chunks (every shape of a real model) skip the
-    // per-load bounds checks.
-    let (g, blocks) = (a.group, a.blocks);
-    let need = if int4 { blocks * g / 2 } else { blocks * g };
-    // Q5K rows hold 32 fifth-bit bytes per run of eight blocks after the nibbles.
-    let need = if int4 && a.k5 { need + blocks * 4 } else { need };
-    let inside = row.len() >= round4(blocks * 2) + need && a.qrow(p).len() >= blocks * g;
-    // int8 against the activations' halves where they were made (relaxed builds).
-    let halves = !int4 && cfg!(target_feature = "relaxed-simd") && !a.qh.is_empty();
-    // The common groups get a body of their own: with the group known when compiling, a
-    // block is straight-line code (V8 runs it about 1.4x faster than the loop over a
-    // run-time group: tools/bench/qdot-wasm in Chromium, eleventh session).
-    if int4 && a.k4 {
-        return match (inside, a.k5) {
-            (true, false) => runs_k::<W16, false>(row, a, p),
-            (false, false) => body_k::<true, W16, false>(row, a, p),
-            (true, true) => runs_k::<W16, true>(row, a, p),
-            (false, true) => body_k::<true, W16, true>(row, a, p),
-        };
-    }
-    match (int4, halves, inside, a.group) {
-        (true, _, true, 32) => body::<true, false, 32, false, W16>(row, a, p),
-        (true, _, true, 64) => body::<true, false, 64, false, W16>(row, a, p),
-        (true, _, true, 128) => body::<true, false, 128, false, W16>(row, a, p),
-        (true, _, true, _) => body::<true, false, 0, false, W16>(row, a, p),
-        (true, _, false, _) => body::<true, true, 0, false, W16>(row, a, p),
-        (false, true, true, 32) => body::<false, false, 32, true, W16>(row, a, p),
-        (false, true, true, 64) => body::<false, false, 64, true, W16>(row, a, p),
-        (false, true, true, 128) => body::<false, false, 128, true, W16>(row, a, p),
-        (false, true, true, _) => body::<false, false, 0, true, W16>(row, a, p),
-        (false, true, false, _) => body::<false, true, 0, true, W16>(row, a, p),
-        (false, false, true, 32) => body::<false, false, 32, false, W16>(row, a, p),
-        (false, false, true, 64) => body::<false, false, 64, false, W16>(row, a, p),
-        (false, false, true, 128) => body::<false, false, 128, false, W16>(row, a, p),
-        (false, false, true, _) => body::<false, false, 0, false, W16>(row, a, p),
-        (false, false, false, _) => body::<false, true, 0, false, W16>(row, a, p),
-    }
-}
-
 /// [`each_row`] touches one byte every `TOUCH_STRIDE` bytes of its rows up to
 /// `TOUCH_AHEAD` bytes past the row it starts: wasm has no prefetch instruction, and these
 /// loads start the page walks and cache misses (and the hardware's stream prefetch) of the
@@ -159,16 +114,6 @@ const TOUCH_AHEAD: usize = 16384;
 
 /// Row ranges of at least this many bytes are read as two streams ([`each_row`]).
 const TWO_STREAMS_MIN: usize = 1 << 16;
-
-/// Rows of `rb` bytes times position 0, one output each: [`dot_row_simd128`] per row, in
-/// the order and with the touches of [`each_row`]. Same bits: each output is its row's.
-pub fn dot_rows(int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32]) {
-    if dot16_form() {
-        each_row(rows, rb, out, |row| row_form::<true>(int4, row, a, 0));
-    } else {
-        each_row(rows, rb, out, |row| row_form::<false>(int4, row, a, 0));
-    }
-}
 
 /// `out[r] = f(row r)` for the rows of `rb` bytes in `rows` (as many as both hold), with
 /// the touches ahead described at [`TOUCH_STRIDE`]. Rows spanning [`TWO_STREAMS_MIN`]
@@ -242,10 +187,10 @@ impl Consts {
         core::hint::black_box(Consts::literal())
     }
 
-    /// As `v128.const`s where they are used: for [`tile`], whose inner loop needs every
+    /// As `v128.const`s where they are used: for `wasm_tile::tile`, whose inner loop needs every
     /// register and uses the constants only once per eight blocks.
     #[inline(always)]
-    fn literal() -> Consts {
+    pub(super) fn literal() -> Consts {
         Consts {
             low4: u8x16_splat(15),
             five: u8x16_splat(0x10),
@@ -408,7 +353,7 @@ pub(super) fn scales4(row: &[u8], b: usize, k: &Consts) -> v128 {
 /// 8k..8k+4 in the first vector, 8k+4..8k+8 in the second): the reference's products and
 /// per-lane order. The blocks after the last multiple of four run one at a time.
 #[inline(always)]
-fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool>(
+pub(super) fn body<const INT4: bool, const CHECKED: bool, const G: usize, const H: bool, const W16: bool>(
     row: &[u8],
     a: &ActQ,
     p: usize,
@@ -473,229 +418,4 @@ pub(super) fn finish<const INT4: bool, const CHECKED: bool, const G: usize, cons
         out[b % 8] += (scale(row, b) * d[b]) * isum as f32;
     }
     reduce8(out)
-}
-
-/// Makes an int4 row ready for many positions: the nibble values 0..15 (a Q5K row's with
-/// their fifth bits, [`fifth16`]: 0..=31) in the interleaved layout of [`ActQ::interleave`]
-/// (the x86 `tile::prepare` layout): per run of eight blocks and chunk m, eight 32-byte
-/// vectors whose 4-byte lane j holds four split-order values of block j. Zero past the
-/// row's last value and block.
-pub fn prepare_int4(row: &[u8], a: &ActQ, u: &mut Vec<u8>) {
-    let g = a.group;
-    let n = a.dstride() * g;
-    let vals = &row[round4(a.blocks * 2)..];
-    let stored = a.blocks * g;
-    // Q5K (group 32): the fifth-bit bytes after the nibbles.
-    let high = if a.k5 { vals.get(stored / 2..).unwrap_or(&[]) } else { &[][..] };
-    if u.len() < n {
-        u.resize(n, 0);
-    }
-    let kc = Consts::literal();
-    let low4 = kc.low4;
-    for b0 in (0..a.dstride()).step_by(8) {
-        for m in 0..g / CHUNK {
-            // Split-order values of chunk m of each block: even (lo) then odd (hi).
-            let mut lo = [u8x16_splat(0); 8];
-            let mut hi = [u8x16_splat(0); 8];
-            for j in 0..8 {
-                let c = (b0 + j) * g + m * CHUNK;
-                if c < stored {
-                    let bytes = load16::<true>(vals, c / 2);
-                    lo[j] = v128_and(bytes, low4);
-                    hi[j] = u8x16_shr(bytes, 4);
-                    if a.k5 {
-                        // Block b0 + j of 32 values (m = 0) is sub-block j of run b0 / 8.
-                        let (l5, h5) = fifth16::<true>(high, b0 + j, &kc);
-                        (lo[j], hi[j]) = (v128_or(lo[j], l5), v128_or(hi[j], h5));
-                    }
-                }
-            }
-            let dst = &mut u[b0 * g + m * 8 * CHUNK..][..8 * CHUNK];
-            // Vector k (k < 4: words of lo, else of hi): low half blocks 0-3, high 4-7.
-            for (half, src) in [(0usize, &lo), (4, &hi)] {
-                let t0 = transpose4(src[0], src[1], src[2], src[3]);
-                let t1 = transpose4(src[4], src[5], src[6], src[7]);
-                for k in 0..4 {
-                    let at = (half + k) * 32;
-                    // SAFETY: `dst` holds 8 * 32 bytes; at + 32 <= 256; unaligned stores.
-                    unsafe {
-                        v128_store(dst.as_mut_ptr().add(at) as *mut v128, t0[k]);
-                        v128_store(dst.as_mut_ptr().add(at + 16) as *mut v128, t1[k]);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// 4 x 4 transpose of 32-bit lanes: lane j of out[k] = lane k of r_j.
-#[inline(always)]
-fn transpose4(r0: v128, r1: v128, r2: v128, r3: v128) -> [v128; 4] {
-    let t0 = i32x4_shuffle::<0, 4, 1, 5>(r0, r1);
-    let t1 = i32x4_shuffle::<2, 6, 3, 7>(r0, r1);
-    let t2 = i32x4_shuffle::<0, 4, 1, 5>(r2, r3);
-    let t3 = i32x4_shuffle::<2, 6, 3, 7>(r2, r3);
-    [
-        i32x4_shuffle::<0, 1, 4, 5>(t0, t2),
-        i32x4_shuffle::<2, 3, 6, 7>(t0, t2),
-        i32x4_shuffle::<0, 1, 4, 5>(t1, t3),
-        i32x4_shuffle::<2, 3, 6, 7>(t1, t3),
-    ]
-}
-
-/// A row prepared by [`prepare_int4`] times positions `p0..p0 + out.len()` (interleaved
-/// activations), four at a time: each step adds four products of block j into
-/// lane j, so a run of eight blocks ends with its sums in two vectors (blocks 0-3, 4-7), which
-/// are exactly acc[0] and acc[1] of [`body`]: the reference's bits. A Q4K row (`a.k4`: the
-/// same nibbles under Q4_K headers) takes the sums without int4's bias and its header's
-/// float step, as [`body_k`] does; a Q5K row (`a.k5`) too, its fifth bits prepared.
-pub fn dot_many_int4(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
-    let mut i = 0;
-    while i < out.len() {
-        let k = (out.len() - i).min(4);
-        let o = &mut out[i..i + k];
-        match (k, a.k4) {
-            (4, false) => tile::<4, false>(u, row, a, p0 + i, o),
-            (3, false) => tile::<3, false>(u, row, a, p0 + i, o),
-            (2, false) => tile::<2, false>(u, row, a, p0 + i, o),
-            (_, false) => tile::<1, false>(u, row, a, p0 + i, o),
-            (4, true) => tile::<4, true>(u, row, a, p0 + i, o),
-            (3, true) => tile::<3, true>(u, row, a, p0 + i, o),
-            (2, true) => tile::<2, true>(u, row, a, p0 + i, o),
-            (_, true) => tile::<1, true>(u, row, a, p0 + i, o),
-        }
-        i += k;
-    }
-}
-
-#[inline(always)]
-fn tile<const P: usize, const K: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
-    let (g, ds) = (a.group, a.dstride());
-    let run = 8 * g;
-    assert!(u.len() >= ds * g && a.qi.len() >= (p0 + P) * ds * g && out.len() >= P, "prepared shapes");
-    // A Q4K row: group 32, whole runs of eight blocks (one header each), `ds` made.
-    assert!(!K || (g == 32 && a.blocks.is_multiple_of(8) && a.ds.len() >= (p0 + P) * ds), "Q4K shapes");
-    let mut qi = [a.qi.as_ptr(); P];
-    for (i, q) in qi.iter_mut().enumerate() {
-        // SAFETY: inside a.qi (asserted above).
-        *q = unsafe { a.qi.as_ptr().add((p0 + i) * ds * g) };
-    }
-    let mut acc = [[f32x4_splat(0.0); 2]; P];
-    let k = Consts::literal();
-    let kk = KConsts::new();
-    // Bytes of the steps whose i16 pair sums the relaxed loop keeps before widening.
-    #[cfg(target_feature = "relaxed-simd")]
-    let span = if K && a.k5 { 4 * 32 } else { 8 * 32 };
-    let mut b0 = 0;
-    while b0 < a.blocks {
-        let nb = (a.blocks - b0).min(8);
-        let mut lo = [i32x4_splat(0); P];
-        let mut hi = [i32x4_splat(0); P];
-        // int4 values are stored q + 8: each block starts from -8 * sum x (Q4K sums are of
-        // the nibbles as stored: from zero).
-        for i in 0..if K { 0 } else { P } {
-            let s = &a.srow(p0 + i)[b0..b0 + 8];
-            // SAFETY: `s` holds 8 i32 (bounds-checked slice).
-            let (s0, s1) =
-                unsafe { (v128_load(s.as_ptr() as *const v128), v128_load(s.as_ptr().add(4) as *const v128)) };
-            lo[i] = i32x4_neg(i32x4_shl(s0, 3));
-            hi[i] = i32x4_neg(i32x4_shl(s1, 3));
-        }
-        let base = b0 * g;
-        let mut v = 0;
-        #[cfg(target_feature = "relaxed-simd")]
-        while v < run {
-            // i16 pair sums of up to eight steps, widened once (a step adds one pair of at
-            // most 2 * 15 * 127 = 3810 per lane, eight at most 30480 < 2^15: exact, as in
-            // `block_lanes`); Q5K's values reach 31, a pair 2 * 31 * 127 = 7874, so four
-            // steps (31496 < 2^15). Pairs (2k, 2k + 1) belong to word k, so the widening
-            // pairwise add gives each block's lane its four products per step.
-            let end = (v + span).min(run);
-            let mut lo16 = [i16x8_splat(0); P];
-            let mut hi16 = [i16x8_splat(0); P];
-            while v < end {
-                // SAFETY: base + v + 32 <= ds * g <= u.len() and the same for each position's
-                // interleaved activations (asserted above).
-                unsafe {
-                    let w0 = v128_load(u.as_ptr().add(base + v) as *const v128);
-                    let w1 = v128_load(u.as_ptr().add(base + v + 16) as *const v128);
-                    for i in 0..P {
-                        let x0 = v128_load(qi[i].add(base + v) as *const v128);
-                        let x1 = v128_load(qi[i].add(base + v + 16) as *const v128);
-                        lo16[i] = i16x8_add(lo16[i], i16x8_relaxed_dot_i8x16_i7x16(x0, w0));
-                        hi16[i] = i16x8_add(hi16[i], i16x8_relaxed_dot_i8x16_i7x16(x1, w1));
-                    }
-                }
-                v += 32;
-            }
-            for i in 0..P {
-                lo[i] = i32x4_add(lo[i], i32x4_extadd_pairwise_i16x8(lo16[i]));
-                hi[i] = i32x4_add(hi[i], i32x4_extadd_pairwise_i16x8(hi16[i]));
-            }
-        }
-        #[cfg(not(target_feature = "relaxed-simd"))]
-        while v < run {
-            // SAFETY: base + v + 32 <= ds * g <= u.len() and the same for each position's
-            // interleaved activations (asserted above).
-            unsafe {
-                let w0 = v128_load(u.as_ptr().add(base + v) as *const v128);
-                let w1 = v128_load(u.as_ptr().add(base + v + 16) as *const v128);
-                for i in 0..P {
-                    let x0 = v128_load(qi[i].add(base + v) as *const v128);
-                    let x1 = v128_load(qi[i].add(base + v + 16) as *const v128);
-                    lo[i] = words16(lo[i], w0, x0);
-                    hi[i] = words16(hi[i], w1, x1);
-                }
-            }
-            v += 32;
-        }
-        if K {
-            let [(a0, bf0), (a1, bf1)] = k4_scales8(&row[2 * b0..2 * b0 + 16], &kk);
-            for i in 0..P {
-                let (d, dsq) = (&a.drow(p0 + i)[b0..b0 + 8], &a.ds[(p0 + i) * ds + b0..][..8]);
-                // SAFETY: `d` and `dsq` hold 8 f32 (bounds-checked slices).
-                let (d0, d1, s0, s1) = unsafe {
-                    (
-                        v128_load(d.as_ptr() as *const v128),
-                        v128_load(d.as_ptr().add(4) as *const v128),
-                        v128_load(dsq.as_ptr() as *const v128),
-                        v128_load(dsq.as_ptr().add(4) as *const v128),
-                    )
-                };
-                // body's K step: acc + ((A * d) * f32(isum) - B * ds), per half.
-                let t0 = f32x4_mul(f32x4_mul(a0, d0), f32x4_convert_i32x4(lo[i]));
-                let t1 = f32x4_mul(f32x4_mul(a1, d1), f32x4_convert_i32x4(hi[i]));
-                acc[i][0] = f32x4_add(acc[i][0], f32x4_sub(t0, f32x4_mul(bf0, s0)));
-                acc[i][1] = f32x4_add(acc[i][1], f32x4_sub(t1, f32x4_mul(bf1, s1)));
-            }
-            b0 += 8;
-            continue;
-        }
-        let (ws0, ws1) = if nb == 8 {
-            (scales4(row, b0, &k), scales4(row, b0 + 4, &k))
-        } else {
-            // Past the last block the scales are zero (not the next values' bytes).
-            let mut buf = [0u8; 16];
-            buf[..2 * nb].copy_from_slice(&row[2 * b0..2 * (b0 + nb)]);
-            (scales4(&buf, 0, &k), scales4(&buf, 4, &k))
-        };
-        for i in 0..P {
-            let d = &a.drow(p0 + i)[b0..b0 + 8];
-            // SAFETY: `d` holds 8 f32 (bounds-checked slice).
-            let (d0, d1) =
-                unsafe { (v128_load(d.as_ptr() as *const v128), v128_load(d.as_ptr().add(4) as *const v128)) };
-            acc[i][0] = f32x4_add(acc[i][0], f32x4_mul(f32x4_mul(ws0, d0), f32x4_convert_i32x4(lo[i])));
-            acc[i][1] = f32x4_add(acc[i][1], f32x4_mul(f32x4_mul(ws1, d1), f32x4_convert_i32x4(hi[i])));
-        }
-        b0 += 8;
-    }
-    for i in 0..P {
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: `lanes` holds 8 f32; v128.store has no alignment requirement.
-        unsafe {
-            v128_store(lanes.as_mut_ptr() as *mut v128, acc[i][0]);
-            v128_store(lanes.as_mut_ptr().add(4) as *mut v128, acc[i][1]);
-        }
-        out[i] = reduce8(lanes);
-    }
 }

@@ -3,7 +3,7 @@
 //! (relaxed builds: as stored, against the activations' halves [`ActQ::qh`] where the
 //! matmul made them, else value + 128 split into nibbles; others: widened to i16), then applied to
 //! up to eight positions; more positions take further passes over the row, from L1. Before,
-//! every position ran [`super::wasm::dot_row_simd128`] over the row again (int8 has no
+//! every position ran [`super::wasm_rows::dot_row_simd128`] over the row again (int8 has no
 //! prepared-row path in wasm). Per position the integer block sums and their float
 //! combination are the one-position kernel's, so the bits are.
 

@@ -162,7 +162,7 @@ pub(super) fn body_k<const CHECKED: bool, const W16: bool, const K5: bool>(row: 
     finish::<true, CHECKED, 32, false, W16>(acc, row, a, p, blocks, &k)
 }
 
-/// [`body_k`] for a row inside its bounds (every row of a model: `wasm::row_form` checks),
+/// [`body_k`] for a row inside its bounds (every row of a model: `wasm_rows::row_form` checks),
 /// the same products, sums and order (so the same bits), built for how V8 compiles it
 /// (tools/bench/qdot-wasm, KQUANT=4|5 or FORMATS; docs/kernels.md "Q5_K rows"):
 /// - V8 (TurboFan) moves the loads of a straight-line body to its start and groups the
@@ -175,7 +175,7 @@ pub(super) fn body_k<const CHECKED: bool, const W16: bool, const K5: bool>(row: 
 /// - A Q5K half-run's 16 fifth-bit bytes are loaded once, and each sub-block's bits are
 ///   brought to bit 4 by constant shifts ([`fifth`]).
 /// - Raw pointers: the bounds are asserted once per row.
-/// - A function of its own (not inlined into `wasm::row_form`, whose many paths V8
+/// - A function of its own (not inlined into `wasm_rows::row_form`, whose many paths V8
 ///   compiles as one function).
 #[inline(never)]
 pub(super) fn runs_k<const W16: bool, const K5: bool>(row: &[u8], a: &ActQ, p: usize) -> f32 {
