@@ -22,6 +22,8 @@ pub mod format;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod fsio;
 pub mod generate;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod hugemem;
 #[cfg(feature = "wgpu")]
 pub mod gpu;
 pub mod kernels;

@@ -6,8 +6,6 @@
 //! Threads exist only natively; on wasm32 the cache reads synchronously and this module
 //! is not compiled.
 
-#[cfg(not(unix))]
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -16,9 +14,12 @@ use std::thread::JoinHandle;
 use crate::error::{Error, Result};
 
 /// Alignment of expert buffers: the container's expert alignment and the page size.
-pub const ALIGN: usize = 4096;
+pub const ALIGN: usize = crate::hugemem::PAGE;
 
-/// A zeroed, `ALIGN`-aligned heap buffer.
+/// A zeroed, `ALIGN`-aligned buffer (crate::hugemem: its own mapping on unix, so an
+/// evicted expert's memory goes back to the system at once instead of lingering in a malloc
+/// arena, which would let RSS creep above the budget; 2 MiB-aligned and advised for huge
+/// pages when at least that long).
 pub struct AlignedBuf {
     ptr: *mut u8,
     cap: usize,
@@ -35,7 +36,7 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     fn alloc(cap: usize) -> Result<Self> {
         let cap = cap.max(1).div_ceil(ALIGN) * ALIGN;
-        let ptr = raw_alloc(cap)?;
+        let ptr = crate::hugemem::alloc(cap)?;
         Ok(AlignedBuf { ptr, cap, len: 0, pool: None })
     }
 
@@ -64,57 +65,8 @@ impl Drop for AlignedBuf {
                 return;
             }
         }
-        raw_free(self.ptr, self.cap)
+        crate::hugemem::free(self.ptr, self.cap)
     }
-}
-
-/// Zeroed, page-aligned memory of `cap` bytes (a multiple of `ALIGN`). On unix straight
-/// from mmap, so that an evicted expert's memory goes back to the system at once instead
-/// of lingering in a malloc arena (which would let RSS creep above the budget).
-#[cfg(unix)]
-fn raw_alloc(cap: usize) -> Result<*mut u8> {
-    // SAFETY: an anonymous private mapping; no file or existing memory is involved.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            cap,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(Error::Invalid(format!(
-            "cannot map a {cap}-byte expert buffer: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(p as *mut u8)
-}
-
-#[cfg(unix)]
-fn raw_free(ptr: *mut u8, cap: usize) {
-    // SAFETY: ptr/cap describe a mapping made by `raw_alloc` and not yet unmapped.
-    unsafe { libc::munmap(ptr as *mut libc::c_void, cap) };
-}
-
-#[cfg(not(unix))]
-fn raw_alloc(cap: usize) -> Result<*mut u8> {
-    let layout =
-        Layout::from_size_align(cap, ALIGN).map_err(|e| Error::Invalid(format!("buffer of {cap} bytes: {e}")))?;
-    // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return Err(Error::Invalid(format!("out of memory allocating a {cap}-byte expert buffer")));
-    }
-    Ok(ptr)
-}
-
-#[cfg(not(unix))]
-fn raw_free(ptr: *mut u8, cap: usize) {
-    // SAFETY: allocated in `raw_alloc` with exactly this layout (checked there).
-    unsafe { dealloc(ptr, Layout::from_size_align_unchecked(cap, ALIGN)) }
 }
 
 /// Free aligned buffers of one size class, so that evicting one expert and reading the
@@ -160,7 +112,7 @@ impl Drop for BufferPool {
     fn drop(&mut self) {
         let free = self.free.get_mut().unwrap_or_else(|e| e.into_inner());
         for &(p, cap) in free.iter() {
-            raw_free(p as *mut u8, cap);
+            crate::hugemem::free(p as *mut u8, cap);
         }
     }
 }

@@ -439,10 +439,10 @@ impl TensorStore {
             return Ok(store);
         }
         for (f, file, len) in opened {
-            use std::io::Read;
-            let mut buf = Vec::with_capacity(len as usize);
-            file.take(len).read_to_end(&mut buf).map_err(|e| Error::io(&f, e))?;
-            store.add_file(&f.display().to_string(), Bytes::from_vec(buf))?;
+            let len = usize::try_from(len).map_err(|_| Error::Invalid(format!("{}: too large", f.display())))?;
+            let mut buf = crate::hugemem::WeightBuf::zeroed(len)?;
+            read_exact_at(&file, buf.as_mut_slice(), 0).map_err(|e| Error::io(&f, e))?;
+            store.add_file(&f.display().to_string(), Bytes::new(std::sync::Arc::new(buf)))?;
         }
         store.pair_fp8(dir)?;
         Ok(store)

@@ -63,11 +63,20 @@ impl Lcg {
 
 /// A [rows, cols] matrix of `dtype` with pseudo-random weights of ordinary size.
 pub fn matrix(dtype: DType, rows: usize, cols: usize, seed: u64) -> Result<Mat> {
-    let rb = dtype
-        .row_bytes(cols)
-        .ok_or_else(|| crate::error::Error::Invalid(format!("{dtype}: bad shape [{rows}, {cols}]")))?;
+    let mut bytes = vec![0u8; row_bytes(dtype, cols)? * rows];
+    fill(dtype, cols, seed, &mut bytes);
+    Mat::new(rows, cols, dtype, Bytes::from_vec(bytes))
+}
+
+fn row_bytes(dtype: DType, cols: usize) -> Result<usize> {
+    dtype.row_bytes(cols).ok_or_else(|| crate::error::Error::Invalid(format!("{dtype}: bad shape [.., {cols}]")))
+}
+
+/// Fills `bytes` (zeroed, whole rows of `cols` values of `dtype`) with pseudo-random
+/// weights of ordinary size.
+fn fill(dtype: DType, cols: usize, seed: u64, bytes: &mut [u8]) {
+    let rb = dtype.row_bytes(cols).unwrap_or(1);
     let mut g = Lcg(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let mut bytes = vec![0u8; rows * rb];
     for row in bytes.chunks_exact_mut(rb.max(1)) {
         match dtype {
             DType::F32 => row.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&(g.unit() * 0.05).to_le_bytes())),
@@ -120,13 +129,37 @@ pub fn matrix(dtype: DType, rows: usize, cols: usize, seed: u64) -> Result<Mat> 
             DType::U8 | DType::F8E4M3 => row.iter_mut().for_each(|v| *v = g.next() as u8),
         }
     }
-    Mat::new(rows, cols, dtype, Bytes::from_vec(bytes))
 }
 
 /// Enough [rows, cols] matrices of `dtype` to hold about `bytes` stored bytes (at least one).
+/// They lie one after another in one buffer of the kind a model's weights get (natively
+/// crate::hugemem's, as the dense region and the expert cache have), so that their reads
+/// meet the same pages.
 pub fn working_set(dtype: DType, rows: usize, cols: usize, bytes: usize) -> Result<Vec<Mat>> {
-    let one = dtype.row_bytes(cols).unwrap_or(1).max(1) * rows;
-    (0..bytes.div_ceil(one).max(1)).map(|i| matrix(dtype, rows, cols, i as u64 + 1)).collect()
+    let one = row_bytes(dtype, cols)?.max(1) * rows;
+    let count = bytes.div_ceil(one).max(1);
+    let all = weight_memory(one * count, |buf| {
+        for (i, m) in buf.chunks_exact_mut(one).enumerate() {
+            fill(dtype, cols, i as u64 + 1, m);
+        }
+    })?;
+    (0..count).map(|i| Mat::new(rows, cols, dtype, all.slice(i * one, one)?)).collect()
+}
+
+/// `len` zero bytes in weight memory, filled by `f`.
+pub fn weight_memory(len: usize, f: impl FnOnce(&mut [u8])) -> Result<Bytes> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let mut buf = crate::hugemem::WeightBuf::zeroed(len)?;
+        f(buf.as_mut_slice());
+        Ok(Bytes::new(std::sync::Arc::new(buf)))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let mut buf = vec![0u8; len];
+        f(&mut buf);
+        Ok(Bytes::from_vec(buf))
+    }
 }
 
 /// One measurement: stored bytes read per second and multiply-adds per second.
@@ -194,9 +227,11 @@ pub fn kernel_rate(mats: &[Mat], n: usize, min_secs: f64, clock: Clock) -> Rate 
     }
 }
 
-/// Memory read bandwidth in bytes per second: `buf` summed as u64 words by every thread of
-/// the current pool (a share each), passes repeated until `min_secs` have gone by.
-pub fn read_rate(buf: &[u64], min_secs: f64) -> f64 {
+/// Memory read bandwidth in bytes per second: `bytes` summed as u64 words by every thread
+/// of the current pool (a share each), passes repeated until `min_secs` have gone by.
+pub fn read_rate(bytes: &[u8], min_secs: f64) -> f64 {
+    // SAFETY: every bit pattern is a valid u64; align_to keeps the words inside `bytes`.
+    let (_, buf, _) = unsafe { bytes.align_to::<u64>() };
     let threads = super::threads().max(1);
     let part = buf.len().div_ceil(threads).max(1);
     let sum = |c: &[u64]| c.iter().fold(0u64, |a, &b| a.wrapping_add(b));

@@ -220,13 +220,12 @@ mod native {
                     // holds, never a fault on a mapped page.
                     let len = usize::try_from(m.dense.length)
                         .map_err(|_| Error::Invalid(format!("{}: dense region too large", dir.display())))?;
-                    let mut buf = Vec::new();
-                    buf.try_reserve_exact(len).map_err(|_| {
-                        Error::Invalid(format!("{}: cannot allocate {len} bytes for the dense weights", dir.display()))
+                    // In huge-page-backed memory (crate::hugemem): decode reads all of it.
+                    let mut buf = crate::hugemem::WeightBuf::zeroed(len).map_err(|e| {
+                        Error::Invalid(format!("{}: cannot allocate {len} bytes for the dense weights: {e}", dir.display()))
                     })?;
-                    buf.resize(len, 0);
-                    data.read_at(m.dense.offset, &mut buf)?;
-                    let dense = Bytes::from_vec(buf);
+                    data.read_at(m.dense.offset, buf.as_mut_slice())?;
+                    let dense = Bytes::new(Arc::new(buf));
                     let source: Arc<dyn ByteSource> = match mirror {
                         None => Arc::new(data),
                         Some(m) => Arc::new(MirrorSource::new(vec![Box::new(data), Box::new(m.data)], m.on_failure)?),

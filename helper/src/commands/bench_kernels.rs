@@ -21,9 +21,11 @@ pub struct KernelBenchArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
     pub positions: Vec<usize>,
     /// Stored bytes of each format's working set for one position, in MiB (many positions
-    /// use an eighth of it); larger than the last-level cache measures memory.
-    #[arg(long, default_value_t = 256)]
-    pub mib: usize,
+    /// use an eighth of it); larger than the last-level cache measures memory. Default:
+    /// 256, or twice the last-level cache where that is larger (some hosts report
+    /// hundreds of MiB, which a 256 MiB set would partly be read from).
+    #[arg(long)]
+    pub mib: Option<usize>,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 0.5)]
     pub seconds: f64,
@@ -41,6 +43,35 @@ pub struct KernelBenchArgs {
 /// Matrix shape of every measurement: an OLMoE expert's gate/up projection.
 const ROWS: usize = 1024;
 const COLS: usize = 2048;
+
+/// `--mib`, or its default: 256, or twice the last-level cache when that is larger.
+fn working_set_mib(a: &KernelBenchArgs) -> usize {
+    a.mib.unwrap_or_else(|| 256.max(last_level_cache().map_or(0, |b| (2 * b >> 20) as usize)))
+}
+
+/// Size in bytes of the highest cache level sysfs lists for CPU 0 (None where unknown).
+fn last_level_cache() -> Option<u64> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("index"))
+        .filter_map(|e| {
+            let level: u32 = read(e.path().join("level"))?.parse().ok()?;
+            let size = read(e.path().join("size"))?;
+            let (num, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len()));
+            let n: u64 = num.parse().ok()?;
+            let bytes = match unit {
+                "K" => n << 10,
+                "M" => n << 20,
+                "G" => n << 30,
+                "" => n,
+                _ => return None,
+            };
+            Some((level, bytes))
+        })
+        .max()
+        .map(|(_, b)| b)
+}
 
 fn pool(threads: usize) -> Result<rayon::ThreadPool> {
     rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().context("starting the thread pool")
@@ -70,17 +101,19 @@ pub fn run(a: KernelBenchArgs) -> Result<()> {
     if a.check {
         return check(&a);
     }
-    if a.threads.contains(&0) || a.positions.contains(&0) || a.mib == 0 {
+    if a.threads.contains(&0) || a.positions.contains(&0) || a.mib == Some(0) {
         bail!("--threads, --positions and --mib must be positive");
     }
+    let mib = working_set_mib(&a);
     if !a.seconds.is_finite() || a.seconds <= 0.0 {
         bail!("--seconds must be positive, got {}", a.seconds);
     }
-    let ws = a.mib << 20;
-    let buf = vec![1u64; ws / 8];
+    let ws = mib << 20;
+    // The bandwidth is read from the same kind of memory as the weights (bench::weight_memory).
+    let buf = bench::weight_memory(ws, |b| b.fill(1))?;
     let mut mem = Vec::new();
     for &t in &a.threads {
-        let gbs = pool(t)?.install(|| bench::read_rate(&buf, a.seconds)) / 1e9;
+        let gbs = pool(t)?.install(|| bench::read_rate(buf.as_ref(), a.seconds)) / 1e9;
         mem.push((t, gbs));
     }
     drop(buf);
@@ -121,7 +154,8 @@ fn report(a: &KernelBenchArgs, mem: &[(usize, f64)], rows: &[Row]) -> Value {
         "simd": Simd::active().name(),
         "load_average": load_average(),
         "shape": [ROWS, COLS],
-        "working_set_mib": a.mib,
+        "working_set_mib": working_set_mib(a),
+        "last_level_cache_bytes": last_level_cache(),
         "memory_read_gbs": mem.iter().map(|(t, g)| json!({"threads": t, "gbs": round(*g)})).collect::<Vec<_>>(),
         "kernels": rows.iter().map(|r| json!({
             "format": r.f.dtype.to_string(),
@@ -142,7 +176,8 @@ fn round(v: f64) -> f64 {
 
 fn print_table(a: &KernelBenchArgs, mem: &[(usize, f64)], rows: &[Row]) {
     println!("cpu: {} ({}), load average {}", cpu_model(), Simd::active().name(), load_average());
-    println!("matrix [{ROWS}, {COLS}], working set {} MiB per format (many positions: {} MiB)", a.mib, a.mib / 8);
+    let mib = working_set_mib(a);
+    println!("matrix [{ROWS}, {COLS}], working set {mib} MiB per format (many positions: {} MiB)", mib / 8);
     let m: Vec<String> = mem.iter().map(|(t, g)| format!("{g:.1} GB/s at {t} thread(s)")).collect();
     println!("memory read: {}", m.join(", "));
     println!();
