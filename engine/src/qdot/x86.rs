@@ -771,8 +771,13 @@ unsafe fn sums_any<const VNNI: bool, const INT4: bool, const CHECKED: bool>(
 /// prefetch on Intel (a few rows of a [_, 2048] matrix; a row is short and the hardware's
 /// stream prefetch alone leaves the loads waiting: int4/g32 read 14.7-14.9 GB/s without,
 /// 17.2-18.2 with, from a 16 MiB working set, one process, on the Xeon of
-/// docs/benchmarks.md). The int8 kernels (rows twice as long) showed no gain.
-const PREFETCH: usize = 12288;
+/// docs/benchmarks.md). The int8 kernels (rows twice as long) showed no gain. 2 KiB since
+/// the weights sit in huge pages (crate::hugemem): 12 KiB was then the worst of 0.5-12 KiB
+/// (same Xeon, qdot_bench from 1000 MB one thread: q4_k 10.4-10.7 GB/s at 12 KiB against
+/// 11.9-12.3 at 2 KiB, int4/g32 11.4-12.2 against 12.0-13.5; whole decode of the Q4_K_M
+/// import 13.0-13.3 against 14.4-15.2 tok/s, default conversion 13.3-14.6 against
+/// 14.5-15.4); with 4 KiB pages the two were equal.
+const PREFETCH: usize = 2048;
 
 /// How far ahead the one-position AVX2 int4 and int8 kernels prefetch on AMD CPUs without
 /// AVX-512 (Zen 1 to Zen 3 take the AVX2 path): on a Zen 1 EPYC (2 cores) int4/g32 read
