@@ -144,4 +144,41 @@ mod tests {
             assert!(b.as_ref().iter().enumerate().all(|(i, &x)| x == i as u8));
         }
     }
+
+    /// The advice is on the mapping: /proc/self/smaps lists `hg` (MADV_HUGEPAGE) in the
+    /// flags of the buffer's mapping wherever the kernel has transparent huge pages, whether
+    /// or not it found a free huge page (so this cannot flake on fragmented memory).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn large_buffers_are_advised_for_huge_pages() {
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            // A kernel without THP refuses the advice; nothing to check.
+            eprintln!("no transparent huge pages in this kernel");
+            return;
+        }
+        let flags_at = |addr: usize| -> String {
+            let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+            let mut inside = false;
+            for line in smaps.lines() {
+                // A mapping's header line starts with its range "lo-hi" in hex; the field
+                // lines after it ("Size:", ..., "VmFlags:") have no such first word.
+                let range = line.split_whitespace().next().and_then(|r| r.split_once('-'));
+                if let Some((Ok(lo), Ok(hi))) = range.map(|(l, h)| (usize::from_str_radix(l, 16), usize::from_str_radix(h, 16))) {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+                if inside {
+                    if let Some(f) = line.strip_prefix("VmFlags:") {
+                        return f.to_string();
+                    }
+                }
+            }
+            panic!("no mapping at {addr:#x} in /proc/self/smaps")
+        };
+        let big = WeightBuf::zeroed(2 * HUGE + PAGE).unwrap();
+        let small = WeightBuf::zeroed(HUGE / 2).unwrap();
+        let (fb, fs) = (flags_at(big.as_ref().as_ptr() as usize), flags_at(small.as_ref().as_ptr() as usize));
+        assert!(fb.split_whitespace().any(|f| f == "hg"), "2 MiB+ buffer without MADV_HUGEPAGE: {fb}");
+        assert!(!fs.split_whitespace().any(|f| f == "hg"), "small buffer advised: {fs}");
+    }
 }

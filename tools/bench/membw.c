@@ -1,12 +1,16 @@
 // Memory read bandwidth probe for tools/bench_peers.sh: N threads each stream-read their
 // own slice of one buffer much larger than the last-level cache (summing 64-bit words, 4
 // independent accumulators so the loop is load-bound, not add-bound), best of several
-// passes. Prints one JSON line:
+// passes. The buffer is 2 MiB-aligned and advised for huge pages (MADV_HUGEPAGE), as
+// colibri's weights are (engine/src/hugemem.rs): with 4 KiB pages the probe measures the
+// page walks as much as the memory (on the Xeon of docs/benchmarks.md 10.8 against 17-18.6
+// GB/s at one thread). Prints one JSON line:
 //   {"threads":N,"buffer_bytes":B,"passes":P,"read_bytes_per_second":best,"median_bytes_per_second":..}
 //
 //   cc -O3 -march=native -pthread -o membw tools/bench/membw.c && ./membw THREADS [MiB=1024] [passes=7]
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,11 +62,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t bytes = mib << 20, words = bytes / 8;
-    uint64_t *buf = aligned_alloc(4096, bytes);
+    uint64_t *buf = aligned_alloc(2u << 20, bytes);
     if (!buf) {
         fprintf(stderr, "membw: cannot allocate %zu MiB\n", mib);
         return 1;
     }
+#ifdef MADV_HUGEPAGE
+    int huge = madvise(buf, bytes, MADV_HUGEPAGE) == 0;
+#else
+    int huge = 0;
+#endif
     for (size_t i = 0; i < words; i++) buf[i] = i * 0x9E3779B97F4A7C15ull;
     double *rates = calloc(passes, sizeof(double));
     uint64_t check = 0;
@@ -87,8 +96,9 @@ int main(int argc, char **argv) {
     }
     qsort(rates, passes, sizeof(double), cmp);
     printf("{\"threads\":%d,\"buffer_bytes\":%zu,\"passes\":%d,\"read_bytes_per_second\":%.0f,"
-           "\"median_bytes_per_second\":%.0f,\"checksum\":%llu}\n",
-           threads, bytes, passes, rates[passes - 1], rates[passes / 2], (unsigned long long)(check & 0xffff));
+           "\"median_bytes_per_second\":%.0f,\"huge_pages_advised\":%s,\"checksum\":%llu}\n",
+           threads, bytes, passes, rates[passes - 1], rates[passes / 2], huge ? "true" : "false",
+           (unsigned long long)(check & 0xffff));
     free(rates);
     free(buf);
     return 0;
