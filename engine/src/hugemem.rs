@@ -163,7 +163,9 @@ mod tests {
                 // A mapping's header line starts with its range "lo-hi" in hex; the field
                 // lines after it ("Size:", ..., "VmFlags:") have no such first word.
                 let range = line.split_whitespace().next().and_then(|r| r.split_once('-'));
-                if let Some((Ok(lo), Ok(hi))) = range.map(|(l, h)| (usize::from_str_radix(l, 16), usize::from_str_radix(h, 16))) {
+                if let Some((Ok(lo), Ok(hi))) =
+                    range.map(|(l, h)| (usize::from_str_radix(l, 16), usize::from_str_radix(h, 16)))
+                {
                     inside = (lo..hi).contains(&addr);
                     continue;
                 }

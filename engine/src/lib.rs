@@ -22,10 +22,10 @@ pub mod format;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod fsio;
 pub mod generate;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod hugemem;
 #[cfg(feature = "wgpu")]
 pub mod gpu;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod hugemem;
 pub mod kernels;
 pub mod math;
 #[cfg(not(target_arch = "wasm32"))]

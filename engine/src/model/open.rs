@@ -222,7 +222,10 @@ mod native {
                         .map_err(|_| Error::Invalid(format!("{}: dense region too large", dir.display())))?;
                     // In huge-page-backed memory (crate::hugemem): decode reads all of it.
                     let mut buf = crate::hugemem::WeightBuf::zeroed(len).map_err(|e| {
-                        Error::Invalid(format!("{}: cannot allocate {len} bytes for the dense weights: {e}", dir.display()))
+                        Error::Invalid(format!(
+                            "{}: cannot allocate {len} bytes for the dense weights: {e}",
+                            dir.display()
+                        ))
                     })?;
                     data.read_at(m.dense.offset, buf.as_mut_slice())?;
                     let dense = Bytes::new(Arc::new(buf));
