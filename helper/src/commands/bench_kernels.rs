@@ -46,7 +46,7 @@ const COLS: usize = 2048;
 
 /// `--mib`, or its default: 256, or twice the last-level cache when that is larger.
 fn working_set_mib(a: &KernelBenchArgs) -> usize {
-    a.mib.unwrap_or_else(|| 256.max(last_level_cache().map_or(0, |b| (2 * b >> 20) as usize)))
+    a.mib.unwrap_or_else(|| 256.max(last_level_cache().map_or(0, |b| ((2 * b) >> 20) as usize)))
 }
 
 /// Size in bytes of the highest cache level sysfs lists for CPU 0 (None where unknown).

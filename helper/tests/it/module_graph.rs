@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 /// The engine's floors, bottom first: a module may refer to its own floor and those below.
 const FLOORS: &[&[&str]] = &[
-    &["error", "math", "fsio", "memlimit", "par", "tensor"],
+    &["error", "math", "fsio", "hugemem", "memlimit", "par", "tensor"],
     &["format"],
     &["qdot"],
     &["kernels"],
