@@ -162,31 +162,50 @@ pub(crate) fn attend_cached(cache: &LayerCache, q: &[f32], s: AttendShape, sinks
     let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
     let group = s.n_heads / s.n_kv_heads;
     let (ck, cv) = (&cache.k, &cache.v);
-    // One task per position and block of heads: scores over the visible keys, softmax,
-    // weighted values. A block's heads walk the cache together, position by position, so
-    // each cached row is read as one contiguous run (a head alone would read only its
-    // head_dim floats of every row, a new page per position at OLMoE's shape, which the
-    // prefetchers do not follow).
-    let hb = heads_per_task(s.n_heads, s.n);
+    // One task per block of positions and block of heads: scores over the visible keys,
+    // softmax, weighted values. A block's heads walk the cache together, position by
+    // position, so each cached row is read as one contiguous run (a head alone would read
+    // only its head_dim floats of every row, a new page per position at OLMoE's shape,
+    // which the prefetchers do not follow). Many positions (prefill) go in blocks of
+    // consecutive queries with every head, so that each cached row is read once per block
+    // instead of once per query ([`task_shape`]).
+    let (qb, hb) = task_shape(s.n_heads, s.n);
     let simd = attend_simd();
-    for_each_chunk(&mut out[..s.n * qd], hb * hd, |idx, dst| {
+    for_each_chunk(&mut out[..s.n * qd], qb * hb * hd, |idx, dst| {
         let blocks = s.n_heads / hb;
-        let (i, h0) = (idx / blocks, idx % blocks * hb);
-        let p = s.pos0 + i;
+        let (i, h0) = (idx / blocks * qb, idx % blocks * hb);
+        let nq = dst.len() / (hb * hd);
         let heads = Heads {
-            q: &q[i * qd + h0 * hd..i * qd + (h0 + hb) * hd],
+            q: &q[i * qd + h0 * hd..(i + nq - 1) * qd + (h0 + hb) * hd],
+            nq,
             k: ck,
             v: cv,
             stride: kvd,
             h0,
+            nh: hb,
             group,
             hd,
-            visible: first_visible(p, s.window)..p + 1,
+            p0: s.pos0 + i,
+            window: s.window,
             scale: s.scale,
             sinks: sinks.map(|s| &s[h0..h0 + hb]),
         };
         attend(&heads, dst, simd);
     });
+}
+
+/// (Positions, heads) per attention task for `positions` queries. Many positions: blocks of
+/// up to 16 consecutive ones with every head (a block's output is then one contiguous
+/// run), at least four blocks per thread. At prefill the cached rows were read once per
+/// query: a 1024-token prompt at OLMoE's shape streamed about 130 GB of keys and values
+/// from memory, and attention took a fifth of the prefill (docs/benchmarks.md "Prefill of
+/// long prompts"). Otherwise one position per task and [`heads_per_task`] heads.
+fn task_shape(n_heads: usize, positions: usize) -> (usize, usize) {
+    let qb = (positions / (4 * crate::kernels::threads())).min(16);
+    if qb >= 2 {
+        return (qb, n_heads);
+    }
+    (1, heads_per_task(n_heads, positions))
 }
 
 /// Heads per attention task: up to 8 (one 4 KiB run of a cached row at head_dim 128), fewer
@@ -197,20 +216,33 @@ fn heads_per_task(n_heads: usize, positions: usize) -> usize {
     (1..=n_heads.min(8)).rev().find(|&b| n_heads.is_multiple_of(b) && positions * (n_heads / b) >= threads).unwrap_or(1)
 }
 
-/// A block of consecutive query heads of one position and their view of the cache: head
-/// `t` of the block (query `q[t*hd..]`) is head `h0 + t` and reads kv head
-/// `(h0 + t) / group`, whose key and value of position j start at `j * stride + kvh * hd`.
+/// A block of `nq` consecutive query positions (from `p0`) and `nh` consecutive query heads
+/// and their view of the cache: head `t` of query `i` (`q[i * qd + t * hd..]`, qd the
+/// row width of every head, so with one query only the block's heads are there) is head
+/// `h0 + t` and reads kv head `(h0 + t) / group`, whose key and value of position j start
+/// at `j * stride + kvh * hd`. Query i sees positions `first_visible(p0 + i, window)..=p0 +
+/// i`. Several queries come only with every head (`nh` = the layer's heads).
 struct Heads<'a> {
     q: &'a [f32],
+    nq: usize,
     k: &'a [f32],
     v: &'a [f32],
     stride: usize,
     h0: usize,
+    nh: usize,
     group: usize,
     hd: usize,
-    visible: std::ops::Range<usize>,
+    p0: usize,
+    window: Option<usize>,
     scale: f32,
     sinks: Option<&'a [f32]>,
+}
+
+impl Heads<'_> {
+    /// The positions query `i` sees.
+    fn visible(&self, i: usize) -> std::ops::Range<usize> {
+        first_visible(self.p0 + i, self.window)..self.p0 + i + 1
+    }
 }
 
 /// Whether [`attend`] runs its SIMD build: AVX2 on x86-64, NEON on aarch64, SIMD128 in
@@ -228,8 +260,9 @@ fn attend_simd() -> bool {
     }
 }
 
-/// For each head of the block: scores over the visible keys, softmax (with the head's
-/// sink), the weighted sum of the values into its `hd` floats of `dst`.
+/// For each query and head of the block: scores over the visible keys, softmax (with the
+/// head's sink), the weighted sum of the values into its `hd` floats of `dst` (laid out as
+/// the block's queries).
 fn attend(h: &Heads, dst: &mut [f32], simd: bool) {
     if !simd {
         return attend_body(h, dst, math::dot);
@@ -260,34 +293,60 @@ unsafe fn attend_avx2(h: &Heads, dst: &mut [f32]) {
 
 #[inline(always)]
 fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) {
-    let hd = h.hd;
-    let nh = dst.len() / hd;
-    let len = h.visible.len();
-    let lo = h.visible.start;
+    let (hd, nh, nq) = (h.hd, h.nh, h.nq);
+    // Query i's head t: its query and output at i * row + t * hd.
+    let row = nh * hd;
     let kv = |t: usize| (h.h0 + t) / h.group * hd;
-    // Plain loops, not iterator chains: their bodies are compiled inside this function (and
-    // so in attend_avx2, whose vectors are 256 bits wide).
-    let mut scores = vec![0.0f32; nh * len];
-    for j in h.visible.clone() {
-        let row = &h.k[j * h.stride..];
-        for t in 0..nh {
-            let o = kv(t);
-            scores[t * len + j - lo] = dot(&h.q[t * hd..(t + 1) * hd], &row[o..o + hd]) * h.scale;
+    // Each query's scores, head by head: query i's from base[i], head t's at t * len_i.
+    let mut base = Vec::with_capacity(nq + 1);
+    base.push(0);
+    for i in 0..nq {
+        base.push(base[i] + nh * h.visible(i).len());
+    }
+    let mut scores = vec![0.0f32; base[nq]];
+    // Every query's positions, in ascending order: each cached row is read once for the
+    // block, and each (query, head) meets its positions in the order of one query alone,
+    // so its sums are the same bits whatever the block. Plain loops, not iterator chains:
+    // their bodies are compiled inside this function (and so in attend_avx2, whose vectors
+    // are 256 bits wide).
+    let all = h.visible(0).start..h.p0 + nq;
+    for j in all.clone() {
+        let krow = &h.k[j * h.stride..];
+        for i in 0..nq {
+            let vis = h.visible(i);
+            if !vis.contains(&j) {
+                continue;
+            }
+            let (len, at) = (vis.len(), base[i] + j - vis.start);
+            for t in 0..nh {
+                let o = kv(t);
+                scores[at + t * len] = dot(&h.q[i * row + t * hd..i * row + (t + 1) * hd], &krow[o..o + hd]) * h.scale;
+            }
         }
     }
-    for (t, s) in scores.chunks_exact_mut(len.max(1)).enumerate().take(nh) {
-        match h.sinks {
-            Some(sk) => math::softmax_with_sink(s, sk[t]),
-            None => math::softmax(s),
+    for i in 0..nq {
+        let len = h.visible(i).len();
+        for (t, s) in scores[base[i]..base[i + 1]].chunks_exact_mut(len.max(1)).enumerate().take(nh) {
+            match h.sinks {
+                Some(sk) => math::softmax_with_sink(s, sk[t]),
+                None => math::softmax(s),
+            }
         }
     }
     dst.iter_mut().for_each(|d| *d = 0.0);
-    for j in h.visible.clone() {
-        let row = &h.v[j * h.stride..];
-        for t in 0..nh {
-            let (o, s) = (kv(t), scores[t * len + j - lo]);
-            for (d, vv) in dst[t * hd..(t + 1) * hd].iter_mut().zip(&row[o..o + hd]) {
-                *d += s * vv;
+    for j in all {
+        let vrow = &h.v[j * h.stride..];
+        for i in 0..nq {
+            let vis = h.visible(i);
+            if !vis.contains(&j) {
+                continue;
+            }
+            let (len, at) = (vis.len(), base[i] + j - vis.start);
+            for t in 0..nh {
+                let (o, s) = (kv(t), scores[at + t * len]);
+                for (d, vv) in dst[i * row + t * hd..i * row + (t + 1) * hd].iter_mut().zip(&vrow[o..o + hd]) {
+                    *d += s * vv;
+                }
             }
         }
     }
@@ -320,42 +379,59 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn head_blocks_and_vector_widths_give_the_same_bits() {
+    fn head_and_query_blocks_and_vector_widths_give_the_same_bits() {
         // 8 query heads on 4 kv heads, head_dim 20 (a tail after two 8-float chunks), 9
-        // cached positions, a window and sinks: every block size and (where the CPU has
-        // it) the SIMD build must give the one-head-at-a-time reference's bits.
-        let (nh, group, hd, len) = (8, 2, 20, 9);
-        let kvd = nh / group * hd;
+        // cached positions of which the last 5 are this pass's queries, a window and sinks:
+        // every block of heads (one query per task) and every block of queries (all heads)
+        // and, where the CPU has it, the SIMD build must give the bits of one head of one
+        // query at a time.
+        let (nh, group, hd, len, n) = (8, 2, 20, 9, 5);
+        let (qd, kvd) = (nh * hd, nh / group * hd);
         let noise = |n: usize, seed: u64| mat(1, n, seed).to_f32();
-        let (q, k, v) = (noise(nh * hd, 7), noise(len * kvd, 8), noise(len * kvd, 9));
+        let (q, k, v) = (noise(n * qd, 7), noise(len * kvd, 8), noise(len * kvd, 9));
         let sinks: Vec<f32> = (0..nh).map(|i| i as f32 * 0.3 - 1.0).collect();
-        let run = |hb: usize, wide: bool| {
-            let mut out = vec![0.0f32; nh * hd];
-            for (b, dst) in out.chunks_mut(hb * hd).enumerate() {
-                let h0 = b * hb;
-                let heads = Heads {
-                    q: &q[h0 * hd..(h0 + hb) * hd],
-                    k: &k,
-                    v: &v,
-                    stride: kvd,
-                    h0,
-                    group,
-                    hd,
-                    visible: 3..len,
-                    scale: 0.25,
-                    sinks: Some(&sinks[h0..h0 + hb]),
-                };
-                attend(&heads, dst, wide);
+        for window in [None, Some(3)] {
+            let run = |qb: usize, hb: usize, wide: bool| {
+                let mut out = vec![0.0f32; n * qd];
+                for (idx, dst) in out.chunks_mut(qb * hb * hd).enumerate() {
+                    let (i, h0) = (idx / (nh / hb) * qb, idx % (nh / hb) * hb);
+                    let nq = dst.len() / (hb * hd);
+                    let heads = Heads {
+                        q: &q[i * qd + h0 * hd..(i + nq - 1) * qd + (h0 + hb) * hd],
+                        nq,
+                        k: &k,
+                        v: &v,
+                        stride: kvd,
+                        h0,
+                        nh: hb,
+                        group,
+                        hd,
+                        p0: len - n + i,
+                        window,
+                        scale: 0.25,
+                        sinks: Some(&sinks[h0..h0 + hb]),
+                    };
+                    attend(&heads, dst, wide);
+                }
+                out
+            };
+            let reference = run(1, 1, false);
+            let shapes = [(1, 2), (1, 4), (1, 8), (2, 8), (3, 8), (5, 8)];
+            for (qb, hb) in shapes {
+                assert_eq!(run(qb, hb, false), reference, "{qb} queries, {hb} heads, window {window:?}");
+                if attend_simd() {
+                    assert_eq!(run(qb, hb, true), reference, "SIMD build, {qb} queries, {hb} heads");
+                }
             }
-            out
-        };
-        let reference = run(1, false);
-        for hb in [1, 2, 4, 8] {
-            assert_eq!(run(hb, false), reference, "block of {hb}");
-            if attend_simd() {
-                assert_eq!(run(hb, true), reference, "SIMD build, block of {hb}");
-            }
+            assert!(reference.iter().all(|x| x.is_finite()) && reference.iter().any(|&x| x != 0.0));
         }
-        assert!(reference.iter().all(|x| x.is_finite()) && reference.iter().any(|&x| x != 0.0));
+    }
+
+    #[test]
+    fn many_positions_go_in_query_blocks() {
+        let threads = crate::kernels::threads();
+        assert_eq!(task_shape(16, 1), (1, heads_per_task(16, 1)));
+        assert_eq!(task_shape(16, 256 * threads), (16, 16));
+        assert_eq!(task_shape(16, 8 * threads), (2, 16));
     }
 }

@@ -24,7 +24,8 @@ use serde_json::{json, Value};
 use crate::flags::{init_threads, on_pool, parse_bytes, parse_ids, ModelArgs};
 use crate::load::{open_dir, CacheFlags};
 use colibri_engine::generate::{
-    forward_recording, Drafter, GenerateOptions, Generator, HiddenLog, ModelDrafter, MtpDrafter, SpecStats,
+    feed_chunked_last, forward_recording, Drafter, GenerateOptions, Generator, HiddenLog, ModelDrafter, MtpDrafter,
+    SpecStats, PREFILL_CHUNK,
 };
 
 use crate::backend::forward_keep_fn;
@@ -323,7 +324,13 @@ fn run_inner(a: BenchArgs) -> Result<()> {
         return batch(&a, n, &dir, model, stream.as_deref(), &prompt, &|| stats().bytes_read);
     }
     let zero = if a.warmup {
-        model.forward(&mut model.new_session(), &prompt, Logits::Last)?;
+        let mut warm = model.new_session();
+        feed_chunked_last(
+            &mut |part| model.forward(&mut warm, part, Logits::Last),
+            &prompt,
+            PREFILL_CHUNK,
+            &mut || true,
+        )?;
         stats()
     } else {
         CacheStats::default()
@@ -336,9 +343,16 @@ fn run_inner(a: BenchArgs) -> Result<()> {
     };
     let log = mtp.as_ref().map(|m| m.log());
     let t0 = Instant::now();
+    // In chunks of PREFILL_CHUNK positions, as `coli chat`, `generate` and `serve` feed a
+    // prompt (the same bits as one pass; a long prompt in one pass is not what users run).
     let mut logits = match &log {
         Some(log) => forward_recording(model, &mut session, log, 0, &prompt, Logits::Last)?,
-        None => model.forward(&mut session, &prompt, Logits::Last)?,
+        None => feed_chunked_last(
+            &mut |part| model.forward(&mut session, part, Logits::Last),
+            &prompt,
+            PREFILL_CHUNK,
+            &mut || true,
+        )?,
     };
     let prefill_s = t0.elapsed().as_secs_f64();
     let after_prefill = stats();
