@@ -312,21 +312,21 @@ fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) 
     let all = h.visible(0).start..h.p0 + nq;
     for j in all.clone() {
         let krow = &h.k[j * h.stride..];
-        for i in 0..nq {
+        for (i, &b) in base.iter().enumerate().take(nq) {
             let vis = h.visible(i);
             if !vis.contains(&j) {
                 continue;
             }
-            let (len, at) = (vis.len(), base[i] + j - vis.start);
+            let (len, at) = (vis.len(), b + j - vis.start);
             for t in 0..nh {
                 let o = kv(t);
                 scores[at + t * len] = dot(&h.q[i * row + t * hd..i * row + (t + 1) * hd], &krow[o..o + hd]) * h.scale;
             }
         }
     }
-    for i in 0..nq {
+    for (i, w) in base.windows(2).enumerate() {
         let len = h.visible(i).len();
-        for (t, s) in scores[base[i]..base[i + 1]].chunks_exact_mut(len.max(1)).enumerate().take(nh) {
+        for (t, s) in scores[w[0]..w[1]].chunks_exact_mut(len.max(1)).enumerate().take(nh) {
             match h.sinks {
                 Some(sk) => math::softmax_with_sink(s, sk[t]),
                 None => math::softmax(s),
@@ -336,12 +336,12 @@ fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) 
     dst.iter_mut().for_each(|d| *d = 0.0);
     for j in all {
         let vrow = &h.v[j * h.stride..];
-        for i in 0..nq {
+        for (i, &b) in base.iter().enumerate().take(nq) {
             let vis = h.visible(i);
             if !vis.contains(&j) {
                 continue;
             }
-            let (len, at) = (vis.len(), base[i] + j - vis.start);
+            let (len, at) = (vis.len(), b + j - vis.start);
             for t in 0..nh {
                 let (o, s) = (kv(t), scores[at + t * len]);
                 for (d, vv) in dst[i * row + t * hd..i * row + (t + 1) * hd].iter_mut().zip(&vrow[o..o + hd]) {
