@@ -208,12 +208,17 @@ fn task_shape(n_heads: usize, positions: usize) -> (usize, usize) {
     (1, heads_per_task(n_heads, positions))
 }
 
-/// Heads per attention task: up to 8 (one 4 KiB run of a cached row at head_dim 128), fewer
-/// when the positions times the blocks would not give every thread a task. A divisor of
-/// `n_heads`; each head's sums are the same whatever the block.
+/// Heads per attention task: up to 16 (one 8 KiB run of a cached row at head_dim 128: the
+/// whole row at OLMoE's shape, where 8 heads read every other 4 KiB page of the cache and
+/// one-thread decode after a 1024-token prompt ran 6% slower, docs/benchmarks.md "Prefill
+/// of long prompts"), fewer when the positions times the blocks would not give every
+/// thread a task. A divisor of `n_heads`; each head's sums are the same whatever the block.
 fn heads_per_task(n_heads: usize, positions: usize) -> usize {
     let threads = crate::kernels::threads();
-    (1..=n_heads.min(8)).rev().find(|&b| n_heads.is_multiple_of(b) && positions * (n_heads / b) >= threads).unwrap_or(1)
+    (1..=n_heads.min(16))
+        .rev()
+        .find(|&b| n_heads.is_multiple_of(b) && positions * (n_heads / b) >= threads)
+        .unwrap_or(1)
 }
 
 /// A block of `nq` consecutive query positions (from `p0`) and `nh` consecutive query heads
