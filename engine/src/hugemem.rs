@@ -6,7 +6,8 @@
 //! `/sys/kernel/mm/transparent_hugepage/enabled` setting) and only for whole 2 MiB-aligned
 //! spans inside a mapping, so a weight buffer of 2 MiB or more is mapped at a 2 MiB
 //! boundary and marked `MADV_HUGEPAGE`. Measured on the bench_peers OLMoE shape (Intel
-//! Xeon, default conversion, one thread): decode 11.7 -> 13.2 tok/s (docs/benchmarks.md).
+//! Xeon, default conversion): decode 12.0 -> 13.0-13.3 tok/s at one thread, 20.0-20.5 ->
+//! 22.7-23.1 at two (docs/benchmarks.md "Weights in huge pages").
 //!
 //! The mapping is exactly the buffer's size (rounded to 4 KiB), so nothing beyond it is
 //! ever resident: the tail that is not a whole 2 MiB span stays in small pages. Where huge
