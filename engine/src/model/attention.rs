@@ -197,8 +197,8 @@ pub(crate) fn attend_cached(cache: &LayerCache, q: &[f32], s: AttendShape, sinks
 /// (Positions, heads) per attention task for `positions` queries. Many positions: blocks of
 /// up to 16 consecutive ones with every head (a block's output is then one contiguous
 /// run), at least four blocks per thread. At prefill the cached rows were read once per
-/// query: a 1024-token prompt at OLMoE's shape streamed about 130 GB of keys and values
-/// from memory, and attention took a fifth of the prefill (docs/benchmarks.md "Prefill of
+/// query: for a 1024-token prompt at OLMoE's shape about 130 GB of keys and values
+/// (computed; mostly from the caches), and attention took a fifth of the prefill (docs/benchmarks.md "Prefill of
 /// long prompts"). Otherwise one position per task and [`heads_per_task`] heads.
 fn task_shape(n_heads: usize, positions: usize) -> (usize, usize) {
     let qb = (positions / (4 * crate::kernels::threads())).min(16);
@@ -302,13 +302,16 @@ fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) 
     // Query i's head t: its query and output at i * row + t * hd.
     let row = nh * hd;
     let kv = |t: usize| (h.h0 + t) / h.group * hd;
-    // Each query's scores, head by head: query i's from base[i], head t's at t * len_i.
-    let mut base = Vec::with_capacity(nq + 1);
-    base.push(0);
+    // Query i sees positions lo..lo + len; its scores, head by head, start at `at` (head t's
+    // at at + t * len).
+    let mut spans = Vec::with_capacity(nq);
+    let mut total = 0;
     for i in 0..nq {
-        base.push(base[i] + nh * h.visible(i).len());
+        let vis = h.visible(i);
+        spans.push((vis.start, vis.len(), total));
+        total += nh * vis.len();
     }
-    let mut scores = vec![0.0f32; base[nq]];
+    let mut scores = vec![0.0f32; total];
     // Every query's positions, in ascending order: each cached row is read once for the
     // block, and each (query, head) meets its positions in the order of one query alone,
     // so its sums are the same bits whatever the block. Plain loops, not iterator chains:
@@ -317,21 +320,19 @@ fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) 
     let all = h.visible(0).start..h.p0 + nq;
     for j in all.clone() {
         let krow = &h.k[j * h.stride..];
-        for (i, &b) in base.iter().enumerate().take(nq) {
-            let vis = h.visible(i);
-            if !vis.contains(&j) {
+        for (i, &(lo, len, at)) in spans.iter().enumerate() {
+            if !(lo..lo + len).contains(&j) {
                 continue;
             }
-            let (len, at) = (vis.len(), b + j - vis.start);
             for t in 0..nh {
                 let o = kv(t);
-                scores[at + t * len] = dot(&h.q[i * row + t * hd..i * row + (t + 1) * hd], &krow[o..o + hd]) * h.scale;
+                let qt = &h.q[i * row + t * hd..i * row + (t + 1) * hd];
+                scores[at + t * len + j - lo] = dot(qt, &krow[o..o + hd]) * h.scale;
             }
         }
     }
-    for (i, w) in base.windows(2).enumerate() {
-        let len = h.visible(i).len();
-        for (t, s) in scores[w[0]..w[1]].chunks_exact_mut(len.max(1)).enumerate().take(nh) {
+    for &(_, len, at) in &spans {
+        for (t, s) in scores[at..at + nh * len].chunks_exact_mut(len.max(1)).enumerate() {
             match h.sinks {
                 Some(sk) => math::softmax_with_sink(s, sk[t]),
                 None => math::softmax(s),
@@ -341,14 +342,12 @@ fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) 
     dst.iter_mut().for_each(|d| *d = 0.0);
     for j in all {
         let vrow = &h.v[j * h.stride..];
-        for (i, &b) in base.iter().enumerate().take(nq) {
-            let vis = h.visible(i);
-            if !vis.contains(&j) {
+        for (i, &(lo, len, at)) in spans.iter().enumerate() {
+            if !(lo..lo + len).contains(&j) {
                 continue;
             }
-            let (len, at) = (vis.len(), b + j - vis.start);
             for t in 0..nh {
-                let (o, s) = (kv(t), scores[at + t * len]);
+                let (o, s) = (kv(t), scores[at + t * len + j - lo]);
                 for (d, vv) in dst[i * row + t * hd..i * row + (t + 1) * hd].iter_mut().zip(&vrow[o..o + hd]) {
                     *d += s * vv;
                 }
