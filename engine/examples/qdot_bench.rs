@@ -1,5 +1,5 @@
 //! Times one stored format's matrix kernel alone, with the weights streamed from memory:
-//! `MB` megabytes of 1024 x 2048 matrices ([`kernels::bench::working_set`], the matrices
+//! `MB` megabytes of ROWS x 2048 matrices ([`kernels::bench::working_set`], the matrices
 //! `coli bench-kernels` times), each multiplied by `POSITIONS` activation rows in turn,
 //! `reps` times; prints the weight bytes read per second. The kernels' ceiling without the
 //! rest of a forward pass (docs/kernels.md), and a small binary to profile one kernel
@@ -9,7 +9,8 @@
 //!     [FORMAT=int4/g32] [POSITIONS=1] cargo run --release -p colibri-engine --example qdot_bench -- [MB] [reps] [threads]
 //!
 //! FORMAT is a name `coli bench-kernels` prints (int4/g32, int8/g64, mxfp4, fp8/b128, bf16,
-//! ...). `COLIBRI_SIMD=avx2` (or another path name) forces a kernel, as everywhere.
+//! ...). ROWS (1024) sets the matrices' rows: one call's size, which sets what a parallel
+//! region's start and end cost against its work. `COLIBRI_SIMD=avx2` (or another path name) forces a kernel, as everywhere.
 
 use std::time::Instant;
 
@@ -29,7 +30,8 @@ fn main() {
         eprintln!("could not size the thread pool");
         return;
     }
-    let (rows, cols) = (1024usize, 2048usize);
+    let rows: usize = std::env::var("ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1024).max(1);
+    let cols = 2048usize;
     let mats = match bench::working_set(format.dtype, rows, cols, mb << 20) {
         Ok(m) => m,
         Err(e) => {

@@ -1,19 +1,27 @@
 //! The engine's parallel regions, below every kernel that uses them (`qdot`, `kernels`,
 //! the model's attention and DeltaNet): how many threads, a region in which the calling
-//! thread takes part ([`joined`], [`region::run`]: the browser's engine worker), and the
+//! thread takes part ([`joined`], [`region::run`]), and the
 //! output pointer the tasks of one region share ([`OutPtr`]).
 
 #[cfg(feature = "parallel")]
 mod region;
 
-/// Whether a parallel region started here should run on [`region::run`], this thread
-/// taking part: in the browser (wasm), where the engine's worker is outside the pool and
-/// every blocking hand-off is a futex call through the browser. Natively the commands
-/// that compute run on a pool thread (the helper's `flags::on_pool`) and rayon's own
-/// regions stay.
+/// Whether a parallel region started here runs on [`region::run`], this thread taking part
+/// and the pool's other threads polling for the next region instead of sleeping. In the
+/// browser (wasm) when the engine's worker is outside the pool, where every blocking
+/// hand-off is a futex call through the browser. Natively always (the caller is usually a
+/// pool worker: the helper's `flags::on_pool`; the team's helpers are then the other
+/// workers): a rayon region of one decode step's size (a 1024 x 2048 int4 matrix, 1.2 MB,
+/// some 80 microseconds) lost a third of its time to waking the other worker, so two
+/// threads read 14.7 GB/s where one read 14.4 (Intel Xeon, 2 cores; docs/benchmarks.md).
+/// `COLIBRI_PAR=rayon` keeps rayon's regions natively (for comparison).
 #[cfg(feature = "parallel")]
 fn caller_joins() -> bool {
-    cfg!(target_arch = "wasm32") && rayon::current_thread_index().is_none()
+    if cfg!(target_arch = "wasm32") {
+        return rayon::current_thread_index().is_none();
+    }
+    static RAYON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*RAYON.get_or_init(|| std::env::var("COLIBRI_PAR").is_ok_and(|v| v.trim() == "rayon"))
 }
 
 /// Runs `body(i)` for every `i < n` with this thread taking part ([`region::run`]) when

@@ -1,10 +1,12 @@
-//! Parallel regions started by a thread outside the rayon pool, the calling thread taking
-//! part. In the browser the engine runs on its own Web Worker, and wasm-bindgen-rayon's
-//! pool threads are other workers: rayon runs a region started there entirely on its
-//! workers while the caller blocks on a mutex-and-condvar latch, and every wake-up on the
-//! way (the sleeping workers, the latch, the latch's contended mutex) is a futex call
-//! through the browser (`Atomics.wait`/`notify`), several per region and about 80 regions
-//! per decoded token.
+//! Parallel regions in which the calling thread takes part. In the browser the engine runs
+//! on its own Web Worker, and wasm-bindgen-rayon's pool threads are other workers: rayon
+//! runs a region started there entirely on its workers while the caller blocks on a
+//! mutex-and-condvar latch, and every wake-up on the way (the sleeping workers, the latch,
+//! the latch's contended mutex) is a futex call through the browser
+//! (`Atomics.wait`/`notify`), several per region and about 80 regions per decoded token.
+//! Natively the caller is a pool worker, but a rayon region still wakes the other workers,
+//! asleep since the last one (a futex call, and in a virtual machine the host's wake-up
+//! of an idle CPU): tens of microseconds, a third of a decode step's 1.2 MB matrix.
 //!
 //! Here the caller claims tasks itself and `threads - 1` helper jobs on the pool claim the
 //! rest. A helper that runs out of tasks polls for the next region for a while (about a
@@ -32,7 +34,8 @@ struct Team {
     helpers: AtomicUsize,
     /// Set when the caller stopped spinning and parks: the last task unparks it.
     parked: AtomicBool,
-    caller: std::sync::OnceLock<std::thread::Thread>,
+    /// The thread of the current region's caller (set by [`run`] while it owns the team).
+    caller: std::sync::Mutex<Option<std::thread::Thread>>,
 }
 
 type Body<'a> = &'a (dyn Fn(usize) + Sync);
@@ -44,7 +47,7 @@ static TEAM: Team = Team {
     body: AtomicPtr::new(std::ptr::null_mut()),
     helpers: AtomicUsize::new(0),
     parked: AtomicBool::new(false),
-    caller: std::sync::OnceLock::new(),
+    caller: std::sync::Mutex::new(None),
 };
 
 /// Most tasks in one region (16 bits of `word`); larger ones run on rayon.
@@ -77,7 +80,7 @@ impl Team {
         let body = unsafe { &*self.body.load(Ordering::Acquire) };
         body(i);
         if self.done.fetch_add(1, Ordering::AcqRel) + 1 == n && self.parked.load(Ordering::SeqCst) {
-            if let Some(t) = self.caller.get() {
+            if let Some(t) = self.caller.lock().ok().and_then(|c| c.clone()) {
                 t.unpark();
             }
         }
@@ -113,19 +116,19 @@ impl Drop for AbortOnUnwind {
 
 /// Runs `body(i)` once for every `i < n` on this thread and on up to `helpers` jobs of
 /// rayon's global pool. False (nothing run) when the team is in use (a region inside a
-/// task) or `n` is above [`MAX_TASKS`]: the caller then runs the region on rayon.
-/// Meant for a caller outside the pool.
+/// task) or `n` is above [`MAX_TASKS`]: the caller then runs the region on rayon. The
+/// caller may be a pool worker (the helpers then run on the pool's other workers; while it
+/// waits for them it runs no other rayon job) or outside the pool.
 pub(crate) fn run(n: usize, helpers: usize, body: Body<'_>) -> bool {
     if n > MAX_TASKS || TEAM.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
         return false;
     }
     let guard = AbortOnUnwind;
     let team = &TEAM;
-    let caller = team.caller.get_or_init(std::thread::current);
-    if caller.id() != std::thread::current().id() {
-        // Another thread used the team before (tests): it parks and unparks that one.
-        team.busy.store(false, Ordering::Release);
-        return false;
+    if let Ok(mut c) = team.caller.lock() {
+        if c.as_ref().map(|t| t.id()) != Some(std::thread::current().id()) {
+            *c = Some(std::thread::current());
+        }
     }
     let slot: *const Body<'_> = &body;
     // SAFETY: only the lifetime changes; `Team::body` says why no use outlives it.
@@ -184,5 +187,34 @@ mod tests {
                 assert!(!run(MAX_TASKS + 1, 1, &|_| {}));
             });
         });
+    }
+
+    #[test]
+    fn a_pool_worker_and_then_another_thread_can_call() {
+        // Natively the caller is a worker of the pool whose other workers help.
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        for round in 0..3 {
+            let counts: Vec<AtomicU32> = (0..37).map(|_| AtomicU32::new(0)).collect();
+            let count = |i: usize| {
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            };
+            let call = || {
+                if round == 1 {
+                    std::thread::scope(|s| s.spawn(|| run(37, 1, &count)).join().expect("thread"))
+                } else {
+                    pool.install(|| run(37, 1, &count))
+                }
+            };
+            // The team may be held by a test running beside this one for a moment.
+            let ran = (0..1000).any(|_| {
+                let ran = call();
+                if !ran {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                ran
+            });
+            assert!(ran, "round {round}: the team stayed busy");
+            assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1), "round {round}");
+        }
     }
 }
