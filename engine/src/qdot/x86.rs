@@ -812,8 +812,8 @@ pub fn prefetch_ahead(avx512: bool) -> usize {
     }
 }
 
-/// Whether the CPU says "GenuineIntel".
-fn is_intel() -> bool {
+/// Whether the CPU says "GenuineIntel" (`cpuid`: cache the answer).
+pub(super) fn is_intel() -> bool {
     // `cpuid` leaf 0 exists on every x86-64 CPU.
     let id = __cpuid(0);
     let mut vendor = [0u8; 12];

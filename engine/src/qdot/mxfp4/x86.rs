@@ -56,9 +56,21 @@ const TABLE: [u8; 16] = {
     t
 };
 
-/// How far ahead of the bytes being read the kernels prefetch (a few rows of a
-/// [_, 2048] matrix).
+/// How far ahead of the bytes being read the AVX2 kernels, and the AVX-512 ones on AMD,
+/// prefetch (a few rows of a [_, 2048] matrix; chosen on Intel with 4 KiB pages).
 const PREFETCH: usize = 12288;
+
+/// How far ahead the AVX-512 kernels prefetch: on Intel the integer kernels' distance
+/// (`qdot::x86::prefetch_ahead`, 2 KiB; `COLIBRI_PREFETCH` sets both), since with the
+/// weights in huge pages 12 KiB was slower there (Xeon, qdot_bench from 960 MB, two
+/// rounds: 9.26-9.42 GB/s at one thread and 15.65-15.92 at two, against 9.95-10.05 and
+/// 16.33-16.74 at 2 KiB; the AVX2 kernel read 7.4 GB/s at either distance); elsewhere
+/// [`PREFETCH`].
+fn ahead_avx512() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD
+        .get_or_init(|| if super::super::x86::is_intel() { super::super::x86::prefetch_ahead(true) } else { PREFETCH })
+}
 
 /// `vpermps` index: block j's sum from lane [`LANE`]`[j]`.
 const ORDER: [i32; 8] = {
@@ -297,11 +309,12 @@ unsafe fn body_avx512<const VBMI: bool, const R: usize>(rows: [&[u8]; R], a: &Ac
         let widx = [_mm512_loadu_epi32(WIDX[0].as_ptr()), _mm512_loadu_epi32(WIDX[1].as_ptr())];
         let mut accv = [_mm256_setzero_ps(); R];
         let runs = nb / 8;
+        let pf = ahead_avx512();
         for r in 0..runs {
             let mut w = [std::ptr::null(); R];
             for i in 0..R {
                 w[i] = rows[i].as_ptr().add(sb + r * 128);
-                let ahead = rows[i].as_ptr().wrapping_add(PREFETCH + r * 128) as *const i8;
+                let ahead = rows[i].as_ptr().wrapping_add(pf + r * 128) as *const i8;
                 _mm_prefetch::<_MM_HINT_T0>(ahead);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             }
