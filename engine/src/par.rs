@@ -31,6 +31,13 @@ pub(crate) fn joined(n: usize, body: &(dyn Fn(usize) + Sync)) -> bool {
     threads() > 1 && caller_joins() && region::run(n, threads() - 1, body)
 }
 
+/// Says that this thread is about to block for a while (an expert's read): the threads
+/// polling for its next parallel region give their CPUs back instead ([`region::rest`]).
+pub(crate) fn rest() {
+    #[cfg(feature = "parallel")]
+    region::rest();
+}
+
 /// Number of threads the parallel kernels may use.
 pub fn threads() -> usize {
     #[cfg(feature = "parallel")]

@@ -164,6 +164,7 @@ impl<T> LoadSlot<T> {
             if let Some(r) = v.take() {
                 return r;
             }
+            crate::par::rest();
             v = self.ready.wait(v).unwrap_or_else(|e| e.into_inner());
         }
     }

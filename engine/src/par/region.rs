@@ -10,7 +10,8 @@
 //!
 //! Here the caller claims tasks itself and `threads - 1` helper jobs on the pool claim the
 //! rest. A helper that runs out of tasks polls for the next region for a while (about a
-//! millisecond) before it gives its worker back to rayon, so the regions of one decode
+//! millisecond; natively spinning for the first 50 microseconds, then yielding its CPU
+//! between polls) before it gives its worker back to rayon, so the regions of one decode
 //! step (a few to tens of microseconds apart) need no wake-up at all; the caller waits for
 //! the helpers' last tasks spinning, then parked. Each task is one call of the same body,
 //! so results do not depend on which thread ran it.
@@ -32,6 +33,8 @@ struct Team {
     body: AtomicPtr<Body<'static>>,
     /// Helpers in their polling loop.
     helpers: AtomicUsize,
+    /// Set by [`rest`]: polling helpers leave now; cleared when a region starts.
+    rest: AtomicBool,
     /// Set when the caller stopped spinning and parks: the last task unparks it.
     parked: AtomicBool,
     /// The thread of the current region's caller (set by [`run`] while it owns the team).
@@ -46,6 +49,7 @@ static TEAM: Team = Team {
     done: AtomicUsize::new(0),
     body: AtomicPtr::new(std::ptr::null_mut()),
     helpers: AtomicUsize::new(0),
+    rest: AtomicBool::new(false),
     parked: AtomicBool::new(false),
     caller: std::sync::Mutex::new(None),
 };
@@ -54,8 +58,69 @@ static TEAM: Team = Team {
 pub(crate) const MAX_TASKS: usize = u16::MAX as usize;
 
 /// Polls of an idle helper before it returns its worker to rayon, and of the caller
-/// before it parks (an atomic load each: on the order of a millisecond).
+/// before it parks, in the browser (an atomic load each: on the order of a millisecond).
+#[cfg(target_arch = "wasm32")]
 const SPINS: u32 = 1 << 18;
+
+/// Natively, how long an idle helper or a waiting caller spins before it starts yielding
+/// its CPU between polls, and how long a helper polls in all before it returns its worker
+/// to rayon. A count of polls would not do: a `pause` takes 10 cycles on some x86 CPUs and
+/// 140 on others, and a helper that spun for milliseconds while the caller waited for an
+/// expert's read took the CPU the reader threads needed (`coli serve` streaming experts on
+/// 2 cores: docs/benchmarks.md, "Parallel regions that do not sleep").
+#[cfg(not(target_arch = "wasm32"))]
+const SPIN: Duration = Duration::from_micros(50);
+#[cfg(not(target_arch = "wasm32"))]
+const IDLE: Duration = Duration::from_micros(1000);
+
+/// The waiting of an idle helper or of a caller whose tasks are all claimed: [`Idle::poll`]
+/// once per unsuccessful look, [`Idle::reset`] after work came.
+struct Idle {
+    polls: u32,
+    #[cfg(not(target_arch = "wasm32"))]
+    since: Option<std::time::Instant>,
+}
+
+impl Idle {
+    fn new() -> Self {
+        Idle {
+            polls: 0,
+            #[cfg(not(target_arch = "wasm32"))]
+            since: None,
+        }
+    }
+
+    fn reset(&mut self) {
+        *self = Idle::new();
+    }
+
+    /// Waits a little; false when the waiting has lasted long enough to stop polling.
+    fn poll(&mut self) -> bool {
+        self.polls = self.polls.saturating_add(1);
+        #[cfg(target_arch = "wasm32")]
+        {
+            std::hint::spin_loop();
+            self.polls < SPINS
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            // The first polls without reading the clock: most waits are that short.
+            if self.polls < 64 {
+                std::hint::spin_loop();
+                return true;
+            }
+            let waited = self.since.get_or_insert_with(std::time::Instant::now).elapsed();
+            if waited < SPIN {
+                std::hint::spin_loop();
+            } else if waited < IDLE {
+                std::thread::yield_now();
+            } else {
+                return false;
+            }
+            true
+        }
+    }
+}
 
 fn unpack(w: u64) -> (u64, usize, usize) {
     (w >> 32, ((w >> 16) & 0xffff) as usize, (w & 0xffff) as usize)
@@ -87,18 +152,26 @@ impl Team {
         true
     }
 
-    /// A helper: runs tasks as regions come, until none came for `SPINS` polls.
+    /// A helper: runs tasks as regions come, until none came for a while ([`Idle`]).
     fn help(&self) {
-        let mut idle = 0;
-        while idle < SPINS {
+        let mut idle = Idle::new();
+        loop {
             if self.run_one() {
-                idle = 0;
-            } else {
-                idle += 1;
-                std::hint::spin_loop();
+                idle.reset();
+            } else if self.rest.load(Ordering::Relaxed) || !idle.poll() {
+                break;
             }
         }
         self.helpers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Sends the polling helpers back to the pool (they leave at their next look; the next
+/// region starts new ones): the caller is about to block, on an expert's read, and
+/// polling would take the CPU that the reader threads need.
+pub(crate) fn rest() {
+    if TEAM.helpers.load(Ordering::Relaxed) > 0 {
+        TEAM.rest.store(true, Ordering::Relaxed);
     }
 }
 
@@ -135,6 +208,7 @@ pub(crate) fn run(n: usize, helpers: usize, body: Body<'_>) -> bool {
     team.body.store(unsafe { std::mem::transmute::<*const Body<'_>, *mut Body<'static>>(slot) }, Ordering::Release);
     team.done.store(0, Ordering::Release);
     team.parked.store(false, Ordering::Release);
+    team.rest.store(false, Ordering::Relaxed);
     let epoch = (unpack(team.word.load(Ordering::Acquire)).0 + 1) & 0xffff_ffff;
     team.word.store(epoch << 32 | (n as u64) << 16, Ordering::Release);
     // Helpers still polling from the last region take part at once; the missing ones start.
@@ -144,12 +218,11 @@ pub(crate) fn run(n: usize, helpers: usize, body: Body<'_>) -> bool {
         rayon::spawn(|| TEAM.help());
     }
     while team.run_one() {}
-    let mut spins = 0u32;
+    let mut idle = Idle::new();
+    let mut parked = false;
     while team.done.load(Ordering::Acquire) < n {
-        if spins < SPINS {
-            spins += 1;
-            std::hint::spin_loop();
-        } else {
+        if parked || !idle.poll() {
+            parked = true;
             team.parked.store(true, Ordering::SeqCst);
             if team.done.load(Ordering::SeqCst) < n {
                 std::thread::park_timeout(Duration::from_micros(500));
@@ -187,6 +260,32 @@ mod tests {
                 assert!(!run(MAX_TASKS + 1, 1, &|_| {}));
             });
         });
+    }
+
+    #[test]
+    fn regions_after_the_helpers_were_sent_to_rest_run_every_task() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        for round in 0..20 {
+            let counts: Vec<AtomicU32> = (0..50).map(|_| AtomicU32::new(0)).collect();
+            let count = |i: usize| {
+                counts[i].fetch_add(1, Ordering::Relaxed);
+                if i % 7 == 0 {
+                    rest();
+                }
+            };
+            if round % 2 == 0 {
+                rest();
+            }
+            let ran = (0..1000).any(|_| {
+                let ran = pool.install(|| run(50, 1, &count));
+                if !ran {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                ran
+            });
+            assert!(ran, "round {round}: the team stayed busy");
+            assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1), "round {round}");
+        }
     }
 
     #[test]
