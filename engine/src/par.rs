@@ -33,6 +33,8 @@ pub(crate) fn joined(n: usize, body: &(dyn Fn(usize) + Sync)) -> bool {
 
 /// Says that this thread is about to block for a while (an expert's read): the threads
 /// polling for its next parallel region give their CPUs back instead ([`region::rest`]).
+/// Native: the browser reads experts without blocking its engine worker.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn rest() {
     #[cfg(feature = "parallel")]
     region::rest();

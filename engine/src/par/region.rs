@@ -169,6 +169,7 @@ impl Team {
 /// Sends the polling helpers back to the pool (they leave at their next look; the next
 /// region starts new ones): the caller is about to block, on an expert's read, and
 /// polling would take the CPU that the reader threads need.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn rest() {
     if TEAM.helpers.load(Ordering::Relaxed) > 0 {
         TEAM.rest.store(true, Ordering::Relaxed);
@@ -265,15 +266,15 @@ mod tests {
     #[test]
     fn regions_after_the_helpers_were_sent_to_rest_run_every_task() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
-        for round in 0..20 {
+        for round in 0..20u32 {
             let counts: Vec<AtomicU32> = (0..50).map(|_| AtomicU32::new(0)).collect();
             let count = |i: usize| {
                 counts[i].fetch_add(1, Ordering::Relaxed);
-                if i % 7 == 0 {
+                if i.is_multiple_of(7) {
                     rest();
                 }
             };
-            if round % 2 == 0 {
+            if round.is_multiple_of(2) {
                 rest();
             }
             let ran = (0..1000).any(|_| {
