@@ -214,9 +214,10 @@ pub fn parse_logit_bias(s: &str) -> std::result::Result<BTreeMap<u32, f32>, Stri
 
 /// Runs a one-shot computing command on a thread of the CPU pool (after [`init_threads`])
 /// when the pool has more than one: every parallel region of the kernels then starts on a
-/// worker, which takes part in it, instead of being injected from a thread that sleeps until
-/// the workers are done (wake-ups per region; a decode step has a few regions per layer).
-/// Measured under load (docs/benchmarks.md): +10% decode and +9% prefill at 2 threads. The
+/// worker, which takes part in it (the engine's `par` team: the other workers poll for the
+/// next region), instead of being injected from a thread that sleeps until the workers are
+/// done (wake-ups per region; a decode step has a few regions per layer). Measured under
+/// load (docs/benchmarks.md): +10% decode and +9% prefill at 2 threads. The
 /// server and `coli chat` call it per forward pass instead: between passes their threads wait
 /// for a client or a terminal, which must not hold a worker.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
