@@ -11,9 +11,10 @@ mod region;
 /// browser (wasm) when the engine's worker is outside the pool, where every blocking
 /// hand-off is a futex call through the browser. Natively always (the caller is usually a
 /// pool worker: the helper's `flags::on_pool`; the team's helpers are then the other
-/// workers): a rayon region of one decode step's size (a 1024 x 2048 int4 matrix, 1.2 MB,
-/// some 80 microseconds) lost a third of its time to waking the other worker, so two
-/// threads read 14.7 GB/s where one read 14.4 (Intel Xeon, 2 cores; docs/benchmarks.md).
+/// workers): with rayon's regions, which wake the other worker each time, two threads
+/// read a lone 1024 x 2048 int4 matrix (1.2 MB, some 80 microseconds of work) at 14.7 GB/s
+/// where one read 14.4, and at 20.8 on the team (qdot_bench, Intel Xeon, 2 cores;
+/// docs/benchmarks.md).
 /// `COLIBRI_PAR=rayon` keeps rayon's regions natively (for comparison).
 #[cfg(feature = "parallel")]
 fn caller_joins() -> bool {

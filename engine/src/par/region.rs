@@ -6,7 +6,8 @@
 //! (`Atomics.wait`/`notify`), several per region and about 80 regions per decoded token.
 //! Natively the caller is a pool worker, but a rayon region still wakes the other workers,
 //! asleep since the last one (a futex call, and in a virtual machine the host's wake-up
-//! of an idle CPU): tens of microseconds, a third of a decode step's 1.2 MB matrix.
+//! of an idle CPU): tens of microseconds, a quarter of the time of a lone 1.2 MB int4
+//! matrix at two threads (qdot_bench).
 //!
 //! Here the caller claims tasks itself and `threads - 1` helper jobs on the pool claim the
 //! rest. A helper that runs out of tasks polls for the next region for a while (about a
