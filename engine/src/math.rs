@@ -8,7 +8,7 @@
 //! uses the pure-Rust `libm` crate in f64, which is also identical on every target.
 
 mod act;
-pub use act::{check_activations, Activation};
+pub use act::{check_activations, exp_rows, Activation};
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 // ln 2 split so that k * LN2_HI is exact for |k| < 2^15 (LN2_HI has 9 significant bits).

@@ -12,6 +12,11 @@ tokens). Per N it reports:
   time to first token     p50 over clients (queueing + prefill)
   expert bytes / token    colibri_expert_bytes_read_total's growth / tokens generated (prompts too)
   mean / max batch        colibri_engine_pass_sequences_total / passes, and the max
+  engine decode tok/s     colibri_decode_tokens_total / colibri_decode_seconds_total: the
+                          decode passes alone (what the batch itself does)
+  passes' share           the passes' time (decode and prefill) / the clients' wall time; the
+                          rest is the server's own work between passes (sampling, logprobs,
+                          detokenizing, sending) and idle gaps
 Prints one JSON record and a Markdown table.
 """
 
@@ -152,6 +157,10 @@ def run_n(args, n, words):
     read = after.get("colibri_expert_bytes_read_total", 0) - before.get("colibri_expert_bytes_read_total", 0)
     passes = after.get("colibri_engine_passes_total", 0) - before.get("colibri_engine_passes_total", 0)
     fed = after.get("colibri_engine_pass_sequences_total", 0) - before.get("colibri_engine_pass_sequences_total", 0)
+    d_tokens = after.get("colibri_decode_tokens_total", 0) - before.get("colibri_decode_tokens_total", 0)
+    d_secs = after.get("colibri_decode_seconds_total", 0) - before.get("colibri_decode_seconds_total", 0)
+    p_secs = after.get("colibri_prefill_seconds_total", 0) - before.get("colibri_prefill_seconds_total", 0)
+    wall = max(1e-9, max(lasts) - t0)
     return {
         "clients": n,
         "tokens": sum(r["tokens"] for r in records),
@@ -161,6 +170,8 @@ def run_n(args, n, words):
         "expert_bytes_read_per_token": read / max(1, made),
         "mean_batch": fed / max(1, passes),
         "max_batch": after.get("colibri_engine_pass_sequences_max", 0),
+        "engine_decode_tokens_per_second": d_tokens / max(1e-9, d_secs),
+        "passes_share_of_wall": (d_secs + p_secs) / wall,
     }
 
 
@@ -190,13 +201,14 @@ def main():
     print(f"cpu: {cpu}, cores {os.cpu_count()}, --parallel {args.parallel} --ram {args.ram}, "
           f"{args.decode} tokens per client")
     print("| clients | aggregate decode tok/s | x one | p50 ms/token | p95 ms/token | TTFT p50 ms "
-          "| expert bytes read / token | mean batch | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| expert bytes read / token | mean batch | engine decode tok/s | passes' share | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in recs:
         t = r["aggregate_decode_tokens_per_second"]
         print(f"| {r['clients']} | {t:.2f} | {t / one:.2f}x | {r['ms_per_token']['p50']:.1f} "
               f"| {r['ms_per_token']['p95']:.1f} | {r['time_to_first_token_ms_p50']:.0f} "
               f"| {r['expert_bytes_read_per_token'] / 1e6:.2f} MB | {r['mean_batch']:.2f} "
+              f"| {r['engine_decode_tokens_per_second']:.2f} | {100 * r['passes_share_of_wall']:.0f}% "
               f"| {r['load_average'][0]:.1f} |")
     print(json.dumps({"cpu": cpu, "runs": recs}))
 

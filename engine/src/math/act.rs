@@ -104,6 +104,70 @@ impl Activation {
     }
 }
 
+/// `v[i] = exp(v[i])` ([`super::exp`]) for every i, bit for bit; `simd` as for
+/// [`Activation::apply_rows`] (the lanes are the activations' own [`super::exp`] steps).
+/// The sampler's softmax over a vocabulary (50 thousand values a token) runs it.
+pub fn exp_rows(v: &mut [f32], simd: bool) {
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd && is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected.
+        done = unsafe { exp_rows_avx2(v) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if simd {
+        done = exp_rows_neon(v);
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if simd {
+        done = exp_rows_simd128(v);
+    }
+    let _ = simd;
+    for x in &mut v[done..] {
+        *x = super::exp(*x);
+    }
+}
+
+/// The whole groups of eight of [`exp_rows`]; returns how many it did.
+///
+/// SAFETY (caller): AVX2 present.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exp_rows_avx2(v: &mut [f32]) -> usize {
+    use std::arch::x86_64::*;
+    let n = v.len() / 8 * 8;
+    for c in v[..n].chunks_exact_mut(8) {
+        // SAFETY: `c` holds eight f32; unaligned loads and stores.
+        unsafe { _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr()))) };
+    }
+    n
+}
+
+/// The whole groups of four of [`exp_rows`] in NEON; returns how many it did.
+#[cfg(target_arch = "aarch64")]
+fn exp_rows_neon(v: &mut [f32]) -> usize {
+    use std::arch::aarch64::*;
+    let n = v.len() / 4 * 4;
+    for c in v[..n].chunks_exact_mut(4) {
+        // SAFETY: `c` holds four f32; NEON is part of aarch64.
+        unsafe { vst1q_f32(c.as_mut_ptr(), exp4_neon(vld1q_f32(c.as_ptr()))) };
+    }
+    n
+}
+
+/// The whole groups of four of [`exp_rows`] in SIMD128; returns how many it did.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+fn exp_rows_simd128(v: &mut [f32]) -> usize {
+    use std::arch::wasm32::*;
+    let n = v.len() / 4 * 4;
+    for c in v[..n].chunks_exact_mut(4) {
+        // SAFETY: `c` holds four f32; unaligned loads and stores are allowed.
+        unsafe { v128_store(c.as_mut_ptr() as *mut v128, exp4(v128_load(c.as_ptr() as *const v128))) };
+    }
+    n
+}
+
 /// [`Activation`] kinds as the lanes' const parameter.
 const SILU: u8 = 0;
 const SILU_CLAMPED: u8 = 1;
@@ -306,7 +370,8 @@ fn exp4(x: std::arch::wasm32::v128) -> std::arch::wasm32::v128 {
 /// Checks [`Activation::apply_rows`] (with `simd`: whatever path this build and CPU take)
 /// for every kind against [`Activation::apply`], bit for bit: a sweep over the exponent's
 /// whole range (both bounds, k = 128, subnormal results), values at and around the clamp
-/// limits, special values (NaN, infinities, signed zeros), and lengths with tails. Returns
+/// limits, special values (NaN, infinities, signed zeros), and lengths with tails, and
+/// [`exp_rows`] against [`super::exp`] over the same values. Returns
 /// how many values agreed. The native tests run it, and `qdot::check::check_paths` runs it
 /// where the browser builds call it (`kernelSelfCheck`).
 pub fn check_activations(simd: bool) -> Result<usize, String> {
@@ -347,6 +412,18 @@ pub fn check_activations(simd: bool) -> Result<usize, String> {
                 }
                 checked += 1;
             }
+        }
+    }
+    // The sampler's exponentials (`exp_rows`) over the same sweep, with tails.
+    for len in [g.len(), g.len() - 1, 7, 3, 0] {
+        let mut got = g[..len].to_vec();
+        exp_rows(&mut got, simd);
+        for (o, &x) in got.iter().zip(&g) {
+            let want = super::exp(x);
+            if want.to_bits() != o.to_bits() && !(want.is_nan() && o.is_nan()) {
+                return Err(format!("exp_rows x={x:e}: {o:e} vs {want:e}"));
+            }
+            checked += 1;
         }
     }
     Ok(checked)

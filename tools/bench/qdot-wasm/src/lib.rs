@@ -458,3 +458,32 @@ pub extern "C" fn set_form(dot16: usize) {
     colibri_engine::qdot::wasm_form::set_dot16(dot16 != 0);
     let _ = dot16;
 }
+
+/// [`run_engine`] over consecutive matrices of `chunk` rows each, one `qdot::dot_rows` call
+/// per matrix: a decode step's shapes (an OLMoE expert's matrix is about 1 MB, an attention
+/// projection 4 MB), where each call starts its streams and touches cold.
+fn run_engine_chunks(iters: usize, chunk: usize) -> u32 {
+    let st = state();
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    for _ in 0..iters {
+        let mut r = 0;
+        while r < st.rows {
+            let n = chunk.min(st.rows - r);
+            colibri_engine::qdot::dot_rows(simd, st.int4, &st.w[r * st.rb..(r + n) * st.rb], st.rb, &st.a, &mut st.out[r..r + n]);
+            r += n;
+        }
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    sum
+}
+
+#[no_mangle]
+pub extern "C" fn run_engine_c1024(iters: usize) -> u32 {
+    run_engine_chunks(iters, 1024)
+}
+
+#[no_mangle]
+pub extern "C" fn run_engine_c2048(iters: usize) -> u32 {
+    run_engine_chunks(iters, 2048)
+}
