@@ -487,3 +487,59 @@ pub extern "C" fn run_engine_c1024(iters: usize) -> u32 {
 pub extern "C" fn run_engine_c2048(iters: usize) -> u32 {
     run_engine_chunks(iters, 2048)
 }
+
+/// [`run_streams`] with `lines` touches at the start of each page (offsets 0, 64, ...)
+/// instead of one: two or more ascending misses in a page, the pattern the L2 stream
+/// prefetcher starts on, made `ahead` bytes before the kernel reaches the page.
+fn run_streams_lines(iters: usize, k: usize, ahead: usize, lines: usize) -> u32 {
+    let st = state();
+    let simd = Simd::active();
+    let mut sum = 0u32;
+    let mut touched = 0u8;
+    let (rb, rows) = (st.rb, st.rows);
+    let per = rows.div_ceil(k);
+    for _ in 0..iters {
+        let mut next: Vec<usize> = (0..k).map(|s| s * per * rb).collect();
+        for i in 0..per {
+            for s in 0..k {
+                let r = s * per + i;
+                if r >= rows.min((s + 1) * per) {
+                    continue;
+                }
+                let end = ((s + 1) * per).min(rows) * rb;
+                let until = (r * rb + ahead).min(end);
+                while next[s] < until {
+                    for l in 0..lines {
+                        let at = next[s] + 64 * l;
+                        if at < end {
+                            // SAFETY: at < end <= w.len().
+                            touched ^= unsafe { *st.w.as_ptr().add(at) };
+                        }
+                    }
+                    next[s] += 4096;
+                }
+                st.out[r] = dot_row(simd, st.int4, &st.w[r * rb..(r + 1) * rb], &st.a, 0);
+            }
+        }
+        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
+    }
+    core::hint::black_box(touched);
+    sum
+}
+
+macro_rules! line_variants {
+    ($($name:ident: $k:expr, $dist:expr, $lines:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name(iters: usize) -> u32 {
+            run_streams_lines(iters, $k, $dist, $lines)
+        }
+    )*};
+}
+
+line_variants! {
+    run_l2_two: 2, 16384, 2;
+    run_l3_two: 2, 16384, 3;
+    run_l2_two_d8k: 2, 8192, 2;
+    run_l2_one: 1, 16384, 2;
+    run_l3_one_d8k: 1, 8192, 3;
+}
