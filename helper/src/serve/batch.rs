@@ -354,13 +354,14 @@ impl<'a> Seq<'a> {
         (&self.input[self.done..end], which)
     }
 
-    /// Takes the logits of the part just fed; once the whole input is fed, the tokens
-    /// they decide, and the text to send.
-    fn absorb(&mut self, rows: Vec<f32>, part: usize, cx: &Ctx<'_>) {
+    /// Takes the logits of the part just fed; once the whole input is fed, the rows the
+    /// generator draws its tokens from ([`Seq::settle`] takes the draw), None before
+    /// that or when no token is owed (echo's prompt logprobs alone).
+    fn stage(&mut self, rows: Vec<f32>, part: usize, cx: &Ctx<'_>) -> Option<Vec<f32>> {
         self.done += part;
         self.rows.extend_from_slice(&rows);
         if self.done < self.input.len() {
-            return;
+            return None;
         }
         let vocab = cx.loaded.model.cfg.vocab;
         let rows = std::mem::take(&mut self.rows);
@@ -371,11 +372,17 @@ impl<'a> Seq<'a> {
                 // No token was asked for: the prompt's logprobs are the answer.
                 self.fed = self.session.len();
                 self.flush();
-                return;
+                return None;
             }
         }
-        let before = self.gen.produced().len();
-        match self.gen.accept_pass(&rows, vocab, cx.loaded.tokenizer.as_ref()) {
+        Some(rows)
+    }
+
+    /// After [`Generator::accept_pass`] drew from the rows of [`Seq::stage`] (`drawn`:
+    /// its result; `before`: the tokens produced before it): the positions kept, the
+    /// text and logprobs to send.
+    fn settle(&mut self, drawn: colibri_engine::Result<usize>, before: usize, cx: &Ctx<'_>) {
+        match drawn {
             Ok(kept) => self.fed += kept,
             Err(e) => {
                 self.error = Some(match e {
@@ -568,13 +575,15 @@ fn iteration(active: &mut [Seq<'_>], cx: &Ctx<'_>) {
     let rows_fed: usize = results.iter().map(|r| r.1).sum();
     let elapsed = t0.elapsed().as_secs_f64();
     let before = cx.stats.tokens_generated.load(Ordering::Relaxed);
+    let mut staged: Vec<Option<Vec<f32>>> = (0..active.len()).map(|_| None).collect();
     for (i, n, r) in results {
         let s = &mut active[i];
         match r {
-            Ok(rows) => s.absorb(rows, n, cx),
+            Ok(rows) => staged[i] = s.stage(rows, n, cx),
             Err(e) => s.error = Some(Event::Error(e.to_string())),
         }
     }
+    draw_all(active, staged, cx);
     let made = cx.stats.tokens_generated.load(Ordering::Relaxed) - before;
     cx.stats.record_pass(feeding.len(), rows_fed, made, elapsed, prefill);
     // Clients that read slowly get what waited for them.
@@ -582,6 +591,38 @@ fn iteration(active: &mut [Seq<'_>], cx: &Ctx<'_>) {
         if !s.outbox.is_empty() {
             s.flush();
         }
+    }
+}
+
+/// The draws of an iteration: each sequence with rows staged ([`Seq::stage`]) samples
+/// its tokens from them (its own sampler, grammar and random stream: sampling, logprobs
+/// and detokenizing, about a millisecond a sequence at a 50k vocabulary), those of
+/// several sequences on the pool's threads at once, which sat idle between passes; then
+/// each settles ([`Seq::settle`]) in order. A sequence's tokens are the same whichever
+/// thread draws them.
+fn draw_all(active: &mut [Seq<'_>], staged: Vec<Option<Vec<f32>>>, cx: &Ctx<'_>) {
+    use rayon::prelude::*;
+    let vocab = cx.loaded.model.cfg.vocab;
+    let tok = cx.loaded.tokenizer.as_ref();
+    let mut jobs: Vec<(usize, &mut Generator, Vec<f32>)> = active
+        .iter_mut()
+        .zip(staged)
+        .enumerate()
+        .filter_map(|(i, (s, rows))| rows.map(|r| (i, &mut s.gen, r)))
+        .collect();
+    let draw = |(_, g, rows): &mut (usize, &mut Generator, Vec<f32>)| {
+        let before = g.produced().len();
+        (g.accept_pass(rows, vocab, tok), before)
+    };
+    let drawn: Vec<(colibri_engine::Result<usize>, usize)> = if jobs.len() > 1 {
+        crate::flags::on_pool(|| jobs.par_iter_mut().map(draw).collect())
+    } else {
+        jobs.iter_mut().map(draw).collect()
+    };
+    let order: Vec<usize> = jobs.iter().map(|j| j.0).collect();
+    drop(jobs);
+    for (i, (r, before)) in order.into_iter().zip(drawn) {
+        active[i].settle(r, before, cx);
     }
 }
 
