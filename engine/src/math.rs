@@ -8,7 +8,9 @@
 //! uses the pure-Rust `libm` crate in f64, which is also identical on every target.
 
 mod act;
+mod exp64;
 pub use act::{check_activations, exp_rows, Activation};
+pub use exp64::{check_exp64, exp64, exp64_rows};
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 // ln 2 split so that k * LN2_HI is exact for |k| < 2^15 (LN2_HI has 9 significant bits).

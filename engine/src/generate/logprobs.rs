@@ -2,8 +2,9 @@
 //! the log-softmax of the model's logits row, the distribution before temperature,
 //! top-k/top-p and the repetition penalty (as OpenAI and vLLM report it).
 //!
-//! Computed in f64 in one fixed order with the pure-Rust `libm` (the same bits on native
-//! and wasm32), so the CLI, the server and the browser report the same numbers:
+//! Computed in f64 in one fixed order with `math::exp64` (its SIMD lanes give its bits)
+//! and the pure-Rust `libm`'s log (the same bits on native and wasm32), so the CLI, the
+//! server and the browser report the same numbers:
 //! logprob(i) = (x_i - max) - ln(sum_j exp(x_j - max)), j in index order. NaN logits
 //! count as -inf (they never receive probability, as in the sampler).
 
@@ -40,16 +41,25 @@ fn clean(x: f32) -> f64 {
 
 impl LogSoftmax {
     pub fn of(logits: &[f32]) -> Self {
-        let max = logits.iter().map(|&x| clean(x)).fold(f64::NEG_INFINITY, f64::max);
+        let max = row_max(logits);
         if !max.is_finite() {
             // All -inf/NaN, or +inf entries: no finite normaliser (logprobs are -inf or NaN).
             return LogSoftmax { max, log_sum: 0.0 };
         }
+        // The exponentials a chunk at a time in SIMD lanes (`math::exp64_rows`, the same
+        // bits as the scalar `math::exp64` on every path), summed one by one in index
+        // order. A -inf (or NaN) entry gives 0, which leaves the sum as it was.
+        let simd = crate::qdot::Simd::active() != crate::qdot::Simd::Scalar;
+        let mut buf = [0.0f64; 512];
         let mut sum = 0.0f64;
-        for &x in logits {
-            let x = clean(x);
-            if x != f64::NEG_INFINITY {
-                sum += libm::exp(x - max);
+        for chunk in logits.chunks(buf.len()) {
+            let e = &mut buf[..chunk.len()];
+            for (d, &x) in e.iter_mut().zip(chunk) {
+                *d = clean(x) - max;
+            }
+            crate::math::exp64_rows(e, simd);
+            for &v in e.iter() {
+                sum += v;
             }
         }
         LogSoftmax { max, log_sum: libm::log(sum) }
@@ -69,6 +79,9 @@ pub fn top_logprobs(logits: &[f32], n: usize, ls: &LogSoftmax) -> Vec<(u32, f64)
     if n == 0 {
         return Vec::new();
     }
+    if n <= 32 {
+        return best_few(logits, n).into_iter().map(|id| (id, ls.logprob(logits, id))).collect();
+    }
     let before = |a: &u32, b: &u32| clean(logits[*b as usize]).total_cmp(&clean(logits[*a as usize])).then(a.cmp(b));
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let n = n.min(order.len());
@@ -78,6 +91,43 @@ pub fn top_logprobs(logits: &[f32], n: usize, ls: &LogSoftmax) -> Vec<(u32, f64)
     }
     order.sort_unstable_by(before);
     order.into_iter().map(|id| (id, ls.logprob(logits, id))).collect()
+}
+
+/// The `n` (1..=32) first ids of `top_logprobs`' order (most likely first, ties by lower id)
+/// in one pass over the row, without sorting 50 thousand ids: the ids come in increasing
+/// order, so a newcomer goes after every kept entry of its value or more.
+fn best_few(logits: &[f32], n: usize) -> Vec<u32> {
+    use std::cmp::Ordering::{Greater, Less};
+    let mut best: Vec<(f64, u32)> = Vec::with_capacity(n + 1);
+    for (id, &x) in logits.iter().enumerate() {
+        let v = clean(x);
+        if best.len() == n && best.last().is_some_and(|l| v.total_cmp(&l.0) != Greater) {
+            continue;
+        }
+        let at = best.partition_point(|b| b.0.total_cmp(&v) != Less);
+        best.insert(at, (v, id as u32));
+        best.truncate(n);
+    }
+    best.into_iter().map(|(_, id)| id).collect()
+}
+
+/// The largest of `logits` with NaN left out, as f64 (-inf when there is none): eight
+/// running maxima (the first of equal values kept), then the first largest of those, in
+/// explicit comparisons, so every target picks the same zero when +0 and -0 tie.
+fn row_max(logits: &[f32]) -> f64 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = logits.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(tail) {
+        m = if x > m { x } else { m };
+    }
+    m as f64
 }
 
 /// `id`'s log-probability under `logits`, with the `top_n` most likely alternatives.
@@ -195,6 +245,34 @@ mod tests {
         }
         assert!((total - 1.0).abs() < 1e-12);
         assert_eq!(ls.logprob(&logits, 99), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn the_one_pass_top_is_the_sorted_one() {
+        // Few distinct values (many ties), NaN, both zeros and infinities mixed in.
+        let mut r = crate::sampler::Rng::new(5);
+        let row: Vec<f32> = (0..3000)
+            .map(|i| match i % 97 {
+                0 => f32::NAN,
+                1 => -0.0,
+                2 => 0.0,
+                3 => f32::NEG_INFINITY,
+                _ => (r.next_f64() * 16.0).floor() as f32 - 8.0,
+            })
+            .collect();
+        let before = |a: &u32, b: &u32| clean(row[*b as usize]).total_cmp(&clean(row[*a as usize])).then(a.cmp(b));
+        let mut sorted: Vec<u32> = (0..row.len() as u32).collect();
+        sorted.sort_by(before);
+        for n in 1..=32 {
+            assert_eq!(best_few(&row, n), sorted[..n], "n = {n}");
+        }
+        assert_eq!(best_few(&row[..5], 32), sorted_of(&row[..5]));
+    }
+
+    fn sorted_of(row: &[f32]) -> Vec<u32> {
+        let mut ids: Vec<u32> = (0..row.len() as u32).collect();
+        ids.sort_by(|a, b| clean(row[*b as usize]).total_cmp(&clean(row[*a as usize])).then(a.cmp(b)));
+        ids
     }
 
     #[test]

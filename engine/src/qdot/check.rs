@@ -1,7 +1,8 @@
 //! Every available path against the scalar reference, bit for bit, on random rows with
 //! the edge cases mixed in. The native tests run it, and the browser builds export it
 //! (`kernelSelfCheck`), so the wasm SIMD paths are checked where they run (with the SIMD
-//! feed-forward activations', `math::check_activations`).
+//! feed-forward activations', `math::check_activations`; the log-softmax's f64
+//! exponentials, `math::check_exp64`).
 
 use super::{dot_row, dot_row_many, dot_row_scalar, dot_rows, round4, ActQ, Simd};
 use crate::format::quant::quantize_row;
@@ -231,6 +232,7 @@ fn check_all() -> Result<usize, String> {
     checked += check_k(DType::Q5K, &paths, &mut seed)?;
     // The SwiGLU activation's SIMD lanes (the same scalar steps; math/act.rs).
     checked += crate::math::check_activations(paths.iter().any(|&s| s != Simd::Scalar))?;
+    checked += crate::math::check_exp64(paths.iter().any(|&s| s != Simd::Scalar))?;
     Ok(checked)
 }
 
