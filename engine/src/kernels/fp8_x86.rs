@@ -109,7 +109,8 @@ unsafe fn nan_fix(f: __m256, w: __m256) -> __m256 {
 /// every x[i] is x[0] (four rows, one position); else every w[i] is w[0] (one row, four
 /// positions).
 ///
-/// With `SAME_X` the bytes `ahead` past each row's are prefetched (the next rows').
+/// The bytes `ahead` past each row's are prefetched (with `SAME_X` the next rows', else
+/// the one row's: the caller passes its row length for the next row).
 ///
 /// SAFETY (caller): AVX2 and F16C present; [`takes`]`(block)`; [`scales_ok`] for each row;
 /// each w[i] a whole row (all the same one unless `SAME_X`), each x[i] `cols` f32.
@@ -172,7 +173,11 @@ pub unsafe fn dot4<const SAME_X: bool>(
                         v[i] = _mm256_add_ps(v[i], _mm256_mul_ps(_mm256_mul_ps(f, s[i]), x0));
                     }
                 } else {
-                    // One row and four positions: the row's chunk decoded once.
+                    // One row and four positions: the row's chunk decoded once (its bytes
+                    // `ahead` on, the next row's, prefetched a line at a time).
+                    if ahead > 0 && c % 8 == 0 {
+                        prefetch([q[0]; 1], c * 8 + ahead);
+                    }
                     let f = load8(q[0].add(c * 8));
                     let wv = nan_fix(f, _mm256_mul_ps(f, s[0]));
                     for i in 0..4 {
@@ -200,7 +205,7 @@ pub unsafe fn dot4<const SAME_X: bool>(
 /// streams of them ended before the hardware's prefetcher caught up: the loads of the
 /// weights were most of the kernel's time in `perf`). A prefetch never faults.
 #[inline(always)]
-unsafe fn prefetch(q: [*const u8; 4], at: usize) {
+unsafe fn prefetch<const N: usize>(q: [*const u8; N], at: usize) {
     for p in q {
         // SAFETY: a prefetch of any address is harmless (wrapping_add: no provenance claim).
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at) as *const i8) };
