@@ -247,9 +247,42 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
+/// The largest of `x` with NaN left out (-inf when there is none): eight running maxima
+/// (the first of equal values kept), then the first largest of those, in explicit
+/// comparisons, so every target picks the same value (the same zero when +0 and -0 tie).
+/// In lanes the compiler vectorizes: the sampler and the log-softmax take it over a
+/// vocabulary every token.
+pub fn row_max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &v in lanes.iter().chain(tail) {
+        m = if v > m { v } else { m };
+    }
+    m
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_max_skips_nan_and_takes_the_largest() {
+        let mut x: Vec<f32> = (0..37).map(|i| ((i * 7919) % 101) as f32 - 50.0).collect();
+        x[5] = f32::NAN;
+        assert_eq!(row_max(&x), 50.0);
+        x[36] = 75.5; // in the tail
+        assert_eq!(row_max(&x), 75.5);
+        assert_eq!(row_max(&[f32::NAN, f32::NEG_INFINITY]), f32::NEG_INFINITY);
+        assert_eq!(row_max(&[]), f32::NEG_INFINITY);
+        assert_eq!(row_max(&[1.0, f32::INFINITY, 2.0]), f32::INFINITY);
+    }
 
     #[test]
     fn exp_is_accurate_over_the_softmax_range() {

@@ -41,7 +41,7 @@ fn clean(x: f32) -> f64 {
 
 impl LogSoftmax {
     pub fn of(logits: &[f32]) -> Self {
-        let max = row_max(logits);
+        let max = crate::math::row_max(logits) as f64;
         if !max.is_finite() {
             // All -inf/NaN, or +inf entries: no finite normaliser (logprobs are -inf or NaN).
             return LogSoftmax { max, log_sum: 0.0 };
@@ -109,25 +109,6 @@ fn best_few(logits: &[f32], n: usize) -> Vec<u32> {
         best.truncate(n);
     }
     best.into_iter().map(|(_, id)| id).collect()
-}
-
-/// The largest of `logits` with NaN left out, as f64 (-inf when there is none): eight
-/// running maxima (the first of equal values kept), then the first largest of those, in
-/// explicit comparisons, so every target picks the same zero when +0 and -0 tie.
-fn row_max(logits: &[f32]) -> f64 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = logits.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &x) in lanes.iter_mut().zip(c) {
-            *m = if x > *m { x } else { *m };
-        }
-    }
-    let mut m = f32::NEG_INFINITY;
-    for &x in lanes.iter().chain(tail) {
-        m = if x > m { x } else { m };
-    }
-    m as f64
 }
 
 /// `id`'s log-probability under `logits`, with the `top_n` most likely alternatives.

@@ -279,7 +279,7 @@ macro_rules! stream_variants {
     ($($name:ident: $k:expr, $dist:expr, $stride:expr;)*) => {$(
         #[no_mangle]
         pub extern "C" fn $name(iters: usize) -> u32 {
-            run_streams(iters, $k, $dist, $stride)
+            run_streams(iters, $k, $dist, $stride, 1)
         }
     )*};
 }
@@ -402,10 +402,11 @@ pub extern "C" fn matmul(iters: usize) -> u32 {
 }
 
 /// `run` over `k` streams (rows `r`, `r + rows / k`, ... alternated: k pages read at once,
-/// for more memory-level parallelism), each touching one byte every `stride` bytes up to
+/// for more memory-level parallelism), each touching `lines` lines (offsets 0, 64, ...)
+/// every `stride` bytes up to
 /// `ahead` bytes past the row it starts (wasm has no prefetch instruction: these loads start
 /// cache misses, and the hardware's stream prefetch, on pages the kernel reaches next).
-fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize) -> u32 {
+fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize, lines: usize) -> u32 {
     let st = state();
     let simd = Simd::active();
     let mut sum = 0u32;
@@ -420,10 +421,13 @@ fn run_streams(iters: usize, k: usize, ahead: usize, stride: usize) -> u32 {
                 if r >= rows.min((s + 1) * per) {
                     continue;
                 }
-                let until = (r * rb + ahead).min(((s + 1) * per).min(rows) * rb);
+                let end = ((s + 1) * per).min(rows) * rb;
+                let until = (r * rb + ahead).min(end);
                 while next[s] < until {
-                    // SAFETY: next < until <= w.len().
-                    touched ^= unsafe { *st.w.as_ptr().add(next[s]) };
+                    for at in (0..lines).map(|l| next[s] + 64 * l).filter(|&at| at < end) {
+                        // SAFETY: at < end <= w.len().
+                        touched ^= unsafe { *st.w.as_ptr().add(at) };
+                    }
                     next[s] += stride;
                 }
                 st.out[r] = dot_row(simd, st.int4, &st.w[r * rb..(r + 1) * rb], &st.a, 0);
@@ -488,50 +492,13 @@ pub extern "C" fn run_engine_c2048(iters: usize) -> u32 {
     run_engine_chunks(iters, 2048)
 }
 
-/// [`run_streams`] with `lines` touches at the start of each page (offsets 0, 64, ...)
-/// instead of one: two or more ascending misses in a page, the pattern the L2 stream
-/// prefetcher starts on, made `ahead` bytes before the kernel reaches the page.
-fn run_streams_lines(iters: usize, k: usize, ahead: usize, lines: usize) -> u32 {
-    let st = state();
-    let simd = Simd::active();
-    let mut sum = 0u32;
-    let mut touched = 0u8;
-    let (rb, rows) = (st.rb, st.rows);
-    let per = rows.div_ceil(k);
-    for _ in 0..iters {
-        let mut next: Vec<usize> = (0..k).map(|s| s * per * rb).collect();
-        for i in 0..per {
-            for s in 0..k {
-                let r = s * per + i;
-                if r >= rows.min((s + 1) * per) {
-                    continue;
-                }
-                let end = ((s + 1) * per).min(rows) * rb;
-                let until = (r * rb + ahead).min(end);
-                while next[s] < until {
-                    for l in 0..lines {
-                        let at = next[s] + 64 * l;
-                        if at < end {
-                            // SAFETY: at < end <= w.len().
-                            touched ^= unsafe { *st.w.as_ptr().add(at) };
-                        }
-                    }
-                    next[s] += 4096;
-                }
-                st.out[r] = dot_row(simd, st.int4, &st.w[r * rb..(r + 1) * rb], &st.a, 0);
-            }
-        }
-        sum = st.out[..st.rows].iter().fold(sum, |h, v| h.wrapping_add(v.to_bits()));
-    }
-    core::hint::black_box(touched);
-    sum
-}
-
+/// Touches of `lines` lines at the start of each page (offsets 0, 64, ...) instead of one:
+/// two or more ascending misses in a page, the pattern the L2 stream prefetcher starts on.
 macro_rules! line_variants {
     ($($name:ident: $k:expr, $dist:expr, $lines:expr;)*) => {$(
         #[no_mangle]
         pub extern "C" fn $name(iters: usize) -> u32 {
-            run_streams_lines(iters, $k, $dist, $lines)
+            run_streams(iters, $k, $dist, 4096, $lines)
         }
     )*};
 }
