@@ -265,10 +265,8 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
             cols.resize(OUT_ROWS * n, 0.0);
             for g0 in (r0..r1).step_by(OUT_ROWS) {
                 let g1 = (g0 + OUT_ROWS).min(r1);
-                for (k, r) in (g0..g1).enumerate() {
-                    let col = &mut cols[k * n..(k + 1) * n];
-                    qdot::dot_row_many(simd, int4, &bytes[r * rb..(r + 1) * rb], a, 0, col, &mut prep);
-                }
+                let k1 = g1 - g0;
+                qdot::dot_rows_many(simd, int4, &bytes[g0 * rb..g1 * rb], rb, a, &mut cols[..k1 * n], &mut prep);
                 for p in 0..n {
                     for (k, r) in (g0..g1).enumerate() {
                         put(p, r, cols[k * n + p]);

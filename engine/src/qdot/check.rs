@@ -4,7 +4,7 @@
 //! feed-forward activations', `math::check_activations`; the log-softmax's f64
 //! exponentials, `math::check_exp64`).
 
-use super::{dot_row, dot_row_many, dot_row_scalar, dot_rows, round4, ActQ, Simd};
+use super::{dot_row, dot_row_many, dot_row_scalar, dot_rows, dot_rows_many, round4, ActQ, Simd};
 use crate::format::quant::quantize_row;
 use crate::tensor::DType;
 
@@ -182,6 +182,28 @@ fn check_all() -> Result<usize, String> {
                     }
                 }
             }
+            // All rows at once for a few positions (the many-position matmul's groups of
+            // rows): the counts the few-position kernels unroll, and more.
+            for &s in &paths {
+                for a in [&a, &ap, &aq, &ah, &ai] {
+                    for n in [2usize, 3, 4, 5, 9] {
+                        let mut out = vec![0.0f32; rows * n];
+                        let mut scratch = Vec::new();
+                        dot_rows_many(s, int4, &w, rb, a, &mut out, &mut scratch);
+                        for (k, &got) in out.iter().enumerate() {
+                            let (r, p) = (k / n, k % n);
+                            let want = dot_row_scalar(int4, &w[r * rb..(r + 1) * rb], a, p);
+                            if !same(got, want) {
+                                return Err(format!(
+                                    "{} rows of {n} {dtype} cols {cols} row {r} pos {p}: {got:e} vs {want:e}",
+                                    s.name()
+                                ));
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
             for r in 0..rows {
                 let row = &w[r * rb..(r + 1) * rb];
                 for &s in &paths {
@@ -286,6 +308,21 @@ fn check_k(dtype: DType, paths: &[Simd], seed: &mut u64) -> Result<usize, String
                         }
                     }
                     checked += 1;
+                }
+                // All rows at once for a few positions (the unrolled counts and a loop).
+                for n in [2usize, 3, 5] {
+                    let mut out = vec![0.0f32; rows * n];
+                    dot_rows_many(s, true, &w, rb, a, &mut out, &mut Vec::new());
+                    for (k, &got) in out.iter().enumerate() {
+                        let want = dot_row_scalar(true, &w[k / n * rb..(k / n + 1) * rb], a, k % n);
+                        if !same(got, want) {
+                            return Err(format!(
+                                "{} rows of {n} {dtype} cols {cols} at {k}: {got:e} vs {want:e}",
+                                s.name()
+                            ));
+                        }
+                        checked += 1;
+                    }
                 }
             }
         }

@@ -796,6 +796,45 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
     }
 }
 
+/// [`dot_row_many`] for consecutive rows of `rb` bytes, positions `0..n`: `out[k * n + i]`
+/// has the bits of `dot_row(simd, int4, row k, a, i)`, n = out.len() / rows. Below
+/// [`prepare_min`] positions the x86 paths run the group in one call of the few-position
+/// kernel; everything else goes row by row.
+pub fn dot_rows_many(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, out: &mut [f32], scratch: &mut Vec<u8>) {
+    let count = rows.len() / rb.max(1);
+    if count == 0 {
+        return;
+    }
+    let n = out.len() / count;
+    #[cfg(target_arch = "x86_64")]
+    if matches!(simd, Simd::Avx512 | Simd::Avx2)
+        && n >= 2
+        && n < prepare_min(simd)
+        && out.len() == count * n
+        && rows.len() == count * rb
+        && !k5_slow(simd, a)
+        && a.group.is_multiple_of(CHUNK)
+        && a.split == int4
+        && k4_ok(a)
+        && n <= a.n
+    {
+        // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported the
+        // features; each of the `count` rows is one stored row for `a` (callers' contract,
+        // as for dot_row); the positions are inside `a` (checked above).
+        unsafe {
+            if simd == Simd::Avx512 {
+                x86_few::dot_rows_few_avx512(int4, rows, rb, a, 0, out)
+            } else {
+                x86_few::dot_rows_few_avx2(int4, rows, rb, a, 0, out)
+            }
+        }
+        return;
+    }
+    for (row, o) in rows.chunks_exact(rb.max(1)).zip(out.chunks_mut(n.max(1))) {
+        dot_row_many(simd, int4, row, a, 0, o, scratch);
+    }
+}
+
 /// Bytes `[at, at + N)` of `src`, zero-filled past its end (the last chunk of a row).
 #[inline]
 #[allow(dead_code)]

@@ -53,18 +53,108 @@ pub unsafe fn dot_row_few_avx2(int4: bool, row: &[u8], a: &ActQ, p0: usize, out:
     }
 }
 
+/// [`dot_row_few_avx512`] over consecutive rows of `rb` bytes: `out[k * n + i]` is row k
+/// times position `p0 + i`, `n` = out.len() / rows. One call for a group of rows, so a
+/// row's set-up is not a call of its own (a decode step's row of 2048 int8 values is two
+/// runs of eight blocks).
+///
+/// SAFETY (caller): as [`dot_row_few_avx512`] for every row; `rows.len()` a multiple of
+/// `rb`, `out.len()` = rows * n with n >= 1.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub unsafe fn dot_rows_few_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
+    let n = out.len() / (rows.len() / rb.max(1)).max(1);
+    // SAFETY: the caller's contract, row by row.
+    unsafe {
+        match (int4, a.k4) {
+            (true, true) => few_rows::<true, true, true>(rows, rb, a, p0, n, out),
+            (true, false) => few_rows::<true, true, false>(rows, rb, a, p0, n, out),
+            _ => few_rows::<true, false, false>(rows, rb, a, p0, n, out),
+        }
+    }
+}
+
+/// [`dot_rows_few_avx512`] on AVX2 ([`dot_row_few_avx2`] row by row).
+///
+/// SAFETY (caller): AVX2 and F16C present; shapes as [`dot_rows_few_avx512`].
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot_rows_few_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
+    let n = out.len() / (rows.len() / rb.max(1)).max(1);
+    // SAFETY: the caller's contract, row by row.
+    unsafe {
+        match (int4, a.k4) {
+            (true, true) => few_rows::<false, true, true>(rows, rb, a, p0, n, out),
+            (true, false) => few_rows::<false, true, false>(rows, rb, a, p0, n, out),
+            _ => few_rows::<false, false, false>(rows, rb, a, p0, n, out),
+        }
+    }
+}
+
+/// Whether the run kernels take `a`'s layout (else the one-position kernel runs per position).
 #[inline(always)]
-unsafe fn few<const VNNI: bool, const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+fn takes<const VNNI: bool, const INT4: bool>(a: &ActQ) -> bool {
     let g = a.group;
-    let takes = match (VNNI, INT4) {
+    match (VNNI, INT4) {
         (true, true) => has_quads(a),
         (false, true) => a.split && a.qp.len() == a.n * a.dstride() * g && matches!(g, 32 | 64 | 128),
         (_, false) => !a.split && matches!(g, 32 | 64 | 128),
-    };
+    }
+}
+
+/// [`few`] for each row of `rows`, `n` outputs per row. Two positions (an expert that two
+/// of a step's rows chose, two sequences' step) and, for int4, three run with the count
+/// known to the compiler, their accumulators in registers: qdot_bench on the Xeon, from
+/// memory, two threads, at two positions int4/g32 13.6 -> 18.5 GB/s of weights, int8/g128
+/// 18.3 -> 24.6; int4/g32 at three 13.3 -> 16.1. int8 over three or four positions and int4
+/// over four or eight were slower that way (int4/g32 at four, one thread, 8.2 -> 6.8: more
+/// live vectors than registers), so those keep the loop over positions.
+///
+/// SAFETY (caller): as [`dot_rows_few_avx512`].
+#[inline(always)]
+unsafe fn few_rows<const VNNI: bool, const INT4: bool, const K: bool>(
+    rows: &[u8],
+    rb: usize,
+    a: &ActQ,
+    p0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match n {
+            2 if takes::<VNNI, INT4>(a) => rows_n::<VNNI, INT4, K, 2>(rows, rb, a, p0, out),
+            3 if INT4 && takes::<VNNI, INT4>(a) => rows_n::<VNNI, INT4, K, 3>(rows, rb, a, p0, out),
+            _ => {
+                for (row, o) in rows.chunks_exact(rb.max(1)).zip(out.chunks_mut(n.max(1))) {
+                    few::<VNNI, INT4, K>(row, a, p0, o);
+                }
+            }
+        }
+    }
+}
+
+/// Each row of `rows` times exactly `N` positions ([`runs_few`] with all `N` accumulators).
+///
+/// SAFETY (caller): as [`dot_rows_few_avx512`], `out.len()` = rows * N, and [`takes`] holds.
+#[inline(always)]
+unsafe fn rows_n<const VNNI: bool, const INT4: bool, const K: bool, const N: usize>(
+    rows: &[u8],
+    rb: usize,
+    a: &ActQ,
+    p0: usize,
+    out: &mut [f32],
+) {
+    for (row, o) in rows.chunks_exact(rb.max(1)).zip(out.chunks_exact_mut(N)) {
+        // SAFETY: the caller's contract, row by row.
+        unsafe { runs_few::<VNNI, INT4, K, N>(row, a, p0, o) }
+    }
+}
+
+#[inline(always)]
+unsafe fn few<const VNNI: bool, const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract; the runs end at or before the stored bytes (`inside`),
     // as in `body`.
     unsafe {
-        if !takes {
+        if !takes::<VNNI, INT4>(a) {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = body::<VNNI, INT4, K>(row, a, p0 + i);
             }
@@ -101,8 +191,10 @@ unsafe fn runs_few<const VNNI: bool, const INT4: bool, const K: bool, const N: u
     // SAFETY: the caller's contract; the runs end at or before the stored bytes (`inside`),
     // as in `body`.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); N];
-        let acc = &mut acc[..out.len()];
+        let mut all = [_mm256_setzero_ps(); N];
+        // A call that fills the array ([`rows_n`]) takes all of it: the slice's length is
+        // then N to the compiler, which unrolls the loops over positions.
+        let acc = if N <= 3 { &mut all[..] } else { &mut all[..out.len()] };
         match (VNNI, INT4, g / CHUNK) {
             (true, true, 1) => quad_runs_few::<1, K>(row, vals, a, p0, runs, acc),
             (true, true, 2) => quad_runs_few::<2, K>(row, vals, a, p0, runs, acc),
