@@ -138,6 +138,11 @@ struct State {
     counts: Option<ExpertUsage>,
     /// This run's counts not yet handed out by `take_usage`.
     fresh: Option<ExpertUsage>,
+    /// Recent uses, halved every [`ExpertCache::decay_every`] uses: what the second tier
+    /// admits and evicts by.
+    recent: Option<ExpertUsage>,
+    /// Uses noted since the last halving.
+    since_decay: u64,
     stats: CacheStats,
 }
 
@@ -147,9 +152,9 @@ pub struct ExpertCache {
     opts: CacheOptions,
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     top_k: usize,
-    /// The second tier keeps experts by use count, not recency: its budget is smaller
-    /// than one token's experts (see [`RamTiers::insert_frequent`]).
-    frequent: bool,
+    /// Uses (positions routed to an expert) between two halvings of the recent counts:
+    /// [`DECAY_TOKENS`] tokens' worth.
+    decay_every: u64,
     state: Mutex<State>,
     #[cfg(not(target_arch = "wasm32"))]
     pool: Option<ReaderPool>,
@@ -278,17 +283,6 @@ impl ExpertCache {
             _ => ExpertUsage::new(nl, ne),
         };
         let top_k = shape.top_k;
-        // Bytes of one token's routed experts: top-k experts of a mean size in every layer.
-        let per_token: u64 = layers
-            .iter()
-            .take(counted)
-            .flatten()
-            .map(|li| {
-                let sum: u64 = li.experts.iter().map(|e| e.1 as u64).sum();
-                sum * top_k as u64 / li.experts.len().max(1) as u64
-            })
-            .sum();
-        let frequent = opts.ram.is_some_and(|r| r.saturating_sub(opts.pin) < per_token);
         #[cfg(not(target_arch = "wasm32"))]
         let pool = if opts.readers > 0 { Some(ReaderPool::new(opts.readers)?) } else { None };
         // Free buffers kept for reuse: about one read window (each kept buffer is RSS).
@@ -301,12 +295,17 @@ impl ExpertCache {
             buffers,
             bytes_read: AtomicU64::new(0),
         });
-        let state = State { counts: Some(counts), fresh: Some(ExpertUsage::new(nl, ne)), ..Default::default() };
+        let state = State {
+            counts: Some(counts),
+            fresh: Some(ExpertUsage::new(nl, ne)),
+            recent: Some(ExpertUsage::new(nl, ne)),
+            ..Default::default()
+        };
         let x = ExpertCache {
             core,
             opts,
             top_k,
-            frequent,
+            decay_every: (DECAY_TOKENS * top_k * counted).max(1) as u64,
             state: Mutex::new(state),
             #[cfg(not(target_arch = "wasm32"))]
             pool,
@@ -336,15 +335,16 @@ impl ExpertCache {
         self.opts.ram.map(|r| r.saturating_sub(self.opts.pin))
     }
 
-    /// Keeps an expert just read (or unpinned) in the second tier, if its policy admits it.
+    /// Keeps an expert just read (or unpinned) in the second tier, if its policy admits it:
+    /// under a budget, by recent use counts ([`RamTiers::insert_frequent`]), not recency.
     fn keep(&self, st: &mut State, key: Key, x: Arc<Expert>, size: u64) {
-        match (self.frequent, self.lru_budget()) {
-            (true, Some(budget)) => {
-                let counts = st.counts.as_ref();
-                let count = |k: Key| counts.map_or(0, |c| c.get(k.0, k.1));
+        match self.lru_budget() {
+            Some(budget) => {
+                let recent = st.recent.as_ref();
+                let count = |k: Key| recent.map_or(0, |c| c.get(k.0, k.1));
                 st.tiers.insert_frequent(key, x, size, budget, &count)
             }
-            (_, budget) => st.tiers.insert_lru(key, x, size, budget),
+            None => st.tiers.insert_lru(key, x, size, None),
         }
     }
 
@@ -587,8 +587,16 @@ impl ExpertSource for ExpertCache {
     fn note_use(&self, layer: usize, index: usize, positions: usize) {
         let mut st = self.lock();
         let st = &mut *st;
-        for u in [st.counts.as_mut(), st.fresh.as_mut()].into_iter().flatten() {
+        for u in [st.counts.as_mut(), st.fresh.as_mut(), st.recent.as_mut()].into_iter().flatten() {
             let _ = u.add(layer, index, positions as u64);
+        }
+        st.since_decay += positions as u64;
+        if st.since_decay >= self.decay_every {
+            st.since_decay = 0;
+            if let Some(r) = st.recent.as_mut() {
+                r.halve();
+                st.tiers.recount(&|k: Key| r.get(k.0, k.1));
+            }
         }
     }
 
@@ -647,6 +655,19 @@ impl ExpertSource for ExpertCache {
         Ok(x)
     }
 }
+
+/// Tokens' worth of expert uses (top-k per MoE layer per token) after which the recent
+/// counts that the second tier keeps experts by are halved: old popularity fades within a
+/// few hundred tokens, so a conversation that moves to other experts gets them kept.
+///
+/// Why counts and not recency: a step of several sequences touches several tokens' experts
+/// (four sampled sequences on 64 experts, top-8: about 27 per layer against 8), and an LRU
+/// that cannot hold a whole step evicts each expert before its next use, while popular
+/// experts (routing is skewed) stay hot across steps. `coli bench --ram R --batch B --text
+/// docs/architecture.md` on the 64-expert OLMoE shape (docs/benchmarks.md, thirty-eighth
+/// session): batch 4 at 128 MiB 67 -> 38 MB read per token, at 256 MiB 37 -> 16; one
+/// sequence at 256 MiB 29 -> 18.
+const DECAY_TOKENS: usize = 64;
 
 /// Bytes of experts that [`ExpertCache::repin`] asks a source for at once (the browser
 /// stages them in wasm memory, which never shrinks: kept well inside the 256 MiB of

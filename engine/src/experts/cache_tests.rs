@@ -174,6 +174,41 @@ fn learned_counts_pin_at_the_next_turn_end() {
     assert_eq!(x.stats().pinned_hits, 1);
 }
 
+/// Under a budget the second tier keeps the experts used most of late, even where the
+/// budget holds a whole token's experts (4 here): one used less than every resident is
+/// read but not kept (an LRU would keep it), and the counts fade (halved every
+/// DECAY_TOKENS tokens' worth of uses, here 256), so an expert used more than the residents
+/// of late takes a place although they were used more in all.
+#[test]
+fn recent_uses_decide_what_stays_and_fade() {
+    let (m, data, _) = container();
+    let size = m.experts.layers[0].experts[0].length;
+    let x = ExpertCache::new(&m, &cfg(), source(&data), Some(size * 4)).unwrap();
+    assert_eq!(DECAY_TOKENS * 2 * 2, 256);
+    // 200 uses each; the second and fourth note cross a halving: recent 50, 50, 100, 100.
+    let hot = [(0, 0), (0, 1), (1, 0), (1, 1)];
+    for &(l, e) in &hot {
+        x.note_use(l, e, 200);
+        x.expert(l, e).unwrap();
+    }
+    x.note_use(0, 2, 1);
+    for _ in 0..2 {
+        x.expert(0, 2).unwrap();
+    }
+    let mut kept = x.cached();
+    kept.sort_unstable();
+    assert_eq!((kept, x.stats().misses), (hot.to_vec(), 6));
+    // 151 recent uses against the residents' 50 and 100 (but 200 in all): it takes the
+    // place of a 50.
+    x.note_use(0, 2, 150);
+    x.expert(0, 2).unwrap();
+    x.expert(0, 2).unwrap();
+    let s = x.stats();
+    assert_eq!((s.misses, s.ram_hits, s.cached_experts), (7, 1, 4));
+    let kept = x.cached();
+    assert!(kept.contains(&(0, 2)) && kept.contains(&(1, 0)) && kept.contains(&(1, 1)), "{kept:?}");
+}
+
 #[test]
 fn repin_reads_in_batches_of_bounded_bytes() {
     let keys: Vec<Key> = (0..5).map(|e| (0, e)).collect();

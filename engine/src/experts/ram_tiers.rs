@@ -1,8 +1,10 @@
 //! The in-memory tiers of the expert cache: pinned experts (the hottest by learned usage,
-//! never evicted) and a least-recently-used tier for the rest of the budget, plus the
-//! re-pinning rule with hysteresis so that experts do not thrash between the two.
+//! never evicted) and a second tier for the rest of the budget, which keeps the experts
+//! used most of late (by recency when there is no budget), plus the re-pinning rule with
+//! hysteresis so that experts do not thrash between the two.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use super::lru::Lru;
@@ -22,6 +24,11 @@ pub struct RamTiers {
     pub pinned: HashMap<Key, (Arc<Expert>, u64)>,
     pub pinned_bytes: u64,
     lru: Lru<Key, Arc<Expert>>,
+    /// The second tier's residents by use count, least first, for [`Self::insert_frequent`]:
+    /// an entry may hold less than the expert's count now (counts only grow between two
+    /// [`Self::recount`]s; it is brought up to date when it comes first) or a key that
+    /// left the tier (skipped).
+    by_count: BinaryHeap<Reverse<(u64, Key)>>,
 }
 
 /// Which tier answered a lookup.
@@ -61,38 +68,54 @@ impl RamTiers {
     }
 
     /// Adds an expert to the second tier by use count instead of recency, for a budget
-    /// smaller than one token's experts (where recency cannot hit: every layer's experts
-    /// are used once per token, in the same order, and an LRU that cannot hold a whole
-    /// token evicts each before its next use). When `key` does not fit, the residents with
-    /// the fewest uses (`count`) make room, but only if each has fewer uses than `key`;
-    /// otherwise `key` is not kept. An expert larger than the budget is not kept.
+    /// (`count`: recent uses, which only grow between two [`Self::recount`]s). Recency
+    /// fails where a budget cannot hold what comes back: below one token's experts every
+    /// layer's experts are used once per token, in the same order, and an LRU evicts each
+    /// before its next use; a step of several sequences brings several tokens' experts.
+    /// When `key` does not fit, the residents with the fewest uses make room, but only if
+    /// each has fewer uses than `key` (ties: the lower key goes first); otherwise `key` is
+    /// not kept. An expert larger than the budget is not kept.
     pub fn insert_frequent(&mut self, key: Key, x: Arc<Expert>, size: u64, budget: u64, count: &dyn Fn(Key) -> u64) {
         if self.contains(&key) || size > budget {
             return;
         }
+        let c = count(key);
         let mut need = (self.lru.bytes() + size).saturating_sub(budget);
+        let mut victims: Vec<Key> = Vec::new();
+        while need > 0 {
+            let Some(Reverse((stored, k))) = self.by_count.pop() else { break };
+            if !self.lru.contains(&k) || victims.contains(&k) {
+                continue;
+            }
+            let now = count(k);
+            if now > stored {
+                self.by_count.push(Reverse((now, k)));
+                continue;
+            }
+            if now >= c {
+                self.by_count.push(Reverse((now, k)));
+                break;
+            }
+            need = need.saturating_sub(self.lru.size(&k));
+            victims.push(k);
+        }
         if need > 0 {
-            let mut residents: Vec<(u64, Key)> = self.lru.keys().map(|&k| (count(k), k)).collect();
-            residents.sort_unstable();
-            let (c, mut victims) = (count(key), Vec::new());
-            for (ck, k) in residents {
-                if need == 0 {
-                    break;
-                }
-                if ck >= c {
-                    return;
-                }
-                need = need.saturating_sub(self.lru.size(&k));
-                victims.push(k);
-            }
-            if need > 0 {
-                return;
-            }
             for k in victims {
-                self.lru.remove(&k);
+                self.by_count.push(Reverse((count(k), k)));
             }
+            return;
+        }
+        for k in victims {
+            self.lru.remove(&k);
         }
         self.lru.insert(key, x, size);
+        self.by_count.push(Reverse((c, key)));
+    }
+
+    /// Re-reads every resident's count (after the counts fell: [`Self::insert_frequent`]
+    /// relies on them only growing in between).
+    pub fn recount(&mut self, count: &dyn Fn(Key) -> u64) {
+        self.by_count = self.lru.keys().map(|&k| Reverse((count(k), k))).collect();
     }
 
     /// Takes an expert out of the LRU tier (to pin it).

@@ -110,6 +110,13 @@ impl ExpertUsage {
         Ok(())
     }
 
+    /// Halves every count (rounding down): the recent counts' decay.
+    pub fn halve(&mut self) {
+        for c in &mut self.counts {
+            *c /= 2;
+        }
+    }
+
     pub fn total(&self) -> u64 {
         self.counts.iter().fold(0u64, |a, &b| a.saturating_add(b))
     }
