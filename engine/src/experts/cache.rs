@@ -657,17 +657,20 @@ impl ExpertSource for ExpertCache {
 }
 
 /// Tokens' worth of expert uses (top-k per MoE layer per token) after which the recent
-/// counts that the second tier keeps experts by are halved: old popularity fades within a
-/// few hundred tokens, so a conversation that moves to other experts gets them kept.
+/// counts that the second tier keeps experts by are halved, so that a conversation that
+/// moves to other experts gets them kept.
 ///
 /// Why counts and not recency: a step of several sequences touches several tokens' experts
 /// (four sampled sequences on 64 experts, top-8: about 27 per layer against 8), and an LRU
 /// that cannot hold a whole step evicts each expert before its next use, while popular
-/// experts (routing is skewed) stay hot across steps. `coli bench --ram R --batch B --text
-/// docs/architecture.md` on the 64-expert OLMoE shape (docs/benchmarks.md, thirty-eighth
-/// session): batch 4 at 128 MiB 67 -> 38 MB read per token, at 256 MiB 37 -> 16; one
-/// sequence at 256 MiB 29 -> 18.
-const DECAY_TOKENS: usize = 64;
+/// experts (routing is skewed) stay hot across steps. Measured (docs/benchmarks.md,
+/// thirty-eighth session), `coli bench --text docs/architecture.md` on the 64-expert OLMoE
+/// shape, MB read per token at 128 MiB / 256 MiB: one sequence 67 / 29 with an LRU, 46 / 18
+/// with this; four 67 / 37 against 41 / 19. On the trained demo (tools/bench_pinning.sh,
+/// 16 runs) the share of expert uses read from disk fell from 0.353 to 0.304. Halving every
+/// 16 tokens was best on the demo (64: 0.332, 32: 0.322, 8: 0.307); on the synthetic shape
+/// 64 read 5-10% less than 16.
+const DECAY_TOKENS: usize = 16;
 
 /// Bytes of experts that [`ExpertCache::repin`] asks a source for at once (the browser
 /// stages them in wasm memory, which never shrinks: kept well inside the 256 MiB of
