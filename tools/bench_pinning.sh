@@ -11,6 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 C=${COLI:-target/release/coli}
+python3 -c 'import tokenizers' 2>/dev/null ||
+  { echo "bench_pinning.sh: needs the Python tokenizers package (pip install tokenizers)" >&2; exit 1; }
 SRC=${1:-models/demo}
 RAMS=("${2:-800K}" "${3:-1200K}")
 M=$(mktemp -d)/model
