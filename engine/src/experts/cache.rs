@@ -665,11 +665,12 @@ impl ExpertSource for ExpertCache {
 /// that cannot hold a whole step evicts each expert before its next use, while popular
 /// experts (routing is skewed) stay hot across steps. Measured (docs/benchmarks.md,
 /// thirty-eighth session), `coli bench --text docs/architecture.md` on the 64-expert OLMoE
-/// shape, MB read per token at 128 MiB / 256 MiB: one sequence 67 / 29 with an LRU, 46 / 18
-/// with this; four 67 / 37 against 41 / 19. On the trained demo (tools/bench_pinning.sh,
-/// 16 runs) the share of expert uses read from disk fell from 0.353 to 0.304. Halving every
-/// 16 tokens was best on the demo (64: 0.332, 32: 0.322, 8: 0.307); on the synthetic shape
-/// 64 read 5-10% less than 16.
+/// shape, MB read per token at 128 MiB / 256 MiB: one sequence 67 / 29 with an LRU, 45 / 17
+/// with this; four 67 / 37 against 39 / 18. On the trained demo (tools/bench_pinning.sh,
+/// 16 runs) the share of expert uses read from disk fell from 0.353 to 0.313. The period:
+/// 16 tokens read least on the demo and on bench_peers' 16-expert shape under a budget of
+/// half a token's experts (64: 0.340 and 206 MB per token, 16: 0.313 and 202); the 64-expert
+/// synthetic shape, whose popularity is fixed by construction, read 3-8% less with 64.
 const DECAY_TOKENS: usize = 16;
 
 /// Bytes of experts that [`ExpertCache::repin`] asks a source for at once (the browser

@@ -172,7 +172,7 @@ fn bench_in_a_1gib_cgroup_picks_a_budget_under_the_limit_and_is_not_killed() {
     let model = big_model(&root);
     let m = model.to_str().unwrap();
     // 256 prompt tokens: the cache keeps the experts used most of late, so 128 read less
-    // than the limit (1019 MiB; 1115 MiB with 256).
+    // than the limit (1019 MiB; 1108 MiB with 256).
     let bench = ["bench", "--model", m, "--prompt-tokens", "256", "--decode-tokens", "4", "--probe-bytes", "0"];
 
     // The automatic budget, inside the cgroup.
