@@ -3,7 +3,7 @@
 //! - [`format`]: what bytes on disk mean: the container manifest and its checksums, the
 //!   quantized encodings, the tensor table of safetensors checkpoints.
 //! - [`experts`]: the expert supply: byte sources (file, memory, the browser's), the native
-//!   reader pool, the in-memory tiers (pinned by usage, LRU), the usage counts.
+//!   reader pool, the in-memory tiers (pinned by usage, then by recent use), the usage counts.
 //! - [`model`]: config, RoPE, attention, routing and the MoE block, the forward pass, and
 //!   [`model::open`], the one place a model is opened (native directory or browser bytes).
 //! - [`generate`], [`sampler`], [`tokenizer`]: ids in, ids and text out.

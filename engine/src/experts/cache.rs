@@ -384,7 +384,7 @@ impl ExpertCache {
         Ok(())
     }
 
-    /// Moves experts between the pinned and LRU tiers by the usage counts (see
+    /// Moves experts between the pinned and second tiers by the usage counts (see
     /// [`plan_repin`]); returns how many moved. Experts to pin that are not in memory
     /// are read now.
     pub fn repin(&self) -> Result<usize> {

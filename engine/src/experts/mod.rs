@@ -2,7 +2,7 @@
 //! the model asks (resident experts, or the [`cache::ExpertCache`] over a container's data
 //! file); below it, [`source::ByteSource`] is where the bytes are read (a local file, memory,
 //! the browser's disk tier and fetches from the helper), the native [`reader`] pool loads
-//! them ahead of need, [`ram_tiers`] keeps them (pinned by [`usage`], then LRU).
+//! them ahead of need, [`ram_tiers`] keeps them (pinned by [`usage`], then by recent use).
 
 pub mod cache;
 pub mod lru;

@@ -1,7 +1,7 @@
 //! `coli bench`: one native decoding run, printed as one JSON record: commit, hardware
 //! (cores, memory, load, the model's file system), command line, page-cache state,
 //! prefill and decode tokens/s, time to first token, expert hit rate per tier (pinned /
-//! RAM LRU / disk), bytes read per token, router-lookahead recall and wasted bytes, peak
+//! RAM / disk), bytes read per token, router-lookahead recall and wasted bytes, peak
 //! RSS, and the disk read bandwidth measured in the same run with the I/O lower bound it
 //! implies (missed bytes / bandwidth) next to the decode time.
 //!

@@ -163,7 +163,7 @@ pub fn render(state: &AppState) -> String {
     ));
     fams.push(per(
         "colibri_expert_ram_hits_total",
-        "Expert reads served by the RAM (LRU) tier.",
+        "Expert reads served by the RAM tier of recently used experts.",
         "counter",
         &cache(|c| c.ram_hits),
     ));
@@ -176,7 +176,7 @@ pub fn render(state: &AppState) -> String {
     ));
     fams.push(per(
         "colibri_expert_cached_bytes",
-        "Expert bytes held in RAM (pinned and LRU).",
+        "Expert bytes held in RAM (pinned and recently used).",
         "gauge",
         &cache(|c| c.cached_bytes),
     ));
