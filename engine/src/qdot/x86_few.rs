@@ -62,15 +62,8 @@ pub unsafe fn dot_row_few_avx2(int4: bool, row: &[u8], a: &ActQ, p0: usize, out:
 /// `rb`, `out.len()` = rows * n with n >= 1.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn dot_rows_few_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
-    let n = out.len() / (rows.len() / rb.max(1)).max(1);
-    // SAFETY: the caller's contract, row by row.
-    unsafe {
-        match (int4, a.k4) {
-            (true, true) => few_rows::<true, true, true>(rows, rb, a, p0, n, out),
-            (true, false) => few_rows::<true, true, false>(rows, rb, a, p0, n, out),
-            _ => few_rows::<true, false, false>(rows, rb, a, p0, n, out),
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { rows_of_kind::<true>(int4, rows, rb, a, p0, out) }
 }
 
 /// [`dot_rows_few_avx512`] on AVX2 ([`dot_row_few_avx2`] row by row).
@@ -78,13 +71,22 @@ pub unsafe fn dot_rows_few_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, 
 /// SAFETY (caller): AVX2 and F16C present; shapes as [`dot_rows_few_avx512`].
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn dot_rows_few_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { rows_of_kind::<false>(int4, rows, rb, a, p0, out) }
+}
+
+/// [`few_rows`] for the row kind (int4, Q4K/Q5K, int8), `n` = out.len() / rows.
+///
+/// SAFETY (caller): as [`dot_rows_few_avx512`] (AVX-512 only when `VNNI`).
+#[inline(always)]
+unsafe fn rows_of_kind<const VNNI: bool>(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
     let n = out.len() / (rows.len() / rb.max(1)).max(1);
     // SAFETY: the caller's contract, row by row.
     unsafe {
         match (int4, a.k4) {
-            (true, true) => few_rows::<false, true, true>(rows, rb, a, p0, n, out),
-            (true, false) => few_rows::<false, true, false>(rows, rb, a, p0, n, out),
-            _ => few_rows::<false, false, false>(rows, rb, a, p0, n, out),
+            (true, true) => few_rows::<VNNI, true, true>(rows, rb, a, p0, n, out),
+            (true, false) => few_rows::<VNNI, true, false>(rows, rb, a, p0, n, out),
+            _ => few_rows::<VNNI, false, false>(rows, rb, a, p0, n, out),
         }
     }
 }
@@ -103,8 +105,9 @@ fn takes<const VNNI: bool, const INT4: bool>(a: &ActQ) -> bool {
 /// [`few`] for each row of `rows`, `n` outputs per row. Two positions (an expert that two
 /// of a step's rows chose, two sequences' step) and, for int4, three run with the count
 /// known to the compiler, their accumulators in registers: qdot_bench on the Xeon, from
-/// memory, two threads, at two positions int4/g32 13.6 -> 18.5 GB/s of weights, int8/g128
-/// 18.3 -> 24.6; int4/g32 at three 13.3 -> 16.1. int8 over three or four positions and int4
+/// memory, two threads, at two positions int4/g32 13.4 -> 18.7 GB/s of weights, at three
+/// 11.7 -> 16.1; int8/g128 at two 19.0 -> 20.1 in one build and 25.3 in another (code
+/// placement: docs/benchmarks.md). int8 over three or four positions and int4
 /// over four or eight were slower that way (int4/g32 at four, one thread, 8.2 -> 6.8: more
 /// live vectors than registers), so those keep the loop over positions.
 ///
