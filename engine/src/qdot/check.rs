@@ -264,7 +264,7 @@ fn check_all() -> Result<usize, String> {
 fn check_k(dtype: DType, paths: &[Simd], seed: &mut u64) -> Result<usize, String> {
     let mut checked = 0;
     for cols in [256, 768, 2048] {
-        let (rows, n) = (6, 36);
+        let (rows, n) = (7, 36);
         let rb = dtype.row_bytes(cols).ok_or_else(|| format!("no row layout for {dtype}"))?;
         let w = weights(dtype, rows, cols, seed);
         if w.len() != rows * rb {

@@ -11,9 +11,9 @@
 use std::arch::x86_64::*;
 
 use super::x86::{
-    body, combine, fifth_pair, fifth_quad, finish, fold_pairs, fold_quads, has_quads, hsum8, prefetch, prefetch_ahead,
-    run_scales,
+    body, combine, fifth_pair, finish, fold_pairs, has_quads, hsum8, prefetch, prefetch_ahead, run_scales,
 };
+use super::x86_wide::{fifth_quad, fold_quads};
 use super::{round4, ActQ, CHUNK};
 
 /// Positions per pass over a row (an accumulator vector each).
