@@ -51,6 +51,8 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_few;
 #[cfg(target_arch = "x86_64")]
+mod x86_rows;
+#[cfg(target_arch = "x86_64")]
 mod x86_wide;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::prefetch_ahead;

@@ -1,101 +1,13 @@
 //! The one-position AVX-512 VNNI runs of [`super::x86`]: int4 rows on the quad layout
 //! ([`quad_runs`]; Q4K and Q5K too) and int8 rows of group 32, 64 or 128 ([`int8_runs`]),
-//! for one row or [`STREAMS`] rows at once ([`rows_at_once`], the one-position matmul's
-//! call), each row through the same integers and float steps as the reference, so its bits.
+//! for one row or several at once ([`super::x86_rows`], the one-position matmul's call),
+//! each row through the same integers and float steps as the reference, so its bits.
 
 use std::arch::x86_64::*;
 
-use super::x86::{combine, finish, prefetch, prefetch_ahead, run_scales};
-use super::{round4, ActQ, CHUNK};
+use super::x86::{combine, prefetch, prefetch_ahead, run_scales};
+use super::{ActQ, CHUNK};
 use crate::math::reduce8;
-
-/// How many rows the one-position AVX-512 int4 and int8 kernels read at once, each from
-/// its own place in the call's rows ([`rows_at_once`]): three streams of addresses instead
-/// of one keep more of the weights' bytes on their way from memory while the arithmetic
-/// of a run waits. On the AVX-512 VNNI Xeon of docs/benchmarks.md ("Three rows at once",
-/// thirty-ninth session; qdot_bench from memory) int4/g32 rose from 15.6-15.8 to 16.1-17.2
-/// GB/s at one thread and from 24.6-25.1 to 27.4-28.1 at two, q4_k from 13.9-14.0 to
-/// 15.5-15.9 and 23.7-23.9 to 26.6-27.1, int8/g32 from 13.1-13.4 to 16.0-16.3 and 25.2-25.3
-/// to 30.4-31.2; int8/g128, already near the bandwidth, stayed (14-16, 29-30). Two streams
-/// gained a little less, four lost at one thread; one row after another from three places
-/// (instead of their runs in turn) gained nothing.
-const STREAMS: usize = 3;
-
-/// One-position AVX-512 rows: int4 of the quad layout (`INT4`; Q4K with `K`, Q5K with `K`
-/// and `K5`) or int8 of group 32, 64 or 128, [`STREAMS`] rows at a time: rows i, i + h, ...
-/// (h = the rows / STREAMS) advance run by run together, each through the arithmetic of
-/// one row alone, so each gives its own bits; the rows past STREAMS * h one by one.
-///
-/// SAFETY (caller): AVX-512 F/VL/BW/VNNI, AVX2 and F16C present; `rows` holds `out.len()`
-/// stored rows of `rb` bytes for `a`; int4: `x86::has_quads(a)` (`k5_takes(a, true)` with `K5`).
-#[inline(always)]
-pub(super) unsafe fn rows_at_once<const INT4: bool, const K: bool, const K5: bool>(
-    rows: &[u8],
-    rb: usize,
-    a: &ActQ,
-    out: &mut [f32],
-) {
-    if rb == 0 {
-        return;
-    }
-    let n = out.len().min(rows.len() / rb);
-    let h = n / STREAMS;
-    for i in 0..h {
-        let group: [&[u8]; STREAMS] = std::array::from_fn(|j| &rows[(i + j * h) * rb..(i + j * h + 1) * rb]);
-        // SAFETY: the caller's contract, for each row of the group.
-        let sums = unsafe { row_group::<INT4, K, K5, STREAMS>(group, a) };
-        for (j, v) in sums.into_iter().enumerate() {
-            out[i + j * h] = v;
-        }
-    }
-    for (i, o) in out.iter_mut().enumerate().take(n).skip(STREAMS * h) {
-        // SAFETY: as above.
-        *o = unsafe { row_group::<INT4, K, K5, 1>([&rows[i * rb..(i + 1) * rb]], a)[0] };
-    }
-}
-
-/// `S` rows times position 0 ([`rows_at_once`]): [`super::x86::body`]'s quad or int8 branch and
-/// [`super::x86::finish`] (Q5K: [`body_k5_quads`]) for each row, their runs interleaved.
-///
-/// SAFETY (caller): as [`rows_at_once`], for each of the rows.
-#[inline(always)]
-unsafe fn row_group<const INT4: bool, const K: bool, const K5: bool, const S: usize>(
-    rows: [&[u8]; S],
-    a: &ActQ,
-) -> [f32; S] {
-    let mut sums = [0.0f32; S];
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: the caller's contract; the runs end inside each row as in `body`.
-    unsafe {
-        if K5 {
-            let runs = a.blocks / 8;
-            let vals: [&[u8]; S] = std::array::from_fn(|j| &rows[j][16 * runs..]);
-            let acc = quad_runs::<1, true, true, S>(rows, vals, a.qz.as_ptr(), a, 0, runs);
-            for (sum, acc) in sums.iter_mut().zip(acc) {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-                *sum = reduce8(lanes);
-            }
-            return sums;
-        }
-        let off = round4(a.blocks * 2);
-        let vals: [&[u8]; S] = std::array::from_fn(|j| &rows[j][off..]);
-        let inside = if INT4 { vals[0].len() * 2 } else { vals[0].len() };
-        let runs = (a.blocks / 8).min(inside / (8 * a.group));
-        let qz = a.qz.as_ptr();
-        let acc = match (INT4, a.group / CHUNK) {
-            (true, 1) => quad_runs::<1, K, false, S>(rows, vals, qz, a, 0, runs),
-            (true, 2) => quad_runs::<2, K, false, S>(rows, vals, qz, a, 0, runs),
-            (true, _) => quad_runs::<4, K, false, S>(rows, vals, qz, a, 0, runs),
-            (false, 1) => int8_runs::<1, S>(rows, vals, a, 0, runs),
-            (false, 2) => int8_runs::<2, S>(rows, vals, a, 0, runs),
-            (false, _) => int8_runs::<4, S>(rows, vals, a, 0, runs),
-        };
-        for ((sum, row), acc) in sums.iter_mut().zip(rows).zip(acc) {
-            *sum = finish::<true, INT4, K>(row, a, 0, (runs * 8, acc));
-        }
-        sums
-    }
-}
 
 /// One Q5K row times position `p` on AVX-512 ([`super::x86::k5_takes`] with quads holds):
 /// [`quad_runs`] with each value's fifth bit added ([`fifth_quad`]), Q4K's float step.
@@ -144,7 +56,7 @@ pub(super) unsafe fn fifth_quad(half: *const u8) -> (__m512i, __m512i) {
 /// [`fold_quads`] then gives the run's eight block sums in block order. `CH` is group / 32
 /// (1, 2 or 4); `K5` (Q5K rows, `CH` 1): each nibble with its fifth bit ([`fifth_quad`]).
 /// The same integers as the reference's, so the same bits. `S` rows at once, their runs in
-/// turn ([`rows_at_once`]), each with its share of the prefetch distance.
+/// turn ([`super::x86_rows`]), each with its share of the prefetch distance.
 ///
 /// SAFETY (caller): AVX-512 F/BW/VNNI present; as [`super::x86::paired_runs`] for each row, with `qz`
 /// the quad layout of position p.
