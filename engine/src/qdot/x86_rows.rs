@@ -25,7 +25,13 @@ use crate::math::reduce8;
 /// g128 lost 8% and 3% at one thread, so they stay one row at a time. Two streams gained
 /// a little less, four lost at one thread; one whole row after another from three places
 /// (instead of their runs in turn) gained nothing.
-const STREAMS: usize = 3;
+pub(super) const STREAMS: usize = 3;
+
+/// Row `i` of each of the `S` parts of `h` rows (of `rb` bytes) that `rows` begins with.
+#[inline(always)]
+pub(super) fn stream_group<const S: usize>(rows: &[u8], rb: usize, h: usize, i: usize) -> [&[u8]; S] {
+    std::array::from_fn(|j| &rows[(i + j * h) * rb..(i + j * h + 1) * rb])
+}
 
 /// One-position rows `rows` (`out.len()` of `rb` bytes) times position 0, [`STREAMS`] at
 /// a time: rows i, i + h, ... (h = the rows / STREAMS) together, then the rows past
@@ -50,7 +56,7 @@ pub(super) unsafe fn rows_at_once<const VNNI: bool, const INT4: bool, const K: b
     let n = out.len().min(rows.len() / rb);
     let h = n / STREAMS;
     for i in 0..h {
-        let group: [&[u8]; STREAMS] = std::array::from_fn(|j| &rows[(i + j * h) * rb..(i + j * h + 1) * rb]);
+        let group = stream_group::<STREAMS>(rows, rb, h, i);
         // SAFETY: the caller's contract, for each row of the group.
         let sums = unsafe { row_group::<VNNI, INT4, K, K5, STREAMS>(group, a) };
         for (j, v) in sums.into_iter().enumerate() {

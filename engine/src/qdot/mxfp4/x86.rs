@@ -41,6 +41,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::x86_rows::{stream_group, STREAMS};
 use super::{combine, ActQ16, LANE};
 use crate::math::reduce8;
 use crate::tensor::{MXFP4_BLOCK, MXFP4_DOUBLED};
@@ -119,22 +120,13 @@ pub unsafe fn dot_row_avx2(row: &[u8], a: &ActQ16, p: usize) -> f32 {
 }
 
 /// [`dot_row_avx2`] for consecutive rows of `rb` bytes each (`rows` holds `out.len()` of
-/// them) times position 0, two rows at a time (the activations loaded once for both).
+/// them) times position 0, [`rows_at_once`].
 ///
 /// SAFETY (caller): as [`dot_row_avx2`], for every row.
 #[target_feature(enable = "avx2")]
 pub unsafe fn dot_rows_avx2(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
-    let mut i = 0;
-    while i + 2 <= out.len() {
-        // SAFETY: the caller's contract for rows i and i + 1.
-        let r = unsafe { body_avx2::<2>([&rows[i * rb..(i + 1) * rb], &rows[(i + 1) * rb..(i + 2) * rb]], a, 0) };
-        out[i..i + 2].copy_from_slice(&r);
-        i += 2;
-    }
-    if i < out.len() {
-        // SAFETY: as above, for the last row.
-        out[i] = unsafe { body_avx2::<1>([&rows[i * rb..(i + 1) * rb]], a, 0)[0] };
-    }
+    // SAFETY: the caller's contract.
+    unsafe { rows_at_once::<false, false>(rows, rb, a, out) }
 }
 
 /// Whether the AVX-512 path may use `vpermb` (AVX-512 VBMI) as its nibble table.
@@ -155,7 +147,7 @@ pub unsafe fn dot_row_avx512(row: &[u8], a: &ActQ16, p: usize) -> f32 {
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn dot_rows_avx512(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
     // SAFETY: the caller's contract.
-    unsafe { rows_avx512::<false>(rows, rb, a, out) }
+    unsafe { rows_at_once::<true, false>(rows, rb, a, out) }
 }
 
 /// [`dot_row_avx512`] with `vpermb` as the nibble table.
@@ -173,7 +165,7 @@ pub unsafe fn dot_row_avx512_vbmi(row: &[u8], a: &ActQ16, p: usize) -> f32 {
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi")]
 pub unsafe fn dot_rows_avx512_vbmi(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
     // SAFETY: the caller's contract.
-    unsafe { rows_avx512::<true>(rows, rb, a, out) }
+    unsafe { rows_at_once::<true, true>(rows, rb, a, out) }
 }
 
 /// The accumulator lanes of `R` rows reduced in the reference's order.
@@ -269,24 +261,46 @@ unsafe fn body_avx2<const R: usize>(rows: [&[u8]; R], a: &ActQ16, p: usize) -> [
     }
 }
 
-/// The rows two at a time (the activations loaded once for both; four at a time was
-/// slower: 0.92-0.94 of the first kernel's time per run against 0.88-0.90, one process),
-/// then the last one alone.
+/// The rows [`STREAMS`] at a time, each from its own place in the call's rows (rows i,
+/// i + h, ...: h = the rows / STREAMS; the activations loaded once for all of them), then
+/// the last ones alone; AVX-512 (`WIDE`, `VBMI`: `vpermb`) or AVX2. Three streams of
+/// addresses keep more bytes on their way from memory than one: on the AVX-512 Xeon of
+/// docs/benchmarks.md (qdot_bench from memory, medians of three; thirty-ninth session)
+/// the AVX-512 kernel read 11.0 GB/s at one thread and 19.7 at two with two neighbouring
+/// rows at a time (as it did before), 14.5 and 26.2 with two rows half the call apart,
+/// 16.2-16.4 and 28.2-29.2 with three, 15.9 and 28.3 with four.
 ///
-/// SAFETY (caller): the contract of [`dot_rows_avx512`] (VBMI if `VBMI`).
+/// SAFETY (caller): the contract of [`dot_rows_avx512`] (VBMI if `VBMI`) with `WIDE`, of
+/// [`dot_rows_avx2`] without.
 #[inline(always)]
-unsafe fn rows_avx512<const VBMI: bool>(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
-    let mut i = 0;
-    while i + 2 <= out.len() {
-        // SAFETY: the caller's contract for rows i and i + 1.
-        let r =
-            unsafe { body_avx512::<VBMI, 2>([&rows[i * rb..(i + 1) * rb], &rows[(i + 1) * rb..(i + 2) * rb]], a, 0) };
-        out[i..i + 2].copy_from_slice(&r);
-        i += 2;
+unsafe fn rows_at_once<const WIDE: bool, const VBMI: bool>(rows: &[u8], rb: usize, a: &ActQ16, out: &mut [f32]) {
+    let rb = rb.max(1);
+    let n = out.len().min(rows.len() / rb);
+    let h = n / STREAMS;
+    for i in 0..h {
+        let group = stream_group::<STREAMS>(rows, rb, h, i);
+        // SAFETY: the caller's contract for each row of the group.
+        let r = unsafe {
+            if WIDE {
+                body_avx512::<VBMI, STREAMS>(group, a, 0)
+            } else {
+                body_avx2::<STREAMS>(group, a, 0)
+            }
+        };
+        for (j, v) in r.into_iter().enumerate() {
+            out[i + j * h] = v;
+        }
     }
-    if i < out.len() {
-        // SAFETY: as above, for the last row.
-        out[i] = unsafe { body_avx512::<VBMI, 1>([&rows[i * rb..(i + 1) * rb]], a, 0)[0] };
+    for (i, o) in out.iter_mut().enumerate().take(n).skip(STREAMS * h) {
+        let row = [&rows[i * rb..(i + 1) * rb]];
+        // SAFETY: as above, for one row.
+        *o = unsafe {
+            if WIDE {
+                body_avx512::<VBMI, 1>(row, a, 0)[0]
+            } else {
+                body_avx2::<1>(row, a, 0)[0]
+            }
+        };
     }
 }
 
