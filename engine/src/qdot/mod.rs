@@ -53,9 +53,11 @@ mod x86_few;
 #[cfg(target_arch = "x86_64")]
 mod x86_rows;
 #[cfg(target_arch = "x86_64")]
+mod x86_runs;
+#[cfg(target_arch = "x86_64")]
 mod x86_wide;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::prefetch_ahead;
+pub(crate) use x86_runs::prefetch_ahead;
 
 pub mod check;
 pub mod mxfp4;

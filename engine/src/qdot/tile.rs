@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::dot_u8i8;
+use super::x86_runs::dot_u8i8;
 use super::{padded, round4, ActQ, CHUNK};
 use crate::math::reduce8;
 

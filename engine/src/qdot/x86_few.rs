@@ -10,9 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{
-    body, combine, fifth_pair, finish, fold_pairs, has_quads, hsum8, prefetch, prefetch_ahead, run_scales,
-};
+use super::x86::{body, fifth_pair, has_quads};
+use super::x86_runs::{combine, finish, fold_pairs, hsum8, prefetch, prefetch_ahead, run_scales};
 use super::x86_wide::{fifth_quad, fold_quads};
 use super::{round4, ActQ, CHUNK};
 

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{finish, int8_runs_avx2, paired_runs};
+use super::x86_runs::{finish, int8_runs_avx2, paired_runs};
 use super::x86_wide::{int8_runs, quad_runs};
 use super::{round4, ActQ, CHUNK};
 use crate::math::reduce8;

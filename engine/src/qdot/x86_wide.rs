@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{combine, prefetch, prefetch_ahead, run_scales};
+use super::x86_runs::{combine, prefetch, prefetch_ahead, run_scales};
 use super::{ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -49,7 +49,7 @@ pub(super) unsafe fn fifth_quad(half: *const u8) -> (__m512i, __m512i) {
     }
 }
 
-/// [`super::x86::paired_runs`] in 512-bit vectors (AVX-512 VNNI, the quad layout `qz` of
+/// [`super::x86_runs::paired_runs`] in 512-bit vectors (AVX-512 VNNI, the quad layout `qz` of
 /// [`ActQ::quad`]): one 64-byte load takes the nibbles of four chunks of 32 values, one per
 /// 128-bit lane; its low nibbles times the quad layout's even values and its high nibbles
 /// times the odd ones (two `vpdpbusd`) leave chunk k's four partial sums in lane k.
@@ -58,7 +58,7 @@ pub(super) unsafe fn fifth_quad(half: *const u8) -> (__m512i, __m512i) {
 /// The same integers as the reference's, so the same bits. `S` rows at once, their runs in
 /// turn ([`super::x86_rows`]), each with its share of the prefetch distance.
 ///
-/// SAFETY (caller): AVX-512 F/BW/VNNI present; as [`super::x86::paired_runs`] for each row, with `qz`
+/// SAFETY (caller): AVX-512 F/BW/VNNI present; as [`super::x86_runs::paired_runs`] for each row, with `qz`
 /// the quad layout of position p.
 #[inline(always)]
 pub(super) unsafe fn quad_runs<const CH: usize, const K: bool, const K5: bool, const S: usize>(

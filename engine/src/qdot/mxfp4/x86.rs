@@ -62,15 +62,20 @@ const TABLE: [u8; 16] = {
 const PREFETCH: usize = 12288;
 
 /// How far ahead the AVX-512 kernels prefetch: on Intel the integer kernels' distance
-/// (`qdot::x86::prefetch_ahead`, 2 KiB; `COLIBRI_PREFETCH` sets both), since with the
+/// (`qdot::x86_runs::prefetch_ahead`, 2 KiB; `COLIBRI_PREFETCH` sets both), since with the
 /// weights in huge pages 12 KiB was slower there (Xeon, qdot_bench from 960 MB, two
 /// rounds: 9.26-9.42 GB/s at one thread and 15.65-15.92 at two, against 9.95-10.05 and
 /// 16.33-16.74 at 2 KiB; the AVX2 kernel read 7.4 GB/s at either distance); elsewhere
 /// [`PREFETCH`].
 fn ahead_avx512() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD
-        .get_or_init(|| if super::super::x86::is_intel() { super::super::x86::prefetch_ahead(true) } else { PREFETCH })
+    *AHEAD.get_or_init(|| {
+        if super::super::x86_runs::is_intel() {
+            super::super::x86_runs::prefetch_ahead(true)
+        } else {
+            PREFETCH
+        }
+    })
 }
 
 /// `vpermps` index: block j's sum from lane [`LANE`]`[j]`.
