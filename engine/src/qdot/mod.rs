@@ -469,17 +469,29 @@ pub fn quantize_block(x: &[f32], dst: &mut [i8], split: bool) -> (f32, i32) {
     }
     let amax = f32::from_bits(amax_bits);
     let (inv, d) = (127.0 / amax, amax / 127.0);
+    #[cfg(target_arch = "x86_64")]
+    if x.len().is_multiple_of(8) && dst.len() >= x.len() && x86_runs::has_avx2() {
+        // SAFETY: AVX2 reported; x and dst hold x.len() values, a multiple of 8.
+        return (d, unsafe { x86_runs::quantize_avx2(x, inv, dst, split) });
+    }
+    (d, quantize_values(x, inv, dst, split))
+}
+
+/// Round half to even by adding and subtracting 1.5 * 2^23: for |y| < 2^22 the sum lies
+/// where f32 steps are 1, so the (IEEE, ties-to-even) addition rounds y itself; exactly
+/// round_ties_even(y), without the libm call it costs on baseline x86-64 and in wasm.
+const MAGIC: f32 = 12_582_912.0;
+
+/// [`quantize_block`]'s values: q = clamp(round_ties_even(x * inv), -127, 127) into `dst`
+/// (split order when `split`); their sum. The reference of `x86_runs::quantize_avx2`.
+pub fn quantize_values(x: &[f32], inv: f32, dst: &mut [i8], split: bool) -> i32 {
     let mut sum = 0i32;
-    // Round half to even by adding and subtracting 1.5 * 2^23: for |y| < 2^22 the sum lies
-    // where f32 steps are 1, so the (IEEE, ties-to-even) addition rounds y itself; exactly
-    // round_ties_even(y), without the libm call it costs on baseline x86-64 and in wasm.
-    const MAGIC: f32 = 12_582_912.0;
     for (i, &v) in x.iter().enumerate() {
         let q = ((v * inv + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i32;
         dst[if split { split_index(i) } else { i }] = q as i8;
         sum += q;
     }
-    (d, sum)
+    sum
 }
 
 /// Rounds up to a multiple of 4 (the row layout's padding).

@@ -119,3 +119,33 @@ fn quantize_rounds_half_to_even_like_the_definition() {
         assert_eq!(q2[0], want, "{y}");
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn quantize_avx2_gives_the_scalar_integers() {
+    if !super::x86_runs::has_avx2() {
+        return;
+    }
+    let mut seed = 11u64;
+    for n in [8usize, 32, 64, 128] {
+        for round in 0..50 {
+            // Random values, exact ties (k / 2 after the scale), and values past the clamp.
+            let x: Vec<f32> = (0..n)
+                .map(|i| match (round + i) % 3 {
+                    0 => lcg(&mut seed) * 3.0,
+                    1 => ((lcg(&mut seed) * 400.0).round() / 2.0) * (2.0 / 127.0),
+                    _ => (lcg(&mut seed) - 0.5) * 1e3,
+                })
+                .collect();
+            let inv = 127.0 / x.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-3) * [1.0, 1.7][round % 2];
+            // The split order needs whole chunks of 32.
+            for split in [false, n % 32 == 0] {
+                let (mut want, mut got) = (vec![0i8; n], vec![0i8; n]);
+                let ws = super::quantize_values(&x, inv, &mut want, split);
+                // SAFETY: AVX2 checked above; n is a multiple of 8.
+                let gs = unsafe { super::x86_runs::quantize_avx2(&x, inv, &mut got, split) };
+                assert_eq!((gs, &got), (ws, &want), "n {n} round {round} split {split}");
+            }
+        }
+    }
+}

@@ -22,6 +22,34 @@ pub fn has_avx512() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
+/// [`super::quantize_values`] eight values at a time: the same multiply, the same add and
+/// subtract of 1.5 * 2^23 (ties to even), the same clamp, so the same integers; `split`
+/// puts them in the split order (`super::split_index`) as the scalar loop does.
+///
+/// SAFETY (caller): AVX2 present; `x.len()` a multiple of 8, `dst.len() >= x.len()`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_avx2(x: &[f32], inv: f32, dst: &mut [i8], split: bool) -> i32 {
+    // SAFETY: every load reads 8 of x's values at i < x.len() (a multiple of 8).
+    unsafe {
+        let (vi, magic) = (_mm256_set1_ps(inv), _mm256_set1_ps(super::MAGIC));
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        let mut sum = _mm256_setzero_si256();
+        let mut q = [0i32; 8];
+        for i in (0..x.len()).step_by(8) {
+            let y = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vi), magic), magic);
+            let qi = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(y, lo), hi));
+            sum = _mm256_add_epi32(sum, qi);
+            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, qi);
+            for (k, &v) in q.iter().enumerate() {
+                dst[if split { super::split_index(i + k) } else { i + k }] = v as i8;
+            }
+        }
+        let mut lanes = [0i32; 8];
+        _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+        lanes.iter().sum()
+    }
+}
+
 /// acc + the eight 4-product sums of unsigned `w` times signed `x` (32 pairs).
 #[inline(always)]
 pub(super) unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
