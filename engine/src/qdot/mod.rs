@@ -470,8 +470,9 @@ pub fn quantize_block(x: &[f32], dst: &mut [i8], split: bool) -> (f32, i32) {
     let amax = f32::from_bits(amax_bits);
     let (inv, d) = (127.0 / amax, amax / 127.0);
     #[cfg(target_arch = "x86_64")]
-    if x.len().is_multiple_of(8) && dst.len() >= x.len() && x86_runs::has_avx2() {
-        // SAFETY: AVX2 reported; x and dst hold x.len() values, a multiple of 8.
+    if x.len().is_multiple_of(8) && dst.len() >= x.len() && Simd::active().pairs() {
+        // SAFETY: AVX2 reported (the AVX2 and AVX-512 paths; `COLIBRI_SIMD=scalar` keeps the
+        // scalar loop); x and dst hold x.len() values, a multiple of 8.
         return (d, unsafe { x86_runs::quantize_avx2(x, inv, dst, split) });
     }
     (d, quantize_values(x, inv, dst, split))
