@@ -257,8 +257,8 @@ async function attachStorage({ disk, storage, storageHandoff }) {
 }
 
 // The conversation's cache in OPFS (with the disk tier on; on WebGPU read back from the GPU,
-// in a file of its own per adapter): written after
-// every generation, read back by the first generation after a load (a reload, a new tab)
+// in a file of its own per adapter): written after every generation (a turn that extends
+// the stored conversation appends one record: `saveCache`), read back by the first generation after a load (a reload, a new tab)
 // so that a conversation continues without prefilling it again. The engine checks the
 // file (checksum, fingerprint, shapes); one it refuses is removed with one warning.
 let kvStore = false;
@@ -283,16 +283,39 @@ async function restoreCache(ids) {
   }
 }
 
+// A turn that extends what the file holds appends one record of its new positions (through
+// a sync access handle: written in place, not through a copy of the file); anything else
+// rewrites the file whole (through a writable stream: the file is replaced when it closes).
+// A failed append is cut back off; after any failure the next save rewrites the file.
 async function saveCache() {
   if (!kvStore) return;
+  let access, size;
   try {
-    const bytes = await engine.exportCache();
-    if (!bytes) return;
-    const w = await (await (await kvDir()).getFileHandle(engine.cacheName(), { create: true })).createWritable();
-    await w.write(bytes);
-    await w.close();
+    const handle = await (await kvDir()).getFileHandle(engine.cacheName(), { create: true });
+    size = (await handle.getFile()).size;
+    const out = await engine.exportCache(size);
+    if (!out) return;
+    if (out.append) {
+      access = await handle.createSyncAccessHandle();
+      if (access.getSize() !== size) throw new Error("the stored cache changed");
+      if (access.write(out.bytes, { at: size }) !== out.bytes.length) throw new Error("short write");
+      access.flush();
+    } else {
+      const w = await handle.createWritable();
+      await w.write(out.bytes);
+      await w.close();
+    }
+    engine.cacheStored(true);
   } catch (_) {
     // Best effort: the cache in memory still serves this tab.
+    try {
+      if (access && access.getSize() > size) access.truncate(size);
+    } catch (_) {}
+    try {
+      engine.cacheStored(false);
+    } catch (_) {}
+  } finally {
+    access?.close();
   }
 }
 

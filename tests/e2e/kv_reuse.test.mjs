@@ -3,7 +3,9 @@
 // still gives the native CPU path's tokens, as a fresh `coli generate` of the whole turn;
 // after a reload the cache comes back from OPFS, and a corrupt stored cache is refused. On
 // the wasm CPU backend and on WebGPU (whose cache is read back from the GPU into a file of
-// its own, named for the adapter, and uploaded again after the reload).
+// its own, named for the adapter, and uploaded again after the reload). A turn that extends
+// the stored conversation appends one record of its new positions to the file (the bytes
+// already there stay as they were); a conversation that went another way rewrites it.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { coli, convertedFixture, freePort, startHelper, launchBrowser } from "./harness.mjs";
@@ -29,6 +31,26 @@ after(async () => {
   if (fx) fx.cleanup();
 });
 
+// The positions of each record of a version 2 KV cache file (docs/format.md "KV cache
+// files"), every length checked against the file's.
+function records(file) {
+  assert.equal(file.subarray(0, 8).toString("latin1"), "COLIKV02");
+  const headerLen = file.readUInt32LE(8);
+  const header = JSON.parse(file.subarray(12, 12 + headerLen).toString("utf8"));
+  const perPosition = header.widths.reduce((a, [k, v]) => a + k + v, 0);
+  const state = (header.states || []).reduce((a, [c, s]) => a + c + s, 0);
+  const counts = [];
+  let at = 12 + headerLen + 8;
+  while (at < file.length) {
+    assert.equal(file.subarray(at, at + 4).toString("latin1"), "TURN", `a record at byte ${at}`);
+    const n = file.readUInt32LE(at + 4);
+    counts.push(n);
+    at += 8 + 4 * (n + n * perPosition + state) + 8;
+  }
+  assert.equal(at, file.length, "the records end where the file does");
+  return counts;
+}
+
 async function reuseAcrossReload(backend) {
   const browser = await launchBrowser();
   try {
@@ -39,12 +61,26 @@ async function reuseAcrossReload(backend) {
         const { load } = await import("/colibri.js");
         const engine = await load({ model, backend });
         const opts = { maxNewTokens: n, temperature: 0, ignoreEos: true };
+        // The stored file's bytes (base64: they come back through JSON).
+        const stored = async () => {
+          const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("colibri-kv");
+          for await (const [, handle] of dir.entries()) {
+            const bytes = new Uint8Array(await (await handle.getFile()).arrayBuffer());
+            let bin = "";
+            for (const x of bytes) bin += String.fromCharCode(x);
+            return btoa(bin);
+          }
+          return "";
+        };
         const a = await engine.generate({ ids: prompt, ...opts });
+        const fileA = await stored();
         const b = await engine.generate({ ids: secondIds, ...opts });
+        const fileB = await stored();
         const afterSecond = engine.stats();
         // A prompt that diverges mid-way: the cache is cut back to the shared prefix.
         const c = await engine.generate({ ids: [...prompt.slice(0, 3), 1, 2], ...opts });
-        return { a, b, c, afterSecond, afterThird: engine.stats() };
+        const fileC = await stored();
+        return { a, b, c, afterSecond, afterThird: engine.stats(), fileA, fileB, fileC };
       },
       { model: MODEL, prompt: PROMPT, secondIds, n: NEW, backend },
     );
@@ -61,6 +97,13 @@ async function reuseAcrossReload(backend) {
     assert.ok(r.afterSecond.kvCacheBytes >= r.afterSecond.kvCacheTokens * r.afterSecond.kvCacheBytesPerToken);
     assert.deepEqual(r.c.ids, native([...PROMPT.slice(0, 3), 1, 2]), "diverging turn: tokens differ");
     assert.equal(r.afterThird.cachedTokens, 3);
+    // The file after each turn: the first turn's record; the second appended to it; the
+    // diverging third rewrote it as one record of its own ids.
+    const [fileA, fileB, fileC] = [r.fileA, r.fileB, r.fileC].map((f) => Buffer.from(f, "base64"));
+    assert.deepEqual(records(fileA), [PROMPT.length + NEW - 1]);
+    assert.deepEqual(records(fileB), [PROMPT.length + NEW - 1, secondIds.length - PROMPT.length]);
+    assert.ok(fileB.subarray(0, fileA.length).equals(fileA), "the second turn appends: the first turn's bytes stay");
+    assert.deepEqual(records(fileC), [5 + NEW - 1]);
 
     // A reload (a restart of the tab): the cache comes back from OPFS, so the next turn of
     // the last conversation feeds only its new tokens, with the native tokens.
@@ -79,6 +122,11 @@ async function reuseAcrossReload(backend) {
     };
     const restored = await turnAfterLoad();
     assert.equal(restored.cachedTokens, 5 + NEW - 1, "the whole stored conversation is reused after a reload");
+    const fileD = await page.evaluate(async () => {
+      const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("colibri-kv");
+      for await (const [, handle] of dir.entries()) return Array.from(new Uint8Array(await (await handle.getFile()).arrayBuffer()));
+    });
+    assert.deepEqual(records(Buffer.from(fileD)), [5 + NEW - 1, third.length - 5], "after a reload the turn appends to the file read back");
     assert.deepEqual(restored.ids, want, "after a reload: tokens differ from a fresh coli generate");
     // WebGPU's file is its own (the adapter's floats may differ from the CPU's).
     const stored = await page.evaluate(async () => {

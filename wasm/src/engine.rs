@@ -30,6 +30,7 @@ use crate::backend::{AutoChoice, Backend, Context, Want};
 use crate::browser_source::BrowserSource;
 use crate::dense::{report, DenseSource, DenseStats};
 use crate::dense_file::{DenseFile, SEAL_BYTES};
+use crate::kv_file;
 use crate::memory;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
@@ -86,6 +87,11 @@ struct State {
     /// Positions of the generator's pending input already fed: a long prompt is read
     /// PREFILL_CHUNK positions per step, so that a cancel gets in between.
     prefilled: usize,
+    /// What the conversation's cache file in browser storage holds, as this engine last
+    /// wrote or read it (None: not known), and what it will hold once the write that
+    /// `exportCache` handed out succeeds (`cacheStored`).
+    kv_held: Option<kv_file::Held>,
+    kv_pending: Option<kv_file::Held>,
 }
 
 #[wasm_bindgen]
@@ -293,6 +299,8 @@ impl Engine {
             draft: None,
             model_draft: false,
             prefilled: 0,
+            kv_held: None,
+            kv_pending: None,
         };
         Ok(Engine {
             model,
@@ -531,26 +539,46 @@ impl Engine {
         }))
     }
 
-    /// A promise of the conversation's cache as a KV cache file
-    /// (`colibri_engine::model::kv`: the ids, every layer's cache, the fingerprint, a
-    /// checksum) for browser storage, or undefined when empty. On WebGPU the caches are
-    /// read back from the GPU (`GpuModel::session_to_cpu`); its files carry the adapter's
-    /// tag ([`cache_tag`]), so neither backend reads the other's.
+    /// A promise of what to write to the conversation's cache file in browser storage
+    /// (`colibri_engine::model::kv`: the ids, every layer's cache, the fingerprint,
+    /// checksums), which is `stored_len` bytes long now: `{bytes, append}`, the bytes to
+    /// append (one record of the positions since the file's, when the conversation extends
+    /// what this engine last wrote or read there: `kv_file`) or to write as the whole file;
+    /// undefined when there is nothing to write. The worker then calls `cacheStored`. On
+    /// WebGPU the caches are read back from the GPU (`GpuModel::session_to_cpu`); its files
+    /// carry the adapter's tag ([`cache_tag`]), so neither backend reads the other's.
     #[wasm_bindgen(js_name = exportCache)]
-    pub fn export_cache(&self) -> Promise {
+    pub fn export_cache(&self, stored_len: f64) -> Promise {
         let (state, backend, fp) = (self.state.clone(), self.backend.clone(), self.cache_fingerprint.clone());
         future_to_promise(async move {
-            let st = borrow(&state)?;
-            let bytes = match (&st.cx, &backend) {
-                (cx, _) if cx.tokens().is_empty() => return Ok(JsValue::UNDEFINED),
-                (Context::Cpu(s), _) => kv::encode(s, &fp).map_err(err)?,
+            let mut st = borrow(&state)?;
+            let stored = stored_len.max(0.0) as u64;
+            let save = match (&st.cx, &backend) {
+                (cx, _) if cx.tokens().is_empty() => None,
+                (Context::Cpu(s), _) => kv_file::plan(st.kv_held.as_ref(), stored, s, &fp).map_err(err)?,
                 (Context::Gpu(s), Backend::Gpu(g)) => {
-                    kv::encode(&g.session_to_cpu(s).await.map_err(err)?, &fp).map_err(err)?
+                    let s = g.session_to_cpu(s).await.map_err(err)?;
+                    kv_file::plan(st.kv_held.as_ref(), stored, &s, &fp).map_err(err)?
                 }
                 (Context::Gpu(_), Backend::Cpu) => return Err(err("a WebGPU context on the CPU backend").into()),
             };
-            Ok(js_sys::Uint8Array::from(&bytes[..]).into())
+            let Some(save) = save else { return Ok(JsValue::UNDEFINED) };
+            st.kv_pending = Some(save.then);
+            let out = js_sys::Object::new();
+            js_sys::Reflect::set(&out, &"bytes".into(), &js_sys::Uint8Array::from(&save.bytes[..]))?;
+            js_sys::Reflect::set(&out, &"append".into(), &save.append.into())?;
+            Ok(out.into())
         })
+    }
+
+    /// Whether the write that the last `exportCache` handed out reached the file: after one
+    /// that did not (or whose outcome is unknown) the next save rewrites the whole file.
+    #[wasm_bindgen(js_name = cacheStored)]
+    pub fn cache_stored(&self, ok: bool) -> Result<(), JsFail> {
+        let mut st = self.state()?;
+        let pending = st.kv_pending.take();
+        st.kv_held = if ok { pending } else { None };
+        Ok(())
     }
 
     /// Adopts a KV cache file read back from browser storage when it keeps more of `ids`
@@ -561,6 +589,7 @@ impl Engine {
     pub fn import_cache(&self, bytes: &[u8], ids: Vec<u32>) -> Result<u32, JsFail> {
         let mut st = self.state()?;
         let s = kv::decode(bytes, &self.cache_fingerprint, &self.model.cfg).map_err(err)?;
+        st.kv_held = Some(kv_file::read_back(&s, bytes));
         let kept = keepable(&s, &ids);
         if kept <= keepable(&st.cx, &ids) {
             return Ok(0);
@@ -588,7 +617,7 @@ impl Engine {
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
-            let State { cx, gen, perf, mtp, draft, model_draft, prefilled } = &mut *st;
+            let State { cx, gen, perf, mtp, draft, model_draft, prefilled, .. } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
             // Drafting is part of the step's time (tokensPerSecond).
             let t0 = now_ms();

@@ -22,6 +22,9 @@ mod engine;
 mod error;
 #[cfg(target_arch = "wasm32")]
 mod idb;
+// What a turn writes to the conversation's cache file: pure, so its tests run natively.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+mod kv_file;
 // What wasm memory must hold: pure, so its tests run natively.
 #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 mod memory;
