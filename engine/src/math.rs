@@ -217,20 +217,25 @@ pub fn softmax(x: &mut [f32]) {
 /// sinks, transformers' eager_attention_forward): the max includes the sink, the sum adds
 /// its term after the others, and the sink's own probability is dropped.
 pub fn softmax_with_sink(x: &mut [f32], sink: f32) {
+    softmax_lanes(x, sink, false);
+}
+
+/// [`softmax_with_sink`] with the exponentials in SIMD lanes when `simd` ([`exp_rows`]:
+/// the scalar `exp`'s bits), the sum still one by one in index order: the same bits either
+/// way. Attention's scores take it (the caller knows whether SIMD is on: `COLIBRI_SIMD`):
+/// at OLMoE's shape a 1024-token prompt is 134 M scores, and the scalar loop was 2-4% of a
+/// long prefill and of the decode after it (docs/benchmarks.md "Softmax in lanes").
+pub fn softmax_lanes(x: &mut [f32], sink: f32, simd: bool) {
     let m = x.iter().copied().fold(sink, f32::max);
     if m == f32::NEG_INFINITY {
         // Every entry masked: leave a uniform zero row rather than NaN.
         x.iter_mut().for_each(|v| *v = 0.0);
         return;
     }
-    // The exponentials in SIMD lanes ([`exp_rows`]: the scalar `exp`'s bits), then the sum
-    // one by one in index order. Attention's scores go through here: at OLMoE's shape a
-    // 1024-token prompt is 134 M of them, and the scalar loop was 2-4% of a long prefill
-    // and of the decode after it (docs/benchmarks.md "Softmax in lanes").
     for v in x.iter_mut() {
         *v -= m;
     }
-    exp_rows(x, crate::qdot::Simd::active() != crate::qdot::Simd::Scalar);
+    exp_rows(x, simd);
     let mut s = 0.0f32;
     for &v in x.iter() {
         s += v;
@@ -411,10 +416,12 @@ mod tests {
                 let mut want: Vec<f32> = row.iter().map(|&v| exp(v - m)).collect();
                 let s = want.iter().fold(0.0f32, |s, &v| s + v) + exp(sink - m);
                 want.iter_mut().for_each(|v| *v /= s);
-                let mut got = row.clone();
-                softmax_with_sink(&mut got, sink);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "len {len}, sink {sink}");
+                for simd in [false, true] {
+                    let mut got = row.clone();
+                    softmax_lanes(&mut got, sink, simd);
+                    assert_eq!(bits(&got), bits(&want), "len {len}, sink {sink}, simd {simd}");
+                }
             }
         }
     }

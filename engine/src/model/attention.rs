@@ -270,7 +270,7 @@ fn attend_simd() -> bool {
 /// the block's queries).
 fn attend(h: &Heads, dst: &mut [f32], simd: bool) {
     if !simd {
-        return attend_body(h, dst, math::dot);
+        return attend_body(h, dst, false, math::dot);
     }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `simd` comes from attend_simd, true on x86-64 only where AVX2 was detected.
@@ -278,26 +278,27 @@ fn attend(h: &Heads, dst: &mut [f32], simd: bool) {
         attend_avx2(h, dst)
     }
     #[cfg(target_arch = "aarch64")]
-    attend_body(h, dst, math::dot_neon);
+    attend_body(h, dst, true, math::dot_neon);
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    attend_body(h, dst, math::dot_simd128);
+    attend_body(h, dst, true, math::dot_simd128);
     #[cfg(not(any(
         target_arch = "x86_64",
         target_arch = "aarch64",
         all(target_arch = "wasm32", target_feature = "simd128")
     )))]
-    attend_body(h, dst, math::dot);
+    attend_body(h, dst, true, math::dot);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn attend_avx2(h: &Heads, dst: &mut [f32]) {
     // SAFETY: this function runs only where AVX2 is present.
-    attend_body(h, dst, |a, b| unsafe { math::dot_avx2(a, b) })
+    attend_body(h, dst, true, |a, b| unsafe { math::dot_avx2(a, b) })
 }
 
 #[inline(always)]
-fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) {
+/// `simd`: the softmax's exponentials in lanes too ([`math::softmax_lanes`]: the same bits).
+fn attend_body(h: &Heads, dst: &mut [f32], simd: bool, dot: impl Fn(&[f32], &[f32]) -> f32) {
     let (hd, nh, nq) = (h.hd, h.nh, h.nq);
     // Query i's head t: its query and output at i * row + t * hd.
     let row = nh * hd;
@@ -333,10 +334,8 @@ fn attend_body(h: &Heads, dst: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) 
     }
     for &(_, len, at) in &spans {
         for (t, s) in scores[at..at + nh * len].chunks_exact_mut(len.max(1)).enumerate() {
-            match h.sinks {
-                Some(sk) => math::softmax_with_sink(s, sk[t]),
-                None => math::softmax(s),
-            }
+            // exp(-inf - m) adds +0.0 to a positive sum: without a sink, the plain softmax.
+            math::softmax_lanes(s, h.sinks.map_or(f32::NEG_INFINITY, |sk| sk[t]), simd);
         }
     }
     dst.iter_mut().for_each(|d| *d = 0.0);
