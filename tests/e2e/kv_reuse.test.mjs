@@ -109,7 +109,7 @@ async function reuseAcrossReload(backend) {
     // the last conversation feeds only its new tokens, with the native tokens.
     const third = [...PROMPT.slice(0, 3), 1, 2, ...r.c.ids, 30, 31];
     const want = native(third);
-    const turnAfterLoad = async () => {
+    const turnAfterLoad = async (ids = third) => {
       await page.goto(`${helper.url}/health`);
       return page.evaluate(
         async ({ model, ids, n, backend }) => {
@@ -117,7 +117,7 @@ async function reuseAcrossReload(backend) {
           const engine = await load({ model, backend });
           return engine.generate({ ids, maxNewTokens: n, temperature: 0, ignoreEos: true });
         },
-        { model: MODEL, ids: third, n: NEW, backend },
+        { model: MODEL, ids, n: NEW, backend },
       );
     };
     const restored = await turnAfterLoad();
@@ -127,6 +127,12 @@ async function reuseAcrossReload(backend) {
       for await (const [, handle] of dir.entries()) return Array.from(new Uint8Array(await (await handle.getFile()).arrayBuffer()));
     });
     assert.deepEqual(records(Buffer.from(fileD)), [5 + NEW - 1, third.length - 5], "after a reload the turn appends to the file read back");
+    // The appended record reads back (on WebGPU its rows were read back from the GPU from
+    // the file's end on): another reload continues the whole conversation from the file.
+    const fourth = [...third, ...restored.ids, 40, 41];
+    const again = await turnAfterLoad(fourth);
+    assert.equal(again.cachedTokens, third.length + NEW - 1, "the appended conversation is reused whole");
+    assert.deepEqual(again.ids, native(fourth), "from an appended file: tokens differ from a fresh coli generate");
     assert.deepEqual(restored.ids, want, "after a reload: tokens differ from a fresh coli generate");
     // WebGPU's file is its own (the adapter's floats may differ from the CPU's).
     const stored = await page.evaluate(async () => {

@@ -557,7 +557,9 @@ impl Engine {
                 (cx, _) if cx.tokens().is_empty() => None,
                 (Context::Cpu(s), _) => kv_file::plan(st.kv_held.as_ref(), stored, s, &fp).map_err(err)?,
                 (Context::Gpu(s), Backend::Gpu(g)) => {
-                    let s = g.session_to_cpu(s).await.map_err(err)?;
+                    // Only the rows an appended record holds are read back.
+                    let from = kv_file::held_prefix(st.kv_held.as_ref(), stored, &s.tokens[..s.cached_len()]);
+                    let s = g.session_to_cpu_from(s, from).await.map_err(err)?;
                     kv_file::plan(st.kv_held.as_ref(), stored, &s, &fp).map_err(err)?
                 }
                 (Context::Gpu(_), Backend::Cpu) => return Err(err("a WebGPU context on the CPU backend").into()),

@@ -26,21 +26,33 @@ pub(crate) struct Save {
     pub then: Held,
 }
 
+/// How many of `ids` (a conversation's cached ids) the file already holds when the
+/// conversation extends what it holds (`held`, if the file is still `stored_len` bytes
+/// long); 0 when the file must be rewritten whole.
+pub(crate) fn held_prefix(held: Option<&Held>, stored_len: u64, ids: &[u32]) -> usize {
+    match held {
+        Some(h) if h.len == stored_len && !h.ids.is_empty() && ids.starts_with(&h.ids) => h.ids.len(),
+        _ => 0,
+    }
+}
+
 /// What to write for `s` (its model's `fingerprint` as the files carry it) to a file that is
 /// `stored_len` bytes long, `held` what this engine knows of it; None: nothing to write (an
-/// empty conversation, or the file holds every cached position already).
+/// empty conversation, or the file holds every cached position already). Only the rows of
+/// the positions past [`held_prefix`] are read when it appends (a GPU session read back
+/// from there on: `GpuModel::session_to_cpu_from`).
 pub(crate) fn plan(held: Option<&Held>, stored_len: u64, s: &Session, fingerprint: &str) -> Result<Option<Save>> {
     if s.tokens.is_empty() {
         return Ok(None);
     }
     let ids = &s.tokens[..s.cached_len()];
-    let extends = held.filter(|h| h.len == stored_len && !h.ids.is_empty() && ids.starts_with(&h.ids));
-    if let Some(h) = extends {
-        if h.ids.len() == ids.len() {
-            return Ok(None);
-        }
-        let bytes = kv::encode_record(s, fingerprint, h.ids.len())?;
-        let then = Held { ids: ids.to_vec(), len: h.len + bytes.len() as u64 };
+    let from = held_prefix(held, stored_len, ids);
+    if from == ids.len() {
+        return Ok(None);
+    }
+    if from > 0 {
+        let bytes = kv::encode_record(s, fingerprint, from)?;
+        let then = Held { ids: ids.to_vec(), len: stored_len + bytes.len() as u64 };
         return Ok(Some(Save { bytes, append: true, then }));
     }
     let bytes = kv::encode(s, fingerprint)?;
