@@ -144,8 +144,8 @@ fn check_all() -> Result<usize, String> {
     for (group, cols) in shapes {
         for dtype in [DType::Int4 { group: group as u32 }, DType::Int8 { group: group as u32 }] {
             let int4 = dtype.name() == "int4";
-            // 36 positions: AVX-512 prepares rows from 33 (qdot::prepare_min), AVX2 runs
-            // the few-position kernel in two passes;
+            // 36 positions: AVX-512 (and AVX2 with AVX-VNNI) prepares rows from 33
+            // (qdot::prepare_min), plain AVX2 runs the few-position kernel in two passes;
             // one position at a time is checked on the first 9.
             let (rows, n, one) = (6, 36, 9);
             let w = weights(dtype, rows, cols, &mut seed);

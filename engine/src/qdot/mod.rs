@@ -709,17 +709,23 @@ pub fn prepares_k4(simd: Simd) -> bool {
 /// to 32 on the OLMoE shape (`coli bench --batch N --ram all` and short prefills, Xeon
 /// with AVX-512 VNNI, both paths; docs/benchmarks.md "A few positions per row"): against
 /// preparing from 9 (AVX-512) and 6 (AVX2), decode steps of 8 and 16 sequences 3-20% faster,
-/// a 32-token prefill 8-15%; ties at 64 positions and more. AVX2 never prepares (below).
+/// a 32-token prefill 8-15%; ties at 64 positions and more. AVX2 prepares only with
+/// AVX-VNNI (below).
 /// The other paths prepare from 3 (their one-position kernel per position is slower; not
 /// measured against a few-position kernel, which they do not have).
 pub fn prepare_min(simd: Simd) -> usize {
     match simd {
         #[cfg(target_arch = "x86_64")]
         Simd::Avx512 => x86_few::FEW + 1,
-        // AVX2 never prepares: on a Zen 1 EPYC the few-position kernel beat the prepared
-        // row at every count measured (a 128-token prefill of the default conversion about
-        // 10% faster, `coli bench-kernels` at 64 positions 3-23%, a tie at 256), and on the
-        // Xeon with COLIBRI_SIMD=avx2 the two tied from 64 positions.
+        // AVX2 prepares only with AVX-VNNI (tile's `vpdpbusd`): on the Xeon through
+        // COLIBRI_SIMD=avx2 a 256-token prefill 85-86 -> 101-104 tok/s, qdot_bench at 64
+        // positions int8/g128 +20-30%, int4/g32 +2-8% (docs/benchmarks.md "AVX-VNNI").
+        // Without it, never: on a Zen 1 EPYC the few-position kernel beat the `vpmaddubsw`
+        // prepared row at every count measured (a 128-token prefill of the default
+        // conversion about 10% faster, `coli bench-kernels` at 64 positions 3-23%, a tie at
+        // 256), and on the Xeon the two tied from 64 positions.
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 if x86::has_avxvnni() => x86_few::FEW + 1,
         #[cfg(target_arch = "x86_64")]
         Simd::Avx2 => usize::MAX,
         _ => 3,
@@ -748,15 +754,16 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         && a.qi.len() == a.n * a.dstride() * a.group
         && p0 + out.len() <= a.n
         && !a.k4
-        && simd == Simd::Avx512
+        && (simd == Simd::Avx512 || (simd == Simd::Avx2 && x86::has_avxvnni()))
     {
         // SAFETY: Simd::Avx512 comes from Simd::available() after the CPU reported the
-        // features; `row` is one stored row for `a` (callers' contract, as for dot_row);
-        // `a` is interleaved (its length checked above) and the positions are inside it;
-        // `scratch` is prepared from this row before any position reads it.
+        // features, Simd::Avx2 likewise and has_avxvnni() checked AVX-VNNI; `row` is one
+        // stored row for `a` (callers' contract, as for dot_row); `a` is interleaved (its
+        // length checked above) and the positions are inside it; `scratch` is prepared
+        // from this row before any position reads it.
         unsafe {
             tile::prepare(int4, row, a, scratch);
-            tile::dot_many(int4, scratch, row, a, p0, out);
+            tile::dot_many(simd == Simd::Avx512, int4, scratch, row, a, p0, out);
         }
         return;
     }

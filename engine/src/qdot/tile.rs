@@ -1,8 +1,12 @@
-//! x86-64 AVX-512 VNNI path of [`super::dot_row_many`] for many positions: a weight row is
-//! made ready once ([`prepare`]) and then applied to the positions four at a time. (The
-//! AVX2 path had one too, with `vpmaddubsw`; on a Zen 1 EPYC the few-position kernel
-//! beat it at every count measured, and on the Xeon it tied from 64 positions: AVX2 runs
-//! [`super::x86_few`] at any count since the thirty-first session, docs/benchmarks.md.)
+//! x86-64 path of [`super::dot_row_many`] for many positions, with `vpdpbusd` on 256-bit
+//! vectors: AVX-512 VNNI's (EVEX) or AVX-VNNI's (VEX: the AVX2 path on CPUs that have it,
+//! Intel since Alder Lake and Sapphire Rapids). A weight row is made ready once
+//! ([`prepare`]) and then applied to the positions four at a time. (The AVX2 path without
+//! VNNI had one too, with `vpmaddubsw`; on a Zen 1 EPYC the few-position kernel beat it at
+//! every count measured, and on the Xeon it tied from 64 positions: plain AVX2 runs
+//! [`super::x86_few`] at any count since the thirty-first session, docs/benchmarks.md.
+//! With AVX-VNNI the prepared row is faster again: a 256-token prefill through
+//! `COLIBRI_SIMD=avx2` on the Xeon 85-86 -> 101-104 tok/s, docs/benchmarks.md "AVX-VNNI".)
 //!
 //! The layout (built by [`prepare`] for the row and [`super::ActQ::interleave`] for the
 //! activations): for each run of eight blocks, 32-byte vectors whose lane j (4 bytes)
@@ -14,7 +18,6 @@
 
 use std::arch::x86_64::*;
 
-use super::x86_runs::dot_u8i8;
 use super::{padded, round4, ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -123,11 +126,12 @@ unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     }
 }
 
-/// A prepared row times positions `p0..p0 + out.len()`.
+/// A prepared row times positions `p0..p0 + out.len()`, with AVX-512 VNNI's `vpdpbusd`
+/// when `wide`, else AVX-VNNI's.
 ///
-/// SAFETY (caller): AVX2, F16C and AVX-512 F/VL/BW/VNNI present; `u` prepared from `row`
-/// by [`prepare`] for `a`'s layout; `a` interleaved.
-pub unsafe fn dot_many(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+/// SAFETY (caller): AVX2 and F16C present, and AVX-512 F/VL/BW/VNNI when `wide`, else
+/// AVX-VNNI; `u` prepared from `row` by [`prepare`] for `a`'s layout; `a` interleaved.
+pub unsafe fn dot_many(wide: bool, int4: bool, u: &[u8], row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
     let shift = if int4 { 3 } else { 7 };
     let mut i = 0;
     while i < out.len() {
@@ -135,11 +139,15 @@ pub unsafe fn dot_many(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p0: usize, ou
         let o = &mut out[i..i + k];
         // SAFETY: the caller's contract.
         unsafe {
-            match k {
-                4 => tile_vnni::<4>(u, row, a, p0 + i, shift, o),
-                3 => tile_vnni::<3>(u, row, a, p0 + i, shift, o),
-                2 => tile_vnni::<2>(u, row, a, p0 + i, shift, o),
-                _ => tile_vnni::<1>(u, row, a, p0 + i, shift, o),
+            match (wide, k) {
+                (true, 4) => tile_vnni::<4>(u, row, a, p0 + i, shift, o),
+                (true, 3) => tile_vnni::<3>(u, row, a, p0 + i, shift, o),
+                (true, 2) => tile_vnni::<2>(u, row, a, p0 + i, shift, o),
+                (true, _) => tile_vnni::<1>(u, row, a, p0 + i, shift, o),
+                (false, 4) => tile_avxvnni::<4>(u, row, a, p0 + i, shift, o),
+                (false, 3) => tile_avxvnni::<3>(u, row, a, p0 + i, shift, o),
+                (false, 2) => tile_avxvnni::<2>(u, row, a, p0 + i, shift, o),
+                (false, _) => tile_avxvnni::<1>(u, row, a, p0 + i, shift, o),
             }
         }
         i += k;
@@ -149,12 +157,32 @@ pub unsafe fn dot_many(int4: bool, u: &[u8], row: &[u8], a: &ActQ, p0: usize, ou
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn tile_vnni<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
     // SAFETY: the caller's contract.
-    unsafe { tile::<P>(u, row, a, p0, shift, out) }
+    unsafe { tile::<P, true>(u, row, a, p0, shift, out) }
+}
+
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+unsafe fn tile_avxvnni<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { tile::<P, false>(u, row, a, p0, shift, out) }
+}
+
+/// acc + the eight 4-product sums of unsigned `w` times signed `x`: `vpdpbusd`, AVX-512
+/// VNNI's (`EVEX`) or AVX-VNNI's; the same integers.
+#[inline(always)]
+unsafe fn dpbusd<const EVEX: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    // SAFETY: only reached from tile_vnni (EVEX) and tile_avxvnni, which enable the features.
+    unsafe {
+        if EVEX {
+            _mm256_dpbusd_epi32(acc, w, x)
+        } else {
+            _mm256_dpbusd_avx_epi32(acc, w, x)
+        }
+    }
 }
 
 /// P positions from `p0` over the prepared row `u`: out[i] = position p0 + i.
 #[inline(always)]
-unsafe fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
+unsafe fn tile<const P: usize, const EVEX: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
     let (g, ds) = (a.group, a.dstride());
     let run = 8 * g;
     debug_assert!(u.len() >= ds * g && a.qi.len() >= (p0 + P) * ds * g && out.len() >= P);
@@ -190,8 +218,8 @@ unsafe fn tile<const P: usize>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift:
                 for i in 0..P {
                     let x0 = _mm256_loadu_si256(qi[i].add(base + v) as *const __m256i);
                     let x1 = _mm256_loadu_si256(qi[i].add(base + v + 32) as *const __m256i);
-                    isum[i] = dot_u8i8::<true>(isum[i], w0, x0);
-                    odd[i] = dot_u8i8::<true>(odd[i], w1, x1);
+                    isum[i] = dpbusd::<EVEX>(isum[i], w0, x0);
+                    odd[i] = dpbusd::<EVEX>(odd[i], w1, x1);
                 }
                 v += 64;
             }

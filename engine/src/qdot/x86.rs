@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use super::x86_rows::rows_at_once;
 use super::x86_runs::{combine, finish, fold_pairs, paired_runs, prefetch, prefetch_ahead, run_scales};
-pub use super::x86_runs::{has_avx2, has_avx512};
+pub use super::x86_runs::{has_avx2, has_avx512, has_avxvnni};
 use super::x86_wide::{body_k5_quads, int8_runs, quad_runs};
 use super::{round4, ActQ, CHUNK};
 use crate::math::reduce8;

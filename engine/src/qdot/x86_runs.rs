@@ -22,6 +22,16 @@ pub fn has_avx512() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
+/// Whether the AVX2 path may prepare rows for many positions (`super::tile`) with AVX-VNNI's
+/// 256-bit `vpdpbusd` (Intel since Alder Lake and Sapphire Rapids, AMD since Zen 5): AVX2
+/// and AVX-VNNI present, unless `COLIBRI_AVXVNNI=0` (the plain AVX2 kernels, to compare).
+pub fn has_avxvnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        has_avx2() && is_x86_feature_detected!("avxvnni") && std::env::var("COLIBRI_AVXVNNI").map_or(true, |v| v.trim() != "0")
+    })
+}
+
 /// [`super::quantize_values`] eight values at a time: the same multiply, the same add and
 /// subtract of 1.5 * 2^23 (ties to even), the same clamp, so the same integers; `split`
 /// puts them in the split order (`super::split_index`) as the scalar loop does.
