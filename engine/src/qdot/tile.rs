@@ -182,7 +182,14 @@ unsafe fn dpbusd<const EVEX: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m2
 
 /// P positions from `p0` over the prepared row `u`: out[i] = position p0 + i.
 #[inline(always)]
-unsafe fn tile<const P: usize, const EVEX: bool>(u: &[u8], row: &[u8], a: &ActQ, p0: usize, shift: i32, out: &mut [f32]) {
+unsafe fn tile<const P: usize, const EVEX: bool>(
+    u: &[u8],
+    row: &[u8],
+    a: &ActQ,
+    p0: usize,
+    shift: i32,
+    out: &mut [f32],
+) {
     let (g, ds) = (a.group, a.dstride());
     let run = 8 * g;
     debug_assert!(u.len() >= ds * g && a.qi.len() >= (p0 + P) * ds * g && out.len() >= P);

@@ -28,7 +28,9 @@ pub fn has_avx512() -> bool {
 pub fn has_avxvnni() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        has_avx2() && is_x86_feature_detected!("avxvnni") && std::env::var("COLIBRI_AVXVNNI").map_or(true, |v| v.trim() != "0")
+        has_avx2()
+            && is_x86_feature_detected!("avxvnni")
+            && std::env::var("COLIBRI_AVXVNNI").map_or(true, |v| v.trim() != "0")
     })
 }
 
