@@ -801,11 +801,13 @@ pub fn dot_row_many(simd: Simd, int4: bool, row: &[u8], a: &ActQ, p0: usize, out
         && p0 + out.len() <= a.n
     {
         // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported the
-        // features; `row` is one stored row for `a` (callers' contract, as for dot_row);
-        // the positions are inside `a` (checked above).
+        // features (and has_avxvnni() checked AVX-VNNI); `row` is one stored row for `a`
+        // (callers' contract, as for dot_row); the positions are inside `a` (checked above).
         unsafe {
             if simd == Simd::Avx512 {
                 x86_few::dot_row_few_avx512(int4, row, a, p0, out)
+            } else if x86::has_avxvnni() {
+                x86_few::dot_row_few_avxvnni(int4, row, a, p0, out)
             } else {
                 x86_few::dot_row_few_avx2(int4, row, a, p0, out)
             }
@@ -845,11 +847,14 @@ pub fn dot_rows_many(simd: Simd, int4: bool, rows: &[u8], rb: usize, a: &ActQ, o
         && n <= a.n
     {
         // SAFETY: Simd::Avx2/Avx512 come from Simd::available() after the CPU reported the
-        // features; each of the `count` rows is one stored row for `a` (callers' contract,
-        // as for dot_row); the positions are inside `a` (checked above).
+        // features (and has_avxvnni() checked AVX-VNNI); each of the `count` rows is one
+        // stored row for `a` (callers' contract, as for dot_row); the positions are inside
+        // `a` (checked above).
         unsafe {
             if simd == Simd::Avx512 {
                 x86_few::dot_rows_few_avx512(int4, rows, rb, a, 0, out)
+            } else if x86::has_avxvnni() {
+                x86_few::dot_rows_few_avxvnni(int4, rows, rb, a, 0, out)
             } else {
                 x86_few::dot_rows_few_avx2(int4, rows, rb, a, 0, out)
             }

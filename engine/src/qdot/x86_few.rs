@@ -29,9 +29,9 @@ pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, ou
     unsafe {
         match (int4, a.k4) {
             // Q4K and Q5K rows (`quad_runs_few` adds Q5K's fifth bits).
-            (true, true) => few::<true, true, true>(row, a, p0, out),
-            (true, false) => few::<true, true, false>(row, a, p0, out),
-            _ => few::<true, false, false>(row, a, p0, out),
+            (true, true) => few::<true, true, true, false>(row, a, p0, out),
+            (true, false) => few::<true, true, false, false>(row, a, p0, out),
+            _ => few::<true, false, false, false>(row, a, p0, out),
         }
     }
 }
@@ -45,9 +45,9 @@ pub unsafe fn dot_row_few_avx2(int4: bool, row: &[u8], a: &ActQ, p0: usize, out:
     // SAFETY: the caller's contract.
     unsafe {
         match (int4, a.k4) {
-            (true, true) => few::<false, true, true>(row, a, p0, out),
-            (true, false) => few::<false, true, false>(row, a, p0, out),
-            _ => few::<false, false, false>(row, a, p0, out),
+            (true, true) => few::<false, true, true, false>(row, a, p0, out),
+            (true, false) => few::<false, true, false, false>(row, a, p0, out),
+            _ => few::<false, false, false, false>(row, a, p0, out),
         }
     }
 }
@@ -62,7 +62,7 @@ pub unsafe fn dot_row_few_avx2(int4: bool, row: &[u8], a: &ActQ, p0: usize, out:
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn dot_rows_few_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract.
-    unsafe { rows_of_kind::<true>(int4, rows, rb, a, p0, out) }
+    unsafe { rows_of_kind::<true, false>(int4, rows, rb, a, p0, out) }
 }
 
 /// [`dot_rows_few_avx512`] on AVX2 ([`dot_row_few_avx2`] row by row).
@@ -71,21 +71,54 @@ pub unsafe fn dot_rows_few_avx512(int4: bool, rows: &[u8], rb: usize, a: &ActQ, 
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn dot_rows_few_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract.
-    unsafe { rows_of_kind::<false>(int4, rows, rb, a, p0, out) }
+    unsafe { rows_of_kind::<false, false>(int4, rows, rb, a, p0, out) }
+}
+
+/// [`dot_row_few_avx2`] with AVX-VNNI: int8 rows through [`flipped_runs_few`] (one 256-bit
+/// `vpdpbusd` per 32 values and position instead of `vpsignb`, `vpmaddubsw`, `vpmaddwd`);
+/// int4 as on AVX2.
+///
+/// SAFETY (caller): AVX2, F16C and AVX-VNNI present; shapes as [`dot_row_few_avx512`].
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+pub unsafe fn dot_row_few_avxvnni(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (int4, a.k4) {
+            (true, true) => few::<false, true, true, true>(row, a, p0, out),
+            (true, false) => few::<false, true, false, true>(row, a, p0, out),
+            _ => few::<false, false, false, true>(row, a, p0, out),
+        }
+    }
+}
+
+/// [`dot_rows_few_avx2`] with AVX-VNNI ([`dot_row_few_avxvnni`] row by row).
+///
+/// SAFETY (caller): AVX2, F16C and AVX-VNNI present; shapes as [`dot_rows_few_avx512`].
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+pub unsafe fn dot_rows_few_avxvnni(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { rows_of_kind::<false, true>(int4, rows, rb, a, p0, out) }
 }
 
 /// [`few_rows`] for the row kind (int4, Q4K/Q5K, int8), `n` = out.len() / rows.
 ///
 /// SAFETY (caller): as [`dot_rows_few_avx512`] (AVX-512 only when `VNNI`).
 #[inline(always)]
-unsafe fn rows_of_kind<const VNNI: bool>(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0: usize, out: &mut [f32]) {
+unsafe fn rows_of_kind<const VNNI: bool, const AV: bool>(
+    int4: bool,
+    rows: &[u8],
+    rb: usize,
+    a: &ActQ,
+    p0: usize,
+    out: &mut [f32],
+) {
     let n = out.len() / (rows.len() / rb.max(1)).max(1);
     // SAFETY: the caller's contract, row by row.
     unsafe {
         match (int4, a.k4) {
-            (true, true) => few_rows::<VNNI, true, true>(rows, rb, a, p0, n, out),
-            (true, false) => few_rows::<VNNI, true, false>(rows, rb, a, p0, n, out),
-            _ => few_rows::<VNNI, false, false>(rows, rb, a, p0, n, out),
+            (true, true) => few_rows::<VNNI, true, true, AV>(rows, rb, a, p0, n, out),
+            (true, false) => few_rows::<VNNI, true, false, AV>(rows, rb, a, p0, n, out),
+            _ => few_rows::<VNNI, false, false, AV>(rows, rb, a, p0, n, out),
         }
     }
 }
@@ -112,7 +145,7 @@ fn takes<const VNNI: bool, const INT4: bool>(a: &ActQ) -> bool {
 ///
 /// SAFETY (caller): as [`dot_rows_few_avx512`].
 #[inline(always)]
-unsafe fn few_rows<const VNNI: bool, const INT4: bool, const K: bool>(
+unsafe fn few_rows<const VNNI: bool, const INT4: bool, const K: bool, const AV: bool>(
     rows: &[u8],
     rb: usize,
     a: &ActQ,
@@ -123,11 +156,11 @@ unsafe fn few_rows<const VNNI: bool, const INT4: bool, const K: bool>(
     // SAFETY: the caller's contract.
     unsafe {
         match n {
-            2 if takes::<VNNI, INT4>(a) => rows_n::<VNNI, INT4, K, 2>(rows, rb, a, p0, out),
-            3 if INT4 && takes::<VNNI, INT4>(a) => rows_n::<VNNI, INT4, K, 3>(rows, rb, a, p0, out),
+            2 if takes::<VNNI, INT4>(a) => rows_n::<VNNI, INT4, K, AV, 2>(rows, rb, a, p0, out),
+            3 if INT4 && takes::<VNNI, INT4>(a) => rows_n::<VNNI, INT4, K, AV, 3>(rows, rb, a, p0, out),
             _ => {
                 for (row, o) in rows.chunks_exact(rb.max(1)).zip(out.chunks_mut(n.max(1))) {
-                    few::<VNNI, INT4, K>(row, a, p0, o);
+                    few::<VNNI, INT4, K, AV>(row, a, p0, o);
                 }
             }
         }
@@ -138,7 +171,7 @@ unsafe fn few_rows<const VNNI: bool, const INT4: bool, const K: bool>(
 ///
 /// SAFETY (caller): as [`dot_rows_few_avx512`], `out.len()` = rows * N, and [`takes`] holds.
 #[inline(always)]
-unsafe fn rows_n<const VNNI: bool, const INT4: bool, const K: bool, const N: usize>(
+unsafe fn rows_n<const VNNI: bool, const INT4: bool, const K: bool, const AV: bool, const N: usize>(
     rows: &[u8],
     rb: usize,
     a: &ActQ,
@@ -147,12 +180,17 @@ unsafe fn rows_n<const VNNI: bool, const INT4: bool, const K: bool, const N: usi
 ) {
     for (row, o) in rows.chunks_exact(rb.max(1)).zip(out.chunks_exact_mut(N)) {
         // SAFETY: the caller's contract, row by row.
-        unsafe { runs_few::<VNNI, INT4, K, N>(row, a, p0, o) }
+        unsafe { runs_few::<VNNI, INT4, K, AV, N>(row, a, p0, o) }
     }
 }
 
 #[inline(always)]
-unsafe fn few<const VNNI: bool, const INT4: bool, const K: bool>(row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
+unsafe fn few<const VNNI: bool, const INT4: bool, const K: bool, const AV: bool>(
+    row: &[u8],
+    a: &ActQ,
+    p0: usize,
+    out: &mut [f32],
+) {
     // SAFETY: the caller's contract; the runs end at or before the stored bytes (`inside`),
     // as in `body`.
     unsafe {
@@ -166,9 +204,9 @@ unsafe fn few<const VNNI: bool, const INT4: bool, const K: bool>(row: &[u8], a: 
             // Accumulators sized to the call: zeroing and addressing 32 of them for a
             // decode step of 8 cost 5% of that step (measured).
             if out.len() <= 8 {
-                runs_few::<VNNI, INT4, K, 8>(row, a, p0 + c * FEW, out);
+                runs_few::<VNNI, INT4, K, AV, 8>(row, a, p0 + c * FEW, out);
             } else {
-                runs_few::<VNNI, INT4, K, FEW>(row, a, p0 + c * FEW, out);
+                runs_few::<VNNI, INT4, K, AV, FEW>(row, a, p0 + c * FEW, out);
             }
         }
     }
@@ -180,7 +218,7 @@ unsafe fn few<const VNNI: bool, const INT4: bool, const K: bool>(row: &[u8], a: 
 /// `a` holds the quad (AVX-512) or pair (AVX2) layout for int4, or unsplit activations for
 /// int8, of a group of 32, 64 or 128.
 #[inline(always)]
-unsafe fn runs_few<const VNNI: bool, const INT4: bool, const K: bool, const N: usize>(
+unsafe fn runs_few<const VNNI: bool, const INT4: bool, const K: bool, const AV: bool, const N: usize>(
     row: &[u8],
     a: &ActQ,
     p0: usize,
@@ -207,6 +245,9 @@ unsafe fn runs_few<const VNNI: bool, const INT4: bool, const K: bool, const N: u
             (false, true, 1) => paired_runs_few::<1, K>(row, vals, a, p0, runs, acc),
             (false, true, 2) => paired_runs_few::<2, K>(row, vals, a, p0, runs, acc),
             (false, true, _) => paired_runs_few::<4, K>(row, vals, a, p0, runs, acc),
+            (false, false, 1) if AV => flipped_runs_few::<1>(row, vals, a, p0, runs, acc),
+            (false, false, 2) if AV => flipped_runs_few::<2>(row, vals, a, p0, runs, acc),
+            (false, false, _) if AV => flipped_runs_few::<4>(row, vals, a, p0, runs, acc),
             (false, false, 1) => signed_runs_few::<1>(row, vals, a, p0, runs, acc),
             (false, false, 2) => signed_runs_few::<2>(row, vals, a, p0, runs, acc),
             (false, false, _) => signed_runs_few::<4>(row, vals, a, p0, runs, acc),
@@ -467,6 +508,56 @@ unsafe fn signed_runs_few<const CH: usize>(
                 }
                 let isum = hsum8(&v);
                 add_run::<0, false>(acc, sc, isum, a, p, r);
+            }
+        }
+    }
+}
+
+/// [`signed_runs_few`] with AVX-VNNI: each run's 32-byte chunks flipped to w + 128 once
+/// (unsigned, so `vpdpbusd` takes them with the activations as they are), then per position
+/// one 256-bit `vpdpbusd` per chunk into its block's vector, the eight block sums
+/// ([`hsum8`]) less 128 times each block's activation sum, as the AVX-512 int8 runs: the
+/// same integers, so the same bits.
+///
+/// SAFETY (caller): AVX2 and AVX-VNNI present; the runs' bytes are inside `vals`
+/// (8 * group * runs <= vals.len()); the activations are unsplit; `row` holds the runs'
+/// scales.
+#[inline(always)]
+unsafe fn flipped_runs_few<const CH: usize>(
+    row: &[u8],
+    vals: &[u8],
+    a: &ActQ,
+    p0: usize,
+    runs: usize,
+    acc: &mut [__m256],
+) {
+    let (g, qs) = (a.group, a.blocks * a.group);
+    // SAFETY: the caller's contract; a run reads 8 * g bytes of `vals` and, per position,
+    // 8 * g values of its `q` row (qs of them); d and s hold ds >= 8 * runs entries.
+    unsafe {
+        let flip = _mm256_set1_epi8(-128);
+        let ahead = ahead_avx2();
+        for r in 0..runs {
+            let c0 = r * 8 * g;
+            if ahead > 0 {
+                prefetch(vals.as_ptr().wrapping_add(ahead + c0), 8 * g);
+            }
+            let mut w = [_mm256_setzero_si256(); 32];
+            for (k, wk) in w.iter_mut().enumerate().take(8 * CH) {
+                *wk = _mm256_xor_si256(_mm256_loadu_si256(vals.as_ptr().add(c0 + k * CHUNK) as *const __m256i), flip);
+            }
+            let sc = run_scales::<false>(row.as_ptr().add(16 * r));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let p = p0 + j;
+                let x0 = a.q.as_ptr().add(p * qs + c0);
+                let mut v = [_mm256_setzero_si256(); 8];
+                for (b, vb) in v.iter_mut().enumerate() {
+                    for k in b * CH..(b + 1) * CH {
+                        let x = _mm256_loadu_si256(x0.add(k * CHUNK) as *const __m256i);
+                        *vb = _mm256_dpbusd_avx_epi32(*vb, w[k], x);
+                    }
+                }
+                add_run::<7, false>(acc, sc, hsum8(&v), a, p, r);
             }
         }
     }
