@@ -552,9 +552,9 @@ unsafe fn flipped_runs_few<const CH: usize>(
                 let x0 = a.q.as_ptr().add(p * qs + c0);
                 let mut v = [_mm256_setzero_si256(); 8];
                 for (b, vb) in v.iter_mut().enumerate() {
-                    for k in b * CH..(b + 1) * CH {
+                    for (k, &wk) in w.iter().enumerate().take((b + 1) * CH).skip(b * CH) {
                         let x = _mm256_loadu_si256(x0.add(k * CHUNK) as *const __m256i);
-                        *vb = _mm256_dpbusd_avx_epi32(*vb, w[k], x);
+                        *vb = _mm256_dpbusd_avx_epi32(*vb, wk, x);
                     }
                 }
                 add_run::<7, false>(acc, sc, hsum8(&v), a, p, r);
