@@ -71,12 +71,20 @@ mod tests {
     use super::*;
     use colibri_engine::{Logits, Model};
 
-    /// Turn by turn a file grows by one record each, reads back as the whole conversation,
-    /// and equals the file written whole; a file of another length, a cut conversation or
-    /// nothing known is rewritten whole; nothing new writes nothing.
+    /// Turn by turn a file grows by one record each, reads back as the whole conversation
+    /// (caches, a Gated DeltaNet layer's recurrent state, DeepSeek-V4's state), and equals
+    /// the file written whole; a file of another length, a cut conversation or nothing known
+    /// is rewritten whole; nothing new writes nothing.
     #[test]
     fn turns_append_records_and_anything_else_rewrites() {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_moe");
+        for fixture in ["qwen3_next", "deepseek_v4"] {
+            appends(fixture, false);
+        }
+        appends("qwen3_moe", true);
+    }
+
+    fn appends(fixture: &str, all: bool) {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(fixture);
         let model = Model::open_dir(&dir).unwrap();
         let fp = "abc";
         let mut s = model.new_session();
@@ -89,16 +97,29 @@ mod tests {
 
         model.forward(&mut s, &[5, 6], Logits::Last).unwrap();
         let second = plan(Some(&first.then), file.len() as u64, &s, fp).unwrap().unwrap();
-        assert!(second.append, "a turn that extends the file appends");
-        assert!(second.bytes.len() < first.bytes.len() / 2 + 64, "one record of the two new positions");
+        assert!(second.append, "{fixture}: a turn that extends the file appends");
         file.extend_from_slice(&second.bytes);
         assert_eq!(second.then, Held { ids: vec![1, 2, 3, 4, 5, 6], len: file.len() as u64 });
         let back = kv::decode(&file, fp, &model.cfg).unwrap();
         assert_eq!(back.tokens, s.tokens);
+        assert_eq!(back.cached_len(), 6, "{fixture}");
         for (a, b) in back.caches.iter().zip(&s.caches) {
-            assert_eq!((&a.k, &a.v), (&b.k, &b.v));
+            assert_eq!((&a.k, &a.v), (&b.k, &b.v), "{fixture}");
+            let state = |c: &colibri_engine::model::attention::LayerCache| {
+                c.recurrent.as_ref().map(|r| (r.pos, r.conv.clone(), r.s.clone()))
+            };
+            assert_eq!(state(a), state(b), "{fixture}: the recurrent state after the appended record");
         }
+        // The next token's logits from the file read back equal those of the session.
+        let (mut s2, mut back2) = (s.clone(), back.clone());
+        let want = model.forward(&mut s2, &[7], Logits::Last).unwrap();
+        let got = model.forward(&mut back2, &[7], Logits::Last).unwrap();
+        assert_eq!(got, want, "{fixture}: the conversation continues from the appended file");
         assert_eq!(read_back(&back, &file), second.then);
+        if !all {
+            return;
+        }
+        assert!(second.bytes.len() < first.bytes.len() / 2 + 64, "one record of the two new positions");
 
         // The file is not what this engine last wrote: rewritten whole.
         let other = plan(Some(&second.then), file.len() as u64 + 1, &s, fp).unwrap().unwrap();
