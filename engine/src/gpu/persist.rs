@@ -6,7 +6,9 @@
 //! - MLA: the GPU's rows [latent, rotary key (, DSA's indexer key)] are the CPU's k
 //!   (latent) and v (the rest) side by side;
 //! - Gated DeltaNet: the recurrent state (conv inputs, delta-rule matrices) after the
-//!   positions held; no snapshots (the CPU's file has none either);
+//!   positions held; no snapshots (the CPU keeps the one where a prompt ended, splitting
+//!   the turn's record there: `kv::encode_record`; the GPU's file does not, so a prompt
+//!   that cuts it restarts the state);
 //! - DeepSeek-V4: the window's keys, each compressor's entries and the rows its next
 //!   entries need. The GPU keeps the last finished window's rows whole and their gates
 //!   without the position bias; the CPU keeps their Ca halves with the bias added (the

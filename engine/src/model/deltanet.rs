@@ -156,6 +156,21 @@ impl DeltaState {
 
     /// Remembers the current state (at the start of a multi-token call: a prompt, a
     /// speculative batch) so that a later rewind to here costs no recomputation.
+    /// The latest snapshot strictly between positions `from` and `to`: (its position, conv,
+    /// s). A cache file's record of `from..to` is split there, so that the file keeps it
+    /// (`model::kv::encode_record`).
+    pub(crate) fn snapshot_between(&self, from: usize, to: usize) -> Option<(usize, &[f32], &[f32])> {
+        self.snapshots.iter().rev().find(|s| from < s.pos && s.pos < to).map(|s| (s.pos, &s.conv[..], &s.s[..]))
+    }
+
+    /// The state after `pos` positions read back from a cache file's record: the state it
+    /// held (an earlier record's end) becomes a snapshot, as it would have been where that
+    /// record ended (the end of a prompt, or of a turn).
+    pub(crate) fn advance_to(&mut self, pos: usize, conv: Vec<f32>, s: Vec<f32>) {
+        self.snapshot();
+        (self.pos, self.conv, self.s) = (pos, conv, s);
+    }
+
     pub(crate) fn snapshot(&mut self) {
         if self.pos == 0 || self.snapshots.last().is_some_and(|s| s.pos == self.pos) {
             return;

@@ -172,33 +172,76 @@ pub fn encode_header(s: &Session, fingerprint: &str) -> Result<Vec<u8>> {
 }
 
 /// The record of positions `from..` of `s` (what a turn appends to the file that holds
-/// the first `from`), with the recurrent states after them.
+/// the first `from`), with the recurrent states after them. Where a Gated DeltaNet layer
+/// holds a snapshot inside `from..` (where a prompt ended: `DeltaState::snapshot`), two
+/// records, split there, the first with the snapshot's states: reading the file back makes
+/// it a snapshot again ([`decode`]), so a next prompt that parts from the answer (a
+/// thinking block dropped, an answer that tokenizes back otherwise) goes back to it instead
+/// of feeding the whole conversation again.
 pub fn encode_record(s: &Session, fingerprint: &str, from: usize) -> Result<Vec<u8>> {
     let (h, n) = session_header(s, fingerprint)?;
     if from > n {
         return Err(bad(format!("a record from position {from} of a session of {n}")));
     }
-    let count = n - from;
+    let mut out = Vec::new();
+    let mut at = from;
+    if let Some(split) = snapshot_split(s, from, n) {
+        record(&mut out, s, &h, at, split, Some(split))?;
+        at = split;
+    }
+    record(&mut out, s, &h, at, n, None)?;
+    Ok(out)
+}
+
+/// The position of a snapshot inside `from..n` that every recurrent layer holds (None:
+/// none, or a model without recurrent layers).
+fn snapshot_split(s: &Session, from: usize, n: usize) -> Option<usize> {
+    let mut states = s.caches.iter().filter_map(|c| c.recurrent.as_deref()).peekable();
+    states.peek()?;
+    let mut pos = None;
+    for r in states {
+        let (p, _, _) = r.snapshot_between(from, n)?;
+        if pos.is_some_and(|q| q != p) {
+            return None;
+        }
+        pos = Some(p);
+    }
+    pos
+}
+
+/// Appends to `out` the record of positions `from..to` of `s` (header `h`), with each
+/// recurrent layer's state after them: the current one, or (`snap`) its snapshot at `to`.
+fn record(out: &mut Vec<u8>, s: &Session, h: &KvHeader, from: usize, to: usize, snap: Option<usize>) -> Result<()> {
+    let count = to - from;
     let len = h.record_len(from, count).ok_or_else(|| bad("record too large"))?;
-    let mut out = Vec::with_capacity(len as usize);
+    let start = out.len();
+    out.reserve(len as usize);
     out.extend_from_slice(RECORD_MAGIC);
     out.extend_from_slice(&(count as u32).to_le_bytes());
-    for t in &s.tokens[from..n] {
+    for t in &s.tokens[from..to] {
         out.extend_from_slice(&t.to_le_bytes());
     }
     for (c, &(kw, vw)) in s.caches.iter().zip(&h.widths) {
-        let state = c.recurrent.as_ref().map(|r| r.conv.iter().chain(&r.s));
-        let (k, v) = (&c.k[from * kw..n * kw], &c.v[from * vw..n * vw]);
+        let (k, v) = (&c.k[from * kw..to * kw], &c.v[from * vw..to * vw]);
+        let state = match (c.recurrent.as_deref(), snap) {
+            (Some(r), Some(p)) => match r.snapshot_between(p - 1, p + 1) {
+                Some((_, conv, st)) => Some((conv, st)),
+                None => return Err(bad(format!("no snapshot at position {p}"))),
+            },
+            (Some(r), None) => Some((&r.conv[..], &r.s[..])),
+            (None, _) => None,
+        };
+        let state = state.map(|(conv, st)| conv.iter().chain(st));
         for x in k.iter().chain(v).chain(state.into_iter().flatten()) {
             out.extend_from_slice(&x.to_le_bytes());
         }
     }
     if let (Some(layout), Some(v)) = (&h.v4, &s.v4) {
-        persist::write(&mut out, layout, v, from)?;
+        persist::write(out, layout, v, from)?;
     }
-    let sum = checksum(&out);
+    let sum = checksum(&out[start..]);
     out.extend_from_slice(&sum.to_le_bytes());
-    Ok(out)
+    Ok(())
 }
 
 /// The file's bytes for `s`, whose model has `fingerprint` (the ids its caches hold):
@@ -438,11 +481,9 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
             }
             let st = h.states.get(l).copied().unwrap_or((0, 0));
             if st != (0, 0) {
-                let mut r = DeltaState::default();
-                r.conv = take(&mut floats, st.0)?;
-                r.s = take(&mut floats, st.1)?;
-                r.pos = tokens.len();
-                c.recurrent = Some(Box::new(r));
+                let (conv, s) = (take(&mut floats, st.0)?, take(&mut floats, st.1)?);
+                // An earlier record's state becomes a snapshot where that record ended.
+                c.recurrent.get_or_insert_with(Box::<DeltaState>::default).advance_to(tokens.len(), conv, s);
             }
         }
         if let Some(layout) = &h.v4 {
@@ -653,5 +694,44 @@ mod tests {
         assert!(e.contains("header describes"), "{e}");
         // Resealing (what the fuzzer does) keeps a good file good.
         assert_eq!(reseal(&file).unwrap(), file);
+    }
+
+    /// A Gated DeltaNet conversation's file keeps the snapshot where its prompt ended (its
+    /// record split there): read back, a next prompt that parts from the answer there goes
+    /// back to it (4 positions kept, not 0) with the logits of feeding that prompt afresh;
+    /// appended turns keep theirs too.
+    #[test]
+    fn a_prompts_end_snapshot_survives_the_file() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_next");
+        let model = crate::Model::open_dir(&dir).unwrap();
+        let last = crate::Logits::Last;
+        let mut s = model.new_session();
+        model.forward(&mut s, &[1, 2, 3, 4], last).unwrap();
+        for t in [5, 6, 7] {
+            model.forward(&mut s, &[t], last).unwrap();
+        }
+        let file = encode(&s, "abc").unwrap();
+        let head = PREFIX_LEN + header_len(&file).unwrap() + 8;
+        assert_eq!(&file[head..head + 8], b"TURN\x04\0\0\0", "the first record ends where the prompt did");
+        assert_eq!(scan_bytes(&file, file.len() as u64).unwrap().header.tokens, vec![1, 2, 3, 4, 5, 6, 7]);
+        let mut back = decode(&file, "abc", &model.cfg).unwrap();
+        assert_eq!(back.cached_len(), 7);
+        back.truncate(4);
+        assert_eq!(back.cached_len(), 4, "back to the prompt's end, not the start");
+        let got = model.forward(&mut back, &[9, 10], last).unwrap();
+        let mut fresh = model.new_session();
+        let want = model.forward(&mut fresh, &[1, 2, 3, 4, 9, 10], last).unwrap();
+        assert_eq!(got, want);
+        // A second turn appended: its prompt's end survives as well.
+        let held = s.tokens.len();
+        model.forward(&mut s, &[8, 11, 12], last).unwrap();
+        model.forward(&mut s, &[13], last).unwrap();
+        model.forward(&mut s, &[14], last).unwrap();
+        let mut two = file.clone();
+        two.extend(encode_record(&s, "abc", held).unwrap());
+        let mut back = decode(&two, "abc", &model.cfg).unwrap();
+        assert_eq!(back.cached_len(), 12);
+        back.truncate(11);
+        assert_eq!(back.cached_len(), 10, "the second prompt's end");
     }
 }

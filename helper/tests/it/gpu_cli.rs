@@ -201,8 +201,8 @@ fn chat_on_wgpu_answers_like_the_cpu() {
 /// from the GPU) and restores them after a restart with nothing re-prefilled and the
 /// answers of a run that never stopped: a GQA model, and one with Gated DeltaNet's
 /// recurrent state (whose fixture's second prompt cuts the first answer: in memory its
-/// state goes back to where the first prompt ended; a file holds no snapshots, so from
-/// disk it restarts: the same answers, and no restore claimed). Its files are its own: a CPU run in the same data directory finds none
+/// state goes back to where the first prompt ended; the GPU's file holds no snapshots (the
+/// CPU's does), so from disk it restarts: the same answers, and no restore claimed). Its files are its own: a CPU run in the same data directory finds none
 /// of them (the GPU's float order may differ from the CPU's), and writes its own beside.
 #[test]
 fn gpu_chat_continues_after_a_restart_from_its_own_cache_files() {
