@@ -13,7 +13,7 @@ import { coli, convertedFixture, freePort, startHelper, launchBrowser } from "./
 const MODEL = "qwen3_moe";
 const PROMPT = [5, 17, 3, 42, 7, 99, 120, 250];
 const NEW = 8;
-let fx, helper, first, second, secondIds;
+let fx, helper, first, second, secondIds, fxNext, helperNext;
 
 const native = (ids) =>
   JSON.parse(coli(["generate", "--model", fx.path, "--ids", ids.join(","), "--max-new-tokens", String(NEW), "--temperature", "0", "--ignore-eos", "--json"])).ids;
@@ -24,11 +24,15 @@ before(async () => {
   secondIds = [...PROMPT, ...first, 11, 12, 13];
   second = native(secondIds);
   helper = await startHelper({ modelsDir: fx.modelsDir, port: await freePort() });
+  fxNext = convertedFixture("qwen3_next", "int4");
+  helperNext = await startHelper({ modelsDir: fxNext.modelsDir, port: await freePort() });
 });
 
 after(async () => {
   if (helper) await helper.stop();
   if (fx) fx.cleanup();
+  if (helperNext) await helperNext.stop();
+  if (fxNext) fxNext.cleanup();
 });
 
 // The positions of each record of a version 2 KV cache file (docs/format.md "KV cache
@@ -166,3 +170,37 @@ async function reuseAcrossReload(backend) {
 test("a second turn reuses the cache (in the tab, and from OPFS after a reload) and gives the native tokens", () => reuseAcrossReload("cpu"));
 
 test("on WebGPU too: the cache read back from the GPU, stored, uploaded after a reload, the native tokens", () => reuseAcrossReload("webgpu"));
+
+// A Gated DeltaNet model's stored cache keeps the state where the turn's prompt ended (its
+// record split there): after a reload, a next prompt that cuts the answer right there (as a
+// chat template that drops a thinking block does) reuses the whole first prompt, not
+// nothing, and gives the native tokens.
+test("qwen3_next after a reload: a prompt that cuts the answer reuses the first prompt from the stored cache", async () => {
+  const prompt = [5, 17, 3, 42, 7, 99, 120, 250, 31, 64, 9, 77];
+  const next = [...prompt, 201, 202, 203];
+  const generate = (ids) =>
+    JSON.parse(coli(["generate", "--model", fxNext.path, "--ids", ids.join(","), "--max-new-tokens", String(NEW), "--temperature", "0", "--ignore-eos", "--json"])).ids;
+  const want = generate(next);
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    const turn = async (ids) => {
+      await page.goto(`${helperNext.url}/health`);
+      return page.evaluate(
+        async ({ ids, n }) => {
+          const { load } = await import("/colibri.js");
+          const engine = await load({ model: "qwen3_next", backend: "cpu" });
+          return engine.generate({ ids, maxNewTokens: n, temperature: 0, ignoreEos: true });
+        },
+        { ids, n: NEW },
+      );
+    };
+    const a = await turn(prompt);
+    assert.deepEqual(a.ids, generate(prompt));
+    const b = await turn(next);
+    assert.equal(b.cachedTokens, prompt.length, "the state where the first prompt ended came back from the file");
+    assert.deepEqual(b.ids, want, "tokens differ from a fresh coli generate");
+  } finally {
+    await browser.close();
+  }
+});
