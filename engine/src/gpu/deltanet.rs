@@ -175,6 +175,33 @@ impl GpuDeltaState {
         Ok(())
     }
 
+    /// Its snapshots, oldest first: (position, conv, s) buffers (read back into a cache
+    /// file's session: `gpu::persist`).
+    pub(super) fn snapshot_buffers(&self) -> impl Iterator<Item = (usize, &wgpu::Buffer, &wgpu::Buffer)> {
+        self.snapshots.iter().map(|s| (s.pos, &s.conv, &s.s))
+    }
+
+    /// Adds a snapshot after `pos` positions holding `conv` and `s` (a cache file's, uploaded:
+    /// `gpu::persist`); the oldest goes past [`MAX_SNAPSHOTS`].
+    pub(super) fn push_snapshot(&mut self, ctx: &GpuContext, pos: usize, conv: &[f32], s: &[f32]) -> Result<()> {
+        if conv.len() as u64 * 4 != self.conv.size() || s.len() as u64 * 4 != self.s.size() {
+            return Err(crate::Error::Gpu("a recurrent snapshot of another shape".into()));
+        }
+        let (cb, sb) = (
+            ctx.storage_buffer("deltanet.conv_snapshot", self.conv.size())?,
+            ctx.storage_buffer("deltanet.state_snapshot", self.s.size())?,
+        );
+        for (b, v) in [(&cb, conv), (&sb, s)] {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            ctx.queue.write_buffer(b, 0, &bytes);
+        }
+        if self.snapshots.len() == MAX_SNAPSHOTS {
+            self.snapshots.remove(0);
+        }
+        self.snapshots.push(Snapshot { pos, conv: cb, s: sb });
+        Ok(())
+    }
+
     /// The positions [`GpuDeltaState::rewind`]`(positions)` would leave, without going there.
     pub fn rewind_point(&self, positions: usize) -> usize {
         crate::model::deltanet::rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)

@@ -6,9 +6,8 @@
 //! - MLA: the GPU's rows [latent, rotary key (, DSA's indexer key)] are the CPU's k
 //!   (latent) and v (the rest) side by side;
 //! - Gated DeltaNet: the recurrent state (conv inputs, delta-rule matrices) after the
-//!   positions held; no snapshots (the CPU keeps the one where a prompt ended, splitting
-//!   the turn's record there: `kv::encode_record`; the GPU's file does not, so a prompt
-//!   that cuts it restarts the state);
+//!   positions held, and the snapshots after the positions a record starts from (where a
+//!   prompt ended: `kv::encode_record` splits the turn's record there), both ways;
 //! - DeepSeek-V4: the window's keys, each compressor's entries and the rows its next
 //!   entries need. The GPU keeps the last finished window's rows whole and their gates
 //!   without the position bias; the CPU keeps their Ca halves with the bias added (the
@@ -73,9 +72,22 @@ impl<'b> Reads<'b> {
 /// What one layer reads back, by [`Reads`] index.
 enum LayerRead {
     None,
-    Gqa { k: usize, v: usize, kvd: usize },
-    Mla { rows: usize, r: usize, row: usize },
-    Linear { conv: usize, s: usize },
+    Gqa {
+        k: usize,
+        v: usize,
+        kvd: usize,
+    },
+    Mla {
+        rows: usize,
+        r: usize,
+        row: usize,
+    },
+    /// The state, and the snapshots after `from` (position, conv, s).
+    Linear {
+        conv: usize,
+        s: usize,
+        snaps: Vec<(usize, usize, usize)>,
+    },
 }
 
 /// A storage buffer holding `v` (at least `floats` floats of room).
@@ -167,7 +179,14 @@ impl<M: Borrow<Model>> GpuModel<M> {
                     let st = st.ok_or_else(|| Error::Gpu(format!("layer {l}: recurrent state missing")))?;
                     let mut r = DeltaState::default();
                     r.ensure(&d.cfg);
-                    LayerRead::Linear { conv: reads.add(&st.conv, r.conv.len())?, s: reads.add(&st.s, r.s.len())? }
+                    let (cn, sn) = (r.conv.len(), r.s.len());
+                    // Snapshots inside the positions read back: a cache file's record is
+                    // split at one (kv::encode_record), so that the file keeps it.
+                    let mut snaps = Vec::new();
+                    for (pos, conv, s) in st.snapshot_buffers().filter(|&(pos, ..)| pos > from && pos < n) {
+                        snaps.push((pos, reads.add(conv, cn)?, reads.add(s, sn)?));
+                    }
+                    LayerRead::Linear { conv: reads.add(&st.conv, cn)?, s: reads.add(&st.s, sn)?, snaps }
                 }
                 _ if n == 0 => LayerRead::None,
                 GpuAttn::Mla(_) => {
@@ -191,8 +210,11 @@ impl<M: Borrow<Model>> GpuModel<M> {
         for (plan, cache) in plans.into_iter().zip(out.caches.iter_mut()) {
             match plan {
                 LayerRead::None => {}
-                LayerRead::Linear { conv, s } => {
+                LayerRead::Linear { conv, s, snaps } => {
                     let mut r = DeltaState::default();
+                    for (pos, c, st) in snaps {
+                        r.push_snapshot(pos, reads.take(c), reads.take(st));
+                    }
                     (r.pos, r.conv, r.s) = (n, reads.take(conv), reads.take(s));
                     cache.recurrent = Some(Box::new(r));
                 }
@@ -296,6 +318,10 @@ impl<M: Borrow<Model>> GpuModel<M> {
                         }
                         write(ctx, &st.conv, &r.conv);
                         write(ctx, &st.s, &r.s);
+                        // A file's snapshots (where its records ended) come along.
+                        for (pos, conv, s) in r.snapshots() {
+                            st.push_snapshot(ctx, pos, conv, s)?;
+                        }
                     }
                     st.pos = n;
                     s.recurrent.push(Some(st));

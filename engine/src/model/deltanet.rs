@@ -171,6 +171,21 @@ impl DeltaState {
         (self.pos, self.conv, self.s) = (pos, conv, s);
     }
 
+    /// Its snapshots, oldest first: (position, conv, s) (a GPU session's upload from a
+    /// cache file: `gpu::persist`).
+    pub(crate) fn snapshots(&self) -> impl Iterator<Item = (usize, &[f32], &[f32])> {
+        self.snapshots.iter().map(|s| (s.pos, &s.conv[..], &s.s[..]))
+    }
+
+    /// Adds the state after `pos` positions as the newest snapshot (a GPU session's, read
+    /// back: `gpu::persist`); the oldest goes past [`MAX_SNAPSHOTS`].
+    pub(crate) fn push_snapshot(&mut self, pos: usize, conv: Vec<f32>, s: Vec<f32>) {
+        if self.snapshots.len() == MAX_SNAPSHOTS {
+            self.snapshots.remove(0);
+        }
+        self.snapshots.push(Snapshot { pos, conv, s });
+    }
+
     pub(crate) fn snapshot(&mut self) {
         if self.pos == 0 || self.snapshots.last().is_some_and(|s| s.pos == self.pos) {
             return;

@@ -130,19 +130,13 @@ pub(crate) fn continues_after_a_restart(model: &str, extra: &[&str]) -> (PathBuf
     let load = format!("/load {f}\nAnd again\n/stats\n");
     let (second, err) = chat_in(&data, model, &load, &args);
     assert_eq!(format!("{first}{second}"), plain, "the same answers as without the restart");
-    // A CPU file keeps the snapshot where the first prompt ended (its record split there),
-    // so a Gated DeltaNet model restores as much as it reused in memory. The GPU's files
-    // hold no snapshots (GpuModel::session_to_cpu): a recurrent state cut inside one
-    // restarts, so such a file spares nothing and is not restored (kv_store's find), and
-    // nothing is claimed.
-    // (On the CPU it restores the file's ids that the prompt shares, and says that the
-    // state holds the first of them, where the first prompt ended.)
-    let gpu = extra.contains(&"wgpu");
-    let reused = if recurrent && gpu { vec![0] } else { in_memory.clone() };
+    // A file keeps the snapshot where the first prompt ended (its record split there; the
+    // GPU's read back with it), so a Gated DeltaNet model restores as much as it reused in
+    // memory: it restores the file's ids that the prompt shares, and says that the state
+    // holds the first of them, where the first prompt ended.
+    let reused = in_memory.clone();
     let restored = numbers_after(&err, "restored the cache of ");
-    if recurrent && gpu {
-        assert!(restored.is_empty(), "a restore that spares nothing: {err}");
-    } else if recurrent {
+    if recurrent {
         assert!(restored.len() == 1 && restored[0] >= reused[0], "{err}");
         assert!(err.contains(&format!("recurrent state holds {} of them", reused[0])), "{err}");
     } else {
