@@ -173,12 +173,14 @@ impl DeltaState {
 
     /// Its snapshots, oldest first: (position, conv, s) (a GPU session's upload from a
     /// cache file: `gpu::persist`).
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub(crate) fn snapshots(&self) -> impl Iterator<Item = (usize, &[f32], &[f32])> {
         self.snapshots.iter().map(|s| (s.pos, &s.conv[..], &s.s[..]))
     }
 
     /// Adds the state after `pos` positions as the newest snapshot (a GPU session's, read
     /// back: `gpu::persist`); the oldest goes past [`MAX_SNAPSHOTS`].
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub(crate) fn push_snapshot(&mut self, pos: usize, conv: Vec<f32>, s: Vec<f32>) {
         if self.snapshots.len() == MAX_SNAPSHOTS {
             self.snapshots.remove(0);
