@@ -25,15 +25,8 @@ pub const FEW: usize = 32;
 /// for `a`'s cols and group; positions `p0..p0 + out.len()` are inside `a`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match (int4, a.k4) {
-            // Q4K and Q5K rows (`quad_runs_few` adds Q5K's fifth bits).
-            (true, true) => few::<true, true, true, false>(row, a, p0, out),
-            (true, false) => few::<true, true, false, false>(row, a, p0, out),
-            _ => few::<true, false, false, false>(row, a, p0, out),
-        }
-    }
+    // SAFETY: the caller's contract (one row of its own length).
+    unsafe { rows_of_kind::<true, false>(int4, row, row.len(), a, p0, out) }
 }
 
 /// [`dot_row_few_avx512`] on AVX2: `out[i]` = [`super::x86::dot_row_avx2`] of `row` and
@@ -42,14 +35,8 @@ pub unsafe fn dot_row_few_avx512(int4: bool, row: &[u8], a: &ActQ, p0: usize, ou
 /// SAFETY (caller): AVX2 and F16C present; shapes as [`dot_row_few_avx512`].
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn dot_row_few_avx2(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match (int4, a.k4) {
-            (true, true) => few::<false, true, true, false>(row, a, p0, out),
-            (true, false) => few::<false, true, false, false>(row, a, p0, out),
-            _ => few::<false, false, false, false>(row, a, p0, out),
-        }
-    }
+    // SAFETY: the caller's contract (one row of its own length).
+    unsafe { rows_of_kind::<false, false>(int4, row, row.len(), a, p0, out) }
 }
 
 /// [`dot_row_few_avx512`] over consecutive rows of `rb` bytes: `out[k * n + i]` is row k
@@ -81,14 +68,8 @@ pub unsafe fn dot_rows_few_avx2(int4: bool, rows: &[u8], rb: usize, a: &ActQ, p0
 /// SAFETY (caller): AVX2, F16C and AVX-VNNI present; shapes as [`dot_row_few_avx512`].
 #[target_feature(enable = "avx2,f16c,avxvnni")]
 pub unsafe fn dot_row_few_avxvnni(int4: bool, row: &[u8], a: &ActQ, p0: usize, out: &mut [f32]) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match (int4, a.k4) {
-            (true, true) => few::<false, true, true, true>(row, a, p0, out),
-            (true, false) => few::<false, true, false, true>(row, a, p0, out),
-            _ => few::<false, false, false, true>(row, a, p0, out),
-        }
-    }
+    // SAFETY: the caller's contract (one row of its own length).
+    unsafe { rows_of_kind::<false, true>(int4, row, row.len(), a, p0, out) }
 }
 
 /// [`dot_rows_few_avx2`] with AVX-VNNI ([`dot_row_few_avxvnni`] row by row).
