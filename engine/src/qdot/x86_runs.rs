@@ -470,29 +470,58 @@ const PREFETCH: usize = 2048;
 /// were slower with a prefetch (16.4 against 18.9 GB/s), so none there.
 const PREFETCH_AVX2_AMD: usize = 6144;
 
-/// The prefetch distance of the one-position int4/int8 kernels of the AVX-512 path
-/// (`avx512`) or the AVX2 path, 0 for none: AVX-512 [`PREFETCH`] on Intel, none on AMD (on
-/// an AMD EPYC with AVX-512, Zen 4, the same prefetch cost a quarter: `coli bench-kernels`,
-/// 256 MiB working set, three alternating rounds, int4/g64 at one thread 11.2-12.9 GB/s
-/// with it against 11.9-17.3 without, g128 11.3-12.6 against 15.3-16.4, two threads
-/// 16.8-21.4 against 16.6-25.4; docs/benchmarks.md); AVX2 [`PREFETCH_AVX2_AMD`] on AMD,
-/// none on Intel. The environment variable `COLIBRI_PREFETCH=BYTES` (0: off) overrides
-/// both. Any distance gives the same bits: a prefetch only moves bytes into the cache.
+/// How far ahead the one-position AVX-512 int4 and int8 rows ([`super::x86_wide`], three
+/// rows at once, each its third) prefetch on AMD (Zen 4): a short distance, about the next
+/// two lines of each row. Without it the runs of a group of 128 (1 KiB of int8) waited on
+/// memory: each run's loads fill the vector scheduler before they are answered, so few
+/// lines are in flight, where the prefetches (which take no vector slot) ask for them all
+/// at once. On an AMD EPYC (Zen 4, 2 cores, 31 GB/s read at one thread), qdot_bench from a
+/// 256 MiB working set, one thread, without it / with it: int8/g128 12.5 / 21.0 GB/s,
+/// int4/g128 16.1 / 26.3, int8/g64 21.0 / 26.5, int8/g32 26.2 / 29.0, int4/g32 26.5 /
+/// 27.3, q4_k and q5_k equal; two threads int8/g128 20.8 / 28.0, int8/g64 29.8 / 40.1,
+/// int4/g128 23.5 / 30.4 (docs/benchmarks.md, forty-first session). The few-position
+/// runs keep none there: the same distance cost int8/g128 at 2 and 4 positions 10-25%.
+/// (Twelve KiB, the Intel distance of the twenty-second session, cost a quarter.)
+const PREFETCH_ROWS_AMD: usize = 384;
+
+/// The distances in bytes, 0 for none, of the AVX-512 one-position int4/int8 rows, the
+/// AVX-512 few-position runs, and the AVX2 kernels.
+struct Ahead {
+    rows512: usize,
+    few512: usize,
+    avx2: usize,
+}
+
+fn ahead() -> &'static Ahead {
+    static AHEAD: std::sync::OnceLock<Ahead> = std::sync::OnceLock::new();
+    AHEAD.get_or_init(|| match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
+        Some(bytes) => Ahead { rows512: bytes, few512: bytes, avx2: bytes },
+        None if is_intel() => Ahead { rows512: PREFETCH, few512: PREFETCH, avx2: 0 },
+        // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path, and its bf16/f16
+        // rows (which follow the AVX2 choice) were not measured with a prefetch.
+        None => Ahead { rows512: PREFETCH_ROWS_AMD, few512: 0, avx2: if has_avx512() { 0 } else { PREFETCH_AVX2_AMD } },
+    })
+}
+
+/// The prefetch distance of the few-position int4/int8 runs of the AVX-512 path (`avx512`)
+/// or of the AVX2 path's kernels, 0 for none: AVX-512 [`PREFETCH`] on Intel, none on AMD;
+/// AVX2 [`PREFETCH_AVX2_AMD`] on AMD without AVX-512, none on Intel. The environment
+/// variable `COLIBRI_PREFETCH=BYTES` (0: off) overrides every distance, this one and
+/// [`prefetch_rows512`]'s. Any distance gives the same bits: a prefetch only moves bytes
+/// into the cache.
 pub fn prefetch_ahead(avx512: bool) -> usize {
-    static AHEAD: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
-    let (wide, avx2) =
-        *AHEAD.get_or_init(|| match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
-            Some(bytes) => (bytes, bytes),
-            None if is_intel() => (PREFETCH, 0),
-            // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path, and its bf16/f16
-            // rows (which follow the AVX2 choice) were not measured with a prefetch.
-            None => (0, if has_avx512() { 0 } else { PREFETCH_AVX2_AMD }),
-        });
     if avx512 {
-        wide
+        ahead().few512
     } else {
-        avx2
+        ahead().avx2
     }
+}
+
+/// The prefetch distance of the one-position AVX-512 int4 and int8 rows: [`PREFETCH`] on
+/// Intel, [`PREFETCH_ROWS_AMD`] on AMD (on an AMD EPYC of the twenty-second session, before
+/// the rows went three at once, 12 KiB cost a quarter of int4/g64's speed).
+pub(super) fn prefetch_rows512() -> usize {
+    ahead().rows512
 }
 
 /// Whether the CPU says "GenuineIntel" (`cpuid`: cache the answer).

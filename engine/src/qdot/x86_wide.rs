@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86_runs::{combine, prefetch, prefetch_ahead, run_scales};
+use super::x86_runs::{combine, prefetch, prefetch_rows512, run_scales};
 use super::{ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -77,7 +77,7 @@ pub(super) unsafe fn quad_runs<const CH: usize, const K: bool, const K5: bool, c
         let mut acc = [_mm256_setzero_ps(); S];
         let low4 = _mm512_set1_epi8(0x0f);
         // The same bytes in flight whatever the rows at once: each row's share ahead.
-        let ahead = prefetch_ahead(true) / S / 64 * 64;
+        let ahead = prefetch_rows512() / S / 64 * 64;
         let high: [*const u8; S] = std::array::from_fn(|j| vals[j].as_ptr().wrapping_add(a.cols / 2));
         for r in 0..runs {
             for j in 0..S {
@@ -134,10 +134,10 @@ pub(super) unsafe fn int8_runs<const CH: usize, const S: usize>(
         let mut acc = [_mm256_setzero_ps(); S];
         let seven = _mm_cvtsi32_si128(7);
         let flip = _mm512_set1_epi8(-128);
-        // The int4 runs' prefetch ([`prefetch_ahead`], each row its share); without it
+        // The int4 runs' prefetch ([`prefetch_rows512`], each row its share); without it
         // these rows read 12.0 / 12.9 GB/s (g32 / g128) at one thread on a Xeon, with it
         // 14.6-15.5 / 16.2-16.6.
-        let ahead = prefetch_ahead(true) / S / 64 * 64;
+        let ahead = prefetch_rows512() / S / 64 * 64;
         for r in 0..runs {
             for j in 0..S {
                 if ahead > 0 {
