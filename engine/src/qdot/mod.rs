@@ -59,6 +59,15 @@ mod x86_wide;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86_runs::prefetch_ahead;
 
+/// Whether the CPU says "GenuineIntel" (x86-64; false elsewhere): where the kernels' speed
+/// differs by vendor (prefetch distances, `coli bench-kernels --check`'s FP8 floor).
+pub fn cpu_is_intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86_runs::is_intel();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 pub mod check;
 pub mod mxfp4;
 

@@ -525,7 +525,7 @@ pub(super) fn prefetch_rows512() -> usize {
 }
 
 /// Whether the CPU says "GenuineIntel" (`cpuid`: cache the answer).
-pub(super) fn is_intel() -> bool {
+pub(crate) fn is_intel() -> bool {
     // `cpuid` leaf 0 exists on every x86-64 CPU.
     let id = __cpuid(0);
     let mut vendor = [0u8; 12];
