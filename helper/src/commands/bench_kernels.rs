@@ -269,7 +269,7 @@ fn check(a: &KernelBenchArgs) -> Result<()> {
 ///   block of 32: 85-90% of int4/g32's rate measured (Zen 1, AVX2), so its floors were five
 ///   sixths of the integer ones; at 35-37% on Zen 4 (AVX-512) they are 25% on both paths;
 ///   q5_k (GGUF Q5_K kept) has the same floors (Zen 1: 37% of the fastest where q4_k had
-///   41%; Zen 4 35-42%; it runs AVX2's kernels on AVX-512 hosts too);
+///   41%; Zen 4 30-42%; it runs AVX2's kernels on AVX-512 hosts too);
 /// - other paths (scalar, NEON, SIMD128: not measured by the guard here): half.
 fn floor(dtype: DType, simd: Simd) -> f64 {
     let f32_precision = matches!(dtype, DType::Mxfp4 | DType::Fp8 { .. });
