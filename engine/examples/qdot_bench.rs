@@ -1,5 +1,5 @@
 //! Times one stored format's matrix kernel alone, with the weights streamed from memory:
-//! `MB` megabytes of ROWS x 2048 matrices ([`kernels::bench::working_set`], the matrices
+//! `MB` megabytes of ROWS x COLS (2048) matrices ([`kernels::bench::working_set`], the matrices
 //! `coli bench-kernels` times), each multiplied by `POSITIONS` activation rows in turn,
 //! `reps` times; prints the weight bytes read per second. The kernels' ceiling without the
 //! rest of a forward pass (docs/kernels.md), and a small binary to profile one kernel
@@ -10,7 +10,9 @@
 //!
 //! FORMAT is a name `coli bench-kernels` prints (int4/g32, int8/g64, mxfp4, fp8/b128, bf16,
 //! ...). ROWS (1024) sets the matrices' rows: one call's size, which sets what a parallel
-//! region's start and end cost against its work. `COLIBRI_SIMD=avx2` (or another path name) forces a kernel, as everywhere.
+//! region's start and end cost against its work; COLS their columns (with it where the rows'
+//! values start against a 64-byte line: int8/g128 at 2048 columns has 32 bytes of scales).
+//! `COLIBRI_SIMD=avx2` (or another path name) forces a kernel, as everywhere.
 
 use std::time::Instant;
 
@@ -31,7 +33,7 @@ fn main() {
         return;
     }
     let rows: usize = std::env::var("ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1024).max(1);
-    let cols = 2048usize;
+    let cols: usize = std::env::var("COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048);
     let mats = match bench::working_set(format.dtype, rows, cols, mb << 20) {
         Ok(m) => m,
         Err(e) => {

@@ -119,6 +119,21 @@ pub fn check_paths() -> Result<usize, String> {
         }
         return Ok(checked);
     }
+    // x86-64: the AVX-512 int8 rows of group 128 whole and in halves
+    // (`x86_runs::int8_halves128`), each.
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86_runs::set_int8_halves128;
+        let mut checked = 0;
+        for form in [false, true] {
+            set_int8_halves128(Some(form));
+            let r = check_all();
+            set_int8_halves128(None);
+            checked +=
+                r.map_err(|e| format!("int8 rows of group 128 {}: {e}", if form { "in halves" } else { "whole" }))?;
+        }
+        return Ok(checked);
+    }
     #[allow(unreachable_code)]
     check_all()
 }

@@ -490,18 +490,60 @@ struct Ahead {
     rows512: usize,
     few512: usize,
     avx2: usize,
+    halves128: bool,
 }
 
 fn ahead() -> &'static Ahead {
     static AHEAD: std::sync::OnceLock<Ahead> = std::sync::OnceLock::new();
-    AHEAD.get_or_init(|| match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
-        Some(bytes) => Ahead { rows512: bytes, few512: bytes, avx2: bytes },
-        None if is_intel() => Ahead { rows512: PREFETCH, few512: PREFETCH, avx2: 0 },
-        // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path, and its bf16/f16
-        // rows (which follow the AVX2 choice) were not measured with a prefetch.
-        None => Ahead { rows512: PREFETCH_ROWS_AMD, few512: 0, avx2: if has_avx512() { 0 } else { PREFETCH_AVX2_AMD } },
+    AHEAD.get_or_init(|| {
+        let intel = is_intel();
+        let halves128 = match std::env::var("COLIBRI_INT8_HALVES").as_deref().map(str::trim) {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => !intel,
+        };
+        match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
+            Some(bytes) => Ahead { rows512: bytes, few512: bytes, avx2: bytes, halves128 },
+            None if intel => Ahead { rows512: PREFETCH, few512: PREFETCH, avx2: 0, halves128 },
+            // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path, and its bf16/f16
+            // rows (which follow the AVX2 choice) were not measured with a prefetch.
+            None => Ahead {
+                rows512: PREFETCH_ROWS_AMD,
+                few512: 0,
+                avx2: if has_avx512() { 0 } else { PREFETCH_AVX2_AMD },
+                halves128,
+            },
+        }
     })
 }
+
+/// Whether the one-position AVX-512 int8 rows of group 128 ([`super::x86_wide::int8_runs`])
+/// take each run as two halves of group 64's shape and prefetch into L2 instead of L1: on
+/// AMD, not on Intel (not measured there); `COLIBRI_INT8_HALVES=1` or `0` overrides. Both
+/// give the same bits (integer sums, exact in any order).
+///
+/// On an AMD EPYC (Zen 4, 2 cores, 31.8 GB/s read at one thread; docs/benchmarks.md,
+/// forty-second session), qdot_bench from 256 MiB, one thread, rounds alternated: the
+/// whole-run form with the L1 prefetch 22.4-24.5 GB/s, the halves with it 24.8-27.5, the
+/// whole run with the L2 prefetch 20.6-26.7, the halves with it 29.5-30.7. From cache the
+/// halves are slower (two folds per run: 30-42 against 53 GB/s), which decode, reading the
+/// rows from memory, does not see.
+pub(super) fn int8_halves128() -> bool {
+    match HALVES128.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => false,
+        1 => true,
+        _ => ahead().halves128,
+    }
+}
+
+/// [`int8_halves128`]'s choice set (`Some`) or back to the CPU's (`None`): the kernel
+/// check runs both forms.
+pub(super) fn set_int8_halves128(form: Option<bool>) {
+    HALVES128.store(form.map_or(2, u8::from), std::sync::atomic::Ordering::Relaxed)
+}
+
+/// 0 or 1: set by [`set_int8_halves128`]; 2: the CPU's choice.
+static HALVES128: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(2);
 
 /// The prefetch distance of the few-position int4/int8 runs of the AVX-512 path (`avx512`)
 /// or of the AVX2 path's kernels, 0 for none: AVX-512 [`PREFETCH`] on Intel, none on AMD;
@@ -538,10 +580,16 @@ pub(crate) fn is_intel() -> bool {
 /// Prefetches the `len` bytes at `p` (a hint: any address is allowed).
 #[inline(always)]
 pub(super) fn prefetch(p: *const u8, len: usize) {
+    prefetch_to::<_MM_HINT_T0>(p, len)
+}
+
+/// [`prefetch`] with the hint `H` (`_MM_HINT_T0`: into L1; `_MM_HINT_T1`: into L2).
+#[inline(always)]
+pub(super) fn prefetch_to<const H: i32>(p: *const u8, len: usize) {
     let mut off = 0;
     while off < len {
         // SAFETY: a prefetch never faults, whatever the address (SSE, x86-64's baseline).
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+        unsafe { _mm_prefetch::<H>(p.wrapping_add(off) as *const i8) };
         off += 64;
     }
 }

@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86_runs::{combine, prefetch, prefetch_rows512, run_scales};
+use super::x86_runs::{combine, int8_halves128, prefetch, prefetch_rows512, prefetch_to, run_scales};
 use super::{ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -138,21 +138,26 @@ pub(super) unsafe fn int8_runs<const CH: usize, const S: usize>(
         // these rows read 12.0 / 12.9 GB/s (g32 / g128) at one thread on a Xeon, with it
         // 14.6-15.5 / 16.2-16.6.
         let ahead = prefetch_rows512() / S / 64 * 64;
+        // Groups of 128 on AMD: two halves, into L2 ([`int8_halves128`]).
+        let halves = CH == 4 && int8_halves128();
         for r in 0..runs {
             for j in 0..S {
-                if ahead > 0 {
-                    prefetch(vals[j].as_ptr().wrapping_add(ahead + r * 8 * g), 8 * g);
+                let at = vals[j].as_ptr().wrapping_add(ahead + r * 8 * g);
+                if ahead > 0 && halves {
+                    prefetch_to::<_MM_HINT_T1>(at, 8 * g);
+                } else if ahead > 0 {
+                    prefetch(at, 8 * g);
                 }
                 let (w0, x0) = (vals[j].as_ptr().add(r * 8 * g), q.add(r * 8 * g));
-                let mut v = [_mm512_setzero_si512(); 8];
-                for k in 0..4 * CH {
-                    let w = _mm512_xor_si512(_mm512_loadu_si512(w0.add(64 * k) as *const __m512i), flip);
-                    let x = _mm512_loadu_si512(x0.add(64 * k) as *const __m512i);
-                    // A block of 128 spans two vectors: their sums are added first.
-                    let i = if CH == 4 { k / 2 } else { k };
-                    v[i] = _mm512_dpbusd_epi32(v[i], w, x);
-                }
-                let sums = if CH == 1 { fold_quads::<2>(&mut v) } else { fold_quads::<4>(&mut v) };
+                let sums = if halves {
+                    // Each half as a run of group 64 (eight sums of 64 values), then the
+                    // halves' sums added pairwise: [0+1, 2+3, 8+9, 10+11 | 4+5, ...] put
+                    // in block order by the 64-bit permute.
+                    let t = _mm256_hadd_epi32(int8_part::<2>(w0, x0, 0, flip), int8_part::<2>(w0, x0, 1, flip));
+                    _mm256_permute4x64_epi64(t, 0b11_01_10_00)
+                } else {
+                    int8_part::<CH>(w0, x0, 0, flip)
+                };
                 let s8 = _mm256_sll_epi32(_mm256_loadu_si256(s.add(8 * r) as *const __m256i), seven);
                 let isum = _mm256_sub_epi32(sums, s8);
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(rows[j].as_ptr().add(16 * r) as *const __m128i));
@@ -161,6 +166,30 @@ pub(super) unsafe fn int8_runs<const CH: usize, const S: usize>(
             }
         }
         acc
+    }
+}
+
+/// The eight block sums of `4 * CH` vectors of int8 values at `w0` (flipped to w + 128 by
+/// `flip`) times the activations at `x0` (`CH` = group / 32: 1, 2 or 4), `part` runs of
+/// that size in (`int8_runs` takes a run of group 128 as two parts of group 64's shape).
+/// A block of 128 spans two vectors: their sums are added first.
+#[inline(always)]
+unsafe fn int8_part<const CH: usize>(w0: *const u8, x0: *const i8, part: usize, flip: __m512i) -> __m256i {
+    // SAFETY: the caller's contract (the part is inside the run; AVX-512 VNNI enabled there).
+    unsafe {
+        let mut v = [_mm512_setzero_si512(); 8];
+        for k in 0..4 * CH {
+            let at = 64 * (k + 4 * CH * part);
+            let w = _mm512_xor_si512(_mm512_loadu_si512(w0.add(at) as *const __m512i), flip);
+            let x = _mm512_loadu_si512(x0.add(at) as *const __m512i);
+            let i = if CH == 4 { k / 2 } else { k };
+            v[i] = _mm512_dpbusd_epi32(v[i], w, x);
+        }
+        if CH == 1 {
+            fold_quads::<2>(&mut v)
+        } else {
+            fold_quads::<4>(&mut v)
+        }
     }
 }
 
