@@ -525,7 +525,7 @@ fn ahead() -> &'static Ahead {
 /// On an AMD EPYC (Zen 4, 2 cores, 31.8 GB/s read at one thread; docs/benchmarks.md,
 /// forty-second session), qdot_bench from 256 MiB, one thread, rounds alternated: the
 /// whole-run form with the L1 prefetch 22.4-24.5 GB/s, the halves with it 24.8-27.5, the
-/// whole run with the L2 prefetch 20.6-26.7, the halves with it 29.1-30.7. From cache the
+/// whole run with the L2 prefetch 20.6-26.7, the halves with it 28.4-30.9 (one run 21.1). From cache the
 /// halves are slower (two folds per run: 30-42 against 53 GB/s), which decode, reading the
 /// rows from memory, does not see.
 pub(super) fn int8_halves128() -> bool {
