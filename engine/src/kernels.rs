@@ -350,14 +350,17 @@ unsafe fn float_rows<const K: u8>(w: &Mat, x: &[f32], n: usize, r0: usize, r1: u
     unsafe {
         let row = |r: usize| base.add(r * rb);
         if n == 1 {
-            // bf16/f16 rows prefetch the next four rows' bytes where the AVX2 integer
-            // kernels prefetch (AMD): on a Zen 1 EPYC they waited on memory (bf16 read 10.4
-            // GB/s in cache, 7.7 from memory; 8.6-9.3 with it). f32 rows run at the
-            // bandwidth already, and were slower with it.
-            let ahead = if K != float_x86::F32 && crate::qdot::prefetch_ahead(false) > 0 { 4 * rb } else { 0 };
+            // The rows ahead prefetched as the CPU wants it (`qdot::float_prefetch`): on
+            // AMD with AVX-512 into L2 (without it bf16 rows of 512 to 1536 columns read a
+            // third of the bandwidth), on Zen 1 to 3 bf16/f16 into L1, on Intel not at all.
+            let (ahead, l2) = crate::qdot::float_prefetch(K == float_x86::F32, rb);
             let mut r = r0;
             while r + 4 <= r1 {
-                let v = float_x86::dot4::<K, true>([row(r), row(r + 1), row(r + 2), row(r + 3)], [xp; 4], cols, ahead);
+                let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+                let v = match l2 {
+                    true => float_x86::dot4::<K, true, true>(rs, [xp; 4], cols, ahead),
+                    false => float_x86::dot4::<K, true, false>(rs, [xp; 4], cols, ahead),
+                };
                 std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(r), 4);
                 r += 4;
             }
@@ -376,7 +379,7 @@ unsafe fn float_rows<const K: u8>(w: &Mat, x: &[f32], n: usize, r0: usize, r1: u
             let mut p = 0;
             while p + 4 <= n {
                 let xs = [xp.add(p * cols), xp.add((p + 1) * cols), xp.add((p + 2) * cols), xp.add((p + 3) * cols)];
-                let v = float_x86::dot4::<K, false>([wr; 4], xs, cols, if p == 0 { rb } else { 0 });
+                let v = float_x86::dot4::<K, false, false>([wr; 4], xs, cols, if p == 0 { rb } else { 0 });
                 for (i, vi) in v.iter().enumerate() {
                     *out.add((p + i) * rows + r) = *vi;
                 }

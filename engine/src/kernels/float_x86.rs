@@ -64,13 +64,13 @@ unsafe fn load1<const K: u8>(p: *const u8) -> f32 {
 /// `out[i] = math::dot(w[i] decoded, x[i])` for i < 4 over `cols` values, bit for bit.
 /// `SAME_X`: every x[i] is x[0] (four rows times one position: loaded once). `ahead`: the
 /// bytes that far past each row's (with `SAME_X` the four rows', else the one row's: its
-/// caller passes a row length, the next row) are prefetched a 64-byte line at a time; 0
-/// for none.
+/// caller passes a row length, the next row) are prefetched a 64-byte line at a time, into
+/// L2 with `L2` (else L1); 0 for none.
 ///
 /// SAFETY (caller): AVX2 and F16C present; each w[i] holds `cols` values of kind `K`,
 /// each x[i] `cols` f32.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn dot4<const K: u8, const SAME_X: bool>(
+pub unsafe fn dot4<const K: u8, const SAME_X: bool, const L2: bool>(
     w: [*const u8; 4],
     x: [*const f32; 4],
     cols: usize,
@@ -88,7 +88,11 @@ pub unsafe fn dot4<const K: u8, const SAME_X: bool>(
             if ahead > 0 && c % line == 0 {
                 // Four rows (SAME_X), or the one row (its later bytes: the rows after it).
                 for wi in if SAME_X { &w[..] } else { &w[..1] } {
-                    _mm_prefetch::<_MM_HINT_T0>(wi.wrapping_add(c * 8 * wd + ahead) as *const i8);
+                    let p = wi.wrapping_add(c * 8 * wd + ahead) as *const i8;
+                    match L2 {
+                        true => _mm_prefetch::<_MM_HINT_T1>(p),
+                        false => _mm_prefetch::<_MM_HINT_T0>(p),
+                    }
                 }
             }
             let x0 = _mm256_loadu_ps(x[0].add(c * 8));

@@ -57,7 +57,7 @@ mod x86_runs;
 #[cfg(target_arch = "x86_64")]
 mod x86_wide;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86_runs::prefetch_ahead;
+pub(crate) use x86_runs::float_prefetch;
 
 /// Whether the CPU says "GenuineIntel" (x86-64; false elsewhere): where the kernels' speed
 /// differs by vendor (prefetch distances, `coli bench-kernels --check`'s FP8 floor).

@@ -484,13 +484,37 @@ const PREFETCH_AVX2_AMD: usize = 6144;
 /// (Twelve KiB, the Intel distance of the twenty-second session, cost a quarter.)
 const PREFETCH_ROWS_AMD: usize = 384;
 
+/// The least distance of the one-position float rows' prefetch into L2 on AMD with AVX-512
+/// (below four rows when rows are short): on an AMD EPYC (Zen 4, 2 cores, 28.7 GB/s read at
+/// one thread), qdot_bench from 256 MiB, one thread, bf16 rows of 512 columns read 8 GB/s
+/// without a prefetch, 15-18 four rows (4 KiB) ahead, 23-27 at 8 KiB; 768 columns 18-22 at
+/// four rows (6 KiB), 23-25 at 12 KiB (docs/benchmarks.md, forty-third session).
+const FLOAT_L2_MIN: usize = 12 << 10;
+
+/// How the one-position float rows (f32, bf16, f16; four rows at a time) prefetch.
+#[derive(Clone, Copy)]
+enum FloatAhead {
+    /// None (Intel: f32 rows read at the bandwidth without; bf16/f16 not measured with one).
+    Off,
+    /// bf16/f16 rows the next four rows' bytes into L1, f32 none (AMD without AVX-512: on
+    /// a Zen 1 EPYC bf16 read 7.7 GB/s from memory without, 8.6-9.3 with; f32 was slower).
+    FourRows,
+    /// Every kind the next four rows' bytes, at least [`FLOAT_L2_MIN`], into L2 (AMD with
+    /// AVX-512: [`FLOAT_L2_MIN`]'s figures; into L1 the same distances were no faster than
+    /// none, 2 KiB rows or 4).
+    L2,
+    /// `COLIBRI_PREFETCH=BYTES`: that distance (0: none), into L1.
+    Bytes(usize),
+}
+
 /// The distances in bytes, 0 for none, of the AVX-512 one-position int4/int8 rows, the
-/// AVX-512 few-position runs, and the AVX2 kernels.
+/// AVX-512 few-position runs, and the AVX2 kernels; the float rows' choice.
 struct Ahead {
     rows512: usize,
     few512: usize,
     avx2: usize,
     halves128: bool,
+    float: FloatAhead,
 }
 
 fn ahead() -> &'static Ahead {
@@ -503,15 +527,17 @@ fn ahead() -> &'static Ahead {
             _ => !intel,
         };
         match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
-            Some(bytes) => Ahead { rows512: bytes, few512: bytes, avx2: bytes, halves128 },
-            None if intel => Ahead { rows512: PREFETCH, few512: PREFETCH, avx2: 0, halves128 },
-            // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path, and its bf16/f16
-            // rows (which follow the AVX2 choice) were not measured with a prefetch.
+            Some(bytes) => {
+                Ahead { rows512: bytes, few512: bytes, avx2: bytes, halves128, float: FloatAhead::Bytes(bytes) }
+            }
+            None if intel => Ahead { rows512: PREFETCH, few512: PREFETCH, avx2: 0, halves128, float: FloatAhead::Off },
+            // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path.
             None => Ahead {
                 rows512: PREFETCH_ROWS_AMD,
                 few512: 0,
                 avx2: if has_avx512() { 0 } else { PREFETCH_AVX2_AMD },
                 halves128,
+                float: if has_avx512() { FloatAhead::L2 } else { FloatAhead::FourRows },
             },
         }
     })
@@ -556,6 +582,19 @@ pub fn prefetch_ahead(avx512: bool) -> usize {
         ahead().few512
     } else {
         ahead().avx2
+    }
+}
+
+/// How far past each row's bytes (0: not at all), and whether into L2 rather than L1, the
+/// one-position float rows of `row_bytes` each prefetch, four rows at a time ([`FloatAhead`]:
+/// on AMD with AVX-512 into L2, at least four rows and [`FLOAT_L2_MIN`] ahead; without
+/// AVX-512 bf16/f16 four rows into L1; on Intel none). The same bits whatever the distance.
+pub fn float_prefetch(f32: bool, row_bytes: usize) -> (usize, bool) {
+    match ahead().float {
+        FloatAhead::Off => (0, false),
+        FloatAhead::FourRows => (if f32 { 0 } else { 4 * row_bytes }, false),
+        FloatAhead::L2 => ((4 * row_bytes).max(FLOAT_L2_MIN), true),
+        FloatAhead::Bytes(bytes) => (bytes, false),
     }
 }
 
