@@ -507,10 +507,23 @@ enum FloatAhead {
     Bytes(usize),
 }
 
-/// The distances in bytes, 0 for none, of the AVX-512 one-position int4/int8 rows, the
-/// AVX-512 few-position runs, and the AVX2 kernels; the float rows' choice.
+/// How far ahead the one-position AVX-512 Q5K rows prefetch on AMD (Zen 4), walking each
+/// row's bytes whole at the rate its runs read them: a Q5K row's run headers, nibbles and
+/// fifth bits lie in three places, and [`PREFETCH_ROWS_AMD`]'s short distance over the
+/// nibbles alone left the rows waiting on memory (13 GB/s from memory, 24 from cache). On
+/// an AMD EPYC (Zen 4, 2 cores, 28.7 GB/s read at one thread), qdot_bench from 256 MiB,
+/// one thread, the old prefetch against this one, two rounds: rows of 1024 columns
+/// 9.4-11.3 / 16.4-20.0 GB/s, 2048 9.7-12.3 / 16.4-16.9, 4096 11.1-12.5 / 18.9-23.7, 7168
+/// 11.6-11.8 / 12.7-14.2; two threads 13.6-14.0 / 21.6-22.2, 13.2-19.7 / 19.2-26.7,
+/// 17.7-18.1 / 25.6-28.9, 16.9-17.1 / 20.8-22.5 (docs/benchmarks.md, forty-third session).
+/// 6 to 12 KiB were alike; q4_k rows (headers and nibbles) showed no gain from either.
+const PREFETCH_K5_AMD: usize = 8192;
+
+/// The distances in bytes, 0 for none, of the AVX-512 one-position int4/int8 rows (Q5K
+/// rows: `k5`), the AVX-512 few-position runs, and the AVX2 kernels; the float rows' choice.
 struct Ahead {
     rows512: usize,
+    k5: usize,
     few512: usize,
     avx2: usize,
     halves128: bool,
@@ -527,13 +540,21 @@ fn ahead() -> &'static Ahead {
             _ => !intel,
         };
         match std::env::var("COLIBRI_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
-            Some(bytes) => {
-                Ahead { rows512: bytes, few512: bytes, avx2: bytes, halves128, float: FloatAhead::Bytes(bytes) }
+            Some(bytes) => Ahead {
+                rows512: bytes,
+                k5: bytes,
+                few512: bytes,
+                avx2: bytes,
+                halves128,
+                float: FloatAhead::Bytes(bytes),
+            },
+            None if intel => {
+                Ahead { rows512: PREFETCH, k5: PREFETCH, few512: PREFETCH, avx2: 0, halves128, float: FloatAhead::Off }
             }
-            None if intel => Ahead { rows512: PREFETCH, few512: PREFETCH, avx2: 0, halves128, float: FloatAhead::Off },
             // AMD with AVX-512 (Zen 4 and later) takes the AVX-512 path.
             None => Ahead {
                 rows512: PREFETCH_ROWS_AMD,
+                k5: PREFETCH_K5_AMD,
                 few512: 0,
                 avx2: if has_avx512() { 0 } else { PREFETCH_AVX2_AMD },
                 halves128,
@@ -603,6 +624,11 @@ pub fn float_prefetch(f32: bool, row_bytes: usize) -> (usize, bool) {
 /// the rows went three at once, 12 KiB cost a quarter of int4/g64's speed).
 pub(super) fn prefetch_rows512() -> usize {
     ahead().rows512
+}
+
+/// [`prefetch_rows512`] for Q5K rows: [`PREFETCH_K5_AMD`] on AMD, [`PREFETCH`] on Intel.
+pub(super) fn prefetch_k5() -> usize {
+    ahead().k5
 }
 
 /// Whether the CPU says "GenuineIntel" (`cpuid`: cache the answer).

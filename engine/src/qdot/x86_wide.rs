@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86_runs::{combine, int8_halves128, prefetch, prefetch_rows512, prefetch_to, run_scales};
+use super::x86_runs::{combine, int8_halves128, prefetch, prefetch_k5, prefetch_rows512, prefetch_to, run_scales};
 use super::{ActQ, CHUNK};
 use crate::math::reduce8;
 
@@ -77,12 +77,19 @@ pub(super) unsafe fn quad_runs<const CH: usize, const K: bool, const K5: bool, c
         let mut acc = [_mm256_setzero_ps(); S];
         let low4 = _mm512_set1_epi8(0x0f);
         // The same bytes in flight whatever the rows at once: each row's share ahead.
-        let ahead = prefetch_rows512() / S / 64 * 64;
+        let ahead = if K5 { prefetch_k5() } else { prefetch_rows512() } / S / 64 * 64;
         let high: [*const u8; S] = std::array::from_fn(|j| vals[j].as_ptr().wrapping_add(a.cols / 2));
         for r in 0..runs {
             for j in 0..S {
                 if ahead > 0 {
-                    prefetch(vals[j].as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
+                    if K5 {
+                        // The whole row (run headers, nibbles, fifth bits: three places) at
+                        // the rate the runs read it, so that all three are on their way.
+                        let per = rows[j].len() / runs.max(1);
+                        prefetch(rows[j].as_ptr().wrapping_add(ahead + r * per), per);
+                    } else {
+                        prefetch(vals[j].as_ptr().wrapping_add(ahead + r * 4 * g), 4 * g);
+                    }
                 }
                 let (w0, x0) = (vals[j].as_ptr().add(r * 4 * g), qz.add(r * 8 * g));
                 let mut v = [_mm512_setzero_si512(); 8];
