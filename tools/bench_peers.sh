@@ -15,6 +15,9 @@
 #     "colibri gguf-q4k": `coli convert model-q4k.gguf` of a GGUF whose every matrix is Q4_K
 #                        (make_gguf.py --type q4_k; kept as q4_k), against "llama.cpp Q4_K"
 #     "colibri": `coli convert --quant int4 --attn int4 --lm-head int4` (g32: 4.5 bits like Q4_0)
+#     "colibri bf16": the bf16 checkpoint read directly (`coli chat --model HF_DIR`, what a
+#                        first-time user runs), against "llama.cpp f16" on an f16 GGUF of the
+#                        same shape (random weights of their own: two bytes per weight on both sides)
 #   peers:   a Q4_0 GGUF of the same shape (tools/bench/make_gguf.py, the `gguf` PyPI package),
 #            and the Q4_K_M / Q4_K ones when gguf-q4km / gguf-q4k are among --colibri-models
 # and the memory read bandwidth (tools/bench/membw.c), all in one run, interleaved, several
@@ -37,8 +40,8 @@
 #               missing, then cargo build --release -p colibri-helper)
 #   --colibri-models LIST  which native colibri rows to run: default, gguf-import, gguf-q4km,
 #               gguf-q5km (llama.cpp's Q5_K_M mix, made the same way) and gguf-q4k (each with
-#               its llama.cpp row on the same file), int4 (default "default gguf-import
-#               gguf-q4km int4")
+#               its llama.cpp row on the same file), int4, bf16 (with "llama.cpp f16"; default
+#               "default gguf-import gguf-q4km int4")
 #   --colibri-browser-models LIST  which models colibri's browser engine (wasm CPU backend)
 #               runs, of the same ones (a K-quant one named in --colibri-models too;
 #               default "default int4": what users get, then the
@@ -185,6 +188,21 @@ KMODELS=""
 for k in gguf-q4k gguf-q4km gguf-q5km; do [[ " $CMODELS " == *" $k "* ]] && KMODELS="$KMODELS $k"; done
 gguf_shape() { echo --layers "$LAYERS" --experts "$EXPERTS" --top-k "$TOPK" --hidden "$HIDDEN" --intermediate "$INTER" \
   --heads "$HEADS" --vocab "$VOCAB"; }
+F16="$MDIR/model-f16.gguf"
+make_f16() {
+  if [ ! -f "$F16.json" ]; then
+    say "f16 GGUF of the same shape (make_gguf.py --type f16), for llama.cpp's quantizer and the bf16 row"
+    # shellcheck disable=SC2046
+    "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$F16" --type f16 $(gguf_shape) >"$F16.json.tmp"
+    mv "$F16.json.tmp" "$F16.json"
+  fi
+}
+F16_W=""
+if [[ " $CMODELS " == *" bf16 "* ]]; then
+  make_f16
+  # Two bytes per weight on both sides: the f16 GGUF's byte counts stand for the bf16 directory's.
+  F16_W=$(cat "$F16.json")
+fi
 for k in $KMODELS; do
   f="${KFILE[$k]}"
   [ ! -f "$f.json" ] || continue
@@ -193,13 +211,7 @@ for k in $KMODELS; do
     # shellcheck disable=SC2046
     "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$f" --type q4_k $(gguf_shape) >"$f.json.tmp"
   else
-    F16="$MDIR/model-f16.gguf"
-    if [ ! -f "$F16.json" ]; then
-      say "f16 GGUF of the same shape (make_gguf.py --type f16), for llama.cpp's quantizer"
-      # shellcheck disable=SC2046
-      "$WORK/venv/bin/python" "$BENCH/make_gguf.py" "$F16" --type f16 $(gguf_shape) >"$F16.json.tmp"
-      mv "$F16.json.tmp" "$F16.json"
-    fi
+    make_f16
     say "${KFTYPE[$k]} GGUF (llama.cpp's llama_model_quantize, tools/bench/quantize_gguf.py)"
     "$WORK/venv/bin/python" "$BENCH/quantize_gguf.py" "$F16" "$f" --ftype "${KFTYPE[$k]}" >"$f.json.tmp" \
       2>"$OUT/logs/quantize-$k.err"
@@ -310,6 +322,12 @@ for rep in $(seq 1 "$REPS"); do
       run "llama.cpp-${k#gguf-}" "$t" "${KGW[$k]}" "$rep" "${KPEER[$k]}" -- node "$BENCH/llama_native.mjs" \
         --gguf "${KFILE[$k]}" --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
     done
+    if [ -n "$F16_W" ]; then
+      run colibri-bf16 "$t" "$F16_W" "$rep" "colibri bf16" -- "$COLI" bench --model "$BF16" --ram all --cache warm --warmup \
+        --threads "$t" --prompt-tokens "$PROMPT" --decode-tokens $((DECODE + 1)) --probe-bytes 0
+      run llama.cpp-f16 "$t" "$F16_W" "$rep" "llama.cpp f16" -- node "$BENCH/llama_native.mjs" --gguf "$F16" --threads "$t" \
+        --prompt-tokens "$PROMPT" --decode-tokens "$DECODE"
+    fi
     if [ "$BROWSER" = 1 ]; then
       run wllama "$t" "$GGUF_W" "$rep" -- node "$BENCH/browser.mjs" --engine wllama --gguf "$GGUF" --threads "$t" \
         --prompt-tokens "$BPROMPT" --decode-tokens "$BDECODE" --vocab "$VOCAB"

@@ -125,9 +125,10 @@ def summary(path):
     for r in runs:
         groups.setdefault((r["where"], r["engine"], r["threads"], r["phase"]), []).append(r)
     # Each row against llama.cpp on the same file: the K-quant GGUFs' rows against "llama.cpp
-    # Q4_K" / "llama.cpp Q4_K_M", the others against llama.cpp on the Q4_0 GGUF.
+    # Q4_K" / "llama.cpp Q4_K_M", the bf16 directory read directly against llama.cpp on the f16
+    # GGUF of the same weights' shape, the others against llama.cpp on the Q4_0 GGUF.
     peers = {"colibri gguf-q4k": "llama.cpp Q4_K", "colibri gguf-q4km": "llama.cpp Q4_K_M",
-             "colibri gguf-q5km": "llama.cpp Q5_K_M"}
+             "colibri gguf-q5km": "llama.cpp Q5_K_M", "colibri bf16": "llama.cpp f16"}
     peer = lambda engine: peers.get(engine, engine if engine.startswith("llama.cpp") else "llama.cpp")
     ref = {}
     for (where, engine, threads, phase), rs in groups.items():
@@ -159,7 +160,7 @@ def summary(path):
     order = {"native": 0, "browser": 1}
     eorder = {"llama.cpp": 0, "colibri default": 1, "colibri gguf-import": 2, "colibri": 3,
               "llama.cpp Q4_K_M": 4, "colibri gguf-q4km": 5, "llama.cpp Q5_K_M": 6, "colibri gguf-q5km": 7,
-              "llama.cpp Q4_K": 8, "colibri gguf-q4k": 9, "wllama": 10}
+              "llama.cpp Q4_K": 8, "colibri gguf-q4k": 9, "llama.cpp f16": 10, "colibri bf16": 11, "wllama": 12}
     for key in sorted(groups, key=lambda k: (k[3] != "decode", order.get(k[0], 9), k[2], eorder.get(k[1], 9))):
         where, engine, threads, phase = key
         rs = groups[key]
