@@ -15,6 +15,8 @@ mod fp8_neon;
 mod fp8_wasm;
 #[cfg(target_arch = "x86_64")]
 mod fp8_x86;
+#[cfg(target_arch = "x86_64")]
+mod rows_x86;
 
 use crate::math;
 #[cfg(feature = "parallel")]
@@ -283,11 +285,17 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
                 // AVX2 and F16C; the caller's contract for `out` and `x`.
                 let done = unsafe {
                     match w.dtype {
-                        DType::F32 => float_rows::<{ float_x86::F32 }>(w, x, n, r0, r1, out),
-                        DType::BF16 => float_rows::<{ float_x86::BF16 }>(w, x, n, r0, r1, out),
-                        DType::F16 => float_rows::<{ float_x86::F16 }>(w, x, n, r0, r1, out),
+                        DType::F32 => {
+                            rows_x86::float_rows::<{ float_x86::F32 }>(w, x, n, r0, r1, out, simd == Simd::Avx512)
+                        }
+                        DType::BF16 => {
+                            rows_x86::float_rows::<{ float_x86::BF16 }>(w, x, n, r0, r1, out, simd == Simd::Avx512)
+                        }
+                        DType::F16 => {
+                            rows_x86::float_rows::<{ float_x86::F16 }>(w, x, n, r0, r1, out, simd == Simd::Avx512)
+                        }
                         DType::Fp8 { block } if fp8_x86::takes(block as usize) => {
-                            fp8_rows(w, block as usize, x, n, r0, r1, out, simd == Simd::Avx512)
+                            rows_x86::fp8_rows(w, block as usize, x, n, r0, r1, out, simd == Simd::Avx512)
                         }
                         _ => false,
                     }
@@ -328,157 +336,6 @@ unsafe fn rows_into(simd: Simd, w: &Mat, x: &[f32], n: usize, act: Option<Act>, 
             }
             ROW.with(|b| *b.borrow_mut() = buf);
         }
-    }
-}
-
-/// Rows `r0..r1` of float weights (kind `K` of [`float_x86`]) times the `n` positions, the
-/// bits of decoding each row and applying [`math::dot`]: four rows at a time for one
-/// position, four positions at a time for more (four independent chains; see float_x86).
-/// Returns false (nothing written) when the stored bytes are not the matrix's.
-///
-/// SAFETY (caller): AVX2 and F16C present; as [`rows_into`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn float_rows<const K: u8>(w: &Mat, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32) -> bool {
-    let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
-    let bytes = w.bytes.as_ref();
-    if bytes.len() < rows * rb || x.len() < n * cols || r1 > rows {
-        return false;
-    }
-    let (base, xp) = (bytes.as_ptr(), x.as_ptr());
-    // SAFETY: rows r < r1 <= rows lie inside `bytes` (rb bytes each), positions p < n inside
-    // `x` (cols each); outputs as in rows_into.
-    unsafe {
-        let row = |r: usize| base.add(r * rb);
-        if n == 1 {
-            // The rows ahead prefetched as the CPU wants it (`qdot::float_prefetch`): on
-            // AMD with AVX-512 into L2 (without it bf16 rows of 512 to 1536 columns read a
-            // third of the bandwidth), on Zen 1 to 3 bf16/f16 into L1, on Intel not at all.
-            let (ahead, l2) = crate::qdot::float_prefetch(K == float_x86::F32, rb);
-            let mut r = r0;
-            while r + 4 <= r1 {
-                let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
-                let v = match l2 {
-                    true => float_x86::dot4::<K, true, true>(rs, [xp; 4], cols, ahead),
-                    false => float_x86::dot4::<K, true, false>(rs, [xp; 4], cols, ahead),
-                };
-                std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(r), 4);
-                r += 4;
-            }
-            for r in r..r1 {
-                *out.add(r) = float_x86::dot1::<K>(row(r), xp, cols);
-            }
-            return true;
-        }
-        // Several positions: the first four's pass over a row prefetches the next row (one
-        // line per 64 bytes read). Without it every row's first loads waited on memory:
-        // qdot_bench at 4 positions, 2 threads, bf16 4.8 -> 15.5 GB/s of weights, f16 6.6
-        // -> 15.7, f32 18.9 -> 29.8 (Xeon, docs/benchmarks.md "Several positions of the
-        // float and FP8 rows").
-        for r in r0..r1 {
-            let wr = row(r);
-            let mut p = 0;
-            while p + 4 <= n {
-                let xs = [xp.add(p * cols), xp.add((p + 1) * cols), xp.add((p + 2) * cols), xp.add((p + 3) * cols)];
-                let v = float_x86::dot4::<K, false, false>([wr; 4], xs, cols, if p == 0 { rb } else { 0 });
-                for (i, vi) in v.iter().enumerate() {
-                    *out.add((p + i) * rows + r) = *vi;
-                }
-                p += 4;
-            }
-            for p in p..n {
-                *out.add(p * rows + r) = float_x86::dot1::<K>(wr, xp.add(p * cols), cols);
-            }
-        }
-        true
-    }
-}
-
-/// Rows `r0..r1` of FP8 weights (scale blocks of `block` columns, [`fp8_x86::takes`])
-/// times the `n` positions, the bits of decoding each row and applying [`math::dot`]: four
-/// rows at a time for one position (two per 512-bit register with `avx512`), four
-/// positions at a time for more. A row whose scales
-/// [`fp8_x86::scales_ok`] refuses takes the decode-then-dot loop. Returns false (nothing
-/// written) when the stored bytes are not the matrix's.
-///
-/// SAFETY (caller): AVX2 and F16C present (and AVX-512 F/BW/VL with `avx512`); as
-/// [`rows_into`].
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn fp8_rows(
-    w: &Mat,
-    block: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-    avx512: bool,
-) -> bool {
-    let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
-    let bytes = w.bytes.as_ref();
-    if bytes.len() < rows * rb || x.len() < n * cols || r1 > rows {
-        return false;
-    }
-    let nb = cols.div_ceil(block);
-    let (base, xp) = (bytes.as_ptr(), x.as_ptr());
-    let mut buf = Vec::new();
-    // SAFETY: rows r < r1 <= rows lie inside `bytes` (rb bytes each: nb scales, then cols
-    // bytes), positions p < n inside `x` (cols each); outputs as in rows_into.
-    unsafe {
-        let row = |r: usize| base.add(r * rb);
-        let plain = |r: usize, buf: &mut Vec<f32>| {
-            buf.resize(cols, 0.0);
-            w.row_into(r, buf);
-            for p in 0..n {
-                *out.add(p * rows + r) = math::dot(buf, &x[p * cols..(p + 1) * cols]);
-            }
-        };
-        if n == 1 {
-            let mut r = r0;
-            while r + 4 <= r1 {
-                if (r..r + 4).all(|k| fp8_x86::scales_ok(row(k), nb)) {
-                    let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
-                    let v = match avx512 {
-                        // SAFETY: Simd::Avx512 comes from Simd::available() after the CPU
-                        // reported AVX-512 F/BW/VL (and AVX2, F16C).
-                        true => fp8_x86::dot4_avx512(rs, xp, cols, block, 4 * rb),
-                        false => fp8_x86::dot4::<true>(rs, [xp; 4], cols, block, 4 * rb),
-                    };
-                    std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(r), 4);
-                } else {
-                    (r..r + 4).for_each(|k| plain(k, &mut buf));
-                }
-                r += 4;
-            }
-            for r in r..r1 {
-                match fp8_x86::scales_ok(row(r), nb) {
-                    true => *out.add(r) = fp8_x86::dot1(row(r), xp, cols, block),
-                    false => plain(r, &mut buf),
-                }
-            }
-            return true;
-        }
-        for r in r0..r1 {
-            let wr = row(r);
-            if !fp8_x86::scales_ok(wr, nb) {
-                plain(r, &mut buf);
-                continue;
-            }
-            let mut p = 0;
-            while p + 4 <= n {
-                let xs = [xp.add(p * cols), xp.add((p + 1) * cols), xp.add((p + 2) * cols), xp.add((p + 3) * cols)];
-                // The next row prefetched in the first pass, as float_rows does.
-                let v = fp8_x86::dot4::<false>([wr; 4], xs, cols, block, if p == 0 { rb } else { 0 });
-                for (i, vi) in v.iter().enumerate() {
-                    *out.add((p + i) * rows + r) = *vi;
-                }
-                p += 4;
-            }
-            for p in p..n {
-                *out.add(p * rows + r) = fp8_x86::dot1(wr, xp.add(p * cols), cols, block);
-            }
-        }
-        true
     }
 }
 
@@ -640,11 +497,13 @@ mod tests {
 
     #[test]
     fn float_weights_give_the_bits_of_decode_then_dot() {
-        // Each float kind, rows not a multiple of four, columns with and without a tail, one
+        // Each float kind, rows not a multiple of four (nor of two: the several-position
+        // blocks of two or four rows leave rows over), columns with and without a tail, one
         // position and several (fours and the rest): every output is math::dot of the decoded
-        // row, whichever path (AVX2 fours or the plain loop) computed it.
+        // row, on every SIMD path (AVX2's blocks of two rows, AVX-512's of four, the plain
+        // loop).
         let mut s = 11u64;
-        for (rows, cols) in [(37, 29), (8, 64), (3, 7)] {
+        for (rows, cols) in [(37, 29), (8, 64), (3, 7), (7, 40)] {
             let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut s)).collect();
             let f32m = Mat::from_f32(rows, cols, &w).unwrap();
             let bf: Vec<u8> = w.iter().flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes()).collect();
@@ -655,19 +514,29 @@ mod tests {
                 Mat::new(rows, cols, DType::F16, crate::tensor::Bytes::from_vec(hf)).unwrap(),
             ];
             for m in &mats {
-                for n in [1, 2, 5, 8] {
+                for n in [1, 2, 4, 5, 8, 9] {
                     let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
                     let mut out = vec![0.0; n * rows];
                     matmul(m, &x, n, &mut out);
                     let mut row = vec![0.0; cols];
+                    let mut want = vec![0.0f32; n * rows];
                     for r in 0..rows {
                         m.row_into(r, &mut row);
                         for p in 0..n {
-                            let want = math::dot(&row, &x[p * cols..(p + 1) * cols]);
+                            want[p * rows + r] = math::dot(&row, &x[p * cols..(p + 1) * cols]);
+                        }
+                    }
+                    assert!(out.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "{} matmul", m.dtype);
+                    for simd in Simd::available() {
+                        let mut out = vec![0.0; n * rows];
+                        // SAFETY: out holds n * rows values; x n * cols; rows 0..rows of m.
+                        unsafe { rows_into(simd, m, &x, n, None, 0, rows, out.as_mut_ptr()) };
+                        for (i, (g, w)) in out.iter().zip(&want).enumerate() {
                             assert_eq!(
-                                out[p * rows + r].to_bits(),
-                                want.to_bits(),
-                                "{} [{rows}, {cols}] n {n}",
+                                g.to_bits(),
+                                w.to_bits(),
+                                "{} {} [{rows}, {cols}] n {n} [{i}]",
+                                simd.name(),
                                 m.dtype
                             );
                         }

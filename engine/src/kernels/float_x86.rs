@@ -114,6 +114,92 @@ pub unsafe fn dot4<const K: u8, const SAME_X: bool, const L2: bool>(
     }
 }
 
+/// `out[j][i] = math::dot(w[j] decoded, x[i])` for `R` rows j and four positions i, bit
+/// for bit: each chunk of a row decoded once for the four positions, each position's chunk
+/// loaded once for the `R` rows, `4 R` chains of adds in flight (the one-row
+/// [`dot4`] without `SAME_X` keeps four, and loads four position chunks per row chunk). The
+/// rows' bytes `ahead` past each row's (the caller's `R` rows on) are prefetched a 64-byte
+/// line at a time; 0 for none. AVX2 has 16 vector registers: [`block_avx2`] takes two rows
+/// (eight sums, four positions and a row's chunk); AVX-512 has 32: [`block_avx512`] four.
+///
+/// SAFETY (caller): the features of the calling wrapper; each w[j] holds `cols` values of
+/// kind `K`, each x[i] `cols` f32.
+#[inline(always)]
+unsafe fn block<const K: u8, const R: usize>(
+    w: [*const u8; R],
+    x: [*const f32; 4],
+    cols: usize,
+    ahead: usize,
+) -> [[f32; 4]; R] {
+    let chunks = cols / 8;
+    let wd = width::<K>();
+    let line = 64 / (8 * wd);
+    // SAFETY: as in dot4: every load reads values c * 8..c * 8 + 8 <= cols (or one value <
+    // cols); a prefetch never faults.
+    unsafe {
+        let mut v = [[_mm256_setzero_ps(); 4]; R];
+        for c in 0..chunks {
+            if ahead > 0 && c % line == 0 {
+                for wj in w {
+                    _mm_prefetch::<_MM_HINT_T0>(wj.wrapping_add(c * 8 * wd + ahead) as *const i8);
+                }
+            }
+            let xs = [
+                _mm256_loadu_ps(x[0].add(c * 8)),
+                _mm256_loadu_ps(x[1].add(c * 8)),
+                _mm256_loadu_ps(x[2].add(c * 8)),
+                _mm256_loadu_ps(x[3].add(c * 8)),
+            ];
+            for (vj, wj) in v.iter_mut().zip(w) {
+                let wv = load8::<K>(wj.add(c * 8 * wd));
+                for (vji, xi) in vj.iter_mut().zip(xs) {
+                    *vji = _mm256_add_ps(*vji, _mm256_mul_ps(wv, xi));
+                }
+            }
+        }
+        let mut out = [[0.0f32; 4]; R];
+        for ((oj, vj), wj) in out.iter_mut().zip(v).zip(w) {
+            for ((o, vji), xi) in oj.iter_mut().zip(vj).zip(x) {
+                let mut acc = [0.0f32; 8];
+                _mm256_storeu_ps(acc.as_mut_ptr(), vji);
+                for k in chunks * 8..cols {
+                    acc[k - chunks * 8] += load1::<K>(wj.add(k * wd)) * *xi.add(k);
+                }
+                *o = reduce8(acc);
+            }
+        }
+        out
+    }
+}
+
+/// [`block`] of two rows (AVX2 and F16C).
+///
+/// SAFETY (caller): AVX2 and F16C present; as [`block`].
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn block_avx2<const K: u8>(
+    w: [*const u8; 2],
+    x: [*const f32; 4],
+    cols: usize,
+    ahead: usize,
+) -> [[f32; 4]; 2] {
+    // SAFETY: the caller's contract.
+    unsafe { block::<K, 2>(w, x, cols, ahead) }
+}
+
+/// [`block`] of four rows, its sixteen sums in the AVX-512 registers ymm16-31 too.
+///
+/// SAFETY (caller): AVX2, F16C, AVX-512 F and VL present; as [`block`].
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl")]
+pub unsafe fn block_avx512<const K: u8>(
+    w: [*const u8; 4],
+    x: [*const f32; 4],
+    cols: usize,
+    ahead: usize,
+) -> [[f32; 4]; 4] {
+    // SAFETY: the caller's contract.
+    unsafe { block::<K, 4>(w, x, cols, ahead) }
+}
+
 /// `math::dot(w decoded, x)` for one row (the rows left after the fours).
 ///
 /// SAFETY (caller): as [`dot4`] for one row.
