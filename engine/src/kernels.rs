@@ -580,7 +580,7 @@ mod tests {
                 }
             }
             let m = Mat::new(rows, cols, dt, crate::tensor::Bytes::from_vec(bytes)).unwrap();
-            for n in [1, 2, 5] {
+            for n in [1, 2, 5, 8, 13] {
                 let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
                 let mut row = vec![0.0; cols];
                 let mut want = vec![0.0f32; n * rows];

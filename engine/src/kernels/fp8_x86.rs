@@ -334,6 +334,78 @@ pub unsafe fn dot4_avx512(w: [*const u8; 4], x: *const f32, cols: usize, block: 
     }
 }
 
+/// [`dot4`] without `SAME_X` for `R` rows and `P` positions at once: `out[j][i]` is row j
+/// times position i, each chunk of a row decoded once for the `P` positions, each
+/// position's chunk loaded once for the `R` rows, `R P` chains of adds in flight; the same
+/// lanes, products and sums as [`dot4`], so the same bits. The rows' bytes `ahead` past each row's
+/// (the caller's `R` rows on) are prefetched a line at a time; 0 for none.
+///
+/// SAFETY (caller): the features of the calling wrapper; as [`dot4`] for each row.
+#[inline(always)]
+unsafe fn block<const R: usize, const P: usize>(
+    w: [*const u8; R],
+    x: [*const f32; P],
+    cols: usize,
+    block: usize,
+    ahead: usize,
+) -> [[f32; P]; R] {
+    let nb = cols.div_ceil(block);
+    let chunks = cols / 8;
+    let per = block / 8;
+    // SAFETY: as in dot4, for each row.
+    unsafe {
+        let q = w.map(|r| r.add(4 * nb));
+        let mut v = [[_mm256_setzero_ps(); P]; R];
+        for b in 0..nb {
+            let s: [__m256; R] = std::array::from_fn(|j| _mm256_set1_ps(scale(w[j], b) * 256.0));
+            for c in b * per..((b + 1) * per).min(chunks) {
+                if ahead > 0 && c % 8 == 0 {
+                    prefetch(q, c * 8 + ahead);
+                }
+                let xs: [__m256; P] = std::array::from_fn(|i| _mm256_loadu_ps(x[i].add(c * 8)));
+                for ((vj, qj), sj) in v.iter_mut().zip(q).zip(s) {
+                    let f = load8(qj.add(c * 8));
+                    let wv = nan_fix(f, _mm256_mul_ps(f, sj));
+                    for (vji, xi) in vj.iter_mut().zip(xs) {
+                        *vji = _mm256_add_ps(*vji, _mm256_mul_ps(wv, xi));
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0f32; P]; R];
+        for (j, (oj, vj)) in out.iter_mut().zip(v).enumerate() {
+            for ((o, vji), xi) in oj.iter_mut().zip(vj).zip(x) {
+                let mut acc = [0.0f32; 8];
+                _mm256_storeu_ps(acc.as_mut_ptr(), vji);
+                for k in chunks * 8..cols {
+                    let wk = E4M3[*q[j].add(k) as usize] * scale(w[j], k / block);
+                    acc[k - chunks * 8] += wk * *xi.add(k);
+                }
+                *o = reduce8(acc);
+            }
+        }
+        out
+    }
+}
+
+/// [`block`] of two rows and eight positions, its sixteen sums in the AVX-512 registers
+/// ymm16-31 too: each row chunk's decode (a widening, shift, mask, conversion, product and
+/// NaN test) serves eight positions. Two rows times four positions with AVX2's 16
+/// registers, and four times four here, were no faster than one row times four (docs/kernels.md).
+///
+/// SAFETY (caller): AVX2, F16C, AVX-512 F and VL present; as [`block`].
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl")]
+pub unsafe fn block_avx512(
+    w: [*const u8; 2],
+    x: [*const f32; 8],
+    cols: usize,
+    block: usize,
+    ahead: usize,
+) -> [[f32; 8]; 2] {
+    // SAFETY: the caller's contract.
+    unsafe { self::block::<2, 8>(w, x, cols, block, ahead) }
+}
+
 /// [`dot4`] for one row.
 ///
 /// SAFETY (caller): as [`dot4`] for one row.

@@ -109,7 +109,7 @@ pub(super) unsafe fn float_rows<const K: u8>(
 /// Rows `r0..r1` of FP8 weights (scale blocks of `block` columns, [`fp8_x86::takes`])
 /// times the `n` positions, the bits of decoding each row and applying [`math::dot`]: four
 /// rows at a time for one position (two per 512-bit register with `avx512`), four
-/// positions at a time for more. A row whose scales
+/// positions at a time for more (`avx512`: two rows times eight positions). A row whose scales
 /// [`fp8_x86::scales_ok`] refuses takes the decode-then-dot loop. Returns false (nothing
 /// written) when the stored bytes are not the matrix's.
 ///
@@ -170,11 +170,11 @@ pub(super) unsafe fn fp8_rows(
             }
             return true;
         }
-        for r in r0..r1 {
+        let one_row = |r: usize, buf: &mut Vec<f32>| {
             let wr = row(r);
             if !fp8_x86::scales_ok(wr, nb) {
-                plain(r, &mut buf);
-                continue;
+                plain(r, buf);
+                return;
             }
             let mut p = 0;
             while p + 4 <= n {
@@ -189,6 +189,45 @@ pub(super) unsafe fn fp8_rows(
             for p in p..n {
                 *out.add(p * rows + r) = fp8_x86::dot1(wr, xp.add(p * cols), cols, block);
             }
+        };
+        // AVX-512: two rows times eight positions per pass (fp8_x86::block_avx512).
+        let mut r = r0;
+        while avx512 && r + 2 <= r1 && n >= 8 {
+            if !(r..r + 2).all(|k| fp8_x86::scales_ok(row(k), nb)) {
+                (r..r + 2).for_each(|k| one_row(k, &mut buf));
+                r += 2;
+                continue;
+            }
+            let mut p = 0;
+            while p + 8 <= n {
+                let xs: [*const f32; 8] = std::array::from_fn(|i| xp.add((p + i) * cols));
+                let v = fp8_x86::block_avx512([row(r), row(r + 1)], xs, cols, block, if p == 0 { 2 * rb } else { 0 });
+                for (j, vj) in v.iter().enumerate() {
+                    for (i, vi) in vj.iter().enumerate() {
+                        *out.add((p + i) * rows + r + j) = *vi;
+                    }
+                }
+                p += 8;
+            }
+            // The positions left (fewer than eight): fours, then ones, row by row.
+            for k in r..r + 2 {
+                let mut q = p;
+                while q + 4 <= n {
+                    let xs = [xp.add(q * cols), xp.add((q + 1) * cols), xp.add((q + 2) * cols), xp.add((q + 3) * cols)];
+                    let v = fp8_x86::dot4::<false>([row(k); 4], xs, cols, block, 0);
+                    for (i, vi) in v.iter().enumerate() {
+                        *out.add((q + i) * rows + k) = *vi;
+                    }
+                    q += 4;
+                }
+                for q in q..n {
+                    *out.add(q * rows + k) = fp8_x86::dot1(row(k), xp.add(q * cols), cols, block);
+                }
+            }
+            r += 2;
+        }
+        for r in r..r1 {
+            one_row(r, &mut buf);
         }
         true
     }
