@@ -1,6 +1,6 @@
 //! colibri-engine: the model math of colibri, in folders that follow the data path.
 //!
-//! - [`format`]: what bytes on disk mean: the container manifest and its checksums, the
+//! - [`mod@format`]: what bytes on disk mean: the container manifest and its checksums, the
 //!   quantized encodings, the tensor table of safetensors checkpoints.
 //! - [`experts`]: the expert supply: byte sources (file, memory, the browser's), the native
 //!   reader pool, the in-memory tiers (pinned by usage, then by recent use), the usage counts.
@@ -9,7 +9,7 @@
 //! - [`generate`], [`sampler`], [`tokenizer`]: ids in, ids and text out.
 //! - `memlimit` (native only): how much memory the process may still take (MemAvailable,
 //!   the memory cgroup's limits, a user's limit), for every automatic budget.
-//! - [`gpu`] (feature `wgpu`): the same forward pass on wgpu; [`kernels`], [`math`] and
+//! - `gpu` (feature `wgpu`): the same forward pass on wgpu; [`kernels`], [`math`] and
 //!   [`tensor`]: the CPU arithmetic every backend is checked against.
 //!
 //! Each folder imports only from those above it in this list's order (format, experts,

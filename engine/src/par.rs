@@ -1,7 +1,7 @@
 //! The engine's parallel regions, below every kernel that uses them (`qdot`, `kernels`,
 //! the model's attention and DeltaNet): how many threads, a region in which the calling
-//! thread takes part ([`joined`], [`region::run`]), and the
-//! output pointer the tasks of one region share ([`OutPtr`]).
+//! thread takes part (`joined`, `region::run`), and the
+//! output pointer the tasks of one region share (`OutPtr`).
 
 #[cfg(feature = "parallel")]
 mod region;

@@ -14,7 +14,7 @@
 //!   safetensors header) is tried 5 times with the same pauses when the connection fails,
 //!   times out or the server answers 408, 429 or 5xx; other statuses fail at once.
 //!
-//! `HF_ENDPOINT` (default https://huggingface.co) and `HF_TOKEN` (sent as a bearer token to
+//! `HF_ENDPOINT` (default <https://huggingface.co>) and `HF_TOKEN` (sent as a bearer token to
 //! the endpoint; not forwarded to the CDN a redirect leads to) are honoured.
 
 use std::fs::{File, OpenOptions};

@@ -1,4 +1,4 @@
-//! colibri-wasm: the engine in a browser worker. A thin wasm-bindgen facade ([`Engine`])
+//! colibri-wasm: the engine in a browser worker. A thin wasm-bindgen facade (`Engine`)
 //! over colibri-engine (CPU or WebGPU backend), plus the browser I/O: fetch and HTTP Range from the helper,
 //! and the persistent OPFS expert tier. Errors cross into JavaScript as `Error`s with the
 //! engine's stable `code` (`error.rs`).

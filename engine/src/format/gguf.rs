@@ -198,7 +198,7 @@ impl Array {
     }
 }
 
-/// One tensor: name, ggml type, `ne` (ne[0] is the row length: the reverse of PyTorch's
+/// One tensor: name, ggml type, `ne` (`ne[0]` is the row length: the reverse of PyTorch's
 /// shape), absolute byte offset in the file and byte size.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {

@@ -7,7 +7,7 @@
 //! olmoe, `llama` with experts -> mixtral, `qwen2moe` -> qwen2_moe, `glm4moe` -> glm4_moe,
 //! `deepseek2` -> deepseek_v3, `gpt-oss` -> gpt_oss, `qwen3next` -> qwen3_next,
 //! `qwen35moe` -> qwen3_5_moe_text, `glm-dsa` -> glm_moe_dsa (what the last two add:
-//! [`super::gguf_families`]). Tensor names follow gguf-py's tensor_mapping.py; for
+//! `gguf_families`). Tensor names follow gguf-py's tensor_mapping.py; for
 //! `llama`, convert_hf_to_gguf.py permuted the rows of q_proj and k_proj (`permute(w,
 //! n_head)`: within each head, interleaved pairs instead of two halves) and they are
 //! permuted back here. The others use NEOX rope (two halves, as Hugging Face) or, for

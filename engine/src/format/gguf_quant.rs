@@ -27,7 +27,7 @@ pub const IQ4_XS: u32 = 23;
 pub const BF16: u32 = 30;
 pub const MXFP4: u32 = 39;
 
-/// The grid-coded types ([`super::gguf_iq`]).
+/// The grid-coded types (`gguf_iq`).
 pub const GRID_CODED: &[u32] = &[IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M];
 
 /// The types colibri decodes: every type of gguf.rs's table that llama.cpp writes into

@@ -88,7 +88,7 @@ pub(super) struct MoeScratch<'a> {
 
 impl<M: Borrow<Model>> GpuModel<M> {
     /// Where the routed experts ran since the last call, ascending by (layer, expert); the
-    /// uses add up to the growth of [`HybridStats`]' `cpu_experts` and `gpu_experts`.
+    /// uses add up to the growth of `HybridStats`' `cpu_experts` and `gpu_experts`.
     pub fn take_placement(&self) -> Result<Vec<ExpertPlacement>> {
         let mut placed = self.placement.placed.lock().map_err(|_| Error::Gpu("hybrid placement poisoned".into()))?;
         Ok(std::mem::take(&mut *placed)

@@ -1,6 +1,6 @@
 //! [`GpuModel`]: a [`Model`] whose dense weights live in GPU buffers, its sessions (the
 //! KV cache and recurrent states on the GPU) and its expert pool. The forward pass is
-//! the graph's ([`crate::model::graph`]), which the GPU backend ([`super::backend`])
+//! the graph's (`model::graph`), which the GPU backend (`gpu::backend`)
 //! records with each CPU kernel's WGSL twin.
 
 use std::borrow::Borrow;

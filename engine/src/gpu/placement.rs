@@ -61,7 +61,7 @@ pub struct HybridStats {
     pub gpu_ms: Option<f64>,
 }
 
-/// Where one routed expert ran since the last [`GpuModel::take_placement`]: its uses (one
+/// Where one routed expert ran since the last `GpuModel::take_placement`: its uses (one
 /// per layer pass that routed to it) computed on the CPU and on the GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExpertPlacement {

@@ -11,7 +11,7 @@ use crate::tensor::Mat;
 /// position, two rows (`wide`: four) times four positions at a time for more (see
 /// float_x86). Returns false (nothing written) when the stored bytes are not the matrix's.
 ///
-/// SAFETY (caller): AVX2 and F16C present (`wide`: AVX-512 F and VL too); as [`rows_into`].
+/// SAFETY (caller): AVX2 and F16C present (`wide`: AVX-512 F and VL too); as [`super::rows_into`].
 pub(super) unsafe fn float_rows<const K: u8>(
     w: &Mat,
     x: &[f32],
@@ -114,7 +114,7 @@ pub(super) unsafe fn float_rows<const K: u8>(
 /// written) when the stored bytes are not the matrix's.
 ///
 /// SAFETY (caller): AVX2 and F16C present (and AVX-512 F/BW/VL with `avx512`); as
-/// [`rows_into`].
+/// [`super::rows_into`].
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn fp8_rows(
     w: &Mat,

@@ -25,7 +25,7 @@ pub struct AttnOpts {
     /// Multiplies q.k (transformers: head_dim ** -0.5; MLA: times YaRN's mscale^2).
     pub scale: f32,
     pub rms_eps: f32,
-    /// Multi-head Latent Attention's sizes (with [`AttnWeights::Mla`]).
+    /// Multi-head Latent Attention's sizes (with `AttnWeights::Mla`).
     pub mla: Option<MlaConfig>,
     /// wq yields per head the query and then as many gate values; the output of the
     /// head is multiplied by sigmoid(gate) before wo (qwen3_next).
@@ -34,7 +34,7 @@ pub struct AttnOpts {
 
 /// Grouped-query attention's weights, as matrices `M` and vectors `V` of a backend: the
 /// CPU's [`Mat`] and `Vec<f32>` as loaded, or a GPU's buffers ([`GqaWeights::try_map`]).
-/// The graph ([`crate::model::graph`]) runs them on either.
+/// The graph (`model::graph`) runs them on either.
 pub struct GqaWeights<M = Mat, V = Vec<f32>> {
     /// (n_heads*head_dim, hidden); (n_heads*2*head_dim, hidden) with an output gate:
     /// per head the query rows, then the gate rows.

@@ -50,11 +50,11 @@ pub enum Family {
     Qwen3Next,
     /// Qwen3.5/3.6 MoE (`qwen3_5_moe`, the text tower of the image-text release, or
     /// `qwen3_5_moe_text`): qwen3_next's hybrid stack with the DeltaNet input projections
-    /// stored apart, every layer MoE and the top-k always renormalised ([`qwen3_5_moe`]).
+    /// stored apart, every layer MoE and the top-k always renormalised (`qwen3_5_moe`).
     Qwen35Moe,
     /// DeepSeek-V4: hyper-connection residual streams, sliding / compressed sparse /
     /// heavily compressed attention per layer, hash-routed and sqrtsoftplus-routed MoE
-    /// ([`deepseek_v4`], [`crate::model::v4`]).
+    /// (`deepseek_v4`, [`crate::model::v4`]).
     DeepseekV4,
 }
 

@@ -711,9 +711,9 @@ pub fn prepares_k4(simd: Simd) -> bool {
         || (matches!(simd, Simd::Neon | Simd::NeonDot) && cfg!(target_arch = "aarch64"))
 }
 
-/// Positions from which a row is first made ready ([`tile::prepare`]: its values unpacked
+/// Positions from which a row is first made ready (`tile::prepare`: its values unpacked
 /// and interleaved once) and then applied to the positions four at a time. Below it the
-/// x86 paths run [`x86_few`] (each run of the row loaded and unpacked once for up to 32
+/// x86 paths run `x86_few` (each run of the row loaded and unpacked once for up to 32
 /// positions, read from L1 again for the next 32), which beat preparing at every count up
 /// to 32 on the OLMoE shape (`coli bench --batch N --ram all` and short prefills, Xeon
 /// with AVX-512 VNNI, both paths; docs/benchmarks.md "A few positions per row"): against
@@ -745,7 +745,7 @@ pub fn prepare_min(simd: Simd) -> usize {
 /// `dot_row(simd, int4, row, a, p0 + i)`. With [`prepare_min`] or more positions and
 /// interleaved activations ([`ActQ::interleave`]), the x86 paths prepare the row once into
 /// `scratch` (int4 on AVX2 and AVX-512; int8 on AVX-512, whose `vpdpbusd` takes w + 128
-/// without overflow) and run [`tile::dot_many`]; wasm SIMD128 does the same for int4
+/// without overflow) and run `tile::dot_many`; wasm SIMD128 does the same for int4
 /// (`wasm_tile::prepare_int4`, `wasm_tile::dot_many_int4`) and aarch64 NEON for int4 and int8
 /// (`neon_tile`: `sdot` on the interleaved halves); the integer block sums are the same,
 /// so are the bits.

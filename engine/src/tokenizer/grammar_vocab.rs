@@ -129,7 +129,7 @@ pub fn tok_env(tok: &tokenizers::Tokenizer, vocab_size: usize) -> Result<(TokEnv
 }
 
 /// llguidance's compiled view of a tokenizer's vocabulary (built once per tokenizer:
-/// [`Tokenizer::grammar_vocab`]).
+/// `Tokenizer::grammar_vocab`).
 pub struct GrammarVocab {
     pub(crate) factory: ParserFactory,
     /// The virtual end-of-sequence id (one past the tokenizer's vocabulary).

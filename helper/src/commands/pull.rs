@@ -135,7 +135,7 @@ pub fn pull(a: PullArgs) -> Result<()> {
     pull_to(&a, &models, Hub::from_env())
 }
 
-/// `coli serve`'s `/api/pull`: `repo` (OWNER/NAME[@REV]) into `models` as `coli pull`
+/// `coli serve`'s `/api/pull`: `repo` (`OWNER/NAME[@REV]`) into `models` as `coli pull`
 /// (the GGUF file `gguf` of a GGUF repository), each download's progress told to
 /// `progress`; the installed id.
 pub fn pull_for_api(repo: &str, gguf: Option<String>, models: &Path, progress: crate::hub::Progress) -> Result<String> {

@@ -1,6 +1,6 @@
 //! `coli run NAME [CHAT OPTIONS]`: chat with a model, pulling it first when it is not
 //! installed, as `ollama run` does. NAME is an installed id, a directory, `demo`, a hub
-//! repository OWNER/NAME[@REV] or a name from `coli pull --list`. Before anything is
+//! repository `OWNER/NAME[@REV]` or a name from `coli pull --list`. Before anything is
 //! downloaded, `coli plan`'s sizes are checked against the memory this process may take
 //! (MemAvailable, the cgroup's limit, COLI_MEM_LIMIT): a model whose dense weights do not
 //! fit is refused (`--force` pulls it anyway), one whose experts only partly fit in the

@@ -78,7 +78,7 @@ pub(crate) fn moe(
 
 /// The router lookahead's guess for a learned-router layer `next` from the input `x` (n,
 /// hidden) of the layer before it: its router's top-k per position (sqrtsoftplus and
-/// correction bias, as [`moe`] routes), the `top_k` chosen most often. A guess: only
+/// correction bias, as `moe` routes), the `top_k` chosen most often. A guess: only
 /// which experts are read early depends on it, never an output.
 pub fn predict(m: &Model, next: &V4Layer, x: &[f32], n: usize) -> Vec<usize> {
     let c = &m.cfg;

@@ -17,7 +17,7 @@
 //!   f32(lsum_b) * 2^-16), blocks in increasing order, every operation rounded on its own
 //!   (no FMA).
 //!
-//! [`dot_row_scalar`] is the reference; the x86 paths ([`x86`]: AVX2, AVX-512 VNNI) and the
+//! [`dot_row_scalar`] is the reference; the x86 paths (`x86`: AVX2, AVX-512 VNNI) and the
 //! wasm SIMD128 path only change how the integer sums are formed, so they give its bits by
 //! construction. The x86 paths read the activations as byte planes ([`ActQ16::planes`]):
 //! h = 256 * hh + hl with hh = h >> 8 (signed byte) and hl = h & 255 (unsigned byte), the
@@ -60,7 +60,7 @@ pub struct ActQ16 {
     pub planes: Vec<u8>,
     /// x86-64 only: [n, dstride * 2] per run of eight blocks, 12 * sum h of each of its
     /// blocks, then 12 * sum l of each, block j at [`LANE`]`[j]` (the kernels read the
-    /// weights as k + 12, [`x86`]).
+    /// weights as k + 12, `x86`).
     pub corr: Vec<i32>,
 }
 
@@ -140,7 +140,7 @@ impl ActQ16 {
 
 /// The lane of block j of a run of eight in the x86 kernels' sums, planes and corrections:
 /// the order in which a 4x4 transpose of 32-bit words leaves the blocks of four 32-byte
-/// loads (two blocks each) ([`x86`]).
+/// loads (two blocks each) (`x86`).
 pub const LANE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
 /// [`quantize_block`] on the active SIMD path (x86: AVX2; the same bits).

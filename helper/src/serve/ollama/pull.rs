@@ -28,7 +28,7 @@ use super::super::AppState;
 use super::{line, model_name, ndjson, parse_object, Error};
 use crate::hub::{Progress, RemoteFile};
 
-/// Pulls `repo` (OWNER/NAME[@REV]), the GGUF file named by the second argument of a GGUF
+/// Pulls `repo` (`OWNER/NAME[@REV]`), the GGUF file named by the second argument of a GGUF
 /// repository, into the models directory, telling the progress of each download; the
 /// installed id.
 pub type Puller = Arc<dyn Fn(&str, Option<String>, &Path, Progress) -> anyhow::Result<String> + Send + Sync>;
