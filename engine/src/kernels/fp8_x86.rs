@@ -73,6 +73,26 @@ unsafe fn nan_free(p: *const u8, n: usize) -> bool {
     }
 }
 
+/// [`nan_free`] 64 bytes at a time into a mask register (AVX-512 BW): an or and a
+/// compare per 64 bytes, a third of the 256-bit scan's operations per byte.
+///
+/// SAFETY (caller): AVX-512 F and BW present; `n` bytes readable at `p`.
+#[inline(always)]
+unsafe fn nan_free512(p: *const u8, n: usize) -> bool {
+    // SAFETY: loads of the caller's n bytes (64-byte steps below n, then single bytes).
+    unsafe {
+        let (top, ones) = (_mm512_set1_epi8(-128), _mm512_set1_epi8(-1));
+        let mut hit: __mmask64 = 0;
+        let mut i = 0;
+        while i + 64 <= n {
+            let v = _mm512_loadu_si512(p.add(i) as *const __m512i);
+            hit |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(v, top), ones);
+            i += 64;
+        }
+        hit == 0 && (i..n).all(|k| *p.add(k) | 0x80 != 0xff)
+    }
+}
+
 /// Eight e4m3 bytes at `p` as f32, each its value times 2^-8; NaN bytes give ±1.875
 /// (see the module comment: [`nan_fix`] after the product, or [`nan_free`] before).
 #[inline(always)]
@@ -257,7 +277,8 @@ pub unsafe fn dot4_avx512(w: [*const u8; 4], x: *const f32, cols: usize, block: 
     // SAFETY: as in dot4.
     unsafe {
         let q = w.map(|r| r.add(4 * nb));
-        let nan = [!nan_free(q[0], cols), !nan_free(q[1], cols), !nan_free(q[2], cols), !nan_free(q[3], cols)];
+        let nan =
+            [!nan_free512(q[0], cols), !nan_free512(q[1], cols), !nan_free512(q[2], cols), !nan_free512(q[3], cols)];
         let mut v = [_mm512_setzero_ps(); 2];
         let mask = _mm256_set1_epi16(HALF_MASK);
         let mask4 = _mm512_set1_epi16(HALF_MASK);
