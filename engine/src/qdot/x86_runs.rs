@@ -488,7 +488,7 @@ const PREFETCH_ROWS_AMD: usize = 384;
 /// (below four rows when rows are short): on an AMD EPYC (Zen 4, 2 cores, 28.7 GB/s read at
 /// one thread), qdot_bench from 256 MiB, one thread, bf16 rows of 512 columns read 8 GB/s
 /// without a prefetch, 15-18 four rows (4 KiB) ahead, 23-27 at 8 KiB; 768 columns 18-22 at
-/// four rows (6 KiB), 23-25 at 12 KiB (docs/benchmarks.md, forty-third session).
+/// four rows (6 KiB), 22.7-25.2 at 12 KiB (docs/benchmarks.md, forty-third session).
 const FLOAT_L2_MIN: usize = 12 << 10;
 
 /// How the one-position float rows (f32, bf16, f16; four rows at a time) prefetch.
