@@ -204,3 +204,34 @@ test("qwen3_next after a reload: a prompt that cuts the answer reuses the first 
     await browser.close();
   }
 });
+
+// A Gated DeltaNet state goes back only to where a pass ended: a prompt that leaves the
+// last conversation mid-way ends a pass there, so that the next prompt leaving it at the
+// same place (a message edited again) keeps that prefix instead of feeding it all again;
+// the native tokens each time.
+for (const backend of ["cpu", "webgpu"]) test(`qwen3_next in one tab (${backend}): a prompt edited twice keeps the prefix before the edit the second time`, async () => {
+  const prompt = [5, 17, 3, 42, 7, 99, 120, 250, 31, 64, 9, 77];
+  const edits = [[...prompt.slice(0, 8), 1, 2, 3], [...prompt.slice(0, 8), 4, 5, 6]];
+  const generate = (ids) =>
+    JSON.parse(coli(["generate", "--model", fxNext.path, "--ids", ids.join(","), "--max-new-tokens", String(NEW), "--temperature", "0", "--ignore-eos", "--json"])).ids;
+  const browser = await launchBrowser();
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${helperNext.url}/health`);
+    const r = await page.evaluate(
+      async ({ turns, n, backend }) => {
+        const { load } = await import("/colibri.js");
+        const engine = await load({ model: "qwen3_next", backend });
+        const out = [];
+        for (const ids of turns) out.push(await engine.generate({ ids, maxNewTokens: n, temperature: 0, ignoreEos: true }));
+        return out;
+      },
+      { turns: [prompt, ...edits], n: NEW, backend },
+    );
+    assert.equal(r[1].cachedTokens, 0, "the first edit: no state where it leaves the first prompt");
+    assert.equal(r[2].cachedTokens, 8, "the second edit keeps the state where the first edit's pass ended");
+    for (const [i, ids] of [prompt, ...edits].entries()) assert.deepEqual(r[i].ids, generate(ids), `turn ${i + 1}: tokens differ from coli generate`);
+  } finally {
+    await browser.close();
+  }
+});

@@ -76,6 +76,15 @@ impl colibri_engine::generate::Context for Context {
         Context::truncate(self, len)
     }
 
+    /// The session's: a recurrent state (Gated DeltaNet, DeepSeek-V4) goes back only to a
+    /// snapshot, so a prompt keeps no more than that (and `stats().cachedTokens` says so).
+    fn keepable(&self, len: usize) -> usize {
+        match self {
+            Context::Cpu(s) => colibri_engine::generate::Context::keepable(s, len),
+            Context::Gpu(s) => colibri_engine::generate::Context::keepable(s, len),
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Context::Cpu(s) => s.bytes(),

@@ -15,7 +15,8 @@ use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::request::truncation;
 use colibri_engine::generate::{
-    keepable, Constraint, GenerateOptions, Generator, MtpDrafter, Pass, SamplingDefaults, Stepped, PREFILL_CHUNK,
+    keepable, reusable, snapshot_cuts, Constraint, GenerateOptions, Generator, MtpDrafter, Pass, SamplingDefaults,
+    Stepped, PREFILL_CHUNK,
 };
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
@@ -87,6 +88,9 @@ struct State {
     /// Positions of the generator's pending input already fed: a long prompt is read
     /// PREFILL_CHUNK positions per step, so that a cancel gets in between.
     prefilled: usize,
+    /// Positions where a pass of the prompt ends (`generate::snapshot_cuts`: a recurrent
+    /// state goes back only to where a pass ended).
+    cuts: Vec<usize>,
     /// What the conversation's cache file in browser storage holds, as this engine last
     /// wrote or read it (None: not known), and what it will hold once the write that
     /// `exportCache` handed out succeeds (`cacheStored`).
@@ -299,6 +303,7 @@ impl Engine {
             draft: None,
             model_draft: false,
             prefilled: 0,
+            cuts: Vec::new(),
             kv_held: None,
             kv_pending: None,
         };
@@ -486,6 +491,13 @@ impl Engine {
             (true, None) => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
         };
         let common = if reuse { keepable(&st.cx, &ids) } else { 0 };
+        // A Gated DeltaNet state goes back only to where a pass ended: the prompt's passes
+        // end where it leaves the last conversation and, for a long one, before its last id
+        // (a regenerated answer then feeds that id alone).
+        st.cuts = match reuse && self.model.cfg.linear_attn.is_some() {
+            true => snapshot_cuts(common, reusable(st.cx.tokens(), &ids), ids.len()),
+            false => Vec::new(),
+        };
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
         let mut gen = Generator::new(&ids[..common], &ids[common..], self.model.cfg.max_positions, &opts)
@@ -619,7 +631,7 @@ impl Engine {
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
-            let State { cx, gen, perf, mtp, draft, model_draft, prefilled, .. } = &mut *st;
+            let State { cx, gen, perf, mtp, draft, model_draft, prefilled, cuts, .. } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
             // Drafting is part of the step's time (tokensPerSecond).
             let t0 = now_ms();
@@ -643,13 +655,17 @@ impl Engine {
                     async |_keep, ids: &[u32], which| {
                         let before = cx.tokens().len();
                         let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
-                        // A long prompt goes in pieces of PREFILL_CHUNK positions, one per
-                        // step (-2: still reading), the same bits as one pass; the worker
-                        // sees a cancel between them. Not with speculation's rows or MTP
+                        // A long prompt goes in pieces of PREFILL_CHUNK positions (ending at
+                        // the cuts too), one per step (-2: still reading), the same bits as
+                        // one pass; the worker sees a cancel between them. Not with speculation's rows or MTP
                         // drafts, whose log follows whole passes.
                         let rest = ids.get(*prefilled..).unwrap_or_default();
-                        let part = which == Logits::Last && log.is_none() && rest.len() > PREFILL_CHUNK;
-                        let input = if part { &rest[..PREFILL_CHUNK] } else { rest };
+                        let piece = cuts
+                            .iter()
+                            .find(|&&c| c > before)
+                            .map_or(PREFILL_CHUNK, |&c| (c - before).min(PREFILL_CHUNK));
+                        let part = which == Logits::Last && log.is_none() && rest.len() > piece;
+                        let input = if part { &rest[..piece] } else { rest };
                         let result = match part {
                             true => backend.forward_tiered(&model, &tiers, cx, input, which, &mut on_use, None).await,
                             false => {
@@ -661,7 +677,7 @@ impl Engine {
                         let logits = result.inspect_err(|_| cx.truncate(before))?;
                         Ok(match part {
                             true => {
-                                *prefilled += PREFILL_CHUNK;
+                                *prefilled += piece;
                                 Pass::Partial
                             }
                             false => {

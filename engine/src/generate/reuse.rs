@@ -65,6 +65,36 @@ pub fn reusable(cached: &[u32], ids: &[u32]) -> usize {
     cached.iter().zip(ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1))
 }
 
+/// Fresh ids from which a prompt for a model whose state cannot be cut back is fed in two
+/// passes, its last id on its own ([`snapshot_cuts`]): that extra pass (one more read of
+/// the weights, about one decode step) is small next to a prefill of this many ids, which
+/// is what regenerating the answer would otherwise feed again.
+pub const LAST_CUT_MIN: usize = 256;
+
+/// Where the passes of a prompt of `len` ids, `kept` of them already held, should end
+/// for a model whose state goes back only to snapshots (Gated DeltaNet: one at the start
+/// of each multi-token pass and one after it, [`crate::model::deltanet::DeltaState`]),
+/// so that later requests find a state to go back to:
+/// - at `shared`, the longest prefix the prompt shares with a conversation kept or
+///   running (a widget's visitors with one system prompt: the next request that starts
+///   alike keeps that prefix) when it is more than `kept`;
+/// - before the last id when at least [`LAST_CUT_MIN`] ids are fed (a regenerated
+///   answer, the same prompt again, then feeds one id, not the prompt).
+///
+/// Positions in ascending order, each in `kept + 1..len`. Cutting a prompt's passes
+/// changes no bit (prefill == decode). A KV cache goes back anywhere and needs none.
+pub fn snapshot_cuts(kept: usize, shared: usize, len: usize) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    if shared > kept && shared < len {
+        cuts.push(shared);
+    }
+    let last = len.saturating_sub(1);
+    if len.saturating_sub(kept) >= LAST_CUT_MIN && last > kept && cuts.last() != Some(&last) {
+        cuts.push(last);
+    }
+    cuts
+}
+
 /// How many ids of `ids` the context `cx` can keep ([`reusable`], [`Context::keepable`]).
 pub fn keepable<C: Context + ?Sized>(cx: &C, ids: &[u32]) -> usize {
     cx.keepable(reusable(cx.tokens(), ids))
@@ -122,6 +152,12 @@ impl<C: Context + Clone> ContextPool<C> {
         };
         cx.truncate(kept);
         Some((cx, kept))
+    }
+
+    /// The longest prefix `ids` shares with a kept context (at most all but its last id),
+    /// whether or not that context can be cut back to it ([`snapshot_cuts`]).
+    pub fn shared(&self, ids: &[u32]) -> usize {
+        self.entries.iter().map(|e| reusable(e.cx.tokens(), ids)).max().unwrap_or(0)
     }
 
     /// Keeps `cx` for later requests. Contexts it extends are dropped (it serves every
@@ -265,6 +301,25 @@ mod tests {
         q.put(Ids { ids: vec![1, 2, 3], recurrent: true });
         assert!(q.take(&[1, 2, 5]).is_none());
         assert_eq!(q.take(&[1, 2, 3, 5]).map(|(_, k)| k), Some(3));
+    }
+
+    #[test]
+    fn a_recurrent_prompt_ends_its_passes_where_later_requests_go_back_to() {
+        // What a kept context shares, whether or not it can go back there.
+        let mut q = ContextPool::new(4, 100_000);
+        q.put(Ids { ids: vec![1, 2, 3, 4], recurrent: true });
+        q.put(Ids { ids: vec![1, 2, 7], recurrent: true });
+        assert_eq!(q.shared(&[1, 2, 3, 9]), 3);
+        assert_eq!(q.shared(&[1, 2, 3, 4]), 3, "all but the last id");
+        assert_eq!(q.shared(&[5]), 0);
+        // At the shared prefix beyond what was kept; before the last id of a long prompt.
+        assert_eq!(snapshot_cuts(0, 40, 60), [40]);
+        assert_eq!(snapshot_cuts(40, 40, 60), [] as [usize; 0], "kept already");
+        assert_eq!(snapshot_cuts(0, 0, 60), [] as [usize; 0]);
+        assert_eq!(snapshot_cuts(0, 40, LAST_CUT_MIN), [40, LAST_CUT_MIN - 1]);
+        assert_eq!(snapshot_cuts(10, 0, LAST_CUT_MIN + 9), [] as [usize; 0], "fewer fresh ids than LAST_CUT_MIN");
+        assert_eq!(snapshot_cuts(0, 299, 300), [299], "one cut where both fall");
+        assert_eq!(snapshot_cuts(0, 0, 1), [] as [usize; 0]);
     }
 
     #[test]

@@ -26,7 +26,8 @@ use std::time::Instant;
 use colibri_engine::generate::logprobs::sequence_logprobs;
 use colibri_engine::generate::mtp::HiddenLog;
 use colibri_engine::generate::{
-    forward_recording, keepable, Drafter, Generator, ModelDrafter, MtpDrafter, StopReason, PREFILL_CHUNK,
+    forward_recording, keepable, reusable, snapshot_cuts, Drafter, Generator, ModelDrafter, MtpDrafter, StopReason,
+    PREFILL_CHUNK,
 };
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::{Error, Logits, Model, Session};
@@ -162,6 +163,8 @@ struct Seq<'a> {
     fed: usize,
     prompt_tokens: usize,
     cached: usize,
+    /// Session positions where a prompt pass ends ([`snapshot_cuts`]).
+    cuts: Vec<usize>,
     /// The input being fed (a copy of the generator's) and how much of it is fed.
     input: Vec<u32>,
     done: usize,
@@ -196,7 +199,7 @@ impl<'a> Seq<'a> {
             return None;
         }
         let model = &cx.loaded.model;
-        let Job { prompt, opts, stop, continue_prompt, prompt_logprobs, constraint, speculation } = job;
+        let Job { prompt, shared_hint, opts, stop, continue_prompt, prompt_logprobs, constraint, speculation } = job;
         if cx.loaded.tokenizer.is_none() {
             return fail("this model has no tokenizer".into());
         }
@@ -204,6 +207,16 @@ impl<'a> Seq<'a> {
         let mtp = speculation.as_ref().is_some_and(|s| s.mtp);
         // Echo with logprobs needs every prompt position's logits, and MTP drafts every
         // position's hidden state: nothing is reused then.
+        // A Gated DeltaNet state goes back only to where a pass started or ended: the
+        // prompt's passes end where later requests will want to go back to, after the
+        // system messages (the handler's hint), else where this prompt leaves a
+        // conversation kept or running.
+        let recurrent = model.cfg.linear_attn.is_some() && prompt_logprobs.is_none() && !mtp;
+        let shared = match recurrent {
+            true if shared_hint > 0 => shared_hint,
+            true => running.iter().map(|s| reusable(&s.tokens, &prompt)).fold(cx.kv.shared(&prompt), usize::max),
+            false => 0,
+        };
         let taken = match prompt_logprobs {
             None if !mtp => {
                 let kept = cx.kv.take(&model.cfg, &prompt);
@@ -228,6 +241,7 @@ impl<'a> Seq<'a> {
             _ => None,
         };
         let (session, cached) = taken.unwrap_or_else(|| (model.new_session(), 0));
+        let cuts = if recurrent { snapshot_cuts(cached, shared, prompt.len()) } else { Vec::new() };
         let (history, fresh) = prompt.split_at(cached);
         let mut gen = match Generator::new(history, fresh, model.cfg.max_positions, &opts) {
             Ok(g) => g.with_text(stream, stop),
@@ -272,6 +286,7 @@ impl<'a> Seq<'a> {
             fed: cached,
             prompt_tokens: prompt.len(),
             cached,
+            cuts,
             input: Vec::new(),
             done: 0,
             rows: Vec::new(),
@@ -344,7 +359,11 @@ impl<'a> Seq<'a> {
 
     /// The part of the input this iteration feeds, and the logits it asks for.
     fn part(&self) -> (&[u32], Option<Logits>) {
-        let end = (self.done + PREFILL_CHUNK).min(self.input.len());
+        let mut end = (self.done + PREFILL_CHUNK).min(self.input.len());
+        let at = self.session.len();
+        if let Some(&c) = self.cuts.iter().find(|&&c| c > at) {
+            end = end.min(self.done + (c - at));
+        }
         let last = end == self.input.len();
         let which = match (self.echo.is_some(), last) {
             (true, _) => Some(Logits::All),

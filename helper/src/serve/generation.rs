@@ -336,6 +336,10 @@ pub enum Event {
 /// One generation request, ready to run.
 pub struct Job {
     pub prompt: Vec<u32>,
+    /// Leading ids of `prompt` that later requests likely share (its system messages
+    /// rendered); a recurrent model's prompt pass ends there
+    /// ([`colibri_engine::generate::snapshot_cuts`]). 0: none known.
+    pub shared_hint: usize,
     pub opts: GenerateOptions,
     pub stop: Vec<String>,
     /// Decode the output as a continuation of the prompt (completions) or on its own (chat).
@@ -385,6 +389,12 @@ impl Kv<'_> {
             }
             None => mem,
         }
+    }
+
+    /// The longest prefix `ids` shares with a conversation kept in memory
+    /// ([`ContextPool::shared`]).
+    pub fn shared(&self, ids: &[u32]) -> usize {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).shared(ids)
     }
 
     /// Keeps `s` for the next request: in memory, and written to disk.

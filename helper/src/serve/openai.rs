@@ -30,7 +30,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs};
 use colibri_engine::generate::request::truncation;
-use colibri_engine::generate::{context_room, Fallback, GenerateOptions, TokenLogprob, TurnRequest};
+use colibri_engine::generate::{context_room, reusable, Fallback, GenerateOptions, TokenLogprob, TurnRequest};
 use colibri_engine::tokenizer::{answer_reserve, fit_rendered, ChatMessage};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -204,6 +204,15 @@ pub(super) fn admit(state: &AppState, slot: &Arc<engine::Slot>) -> Result<engine
     })
 }
 
+/// A request's prompt as `make_prompt` built it.
+pub(super) struct Built {
+    pub ids: Vec<u32>,
+    /// Messages left out to fit the context.
+    pub dropped: usize,
+    /// Leading ids that later requests likely share ([`Job::shared_hint`]); 0: none known.
+    pub shared_hint: usize,
+}
+
 /// Shared path of both endpoints: look the model up, load it, build the prompt with
 /// `make_prompt`, check limits, queue the generation.
 async fn prepare(
@@ -211,7 +220,7 @@ async fn prepare(
     p: Params,
     prefix: &str,
     extras: Extras,
-    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<(Vec<u32>, usize), ApiError> + Send + 'static,
+    make_prompt: impl FnOnce(&crate::load::Loaded) -> Result<Built, ApiError> + Send + 'static,
 ) -> Result<Prepared, ApiError> {
     // Every parameter of the turn, checked by the engine (the browser engine runs the same
     // check): refusals, types, ranges, one constraint at most, stop strings.
@@ -237,7 +246,7 @@ async fn prepare(
     // At most PROMPTS_AT_ONCE at a time, which bounds their memory.
     let l = loaded.clone();
     let permit = state.prompts.clone().acquire_owned().await;
-    let (prompt, dropped_messages) = tokio::task::spawn_blocking(move || {
+    let Built { ids: prompt, dropped: dropped_messages, shared_hint } = tokio::task::spawn_blocking(move || {
         let r = make_prompt(&l);
         drop(permit);
         r
@@ -287,6 +296,7 @@ async fn prepare(
     };
     let job = Job {
         prompt,
+        shared_hint,
         opts: GenerateOptions { max_new_tokens, sampler, stop_ids, logprobs: extras.logprobs },
         stop: turn.stop,
         continue_prompt: extras.continue_prompt,
@@ -528,18 +538,28 @@ async fn prepare_chat(state: &Arc<AppState>, req: ChatRequest) -> Result<Prepare
             Some(t) => tok.encode(&structured::chat_prompt(tok, kept, t)?, false),
             None => tok.encode_chat(kept, true),
         };
-        if !truncate {
-            return Ok((render(&turns).map_err(invalid)?, 0));
-        }
-        // The one trimming rule of every surface (colibri_engine::tokenizer::fit_chat).
-        let ctx = num_ctx.map_or(l.model.cfg.max_positions, |n| n.min(l.model.cfg.max_positions));
-        match fit_rendered(&turns, ctx, answer_reserve(max_tokens, ctx), &render) {
-            Ok(f) => Ok((f.ids, f.dropped)),
-            Err(e @ colibri_engine::Error::ContextOverflow { .. }) => {
-                Err(invalid(e).with_code("context_length_exceeded"))
+        let (ids, dropped) = if !truncate {
+            (render(&turns).map_err(invalid)?, 0)
+        } else {
+            // The one trimming rule of every surface (colibri_engine::tokenizer::fit_chat).
+            let ctx = num_ctx.map_or(l.model.cfg.max_positions, |n| n.min(l.model.cfg.max_positions));
+            match fit_rendered(&turns, ctx, answer_reserve(max_tokens, ctx), &render) {
+                Ok(f) => (f.ids, f.dropped),
+                Err(e @ colibri_engine::Error::ContextOverflow { .. }) => {
+                    return Err(invalid(e).with_code("context_length_exceeded"))
+                }
+                Err(e) => return Err(invalid(e)),
             }
-            Err(e) => Err(invalid(e)),
-        }
+        };
+        // A model whose state goes back only to where a pass ended (Gated DeltaNet) ends
+        // one after the system messages, which other conversations (a widget's visitors)
+        // start with too. Without tools (they are rendered into the system part).
+        let system = turns.iter().take_while(|m| m.role == "system").count();
+        let shared_hint = match l.model.cfg.linear_attn.is_some() && for_prompt.is_none() && system < turns.len() {
+            true => tok.encode_chat(&turns[..system], false).map_or(0, |s| reusable(&s, &ids)),
+            false => 0,
+        };
+        Ok(Built { ids, dropped, shared_hint })
     })
     .await
 }
@@ -590,7 +610,10 @@ async fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest) -> Re
     let logprobs = req.params.turn.completion_logprobs().map_err(ApiError::from)?;
     let extras = Extras { continue_prompt: true, logprobs, echo: req.echo == Some(true), tools: None };
     let prompt = req.prompt;
-    prepare(state, req.params, "cmpl", extras, move |l| Ok((prompt_ids(prompt, l)?, 0))).await
+    prepare(state, req.params, "cmpl", extras, move |l| {
+        Ok(Built { ids: prompt_ids(prompt, l)?, dropped: 0, shared_hint: 0 })
+    })
+    .await
 }
 
 /// The models; one that cannot be loaded carries `"colibri": {"error": ...}`.

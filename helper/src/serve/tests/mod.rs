@@ -12,6 +12,7 @@ mod logprobs;
 mod mtp;
 mod ollama;
 mod ranges;
+mod recurrent;
 mod sampling;
 mod security;
 mod speculation;

@@ -1,0 +1,87 @@
+//! Conversation caches of a model whose state goes back only to snapshots (Gated
+//! DeltaNet: tests/fixtures/qwen3_5_moe): the prompt's passes end after the system
+//! messages, so that other conversations with the same system prompt (a widget's
+//! visitors) keep it, and before the last id of a long prompt, so that the same prompt
+//! again (a regenerated answer) feeds one id. Every answer is the one of a server that
+//! keeps no cache (tokens and log-probabilities).
+
+use serde_json::{json, Value};
+
+use super::*;
+
+const Q: &str = "qwen35";
+
+/// A server of the fixture (its context raised to 1024 positions: a long prompt);
+/// `kv` the --kv-cache budget.
+fn serve(tag: &str, kv: Option<u64>) -> TestServer {
+    start_with(
+        tag,
+        |a| a.kv_cache = kv,
+        |_| {},
+        |dir| {
+            let m = dir.join("models").join(Q);
+            copy_dir(&fixture("qwen3_5_moe"), &m);
+            let cfg = m.join("config.json");
+            let mut v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+            v["text_config"]["max_position_embeddings"] = json!(1024);
+            std::fs::write(&cfg, v.to_string()).unwrap();
+        },
+    )
+}
+
+fn system() -> String {
+    let rules: String = (1..=10).map(|i| format!("Rule {i}: be kind. ")).collect();
+    format!("You answer questions about animals. {rules}")
+}
+
+fn ask(s: &TestServer, body: &Value) -> Value {
+    let r = s.post(
+        if body.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" },
+        &body.to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn chat(question: &str) -> Value {
+    json!({"model": Q, "messages": [{"role": "system", "content": system()}, {"role": "user", "content": question}],
+           "temperature": 0.9, "seed": 7, "max_tokens": 12, "logprobs": true, "top_logprobs": 2})
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or_else(|| panic!("no cached_tokens: {v}"))
+}
+
+#[test]
+fn a_recurrent_model_keeps_the_system_prompt_and_a_long_prompt_for_its_answer_again() {
+    let s = serve("recurrent", None);
+    let plain = serve("recurrent-none", Some(0));
+    // The system messages alone, rendered: what every visitor's prompt starts with.
+    let first = ask(&s, &chat("Tell me about birds."));
+    assert_eq!(cached(&first), 0);
+    assert_eq!(first["choices"][0], ask(&plain, &chat("Tell me about birds."))["choices"][0]);
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    for q in ["What about cats?", "And fish, do they sleep?"] {
+        let v = ask(&s, &chat(q));
+        // At least the system prompt's words (about 60 tokens), not the question.
+        assert!(cached(&v) > 50 && cached(&v) < v["usage"]["prompt_tokens"].as_u64().unwrap() - 4, "{q}: {v}");
+        assert_eq!(v["choices"][0], ask(&plain, &chat(q))["choices"][0], "{q}");
+    }
+    assert!(cached(&first) < prompt);
+
+    // A prompt of 300 ids, then the same again (a regenerated answer): one id fed again.
+    let ids: Vec<u32> = (0..300).map(|i| (i * 37 + 11) % 200 + 5).collect();
+    let body = json!({"model": Q, "prompt": ids, "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": 2});
+    let a = ask(&s, &body);
+    assert_eq!(cached(&a), 0);
+    let want = ask(&plain, &body)["choices"][0].clone();
+    assert_eq!(a["choices"][0], want);
+    let again = ask(&s, &body);
+    assert_eq!(cached(&again), 299, "{again}");
+    assert_eq!(again["choices"][0], want);
+    // A prompt that leaves it after 250 ids goes back to the start (no snapshot there).
+    let mut other = ids.clone();
+    other[250] = 3;
+    let o = ask(&s, &json!({"model": Q, "prompt": other, "max_tokens": 6, "temperature": 0}));
+    assert_eq!(cached(&o), 0, "{o}");
+}
