@@ -63,9 +63,9 @@ for (const f of models) {
       assert.equal(one.stats.kvCacheBytes, 4 * (held + v4StateFloats(held)), JSON.stringify(one.stats));
       ref.sameBits(one, "cpu, 1 thread");
       // A new document and worker: the stored conversation (51 positions) shares all of
-      // the prompt but its last token, but the V4 state cannot go back from 51 positions to
-      // 39: it restarts, so nothing counts as reused (Context::keepable) and every id is
-      // fed: the same bits.
+      // the prompt but its last token, but the V4 state read back from its one record
+      // holds no snapshot at or before 39: it restarts, so nothing counts as reused
+      // (Context::keepable) and every id is fed: the same bits.
       const two = await run({ backend: "cpu", logits: true, threads: 2 });
       assert.equal(two.stats.threads, 2, JSON.stringify(two.stats));
       assert.equal(two.stats.cachedTokens, 0, JSON.stringify(two.stats));

@@ -491,10 +491,10 @@ impl Engine {
             (true, None) => Some(MtpDrafter::new(self.model.clone()).map_err(err)?),
         };
         let common = if reuse { keepable(&st.cx, &ids) } else { 0 };
-        // A Gated DeltaNet state goes back only to where a pass ended: the prompt's passes
-        // end where it leaves the last conversation and, for a long one, before its last id
-        // (a regenerated answer then feeds that id alone).
-        st.cuts = match reuse && self.model.cfg.linear_attn.is_some() {
+        // A Gated DeltaNet or DeepSeek-V4 state goes back only to where a pass ended: the
+        // prompt's passes end where it leaves the last conversation and, for a long one,
+        // before its last id (a regenerated answer then feeds that id alone).
+        st.cuts = match reuse && self.model.cfg.rewinds_to_snapshots() {
             true => snapshot_cuts(common, reusable(st.cx.tokens(), &ids), ids.len()),
             false => Vec::new(),
         };

@@ -38,13 +38,12 @@ impl Context for Session {
         Session::truncate(self, len)
     }
 
-    /// DeepSeek-V4's state cannot go back ([`Session::truncate`] restarts it and the kept
-    /// ids are fed again), so short of its whole length nothing is kept. A Gated DeltaNet
-    /// state goes back to its latest snapshot at or before `len`
-    /// ([`crate::model::deltanet::DeltaState::rewind`]; the ids after it are fed again).
+    /// A DeepSeek-V4 or Gated DeltaNet state goes back to its latest snapshot at or
+    /// before `len` ([`crate::model::v4::V4State::rewind`],
+    /// [`crate::model::deltanet::DeltaState::rewind`]; the ids after it are fed again).
     fn keepable(&self, len: usize) -> usize {
         match &self.v4 {
-            Some(v) if v.pos > len => 0,
+            Some(v) if v.pos > len => v.rewind_point(len),
             _ => self
                 .caches
                 .iter()
@@ -72,8 +71,9 @@ pub fn reusable(cached: &[u32], ids: &[u32]) -> usize {
 pub const LAST_CUT_MIN: usize = 256;
 
 /// Where the passes of a prompt of `len` ids, `kept` of them already held, should end
-/// for a model whose state goes back only to snapshots (Gated DeltaNet: one at the start
-/// of each multi-token pass and one after it, [`crate::model::deltanet::DeltaState`]),
+/// for a model whose state goes back only to snapshots (Gated DeltaNet, DeepSeek-V4:
+/// one at the start of each multi-token pass and one after it,
+/// [`crate::model::deltanet::DeltaState`], [`crate::model::v4::V4State`]),
 /// so that later requests find a state to go back to:
 /// - at `shared`, the longest prefix the prompt shares with a conversation kept or
 ///   running (a widget's visitors with one system prompt: the next request that starts

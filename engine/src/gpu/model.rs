@@ -150,8 +150,8 @@ impl crate::generate::Context for GpuSession {
         GpuSession::truncate(self, len)
     }
 
-    /// DeepSeek-V4's state restarts when cut back (as on the CPU): nothing is kept short of
-    /// its whole length. A Gated DeltaNet state goes back to its latest snapshot at or
+    /// DeepSeek-V4's state restarts when cut back (the GPU keeps no snapshots of it, unlike
+    /// the CPU's `V4State`): nothing is kept short of its whole length. A Gated DeltaNet state goes back to its latest snapshot at or
     /// before `len` (the ids after it are fed again), so that is what is kept.
     fn keepable(&self, len: usize) -> usize {
         if !self.v4.is_empty() && self.v4_pos > len {

@@ -127,7 +127,12 @@ impl Model {
             let Session { caches, tokens, v4 } = &mut **s;
             let seq = cpu::Seq::new(tokens.len(), feed.len(), caches);
             seqs.push(match v4.as_deref_mut() {
-                Some(state) => seq.with_v4(state),
+                Some(state) => {
+                    if state.begin(feed.len()) {
+                        state.snapshot();
+                    }
+                    seq.with_v4(state)
+                }
                 None => seq,
             });
         }

@@ -677,6 +677,13 @@ impl ModelConfig {
         (0..self.n_layers).filter(|&l| !linear(l)).map(|l| self.cache_floats_at(l)).sum::<usize>() * 4
     }
 
+    /// Whether a session goes back only to snapshots of its state (Gated DeltaNet layers,
+    /// DeepSeek-V4's compressed state), taken where a pass began or ended: callers end a
+    /// prompt's passes where they will want one (`generate::snapshot_cuts`).
+    pub fn rewinds_to_snapshots(&self) -> bool {
+        self.linear_attn.is_some() || self.v4.is_some()
+    }
+
     /// Bytes of the linear-attention layers' recurrent state, whatever the length (f32).
     pub fn recurrent_state_bytes(&self) -> usize {
         self.linear_attn.as_ref().map_or(0, |la| la.state_floats() * (self.n_layers - self.attention_layers()) * 4)

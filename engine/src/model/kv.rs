@@ -488,6 +488,8 @@ pub fn decode(bytes: &[u8], fingerprint: &str, cfg: &ModelConfig) -> Result<Sess
         }
         if let Some(layout) = &h.v4 {
             let st = v4.get_or_insert_with(|| Box::new(V4State::new(Some(layout.clone()))));
+            // An earlier record's state becomes a snapshot where that record ended.
+            st.snapshot();
             persist::read(&mut floats, layout, st, tokens.len() - n, tokens.len())?;
         }
         if !floats.is_empty() {

@@ -109,10 +109,10 @@ impl Session {
     /// forward pass recomputes the tokens between, which gives the same bits.
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
-        // DeepSeek-V4's compressed state cannot go back: it restarts, and the next pass
-        // feeds the kept tokens again.
-        if let Some(v) = self.v4.as_deref_mut().filter(|v| v.pos > len) {
-            *v = v4::V4State::new(v.layout.take());
+        // DeepSeek-V4's compressed state goes back to its latest snapshot at or before
+        // `len` (else it restarts), and the next pass feeds the tokens after it again.
+        if let Some(v) = self.v4.as_deref_mut() {
+            v.rewind(len);
         }
         for c in &mut self.caches {
             c.truncate(len);
@@ -569,6 +569,9 @@ impl Model {
         if let Some(w) = &self.v4 {
             // DeepSeek-V4: the graph's V4 pass over the session's V4 state.
             let state = session.v4.get_or_insert_with(|| self.fresh_v4());
+            if state.begin(n) {
+                state.snapshot();
+            }
             let seq = cpu::Seq::new(pos0, n, &mut session.caches).with_v4(state);
             let mut pass = cpu::CpuPass {
                 ops: cpu::CpuOps::batch(&self.rope, vec![seq]).with_v4(&w.main_rope, &w.compress_rope),

@@ -4,7 +4,8 @@
 //! - the state a conversation keeps is bounded: past the window it grows by the
 //!   compressed entries only;
 //! - hash layers use the experts `tid2eid[token id]` names;
-//! - a conversation written to a cache file and read back continues with the same bits.
+//! - a conversation written to a cache file and read back continues with the same bits;
+//! - a shared prefix is kept up to a snapshot of the state.
 
 use std::path::{Path, PathBuf};
 
@@ -182,27 +183,53 @@ fn streamed_experts_give_the_same_bits() {
     }
 }
 
-/// A conversation's state cannot go back: a prompt that shares only part of what the
-/// session holds reuses nothing ([`colibri_engine::generate::keepable`] says 0, and the
-/// whole prompt is fed), one that extends it keeps all of it; both give a fresh run's bits.
+/// A conversation's state goes back only to a snapshot: where a multi-token pass began
+/// and where one ended. A prompt that shares a prefix beyond one keeps up to it
+/// ([`colibri_engine::generate::keepable`]), one that shares less than the first keeps
+/// nothing, one that extends the session keeps all of it; a speculative pass's rejected
+/// drafts go back to its start. Every case gives a fresh run's bits.
 #[test]
-fn a_shorter_shared_prefix_reuses_nothing() {
+fn a_shared_prefix_is_kept_up_to_a_snapshot() {
     use colibri_engine::generate::{keepable, reuse};
     let model = Model::open_dir(&fixture()).unwrap();
-    let held = ids(20);
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let fresh = |ids: &[u32]| bits(model.forward(&mut model.new_session(), ids, Logits::Last).unwrap());
+    // A prompt of 19 (inside compression windows of 4 and 8), then three decode steps:
+    // snapshots where the prompt ended (19) and nowhere else.
+    let mut held = ids(19);
     let mut s = model.new_session();
     model.forward(&mut s, &held, Logits::Last).unwrap();
+    for id in [7, 8, 9] {
+        model.forward(&mut s, &[id], Logits::Last).unwrap();
+        held.push(id);
+    }
     let mut longer = held.clone();
     longer.extend(ids(3));
-    assert_eq!(keepable(&s, &longer), held.len());
-    let mut branch = held[..12].to_vec();
+    assert_eq!(keepable(&s, &longer), held.len(), "an extension keeps everything");
+    let mut branch = held[..21].to_vec();
     branch.extend([5, 9, 2]);
-    assert_eq!(keepable(&s, &branch), 0, "a V4 state cut back restarts: nothing is kept");
-    assert_eq!(reuse(&mut s, &branch), 0);
-    let got = model.forward(&mut s, &branch, Logits::Last).unwrap();
-    let fresh = model.forward(&mut model.new_session(), &branch, Logits::Last).unwrap();
-    assert_eq!(
-        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-        fresh.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-    );
+    assert_eq!(keepable(&s, &branch), 19, "back to where the prompt ended");
+    let mut copy = s.clone();
+    assert_eq!(reuse(&mut copy, &branch), 19);
+    assert_eq!(copy.cached_len(), 19);
+    assert_eq!(bits(model.forward(&mut copy, &branch[19..], Logits::Last).unwrap()), fresh(&branch));
+    let mut early = held[..12].to_vec();
+    early.extend([5, 9, 2]);
+    assert_eq!(keepable(&s, &early), 0, "before any snapshot: nothing is kept");
+    assert_eq!(reuse(&mut s, &early), 0);
+    assert_eq!(bits(model.forward(&mut s, &early, Logits::Last).unwrap()), fresh(&early));
+
+    // A speculative pass of five drafts, two kept: back to the pass's start (a snapshot)
+    // and those two fed again, with the bits of a run that never drafted.
+    let mut spec = model.new_session();
+    let prompt = ids(17);
+    model.forward(&mut spec, &prompt, Logits::Last).unwrap();
+    model.forward(&mut spec, &[4], Logits::Last).unwrap();
+    model.forward(&mut spec, &[11, 12, 13, 14, 15], Logits::All).unwrap();
+    spec.truncate(20);
+    assert_eq!(spec.cached_len(), 18, "the speculative pass's start");
+    let got = bits(model.forward(&mut spec, &[30], Logits::Last).unwrap());
+    let mut plain = prompt.clone();
+    plain.extend([4, 11, 12, 30]);
+    assert_eq!(got, fresh(&plain));
 }

@@ -207,11 +207,11 @@ impl<'a> Seq<'a> {
         let mtp = speculation.as_ref().is_some_and(|s| s.mtp);
         // Echo with logprobs needs every prompt position's logits, and MTP drafts every
         // position's hidden state: nothing is reused then.
-        // A Gated DeltaNet state goes back only to where a pass started or ended: the
-        // prompt's passes end where later requests will want to go back to, after the
-        // system messages (the handler's hint), else where this prompt leaves a
-        // conversation kept or running.
-        let recurrent = model.cfg.linear_attn.is_some() && prompt_logprobs.is_none() && !mtp;
+        // A Gated DeltaNet or DeepSeek-V4 state goes back only to where a pass started or
+        // ended: the prompt's passes end where later requests will want to go back to,
+        // after the system messages (the handler's hint), else where this prompt leaves
+        // a conversation kept or running.
+        let recurrent = model.cfg.rewinds_to_snapshots() && prompt_logprobs.is_none() && !mtp;
         let shared = match recurrent {
             true if shared_hint > 0 => shared_hint,
             true => running.iter().map(|s| reusable(&s.tokens, &prompt)).fold(cx.kv.shared(&prompt), usize::max),

@@ -551,14 +551,15 @@ async fn prepare_chat(state: &Arc<AppState>, req: ChatRequest) -> Result<Prepare
                 Err(e) => return Err(invalid(e)),
             }
         };
-        // A model whose state goes back only to where a pass ended (Gated DeltaNet) ends
+        // A model whose state goes back only to where a pass ended (Gated DeltaNet,
+        // DeepSeek-V4) ends
         // one after the system messages and the next message's header, which other
         // conversations (a widget's visitors) start with too: where the prompt leaves
         // the same messages with that message emptied (templates such as Qwen3's refuse
         // messages without a user query). Without tools (rendered into the system part).
         let system = turns.iter().take_while(|m| m.role == "system").count();
         let shared_hint =
-            match l.model.cfg.linear_attn.is_some() && for_prompt.is_none() && (1..turns.len()).contains(&system) {
+            match l.model.cfg.rewinds_to_snapshots() && for_prompt.is_none() && (1..turns.len()).contains(&system) {
                 true => {
                     let mut probe = turns[..=system].to_vec();
                     probe[system].content.clear();

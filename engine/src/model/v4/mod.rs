@@ -139,13 +139,78 @@ pub struct V4LayerState {
     pub index: CompState,
 }
 
-/// A conversation's state for every layer, after `pos` positions.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A conversation's state for every layer, after `pos` positions. Two are equal when
+/// they hold the same state (whatever snapshots they kept on the way).
+#[derive(Clone, Debug, Default)]
 pub struct V4State {
     pub pos: usize,
     pub layers: Vec<V4LayerState>,
     /// The model's sizes, for a cache file ([`persist`]).
     pub layout: Option<persist::V4Layout>,
+    /// States at the start of recent multi-token passes and where they ended, oldest
+    /// first ([`V4State::rewind`]).
+    snapshots: Vec<Snapshot>,
+    /// The last pass was a multi-token one ([`V4State::begin`]).
+    after_many: bool,
+}
+
+impl PartialEq for V4State {
+    fn eq(&self, other: &Self) -> bool {
+        (self.pos, &self.layers, &self.layout) == (other.pos, &other.layers, &other.layout)
+    }
+}
+
+/// Snapshots kept (as a Gated DeltaNet layer's, `deltanet::DeltaState`).
+const MAX_SNAPSHOTS: usize = 2;
+
+/// The state after `pos` positions ([`V4State::snapshot`]).
+#[derive(Clone, Debug, PartialEq)]
+struct Snapshot {
+    pos: usize,
+    layers: Vec<LayerSnapshot>,
+}
+
+/// One layer's state without its compressors' entries, which only grow: how many floats
+/// of them it held is enough to go back.
+#[derive(Clone, Debug, PartialEq)]
+struct LayerSnapshot {
+    window: Vec<f32>,
+    comp: CompState,
+    index: CompState,
+    held: (usize, usize),
+}
+
+impl LayerSnapshot {
+    fn of(l: &V4LayerState) -> Self {
+        LayerSnapshot {
+            window: l.window.clone(),
+            comp: l.comp.clone_without_entries(),
+            index: l.index.clone_without_entries(),
+            held: (l.comp.entries.len(), l.index.entries.len()),
+        }
+    }
+
+    fn restore(&self, l: &mut V4LayerState) {
+        l.window.clone_from(&self.window);
+        for (c, snap, held) in [(&mut l.comp, &self.comp, self.held.0), (&mut l.index, &self.index, self.held.1)] {
+            c.entries.truncate(held);
+            c.buf_kv.clone_from(&snap.buf_kv);
+            c.buf_gate.clone_from(&snap.buf_gate);
+            c.overlap.clone_from(&snap.overlap);
+        }
+    }
+}
+
+impl CompState {
+    /// The unfinished window and the carried overlap, without the entries.
+    fn clone_without_entries(&self) -> Self {
+        CompState {
+            entries: Vec::new(),
+            buf_kv: self.buf_kv.clone(),
+            buf_gate: self.buf_gate.clone(),
+            overlap: self.overlap.clone(),
+        }
+    }
 }
 
 impl V4State {
@@ -153,10 +218,9 @@ impl V4State {
     pub fn new(layout: Option<persist::V4Layout>) -> Self {
         V4State { layout, ..Default::default() }
     }
-}
 
-impl V4State {
-    /// Floats held.
+    /// Floats held (not its snapshots', which `Session::bytes` leaves out as it does a
+    /// Gated DeltaNet layer's).
     pub fn floats(&self) -> usize {
         let c = |s: &CompState| {
             s.entries.len()
@@ -165,6 +229,54 @@ impl V4State {
                 + s.overlap.as_ref().map_or(0, |(a, b)| a.len() + b.len())
         };
         self.layers.iter().map(|l| l.window.len() + c(&l.comp) + c(&l.index)).sum()
+    }
+
+    /// Whether a pass of `n` positions starts with a [`V4State::snapshot`]: a multi-token
+    /// pass (a prompt, a speculative batch, whose rejected drafts go back to its start)
+    /// and the pass after one (where a prompt ended), as `deltanet::DeltaState::begin`.
+    pub(crate) fn begin(&mut self, n: usize) -> bool {
+        let snap = n > 1 || self.after_many;
+        self.after_many = n > 1;
+        snap
+    }
+
+    /// Remembers the current state, so that a later [`V4State::rewind`] to here costs no
+    /// recomputation: every layer's window and the compressors' unfinished windows (a
+    /// few windows of keys; the entries are counted, not copied).
+    pub(crate) fn snapshot(&mut self) {
+        if self.pos == 0 || self.snapshots.last().is_some_and(|s| s.pos == self.pos) {
+            return;
+        }
+        if self.snapshots.len() == MAX_SNAPSHOTS {
+            self.snapshots.remove(0);
+        }
+        let layers = self.layers.iter().map(LayerSnapshot::of).collect();
+        self.snapshots.push(Snapshot { pos: self.pos, layers });
+    }
+
+    /// The positions [`V4State::rewind`]`(positions)` would leave, without going there.
+    pub fn rewind_point(&self, positions: usize) -> usize {
+        crate::model::deltanet::rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)
+    }
+
+    /// Goes back to at most `positions` positions: unchanged if it holds no more, else
+    /// the latest snapshot at or before `positions`, else the empty state. Returns the
+    /// positions now held (the caller feeds the rest again).
+    pub fn rewind(&mut self, positions: usize) -> usize {
+        if positions >= self.pos {
+            return self.pos;
+        }
+        self.snapshots.retain(|s| s.pos <= positions);
+        match self.snapshots.last() {
+            Some(snap) => {
+                for (l, s) in self.layers.iter_mut().zip(&snap.layers) {
+                    s.restore(l);
+                }
+                self.pos = snap.pos;
+            }
+            None => *self = V4State::new(self.layout.take()),
+        }
+        self.pos
     }
 }
 

@@ -1,5 +1,6 @@
 //! Conversation caches of a model whose state goes back only to snapshots (Gated
-//! DeltaNet: tests/fixtures/qwen3_5_moe): the prompt's passes end after the system
+//! DeltaNet: tests/fixtures/qwen3_5_moe; DeepSeek-V4's compressed state:
+//! tests/fixtures/deepseek_v4): the prompt's passes end after the system
 //! messages, so that other conversations with the same system prompt (a widget's
 //! visitors) keep it, and before the last id of a long prompt, so that the same prompt
 //! again (a regenerated answer) feeds one id. Every answer is the one of a server that
@@ -9,21 +10,22 @@ use serde_json::{json, Value};
 
 use super::*;
 
-const Q: &str = "qwen35";
-
-/// A server of the fixture (its context raised to 1024 positions: a long prompt);
-/// `kv` the --kv-cache budget.
-fn serve(tag: &str, kv: Option<u64>) -> TestServer {
+/// A server of `fixture` (its context raised to 1024 positions: a long prompt), served
+/// as "m"; `kv` the --kv-cache budget.
+fn serve(tag: &str, fixture_name: &str, kv: Option<u64>) -> TestServer {
     start_with(
         tag,
         |a| a.kv_cache = kv,
         |_| {},
         |dir| {
-            let m = dir.join("models").join(Q);
-            copy_dir(&fixture("qwen3_5_moe"), &m);
+            let m = dir.join("models/m");
+            copy_dir(&fixture(fixture_name), &m);
             let cfg = m.join("config.json");
             let mut v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
-            v["text_config"]["max_position_embeddings"] = json!(1024);
+            match v.get_mut("text_config") {
+                Some(t) => t["max_position_embeddings"] = json!(1024),
+                None => v["max_position_embeddings"] = json!(1024),
+            }
             std::fs::write(&cfg, v.to_string()).unwrap();
         },
     )
@@ -44,7 +46,7 @@ fn ask(s: &TestServer, body: &Value) -> Value {
 }
 
 fn chat(question: &str) -> Value {
-    json!({"model": Q, "messages": [{"role": "system", "content": system()}, {"role": "user", "content": question}],
+    json!({"model": "m", "messages": [{"role": "system", "content": system()}, {"role": "user", "content": question}],
            "temperature": 0.9, "seed": 7, "max_tokens": 12, "logprobs": true, "top_logprobs": 2})
 }
 
@@ -53,9 +55,18 @@ fn cached(v: &Value) -> u64 {
 }
 
 #[test]
-fn a_recurrent_model_keeps_the_system_prompt_and_a_long_prompt_for_its_answer_again() {
-    let s = serve("recurrent", None);
-    let plain = serve("recurrent-none", Some(0));
+fn a_gated_deltanet_model_keeps_the_system_prompt_and_a_long_prompt_for_its_answer_again() {
+    keeps_the_system_prompt_and_a_long_prompt("qwen3_5_moe");
+}
+
+#[test]
+fn a_deepseek_v4_model_keeps_the_system_prompt_and_a_long_prompt_for_its_answer_again() {
+    keeps_the_system_prompt_and_a_long_prompt("deepseek_v4");
+}
+
+fn keeps_the_system_prompt_and_a_long_prompt(model: &str) {
+    let s = serve(&format!("recurrent-{model}"), model, None);
+    let plain = serve(&format!("recurrent-none-{model}"), model, Some(0));
     // The system messages alone, rendered: what every visitor's prompt starts with.
     let first = ask(&s, &chat("Tell me about birds."));
     assert_eq!(cached(&first), 0);
@@ -71,7 +82,7 @@ fn a_recurrent_model_keeps_the_system_prompt_and_a_long_prompt_for_its_answer_ag
 
     // A prompt of 300 ids, then the same again (a regenerated answer): one id fed again.
     let ids: Vec<u32> = (0..300).map(|i| (i * 37 + 11) % 200 + 5).collect();
-    let body = json!({"model": Q, "prompt": ids, "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": 2});
+    let body = json!({"model": "m", "prompt": ids, "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": 2});
     let a = ask(&s, &body);
     assert_eq!(cached(&a), 0);
     let want = ask(&plain, &body)["choices"][0].clone();
@@ -82,6 +93,6 @@ fn a_recurrent_model_keeps_the_system_prompt_and_a_long_prompt_for_its_answer_ag
     // A prompt that leaves it after 250 ids goes back to the start (no snapshot there).
     let mut other = ids.clone();
     other[250] = 3;
-    let o = ask(&s, &json!({"model": Q, "prompt": other, "max_tokens": 6, "temperature": 0}));
+    let o = ask(&s, &json!({"model": "m", "prompt": other, "max_tokens": 6, "temperature": 0}));
     assert_eq!(cached(&o), 0, "{o}");
 }
