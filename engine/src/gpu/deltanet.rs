@@ -110,7 +110,7 @@ fn state_bytes(c: &LinearAttnConfig) -> (u64, u64) {
 }
 
 /// Copies (or, without a source, zeroes) state buffers now, ahead of any later work.
-fn copy_now(ctx: &GpuContext, pairs: &[(Option<&wgpu::Buffer>, &wgpu::Buffer)]) {
+pub(super) fn copy_now(ctx: &GpuContext, pairs: &[(Option<&wgpu::Buffer>, &wgpu::Buffer)]) {
     let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("deltanet state") });
     for (src, dst) in pairs {
         match src {

@@ -74,7 +74,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         prepare_states(self, session, n)?;
         let v4 = self.v4.is_some();
         if v4 {
-            prepare_v4(self, session, pos0)?;
+            prepare_v4(self, session, pos0, n)?;
         }
         let (logits, _) = {
             let mut pass = GpuPass::new(self, rec, session, n, on_use)?;
@@ -88,10 +88,12 @@ impl<M: Borrow<Model>> GpuModel<M> {
     }
 }
 
-/// DeepSeek-V4's state for a pass from `pos0`: fresh layers for a pass from the start;
-/// until the pass succeeds the state counts as holding nothing (a failed pass leaves it
-/// half-advanced: the next one restarts from the first token, as on the CPU).
-fn prepare_v4<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, pos0: usize) -> Result<()> {
+/// DeepSeek-V4's state for a pass of `n` positions from `pos0`: fresh layers for a pass
+/// from the start, else snapshotted before a multi-token pass and the pass after one (as
+/// the CPU's `V4State::begin`); until the pass succeeds the state counts as holding
+/// nothing (a failed pass leaves it half-advanced: the next one restarts from the first
+/// token, as on the CPU).
+fn prepare_v4<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, pos0: usize, n: usize) -> Result<()> {
     let c = &gm.m().cfg;
     let v4 =
         c.v4.as_deref().ok_or_else(|| crate::error::Error::Gpu("DeepSeek-V4 weights without its config".into()))?;
@@ -105,6 +107,16 @@ fn prepare_v4<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, pos0
         session.v4 = (0..c.n_layers)
             .map(|_| super::v4_attn::GpuV4Layer::new(&gm.ctx, v4.window, c.head_dim))
             .collect::<Result<_>>()?;
+        session.v4_snapshots.clear();
+    }
+    let snap = n > 1 || session.v4_after_many;
+    session.v4_after_many = n > 1;
+    if snap && pos0 > 0 && session.v4_snapshots.last().map(|s| s.0) != Some(pos0) {
+        if session.v4_snapshots.len() == 2 {
+            session.v4_snapshots.remove(0);
+        }
+        let layers = session.v4.iter().map(|l| l.snapshot(&gm.ctx)).collect::<Result<_>>()?;
+        session.v4_snapshots.push((pos0, layers));
     }
     session.v4_pos = 0;
     Ok(())

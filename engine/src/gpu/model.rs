@@ -90,6 +90,11 @@ pub struct GpuSession {
     /// DeepSeek-V4's per-layer state, holding the effect of the first `v4_pos` tokens.
     pub(super) v4: Vec<super::v4_attn::GpuV4Layer>,
     pub(super) v4_pos: usize,
+    /// DeepSeek-V4's state where the last two multi-token passes began or where one
+    /// ended, oldest first (as the CPU's `V4State` keeps them), and whether the last pass
+    /// was a multi-token one.
+    pub(super) v4_snapshots: Vec<(usize, Vec<super::v4_attn::GpuV4Snapshot>)>,
+    pub(super) v4_after_many: bool,
     ctx: Arc<GpuContext>,
 }
 
@@ -107,10 +112,19 @@ impl GpuSession {
     /// the next forward pass recomputes the tokens between, which gives the same bits.
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
-        // DeepSeek-V4's compressed state cannot go back: it restarts (the next pass feeds
-        // the kept tokens again), as on the CPU.
+        // DeepSeek-V4's compressed state goes back to its latest snapshot at or before
+        // `len`, else restarts (the next pass feeds the tokens after it again), as on the CPU.
         if self.v4_pos > len {
-            self.v4_pos = 0;
+            self.v4_snapshots.retain(|(p, _)| *p <= len);
+            self.v4_pos = match self.v4_snapshots.last() {
+                Some((p, layers)) => {
+                    for (l, s) in self.v4.iter_mut().zip(layers) {
+                        l.restore(&self.ctx, s);
+                    }
+                    *p
+                }
+                None => 0,
+            };
         }
         for st in self.recurrent.iter_mut().flatten() {
             st.rewind(&self.ctx, len);
@@ -150,12 +164,11 @@ impl crate::generate::Context for GpuSession {
         GpuSession::truncate(self, len)
     }
 
-    /// DeepSeek-V4's state restarts when cut back (the GPU keeps no snapshots of it, unlike
-    /// the CPU's `V4State`): nothing is kept short of its whole length. A Gated DeltaNet state goes back to its latest snapshot at or
-    /// before `len` (the ids after it are fed again), so that is what is kept.
+    /// A DeepSeek-V4 or Gated DeltaNet state goes back to its latest snapshot at or before
+    /// `len` (the ids after it are fed again), so that is what is kept.
     fn keepable(&self, len: usize) -> usize {
         if !self.v4.is_empty() && self.v4_pos > len {
-            return 0;
+            return crate::model::deltanet::rewind_point(self.v4_pos, self.v4_snapshots.iter().map(|s| s.0), len);
         }
         self.recurrent.iter().flatten().map(|st| st.rewind_point(len)).fold(len, usize::min)
     }
@@ -230,6 +243,8 @@ impl<M: Borrow<Model>> GpuModel<M> {
             recurrent: Vec::new(),
             v4: Vec::new(),
             v4_pos: 0,
+            v4_snapshots: Vec::new(),
+            v4_after_many: false,
             ctx: self.ctx.clone(),
         }
     }

@@ -143,7 +143,43 @@ pub struct GpuComp {
     pub(super) prev_biased: bool,
 }
 
+/// What a [`GpuComp`] needs to go back to a point: its entries' count (they only grow),
+/// copies of its kept rows, its flags.
+pub struct CompSnapshot {
+    count: usize,
+    held: usize,
+    has_prev: bool,
+    prev_biased: bool,
+    rows: Option<(wgpu::Buffer, wgpu::Buffer)>,
+}
+
 impl GpuComp {
+    /// Its state now ([`CompSnapshot`]); the copies are submitted at once.
+    pub(super) fn snapshot(&self, ctx: &GpuContext) -> Result<CompSnapshot> {
+        let rows = match &self.rows {
+            Some((k, g)) => {
+                let copy = (
+                    ctx.storage_buffer("v4.comp_rows_kv_snapshot", k.size())?,
+                    ctx.storage_buffer("v4.comp_rows_gate_snapshot", g.size())?,
+                );
+                super::deltanet::copy_now(ctx, &[(Some(k), &copy.0), (Some(g), &copy.1)]);
+                Some(copy)
+            }
+            None => None,
+        };
+        let (count, held, has_prev, prev_biased) = (self.count, self.held, self.has_prev, self.prev_biased);
+        Ok(CompSnapshot { count, held, has_prev, prev_biased, rows })
+    }
+
+    /// Back to `s` (entries after its count are dropped; later feeds overwrite them).
+    pub(super) fn restore(&mut self, ctx: &GpuContext, s: &CompSnapshot) {
+        (self.count, self.held, self.has_prev, self.prev_biased) = (s.count, s.held, s.has_prev, s.prev_biased);
+        // Rows exist once fed and stay; none at the snapshot means none held then.
+        if let (Some((k, g)), Some((dk, dg))) = (&s.rows, &self.rows) {
+            super::deltanet::copy_now(ctx, &[(Some(k), dk), (Some(g), dg)]);
+        }
+    }
+
     /// The empty state.
     pub fn new(ctx: &GpuContext) -> Result<Self> {
         let entries = ctx.storage_buffer("v4.entries", 4)?;

@@ -24,7 +24,32 @@ pub struct GpuV4Layer {
     pub choice: Option<(wgpu::Buffer, usize)>,
 }
 
+/// A [`GpuV4Layer`]'s state at a point: a copy of its window, its compressors'
+/// [`super::v4::CompSnapshot`]s.
+pub struct GpuV4Snapshot {
+    window: wgpu::Buffer,
+    held: usize,
+    comp: super::v4::CompSnapshot,
+    index: super::v4::CompSnapshot,
+}
+
 impl GpuV4Layer {
+    /// Its state now; the copies are submitted at once.
+    pub fn snapshot(&self, ctx: &GpuContext) -> Result<GpuV4Snapshot> {
+        let window = ctx.storage_buffer("v4.window_snapshot", self.window.size())?;
+        super::deltanet::copy_now(ctx, &[(Some(&self.window), &window)]);
+        Ok(GpuV4Snapshot { window, held: self.held, comp: self.comp.snapshot(ctx)?, index: self.index.snapshot(ctx)? })
+    }
+
+    /// Back to `s` (the indexer's choice is made again by the next pass).
+    pub fn restore(&mut self, ctx: &GpuContext, s: &GpuV4Snapshot) {
+        super::deltanet::copy_now(ctx, &[(Some(&s.window), &self.window)]);
+        self.held = s.held;
+        self.comp.restore(ctx, &s.comp);
+        self.index.restore(ctx, &s.index);
+        self.choice = None;
+    }
+
     /// The empty state of a layer whose window is `window` positions of `head_dim` keys.
     pub fn new(ctx: &GpuContext, window: usize, head_dim: usize) -> Result<Self> {
         let bytes = (window.saturating_sub(1) * head_dim) as u64 * 4;

@@ -259,8 +259,9 @@ fn deepseek_v4_fp8_gpu_matches_cpu() {
     check("deepseek_v4_fp8", None, 0);
 }
 
-/// DeepSeek-V4's GPU state cannot go back, like the CPU's: a session truncated into it
-/// restarts and feeds the kept tokens again, giving the bits of a fresh prefill.
+/// DeepSeek-V4's GPU state goes back only to a snapshot, like the CPU's: a session
+/// truncated before its first one restarts and feeds the kept tokens again, giving the
+/// bits of a fresh prefill.
 #[test]
 fn deepseek_v4_gpu_truncation_restarts_the_state() {
     let Some(ctx) = gpu() else { return };
@@ -284,4 +285,38 @@ fn deepseek_v4_gpu_truncation_restarts_the_state() {
     let step = gm.forward_blocking(&mut s, &tf[30..31], Logits::Last).unwrap();
     let more = gm.forward_blocking(&mut gm.new_session(), &tf[..31], Logits::Last).unwrap();
     assert_bits("deepseek_v4 decode after truncation", &step, &more);
+}
+
+/// DeepSeek-V4's GPU state keeps snapshots where a multi-token pass began and where one
+/// ended: a cut after the prompt's end goes back there (not to the start), a speculative
+/// pass's rejected drafts go back to its start, and the logits are those of a fresh
+/// prefill, bit for bit.
+#[test]
+fn deepseek_v4_gpu_goes_back_to_a_snapshot() {
+    use colibri_engine::generate::Context;
+    let Some(ctx) = gpu() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
+    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let model = Model::open_dir(&dir).unwrap();
+    let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
+    let vocab = model.cfg.vocab;
+    let tf = ids(&reference["ids"]);
+    let fresh = gm.forward_blocking(&mut gm.new_session(), &tf[..34], Logits::All).unwrap();
+    let mut s = gm.new_session();
+    gm.forward_blocking(&mut s, &tf[..19], Logits::Last).unwrap();
+    for t in 19..22 {
+        gm.forward_blocking(&mut s, &tf[t..t + 1], Logits::Last).unwrap();
+    }
+    assert_eq!(s.keepable(21), 19, "back to where the prompt ended");
+    assert_eq!(s.keepable(12), 0, "before any snapshot");
+    s.truncate(21);
+    assert_eq!(s.cached_len(), 19);
+    let got = gm.forward_blocking(&mut s, &tf[21..30], Logits::All).unwrap();
+    assert_bits("deepseek_v4 back to a snapshot", &got, &fresh[21 * vocab..30 * vocab]);
+    // Four positions in one pass, two kept: back to the pass's start, those two fed again.
+    gm.forward_blocking(&mut s, &tf[30..34], Logits::All).unwrap();
+    s.truncate(32);
+    assert_eq!(s.cached_len(), 30, "the speculative pass's start");
+    let got = gm.forward_blocking(&mut s, &tf[32..34], Logits::All).unwrap();
+    assert_bits("deepseek_v4 after a rolled-back pass", &got, &fresh[32 * vocab..]);
 }
