@@ -96,3 +96,37 @@ fn keeps_the_system_prompt_and_a_long_prompt(model: &str) {
     let o = ask(&s, &json!({"model": "m", "prompt": other, "max_tokens": 6, "temperature": 0}));
     assert_eq!(cached(&o), 0, "{o}");
 }
+
+/// Visitors arriving together run in one batch, their prompts cut after the system
+/// messages and copied from each other's running sessions where those already hold it:
+/// each gets the answer a server that keeps nothing gives it alone, and then a later
+/// visitor keeps the system prompt.
+#[test]
+fn visitors_arriving_together_get_their_own_answers() {
+    for model in ["qwen3_5_moe", "deepseek_v4"] {
+        let s = serve(&format!("recurrent-batch-{model}"), model, None);
+        let plain = serve(&format!("recurrent-batch-none-{model}"), model, Some(0));
+        let qs = ["Why is the sky blue?", "Name a bird.", "What do owls eat?", "Do fish sleep?"];
+        let alone: Vec<Value> = qs.iter().map(|q| ask(&plain, &chat(q))["choices"][0].clone()).collect();
+        let warm = json!({"model": "m", "prompt": [1, 2], "max_tokens": 1});
+        ask(&s, &warm);
+        let barrier = std::sync::Barrier::new(qs.len());
+        let together: Vec<Value> = std::thread::scope(|sc| {
+            let hs: Vec<_> = qs
+                .iter()
+                .map(|q| {
+                    let (s, barrier) = (&s, &barrier);
+                    sc.spawn(move || {
+                        barrier.wait();
+                        ask(s, &chat(q))["choices"][0].clone()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(alone, together, "{model}");
+        let later = ask(&s, &chat("Can crows count?"));
+        assert!(cached(&later) > 50, "{model}: {later}");
+        assert_eq!(later["choices"][0], ask(&plain, &chat("Can crows count?"))["choices"][0], "{model}");
+    }
+}
