@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 mod fit;
 mod grammar_vocab;
 mod template;
-pub use fit::{answer_reserve, fit_chat, fit_rendered, FittedChat};
+pub use fit::{answer_reserve, fit_chat, fit_rendered, system_prefix_len, FittedChat};
 pub(crate) use grammar_vocab::byte_level_byte;
 pub use grammar_vocab::GrammarVocab;
 use template::{template_env, template_error, TEMPLATE_NAME};

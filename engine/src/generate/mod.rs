@@ -27,7 +27,7 @@ pub use draft::{check_same_tokenizer, Drafter, ModelDrafter};
 pub use grammar::{CompileCancel, Constraint, Grammar};
 pub use logprobs::TokenLogprob;
 pub use mtp::{forward_recording, HiddenLog, MtpDrafter};
-pub use prefill::{feed_chunked, feed_chunked_last, PREFILL_CHUNK};
+pub use prefill::{feed_chunked, feed_chunked_last, feed_pieces, PREFILL_CHUNK};
 pub use request::{Turn, TurnRequest};
 pub use reuse::{keepable, reusable, reuse, snapshot_cuts, Context, ContextPool, LAST_CUT_MIN};
 pub use speculate::SpecStats;

@@ -33,15 +33,36 @@ pub fn feed_chunked(
     chunk: usize,
     go_on: &mut dyn FnMut() -> bool,
 ) -> Result<Vec<f32>> {
+    feed_pieces(forward, ids, which, chunk, &[], go_on)
+}
+
+/// [`feed_chunked`] whose pieces also end at `ends` (offsets into `ids`, ascending: where
+/// a model whose state goes back only to snapshots should have one,
+/// [`super::snapshot_cuts`]); the same bits.
+pub fn feed_pieces(
+    forward: &mut Pass<'_>,
+    ids: &[u32],
+    which: Logits,
+    chunk: usize,
+    ends: &[usize],
+    go_on: &mut dyn FnMut() -> bool,
+) -> Result<Vec<f32>> {
     if !go_on() {
         return Err(Error::Cancelled);
     }
     let chunk = chunk.max(1);
-    if ids.len() <= chunk {
+    if ids.len() <= chunk && !ends.iter().any(|&e| 0 < e && e < ids.len()) {
         return forward(ids, which);
     }
+    let mut bounds = Vec::new();
+    let mut at = 0;
+    while at < ids.len() {
+        let end = ends.iter().copied().find(|&e| e > at).unwrap_or(usize::MAX).min(at + chunk).min(ids.len());
+        bounds.push((at, end));
+        at = end;
+    }
     let mut rows = Vec::new();
-    let mut parts = ids.chunks(chunk).peekable();
+    let mut parts = bounds.iter().map(|&(a, b)| &ids[a..b]).peekable();
     while let Some(part) = parts.next() {
         let last = parts.peek().is_none();
         // An earlier piece's last row is not needed with Logits::Last: it is computed
@@ -109,6 +130,30 @@ mod tests {
                 assert_eq!(passes.borrow().len(), ids.len().div_ceil(chunk));
                 assert!(passes.borrow().iter().all(|&n| n <= chunk));
             }
+        }
+    }
+
+    #[test]
+    fn pieces_end_at_the_ends_too_and_give_what_one_pass_gives() {
+        let ids: Vec<u32> = (0..600).map(|i| i * 7 % 101).collect();
+        for which in [Logits::Last, Logits::All] {
+            let (mut whole, _) = toy();
+            let want = whole(&ids, which).unwrap();
+            for (ends, sizes) in [
+                (vec![100, 599], vec![100, 256, 243, 1]),
+                (vec![0, 256, 600, 700], vec![256, 256, 88]),
+                (vec![5], vec![5, 256, 256, 83]),
+            ] {
+                let (mut f, passes) = toy();
+                assert_eq!(feed_pieces(&mut f, &ids, which, 256, &ends, &mut || true).unwrap(), want, "{ends:?}");
+                assert_eq!(*passes.borrow(), sizes, "{ends:?}");
+            }
+            let (mut f, passes) = toy();
+            assert_eq!(
+                feed_pieces(&mut f, &ids[..10], which, 256, &[9], &mut || true).unwrap(),
+                toy().0(&ids[..10], which).unwrap()
+            );
+            assert_eq!(*passes.borrow(), vec![9, 1]);
         }
     }
 

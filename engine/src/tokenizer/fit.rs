@@ -111,9 +111,48 @@ pub fn fit_rendered(
     Ok(FittedChat { ids, dropped: starts[k] - system })
 }
 
+/// How many leading ids of `ids` (the prompt of `messages`) every conversation with the
+/// same system messages starts with: the system messages and the next message's header,
+/// found by rendering (`render`, without the generation prompt) the messages up to the
+/// first that is not a system message, that one emptied (templates such as Qwen3's refuse
+/// messages without a user query), and comparing. 0 without system messages, with nothing
+/// after them, or when the template fails. A model whose state goes back only to snapshots
+/// ends a prompt pass there (`generate::snapshot_cuts`): a widget's visitors share it.
+pub fn system_prefix_len(
+    messages: &[ChatMessage],
+    ids: &[u32],
+    render: &dyn Fn(&[ChatMessage]) -> Result<Vec<u32>>,
+) -> usize {
+    let system = messages.iter().take_while(|m| m.role == "system").count();
+    if system == 0 || system == messages.len() {
+        return 0;
+    }
+    let mut probe = messages[..=system].to_vec();
+    probe[system].content.clear();
+    render(&probe).map_or(0, |p| crate::generate::reusable(&p, ids))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_system_prefix_is_what_visitors_with_one_system_prompt_share() {
+        let tok = tok();
+        let render = |m: &[ChatMessage]| tok.encode_chat(m, false);
+        let visitor = |q: &str| vec![m("system", "Answer briefly, and always in English."), m("user", q)];
+        let (a, b) = (visitor("What is 2 + 2?"), visitor("Name a river."));
+        let (ia, ib) = (tok.encode_chat(&a, true).unwrap(), tok.encode_chat(&b, true).unwrap());
+        let n = system_prefix_len(&a, &ia, &render);
+        let system_alone = tok.encode_chat(&a[..1], false).unwrap();
+        assert!(n > system_alone.len(), "the system messages and the user header: {n}");
+        assert_eq!(ia[..n], ib[..n], "both visitors start with it");
+        assert!(n < crate::generate::reusable(&ia, &ib) + 3, "and it ends near where they part");
+        assert_eq!(system_prefix_len(&a[1..], &ia, &render), 0, "no system message");
+        assert_eq!(system_prefix_len(&a[..1], &ia, &render), 0, "nothing after it");
+        let fails = |_: &[ChatMessage]| -> Result<Vec<u32>> { Err(crate::Error::Template("no".into())) };
+        assert_eq!(system_prefix_len(&a, &ia, &fails), 0);
+    }
 
     fn tok() -> Tokenizer {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo");

@@ -15,9 +15,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::{
-    feed_chunked_last, generate_with, reuse, Fallback, GenerateOptions, StopReason, PREFILL_CHUNK,
+    feed_pieces, generate_with, reusable, reuse, snapshot_cuts, Fallback, GenerateOptions, StopReason, PREFILL_CHUNK,
 };
-use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream};
+use colibri_engine::tokenizer::{answer_reserve, fit_chat, system_prefix_len, ChatMessage, DecodeStream};
+use colibri_engine::Logits;
 
 use crate::backend::ChatSession;
 use crate::flags::{ModelArgs, SamplingArgs};
@@ -303,6 +304,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         };
         // Reuse the cache for the unchanged prefix (always feeding at least one token), or
         // a longer one written by an earlier run (after a restart and /load).
+        let shared = reusable(session.tokens(), &ids);
         let mut common = reuse(&mut session, &ids);
         if let Some((s, kept)) = store.as_ref().and_then(|st| st.find(cfg, &ids, common)) {
             // A recurrent state (Gated DeltaNet, DeepSeek-V4's compressor) cut inside a file
@@ -324,6 +326,17 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         // What the prompt did not have to feed again (a recurrent state cut back by `reuse`
         // or a restored file restarts where it cannot follow).
         last_cached = common.min(session.cached_len());
+        // A model whose state goes back only to snapshots (Gated DeltaNet, DeepSeek-V4):
+        // the prompt's passes end where a later prompt will want one (after the system
+        // prompt, which a conversation after /clear starts with too; where this prompt
+        // leaves the last one; before a long prompt's last id), as the server's do.
+        let cuts = match cfg.rewinds_to_snapshots() {
+            true => {
+                let hint = system_prefix_len(&messages, &ids, &|m| tok.encode_chat(m, false));
+                snapshot_cuts(last_cached, if hint > 0 { hint } else { shared }, ids.len())
+            }
+            false => Vec::new(),
+        };
         let start = Instant::now();
         let mut first = None;
         let mut stream = DecodeStream::default();
@@ -335,8 +348,11 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let go_on = || !stop.load(Ordering::SeqCst);
         let (out, reason) = generate_with(
             &mut |ids| {
+                let at = session.tokens().len();
+                let ends: Vec<usize> = cuts.iter().filter(|&&c| c > at).map(|&c| c - at).collect();
                 crate::flags::on_pool(|| {
-                    feed_chunked_last(&mut |part| session.forward(part), ids, PREFILL_CHUNK, &mut || go_on())
+                    let forward = &mut |part: &[u32], _| session.forward(part);
+                    feed_pieces(forward, ids, Logits::Last, PREFILL_CHUNK, &ends, &mut || go_on())
                 })
             },
             &fed,

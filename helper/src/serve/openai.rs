@@ -30,8 +30,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use colibri_engine::generate::logprobs::{chat_entry, completion_logprobs};
 use colibri_engine::generate::request::truncation;
-use colibri_engine::generate::{context_room, reusable, Fallback, GenerateOptions, TokenLogprob, TurnRequest};
-use colibri_engine::tokenizer::{answer_reserve, fit_rendered, ChatMessage};
+use colibri_engine::generate::{context_room, Fallback, GenerateOptions, TokenLogprob, TurnRequest};
+use colibri_engine::tokenizer::{answer_reserve, fit_rendered, system_prefix_len, ChatMessage};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -552,21 +552,12 @@ async fn prepare_chat(state: &Arc<AppState>, req: ChatRequest) -> Result<Prepare
             }
         };
         // A model whose state goes back only to where a pass ended (Gated DeltaNet,
-        // DeepSeek-V4) ends
-        // one after the system messages and the next message's header, which other
-        // conversations (a widget's visitors) start with too: where the prompt leaves
-        // the same messages with that message emptied (templates such as Qwen3's refuse
-        // messages without a user query). Without tools (rendered into the system part).
-        let system = turns.iter().take_while(|m| m.role == "system").count();
-        let shared_hint =
-            match l.model.cfg.rewinds_to_snapshots() && for_prompt.is_none() && (1..turns.len()).contains(&system) {
-                true => {
-                    let mut probe = turns[..=system].to_vec();
-                    probe[system].content.clear();
-                    tok.encode_chat(&probe, false).map_or(0, |s| reusable(&s, &ids))
-                }
-                false => 0,
-            };
+        // DeepSeek-V4) ends one after the system messages, which other conversations (a
+        // widget's visitors) start with too. Without tools (rendered into the system part).
+        let shared_hint = match l.model.cfg.rewinds_to_snapshots() && for_prompt.is_none() {
+            true => system_prefix_len(&turns, &ids, &|m| tok.encode_chat(m, false)),
+            false => 0,
+        };
         Ok(Built { ids, dropped, shared_hint })
     })
     .await

@@ -155,6 +155,21 @@ fn a_recurrent_conversation_restores_up_to_its_prompts_end() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A model whose state goes back only to snapshots (Gated DeltaNet, DeepSeek-V4): the
+/// first prompt's pass ends after the system prompt, so the conversation after /clear
+/// (the same system prompt) keeps it, with the answer of a fresh run.
+#[test]
+fn after_clear_a_recurrent_model_keeps_the_system_prompt() {
+    let sys = ["--system", "You answer questions about animals, briefly, and always politely."];
+    for model in ["qwen3_5_moe", "deepseek_v4"] {
+        let (out, err) = chat(model, "Hello there\n/clear\nWhat do owls eat?\n/stats\n", &sys);
+        let reused = numbers_after(&err, "the last prompt reused ");
+        assert!(reused.len() == 1 && reused[0] > 10, "{model}: {err}");
+        let (alone, _) = chat(model, "What do owls eat?\n", &sys);
+        assert_eq!(out.lines().nth(1), alone.lines().next(), "{model}: the same answer as a fresh run");
+    }
+}
+
 #[test]
 fn a_conversation_continues_after_a_restart_from_its_cache_on_disk() {
     let sys = ["--system", "Be brief."];
