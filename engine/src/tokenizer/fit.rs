@@ -129,7 +129,12 @@ pub fn system_prefix_len(
     }
     let mut probe = messages[..=system].to_vec();
     probe[system].content.clear();
-    render(&probe).map_or(0, |p| crate::generate::reusable(&p, ids))
+    render(&probe).map_or(0, |p| common_prefix(&p, ids).min(ids.len().saturating_sub(1)))
+}
+
+/// How many leading ids `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]
@@ -147,7 +152,7 @@ mod tests {
         let system_alone = tok.encode_chat(&a[..1], false).unwrap();
         assert!(n > system_alone.len(), "the system messages and the user header: {n}");
         assert_eq!(ia[..n], ib[..n], "both visitors start with it");
-        assert!(n < crate::generate::reusable(&ia, &ib) + 3, "and it ends near where they part");
+        assert!(n < common_prefix(&ia, &ib) + 3, "and it ends near where they part");
         assert_eq!(system_prefix_len(&a[1..], &ia, &render), 0, "no system message");
         assert_eq!(system_prefix_len(&a[..1], &ia, &render), 0, "nothing after it");
         let fails = |_: &[ChatMessage]| -> Result<Vec<u32>> { Err(crate::Error::Template("no".into())) };
