@@ -232,8 +232,10 @@ class Engine extends EventTarget {
       }
       // The oldest turns that do not fit the context are dropped (as the helper's API does,
       // with the same engine function); truncation: "disabled" refuses instead.
-      const { ids, dropped } = await this.#call("chatPrompt", { messages: req.messages, request: sent }).promise;
-      const gen = this.#call("generate", { ids, options: { openai: request } }, onToken, signal);
+      const { ids, dropped, shared } = await this.#call("chatPrompt", { messages: req.messages, request: sent }).promise;
+      // `shared`: the ids another conversation with these system messages starts with; a
+      // model whose state goes back only to snapshots ends a prompt pass there.
+      const gen = this.#call("generate", { ids, options: { openai: request, sharedPrefix: shared } }, onToken, signal);
       return { gen, promptTokens: ids.length, dropped };
     };
     if (!req.stream) {

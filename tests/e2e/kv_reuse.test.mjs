@@ -235,3 +235,41 @@ for (const backend of ["cpu", "webgpu"]) test(`qwen3_next in one tab (${backend}
     await browser.close();
   }
 });
+
+// chat.completions.create passes where the system messages end (sharedPrefix): a Gated
+// DeltaNet model's prompt pass ends there, so the next conversation with the same system
+// prompt keeps it (the first one that follows, not only the one after), with the answer a
+// fresh tab gives.
+test("qwen3_next in one tab: a new conversation with the same system prompt keeps it", async () => {
+  const system = "You answer questions about animals, briefly and politely, in plain words.";
+  const req = (q) => ({ model: "qwen3_next", messages: [{ role: "system", content: system }, { role: "user", content: q }], max_tokens: 6, temperature: 0 });
+  const browser = await launchBrowser();
+  try {
+    const run = async (qs) => {
+      const page = await browser.context.newPage();
+      await page.goto(`${helperNext.url}/health`);
+      const out = await page.evaluate(
+        async ({ reqs }) => {
+          const { load } = await import("/colibri.js");
+          const engine = await load({ model: "qwen3_next", backend: "cpu" });
+          const r = [];
+          for (const q of reqs) {
+            const c = await engine.chat.completions.create(q);
+            r.push({ text: c.choices[0].message.content, cached: c.usage.prompt_tokens_details.cached_tokens });
+          }
+          return r;
+        },
+        { reqs: qs.map(req) },
+      );
+      await page.close();
+      return out;
+    };
+    const [a, b] = await run(["What do owls eat?", "Do fish sleep?"]);
+    assert.equal(a.cached, 0);
+    assert.ok(b.cached > 10, `the second conversation keeps the system prompt: ${JSON.stringify(b)}`);
+    const [alone] = await run(["Do fish sleep?"]);
+    assert.equal(b.text, alone.text, "the same answer as a fresh tab");
+  } finally {
+    await browser.close();
+  }
+});

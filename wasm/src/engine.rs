@@ -21,7 +21,7 @@ use colibri_engine::generate::{
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
 use colibri_engine::model::open::Container;
-use colibri_engine::tokenizer::{answer_reserve, fit_chat, ChatMessage, DecodeStream, Tokenizer};
+use colibri_engine::tokenizer::{answer_reserve, fit_chat, system_prefix_len, ChatMessage, DecodeStream, Tokenizer};
 use colibri_engine::{Logits, Model};
 use js_sys::{Function, Promise};
 use wasm_bindgen::prelude::*;
@@ -383,16 +383,29 @@ impl Engine {
     /// tokenizes the result. The oldest turns that would leave less than `max_tokens` (at
     /// most a quarter of the context) for the answer are dropped, as the helper's API does
     /// (the same `fit_chat`); `truncate` false keeps them (an overflow is then refused when
-    /// generation starts). JSON: {"ids": [...], "dropped": messages left out}.
+    /// generation starts). JSON: {"ids": [...], "dropped": messages left out, "shared": the
+    /// ids other conversations with these system messages share (`generate`'s
+    /// `sharedPrefix`; 0 but for models whose state goes back only to snapshots)}.
     #[wasm_bindgen(js_name = chatPrompt)]
     pub fn chat_prompt(&self, messages_json: &str, max_tokens: Option<u32>, truncate: bool) -> Result<String, JsFail> {
         let msgs: Vec<ChatMessage> = serde_json::from_str(messages_json).map_err(err)?;
         let (ids, dropped) = self.chat_prompt_ids(&msgs, max_tokens, truncate)?;
-        Ok(serde_json::json!({"ids": ids, "dropped": dropped}).to_string())
+        let shared = self.shared_prefix(&msgs, &ids);
+        Ok(serde_json::json!({"ids": ids, "dropped": dropped, "shared": shared}).to_string())
     }
 }
 
 impl Engine {
+    /// The ids of `ids` (the prompt of `msgs`) that other conversations with the same system
+    /// messages share, for a model that goes back only to snapshots (`generate`'s
+    /// `sharedPrefix`); 0 for the others.
+    fn shared_prefix(&self, msgs: &[ChatMessage], ids: &[u32]) -> usize {
+        match self.model.cfg.rewinds_to_snapshots() {
+            true => system_prefix_len(msgs, ids, &|m| self.tok.encode_chat(m, false)),
+            false => 0,
+        }
+    }
+
     /// `msgs` rendered and tokenized, the oldest turns dropped to fit when `truncate`: the
     /// ids and how many messages were dropped.
     fn chat_prompt_ids(
@@ -418,7 +431,7 @@ impl Engine {
     /// checked as [`Engine::begin`] checks them (first, as the helper's API does), then
     /// `messages` rendered and fitted as [`Engine::chat_prompt`] does, with
     /// `max_completion_tokens` / `max_tokens` and `truncation` from the request. JSON:
-    /// {"ids": [...], "dropped": messages left out}.
+    /// {"ids": [...], "dropped": messages left out, "shared": as [`Engine::chat_prompt`]}.
     #[wasm_bindgen(js_name = chatRequest)]
     pub fn chat_request(&self, request: &str) -> Result<String, JsFail> {
         let req: serde_json::Value = serde_json::from_str(request).map_err(options::options_err(request))?;
@@ -440,13 +453,14 @@ impl Engine {
             let e = colibri_engine::Error::ContextOverflow { len, limit };
             return Err(JsFail::new(&e.to_string(), Some(e.code()), Some("messages")));
         }
-        Ok(serde_json::json!({"ids": out.0, "dropped": out.1}).to_string())
+        let shared = self.shared_prefix(&msgs, &out.0);
+        Ok(serde_json::json!({"ids": out.0, "dropped": out.1, "shared": shared}).to_string())
     }
 
     /// Starts generating after `ids`, reusing the cached context for their common prefix
     /// with the previous call. `options` is JSON: {maxNewTokens, temperature, topK, topP,
     /// repetitionPenalty, seed, frequencyPenalty, presencePenalty, logitBias ({id: bias}),
-    /// ignoreEos, stop, logprobs, topLogprobs, and for structured
+    /// ignoreEos, stop, logprobs, topLogprobs, sharedPrefix, and for structured
     /// output one of jsonSchema, grammar (GBNF or Lark), regex, responseFormat (OpenAI's)},
     /// or {openai: an OpenAI chat request as it is, draft}: checked by the engine's
     /// `TurnRequest`, as the helper's API checks it. A parameter out of range or that
@@ -492,10 +506,14 @@ impl Engine {
         };
         let common = if reuse { keepable(&st.cx, &ids) } else { 0 };
         // A Gated DeltaNet or DeepSeek-V4 state goes back only to where a pass ended: the
-        // prompt's passes end where it leaves the last conversation and, for a long one,
-        // before its last id (a regenerated answer then feeds that id alone).
+        // prompt's passes end after the system prompt (`sharedPrefix`) or where it leaves
+        // the last conversation and, for a long one, before its last id (a regenerated
+        // answer then feeds that id alone).
         st.cuts = match reuse && self.model.cfg.rewinds_to_snapshots() {
-            true => snapshot_cuts(common, reusable(st.cx.tokens(), &ids), ids.len()),
+            true => {
+                let shared = if o.shared_prefix > 0 { o.shared_prefix } else { reusable(st.cx.tokens(), &ids) };
+                snapshot_cuts(common, shared, ids.len())
+            }
             false => Vec::new(),
         };
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions

@@ -45,9 +45,14 @@ pub(super) struct GenOptions {
     /// per step (1 if 0); "model": from the draft model (`loadDraft`), 4 if 0.
     pub(super) draft: Option<String>,
     /// An OpenAI chat request as the page gave it (`chat.completions.create`): then the
-    /// settings above are not read (but `draft`), the request's are, checked as the
+    /// settings above are not read (but `draft`; `sharedPrefix` below is), the request's
+    /// are, checked as the
     /// helper's API checks them.
     pub(super) openai: Option<Value>,
+    /// Leading ids that other conversations likely share (a system prompt: `chatPrompt`'s
+    /// `shared`): a model whose state goes back only to snapshots (Gated DeltaNet,
+    /// DeepSeek-V4) ends a prompt pass there. 0: where the prompt leaves the last one.
+    pub(super) shared_prefix: usize,
 }
 
 /// Completion tokens of an OpenAI request that names no limit (the context may allow fewer).
@@ -169,6 +174,7 @@ impl Default for GenOptions {
             speculate: 0,
             draft: None,
             openai: None,
+            shared_prefix: 0,
         }
     }
 }
