@@ -64,8 +64,8 @@ pub fn reusable(cached: &[u32], ids: &[u32]) -> usize {
     cached.iter().zip(ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1))
 }
 
-/// Fresh ids from which a prompt for a model whose state cannot be cut back is fed in two
-/// passes, its last id on its own ([`snapshot_cuts`]): that extra pass (one more read of
+/// Fresh ids from which a prompt for a model whose state goes back only to snapshots is
+/// fed with its last id in a pass of its own ([`snapshot_cuts`]): that extra pass (one more read of
 /// the weights, about one decode step) is small next to a prefill of this many ids, which
 /// is what regenerating the answer would otherwise feed again.
 pub const LAST_CUT_MIN: usize = 256;

@@ -205,8 +205,6 @@ impl<'a> Seq<'a> {
         }
         let stream = if continue_prompt { DecodeStream::with_context(true, &prompt) } else { DecodeStream::default() };
         let mtp = speculation.as_ref().is_some_and(|s| s.mtp);
-        // Echo with logprobs needs every prompt position's logits, and MTP drafts every
-        // position's hidden state: nothing is reused then.
         // A Gated DeltaNet or DeepSeek-V4 state goes back only to where a pass started or
         // ended: the prompt's passes end where later requests will want to go back to,
         // after the system messages (the handler's hint), else where this prompt leaves
@@ -217,6 +215,8 @@ impl<'a> Seq<'a> {
             true => running.iter().map(|s| reusable(&s.tokens, &prompt)).fold(cx.kv.shared(&prompt), usize::max),
             false => 0,
         };
+        // Echo with logprobs needs every prompt position's logits, and MTP drafts every
+        // position's hidden state: nothing is reused then.
         let taken = match prompt_logprobs {
             None if !mtp => {
                 let kept = cx.kv.take(&model.cfg, &prompt);
