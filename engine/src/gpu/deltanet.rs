@@ -18,6 +18,7 @@ use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::model::config::LinearAttnConfig;
 use crate::model::deltanet::{DeltaNetWeights, InProj};
+use crate::model::snapshots::Snapshots;
 use crate::tensor::{Bytes, Mat};
 
 /// The rows `rows` of `m`, in that order, as a new matrix (stored bytes copied as they are).
@@ -82,16 +83,6 @@ pub(super) fn upload(up: &Uploader, label: &str, w: &DeltaNetWeights) -> Result<
     w.try_map(proj, mat, |name, v| up.f32(&format!("{label}.{name}"), v))
 }
 
-/// A snapshot of one layer's state after `pos` positions.
-struct Snapshot {
-    pos: usize,
-    conv: wgpu::Buffer,
-    s: wgpu::Buffer,
-}
-
-/// Snapshots kept per layer, as on the CPU.
-const MAX_SNAPSHOTS: usize = 2;
-
 /// One Gated DeltaNet layer's recurrent state on the GPU (DeltaState's twin).
 pub struct GpuDeltaState {
     /// Positions absorbed.
@@ -100,9 +91,8 @@ pub struct GpuDeltaState {
     pub conv: wgpu::Buffer,
     /// (n_v_heads, k_head_dim, v_head_dim)
     pub s: wgpu::Buffer,
-    snapshots: Vec<Snapshot>,
-    /// The last call was a multi-token one (as `DeltaState::begin`).
-    after_many: bool,
+    /// (conv, s) copies at the start of recent multi-token calls and where they ended.
+    snapshots: Snapshots<(wgpu::Buffer, wgpu::Buffer)>,
 }
 
 fn state_bytes(c: &LinearAttnConfig) -> (u64, u64) {
@@ -129,8 +119,7 @@ impl GpuDeltaState {
             pos: 0,
             conv: ctx.storage_buffer("deltanet.conv_state", conv)?,
             s: ctx.storage_buffer("deltanet.state", s)?,
-            snapshots: Vec::new(),
-            after_many: false,
+            snapshots: Snapshots::default(),
         })
     }
 
@@ -150,39 +139,36 @@ impl GpuDeltaState {
     /// Whether a call of `n` positions starts with a snapshot, as `DeltaState::begin`: a
     /// multi-token call, and the call after one.
     pub(super) fn begin(&mut self, n: usize) -> bool {
-        let snap = n > 1 || self.after_many;
-        self.after_many = n > 1;
-        snap
+        self.snapshots.begin(n)
     }
 
     /// Remembers the current state (at the start of a multi-token call), as
     /// DeltaState::snapshot does; the copy is submitted at once.
     pub fn snapshot(&mut self, ctx: &GpuContext) -> Result<()> {
-        if self.pos == 0 || self.snapshots.last().is_some_and(|s| s.pos == self.pos) {
+        if !self.snapshots.wants(self.pos) {
             return Ok(());
         }
-        let (conv, s) = if self.snapshots.len() == MAX_SNAPSHOTS {
-            let old = self.snapshots.remove(0);
-            (old.conv, old.s)
-        } else {
-            (
+        // The oldest snapshot's buffers are reused when it goes.
+        let (conv, s) = match self.snapshots.make_room() {
+            Some(old) => old,
+            None => (
                 ctx.storage_buffer("deltanet.conv_snapshot", self.conv.size())?,
                 ctx.storage_buffer("deltanet.state_snapshot", self.s.size())?,
-            )
+            ),
         };
         copy_now(ctx, &[(Some(&self.conv), &conv), (Some(&self.s), &s)]);
-        self.snapshots.push(Snapshot { pos: self.pos, conv, s });
+        self.snapshots.push(self.pos, (conv, s));
         Ok(())
     }
 
     /// Its snapshots, oldest first: (position, conv, s) buffers (read back into a cache
     /// file's session: `gpu::persist`).
     pub(super) fn snapshot_buffers(&self) -> impl Iterator<Item = (usize, &wgpu::Buffer, &wgpu::Buffer)> {
-        self.snapshots.iter().map(|s| (s.pos, &s.conv, &s.s))
+        self.snapshots.iter().map(|(p, (c, s))| (*p, c, s))
     }
 
     /// Adds a snapshot after `pos` positions holding `conv` and `s` (a cache file's, uploaded:
-    /// `gpu::persist`); the oldest goes past [`MAX_SNAPSHOTS`].
+    /// `gpu::persist`); the oldest goes past the two kept.
     pub(super) fn push_snapshot(&mut self, ctx: &GpuContext, pos: usize, conv: &[f32], s: &[f32]) -> Result<()> {
         if conv.len() as u64 * 4 != self.conv.size() || s.len() as u64 * 4 != self.s.size() {
             return Err(crate::Error::Gpu("a recurrent snapshot of another shape".into()));
@@ -195,16 +181,13 @@ impl GpuDeltaState {
             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             ctx.queue.write_buffer(b, 0, &bytes);
         }
-        if self.snapshots.len() == MAX_SNAPSHOTS {
-            self.snapshots.remove(0);
-        }
-        self.snapshots.push(Snapshot { pos, conv: cb, s: sb });
+        self.snapshots.push(pos, (cb, sb));
         Ok(())
     }
 
     /// The positions [`GpuDeltaState::rewind`]`(positions)` would leave, without going there.
     pub fn rewind_point(&self, positions: usize) -> usize {
-        crate::model::deltanet::rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)
+        self.snapshots.point(self.pos, positions)
     }
 
     /// Goes back to at most `positions` positions, as DeltaState::rewind: unchanged if it
@@ -214,11 +197,10 @@ impl GpuDeltaState {
         if positions >= self.pos {
             return self.pos;
         }
-        self.snapshots.retain(|s| s.pos <= positions);
-        match self.snapshots.last() {
-            Some(snap) => {
-                self.pos = snap.pos;
-                copy_now(ctx, &[(Some(&snap.conv), &self.conv), (Some(&snap.s), &self.s)]);
+        match self.snapshots.back_to(positions) {
+            Some((pos, (conv, s))) => {
+                self.pos = *pos;
+                copy_now(ctx, &[(Some(conv), &self.conv), (Some(s), &self.s)]);
             }
             None => {
                 self.pos = 0;

@@ -109,14 +109,9 @@ fn prepare_v4<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, pos0
             .collect::<Result<_>>()?;
         session.v4_snapshots.clear();
     }
-    let snap = n > 1 || session.v4_after_many;
-    session.v4_after_many = n > 1;
-    if snap && pos0 > 0 && session.v4_snapshots.last().map(|s| s.0) != Some(pos0) {
-        if session.v4_snapshots.len() == 2 {
-            session.v4_snapshots.remove(0);
-        }
+    if session.v4_snapshots.begin(n) && session.v4_snapshots.wants(pos0) {
         let layers = session.v4.iter().map(|l| l.snapshot(&gm.ctx)).collect::<Result<_>>()?;
-        session.v4_snapshots.push((pos0, layers));
+        session.v4_snapshots.push(pos0, layers);
     }
     session.v4_pos = 0;
     Ok(())

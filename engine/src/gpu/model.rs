@@ -18,6 +18,7 @@ use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::experts::LookaheadStats;
 use crate::model::config::Activation;
+use crate::model::snapshots::Snapshots;
 use crate::model::{Ffn, Model};
 
 /// Settings of the GPU backend.
@@ -90,11 +91,9 @@ pub struct GpuSession {
     /// DeepSeek-V4's per-layer state, holding the effect of the first `v4_pos` tokens.
     pub(super) v4: Vec<super::v4_attn::GpuV4Layer>,
     pub(super) v4_pos: usize,
-    /// DeepSeek-V4's state where the last two multi-token passes began or where one
-    /// ended, oldest first (as the CPU's `V4State` keeps them), and whether the last pass
-    /// was a multi-token one.
-    pub(super) v4_snapshots: Vec<(usize, Vec<super::v4_attn::GpuV4Snapshot>)>,
-    pub(super) v4_after_many: bool,
+    /// DeepSeek-V4's state where the last multi-token passes began or where one ended (as
+    /// the CPU's `V4State` keeps them).
+    pub(super) v4_snapshots: Snapshots<Vec<super::v4_attn::GpuV4Snapshot>>,
     ctx: Arc<GpuContext>,
 }
 
@@ -115,8 +114,7 @@ impl GpuSession {
         // DeepSeek-V4's compressed state goes back to its latest snapshot at or before
         // `len`, else restarts (the next pass feeds the tokens after it again), as on the CPU.
         if self.v4_pos > len {
-            self.v4_snapshots.retain(|(p, _)| *p <= len);
-            self.v4_pos = match self.v4_snapshots.last() {
+            self.v4_pos = match self.v4_snapshots.back_to(len) {
                 Some((p, layers)) => {
                     for (l, s) in self.v4.iter_mut().zip(layers) {
                         l.restore(&self.ctx, s);
@@ -168,7 +166,7 @@ impl crate::generate::Context for GpuSession {
     /// `len` (the ids after it are fed again), so that is what is kept.
     fn keepable(&self, len: usize) -> usize {
         if !self.v4.is_empty() && self.v4_pos > len {
-            return crate::model::deltanet::rewind_point(self.v4_pos, self.v4_snapshots.iter().map(|s| s.0), len);
+            return self.v4_snapshots.point(self.v4_pos, len);
         }
         self.recurrent.iter().flatten().map(|st| st.rewind_point(len)).fold(len, usize::min)
     }
@@ -243,8 +241,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
             recurrent: Vec::new(),
             v4: Vec::new(),
             v4_pos: 0,
-            v4_snapshots: Vec::new(),
-            v4_after_many: false,
+            v4_snapshots: Snapshots::default(),
             ctx: self.ctx.clone(),
         }
     }

@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::format::tensors::TensorStore;
 use crate::math;
 use crate::model::config::LinearAttnConfig;
+use crate::model::snapshots::Snapshots;
 use crate::tensor::Mat;
 
 /// A Gated DeltaNet layer's input projections, as the checkpoint stores them (the GPU
@@ -79,17 +80,6 @@ impl<M, V> DeltaNetWeights<M, V> {
     }
 }
 
-/// A snapshot of one layer's recurrent state after `pos` positions.
-#[derive(Clone)]
-struct Snapshot {
-    pos: usize,
-    conv: Vec<f32>,
-    s: Vec<f32>,
-}
-
-/// Snapshots kept per layer (see [`DeltaState::rewind`]).
-const MAX_SNAPSHOTS: usize = 2;
-
 /// What a Gated DeltaNet layer keeps between calls instead of a KV cache.
 #[derive(Clone, Default)]
 pub struct DeltaState {
@@ -99,10 +89,8 @@ pub struct DeltaState {
     pub conv: Vec<f32>,
     /// (n_v_heads, k_head_dim, v_head_dim): the delta-rule matrices.
     pub s: Vec<f32>,
-    /// States at the start of recent multi-token calls, and where they ended, oldest first.
-    snapshots: Vec<Snapshot>,
-    /// The last call was a multi-token one ([`DeltaState::begin`]).
-    after_many: bool,
+    /// (conv, s) at the start of recent multi-token calls, and where they ended.
+    snapshots: Snapshots<(Vec<f32>, Vec<f32>)>,
 }
 
 impl DeltaState {
@@ -122,12 +110,11 @@ impl DeltaState {
         if positions >= self.pos {
             return self.pos;
         }
-        self.snapshots.retain(|s| s.pos <= positions);
-        match self.snapshots.last() {
-            Some(snap) => {
-                self.pos = snap.pos;
-                self.conv.clone_from(&snap.conv);
-                self.s.clone_from(&snap.s);
+        match self.snapshots.back_to(positions) {
+            Some((pos, (conv, s))) => {
+                self.pos = *pos;
+                self.conv.clone_from(conv);
+                self.s.clone_from(s);
             }
             None => {
                 self.pos = 0;
@@ -140,27 +127,20 @@ impl DeltaState {
 
     /// The positions [`DeltaState::rewind`]`(positions)` would leave, without going there.
     pub fn rewind_point(&self, positions: usize) -> usize {
-        rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)
+        self.snapshots.point(self.pos, positions)
     }
 
-    /// Whether a call of `n` positions starts with a [`DeltaState::snapshot`]: a
-    /// multi-token call (a prompt, a speculative batch) may be rolled back to its start,
-    /// and the call after one starts where it ended: where a chat's next prompt, which
-    /// may not tokenize the answer back to the ids generated (or drops a thinking
-    /// block), most often parts from the conversation.
+    /// Whether a call of `n` positions starts with a [`DeltaState::snapshot`]
+    /// ([`Snapshots::begin`]).
     pub(crate) fn begin(&mut self, n: usize) -> bool {
-        let snap = n > 1 || self.after_many;
-        self.after_many = n > 1;
-        snap
+        self.snapshots.begin(n)
     }
 
-    /// Remembers the current state (at the start of a multi-token call: a prompt, a
-    /// speculative batch) so that a later rewind to here costs no recomputation.
     /// The latest snapshot strictly between positions `from` and `to`: (its position, conv,
     /// s). A cache file's record of `from..to` is split there, so that the file keeps it
     /// (`model::kv::encode_record`).
     pub(crate) fn snapshot_between(&self, from: usize, to: usize) -> Option<(usize, &[f32], &[f32])> {
-        self.snapshots.iter().rev().find(|s| from < s.pos && s.pos < to).map(|s| (s.pos, &s.conv[..], &s.s[..]))
+        self.snapshots.iter().rev().find(|s| from < s.0 && s.0 < to).map(|(p, (c, s))| (*p, &c[..], &s[..]))
     }
 
     /// The state after `pos` positions read back from a cache file's record: the state it
@@ -175,27 +155,22 @@ impl DeltaState {
     /// cache file: `gpu::persist`).
     #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub(crate) fn snapshots(&self) -> impl Iterator<Item = (usize, &[f32], &[f32])> {
-        self.snapshots.iter().map(|s| (s.pos, &s.conv[..], &s.s[..]))
+        self.snapshots.iter().map(|(p, (c, s))| (*p, &c[..], &s[..]))
     }
 
     /// Adds the state after `pos` positions as the newest snapshot (a GPU session's, read
-    /// back: `gpu::persist`); the oldest goes past [`MAX_SNAPSHOTS`].
+    /// back: `gpu::persist`); the oldest goes past the two kept.
     #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub(crate) fn push_snapshot(&mut self, pos: usize, conv: Vec<f32>, s: Vec<f32>) {
-        if self.snapshots.len() == MAX_SNAPSHOTS {
-            self.snapshots.remove(0);
-        }
-        self.snapshots.push(Snapshot { pos, conv, s });
+        self.snapshots.push(pos, (conv, s));
     }
 
+    /// Remembers the current state (at the start of a multi-token call: a prompt, a
+    /// speculative batch) so that a later rewind to here costs no recomputation.
     pub(crate) fn snapshot(&mut self) {
-        if self.pos == 0 || self.snapshots.last().is_some_and(|s| s.pos == self.pos) {
-            return;
+        if self.snapshots.wants(self.pos) {
+            self.snapshots.push(self.pos, (self.conv.clone(), self.s.clone()));
         }
-        if self.snapshots.len() == MAX_SNAPSHOTS {
-            self.snapshots.remove(0);
-        }
-        self.snapshots.push(Snapshot { pos: self.pos, conv: self.conv.clone(), s: self.s.clone() });
     }
 }
 
@@ -424,14 +399,4 @@ where
     }
     let _ = parallel;
     state.chunks_mut(sc).zip(out.chunks_mut(oc)).enumerate().for_each(|(h, (s, o))| f(h, s, o));
-}
-
-/// Where a recurrent state holding `pos` positions, with snapshots at `snaps`, lands when
-/// asked to go back to `positions`: unchanged if it holds no more, else the latest
-/// snapshot at or before, else 0 (the CPU's and the GPU's states alike).
-pub fn rewind_point(pos: usize, snaps: impl Iterator<Item = usize>, positions: usize) -> usize {
-    if positions >= pos {
-        return pos;
-    }
-    snaps.filter(|&p| p <= positions).max().unwrap_or(0)
 }

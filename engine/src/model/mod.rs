@@ -23,6 +23,7 @@ pub mod moe;
 pub mod mtp;
 pub mod open;
 pub mod rope;
+pub mod snapshots;
 pub mod v4;
 
 use std::sync::Arc;

@@ -33,6 +33,7 @@ pub mod moe;
 pub mod persist;
 
 use crate::experts::Expert;
+use crate::model::snapshots::Snapshots;
 use crate::tensor::Mat;
 
 /// A compressor: `kv_proj` / `gate_proj` (width `2 * dim` with the CSA's overlapping
@@ -147,27 +148,15 @@ pub struct V4State {
     pub layers: Vec<V4LayerState>,
     /// The model's sizes, for a cache file ([`persist`]).
     pub layout: Option<persist::V4Layout>,
-    /// States at the start of recent multi-token passes and where they ended, oldest
-    /// first ([`V4State::rewind`]).
-    snapshots: Vec<Snapshot>,
-    /// The last pass was a multi-token one ([`V4State::begin`]).
-    after_many: bool,
+    /// Each layer's state at the start of recent multi-token passes and where they
+    /// ended ([`V4State::rewind`]).
+    snapshots: Snapshots<Vec<LayerSnapshot>>,
 }
 
 impl PartialEq for V4State {
     fn eq(&self, other: &Self) -> bool {
         (self.pos, &self.layers, &self.layout) == (other.pos, &other.layers, &other.layout)
     }
-}
-
-/// Snapshots kept (as a Gated DeltaNet layer's, `deltanet::DeltaState`).
-const MAX_SNAPSHOTS: usize = 2;
-
-/// The state after `pos` positions ([`V4State::snapshot`]).
-#[derive(Clone, Debug, PartialEq)]
-struct Snapshot {
-    pos: usize,
-    layers: Vec<LayerSnapshot>,
 }
 
 /// One layer's state without its compressors' entries, which only grow: how many floats
@@ -231,32 +220,24 @@ impl V4State {
         self.layers.iter().map(|l| l.window.len() + c(&l.comp) + c(&l.index)).sum()
     }
 
-    /// Whether a pass of `n` positions starts with a [`V4State::snapshot`]: a multi-token
-    /// pass (a prompt, a speculative batch, whose rejected drafts go back to its start)
-    /// and the pass after one (where a prompt ended), as `deltanet::DeltaState::begin`.
+    /// Whether a pass of `n` positions starts with a [`V4State::snapshot`]
+    /// ([`Snapshots::begin`]).
     pub(crate) fn begin(&mut self, n: usize) -> bool {
-        let snap = n > 1 || self.after_many;
-        self.after_many = n > 1;
-        snap
+        self.snapshots.begin(n)
     }
 
     /// Remembers the current state, so that a later [`V4State::rewind`] to here costs no
     /// recomputation: every layer's window and the compressors' unfinished windows (a
     /// few windows of keys; the entries are counted, not copied).
     pub(crate) fn snapshot(&mut self) {
-        if self.pos == 0 || self.snapshots.last().is_some_and(|s| s.pos == self.pos) {
-            return;
+        if self.snapshots.wants(self.pos) {
+            self.snapshots.push(self.pos, self.layers.iter().map(LayerSnapshot::of).collect());
         }
-        if self.snapshots.len() == MAX_SNAPSHOTS {
-            self.snapshots.remove(0);
-        }
-        let layers = self.layers.iter().map(LayerSnapshot::of).collect();
-        self.snapshots.push(Snapshot { pos: self.pos, layers });
     }
 
     /// The positions [`V4State::rewind`]`(positions)` would leave, without going there.
     pub fn rewind_point(&self, positions: usize) -> usize {
-        crate::model::deltanet::rewind_point(self.pos, self.snapshots.iter().map(|s| s.pos), positions)
+        self.snapshots.point(self.pos, positions)
     }
 
     /// Goes back to at most `positions` positions: unchanged if it holds no more, else
@@ -266,13 +247,12 @@ impl V4State {
         if positions >= self.pos {
             return self.pos;
         }
-        self.snapshots.retain(|s| s.pos <= positions);
-        match self.snapshots.last() {
-            Some(snap) => {
-                for (l, s) in self.layers.iter_mut().zip(&snap.layers) {
+        match self.snapshots.back_to(positions) {
+            Some((pos, snap)) => {
+                for (l, s) in self.layers.iter_mut().zip(snap) {
                     s.restore(l);
                 }
-                self.pos = snap.pos;
+                self.pos = *pos;
             }
             None => *self = V4State::new(self.layout.take()),
         }
