@@ -259,18 +259,22 @@ fn deepseek_v4_fp8_gpu_matches_cpu() {
     check("deepseek_v4_fp8", None, 0);
 }
 
+/// The deepseek_v4 fixture and its reference's token ids.
+fn v4_fixture() -> (Model, Vec<u32>) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
+    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    (Model::open_dir(&dir).unwrap(), ids(&reference["ids"]))
+}
+
 /// DeepSeek-V4's GPU state goes back only to a snapshot, like the CPU's: a session
 /// truncated before its first one restarts and feeds the kept tokens again, giving the
 /// bits of a fresh prefill.
 #[test]
 fn deepseek_v4_gpu_truncation_restarts_the_state() {
     let Some(ctx) = gpu() else { return };
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
-    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
-    let model = Model::open_dir(&dir).unwrap();
+    let (model, tf) = v4_fixture();
     let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
     let vocab = model.cfg.vocab;
-    let tf = ids(&reference["ids"]);
     let fresh = gm.forward_blocking(&mut gm.new_session(), &tf[..30], Logits::All).unwrap();
     let mut s = gm.new_session();
     gm.forward_blocking(&mut s, &tf[..23], Logits::Last).unwrap();
@@ -295,12 +299,9 @@ fn deepseek_v4_gpu_truncation_restarts_the_state() {
 fn deepseek_v4_gpu_goes_back_to_a_snapshot() {
     use colibri_engine::generate::Context;
     let Some(ctx) = gpu() else { return };
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4");
-    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
-    let model = Model::open_dir(&dir).unwrap();
+    let (model, tf) = v4_fixture();
     let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
     let vocab = model.cfg.vocab;
-    let tf = ids(&reference["ids"]);
     let fresh = gm.forward_blocking(&mut gm.new_session(), &tf[..34], Logits::All).unwrap();
     let mut s = gm.new_session();
     gm.forward_blocking(&mut s, &tf[..19], Logits::Last).unwrap();
