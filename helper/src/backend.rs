@@ -157,6 +157,14 @@ impl colibri_engine::generate::Context for ChatSession<'_> {
             ChatSession::Gpu(_, s) => s.bytes(),
         }
     }
+
+    fn pin_snapshot(&mut self, pos: usize) {
+        match self {
+            ChatSession::Cpu(_, s) => s.pin_snapshot(pos),
+            #[cfg(feature = "wgpu")]
+            ChatSession::Gpu(_, s) => s.pin_snapshot(pos),
+        }
+    }
 }
 
 /// Truncates the conversation to its first `keep` tokens, then feeds ids after them.

@@ -7,12 +7,14 @@ Two scenes, each in a fresh server (`--kv-cache` default, one model):
               one different question, one after another;
   regenerate  one conversation (the same system prompt and a question), then the same
               request again (the app's Regenerate), --repeats times.
-Per request: wall time (max_tokens 1, so nearly all of it is the prompt's prefill),
-prompt tokens and `usage.prompt_tokens_details.cached_tokens`. Prints one JSON record
-and a Markdown table.
+Per request: wall time (max_tokens 1 by default, so nearly all of it is the prompt's
+prefill), prompt tokens and `usage.prompt_tokens_details.cached_tokens`. Prints one JSON
+record and a Markdown table. --speculate N serves with prompt-lookup speculation (give
+--max-tokens too, greedy: the answers' verify passes take snapshots of their own).
 
     python3 tools/bench/recurrent_reuse.py --coli target/release/coli --model DIR
         [--visitors 5] [--repeats 3] [--system-words 400] [--threads N]
+        [--speculate N] [--max-tokens N]
 """
 
 import argparse
@@ -52,6 +54,8 @@ def serve(a, data_dir):
     cmd = [a.coli, "serve", "--port", str(port), "--model", a.model]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
+    if a.speculate:
+        cmd += ["--speculate", str(a.speculate)]
     env = {"XDG_DATA_HOME": data_dir, "PATH": "/usr/bin:/bin"}
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     for _ in range(300):
@@ -74,6 +78,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--system-words", type=int, default=400)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--speculate", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=1)
     a = ap.parse_args()
     words = ["kind", "brief", "polite", "exact", "calm", "clear", "warm", "honest"]
     system = " ".join(f"{words[i % len(words)]}{i % 10}" for i in range(a.system_words))
@@ -82,13 +88,14 @@ def main():
                  "How old do turtles get?", "Why are flamingos pink?"]
 
     def body(q):
-        return {"model": a.model.rstrip("/").split("/")[-1], "max_tokens": 1, "temperature": 0,
+        return {"model": a.model.rstrip("/").split("/")[-1], "max_tokens": a.max_tokens, "temperature": 0,
                 "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]}
 
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                platform.machine())
     record = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "model": a.model,
-              "system_words": a.system_words, "scenes": {}}
+              "system_words": a.system_words, "speculate": a.speculate, "max_tokens": a.max_tokens,
+              "scenes": {}}
     for scene in ("visitors", "regenerate"):
         with tempfile.TemporaryDirectory() as d:
             p, port = serve(a, d)

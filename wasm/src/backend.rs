@@ -57,6 +57,14 @@ impl Context {
         }
     }
 
+    /// Bytes of the recurrent states' snapshots (part of the context's bytes).
+    pub fn snapshot_bytes(&self) -> usize {
+        match self {
+            Context::Cpu(s) => s.snapshot_bytes(),
+            Context::Gpu(s) => s.snapshot_bytes(),
+        }
+    }
+
     /// Forgets everything after the first `len` tokens (a rollback or a new prompt that
     /// shares a prefix with the previous one).
     pub fn truncate(&mut self, len: usize) {
@@ -89,6 +97,13 @@ impl colibri_engine::generate::Context for Context {
         match self {
             Context::Cpu(s) => s.bytes(),
             Context::Gpu(s) => s.bytes(),
+        }
+    }
+
+    fn pin_snapshot(&mut self, pos: usize) {
+        match self {
+            Context::Cpu(s) => s.pin_snapshot(pos),
+            Context::Gpu(s) => s.pin_snapshot(pos),
         }
     }
 }

@@ -15,8 +15,8 @@ use colibri_engine::generate::draft::max_draft;
 use colibri_engine::generate::logprobs::chat_entry;
 use colibri_engine::generate::request::truncation;
 use colibri_engine::generate::{
-    keepable, reusable, snapshot_cuts, Constraint, GenerateOptions, Generator, MtpDrafter, Pass, SamplingDefaults,
-    Stepped, PREFILL_CHUNK,
+    keepable, pin_shared, reusable, snapshot_cuts, Constraint, GenerateOptions, Generator, MtpDrafter, Pass,
+    SamplingDefaults, Stepped, PREFILL_CHUNK,
 };
 use colibri_engine::gpu::Hybrid;
 use colibri_engine::model::config::parse_token_ids;
@@ -36,11 +36,11 @@ use crate::memory;
 use crate::names::storage_name;
 use crate::net::{fetch, js_err, now_ms};
 use crate::opfs::estimate;
-use colibri_engine::model::kv;
 
 /// The share of the origin's storage quota that a model's disk tier may fill by default.
 const DISK_SHARE: f64 = 0.5;
 
+mod cache;
 mod draft;
 mod options;
 mod stats;
@@ -89,8 +89,10 @@ struct State {
     /// PREFILL_CHUNK positions per step, so that a cancel gets in between.
     prefilled: usize,
     /// Positions where a pass of the prompt ends (`generate::snapshot_cuts`: a recurrent
-    /// state goes back only to where a pass ended).
+    /// state goes back only to where a pass ended), and the one where other conversations
+    /// part from this one, whose snapshot stays (`generate::pin_shared`).
     cuts: Vec<usize>,
+    shared: usize,
     /// What the conversation's cache file in browser storage holds, as this engine last
     /// wrote or read it (None: not known), and what it will hold once the write that
     /// `exportCache` handed out succeeds (`cacheStored`).
@@ -304,6 +306,7 @@ impl Engine {
             model_draft: false,
             prefilled: 0,
             cuts: Vec::new(),
+            shared: 0,
             kv_held: None,
             kv_pending: None,
         };
@@ -509,12 +512,12 @@ impl Engine {
         // prompt's passes end after the system prompt (`sharedPrefix`) or where it leaves
         // the last conversation and, for a long one, before its last id (a regenerated
         // answer then feeds that id alone).
-        st.cuts = match reuse && self.model.cfg.rewinds_to_snapshots() {
+        (st.cuts, st.shared) = match reuse && self.model.cfg.rewinds_to_snapshots() {
             true => {
                 let shared = if o.shared_prefix > 0 { o.shared_prefix } else { reusable(st.cx.tokens(), &ids) };
-                snapshot_cuts(common, shared, ids.len())
+                (snapshot_cuts(common, shared, ids.len()), shared)
             }
-            false => Vec::new(),
+            false => (Vec::new(), 0),
         };
         // The engine's loop caps the answer at the context limit (prompt + k - 1 positions
         // for k tokens) and refuses a prompt longer than the context.
@@ -569,78 +572,6 @@ impl Engine {
         }))
     }
 
-    /// A promise of what to write to the conversation's cache file in browser storage
-    /// (`colibri_engine::model::kv`: the ids, every layer's cache, the fingerprint,
-    /// checksums), which is `stored_len` bytes long now: `{bytes, append}`, the bytes to
-    /// append (one record of the positions since the file's, when the conversation extends
-    /// what this engine last wrote or read there: `kv_file`) or to write as the whole file;
-    /// undefined when there is nothing to write. The worker then calls `cacheStored`. On
-    /// WebGPU the caches are read back from the GPU (`GpuModel::session_to_cpu`); its files
-    /// carry the adapter's tag ([`cache_tag`]), so neither backend reads the other's.
-    #[wasm_bindgen(js_name = exportCache)]
-    pub fn export_cache(&self, stored_len: f64) -> Promise {
-        let (state, backend, fp) = (self.state.clone(), self.backend.clone(), self.cache_fingerprint.clone());
-        future_to_promise(async move {
-            let mut st = borrow(&state)?;
-            let stored = stored_len.max(0.0) as u64;
-            let save = match (&st.cx, &backend) {
-                (cx, _) if cx.tokens().is_empty() => None,
-                (Context::Cpu(s), _) => kv_file::plan(st.kv_held.as_ref(), stored, s, &fp).map_err(err)?,
-                (Context::Gpu(s), Backend::Gpu(g)) => {
-                    // Only the rows an appended record holds are read back.
-                    let from = kv_file::held_prefix(st.kv_held.as_ref(), stored, &s.tokens[..s.cached_len()]);
-                    let s = g.session_to_cpu_from(s, from).await.map_err(err)?;
-                    kv_file::plan(st.kv_held.as_ref(), stored, &s, &fp).map_err(err)?
-                }
-                (Context::Gpu(_), Backend::Cpu) => return Err(err("a WebGPU context on the CPU backend").into()),
-            };
-            let Some(save) = save else { return Ok(JsValue::UNDEFINED) };
-            st.kv_pending = Some(save.then);
-            let out = js_sys::Object::new();
-            js_sys::Reflect::set(&out, &"bytes".into(), &js_sys::Uint8Array::from(&save.bytes[..]))?;
-            js_sys::Reflect::set(&out, &"append".into(), &save.append.into())?;
-            Ok(out.into())
-        })
-    }
-
-    /// Whether the write that the last `exportCache` handed out reached the file: after one
-    /// that did not (or whose outcome is unknown) the next save rewrites the whole file.
-    #[wasm_bindgen(js_name = cacheStored)]
-    pub fn cache_stored(&self, ok: bool) -> Result<(), JsFail> {
-        let mut st = self.state()?;
-        let pending = st.kv_pending.take();
-        st.kv_held = if ok { pending } else { None };
-        Ok(())
-    }
-
-    /// Adopts a KV cache file read back from browser storage when it keeps more of `ids`
-    /// (the next prompt) than the cache in memory does; returns how many ids it keeps (0:
-    /// not adopted). A file of another model or backend, corrupt or truncated, is an error
-    /// and is never used. On WebGPU the session is uploaded (`GpuModel::session_from_cpu`).
-    #[wasm_bindgen(js_name = importCache)]
-    pub fn import_cache(&self, bytes: &[u8], ids: Vec<u32>) -> Result<u32, JsFail> {
-        let mut st = self.state()?;
-        let s = kv::decode(bytes, &self.cache_fingerprint, &self.model.cfg).map_err(err)?;
-        st.kv_held = Some(kv_file::read_back(&s, bytes));
-        let kept = keepable(&s, &ids);
-        if kept <= keepable(&st.cx, &ids) {
-            return Ok(0);
-        }
-        st.cx = match &self.backend {
-            Backend::Cpu => Context::Cpu(s),
-            Backend::Gpu(g) => Context::Gpu(g.session_from_cpu(&s).map_err(err)?),
-        };
-        // A cache file holds no hidden states: the next MTP generation starts afresh.
-        st.mtp = None;
-        Ok(kept as u32)
-    }
-
-    /// The file name of this model's conversation cache in browser storage.
-    #[wasm_bindgen(js_name = cacheName)]
-    pub fn cache_name(&self) -> String {
-        self.cache_name.clone()
-    }
-
     /// A promise of the next token, -2 while a long prompt is still being read (a chunk
     /// of it per step), or -1 when generation has ended. After an error (the
     /// helper went away mid-step) the context is rolled back, so calling again retries.
@@ -649,7 +580,7 @@ impl Engine {
             (self.model.clone(), self.backend.clone(), self.state.clone(), self.tok.clone(), self.tiers.clone());
         future_to_promise(async move {
             let mut st = borrow(&state)?;
-            let State { cx, gen, perf, mtp, draft, model_draft, prefilled, cuts, .. } = &mut *st;
+            let State { cx, gen, perf, mtp, draft, model_draft, prefilled, cuts, shared, .. } = &mut *st;
             let Some(g) = gen.as_mut() else { return Ok((-1).into()) };
             // Drafting is part of the step's time (tokensPerSecond).
             let t0 = now_ms();
@@ -671,6 +602,7 @@ impl Engine {
                         (None, None) => Ok(Vec::new()),
                     },
                     async |_keep, ids: &[u32], which| {
+                        pin_shared(cx, *shared);
                         let before = cx.tokens().len();
                         let mut on_use = count_use(&mut *perf, &map, model.cfg.router.n_experts);
                         // A long prompt goes in pieces of PREFILL_CHUNK positions (ending at

@@ -29,7 +29,7 @@ pub use logprobs::TokenLogprob;
 pub use mtp::{forward_recording, HiddenLog, MtpDrafter};
 pub use prefill::{feed_chunked, feed_chunked_last, feed_pieces, PREFILL_CHUNK};
 pub use request::{Turn, TurnRequest};
-pub use reuse::{keepable, reusable, reuse, snapshot_cuts, Context, ContextPool, LAST_CUT_MIN};
+pub use reuse::{keepable, pin_shared, reusable, reuse, snapshot_cuts, Context, ContextPool, LAST_CUT_MIN};
 pub use speculate::SpecStats;
 pub use step::{Pass, Stepped};
 pub use stop::StopMatcher;

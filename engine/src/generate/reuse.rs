@@ -27,6 +27,10 @@ pub trait Context {
     }
     /// Bytes the context holds (its cache and ids).
     fn bytes(&self) -> usize;
+    /// Keeps the state after `pos` positions to go back to while later passes come and
+    /// go (a recurrent state's snapshot, [`Session::pin_snapshot`]); a KV cache goes back
+    /// anywhere. Call it when the context holds `pos` positions, before feeding on.
+    fn pin_snapshot(&mut self, _pos: usize) {}
 }
 
 impl Context for Session {
@@ -55,6 +59,10 @@ impl Context for Session {
 
     fn bytes(&self) -> usize {
         Session::bytes(self)
+    }
+
+    fn pin_snapshot(&mut self, pos: usize) {
+        Session::pin_snapshot(self, pos)
     }
 }
 
@@ -93,6 +101,16 @@ pub fn snapshot_cuts(kept: usize, shared: usize, len: usize) -> Vec<usize> {
         cuts.push(last);
     }
     cuts
+}
+
+/// Before a pass of a prompt whose passes end at `shared` ([`snapshot_cuts`]): when the
+/// context holds exactly that many positions, the snapshot the pass takes there is pinned
+/// ([`Context::pin_snapshot`]), so that later passes (a long message's chunks, speculative
+/// verify passes) do not push out where other conversations part from this one.
+pub fn pin_shared<C: Context + ?Sized>(cx: &mut C, shared: usize) {
+    if shared > 0 && cx.tokens().len() == shared {
+        cx.pin_snapshot(shared);
+    }
 }
 
 /// How many ids of `ids` the context `cx` can keep ([`reusable`], [`Context::keepable`]).

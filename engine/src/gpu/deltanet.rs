@@ -131,9 +131,19 @@ impl GpuDeltaState {
         Ok(())
     }
 
-    /// Bytes of the state itself (as `Session::bytes` counts the CPU's).
+    /// Bytes of the state itself.
     pub fn bytes(&self) -> usize {
         (self.conv.size() + self.s.size()) as usize
+    }
+
+    /// Bytes of its snapshots.
+    pub fn snapshot_bytes(&self) -> usize {
+        self.snapshots.iter().map(|(_, (c, s))| (c.size() + s.size()) as usize).sum()
+    }
+
+    /// Keeps the snapshot after `pos` positions (`Snapshots::pin`).
+    pub fn pin(&mut self, pos: usize) {
+        self.snapshots.pin(pos);
     }
 
     /// Whether a call of `n` positions starts with a snapshot, as `DeltaState::begin`: a

@@ -144,12 +144,30 @@ impl GpuSession {
         self.recurrent.iter().flatten().map(|st| st.pos).fold(self.tokens.len(), usize::min)
     }
 
-    /// Bytes held: the cache buffers (their whole capacity), the recurrent states and the ids.
+    /// Bytes held: the cache buffers (their whole capacity), the recurrent states with
+    /// their snapshots, and the ids.
     pub fn bytes(&self) -> usize {
         4 * self.tokens.len()
             + self.kv.iter().map(|(k, v)| (k.size() + v.size()) as usize).sum::<usize>()
             + self.recurrent.iter().flatten().map(GpuDeltaState::bytes).sum::<usize>()
             + self.v4.iter().map(super::v4_attn::GpuV4Layer::bytes).sum::<usize>()
+            + self.snapshot_bytes()
+    }
+
+    /// Bytes of the recurrent states' snapshots (part of [`GpuSession::bytes`]), as
+    /// `Session::snapshot_bytes`.
+    pub fn snapshot_bytes(&self) -> usize {
+        self.recurrent.iter().flatten().map(GpuDeltaState::snapshot_bytes).sum::<usize>()
+            + self.v4_snapshots.iter().flat_map(|s| &s.1).map(super::v4_attn::GpuV4Snapshot::bytes).sum::<usize>()
+    }
+
+    /// Keeps the recurrent states' snapshot after `pos` positions, as
+    /// `Session::pin_snapshot`.
+    pub fn pin_snapshot(&mut self, pos: usize) {
+        self.v4_snapshots.pin(pos);
+        for st in self.recurrent.iter_mut().flatten() {
+            st.pin(pos);
+        }
     }
 }
 
@@ -173,6 +191,10 @@ impl crate::generate::Context for GpuSession {
 
     fn bytes(&self) -> usize {
         GpuSession::bytes(self)
+    }
+
+    fn pin_snapshot(&mut self, pos: usize) {
+        GpuSession::pin_snapshot(self, pos)
     }
 }
 

@@ -153,6 +153,13 @@ pub struct CompSnapshot {
     rows: Option<(wgpu::Buffer, wgpu::Buffer)>,
 }
 
+impl CompSnapshot {
+    /// GPU bytes it holds (the rows kept for the next entries).
+    pub(super) fn bytes(&self) -> usize {
+        self.rows.as_ref().map_or(0, |(k, g)| (k.size() + g.size()) as usize)
+    }
+}
+
 impl GpuComp {
     /// Its state now ([`CompSnapshot`]); the copies are submitted at once.
     pub(super) fn snapshot(&self, ctx: &GpuContext) -> Result<CompSnapshot> {

@@ -33,6 +33,13 @@ pub struct GpuV4Snapshot {
     index: super::v4::CompSnapshot,
 }
 
+impl GpuV4Snapshot {
+    /// GPU bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.window.size() as usize + self.comp.bytes() + self.index.bytes()
+    }
+}
+
 impl GpuV4Layer {
     /// Its state now; the copies are submitted at once.
     pub fn snapshot(&self, ctx: &GpuContext) -> Result<GpuV4Snapshot> {

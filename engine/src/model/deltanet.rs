@@ -130,6 +130,16 @@ impl DeltaState {
         self.snapshots.point(self.pos, positions)
     }
 
+    /// Keeps the snapshot after `pos` positions ([`Snapshots::pin`]).
+    pub fn pin(&mut self, pos: usize) {
+        self.snapshots.pin(pos);
+    }
+
+    /// Floats its snapshots hold.
+    pub fn snapshot_floats(&self) -> usize {
+        self.snapshots.iter().map(|(_, (c, s))| c.len() + s.len()).sum()
+    }
+
     /// Whether a call of `n` positions starts with a [`DeltaState::snapshot`]
     /// ([`Snapshots::begin`]).
     pub(crate) fn begin(&mut self, n: usize) -> bool {

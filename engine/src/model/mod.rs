@@ -139,7 +139,28 @@ impl Session {
     pub fn bytes(&self) -> usize {
         let state = |c: &LayerCache| c.recurrent.as_ref().map_or(0, |r| r.conv.len() + r.s.len());
         let v4 = self.v4.as_ref().map_or(0, |v| v.floats());
-        4 * (self.tokens.len() + v4 + self.caches.iter().map(|c| c.k.len() + c.v.len() + state(c)).sum::<usize>())
+        let held = self.caches.iter().map(|c| c.k.len() + c.v.len() + state(c)).sum::<usize>();
+        4 * (self.tokens.len() + v4 + held) + self.snapshot_bytes()
+    }
+
+    /// Bytes of the recurrent states' snapshots (part of [`Session::bytes`]): a Gated
+    /// DeltaNet layer's state, DeepSeek-V4's windows, up to three times each.
+    pub fn snapshot_bytes(&self) -> usize {
+        let delta = self.caches.iter().filter_map(|c| c.recurrent.as_ref()).map(|r| r.snapshot_floats());
+        4 * (self.v4.as_ref().map_or(0, |v| v.snapshot_floats()) + delta.sum::<usize>())
+    }
+
+    /// Keeps the recurrent states' snapshot after `pos` positions while later passes
+    /// come and go ([`snapshots::Snapshots::pin`]): where this conversation's prompt
+    /// parts from others' (after a system prompt). For the states the session holds, so
+    /// once a pass ran; call it before the pass that starts at `pos`.
+    pub fn pin_snapshot(&mut self, pos: usize) {
+        if let Some(v) = self.v4.as_deref_mut() {
+            v.pin(pos);
+        }
+        for r in self.caches.iter_mut().filter_map(|c| c.recurrent.as_mut()) {
+            r.pin(pos);
+        }
     }
 }
 
@@ -453,6 +474,14 @@ impl Model {
             Some(l) => l.record_floats(0, n).map_or(usize::MAX, |f| f.saturating_mul(4)),
             None => c.kv_cache_bytes_per_token().saturating_mul(n).saturating_add(c.recurrent_state_bytes()),
         }
+    }
+
+    /// Bytes a session of `n` positions may hold: [`Model::kv_cache_bytes_at`], the ids,
+    /// and a Gated DeltaNet state's snapshots (a pinned one and
+    /// [`snapshots::MAX_SNAPSHOTS`] more; DeepSeek-V4's, a few windows, are left out).
+    pub fn session_bytes_bound(&self, n: usize) -> usize {
+        let snapshots = (snapshots::MAX_SNAPSHOTS + 1) * self.cfg.recurrent_state_bytes();
+        self.kv_cache_bytes_at(n).saturating_add(4 * n).saturating_add(snapshots)
     }
 
     pub fn new_session(&self) -> Session {

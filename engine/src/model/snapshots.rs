@@ -4,21 +4,28 @@
 //! pass's rejected drafts) or a prompt that parts from the conversation there goes back
 //! without feeding everything again. One bookkeeping for every such state; what a
 //! snapshot holds (`T`) and how it is restored are the state's.
+//!
+//! One position may be pinned ([`Snapshots::pin`]): where the prompts of several
+//! conversations part (after a widget's system prompt), so that its snapshot stays while
+//! later passes come and go. Without it, a speculative decode (a multi-token verify pass
+//! per step) or a long message after the system prompt pushed that snapshot out, and the
+//! next visitor fed the system prompt again.
 
-/// Snapshots kept.
+/// Snapshots kept, besides a pinned one.
 pub const MAX_SNAPSHOTS: usize = 2;
 
-/// Up to [`MAX_SNAPSHOTS`] snapshots `(position, T)`, oldest first, and whether the last
-/// pass was a multi-token one.
+/// Up to [`MAX_SNAPSHOTS`] snapshots `(position, T)`, oldest first (and one more at the
+/// pinned position), and whether the last pass was a multi-token one.
 #[derive(Clone, Debug)]
 pub struct Snapshots<T> {
     list: Vec<(usize, T)>,
     after_many: bool,
+    pinned: Option<usize>,
 }
 
 impl<T> Default for Snapshots<T> {
     fn default() -> Self {
-        Snapshots { list: Vec::new(), after_many: false }
+        Snapshots { list: Vec::new(), after_many: false, pinned: None }
     }
 }
 
@@ -39,13 +46,24 @@ impl<T> Snapshots<T> {
         pos > 0 && self.list.last().is_none_or(|s| s.0 != pos)
     }
 
-    /// The oldest snapshot when a new one would push it out (its storage to reuse).
-    pub fn make_room(&mut self) -> Option<T> {
-        (self.list.len() >= MAX_SNAPSHOTS).then(|| self.list.remove(0).1)
+    /// Keeps the snapshot at `pos` (taken already or to be taken) while others come and
+    /// go, in place of the one pinned before.
+    pub fn pin(&mut self, pos: usize) {
+        self.pinned = Some(pos);
     }
 
-    /// Adds the state after `pos` positions as the newest; the oldest goes past
-    /// [`MAX_SNAPSHOTS`].
+    /// The oldest snapshot not pinned when a new one would push it out (its storage to
+    /// reuse).
+    pub fn make_room(&mut self) -> Option<T> {
+        let pinned = self.list.iter().position(|s| Some(s.0) == self.pinned);
+        if self.list.len() < MAX_SNAPSHOTS + usize::from(pinned.is_some()) {
+            return None;
+        }
+        Some(self.list.remove(usize::from(pinned == Some(0))).1)
+    }
+
+    /// Adds the state after `pos` positions as the newest; the oldest not pinned goes
+    /// past [`MAX_SNAPSHOTS`].
     pub fn push(&mut self, pos: usize, snap: T) {
         self.make_room();
         self.list.push((pos, snap));
@@ -97,5 +115,31 @@ mod tests {
         s.push(3, 'd');
         s.push(7, 'e');
         assert_eq!(s.back_to(8), Some(&(7, 'e')));
+    }
+
+    #[test]
+    fn a_pinned_snapshot_stays_while_others_come_and_go() {
+        let mut s = Snapshots::<char>::default();
+        s.pin(4);
+        s.push(2, 'a');
+        s.push(4, 'p');
+        s.push(9, 'b');
+        assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "apb", "two besides the pinned one");
+        for (pos, c) in [(12, 'c'), (15, 'd'), (18, 'e')] {
+            s.push(pos, c);
+        }
+        assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "pde", "the oldest not pinned went");
+        assert_eq!(s.point(30, 10), 4);
+        assert_eq!(s.make_room(), Some('d'));
+        // Pinned elsewhere: the old one is just another snapshot again.
+        s.pin(18);
+        s.push(20, 'f');
+        assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "pef");
+        // Gone back before it: it may be taken again, and is kept then.
+        assert_eq!(s.back_to(3), None);
+        for (pos, c) in [(18, 'g'), (19, 'h'), (21, 'i'), (22, 'j')] {
+            s.push(pos, c);
+        }
+        assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "gij");
     }
 }

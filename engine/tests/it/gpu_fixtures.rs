@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use crate::gpu_common::{assert_bits, gpu, ulp_stats};
 use colibri_engine::generate::{generate, generate_with, Context, GenerateOptions};
-use colibri_engine::gpu::{GpuModel, GpuOptions};
+use colibri_engine::gpu::{GpuModel, GpuOptions, GpuSession};
 use colibri_engine::sampler::SamplerConfig;
-use colibri_engine::{Logits, Model};
+use colibri_engine::{Logits, Model, Session};
 use serde_json::Value;
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -213,33 +213,47 @@ fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_next");
     let model = Model::open_dir(&dir).unwrap();
     let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
-    let ids: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % model.cfg.vocab as u32).collect();
+    let ids: Vec<u32> = (0..36u32).map(|i| (i * 37 + 5) % model.cfg.vocab as u32).collect();
     let (mut cs, mut gs) = (model.new_session(), gm.new_session());
-    let mut step = |what: &str, keep: Option<usize>, feed: &[u32], which: Logits| {
+    let step = |cs: &mut Session, gs: &mut GpuSession, what: &str, keep: Option<usize>, feed: &[u32], which: Logits| {
         if let Some(k) = keep {
             // What the sessions say they can keep is where the truncation lands.
-            let (ck, gk) = (Context::keepable(&cs, k), Context::keepable(&gs, k));
+            let (ck, gk) = (Context::keepable(&*cs, k), Context::keepable(&*gs, k));
             cs.truncate(k);
             gs.truncate(k);
             assert_eq!((ck, gk), (cs.cached_len(), gs.cached_len()), "{what}: keepable({k})");
             assert_eq!(gs.cached_len(), cs.cached_len(), "{what}: positions held after truncate({k})");
             assert_eq!(gs.tokens, cs.tokens, "{what}");
         }
-        let want = model.forward(&mut cs, feed, which).unwrap();
-        let got = gm.forward_blocking(&mut gs, feed, which).unwrap();
+        let want = model.forward(cs, feed, which).unwrap();
+        let got = gm.forward_blocking(gs, feed, which).unwrap();
         assert_bits(what, &got, &want);
         assert_eq!(gs.tokens, cs.tokens, "{what}");
+        assert_eq!(gs.snapshot_bytes(), cs.snapshot_bytes(), "{what}");
     };
-    step("prompt", None, &ids[..8], Logits::Last);
-    step("a second multi-token call (snapshot at 8)", None, &ids[8..12], Logits::All);
-    step("a decode step", None, &ids[12..13], Logits::Last);
+    step(&mut cs, &mut gs, "prompt", None, &ids[..8], Logits::Last);
+    step(&mut cs, &mut gs, "a second multi-token call (snapshot at 8)", None, &ids[8..12], Logits::All);
+    step(&mut cs, &mut gs, "a decode step", None, &ids[12..13], Logits::Last);
     // Back to 10: the state rewinds to its snapshot at 8 and refeeds 2 tokens.
-    step("after truncate(10)", Some(10), &ids[13..16], Logits::All);
-    step("a decode step after the refeed", None, &ids[16..17], Logits::Last);
+    step(&mut cs, &mut gs, "after truncate(10)", Some(10), &ids[13..16], Logits::All);
+    step(&mut cs, &mut gs, "a decode step after the refeed", None, &ids[16..17], Logits::Last);
     // Back to 5: no snapshot that early, so from the start.
-    step("after truncate(5)", Some(5), &ids[17..20], Logits::Last);
+    step(&mut cs, &mut gs, "after truncate(5)", Some(5), &ids[17..20], Logits::Last);
     assert_eq!(gs.cached_len(), 8);
     assert!(gs.bytes() > 4 * 8, "the recurrent state counts in the session's bytes");
+    // The snapshot at 8 pinned: three more multi-token calls (three more snapshots) leave
+    // it, and a truncation before them goes back there.
+    cs.pin_snapshot(8);
+    gs.pin_snapshot(8);
+    step(&mut cs, &mut gs, "pinned at 8", None, &ids[20..23], Logits::Last);
+    step(&mut cs, &mut gs, "a multi-token call (snapshot at 11)", None, &ids[23..26], Logits::All);
+    step(&mut cs, &mut gs, "another (snapshot at 14)", None, &ids[26..29], Logits::All);
+    step(&mut cs, &mut gs, "another (snapshot at 17)", None, &ids[29..32], Logits::All);
+    assert_eq!(Context::keepable(&gs, 12), 8);
+    assert_eq!(gs.snapshot_bytes(), cs.snapshot_bytes());
+    assert_eq!(cs.snapshot_bytes(), 3 * model.cfg.recurrent_state_bytes(), "the pinned one and two more");
+    step(&mut cs, &mut gs, "after truncate(12): back to the pinned 8", Some(12), &ids[32..36], Logits::All);
+    assert_eq!(gs.cached_len(), 16);
 }
 
 /// DeepSeek-V4: hyper-connections (3 streams), a sliding layer, CSA (entries every 4
@@ -302,7 +316,7 @@ fn deepseek_v4_gpu_goes_back_to_a_snapshot() {
     let (model, tf) = v4_fixture();
     let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
     let vocab = model.cfg.vocab;
-    let fresh = gm.forward_blocking(&mut gm.new_session(), &tf[..34], Logits::All).unwrap();
+    let fresh = gm.forward_blocking(&mut gm.new_session(), &tf[..48], Logits::All).unwrap();
     let mut s = gm.new_session();
     gm.forward_blocking(&mut s, &tf[..19], Logits::Last).unwrap();
     for t in 19..22 {
@@ -319,5 +333,17 @@ fn deepseek_v4_gpu_goes_back_to_a_snapshot() {
     s.truncate(32);
     assert_eq!(s.cached_len(), 30, "the speculative pass's start");
     let got = gm.forward_blocking(&mut s, &tf[32..34], Logits::All).unwrap();
-    assert_bits("deepseek_v4 after a rolled-back pass", &got, &fresh[32 * vocab..]);
+    assert_bits("deepseek_v4 after a rolled-back pass", &got, &fresh[32 * vocab..34 * vocab]);
+    // The snapshot at 34 pinned: three multi-token passes after it leave it (counted in
+    // the session's bytes), and a cut before them goes back there.
+    s.pin_snapshot(34);
+    let one = s.snapshot_bytes();
+    for at in [34, 37, 40] {
+        gm.forward_blocking(&mut s, &tf[at..at + 3], Logits::Last).unwrap();
+    }
+    assert!(one > 0 && s.snapshot_bytes() > one, "{one} {}", s.snapshot_bytes());
+    assert_eq!(s.keepable(36), 34);
+    s.truncate(36);
+    let got = gm.forward_blocking(&mut s, &tf[36..48], Logits::All).unwrap();
+    assert_bits("deepseek_v4 back to the pinned snapshot", &got, &fresh[36 * vocab..]);
 }

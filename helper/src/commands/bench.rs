@@ -422,10 +422,12 @@ fn run_inner(a: BenchArgs) -> Result<()> {
             "recurrent_state_bytes": model.cfg.recurrent_state_bytes(),
             // What the caches hold at these context lengths (DeepSeek-V4: bounded by its
             // window plus compressed entries), and what this run's session held at its end
-            // against what the same formula says for its length (ids included).
+            // against what the same formula says for its length (ids included; the
+            // recurrent states' snapshots apart).
             "kv_cache_bytes_at_context": {"1024": model.kv_cache_bytes_at(1024),
                 "8192": model.kv_cache_bytes_at(8192), "32768": model.kv_cache_bytes_at(32768)},
             "session_bytes_at_end": session.bytes(),
+            "session_snapshot_bytes": session.snapshot_bytes(),
             "session_bytes_predicted": model.kv_cache_bytes_at(session.len()) + 4 * session.len()},
         "cache_state": match a.cache { CacheState::Cold => "cold", CacheState::Warm => "warm" },
         "warmup": a.warmup,

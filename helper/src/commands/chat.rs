@@ -15,7 +15,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use colibri_engine::generate::{
-    feed_pieces, generate_with, reusable, reuse, snapshot_cuts, Fallback, GenerateOptions, StopReason, PREFILL_CHUNK,
+    feed_pieces, generate_with, pin_shared, reusable, reuse, snapshot_cuts, Fallback, GenerateOptions, StopReason,
+    PREFILL_CHUNK,
 };
 use colibri_engine::tokenizer::{answer_reserve, fit_chat, system_prefix_len, ChatMessage, DecodeStream};
 use colibri_engine::Logits;
@@ -330,12 +331,13 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         // the prompt's passes end where a later prompt will want one (after the system
         // prompt, which a conversation after /clear starts with too; where this prompt
         // leaves the last one; before a long prompt's last id), as the server's do.
-        let cuts = match cfg.rewinds_to_snapshots() {
+        let (cuts, shared) = match cfg.rewinds_to_snapshots() {
             true => {
                 let hint = system_prefix_len(&messages, &ids, &|m| tok.encode_chat(m, false));
-                snapshot_cuts(last_cached, if hint > 0 { hint } else { shared }, ids.len())
+                let shared = if hint > 0 { hint } else { shared };
+                (snapshot_cuts(last_cached, shared, ids.len()), shared)
             }
-            false => Vec::new(),
+            false => (Vec::new(), 0),
         };
         let start = Instant::now();
         let mut first = None;
@@ -351,7 +353,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
                 let at = session.tokens().len();
                 let ends: Vec<usize> = cuts.iter().filter(|&&c| c > at).map(|&c| c - at).collect();
                 crate::flags::on_pool(|| {
-                    let forward = &mut |part: &[u32], _| session.forward(part);
+                    let forward = &mut |part: &[u32], _| {
+                        pin_shared(&mut session, shared);
+                        session.forward(part)
+                    };
                     feed_pieces(forward, ids, Logits::Last, PREFILL_CHUNK, &ends, &mut || go_on())
                 })
             },

@@ -26,8 +26,8 @@ use std::time::Instant;
 use colibri_engine::generate::logprobs::sequence_logprobs;
 use colibri_engine::generate::mtp::HiddenLog;
 use colibri_engine::generate::{
-    forward_recording, keepable, reusable, snapshot_cuts, Drafter, Generator, ModelDrafter, MtpDrafter, StopReason,
-    PREFILL_CHUNK,
+    forward_recording, keepable, pin_shared, reusable, snapshot_cuts, Drafter, Generator, ModelDrafter, MtpDrafter,
+    StopReason, PREFILL_CHUNK,
 };
 use colibri_engine::tokenizer::DecodeStream;
 use colibri_engine::{Error, Logits, Model, Session};
@@ -94,7 +94,7 @@ fn drive(slot: Arc<Slot>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, rt: toki
             // Join in arrival order while the running caches fit the budget (one always
             // runs); the rest wait for the next iteration.
             while let Some(e) = q.waiting.front() {
-                let need = e.job.prompt.len() * loaded.model.cfg.kv_cache_bytes_per_token();
+                let need = loaded.model.session_bytes_bound(e.job.prompt.len());
                 if !(active.is_empty() && joining.is_empty()) && held + need > slot.kv_active_bytes {
                     break;
                 }
@@ -163,8 +163,11 @@ struct Seq<'a> {
     fed: usize,
     prompt_tokens: usize,
     cached: usize,
-    /// Session positions where a prompt pass ends ([`snapshot_cuts`]).
+    /// Session positions where a prompt pass ends ([`snapshot_cuts`]), and the one
+    /// where other conversations part from this one, whose snapshot is pinned
+    /// ([`pin_shared`]).
     cuts: Vec<usize>,
+    shared: usize,
     /// The input being fed (a copy of the generator's) and how much of it is fed.
     input: Vec<u32>,
     done: usize,
@@ -287,6 +290,7 @@ impl<'a> Seq<'a> {
             prompt_tokens: prompt.len(),
             cached,
             cuts,
+            shared,
             input: Vec::new(),
             done: 0,
             rows: Vec::new(),
@@ -318,6 +322,7 @@ impl<'a> Seq<'a> {
         if self.over() {
             return;
         }
+        pin_shared(&mut self.session, self.shared);
         if self.tx.is_closed() || shutdown.load(Ordering::Relaxed) {
             self.client_gone = self.tx.is_closed();
             self.shutting_down = !self.client_gone;

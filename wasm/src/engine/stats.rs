@@ -54,6 +54,7 @@ impl Engine {
             "cachedTokens": perf.cached_tokens,
             "kvCacheTokens": st.cx.tokens().len(),
             "kvCacheBytes": colibri_engine::generate::Context::bytes(&st.cx),
+            "kvSnapshotBytes": st.cx.snapshot_bytes(),
             "bytesFetched": t.bytes_fetched,
             "expertLoads": loads,
             // Each expert use once, by the tier that served it: these add up to expertLoads.

@@ -208,8 +208,7 @@ impl V4State {
         V4State { layout, ..Default::default() }
     }
 
-    /// Floats held (not its snapshots', which `Session::bytes` leaves out as it does a
-    /// Gated DeltaNet layer's).
+    /// Floats held, without its snapshots' ([`V4State::snapshot_floats`]).
     pub fn floats(&self) -> usize {
         let c = |s: &CompState| {
             s.entries.len()
@@ -240,6 +239,20 @@ impl V4State {
         self.snapshots.point(self.pos, positions)
     }
 
+    /// Keeps the snapshot after `pos` positions ([`Snapshots::pin`]).
+    pub fn pin(&mut self, pos: usize) {
+        self.snapshots.pin(pos);
+    }
+
+    /// Floats its snapshots hold (the entries are counted, not copied).
+    pub fn snapshot_floats(&self) -> usize {
+        let c = |s: &CompState| {
+            s.buf_kv.len() + s.buf_gate.len() + s.overlap.as_ref().map_or(0, |(a, b)| a.len() + b.len())
+        };
+        let layer = |l: &LayerSnapshot| l.window.len() + c(&l.comp) + c(&l.index);
+        self.snapshots.iter().map(|(_, ls)| ls.iter().map(layer).sum::<usize>()).sum()
+    }
+
     /// Goes back to at most `positions` positions: unchanged if it holds no more, else
     /// the latest snapshot at or before `positions`, else the empty state. Returns the
     /// positions now held (the caller feeds the rest again).
@@ -254,7 +267,11 @@ impl V4State {
                 }
                 self.pos = *pos;
             }
-            None => *self = V4State::new(self.layout.take()),
+            None => {
+                // The empty state, with the snapshots' bookkeeping (none left, a pin).
+                let snapshots = std::mem::take(&mut self.snapshots);
+                *self = V4State { snapshots, ..V4State::new(self.layout.take()) };
+            }
         }
         self.pos
     }

@@ -13,9 +13,17 @@ use super::*;
 /// A server of `fixture` (its context raised to 1024 positions: a long prompt), served
 /// as "m"; `kv` the --kv-cache budget.
 fn serve(tag: &str, fixture_name: &str, kv: Option<u64>) -> TestServer {
+    serve_with(tag, fixture_name, kv, 0)
+}
+
+/// [`serve`] with --speculate `speculate` (prompt lookup).
+fn serve_with(tag: &str, fixture_name: &str, kv: Option<u64>, speculate: usize) -> TestServer {
     start_with(
         tag,
-        |a| a.kv_cache = kv,
+        |a| {
+            a.kv_cache = kv;
+            a.speculate = speculate;
+        },
         |_| {},
         |dir| {
             let m = dir.join("models/m");
@@ -128,5 +136,40 @@ fn visitors_arriving_together_get_their_own_answers() {
         let later = ask(&s, &chat("Can crows count?"));
         assert!(cached(&later) > 50, "{model}: {later}");
         assert_eq!(later["choices"][0], ask(&plain, &chat("Can crows count?"))["choices"][0], "{model}");
+    }
+}
+
+/// The state after the system prompt stays (its snapshot pinned) while later passes come
+/// and go: with prompt-lookup speculation every step with drafts is a multi-token pass
+/// that takes a snapshot, and a message longer than a prefill chunk is fed in several;
+/// either pushed the system prompt's snapshot out of the two kept, and the next visitor
+/// fed it again.
+#[test]
+fn the_system_prompt_stays_through_speculation_and_a_long_message() {
+    for model in ["qwen3_5_moe", "deepseek_v4"] {
+        let s = serve_with(&format!("recurrent-spec-{model}"), model, None, 4);
+        let plain = serve(&format!("recurrent-spec-none-{model}"), model, Some(0));
+        let long: String = (0..150).map(|i| format!("w{i} ")).collect();
+        let ask_long = |q: &str| {
+            let mut v = chat(q);
+            v["max_tokens"] = json!(40);
+            v["temperature"] = json!(0);
+            v
+        };
+        for q in ["Tell me about birds.", long.as_str(), "What about cats?"] {
+            let v = ask(&s, &ask_long(q));
+            assert_eq!(v["choices"][0], ask(&plain, &ask_long(q))["choices"][0], "{model}: {q}");
+            if q.len() > 100 {
+                assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() - cached(&v) > 256, "{model}: {v}");
+            }
+        }
+        // The greedy answers repeat themselves, so prompt lookup drafted: verify passes ran.
+        let m = s.get("/metrics", &[]).text();
+        let drafted = m.lines().find(|l| l.starts_with("colibri_speculation_drafted_total"));
+        let n = drafted.and_then(|l| l.rsplit(' ').next()).and_then(|n| n.parse::<f64>().ok());
+        assert!(n.is_some_and(|n| n > 0.0), "{model}: {m}");
+        let later = ask(&s, &ask_long("Can crows count?"));
+        assert!(cached(&later) > 50, "{model}: {later}");
+        assert_eq!(later["choices"][0], ask(&plain, &ask_long("Can crows count?"))["choices"][0], "{model}");
     }
 }
