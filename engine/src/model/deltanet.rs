@@ -179,7 +179,12 @@ impl DeltaState {
     /// speculative batch) so that a later rewind to here costs no recomputation.
     pub(crate) fn snapshot(&mut self) {
         if self.snapshots.wants(self.pos) {
-            self.snapshots.push(self.pos, (self.conv.clone(), self.s.clone()));
+            // Into the buffers of the snapshot it pushes out, if any: no fresh pages to
+            // fault in and zero per speculative step (the state is megabytes).
+            let (mut conv, mut s) = self.snapshots.make_room().unwrap_or_default();
+            conv.clone_from(&self.conv);
+            s.clone_from(&self.s);
+            self.snapshots.push(self.pos, (conv, s));
         }
     }
 }
