@@ -30,7 +30,7 @@ pub use mtp::{forward_recording, HiddenLog, MtpDrafter};
 pub use prefill::{feed_chunked, feed_chunked_last, feed_pieces, PREFILL_CHUNK};
 pub use request::{Turn, TurnRequest};
 pub use reuse::{keepable, pin_shared, reusable, reuse, snapshot_cuts, Context, ContextPool, LAST_CUT_MIN};
-pub use speculate::SpecStats;
+pub use speculate::{DraftSchedule, SpecStats};
 pub use step::{Pass, Stepped};
 pub use stop::StopMatcher;
 
@@ -101,8 +101,10 @@ pub struct Generator {
     logprobs: Vec<TokenLogprob>,
     /// Structured output: the grammar the produced tokens must follow.
     constraint: Option<Constraint>,
-    /// Speculation: most draft tokens per step (0: off), and the drafts now in `pending`.
+    /// Speculation: most draft tokens per step (0: off), how many the next step proposes,
+    /// and the drafts now in `pending`.
     max_draft: usize,
+    schedule: DraftSchedule,
     /// Drafts come from the caller ([`Generator::push_drafts`]), not from prompt lookup.
     external_drafts: bool,
     drafts: usize,
@@ -133,6 +135,7 @@ impl Generator {
             logprobs: Vec::new(),
             constraint: None,
             max_draft: 0,
+            schedule: DraftSchedule::new(0),
             external_drafts: false,
             drafts: 0,
             spec: SpecStats::default(),
@@ -159,6 +162,7 @@ impl Generator {
     /// [`Generator::accept_rows`]. The output is the same as without.
     pub fn with_speculation(mut self, max_draft: usize) -> Self {
         self.max_draft = max_draft;
+        self.schedule = DraftSchedule::new(max_draft);
         self
     }
 
@@ -167,19 +171,21 @@ impl Generator {
     /// [`drive_drafted`]) instead of prompt lookup. The output is the same as without.
     pub fn with_external_drafts(mut self, max_draft: usize) -> Self {
         self.max_draft = max_draft;
+        self.schedule = DraftSchedule::new(max_draft);
         self.external_drafts = max_draft > 0;
         self
     }
 
     /// How many drafts [`Generator::push_drafts`] takes now: none while drafts wait to be
     /// verified or the prompt is still to be fed (its pass returns the last row only),
-    /// else up to the most per step, within the token budget (k drafts and the token
-    /// after them are k + 1 produced tokens).
+    /// else as many as the schedule gives ([`DraftSchedule`]: up to the most per step),
+    /// within the token budget (k drafts and the token after them are k + 1 produced
+    /// tokens).
     pub fn draft_room(&self) -> usize {
         if !self.external_drafts || self.finished.is_some() || self.drafts > 0 || self.produced.is_empty() {
             return 0;
         }
-        self.max_draft.min(self.max_new.saturating_sub(self.produced.len() + 1))
+        self.schedule.next().min(self.max_new.saturating_sub(self.produced.len() + 1))
     }
 
     /// Everything in the context so far (history, prompt, produced): what drafts follow.
@@ -245,11 +251,12 @@ impl Generator {
             }
             break;
         }
+        self.schedule.record(drafts.len(), kept - (fed.len() - drafts.len()));
         self.drafts = 0;
         if self.finished.is_none() && self.max_draft > 0 && !self.external_drafts {
             // Each accepted draft and the token after them is one more produced token.
             let room = self.max_new.saturating_sub(self.produced.len() + 1);
-            let d = speculate::lookup(&self.seen, 3, self.max_draft.min(room));
+            let d = speculate::lookup(&self.seen, 3, self.schedule.next().min(room));
             self.pending.extend_from_slice(d);
             self.drafts = d.len();
         }

@@ -72,9 +72,106 @@ impl SpecStats {
     }
 }
 
+/// Longest pause of drafting, in steps ([`DraftSchedule`]).
+pub const MAX_PAUSE: usize = 32;
+
+/// How many drafts the next step proposes, from how the last ones fared. A verify pass of
+/// k drafts costs more than a one-token step (on the CPU each position's expert work is
+/// its own), and a model whose state goes back only to snapshots (Gated DeltaNet,
+/// DeepSeek-V4) pays a snapshot and a refeed for each rejection: with drafts that never
+/// match (prompt lookup on a text that does not repeat itself), a fixed k made decode about
+/// half as fast as without. Like transformers' "heuristic" schedule: two more drafts after
+/// a step that kept them all (up to the most asked for), one fewer after one that kept
+/// some, half as many after one that kept none; at one draft, from the second step in a
+/// row that kept none, no drafts for 1, then 2, 4.. up to [`MAX_PAUSE`] steps after each
+/// such step, until a draft is kept again. Which drafts are fed never changes the tokens
+/// (each is drawn from the same logits either way).
+#[derive(Clone, Copy, Debug)]
+pub struct DraftSchedule {
+    max: usize,
+    len: usize,
+    misses: usize,
+    pause: usize,
+    backoff: usize,
+}
+
+impl DraftSchedule {
+    /// Up to `max` drafts per step, starting with `max`.
+    pub fn new(max: usize) -> Self {
+        DraftSchedule { max, len: max, misses: 0, pause: 0, backoff: 1 }
+    }
+
+    /// Drafts the next step may propose.
+    pub fn next(&self) -> usize {
+        if self.pause > 0 {
+            0
+        } else {
+            self.len
+        }
+    }
+
+    /// After a step that fed `drafted` drafts and kept `accepted` of them.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            self.pause = self.pause.saturating_sub(1);
+            return;
+        }
+        if accepted > 0 {
+            let len = if accepted >= drafted { self.len + 2 } else { self.len.saturating_sub(1) };
+            (self.len, self.misses, self.backoff) = (len.clamp(1, self.max.max(1)), 0, 1);
+        } else if self.len > 1 {
+            self.len /= 2;
+        } else {
+            self.misses += 1;
+            if self.misses >= 2 {
+                self.pause = self.backoff;
+                self.backoff = (2 * self.backoff).min(MAX_PAUSE);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drafts_shrink_pause_and_come_back() {
+        let mut s = DraftSchedule::new(4);
+        assert_eq!(s.next(), 4);
+        // Steps that keep nothing: 2, 1 drafts; at one, the second miss in a row pauses.
+        for want in [2, 1, 1] {
+            s.record(s.next(), 0);
+            assert_eq!(s.next(), want);
+        }
+        s.record(1, 0);
+        assert_eq!(s.next(), 0, "paused for one step");
+        s.record(0, 0);
+        assert_eq!(s.next(), 1);
+        s.record(1, 0);
+        assert_eq!(s.next(), 0);
+        s.record(0, 0);
+        assert_eq!(s.next(), 0, "the next pause is two steps");
+        s.record(0, 0);
+        // A kept draft: two more per step, up to the most, and the pauses start over.
+        s.record(1, 1);
+        assert_eq!(s.next(), 3);
+        s.record(3, 3);
+        assert_eq!(s.next(), 4);
+        s.record(4, 2);
+        assert_eq!(s.next(), 3, "some kept: one fewer, no pause");
+        s.record(3, 1);
+        s.record(2, 1);
+        s.record(1, 0);
+        assert_eq!(s.next(), 1, "one miss after a kept draft does not pause");
+        let mut p = DraftSchedule::new(1);
+        let paused = (0..200).filter(|_| {
+            let n = p.next();
+            p.record(n, 0);
+            n == 0
+        });
+        assert!(paused.count() >= 180, "the pauses grow to {MAX_PAUSE} steps");
+    }
 
     #[test]
     fn the_latest_longest_match_gives_the_draft() {
