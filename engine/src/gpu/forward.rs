@@ -110,7 +110,9 @@ fn prepare_v4<M: Borrow<Model>>(gm: &GpuModel<M>, session: &mut GpuSession, pos0
         session.v4_snapshots.clear();
     }
     if session.v4_snapshots.begin(n) && session.v4_snapshots.wants(pos0) {
-        let layers = session.v4.iter().map(|l| l.snapshot(&gm.ctx)).collect::<Result<_>>()?;
+        // Into the buffers of the snapshot it pushes out, if any.
+        let mut old = session.v4_snapshots.make_room().unwrap_or_default().into_iter();
+        let layers = session.v4.iter().map(|l| l.snapshot(&gm.ctx, old.next())).collect::<Result<_>>()?;
         session.v4_snapshots.push(pos0, layers);
     }
     session.v4_pos = 0;

@@ -161,14 +161,18 @@ impl CompSnapshot {
 }
 
 impl GpuComp {
-    /// Its state now ([`CompSnapshot`]); the copies are submitted at once.
-    pub(super) fn snapshot(&self, ctx: &GpuContext) -> Result<CompSnapshot> {
+    /// Its state now ([`CompSnapshot`]), into `reuse`'s buffers where they are the size
+    /// (an older snapshot's); the copies are submitted at once.
+    pub(super) fn snapshot(&self, ctx: &GpuContext, reuse: Option<CompSnapshot>) -> Result<CompSnapshot> {
         let rows = match &self.rows {
             Some((k, g)) => {
-                let copy = (
-                    ctx.storage_buffer("v4.comp_rows_kv_snapshot", k.size())?,
-                    ctx.storage_buffer("v4.comp_rows_gate_snapshot", g.size())?,
-                );
+                let copy = match reuse.and_then(|r| r.rows) {
+                    Some((rk, rg)) if (rk.size(), rg.size()) == (k.size(), g.size()) => (rk, rg),
+                    _ => (
+                        ctx.storage_buffer("v4.comp_rows_kv_snapshot", k.size())?,
+                        ctx.storage_buffer("v4.comp_rows_gate_snapshot", g.size())?,
+                    ),
+                };
                 super::deltanet::copy_now(ctx, &[(Some(k), &copy.0), (Some(g), &copy.1)]);
                 Some(copy)
             }

@@ -41,11 +41,16 @@ impl GpuV4Snapshot {
 }
 
 impl GpuV4Layer {
-    /// Its state now; the copies are submitted at once.
-    pub fn snapshot(&self, ctx: &GpuContext) -> Result<GpuV4Snapshot> {
-        let window = ctx.storage_buffer("v4.window_snapshot", self.window.size())?;
+    /// Its state now, into `reuse`'s buffers (an older snapshot's, pushed out) where they
+    /// are the size; the copies are submitted at once.
+    pub fn snapshot(&self, ctx: &GpuContext, reuse: Option<GpuV4Snapshot>) -> Result<GpuV4Snapshot> {
+        let (window, comp, index) = match reuse {
+            Some(r) if r.window.size() == self.window.size() => (r.window, Some(r.comp), Some(r.index)),
+            _ => (ctx.storage_buffer("v4.window_snapshot", self.window.size())?, None, None),
+        };
         super::deltanet::copy_now(ctx, &[(Some(&self.window), &window)]);
-        Ok(GpuV4Snapshot { window, held: self.held, comp: self.comp.snapshot(ctx)?, index: self.index.snapshot(ctx)? })
+        let (comp, index) = (self.comp.snapshot(ctx, comp)?, self.index.snapshot(ctx, index)?);
+        Ok(GpuV4Snapshot { window, held: self.held, comp, index })
     }
 
     /// Back to `s` (the indexer's choice is made again by the next pass).

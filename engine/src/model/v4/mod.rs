@@ -161,7 +161,7 @@ impl PartialEq for V4State {
 
 /// One layer's state without its compressors' entries, which only grow: how many floats
 /// of them it held is enough to go back.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct LayerSnapshot {
     window: Vec<f32>,
     comp: CompState,
@@ -170,13 +170,16 @@ struct LayerSnapshot {
 }
 
 impl LayerSnapshot {
-    fn of(l: &V4LayerState) -> Self {
-        LayerSnapshot {
-            window: l.window.clone(),
-            comp: l.comp.clone_without_entries(),
-            index: l.index.clone_without_entries(),
-            held: (l.comp.entries.len(), l.index.entries.len()),
+    /// Becomes `l`'s state, in the vectors it has.
+    fn take(&mut self, l: &V4LayerState) {
+        self.window.clone_from(&l.window);
+        for (c, from) in [(&mut self.comp, &l.comp), (&mut self.index, &l.index)] {
+            c.entries.clear();
+            c.buf_kv.clone_from(&from.buf_kv);
+            c.buf_gate.clone_from(&from.buf_gate);
+            c.overlap.clone_from(&from.overlap);
         }
+        self.held = (l.comp.entries.len(), l.index.entries.len());
     }
 
     fn restore(&self, l: &mut V4LayerState) {
@@ -186,18 +189,6 @@ impl LayerSnapshot {
             c.buf_kv.clone_from(&snap.buf_kv);
             c.buf_gate.clone_from(&snap.buf_gate);
             c.overlap.clone_from(&snap.overlap);
-        }
-    }
-}
-
-impl CompState {
-    /// The unfinished window and the carried overlap, without the entries.
-    fn clone_without_entries(&self) -> Self {
-        CompState {
-            entries: Vec::new(),
-            buf_kv: self.buf_kv.clone(),
-            buf_gate: self.buf_gate.clone(),
-            overlap: self.overlap.clone(),
         }
     }
 }
@@ -230,7 +221,13 @@ impl V4State {
     /// few windows of keys; the entries are counted, not copied).
     pub(crate) fn snapshot(&mut self) {
         if self.snapshots.wants(self.pos) {
-            self.snapshots.push(self.pos, self.layers.iter().map(LayerSnapshot::of).collect());
+            // Into the vectors of the snapshot it pushes out, if any.
+            let mut old = self.snapshots.make_room().unwrap_or_default();
+            old.resize_with(self.layers.len(), LayerSnapshot::default);
+            for (s, l) in old.iter_mut().zip(&self.layers) {
+                s.take(l);
+            }
+            self.snapshots.push(self.pos, old);
         }
     }
 
