@@ -146,6 +146,11 @@ impl GpuDeltaState {
         self.snapshots.pin(pos);
     }
 
+    /// Whether the coming passes verify drafts (`Snapshots::verifying`).
+    pub fn verifying(&mut self, v: bool) {
+        self.snapshots.verifying(v);
+    }
+
     /// Whether a call of `n` positions starts with a snapshot, as `DeltaState::begin`: a
     /// multi-token call, and the call after one.
     pub(super) fn begin(&mut self, n: usize) -> bool {

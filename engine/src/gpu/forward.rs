@@ -36,6 +36,7 @@ impl<M: Borrow<Model>> GpuModel<M> {
         on_use: &mut dyn FnMut(usize, usize, usize),
     ) -> Result<Vec<f32>> {
         let c = &self.m().cfg;
+        session.verifying(crate::model::snapshots::decode_like(ids.len(), which));
         let held = session.cached_len();
         if held < session.tokens.len() {
             // A recurrent state went back further than the session's tokens: feed the

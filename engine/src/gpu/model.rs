@@ -169,6 +169,15 @@ impl GpuSession {
             st.pin(pos);
         }
     }
+
+    /// Whether the coming pass belongs to the decode (its snapshot transient), as
+    /// `Session::verifying`.
+    pub(super) fn verifying(&mut self, v: bool) {
+        self.v4_snapshots.verifying(v);
+        for st in self.recurrent.iter_mut().flatten() {
+            st.verifying(v);
+        }
+    }
 }
 
 impl crate::generate::Context for GpuSession {

@@ -124,6 +124,7 @@ impl Model {
             let with = if hidden[counts.len() - 1] { t.len() } else { 0 };
             states.extend(end - with..end);
             state_counts.push(with);
+            s.verifying(w.is_some_and(|w| super::snapshots::decode_like(t.len(), w)));
             let Session { caches, tokens, v4 } = &mut **s;
             let seq = cpu::Seq::new(tokens.len(), feed.len(), caches);
             seqs.push(match v4.as_deref_mut() {

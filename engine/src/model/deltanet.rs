@@ -135,6 +135,11 @@ impl DeltaState {
         self.snapshots.pin(pos);
     }
 
+    /// Whether the coming passes verify drafts ([`Snapshots::verifying`]).
+    pub fn verifying(&mut self, v: bool) {
+        self.snapshots.verifying(v);
+    }
+
     /// Floats its snapshots hold.
     pub fn snapshot_floats(&self) -> usize {
         self.snapshots.iter().map(|(_, (c, s))| c.len() + s.len()).sum()

@@ -162,6 +162,17 @@ impl Session {
             r.pin(pos);
         }
     }
+
+    /// Whether the coming pass belongs to the decode ([`snapshots::decode_like`]): its
+    /// snapshot is transient ([`snapshots::Snapshots::verifying`]).
+    fn verifying(&mut self, v: bool) {
+        if let Some(s) = self.v4.as_deref_mut() {
+            s.verifying(v);
+        }
+        for r in self.caches.iter_mut().filter_map(|c| c.recurrent.as_mut()) {
+            r.verifying(v);
+        }
+    }
 }
 
 /// Which positions' logits a forward call returns.
@@ -477,11 +488,19 @@ impl Model {
     }
 
     /// Bytes a session of `n` positions may hold: [`Model::kv_cache_bytes_at`], the ids,
-    /// and a Gated DeltaNet state's snapshots (a pinned one and
-    /// [`snapshots::MAX_SNAPSHOTS`] more; DeepSeek-V4's, a few windows, are left out).
+    /// and [`Model::snapshot_bytes_bound`].
     pub fn session_bytes_bound(&self, n: usize) -> usize {
-        let snapshots = (snapshots::MAX_SNAPSHOTS + 1) * self.cfg.recurrent_state_bytes();
-        self.kv_cache_bytes_at(n).saturating_add(4 * n).saturating_add(snapshots)
+        self.kv_cache_bytes_at(n).saturating_add(4 * n).saturating_add(self.snapshot_bytes_bound(n))
+    }
+
+    /// The most bytes a session of at most `n` positions holds in its snapshots
+    /// ([`Session::snapshot_bytes`]): a pinned one, a verify pass's and
+    /// [`snapshots::MAX_SNAPSHOTS`] more, each of a Gated DeltaNet state or of
+    /// DeepSeek-V4's windows.
+    pub fn snapshot_bytes_bound(&self, n: usize) -> usize {
+        let v4 = v4::persist::V4Layout::of(&self.cfg).map_or(0, |l| l.snapshot_floats_bound(n));
+        let one = self.cfg.recurrent_state_bytes().saturating_add(v4.saturating_mul(4));
+        (snapshots::MAX_SNAPSHOTS + 2).saturating_mul(one)
     }
 
     pub fn new_session(&self) -> Session {
@@ -568,6 +587,21 @@ impl Model {
         on_ffn_input: &mut dyn FnMut(usize, &[f32]),
         hidden: bool,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        // Told before any ids a rollback feeds again join these.
+        session.verifying(snapshots::decode_like(ids.len(), which));
+        self.forward_run(session, ids, which, on_use, on_ffn_input, hidden)
+    }
+
+    /// [`Model::forward_full`] after the recurrent states were told what the pass is.
+    fn forward_run(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        which: Logits,
+        on_use: &mut dyn FnMut(usize, usize, usize),
+        on_ffn_input: &mut dyn FnMut(usize, &[f32]),
+        hidden: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         self.check_cpu()?;
         let c = &self.cfg;
         let (n, h) = (ids.len(), c.hidden);
@@ -580,7 +614,7 @@ impl Model {
             let again = session.tokens.len() - held;
             let all: Vec<u32> = session.tokens[held..].iter().chain(ids).copied().collect();
             session.tokens.truncate(held);
-            return match self.forward_full(session, &all, which, on_use, on_ffn_input, hidden) {
+            return match self.forward_run(session, &all, which, on_use, on_ffn_input, hidden) {
                 Ok((logits, hs)) => {
                     let hs = if hidden { hs[again * h..].to_vec() } else { hs };
                     match which {

@@ -10,40 +10,77 @@
 //! later passes come and go. Without it, a speculative decode (a multi-token verify pass
 //! per step) or a long message after the system prompt pushed that snapshot out, and the
 //! next visitor fed the system prompt again.
+//!
+//! A pass that verifies drafts ([`Snapshots::verifying`]: every position's logits asked
+//! for) takes its snapshot apart, in a transient slot that the next one replaces: only
+//! its own rollback needs it, so it pushes out neither the prompt's end (where a chat's
+//! next turn, its thinking block dropped, goes back to) nor the cut before a long prompt's
+//! last id (Regenerate).
 
-/// Snapshots kept, besides a pinned one.
+/// Whether a pass of `new` ids (after any a rollback feeds again before them) belongs to
+/// the decode: drafts to verify (every position's logits asked for) or one new id; its
+/// snapshot is transient ([`Snapshots::verifying`]), unlike a prompt's.
+pub fn decode_like(new: usize, which: crate::model::Logits) -> bool {
+    which == crate::model::Logits::All || new == 1
+}
+
+/// Snapshots kept, besides a pinned one and a verify pass's.
 pub const MAX_SNAPSHOTS: usize = 2;
 
 /// Up to [`MAX_SNAPSHOTS`] snapshots `(position, T)`, oldest first (and one more at the
-/// pinned position), and whether the last pass was a multi-token one.
+/// pinned position), the latest verify pass's start, and whether the last pass was a
+/// multi-token one.
 #[derive(Clone, Debug)]
 pub struct Snapshots<T> {
     list: Vec<(usize, T)>,
     after_many: bool,
     pinned: Option<usize>,
+    /// The start of the latest pass that verified drafts (newer than every one in `list`).
+    transient: Option<(usize, T)>,
+    /// Whether the coming passes verify drafts, and whether the snapshot being taken is
+    /// a verify pass's.
+    verifying: bool,
+    taking_transient: bool,
 }
 
 impl<T> Default for Snapshots<T> {
     fn default() -> Self {
-        Snapshots { list: Vec::new(), after_many: false, pinned: None }
+        Snapshots {
+            list: Vec::new(),
+            after_many: false,
+            pinned: None,
+            transient: None,
+            verifying: false,
+            taking_transient: false,
+        }
     }
 }
 
 impl<T> Snapshots<T> {
+    /// Whether the coming passes verify drafts (their snapshots go to the transient slot).
+    pub fn verifying(&mut self, v: bool) {
+        self.verifying = v;
+    }
+
     /// Whether a pass of `n` positions starts with a snapshot: a multi-token pass (a
     /// prompt, a speculative batch) may be rolled back to its start, and the pass after
     /// one starts where it ended: where a chat's next prompt, which may not tokenize the
-    /// answer back to the ids generated (or drops a thinking block), most often parts.
+    /// answer back to the ids generated (or drops a thinking block), most often parts. A
+    /// verify pass's is transient (unless it is also where a prompt ended), and no pass
+    /// after one takes a snapshot for that.
     pub fn begin(&mut self, n: usize) -> bool {
-        let snap = n > 1 || self.after_many;
-        self.after_many = n > 1;
-        snap
+        let kept = (n > 1 && !self.verifying) || self.after_many;
+        self.taking_transient = !kept && n > 1;
+        self.after_many = n > 1 && !self.verifying;
+        kept || self.taking_transient
     }
 
     /// Whether a snapshot of the state after `pos` positions is worth taking: not of the
     /// empty state, not twice of one.
     pub fn wants(&self, pos: usize) -> bool {
-        pos > 0 && self.list.last().is_none_or(|s| s.0 != pos)
+        pos > 0
+            && self.list.last().is_none_or(|s| s.0 != pos)
+            && (!self.taking_transient || self.transient.as_ref().is_none_or(|s| s.0 != pos))
     }
 
     /// Keeps the snapshot at `pos` (taken already or to be taken) while others come and
@@ -52,21 +89,30 @@ impl<T> Snapshots<T> {
         self.pinned = Some(pos);
     }
 
-    /// The oldest snapshot not pinned when a new one would push it out (its storage to
-    /// reuse).
+    /// The storage of the snapshot the one being taken replaces, if any: a verify pass's
+    /// the previous verify pass's; another the oldest not pinned when the list is full,
+    /// else the verify pass's (which every other snapshot drops: it is older).
     pub fn make_room(&mut self) -> Option<T> {
+        let transient = self.transient.take().map(|s| s.1);
+        if self.taking_transient {
+            return transient;
+        }
         let pinned = self.list.iter().position(|s| Some(s.0) == self.pinned);
         if self.list.len() < MAX_SNAPSHOTS + usize::from(pinned.is_some()) {
-            return None;
+            return transient;
         }
         Some(self.list.remove(usize::from(pinned == Some(0))).1)
     }
 
-    /// Adds the state after `pos` positions as the newest; the oldest not pinned goes
-    /// past [`MAX_SNAPSHOTS`].
+    /// Adds the state after `pos` positions as the newest (the oldest not pinned goes
+    /// past [`MAX_SNAPSHOTS`]), or as the verify pass's that [`Snapshots::begin`] chose.
     pub fn push(&mut self, pos: usize, snap: T) {
         self.make_room();
-        self.list.push((pos, snap));
+        if std::mem::take(&mut self.taking_transient) {
+            self.transient = Some((pos, snap));
+        } else {
+            self.list.push((pos, snap));
+        }
     }
 
     /// Where a state holding `held` positions lands when asked to go back to `positions`:
@@ -75,23 +121,27 @@ impl<T> Snapshots<T> {
         if positions >= held {
             return held;
         }
-        self.list.iter().map(|s| s.0).filter(|&p| p <= positions).max().unwrap_or(0)
+        self.iter().map(|s| s.0).filter(|&p| p <= positions).max().unwrap_or(0)
     }
 
     /// Forgets the snapshots after `positions` and returns the latest one left (None: go
     /// back to the empty state).
     pub fn back_to(&mut self, positions: usize) -> Option<&(usize, T)> {
         self.list.retain(|s| s.0 <= positions);
-        self.list.last()
+        if self.transient.as_ref().is_some_and(|s| s.0 > positions) {
+            self.transient = None;
+        }
+        self.transient.as_ref().or(self.list.last())
     }
 
     /// The snapshots, oldest first.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &(usize, T)> {
-        self.list.iter()
+        self.list.iter().chain(&self.transient)
     }
 
     pub fn clear(&mut self) {
         self.list.clear();
+        self.transient = None;
     }
 }
 
@@ -115,6 +165,34 @@ mod tests {
         s.push(3, 'd');
         s.push(7, 'e');
         assert_eq!(s.back_to(8), Some(&(7, 'e')));
+    }
+
+    #[test]
+    fn a_verify_pass_takes_a_transient_snapshot() {
+        let mut s = Snapshots::<char>::default();
+        assert!(s.begin(10));
+        s.push(3, 'p');
+        s.verifying(true);
+        assert!(s.begin(5), "the first verify pass after a prompt: where it ended");
+        assert!(s.wants(13));
+        s.push(13, 'e');
+        for (pos, c) in [(18, 'a'), (23, 'b'), (24, 'c')] {
+            assert!(s.begin(5) && s.wants(pos));
+            let last = s.iter().nth(2).map(|x| x.1);
+            assert_eq!(s.make_room(), last, "the last verify pass's storage");
+            s.push(pos, c);
+        }
+        assert!(!s.begin(1), "no snapshot after a verify pass");
+        assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "pec", "the prompt's start and end stay");
+        assert_eq!((s.point(30, 26), s.point(30, 20), s.point(30, 5)), (24, 13, 3));
+        assert_eq!(s.back_to(24), Some(&(24, 'c')));
+        assert!(s.begin(3) && !s.wants(24), "the refeed after a rollback: already there");
+        assert_eq!(s.back_to(20), Some(&(13, 'e')));
+        // A kept snapshot drops the verify pass's (older from then on).
+        s.verifying(false);
+        assert!(s.begin(3) && s.wants(25));
+        s.push(25, 'f');
+        assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "ef");
     }
 
     #[test]

@@ -213,7 +213,7 @@ fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_next");
     let model = Model::open_dir(&dir).unwrap();
     let gm = GpuModel::new(&model, ctx, GpuOptions::default()).unwrap();
-    let ids: Vec<u32> = (0..36u32).map(|i| (i * 37 + 5) % model.cfg.vocab as u32).collect();
+    let ids: Vec<u32> = (0..44u32).map(|i| (i * 37 + 5) % model.cfg.vocab as u32).collect();
     let (mut cs, mut gs) = (model.new_session(), gm.new_session());
     let step = |cs: &mut Session, gs: &mut GpuSession, what: &str, keep: Option<usize>, feed: &[u32], which: Logits| {
         if let Some(k) = keep {
@@ -246,14 +246,20 @@ fn qwen3_next_gpu_state_rewinds_like_the_cpu() {
     cs.pin_snapshot(8);
     gs.pin_snapshot(8);
     step(&mut cs, &mut gs, "pinned at 8", None, &ids[20..23], Logits::Last);
-    step(&mut cs, &mut gs, "a multi-token call (snapshot at 11)", None, &ids[23..26], Logits::All);
-    step(&mut cs, &mut gs, "another (snapshot at 14)", None, &ids[26..29], Logits::All);
-    step(&mut cs, &mut gs, "another (snapshot at 17)", None, &ids[29..32], Logits::All);
+    step(&mut cs, &mut gs, "a multi-token call (snapshot at 11)", None, &ids[23..26], Logits::Last);
+    step(&mut cs, &mut gs, "another (snapshot at 14)", None, &ids[26..29], Logits::Last);
+    step(&mut cs, &mut gs, "another (snapshot at 17)", None, &ids[29..32], Logits::Last);
     assert_eq!(Context::keepable(&gs, 12), 8);
-    assert_eq!(gs.snapshot_bytes(), cs.snapshot_bytes());
     assert_eq!(cs.snapshot_bytes(), 3 * model.cfg.recurrent_state_bytes(), "the pinned one and two more");
-    step(&mut cs, &mut gs, "after truncate(12): back to the pinned 8", Some(12), &ids[32..36], Logits::All);
+    step(&mut cs, &mut gs, "after truncate(12): back to the pinned 8", Some(12), &ids[32..36], Logits::Last);
     assert_eq!(gs.cached_len(), 16);
+    // A pass that verifies drafts (every position's logits) snapshots its start apart:
+    // its rollback goes there, and the kept ones stay.
+    step(&mut cs, &mut gs, "a verify pass (transient at 16)", None, &ids[36..40], Logits::All);
+    step(&mut cs, &mut gs, "another (transient at 20)", None, &ids[40..42], Logits::All);
+    assert_eq!(cs.snapshot_bytes(), 3 * model.cfg.recurrent_state_bytes(), "8, 16 (the prompt's end), 20");
+    step(&mut cs, &mut gs, "after truncate(21): back to 20", Some(21), &ids[42..44], Logits::All);
+    assert_eq!(Context::keepable(&gs, 19), 16);
 }
 
 /// DeepSeek-V4: hyper-connections (3 streams), a sliding layer, CSA (entries every 4

@@ -232,4 +232,16 @@ fn a_shared_prefix_is_kept_up_to_a_snapshot() {
     let mut plain = prompt.clone();
     plain.extend([4, 11, 12, 30]);
     assert_eq!(got, fresh(&plain));
+
+    // Every slot filled (a pinned snapshot, two kept, a verify pass's): the bytes stay
+    // inside the bound a request's admission counts on.
+    spec.pin_snapshot(spec.len());
+    model.forward(&mut spec, &ids(5), Logits::Last).unwrap();
+    model.forward(&mut spec, &ids(6), Logits::Last).unwrap();
+    model.forward(&mut spec, &[3, 4, 5], Logits::All).unwrap();
+    model.forward(&mut spec, &[6, 7], Logits::All).unwrap();
+    let (n, bytes) = (spec.len(), spec.snapshot_bytes());
+    assert_eq!(spec.cached_len(), n);
+    let bound = model.snapshot_bytes_bound(n);
+    assert!(bytes <= bound && 2 * bytes > bound, "{bytes} of {bound} at {n}");
 }

@@ -241,6 +241,11 @@ impl V4State {
         self.snapshots.pin(pos);
     }
 
+    /// Whether the coming passes verify drafts ([`Snapshots::verifying`]).
+    pub fn verifying(&mut self, v: bool) {
+        self.snapshots.verifying(v);
+    }
+
     /// Floats its snapshots hold (the entries are counted, not copied).
     pub fn snapshot_floats(&self) -> usize {
         let c = |s: &CompState| {

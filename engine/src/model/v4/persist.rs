@@ -75,6 +75,23 @@ impl V4Layout {
         }
     }
 
+    /// The most floats a snapshot of a state of at most `n` positions holds (its windows:
+    /// the sliding one and the compressors' unfinished ones; not the entries, which a
+    /// snapshot counts instead of copying).
+    pub fn snapshot_floats_bound(&self, n: usize) -> usize {
+        let mut total = 0usize;
+        for l in 0..self.layers.len() {
+            total = total.saturating_add(n.min(self.window.saturating_sub(1)).saturating_mul(self.head_dim));
+            let (a, b) = self.comps(l);
+            for c in [a, b].into_iter().flatten() {
+                let buf = n.min(c.rate - 1).saturating_mul(c.width()).saturating_mul(2);
+                let carry = if c.overlap && n >= c.rate { 2 * c.rate * c.dim } else { 0 };
+                total = total.saturating_add(buf).saturating_add(carry);
+            }
+        }
+        total
+    }
+
     /// Floats of a record of positions p0..p1 over every layer (None: overflow or a
     /// layout that cannot be: a zero window, a record ending before it starts).
     pub fn record_floats(&self, p0: usize, p1: usize) -> Option<usize> {

@@ -143,7 +143,8 @@ fn visitors_arriving_together_get_their_own_answers() {
 /// and go: with prompt-lookup speculation every step with drafts is a multi-token pass
 /// that takes a snapshot, and a message longer than a prefill chunk is fed in several;
 /// either pushed the system prompt's snapshot out of the two kept, and the next visitor
-/// fed it again.
+/// fed it again. The verify passes' snapshots are transient: the same long request again
+/// (Regenerate) feeds one id.
 #[test]
 fn the_system_prompt_stays_through_speculation_and_a_long_message() {
     for model in ["qwen3_5_moe", "deepseek_v4"] {
@@ -160,7 +161,13 @@ fn the_system_prompt_stays_through_speculation_and_a_long_message() {
             let v = ask(&s, &ask_long(q));
             assert_eq!(v["choices"][0], ask(&plain, &ask_long(q))["choices"][0], "{model}: {q}");
             if q.len() > 100 {
-                assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() - cached(&v) > 256, "{model}: {v}");
+                let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+                assert!(prompt - cached(&v) > 256, "{model}: {v}");
+                // Regenerate: the verify passes' snapshots did not push out the cut
+                // before the prompt's last id.
+                let again = ask(&s, &ask_long(q));
+                assert_eq!(cached(&again), prompt - 1, "{model}: {again}");
+                assert_eq!(again["choices"][0], v["choices"][0], "{model}");
             }
         }
         // The greedy answers repeat themselves, so prompt lookup drafted: verify passes ran.
