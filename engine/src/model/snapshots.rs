@@ -76,8 +76,12 @@ impl<T> Snapshots<T> {
     }
 
     /// Whether a snapshot of the state after `pos` positions is worth taking: not of the
-    /// empty state, not twice of one.
-    pub fn wants(&self, pos: usize) -> bool {
+    /// empty state, not twice of one. One at the pinned position is kept even when a
+    /// verify pass takes it (a prompt fed with every position's logits: echo, logprobs).
+    pub fn wants(&mut self, pos: usize) -> bool {
+        if self.pinned == Some(pos) {
+            self.taking_transient = false;
+        }
         pos > 0
             && self.list.last().is_none_or(|s| s.0 != pos)
             && (!self.taking_transient || self.transient.as_ref().is_none_or(|s| s.0 != pos))
@@ -193,6 +197,23 @@ mod tests {
         assert!(s.begin(3) && s.wants(25));
         s.push(25, 'f');
         assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "ef");
+    }
+
+    #[test]
+    fn a_verify_pass_at_the_pinned_position_keeps_its_snapshot() {
+        let mut s = Snapshots::<char>::default();
+        s.pin(6);
+        s.verifying(true);
+        assert!(s.begin(6) && s.wants(6));
+        s.push(6, 'p');
+        for (pos, c) in [(12, 'a'), (15, 'b'), (18, 'c')] {
+            assert!(s.begin(3) && s.wants(pos));
+            s.make_room();
+            s.push(pos, c);
+        }
+        assert_eq!(s.iter().map(|x| x.1).collect::<String>(), "pc", "the pinned one and the latest");
+        assert_eq!(s.back_to(20), Some(&(18, 'c')));
+        assert_eq!(s.back_to(14), Some(&(6, 'p')));
     }
 
     #[test]
