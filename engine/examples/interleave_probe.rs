@@ -18,213 +18,230 @@
 //! (`dot_rows_many`, one thread) and of the interleaved one over the same matrices
 //! (1024 x 2048, an OLMoE expert's gate), streamed from memory. Needs AVX-512 VNNI.
 
-use std::time::Instant;
+#[cfg(target_arch = "x86_64")]
+mod probe {
+    use std::time::Instant;
 
-use colibri_engine::kernels::bench;
-use colibri_engine::qdot::{dot_rows_many, ActQ, Simd};
-use colibri_engine::tensor::DType;
+    use colibri_engine::kernels::bench;
+    use colibri_engine::qdot::{dot_rows_many, ActQ, Simd};
+    use colibri_engine::tensor::DType;
 
-/// Rows per interleaved group (one 32-bit lane each in a 512-bit vector).
-const R: usize = 16;
-/// Bytes per block of a group: 16 f16 scales and 16 rows x 16 bytes of nibbles.
-const REC: usize = 2 * R + 16 * R;
-/// Most positions the probe's kernel takes.
-const MAX_N: usize = 8;
+    /// Rows per interleaved group (one 32-bit lane each in a 512-bit vector).
+    const R: usize = 16;
+    /// Bytes per block of a group: 16 f16 scales and 16 rows x 16 bytes of nibbles.
+    const REC: usize = 2 * R + 16 * R;
+    /// Most positions the probe's kernel takes.
+    const MAX_N: usize = 8;
 
-/// The rows of a stored int4/g32 matrix (`rb` bytes each, a multiple of 16 rows) in the
-/// interleaved layout.
-fn repack(bytes: &[u8], rb: usize, rows: usize, cols: usize) -> Vec<u8> {
-    let blocks = cols / 32;
-    let head = blocks.div_ceil(2) * 4;
-    let mut out = vec![0u8; rows / R * blocks * REC];
-    for (g, rec) in out.chunks_exact_mut(blocks * REC).enumerate() {
-        for (b, rec) in rec.chunks_exact_mut(REC).enumerate() {
-            for r in 0..R {
-                let row = &bytes[(g * R + r) * rb..][..rb];
-                rec[2 * r..2 * r + 2].copy_from_slice(&row[2 * b..2 * b + 2]);
-                for k in 0..4 {
-                    let at = head + 16 * b + 4 * k;
-                    rec[2 * R + 64 * k + 4 * r..][..4].copy_from_slice(&row[at..at + 4]);
+    /// The rows of a stored int4/g32 matrix (`rb` bytes each, a multiple of 16 rows) in the
+    /// interleaved layout.
+    fn repack(bytes: &[u8], rb: usize, rows: usize, cols: usize) -> Vec<u8> {
+        let blocks = cols / 32;
+        let head = blocks.div_ceil(2) * 4;
+        let mut out = vec![0u8; rows / R * blocks * REC];
+        for (g, rec) in out.chunks_exact_mut(blocks * REC).enumerate() {
+            for (b, rec) in rec.chunks_exact_mut(REC).enumerate() {
+                for r in 0..R {
+                    let row = &bytes[(g * R + r) * rb..][..rb];
+                    rec[2 * r..2 * r + 2].copy_from_slice(&row[2 * b..2 * b + 2]);
+                    for k in 0..4 {
+                        let at = head + 16 * b + 4 * k;
+                        rec[2 * R + 64 * k + 4 * r..][..4].copy_from_slice(&row[at..at + 4]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    mod avx512 {
+        use std::arch::x86_64::*;
+
+        use super::{ActQ, MAX_N, R, REC};
+
+        /// `out[row * n + p]` for every row of `packed` (groups of 16) and position p < n of
+        /// `a` (split int4/g32 activations), in the reference's float order.
+        ///
+        /// SAFETY (caller): AVX-512 F/BW/VNNI and F16C present; `packed` from `repack` of rows of
+        /// `a.cols` columns; n <= MAX_N and n <= a.n; `out` holds rows * n values.
+        #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+        pub unsafe fn rows(packed: &[u8], a: &ActQ, n: usize, out: &mut [f32], ahead: usize) {
+            // SAFETY: the caller's contract. The count known to the compiler keeps one or two
+            // positions' accumulators in registers.
+            unsafe {
+                match n {
+                    1 => rows_n::<1>(packed, a, 1, out, ahead),
+                    2 => rows_n::<2>(packed, a, 2, out, ahead),
+                    _ => rows_n::<MAX_N>(packed, a, n, out, ahead),
+                }
+            }
+        }
+
+        /// [`rows`] with up to `N` positions' accumulators.
+        #[inline(always)]
+        unsafe fn rows_n<const N: usize>(packed: &[u8], a: &ActQ, n: usize, out: &mut [f32], ahead: usize) {
+            let blocks = a.blocks;
+            let (ds, qs) = (a.dstride(), blocks * 32);
+            // SAFETY: the caller's contract: each group is blocks * REC bytes of `packed`; the
+            // activations hold qs values and ds scales and sums per position.
+            unsafe {
+                let low4 = _mm512_set1_epi8(0x0f);
+                let mut acc = [[_mm512_setzero_ps(); 8]; N];
+                for (g, group) in packed.chunks_exact(blocks * REC).enumerate() {
+                    for a in acc.iter_mut().take(n) {
+                        *a = [_mm512_setzero_ps(); 8];
+                    }
+                    for b in 0..blocks {
+                        let rec = group.as_ptr().add(b * REC);
+                        if ahead > 0 {
+                            // The stream's next lines (a wrapping pointer: prefetches past the
+                            // end are harmless).
+                            let at = rec.wrapping_add(ahead);
+                            for l in 0..REC.div_ceil(64) {
+                                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8);
+                            }
+                        }
+                        let ws = _mm512_cvtph_ps(_mm256_loadu_si256(rec as *const __m256i));
+                        let (mut lo, mut hi) = ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
+                        for k in 0..4 {
+                            let w = _mm512_loadu_si512(rec.add(2 * R + 64 * k) as *const __m512i);
+                            lo[k] = _mm512_and_si512(w, low4);
+                            hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                        }
+                        for (p, acc) in acc.iter_mut().enumerate().take(n) {
+                            // Split order: the block's 16 even values (low nibbles), then its odd.
+                            let q = a.q.as_ptr().add(p * qs + b * 32) as *const i32;
+                            // Four independent sums (integers: any order is exact), so that
+                            // `vpdpbusd`'s latency overlaps.
+                            let mut part = [_mm512_setzero_si512(); 4];
+                            for k in 0..4 {
+                                let x = _mm512_set1_epi32(q.add(k).read_unaligned());
+                                part[k] = _mm512_dpbusd_epi32(part[k], lo[k], x);
+                            }
+                            for k in 0..4 {
+                                let x = _mm512_set1_epi32(q.add(4 + k).read_unaligned());
+                                part[k] = _mm512_dpbusd_epi32(part[k], hi[k], x);
+                            }
+                            let isum = _mm512_add_epi32(
+                                _mm512_add_epi32(part[0], part[1]),
+                                _mm512_add_epi32(part[2], part[3]),
+                            );
+                            // The nibbles are w + 8: minus 8 times the block's activation sum.
+                            let isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*a.s.get_unchecked(p * ds + b) << 3));
+                            let wd = _mm512_mul_ps(ws, _mm512_set1_ps(*a.d.get_unchecked(p * ds + b)));
+                            let j = b % 8;
+                            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(wd, _mm512_cvtepi32_ps(isum)));
+                        }
+                    }
+                    for (p, a) in acc.iter().enumerate().take(n) {
+                        // math::reduce8's tree, lane by lane.
+                        let s = _mm512_add_ps(
+                            _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                            _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+                        );
+                        let mut lanes = [0.0f32; R];
+                        _mm512_storeu_ps(lanes.as_mut_ptr(), s);
+                        for (r, v) in lanes.iter().enumerate() {
+                            out[(g * R + r) * n + p] = *v;
+                        }
+                    }
                 }
             }
         }
     }
-    out
+
+    pub fn main() {
+        let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+        let (mb, reps) = (*args.first().unwrap_or(&256), *args.get(1).unwrap_or(&3));
+        let simd = Simd::active();
+        if simd != Simd::Avx512 {
+            eprintln!("interleave_probe needs the AVX-512 VNNI path (this CPU's: {})", simd.name());
+            std::process::exit(2);
+        }
+        let (rows, cols, dtype) = (1024, 2048, DType::Int4 { group: 32 });
+        let mats = match bench::working_set(dtype, rows, cols, mb << 20) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        };
+        let rb = mats[0].row_bytes();
+        let packed: Vec<Vec<u8>> = mats.iter().map(|m| repack(m.bytes.as_ref(), rb, rows, cols)).collect();
+        // AHEAD: how many bytes ahead the interleaved kernel prefetches (0: none); by default
+        // four records at one or two positions, sixteen from three (the best of 0, 576 .. 18432
+        // on Zen 4).
+        let ahead_env: Option<usize> = std::env::var("AHEAD").ok().and_then(|v| v.parse().ok());
+        let total: f64 = mats.iter().map(|m| m.byte_len() as f64).sum();
+        let mut results = Vec::new();
+        let counts: Vec<usize> = match std::env::var("POSITIONS") {
+            Ok(v) => v.split(',').filter_map(|c| c.parse().ok()).filter(|&c| (1..=MAX_N).contains(&c)).collect(),
+            Err(_) => vec![1, 2, 4, 8],
+        };
+        for n in counts {
+            let ahead = ahead_env.unwrap_or(if n <= 2 { 4 * REC } else { 16 * REC });
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+            let mut a = ActQ::default();
+            a.quantize(&x, n, cols, 32, true);
+            a.quad();
+            let (mut want, mut got) = (vec![0.0f32; rows * n], vec![0.0f32; rows * n]);
+            let mut scratch = Vec::new();
+            for (m, p) in mats.iter().zip(&packed).take(4) {
+                dot_rows_many(simd, true, m.bytes.as_ref(), rb, &a, &mut want, &mut scratch);
+                // SAFETY: Simd::Avx512 is active (the CPU reported AVX-512 VNNI); `p` is this
+                // matrix repacked; n <= MAX_N.
+                unsafe { avx512::rows(p, &a, n, &mut got, ahead) };
+                let same = want.iter().zip(&got).all(|(w, g)| w.to_bits() == g.to_bits());
+                if !same {
+                    eprintln!("{n} positions: the interleaved kernel's bits differ from dot_rows_many's");
+                    std::process::exit(1);
+                }
+            }
+            let time = |f: &mut dyn FnMut(usize)| {
+                let mut best = 0.0f64;
+                for rep in 0..=reps {
+                    let t = Instant::now();
+                    for i in 0..mats.len() {
+                        f(i);
+                    }
+                    if rep > 0 {
+                        best = best.max(total / t.elapsed().as_secs_f64() / 1e9);
+                    }
+                }
+                best
+            };
+            // ONLY=engine or ONLY=interleaved times one of them (for `perf stat`).
+            let only = std::env::var("ONLY").unwrap_or_default();
+            let engine = if only == "interleaved" {
+                0.0
+            } else {
+                time(&mut |i| dot_rows_many(simd, true, mats[i].bytes.as_ref(), rb, &a, &mut want, &mut scratch))
+            };
+            // SAFETY: as above.
+            let inter = if only == "engine" {
+                0.0
+            } else {
+                time(&mut |i| unsafe { avx512::rows(&packed[i], &a, n, &mut got, ahead) })
+            };
+            results.push(format!(
+                "{{\"positions\": {n}, \"ahead\": {ahead}, \"engine_gbs\": {engine:.2}, \"interleaved_gbs\": {inter:.2}, \"ratio\": {:.2}}}",
+                inter / engine
+            ));
+        }
+        println!(
+            "{{\"format\": \"int4/g32\", \"rows\": {rows}, \"cols\": {cols}, \"mb\": {mb}, \"threads\": 1, \"same_bits\": true, \"runs\": [{}]}}",
+            results.join(", ")
+        );
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
-
-    use super::{ActQ, MAX_N, R, REC};
-
-    /// `out[row * n + p]` for every row of `packed` (groups of 16) and position p < n of
-    /// `a` (split int4/g32 activations), in the reference's float order.
-    ///
-    /// SAFETY (caller): AVX-512 F/BW/VNNI and F16C present; `packed` from `repack` of rows of
-    /// `a.cols` columns; n <= MAX_N and n <= a.n; `out` holds rows * n values.
-    #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-    pub unsafe fn rows(packed: &[u8], a: &ActQ, n: usize, out: &mut [f32], ahead: usize) {
-        // SAFETY: the caller's contract. The count known to the compiler keeps one or two
-        // positions' accumulators in registers.
-        unsafe {
-            match n {
-                1 => rows_n::<1>(packed, a, 1, out, ahead),
-                2 => rows_n::<2>(packed, a, 2, out, ahead),
-                _ => rows_n::<MAX_N>(packed, a, n, out, ahead),
-            }
-        }
-    }
-
-    /// [`rows`] with up to `N` positions' accumulators.
-    #[inline(always)]
-    unsafe fn rows_n<const N: usize>(packed: &[u8], a: &ActQ, n: usize, out: &mut [f32], ahead: usize) {
-        let blocks = a.blocks;
-        let (ds, qs) = (a.dstride(), blocks * 32);
-        // SAFETY: the caller's contract: each group is blocks * REC bytes of `packed`; the
-        // activations hold qs values and ds scales and sums per position.
-        unsafe {
-            let low4 = _mm512_set1_epi8(0x0f);
-            let mut acc = [[_mm512_setzero_ps(); 8]; N];
-            for (g, group) in packed.chunks_exact(blocks * REC).enumerate() {
-                for a in acc.iter_mut().take(n) {
-                    *a = [_mm512_setzero_ps(); 8];
-                }
-                for b in 0..blocks {
-                    let rec = group.as_ptr().add(b * REC);
-                    if ahead > 0 {
-                        // The stream's next lines (a wrapping pointer: prefetches past the
-                        // end are harmless).
-                        let at = rec.wrapping_add(ahead);
-                        for l in 0..REC.div_ceil(64) {
-                            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8);
-                        }
-                    }
-                    let ws = _mm512_cvtph_ps(_mm256_loadu_si256(rec as *const __m256i));
-                    let (mut lo, mut hi) = ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
-                    for k in 0..4 {
-                        let w = _mm512_loadu_si512(rec.add(2 * R + 64 * k) as *const __m512i);
-                        lo[k] = _mm512_and_si512(w, low4);
-                        hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                    }
-                    for (p, acc) in acc.iter_mut().enumerate().take(n) {
-                        // Split order: the block's 16 even values (low nibbles), then its odd.
-                        let q = a.q.as_ptr().add(p * qs + b * 32) as *const i32;
-                        // Four independent sums (integers: any order is exact), so that
-                        // `vpdpbusd`'s latency overlaps.
-                        let mut part = [_mm512_setzero_si512(); 4];
-                        for k in 0..4 {
-                            let x = _mm512_set1_epi32(q.add(k).read_unaligned());
-                            part[k] = _mm512_dpbusd_epi32(part[k], lo[k], x);
-                        }
-                        for k in 0..4 {
-                            let x = _mm512_set1_epi32(q.add(4 + k).read_unaligned());
-                            part[k] = _mm512_dpbusd_epi32(part[k], hi[k], x);
-                        }
-                        let isum = _mm512_add_epi32(
-                            _mm512_add_epi32(part[0], part[1]),
-                            _mm512_add_epi32(part[2], part[3]),
-                        );
-                        // The nibbles are w + 8: minus 8 times the block's activation sum.
-                        let isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*a.s.get_unchecked(p * ds + b) << 3));
-                        let wd = _mm512_mul_ps(ws, _mm512_set1_ps(*a.d.get_unchecked(p * ds + b)));
-                        let j = b % 8;
-                        acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(wd, _mm512_cvtepi32_ps(isum)));
-                    }
-                }
-                for (p, a) in acc.iter().enumerate().take(n) {
-                    // math::reduce8's tree, lane by lane.
-                    let s = _mm512_add_ps(
-                        _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                        _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
-                    );
-                    let mut lanes = [0.0f32; R];
-                    _mm512_storeu_ps(lanes.as_mut_ptr(), s);
-                    for (r, v) in lanes.iter().enumerate() {
-                        out[(g * R + r) * n + p] = *v;
-                    }
-                }
-            }
-        }
-    }
+fn main() {
+    probe::main();
 }
 
+#[cfg(not(target_arch = "x86_64"))]
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (mb, reps) = (*args.first().unwrap_or(&256), *args.get(1).unwrap_or(&3));
-    let simd = Simd::active();
-    if simd != Simd::Avx512 {
-        eprintln!("interleave_probe needs the AVX-512 VNNI path (this CPU's: {})", simd.name());
-        std::process::exit(2);
-    }
-    let (rows, cols, dtype) = (1024, 2048, DType::Int4 { group: 32 });
-    let mats = match bench::working_set(dtype, rows, cols, mb << 20) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(1);
-        }
-    };
-    let rb = mats[0].row_bytes();
-    let packed: Vec<Vec<u8>> = mats.iter().map(|m| repack(m.bytes.as_ref(), rb, rows, cols)).collect();
-    // AHEAD: how many bytes ahead the interleaved kernel prefetches (0: none); by default
-    // four records at one or two positions, sixteen from three (the best of 0, 576 .. 18432
-    // on Zen 4).
-    let ahead_env: Option<usize> = std::env::var("AHEAD").ok().and_then(|v| v.parse().ok());
-    let total: f64 = mats.iter().map(|m| m.byte_len() as f64).sum();
-    let mut results = Vec::new();
-    let counts: Vec<usize> = match std::env::var("POSITIONS") {
-        Ok(v) => v.split(',').filter_map(|c| c.parse().ok()).filter(|&c| (1..=MAX_N).contains(&c)).collect(),
-        Err(_) => vec![1, 2, 4, 8],
-    };
-    for n in counts {
-        let ahead = ahead_env.unwrap_or(if n <= 2 { 4 * REC } else { 16 * REC });
-        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
-        let mut a = ActQ::default();
-        a.quantize(&x, n, cols, 32, true);
-        a.quad();
-        let (mut want, mut got) = (vec![0.0f32; rows * n], vec![0.0f32; rows * n]);
-        let mut scratch = Vec::new();
-        for (m, p) in mats.iter().zip(&packed).take(4) {
-            dot_rows_many(simd, true, m.bytes.as_ref(), rb, &a, &mut want, &mut scratch);
-            // SAFETY: Simd::Avx512 is active (the CPU reported AVX-512 VNNI); `p` is this
-            // matrix repacked; n <= MAX_N.
-            unsafe { avx512::rows(p, &a, n, &mut got, ahead) };
-            let same = want.iter().zip(&got).all(|(w, g)| w.to_bits() == g.to_bits());
-            if !same {
-                eprintln!("{n} positions: the interleaved kernel's bits differ from dot_rows_many's");
-                std::process::exit(1);
-            }
-        }
-        let time = |f: &mut dyn FnMut(usize)| {
-            let mut best = 0.0f64;
-            for rep in 0..=reps {
-                let t = Instant::now();
-                for i in 0..mats.len() {
-                    f(i);
-                }
-                if rep > 0 {
-                    best = best.max(total / t.elapsed().as_secs_f64() / 1e9);
-                }
-            }
-            best
-        };
-        // ONLY=engine or ONLY=interleaved times one of them (for `perf stat`).
-        let only = std::env::var("ONLY").unwrap_or_default();
-        let engine = if only == "interleaved" {
-            0.0
-        } else {
-            time(&mut |i| dot_rows_many(simd, true, mats[i].bytes.as_ref(), rb, &a, &mut want, &mut scratch))
-        };
-        // SAFETY: as above.
-        let inter = if only == "engine" { 0.0 } else { time(&mut |i| unsafe { avx512::rows(&packed[i], &a, n, &mut got, ahead) }) };
-        results.push(format!(
-            "{{\"positions\": {n}, \"ahead\": {ahead}, \"engine_gbs\": {engine:.2}, \"interleaved_gbs\": {inter:.2}, \"ratio\": {:.2}}}",
-            inter / engine
-        ));
-    }
-    println!(
-        "{{\"format\": \"int4/g32\", \"rows\": {rows}, \"cols\": {cols}, \"mb\": {mb}, \"threads\": 1, \"same_bits\": true, \"runs\": [{}]}}",
-        results.join(", ")
-    );
+    eprintln!("interleave_probe needs x86-64 with AVX-512 VNNI");
+    std::process::exit(2);
 }
