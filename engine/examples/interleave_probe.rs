@@ -15,7 +15,7 @@
 //!     cargo run --release -p colibri-engine --example interleave_probe -- [MB] [reps]
 //!
 //! Prints JSON: for 1, 2, 4 and 8 positions, the weight GB/s of the engine's kernel
-//! (`dot_rows_many`, one thread) and of the interleaved one over the same matrices
+//! (`dot_rows` at one position, `dot_rows_many` at more: what `kernels::matmul` runs; one thread) and of the interleaved one over the same matrices
 //! (1024 x 2048, an OLMoE expert's gate), streamed from memory. Needs AVX-512 VNNI.
 
 #[cfg(target_arch = "x86_64")]
@@ -23,7 +23,7 @@ mod probe {
     use std::time::Instant;
 
     use colibri_engine::kernels::bench;
-    use colibri_engine::qdot::{dot_rows_many, ActQ, Simd};
+    use colibri_engine::qdot::{dot_rows, dot_rows_many, ActQ, Simd};
     use colibri_engine::tensor::DType;
 
     /// Rows per interleaved group (one 32-bit lane each in a 512-bit vector).
@@ -179,15 +179,28 @@ mod probe {
             Err(_) => vec![1, 2, 4, 8],
         };
         for n in counts {
-            let ahead = ahead_env.unwrap_or(if n <= 2 { 4 * REC } else { 16 * REC });
+            let ahead = ahead_env.unwrap_or(match n {
+                1 => 0,
+                2 => 4 * REC,
+                _ => 16 * REC,
+            });
             let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
             let mut a = ActQ::default();
             a.quantize(&x, n, cols, 32, true);
             a.quad();
+            // What `kernels::matmul` runs: the one-position rows kernel at one position, the
+            // few-position one above.
+            let engine = |rows: &[u8], out: &mut [f32], scratch: &mut Vec<u8>| {
+                if n == 1 {
+                    dot_rows(simd, true, rows, rb, &a, out);
+                } else {
+                    dot_rows_many(simd, true, rows, rb, &a, out, scratch);
+                }
+            };
             let (mut want, mut got) = (vec![0.0f32; rows * n], vec![0.0f32; rows * n]);
             let mut scratch = Vec::new();
             for (m, p) in mats.iter().zip(&packed).take(4) {
-                dot_rows_many(simd, true, m.bytes.as_ref(), rb, &a, &mut want, &mut scratch);
+                engine(m.bytes.as_ref(), &mut want, &mut scratch);
                 // SAFETY: Simd::Avx512 is active (the CPU reported AVX-512 VNNI); `p` is this
                 // matrix repacked; n <= MAX_N.
                 unsafe { avx512::rows(p, &a, n, &mut got, ahead) };
@@ -215,7 +228,7 @@ mod probe {
             let engine = if only == "interleaved" {
                 0.0
             } else {
-                time(&mut |i| dot_rows_many(simd, true, mats[i].bytes.as_ref(), rb, &a, &mut want, &mut scratch))
+                time(&mut |i| engine(mats[i].bytes.as_ref(), &mut want, &mut scratch))
             };
             // SAFETY: as above.
             let inter = if only == "engine" {
